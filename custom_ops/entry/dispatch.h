@@ -1,0 +1,42 @@
+// Device dispatch used by every op entry: run the CPU kernel, the CUDA launcher, or fail
+// with a message that names the op and says which backend is missing.
+#pragma once
+
+#include <string>
+
+#include "fdmtp/kernels.h"
+#include "fdmtp/tensor_ref.h"
+
+namespace fdmtp {
+
+// Runs `cpu_fn()` or `cuda_fn()` (which returns a cudaError_t as int) for `device`.
+template <typename CpuFn, typename CudaFn>
+void Dispatch(const ArgChecker& check, Device device, CpuFn&& cpu_fn, CudaFn&& cuda_fn) {
+  switch (device) {
+    case Device::kCPU:
+      cpu_fn();
+      return;
+    case Device::kCUDA: {
+#if defined(FDMTP_WITH_CUDA)
+      const int status = cuda_fn();
+      if (status != 0) {
+        check.Fail(std::string("CUDA launch failed: ") + cuda::ErrorName(status) + ": " +
+                   cuda::ErrorString(status));
+      }
+#else
+      (void)cuda_fn;
+      check.Fail("the tensors are on a CUDA device but this build of fastdeploy_mtp has no CUDA "
+                 "kernels (rebuild with nvcc available, or -DFDMTP_WITH_CUDA=ON)");
+#endif
+      return;
+    }
+    case Device::kXPU:
+      check.Fail("the tensors are on an XPU device but this build of fastdeploy_mtp has no XPU "
+                 "kernels (FDMTP_WITH_XPU is OFF)");
+    case Device::kOther:
+      break;
+  }
+  check.Fail("the tensors are on an unsupported device");
+}
+
+}  // namespace fdmtp

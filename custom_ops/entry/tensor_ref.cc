@@ -1,0 +1,90 @@
+#include "fdmtp/tensor_ref.h"
+
+namespace fdmtp {
+
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kBool: return "bool";
+    case DType::kInt8: return "int8";
+    case DType::kUInt8: return "uint8";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
+    case DType::kFloat16: return "float16";
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kFloat32: return "float32";
+    case DType::kUnsupported: break;
+  }
+  return "unsupported dtype";
+}
+
+const char* DeviceName(Device device) {
+  switch (device) {
+    case Device::kCPU: return "cpu";
+    case Device::kCUDA: return "cuda";
+    case Device::kXPU: return "xpu";
+    case Device::kOther: break;
+  }
+  return "unsupported device";
+}
+
+std::string TensorRef::ShapeString() const {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+void ArgChecker::Fail(const std::string& message) const {
+  throw Error(std::string(op_) + ": " + message);
+}
+
+void ArgChecker::Dtype(const TensorRef& t, DType expected) const {
+  if (t.dtype != expected) {
+    Fail(std::string("`") + t.name + "` must be " + DTypeName(expected) + ", got " +
+         DTypeName(t.dtype));
+  }
+}
+
+void ArgChecker::Rank(const TensorRef& t, size_t rank) const {
+  if (t.shape.size() != rank) {
+    Fail(std::string("`") + t.name + "` must have rank " + std::to_string(rank) + ", got shape " +
+         t.ShapeString());
+  }
+}
+
+void ArgChecker::Contiguous(const TensorRef& t) const {
+  if (!t.contiguous) Fail(std::string("`") + t.name + "` must be contiguous");
+}
+
+void ArgChecker::PerItem(const TensorRef& t, int64_t n, const TensorRef& source) const {
+  const bool ok = (t.shape.size() == 1 && t.shape[0] == n) ||
+                  (t.shape.size() == 2 && t.shape[0] == n && t.shape[1] == 1);
+  if (!ok) {
+    Fail(std::string("`") + t.name + "` must have shape [" + std::to_string(n) + "] or [" +
+         std::to_string(n) + ", 1] (batch size from `" + source.name + "`), got " +
+         t.ShapeString());
+  }
+}
+
+void ArgChecker::DimEq(const TensorRef& t, size_t i, const TensorRef& other, size_t j) const {
+  if (t.shape[i] != other.shape[j]) {
+    Fail(std::string("`") + t.name + "`.shape[" + std::to_string(i) + "] must equal `" +
+         other.name + "`.shape[" + std::to_string(j) + "] = " + std::to_string(other.shape[j]) +
+         ", got " + std::to_string(t.shape[i]) + " (shape " + t.ShapeString() + ")");
+  }
+}
+
+void ArgChecker::SameDevice(const std::vector<const TensorRef*>& tensors) const {
+  const TensorRef& first = *tensors.front();
+  for (const TensorRef* t : tensors) {
+    if (t->device != first.device || t->device_id != first.device_id) {
+      Fail(std::string("`") + t->name + "` is on " + DeviceName(t->device) + ":" +
+           std::to_string(t->device_id) + " but `" + first.name + "` is on " +
+           DeviceName(first.device) + ":" + std::to_string(first.device_id) +
+           "; all tensors must be on one device");
+    }
+  }
+}
+
+}  // namespace fdmtp

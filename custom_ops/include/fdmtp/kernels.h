@@ -1,0 +1,30 @@
+// Declarations of the backend kernels, framework-free: argument structs in, no
+// framework types. Includers need no CUDA headers.
+//
+//   fdmtp::cpu::X(args)           runs op X on host memory.
+//   fdmtp::cuda::X(args, stream)  launches op X on `stream` (a cudaStream_t, or nullptr for
+//                                 the legacy default stream) and returns the cudaError_t
+//                                 as an int (0 = success). It never synchronises.
+#pragma once
+
+#include "fdmtp/draft_model_postprocess.h"
+
+namespace fdmtp {
+
+namespace cpu {
+void DraftModelPostprocess(const DraftModelPostprocessArgs& args);
+}  // namespace cpu
+
+namespace cuda {
+using Stream = void*;  // cudaStream_t
+
+int DraftModelPostprocess(const DraftModelPostprocessArgs& args, Stream stream);
+
+// Runtime queries, so callers without CUDA headers can report what they see.
+int DeviceCount(int* count);      // cudaGetDeviceCount
+int Probe(Stream stream);         // launches an empty kernel: tells whether launches work here
+const char* ErrorString(int code);  // cudaGetErrorString
+const char* ErrorName(int code);    // cudaGetErrorName
+}  // namespace cuda
+
+}  // namespace fdmtp

@@ -1,0 +1,90 @@
+// TensorRef: a framework-free view of one op argument (name, pointer, dtype, shape,
+// device), plus the boundary checks every op entry runs before it touches memory.
+//
+// Both bindings build TensorRefs from their own tensor type (paddle::Tensor in
+// custom_ops/paddle/, DLPack or raw pointers in custom_ops/pybind/) and call the same op
+// entry (custom_ops/entry/), so the checks and their messages are the same everywhere.
+// Host-only header.
+#pragma once
+
+#include <cstdint>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace fdmtp {
+
+enum class DType : int {
+  kBool,
+  kInt8,
+  kUInt8,
+  kInt32,
+  kInt64,
+  kFloat16,
+  kBFloat16,
+  kFloat32,
+  kUnsupported,
+};
+
+enum class Device : int {
+  kCPU,  // host memory (pageable or pinned)
+  kCUDA,
+  kXPU,
+  kOther,
+};
+
+const char* DTypeName(DType dtype);
+const char* DeviceName(Device device);
+
+// An error in the caller's arguments, or a backend failure. The message names the op and
+// the argument. Bindings convert it to their framework's exception.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+struct TensorRef {
+  const char* name = "";  // the argument's name in the op signature
+  void* data = nullptr;
+  DType dtype = DType::kUnsupported;
+  Device device = Device::kCPU;
+  int device_id = 0;
+  std::vector<int64_t> shape;
+  bool contiguous = true;
+
+  int64_t dim(size_t i) const { return shape[i]; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+  std::string ShapeString() const;
+  template <typename T>
+  T* ptr() const {
+    return static_cast<T*>(data);
+  }
+};
+
+// Collects the checks of one op call so every message starts with the op's name.
+class ArgChecker {
+ public:
+  explicit ArgChecker(const char* op) : op_(op) {}
+
+  [[noreturn]] void Fail(const std::string& message) const;
+
+  void Dtype(const TensorRef& t, DType expected) const;
+  void Rank(const TensorRef& t, size_t rank) const;
+  void Contiguous(const TensorRef& t) const;
+  // A per-item vector: shape [n] or [n, 1].
+  void PerItem(const TensorRef& t, int64_t n, const TensorRef& source) const;
+  // t.shape[i] == other.shape[j]
+  void DimEq(const TensorRef& t, size_t i, const TensorRef& other, size_t j) const;
+  // Every tensor lives on the same device as the first one.
+  void SameDevice(const std::vector<const TensorRef*>& tensors) const;
+
+ private:
+  const char* op_;
+};
+
+}  // namespace fdmtp

@@ -1,0 +1,31 @@
+// paddle::Tensor -> fdmtp::TensorRef, and the translation of fdmtp::Error into Paddle's
+// exception, for every op binding in this folder.
+#pragma once
+
+#include <utility>
+
+#include "fdmtp/ops.h"
+#include "paddle/extension.h"
+
+namespace fdmtp {
+namespace paddle_binding {
+
+// Describes `tensor` under the op-signature name `name` (the name must outlive the ref).
+TensorRef ToRef(const paddle::Tensor& tensor, const char* name);
+
+// The cudaStream_t the tensor's work is ordered on (nullptr for host tensors).
+void* StreamOf(const paddle::Tensor& tensor);
+
+// Runs an op entry and rethrows fdmtp::Error as Paddle's exception, which Python sees as
+// an error whose message names the op and the argument.
+template <typename Fn>
+void RunEntry(Fn&& fn) {
+  try {
+    std::forward<Fn>(fn)();
+  } catch (const Error& e) {
+    PD_THROW(e.what());
+  }
+}
+
+}  // namespace paddle_binding
+}  // namespace fdmtp

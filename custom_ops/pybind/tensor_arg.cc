@@ -1,0 +1,149 @@
+#include "tensor_arg.h"
+
+#include <string>
+
+namespace py = pybind11;
+
+namespace fdmtp {
+namespace pybind {
+namespace {
+
+// The DLPack (unversioned, ABI 0.x) structures, declared here so the module needs no
+// framework headers. Field order and sizes follow the DLPack specification.
+struct DLDevice {
+  int32_t device_type;
+  int32_t device_id;
+};
+struct DLDataType {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;
+  uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor*);
+};
+
+enum : int32_t { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13 };
+enum : uint8_t { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLBool = 6 };
+
+DType FromDL(DLDataType t) {
+  if (t.lanes != 1) return DType::kUnsupported;
+  switch (t.code) {
+    case kDLInt:
+      return t.bits == 8 ? DType::kInt8
+             : t.bits == 32 ? DType::kInt32
+             : t.bits == 64 ? DType::kInt64
+                            : DType::kUnsupported;
+    case kDLUInt: return t.bits == 8 ? DType::kUInt8 : DType::kUnsupported;
+    case kDLFloat:
+      return t.bits == 16 ? DType::kFloat16 : t.bits == 32 ? DType::kFloat32 : DType::kUnsupported;
+    case kDLBfloat: return t.bits == 16 ? DType::kBFloat16 : DType::kUnsupported;
+    case kDLBool: return t.bits == 8 ? DType::kBool : DType::kUnsupported;
+    default: return DType::kUnsupported;
+  }
+}
+
+Device FromDL(DLDevice d) {
+  switch (d.device_type) {
+    case kDLCPU:
+    case kDLCUDAHost: return Device::kCPU;
+    case kDLCUDA:
+    case kDLCUDAManaged: return Device::kCUDA;
+    default: return Device::kOther;
+  }
+}
+
+DType ParseDType(const std::string& s, const char* name) {
+  for (DType d : {DType::kBool, DType::kInt8, DType::kUInt8, DType::kInt32, DType::kInt64,
+                  DType::kFloat16, DType::kBFloat16, DType::kFloat32}) {
+    if (s == DTypeName(d)) return d;
+  }
+  throw Error(std::string("`") + name + "`: unknown dtype '" + s + "'");
+}
+
+void ParseDevice(const std::string& s, const char* name, TensorRef* ref) {
+  const std::string kind = s.substr(0, s.find(':'));
+  const std::string index = s.find(':') == std::string::npos ? "0" : s.substr(s.find(':') + 1);
+  if (kind == "cpu") {
+    ref->device = Device::kCPU;
+  } else if (kind == "cuda" || kind == "gpu") {
+    ref->device = Device::kCUDA;
+  } else if (kind == "xpu") {
+    ref->device = Device::kXPU;
+  } else {
+    throw Error(std::string("`") + name + "`: unknown device '" + s + "' (cpu, cuda:N, xpu:N)");
+  }
+  try {
+    ref->device_id = std::stoi(index);
+  } catch (const std::exception&) {
+    throw Error(std::string("`") + name + "`: bad device index in '" + s + "'");
+  }
+}
+
+TensorRef FromRawTuple(const py::tuple& t, const char* name) {
+  TensorRef ref;
+  ref.name = name;
+  ref.data = reinterpret_cast<void*>(t[0].cast<uintptr_t>());
+  ref.dtype = ParseDType(t[1].cast<std::string>(), name);
+  for (const py::handle& d : t[2].cast<py::tuple>()) ref.shape.push_back(d.cast<int64_t>());
+  ParseDevice(t[3].cast<std::string>(), name, &ref);
+  return ref;
+}
+
+bool IsRowMajor(const DLTensor& t) {
+  if (t.strides == nullptr) return true;
+  for (int32_t i = 0; i < t.ndim; ++i) {
+    if (t.shape[i] == 0) return true;  // no element: any strides describe it
+  }
+  int64_t expected = 1;
+  for (int32_t i = t.ndim - 1; i >= 0; --i) {
+    if (t.shape[i] != 1 && t.strides[i] != expected) return false;
+    expected *= t.shape[i];
+  }
+  return true;
+}
+
+}  // namespace
+
+TensorRef ArgScope::Convert(const py::handle& obj, const char* name) {
+  if (py::isinstance<py::tuple>(obj) && py::len(obj) == 4) {
+    return FromRawTuple(py::reinterpret_borrow<py::tuple>(obj), name);
+  }
+  if (!py::hasattr(obj, "__dlpack__")) {
+    throw Error(std::string("`") + name +
+                "` must support __dlpack__ (numpy, CuPy, torch, paddle) or be a "
+                "(data_ptr, dtype, shape, device) tuple, got " +
+                py::str(py::type::of(obj)).cast<std::string>());
+  }
+  py::object capsule = obj.attr("__dlpack__")();
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+  if (managed == nullptr) {
+    PyErr_Clear();
+    throw Error(std::string("`") + name + "`: __dlpack__ did not return a 'dltensor' capsule");
+  }
+  keep_alive_.push_back(capsule);  // the capsule's destructor calls the producer's deleter
+  const DLTensor& t = managed->dl_tensor;
+  TensorRef ref;
+  ref.name = name;
+  ref.data = static_cast<char*>(t.data) + t.byte_offset;
+  ref.dtype = FromDL(t.dtype);
+  ref.device = FromDL(t.device);
+  ref.device_id = t.device.device_id;
+  ref.shape.assign(t.shape, t.shape + t.ndim);
+  ref.contiguous = IsRowMajor(t);
+  return ref;
+}
+
+}  // namespace pybind
+}  // namespace fdmtp

@@ -1,0 +1,27 @@
+// Python objects -> fdmtp::TensorRef for the framework-free module. Accepted:
+//   * any object with __dlpack__ (numpy, CuPy, torch, paddle): zero-copy, with the
+//     producer's dtype, shape, strides and device;
+//   * a raw-pointer tuple (data_ptr: int, dtype: str, shape: tuple[int, ...], device: str),
+//     e.g. (t.data_ptr(), "int64", (8, 4), "cuda:0"), for callers holding bare pointers.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <deque>
+
+#include "fdmtp/tensor_ref.h"
+
+namespace fdmtp {
+namespace pybind {
+
+// Holds the DLPack capsules of one call alive until the kernel has been launched.
+class ArgScope {
+ public:
+  TensorRef Convert(const pybind11::handle& obj, const char* name);
+
+ private:
+  std::deque<pybind11::object> keep_alive_;
+};
+
+}  // namespace pybind
+}  // namespace fdmtp

@@ -1,0 +1,85 @@
+"""Thin driver: setuptools hands the native build to CMake (see CMakeLists.txt).
+
+Environment knobs (all optional), passed to CMake as cache entries:
+  FDMTP_WITH_CUDA   AUTO (default: build CUDA kernels when nvcc is found), ON, OFF
+  FDMTP_CUDA_ARCHS  e.g. "80-real;90-real;90a-real;90-virtual" (the default)
+  FDMTP_BUILD_DIR   CMake build folder (default: build/cmake-<python tag> in the repo)
+  FDMTP_BUILD_JOBS  parallel compile jobs (default: number of CPUs)
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+# The two libraries the CMake project produces, as extension names (the Paddle ops
+# library carries Python's extension suffix only so that setuptools places it).
+EXTENSIONS = ("fastdeploy_mtp._kernels", "fastdeploy_mtp.ops._fdmtp_ops")
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name):
+        super().__init__(name, sources=[])
+
+
+def _cmake_binary():
+    try:
+        import cmake  # the PyPI package; its binary is newer than most distro packages
+
+        return os.path.join(cmake.CMAKE_BIN_DIR, "cmake")
+    except ImportError:
+        found = shutil.which("cmake")
+        if not found:
+            raise RuntimeError("CMake >= 3.18 is required: pip install cmake")
+        return found
+
+
+class CMakeBuild(build_ext):
+    """Runs CMake once (for the first extension), then copies each library to the path
+    setuptools expects for it; setuptools itself copies them in place for editable
+    installs."""
+
+    def build_extension(self, ext):
+        tag = sysconfig.get_config_var("SOABI") or "py"
+        build_dir = os.environ.get("FDMTP_BUILD_DIR", os.path.join(ROOT, "build", f"cmake-{tag}"))
+        stage = os.path.join(build_dir, "out")
+        if not getattr(self, "_fdmtp_built", False):
+            self._run_cmake(build_dir, stage)
+            self._fdmtp_built = True
+        relative = os.path.join(*ext.name.split(".")[1:]) + sysconfig.get_config_var("EXT_SUFFIX")
+        target = self.get_ext_fullpath(ext.name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(os.path.join(stage, relative), target)
+
+    def _run_cmake(self, build_dir, stage):
+        os.makedirs(build_dir, exist_ok=True)
+        cmake = _cmake_binary()
+        args = [
+            f"-DPython3_EXECUTABLE={sys.executable}",
+            f"-DFDMTP_OUTPUT_DIR={stage}",
+            "-DCMAKE_BUILD_TYPE=Release",
+        ]
+        for key in ("FDMTP_WITH_CUDA", "FDMTP_CUDA_ARCHS"):
+            if os.environ.get(key):
+                args.append(f"-D{key}={os.environ[key]}")
+        jobs = os.environ.get("FDMTP_BUILD_JOBS", str(os.cpu_count() or 1))
+        start = time.time()
+        print(f"fastdeploy_mtp: configuring native build in {build_dir}", flush=True)
+        subprocess.run([cmake, "-S", ROOT, "-B", build_dir, *args], check=True)
+        print(f"fastdeploy_mtp: compiling with {jobs} jobs", flush=True)
+        subprocess.run([cmake, "--build", build_dir, "-j", jobs], check=True)
+        print(f"fastdeploy_mtp: native build done in {time.time() - start:.1f} s", flush=True)
+
+
+setup(
+    ext_modules=[CMakeExtension(name) for name in EXTENSIONS],
+    cmdclass={"build_ext": CMakeBuild},
+)

@@ -1,0 +1,56 @@
+"""Comparison helpers for op tests: every mismatch is labelled with the tensor's name.
+
+Integers and bools compare exactly; floats with tolerances the caller writes down.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+
+def _first_mismatches(got: np.ndarray, want: np.ndarray, limit: int = 5) -> str:
+    bad = np.argwhere(got != want)
+    shown = ", ".join(
+        f"{tuple(int(i) for i in idx)}: got {got[tuple(idx)]!r} want {want[tuple(idx)]!r}"
+        for idx in bad[:limit]
+    )
+    return f"{len(bad)} mismatching element(s); first: {shown}"
+
+
+def assert_exact(name: str, got: np.ndarray, want: np.ndarray, context: str = "") -> None:
+    """Integer/bool tensors: same shape, same dtype, every element equal."""
+    label = f"{name}{' (' + context + ')' if context else ''}"
+    got = np.asarray(got)
+    want = np.asarray(want)
+    assert got.shape == want.shape, f"{label}: shape {got.shape} != expected {want.shape}"
+    assert got.dtype == want.dtype, f"{label}: dtype {got.dtype} != expected {want.dtype}"
+    if not np.array_equal(got, want):
+        raise AssertionError(f"{label}: {_first_mismatches(got, want)}")
+
+
+def assert_close(
+    name: str, got: np.ndarray, want: np.ndarray, *, rtol: float, atol: float, context: str = ""
+) -> None:
+    """Float tensors: same shape and dtype, |got - want| <= atol + rtol * |want|."""
+    label = f"{name}{' (' + context + ')' if context else ''}"
+    got = np.asarray(got)
+    want = np.asarray(want)
+    assert got.shape == want.shape, f"{label}: shape {got.shape} != expected {want.shape}"
+    assert got.dtype == want.dtype, f"{label}: dtype {got.dtype} != expected {want.dtype}"
+    np.testing.assert_allclose(
+        got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol, err_msg=label
+    )
+
+
+def assert_all_exact(
+    names: Sequence[str],
+    got: Sequence[np.ndarray],
+    want: Mapping[str, np.ndarray],
+    context: str = "",
+) -> None:
+    """Compares every tensor of an op call (inputs included: untouched ones must stay)."""
+    assert len(names) == len(got), "one result per tensor name"
+    for name, g in zip(names, got):
+        assert_exact(name, g, want[name], context)

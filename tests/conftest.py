@@ -1,0 +1,30 @@
+"""Shared fixtures. `backend` runs each op test on every backend: `cpu` (Paddle op),
+`kernels-cpu` (framework-free module) and `cuda` where a GPU is usable; an unusable
+backend is reported as skipped with its reason.
+
+FDMTP_TEST_BACKENDS=cuda (comma-separated names) restricts the run to those backends and
+turns "unavailable" into a failure, so a GPU check cannot pass by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.backends import ALL_BACKENDS, availability
+
+_REQUIRED = [b for b in os.environ.get("FDMTP_TEST_BACKENDS", "").split(",") if b]
+for _name in _REQUIRED:
+    if _name not in ALL_BACKENDS:
+        raise pytest.UsageError(f"FDMTP_TEST_BACKENDS: unknown backend {_name!r}; known: {ALL_BACKENDS}")
+
+
+@pytest.fixture(params=_REQUIRED or list(ALL_BACKENDS))
+def backend(request):
+    impl, reason = availability(request.param)
+    if impl is None:
+        if _REQUIRED:
+            pytest.fail(f"backend {request.param} was required but is unavailable: {reason}")
+        pytest.skip(f"backend {request.param}: {reason}")
+    return impl

@@ -1,0 +1,38 @@
+"""numpy reference of draft_model_postprocess (fastdeploy-ops.md §2.3).
+
+Takes the op's four tensors (numpy) and returns every one of them as the op leaves it.
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import numpy as np
+
+PLACEHOLDER = -1
+
+
+def draft_model_postprocess(
+    base_model_draft_tokens: np.ndarray,
+    base_model_seq_lens_this_time: np.ndarray,
+    base_model_seq_lens_encoder: np.ndarray,
+    base_model_stop_flags: np.ndarray,
+) -> Dict[str, np.ndarray]:
+    draft = base_model_draft_tokens.copy()
+    slt = base_model_seq_lens_this_time.copy()
+    enc = base_model_seq_lens_encoder.reshape(-1)
+    stop = base_model_stop_flags.reshape(-1)
+    flat = slt.reshape(-1)  # a view: writes land in slt
+    for b in range(flat.shape[0]):
+        if stop[b]:
+            flat[b] = 0
+        elif enc[b] == 0:
+            # every non-placeholder entry counts, wherever it stands in the row
+            flat[b] = np.count_nonzero(draft[b] != PLACEHOLDER)
+        # prefill (enc != 0, not stopped): unchanged
+    return {
+        "base_model_draft_tokens": draft,
+        "base_model_seq_lens_this_time": slt,
+        "base_model_seq_lens_encoder": base_model_seq_lens_encoder.copy(),
+        "base_model_stop_flags": base_model_stop_flags.copy(),
+    }
