@@ -1,0 +1,107 @@
+"""Configuration of the tiny decoder-only target model and its MTP layer."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, Dict
+
+#: Values accepted by :attr:`ModelConfig.mtp_hidden_state`.
+MTP_HIDDEN_STATES = ("post_norm", "pre_norm")
+#: Values accepted by :attr:`ModelConfig.mtp_concat_order`.
+MTP_CONCAT_ORDERS = ("emb_first", "hidden_first")
+
+
+@dataclass
+class ModelConfig:
+    """Shape and behaviour of a target model and its MTP layer.
+
+    Attributes:
+        vocab_size: rows of the embedding / columns of the LM head, padded (e.g. 272).
+        ori_vocab_size: the real vocabulary (e.g. 256 bytes); logits columns
+            ``>= ori_vocab_size`` are set to ``-inf`` by ``compute_logits``.
+        hidden_size: model width H.
+        num_hidden_layers: decoder layers of the target model (the MTP layer is extra).
+        num_attention_heads: query heads.
+        num_key_value_heads: key/value heads (grouped-query attention); must divide
+            ``num_attention_heads``.
+        head_dim: per-head width; defaults to ``hidden_size // num_attention_heads``.
+        intermediate_size: SwiGLU inner width.
+        rms_norm_eps: epsilon of every RMSNorm.
+        rope_theta: RoPE base; rotation is the "rotate half" (GPT-NeoX / Llama) layout.
+        max_position_embeddings: size of the precomputed RoPE table; positions must be below it.
+        mtp_hidden_state: which target hidden state the MTP layer consumes and which the
+            target's ``forward`` returns: ``"post_norm"`` (after the final RMSNorm, as
+            FastDeploy's ERNIE-4.5 does) or ``"pre_norm"`` (the residual stream before it).
+            ``compute_logits`` of the target applies the final norm only in the
+            ``"pre_norm"`` case, so ``compute_logits(forward(...))`` is the same either way.
+        mtp_concat_order: ``"emb_first"`` (``eh_proj(cat[enorm(e), hnorm(h)])``, DeepSeek,
+            GLM, ERNIE, Qwen) or ``"hidden_first"`` (MiMo).
+        block_size: tokens per KV-cache block of the paged attention backend.
+    """
+
+    vocab_size: int = 272
+    ori_vocab_size: int = 256
+    hidden_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 0
+    intermediate_size: int = 352
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    mtp_hidden_state: str = "post_norm"
+    mtp_concat_order: str = "emb_first"
+    block_size: int = 16
+
+    def __post_init__(self) -> None:
+        if self.head_dim == 0:
+            self.head_dim = self.hidden_size // max(self.num_attention_heads, 1)
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first inconsistent field."""
+        for name in ("vocab_size", "ori_vocab_size", "hidden_size", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "intermediate_size",
+                     "max_position_embeddings", "block_size"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"`{name}` must be positive, got {getattr(self, name)}")
+        if self.num_hidden_layers < 0:
+            raise ValueError(f"`num_hidden_layers` must be >= 0, got {self.num_hidden_layers}")
+        if self.ori_vocab_size > self.vocab_size:
+            raise ValueError(f"`ori_vocab_size` ({self.ori_vocab_size}) must be <= "
+                             f"`vocab_size` ({self.vocab_size})")
+        if self.num_attention_heads % self.num_key_value_heads != 0:
+            raise ValueError(f"`num_attention_heads` ({self.num_attention_heads}) must be a "
+                             f"multiple of `num_key_value_heads` ({self.num_key_value_heads})")
+        if self.head_dim % 2 != 0:
+            raise ValueError(f"`head_dim` must be even for RoPE, got {self.head_dim}")
+        if self.mtp_hidden_state not in MTP_HIDDEN_STATES:
+            raise ValueError(f"`mtp_hidden_state` must be one of {MTP_HIDDEN_STATES}, "
+                             f"got {self.mtp_hidden_state!r}")
+        if self.mtp_concat_order not in MTP_CONCAT_ORDERS:
+            raise ValueError(f"`mtp_concat_order` must be one of {MTP_CONCAT_ORDERS}, "
+                             f"got {self.mtp_concat_order!r}")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "ModelConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown ModelConfig fields: {unknown}")
+        return cls(**data)
+
+    def save_json(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+            f.write("\n")
+
+    @classmethod
+    def load_json(cls, path: str) -> "ModelConfig":
+        with open(path, "r", encoding="utf-8") as f:
+            return cls.from_dict(json.load(f))

@@ -1,0 +1,159 @@
+"""Building blocks shared by the target model and the MTP layer: RMSNorm, RoPE,
+grouped-query attention, SwiGLU MLP, and the pre-norm decoder layer.
+
+Every Linear has no bias and stores its weight in Paddle's ``[in, out]`` layout.
+Each block has two entry points: ``forward`` on a packed ``[T, H]`` batch with the paged
+attention backend (serving), and ``forward_dense`` on ``[B, S, H]`` full sequences with a
+causal mask (training). They share parameters and math.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import numpy as np
+import paddle
+import paddle.nn as nn
+import paddle.nn.functional as F
+
+from .attention import ReferenceAttentionBackend, dense_causal_attention
+from .config import ModelConfig
+from .forward_meta import ForwardMeta
+
+
+class RMSNorm(nn.Layer):
+    """``y = x / sqrt(mean(x^2) + eps) * weight`` over the last axis; weight ``[H]`` float32."""
+
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = self.create_parameter(
+            [hidden_size], dtype="float32",
+            default_initializer=nn.initializer.Constant(1.0))
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        variance = paddle.mean(x * x, axis=-1, keepdim=True)
+        return x * paddle.rsqrt(variance + self.eps) * self.weight
+
+
+class RotaryEmbedding(nn.Layer):
+    """Precomputed RoPE cos/sin tables, "rotate half" layout.
+
+    ``cos[p, i] = cos(p * theta^(-2(i mod d/2)/d))`` for ``p < max_position`` and
+    ``i < head_dim``; likewise ``sin``. The tables are buffers that are not saved.
+    """
+
+    def __init__(self, head_dim: int, max_position: int, theta: float):
+        super().__init__()
+        self.max_position = max_position
+        inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+        freqs = np.arange(max_position, dtype=np.float64)[:, None] * inv_freq[None, :]
+        emb = np.concatenate([freqs, freqs], axis=-1)
+        self.register_buffer("cos_table", paddle.to_tensor(np.cos(emb).astype(np.float32)),
+                             persistable=False)
+        self.register_buffer("sin_table", paddle.to_tensor(np.sin(emb).astype(np.float32)),
+                             persistable=False)
+
+    def lookup(self, positions: np.ndarray) -> Tuple[paddle.Tensor, paddle.Tensor]:
+        """``positions`` ``[T]`` ints -> ``(cos, sin)`` each ``[T, head_dim]`` float32."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if positions.size and int(positions.max()) >= self.max_position:
+            raise ValueError(f"position {int(positions.max())} is beyond "
+                             f"`max_position_embeddings` ({self.max_position})")
+        idx = paddle.to_tensor(positions)
+        return (paddle.gather(self.cos_table, idx), paddle.gather(self.sin_table, idx))
+
+    def prefix(self, seq_len: int) -> Tuple[paddle.Tensor, paddle.Tensor]:
+        """``(cos, sin)`` for positions ``0 .. seq_len - 1``, each ``[seq_len, head_dim]``."""
+        if seq_len > self.max_position:
+            raise ValueError(f"`seq_len` {seq_len} exceeds `max_position_embeddings` "
+                             f"({self.max_position})")
+        return self.cos_table[:seq_len], self.sin_table[:seq_len]
+
+
+def apply_rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
+    """Rotate ``x [..., S, heads, head_dim]`` by ``cos/sin [S, head_dim]`` (rotate-half)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    rotated = paddle.concat([-x2, x1], axis=-1)
+    cos = cos.unsqueeze(-2)
+    sin = sin.unsqueeze(-2)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Layer):
+    """Grouped-query self-attention: ``q_proj [H, nh*hd]``, ``k_proj``/``v_proj``
+    ``[H, kvh*hd]``, ``o_proj [nh*hd, H]``; RoPE on q and k."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        h = config.hidden_size
+        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias_attr=False)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias_attr=False)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias_attr=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias_attr=False)
+        self.scale = 1.0 / float(np.sqrt(self.head_dim))
+
+    def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
+                backend: ReferenceAttentionBackend, layer_id: int,
+                forward_meta: ForwardMeta) -> paddle.Tensor:
+        """``x [T, H]``, ``cos/sin [T, head_dim]`` -> ``[T, H]`` through the paged backend."""
+        t = x.shape[0]
+        q = self.q_proj(x).reshape([t, self.num_heads, self.head_dim])
+        k = self.k_proj(x).reshape([t, self.num_kv_heads, self.head_dim])
+        v = self.v_proj(x).reshape([t, self.num_kv_heads, self.head_dim])
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        return self.o_proj(backend.forward(q, k, v, layer_id, forward_meta))
+
+    def forward_dense(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
+                      bias: paddle.Tensor) -> paddle.Tensor:
+        """``x [B, S, H]``, ``cos/sin [S, head_dim]``, ``bias [S, S]`` -> ``[B, S, H]``."""
+        b, s = x.shape[0], x.shape[1]
+        q = apply_rope(self.q_proj(x).reshape([b, s, self.num_heads, self.head_dim]), cos, sin)
+        k = apply_rope(self.k_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim]), cos, sin)
+        v = self.v_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])
+        out = dense_causal_attention(q.transpose([0, 2, 1, 3]), k.transpose([0, 2, 1, 3]),
+                                     v.transpose([0, 2, 1, 3]), bias, self.scale)
+        return self.o_proj(out)
+
+
+class SwiGLUMLP(nn.Layer):
+    """``down_proj(silu(gate_proj(x)) * up_proj(x))``; gate/up ``[H, I]``, down ``[I, H]``."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias_attr=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias_attr=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias_attr=False)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Layer):
+    """Pre-norm block: ``h = x + attn(input_layernorm(x))``,
+    ``out = h + mlp(post_attention_layernorm(h))``."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
+                backend: ReferenceAttentionBackend, layer_id: int,
+                forward_meta: ForwardMeta) -> paddle.Tensor:
+        """Packed ``[T, H]`` -> ``[T, H]``; ``layer_id`` selects the KV cache pair."""
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, backend, layer_id, forward_meta)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+    def forward_dense(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
+                      bias: paddle.Tensor) -> paddle.Tensor:
+        """Full sequences ``[B, S, H]`` -> ``[B, S, H]`` with causal ``bias [S, S]``."""
+        h = x + self.self_attn.forward_dense(self.input_layernorm(x), cos, sin, bias)
+        return h + self.mlp(self.post_attention_layernorm(h))

@@ -1,0 +1,116 @@
+"""The MTP (multi-token-prediction) layer: one extra decoder layer that predicts the token
+after next from the next token's embedding and the target's hidden state."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import paddle
+import paddle.nn as nn
+
+from .attention import ReferenceAttentionBackend
+from .config import ModelConfig
+from .forward_meta import ForwardMeta
+from .layers import DecoderLayer, RMSNorm, RotaryEmbedding
+from .target import TinyTargetModel, mask_padded_vocab
+
+
+class MTPLayer(nn.Layer):
+    """``eh_proj(cat[enorm(embed(ids)), hnorm(prev_hidden)])`` -> :class:`DecoderLayer`
+    (``mtp_block``) -> ``norm`` -> the target's ``lm_head``.
+
+    The embedding and the LM head are the target model's modules (shared, not copied, and
+    not part of this layer's ``state_dict``/``parameters()``). ``eh_proj`` is ``[2H, H]``
+    (Paddle ``[in, out]`` layout); with ``config.mtp_concat_order == "hidden_first"`` (MiMo)
+    the concatenation is ``cat[hnorm(h), enorm(e)]`` instead.
+
+    Convention: at position ``p`` the MTP layer is fed token ``t_{p+1}`` and the target's
+    hidden state ``h_p`` (which already predicted ``t_{p+1}``) and predicts ``t_{p+2}``. Its KV
+    cache is its own (one layer, ``forward_meta.caches[0:2]``) and its positions are ``p``.
+    ``forward`` returns the post-``norm`` hidden state, which is also what later MTP
+    substeps feed back as ``previous_hidden_states``.
+    """
+
+    def __init__(self, config: ModelConfig, target: TinyTargetModel):
+        super().__init__()
+        if target.config.hidden_size != config.hidden_size or \
+                target.config.vocab_size != config.vocab_size:
+            raise ValueError("`target` must have the same hidden_size and vocab_size as `config`")
+        self.config = config
+        h = config.hidden_size
+        self.enorm = RMSNorm(h, config.rms_norm_eps)
+        self.hnorm = RMSNorm(h, config.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * h, h, bias_attr=False)
+        self.mtp_block = DecoderLayer(config)
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
+                                      config.rope_theta)
+        self.attn_backend = ReferenceAttentionBackend(
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim,
+            config.block_size)
+        # A plain tuple is not registered as a sublayer: shared weights stay owned by the target.
+        self._shared = (target,)
+
+    @property
+    def target(self) -> TinyTargetModel:
+        return self._shared[0]
+
+    @property
+    def num_cache_layers(self) -> int:
+        return 1
+
+    def _fuse(self, emb: paddle.Tensor, hidden: paddle.Tensor) -> paddle.Tensor:
+        e = self.enorm(emb)
+        h = self.hnorm(hidden)
+        parts = [e, h] if self.config.mtp_concat_order == "emb_first" else [h, e]
+        return self.eh_proj(paddle.concat(parts, axis=-1))
+
+    def forward(self, ids_remove_padding: Optional[paddle.Tensor],
+                previous_hidden_states: paddle.Tensor,
+                forward_meta: ForwardMeta) -> paddle.Tensor:
+        """Run the packed batch.
+
+        Args:
+            ids_remove_padding: ``[T]`` int64, token ``t_{p+1}`` for each packed row
+                (``None`` = ``forward_meta.ids_remove_padding``).
+            previous_hidden_states: ``[T, H]`` float32, the target's (or the previous MTP
+                substep's) hidden state for each row.
+            forward_meta: batch metadata whose ``caches`` are this layer's two tensors.
+
+        Returns:
+            ``[T, H]`` float32 post-norm hidden states.
+        """
+        if ids_remove_padding is None:
+            ids_remove_padding = forward_meta.ids_remove_padding
+        t = int(ids_remove_padding.shape[0])
+        if list(previous_hidden_states.shape) != [t, self.config.hidden_size]:
+            raise ValueError(f"`previous_hidden_states` must be [{t}, "
+                             f"{self.config.hidden_size}], got "
+                             f"{list(previous_hidden_states.shape)}")
+        plan = forward_meta.plan()
+        cos, sin = self.rotary.lookup(plan.positions)
+        x = self._fuse(self.target.embed_tokens(ids_remove_padding),
+                       previous_hidden_states.astype("float32"))
+        x = self.mtp_block(x, cos, sin, self.attn_backend, 0, forward_meta)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: paddle.Tensor,
+                       forward_meta: Optional[ForwardMeta] = None) -> paddle.Tensor:
+        """``hidden [n, H]`` -> float32 ``[n, V]`` through the shared LM head, columns
+        ``>= ori_vocab_size`` set to ``-inf``."""
+        return mask_padded_vocab(self.target.lm_head(hidden), self.config.ori_vocab_size)
+
+    def empty_input_forward(self, forward_meta: Optional[ForwardMeta] = None) -> None:
+        """No-op for this dense layer. A proposer calls it on a rank with no tokens; an MoE
+        MTP layer under expert parallelism must still enter its all-to-all collectives there
+        or the other ranks hang."""
+        return None
+
+    def forward_dense(self, next_ids: paddle.Tensor, hidden: paddle.Tensor,
+                      bias: paddle.Tensor) -> paddle.Tensor:
+        """Training path: ``next_ids [B, S]`` (tokens ``t_{p+1}``), ``hidden [B, S, H]`` (target
+        ``h_p``), causal ``bias`` -> post-norm ``[B, S, H]``."""
+        seq = int(next_ids.shape[1])
+        cos, sin = self.rotary.prefix(seq)
+        x = self._fuse(self.target.embed_tokens(next_ids), hidden)
+        return self.norm(self.mtp_block.forward_dense(x, cos, sin, bias))

@@ -1,0 +1,117 @@
+"""The tiny decoder-only target model (RMSNorm, RoPE, GQA, SwiGLU)."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import numpy as np
+import paddle
+import paddle.nn as nn
+
+from .attention import ReferenceAttentionBackend
+from .config import ModelConfig
+from .forward_meta import ForwardMeta
+from .layers import DecoderLayer, RMSNorm, RotaryEmbedding
+
+
+def mask_padded_vocab(logits: paddle.Tensor, ori_vocab_size: int) -> paddle.Tensor:
+    """Return float32 ``logits [n, V]`` with columns ``>= ori_vocab_size`` set to ``-inf``."""
+    logits = logits.astype("float32")
+    vocab = int(logits.shape[-1])
+    if ori_vocab_size >= vocab:
+        return logits
+    keep = np.zeros([vocab], np.float32)
+    keep[ori_vocab_size:] = -np.inf
+    return logits + paddle.to_tensor(keep)
+
+
+class TinyTargetModel(nn.Layer):
+    """Decoder-only LM: ``embed_tokens [V, H]`` -> ``num_hidden_layers`` x :class:`DecoderLayer`
+    -> final ``norm`` -> ``lm_head [H, V]`` (untied; Paddle ``[in, out]`` layout).
+
+    ``forward`` returns the hidden state the MTP layer consumes, chosen by
+    ``config.mtp_hidden_state``: after the final norm (``"post_norm"``, the default and what
+    the shipped checkpoint uses) or before it (``"pre_norm"``). ``compute_logits`` accepts
+    exactly what ``forward`` returned.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.LayerList([DecoderLayer(config) for _ in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias_attr=False)
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
+                                      config.rope_theta)
+        self.attn_backend = ReferenceAttentionBackend(
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim,
+            config.block_size)
+
+    @property
+    def num_cache_layers(self) -> int:
+        """Layers that own a KV cache pair in ``forward_meta.caches``."""
+        return self.config.num_hidden_layers
+
+    def forward(self, ids_remove_padding: Optional[paddle.Tensor],
+                forward_meta: ForwardMeta) -> paddle.Tensor:
+        """Run the packed batch.
+
+        Args:
+            ids_remove_padding: ``[T]`` int64 new tokens (``None`` = take them from
+                ``forward_meta.ids_remove_padding``).
+            forward_meta: batch metadata with ``2 * num_hidden_layers`` caches.
+
+        Returns:
+            ``[T, H]`` float32 hidden states (post- or pre-final-norm, see the class doc).
+        """
+        if ids_remove_padding is None:
+            ids_remove_padding = forward_meta.ids_remove_padding
+        plan = forward_meta.plan()
+        if int(ids_remove_padding.shape[0]) != plan.positions.shape[0]:
+            raise ValueError(f"`ids_remove_padding` has {int(ids_remove_padding.shape[0])} "
+                             f"tokens, forward_meta describes {plan.positions.shape[0]}")
+        cos, sin = self.rotary.lookup(plan.positions)
+        h = self.embed_tokens(ids_remove_padding)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, self.attn_backend, i, forward_meta)
+        if self.config.mtp_hidden_state == "post_norm":
+            h = self.norm(h)
+        return h
+
+    def compute_logits(self, hidden: paddle.Tensor,
+                       forward_meta: Optional[ForwardMeta] = None) -> paddle.Tensor:
+        """``hidden [n, H]`` (as returned by ``forward``) -> float32 ``[n, V]`` logits with the
+        padded-vocab tail (columns ``>= ori_vocab_size``) set to ``-inf``."""
+        if self.config.mtp_hidden_state == "pre_norm":
+            hidden = self.norm(hidden)
+        return mask_padded_vocab(self.lm_head(hidden), self.config.ori_vocab_size)
+
+    def empty_input_forward(self, forward_meta: Optional[ForwardMeta] = None) -> None:
+        """No-op. Exists for interface parity: with MoE under expert parallelism, a rank with
+        no tokens must still join the all-to-all collectives of every layer; a dense model
+        has no collectives, so there is nothing to do."""
+        return None
+
+    def forward_dense(self, ids: paddle.Tensor, bias: paddle.Tensor
+                      ) -> Tuple[paddle.Tensor, paddle.Tensor]:
+        """Training path over full sequences.
+
+        Args:
+            ids: ``[B, S]`` int64.
+            bias: ``[S, S]`` (or larger) additive causal mask from
+                :func:`~fastdeploy_mtp.models.attention.causal_bias`.
+
+        Returns:
+            ``(pre_norm, post_norm)`` hidden states, each ``[B, S, H]`` float32.
+        """
+        seq = int(ids.shape[1])
+        cos, sin = self.rotary.prefix(seq)
+        h = self.embed_tokens(ids)
+        for layer in self.layers:
+            h = layer.forward_dense(h, cos, sin, bias)
+        return h, self.norm(h)
+
+    def mtp_hidden(self, pre_norm: paddle.Tensor, post_norm: paddle.Tensor) -> paddle.Tensor:
+        """Pick the hidden state ``forward`` would return (see ``config.mtp_hidden_state``)."""
+        return post_norm if self.config.mtp_hidden_state == "post_norm" else pre_norm

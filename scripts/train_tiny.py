@@ -1,0 +1,196 @@
+#!/usr/bin/env python
+"""Train the tiny byte-level target model and its MTP layer on the Python stdlib sources.
+
+Seeded and resumable: every ``--ckpt-every-sec`` seconds the model, optimizer, step, data
+RNG state and elapsed training wall time are written to ``--run-dir/ckpt.pdckpt``; rerunning
+the same command resumes from there. Training stops at ``--max-steps`` or after
+``--wall-budget-min`` minutes of training wall time (summed across resumes), whichever is
+first. ``--export DIR`` then writes ``model.safetensors``, ``config.json`` and ``metrics.json``
+(held-out evaluation) into DIR.
+
+Loss = CE(next token) + ``--mtp-weight`` * CE(MTP layer's token-after-next), where the MTP
+layer at position p gets (embedding of t_{p+1}, target hidden h_p) and predicts t_{p+2}.
+
+Example::
+
+    OMP_NUM_THREADS=1 python scripts/train_tiny.py --run-dir /work/train_run \
+        --wall-budget-min 55 --max-steps 5000 --export fastdeploy_mtp/assets
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import paddle  # noqa: E402
+import paddle.nn.functional as F  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from fastdeploy_mtp.models import MTPLayer, ModelConfig, TinyTargetModel, causal_bias  # noqa: E402
+from fastdeploy_mtp.models import corpus as corpus_lib  # noqa: E402
+from fastdeploy_mtp.models import tiny as tiny_lib  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--run-dir", required=True, help="checkpoints and log go here")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--max-steps", type=int, default=5000)
+    p.add_argument("--wall-budget-min", type=float, default=55.0,
+                   help="stop after this many minutes of training wall time (all resumes)")
+    p.add_argument("--ckpt-every-sec", type=float, default=180.0)
+    p.add_argument("--eval-every", type=int, default=500, help="steps between quick evals")
+    p.add_argument("--hidden-size", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--intermediate-size", type=int, default=352)
+    p.add_argument("--vocab-size", type=int, default=272, help="padded vocab (>= 256)")
+    p.add_argument("--mtp-hidden-state", default="post_norm", choices=["post_norm", "pre_norm"])
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--min-lr-ratio", type=float, default=0.1)
+    p.add_argument("--warmup-steps", type=int, default=200)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--mtp-weight", type=float, default=1.0)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--export", default=None, help="write the trained checkpoint here at the end")
+    p.add_argument("--eval-only", action="store_true", help="skip training (resume + export)")
+    return p.parse_args(argv)
+
+
+def lr_at(step: int, args) -> float:
+    """Linear warmup, then cosine from ``lr`` to ``lr * min_lr_ratio`` at ``max_steps``."""
+    if step < args.warmup_steps:
+        return args.lr * (step + 1) / args.warmup_steps
+    frac = min(1.0, (step - args.warmup_steps) / max(1, args.max_steps - args.warmup_steps))
+    ratio = args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + np.cos(np.pi * frac))
+    return float(args.lr * ratio)
+
+
+def losses(target, mtp, ids, bias, mtp_weight):
+    """``ids [B, S]`` -> (total, main CE, MTP CE, main correct, MTP correct, counts)."""
+    pre, post = target.forward_dense(ids, bias)
+    hidden = target.mtp_hidden(pre, post)
+    logits = target.compute_logits(hidden)                       # [B, S, V]
+    main_ce = F.cross_entropy(logits[:, :-1], ids[:, 1:].unsqueeze(-1))
+    mtp_h = mtp.forward_dense(ids[:, 1:-1], hidden[:, :-2], bias)  # predicts ids[:, 2:]
+    mtp_logits = mtp.compute_logits(mtp_h)
+    mtp_ce = F.cross_entropy(mtp_logits, ids[:, 2:].unsqueeze(-1))
+    total = main_ce.mean() + mtp_weight * mtp_ce.mean()
+    return total, main_ce, mtp_ce, logits[:, :-1], mtp_logits
+
+
+def log(run_dir, msg):
+    line = time.strftime("%H:%M:%S ") + msg
+    print(line, flush=True)
+    with open(os.path.join(run_dir, "train.log"), "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.makedirs(args.run_dir, exist_ok=True)
+    if hasattr(paddle, "set_num_threads"):
+        paddle.set_num_threads(args.threads)
+    paddle.set_device("cpu")
+    paddle.seed(args.seed)
+    np.random.seed(args.seed)
+
+    config = ModelConfig(
+        vocab_size=args.vocab_size, ori_vocab_size=256, hidden_size=args.hidden_size,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads, intermediate_size=args.intermediate_size,
+        mtp_hidden_state=args.mtp_hidden_state, max_position_embeddings=4096)
+    target = TinyTargetModel(config)
+    mtp = MTPLayer(config, target)
+    params = list(target.parameters()) + list(mtp.parameters())
+    n_params = sum(int(np.prod(p.shape)) for p in params)
+    no_decay = {p.name for p in params if len(p.shape) == 1}
+    opt = paddle.optimizer.AdamW(
+        learning_rate=args.lr, parameters=params, weight_decay=args.weight_decay,
+        beta1=0.9, beta2=0.95,
+        apply_decay_param_fun=lambda name: name not in no_decay,
+        grad_clip=paddle.nn.ClipGradByGlobalNorm(args.grad_clip))
+
+    split = corpus_lib.load_split()
+    train = split.train_array()
+    rng = np.random.default_rng(args.seed)
+    step, elapsed = 0, 0.0
+    ckpt_path = os.path.join(args.run_dir, "ckpt.pdckpt")
+    if os.path.exists(ckpt_path):
+        state = paddle.load(ckpt_path)
+        target.set_state_dict(state["target"])
+        mtp.set_state_dict(state["mtp"])
+        opt.set_state_dict(state["opt"])
+        rng.bit_generator.state = state["rng"]
+        step, elapsed = int(state["step"]), float(state["elapsed"])
+        log(args.run_dir, f"resumed at step {step}, {elapsed:.0f}s of training so far")
+    else:
+        log(args.run_dir, f"fresh run: {n_params} params, corpus {split.describe()}, "
+                          f"args {vars(args)}")
+
+    def save_ckpt():
+        state = {"target": target.state_dict(), "mtp": mtp.state_dict(),
+                 "opt": opt.state_dict(), "rng": rng.bit_generator.state,
+                 "step": step, "elapsed": elapsed, "args": vars(args)}
+        tmp = ckpt_path + ".tmp"
+        paddle.save(state, tmp)
+        os.replace(tmp, ckpt_path)
+
+    bias = causal_bias(args.seq_len)
+    budget = args.wall_budget_min * 60.0
+    last_ckpt = time.time()
+    seg_start, seg_elapsed0 = time.time(), elapsed
+    recent = []
+    while not args.eval_only and step < args.max_steps and elapsed < budget:
+        t0 = time.time()
+        starts = rng.integers(0, len(train) - args.seq_len, size=args.batch_size)
+        batch = np.stack([train[s:s + args.seq_len] for s in starts]).astype(np.int64)
+        opt.set_lr(lr_at(step, args))
+        total, main_ce, mtp_ce, _, _ = losses(target, mtp, paddle.to_tensor(batch), bias,
+                                             args.mtp_weight)
+        total.backward()
+        opt.step()
+        opt.clear_grad()
+        step += 1
+        elapsed = seg_elapsed0 + (time.time() - seg_start)
+        recent.append((float(main_ce.mean()), float(mtp_ce.mean()), time.time() - t0))
+        if step % 50 == 0:
+            m = np.mean(recent, axis=0)
+            log(args.run_dir, f"step {step} lr {lr_at(step - 1, args):.2e} main {m[0]:.4f} "
+                              f"mtp {m[1]:.4f} {1.0 / m[2]:.2f} steps/s elapsed {elapsed:.0f}s")
+            recent = []
+        if step % args.eval_every == 0:
+            quick = tiny_lib.evaluate_dense(target, mtp, split.heldout_array(), args.seq_len,
+                                            max_windows=256)
+            log(args.run_dir, f"eval step {step}: {json.dumps(quick)}")
+        if time.time() - last_ckpt > args.ckpt_every_sec:
+            save_ckpt()
+            last_ckpt = time.time()
+    if not args.eval_only:
+        save_ckpt()
+        log(args.run_dir, f"training stopped at step {step}, {elapsed:.0f}s training wall time")
+
+    if args.export:
+        metrics = tiny_lib.evaluate_dense(target, mtp, split.heldout_array(), args.seq_len)
+        metrics.update({"steps": step, "train_wall_time_s": round(elapsed, 1),
+                        "params": n_params, "seed": args.seed,
+                        "train_args": {k: v for k, v in vars(args).items()
+                                       if k not in ("run_dir", "export", "eval_only")},
+                        "corpus": split.describe()})
+        tiny_lib.save_tiny(args.export, target, mtp, config, metrics)
+        log(args.run_dir, f"exported to {args.export}: {json.dumps(metrics)}")
+
+
+if __name__ == "__main__":
+    main()
