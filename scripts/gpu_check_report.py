@@ -1,0 +1,114 @@
+"""The JSON report of scripts/gpu_check.sh: device, per-test results, per-op CUDA latency.
+
+Latency: CUDA-event time per call over many back-to-back launches of each op through the
+framework-free module, beside a floor (a one-element in-place torch add, i.e. one kernel
+launch through a framework's dispatcher). Ratios are what to compare; absolute numbers
+depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fastdeploy_mtp import _kernels  # noqa: E402
+
+
+def parse_junit(path: Path) -> dict:
+    results = {}
+    if not path.exists():
+        return results
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        if case.find("failure") is not None or case.find("error") is not None:
+            results[name] = "fail"
+        elif case.find("skipped") is not None:
+            results[name] = "skip: " + (case.find("skipped").get("message") or "")
+        else:
+            results[name] = "pass"
+    return results
+
+
+def time_calls(torch, fn, iters: int = 200, warmup: int = 20) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000.0 / iters  # microseconds per call
+
+
+def op_latencies(torch) -> dict:
+    stream = torch.cuda.current_stream().cuda_stream
+    out = {}
+    one = torch.zeros(1, device="cuda")
+    out["floor_torch_inplace_add_us"] = time_calls(torch, lambda: one.add_(0))
+    rng = np.random.default_rng(0)
+    for bsz in (1, 256, 1500, 65536):
+        width = 6
+        draft = torch.from_numpy(rng.integers(-1, 100, size=(bsz, width), dtype=np.int64)).cuda()
+        slt = torch.zeros(bsz, dtype=torch.int32, device="cuda")
+        enc = torch.zeros(bsz, dtype=torch.int32, device="cuda")
+        stop = torch.zeros(bsz, 1, dtype=torch.bool, device="cuda")
+        # raw pointers: the same launcher without the DLPack conversion cost
+        raw = [
+            (draft.data_ptr(), "int64", tuple(draft.shape), "cuda:0"),
+            (slt.data_ptr(), "int32", tuple(slt.shape), "cuda:0"),
+            (enc.data_ptr(), "int32", tuple(enc.shape), "cuda:0"),
+            (stop.data_ptr(), "bool", tuple(stop.shape), "cuda:0"),
+        ]
+        out[f"draft_model_postprocess_bsz{bsz}_dlpack_us"] = time_calls(
+            torch, lambda: _kernels.draft_model_postprocess(draft, slt, enc, stop, stream=stream)
+        )
+        out[f"draft_model_postprocess_bsz{bsz}_raw_us"] = time_calls(
+            torch, lambda: _kernels.draft_model_postprocess(*raw, stream=stream)
+        )
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--junit", type=Path, required=True)
+    ap.add_argument("--build-seconds", type=int, default=-1)
+    ap.add_argument("--tests-rc", type=int, default=-1)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+
+    report = {
+        "build_info": _kernels.build_info(),
+        "cuda_status": list(_kernels.cuda_status()),
+        "build_seconds": args.build_seconds,
+        "pytest_returncode": args.tests_rc,
+    }
+    try:
+        import torch
+
+        report["device"] = torch.cuda.get_device_name(0)
+        report["capability"] = list(torch.cuda.get_device_capability(0))
+        report["latency_us"] = op_latencies(torch)
+    except Exception as e:  # report what went wrong instead of losing the test results
+        report["latency_error"] = repr(e)
+    tests = parse_junit(args.junit)
+    report["tests"] = tests
+    report["summary"] = {
+        k: sum(1 for v in tests.values() if v.startswith(k)) for k in ("pass", "fail", "skip")
+    }
+    text = json.dumps(report, indent=1, sort_keys=True)
+    args.out.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
