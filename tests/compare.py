@@ -54,3 +54,19 @@ def assert_all_exact(
     assert len(names) == len(got), "one result per tensor name"
     for name, g in zip(names, got):
         assert_exact(name, g, want[name], context)
+
+
+def assert_rejected(backend, op: str, names: Sequence[str], tensors: Sequence[np.ndarray], bad_name: str, attrs=()) -> str:
+    """The op must raise a ValueError that names `op` and the tensor `bad_name`, and leave
+    every tensor unchanged. Returns the message."""
+    import pytest
+
+    before = [np.array(t, copy=True) for t in tensors]
+    with pytest.raises(ValueError) as info:
+        backend.run(op, tensors, attrs)
+    message = str(info.value)
+    assert message.startswith(f"{op}: "), f"message does not name the op: {message!r}"
+    assert f"`{bad_name}`" in message, f"message does not name `{bad_name}`: {message!r}"
+    for name, b, t in zip(names, before, tensors):
+        np.testing.assert_array_equal(t, b, err_msg=f"{name} changed by a rejected call")
+    return message
