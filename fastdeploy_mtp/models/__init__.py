@@ -4,11 +4,19 @@ checkpoint loaders for real MTP layouts, and the shipped tiny checkpoint."""
 from .attention import ReferenceAttentionBackend, causal_bias, dense_causal_attention
 from .config import ModelConfig
 from .forward_meta import UNUSED_BLOCK, AttentionPlan, ForwardMeta, make_forward_meta
+from .loading import (FAMILIES, CheckpointError, FamilySpec, MissingTensorError, TensorShapeError,
+                      TensorSource, UnsupportedTensorError, config_for_family, load_mtp_weights,
+                      load_state_strict)
 from .mtp import MTPLayer
 from .target import TinyTargetModel, mask_padded_vocab
+from .tiny import (ASSETS_DIR, ByteTokenizer, contiguous_block_tables, greedy_generate, load_tiny,
+                   save_tiny, score_windows)
 
 __all__ = [
-    "AttentionPlan", "ForwardMeta", "MTPLayer", "ModelConfig", "ReferenceAttentionBackend",
-    "TinyTargetModel", "UNUSED_BLOCK", "causal_bias", "dense_causal_attention",
-    "make_forward_meta", "mask_padded_vocab",
+    "ASSETS_DIR", "AttentionPlan", "ByteTokenizer", "CheckpointError", "FAMILIES", "FamilySpec",
+    "ForwardMeta", "MTPLayer", "MissingTensorError", "ModelConfig", "ReferenceAttentionBackend",
+    "TensorShapeError", "TensorSource", "TinyTargetModel", "UNUSED_BLOCK",
+    "UnsupportedTensorError", "causal_bias", "config_for_family", "contiguous_block_tables",
+    "dense_causal_attention", "greedy_generate", "load_mtp_weights", "load_state_strict",
+    "load_tiny", "make_forward_meta", "mask_padded_vocab", "save_tiny", "score_windows",
 ]

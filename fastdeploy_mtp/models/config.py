@@ -11,6 +11,8 @@ from typing import Any, Dict
 MTP_HIDDEN_STATES = ("post_norm", "pre_norm")
 #: Values accepted by :attr:`ModelConfig.mtp_concat_order`.
 MTP_CONCAT_ORDERS = ("emb_first", "hidden_first")
+#: Values accepted by :attr:`ModelConfig.mtp_final_norm`.
+MTP_FINAL_NORMS = ("in_forward", "in_logits")
 
 
 @dataclass
@@ -39,6 +41,13 @@ class ModelConfig:
         mtp_concat_order: ``"emb_first"`` (``eh_proj(cat[enorm(e), hnorm(h)])``, DeepSeek,
             GLM, ERNIE, Qwen) or ``"hidden_first"`` (MiMo).
         block_size: tokens per KV-cache block of the paged attention backend.
+        attention_bias: whether ``q_proj``/``k_proj``/``v_proj`` have biases (Qwen2-style
+            blocks such as MiMo's and GLM-4.5's have them; the shipped model does not).
+        mtp_final_norm: where the MTP layer applies its final norm: ``"in_forward"`` (its
+            ``forward`` returns the normed state, which later substeps feed back; ERNIE,
+            Qwen3-Next, MiMo) or ``"in_logits"`` (``forward`` returns the un-normed state and
+            ``compute_logits`` applies the norm; FastDeploy's GLM-4.5, DeepSeek's
+            ``shared_head.norm``).
     """
 
     vocab_size: int = 272
@@ -55,6 +64,8 @@ class ModelConfig:
     mtp_hidden_state: str = "post_norm"
     mtp_concat_order: str = "emb_first"
     block_size: int = 16
+    attention_bias: bool = False
+    mtp_final_norm: str = "in_forward"
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
@@ -84,6 +95,10 @@ class ModelConfig:
         if self.mtp_concat_order not in MTP_CONCAT_ORDERS:
             raise ValueError(f"`mtp_concat_order` must be one of {MTP_CONCAT_ORDERS}, "
                              f"got {self.mtp_concat_order!r}")
+
+        if self.mtp_final_norm not in MTP_FINAL_NORMS:
+            raise ValueError(f"`mtp_final_norm` must be one of {MTP_FINAL_NORMS}, "
+                             f"got {self.mtp_final_norm!r}")
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)

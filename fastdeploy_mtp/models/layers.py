@@ -83,7 +83,8 @@ def apply_rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> padd
 
 class Attention(nn.Layer):
     """Grouped-query self-attention: ``q_proj [H, nh*hd]``, ``k_proj``/``v_proj``
-    ``[H, kvh*hd]``, ``o_proj [nh*hd, H]``; RoPE on q and k."""
+    ``[H, kvh*hd]``, ``o_proj [nh*hd, H]``; RoPE on q and k. ``q/k/v_proj`` carry biases
+    only when ``config.attention_bias`` is set."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -91,9 +92,10 @@ class Attention(nn.Layer):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         h = config.hidden_size
-        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias_attr=False)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias_attr=False)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias_attr=False)
+        qkv_bias = None if config.attention_bias else False
+        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias_attr=qkv_bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias_attr=qkv_bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias_attr=qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias_attr=False)
         self.scale = 1.0 / float(np.sqrt(self.head_dim))
 

@@ -27,8 +27,9 @@ class MTPLayer(nn.Layer):
     Convention: at position ``p`` the MTP layer is fed token ``t_{p+1}`` and the target's
     hidden state ``h_p`` (which already predicted ``t_{p+1}``) and predicts ``t_{p+2}``. Its KV
     cache is its own (one layer, ``forward_meta.caches[0:2]``) and its positions are ``p``.
-    ``forward`` returns the post-``norm`` hidden state, which is also what later MTP
-    substeps feed back as ``previous_hidden_states``.
+    ``forward`` returns the post-``norm`` hidden state (or the pre-``norm`` one when
+    ``config.mtp_final_norm == "in_logits"``), which is also what later MTP substeps feed
+    back as ``previous_hidden_states``.
     """
 
     def __init__(self, config: ModelConfig, target: TinyTargetModel):
@@ -92,12 +93,15 @@ class MTPLayer(nn.Layer):
         x = self._fuse(self.target.embed_tokens(ids_remove_padding),
                        previous_hidden_states.astype("float32"))
         x = self.mtp_block(x, cos, sin, self.attn_backend, 0, forward_meta)
-        return self.norm(x)
+        return self.norm(x) if self.config.mtp_final_norm == "in_forward" else x
 
     def compute_logits(self, hidden: paddle.Tensor,
                        forward_meta: Optional[ForwardMeta] = None) -> paddle.Tensor:
         """``hidden [n, H]`` -> float32 ``[n, V]`` through the shared LM head, columns
-        ``>= ori_vocab_size`` set to ``-inf``."""
+        ``>= ori_vocab_size`` set to ``-inf``. Applies ``norm`` first when
+        ``config.mtp_final_norm == "in_logits"``."""
+        if self.config.mtp_final_norm == "in_logits":
+            hidden = self.norm(hidden)
         return mask_padded_vocab(self.target.lm_head(hidden), self.config.ori_vocab_size)
 
     def empty_input_forward(self, forward_meta: Optional[ForwardMeta] = None) -> None:
@@ -109,8 +113,9 @@ class MTPLayer(nn.Layer):
     def forward_dense(self, next_ids: paddle.Tensor, hidden: paddle.Tensor,
                       bias: paddle.Tensor) -> paddle.Tensor:
         """Training path: ``next_ids [B, S]`` (tokens ``t_{p+1}``), ``hidden [B, S, H]`` (target
-        ``h_p``), causal ``bias`` -> post-norm ``[B, S, H]``."""
+        ``h_p``), causal ``bias`` -> ``[B, S, H]`` (normed as ``forward`` is)."""
         seq = int(next_ids.shape[1])
         cos, sin = self.rotary.prefix(seq)
         x = self._fuse(self.target.embed_tokens(next_ids), hidden)
-        return self.norm(self.mtp_block.forward_dense(x, cos, sin, bias))
+        x = self.mtp_block.forward_dense(x, cos, sin, bias)
+        return self.norm(x) if self.config.mtp_final_norm == "in_forward" else x

@@ -1,14 +1,69 @@
-"""The shipped tiny checkpoint: byte tokenizer, evaluation, save and load."""
+"""The shipped tiny checkpoint: byte tokenizer, paged-cache helpers, evaluation, greedy
+generation, save and load."""
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+import json
+import os
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 
 from .attention import causal_bias
+from .config import ModelConfig
+from .forward_meta import ForwardMeta, make_forward_meta
+from .loading import TensorSource, load_state_strict, state_to_numpy
+from .mtp import MTPLayer
+from .target import TinyTargetModel
+
+#: Directory of the shipped checkpoint.
+ASSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.json"
+#: Prefix of the MTP layer's tensors in our own checkpoint format.
+MTP_PREFIX = "mtp."
+
+
+class ByteTokenizer:
+    """Bytes are tokens: ids 0..255 are the UTF-8 bytes of the text; there are no special
+    tokens (ids 256.. of the padded vocabulary never occur)."""
+
+    vocab_size = 256
+
+    def encode(self, text: Union[str, bytes]) -> List[int]:
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        return list(data)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < 256]
+        if bad:
+            raise ValueError(f"`ids` must be bytes (0..255), got {bad[:5]}")
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def contiguous_block_tables(seq_capacity: Sequence[int], block_size: int,
+                            shuffle_seed: Optional[int] = None
+                            ) -> Tuple[np.ndarray, int]:
+    """Block tables giving item ``b`` room for ``seq_capacity[b]`` tokens.
+
+    Returns ``(block_tables [B, max_blocks] int32 with -1 padding, num_blocks)``. Blocks are
+    handed out in order, or in a random permutation when ``shuffle_seed`` is given.
+    """
+    need = [-(-int(c) // block_size) for c in seq_capacity]
+    total = max(1, sum(need))
+    order = np.arange(total)
+    if shuffle_seed is not None:
+        order = np.random.default_rng(shuffle_seed).permutation(total)
+    tables = np.full([len(need), max(1, max(need, default=1))], -1, np.int32)
+    k = 0
+    for b, n in enumerate(need):
+        tables[b, :n] = order[k:k + n]
+        k += n
+    return tables, total
 
 
 @paddle.no_grad()
@@ -57,5 +112,95 @@ def evaluate_dense(target, mtp, data: np.ndarray, seq_len: int,
             "windows": int(len(windows))}
 
 
-def save_tiny(out_dir, target, mtp, config, metrics):  # filled in after training starts
-    raise NotImplementedError
+@paddle.no_grad()
+def score_windows(target: TinyTargetModel, data: np.ndarray, window: int,
+                  num_windows: int) -> float:
+    """Mean next-token CE (nats/byte) of the first ``num_windows * window`` bytes of
+    ``data``, scored through the serving path: one packed prefill batch with ``num_windows``
+    items of ``window`` tokens each and a paged KV cache. Each window predicts its own
+    ``window - 1`` next bytes (no context across windows)."""
+    data = np.asarray(data, dtype=np.int64)
+    if len(data) < num_windows * window:
+        raise ValueError(f"`data` has {len(data)} bytes, need {num_windows * window}")
+    ids = data[: num_windows * window].reshape(num_windows, window)
+    cfg = target.config
+    tables, nblocks = contiguous_block_tables([window] * num_windows, cfg.block_size)
+    caches = target.attn_backend.allocate_caches(target.num_cache_layers, nblocks)
+    meta = make_forward_meta([window] * num_windows, [0] * num_windows, tables, caches,
+                             cfg.block_size, ids_remove_padding=ids.reshape(-1))
+    logits = target.compute_logits(target(meta.ids_remove_padding, meta))
+    logits = logits.reshape([num_windows, window, -1])[:, :-1]
+    labels = paddle.to_tensor(ids[:, 1:]).unsqueeze(-1)
+    return float(F.cross_entropy(logits, labels).mean())
+
+
+@paddle.no_grad()
+def greedy_generate(target: TinyTargetModel, prompt: Sequence[int],
+                    max_new_tokens: int) -> List[int]:
+    """Greedy continuation of one prompt with the paged KV cache: one prefill, then one
+    decode step per new token. Returns the new token ids."""
+    cfg = target.config
+    prompt = [int(t) for t in prompt]
+    if not prompt:
+        raise ValueError("`prompt` must not be empty")
+    total = len(prompt) + max_new_tokens
+    tables, nblocks = contiguous_block_tables([total], cfg.block_size)
+    caches = target.attn_backend.allocate_caches(target.num_cache_layers, nblocks)
+    out: List[int] = []
+    step_ids, past = prompt, 0
+    for _ in range(max_new_tokens):
+        meta = make_forward_meta([len(step_ids)], [past], tables, caches, cfg.block_size,
+                                 ids_remove_padding=step_ids)
+        hidden = target(meta.ids_remove_padding, meta)
+        nxt = int(target.compute_logits(hidden[-1:]).argmax(-1))
+        out.append(nxt)
+        past += len(step_ids)
+        step_ids = [nxt]
+    return out
+
+
+def save_tiny(out_dir: str, target: TinyTargetModel, mtp: MTPLayer, config: ModelConfig,
+              metrics: Optional[Dict] = None) -> None:
+    """Write ``model.safetensors`` (target tensors under their own names, MTP tensors under
+    ``mtp.``; Paddle ``[in, out]`` layout, float32), ``config.json`` and ``metrics.json``."""
+    from safetensors.numpy import save_file
+    os.makedirs(out_dir, exist_ok=True)
+    tensors = state_to_numpy(target)
+    tensors.update(state_to_numpy(mtp, MTP_PREFIX))
+    save_file(tensors, os.path.join(out_dir, WEIGHTS_FILE),
+              metadata={"format": "fastdeploy_mtp.tiny", "layout": "paddle [in, out]"})
+    config.save_json(os.path.join(out_dir, CONFIG_FILE))
+    if metrics is not None:
+        with open(os.path.join(out_dir, METRICS_FILE), "w", encoding="utf-8") as f:
+            json.dump(metrics, f, indent=2, sort_keys=True)
+            f.write("\n")
+
+
+def load_tiny(path: Optional[str] = None) -> Tuple[TinyTargetModel, MTPLayer, ModelConfig]:
+    """Load the shipped (or a saved) tiny checkpoint.
+
+    Args:
+        path: directory with ``model.safetensors`` and ``config.json``
+            (default: ``fastdeploy_mtp/assets``).
+
+    Returns:
+        ``(target, mtp, config)`` in eval mode; ``mtp`` shares the target's embedding and head.
+    """
+    path = path or ASSETS_DIR
+    for name in (WEIGHTS_FILE, CONFIG_FILE):
+        if not os.path.isfile(os.path.join(path, name)):
+            raise FileNotFoundError(f"tiny checkpoint directory {path!r} has no {name}")
+    config = ModelConfig.load_json(os.path.join(path, CONFIG_FILE))
+    target = TinyTargetModel(config)
+    mtp = MTPLayer(config, target)
+    src = TensorSource(os.path.join(path, WEIGHTS_FILE))
+    load_state_strict(target, src)
+    load_state_strict(mtp, src, MTP_PREFIX)
+    expected = {n for n, _ in target.named_parameters()} | \
+               {MTP_PREFIX + n for n, _ in mtp.named_parameters()}
+    extra = sorted(set(src.keys()) - expected)
+    if extra:
+        raise ValueError(f"tiny checkpoint {path!r} has unexpected tensors {extra[:5]}")
+    target.eval()
+    mtp.eval()
+    return target, mtp, config

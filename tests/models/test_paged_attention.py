@@ -6,7 +6,7 @@ import paddle
 import pytest
 
 from conftest import build_models, small_config
-from fastdeploy_mtp.models import contiguous_block_tables, make_forward_meta
+from fastdeploy_mtp.models import causal_bias, contiguous_block_tables, make_forward_meta
 import mtp_numpy_reference as ref
 
 # float32 Paddle vs float32 Paddle (same math, different summation order / caching)
@@ -45,8 +45,7 @@ def test_kv_cache_shape_is_blocks_kvheads_blocksize_headdim(models, config):
 def test_dense_path_matches_numpy(models, config):
     target, _ = models
     ids = np.random.default_rng(1).integers(0, config.ori_vocab_size, 23)
-    _, post = target.forward_dense(paddle.to_tensor(ids[None]), None if False else
-                                   __import__("fastdeploy_mtp.models", fromlist=["x"]).causal_bias(23))
+    _, post = target.forward_dense(paddle.to_tensor(ids[None]), causal_bias(23))
     expect = ref.target_hidden(ids, params_np(target), config)
     np.testing.assert_allclose(post.numpy()[0], expect, rtol=RTOL_REF, atol=ATOL_REF)
 
@@ -130,7 +129,6 @@ def test_mixed_prefill_decode_batch_matches_per_sequence_recompute(config):
 @pytest.mark.parametrize("concat_order,final_norm", [("emb_first", "in_forward"),
                                                      ("hidden_first", "in_logits")])
 def test_mtp_layer_paged_equals_dense_and_numpy(concat_order, final_norm):
-    from fastdeploy_mtp.models import causal_bias
     config = small_config(mtp_concat_order=concat_order, mtp_final_norm=final_norm)
     target, mtp = build_models(config, seed=7)
     rng = np.random.default_rng(7)

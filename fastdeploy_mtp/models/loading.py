@@ -1,0 +1,446 @@
+"""Load MTP-layer weights from real checkpoint layouts (safetensors).
+
+One entry point, :func:`load_mtp_weights`, with a per-family name map
+(:data:`FAMILIES`). Each map says where the MTP tensors live, which names are the fusion
+norms and projection, how the decoder block is named, whether Linear weights are stored in
+torch's ``[out, in]`` layout (transposed here into Paddle's ``[in, out]``), the concat order,
+where the final norm is applied, whether RMSNorm weights are stored zero-centred, and which
+checkpoint tensors duplicate the shared embedding / LM head.
+
+Only dense decoder blocks (GQA attention with separate or fused q/k/v, SwiGLU MLP with
+separate or fused gate/up) map onto :class:`~fastdeploy_mtp.models.layers.DecoderLayer`.
+MoE experts, routers, MLA projections, q/k norms and anything else under the MTP prefix is
+rejected with :class:`UnsupportedTensorError` naming the tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import re
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple, Union
+
+import numpy as np
+import paddle
+
+from .config import ModelConfig
+
+
+class CheckpointError(ValueError):
+    """Base class of checkpoint loading errors; the message names the checkpoint tensor."""
+
+
+class MissingTensorError(CheckpointError):
+    """A tensor the model needs is not in the checkpoint."""
+
+
+class TensorShapeError(CheckpointError):
+    """A checkpoint tensor has the wrong shape (the message gives expected vs got)."""
+
+
+class UnsupportedTensorError(CheckpointError):
+    """The checkpoint has a tensor under the MTP prefix that this model cannot use
+    (MoE experts, MLA, q/k norms, a second MTP layer, ...)."""
+
+
+# ----------------------------------------------------------------------------- sources
+
+class TensorSource:
+    """Read-only name -> numpy array view of a checkpoint.
+
+    Args:
+        source: a ``dict`` of numpy arrays, a ``.safetensors`` file, or a directory whose
+            ``*.safetensors`` files (shards) are read together. Files are opened lazily with
+            ``safetensors.safe_open`` so only the tensors that are asked for are read.
+    """
+
+    def __init__(self, source: Union[str, os.PathLike, Mapping[str, np.ndarray]]):
+        self._arrays: Optional[Mapping[str, np.ndarray]] = None
+        self._where: Dict[str, str] = {}
+        if isinstance(source, Mapping):
+            self._arrays = source
+            self.description = "<dict>"
+            return
+        path = os.fspath(source)
+        if os.path.isdir(path):
+            files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+            if not files:
+                raise FileNotFoundError(f"no *.safetensors files in checkpoint directory {path!r}")
+        elif os.path.isfile(path):
+            files = [path]
+        else:
+            raise FileNotFoundError(f"checkpoint path {path!r} does not exist")
+        from safetensors import safe_open
+        for f in files:
+            with safe_open(f, framework="numpy") as handle:
+                for key in handle.keys():
+                    self._where[key] = f
+        self.description = path
+
+    def keys(self) -> List[str]:
+        return sorted(self._arrays.keys() if self._arrays is not None else self._where.keys())
+
+    def __contains__(self, name: str) -> bool:
+        return name in (self._arrays if self._arrays is not None else self._where)
+
+    def get(self, name: str) -> np.ndarray:
+        if name not in self:
+            raise MissingTensorError(f"checkpoint {self.description} has no tensor {name!r}")
+        if self._arrays is not None:
+            return np.asarray(self._arrays[name])
+        from safetensors import safe_open
+        with safe_open(self._where[name], framework="numpy") as handle:
+            return handle.get_tensor(name)
+
+
+# ----------------------------------------------------------------------------- family maps
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """Where one model family keeps its MTP layer and how to read it.
+
+    Attributes:
+        name: family key (``"deepseek_v3"``, ...).
+        prefix: prefix of every MTP-owned tensor; ``{index}`` is the checkpoint layer index.
+        index_regex: regex that finds ``{index}`` among checkpoint names (families whose MTP
+            layer sits at ``model.layers.{num_hidden_layers}``); ``None`` if fixed.
+        fusion: our parameter name -> checkpoint name (relative to ``prefix``) for
+            ``enorm``, ``hnorm``, ``eh_proj`` and the final ``norm``. A name starting with
+            ``/`` is absolute (ERNIE's final norm is the main model's ``ernie.norm``).
+        block: prefix of the decoder block, relative to ``prefix``.
+        torch_layout: Linear weights stored ``[out, in]``; transposed on load.
+        concat_order: ``"emb_first"`` or ``"hidden_first"`` (MiMo).
+        final_norm: ``"in_forward"`` or ``"in_logits"`` (see ``ModelConfig.mtp_final_norm``).
+        hidden_state: the target hidden state the family's MTP layer consumes.
+        norm_offset: added to every RMSNorm weight on load (1.0 for Qwen3-Next, whose norms
+            compute ``x_normed * (1 + w)``).
+        embed: checkpoint names (absolute) that may hold the shared embedding, first found wins.
+        head: checkpoint names (absolute) that may hold the shared LM head.
+        owned_prefixes: absolute prefixes whose every tensor must be consumed (anything left
+            over is unsupported).
+    """
+
+    name: str
+    prefix: str
+    index_regex: Optional[str]
+    fusion: Dict[str, str]
+    block: str
+    torch_layout: bool
+    concat_order: str
+    final_norm: str
+    hidden_state: str
+    norm_offset: float
+    embed: Tuple[str, ...]
+    head: Tuple[str, ...]
+    owned_prefixes: Tuple[str, ...]
+
+
+_DEEPSEEK_STYLE = dict(
+    prefix="model.layers.{index}.",
+    index_regex=r"^model\.layers\.(\d+)\.enorm\.weight$",
+    fusion={"enorm": "enorm.weight", "hnorm": "hnorm.weight", "eh_proj": "eh_proj.weight",
+            "norm": "shared_head.norm.weight"},
+    block="",
+    torch_layout=True,
+    concat_order="emb_first",
+    final_norm="in_logits",
+    hidden_state="post_norm",
+    norm_offset=0.0,
+    embed=("model.layers.{index}.embed_tokens.weight", "model.embed_tokens.weight"),
+    head=("model.layers.{index}.shared_head.head.weight", "lm_head.weight"),
+    owned_prefixes=("model.layers.{index}.",),
+)
+
+#: The supported checkpoint families.
+FAMILIES: Dict[str, FamilySpec] = {
+    "ernie4_5": FamilySpec(
+        name="ernie4_5",
+        prefix="ernie.",
+        index_regex=None,
+        fusion={"enorm": "mtp_emb_norm.0.weight", "hnorm": "mtp_hidden_norm.0.weight",
+                "eh_proj": "mtp_linear_proj.0.weight", "norm": "/ernie.norm.weight"},
+        block="mtp_block.0.",
+        torch_layout=False,
+        concat_order="emb_first",
+        final_norm="in_forward",
+        hidden_state="post_norm",
+        norm_offset=0.0,
+        embed=("ernie.embed_tokens.weight",),
+        head=("lm_head.weight",),
+        owned_prefixes=("ernie.mtp_",),
+    ),
+    "deepseek_v3": FamilySpec(name="deepseek_v3", **_DEEPSEEK_STYLE),
+    "glm4_5": FamilySpec(name="glm4_5", **_DEEPSEEK_STYLE),
+    "qwen3_next": FamilySpec(
+        name="qwen3_next",
+        prefix="mtp.",
+        index_regex=None,
+        fusion={"enorm": "pre_fc_norm_embedding.weight", "hnorm": "pre_fc_norm_hidden.weight",
+                "eh_proj": "fc.weight", "norm": "norm.weight"},
+        block="layers.0.",
+        torch_layout=True,
+        concat_order="emb_first",
+        final_norm="in_forward",
+        hidden_state="post_norm",
+        norm_offset=1.0,
+        embed=("model.embed_tokens.weight",),
+        head=("lm_head.weight",),
+        owned_prefixes=("mtp.",),
+    ),
+    "mimo": FamilySpec(
+        name="mimo",
+        prefix="model.mtp_layers.0.",
+        index_regex=None,
+        fusion={"enorm": "token_layernorm.weight", "hnorm": "hidden_layernorm.weight",
+                "eh_proj": "input_proj.weight", "norm": "final_layernorm.weight"},
+        block="",
+        torch_layout=True,
+        concat_order="hidden_first",
+        final_norm="in_forward",
+        hidden_state="post_norm",
+        norm_offset=0.0,
+        embed=("model.embed_tokens.weight",),
+        head=("lm_head.weight",),
+        owned_prefixes=("model.mtp_layers.",),
+    ),
+}
+
+_NORM_PARAMS = ("enorm", "hnorm", "norm", "mtp_block.input_layernorm",
+                "mtp_block.post_attention_layernorm")
+
+_UNSUPPORTED_HINTS = (
+    ("experts", "MoE experts are out of scope: only dense SwiGLU MLP blocks are supported"),
+    ("mlp.gate.", "MoE routers are out of scope: only dense SwiGLU MLP blocks are supported"),
+    ("shared_expert", "MoE shared experts are out of scope"),
+    ("q_a_proj", "MLA attention is out of scope: only GQA q/k/v/o projections are supported"),
+    ("kv_a_proj", "MLA attention is out of scope: only GQA q/k/v/o projections are supported"),
+    ("kv_b_proj", "MLA attention is out of scope: only GQA q/k/v/o projections are supported"),
+    ("q_norm", "per-head q/k norms are out of scope"),
+    ("k_norm", "per-head q/k norms are out of scope"),
+)
+
+
+def get_family(family: str) -> FamilySpec:
+    """Return the :class:`FamilySpec` for ``family`` or raise ``ValueError`` listing them."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown checkpoint family {family!r}; supported: {sorted(FAMILIES)}")
+    return FAMILIES[family]
+
+
+def config_for_family(family: str, base: ModelConfig) -> ModelConfig:
+    """``base`` with the family's layout fields set: ``mtp_concat_order``,
+    ``mtp_final_norm`` and ``mtp_hidden_state``."""
+    spec = get_family(family)
+    return dataclasses.replace(base, mtp_concat_order=spec.concat_order,
+                               mtp_final_norm=spec.final_norm,
+                               mtp_hidden_state=spec.hidden_state)
+
+
+# ----------------------------------------------------------------------------- loading
+
+def _detect_index(spec: FamilySpec, src: TensorSource, layer_index: Optional[int]) -> Optional[int]:
+    if spec.index_regex is None:
+        if layer_index is not None:
+            raise ValueError(f"`layer_index` does not apply to family {spec.name!r} "
+                             f"(its MTP prefix is fixed: {spec.prefix!r})")
+        return None
+    found = sorted({int(m.group(1)) for k in src.keys()
+                    for m in [re.match(spec.index_regex, k)] if m})
+    if layer_index is not None:
+        if layer_index not in found:
+            raise MissingTensorError(
+                f"checkpoint {src.description} has no tensor "
+                f"{spec.prefix.format(index=layer_index) + spec.fusion['enorm']!r} "
+                f"(MTP layer index {layer_index}); MTP layers found at {found}")
+        return layer_index
+    if not found:
+        raise MissingTensorError(f"checkpoint {src.description} has no MTP layer for family "
+                                 f"{spec.name!r}: no tensor matches {spec.index_regex!r}")
+    if len(found) > 1:
+        raise UnsupportedTensorError(f"checkpoint {src.description} has MTP layers at indices "
+                                     f"{found}; exactly one MTP layer is supported")
+    return found[0]
+
+
+class _Plan:
+    """Collects (checkpoint name -> transform -> our parameter) steps and the names used."""
+
+    def __init__(self, src: TensorSource, params: Dict[str, paddle.Tensor]):
+        self.src = src
+        self.params = params
+        self.values: Dict[str, np.ndarray] = {}
+        self.origin: Dict[str, str] = {}
+        self.used: set = set()
+
+    def read(self, ckpt: str, shape: List[int]) -> np.ndarray:
+        arr = self.src.get(ckpt)
+        self.used.add(ckpt)
+        if list(arr.shape) != list(shape):
+            raise TensorShapeError(f"checkpoint tensor {ckpt!r} has shape {list(arr.shape)}, "
+                                   f"expected {list(shape)}")
+        return np.asarray(arr, dtype=np.float32)
+
+    def linear(self, ours: str, ckpt: str, torch_layout: bool) -> None:
+        shape = list(self.params[ours].shape)             # Paddle [in, out]
+        arr = self.read(ckpt, shape[::-1] if torch_layout else shape)
+        self.values[ours] = arr.T if torch_layout else arr
+        self.origin[ours] = ckpt
+
+    def vector(self, ours: str, ckpt: str, offset: float = 0.0) -> None:
+        self.values[ours] = self.read(ckpt, list(self.params[ours].shape)) + offset
+        self.origin[ours] = ckpt
+
+    def fused(self, ours: List[str], ckpt: str, torch_layout: bool) -> None:
+        """One checkpoint Linear = our Linears concatenated along the output axis."""
+        shapes = [list(self.params[o].shape) for o in ours]
+        total = [shapes[0][0], sum(s[1] for s in shapes)]
+        arr = self.read(ckpt, total[::-1] if torch_layout else total)
+        if torch_layout:
+            arr = arr.T
+        cuts = np.cumsum([s[1] for s in shapes])[:-1]
+        for o, part in zip(ours, np.split(arr, cuts, axis=1)):
+            self.values[o] = part
+            self.origin[o] = ckpt
+
+
+def load_mtp_weights(model, source, family: str, *, layer_index: Optional[int] = None,
+                     load_shared: bool = False) -> Dict[str, str]:
+    """Load a family's MTP layer from a checkpoint into ``model`` (an :class:`MTPLayer`).
+
+    Args:
+        model: the MTP layer; its config must have the family's ``mtp_concat_order`` and
+            ``mtp_final_norm`` (build it with :func:`config_for_family`) and its shapes must
+            match the checkpoint.
+        source: ``.safetensors`` file, directory of shards, or dict of numpy arrays.
+        family: a key of :data:`FAMILIES`.
+        layer_index: checkpoint layer index of the MTP layer for DeepSeek-style families
+            (``model.layers.{N}``, N = the main model's ``num_hidden_layers``); detected
+            when omitted. It is remapped to our single local layer.
+        load_shared: also load the embedding and LM head (shared with the target) from the
+            first of the family's candidate names that exists; by default they are left to
+            the target model's loader, as engines load them once.
+
+    Returns:
+        our parameter name -> checkpoint tensor name, for every tensor loaded.
+
+    Raises:
+        MissingTensorError, TensorShapeError, UnsupportedTensorError: naming the tensor.
+        ValueError: unknown family or a config that does not match the family layout.
+    """
+    spec = get_family(family)
+    cfg = model.config
+    for field, want in (("mtp_concat_order", spec.concat_order),
+                        ("mtp_final_norm", spec.final_norm)):
+        if getattr(cfg, field) != want:
+            raise ValueError(f"family {family!r} needs config.{field} == {want!r}, model has "
+                             f"{getattr(cfg, field)!r} (use config_for_family)")
+    src = source if isinstance(source, TensorSource) else TensorSource(source)
+    index = _detect_index(spec, src, layer_index)
+    fmt = lambda name: name.format(index=index) if index is not None else name
+    prefix = fmt(spec.prefix)
+    block = prefix + spec.block
+    params = dict(model.named_parameters())
+    plan = _Plan(src, params)
+    tl = spec.torch_layout
+
+    def absolute(rel: str) -> str:
+        return rel[1:] if rel.startswith("/") else prefix + rel
+
+    plan.vector("enorm.weight", absolute(spec.fusion["enorm"]), spec.norm_offset)
+    plan.vector("hnorm.weight", absolute(spec.fusion["hnorm"]), spec.norm_offset)
+    plan.vector("norm.weight", absolute(spec.fusion["norm"]), spec.norm_offset)
+    plan.linear("eh_proj.weight", absolute(spec.fusion["eh_proj"]), tl)
+    plan.vector("mtp_block.input_layernorm.weight", block + "input_layernorm.weight",
+                spec.norm_offset)
+    plan.vector("mtp_block.post_attention_layernorm.weight",
+                block + "post_attention_layernorm.weight", spec.norm_offset)
+    attn = block + "self_attn."
+    ours_attn = "mtp_block.self_attn."
+    if attn + "qkv_proj.weight" in src:
+        plan.fused([ours_attn + p + ".weight" for p in ("q_proj", "k_proj", "v_proj")],
+                   attn + "qkv_proj.weight", tl)
+    else:
+        for p in ("q_proj", "k_proj", "v_proj"):
+            plan.linear(ours_attn + p + ".weight", attn + p + ".weight", tl)
+    if cfg.attention_bias:
+        for p in ("q_proj", "k_proj", "v_proj"):
+            plan.vector(ours_attn + p + ".bias", attn + p + ".bias")
+    plan.linear(ours_attn + "o_proj.weight", attn + "o_proj.weight", tl)
+    mlp, ours_mlp = block + "mlp.", "mtp_block.mlp."
+    if mlp + "up_gate_proj.weight" in src:
+        # ERNIE's fused SwiGLU input: the first half goes through silu (gate), then up.
+        plan.fused([ours_mlp + "gate_proj.weight", ours_mlp + "up_proj.weight"],
+                   mlp + "up_gate_proj.weight", tl)
+    else:
+        plan.linear(ours_mlp + "gate_proj.weight", mlp + "gate_proj.weight", tl)
+        plan.linear(ours_mlp + "up_proj.weight", mlp + "up_proj.weight", tl)
+    plan.linear(ours_mlp + "down_proj.weight", mlp + "down_proj.weight", tl)
+
+    # Duplicates of the shared embedding / head inside the MTP prefix are expected.
+    shared_names = [fmt(n) for n in spec.embed + spec.head]
+    leftovers = [k for k in src.keys()
+                 if any(k.startswith(fmt(p)) for p in spec.owned_prefixes)
+                 and k not in plan.used and k not in shared_names]
+    if leftovers:
+        name = leftovers[0]
+        hint = next((h for key, h in _UNSUPPORTED_HINTS if key in name),
+                    "this tensor has no counterpart in the dense MTP layer")
+        raise UnsupportedTensorError(f"checkpoint tensor {name!r} is not supported: {hint} "
+                                     f"({len(leftovers)} unsupported tensor(s) in total)")
+    missing_params = sorted(set(params) - set(plan.values))
+    if missing_params:
+        raise MissingTensorError(f"no checkpoint tensor mapped to MTP parameters {missing_params}")
+
+    for ours, value in plan.values.items():
+        params[ours].set_value(value.astype(np.float32))
+    loaded = dict(plan.origin)
+
+    if load_shared:
+        target = model.target
+        emb_name = _first_present(src, [fmt(n) for n in spec.embed], "embedding")
+        emb_shape = list(target.embed_tokens.weight.shape)
+        target.embed_tokens.weight.set_value(plan.read(emb_name, emb_shape))
+        head_name = _first_present(src, [fmt(n) for n in spec.head], "LM head")
+        head_shape = list(target.lm_head.weight.shape)   # [H, V]
+        head = plan.read(head_name, head_shape[::-1] if tl else head_shape)
+        target.lm_head.weight.set_value(head.T if tl else head)
+        loaded["<target>.embed_tokens.weight"] = emb_name
+        loaded["<target>.lm_head.weight"] = head_name
+    return loaded
+
+
+def _first_present(src: TensorSource, names: Iterable[str], what: str) -> str:
+    names = list(names)
+    for n in names:
+        if n in src:
+            return n
+    raise MissingTensorError(f"checkpoint {src.description} has no shared {what}: "
+                             f"looked for {names}")
+
+
+# ----------------------------------------------------------------------------- native format
+
+def load_state_strict(layer, source, prefix: str = "") -> None:
+    """Load every parameter of ``layer`` from ``source`` under ``prefix + name`` (our own
+    naming, Paddle layout), checking names and shapes; extra tensors under ``prefix`` are an
+    error too."""
+    src = source if isinstance(source, TensorSource) else TensorSource(source)
+    params = dict(layer.named_parameters())
+    for name, param in params.items():
+        ckpt = prefix + name
+        if ckpt not in src:
+            raise MissingTensorError(f"checkpoint {src.description} has no tensor {ckpt!r} "
+                                     f"(expected shape {list(param.shape)})")
+        arr = src.get(ckpt)
+        if list(arr.shape) != list(param.shape):
+            raise TensorShapeError(f"checkpoint tensor {ckpt!r} has shape {list(arr.shape)}, "
+                                   f"expected {list(param.shape)}")
+        param.set_value(np.asarray(arr, dtype=np.float32))
+
+
+def state_to_numpy(layer, prefix: str = "") -> Dict[str, np.ndarray]:
+    """``{prefix + name: float32 array}`` for every parameter of ``layer``."""
+    return {prefix + n: np.ascontiguousarray(p.numpy().astype(np.float32))
+            for n, p in layer.named_parameters()}
