@@ -8,6 +8,14 @@ tensor argument after the call as numpy (so tests compare all in-place effects).
                    a GPU is usable.
 
 Each backend is the same op entry underneath, so the same references apply to all.
+
+Ops that allocate outputs: pass ``outputs`` = [(shape, dtype), ...]. The Paddle op allocates
+and returns them; the framework-free module takes them as caller-allocated buffers after the
+input tensors (pre-filled here with garbage, so a slot the op fails to write shows up).
+``run`` returns the input tensors after the call followed by the outputs.
+
+The Paddle backend calls the registered op in its raw form (inputs, then attrs), which is
+the form the framework-free module also has; each op's typed wrapper is tested on its own.
 """
 
 from __future__ import annotations
@@ -20,35 +28,64 @@ import numpy as np
 ALL_BACKENDS = ("cpu", "kernels-cpu", "cuda")
 
 
+OutputSpec = Tuple[Tuple[int, ...], Any]  # (shape, numpy dtype)
+
+
+def garbage(shape, dtype) -> np.ndarray:
+    """An output buffer full of a value no op writes on purpose."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        fill = True
+    elif dtype.kind == "u":
+        fill = np.iinfo(dtype).max
+    elif dtype.kind == "i":
+        fill = -7777
+    else:
+        fill = np.nan
+    return np.full(shape, fill, dtype=dtype)
+
+
 class Backend:
     name = ""
 
-    def run(self, op: str, tensors: Sequence[np.ndarray], attrs: Sequence[Any] = ()) -> List[np.ndarray]:
+    def run(
+        self,
+        op: str,
+        tensors: Sequence[np.ndarray],
+        attrs: Sequence[Any] = (),
+        outputs: Sequence[OutputSpec] = (),
+    ) -> List[np.ndarray]:
         raise NotImplementedError
 
 
 class PaddleCpuBackend(Backend):
     name = "cpu"
 
-    def run(self, op, tensors, attrs=()):
+    def run(self, op, tensors, attrs=(), outputs=()):
         import paddle
 
-        import fastdeploy_mtp.ops as ops
+        from fastdeploy_mtp.ops._loader import run_paddle_op
 
         pts = [paddle.to_tensor(np.array(t, copy=True), place=paddle.CPUPlace()) for t in tensors]
-        getattr(ops, op)(*pts, *attrs)
-        return [t.numpy() for t in pts]
+        result = run_paddle_op(op, *pts, *attrs)
+        outs = []
+        if outputs:
+            result = result if isinstance(result, (list, tuple)) else [result]
+            assert len(result) == len(outputs), f"{op} returned {len(result)} outputs"
+            outs = [r.numpy() for r in result]
+        return [t.numpy() for t in pts] + outs
 
 
 class KernelsCpuBackend(Backend):
     name = "kernels-cpu"
 
-    def run(self, op, tensors, attrs=()):
+    def run(self, op, tensors, attrs=(), outputs=()):
         from fastdeploy_mtp import _kernels
 
         arrays = [np.array(t, copy=True) for t in tensors]
-        getattr(_kernels, op)(*arrays, *attrs)
-        return arrays
+        outs = [garbage(shape, dtype) for shape, dtype in outputs]
+        getattr(_kernels, op)(*arrays, *outs, *attrs)
+        return arrays + outs
 
 
 class CudaBackend(Backend):
@@ -57,20 +94,21 @@ class CudaBackend(Backend):
     def __init__(self, lib: str):
         self.lib = lib
 
-    def run(self, op, tensors, attrs=()):
+    def run(self, op, tensors, attrs=(), outputs=()):
         from fastdeploy_mtp import _kernels
 
+        host = [np.array(t, copy=True) for t in tensors] + [garbage(s, d) for s, d in outputs]
         if self.lib == "torch":
             import torch
 
-            dev = [torch.from_numpy(np.array(t, copy=True)).cuda() for t in tensors]
+            dev = [torch.from_numpy(t).cuda() for t in host]
             stream = torch.cuda.current_stream().cuda_stream
             getattr(_kernels, op)(*dev, *attrs, stream=stream)
             torch.cuda.synchronize()
             return [t.cpu().numpy() for t in dev]
         import cupy
 
-        dev = [cupy.asarray(np.array(t, copy=True)) for t in tensors]
+        dev = [cupy.asarray(t) for t in host]
         stream = cupy.cuda.get_current_stream().ptr
         getattr(_kernels, op)(*dev, *attrs, stream=stream)
         cupy.cuda.get_current_stream().synchronize()

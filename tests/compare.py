@@ -56,14 +56,22 @@ def assert_all_exact(
         assert_exact(name, g, want[name], context)
 
 
-def assert_rejected(backend, op: str, names: Sequence[str], tensors: Sequence[np.ndarray], bad_name: str, attrs=()) -> str:
+def assert_rejected(
+    backend,
+    op: str,
+    names: Sequence[str],
+    tensors: Sequence[np.ndarray],
+    bad_name: str,
+    attrs=(),
+    outputs=(),
+) -> str:
     """The op must raise a ValueError that names `op` and the tensor `bad_name`, and leave
     every tensor unchanged. Returns the message."""
     import pytest
 
     before = [np.array(t, copy=True) for t in tensors]
     with pytest.raises(ValueError) as info:
-        backend.run(op, tensors, attrs)
+        backend.run(op, tensors, attrs, outputs)
     message = str(info.value)
     assert message.startswith(f"{op}: "), f"message does not name the op: {message!r}"
     assert f"`{bad_name}`" in message, f"message does not name `{bad_name}`: {message!r}"

@@ -18,9 +18,7 @@ void DraftModelPostprocess(const TensorRef& base_model_draft_tokens,
   check.Rank(draft, 2);
   // The batch size is seq_lens_this_time's, as on upstream's GPU path; every other tensor
   // must agree instead of being silently over- or under-read.
-  if (slt.shape.empty()) check.Rank(slt, 1);
-  const int64_t bsz = slt.dim(0);
-  check.PerItem(slt, bsz, slt);
+  const int64_t bsz = check.BatchSize(slt);
   check.DimEq(draft, 0, slt, 0);
   check.PerItem(base_model_seq_lens_encoder, bsz, slt);
   check.PerItem(base_model_stop_flags, bsz, slt);

@@ -67,6 +67,34 @@ void ArgChecker::PerItem(const TensorRef& t, int64_t n, const TensorRef& source)
   }
 }
 
+void ArgChecker::Rows(const TensorRef& t, int64_t n, const TensorRef& source) const {
+  if (t.shape.size() != 2 || t.shape[0] != n) {
+    Fail(std::string("`") + t.name + "` must have shape [" + std::to_string(n) +
+         ", *] (batch size from `" + source.name + "`), got " + t.ShapeString());
+  }
+}
+
+void ArgChecker::Numel(const TensorRef& t, int64_t n) const {
+  if (t.numel() != n) {
+    Fail(std::string("`") + t.name + "` must have " + std::to_string(n) + " element(s), got shape " +
+         t.ShapeString());
+  }
+}
+
+void ArgChecker::AttrAtLeast(const char* attr, int64_t value, int64_t minimum) const {
+  if (value < minimum) {
+    Fail(std::string("attr `") + attr + "` must be >= " + std::to_string(minimum) + ", got " +
+         std::to_string(value));
+  }
+}
+
+int64_t ArgChecker::BatchSize(const TensorRef& t) const {
+  if (t.shape.empty() || t.shape.size() > 2 || (t.shape.size() == 2 && t.shape[1] != 1)) {
+    Fail(std::string("`") + t.name + "` must have shape [N] or [N, 1], got " + t.ShapeString());
+  }
+  return t.shape[0];
+}
+
 void ArgChecker::DimEq(const TensorRef& t, size_t i, const TensorRef& other, size_t j) const {
   if (t.shape[i] != other.shape[j]) {
     Fail(std::string("`") + t.name + "`.shape[" + std::to_string(i) + "] must equal `" +

@@ -29,5 +29,42 @@ inline int BlocksFor(int64_t items) {
 
 inline cudaStream_t AsCudaStream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
+// Single-block kernels that walk the batch in chunks of kScanThreads items (so they work
+// for any batch size and keep a running carry across chunks) use this block size.
+constexpr int kScanThreads = 1024;
+
+// Exclusive prefix sum of `value` over the threads of the block (blockDim.x a multiple of
+// 32, every thread calls it). `*block_total` receives the sum over the block. Contains
+// __syncthreads(); deterministic (integer adds in a fixed order).
+__device__ inline int64_t BlockExclusiveSum(int64_t value, int64_t* block_total) {
+  __shared__ int64_t warp_sums[32];
+  __shared__ int64_t total;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int num_warps = blockDim.x >> 5;
+  int64_t inclusive = value;
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int64_t up = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += up;
+  }
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    const int64_t mine = lane < num_warps ? warp_sums[lane] : 0;
+    int64_t scan = mine;
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const int64_t up = __shfl_up_sync(0xffffffffu, scan, offset);
+      if (lane >= offset) scan += up;
+    }
+    if (lane < num_warps) warp_sums[lane] = scan - mine;  // exclusive over warps
+    if (lane == 31) total = scan;
+  }
+  __syncthreads();
+  const int64_t result = warp_sums[warp] + inclusive - value;
+  *block_total = total;
+  __syncthreads();  // the shared slots may be reused by the next call
+  return result;
+}
+
 }  // namespace cuda
 }  // namespace fdmtp

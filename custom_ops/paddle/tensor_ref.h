@@ -16,6 +16,9 @@ TensorRef ToRef(const paddle::Tensor& tensor, const char* name);
 // The cudaStream_t the tensor's work is ordered on (nullptr for host tensors).
 void* StreamOf(const paddle::Tensor& tensor);
 
+// A TensorRef named after the C++ parameter, which is named after the op's input.
+#define FDMTP_REF(tensor) ::fdmtp::paddle_binding::ToRef(tensor, #tensor)
+
 // Runs an op entry and rethrows fdmtp::Error as Paddle's exception, which Python sees as
 // an error whose message names the op and the argument.
 template <typename Fn>

@@ -60,6 +60,79 @@ void DraftModelPostprocess(py::handle base_model_draft_tokens,
       args.Convert(base_model_stop_flags, "base_model_stop_flags"), AsStream(stream));
 }
 
+// Tensors become TensorRefs named after the parameter (= the op's input name).
+#define FDMTP_ARG(obj) args.Convert(obj, #obj)
+
+void DraftModelPreprocess(py::handle draft_tokens, py::handle input_ids, py::handle stop_flags,
+                          py::handle seq_lens_this_time, py::handle seq_lens_encoder,
+                          py::handle seq_lens_decoder, py::handle step_idx,
+                          py::handle not_need_stop, py::handle pre_ids, py::handle accept_tokens,
+                          py::handle accept_num, py::handle target_model_seq_lens_encoder,
+                          py::handle target_model_seq_lens_decoder,
+                          py::handle target_model_step_idx, py::handle target_model_stop_flags,
+                          py::handle max_dec_len, py::handle target_model_draft_tokens,
+                          int num_model_step, bool is_splitwise_prefill, uintptr_t stream) {
+  fdmtp::pybind::ArgScope args;
+  fdmtp::DraftModelPreprocess(
+      FDMTP_ARG(draft_tokens), FDMTP_ARG(input_ids), FDMTP_ARG(stop_flags),
+      FDMTP_ARG(seq_lens_this_time), FDMTP_ARG(seq_lens_encoder), FDMTP_ARG(seq_lens_decoder),
+      FDMTP_ARG(step_idx), FDMTP_ARG(not_need_stop), FDMTP_ARG(pre_ids), FDMTP_ARG(accept_tokens),
+      FDMTP_ARG(accept_num), FDMTP_ARG(target_model_seq_lens_encoder),
+      FDMTP_ARG(target_model_seq_lens_decoder), FDMTP_ARG(target_model_step_idx),
+      FDMTP_ARG(target_model_stop_flags), FDMTP_ARG(max_dec_len),
+      FDMTP_ARG(target_model_draft_tokens), num_model_step, is_splitwise_prefill,
+      AsStream(stream));
+}
+
+void DraftModelUpdate(py::handle inter_next_tokens, py::handle draft_tokens, py::handle pre_ids,
+                      py::handle seq_lens_this_time, py::handle seq_lens_encoder,
+                      py::handle seq_lens_decoder, py::handle step_idx,
+                      py::handle cu_seqlens_q_output, py::handle stop_flags,
+                      py::handle not_need_stop, py::handle max_dec_len, py::handle end_ids,
+                      py::handle base_model_draft_tokens, int max_seq_len, int substep,
+                      uintptr_t stream) {
+  fdmtp::pybind::ArgScope args;
+  fdmtp::DraftModelUpdate(
+      FDMTP_ARG(inter_next_tokens), FDMTP_ARG(draft_tokens), FDMTP_ARG(pre_ids),
+      FDMTP_ARG(seq_lens_this_time), FDMTP_ARG(seq_lens_encoder), FDMTP_ARG(seq_lens_decoder),
+      FDMTP_ARG(step_idx), FDMTP_ARG(cu_seqlens_q_output), FDMTP_ARG(stop_flags),
+      FDMTP_ARG(not_need_stop), FDMTP_ARG(max_dec_len), FDMTP_ARG(end_ids),
+      FDMTP_ARG(base_model_draft_tokens), max_seq_len, substep, AsStream(stream));
+}
+
+void MtpStepPaddle(py::handle base_model_stop_flags, py::handle stop_flags, py::handle batch_drop,
+                   py::handle seq_lens_this_time, py::handle seq_lens_encoder,
+                   py::handle seq_lens_decoder, py::handle block_tables,
+                   py::handle encoder_block_lens, py::handle used_list_len, py::handle free_list,
+                   py::handle free_list_len, int block_size, int max_draft_tokens,
+                   uintptr_t stream) {
+  fdmtp::pybind::ArgScope args;
+  fdmtp::MtpStepPaddle(FDMTP_ARG(base_model_stop_flags), FDMTP_ARG(stop_flags),
+                       FDMTP_ARG(batch_drop), FDMTP_ARG(seq_lens_this_time),
+                       FDMTP_ARG(seq_lens_encoder), FDMTP_ARG(seq_lens_decoder),
+                       FDMTP_ARG(block_tables), FDMTP_ARG(encoder_block_lens),
+                       FDMTP_ARG(used_list_len), FDMTP_ARG(free_list), FDMTP_ARG(free_list_len),
+                       block_size, max_draft_tokens, AsStream(stream));
+}
+
+void SpeculatePreProcess(py::handle input_ids, py::handle seq_len, py::handle draft_tokens,
+                         py::handle seq_lens_encoder, py::handle seq_lens_decoder,
+                         py::handle ids_remove_padding, py::handle batch_id_per_token,
+                         py::handle cu_seqlens_q, py::handle cu_seqlens_k,
+                         py::handle cu_seq_lens_q_output, py::handle batch_id_per_token_output,
+                         py::handle real_output_token_num, int64_t cpu_token_num,
+                         uintptr_t stream) {
+  fdmtp::pybind::ArgScope args;
+  fdmtp::SpeculatePreProcess(
+      FDMTP_ARG(input_ids), FDMTP_ARG(seq_len), FDMTP_ARG(draft_tokens),
+      FDMTP_ARG(seq_lens_encoder), FDMTP_ARG(seq_lens_decoder), FDMTP_ARG(ids_remove_padding),
+      FDMTP_ARG(batch_id_per_token), FDMTP_ARG(cu_seqlens_q), FDMTP_ARG(cu_seqlens_k),
+      FDMTP_ARG(cu_seq_lens_q_output), FDMTP_ARG(batch_id_per_token_output),
+      FDMTP_ARG(real_output_token_num), cpu_token_num, AsStream(stream));
+}
+
+#undef FDMTP_ARG
+
 }  // namespace
 
 PYBIND11_MODULE(_kernels, m) {
@@ -73,4 +146,35 @@ PYBIND11_MODULE(_kernels, m) {
         py::arg("base_model_seq_lens_this_time"), py::arg("base_model_seq_lens_encoder"),
         py::arg("base_model_stop_flags"), py::kw_only(), py::arg("stream") = 0,
         "See fastdeploy_mtp.ops.draft_model_postprocess.");
+  m.def("draft_model_preprocess", &DraftModelPreprocess, py::arg("draft_tokens"),
+        py::arg("input_ids"), py::arg("stop_flags"), py::arg("seq_lens_this_time"),
+        py::arg("seq_lens_encoder"), py::arg("seq_lens_decoder"), py::arg("step_idx"),
+        py::arg("not_need_stop"), py::arg("pre_ids"), py::arg("accept_tokens"),
+        py::arg("accept_num"), py::arg("target_model_seq_lens_encoder"),
+        py::arg("target_model_seq_lens_decoder"), py::arg("target_model_step_idx"),
+        py::arg("target_model_stop_flags"), py::arg("max_dec_len"),
+        py::arg("target_model_draft_tokens"), py::arg("num_model_step"),
+        py::arg("is_splitwise_prefill"), py::kw_only(), py::arg("stream") = 0,
+        "See fastdeploy_mtp.ops.draft_model_preprocess.");
+  m.def("draft_model_update", &DraftModelUpdate, py::arg("inter_next_tokens"),
+        py::arg("draft_tokens"), py::arg("pre_ids"), py::arg("seq_lens_this_time"),
+        py::arg("seq_lens_encoder"), py::arg("seq_lens_decoder"), py::arg("step_idx"),
+        py::arg("cu_seqlens_q_output"), py::arg("stop_flags"), py::arg("not_need_stop"),
+        py::arg("max_dec_len"), py::arg("end_ids"), py::arg("base_model_draft_tokens"),
+        py::arg("max_seq_len"), py::arg("substep"), py::kw_only(), py::arg("stream") = 0,
+        "See fastdeploy_mtp.ops.draft_model_update.");
+  m.def("mtp_step_paddle", &MtpStepPaddle, py::arg("base_model_stop_flags"),
+        py::arg("stop_flags"), py::arg("batch_drop"), py::arg("seq_lens_this_time"),
+        py::arg("seq_lens_encoder"), py::arg("seq_lens_decoder"), py::arg("block_tables"),
+        py::arg("encoder_block_lens"), py::arg("used_list_len"), py::arg("free_list"),
+        py::arg("free_list_len"), py::arg("block_size"), py::arg("max_draft_tokens"),
+        py::kw_only(), py::arg("stream") = 0, "See fastdeploy_mtp.ops.mtp_step_paddle.");
+  m.def("speculate_pre_process", &SpeculatePreProcess, py::arg("input_ids"), py::arg("seq_len"),
+        py::arg("draft_tokens"), py::arg("seq_lens_encoder"), py::arg("seq_lens_decoder"),
+        py::arg("ids_remove_padding"), py::arg("batch_id_per_token"), py::arg("cu_seqlens_q"),
+        py::arg("cu_seqlens_k"), py::arg("cu_seq_lens_q_output"),
+        py::arg("batch_id_per_token_output"), py::arg("real_output_token_num"),
+        py::arg("cpu_token_num"), py::kw_only(), py::arg("stream") = 0,
+        "See fastdeploy_mtp.ops.speculate_pre_process. The seven outputs are caller-allocated "
+        "(shapes: [T], [T], [bsz+1] x3, [bsz*W], [1]); every slot is written.");
 }

@@ -19,6 +19,10 @@ from __future__ import annotations
 
 from ._loader import OpError, backends, build_info, cuda_status, kernels
 from .draft_model_postprocess import draft_model_postprocess
+from .draft_model_preprocess import draft_model_preprocess
+from .draft_model_update import draft_model_update
+from .mtp_step_paddle import mtp_step_paddle
+from .speculate_pre_process import speculate_pre_process
 
 __all__ = [
     "OpError",
@@ -26,5 +30,9 @@ __all__ = [
     "build_info",
     "cuda_status",
     "draft_model_postprocess",
+    "draft_model_preprocess",
+    "draft_model_update",
+    "mtp_step_paddle",
+    "speculate_pre_process",
     "kernels",
 ]

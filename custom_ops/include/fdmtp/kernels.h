@@ -8,17 +8,29 @@
 #pragma once
 
 #include "fdmtp/draft_model_postprocess.h"
+#include "fdmtp/draft_model_preprocess.h"
+#include "fdmtp/draft_model_update.h"
+#include "fdmtp/mtp_step_paddle.h"
+#include "fdmtp/speculate_pre_process.h"
 
 namespace fdmtp {
 
 namespace cpu {
 void DraftModelPostprocess(const DraftModelPostprocessArgs& args);
+void DraftModelPreprocess(const DraftModelPreprocessArgs& args);
+void DraftModelUpdate(const DraftModelUpdateArgs& args);
+void MtpStepPaddle(const MtpStepArgs& args);
+void SpeculatePreProcess(const SpeculatePreProcessArgs& args);
 }  // namespace cpu
 
 namespace cuda {
 using Stream = void*;  // cudaStream_t
 
 int DraftModelPostprocess(const DraftModelPostprocessArgs& args, Stream stream);
+int DraftModelPreprocess(const DraftModelPreprocessArgs& args, Stream stream);
+int DraftModelUpdate(const DraftModelUpdateArgs& args, Stream stream);
+int MtpStepPaddle(const MtpStepArgs& args, Stream stream);
+int SpeculatePreProcess(const SpeculatePreProcessArgs& args, Stream stream);
 
 // Runtime queries, so callers without CUDA headers can report what they see.
 int DeviceCount(int* count);      // cudaGetDeviceCount

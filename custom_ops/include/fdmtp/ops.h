@@ -21,4 +21,48 @@ void DraftModelPostprocess(const TensorRef& base_model_draft_tokens,
                            const TensorRef& base_model_seq_lens_encoder,
                            const TensorRef& base_model_stop_flags, void* stream);
 
+// See fdmtp/draft_model_preprocess.h. 17 inputs in FastDeploy's order.
+void DraftModelPreprocess(const TensorRef& draft_tokens, const TensorRef& input_ids,
+                          const TensorRef& stop_flags, const TensorRef& seq_lens_this_time,
+                          const TensorRef& seq_lens_encoder, const TensorRef& seq_lens_decoder,
+                          const TensorRef& step_idx, const TensorRef& not_need_stop,
+                          const TensorRef& pre_ids, const TensorRef& accept_tokens,
+                          const TensorRef& accept_num,
+                          const TensorRef& target_model_seq_lens_encoder,
+                          const TensorRef& target_model_seq_lens_decoder,
+                          const TensorRef& target_model_step_idx,
+                          const TensorRef& target_model_stop_flags, const TensorRef& max_dec_len,
+                          const TensorRef& target_model_draft_tokens, int num_model_step,
+                          bool is_splitwise_prefill, void* stream);
+
+// See fdmtp/draft_model_update.h. 13 inputs in FastDeploy's order.
+void DraftModelUpdate(const TensorRef& inter_next_tokens, const TensorRef& draft_tokens,
+                      const TensorRef& pre_ids, const TensorRef& seq_lens_this_time,
+                      const TensorRef& seq_lens_encoder, const TensorRef& seq_lens_decoder,
+                      const TensorRef& step_idx, const TensorRef& cu_seqlens_q_output,
+                      const TensorRef& stop_flags, const TensorRef& not_need_stop,
+                      const TensorRef& max_dec_len, const TensorRef& end_ids,
+                      const TensorRef& base_model_draft_tokens, int max_seq_len, int substep,
+                      void* stream);
+
+// See fdmtp/mtp_step_paddle.h. 11 inputs in FastDeploy's order.
+void MtpStepPaddle(const TensorRef& base_model_stop_flags, const TensorRef& stop_flags,
+                   const TensorRef& batch_drop, const TensorRef& seq_lens_this_time,
+                   const TensorRef& seq_lens_encoder, const TensorRef& seq_lens_decoder,
+                   const TensorRef& block_tables, const TensorRef& encoder_block_lens,
+                   const TensorRef& used_list_len, const TensorRef& free_list,
+                   const TensorRef& free_list_len, int block_size, int max_draft_tokens,
+                   void* stream);
+
+// See fdmtp/speculate_pre_process.h. 5 inputs, then the 7 outputs (allocated by the
+// caller; every slot is written), then the cpu_token_num attr.
+void SpeculatePreProcess(const TensorRef& input_ids, const TensorRef& seq_len,
+                         const TensorRef& draft_tokens, const TensorRef& seq_lens_encoder,
+                         const TensorRef& seq_lens_decoder, const TensorRef& ids_remove_padding,
+                         const TensorRef& batch_id_per_token, const TensorRef& cu_seqlens_q,
+                         const TensorRef& cu_seqlens_k, const TensorRef& cu_seq_lens_q_output,
+                         const TensorRef& batch_id_per_token_output,
+                         const TensorRef& real_output_token_num, int64_t cpu_token_num,
+                         void* stream);
+
 }  // namespace fdmtp

@@ -78,6 +78,14 @@ class ArgChecker {
   void Contiguous(const TensorRef& t) const;
   // A per-item vector: shape [n] or [n, 1].
   void PerItem(const TensorRef& t, int64_t n, const TensorRef& source) const;
+  // A matrix of n rows: rank 2 and shape[0] == n (batch size taken from `source`).
+  void Rows(const TensorRef& t, int64_t n, const TensorRef& source) const;
+  // Exactly `n` elements, any shape (e.g. a [1] flag).
+  void Numel(const TensorRef& t, int64_t n) const;
+  // An attribute that must be >= minimum.
+  void AttrAtLeast(const char* attr, int64_t value, int64_t minimum) const;
+  // The batch size of an op: dim 0 of a per-item tensor ([n] or [n, 1]).
+  int64_t BatchSize(const TensorRef& t) const;
   // t.shape[i] == other.shape[j]
   void DimEq(const TensorRef& t, size_t i, const TensorRef& other, size_t j) const;
   // Every tensor lives on the same device as the first one.

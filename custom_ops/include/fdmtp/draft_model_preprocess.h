@@ -1,0 +1,95 @@
+// draft_model_preprocess: per-item logic shared by the CPU, CUDA and XPU kernels.
+//
+// Before the MTP substeps of a round, build the draft's "shadow state" from the target's
+// state after verification (FastDeploy develop, fastdeploy-ops.md §2.1 and §10 item 3):
+//   every item: target_draft_tokens[b, 1:] = -1;
+//   skipped (target stopped, or target_step + num_model_step >= max_dec_len unless this is a
+//       splitwise prefill node): stop, zero lengths and step_idx;
+//   prefill (draft seq_lens_encoder > 0): the first generated token goes to pre_ids[b, 0] and
+//       to input_ids[b, enc - 1] (the prompt was shifted left by one on insertion);
+//       step_idx = target_step - 1; seq_lens_this_time = enc;
+//   decode: the accepted tokens become the draft input (draft_tokens[b, :a]) and history
+//       (pre_ids[b, target_step - a + i]); dec and step_idx step back by a, so the MTP layer
+//       re-consumes exactly the accepted tokens; seq_lens_this_time = a.
+// not_need_stop = some item was not skipped.
+//
+// Out-of-range data never leads to a write outside a tensor: accept_num is clamped to
+// [0, K+1], and writes to input_ids / pre_ids outside the row are dropped.
+#pragma once
+
+#include "fdmtp/common.h"
+
+namespace fdmtp {
+
+struct DraftModelPreprocessArgs {
+  int64_t* draft_tokens;                      // [bsz, W] int64, in/out: draft input tokens
+  int64_t* input_ids;                         // [bsz, C] int64, in/out: draft prompt (shifted)
+  bool* stop_flags;                           // [bsz] bool, out
+  int32_t* seq_lens_this_time;                // [bsz] int32, out
+  int32_t* seq_lens_encoder;                  // [bsz] int32, in/out
+  int32_t* seq_lens_decoder;                  // [bsz] int32, in/out
+  int64_t* step_idx;                          // [bsz] int64, out
+  bool* not_need_stop;                        // [1] bool, out
+  int64_t* pre_ids;                           // [bsz, L] int64, in/out: draft history
+  const int64_t* accept_tokens;               // [bsz, W] int64, in (target)
+  const int32_t* accept_num;                  // [bsz] int32, in (target)
+  const int32_t* target_model_seq_lens_decoder;  // [bsz] int32, in
+  const int64_t* target_model_step_idx;       // [bsz] int64, in
+  const bool* target_model_stop_flags;        // [bsz] bool, in
+  const int64_t* max_dec_len;                 // [bsz] int64, in
+  int64_t* target_model_draft_tokens;         // [bsz, W] int64, out: slots 1.. set to -1
+  int64_t bsz;
+  int64_t draft_width;        // W of draft_tokens
+  int64_t accept_width;       // W of accept_tokens
+  int64_t target_draft_width; // W of target_model_draft_tokens
+  int64_t input_ids_len;      // C
+  int64_t pre_ids_len;        // L
+  int32_t num_model_step;
+  bool is_splitwise_prefill;
+};
+
+// Returns whether the item was kept (counts towards not_need_stop).
+FDMTP_HOST_DEVICE inline bool DraftModelPreprocessItem(const DraftModelPreprocessArgs& a,
+                                                       int64_t b) {
+  int64_t* target_draft = a.target_model_draft_tokens + b * a.target_draft_width;
+  for (int64_t j = 1; j < a.target_draft_width; ++j) target_draft[j] = kPlaceholderToken;
+
+  const int64_t target_step = a.target_model_step_idx[b];
+  const bool skip = a.target_model_stop_flags[b] ||
+                    (!a.is_splitwise_prefill && target_step + a.num_model_step >= a.max_dec_len[b]);
+  if (skip) {
+    a.stop_flags[b] = true;
+    a.seq_lens_this_time[b] = 0;
+    a.seq_lens_decoder[b] = 0;
+    a.seq_lens_encoder[b] = 0;
+    a.step_idx[b] = 0;
+    return false;
+  }
+  a.stop_flags[b] = false;
+  const int64_t* accepted = a.accept_tokens + b * a.accept_width;
+  int64_t* history = a.pre_ids + b * a.pre_ids_len;
+  const int32_t enc = a.seq_lens_encoder[b];
+  if (enc > 0) {
+    if (a.pre_ids_len > 0) history[0] = accepted[0];
+    if (enc - 1 < a.input_ids_len) a.input_ids[b * a.input_ids_len + enc - 1] = accepted[0];
+    a.seq_lens_this_time[b] = enc;
+    a.step_idx[b] = target_step - 1;
+    return true;
+  }
+  int64_t n = a.accept_num[b];
+  n = n < 0 ? 0 : n;
+  n = n > a.accept_width ? a.accept_width : n;
+  n = n > a.draft_width ? a.draft_width : n;
+  a.seq_lens_decoder[b] = a.target_model_seq_lens_decoder[b] - static_cast<int32_t>(n);
+  a.step_idx[b] = target_step - n;
+  int64_t* draft = a.draft_tokens + b * a.draft_width;
+  for (int64_t i = 0; i < n; ++i) {
+    draft[i] = accepted[i];
+    const int64_t pos = target_step - n + i;
+    if (pos >= 0 && pos < a.pre_ids_len) history[pos] = accepted[i];
+  }
+  a.seq_lens_this_time[b] = static_cast<int32_t>(n);
+  return true;
+}
+
+}  // namespace fdmtp

@@ -1,0 +1,109 @@
+// mtp_step_paddle: the draft's KV block allocator for the v0 scheduler (fastdeploy-ops.md
+// §2.8, §10 item 10). A whole-batch sequential algorithm, shared by every backend; the
+// CUDA kernel runs it on one thread so the result is the same as on the CPU.
+//
+//   1 free:  items whose target stopped or that were dropped give back their used blocks
+//            (block_tables[b, enc_len[b] .. enc_len[b] + used[b]) in order) to the free list;
+//   2 need:  a running item needs a block when the slot (dec + max_draft_tokens + 1) /
+//            block_size of its table is -1; count them;
+//   3 evict: while more items need a block than are free: take the running item with the
+//            most used blocks (ties -> smallest index), free its blocks, stop and drop it;
+//            if the most used is 0 nothing can be evicted: stop evicting (upstream loops
+//            forever here; DESIGN.md §2 deviation 3);
+//   4 alloc: in batch order, every needing item that was not dropped takes the block at the
+//            end of the free list; an item for which none is left is stopped and dropped
+//            instead (stop_flags, batch_drop = true, seq_lens_this_time, seq_lens_decoder = 0),
+//            which is how the op reports that it could not serve it.
+// The free list is a stack (push at free_list_len, pop from free_list_len - 1); pushes
+// beyond its capacity and table slots outside a row are dropped.
+#pragma once
+
+#include "fdmtp/common.h"
+
+namespace fdmtp {
+
+constexpr int32_t kNoBlock = -1;
+
+struct MtpStepArgs {
+  const bool* base_model_stop_flags;  // [bsz] bool, in (target)
+  bool* stop_flags;                   // [bsz] bool, in/out
+  bool* batch_drop;                   // [bsz] bool, in/out
+  int32_t* seq_lens_this_time;        // [bsz] int32, in/out
+  int32_t* seq_lens_decoder;          // [bsz] int32, in/out
+  int32_t* block_tables;              // [bsz, max_blocks] int32, in/out (-1 = none)
+  int32_t* encoder_block_lens;        // [bsz] int32, in/out: blocks owned by the prompt
+  int32_t* used_list_len;             // [bsz] int32, in/out: draft blocks in use
+  int32_t* free_list;                 // [free_capacity] int32, in/out
+  int32_t* free_list_len;             // [1] int32, in/out
+  int64_t bsz;
+  int64_t max_blocks;
+  int64_t free_capacity;
+  int32_t block_size;
+  int32_t max_draft_tokens;
+};
+
+FDMTP_HOST_DEVICE inline void MtpStepRelease(const MtpStepArgs& a, int64_t b) {
+  int32_t* row = a.block_tables + b * a.max_blocks;
+  const int32_t start = a.encoder_block_lens[b];
+  for (int32_t j = 0; j < a.used_list_len[b]; ++j) {
+    const int64_t slot = static_cast<int64_t>(start) + j;
+    if (slot < 0 || slot >= a.max_blocks) continue;
+    if (*a.free_list_len < a.free_capacity) a.free_list[(*a.free_list_len)++] = row[slot];
+    row[slot] = kNoBlock;
+  }
+  a.encoder_block_lens[b] = 0;
+  a.used_list_len[b] = 0;
+}
+
+FDMTP_HOST_DEVICE inline int64_t MtpStepNeedSlot(const MtpStepArgs& a, int64_t b) {
+  return (static_cast<int64_t>(a.seq_lens_decoder[b]) + a.max_draft_tokens + 1) / a.block_size;
+}
+
+FDMTP_HOST_DEVICE inline bool MtpStepNeedsBlock(const MtpStepArgs& a, int64_t b) {
+  if (a.base_model_stop_flags[b] || a.batch_drop[b]) return false;
+  const int64_t slot = MtpStepNeedSlot(a, b);
+  return slot >= 0 && slot < a.max_blocks && a.block_tables[b * a.max_blocks + slot] == kNoBlock;
+}
+
+FDMTP_HOST_DEVICE inline void MtpStepDrop(const MtpStepArgs& a, int64_t b) {
+  a.stop_flags[b] = true;
+  a.batch_drop[b] = true;
+  a.seq_lens_this_time[b] = 0;
+  a.seq_lens_decoder[b] = 0;
+}
+
+FDMTP_HOST_DEVICE inline void MtpStepRun(const MtpStepArgs& a) {
+  for (int64_t b = 0; b < a.bsz; ++b) {
+    if ((a.base_model_stop_flags[b] || a.batch_drop[b]) && a.used_list_len[b] > 0) {
+      MtpStepRelease(a, b);
+    }
+  }
+  int64_t need = 0;
+  for (int64_t b = 0; b < a.bsz; ++b) need += MtpStepNeedsBlock(a, b) ? 1 : 0;
+  // As upstream, `need` is not decremented when a needing item is evicted.
+  while (need > *a.free_list_len) {
+    int64_t victim = -1;
+    int32_t most = 0;
+    for (int64_t b = 0; b < a.bsz; ++b) {
+      if (!a.base_model_stop_flags[b] && a.used_list_len[b] > most) {
+        most = a.used_list_len[b];
+        victim = b;
+      }
+    }
+    if (victim < 0) break;  // nothing left to evict
+    MtpStepRelease(a, victim);
+    MtpStepDrop(a, victim);
+  }
+  for (int64_t b = 0; b < a.bsz; ++b) {
+    if (!MtpStepNeedsBlock(a, b)) continue;
+    if (*a.free_list_len <= 0) {
+      MtpStepDrop(a, b);  // cannot be served: stopped and reported through batch_drop
+      continue;
+    }
+    a.used_list_len[b] += 1;
+    a.block_tables[b * a.max_blocks + MtpStepNeedSlot(a, b)] = a.free_list[*a.free_list_len - 1];
+    *a.free_list_len -= 1;
+  }
+}
+
+}  // namespace fdmtp

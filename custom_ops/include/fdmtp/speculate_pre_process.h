@@ -1,0 +1,79 @@
+// speculate_pre_process: pack a speculative batch into a flat token list (shared by the
+// CPU, CUDA and XPU kernels). fastdeploy-ops.md §4.1.
+//
+// For item b with n = seq_lens_this_time[b] tokens:
+//   tokens:  ids_remove_padding[cu_seqlens_q[b] + i] = source[b, i], i < n, where source is
+//            draft_tokens if it has columns and seq_lens_encoder[b] <= 0 (decode), else input_ids;
+//            batch_id_per_token[...] = b;
+//   outputs: the number of logit rows the item produces is 0 if n == 0, 1 if n == 1 or the
+//            item is in prefill (seq_lens_encoder != 0), n otherwise;
+//            batch_id_per_token_output[cu_seq_lens_q_output[b] + j] = b for each of them;
+//   cu_seqlens_q = cu_seqlens_k = [0, cumsum(n)], cu_seq_lens_q_output = [0, cumsum(rows)],
+//   real_output_token_num = total rows.
+// Slots not covered keep their fill values (ids 2, batch ids -1). Reads outside a row of
+// draft_tokens / input_ids and writes beyond the output tensors are dropped: the op never
+// touches memory outside its tensors, whatever the lengths say.
+#pragma once
+
+#include "fdmtp/common.h"
+
+namespace fdmtp {
+
+constexpr int64_t kPaddingTokenFill = 2;  // upstream's fill of ids_remove_padding
+constexpr int32_t kNoBatchId = -1;
+
+struct SpeculatePreProcessArgs {
+  const int64_t* input_ids;            // [bsz, C] int64, in
+  const int32_t* seq_lens_this_time;   // [bsz] int32, in
+  const int64_t* draft_tokens;         // [bsz, W] int64, in
+  const int32_t* seq_lens_encoder;     // [bsz] int32, in
+  int64_t* ids_remove_padding;         // [T] int64, out
+  int32_t* batch_id_per_token;         // [T] int32, out
+  int32_t* cu_seqlens_q;               // [bsz + 1] int32, out
+  int32_t* cu_seqlens_k;               // [bsz + 1] int32, out
+  int32_t* cu_seq_lens_q_output;       // [bsz + 1] int32, out
+  int32_t* batch_id_per_token_output;  // [bsz * W] int32, out
+  int32_t* real_output_token_num;      // [1] int32, out
+  int64_t bsz;
+  int64_t input_ids_len;               // C
+  int64_t draft_width;                 // W
+  int64_t token_num;                   // T (the cpu_token_num attr)
+  int64_t output_capacity;             // bsz * W
+};
+
+FDMTP_HOST_DEVICE inline int32_t SpeculateOutputRows(const SpeculatePreProcessArgs& a, int64_t b) {
+  const int32_t n = a.seq_lens_this_time[b];
+  if (n <= 0) return 0;
+  if (n == 1 || a.seq_lens_encoder[b] != 0) return 1;
+  return n;
+}
+
+FDMTP_HOST_DEVICE inline int32_t SpeculateInputTokens(const SpeculatePreProcessArgs& a, int64_t b) {
+  const int32_t n = a.seq_lens_this_time[b];
+  return n > 0 ? n : 0;
+}
+
+// Token i of item b (cu_seqlens_q[b] already written).
+FDMTP_HOST_DEVICE inline void SpeculatePreProcessToken(const SpeculatePreProcessArgs& a,
+                                                       int64_t b, int64_t i) {
+  const int64_t t = static_cast<int64_t>(a.cu_seqlens_q[b]) + i;
+  if (t < 0 || t >= a.token_num) return;
+  const bool from_draft = a.draft_width > 0 && a.seq_lens_encoder[b] <= 0;
+  int64_t token = kPaddingTokenFill;
+  if (from_draft) {
+    if (i < a.draft_width) token = a.draft_tokens[b * a.draft_width + i];
+  } else if (i < a.input_ids_len) {
+    token = a.input_ids[b * a.input_ids_len + i];
+  }
+  a.ids_remove_padding[t] = token;
+  a.batch_id_per_token[t] = static_cast<int32_t>(b);
+}
+
+// Output row j of item b (cu_seq_lens_q_output[b] already written).
+FDMTP_HOST_DEVICE inline void SpeculatePreProcessOutputRow(const SpeculatePreProcessArgs& a,
+                                                           int64_t b, int64_t j) {
+  const int64_t r = static_cast<int64_t>(a.cu_seq_lens_q_output[b]) + j;
+  if (r >= 0 && r < a.output_capacity) a.batch_id_per_token_output[r] = static_cast<int32_t>(b);
+}
+
+}  // namespace fdmtp

@@ -1,0 +1,63 @@
+"""numpy reference of speculate_pre_process (fastdeploy-ops.md §4.1).
+
+Returns the seven outputs (plus the inputs, unchanged) for the op's static form: inputs
+(input_ids, seq_len, draft_tokens, seq_lens_encoder, seq_lens_decoder), attr cpu_token_num.
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import numpy as np
+
+INPUTS = ("input_ids", "seq_len", "draft_tokens", "seq_lens_encoder", "seq_lens_decoder")
+OUTPUTS = (
+    "ids_remove_padding", "batch_id_per_token", "cu_seqlens_q", "cu_seqlens_k",
+    "cu_seq_lens_q_output", "batch_id_per_token_output", "real_output_token_num",
+)
+
+
+def output_rows(n: int, enc: int) -> int:
+    if n <= 0:
+        return 0
+    return 1 if n == 1 or enc != 0 else n
+
+
+def speculate_pre_process(*tensors, cpu_token_num: int) -> Dict[str, np.ndarray]:
+    t = {name: np.array(x, copy=True) for name, x in zip(INPUTS, tensors)}
+    input_ids, draft = t["input_ids"], t["draft_tokens"]
+    slt = t["seq_len"].reshape(-1)
+    enc = t["seq_lens_encoder"].reshape(-1)
+    bsz, width = draft.shape
+    ids = np.full(cpu_token_num, 2, np.int64)
+    batch_id = np.full(cpu_token_num, -1, np.int32)
+    batch_id_out = np.full(bsz * width, -1, np.int32)
+    n_in = np.maximum(slt, 0).astype(np.int64)
+    n_out = np.array([output_rows(int(slt[b]), int(enc[b])) for b in range(bsz)], np.int64)
+    cu_q = np.concatenate([[0], np.cumsum(n_in)]).astype(np.int32)
+    cu_out = np.concatenate([[0], np.cumsum(n_out)]).astype(np.int32)
+    for b in range(bsz):
+        from_draft = width > 0 and enc[b] <= 0
+        for i in range(int(n_in[b])):
+            pos = int(cu_q[b]) + i
+            if pos >= cpu_token_num:
+                continue
+            if from_draft:
+                ids[pos] = draft[b, i] if i < width else 2
+            else:
+                ids[pos] = input_ids[b, i] if i < input_ids.shape[1] else 2
+            batch_id[pos] = b
+        for j in range(int(n_out[b])):
+            row = int(cu_out[b]) + j
+            if row < bsz * width:
+                batch_id_out[row] = b
+    t.update(
+        ids_remove_padding=ids,
+        batch_id_per_token=batch_id,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_q.copy(),
+        cu_seq_lens_q_output=cu_out,
+        batch_id_per_token_output=batch_id_out,
+        real_output_token_num=np.array([cu_out[-1]], np.int32),
+    )
+    return t
