@@ -8,17 +8,23 @@
 #pragma once
 
 #include "fdmtp/draft_model_postprocess.h"
+#include "fdmtp/unified_update_model_status.h"
+#include "fdmtp/verify_draft_tokens.h"
 
 namespace fdmtp {
 
 namespace cpu {
 void DraftModelPostprocess(const DraftModelPostprocessArgs& args);
+void UnifiedUpdateModelStatus(const UnifiedUpdateModelStatusArgs& args);
+void VerifyDraftTokens(const VerifyDraftTokensArgs& args);
 }  // namespace cpu
 
 namespace cuda {
 using Stream = void*;  // cudaStream_t
 
 int DraftModelPostprocess(const DraftModelPostprocessArgs& args, Stream stream);
+int UnifiedUpdateModelStatus(const UnifiedUpdateModelStatusArgs& args, Stream stream);
+int VerifyDraftTokens(const VerifyDraftTokensArgs& args, Stream stream);
 
 // Runtime queries, so callers without CUDA headers can report what they see.
 int DeviceCount(int* count);      // cudaGetDeviceCount
