@@ -8,6 +8,7 @@ tensor argument after the call as numpy (so tests compare all in-place effects).
                    a GPU is usable.
 
 Each backend is the same op entry underneath, so the same references apply to all.
+An optional input is passed as ``None`` and comes back as ``None``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 ALL_BACKENDS = ("cpu", "kernels-cpu", "cuda")
+
+
+def _map(fn, t):
+    """fn(t), except that an absent optional input (None) stays None."""
+    return None if t is None else fn(t)
 
 
 class Backend:
@@ -35,9 +41,9 @@ class PaddleCpuBackend(Backend):
 
         import fastdeploy_mtp.ops as ops
 
-        pts = [paddle.to_tensor(np.array(t, copy=True), place=paddle.CPUPlace()) for t in tensors]
+        pts = [_map(lambda a: paddle.to_tensor(np.array(a, copy=True), place=paddle.CPUPlace()), t) for t in tensors]
         getattr(ops, op)(*pts, *attrs)
-        return [t.numpy() for t in pts]
+        return [_map(lambda x: x.numpy(), t) for t in pts]
 
 
 class KernelsCpuBackend(Backend):
@@ -46,7 +52,7 @@ class KernelsCpuBackend(Backend):
     def run(self, op, tensors, attrs=()):
         from fastdeploy_mtp import _kernels
 
-        arrays = [np.array(t, copy=True) for t in tensors]
+        arrays = [_map(lambda a: np.array(a, copy=True), t) for t in tensors]
         getattr(_kernels, op)(*arrays, *attrs)
         return arrays
 
@@ -63,18 +69,18 @@ class CudaBackend(Backend):
         if self.lib == "torch":
             import torch
 
-            dev = [torch.from_numpy(np.array(t, copy=True)).cuda() for t in tensors]
+            dev = [_map(lambda a: torch.from_numpy(np.array(a, copy=True)).cuda(), t) for t in tensors]
             stream = torch.cuda.current_stream().cuda_stream
             getattr(_kernels, op)(*dev, *attrs, stream=stream)
             torch.cuda.synchronize()
-            return [t.cpu().numpy() for t in dev]
+            return [_map(lambda x: x.cpu().numpy(), t) for t in dev]
         import cupy
 
-        dev = [cupy.asarray(np.array(t, copy=True)) for t in tensors]
+        dev = [_map(lambda a: cupy.asarray(np.array(a, copy=True)), t) for t in tensors]
         stream = cupy.cuda.get_current_stream().ptr
         getattr(_kernels, op)(*dev, *attrs, stream=stream)
         cupy.cuda.get_current_stream().synchronize()
-        return [cupy.asnumpy(t) for t in dev]
+        return [_map(cupy.asnumpy, t) for t in dev]
 
 
 def _importable(name: str) -> bool:

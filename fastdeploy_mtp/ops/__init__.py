@@ -19,12 +19,21 @@ from __future__ import annotations
 
 from ._loader import OpError, backends, build_info, cuda_status, kernels
 from .draft_model_postprocess import draft_model_postprocess
+from .sampling import VerifyStrategy, position_uniforms, rejection_candidates, verify_uniforms
+from .unified_update_model_status import unified_update_model_status
+from .verify_draft_tokens import verify_draft_tokens
 
 __all__ = [
     "OpError",
+    "VerifyStrategy",
     "backends",
     "build_info",
     "cuda_status",
     "draft_model_postprocess",
     "kernels",
+    "position_uniforms",
+    "rejection_candidates",
+    "unified_update_model_status",
+    "verify_draft_tokens",
+    "verify_uniforms",
 ]
