@@ -74,6 +74,54 @@ def op_latencies(torch) -> dict:
         out[f"draft_model_postprocess_bsz{bsz}_raw_us"] = time_calls(
             torch, lambda: _kernels.draft_model_postprocess(*raw, stream=stream)
         )
+    out.update(verify_update_latencies(torch, stream, rng))
+    return out
+
+
+def verify_update_latencies(torch, stream, rng) -> dict:
+    """verify_draft_tokens (GREEDY and REJECTION) and unified_update_model_status on an
+    all-decode batch with K = 5 (every item owns K + 1 output rows)."""
+    out = {}
+    for bsz in (1, 256, 1500, 8192):
+        w, c = 6, 8
+        rows = bsz * w
+
+        def dev(a):
+            return torch.from_numpy(np.ascontiguousarray(a)).cuda()
+
+        inp = dev(rng.integers(0, 50, (bsz, w), dtype=np.int64))
+        ids = dev(np.tile(np.arange(c, dtype=np.int64), (rows, 1)))
+        scores = dev(rng.random((rows, c), dtype=np.float32))
+        lens = dev(np.full(rows, c, np.int32))
+        uniforms = dev(rng.random((rows, 2), dtype=np.float32))
+        target = dev(rng.integers(0, 50, rows, dtype=np.int64))
+        out_ids = dev(np.full((bsz, w), -1, np.int64))
+        out_len = dev(np.zeros(bsz, np.int32))
+        per_item = dict(
+            topp=dev(np.ones((bsz, 1), np.float32)), stop=dev(np.zeros((bsz, 1), bool)),
+            enc=dev(np.zeros(bsz, np.int32)), slt=dev(np.full(bsz, w, np.int32)),
+            end=dev(np.array([[2]], np.int64)), paused=dev(np.zeros(bsz, bool)),
+            cu=dev((np.arange(bsz) * w).astype(np.int32)), reasoning=dev(np.zeros((bsz, 1), np.int32)),
+            max_dec=dev(np.full((bsz, 1), 1 << 40, np.int64)), step=dev(np.zeros((bsz, 1), np.int64)),
+        )
+        p = per_item
+        tail = (p["topp"], p["stop"], p["enc"], p["slt"], p["end"], p["paused"], p["cu"], p["reasoning"],
+                p["max_dec"], p["step"])
+        out[f"verify_draft_tokens_greedy_bsz{bsz}_us"] = time_calls(
+            torch, lambda: _kernels.verify_draft_tokens(out_ids, out_len, inp, target, None, None, None, *tail,
+                                                        None, 0, 2, 1, False, False, stream=stream))
+        out[f"verify_draft_tokens_rejection_bsz{bsz}_us"] = time_calls(
+            torch, lambda: _kernels.verify_draft_tokens(out_ids, out_len, inp, None, ids, scores, lens, *tail,
+                                                        uniforms, 0, 2, 3, False, False, stream=stream))
+        # update: keeps re-committing the same outputs (lengths grow; nothing stops)
+        hist = dev(np.zeros((bsz, 4096), np.int64))
+        running = dev(np.zeros(1, bool))
+        dec = dev(np.ones(bsz, np.int32))
+        prompt = dev(np.zeros((bsz, 1), np.int64))
+        out[f"unified_update_model_status_bsz{bsz}_us"] = time_calls(
+            torch, lambda: _kernels.unified_update_model_status(
+                p["enc"], dec, running, inp, out_ids, out_len, p["stop"], p["slt"], p["paused"], hist,
+                prompt, p["step"], p["end"], p["max_dec"], stream=stream))
     return out
 
 

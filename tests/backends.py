@@ -14,6 +14,8 @@ and returns them; the framework-free module takes them as caller-allocated buffe
 input tensors (pre-filled here with garbage, so a slot the op fails to write shows up).
 ``run`` returns the input tensors after the call followed by the outputs.
 
+An optional input is passed as ``None`` and comes back as ``None``.
+
 The Paddle backend calls the registered op in its raw form (inputs, then attrs), which is
 the form the framework-free module also has; each op's typed wrapper is tested on its own.
 """
@@ -29,6 +31,11 @@ ALL_BACKENDS = ("cpu", "kernels-cpu", "cuda")
 
 
 OutputSpec = Tuple[Tuple[int, ...], Any]  # (shape, numpy dtype)
+
+
+def _map(fn, t):
+    """fn(t), except that an absent optional input (None) stays None."""
+    return None if t is None else fn(t)
 
 
 def garbage(shape, dtype) -> np.ndarray:
@@ -66,14 +73,14 @@ class PaddleCpuBackend(Backend):
 
         from fastdeploy_mtp.ops._loader import run_paddle_op
 
-        pts = [paddle.to_tensor(np.array(t, copy=True), place=paddle.CPUPlace()) for t in tensors]
+        pts = [_map(lambda a: paddle.to_tensor(np.array(a, copy=True), place=paddle.CPUPlace()), t) for t in tensors]
         result = run_paddle_op(op, *pts, *attrs)
         outs = []
         if outputs:
             result = result if isinstance(result, (list, tuple)) else [result]
             assert len(result) == len(outputs), f"{op} returned {len(result)} outputs"
             outs = [r.numpy() for r in result]
-        return [t.numpy() for t in pts] + outs
+        return [_map(lambda x: x.numpy(), t) for t in pts] + outs
 
 
 class KernelsCpuBackend(Backend):
@@ -82,7 +89,7 @@ class KernelsCpuBackend(Backend):
     def run(self, op, tensors, attrs=(), outputs=()):
         from fastdeploy_mtp import _kernels
 
-        arrays = [np.array(t, copy=True) for t in tensors]
+        arrays = [_map(lambda a: np.array(a, copy=True), t) for t in tensors]
         outs = [garbage(shape, dtype) for shape, dtype in outputs]
         getattr(_kernels, op)(*arrays, *outs, *attrs)
         return arrays + outs
@@ -97,22 +104,23 @@ class CudaBackend(Backend):
     def run(self, op, tensors, attrs=(), outputs=()):
         from fastdeploy_mtp import _kernels
 
-        host = [np.array(t, copy=True) for t in tensors] + [garbage(s, d) for s, d in outputs]
+        host = [_map(lambda a: np.array(a, copy=True), t) for t in tensors]
+        host += [garbage(s, d) for s, d in outputs]
         if self.lib == "torch":
             import torch
 
-            dev = [torch.from_numpy(t).cuda() for t in host]
+            dev = [_map(lambda a: torch.from_numpy(a).cuda(), t) for t in host]
             stream = torch.cuda.current_stream().cuda_stream
             getattr(_kernels, op)(*dev, *attrs, stream=stream)
             torch.cuda.synchronize()
-            return [t.cpu().numpy() for t in dev]
+            return [_map(lambda x: x.cpu().numpy(), t) for t in dev]
         import cupy
 
-        dev = [cupy.asarray(t) for t in host]
+        dev = [_map(cupy.asarray, t) for t in host]
         stream = cupy.cuda.get_current_stream().ptr
         getattr(_kernels, op)(*dev, *attrs, stream=stream)
         cupy.cuda.get_current_stream().synchronize()
-        return [cupy.asnumpy(t) for t in dev]
+        return [_map(cupy.asnumpy, t) for t in dev]
 
 
 def _importable(name: str) -> bool:

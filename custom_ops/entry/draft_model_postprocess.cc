@@ -18,7 +18,7 @@ void DraftModelPostprocess(const TensorRef& base_model_draft_tokens,
   check.Rank(draft, 2);
   // The batch size is seq_lens_this_time's, as on upstream's GPU path; every other tensor
   // must agree instead of being silently over- or under-read.
-  const int64_t bsz = check.BatchSize(slt);
+  const int64_t bsz = check.ItemCount(slt);
   check.DimEq(draft, 0, slt, 0);
   check.PerItem(base_model_seq_lens_encoder, bsz, slt);
   check.PerItem(base_model_stop_flags, bsz, slt);

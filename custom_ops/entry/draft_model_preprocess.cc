@@ -33,7 +33,7 @@ void DraftModelPreprocess(const TensorRef& draft_tokens, const TensorRef& input_
   for (const TensorRef* t : {&stop_flags, &not_need_stop, &target_model_stop_flags}) {
     check.Dtype(*t, DType::kBool);
   }
-  const int64_t bsz = check.BatchSize(seq_lens_this_time);
+  const int64_t bsz = check.ItemCount(seq_lens_this_time);
   for (const TensorRef* t : {&stop_flags, &seq_lens_encoder, &seq_lens_decoder, &step_idx,
                              &accept_num, &target_model_seq_lens_encoder,
                              &target_model_seq_lens_decoder, &target_model_step_idx,

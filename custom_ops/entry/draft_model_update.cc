@@ -27,7 +27,7 @@ void DraftModelUpdate(const TensorRef& inter_next_tokens, const TensorRef& draft
   }
   check.Dtype(stop_flags, DType::kBool);
   check.Dtype(not_need_stop, DType::kBool);
-  const int64_t bsz = check.BatchSize(seq_lens_this_time);
+  const int64_t bsz = check.ItemCount(seq_lens_this_time);
   for (const TensorRef* t : {&seq_lens_encoder, &seq_lens_decoder, &step_idx, &stop_flags,
                              &max_dec_len}) {
     check.PerItem(*t, bsz, seq_lens_this_time);

@@ -24,7 +24,7 @@ void MtpStepPaddle(const TensorRef& base_model_stop_flags, const TensorRef& stop
                              &free_list_len}) {
     check.Dtype(*t, DType::kInt32);
   }
-  const int64_t bsz = check.BatchSize(seq_lens_this_time);
+  const int64_t bsz = check.ItemCount(seq_lens_this_time);
   for (const TensorRef* t : {&base_model_stop_flags, &stop_flags, &batch_drop, &seq_lens_encoder,
                              &seq_lens_decoder, &encoder_block_lens, &used_list_len}) {
     check.PerItem(*t, bsz, seq_lens_this_time);

@@ -27,7 +27,7 @@ void SpeculatePreProcess(const TensorRef& input_ids, const TensorRef& seq_len,
     check.Dtype(*t, DType::kInt32);
   }
   check.AttrAtLeast("cpu_token_num", cpu_token_num, 0);
-  const int64_t bsz = check.BatchSize(seq_len);
+  const int64_t bsz = check.ItemCount(seq_len);
   check.PerItem(seq_lens_encoder, bsz, seq_len);
   check.PerItem(seq_lens_decoder, bsz, seq_len);
   check.Rows(input_ids, bsz, seq_len);

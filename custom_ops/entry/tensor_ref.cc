@@ -88,9 +88,10 @@ void ArgChecker::AttrAtLeast(const char* attr, int64_t value, int64_t minimum) c
   }
 }
 
-int64_t ArgChecker::BatchSize(const TensorRef& t) const {
-  if (t.shape.empty() || t.shape.size() > 2 || (t.shape.size() == 2 && t.shape[1] != 1)) {
-    Fail(std::string("`") + t.name + "` must have shape [N] or [N, 1], got " + t.ShapeString());
+int64_t ArgChecker::ItemCount(const TensorRef& t) const {
+  const bool ok = t.shape.size() == 1 || (t.shape.size() == 2 && t.shape[1] == 1);
+  if (!ok) {
+    Fail(std::string("`") + t.name + "` must have shape [n] or [n, 1], got " + t.ShapeString());
   }
   return t.shape[0];
 }
@@ -113,6 +114,41 @@ void ArgChecker::SameDevice(const std::vector<const TensorRef*>& tensors) const 
            "; all tensors must be on one device");
     }
   }
+}
+
+const TensorRef& ArgChecker::Required(const OptionalTensorRef& t, const char* name,
+                                      const std::string& why) const {
+  if (!t) Fail(std::string("`") + name + "` is required when " + why + ", got None");
+  return *t;
+}
+
+void ArgChecker::ValuesInRangeOnHost(const TensorRef& t, int64_t lo, int64_t hi) const {
+  if (t.device != Device::kCPU) return;
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t v = 0;
+    if (t.dtype == DType::kInt32) {
+      v = t.ptr<const int32_t>()[i];
+    } else if (t.dtype == DType::kInt64) {
+      v = t.ptr<const int64_t>()[i];
+    } else {
+      Fail(std::string("`") + t.name + "` must be int32 or int64 for a value check, got " +
+           DTypeName(t.dtype));
+    }
+    if (v < lo || v > hi) {
+      Fail(std::string("`") + t.name + "` values must be in [" + std::to_string(lo) + ", " +
+           std::to_string(hi) + "], got " + std::to_string(v) + " at flat index " +
+           std::to_string(i));
+    }
+  }
+}
+
+std::vector<const TensorRef*> Present(std::initializer_list<const OptionalTensorRef*> refs) {
+  std::vector<const TensorRef*> out;
+  for (const OptionalTensorRef* r : refs) {
+    if (*r) out.push_back(&**r);
+  }
+  return out;
 }
 
 }  // namespace fdmtp

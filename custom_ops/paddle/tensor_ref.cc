@@ -52,6 +52,11 @@ TensorRef ToRef(const paddle::Tensor& tensor, const char* name) {
   return ref;
 }
 
+OptionalTensorRef ToOptionalRef(const paddle::optional<paddle::Tensor>& tensor, const char* name) {
+  if (!tensor) return std::nullopt;
+  return ToRef(*tensor, name);
+}
+
 void* StreamOf(const paddle::Tensor& tensor) {
 #if defined(FDMTP_WITH_CUDA)
   if (tensor.is_gpu()) return GetCudaStream(tensor);

@@ -13,6 +13,9 @@ namespace paddle_binding {
 // Describes `tensor` under the op-signature name `name` (the name must outlive the ref).
 TensorRef ToRef(const paddle::Tensor& tensor, const char* name);
 
+// An optional input (paddle::Optional in .Inputs): std::nullopt when the caller passed None.
+OptionalTensorRef ToOptionalRef(const paddle::optional<paddle::Tensor>& tensor, const char* name);
+
 // The cudaStream_t the tensor's work is ordered on (nullptr for host tensors).
 void* StreamOf(const paddle::Tensor& tensor);
 

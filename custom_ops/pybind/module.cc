@@ -133,6 +133,55 @@ void SpeculatePreProcess(py::handle input_ids, py::handle seq_len, py::handle dr
 
 #undef FDMTP_ARG
 
+void UnifiedUpdateModelStatus(py::handle seq_lens_encoder, py::handle seq_lens_decoder,
+                              py::handle has_running_seqs, py::handle step_input_ids,
+                              py::handle step_output_ids, py::handle step_output_len,
+                              py::handle stop_flags, py::handle seq_lens_this_time,
+                              py::handle is_paused, py::handle token_ids_all,
+                              py::handle prompt_lens, py::handle step_idx, py::handle end_tokens,
+                              py::handle max_dec_len, uintptr_t stream) {
+  fdmtp::pybind::ArgScope args;
+  fdmtp::UnifiedUpdateModelStatus(
+      args.Convert(seq_lens_encoder, "seq_lens_encoder"),
+      args.Convert(seq_lens_decoder, "seq_lens_decoder"),
+      args.Convert(has_running_seqs, "has_running_seqs"),
+      args.Convert(step_input_ids, "step_input_ids"),
+      args.Convert(step_output_ids, "step_output_ids"),
+      args.Convert(step_output_len, "step_output_len"), args.Convert(stop_flags, "stop_flags"),
+      args.Convert(seq_lens_this_time, "seq_lens_this_time"), args.Convert(is_paused, "is_paused"),
+      args.Convert(token_ids_all, "token_ids_all"), args.Convert(prompt_lens, "prompt_lens"),
+      args.Convert(step_idx, "step_idx"), args.Convert(end_tokens, "end_tokens"),
+      args.Convert(max_dec_len, "max_dec_len"), AsStream(stream));
+}
+
+void VerifyDraftTokens(py::handle step_output_ids, py::handle step_output_len,
+                       py::handle step_input_ids, py::handle target_tokens,
+                       py::handle candidate_ids, py::handle candidate_scores,
+                       py::handle candidate_lens, py::handle topp, py::handle stop_flags,
+                       py::handle seq_lens_encoder, py::handle seq_lens_this_time,
+                       py::handle end_tokens, py::handle is_block_step,
+                       py::handle cu_seqlens_q_output, py::handle reasoning_status,
+                       py::handle max_dec_len, py::handle step_idx, py::handle verify_uniforms,
+                       int max_seq_len, int verify_window, int verify_strategy, bool reject_all,
+                       bool accept_all, uintptr_t stream) {
+  fdmtp::pybind::ArgScope args;
+  fdmtp::VerifyDraftTokens(
+      args.Convert(step_output_ids, "step_output_ids"),
+      args.Convert(step_output_len, "step_output_len"),
+      args.Convert(step_input_ids, "step_input_ids"),
+      args.ConvertOptional(target_tokens, "target_tokens"),
+      args.ConvertOptional(candidate_ids, "candidate_ids"),
+      args.ConvertOptional(candidate_scores, "candidate_scores"),
+      args.ConvertOptional(candidate_lens, "candidate_lens"), args.Convert(topp, "topp"),
+      args.Convert(stop_flags, "stop_flags"), args.Convert(seq_lens_encoder, "seq_lens_encoder"),
+      args.Convert(seq_lens_this_time, "seq_lens_this_time"),
+      args.Convert(end_tokens, "end_tokens"), args.Convert(is_block_step, "is_block_step"),
+      args.Convert(cu_seqlens_q_output, "cu_seqlens_q_output"),
+      args.Convert(reasoning_status, "reasoning_status"), args.Convert(max_dec_len, "max_dec_len"),
+      args.Convert(step_idx, "step_idx"), args.ConvertOptional(verify_uniforms, "verify_uniforms"),
+      max_seq_len, verify_window, verify_strategy, reject_all, accept_all, AsStream(stream));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_kernels, m) {
@@ -177,4 +226,22 @@ PYBIND11_MODULE(_kernels, m) {
         py::arg("cpu_token_num"), py::kw_only(), py::arg("stream") = 0,
         "See fastdeploy_mtp.ops.speculate_pre_process. The seven outputs are caller-allocated "
         "(shapes: [T], [T], [bsz+1] x3, [bsz*W], [1]); every slot is written.");
+  m.def("unified_update_model_status", &UnifiedUpdateModelStatus, py::arg("seq_lens_encoder"),
+        py::arg("seq_lens_decoder"), py::arg("has_running_seqs"), py::arg("step_input_ids"),
+        py::arg("step_output_ids"), py::arg("step_output_len"), py::arg("stop_flags"),
+        py::arg("seq_lens_this_time"), py::arg("is_paused"), py::arg("token_ids_all"),
+        py::arg("prompt_lens"), py::arg("step_idx"), py::arg("end_tokens"),
+        py::arg("max_dec_len"), py::kw_only(), py::arg("stream") = 0,
+        "See fastdeploy_mtp.ops.unified_update_model_status.");
+  // Optional tensors accept None; attrs follow the tensors positionally, as in Paddle.
+  m.def("verify_draft_tokens", &VerifyDraftTokens, py::arg("step_output_ids"),
+        py::arg("step_output_len"), py::arg("step_input_ids"), py::arg("target_tokens").none(true),
+        py::arg("candidate_ids").none(true), py::arg("candidate_scores").none(true),
+        py::arg("candidate_lens").none(true), py::arg("topp"), py::arg("stop_flags"),
+        py::arg("seq_lens_encoder"), py::arg("seq_lens_this_time"), py::arg("end_tokens"),
+        py::arg("is_block_step"), py::arg("cu_seqlens_q_output"), py::arg("reasoning_status"),
+        py::arg("max_dec_len"), py::arg("step_idx"), py::arg("verify_uniforms").none(true),
+        py::arg("max_seq_len"), py::arg("verify_window"), py::arg("verify_strategy"),
+        py::arg("reject_all"), py::arg("accept_all"), py::kw_only(), py::arg("stream") = 0,
+        "See fastdeploy_mtp.ops.verify_draft_tokens.");
 }

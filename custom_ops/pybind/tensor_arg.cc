@@ -145,5 +145,10 @@ TensorRef ArgScope::Convert(const py::handle& obj, const char* name) {
   return ref;
 }
 
+OptionalTensorRef ArgScope::ConvertOptional(const py::handle& obj, const char* name) {
+  if (obj.is_none()) return std::nullopt;
+  return Convert(obj, name);
+}
+
 }  // namespace pybind
 }  // namespace fdmtp

@@ -18,6 +18,8 @@ namespace pybind {
 class ArgScope {
  public:
   TensorRef Convert(const pybind11::handle& obj, const char* name);
+  // An optional argument: None -> std::nullopt, anything else as Convert.
+  OptionalTensorRef ConvertOptional(const pybind11::handle& obj, const char* name);
 
  private:
   std::deque<pybind11::object> keep_alive_;

@@ -23,9 +23,13 @@ from .draft_model_preprocess import draft_model_preprocess
 from .draft_model_update import draft_model_update
 from .mtp_step_paddle import mtp_step_paddle
 from .speculate_pre_process import speculate_pre_process
+from .sampling import VerifyStrategy, position_uniforms, rejection_candidates, verify_uniforms
+from .unified_update_model_status import unified_update_model_status
+from .verify_draft_tokens import verify_draft_tokens
 
 __all__ = [
     "OpError",
+    "VerifyStrategy",
     "backends",
     "build_info",
     "cuda_status",
@@ -35,4 +39,9 @@ __all__ = [
     "mtp_step_paddle",
     "speculate_pre_process",
     "kernels",
+    "position_uniforms",
+    "rejection_candidates",
+    "unified_update_model_status",
+    "verify_draft_tokens",
+    "verify_uniforms",
 ]

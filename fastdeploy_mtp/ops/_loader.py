@@ -28,6 +28,8 @@ OP_NAMES = (
     "draft_model_update",
     "mtp_step_paddle",
     "speculate_pre_process",
+    "unified_update_model_status",
+    "verify_draft_tokens",
 )
 
 _LIBRARY = os.path.join(

@@ -17,4 +17,15 @@ namespace fdmtp {
 // not treated as the end of the row).
 constexpr int64_t kPlaceholderToken = -1;
 
+// True when `token` is one of the `num_end_tokens` EOS ids (a linear scan, as upstream's
+// is_in_end). Shared by verify_draft_tokens and unified_update_model_status so both ops
+// make the same stop decision.
+FDMTP_HOST_DEVICE inline bool IsEndToken(int64_t token, const int64_t* end_tokens,
+                                         int64_t num_end_tokens) {
+  for (int64_t e = 0; e < num_end_tokens; ++e) {
+    if (end_tokens[e] == token) return true;
+  }
+  return false;
+}
+
 }  // namespace fdmtp

@@ -12,6 +12,8 @@
 #include "fdmtp/draft_model_update.h"
 #include "fdmtp/mtp_step_paddle.h"
 #include "fdmtp/speculate_pre_process.h"
+#include "fdmtp/unified_update_model_status.h"
+#include "fdmtp/verify_draft_tokens.h"
 
 namespace fdmtp {
 
@@ -21,6 +23,8 @@ void DraftModelPreprocess(const DraftModelPreprocessArgs& args);
 void DraftModelUpdate(const DraftModelUpdateArgs& args);
 void MtpStepPaddle(const MtpStepArgs& args);
 void SpeculatePreProcess(const SpeculatePreProcessArgs& args);
+void UnifiedUpdateModelStatus(const UnifiedUpdateModelStatusArgs& args);
+void VerifyDraftTokens(const VerifyDraftTokensArgs& args);
 }  // namespace cpu
 
 namespace cuda {
@@ -31,6 +35,8 @@ int DraftModelPreprocess(const DraftModelPreprocessArgs& args, Stream stream);
 int DraftModelUpdate(const DraftModelUpdateArgs& args, Stream stream);
 int MtpStepPaddle(const MtpStepArgs& args, Stream stream);
 int SpeculatePreProcess(const SpeculatePreProcessArgs& args, Stream stream);
+int UnifiedUpdateModelStatus(const UnifiedUpdateModelStatusArgs& args, Stream stream);
+int VerifyDraftTokens(const VerifyDraftTokensArgs& args, Stream stream);
 
 // Runtime queries, so callers without CUDA headers can report what they see.
 int DeviceCount(int* count);      // cudaGetDeviceCount

@@ -64,5 +64,31 @@ void SpeculatePreProcess(const TensorRef& input_ids, const TensorRef& seq_len,
                          const TensorRef& batch_id_per_token_output,
                          const TensorRef& real_output_token_num, int64_t cpu_token_num,
                          void* stream);
+// See fdmtp/unified_update_model_status.h. has_running_seqs must be device memory for
+// CUDA tensors (it is written by the kernel, never read back on the host).
+void UnifiedUpdateModelStatus(const TensorRef& seq_lens_encoder, const TensorRef& seq_lens_decoder,
+                              const TensorRef& has_running_seqs, const TensorRef& step_input_ids,
+                              const TensorRef& step_output_ids, const TensorRef& step_output_len,
+                              const TensorRef& stop_flags, const TensorRef& seq_lens_this_time,
+                              const TensorRef& is_paused, const TensorRef& token_ids_all,
+                              const TensorRef& prompt_lens, const TensorRef& step_idx,
+                              const TensorRef& end_tokens, const TensorRef& max_dec_len,
+                              void* stream);
+
+// See fdmtp/verify_draft_tokens.h. FastDeploy's 17 inputs, then the optional
+// verify_uniforms, then the attrs (max_seq_len and verify_window are accepted and unused,
+// as upstream).
+void VerifyDraftTokens(const TensorRef& step_output_ids, const TensorRef& step_output_len,
+                       const TensorRef& step_input_ids, const OptionalTensorRef& target_tokens,
+                       const OptionalTensorRef& candidate_ids,
+                       const OptionalTensorRef& candidate_scores,
+                       const OptionalTensorRef& candidate_lens, const TensorRef& topp,
+                       const TensorRef& stop_flags, const TensorRef& seq_lens_encoder,
+                       const TensorRef& seq_lens_this_time, const TensorRef& end_tokens,
+                       const TensorRef& is_block_step, const TensorRef& cu_seqlens_q_output,
+                       const TensorRef& reasoning_status, const TensorRef& max_dec_len,
+                       const TensorRef& step_idx, const OptionalTensorRef& verify_uniforms,
+                       int max_seq_len, int verify_window, int verify_strategy, bool reject_all,
+                       bool accept_all, void* stream);
 
 }  // namespace fdmtp

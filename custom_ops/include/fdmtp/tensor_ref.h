@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -66,6 +68,16 @@ struct TensorRef {
   }
 };
 
+// An optional op argument (paddle::Optional input, or None in the framework-free module):
+// std::nullopt when the caller passed none. Entries pass `Present()` refs to the usual
+// checks and hand kernels a null pointer for an absent one (see `DataOrNull`).
+using OptionalTensorRef = std::optional<TensorRef>;
+
+template <typename T>
+T* DataOrNull(const OptionalTensorRef& t) {
+  return t ? t->ptr<T>() : nullptr;
+}
+
 // Collects the checks of one op call so every message starts with the op's name.
 class ArgChecker {
  public:
@@ -84,15 +96,24 @@ class ArgChecker {
   void Numel(const TensorRef& t, int64_t n) const;
   // An attribute that must be >= minimum.
   void AttrAtLeast(const char* attr, int64_t value, int64_t minimum) const;
-  // The batch size of an op: dim 0 of a per-item tensor ([n] or [n, 1]).
-  int64_t BatchSize(const TensorRef& t) const;
+  // A flat vector [n] or [n, 1]; returns n (the batch size, or a row count).
+  int64_t ItemCount(const TensorRef& t) const;
   // t.shape[i] == other.shape[j]
   void DimEq(const TensorRef& t, size_t i, const TensorRef& other, size_t j) const;
   // Every tensor lives on the same device as the first one.
   void SameDevice(const std::vector<const TensorRef*>& tensors) const;
+  // An optional argument that this call needs; `why` completes "required when ...".
+  const TensorRef& Required(const OptionalTensorRef& t, const char* name,
+                            const std::string& why) const;
+  // Integer values in [lo, hi], checked only where they can be read without a device
+  // sync (host tensors). Device tensors are not read: their kernels clamp instead.
+  void ValuesInRangeOnHost(const TensorRef& t, int64_t lo, int64_t hi) const;
 
  private:
   const char* op_;
 };
+
+// The present tensors among `refs` (for SameDevice / Contiguous over optional inputs).
+std::vector<const TensorRef*> Present(std::initializer_list<const OptionalTensorRef*> refs);
 
 }  // namespace fdmtp

@@ -1,0 +1,97 @@
+// unified_update_model_status: per-slot logic shared by the CPU and CUDA kernels.
+//
+// After verify_draft_tokens (and the stop-sequence ops, which only write EOS ids into the
+// output row), this op makes the authoritative stop decision and commits the step:
+//   running slot (not stopped, not paused): scan the emitted tokens, cutting at the first
+//       EOS id or where step_idx reaches max_dec_len (that token becomes end_tokens[0]);
+//       fold a prefill's encoder length into the decoder length, or add the emitted count
+//       to the decoder length; advance step_idx; record the tokens in token_ids_all at
+//       prompt_len + old step_idx + k (all or nothing: only if prompt_len + new step_idx <
+//       L); set step_input_ids[b, 0] to the last emitted token;
+//   stopped or paused slot b < real_bsz: stop_flags = true, enc = dec = slt = out_len = 0;
+//   stopped or paused slot b >= real_bsz: untouched.
+// has_running_seqs = some slot is still running after the update.
+// Semantics: ../shared/reference/fastdeploy-ops.md §6.1.6.
+#pragma once
+
+#include "fdmtp/common.h"
+
+namespace fdmtp {
+
+struct UnifiedUpdateModelStatusArgs {
+  int32_t* seq_lens_encoder;         // [max_bsz] int32, in/out
+  int32_t* seq_lens_decoder;         // [max_bsz] int32, in/out
+  bool* has_running_seqs;            // [1] bool, out: any slot still running
+  int64_t* step_input_ids;           // [max_bsz, width] int64, in/out: column 0 only
+  int64_t* step_output_ids;          // [max_bsz, width] int64, in/out: EOS replacement
+  int32_t* step_output_len;          // [max_bsz] int32, in/out: emitted count, cut at a stop
+  bool* stop_flags;                  // [max_bsz] bool, in/out
+  int32_t* seq_lens_this_time;       // [real_bsz] int32, in/out: 0 for stopped/paused
+  const bool* is_paused;             // [max_bsz] bool, in (is_block_step)
+  int64_t* token_ids_all;            // [max_bsz, max_model_len] int64, in/out: history
+  const int64_t* prompt_lens;        // [max_bsz] int64, in
+  int64_t* step_idx;                 // [max_bsz] int64, in/out
+  const int64_t* end_tokens;         // [num_end_tokens] int64, in
+  const int64_t* max_dec_len;        // [max_bsz] int64, in
+  int64_t max_bsz;
+  int64_t real_bsz;
+  int64_t width;          // K + 1
+  int64_t max_model_len;  // L = token_ids_all.shape[1]
+  int64_t num_end_tokens;
+};
+
+// Updates slot b; returns true when it is still running afterwards (the kernels OR these
+// into has_running_seqs).
+FDMTP_HOST_DEVICE inline bool UnifiedUpdateModelStatusItem(const UnifiedUpdateModelStatusArgs& a,
+                                                           int64_t b) {
+  const bool running = !a.stop_flags[b] && !a.is_paused[b];  // not gated by real_bsz
+  if (!running) {
+    if (b < a.real_bsz) {
+      a.stop_flags[b] = true;
+      a.seq_lens_encoder[b] = 0;
+      a.seq_lens_decoder[b] = 0;
+      a.seq_lens_this_time[b] = 0;
+      a.step_output_len[b] = 0;
+    }
+    return false;
+  }
+  int64_t* out = a.step_output_ids + b * a.width;
+  // A count outside [0, width] cannot come from verify_draft_tokens; host tensors are
+  // rejected by the entry, device tensors are clamped so nothing is read out of bounds.
+  int64_t n = a.step_output_len[b];
+  n = n < 0 ? 0 : (n > a.width ? a.width : n);
+  int64_t step = a.step_idx[b];
+  bool stop = false;
+  for (int64_t k = 0; k < n; ++k) {
+    step += 1;
+    const bool eos = IsEndToken(out[k], a.end_tokens, a.num_end_tokens);
+    const bool hit = step >= a.max_dec_len[b];
+    if (eos || hit) {
+      if (!eos) out[k] = a.end_tokens[0];
+      n = k + 1;
+      stop = true;
+      break;
+    }
+  }
+  if (a.seq_lens_encoder[b] > 0) {  // prefill: fold, even when nothing was emitted
+    a.seq_lens_decoder[b] += a.seq_lens_encoder[b];
+    a.seq_lens_encoder[b] = 0;
+  } else if (a.seq_lens_decoder[b] > 0) {
+    a.seq_lens_decoder[b] += static_cast<int32_t>(n);
+  }
+  if (stop) a.stop_flags[b] = true;
+  a.step_output_len[b] = static_cast<int32_t>(n);
+  a.step_idx[b] = step;
+  if (n > 0) {
+    // step - n is the old step_idx: the step's tokens go right after the committed ones.
+    const int64_t first = a.prompt_lens[b] + (step - n);
+    if (first >= 0 && a.prompt_lens[b] + step < a.max_model_len) {
+      int64_t* history = a.token_ids_all + b * a.max_model_len + first;
+      for (int64_t k = 0; k < n; ++k) history[k] = out[k];
+    }
+    a.step_input_ids[b * a.width] = out[n - 1];
+  }
+  return !stop;
+}
+
+}  // namespace fdmtp

@@ -1,0 +1,251 @@
+// verify_draft_tokens: per-item logic shared by the CPU and CUDA kernels.
+//
+// The target verifies each decode item's drafts against its output rows and writes the
+// tokens the item emits this step into step_output_ids (= accept_tokens) and their count
+// into step_output_len (= accept_num). Item b owns output rows
+// r0 = cu_seqlens_q_output[b] .. r0 + slt - 1; row r0 + i is the target's prediction after
+// input token step_input_ids[b, i], so it decides draft step_input_ids[b, i + 1].
+//
+// Phase 1 walks the drafts and stops at the first rejection; Phase 2 emits one more token
+// from row r0 + i (i = number of accepted drafts). Strategies (attr verify_strategy):
+//   TOPP (0)          accept iff the draft is among the row's first min(len, C) candidates;
+//                     Phase 2 draws t = u_draw * topp[b] over the raw scores (t <= cum);
+//   GREEDY (1)        accept iff draft == target_tokens[row]; Phase 2 emits target_tokens;
+//   TARGET_MATCH (2)  the same comparison, target_tokens being a target *sample*;
+//   REJECTION (3)     lossless rejection sampling for a one-hot drafter: accept iff
+//                     u_acc * S < score(d) (S = row mass); on rejection Phase 2 draws from
+//                     the row without d, otherwise from the whole row.
+// Randomness comes only from verify_uniforms ([rows, 2] float32 in [0, 1): column 0 =
+// u_acc, column 1 = u_draw), so results are reproducible and CUDA-graph safe. Sums run in
+// candidate order in float32, so every backend gives the same bits.
+// Semantics: ../shared/reference/fastdeploy-ops.md §6.1.3 and §6.1.8.
+#pragma once
+
+#include "fdmtp/common.h"
+
+namespace fdmtp {
+
+enum VerifyStrategy : int {
+  kVerifyTopP = 0,
+  kVerifyGreedy = 1,
+  kVerifyTargetMatch = 2,
+  kVerifyRejection = 3,
+};
+constexpr int kNumVerifyStrategies = 4;
+
+// Under accept_all an EOS draft is replaced by this id (upstream hard-codes 5) so that a
+// dummy capture-warm-up item never stops and the per-step token count stays fixed.
+constexpr int64_t kAcceptAllEosReplacement = 5;
+
+struct VerifyDraftTokensArgs {
+  int64_t* step_output_ids;           // [max_bsz, width] int64, out: emitted tokens, -1 after
+  int32_t* step_output_len;           // [max_bsz] int32, out: number of emitted tokens
+  const int64_t* step_input_ids;      // [max_bsz, width] int64, in: [last token, d1..]
+  const int64_t* target_tokens;       // [rows] int64, in: GREEDY/TARGET_MATCH, else null
+  const int64_t* candidate_ids;       // [rows, C] int64, in: TOPP/REJECTION, else null
+  const float* candidate_scores;      // [rows, C] float32, in: TOPP/REJECTION, else null
+  const int32_t* candidate_lens;      // [rows] int32, in: TOPP/REJECTION, else null
+  const float* topp;                  // [max_bsz] float32, in: TOPP's Phase-2 mass
+  const bool* stop_flags;             // [max_bsz] bool, in
+  const int32_t* seq_lens_encoder;    // [max_bsz] int32, in: != 0 means prefill
+  const int32_t* seq_lens_this_time;  // [real_bsz] int32, in: tokens fed this step
+  const int64_t* end_tokens;          // [num_end_tokens] int64, in: EOS ids
+  const bool* is_block_step;          // [max_bsz] bool, in: paused items
+  const int32_t* cu_seqlens_q_output; // [>= real_bsz] int32, in: first output row of item b
+  const int32_t* reasoning_status;    // [max_bsz] int32, in: 1 = one token per step
+  const int64_t* max_dec_len;         // [max_bsz] int64, in
+  const int64_t* step_idx;            // [max_bsz] int64, in: tokens generated so far
+  const float* verify_uniforms;       // [rows_u, 2] float32, in: TOPP/REJECTION, else null
+  int64_t max_bsz;
+  int64_t real_bsz;
+  int64_t width;           // K + 1
+  int64_t num_candidates;  // C (1 when there are no candidate tensors)
+  int64_t num_rows;        // rows readable in every row tensor this strategy uses
+  int64_t num_end_tokens;  // >= 1
+  int strategy;
+  bool reject_all;
+  bool accept_all;
+};
+
+namespace verify_detail {
+
+// EMIT / EMIT_FINAL of §6.1.3: advance the step counter, replace the token by
+// end_tokens[0] when max_dec_len is reached (unless it already is an EOS id), and stop
+// the item on an EOS id or at max_dec_len.
+struct Emitter {
+  int64_t* out;
+  int64_t step;
+  int64_t max_dec_len;
+  const int64_t* end_tokens;
+  int64_t num_end_tokens;
+  int32_t count;
+  bool stopped;
+
+  FDMTP_HOST_DEVICE void Emit(int64_t pos, int64_t token, bool final_token) {
+    step += 1;
+    const bool eos = IsEndToken(token, end_tokens, num_end_tokens);
+    const bool hit = step >= max_dec_len;
+    if (hit && !eos) token = end_tokens[0];
+    out[pos] = token;
+    count += 1;
+    if (!final_token && (eos || hit)) stopped = true;
+  }
+};
+
+// Rows outside the given tensors are never read (a malformed cu_seqlens_q_output must not
+// make the kernel read out of bounds): such a draft is not tested, such a final row emits
+// nothing.
+FDMTP_HOST_DEVICE inline bool RowOk(const VerifyDraftTokensArgs& a, int64_t r) {
+  return r >= 0 && r < a.num_rows;
+}
+
+// Candidates of row r that count: min(max(len, 0), C).
+FDMTP_HOST_DEVICE inline int64_t RowLen(const VerifyDraftTokensArgs& a, int64_t r) {
+  const int64_t len = a.candidate_lens[r];
+  return len < 0 ? 0 : (len > a.num_candidates ? a.num_candidates : len);
+}
+
+// S = sum of the row's first RowLen scores (fixed order, float32) and the score of
+// `token` (0 when it is not listed).
+FDMTP_HOST_DEVICE inline void RowMass(const VerifyDraftTokensArgs& a, int64_t r, int64_t token,
+                                      float* total, float* token_score) {
+  const int64_t* ids = a.candidate_ids + r * a.num_candidates;
+  const float* scores = a.candidate_scores + r * a.num_candidates;
+  const int64_t len = RowLen(a, r);
+  float s = 0.0f;
+  float sd = 0.0f;
+  bool found = false;
+  for (int64_t j = 0; j < len; ++j) {
+    s += scores[j];
+    if (!found && ids[j] == token) {
+      sd = scores[j];
+      found = true;
+    }
+  }
+  *total = s;
+  *token_score = sd;
+}
+
+FDMTP_HOST_DEVICE inline bool Accepts(const VerifyDraftTokensArgs& a, int64_t r, int64_t draft) {
+  switch (a.strategy) {
+    case kVerifyTopP: {
+      const int64_t* ids = a.candidate_ids + r * a.num_candidates;
+      const int64_t len = RowLen(a, r);
+      for (int64_t j = 0; j < len; ++j) {
+        if (ids[j] == draft) return true;
+      }
+      return false;
+    }
+    case kVerifyRejection: {
+      float s = 0.0f;
+      float sd = 0.0f;
+      RowMass(a, r, draft, &s, &sd);
+      const float u_acc = a.verify_uniforms[2 * r];
+      return s > 0.0f && u_acc * s < sd;  // u < p(d) without a division
+    }
+    default:  // GREEDY, TARGET_MATCH
+      return a.target_tokens[r] == draft;
+  }
+}
+
+// TOPP's Phase-2 draw: t = u * topp over the raw scores; the first j with t <= cum, else
+// the row's first candidate (upstream's fallback, also for len == 0).
+FDMTP_HOST_DEVICE inline int64_t DrawTopP(const VerifyDraftTokensArgs& a, int64_t r, int64_t b) {
+  const int64_t* ids = a.candidate_ids + r * a.num_candidates;
+  const float* scores = a.candidate_scores + r * a.num_candidates;
+  const int64_t len = RowLen(a, r);
+  const float t = a.verify_uniforms[2 * r + 1] * a.topp[b];
+  float cum = 0.0f;
+  for (int64_t j = 0; j < len; ++j) {
+    cum += scores[j];
+    if (t <= cum) return ids[j];
+  }
+  return ids[0];
+}
+
+// REJECTION's Phase-2 draw (§6.1.8). `rejected`: draw from the row without `excluded`
+// (mass S - score(excluded)); otherwise from the whole row (mass S). Inverse CDF in
+// candidate order with t < cum. Fallbacks for rounding: the last positive-score candidate
+// that may be emitted. A rejected row whose other candidates all have zero mass puts all
+// its mass on `excluded` (the rejection came from rounding), so `excluded` is emitted;
+// an empty row (len 0 or S <= 0) emits ids[r, 0].
+FDMTP_HOST_DEVICE inline int64_t DrawRejection(const VerifyDraftTokensArgs& a, int64_t r,
+                                               bool rejected, int64_t excluded) {
+  const int64_t* ids = a.candidate_ids + r * a.num_candidates;
+  const float* scores = a.candidate_scores + r * a.num_candidates;
+  const int64_t len = RowLen(a, r);
+  float s = 0.0f;
+  float sd = 0.0f;
+  RowMass(a, r, excluded, &s, &sd);
+  if (len == 0 || !(s > 0.0f)) return ids[0];
+  const float mass = rejected ? s - sd : s;
+  const float t = a.verify_uniforms[2 * r + 1] * mass;
+  float cum = 0.0f;
+  int64_t last_positive = -1;
+  for (int64_t j = 0; j < len; ++j) {
+    if (rejected && ids[j] == excluded) continue;
+    cum += scores[j];
+    if (scores[j] > 0.0f) last_positive = j;
+    if (t < cum) return ids[j];
+  }
+  if (last_positive >= 0) return ids[last_positive];
+  return excluded;  // only reachable when rejected: every other candidate has zero mass
+}
+
+FDMTP_HOST_DEVICE inline int64_t Draw(const VerifyDraftTokensArgs& a, int64_t r, int64_t b,
+                                      bool rejected, int64_t rejected_token) {
+  switch (a.strategy) {
+    case kVerifyTopP: return DrawTopP(a, r, b);
+    case kVerifyRejection: return DrawRejection(a, r, rejected, rejected_token);
+    default: return a.target_tokens[r];
+  }
+}
+
+}  // namespace verify_detail
+
+// The whole per-item computation; the kernels only add the loop over b < max_bsz.
+FDMTP_HOST_DEVICE inline void VerifyDraftTokensItem(const VerifyDraftTokensArgs& a, int64_t b) {
+  using verify_detail::Emitter;
+  int64_t* out = a.step_output_ids + b * a.width;
+  for (int64_t j = 0; j < a.width; ++j) out[j] = kPlaceholderToken;
+  a.step_output_len[b] = 0;
+  if (b >= a.real_bsz || a.is_block_step[b] || a.stop_flags[b]) return;
+  const int64_t slt = a.seq_lens_this_time[b];
+  // Deviation: upstream would emit from row r0, which belongs to the next item.
+  if (slt <= 0) return;
+  const int64_t r0 = a.cu_seqlens_q_output[b];
+  Emitter e{out, a.step_idx[b], a.max_dec_len[b], a.end_tokens, a.num_end_tokens, 0, false};
+  const int64_t* in = a.step_input_ids + b * a.width;
+  // Drafts d_1..d_{slt-1}; slt is capped at the row width (a prefill slt is larger, but
+  // prefill never looks at drafts).
+  const int64_t drafts = (slt < a.width ? slt : a.width) - 1;
+  const bool skip_drafts = a.reject_all || a.seq_lens_encoder[b] != 0 || a.reasoning_status[b] == 1;
+  bool rejected = false;  // a draft was tested and rejected (not an early break)
+  int64_t rejected_token = 0;
+  int64_t i = 0;
+  if (!skip_drafts) {
+    for (; i < drafts; ++i) {
+      const int64_t d = in[i + 1];
+      if (a.accept_all) {
+        e.Emit(i, IsEndToken(d, a.end_tokens, a.num_end_tokens) ? kAcceptAllEosReplacement : d,
+               false);
+        if (e.stopped) break;
+        continue;
+      }
+      if (!verify_detail::RowOk(a, r0 + i)) break;
+      if (!verify_detail::Accepts(a, r0 + i, d)) {
+        rejected = true;
+        rejected_token = d;
+        break;
+      }
+      e.Emit(i, d, false);
+      if (e.stopped) break;
+    }
+  }
+  if (!e.stopped && verify_detail::RowOk(a, r0 + i)) {
+    e.Emit(i, verify_detail::Draw(a, r0 + i, b, rejected, rejected_token), true);
+  }
+  a.step_output_len[b] = e.count;
+}
+
+}  // namespace fdmtp

@@ -1,0 +1,65 @@
+"""numpy reference of unified_update_model_status (fastdeploy-ops.md §6.1.6).
+
+Takes the op's 14 tensors (numpy) and returns every one of them as the op leaves it.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Sequence
+
+import numpy as np
+
+NAMES = (
+    "seq_lens_encoder", "seq_lens_decoder", "has_running_seqs", "step_input_ids",
+    "step_output_ids", "step_output_len", "stop_flags", "seq_lens_this_time", "is_paused",
+    "token_ids_all", "prompt_lens", "step_idx", "end_tokens", "max_dec_len",
+)
+
+
+def unified_update_model_status(tensors: Sequence[np.ndarray]) -> Dict[str, np.ndarray]:
+    t = dict(zip(NAMES, (np.array(a, copy=True) for a in tensors)))
+    # reshape(-1) of a contiguous copy is a view: writes land in the returned arrays
+    enc, dec = t["seq_lens_encoder"].reshape(-1), t["seq_lens_decoder"].reshape(-1)
+    out_len, stop = t["step_output_len"].reshape(-1), t["stop_flags"].reshape(-1)
+    slt, step_idx = t["seq_lens_this_time"].reshape(-1), t["step_idx"].reshape(-1)
+    paused, prompt = t["is_paused"].reshape(-1), t["prompt_lens"].reshape(-1)
+    end, max_dec = t["end_tokens"].reshape(-1), t["max_dec_len"].reshape(-1)
+    out, inp, hist = t["step_output_ids"], t["step_input_ids"], t["token_ids_all"]
+    max_bsz, width = out.shape
+    real_bsz = slt.shape[0]
+    seq_len = hist.shape[1]
+    any_running = False
+    for b in range(max_bsz):
+        if stop[b] or paused[b]:
+            if b < real_bsz:  # padding slots past real_bsz are left alone
+                stop[b] = True
+                enc[b] = dec[b] = slt[b] = out_len[b] = 0
+            continue
+        n = int(min(max(int(out_len[b]), 0), width))
+        s = int(step_idx[b])
+        stopped = False
+        for k in range(n):
+            s += 1
+            eos = out[b, k] in end
+            if eos or s >= max_dec[b]:
+                if not eos:
+                    out[b, k] = end[0]
+                n, stopped = k + 1, True
+                break
+        if enc[b] > 0:
+            dec[b] += enc[b]
+            enc[b] = 0
+        elif dec[b] > 0:
+            dec[b] += n
+        if stopped:
+            stop[b] = True
+        out_len[b] = n
+        step_idx[b] = s
+        if n > 0:
+            first = int(prompt[b]) + s - n  # = prompt_len + old step_idx
+            if first >= 0 and int(prompt[b]) + s < seq_len:  # all or nothing
+                hist[b, first : first + n] = out[b, :n]
+            inp[b, 0] = out[b, n - 1]
+        any_running = any_running or not stopped
+    t["has_running_seqs"].reshape(-1)[0] = any_running
+    return t
