@@ -8,6 +8,19 @@ tensor argument after the call as numpy (so tests compare all in-place effects).
                    a GPU is usable.
 
 Each backend is the same op entry underneath, so the same references apply to all.
+
+Two conventions, shared by every op test:
+
+* **bfloat16** (numpy has none) is carried as ``uint16`` bit patterns; every backend hands a
+  ``uint16`` array to the op as a bfloat16 tensor (Paddle does this itself; the kernels
+  backends pass a raw-pointer tuple or a torch bfloat16 view) and returns bf16 results as
+  ``uint16`` again. No op takes real uint16 tensors.
+* **Outputs the op allocates** (Paddle ops that return new tensors): pass
+  ``outputs=[(name, shape, dtype), ...]`` in the op's output order. The Paddle backend
+  checks that the op returns tensors of exactly those shapes and dtypes (its InferShape /
+  InferDtype); the framework-free backends allocate them, pre-filled with a 0xA5 byte
+  pattern so an element the op forgets to write shows up, and pass them as keyword
+  arguments ``name=buffer``. ``run`` returns the argument tensors followed by the outputs.
 """
 
 from __future__ import annotations
@@ -15,40 +28,69 @@ from __future__ import annotations
 import importlib
 from typing import Any, List, Optional, Sequence, Tuple
 
+OutputSpec = Tuple[str, Tuple[int, ...], Any]  # (name, shape, numpy dtype)
+
 import numpy as np
 
 ALL_BACKENDS = ("cpu", "kernels-cpu", "cuda")
 
 
+def _garbage(spec: OutputSpec) -> np.ndarray:
+    _, shape, dtype = spec
+    return np.full(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 0xA5, np.uint8).view(dtype).reshape(shape)
+
+
+def _raw_bf16(a: np.ndarray, device: str):
+    """A raw-pointer tuple that presents a numpy uint16 array's bits as a bfloat16 tensor."""
+    return (a.ctypes.data, "bfloat16", tuple(a.shape), device)
+
+
 class Backend:
     name = ""
 
-    def run(self, op: str, tensors: Sequence[np.ndarray], attrs: Sequence[Any] = ()) -> List[np.ndarray]:
+    def run(
+        self, op: str, tensors: Sequence[np.ndarray], attrs: Sequence[Any] = (), outputs: Sequence[OutputSpec] = ()
+    ) -> List[np.ndarray]:
         raise NotImplementedError
 
 
 class PaddleCpuBackend(Backend):
     name = "cpu"
 
-    def run(self, op, tensors, attrs=()):
+    def run(self, op, tensors, attrs=(), outputs=()):
         import paddle
 
         import fastdeploy_mtp.ops as ops
 
+        # paddle.to_tensor maps uint16 to bfloat16, and .numpy() maps it back
         pts = [paddle.to_tensor(np.array(t, copy=True), place=paddle.CPUPlace()) for t in tensors]
-        getattr(ops, op)(*pts, *attrs)
-        return [t.numpy() for t in pts]
+        result = getattr(ops, op)(*pts, *attrs)
+        if not outputs:
+            return [t.numpy() for t in pts]
+        result = list(result) if isinstance(result, (list, tuple)) else [result]
+        assert len(result) == len(outputs), f"{op} returned {len(result)} outputs, expected {len(outputs)}"
+        got = [r.numpy() for r in result]
+        for (name, shape, dtype), g in zip(outputs, got):
+            assert g.shape == tuple(shape) and g.dtype == np.dtype(dtype), (
+                f"{op}: output `{name}` is {g.dtype}{list(g.shape)}, expected {np.dtype(dtype)}{list(shape)}"
+            )
+        return [t.numpy() for t in pts] + got
 
 
 class KernelsCpuBackend(Backend):
     name = "kernels-cpu"
 
-    def run(self, op, tensors, attrs=()):
+    def run(self, op, tensors, attrs=(), outputs=()):
         from fastdeploy_mtp import _kernels
 
         arrays = [np.array(t, copy=True) for t in tensors]
-        getattr(_kernels, op)(*arrays, *attrs)
-        return arrays
+        outs = [_garbage(spec) for spec in outputs]
+
+        def arg(a):
+            return _raw_bf16(a, "cpu") if a.dtype == np.uint16 else a
+
+        getattr(_kernels, op)(*[arg(a) for a in arrays], *attrs, **{s[0]: arg(o) for s, o in zip(outputs, outs)})
+        return arrays + outs
 
 
 class CudaBackend(Backend):
@@ -57,24 +99,39 @@ class CudaBackend(Backend):
     def __init__(self, lib: str):
         self.lib = lib
 
-    def run(self, op, tensors, attrs=()):
+    def run(self, op, tensors, attrs=(), outputs=()):
         from fastdeploy_mtp import _kernels
 
+        host = [np.array(t, copy=True) for t in tensors] + [_garbage(spec) for spec in outputs]
+        names = [spec[0] for spec in outputs]
+        n_in = len(tensors)
         if self.lib == "torch":
             import torch
 
-            dev = [torch.from_numpy(np.array(t, copy=True)).cuda() for t in tensors]
+            def to_dev(a):
+                if a.dtype == np.uint16:  # bfloat16 bits
+                    return torch.from_numpy(a.view(np.int16)).cuda().view(torch.bfloat16)
+                return torch.from_numpy(a).cuda()
+
+            def to_host(t, like):
+                if like.dtype == np.uint16:
+                    return t.view(torch.int16).cpu().numpy().view(np.uint16)
+                return t.cpu().numpy()
+
+            dev = [to_dev(a) for a in host]
             stream = torch.cuda.current_stream().cuda_stream
-            getattr(_kernels, op)(*dev, *attrs, stream=stream)
+            getattr(_kernels, op)(*dev[:n_in], *attrs, **dict(zip(names, dev[n_in:])), stream=stream)
             torch.cuda.synchronize()
-            return [t.cpu().numpy() for t in dev]
+            return [to_host(t, a) for t, a in zip(dev, host)]
         import cupy
 
-        dev = [cupy.asarray(np.array(t, copy=True)) for t in tensors]
+        dev = [cupy.asarray(a) for a in host]
+        device = f"cuda:{cupy.cuda.Device().id}"
+        args = [(d.data.ptr, "bfloat16", tuple(d.shape), device) if d.dtype == np.uint16 else d for d in dev]
         stream = cupy.cuda.get_current_stream().ptr
-        getattr(_kernels, op)(*dev, *attrs, stream=stream)
+        getattr(_kernels, op)(*args[:n_in], *attrs, **dict(zip(names, args[n_in:])), stream=stream)
         cupy.cuda.get_current_stream().synchronize()
-        return [cupy.asnumpy(t) for t in dev]
+        return [cupy.asnumpy(d) for d in dev]
 
 
 def _importable(name: str) -> bool:

@@ -19,6 +19,11 @@ from __future__ import annotations
 
 from ._loader import OpError, backends, build_info, cuda_status, kernels
 from .draft_model_postprocess import draft_model_postprocess
+from .eagle_gather_hidden_states import eagle_gather_hidden_states
+from .eagle_get_hidden_states import eagle_get_hidden_states
+from .eagle_get_self_hidden_states import eagle_get_self_hidden_states
+from .speculate_get_logits import speculate_get_logits
+from .update_attn_mask_offsets import update_attn_mask_offsets
 
 __all__ = [
     "OpError",
@@ -26,5 +31,10 @@ __all__ = [
     "build_info",
     "cuda_status",
     "draft_model_postprocess",
+    "eagle_gather_hidden_states",
+    "eagle_get_hidden_states",
+    "eagle_get_self_hidden_states",
     "kernels",
+    "speculate_get_logits",
+    "update_attn_mask_offsets",
 ]

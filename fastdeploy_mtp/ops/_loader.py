@@ -22,7 +22,14 @@ import types
 from typing import Any, Callable, Dict, Tuple
 
 # Every op the Paddle library registers; used to detect a clash with another copy.
-OP_NAMES = ("draft_model_postprocess",)
+OP_NAMES = (
+    "draft_model_postprocess",
+    "eagle_gather_hidden_states",
+    "eagle_get_hidden_states",
+    "eagle_get_self_hidden_states",
+    "speculate_get_logits",
+    "update_attn_mask_offsets",
+)
 
 _LIBRARY = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "_fdmtp_ops" + sysconfig.get_config_var("EXT_SUFFIX")

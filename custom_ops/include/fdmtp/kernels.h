@@ -8,17 +8,42 @@
 #pragma once
 
 #include "fdmtp/draft_model_postprocess.h"
+#include "fdmtp/eagle_gather_hidden_states.h"
+#include "fdmtp/eagle_get_hidden_states.h"
+#include "fdmtp/eagle_get_self_hidden_states.h"
+#include "fdmtp/float_types.h"
+#include "fdmtp/speculate_get_logits.h"
+#include "fdmtp/update_attn_mask_offsets.h"
 
 namespace fdmtp {
 
 namespace cpu {
 void DraftModelPostprocess(const DraftModelPostprocessArgs& args);
+// T: float, Float16 or BFloat16 (the element type of the float tensors).
+template <typename T>
+void EagleGetHiddenStates(const EagleGetHiddenStatesArgs& args);
+template <typename T>
+void EagleGetSelfHiddenStates(const EagleGetSelfHiddenStatesArgs& args);
+template <typename T>
+void EagleGatherHiddenStates(const EagleGatherHiddenStatesArgs& args);
+template <typename T>
+void SpeculateGetLogits(const SpeculateGetLogitsArgs& args);
+void UpdateAttnMaskOffsets(const UpdateAttnMaskOffsetsArgs& args);
 }  // namespace cpu
 
 namespace cuda {
 using Stream = void*;  // cudaStream_t
 
 int DraftModelPostprocess(const DraftModelPostprocessArgs& args, Stream stream);
+template <typename T>
+int EagleGetHiddenStates(const EagleGetHiddenStatesArgs& args, Stream stream);
+template <typename T>
+int EagleGetSelfHiddenStates(const EagleGetSelfHiddenStatesArgs& args, Stream stream);
+template <typename T>
+int EagleGatherHiddenStates(const EagleGatherHiddenStatesArgs& args, Stream stream);
+template <typename T>
+int SpeculateGetLogits(const SpeculateGetLogitsArgs& args, Stream stream);
+int UpdateAttnMaskOffsets(const UpdateAttnMaskOffsetsArgs& args, Stream stream);
 
 // Runtime queries, so callers without CUDA headers can report what they see.
 int DeviceCount(int* count);      // cudaGetDeviceCount
