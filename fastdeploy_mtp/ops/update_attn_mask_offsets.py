@@ -23,7 +23,8 @@ def update_attn_mask_offsets(
     """Per-token attention-mask offsets, and the decode states of decode items
     (FastDeploy develop GPU signature, without ``attn_mask_offsets_decoder``/``mask_rollback``).
 
-    Returns a new ``[2*T]`` int32 tensor, zero except the odd slot ``2*(q+i)+1`` of token
+    Returns a new ``[2*T]`` int32 tensor (``attn_mask_offsets``; ``decode_states`` is
+    updated in place), zero except the odd slot ``2*(q+i)+1`` of token
     ``i`` of each served item (``q = cu_seqlens_q[b]``). Item ``b`` is skipped when
     ``is_block_step[b]``, or when ``seq_lens_encoder[b] == seq_lens_decoder[b] == 0``.
     Otherwise, with ``slt, enc, dec`` its lengths:
@@ -56,7 +57,9 @@ def update_attn_mask_offsets(
                                        paddle.zeros([1, 1], "bool"), states)
         # out == [0, 10, 0, 11]; states == [[0, 0, -1]]
     """
-    return run_paddle_op(
+    # The Paddle op returns (attn_mask_offsets, decode_states_out); the second is
+    # decode_states itself (in place), so only the new tensor is returned here.
+    attn_mask_offsets, _ = run_paddle_op(
         "update_attn_mask_offsets",
         ids_remove_padding,
         seq_lens_this_time,
@@ -67,3 +70,4 @@ def update_attn_mask_offsets(
         is_block_step,
         decode_states,
     )
+    return attn_mask_offsets
