@@ -87,3 +87,24 @@ def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
     tensors[index] = build(tensors)
     outs = [("out", (4, 8), np.float32), ("output_token_num", (1,), np.int32)]
     assert_rejected(backend, OP, NAMES, tensors, name, (), () if backend.name == "cpu" else outs)
+
+
+def test_cuda_launch_without_a_usable_gpu_is_a_clear_error():
+    import fastdeploy_mtp.ops as ops
+    from fastdeploy_mtp import _kernels
+
+    if ops.cuda_status()[0]:
+        pytest.skip("a GPU is usable here; the CUDA path is exercised by the backend tests")
+    # raw pointers on a CUDA device are never dereferenced on the host: the launch must fail
+    # cleanly (or, without CUDA kernels, say so)
+    dev = "cuda:0"
+    ints = (0x2000, "int32", (4,), dev)
+    with pytest.raises(ValueError) as info:
+        _kernels.eagle_gather_hidden_states(
+            (0x1000, "bfloat16", (8, 7), dev), (0x3000, "int32", (5,), dev), ints, ints, ints,
+            ints, (0x3000, "int32", (5,), dev), (0x4000, "int32", (1,), dev),
+            out=(0x5000, "bfloat16", (4, 7), dev), output_token_num=(0x6000, "int32", (1,), dev),
+        )
+    message = str(info.value)
+    assert message.startswith("eagle_gather_hidden_states: ")
+    assert ("CUDA launch failed: cuda" in message) if ops.backends()["cuda"] else ("no CUDA kernels" in message)
