@@ -40,6 +40,25 @@ __device__ void BlockCopyRow(T* dst, const T* src, int64_t n) {
   }
 }
 
+// Inclusive prefix sums of two per-thread values across the block (Hillis-Steele in
+// shared memory, one slot per thread): on return, a[t] = sum of va over threads <= t (same
+// for b), visible to every thread. The caller syncs before rewriting a or b.
+template <typename V>
+__device__ void BlockInclusiveScanPair(V* a, V* b, V va, V vb) {
+  const int tid = threadIdx.x;
+  a[tid] = va;
+  b[tid] = vb;
+  __syncthreads();
+  for (int offset = 1; offset < static_cast<int>(blockDim.x); offset <<= 1) {
+    const V add_a = tid >= offset ? a[tid - offset] : V(0);
+    const V add_b = tid >= offset ? b[tid - offset] : V(0);
+    __syncthreads();
+    a[tid] += add_a;
+    b[tid] += add_b;
+    __syncthreads();
+  }
+}
+
 template <typename T, typename Plan>
 __global__ void __launch_bounds__(kThreadsPerBlock) GatherRowsKernel(Plan plan, int64_t num_tiles) {
   __shared__ int64_t scan_in[kThreadsPerBlock];
@@ -58,17 +77,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) GatherRowsKernel(Plan plan, 
     for (int64_t chunk = 0; chunk < r.bsz; chunk += blockDim.x) {
       const int64_t b = chunk + tid;
       const ItemRows c = b < r.bsz ? plan.Counts(b) : ItemRows{0, 0};
-      scan_in[tid] = c.in;
-      scan_out[tid] = c.out;
-      __syncthreads();
-      for (int offset = 1; offset < static_cast<int>(blockDim.x); offset <<= 1) {
-        const int64_t add_in = tid >= offset ? scan_in[tid - offset] : 0;
-        const int64_t add_out = tid >= offset ? scan_out[tid - offset] : 0;
-        __syncthreads();
-        scan_in[tid] += add_in;
-        scan_out[tid] += add_out;
-        __syncthreads();
-      }
+      BlockInclusiveScanPair(scan_in, scan_out, c.in, c.out);
       const int64_t in_off = carry_in + scan_in[tid] - c.in;
       const int64_t out_off = carry_out + scan_out[tid] - c.out;
       carry_in += scan_in[blockDim.x - 1];

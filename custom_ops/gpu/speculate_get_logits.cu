@@ -21,17 +21,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) SpeculateGetLogitsScanKernel
   for (int64_t chunk = 0; chunk < a.bsz; chunk += blockDim.x) {
     const int64_t b = chunk + tid;
     const LogitsCounts c = b < a.bsz ? SpeculateGetLogitsCounts(a, b) : LogitsCounts{0, 0};
-    scan_next[tid] = c.next;
-    scan_batch[tid] = c.batch;
-    __syncthreads();
-    for (int offset = 1; offset < static_cast<int>(blockDim.x); offset <<= 1) {
-      const int32_t add_next = tid >= offset ? scan_next[tid - offset] : 0;
-      const int32_t add_batch = tid >= offset ? scan_batch[tid - offset] : 0;
-      __syncthreads();
-      scan_next[tid] += add_next;
-      scan_batch[tid] += add_batch;
-      __syncthreads();
-    }
+    BlockInclusiveScanPair(scan_next, scan_batch, c.next, c.batch);
     if (b < a.bsz) {
       a.next_token_num[b] = c.next;
       a.batch_token_num[b] = c.batch;

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.compare import assert_bit_exact, assert_exact, assert_rejected
-from tests.ops.hidden_utils import FLOAT_DTYPES, numpy_dtype, random_floats
+from tests.compare import assert_rejected
+from tests.ops.hidden_utils import FLOAT_DTYPES, check_row_gather, random_floats
 from tests.reference.hidden_states import eagle_get_hidden_states as reference
 
 OP = "eagle_get_hidden_states"
@@ -39,13 +39,7 @@ def make_state(rng, bsz, hidden, dtype, k=3):
 
 
 def check(backend, tensors, context):
-    want_out, want_n = reference(*tensors, *ATTRS)
-    got = backend.run(OP, tensors, ATTRS, outputs(tensors))
-    for name, g, t in zip(NAMES, got, tensors):  # inputs untouched
-        np.testing.assert_array_equal(g, t, err_msg=f"{name} changed ({context})")
-    assert_bit_exact("out", got[-2], want_out, f"{backend.name}, {context}")
-    assert_exact("output_token_num", got[-1], want_n, f"{backend.name}, {context}")
-    return got[-2], got[-1]
+    return check_row_gather(backend, OP, NAMES, tensors, ATTRS, outputs(tensors), reference(*tensors, *ATTRS), context)
 
 
 SIZES = [(1, 7), (3, 64), (257, 7), (257, 64), (1500, 7), (3, 4096), (33, 4096)]
