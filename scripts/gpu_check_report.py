@@ -75,6 +75,7 @@ def op_latencies(torch) -> dict:
             torch, lambda: _kernels.draft_model_postprocess(*raw, stream=stream)
         )
     out.update(verify_update_latencies(torch, stream, rng))
+    out.update(hidden_state_latencies(torch, stream))
     return out
 
 
@@ -122,6 +123,53 @@ def verify_update_latencies(torch, stream, rng) -> dict:
             torch, lambda: _kernels.unified_update_model_status(
                 p["enc"], dec, running, inp, out_ids, out_len, p["stop"], p["slt"], p["paused"], hist,
                 prompt, p["step"], p["end"], p["max_dec"], stream=stream))
+    return out
+
+
+def hidden_state_latencies(torch, stream) -> dict:
+    """The gather/scatter ops (issue 4) at a few batch sizes, bf16, H = 4096 and an odd H."""
+    out = {}
+    for bsz, hidden in ((1, 4096), (256, 4096), (2048, 4096), (256, 7)):
+        rows = 4 * bsz  # decode: K + 1 = 4 target rows per item
+        x = torch.randn(rows, hidden, device="cuda").to(torch.bfloat16)
+        i32 = lambda v: torch.full((bsz,), v, dtype=torch.int32, device="cuda")  # noqa: E731
+        slt, zero, four, acc = i32(1), i32(0), i32(4), i32(2)
+        stop = torch.zeros(bsz, 1, dtype=torch.bool, device="cuda")
+        res = torch.empty_like(x)
+        n = torch.zeros(1, dtype=torch.int32, device="cuda")
+        tag = f"bsz{bsz}_h{hidden}_bf16"
+        out[f"eagle_get_hidden_states_{tag}_us"] = time_calls(
+            torch, lambda: _kernels.eagle_get_hidden_states(
+                x, slt, zero, zero, stop, acc, four, zero, 3, out=res, output_token_num=n, stream=stream)
+        )
+        out[f"eagle_get_self_hidden_states_{tag}_us"] = time_calls(
+            torch, lambda: _kernels.eagle_get_self_hidden_states(
+                x, four, slt, zero, out=res, output_token_num=n, stream=stream)
+        )
+        gathered = torch.empty(bsz, hidden, dtype=x.dtype, device="cuda")
+        cu = torch.zeros(bsz + 1, dtype=torch.int32, device="cuda")
+        out[f"eagle_gather_hidden_states_{tag}_us"] = time_calls(
+            torch, lambda: _kernels.eagle_gather_hidden_states(
+                x, cu, four, zero, zero, zero, cu, n, out=gathered, output_token_num=n, stream=stream)
+        )
+        draft = torch.empty_like(x)
+        nums = [i32(0), i32(0), torch.zeros(bsz + 1, dtype=torch.int32, device="cuda"),
+                torch.zeros(bsz + 1, dtype=torch.int32, device="cuda")]
+        first = torch.empty(bsz, hidden, dtype=x.dtype, device="cuda")
+        out[f"speculate_get_logits_{tag}_us"] = time_calls(
+            torch, lambda: _kernels.speculate_get_logits(draft, *nums, x, first, four, zero, stream=stream)
+        )
+        if hidden != 4096:
+            continue  # update_attn_mask_offsets has no hidden dimension
+        full = torch.zeros(bsz, 64, dtype=torch.int32, device="cuda")
+        states = torch.zeros(bsz, 4, dtype=torch.int32, device="cuda")
+        ids = torch.zeros(rows, dtype=torch.int64, device="cuda")
+        cu4 = torch.arange(0, rows + 1, 4, dtype=torch.int32, device="cuda")
+        offsets = torch.empty(2 * rows, dtype=torch.int32, device="cuda")
+        out[f"update_attn_mask_offsets_bsz{bsz}_us"] = time_calls(
+            torch, lambda: _kernels.update_attn_mask_offsets(
+                ids, four, zero, four, cu4, full, stop, states, attn_mask_offsets=offsets, stream=stream)
+        )
     return out
 
 

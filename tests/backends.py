@@ -9,15 +9,21 @@ tensor argument after the call as numpy (so tests compare all in-place effects).
 
 Each backend is the same op entry underneath, so the same references apply to all.
 
-Ops that allocate outputs: pass ``outputs`` = [(shape, dtype), ...]. The Paddle op allocates
-and returns them; the framework-free module takes them as caller-allocated buffers after the
-input tensors (pre-filled here with garbage, so a slot the op fails to write shows up).
-``run`` returns the input tensors after the call followed by the outputs.
+Two conventions, shared by every op test:
 
-An optional input is passed as ``None`` and comes back as ``None``.
-
-The Paddle backend calls the registered op in its raw form (inputs, then attrs), which is
-the form the framework-free module also has; each op's typed wrapper is tested on its own.
+* **bfloat16** (numpy has none) is carried as ``uint16`` bit patterns; every backend hands a
+  ``uint16`` array to the op as a bfloat16 tensor (Paddle does this itself; the kernels
+  backends pass a raw-pointer tuple or a torch bfloat16 view) and returns bf16 results as
+  ``uint16`` again. No op takes real uint16 tensors.
+* **Outputs the op allocates** (Paddle ops that return new tensors): pass
+  ``outputs=[(name, shape, dtype), ...]`` in the op's output order. The Paddle backend
+  checks that the op returns tensors of exactly those shapes and dtypes (its InferShape /
+  InferDtype); the framework-free backends allocate them, pre-filled with a 0xA5 byte
+  pattern so an element the op forgets to write shows up, and pass them as keyword
+  arguments ``name=buffer``. ``run`` returns the argument tensors followed by the outputs.
+* **Optional inputs** are passed as ``None`` and come back as ``None``.
+* The Paddle backend calls each op's typed wrapper with (tensors..., attrs...); an op whose
+  wrapper keeps a different upstream call form is listed in ``PADDLE_CALL_FORMS``.
 """
 
 from __future__ import annotations
@@ -25,12 +31,17 @@ from __future__ import annotations
 import importlib
 from typing import Any, List, Optional, Sequence, Tuple
 
+OutputSpec = Tuple[str, Tuple[int, ...], Any]  # (name, shape, numpy dtype)
+
 import numpy as np
 
 ALL_BACKENDS = ("cpu", "kernels-cpu", "cuda")
 
-
-OutputSpec = Tuple[Tuple[int, ...], Any]  # (shape, numpy dtype)
+# Typed wrappers whose positional form is not (tensors..., attrs...).
+PADDLE_CALL_FORMS = {
+    # FastDeploy's proposer passes cpu_token_num (the only attr) first
+    "speculate_pre_process": lambda fn, tensors, attrs: fn(*attrs, *tensors),
+}
 
 
 def _map(fn, t):
@@ -38,29 +49,21 @@ def _map(fn, t):
     return None if t is None else fn(t)
 
 
-def garbage(shape, dtype) -> np.ndarray:
-    """An output buffer full of a value no op writes on purpose."""
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        fill = True
-    elif dtype.kind == "u":
-        fill = np.iinfo(dtype).max
-    elif dtype.kind == "i":
-        fill = -7777
-    else:
-        fill = np.nan
-    return np.full(shape, fill, dtype=dtype)
+def _garbage(spec: OutputSpec) -> np.ndarray:
+    _, shape, dtype = spec
+    return np.full(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 0xA5, np.uint8).view(dtype).reshape(shape)
+
+
+def _raw_bf16(a: np.ndarray, device: str):
+    """A raw-pointer tuple that presents a numpy uint16 array's bits as a bfloat16 tensor."""
+    return (a.ctypes.data, "bfloat16", tuple(a.shape), device)
 
 
 class Backend:
     name = ""
 
     def run(
-        self,
-        op: str,
-        tensors: Sequence[np.ndarray],
-        attrs: Sequence[Any] = (),
-        outputs: Sequence[OutputSpec] = (),
+        self, op: str, tensors: Sequence[np.ndarray], attrs: Sequence[Any] = (), outputs: Sequence[OutputSpec] = ()
     ) -> List[np.ndarray]:
         raise NotImplementedError
 
@@ -71,16 +74,22 @@ class PaddleCpuBackend(Backend):
     def run(self, op, tensors, attrs=(), outputs=()):
         import paddle
 
-        from fastdeploy_mtp.ops._loader import run_paddle_op
+        import fastdeploy_mtp.ops as ops
 
+        # paddle.to_tensor maps uint16 to bfloat16, and .numpy() maps it back
         pts = [_map(lambda a: paddle.to_tensor(np.array(a, copy=True), place=paddle.CPUPlace()), t) for t in tensors]
-        result = run_paddle_op(op, *pts, *attrs)
-        outs = []
-        if outputs:
-            result = result if isinstance(result, (list, tuple)) else [result]
-            assert len(result) == len(outputs), f"{op} returned {len(result)} outputs"
-            outs = [r.numpy() for r in result]
-        return [_map(lambda x: x.numpy(), t) for t in pts] + outs
+        call = PADDLE_CALL_FORMS.get(op, lambda fn, ts, at: fn(*ts, *at))
+        result = call(getattr(ops, op), pts, attrs)
+        if not outputs:
+            return [_map(lambda x: x.numpy(), t) for t in pts]
+        result = list(result) if isinstance(result, (list, tuple)) else [result]
+        assert len(result) == len(outputs), f"{op} returned {len(result)} outputs, expected {len(outputs)}"
+        got = [r.numpy() for r in result]
+        for (name, shape, dtype), g in zip(outputs, got):
+            assert g.shape == tuple(shape) and g.dtype == np.dtype(dtype), (
+                f"{op}: output `{name}` is {g.dtype}{list(g.shape)}, expected {np.dtype(dtype)}{list(shape)}"
+            )
+        return [_map(lambda x: x.numpy(), t) for t in pts] + got
 
 
 class KernelsCpuBackend(Backend):
@@ -90,8 +99,12 @@ class KernelsCpuBackend(Backend):
         from fastdeploy_mtp import _kernels
 
         arrays = [_map(lambda a: np.array(a, copy=True), t) for t in tensors]
-        outs = [garbage(shape, dtype) for shape, dtype in outputs]
-        getattr(_kernels, op)(*arrays, *outs, *attrs)
+        outs = [_garbage(spec) for spec in outputs]
+
+        def arg(a):
+            return _raw_bf16(a, "cpu") if a is not None and a.dtype == np.uint16 else a
+
+        getattr(_kernels, op)(*[arg(a) for a in arrays], *attrs, **{s[0]: arg(o) for s, o in zip(outputs, outs)})
         return arrays + outs
 
 
@@ -104,23 +117,41 @@ class CudaBackend(Backend):
     def run(self, op, tensors, attrs=(), outputs=()):
         from fastdeploy_mtp import _kernels
 
-        host = [_map(lambda a: np.array(a, copy=True), t) for t in tensors]
-        host += [garbage(s, d) for s, d in outputs]
+        host = [_map(lambda a: np.array(a, copy=True), t) for t in tensors] + [_garbage(spec) for spec in outputs]
+        names = [spec[0] for spec in outputs]
+        n_in = len(tensors)
         if self.lib == "torch":
             import torch
 
-            dev = [_map(lambda a: torch.from_numpy(a).cuda(), t) for t in host]
+            def to_dev(a):
+                if a is None:
+                    return None
+                if a.dtype == np.uint16:  # bfloat16 bits
+                    return torch.from_numpy(a.view(np.int16)).cuda().view(torch.bfloat16)
+                return torch.from_numpy(a).cuda()
+
+            def to_host(t, like):
+                if t is None:
+                    return None
+                if like.dtype == np.uint16:
+                    return t.view(torch.int16).cpu().numpy().view(np.uint16)
+                return t.cpu().numpy()
+
+            dev = [to_dev(a) for a in host]
             stream = torch.cuda.current_stream().cuda_stream
-            getattr(_kernels, op)(*dev, *attrs, stream=stream)
+            getattr(_kernels, op)(*dev[:n_in], *attrs, **dict(zip(names, dev[n_in:])), stream=stream)
             torch.cuda.synchronize()
-            return [_map(lambda x: x.cpu().numpy(), t) for t in dev]
+            return [to_host(t, a) for t, a in zip(dev, host)]
         import cupy
 
-        dev = [_map(cupy.asarray, t) for t in host]
+        dev = [_map(cupy.asarray, a) for a in host]
+        device = f"cuda:{cupy.cuda.Device().id}"
+        args = [(d.data.ptr, "bfloat16", tuple(d.shape), device) if d is not None and d.dtype == np.uint16 else d
+                for d in dev]
         stream = cupy.cuda.get_current_stream().ptr
-        getattr(_kernels, op)(*dev, *attrs, stream=stream)
+        getattr(_kernels, op)(*args[:n_in], *attrs, **dict(zip(names, args[n_in:])), stream=stream)
         cupy.cuda.get_current_stream().synchronize()
-        return [_map(cupy.asnumpy, t) for t in dev]
+        return [_map(cupy.asnumpy, d) for d in dev]
 
 
 def _importable(name: str) -> bool:

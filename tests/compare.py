@@ -56,14 +56,19 @@ def assert_all_exact(
         assert_exact(name, g, want[name], context)
 
 
+def assert_bit_exact(name: str, got: np.ndarray, want: np.ndarray, context: str = "") -> None:
+    """Float tensors that an op only copies: same shape and dtype, identical bit patterns
+    (so -0.0 vs 0.0 or a changed NaN payload fails)."""
+    got = np.asarray(got)
+    want = np.asarray(want)
+    label = f"{name}{' (' + context + ')' if context else ''}"
+    assert got.dtype == want.dtype, f"{label}: dtype {got.dtype} != expected {want.dtype}"
+    unsigned = np.dtype(f"uint{8 * got.dtype.itemsize}")
+    assert_exact(name, got.view(unsigned), want.view(unsigned), context)
+
+
 def assert_rejected(
-    backend,
-    op: str,
-    names: Sequence[str],
-    tensors: Sequence[np.ndarray],
-    bad_name: str,
-    attrs=(),
-    outputs=(),
+    backend, op: str, names: Sequence[str], tensors: Sequence[np.ndarray], bad_name: str, attrs=(), outputs=()
 ) -> str:
     """The op must raise a ValueError that names `op` and the tensor `bad_name`, and leave
     every tensor unchanged. Returns the message."""

@@ -117,10 +117,10 @@ void MtpStepPaddle(py::handle base_model_stop_flags, py::handle stop_flags, py::
 
 void SpeculatePreProcess(py::handle input_ids, py::handle seq_len, py::handle draft_tokens,
                          py::handle seq_lens_encoder, py::handle seq_lens_decoder,
-                         py::handle ids_remove_padding, py::handle batch_id_per_token,
-                         py::handle cu_seqlens_q, py::handle cu_seqlens_k,
-                         py::handle cu_seq_lens_q_output, py::handle batch_id_per_token_output,
-                         py::handle real_output_token_num, int64_t cpu_token_num,
+                         int64_t cpu_token_num, py::handle ids_remove_padding,
+                         py::handle batch_id_per_token, py::handle cu_seqlens_q,
+                         py::handle cu_seqlens_k, py::handle cu_seq_lens_q_output,
+                         py::handle batch_id_per_token_output, py::handle real_output_token_num,
                          uintptr_t stream) {
   fdmtp::pybind::ArgScope args;
   fdmtp::SpeculatePreProcess(
@@ -182,6 +182,86 @@ void VerifyDraftTokens(py::handle step_output_ids, py::handle step_output_len,
       max_seq_len, verify_window, verify_strategy, reject_all, accept_all, AsStream(stream));
 }
 
+// Ops that allocate outputs in Paddle take them here as keyword-only, caller-owned
+// buffers (the module never allocates device memory); every element is written.
+void EagleGetHiddenStates(py::handle input, py::handle seq_lens_this_time,
+                          py::handle seq_lens_encoder, py::handle seq_lens_decoder,
+                          py::handle stop_flags, py::handle accept_nums,
+                          py::handle base_model_seq_lens_this_time,
+                          py::handle base_model_seq_lens_encoder, int64_t actual_draft_token_num,
+                          py::handle out, py::handle output_token_num, uintptr_t stream) {
+  fdmtp::pybind::ArgScope args;
+  fdmtp::EagleGetHiddenStates(
+      args.Convert(input, "input"), args.Convert(seq_lens_this_time, "seq_lens_this_time"),
+      args.Convert(seq_lens_encoder, "seq_lens_encoder"),
+      args.Convert(seq_lens_decoder, "seq_lens_decoder"), args.Convert(stop_flags, "stop_flags"),
+      args.Convert(accept_nums, "accept_nums"),
+      args.Convert(base_model_seq_lens_this_time, "base_model_seq_lens_this_time"),
+      args.Convert(base_model_seq_lens_encoder, "base_model_seq_lens_encoder"),
+      actual_draft_token_num, args.Convert(out, "out"),
+      args.Convert(output_token_num, "output_token_num"), AsStream(stream));
+}
+
+void EagleGetSelfHiddenStates(py::handle input, py::handle last_seq_lens_this_time,
+                              py::handle seq_lens_this_time, py::handle seq_lens_encoder,
+                              py::handle out, py::handle output_token_num, uintptr_t stream) {
+  fdmtp::pybind::ArgScope args;
+  fdmtp::EagleGetSelfHiddenStates(
+      args.Convert(input, "input"), args.Convert(last_seq_lens_this_time, "last_seq_lens_this_time"),
+      args.Convert(seq_lens_this_time, "seq_lens_this_time"),
+      args.Convert(seq_lens_encoder, "seq_lens_encoder"), args.Convert(out, "out"),
+      args.Convert(output_token_num, "output_token_num"), AsStream(stream));
+}
+
+void EagleGatherHiddenStates(py::handle input, py::handle cu_seqlens_q,
+                             py::handle seq_lens_this_time, py::handle seq_lens_decoder,
+                             py::handle seq_lens_encoder, py::handle batch_id_per_token_output,
+                             py::handle cu_seqlens_q_output, py::handle real_output_token_num,
+                             py::handle out, py::handle output_token_num, uintptr_t stream) {
+  fdmtp::pybind::ArgScope args;
+  fdmtp::EagleGatherHiddenStates(
+      args.Convert(input, "input"), args.Convert(cu_seqlens_q, "cu_seqlens_q"),
+      args.Convert(seq_lens_this_time, "seq_lens_this_time"),
+      args.Convert(seq_lens_decoder, "seq_lens_decoder"),
+      args.Convert(seq_lens_encoder, "seq_lens_encoder"),
+      args.Convert(batch_id_per_token_output, "batch_id_per_token_output"),
+      args.Convert(cu_seqlens_q_output, "cu_seqlens_q_output"),
+      args.Convert(real_output_token_num, "real_output_token_num"), args.Convert(out, "out"),
+      args.Convert(output_token_num, "output_token_num"), AsStream(stream));
+}
+
+void SpeculateGetLogits(py::handle draft_logits, py::handle next_token_num,
+                        py::handle batch_token_num, py::handle cu_next_token_offset,
+                        py::handle cu_batch_token_offset, py::handle logits,
+                        py::handle first_token_logits, py::handle seq_lens_this_time,
+                        py::handle seq_lens_encoder, uintptr_t stream) {
+  fdmtp::pybind::ArgScope args;
+  fdmtp::SpeculateGetLogits(
+      args.Convert(draft_logits, "draft_logits"), args.Convert(next_token_num, "next_token_num"),
+      args.Convert(batch_token_num, "batch_token_num"),
+      args.Convert(cu_next_token_offset, "cu_next_token_offset"),
+      args.Convert(cu_batch_token_offset, "cu_batch_token_offset"), args.Convert(logits, "logits"),
+      args.Convert(first_token_logits, "first_token_logits"),
+      args.Convert(seq_lens_this_time, "seq_lens_this_time"),
+      args.Convert(seq_lens_encoder, "seq_lens_encoder"), AsStream(stream));
+}
+
+void UpdateAttnMaskOffsets(py::handle ids_remove_padding, py::handle seq_lens_this_time,
+                           py::handle seq_lens_encoder, py::handle seq_lens_decoder,
+                           py::handle cu_seqlens_q, py::handle attn_mask_offsets_full,
+                           py::handle is_block_step, py::handle decode_states,
+                           py::handle attn_mask_offsets, uintptr_t stream) {
+  fdmtp::pybind::ArgScope args;
+  fdmtp::UpdateAttnMaskOffsets(
+      args.Convert(ids_remove_padding, "ids_remove_padding"),
+      args.Convert(seq_lens_this_time, "seq_lens_this_time"),
+      args.Convert(seq_lens_encoder, "seq_lens_encoder"),
+      args.Convert(seq_lens_decoder, "seq_lens_decoder"), args.Convert(cu_seqlens_q, "cu_seqlens_q"),
+      args.Convert(attn_mask_offsets_full, "attn_mask_offsets_full"),
+      args.Convert(is_block_step, "is_block_step"), args.Convert(decode_states, "decode_states"),
+      args.Convert(attn_mask_offsets, "attn_mask_offsets"), AsStream(stream));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_kernels, m) {
@@ -220,12 +300,12 @@ PYBIND11_MODULE(_kernels, m) {
         py::kw_only(), py::arg("stream") = 0, "See fastdeploy_mtp.ops.mtp_step_paddle.");
   m.def("speculate_pre_process", &SpeculatePreProcess, py::arg("input_ids"), py::arg("seq_len"),
         py::arg("draft_tokens"), py::arg("seq_lens_encoder"), py::arg("seq_lens_decoder"),
-        py::arg("ids_remove_padding"), py::arg("batch_id_per_token"), py::arg("cu_seqlens_q"),
-        py::arg("cu_seqlens_k"), py::arg("cu_seq_lens_q_output"),
-        py::arg("batch_id_per_token_output"), py::arg("real_output_token_num"),
-        py::arg("cpu_token_num"), py::kw_only(), py::arg("stream") = 0,
+        py::arg("cpu_token_num"), py::kw_only(), py::arg("ids_remove_padding"),
+        py::arg("batch_id_per_token"), py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"),
+        py::arg("cu_seq_lens_q_output"), py::arg("batch_id_per_token_output"),
+        py::arg("real_output_token_num"), py::arg("stream") = 0,
         "See fastdeploy_mtp.ops.speculate_pre_process. The seven outputs are caller-allocated "
-        "(shapes: [T], [T], [bsz+1] x3, [bsz*W], [1]); every slot is written.");
+        "keyword buffers (shapes: [T], [T], [bsz+1] x3, [bsz*W], [1]); every slot is written.");
   m.def("unified_update_model_status", &UnifiedUpdateModelStatus, py::arg("seq_lens_encoder"),
         py::arg("seq_lens_decoder"), py::arg("has_running_seqs"), py::arg("step_input_ids"),
         py::arg("step_output_ids"), py::arg("step_output_len"), py::arg("stop_flags"),
@@ -244,4 +324,36 @@ PYBIND11_MODULE(_kernels, m) {
         py::arg("max_seq_len"), py::arg("verify_window"), py::arg("verify_strategy"),
         py::arg("reject_all"), py::arg("accept_all"), py::kw_only(), py::arg("stream") = 0,
         "See fastdeploy_mtp.ops.verify_draft_tokens.");
+  m.def("eagle_get_hidden_states", &EagleGetHiddenStates, py::arg("input"),
+        py::arg("seq_lens_this_time"), py::arg("seq_lens_encoder"), py::arg("seq_lens_decoder"),
+        py::arg("stop_flags"), py::arg("accept_nums"), py::arg("base_model_seq_lens_this_time"),
+        py::arg("base_model_seq_lens_encoder"), py::arg("actual_draft_token_num"), py::kw_only(),
+        py::arg("out"), py::arg("output_token_num"), py::arg("stream") = 0,
+        "See fastdeploy_mtp.ops.eagle_get_hidden_states; `out` [T, H] and `output_token_num` "
+        "[1] int32 are caller-allocated outputs.");
+  m.def("eagle_get_self_hidden_states", &EagleGetSelfHiddenStates, py::arg("input"),
+        py::arg("last_seq_lens_this_time"), py::arg("seq_lens_this_time"),
+        py::arg("seq_lens_encoder"), py::kw_only(), py::arg("out"), py::arg("output_token_num"),
+        py::arg("stream") = 0,
+        "See fastdeploy_mtp.ops.eagle_get_self_hidden_states; `out` [T, H] and "
+        "`output_token_num` [1] int32 are caller-allocated outputs.");
+  m.def("eagle_gather_hidden_states", &EagleGatherHiddenStates, py::arg("input"),
+        py::arg("cu_seqlens_q"), py::arg("seq_lens_this_time"), py::arg("seq_lens_decoder"),
+        py::arg("seq_lens_encoder"), py::arg("batch_id_per_token_output"),
+        py::arg("cu_seqlens_q_output"), py::arg("real_output_token_num"), py::kw_only(),
+        py::arg("out"), py::arg("output_token_num"), py::arg("stream") = 0,
+        "See fastdeploy_mtp.ops.eagle_gather_hidden_states; `out` [bsz, H] and "
+        "`output_token_num` [1] int32 are caller-allocated outputs.");
+  m.def("speculate_get_logits", &SpeculateGetLogits, py::arg("draft_logits"),
+        py::arg("next_token_num"), py::arg("batch_token_num"), py::arg("cu_next_token_offset"),
+        py::arg("cu_batch_token_offset"), py::arg("logits"), py::arg("first_token_logits"),
+        py::arg("seq_lens_this_time"), py::arg("seq_lens_encoder"), py::kw_only(),
+        py::arg("stream") = 0, "See fastdeploy_mtp.ops.speculate_get_logits.");
+  m.def("update_attn_mask_offsets", &UpdateAttnMaskOffsets, py::arg("ids_remove_padding"),
+        py::arg("seq_lens_this_time"), py::arg("seq_lens_encoder"), py::arg("seq_lens_decoder"),
+        py::arg("cu_seqlens_q"), py::arg("attn_mask_offsets_full"), py::arg("is_block_step"),
+        py::arg("decode_states"), py::kw_only(), py::arg("attn_mask_offsets"),
+        py::arg("stream") = 0,
+        "See fastdeploy_mtp.ops.update_attn_mask_offsets; `attn_mask_offsets` [2 * T] int32 is "
+        "a caller-allocated output.");
 }

@@ -26,6 +26,11 @@ from .speculate_pre_process import speculate_pre_process
 from .sampling import VerifyStrategy, position_uniforms, rejection_candidates, verify_uniforms
 from .unified_update_model_status import unified_update_model_status
 from .verify_draft_tokens import verify_draft_tokens
+from .eagle_gather_hidden_states import eagle_gather_hidden_states
+from .eagle_get_hidden_states import eagle_get_hidden_states
+from .eagle_get_self_hidden_states import eagle_get_self_hidden_states
+from .speculate_get_logits import speculate_get_logits
+from .update_attn_mask_offsets import update_attn_mask_offsets
 
 __all__ = [
     "OpError",
@@ -44,4 +49,10 @@ __all__ = [
     "unified_update_model_status",
     "verify_draft_tokens",
     "verify_uniforms",
+    "eagle_gather_hidden_states",
+    "eagle_get_hidden_states",
+    "eagle_get_self_hidden_states",
+    "kernels",
+    "speculate_get_logits",
+    "update_attn_mask_offsets",
 ]

@@ -30,6 +30,11 @@ OP_NAMES = (
     "speculate_pre_process",
     "unified_update_model_status",
     "verify_draft_tokens",
+    "eagle_gather_hidden_states",
+    "eagle_get_hidden_states",
+    "eagle_get_self_hidden_states",
+    "speculate_get_logits",
+    "update_attn_mask_offsets",
 )
 
 _LIBRARY = os.path.join(

@@ -14,9 +14,9 @@ NAMES = INPUTS + OUTPUTS
 
 
 def out_specs(bsz, width, token_num):
-    return [((token_num,), np.int64), ((token_num,), np.int32), ((bsz + 1,), np.int32),
-            ((bsz + 1,), np.int32), ((bsz + 1,), np.int32), ((bsz * width,), np.int32),
-            ((1,), np.int32)]
+    shapes = [(token_num,), (token_num,), (bsz + 1,), (bsz + 1,), (bsz + 1,), (bsz * width,), (1,)]
+    dtypes = [np.int64] + [np.int32] * 6
+    return [(name, shape, dtype) for name, shape, dtype in zip(OUTPUTS, shapes, dtypes)]
 
 
 def make_state(rng, bsz, k, *, prompt_cap=40):

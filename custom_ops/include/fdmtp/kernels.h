@@ -14,6 +14,12 @@
 #include "fdmtp/speculate_pre_process.h"
 #include "fdmtp/unified_update_model_status.h"
 #include "fdmtp/verify_draft_tokens.h"
+#include "fdmtp/eagle_gather_hidden_states.h"
+#include "fdmtp/eagle_get_hidden_states.h"
+#include "fdmtp/eagle_get_self_hidden_states.h"
+#include "fdmtp/float_types.h"
+#include "fdmtp/speculate_get_logits.h"
+#include "fdmtp/update_attn_mask_offsets.h"
 
 namespace fdmtp {
 
@@ -25,6 +31,16 @@ void MtpStepPaddle(const MtpStepArgs& args);
 void SpeculatePreProcess(const SpeculatePreProcessArgs& args);
 void UnifiedUpdateModelStatus(const UnifiedUpdateModelStatusArgs& args);
 void VerifyDraftTokens(const VerifyDraftTokensArgs& args);
+// T: float, Float16 or BFloat16 (the element type of the float tensors).
+template <typename T>
+void EagleGetHiddenStates(const EagleGetHiddenStatesArgs& args);
+template <typename T>
+void EagleGetSelfHiddenStates(const EagleGetSelfHiddenStatesArgs& args);
+template <typename T>
+void EagleGatherHiddenStates(const EagleGatherHiddenStatesArgs& args);
+template <typename T>
+void SpeculateGetLogits(const SpeculateGetLogitsArgs& args);
+void UpdateAttnMaskOffsets(const UpdateAttnMaskOffsetsArgs& args);
 }  // namespace cpu
 
 namespace cuda {
@@ -37,6 +53,15 @@ int MtpStepPaddle(const MtpStepArgs& args, Stream stream);
 int SpeculatePreProcess(const SpeculatePreProcessArgs& args, Stream stream);
 int UnifiedUpdateModelStatus(const UnifiedUpdateModelStatusArgs& args, Stream stream);
 int VerifyDraftTokens(const VerifyDraftTokensArgs& args, Stream stream);
+template <typename T>
+int EagleGetHiddenStates(const EagleGetHiddenStatesArgs& args, Stream stream);
+template <typename T>
+int EagleGetSelfHiddenStates(const EagleGetSelfHiddenStatesArgs& args, Stream stream);
+template <typename T>
+int EagleGatherHiddenStates(const EagleGatherHiddenStatesArgs& args, Stream stream);
+template <typename T>
+int SpeculateGetLogits(const SpeculateGetLogitsArgs& args, Stream stream);
+int UpdateAttnMaskOffsets(const UpdateAttnMaskOffsetsArgs& args, Stream stream);
 
 // Runtime queries, so callers without CUDA headers can report what they see.
 int DeviceCount(int* count);      // cudaGetDeviceCount

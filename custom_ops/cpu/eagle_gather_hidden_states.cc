@@ -1,0 +1,17 @@
+#include "fdmtp/kernels.h"
+#include "row_gather.h"
+
+namespace fdmtp {
+namespace cpu {
+
+template <typename T>
+void EagleGatherHiddenStates(const EagleGatherHiddenStatesArgs& args) {
+  GatherRows<T>(args);
+}
+
+#define FDMTP_INSTANTIATE(T) template void EagleGatherHiddenStates<T>(const EagleGatherHiddenStatesArgs&);
+FDMTP_FOR_EACH_FLOAT_TYPE(FDMTP_INSTANTIATE)
+#undef FDMTP_INSTANTIATE
+
+}  // namespace cpu
+}  // namespace fdmtp

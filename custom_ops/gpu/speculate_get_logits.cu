@@ -1,0 +1,75 @@
+// Two stream-ordered kernels, no scratch, no host sync, any batch size:
+//   1. one block scans the items in chunks of blockDim.x (block prefix sum + running
+//      carry) and writes the counts and the inclusive offsets cu_*_offset[1..bsz];
+//   2. one block per item (grid-stride) copies its rows, reading its exclusive offsets
+//      from the offsets kernel 1 wrote (cu_*_offset[b], taken as 0 for b == 0).
+// (Upstream runs cub::DeviceScan with a cudaMalloc/cudaFree of temp storage per call.)
+#include "cuda_utils.cuh"
+#include "fdmtp/kernels.h"
+#include "row_gather.cuh"
+
+namespace fdmtp {
+namespace cuda {
+namespace {
+
+__global__ void __launch_bounds__(kThreadsPerBlock) SpeculateGetLogitsScanKernel(SpeculateGetLogitsArgs a) {
+  __shared__ int32_t scan_next[kThreadsPerBlock];
+  __shared__ int32_t scan_batch[kThreadsPerBlock];
+  const int tid = threadIdx.x;
+  int32_t carry_next = 0;
+  int32_t carry_batch = 0;
+  for (int64_t chunk = 0; chunk < a.bsz; chunk += blockDim.x) {
+    const int64_t b = chunk + tid;
+    const LogitsCounts c = b < a.bsz ? SpeculateGetLogitsCounts(a, b) : LogitsCounts{0, 0};
+    BlockInclusiveScanPair(scan_next, scan_batch, c.next, c.batch);
+    if (b < a.bsz) {
+      a.next_token_num[b] = c.next;
+      a.batch_token_num[b] = c.batch;
+      a.cu_next_token_offset[b + 1] = carry_next + scan_next[tid];
+      a.cu_batch_token_offset[b + 1] = carry_batch + scan_batch[tid];
+    }
+    carry_next += scan_next[blockDim.x - 1];
+    carry_batch += scan_batch[blockDim.x - 1];
+    __syncthreads();  // the next chunk rewrites scan_*
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreadsPerBlock) SpeculateGetLogitsCopyKernel(SpeculateGetLogitsArgs a) {
+  T* draft = static_cast<T*>(a.draft_logits);
+  const T* logits = static_cast<const T*>(a.logits);
+  const T* first = static_cast<const T*>(a.first_token_logits);
+  for (int64_t b = blockIdx.x; b < a.bsz; b += gridDim.x) {
+    const int64_t next_off = b == 0 ? 0 : a.cu_next_token_offset[b];
+    const int64_t batch_off = b == 0 ? 0 : a.cu_batch_token_offset[b];
+    const int32_t rows = a.batch_token_num[b];
+    for (int64_t j = 0; j < rows; ++j) {
+      const int64_t dst = batch_off + j;
+      const LogitsSource s = SpeculateGetLogitsSource(a, b, j, next_off);
+      if (dst >= a.draft_rows || s.row < 0) continue;
+      BlockCopyRow<T>(draft + dst * a.vocab, (s.tensor == 1 ? first : logits) + s.row * a.vocab,
+                      a.vocab);
+    }
+  }
+}
+
+}  // namespace
+
+template <typename T>
+int SpeculateGetLogits(const SpeculateGetLogitsArgs& args, Stream stream) {
+  if (args.bsz == 0) return cudaSuccess;
+  const cudaStream_t s = AsCudaStream(stream);
+  SpeculateGetLogitsScanKernel<<<1, kThreadsPerBlock, 0, s>>>(args);
+  FDMTP_CUDA_CALL(cudaGetLastError());
+  const int blocks = static_cast<int>(args.bsz < kMaxBlocks ? args.bsz : kMaxBlocks);
+  SpeculateGetLogitsCopyKernel<T><<<blocks, kThreadsPerBlock, 0, s>>>(args);
+  FDMTP_CUDA_CALL(cudaGetLastError());
+  return cudaSuccess;
+}
+
+#define FDMTP_INSTANTIATE(T) template int SpeculateGetLogits<T>(const SpeculateGetLogitsArgs&, Stream);
+FDMTP_FOR_EACH_FLOAT_TYPE(FDMTP_INSTANTIATE)
+#undef FDMTP_INSTANTIATE
+
+}  // namespace cuda
+}  // namespace fdmtp

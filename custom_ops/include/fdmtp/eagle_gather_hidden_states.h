@@ -1,0 +1,22 @@
+// eagle_gather_hidden_states: one row per active item (seq_lens_this_time > 0), the
+// hidden state of its LAST token, compacted in batch order into a [bsz, H] output whose
+// remaining rows are zero.
+// Semantics: fastdeploy-ops.md §2.6 and §10 item 7; reference: tests/reference/.
+#pragma once
+
+#include "fdmtp/row_gather.h"
+
+namespace fdmtp {
+
+struct EagleGatherHiddenStatesArgs {
+  RowGatherArgs rows;                 // input [T, H] -> out [bsz, H]
+  const int32_t* seq_lens_this_time;  // [bsz] int32, in: tokens of each item in `input`
+
+  FDMTP_HOST_DEVICE ItemRows Counts(int64_t b) const {
+    const int64_t n = NonNegative(seq_lens_this_time[b]);
+    return {n, n > 0 ? 1 : 0};
+  }
+  FDMTP_HOST_DEVICE int64_t Source(int64_t, int64_t, ItemRows c) const { return c.in - 1; }
+};
+
+}  // namespace fdmtp

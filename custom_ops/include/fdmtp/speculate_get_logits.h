@@ -1,0 +1,64 @@
+// speculate_get_logits: lay out the draft's logits rows per item into the target's
+// draft_logits, and write the per-item row counts and their inclusive offsets.
+//
+// Per item b:
+//   next_token_num[b]  = seq_lens_encoder[b] > 0 ? 1 : seq_lens_this_time[b]  (rows of `logits`)
+//   batch_token_num[b] = seq_lens_encoder[b] > 0 ? 2 : seq_lens_this_time[b]  (rows of `draft_logits`)
+//   cu_*_offset[b + 1] = sum of the counts of items 0..b (inclusive scan); cu_*_offset[0]
+//                        is never written and is taken as 0.
+// Rows (n = cu_next_token_offset[b], d = cu_batch_token_offset[b], the exclusive offsets):
+//   prefill: draft_logits[d] = first_token_logits[b], draft_logits[d + 1] = logits[n];
+//   decode:  draft_logits[d + j] = logits[n + j] for j < seq_lens_this_time[b].
+// Copies whose source or destination row lies outside its tensor are skipped; other rows of
+// draft_logits keep their values. Negative seq_lens_this_time counts as 0.
+// Semantics: fastdeploy-ops.md §2.9 and §10 item 11; reference: tests/reference/.
+#pragma once
+
+#include "fdmtp/common.h"
+
+namespace fdmtp {
+
+struct SpeculateGetLogitsArgs {
+  void* draft_logits;               // [draft_rows, vocab] float, in/out
+  int32_t* next_token_num;          // [bsz] int32, out: rows of `logits` per item
+  int32_t* batch_token_num;         // [bsz] int32, out: rows of `draft_logits` per item
+  int32_t* cu_next_token_offset;    // [bsz + 1] int32, out: [1..bsz] inclusive sums
+  int32_t* cu_batch_token_offset;   // [bsz + 1] int32, out: [1..bsz] inclusive sums
+  const void* logits;               // [logit_rows, vocab] float, in: draft logits rows
+  const void* first_token_logits;   // [bsz, vocab] float, in: target logits of the first token
+  const int32_t* seq_lens_this_time;  // [bsz] int32, in
+  const int32_t* seq_lens_encoder;    // [bsz] int32, in: > 0 for a prefill item
+  int64_t bsz;
+  int64_t vocab;
+  int64_t draft_rows;
+  int64_t logit_rows;
+};
+
+struct LogitsCounts {
+  int32_t next;   // rows read from `logits`
+  int32_t batch;  // rows written to `draft_logits`
+};
+
+FDMTP_HOST_DEVICE inline LogitsCounts SpeculateGetLogitsCounts(const SpeculateGetLogitsArgs& a,
+                                                               int64_t b) {
+  if (a.seq_lens_encoder[b] > 0) return {1, 2};
+  const int32_t slt = a.seq_lens_this_time[b] > 0 ? a.seq_lens_this_time[b] : 0;
+  return {slt, slt};
+}
+
+// Source of draft row j of item b as (tensor, row): tensor 0 = logits, 1 =
+// first_token_logits; row -1 when it lies outside its tensor (the copy is skipped).
+struct LogitsSource {
+  int tensor;
+  int64_t row;
+};
+
+FDMTP_HOST_DEVICE inline LogitsSource SpeculateGetLogitsSource(const SpeculateGetLogitsArgs& a,
+                                                               int64_t b, int64_t j,
+                                                               int64_t next_off) {
+  if (a.seq_lens_encoder[b] > 0 && j == 0) return {1, b};
+  const int64_t row = next_off + (a.seq_lens_encoder[b] > 0 ? 0 : j);
+  return {0, row >= 0 && row < a.logit_rows ? row : -1};
+}
+
+}  // namespace fdmtp

@@ -1,0 +1,67 @@
+// update_attn_mask_offsets (multimodal): per-token attention-mask window ends for the draft
+// forward, and the decode states of decode items.
+//
+// attn_mask_offsets is [2 * token_num] int32, all zero except the odd slot 2*(q+i)+1 of
+// token i of each served item, q = cu_seqlens_q[b]. Item b is skipped when
+// is_block_step[b], or when seq_lens_encoder == seq_lens_decoder == 0. Otherwise:
+//   prefill (enc > 0): slot = (decode_states[b,0] == 2 and dec > 0) ? dec + slt
+//                                                                   : attn_mask_offsets_full[b,i] + 1
+//   decode (dec > 0):  slot = dec + 1 + i, and decode_states[b,i] = (i < slt and state != 1) ? 0 : -1
+//                      for every i < K+1.
+// Slots outside the output and reads past attn_mask_offsets_full's row are skipped.
+// Semantics: fastdeploy-ops.md §2.11 and §10 item 12 (develop GPU signature).
+#pragma once
+
+#include "fdmtp/common.h"
+
+namespace fdmtp {
+
+struct UpdateAttnMaskOffsetsArgs {
+  int32_t* attn_mask_offsets;              // [2 * token_num] int32, out (zeroed by the kernel)
+  int32_t* decode_states;                  // [bsz, decode_width] int32, in/out
+  const int32_t* seq_lens_this_time;       // [bsz] int32, in
+  const int32_t* seq_lens_encoder;         // [bsz] int32, in
+  const int32_t* seq_lens_decoder;         // [bsz] int32, in
+  const int32_t* cu_seqlens_q;             // [bsz + 1] int32, in: first token of each item
+  const int32_t* attn_mask_offsets_full;   // [bsz, max_model_len] int32, in
+  const bool* is_block_step;               // [bsz] bool, in: item skipped this step
+  int64_t bsz;
+  int64_t token_num;                       // T = ids_remove_padding.shape[0]
+  int64_t max_model_len;
+  int64_t decode_width;                    // K + 1
+};
+
+FDMTP_HOST_DEVICE inline void UpdateAttnMaskOffsetsItem(const UpdateAttnMaskOffsetsArgs& a,
+                                                        int64_t b) {
+  if (a.is_block_step[b]) return;
+  const int32_t enc = a.seq_lens_encoder[b];
+  const int32_t dec = a.seq_lens_decoder[b];
+  if (enc == 0 && dec == 0) return;
+  const int64_t q = a.cu_seqlens_q[b];
+  const int32_t slt = a.seq_lens_this_time[b];
+  int32_t* states = a.decode_states + b * a.decode_width;
+  if (enc > 0) {
+    const bool resume = a.decode_width > 0 && states[0] == 2 && dec > 0;
+    const int32_t* full = a.attn_mask_offsets_full + b * a.max_model_len;
+    for (int64_t i = 0; i < slt; ++i) {
+      const int64_t pos = q + i;
+      if (pos < 0 || pos >= a.token_num) continue;
+      if (resume) {
+        a.attn_mask_offsets[2 * pos + 1] = dec + slt;
+      } else if (i < a.max_model_len) {
+        a.attn_mask_offsets[2 * pos + 1] = full[i] + 1;
+      }
+    }
+  } else if (dec > 0) {
+    for (int64_t i = 0; i < slt; ++i) {
+      const int64_t pos = q + i;
+      if (pos < 0 || pos >= a.token_num) continue;
+      a.attn_mask_offsets[2 * pos + 1] = static_cast<int32_t>(dec + 1 + i);
+    }
+    for (int64_t i = 0; i < a.decode_width; ++i) {
+      states[i] = (i < slt && states[i] != 1) ? 0 : -1;
+    }
+  }
+}
+
+}  // namespace fdmtp

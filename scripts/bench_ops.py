@@ -1,0 +1,232 @@
+"""CPU op benchmarks: each op through the framework-free module on numpy buffers, against a
+straightforward numpy implementation of the same semantics (fancy indexing), as ratios
+measured in one run (median of repeats). Absolute times depend on the machine.
+
+    python scripts/bench_ops.py                 # every case
+    python scripts/bench_ops.py --filter eagle  # cases whose name contains "eagle"
+    python scripts/bench_ops.py --repeats 21 --json out.json
+
+Adding a case: write a function that builds the inputs once and returns a `Case`
+(`ours` and `baseline` are zero-argument callables returning comparable arrays), and
+register it with `@case("name")`. Each case is checked (ours == baseline) before timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Sequence
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fastdeploy_mtp import _kernels  # noqa: E402
+
+
+@dataclass
+class Case:
+    ours: Callable[[], Sequence[np.ndarray]]
+    baseline: Callable[[], Sequence[np.ndarray]]
+    note: str = ""
+
+
+CASES: Dict[str, Callable[[], Case]] = {}
+
+
+def case(name: str):
+    def register(fn: Callable[[], Case]) -> Callable[[], Case]:
+        CASES[name] = fn
+        return fn
+
+    return register
+
+
+# ---- gather/scatter ops at T = 8192 rows, H = 4096 (bf16 as uint16 bits, and fp32) -------
+T, H = 8192, 4096
+DTYPES = {"bf16": np.uint16, "fp32": np.float32}
+
+
+def _kernel_arg(a: np.ndarray):
+    return (a.ctypes.data, "bfloat16", a.shape, "cpu") if a.dtype == np.uint16 else a
+
+
+def _hidden(rng, rows, dtype):
+    if dtype == np.uint16:  # bfloat16 bit patterns
+        return rng.integers(0, 1 << 14, size=(rows, H), dtype=np.uint16)
+    return rng.standard_normal((rows, H), dtype=np.float32)
+
+
+def _segment_index(counts_in: np.ndarray, counts_out: np.ndarray, local: np.ndarray) -> np.ndarray:
+    """Global input row of every output row: item b's output rows take local rows `local`
+    (per output row), offset by the item's input offset."""
+    in_off = np.concatenate([[0], np.cumsum(counts_in)[:-1]])
+    return np.repeat(in_off, counts_out) + local
+
+
+def _compact(input_, idx, out_rows):
+    out = np.empty((out_rows, input_.shape[1]), input_.dtype)
+    out[: idx.size] = input_[idx]
+    out[idx.size:] = 0
+    return out
+
+
+def _decode_state(rng, bsz, k=3):
+    """Decode round: each item fed 4 target rows (K + 1), accepted 1..4."""
+    base = np.full(bsz, k + 1, np.int32)
+    acc = rng.integers(1, k + 2, size=bsz).astype(np.int32)
+    return base, acc
+
+
+def _register_gather_cases():
+    for tag, dtype in DTYPES.items():
+
+        @case(f"eagle_get_hidden_states T={T} H={H} {tag}")
+        def get_hidden(dtype=dtype):
+            rng = np.random.default_rng(0)
+            bsz = T // 4
+            base, acc = _decode_state(rng, bsz)
+            x = _hidden(rng, T, dtype)
+            slt = np.ones(bsz, np.int32)
+            z = np.zeros(bsz, np.int32)
+            out = np.empty_like(x)
+            n = np.zeros(1, np.int32)
+            args = [_kernel_arg(x), slt, z, z, np.zeros((bsz, 1), bool), acc, base, z]
+
+            def ours():
+                _kernels.eagle_get_hidden_states(*args, 3, out=_kernel_arg(out), output_token_num=n)
+                return out, n
+
+            def baseline():
+                local = np.arange(int(acc.sum())) - np.repeat(np.cumsum(acc) - acc, acc)
+                idx = _segment_index(base, acc, local)
+                return _compact(x, idx, T), np.array([idx.size], np.int32)
+
+            return Case(ours, baseline, f"{bsz} decode items x 4 rows, 1..4 accepted")
+
+        @case(f"eagle_get_self_hidden_states T={T} H={H} {tag}")
+        def get_self(dtype=dtype):
+            rng = np.random.default_rng(1)
+            bsz = T // 4
+            last = np.full(bsz, 4, np.int32)
+            slt = (rng.random(bsz) < 0.9).astype(np.int32)
+            enc = np.zeros(bsz, np.int32)
+            x = _hidden(rng, T, dtype)
+            out = np.empty_like(x)
+            n = np.zeros(1, np.int32)
+
+            def ours():
+                _kernels.eagle_get_self_hidden_states(_kernel_arg(x), last, slt, enc, out=_kernel_arg(out), output_token_num=n)
+                return out, n
+
+            def baseline():
+                ends = np.cumsum(last) - 1
+                idx = ends[slt > 0]
+                return _compact(x, idx, T), np.array([idx.size], np.int32)
+
+            return Case(ours, baseline, f"{bsz} items x 4 rows, 90% active")
+
+        @case(f"eagle_gather_hidden_states T={T} H={H} {tag}")
+        def gather(dtype=dtype):
+            rng = np.random.default_rng(2)
+            bsz = T // 4
+            slt = np.where(rng.random(bsz) < 0.9, 4, 0).astype(np.int32)
+            rows = int(slt.sum())
+            x = _hidden(rng, rows, dtype)
+            z = np.zeros(bsz, np.int32)
+            out = np.empty((bsz, H), x.dtype)
+            n = np.zeros(1, np.int32)
+            args = [_kernel_arg(x), np.zeros(bsz + 1, np.int32), slt, z, z, np.zeros(rows, np.int32), np.zeros(bsz + 1, np.int32), np.zeros(1, np.int32)]
+
+            def ours():
+                _kernels.eagle_gather_hidden_states(*args, out=_kernel_arg(out), output_token_num=n)
+                return out, n
+
+            def baseline():
+                idx = (np.cumsum(slt) - 1)[slt > 0]
+                return _compact(x, idx, bsz), np.array([idx.size], np.int32)
+
+            return Case(ours, baseline, f"{bsz} items, 90% active with 4 rows")
+
+        @case(f"speculate_get_logits rows={T} V={H} {tag}")
+        def get_logits(dtype=dtype):
+            rng = np.random.default_rng(3)
+            bsz = T // 4
+            enc = np.where(rng.random(bsz) < 0.1, 7, 0).astype(np.int32)
+            slt = np.where(enc > 0, enc, 4).astype(np.int32)
+            nxt_rows = int(np.where(enc > 0, 1, slt).sum())
+            draft = _hidden(rng, T, dtype)
+            logits = _hidden(rng, nxt_rows, dtype)
+            first = _hidden(rng, bsz, dtype)
+            draft_numpy = draft.copy()  # the baseline's own in-place target
+            i32 = [np.zeros(bsz, np.int32), np.zeros(bsz, np.int32), np.zeros(bsz + 1, np.int32), np.zeros(bsz + 1, np.int32)]
+
+            def ours():
+                _kernels.speculate_get_logits(_kernel_arg(draft), *i32, _kernel_arg(logits), _kernel_arg(first), slt, enc)
+                return draft, i32[3]
+
+            def baseline():
+                pre = enc > 0
+                nxt = np.where(pre, 1, slt)
+                bat = np.where(pre, 2, slt)
+                cu_b = np.concatenate([[0], np.cumsum(bat)]).astype(np.int32)
+                cu_n = np.concatenate([[0], np.cumsum(nxt)])
+                item = np.repeat(np.arange(bsz), bat)
+                j = np.arange(int(bat.sum())) - np.repeat(cu_b[:-1], bat)
+                from_first = pre[item] & (j == 0)
+                src = cu_n[:-1][item] + np.where(pre[item], 0, j)
+                dst = draft_numpy
+                rows = np.arange(item.size)
+                dst[rows[~from_first]] = logits[src[~from_first]]
+                dst[rows[from_first]] = first[item[from_first]]
+                return dst, cu_b
+
+            return Case(ours, baseline, f"{bsz} items, 10% prefill (in place)")
+
+
+_register_gather_cases()
+
+
+def median_seconds(fn, repeats: int) -> float:
+    fn()  # warm-up (page faults, caches)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv: List[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--filter", default="", help="run only cases whose name contains this")
+    ap.add_argument("--repeats", type=int, default=11)
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    args = ap.parse_args(argv)
+
+    results = []
+    print(f"{'case':<52} {'ours ms':>9} {'numpy ms':>9} {'speedup':>8}  note")
+    for name, build in CASES.items():
+        if args.filter not in name:
+            continue
+        c = build()
+        for label, got, want in zip(("result", "count"), c.ours(), c.baseline()):
+            if not np.array_equal(np.asarray(got), np.asarray(want)):
+                raise SystemExit(f"{name}: ours and the numpy baseline disagree on the {label}")
+        ours = median_seconds(c.ours, args.repeats)
+        base = median_seconds(c.baseline, args.repeats)
+        results.append({"case": name, "ours_ms": ours * 1e3, "numpy_ms": base * 1e3, "speedup": base / ours, "note": c.note})
+        print(f"{name:<52} {ours * 1e3:9.2f} {base * 1e3:9.2f} {base / ours:7.1f}x  {c.note}", flush=True)
+        del c
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
