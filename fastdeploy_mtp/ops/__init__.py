@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from ._loader import OpError, backends, build_info, cuda_status, kernels
 from .draft_model_postprocess import draft_model_postprocess
+from .hybrid_mtp_ngram import hybrid_mtp_ngram
+from .ngram_match import ngram_match
 
 __all__ = [
     "OpError",
@@ -26,5 +28,7 @@ __all__ = [
     "build_info",
     "cuda_status",
     "draft_model_postprocess",
+    "hybrid_mtp_ngram",
     "kernels",
+    "ngram_match",
 ]

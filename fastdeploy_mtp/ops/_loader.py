@@ -22,7 +22,7 @@ import types
 from typing import Any, Callable, Dict, Tuple
 
 # Every op the Paddle library registers; used to detect a clash with another copy.
-OP_NAMES = ("draft_model_postprocess",)
+OP_NAMES = ("draft_model_postprocess", "hybrid_mtp_ngram", "ngram_match")
 
 _LIBRARY = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "_fdmtp_ops" + sysconfig.get_config_var("EXT_SUFFIX")
