@@ -62,8 +62,9 @@ NgramProposal ProposeItem(const NgramItem& item, int max_n, int min_n) {
   return NgramMakeProposal(item, kNgramSourceNone, 0, 0);
 }
 
-// Below this many haystack tokens in total, thread start-up costs more than it saves.
-constexpr int64_t kTokensPerThread = 1 << 17;
+// Automatic thread count: one thread per this many haystack tokens (about a millisecond
+// of scanning), so that thread start-up and scheduling delays stay small beside the work.
+constexpr int64_t kTokensPerThread = 1 << 22;
 
 }  // namespace
 
