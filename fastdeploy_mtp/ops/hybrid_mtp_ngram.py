@@ -76,7 +76,8 @@ def hybrid_mtp_ngram(
         threshold: the global token-number threshold. ``None`` (default): the
             environment variable ``SPEC_TOKENUM_THRESHOLD`` if set, else 1024, as
             upstream. Read here in Python; the op itself never reads the environment.
-        num_threads: CPU threads for the search (``0``: chosen from the amount of work).
+        num_threads: CPU threads for the search (``0``: chosen from the amount of work;
+            ignored on CUDA).
             Results never depend on it.
 
     Deviations from upstream (docs/compat.md): CPU and CUDA give identical results,

@@ -65,7 +65,8 @@ def ngram_match(
             budget is per item, from ``draft_token_num``).
         threshold: ``None`` (default): ``INFER_WITH_REFERENCE_TOKENUM_THRESHOLD`` if set,
             else 128, as upstream; read here, never inside the op.
-        num_threads: CPU search threads (``0``: automatic); never changes the result.
+        num_threads: CPU search threads (``0``: automatic; ignored on CUDA); never changes
+            the result.
 
     Deviations (docs/compat.md): identical CPU/CUDA results including the threshold; any
     batch size; no per-call device allocation; the budget never exceeds the draft row

@@ -35,9 +35,8 @@ struct HybridMtpNgramOp {
 
   FDMTP_HOST_DEVICE static NgramItem Item(const Args& a, int64_t b) {
     NgramItem item;
-    const int64_t len = a.input_ids_len[b];
     item.prompt = a.input_ids + b * a.input_width;
-    item.prompt_len = len < 0 ? 0 : (len > a.input_width ? a.input_width : len);
+    item.prompt_len = NgramClamp(a.input_ids_len[b], a.input_width);
     const int64_t step = a.step_idx[b];
     item.history = a.pre_ids + b * a.pre_width;
     item.step = step < a.pre_width ? step : -1;  // out of the row: no search

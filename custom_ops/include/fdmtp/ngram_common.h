@@ -51,6 +51,11 @@ constexpr int32_t kNgramSourceNone = 0;
 constexpr int32_t kNgramSourcePrompt = 1;
 constexpr int32_t kNgramSourceHistory = 2;
 
+// v clamped to [0, hi]: lengths and offsets read from tensors, kept inside their rows.
+FDMTP_HOST_DEVICE inline int64_t NgramClamp(int64_t v, int64_t hi) {
+  return v < 0 ? 0 : (v > hi ? hi : v);
+}
+
 // The largest usable n for an item: n <= max_n and n <= step (upstream skips n > step).
 FDMTP_HOST_DEVICE inline int64_t NgramMaxN(const NgramItem& item, int max_n) {
   return item.step < max_n ? item.step : static_cast<int64_t>(max_n);

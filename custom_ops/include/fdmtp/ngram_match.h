@@ -46,11 +46,9 @@ struct NgramMatchOp {
     if (dec == 0) return item;  // idle slot: seq_lens_this_time becomes 0
     item.base = 1;
     item.active = true;
-    const int64_t len = a.input_ids_len[b];
     item.prompt = a.input_ids + b * a.input_width;
-    item.prompt_len = len < 0 ? 0 : (len > a.input_width ? a.input_width : len);
-    int64_t prompt_len = a.prompt_lens[b];
-    prompt_len = prompt_len < 0 ? 0 : (prompt_len > a.all_width ? a.all_width : prompt_len);
+    item.prompt_len = NgramClamp(a.input_ids_len[b], a.input_width);
+    const int64_t prompt_len = NgramClamp(a.prompt_lens[b], a.all_width);
     item.history = a.token_ids_all + b * a.all_width + prompt_len;
     const int64_t step = a.step_idx[b];
     item.step = step < a.all_width - prompt_len ? step : -1;  // out of the row: no search
