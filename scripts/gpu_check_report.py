@@ -76,6 +76,7 @@ def op_latencies(torch) -> dict:
         )
     out.update(verify_update_latencies(torch, stream, rng))
     out.update(hidden_state_latencies(torch, stream))
+    out.update(ngram_latencies(torch, stream, rng))
     return out
 
 
@@ -170,6 +171,44 @@ def hidden_state_latencies(torch, stream) -> dict:
             torch, lambda: _kernels.update_attn_mask_offsets(
                 ids, four, zero, four, cu4, full, stop, states, attn_mask_offsets=offsets, stream=stream)
         )
+    return out
+
+
+def ngram_latencies(torch, stream, rng) -> dict:
+    """hybrid_mtp_ngram and ngram_match on CUDA: vocab 32000, the newest 3-gram of each
+    history planted in its prompt (n = 5 and 4 scan everything first)."""
+    out = {}
+    k = 5
+    for bsz, prompt_len, hist_len in ((1, 4096, 512), (64, 32768, 4096), (256, 4096, 1024), (1, 131072, 4096)):
+        prompt = rng.integers(0, 32000, size=(bsz, prompt_len), dtype=np.int64)
+        hist = rng.integers(0, 32000, size=(bsz, hist_len + 8), dtype=np.int64)
+        at = rng.integers(0, prompt_len - 16, size=bsz)
+        for b in range(bsz):
+            prompt[b, at[b] : at[b] + 3] = hist[b, hist_len - 2 : hist_len + 1]
+        cuda = lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda()  # noqa: E731
+        full = lambda v, dt: torch.full((bsz,), v, dtype=dt, device="cuda")  # noqa: E731
+        ids, pre = cuda(prompt), cuda(hist)
+        lens, steps = full(prompt_len, torch.int64), full(hist_len, torch.int64)
+        draft = torch.full((bsz, k + 1), -1, dtype=torch.int64, device="cuda")
+        slt = full(2, torch.int32)
+        dec, dtn = full(100, torch.int32), full(k, torch.int32)
+        mdl = full(hist_len + 1000, torch.int64)
+        tag = f"bsz{bsz}_prompt{prompt_len // 1024}k_hist{hist_len // 1024 or hist_len}"
+
+        def hybrid():
+            slt.fill_(2)  # same work every call (adds one fill_ launch to the time)
+            _kernels.hybrid_mtp_ngram(ids, lens, pre, steps, dtn, draft, slt, dec, mdl, 5, 2, k,
+                                      1024, 0, stream=stream)
+
+        out[f"hybrid_mtp_ngram_{tag}_us"] = time_calls(torch, hybrid, iters=50, warmup=5)
+        enc = full(0, torch.int32)
+        all_ids = torch.cat([ids, pre], dim=1).contiguous()
+
+        def plain():
+            _kernels.ngram_match(ids, lens, all_ids, lens, steps, dtn, draft, slt, enc, dec, mdl,
+                                 3, k, 128, 0, stream=stream)
+
+        out[f"ngram_match_{tag}_us"] = time_calls(torch, plain, iters=50, warmup=5)
     return out
 
 

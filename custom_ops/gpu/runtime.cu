@@ -23,5 +23,16 @@ int Probe(Stream stream) {
 const char* ErrorString(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
 const char* ErrorName(int code) { return cudaGetErrorName(static_cast<cudaError_t>(code)); }
 
+int MallocAsync(void** ptr, size_t bytes, Stream stream) {
+  *ptr = nullptr;
+  FDMTP_CUDA_CALL(cudaMallocAsync(ptr, bytes, AsCudaStream(stream)));
+  return cudaSuccess;
+}
+
+int FreeAsync(void* ptr, Stream stream) {
+  FDMTP_CUDA_CALL(cudaFreeAsync(ptr, AsCudaStream(stream)));
+  return cudaSuccess;
+}
+
 }  // namespace cuda
 }  // namespace fdmtp

@@ -65,5 +65,10 @@ void* StreamOf(const paddle::Tensor& tensor) {
   return nullptr;
 }
 
+void* PaddleScratch::Allocate(size_t bytes) {
+  held_.push_back(paddle::empty({static_cast<int64_t>(bytes)}, phi::DataType::UINT8, place_));
+  return held_.back().data();
+}
+
 }  // namespace paddle_binding
 }  // namespace fdmtp

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <utility>
+#include <vector>
 
 #include "fdmtp/ops.h"
 #include "paddle/extension.h"
@@ -21,6 +22,17 @@ void* StreamOf(const paddle::Tensor& tensor);
 
 // A TensorRef named after the C++ parameter, which is named after the op's input.
 #define FDMTP_REF(tensor) ::fdmtp::paddle_binding::ToRef(tensor, #tensor)
+// Device scratch from Paddle's allocator on `place` (stream-ordered on the place's stream):
+// the tensors live until this object is destroyed, after the op entry returned.
+class PaddleScratch : public ScratchAllocator {
+ public:
+  explicit PaddleScratch(const phi::Place& place) : place_(place) {}
+  void* Allocate(size_t bytes) override;
+
+ private:
+  phi::Place place_;
+  std::vector<paddle::Tensor> held_;
+};
 
 // Runs an op entry and rethrows fdmtp::Error as Paddle's exception, which Python sees as
 // an error whose message names the op and the argument.

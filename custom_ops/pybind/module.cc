@@ -5,6 +5,7 @@
 
 #include "fdmtp/kernels.h"
 #include "fdmtp/ops.h"
+#include "scratch.h"
 #include "tensor_arg.h"
 
 namespace py = pybind11;
@@ -262,6 +263,42 @@ void UpdateAttnMaskOffsets(py::handle ids_remove_padding, py::handle seq_lens_th
       args.Convert(attn_mask_offsets, "attn_mask_offsets"), AsStream(stream));
 }
 
+void HybridMtpNgram(py::handle input_ids, py::handle input_ids_len, py::handle pre_ids,
+                    py::handle step_idx, py::handle draft_token_num, py::handle draft_tokens,
+                    py::handle seq_lens_this_time, py::handle seq_lens_decoder,
+                    py::handle max_dec_len, int max_ngram_size, int min_ngram_size,
+                    int max_draft_tokens, int threshold, int num_threads, uintptr_t stream) {
+  fdmtp::pybind::ArgScope args;
+  fdmtp::pybind::StreamScratch scratch(AsStream(stream));
+  fdmtp::HybridMtpNgram(
+      args.Convert(input_ids, "input_ids"), args.Convert(input_ids_len, "input_ids_len"),
+      args.Convert(pre_ids, "pre_ids"), args.Convert(step_idx, "step_idx"),
+      args.Convert(draft_token_num, "draft_token_num"), args.Convert(draft_tokens, "draft_tokens"),
+      args.Convert(seq_lens_this_time, "seq_lens_this_time"),
+      args.Convert(seq_lens_decoder, "seq_lens_decoder"), args.Convert(max_dec_len, "max_dec_len"),
+      max_ngram_size, min_ngram_size, max_draft_tokens, threshold, num_threads, AsStream(stream),
+      &scratch);
+}
+
+void NgramMatch(py::handle input_ids, py::handle input_ids_len, py::handle token_ids_all,
+                py::handle prompt_lens, py::handle step_idx, py::handle draft_token_num,
+                py::handle draft_tokens, py::handle seq_lens_this_time,
+                py::handle seq_lens_encoder, py::handle seq_lens_decoder, py::handle max_dec_len,
+                int max_ngram_size, int max_draft_tokens, int threshold, int num_threads,
+                uintptr_t stream) {
+  fdmtp::pybind::ArgScope args;
+  fdmtp::pybind::StreamScratch scratch(AsStream(stream));
+  fdmtp::NgramMatch(
+      args.Convert(input_ids, "input_ids"), args.Convert(input_ids_len, "input_ids_len"),
+      args.Convert(token_ids_all, "token_ids_all"), args.Convert(prompt_lens, "prompt_lens"),
+      args.Convert(step_idx, "step_idx"), args.Convert(draft_token_num, "draft_token_num"),
+      args.Convert(draft_tokens, "draft_tokens"),
+      args.Convert(seq_lens_this_time, "seq_lens_this_time"),
+      args.Convert(seq_lens_encoder, "seq_lens_encoder"),
+      args.Convert(seq_lens_decoder, "seq_lens_decoder"), args.Convert(max_dec_len, "max_dec_len"),
+      max_ngram_size, max_draft_tokens, threshold, num_threads, AsStream(stream), &scratch);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_kernels, m) {
@@ -356,4 +393,17 @@ PYBIND11_MODULE(_kernels, m) {
         py::arg("stream") = 0,
         "See fastdeploy_mtp.ops.update_attn_mask_offsets; `attn_mask_offsets` [2 * T] int32 is "
         "a caller-allocated output.");
+  m.def("hybrid_mtp_ngram", &HybridMtpNgram, py::arg("input_ids"), py::arg("input_ids_len"),
+        py::arg("pre_ids"), py::arg("step_idx"), py::arg("draft_token_num"),
+        py::arg("draft_tokens"), py::arg("seq_lens_this_time"), py::arg("seq_lens_decoder"),
+        py::arg("max_dec_len"), py::arg("max_ngram_size"), py::arg("min_ngram_size"),
+        py::arg("max_draft_tokens"), py::arg("threshold") = 1024, py::arg("num_threads") = 0,
+        py::kw_only(), py::arg("stream") = 0, "See fastdeploy_mtp.ops.hybrid_mtp_ngram.");
+  m.def("ngram_match", &NgramMatch, py::arg("input_ids"), py::arg("input_ids_len"),
+        py::arg("token_ids_all"), py::arg("prompt_lens"), py::arg("step_idx"),
+        py::arg("draft_token_num"), py::arg("draft_tokens"), py::arg("seq_lens_this_time"),
+        py::arg("seq_lens_encoder"), py::arg("seq_lens_decoder"), py::arg("max_dec_len"),
+        py::arg("max_ngram_size"), py::arg("max_draft_tokens"), py::arg("threshold") = 128,
+        py::arg("num_threads") = 0, py::kw_only(), py::arg("stream") = 0,
+        "See fastdeploy_mtp.ops.ngram_match.");
 }

@@ -31,6 +31,8 @@ from .eagle_get_hidden_states import eagle_get_hidden_states
 from .eagle_get_self_hidden_states import eagle_get_self_hidden_states
 from .speculate_get_logits import speculate_get_logits
 from .update_attn_mask_offsets import update_attn_mask_offsets
+from .hybrid_mtp_ngram import hybrid_mtp_ngram
+from .ngram_match import ngram_match
 
 __all__ = [
     "OpError",
@@ -55,4 +57,7 @@ __all__ = [
     "kernels",
     "speculate_get_logits",
     "update_attn_mask_offsets",
+    "hybrid_mtp_ngram",
+    "kernels",
+    "ngram_match",
 ]

@@ -36,6 +36,7 @@ OP_NAMES = (
     "speculate_get_logits",
     "update_attn_mask_offsets",
 )
+OP_NAMES = ("draft_model_postprocess", "hybrid_mtp_ngram", "ngram_match")
 
 _LIBRARY = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "_fdmtp_ops" + sysconfig.get_config_var("EXT_SUFFIX")

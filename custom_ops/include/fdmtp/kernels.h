@@ -7,6 +7,8 @@
 //                                 as an int (0 = success). It never synchronises.
 #pragma once
 
+#include <cstddef>
+
 #include "fdmtp/draft_model_postprocess.h"
 #include "fdmtp/draft_model_preprocess.h"
 #include "fdmtp/draft_model_update.h"
@@ -20,6 +22,8 @@
 #include "fdmtp/float_types.h"
 #include "fdmtp/speculate_get_logits.h"
 #include "fdmtp/update_attn_mask_offsets.h"
+#include "fdmtp/hybrid_mtp_ngram.h"
+#include "fdmtp/ngram_match.h"
 
 namespace fdmtp {
 
@@ -41,6 +45,9 @@ void EagleGatherHiddenStates(const EagleGatherHiddenStatesArgs& args);
 template <typename T>
 void SpeculateGetLogits(const SpeculateGetLogitsArgs& args);
 void UpdateAttnMaskOffsets(const UpdateAttnMaskOffsetsArgs& args);
+// num_threads <= 0: chosen from the amount of work; the result never depends on it.
+void HybridMtpNgram(const HybridMtpNgramArgs& args, int num_threads);
+void NgramMatch(const NgramMatchArgs& args, int num_threads);
 }  // namespace cpu
 
 namespace cuda {
@@ -62,12 +69,21 @@ int EagleGatherHiddenStates(const EagleGatherHiddenStatesArgs& args, Stream stre
 template <typename T>
 int SpeculateGetLogits(const SpeculateGetLogitsArgs& args, Stream stream);
 int UpdateAttnMaskOffsets(const UpdateAttnMaskOffsetsArgs& args, Stream stream);
+// The n-gram ops need NgramWorkspaceBytes(bsz) bytes of device scratch, provided by the
+// caller and usable by work on `stream` (the launchers never allocate).
+size_t NgramWorkspaceBytes(int64_t bsz);
+int HybridMtpNgram(const HybridMtpNgramArgs& args, void* workspace, Stream stream);
+int NgramMatch(const NgramMatchArgs& args, void* workspace, Stream stream);
 
 // Runtime queries, so callers without CUDA headers can report what they see.
 int DeviceCount(int* count);      // cudaGetDeviceCount
 int Probe(Stream stream);         // launches an empty kernel: tells whether launches work here
 const char* ErrorString(int code);  // cudaGetErrorString
 const char* ErrorName(int code);    // cudaGetErrorName
+// Stream-ordered device memory (cudaMallocAsync / cudaFreeAsync on the device's default
+// pool): for bindings that provide an op's scratch and have no allocator of their own.
+int MallocAsync(void** ptr, size_t bytes, Stream stream);
+int FreeAsync(void* ptr, Stream stream);
 }  // namespace cuda
 
 }  // namespace fdmtp

@@ -1,0 +1,39 @@
+// Paddle binding of hybrid_mtp_ngram: FastDeploy's inputs, outputs, attrs and in-place
+// map, plus two attrs of ours at the end: threshold (upstream read SPEC_TOKENUM_THRESHOLD
+// inside the op; the Python wrapper passes it) and num_threads (CPU search threads).
+#include "tensor_ref.h"
+
+namespace {
+
+void HybridMtpNgram(const paddle::Tensor& input_ids, const paddle::Tensor& input_ids_len,
+                    const paddle::Tensor& pre_ids, const paddle::Tensor& step_idx,
+                    const paddle::Tensor& draft_token_num, const paddle::Tensor& draft_tokens,
+                    const paddle::Tensor& seq_lens_this_time,
+                    const paddle::Tensor& seq_lens_decoder, const paddle::Tensor& max_dec_len,
+                    int max_ngram_size, int min_ngram_size, int max_draft_tokens, int threshold,
+                    int num_threads) {
+  namespace pb = fdmtp::paddle_binding;
+  pb::RunEntry([&] {
+    pb::PaddleScratch scratch(seq_lens_this_time.place());
+    fdmtp::HybridMtpNgram(
+        pb::ToRef(input_ids, "input_ids"), pb::ToRef(input_ids_len, "input_ids_len"),
+        pb::ToRef(pre_ids, "pre_ids"), pb::ToRef(step_idx, "step_idx"),
+        pb::ToRef(draft_token_num, "draft_token_num"), pb::ToRef(draft_tokens, "draft_tokens"),
+        pb::ToRef(seq_lens_this_time, "seq_lens_this_time"),
+        pb::ToRef(seq_lens_decoder, "seq_lens_decoder"), pb::ToRef(max_dec_len, "max_dec_len"),
+        max_ngram_size, min_ngram_size, max_draft_tokens, threshold, num_threads,
+        pb::StreamOf(seq_lens_this_time), &scratch);
+  });
+}
+
+}  // namespace
+
+PD_BUILD_OP(hybrid_mtp_ngram)
+    .Inputs({"input_ids", "input_ids_len", "pre_ids", "step_idx", "draft_token_num",
+             "draft_tokens", "seq_lens_this_time", "seq_lens_decoder", "max_dec_len"})
+    .Attrs({"max_ngram_size: int", "min_ngram_size: int", "max_draft_tokens: int",
+            "threshold: int", "num_threads: int"})
+    .Outputs({"draft_tokens_out", "seq_lens_this_time_out"})
+    .SetInplaceMap({{"draft_tokens", "draft_tokens_out"},
+                    {"seq_lens_this_time", "seq_lens_this_time_out"}})
+    .SetKernelFn(PD_KERNEL(HybridMtpNgram));

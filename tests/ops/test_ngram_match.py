@@ -1,0 +1,156 @@
+"""ngram_match on every backend against tests/reference/ngram.py (§2.7, plain ngram_match)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.compare import assert_all_exact, assert_rejected
+from tests.ops.ngram_cases import MATCH_NAMES as NAMES, match_state
+from tests.reference.ngram import ngram_match as reference
+
+OP = "ngram_match"
+
+
+def check(backend, tensors, attrs, context):
+    want = reference(*tensors, *attrs)
+    got = backend.run(OP, tensors, attrs)
+    assert_all_exact(NAMES, got, want, context=f"{backend.name}, {context}")
+    return got
+
+
+def one_item(prompt, generated, step, *, budget=3, max_dec=1000, enc=0, dec=1, slt=7, k=4):
+    prompt = np.asarray(prompt, np.int64)
+    all_ids = np.zeros(len(prompt) + max(len(generated), step + 1) + 1, np.int64)
+    all_ids[: len(prompt)] = prompt
+    all_ids[len(prompt) : len(prompt) + len(generated)] = generated
+    return [prompt.reshape(1, -1), np.array([len(prompt)], np.int64), all_ids.reshape(1, -1),
+            np.array([len(prompt)], np.int64), np.array([step], np.int64),
+            np.array([budget], np.int32), np.full((1, k + 1), -1, np.int64),
+            np.array([slt], np.int32), np.array([enc], np.int32), np.array([dec], np.int32),
+            np.array([max_dec], np.int64)]
+
+
+def test_fixed_vectors(backend):
+    # "6" (n = 1, since step 1 < 2) -> "7 8"
+    got = check(backend, one_item([5, 6, 7, 8], [1, 6], 1, budget=2), (3, 4, 128, 0), "n=1")
+    np.testing.assert_array_equal(got[6][0], [-1, 7, 8, -1, -1])
+    assert got[7][0] == 3
+    # "1 6 7" in the prompt beats "7" earlier; budget 3 clamps at the prompt end
+    got = check(backend, one_item([7, 0, 1, 6, 7, 9], [4, 1, 6, 7], 3), (3, 4, 128, 0), "n=3")
+    np.testing.assert_array_equal(got[6][0], [-1, 9, -1, -1, -1])
+    # history only: "2 3" -> "5"
+    got = check(backend, one_item([9, 9], [2, 3, 5, 2, 3], 4), (2, 4, 128, 0), "history")
+    np.testing.assert_array_equal(got[6][0, :3], [-1, 5, 2])
+
+
+def test_prefill_idle_and_decode_items(backend):
+    t = [np.concatenate(x) for x in zip(one_item([1, 2], [0, 1], 1, enc=5, slt=5),
+                                        one_item([1, 2], [0, 1], 1, dec=0, slt=9),
+                                        one_item([1, 2], [0, 1], 1, slt=9))]
+    got = check(backend, t, (2, 4, 128, 0), "kinds")
+    np.testing.assert_array_equal(got[7], np.array([5, 0, 2], np.int32))
+
+
+@pytest.mark.parametrize("vocab", [2, 5, 50])
+@pytest.mark.parametrize("bsz", [1, 7, 64])
+def test_random_states_match_reference(backend, vocab, bsz):
+    rng = np.random.default_rng(31 * vocab + bsz)
+    for k, max_n in ((4, 3), (8, 6)):
+        t = match_state(rng, bsz, vocab=vocab, prompt_max=300, hist_max=200, k=k)
+        check(backend, t, (max_n, k, 10**6, 0), f"vocab={vocab} bsz={bsz}")
+
+
+def test_long_contexts_32k(backend):
+    rng = np.random.default_rng(4)
+    t = match_state(rng, 2, vocab=30, prompt_max=32768, hist_max=2048, k=5, p_idle=0, p_prefill=0)
+    check(backend, t, (3, 5, 128, 0), "32K")
+
+
+@pytest.mark.parametrize("offset", [-20, -2, 0, 1, 2, 4, 9, 25, None])
+def test_threshold_same_rule_on_every_backend(backend, offset):
+    # Deviation 6: upstream's CPU rule on every backend (prefill items keep their count
+    # and stay counted as unprocessed).
+    rng = np.random.default_rng(abs(offset or 0) + 3)
+    for trial in range(4):
+        t = match_state(rng, 20, vocab=4, prompt_max=50, hist_max=40, k=6)
+        base = int(np.where(t[8] > 0, np.maximum(t[7], 0), (t[9] != 0).astype(np.int32)).sum())
+        for thr in ([-3, 0, 1, 2, 128] if offset is None else [base + offset]):
+            check(backend, t, (4, 6, thr, 0), f"thr={thr} trial={trial}")
+
+
+def test_budget_edges(backend):
+    for budget, max_dec, want in ((1, 1000, 2), (0, 1000, 1), (5, 2, 1), (5, 3, 2), (5, 4, 3), (9, 1000, 5)):
+        # step 1; budget min(draft_token_num, max_dec - 2, width - 1 = 4)
+        got = check(backend, one_item([5, 6, 7, 8, 9, 10, 11], [1, 6], 1, budget=budget, max_dec=max_dec),
+                    (3, 4, 128, 0), f"budget={budget} max_dec={max_dec}")
+        assert got[7][0] == want, (budget, max_dec)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 5])
+def test_result_does_not_depend_on_thread_count(backend, threads):
+    t = match_state(np.random.default_rng(8), 30, vocab=6, prompt_max=4000, hist_max=300, k=4)
+    check(backend, t, (3, 4, 10**6, threads), f"threads={threads}")
+
+
+def test_out_of_range_values_are_safe(backend):
+    t = match_state(np.random.default_rng(12), 8, vocab=3, prompt_max=30, hist_max=20, k=3, p_idle=0, p_prefill=0)
+    t[1][:2] = [10**7, -1]
+    t[3][2:4] = [10**7, -4]           # prompt_lens
+    t[4][4] = t[2].shape[1]           # step_idx past the row
+    t[5][5] = 10**6                   # draft_token_num beyond the row
+    t[10][4:6] = 10**12
+    check(backend, t, (3, 3, 10**6, 0), "out of range")
+
+
+def test_batch_beyond_upstream_1024_cap(backend):
+    t = match_state(np.random.default_rng(2), 1300, vocab=3, prompt_max=10, hist_max=6, k=3)
+    check(backend, t, (2, 3, 10**6, 0), "bsz=1300")
+
+
+def _valid():
+    return match_state(np.random.default_rng(3), 5, vocab=4, prompt_max=20, hist_max=10, k=3)
+
+
+BAD = {
+    "token_ids_all_int32": (2, lambda t: t[2].astype(np.int32), "token_ids_all"),
+    "prompt_lens_batch_4": (3, lambda t: t[3][:4], "prompt_lens"),
+    "draft_tokens_rank1": (6, lambda t: t[6].reshape(-1), "draft_tokens"),
+    "seq_lens_encoder_int64": (8, lambda t: t[8].astype(np.int64), "seq_lens_encoder"),
+    "seq_lens_decoder_rank0": (9, lambda t: np.array(1, np.int32), "seq_lens_decoder"),
+    "max_dec_len_int32": (10, lambda t: t[10].astype(np.int32), "max_dec_len"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
+    index, build, name = BAD[case]
+    tensors = _valid()
+    tensors[index] = build(tensors)
+    assert_rejected(backend, OP, NAMES, tensors, name, attrs=(3, 3, 128, 0))
+
+
+def test_bad_attr_is_named(backend):
+    with pytest.raises(ValueError, match="attr `max_ngram_size`"):
+        backend.run(OP, _valid(), (0, 3, 128, 0))
+
+
+def test_wrapper_threshold_defaults_to_upstream_env_var(monkeypatch):
+    paddle = pytest.importorskip("paddle")
+    import fastdeploy_mtp.ops as ops
+
+    t = match_state(np.random.default_rng(21), 30, vocab=3, prompt_max=40, hist_max=30, k=5,
+                    p_idle=0.0, p_prefill=0.0)
+    results = {}
+    for env, thr in ((None, 128), ("40", 40)):
+        if env is None:
+            monkeypatch.delenv("INFER_WITH_REFERENCE_TOKENUM_THRESHOLD", raising=False)
+        else:
+            monkeypatch.setenv("INFER_WITH_REFERENCE_TOKENUM_THRESHOLD", env)
+        pts = [paddle.to_tensor(x.copy()) for x in t]
+        ops.ngram_match(*pts, 3, 5)
+        want = reference(*t, 3, 5, thr)
+        np.testing.assert_array_equal(pts[7].numpy(), want["seq_lens_this_time"])
+        np.testing.assert_array_equal(pts[6].numpy(), want["draft_tokens"])
+        results[thr] = want["seq_lens_this_time"]
+    assert not np.array_equal(results[128], results[40])
