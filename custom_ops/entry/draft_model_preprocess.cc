@@ -50,6 +50,9 @@ void DraftModelPreprocess(const TensorRef& draft_tokens, const TensorRef& input_
   check.Numel(not_need_stop, 1);
   check.AttrAtLeast("num_model_step", num_model_step, 1);
   for (const TensorRef* t : all) check.Contiguous(*t);
+  // Host tensors are value-checked; device tensors are not read back (no sync): the kernel
+  // clamps accept_num to [0, W] instead.
+  check.ValuesInRangeOnHost(accept_num, 0, draft_tokens.dim(1));
 
   DraftModelPreprocessArgs args;
   args.draft_tokens = draft_tokens.ptr<int64_t>();

@@ -1,3 +1,5 @@
+#include <limits>
+
 #include "dispatch.h"
 #include "fdmtp/ops.h"
 
@@ -52,6 +54,10 @@ void DraftModelUpdate(const TensorRef& inter_next_tokens, const TensorRef& draft
                std::to_string(base_model_draft_tokens.dim(1)) + " columns (K + 1)");
   }
   for (const TensorRef* t : all) check.Contiguous(*t);
+  // Host tensors are value-checked (device tensors are not read back: no sync).
+  for (const TensorRef* t : {&seq_lens_this_time, &seq_lens_encoder, &seq_lens_decoder}) {
+    check.ValuesInRangeOnHost(*t, 0, std::numeric_limits<int32_t>::max());
+  }
 
   DraftModelUpdateArgs args;
   args.inter_next_tokens = inter_next_tokens.ptr<const int64_t>();

@@ -1,3 +1,5 @@
+#include <limits>
+
 #include "dispatch.h"
 #include "fdmtp/ops.h"
 
@@ -35,6 +37,12 @@ void MtpStepPaddle(const TensorRef& base_model_stop_flags, const TensorRef& stop
   check.AttrAtLeast("block_size", block_size, 1);
   check.AttrAtLeast("max_draft_tokens", max_draft_tokens, 0);
   for (const TensorRef* t : all) check.Contiguous(*t);
+  // Host tensors are value-checked (device tensors are not read back: no sync; the kernel
+  // drops pushes past the free list and table slots past a row instead).
+  for (const TensorRef* t : {&seq_lens_decoder, &encoder_block_lens, &used_list_len}) {
+    check.ValuesInRangeOnHost(*t, 0, std::numeric_limits<int32_t>::max());
+  }
+  check.ValuesInRangeOnHost(free_list_len, 0, free_list.dim(0));
 
   MtpStepArgs args;
   args.base_model_stop_flags = base_model_stop_flags.ptr<const bool>();

@@ -1,3 +1,5 @@
+#include <limits>
+
 #include "dispatch.h"
 #include "fdmtp/ops.h"
 
@@ -40,6 +42,7 @@ void SpeculatePreProcess(const TensorRef& input_ids, const TensorRef& seq_len,
   check.Numel(batch_id_per_token_output, bsz * draft_tokens.dim(1));
   check.Numel(real_output_token_num, 1);
   for (const TensorRef* t : all) check.Contiguous(*t);
+  check.ValuesInRangeOnHost(seq_len, 0, std::numeric_limits<int32_t>::max());
 
   SpeculatePreProcessArgs args;
   args.input_ids = input_ids.ptr<const int64_t>();

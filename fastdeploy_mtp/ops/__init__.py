@@ -21,18 +21,18 @@ from ._loader import OpError, backends, build_info, cuda_status, kernels
 from .draft_model_postprocess import draft_model_postprocess
 from .draft_model_preprocess import draft_model_preprocess
 from .draft_model_update import draft_model_update
-from .mtp_step_paddle import mtp_step_paddle
-from .speculate_pre_process import speculate_pre_process
-from .sampling import VerifyStrategy, position_uniforms, rejection_candidates, verify_uniforms
-from .unified_update_model_status import unified_update_model_status
-from .verify_draft_tokens import verify_draft_tokens
 from .eagle_gather_hidden_states import eagle_gather_hidden_states
 from .eagle_get_hidden_states import eagle_get_hidden_states
 from .eagle_get_self_hidden_states import eagle_get_self_hidden_states
-from .speculate_get_logits import speculate_get_logits
-from .update_attn_mask_offsets import update_attn_mask_offsets
 from .hybrid_mtp_ngram import hybrid_mtp_ngram
+from .mtp_step_paddle import mtp_step_paddle
 from .ngram_match import ngram_match
+from .sampling import VerifyStrategy, position_uniforms, rejection_candidates, verify_uniforms
+from .speculate_get_logits import speculate_get_logits
+from .speculate_pre_process import speculate_pre_process
+from .unified_update_model_status import unified_update_model_status
+from .update_attn_mask_offsets import update_attn_mask_offsets
+from .verify_draft_tokens import verify_draft_tokens
 
 __all__ = [
     "OpError",
@@ -43,21 +43,19 @@ __all__ = [
     "draft_model_postprocess",
     "draft_model_preprocess",
     "draft_model_update",
-    "mtp_step_paddle",
-    "speculate_pre_process",
-    "kernels",
-    "position_uniforms",
-    "rejection_candidates",
-    "unified_update_model_status",
-    "verify_draft_tokens",
-    "verify_uniforms",
     "eagle_gather_hidden_states",
     "eagle_get_hidden_states",
     "eagle_get_self_hidden_states",
-    "kernels",
-    "speculate_get_logits",
-    "update_attn_mask_offsets",
     "hybrid_mtp_ngram",
     "kernels",
+    "mtp_step_paddle",
     "ngram_match",
+    "position_uniforms",
+    "rejection_candidates",
+    "speculate_get_logits",
+    "speculate_pre_process",
+    "unified_update_model_status",
+    "update_attn_mask_offsets",
+    "verify_draft_tokens",
+    "verify_uniforms",
 ]

@@ -142,14 +142,23 @@ def test_not_need_stop_is_true_when_any_item_is_kept(backend):
     assert out["not_need_stop"][0]
 
 
-def test_out_of_range_accept_num_and_history_never_write_out_of_bounds(backend):
-    # accept_num beyond K+1 is clamped; a history position past L is dropped
-    tensors = one_item(accept_num=np.array([9], np.int32),
+def test_history_positions_past_the_row_are_dropped(backend):
+    # target step 18, 4 accepted, L = 16: positions 14, 15 are written, 16, 17 dropped
+    tensors = one_item(accept_num=np.array([4], np.int32),
                        target_model_step_idx=np.array([[18]], np.int64),
                        max_dec_len=np.array([[100]], np.int64))
-    out = check(backend, tensors, context="clamped")
+    out = check(backend, tensors, context="history past L")
     assert out["seq_lens_this_time"][0] == 4
     np.testing.assert_array_equal(out["pre_ids"][0, 14:16], [501, 502])
+
+
+@pytest.mark.parametrize("accept_num", [-1, 5])
+def test_accept_num_outside_zero_to_k_plus_one_is_rejected_on_host(backend, accept_num):
+    """Host tensors are value-checked; on CUDA the kernel clamps instead (no device sync)."""
+    if backend.name == "cuda":
+        pytest.skip("device values are not read back; the kernel clamps accept_num to [0, K+1]")
+    assert_rejected(backend, OP, NAMES, one_item(accept_num=np.array([accept_num], np.int32)),
+                    "accept_num", (1, False))
 
 
 def test_batch_beyond_upstream_1024_cap(backend):

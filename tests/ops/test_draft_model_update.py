@@ -168,6 +168,17 @@ def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
     assert_rejected(backend, OP, NAMES, tensors, name, (MAX_SEQ_LEN, 0))
 
 
+@pytest.mark.parametrize("index,name", [(3, "seq_lens_this_time"), (4, "seq_lens_encoder"),
+                                        (5, "seq_lens_decoder")])
+def test_negative_lengths_are_rejected_on_host(backend, index, name):
+    if backend.name == "cuda":
+        pytest.skip("device values are not read back (no sync); negative lengths read as inactive")
+    tensors = make_state(np.random.default_rng(2), 5, 3)
+    tensors[index] = tensors[index].copy()
+    tensors[index][2] = -1
+    assert_rejected(backend, OP, NAMES, tensors, name, (MAX_SEQ_LEN, 0))
+
+
 @pytest.mark.parametrize("substep,message", [(3, "attr `substep` = 3"), (-1, "attr `substep` must be >= 0")])
 def test_substep_outside_the_draft_row_is_rejected(backend, substep, message):
     tensors = make_state(np.random.default_rng(2), 5, 3)  # K = 3: substep 0..2

@@ -155,6 +155,25 @@ def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
     assert_rejected(backend, OP, NAMES, tensors, name, (4, 3))
 
 
+@pytest.mark.parametrize("index,value,name", [(5, -4, "seq_lens_decoder"), (8, -1, "used_list_len"),
+                                              (7, -2, "encoder_block_lens")])
+def test_negative_lengths_are_rejected_on_host(backend, index, value, name):
+    if backend.name == "cuda":
+        pytest.skip("device values are not read back (no sync)")
+    tensors = make_state(np.random.default_rng(5), 6, 3)
+    tensors[index] = tensors[index].copy()
+    tensors[index][1] = value
+    assert_rejected(backend, OP, NAMES, tensors, name, (4, 3))
+
+
+def test_free_list_len_beyond_the_free_list_is_rejected_on_host(backend):
+    if backend.name == "cuda":
+        pytest.skip("device values are not read back (no sync)")
+    tensors = make_state(np.random.default_rng(5), 6, 3)
+    tensors[10] = np.array([tensors[9].shape[0] + 1], np.int32)
+    assert_rejected(backend, OP, NAMES, tensors, "free_list_len", (4, 3))
+
+
 @pytest.mark.parametrize("attrs,name", [((0, 3), "block_size"), ((4, -1), "max_draft_tokens")])
 def test_bad_attrs_are_rejected(backend, attrs, name):
     tensors = make_state(np.random.default_rng(5), 6, 3)

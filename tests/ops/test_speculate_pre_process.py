@@ -117,6 +117,14 @@ def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
     assert_rejected(backend, OP, INPUTS, tensors, name, (8,), out_specs(4, 4, 8))
 
 
+def test_negative_seq_len_is_rejected_on_host(backend):
+    if backend.name == "cuda":
+        pytest.skip("device values are not read back (no sync); a negative length counts as 0")
+    tensors = fixed()
+    tensors[1] = np.array([3, -4, 0, 1], np.int32)
+    assert_rejected(backend, OP, INPUTS, tensors, "seq_len", (8,), out_specs(4, 4, 8))
+
+
 def test_negative_token_num_is_rejected(backend):
     with pytest.raises(ValueError, match="attr `cpu_token_num` must be >= 0"):
         backend.run(OP, fixed(), (-1,), out_specs(4, 4, 0))
