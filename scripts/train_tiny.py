@@ -66,10 +66,37 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--export", default=None, help="write the trained checkpoint here at the end")
     p.add_argument("--eval-only", action="store_true", help="skip training (resume + export)")
+    p.add_argument("--card-note", default="",
+                   help="free-text note about the run (restarts, load) added to the card")
     p.add_argument("--export-eval-windows", type=int, default=None,
                    help="evaluate the export on this many held-out windows (smoke tests); "
                         "default: all of them")
     return p.parse_args(argv)
+
+
+def _structure(opt_state, named):
+    """Key optimizer state by structural parameter names instead of Paddle's process-global
+    unique names (``linear_3.w_0``), which differ when models are built more than once in a
+    process."""
+    out = {}
+    for key, value in opt_state.items():
+        for structural, unique in named:
+            if key.startswith(unique + "_"):
+                key = structural + "::" + key[len(unique) + 1:]
+                break
+        out[key] = value
+    return out
+
+
+def _unstructure(opt_state, named):
+    lookup = dict(named)
+    out = {}
+    for key, value in opt_state.items():
+        if "::" in key:
+            structural, rest = key.split("::", 1)
+            key = lookup[structural] + "_" + rest
+        out[key] = value
+    return out
 
 
 def lr_at(step: int, args) -> float:
@@ -118,6 +145,8 @@ def main(argv=None):
     target = TinyTargetModel(config)
     mtp = MTPLayer(config, target)
     params = list(target.parameters()) + list(mtp.parameters())
+    named = [("target." + n, p.name) for n, p in target.named_parameters()] + \
+            [("mtp." + n, p.name) for n, p in mtp.named_parameters()]
     n_params = sum(int(np.prod(p.shape)) for p in params)
     no_decay = {p.name for p in params if len(p.shape) == 1}
     opt = paddle.optimizer.AdamW(
@@ -135,7 +164,10 @@ def main(argv=None):
         state = paddle.load(ckpt_path)
         target.set_state_dict(state["target"])
         mtp.set_state_dict(state["mtp"])
-        opt.set_state_dict(state["opt"])
+        if "opt_structured" in state:
+            opt.set_state_dict(_unstructure(state["opt_structured"], named))
+        else:                       # written by an older version of this script
+            opt.set_state_dict(state["opt"])
         rng.bit_generator.state = state["rng"]
         saved = state.get("args", {})
         shape_keys = ("hidden_size", "layers", "heads", "kv_heads", "intermediate_size",
@@ -152,7 +184,8 @@ def main(argv=None):
 
     def save_ckpt():
         state = {"target": target.state_dict(), "mtp": mtp.state_dict(),
-                 "opt": opt.state_dict(), "rng": rng.bit_generator.state,
+                 "opt_structured": _structure(opt.state_dict(), named),
+                 "rng": rng.bit_generator.state,
                  "step": step, "elapsed": elapsed, "args": vars(args)}
         tmp = ckpt_path + ".tmp"
         paddle.save(state, tmp)
@@ -231,10 +264,12 @@ def export(args, target, mtp, config, split, step, elapsed, n_params):
                       "actual": text[anchor:anchor + CONTINUATION_BYTES].decode("utf-8",
                                                                                 "replace")})
     metrics["greedy_continuations"] = conts
-    metrics.update({"steps": step, "train_wall_time_s": round(elapsed, 1), "params": n_params,
+    metrics.update({"card_note": args.card_note,
+                    "steps": step, "train_wall_time_s": round(elapsed, 1), "params": n_params,
                     "seed": args.seed, "corpus": split.describe(),
                     "train_args": {k: v for k, v in vars(args).items()
-                                   if k not in ("run_dir", "export", "eval_only")}})
+                                   if k not in ("run_dir", "export", "eval_only", "card_note",
+                                                "export_eval_windows")}})
     tiny_lib.save_tiny(args.export, target, mtp, config, metrics)
     size = os.path.getsize(os.path.join(args.export, tiny_lib.WEIGHTS_FILE))
     write_card(args.export, config, metrics, size)
@@ -293,6 +328,7 @@ def write_card(out_dir, config, m, weights_bytes):
         f"tokens), **{m['train_wall_time_s'] / 60:.1f} minutes** of training wall time "
         f"(wall budget flag {ta['wall_budget_min']} min).",
         "",
+        *([f"Run notes: {m['card_note']}", ""] if m.get("card_note") else []),
         "Command: `OMP_NUM_THREADS=1 python scripts/train_tiny.py --run-dir RUN "
         + " ".join(f"--{k.replace('_', '-')} {ta[k]}" for k in
                    ("seed", "batch_size", "seq_len", "max_steps", "wall_budget_min"))
