@@ -162,13 +162,6 @@ def main(argv=None):
     ckpt_path = os.path.join(args.run_dir, "ckpt.pdckpt")
     if os.path.exists(ckpt_path):
         state = paddle.load(ckpt_path)
-        target.set_state_dict(state["target"])
-        mtp.set_state_dict(state["mtp"])
-        if "opt_structured" in state:
-            opt.set_state_dict(_unstructure(state["opt_structured"], named))
-        else:                       # written by an older version of this script
-            opt.set_state_dict(state["opt"])
-        rng.bit_generator.state = state["rng"]
         saved = state.get("args", {})
         shape_keys = ("hidden_size", "layers", "heads", "kv_heads", "intermediate_size",
                       "vocab_size", "mtp_hidden_state", "seq_len", "seed")
@@ -176,6 +169,13 @@ def main(argv=None):
         if changed:
             raise SystemExit(f"{ckpt_path} was trained with different {changed}: "
                              f"{ {k: saved[k] for k in changed} }")
+        target.set_state_dict(state["target"])
+        mtp.set_state_dict(state["mtp"])
+        if "opt_structured" in state:
+            opt.set_state_dict(_unstructure(state["opt_structured"], named))
+        else:                       # written by an older version of this script
+            opt.set_state_dict(state["opt"])
+        rng.bit_generator.state = state["rng"]
         step, elapsed = int(state["step"]), float(state["elapsed"])
         log(args.run_dir, f"resumed at step {step}, {elapsed:.0f}s of training so far")
     else:
