@@ -6,7 +6,7 @@ import paddle
 import pytest
 from safetensors.numpy import save_file
 
-from conftest import build_models, small_config
+from models_testlib import build_models, small_config
 from fastdeploy_mtp.models import (FAMILIES, MissingTensorError, TensorShapeError,
                                    UnsupportedTensorError, config_for_family,
                                    contiguous_block_tables, load_mtp_weights, load_state_strict,

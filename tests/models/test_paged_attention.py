@@ -5,7 +5,7 @@ import numpy as np
 import paddle
 import pytest
 
-from conftest import build_models, small_config
+from models_testlib import build_models, small_config
 from fastdeploy_mtp.models import causal_bias, contiguous_block_tables, make_forward_meta
 import mtp_numpy_reference as ref
 

@@ -8,7 +8,7 @@ import numpy as np
 import paddle
 import pytest
 
-from conftest import build_models, small_config
+from models_testlib import build_models, small_config
 from fastdeploy_mtp.models import causal_bias, contiguous_block_tables, greedy_generate, \
     make_forward_meta, score_windows
 
