@@ -109,7 +109,9 @@ def lr_at(step: int, args) -> float:
 
 
 def losses(target, mtp, ids, bias, mtp_weight):
-    """``ids [B, S]`` -> (total, main CE, MTP CE, main correct, MTP correct, counts)."""
+    """``ids [B, S]`` int64 -> ``(total loss, main CE [B, S-1, 1], MTP CE [B, S-2, 1],
+    main logits [B, S-1, V], MTP logits [B, S-2, V])``. MTP row p pairs token p+1 with the
+    target hidden state at p and is scored on token p+2."""
     pre, post = target.forward_dense(ids, bias)
     hidden = target.mtp_hidden(pre, post)
     logits = target.compute_logits(hidden)                       # [B, S, V]
