@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -65,7 +66,37 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--export", default=None, help="write the trained checkpoint here at the end")
     p.add_argument("--eval-only", action="store_true", help="skip training (resume + export)")
+    p.add_argument("--card-note", default="",
+                   help="free-text note about the run (restarts, load) added to the card")
+    p.add_argument("--export-eval-windows", type=int, default=None,
+                   help="evaluate the export on this many held-out windows (smoke tests); "
+                        "default: all of them")
     return p.parse_args(argv)
+
+
+def _structure(opt_state, named):
+    """Key optimizer state by structural parameter names instead of Paddle's process-global
+    unique names (``linear_3.w_0``), which differ when models are built more than once in a
+    process."""
+    out = {}
+    for key, value in opt_state.items():
+        for structural, unique in named:
+            if key.startswith(unique + "_"):
+                key = structural + "::" + key[len(unique) + 1:]
+                break
+        out[key] = value
+    return out
+
+
+def _unstructure(opt_state, named):
+    lookup = dict(named)
+    out = {}
+    for key, value in opt_state.items():
+        if "::" in key:
+            structural, rest = key.split("::", 1)
+            key = lookup[structural] + "_" + rest
+        out[key] = value
+    return out
 
 
 def lr_at(step: int, args) -> float:
@@ -78,7 +109,9 @@ def lr_at(step: int, args) -> float:
 
 
 def losses(target, mtp, ids, bias, mtp_weight):
-    """``ids [B, S]`` -> (total, main CE, MTP CE, main correct, MTP correct, counts)."""
+    """``ids [B, S]`` int64 -> ``(total loss, main CE [B, S-1, 1], MTP CE [B, S-2, 1],
+    main logits [B, S-1, V], MTP logits [B, S-2, V])``. MTP row p pairs token p+1 with the
+    target hidden state at p and is scored on token p+2."""
     pre, post = target.forward_dense(ids, bias)
     hidden = target.mtp_hidden(pre, post)
     logits = target.compute_logits(hidden)                       # [B, S, V]
@@ -114,6 +147,8 @@ def main(argv=None):
     target = TinyTargetModel(config)
     mtp = MTPLayer(config, target)
     params = list(target.parameters()) + list(mtp.parameters())
+    named = [("target." + n, p.name) for n, p in target.named_parameters()] + \
+            [("mtp." + n, p.name) for n, p in mtp.named_parameters()]
     n_params = sum(int(np.prod(p.shape)) for p in params)
     no_decay = {p.name for p in params if len(p.shape) == 1}
     opt = paddle.optimizer.AdamW(
@@ -129,9 +164,19 @@ def main(argv=None):
     ckpt_path = os.path.join(args.run_dir, "ckpt.pdckpt")
     if os.path.exists(ckpt_path):
         state = paddle.load(ckpt_path)
+        saved = state.get("args", {})
+        shape_keys = ("hidden_size", "layers", "heads", "kv_heads", "intermediate_size",
+                      "vocab_size", "mtp_hidden_state", "seq_len", "seed")
+        changed = [k for k in shape_keys if k in saved and saved[k] != getattr(args, k)]
+        if changed:
+            raise SystemExit(f"{ckpt_path} was trained with different {changed}: "
+                             f"{ {k: saved[k] for k in changed} }")
         target.set_state_dict(state["target"])
         mtp.set_state_dict(state["mtp"])
-        opt.set_state_dict(state["opt"])
+        if "opt_structured" in state:
+            opt.set_state_dict(_unstructure(state["opt_structured"], named))
+        else:                       # written by an older version of this script
+            opt.set_state_dict(state["opt"])
         rng.bit_generator.state = state["rng"]
         step, elapsed = int(state["step"]), float(state["elapsed"])
         log(args.run_dir, f"resumed at step {step}, {elapsed:.0f}s of training so far")
@@ -141,7 +186,8 @@ def main(argv=None):
 
     def save_ckpt():
         state = {"target": target.state_dict(), "mtp": mtp.state_dict(),
-                 "opt": opt.state_dict(), "rng": rng.bit_generator.state,
+                 "opt_structured": _structure(opt.state_dict(), named),
+                 "rng": rng.bit_generator.state,
                  "step": step, "elapsed": elapsed, "args": vars(args)}
         tmp = ckpt_path + ".tmp"
         paddle.save(state, tmp)
@@ -182,14 +228,154 @@ def main(argv=None):
         log(args.run_dir, f"training stopped at step {step}, {elapsed:.0f}s training wall time")
 
     if args.export:
-        metrics = tiny_lib.evaluate_dense(target, mtp, split.heldout_array(), args.seq_len)
-        metrics.update({"steps": step, "train_wall_time_s": round(elapsed, 1),
-                        "params": n_params, "seed": args.seed,
-                        "train_args": {k: v for k, v in vars(args).items()
-                                       if k not in ("run_dir", "export", "eval_only")},
-                        "corpus": split.describe()})
-        tiny_lib.save_tiny(args.export, target, mtp, config, metrics)
-        log(args.run_dir, f"exported to {args.export}: {json.dumps(metrics)}")
+        export(args, target, mtp, config, split, step, elapsed, n_params)
+
+
+#: Held-out file and prefix that the shipped-checkpoint test re-scores.
+SCORE_FILE, SCORE_WINDOWS = "contextlib.py", 8
+#: Held-out files whose greedy continuations go into the card.
+CONTINUATION_FILES = ("dataclasses.py", "subprocess.py")
+PROMPT_BYTES, CONTINUATION_BYTES = 128, 128
+
+
+def export(args, target, mtp, config, split, step, elapsed, n_params):
+    """Evaluate on the held-out split and write the checkpoint, metrics and card."""
+    target.eval()
+    mtp.eval()
+    metrics = {"heldout_teacher_forced": tiny_lib.evaluate_dense(
+        target, mtp, split.heldout_array(), args.seq_len, max_windows=args.export_eval_windows)}
+    for name in (SCORE_FILE,) + CONTINUATION_FILES:
+        if name not in split.heldout_files:
+            raise SystemExit(f"{name} is not in the held-out split; pick another file")
+    data = np.fromfile(os.path.join(split.root, SCORE_FILE), dtype=np.uint8)
+    prefix = data[: args.seq_len * SCORE_WINDOWS].tobytes()
+    metrics["fixed_prefix_score"] = {
+        "file": SCORE_FILE, "window": args.seq_len, "windows": SCORE_WINDOWS,
+        "bytes": args.seq_len * SCORE_WINDOWS, "sha256": hashlib.sha256(prefix).hexdigest(),
+        "main_loss": round(tiny_lib.score_windows(target, data, args.seq_len, SCORE_WINDOWS), 6),
+        "path": "serving path: one packed prefill batch, paged KV cache"}
+    conts = []
+    for name in CONTINUATION_FILES:
+        text = open(os.path.join(split.root, name), "rb").read()
+        anchor = text.index(b"\n    def ", 4000) + len(b"\n    def ")
+        prompt = list(text[anchor - PROMPT_BYTES:anchor])
+        new = tiny_lib.greedy_generate(target, prompt, CONTINUATION_BYTES)
+        conts.append({"file": name, "prompt_offset": anchor - PROMPT_BYTES,
+                      "prompt": bytes(prompt).decode("utf-8", "replace"),
+                      "continuation": bytes(new).decode("utf-8", "replace"),
+                      "actual": text[anchor:anchor + CONTINUATION_BYTES].decode("utf-8",
+                                                                                "replace")})
+    metrics["greedy_continuations"] = conts
+    metrics.update({"card_note": args.card_note,
+                    "steps": step, "train_wall_time_s": round(elapsed, 1), "params": n_params,
+                    "seed": args.seed, "corpus": split.describe(),
+                    "train_args": {k: v for k, v in vars(args).items()
+                                   if k not in ("run_dir", "export", "eval_only", "card_note",
+                                                "export_eval_windows")}})
+    tiny_lib.save_tiny(args.export, target, mtp, config, metrics)
+    size = os.path.getsize(os.path.join(args.export, tiny_lib.WEIGHTS_FILE))
+    write_card(args.export, config, metrics, size)
+    log(args.run_dir, f"exported to {args.export}: "
+                      f"{json.dumps(metrics['heldout_teacher_forced'])} "
+                      f"prefix score {metrics['fixed_prefix_score']['main_loss']}")
+
+
+def write_card(out_dir, config, m, weights_bytes):
+    """Render CARD.md from the config and the metrics."""
+    tf, fp, c, ta = m["heldout_teacher_forced"], m["fixed_prefix_score"], m["corpus"], m["train_args"]
+    cfg_rows = "\n".join(f"| `{k}` | {v} |" for k, v in config.to_dict().items())
+    lines = [
+        "# Tiny byte-level target model + MTP layer",
+        "",
+        "Shipped with `fastdeploy_mtp` so the proposer and the reference engine can be tested "
+        "end to end on a CPU. Load it with `fastdeploy_mtp.models.load_tiny()`, which returns "
+        "`(target, mtp, config)`; tokens are bytes (`fastdeploy_mtp.models.ByteTokenizer`).",
+        "",
+        "Files: `model.safetensors` (float32, Paddle `[in, out]` Linear layout, "
+        f"{weights_bytes / 1e6:.2f} MB; target tensors under their own names, MTP layer under "
+        "`mtp.`), `config.json` (`ModelConfig`), `metrics.json` (every number below).",
+        "",
+        "## Model",
+        "",
+        f"Decoder-only target: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+        f"{config.num_attention_heads} query heads / {config.num_key_value_heads} KV heads "
+        f"(GQA, head_dim {config.head_dim}), RoPE (theta {config.rope_theta:g}, rotate-half), "
+        f"SwiGLU MLP ({config.intermediate_size}), RMSNorm, untied LM head, no biases. "
+        f"Vocabulary: {config.ori_vocab_size} bytes padded to {config.vocab_size} (the "
+        "padded columns are -inf in `compute_logits`). MTP layer: `enorm`, `hnorm`, "
+        "`eh_proj` over `cat[enorm(emb(t_{p+1})), hnorm(h_p)]`, one decoder layer of the same "
+        "shape, final `norm`; embedding and LM head shared with the target. The MTP layer "
+        f"consumes the target's **{config.mtp_hidden_state}** hidden state (what the target's "
+        f"`forward` returns). Parameters: {m['params']} (target + MTP, shared ones once).",
+        "",
+        "| field | value |", "|---|---|", cfg_rows,
+        "",
+        "## Corpus and split",
+        "",
+        f"{c['source']} of Python {c['python_version']} (`{c['stdlib_dir']}`), read as raw "
+        "bytes and concatenated in file-name order. The corpus therefore depends on the "
+        "Python version. Split by file: "
+        f"{c['split_rule']}. Train: {c['train_files']} files, {c['train_bytes']} bytes. "
+        f"Held out: {c['heldout_files']} files, {c['heldout_bytes']} bytes.",
+        "",
+        "## Training",
+        "",
+        f"`scripts/train_tiny.py`, seed {m['seed']}: AdamW (betas 0.9/0.95, weight decay "
+        f"{ta['weight_decay']} on matrices), peak lr {ta['lr']} with {ta['warmup_steps']} "
+        f"warmup steps and cosine decay to {ta['min_lr_ratio']}x at step {ta['max_steps']}, "
+        f"grad-norm clip {ta['grad_clip']}, batch {ta['batch_size']} x {ta['seq_len']} bytes "
+        "sampled uniformly at random offsets of the train concatenation. Loss = CE(next byte) "
+        f"+ {ta['mtp_weight']} x CE(MTP layer's byte after next), teacher forced. One CPU "
+        f"thread. **{m['steps']} steps** ({m['steps'] * ta['batch_size'] * ta['seq_len'] / 1e6:.1f}M "
+        f"tokens), **{m['train_wall_time_s'] / 60:.1f} minutes** of training wall time "
+        f"(wall budget flag {ta['wall_budget_min']} min).",
+        "",
+        *([f"Run notes: {m['card_note']}", ""] if m.get("card_note") else []),
+        "Command: `OMP_NUM_THREADS=1 python scripts/train_tiny.py --run-dir RUN "
+        + " ".join(f"--{k.replace('_', '-')} {ta[k]}" for k in
+                   ("seed", "batch_size", "seq_len", "max_steps", "wall_budget_min"))
+        + "` then the same with `--eval-only --export fastdeploy_mtp/assets`.",
+        "",
+        "## Held-out results (teacher forcing)",
+        "",
+        ("All " if tf["windows"] == c["heldout_bytes"] // ta["seq_len"] else
+         "An evenly spaced subset of ")
+        + f"{tf['windows']} non-overlapping {ta['seq_len']}-byte windows of the held-out "
+        "concatenation, dense (training) path:",
+        "",
+        "| metric | value |", "|---|---|",
+        f"| target next-byte loss (nats/byte) | {tf['main_loss']:.4f} |",
+        f"| target next-byte top-1 accuracy | {tf['main_top1']:.4f} |",
+        f"| MTP loss for the byte after next (nats/byte) | {tf['mtp_loss']:.4f} |",
+        f"| **MTP top-1 accuracy for the byte after next** | **{tf['mtp_top1']:.4f}** |",
+        "",
+        f"Fixed-prefix score (re-checked by `tests/models/test_shipped_checkpoint.py`): the first "
+        f"{fp['bytes']} bytes of held-out `{fp['file']}` as {fp['windows']} windows of "
+        f"{fp['window']} bytes, {fp['path']}: next-byte loss **{fp['main_loss']:.4f}** "
+        "nats/byte.",
+        "",
+        "## Greedy continuations of held-out code",
+        "",
+        f"Prompt: {PROMPT_BYTES} bytes of a held-out file ending in `    def `; "
+        f"{CONTINUATION_BYTES} greedy bytes from the target through the paged KV cache.",
+    ]
+    for cont in m["greedy_continuations"]:
+        lines += ["", f"`{cont['file']}` at byte {cont['prompt_offset']}, prompt:", "",
+                  "```python", cont["prompt"], "```", "", "model continuation:", "",
+                  "```python", cont["continuation"], "```", "", "actual file:", "",
+                  "```python", cont["actual"], "```"]
+    lines += [
+        "",
+        "## Limitations",
+        "",
+        f"- Trained on {ta['seq_len']}-byte windows only: positions beyond that are "
+        "extrapolated RoPE and quality drops there.",
+        "- A byte-level model of this size mostly learns local syntax, identifiers from the "
+        "context and common stdlib idioms; it is a test fixture, not a code model.",
+        "",
+    ]
+    with open(os.path.join(out_dir, "CARD.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -59,11 +59,18 @@ class ForwardMeta:
     def batch_size(self) -> int:
         return int(self.seq_lens_this_time.shape[0])
 
+    def build_plan(self) -> "AttentionPlan":
+        """(Re)derive the host-side indices from the current metadata. Models call this once
+        at the start of every forward, because engines update the metadata tensors in place
+        between steps and reuse the same ``ForwardMeta``."""
+        self._plan = AttentionPlan.build(self)
+        return self._plan
+
     def plan(self) -> "AttentionPlan":
-        """Host-side indices derived from the metadata, computed once per meta and shared by
-        every layer (the metadata is not expected to change within one forward)."""
+        """The indices built by the latest :meth:`build_plan` (built now if there is none),
+        shared by every layer of one forward."""
         if self._plan is None:
-            self._plan = AttentionPlan.build(self)
+            return self.build_plan()
         return self._plan
 
 

@@ -88,7 +88,7 @@ class MTPLayer(nn.Layer):
             raise ValueError(f"`previous_hidden_states` must be [{t}, "
                              f"{self.config.hidden_size}], got "
                              f"{list(previous_hidden_states.shape)}")
-        plan = forward_meta.plan()
+        plan = forward_meta.build_plan()
         cos, sin = self.rotary.lookup(plan.positions)
         x = self._fuse(self.target.embed_tokens(ids_remove_padding),
                        previous_hidden_states.astype("float32"))

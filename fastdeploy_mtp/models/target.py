@@ -67,7 +67,7 @@ class TinyTargetModel(nn.Layer):
         """
         if ids_remove_padding is None:
             ids_remove_padding = forward_meta.ids_remove_padding
-        plan = forward_meta.plan()
+        plan = forward_meta.build_plan()
         if int(ids_remove_padding.shape[0]) != plan.positions.shape[0]:
             raise ValueError(f"`ids_remove_padding` has {int(ids_remove_padding.shape[0])} "
                              f"tokens, forward_meta describes {plan.positions.shape[0]}")

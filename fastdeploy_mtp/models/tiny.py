@@ -152,7 +152,7 @@ def greedy_generate(target: TinyTargetModel, prompt: Sequence[int],
         meta = make_forward_meta([len(step_ids)], [past], tables, caches, cfg.block_size,
                                  ids_remove_padding=step_ids)
         hidden = target(meta.ids_remove_padding, meta)
-        nxt = int(target.compute_logits(hidden[-1:]).argmax(-1))
+        nxt = int(target.compute_logits(hidden[-1:]).argmax(-1).numpy()[0])
         out.append(nxt)
         past += len(step_ids)
         step_ids = [nxt]

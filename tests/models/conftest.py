@@ -1,49 +1,14 @@
-"""Fixtures for the model tests: tiny seeded configs and models with non-trivial weights."""
+"""Fixtures for the model tests. Helpers live in ``models_testlib.py`` and the numpy
+reference in ``mtp_numpy_reference.py`` (unique module names, importable from this directory)."""
 
 import os
 import sys
 
-import numpy as np
-import paddle
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fastdeploy_mtp.models import MTPLayer, ModelConfig, TinyTargetModel  # noqa: E402
-
-
-def small_config(**overrides):
-    """Tiny shapes so the whole directory runs in seconds: H=32, 4 q heads, 2 kv heads,
-    head_dim 8, vocab 40 padded from 37, block size 4."""
-    base = dict(vocab_size=40, ori_vocab_size=37, hidden_size=32, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
-                block_size=4, max_position_embeddings=512)
-    base.update(overrides)
-    return ModelConfig(**base)
-
-
-def randomize(layer, seed):
-    """Give every parameter seeded random values (norm weights around 1) so that bugs in
-    any parameter's use show up."""
-    rng = np.random.default_rng(seed)
-    for name, p in sorted(layer.named_parameters()):
-        shape = list(p.shape)
-        if len(shape) == 1 and "bias" not in name:
-            value = 1.0 + 0.2 * rng.standard_normal(shape)
-        else:
-            value = rng.standard_normal(shape) * (0.5 / np.sqrt(shape[0]))
-        p.set_value(value.astype(np.float32))
-
-
-def build_models(config, seed=0):
-    paddle.seed(seed)
-    target = TinyTargetModel(config)
-    mtp = MTPLayer(config, target)
-    randomize(target, seed)
-    randomize(mtp, seed + 1)
-    target.eval()
-    mtp.eval()
-    return target, mtp
+from models_testlib import build_models, small_config  # noqa: E402
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import numpy as np
 import paddle
 import pytest
 
-from conftest import build_models, small_config
+from models_testlib import build_models, small_config
 from fastdeploy_mtp.models import causal_bias, contiguous_block_tables, make_forward_meta
 import mtp_numpy_reference as ref
 
@@ -199,3 +199,21 @@ def test_bad_metadata_is_rejected_with_the_argument_named(models, config):
                              ids_remove_padding=np.zeros(3, np.int64))
     with pytest.raises(ValueError, match="caches"):
         target(meta.ids_remove_padding, meta)
+
+
+def test_reused_forward_meta_updated_in_place_is_replanned(config):
+    """Engines keep one ForwardMeta and overwrite its tensors each step; the model must not
+    reuse indices derived from the previous step."""
+    target, _ = build_models(config, seed=9)
+    ids = np.random.default_rng(9).integers(0, config.ori_vocab_size, 10)
+    tables, n = contiguous_block_tables([10], config.block_size)
+    full = run_target(target, [(ids, 0)], tables, fresh_caches(target, n))[0]
+    caches = fresh_caches(target, n)
+    meta = make_forward_meta([1], [0], tables, caches, config.block_size,
+                             ids_remove_padding=ids[:1])
+    got = []
+    for t in range(10):
+        meta.ids_remove_padding[0] = int(ids[t])    # in-place updates, same object
+        meta.seq_lens_decoder[0] = t
+        got.append(target(meta.ids_remove_padding, meta).numpy())
+    np.testing.assert_allclose(np.concatenate(got), full, rtol=RTOL_SAME, atol=ATOL_SAME)
