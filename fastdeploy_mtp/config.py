@@ -1,0 +1,195 @@
+"""Serving configuration with FastDeploy's attribute names (duck-type compatible).
+
+``MTPProposer`` and the reference engine read ``fd_config.<section>.<attribute>`` exactly as
+FastDeploy's proposer does, so an engine that already has a FastDeploy ``FDConfig`` can pass
+it unchanged; these dataclasses are the minimal set the package needs, with defaults and
+validation that names the offending field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+#: ``speculative_config.method`` values this package implements.
+SPECULATIVE_METHODS = (None, "mtp")
+#: ``speculative_config.mtp_strategy`` values.
+MTP_STRATEGIES = ("default", "with_ngram")
+#: ``scheduler_config.splitwise_role`` values.
+SPLITWISE_ROLES = ("mixed", "prefill", "decode")
+
+
+def _positive(obj, *names: str, allow_zero: bool = False) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value < 0 or (value == 0 and not allow_zero):
+            kind = ">= 0" if allow_zero else "> 0"
+            raise ValueError(f"{type(obj).__name__}.{name} must be {kind}, got {value}")
+
+
+@dataclass
+class ModelConfig:
+    """``fd_config.model_config``.
+
+    Attributes:
+        model: path of the target checkpoint (informational).
+        architectures: e.g. ``["TinyForCausalLM"]``; the proposer derives the MTP layer's
+            architecture name by replacing ``"Moe"`` with ``"MTP"`` as FastDeploy does.
+        max_model_len: ``L``, the longest sequence (prompt + generated) a slot holds.
+        vocab_size / ori_vocab_size: padded and real vocabulary.
+        hidden_size: ``H``.
+        num_hidden_layers: target decoder layers.
+        eos_token_id: ids that end a request.
+    """
+
+    model: str = ""
+    architectures: List[str] = field(default_factory=lambda: ["TinyForCausalLM"])
+    max_model_len: int = 2048
+    vocab_size: int = 272
+    ori_vocab_size: int = 256
+    hidden_size: int = 128
+    num_hidden_layers: int = 2
+    eos_token_id: List[int] = field(default_factory=lambda: [256])
+
+    def __post_init__(self) -> None:
+        _positive(self, "max_model_len", "vocab_size", "ori_vocab_size", "hidden_size")
+        if not self.eos_token_id:
+            raise ValueError("ModelConfig.eos_token_id must name at least one id")
+
+
+@dataclass
+class SpeculativeConfig:
+    """``fd_config.speculative_config``.
+
+    Attributes:
+        method: ``"mtp"``, or ``None`` for no speculation.
+        num_speculative_tokens: ``K``, draft tokens per round (``draft_tokens`` is ``K + 1``
+            wide).
+        num_model_steps: ``S``, MTP substeps per round, ``1 <= S <= K``. With
+            ``mtp_strategy == "with_ngram"`` and ``K > S`` the remaining slots are filled by
+            n-gram matching (``hybrid_mtp_ngram``).
+        mtp_strategy: ``"default"`` or ``"with_ngram"``.
+        max_ngram_size / min_ngram_size: n-gram lengths tried by the hybrid mode.
+        model: path of the MTP checkpoint (informational).
+        verify_strategy: ``"greedy"`` (exact greedy decoding), ``"topp"``, ``"target_match"``
+            or ``"rejection"``; the reference engine implements greedy.
+    """
+
+    method: Optional[str] = "mtp"
+    num_speculative_tokens: int = 1
+    num_model_steps: int = 1
+    mtp_strategy: str = "default"
+    max_ngram_size: int = 5
+    min_ngram_size: int = 2
+    model: str = ""
+    verify_strategy: str = "greedy"
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"SpeculativeConfig.method must be one of {SPECULATIVE_METHODS}, "
+                             f"got {self.method!r}")
+        if self.mtp_strategy not in MTP_STRATEGIES:
+            raise ValueError(f"SpeculativeConfig.mtp_strategy must be one of {MTP_STRATEGIES}, "
+                             f"got {self.mtp_strategy!r}")
+        if self.method is None:
+            return
+        _positive(self, "num_speculative_tokens", "num_model_steps", "min_ngram_size")
+        if self.num_model_steps > self.num_speculative_tokens:
+            raise ValueError(f"SpeculativeConfig.num_model_steps ({self.num_model_steps}) must be "
+                             f"<= num_speculative_tokens ({self.num_speculative_tokens})")
+        if self.max_ngram_size < self.min_ngram_size:
+            raise ValueError(f"SpeculativeConfig.max_ngram_size ({self.max_ngram_size}) must be "
+                             f">= min_ngram_size ({self.min_ngram_size})")
+
+    @property
+    def enabled(self) -> bool:
+        return self.method is not None
+
+
+@dataclass
+class SchedulerConfig:
+    """``fd_config.scheduler_config``.
+
+    Attributes:
+        max_num_seqs: ``N``, batch slots.
+        max_num_batched_tokens: token budget of one target forward (chunked prefill splits
+            prompts to fit it).
+        splitwise_role: ``"mixed"``, ``"prefill"`` or ``"decode"``.
+    """
+
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 512
+    splitwise_role: str = "mixed"
+
+    def __post_init__(self) -> None:
+        _positive(self, "max_num_seqs", "max_num_batched_tokens")
+        if self.splitwise_role not in SPLITWISE_ROLES:
+            raise ValueError(f"SchedulerConfig.splitwise_role must be one of {SPLITWISE_ROLES}, "
+                             f"got {self.splitwise_role!r}")
+
+
+@dataclass
+class CacheConfig:
+    """``fd_config.cache_config``.
+
+    Attributes:
+        block_size: tokens per KV block.
+        total_block_num: KV blocks of the target (and of the MTP layer, which mirrors the
+            target's block table).
+        kv_cache_ratio: share of blocks for prompts in the v0 scheduler (the draft's free
+            list is the rest, as FastDeploy lays it out).
+        enc_dec_block_num: extra block-table columns per slot.
+    """
+
+    block_size: int = 16
+    total_block_num: int = 256
+    kv_cache_ratio: float = 0.75
+    enc_dec_block_num: int = 2
+
+    def __post_init__(self) -> None:
+        _positive(self, "block_size", "total_block_num")
+        _positive(self, "enc_dec_block_num", allow_zero=True)
+        if not 0.0 <= self.kv_cache_ratio <= 1.0:
+            raise ValueError(f"CacheConfig.kv_cache_ratio must be in [0, 1], got {self.kv_cache_ratio}")
+
+
+@dataclass
+class ParallelConfig:
+    """``fd_config.parallel_config``: tensor parallelism and the names of shared resources.
+
+    Attributes:
+        tensor_parallel_size / tensor_parallel_rank: TP layout (the reference engine runs
+            TP = 1).
+        local_rank / device_id: this worker's rank and device.
+        engine_worker_queue_port: suffix of the IPC names (``cache_ready_signal.<port>``,
+            ``key_caches_{layer}_rank{r}.device{d}``).
+    """
+
+    tensor_parallel_size: int = 1
+    tensor_parallel_rank: int = 0
+    local_rank: int = 0
+    device_id: int = 0
+    engine_worker_queue_port: int = 8002
+
+    def __post_init__(self) -> None:
+        _positive(self, "tensor_parallel_size")
+        if not 0 <= self.tensor_parallel_rank < self.tensor_parallel_size:
+            raise ValueError(f"ParallelConfig.tensor_parallel_rank must be in "
+                             f"[0, {self.tensor_parallel_size}), got {self.tensor_parallel_rank}")
+
+
+@dataclass
+class FDConfig:
+    """``fd_config``: the sections above under FastDeploy's names."""
+
+    model_config: ModelConfig = field(default_factory=ModelConfig)
+    speculative_config: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache_config: CacheConfig = field(default_factory=CacheConfig)
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        """``B``: block-table columns per slot, ``ceil(L / block_size) + enc_dec_block_num``."""
+        bs = self.cache_config.block_size
+        return -(-self.model_config.max_model_len // bs) + self.cache_config.enc_dec_block_num

@@ -1,0 +1,8 @@
+"""MTP proposer: drafts tokens with a model's MTP layer beside the target model."""
+
+from .input_batch import CLONED_FROM_TARGET, SHARED_WITH_TARGET, ProposerInputBatch
+from .mtp import MTPProposer
+from .sampler import MTPSampler
+
+__all__ = ["CLONED_FROM_TARGET", "MTPProposer", "MTPSampler", "ProposerInputBatch",
+           "SHARED_WITH_TARGET"]

@@ -1,0 +1,286 @@
+"""``MTPProposer``: runs a model's MTP layer beside the target to draft tokens.
+
+One round (``fastdeploy-ops.md`` §1, DESIGN.md §6), after the target's verify/update:
+
+1. ``_prepare_inputs``: ``draft_model_preprocess`` builds the draft's shadow state from the
+   target's verified state; ``eagle_get_hidden_states`` picks the target hidden rows the MTP
+   layer consumes (all prompt rows of a prefill item, the first ``accept_num`` rows of a
+   decode item), staged in ``target_hidden_states``.
+2. ``_propose``: ``num_model_steps`` substeps of ``speculate_pre_process`` -> MTP layer ->
+   ``eagle_gather_hidden_states`` (last row per item) -> logits -> greedy sampler ->
+   ``draft_model_update`` (writes the target's draft slot ``s + 1``); the gathered hidden
+   rows feed the next substep.
+3. ``_update_status``: ``draft_model_postprocess`` sets the target's token counts for its next
+   forward (``mtp_step_paddle`` too, for the legacy v0 block scheduler).
+4. Hybrid mode (``mtp_strategy == "with_ngram"``, ``K > S``): ``hybrid_mtp_ngram`` fills the
+   remaining draft slots from n-gram matches in the prompt and history.
+
+All device work goes through :mod:`fastdeploy_mtp.ops`, which run on whatever device the
+buffers are on, so there is one code path for every backend.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, List, Optional, Sequence
+
+import numpy as np
+import paddle
+
+from .. import ops
+from ..config import FDConfig
+from ..models.forward_meta import ForwardMeta
+from ..runtime.input_batch import InputBatch
+from ..runtime.request import Request, RequestType
+from .input_batch import ProposerInputBatch
+from .sampler import MTPSampler
+
+
+class MTPProposer:
+    """FastDeploy's MTP proposer surface over the package's ops.
+
+    Args:
+        fd_config: serving config (:class:`fastdeploy_mtp.config.FDConfig` or a FastDeploy
+            ``FDConfig``); ``speculative_config.method`` must be ``"mtp"``.
+        main_model: the target model (its embedding and LM head are shared by the MTP layer).
+        local_rank: this worker's rank (names the IPC caches).
+        device_id: this worker's device (names the IPC caches).
+        target_model_inputs: the target runner's ``share_inputs``; the proposer shares some of
+            its tensors by reference (see :mod:`fastdeploy_mtp.proposer.input_batch`).
+        model: keyword-only, the MTP layer (anything with ``forward(ids, hidden, meta)``,
+            ``compute_logits``, ``empty_input_forward`` and ``attn_backend``). FastDeploy
+            builds it from ``speculative_config.model``; here the caller passes it, e.g. the
+            one :func:`fastdeploy_mtp.models.load_tiny` returns.
+    """
+
+    def __init__(self, fd_config: FDConfig, main_model, local_rank: int, device_id: int,
+                 target_model_inputs: InputBatch, *, model=None):
+        spec = fd_config.speculative_config
+        if spec.method != "mtp":
+            raise ValueError(f"MTPProposer needs speculative_config.method == 'mtp', got {spec.method!r}")
+        if model is None:
+            raise ValueError("MTPProposer needs the MTP layer: pass `model=` (e.g. from "
+                             "fastdeploy_mtp.models.load_tiny())")
+        self.fd_config = fd_config
+        self.main_model = main_model
+        self.model = model
+        self.local_rank = local_rank
+        self.device_id = device_id
+        self.target_model_inputs = target_model_inputs
+        self.num_model_steps = spec.num_model_steps
+        self.max_draft_token_num = spec.num_speculative_tokens
+        self.hybrid_mode = spec.mtp_strategy == "with_ngram" and spec.num_speculative_tokens > spec.num_model_steps
+        self.max_model_len = fd_config.model_config.max_model_len
+        self.block_size = fd_config.cache_config.block_size
+        self.is_splitwise_prefill = fd_config.scheduler_config.splitwise_role == "prefill"
+        self.model_inputs = ProposerInputBatch(fd_config, target_model_inputs)
+        self.sampler = MTPSampler(fd_config.parallel_config.tensor_parallel_size)
+        self.caches: List[paddle.Tensor] = []
+        self.num_gpu_blocks = 0
+
+    # ---- KV cache ------------------------------------------------------------------------
+    def initialize_kv_cache(self, main_model_num_blocks: int, profile: bool = False) -> None:
+        """Create the MTP layer's KV caches (one key and one value tensor, shape
+        ``model.attn_backend.get_kv_cache_shape(main_model_num_blocks)``); the draft mirrors
+        the target's block table, so it has as many blocks as the target."""
+        if main_model_num_blocks <= 0:
+            raise ValueError(f"`main_model_num_blocks` must be > 0, got {main_model_num_blocks}")
+        self.num_gpu_blocks = int(main_model_num_blocks)
+        self.caches = self.model.attn_backend.allocate_caches(self.model.num_cache_layers,
+                                                              self.num_gpu_blocks)
+
+    def clear_mtp_cache(self) -> None:
+        """Release the MTP layer's KV caches."""
+        self.caches = []
+
+    def update_mtp_block_num(self, num_gpu_blocks: int) -> None:
+        """Re-create the caches for a new block count (after the engine profiled memory)."""
+        self.clear_mtp_cache()
+        self.initialize_kv_cache(num_gpu_blocks)
+
+    # ---- request insertion ---------------------------------------------------------------
+    def insert_tasks_v1(self, req_dicts: Sequence[Request], num_running_requests: int = 0) -> None:
+        """Set the draft state of the slots the scheduler (re)filled this step (§4.3).
+
+        A prefill task (chunk ``[start, end)`` of its prompt) loads the draft's prompt shifted
+        left by one: ``input_ids[idx, :len - 1] = prompt[start + 1 : end]`` (the last slot is
+        the next token, written by ``draft_model_preprocess``); the draft's lengths become
+        ``seq_lens_encoder = len``, ``seq_lens_decoder = start``; ``step_idx`` = tokens already
+        generated on the final chunk (0 otherwise); ``pre_ids`` is reset to the generated
+        history. A decode task only refreshes the block table (done every round); an abort
+        stops the slot.
+        """
+        x = self.model_inputs
+        for req in req_dicts:
+            idx = int(req.idx)
+            if req.task_type == RequestType.PREFILL:
+                prompt = list(req.prompt_token_ids)
+                output = list(req.output_token_ids)
+                start, end = int(req.prefill_start_index), int(req.prefill_end_index)
+                length = end - start
+                if length <= 0:
+                    raise ValueError(f"request {req.request_id!r}: empty prefill chunk [{start}, {end})")
+                shifted = prompt[start + 1:end] + (prompt[end:end + 1] if end < len(prompt) else [])
+                if shifted:
+                    x.input_ids[idx, :len(shifted)] = paddle.to_tensor(shifted, dtype="int64")
+                x.input_ids_cpu[idx, :] = -1
+                if len(prompt) > 1:
+                    x.input_ids_cpu[idx, :len(prompt) - 1] = paddle.to_tensor(prompt[1:], dtype="int64")
+                x.input_ids_len[idx, 0] = len(prompt) - 1
+                x.pre_ids[idx, :] = -1
+                if output:
+                    x.pre_ids[idx, :len(output)] = paddle.to_tensor(output, dtype="int64")
+                x.stop_flags[idx, 0] = False
+                x.batch_drop[idx, 0] = False
+                x.seq_lens_encoder[idx] = length
+                x.seq_lens_decoder[idx] = start
+                x.seq_lens_this_time[idx] = length
+                x.step_idx[idx, 0] = len(output) if end >= len(prompt) + len(output) else 0
+                x.draft_tokens[idx, :] = -1
+                if self.fd_config.scheduler_config.splitwise_role == "decode":
+                    x.seq_lens_encoder[idx] = 0
+                    x.seq_lens_this_time[idx] = length + 1
+                    x.recompute_token_num[idx, 0] = 0
+                    x.mask_rollback[idx, 0] = 1
+            elif req.task_type == RequestType.ABORT:
+                self._stop_slot(idx)
+
+    def insert_prefill_inputs(self, req_dicts: Sequence[Request], num_running_requests: int = 0) -> None:
+        """The legacy (v0 scheduler) insertion: same draft state as :meth:`insert_tasks_v1`,
+        plus the slot's prompt blocks for ``mtp_step_paddle``'s allocator."""
+        self.insert_tasks_v1(req_dicts, num_running_requests)
+        for req in req_dicts:
+            if req.task_type == RequestType.PREFILL:
+                idx = int(req.idx)
+                self.model_inputs.encoder_block_lens[idx] = len(req.block_tables)
+                self.model_inputs.used_list_len[idx] = 0
+
+    def update_task_chunk_prefill(self, task: Request) -> None:
+        """Load the next prompt chunk of a chunked-prefill request (same state as a fresh
+        prefill task for that chunk)."""
+        task.task_type = RequestType.PREFILL
+        self.insert_tasks_v1([task])
+
+    def _stop_slot(self, idx: int) -> None:
+        x = self.model_inputs
+        x.stop_flags[idx, 0] = True
+        x.seq_lens_this_time[idx] = 0
+        x.seq_lens_encoder[idx] = 0
+        x.seq_lens_decoder[idx] = 0
+        x.step_idx[idx, 0] = 0
+
+    def dummy_prefill_inputs(self, num_tokens: int, batch_size: int, expected_decode_len: int = 1) -> None:
+        """Fill ``batch_size`` slots with a dummy prefill of ``num_tokens // batch_size``
+        tokens each (warm-up and memory profiling)."""
+        if batch_size <= 0 or num_tokens < batch_size:
+            raise ValueError(f"need 0 < batch_size <= num_tokens, got {batch_size}, {num_tokens}")
+        per_item = min(num_tokens // batch_size, self.max_model_len - expected_decode_len - 1)
+        x = self.model_inputs
+        for idx in range(batch_size):
+            x.input_ids[idx, :per_item] = 5
+            x.stop_flags[idx, 0] = False
+            x.seq_lens_encoder[idx] = per_item
+            x.seq_lens_decoder[idx] = 0
+            x.seq_lens_this_time[idx] = per_item
+            x.step_idx[idx, 0] = 0
+
+    def exist_prefill(self) -> bool:
+        """Whether some draft slot is in prefill (reads the lengths on the host)."""
+        return bool((self.model_inputs.seq_lens_encoder > 0).any().item())
+
+    #: Buffers swapped by :meth:`reorder_inputs` (FastDeploy's ``swap_states`` list).
+    SWAPPED = ("block_tables", "input_ids", "input_ids_cpu", "seq_lens_this_time", "seq_lens_encoder",
+               "seq_lens_decoder", "step_idx", "pre_ids", "encoder_block_lens", "input_ids_len",
+               "mask_rollback", "recompute_token_num", "stop_flags", "draft_tokens")
+
+    def reorder_inputs(self, src_dst: Iterable[Sequence[int]]) -> None:
+        """Swap the draft state of slot pairs ``(i1, i2)`` (the target reorders its slots, e.g.
+        prefill before decode in splitwise deployments, and the draft must follow)."""
+        x = self.model_inputs
+        for i1, i2 in src_dst:
+            for name in self.SWAPPED:
+                t = x[name]
+                a, b = t[i1].clone(), t[i2].clone()
+                t[i1] = b
+                t[i2] = a
+
+    # ---- one round -------------------------------------------------------------------------
+    @paddle.no_grad()
+    def run(self, full_hidden_states: paddle.Tensor, step_use_cudagraph: bool = False,
+            is_dummy_run: bool = False, real_bsz: int = 0) -> None:
+        """Draft ``K`` tokens per running target item into the target's ``draft_tokens``.
+
+        Args:
+            full_hidden_states: ``[T_target, H]`` the target's hidden rows of this step (as its
+                forward returned them, in batch order).
+            step_use_cudagraph: accepted for FastDeploy compatibility (no graphs here).
+            is_dummy_run: warm-up run: outputs are not meaningful.
+            real_bsz: number of leading slots in use (0 = all ``max_num_seqs``).
+        """
+        self._prepare_inputs(full_hidden_states)
+        self._propose()
+        self._update_status()
+        if self.hybrid_mode:
+            self._extend_draft_token_with_ngram_match()
+
+    def _prepare_inputs(self, full_hidden_states: paddle.Tensor) -> None:
+        x, t = self.model_inputs, self.target_model_inputs
+        paddle.assign(t.block_tables, output=x.block_tables)
+        ops.draft_model_preprocess(
+            x.draft_tokens, x.input_ids, x.stop_flags, x.seq_lens_this_time, x.seq_lens_encoder,
+            x.seq_lens_decoder, x.step_idx, x.not_need_stop, x.pre_ids, x.accept_tokens, x.accept_num,
+            t.seq_lens_encoder, t.seq_lens_decoder, t.step_idx, t.stop_flags, x.max_dec_len,
+            x.base_model_draft_tokens, self.num_model_steps, self.is_splitwise_prefill)
+        hidden, _ = ops.eagle_get_hidden_states(
+            full_hidden_states.astype("float32"), x.seq_lens_this_time, x.seq_lens_encoder,
+            x.seq_lens_decoder, x.stop_flags, x.accept_num, t.seq_lens_this_time, t.seq_lens_encoder,
+            self.num_model_steps)
+        rows = int(hidden.shape[0])
+        if rows > int(x.target_hidden_states.shape[0]):
+            raise ValueError(f"{rows} target hidden rows exceed the staging buffer "
+                             f"({int(x.target_hidden_states.shape[0])} rows): raise "
+                             "scheduler_config.max_num_batched_tokens")
+        if rows:
+            x.target_hidden_states[:rows] = hidden
+
+    def _propose(self) -> None:
+        x = self.model_inputs
+        bsz = int(x.seq_lens_this_time.shape[0])
+        for substep in range(self.num_model_steps):
+            x.substep = substep
+            token_num = int(x.seq_lens_this_time.sum().item())
+            if token_num == 0:
+                self.model.empty_input_forward(None)
+                continue
+            (ids_remove_padding, _, cu_seqlens_q, _, cu_seqlens_q_output, batch_id_per_token_output,
+             real_output_token_num) = ops.speculate_pre_process(
+                token_num, x.input_ids, x.seq_lens_this_time, x.draft_tokens, x.seq_lens_encoder,
+                x.seq_lens_decoder)
+            meta = ForwardMeta(
+                ids_remove_padding=ids_remove_padding, cu_seqlens_q=cu_seqlens_q,
+                seq_lens_encoder=x.seq_lens_encoder, seq_lens_decoder=x.seq_lens_decoder,
+                seq_lens_this_time=x.seq_lens_this_time, block_tables=x.block_tables,
+                caches=self.caches, block_size=self.block_size)
+            hidden = self.model(ids_remove_padding, x.target_hidden_states[:token_num], meta)
+            gathered, _ = ops.eagle_gather_hidden_states(
+                hidden, cu_seqlens_q, x.seq_lens_this_time, x.seq_lens_decoder, x.seq_lens_encoder,
+                batch_id_per_token_output, cu_seqlens_q_output, real_output_token_num)
+            next_tokens = self.sampler(self.model.compute_logits(gathered))
+            ops.draft_model_update(
+                next_tokens, x.draft_tokens, x.pre_ids, x.seq_lens_this_time, x.seq_lens_encoder,
+                x.seq_lens_decoder, x.step_idx, cu_seqlens_q_output, x.stop_flags, x.not_need_stop,
+                x.max_dec_len, x.eos_token_id, x.base_model_draft_tokens, self.max_model_len, substep)
+            x.target_hidden_states[:bsz] = gathered
+
+    def _update_status(self) -> None:
+        t = self.target_model_inputs
+        ops.draft_model_postprocess(t.draft_tokens, t.seq_lens_this_time, t.seq_lens_encoder,
+                                    t.stop_flags)
+
+    def _extend_draft_token_with_ngram_match(self) -> None:
+        x, t = self.model_inputs, self.target_model_inputs
+        spec = self.fd_config.speculative_config
+        ops.hybrid_mtp_ngram(
+            x.input_ids_cpu, x.input_ids_len, x.pre_ids, x.step_idx, t.actual_draft_token_num,
+            t.draft_tokens, t.seq_lens_this_time, x.seq_lens_decoder, x.max_dec_len,
+            max_ngram_size=spec.max_ngram_size, min_ngram_size=spec.min_ngram_size,
+            max_draft_tokens=self.max_draft_token_num)

@@ -1,0 +1,1 @@
+"""The reference host engine: target runner, scheduler, generation loop, IPC helpers."""

@@ -1,0 +1,116 @@
+"""The target runner's persistent buffers (``share_inputs``), FastDeploy's layout.
+
+Shapes use ``N`` = ``max_num_seqs`` slots, ``W = K + 1`` draft slots (``K`` =
+``num_speculative_tokens``, 0 without speculation), ``L`` = ``max_model_len``, ``B`` =
+block-table columns, ``E`` = number of EOS ids. All tensors live on the runner's device and
+are allocated once (their addresses never change, as CUDA-graph capture requires); ops write
+them in place.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator
+
+import numpy as np
+import paddle
+
+from ..config import FDConfig
+
+
+class InputBatch:
+    """A bag of named tensors with both attribute and dict-style access (``x.k`` is
+    ``x["k"]``), as FastDeploy's ``InputBatch``."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_buffers", {})
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._buffers[name]
+        except KeyError:
+            raise AttributeError(f"{type(self).__name__} has no buffer {name!r}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._buffers[name] = value
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return self._buffers[name]
+        except KeyError:
+            raise KeyError(f"{type(self).__name__} has no buffer {name!r}") from None
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self._buffers[name] = value
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._buffers
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._buffers)
+
+    def items(self):
+        return self._buffers.items()
+
+    def as_dict(self) -> Dict[str, Any]:
+        return dict(self._buffers)
+
+
+def _full(shape, value, dtype) -> paddle.Tensor:
+    return paddle.full(shape, value, dtype=dtype)
+
+
+def make_target_inputs(fd_config: FDConfig) -> InputBatch:
+    """The target's ``share_inputs`` (the subset of FastDeploy's that the proposer and the
+    reference engine use).
+
+    Buffers (dtype, shape, initial value):
+        input_ids            int64 [N, L] -1: the current prefill chunk at ``[:len]``
+        token_ids_all        int64 [N, L] -1: prompt at ``[:prompt_len]``, then generated
+        prompt_lens          int64 [N, 1] 0
+        seq_lens_this_time   int32 [N]    0: tokens this step
+        seq_lens_encoder     int32 [N]    0: prompt tokens this step (prefill)
+        seq_lens_decoder     int32 [N]    0: tokens in the KV cache
+        step_idx             int64 [N, 1] 0: generated tokens so far
+        stop_flags           bool  [N, 1] True: free / finished slots are stopped
+        is_block_step        bool  [N]    False: paused slots (preemption)
+        draft_tokens         int64 [N, W] -1: [last accepted, d1..dK]
+        accept_tokens        int64 [N, W] -1; accept_num int32 [N] 0
+        actual_draft_token_num int32 [N]  K
+        max_dec_len          int64 [N, 1] 0; min_dec_len int64 [N, 1] 0
+        eos_token_id         int64 [E, 1]
+        not_need_stop        bool  [1]    False (on the device)
+        block_tables         int32 [N, B] -1
+        top_p / temperature  float32 [N, 1] 1.0; top_k int64 [N, 1] 0; infer_seed int64 [N, 1] 0
+        reasoning_status     int32 [N, 1] 0
+    """
+    n = fd_config.scheduler_config.max_num_seqs
+    spec = fd_config.speculative_config
+    k = spec.num_speculative_tokens if spec.enabled else 0
+    w = k + 1
+    seq_len = fd_config.model_config.max_model_len
+    eos = np.asarray(fd_config.model_config.eos_token_id, np.int64).reshape(-1, 1)
+    x = InputBatch()
+    x.input_ids = _full([n, seq_len], -1, "int64")
+    x.token_ids_all = _full([n, seq_len], -1, "int64")
+    x.prompt_lens = _full([n, 1], 0, "int64")
+    x.seq_lens_this_time = _full([n], 0, "int32")
+    x.seq_lens_encoder = _full([n], 0, "int32")
+    x.seq_lens_decoder = _full([n], 0, "int32")
+    x.step_idx = _full([n, 1], 0, "int64")
+    x.stop_flags = _full([n, 1], True, "bool")
+    x.is_block_step = _full([n], False, "bool")
+    x.draft_tokens = _full([n, w], -1, "int64")
+    x.accept_tokens = _full([n, w], -1, "int64")
+    x.accept_num = _full([n], 0, "int32")
+    x.actual_draft_token_num = _full([n], k, "int32")
+    x.max_dec_len = _full([n, 1], 0, "int64")
+    x.min_dec_len = _full([n, 1], 0, "int64")
+    x.eos_token_id = paddle.to_tensor(eos)
+    x.not_need_stop = _full([1], False, "bool")
+    x.block_tables = _full([n, fd_config.max_blocks_per_seq], -1, "int32")
+    x.top_p = _full([n, 1], 1.0, "float32")
+    x.top_k = _full([n, 1], 0, "int64")
+    x.temperature = _full([n, 1], 1.0, "float32")
+    x.infer_seed = _full([n, 1], 0, "int64")
+    x.reasoning_status = _full([n, 1], 0, "int32")
+    return x
