@@ -42,9 +42,10 @@ class Metrics:
         return self.emitted_tokens / self.decode_item_steps if self.decode_item_steps else 0.0
 
     @property
-    def acceptance_per_position(self) -> List[float]:
-        """Share of offered drafts accepted, per draft position 1..K."""
-        return [float(a / p) if p else 0.0 for a, p in zip(self.accepted, self.proposed)]
+    def acceptance_per_position(self) -> List[Optional[float]]:
+        """Share of offered drafts accepted, per draft position 1..K (``None`` where no draft
+        was ever offered, e.g. positions past ``num_model_steps`` without the n-gram hybrid)."""
+        return [float(a / p) if p else None for a, p in zip(self.accepted, self.proposed)]
 
     @property
     def tokens_per_second(self) -> float:
@@ -55,7 +56,8 @@ class Metrics:
             "target_forwards": self.target_forwards,
             "generated_tokens": self.generated_tokens,
             "mean_accepted_length": round(self.mean_accepted_length, 4),
-            "acceptance_per_position": [round(a, 4) for a in self.acceptance_per_position],
+            "acceptance_per_position": [None if a is None else round(a, 4)
+                                        for a in self.acceptance_per_position],
             "tokens_per_second": round(self.tokens_per_second, 2),
             "wall_seconds": round(self.wall_seconds, 3),
         }
