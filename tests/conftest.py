@@ -28,3 +28,11 @@ def backend(request):
             pytest.fail(f"backend {request.param} was required but is unavailable: {reason}")
         pytest.skip(f"backend {request.param}: {reason}")
     return impl
+
+
+@pytest.fixture(scope="session")
+def random_model():
+    """(target, mtp) with random weights: see tests/engine_testlib.py."""
+    from tests.engine_testlib import build_random_model
+
+    return build_random_model()

@@ -1,11 +1,10 @@
-"""Fixtures for end-to-end tests: a small random-weight model (fast; greedy equivalence
-does not depend on the weights) and config builders."""
+"""Helpers for engine and proposer tests: a small random-weight model (fast; greedy
+equivalence does not depend on the weights), config and request builders."""
 
 from __future__ import annotations
 
 import numpy as np
 import paddle
-import pytest
 
 from fastdeploy_mtp.config import CacheConfig, FDConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from fastdeploy_mtp.models import MTPLayer, TinyTargetModel
@@ -15,8 +14,7 @@ from fastdeploy_mtp.runtime.request import Request
 VOCAB, ORI_VOCAB, EOS = 64, 60, 61
 
 
-@pytest.fixture(scope="session")
-def random_model():
+def build_random_model():
     """(target, mtp): 2 layers, H = 32, random weights (seeded)."""
     paddle.seed(1234)
     arch = ArchConfig(vocab_size=VOCAB, ori_vocab_size=ORI_VOCAB, hidden_size=32, num_hidden_layers=2,
