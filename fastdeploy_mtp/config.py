@@ -115,11 +115,15 @@ class SchedulerConfig:
         max_num_batched_tokens: token budget of one target forward (chunked prefill splits
             prompts to fit it).
         splitwise_role: ``"mixed"``, ``"prefill"`` or ``"decode"``.
+        enable_overlap_schedule: in rounds without prefill, the proposer sizes each substep
+            by an upper bound (``N * (K + 1)`` tokens, then ``N``) instead of reading the
+            token count back to the host, so a round needs no device-to-host sync.
     """
 
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 512
     splitwise_role: str = "mixed"
+    enable_overlap_schedule: bool = False
 
     def __post_init__(self) -> None:
         _positive(self, "max_num_seqs", "max_num_batched_tokens")

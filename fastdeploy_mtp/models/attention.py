@@ -94,10 +94,13 @@ class ReferenceAttentionBackend:
         out_dim = self.num_heads * self.head_dim
         if num_tokens == 0:
             return paddle.zeros([0, out_dim], dtype=q.dtype)
+        real = plan.num_tokens  # rows past it are padding: not cached, zero output
+        if real == 0:
+            return paddle.zeros([num_tokens, out_dim], dtype=q.dtype)
         wb = paddle.to_tensor(plan.write_blocks)
         wo = paddle.to_tensor(plan.write_offsets)
-        key_cache[wb, :, wo, :] = k.astype(key_cache.dtype)
-        value_cache[wb, :, wo, :] = v.astype(value_cache.dtype)
+        key_cache[wb, :, wo, :] = k[:real].astype(key_cache.dtype)
+        value_cache[wb, :, wo, :] = v[:real].astype(value_cache.dtype)
 
         groups = self.num_heads // self.num_kv_heads
         outs = []
@@ -118,6 +121,8 @@ class ReferenceAttentionBackend:
                 scores = scores + paddle.to_tensor(bias)
             probs = F.softmax(scores, axis=-1)
             outs.append(paddle.matmul(probs, values).transpose([1, 0, 2]).reshape([n, out_dim]))
+        if num_tokens > real:
+            outs.append(paddle.zeros([num_tokens - real, out_dim], dtype="float32"))
         return paddle.concat(outs, axis=0).astype(q.dtype)
 
 

@@ -25,7 +25,10 @@ class ForwardMeta:
     the same call.
 
     Attributes:
-        ids_remove_padding: ``[T]`` int64, the packed new tokens, ``T = sum(seq_lens_this_time)``.
+        ids_remove_padding: ``[T]`` int64, the packed new tokens, ``T >= sum(seq_lens_this_time)``:
+            rows past the sum are padding (an engine that does not read the lengths back to
+            the host passes an upper bound); they are not written to the cache, attention gives
+            them zeros, and their outputs carry no meaning.
         cu_seqlens_q: ``[B + 1]`` int32, prefix sums of ``seq_lens_this_time`` starting at 0;
             the tokens of item ``b`` are ``ids_remove_padding[cu_seqlens_q[b]:cu_seqlens_q[b+1]]``.
         seq_lens_encoder: ``[B]`` int32, prompt tokens processed this step (prefill items);
@@ -79,9 +82,10 @@ class AttentionPlan:
     """Host-side (numpy) view of a :class:`ForwardMeta`, validated once.
 
     Attributes:
-        positions: ``[T]`` int64, the sequence position of every new token.
-        write_blocks / write_offsets: ``[T]`` int64, cache block and in-block slot each new
-            token's key and value are written to.
+        positions: ``[T]`` int64, the sequence position of every row (0 for padding rows).
+        num_tokens: real (non-padding) rows, ``sum(seq_lens_this_time)``.
+        write_blocks / write_offsets: ``[num_tokens]`` int64, cache block and in-block slot each
+            new token's key and value are written to.
         items: per item with new tokens, ``(b, q_start, q_end, past, total)``: rows
             ``q_start:q_end`` of the packed batch, ``past`` cached tokens, ``total = past + n``.
         read_blocks / read_offsets: per entry of ``items``, ``[total]`` int64 slots holding
@@ -89,6 +93,7 @@ class AttentionPlan:
     """
 
     positions: np.ndarray
+    num_tokens: int
     write_blocks: np.ndarray
     write_offsets: np.ndarray
     items: list
@@ -116,11 +121,11 @@ class AttentionPlan:
                              f"`seq_lens_this_time` {this_time.tolist()}")
         num_tokens = int(cu[-1])
         ids_len = int(meta.ids_remove_padding.shape[0])
-        if ids_len != num_tokens:
+        if ids_len < num_tokens:
             raise ValueError(f"`ids_remove_padding` has {ids_len} tokens but "
                              f"sum(seq_lens_this_time) = {num_tokens}")
         bs = meta.block_size
-        positions = np.zeros(num_tokens, np.int64)
+        positions = np.zeros(ids_len, np.int64)
         write_blocks = np.zeros(num_tokens, np.int64)
         write_offsets = np.zeros(num_tokens, np.int64)
         items, read_blocks, read_offsets = [], [], []
@@ -148,8 +153,8 @@ class AttentionPlan:
             items.append((b, q0, q1, past, total))
             read_blocks.append(blocks)
             read_offsets.append(offsets)
-        return AttentionPlan(positions, write_blocks, write_offsets, items, read_blocks,
-                             read_offsets)
+        return AttentionPlan(positions, num_tokens, write_blocks, write_offsets, items,
+                             read_blocks, read_offsets)
 
 
 def make_forward_meta(seq_lens_this_time, seq_lens_decoder, block_tables, caches,

@@ -76,6 +76,10 @@ class MTPProposer:
         self.sampler = MTPSampler(fd_config.parallel_config.tensor_parallel_size)
         self.caches: List[paddle.Tensor] = []
         self.num_gpu_blocks = 0
+        self.enable_overlap = fd_config.scheduler_config.enable_overlap_schedule
+        #: Set by the runner before each :meth:`run`: True when no slot is in prefill this
+        #: round, so (with ``enable_overlap_schedule``) substeps use upper-bound token counts.
+        self.overlap_round = False
 
     # ---- KV cache ------------------------------------------------------------------------
     def initialize_kv_cache(self, main_model_num_blocks: int, profile: bool = False) -> None:
@@ -217,7 +221,8 @@ class MTPProposer:
             real_bsz: number of leading slots in use (0 = all ``max_num_seqs``).
         """
         self._prepare_inputs(full_hidden_states)
-        self._propose()
+        n = int(self.model_inputs.seq_lens_this_time.shape[0])
+        self._propose(real_bsz if 0 < real_bsz <= n else n)
         self._update_status()
         if self.hybrid_mode:
             self._extend_draft_token_with_ngram_match()
@@ -242,12 +247,18 @@ class MTPProposer:
         if rows:
             x.target_hidden_states[:rows] = hidden
 
-    def _propose(self) -> None:
+    def _propose(self, real_bsz: int) -> None:
         x = self.model_inputs
         bsz = int(x.seq_lens_this_time.shape[0])
+        overlap = self.enable_overlap and self.overlap_round
         for substep in range(self.num_model_steps):
             x.substep = substep
-            token_num = int(x.seq_lens_this_time.sum().item())
+            if overlap:
+                # An upper bound, not a host read: rows past the real count are padding the
+                # model ignores (at substep 0 a decode slot feeds <= K + 1 tokens, then 1).
+                token_num = real_bsz * (self.max_draft_token_num + 1) if substep == 0 else real_bsz
+            else:
+                token_num = int(x.seq_lens_this_time.sum().item())
             if token_num == 0:
                 self.model.empty_input_forward(None)
                 continue

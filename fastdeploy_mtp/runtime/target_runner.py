@@ -98,8 +98,10 @@ class TargetRunner:
             x.max_dec_len[idx, 0] = req.max_tokens
             if not req.is_final_chunk:
                 self._pending_fixups.append(req)
+        prefills = [t for t in tasks if t.task_type == RequestType.PREFILL]
         if self.proposer is not None:
-            self.proposer.insert_tasks_v1([t for t in tasks if t.task_type == RequestType.PREFILL])
+            self.proposer.insert_tasks_v1(prefills)
+            self.proposer.overlap_round = not prefills
 
     def free_slot(self, idx: int) -> None:
         """Stop a slot whose request finished or was aborted."""
