@@ -26,17 +26,18 @@ OP_NAMES = (
     "draft_model_postprocess",
     "draft_model_preprocess",
     "draft_model_update",
-    "mtp_step_paddle",
-    "speculate_pre_process",
-    "unified_update_model_status",
-    "verify_draft_tokens",
     "eagle_gather_hidden_states",
     "eagle_get_hidden_states",
     "eagle_get_self_hidden_states",
+    "hybrid_mtp_ngram",
+    "mtp_step_paddle",
+    "ngram_match",
     "speculate_get_logits",
+    "speculate_pre_process",
+    "unified_update_model_status",
     "update_attn_mask_offsets",
+    "verify_draft_tokens",
 )
-OP_NAMES = ("draft_model_postprocess", "hybrid_mtp_ngram", "ngram_match")
 
 _LIBRARY = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "_fdmtp_ops" + sysconfig.get_config_var("EXT_SUFFIX")

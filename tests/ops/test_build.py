@@ -125,3 +125,18 @@ def test_clash_with_ops_registered_elsewhere_raises_instead_of_aborting():
     )
     assert proc.returncode == 0, f"interpreter died ({proc.returncode}): {proc.stderr[-2000:]}"
     assert "refused:" in proc.stdout and "draft_model_postprocess" in proc.stdout
+
+
+def test_op_names_list_every_registered_op():
+    """OP_NAMES (the clash guard) must name exactly the ops the library registers."""
+    pytest.importorskip("paddle")
+    proc = run_python(
+        """
+        from paddle.utils.cpp_extension import extension_utils
+        from fastdeploy_mtp.ops import _loader
+        names = extension_utils.load_op_meta_info_and_register_op(_loader._LIBRARY)
+        print(sorted(names) == sorted(_loader.OP_NAMES), sorted(set(names) ^ set(_loader.OP_NAMES)))
+        """
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("True"), proc.stdout
