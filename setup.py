@@ -5,6 +5,8 @@ Environment knobs (all optional), passed to CMake as cache entries:
   FDMTP_CUDA_ARCHS  e.g. "80-real;90-real;90a-real;90-virtual" (the default)
   FDMTP_BUILD_DIR   CMake build folder (default: build/cmake-<python tag> in the repo)
   FDMTP_BUILD_JOBS  parallel compile jobs (default: number of CPUs)
+  FDMTP_WITH_XPU    OFF (default: XPU3 kernels for the emulator only), ON (Kunlun SDK)
+  FDMTP_XPU_SDK     Kunlun SDK root (or CLANG_PATH, XRE_PATH, XDNN_PATH, read by CMake)
 """
 
 import os
@@ -67,7 +69,7 @@ class CMakeBuild(build_ext):
             f"-DFDMTP_OUTPUT_DIR={stage}",
             "-DCMAKE_BUILD_TYPE=Release",
         ]
-        for key in ("FDMTP_WITH_CUDA", "FDMTP_CUDA_ARCHS"):
+        for key in ("FDMTP_WITH_CUDA", "FDMTP_CUDA_ARCHS", "FDMTP_WITH_XPU", "FDMTP_XPU_SDK"):
             if os.environ.get(key):
                 args.append(f"-D{key}={os.environ[key]}")
         jobs = os.environ.get("FDMTP_BUILD_JOBS", str(os.cpu_count() or 1))

@@ -6,6 +6,11 @@ tensor argument after the call as numpy (so tests compare all in-place effects).
                    (the DLPack path, no Paddle);
 * ``cuda``         the framework-free module on CUDA tensors (torch, else CuPy); only where
                    a GPU is usable.
+* ``xpu-emu``      the framework-free module on numpy arrays inside ``_kernels.xpu_emulation``:
+                   the XPU3 kernels (``custom_ops/xpu/kernel/*.xpu``) under the KP emulator.
+                   Every call runs twice, launched with two different (clusters, cores)
+                   shapes (``XPU_EMU_LAUNCHES``); the second must give bit-identical tensors,
+                   and the first is returned (and compared with the reference by the test).
 
 Each backend is the same op entry underneath, so the same references apply to all.
 
@@ -35,7 +40,11 @@ OutputSpec = Tuple[str, Tuple[int, ...], Any]  # (name, shape, numpy dtype)
 
 import numpy as np
 
-ALL_BACKENDS = ("cpu", "kernels-cpu", "cuda")
+ALL_BACKENDS = ("cpu", "kernels-cpu", "cuda", "xpu-emu")
+
+# Launch shapes of the xpu-emu backend: several clusters of a few cores, and an odd shape
+# whose core count does not divide typical batch sizes (indexing mistakes show as diffs).
+XPU_EMU_LAUNCHES = ((3, 16), (2, 7))
 
 # Typed wrappers whose positional form is not (tensors..., attrs...).
 PADDLE_CALL_FORMS = {
@@ -108,6 +117,31 @@ class KernelsCpuBackend(Backend):
         return arrays + outs
 
 
+class XpuEmuBackend(Backend):
+    name = "xpu-emu"
+
+    def run(self, op, tensors, attrs=(), outputs=()):
+        from fastdeploy_mtp import _kernels
+
+        results = []
+        for clusters, cores in XPU_EMU_LAUNCHES:
+            with _kernels.xpu_emulation(clusters, cores):
+                results.append(KernelsCpuBackend().run(op, tensors, attrs, outputs))
+        first, *others = results
+        for (clusters, cores), other in zip(XPU_EMU_LAUNCHES[1:], others):
+            for i, (a, b) in enumerate(zip(first, other)):
+                if a is None:
+                    continue
+                assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(
+                    a.view(np.uint8), b.view(np.uint8)
+                ), (
+                    f"{op}: tensor #{i} differs between XPU launches <<<{XPU_EMU_LAUNCHES[0]}>>> and "
+                    f"<<<{(clusters, cores)}>>>"
+                )
+        # in-place effects on the caller's arrays are not observed: tests use the returned copies
+        return first
+
+
 class CudaBackend(Backend):
     name = "cuda"
 
@@ -174,6 +208,10 @@ def availability(name: str) -> Tuple[Optional[Backend], str]:
         return PaddleCpuBackend(), ""
     if name == "kernels-cpu":
         return KernelsCpuBackend(), ""
+    if name == "xpu-emu":
+        if not _kernels.build_info().get("xpu_emulator", False):
+            return None, "this build has the real XPU toolchain, not the emulator"
+        return XpuEmuBackend(), ""
     if name == "cuda":
         if not _kernels.build_info()["cuda"]:
             return None, "fastdeploy_mtp was built without CUDA kernels"

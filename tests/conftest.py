@@ -1,5 +1,6 @@
 """Shared fixtures. `backend` runs each op test on every backend: `cpu` (Paddle op),
-`kernels-cpu` (framework-free module) and `cuda` where a GPU is usable; an unusable
+`kernels-cpu` (framework-free module), `xpu-emu` (the XPU3 kernels under the emulator) and
+`cuda` where a GPU is usable; an unusable
 backend is reported as skipped with its reason.
 
 FDMTP_TEST_BACKENDS=cuda (comma-separated names) restricts the run to those backends and

@@ -11,13 +11,6 @@ namespace fdmtp {
 namespace cpu {
 namespace {
 
-int64_t FindNextScalar(const int64_t* hay, int64_t from, int64_t end, int64_t value) {
-  for (int64_t i = from; i < end; ++i) {
-    if (hay[i] == value) return i;
-  }
-  return end;
-}
-
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define FDMTP_NGRAM_X86 1
 // First e in [from, end) with hay[e] == value, else end; 8 tokens per step. SSE2 (the
@@ -35,7 +28,7 @@ int64_t FindNextSse2(const int64_t* hay, int64_t from, int64_t end, int64_t valu
     }
     if (_mm_movemask_epi8(acc) != 0) break;
   }
-  return FindNextScalar(hay, i, end, value);
+  return NgramFindNextScalar(hay, i, end, value);
 }
 
 // The same with AVX2, 16 tokens per step; used when the CPU has AVX2.
@@ -63,49 +56,8 @@ FindNextFn PickFindNext() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") ? FindNextAvx2 : FindNextSse2;
 #else
-  return FindNextScalar;
+  return NgramFindNextScalar;
 #endif
-}
-
-// The running-maximum scan over match ends e in [0, positions): returns the first e at
-// which L(e) reaches its final maximum, if that maximum exceeds `floor`; *best_len is
-// updated to it. Stops early once L(e) == cap (nothing can beat it).
-int64_t ScanHaystack(FindNextFn find_next, const int64_t* hay, int64_t positions,
-                     const NgramItem& item, int64_t cap, int64_t* best_len) {
-  const int64_t last = item.history[item.step];
-  int64_t best_end = -1;
-  for (int64_t e = find_next(hay, 0, positions, last); e < positions;
-       e = find_next(hay, e + 1, positions, last)) {
-    const int64_t len = NgramMatchLength(hay, e, item.history, item.step, cap);
-    if (len > *best_len) {
-      *best_len = len;
-      best_end = e;
-      if (len == cap) break;
-    }
-  }
-  return best_end;
-}
-
-NgramProposal ProposeItem(FindNextFn find_next, const NgramItem& item, int max_n, int min_n) {
-  const int64_t cap = NgramMaxN(item, max_n);
-  if (!item.active || item.budget <= 0 || cap < min_n) {
-    return NgramMakeProposal(item, kNgramSourceNone, 0, 0);
-  }
-  // Matches must leave at least one token after them: ends e <= hay_len - 2.
-  int64_t best_len = min_n - 1;
-  const int64_t prompt_end = ScanHaystack(find_next, item.prompt, item.prompt_len - 1, item, cap,
-                                             &best_len);
-  if (best_len < cap) {
-    const int64_t history_end = ScanHaystack(find_next, item.history, item.step - 1, item, cap,
-                                                &best_len);
-    if (history_end >= 0) {
-      return NgramMakeProposal(item, kNgramSourceHistory, history_end, item.step);
-    }
-  }
-  if (prompt_end >= 0) {
-    return NgramMakeProposal(item, kNgramSourcePrompt, prompt_end, item.prompt_len);
-  }
-  return NgramMakeProposal(item, kNgramSourceNone, 0, 0);
 }
 
 // Automatic thread count: one thread per this many haystack tokens (about a millisecond
@@ -131,7 +83,7 @@ void NgramPropose(const NgramItem* items, int64_t bsz, int max_n, int min_n, int
   const FindNextFn find_next = PickFindNext();
   auto run = [&](int64_t first, int64_t last) {
     for (int64_t b = first; b < last; ++b) {
-      proposals[b] = ProposeItem(find_next, items[b], max_n, min_n);
+      proposals[b] = NgramProposeItem(find_next, items[b], max_n, min_n);
     }
   };
   if (threads == 1) {
@@ -156,21 +108,7 @@ void NgramPropose(const NgramItem* items, int64_t bsz, int max_n, int min_n, int
 
 void NgramCap(const NgramItem* items, const NgramProposal* proposals, int64_t bsz,
               int64_t threshold, int32_t* counts) {
-  int64_t unprocessed = 0;
-  for (int64_t b = 0; b < bsz; ++b) unprocessed += items[b].pending ? 1 : 0;
-  int64_t before = 0;  // tokens of the earlier items, with their full proposals
-  bool capped = false;
-  for (int64_t b = 0; b < bsz; ++b) {
-    const NgramItem& item = items[b];
-    if (item.active) --unprocessed;
-    if (capped) {
-      counts[b] = 0;
-      continue;
-    }
-    capped = NgramCapItem(item, proposals[b], threshold, before + NgramBaseForSum(item),
-                          unprocessed, &counts[b]);
-    before += NgramBaseForSum(item) + (item.active ? proposals[b].count : 0);
-  }
+  NgramCapBatch([items](int64_t b) { return items[b]; }, proposals, bsz, threshold, counts);
 }
 
 }  // namespace cpu

@@ -6,6 +6,7 @@
 
 #include "fdmtp/kernels.h"
 #include "fdmtp/tensor_ref.h"
+#include "xpu/plugin.h"
 
 namespace fdmtp {
 
@@ -37,6 +38,34 @@ void Dispatch(const ArgChecker& check, Device device, CpuFn&& cpu_fn, CudaFn&& c
       break;
   }
   check.Fail("the tensors are on an unsupported device");
+}
+
+// Runs an XPU plugin function (xpu_fn(xpu::Context*) returns its status) on `ctx`.
+template <typename XpuFn>
+void RunXpu(const ArgChecker& check, XpuFn&& xpu_fn, xpu::Context* ctx) {
+  if (xpu_fn(ctx) != xpu::kSuccess) check.Fail("XPU plugin failed: " + xpu::LastError());
+}
+
+// As above, plus the XPU3 path: tensors on an XPU device run the XPU3 kernels (builds with
+// FDMTP_WITH_XPU), and host tensors run them under the emulator while an
+// xpu::EmulationScope is alive on this thread (the framework-free module's
+// `xpu_emulation`); otherwise host tensors run cpu_fn.
+template <typename CpuFn, typename CudaFn, typename XpuFn>
+void Dispatch(const ArgChecker& check, Device device, CpuFn&& cpu_fn, CudaFn&& cuda_fn,
+              XpuFn&& xpu_fn) {
+  if (device == Device::kCPU && xpu::ActiveEmulation() != nullptr) {
+    xpu::Context ctx = *xpu::ActiveEmulation();
+    RunXpu(check, xpu_fn, &ctx);
+    return;
+  }
+#if defined(FDMTP_WITH_XPU)
+  if (device == Device::kXPU) {
+    xpu::Context ctx;  // XPU3, the default launch shape, the default XPU stream
+    RunXpu(check, xpu_fn, &ctx);
+    return;
+  }
+#endif
+  Dispatch(check, device, cpu_fn, cuda_fn);
 }
 
 }  // namespace fdmtp

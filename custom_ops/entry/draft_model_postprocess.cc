@@ -35,7 +35,8 @@ void DraftModelPostprocess(const TensorRef& base_model_draft_tokens,
   args.width = draft.dim(1);
   Dispatch(
       check, draft.device, [&] { cpu::DraftModelPostprocess(args); },
-      [&] { return cuda::DraftModelPostprocess(args, stream); });
+      [&] { return cuda::DraftModelPostprocess(args, stream); },
+      [&](xpu::Context* ctx) { return xpu::draft_model_postprocess(ctx, args); });
 }
 
 }  // namespace fdmtp

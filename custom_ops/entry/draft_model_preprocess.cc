@@ -81,7 +81,8 @@ void DraftModelPreprocess(const TensorRef& draft_tokens, const TensorRef& input_
   args.is_splitwise_prefill = is_splitwise_prefill;
   Dispatch(
       check, seq_lens_this_time.device, [&] { cpu::DraftModelPreprocess(args); },
-      [&] { return cuda::DraftModelPreprocess(args, stream); });
+      [&] { return cuda::DraftModelPreprocess(args, stream); },
+      [&](xpu::Context* ctx) { return xpu::draft_model_preprocess(ctx, args); });
 }
 
 }  // namespace fdmtp

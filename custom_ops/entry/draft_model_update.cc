@@ -79,7 +79,8 @@ void DraftModelUpdate(const TensorRef& inter_next_tokens, const TensorRef& draft
   args.substep = substep;
   Dispatch(
       check, seq_lens_this_time.device, [&] { cpu::DraftModelUpdate(args); },
-      [&] { return cuda::DraftModelUpdate(args, stream); });
+      [&] { return cuda::DraftModelUpdate(args, stream); },
+      [&](xpu::Context* ctx) { return xpu::draft_model_update(ctx, args); });
 }
 
 }  // namespace fdmtp

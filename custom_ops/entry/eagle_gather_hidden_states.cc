@@ -21,7 +21,8 @@ void EagleGatherHiddenStates(const TensorRef& input, const TensorRef& cu_seqlens
   args.rows = CheckRowGather(check, input, out, output_token_num, bsz, bsz,
                              "`seq_lens_this_time`.shape[0]");
   args.seq_lens_this_time = seq_lens_this_time.ptr<const int32_t>();
-  FDMTP_DISPATCH_ROW_GATHER(check, input, args, stream, EagleGatherHiddenStates);
+  FDMTP_DISPATCH_ROW_GATHER(check, input, args, stream, EagleGatherHiddenStates,
+                            eagle_gather_hidden_states);
 }
 
 }  // namespace fdmtp

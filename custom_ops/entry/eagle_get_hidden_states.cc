@@ -28,7 +28,8 @@ void EagleGetHiddenStates(const TensorRef& input, const TensorRef& seq_lens_this
   args.seq_lens_encoder = seq_lens_encoder.ptr<const int32_t>();
   args.accept_nums = accept_nums.ptr<const int32_t>();
   args.base_model_seq_lens_this_time = base_model_seq_lens_this_time.ptr<const int32_t>();
-  FDMTP_DISPATCH_ROW_GATHER(check, input, args, stream, EagleGetHiddenStates);
+  FDMTP_DISPATCH_ROW_GATHER(check, input, args, stream, EagleGetHiddenStates,
+                            eagle_get_hidden_states);
 }
 
 }  // namespace fdmtp

@@ -20,7 +20,8 @@ void EagleGetSelfHiddenStates(const TensorRef& input, const TensorRef& last_seq_
   args.last_seq_lens_this_time = last_seq_lens_this_time.ptr<const int32_t>();
   args.seq_lens_this_time = seq_lens_this_time.ptr<const int32_t>();
   args.seq_lens_encoder = seq_lens_encoder.ptr<const int32_t>();
-  FDMTP_DISPATCH_ROW_GATHER(check, input, args, stream, EagleGetSelfHiddenStates);
+  FDMTP_DISPATCH_ROW_GATHER(check, input, args, stream, EagleGetSelfHiddenStates,
+                            eagle_get_self_hidden_states);
 }
 
 }  // namespace fdmtp

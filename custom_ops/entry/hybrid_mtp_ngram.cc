@@ -62,7 +62,8 @@ void HybridMtpNgram(const TensorRef& input_ids, const TensorRef& input_ids_len,
   args.threshold = threshold;
   ngram_entry::Run(
       check, slt.device, bsz, scratch, [&] { cpu::HybridMtpNgram(args, num_threads); },
-      [&](void* workspace) { return cuda::HybridMtpNgram(args, workspace, stream); });
+      [&](void* workspace) { return cuda::HybridMtpNgram(args, workspace, stream); },
+      [&](xpu::Context* ctx) { return xpu::hybrid_mtp_ngram(ctx, args); });
 }
 
 }  // namespace fdmtp

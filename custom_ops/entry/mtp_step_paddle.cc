@@ -62,7 +62,8 @@ void MtpStepPaddle(const TensorRef& base_model_stop_flags, const TensorRef& stop
   args.max_draft_tokens = max_draft_tokens;
   Dispatch(
       check, seq_lens_this_time.device, [&] { cpu::MtpStepPaddle(args); },
-      [&] { return cuda::MtpStepPaddle(args, stream); });
+      [&] { return cuda::MtpStepPaddle(args, stream); },
+      [&](xpu::Context* ctx) { return xpu::mtp_step_paddle(ctx, args); });
 }
 
 }  // namespace fdmtp

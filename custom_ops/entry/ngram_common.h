@@ -23,10 +23,11 @@ inline void RowsMatch(const ArgChecker& check, const TensorRef& t, const TensorR
   check.DimEq(t, 0, slt, 0);
 }
 
-template <typename CpuFn, typename CudaFn>
+template <typename CpuFn, typename CudaFn, typename XpuFn>
 void Run(const ArgChecker& check, Device device, int64_t bsz, ScratchAllocator* scratch,
-         CpuFn&& cpu_fn, CudaFn&& cuda_fn) {
-  Dispatch(check, device, cpu_fn, [&]() -> int {
+         CpuFn&& cpu_fn, CudaFn&& cuda_fn, XpuFn&& xpu_fn) {
+  Dispatch(
+      check, device, cpu_fn, [&]() -> int {
 #if defined(FDMTP_WITH_CUDA)
     if (bsz == 0) return 0;
     if (scratch == nullptr) check.Fail("internal: no scratch allocator for a CUDA call");
@@ -39,7 +40,8 @@ void Run(const ArgChecker& check, Device device, int64_t bsz, ScratchAllocator* 
     (void)cuda_fn;
     return 0;
 #endif
-  });
+      },
+      xpu_fn);
 }
 
 }  // namespace ngram_entry

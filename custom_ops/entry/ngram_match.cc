@@ -61,7 +61,8 @@ void NgramMatch(const TensorRef& input_ids, const TensorRef& input_ids_len,
   args.threshold = threshold;
   ngram_entry::Run(
       check, slt.device, bsz, scratch, [&] { cpu::NgramMatch(args, num_threads); },
-      [&](void* workspace) { return cuda::NgramMatch(args, workspace, stream); });
+      [&](void* workspace) { return cuda::NgramMatch(args, workspace, stream); },
+      [&](xpu::Context* ctx) { return xpu::ngram_match(ctx, args); });
 }
 
 }  // namespace fdmtp

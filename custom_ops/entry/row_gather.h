@@ -29,13 +29,15 @@ inline RowGatherArgs CheckRowGather(const ArgChecker& check, const TensorRef& in
   return r;
 }
 
-// Runs the CPU kernel or the CUDA launcher of a row-gather op for input's element type.
-#define FDMTP_DISPATCH_ROW_GATHER(check, input, args, stream, OP)                          \
+// Runs the CPU kernel, the CUDA launcher or the XPU plugin function (xpu_op, the op's
+// snake_case name) of a row-gather op for input's element type.
+#define FDMTP_DISPATCH_ROW_GATHER(check, input, args, stream, OP, xpu_op)                  \
   DispatchFloat(check, input, [&](auto tag) {                                                \
     using T = typename decltype(tag)::type;                                                  \
     Dispatch(                                                                                \
         check, input.device, [&] { cpu::OP<T>(args); },                                      \
-        [&] { return cuda::OP<T>(args, stream); });                                          \
+        [&] { return cuda::OP<T>(args, stream); },                                           \
+        [&](xpu::Context* ctx) { return xpu::xpu_op<T>(ctx, args); });                       \
   })
 
 }  // namespace fdmtp

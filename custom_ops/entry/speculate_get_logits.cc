@@ -51,7 +51,8 @@ void SpeculateGetLogits(const TensorRef& draft_logits, const TensorRef& next_tok
     using T = typename decltype(tag)::type;
     Dispatch(
         check, draft_logits.device, [&] { cpu::SpeculateGetLogits<T>(args); },
-        [&] { return cuda::SpeculateGetLogits<T>(args, stream); });
+        [&] { return cuda::SpeculateGetLogits<T>(args, stream); },
+      [&](xpu::Context* ctx) { return xpu::speculate_get_logits<T>(ctx, args); });
   });
 }
 

@@ -63,7 +63,8 @@ void SpeculatePreProcess(const TensorRef& input_ids, const TensorRef& seq_len,
   args.output_capacity = bsz * draft_tokens.dim(1);
   Dispatch(
       check, seq_len.device, [&] { cpu::SpeculatePreProcess(args); },
-      [&] { return cuda::SpeculatePreProcess(args, stream); });
+      [&] { return cuda::SpeculatePreProcess(args, stream); },
+      [&](xpu::Context* ctx) { return xpu::speculate_pre_process(ctx, args); });
 }
 
 }  // namespace fdmtp

@@ -88,7 +88,8 @@ void UnifiedUpdateModelStatus(const TensorRef& seq_lens_encoder, const TensorRef
   args.num_end_tokens = num_end_tokens;
   Dispatch(
       check, stop_flags.device, [&] { cpu::UnifiedUpdateModelStatus(args); },
-      [&] { return cuda::UnifiedUpdateModelStatus(args, stream); });
+      [&] { return cuda::UnifiedUpdateModelStatus(args, stream); },
+      [&](xpu::Context* ctx) { return xpu::unified_update_model_status(ctx, args); });
 }
 
 }  // namespace fdmtp

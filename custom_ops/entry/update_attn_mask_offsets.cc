@@ -51,7 +51,8 @@ void UpdateAttnMaskOffsets(const TensorRef& ids_remove_padding, const TensorRef&
   args.decode_width = decode_states.dim(1);
   Dispatch(
       check, seq_lens_this_time.device, [&] { cpu::UpdateAttnMaskOffsets(args); },
-      [&] { return cuda::UpdateAttnMaskOffsets(args, stream); });
+      [&] { return cuda::UpdateAttnMaskOffsets(args, stream); },
+      [&](xpu::Context* ctx) { return xpu::update_attn_mask_offsets(ctx, args); });
 }
 
 }  // namespace fdmtp

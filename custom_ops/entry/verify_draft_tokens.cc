@@ -160,7 +160,8 @@ void VerifyDraftTokens(const TensorRef& step_output_ids, const TensorRef& step_o
   args.accept_all = accept_all;
   Dispatch(
       check, step_output_ids.device, [&] { cpu::VerifyDraftTokens(args); },
-      [&] { return cuda::VerifyDraftTokens(args, stream); });
+      [&] { return cuda::VerifyDraftTokens(args, stream); },
+      [&](xpu::Context* ctx) { return xpu::verify_draft_tokens(ctx, args); });
 }
 
 }  // namespace fdmtp

@@ -3,10 +3,14 @@
 // cudaStream_t, 0 = legacy default stream) and is not synchronised.
 #include <pybind11/pybind11.h>
 
+#include <memory>
+#include <string>
+
 #include "fdmtp/kernels.h"
 #include "fdmtp/ops.h"
 #include "scratch.h"
 #include "tensor_arg.h"
+#include "xpu/plugin.h"
 
 namespace py = pybind11;
 
@@ -18,6 +22,8 @@ py::dict BuildInfo() {
   py::dict info;
   info["cuda"] = fdmtp::BuiltWithCuda();
   info["xpu"] = fdmtp::BuiltWithXpu();
+  // The XPU3 kernels under the emulator (host tensors, see xpu_emulation).
+  info["xpu_emulator"] = !fdmtp::BuiltWithXpu();
 #if defined(FDMTP_CUDA_ARCHS_STRING)
   info["cuda_archs"] = FDMTP_CUDA_ARCHS_STRING;
 #else
@@ -299,6 +305,35 @@ void NgramMatch(py::handle input_ids, py::handle input_ids_len, py::handle token
       max_ngram_size, max_draft_tokens, threshold, num_threads, AsStream(stream), &scratch);
 }
 
+// `with _kernels.xpu_emulation(clusters, cores):` runs every op called on host tensors on
+// this thread through its XPU3 kernel under the emulator, launched <<<clusters, cores>>>.
+class XpuEmulation {
+ public:
+  XpuEmulation(int clusters, int cores) : clusters_(clusters), cores_(cores) {}
+  XpuEmulation& Enter() {
+    if (scope_) throw fdmtp::Error("xpu_emulation: this scope is already active");
+    scope_ = std::make_unique<fdmtp::xpu::EmulationScope>(clusters_, cores_);
+    return *this;
+  }
+  void Exit(py::handle, py::handle, py::handle) { scope_.reset(); }
+
+ private:
+  int clusters_;
+  int cores_;
+  std::unique_ptr<fdmtp::xpu::EmulationScope> scope_;
+};
+
+// Runs one of the emulator's rule-breaking kernels (tests only); raises KernelError with
+// the emulator's report.
+void XpuEmulatorSelftest(const std::string& which, int clusters, int cores) {
+  fdmtp::xpu::Context ctx;
+  ctx.clusters = clusters;
+  ctx.cores = cores;
+  if (fdmtp::xpu::emulator_selftest(&ctx, which) != fdmtp::xpu::kSuccess) {
+    throw fdmtp::Error(fdmtp::xpu::LastError());
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_kernels, m) {
@@ -308,6 +343,14 @@ PYBIND11_MODULE(_kernels, m) {
   m.def("build_info", &BuildInfo, "Backends compiled into this module: {cuda, xpu, cuda_archs}.");
   m.def("cuda_status", &CudaStatus,
         "(usable: bool, reason: str): whether CUDA kernels can run in this process.");
+  py::class_<XpuEmulation>(m, "xpu_emulation",
+                           "Context manager: ops on host tensors run their XPU3 kernels under "
+                           "the emulator, launched with <<<clusters, cores>>> (this thread only).")
+      .def(py::init<int, int>(), py::arg("clusters"), py::arg("cores"))
+      .def("__enter__", &XpuEmulation::Enter, py::return_value_policy::reference)
+      .def("__exit__", &XpuEmulation::Exit);
+  m.def("_xpu_emulator_selftest", &XpuEmulatorSelftest, py::arg("which"), py::arg("clusters"),
+        py::arg("cores"), "Tests only: run a KP-rule-breaking kernel under the emulator.");
   m.def("draft_model_postprocess", &DraftModelPostprocess, py::arg("base_model_draft_tokens"),
         py::arg("base_model_seq_lens_this_time"), py::arg("base_model_seq_lens_encoder"),
         py::arg("base_model_stop_flags"), py::kw_only(), py::arg("stream") = 0,

@@ -119,4 +119,82 @@ FDMTP_HOST_DEVICE inline int64_t NgramBaseForSum(const NgramItem& item) {
   return item.base > 0 ? item.base : 0;
 }
 
+// Phase 1 on one item, shared by the CPU driver (which passes its vectorised candidate
+// filter) and the XPU3 kernel (NgramFindNextScalar). find_next(hay, from, end, value):
+// the first e in [from, end) with hay[e] == value, else end.
+FDMTP_HOST_DEVICE inline int64_t NgramFindNextScalar(const int64_t* hay, int64_t from, int64_t end,
+                                                     int64_t value) {
+  for (int64_t i = from; i < end; ++i) {
+    if (hay[i] == value) return i;
+  }
+  return end;
+}
+
+// The running-maximum scan over match ends e in [0, positions): returns the first e at
+// which L(e) reaches its final maximum, if that maximum exceeds *best_len; *best_len is
+// updated to it. Stops early once L(e) == cap (nothing can beat it).
+template <typename FindNext>
+FDMTP_HOST_DEVICE inline int64_t NgramScanHaystack(FindNext find_next, const int64_t* hay,
+                                                   int64_t positions, const NgramItem& item,
+                                                   int64_t cap, int64_t* best_len) {
+  const int64_t last = item.history[item.step];
+  int64_t best_end = -1;
+  for (int64_t e = find_next(hay, 0, positions, last); e < positions;
+       e = find_next(hay, e + 1, positions, last)) {
+    const int64_t len = NgramMatchLength(hay, e, item.history, item.step, cap);
+    if (len > *best_len) {
+      *best_len = len;
+      best_end = e;
+      if (len == cap) break;
+    }
+  }
+  return best_end;
+}
+
+template <typename FindNext>
+FDMTP_HOST_DEVICE inline NgramProposal NgramProposeItem(FindNext find_next, const NgramItem& item,
+                                                        int max_n, int min_n) {
+  const int64_t cap = NgramMaxN(item, max_n);
+  if (!item.active || item.budget <= 0 || cap < min_n) {
+    return NgramMakeProposal(item, kNgramSourceNone, 0, 0);
+  }
+  // Matches must leave at least one token after them: ends e <= hay_len - 2.
+  int64_t best_len = min_n - 1;
+  const int64_t prompt_end =
+      NgramScanHaystack(find_next, item.prompt, item.prompt_len - 1, item, cap, &best_len);
+  if (best_len < cap) {
+    const int64_t history_end =
+        NgramScanHaystack(find_next, item.history, item.step - 1, item, cap, &best_len);
+    if (history_end >= 0) {
+      return NgramMakeProposal(item, kNgramSourceHistory, history_end, item.step);
+    }
+  }
+  if (prompt_end >= 0) {
+    return NgramMakeProposal(item, kNgramSourcePrompt, prompt_end, item.prompt_len);
+  }
+  return NgramMakeProposal(item, kNgramSourceNone, 0, 0);
+}
+
+// Phase 2 over the batch, in order: counts[b] = the tokens item b keeps. item_at(b) gives
+// item b (the CPU passes its array, the XPU kernel rebuilds items from the tensors).
+template <typename ItemAt>
+FDMTP_HOST_DEVICE inline void NgramCapBatch(ItemAt item_at, const NgramProposal* proposals,
+                                            int64_t bsz, int64_t threshold, int32_t* counts) {
+  int64_t unprocessed = 0;
+  for (int64_t b = 0; b < bsz; ++b) unprocessed += item_at(b).pending ? 1 : 0;
+  int64_t before = 0;  // tokens of the earlier items, with their full proposals
+  bool capped = false;
+  for (int64_t b = 0; b < bsz; ++b) {
+    const NgramItem item = item_at(b);
+    if (item.active) --unprocessed;
+    if (capped) {
+      counts[b] = 0;
+      continue;
+    }
+    capped = NgramCapItem(item, proposals[b], threshold, before + NgramBaseForSum(item),
+                          unprocessed, &counts[b]);
+    before += NgramBaseForSum(item) + (item.active ? proposals[b].count : 0);
+  }
+}
+
 }  // namespace fdmtp

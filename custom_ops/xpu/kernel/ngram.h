@@ -1,0 +1,36 @@
+// The XPU3 body shared by hybrid_mtp_ngram and ngram_match (the three phases of
+// fdmtp/ngram_common.h). Phase 2 is ordered over the batch and phase 3 rewrites
+// seq_lens_this_time, which phase 2 reads, so one cluster does all the work (clusters
+// cannot synchronise); other clusters return. Its cores search items in parallel into
+// shared memory, core 0 applies the threshold in batch order, then the cores write.
+#pragma once
+
+#include "kp.h"
+
+namespace fdmtp_xpu3 {
+
+template <typename Op>
+inline void RunNgram(const typename Op::Args& args, int64_t bsz, int max_n, int min_n,
+                     int64_t threshold, fdmtp::NgramProposal* sm_proposals, int32_t* sm_counts) {
+  if (cluster_id() != 0) return;
+  for (int64_t b = core_id(); b < bsz; b += core_num()) {
+    sm_proposals[b] = fdmtp::NgramProposeItem(fdmtp::NgramFindNextScalar, Op::Item(args, b), max_n, min_n);
+  }
+  sync_cluster();
+  if (core_id() == 0) {
+    fdmtp::NgramCapBatch([&](int64_t b) { return Op::Item(args, b); }, sm_proposals, bsz, threshold,
+                         sm_counts);
+  }
+  sync_cluster();
+  for (int64_t b = core_id(); b < bsz; b += core_num()) {
+    Op::Write(args, b, Op::Item(args, b), sm_proposals[b], sm_counts[b]);
+  }
+}
+
+#define FDMTP_XPU_NGRAM_SHARED                                                        \
+  __shared__ fdmtp::NgramProposal sm_proposals[lim::kMaxNgramBatch];                  \
+  __shared__ int32_t sm_counts[lim::kMaxNgramBatch];                                  \
+  static_assert(sizeof(fdmtp::NgramProposal) == 16, "kNgramSharedBytes assumes 16"); \
+  static_assert(lim::kNgramSharedBytes <= lim::kSharedMemBytes, "n-gram: shared memory")
+
+}  // namespace fdmtp_xpu3

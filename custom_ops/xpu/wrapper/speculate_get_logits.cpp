@@ -1,0 +1,41 @@
+// speculate_get_logits: XPU plugin wrapper. Checks the kernel's capacity limits (xpu_limits.h), then
+// runs cpu_wrapper (the shared per-item logic on host memory) or launches the XPU3 kernel
+// of kernel/speculate_get_logits.xpu; the three float dtypes share one kernel (rows move as bytes).
+#include "wrapper.h"
+
+namespace fdmtp_xpu3 {
+FDMTP_XPU_KERNEL_DECL void speculate_get_logits(fdmtp::SpeculateGetLogitsArgs args, int64_t elem_bytes);
+}  // namespace fdmtp_xpu3
+
+namespace fdmtp {
+namespace xpu {
+namespace {
+
+constexpr const char* kOp = "speculate_get_logits";
+
+template <typename T>
+void cpu_wrapper(const SpeculateGetLogitsArgs& args) { cpu::SpeculateGetLogits<T>(args); }
+
+template <typename T>
+int xpu3_wrapper(Context* ctx, const SpeculateGetLogitsArgs& args) {
+  const int64_t elem_bytes = static_cast<int64_t>(sizeof(T));
+  FDMTP_XPU_LAUNCH(kOp, ctx, fdmtp_xpu3::speculate_get_logits, args, elem_bytes);
+  return kSuccess;
+}
+
+}  // namespace
+
+template <typename T>
+int speculate_get_logits(Context* ctx, const SpeculateGetLogitsArgs& args) {
+  FDMTP_XPU_CHECK(detail::CheckLe(kOp, "batch size", args.bsz, "kMaxBatch", kMaxBatch));
+  return detail::Run(
+      ctx, kOp, [&] { cpu_wrapper<T>(args); },
+      [&] { return xpu3_wrapper<T>(ctx, args); });
+}
+
+#define FDMTP_INSTANTIATE(T) template int speculate_get_logits<T>(Context*, const SpeculateGetLogitsArgs&);
+FDMTP_FOR_EACH_FLOAT_TYPE(FDMTP_INSTANTIATE)
+#undef FDMTP_INSTANTIATE
+
+}  // namespace xpu
+}  // namespace fdmtp
