@@ -36,7 +36,8 @@ OP_NAMES = (
     "speculate_get_logits",
     "update_attn_mask_offsets",
 )
-OP_NAMES = ("draft_model_postprocess", "hybrid_mtp_ngram", "ngram_match")
+OP_NAMES += ("hybrid_mtp_ngram", "ngram_match")
+OP_NAMES += ("set_data_ipc", "share_external_data", "unset_data_ipc")
 
 _LIBRARY = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "_fdmtp_ops" + sysconfig.get_config_var("EXT_SUFFIX")
