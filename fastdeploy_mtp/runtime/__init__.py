@@ -1,0 +1,1 @@
+"""Reference host engine runtime: processes, shared memory and signals (see docs/architecture.md)."""
