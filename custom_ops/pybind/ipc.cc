@@ -54,31 +54,48 @@ class SharedTensor {
 
   py::tuple DlpackDevice() const {
     const bool gpu = buffer().device() == Device::kCUDA;
-    return py::make_tuple(gpu ? kDLCUDA : kDLCPU, gpu ? buffer().device_id() : 0);
+    return py::make_tuple(static_cast<int32_t>(gpu ? kDLCUDA : kDLCPU), gpu ? buffer().device_id() : 0);
   }
 
-  py::capsule Dlpack() const {
+  // A DLPack capsule over the buffer; versioned (1.0, writable) when the consumer asks for
+  // max_version >= 1, else the unversioned form. The capsule owns a reference to the buffer.
+  py::capsule Dlpack(bool versioned) const {
+    buffer();  // throws if closed
     struct Context {
       std::shared_ptr<ipc::SharedBuffer> buffer;
       std::vector<int64_t> shape;
-      DLManagedTensor managed;
+      DLManagedTensor legacy;
+      DLManagedTensorVersioned current;
     };
-    buffer();  // throws if closed
-    auto* ctx = new Context{buffer_, shape_, {}};
-    DLTensor& t = ctx->managed.dl_tensor;
+    auto* ctx = new Context{buffer_, shape_, {}, {}};
+    DLTensor& t = versioned ? ctx->current.dl_tensor : ctx->legacy.dl_tensor;
     t.data = ctx->buffer->data();
-    const auto dl = py::cast<py::tuple>(DlpackDevice());
-    t.device = {dl[0].cast<int32_t>(), dl[1].cast<int32_t>()};
+    const bool gpu = ctx->buffer->device() == Device::kCUDA;
+    t.device = {gpu ? kDLCUDA : kDLCPU, gpu ? ctx->buffer->device_id() : 0};
     t.ndim = static_cast<int32_t>(ctx->shape.size());
     t.dtype = ToDL(dtype_);
     t.shape = ctx->shape.data();
     t.strides = nullptr;
     t.byte_offset = 0;
-    ctx->managed.manager_ctx = ctx;
-    ctx->managed.deleter = [](DLManagedTensor* m) { delete static_cast<Context*>(m->manager_ctx); };
-    return py::capsule(&ctx->managed, "dltensor", [](PyObject* capsule) {
-      // Not consumed by a reader: release it here (a reader renames it "used_dltensor").
-      if (PyCapsule_IsValid(capsule, "dltensor")) {
+    if (versioned) {
+      ctx->current.version = {1, 0};
+      ctx->current.manager_ctx = ctx;
+      ctx->current.flags = 0;  // writable, not a copy
+      ctx->current.deleter = [](DLManagedTensorVersioned* m) {
+        delete static_cast<Context*>(m->manager_ctx);
+      };
+      return py::capsule(&ctx->current, "dltensor_versioned", [](PyObject* capsule) {
+        if (PyCapsule_IsValid(capsule, "dltensor_versioned")) {  // not consumed
+          auto* m = static_cast<DLManagedTensorVersioned*>(
+              PyCapsule_GetPointer(capsule, "dltensor_versioned"));
+          if (m != nullptr && m->deleter != nullptr) m->deleter(m);
+        }
+      });
+    }
+    ctx->legacy.manager_ctx = ctx;
+    ctx->legacy.deleter = [](DLManagedTensor* m) { delete static_cast<Context*>(m->manager_ctx); };
+    return py::capsule(&ctx->legacy, "dltensor", [](PyObject* capsule) {
+      if (PyCapsule_IsValid(capsule, "dltensor")) {  // not consumed (a reader renames it)
         auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
         if (m != nullptr && m->deleter != nullptr) m->deleter(m);
       }
@@ -131,8 +148,14 @@ void DefineIpc(py::module_& m) {
       .def("__dlpack_device__", &SharedTensor::DlpackDevice)
       .def(
           "__dlpack__",
-          [](const SharedTensor& self, py::kwargs) { return self.Dlpack(); },
-          "Unversioned DLPack capsule; synchronise CUDA work yourself (no stream handling).");
+          [](const SharedTensor& self, py::kwargs kwargs) {
+            bool versioned = false;
+            if (kwargs.contains("max_version") && !kwargs["max_version"].is_none()) {
+              versioned = py::cast<py::tuple>(kwargs["max_version"])[0].cast<int>() >= 1;
+            }
+            return self.Dlpack(versioned);
+          },
+          "DLPack capsule (versioned when max_version >= 1); synchronise CUDA work yourself.");
   m.def("set_data_ipc", &SetDataIpc, py::arg("tmp_input"), py::arg("shm_name"),
         "See fastdeploy_mtp.ops.set_data_ipc. CUDA: exports the handle, returns None. Host: a "
         "numpy array's storage cannot be moved, so the contents are copied into the segment "
