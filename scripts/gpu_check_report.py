@@ -232,7 +232,7 @@ def ipc_latencies(torch) -> dict:
         t1 = time.perf_counter()
         _kernels.unset_data_ipc(None, name, False, True)
         out[f"set_data_ipc_{mib}mib_us"] = min(times) * 1e6
-        out[f"unset_data_ipc_unlink_us"] = (time.perf_counter() - t1) * 1e6
+        out[f"unset_data_ipc_unlink_{mib}mib_us"] = (time.perf_counter() - t1) * 1e6
         del t
     return out
 
