@@ -77,6 +77,7 @@ def op_latencies(torch) -> dict:
     out.update(verify_update_latencies(torch, stream, rng))
     out.update(hidden_state_latencies(torch, stream))
     out.update(ngram_latencies(torch, stream, rng))
+    out.update(ipc_latencies(torch))
     return out
 
 
@@ -209,6 +210,30 @@ def ngram_latencies(torch, stream, rng) -> dict:
                                  3, k, 128, 0, stream=stream)
 
         out[f"ngram_match_{tag}_us"] = time_calls(torch, plain, iters=50, warmup=5)
+    return out
+
+
+def ipc_latencies(torch) -> dict:
+    """set_data_ipc on CUDA tensors (cudaIpcGetMemHandle + the named segment) and unlink,
+    host wall time per call: these are setup-time calls, not per-step ones. Attaching needs a
+    second process (tests/ops/test_ipc_cuda.py checks it)."""
+    import os
+    import time
+
+    out = {}
+    for mib in (1, 64, 1024):
+        t = torch.empty(mib << 18, dtype=torch.float32, device="cuda")
+        name = f"fdmtp_gpu_check_ipc_{os.getpid()}"
+        times = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            _kernels.set_data_ipc(t, name)
+            times.append(time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        _kernels.unset_data_ipc(None, name, False, True)
+        out[f"set_data_ipc_{mib}mib_us"] = min(times) * 1e6
+        out[f"unset_data_ipc_unlink_{mib}mib_us"] = (time.perf_counter() - t1) * 1e6
+        del t
     return out
 
 

@@ -8,6 +8,7 @@
 
 #include "fdmtp/kernels.h"
 #include "fdmtp/ops.h"
+#include "ipc.h"
 #include "scratch.h"
 #include "tensor_arg.h"
 #include "xpu/plugin.h"
@@ -449,4 +450,5 @@ PYBIND11_MODULE(_kernels, m) {
         py::arg("max_ngram_size"), py::arg("max_draft_tokens"), py::arg("threshold") = 128,
         py::arg("num_threads") = 0, py::kw_only(), py::arg("stream") = 0,
         "See fastdeploy_mtp.ops.ngram_match.");
+  fdmtp::pybind::DefineIpc(m);  // set_data_ipc, share_external_data, unset_data_ipc
 }

@@ -1,5 +1,7 @@
 #include "tensor_arg.h"
 
+#include "dlpack.h"
+
 #include <string>
 
 namespace py = pybind11;
@@ -7,35 +9,6 @@ namespace py = pybind11;
 namespace fdmtp {
 namespace pybind {
 namespace {
-
-// The DLPack (unversioned, ABI 0.x) structures, declared here so the module needs no
-// framework headers. Field order and sizes follow the DLPack specification.
-struct DLDevice {
-  int32_t device_type;
-  int32_t device_id;
-};
-struct DLDataType {
-  uint8_t code;
-  uint8_t bits;
-  uint16_t lanes;
-};
-struct DLTensor {
-  void* data;
-  DLDevice device;
-  int32_t ndim;
-  DLDataType dtype;
-  int64_t* shape;
-  int64_t* strides;
-  uint64_t byte_offset;
-};
-struct DLManagedTensor {
-  DLTensor dl_tensor;
-  void* manager_ctx;
-  void (*deleter)(DLManagedTensor*);
-};
-
-enum : int32_t { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13 };
-enum : uint8_t { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLBool = 6 };
 
 DType FromDL(DLDataType t) {
   if (t.lanes != 1) return DType::kUnsupported;

@@ -25,6 +25,9 @@ from .eagle_gather_hidden_states import eagle_gather_hidden_states
 from .eagle_get_hidden_states import eagle_get_hidden_states
 from .eagle_get_self_hidden_states import eagle_get_self_hidden_states
 from .hybrid_mtp_ngram import hybrid_mtp_ngram
+from .set_data_ipc import set_data_ipc
+from .share_external_data import share_external_data
+from .unset_data_ipc import unset_data_ipc
 from .mtp_step_paddle import mtp_step_paddle
 from .ngram_match import ngram_match
 from .sampling import VerifyStrategy, position_uniforms, rejection_candidates, verify_uniforms
@@ -52,9 +55,12 @@ __all__ = [
     "ngram_match",
     "position_uniforms",
     "rejection_candidates",
+    "set_data_ipc",
+    "share_external_data",
     "speculate_get_logits",
     "speculate_pre_process",
     "unified_update_model_status",
+    "unset_data_ipc",
     "update_attn_mask_offsets",
     "verify_draft_tokens",
     "verify_uniforms",

@@ -32,9 +32,12 @@ OP_NAMES = (
     "hybrid_mtp_ngram",
     "mtp_step_paddle",
     "ngram_match",
+    "set_data_ipc",
+    "share_external_data",
     "speculate_get_logits",
     "speculate_pre_process",
     "unified_update_model_status",
+    "unset_data_ipc",
     "update_attn_mask_offsets",
     "verify_draft_tokens",
 )

@@ -84,6 +84,13 @@ const char* ErrorName(int code);    // cudaGetErrorName
 // pool): for bindings that provide an op's scratch and have no allocator of their own.
 int MallocAsync(void** ptr, size_t bytes, Stream stream);
 int FreeAsync(void* ptr, Stream stream);
+// CUDA IPC (set_data_ipc / share_external_data; gpu/ipc.cu). `handle` is the 64-byte
+// cudaIpcMemHandle_t. GetMemHandle exports the allocation that contains `ptr` and returns
+// ptr's byte offset in it; OpenMemHandle maps an exported allocation on `device` (it must
+// come from another process) and returns its base; CloseMemHandle unmaps that base.
+int IpcGetMemHandle(const void* ptr, void* handle, uint64_t* offset);
+int IpcOpenMemHandle(const void* handle, int device, void** base);
+int IpcCloseMemHandle(void* base);
 }  // namespace cuda
 
 }  // namespace fdmtp

@@ -8,7 +8,10 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
+#include <string>
 
+#include "fdmtp/ipc.h"
 #include "fdmtp/tensor_ref.h"
 
 namespace fdmtp {
@@ -160,5 +163,21 @@ void NgramMatch(const TensorRef& input_ids, const TensorRef& input_ids_len,
                 const TensorRef& seq_lens_encoder, const TensorRef& seq_lens_decoder,
                 const TensorRef& max_dec_len, int max_ngram_size, int max_draft_tokens,
                 int threshold, int num_threads, void* stream, ScratchAllocator* scratch);
+
+// Cross-process tensors by name (fdmtp/ipc.h; entry/ipc.cc). Host tensors: SetDataIpc
+// creates segment `shm_name` (replacing a stale one), copies the tensor's bytes into it and
+// returns the mapping; the binding must make the tensor's storage that mapping. CUDA
+// tensors: exports the allocation's IPC handle into the segment and returns nullptr.
+std::shared_ptr<ipc::SharedBuffer> SetDataIpc(const TensorRef& tmp_input,
+                                              const std::string& shm_name);
+// Attaches segment `shm_name` as a tensor of `input`'s dtype and device and `shape`;
+// checks the name, the dtype, the device kind and that the shape fits. The returned
+// buffer (mapped host memory or an opened CUDA handle) is released with its last owner.
+std::shared_ptr<ipc::SharedBuffer> ShareExternalData(const TensorRef& input,
+                                                     const std::string& shm_name,
+                                                     const std::vector<int64_t>& shape);
+// Checks the name and, with unlink_shm, unlinks the segment (a missing one is fine).
+// close_ipc is carried out by the binding, which owns the tensor's storage.
+void UnsetDataIpc(const TensorRef& tmp_input, const std::string& shm_name, bool unlink_shm);
 
 }  // namespace fdmtp
