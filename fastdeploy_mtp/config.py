@@ -143,12 +143,25 @@ class CacheConfig:
         kv_cache_ratio: share of blocks for prompts in the v0 scheduler (the draft's free
             list is the rest, as FastDeploy lays it out).
         enc_dec_block_num: extra block-table columns per slot.
+        num_cpu_blocks / kvcache_storage_backend: host swap blocks / an external KV store.
+            As in FastDeploy, with either of them (or a splitwise role other than
+            ``"mixed"``) a cache-manager process creates every KV cache, the MTP layer's
+            included, and the worker attaches them by name.
+        share_mtp_cache: when the proposer creates the MTP layer's caches itself, also
+            publish them by name (``set_data_ipc``) for another process to attach. FastDeploy
+            always publishes; the single-process reference engine has no such process, so the
+            default keeps ``/dev/shm`` free.
+        cache_ready_timeout: seconds an attaching worker waits for ``cache_ready_signal``.
     """
 
     block_size: int = 16
     total_block_num: int = 256
     kv_cache_ratio: float = 0.75
     enc_dec_block_num: int = 2
+    num_cpu_blocks: int = 0
+    kvcache_storage_backend: Optional[str] = None
+    share_mtp_cache: bool = False
+    cache_ready_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         _positive(self, "block_size", "total_block_num")

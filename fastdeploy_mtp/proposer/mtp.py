@@ -75,6 +75,8 @@ class MTPProposer:
         self.model_inputs = ProposerInputBatch(fd_config, target_model_inputs)
         self.sampler = MTPSampler(fd_config.parallel_config.tensor_parallel_size)
         self.caches: List[paddle.Tensor] = []
+        self._attached: List[str] = []  # IPC names of caches attached from another process
+        self._published: List[str] = []  # IPC names of caches this proposer published
         self.num_gpu_blocks = 0
         self.enable_overlap = fd_config.scheduler_config.enable_overlap_schedule
         #: Set by the runner before each :meth:`run`: True when no slot is in prefill this
@@ -82,18 +84,73 @@ class MTPProposer:
         self.overlap_round = False
 
     # ---- KV cache ------------------------------------------------------------------------
+    def cache_names(self) -> List[str]:
+        """IPC names of the MTP layer's caches, key then value per layer (FastDeploy's
+        ``key_caches_{layer}_rank{r}.device{d}``; MTP layers follow the target's layers)."""
+        pc = self.fd_config.parallel_config
+        rank = self.local_rank % pc.tensor_parallel_size
+        first = self.fd_config.model_config.num_hidden_layers
+        names = []
+        for i in range(self.model.num_cache_layers):
+            for kind in ("key", "value"):
+                names.append(f"{kind}_caches_{first + i}_rank{rank}.device{self.device_id}")
+        return names
+
     def initialize_kv_cache(self, main_model_num_blocks: int, profile: bool = False) -> None:
-        """Create the MTP layer's KV caches (one key and one value tensor, shape
-        ``model.attn_backend.get_kv_cache_shape(main_model_num_blocks)``); the draft mirrors
-        the target's block table, so it has as many blocks as the target."""
+        """Create or attach the MTP layer's KV caches (per layer a key and a value tensor of
+        shape ``model.attn_backend.get_kv_cache_shape(main_model_num_blocks)``; the draft
+        mirrors the target's block table, so it has as many blocks as the target).
+
+        FastDeploy's two paths: when ``profile`` or no cache-manager process owns the caches
+        (no ``num_cpu_blocks``, no ``kvcache_storage_backend``, ``splitwise_role == "mixed"``)
+        the proposer creates them (and, with ``cache_config.share_mtp_cache``, publishes them
+        with ``set_data_ipc`` under :meth:`cache_names`). Otherwise it waits until
+        ``cache_ready_signal.<engine_worker_queue_port>`` holds 1 at its rank, then attaches
+        every cache by name with ``share_external_data`` (no copy).
+
+        Raises:
+            ValueError: ``main_model_num_blocks <= 0``.
+            fastdeploy_mtp.runtime.ipc.IPCSignalError: the signal did not come in time
+                (``cache_config.cache_ready_timeout``), or its creator died.
+        """
         if main_model_num_blocks <= 0:
             raise ValueError(f"`main_model_num_blocks` must be > 0, got {main_model_num_blocks}")
+        cc = self.fd_config.cache_config
+        managed = (cc.num_cpu_blocks > 0 or bool(cc.kvcache_storage_backend)
+                   or self.fd_config.scheduler_config.splitwise_role != "mixed")
         self.num_gpu_blocks = int(main_model_num_blocks)
-        self.caches = self.model.attn_backend.allocate_caches(self.model.num_cache_layers,
-                                                              self.num_gpu_blocks)
+        shape = self.model.attn_backend.get_kv_cache_shape(self.num_gpu_blocks)
+        if profile or not managed:
+            self.caches = self.model.attn_backend.allocate_caches(self.model.num_cache_layers,
+                                                                  self.num_gpu_blocks)
+            if cc.share_mtp_cache and not profile:
+                for tensor, name in zip(self.caches, self.cache_names()):
+                    ops.set_data_ipc(tensor, name)
+                self._published = self.cache_names()
+            return
+        from ..runtime.ipc import IPCSignal
+
+        pc = self.fd_config.parallel_config
+        signal = IPCSignal("cache_ready_signal", np.zeros([pc.tensor_parallel_size], np.int32), np.int32,
+                           suffix=pc.engine_worker_queue_port, create=False, timeout=cc.cache_ready_timeout)
+        try:
+            signal.wait_for(lambda v: v[self.local_rank % pc.tensor_parallel_size] == 1,
+                            timeout=cc.cache_ready_timeout)
+        finally:
+            signal.close()
+        self.caches = [ops.share_external_data(paddle.empty([], dtype="float32"), name, shape)
+                       for name in self.cache_names()]
+        self._attached = self.cache_names()
 
     def clear_mtp_cache(self) -> None:
-        """Release the MTP layer's KV caches."""
+        """Release the MTP layer's KV caches: detach attached ones
+        (``unset_data_ipc(t, name, True, False)``, as FastDeploy), unpublish and unlink the
+        names of published ones, drop local ones."""
+        for tensor, name in zip(self.caches, getattr(self, "_attached", [])):
+            ops.unset_data_ipc(tensor, name, True, False)
+        for tensor, name in zip(self.caches, getattr(self, "_published", [])):
+            ops.unset_data_ipc(tensor, name, False, True)
+        self._attached, self._published = [], []
         self.caches = []
 
     def update_mtp_block_num(self, num_gpu_blocks: int) -> None:

@@ -83,6 +83,17 @@ class Engine:
         k = fd_config.speculative_config.num_speculative_tokens if fd_config.speculative_config.enabled else 0
         self.metrics = Metrics(proposed=np.zeros(k, np.int64), accepted=np.zeros(k, np.int64))
 
+    def close(self) -> None:
+        """Release the MTP layer's caches (detach / unpublish shared ones)."""
+        if self.runner.proposer is not None:
+            self.runner.proposer.clear_mtp_cache()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def generate(self, requests: Sequence[Request], progress: Optional[Callable[[int, int], None]] = None,
                  max_steps: int = 1_000_000) -> Dict[str, List[int]]:
         """Run every request to completion (EOS or ``max_tokens``); returns the generated ids
