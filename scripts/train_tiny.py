@@ -233,8 +233,10 @@ def main(argv=None):
 
 #: Held-out file and prefix that the shipped-checkpoint test re-scores.
 SCORE_FILE, SCORE_WINDOWS = "contextlib.py", 8
-#: Held-out files whose greedy continuations go into the card.
-CONTINUATION_FILES = ("dataclasses.py", "subprocess.py")
+#: Held-out files whose greedy continuations go into the card, and the text each prompt ends
+#: with (the first occurrence after byte 4000).
+CONTINUATIONS = (("dataclasses.py", b"\n    def "), ("subprocess.py", b"\n        if "))
+CONTINUATION_FILES = tuple(name for name, _ in CONTINUATIONS)
 PROMPT_BYTES, CONTINUATION_BYTES = 128, 128
 
 
@@ -255,9 +257,10 @@ def export(args, target, mtp, config, split, step, elapsed, n_params):
         "main_loss": round(tiny_lib.score_windows(target, data, args.seq_len, SCORE_WINDOWS), 6),
         "path": "serving path: one packed prefill batch, paged KV cache"}
     conts = []
-    for name in CONTINUATION_FILES:
-        text = open(os.path.join(split.root, name), "rb").read()
-        anchor = text.index(b"\n    def ", 4000) + len(b"\n    def ")
+    for name, ending in CONTINUATIONS:
+        with open(os.path.join(split.root, name), "rb") as f:
+            text = f.read()
+        anchor = text.index(ending, 4000) + len(ending)
         prompt = list(text[anchor - PROMPT_BYTES:anchor])
         new = tiny_lib.greedy_generate(target, prompt, CONTINUATION_BYTES)
         conts.append({"file": name, "prompt_offset": anchor - PROMPT_BYTES,
@@ -356,8 +359,11 @@ def write_card(out_dir, config, m, weights_bytes):
         "",
         "## Greedy continuations of held-out code",
         "",
-        f"Prompt: {PROMPT_BYTES} bytes of a held-out file ending in `    def `; "
-        f"{CONTINUATION_BYTES} greedy bytes from the target through the paged KV cache.",
+        f"Prompt: {PROMPT_BYTES} bytes of a held-out file ending at a `def ` or an `if `; "
+        f"{CONTINUATION_BYTES} greedy bytes from the target through the paged KV cache. "
+        "The continuations start as plausible Python (indentation, `self.` attributes, "
+        "method signatures) and then fall into repetition, as greedy decoding of a model "
+        "this small does.",
     ]
     for cont in m["greedy_continuations"]:
         lines += ["", f"`{cont['file']}` at byte {cont['prompt_offset']}, prompt:", "",
