@@ -111,7 +111,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     def common(p, k_default):
         p.add_argument("--num-speculative-tokens", type=int, default=k_default, help="K (0 = no MTP)")
-        p.add_argument("--num-model-steps", type=int, default=1, help="MTP substeps per round (<= K)")
+        p.add_argument("--num-model-steps", type=int, default=None,
+                       help="MTP substeps per round (1..K; default K, or 1 with --hybrid-ngram)")
         p.add_argument("--hybrid-ngram", action="store_true", help="fill slots past the MTP steps by n-gram match")
         p.add_argument("--max-tokens", type=int, default=64)
         p.add_argument("--checkpoint", default=None, help="tiny checkpoint folder (default: the shipped one)")
@@ -127,6 +128,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = ap.parse_args(argv)
     if args.num_speculative_tokens < 0:
         ap.error("--num-speculative-tokens must be >= 0")
+    if args.num_model_steps is None:
+        args.num_model_steps = 1 if args.hybrid_ngram else max(args.num_speculative_tokens, 1)
+    if args.num_model_steps < 1:
+        ap.error("--num-model-steps must be >= 1")
     if args.max_tokens <= 0:
         ap.error("--max-tokens must be > 0")
     return args.func(args)
