@@ -9,6 +9,7 @@ creator's own process attaches with use_ipc=False (upstream's XPU attr)."""
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -209,3 +210,16 @@ def test_xpu_device_tensors_need_an_xpu_build(name):
     with pytest.raises(ValueError, match=r"`input` is an XPU tensor but this build"):
         _kernels.share_external_data((0, "float32", (), "xpu:0"), name, [4], True)
     assert not (SHM / name).exists()
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no host C++ compiler")
+def test_the_real_xre_branch_compiles_against_the_assumed_xre_api():
+    """FDMTP_WITH_XPU=ON cannot be built here (no SDK); its IPC code is compiled against
+    tests/ops/xre_api/xpu/runtime.h (the XRE API as we assume it) with our warning flags."""
+    for src in ("custom_ops/xpu/runtime/ipc.cpp", "custom_ops/entry/ipc.cc"):
+        proc = subprocess.run(
+            ["c++", "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-DFDMTP_WITH_XPU",
+             "-Icustom_ops", "-Icustom_ops/include", "-Itests/ops/xre_api", src],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )
+        assert proc.returncode == 0, f"{src}:\n{proc.stderr}"
