@@ -73,6 +73,17 @@ void* MapRegion(int fd, const std::string& name, uint64_t bytes, size_t* mapped)
   return base;
 }
 
+// Unmaps the region registered in `regions` under `ptr` (and unlinks its name: xpu_free).
+int Unmap(std::map<uintptr_t, Region>* regions, void* ptr, bool unlink, const char* unknown) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = regions->find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == regions->end()) return Fail(XPUERR_INVALID_VALUE, unknown);
+  ::munmap(it->second.base, it->second.mapped);
+  if (unlink) ::shm_unlink(it->second.name.c_str());
+  regions->erase(it);
+  return XPU_SUCCESS;
+}
+
 }  // namespace
 
 const std::string& LastXreError() { return t_error; }
@@ -102,15 +113,7 @@ int xpu_malloc(void** ptr, uint64_t size) {
 }
 
 int xpu_free(void* ptr) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  auto it = g_allocations.find(reinterpret_cast<uintptr_t>(ptr));
-  if (it == g_allocations.end()) {
-    return Fail(XPUERR_INVALID_VALUE, "xpu_free: the pointer is not the start of an xpu_malloc allocation");
-  }
-  ::munmap(it->second.base, it->second.mapped);
-  ::shm_unlink(it->second.name.c_str());
-  g_allocations.erase(it);
-  return XPU_SUCCESS;
+  return Unmap(&g_allocations, ptr, true, "xpu_free: the pointer is not the start of an xpu_malloc allocation");
 }
 
 int xpu_current_device(int* device) {
@@ -182,14 +185,8 @@ int xpu_ipc_open_memhandle(void** ptr, XPUIpcMemHandle handle, int flags) {
 }
 
 int xpu_ipc_close_memhandle(void* ptr) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  auto it = g_opened.find(reinterpret_cast<uintptr_t>(ptr));
-  if (it == g_opened.end()) {
-    return Fail(XPUERR_INVALID_VALUE, "xpu_ipc_close_memhandle: the pointer was not returned by xpu_ipc_open_memhandle");
-  }
-  ::munmap(it->second.base, it->second.mapped);
-  g_opened.erase(it);
-  return XPU_SUCCESS;
+  return Unmap(&g_opened, ptr, false,
+               "xpu_ipc_close_memhandle: the pointer was not returned by xpu_ipc_open_memhandle");
 }
 
 bool IsLiveAllocation(const void* ptr, uint64_t bytes) {
