@@ -92,7 +92,13 @@ int xpu_malloc(void** ptr, uint64_t size) {
   *ptr = nullptr;
   const std::string name = "fdmtpxe." + std::to_string(::getpid()) + "." +
                            std::to_string(g_sequence.fetch_add(1));
-  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    // Left by a killed process that had our pid (sequence numbers are unique within a
+    // process): that process is gone, so the region is stale.
+    ::shm_unlink(name.c_str());
+    fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  }
   if (fd < 0) return Fail(XPUERR_NOMEM, "cannot create emulated device region `" + name + "`: " + Errno());
   size_t mapped = 0;
   void* base = nullptr;
