@@ -1,6 +1,8 @@
 // set_data_ipc / share_external_data / unset_data_ipc: POSIX shared-memory segments
-// (shm_open + mmap) and, for CUDA tensors, CUDA IPC handles stored in them. See
-// fdmtp/ipc.h for the segment layout.
+// (shm_open + mmap) and, for CUDA and XPU tensors, the IPC handles stored in them. See
+// fdmtp/ipc.h for the segment layout. XPU memory is a Kunlun device's (FDMTP_WITH_XPU) or,
+// in the default build, the emulated XRE's (host tensors while xpu_emulation is active on
+// this thread, see xpu/emu/xre_emu.h).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -12,6 +14,7 @@
 
 #include "dispatch.h"
 #include "fdmtp/ops.h"
+#include "xpu/runtime/ipc.h"
 
 namespace fdmtp {
 namespace ipc {
@@ -32,6 +35,38 @@ std::string Quoted(const std::string& name) { return "`" + name + "`"; }
 
 std::string Errno(int err) { return std::strerror(err); }
 
+// Where a tensor's memory is, for sharing.
+enum class Where { kHost, kCuda, kXpu };
+
+Where Locate(const TensorRef& t) {
+  if (t.device == Device::kCUDA) return Where::kCuda;
+  if (t.device == Device::kXPU) return Where::kXpu;
+#if defined(FDMTP_XPU_EMULATOR)
+  if (t.device == Device::kCPU && xpu::ActiveEmulation() != nullptr) return Where::kXpu;
+#endif
+  return Where::kHost;
+}
+
+uint32_t KindOf(Where where) {
+  return where == Where::kHost ? kHostData : where == Where::kCuda ? kCudaHandle : kXpuHandle;
+}
+
+// What a segment of `kind` holds, and where a placeholder must be to attach it.
+const char* Holds(uint32_t kind) {
+  return kind == kHostData ? "host memory" : kind == kCudaHandle ? "a CUDA IPC handle" : "an XPU IPC handle";
+}
+const char* AttachOn(uint32_t kind) {
+#if defined(FDMTP_XPU_EMULATOR)
+  if (kind == kHostData) return "the CPU (outside xpu_emulation)";
+  if (kind == kXpuHandle) return "the XPU device (emulator: a host array inside xpu_emulation)";
+#endif
+  return kind == kHostData ? "the CPU" : kind == kCudaHandle ? "the CUDA device" : "the XPU device";
+}
+std::string Placement(const TensorRef& t) {
+  if (t.device == Device::kCPU && Locate(t) == Where::kXpu) return "emulated XPU memory (inside xpu_emulation)";
+  return std::string("on ") + DeviceName(t.device);
+}
+
 // The shareable dtypes are upstream's: bfloat16, float16, float32, int8, uint8.
 void CheckShareableDtype(const ArgChecker& check, const TensorRef& t) {
   if (ElementBytes(t.dtype) == 0) {
@@ -49,8 +84,16 @@ void CheckDevice(const ArgChecker& check, const TensorRef& t) {
 #endif
     return;
   }
+  if (t.device == Device::kXPU) {
+#if !defined(FDMTP_WITH_XPU)
+    check.Fail(std::string("`") + t.name +
+               "` is an XPU tensor but this build of fastdeploy_mtp has no XPU support "
+               "(FDMTP_WITH_XPU is OFF; the emulator shares host arrays inside xpu_emulation)");
+#endif
+    return;
+  }
   check.Fail(std::string("`") + t.name + "` is on " + DeviceName(t.device) +
-             "; only CPU and CUDA tensors can be shared");
+             "; only CPU, CUDA and XPU tensors can be shared");
 }
 
 void CheckCuda(const ArgChecker& check, int status, const char* what) {
@@ -117,6 +160,25 @@ class CudaMapping : public SharedBuffer {
 };
 #endif
 
+// XPU memory of another process (an opened IPC handle, closed with its last owner), or,
+// with use_ipc=False, the creator's own device memory (owned by the creator's tensor).
+class XpuMapping : public SharedBuffer {
+ public:
+  XpuMapping(void* ptr, uint64_t offset, size_t bytes, int device, bool opened)
+      : opened_(opened ? ptr : nullptr) {
+    data_ = static_cast<char*>(ptr) + offset;
+    bytes_ = bytes;
+    device_ = Device::kXPU;
+    device_id_ = device;
+  }
+  ~XpuMapping() override {
+    if (opened_ != nullptr) xpu::IpcCloseMemHandle(opened_);
+  }
+
+ private:
+  void* opened_;
+};
+
 // Creates segment `name` of `bytes` bytes, replacing any segment of that name (a stale
 // one left by a crashed creator; processes that still map the old one keep their memory),
 // and maps it. Unlinks it again if anything fails.
@@ -143,10 +205,28 @@ std::shared_ptr<HostMapping> CreateSegment(const ArgChecker& check, const std::s
   return std::make_shared<HostMapping>(base, bytes, data_offset, data_bytes);
 }
 
+// Publishes a CUDA or XPU handle segment for `t` (its process's mapping is dropped).
+void PublishHandle(const ArgChecker& check, const std::string& name, const TensorRef& t,
+                   uint32_t kind, const uint8_t* handle, uint64_t offset, size_t bytes);
+
 void Publish(SegmentHeader* header) {
   header->version = kVersion;
   header->creator_pid = static_cast<int64_t>(::getpid());
   __atomic_store_n(&header->magic, kMagic, __ATOMIC_RELEASE);
+}
+
+void PublishHandle(const ArgChecker& check, const std::string& name, const TensorRef& t,
+                   uint32_t kind, const uint8_t* handle, uint64_t offset, size_t bytes) {
+  auto segment = CreateSegment(check, name, sizeof(SegmentHeader), 0, 0);
+  SegmentHeader* header = segment->header();
+  std::memcpy(header->cuda_handle, handle, kCudaHandleBytes);
+  header->kind = kind;
+  header->dtype = static_cast<int32_t>(t.dtype);
+  header->device_id = t.device_id;
+  header->data_bytes = bytes;
+  header->data_offset = offset;
+  header->data_ptr_addr = kind == kXpuHandle ? reinterpret_cast<uintptr_t>(t.data) : 0;
+  Publish(header);
 }
 
 }  // namespace
@@ -174,8 +254,21 @@ std::shared_ptr<ipc::SharedBuffer> SetDataIpc(const TensorRef& tmp_input,
   CheckDevice(check, tmp_input);
   check.Contiguous(tmp_input);
   const size_t bytes = static_cast<size_t>(tmp_input.numel()) * ElementBytes(tmp_input.dtype);
+  const Where where = Locate(tmp_input);
 
-  if (tmp_input.device == Device::kCPU) {
+  if (where == Where::kXpu) {
+    // XPU: the handle of the tensor's device memory; XRE's handle is taken of the pointer
+    // itself, so the offset is 0 (upstream stores tmp_input.data() the same way).
+    static_assert(xpu::kIpcHandleBytes == kCudaHandleBytes, "the handle fits upstream's slot");
+    uint8_t handle[kCudaHandleBytes] = {};
+    if (xpu::IpcGetMemHandle(tmp_input.data, handle) != xpu::kSuccess) {
+      check.Fail("cannot export `tmp_input`: " + xpu::LastError());
+    }
+    PublishHandle(check, shm_name, tmp_input, kXpuHandle, handle, 0, bytes);
+    return nullptr;
+  }
+
+  if (where == Where::kHost) {
     auto segment = CreateSegment(check, shm_name, kHostDataOffset + bytes, kHostDataOffset, bytes);
     SegmentHeader* header = segment->header();
     header->kind = kHostData;
@@ -196,26 +289,24 @@ std::shared_ptr<ipc::SharedBuffer> SetDataIpc(const TensorRef& tmp_input,
 #else
   CheckCuda(check, 1, "cudaIpcGetMemHandle");
 #endif
-  auto segment = CreateSegment(check, shm_name, sizeof(SegmentHeader), 0, 0);
-  SegmentHeader* header = segment->header();
-  std::memcpy(header->cuda_handle, handle, kCudaHandleBytes);
-  header->kind = kCudaHandle;
-  header->dtype = static_cast<int32_t>(tmp_input.dtype);
-  header->device_id = tmp_input.device_id;
-  header->data_bytes = bytes;
-  header->data_offset = offset;
-  Publish(header);
+  PublishHandle(check, shm_name, tmp_input, kCudaHandle, handle, offset, bytes);
   return nullptr;  // the segment stays (until unlinked); this process's mapping is dropped
 }
 
 std::shared_ptr<ipc::SharedBuffer> ShareExternalData(const TensorRef& input,
                                                      const std::string& shm_name,
-                                                     const std::vector<int64_t>& shape) {
+                                                     const std::vector<int64_t>& shape,
+                                                     bool use_ipc) {
   using namespace ipc;
   const ArgChecker check("share_external_data");
   CheckName(check, shm_name);
   CheckShareableDtype(check, input);
   CheckDevice(check, input);
+  const Where where = Locate(input);
+  if (!use_ipc && where != Where::kXpu) {
+    check.Fail("`use_ipc`=False reuses the creator's XPU device pointer and applies to XPU "
+               "tensors only; `input` is " + Placement(input));
+  }
   size_t want = ElementBytes(input.dtype);
   std::string shape_text = "[";
   for (size_t i = 0; i < shape.size(); ++i) {
@@ -264,11 +355,10 @@ std::shared_ptr<ipc::SharedBuffer> ShareExternalData(const TensorRef& input,
                  std::to_string(kVersion));
     }
     const bool host = header->kind == kHostData;
-    if (host != (input.device == Device::kCPU)) {
-      check.Fail("shared-memory segment " + Quoted(shm_name) + " holds " +
-                 (host ? "host memory" : "a CUDA IPC handle") + " but `input` is on " +
-                 DeviceName(input.device) + "; attach with a placeholder on " +
-                 (host ? "the CPU" : "the CUDA device"));
+    if (header->kind != KindOf(where)) {
+      check.Fail("shared-memory segment " + Quoted(shm_name) + " holds " + Holds(header->kind) +
+                 " but `input` is " + Placement(input) + "; attach with a placeholder on " +
+                 AttachOn(header->kind));
     }
     if (header->dtype != static_cast<int32_t>(input.dtype)) {
       check.Fail("dtype mismatch: `input` is " + std::string(DTypeName(input.dtype)) +
@@ -284,12 +374,41 @@ std::shared_ptr<ipc::SharedBuffer> ShareExternalData(const TensorRef& input,
                  std::to_string(size) + " bytes for " + std::to_string(header->data_bytes) +
                  " data bytes)");
     }
-  } else if (input.device == Device::kCPU) {
+  } else if (where != Where::kCuda) {
     check.Fail("shared-memory segment " + Quoted(shm_name) +
                " is an upstream CUDA handle record; attach it with a CUDA placeholder");
   }
 
-  if (input.device == Device::kCPU) {
+  if (where == Where::kXpu) {
+    const int64_t creator = header->creator_pid;
+    const int64_t self = static_cast<int64_t>(::getpid());
+    if (!use_ipc) {
+      // Upstream's use_ipc=False: the stored pointer, which means something only in the
+      // creator's address space.
+      if (creator != self) {
+        check.Fail("`use_ipc`=False reuses the device pointer stored by the creator, valid only "
+                   "in the creating process (pid " + std::to_string(creator) + "), but this is pid " +
+                   std::to_string(self) + "; attach with use_ipc=True");
+      }
+      void* ptr = reinterpret_cast<void*>(static_cast<uintptr_t>(header->data_ptr_addr));
+      if (!xpu::MaybeLiveDeviceMemory(ptr, want)) {
+        check.Fail("`use_ipc`=False: the device memory published as " + Quoted(shm_name) +
+                   " is no longer allocated (" + std::to_string(want) +
+                   " bytes at the stored pointer); the creator's tensor was freed");
+      }
+      return std::make_shared<XpuMapping>(ptr, 0, want, input.device_id, false);
+    }
+    uint8_t handle[kCudaHandleBytes];
+    std::memcpy(handle, header->cuda_handle, kCudaHandleBytes);
+    void* ptr = nullptr;
+    if (xpu::IpcOpenMemHandle(handle, input.device_id, &ptr) != xpu::kSuccess) {
+      check.Fail(xpu::LastError() + (creator == self ? "; in the creating process attach with use_ipc=False"
+                                                     : ""));
+    }
+    return std::make_shared<XpuMapping>(ptr, header->data_offset, want, input.device_id, true);
+  }
+
+  if (where == Where::kHost) {
     auto view = std::make_shared<HostMapping>(base, size, header->data_offset, want);
     whole->Release();
     return view;

@@ -1,5 +1,7 @@
 // Paddle bindings of set_data_ipc, share_external_data and unset_data_ipc: FastDeploy's
-// inputs, outputs, attrs and in-place map.
+// inputs, outputs, attrs and in-place map. Builds with FDMTP_WITH_XPU register
+// share_external_data with upstream's XPU attrs (shm_name, shape, use_ipc: bool); the
+// others with upstream's GPU attrs (shm_name, shape).
 //
 // Host tensors: set_data_ipc moves the tensor's storage into the named segment by giving
 // its DenseTensor a new holder (an IpcAllocation that owns the mapping), so the same
@@ -15,7 +17,7 @@ namespace {
 
 namespace pb = fdmtp::paddle_binding;
 
-// Storage that is a cross-process mapping (host segment or opened CUDA IPC handle).
+// Storage that is a cross-process mapping (host segment or opened CUDA / XPU IPC handle).
 class IpcAllocation : public phi::Allocation {
  public:
   IpcAllocation(std::shared_ptr<fdmtp::ipc::SharedBuffer> buffer, const phi::Place& place)
@@ -33,6 +35,12 @@ phi::DenseTensor* Dense(const paddle::Tensor& t, const char* name) {
 
 phi::Place PlaceOf(const fdmtp::ipc::SharedBuffer& buffer) {
   if (buffer.device() == fdmtp::Device::kCUDA) return phi::GPUPlace(buffer.device_id());
+#if defined(FDMTP_WITH_XPU)
+  if (buffer.device() == fdmtp::Device::kXPU) return phi::XPUPlace(buffer.device_id());
+#endif
+  if (buffer.device() != fdmtp::Device::kCPU) {
+    throw fdmtp::Error("share_external_data: this build cannot place shared XPU memory in a Paddle tensor");
+  }
   return phi::CPUPlace();
 }
 
@@ -58,21 +66,35 @@ void SetDataIpc(const paddle::Tensor& tmp_input, const std::string& shm_name) {
   });
 }
 
-std::vector<paddle::Tensor> ShareExternalData(const paddle::Tensor& input,
-                                              const std::string& shm_name,
-                                              const std::vector<int>& shape) {
+std::vector<paddle::Tensor> ShareExternal(const paddle::Tensor& input, const std::string& shm_name,
+                                          const std::vector<int>& shape, bool use_ipc) {
   std::vector<paddle::Tensor> out;
   pb::RunEntry([&] {
     std::vector<int64_t> dims(shape.begin(), shape.end());
     fdmtp::TensorRef ref = pb::ToRef(input, "input");
     ref.shape.clear();  // the placeholder gives the dtype and device only
-    std::shared_ptr<fdmtp::ipc::SharedBuffer> buffer = fdmtp::ShareExternalData(ref, shm_name, dims);
+    std::shared_ptr<fdmtp::ipc::SharedBuffer> buffer =
+        fdmtp::ShareExternalData(ref, shm_name, dims, use_ipc);
     const phi::DenseTensorMeta meta(input.dtype(), phi::make_ddim(dims));
     out.emplace_back(std::make_shared<phi::DenseTensor>(
         std::make_shared<IpcAllocation>(buffer, PlaceOf(*buffer)), meta));
   });
   return out;
 }
+
+#if defined(FDMTP_WITH_XPU)
+std::vector<paddle::Tensor> ShareExternalData(const paddle::Tensor& input,
+                                              const std::string& shm_name,
+                                              const std::vector<int>& shape, bool use_ipc) {
+  return ShareExternal(input, shm_name, shape, use_ipc);
+}
+#else
+std::vector<paddle::Tensor> ShareExternalData(const paddle::Tensor& input,
+                                              const std::string& shm_name,
+                                              const std::vector<int>& shape) {
+  return ShareExternal(input, shm_name, shape, true);
+}
+#endif
 
 void UnsetDataIpc(const paddle::Tensor& tmp_input, const std::string& shm_name, bool close_ipc,
                   bool unlink_shm) {
@@ -92,7 +114,11 @@ void UnsetDataIpc(const paddle::Tensor& tmp_input, const std::string& shm_name, 
 
 std::vector<std::vector<int64_t>> ShareExternalDataShape(const std::vector<int64_t>&,
                                                          const std::string&,
-                                                         const std::vector<int>& shape) {
+                                                         const std::vector<int>& shape
+#if defined(FDMTP_WITH_XPU)
+                                                         , bool
+#endif
+) {
   return {std::vector<int64_t>(shape.begin(), shape.end())};
 }
 
@@ -111,7 +137,11 @@ PD_BUILD_OP(set_data_ipc)
 
 PD_BUILD_OP(share_external_data)
     .Inputs({"input"})
+#if defined(FDMTP_WITH_XPU)
+    .Attrs({"shm_name: std::string", "shape: std::vector<int>", "use_ipc: bool"})
+#else
     .Attrs({"shm_name: std::string", "shape: std::vector<int>"})
+#endif
     .Outputs({"output"})
     .SetKernelFn(PD_KERNEL(ShareExternalData))
     .SetInferShapeFn(PD_INFER_SHAPE(ShareExternalDataShape))

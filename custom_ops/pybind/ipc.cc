@@ -3,7 +3,8 @@
 // owns the mapping (or opened CUDA handle) and exports it with DLPack
 // (numpy.from_dlpack, torch.from_dlpack, cupy.from_dlpack: zero-copy). Every DLPack view
 // keeps the mapping alive; it is released when the SharedTensor is closed or collected
-// and the last view is gone.
+// and the last view is gone. XPU memory: emulated device memory is host memory and exports
+// as a CPU DLPack tensor; real Kunlun memory has no DLPack device and offers data_ptr only.
 #include "ipc.h"
 
 #include <pybind11/stl.h>
@@ -14,6 +15,7 @@
 #include "dlpack.h"
 #include "fdmtp/ops.h"
 #include "tensor_arg.h"
+#include "xpu/runtime/ipc.h"
 
 namespace py = pybind11;
 
@@ -32,6 +34,28 @@ DLDataType ToDL(DType dtype) {
   }
 }
 
+// The DLPack device of a buffer.
+DLDevice DlDevice(const ipc::SharedBuffer& buffer) {
+  switch (buffer.device()) {
+    case Device::kCUDA: return {kDLCUDA, buffer.device_id()};
+    case Device::kXPU:
+#if defined(FDMTP_XPU_EMULATOR)
+      return {kDLCPU, 0};  // the emulated XRE's device memory is host memory
+#else
+      throw Error("SharedTensor: XPU device memory has no DLPack device; use data_ptr");
+#endif
+    default: return {kDLCPU, 0};
+  }
+}
+
+std::string DeviceText(const ipc::SharedBuffer& buffer) {
+  switch (buffer.device()) {
+    case Device::kCUDA: return "cuda:" + std::to_string(buffer.device_id());
+    case Device::kXPU: return "xpu:" + std::to_string(buffer.device_id());
+    default: return "cpu";
+  }
+}
+
 class SharedTensor {
  public:
   SharedTensor(std::shared_ptr<ipc::SharedBuffer> buffer, DType dtype, std::vector<int64_t> shape)
@@ -45,22 +69,19 @@ class SharedTensor {
   size_t nbytes() const { return buffer().bytes(); }
   std::string dtype() const { return DTypeName(dtype_); }
   py::tuple shape() const { return py::tuple(py::cast(shape_)); }
-  std::string device() const {
-    return buffer().device() == Device::kCUDA ? "cuda:" + std::to_string(buffer().device_id())
-                                              : "cpu";
-  }
+  std::string device() const { return DeviceText(buffer()); }
   bool closed() const { return !buffer_; }
   void close() { buffer_.reset(); }
 
   py::tuple DlpackDevice() const {
-    const bool gpu = buffer().device() == Device::kCUDA;
-    return py::make_tuple(static_cast<int32_t>(gpu ? kDLCUDA : kDLCPU), gpu ? buffer().device_id() : 0);
+    const DLDevice d = DlDevice(buffer());
+    return py::make_tuple(static_cast<int32_t>(d.device_type), d.device_id);
   }
 
   // A DLPack capsule over the buffer; versioned (1.0, writable) when the consumer asks for
   // max_version >= 1, else the unversioned form. The capsule owns a reference to the buffer.
   py::capsule Dlpack(bool versioned) const {
-    buffer();  // throws if closed
+    const DLDevice device = DlDevice(buffer());  // throws if closed
     struct Context {
       std::shared_ptr<ipc::SharedBuffer> buffer;
       std::vector<int64_t> shape;
@@ -70,8 +91,7 @@ class SharedTensor {
     auto* ctx = new Context{buffer_, shape_, {}, {}};
     DLTensor& t = versioned ? ctx->current.dl_tensor : ctx->legacy.dl_tensor;
     t.data = ctx->buffer->data();
-    const bool gpu = ctx->buffer->device() == Device::kCUDA;
-    t.device = {gpu ? kDLCUDA : kDLCPU, gpu ? ctx->buffer->device_id() : 0};
+    t.device = device;
     t.ndim = static_cast<int32_t>(ctx->shape.size());
     t.dtype = ToDL(dtype_);
     t.shape = ctx->shape.data();
@@ -117,11 +137,37 @@ py::object SetDataIpc(py::handle tmp_input, const std::string& shm_name) {
 }
 
 SharedTensor ShareExternalData(py::handle input, const std::string& shm_name,
-                               const std::vector<int64_t>& shape) {
+                               const std::vector<int64_t>& shape, bool use_ipc) {
   ArgScope args;
   const TensorRef ref = args.Convert(input, "input");
-  return SharedTensor(ShareExternalData(ref, shm_name, shape), ref.dtype, shape);
+  return SharedTensor(ShareExternalData(ref, shm_name, shape, use_ipc), ref.dtype, shape);
 }
+
+#if defined(FDMTP_XPU_EMULATOR)
+// Emulated XPU device memory (xpu_malloc of the emulated XRE), freed with its last owner.
+class EmulatedDeviceMemory : public ipc::SharedBuffer {
+ public:
+  explicit EmulatedDeviceMemory(size_t bytes) {
+    if (xpu::Malloc(bytes, &data_) != xpu::kSuccess) throw Error("xpu_emu_empty: " + xpu::LastError());
+    bytes_ = bytes;
+    device_ = Device::kXPU;
+  }
+  ~EmulatedDeviceMemory() override { xpu::Free(data_); }
+};
+
+SharedTensor XpuEmuEmpty(const std::vector<int64_t>& shape, const std::string& dtype) {
+  for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt8, DType::kUInt8}) {
+    if (dtype != DTypeName(d)) continue;
+    size_t bytes = static_cast<size_t>(ToDL(d).bits / 8);
+    for (int64_t n : shape) {
+      if (n < 0) throw Error("xpu_emu_empty: `shape` has a negative dimension " + std::to_string(n));
+      bytes *= static_cast<size_t>(n);
+    }
+    return SharedTensor(std::make_shared<EmulatedDeviceMemory>(bytes), d, shape);
+  }
+  throw Error("xpu_emu_empty: `dtype` '" + dtype + "' is not float32, float16, bfloat16, int8 or uint8");
+}
+#endif
 
 void UnsetDataIpc(py::handle tmp_input, const std::string& shm_name, bool close_ipc,
                   bool unlink_shm) {
@@ -161,7 +207,16 @@ void DefineIpc(py::module_& m) {
         "numpy array's storage cannot be moved, so the contents are copied into the segment "
         "and a SharedTensor over it is returned; use it instead of the array.");
   m.def("share_external_data", &ShareExternalData, py::arg("input"), py::arg("shm_name"),
-        py::arg("shape"), "See fastdeploy_mtp.ops.share_external_data; returns a SharedTensor.");
+        py::arg("shape"), py::arg("use_ipc") = true,
+        "See fastdeploy_mtp.ops.share_external_data; returns a SharedTensor. use_ipc "
+        "(upstream's XPU attr): False reuses an XPU segment's stored device pointer, in the "
+        "creator's process only.");
+#if defined(FDMTP_XPU_EMULATOR)
+  m.def("xpu_emu_empty", &XpuEmuEmpty, py::arg("shape"), py::arg("dtype"),
+        "Emulated XPU device memory (zeroed), as a SharedTensor on 'xpu:0' that exports as a "
+        "CPU DLPack array. Inside xpu_emulation, set_data_ipc shares it by IPC handle like a "
+        "Kunlun device tensor; it is freed when the SharedTensor and its views are gone.");
+#endif
   m.def("unset_data_ipc", &UnsetDataIpc, py::arg("tmp_input"), py::arg("shm_name"),
         py::arg("close_ipc"), py::arg("unlink_shm"),
         "See fastdeploy_mtp.ops.unset_data_ipc; close_ipc closes a SharedTensor.");

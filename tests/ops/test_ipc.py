@@ -228,3 +228,13 @@ def test_host_segment_with_a_cuda_placeholder_is_rejected(name):
     with pytest.raises(ValueError, match="holds host memory but `input` is on cuda|no CUDA support"):
         _kernels.share_external_data((0, "float32", (), "cuda:0"), name, [4])
     _kernels.unset_data_ipc(None, name, False, True)
+
+
+def test_use_ipc_false_applies_to_xpu_tensors_only(name):
+    t = paddle.ones([4])
+    ops.set_data_ipc(t, name)
+    with pytest.raises(ops.OpError, match=r"`use_ipc`=False reuses the creator's XPU device pointer and applies to XPU"):
+        ops.share_external_data(placeholder("float32"), name, [4], use_ipc=False)
+    a = ops.share_external_data(placeholder("float32"), name, [4], use_ipc=True)  # upstream's XPU call form
+    np.testing.assert_array_equal(a.numpy(), np.ones(4, np.float32))
+    ops.unset_data_ipc(t, name, False, True)

@@ -10,6 +10,12 @@
 //   kind kHostData   the tensor's bytes live in the segment at `data_offset` (4096);
 //   kind kCudaHandle the segment holds the cudaIpcMemHandle_t of the allocation that
 //                    contains the tensor, and the tensor's byte offset inside it.
+//   kind kXpuHandle  the segment holds the XPUIpcMemHandle of the tensor's device memory
+//                    (where upstream keeps the CUDA handle) and, as upstream's XPU
+//                    shmStruct does, the creator's raw device pointer `data_ptr_addr`
+//                    (share_external_data with use_ipc=False reuses it in the creator's
+//                    process). Upstream's XPU struct has it right after the handle, at byte
+//                    72, where our `magic` is; ours is at the end of the descriptor.
 //
 // `magic` is stored last (release order) once the segment is complete, so an attacher
 // never maps a half-written segment.
@@ -28,28 +34,32 @@ constexpr uint64_t kMagic = 0x4350494d54504446ULL;  // "FDPTMIPC" little-endian
 constexpr uint32_t kVersion = 1;
 constexpr uint32_t kHostData = 1;
 constexpr uint32_t kCudaHandle = 2;
+constexpr uint32_t kXpuHandle = 3;
 constexpr size_t kCudaHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
 constexpr size_t kUpstreamBytes = 8 + kCudaHandleBytes;
 constexpr uint64_t kHostDataOffset = 4096;  // page aligned data for host segments
 
 struct SegmentHeader {
   uint64_t nprocesses;                    // upstream field, always 0
-  uint8_t cuda_handle[kCudaHandleBytes];  // upstream field; zero in host segments
+  uint8_t cuda_handle[kCudaHandleBytes];  // upstream field (the XPU handle in XPU segments)
   // ---- ours: upstream readers stop above ----
   uint64_t magic;
   uint32_t version;
-  uint32_t kind;         // kHostData or kCudaHandle
+  uint32_t kind;         // kHostData, kCudaHandle or kXpuHandle
   int32_t dtype;         // fdmtp::DType
-  int32_t device_id;     // CUDA device of the exporter (kCudaHandle)
+  int32_t device_id;     // CUDA / XPU device of the exporter
   uint64_t data_bytes;   // bytes of the shared tensor
   uint64_t data_offset;  // kHostData: offset in the segment; kCudaHandle: in the allocation
   int64_t creator_pid;
+  uint64_t data_ptr_addr;  // kXpuHandle: the creator's device pointer (upstream's XPU field)
 };
 static_assert(offsetof(SegmentHeader, magic) == kUpstreamBytes,
               "the upstream-compatible prefix must stay 72 bytes");
+static_assert(sizeof(SegmentHeader) == 128, "the descriptor layout is fixed");
 
 // Memory shared with another process: a host mapping of a segment (unmapped when the
-// last owner lets go) or an opened CUDA IPC handle (closed likewise). Bindings hand a
+// last owner lets go) or an opened CUDA / XPU IPC handle (closed likewise), or (XPU,
+// use_ipc=False) a view of the creator's own device memory that owns nothing. Bindings hand a
 // shared_ptr of it to every tensor that views the memory, so nothing reads it after it
 // was released.
 class SharedBuffer {

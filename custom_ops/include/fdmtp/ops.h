@@ -166,16 +166,20 @@ void NgramMatch(const TensorRef& input_ids, const TensorRef& input_ids_len,
 
 // Cross-process tensors by name (fdmtp/ipc.h; entry/ipc.cc). Host tensors: SetDataIpc
 // creates segment `shm_name` (replacing a stale one), copies the tensor's bytes into it and
-// returns the mapping; the binding must make the tensor's storage that mapping. CUDA
-// tensors: exports the allocation's IPC handle into the segment and returns nullptr.
+// returns the mapping; the binding must make the tensor's storage that mapping. CUDA / XPU
+// tensors (XPU: also host tensors inside the emulator's xpu_emulation): exports the
+// memory's IPC handle into the segment and returns nullptr.
 std::shared_ptr<ipc::SharedBuffer> SetDataIpc(const TensorRef& tmp_input,
                                               const std::string& shm_name);
 // Attaches segment `shm_name` as a tensor of `input`'s dtype and device and `shape`;
 // checks the name, the dtype, the device kind and that the shape fits. The returned
-// buffer (mapped host memory or an opened CUDA handle) is released with its last owner.
+// buffer (mapped host memory or an opened CUDA / XPU handle) is released with its last
+// owner. use_ipc (upstream's XPU attr): false reuses an XPU segment's stored device
+// pointer instead of opening its handle; only in the creator's process (checked).
 std::shared_ptr<ipc::SharedBuffer> ShareExternalData(const TensorRef& input,
                                                      const std::string& shm_name,
-                                                     const std::vector<int64_t>& shape);
+                                                     const std::vector<int64_t>& shape,
+                                                     bool use_ipc = true);
 // Checks the name and, with unlink_shm, unlinks the segment (a missing one is fine).
 // close_ipc is carried out by the binding, which owns the tensor's storage.
 void UnsetDataIpc(const TensorRef& tmp_input, const std::string& shm_name, bool unlink_shm);
