@@ -10,10 +10,10 @@ void DraftModelPostprocess(const paddle::Tensor& base_model_draft_tokens,
   namespace pb = fdmtp::paddle_binding;
   pb::RunEntry([&] {
     fdmtp::DraftModelPostprocess(
-        pb::ToRef(base_model_draft_tokens, "base_model_draft_tokens"),
-        pb::ToRef(base_model_seq_lens_this_time, "base_model_seq_lens_this_time"),
-        pb::ToRef(base_model_seq_lens_encoder, "base_model_seq_lens_encoder"),
-        pb::ToRef(base_model_stop_flags, "base_model_stop_flags"),
+        FDMTP_REF(base_model_draft_tokens),
+        FDMTP_REF(base_model_seq_lens_this_time),
+        FDMTP_REF(base_model_seq_lens_encoder),
+        FDMTP_REF(base_model_stop_flags),
         pb::StreamOf(base_model_seq_lens_this_time));
   });
 }

@@ -16,14 +16,14 @@ std::vector<paddle::Tensor> EagleGatherHiddenStates(
   paddle::Tensor output_token_num = paddle::empty({1}, paddle::DataType::INT32, input.place());
   pb::RunEntry([&] {
     fdmtp::EagleGatherHiddenStates(
-        pb::ToRef(input, "input"), pb::ToRef(cu_seqlens_q, "cu_seqlens_q"),
-        pb::ToRef(seq_lens_this_time, "seq_lens_this_time"),
-        pb::ToRef(seq_lens_decoder, "seq_lens_decoder"),
-        pb::ToRef(seq_lens_encoder, "seq_lens_encoder"),
-        pb::ToRef(batch_id_per_token_output, "batch_id_per_token_output"),
-        pb::ToRef(cu_seqlens_q_output, "cu_seqlens_q_output"),
-        pb::ToRef(real_output_token_num, "real_output_token_num"), pb::ToRef(out, "out"),
-        pb::ToRef(output_token_num, "output_token_num"), pb::StreamOf(input));
+        FDMTP_REF(input), FDMTP_REF(cu_seqlens_q),
+        FDMTP_REF(seq_lens_this_time),
+        FDMTP_REF(seq_lens_decoder),
+        FDMTP_REF(seq_lens_encoder),
+        FDMTP_REF(batch_id_per_token_output),
+        FDMTP_REF(cu_seqlens_q_output),
+        FDMTP_REF(real_output_token_num), FDMTP_REF(out),
+        FDMTP_REF(output_token_num), pb::StreamOf(input));
   });
   return {out, output_token_num};
 }

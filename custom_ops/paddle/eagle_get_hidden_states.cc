@@ -15,14 +15,14 @@ std::vector<paddle::Tensor> EagleGetHiddenStates(
   paddle::Tensor output_token_num = paddle::empty({1}, paddle::DataType::INT32, input.place());
   pb::RunEntry([&] {
     fdmtp::EagleGetHiddenStates(
-        pb::ToRef(input, "input"), pb::ToRef(seq_lens_this_time, "seq_lens_this_time"),
-        pb::ToRef(seq_lens_encoder, "seq_lens_encoder"),
-        pb::ToRef(seq_lens_decoder, "seq_lens_decoder"), pb::ToRef(stop_flags, "stop_flags"),
-        pb::ToRef(accept_nums, "accept_nums"),
-        pb::ToRef(base_model_seq_lens_this_time, "base_model_seq_lens_this_time"),
-        pb::ToRef(base_model_seq_lens_encoder, "base_model_seq_lens_encoder"),
-        actual_draft_token_num, pb::ToRef(out, "out"),
-        pb::ToRef(output_token_num, "output_token_num"), pb::StreamOf(input));
+        FDMTP_REF(input), FDMTP_REF(seq_lens_this_time),
+        FDMTP_REF(seq_lens_encoder),
+        FDMTP_REF(seq_lens_decoder), FDMTP_REF(stop_flags),
+        FDMTP_REF(accept_nums),
+        FDMTP_REF(base_model_seq_lens_this_time),
+        FDMTP_REF(base_model_seq_lens_encoder),
+        actual_draft_token_num, FDMTP_REF(out),
+        FDMTP_REF(output_token_num), pb::StreamOf(input));
   });
   return {out, output_token_num};
 }

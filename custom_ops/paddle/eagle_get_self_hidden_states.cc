@@ -13,10 +13,10 @@ std::vector<paddle::Tensor> EagleGetSelfHiddenStates(const paddle::Tensor& input
   paddle::Tensor output_token_num = paddle::empty({1}, paddle::DataType::INT32, input.place());
   pb::RunEntry([&] {
     fdmtp::EagleGetSelfHiddenStates(
-        pb::ToRef(input, "input"), pb::ToRef(last_seq_lens_this_time, "last_seq_lens_this_time"),
-        pb::ToRef(seq_lens_this_time, "seq_lens_this_time"),
-        pb::ToRef(seq_lens_encoder, "seq_lens_encoder"), pb::ToRef(out, "out"),
-        pb::ToRef(output_token_num, "output_token_num"), pb::StreamOf(input));
+        FDMTP_REF(input), FDMTP_REF(last_seq_lens_this_time),
+        FDMTP_REF(seq_lens_this_time),
+        FDMTP_REF(seq_lens_encoder), FDMTP_REF(out),
+        FDMTP_REF(output_token_num), pb::StreamOf(input));
   });
   return {out, output_token_num};
 }

@@ -16,11 +16,11 @@ void HybridMtpNgram(const paddle::Tensor& input_ids, const paddle::Tensor& input
   pb::RunEntry([&] {
     pb::PaddleScratch scratch(seq_lens_this_time.place());
     fdmtp::HybridMtpNgram(
-        pb::ToRef(input_ids, "input_ids"), pb::ToRef(input_ids_len, "input_ids_len"),
-        pb::ToRef(pre_ids, "pre_ids"), pb::ToRef(step_idx, "step_idx"),
-        pb::ToRef(draft_token_num, "draft_token_num"), pb::ToRef(draft_tokens, "draft_tokens"),
-        pb::ToRef(seq_lens_this_time, "seq_lens_this_time"),
-        pb::ToRef(seq_lens_decoder, "seq_lens_decoder"), pb::ToRef(max_dec_len, "max_dec_len"),
+        FDMTP_REF(input_ids), FDMTP_REF(input_ids_len),
+        FDMTP_REF(pre_ids), FDMTP_REF(step_idx),
+        FDMTP_REF(draft_token_num), FDMTP_REF(draft_tokens),
+        FDMTP_REF(seq_lens_this_time),
+        FDMTP_REF(seq_lens_decoder), FDMTP_REF(max_dec_len),
         max_ngram_size, min_ngram_size, max_draft_tokens, threshold, num_threads,
         pb::StreamOf(seq_lens_this_time), &scratch);
   });

@@ -46,7 +46,7 @@ phi::Place PlaceOf(const fdmtp::ipc::SharedBuffer& buffer) {
 
 void SetDataIpc(const paddle::Tensor& tmp_input, const std::string& shm_name) {
   pb::RunEntry([&] {
-    fdmtp::TensorRef ref = pb::ToRef(tmp_input, "tmp_input");
+    fdmtp::TensorRef ref = FDMTP_REF(tmp_input);
     phi::DenseTensor* dense = Dense(tmp_input, "tmp_input");
     if (ref.device == fdmtp::Device::kCPU && dense->meta().offset != 0) {
       throw fdmtp::Error("set_data_ipc: `tmp_input` is a view at byte offset " +
@@ -71,7 +71,7 @@ std::vector<paddle::Tensor> ShareExternal(const paddle::Tensor& input, const std
   std::vector<paddle::Tensor> out;
   pb::RunEntry([&] {
     std::vector<int64_t> dims(shape.begin(), shape.end());
-    fdmtp::TensorRef ref = pb::ToRef(input, "input");
+    fdmtp::TensorRef ref = FDMTP_REF(input);
     ref.shape.clear();  // the placeholder gives the dtype and device only
     std::shared_ptr<fdmtp::ipc::SharedBuffer> buffer =
         fdmtp::ShareExternalData(ref, shm_name, dims, use_ipc);

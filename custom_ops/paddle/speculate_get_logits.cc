@@ -15,13 +15,13 @@ void SpeculateGetLogits(const paddle::Tensor& draft_logits, const paddle::Tensor
   namespace pb = fdmtp::paddle_binding;
   pb::RunEntry([&] {
     fdmtp::SpeculateGetLogits(
-        pb::ToRef(draft_logits, "draft_logits"), pb::ToRef(next_token_num, "next_token_num"),
-        pb::ToRef(batch_token_num, "batch_token_num"),
-        pb::ToRef(cu_next_token_offset, "cu_next_token_offset"),
-        pb::ToRef(cu_batch_token_offset, "cu_batch_token_offset"), pb::ToRef(logits, "logits"),
-        pb::ToRef(first_token_logits, "first_token_logits"),
-        pb::ToRef(seq_lens_this_time, "seq_lens_this_time"),
-        pb::ToRef(seq_lens_encoder, "seq_lens_encoder"), pb::StreamOf(draft_logits));
+        FDMTP_REF(draft_logits), FDMTP_REF(next_token_num),
+        FDMTP_REF(batch_token_num),
+        FDMTP_REF(cu_next_token_offset),
+        FDMTP_REF(cu_batch_token_offset), FDMTP_REF(logits),
+        FDMTP_REF(first_token_logits),
+        FDMTP_REF(seq_lens_this_time),
+        FDMTP_REF(seq_lens_encoder), pb::StreamOf(draft_logits));
   });
 }
 

@@ -22,6 +22,8 @@ void* StreamOf(const paddle::Tensor& tensor);
 
 // A TensorRef named after the C++ parameter, which is named after the op's input.
 #define FDMTP_REF(tensor) ::fdmtp::paddle_binding::ToRef(tensor, #tensor)
+// The same for a paddle::optional input.
+#define FDMTP_OPT_REF(tensor) ::fdmtp::paddle_binding::ToOptionalRef(tensor, #tensor)
 // Device scratch from Paddle's allocator on `place` (stream-ordered on the place's stream):
 // the tensors live until this object is destroyed, after the op entry returned.
 class PaddleScratch : public ScratchAllocator {

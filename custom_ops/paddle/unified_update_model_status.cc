@@ -18,14 +18,14 @@ void UnifiedUpdateModelStatus(const paddle::Tensor& seq_lens_encoder,
   namespace pb = fdmtp::paddle_binding;
   pb::RunEntry([&] {
     fdmtp::UnifiedUpdateModelStatus(
-        pb::ToRef(seq_lens_encoder, "seq_lens_encoder"),
-        pb::ToRef(seq_lens_decoder, "seq_lens_decoder"),
-        pb::ToRef(has_running_seqs, "has_running_seqs"), pb::ToRef(step_input_ids, "step_input_ids"),
-        pb::ToRef(step_output_ids, "step_output_ids"), pb::ToRef(step_output_len, "step_output_len"),
-        pb::ToRef(stop_flags, "stop_flags"), pb::ToRef(seq_lens_this_time, "seq_lens_this_time"),
-        pb::ToRef(is_paused, "is_paused"), pb::ToRef(token_ids_all, "token_ids_all"),
-        pb::ToRef(prompt_lens, "prompt_lens"), pb::ToRef(step_idx, "step_idx"),
-        pb::ToRef(end_tokens, "end_tokens"), pb::ToRef(max_dec_len, "max_dec_len"),
+        FDMTP_REF(seq_lens_encoder),
+        FDMTP_REF(seq_lens_decoder),
+        FDMTP_REF(has_running_seqs), FDMTP_REF(step_input_ids),
+        FDMTP_REF(step_output_ids), FDMTP_REF(step_output_len),
+        FDMTP_REF(stop_flags), FDMTP_REF(seq_lens_this_time),
+        FDMTP_REF(is_paused), FDMTP_REF(token_ids_all),
+        FDMTP_REF(prompt_lens), FDMTP_REF(step_idx),
+        FDMTP_REF(end_tokens), FDMTP_REF(max_dec_len),
         pb::StreamOf(stop_flags));
   });
 }

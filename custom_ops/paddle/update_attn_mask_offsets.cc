@@ -15,13 +15,13 @@ std::vector<paddle::Tensor> UpdateAttnMaskOffsets(
       paddle::empty({2 * tokens}, paddle::DataType::INT32, seq_lens_this_time.place());
   pb::RunEntry([&] {
     fdmtp::UpdateAttnMaskOffsets(
-        pb::ToRef(ids_remove_padding, "ids_remove_padding"),
-        pb::ToRef(seq_lens_this_time, "seq_lens_this_time"),
-        pb::ToRef(seq_lens_encoder, "seq_lens_encoder"),
-        pb::ToRef(seq_lens_decoder, "seq_lens_decoder"), pb::ToRef(cu_seqlens_q, "cu_seqlens_q"),
-        pb::ToRef(attn_mask_offsets_full, "attn_mask_offsets_full"),
-        pb::ToRef(is_block_step, "is_block_step"), pb::ToRef(decode_states, "decode_states"),
-        pb::ToRef(attn_mask_offsets, "attn_mask_offsets"), pb::StreamOf(seq_lens_this_time));
+        FDMTP_REF(ids_remove_padding),
+        FDMTP_REF(seq_lens_this_time),
+        FDMTP_REF(seq_lens_encoder),
+        FDMTP_REF(seq_lens_decoder), FDMTP_REF(cu_seqlens_q),
+        FDMTP_REF(attn_mask_offsets_full),
+        FDMTP_REF(is_block_step), FDMTP_REF(decode_states),
+        FDMTP_REF(attn_mask_offsets), pb::StreamOf(seq_lens_this_time));
   });
   return {attn_mask_offsets};
 }

@@ -22,18 +22,18 @@ void VerifyDraftTokens(const paddle::Tensor& step_output_ids, const paddle::Tens
   namespace pb = fdmtp::paddle_binding;
   pb::RunEntry([&] {
     fdmtp::VerifyDraftTokens(
-        pb::ToRef(step_output_ids, "step_output_ids"), pb::ToRef(step_output_len, "step_output_len"),
-        pb::ToRef(step_input_ids, "step_input_ids"),
-        pb::ToOptionalRef(target_tokens, "target_tokens"),
-        pb::ToOptionalRef(candidate_ids, "candidate_ids"),
-        pb::ToOptionalRef(candidate_scores, "candidate_scores"),
-        pb::ToOptionalRef(candidate_lens, "candidate_lens"), pb::ToRef(topp, "topp"),
-        pb::ToRef(stop_flags, "stop_flags"), pb::ToRef(seq_lens_encoder, "seq_lens_encoder"),
-        pb::ToRef(seq_lens_this_time, "seq_lens_this_time"), pb::ToRef(end_tokens, "end_tokens"),
-        pb::ToRef(is_block_step, "is_block_step"),
-        pb::ToRef(cu_seqlens_q_output, "cu_seqlens_q_output"),
-        pb::ToRef(reasoning_status, "reasoning_status"), pb::ToRef(max_dec_len, "max_dec_len"),
-        pb::ToRef(step_idx, "step_idx"), pb::ToOptionalRef(verify_uniforms, "verify_uniforms"),
+        FDMTP_REF(step_output_ids), FDMTP_REF(step_output_len),
+        FDMTP_REF(step_input_ids),
+        FDMTP_OPT_REF(target_tokens),
+        FDMTP_OPT_REF(candidate_ids),
+        FDMTP_OPT_REF(candidate_scores),
+        FDMTP_OPT_REF(candidate_lens), FDMTP_REF(topp),
+        FDMTP_REF(stop_flags), FDMTP_REF(seq_lens_encoder),
+        FDMTP_REF(seq_lens_this_time), FDMTP_REF(end_tokens),
+        FDMTP_REF(is_block_step),
+        FDMTP_REF(cu_seqlens_q_output),
+        FDMTP_REF(reasoning_status), FDMTP_REF(max_dec_len),
+        FDMTP_REF(step_idx), FDMTP_OPT_REF(verify_uniforms),
         max_seq_len, verify_window, verify_strategy, reject_all, accept_all,
         pb::StreamOf(step_output_ids));
   });

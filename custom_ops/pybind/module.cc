@@ -17,6 +17,10 @@ namespace py = pybind11;
 
 namespace {
 
+// Tensors become TensorRefs named after the parameter (= the op's input name).
+#define FDMTP_ARG(obj) args.Convert(obj, #obj)
+#define FDMTP_OPT_ARG(obj) args.ConvertOptional(obj, #obj)
+
 void* AsStream(uintptr_t stream) { return reinterpret_cast<void*>(stream); }
 
 py::dict BuildInfo() {
@@ -62,14 +66,12 @@ void DraftModelPostprocess(py::handle base_model_draft_tokens,
                            uintptr_t stream) {
   fdmtp::pybind::ArgScope args;
   fdmtp::DraftModelPostprocess(
-      args.Convert(base_model_draft_tokens, "base_model_draft_tokens"),
-      args.Convert(base_model_seq_lens_this_time, "base_model_seq_lens_this_time"),
-      args.Convert(base_model_seq_lens_encoder, "base_model_seq_lens_encoder"),
-      args.Convert(base_model_stop_flags, "base_model_stop_flags"), AsStream(stream));
+      FDMTP_ARG(base_model_draft_tokens),
+      FDMTP_ARG(base_model_seq_lens_this_time),
+      FDMTP_ARG(base_model_seq_lens_encoder),
+      FDMTP_ARG(base_model_stop_flags), AsStream(stream));
 }
 
-// Tensors become TensorRefs named after the parameter (= the op's input name).
-#define FDMTP_ARG(obj) args.Convert(obj, #obj)
 
 void DraftModelPreprocess(py::handle draft_tokens, py::handle input_ids, py::handle stop_flags,
                           py::handle seq_lens_this_time, py::handle seq_lens_encoder,
@@ -139,8 +141,6 @@ void SpeculatePreProcess(py::handle input_ids, py::handle seq_len, py::handle dr
       FDMTP_ARG(real_output_token_num), cpu_token_num, AsStream(stream));
 }
 
-#undef FDMTP_ARG
-
 void UnifiedUpdateModelStatus(py::handle seq_lens_encoder, py::handle seq_lens_decoder,
                               py::handle has_running_seqs, py::handle step_input_ids,
                               py::handle step_output_ids, py::handle step_output_len,
@@ -150,16 +150,16 @@ void UnifiedUpdateModelStatus(py::handle seq_lens_encoder, py::handle seq_lens_d
                               py::handle max_dec_len, uintptr_t stream) {
   fdmtp::pybind::ArgScope args;
   fdmtp::UnifiedUpdateModelStatus(
-      args.Convert(seq_lens_encoder, "seq_lens_encoder"),
-      args.Convert(seq_lens_decoder, "seq_lens_decoder"),
-      args.Convert(has_running_seqs, "has_running_seqs"),
-      args.Convert(step_input_ids, "step_input_ids"),
-      args.Convert(step_output_ids, "step_output_ids"),
-      args.Convert(step_output_len, "step_output_len"), args.Convert(stop_flags, "stop_flags"),
-      args.Convert(seq_lens_this_time, "seq_lens_this_time"), args.Convert(is_paused, "is_paused"),
-      args.Convert(token_ids_all, "token_ids_all"), args.Convert(prompt_lens, "prompt_lens"),
-      args.Convert(step_idx, "step_idx"), args.Convert(end_tokens, "end_tokens"),
-      args.Convert(max_dec_len, "max_dec_len"), AsStream(stream));
+      FDMTP_ARG(seq_lens_encoder),
+      FDMTP_ARG(seq_lens_decoder),
+      FDMTP_ARG(has_running_seqs),
+      FDMTP_ARG(step_input_ids),
+      FDMTP_ARG(step_output_ids),
+      FDMTP_ARG(step_output_len), FDMTP_ARG(stop_flags),
+      FDMTP_ARG(seq_lens_this_time), FDMTP_ARG(is_paused),
+      FDMTP_ARG(token_ids_all), FDMTP_ARG(prompt_lens),
+      FDMTP_ARG(step_idx), FDMTP_ARG(end_tokens),
+      FDMTP_ARG(max_dec_len), AsStream(stream));
 }
 
 void VerifyDraftTokens(py::handle step_output_ids, py::handle step_output_len,
@@ -174,19 +174,19 @@ void VerifyDraftTokens(py::handle step_output_ids, py::handle step_output_len,
                        bool accept_all, uintptr_t stream) {
   fdmtp::pybind::ArgScope args;
   fdmtp::VerifyDraftTokens(
-      args.Convert(step_output_ids, "step_output_ids"),
-      args.Convert(step_output_len, "step_output_len"),
-      args.Convert(step_input_ids, "step_input_ids"),
-      args.ConvertOptional(target_tokens, "target_tokens"),
-      args.ConvertOptional(candidate_ids, "candidate_ids"),
-      args.ConvertOptional(candidate_scores, "candidate_scores"),
-      args.ConvertOptional(candidate_lens, "candidate_lens"), args.Convert(topp, "topp"),
-      args.Convert(stop_flags, "stop_flags"), args.Convert(seq_lens_encoder, "seq_lens_encoder"),
-      args.Convert(seq_lens_this_time, "seq_lens_this_time"),
-      args.Convert(end_tokens, "end_tokens"), args.Convert(is_block_step, "is_block_step"),
-      args.Convert(cu_seqlens_q_output, "cu_seqlens_q_output"),
-      args.Convert(reasoning_status, "reasoning_status"), args.Convert(max_dec_len, "max_dec_len"),
-      args.Convert(step_idx, "step_idx"), args.ConvertOptional(verify_uniforms, "verify_uniforms"),
+      FDMTP_ARG(step_output_ids),
+      FDMTP_ARG(step_output_len),
+      FDMTP_ARG(step_input_ids),
+      FDMTP_OPT_ARG(target_tokens),
+      FDMTP_OPT_ARG(candidate_ids),
+      FDMTP_OPT_ARG(candidate_scores),
+      FDMTP_OPT_ARG(candidate_lens), FDMTP_ARG(topp),
+      FDMTP_ARG(stop_flags), FDMTP_ARG(seq_lens_encoder),
+      FDMTP_ARG(seq_lens_this_time),
+      FDMTP_ARG(end_tokens), FDMTP_ARG(is_block_step),
+      FDMTP_ARG(cu_seqlens_q_output),
+      FDMTP_ARG(reasoning_status), FDMTP_ARG(max_dec_len),
+      FDMTP_ARG(step_idx), FDMTP_OPT_ARG(verify_uniforms),
       max_seq_len, verify_window, verify_strategy, reject_all, accept_all, AsStream(stream));
 }
 
@@ -200,14 +200,14 @@ void EagleGetHiddenStates(py::handle input, py::handle seq_lens_this_time,
                           py::handle out, py::handle output_token_num, uintptr_t stream) {
   fdmtp::pybind::ArgScope args;
   fdmtp::EagleGetHiddenStates(
-      args.Convert(input, "input"), args.Convert(seq_lens_this_time, "seq_lens_this_time"),
-      args.Convert(seq_lens_encoder, "seq_lens_encoder"),
-      args.Convert(seq_lens_decoder, "seq_lens_decoder"), args.Convert(stop_flags, "stop_flags"),
-      args.Convert(accept_nums, "accept_nums"),
-      args.Convert(base_model_seq_lens_this_time, "base_model_seq_lens_this_time"),
-      args.Convert(base_model_seq_lens_encoder, "base_model_seq_lens_encoder"),
-      actual_draft_token_num, args.Convert(out, "out"),
-      args.Convert(output_token_num, "output_token_num"), AsStream(stream));
+      FDMTP_ARG(input), FDMTP_ARG(seq_lens_this_time),
+      FDMTP_ARG(seq_lens_encoder),
+      FDMTP_ARG(seq_lens_decoder), FDMTP_ARG(stop_flags),
+      FDMTP_ARG(accept_nums),
+      FDMTP_ARG(base_model_seq_lens_this_time),
+      FDMTP_ARG(base_model_seq_lens_encoder),
+      actual_draft_token_num, FDMTP_ARG(out),
+      FDMTP_ARG(output_token_num), AsStream(stream));
 }
 
 void EagleGetSelfHiddenStates(py::handle input, py::handle last_seq_lens_this_time,
@@ -215,10 +215,10 @@ void EagleGetSelfHiddenStates(py::handle input, py::handle last_seq_lens_this_ti
                               py::handle out, py::handle output_token_num, uintptr_t stream) {
   fdmtp::pybind::ArgScope args;
   fdmtp::EagleGetSelfHiddenStates(
-      args.Convert(input, "input"), args.Convert(last_seq_lens_this_time, "last_seq_lens_this_time"),
-      args.Convert(seq_lens_this_time, "seq_lens_this_time"),
-      args.Convert(seq_lens_encoder, "seq_lens_encoder"), args.Convert(out, "out"),
-      args.Convert(output_token_num, "output_token_num"), AsStream(stream));
+      FDMTP_ARG(input), FDMTP_ARG(last_seq_lens_this_time),
+      FDMTP_ARG(seq_lens_this_time),
+      FDMTP_ARG(seq_lens_encoder), FDMTP_ARG(out),
+      FDMTP_ARG(output_token_num), AsStream(stream));
 }
 
 void EagleGatherHiddenStates(py::handle input, py::handle cu_seqlens_q,
@@ -228,14 +228,14 @@ void EagleGatherHiddenStates(py::handle input, py::handle cu_seqlens_q,
                              py::handle out, py::handle output_token_num, uintptr_t stream) {
   fdmtp::pybind::ArgScope args;
   fdmtp::EagleGatherHiddenStates(
-      args.Convert(input, "input"), args.Convert(cu_seqlens_q, "cu_seqlens_q"),
-      args.Convert(seq_lens_this_time, "seq_lens_this_time"),
-      args.Convert(seq_lens_decoder, "seq_lens_decoder"),
-      args.Convert(seq_lens_encoder, "seq_lens_encoder"),
-      args.Convert(batch_id_per_token_output, "batch_id_per_token_output"),
-      args.Convert(cu_seqlens_q_output, "cu_seqlens_q_output"),
-      args.Convert(real_output_token_num, "real_output_token_num"), args.Convert(out, "out"),
-      args.Convert(output_token_num, "output_token_num"), AsStream(stream));
+      FDMTP_ARG(input), FDMTP_ARG(cu_seqlens_q),
+      FDMTP_ARG(seq_lens_this_time),
+      FDMTP_ARG(seq_lens_decoder),
+      FDMTP_ARG(seq_lens_encoder),
+      FDMTP_ARG(batch_id_per_token_output),
+      FDMTP_ARG(cu_seqlens_q_output),
+      FDMTP_ARG(real_output_token_num), FDMTP_ARG(out),
+      FDMTP_ARG(output_token_num), AsStream(stream));
 }
 
 void SpeculateGetLogits(py::handle draft_logits, py::handle next_token_num,
@@ -245,13 +245,13 @@ void SpeculateGetLogits(py::handle draft_logits, py::handle next_token_num,
                         py::handle seq_lens_encoder, uintptr_t stream) {
   fdmtp::pybind::ArgScope args;
   fdmtp::SpeculateGetLogits(
-      args.Convert(draft_logits, "draft_logits"), args.Convert(next_token_num, "next_token_num"),
-      args.Convert(batch_token_num, "batch_token_num"),
-      args.Convert(cu_next_token_offset, "cu_next_token_offset"),
-      args.Convert(cu_batch_token_offset, "cu_batch_token_offset"), args.Convert(logits, "logits"),
-      args.Convert(first_token_logits, "first_token_logits"),
-      args.Convert(seq_lens_this_time, "seq_lens_this_time"),
-      args.Convert(seq_lens_encoder, "seq_lens_encoder"), AsStream(stream));
+      FDMTP_ARG(draft_logits), FDMTP_ARG(next_token_num),
+      FDMTP_ARG(batch_token_num),
+      FDMTP_ARG(cu_next_token_offset),
+      FDMTP_ARG(cu_batch_token_offset), FDMTP_ARG(logits),
+      FDMTP_ARG(first_token_logits),
+      FDMTP_ARG(seq_lens_this_time),
+      FDMTP_ARG(seq_lens_encoder), AsStream(stream));
 }
 
 void UpdateAttnMaskOffsets(py::handle ids_remove_padding, py::handle seq_lens_this_time,
@@ -261,13 +261,13 @@ void UpdateAttnMaskOffsets(py::handle ids_remove_padding, py::handle seq_lens_th
                            py::handle attn_mask_offsets, uintptr_t stream) {
   fdmtp::pybind::ArgScope args;
   fdmtp::UpdateAttnMaskOffsets(
-      args.Convert(ids_remove_padding, "ids_remove_padding"),
-      args.Convert(seq_lens_this_time, "seq_lens_this_time"),
-      args.Convert(seq_lens_encoder, "seq_lens_encoder"),
-      args.Convert(seq_lens_decoder, "seq_lens_decoder"), args.Convert(cu_seqlens_q, "cu_seqlens_q"),
-      args.Convert(attn_mask_offsets_full, "attn_mask_offsets_full"),
-      args.Convert(is_block_step, "is_block_step"), args.Convert(decode_states, "decode_states"),
-      args.Convert(attn_mask_offsets, "attn_mask_offsets"), AsStream(stream));
+      FDMTP_ARG(ids_remove_padding),
+      FDMTP_ARG(seq_lens_this_time),
+      FDMTP_ARG(seq_lens_encoder),
+      FDMTP_ARG(seq_lens_decoder), FDMTP_ARG(cu_seqlens_q),
+      FDMTP_ARG(attn_mask_offsets_full),
+      FDMTP_ARG(is_block_step), FDMTP_ARG(decode_states),
+      FDMTP_ARG(attn_mask_offsets), AsStream(stream));
 }
 
 void HybridMtpNgram(py::handle input_ids, py::handle input_ids_len, py::handle pre_ids,
@@ -278,11 +278,11 @@ void HybridMtpNgram(py::handle input_ids, py::handle input_ids_len, py::handle p
   fdmtp::pybind::ArgScope args;
   fdmtp::pybind::StreamScratch scratch(AsStream(stream));
   fdmtp::HybridMtpNgram(
-      args.Convert(input_ids, "input_ids"), args.Convert(input_ids_len, "input_ids_len"),
-      args.Convert(pre_ids, "pre_ids"), args.Convert(step_idx, "step_idx"),
-      args.Convert(draft_token_num, "draft_token_num"), args.Convert(draft_tokens, "draft_tokens"),
-      args.Convert(seq_lens_this_time, "seq_lens_this_time"),
-      args.Convert(seq_lens_decoder, "seq_lens_decoder"), args.Convert(max_dec_len, "max_dec_len"),
+      FDMTP_ARG(input_ids), FDMTP_ARG(input_ids_len),
+      FDMTP_ARG(pre_ids), FDMTP_ARG(step_idx),
+      FDMTP_ARG(draft_token_num), FDMTP_ARG(draft_tokens),
+      FDMTP_ARG(seq_lens_this_time),
+      FDMTP_ARG(seq_lens_decoder), FDMTP_ARG(max_dec_len),
       max_ngram_size, min_ngram_size, max_draft_tokens, threshold, num_threads, AsStream(stream),
       &scratch);
 }
@@ -296,13 +296,13 @@ void NgramMatch(py::handle input_ids, py::handle input_ids_len, py::handle token
   fdmtp::pybind::ArgScope args;
   fdmtp::pybind::StreamScratch scratch(AsStream(stream));
   fdmtp::NgramMatch(
-      args.Convert(input_ids, "input_ids"), args.Convert(input_ids_len, "input_ids_len"),
-      args.Convert(token_ids_all, "token_ids_all"), args.Convert(prompt_lens, "prompt_lens"),
-      args.Convert(step_idx, "step_idx"), args.Convert(draft_token_num, "draft_token_num"),
-      args.Convert(draft_tokens, "draft_tokens"),
-      args.Convert(seq_lens_this_time, "seq_lens_this_time"),
-      args.Convert(seq_lens_encoder, "seq_lens_encoder"),
-      args.Convert(seq_lens_decoder, "seq_lens_decoder"), args.Convert(max_dec_len, "max_dec_len"),
+      FDMTP_ARG(input_ids), FDMTP_ARG(input_ids_len),
+      FDMTP_ARG(token_ids_all), FDMTP_ARG(prompt_lens),
+      FDMTP_ARG(step_idx), FDMTP_ARG(draft_token_num),
+      FDMTP_ARG(draft_tokens),
+      FDMTP_ARG(seq_lens_this_time),
+      FDMTP_ARG(seq_lens_encoder),
+      FDMTP_ARG(seq_lens_decoder), FDMTP_ARG(max_dec_len),
       max_ngram_size, max_draft_tokens, threshold, num_threads, AsStream(stream), &scratch);
 }
 
