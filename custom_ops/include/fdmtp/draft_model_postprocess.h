@@ -1,13 +1,5 @@
 // draft_model_postprocess: per-item logic shared by the CPU, CUDA and XPU kernels.
-//
-// After the MTP substeps wrote their drafts into the target's draft_tokens, this op sets
-// the target's seq_lens_this_time for the next target forward:
-//   decode item (not stopped, seq_lens_encoder == 0): the number of entries of its
-//       draft_tokens row that are not -1, counted over the WHOLE row (holes in the middle
-//       count as holes, entries after them still count);
-//   stopped item: 0;
-//   prefill item (seq_lens_encoder > 0, not stopped): unchanged.
-// Semantics: ../shared/reference/fastdeploy-ops.md §2.3; reference: tests/reference/.
+// Contract: docs/ops.md, "draft_model_postprocess".
 #pragma once
 
 #include "fdmtp/common.h"

@@ -1,20 +1,5 @@
 // draft_model_preprocess: per-item logic shared by the CPU, CUDA and XPU kernels.
-//
-// Before the MTP substeps of a round, build the draft's "shadow state" from the target's
-// state after verification (FastDeploy develop, fastdeploy-ops.md §2.1 and §10 item 3):
-//   every item: target_draft_tokens[b, 1:] = -1;
-//   skipped (target stopped, or target_step + num_model_step >= max_dec_len unless this is a
-//       splitwise prefill node): stop, zero lengths and step_idx;
-//   prefill (draft seq_lens_encoder > 0): the first generated token goes to pre_ids[b, 0] and
-//       to input_ids[b, enc - 1] (the prompt was shifted left by one on insertion);
-//       step_idx = target_step - 1; seq_lens_this_time = enc;
-//   decode: the accepted tokens become the draft input (draft_tokens[b, :a]) and history
-//       (pre_ids[b, target_step - a + i]); dec and step_idx step back by a, so the MTP layer
-//       re-consumes exactly the accepted tokens; seq_lens_this_time = a.
-// not_need_stop = some item was not skipped.
-//
-// Out-of-range data never leads to a write outside a tensor: accept_num is clamped to
-// [0, K+1], and writes to input_ids / pre_ids outside the row are dropped.
+// Contract: docs/ops.md, "draft_model_preprocess".
 #pragma once
 
 #include "fdmtp/common.h"

@@ -1,24 +1,9 @@
 // draft_model_update: per-item logic shared by the CPU, CUDA and XPU kernels.
+// Contract: docs/ops.md, "draft_model_update".
 //
-// After substep `substep` sampled one token per active draft item (compacted:
-// inter_next_tokens[k] belongs to the k-th item with seq_lens_this_time > 0), advance the
-// draft state and write the token into the target's draft row at slot substep + 1
-// (FastDeploy develop, fastdeploy-ops.md §2.2 and §10 items 1, 4, 5). Only items with
-// seq_lens_this_time > 0 at entry are touched:
-//   stopped: draft_tokens[b,0] = -1 and base_draft[b, substep+1] = -1;
-//   just prefilled (enc > 0): dec = enc + dec, enc = 0, pre_ids[b, 1] = tok (index 1 always,
-//       as upstream), step_idx += 1, draft_tokens[b,0] = tok, and the base draft slot gets tok
-//       if the incremented step_idx < max_dec_len;
-//   decode (dec > 0): at step_idx >= max_dec_len - 1 the slot gets -1 and nothing advances;
-//       otherwise dec += slt, step_idx += slt, pre_ids[b, step_idx] = tok,
-//       draft_tokens[b,0] = tok and the base draft slot gets tok;
-//   then seq_lens_this_time = stopped ? 0 : 1 (and enc = 0 when stopped).
-// not_need_stop = (number of stopped items with slt > 0) < bsz.
-//
-// The compacted index k is computed from the *input* seq_lens_this_time (upstream's GPU
-// kernel counts while other threads overwrite it; DESIGN.md §2 deviation 2). A missing
-// inter_next_tokens entry (k beyond its length) reads as -1; history writes outside the
-// pre_ids row are dropped.
+// The caller passes each item's compacted index k, counted from the *input*
+// seq_lens_this_time before any item is written (docs/compat.md, section 2), so the
+// per-item function never depends on another item's output.
 #pragma once
 
 #include "fdmtp/common.h"

@@ -1,7 +1,7 @@
-// eagle_gather_hidden_states: one row per active item (seq_lens_this_time > 0), the
-// hidden state of its LAST token, compacted in batch order into a [bsz, H] output whose
-// remaining rows are zero.
-// Semantics: fastdeploy-ops.md §2.6 and §10 item 7; reference: tests/reference/.
+// eagle_gather_hidden_states: per-item logic shared by the CPU, CUDA and XPU kernels.
+// Contract: docs/ops.md, "eagle_gather_hidden_states".
+//
+// Row layout and zero-filling: fdmtp/row_gather.h.
 #pragma once
 
 #include "fdmtp/row_gather.h"

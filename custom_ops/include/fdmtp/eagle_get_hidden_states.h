@@ -1,16 +1,7 @@
-// eagle_get_hidden_states: pick the target hidden rows the MTP layer consumes this round.
+// eagle_get_hidden_states: per-item logic shared by the CPU, CUDA and XPU kernels.
+// Contract: docs/ops.md, "eagle_get_hidden_states".
 //
-// Per item b (counts use the DRAFT's seq_lens_encoder, not the target's):
-//   draft prefill (seq_lens_encoder > 0): in = out = seq_lens_encoder, rows copied 1:1;
-//   draft slt == 0:                       in = base_model_seq_lens_this_time, out = 0;
-//   otherwise (decode):                   in = base_model_seq_lens_this_time,
-//                                         out = accept_nums, copying the item's FIRST
-//                                         accept_nums target rows.
-// Output rows are item-interleaved in batch order (GPU develop layout), and as many as
-// the input has; rows past output_token_num are zero (upstream leaves them uninitialised),
-// and so are decode rows with no target row behind them (base slt == 0, or
-// accept_nums > base slt), where upstream leaves garbage or reads the next item's rows.
-// Semantics: fastdeploy-ops.md §2.4 and §10 item 6; reference: tests/reference/.
+// Row layout and zero-filling: fdmtp/row_gather.h.
 #pragma once
 
 #include "fdmtp/row_gather.h"

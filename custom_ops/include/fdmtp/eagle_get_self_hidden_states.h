@@ -1,12 +1,7 @@
-// eagle_get_self_hidden_states: after a substep, keep one hidden row per still-active
-// item (its last token) for the next substep.
+// eagle_get_self_hidden_states: per-item logic shared by the CPU, CUDA and XPU kernels.
+// Contract: docs/ops.md, "eagle_get_self_hidden_states".
 //
-// Per item b, with last = last_seq_lens_this_time[b] (the draft slt before the substep):
-//   seq_lens_encoder > 0 and slt > 0: in = 1,    out = 1, copy its row 0;
-//   slt > 0:                          in = last, out = 1, copy its row last - 1;
-//   otherwise:                        in = (seq_lens_encoder > 0 ? min(last, 1) : last), out = 0.
-// Output: as many rows as the input; rows past output_token_num are zero.
-// Semantics: fastdeploy-ops.md §2.5 (develop GPU signature); reference: tests/reference/.
+// Row layout and zero-filling: fdmtp/row_gather.h.
 #pragma once
 
 #include "fdmtp/row_gather.h"

@@ -1,10 +1,8 @@
-// hybrid_mtp_ngram: after the MTP substeps, fill the remaining draft slots of each target
-// item with tokens that followed the latest n-gram of its draft history (pre_ids) in its
-// prompt (input_ids) or history. The n-gram search and the global token threshold are
-// common with ngram_match (fdmtp/ngram_common.h); this header maps the op's tensors to
-// NgramItems and writes the result.
-// Semantics: ../shared/reference/fastdeploy-ops.md §2.7 and §10 item 9;
-// reference: tests/reference/ngram.py.
+// hybrid_mtp_ngram: per-item logic shared by the CPU, CUDA and XPU kernels.
+// Contract: docs/ops.md, "hybrid_mtp_ngram".
+//
+// The search and the global threshold are in fdmtp/ngram_common.h; this header maps the
+// op's tensors to NgramItems and writes the result.
 #pragma once
 
 #include "fdmtp/ngram_common.h"

@@ -1,21 +1,9 @@
-// mtp_step_paddle: the draft's KV block allocator for the v0 scheduler (fastdeploy-ops.md
-// §2.8, §10 item 10). A whole-batch sequential algorithm, shared by every backend; the
-// CUDA kernel runs it on one thread so the result is the same as on the CPU.
+// mtp_step_paddle: the allocator shared by the CPU, CUDA and XPU kernels.
+// Contract: docs/ops.md, "mtp_step_paddle".
 //
-//   1 free:  items whose target stopped or that were dropped give back their used blocks
-//            (block_tables[b, enc_len[b] .. enc_len[b] + used[b]) in order) to the free list;
-//   2 need:  a running item needs a block when the slot (dec + max_draft_tokens + 1) /
-//            block_size of its table is -1; count them;
-//   3 evict: while more items need a block than are free: take the running item with the
-//            most used blocks (ties -> smallest index), free its blocks, stop and drop it;
-//            if the most used is 0 nothing can be evicted: stop evicting (upstream loops
-//            forever here; DESIGN.md §2 deviation 3);
-//   4 alloc: in batch order, every needing item that was not dropped takes the block at the
-//            end of the free list; an item for which none is left is stopped and dropped
-//            instead (stop_flags, batch_drop = true, seq_lens_this_time, seq_lens_decoder = 0),
-//            which is how the op reports that it could not serve it.
-// The free list is a stack (push at free_list_len, pop from free_list_len - 1); pushes
-// beyond its capacity and table slots outside a row are dropped.
+// MtpStepRun is a whole-batch sequential algorithm; the CUDA kernel runs it on one thread
+// so order and ties are the CPU's. The free list is a stack: push at free_list_len, pop
+// from free_list_len - 1.
 #pragma once
 
 #include "fdmtp/common.h"

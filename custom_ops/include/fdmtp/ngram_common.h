@@ -18,7 +18,7 @@
 //      item takes what is left if at least 2 fit, every later item takes nothing". This
 //      closed form is what lets CUDA use a parallel prefix sum instead of a serial loop.
 //   3. write: per item, the accepted tokens and the new seq_lens_this_time.
-// Semantics: ../shared/reference/fastdeploy-ops.md §2.7; reference: tests/reference/ngram.py.
+// Contract: docs/ops.md, "The n-gram ops (shared rules)"; reference: tests/reference/ngram.py.
 #pragma once
 
 #include <cstdint>

@@ -1,10 +1,8 @@
-// ngram_match: the plain n-gram proposer (no MTP). Each decode item feeds its last token
-// plus the tokens that followed the latest n-gram of its generated tokens
-// (token_ids_all[b, prompt_lens[b]:]) in its prompt (input_ids) or its own history. The
-// n-gram search and the global token threshold are common with hybrid_mtp_ngram
-// (fdmtp/ngram_common.h); this header maps the op's tensors to NgramItems and writes the
-// result. Semantics: ../shared/reference/fastdeploy-ops.md §2.7 ("Plain ngram_match");
-// reference: tests/reference/ngram.py.
+// ngram_match: per-item logic shared by the CPU, CUDA and XPU kernels.
+// Contract: docs/ops.md, "ngram_match".
+//
+// The search and the global threshold are in fdmtp/ngram_common.h; this header maps the
+// op's tensors to NgramItems and writes the result.
 #pragma once
 
 #include "fdmtp/ngram_common.h"

@@ -1,17 +1,5 @@
-// speculate_get_logits: lay out the draft's logits rows per item into the target's
-// draft_logits, and write the per-item row counts and their inclusive offsets.
-//
-// Per item b:
-//   next_token_num[b]  = seq_lens_encoder[b] > 0 ? 1 : seq_lens_this_time[b]  (rows of `logits`)
-//   batch_token_num[b] = seq_lens_encoder[b] > 0 ? 2 : seq_lens_this_time[b]  (rows of `draft_logits`)
-//   cu_*_offset[b + 1] = sum of the counts of items 0..b (inclusive scan); cu_*_offset[0]
-//                        is never written and is taken as 0.
-// Rows (n = cu_next_token_offset[b], d = cu_batch_token_offset[b], the exclusive offsets):
-//   prefill: draft_logits[d] = first_token_logits[b], draft_logits[d + 1] = logits[n];
-//   decode:  draft_logits[d + j] = logits[n + j] for j < seq_lens_this_time[b].
-// Copies whose source or destination row lies outside its tensor are skipped; other rows of
-// draft_logits keep their values. Negative seq_lens_this_time counts as 0.
-// Semantics: fastdeploy-ops.md §2.9 and §10 item 11; reference: tests/reference/.
+// speculate_get_logits: per-item logic shared by the CPU, CUDA and XPU kernels.
+// Contract: docs/ops.md, "speculate_get_logits".
 #pragma once
 
 #include "fdmtp/common.h"

@@ -1,18 +1,5 @@
-// speculate_pre_process: pack a speculative batch into a flat token list (shared by the
-// CPU, CUDA and XPU kernels). fastdeploy-ops.md §4.1.
-//
-// For item b with n = seq_lens_this_time[b] tokens:
-//   tokens:  ids_remove_padding[cu_seqlens_q[b] + i] = source[b, i], i < n, where source is
-//            draft_tokens if it has columns and seq_lens_encoder[b] <= 0 (decode), else input_ids;
-//            batch_id_per_token[...] = b;
-//   outputs: the number of logit rows the item produces is 0 if n == 0, 1 if n == 1 or the
-//            item is in prefill (seq_lens_encoder != 0), n otherwise;
-//            batch_id_per_token_output[cu_seq_lens_q_output[b] + j] = b for each of them;
-//   cu_seqlens_q = cu_seqlens_k = [0, cumsum(n)], cu_seq_lens_q_output = [0, cumsum(rows)],
-//   real_output_token_num = total rows.
-// Slots not covered keep their fill values (ids 2, batch ids -1). Reads outside a row of
-// draft_tokens / input_ids and writes beyond the output tensors are dropped: the op never
-// touches memory outside its tensors, whatever the lengths say.
+// speculate_pre_process: per-item logic shared by the CPU, CUDA and XPU kernels.
+// Contract: docs/ops.md, "speculate_pre_process".
 #pragma once
 
 #include "fdmtp/common.h"

@@ -1,17 +1,5 @@
-// unified_update_model_status: per-slot logic shared by the CPU and CUDA kernels.
-//
-// After verify_draft_tokens (and the stop-sequence ops, which only write EOS ids into the
-// output row), this op makes the authoritative stop decision and commits the step:
-//   running slot (not stopped, not paused): scan the emitted tokens, cutting at the first
-//       EOS id or where step_idx reaches max_dec_len (that token becomes end_tokens[0]);
-//       fold a prefill's encoder length into the decoder length, or add the emitted count
-//       to the decoder length; advance step_idx; record the tokens in token_ids_all at
-//       prompt_len + old step_idx + k (all or nothing: only if prompt_len + new step_idx <
-//       L); set step_input_ids[b, 0] to the last emitted token;
-//   stopped or paused slot b < real_bsz: stop_flags = true, enc = dec = slt = out_len = 0;
-//   stopped or paused slot b >= real_bsz: untouched.
-// has_running_seqs = some slot is still running after the update.
-// Semantics: ../shared/reference/fastdeploy-ops.md §6.1.6.
+// unified_update_model_status: per-item logic shared by the CPU, CUDA and XPU kernels.
+// Contract: docs/ops.md, "unified_update_model_status".
 #pragma once
 
 #include "fdmtp/common.h"

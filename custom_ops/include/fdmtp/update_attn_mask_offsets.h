@@ -1,15 +1,5 @@
-// update_attn_mask_offsets (multimodal): per-token attention-mask window ends for the draft
-// forward, and the decode states of decode items.
-//
-// attn_mask_offsets is [2 * token_num] int32, all zero except the odd slot 2*(q+i)+1 of
-// token i of each served item, q = cu_seqlens_q[b]. Item b is skipped when
-// is_block_step[b], or when seq_lens_encoder == seq_lens_decoder == 0. Otherwise:
-//   prefill (enc > 0): slot = (decode_states[b,0] == 2 and dec > 0) ? dec + slt
-//                                                                   : attn_mask_offsets_full[b,i] + 1
-//   decode (dec > 0):  slot = dec + 1 + i, and decode_states[b,i] = (i < slt and state != 1) ? 0 : -1
-//                      for every i < K+1.
-// Slots outside the output and reads past attn_mask_offsets_full's row are skipped.
-// Semantics: fastdeploy-ops.md §2.11 and §10 item 12 (develop GPU signature).
+// update_attn_mask_offsets: per-item logic shared by the CPU, CUDA and XPU kernels.
+// Contract: docs/ops.md, "update_attn_mask_offsets".
 #pragma once
 
 #include "fdmtp/common.h"

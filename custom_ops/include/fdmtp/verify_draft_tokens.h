@@ -1,24 +1,8 @@
-// verify_draft_tokens: per-item logic shared by the CPU and CUDA kernels.
+// verify_draft_tokens: per-item logic shared by the CPU, CUDA and XPU kernels.
+// Contract: docs/ops.md, "verify_draft_tokens".
 //
-// The target verifies each decode item's drafts against its output rows and writes the
-// tokens the item emits this step into step_output_ids (= accept_tokens) and their count
-// into step_output_len (= accept_num). Item b owns output rows
-// r0 = cu_seqlens_q_output[b] .. r0 + slt - 1; row r0 + i is the target's prediction after
-// input token step_input_ids[b, i], so it decides draft step_input_ids[b, i + 1].
-//
-// Phase 1 walks the drafts and stops at the first rejection; Phase 2 emits one more token
-// from row r0 + i (i = number of accepted drafts). Strategies (attr verify_strategy):
-//   TOPP (0)          accept iff the draft is among the row's first min(len, C) candidates;
-//                     Phase 2 draws t = u_draw * topp[b] over the raw scores (t <= cum);
-//   GREEDY (1)        accept iff draft == target_tokens[row]; Phase 2 emits target_tokens;
-//   TARGET_MATCH (2)  the same comparison, target_tokens being a target *sample*;
-//   REJECTION (3)     lossless rejection sampling for a one-hot drafter: accept iff
-//                     u_acc * S < score(d) (S = row mass); on rejection Phase 2 draws from
-//                     the row without d, otherwise from the whole row.
-// Randomness comes only from verify_uniforms ([rows, 2] float32 in [0, 1): column 0 =
-// u_acc, column 1 = u_draw), so results are reproducible and CUDA-graph safe. Sums run in
-// candidate order in float32, so every backend gives the same bits.
-// Semantics: ../shared/reference/fastdeploy-ops.md §6.1.3 and §6.1.8.
+// Every float sum runs in candidate order in float32 (never a tree reduction), so every
+// backend computes the same bits and picks the same tokens.
 #pragma once
 
 #include "fdmtp/common.h"
@@ -69,7 +53,7 @@ struct VerifyDraftTokensArgs {
 
 namespace verify_detail {
 
-// EMIT / EMIT_FINAL of §6.1.3: advance the step counter, replace the token by
+// Emitting one token: advance the step counter, replace the token by
 // end_tokens[0] when max_dec_len is reached (unless it already is an EOS id), and stop
 // the item on an EOS id or at max_dec_len.
 struct Emitter {
@@ -163,7 +147,7 @@ FDMTP_HOST_DEVICE inline int64_t DrawTopP(const VerifyDraftTokensArgs& a, int64_
   return ids[0];
 }
 
-// REJECTION's Phase-2 draw (§6.1.8). `rejected`: draw from the row without `excluded`
+// REJECTION's Phase-2 draw. `rejected`: draw from the row without `excluded`
 // (mass S - score(excluded)); otherwise from the whole row (mass S). Inverse CDF in
 // candidate order with t < cum. Fallbacks for rounding: the last positive-score candidate
 // that may be emitted. A rejected row whose other candidates all have zero mass puts all
