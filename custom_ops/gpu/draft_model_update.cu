@@ -8,7 +8,8 @@ namespace {
 // One block walks the batch in chunks. In each chunk every thread reads its item's input
 // seq_lens_this_time, the block scans the "active" flags into the compacted index k (plus
 // the carry of earlier chunks), and only then items are updated: k never sees a value that
-// another thread has already overwritten (upstream's race, DESIGN.md §2 deviation 2).
+// another thread has already overwritten. Upstream counts while other threads rewrite the
+// lengths, a race; docs/compat.md, section 2.
 __global__ void DraftModelUpdateKernel(DraftModelUpdateArgs args) {
   int64_t carry = 0;
   int any_running = 0;

@@ -7,7 +7,7 @@ namespace {
 
 // The allocator is sequential by definition (free order, need order, eviction order); one
 // thread runs it so the free list comes out in the same order as on the CPU. Upstream's
-// atomics made that order vary from run to run (DESIGN.md §2 deviation 2).
+// atomics made that order vary from run to run (docs/compat.md, section 2).
 __global__ void MtpStepKernel(MtpStepArgs args) { MtpStepRun(args); }
 
 }  // namespace

@@ -3,7 +3,8 @@
 * :class:`VerifyStrategy` — the ``verify_strategy`` attr of :func:`verify_draft_tokens`.
 * :func:`rejection_candidates` — candidate rows for ``VerifyStrategy.REJECTION`` from the
   target's probabilities: top-k, then top-p, then the top ``C`` entries, with
-  ``len`` = the number of nonzero entries (the row contract of fastdeploy-ops.md §6.1.8).
+  ``len`` = the number of nonzero entries (the candidate rows REJECTION expects; see
+  docs/ops.md, "verify_draft_tokens").
 * :func:`position_uniforms` / :func:`verify_uniforms` — counter-based uniforms keyed by
   ``(request seed, absolute position, column)``: Philox-4x32-10 in numpy. A request's
   result then depends only on its seed and positions, not on its batch slot, the batch

@@ -1,4 +1,4 @@
-"""numpy reference of draft_model_postprocess (fastdeploy-ops.md §2.3).
+"""numpy reference of draft_model_postprocess (contract: docs/ops.md, "draft_model_postprocess").
 
 Takes the op's four tensors (numpy) and returns every one of them as the op leaves it.
 """

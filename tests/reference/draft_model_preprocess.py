@@ -1,4 +1,4 @@
-"""numpy reference of draft_model_preprocess (fastdeploy-ops.md §2.1 develop, §10 item 3).
+"""numpy reference of draft_model_preprocess (contract: docs/ops.md, "draft_model_preprocess").
 
 Takes the op's 17 tensors and two attrs; returns every tensor as the op leaves it.
 """

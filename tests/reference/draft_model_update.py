@@ -1,7 +1,8 @@
-"""numpy reference of draft_model_update (fastdeploy-ops.md §2.2 develop, §10 items 1, 4, 5).
+"""numpy reference of draft_model_update (contract: docs/ops.md, "draft_model_update").
 
 The compacted index of an item is the number of earlier items whose *input*
-seq_lens_this_time is > 0 (computed from a snapshot, DESIGN.md §2 deviation 2).
+seq_lens_this_time is > 0, counted from a snapshot taken before any write
+(docs/compat.md, section 2).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""numpy references of the hidden-state ops (fastdeploy-ops.md §2.4, §2.5, §2.6).
+"""numpy references of the hidden-state ops (contracts: docs/ops.md, "eagle_get_hidden_states",
+"eagle_get_self_hidden_states", "eagle_gather_hidden_states").
 
 Each takes the op's tensors (numpy; bfloat16 carried as uint16 bit patterns) and returns
 the op's outputs ``(out, output_token_num)``. Rows are copied bit-exactly; rows that no

@@ -1,8 +1,9 @@
-"""numpy reference of mtp_step_paddle (fastdeploy-ops.md §2.8, §10 item 10), written in
+"""numpy reference of mtp_step_paddle (contract: docs/ops.md, "mtp_step_paddle"), written in
 upstream's list form: the need list is built once in step 2 and walked in step 4.
 
-Deviation (DESIGN.md §2.3): when no running item holds a block, eviction stops instead of
-looping forever, and needing items left without a free block are stopped and dropped.
+Deviation (docs/compat.md, section 3): when no running item holds a block, eviction stops
+instead of looping forever, and needing items left without a free block are stopped and
+dropped.
 """
 
 from __future__ import annotations

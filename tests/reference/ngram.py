@@ -1,4 +1,5 @@
-"""numpy references of hybrid_mtp_ngram and ngram_match (fastdeploy-ops.md §2.7, §10 item 9).
+"""numpy references of hybrid_mtp_ngram and ngram_match (contract: docs/ops.md, "The n-gram
+ops (shared rules)", "hybrid_mtp_ngram", "ngram_match").
 
 Written as upstream's canonical CPU loop: items in batch order, the token-number threshold
 applied with the running sum of the already-updated ``seq_lens_this_time``, and for each

@@ -1,4 +1,4 @@
-"""numpy reference of speculate_get_logits (fastdeploy-ops.md §2.9, §10 item 11).
+"""numpy reference of speculate_get_logits (contract: docs/ops.md, "speculate_get_logits").
 
 Returns every tensor argument as the op leaves it (the op works in place).
 """

@@ -1,4 +1,4 @@
-"""numpy reference of speculate_pre_process (fastdeploy-ops.md §4.1).
+"""numpy reference of speculate_pre_process (contract: docs/ops.md, "speculate_pre_process").
 
 Returns the seven outputs (plus the inputs, unchanged) for the op's static form: inputs
 (input_ids, seq_len, draft_tokens, seq_lens_encoder, seq_lens_decoder), attr cpu_token_num.

@@ -1,4 +1,5 @@
-"""numpy reference of unified_update_model_status (fastdeploy-ops.md §6.1.6).
+"""numpy reference of unified_update_model_status (contract: docs/ops.md,
+"unified_update_model_status").
 
 Takes the op's 14 tensors (numpy) and returns every one of them as the op leaves it.
 """

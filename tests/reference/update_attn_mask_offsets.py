@@ -1,4 +1,5 @@
-"""numpy reference of update_attn_mask_offsets (fastdeploy-ops.md §2.11, §10 item 12).
+"""numpy reference of update_attn_mask_offsets (contract: docs/ops.md,
+"update_attn_mask_offsets").
 
 Returns ``(attn_mask_offsets, decode_states)`` as the op leaves them.
 """

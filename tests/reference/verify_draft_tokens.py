@@ -1,4 +1,4 @@
-"""numpy reference of verify_draft_tokens (fastdeploy-ops.md §6.1.3 and §6.1.8).
+"""numpy reference of verify_draft_tokens (contract: docs/ops.md, "verify_draft_tokens").
 
 Takes the op's 18 tensors (numpy; absent optional inputs are None) and its 5 attrs, and
 returns every tensor as the op leaves it (None stays None). Float sums use np.float32
