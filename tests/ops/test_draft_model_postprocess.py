@@ -1,4 +1,4 @@
-"""draft_model_postprocess on every backend against tests/reference/ (§2.3)."""
+"""draft_model_postprocess on every backend against tests/reference/ (docs/ops.md)."""
 
 from __future__ import annotations
 

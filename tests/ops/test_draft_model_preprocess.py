@@ -1,4 +1,4 @@
-"""draft_model_preprocess on every backend against tests/reference/ (§2.1, §10 item 3)."""
+"""draft_model_preprocess on every backend against tests/reference/ (docs/ops.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""draft_model_update on every backend against tests/reference/ (§2.2, §10 items 1, 4, 5)."""
+"""draft_model_update on every backend against tests/reference/ (docs/ops.md)."""
 
 from __future__ import annotations
 
@@ -99,7 +99,8 @@ def test_stopped_item_writes_placeholders_and_zero_length(backend):
 
 
 def test_prefill_branch_always_writes_pre_ids_index_1(backend):
-    # a resumed request (step 6) still gets pre_ids[b, 1]: upstream's quirk, kept (§10.5)
+    # a resumed request (step 6) still gets pre_ids[b, 1]: upstream's quirk, kept
+    # on purpose (docs/compat.md, section 11)
     out = check(backend, items([dict(slt=4, enc=4, dec=2, step=6)]), context="prefill")
     assert out["pre_ids"][0, 1] == 100 and (out["pre_ids"][0, 2:] == -5).all()
     assert out["seq_lens_decoder"][0] == 6 and out["seq_lens_encoder"][0] == 0

@@ -1,4 +1,4 @@
-"""eagle_gather_hidden_states on every backend against tests/reference/ (§2.6, §10 item 7)."""
+"""eagle_gather_hidden_states on every backend against tests/reference/ (docs/ops.md)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_random_states_match_reference(backend, bsz, hidden, dtype):
 
 
 def test_returns_zeros_bsz_by_h_with_compacted_last_token_rows(backend):
-    """§10 item 7: out is zeros([bsz, H]); row k = last token of the k-th active item."""
+    """out is zeros([bsz, H]); row k = last token of the k-th active item."""
     slt = np.array([2, 0, 3, 0, 1], np.int32)
     tensors = make_state(np.random.default_rng(0), 5, 6, "float32")
     x = random_floats(np.random.default_rng(1), (6, 6), "float32")

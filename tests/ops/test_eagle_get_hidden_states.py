@@ -1,4 +1,4 @@
-"""eagle_get_hidden_states on every backend against tests/reference/ (§2.4, §10 item 6)."""
+"""eagle_get_hidden_states on every backend against tests/reference/ (docs/ops.md)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def _explicit(hidden=5, dtype="float32"):
 
 
 def test_decode_items_take_their_first_accept_num_rows(backend):
-    """§10 item 6: the FIRST accept_num target rows of a decode item, batch order, all
+    """the FIRST accept_num target rows of a decode item, batch order, all
     prefill rows in place (GPU develop layout, not XPU's prefill-first order)."""
     tensors = _explicit()
     out, n = check(backend, tensors, "explicit")
@@ -76,7 +76,7 @@ def test_decode_items_take_their_first_accept_num_rows(backend):
 
 
 def test_prefill_counts_use_the_draft_encoder_length(backend):
-    """§10 item 6: counting uses the draft's seq_lens_encoder; the target's is not read."""
+    """Counting uses the draft's seq_lens_encoder; the target's is not read."""
     tensors = _explicit()
     tensors[7] = np.array([0, 0, 99, 99], np.int32)  # base_model_seq_lens_encoder: ignored
     out, n = check(backend, tensors, "target encoder ignored")

@@ -1,4 +1,4 @@
-"""eagle_get_self_hidden_states on every backend against tests/reference/ (§2.5)."""
+"""eagle_get_self_hidden_states on every backend against tests/reference/ (docs/ops.md)."""
 
 from __future__ import annotations
 

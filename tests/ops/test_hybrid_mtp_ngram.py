@@ -1,4 +1,4 @@
-"""hybrid_mtp_ngram on every backend against tests/reference/ngram.py (§2.7, §10 item 9)."""
+"""hybrid_mtp_ngram on every backend against tests/reference/ngram.py (docs/ops.md)."""
 
 from __future__ import annotations
 

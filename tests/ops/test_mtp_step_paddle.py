@@ -1,4 +1,4 @@
-"""mtp_step_paddle on every backend against tests/reference/ (§2.8, §10 item 10)."""
+"""mtp_step_paddle on every backend against tests/reference/ (docs/ops.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ngram_match on every backend against tests/reference/ngram.py (§2.7, plain ngram_match)."""
+"""ngram_match on every backend against tests/reference/ngram.py (docs/ops.md)."""
 
 from __future__ import annotations
 

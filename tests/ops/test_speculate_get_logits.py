@@ -1,4 +1,4 @@
-"""speculate_get_logits on every backend against tests/reference/ (§2.9, §10 item 11)."""
+"""speculate_get_logits on every backend against tests/reference/ (docs/ops.md)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_random_states_match_reference(backend, bsz, vocab, dtype):
 
 
 def test_offsets_are_inclusive_and_slot_zero_is_never_written(backend):
-    """§10 item 11: cu_*[1..bsz] are inclusive sums (GPU convention, not XPU's exclusive
+    """cu_*[1..bsz] are inclusive sums (GPU convention, not XPU's exclusive
     [0..bsz-1]); [0] is never written and is taken as 0."""
     rng = np.random.default_rng(2)
     tensors = make_state(rng, 4, 8, "float32", p_prefill=0.0)
@@ -67,7 +67,7 @@ def test_offsets_are_inclusive_and_slot_zero_is_never_written(backend):
 
 
 def test_prefill_item_takes_two_rows_first_token_then_logits(backend):
-    """§10 item 11: a prefill item writes first_token_logits[b], then its logits row."""
+    """A prefill item writes first_token_logits[b], then its logits row."""
     rng = np.random.default_rng(3)
     tensors = make_state(rng, 3, 5, "bfloat16", p_prefill=0.0)
     tensors[7] = np.array([2, 9, 1], np.int32)

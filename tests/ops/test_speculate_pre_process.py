@@ -1,4 +1,4 @@
-"""speculate_pre_process on every backend against tests/reference/ (§4.1)."""
+"""speculate_pre_process on every backend against tests/reference/ (docs/ops.md)."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_output_rows_are_n_for_decode_one_for_prefill_or_single_zero_when_idle(b
 
 
 def test_zero_tokens_still_writes_the_offsets(backend):
-    # upstream returns early and leaves cu_* uninitialised (DESIGN.md §2 deviation 2)
+    # upstream returns early and leaves cu_* uninitialised (docs/compat.md, section 2)
     tensors = fixed()
     tensors[1] = np.zeros(4, np.int32)
     out = check(backend, tensors, token_num=0, context="T=0")

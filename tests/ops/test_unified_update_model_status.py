@@ -1,4 +1,4 @@
-"""unified_update_model_status on every backend against tests/reference/ (§6.1.5, §6.1.6)."""
+"""unified_update_model_status on every backend against tests/reference/ (docs/ops.md)."""
 
 from __future__ import annotations
 

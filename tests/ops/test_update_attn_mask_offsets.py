@@ -1,4 +1,4 @@
-"""update_attn_mask_offsets on every backend against tests/reference/ (§2.11, §10 item 12)."""
+"""update_attn_mask_offsets on every backend against tests/reference/ (docs/ops.md)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_prefill_state_2_without_decoded_tokens_uses_full(backend):
 
 
 def test_decode_offsets_and_states_keep_ones_as_minus_one(backend):
-    """§10 item 12: decode uses dec + 1 + i; states become 0 for i < slt unless 1; the 1s
+    """Decode uses dec + 1 + i; states become 0 for i < slt unless 1; the 1s
     and the tail become -1."""
     out, states = check(backend, _one(enc=0, dec=7, slt=3, states=[0, 1, 2, 0]), "decode")
     np.testing.assert_array_equal(out, [0, 8, 0, 9, 0, 10])

@@ -1,4 +1,4 @@
-"""verify_draft_tokens on every backend against tests/reference/ (§6.1.3, §6.1.8).
+"""verify_draft_tokens on every backend against tests/reference/ (docs/ops.md).
 
 Tensors are passed in the op's order (18, optional ones may be None), then the 5 attrs
 (max_seq_len, verify_window, verify_strategy, reject_all, accept_all)."""
@@ -26,7 +26,7 @@ def attrs(strategy, reject_all=False, accept_all=False):
 
 
 def layout(slt, enc):
-    """cu_seqlens_q_output and T_out as speculate_pre_process lays them out (§6.1.1)."""
+    """cu_seqlens_q_output and T_out as speculate_pre_process lays them out."""
     rows = np.where(slt <= 0, 0, np.where((slt == 1) | (enc != 0), 1, slt))
     cu = np.concatenate([[0], np.cumsum(rows)]).astype(np.int32)
     return cu[: len(slt)], int(cu[-1])
@@ -225,7 +225,8 @@ def test_padding_slots_past_real_bsz_are_reset(backend):
 
 
 def test_slt_zero_item_emits_nothing_instead_of_reading_the_next_items_row(backend):
-    """Deviation (§6.1.3 'not guarded upstream'): a running item with slt == 0 emits nothing."""
+    """Deviation: a running item with slt == 0 emits nothing (upstream would emit from row
+    cu_seqlens_q_output[b], which belongs to the next item)."""
     tensors = one_item(GREEDY, [7], slt=0, target=[6, 6])
     toks, row = run_one(backend, tensors, GREEDY)
     assert toks == [] and list(row) == [-1, -1]
