@@ -25,6 +25,8 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 # The two libraries the CMake project produces, as extension names (the Paddle ops
 # library carries Python's extension suffix only so that setuptools places it).
 EXTENSIONS = ("fastdeploy_mtp._kernels", "fastdeploy_mtp.ops._fdmtp_ops")
+# The typed Python op wrappers CMake generates from custom_ops/ops/*.toml (never committed).
+GENERATED_WRAPPERS = "_op_wrappers.py"
 
 
 class CMakeExtension(Extension):
@@ -60,6 +62,10 @@ class CMakeBuild(build_ext):
         target = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.copyfile(os.path.join(stage, relative), target)
+        if ext.name == "fastdeploy_mtp.ops._fdmtp_ops":
+            # The Python op wrappers generated from the op declarations go with the library.
+            wrappers = os.path.join("ops", GENERATED_WRAPPERS)
+            shutil.copyfile(os.path.join(stage, wrappers), os.path.join(os.path.dirname(target), GENERATED_WRAPPERS))
 
     def _run_cmake(self, build_dir, stage):
         os.makedirs(build_dir, exist_ok=True)

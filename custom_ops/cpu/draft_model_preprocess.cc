@@ -1,4 +1,4 @@
-#include "fdmtp/kernels.h"
+#include "fdmtp/ops.h"
 
 namespace fdmtp {
 namespace cpu {
@@ -10,4 +10,34 @@ void DraftModelPreprocess(const DraftModelPreprocessArgs& args) {
 }
 
 }  // namespace cpu
+void Prepare(const ArgChecker& check, const DraftModelPreprocessCall& call,
+             DraftModelPreprocessArgs* args) {
+  const TensorRef& slt = call.seq_lens_this_time;
+  const int64_t bsz = check.ItemCount(slt);
+  for (const TensorRef* t : {&call.stop_flags, &call.seq_lens_encoder, &call.seq_lens_decoder,
+                             &call.step_idx, &call.accept_num, &call.target_model_seq_lens_encoder,
+                             &call.target_model_seq_lens_decoder, &call.target_model_step_idx,
+                             &call.target_model_stop_flags, &call.max_dec_len}) {
+    check.PerItem(*t, bsz, slt);
+  }
+  for (const TensorRef* t : {&call.draft_tokens, &call.input_ids, &call.pre_ids,
+                             &call.accept_tokens, &call.target_model_draft_tokens}) {
+    check.Rows(*t, bsz, slt);
+  }
+  // Draft rows, accepted rows and the target's draft rows are all K + 1 wide.
+  check.DimEq(call.accept_tokens, 1, call.draft_tokens, 1);
+  check.DimEq(call.target_model_draft_tokens, 1, call.draft_tokens, 1);
+  check.Numel(call.not_need_stop, 1);
+  check.AttrAtLeast("num_model_step", call.num_model_step, 1);
+  // Host tensors are value-checked; device tensors are not read back (no sync): the kernel
+  // clamps accept_num to [0, W] instead.
+  check.ValuesInRangeOnHost(call.accept_num, 0, call.draft_tokens.dim(1));
+  args->bsz = bsz;
+  args->draft_width = call.draft_tokens.dim(1);
+  args->accept_width = call.accept_tokens.dim(1);
+  args->target_draft_width = call.target_model_draft_tokens.dim(1);
+  args->input_ids_len = call.input_ids.dim(1);
+  args->pre_ids_len = call.pre_ids.dim(1);
+}
+
 }  // namespace fdmtp

@@ -1,5 +1,5 @@
-#include "fdmtp/kernels.h"
-#include "row_gather.h"
+#include "fdmtp/ops.h"
+#include "row_gather_cpu.h"
 
 namespace fdmtp {
 namespace cpu {
@@ -14,4 +14,13 @@ FDMTP_FOR_EACH_FLOAT_TYPE(FDMTP_INSTANTIATE)
 #undef FDMTP_INSTANTIATE
 
 }  // namespace cpu
+// Only input and seq_lens_this_time are read; the others are legacy inputs (as upstream).
+void Prepare(const ArgChecker& check, const EagleGatherHiddenStatesCall& call,
+             EagleGatherHiddenStatesArgs* args) {
+  const int64_t bsz = BatchSize(check, call.seq_lens_this_time);
+  check.PerItem(call.seq_lens_this_time, bsz, call.seq_lens_this_time);
+  CheckRowGather(check, call.input, call.out, call.output_token_num, bsz, bsz,
+                 "`seq_lens_this_time`.shape[0]", &args->rows);
+}
+
 }  // namespace fdmtp

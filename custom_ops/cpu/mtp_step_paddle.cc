@@ -1,4 +1,5 @@
-#include "fdmtp/kernels.h"
+#include "fdmtp/ops.h"
+#include <limits>
 
 namespace fdmtp {
 namespace cpu {
@@ -6,4 +7,28 @@ namespace cpu {
 void MtpStepPaddle(const MtpStepArgs& args) { MtpStepRun(args); }
 
 }  // namespace cpu
+void Prepare(const ArgChecker& check, const MtpStepPaddleCall& call, MtpStepArgs* args) {
+  const TensorRef& slt = call.seq_lens_this_time;
+  const int64_t bsz = check.ItemCount(slt);
+  for (const TensorRef* t : {&call.base_model_stop_flags, &call.stop_flags, &call.batch_drop,
+                             &call.seq_lens_encoder, &call.seq_lens_decoder,
+                             &call.encoder_block_lens, &call.used_list_len}) {
+    check.PerItem(*t, bsz, slt);
+  }
+  check.Rows(call.block_tables, bsz, slt);
+  check.Rank(call.free_list, 1);
+  check.Numel(call.free_list_len, 1);
+  check.AttrAtLeast("block_size", call.block_size, 1);
+  check.AttrAtLeast("max_draft_tokens", call.max_draft_tokens, 0);
+  // Host tensors are value-checked (device tensors are not read back: no sync; the kernel
+  // drops pushes past the free list and table slots past a row instead).
+  for (const TensorRef* t : {&call.seq_lens_decoder, &call.encoder_block_lens, &call.used_list_len}) {
+    check.ValuesInRangeOnHost(*t, 0, std::numeric_limits<int32_t>::max());
+  }
+  check.ValuesInRangeOnHost(call.free_list_len, 0, call.free_list.dim(0));
+  args->bsz = bsz;
+  args->max_blocks = call.block_tables.dim(1);
+  args->free_capacity = call.free_list.dim(0);
+}
+
 }  // namespace fdmtp

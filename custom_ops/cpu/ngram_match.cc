@@ -1,5 +1,6 @@
-#include "fdmtp/kernels.h"
-#include "ngram_common.h"
+#include "fdmtp/ops.h"
+#include <string>
+#include "ngram_cpu.h"
 
 namespace fdmtp {
 namespace cpu {
@@ -9,4 +10,30 @@ void NgramMatch(const NgramMatchArgs& args, int num_threads) {
 }
 
 }  // namespace cpu
+void Prepare(const ArgChecker& check, const NgramMatchCall& call, NgramMatchArgs* args) {
+  const TensorRef& slt = call.seq_lens_this_time;
+  if (slt.shape.empty()) check.Rank(slt, 1);
+  const int64_t bsz = slt.dim(0);
+  check.PerItem(slt, bsz, slt);
+  for (const TensorRef* t : {&call.input_ids_len, &call.prompt_lens, &call.step_idx,
+                             &call.draft_token_num, &call.seq_lens_encoder,
+                             &call.seq_lens_decoder, &call.max_dec_len}) {
+    check.PerItem(*t, bsz, slt);
+  }
+  for (const TensorRef* t : {&call.input_ids, &call.token_ids_all, &call.draft_tokens}) {
+    check.Rank(*t, 2);
+    check.DimEq(*t, 0, slt, 0);
+  }
+  check.AttrAtLeast("max_ngram_size", call.max_ngram_size, 1);
+  check.AttrAtLeast("max_draft_tokens", call.max_draft_tokens, 0);
+  if (call.draft_tokens.dim(1) < 1) {
+    check.Fail("`draft_tokens` must have at least 1 column, got shape " +
+               call.draft_tokens.ShapeString());
+  }
+  args->bsz = bsz;
+  args->input_width = call.input_ids.dim(1);
+  args->all_width = call.token_ids_all.dim(1);
+  args->draft_width = call.draft_tokens.dim(1);
+}
+
 }  // namespace fdmtp

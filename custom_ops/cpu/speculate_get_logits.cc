@@ -1,6 +1,9 @@
 #include <cstring>
 
-#include "fdmtp/kernels.h"
+#include "fdmtp/ops.h"
+#include <string>
+
+#include "entry/checks.h"
 
 namespace fdmtp {
 namespace cpu {
@@ -36,4 +39,27 @@ FDMTP_FOR_EACH_FLOAT_TYPE(FDMTP_INSTANTIATE)
 #undef FDMTP_INSTANTIATE
 
 }  // namespace cpu
+void Prepare(const ArgChecker& check, const SpeculateGetLogitsCall& call,
+             SpeculateGetLogitsArgs* args) {
+  const TensorRef& slt = call.seq_lens_this_time;
+  const int64_t bsz = BatchSize(check, slt);
+  for (const TensorRef* t :
+       {&slt, &call.seq_lens_encoder, &call.next_token_num, &call.batch_token_num}) {
+    check.PerItem(*t, bsz, slt);
+  }
+  const std::string offsets = "batch size + 1, batch size from `seq_lens_this_time`";
+  CheckShape(check, call.cu_next_token_offset, DType::kInt32, {bsz + 1}, offsets);
+  CheckShape(check, call.cu_batch_token_offset, DType::kInt32, {bsz + 1}, offsets);
+  check.Rank(call.draft_logits, 2);
+  const int64_t vocab = call.draft_logits.dim(1);
+  check.Rank(call.logits, 2);
+  check.DimEq(call.logits, 1, call.draft_logits, 1);
+  CheckShape(check, call.first_token_logits, call.draft_logits.dtype, {bsz, vocab},
+             "batch size from `seq_lens_this_time`, vocab from `draft_logits`");
+  args->bsz = bsz;
+  args->vocab = vocab;
+  args->draft_rows = call.draft_logits.dim(0);
+  args->logit_rows = call.logits.dim(0);
+}
+
 }  // namespace fdmtp

@@ -1,4 +1,5 @@
-#include "fdmtp/kernels.h"
+#include "fdmtp/ops.h"
+#include <limits>
 
 namespace fdmtp {
 namespace cpu {
@@ -29,4 +30,27 @@ void SpeculatePreProcess(const SpeculatePreProcessArgs& args) {
 }
 
 }  // namespace cpu
+void Prepare(const ArgChecker& check, const SpeculatePreProcessCall& call,
+             SpeculatePreProcessArgs* args) {
+  check.AttrAtLeast("cpu_token_num", call.cpu_token_num, 0);
+  const TensorRef& seq_len = call.seq_len;
+  const int64_t bsz = check.ItemCount(seq_len);
+  check.PerItem(call.seq_lens_encoder, bsz, seq_len);
+  check.PerItem(call.seq_lens_decoder, bsz, seq_len);
+  check.Rows(call.input_ids, bsz, seq_len);
+  check.Rows(call.draft_tokens, bsz, seq_len);
+  check.Numel(call.ids_remove_padding, call.cpu_token_num);
+  check.Numel(call.batch_id_per_token, call.cpu_token_num);
+  check.Numel(call.cu_seqlens_q, bsz + 1);
+  check.Numel(call.cu_seqlens_k, bsz + 1);
+  check.Numel(call.cu_seq_lens_q_output, bsz + 1);
+  check.Numel(call.batch_id_per_token_output, bsz * call.draft_tokens.dim(1));
+  check.Numel(call.real_output_token_num, 1);
+  check.ValuesInRangeOnHost(seq_len, 0, std::numeric_limits<int32_t>::max());
+  args->bsz = bsz;
+  args->input_ids_len = call.input_ids.dim(1);
+  args->draft_width = call.draft_tokens.dim(1);
+  args->output_capacity = bsz * call.draft_tokens.dim(1);
+}
+
 }  // namespace fdmtp

@@ -1,4 +1,6 @@
-#include "fdmtp/kernels.h"
+#include "fdmtp/ops.h"
+#include <limits>
+#include <string>
 
 namespace fdmtp {
 namespace cpu {
@@ -12,4 +14,42 @@ void UnifiedUpdateModelStatus(const UnifiedUpdateModelStatusArgs& args) {
 }
 
 }  // namespace cpu
+void Prepare(const ArgChecker& check, const UnifiedUpdateModelStatusCall& call,
+             UnifiedUpdateModelStatusArgs* args) {
+  // Slots: max_bsz from stop_flags (as upstream); items: real_bsz from seq_lens_this_time.
+  const int64_t max_bsz = check.ItemCount(call.stop_flags);
+  for (const TensorRef* t : {&call.seq_lens_encoder, &call.seq_lens_decoder, &call.step_output_len,
+                             &call.is_paused, &call.prompt_lens, &call.step_idx, &call.max_dec_len}) {
+    check.PerItem(*t, max_bsz, call.stop_flags);
+  }
+  check.Rank(call.step_input_ids, 2);
+  check.Rank(call.step_output_ids, 2);
+  check.Rank(call.token_ids_all, 2);
+  check.DimEq(call.step_input_ids, 0, call.stop_flags, 0);
+  check.DimEq(call.step_output_ids, 0, call.stop_flags, 0);
+  check.DimEq(call.step_output_ids, 1, call.step_input_ids, 1);
+  check.DimEq(call.token_ids_all, 0, call.stop_flags, 0);
+  const int64_t real_bsz = check.ItemCount(call.seq_lens_this_time);
+  if (real_bsz > max_bsz) {
+    check.Fail("`seq_lens_this_time` has " + std::to_string(real_bsz) +
+               " items but `stop_flags` has only " + std::to_string(max_bsz) + " slots");
+  }
+  if (call.has_running_seqs.numel() != 1) {
+    check.Fail("`has_running_seqs` must hold exactly one element, got shape " +
+               call.has_running_seqs.ShapeString());
+  }
+  const int64_t num_end_tokens = check.ItemCount(call.end_tokens);
+  if (num_end_tokens < 1) check.Fail("`end_tokens` must hold at least one EOS id, got none");
+  const int64_t width = call.step_output_ids.dim(1);
+  // Value checks that need no device sync (host tensors only; the kernel clamps the
+  // emitted count into [0, K + 1] and skips a history write before position 0).
+  check.ValuesInRangeOnHost(call.step_output_len, 0, width);
+  check.ValuesInRangeOnHost(call.prompt_lens, 0, std::numeric_limits<int64_t>::max());
+  args->max_bsz = max_bsz;
+  args->real_bsz = real_bsz;
+  args->width = width;
+  args->max_model_len = call.token_ids_all.dim(1);
+  args->num_end_tokens = num_end_tokens;
+}
+
 }  // namespace fdmtp

@@ -1,4 +1,4 @@
-// Argument checks shared by the op entries of this folder (on top of ArgChecker).
+// Argument checks shared by the ops' Prepare functions (cpu/<op>.cc), on top of ArgChecker.
 #pragma once
 
 #include <string>
@@ -6,14 +6,6 @@
 #include "fdmtp/tensor_ref.h"
 
 namespace fdmtp {
-
-// A contiguous int32 per-item tensor ([n] or [n, 1]).
-inline void CheckPerItemInt32(const ArgChecker& check, const TensorRef& t, int64_t n,
-                              const TensorRef& source) {
-  check.Dtype(t, DType::kInt32);
-  check.PerItem(t, n, source);
-  check.Contiguous(t);
-}
 
 // The batch size, from a per-item tensor.
 inline int64_t BatchSize(const ArgChecker& check, const TensorRef& t) {

@@ -1,14 +1,32 @@
-// Device dispatch used by every op entry: run the CPU kernel, the CUDA launcher, or fail
-// with a message that names the op and says which backend is missing.
+// Device dispatch used by the generated op entries (and the IPC entries): run the CPU
+// kernel, the CUDA launcher or the XPU plugin, or fail with a message that names the op and
+// says which backend is missing.
 #pragma once
 
 #include <string>
 
+#include "fdmtp/dtype_dispatch.h"
+#include "fdmtp/entry_api.h"
 #include "fdmtp/kernels.h"
 #include "fdmtp/tensor_ref.h"
 #include "xpu/plugin.h"
 
 namespace fdmtp {
+
+// A float32, float16 or bfloat16 tensor (the element types of the templated kernels).
+inline void CheckFloat(const ArgChecker& check, const TensorRef& t) {
+  DispatchFloat(check, t, [](auto) {});
+}
+
+// `bytes` of device scratch for a CUDA launcher from the binding's allocator; nullptr when
+// none is needed (bytes == 0: the launch is skipped).
+inline void* CudaWorkspace(const ArgChecker& check, ScratchAllocator* scratch, size_t bytes) {
+  if (bytes == 0) return nullptr;
+  if (scratch == nullptr) check.Fail("internal: no scratch allocator for a CUDA call");
+  void* workspace = scratch->Allocate(bytes);
+  if (workspace == nullptr) check.Fail("could not allocate the CUDA scratch");
+  return workspace;
+}
 
 // Runs `cpu_fn()` or `cuda_fn()` (which returns a cudaError_t as int) for `device`.
 template <typename CpuFn, typename CudaFn>

@@ -1,5 +1,5 @@
 #include "fdmtp/kernels.h"
-#include "row_gather.cuh"
+#include "row_gather_cuda.cuh"
 
 namespace fdmtp {
 namespace cuda {

@@ -1,4 +1,4 @@
-#include "ngram_common.cuh"
+#include "ngram_cuda.cuh"
 
 namespace fdmtp {
 namespace cuda {

@@ -6,7 +6,7 @@
 // (Upstream runs cub::DeviceScan with a cudaMalloc/cudaFree of temp storage per call.)
 #include "cuda_utils.cuh"
 #include "fdmtp/kernels.h"
-#include "row_gather.cuh"
+#include "row_gather_cuda.cuh"
 
 namespace fdmtp {
 namespace cuda {

@@ -1,6 +1,7 @@
-// fastdeploy_mtp XPU plugin: one declaration per op, in the layering of FastDeploy's Kunlun
-// plugin (custom_ops/xpu_ops/src/plugin). Each function checks its arguments and capacity
-// limits (xpu_limits.h), then runs on the context's device: kCpu runs `cpu_wrapper` (the shared
+// fastdeploy_mtp XPU plugin, in the layering of FastDeploy's Kunlun plugin
+// (custom_ops/xpu_ops/src/plugin): the context and status types here, one generated
+// function per declared op (fdmtp/xpu_ops.h, xpu_plugin.cpp). Each function checks its capacity
+// limits (xpu_limits.h), then runs on the context's device: kCpu runs the CPU kernel (the shared
 // per-item logic of include/fdmtp/ on host memory), kXpu3 launches the XPU3 kernel of
 // kernel/<op>.xpu: on a Kunlun device with the real toolchain (FDMTP_WITH_XPU), or under
 // the emulator (emu/kp_emu.h) on host memory in the default build.
@@ -12,6 +13,7 @@
 #include <string>
 
 #include "fdmtp/kernels.h"
+#include "fdmtp/xpu_ops.h"  // generated: one plugin function per declared op
 #include "xpu/xpu_limits.h"
 
 namespace fdmtp {
@@ -53,26 +55,6 @@ class EmulationScope {
 };
 // The active emulation context of this thread, or nullptr.
 const Context* ActiveEmulation();
-
-int draft_model_postprocess(Context* ctx, const DraftModelPostprocessArgs& args);
-int draft_model_preprocess(Context* ctx, const DraftModelPreprocessArgs& args);
-int draft_model_update(Context* ctx, const DraftModelUpdateArgs& args);
-int mtp_step_paddle(Context* ctx, const MtpStepArgs& args);
-int speculate_pre_process(Context* ctx, const SpeculatePreProcessArgs& args);
-int unified_update_model_status(Context* ctx, const UnifiedUpdateModelStatusArgs& args);
-int verify_draft_tokens(Context* ctx, const VerifyDraftTokensArgs& args);
-// T: float, Float16 or BFloat16.
-template <typename T>
-int eagle_get_hidden_states(Context* ctx, const EagleGetHiddenStatesArgs& args);
-template <typename T>
-int eagle_get_self_hidden_states(Context* ctx, const EagleGetSelfHiddenStatesArgs& args);
-template <typename T>
-int eagle_gather_hidden_states(Context* ctx, const EagleGatherHiddenStatesArgs& args);
-template <typename T>
-int speculate_get_logits(Context* ctx, const SpeculateGetLogitsArgs& args);
-int update_attn_mask_offsets(Context* ctx, const UpdateAttnMaskOffsetsArgs& args);
-int hybrid_mtp_ngram(Context* ctx, const HybridMtpNgramArgs& args);
-int ngram_match(Context* ctx, const NgramMatchArgs& args);
 
 // Emulator self-checks (tests only): kernels that break the KP rules on purpose, to show
 // the emulator reports them. which: "local_overflow" or "barrier_mismatch".

@@ -21,27 +21,6 @@ import threading
 import types
 from typing import Any, Callable, Dict, Tuple
 
-# Every op the Paddle library registers; used to detect a clash with another copy.
-OP_NAMES = (
-    "draft_model_postprocess",
-    "draft_model_preprocess",
-    "draft_model_update",
-    "eagle_gather_hidden_states",
-    "eagle_get_hidden_states",
-    "eagle_get_self_hidden_states",
-    "hybrid_mtp_ngram",
-    "mtp_step_paddle",
-    "ngram_match",
-    "set_data_ipc",
-    "share_external_data",
-    "speculate_get_logits",
-    "speculate_pre_process",
-    "unified_update_model_status",
-    "unset_data_ipc",
-    "update_attn_mask_offsets",
-    "verify_draft_tokens",
-)
-
 _LIBRARY = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "_fdmtp_ops" + sysconfig.get_config_var("EXT_SUFFIX")
 )
@@ -86,7 +65,22 @@ def cuda_status() -> Tuple[bool, str]:
     return bool(usable), str(reason)
 
 
+def _op_names() -> tuple[str, ...]:
+    """Every op the Paddle library registers (generated from the op declarations); used to
+    detect a clash with another copy."""
+    from ._op_wrappers import OP_NAMES
+
+    return tuple(OP_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "OP_NAMES":  # kept importable from here (it lives in the generated module)
+        return _op_names()
+    raise AttributeError(name)
+
+
 def _load_paddle_api() -> types.ModuleType:
+    OP_NAMES = _op_names()
     with _LOCK:
         api = sys.modules.get(_API_MODULE)
         if api is not None:

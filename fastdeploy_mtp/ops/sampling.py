@@ -1,6 +1,7 @@
 """Sampling helpers for the target-side verify step.
 
-* :class:`VerifyStrategy` — the ``verify_strategy`` attr of :func:`verify_draft_tokens`.
+* :class:`VerifyStrategy` — the ``verify_strategy`` attr of :func:`verify_draft_tokens`
+  (declared with the C++ constants in ``custom_ops/ops/constants.toml``).
 * :func:`rejection_candidates` — candidate rows for ``VerifyStrategy.REJECTION`` from the
   target's probabilities: top-k, then top-p, then the top ``C`` entries, with
   ``len`` = the number of nonzero entries (the candidate rows REJECTION expects; see
@@ -15,19 +16,11 @@
 
 from __future__ import annotations
 
-import enum
 from typing import Optional, Tuple
 
 import numpy as np
 
-
-class VerifyStrategy(enum.IntEnum):
-    """How :func:`verify_draft_tokens` decides a draft (FastDeploy's 0..2, plus ours 3)."""
-
-    TOPP = 0  #: membership in the top-p candidate set (lossy); Phase 2 draws with topp
-    GREEDY = 1  #: draft == argmax token (exact greedy decoding)
-    TARGET_MATCH = 2  #: draft == a target sample (distribution-exact for one-hot drafters)
-    REJECTION = 3  #: lossless rejection sampling from candidate rows + injected uniforms
+from ._op_wrappers import VerifyStrategy  # generated from custom_ops/ops/constants.toml
 
 
 # Philox-4x32 constants (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3").

@@ -213,13 +213,20 @@ def test_xpu_device_tensors_need_an_xpu_build(name):
 
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="no host C++ compiler")
-def test_the_real_xre_branch_compiles_against_the_assumed_xre_api():
+def test_the_real_xre_branch_compiles_against_the_assumed_xre_api(tmp_path):
     """FDMTP_WITH_XPU=ON cannot be built here (no SDK); its IPC code is compiled against
-    tests/ops/xre_api/xpu/runtime.h (the XRE API as we assume it) with our warning flags."""
-    for src in ("custom_ops/xpu/runtime/ipc.cpp", "custom_ops/entry/ipc.cc"):
+    tests/ops/xre_api/xpu/runtime.h (the XRE API as we assume it) with our warning flags,
+    and against the headers generated from the op declarations."""
+    gen = subprocess.run(
+        [sys.executable, "custom_ops/codegen/op_codegen.py", "--repo", ".", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert gen.returncode == 0, gen.stderr
+    for src in ("custom_ops/xpu/runtime/xpu_ipc.cpp", "custom_ops/entry/ipc_entries.cc"):
         proc = subprocess.run(
             ["c++", "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-DFDMTP_WITH_XPU",
-             "-Icustom_ops", "-Icustom_ops/include", "-Itests/ops/xre_api", src],
+             "-Icustom_ops", f"-I{tmp_path / 'include'}", "-Icustom_ops/include", "-Icustom_ops/entry",
+             "-Itests/ops/xre_api", src],
             cwd=ROOT, capture_output=True, text=True, timeout=120,
         )
         assert proc.returncode == 0, f"{src}:\n{proc.stderr}"

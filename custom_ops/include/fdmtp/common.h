@@ -1,8 +1,11 @@
 // Framework-free basics shared by every backend (CPU, CUDA, XPU emulator and the
-// real Kunlun toolchain): the host/device qualifier and the sentinels used by the ops.
+// real Kunlun toolchain): the host/device qualifier, the shared constants (kPlaceholderToken: a draft slot that holds
+// no token, wherever it stands in the row) and helpers used by several ops.
 #pragma once
 
 #include <cstdint>
+
+#include "fdmtp/constants.h"  // generated from custom_ops/ops/constants.toml
 
 #if defined(__CUDACC__)
 #define FDMTP_HOST_DEVICE __host__ __device__
@@ -11,11 +14,6 @@
 #endif
 
 namespace fdmtp {
-
-// A draft slot that holds no token. Every op treats it as "empty", wherever it stands
-// in the row (see draft_model_postprocess: holes in the middle of a row are skipped,
-// not treated as the end of the row).
-constexpr int64_t kPlaceholderToken = -1;
 
 // True when `token` is one of the `num_end_tokens` EOS ids (a linear scan, as upstream's
 // is_in_end). Shared by verify_draft_tokens and unified_update_model_status so both ops

@@ -9,13 +9,7 @@
 
 namespace fdmtp {
 
-enum VerifyStrategy : int {
-  kVerifyTopP = 0,
-  kVerifyGreedy = 1,
-  kVerifyTargetMatch = 2,
-  kVerifyRejection = 3,
-};
-constexpr int kNumVerifyStrategies = 4;
+// VerifyStrategy (kVerifyTopP .. kVerifyRejection) comes from fdmtp/constants.h.
 
 // Under accept_all an EOS draft is replaced by this id (upstream hard-codes 5) so that a
 // dummy capture-warm-up item never stops and the per-step token count stays fixed.

@@ -1,5 +1,6 @@
-// Helpers shared by the XPU wrappers (wrapper/<op>.cpp): named-limit checks, the device
-// switch between cpu_wrapper and the XPU3 launch, and the launch macro.
+// Helpers of the XPU plugin functions (generated into the build folder's xpu_plugin.cpp from
+// the op declarations, plus wrapper/emulator_selftest.cpp): named-limit checks, the device
+// switch between the CPU kernel and the XPU3 launches, and the launch macro.
 #pragma once
 
 #include <string>
@@ -34,15 +35,23 @@ inline int CheckLe(const char* op, const char* what, int64_t value, const char* 
                                  limit_name + " = " + std::to_string(limit));
 }
 
+// The launch shape of the single-core helper kernels (flag resets before the main kernel).
+inline Context SingleCore(const Context& ctx) {
+  Context one = ctx;
+  one.clusters = 1;
+  one.cores = 1;
+  return one;
+}
+
 // The device switch of every public plugin function (FastDeploy's ctx->dev().type()).
 template <typename CpuFn, typename Xpu3Fn>
-int Run(const Context* ctx, const char* op, CpuFn&& cpu_wrapper, Xpu3Fn&& xpu3_wrapper) {
+int Run(const Context* ctx, const char* op, CpuFn&& cpu_fn, Xpu3Fn&& xpu3_fn) {
   switch (ctx->dev) {
     case DevType::kCpu:
-      cpu_wrapper();
+      cpu_fn();
       return kSuccess;
     case DevType::kXpu3:
-      return xpu3_wrapper();
+      return xpu3_fn();
   }
   SetLastError(std::string(op) + ": no implementation for this device (WRAPPER_UNIMPLEMENTED)");
   return kUnimplemented;

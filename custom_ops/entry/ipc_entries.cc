@@ -1,0 +1,439 @@
+// set_data_ipc / share_external_data / unset_data_ipc: POSIX shared-memory segments
+// (shm_open + mmap) and, for CUDA and XPU tensors, the IPC handles stored in them. See
+// fdmtp/ipc_segment.h for the segment layout. XPU memory is a Kunlun device's (FDMTP_WITH_XPU) or,
+// in the default build, the emulated XRE's (host tensors while xpu_emulation is active on
+// this thread, see xpu/emu/xre_emu.h).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "dispatch.h"
+#include "fdmtp/ops.h"
+#include "xpu/runtime/xpu_ipc.h"
+
+namespace fdmtp {
+namespace ipc {
+namespace {
+
+size_t ElementBytes(DType dtype) {
+  switch (dtype) {
+    case DType::kInt8:
+    case DType::kUInt8: return 1;
+    case DType::kFloat16:
+    case DType::kBFloat16: return 2;
+    case DType::kFloat32: return 4;
+    default: return 0;  // not shareable
+  }
+}
+
+std::string Quoted(const std::string& name) { return "`" + name + "`"; }
+
+std::string Errno(int err) { return std::strerror(err); }
+
+// Where a tensor's memory is, for sharing.
+enum class Where { kHost, kCuda, kXpu };
+
+Where Locate(const TensorRef& t) {
+  if (t.device == Device::kCUDA) return Where::kCuda;
+  if (t.device == Device::kXPU) return Where::kXpu;
+#if defined(FDMTP_XPU_EMULATOR)
+  if (t.device == Device::kCPU && xpu::ActiveEmulation() != nullptr) return Where::kXpu;
+#endif
+  return Where::kHost;
+}
+
+uint32_t KindOf(Where where) {
+  return where == Where::kHost ? kHostData : where == Where::kCuda ? kCudaHandle : kXpuHandle;
+}
+
+// What a segment of `kind` holds, and where a placeholder must be to attach it.
+const char* Holds(uint32_t kind) {
+  return kind == kHostData ? "host memory" : kind == kCudaHandle ? "a CUDA IPC handle" : "an XPU IPC handle";
+}
+const char* AttachOn(uint32_t kind) {
+#if defined(FDMTP_XPU_EMULATOR)
+  if (kind == kHostData) return "the CPU (outside xpu_emulation)";
+  if (kind == kXpuHandle) return "the XPU device (emulator: a host array inside xpu_emulation)";
+#endif
+  return kind == kHostData ? "the CPU" : kind == kCudaHandle ? "the CUDA device" : "the XPU device";
+}
+std::string Placement(const TensorRef& t) {
+  if (t.device == Device::kCPU && Locate(t) == Where::kXpu) return "emulated XPU memory (inside xpu_emulation)";
+  return std::string("on ") + DeviceName(t.device);
+}
+
+// The shareable dtypes are upstream's: bfloat16, float16, float32, int8, uint8.
+void CheckShareableDtype(const ArgChecker& check, const TensorRef& t) {
+  if (ElementBytes(t.dtype) == 0) {
+    check.Fail(std::string("`") + t.name + "` has dtype " + DTypeName(t.dtype) +
+               "; only float32, float16, bfloat16, int8 and uint8 tensors can be shared");
+  }
+}
+
+void CheckDevice(const ArgChecker& check, const TensorRef& t) {
+  if (t.device == Device::kCPU) return;
+  if (t.device == Device::kCUDA) {
+#if !defined(FDMTP_WITH_CUDA)
+    check.Fail(std::string("`") + t.name +
+               "` is a CUDA tensor but this build of fastdeploy_mtp has no CUDA support");
+#endif
+    return;
+  }
+  if (t.device == Device::kXPU) {
+#if !defined(FDMTP_WITH_XPU)
+    check.Fail(std::string("`") + t.name +
+               "` is an XPU tensor but this build of fastdeploy_mtp has no XPU support "
+               "(FDMTP_WITH_XPU is OFF; the emulator shares host arrays inside xpu_emulation)");
+#endif
+    return;
+  }
+  check.Fail(std::string("`") + t.name + "` is on " + DeviceName(t.device) +
+             "; only CPU, CUDA and XPU tensors can be shared");
+}
+
+void CheckCuda(const ArgChecker& check, int status, const char* what) {
+#if defined(FDMTP_WITH_CUDA)
+  if (status != 0) {
+    check.Fail(std::string(what) + " failed: " + cuda::ErrorName(status) + ": " +
+               cuda::ErrorString(status));
+  }
+#else
+  (void)status;
+  check.Fail(std::string(what) + ": this build of fastdeploy_mtp has no CUDA support");
+#endif
+}
+
+// A file descriptor closed on scope exit.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// A whole-segment mapping, unmapped with its last owner.
+class HostMapping : public SharedBuffer {
+ public:
+  HostMapping(void* base, size_t mapped, uint64_t offset, size_t bytes)
+      : base_(base), mapped_(mapped) {
+    data_ = static_cast<char*>(base) + offset;
+    bytes_ = bytes;
+  }
+  ~HostMapping() override {
+    if (base_ != nullptr) ::munmap(base_, mapped_);
+  }
+  SegmentHeader* header() const { return static_cast<SegmentHeader*>(base_); }
+  // Hands the mapping over to another HostMapping (this one no longer unmaps it).
+  void Release() { base_ = nullptr; }
+
+ private:
+  void* base_;
+  size_t mapped_;
+};
+
+#if defined(FDMTP_WITH_CUDA)
+// An opened CUDA IPC handle, closed with its last owner.
+class CudaMapping : public SharedBuffer {
+ public:
+  CudaMapping(void* base, uint64_t offset, size_t bytes, int device) : base_(base) {
+    data_ = static_cast<char*>(base) + offset;
+    bytes_ = bytes;
+    device_ = Device::kCUDA;
+    device_id_ = device;
+  }
+  ~CudaMapping() override { cuda::IpcCloseMemHandle(base_); }
+
+ private:
+  void* base_;
+};
+#endif
+
+// XPU memory of another process (an opened IPC handle, closed with its last owner), or,
+// with use_ipc=False, the creator's own device memory (owned by the creator's tensor).
+class XpuMapping : public SharedBuffer {
+ public:
+  XpuMapping(void* ptr, uint64_t offset, size_t bytes, int device, bool opened)
+      : opened_(opened ? ptr : nullptr) {
+    data_ = static_cast<char*>(ptr) + offset;
+    bytes_ = bytes;
+    device_ = Device::kXPU;
+    device_id_ = device;
+  }
+  ~XpuMapping() override {
+    if (opened_ != nullptr) xpu::IpcCloseMemHandle(opened_);
+  }
+
+ private:
+  void* opened_;
+};
+
+// Creates segment `name` of `bytes` bytes, replacing any segment of that name (a stale
+// one left by a crashed creator; processes that still map the old one keep their memory),
+// and maps it. Unlinks it again if anything fails.
+// The returned mapping's data() is `data_offset` bytes into the segment.
+std::shared_ptr<HostMapping> CreateSegment(const ArgChecker& check, const std::string& name,
+                                           size_t bytes, uint64_t data_offset, size_t data_bytes) {
+  if (::shm_unlink(name.c_str()) != 0 && errno != ENOENT) {
+    check.Fail("cannot replace the existing shared-memory segment " + Quoted(name) + ": " +
+               Errno(errno));
+  }
+  Fd fd(::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600));
+  if (fd.get() < 0) {
+    check.Fail("cannot create shared-memory segment " + Quoted(name) + ": " + Errno(errno));
+  }
+  auto fail = [&](const std::string& what) {
+    const int err = errno;
+    ::shm_unlink(name.c_str());
+    check.Fail(what + " for shared-memory segment " + Quoted(name) + " (" + std::to_string(bytes) +
+               " bytes) failed: " + Errno(err));
+  };
+  if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) fail("ftruncate");
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (base == MAP_FAILED) fail("mmap");
+  return std::make_shared<HostMapping>(base, bytes, data_offset, data_bytes);
+}
+
+// Publishes a CUDA or XPU handle segment for `t` (its process's mapping is dropped).
+void PublishHandle(const ArgChecker& check, const std::string& name, const TensorRef& t,
+                   uint32_t kind, const uint8_t* handle, uint64_t offset, size_t bytes);
+
+void Publish(SegmentHeader* header) {
+  header->version = kVersion;
+  header->creator_pid = static_cast<int64_t>(::getpid());
+  __atomic_store_n(&header->magic, kMagic, __ATOMIC_RELEASE);
+}
+
+void PublishHandle(const ArgChecker& check, const std::string& name, const TensorRef& t,
+                   uint32_t kind, const uint8_t* handle, uint64_t offset, size_t bytes) {
+  auto segment = CreateSegment(check, name, sizeof(SegmentHeader), 0, 0);
+  SegmentHeader* header = segment->header();
+  std::memcpy(header->cuda_handle, handle, kCudaHandleBytes);
+  header->kind = kind;
+  header->dtype = static_cast<int32_t>(t.dtype);
+  header->device_id = t.device_id;
+  header->data_bytes = bytes;
+  header->data_offset = offset;
+  header->data_ptr_addr = kind == kXpuHandle ? reinterpret_cast<uintptr_t>(t.data) : 0;
+  Publish(header);
+}
+
+}  // namespace
+
+void CheckName(const ArgChecker& check, const std::string& name) {
+  if (name.empty()) check.Fail("`shm_name` is empty");
+  if (name.size() > 255) {
+    check.Fail("`shm_name` is " + std::to_string(name.size()) + " bytes long; at most 255");
+  }
+  if (name.find('/') != std::string::npos) {
+    check.Fail("`shm_name` " + Quoted(name) +
+               " contains '/'; a shared-memory name is one path component (no slash)");
+  }
+  if (name.find('\0') != std::string::npos) check.Fail("`shm_name` contains a NUL byte");
+}
+
+}  // namespace ipc
+
+std::shared_ptr<ipc::SharedBuffer> SetDataIpc(const TensorRef& tmp_input,
+                                              const std::string& shm_name) {
+  using namespace ipc;
+  const ArgChecker check("set_data_ipc");
+  CheckName(check, shm_name);
+  CheckShareableDtype(check, tmp_input);
+  CheckDevice(check, tmp_input);
+  check.Contiguous(tmp_input);
+  const size_t bytes = static_cast<size_t>(tmp_input.numel()) * ElementBytes(tmp_input.dtype);
+  const Where where = Locate(tmp_input);
+
+  if (where == Where::kXpu) {
+    // XPU: the handle of the tensor's device memory; XRE's handle is taken of the pointer
+    // itself, so the offset is 0 (upstream stores tmp_input.data() the same way).
+    static_assert(xpu::kIpcHandleBytes == kCudaHandleBytes, "the handle fits upstream's slot");
+    uint8_t handle[kCudaHandleBytes] = {};
+    if (xpu::IpcGetMemHandle(tmp_input.data, handle) != xpu::kSuccess) {
+      check.Fail("cannot export `tmp_input`: " + xpu::LastError());
+    }
+    PublishHandle(check, shm_name, tmp_input, kXpuHandle, handle, 0, bytes);
+    return nullptr;
+  }
+
+  if (where == Where::kHost) {
+    auto segment = CreateSegment(check, shm_name, kHostDataOffset + bytes, kHostDataOffset, bytes);
+    SegmentHeader* header = segment->header();
+    header->kind = kHostData;
+    header->dtype = static_cast<int32_t>(tmp_input.dtype);
+    header->data_bytes = bytes;
+    header->data_offset = kHostDataOffset;
+    if (bytes != 0) std::memcpy(segment->data(), tmp_input.data, bytes);
+    Publish(header);
+    return segment;
+  }
+
+  // CUDA: the handle of the allocation holding the tensor, and the tensor's offset in it
+  // (an allocator may hand out the middle of a larger cudaMalloc block).
+  uint8_t handle[kCudaHandleBytes] = {};
+  uint64_t offset = 0;
+#if defined(FDMTP_WITH_CUDA)
+  CheckCuda(check, cuda::IpcGetMemHandle(tmp_input.data, handle, &offset), "cudaIpcGetMemHandle");
+#else
+  CheckCuda(check, 1, "cudaIpcGetMemHandle");
+#endif
+  PublishHandle(check, shm_name, tmp_input, kCudaHandle, handle, offset, bytes);
+  return nullptr;  // the segment stays (until unlinked); this process's mapping is dropped
+}
+
+std::shared_ptr<ipc::SharedBuffer> ShareExternalData(const TensorRef& input,
+                                                     const std::string& shm_name,
+                                                     const std::vector<int64_t>& shape,
+                                                     bool use_ipc) {
+  using namespace ipc;
+  const ArgChecker check("share_external_data");
+  CheckName(check, shm_name);
+  CheckShareableDtype(check, input);
+  CheckDevice(check, input);
+  const Where where = Locate(input);
+  if (!use_ipc && where != Where::kXpu) {
+    check.Fail("`use_ipc`=False reuses the creator's XPU device pointer and applies to XPU "
+               "tensors only; `input` is " + Placement(input));
+  }
+  size_t want = ElementBytes(input.dtype);
+  std::string shape_text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0) check.Fail("`shape` has a negative dimension " + std::to_string(shape[i]));
+    want *= static_cast<size_t>(shape[i]);
+    shape_text += (i ? ", " : "") + std::to_string(shape[i]);
+  }
+  shape_text += "]";
+
+  Fd fd(::shm_open(shm_name.c_str(), O_RDWR, 0));
+  if (fd.get() < 0) {
+    if (errno == ENOENT) {
+      check.Fail("no shared-memory segment named " + Quoted(shm_name) +
+                 " (not created yet by set_data_ipc, or already unlinked)");
+    }
+    check.Fail("cannot open shared-memory segment " + Quoted(shm_name) + ": " + Errno(errno));
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    check.Fail("cannot stat shared-memory segment " + Quoted(shm_name) + ": " + Errno(errno));
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  if (size < kUpstreamBytes) {
+    check.Fail("shared-memory segment " + Quoted(shm_name) + " holds " + std::to_string(size) +
+               " bytes: not a tensor segment written by set_data_ipc");
+  }
+  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (base == MAP_FAILED) {
+    check.Fail("mmap of shared-memory segment " + Quoted(shm_name) + " failed: " + Errno(errno));
+  }
+  auto whole = std::make_shared<HostMapping>(base, size, 0, size);
+  const SegmentHeader* header = whole->header();
+  const bool ours = size >= sizeof(SegmentHeader) &&
+                    __atomic_load_n(&header->magic, __ATOMIC_ACQUIRE) == kMagic;
+  // A 72-byte segment is upstream FastDeploy's CUDA handle record: no dtype or size to check.
+  const bool upstream_cuda = size == kUpstreamBytes;
+  if (!ours && !upstream_cuda) {
+    check.Fail("shared-memory segment " + Quoted(shm_name) +
+               " is not a complete tensor segment (its creator has not finished set_data_ipc, "
+               "or it was not written by set_data_ipc)");
+  }
+  if (ours) {
+    if (header->version != kVersion) {
+      check.Fail("shared-memory segment " + Quoted(shm_name) + " has layout version " +
+                 std::to_string(header->version) + "; this build reads version " +
+                 std::to_string(kVersion));
+    }
+    const bool host = header->kind == kHostData;
+    if (header->kind != KindOf(where)) {
+      check.Fail("shared-memory segment " + Quoted(shm_name) + " holds " + Holds(header->kind) +
+                 " but `input` is " + Placement(input) + "; attach with a placeholder on " +
+                 AttachOn(header->kind));
+    }
+    if (header->dtype != static_cast<int32_t>(input.dtype)) {
+      check.Fail("dtype mismatch: `input` is " + std::string(DTypeName(input.dtype)) +
+                 " but segment " + Quoted(shm_name) + " holds a " +
+                 DTypeName(static_cast<DType>(header->dtype)) + " tensor");
+    }
+    if (want > header->data_bytes) {
+      check.Fail("`shape` " + shape_text + " needs " + std::to_string(want) + " bytes but segment " +
+                 Quoted(shm_name) + " holds " + std::to_string(header->data_bytes) + " bytes");
+    }
+    if (host && header->data_offset + header->data_bytes > size) {
+      check.Fail("shared-memory segment " + Quoted(shm_name) + " is truncated (" +
+                 std::to_string(size) + " bytes for " + std::to_string(header->data_bytes) +
+                 " data bytes)");
+    }
+  } else if (where != Where::kCuda) {
+    check.Fail("shared-memory segment " + Quoted(shm_name) +
+               " is an upstream CUDA handle record; attach it with a CUDA placeholder");
+  }
+
+  if (where == Where::kXpu) {
+    const int64_t creator = header->creator_pid;
+    const int64_t self = static_cast<int64_t>(::getpid());
+    if (!use_ipc) {
+      // Upstream's use_ipc=False: the stored pointer, which means something only in the
+      // creator's address space.
+      if (creator != self) {
+        check.Fail("`use_ipc`=False reuses the device pointer stored by the creator, valid only "
+                   "in the creating process (pid " + std::to_string(creator) + "), but this is pid " +
+                   std::to_string(self) + "; attach with use_ipc=True");
+      }
+      void* ptr = reinterpret_cast<void*>(static_cast<uintptr_t>(header->data_ptr_addr));
+      if (!xpu::MaybeLiveDeviceMemory(ptr, want)) {
+        check.Fail("`use_ipc`=False: the device memory published as " + Quoted(shm_name) +
+                   " is no longer allocated (" + std::to_string(want) +
+                   " bytes at the stored pointer); the creator's tensor was freed");
+      }
+      return std::make_shared<XpuMapping>(ptr, 0, want, input.device_id, false);
+    }
+    uint8_t handle[kCudaHandleBytes];
+    std::memcpy(handle, header->cuda_handle, kCudaHandleBytes);
+    void* ptr = nullptr;
+    if (xpu::IpcOpenMemHandle(handle, input.device_id, &ptr) != xpu::kSuccess) {
+      check.Fail(xpu::LastError() + (creator == self ? "; in the creating process attach with use_ipc=False"
+                                                     : ""));
+    }
+    return std::make_shared<XpuMapping>(ptr, header->data_offset, want, input.device_id, true);
+  }
+
+  if (where == Where::kHost) {
+    auto view = std::make_shared<HostMapping>(base, size, header->data_offset, want);
+    whole->Release();
+    return view;
+  }
+#if defined(FDMTP_WITH_CUDA)
+  uint8_t handle[kCudaHandleBytes];
+  std::memcpy(handle, header->cuda_handle, kCudaHandleBytes);
+  const uint64_t offset = ours ? header->data_offset : 0;
+  void* device_base = nullptr;
+  CheckCuda(check, cuda::IpcOpenMemHandle(handle, input.device_id, &device_base),
+            "cudaIpcOpenMemHandle");
+  return std::make_shared<CudaMapping>(device_base, offset, want, input.device_id);
+#else
+  CheckCuda(check, 1, "cudaIpcOpenMemHandle");
+  return nullptr;
+#endif
+}
+
+void UnsetDataIpc(const TensorRef& tmp_input, const std::string& shm_name, bool unlink_shm) {
+  const ArgChecker check("unset_data_ipc");
+  ipc::CheckName(check, shm_name);
+  (void)tmp_input;
+  if (unlink_shm && ::shm_unlink(shm_name.c_str()) != 0 && errno != ENOENT) {
+    check.Fail("cannot unlink shared-memory segment `" + shm_name + "`: " + std::strerror(errno));
+  }
+}
+
+}  // namespace fdmtp

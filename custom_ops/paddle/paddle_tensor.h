@@ -1,0 +1,68 @@
+// paddle::Tensor -> fdmtp::TensorRef, the translation of fdmtp::Error into Paddle's
+// exception, and the shape helpers of the generated Paddle bindings (paddle_ops.cc in the
+// build folder) and of ipc_paddle_ops.cc.
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include "fdmtp/ops.h"
+#include "paddle/extension.h"
+
+namespace fdmtp {
+namespace paddle_binding {
+
+// Dimension i of a shape (or of a tensor's shape); -1 when the shape has no dimension i.
+// The output shapes in the op declarations are expressions over these.
+inline int64_t Dim(const std::vector<int64_t>& shape, size_t i) {
+  return i < shape.size() ? shape[i] : -1;
+}
+inline int64_t Dim(const paddle::Tensor& tensor, size_t i) { return Dim(tensor.shape(), i); }
+// A shape to allocate: unknown (negative) dimensions become 0, so the op entry rejects the
+// call with its own message instead of the allocator failing first.
+inline std::vector<int64_t> Allocatable(std::vector<int64_t> shape) {
+  for (int64_t& d : shape) d = d < 0 ? 0 : d;
+  return shape;
+}
+// A shape for InferShape: negative dimensions are unknown (-1).
+inline std::vector<int64_t> Inferred(std::vector<int64_t> shape) {
+  for (int64_t& d : shape) d = d < 0 ? -1 : d;
+  return shape;
+}
+
+// Describes `tensor` under the op-signature name `name` (the name must outlive the ref).
+TensorRef ToRef(const paddle::Tensor& tensor, const char* name);
+
+// An optional input (paddle::Optional in .Inputs): std::nullopt when the caller passed None.
+OptionalTensorRef ToOptionalRef(const paddle::optional<paddle::Tensor>& tensor, const char* name);
+
+// The cudaStream_t the tensor's work is ordered on (nullptr for host tensors).
+void* StreamOf(const paddle::Tensor& tensor);
+
+// A TensorRef named after the C++ parameter, which is named after the op's input.
+#define FDMTP_REF(tensor) ::fdmtp::paddle_binding::ToRef(tensor, #tensor)
+// Device scratch from Paddle's allocator on `place` (stream-ordered on the place's stream):
+// the tensors live until this object is destroyed, after the op entry returned.
+class PaddleScratch : public ScratchAllocator {
+ public:
+  explicit PaddleScratch(const phi::Place& place) : place_(place) {}
+  void* Allocate(size_t bytes) override;
+
+ private:
+  phi::Place place_;
+  std::vector<paddle::Tensor> held_;
+};
+
+// Runs an op entry and rethrows fdmtp::Error as Paddle's exception, which Python sees as
+// an error whose message names the op and the argument.
+template <typename Fn>
+void RunEntry(Fn&& fn) {
+  try {
+    std::forward<Fn>(fn)();
+  } catch (const Error& e) {
+    PD_THROW(e.what());
+  }
+}
+
+}  // namespace paddle_binding
+}  // namespace fdmtp
