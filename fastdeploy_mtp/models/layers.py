@@ -17,7 +17,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 
 from .attention import ReferenceAttentionBackend, dense_causal_attention
-from .config import ModelConfig
+from .model_config import ModelConfig
 from .forward_meta import ForwardMeta
 
 

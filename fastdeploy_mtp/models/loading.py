@@ -25,7 +25,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple, Union
 import numpy as np
 import paddle
 
-from .config import ModelConfig
+from .model_config import ModelConfig
 
 
 class CheckpointError(ValueError):

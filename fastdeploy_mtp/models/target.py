@@ -9,7 +9,7 @@ import paddle
 import paddle.nn as nn
 
 from .attention import ReferenceAttentionBackend
-from .config import ModelConfig
+from .model_config import ModelConfig
 from .forward_meta import ForwardMeta
 from .layers import DecoderLayer, RMSNorm, RotaryEmbedding
 

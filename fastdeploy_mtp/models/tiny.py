@@ -12,10 +12,10 @@ import paddle
 import paddle.nn.functional as F
 
 from .attention import causal_bias
-from .config import ModelConfig
+from .model_config import ModelConfig
 from .forward_meta import ForwardMeta, make_forward_meta
 from .loading import TensorSource, load_state_strict, state_to_numpy
-from .mtp import MTPLayer
+from .mtp_layer import MTPLayer
 from .target import TinyTargetModel
 
 #: Directory of the shipped checkpoint.

@@ -1,6 +1,6 @@
 """MTP proposer: drafts tokens with a model's MTP layer beside the target model."""
 
-from .input_batch import CLONED_FROM_TARGET, SHARED_WITH_TARGET, ProposerInputBatch
+from .proposer_inputs import CLONED_FROM_TARGET, SHARED_WITH_TARGET, ProposerInputBatch
 from .mtp import MTPProposer
 from .sampler import MTPSampler
 

@@ -31,7 +31,7 @@ from ..config import FDConfig
 from ..models.forward_meta import ForwardMeta
 from ..runtime.input_batch import InputBatch
 from ..runtime.request import Request, RequestType
-from .input_batch import ProposerInputBatch
+from .proposer_inputs import ProposerInputBatch
 from .sampler import MTPSampler
 
 
@@ -45,7 +45,7 @@ class MTPProposer:
         local_rank: this worker's rank (names the IPC caches).
         device_id: this worker's device (names the IPC caches).
         target_model_inputs: the target runner's ``share_inputs``; the proposer shares some of
-            its tensors by reference (see :mod:`fastdeploy_mtp.proposer.input_batch`).
+            its tensors by reference (see :mod:`fastdeploy_mtp.proposer.proposer_inputs`).
         model: keyword-only, the MTP layer (anything with ``forward(ids, hidden, meta)``,
             ``compute_logits``, ``empty_input_forward`` and ``attn_backend``). FastDeploy
             builds it from ``speculative_config.model``; here the caller passes it, e.g. the
