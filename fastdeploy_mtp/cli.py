@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 from .config import CacheConfig, FDConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 
@@ -43,7 +43,7 @@ def _progress(label: str):
 
 
 def run_prompts(prompts: Sequence[str], max_tokens: int, k: int, steps: int, hybrid: bool,
-                max_num_seqs: int, label: str, checkpoint: Optional[str] = None):
+                max_num_seqs: int, label: str, checkpoint: str | None = None):
     """Generate for ``prompts`` with the shipped checkpoint; returns (texts, token ids, metrics)."""
     from .models import ByteTokenizer, load_tiny
     from .runtime.engine import Engine
@@ -61,7 +61,7 @@ def run_prompts(prompts: Sequence[str], max_tokens: int, k: int, steps: int, hyb
     return texts, ids, engine.metrics
 
 
-def _table(rows: List[List[str]]) -> str:
+def _table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -83,7 +83,8 @@ def cmd_demo(args) -> int:
     rows = [["mode", "tokens/s", "target forwards", "mean accepted len", "acceptance per position", "speedup"],
             ["no speculation", f"{base.tokens_per_second:.1f}", str(base.target_forwards), "1.00", "-", "1.00x"],
             [mode, f"{spec.tokens_per_second:.1f}", str(spec.target_forwards),
-             f"{spec.mean_accepted_length:.2f}", " ".join("-" if a is None else f"{a:.2f}" for a in spec.acceptance_per_position),
+             f"{spec.mean_accepted_length:.2f}",
+             " ".join("-" if a is None else f"{a:.2f}" for a in spec.acceptance_per_position),
              f"{spec.tokens_per_second / base.tokens_per_second:.2f}x" if base.tokens_per_second else "-"]]
     print(_table(rows))
     print(f"\nsample ({DEMO_PROMPTS[0]!r} ->):\n{spec_texts[0]}")
@@ -104,7 +105,7 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fastdeploy-mtp", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)

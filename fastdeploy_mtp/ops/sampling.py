@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import enum
-from typing import Optional, Tuple
 
 import numpy as np
 
@@ -110,9 +109,9 @@ def verify_uniforms(
 def rejection_candidates(
     probs: np.ndarray,
     max_candidates: int,
-    top_k: Optional[np.ndarray] = None,
-    top_p: Optional[np.ndarray] = None,
-) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    top_k: np.ndarray | None = None,
+    top_p: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Candidate rows for ``VerifyStrategy.REJECTION`` from probabilities ``[T, V]``.
 
     Per row: sort descending (ties: smaller id first); top-k keeps the first

@@ -21,7 +21,7 @@ buffers are on, so there is one code path for every backend.
 
 from __future__ import annotations
 
-from typing import Iterable, List, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import paddle
@@ -74,9 +74,9 @@ class MTPProposer:
         self.is_splitwise_prefill = fd_config.scheduler_config.splitwise_role == "prefill"
         self.model_inputs = ProposerInputBatch(fd_config, target_model_inputs)
         self.sampler = MTPSampler(fd_config.parallel_config.tensor_parallel_size)
-        self.caches: List[paddle.Tensor] = []
-        self._attached: List[str] = []  # IPC names of caches attached from another process
-        self._published: List[str] = []  # IPC names of caches this proposer published
+        self.caches: list[paddle.Tensor] = []
+        self._attached: list[str] = []  # IPC names of caches attached from another process
+        self._published: list[str] = []  # IPC names of caches this proposer published
         self.num_gpu_blocks = 0
         self.enable_overlap = fd_config.scheduler_config.enable_overlap_schedule
         #: Set by the runner before each :meth:`run`: True when no slot is in prefill this
@@ -84,7 +84,7 @@ class MTPProposer:
         self.overlap_round = False
 
     # ---- KV cache ------------------------------------------------------------------------
-    def cache_names(self) -> List[str]:
+    def cache_names(self) -> list[str]:
         """IPC names of the MTP layer's caches, key then value per layer (FastDeploy's
         ``key_caches_{layer}_rank{r}.device{d}``; MTP layers follow the target's layers)."""
         pc = self.fd_config.parallel_config

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -42,7 +42,7 @@ class Metrics:
         return self.emitted_tokens / self.decode_item_steps if self.decode_item_steps else 0.0
 
     @property
-    def acceptance_per_position(self) -> List[Optional[float]]:
+    def acceptance_per_position(self) -> list[float | None]:
         """Share of offered drafts accepted, per draft position 1..K (``None`` where no draft
         was ever offered, e.g. positions past ``num_model_steps`` without the n-gram hybrid)."""
         return [float(a / p) if p else None for a, p in zip(self.accepted, self.proposed)]
@@ -51,7 +51,7 @@ class Metrics:
     def tokens_per_second(self) -> float:
         return self.generated_tokens / self.wall_seconds if self.wall_seconds else 0.0
 
-    def as_dict(self) -> Dict[str, object]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "target_forwards": self.target_forwards,
             "generated_tokens": self.generated_tokens,
@@ -77,7 +77,7 @@ class Engine:
         self.fd_config = fd_config
         #: with ``record_trace``: one ``(step, request_id, task, emitted tokens, drafts)``
         #: tuple per slot and target forward, for tests and debugging.
-        self.trace: Optional[List[tuple]] = [] if record_trace else None
+        self.trace: list[tuple] | None = [] if record_trace else None
         self.runner = TargetRunner(fd_config, model, mtp_model)
         self.scheduler = Scheduler(fd_config, prefill_chunk_size)
         k = fd_config.speculative_config.num_speculative_tokens if fd_config.speculative_config.enabled else 0
@@ -88,20 +88,20 @@ class Engine:
         if self.runner.proposer is not None:
             self.runner.proposer.clear_mtp_cache()
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def generate(self, requests: Sequence[Request], progress: Optional[Callable[[int, int], None]] = None,
-                 max_steps: int = 1_000_000) -> Dict[str, List[int]]:
+    def generate(self, requests: Sequence[Request], progress: Callable[[int, int], None] | None = None,
+                 max_steps: int = 1_000_000) -> dict[str, list[int]]:
         """Run every request to completion (EOS or ``max_tokens``); returns the generated ids
         per ``request_id``. ``progress(done, total)`` is called as requests finish."""
         for req in requests:
             self.scheduler.add_request(req)
         total, done = len(requests), 0
-        results: Dict[str, List[int]] = {}
+        results: dict[str, list[int]] = {}
         start = time.perf_counter()
         step = 0
         while self.scheduler.has_work:

@@ -9,7 +9,8 @@ them in place.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import paddle
@@ -51,7 +52,7 @@ class InputBatch:
     def items(self):
         return self._buffers.items()
 
-    def as_dict(self) -> Dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return dict(self._buffers)
 
 

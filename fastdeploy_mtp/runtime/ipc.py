@@ -19,7 +19,7 @@ import os
 import sys
 import time
 from multiprocessing import resource_tracker, shared_memory
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -124,18 +124,18 @@ class IPCSignal:
     def __init__(
         self,
         name: str,
-        array: Optional[np.ndarray] = None,
+        array: np.ndarray | None = None,
         dtype: Any = None,
         suffix: Any = None,
         create: bool = True,
-        shm_size: Optional[int] = None,
+        shm_size: int | None = None,
         timeout: float = 0.0,
     ) -> None:
         self.name = _full_name(name, suffix)
         if "/" in self.name or not self.name:
             raise IPCSignalError(f"IPCSignal: name {self.name!r} must be non-empty and contain no '/'")
         self._tracked = create
-        self.value: Optional[np.ndarray] = None
+        self.value: np.ndarray | None = None
         if array is not None:
             if dtype is None or np.dtype(dtype) != array.dtype:
                 raise IPCSignalError(

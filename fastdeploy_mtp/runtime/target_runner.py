@@ -4,8 +4,8 @@ hidden states to the proposer."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
 
 import numpy as np
 import paddle
@@ -64,7 +64,7 @@ class TargetRunner:
             self.proposer = MTPProposer(fd_config, model, pc.local_rank, pc.device_id,
                                         self.share_inputs, model=mtp_model)
             self.proposer.initialize_kv_cache(self.num_blocks)
-        self._pending_fixups: List[Request] = []
+        self._pending_fixups: list[Request] = []
 
     # ---- task insertion ----------------------------------------------------------------------
     def insert_tasks(self, tasks: Sequence[Request]) -> None:
@@ -130,7 +130,7 @@ class TargetRunner:
         # Logit rows: the last token of a prefill chunk (or of a 1-token item), every token of
         # a decode item with drafts (speculate_pre_process's output-row rule).
         cu = np.concatenate([[0], np.cumsum(slt)])
-        rows: List[int] = []
+        rows: list[int] = []
         for b in np.nonzero(slt)[0]:
             n, s = int(slt[b]), int(cu[b])
             rows.extend([s + n - 1] if (n == 1 or enc[b] != 0) else range(s, s + n))
