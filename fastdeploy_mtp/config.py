@@ -18,7 +18,7 @@ MTP_STRATEGIES = ("default", "with_ngram")
 SPLITWISE_ROLES = ("mixed", "prefill", "decode")
 
 
-def _positive(obj, *names: str, allow_zero: bool = False) -> None:
+def _positive(obj: object, *names: str, allow_zero: bool = False) -> None:
     for name in names:
         value = getattr(obj, name)
         if value < 0 or (value == 0 and not allow_zero):

@@ -5,12 +5,16 @@ modules, and ``tests/models`` checks that they agree."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 
 from .forward_meta import ForwardMeta
+
+if TYPE_CHECKING:
+    from paddle._typing import DTypeLike
 
 
 def _repeat_kv(x: paddle.Tensor, groups: int, axis: int) -> paddle.Tensor:
@@ -55,7 +59,7 @@ class ReferenceAttentionBackend:
         return [int(max_num_blocks), self.num_kv_heads, self.block_size, self.head_dim]
 
     def allocate_caches(self, num_layers: int, max_num_blocks: int,
-                        dtype: str = "float32") -> list[paddle.Tensor]:
+                        dtype: DTypeLike = "float32") -> list[paddle.Tensor]:
         """Zeroed caches for ``num_layers`` layers: ``[k0, v0, k1, v1, ...]``."""
         shape = self.get_kv_cache_shape(max_num_blocks)
         return [paddle.zeros(shape, dtype=dtype) for _ in range(2 * num_layers)]

@@ -6,9 +6,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import paddle
+from numpy.typing import ArrayLike
 
-#: Block-table entry meaning "no block".
-UNUSED_BLOCK = -1
+from ..constants import NO_BLOCK_ID
+
+#: Block-table entry meaning "no block" (:data:`fastdeploy_mtp.constants.NO_BLOCK_ID`).
+UNUSED_BLOCK = NO_BLOCK_ID
 
 
 @dataclass
@@ -156,9 +159,9 @@ class AttentionPlan:
                              read_blocks, read_offsets)
 
 
-def make_forward_meta(seq_lens_this_time, seq_lens_decoder, block_tables, caches,
-                      block_size: int, ids_remove_padding=None,
-                      seq_lens_encoder=None) -> ForwardMeta:
+def make_forward_meta(seq_lens_this_time: ArrayLike, seq_lens_decoder: ArrayLike, block_tables: ArrayLike,
+                      caches: list[paddle.Tensor], block_size: int, ids_remove_padding: ArrayLike | None = None,
+                      seq_lens_encoder: ArrayLike | None = None) -> ForwardMeta:
     """Build a :class:`ForwardMeta` from host lists/arrays (a helper for tests and tools).
 
     Args:

@@ -21,11 +21,19 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import paddle
+import paddle.nn as nn
 
 from .model_config import ModelConfig
+
+if TYPE_CHECKING:
+    from .mtp_layer import MTPLayer
+
+#: What :class:`TensorSource` opens: a dict of arrays, a ``.safetensors`` file or a directory.
+CheckpointSource = str | os.PathLike[str] | Mapping[str, np.ndarray]
 
 
 class CheckpointError(ValueError):
@@ -56,7 +64,7 @@ class TensorSource:
             ``safetensors.safe_open`` so only the tensors that are asked for are read.
     """
 
-    def __init__(self, source: str | os.PathLike | Mapping[str, np.ndarray]):
+    def __init__(self, source: CheckpointSource):
         self._arrays: Mapping[str, np.ndarray] | None = None
         self._where: dict[str, str] = {}
         if isinstance(source, Mapping):
@@ -137,7 +145,7 @@ class FamilySpec:
     owned_prefixes: tuple[str, ...]
 
 
-_DEEPSEEK_STYLE = dict(
+_DEEPSEEK_STYLE: dict[str, Any] = dict(
     prefix="model.layers.{index}.",
     index_regex=r"^model\.layers\.(\d+)\.enorm\.weight$",
     fusion={"enorm": "enorm.weight", "hnorm": "hnorm.weight", "eh_proj": "eh_proj.weight",
@@ -305,8 +313,8 @@ class _Plan:
             self.origin[o] = ckpt
 
 
-def load_mtp_weights(model, source, family: str, *, layer_index: int | None = None,
-                     load_shared: bool = False) -> dict[str, str]:
+def load_mtp_weights(model: MTPLayer, source: TensorSource | CheckpointSource, family: str, *,
+                     layer_index: int | None = None, load_shared: bool = False) -> dict[str, str]:
     """Load a family's MTP layer from a checkpoint into ``model`` (an :class:`MTPLayer`).
 
     Args:
@@ -424,7 +432,7 @@ def _first_present(src: TensorSource, names: Iterable[str], what: str) -> str:
 
 # ----------------------------------------------------------------------------- native format
 
-def load_state_strict(layer, source, prefix: str = "") -> None:
+def load_state_strict(layer: nn.Layer, source: TensorSource | CheckpointSource, prefix: str = "") -> None:
     """Load every parameter of ``layer`` from ``source`` under ``prefix + name`` (our own
     naming, Paddle layout), checking names and shapes; extra tensors under ``prefix`` are an
     error too."""
@@ -442,7 +450,7 @@ def load_state_strict(layer, source, prefix: str = "") -> None:
         param.set_value(np.asarray(arr, dtype=np.float32))
 
 
-def state_to_numpy(layer, prefix: str = "") -> dict[str, np.ndarray]:
+def state_to_numpy(layer: nn.Layer, prefix: str = "") -> dict[str, np.ndarray]:
     """``{prefix + name: float32 array}`` for every parameter of ``layer``."""
     return {prefix + n: np.ascontiguousarray(p.numpy().astype(np.float32))
             for n, p in layer.named_parameters()}

@@ -11,6 +11,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from ..constants import NO_BLOCK_ID
 from .attention import causal_bias
 from .forward_meta import make_forward_meta
 from .loading import TensorSource, load_state_strict, state_to_numpy
@@ -58,7 +59,7 @@ def contiguous_block_tables(seq_capacity: Sequence[int], block_size: int,
     order = np.arange(total)
     if shuffle_seed is not None:
         order = np.random.default_rng(shuffle_seed).permutation(total)
-    tables = np.full([len(need), max(1, max(need, default=1))], -1, np.int32)
+    tables = np.full([len(need), max(1, max(need, default=1))], NO_BLOCK_ID, np.int32)
     k = 0
     for b, n in enumerate(need):
         tables[b, :n] = order[k:k + n]
@@ -67,7 +68,7 @@ def contiguous_block_tables(seq_capacity: Sequence[int], block_size: int,
 
 
 @paddle.no_grad()
-def evaluate_dense(target, mtp, data: np.ndarray, seq_len: int,
+def evaluate_dense(target: TinyTargetModel, mtp: MTPLayer, data: np.ndarray, seq_len: int,
                    max_windows: int | None = None, batch_size: int = 64) -> dict[str, float]:
     """Teacher-forced held-out metrics over non-overlapping ``seq_len`` windows of ``data``.
 
