@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..config import FDConfig
+from ..constants import PLACEHOLDER_TOKEN_ID
+from ..models.interfaces import MTPModel, TargetModel
 from .request import Request, RequestType
 from .scheduler import Scheduler
 from .target_runner import StepOutput, TargetRunner
@@ -72,8 +74,8 @@ class Engine:
         prefill_chunk_size: see :class:`~fastdeploy_mtp.runtime.scheduler.Scheduler`.
     """
 
-    def __init__(self, fd_config: FDConfig, model, mtp_model=None, prefill_chunk_size: int = 0,
-                 record_trace: bool = False):
+    def __init__(self, fd_config: FDConfig, model: TargetModel, mtp_model: MTPModel | None = None,
+                 prefill_chunk_size: int = 0, record_trace: bool = False):
         self.fd_config = fd_config
         #: with ``record_trace``: one ``(step, request_id, task, emitted tokens, drafts)``
         #: tuple per slot and target forward, for tests and debugging.
@@ -91,7 +93,7 @@ class Engine:
     def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def generate(self, requests: Sequence[Request], progress: Callable[[int, int], None] | None = None,
@@ -143,10 +145,11 @@ class Engine:
         m.emitted_tokens += emitted
         drafts = out.drafts[idx]
         for i in range(drafts.shape[0]):
-            if drafts[i] == -1:
+            if drafts[i] == PLACEHOLDER_TOKEN_ID:
                 continue
             m.proposed[i] += 1
-            # greedy verify: draft i + 1 was accepted iff emitted token i equals it and a
-            # token follows it (or it ended the request)
+            # greedy verify emits the accepted drafts, then the target's own token, which
+            # differs from the draft it rejected: draft i + 1 counts as accepted iff emitted
+            # token i equals it
             if i < emitted and int(out.accept_tokens[idx, i]) == int(drafts[i]):
                 m.accepted[i] += 1

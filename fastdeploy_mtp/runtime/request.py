@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..constants import NO_SLOT
+
 
 class RequestType(enum.Enum):
     """What a scheduled task asks of a slot this step."""
@@ -25,7 +27,7 @@ class Request:
         max_tokens: most tokens to generate (FastDeploy's ``max_dec_len``).
         arrival_step: the engine step at which the request becomes visible (for tests and
             benchmarks with staggered arrivals; 0 = from the start).
-        idx: the slot it occupies (set by the scheduler).
+        idx: the slot it occupies (set by the scheduler; ``NO_SLOT`` until then).
         output_token_ids: tokens generated so far.
         prefill_start_index / prefill_end_index: the prompt chunk of the current task.
         task_type: :class:`RequestType` of the current task.
@@ -36,7 +38,7 @@ class Request:
     prompt_token_ids: list[int]
     max_tokens: int = 64
     arrival_step: int = 0
-    idx: int = -1
+    idx: int = NO_SLOT
     output_token_ids: list[int] = field(default_factory=list)
     prefill_start_index: int = 0
     prefill_end_index: int = 0

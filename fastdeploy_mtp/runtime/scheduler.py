@@ -65,7 +65,8 @@ class Scheduler:
         self.slots: dict[int, SlotState] = {}
         self.max_model_len = fd_config.model_config.max_model_len
         # Positions a slot may write before the next schedule: the target's K + 1 tokens of
-        # this step, then up to K - 1 MTP substep positions past the accepted ones.
+        # this step, then up to K - 1 MTP substep positions past the accepted ones; 2K + 2
+        # covers those 2K with two positions to spare.
         self.lookahead = 2 * self.k + 2
 
     def add_request(self, req: Request) -> None:
@@ -92,9 +93,11 @@ class Scheduler:
             state.blocks.append(self.free_blocks.pop())
 
     def schedule(self, step: int, decode_lens: np.ndarray) -> list[Request]:
-        """Plan this step. ``decode_lens[b]`` = tokens slot ``b`` feeds if it decodes (the
-        target's ``seq_lens_this_time`` after the proposer). Returns the tasks: a PREFILL task
-        per slot that gets a chunk, a DECODE task (block-table refresh) per decoding slot."""
+        """Plan this step: first place waiting requests (FIFO, once their ``arrival_step`` has
+        come) in free slots, then plan the slots. ``decode_lens[b]`` = tokens slot ``b`` feeds
+        if it decodes (the target's ``seq_lens_this_time`` after the proposer). Returns the
+        tasks: a DECODE task (block-table refresh) per decoding slot, then a PREFILL task per
+        slot that gets a chunk."""
         for idx in range(self.max_num_seqs):
             if idx in self.slots or not self.waiting or self.waiting[0].arrival_step > step:
                 continue
