@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import List, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from .config import CacheConfig, FDConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 
+if TYPE_CHECKING:  # the CLI imports Paddle-backed modules only when a command runs
+    from .models.model_config import ModelConfig as ArchConfig
+    from .runtime.engine import Metrics
 
-def build_config(arch, k: int, steps: int, hybrid: bool, max_num_seqs: int, max_model_len: int) -> FDConfig:
+
+def build_config(arch: ArchConfig, k: int, steps: int, hybrid: bool, max_num_seqs: int,
+                 max_model_len: int) -> FDConfig:
     """FDConfig for the tiny checkpoint's architecture ``arch``; ``k = 0`` disables MTP. The
     byte model has no end-of-text token: a padded vocabulary id (never generated) stands in,
     so requests end at ``max_tokens``."""
@@ -34,7 +40,7 @@ def build_config(arch, k: int, steps: int, hybrid: bool, max_num_seqs: int, max_
     )
 
 
-def _progress(label: str):
+def _progress(label: str) -> Callable[[int, int], None]:
     def report(done: int, total: int) -> None:
         end = "\n" if done == total else ""
         print(f"\r  {label}: {done}/{total} requests done", end=end, file=sys.stderr, flush=True)
@@ -43,7 +49,8 @@ def _progress(label: str):
 
 
 def run_prompts(prompts: Sequence[str], max_tokens: int, k: int, steps: int, hybrid: bool,
-                max_num_seqs: int, label: str, checkpoint: Optional[str] = None):
+                max_num_seqs: int, label: str, checkpoint: str | None = None
+                ) -> tuple[list[str], list[list[int]], Metrics]:
     """Generate for ``prompts`` with the shipped checkpoint; returns (texts, token ids, metrics)."""
     from .models import ByteTokenizer, load_tiny
     from .runtime.engine import Engine
@@ -61,14 +68,14 @@ def run_prompts(prompts: Sequence[str], max_tokens: int, k: int, steps: int, hyb
     return texts, ids, engine.metrics
 
 
-def _table(rows: List[List[str]]) -> str:
+def _table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-def cmd_demo(args) -> int:
+def cmd_demo(args: argparse.Namespace) -> int:
     from .runtime.demo_prompts import DEMO_PROMPTS
 
     k = args.num_speculative_tokens
@@ -83,7 +90,8 @@ def cmd_demo(args) -> int:
     rows = [["mode", "tokens/s", "target forwards", "mean accepted len", "acceptance per position", "speedup"],
             ["no speculation", f"{base.tokens_per_second:.1f}", str(base.target_forwards), "1.00", "-", "1.00x"],
             [mode, f"{spec.tokens_per_second:.1f}", str(spec.target_forwards),
-             f"{spec.mean_accepted_length:.2f}", " ".join("-" if a is None else f"{a:.2f}" for a in spec.acceptance_per_position),
+             f"{spec.mean_accepted_length:.2f}",
+             " ".join("-" if a is None else f"{a:.2f}" for a in spec.acceptance_per_position),
              f"{spec.tokens_per_second / base.tokens_per_second:.2f}x" if base.tokens_per_second else "-"]]
     print(_table(rows))
     print(f"\nsample ({DEMO_PROMPTS[0]!r} ->):\n{spec_texts[0]}")
@@ -92,7 +100,7 @@ def cmd_demo(args) -> int:
     return 0 if identical else 1
 
 
-def cmd_generate(args) -> int:
+def cmd_generate(args: argparse.Namespace) -> int:
     k = args.num_speculative_tokens
     texts, _, metrics = run_prompts([args.prompt], args.max_tokens, k, args.num_model_steps,
                                     args.hybrid_ngram, 1, "generate", args.checkpoint)
@@ -104,12 +112,12 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fastdeploy-mtp", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
 
-    def common(p, k_default):
+    def common(p: argparse.ArgumentParser, k_default: int) -> None:
         p.add_argument("--num-speculative-tokens", type=int, default=k_default, help="K (0 = no MTP)")
         p.add_argument("--num-model-steps", type=int, default=None,
                        help="MTP substeps per round (1..K; default K, or 1 with --hybrid-ngram)")

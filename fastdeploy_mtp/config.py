@@ -9,7 +9,6 @@ validation that names the offending field.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
 
 #: ``speculative_config.method`` values this package implements.
 SPECULATIVE_METHODS = (None, "mtp")
@@ -19,7 +18,7 @@ MTP_STRATEGIES = ("default", "with_ngram")
 SPLITWISE_ROLES = ("mixed", "prefill", "decode")
 
 
-def _positive(obj, *names: str, allow_zero: bool = False) -> None:
+def _positive(obj: object, *names: str, allow_zero: bool = False) -> None:
     for name in names:
         value = getattr(obj, name)
         if value < 0 or (value == 0 and not allow_zero):
@@ -43,13 +42,13 @@ class ModelConfig:
     """
 
     model: str = ""
-    architectures: List[str] = field(default_factory=lambda: ["TinyForCausalLM"])
+    architectures: list[str] = field(default_factory=lambda: ["TinyForCausalLM"])
     max_model_len: int = 2048
     vocab_size: int = 272
     ori_vocab_size: int = 256
     hidden_size: int = 128
     num_hidden_layers: int = 2
-    eos_token_id: List[int] = field(default_factory=lambda: [256])
+    eos_token_id: list[int] = field(default_factory=lambda: [256])
 
     def __post_init__(self) -> None:
         _positive(self, "max_model_len", "vocab_size", "ori_vocab_size", "hidden_size")
@@ -75,7 +74,7 @@ class SpeculativeConfig:
             or ``"rejection"``; the reference engine implements greedy.
     """
 
-    method: Optional[str] = "mtp"
+    method: str | None = "mtp"
     num_speculative_tokens: int = 1
     num_model_steps: int = 1
     mtp_strategy: str = "default"
@@ -159,7 +158,7 @@ class CacheConfig:
     kv_cache_ratio: float = 0.75
     enc_dec_block_num: int = 2
     num_cpu_blocks: int = 0
-    kvcache_storage_backend: Optional[str] = None
+    kvcache_storage_backend: str | None = None
     share_mtp_cache: bool = False
     cache_ready_timeout: float = 60.0
 

@@ -27,12 +27,14 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     rows = []
-    header = f"{'batch':>5} {'K':>2} {'S':>2} {'hybrid':>6} {'tok/s':>8} {'accepted len':>12} {'speedup':>8}  per-position acceptance"
+    header = (f"{'batch':>5} {'K':>2} {'S':>2} {'hybrid':>6} {'tok/s':>8} {'accepted len':>12} {'speedup':>8}"
+              "  per-position acceptance")
     print(header)
     for batch in (1, 8):
         _, base_ids, base = run_prompts(DEMO_PROMPTS, args.max_tokens, 0, 1, False, batch,
                                         f"batch {batch} plain", args.checkpoint)
-        print(f"{batch:>5} {0:>2} {'-':>2} {'-':>6} {base.tokens_per_second:8.1f} {1.0:12.2f} {1.0:7.2f}x  -", flush=True)
+        print(f"{batch:>5} {0:>2} {'-':>2} {'-':>6} {base.tokens_per_second:8.1f} {1.0:12.2f} {1.0:7.2f}x  -",
+              flush=True)
         for k in (1, 2, 3):
             for hybrid in (False, True):
                 if hybrid and k == 1:

@@ -161,14 +161,15 @@ def main() -> int:
         row = [f"bsz {bsz}, prompt {prompt_len // 1024}K, history {hist_len // 1024}K", naive_s]
         for threads in (1, 2):
             ours_s, ours_out = timed(
-                lambda t: _kernels.hybrid_mtp_ngram(*t, max_n, min_n, k, thr, threads), inputs, args.repeats)
+                lambda t, threads=threads: _kernels.hybrid_mtp_ngram(*t, max_n, min_n, k, thr, threads),
+                inputs, args.repeats)
             for a, b in zip(naive_out, ours_out):
                 assert np.array_equal(a, b), "our op and the naive scan disagree"
             row += [ours_s]
         rows.append(row)
     print("hybrid_mtp_ngram CPU, vocab 32000, planted repeats, n 5..2, K 5 "
           f"(best of {args.repeats}; ours checked equal to the naive scan)")
-    print(f"| size | naive scan (ms) | ours, 1 thread (ms) | ratio | ours, 2 threads (ms) | ratio |")
+    print("| size | naive scan (ms) | ours, 1 thread (ms) | ratio | ours, 2 threads (ms) | ratio |")
     print("|---|---|---|---|---|---|")
     for name, naive_s, one_s, auto_s in rows:
         print(f"| {name} | {naive_s * 1e3:.2f} | {one_s * 1e3:.2f} | {naive_s / one_s:.1f}x | "

@@ -18,9 +18,9 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence
 
 import numpy as np
 
@@ -36,7 +36,7 @@ class Case:
     note: str = ""
 
 
-CASES: Dict[str, Callable[[], Case]] = {}
+CASES: dict[str, Callable[[], Case]] = {}
 
 
 def case(name: str):
@@ -121,7 +121,8 @@ def _register_gather_cases():
             n = np.zeros(1, np.int32)
 
             def ours():
-                _kernels.eagle_get_self_hidden_states(_kernel_arg(x), last, slt, enc, out=_kernel_arg(out), output_token_num=n)
+                _kernels.eagle_get_self_hidden_states(_kernel_arg(x), last, slt, enc, out=_kernel_arg(out),
+                                                      output_token_num=n)
                 return out, n
 
             def baseline():
@@ -141,7 +142,8 @@ def _register_gather_cases():
             z = np.zeros(bsz, np.int32)
             out = np.empty((bsz, H), x.dtype)
             n = np.zeros(1, np.int32)
-            args = [_kernel_arg(x), np.zeros(bsz + 1, np.int32), slt, z, z, np.zeros(rows, np.int32), np.zeros(bsz + 1, np.int32), np.zeros(1, np.int32)]
+            args = [_kernel_arg(x), np.zeros(bsz + 1, np.int32), slt, z, z, np.zeros(rows, np.int32),
+                    np.zeros(bsz + 1, np.int32), np.zeros(1, np.int32)]
 
             def ours():
                 _kernels.eagle_gather_hidden_states(*args, out=_kernel_arg(out), output_token_num=n)
@@ -164,10 +166,12 @@ def _register_gather_cases():
             logits = _hidden(rng, nxt_rows, dtype)
             first = _hidden(rng, bsz, dtype)
             draft_numpy = draft.copy()  # the baseline's own in-place target
-            i32 = [np.zeros(bsz, np.int32), np.zeros(bsz, np.int32), np.zeros(bsz + 1, np.int32), np.zeros(bsz + 1, np.int32)]
+            i32 = [np.zeros(bsz, np.int32), np.zeros(bsz, np.int32), np.zeros(bsz + 1, np.int32),
+                   np.zeros(bsz + 1, np.int32)]
 
             def ours():
-                _kernels.speculate_get_logits(_kernel_arg(draft), *i32, _kernel_arg(logits), _kernel_arg(first), slt, enc)
+                _kernels.speculate_get_logits(_kernel_arg(draft), *i32, _kernel_arg(logits), _kernel_arg(first),
+                                              slt, enc)
                 return draft, i32[3]
 
             def baseline():
@@ -225,12 +229,14 @@ def _state_case(op, make_state, reference, attrs, names, key, ref_kwargs=None, r
 
 
 def _register_state_cases():
-    from tests.ops import test_draft_model_preprocess as pre
-    from tests.ops import test_draft_model_update as upd
-    from tests.ops import test_mtp_step_paddle as step
-    from tests.ops import test_speculate_pre_process as spp
-    from tests.ops import test_unified_update_model_status as uni
-    from tests.ops import test_verify_draft_tokens as ver
+    from tests.ops import (
+        test_draft_model_preprocess as pre,
+        test_draft_model_update as upd,
+        test_mtp_step_paddle as step,
+        test_speculate_pre_process as spp,
+        test_unified_update_model_status as uni,
+        test_verify_draft_tokens as ver,
+    )
 
     _state_case("draft_model_preprocess", lambda r, b: pre.make_state(r, b, 3), pre.reference, (1, False),
                 pre.NAMES, ("seq_lens_this_time", "pre_ids"), dict(num_model_step=1, is_splitwise_prefill=False))
@@ -281,7 +287,7 @@ def median_seconds(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def main(argv: List[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--filter", default="", help="run only cases whose name contains this")
     ap.add_argument("--repeats", type=int, default=11)
@@ -299,7 +305,8 @@ def main(argv: List[str] | None = None) -> int:
                 raise SystemExit(f"{name}: ours and the numpy baseline disagree on the {label}")
         ours = median_seconds(c.ours, args.repeats)
         base = median_seconds(c.baseline, args.repeats)
-        results.append({"case": name, "ours_us": ours * 1e6, "numpy_us": base * 1e6, "speedup": base / ours, "note": c.note})
+        results.append({"case": name, "ours_us": ours * 1e6, "numpy_us": base * 1e6, "speedup": base / ours,
+                        "note": c.note})
         print(f"{name:<44} {ours * 1e6:10.1f} {base * 1e6:10.1f} {base / ours:7.1f}x  {c.note}", flush=True)
         del c
     if args.json:

@@ -34,9 +34,14 @@ import paddle.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fastdeploy_mtp.models import MTPLayer, ModelConfig, TinyTargetModel, causal_bias  # noqa: E402
-from fastdeploy_mtp.models import corpus as corpus_lib  # noqa: E402
-from fastdeploy_mtp.models import tiny as tiny_lib  # noqa: E402
+from fastdeploy_mtp.models import (  # noqa: E402
+    ModelConfig,
+    MTPLayer,
+    TinyTargetModel,
+    causal_bias,
+    corpus as corpus_lib,  # noqa: E402
+    tiny as tiny_lib,  # noqa: E402
+)
 
 
 def parse_args(argv=None):

@@ -34,11 +34,12 @@ Two conventions, shared by every op test:
 from __future__ import annotations
 
 import importlib
-from typing import Any, List, Optional, Sequence, Tuple
-
-OutputSpec = Tuple[str, Tuple[int, ...], Any]  # (name, shape, numpy dtype)
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+
+OutputSpec = tuple[str, tuple[int, ...], Any]  # (name, shape, numpy dtype)
 
 ALL_BACKENDS = ("cpu", "kernels-cpu", "cuda", "xpu-emu")
 
@@ -60,7 +61,8 @@ def _map(fn, t):
 
 def _garbage(spec: OutputSpec) -> np.ndarray:
     _, shape, dtype = spec
-    return np.full(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 0xA5, np.uint8).view(dtype).reshape(shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return np.full(nbytes, 0xA5, np.uint8).view(dtype).reshape(shape)
 
 
 def _raw_bf16(a: np.ndarray, device: str):
@@ -73,7 +75,7 @@ class Backend:
 
     def run(
         self, op: str, tensors: Sequence[np.ndarray], attrs: Sequence[Any] = (), outputs: Sequence[OutputSpec] = ()
-    ) -> List[np.ndarray]:
+    ) -> list[np.ndarray]:
         raise NotImplementedError
 
 
@@ -196,7 +198,7 @@ def _importable(name: str) -> bool:
         return False
 
 
-def availability(name: str) -> Tuple[Optional[Backend], str]:
+def availability(name: str) -> tuple[Backend | None, str]:
     """(backend, "") if usable here, else (None, the reason it is not)."""
     try:
         from fastdeploy_mtp import _kernels

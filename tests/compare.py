@@ -5,7 +5,7 @@ Integers and bools compare exactly; floats with tolerances the caller writes dow
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 

@@ -7,8 +7,7 @@ import numpy as np
 import paddle
 
 from fastdeploy_mtp.config import CacheConfig, FDConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
-from fastdeploy_mtp.models import MTPLayer, TinyTargetModel
-from fastdeploy_mtp.models import ModelConfig as ArchConfig
+from fastdeploy_mtp.models import ModelConfig as ArchConfig, MTPLayer, TinyTargetModel
 from fastdeploy_mtp.runtime.request import Request
 
 VOCAB, ORI_VOCAB, EOS = 64, 60, 61

@@ -2,15 +2,31 @@
 checkpoint loaders for real MTP layouts, and the shipped tiny checkpoint."""
 
 from .attention import ReferenceAttentionBackend, causal_bias, dense_causal_attention
-from .config import ModelConfig
 from .forward_meta import UNUSED_BLOCK, AttentionPlan, ForwardMeta, make_forward_meta
-from .loading import (FAMILIES, CheckpointError, FamilySpec, MissingTensorError, TensorShapeError,
-                      TensorSource, UnsupportedTensorError, config_for_family, load_mtp_weights,
-                      load_state_strict)
-from .mtp import MTPLayer
+from .loading import (
+    FAMILIES,
+    CheckpointError,
+    FamilySpec,
+    MissingTensorError,
+    TensorShapeError,
+    TensorSource,
+    UnsupportedTensorError,
+    config_for_family,
+    load_mtp_weights,
+    load_state_strict,
+)
+from .model_config import ModelConfig
+from .mtp_layer import MTPLayer
 from .target import TinyTargetModel, mask_padded_vocab
-from .tiny import (ASSETS_DIR, ByteTokenizer, contiguous_block_tables, greedy_generate, load_tiny,
-                   save_tiny, score_windows)
+from .tiny import (
+    ASSETS_DIR,
+    ByteTokenizer,
+    contiguous_block_tables,
+    greedy_generate,
+    load_tiny,
+    save_tiny,
+    score_windows,
+)
 
 __all__ = [
     "ASSETS_DIR", "AttentionPlan", "ByteTokenizer", "CheckpointError", "FAMILIES", "FamilySpec",

@@ -5,13 +5,16 @@ modules, and ``tests/models`` checks that they agree."""
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import TYPE_CHECKING
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 
 from .forward_meta import ForwardMeta
+
+if TYPE_CHECKING:
+    from paddle._typing import DTypeLike
 
 
 def _repeat_kv(x: paddle.Tensor, groups: int, axis: int) -> paddle.Tensor:
@@ -48,7 +51,7 @@ class ReferenceAttentionBackend:
         self.block_size = block_size
         self.scale = 1.0 / math.sqrt(head_dim)
 
-    def get_kv_cache_shape(self, max_num_blocks: int) -> List[int]:
+    def get_kv_cache_shape(self, max_num_blocks: int) -> list[int]:
         """Shape of one layer's key (or value) cache:
         ``[max_num_blocks, num_kv_heads, block_size, head_dim]``."""
         if max_num_blocks <= 0:
@@ -56,7 +59,7 @@ class ReferenceAttentionBackend:
         return [int(max_num_blocks), self.num_kv_heads, self.block_size, self.head_dim]
 
     def allocate_caches(self, num_layers: int, max_num_blocks: int,
-                        dtype: str = "float32") -> List[paddle.Tensor]:
+                        dtype: DTypeLike = "float32") -> list[paddle.Tensor]:
         """Zeroed caches for ``num_layers`` layers: ``[k0, v0, k1, v1, ...]``."""
         shape = self.get_kv_cache_shape(max_num_blocks)
         return [paddle.zeros(shape, dtype=dtype) for _ in range(2 * num_layers)]
@@ -104,7 +107,7 @@ class ReferenceAttentionBackend:
 
         groups = self.num_heads // self.num_kv_heads
         outs = []
-        for (b, q0, q1, past, total), rb, ro in zip(plan.items, plan.read_blocks,
+        for (_, q0, q1, past, total), rb, ro in zip(plan.items, plan.read_blocks,
                                                    plan.read_offsets):
             rbt, rot = paddle.to_tensor(rb), paddle.to_tensor(ro)
             keys = key_cache[rbt, :, rot, :].astype("float32")      # [total, kvh, hd]
@@ -134,7 +137,7 @@ def causal_bias(seq_len: int) -> paddle.Tensor:
 
 
 def dense_causal_attention(q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor,
-                           bias: Optional[paddle.Tensor], scale: float) -> paddle.Tensor:
+                           bias: paddle.Tensor | None, scale: float) -> paddle.Tensor:
     """Causal attention over full sequences (training path).
 
     Args:

@@ -13,7 +13,6 @@ import os
 import platform
 import sysconfig
 from dataclasses import dataclass
-from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -35,10 +34,10 @@ class CorpusSplit:
     """File lists (relative names, sorted) of each split and the directory they live in."""
 
     root: str
-    train_files: List[str]
-    heldout_files: List[str]
+    train_files: list[str]
+    heldout_files: list[str]
 
-    def _concat(self, names: List[str]) -> np.ndarray:
+    def _concat(self, names: list[str]) -> np.ndarray:
         chunks = []
         for name in names:
             with open(os.path.join(self.root, name), "rb") as f:
@@ -53,8 +52,10 @@ class CorpusSplit:
         """All held-out files concatenated in name order, ``[N]`` uint8."""
         return self._concat(self.heldout_files)
 
-    def describe(self) -> Dict[str, object]:
-        size = lambda names: sum(os.path.getsize(os.path.join(self.root, n)) for n in names)
+    def describe(self) -> dict[str, object]:
+        def size(names: list[str]) -> int:
+            return sum(os.path.getsize(os.path.join(self.root, n)) for n in names)
+
         return {
             "source": "top-level *.py files of the Python standard library",
             "python_version": platform.python_version(),
@@ -68,7 +69,7 @@ class CorpusSplit:
         }
 
 
-def load_split(root: Optional[str] = None) -> CorpusSplit:
+def load_split(root: str | None = None) -> CorpusSplit:
     """List the top-level ``*.py`` files under ``root`` (default: this interpreter's stdlib)
     and split them."""
     root = root or stdlib_dir()

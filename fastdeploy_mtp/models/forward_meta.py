@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
 
 import numpy as np
 import paddle
+from numpy.typing import ArrayLike
 
-#: Block-table entry meaning "no block".
-UNUSED_BLOCK = -1
+from ..constants import NO_BLOCK_ID
+
+#: Block-table entry meaning "no block" (:data:`fastdeploy_mtp.constants.NO_BLOCK_ID`).
+UNUSED_BLOCK = NO_BLOCK_ID
 
 
 @dataclass
@@ -50,9 +52,9 @@ class ForwardMeta:
     seq_lens_decoder: paddle.Tensor
     seq_lens_this_time: paddle.Tensor
     block_tables: paddle.Tensor
-    caches: List[paddle.Tensor] = field(default_factory=list)
+    caches: list[paddle.Tensor] = field(default_factory=list)
     block_size: int = 16
-    _plan: Optional["AttentionPlan"] = field(default=None, repr=False, compare=False)
+    _plan: AttentionPlan | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
@@ -62,14 +64,14 @@ class ForwardMeta:
     def batch_size(self) -> int:
         return int(self.seq_lens_this_time.shape[0])
 
-    def build_plan(self) -> "AttentionPlan":
+    def build_plan(self) -> AttentionPlan:
         """(Re)derive the host-side indices from the current metadata. Models call this once
         at the start of every forward, because engines update the metadata tensors in place
         between steps and reuse the same ``ForwardMeta``."""
         self._plan = AttentionPlan.build(self)
         return self._plan
 
-    def plan(self) -> "AttentionPlan":
+    def plan(self) -> AttentionPlan:
         """The indices built by the latest :meth:`build_plan` (built now if there is none),
         shared by every layer of one forward."""
         if self._plan is None:
@@ -101,7 +103,7 @@ class AttentionPlan:
     read_offsets: list
 
     @staticmethod
-    def build(meta: ForwardMeta) -> "AttentionPlan":
+    def build(meta: ForwardMeta) -> AttentionPlan:
         this_time = np.asarray(meta.seq_lens_this_time.numpy()).reshape(-1).astype(np.int64)
         decoder = np.asarray(meta.seq_lens_decoder.numpy()).reshape(-1).astype(np.int64)
         cu = np.asarray(meta.cu_seqlens_q.numpy()).reshape(-1).astype(np.int64)
@@ -157,9 +159,9 @@ class AttentionPlan:
                              read_blocks, read_offsets)
 
 
-def make_forward_meta(seq_lens_this_time, seq_lens_decoder, block_tables, caches,
-                      block_size: int, ids_remove_padding=None,
-                      seq_lens_encoder=None) -> ForwardMeta:
+def make_forward_meta(seq_lens_this_time: ArrayLike, seq_lens_decoder: ArrayLike, block_tables: ArrayLike,
+                      caches: list[paddle.Tensor], block_size: int, ids_remove_padding: ArrayLike | None = None,
+                      seq_lens_encoder: ArrayLike | None = None) -> ForwardMeta:
     """Build a :class:`ForwardMeta` from host lists/arrays (a helper for tests and tools).
 
     Args:

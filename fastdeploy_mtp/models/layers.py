@@ -9,16 +9,14 @@ causal mask (training). They share parameters and math.
 
 from __future__ import annotations
 
-from typing import Tuple
-
 import numpy as np
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
 from .attention import ReferenceAttentionBackend, dense_causal_attention
-from .config import ModelConfig
 from .forward_meta import ForwardMeta
+from .model_config import ModelConfig
 
 
 class RMSNorm(nn.Layer):
@@ -54,7 +52,7 @@ class RotaryEmbedding(nn.Layer):
         self.register_buffer("sin_table", paddle.to_tensor(np.sin(emb).astype(np.float32)),
                              persistable=False)
 
-    def lookup(self, positions: np.ndarray) -> Tuple[paddle.Tensor, paddle.Tensor]:
+    def lookup(self, positions: np.ndarray) -> tuple[paddle.Tensor, paddle.Tensor]:
         """``positions`` ``[T]`` ints -> ``(cos, sin)`` each ``[T, head_dim]`` float32."""
         positions = np.asarray(positions, dtype=np.int64)
         if positions.size and int(positions.max()) >= self.max_position:
@@ -63,7 +61,7 @@ class RotaryEmbedding(nn.Layer):
         idx = paddle.to_tensor(positions)
         return (paddle.gather(self.cos_table, idx), paddle.gather(self.sin_table, idx))
 
-    def prefix(self, seq_len: int) -> Tuple[paddle.Tensor, paddle.Tensor]:
+    def prefix(self, seq_len: int) -> tuple[paddle.Tensor, paddle.Tensor]:
         """``(cos, sin)`` for positions ``0 .. seq_len - 1``, each ``[seq_len, head_dim]``."""
         if seq_len > self.max_position:
             raise ValueError(f"`seq_len` {seq_len} exceeds `max_position_embeddings` "

@@ -19,13 +19,21 @@ import dataclasses
 import glob
 import os
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import paddle
+import paddle.nn as nn
 
-from .config import ModelConfig
+from .model_config import ModelConfig
+
+if TYPE_CHECKING:
+    from .mtp_layer import MTPLayer
+
+#: What :class:`TensorSource` opens: a dict of arrays, a ``.safetensors`` file or a directory.
+CheckpointSource = str | os.PathLike[str] | Mapping[str, np.ndarray]
 
 
 class CheckpointError(ValueError):
@@ -56,9 +64,9 @@ class TensorSource:
             ``safetensors.safe_open`` so only the tensors that are asked for are read.
     """
 
-    def __init__(self, source: Union[str, os.PathLike, Mapping[str, np.ndarray]]):
-        self._arrays: Optional[Mapping[str, np.ndarray]] = None
-        self._where: Dict[str, str] = {}
+    def __init__(self, source: CheckpointSource):
+        self._arrays: Mapping[str, np.ndarray] | None = None
+        self._where: dict[str, str] = {}
         if isinstance(source, Mapping):
             self._arrays = source
             self.description = "<dict>"
@@ -79,7 +87,7 @@ class TensorSource:
                     self._where[key] = f
         self.description = path
 
-    def keys(self) -> List[str]:
+    def keys(self) -> list[str]:
         return sorted(self._arrays.keys() if self._arrays is not None else self._where.keys())
 
     def __contains__(self, name: str) -> bool:
@@ -124,20 +132,20 @@ class FamilySpec:
 
     name: str
     prefix: str
-    index_regex: Optional[str]
-    fusion: Dict[str, str]
+    index_regex: str | None
+    fusion: dict[str, str]
     block: str
     torch_layout: bool
     concat_order: str
     final_norm: str
     hidden_state: str
     norm_offset: float
-    embed: Tuple[str, ...]
-    head: Tuple[str, ...]
-    owned_prefixes: Tuple[str, ...]
+    embed: tuple[str, ...]
+    head: tuple[str, ...]
+    owned_prefixes: tuple[str, ...]
 
 
-_DEEPSEEK_STYLE = dict(
+_DEEPSEEK_STYLE: dict[str, Any] = dict(
     prefix="model.layers.{index}.",
     index_regex=r"^model\.layers\.(\d+)\.enorm\.weight$",
     fusion={"enorm": "enorm.weight", "hnorm": "hnorm.weight", "eh_proj": "eh_proj.weight",
@@ -154,7 +162,7 @@ _DEEPSEEK_STYLE = dict(
 )
 
 #: The supported checkpoint families.
-FAMILIES: Dict[str, FamilySpec] = {
+FAMILIES: dict[str, FamilySpec] = {
     "ernie4_5": FamilySpec(
         name="ernie4_5",
         prefix="ernie.",
@@ -240,7 +248,7 @@ def config_for_family(family: str, base: ModelConfig) -> ModelConfig:
 
 # ----------------------------------------------------------------------------- loading
 
-def _detect_index(spec: FamilySpec, src: TensorSource, layer_index: Optional[int]) -> Optional[int]:
+def _detect_index(spec: FamilySpec, src: TensorSource, layer_index: int | None) -> int | None:
     if spec.index_regex is None:
         if layer_index is not None:
             raise ValueError(f"`layer_index` does not apply to family {spec.name!r} "
@@ -267,14 +275,14 @@ def _detect_index(spec: FamilySpec, src: TensorSource, layer_index: Optional[int
 class _Plan:
     """Collects (checkpoint name -> transform -> our parameter) steps and the names used."""
 
-    def __init__(self, src: TensorSource, params: Dict[str, paddle.Tensor]):
+    def __init__(self, src: TensorSource, params: dict[str, paddle.Tensor]):
         self.src = src
         self.params = params
-        self.values: Dict[str, np.ndarray] = {}
-        self.origin: Dict[str, str] = {}
+        self.values: dict[str, np.ndarray] = {}
+        self.origin: dict[str, str] = {}
         self.used: set = set()
 
-    def read(self, ckpt: str, shape: List[int]) -> np.ndarray:
+    def read(self, ckpt: str, shape: list[int]) -> np.ndarray:
         arr = self.src.get(ckpt)
         self.used.add(ckpt)
         if list(arr.shape) != list(shape):
@@ -292,7 +300,7 @@ class _Plan:
         self.values[ours] = self.read(ckpt, list(self.params[ours].shape)) + offset
         self.origin[ours] = ckpt
 
-    def fused(self, ours: List[str], ckpt: str, torch_layout: bool) -> None:
+    def fused(self, ours: list[str], ckpt: str, torch_layout: bool) -> None:
         """One checkpoint Linear = our Linears concatenated along the output axis."""
         shapes = [list(self.params[o].shape) for o in ours]
         total = [shapes[0][0], sum(s[1] for s in shapes)]
@@ -305,8 +313,8 @@ class _Plan:
             self.origin[o] = ckpt
 
 
-def load_mtp_weights(model, source, family: str, *, layer_index: Optional[int] = None,
-                     load_shared: bool = False) -> Dict[str, str]:
+def load_mtp_weights(model: MTPLayer, source: TensorSource | CheckpointSource, family: str, *,
+                     layer_index: int | None = None, load_shared: bool = False) -> dict[str, str]:
     """Load a family's MTP layer from a checkpoint into ``model`` (an :class:`MTPLayer`).
 
     Args:
@@ -338,7 +346,9 @@ def load_mtp_weights(model, source, family: str, *, layer_index: Optional[int] =
                              f"{getattr(cfg, field)!r} (use config_for_family)")
     src = source if isinstance(source, TensorSource) else TensorSource(source)
     index = _detect_index(spec, src, layer_index)
-    fmt = lambda name: name.format(index=index) if index is not None else name
+    def fmt(name: str) -> str:
+        return name.format(index=index) if index is not None else name
+
     prefix = fmt(spec.prefix)
     block = prefix + spec.block
     params = dict(model.named_parameters())
@@ -422,7 +432,7 @@ def _first_present(src: TensorSource, names: Iterable[str], what: str) -> str:
 
 # ----------------------------------------------------------------------------- native format
 
-def load_state_strict(layer, source, prefix: str = "") -> None:
+def load_state_strict(layer: nn.Layer, source: TensorSource | CheckpointSource, prefix: str = "") -> None:
     """Load every parameter of ``layer`` from ``source`` under ``prefix + name`` (our own
     naming, Paddle layout), checking names and shapes; extra tensors under ``prefix`` are an
     error too."""
@@ -440,7 +450,7 @@ def load_state_strict(layer, source, prefix: str = "") -> None:
         param.set_value(np.asarray(arr, dtype=np.float32))
 
 
-def state_to_numpy(layer, prefix: str = "") -> Dict[str, np.ndarray]:
+def state_to_numpy(layer: nn.Layer, prefix: str = "") -> dict[str, np.ndarray]:
     """``{prefix + name: float32 array}`` for every parameter of ``layer``."""
     return {prefix + n: np.ascontiguousarray(p.numpy().astype(np.float32))
             for n, p in layer.named_parameters()}

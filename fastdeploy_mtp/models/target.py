@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import numpy as np
 import paddle
 import paddle.nn as nn
 
 from .attention import ReferenceAttentionBackend
-from .config import ModelConfig
 from .forward_meta import ForwardMeta
 from .layers import DecoderLayer, RMSNorm, RotaryEmbedding
+from .model_config import ModelConfig
 
 
 def mask_padded_vocab(logits: paddle.Tensor, ori_vocab_size: int) -> paddle.Tensor:
@@ -53,7 +51,7 @@ class TinyTargetModel(nn.Layer):
         """Layers that own a KV cache pair in ``forward_meta.caches``."""
         return self.config.num_hidden_layers
 
-    def forward(self, ids_remove_padding: Optional[paddle.Tensor],
+    def forward(self, ids_remove_padding: paddle.Tensor | None,
                 forward_meta: ForwardMeta) -> paddle.Tensor:
         """Run the packed batch.
 
@@ -80,21 +78,21 @@ class TinyTargetModel(nn.Layer):
         return h
 
     def compute_logits(self, hidden: paddle.Tensor,
-                       forward_meta: Optional[ForwardMeta] = None) -> paddle.Tensor:
+                       forward_meta: ForwardMeta | None = None) -> paddle.Tensor:
         """``hidden [n, H]`` (as returned by ``forward``) -> float32 ``[n, V]`` logits with the
         padded-vocab tail (columns ``>= ori_vocab_size``) set to ``-inf``."""
         if self.config.mtp_hidden_state == "pre_norm":
             hidden = self.norm(hidden)
         return mask_padded_vocab(self.lm_head(hidden), self.config.ori_vocab_size)
 
-    def empty_input_forward(self, forward_meta: Optional[ForwardMeta] = None) -> None:
+    def empty_input_forward(self, forward_meta: ForwardMeta | None = None) -> None:
         """No-op. Exists for interface parity: with MoE under expert parallelism, a rank with
         no tokens must still join the all-to-all collectives of every layer; a dense model
         has no collectives, so there is nothing to do."""
         return None
 
     def forward_dense(self, ids: paddle.Tensor, bias: paddle.Tensor
-                      ) -> Tuple[paddle.Tensor, paddle.Tensor]:
+                      ) -> tuple[paddle.Tensor, paddle.Tensor]:
         """Training path over full sequences.
 
         Args:

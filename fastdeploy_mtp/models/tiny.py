@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from collections.abc import Sequence
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from ..constants import NO_BLOCK_ID
 from .attention import causal_bias
-from .config import ModelConfig
-from .forward_meta import ForwardMeta, make_forward_meta
+from .forward_meta import make_forward_meta
 from .loading import TensorSource, load_state_strict, state_to_numpy
-from .mtp import MTPLayer
+from .model_config import ModelConfig
+from .mtp_layer import MTPLayer
 from .target import TinyTargetModel
 
 #: Directory of the shipped checkpoint.
@@ -33,7 +34,7 @@ class ByteTokenizer:
 
     vocab_size = 256
 
-    def encode(self, text: Union[str, bytes]) -> List[int]:
+    def encode(self, text: str | bytes) -> list[int]:
         data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
         return list(data)
 
@@ -46,8 +47,8 @@ class ByteTokenizer:
 
 
 def contiguous_block_tables(seq_capacity: Sequence[int], block_size: int,
-                            shuffle_seed: Optional[int] = None
-                            ) -> Tuple[np.ndarray, int]:
+                            shuffle_seed: int | None = None
+                            ) -> tuple[np.ndarray, int]:
     """Block tables giving item ``b`` room for ``seq_capacity[b]`` tokens.
 
     Returns ``(block_tables [B, max_blocks] int32 with -1 padding, num_blocks)``. Blocks are
@@ -58,7 +59,7 @@ def contiguous_block_tables(seq_capacity: Sequence[int], block_size: int,
     order = np.arange(total)
     if shuffle_seed is not None:
         order = np.random.default_rng(shuffle_seed).permutation(total)
-    tables = np.full([len(need), max(1, max(need, default=1))], -1, np.int32)
+    tables = np.full([len(need), max(1, max(need, default=1))], NO_BLOCK_ID, np.int32)
     k = 0
     for b, n in enumerate(need):
         tables[b, :n] = order[k:k + n]
@@ -67,8 +68,8 @@ def contiguous_block_tables(seq_capacity: Sequence[int], block_size: int,
 
 
 @paddle.no_grad()
-def evaluate_dense(target, mtp, data: np.ndarray, seq_len: int,
-                   max_windows: Optional[int] = None, batch_size: int = 64) -> Dict[str, float]:
+def evaluate_dense(target: TinyTargetModel, mtp: MTPLayer, data: np.ndarray, seq_len: int,
+                   max_windows: int | None = None, batch_size: int = 64) -> dict[str, float]:
     """Teacher-forced held-out metrics over non-overlapping ``seq_len`` windows of ``data``.
 
     Args:
@@ -136,7 +137,7 @@ def score_windows(target: TinyTargetModel, data: np.ndarray, window: int,
 
 @paddle.no_grad()
 def greedy_generate(target: TinyTargetModel, prompt: Sequence[int],
-                    max_new_tokens: int) -> List[int]:
+                    max_new_tokens: int) -> list[int]:
     """Greedy continuation of one prompt with the paged KV cache: one prefill, then one
     decode step per new token. Returns the new token ids."""
     cfg = target.config
@@ -146,7 +147,7 @@ def greedy_generate(target: TinyTargetModel, prompt: Sequence[int],
     total = len(prompt) + max_new_tokens
     tables, nblocks = contiguous_block_tables([total], cfg.block_size)
     caches = target.attn_backend.allocate_caches(target.num_cache_layers, nblocks)
-    out: List[int] = []
+    out: list[int] = []
     step_ids, past = prompt, 0
     for _ in range(max_new_tokens):
         meta = make_forward_meta([len(step_ids)], [past], tables, caches, cfg.block_size,
@@ -160,7 +161,7 @@ def greedy_generate(target: TinyTargetModel, prompt: Sequence[int],
 
 
 def save_tiny(out_dir: str, target: TinyTargetModel, mtp: MTPLayer, config: ModelConfig,
-              metrics: Optional[Dict] = None) -> None:
+              metrics: dict | None = None) -> None:
     """Write ``model.safetensors`` (target tensors under their own names, MTP tensors under
     ``mtp.``; Paddle ``[in, out]`` layout, float32), ``config.json`` and ``metrics.json``."""
     from safetensors.numpy import save_file
@@ -176,7 +177,7 @@ def save_tiny(out_dir: str, target: TinyTargetModel, mtp: MTPLayer, config: Mode
             f.write("\n")
 
 
-def load_tiny(path: Optional[str] = None) -> Tuple[TinyTargetModel, MTPLayer, ModelConfig]:
+def load_tiny(path: str | None = None) -> tuple[TinyTargetModel, MTPLayer, ModelConfig]:
     """Load the shipped (or a saved) tiny checkpoint.
 
     Args:

@@ -16,9 +16,9 @@
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ._op_wrappers import VerifyStrategy  # generated from custom_ops/ops/constants.toml
 
@@ -31,23 +31,24 @@ _PHILOX_W1 = np.uint64(0xBB67AE85)
 _MASK32 = np.uint64(0xFFFFFFFF)
 
 
-def _philox4x32_10(c0, c1, c2, c3, k0, k1):
+def _philox4x32_10(c0: ArrayLike, c1: ArrayLike, c2: ArrayLike, c3: ArrayLike, k0: ArrayLike,
+                   k1: ArrayLike) -> np.ndarray:
     """Ten Philox rounds on uint64 arrays holding 32-bit words; returns the first word."""
-    c0, c1, c2, c3 = (np.asarray(x, np.uint64) & _MASK32 for x in (c0, c1, c2, c3))
-    k0 = np.asarray(k0, np.uint64) & _MASK32
-    k1 = np.asarray(k1, np.uint64) & _MASK32
+    x0, x1, x2, x3 = (np.asarray(c, np.uint64) & _MASK32 for c in (c0, c1, c2, c3))
+    key0 = np.asarray(k0, np.uint64) & _MASK32
+    key1 = np.asarray(k1, np.uint64) & _MASK32
     for _ in range(10):
-        p0 = _PHILOX_M0 * c0
-        p1 = _PHILOX_M1 * c2
+        p0 = _PHILOX_M0 * x0
+        p1 = _PHILOX_M1 * x2
         hi0, lo0 = p0 >> np.uint64(32), p0 & _MASK32
         hi1, lo1 = p1 >> np.uint64(32), p1 & _MASK32
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-        k0 = (k0 + _PHILOX_W0) & _MASK32
-        k1 = (k1 + _PHILOX_W1) & _MASK32
-    return c0
+        x0, x1, x2, x3 = hi1 ^ x1 ^ key0, lo1, hi0 ^ x3 ^ key1, lo0
+        key0 = (key0 + _PHILOX_W0) & _MASK32
+        key1 = (key1 + _PHILOX_W1) & _MASK32
+    return x0
 
 
-def position_uniforms(seed, position, column) -> np.ndarray:
+def position_uniforms(seed: ArrayLike, position: ArrayLike, column: ArrayLike) -> np.ndarray:
     """Uniforms in ``[0, 1)`` (float32, multiples of 2**-24), one per broadcast element of
     ``(seed, position, column)``: Philox-4x32-10 with key = the 64-bit seed and counter =
     (64-bit absolute position, column, 0). Pure function of its arguments.
@@ -104,9 +105,9 @@ def verify_uniforms(
 def rejection_candidates(
     probs: np.ndarray,
     max_candidates: int,
-    top_k: Optional[np.ndarray] = None,
-    top_p: Optional[np.ndarray] = None,
-) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    top_k: np.ndarray | None = None,
+    top_p: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Candidate rows for ``VerifyStrategy.REJECTION`` from probabilities ``[T, V]``.
 
     Per row: sort descending (ties: smaller id first); top-k keeps the first

@@ -1,6 +1,7 @@
 """``MTPProposer``: runs a model's MTP layer beside the target to draft tokens.
 
-One round (``fastdeploy-ops.md`` §1, DESIGN.md §6), after the target's verify/update:
+One round (:meth:`MTPProposer.run`, after the target's verify and status update; the whole
+engine step is described in ``docs/architecture.md``):
 
 1. ``_prepare_inputs``: ``draft_model_preprocess`` builds the draft's shadow state from the
    target's verified state; ``eagle_get_hidden_states`` picks the target hidden rows the MTP
@@ -11,27 +12,32 @@ One round (``fastdeploy-ops.md`` §1, DESIGN.md §6), after the target's verify/
    ``draft_model_update`` (writes the target's draft slot ``s + 1``); the gathered hidden
    rows feed the next substep.
 3. ``_update_status``: ``draft_model_postprocess`` sets the target's token counts for its next
-   forward (``mtp_step_paddle`` too, for the legacy v0 block scheduler).
+   forward (a decoding item feeds the non-empty slots of its ``draft_tokens`` row, a stopped
+   item 0; prefill items keep theirs).
 4. Hybrid mode (``mtp_strategy == "with_ngram"``, ``K > S``): ``hybrid_mtp_ngram`` fills the
    remaining draft slots from n-gram matches in the prompt and history.
 
-All device work goes through :mod:`fastdeploy_mtp.ops`, which run on whatever device the
-buffers are on, so there is one code path for every backend.
+The state updates of a round are ops from :mod:`fastdeploy_mtp.ops`; besides them a round only
+copies the target's block table (``paddle.assign``), stages hidden rows by slice assignment and
+runs the MTP layer and the sampler. All of it runs on whatever device the buffers are on, so
+there is one code path for every backend.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, List, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import paddle
 
 from .. import ops
 from ..config import FDConfig
+from ..constants import PLACEHOLDER_TOKEN_ID
 from ..models.forward_meta import ForwardMeta
+from ..models.interfaces import MTPModel, TargetModel
 from ..runtime.input_batch import InputBatch
 from ..runtime.request import Request, RequestType
-from .input_batch import ProposerInputBatch
+from .proposer_inputs import ProposerInputBatch
 from .sampler import MTPSampler
 
 
@@ -41,19 +47,21 @@ class MTPProposer:
     Args:
         fd_config: serving config (:class:`fastdeploy_mtp.config.FDConfig` or a FastDeploy
             ``FDConfig``); ``speculative_config.method`` must be ``"mtp"``.
-        main_model: the target model (its embedding and LM head are shared by the MTP layer).
+        main_model: the target model (kept as ``main_model``, FastDeploy's signature; the
+            proposer does not call it: the MTP layer passed as ``model`` already shares its
+            embedding and LM head).
         local_rank: this worker's rank (names the IPC caches).
         device_id: this worker's device (names the IPC caches).
         target_model_inputs: the target runner's ``share_inputs``; the proposer shares some of
-            its tensors by reference (see :mod:`fastdeploy_mtp.proposer.input_batch`).
-        model: keyword-only, the MTP layer (anything with ``forward(ids, hidden, meta)``,
-            ``compute_logits``, ``empty_input_forward`` and ``attn_backend``). FastDeploy
-            builds it from ``speculative_config.model``; here the caller passes it, e.g. the
-            one :func:`fastdeploy_mtp.models.load_tiny` returns.
+            its tensors by reference (see :mod:`fastdeploy_mtp.proposer.proposer_inputs`).
+        model: keyword-only, the MTP layer (anything satisfying
+            :class:`~fastdeploy_mtp.models.interfaces.MTPModel`). FastDeploy builds it from
+            ``speculative_config.model``; here the caller passes it, e.g. the one
+            :func:`fastdeploy_mtp.models.load_tiny` returns.
     """
 
-    def __init__(self, fd_config: FDConfig, main_model, local_rank: int, device_id: int,
-                 target_model_inputs: InputBatch, *, model=None):
+    def __init__(self, fd_config: FDConfig, main_model: TargetModel, local_rank: int, device_id: int,
+                 target_model_inputs: InputBatch, *, model: MTPModel | None = None):
         spec = fd_config.speculative_config
         if spec.method != "mtp":
             raise ValueError(f"MTPProposer needs speculative_config.method == 'mtp', got {spec.method!r}")
@@ -62,7 +70,7 @@ class MTPProposer:
                              "fastdeploy_mtp.models.load_tiny())")
         self.fd_config = fd_config
         self.main_model = main_model
-        self.model = model
+        self.model: MTPModel = model
         self.local_rank = local_rank
         self.device_id = device_id
         self.target_model_inputs = target_model_inputs
@@ -74,9 +82,9 @@ class MTPProposer:
         self.is_splitwise_prefill = fd_config.scheduler_config.splitwise_role == "prefill"
         self.model_inputs = ProposerInputBatch(fd_config, target_model_inputs)
         self.sampler = MTPSampler(fd_config.parallel_config.tensor_parallel_size)
-        self.caches: List[paddle.Tensor] = []
-        self._attached: List[str] = []  # IPC names of caches attached from another process
-        self._published: List[str] = []  # IPC names of caches this proposer published
+        self.caches: list[paddle.Tensor] = []
+        self._attached: list[str] = []  # IPC names of caches attached from another process
+        self._published: list[str] = []  # IPC names of caches this proposer published
         self.num_gpu_blocks = 0
         self.enable_overlap = fd_config.scheduler_config.enable_overlap_schedule
         #: Set by the runner before each :meth:`run`: True when no slot is in prefill this
@@ -84,13 +92,13 @@ class MTPProposer:
         self.overlap_round = False
 
     # ---- KV cache ------------------------------------------------------------------------
-    def cache_names(self) -> List[str]:
+    def cache_names(self) -> list[str]:
         """IPC names of the MTP layer's caches, key then value per layer (FastDeploy's
         ``key_caches_{layer}_rank{r}.device{d}``; MTP layers follow the target's layers)."""
         pc = self.fd_config.parallel_config
         rank = self.local_rank % pc.tensor_parallel_size
         first = self.fd_config.model_config.num_hidden_layers
-        names = []
+        names: list[str] = []
         for i in range(self.model.num_cache_layers):
             for kind in ("key", "value"):
                 names.append(f"{kind}_caches_{first + i}_rank{rank}.device{self.device_id}")
@@ -104,8 +112,9 @@ class MTPProposer:
         FastDeploy's two paths: when ``profile`` or no cache-manager process owns the caches
         (no ``num_cpu_blocks``, no ``kvcache_storage_backend``, ``splitwise_role == "mixed"``)
         the proposer creates them (and, with ``cache_config.share_mtp_cache``, publishes them
-        with ``set_data_ipc`` under :meth:`cache_names`). Otherwise it waits until
-        ``cache_ready_signal.<engine_worker_queue_port>`` holds 1 at its rank, then attaches
+        with ``set_data_ipc`` under :meth:`cache_names`; never in a profile run). Otherwise it
+        waits until ``cache_ready_signal.<engine_worker_queue_port>`` holds 1 at its rank
+        (``local_rank % tensor_parallel_size``), then attaches
         every cache by name with ``share_external_data`` (no copy).
 
         Raises:
@@ -125,7 +134,7 @@ class MTPProposer:
                                                                   self.num_gpu_blocks)
             if cc.share_mtp_cache and not profile:
                 for tensor, name in zip(self.caches, self.cache_names()):
-                    ops.set_data_ipc(tensor, name)
+                    ops.set_data_ipc(tmp_input=tensor, shm_name=name)
                 self._published = self.cache_names()
             return
         from ..runtime.ipc import IPCSignal
@@ -138,18 +147,20 @@ class MTPProposer:
                             timeout=cc.cache_ready_timeout)
         finally:
             signal.close()
-        self.caches = [ops.share_external_data(paddle.empty([], dtype="float32"), name, shape)
-                       for name in self.cache_names()]
+        self.caches = [
+            ops.share_external_data(input=paddle.empty([], dtype="float32"), shm_name=name, shape=shape)
+            for name in self.cache_names()
+        ]
         self._attached = self.cache_names()
 
     def clear_mtp_cache(self) -> None:
-        """Release the MTP layer's KV caches: detach attached ones
-        (``unset_data_ipc(t, name, True, False)``, as FastDeploy), unpublish and unlink the
-        names of published ones, drop local ones."""
+        """Release the MTP layer's KV caches: detach attached ones (``close_ipc=True``,
+        ``unlink_shm=False``, as FastDeploy), unlink the names of published ones (their tensors
+        keep their memory), then drop every cache tensor."""
         for tensor, name in zip(self.caches, getattr(self, "_attached", [])):
-            ops.unset_data_ipc(tensor, name, True, False)
+            ops.unset_data_ipc(tmp_input=tensor, shm_name=name, close_ipc=True, unlink_shm=False)
         for tensor, name in zip(self.caches, getattr(self, "_published", [])):
-            ops.unset_data_ipc(tensor, name, False, True)
+            ops.unset_data_ipc(tmp_input=tensor, shm_name=name, close_ipc=False, unlink_shm=True)
         self._attached, self._published = [], []
         self.caches = []
 
@@ -160,17 +171,22 @@ class MTPProposer:
 
     # ---- request insertion ---------------------------------------------------------------
     def insert_tasks_v1(self, req_dicts: Sequence[Request], num_running_requests: int = 0) -> None:
-        """Set the draft state of the slots the scheduler (re)filled this step (§4.3).
+        """Set the draft state of the slots the scheduler (re)filled this step.
 
-        A prefill task (chunk ``[start, end)`` of its prompt) loads the draft's prompt shifted
-        left by one: ``input_ids[idx, :len - 1] = prompt[start + 1 : end]`` (the last slot is
-        the next token, written by ``draft_model_preprocess``); the draft's lengths become
-        ``seq_lens_encoder = len``, ``seq_lens_decoder = start``; ``step_idx`` = tokens already
-        generated on the final chunk (0 otherwise); ``pre_ids`` is reset to the generated
-        history. A decode task only refreshes the block table (done every round); an abort
-        stops the slot.
+        A prefill task (chunk ``[start, end)`` of its prompt, ``len = end - start``) loads the
+        chunk shifted left by one at the start of ``input_ids[idx]``:
+        ``prompt[start + 1 : end + 1]``, i.e. ``len`` tokens, or ``len - 1`` on the final chunk,
+        whose last position gets the target's next token from ``draft_model_preprocess``.
+        ``input_ids_cpu`` gets the whole prompt shifted left by one
+        (``input_ids_len = len(prompt) - 1``), for the n-gram hybrid; the draft's lengths
+        become ``seq_lens_encoder = seq_lens_this_time = len``, ``seq_lens_decoder = start``;
+        ``step_idx`` = tokens already generated when the chunk reaches the end of prompt plus
+        output (0 otherwise); ``pre_ids`` is reset to the generated tokens and the slot's
+        drafts are cleared. With ``splitwise_role == "decode"`` the slot starts as a decode
+        item instead. A decode task needs nothing here (the draft's block table is copied from
+        the target at the start of every round); an abort stops the slot.
         """
-        x = self.model_inputs
+        draft = self.model_inputs
         for req in req_dicts:
             idx = int(req.idx)
             if req.task_type == RequestType.PREFILL:
@@ -182,32 +198,34 @@ class MTPProposer:
                     raise ValueError(f"request {req.request_id!r}: empty prefill chunk [{start}, {end})")
                 shifted = prompt[start + 1:end] + (prompt[end:end + 1] if end < len(prompt) else [])
                 if shifted:
-                    x.input_ids[idx, :len(shifted)] = paddle.to_tensor(shifted, dtype="int64")
-                x.input_ids_cpu[idx, :] = -1
+                    draft.input_ids[idx, :len(shifted)] = paddle.to_tensor(shifted, dtype="int64")
+                draft.input_ids_cpu[idx, :] = PLACEHOLDER_TOKEN_ID
                 if len(prompt) > 1:
-                    x.input_ids_cpu[idx, :len(prompt) - 1] = paddle.to_tensor(prompt[1:], dtype="int64")
-                x.input_ids_len[idx, 0] = len(prompt) - 1
-                x.pre_ids[idx, :] = -1
+                    draft.input_ids_cpu[idx, :len(prompt) - 1] = paddle.to_tensor(prompt[1:], dtype="int64")
+                draft.input_ids_len[idx, 0] = len(prompt) - 1
+                draft.pre_ids[idx, :] = PLACEHOLDER_TOKEN_ID
                 if output:
-                    x.pre_ids[idx, :len(output)] = paddle.to_tensor(output, dtype="int64")
-                x.stop_flags[idx, 0] = False
-                x.batch_drop[idx, 0] = False
-                x.seq_lens_encoder[idx] = length
-                x.seq_lens_decoder[idx] = start
-                x.seq_lens_this_time[idx] = length
-                x.step_idx[idx, 0] = len(output) if end >= len(prompt) + len(output) else 0
-                x.draft_tokens[idx, :] = -1
+                    draft.pre_ids[idx, :len(output)] = paddle.to_tensor(output, dtype="int64")
+                draft.stop_flags[idx, 0] = False
+                draft.batch_drop[idx, 0] = False
+                draft.seq_lens_encoder[idx] = length
+                draft.seq_lens_decoder[idx] = start
+                draft.seq_lens_this_time[idx] = length
+                draft.step_idx[idx, 0] = len(output) if end >= len(prompt) + len(output) else 0
+                draft.draft_tokens[idx, :] = PLACEHOLDER_TOKEN_ID
                 if self.fd_config.scheduler_config.splitwise_role == "decode":
-                    x.seq_lens_encoder[idx] = 0
-                    x.seq_lens_this_time[idx] = length + 1
-                    x.recompute_token_num[idx, 0] = 0
-                    x.mask_rollback[idx, 0] = 1
+                    draft.seq_lens_encoder[idx] = 0
+                    draft.seq_lens_this_time[idx] = length + 1
+                    draft.recompute_token_num[idx, 0] = 0
+                    draft.mask_rollback[idx, 0] = 1
             elif req.task_type == RequestType.ABORT:
                 self._stop_slot(idx)
 
     def insert_prefill_inputs(self, req_dicts: Sequence[Request], num_running_requests: int = 0) -> None:
-        """The legacy (v0 scheduler) insertion: same draft state as :meth:`insert_tasks_v1`,
-        plus the slot's prompt blocks for ``mtp_step_paddle``'s allocator."""
+        """FastDeploy's older (v0 scheduler) insertion: same draft state as
+        :meth:`insert_tasks_v1`, plus the per-slot state of the v0 block allocator
+        (``encoder_block_lens`` = the slot's block count, ``used_list_len = 0``), which
+        ``mtp_step_paddle`` reads; this proposer's :meth:`run` does not call that op."""
         self.insert_tasks_v1(req_dicts, num_running_requests)
         for req in req_dicts:
             if req.task_type == RequestType.PREFILL:
@@ -222,27 +240,28 @@ class MTPProposer:
         self.insert_tasks_v1([task])
 
     def _stop_slot(self, idx: int) -> None:
-        x = self.model_inputs
-        x.stop_flags[idx, 0] = True
-        x.seq_lens_this_time[idx] = 0
-        x.seq_lens_encoder[idx] = 0
-        x.seq_lens_decoder[idx] = 0
-        x.step_idx[idx, 0] = 0
+        draft = self.model_inputs
+        draft.stop_flags[idx, 0] = True
+        draft.seq_lens_this_time[idx] = 0
+        draft.seq_lens_encoder[idx] = 0
+        draft.seq_lens_decoder[idx] = 0
+        draft.step_idx[idx, 0] = 0
 
     def dummy_prefill_inputs(self, num_tokens: int, batch_size: int, expected_decode_len: int = 1) -> None:
-        """Fill ``batch_size`` slots with a dummy prefill of ``num_tokens // batch_size``
-        tokens each (warm-up and memory profiling)."""
+        """Fill the first ``batch_size`` slots with a dummy prefill of ``num_tokens //
+        batch_size`` tokens each, capped at ``max_model_len - expected_decode_len - 1``
+        (warm-up and memory profiling)."""
         if batch_size <= 0 or num_tokens < batch_size:
             raise ValueError(f"need 0 < batch_size <= num_tokens, got {batch_size}, {num_tokens}")
         per_item = min(num_tokens // batch_size, self.max_model_len - expected_decode_len - 1)
-        x = self.model_inputs
+        draft = self.model_inputs
         for idx in range(batch_size):
-            x.input_ids[idx, :per_item] = 5
-            x.stop_flags[idx, 0] = False
-            x.seq_lens_encoder[idx] = per_item
-            x.seq_lens_decoder[idx] = 0
-            x.seq_lens_this_time[idx] = per_item
-            x.step_idx[idx, 0] = 0
+            draft.input_ids[idx, :per_item] = 5
+            draft.stop_flags[idx, 0] = False
+            draft.seq_lens_encoder[idx] = per_item
+            draft.seq_lens_decoder[idx] = 0
+            draft.seq_lens_this_time[idx] = per_item
+            draft.step_idx[idx, 0] = 0
 
     def exist_prefill(self) -> bool:
         """Whether some draft slot is in prefill (reads the lengths on the host)."""
@@ -256,26 +275,29 @@ class MTPProposer:
     def reorder_inputs(self, src_dst: Iterable[Sequence[int]]) -> None:
         """Swap the draft state of slot pairs ``(i1, i2)`` (the target reorders its slots, e.g.
         prefill before decode in splitwise deployments, and the draft must follow)."""
-        x = self.model_inputs
+        draft = self.model_inputs
         for i1, i2 in src_dst:
             for name in self.SWAPPED:
-                t = x[name]
-                a, b = t[i1].clone(), t[i2].clone()
-                t[i1] = b
-                t[i2] = a
+                buf = draft[name]
+                a, b = buf[i1].clone(), buf[i2].clone()
+                buf[i1] = b
+                buf[i2] = a
 
     # ---- one round -------------------------------------------------------------------------
     @paddle.no_grad()
     def run(self, full_hidden_states: paddle.Tensor, step_use_cudagraph: bool = False,
             is_dummy_run: bool = False, real_bsz: int = 0) -> None:
-        """Draft ``K`` tokens per running target item into the target's ``draft_tokens``.
+        """Write drafts for every running target item into the target's ``draft_tokens``:
+        ``num_model_steps`` from the MTP layer, and in hybrid mode the remaining slots up to
+        ``K`` from n-gram matches.
 
         Args:
             full_hidden_states: ``[T_target, H]`` the target's hidden rows of this step (as its
                 forward returned them, in batch order).
             step_use_cudagraph: accepted for FastDeploy compatibility (no graphs here).
-            is_dummy_run: warm-up run: outputs are not meaningful.
-            real_bsz: number of leading slots in use (0 = all ``max_num_seqs``).
+            is_dummy_run: accepted for FastDeploy compatibility (the round runs as usual).
+            real_bsz: number of leading slots in use (0, or more than ``max_num_seqs``, = all);
+                it only bounds the token count of overlap rounds.
         """
         self._prepare_inputs(full_hidden_states)
         n = int(self.model_inputs.seq_lens_this_time.shape[0])
@@ -285,70 +307,133 @@ class MTPProposer:
             self._extend_draft_token_with_ngram_match()
 
     def _prepare_inputs(self, full_hidden_states: paddle.Tensor) -> None:
-        x, t = self.model_inputs, self.target_model_inputs
-        paddle.assign(t.block_tables, output=x.block_tables)
+        draft, target = self.model_inputs, self.target_model_inputs
+        paddle.assign(target.block_tables, output=draft.block_tables)
         ops.draft_model_preprocess(
-            x.draft_tokens, x.input_ids, x.stop_flags, x.seq_lens_this_time, x.seq_lens_encoder,
-            x.seq_lens_decoder, x.step_idx, x.not_need_stop, x.pre_ids, x.accept_tokens, x.accept_num,
-            t.seq_lens_encoder, t.seq_lens_decoder, t.step_idx, t.stop_flags, x.max_dec_len,
-            x.base_model_draft_tokens, self.num_model_steps, self.is_splitwise_prefill)
+            draft_tokens=draft.draft_tokens,
+            input_ids=draft.input_ids,
+            stop_flags=draft.stop_flags,
+            seq_lens_this_time=draft.seq_lens_this_time,
+            seq_lens_encoder=draft.seq_lens_encoder,
+            seq_lens_decoder=draft.seq_lens_decoder,
+            step_idx=draft.step_idx,
+            not_need_stop=draft.not_need_stop,
+            pre_ids=draft.pre_ids,
+            accept_tokens=draft.accept_tokens,
+            accept_num=draft.accept_num,
+            target_model_seq_lens_encoder=target.seq_lens_encoder,
+            target_model_seq_lens_decoder=target.seq_lens_decoder,
+            target_model_step_idx=target.step_idx,
+            target_model_stop_flags=target.stop_flags,
+            max_dec_len=draft.max_dec_len,
+            target_model_draft_tokens=draft.base_model_draft_tokens,
+            num_model_step=self.num_model_steps,
+            is_splitwise_prefill=self.is_splitwise_prefill,
+        )
         hidden, _ = ops.eagle_get_hidden_states(
-            full_hidden_states.astype("float32"), x.seq_lens_this_time, x.seq_lens_encoder,
-            x.seq_lens_decoder, x.stop_flags, x.accept_num, t.seq_lens_this_time, t.seq_lens_encoder,
-            self.num_model_steps)
+            input=full_hidden_states.astype("float32"),
+            seq_lens_this_time=draft.seq_lens_this_time,
+            seq_lens_encoder=draft.seq_lens_encoder,
+            seq_lens_decoder=draft.seq_lens_decoder,
+            stop_flags=draft.stop_flags,
+            accept_nums=draft.accept_num,
+            base_model_seq_lens_this_time=target.seq_lens_this_time,
+            base_model_seq_lens_encoder=target.seq_lens_encoder,
+            actual_draft_token_num=self.num_model_steps,
+        )
         rows = int(hidden.shape[0])
-        if rows > int(x.target_hidden_states.shape[0]):
+        if rows > int(draft.target_hidden_states.shape[0]):
             raise ValueError(f"{rows} target hidden rows exceed the staging buffer "
-                             f"({int(x.target_hidden_states.shape[0])} rows): raise "
+                             f"({int(draft.target_hidden_states.shape[0])} rows): raise "
                              "scheduler_config.max_num_batched_tokens")
         if rows:
-            x.target_hidden_states[:rows] = hidden
+            draft.target_hidden_states[:rows] = hidden
 
     def _propose(self, real_bsz: int) -> None:
-        x = self.model_inputs
-        bsz = int(x.seq_lens_this_time.shape[0])
+        draft = self.model_inputs
+        bsz = int(draft.seq_lens_this_time.shape[0])
         overlap = self.enable_overlap and self.overlap_round
         for substep in range(self.num_model_steps):
-            x.substep = substep
+            draft.substep = substep
             if overlap:
                 # An upper bound, not a host read: rows past the real count are padding the
                 # model ignores (at substep 0 a decode slot feeds <= K + 1 tokens, then 1).
                 token_num = real_bsz * (self.max_draft_token_num + 1) if substep == 0 else real_bsz
             else:
-                token_num = int(x.seq_lens_this_time.sum().item())
+                # A host read through .item() (tests/e2e/test_overlap.py watches for it);
+                # Paddle's stub types item() as float | bool | complex, an int32 sum gives int.
+                token_num = int(draft.seq_lens_this_time.sum().item())  # type: ignore[arg-type]
             if token_num == 0:
                 self.model.empty_input_forward(None)
                 continue
             (ids_remove_padding, _, cu_seqlens_q, _, cu_seqlens_q_output, batch_id_per_token_output,
              real_output_token_num) = ops.speculate_pre_process(
-                token_num, x.input_ids, x.seq_lens_this_time, x.draft_tokens, x.seq_lens_encoder,
-                x.seq_lens_decoder)
+                cpu_token_num=token_num,
+                input_ids=draft.input_ids,
+                seq_len=draft.seq_lens_this_time,
+                draft_tokens=draft.draft_tokens,
+                seq_lens_encoder=draft.seq_lens_encoder,
+                seq_lens_decoder=draft.seq_lens_decoder,
+            )
             meta = ForwardMeta(
                 ids_remove_padding=ids_remove_padding, cu_seqlens_q=cu_seqlens_q,
-                seq_lens_encoder=x.seq_lens_encoder, seq_lens_decoder=x.seq_lens_decoder,
-                seq_lens_this_time=x.seq_lens_this_time, block_tables=x.block_tables,
+                seq_lens_encoder=draft.seq_lens_encoder, seq_lens_decoder=draft.seq_lens_decoder,
+                seq_lens_this_time=draft.seq_lens_this_time, block_tables=draft.block_tables,
                 caches=self.caches, block_size=self.block_size)
-            hidden = self.model(ids_remove_padding, x.target_hidden_states[:token_num], meta)
+            hidden = self.model(ids_remove_padding, draft.target_hidden_states[:token_num], meta)
             gathered, _ = ops.eagle_gather_hidden_states(
-                hidden, cu_seqlens_q, x.seq_lens_this_time, x.seq_lens_decoder, x.seq_lens_encoder,
-                batch_id_per_token_output, cu_seqlens_q_output, real_output_token_num)
+                input=hidden,
+                cu_seqlens_q=cu_seqlens_q,
+                seq_lens_this_time=draft.seq_lens_this_time,
+                seq_lens_decoder=draft.seq_lens_decoder,
+                seq_lens_encoder=draft.seq_lens_encoder,
+                batch_id_per_token_output=batch_id_per_token_output,
+                cu_seqlens_q_output=cu_seqlens_q_output,
+                real_output_token_num=real_output_token_num,
+            )
             next_tokens = self.sampler(self.model.compute_logits(gathered))
             ops.draft_model_update(
-                next_tokens, x.draft_tokens, x.pre_ids, x.seq_lens_this_time, x.seq_lens_encoder,
-                x.seq_lens_decoder, x.step_idx, cu_seqlens_q_output, x.stop_flags, x.not_need_stop,
-                x.max_dec_len, x.eos_token_id, x.base_model_draft_tokens, self.max_model_len, substep)
-            x.target_hidden_states[:bsz] = gathered
+                inter_next_tokens=next_tokens,
+                draft_tokens=draft.draft_tokens,
+                pre_ids=draft.pre_ids,
+                seq_lens_this_time=draft.seq_lens_this_time,
+                seq_lens_encoder=draft.seq_lens_encoder,
+                seq_lens_decoder=draft.seq_lens_decoder,
+                step_idx=draft.step_idx,
+                cu_seqlens_q_output=cu_seqlens_q_output,
+                stop_flags=draft.stop_flags,
+                not_need_stop=draft.not_need_stop,
+                max_dec_len=draft.max_dec_len,
+                end_ids=draft.eos_token_id,
+                base_model_draft_tokens=draft.base_model_draft_tokens,
+                max_seq_len=self.max_model_len,
+                substep=substep,
+            )
+            draft.target_hidden_states[:bsz] = gathered
 
     def _update_status(self) -> None:
-        t = self.target_model_inputs
-        ops.draft_model_postprocess(t.draft_tokens, t.seq_lens_this_time, t.seq_lens_encoder,
-                                    t.stop_flags)
+        target = self.target_model_inputs
+        ops.draft_model_postprocess(
+            base_model_draft_tokens=target.draft_tokens,
+            base_model_seq_lens_this_time=target.seq_lens_this_time,
+            base_model_seq_lens_encoder=target.seq_lens_encoder,
+            base_model_stop_flags=target.stop_flags,
+        )
 
     def _extend_draft_token_with_ngram_match(self) -> None:
-        x, t = self.model_inputs, self.target_model_inputs
+        draft, target = self.model_inputs, self.target_model_inputs
         spec = self.fd_config.speculative_config
         ops.hybrid_mtp_ngram(
-            x.input_ids_cpu, x.input_ids_len, x.pre_ids, x.step_idx, t.actual_draft_token_num,
-            t.draft_tokens, t.seq_lens_this_time, x.seq_lens_decoder, x.max_dec_len,
-            max_ngram_size=spec.max_ngram_size, min_ngram_size=spec.min_ngram_size,
-            max_draft_tokens=self.max_draft_token_num)
+            input_ids=draft.input_ids_cpu,
+            input_ids_len=draft.input_ids_len,
+            pre_ids=draft.pre_ids,
+            step_idx=draft.step_idx,
+            draft_token_num=target.actual_draft_token_num,
+            draft_tokens=target.draft_tokens,
+            seq_lens_this_time=target.seq_lens_this_time,
+            seq_lens_decoder=draft.seq_lens_decoder,
+            max_dec_len=draft.max_dec_len,
+            max_ngram_size=spec.max_ngram_size,
+            min_ngram_size=spec.min_ngram_size,
+            max_draft_tokens=self.max_draft_token_num,
+        )

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from ..config import FDConfig
+from ..constants import PLACEHOLDER_TOKEN_ID
+from ..models.interfaces import MTPModel, TargetModel
 from .request import Request, RequestType
 from .scheduler import Scheduler
 from .target_runner import StepOutput, TargetRunner
@@ -42,7 +44,7 @@ class Metrics:
         return self.emitted_tokens / self.decode_item_steps if self.decode_item_steps else 0.0
 
     @property
-    def acceptance_per_position(self) -> List[Optional[float]]:
+    def acceptance_per_position(self) -> list[float | None]:
         """Share of offered drafts accepted, per draft position 1..K (``None`` where no draft
         was ever offered, e.g. positions past ``num_model_steps`` without the n-gram hybrid)."""
         return [float(a / p) if p else None for a, p in zip(self.accepted, self.proposed)]
@@ -51,7 +53,7 @@ class Metrics:
     def tokens_per_second(self) -> float:
         return self.generated_tokens / self.wall_seconds if self.wall_seconds else 0.0
 
-    def as_dict(self) -> Dict[str, object]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "target_forwards": self.target_forwards,
             "generated_tokens": self.generated_tokens,
@@ -72,12 +74,12 @@ class Engine:
         prefill_chunk_size: see :class:`~fastdeploy_mtp.runtime.scheduler.Scheduler`.
     """
 
-    def __init__(self, fd_config: FDConfig, model, mtp_model=None, prefill_chunk_size: int = 0,
-                 record_trace: bool = False):
+    def __init__(self, fd_config: FDConfig, model: TargetModel, mtp_model: MTPModel | None = None,
+                 prefill_chunk_size: int = 0, record_trace: bool = False):
         self.fd_config = fd_config
         #: with ``record_trace``: one ``(step, request_id, task, emitted tokens, drafts)``
         #: tuple per slot and target forward, for tests and debugging.
-        self.trace: Optional[List[tuple]] = [] if record_trace else None
+        self.trace: list[tuple] | None = [] if record_trace else None
         self.runner = TargetRunner(fd_config, model, mtp_model)
         self.scheduler = Scheduler(fd_config, prefill_chunk_size)
         k = fd_config.speculative_config.num_speculative_tokens if fd_config.speculative_config.enabled else 0
@@ -88,20 +90,20 @@ class Engine:
         if self.runner.proposer is not None:
             self.runner.proposer.clear_mtp_cache()
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def generate(self, requests: Sequence[Request], progress: Optional[Callable[[int, int], None]] = None,
-                 max_steps: int = 1_000_000) -> Dict[str, List[int]]:
+    def generate(self, requests: Sequence[Request], progress: Callable[[int, int], None] | None = None,
+                 max_steps: int = 1_000_000) -> dict[str, list[int]]:
         """Run every request to completion (EOS or ``max_tokens``); returns the generated ids
         per ``request_id``. ``progress(done, total)`` is called as requests finish."""
         for req in requests:
             self.scheduler.add_request(req)
         total, done = len(requests), 0
-        results: Dict[str, List[int]] = {}
+        results: dict[str, list[int]] = {}
         start = time.perf_counter()
         step = 0
         while self.scheduler.has_work:
@@ -143,10 +145,11 @@ class Engine:
         m.emitted_tokens += emitted
         drafts = out.drafts[idx]
         for i in range(drafts.shape[0]):
-            if drafts[i] == -1:
+            if drafts[i] == PLACEHOLDER_TOKEN_ID:
                 continue
             m.proposed[i] += 1
-            # greedy verify: draft i + 1 was accepted iff emitted token i equals it and a
-            # token follows it (or it ended the request)
+            # greedy verify emits the accepted drafts, then the target's own token, which
+            # differs from the draft it rejected: draft i + 1 counts as accepted iff emitted
+            # token i equals it
             if i < emitted and int(out.accept_tokens[idx, i]) == int(drafts[i]):
                 m.accepted[i] += 1

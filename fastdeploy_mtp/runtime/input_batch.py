@@ -9,12 +9,17 @@ them in place.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator
+from collections.abc import ItemsView, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import paddle
 
 from ..config import FDConfig
+from ..constants import NO_BLOCK_ID, PLACEHOLDER_TOKEN_ID
+
+if TYPE_CHECKING:
+    from paddle._typing import DTypeLike
 
 
 class InputBatch:
@@ -48,14 +53,14 @@ class InputBatch:
     def __iter__(self) -> Iterator[str]:
         return iter(self._buffers)
 
-    def items(self):
+    def items(self) -> ItemsView[str, Any]:
         return self._buffers.items()
 
-    def as_dict(self) -> Dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return dict(self._buffers)
 
 
-def _full(shape, value, dtype) -> paddle.Tensor:
+def _full(shape: list[int], value: float, dtype: DTypeLike) -> paddle.Tensor:
     return paddle.full(shape, value, dtype=dtype)
 
 
@@ -89,28 +94,28 @@ def make_target_inputs(fd_config: FDConfig) -> InputBatch:
     w = k + 1
     seq_len = fd_config.model_config.max_model_len
     eos = np.asarray(fd_config.model_config.eos_token_id, np.int64).reshape(-1, 1)
-    x = InputBatch()
-    x.input_ids = _full([n, seq_len], -1, "int64")
-    x.token_ids_all = _full([n, seq_len], -1, "int64")
-    x.prompt_lens = _full([n, 1], 0, "int64")
-    x.seq_lens_this_time = _full([n], 0, "int32")
-    x.seq_lens_encoder = _full([n], 0, "int32")
-    x.seq_lens_decoder = _full([n], 0, "int32")
-    x.step_idx = _full([n, 1], 0, "int64")
-    x.stop_flags = _full([n, 1], True, "bool")
-    x.is_block_step = _full([n], False, "bool")
-    x.draft_tokens = _full([n, w], -1, "int64")
-    x.accept_tokens = _full([n, w], -1, "int64")
-    x.accept_num = _full([n], 0, "int32")
-    x.actual_draft_token_num = _full([n], k, "int32")
-    x.max_dec_len = _full([n, 1], 0, "int64")
-    x.min_dec_len = _full([n, 1], 0, "int64")
-    x.eos_token_id = paddle.to_tensor(eos)
-    x.not_need_stop = _full([1], False, "bool")
-    x.block_tables = _full([n, fd_config.max_blocks_per_seq], -1, "int32")
-    x.top_p = _full([n, 1], 1.0, "float32")
-    x.top_k = _full([n, 1], 0, "int64")
-    x.temperature = _full([n, 1], 1.0, "float32")
-    x.infer_seed = _full([n, 1], 0, "int64")
-    x.reasoning_status = _full([n, 1], 0, "int32")
-    return x
+    target = InputBatch()
+    target.input_ids = _full([n, seq_len], PLACEHOLDER_TOKEN_ID, "int64")
+    target.token_ids_all = _full([n, seq_len], PLACEHOLDER_TOKEN_ID, "int64")
+    target.prompt_lens = _full([n, 1], 0, "int64")
+    target.seq_lens_this_time = _full([n], 0, "int32")
+    target.seq_lens_encoder = _full([n], 0, "int32")
+    target.seq_lens_decoder = _full([n], 0, "int32")
+    target.step_idx = _full([n, 1], 0, "int64")
+    target.stop_flags = _full([n, 1], True, "bool")
+    target.is_block_step = _full([n], False, "bool")
+    target.draft_tokens = _full([n, w], PLACEHOLDER_TOKEN_ID, "int64")
+    target.accept_tokens = _full([n, w], PLACEHOLDER_TOKEN_ID, "int64")
+    target.accept_num = _full([n], 0, "int32")
+    target.actual_draft_token_num = _full([n], k, "int32")
+    target.max_dec_len = _full([n, 1], 0, "int64")
+    target.min_dec_len = _full([n, 1], 0, "int64")
+    target.eos_token_id = paddle.to_tensor(eos)
+    target.not_need_stop = _full([1], False, "bool")
+    target.block_tables = _full([n, fd_config.max_blocks_per_seq], NO_BLOCK_ID, "int32")
+    target.top_p = _full([n, 1], 1.0, "float32")
+    target.top_k = _full([n, 1], 0, "int64")
+    target.temperature = _full([n, 1], 1.0, "float32")
+    target.infer_seed = _full([n, 1], 0, "int64")
+    target.reasoning_status = _full([n, 1], 0, "int32")
+    return target

@@ -18,8 +18,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing import resource_tracker, shared_memory
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -124,18 +125,18 @@ class IPCSignal:
     def __init__(
         self,
         name: str,
-        array: Optional[np.ndarray] = None,
+        array: np.ndarray | None = None,
         dtype: Any = None,
         suffix: Any = None,
         create: bool = True,
-        shm_size: Optional[int] = None,
+        shm_size: int | None = None,
         timeout: float = 0.0,
     ) -> None:
         self.name = _full_name(name, suffix)
         if "/" in self.name or not self.name:
             raise IPCSignalError(f"IPCSignal: name {self.name!r} must be non-empty and contain no '/'")
         self._tracked = create
-        self.value: Optional[np.ndarray] = None
+        self.value: np.ndarray | None = None
         if array is not None:
             if dtype is None or np.dtype(dtype) != array.dtype:
                 raise IPCSignalError(
@@ -155,28 +156,29 @@ class IPCSignal:
                 else:
                     stale.close()
                     _unlink(stale, tracked=False)
-            self.shm = _open(self.name, create=True, size=nbytes + _TRAILER.itemsize)
-            trailer = np.ndarray((), _TRAILER, buffer=self.shm.buf, offset=nbytes)
+            shm = _open(self.name, create=True, size=nbytes + _TRAILER.itemsize)
+            trailer = np.ndarray((), _TRAILER, buffer=shm.buf, offset=nbytes)
             trailer["pid"] = os.getpid()
             trailer["magic"] = _MAGIC
             del trailer
             self.creator_pid = os.getpid()
         else:
-            self.shm = self._attach(timeout)
+            shm = self._attach(timeout)
             self.creator_pid = 0
-            if self.shm.size >= nbytes + _TRAILER.itemsize:
-                trailer = np.ndarray((), _TRAILER, buffer=self.shm.buf, offset=nbytes)
+            if shm.size >= nbytes + _TRAILER.itemsize:
+                trailer = np.ndarray((), _TRAILER, buffer=shm.buf, offset=nbytes)
                 if int(trailer["magic"]) == _MAGIC:
                     self.creator_pid = int(trailer["pid"])
                 del trailer
-            if self.shm.size < nbytes:
-                size = self.shm.size
-                self.shm.close()
+            if shm.size < nbytes:
+                size = shm.size
+                shm.close()
                 raise IPCSignalError(
                     f"IPCSignal {self.name!r}: the segment holds {size} bytes, the array needs {nbytes}"
                 )
+        self.shm: shared_memory.SharedMemory | None = shm
         if array is not None:
-            self.value = np.ndarray(array.shape, dtype=array.dtype, buffer=self.shm.buf)
+            self.value = np.ndarray(array.shape, dtype=array.dtype, buffer=shm.buf)
             if create:
                 self.value[...] = array
 
@@ -198,7 +200,8 @@ class IPCSignal:
         """False once the creating process has exited (unknown creators count as alive)."""
         return _pid_alive(self.creator_pid)
 
-    def wait_for(self, predicate, timeout: float, poll: float = 0.005) -> np.ndarray:
+    def wait_for(self, predicate: Callable[[np.ndarray], object], timeout: float,
+                 poll: float = 0.005) -> np.ndarray:
         """Poll until ``predicate(self.value)`` is true; returns ``self.value``.
 
         Raises :class:`CreatorGoneError` as soon as the creator has exited without the

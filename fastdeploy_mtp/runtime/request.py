@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any
+
+from ..constants import NO_SLOT
 
 
 class RequestType(enum.Enum):
@@ -25,7 +27,7 @@ class Request:
         max_tokens: most tokens to generate (FastDeploy's ``max_dec_len``).
         arrival_step: the engine step at which the request becomes visible (for tests and
             benchmarks with staggered arrivals; 0 = from the start).
-        idx: the slot it occupies (set by the scheduler).
+        idx: the slot it occupies (set by the scheduler; ``NO_SLOT`` until then).
         output_token_ids: tokens generated so far.
         prefill_start_index / prefill_end_index: the prompt chunk of the current task.
         task_type: :class:`RequestType` of the current task.
@@ -33,15 +35,15 @@ class Request:
     """
 
     request_id: str
-    prompt_token_ids: List[int]
+    prompt_token_ids: list[int]
     max_tokens: int = 64
     arrival_step: int = 0
-    idx: int = -1
-    output_token_ids: List[int] = field(default_factory=list)
+    idx: int = NO_SLOT
+    output_token_ids: list[int] = field(default_factory=list)
     prefill_start_index: int = 0
     prefill_end_index: int = 0
     task_type: RequestType = RequestType.PREFILL
-    block_tables: List[int] = field(default_factory=list)
+    block_tables: list[int] = field(default_factory=list)
     finished: bool = False
 
     def __post_init__(self) -> None:
@@ -50,7 +52,7 @@ class Request:
         if self.max_tokens <= 0:
             raise ValueError(f"request {self.request_id!r}: `max_tokens` must be > 0, got {self.max_tokens}")
 
-    def get(self, key: str, default: Optional[Any] = None) -> Any:
+    def get(self, key: str, default: Any | None = None) -> Any:
         """Dict-style access, as FastDeploy's ``Request.get``."""
         return getattr(self, key, default)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, List, Optional
 
 import numpy as np
 
@@ -22,7 +21,7 @@ class OutOfBlocksError(RuntimeError):
 class SlotState:
     request: Request
     prefill_pos: int = 0  # prompt tokens already prefilled
-    blocks: List[int] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
 
     @property
     def prefilling(self) -> bool:
@@ -61,12 +60,13 @@ class Scheduler:
         self.prefill_chunk_size = prefill_chunk_size
         self.block_size = fd_config.cache_config.block_size
         self.max_blocks_per_seq = fd_config.max_blocks_per_seq
-        self.free_blocks: List[int] = list(range(fd_config.cache_config.total_block_num - 1, -1, -1))
-        self.waiting: Deque[Request] = deque()
-        self.slots: Dict[int, SlotState] = {}
+        self.free_blocks: list[int] = list(range(fd_config.cache_config.total_block_num - 1, -1, -1))
+        self.waiting: deque[Request] = deque()
+        self.slots: dict[int, SlotState] = {}
         self.max_model_len = fd_config.model_config.max_model_len
         # Positions a slot may write before the next schedule: the target's K + 1 tokens of
-        # this step, then up to K - 1 MTP substep positions past the accepted ones.
+        # this step, then up to K - 1 MTP substep positions past the accepted ones; 2K + 2
+        # covers those 2K with two positions to spare.
         self.lookahead = 2 * self.k + 2
 
     def add_request(self, req: Request) -> None:
@@ -92,17 +92,19 @@ class Scheduler:
                                        "cache_config.total_block_num or lower max_num_seqs")
             state.blocks.append(self.free_blocks.pop())
 
-    def schedule(self, step: int, decode_lens: np.ndarray) -> List[Request]:
-        """Plan this step. ``decode_lens[b]`` = tokens slot ``b`` feeds if it decodes (the
-        target's ``seq_lens_this_time`` after the proposer). Returns the tasks: a PREFILL task
-        per slot that gets a chunk, a DECODE task (block-table refresh) per decoding slot."""
+    def schedule(self, step: int, decode_lens: np.ndarray) -> list[Request]:
+        """Plan this step: first place waiting requests (FIFO, once their ``arrival_step`` has
+        come) in free slots, then plan the slots. ``decode_lens[b]`` = tokens slot ``b`` feeds
+        if it decodes (the target's ``seq_lens_this_time`` after the proposer). Returns the
+        tasks: a DECODE task (block-table refresh) per decoding slot, then a PREFILL task per
+        slot that gets a chunk."""
         for idx in range(self.max_num_seqs):
             if idx in self.slots or not self.waiting or self.waiting[0].arrival_step > step:
                 continue
             req = self.waiting.popleft()
             req.idx = idx
             self.slots[idx] = SlotState(req)
-        tasks: List[Request] = []
+        tasks: list[Request] = []
         budget = self.budget
         for idx, state in sorted(self.slots.items()):
             if state.prefilling:
@@ -114,7 +116,7 @@ class Scheduler:
             req.block_tables = list(state.blocks)
             budget -= int(decode_lens[idx])
             tasks.append(req)
-        for idx, state in sorted(self.slots.items()):
+        for _, state in sorted(self.slots.items()):
             if not state.prefilling or budget <= 0:
                 continue
             req = state.request

@@ -4,7 +4,7 @@ weights."""
 import numpy as np
 import paddle
 
-from fastdeploy_mtp.models import MTPLayer, ModelConfig, TinyTargetModel
+from fastdeploy_mtp.models import ModelConfig, MTPLayer, TinyTargetModel
 
 
 def small_config(**overrides):

@@ -6,12 +6,20 @@ import paddle
 import pytest
 from safetensors.numpy import save_file
 
-from models_testlib import build_models, small_config
-from fastdeploy_mtp.models import (FAMILIES, MissingTensorError, TensorShapeError,
-                                   UnsupportedTensorError, config_for_family,
-                                   contiguous_block_tables, load_mtp_weights, load_state_strict,
-                                   make_forward_meta)
+from fastdeploy_mtp.models import (
+    FAMILIES,
+    MissingTensorError,
+    TensorShapeError,
+    UnsupportedTensorError,
+    config_for_family,
+    contiguous_block_tables,
+    load_mtp_weights,
+    load_state_strict,
+    make_forward_meta,
+)
+
 import mtp_numpy_reference as ref
+from models_testlib import build_models, small_config
 
 # float32 Paddle vs float64 numpy
 ATOL, RTOL = 1e-4, 1e-4
@@ -24,8 +32,13 @@ def our_weights(cfg, seed):
     rng = np.random.default_rng(seed)
     h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-    lin = lambda a, b: (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
-    norm = lambda: (1 + 0.3 * rng.standard_normal(h)).astype(np.float32)
+
+    def lin(a, b):
+        return (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
+
+    def norm():
+        return (1 + 0.3 * rng.standard_normal(h)).astype(np.float32)
+
     w = {"enorm.weight": norm(), "hnorm.weight": norm(), "norm.weight": norm(),
          "eh_proj.weight": lin(2 * h, h),
          "mtp_block.input_layernorm.weight": norm(),

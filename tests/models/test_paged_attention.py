@@ -5,9 +5,10 @@ import numpy as np
 import paddle
 import pytest
 
-from models_testlib import build_models, small_config
 from fastdeploy_mtp.models import causal_bias, contiguous_block_tables, make_forward_meta
+
 import mtp_numpy_reference as ref
+from models_testlib import build_models, small_config
 
 # float32 Paddle vs float32 Paddle (same math, different summation order / caching)
 ATOL_SAME, RTOL_SAME = 2e-5, 2e-5

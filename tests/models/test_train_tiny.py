@@ -8,9 +8,15 @@ import numpy as np
 import paddle
 import pytest
 
+from fastdeploy_mtp.models import (
+    causal_bias,
+    contiguous_block_tables,
+    greedy_generate,
+    make_forward_meta,
+    score_windows,
+)
+
 from models_testlib import build_models, small_config
-from fastdeploy_mtp.models import causal_bias, contiguous_block_tables, greedy_generate, \
-    make_forward_meta, score_windows
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY_ARGS = ["--hidden-size", "32", "--layers", "1", "--heads", "4", "--kv-heads", "2",

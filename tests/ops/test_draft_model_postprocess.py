@@ -152,7 +152,8 @@ def test_paddle_op_writes_in_place_through_the_same_buffer():
     draft, slt, enc, stop = _valid()
     t_slt = paddle.to_tensor(slt)
     ptr = t_slt.data_ptr()
-    assert ops.draft_model_postprocess(paddle.to_tensor(draft), t_slt, paddle.to_tensor(enc), paddle.to_tensor(stop)) is None
+    result = ops.draft_model_postprocess(paddle.to_tensor(draft), t_slt, paddle.to_tensor(enc), paddle.to_tensor(stop))
+    assert result is None
     assert t_slt.data_ptr() == ptr
     np.testing.assert_array_equal(t_slt.numpy(), reference(draft, slt, enc, stop)["base_model_seq_lens_this_time"])
 

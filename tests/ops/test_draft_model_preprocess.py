@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from tests.compare import assert_all_exact, assert_rejected
-from tests.reference.draft_model_preprocess import NAMES
-from tests.reference.draft_model_preprocess import draft_model_preprocess as reference
+from tests.reference.draft_model_preprocess import NAMES, draft_model_preprocess as reference
 
 OP = "draft_model_preprocess"
 

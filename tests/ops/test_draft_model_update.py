@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from tests.compare import assert_all_exact, assert_rejected
-from tests.reference.draft_model_update import NAMES
-from tests.reference.draft_model_update import draft_model_update as reference
+from tests.reference.draft_model_update import NAMES, draft_model_update as reference
 
 OP = "draft_model_update"
 MAX_SEQ_LEN = 64

@@ -189,7 +189,8 @@ def test_bad_inputs_are_errors_naming_the_problem(name):
             _kernels.share_external_data(placeholder, name, [5, 6], False)
     # an XPU segment needs an XPU placeholder, and a host segment a host one
     with pytest.raises(ValueError, match=r"holds an XPU IPC handle but `input` is on cpu; attach with a "
-                                         r"placeholder on the XPU device \(emulator: a host array inside xpu_emulation\)"):
+                                         r"placeholder on the XPU device "
+                                         r"\(emulator: a host array inside xpu_emulation\)"):
         _kernels.share_external_data(placeholder, name, [4, 6])
     with pytest.raises(ValueError, match=r"`use_ipc`=False .* applies to XPU tensors only; `input` is on cpu"):
         _kernels.share_external_data(placeholder, name, [4, 6], False)

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from tests.compare import assert_all_exact, assert_rejected
-from tests.reference.mtp_step_paddle import NAMES
-from tests.reference.mtp_step_paddle import mtp_step_paddle as reference
+from tests.reference.mtp_step_paddle import NAMES, mtp_step_paddle as reference
 
 OP = "mtp_step_paddle"
 

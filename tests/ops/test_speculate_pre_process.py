@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from tests.compare import assert_all_exact, assert_rejected
-from tests.reference.speculate_pre_process import INPUTS, OUTPUTS
-from tests.reference.speculate_pre_process import speculate_pre_process as reference
+from tests.reference.speculate_pre_process import INPUTS, OUTPUTS, speculate_pre_process as reference
 
 OP = "speculate_pre_process"
 NAMES = INPUTS + OUTPUTS

@@ -118,7 +118,8 @@ def test_random_states_match_reference(backend, bsz, k, strategy):
     check(backend, make_state(rng, bsz, k, s, real_bsz=real), attrs(s), f"bsz={bsz} k={k} {strategy}")
 
 
-@pytest.mark.parametrize("flags", [(True, False), (False, True), (True, True)], ids=["reject_all", "accept_all", "both"])
+@pytest.mark.parametrize("flags", [(True, False), (False, True), (True, True)],
+                         ids=["reject_all", "accept_all", "both"])
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_random_states_with_flags_match_reference(backend, strategy, flags):
     s = STRATEGIES[strategy]
@@ -421,7 +422,8 @@ def test_rejection_emits_tokens_distributed_as_the_target_for_a_one_hot_drafter(
         expected = p[i] * reached.sum()
         chi2 = float(((counts - expected) ** 2 / expected).sum())
         pval = _chi2_sf(chi2, 5)
-        assert pval > 1e-4, f"position {i}: chi2 {chi2:.1f} (p = {pval:.2e}) over {reached.sum()} draws, counts {counts}"
+        assert pval > 1e-4, (f"position {i}: chi2 {chi2:.1f} (p = {pval:.2e}) over {reached.sum()} draws, "
+                             f"counts {counts}")
         if i < k:
             reached &= out[:, i] == drafts[i]
     assert reached.sum() > 2000  # the bonus position was tested on enough draws
@@ -447,7 +449,8 @@ BAD_INPUTS = {
     "topp_batch_5": (TOPP, 7, lambda t: t[7][:5].copy(), "topp"),
     "step_idx_batch_7": (GREEDY, 16, lambda t: np.zeros((7, 1), np.int64), "step_idx"),
     "seq_lens_this_time_too_many": (GREEDY, 10, lambda t: np.ones(7, np.int32), "seq_lens_this_time"),
-    "seq_lens_this_time_negative": (GREEDY, 10, lambda t: np.array([1, 2, -1, 1, 1, 1], np.int32), "seq_lens_this_time"),
+    "seq_lens_this_time_negative": (GREEDY, 10, lambda t: np.array([1, 2, -1, 1, 1, 1], np.int32),
+                                    "seq_lens_this_time"),
     "cu_seqlens_q_output_short": (GREEDY, 13, lambda t: t[13][:3].copy(), "cu_seqlens_q_output"),
     "candidate_lens_rows": (REJECTION, 6, lambda t: t[6][:-1].copy(), "candidate_lens"),
     "candidate_scores_cols": (REJECTION, 5, lambda t: t[5][:, :2].copy(), "candidate_scores"),

@@ -63,7 +63,8 @@ def test_results_do_not_depend_on_the_launch_shape(clusters, cores):
 def test_draft_width_beyond_kmaxdraftwidth_is_rejected_before_any_write():
     d, s, e, f = _postprocess_inputs(3, 129, seed=2)
     before = s.copy()
-    with pytest.raises(ValueError, match=r"draft_model_postprocess: .*width \(K \+ 1\) = 129 exceeds the XPU3 kernel limit kMaxDraftWidth = 128"):
+    with pytest.raises(ValueError, match=r"draft_model_postprocess: .*width \(K \+ 1\) = 129 "
+                                         r"exceeds the XPU3 kernel limit kMaxDraftWidth = 128"):
         with _kernels.xpu_emulation(2, 4):
             _kernels.draft_model_postprocess(d, s, e, f)
     np.testing.assert_array_equal(s, before)

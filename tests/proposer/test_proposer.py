@@ -4,10 +4,9 @@ config validation, insertion state, slot reordering, and the substep loop."""
 from __future__ import annotations
 
 import numpy as np
-import paddle
 import pytest
 
-from fastdeploy_mtp.config import FDConfig, SchedulerConfig, SpeculativeConfig
+from fastdeploy_mtp.config import SchedulerConfig, SpeculativeConfig
 from fastdeploy_mtp.proposer import CLONED_FROM_TARGET, SHARED_WITH_TARGET, MTPProposer
 from fastdeploy_mtp.runtime.input_batch import make_target_inputs
 from fastdeploy_mtp.runtime.request import Request, RequestType

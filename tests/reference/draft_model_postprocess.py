@@ -5,8 +5,6 @@ Takes the op's four tensors (numpy) and returns every one of them as the op leav
 
 from __future__ import annotations
 
-from typing import Dict
-
 import numpy as np
 
 PLACEHOLDER = -1
@@ -17,7 +15,7 @@ def draft_model_postprocess(
     base_model_seq_lens_this_time: np.ndarray,
     base_model_seq_lens_encoder: np.ndarray,
     base_model_stop_flags: np.ndarray,
-) -> Dict[str, np.ndarray]:
+) -> dict[str, np.ndarray]:
     draft = base_model_draft_tokens.copy()
     slt = base_model_seq_lens_this_time.copy()
     enc = base_model_seq_lens_encoder.reshape(-1)

@@ -5,8 +5,6 @@ Takes the op's 17 tensors and two attrs; returns every tensor as the op leaves i
 
 from __future__ import annotations
 
-from typing import Dict
-
 import numpy as np
 
 NAMES = (
@@ -17,7 +15,7 @@ NAMES = (
 )
 
 
-def draft_model_preprocess(*tensors, num_model_step: int, is_splitwise_prefill: bool) -> Dict[str, np.ndarray]:
+def draft_model_preprocess(*tensors, num_model_step: int, is_splitwise_prefill: bool) -> dict[str, np.ndarray]:
     t = {name: np.array(x, copy=True) for name, x in zip(NAMES, tensors)}
     flat = {name: t[name].reshape(-1) for name in NAMES if t[name].ndim <= 2 and name not in (
         "draft_tokens", "input_ids", "pre_ids", "accept_tokens", "target_model_draft_tokens")}

@@ -7,8 +7,6 @@ seq_lens_this_time is > 0, counted from a snapshot taken before any write
 
 from __future__ import annotations
 
-from typing import Dict
-
 import numpy as np
 
 NAMES = (
@@ -18,7 +16,7 @@ NAMES = (
 )
 
 
-def draft_model_update(*tensors, max_seq_len: int, substep: int) -> Dict[str, np.ndarray]:
+def draft_model_update(*tensors, max_seq_len: int, substep: int) -> dict[str, np.ndarray]:
     t = {name: np.array(x, copy=True) for name, x in zip(NAMES, tensors)}
     tokens = t["inter_next_tokens"].reshape(-1)
     slt = t["seq_lens_this_time"].reshape(-1)

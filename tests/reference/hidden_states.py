@@ -8,7 +8,7 @@ item fills are zero.
 
 from __future__ import annotations
 
-from typing import Callable, Tuple
+from collections.abc import Callable
 
 import numpy as np
 
@@ -17,7 +17,7 @@ def _nonneg(v) -> int:
     return max(int(v), 0)
 
 
-def _gather(input_, bsz: int, out_rows: int, counts: Callable, source: Callable) -> Tuple[np.ndarray, np.ndarray]:
+def _gather(input_, bsz: int, out_rows: int, counts: Callable, source: Callable) -> tuple[np.ndarray, np.ndarray]:
     """Items in batch order: item b owns `in` input rows and `out` output rows; its j-th
     output row copies its source(b, j, in)-th input row (zero if that row does not exist)."""
     out = np.zeros((out_rows, input_.shape[1]), dtype=input_.dtype)

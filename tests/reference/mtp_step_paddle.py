@@ -8,8 +8,6 @@ dropped.
 
 from __future__ import annotations
 
-from typing import Dict
-
 import numpy as np
 
 NAMES = (
@@ -19,7 +17,7 @@ NAMES = (
 )
 
 
-def mtp_step_paddle(*tensors, block_size: int, max_draft_tokens: int) -> Dict[str, np.ndarray]:
+def mtp_step_paddle(*tensors, block_size: int, max_draft_tokens: int) -> dict[str, np.ndarray]:
     t = {name: np.array(x, copy=True) for name, x in zip(NAMES, tensors)}
     base_stop = t["base_model_stop_flags"].reshape(-1)
     stop = t["stop_flags"].reshape(-1)

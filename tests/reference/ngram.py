@@ -16,12 +16,10 @@ draft column.
 
 from __future__ import annotations
 
-from typing import Dict, Optional
-
 import numpy as np
 
 
-def _leftmost(hay: np.ndarray, length: int, pattern: np.ndarray) -> Optional[int]:
+def _leftmost(hay: np.ndarray, length: int, pattern: np.ndarray) -> int | None:
     """Leftmost i with hay[i:i+n] == pattern and i + n < length (a token follows)."""
     n = len(pattern)
     if length - n < 1:
@@ -63,7 +61,7 @@ def hybrid_mtp_ngram(
     input_ids, input_ids_len, pre_ids, step_idx, draft_token_num, draft_tokens,
     seq_lens_this_time, seq_lens_decoder, max_dec_len,
     max_ngram_size, min_ngram_size, max_draft_tokens, threshold=1024, num_threads=0,
-) -> Dict[str, np.ndarray]:
+) -> dict[str, np.ndarray]:
     del num_threads  # never changes the result
     draft = draft_tokens.copy()
     slt_out = seq_lens_this_time.copy()
@@ -99,7 +97,7 @@ def ngram_match(
     input_ids, input_ids_len, token_ids_all, prompt_lens, step_idx, draft_token_num,
     draft_tokens, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, max_dec_len,
     max_ngram_size, max_draft_tokens, threshold=128, num_threads=0,
-) -> Dict[str, np.ndarray]:
+) -> dict[str, np.ndarray]:
     del max_draft_tokens, num_threads  # the budget is per item (draft_token_num)
     draft = draft_tokens.copy()
     slt_out = seq_lens_this_time.copy()

@@ -6,8 +6,6 @@ Returns the seven outputs (plus the inputs, unchanged) for the op's static form:
 
 from __future__ import annotations
 
-from typing import Dict
-
 import numpy as np
 
 INPUTS = ("input_ids", "seq_len", "draft_tokens", "seq_lens_encoder", "seq_lens_decoder")
@@ -23,7 +21,7 @@ def output_rows(n: int, enc: int) -> int:
     return 1 if n == 1 or enc != 0 else n
 
 
-def speculate_pre_process(*tensors, cpu_token_num: int) -> Dict[str, np.ndarray]:
+def speculate_pre_process(*tensors, cpu_token_num: int) -> dict[str, np.ndarray]:
     t = {name: np.array(x, copy=True) for name, x in zip(INPUTS, tensors)}
     input_ids, draft = t["input_ids"], t["draft_tokens"]
     slt = t["seq_len"].reshape(-1)

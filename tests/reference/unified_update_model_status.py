@@ -6,7 +6,7 @@ Takes the op's 14 tensors (numpy) and returns every one of them as the op leaves
 
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -17,7 +17,7 @@ NAMES = (
 )
 
 
-def unified_update_model_status(tensors: Sequence[np.ndarray]) -> Dict[str, np.ndarray]:
+def unified_update_model_status(tensors: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
     t = dict(zip(NAMES, (np.array(a, copy=True) for a in tensors)))
     # reshape(-1) of a contiguous copy is a view: writes land in the returned arrays
     enc, dec = t["seq_lens_encoder"].reshape(-1), t["seq_lens_decoder"].reshape(-1)

@@ -7,7 +7,7 @@ scalars in candidate order, as the kernels do, so tokens match bit for bit.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -22,11 +22,11 @@ ACCEPT_ALL_EOS_REPLACEMENT = 5
 F0 = np.float32(0.0)
 
 
-def _flat(a: Optional[np.ndarray]) -> Optional[np.ndarray]:
+def _flat(a: np.ndarray | None) -> np.ndarray | None:
     return None if a is None else np.asarray(a).reshape(-1)
 
 
-def verify_draft_tokens(tensors: Sequence[Optional[np.ndarray]], attrs: Sequence) -> Dict[str, Optional[np.ndarray]]:
+def verify_draft_tokens(tensors: Sequence[np.ndarray | None], attrs: Sequence) -> dict[str, np.ndarray | None]:
     t = dict(zip(NAMES, (None if a is None else np.array(a, copy=True) for a in tensors)))
     _max_seq_len, _verify_window, strategy, reject_all, accept_all = attrs
     out = t["step_output_ids"]

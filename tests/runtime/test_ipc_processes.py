@@ -6,7 +6,6 @@ names afterwards (cleaning up before failing, so one failure does not leak into 
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys

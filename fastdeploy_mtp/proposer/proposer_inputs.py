@@ -1,16 +1,19 @@
-"""``ProposerInputBatch``: the MTP proposer's buffers (``model_inputs``), FastDeploy's layout
-(``fastdeploy-ops.md`` §4.2).
+"""``ProposerInputBatch``: the MTP proposer's buffers (``model_inputs``), with FastDeploy's
+names and layout (``docs/architecture.md`` summarises how they relate to the target's).
 
 Three kinds of buffers:
 
-* **cloned** from the target (own memory, same shape and dtype): the draft's shadow copies of
-  the lengths, steps, stop flags, prompt chunk and block table;
+* **cloned** from the target (own memory, same shape and dtype, :data:`CLONED_FROM_TARGET`):
+  the draft's shadow copies of the prompt chunk, lengths, steps, token history and block
+  table (``stop_flags`` is cloned too, then reset so that every draft slot starts stopped);
 * **shared by reference** with the target (the *same* tensor objects, so a write by either
-  side is seen by both): sampling parameters, ``max_dec_len``, ``eos_token_id``,
-  ``prompt_lens``, and — the ones the proposer writes into —
-  ``base_model_draft_tokens`` (= target ``draft_tokens``), ``accept_tokens``, ``accept_num``;
-* **new**: the draft's history (``pre_ids``), drafts, hidden-state staging buffer and the
-  legacy block allocator's lists.
+  side is seen by both, :data:`SHARED_WITH_TARGET`): sampling parameters, ``max_dec_len``,
+  ``min_dec_len``, ``eos_token_id``, ``prompt_lens``, and the ones the proposer's ops write
+  into: ``base_model_draft_tokens`` (= target ``draft_tokens``), ``accept_tokens``,
+  ``accept_num``;
+* **new**: the draft's ``seq_lens_this_time``, history (``pre_ids``), drafts, hidden-state
+  staging buffer, and the per-slot state of FastDeploy's v0 block allocator
+  (``mtp_step_paddle``'s inputs, kept for layout compatibility).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import paddle
 
 from ..config import FDConfig
+from ..constants import NO_BATCH_ID, PLACEHOLDER_TOKEN_ID, UNSET_SEQ_LEN
 from ..runtime.input_batch import InputBatch
 
 #: Target buffers the proposer shares by reference (same tensor object), under its own
@@ -57,6 +61,7 @@ class ProposerInputBatch(InputBatch):
 
     New buffers (dtype, shape, initial value; ``Tmax`` = ``max_num_batched_tokens + N * (K+1)``):
         seq_lens_this_time   int32 [N] 0 (FastDeploy's ``seq_lens_this_time_buffer``)
+        stop_flags           bool  [N, 1] True (replaces the clone of the target's)
         draft_tokens         int64 [N, K+1] -1: the draft's input tokens of the substep
         pre_ids              int64 [N, L] -1: draft history aligned with generated positions
         input_ids_cpu        int64 [N, L] -1: the whole prompt shifted left by one (n-gram)
@@ -67,7 +72,8 @@ class ProposerInputBatch(InputBatch):
         last_seq_lens_this_time int32 [N] -1
         is_block_step, batch_drop bool [N, 1] False; used_list_len int32 [N] 0;
         encoder_block_lens int32 [N] 0; free_list int32 [F], free_list_len int32 [1] F
-            (the legacy v0 allocator of ``mtp_step_paddle``; F = total - int(total * ratio))
+            (the v0 allocator state ``mtp_step_paddle`` reads; F = total - int(total * ratio),
+            free_list = [0] when F = 0)
         mask_rollback int32 [N, 1] 0; recompute_token_num int32 [N, 1] S - 1
     """
 
@@ -88,16 +94,16 @@ class ProposerInputBatch(InputBatch):
             self[own] = target_inputs[theirs]
         self.seq_lens_this_time = paddle.zeros([n], dtype="int32")
         self.stop_flags = paddle.full([n, 1], True, dtype="bool")
-        self.draft_tokens = paddle.full([n, w], -1, dtype="int64")
-        self.pre_ids = paddle.full([n, seq_len], -1, dtype="int64")
-        self.input_ids_cpu = paddle.full([n, seq_len], -1, dtype="int64")
+        self.draft_tokens = paddle.full([n, w], PLACEHOLDER_TOKEN_ID, dtype="int64")
+        self.pre_ids = paddle.full([n, seq_len], PLACEHOLDER_TOKEN_ID, dtype="int64")
+        self.input_ids_cpu = paddle.full([n, seq_len], PLACEHOLDER_TOKEN_ID, dtype="int64")
         self.input_ids_len = paddle.zeros([n, 1], dtype="int64")
         self.not_need_stop = paddle.full([1], False, dtype="bool")
         max_tokens = fd_config.scheduler_config.max_num_batched_tokens + n * w
         self.target_hidden_states = paddle.zeros([max_tokens, hidden], dtype="float32")
         self.cu_seqlens_q_output = paddle.zeros([n + 1], dtype="int32")
-        self.batch_id_per_token_output = paddle.full([n * w], -1, dtype="int32")
-        self.last_seq_lens_this_time = paddle.full([n], -1, dtype="int32")
+        self.batch_id_per_token_output = paddle.full([n * w], NO_BATCH_ID, dtype="int32")
+        self.last_seq_lens_this_time = paddle.full([n], UNSET_SEQ_LEN, dtype="int32")
         self.is_block_step = paddle.full([n, 1], False, dtype="bool")
         self.batch_drop = paddle.full([n, 1], False, dtype="bool")
         self.used_list_len = paddle.zeros([n], dtype="int32")

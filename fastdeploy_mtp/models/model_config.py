@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, Dict
+from typing import Any
 
 #: Values accepted by :attr:`ModelConfig.mtp_hidden_state`.
 MTP_HIDDEN_STATES = ("post_norm", "pre_norm")
@@ -100,11 +100,11 @@ class ModelConfig:
             raise ValueError(f"`mtp_final_norm` must be one of {MTP_FINAL_NORMS}, "
                              f"got {self.mtp_final_norm!r}")
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -117,6 +117,6 @@ class ModelConfig:
             f.write("\n")
 
     @classmethod
-    def load_json(cls, path: str) -> "ModelConfig":
-        with open(path, "r", encoding="utf-8") as f:
+    def load_json(cls, path: str) -> ModelConfig:
+        with open(path, encoding="utf-8") as f:
             return cls.from_dict(json.load(f))

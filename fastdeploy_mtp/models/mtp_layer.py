@@ -3,15 +3,13 @@ after next from the next token's embedding and the target's hidden state."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 import paddle
 import paddle.nn as nn
 
 from .attention import ReferenceAttentionBackend
-from .config import ModelConfig
 from .forward_meta import ForwardMeta
 from .layers import DecoderLayer, RMSNorm, RotaryEmbedding
+from .model_config import ModelConfig
 from .target import TinyTargetModel, mask_padded_vocab
 
 
@@ -66,7 +64,7 @@ class MTPLayer(nn.Layer):
         parts = [e, h] if self.config.mtp_concat_order == "emb_first" else [h, e]
         return self.eh_proj(paddle.concat(parts, axis=-1))
 
-    def forward(self, ids_remove_padding: Optional[paddle.Tensor],
+    def forward(self, ids_remove_padding: paddle.Tensor | None,
                 previous_hidden_states: paddle.Tensor,
                 forward_meta: ForwardMeta) -> paddle.Tensor:
         """Run the packed batch.
@@ -96,7 +94,7 @@ class MTPLayer(nn.Layer):
         return self.norm(x) if self.config.mtp_final_norm == "in_forward" else x
 
     def compute_logits(self, hidden: paddle.Tensor,
-                       forward_meta: Optional[ForwardMeta] = None) -> paddle.Tensor:
+                       forward_meta: ForwardMeta | None = None) -> paddle.Tensor:
         """``hidden [n, H]`` -> float32 ``[n, V]`` through the shared LM head, columns
         ``>= ori_vocab_size`` set to ``-inf``. Applies ``norm`` first when
         ``config.mtp_final_norm == "in_logits"``."""
@@ -104,7 +102,7 @@ class MTPLayer(nn.Layer):
             hidden = self.norm(hidden)
         return mask_padded_vocab(self.target.lm_head(hidden), self.config.ori_vocab_size)
 
-    def empty_input_forward(self, forward_meta: Optional[ForwardMeta] = None) -> None:
+    def empty_input_forward(self, forward_meta: ForwardMeta | None = None) -> None:
         """No-op for this dense layer. A proposer calls it on a rank with no tokens; an MoE
         MTP layer under expert parallelism must still enter its all-to-all collectives there
         or the other ranks hang."""
