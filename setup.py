@@ -42,7 +42,7 @@ def _cmake_binary():
     except ImportError:
         found = shutil.which("cmake")
         if not found:
-            raise RuntimeError("CMake >= 3.18 is required: pip install cmake")
+            raise RuntimeError("CMake >= 3.18 is required: pip install cmake") from None
         return found
 
 

@@ -123,7 +123,6 @@ class Op:
     xpu_kernels: list[str] = field(default_factory=list)  # launched in order; "@single": 1x1
     xpu_limits: list[dict[str, str]] = field(default_factory=list)
     attrs_first: bool = False  # Python wrapper: attrs before tensors (FastDeploy's call form)
-    raises: str = ""
     paddle_outputs: list[str] = field(default_factory=list)  # Paddle's output order, if not the default
 
     def output_order(self) -> list[str]:
@@ -222,7 +221,6 @@ def load_op(path: Path) -> Op:
         xpu_kernels=list(_take(data, "xpu_kernels", where, [name])),  # type: ignore[arg-type]
         xpu_limits=list(_take(data, "xpu_limits", where, [])),  # type: ignore[arg-type]
         attrs_first=bool(_take(data, "attrs_first", where, False)),
-        raises=str(_take(data, "raises", where, "")),
         paddle_outputs=list(_take(data, "paddle_outputs", where, [])),  # type: ignore[arg-type]
     )
     _no_extra(data, where)
@@ -343,8 +341,13 @@ def load_constants(path: Path) -> tuple[list[Constant], list[Enum]]:
     for python, raw in data.get("constants", {}).items():
         w = f"{path}: constants.{python}"
         consts.append(
-            Constant(python, str(_take(raw, "cpp", w)), str(_take(raw, "cpp_type", w)), int(_take(raw, "value", w)),
-                     str(_take(raw, "doc", w)))
+            Constant(
+                python,
+                str(_take(raw, "cpp", w)),
+                str(_take(raw, "cpp_type", w)),
+                int(_take(raw, "value", w)),
+                str(_take(raw, "doc", w)),
+            )
         )
         _no_extra(raw, w)
     enums = []
@@ -353,11 +356,18 @@ def load_constants(path: Path) -> tuple[list[Constant], list[Enum]]:
         members = []
         for m in _take(raw, "members", w):  # type: ignore[union-attr]
             mw = f"{w}.members"
-            members.append((str(_take(m, "name", mw)), str(_take(m, "cpp", mw)), int(_take(m, "value", mw)),
-                            str(_take(m, "doc", mw))))
+            members.append(
+                (
+                    str(_take(m, "name", mw)),
+                    str(_take(m, "cpp", mw)),
+                    int(_take(m, "value", mw)),
+                    str(_take(m, "doc", mw)),
+                )
+            )
             _no_extra(m, mw)
-        enums.append(Enum(python, str(_take(raw, "cpp", w)), str(_take(raw, "count_cpp", w)), str(_take(raw, "doc", w)),
-                          members))
+        enums.append(
+            Enum(python, str(_take(raw, "cpp", w)), str(_take(raw, "count_cpp", w)), str(_take(raw, "doc", w)), members)
+        )
         _no_extra(raw, w)
     return consts, enums
 
@@ -397,8 +407,16 @@ def kernel_call(op: Op, backend: str) -> str:
 
 
 def gen_constants_h(consts: list[Constant], enums: list[Enum]) -> str:
-    out = [HEADER, "// Constants shared by the kernels and the Python package (custom_ops/ops/constants.toml).",
-           "#pragma once", "", "#include <cstdint>", "", "namespace fdmtp {", ""]
+    out = [
+        HEADER,
+        "// Constants shared by the kernels and the Python package (custom_ops/ops/constants.toml).",
+        "#pragma once",
+        "",
+        "#include <cstdint>",
+        "",
+        "namespace fdmtp {",
+        "",
+    ]
     for c in consts:
         out += [f"// {c.doc}", f"constexpr {c.cpp_type} {c.cpp} = {c.value};", ""]
     for e in enums:
@@ -410,7 +428,9 @@ def gen_constants_h(consts: list[Constant], enums: list[Enum]) -> str:
 
 
 def gen_ops_h(ops: list[Op]) -> str:
-    out = [HEADER, """// The op entries, framework-free: each binding (Paddle, pybind) fills an <Op>Call and
+    out = [
+        HEADER,
+        """// The op entries, framework-free: each binding (Paddle, pybind) fills an <Op>Call and
 // calls <Op>(call). The entry checks every argument (messages name the op and the
 // argument) before anything is written, then runs the CPU kernel, the CUDA launcher or the
 // XPU plugin for the device of the op's tensors. Throws fdmtp::Error.
@@ -420,9 +440,10 @@ def gen_ops_h(ops: list[Op]) -> str:
 #include "fdmtp/kernels.h"
 
 namespace fdmtp {
-"""]
+""",
+    ]
     for op in ops:
-        out.append(f"// {op.name}: {op.summary} Contract: docs/ops.md, \"{op.name}\".")
+        out.append(f'// {op.name}: {op.summary} Contract: docs/ops.md, "{op.name}".')
         out.append(f"struct {op.call} {{")
         for t in op.inputs:
             kind = "OptionalTensorRef" if t.optional else "TensorRef"
@@ -446,7 +467,9 @@ namespace fdmtp {
 
 
 def gen_kernels_h(ops: list[Op]) -> str:
-    out = [HEADER, """// The backend kernels, framework-free: argument structs in, no framework types; includers
+    out = [
+        HEADER,
+        """// The backend kernels, framework-free: argument structs in, no framework types; includers
 // need no CUDA headers.
 //   fdmtp::cpu::X(args)           runs op X on host memory.
 //   fdmtp::cuda::X(args, stream)  launches op X on `stream` (a cudaStream_t, or nullptr for the
@@ -459,7 +482,8 @@ def gen_kernels_h(ops: list[Op]) -> str:
 
 #include "fdmtp/cuda_host_api.h"
 #include "fdmtp/float_types.h"
-"""]
+""",
+    ]
     out += [f'#include "fdmtp/{op.name}.h"' for op in ops]
     out += ["", "namespace fdmtp {", "", "namespace cpu {"]
     for op in ops:
@@ -476,7 +500,9 @@ def gen_kernels_h(ops: list[Op]) -> str:
 
 
 def gen_xpu_ops_h(ops: list[Op]) -> str:
-    out = [HEADER, """// The XPU plugin functions, one per op (FastDeploy's Kunlun plugin layering): each checks
+    out = [
+        HEADER,
+        """// The XPU plugin functions, one per op (FastDeploy's Kunlun plugin layering): each checks
 // the XPU3 kernel's capacity limits (xpu/xpu_limits.h), then runs on the context's device:
 // kCpu runs the CPU kernel, kXpu3 launches the op's XPU3 kernels (xpu/kernel/<op>.xpu).
 // Returns 0 on success, else an error code; LastError() then names the op and the cause.
@@ -488,7 +514,8 @@ namespace fdmtp {
 namespace xpu {
 
 struct Context;
-"""]
+""",
+    ]
     for op in ops:
         tmpl = "template <typename T>\n" if op.template_on else ""
         out.append(f"{tmpl}int {op.name}(Context* ctx, const {op.args_struct}& args);")
@@ -497,8 +524,15 @@ struct Context;
 
 
 def gen_entries_cc(ops: list[Op]) -> str:
-    out = [HEADER, '#include "dispatch.h"', '#include "fdmtp/dtype_dispatch.h"', '#include "fdmtp/ops.h"', "",
-           "namespace fdmtp {", ""]
+    out = [
+        HEADER,
+        '#include "dispatch.h"',
+        '#include "fdmtp/dtype_dispatch.h"',
+        '#include "fdmtp/ops.h"',
+        "",
+        "namespace fdmtp {",
+        "",
+    ]
     for op in ops:
         out.append(f"void {op.kernel}(const {op.call}& call) {{")
         out.append(f'  const ArgChecker check("{op.name}");')
@@ -535,12 +569,13 @@ def gen_entries_cc(ops: list[Op]) -> str:
         device = f"call.{op.device_of}.device"
         cpu, cuda, xpu = (kernel_call(op, b) for b in ("cpu", "cuda", "xpu"))
         if op.cuda_workspace:
-            cuda_fn = (f"[&]() -> int {{ void* workspace = CudaWorkspace(check, call.scratch, "
-                       f"CudaWorkspaceBytes{op.kernel}(args)); return workspace == nullptr ? 0 : {cuda}; }}")
+            cuda_fn = (
+                f"[&]() -> int {{ void* workspace = CudaWorkspace(check, call.scratch, "
+                f"CudaWorkspaceBytes{op.kernel}(args)); return workspace == nullptr ? 0 : {cuda}; }}"
+            )
         else:
             cuda_fn = f"[&] {{ return {cuda}; }}"
-        body = (f"Dispatch(check, {device}, [&] {{ {cpu}; }}, {cuda_fn}, "
-                f"[&](xpu::Context* ctx) {{ return {xpu}; }});")
+        body = f"Dispatch(check, {device}, [&] {{ {cpu}; }}, {cuda_fn}, [&](xpu::Context* ctx) {{ return {xpu}; }});"
         if op.template_on:
             out.append(f"  DispatchFloat(check, call.{op.template_on}, [&](auto tag) {{")
             out.append("    using T = typename decltype(tag)::type;")
@@ -622,8 +657,16 @@ def alloc_dims(o: Output, shape_of: str) -> str:
 
 
 def gen_paddle_cc(ops: list[Op]) -> str:
-    out = [HEADER, '#include "paddle_tensor.h"', "", "namespace {", "", "namespace pb = fdmtp::paddle_binding;",
-           "using pb::Dim;", ""]
+    out = [
+        HEADER,
+        '#include "paddle_tensor.h"',
+        "",
+        "namespace {",
+        "",
+        "namespace pb = fdmtp::paddle_binding;",
+        "using pb::Dim;",
+        "",
+    ]
     for op in ops:
         params = []
         for t in op.inputs:
@@ -661,8 +704,12 @@ def gen_paddle_cc(ops: list[Op]) -> str:
         out.append("")
         if op.outputs:
             inplace = [t for t in op.inputs if t.writes]
-            sp = [f"const std::vector<int64_t>& {t.name}" if not t.optional
-                  else f"const paddle::optional<std::vector<int64_t>>& {t.name}" for t in op.inputs]
+            sp = [
+                f"const std::vector<int64_t>& {t.name}"
+                if not t.optional
+                else f"const paddle::optional<std::vector<int64_t>>& {t.name}"
+                for t in op.inputs
+            ]
             sp += [f"{ATTR_TYPES[a.type][0]} {a.name}" for a in op.attrs]
             out.append(f"std::vector<std::vector<int64_t>> {op.kernel}Shape({', '.join(sp)}) {{")
             for name in [t.name for t in op.inputs] + [a.name for a in op.attrs]:
@@ -673,8 +720,12 @@ def gen_paddle_cc(ops: list[Op]) -> str:
             out.append("  return {" + ", ".join(f"pb::Inferred({s})" for s in shapes) + "};")
             out.append("}")
             out.append("")
-            dp = [f"const paddle::DataType& {t.name}" if not t.optional
-                  else f"const paddle::optional<paddle::DataType>& {t.name}" for t in op.inputs]
+            dp = [
+                f"const paddle::DataType& {t.name}"
+                if not t.optional
+                else f"const paddle::optional<paddle::DataType>& {t.name}"
+                for t in op.inputs
+            ]
             out.append(f"std::vector<paddle::DataType> {op.kernel}Dtype({', '.join(dp)}) {{")
             for t in op.inputs:
                 out.append(f"  (void){t.name};")
@@ -706,8 +757,20 @@ def gen_paddle_cc(ops: list[Op]) -> str:
 
 
 def gen_pybind_cc(ops: list[Op]) -> str:
-    out = [HEADER, "#include <pybind11/pybind11.h>", "", '#include "fdmtp/ops.h"', '#include "generated_ops.h"',
-           '#include "scratch.h"', '#include "tensor_arg.h"', "", "namespace py = pybind11;", "", "namespace {", ""]
+    out = [
+        HEADER,
+        "#include <pybind11/pybind11.h>",
+        "",
+        '#include "fdmtp/ops.h"',
+        '#include "generated_ops.h"',
+        '#include "scratch.h"',
+        '#include "tensor_arg.h"',
+        "",
+        "namespace py = pybind11;",
+        "",
+        "namespace {",
+        "",
+    ]
     for op in ops:
         params = []
         for p in positional(op, python=False):
@@ -751,8 +814,11 @@ def gen_pybind_cc(ops: list[Op]) -> str:
         args.append('py::arg("stream") = 0')
         doc = f"See fastdeploy_mtp.ops.{op.name}. Tensors: DLPack objects or raw-pointer tuples."
         if op.outputs:
-            doc += " Caller-allocated outputs (keyword): " + ", ".join(
-                f"`{o.name}` {o.shape} {o.dtype}" for o in op.outputs) + "."
+            doc += (
+                " Caller-allocated outputs (keyword): "
+                + ", ".join(f"`{o.name}` {o.shape} {o.dtype}" for o in op.outputs)
+                + "."
+            )
         out.append(f'  m.def("{op.name}", &{op.kernel}Py, {", ".join(args)},')
         out.append(f"        {cpp_string(doc)});")
     out += ["}", "", "}  // namespace pybind", "}  // namespace fdmtp", ""]
@@ -770,7 +836,9 @@ def cpp_string(text: str) -> str:
 
 
 def gen_pybind_h() -> str:
-    return HEADER + """#pragma once
+    return (
+        HEADER
+        + """#pragma once
 
 #include <pybind11/pybind11.h>
 
@@ -783,6 +851,7 @@ void DefineOps(pybind11::module_& m);
 }  // namespace pybind
 }  // namespace fdmtp
 """
+    )
 
 
 # ---- Python --------------------------------------------------------------------------------
@@ -832,8 +901,9 @@ def py_docstring(op: Op, prose: str) -> str:
             typ = ATTR_TYPES[p.type][2]
             if p.env:
                 lines.append(f"{p.name} : {typ} | None")
-                lines.append(f"    {p.doc} ``None``: the environment variable ``{p.env}`` if set, else "
-                             f"{py_literal(p.default)}.")
+                lines.append(
+                    f"    {p.doc} ``None``: the environment variable ``{p.env}`` if set, else {py_literal(p.default)}."
+                )
             else:
                 lines.append(f"{p.name} : {typ}")
                 lines.append(f"    {p.doc}")
@@ -842,25 +912,56 @@ def py_docstring(op: Op, prose: str) -> str:
         for o in op.outputs:
             lines.append(f"{o.name} : paddle.Tensor")
             lines.append(f"    Shape ``{o.shape}``, {tensor_kind(op, o)}. {o.doc}".rstrip())
-    lines += ["", "Raises", "------", "OpError",
-              f"    {op.raises or 'A wrong dtype, shape, batch size or device, or a bad attr'}; the message names "
-              "the argument, and nothing has been written."]
+    lines += [
+        "",
+        "Raises",
+        "------",
+        "OpError",
+        "    An argument is rejected (see Errors above); the message names the op and the argument,",
+        "    and nothing has been written.",
+    ]
     return "\n".join(lines)
 
 
-def py_string_literal(text: str) -> str:
+def without_subsections(prose: str, titles: tuple[str, ...]) -> str:
+    """`prose` without its `### <title>` subsections named in `titles` (e.g. the test list)."""
+    kept: list[str] = []
+    skipping = False
+    for line in prose.splitlines():
+        if line.startswith("### "):
+            skipping = line[4:].strip() in titles
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept).strip()
+
+
+def py_docstring_source(text: str) -> str:
+    """A docstring literal for a function body: indented by 4, quotes escaped."""
     body = text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
-    return '"""' + body + '\n    """'
+    lines = ['"""' + body.splitlines()[0]] + [("    " + line).rstrip() for line in body.splitlines()[1:]]
+    return "    " + "\n".join(lines) + '\n    """'
 
 
-def gen_python(ops: list[Op], manual: list[str], consts: list[Constant], enums: list[Enum],
-               sections: dict[str, str]) -> str:
-    out = ['"""Typed Python wrappers of the native ops, generated from custom_ops/ops/*.toml by',
-           "custom_ops/codegen/op_codegen.py at build time. Do not edit: change the declaration (or the",
-           'op\'s section of docs/ops.md, which is each docstring\'s prose) and rebuild."""', "",
-           "from __future__ import annotations", "", "import enum", "import os",
-           "from typing import TYPE_CHECKING, Final", "", "from ._loader import run_paddle_op", "",
-           "if TYPE_CHECKING:", "    import paddle", ""]
+def gen_python(
+    ops: list[Op], manual: list[str], consts: list[Constant], enums: list[Enum], sections: dict[str, str]
+) -> str:
+    out = [
+        '"""Typed Python wrappers of the native ops, generated from custom_ops/ops/*.toml by',
+        "custom_ops/codegen/op_codegen.py at build time. Do not edit: change the declaration (or the",
+        'op\'s section of docs/ops.md, which is each docstring\'s prose) and rebuild."""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "import enum",
+        "import os",
+        "from typing import TYPE_CHECKING, Final",
+        "",
+        "from ._loader import run_paddle_op",
+        "",
+        "if TYPE_CHECKING:",
+        "    import paddle",
+        "",
+    ]
     for c in consts:
         out.append(f"#: {c.doc}")
         out.append(f"{c.python}: Final = {c.value}")
@@ -871,8 +972,12 @@ def gen_python(ops: list[Op], manual: list[str], consts: list[Constant], enums: 
             out.append(f"    {name} = {value}  #: {doc}")
         out.append("")
     all_names = sorted([op.name for op in ops] + manual)
-    out += ["", "#: Every op the Paddle library registers (the kernel ops and the IPC ops).",
-            "OP_NAMES: Final[tuple[str, ...]] = (" + "".join(f'\n    "{n}",' for n in all_names) + "\n)", ""]
+    out += [
+        "",
+        "#: Every op the Paddle library registers (the kernel ops and the IPC ops).",
+        "OP_NAMES: Final[tuple[str, ...]] = (" + "".join(f'\n    "{n}",' for n in all_names) + "\n)",
+        "",
+    ]
     out.append("#: The docstrings of the hand-written IPC op wrappers (their sections of docs/ops.md).")
     out.append("MANUAL_OP_DOCS: Final[dict[str, str]] = {")
     for name in manual:
@@ -883,18 +988,23 @@ def gen_python(ops: list[Op], manual: list[str], consts: list[Constant], enums: 
     for op in ops:
         pairs = ", ".join(f'"{t.name}": "{t.name}_out"' for t in op.inputs if t.writes)
         out.append(f'    "{op.name}": {{{pairs}}},')
-    out += ["}", "", "",
-            "def _from_env(value: int | None, env: str, default: int) -> int:",
-            '    """`value`, else the integer in environment variable `env` if set, else `default`."""',
-            "    if value is not None:",
-            "        return int(value)",
-            "    text = os.environ.get(env)",
-            "    if text is None or text.strip() == \"\":",
-            "        return default",
-            "    try:",
-            "        return int(text)",
-            "    except ValueError:",
-            '        raise ValueError(f"{env}={text!r} is not an integer") from None', ""]
+    out += [
+        "}",
+        "",
+        "",
+        "def _from_env(value: int | None, env: str, default: int) -> int:",
+        '    """`value`, else the integer in environment variable `env` if set, else `default`."""',
+        "    if value is not None:",
+        "        return int(value)",
+        "    text = os.environ.get(env)",
+        '    if text is None or text.strip() == "":',
+        "        return default",
+        "    try:",
+        "        return int(text)",
+        "    except ValueError:",
+        '        raise ValueError(f"{env}={text!r} is not an integer") from None',
+        "",
+    ]
     for op in ops:
         dflt = defaults(op)
         params = []
@@ -914,8 +1024,8 @@ def gen_python(ops: list[Op], manual: list[str], consts: list[Constant], enums: 
         else:
             ret = "tuple[" + ", ".join(["paddle.Tensor"] * len(op.outputs)) + "]"
         out += ["", "", f"def {op.name}(", *params, f") -> {ret}:"]
-        out.append("    " + py_string_literal(py_docstring(op, sections.get(op.name, ""))).replace("\n", "\n    ")
-                   .replace("\n    \n", "\n\n"))
+        prose = without_subsections(sections.get(op.name, ""), ("Tests",))
+        out.append(py_docstring_source(py_docstring(op, prose)))
         call_args = [t.name for t in op.inputs]
         for a in op.attrs:
             conv = ATTR_TYPES[a.type][2]
@@ -947,8 +1057,11 @@ def gen_sources_cmake(repo: Path, ops: list[Op]) -> str:
     lists: dict[str, list[str]] = {"CPU": [], "GPU": [], "XPU_KERNEL": []}
     missing = []
     for op in ops:
-        for key, rel in (("CPU", f"custom_ops/cpu/{op.name}.cc"), ("GPU", f"custom_ops/gpu/{op.name}.cu"),
-                         ("XPU_KERNEL", f"custom_ops/xpu/kernel/{op.name}.xpu")):
+        for key, rel in (
+            ("CPU", f"custom_ops/cpu/{op.name}.cc"),
+            ("GPU", f"custom_ops/gpu/{op.name}.cu"),
+            ("XPU_KERNEL", f"custom_ops/xpu/kernel/{op.name}.xpu"),
+        ):
             if not (repo / rel).exists():
                 missing.append(rel)
             lists[key].append(rel)

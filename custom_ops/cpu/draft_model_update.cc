@@ -1,6 +1,6 @@
-#include "fdmtp/ops.h"
 #include <limits>
 #include <string>
+#include "fdmtp/ops.h"
 
 namespace fdmtp {
 namespace cpu {
@@ -17,7 +17,8 @@ void DraftModelUpdate(const DraftModelUpdateArgs& args) {
 }
 
 }  // namespace cpu
-void Prepare(const ArgChecker& check, const DraftModelUpdateCall& call, DraftModelUpdateArgs* args) {
+void Prepare(const ArgChecker& check, const DraftModelUpdateCall& call,
+             DraftModelUpdateArgs* args) {
   const TensorRef& slt = call.seq_lens_this_time;
   const int64_t bsz = check.ItemCount(slt);
   for (const TensorRef* t : {&call.seq_lens_encoder, &call.seq_lens_decoder, &call.step_idx,

@@ -9,7 +9,8 @@ void EagleGatherHiddenStates(const EagleGatherHiddenStatesArgs& args) {
   GatherRows<T>(args);
 }
 
-#define FDMTP_INSTANTIATE(T) template void EagleGatherHiddenStates<T>(const EagleGatherHiddenStatesArgs&);
+#define FDMTP_INSTANTIATE(T) \
+  template void EagleGatherHiddenStates<T>(const EagleGatherHiddenStatesArgs&);
 FDMTP_FOR_EACH_FLOAT_TYPE(FDMTP_INSTANTIATE)
 #undef FDMTP_INSTANTIATE
 

@@ -9,7 +9,8 @@ void EagleGetSelfHiddenStates(const EagleGetSelfHiddenStatesArgs& args) {
   GatherRows<T>(args);
 }
 
-#define FDMTP_INSTANTIATE(T) template void EagleGetSelfHiddenStates<T>(const EagleGetSelfHiddenStatesArgs&);
+#define FDMTP_INSTANTIATE(T) \
+  template void EagleGetSelfHiddenStates<T>(const EagleGetSelfHiddenStatesArgs&);
 FDMTP_FOR_EACH_FLOAT_TYPE(FDMTP_INSTANTIATE)
 #undef FDMTP_INSTANTIATE
 

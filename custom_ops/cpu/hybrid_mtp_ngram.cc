@@ -1,5 +1,5 @@
-#include "fdmtp/ops.h"
 #include <string>
+#include "fdmtp/ops.h"
 #include "ngram_cpu.h"
 
 namespace fdmtp {

@@ -1,5 +1,5 @@
-#include "fdmtp/ops.h"
 #include <limits>
+#include "fdmtp/ops.h"
 
 namespace fdmtp {
 namespace cpu {
@@ -10,9 +10,9 @@ void MtpStepPaddle(const MtpStepArgs& args) { MtpStepRun(args); }
 void Prepare(const ArgChecker& check, const MtpStepPaddleCall& call, MtpStepArgs* args) {
   const TensorRef& slt = call.seq_lens_this_time;
   const int64_t bsz = check.ItemCount(slt);
-  for (const TensorRef* t : {&call.base_model_stop_flags, &call.stop_flags, &call.batch_drop,
-                             &call.seq_lens_encoder, &call.seq_lens_decoder,
-                             &call.encoder_block_lens, &call.used_list_len}) {
+  for (const TensorRef* t :
+       {&call.base_model_stop_flags, &call.stop_flags, &call.batch_drop, &call.seq_lens_encoder,
+        &call.seq_lens_decoder, &call.encoder_block_lens, &call.used_list_len}) {
     check.PerItem(*t, bsz, slt);
   }
   check.Rows(call.block_tables, bsz, slt);
@@ -22,7 +22,8 @@ void Prepare(const ArgChecker& check, const MtpStepPaddleCall& call, MtpStepArgs
   check.AttrAtLeast("max_draft_tokens", call.max_draft_tokens, 0);
   // Host tensors are value-checked (device tensors are not read back: no sync; the kernel
   // drops pushes past the free list and table slots past a row instead).
-  for (const TensorRef* t : {&call.seq_lens_decoder, &call.encoder_block_lens, &call.used_list_len}) {
+  for (const TensorRef* t :
+       {&call.seq_lens_decoder, &call.encoder_block_lens, &call.used_list_len}) {
     check.ValuesInRangeOnHost(*t, 0, std::numeric_limits<int32_t>::max());
   }
   check.ValuesInRangeOnHost(call.free_list_len, 0, call.free_list.dim(0));

@@ -32,8 +32,8 @@ int64_t FindNextSse2(const int64_t* hay, int64_t from, int64_t end, int64_t valu
 }
 
 // The same with AVX2, 16 tokens per step; used when the CPU has AVX2.
-__attribute__((target("avx2"))) int64_t FindNextAvx2(const int64_t* hay, int64_t from,
-                                                     int64_t end, int64_t value) {
+__attribute__((target("avx2"))) int64_t FindNextAvx2(const int64_t* hay, int64_t from, int64_t end,
+                                                     int64_t value) {
   const __m256i v = _mm256_set1_epi64x(value);
   int64_t i = from;
   for (; i + 16 <= end; i += 16) {
@@ -70,7 +70,8 @@ void NgramPropose(const NgramItem* items, int64_t bsz, int max_n, int min_n, int
                   NgramProposal* proposals) {
   std::vector<int64_t> work_before(static_cast<std::size_t>(bsz) + 1, 0);
   for (int64_t b = 0; b < bsz; ++b) {
-    const int64_t work = items[b].active ? items[b].prompt_len + std::max<int64_t>(items[b].step, 0) : 0;
+    const int64_t work =
+        items[b].active ? items[b].prompt_len + std::max<int64_t>(items[b].step, 0) : 0;
     work_before[b + 1] = work_before[b] + work + 1;
   }
   const int64_t total = work_before[bsz];
@@ -96,7 +97,8 @@ void NgramPropose(const NgramItem* items, int64_t bsz, int max_n, int min_n, int
   bounds[0] = 0;
   for (int64_t t = 1; t < threads; ++t) {
     const int64_t target = total * t / threads;
-    bounds[t] = std::lower_bound(work_before.begin(), work_before.end(), target) - work_before.begin();
+    bounds[t] =
+        std::lower_bound(work_before.begin(), work_before.end(), target) - work_before.begin();
     bounds[t] = std::max(bounds[t - 1], std::min(bounds[t], bsz));
   }
   std::vector<std::thread> pool;

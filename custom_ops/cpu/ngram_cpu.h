@@ -21,8 +21,8 @@ void NgramCap(const NgramItem* items, const NgramProposal* proposals, int64_t bs
               int64_t threshold, int32_t* counts);
 
 template <typename Op>
-void RunNgram(const typename Op::Args& args, int64_t bsz, int max_n, int min_n,
-              int64_t threshold, int num_threads) {
+void RunNgram(const typename Op::Args& args, int64_t bsz, int max_n, int min_n, int64_t threshold,
+              int num_threads) {
   std::vector<NgramItem> items(static_cast<std::size_t>(bsz));
   for (int64_t b = 0; b < bsz; ++b) items[b] = Op::Item(args, b);
   std::vector<NgramProposal> proposals(static_cast<std::size_t>(bsz));

@@ -1,5 +1,5 @@
-#include "fdmtp/ops.h"
 #include <string>
+#include "fdmtp/ops.h"
 #include "ngram_cpu.h"
 
 namespace fdmtp {
@@ -15,9 +15,9 @@ void Prepare(const ArgChecker& check, const NgramMatchCall& call, NgramMatchArgs
   if (slt.shape.empty()) check.Rank(slt, 1);
   const int64_t bsz = slt.dim(0);
   check.PerItem(slt, bsz, slt);
-  for (const TensorRef* t : {&call.input_ids_len, &call.prompt_lens, &call.step_idx,
-                             &call.draft_token_num, &call.seq_lens_encoder,
-                             &call.seq_lens_decoder, &call.max_dec_len}) {
+  for (const TensorRef* t :
+       {&call.input_ids_len, &call.prompt_lens, &call.step_idx, &call.draft_token_num,
+        &call.seq_lens_encoder, &call.seq_lens_decoder, &call.max_dec_len}) {
     check.PerItem(*t, bsz, slt);
   }
   for (const TensorRef* t : {&call.input_ids, &call.token_ids_all, &call.draft_tokens}) {

@@ -1,7 +1,7 @@
 #include <cstring>
 
-#include "fdmtp/ops.h"
 #include <string>
+#include "fdmtp/ops.h"
 
 #include "entry/checks.h"
 
@@ -14,7 +14,7 @@ void SpeculateGetLogits(const SpeculateGetLogitsArgs& a) {
   const T* logits = static_cast<const T*>(a.logits);
   const T* first = static_cast<const T*>(a.first_token_logits);
   const size_t row_bytes = static_cast<size_t>(a.vocab) * sizeof(T);
-  int32_t next_off = 0;   // cu_next_token_offset[0] is taken as 0 (never written)
+  int32_t next_off = 0;  // cu_next_token_offset[0] is taken as 0 (never written)
   int32_t batch_off = 0;
   for (int64_t b = 0; b < a.bsz; ++b) {
     const LogitsCounts c = SpeculateGetLogitsCounts(a, b);

@@ -1,5 +1,5 @@
-#include "fdmtp/ops.h"
 #include <limits>
+#include "fdmtp/ops.h"
 
 namespace fdmtp {
 namespace cpu {
@@ -24,8 +24,10 @@ void SpeculatePreProcess(const SpeculatePreProcessArgs& args) {
   }
   *args.real_output_token_num = static_cast<int32_t>(out_total);
   for (int64_t b = 0; b < args.bsz; ++b) {
-    for (int64_t i = 0; i < SpeculateInputTokens(args, b); ++i) SpeculatePreProcessToken(args, b, i);
-    for (int64_t j = 0; j < SpeculateOutputRows(args, b); ++j) SpeculatePreProcessOutputRow(args, b, j);
+    for (int64_t i = 0; i < SpeculateInputTokens(args, b); ++i)
+      SpeculatePreProcessToken(args, b, i);
+    for (int64_t j = 0; j < SpeculateOutputRows(args, b); ++j)
+      SpeculatePreProcessOutputRow(args, b, j);
   }
 }
 

@@ -1,6 +1,6 @@
-#include "fdmtp/ops.h"
 #include <limits>
 #include <string>
+#include "fdmtp/ops.h"
 
 namespace fdmtp {
 namespace cpu {
@@ -18,8 +18,9 @@ void Prepare(const ArgChecker& check, const UnifiedUpdateModelStatusCall& call,
              UnifiedUpdateModelStatusArgs* args) {
   // Slots: max_bsz from stop_flags (as upstream); items: real_bsz from seq_lens_this_time.
   const int64_t max_bsz = check.ItemCount(call.stop_flags);
-  for (const TensorRef* t : {&call.seq_lens_encoder, &call.seq_lens_decoder, &call.step_output_len,
-                             &call.is_paused, &call.prompt_lens, &call.step_idx, &call.max_dec_len}) {
+  for (const TensorRef* t :
+       {&call.seq_lens_encoder, &call.seq_lens_decoder, &call.step_output_len, &call.is_paused,
+        &call.prompt_lens, &call.step_idx, &call.max_dec_len}) {
     check.PerItem(*t, max_bsz, call.stop_flags);
   }
   check.Rank(call.step_input_ids, 2);

@@ -1,7 +1,7 @@
-#include "fdmtp/ops.h"
 #include <algorithm>
 #include <limits>
 #include <string>
+#include "fdmtp/ops.h"
 
 namespace fdmtp {
 namespace cpu {
@@ -11,12 +11,15 @@ void VerifyDraftTokens(const VerifyDraftTokensArgs& args) {
 }
 
 }  // namespace cpu
-void Prepare(const ArgChecker& check, const VerifyDraftTokensCall& call, VerifyDraftTokensArgs* args) {
+void Prepare(const ArgChecker& check, const VerifyDraftTokensCall& call,
+             VerifyDraftTokensArgs* args) {
   // max_seq_len (upstream passes max_model_len) and verify_window (the old top-2 window
   // fallback, gone upstream too) are accepted and never used.
   if (call.verify_strategy < 0 || call.verify_strategy >= kNumVerifyStrategies) {
-    check.Fail("`verify_strategy` must be 0 (TOPP), 1 (GREEDY), 2 (TARGET_MATCH) or 3 "
-               "(REJECTION), got " + std::to_string(call.verify_strategy));
+    check.Fail(
+        "`verify_strategy` must be 0 (TOPP), 1 (GREEDY), 2 (TARGET_MATCH) or 3 "
+        "(REJECTION), got " +
+        std::to_string(call.verify_strategy));
   }
   // Slots: max_bsz from step_output_ids (as upstream); items: real_bsz from
   // seq_lens_this_time. Both rows of drafts/outputs have the same width K + 1.
@@ -25,8 +28,9 @@ void Prepare(const ArgChecker& check, const VerifyDraftTokensCall& call, VerifyD
   check.DimEq(call.step_input_ids, 0, call.step_output_ids, 0);
   check.DimEq(call.step_input_ids, 1, call.step_output_ids, 1);
   const int64_t max_bsz = call.step_output_ids.dim(0);
-  for (const TensorRef* t : {&call.step_output_len, &call.topp, &call.stop_flags, &call.seq_lens_encoder,
-                             &call.is_block_step, &call.reasoning_status, &call.max_dec_len, &call.step_idx}) {
+  for (const TensorRef* t :
+       {&call.step_output_len, &call.topp, &call.stop_flags, &call.seq_lens_encoder,
+        &call.is_block_step, &call.reasoning_status, &call.max_dec_len, &call.step_idx}) {
     check.PerItem(*t, max_bsz, call.step_output_ids);
   }
   const int64_t real_bsz = check.ItemCount(call.seq_lens_this_time);
@@ -60,7 +64,8 @@ void Prepare(const ArgChecker& check, const VerifyDraftTokensCall& call, VerifyD
   }
   if (call.candidate_lens) {
     const int64_t rows = check.ItemCount(*call.candidate_lens);
-    if (call.candidate_ids && rows != candidate_rows) check.DimEq(*call.candidate_lens, 0, *call.candidate_ids, 0);
+    if (call.candidate_ids && rows != candidate_rows)
+      check.DimEq(*call.candidate_lens, 0, *call.candidate_ids, 0);
   }
   const int64_t target_rows = call.target_tokens ? check.ItemCount(*call.target_tokens) : 0;
   int64_t uniform_rows = 0;
@@ -74,13 +79,14 @@ void Prepare(const ArgChecker& check, const VerifyDraftTokensCall& call, VerifyD
   }
   int64_t num_rows = 0;
   if (call.verify_strategy == kVerifyGreedy || call.verify_strategy == kVerifyTargetMatch) {
-    const std::string why = call.verify_strategy == kVerifyGreedy ? "verify_strategy = GREEDY (1)"
-                                                             : "verify_strategy = TARGET_MATCH (2)";
+    const std::string why = call.verify_strategy == kVerifyGreedy
+                                ? "verify_strategy = GREEDY (1)"
+                                : "verify_strategy = TARGET_MATCH (2)";
     check.Required(call.target_tokens, "target_tokens", why);
     num_rows = target_rows;
   } else {
     const std::string why = call.verify_strategy == kVerifyTopP ? "verify_strategy = TOPP (0)"
-                                                           : "verify_strategy = REJECTION (3)";
+                                                                : "verify_strategy = REJECTION (3)";
     check.Required(call.candidate_ids, "candidate_ids", why);
     check.Required(call.candidate_scores, "candidate_scores", why);
     check.Required(call.candidate_lens, "candidate_lens", why);

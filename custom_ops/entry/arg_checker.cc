@@ -76,8 +76,8 @@ void ArgChecker::Rows(const TensorRef& t, int64_t n, const TensorRef& source) co
 
 void ArgChecker::Numel(const TensorRef& t, int64_t n) const {
   if (t.numel() != n) {
-    Fail(std::string("`") + t.name + "` must have " + std::to_string(n) + " element(s), got shape " +
-         t.ShapeString());
+    Fail(std::string("`") + t.name + "` must have " + std::to_string(n) +
+         " element(s), got shape " + t.ShapeString());
   }
 }
 

@@ -32,9 +32,7 @@ inline void* CudaWorkspace(const ArgChecker& check, ScratchAllocator* scratch, s
 template <typename CpuFn, typename CudaFn>
 void Dispatch(const ArgChecker& check, Device device, CpuFn&& cpu_fn, CudaFn&& cuda_fn) {
   switch (device) {
-    case Device::kCPU:
-      cpu_fn();
-      return;
+    case Device::kCPU: cpu_fn(); return;
     case Device::kCUDA: {
 #if defined(FDMTP_WITH_CUDA)
       const int status = cuda_fn();
@@ -44,16 +42,17 @@ void Dispatch(const ArgChecker& check, Device device, CpuFn&& cpu_fn, CudaFn&& c
       }
 #else
       (void)cuda_fn;
-      check.Fail("the tensors are on a CUDA device but this build of fastdeploy_mtp has no CUDA "
-                 "kernels (rebuild with nvcc available, or -DFDMTP_WITH_CUDA=ON)");
+      check.Fail(
+          "the tensors are on a CUDA device but this build of fastdeploy_mtp has no CUDA "
+          "kernels (rebuild with nvcc available, or -DFDMTP_WITH_CUDA=ON)");
 #endif
       return;
     }
     case Device::kXPU:
-      check.Fail("the tensors are on an XPU device but this build of fastdeploy_mtp has no XPU "
-                 "kernels (FDMTP_WITH_XPU is OFF)");
-    case Device::kOther:
-      break;
+      check.Fail(
+          "the tensors are on an XPU device but this build of fastdeploy_mtp has no XPU "
+          "kernels (FDMTP_WITH_XPU is OFF)");
+    case Device::kOther: break;
   }
   check.Fail("the tensors are on an unsupported device");
 }

@@ -53,7 +53,9 @@ uint32_t KindOf(Where where) {
 
 // What a segment of `kind` holds, and where a placeholder must be to attach it.
 const char* Holds(uint32_t kind) {
-  return kind == kHostData ? "host memory" : kind == kCudaHandle ? "a CUDA IPC handle" : "an XPU IPC handle";
+  return kind == kHostData     ? "host memory"
+         : kind == kCudaHandle ? "a CUDA IPC handle"
+                               : "an XPU IPC handle";
 }
 const char* AttachOn(uint32_t kind) {
 #if defined(FDMTP_XPU_EMULATOR)
@@ -63,7 +65,8 @@ const char* AttachOn(uint32_t kind) {
   return kind == kHostData ? "the CPU" : kind == kCudaHandle ? "the CUDA device" : "the XPU device";
 }
 std::string Placement(const TensorRef& t) {
-  if (t.device == Device::kCPU && Locate(t) == Where::kXpu) return "emulated XPU memory (inside xpu_emulation)";
+  if (t.device == Device::kCPU && Locate(t) == Where::kXpu)
+    return "emulated XPU memory (inside xpu_emulation)";
   return std::string("on ") + DeviceName(t.device);
 }
 
@@ -304,8 +307,10 @@ std::shared_ptr<ipc::SharedBuffer> ShareExternalData(const TensorRef& input,
   CheckDevice(check, input);
   const Where where = Locate(input);
   if (!use_ipc && where != Where::kXpu) {
-    check.Fail("`use_ipc`=False reuses the creator's XPU device pointer and applies to XPU "
-               "tensors only; `input` is " + Placement(input));
+    check.Fail(
+        "`use_ipc`=False reuses the creator's XPU device pointer and applies to XPU "
+        "tensors only; `input` is " +
+        Placement(input));
   }
   size_t want = ElementBytes(input.dtype);
   std::string shape_text = "[";
@@ -339,8 +344,8 @@ std::shared_ptr<ipc::SharedBuffer> ShareExternalData(const TensorRef& input,
   }
   auto whole = std::make_shared<HostMapping>(base, size, 0, size);
   const SegmentHeader* header = whole->header();
-  const bool ours = size >= sizeof(SegmentHeader) &&
-                    __atomic_load_n(&header->magic, __ATOMIC_ACQUIRE) == kMagic;
+  const bool ours =
+      size >= sizeof(SegmentHeader) && __atomic_load_n(&header->magic, __ATOMIC_ACQUIRE) == kMagic;
   // A 72-byte segment is upstream FastDeploy's CUDA handle record: no dtype or size to check.
   const bool upstream_cuda = size == kUpstreamBytes;
   if (!ours && !upstream_cuda) {
@@ -366,8 +371,9 @@ std::shared_ptr<ipc::SharedBuffer> ShareExternalData(const TensorRef& input,
                  DTypeName(static_cast<DType>(header->dtype)) + " tensor");
     }
     if (want > header->data_bytes) {
-      check.Fail("`shape` " + shape_text + " needs " + std::to_string(want) + " bytes but segment " +
-                 Quoted(shm_name) + " holds " + std::to_string(header->data_bytes) + " bytes");
+      check.Fail("`shape` " + shape_text + " needs " + std::to_string(want) +
+                 " bytes but segment " + Quoted(shm_name) + " holds " +
+                 std::to_string(header->data_bytes) + " bytes");
     }
     if (host && header->data_offset + header->data_bytes > size) {
       check.Fail("shared-memory segment " + Quoted(shm_name) + " is truncated (" +
@@ -386,9 +392,11 @@ std::shared_ptr<ipc::SharedBuffer> ShareExternalData(const TensorRef& input,
       // Upstream's use_ipc=False: the stored pointer, which means something only in the
       // creator's address space.
       if (creator != self) {
-        check.Fail("`use_ipc`=False reuses the device pointer stored by the creator, valid only "
-                   "in the creating process (pid " + std::to_string(creator) + "), but this is pid " +
-                   std::to_string(self) + "; attach with use_ipc=True");
+        check.Fail(
+            "`use_ipc`=False reuses the device pointer stored by the creator, valid only "
+            "in the creating process (pid " +
+            std::to_string(creator) + "), but this is pid " + std::to_string(self) +
+            "; attach with use_ipc=True");
       }
       void* ptr = reinterpret_cast<void*>(static_cast<uintptr_t>(header->data_ptr_addr));
       if (!xpu::MaybeLiveDeviceMemory(ptr, want)) {
@@ -402,8 +410,8 @@ std::shared_ptr<ipc::SharedBuffer> ShareExternalData(const TensorRef& input,
     std::memcpy(handle, header->cuda_handle, kCudaHandleBytes);
     void* ptr = nullptr;
     if (xpu::IpcOpenMemHandle(handle, input.device_id, &ptr) != xpu::kSuccess) {
-      check.Fail(xpu::LastError() + (creator == self ? "; in the creating process attach with use_ipc=False"
-                                                     : ""));
+      check.Fail(xpu::LastError() +
+                 (creator == self ? "; in the creating process attach with use_ipc=False" : ""));
     }
     return std::make_shared<XpuMapping>(ptr, header->data_offset, want, input.device_id, true);
   }

@@ -20,11 +20,12 @@ int AllocationBase(const void* ptr, const void** base) {
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
   FDMTP_CUDA_CALL(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000,
                                                    cudaEnableDefault, &found));
-  if (found != cudaDriverEntryPointSuccess || fn == nullptr) return static_cast<int>(cudaErrorSymbolNotFound);
+  if (found != cudaDriverEntryPointSuccess || fn == nullptr)
+    return static_cast<int>(cudaErrorSymbolNotFound);
   CUdeviceptr start = 0;
   size_t size = 0;
-  const CUresult r = reinterpret_cast<GetAddressRangeFn>(fn)(
-      &start, &size, reinterpret_cast<CUdeviceptr>(ptr));
+  const CUresult r =
+      reinterpret_cast<GetAddressRangeFn>(fn)(&start, &size, reinterpret_cast<CUdeviceptr>(ptr));
   if (r != CUDA_SUCCESS) return static_cast<int>(cudaErrorInvalidValue);
   *base = reinterpret_cast<const void*>(start);
   return static_cast<int>(cudaSuccess);

@@ -9,7 +9,8 @@ int EagleGatherHiddenStates(const EagleGatherHiddenStatesArgs& args, Stream stre
   return LaunchGatherRows<T>(args, stream);
 }
 
-#define FDMTP_INSTANTIATE(T) template int EagleGatherHiddenStates<T>(const EagleGatherHiddenStatesArgs&, Stream);
+#define FDMTP_INSTANTIATE(T) \
+  template int EagleGatherHiddenStates<T>(const EagleGatherHiddenStatesArgs&, Stream);
 FDMTP_FOR_EACH_FLOAT_TYPE(FDMTP_INSTANTIATE)
 #undef FDMTP_INSTANTIATE
 

@@ -9,7 +9,8 @@ int EagleGetHiddenStates(const EagleGetHiddenStatesArgs& args, Stream stream) {
   return LaunchGatherRows<T>(args, stream);
 }
 
-#define FDMTP_INSTANTIATE(T) template int EagleGetHiddenStates<T>(const EagleGetHiddenStatesArgs&, Stream);
+#define FDMTP_INSTANTIATE(T) \
+  template int EagleGetHiddenStates<T>(const EagleGetHiddenStatesArgs&, Stream);
 FDMTP_FOR_EACH_FLOAT_TYPE(FDMTP_INSTANTIATE)
 #undef FDMTP_INSTANTIATE
 

@@ -9,7 +9,8 @@ int EagleGetSelfHiddenStates(const EagleGetSelfHiddenStatesArgs& args, Stream st
   return LaunchGatherRows<T>(args, stream);
 }
 
-#define FDMTP_INSTANTIATE(T) template int EagleGetSelfHiddenStates<T>(const EagleGetSelfHiddenStatesArgs&, Stream);
+#define FDMTP_INSTANTIATE(T) \
+  template int EagleGetSelfHiddenStates<T>(const EagleGetSelfHiddenStatesArgs&, Stream);
 FDMTP_FOR_EACH_FLOAT_TYPE(FDMTP_INSTANTIATE)
 #undef FDMTP_INSTANTIATE
 

@@ -42,9 +42,8 @@ inline size_t WorkspaceBytes(int64_t bsz) {
 
 // Block-wide running-maximum scan of one haystack over match ends [0, positions).
 // Returns the first end reaching the final maximum if it exceeds *best_len (updated).
-__device__ inline int64_t ScanHaystack(const int64_t* hay, int64_t positions,
-                                       const NgramItem& item, int64_t cap, int64_t* best_len,
-                                       unsigned long long* key) {
+__device__ inline int64_t ScanHaystack(const int64_t* hay, int64_t positions, const NgramItem& item,
+                                       int64_t cap, int64_t* best_len, unsigned long long* key) {
   const int64_t last = item.history[item.step];
   const int64_t floor = *best_len;
   if (threadIdx.x == 0) *key = 0;
@@ -135,8 +134,8 @@ __global__ void CapKernel(typename Op::Args args, int64_t bsz, int64_t threshold
   int64_t unprocessed_start = 0;
   BlockExclusiveSum(pending, warp_sums, &unprocessed_start);
 
-  int64_t tokens_before = 0;   // uncapped tokens of the earlier tiles
-  int64_t active_before = 0;   // active items of the earlier tiles
+  int64_t tokens_before = 0;  // uncapped tokens of the earlier tiles
+  int64_t active_before = 0;  // active items of the earlier tiles
   bool capped = false;
   for (int64_t tile = 0; tile < bsz; tile += blockDim.x) {
     const int64_t b = tile + threadIdx.x;
@@ -149,9 +148,9 @@ __global__ void CapKernel(typename Op::Args args, int64_t bsz, int64_t threshold
     const int64_t mine = NgramBaseForSum(item) + (item.active ? p.count : 0);
     int64_t tile_tokens = 0, tile_active = 0;
     const int64_t tokens = tokens_before + BlockExclusiveSum(mine, warp_sums, &tile_tokens);
-    const int64_t active_upto =
-        active_before + BlockExclusiveSum(item.active ? 1 : 0, warp_sums, &tile_active) +
-        (item.active ? 1 : 0);
+    const int64_t active_upto = active_before +
+                                BlockExclusiveSum(item.active ? 1 : 0, warp_sums, &tile_active) +
+                                (item.active ? 1 : 0);
     int32_t count = 0;
     bool violates = false;
     if (b < bsz && !capped) {
@@ -160,8 +159,9 @@ __global__ void CapKernel(typename Op::Args args, int64_t bsz, int64_t threshold
     }
     if (threadIdx.x == 0) first_capped = bsz;
     __syncthreads();
-    if (violates) atomicMin(reinterpret_cast<unsigned long long*>(&first_capped),
-                            static_cast<unsigned long long>(b));
+    if (violates)
+      atomicMin(reinterpret_cast<unsigned long long*>(&first_capped),
+                static_cast<unsigned long long>(b));
     __syncthreads();
     const int64_t first = first_capped;
     if (b < bsz) ws.counts[b] = (capped || b > first) ? 0 : count;

@@ -12,7 +12,8 @@ namespace fdmtp {
 namespace cuda {
 namespace {
 
-__global__ void __launch_bounds__(kThreadsPerBlock) SpeculateGetLogitsScanKernel(SpeculateGetLogitsArgs a) {
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    SpeculateGetLogitsScanKernel(SpeculateGetLogitsArgs a) {
   __shared__ int32_t scan_next[kThreadsPerBlock];
   __shared__ int32_t scan_batch[kThreadsPerBlock];
   const int tid = threadIdx.x;
@@ -35,7 +36,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) SpeculateGetLogitsScanKernel
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreadsPerBlock) SpeculateGetLogitsCopyKernel(SpeculateGetLogitsArgs a) {
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    SpeculateGetLogitsCopyKernel(SpeculateGetLogitsArgs a) {
   T* draft = static_cast<T*>(a.draft_logits);
   const T* logits = static_cast<const T*>(a.logits);
   const T* first = static_cast<const T*>(a.first_token_logits);
@@ -67,7 +69,8 @@ int SpeculateGetLogits(const SpeculateGetLogitsArgs& args, Stream stream) {
   return cudaSuccess;
 }
 
-#define FDMTP_INSTANTIATE(T) template int SpeculateGetLogits<T>(const SpeculateGetLogitsArgs&, Stream);
+#define FDMTP_INSTANTIATE(T) \
+  template int SpeculateGetLogits<T>(const SpeculateGetLogitsArgs&, Stream);
 FDMTP_FOR_EACH_FLOAT_TYPE(FDMTP_INSTANTIATE)
 #undef FDMTP_INSTANTIATE
 

@@ -62,7 +62,8 @@ __global__ void SpeculatePreProcessScatterKernel(SpeculatePreProcessArgs args) {
     const int32_t n = SpeculateInputTokens(args, b);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) SpeculatePreProcessToken(args, b, i);
     const int32_t rows = SpeculateOutputRows(args, b);
-    for (int64_t j = threadIdx.x; j < rows; j += blockDim.x) SpeculatePreProcessOutputRow(args, b, j);
+    for (int64_t j = threadIdx.x; j < rows; j += blockDim.x)
+      SpeculatePreProcessOutputRow(args, b, j);
   }
 }
 
@@ -70,7 +71,8 @@ __global__ void SpeculatePreProcessScatterKernel(SpeculatePreProcessArgs args) {
 
 int SpeculatePreProcess(const SpeculatePreProcessArgs& args, Stream stream) {
   cudaStream_t s = AsCudaStream(stream);
-  const int64_t fill_items = args.token_num > args.output_capacity ? args.token_num : args.output_capacity;
+  const int64_t fill_items =
+      args.token_num > args.output_capacity ? args.token_num : args.output_capacity;
   SpeculatePreProcessFillKernel<<<BlocksFor(fill_items), kThreadsPerBlock, 0, s>>>(args);
   FDMTP_CUDA_CALL(cudaGetLastError());
   SpeculatePreProcessScanKernel<<<1, kScanThreads, 0, s>>>(args);

@@ -20,8 +20,8 @@ __global__ void UpdateAttnMaskOffsetsKernel(UpdateAttnMaskOffsetsArgs args) {
 int UpdateAttnMaskOffsets(const UpdateAttnMaskOffsetsArgs& args, Stream stream) {
   const cudaStream_t s = AsCudaStream(stream);
   if (args.token_num > 0) {
-    FDMTP_CUDA_CALL(cudaMemsetAsync(args.attn_mask_offsets, 0,
-                                    sizeof(int32_t) * 2 * args.token_num, s));
+    FDMTP_CUDA_CALL(
+        cudaMemsetAsync(args.attn_mask_offsets, 0, sizeof(int32_t) * 2 * args.token_num, s));
   }
   if (args.bsz == 0) return cudaSuccess;
   UpdateAttnMaskOffsetsKernel<<<BlocksFor(args.bsz), kThreadsPerBlock, 0, s>>>(args);

@@ -39,7 +39,8 @@ phi::Place PlaceOf(const fdmtp::ipc::SharedBuffer& buffer) {
   if (buffer.device() == fdmtp::Device::kXPU) return phi::XPUPlace(buffer.device_id());
 #endif
   if (buffer.device() != fdmtp::Device::kCPU) {
-    throw fdmtp::Error("share_external_data: this build cannot place shared XPU memory in a Paddle tensor");
+    throw fdmtp::Error(
+        "share_external_data: this build cannot place shared XPU memory in a Paddle tensor");
   }
   return phi::CPUPlace();
 }
@@ -116,7 +117,8 @@ std::vector<std::vector<int64_t>> ShareExternalDataShape(const std::vector<int64
                                                          const std::string&,
                                                          const std::vector<int>& shape
 #if defined(FDMTP_WITH_XPU)
-                                                         , bool
+                                                         ,
+                                                         bool
 #endif
 ) {
   return {std::vector<int64_t>(shape.begin(), shape.end())};

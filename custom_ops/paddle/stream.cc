@@ -7,9 +7,7 @@
 namespace fdmtp {
 namespace paddle_binding {
 
-void* GetCudaStream(const paddle::Tensor& tensor) {
-  return static_cast<void*>(tensor.stream());
-}
+void* GetCudaStream(const paddle::Tensor& tensor) { return static_cast<void*>(tensor.stream()); }
 
 }  // namespace paddle_binding
 }  // namespace fdmtp

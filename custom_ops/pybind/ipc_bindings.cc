@@ -148,7 +148,8 @@ SharedTensor ShareExternalData(py::handle input, const std::string& shm_name,
 class EmulatedDeviceMemory : public ipc::SharedBuffer {
  public:
   explicit EmulatedDeviceMemory(size_t bytes) {
-    if (xpu::Malloc(bytes, &data_) != xpu::kSuccess) throw Error("xpu_emu_empty: " + xpu::LastError());
+    if (xpu::Malloc(bytes, &data_) != xpu::kSuccess)
+      throw Error("xpu_emu_empty: " + xpu::LastError());
     bytes_ = bytes;
     device_ = Device::kXPU;
   }
@@ -156,16 +157,19 @@ class EmulatedDeviceMemory : public ipc::SharedBuffer {
 };
 
 SharedTensor XpuEmuEmpty(const std::vector<int64_t>& shape, const std::string& dtype) {
-  for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt8, DType::kUInt8}) {
+  for (DType d :
+       {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt8, DType::kUInt8}) {
     if (dtype != DTypeName(d)) continue;
     size_t bytes = static_cast<size_t>(ToDL(d).bits / 8);
     for (int64_t n : shape) {
-      if (n < 0) throw Error("xpu_emu_empty: `shape` has a negative dimension " + std::to_string(n));
+      if (n < 0)
+        throw Error("xpu_emu_empty: `shape` has a negative dimension " + std::to_string(n));
       bytes *= static_cast<size_t>(n);
     }
     return SharedTensor(std::make_shared<EmulatedDeviceMemory>(bytes), d, shape);
   }
-  throw Error("xpu_emu_empty: `dtype` '" + dtype + "' is not float32, float16, bfloat16, int8 or uint8");
+  throw Error("xpu_emu_empty: `dtype` '" + dtype +
+              "' is not float32, float16, bfloat16, int8 or uint8");
 }
 #endif
 

@@ -98,6 +98,6 @@ PYBIND11_MODULE(_kernels, m) {
       .def("__exit__", &XpuEmulation::Exit);
   m.def("_xpu_emulator_selftest", &XpuEmulatorSelftest, py::arg("which"), py::arg("clusters"),
         py::arg("cores"), "Tests only: run a KP-rule-breaking kernel under the emulator.");
-  fdmtp::pybind::DefineOps(m);   // every declared op (generated: pybind_ops.cc)
+  fdmtp::pybind::DefineOps(m);  // every declared op (generated: pybind_ops.cc)
   fdmtp::pybind::DefineIpc(m);  // set_data_ipc, share_external_data, unset_data_ipc
 }

@@ -14,7 +14,7 @@ DType FromDL(DLDataType t) {
   if (t.lanes != 1) return DType::kUnsupported;
   switch (t.code) {
     case kDLInt:
-      return t.bits == 8 ? DType::kInt8
+      return t.bits == 8    ? DType::kInt8
              : t.bits == 32 ? DType::kInt32
              : t.bits == 64 ? DType::kInt64
                             : DType::kUnsupported;

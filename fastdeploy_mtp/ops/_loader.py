@@ -19,7 +19,8 @@ import sys
 import sysconfig
 import threading
 import types
-from typing import Any, Callable, Dict, Tuple
+from collections.abc import Callable
+from typing import Any
 
 _LIBRARY = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "_fdmtp_ops" + sysconfig.get_config_var("EXT_SUFFIX")
@@ -39,17 +40,16 @@ def kernels() -> types.ModuleType:
         return importlib.import_module("fastdeploy_mtp._kernels")
     except ImportError as e:  # pragma: no cover - only on a broken install
         raise ImportError(
-            "fastdeploy_mtp._kernels is not built: run `pip install -e .` in the "
-            f"repository ({e})"
+            f"fastdeploy_mtp._kernels is not built: run `pip install -e .` in the repository ({e})"
         ) from e
 
 
-def build_info() -> Dict[str, Any]:
+def build_info() -> dict[str, Any]:
     """What the build holds: ``{'cuda': bool, 'xpu': bool, 'cuda_archs': str}``."""
     return dict(kernels().build_info())
 
 
-def backends() -> Dict[str, bool]:
+def backends() -> dict[str, bool]:
     """Which backends are compiled in: ``{'cpu': True, 'cuda': bool, 'xpu': bool}``.
 
     ``cuda`` is True when the CUDA kernels were compiled in (nvcc was found at build
@@ -59,7 +59,7 @@ def backends() -> Dict[str, bool]:
     return {"cpu": True, "cuda": bool(info["cuda"]), "xpu": bool(info["xpu"])}
 
 
-def cuda_status() -> Tuple[bool, str]:
+def cuda_status() -> tuple[bool, str]:
     """``(usable, reason)``: whether CUDA kernels can be launched in this process."""
     usable, reason = kernels().cuda_status()
     return bool(usable), str(reason)
@@ -87,8 +87,7 @@ def _load_paddle_api() -> types.ModuleType:
             return api
         if not os.path.exists(_LIBRARY):
             raise ImportError(
-                f"the Paddle ops library {_LIBRARY} is missing: build it with "
-                "`pip install -e .` in the repository"
+                f"the Paddle ops library {_LIBRARY} is missing: build it with `pip install -e .` in the repository"
             )
         import paddle  # noqa: F401  (loads libpaddle.so, which the library links by soname)
         from paddle.base import core

@@ -16,12 +16,8 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 from numpy.typing import ArrayLike
-
-from ._op_wrappers import VerifyStrategy  # generated from custom_ops/ops/constants.toml
-
 
 # Philox-4x32 constants (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3").
 _PHILOX_M0 = np.uint64(0xD2511F53)

@@ -17,27 +17,32 @@ if TYPE_CHECKING:
     import paddle
 
 
-def set_data_ipc(tmp_input: 'paddle.Tensor', shm_name: str) -> None:
-    run_paddle_op('set_data_ipc', tmp_input, shm_name)
+def set_data_ipc(tmp_input: paddle.Tensor, shm_name: str) -> None:
+    run_paddle_op("set_data_ipc", tmp_input, shm_name)
 
 
 set_data_ipc.__doc__ = MANUAL_OP_DOCS["set_data_ipc"]
 
 
-def share_external_data(input: 'paddle.Tensor', shm_name: str, shape: Sequence[int], use_ipc: bool=True) -> 'paddle.Tensor':
+def share_external_data(
+    input: paddle.Tensor, shm_name: str, shape: Sequence[int], use_ipc: bool = True
+) -> paddle.Tensor:
     dims = [int(d) for d in shape]
-    if build_info()['xpu']:
-        return run_paddle_op('share_external_data', input, shm_name, dims, bool(use_ipc))
+    if build_info()["xpu"]:
+        return run_paddle_op("share_external_data", input, shm_name, dims, bool(use_ipc))
     if not use_ipc:
-        raise OpError("share_external_data: `use_ipc`=False reuses the creator's XPU device pointer and applies to XPU tensors only; this build has no XPU support")
-    return run_paddle_op('share_external_data', input, shm_name, dims)
+        raise OpError(
+            "share_external_data: `use_ipc`=False reuses the creator's XPU device pointer and "
+            "applies to XPU tensors only; this build has no XPU support"
+        )
+    return run_paddle_op("share_external_data", input, shm_name, dims)
 
 
 share_external_data.__doc__ = MANUAL_OP_DOCS["share_external_data"]
 
 
-def unset_data_ipc(tmp_input: 'paddle.Tensor', shm_name: str, close_ipc: bool, unlink_shm: bool) -> None:
-    run_paddle_op('unset_data_ipc', tmp_input, shm_name, bool(close_ipc), bool(unlink_shm))
+def unset_data_ipc(tmp_input: paddle.Tensor, shm_name: str, close_ipc: bool, unlink_shm: bool) -> None:
+    run_paddle_op("unset_data_ipc", tmp_input, shm_name, bool(close_ipc), bool(unlink_shm))
 
 
 unset_data_ipc.__doc__ = MANUAL_OP_DOCS["unset_data_ipc"]

@@ -360,9 +360,8 @@ class MTPProposer:
                 # model ignores (at substep 0 a decode slot feeds <= K + 1 tokens, then 1).
                 token_num = real_bsz * (self.max_draft_token_num + 1) if substep == 0 else real_bsz
             else:
-                # A host read through .item() (tests/e2e/test_overlap.py watches for it);
-                # Paddle's stub types item() as float | bool | complex, an int32 sum gives int.
-                token_num = int(draft.seq_lens_this_time.sum().item())  # type: ignore[arg-type]
+                # A host read through .item() (tests/e2e/test_overlap.py watches for it).
+                token_num = int(draft.seq_lens_this_time.sum().item())
             if token_num == 0:
                 self.model.empty_input_forward(None)
                 continue

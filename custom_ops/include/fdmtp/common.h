@@ -1,6 +1,6 @@
 // Framework-free basics shared by every backend (CPU, CUDA, XPU emulator and the
-// real Kunlun toolchain): the host/device qualifier, the shared constants (kPlaceholderToken: a draft slot that holds
-// no token, wherever it stands in the row) and helpers used by several ops.
+// real Kunlun toolchain): the host/device qualifier, the shared constants (kPlaceholderToken: a
+// draft slot that holds no token, wherever it stands in the row) and helpers used by several ops.
 #pragma once
 
 #include <cstdint>

@@ -7,28 +7,28 @@
 namespace fdmtp {
 
 struct DraftModelPreprocessArgs {
-  int64_t* draft_tokens;                      // [bsz, W] int64, in/out: draft input tokens
-  int64_t* input_ids;                         // [bsz, C] int64, in/out: draft prompt (shifted)
-  bool* stop_flags;                           // [bsz] bool, out
-  int32_t* seq_lens_this_time;                // [bsz] int32, out
-  int32_t* seq_lens_encoder;                  // [bsz] int32, in/out
-  int32_t* seq_lens_decoder;                  // [bsz] int32, in/out
-  int64_t* step_idx;                          // [bsz] int64, out
-  bool* not_need_stop;                        // [1] bool, out
-  int64_t* pre_ids;                           // [bsz, L] int64, in/out: draft history
-  const int64_t* accept_tokens;               // [bsz, W] int64, in (target)
-  const int32_t* accept_num;                  // [bsz] int32, in (target)
+  int64_t* draft_tokens;                         // [bsz, W] int64, in/out: draft input tokens
+  int64_t* input_ids;                            // [bsz, C] int64, in/out: draft prompt (shifted)
+  bool* stop_flags;                              // [bsz] bool, out
+  int32_t* seq_lens_this_time;                   // [bsz] int32, out
+  int32_t* seq_lens_encoder;                     // [bsz] int32, in/out
+  int32_t* seq_lens_decoder;                     // [bsz] int32, in/out
+  int64_t* step_idx;                             // [bsz] int64, out
+  bool* not_need_stop;                           // [1] bool, out
+  int64_t* pre_ids;                              // [bsz, L] int64, in/out: draft history
+  const int64_t* accept_tokens;                  // [bsz, W] int64, in (target)
+  const int32_t* accept_num;                     // [bsz] int32, in (target)
   const int32_t* target_model_seq_lens_decoder;  // [bsz] int32, in
-  const int64_t* target_model_step_idx;       // [bsz] int64, in
-  const bool* target_model_stop_flags;        // [bsz] bool, in
-  const int64_t* max_dec_len;                 // [bsz] int64, in
-  int64_t* target_model_draft_tokens;         // [bsz, W] int64, out: slots 1.. set to -1
+  const int64_t* target_model_step_idx;          // [bsz] int64, in
+  const bool* target_model_stop_flags;           // [bsz] bool, in
+  const int64_t* max_dec_len;                    // [bsz] int64, in
+  int64_t* target_model_draft_tokens;            // [bsz, W] int64, out: slots 1.. set to -1
   int64_t bsz;
-  int64_t draft_width;        // W of draft_tokens
-  int64_t accept_width;       // W of accept_tokens
-  int64_t target_draft_width; // W of target_model_draft_tokens
-  int64_t input_ids_len;      // C
-  int64_t pre_ids_len;        // L
+  int64_t draft_width;         // W of draft_tokens
+  int64_t accept_width;        // W of accept_tokens
+  int64_t target_draft_width;  // W of target_model_draft_tokens
+  int64_t input_ids_len;       // C
+  int64_t pre_ids_len;         // L
   int32_t num_model_step;
   bool is_splitwise_prefill;
 };

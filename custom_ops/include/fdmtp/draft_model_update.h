@@ -11,19 +11,19 @@
 namespace fdmtp {
 
 struct DraftModelUpdateArgs {
-  const int64_t* inter_next_tokens;   // [num_tokens] int64, in: one per item with slt > 0
-  int64_t* draft_tokens;              // [bsz, W] int64, in/out
-  int64_t* pre_ids;                   // [bsz, L] int64, in/out
-  int32_t* seq_lens_this_time;        // [bsz] int32, in/out
-  int32_t* seq_lens_encoder;          // [bsz] int32, in/out
-  int32_t* seq_lens_decoder;          // [bsz] int32, in/out
-  int64_t* step_idx;                  // [bsz] int64, in/out
-  bool* stop_flags;                   // [bsz] bool, in
-  bool* not_need_stop;                // [1] bool, out
-  const int64_t* max_dec_len;         // [bsz] int64, in
-  int64_t* base_model_draft_tokens;   // [bsz, W_base] int64, in/out: slot substep+1 written
+  const int64_t* inter_next_tokens;  // [num_tokens] int64, in: one per item with slt > 0
+  int64_t* draft_tokens;             // [bsz, W] int64, in/out
+  int64_t* pre_ids;                  // [bsz, L] int64, in/out
+  int32_t* seq_lens_this_time;       // [bsz] int32, in/out
+  int32_t* seq_lens_encoder;         // [bsz] int32, in/out
+  int32_t* seq_lens_decoder;         // [bsz] int32, in/out
+  int64_t* step_idx;                 // [bsz] int64, in/out
+  bool* stop_flags;                  // [bsz] bool, in
+  bool* not_need_stop;               // [1] bool, out
+  const int64_t* max_dec_len;        // [bsz] int64, in
+  int64_t* base_model_draft_tokens;  // [bsz, W_base] int64, in/out: slot substep+1 written
   int64_t bsz;
-  int64_t num_tokens;                 // length of inter_next_tokens
+  int64_t num_tokens;  // length of inter_next_tokens
   int64_t draft_width;
   int64_t base_width;
   int64_t pre_ids_len;

@@ -10,22 +10,22 @@
 namespace fdmtp {
 
 struct HybridMtpNgramArgs {
-  const int64_t* input_ids;        // [bsz, input_width] int64, in: draft prompt (shifted by one)
-  const int64_t* input_ids_len;    // [bsz] int64, in: valid tokens of each input_ids row
-  const int64_t* pre_ids;          // [bsz, pre_width] int64, in: draft history; newest at step_idx
-  const int64_t* step_idx;         // [bsz] int64, in: index of the newest token in pre_ids
-  int64_t* draft_tokens;           // [bsz, draft_width] int64, in/out: target draft rows
-  int32_t* seq_lens_this_time;     // [bsz] int32, in/out: tokens already in each draft row
+  const int64_t* input_ids;         // [bsz, input_width] int64, in: draft prompt (shifted by one)
+  const int64_t* input_ids_len;     // [bsz] int64, in: valid tokens of each input_ids row
+  const int64_t* pre_ids;           // [bsz, pre_width] int64, in: draft history; newest at step_idx
+  const int64_t* step_idx;          // [bsz] int64, in: index of the newest token in pre_ids
+  int64_t* draft_tokens;            // [bsz, draft_width] int64, in/out: target draft rows
+  int32_t* seq_lens_this_time;      // [bsz] int32, in/out: tokens already in each draft row
   const int32_t* seq_lens_decoder;  // [bsz] int32, in: > 0 counts as unprocessed (threshold)
-  const int64_t* max_dec_len;      // [bsz] int64, in: generation length limit
+  const int64_t* max_dec_len;       // [bsz] int64, in: generation length limit
   int64_t bsz;
   int64_t input_width;
   int64_t pre_width;
-  int64_t draft_width;             // >= max_draft_tokens + 1 (checked by the entry)
+  int64_t draft_width;  // >= max_draft_tokens + 1 (checked by the entry)
   int max_ngram_size;
   int min_ngram_size;
   int max_draft_tokens;
-  int64_t threshold;               // global token-number threshold (upstream's env var)
+  int64_t threshold;  // global token-number threshold (upstream's env var)
 };
 
 struct HybridMtpNgramOp {

@@ -10,8 +10,6 @@
 
 namespace fdmtp {
 
-constexpr int32_t kNoBlock = -1;
-
 struct MtpStepArgs {
   const bool* base_model_stop_flags;  // [bsz] bool, in (target)
   bool* stop_flags;                   // [bsz] bool, in/out

@@ -7,13 +7,13 @@
 namespace fdmtp {
 
 struct SpeculateGetLogitsArgs {
-  void* draft_logits;               // [draft_rows, vocab] float, in/out
-  int32_t* next_token_num;          // [bsz] int32, out: rows of `logits` per item
-  int32_t* batch_token_num;         // [bsz] int32, out: rows of `draft_logits` per item
-  int32_t* cu_next_token_offset;    // [bsz + 1] int32, out: [1..bsz] inclusive sums
-  int32_t* cu_batch_token_offset;   // [bsz + 1] int32, out: [1..bsz] inclusive sums
-  const void* logits;               // [logit_rows, vocab] float, in: draft logits rows
-  const void* first_token_logits;   // [bsz, vocab] float, in: target logits of the first token
+  void* draft_logits;                 // [draft_rows, vocab] float, in/out
+  int32_t* next_token_num;            // [bsz] int32, out: rows of `logits` per item
+  int32_t* batch_token_num;           // [bsz] int32, out: rows of `draft_logits` per item
+  int32_t* cu_next_token_offset;      // [bsz + 1] int32, out: [1..bsz] inclusive sums
+  int32_t* cu_batch_token_offset;     // [bsz + 1] int32, out: [1..bsz] inclusive sums
+  const void* logits;                 // [logit_rows, vocab] float, in: draft logits rows
+  const void* first_token_logits;     // [bsz, vocab] float, in: target logits of the first token
   const int32_t* seq_lens_this_time;  // [bsz] int32, in
   const int32_t* seq_lens_encoder;    // [bsz] int32, in: > 0 for a prefill item
   int64_t bsz;

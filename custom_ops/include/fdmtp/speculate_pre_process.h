@@ -7,7 +7,6 @@
 namespace fdmtp {
 
 constexpr int64_t kPaddingTokenFill = 2;  // upstream's fill of ids_remove_padding
-constexpr int32_t kNoBatchId = -1;
 
 struct SpeculatePreProcessArgs {
   const int64_t* input_ids;            // [bsz, C] int64, in
@@ -22,10 +21,10 @@ struct SpeculatePreProcessArgs {
   int32_t* batch_id_per_token_output;  // [bsz * W] int32, out
   int32_t* real_output_token_num;      // [1] int32, out
   int64_t bsz;
-  int64_t input_ids_len;               // C
-  int64_t draft_width;                 // W
-  int64_t token_num;                   // T (the cpu_token_num attr)
-  int64_t output_capacity;             // bsz * W
+  int64_t input_ids_len;    // C
+  int64_t draft_width;      // W
+  int64_t token_num;        // T (the cpu_token_num attr)
+  int64_t output_capacity;  // bsz * W
 };
 
 FDMTP_HOST_DEVICE inline int32_t SpeculateOutputRows(const SpeculatePreProcessArgs& a, int64_t b) {
@@ -41,8 +40,8 @@ FDMTP_HOST_DEVICE inline int32_t SpeculateInputTokens(const SpeculatePreProcessA
 }
 
 // Token i of item b (cu_seqlens_q[b] already written).
-FDMTP_HOST_DEVICE inline void SpeculatePreProcessToken(const SpeculatePreProcessArgs& a,
-                                                       int64_t b, int64_t i) {
+FDMTP_HOST_DEVICE inline void SpeculatePreProcessToken(const SpeculatePreProcessArgs& a, int64_t b,
+                                                       int64_t i) {
   const int64_t t = static_cast<int64_t>(a.cu_seqlens_q[b]) + i;
   if (t < 0 || t >= a.token_num) return;
   const bool from_draft = a.draft_width > 0 && a.seq_lens_encoder[b] <= 0;

@@ -7,20 +7,20 @@
 namespace fdmtp {
 
 struct UnifiedUpdateModelStatusArgs {
-  int32_t* seq_lens_encoder;         // [max_bsz] int32, in/out
-  int32_t* seq_lens_decoder;         // [max_bsz] int32, in/out
-  bool* has_running_seqs;            // [1] bool, out: any slot still running
-  int64_t* step_input_ids;           // [max_bsz, width] int64, in/out: column 0 only
-  int64_t* step_output_ids;          // [max_bsz, width] int64, in/out: EOS replacement
-  int32_t* step_output_len;          // [max_bsz] int32, in/out: emitted count, cut at a stop
-  bool* stop_flags;                  // [max_bsz] bool, in/out
-  int32_t* seq_lens_this_time;       // [real_bsz] int32, in/out: 0 for stopped/paused
-  const bool* is_paused;             // [max_bsz] bool, in (is_block_step)
-  int64_t* token_ids_all;            // [max_bsz, max_model_len] int64, in/out: history
-  const int64_t* prompt_lens;        // [max_bsz] int64, in
-  int64_t* step_idx;                 // [max_bsz] int64, in/out
-  const int64_t* end_tokens;         // [num_end_tokens] int64, in
-  const int64_t* max_dec_len;        // [max_bsz] int64, in
+  int32_t* seq_lens_encoder;    // [max_bsz] int32, in/out
+  int32_t* seq_lens_decoder;    // [max_bsz] int32, in/out
+  bool* has_running_seqs;       // [1] bool, out: any slot still running
+  int64_t* step_input_ids;      // [max_bsz, width] int64, in/out: column 0 only
+  int64_t* step_output_ids;     // [max_bsz, width] int64, in/out: EOS replacement
+  int32_t* step_output_len;     // [max_bsz] int32, in/out: emitted count, cut at a stop
+  bool* stop_flags;             // [max_bsz] bool, in/out
+  int32_t* seq_lens_this_time;  // [real_bsz] int32, in/out: 0 for stopped/paused
+  const bool* is_paused;        // [max_bsz] bool, in (is_block_step)
+  int64_t* token_ids_all;       // [max_bsz, max_model_len] int64, in/out: history
+  const int64_t* prompt_lens;   // [max_bsz] int64, in
+  int64_t* step_idx;            // [max_bsz] int64, in/out
+  const int64_t* end_tokens;    // [num_end_tokens] int64, in
+  const int64_t* max_dec_len;   // [max_bsz] int64, in
   int64_t max_bsz;
   int64_t real_bsz;
   int64_t width;          // K + 1

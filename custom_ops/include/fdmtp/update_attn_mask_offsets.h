@@ -7,18 +7,18 @@
 namespace fdmtp {
 
 struct UpdateAttnMaskOffsetsArgs {
-  int32_t* attn_mask_offsets;              // [2 * token_num] int32, out (zeroed by the kernel)
-  int32_t* decode_states;                  // [bsz, decode_width] int32, in/out
-  const int32_t* seq_lens_this_time;       // [bsz] int32, in
-  const int32_t* seq_lens_encoder;         // [bsz] int32, in
-  const int32_t* seq_lens_decoder;         // [bsz] int32, in
-  const int32_t* cu_seqlens_q;             // [bsz + 1] int32, in: first token of each item
-  const int32_t* attn_mask_offsets_full;   // [bsz, max_model_len] int32, in
-  const bool* is_block_step;               // [bsz] bool, in: item skipped this step
+  int32_t* attn_mask_offsets;             // [2 * token_num] int32, out (zeroed by the kernel)
+  int32_t* decode_states;                 // [bsz, decode_width] int32, in/out
+  const int32_t* seq_lens_this_time;      // [bsz] int32, in
+  const int32_t* seq_lens_encoder;        // [bsz] int32, in
+  const int32_t* seq_lens_decoder;        // [bsz] int32, in
+  const int32_t* cu_seqlens_q;            // [bsz + 1] int32, in: first token of each item
+  const int32_t* attn_mask_offsets_full;  // [bsz, max_model_len] int32, in
+  const bool* is_block_step;              // [bsz] bool, in: item skipped this step
   int64_t bsz;
-  int64_t token_num;                       // T = ids_remove_padding.shape[0]
+  int64_t token_num;  // T = ids_remove_padding.shape[0]
   int64_t max_model_len;
-  int64_t decode_width;                    // K + 1
+  int64_t decode_width;  // K + 1
 };
 
 FDMTP_HOST_DEVICE inline void UpdateAttnMaskOffsetsItem(const UpdateAttnMaskOffsetsArgs& a,

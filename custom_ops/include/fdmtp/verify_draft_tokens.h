@@ -16,24 +16,24 @@ namespace fdmtp {
 constexpr int64_t kAcceptAllEosReplacement = 5;
 
 struct VerifyDraftTokensArgs {
-  int64_t* step_output_ids;           // [max_bsz, width] int64, out: emitted tokens, -1 after
-  int32_t* step_output_len;           // [max_bsz] int32, out: number of emitted tokens
-  const int64_t* step_input_ids;      // [max_bsz, width] int64, in: [last token, d1..]
-  const int64_t* target_tokens;       // [rows] int64, in: GREEDY/TARGET_MATCH, else null
-  const int64_t* candidate_ids;       // [rows, C] int64, in: TOPP/REJECTION, else null
-  const float* candidate_scores;      // [rows, C] float32, in: TOPP/REJECTION, else null
-  const int32_t* candidate_lens;      // [rows] int32, in: TOPP/REJECTION, else null
-  const float* topp;                  // [max_bsz] float32, in: TOPP's Phase-2 mass
-  const bool* stop_flags;             // [max_bsz] bool, in
-  const int32_t* seq_lens_encoder;    // [max_bsz] int32, in: != 0 means prefill
-  const int32_t* seq_lens_this_time;  // [real_bsz] int32, in: tokens fed this step
-  const int64_t* end_tokens;          // [num_end_tokens] int64, in: EOS ids
-  const bool* is_block_step;          // [max_bsz] bool, in: paused items
-  const int32_t* cu_seqlens_q_output; // [>= real_bsz] int32, in: first output row of item b
-  const int32_t* reasoning_status;    // [max_bsz] int32, in: 1 = one token per step
-  const int64_t* max_dec_len;         // [max_bsz] int64, in
-  const int64_t* step_idx;            // [max_bsz] int64, in: tokens generated so far
-  const float* verify_uniforms;       // [rows_u, 2] float32, in: TOPP/REJECTION, else null
+  int64_t* step_output_ids;            // [max_bsz, width] int64, out: emitted tokens, -1 after
+  int32_t* step_output_len;            // [max_bsz] int32, out: number of emitted tokens
+  const int64_t* step_input_ids;       // [max_bsz, width] int64, in: [last token, d1..]
+  const int64_t* target_tokens;        // [rows] int64, in: GREEDY/TARGET_MATCH, else null
+  const int64_t* candidate_ids;        // [rows, C] int64, in: TOPP/REJECTION, else null
+  const float* candidate_scores;       // [rows, C] float32, in: TOPP/REJECTION, else null
+  const int32_t* candidate_lens;       // [rows] int32, in: TOPP/REJECTION, else null
+  const float* topp;                   // [max_bsz] float32, in: TOPP's Phase-2 mass
+  const bool* stop_flags;              // [max_bsz] bool, in
+  const int32_t* seq_lens_encoder;     // [max_bsz] int32, in: != 0 means prefill
+  const int32_t* seq_lens_this_time;   // [real_bsz] int32, in: tokens fed this step
+  const int64_t* end_tokens;           // [num_end_tokens] int64, in: EOS ids
+  const bool* is_block_step;           // [max_bsz] bool, in: paused items
+  const int32_t* cu_seqlens_q_output;  // [>= real_bsz] int32, in: first output row of item b
+  const int32_t* reasoning_status;     // [max_bsz] int32, in: 1 = one token per step
+  const int64_t* max_dec_len;          // [max_bsz] int64, in
+  const int64_t* step_idx;             // [max_bsz] int64, in: tokens generated so far
+  const float* verify_uniforms;        // [rows_u, 2] float32, in: TOPP/REJECTION, else null
   int64_t max_bsz;
   int64_t real_bsz;
   int64_t width;           // K + 1

@@ -91,9 +91,10 @@ int Launch(int clusters, int cores, const char* kernel, const std::function<void
            std::string* error) {
   const std::string name = std::string("XPU kernel ") + kernel + " (emulated): ";
   if (clusters < 1 || cores < 1 || cores > xpu::kMaxCoresPerCluster) {
-    *error = name + "launch shape <<<" + std::to_string(clusters) + ", " + std::to_string(cores) +
-             ">>> is invalid (clusters >= 1, 1 <= cores <= " +
-             std::to_string(xpu::kMaxCoresPerCluster) + ")";
+    *error =
+        name + "launch shape <<<" + std::to_string(clusters) + ", " + std::to_string(cores) +
+        ">>> is invalid (clusters >= 1, 1 <= cores <= " + std::to_string(xpu::kMaxCoresPerCluster) +
+        ")";
     return 1;
   }
   std::lock_guard<std::mutex> lock(LaunchMutex());

@@ -76,7 +76,8 @@ void CheckLocal(const char* what, L&& local, int64_t bytes) {
   } else {
     static_assert(std::is_pointer_v<R>, "the local side must be a __local__ array or &scalar");
     using E = std::remove_pointer_t<R>;
-    static_assert(!std::is_void_v<E>, "name the __local__ buffer, not a void*, so its size is known");
+    static_assert(!std::is_void_v<E>,
+                  "name the __local__ buffer, not a void*, so its size is known");
     size = static_cast<int64_t>(sizeof(E));
     p = static_cast<const void*>(local);
   }
@@ -100,13 +101,15 @@ inline void mfence() {}
 template <typename L>
 inline void GM2LM(const void* gm_src, L&& lm_dst, int64_t bytes) {
   fdmtp::xpu_emu::CheckLocal("GM2LM", lm_dst, bytes);
-  if (fdmtp::xpu_emu::IsLocal(gm_src, 1)) fdmtp::xpu_emu::Fault("GM2LM: the source is local memory");
+  if (fdmtp::xpu_emu::IsLocal(gm_src, 1))
+    fdmtp::xpu_emu::Fault("GM2LM: the source is local memory");
   if (bytes > 0) std::memcpy(static_cast<void*>(lm_dst), gm_src, static_cast<size_t>(bytes));
 }
 
 template <typename L>
 inline void LM2GM(L&& lm_src, void* gm_dst, int64_t bytes) {
   fdmtp::xpu_emu::CheckLocal("LM2GM", lm_src, bytes);
-  if (fdmtp::xpu_emu::IsLocal(gm_dst, 1)) fdmtp::xpu_emu::Fault("LM2GM: the destination is local memory");
+  if (fdmtp::xpu_emu::IsLocal(gm_dst, 1))
+    fdmtp::xpu_emu::Fault("LM2GM: the destination is local memory");
   if (bytes > 0) std::memcpy(gm_dst, static_cast<const void*>(lm_src), static_cast<size_t>(bytes));
 }

@@ -22,10 +22,10 @@ constexpr int kEmulatedDevices = 8;
 // What the 64 handle bytes hold.
 struct HandleRecord {
   uint32_t magic;
-  int32_t pid;          // exporter
-  uint64_t bytes;       // the region (allocation) size
-  uint64_t offset;      // the exported pointer's offset in it
-  char name[40];        // the region's shm name, NUL-terminated
+  int32_t pid;      // exporter
+  uint64_t bytes;   // the region (allocation) size
+  uint64_t offset;  // the exported pointer's offset in it
+  char name[40];    // the region's shm name, NUL-terminated
 };
 static_assert(sizeof(HandleRecord) == sizeof(XPUIpcMemHandle), "a handle is 64 bytes");
 
@@ -90,8 +90,8 @@ const std::string& LastXreError() { return t_error; }
 
 int xpu_malloc(void** ptr, uint64_t size) {
   *ptr = nullptr;
-  const std::string name = "fdmtpxe." + std::to_string(::getpid()) + "." +
-                           std::to_string(g_sequence.fetch_add(1));
+  const std::string name =
+      "fdmtpxe." + std::to_string(::getpid()) + "." + std::to_string(g_sequence.fetch_add(1));
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0 && errno == EEXIST) {
     // Left by a killed process that had our pid (sequence numbers are unique within a
@@ -99,7 +99,8 @@ int xpu_malloc(void** ptr, uint64_t size) {
     ::shm_unlink(name.c_str());
     fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   }
-  if (fd < 0) return Fail(XPUERR_NOMEM, "cannot create emulated device region `" + name + "`: " + Errno());
+  if (fd < 0)
+    return Fail(XPUERR_NOMEM, "cannot create emulated device region `" + name + "`: " + Errno());
   size_t mapped = 0;
   void* base = nullptr;
   if (::ftruncate(fd, static_cast<off_t>(size == 0 ? 1 : size)) != 0) {
@@ -119,7 +120,8 @@ int xpu_malloc(void** ptr, uint64_t size) {
 }
 
 int xpu_free(void* ptr) {
-  return Unmap(&g_allocations, ptr, true, "xpu_free: the pointer is not the start of an xpu_malloc allocation");
+  return Unmap(&g_allocations, ptr, true,
+               "xpu_free: the pointer is not the start of an xpu_malloc allocation");
 }
 
 int xpu_current_device(int* device) {
@@ -129,8 +131,9 @@ int xpu_current_device(int* device) {
 
 int xpu_set_device(int device) {
   if (device < 0 || device >= kEmulatedDevices) {
-    return Fail(XPUERR_INVALID_VALUE, "xpu_set_device: no emulated device " + std::to_string(device) +
-                                          " (0.." + std::to_string(kEmulatedDevices - 1) + ")");
+    return Fail(XPUERR_INVALID_VALUE, "xpu_set_device: no emulated device " +
+                                          std::to_string(device) + " (0.." +
+                                          std::to_string(kEmulatedDevices - 1) + ")");
   }
   t_device = device;
   return XPU_SUCCESS;
@@ -140,8 +143,9 @@ int xpu_ipc_get_memhandle(XPUIpcMemHandle* handle, void* ptr) {
   std::lock_guard<std::mutex> lock(g_mutex);
   const auto it = Find(ptr, 0);
   if (it == g_allocations.end()) {
-    return Fail(XPUERR_INVALID_VALUE,
-                "the pointer is not in device memory allocated by this process (emulated xpu_malloc)");
+    return Fail(
+        XPUERR_INVALID_VALUE,
+        "the pointer is not in device memory allocated by this process (emulated xpu_malloc)");
   }
   HandleRecord record{};
   record.magic = kHandleMagic;
@@ -160,23 +164,26 @@ int xpu_ipc_open_memhandle(void** ptr, XPUIpcMemHandle handle, int flags) {
   std::memcpy(&record, &handle, sizeof(record));
   record.name[sizeof(record.name) - 1] = '\0';
   if (record.magic != kHandleMagic || record.offset > record.bytes) {
-    return Fail(XPUERR_INVALID_HANDLE, "not an IPC handle written by (emulated) xpu_ipc_get_memhandle");
+    return Fail(XPUERR_INVALID_HANDLE,
+                "not an IPC handle written by (emulated) xpu_ipc_get_memhandle");
   }
   if (record.pid == static_cast<int32_t>(::getpid())) {
-    return Fail(XPUERR_INVALID_HANDLE,
-                "the handle was exported by this process (pid " + std::to_string(record.pid) +
-                    "); an IPC handle opens in other processes only");
+    return Fail(XPUERR_INVALID_HANDLE, "the handle was exported by this process (pid " +
+                                           std::to_string(record.pid) +
+                                           "); an IPC handle opens in other processes only");
   }
   const std::string name = record.name;
   const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) {
-    return Fail(XPUERR_INVALID_HANDLE, "the allocation behind the handle is gone (freed, or its process pid " +
-                                           std::to_string(record.pid) + " exited): " + Errno());
+    return Fail(XPUERR_INVALID_HANDLE,
+                "the allocation behind the handle is gone (freed, or its process pid " +
+                    std::to_string(record.pid) + " exited): " + Errno());
   }
   struct stat st {};
   size_t mapped = 0;
   void* base = nullptr;
-  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < (record.bytes == 0 ? 1 : record.bytes)) {
+  if (::fstat(fd, &st) != 0 ||
+      static_cast<uint64_t>(st.st_size) < (record.bytes == 0 ? 1 : record.bytes)) {
     t_error = "emulated device region `" + name + "` is smaller than its handle says";
   } else {
     base = MapRegion(fd, name, record.bytes, &mapped);

@@ -14,7 +14,8 @@ inline void RunNgram(const typename Op::Args& args, int64_t bsz, int max_n, int 
                      int64_t threshold, fdmtp::NgramProposal* sm_proposals, int32_t* sm_counts) {
   if (cluster_id() != 0) return;
   for (int64_t b = core_id(); b < bsz; b += core_num()) {
-    sm_proposals[b] = fdmtp::NgramProposeItem(fdmtp::NgramFindNextScalar, Op::Item(args, b), max_n, min_n);
+    sm_proposals[b] =
+        fdmtp::NgramProposeItem(fdmtp::NgramFindNextScalar, Op::Item(args, b), max_n, min_n);
   }
   sync_cluster();
   if (core_id() == 0) {
@@ -27,9 +28,9 @@ inline void RunNgram(const typename Op::Args& args, int64_t bsz, int max_n, int 
   }
 }
 
-#define FDMTP_XPU_NGRAM_SHARED                                                        \
-  __shared__ fdmtp::NgramProposal sm_proposals[lim::kMaxNgramBatch];                  \
-  __shared__ int32_t sm_counts[lim::kMaxNgramBatch];                                  \
+#define FDMTP_XPU_NGRAM_SHARED                                                       \
+  __shared__ fdmtp::NgramProposal sm_proposals[lim::kMaxNgramBatch];                 \
+  __shared__ int32_t sm_counts[lim::kMaxNgramBatch];                                 \
   static_assert(sizeof(fdmtp::NgramProposal) == 16, "kNgramSharedBytes assumes 16"); \
   static_assert(lim::kNgramSharedBytes <= lim::kSharedMemBytes, "n-gram: shared memory")
 

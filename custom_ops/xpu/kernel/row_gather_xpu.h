@@ -32,17 +32,18 @@ inline void GatherRows(const Plan& plan, int64_t elem_bytes, int64_t* sm_in, int
     }
   }
   const int64_t total = sm_out[r.bsz];
-  for (int64_t row = total + GlobalCore(); row_bytes != 0 && row < r.out_rows; row += GlobalCores()) {
+  for (int64_t row = total + GlobalCore(); row_bytes != 0 && row < r.out_rows;
+       row += GlobalCores()) {
     ZeroGm(out + row * row_bytes, row_bytes);
   }
   if (GlobalCore() == 0) StoreGm(r.output_token_num, static_cast<int32_t>(total));
 }
 
 // The shared buffers of a row-gather kernel.
-#define FDMTP_XPU_ROW_GATHER_SHARED                                    \
-  __shared__ int64_t sm_in[lim::kMaxBatch + 1];                        \
-  __shared__ int64_t sm_out[lim::kMaxBatch + 1];                       \
-  __shared__ int64_t sm_partial[lim::kMaxCoresPerCluster + 1];         \
+#define FDMTP_XPU_ROW_GATHER_SHARED                            \
+  __shared__ int64_t sm_in[lim::kMaxBatch + 1];                \
+  __shared__ int64_t sm_out[lim::kMaxBatch + 1];               \
+  __shared__ int64_t sm_partial[lim::kMaxCoresPerCluster + 1]; \
   static_assert(lim::kScanSharedBytes <= lim::kSharedMemBytes, "row gather: shared memory")
 
 }  // namespace fdmtp_xpu3

@@ -31,8 +31,9 @@ int LaunchFailed(const char* op, const std::string& message);
 inline int CheckLe(const char* op, const char* what, int64_t value, const char* limit_name,
                    int64_t limit) {
   if (value <= limit) return kSuccess;
-  return InvalidArgument(op, std::string(what) + " = " + std::to_string(value) + " exceeds the XPU3 kernel limit " +
-                                 limit_name + " = " + std::to_string(limit));
+  return InvalidArgument(op, std::string(what) + " = " + std::to_string(value) +
+                                 " exceeds the XPU3 kernel limit " + limit_name + " = " +
+                                 std::to_string(limit));
 }
 
 // The launch shape of the single-core helper kernels (flag resets before the main kernel).
@@ -47,11 +48,8 @@ inline Context SingleCore(const Context& ctx) {
 template <typename CpuFn, typename Xpu3Fn>
 int Run(const Context* ctx, const char* op, CpuFn&& cpu_fn, Xpu3Fn&& xpu3_fn) {
   switch (ctx->dev) {
-    case DevType::kCpu:
-      cpu_fn();
-      return kSuccess;
-    case DevType::kXpu3:
-      return xpu3_fn();
+    case DevType::kCpu: cpu_fn(); return kSuccess;
+    case DevType::kXpu3: return xpu3_fn();
   }
   SetLastError(std::string(op) + ": no implementation for this device (WRAPPER_UNIMPLEMENTED)");
   return kUnimplemented;
@@ -64,29 +62,30 @@ int Run(const Context* ctx, const char* op, CpuFn&& cpu_fn, Xpu3Fn&& xpu3_fn) {
 // Launches `kernel` on ctx's clusters x cores (and stream); returns kLaunchFailed from the
 // enclosing function if the launch (or the emulated kernel) fails.
 #if defined(FDMTP_XPU_EMULATOR)
-#define FDMTP_XPU_LAUNCH(op, ctx, kernel, ...)                                                   \
-  do {                                                                                          \
-    std::string launch_error_;                                                                  \
-    if (::fdmtp::xpu_emu::Launch((ctx)->clusters, (ctx)->cores, #kernel,                        \
-                                 [&] { kernel(__VA_ARGS__); }, &launch_error_) != 0) {          \
-      return ::fdmtp::xpu::detail::LaunchFailed(op, launch_error_);                             \
-    }                                                                                           \
+#define FDMTP_XPU_LAUNCH(op, ctx, kernel, ...)                                         \
+  do {                                                                                 \
+    std::string launch_error_;                                                         \
+    if (::fdmtp::xpu_emu::Launch((ctx)->clusters, (ctx)->cores, #kernel,               \
+                                 [&] { kernel(__VA_ARGS__); }, &launch_error_) != 0) { \
+      return ::fdmtp::xpu::detail::LaunchFailed(op, launch_error_);                    \
+    }                                                                                  \
   } while (0)
 #else
-#define FDMTP_XPU_LAUNCH(op, ctx, kernel, ...)                                                   \
-  do {                                                                                          \
-    const int launch_ret_ = kernel<<<(ctx)->clusters, (ctx)->cores,                             \
-                                     static_cast<XPUStream>((ctx)->stream)>>>(__VA_ARGS__);     \
-    if (launch_ret_ != 0) {                                                                     \
-      return ::fdmtp::xpu::detail::LaunchFailed(                                                \
-          op, std::string(#kernel " launch returned ") + std::to_string(launch_ret_));          \
-    }                                                                                           \
+#define FDMTP_XPU_LAUNCH(op, ctx, kernel, ...)                                            \
+  do {                                                                                    \
+    const int launch_ret_ =                                                               \
+        kernel<<<(ctx)->clusters, (ctx)->cores, static_cast<XPUStream>((ctx)->stream)>>>( \
+            __VA_ARGS__);                                                                 \
+    if (launch_ret_ != 0) {                                                               \
+      return ::fdmtp::xpu::detail::LaunchFailed(                                          \
+          op, std::string(#kernel " launch returned ") + std::to_string(launch_ret_));    \
+    }                                                                                     \
   } while (0)
 #endif
 
 // Returns from the enclosing function when a check failed.
-#define FDMTP_XPU_CHECK(expr)        \
-  do {                               \
-    const int check_ret_ = (expr);   \
+#define FDMTP_XPU_CHECK(expr)               \
+  do {                                      \
+    const int check_ret_ = (expr);          \
     if (check_ret_ != 0) return check_ret_; \
   } while (0)
