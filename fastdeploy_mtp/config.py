@@ -85,20 +85,24 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
-            raise ValueError(f"SpeculativeConfig.method must be one of {SPECULATIVE_METHODS}, "
-                             f"got {self.method!r}")
+            raise ValueError(f"SpeculativeConfig.method must be one of {SPECULATIVE_METHODS}, got {self.method!r}")
         if self.mtp_strategy not in MTP_STRATEGIES:
-            raise ValueError(f"SpeculativeConfig.mtp_strategy must be one of {MTP_STRATEGIES}, "
-                             f"got {self.mtp_strategy!r}")
+            raise ValueError(
+                f"SpeculativeConfig.mtp_strategy must be one of {MTP_STRATEGIES}, got {self.mtp_strategy!r}"
+            )
         if self.method is None:
             return
         _positive(self, "num_speculative_tokens", "num_model_steps", "min_ngram_size")
         if self.num_model_steps > self.num_speculative_tokens:
-            raise ValueError(f"SpeculativeConfig.num_model_steps ({self.num_model_steps}) must be "
-                             f"<= num_speculative_tokens ({self.num_speculative_tokens})")
+            raise ValueError(
+                f"SpeculativeConfig.num_model_steps ({self.num_model_steps}) must be "
+                f"<= num_speculative_tokens ({self.num_speculative_tokens})"
+            )
         if self.max_ngram_size < self.min_ngram_size:
-            raise ValueError(f"SpeculativeConfig.max_ngram_size ({self.max_ngram_size}) must be "
-                             f">= min_ngram_size ({self.min_ngram_size})")
+            raise ValueError(
+                f"SpeculativeConfig.max_ngram_size ({self.max_ngram_size}) must be "
+                f">= min_ngram_size ({self.min_ngram_size})"
+            )
 
     @property
     def enabled(self) -> bool:
@@ -127,8 +131,9 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         _positive(self, "max_num_seqs", "max_num_batched_tokens")
         if self.splitwise_role not in SPLITWISE_ROLES:
-            raise ValueError(f"SchedulerConfig.splitwise_role must be one of {SPLITWISE_ROLES}, "
-                             f"got {self.splitwise_role!r}")
+            raise ValueError(
+                f"SchedulerConfig.splitwise_role must be one of {SPLITWISE_ROLES}, got {self.splitwise_role!r}"
+            )
 
 
 @dataclass
@@ -190,8 +195,10 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         _positive(self, "tensor_parallel_size")
         if not 0 <= self.tensor_parallel_rank < self.tensor_parallel_size:
-            raise ValueError(f"ParallelConfig.tensor_parallel_rank must be in "
-                             f"[0, {self.tensor_parallel_size}), got {self.tensor_parallel_rank}")
+            raise ValueError(
+                f"ParallelConfig.tensor_parallel_rank must be in "
+                f"[0, {self.tensor_parallel_size}), got {self.tensor_parallel_rank}"
+            )
 
 
 @dataclass

@@ -27,27 +27,35 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     rows = []
-    header = (f"{'batch':>5} {'K':>2} {'S':>2} {'hybrid':>6} {'tok/s':>8} {'accepted len':>12} {'speedup':>8}"
-              "  per-position acceptance")
+    header = (
+        f"{'batch':>5} {'K':>2} {'S':>2} {'hybrid':>6} {'tok/s':>8} {'accepted len':>12} {'speedup':>8}"
+        "  per-position acceptance"
+    )
     print(header)
     for batch in (1, 8):
-        _, base_ids, base = run_prompts(DEMO_PROMPTS, args.max_tokens, 0, 1, False, batch,
-                                        f"batch {batch} plain", args.checkpoint)
-        print(f"{batch:>5} {0:>2} {'-':>2} {'-':>6} {base.tokens_per_second:8.1f} {1.0:12.2f} {1.0:7.2f}x  -",
-              flush=True)
+        _, base_ids, base = run_prompts(
+            DEMO_PROMPTS, args.max_tokens, 0, 1, False, batch, f"batch {batch} plain", args.checkpoint
+        )
+        print(
+            f"{batch:>5} {0:>2} {'-':>2} {'-':>6} {base.tokens_per_second:8.1f} {1.0:12.2f} {1.0:7.2f}x  -", flush=True
+        )
         for k in (1, 2, 3):
             for hybrid in (False, True):
                 if hybrid and k == 1:
                     continue  # the hybrid needs K > S = 1
                 steps = 1 if hybrid else k
-                _, ids, m = run_prompts(DEMO_PROMPTS, args.max_tokens, k, steps, hybrid, batch,
-                                        f"batch {batch} K={k}", args.checkpoint)
+                _, ids, m = run_prompts(
+                    DEMO_PROMPTS, args.max_tokens, k, steps, hybrid, batch, f"batch {batch} K={k}", args.checkpoint
+                )
                 if ids != base_ids:
                     raise SystemExit(f"batch {batch} K={k} hybrid={hybrid}: tokens differ from plain decoding")
                 speedup = m.tokens_per_second / base.tokens_per_second
                 per_pos = " ".join("-" if a is None else f"{a:.2f}" for a in m.acceptance_per_position)
-                print(f"{batch:>5} {k:>2} {steps:>2} {str(hybrid):>6} {m.tokens_per_second:8.1f} "
-                      f"{m.mean_accepted_length:12.2f} {speedup:7.2f}x  {per_pos}", flush=True)
+                print(
+                    f"{batch:>5} {k:>2} {steps:>2} {str(hybrid):>6} {m.tokens_per_second:8.1f} "
+                    f"{m.mean_accepted_length:12.2f} {speedup:7.2f}x  {per_pos}",
+                    flush=True,
+                )
                 rows.append(dict(batch=batch, k=k, steps=steps, hybrid=hybrid, **m.as_dict(), speedup=speedup))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

@@ -123,8 +123,14 @@ def make_inputs(rng, bsz, prompt_len, hist_len, vocab=32000, k=5, ori=2):
     draft = np.full((bsz, k + 1), -1, np.int64)
     draft[:, :ori] = 7
     return [
-        input_ids, np.full(bsz, prompt_len, np.int64), pre_ids, step, np.full(bsz, k, np.int32),
-        draft, np.full(bsz, ori, np.int32), np.full(bsz, 100, np.int32),
+        input_ids,
+        np.full(bsz, prompt_len, np.int64),
+        pre_ids,
+        step,
+        np.full(bsz, k, np.int32),
+        draft,
+        np.full(bsz, ori, np.int32),
+        np.full(bsz, 100, np.int32),
         np.full(bsz, hist_len + 1000, np.int64),
     ]
 
@@ -132,10 +138,23 @@ def make_inputs(rng, bsz, prompt_len, hist_len, vocab=32000, k=5, ori=2):
 def run_naive(dll, t, max_n, min_n, k, thr):
     p = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
     dll.naive_hybrid_mtp_ngram(
-        p(t[0]), p(t[1]), p(t[2]), p(t[3]), p(t[5]), p(t[6]), p(t[7]), p(t[8]),
-        ctypes.c_int64(t[6].shape[0]), ctypes.c_int64(t[0].shape[1]), ctypes.c_int64(t[2].shape[1]),
-        ctypes.c_int64(t[5].shape[1]), ctypes.c_int(max_n), ctypes.c_int(min_n), ctypes.c_int(k),
-        ctypes.c_int64(thr))
+        p(t[0]),
+        p(t[1]),
+        p(t[2]),
+        p(t[3]),
+        p(t[5]),
+        p(t[6]),
+        p(t[7]),
+        p(t[8]),
+        ctypes.c_int64(t[6].shape[0]),
+        ctypes.c_int64(t[0].shape[1]),
+        ctypes.c_int64(t[2].shape[1]),
+        ctypes.c_int64(t[5].shape[1]),
+        ctypes.c_int(max_n),
+        ctypes.c_int(min_n),
+        ctypes.c_int(k),
+        ctypes.c_int64(thr),
+    )
 
 
 def timed(fn, inputs, repeats):
@@ -162,18 +181,24 @@ def main() -> int:
         for threads in (1, 2):
             ours_s, ours_out = timed(
                 lambda t, threads=threads: _kernels.hybrid_mtp_ngram(*t, max_n, min_n, k, thr, threads),
-                inputs, args.repeats)
+                inputs,
+                args.repeats,
+            )
             for a, b in zip(naive_out, ours_out):
                 assert np.array_equal(a, b), "our op and the naive scan disagree"
             row += [ours_s]
         rows.append(row)
-    print("hybrid_mtp_ngram CPU, vocab 32000, planted repeats, n 5..2, K 5 "
-          f"(best of {args.repeats}; ours checked equal to the naive scan)")
+    print(
+        "hybrid_mtp_ngram CPU, vocab 32000, planted repeats, n 5..2, K 5 "
+        f"(best of {args.repeats}; ours checked equal to the naive scan)"
+    )
     print("| size | naive scan (ms) | ours, 1 thread (ms) | ratio | ours, 2 threads (ms) | ratio |")
     print("|---|---|---|---|---|---|")
     for name, naive_s, one_s, auto_s in rows:
-        print(f"| {name} | {naive_s * 1e3:.2f} | {one_s * 1e3:.2f} | {naive_s / one_s:.1f}x | "
-              f"{auto_s * 1e3:.2f} | {naive_s / auto_s:.1f}x |")
+        print(
+            f"| {name} | {naive_s * 1e3:.2f} | {one_s * 1e3:.2f} | {naive_s / one_s:.1f}x | "
+            f"{auto_s * 1e3:.2f} | {naive_s / auto_s:.1f}x |"
+        )
     return 0
 
 

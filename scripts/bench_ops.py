@@ -72,7 +72,7 @@ def _segment_index(counts_in: np.ndarray, counts_out: np.ndarray, local: np.ndar
 def _compact(input_, idx, out_rows):
     out = np.empty((out_rows, input_.shape[1]), input_.dtype)
     out[: idx.size] = input_[idx]
-    out[idx.size:] = 0
+    out[idx.size :] = 0
     return out
 
 
@@ -121,8 +121,9 @@ def _register_gather_cases():
             n = np.zeros(1, np.int32)
 
             def ours():
-                _kernels.eagle_get_self_hidden_states(_kernel_arg(x), last, slt, enc, out=_kernel_arg(out),
-                                                      output_token_num=n)
+                _kernels.eagle_get_self_hidden_states(
+                    _kernel_arg(x), last, slt, enc, out=_kernel_arg(out), output_token_num=n
+                )
                 return out, n
 
             def baseline():
@@ -142,8 +143,16 @@ def _register_gather_cases():
             z = np.zeros(bsz, np.int32)
             out = np.empty((bsz, H), x.dtype)
             n = np.zeros(1, np.int32)
-            args = [_kernel_arg(x), np.zeros(bsz + 1, np.int32), slt, z, z, np.zeros(rows, np.int32),
-                    np.zeros(bsz + 1, np.int32), np.zeros(1, np.int32)]
+            args = [
+                _kernel_arg(x),
+                np.zeros(bsz + 1, np.int32),
+                slt,
+                z,
+                z,
+                np.zeros(rows, np.int32),
+                np.zeros(bsz + 1, np.int32),
+                np.zeros(1, np.int32),
+            ]
 
             def ours():
                 _kernels.eagle_gather_hidden_states(*args, out=_kernel_arg(out), output_token_num=n)
@@ -166,12 +175,17 @@ def _register_gather_cases():
             logits = _hidden(rng, nxt_rows, dtype)
             first = _hidden(rng, bsz, dtype)
             draft_numpy = draft.copy()  # the baseline's own in-place target
-            i32 = [np.zeros(bsz, np.int32), np.zeros(bsz, np.int32), np.zeros(bsz + 1, np.int32),
-                   np.zeros(bsz + 1, np.int32)]
+            i32 = [
+                np.zeros(bsz, np.int32),
+                np.zeros(bsz, np.int32),
+                np.zeros(bsz + 1, np.int32),
+                np.zeros(bsz + 1, np.int32),
+            ]
 
             def ours():
-                _kernels.speculate_get_logits(_kernel_arg(draft), *i32, _kernel_arg(logits), _kernel_arg(first),
-                                              slt, enc)
+                _kernels.speculate_get_logits(
+                    _kernel_arg(draft), *i32, _kernel_arg(logits), _kernel_arg(first), slt, enc
+                )
                 return draft, i32[3]
 
             def baseline():
@@ -238,19 +252,51 @@ def _register_state_cases():
         test_verify_draft_tokens as ver,
     )
 
-    _state_case("draft_model_preprocess", lambda r, b: pre.make_state(r, b, 3), pre.reference, (1, False),
-                pre.NAMES, ("seq_lens_this_time", "pre_ids"), dict(num_model_step=1, is_splitwise_prefill=False))
-    _state_case("draft_model_update", lambda r, b: upd.make_state(r, b, 3), upd.reference, (upd.MAX_SEQ_LEN, 0),
-                upd.NAMES, ("seq_lens_this_time", "base_model_draft_tokens"),
-                dict(max_seq_len=upd.MAX_SEQ_LEN, substep=0))
-    _state_case("mtp_step_paddle", lambda r, b: step.make_state(r, b, 3, free_blocks=max(1, b // 8)),
-                step.reference, (4, 3), step.NAMES, ("block_tables", "free_list_len"),
-                dict(block_size=4, max_draft_tokens=3))
-    _state_case("verify_draft_tokens", lambda r, b: ver.make_state(r, b, 3, ver.REJECTION), None,
-                ver.attrs(ver.REJECTION), ver.NAMES, ("step_output_ids", "step_output_len"),
-                ref_call=lambda t: ver.reference(t, ver.attrs(ver.REJECTION)))
-    _state_case("unified_update_model_status", lambda r, b: uni.make_state(r, b, 3), None, (), uni.NAMES,
-                ("step_idx", "token_ids_all"), ref_call=uni.reference)
+    _state_case(
+        "draft_model_preprocess",
+        lambda r, b: pre.make_state(r, b, 3),
+        pre.reference,
+        (1, False),
+        pre.NAMES,
+        ("seq_lens_this_time", "pre_ids"),
+        dict(num_model_step=1, is_splitwise_prefill=False),
+    )
+    _state_case(
+        "draft_model_update",
+        lambda r, b: upd.make_state(r, b, 3),
+        upd.reference,
+        (upd.MAX_SEQ_LEN, 0),
+        upd.NAMES,
+        ("seq_lens_this_time", "base_model_draft_tokens"),
+        dict(max_seq_len=upd.MAX_SEQ_LEN, substep=0),
+    )
+    _state_case(
+        "mtp_step_paddle",
+        lambda r, b: step.make_state(r, b, 3, free_blocks=max(1, b // 8)),
+        step.reference,
+        (4, 3),
+        step.NAMES,
+        ("block_tables", "free_list_len"),
+        dict(block_size=4, max_draft_tokens=3),
+    )
+    _state_case(
+        "verify_draft_tokens",
+        lambda r, b: ver.make_state(r, b, 3, ver.REJECTION),
+        None,
+        ver.attrs(ver.REJECTION),
+        ver.NAMES,
+        ("step_output_ids", "step_output_len"),
+        ref_call=lambda t: ver.reference(t, ver.attrs(ver.REJECTION)),
+    )
+    _state_case(
+        "unified_update_model_status",
+        lambda r, b: uni.make_state(r, b, 3),
+        None,
+        (),
+        uni.NAMES,
+        ("step_idx", "token_ids_all"),
+        ref_call=uni.reference,
+    )
 
     def pre_process(bsz):
         def make():
@@ -305,8 +351,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"{name}: ours and the numpy baseline disagree on the {label}")
         ours = median_seconds(c.ours, args.repeats)
         base = median_seconds(c.baseline, args.repeats)
-        results.append({"case": name, "ours_us": ours * 1e6, "numpy_us": base * 1e6, "speedup": base / ours,
-                        "note": c.note})
+        results.append(
+            {"case": name, "ours_us": ours * 1e6, "numpy_us": base * 1e6, "speedup": base / ours, "note": c.note}
+        )
         print(f"{name:<44} {ours * 1e6:10.1f} {base * 1e6:10.1f} {base / ours:7.1f}x  {c.note}", flush=True)
         del c
     if args.json:

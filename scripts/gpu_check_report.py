@@ -101,30 +101,67 @@ def verify_update_latencies(torch, stream, rng) -> dict:
         out_ids = dev(np.full((bsz, w), -1, np.int64))
         out_len = dev(np.zeros(bsz, np.int32))
         per_item = dict(
-            topp=dev(np.ones((bsz, 1), np.float32)), stop=dev(np.zeros((bsz, 1), bool)),
-            enc=dev(np.zeros(bsz, np.int32)), slt=dev(np.full(bsz, w, np.int32)),
-            end=dev(np.array([[2]], np.int64)), paused=dev(np.zeros(bsz, bool)),
-            cu=dev((np.arange(bsz) * w).astype(np.int32)), reasoning=dev(np.zeros((bsz, 1), np.int32)),
-            max_dec=dev(np.full((bsz, 1), 1 << 40, np.int64)), step=dev(np.zeros((bsz, 1), np.int64)),
+            topp=dev(np.ones((bsz, 1), np.float32)),
+            stop=dev(np.zeros((bsz, 1), bool)),
+            enc=dev(np.zeros(bsz, np.int32)),
+            slt=dev(np.full(bsz, w, np.int32)),
+            end=dev(np.array([[2]], np.int64)),
+            paused=dev(np.zeros(bsz, bool)),
+            cu=dev((np.arange(bsz) * w).astype(np.int32)),
+            reasoning=dev(np.zeros((bsz, 1), np.int32)),
+            max_dec=dev(np.full((bsz, 1), 1 << 40, np.int64)),
+            step=dev(np.zeros((bsz, 1), np.int64)),
         )
         p = per_item
-        tail = (p["topp"], p["stop"], p["enc"], p["slt"], p["end"], p["paused"], p["cu"], p["reasoning"],
-                p["max_dec"], p["step"])
+        tail = (
+            p["topp"],
+            p["stop"],
+            p["enc"],
+            p["slt"],
+            p["end"],
+            p["paused"],
+            p["cu"],
+            p["reasoning"],
+            p["max_dec"],
+            p["step"],
+        )
         out[f"verify_draft_tokens_greedy_bsz{bsz}_us"] = time_calls(
-            torch, lambda: _kernels.verify_draft_tokens(out_ids, out_len, inp, target, None, None, None, *tail,
-                                                        None, 0, 2, 1, False, False, stream=stream))
+            torch,
+            lambda: _kernels.verify_draft_tokens(
+                out_ids, out_len, inp, target, None, None, None, *tail, None, 0, 2, 1, False, False, stream=stream
+            ),
+        )
         out[f"verify_draft_tokens_rejection_bsz{bsz}_us"] = time_calls(
-            torch, lambda: _kernels.verify_draft_tokens(out_ids, out_len, inp, None, ids, scores, lens, *tail,
-                                                        uniforms, 0, 2, 3, False, False, stream=stream))
+            torch,
+            lambda: _kernels.verify_draft_tokens(
+                out_ids, out_len, inp, None, ids, scores, lens, *tail, uniforms, 0, 2, 3, False, False, stream=stream
+            ),
+        )
         # update: keeps re-committing the same outputs (lengths grow; nothing stops)
         hist = dev(np.zeros((bsz, 4096), np.int64))
         running = dev(np.zeros(1, bool))
         dec = dev(np.ones(bsz, np.int32))
         prompt = dev(np.zeros((bsz, 1), np.int64))
         out[f"unified_update_model_status_bsz{bsz}_us"] = time_calls(
-            torch, lambda: _kernels.unified_update_model_status(
-                p["enc"], dec, running, inp, out_ids, out_len, p["stop"], p["slt"], p["paused"], hist,
-                prompt, p["step"], p["end"], p["max_dec"], stream=stream))
+            torch,
+            lambda: _kernels.unified_update_model_status(
+                p["enc"],
+                dec,
+                running,
+                inp,
+                out_ids,
+                out_len,
+                p["stop"],
+                p["slt"],
+                p["paused"],
+                hist,
+                prompt,
+                p["step"],
+                p["end"],
+                p["max_dec"],
+                stream=stream,
+            ),
+        )
     return out
 
 
@@ -141,22 +178,32 @@ def hidden_state_latencies(torch, stream) -> dict:
         n = torch.zeros(1, dtype=torch.int32, device="cuda")
         tag = f"bsz{bsz}_h{hidden}_bf16"
         out[f"eagle_get_hidden_states_{tag}_us"] = time_calls(
-            torch, lambda: _kernels.eagle_get_hidden_states(
-                x, slt, zero, zero, stop, acc, four, zero, 3, out=res, output_token_num=n, stream=stream)
+            torch,
+            lambda: _kernels.eagle_get_hidden_states(
+                x, slt, zero, zero, stop, acc, four, zero, 3, out=res, output_token_num=n, stream=stream
+            ),
         )
         out[f"eagle_get_self_hidden_states_{tag}_us"] = time_calls(
-            torch, lambda: _kernels.eagle_get_self_hidden_states(
-                x, four, slt, zero, out=res, output_token_num=n, stream=stream)
+            torch,
+            lambda: _kernels.eagle_get_self_hidden_states(
+                x, four, slt, zero, out=res, output_token_num=n, stream=stream
+            ),
         )
         gathered = torch.empty(bsz, hidden, dtype=x.dtype, device="cuda")
         cu = torch.zeros(bsz + 1, dtype=torch.int32, device="cuda")
         out[f"eagle_gather_hidden_states_{tag}_us"] = time_calls(
-            torch, lambda: _kernels.eagle_gather_hidden_states(
-                x, cu, four, zero, zero, zero, cu, n, out=gathered, output_token_num=n, stream=stream)
+            torch,
+            lambda: _kernels.eagle_gather_hidden_states(
+                x, cu, four, zero, zero, zero, cu, n, out=gathered, output_token_num=n, stream=stream
+            ),
         )
         draft = torch.empty_like(x)
-        nums = [i32(0), i32(0), torch.zeros(bsz + 1, dtype=torch.int32, device="cuda"),
-                torch.zeros(bsz + 1, dtype=torch.int32, device="cuda")]
+        nums = [
+            i32(0),
+            i32(0),
+            torch.zeros(bsz + 1, dtype=torch.int32, device="cuda"),
+            torch.zeros(bsz + 1, dtype=torch.int32, device="cuda"),
+        ]
         first = torch.empty(bsz, hidden, dtype=x.dtype, device="cuda")
         out[f"speculate_get_logits_{tag}_us"] = time_calls(
             torch, lambda: _kernels.speculate_get_logits(draft, *nums, x, first, four, zero, stream=stream)
@@ -169,8 +216,10 @@ def hidden_state_latencies(torch, stream) -> dict:
         cu4 = torch.arange(0, rows + 1, 4, dtype=torch.int32, device="cuda")
         offsets = torch.empty(2 * rows, dtype=torch.int32, device="cuda")
         out[f"update_attn_mask_offsets_bsz{bsz}_us"] = time_calls(
-            torch, lambda: _kernels.update_attn_mask_offsets(
-                ids, four, zero, four, cu4, full, stop, states, attn_mask_offsets=offsets, stream=stream)
+            torch,
+            lambda: _kernels.update_attn_mask_offsets(
+                ids, four, zero, four, cu4, full, stop, states, attn_mask_offsets=offsets, stream=stream
+            ),
         )
     return out
 
@@ -198,16 +247,16 @@ def ngram_latencies(torch, stream, rng) -> dict:
 
         def hybrid():
             slt.fill_(2)  # same work every call (adds one fill_ launch to the time)
-            _kernels.hybrid_mtp_ngram(ids, lens, pre, steps, dtn, draft, slt, dec, mdl, 5, 2, k,
-                                      1024, 0, stream=stream)
+            _kernels.hybrid_mtp_ngram(ids, lens, pre, steps, dtn, draft, slt, dec, mdl, 5, 2, k, 1024, 0, stream=stream)
 
         out[f"hybrid_mtp_ngram_{tag}_us"] = time_calls(torch, hybrid, iters=50, warmup=5)
         enc = full(0, torch.int32)
         all_ids = torch.cat([ids, pre], dim=1).contiguous()
 
         def plain():
-            _kernels.ngram_match(ids, lens, all_ids, lens, steps, dtn, draft, slt, enc, dec, mdl,
-                                 3, k, 128, 0, stream=stream)
+            _kernels.ngram_match(
+                ids, lens, all_ids, lens, steps, dtn, draft, slt, enc, dec, mdl, 3, k, 128, 0, stream=stream
+            )
 
         out[f"ngram_match_{tag}_us"] = time_calls(torch, plain, iters=50, warmup=5)
     return out
@@ -261,9 +310,7 @@ def main() -> int:
         report["latency_error"] = repr(e)
     tests = parse_junit(args.junit)
     report["tests"] = tests
-    report["summary"] = {
-        k: sum(1 for v in tests.values() if v.startswith(k)) for k in ("pass", "fail", "skip")
-    }
+    report["summary"] = {k: sum(1 for v in tests.values() if v.startswith(k)) for k in ("pass", "fail", "skip")}
     text = json.dumps(report, indent=1, sort_keys=True)
     args.out.write_text(text)
     print(text)

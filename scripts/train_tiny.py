@@ -49,8 +49,12 @@ def parse_args(argv=None):
     p.add_argument("--run-dir", required=True, help="checkpoints and log go here")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--max-steps", type=int, default=5000)
-    p.add_argument("--wall-budget-min", type=float, default=55.0,
-                   help="stop after this many minutes of training wall time (all resumes)")
+    p.add_argument(
+        "--wall-budget-min",
+        type=float,
+        default=55.0,
+        help="stop after this many minutes of training wall time (all resumes)",
+    )
     p.add_argument("--ckpt-every-sec", type=float, default=180.0)
     p.add_argument("--eval-every", type=int, default=500, help="steps between quick evals")
     p.add_argument("--hidden-size", type=int, default=128)
@@ -71,11 +75,13 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--export", default=None, help="write the trained checkpoint here at the end")
     p.add_argument("--eval-only", action="store_true", help="skip training (resume + export)")
-    p.add_argument("--card-note", default="",
-                   help="free-text note about the run (restarts, load) added to the card")
-    p.add_argument("--export-eval-windows", type=int, default=None,
-                   help="evaluate the export on this many held-out windows (smoke tests); "
-                        "default: all of them")
+    p.add_argument("--card-note", default="", help="free-text note about the run (restarts, load) added to the card")
+    p.add_argument(
+        "--export-eval-windows",
+        type=int,
+        default=None,
+        help="evaluate the export on this many held-out windows (smoke tests); default: all of them",
+    )
     return p.parse_args(argv)
 
 
@@ -87,7 +93,7 @@ def _structure(opt_state, named):
     for key, value in opt_state.items():
         for structural, unique in named:
             if key.startswith(unique + "_"):
-                key = structural + "::" + key[len(unique) + 1:]
+                key = structural + "::" + key[len(unique) + 1 :]
                 break
         out[key] = value
     return out
@@ -119,7 +125,7 @@ def losses(target, mtp, ids, bias, mtp_weight):
     target hidden state at p and is scored on token p+2."""
     pre, post = target.forward_dense(ids, bias)
     hidden = target.mtp_hidden(pre, post)
-    logits = target.compute_logits(hidden)                       # [B, S, V]
+    logits = target.compute_logits(hidden)  # [B, S, V]
     main_ce = F.cross_entropy(logits[:, :-1], ids[:, 1:].unsqueeze(-1))
     mtp_h = mtp.forward_dense(ids[:, 1:-1], hidden[:, :-2], bias)  # predicts ids[:, 2:]
     mtp_logits = mtp.compute_logits(mtp_h)
@@ -145,22 +151,33 @@ def main(argv=None):
     np.random.seed(args.seed)
 
     config = ModelConfig(
-        vocab_size=args.vocab_size, ori_vocab_size=256, hidden_size=args.hidden_size,
-        num_hidden_layers=args.layers, num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads, intermediate_size=args.intermediate_size,
-        mtp_hidden_state=args.mtp_hidden_state, max_position_embeddings=4096)
+        vocab_size=args.vocab_size,
+        ori_vocab_size=256,
+        hidden_size=args.hidden_size,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        intermediate_size=args.intermediate_size,
+        mtp_hidden_state=args.mtp_hidden_state,
+        max_position_embeddings=4096,
+    )
     target = TinyTargetModel(config)
     mtp = MTPLayer(config, target)
     params = list(target.parameters()) + list(mtp.parameters())
-    named = [("target." + n, p.name) for n, p in target.named_parameters()] + \
-            [("mtp." + n, p.name) for n, p in mtp.named_parameters()]
+    named = [("target." + n, p.name) for n, p in target.named_parameters()] + [
+        ("mtp." + n, p.name) for n, p in mtp.named_parameters()
+    ]
     n_params = sum(int(np.prod(p.shape)) for p in params)
     no_decay = {p.name for p in params if len(p.shape) == 1}
     opt = paddle.optimizer.AdamW(
-        learning_rate=args.lr, parameters=params, weight_decay=args.weight_decay,
-        beta1=0.9, beta2=0.95,
+        learning_rate=args.lr,
+        parameters=params,
+        weight_decay=args.weight_decay,
+        beta1=0.9,
+        beta2=0.95,
         apply_decay_param_fun=lambda name: name not in no_decay,
-        grad_clip=paddle.nn.ClipGradByGlobalNorm(args.grad_clip))
+        grad_clip=paddle.nn.ClipGradByGlobalNorm(args.grad_clip),
+    )
 
     split = corpus_lib.load_split()
     train = split.train_array()
@@ -170,30 +187,42 @@ def main(argv=None):
     if os.path.exists(ckpt_path):
         state = paddle.load(ckpt_path)
         saved = state.get("args", {})
-        shape_keys = ("hidden_size", "layers", "heads", "kv_heads", "intermediate_size",
-                      "vocab_size", "mtp_hidden_state", "seq_len", "seed")
+        shape_keys = (
+            "hidden_size",
+            "layers",
+            "heads",
+            "kv_heads",
+            "intermediate_size",
+            "vocab_size",
+            "mtp_hidden_state",
+            "seq_len",
+            "seed",
+        )
         changed = [k for k in shape_keys if k in saved and saved[k] != getattr(args, k)]
         if changed:
-            raise SystemExit(f"{ckpt_path} was trained with different {changed}: "
-                             f"{ {k: saved[k] for k in changed} }")
+            raise SystemExit(f"{ckpt_path} was trained with different {changed}: { {k: saved[k] for k in changed} }")
         target.set_state_dict(state["target"])
         mtp.set_state_dict(state["mtp"])
         if "opt_structured" in state:
             opt.set_state_dict(_unstructure(state["opt_structured"], named))
-        else:                       # written by an older version of this script
+        else:  # written by an older version of this script
             opt.set_state_dict(state["opt"])
         rng.bit_generator.state = state["rng"]
         step, elapsed = int(state["step"]), float(state["elapsed"])
         log(args.run_dir, f"resumed at step {step}, {elapsed:.0f}s of training so far")
     else:
-        log(args.run_dir, f"fresh run: {n_params} params, corpus {split.describe()}, "
-                          f"args {vars(args)}")
+        log(args.run_dir, f"fresh run: {n_params} params, corpus {split.describe()}, args {vars(args)}")
 
     def save_ckpt():
-        state = {"target": target.state_dict(), "mtp": mtp.state_dict(),
-                 "opt_structured": _structure(opt.state_dict(), named),
-                 "rng": rng.bit_generator.state,
-                 "step": step, "elapsed": elapsed, "args": vars(args)}
+        state = {
+            "target": target.state_dict(),
+            "mtp": mtp.state_dict(),
+            "opt_structured": _structure(opt.state_dict(), named),
+            "rng": rng.bit_generator.state,
+            "step": step,
+            "elapsed": elapsed,
+            "args": vars(args),
+        }
         tmp = ckpt_path + ".tmp"
         paddle.save(state, tmp)
         os.replace(tmp, ckpt_path)
@@ -206,10 +235,9 @@ def main(argv=None):
     while not args.eval_only and step < args.max_steps and elapsed < budget:
         t0 = time.time()
         starts = rng.integers(0, len(train) - args.seq_len, size=args.batch_size)
-        batch = np.stack([train[s:s + args.seq_len] for s in starts]).astype(np.int64)
+        batch = np.stack([train[s : s + args.seq_len] for s in starts]).astype(np.int64)
         opt.set_lr(lr_at(step, args))
-        total, main_ce, mtp_ce, _, _ = losses(target, mtp, paddle.to_tensor(batch), bias,
-                                             args.mtp_weight)
+        total, main_ce, mtp_ce, _, _ = losses(target, mtp, paddle.to_tensor(batch), bias, args.mtp_weight)
         total.backward()
         opt.step()
         opt.clear_grad()
@@ -218,12 +246,14 @@ def main(argv=None):
         recent.append((float(main_ce.mean()), float(mtp_ce.mean()), time.time() - t0))
         if step % 50 == 0:
             m = np.mean(recent, axis=0)
-            log(args.run_dir, f"step {step} lr {lr_at(step - 1, args):.2e} main {m[0]:.4f} "
-                              f"mtp {m[1]:.4f} {1.0 / m[2]:.2f} steps/s elapsed {elapsed:.0f}s")
+            log(
+                args.run_dir,
+                f"step {step} lr {lr_at(step - 1, args):.2e} main {m[0]:.4f} "
+                f"mtp {m[1]:.4f} {1.0 / m[2]:.2f} steps/s elapsed {elapsed:.0f}s",
+            )
             recent = []
         if step % args.eval_every == 0:
-            quick = tiny_lib.evaluate_dense(target, mtp, split.heldout_array(), args.seq_len,
-                                            max_windows=256)
+            quick = tiny_lib.evaluate_dense(target, mtp, split.heldout_array(), args.seq_len, max_windows=256)
             log(args.run_dir, f"eval step {step}: {json.dumps(quick)}")
         if time.time() - last_ckpt > args.ckpt_every_sec:
             save_ckpt()
@@ -249,43 +279,66 @@ def export(args, target, mtp, config, split, step, elapsed, n_params):
     """Evaluate on the held-out split and write the checkpoint, metrics and card."""
     target.eval()
     mtp.eval()
-    metrics = {"heldout_teacher_forced": tiny_lib.evaluate_dense(
-        target, mtp, split.heldout_array(), args.seq_len, max_windows=args.export_eval_windows)}
+    metrics = {
+        "heldout_teacher_forced": tiny_lib.evaluate_dense(
+            target, mtp, split.heldout_array(), args.seq_len, max_windows=args.export_eval_windows
+        )
+    }
     for name in (SCORE_FILE,) + CONTINUATION_FILES:
         if name not in split.heldout_files:
             raise SystemExit(f"{name} is not in the held-out split; pick another file")
     data = np.fromfile(os.path.join(split.root, SCORE_FILE), dtype=np.uint8)
     prefix = data[: args.seq_len * SCORE_WINDOWS].tobytes()
     metrics["fixed_prefix_score"] = {
-        "file": SCORE_FILE, "window": args.seq_len, "windows": SCORE_WINDOWS,
-        "bytes": args.seq_len * SCORE_WINDOWS, "sha256": hashlib.sha256(prefix).hexdigest(),
+        "file": SCORE_FILE,
+        "window": args.seq_len,
+        "windows": SCORE_WINDOWS,
+        "bytes": args.seq_len * SCORE_WINDOWS,
+        "sha256": hashlib.sha256(prefix).hexdigest(),
         "main_loss": round(tiny_lib.score_windows(target, data, args.seq_len, SCORE_WINDOWS), 6),
-        "path": "serving path: one packed prefill batch, paged KV cache"}
+        "path": "serving path: one packed prefill batch, paged KV cache",
+    }
     conts = []
     for name, ending in CONTINUATIONS:
         with open(os.path.join(split.root, name), "rb") as f:
             text = f.read()
         anchor = text.index(ending, 4000) + len(ending)
-        prompt = list(text[anchor - PROMPT_BYTES:anchor])
+        prompt = list(text[anchor - PROMPT_BYTES : anchor])
         new = tiny_lib.greedy_generate(target, prompt, CONTINUATION_BYTES)
-        conts.append({"file": name, "prompt_offset": anchor - PROMPT_BYTES,
-                      "prompt": bytes(prompt).decode("utf-8", "replace"),
-                      "continuation": bytes(new).decode("utf-8", "replace"),
-                      "actual": text[anchor:anchor + CONTINUATION_BYTES].decode("utf-8",
-                                                                                "replace")})
+        conts.append(
+            {
+                "file": name,
+                "prompt_offset": anchor - PROMPT_BYTES,
+                "prompt": bytes(prompt).decode("utf-8", "replace"),
+                "continuation": bytes(new).decode("utf-8", "replace"),
+                "actual": text[anchor : anchor + CONTINUATION_BYTES].decode("utf-8", "replace"),
+            }
+        )
     metrics["greedy_continuations"] = conts
-    metrics.update({"card_note": args.card_note,
-                    "steps": step, "train_wall_time_s": round(elapsed, 1), "params": n_params,
-                    "seed": args.seed, "corpus": split.describe(),
-                    "train_args": {k: v for k, v in vars(args).items()
-                                   if k not in ("run_dir", "export", "eval_only", "card_note",
-                                                "export_eval_windows")}})
+    metrics.update(
+        {
+            "card_note": args.card_note,
+            "steps": step,
+            "train_wall_time_s": round(elapsed, 1),
+            "params": n_params,
+            "seed": args.seed,
+            "corpus": split.describe(),
+            "train_args": {
+                k: v
+                for k, v in vars(args).items()
+                if k not in ("run_dir", "export", "eval_only", "card_note", "export_eval_windows")
+            },
+        }
+    )
     tiny_lib.save_tiny(args.export, target, mtp, config, metrics)
     size = os.path.getsize(os.path.join(args.export, tiny_lib.WEIGHTS_FILE))
     write_card(args.export, config, metrics, size)
-    log(args.run_dir, f"exported to {args.export}: "
-                      f"{json.dumps(metrics['heldout_teacher_forced'])} "
-                      f"prefix score {metrics['fixed_prefix_score']['main_loss']}")
+    log(
+        args.run_dir,
+        f"exported to {args.export}: "
+        f"{json.dumps(metrics['heldout_teacher_forced'])} "
+        f"prefix score {metrics['fixed_prefix_score']['main_loss']}",
+    )
 
 
 def write_card(out_dir, config, m, weights_bytes):
@@ -316,7 +369,9 @@ def write_card(out_dir, config, m, weights_bytes):
         f"consumes the target's **{config.mtp_hidden_state}** hidden state (what the target's "
         f"`forward` returns). Parameters: {m['params']} (target + MTP, shared ones once).",
         "",
-        "| field | value |", "|---|---|", cfg_rows,
+        "| field | value |",
+        "|---|---|",
+        cfg_rows,
         "",
         "## Corpus and split",
         "",
@@ -340,18 +395,20 @@ def write_card(out_dir, config, m, weights_bytes):
         "",
         *([f"Run notes: {m['card_note']}", ""] if m.get("card_note") else []),
         "Command: `OMP_NUM_THREADS=1 python scripts/train_tiny.py --run-dir RUN "
-        + " ".join(f"--{k.replace('_', '-')} {ta[k]}" for k in
-                   ("seed", "batch_size", "seq_len", "max_steps", "wall_budget_min"))
+        + " ".join(
+            f"--{k.replace('_', '-')} {ta[k]}"
+            for k in ("seed", "batch_size", "seq_len", "max_steps", "wall_budget_min")
+        )
         + "` then the same with `--eval-only --export fastdeploy_mtp/assets`.",
         "",
         "## Held-out results (teacher forcing)",
         "",
-        ("All " if tf["windows"] == c["heldout_bytes"] // ta["seq_len"] else
-         "An evenly spaced subset of ")
+        ("All " if tf["windows"] == c["heldout_bytes"] // ta["seq_len"] else "An evenly spaced subset of ")
         + f"{tf['windows']} non-overlapping {ta['seq_len']}-byte windows of the held-out "
         "concatenation, dense (training) path:",
         "",
-        "| metric | value |", "|---|---|",
+        "| metric | value |",
+        "|---|---|",
         f"| target next-byte loss (nats/byte) | {tf['main_loss']:.4f} |",
         f"| target next-byte top-1 accuracy | {tf['main_top1']:.4f} |",
         f"| MTP loss for the byte after next (nats/byte) | {tf['mtp_loss']:.4f} |",
@@ -371,10 +428,26 @@ def write_card(out_dir, config, m, weights_bytes):
         "this small does.",
     ]
     for cont in m["greedy_continuations"]:
-        lines += ["", f"`{cont['file']}` at byte {cont['prompt_offset']}, prompt:", "",
-                  "```python", cont["prompt"], "```", "", "model continuation:", "",
-                  "```python", cont["continuation"], "```", "", "actual file:", "",
-                  "```python", cont["actual"], "```"]
+        lines += [
+            "",
+            f"`{cont['file']}` at byte {cont['prompt_offset']}, prompt:",
+            "",
+            "```python",
+            cont["prompt"],
+            "```",
+            "",
+            "model continuation:",
+            "",
+            "```python",
+            cont["continuation"],
+            "```",
+            "",
+            "actual file:",
+            "",
+            "```python",
+            cont["actual"],
+            "```",
+        ]
     lines += [
         "",
         "## Limitations",

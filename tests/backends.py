@@ -134,8 +134,8 @@ class XpuEmuBackend(Backend):
             for i, (a, b) in enumerate(zip(first, other)):
                 if a is None:
                     continue
-                assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(
-                    a.view(np.uint8), b.view(np.uint8)
+                assert (
+                    a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
                 ), (
                     f"{op}: tensor #{i} differs between XPU launches <<<{XPU_EMU_LAUNCHES[0]}>>> and "
                     f"<<<{(clusters, cores)}>>>"
@@ -182,8 +182,10 @@ class CudaBackend(Backend):
 
         dev = [_map(cupy.asarray, a) for a in host]
         device = f"cuda:{cupy.cuda.Device().id}"
-        args = [(d.data.ptr, "bfloat16", tuple(d.shape), device) if d is not None and d.dtype == np.uint16 else d
-                for d in dev]
+        args = [
+            (d.data.ptr, "bfloat16", tuple(d.shape), device) if d is not None and d.dtype == np.uint16 else d
+            for d in dev
+        ]
         stream = cupy.cuda.get_current_stream().ptr
         getattr(_kernels, op)(*args[:n_in], *attrs, **dict(zip(names, args[n_in:])), stream=stream)
         cupy.cuda.get_current_stream().synchronize()

@@ -13,8 +13,7 @@ import numpy as np
 def _first_mismatches(got: np.ndarray, want: np.ndarray, limit: int = 5) -> str:
     bad = np.argwhere(got != want)
     shown = ", ".join(
-        f"{tuple(int(i) for i in idx)}: got {got[tuple(idx)]!r} want {want[tuple(idx)]!r}"
-        for idx in bad[:limit]
+        f"{tuple(int(i) for i in idx)}: got {got[tuple(idx)]!r} want {want[tuple(idx)]!r}" for idx in bad[:limit]
     )
     return f"{len(bad)} mismatching element(s); first: {shown}"
 
@@ -30,18 +29,14 @@ def assert_exact(name: str, got: np.ndarray, want: np.ndarray, context: str = ""
         raise AssertionError(f"{label}: {_first_mismatches(got, want)}")
 
 
-def assert_close(
-    name: str, got: np.ndarray, want: np.ndarray, *, rtol: float, atol: float, context: str = ""
-) -> None:
+def assert_close(name: str, got: np.ndarray, want: np.ndarray, *, rtol: float, atol: float, context: str = "") -> None:
     """Float tensors: same shape and dtype, |got - want| <= atol + rtol * |want|."""
     label = f"{name}{' (' + context + ')' if context else ''}"
     got = np.asarray(got)
     want = np.asarray(want)
     assert got.shape == want.shape, f"{label}: shape {got.shape} != expected {want.shape}"
     assert got.dtype == want.dtype, f"{label}: dtype {got.dtype} != expected {want.dtype}"
-    np.testing.assert_allclose(
-        got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol, err_msg=label
-    )
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol, err_msg=label)
 
 
 def assert_all_exact(

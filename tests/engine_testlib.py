@@ -16,8 +16,16 @@ VOCAB, ORI_VOCAB, EOS = 64, 60, 61
 def build_random_model():
     """(target, mtp): 2 layers, H = 32, random weights (seeded)."""
     paddle.seed(1234)
-    arch = ArchConfig(vocab_size=VOCAB, ori_vocab_size=ORI_VOCAB, hidden_size=32, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=64, block_size=8)
+    arch = ArchConfig(
+        vocab_size=VOCAB,
+        ori_vocab_size=ORI_VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        block_size=8,
+    )
     target = TinyTargetModel(arch)
     mtp = MTPLayer(arch, target)
     target.eval()
@@ -25,26 +33,56 @@ def build_random_model():
     return target, mtp
 
 
-def make_config(k: int = 0, steps: int = 1, hybrid: bool = False, max_num_seqs: int = 4,
-                eos=(EOS,), max_model_len: int = 160, budget: int = 0, block_size: int = 8,
-                vocab=VOCAB, ori_vocab=ORI_VOCAB, hidden=32) -> FDConfig:
-    spec = (SpeculativeConfig(method="mtp", num_speculative_tokens=k, num_model_steps=steps,
-                              mtp_strategy="with_ngram" if hybrid else "default")
-            if k else SpeculativeConfig(method=None))
+def make_config(
+    k: int = 0,
+    steps: int = 1,
+    hybrid: bool = False,
+    max_num_seqs: int = 4,
+    eos=(EOS,),
+    max_model_len: int = 160,
+    budget: int = 0,
+    block_size: int = 8,
+    vocab=VOCAB,
+    ori_vocab=ORI_VOCAB,
+    hidden=32,
+) -> FDConfig:
+    spec = (
+        SpeculativeConfig(
+            method="mtp",
+            num_speculative_tokens=k,
+            num_model_steps=steps,
+            mtp_strategy="with_ngram" if hybrid else "default",
+        )
+        if k
+        else SpeculativeConfig(method=None)
+    )
     return FDConfig(
-        model_config=ModelConfig(max_model_len=max_model_len, vocab_size=vocab, ori_vocab_size=ori_vocab,
-                                 hidden_size=hidden, eos_token_id=list(eos)),
+        model_config=ModelConfig(
+            max_model_len=max_model_len,
+            vocab_size=vocab,
+            ori_vocab_size=ori_vocab,
+            hidden_size=hidden,
+            eos_token_id=list(eos),
+        ),
         speculative_config=spec,
-        scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs,
-                                         max_num_batched_tokens=budget or max(64, max_num_seqs * 8 + 16)),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=budget or max(64, max_num_seqs * 8 + 16)
+        ),
         cache_config=CacheConfig(block_size=block_size, total_block_num=max_num_seqs * 32),
     )
 
 
-def make_requests(seed: int, count: int, *, stagger: int = 1, min_prompt=3, max_prompt=40,
-                  min_new=5, max_new=30, vocab=ORI_VOCAB):
+def make_requests(
+    seed: int, count: int, *, stagger: int = 1, min_prompt=3, max_prompt=40, min_new=5, max_new=30, vocab=ORI_VOCAB
+):
     """Requests with random prompts; request i arrives at engine step ``i * stagger``."""
     rng = np.random.default_rng(seed)
-    return [Request(f"r{i}", rng.integers(0, vocab, size=int(rng.integers(min_prompt, max_prompt))).tolist(),
-                    max_tokens=int(rng.integers(min_new, max_new)), arrival_step=i * stagger)
-            for i in range(count)]
+    return [
+        Request(
+            f"r{i}",
+            rng.integers(0, vocab, size=int(rng.integers(min_prompt, max_prompt))).tolist(),
+            max_tokens=int(rng.integers(min_new, max_new)),
+            arrival_step=i * stagger,
+        )
+        for i in range(count)
+    ]

@@ -41,8 +41,7 @@ class ReferenceAttentionBackend:
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int):
         if num_heads % num_kv_heads != 0:
-            raise ValueError(f"`num_heads` ({num_heads}) must be a multiple of "
-                             f"`num_kv_heads` ({num_kv_heads})")
+            raise ValueError(f"`num_heads` ({num_heads}) must be a multiple of `num_kv_heads` ({num_kv_heads})")
         if block_size <= 0:
             raise ValueError(f"`block_size` must be positive, got {block_size}")
         self.num_heads = num_heads
@@ -58,14 +57,16 @@ class ReferenceAttentionBackend:
             raise ValueError(f"`max_num_blocks` must be positive, got {max_num_blocks}")
         return [int(max_num_blocks), self.num_kv_heads, self.block_size, self.head_dim]
 
-    def allocate_caches(self, num_layers: int, max_num_blocks: int,
-                        dtype: DTypeLike = "float32") -> list[paddle.Tensor]:
+    def allocate_caches(
+        self, num_layers: int, max_num_blocks: int, dtype: DTypeLike = "float32"
+    ) -> list[paddle.Tensor]:
         """Zeroed caches for ``num_layers`` layers: ``[k0, v0, k1, v1, ...]``."""
         shape = self.get_kv_cache_shape(max_num_blocks)
         return [paddle.zeros(shape, dtype=dtype) for _ in range(2 * num_layers)]
 
-    def forward(self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, layer_id: int,
-                forward_meta: ForwardMeta) -> paddle.Tensor:
+    def forward(
+        self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, layer_id: int, forward_meta: ForwardMeta
+    ) -> paddle.Tensor:
         """Write ``k``/``v`` into the layer's cache and attend.
 
         Args:
@@ -80,18 +81,21 @@ class ReferenceAttentionBackend:
             ``[T, num_heads * head_dim]`` float32.
         """
         if forward_meta.block_size != self.block_size:
-            raise ValueError(f"`forward_meta.block_size` ({forward_meta.block_size}) differs "
-                             f"from the backend's block_size ({self.block_size})")
+            raise ValueError(
+                f"`forward_meta.block_size` ({forward_meta.block_size}) differs "
+                f"from the backend's block_size ({self.block_size})"
+            )
         if len(forward_meta.caches) < 2 * layer_id + 2:
-            raise ValueError(f"`forward_meta.caches` has {len(forward_meta.caches)} tensors; "
-                             f"layer {layer_id} needs at least {2 * layer_id + 2}")
+            raise ValueError(
+                f"`forward_meta.caches` has {len(forward_meta.caches)} tensors; "
+                f"layer {layer_id} needs at least {2 * layer_id + 2}"
+            )
         key_cache = forward_meta.caches[2 * layer_id]
         value_cache = forward_meta.caches[2 * layer_id + 1]
         expected = self.get_kv_cache_shape(int(key_cache.shape[0]))
         for name, cache in (("key", key_cache), ("value", value_cache)):
             if list(cache.shape) != expected:
-                raise ValueError(f"layer {layer_id} {name} cache must be {expected}, "
-                                 f"got {list(cache.shape)}")
+                raise ValueError(f"layer {layer_id} {name} cache must be {expected}, got {list(cache.shape)}")
         plan = forward_meta.plan()
         num_tokens = int(q.shape[0])
         out_dim = self.num_heads * self.head_dim
@@ -107,15 +111,14 @@ class ReferenceAttentionBackend:
 
         groups = self.num_heads // self.num_kv_heads
         outs = []
-        for (_, q0, q1, past, total), rb, ro in zip(plan.items, plan.read_blocks,
-                                                   plan.read_offsets):
+        for (_, q0, q1, past, total), rb, ro in zip(plan.items, plan.read_blocks, plan.read_offsets):
             rbt, rot = paddle.to_tensor(rb), paddle.to_tensor(ro)
-            keys = key_cache[rbt, :, rot, :].astype("float32")      # [total, kvh, hd]
+            keys = key_cache[rbt, :, rot, :].astype("float32")  # [total, kvh, hd]
             values = value_cache[rbt, :, rot, :].astype("float32")  # [total, kvh, hd]
-            keys = _repeat_kv(keys, groups, axis=1).transpose([1, 2, 0])   # [nh, hd, total]
+            keys = _repeat_kv(keys, groups, axis=1).transpose([1, 2, 0])  # [nh, hd, total]
             values = _repeat_kv(values, groups, axis=1).transpose([1, 0, 2])  # [nh, total, hd]
-            qi = q[q0:q1].astype("float32").transpose([1, 0, 2])     # [nh, n, hd]
-            scores = paddle.matmul(qi, keys) * self.scale             # [nh, n, total]
+            qi = q[q0:q1].astype("float32").transpose([1, 0, 2])  # [nh, n, hd]
+            scores = paddle.matmul(qi, keys) * self.scale  # [nh, n, total]
             n = q1 - q0
             if n > 1:
                 # query i sits at position past + i and may see keys 0 .. past + i
@@ -136,8 +139,9 @@ def causal_bias(seq_len: int) -> paddle.Tensor:
     return paddle.to_tensor(np.where(upper, -np.inf, 0.0).astype(np.float32))
 
 
-def dense_causal_attention(q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor,
-                           bias: paddle.Tensor | None, scale: float) -> paddle.Tensor:
+def dense_causal_attention(
+    q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, bias: paddle.Tensor | None, scale: float
+) -> paddle.Tensor:
     """Causal attention over full sequences (training path).
 
     Args:
@@ -158,5 +162,5 @@ def dense_causal_attention(q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor,
     if bias is not None:
         scores = scores + bias[:seq, :seq]
     probs = F.softmax(scores, axis=-1)
-    out = paddle.matmul(probs, v)                  # [B, nh, S, hd]
+    out = paddle.matmul(probs, v)  # [B, nh, S, hd]
     return out.transpose([0, 2, 1, 3]).reshape([bsz, seq, nh * hd])

@@ -60,8 +60,7 @@ class CorpusSplit:
             "source": "top-level *.py files of the Python standard library",
             "python_version": platform.python_version(),
             "stdlib_dir": self.root,
-            "split_rule": f"held out iff int(sha1(relative_name).hexdigest(), 16) % "
-                          f"{HELDOUT_MODULO} == 0",
+            "split_rule": f"held out iff int(sha1(relative_name).hexdigest(), 16) % {HELDOUT_MODULO} == 0",
             "train_files": len(self.train_files),
             "train_bytes": size(self.train_files),
             "heldout_files": len(self.heldout_files),
@@ -73,8 +72,7 @@ def load_split(root: str | None = None) -> CorpusSplit:
     """List the top-level ``*.py`` files under ``root`` (default: this interpreter's stdlib)
     and split them."""
     root = root or stdlib_dir()
-    names = sorted(n for n in os.listdir(root)
-                   if n.endswith(".py") and os.path.isfile(os.path.join(root, n)))
+    names = sorted(n for n in os.listdir(root) if n.endswith(".py") and os.path.isfile(os.path.join(root, n)))
     if not names:
         raise FileNotFoundError(f"no *.py files found under stdlib directory {root!r}")
     heldout = [n for n in names if is_heldout(n)]

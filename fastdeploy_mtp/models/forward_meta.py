@@ -110,8 +110,9 @@ class AttentionPlan:
         tables = np.asarray(meta.block_tables.numpy()).astype(np.int64)
         bsz = this_time.shape[0]
         if decoder.shape[0] != bsz:
-            raise ValueError(f"`seq_lens_decoder` must have {bsz} entries like "
-                             f"`seq_lens_this_time`, got {decoder.shape[0]}")
+            raise ValueError(
+                f"`seq_lens_decoder` must have {bsz} entries like `seq_lens_this_time`, got {decoder.shape[0]}"
+            )
         if cu.shape[0] != bsz + 1:
             raise ValueError(f"`cu_seqlens_q` must have {bsz + 1} entries, got {cu.shape[0]}")
         if tables.ndim != 2 or tables.shape[0] != bsz:
@@ -119,13 +120,13 @@ class AttentionPlan:
         if (this_time < 0).any() or (decoder < 0).any():
             raise ValueError("`seq_lens_this_time` and `seq_lens_decoder` must be >= 0")
         if cu[0] != 0 or not np.array_equal(np.diff(cu), this_time):
-            raise ValueError(f"`cu_seqlens_q` {cu.tolist()} is not the prefix sum of "
-                             f"`seq_lens_this_time` {this_time.tolist()}")
+            raise ValueError(
+                f"`cu_seqlens_q` {cu.tolist()} is not the prefix sum of `seq_lens_this_time` {this_time.tolist()}"
+            )
         num_tokens = int(cu[-1])
         ids_len = int(meta.ids_remove_padding.shape[0])
         if ids_len < num_tokens:
-            raise ValueError(f"`ids_remove_padding` has {ids_len} tokens but "
-                             f"sum(seq_lens_this_time) = {num_tokens}")
+            raise ValueError(f"`ids_remove_padding` has {ids_len} tokens but sum(seq_lens_this_time) = {num_tokens}")
         bs = meta.block_size
         positions = np.zeros(ids_len, np.int64)
         write_blocks = np.zeros(num_tokens, np.int64)
@@ -140,13 +141,16 @@ class AttentionPlan:
             pos = np.arange(total, dtype=np.int64)
             col = pos // bs
             if col[-1] >= tables.shape[1]:
-                raise ValueError(f"item {b} needs {col[-1] + 1} cache blocks for {total} "
-                                 f"tokens but `block_tables` has {tables.shape[1]} columns")
+                raise ValueError(
+                    f"item {b} needs {col[-1] + 1} cache blocks for {total} "
+                    f"tokens but `block_tables` has {tables.shape[1]} columns"
+                )
             blocks = tables[b, col]
             if (blocks < 0).any():
                 bad = int(col[np.argmax(blocks < 0)])
-                raise ValueError(f"`block_tables[{b}, {bad}]` is unused (-1) but item {b} "
-                                 f"needs it for position {bad * bs}")
+                raise ValueError(
+                    f"`block_tables[{b}, {bad}]` is unused (-1) but item {b} needs it for position {bad * bs}"
+                )
             offsets = pos % bs
             q0, q1 = int(cu[b]), int(cu[b + 1])
             positions[q0:q1] = pos[past:]
@@ -155,13 +159,18 @@ class AttentionPlan:
             items.append((b, q0, q1, past, total))
             read_blocks.append(blocks)
             read_offsets.append(offsets)
-        return AttentionPlan(positions, num_tokens, write_blocks, write_offsets, items,
-                             read_blocks, read_offsets)
+        return AttentionPlan(positions, num_tokens, write_blocks, write_offsets, items, read_blocks, read_offsets)
 
 
-def make_forward_meta(seq_lens_this_time: ArrayLike, seq_lens_decoder: ArrayLike, block_tables: ArrayLike,
-                      caches: list[paddle.Tensor], block_size: int, ids_remove_padding: ArrayLike | None = None,
-                      seq_lens_encoder: ArrayLike | None = None) -> ForwardMeta:
+def make_forward_meta(
+    seq_lens_this_time: ArrayLike,
+    seq_lens_decoder: ArrayLike,
+    block_tables: ArrayLike,
+    caches: list[paddle.Tensor],
+    block_size: int,
+    ids_remove_padding: ArrayLike | None = None,
+    seq_lens_encoder: ArrayLike | None = None,
+) -> ForwardMeta:
     """Build a :class:`ForwardMeta` from host lists/arrays (a helper for tests and tools).
 
     Args:

@@ -28,8 +28,9 @@ class AttentionBackend(Protocol):
         """Shape of one layer's key (or value) cache holding ``max_num_blocks`` blocks."""
         ...
 
-    def allocate_caches(self, num_layers: int, max_num_blocks: int,
-                        dtype: DTypeLike = "float32") -> list[paddle.Tensor]:
+    def allocate_caches(
+        self, num_layers: int, max_num_blocks: int, dtype: DTypeLike = "float32"
+    ) -> list[paddle.Tensor]:
         """Zeroed caches ``[k0, v0, k1, v1, ...]`` for ``num_layers`` layers."""
         ...
 
@@ -55,13 +56,11 @@ class TargetModel(Protocol):
         """Layers that own a key/value cache pair in ``forward_meta.caches``."""
         ...
 
-    def __call__(self, ids_remove_padding: paddle.Tensor | None,
-                 forward_meta: ForwardMeta) -> paddle.Tensor:
+    def __call__(self, ids_remove_padding: paddle.Tensor | None, forward_meta: ForwardMeta) -> paddle.Tensor:
         """Packed batch -> ``[T, H]`` hidden states (the ones the MTP layer consumes)."""
         ...
 
-    def compute_logits(self, hidden: paddle.Tensor,
-                       forward_meta: ForwardMeta | None = None) -> paddle.Tensor:
+    def compute_logits(self, hidden: paddle.Tensor, forward_meta: ForwardMeta | None = None) -> paddle.Tensor:
         """``[n, H]`` hidden states as returned by the forward -> float32 ``[n, V]``."""
         ...
 
@@ -77,14 +76,13 @@ class MTPModel(Protocol):
         """Layers that own a key/value cache pair (the proposer names and shares them)."""
         ...
 
-    def __call__(self, ids_remove_padding: paddle.Tensor | None,
-                 previous_hidden_states: paddle.Tensor,
-                 forward_meta: ForwardMeta) -> paddle.Tensor:
+    def __call__(
+        self, ids_remove_padding: paddle.Tensor | None, previous_hidden_states: paddle.Tensor, forward_meta: ForwardMeta
+    ) -> paddle.Tensor:
         """Packed next tokens + the previous hidden state of each row -> ``[T, H]``."""
         ...
 
-    def compute_logits(self, hidden: paddle.Tensor,
-                       forward_meta: ForwardMeta | None = None) -> paddle.Tensor:
+    def compute_logits(self, hidden: paddle.Tensor, forward_meta: ForwardMeta | None = None) -> paddle.Tensor:
         """``[n, H]`` -> float32 ``[n, V]`` (padded-vocabulary columns ``-inf``)."""
         ...
 

@@ -26,8 +26,8 @@ class RMSNorm(nn.Layer):
         super().__init__()
         self.eps = eps
         self.weight = self.create_parameter(
-            [hidden_size], dtype="float32",
-            default_initializer=nn.initializer.Constant(1.0))
+            [hidden_size], dtype="float32", default_initializer=nn.initializer.Constant(1.0)
+        )
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         variance = paddle.mean(x * x, axis=-1, keepdim=True)
@@ -47,25 +47,23 @@ class RotaryEmbedding(nn.Layer):
         inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
         freqs = np.arange(max_position, dtype=np.float64)[:, None] * inv_freq[None, :]
         emb = np.concatenate([freqs, freqs], axis=-1)
-        self.register_buffer("cos_table", paddle.to_tensor(np.cos(emb).astype(np.float32)),
-                             persistable=False)
-        self.register_buffer("sin_table", paddle.to_tensor(np.sin(emb).astype(np.float32)),
-                             persistable=False)
+        self.register_buffer("cos_table", paddle.to_tensor(np.cos(emb).astype(np.float32)), persistable=False)
+        self.register_buffer("sin_table", paddle.to_tensor(np.sin(emb).astype(np.float32)), persistable=False)
 
     def lookup(self, positions: np.ndarray) -> tuple[paddle.Tensor, paddle.Tensor]:
         """``positions`` ``[T]`` ints -> ``(cos, sin)`` each ``[T, head_dim]`` float32."""
         positions = np.asarray(positions, dtype=np.int64)
         if positions.size and int(positions.max()) >= self.max_position:
-            raise ValueError(f"position {int(positions.max())} is beyond "
-                             f"`max_position_embeddings` ({self.max_position})")
+            raise ValueError(
+                f"position {int(positions.max())} is beyond `max_position_embeddings` ({self.max_position})"
+            )
         idx = paddle.to_tensor(positions)
         return (paddle.gather(self.cos_table, idx), paddle.gather(self.sin_table, idx))
 
     def prefix(self, seq_len: int) -> tuple[paddle.Tensor, paddle.Tensor]:
         """``(cos, sin)`` for positions ``0 .. seq_len - 1``, each ``[seq_len, head_dim]``."""
         if seq_len > self.max_position:
-            raise ValueError(f"`seq_len` {seq_len} exceeds `max_position_embeddings` "
-                             f"({self.max_position})")
+            raise ValueError(f"`seq_len` {seq_len} exceeds `max_position_embeddings` ({self.max_position})")
         return self.cos_table[:seq_len], self.sin_table[:seq_len]
 
 
@@ -97,9 +95,15 @@ class Attention(nn.Layer):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias_attr=False)
         self.scale = 1.0 / float(np.sqrt(self.head_dim))
 
-    def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
-                backend: ReferenceAttentionBackend, layer_id: int,
-                forward_meta: ForwardMeta) -> paddle.Tensor:
+    def forward(
+        self,
+        x: paddle.Tensor,
+        cos: paddle.Tensor,
+        sin: paddle.Tensor,
+        backend: ReferenceAttentionBackend,
+        layer_id: int,
+        forward_meta: ForwardMeta,
+    ) -> paddle.Tensor:
         """``x [T, H]``, ``cos/sin [T, head_dim]`` -> ``[T, H]`` through the paged backend."""
         t = x.shape[0]
         q = self.q_proj(x).reshape([t, self.num_heads, self.head_dim])
@@ -109,15 +113,17 @@ class Attention(nn.Layer):
         k = apply_rope(k, cos, sin)
         return self.o_proj(backend.forward(q, k, v, layer_id, forward_meta))
 
-    def forward_dense(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
-                      bias: paddle.Tensor) -> paddle.Tensor:
+    def forward_dense(
+        self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, bias: paddle.Tensor
+    ) -> paddle.Tensor:
         """``x [B, S, H]``, ``cos/sin [S, head_dim]``, ``bias [S, S]`` -> ``[B, S, H]``."""
         b, s = x.shape[0], x.shape[1]
         q = apply_rope(self.q_proj(x).reshape([b, s, self.num_heads, self.head_dim]), cos, sin)
         k = apply_rope(self.k_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim]), cos, sin)
         v = self.v_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])
-        out = dense_causal_attention(q.transpose([0, 2, 1, 3]), k.transpose([0, 2, 1, 3]),
-                                     v.transpose([0, 2, 1, 3]), bias, self.scale)
+        out = dense_causal_attention(
+            q.transpose([0, 2, 1, 3]), k.transpose([0, 2, 1, 3]), v.transpose([0, 2, 1, 3]), bias, self.scale
+        )
         return self.o_proj(out)
 
 
@@ -145,15 +151,22 @@ class DecoderLayer(nn.Layer):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
-                backend: ReferenceAttentionBackend, layer_id: int,
-                forward_meta: ForwardMeta) -> paddle.Tensor:
+    def forward(
+        self,
+        x: paddle.Tensor,
+        cos: paddle.Tensor,
+        sin: paddle.Tensor,
+        backend: ReferenceAttentionBackend,
+        layer_id: int,
+        forward_meta: ForwardMeta,
+    ) -> paddle.Tensor:
         """Packed ``[T, H]`` -> ``[T, H]``; ``layer_id`` selects the KV cache pair."""
         h = x + self.self_attn(self.input_layernorm(x), cos, sin, backend, layer_id, forward_meta)
         return h + self.mlp(self.post_attention_layernorm(h))
 
-    def forward_dense(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
-                      bias: paddle.Tensor) -> paddle.Tensor:
+    def forward_dense(
+        self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, bias: paddle.Tensor
+    ) -> paddle.Tensor:
         """Full sequences ``[B, S, H]`` -> ``[B, S, H]`` with causal ``bias [S, S]``."""
         h = x + self.self_attn.forward_dense(self.input_layernorm(x), cos, sin, bias)
         return h + self.mlp(self.post_attention_layernorm(h))

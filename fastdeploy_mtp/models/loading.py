@@ -55,6 +55,7 @@ class UnsupportedTensorError(CheckpointError):
 
 # ----------------------------------------------------------------------------- sources
 
+
 class TensorSource:
     """Read-only name -> numpy array view of a checkpoint.
 
@@ -81,6 +82,7 @@ class TensorSource:
         else:
             raise FileNotFoundError(f"checkpoint path {path!r} does not exist")
         from safetensors import safe_open
+
         for f in files:
             with safe_open(f, framework="numpy") as handle:
                 for key in handle.keys():
@@ -99,11 +101,13 @@ class TensorSource:
         if self._arrays is not None:
             return np.asarray(self._arrays[name])
         from safetensors import safe_open
+
         with safe_open(self._where[name], framework="numpy") as handle:
             return handle.get_tensor(name)
 
 
 # ----------------------------------------------------------------------------- family maps
+
 
 @dataclass(frozen=True)
 class FamilySpec:
@@ -148,8 +152,12 @@ class FamilySpec:
 _DEEPSEEK_STYLE: dict[str, Any] = dict(
     prefix="model.layers.{index}.",
     index_regex=r"^model\.layers\.(\d+)\.enorm\.weight$",
-    fusion={"enorm": "enorm.weight", "hnorm": "hnorm.weight", "eh_proj": "eh_proj.weight",
-            "norm": "shared_head.norm.weight"},
+    fusion={
+        "enorm": "enorm.weight",
+        "hnorm": "hnorm.weight",
+        "eh_proj": "eh_proj.weight",
+        "norm": "shared_head.norm.weight",
+    },
     block="",
     torch_layout=True,
     concat_order="emb_first",
@@ -167,8 +175,12 @@ FAMILIES: dict[str, FamilySpec] = {
         name="ernie4_5",
         prefix="ernie.",
         index_regex=None,
-        fusion={"enorm": "mtp_emb_norm.0.weight", "hnorm": "mtp_hidden_norm.0.weight",
-                "eh_proj": "mtp_linear_proj.0.weight", "norm": "/ernie.norm.weight"},
+        fusion={
+            "enorm": "mtp_emb_norm.0.weight",
+            "hnorm": "mtp_hidden_norm.0.weight",
+            "eh_proj": "mtp_linear_proj.0.weight",
+            "norm": "/ernie.norm.weight",
+        },
         block="mtp_block.0.",
         torch_layout=False,
         concat_order="emb_first",
@@ -185,8 +197,12 @@ FAMILIES: dict[str, FamilySpec] = {
         name="qwen3_next",
         prefix="mtp.",
         index_regex=None,
-        fusion={"enorm": "pre_fc_norm_embedding.weight", "hnorm": "pre_fc_norm_hidden.weight",
-                "eh_proj": "fc.weight", "norm": "norm.weight"},
+        fusion={
+            "enorm": "pre_fc_norm_embedding.weight",
+            "hnorm": "pre_fc_norm_hidden.weight",
+            "eh_proj": "fc.weight",
+            "norm": "norm.weight",
+        },
         block="layers.0.",
         torch_layout=True,
         concat_order="emb_first",
@@ -201,8 +217,12 @@ FAMILIES: dict[str, FamilySpec] = {
         name="mimo",
         prefix="model.mtp_layers.0.",
         index_regex=None,
-        fusion={"enorm": "token_layernorm.weight", "hnorm": "hidden_layernorm.weight",
-                "eh_proj": "input_proj.weight", "norm": "final_layernorm.weight"},
+        fusion={
+            "enorm": "token_layernorm.weight",
+            "hnorm": "hidden_layernorm.weight",
+            "eh_proj": "input_proj.weight",
+            "norm": "final_layernorm.weight",
+        },
         block="",
         torch_layout=True,
         concat_order="hidden_first",
@@ -215,8 +235,7 @@ FAMILIES: dict[str, FamilySpec] = {
     ),
 }
 
-_NORM_PARAMS = ("enorm", "hnorm", "norm", "mtp_block.input_layernorm",
-                "mtp_block.post_attention_layernorm")
+_NORM_PARAMS = ("enorm", "hnorm", "norm", "mtp_block.input_layernorm", "mtp_block.post_attention_layernorm")
 
 _UNSUPPORTED_HINTS = (
     ("experts", "MoE experts are out of scope: only dense SwiGLU MLP blocks are supported"),
@@ -241,34 +260,39 @@ def config_for_family(family: str, base: ModelConfig) -> ModelConfig:
     """``base`` with the family's layout fields set: ``mtp_concat_order``,
     ``mtp_final_norm`` and ``mtp_hidden_state``."""
     spec = get_family(family)
-    return dataclasses.replace(base, mtp_concat_order=spec.concat_order,
-                               mtp_final_norm=spec.final_norm,
-                               mtp_hidden_state=spec.hidden_state)
+    return dataclasses.replace(
+        base, mtp_concat_order=spec.concat_order, mtp_final_norm=spec.final_norm, mtp_hidden_state=spec.hidden_state
+    )
 
 
 # ----------------------------------------------------------------------------- loading
 
+
 def _detect_index(spec: FamilySpec, src: TensorSource, layer_index: int | None) -> int | None:
     if spec.index_regex is None:
         if layer_index is not None:
-            raise ValueError(f"`layer_index` does not apply to family {spec.name!r} "
-                             f"(its MTP prefix is fixed: {spec.prefix!r})")
+            raise ValueError(
+                f"`layer_index` does not apply to family {spec.name!r} (its MTP prefix is fixed: {spec.prefix!r})"
+            )
         return None
-    found = sorted({int(m.group(1)) for k in src.keys()
-                    for m in [re.match(spec.index_regex, k)] if m})
+    found = sorted({int(m.group(1)) for k in src.keys() for m in [re.match(spec.index_regex, k)] if m})
     if layer_index is not None:
         if layer_index not in found:
             raise MissingTensorError(
                 f"checkpoint {src.description} has no tensor "
                 f"{spec.prefix.format(index=layer_index) + spec.fusion['enorm']!r} "
-                f"(MTP layer index {layer_index}); MTP layers found at {found}")
+                f"(MTP layer index {layer_index}); MTP layers found at {found}"
+            )
         return layer_index
     if not found:
-        raise MissingTensorError(f"checkpoint {src.description} has no MTP layer for family "
-                                 f"{spec.name!r}: no tensor matches {spec.index_regex!r}")
+        raise MissingTensorError(
+            f"checkpoint {src.description} has no MTP layer for family "
+            f"{spec.name!r}: no tensor matches {spec.index_regex!r}"
+        )
     if len(found) > 1:
-        raise UnsupportedTensorError(f"checkpoint {src.description} has MTP layers at indices "
-                                     f"{found}; exactly one MTP layer is supported")
+        raise UnsupportedTensorError(
+            f"checkpoint {src.description} has MTP layers at indices {found}; exactly one MTP layer is supported"
+        )
     return found[0]
 
 
@@ -286,12 +310,11 @@ class _Plan:
         arr = self.src.get(ckpt)
         self.used.add(ckpt)
         if list(arr.shape) != list(shape):
-            raise TensorShapeError(f"checkpoint tensor {ckpt!r} has shape {list(arr.shape)}, "
-                                   f"expected {list(shape)}")
+            raise TensorShapeError(f"checkpoint tensor {ckpt!r} has shape {list(arr.shape)}, expected {list(shape)}")
         return np.asarray(arr, dtype=np.float32)
 
     def linear(self, ours: str, ckpt: str, torch_layout: bool) -> None:
-        shape = list(self.params[ours].shape)             # Paddle [in, out]
+        shape = list(self.params[ours].shape)  # Paddle [in, out]
         arr = self.read(ckpt, shape[::-1] if torch_layout else shape)
         self.values[ours] = arr.T if torch_layout else arr
         self.origin[ours] = ckpt
@@ -313,8 +336,14 @@ class _Plan:
             self.origin[o] = ckpt
 
 
-def load_mtp_weights(model: MTPLayer, source: TensorSource | CheckpointSource, family: str, *,
-                     layer_index: int | None = None, load_shared: bool = False) -> dict[str, str]:
+def load_mtp_weights(
+    model: MTPLayer,
+    source: TensorSource | CheckpointSource,
+    family: str,
+    *,
+    layer_index: int | None = None,
+    load_shared: bool = False,
+) -> dict[str, str]:
     """Load a family's MTP layer from a checkpoint into ``model`` (an :class:`MTPLayer`).
 
     Args:
@@ -339,13 +368,15 @@ def load_mtp_weights(model: MTPLayer, source: TensorSource | CheckpointSource, f
     """
     spec = get_family(family)
     cfg = model.config
-    for field, want in (("mtp_concat_order", spec.concat_order),
-                        ("mtp_final_norm", spec.final_norm)):
+    for field, want in (("mtp_concat_order", spec.concat_order), ("mtp_final_norm", spec.final_norm)):
         if getattr(cfg, field) != want:
-            raise ValueError(f"family {family!r} needs config.{field} == {want!r}, model has "
-                             f"{getattr(cfg, field)!r} (use config_for_family)")
+            raise ValueError(
+                f"family {family!r} needs config.{field} == {want!r}, model has "
+                f"{getattr(cfg, field)!r} (use config_for_family)"
+            )
     src = source if isinstance(source, TensorSource) else TensorSource(source)
     index = _detect_index(spec, src, layer_index)
+
     def fmt(name: str) -> str:
         return name.format(index=index) if index is not None else name
 
@@ -362,15 +393,14 @@ def load_mtp_weights(model: MTPLayer, source: TensorSource | CheckpointSource, f
     plan.vector("hnorm.weight", absolute(spec.fusion["hnorm"]), spec.norm_offset)
     plan.vector("norm.weight", absolute(spec.fusion["norm"]), spec.norm_offset)
     plan.linear("eh_proj.weight", absolute(spec.fusion["eh_proj"]), tl)
-    plan.vector("mtp_block.input_layernorm.weight", block + "input_layernorm.weight",
-                spec.norm_offset)
-    plan.vector("mtp_block.post_attention_layernorm.weight",
-                block + "post_attention_layernorm.weight", spec.norm_offset)
+    plan.vector("mtp_block.input_layernorm.weight", block + "input_layernorm.weight", spec.norm_offset)
+    plan.vector(
+        "mtp_block.post_attention_layernorm.weight", block + "post_attention_layernorm.weight", spec.norm_offset
+    )
     attn = block + "self_attn."
     ours_attn = "mtp_block.self_attn."
     if attn + "qkv_proj.weight" in src:
-        plan.fused([ours_attn + p + ".weight" for p in ("q_proj", "k_proj", "v_proj")],
-                   attn + "qkv_proj.weight", tl)
+        plan.fused([ours_attn + p + ".weight" for p in ("q_proj", "k_proj", "v_proj")], attn + "qkv_proj.weight", tl)
     else:
         for p in ("q_proj", "k_proj", "v_proj"):
             plan.linear(ours_attn + p + ".weight", attn + p + ".weight", tl)
@@ -381,8 +411,7 @@ def load_mtp_weights(model: MTPLayer, source: TensorSource | CheckpointSource, f
     mlp, ours_mlp = block + "mlp.", "mtp_block.mlp."
     if mlp + "up_gate_proj.weight" in src:
         # ERNIE's fused SwiGLU input: the first half goes through silu (gate), then up.
-        plan.fused([ours_mlp + "gate_proj.weight", ours_mlp + "up_proj.weight"],
-                   mlp + "up_gate_proj.weight", tl)
+        plan.fused([ours_mlp + "gate_proj.weight", ours_mlp + "up_proj.weight"], mlp + "up_gate_proj.weight", tl)
     else:
         plan.linear(ours_mlp + "gate_proj.weight", mlp + "gate_proj.weight", tl)
         plan.linear(ours_mlp + "up_proj.weight", mlp + "up_proj.weight", tl)
@@ -390,15 +419,19 @@ def load_mtp_weights(model: MTPLayer, source: TensorSource | CheckpointSource, f
 
     # Duplicates of the shared embedding / head inside the MTP prefix are expected.
     shared_names = [fmt(n) for n in spec.embed + spec.head]
-    leftovers = [k for k in src.keys()
-                 if any(k.startswith(fmt(p)) for p in spec.owned_prefixes)
-                 and k not in plan.used and k not in shared_names]
+    leftovers = [
+        k
+        for k in src.keys()
+        if any(k.startswith(fmt(p)) for p in spec.owned_prefixes) and k not in plan.used and k not in shared_names
+    ]
     if leftovers:
         name = leftovers[0]
-        hint = next((h for key, h in _UNSUPPORTED_HINTS if key in name),
-                    "this tensor has no counterpart in the dense MTP layer")
-        raise UnsupportedTensorError(f"checkpoint tensor {name!r} is not supported: {hint} "
-                                     f"({len(leftovers)} unsupported tensor(s) in total)")
+        hint = next(
+            (h for key, h in _UNSUPPORTED_HINTS if key in name), "this tensor has no counterpart in the dense MTP layer"
+        )
+        raise UnsupportedTensorError(
+            f"checkpoint tensor {name!r} is not supported: {hint} ({len(leftovers)} unsupported tensor(s) in total)"
+        )
     missing_params = sorted(set(params) - set(plan.values))
     if missing_params:
         raise MissingTensorError(f"no checkpoint tensor mapped to MTP parameters {missing_params}")
@@ -413,7 +446,7 @@ def load_mtp_weights(model: MTPLayer, source: TensorSource | CheckpointSource, f
         emb_shape = list(target.embed_tokens.weight.shape)
         target.embed_tokens.weight.set_value(plan.read(emb_name, emb_shape))
         head_name = _first_present(src, [fmt(n) for n in spec.head], "LM head")
-        head_shape = list(target.lm_head.weight.shape)   # [H, V]
+        head_shape = list(target.lm_head.weight.shape)  # [H, V]
         head = plan.read(head_name, head_shape[::-1] if tl else head_shape)
         target.lm_head.weight.set_value(head.T if tl else head)
         loaded["<target>.embed_tokens.weight"] = emb_name
@@ -426,11 +459,11 @@ def _first_present(src: TensorSource, names: Iterable[str], what: str) -> str:
     for n in names:
         if n in src:
             return n
-    raise MissingTensorError(f"checkpoint {src.description} has no shared {what}: "
-                             f"looked for {names}")
+    raise MissingTensorError(f"checkpoint {src.description} has no shared {what}: looked for {names}")
 
 
 # ----------------------------------------------------------------------------- native format
+
 
 def load_state_strict(layer: nn.Layer, source: TensorSource | CheckpointSource, prefix: str = "") -> None:
     """Load every parameter of ``layer`` from ``source`` under ``prefix + name`` (our own
@@ -441,16 +474,17 @@ def load_state_strict(layer: nn.Layer, source: TensorSource | CheckpointSource, 
     for name, param in params.items():
         ckpt = prefix + name
         if ckpt not in src:
-            raise MissingTensorError(f"checkpoint {src.description} has no tensor {ckpt!r} "
-                                     f"(expected shape {list(param.shape)})")
+            raise MissingTensorError(
+                f"checkpoint {src.description} has no tensor {ckpt!r} (expected shape {list(param.shape)})"
+            )
         arr = src.get(ckpt)
         if list(arr.shape) != list(param.shape):
-            raise TensorShapeError(f"checkpoint tensor {ckpt!r} has shape {list(arr.shape)}, "
-                                   f"expected {list(param.shape)}")
+            raise TensorShapeError(
+                f"checkpoint tensor {ckpt!r} has shape {list(arr.shape)}, expected {list(param.shape)}"
+            )
         param.set_value(np.asarray(arr, dtype=np.float32))
 
 
 def state_to_numpy(layer: nn.Layer, prefix: str = "") -> dict[str, np.ndarray]:
     """``{prefix + name: float32 array}`` for every parameter of ``layer``."""
-    return {prefix + n: np.ascontiguousarray(p.numpy().astype(np.float32))
-            for n, p in layer.named_parameters()}
+    return {prefix + n: np.ascontiguousarray(p.numpy().astype(np.float32)) for n, p in layer.named_parameters()}

@@ -74,31 +74,37 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first inconsistent field."""
-        for name in ("vocab_size", "ori_vocab_size", "hidden_size", "num_attention_heads",
-                     "num_key_value_heads", "head_dim", "intermediate_size",
-                     "max_position_embeddings", "block_size"):
+        for name in (
+            "vocab_size",
+            "ori_vocab_size",
+            "hidden_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+            "max_position_embeddings",
+            "block_size",
+        ):
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"`{name}` must be positive, got {getattr(self, name)}")
         if self.num_hidden_layers < 0:
             raise ValueError(f"`num_hidden_layers` must be >= 0, got {self.num_hidden_layers}")
         if self.ori_vocab_size > self.vocab_size:
-            raise ValueError(f"`ori_vocab_size` ({self.ori_vocab_size}) must be <= "
-                             f"`vocab_size` ({self.vocab_size})")
+            raise ValueError(f"`ori_vocab_size` ({self.ori_vocab_size}) must be <= `vocab_size` ({self.vocab_size})")
         if self.num_attention_heads % self.num_key_value_heads != 0:
-            raise ValueError(f"`num_attention_heads` ({self.num_attention_heads}) must be a "
-                             f"multiple of `num_key_value_heads` ({self.num_key_value_heads})")
+            raise ValueError(
+                f"`num_attention_heads` ({self.num_attention_heads}) must be a "
+                f"multiple of `num_key_value_heads` ({self.num_key_value_heads})"
+            )
         if self.head_dim % 2 != 0:
             raise ValueError(f"`head_dim` must be even for RoPE, got {self.head_dim}")
         if self.mtp_hidden_state not in MTP_HIDDEN_STATES:
-            raise ValueError(f"`mtp_hidden_state` must be one of {MTP_HIDDEN_STATES}, "
-                             f"got {self.mtp_hidden_state!r}")
+            raise ValueError(f"`mtp_hidden_state` must be one of {MTP_HIDDEN_STATES}, got {self.mtp_hidden_state!r}")
         if self.mtp_concat_order not in MTP_CONCAT_ORDERS:
-            raise ValueError(f"`mtp_concat_order` must be one of {MTP_CONCAT_ORDERS}, "
-                             f"got {self.mtp_concat_order!r}")
+            raise ValueError(f"`mtp_concat_order` must be one of {MTP_CONCAT_ORDERS}, got {self.mtp_concat_order!r}")
 
         if self.mtp_final_norm not in MTP_FINAL_NORMS:
-            raise ValueError(f"`mtp_final_norm` must be one of {MTP_FINAL_NORMS}, "
-                             f"got {self.mtp_final_norm!r}")
+            raise ValueError(f"`mtp_final_norm` must be one of {MTP_FINAL_NORMS}, got {self.mtp_final_norm!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -32,8 +32,7 @@ class MTPLayer(nn.Layer):
 
     def __init__(self, config: ModelConfig, target: TinyTargetModel):
         super().__init__()
-        if target.config.hidden_size != config.hidden_size or \
-                target.config.vocab_size != config.vocab_size:
+        if target.config.hidden_size != config.hidden_size or target.config.vocab_size != config.vocab_size:
             raise ValueError("`target` must have the same hidden_size and vocab_size as `config`")
         self.config = config
         h = config.hidden_size
@@ -42,11 +41,10 @@ class MTPLayer(nn.Layer):
         self.eh_proj = nn.Linear(2 * h, h, bias_attr=False)
         self.mtp_block = DecoderLayer(config)
         self.norm = RMSNorm(h, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
-                                      config.rope_theta)
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
         self.attn_backend = ReferenceAttentionBackend(
-            config.num_attention_heads, config.num_key_value_heads, config.head_dim,
-            config.block_size)
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.block_size
+        )
         # A plain tuple is not registered as a sublayer: shared weights stay owned by the target.
         self._shared = (target,)
 
@@ -64,9 +62,9 @@ class MTPLayer(nn.Layer):
         parts = [e, h] if self.config.mtp_concat_order == "emb_first" else [h, e]
         return self.eh_proj(paddle.concat(parts, axis=-1))
 
-    def forward(self, ids_remove_padding: paddle.Tensor | None,
-                previous_hidden_states: paddle.Tensor,
-                forward_meta: ForwardMeta) -> paddle.Tensor:
+    def forward(
+        self, ids_remove_padding: paddle.Tensor | None, previous_hidden_states: paddle.Tensor, forward_meta: ForwardMeta
+    ) -> paddle.Tensor:
         """Run the packed batch.
 
         Args:
@@ -83,18 +81,18 @@ class MTPLayer(nn.Layer):
             ids_remove_padding = forward_meta.ids_remove_padding
         t = int(ids_remove_padding.shape[0])
         if list(previous_hidden_states.shape) != [t, self.config.hidden_size]:
-            raise ValueError(f"`previous_hidden_states` must be [{t}, "
-                             f"{self.config.hidden_size}], got "
-                             f"{list(previous_hidden_states.shape)}")
+            raise ValueError(
+                f"`previous_hidden_states` must be [{t}, "
+                f"{self.config.hidden_size}], got "
+                f"{list(previous_hidden_states.shape)}"
+            )
         plan = forward_meta.build_plan()
         cos, sin = self.rotary.lookup(plan.positions)
-        x = self._fuse(self.target.embed_tokens(ids_remove_padding),
-                       previous_hidden_states.astype("float32"))
+        x = self._fuse(self.target.embed_tokens(ids_remove_padding), previous_hidden_states.astype("float32"))
         x = self.mtp_block(x, cos, sin, self.attn_backend, 0, forward_meta)
         return self.norm(x) if self.config.mtp_final_norm == "in_forward" else x
 
-    def compute_logits(self, hidden: paddle.Tensor,
-                       forward_meta: ForwardMeta | None = None) -> paddle.Tensor:
+    def compute_logits(self, hidden: paddle.Tensor, forward_meta: ForwardMeta | None = None) -> paddle.Tensor:
         """``hidden [n, H]`` -> float32 ``[n, V]`` through the shared LM head, columns
         ``>= ori_vocab_size`` set to ``-inf``. Applies ``norm`` first when
         ``config.mtp_final_norm == "in_logits"``."""
@@ -108,8 +106,7 @@ class MTPLayer(nn.Layer):
         or the other ranks hang."""
         return None
 
-    def forward_dense(self, next_ids: paddle.Tensor, hidden: paddle.Tensor,
-                      bias: paddle.Tensor) -> paddle.Tensor:
+    def forward_dense(self, next_ids: paddle.Tensor, hidden: paddle.Tensor, bias: paddle.Tensor) -> paddle.Tensor:
         """Training path: ``next_ids [B, S]`` (tokens ``t_{p+1}``), ``hidden [B, S, H]`` (target
         ``h_p``), causal ``bias`` -> ``[B, S, H]`` (normed as ``forward`` is)."""
         seq = int(next_ids.shape[1])

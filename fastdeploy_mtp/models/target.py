@@ -40,19 +40,17 @@ class TinyTargetModel(nn.Layer):
         self.layers = nn.LayerList([DecoderLayer(config) for _ in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias_attr=False)
-        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
-                                      config.rope_theta)
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
         self.attn_backend = ReferenceAttentionBackend(
-            config.num_attention_heads, config.num_key_value_heads, config.head_dim,
-            config.block_size)
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.block_size
+        )
 
     @property
     def num_cache_layers(self) -> int:
         """Layers that own a KV cache pair in ``forward_meta.caches``."""
         return self.config.num_hidden_layers
 
-    def forward(self, ids_remove_padding: paddle.Tensor | None,
-                forward_meta: ForwardMeta) -> paddle.Tensor:
+    def forward(self, ids_remove_padding: paddle.Tensor | None, forward_meta: ForwardMeta) -> paddle.Tensor:
         """Run the packed batch.
 
         Args:
@@ -67,8 +65,10 @@ class TinyTargetModel(nn.Layer):
             ids_remove_padding = forward_meta.ids_remove_padding
         plan = forward_meta.build_plan()
         if int(ids_remove_padding.shape[0]) != plan.positions.shape[0]:
-            raise ValueError(f"`ids_remove_padding` has {int(ids_remove_padding.shape[0])} "
-                             f"tokens, forward_meta describes {plan.positions.shape[0]}")
+            raise ValueError(
+                f"`ids_remove_padding` has {int(ids_remove_padding.shape[0])} "
+                f"tokens, forward_meta describes {plan.positions.shape[0]}"
+            )
         cos, sin = self.rotary.lookup(plan.positions)
         h = self.embed_tokens(ids_remove_padding)
         for i, layer in enumerate(self.layers):
@@ -77,8 +77,7 @@ class TinyTargetModel(nn.Layer):
             h = self.norm(h)
         return h
 
-    def compute_logits(self, hidden: paddle.Tensor,
-                       forward_meta: ForwardMeta | None = None) -> paddle.Tensor:
+    def compute_logits(self, hidden: paddle.Tensor, forward_meta: ForwardMeta | None = None) -> paddle.Tensor:
         """``hidden [n, H]`` (as returned by ``forward``) -> float32 ``[n, V]`` logits with the
         padded-vocab tail (columns ``>= ori_vocab_size``) set to ``-inf``."""
         if self.config.mtp_hidden_state == "pre_norm":
@@ -91,8 +90,7 @@ class TinyTargetModel(nn.Layer):
         has no collectives, so there is nothing to do."""
         return None
 
-    def forward_dense(self, ids: paddle.Tensor, bias: paddle.Tensor
-                      ) -> tuple[paddle.Tensor, paddle.Tensor]:
+    def forward_dense(self, ids: paddle.Tensor, bias: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
         """Training path over full sequences.
 
         Args:

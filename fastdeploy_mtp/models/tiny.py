@@ -46,9 +46,9 @@ class ByteTokenizer:
         return bytes(ids).decode("utf-8", errors="replace")
 
 
-def contiguous_block_tables(seq_capacity: Sequence[int], block_size: int,
-                            shuffle_seed: int | None = None
-                            ) -> tuple[np.ndarray, int]:
+def contiguous_block_tables(
+    seq_capacity: Sequence[int], block_size: int, shuffle_seed: int | None = None
+) -> tuple[np.ndarray, int]:
     """Block tables giving item ``b`` room for ``seq_capacity[b]`` tokens.
 
     Returns ``(block_tables [B, max_blocks] int32 with -1 padding, num_blocks)``. Blocks are
@@ -62,14 +62,20 @@ def contiguous_block_tables(seq_capacity: Sequence[int], block_size: int,
     tables = np.full([len(need), max(1, max(need, default=1))], NO_BLOCK_ID, np.int32)
     k = 0
     for b, n in enumerate(need):
-        tables[b, :n] = order[k:k + n]
+        tables[b, :n] = order[k : k + n]
         k += n
     return tables, total
 
 
 @paddle.no_grad()
-def evaluate_dense(target: TinyTargetModel, mtp: MTPLayer, data: np.ndarray, seq_len: int,
-                   max_windows: int | None = None, batch_size: int = 64) -> dict[str, float]:
+def evaluate_dense(
+    target: TinyTargetModel,
+    mtp: MTPLayer,
+    data: np.ndarray,
+    seq_len: int,
+    max_windows: int | None = None,
+    batch_size: int = 64,
+) -> dict[str, float]:
     """Teacher-forced held-out metrics over non-overlapping ``seq_len`` windows of ``data``.
 
     Args:
@@ -94,7 +100,7 @@ def evaluate_dense(target: TinyTargetModel, mtp: MTPLayer, data: np.ndarray, seq
     sums = np.zeros(4)
     counts = np.zeros(2)
     for s in range(0, len(windows), batch_size):
-        ids = paddle.to_tensor(windows[s:s + batch_size])
+        ids = paddle.to_tensor(windows[s : s + batch_size])
         pre, post = target.forward_dense(ids, bias)
         hidden = target.mtp_hidden(pre, post)
         logits = target.compute_logits(hidden)[:, :-1]
@@ -108,14 +114,17 @@ def evaluate_dense(target: TinyTargetModel, mtp: MTPLayer, data: np.ndarray, seq
         counts += [main_t.size, mtp_t.size]
     target.train()
     mtp.train()
-    return {"main_loss": round(sums[0] / counts[0], 5), "main_top1": round(sums[1] / counts[0], 5),
-            "mtp_loss": round(sums[2] / counts[1], 5), "mtp_top1": round(sums[3] / counts[1], 5),
-            "windows": int(len(windows))}
+    return {
+        "main_loss": round(sums[0] / counts[0], 5),
+        "main_top1": round(sums[1] / counts[0], 5),
+        "mtp_loss": round(sums[2] / counts[1], 5),
+        "mtp_top1": round(sums[3] / counts[1], 5),
+        "windows": int(len(windows)),
+    }
 
 
 @paddle.no_grad()
-def score_windows(target: TinyTargetModel, data: np.ndarray, window: int,
-                  num_windows: int) -> float:
+def score_windows(target: TinyTargetModel, data: np.ndarray, window: int, num_windows: int) -> float:
     """Mean next-token CE (nats/byte) of the first ``num_windows * window`` bytes of
     ``data``, scored through the serving path: one packed prefill batch with ``num_windows``
     items of ``window`` tokens each and a paged KV cache. Each window predicts its own
@@ -127,8 +136,9 @@ def score_windows(target: TinyTargetModel, data: np.ndarray, window: int,
     cfg = target.config
     tables, nblocks = contiguous_block_tables([window] * num_windows, cfg.block_size)
     caches = target.attn_backend.allocate_caches(target.num_cache_layers, nblocks)
-    meta = make_forward_meta([window] * num_windows, [0] * num_windows, tables, caches,
-                             cfg.block_size, ids_remove_padding=ids.reshape(-1))
+    meta = make_forward_meta(
+        [window] * num_windows, [0] * num_windows, tables, caches, cfg.block_size, ids_remove_padding=ids.reshape(-1)
+    )
     logits = target.compute_logits(target(meta.ids_remove_padding, meta))
     logits = logits.reshape([num_windows, window, -1])[:, :-1]
     labels = paddle.to_tensor(ids[:, 1:]).unsqueeze(-1)
@@ -136,8 +146,7 @@ def score_windows(target: TinyTargetModel, data: np.ndarray, window: int,
 
 
 @paddle.no_grad()
-def greedy_generate(target: TinyTargetModel, prompt: Sequence[int],
-                    max_new_tokens: int) -> list[int]:
+def greedy_generate(target: TinyTargetModel, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
     """Greedy continuation of one prompt with the paged KV cache: one prefill, then one
     decode step per new token. Returns the new token ids."""
     cfg = target.config
@@ -150,8 +159,7 @@ def greedy_generate(target: TinyTargetModel, prompt: Sequence[int],
     out: list[int] = []
     step_ids, past = prompt, 0
     for _ in range(max_new_tokens):
-        meta = make_forward_meta([len(step_ids)], [past], tables, caches, cfg.block_size,
-                                 ids_remove_padding=step_ids)
+        meta = make_forward_meta([len(step_ids)], [past], tables, caches, cfg.block_size, ids_remove_padding=step_ids)
         hidden = target(meta.ids_remove_padding, meta)
         nxt = int(target.compute_logits(hidden[-1:]).argmax(-1).numpy()[0])
         out.append(nxt)
@@ -160,16 +168,21 @@ def greedy_generate(target: TinyTargetModel, prompt: Sequence[int],
     return out
 
 
-def save_tiny(out_dir: str, target: TinyTargetModel, mtp: MTPLayer, config: ModelConfig,
-              metrics: dict | None = None) -> None:
+def save_tiny(
+    out_dir: str, target: TinyTargetModel, mtp: MTPLayer, config: ModelConfig, metrics: dict | None = None
+) -> None:
     """Write ``model.safetensors`` (target tensors under their own names, MTP tensors under
     ``mtp.``; Paddle ``[in, out]`` layout, float32), ``config.json`` and ``metrics.json``."""
     from safetensors.numpy import save_file
+
     os.makedirs(out_dir, exist_ok=True)
     tensors = state_to_numpy(target)
     tensors.update(state_to_numpy(mtp, MTP_PREFIX))
-    save_file(tensors, os.path.join(out_dir, WEIGHTS_FILE),
-              metadata={"format": "fastdeploy_mtp.tiny", "layout": "paddle [in, out]"})
+    save_file(
+        tensors,
+        os.path.join(out_dir, WEIGHTS_FILE),
+        metadata={"format": "fastdeploy_mtp.tiny", "layout": "paddle [in, out]"},
+    )
     config.save_json(os.path.join(out_dir, CONFIG_FILE))
     if metrics is not None:
         with open(os.path.join(out_dir, METRICS_FILE), "w", encoding="utf-8") as f:
@@ -197,8 +210,7 @@ def load_tiny(path: str | None = None) -> tuple[TinyTargetModel, MTPLayer, Model
     src = TensorSource(os.path.join(path, WEIGHTS_FILE))
     load_state_strict(target, src)
     load_state_strict(mtp, src, MTP_PREFIX)
-    expected = {n for n, _ in target.named_parameters()} | \
-               {MTP_PREFIX + n for n, _ in mtp.named_parameters()}
+    expected = {n for n, _ in target.named_parameters()} | {MTP_PREFIX + n for n, _ in mtp.named_parameters()}
     extra = sorted(set(src.keys()) - expected)
     if extra:
         raise ValueError(f"tiny checkpoint {path!r} has unexpected tensors {extra[:5]}")

@@ -27,8 +27,9 @@ _PHILOX_W1 = np.uint64(0xBB67AE85)
 _MASK32 = np.uint64(0xFFFFFFFF)
 
 
-def _philox4x32_10(c0: ArrayLike, c1: ArrayLike, c2: ArrayLike, c3: ArrayLike, k0: ArrayLike,
-                   k1: ArrayLike) -> np.ndarray:
+def _philox4x32_10(
+    c0: ArrayLike, c1: ArrayLike, c2: ArrayLike, c3: ArrayLike, k0: ArrayLike, k1: ArrayLike
+) -> np.ndarray:
     """Ten Philox rounds on uint64 arrays holding 32-bit words; returns the first word."""
     x0, x1, x2, x3 = (np.asarray(c, np.uint64) & _MASK32 for c in (c0, c1, c2, c3))
     key0 = np.asarray(k0, np.uint64) & _MASK32

@@ -60,14 +60,23 @@ class MTPProposer:
             :func:`fastdeploy_mtp.models.load_tiny` returns.
     """
 
-    def __init__(self, fd_config: FDConfig, main_model: TargetModel, local_rank: int, device_id: int,
-                 target_model_inputs: InputBatch, *, model: MTPModel | None = None):
+    def __init__(
+        self,
+        fd_config: FDConfig,
+        main_model: TargetModel,
+        local_rank: int,
+        device_id: int,
+        target_model_inputs: InputBatch,
+        *,
+        model: MTPModel | None = None,
+    ):
         spec = fd_config.speculative_config
         if spec.method != "mtp":
             raise ValueError(f"MTPProposer needs speculative_config.method == 'mtp', got {spec.method!r}")
         if model is None:
-            raise ValueError("MTPProposer needs the MTP layer: pass `model=` (e.g. from "
-                             "fastdeploy_mtp.models.load_tiny())")
+            raise ValueError(
+                "MTPProposer needs the MTP layer: pass `model=` (e.g. from fastdeploy_mtp.models.load_tiny())"
+            )
         self.fd_config = fd_config
         self.main_model = main_model
         self.model: MTPModel = model
@@ -125,13 +134,15 @@ class MTPProposer:
         if main_model_num_blocks <= 0:
             raise ValueError(f"`main_model_num_blocks` must be > 0, got {main_model_num_blocks}")
         cc = self.fd_config.cache_config
-        managed = (cc.num_cpu_blocks > 0 or bool(cc.kvcache_storage_backend)
-                   or self.fd_config.scheduler_config.splitwise_role != "mixed")
+        managed = (
+            cc.num_cpu_blocks > 0
+            or bool(cc.kvcache_storage_backend)
+            or self.fd_config.scheduler_config.splitwise_role != "mixed"
+        )
         self.num_gpu_blocks = int(main_model_num_blocks)
         shape = self.model.attn_backend.get_kv_cache_shape(self.num_gpu_blocks)
         if profile or not managed:
-            self.caches = self.model.attn_backend.allocate_caches(self.model.num_cache_layers,
-                                                                  self.num_gpu_blocks)
+            self.caches = self.model.attn_backend.allocate_caches(self.model.num_cache_layers, self.num_gpu_blocks)
             if cc.share_mtp_cache and not profile:
                 for tensor, name in zip(self.caches, self.cache_names()):
                     ops.set_data_ipc(tmp_input=tensor, shm_name=name)
@@ -140,11 +151,16 @@ class MTPProposer:
         from ..runtime.ipc import IPCSignal
 
         pc = self.fd_config.parallel_config
-        signal = IPCSignal("cache_ready_signal", np.zeros([pc.tensor_parallel_size], np.int32), np.int32,
-                           suffix=pc.engine_worker_queue_port, create=False, timeout=cc.cache_ready_timeout)
+        signal = IPCSignal(
+            "cache_ready_signal",
+            np.zeros([pc.tensor_parallel_size], np.int32),
+            np.int32,
+            suffix=pc.engine_worker_queue_port,
+            create=False,
+            timeout=cc.cache_ready_timeout,
+        )
         try:
-            signal.wait_for(lambda v: v[self.local_rank % pc.tensor_parallel_size] == 1,
-                            timeout=cc.cache_ready_timeout)
+            signal.wait_for(lambda v: v[self.local_rank % pc.tensor_parallel_size] == 1, timeout=cc.cache_ready_timeout)
         finally:
             signal.close()
         self.caches = [
@@ -196,16 +212,16 @@ class MTPProposer:
                 length = end - start
                 if length <= 0:
                     raise ValueError(f"request {req.request_id!r}: empty prefill chunk [{start}, {end})")
-                shifted = prompt[start + 1:end] + (prompt[end:end + 1] if end < len(prompt) else [])
+                shifted = prompt[start + 1 : end] + (prompt[end : end + 1] if end < len(prompt) else [])
                 if shifted:
-                    draft.input_ids[idx, :len(shifted)] = paddle.to_tensor(shifted, dtype="int64")
+                    draft.input_ids[idx, : len(shifted)] = paddle.to_tensor(shifted, dtype="int64")
                 draft.input_ids_cpu[idx, :] = PLACEHOLDER_TOKEN_ID
                 if len(prompt) > 1:
-                    draft.input_ids_cpu[idx, :len(prompt) - 1] = paddle.to_tensor(prompt[1:], dtype="int64")
+                    draft.input_ids_cpu[idx, : len(prompt) - 1] = paddle.to_tensor(prompt[1:], dtype="int64")
                 draft.input_ids_len[idx, 0] = len(prompt) - 1
                 draft.pre_ids[idx, :] = PLACEHOLDER_TOKEN_ID
                 if output:
-                    draft.pre_ids[idx, :len(output)] = paddle.to_tensor(output, dtype="int64")
+                    draft.pre_ids[idx, : len(output)] = paddle.to_tensor(output, dtype="int64")
                 draft.stop_flags[idx, 0] = False
                 draft.batch_drop[idx, 0] = False
                 draft.seq_lens_encoder[idx] = length
@@ -268,9 +284,22 @@ class MTPProposer:
         return bool((self.model_inputs.seq_lens_encoder > 0).any().item())
 
     #: Buffers swapped by :meth:`reorder_inputs` (FastDeploy's ``swap_states`` list).
-    SWAPPED = ("block_tables", "input_ids", "input_ids_cpu", "seq_lens_this_time", "seq_lens_encoder",
-               "seq_lens_decoder", "step_idx", "pre_ids", "encoder_block_lens", "input_ids_len",
-               "mask_rollback", "recompute_token_num", "stop_flags", "draft_tokens")
+    SWAPPED = (
+        "block_tables",
+        "input_ids",
+        "input_ids_cpu",
+        "seq_lens_this_time",
+        "seq_lens_encoder",
+        "seq_lens_decoder",
+        "step_idx",
+        "pre_ids",
+        "encoder_block_lens",
+        "input_ids_len",
+        "mask_rollback",
+        "recompute_token_num",
+        "stop_flags",
+        "draft_tokens",
+    )
 
     def reorder_inputs(self, src_dst: Iterable[Sequence[int]]) -> None:
         """Swap the draft state of slot pairs ``(i1, i2)`` (the target reorders its slots, e.g.
@@ -285,8 +314,13 @@ class MTPProposer:
 
     # ---- one round -------------------------------------------------------------------------
     @paddle.no_grad()
-    def run(self, full_hidden_states: paddle.Tensor, step_use_cudagraph: bool = False,
-            is_dummy_run: bool = False, real_bsz: int = 0) -> None:
+    def run(
+        self,
+        full_hidden_states: paddle.Tensor,
+        step_use_cudagraph: bool = False,
+        is_dummy_run: bool = False,
+        real_bsz: int = 0,
+    ) -> None:
         """Write drafts for every running target item into the target's ``draft_tokens``:
         ``num_model_steps`` from the MTP layer, and in hybrid mode the remaining slots up to
         ``K`` from n-gram matches.
@@ -343,9 +377,11 @@ class MTPProposer:
         )
         rows = int(hidden.shape[0])
         if rows > int(draft.target_hidden_states.shape[0]):
-            raise ValueError(f"{rows} target hidden rows exceed the staging buffer "
-                             f"({int(draft.target_hidden_states.shape[0])} rows): raise "
-                             "scheduler_config.max_num_batched_tokens")
+            raise ValueError(
+                f"{rows} target hidden rows exceed the staging buffer "
+                f"({int(draft.target_hidden_states.shape[0])} rows): raise "
+                "scheduler_config.max_num_batched_tokens"
+            )
         if rows:
             draft.target_hidden_states[:rows] = hidden
 
@@ -365,8 +401,15 @@ class MTPProposer:
             if token_num == 0:
                 self.model.empty_input_forward(None)
                 continue
-            (ids_remove_padding, _, cu_seqlens_q, _, cu_seqlens_q_output, batch_id_per_token_output,
-             real_output_token_num) = ops.speculate_pre_process(
+            (
+                ids_remove_padding,
+                _,
+                cu_seqlens_q,
+                _,
+                cu_seqlens_q_output,
+                batch_id_per_token_output,
+                real_output_token_num,
+            ) = ops.speculate_pre_process(
                 cpu_token_num=token_num,
                 input_ids=draft.input_ids,
                 seq_len=draft.seq_lens_this_time,
@@ -375,10 +418,15 @@ class MTPProposer:
                 seq_lens_decoder=draft.seq_lens_decoder,
             )
             meta = ForwardMeta(
-                ids_remove_padding=ids_remove_padding, cu_seqlens_q=cu_seqlens_q,
-                seq_lens_encoder=draft.seq_lens_encoder, seq_lens_decoder=draft.seq_lens_decoder,
-                seq_lens_this_time=draft.seq_lens_this_time, block_tables=draft.block_tables,
-                caches=self.caches, block_size=self.block_size)
+                ids_remove_padding=ids_remove_padding,
+                cu_seqlens_q=cu_seqlens_q,
+                seq_lens_encoder=draft.seq_lens_encoder,
+                seq_lens_decoder=draft.seq_lens_decoder,
+                seq_lens_this_time=draft.seq_lens_this_time,
+                block_tables=draft.block_tables,
+                caches=self.caches,
+                block_size=self.block_size,
+            )
             hidden = self.model(ids_remove_padding, draft.target_hidden_states[:token_num], meta)
             gathered, _ = ops.eagle_gather_hidden_states(
                 input=hidden,

@@ -86,8 +86,10 @@ class ProposerInputBatch(InputBatch):
         seq_len = fd_config.model_config.max_model_len
         hidden = fd_config.model_config.hidden_size
         if target_inputs.draft_tokens.shape[1] != w:
-            raise ValueError(f"target `draft_tokens` is {target_inputs.draft_tokens.shape[1]} wide, "
-                             f"but num_speculative_tokens = {k} needs K + 1 = {w}")
+            raise ValueError(
+                f"target `draft_tokens` is {target_inputs.draft_tokens.shape[1]} wide, "
+                f"but num_speculative_tokens = {k} needs K + 1 = {w}"
+            )
         for name in CLONED_FROM_TARGET:
             self[name] = target_inputs[name].clone()
         for own, theirs in SHARED_WITH_TARGET.items():

@@ -58,8 +58,7 @@ class Metrics:
             "target_forwards": self.target_forwards,
             "generated_tokens": self.generated_tokens,
             "mean_accepted_length": round(self.mean_accepted_length, 4),
-            "acceptance_per_position": [None if a is None else round(a, 4)
-                                        for a in self.acceptance_per_position],
+            "acceptance_per_position": [None if a is None else round(a, 4) for a in self.acceptance_per_position],
             "tokens_per_second": round(self.tokens_per_second, 2),
             "wall_seconds": round(self.wall_seconds, 3),
         }
@@ -74,8 +73,14 @@ class Engine:
         prefill_chunk_size: see :class:`~fastdeploy_mtp.runtime.scheduler.Scheduler`.
     """
 
-    def __init__(self, fd_config: FDConfig, model: TargetModel, mtp_model: MTPModel | None = None,
-                 prefill_chunk_size: int = 0, record_trace: bool = False):
+    def __init__(
+        self,
+        fd_config: FDConfig,
+        model: TargetModel,
+        mtp_model: MTPModel | None = None,
+        prefill_chunk_size: int = 0,
+        record_trace: bool = False,
+    ):
         self.fd_config = fd_config
         #: with ``record_trace``: one ``(step, request_id, task, emitted tokens, drafts)``
         #: tuple per slot and target forward, for tests and debugging.
@@ -96,8 +101,12 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def generate(self, requests: Sequence[Request], progress: Callable[[int, int], None] | None = None,
-                 max_steps: int = 1_000_000) -> dict[str, list[int]]:
+    def generate(
+        self,
+        requests: Sequence[Request],
+        progress: Callable[[int, int], None] | None = None,
+        max_steps: int = 1_000_000,
+    ) -> dict[str, list[int]]:
         """Run every request to completion (EOS or ``max_tokens``); returns the generated ids
         per ``request_id``. ``progress(done, total)`` is called as requests finish."""
         for req in requests:
@@ -127,9 +136,15 @@ class Engine:
                 if req.task_type == RequestType.DECODE:
                     self._count(out, idx, n)
                 if self.trace is not None:
-                    self.trace.append((step, req.request_id, req.task_type.name,
-                                       [int(t) for t in out.accept_tokens[idx, :n]],
-                                       [int(d) for d in out.drafts[idx]]))
+                    self.trace.append(
+                        (
+                            step,
+                            req.request_id,
+                            req.task_type.name,
+                            [int(t) for t in out.accept_tokens[idx, :n]],
+                            [int(d) for d in out.drafts[idx]],
+                        )
+                    )
                 if out.stop_flags[idx]:
                     self.runner.free_slot(idx)
                     results[req.request_id] = list(self.scheduler.finish(idx).output_token_ids)

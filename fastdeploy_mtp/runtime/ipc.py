@@ -200,8 +200,7 @@ class IPCSignal:
         """False once the creating process has exited (unknown creators count as alive)."""
         return _pid_alive(self.creator_pid)
 
-    def wait_for(self, predicate: Callable[[np.ndarray], object], timeout: float,
-                 poll: float = 0.005) -> np.ndarray:
+    def wait_for(self, predicate: Callable[[np.ndarray], object], timeout: float, poll: float = 0.005) -> np.ndarray:
         """Poll until ``predicate(self.value)`` is true; returns ``self.value``.
 
         Raises :class:`CreatorGoneError` as soon as the creator has exited without the

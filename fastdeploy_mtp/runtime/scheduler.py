@@ -52,9 +52,11 @@ class Scheduler:
         self.max_num_seqs = sc.max_num_seqs
         self.budget = sc.max_num_batched_tokens
         if self.budget < self.max_num_seqs * (self.k + 1) + 1:
-            raise ValueError(f"scheduler_config.max_num_batched_tokens ({self.budget}) must exceed "
-                             f"max_num_seqs * (K + 1) = {self.max_num_seqs * (self.k + 1)} so that "
-                             "prefill can progress while every slot decodes")
+            raise ValueError(
+                f"scheduler_config.max_num_batched_tokens ({self.budget}) must exceed "
+                f"max_num_seqs * (K + 1) = {self.max_num_seqs * (self.k + 1)} so that "
+                "prefill can progress while every slot decodes"
+            )
         if prefill_chunk_size < 0:
             raise ValueError(f"`prefill_chunk_size` must be >= 0, got {prefill_chunk_size}")
         self.prefill_chunk_size = prefill_chunk_size
@@ -72,9 +74,11 @@ class Scheduler:
     def add_request(self, req: Request) -> None:
         need = len(req.prompt_token_ids) + req.max_tokens + self.k + 1
         if need > self.max_model_len:
-            raise ValueError(f"request {req.request_id!r}: prompt ({len(req.prompt_token_ids)}) + "
-                             f"max_tokens ({req.max_tokens}) + K + 1 = {need} exceeds "
-                             f"max_model_len {self.max_model_len}")
+            raise ValueError(
+                f"request {req.request_id!r}: prompt ({len(req.prompt_token_ids)}) + "
+                f"max_tokens ({req.max_tokens}) + K + 1 = {need} exceeds "
+                f"max_model_len {self.max_model_len}"
+            )
         self.waiting.append(req)
 
     @property
@@ -84,12 +88,15 @@ class Scheduler:
     def _ensure_blocks(self, state: SlotState, tokens: int) -> None:
         need = -(-tokens // self.block_size)
         if need > self.max_blocks_per_seq:
-            raise OutOfBlocksError(f"request {state.request.request_id!r} needs {need} blocks, "
-                                   f"more than a slot holds ({self.max_blocks_per_seq})")
+            raise OutOfBlocksError(
+                f"request {state.request.request_id!r} needs {need} blocks, "
+                f"more than a slot holds ({self.max_blocks_per_seq})"
+            )
         while len(state.blocks) < need:
             if not self.free_blocks:
-                raise OutOfBlocksError("the KV cache is out of blocks: raise "
-                                       "cache_config.total_block_num or lower max_num_seqs")
+                raise OutOfBlocksError(
+                    "the KV cache is out of blocks: raise cache_config.total_block_num or lower max_num_seqs"
+                )
             state.blocks.append(self.free_blocks.pop())
 
     def schedule(self, step: int, decode_lens: np.ndarray) -> list[Request]:

@@ -68,8 +68,9 @@ class TargetRunner:
             from ..proposer import MTPProposer
 
             pc = fd_config.parallel_config
-            self.proposer = MTPProposer(fd_config, model, pc.local_rank, pc.device_id,
-                                        self.share_inputs, model=mtp_model)
+            self.proposer = MTPProposer(
+                fd_config, model, pc.local_rank, pc.device_id, self.share_inputs, model=mtp_model
+            )
             self.proposer.initialize_kv_cache(self.num_blocks)
         self._pending_fixups: list[Request] = []
 
@@ -82,7 +83,7 @@ class TargetRunner:
             blocks = list(req.block_tables)
             target.block_tables[idx, :] = NO_BLOCK_ID
             if blocks:
-                target.block_tables[idx, :len(blocks)] = paddle.to_tensor(blocks, dtype="int32")
+                target.block_tables[idx, : len(blocks)] = paddle.to_tensor(blocks, dtype="int32")
             if req.task_type != RequestType.PREFILL:
                 continue
             prompt = list(req.prompt_token_ids)
@@ -91,7 +92,7 @@ class TargetRunner:
             target.input_ids[idx, :length] = paddle.to_tensor(prompt[start:end], dtype="int64")
             if start == 0:
                 target.token_ids_all[idx, :] = PLACEHOLDER_TOKEN_ID
-                target.token_ids_all[idx, :len(prompt)] = paddle.to_tensor(prompt, dtype="int64")
+                target.token_ids_all[idx, : len(prompt)] = paddle.to_tensor(prompt, dtype="int64")
                 target.prompt_lens[idx, 0] = len(prompt)
             target.seq_lens_encoder[idx] = length
             target.seq_lens_decoder[idx] = start
@@ -137,10 +138,16 @@ class TargetRunner:
             seq_lens_encoder=target.seq_lens_encoder,
             seq_lens_decoder=target.seq_lens_decoder,
         )
-        meta = ForwardMeta(ids_remove_padding=ids, cu_seqlens_q=cu_seqlens_q,
-                           seq_lens_encoder=target.seq_lens_encoder, seq_lens_decoder=target.seq_lens_decoder,
-                           seq_lens_this_time=target.seq_lens_this_time, block_tables=target.block_tables,
-                           caches=self.caches, block_size=self.block_size)
+        meta = ForwardMeta(
+            ids_remove_padding=ids,
+            cu_seqlens_q=cu_seqlens_q,
+            seq_lens_encoder=target.seq_lens_encoder,
+            seq_lens_decoder=target.seq_lens_decoder,
+            seq_lens_this_time=target.seq_lens_this_time,
+            block_tables=target.block_tables,
+            caches=self.caches,
+            block_size=self.block_size,
+        )
         hidden = self.model(ids, meta) if token_num else paddle.zeros([0, self.model.config.hidden_size])
         # Logit rows: the last token of a prefill chunk (or of a 1-token item), every token of
         # a decode item with drafts (speculate_pre_process's output-row rule).
@@ -194,9 +201,14 @@ class TargetRunner:
             max_dec_len=target.max_dec_len,
         )
         self._fix_up_non_final_chunks()
-        out = StepOutput(accept_tokens=target.accept_tokens.numpy().copy(), accept_num=target.accept_num.numpy().copy(),
-                         stop_flags=target.stop_flags.numpy().reshape(-1).copy(), drafts=drafts,
-                         decode_mask=decode_mask, num_tokens=token_num)
+        out = StepOutput(
+            accept_tokens=target.accept_tokens.numpy().copy(),
+            accept_num=target.accept_num.numpy().copy(),
+            stop_flags=target.stop_flags.numpy().reshape(-1).copy(),
+            drafts=drafts,
+            decode_mask=decode_mask,
+            num_tokens=token_num,
+        )
         if self.proposer is not None:
             self.proposer.run(hidden)
         else:

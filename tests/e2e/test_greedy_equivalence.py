@@ -13,8 +13,9 @@ from tests.engine_testlib import EOS, make_config, make_requests
 
 def run(model, cfg, requests, chunk=0, trace=False):
     target, mtp = model
-    engine = Engine(cfg, target, mtp if cfg.speculative_config.enabled else None,
-                    prefill_chunk_size=chunk, record_trace=trace)
+    engine = Engine(
+        cfg, target, mtp if cfg.speculative_config.enabled else None, prefill_chunk_size=chunk, record_trace=trace
+    )
     return engine.generate(requests), engine
 
 
@@ -49,8 +50,9 @@ CASES = [
 def test_speculative_tokens_equal_non_speculative_tokens(random_model, k, steps, hybrid, batch, chunk):
     count = max(batch, 6) if batch > 1 else 3
     base, _ = run(random_model, make_config(0, max_num_seqs=batch), make_requests(11, count), chunk=chunk)
-    spec, engine = run(random_model, make_config(k, steps, hybrid, max_num_seqs=batch),
-                       make_requests(11, count), chunk=chunk)
+    spec, engine = run(
+        random_model, make_config(k, steps, hybrid, max_num_seqs=batch), make_requests(11, count), chunk=chunk
+    )
     assert spec == base
     assert engine.metrics.target_forwards > 0 and engine.metrics.decode_item_steps > 0
 

@@ -63,8 +63,11 @@ def test_eos_inside_an_accepted_run_stops_there(shipped):
     assert spec == base
     # the case under test happened: in a decode step the EOS was an *accepted draft* (not the
     # bonus token) after at least one other token, and the step ended there
-    hits = [t for t in engine.trace
-            if t[2] == "DECODE" and len(t[3]) >= 2 and t[3][-1] == EOS and t[4][len(t[3]) - 1] == EOS]
+    hits = [
+        t
+        for t in engine.trace
+        if t[2] == "DECODE" and len(t[3]) >= 2 and t[3][-1] == EOS and t[4][len(t[3]) - 1] == EOS
+    ]
     assert hits, "no accepted draft run ended in EOS; pick another EOS id"
     for out in spec.values():
         assert EOS not in out[:-1]  # nothing is generated past the first EOS
@@ -79,8 +82,9 @@ def test_max_dec_len_inside_an_accepted_run(shipped):
     last = {}
     for t in engine.trace:
         last[t[1]] = t
-    assert any(t[2] == "DECODE" and len(t[3]) >= 2 for t in last.values()), \
+    assert any(t[2] == "DECODE" and len(t[3]) >= 2 for t in last.values()), (
         "no request reached max_tokens inside a multi-token accepted run"
+    )
 
 
 @pytest.mark.parametrize("k,steps,hybrid", [(1, 1, False), (2, 1, True), (3, 1, True)])

@@ -10,9 +10,17 @@ from fastdeploy_mtp.models import ModelConfig, MTPLayer, TinyTargetModel
 def small_config(**overrides):
     """Tiny shapes so the whole directory runs in seconds: H=32, 4 q heads, 2 kv heads,
     head_dim 8, vocab 40 padded from 37, block size 4."""
-    base = dict(vocab_size=40, ori_vocab_size=37, hidden_size=32, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
-                block_size=4, max_position_embeddings=512)
+    base = dict(
+        vocab_size=40,
+        ori_vocab_size=37,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=48,
+        block_size=4,
+        max_position_embeddings=512,
+    )
     base.update(overrides)
     return ModelConfig(**base)
 

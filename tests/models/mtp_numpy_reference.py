@@ -56,10 +56,10 @@ def swiglu(x, w, prefix):
 
 
 def decoder_layer(x, w, prefix, cfg, positions):
-    h = x + attention(rmsnorm(x, w[prefix + "input_layernorm.weight"], cfg.rms_norm_eps),
-                      w, prefix + "self_attn.", cfg, positions)
-    return h + swiglu(rmsnorm(h, w[prefix + "post_attention_layernorm.weight"], cfg.rms_norm_eps),
-                      w, prefix + "mlp.")
+    h = x + attention(
+        rmsnorm(x, w[prefix + "input_layernorm.weight"], cfg.rms_norm_eps), w, prefix + "self_attn.", cfg, positions
+    )
+    return h + swiglu(rmsnorm(h, w[prefix + "post_attention_layernorm.weight"], cfg.rms_norm_eps), w, prefix + "mlp.")
 
 
 def target_hidden(ids, w, cfg):
@@ -90,5 +90,5 @@ def mtp_logits(hidden, w, head, cfg):
     if cfg.mtp_final_norm == "in_logits":
         hidden = rmsnorm(hidden, w["norm.weight"], cfg.rms_norm_eps)
     logits = hidden @ head
-    logits[:, cfg.ori_vocab_size:] = -np.inf
+    logits[:, cfg.ori_vocab_size :] = -np.inf
     return logits

@@ -39,17 +39,21 @@ def our_weights(cfg, seed):
     def norm():
         return (1 + 0.3 * rng.standard_normal(h)).astype(np.float32)
 
-    w = {"enorm.weight": norm(), "hnorm.weight": norm(), "norm.weight": norm(),
-         "eh_proj.weight": lin(2 * h, h),
-         "mtp_block.input_layernorm.weight": norm(),
-         "mtp_block.post_attention_layernorm.weight": norm(),
-         "mtp_block.self_attn.q_proj.weight": lin(h, q),
-         "mtp_block.self_attn.k_proj.weight": lin(h, kv),
-         "mtp_block.self_attn.v_proj.weight": lin(h, kv),
-         "mtp_block.self_attn.o_proj.weight": lin(q, h),
-         "mtp_block.mlp.gate_proj.weight": lin(h, i),
-         "mtp_block.mlp.up_proj.weight": lin(h, i),
-         "mtp_block.mlp.down_proj.weight": lin(i, h)}
+    w = {
+        "enorm.weight": norm(),
+        "hnorm.weight": norm(),
+        "norm.weight": norm(),
+        "eh_proj.weight": lin(2 * h, h),
+        "mtp_block.input_layernorm.weight": norm(),
+        "mtp_block.post_attention_layernorm.weight": norm(),
+        "mtp_block.self_attn.q_proj.weight": lin(h, q),
+        "mtp_block.self_attn.k_proj.weight": lin(h, kv),
+        "mtp_block.self_attn.v_proj.weight": lin(h, kv),
+        "mtp_block.self_attn.o_proj.weight": lin(q, h),
+        "mtp_block.mlp.gate_proj.weight": lin(h, i),
+        "mtp_block.mlp.up_proj.weight": lin(h, i),
+        "mtp_block.mlp.down_proj.weight": lin(i, h),
+    }
     if cfg.attention_bias:
         for p, n in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
             w[f"mtp_block.self_attn.{p}.bias"] = (0.1 * rng.standard_normal(n)).astype(np.float32)
@@ -61,9 +65,10 @@ def our_weights(cfg, seed):
 def block_tensors(w, prefix, torch_layout, norm_shift=0.0):
     """Dense decoder block under HF/Qwen2/DeepSeek-dense names."""
     t = (lambda a: np.ascontiguousarray(a.T)) if torch_layout else (lambda a: a)
-    out = {prefix + "input_layernorm.weight": w["mtp_block.input_layernorm.weight"] - norm_shift,
-           prefix + "post_attention_layernorm.weight":
-               w["mtp_block.post_attention_layernorm.weight"] - norm_shift}
+    out = {
+        prefix + "input_layernorm.weight": w["mtp_block.input_layernorm.weight"] - norm_shift,
+        prefix + "post_attention_layernorm.weight": w["mtp_block.post_attention_layernorm.weight"] - norm_shift,
+    }
     for p in ("q_proj", "k_proj", "v_proj", "o_proj"):
         out[f"{prefix}self_attn.{p}.weight"] = t(w[f"mtp_block.self_attn.{p}.weight"])
         if f"mtp_block.self_attn.{p}.bias" in w:
@@ -75,54 +80,68 @@ def block_tensors(w, prefix, torch_layout, norm_shift=0.0):
 
 def write_ernie(w, emb, head):
     b = "ernie.mtp_block.0."
-    ckpt = {"ernie.mtp_emb_norm.0.weight": w["enorm.weight"],
-            "ernie.mtp_hidden_norm.0.weight": w["hnorm.weight"],
-            "ernie.mtp_linear_proj.0.weight": w["eh_proj.weight"],          # Paddle [2H, H]
-            "ernie.norm.weight": w["norm.weight"],                         # main model's norm
-            b + "input_layernorm.weight": w["mtp_block.input_layernorm.weight"],
-            b + "post_attention_layernorm.weight": w["mtp_block.post_attention_layernorm.weight"],
-            b + "self_attn.qkv_proj.weight": np.concatenate(
-                [w[f"mtp_block.self_attn.{p}_proj.weight"] for p in "qkv"], axis=1),
-            b + "self_attn.o_proj.weight": w["mtp_block.self_attn.o_proj.weight"],
-            b + "mlp.up_gate_proj.weight": np.concatenate(
-                [w["mtp_block.mlp.gate_proj.weight"], w["mtp_block.mlp.up_proj.weight"]], axis=1),
-            b + "mlp.down_proj.weight": w["mtp_block.mlp.down_proj.weight"],
-            "ernie.embed_tokens.weight": emb, "lm_head.weight": head,
-            "ernie.layers.0.self_attn.o_proj.weight": np.zeros((3, 3), np.float32)}
+    ckpt = {
+        "ernie.mtp_emb_norm.0.weight": w["enorm.weight"],
+        "ernie.mtp_hidden_norm.0.weight": w["hnorm.weight"],
+        "ernie.mtp_linear_proj.0.weight": w["eh_proj.weight"],  # Paddle [2H, H]
+        "ernie.norm.weight": w["norm.weight"],  # main model's norm
+        b + "input_layernorm.weight": w["mtp_block.input_layernorm.weight"],
+        b + "post_attention_layernorm.weight": w["mtp_block.post_attention_layernorm.weight"],
+        b + "self_attn.qkv_proj.weight": np.concatenate(
+            [w[f"mtp_block.self_attn.{p}_proj.weight"] for p in "qkv"], axis=1
+        ),
+        b + "self_attn.o_proj.weight": w["mtp_block.self_attn.o_proj.weight"],
+        b + "mlp.up_gate_proj.weight": np.concatenate(
+            [w["mtp_block.mlp.gate_proj.weight"], w["mtp_block.mlp.up_proj.weight"]], axis=1
+        ),
+        b + "mlp.down_proj.weight": w["mtp_block.mlp.down_proj.weight"],
+        "ernie.embed_tokens.weight": emb,
+        "lm_head.weight": head,
+        "ernie.layers.0.self_attn.o_proj.weight": np.zeros((3, 3), np.float32),
+    }
     return ckpt
 
 
 def write_deepseek_style(w, emb, head, index):
     p = f"model.layers.{index}."
-    ckpt = {p + "enorm.weight": w["enorm.weight"], p + "hnorm.weight": w["hnorm.weight"],
-            p + "eh_proj.weight": np.ascontiguousarray(w["eh_proj.weight"].T),   # [H, 2H]
-            p + "shared_head.norm.weight": w["norm.weight"],
-            p + "embed_tokens.weight": emb,
-            p + "shared_head.head.weight": np.ascontiguousarray(head.T),        # [V, H]
-            "model.layers.0.input_layernorm.weight": np.ones(7, np.float32)}
+    ckpt = {
+        p + "enorm.weight": w["enorm.weight"],
+        p + "hnorm.weight": w["hnorm.weight"],
+        p + "eh_proj.weight": np.ascontiguousarray(w["eh_proj.weight"].T),  # [H, 2H]
+        p + "shared_head.norm.weight": w["norm.weight"],
+        p + "embed_tokens.weight": emb,
+        p + "shared_head.head.weight": np.ascontiguousarray(head.T),  # [V, H]
+        "model.layers.0.input_layernorm.weight": np.ones(7, np.float32),
+    }
     ckpt.update(block_tensors(w, p, torch_layout=True))
     return ckpt
 
 
 def write_qwen3_next(w, emb, head):
     # Qwen3-Next RMSNorm computes x_normed * (1 + weight): stored weights are ours - 1.
-    ckpt = {"mtp.pre_fc_norm_embedding.weight": w["enorm.weight"] - 1,
-            "mtp.pre_fc_norm_hidden.weight": w["hnorm.weight"] - 1,
-            "mtp.fc.weight": np.ascontiguousarray(w["eh_proj.weight"].T),
-            "mtp.norm.weight": w["norm.weight"] - 1,
-            "model.embed_tokens.weight": emb, "lm_head.weight": np.ascontiguousarray(head.T)}
+    ckpt = {
+        "mtp.pre_fc_norm_embedding.weight": w["enorm.weight"] - 1,
+        "mtp.pre_fc_norm_hidden.weight": w["hnorm.weight"] - 1,
+        "mtp.fc.weight": np.ascontiguousarray(w["eh_proj.weight"].T),
+        "mtp.norm.weight": w["norm.weight"] - 1,
+        "model.embed_tokens.weight": emb,
+        "lm_head.weight": np.ascontiguousarray(head.T),
+    }
     ckpt.update(block_tensors(w, "mtp.layers.0.", torch_layout=True, norm_shift=1.0))
     return ckpt
 
 
 def write_mimo(w, emb, head):
     p = "model.mtp_layers.0."
-    ckpt = {p + "token_layernorm.weight": w["enorm.weight"],
-            p + "hidden_layernorm.weight": w["hnorm.weight"],
-            # input_proj consumes cat[hidden, emb]; our eh_proj (hidden_first config) too
-            p + "input_proj.weight": np.ascontiguousarray(w["eh_proj.weight"].T),
-            p + "final_layernorm.weight": w["norm.weight"],
-            "model.embed_tokens.weight": emb, "lm_head.weight": np.ascontiguousarray(head.T)}
+    ckpt = {
+        p + "token_layernorm.weight": w["enorm.weight"],
+        p + "hidden_layernorm.weight": w["hnorm.weight"],
+        # input_proj consumes cat[hidden, emb]; our eh_proj (hidden_first config) too
+        p + "input_proj.weight": np.ascontiguousarray(w["eh_proj.weight"].T),
+        p + "final_layernorm.weight": w["norm.weight"],
+        "model.embed_tokens.weight": emb,
+        "lm_head.weight": np.ascontiguousarray(head.T),
+    }
     ckpt.update(block_tensors(w, p, torch_layout=True))
     return ckpt
 
@@ -130,8 +149,7 @@ def write_mimo(w, emb, head):
 WRITERS = {
     "ernie4_5": (write_ernie, {}),
     "deepseek_v3": (lambda w, e, h: write_deepseek_style(w, e, h, DEEPSEEK_INDEX), {}),
-    "glm4_5": (lambda w, e, h: write_deepseek_style(w, e, h, GLM_INDEX),
-               {"attention_bias": True}),
+    "glm4_5": (lambda w, e, h: write_deepseek_style(w, e, h, GLM_INDEX), {"attention_bias": True}),
     "qwen3_next": (write_qwen3_next, {}),
     "mimo": (write_mimo, {"attention_bias": True}),
 }
@@ -139,15 +157,14 @@ WRITERS = {
 
 def family_models(family, seed=0, **overrides):
     cfg = config_for_family(family, small_config(**{**WRITERS[family][1], **overrides}))
-    target, mtp = build_models(cfg, seed=seed + 100)   # random weights, overwritten by loading
+    target, mtp = build_models(cfg, seed=seed + 100)  # random weights, overwritten by loading
     return cfg, target, mtp
 
 
 def run_mtp(mtp, cfg, next_ids, hidden):
     tables, n = contiguous_block_tables([len(next_ids)], cfg.block_size)
     caches = mtp.attn_backend.allocate_caches(1, n)
-    meta = make_forward_meta([len(next_ids)], [0], tables, caches, cfg.block_size,
-                             ids_remove_padding=next_ids)
+    meta = make_forward_meta([len(next_ids)], [0], tables, caches, cfg.block_size, ids_remove_padding=next_ids)
     out = mtp(meta.ids_remove_padding, paddle.to_tensor(hidden.astype(np.float32)), meta)
     return out, mtp.compute_logits(out).numpy()
 
@@ -174,8 +191,7 @@ def test_loaded_family_layer_matches_numpy(family, tmp_path):
     np.testing.assert_allclose(out.numpy(), expect, rtol=RTOL, atol=ATOL, err_msg=family)
     expect_logits = ref.mtp_logits(expect, w64, head.astype(np.float64), cfg)
     v = cfg.ori_vocab_size
-    np.testing.assert_allclose(logits[:, :v], expect_logits[:, :v], rtol=RTOL, atol=ATOL,
-                               err_msg=family)
+    np.testing.assert_allclose(logits[:, :v], expect_logits[:, :v], rtol=RTOL, atol=ATOL, err_msg=family)
     assert np.all(np.isneginf(logits[:, v:]))
 
 
@@ -228,17 +244,20 @@ def test_misshapen_tensor_names_expected_and_got_shape():
 def test_untransposed_torch_weight_is_a_shape_error():
     mtp, ckpt = _deepseek_ckpt()
     name = "model.layers.3.mlp.down_proj.weight"
-    ckpt[name] = np.ascontiguousarray(ckpt[name].T)     # Paddle layout in a torch-layout family
+    ckpt[name] = np.ascontiguousarray(ckpt[name].T)  # Paddle layout in a torch-layout family
     with pytest.raises(TensorShapeError, match=r"mlp\.down_proj\.weight"):
         load_mtp_weights(mtp, ckpt, "deepseek_v3")
 
 
-@pytest.mark.parametrize("extra,hint", [
-    ("model.layers.3.mlp.experts.0.gate_proj.weight", "MoE"),
-    ("model.layers.3.mlp.gate.weight", "MoE"),
-    ("model.layers.3.self_attn.q_a_proj.weight", "MLA"),
-    ("model.layers.3.self_attn.q_norm.weight", "q/k norms"),
-])
+@pytest.mark.parametrize(
+    "extra,hint",
+    [
+        ("model.layers.3.mlp.experts.0.gate_proj.weight", "MoE"),
+        ("model.layers.3.mlp.gate.weight", "MoE"),
+        ("model.layers.3.self_attn.q_a_proj.weight", "MLA"),
+        ("model.layers.3.self_attn.q_norm.weight", "q/k norms"),
+    ],
+)
 def test_moe_and_mla_tensors_are_rejected_by_name(extra, hint):
     mtp, ckpt = _deepseek_ckpt()
     ckpt[extra] = np.zeros((4, 4), np.float32)
@@ -263,7 +282,7 @@ def test_unknown_family_lists_supported():
 def test_missing_shared_head_is_named_only_when_requested():
     mtp, ckpt = _deepseek_ckpt()
     del ckpt["model.layers.3.shared_head.head.weight"]
-    load_mtp_weights(mtp, ckpt, "deepseek_v3")          # the head is the target's business
+    load_mtp_weights(mtp, ckpt, "deepseek_v3")  # the head is the target's business
     with pytest.raises(MissingTensorError, match="shared_head.head.weight"):
         load_mtp_weights(mtp, ckpt, "deepseek_v3", load_shared=True)
 

@@ -53,8 +53,10 @@ def test_scoring_heldout_prefix_reproduces_card_loss(shipped):
     path = os.path.join(stdlib_dir(), fp["file"])
     data = np.fromfile(path, dtype=np.uint8)[: fp["bytes"]]
     if hashlib.sha256(data.tobytes()).hexdigest() != fp["sha256"]:
-        pytest.skip(f"{path} differs from the file scored for the card (Python "
-                    f"{metrics['corpus']['python_version']}); the corpus is version-specific")
+        pytest.skip(
+            f"{path} differs from the file scored for the card (Python "
+            f"{metrics['corpus']['python_version']}); the corpus is version-specific"
+        )
     loss = score_windows(target, data, fp["window"], fp["windows"])
     assert loss == pytest.approx(fp["main_loss"], rel=REL_TOL)
 

@@ -19,14 +19,32 @@ from fastdeploy_mtp.models import (
 from models_testlib import build_models, small_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY_ARGS = ["--hidden-size", "32", "--layers", "1", "--heads", "4", "--kv-heads", "2",
-             "--intermediate-size", "48", "--seq-len", "32", "--batch-size", "4",
-             "--warmup-steps", "100", "--eval-every", "1000", "--ckpt-every-sec", "1e9"]
+TINY_ARGS = [
+    "--hidden-size",
+    "32",
+    "--layers",
+    "1",
+    "--heads",
+    "4",
+    "--kv-heads",
+    "2",
+    "--intermediate-size",
+    "48",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "4",
+    "--warmup-steps",
+    "100",
+    "--eval-every",
+    "1000",
+    "--ckpt-every-sec",
+    "1e9",
+]
 
 
 def _train_module():
-    spec = importlib.util.spec_from_file_location("train_tiny",
-                                                  os.path.join(REPO, "scripts", "train_tiny.py"))
+    spec = importlib.util.spec_from_file_location("train_tiny", os.path.join(REPO, "scripts", "train_tiny.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -44,8 +62,9 @@ def test_resumed_training_equals_uninterrupted(tmp_path):
     for part in ("target", "mtp"):
         assert sorted(a[part]) == sorted(b[part])
         for name in a[part]:
-            np.testing.assert_array_equal(np.asarray(a[part][name]), np.asarray(b[part][name]),
-                                          err_msg=f"{part}.{name}")
+            np.testing.assert_array_equal(
+                np.asarray(a[part][name]), np.asarray(b[part][name]), err_msg=f"{part}.{name}"
+            )
 
 
 def test_resume_with_a_different_model_shape_is_refused(tmp_path):
@@ -75,12 +94,11 @@ def test_greedy_generate_with_cache_equals_recompute():
     prompt = [3, 1, 4, 1, 5, 9, 2]
     got = greedy_generate(target, prompt, 9)
     seq = list(prompt)
-    for _ in range(9):                       # no cache: full prefill of the whole sequence
+    for _ in range(9):  # no cache: full prefill of the whole sequence
         tables, n = contiguous_block_tables([len(seq)], config.block_size)
         caches = target.attn_backend.allocate_caches(target.num_cache_layers, n)
-        meta = make_forward_meta([len(seq)], [0], tables, caches, config.block_size,
-                                 ids_remove_padding=seq)
+        meta = make_forward_meta([len(seq)], [0], tables, caches, config.block_size, ids_remove_padding=seq)
         logits = target.compute_logits(target(meta.ids_remove_padding, meta)).numpy()
         seq.append(int(np.argmax(logits[-1])))
-    assert got == seq[len(prompt):]
+    assert got == seq[len(prompt) :]
     assert all(t < config.ori_vocab_size for t in got)

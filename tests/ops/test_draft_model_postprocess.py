@@ -23,7 +23,7 @@ def make_state(rng, bsz, width, *, p_stop=0.2, p_prefill=0.2, p_hole=0.4):
     draft[rng.random((bsz, width)) < p_hole] = -1
     slt = np.full((bsz,), SENTINEL, dtype=np.int32)
     enc = np.where(rng.random(bsz) < p_prefill, rng.integers(1, 4096, size=bsz), 0).astype(np.int32)
-    stop = (rng.random((bsz, 1)) < p_stop)
+    stop = rng.random((bsz, 1)) < p_stop
     return [draft, slt, enc, stop]
 
 

@@ -56,8 +56,13 @@ def check(backend, tensors, num_model_step=1, is_splitwise_prefill=False, contex
 def test_random_batches_match_reference(backend, bsz, k):
     rng = np.random.default_rng(bsz * 10 + k)
     for num_model_step, splitwise in ((1, False), (k, False), (k, True)):
-        check(backend, make_state(rng, bsz, k, num_model_step=num_model_step), num_model_step,
-              splitwise, f"bsz={bsz} k={k} steps={num_model_step} splitwise={splitwise}")
+        check(
+            backend,
+            make_state(rng, bsz, k, num_model_step=num_model_step),
+            num_model_step,
+            splitwise,
+            f"bsz={bsz} k={k} steps={num_model_step} splitwise={splitwise}",
+        )
 
 
 def one_item(**overrides):
@@ -127,8 +132,7 @@ def test_skip_when_the_round_would_pass_max_dec_len(backend, target_step, skippe
 
 
 def test_splitwise_prefill_node_does_not_skip_at_max_dec_len(backend):
-    tensors = one_item(target_model_step_idx=np.array([[49]], np.int64),
-                       seq_lens_encoder=np.array([5], np.int32))
+    tensors = one_item(target_model_step_idx=np.array([[49]], np.int64), seq_lens_encoder=np.array([5], np.int32))
     out = check(backend, tensors, num_model_step=2, is_splitwise_prefill=True, context="P node")
     assert not out["stop_flags"][0, 0] and out["seq_lens_this_time"][0] == 5
 
@@ -143,9 +147,11 @@ def test_not_need_stop_is_true_when_any_item_is_kept(backend):
 
 def test_history_positions_past_the_row_are_dropped(backend):
     # target step 18, 4 accepted, L = 16: positions 14, 15 are written, 16, 17 dropped
-    tensors = one_item(accept_num=np.array([4], np.int32),
-                       target_model_step_idx=np.array([[18]], np.int64),
-                       max_dec_len=np.array([[100]], np.int64))
+    tensors = one_item(
+        accept_num=np.array([4], np.int32),
+        target_model_step_idx=np.array([[18]], np.int64),
+        max_dec_len=np.array([[100]], np.int64),
+    )
     out = check(backend, tensors, context="history past L")
     assert out["seq_lens_this_time"][0] == 4
     np.testing.assert_array_equal(out["pre_ids"][0, 14:16], [501, 502])
@@ -156,8 +162,7 @@ def test_accept_num_outside_zero_to_k_plus_one_is_rejected_on_host(backend, acce
     """Host tensors are value-checked; on CUDA the kernel clamps instead (no device sync)."""
     if backend.name == "cuda":
         pytest.skip("device values are not read back; the kernel clamps accept_num to [0, K+1]")
-    assert_rejected(backend, OP, NAMES, one_item(accept_num=np.array([accept_num], np.int32)),
-                    "accept_num", (1, False))
+    assert_rejected(backend, OP, NAMES, one_item(accept_num=np.array([accept_num], np.int32)), "accept_num", (1, False))
 
 
 def test_batch_beyond_upstream_1024_cap(backend):

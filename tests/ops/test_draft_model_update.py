@@ -16,8 +16,11 @@ def make_state(rng, bsz, k, *, pre_len=MAX_SEQ_LEN):
     """Random draft state mid-round: prefilled, decoding, stopped (with and without tokens
     this time), inactive and near-max_dec_len items."""
     w = k + 1
-    kind = rng.choice(["prefill", "decode", "stopped", "stopped_idle", "idle", "near_max"], size=bsz,
-                      p=[0.2, 0.35, 0.1, 0.1, 0.1, 0.15])
+    kind = rng.choice(
+        ["prefill", "decode", "stopped", "stopped_idle", "idle", "near_max"],
+        size=bsz,
+        p=[0.2, 0.35, 0.1, 0.1, 0.1, 0.15],
+    )
     slt = np.where(np.isin(kind, ["idle", "stopped_idle"]), 0, rng.integers(1, w + 1, size=bsz)).astype(np.int32)
     enc = np.where(kind == "prefill", rng.integers(1, 30, size=bsz), 0).astype(np.int32)
     dec = np.where(kind == "prefill", rng.integers(0, 5, size=bsz), rng.integers(1, 40, size=bsz)).astype(np.int32)
@@ -84,8 +87,13 @@ def items(rows, pre_len=16, k=3):
 def test_compacted_index_counts_items_from_the_input_lengths(backend):
     # item 1 is stopped with slt > 0: its slt becomes 0 during the op, but it still owns
     # token 101, so item 2 must read 102 (upstream's GPU kernel could read 101 here).
-    rows = [dict(slt=2, dec=5), dict(slt=1, dec=5, stop=True), dict(slt=3, dec=5), dict(slt=0, dec=5),
-            dict(slt=1, dec=5)]
+    rows = [
+        dict(slt=2, dec=5),
+        dict(slt=1, dec=5, stop=True),
+        dict(slt=3, dec=5),
+        dict(slt=0, dec=5),
+        dict(slt=1, dec=5),
+    ]
     out = check(backend, items(rows), context="compaction")
     np.testing.assert_array_equal(out["draft_tokens"][:, 0], [100, -1, 102, 7, 103])
 
@@ -168,8 +176,7 @@ def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
     assert_rejected(backend, OP, NAMES, tensors, name, (MAX_SEQ_LEN, 0))
 
 
-@pytest.mark.parametrize("index,name", [(3, "seq_lens_this_time"), (4, "seq_lens_encoder"),
-                                        (5, "seq_lens_decoder")])
+@pytest.mark.parametrize("index,name", [(3, "seq_lens_this_time"), (4, "seq_lens_encoder"), (5, "seq_lens_decoder")])
 def test_negative_lengths_are_rejected_on_host(backend, index, name):
     if backend.name == "cuda":
         pytest.skip("device values are not read back (no sync); negative lengths read as inactive")

@@ -11,8 +11,14 @@ from tests.reference.hidden_states import eagle_gather_hidden_states as referenc
 
 OP = "eagle_gather_hidden_states"
 NAMES = (
-    "input", "cu_seqlens_q", "seq_lens_this_time", "seq_lens_decoder", "seq_lens_encoder",
-    "batch_id_per_token_output", "cu_seqlens_q_output", "real_output_token_num",
+    "input",
+    "cu_seqlens_q",
+    "seq_lens_this_time",
+    "seq_lens_decoder",
+    "seq_lens_encoder",
+    "batch_id_per_token_output",
+    "cu_seqlens_q_output",
+    "real_output_token_num",
 )
 
 
@@ -95,9 +101,16 @@ def test_cuda_launch_without_a_usable_gpu_is_a_clear_error():
     ints = (0x2000, "int32", (4,), dev)
     with pytest.raises(ValueError) as info:
         _kernels.eagle_gather_hidden_states(
-            (0x1000, "bfloat16", (8, 7), dev), (0x3000, "int32", (5,), dev), ints, ints, ints,
-            ints, (0x3000, "int32", (5,), dev), (0x4000, "int32", (1,), dev),
-            out=(0x5000, "bfloat16", (4, 7), dev), output_token_num=(0x6000, "int32", (1,), dev),
+            (0x1000, "bfloat16", (8, 7), dev),
+            (0x3000, "int32", (5,), dev),
+            ints,
+            ints,
+            ints,
+            ints,
+            (0x3000, "int32", (5,), dev),
+            (0x4000, "int32", (1,), dev),
+            out=(0x5000, "bfloat16", (4, 7), dev),
+            output_token_num=(0x6000, "int32", (1,), dev),
         )
     message = str(info.value)
     assert message.startswith("eagle_gather_hidden_states: ")

@@ -11,8 +11,14 @@ from tests.reference.hidden_states import eagle_get_hidden_states as reference
 
 OP = "eagle_get_hidden_states"
 NAMES = (
-    "input", "seq_lens_this_time", "seq_lens_encoder", "seq_lens_decoder", "stop_flags",
-    "accept_nums", "base_model_seq_lens_this_time", "base_model_seq_lens_encoder",
+    "input",
+    "seq_lens_this_time",
+    "seq_lens_encoder",
+    "seq_lens_decoder",
+    "stop_flags",
+    "accept_nums",
+    "base_model_seq_lens_this_time",
+    "base_model_seq_lens_encoder",
 )
 ATTRS = (3,)  # actual_draft_token_num (not read)
 
@@ -88,7 +94,7 @@ def test_rows_past_output_token_num_are_zero(backend):
     kernels backends pre-fill the output with a 0xA5 pattern)."""
     out, n = check(backend, _explicit(hidden=9), "tail")
     assert out.shape[0] == 10
-    assert (out[int(n[0]):] == 0).all()
+    assert (out[int(n[0]) :] == 0).all()
 
 
 def test_decode_item_without_target_rows_gets_zero_rows(backend):

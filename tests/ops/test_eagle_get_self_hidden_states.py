@@ -62,8 +62,9 @@ def test_prefill_item_with_nothing_left_occupies_one_row(backend):
 
 def test_active_item_without_rows_gets_a_zero_row(backend):
     x = random_floats(np.random.default_rng(3), (2, 4), "float16")
-    out, n = check(backend, [x, np.array([0, 2], np.int32), np.array([1, 1], np.int32), np.zeros(2, np.int32)],
-                   "last=0")
+    out, n = check(
+        backend, [x, np.array([0, 2], np.int32), np.array([1, 1], np.int32), np.zeros(2, np.int32)], "last=0"
+    )
     assert int(n[0]) == 2
     assert (out[0].view(np.uint16) == 0).all()
     np.testing.assert_array_equal(out[1], x[1])

@@ -26,9 +26,17 @@ def one_item(prompt, history, step, *, slt=1, k=4, max_dec=1000, dec=1, width=No
     pre[: len(history)] = history
     draft = np.full((1, width or k + 1), -1, np.int64)
     draft[0, :slt] = 100 + np.arange(slt)
-    return [prompt.reshape(1, -1), np.array([len(prompt)], np.int64), pre.reshape(1, -1),
-            np.array([step], np.int64), np.array([k], np.int32), draft,
-            np.array([slt], np.int32), np.array([dec], np.int32), np.array([max_dec], np.int64)]
+    return [
+        prompt.reshape(1, -1),
+        np.array([len(prompt)], np.int64),
+        pre.reshape(1, -1),
+        np.array([step], np.int64),
+        np.array([k], np.int32),
+        draft,
+        np.array([slt], np.int32),
+        np.array([dec], np.int32),
+        np.array([max_dec], np.int64),
+    ]
 
 
 # (id, prompt, history, step, attrs (max_n, min_n, K), expected appended tokens)
@@ -82,10 +90,11 @@ def test_threshold_same_rule_on_every_backend(backend, offset):
     for trial in range(4):
         tensors = hybrid_state(rng, 24, vocab=4, prompt_max=60, hist_max=40, k=6)
         base = int(np.maximum(tensors[6], 0).sum())
-        for thr in ([-5, 0, 1, 2] if offset is None else [base + offset]):
+        for thr in [-5, 0, 1, 2] if offset is None else [base + offset]:
             want = reference(*tensors, 4, 1, 6, thr)
-            bitten += not np.array_equal(want["seq_lens_this_time"],
-                                         reference(*tensors, 4, 1, 6, 10**6)["seq_lens_this_time"])
+            bitten += not np.array_equal(
+                want["seq_lens_this_time"], reference(*tensors, 4, 1, 6, 10**6)["seq_lens_this_time"]
+            )
             check(backend, tensors, (4, 1, 6, thr, 0), f"thr={thr} trial={trial}")
     assert bitten > 0, "the threshold never changed the result: the sweep tests nothing"
 
@@ -126,8 +135,8 @@ def test_step_smaller_than_n_skips_that_n(backend):
 def test_items_without_tokens_or_budget_are_left_alone(backend):
     rng = np.random.default_rng(9)
     tensors = hybrid_state(rng, 16, vocab=3, prompt_max=50, hist_max=30, k=3)
-    tensors[6][::2] = 0          # ori == 0
-    tensors[6][1::4] = 5         # ori > K + 1: budget < 0
+    tensors[6][::2] = 0  # ori == 0
+    tensors[6][1::4] = 5  # ori > K + 1: budget < 0
     got = check(backend, tensors, (3, 1, 3, 1024, 0), "skips")
     np.testing.assert_array_equal(got[6][::2], 0)
     np.testing.assert_array_equal(got[5][::2], tensors[5][::2])
@@ -136,10 +145,10 @@ def test_items_without_tokens_or_budget_are_left_alone(backend):
 def test_out_of_range_lengths_and_steps_are_safe(backend):
     rng = np.random.default_rng(10)
     tensors = hybrid_state(rng, 8, vocab=3, prompt_max=40, hist_max=20, k=3)
-    tensors[1][:4] = [10**6, -3, 41, 0]        # input_ids_len beyond the row / negative
+    tensors[1][:4] = [10**6, -3, 41, 0]  # input_ids_len beyond the row / negative
     tensors[3][4:6] = [tensors[2].shape[1], 10**9]  # step_idx outside pre_ids
     tensors[8][4:6] = 10**10
-    tensors[6][6] = -2                         # negative count: 0 in the running sum
+    tensors[6][6] = -2  # negative count: 0 in the running sum
     check(backend, tensors, (3, 1, 3, 20, 0), "out of range")
 
 
@@ -197,8 +206,9 @@ def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
     assert_rejected(backend, OP, NAMES, tensors, name, attrs=(3, 1, 3, 1024, 0))
 
 
-@pytest.mark.parametrize("attrs,name", [((3, 0, 3), "min_ngram_size"), ((1, 2, 3), "max_ngram_size"),
-                                        ((3, 1, -1), "max_draft_tokens")])
+@pytest.mark.parametrize(
+    "attrs,name", [((3, 0, 3), "min_ngram_size"), ((1, 2, 3), "max_ngram_size"), ((3, 1, -1), "max_draft_tokens")]
+)
 def test_bad_attrs_are_named(backend, attrs, name):
     with pytest.raises(ValueError, match=f"attr `{name}`"):
         backend.run(OP, _valid(), (*attrs, 1024, 0))
@@ -220,5 +230,6 @@ def test_wrapper_threshold_defaults_to_upstream_env_var(monkeypatch):
         want = reference(*tensors, 3, 1, 5, thr)
         np.testing.assert_array_equal(pts[6].numpy(), want["seq_lens_this_time"])
         np.testing.assert_array_equal(pts[5].numpy(), want["draft_tokens"])
-    assert not np.array_equal(reference(*tensors, 3, 1, 5, 17)["seq_lens_this_time"],
-                              reference(*tensors, 3, 1, 5, 1024)["seq_lens_this_time"])
+    assert not np.array_equal(
+        reference(*tensors, 3, 1, 5, 17)["seq_lens_this_time"], reference(*tensors, 3, 1, 5, 1024)["seq_lens_this_time"]
+    )

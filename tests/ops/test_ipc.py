@@ -83,8 +83,11 @@ def test_attach_a_prefix_with_a_smaller_shape(name):
 
 @pytest.mark.parametrize("dtype", ["int32", "int64", "bool", "float64"])
 def test_unsupported_dtype_is_rejected(name, dtype):
-    with pytest.raises(ops.OpError, match=r"^set_data_ipc: `tmp_input` has dtype "
-                                          r".*only float32, float16, bfloat16, int8 and uint8"):
+    with pytest.raises(
+        ops.OpError,
+        match=r"^set_data_ipc: `tmp_input` has dtype "
+        r".*only float32, float16, bfloat16, int8 and uint8",
+    ):
         ops.set_data_ipc(paddle.zeros([3], dtype=dtype), name)
     assert not (SHM / name).exists()
 
@@ -234,8 +237,9 @@ def test_host_segment_with_a_cuda_placeholder_is_rejected(name):
 def test_use_ipc_false_applies_to_xpu_tensors_only(name):
     t = paddle.ones([4])
     ops.set_data_ipc(t, name)
-    with pytest.raises(ops.OpError,
-                       match=r"`use_ipc`=False reuses the creator's XPU device pointer and applies to XPU"):
+    with pytest.raises(
+        ops.OpError, match=r"`use_ipc`=False reuses the creator's XPU device pointer and applies to XPU"
+    ):
         ops.share_external_data(placeholder("float32"), name, [4], use_ipc=False)
     a = ops.share_external_data(placeholder("float32"), name, [4], use_ipc=True)  # upstream's XPU call form
     np.testing.assert_array_equal(a.numpy(), np.ones(4, np.float32))

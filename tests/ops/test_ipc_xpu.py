@@ -25,8 +25,10 @@ _kernels = pytest.importorskip("fastdeploy_mtp._kernels")
 SHM = Path("/dev/shm")
 pytestmark = [
     pytest.mark.skipif(not SHM.is_dir(), reason="needs POSIX shared memory at /dev/shm"),
-    pytest.mark.skipif(not _kernels.build_info().get("xpu_emulator", False),
-                       reason="built with the real XPU toolchain (no emulated XRE)"),
+    pytest.mark.skipif(
+        not _kernels.build_info().get("xpu_emulator", False),
+        reason="built with the real XPU toolchain (no emulated XRE)",
+    ),
 ]
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = (2, 4)  # the emulation scope's launch shape (no kernel runs in these ops)
@@ -99,8 +101,12 @@ CREATOR = textwrap.dedent(
 
 def test_xpu_ipc_between_two_processes_writes_both_ways_and_tears_down_clean(name):
     creator = subprocess.Popen(
-        [sys.executable, "-c", CREATOR, name], cwd=ROOT, text=True,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [sys.executable, "-c", CREATOR, name],
+        cwd=ROOT,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     try:
         ready = creator.stdout.readline().split()
@@ -111,9 +117,12 @@ def test_xpu_ipc_between_two_processes_writes_both_ways_and_tears_down_clean(nam
         placeholder = np.empty((), np.float32)
         with _kernels.xpu_emulation(*LAUNCH):
             # upstream would dereference the creator's pointer here; we refuse
-            with pytest.raises(ValueError, match=rf"`use_ipc`=False reuses the device pointer stored by the "
-                                                 rf"creator, valid only in the creating process \(pid {creator.pid}\), "
-                                                 rf"but this is pid {os.getpid()}; attach with use_ipc=True"):
+            with pytest.raises(
+                ValueError,
+                match=rf"`use_ipc`=False reuses the device pointer stored by the "
+                rf"creator, valid only in the creating process \(pid {creator.pid}\), "
+                rf"but this is pid {os.getpid()}; attach with use_ipc=True",
+            ):
                 _kernels.share_external_data(placeholder, name, [4, 6], False)
             att = _kernels.share_external_data(placeholder, name, [4, 6], True)
         assert att.device == "xpu:0" and att.shape == (4, 6) and att.nbytes == 96
@@ -147,8 +156,11 @@ def test_use_ipc_false_in_the_creating_process_reuses_the_device_pointer(name):
     with _kernels.xpu_emulation(*LAUNCH):
         att = _kernels.share_external_data(np.empty((), np.float16), name, [2, 4], False)
         # an IPC handle does not open in the process that exported it (as CUDA IPC)
-        with pytest.raises(ValueError, match=r"xpu_ipc_open_memhandle failed .*exported by this process.*"
-                                             r"in the creating process attach with use_ipc=False"):
+        with pytest.raises(
+            ValueError,
+            match=r"xpu_ipc_open_memhandle failed .*exported by this process.*"
+            r"in the creating process attach with use_ipc=False",
+        ):
             _kernels.share_external_data(np.empty((), np.float16), name, [3, 4], True)
     assert att.data_ptr == buf.data_ptr and att.device == "xpu:0" and att.nbytes == 16
     view = np.from_dlpack(att)
@@ -165,8 +177,11 @@ def test_use_ipc_false_after_the_creator_freed_its_tensor_is_an_error(name):
     buf, mine = publish((8,), "uint8", name)
     del buf, mine  # freed: the stored pointer dangles
     with _kernels.xpu_emulation(*LAUNCH):
-        with pytest.raises(ValueError, match=rf"`use_ipc`=False: the device memory published as `{name}` is no "
-                                             r"longer allocated .* the creator's tensor was freed"):
+        with pytest.raises(
+            ValueError,
+            match=rf"`use_ipc`=False: the device memory published as `{name}` is no "
+            r"longer allocated .* the creator's tensor was freed",
+        ):
             _kernels.share_external_data(np.empty((), np.uint8), name, [8], False)
     _kernels.unset_data_ipc(None, name, False, True)
 
@@ -177,8 +192,11 @@ def test_bad_inputs_are_errors_naming_the_problem(name):
         with pytest.raises(ValueError, match=rf"^share_external_data: no shared-memory segment named `{name}`"):
             _kernels.share_external_data(placeholder, name, [1], True)
         # ordinary host memory is not device memory: nothing to export, nothing created
-        with pytest.raises(ValueError, match=r"^set_data_ipc: cannot export `tmp_input`: xpu_ipc_get_memhandle "
-                                             r"failed .*not in device memory allocated by this process"):
+        with pytest.raises(
+            ValueError,
+            match=r"^set_data_ipc: cannot export `tmp_input`: xpu_ipc_get_memhandle "
+            r"failed .*not in device memory allocated by this process",
+        ):
             _kernels.set_data_ipc(np.zeros(4, np.float32), name)
         assert not (SHM / name).exists()
     buf, _ = publish((4, 6), "float32", name)
@@ -188,25 +206,34 @@ def test_bad_inputs_are_errors_naming_the_problem(name):
         with pytest.raises(ValueError, match=r"`shape` \[5, 6\] needs 120 bytes but segment .* holds 96 bytes"):
             _kernels.share_external_data(placeholder, name, [5, 6], False)
     # an XPU segment needs an XPU placeholder, and a host segment a host one
-    with pytest.raises(ValueError, match=r"holds an XPU IPC handle but `input` is on cpu; attach with a "
-                                         r"placeholder on the XPU device "
-                                         r"\(emulator: a host array inside xpu_emulation\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds an XPU IPC handle but `input` is on cpu; attach with a "
+        r"placeholder on the XPU device "
+        r"\(emulator: a host array inside xpu_emulation\)",
+    ):
         _kernels.share_external_data(placeholder, name, [4, 6])
     with pytest.raises(ValueError, match=r"`use_ipc`=False .* applies to XPU tensors only; `input` is on cpu"):
         _kernels.share_external_data(placeholder, name, [4, 6], False)
     _kernels.unset_data_ipc(None, name, False, True)
     host = _kernels.set_data_ipc(np.ones(3, np.float32), name)
     with _kernels.xpu_emulation(*LAUNCH):
-        with pytest.raises(ValueError, match=r"holds host memory but `input` is emulated XPU memory \(inside "
-                                             r"xpu_emulation\); attach with a placeholder on the CPU \(outside"):
+        with pytest.raises(
+            ValueError,
+            match=r"holds host memory but `input` is emulated XPU memory \(inside "
+            r"xpu_emulation\); attach with a placeholder on the CPU \(outside",
+        ):
             _kernels.share_external_data(placeholder, name, [3])
     _kernels.unset_data_ipc(host, name, True, True)
     del buf, host
 
 
 def test_xpu_device_tensors_need_an_xpu_build(name):
-    with pytest.raises(ValueError, match=r"`tmp_input` is an XPU tensor but this build of fastdeploy_mtp has no "
-                                         r"XPU support"):
+    with pytest.raises(
+        ValueError,
+        match=r"`tmp_input` is an XPU tensor but this build of fastdeploy_mtp has no "
+        r"XPU support",
+    ):
         _kernels.set_data_ipc((0, "float32", (4,), "xpu:0"), name)
     with pytest.raises(ValueError, match=r"`input` is an XPU tensor but this build"):
         _kernels.share_external_data((0, "float32", (), "xpu:0"), name, [4], True)
@@ -220,14 +247,32 @@ def test_the_real_xre_branch_compiles_against_the_assumed_xre_api(tmp_path):
     and against the headers generated from the op declarations."""
     gen = subprocess.run(
         [sys.executable, "custom_ops/codegen/op_codegen.py", "--repo", ".", "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert gen.returncode == 0, gen.stderr
     for src in ("custom_ops/xpu/runtime/xpu_ipc.cpp", "custom_ops/entry/ipc_entries.cc"):
         proc = subprocess.run(
-            ["c++", "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-DFDMTP_WITH_XPU",
-             "-Icustom_ops", f"-I{tmp_path / 'include'}", "-Icustom_ops/include", "-Icustom_ops/entry",
-             "-Itests/ops/xre_api", src],
-            cwd=ROOT, capture_output=True, text=True, timeout=120,
+            [
+                "c++",
+                "-std=c++17",
+                "-fsyntax-only",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-DFDMTP_WITH_XPU",
+                "-Icustom_ops",
+                f"-I{tmp_path / 'include'}",
+                "-Icustom_ops/include",
+                "-Icustom_ops/entry",
+                "-Itests/ops/xre_api",
+                src,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert proc.returncode == 0, f"{src}:\n{proc.stderr}"

@@ -22,7 +22,7 @@ def make_state(rng, bsz, k, *, block_size=4, max_blocks=12, free_blocks=None):
     nxt = 0
     for b in range(bsz):
         n = enc_len[b] + used[b]
-        tables[b, :n] = ids[nxt:nxt + n]
+        tables[b, :n] = ids[nxt : nxt + n]
         nxt += n
     dec = ((enc_len + used) * block_size - rng.integers(k + 1, k + 1 + block_size, size=bsz)).clip(0).astype(np.int32)
     free_ids = ids[nxt:]
@@ -30,8 +30,8 @@ def make_state(rng, bsz, k, *, block_size=4, max_blocks=12, free_blocks=None):
         free_ids = free_ids[:free_blocks]
     free_list = np.full(total, -1, np.int32)
     free_list[: free_ids.size] = free_ids
-    base_stop = (rng.random((bsz, 1)) < 0.2)
-    drop = (rng.random((bsz, 1)) < 0.1)
+    base_stop = rng.random((bsz, 1)) < 0.2
+    drop = rng.random((bsz, 1)) < 0.1
     return [
         base_stop,
         base_stop | (rng.random((bsz, 1)) < 0.1),  # stop_flags
@@ -121,8 +121,11 @@ def test_eviction_picks_the_most_used_item_ties_to_the_smallest_index(backend):
 
 def test_nothing_to_evict_stops_unserved_items_instead_of_hanging(backend):
     # upstream loops forever: two items need a block, one is free, nobody holds one
-    rows = [dict(table=[1], enc_len=1, used=0, dec=0), dict(table=[2], enc_len=1, used=0, dec=0),
-            dict(table=[3], enc_len=1, used=0, dec=0)]
+    rows = [
+        dict(table=[1], enc_len=1, used=0, dec=0),
+        dict(table=[2], enc_len=1, used=0, dec=0),
+        dict(table=[3], enc_len=1, used=0, dec=0),
+    ]
     out = check(backend, manual(rows, free=[50]), context="stuck")
     assert out["block_tables"][0, 1] == 50 and not out["batch_drop"][0, 0]
     assert list(out["batch_drop"][:, 0]) == [False, True, True]  # reported as dropped
@@ -154,8 +157,9 @@ def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
     assert_rejected(backend, OP, NAMES, tensors, name, (4, 3))
 
 
-@pytest.mark.parametrize("index,value,name", [(5, -4, "seq_lens_decoder"), (8, -1, "used_list_len"),
-                                              (7, -2, "encoder_block_lens")])
+@pytest.mark.parametrize(
+    "index,value,name", [(5, -4, "seq_lens_decoder"), (8, -1, "used_list_len"), (7, -2, "encoder_block_lens")]
+)
 def test_negative_lengths_are_rejected_on_host(backend, index, value, name):
     if backend.name == "cuda":
         pytest.skip("device values are not read back (no sync)")

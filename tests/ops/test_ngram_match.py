@@ -24,11 +24,19 @@ def one_item(prompt, generated, step, *, budget=3, max_dec=1000, enc=0, dec=1, s
     all_ids = np.zeros(len(prompt) + max(len(generated), step + 1) + 1, np.int64)
     all_ids[: len(prompt)] = prompt
     all_ids[len(prompt) : len(prompt) + len(generated)] = generated
-    return [prompt.reshape(1, -1), np.array([len(prompt)], np.int64), all_ids.reshape(1, -1),
-            np.array([len(prompt)], np.int64), np.array([step], np.int64),
-            np.array([budget], np.int32), np.full((1, k + 1), -1, np.int64),
-            np.array([slt], np.int32), np.array([enc], np.int32), np.array([dec], np.int32),
-            np.array([max_dec], np.int64)]
+    return [
+        prompt.reshape(1, -1),
+        np.array([len(prompt)], np.int64),
+        all_ids.reshape(1, -1),
+        np.array([len(prompt)], np.int64),
+        np.array([step], np.int64),
+        np.array([budget], np.int32),
+        np.full((1, k + 1), -1, np.int64),
+        np.array([slt], np.int32),
+        np.array([enc], np.int32),
+        np.array([dec], np.int32),
+        np.array([max_dec], np.int64),
+    ]
 
 
 def test_fixed_vectors(backend):
@@ -45,9 +53,14 @@ def test_fixed_vectors(backend):
 
 
 def test_prefill_idle_and_decode_items(backend):
-    t = [np.concatenate(x) for x in zip(one_item([1, 2], [0, 1], 1, enc=5, slt=5),
-                                        one_item([1, 2], [0, 1], 1, dec=0, slt=9),
-                                        one_item([1, 2], [0, 1], 1, slt=9))]
+    t = [
+        np.concatenate(x)
+        for x in zip(
+            one_item([1, 2], [0, 1], 1, enc=5, slt=5),
+            one_item([1, 2], [0, 1], 1, dec=0, slt=9),
+            one_item([1, 2], [0, 1], 1, slt=9),
+        )
+    ]
     got = check(backend, t, (2, 4, 128, 0), "kinds")
     np.testing.assert_array_equal(got[7], np.array([5, 0, 2], np.int32))
 
@@ -75,15 +88,19 @@ def test_threshold_same_rule_on_every_backend(backend, offset):
     for trial in range(4):
         t = match_state(rng, 20, vocab=4, prompt_max=50, hist_max=40, k=6)
         base = int(np.where(t[8] > 0, np.maximum(t[7], 0), (t[9] != 0).astype(np.int32)).sum())
-        for thr in ([-3, 0, 1, 2, 128] if offset is None else [base + offset]):
+        for thr in [-3, 0, 1, 2, 128] if offset is None else [base + offset]:
             check(backend, t, (4, 6, thr, 0), f"thr={thr} trial={trial}")
 
 
 def test_budget_edges(backend):
     for budget, max_dec, want in ((1, 1000, 2), (0, 1000, 1), (5, 2, 1), (5, 3, 2), (5, 4, 3), (9, 1000, 5)):
         # step 1; budget min(draft_token_num, max_dec - 2, width - 1 = 4)
-        got = check(backend, one_item([5, 6, 7, 8, 9, 10, 11], [1, 6], 1, budget=budget, max_dec=max_dec),
-                    (3, 4, 128, 0), f"budget={budget} max_dec={max_dec}")
+        got = check(
+            backend,
+            one_item([5, 6, 7, 8, 9, 10, 11], [1, 6], 1, budget=budget, max_dec=max_dec),
+            (3, 4, 128, 0),
+            f"budget={budget} max_dec={max_dec}",
+        )
         assert got[7][0] == want, (budget, max_dec)
 
 
@@ -96,9 +113,9 @@ def test_result_does_not_depend_on_thread_count(backend, threads):
 def test_out_of_range_values_are_safe(backend):
     t = match_state(np.random.default_rng(12), 8, vocab=3, prompt_max=30, hist_max=20, k=3, p_idle=0, p_prefill=0)
     t[1][:2] = [10**7, -1]
-    t[3][2:4] = [10**7, -4]           # prompt_lens
-    t[4][4] = t[2].shape[1]           # step_idx past the row
-    t[5][5] = 10**6                   # draft_token_num beyond the row
+    t[3][2:4] = [10**7, -4]  # prompt_lens
+    t[4][4] = t[2].shape[1]  # step_idx past the row
+    t[5][5] = 10**6  # draft_token_num beyond the row
     t[10][4:6] = 10**12
     check(backend, t, (3, 3, 10**6, 0), "out of range")
 
@@ -139,8 +156,7 @@ def test_wrapper_threshold_defaults_to_upstream_env_var(monkeypatch):
     paddle = pytest.importorskip("paddle")
     import fastdeploy_mtp.ops as ops
 
-    t = match_state(np.random.default_rng(21), 30, vocab=3, prompt_max=40, hist_max=30, k=5,
-                    p_idle=0.0, p_prefill=0.0)
+    t = match_state(np.random.default_rng(21), 30, vocab=3, prompt_max=40, hist_max=30, k=5, p_idle=0.0, p_prefill=0.0)
     results = {}
     for env, thr in ((None, 128), ("40", 40)):
         if env is None:

@@ -11,8 +11,14 @@ from tests.reference.speculate_get_logits import speculate_get_logits as referen
 
 OP = "speculate_get_logits"
 NAMES = (
-    "draft_logits", "next_token_num", "batch_token_num", "cu_next_token_offset",
-    "cu_batch_token_offset", "logits", "first_token_logits", "seq_lens_this_time",
+    "draft_logits",
+    "next_token_num",
+    "batch_token_num",
+    "cu_next_token_offset",
+    "cu_batch_token_offset",
+    "logits",
+    "first_token_logits",
+    "seq_lens_this_time",
     "seq_lens_encoder",
 )
 FLOATS = {"draft_logits", "logits", "first_token_logits"}
@@ -29,8 +35,15 @@ def make_state(rng, bsz, vocab, dtype, k=3, p_prefill=0.25):
     cu_batch = np.full(bsz + 1, SENTINEL, np.int32)
     cu_next[0] = cu_batch[0] = 0
     return [
-        draft, np.full(bsz, SENTINEL, np.int32), np.full(bsz, SENTINEL, np.int32), cu_next, cu_batch,
-        random_floats(rng, (n_next, vocab), dtype), random_floats(rng, (bsz, vocab), dtype), slt, enc,
+        draft,
+        np.full(bsz, SENTINEL, np.int32),
+        np.full(bsz, SENTINEL, np.int32),
+        cu_next,
+        cu_batch,
+        random_floats(rng, (n_next, vocab), dtype),
+        random_floats(rng, (bsz, vocab), dtype),
+        slt,
+        enc,
     ]
 
 

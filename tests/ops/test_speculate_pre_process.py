@@ -21,9 +21,11 @@ def out_specs(bsz, width, token_num):
 def make_state(rng, bsz, k, *, prompt_cap=40):
     w = k + 1
     kind = rng.choice(["prefill", "decode", "single", "idle"], size=bsz, p=[0.25, 0.45, 0.15, 0.15])
-    slt = np.select([kind == "prefill", kind == "decode", kind == "single"],
-                    [rng.integers(1, prompt_cap + 1, size=bsz), rng.integers(2, w + 1, size=bsz) if w > 1 else 1, 1],
-                    0).astype(np.int32)
+    slt = np.select(
+        [kind == "prefill", kind == "decode", kind == "single"],
+        [rng.integers(1, prompt_cap + 1, size=bsz), rng.integers(2, w + 1, size=bsz) if w > 1 else 1, 1],
+        0,
+    ).astype(np.int32)
     enc = np.where(kind == "prefill", slt, 0).astype(np.int32)
     return [
         rng.integers(0, 30000, size=(bsz, prompt_cap)).astype(np.int64),

@@ -21,8 +21,9 @@ def make_state(rng, bsz, k, *, real_bsz=None, seq_len=64, vocab=8):
     real_bsz = bsz if real_bsz is None else real_bsz
     kind = rng.choice(["decode"] * 5 + ["prefill", "stopped", "paused", "idle"], size=bsz)
     enc = np.where(kind == "prefill", rng.integers(1, 30, bsz), 0).astype(np.int32)
-    dec = np.where(kind == "decode", rng.integers(1, 50, bsz),
-                   np.where(kind == "idle", 0, rng.integers(0, 9, bsz))).astype(np.int32)
+    dec = np.where(
+        kind == "decode", rng.integers(1, 50, bsz), np.where(kind == "idle", 0, rng.integers(0, 9, bsz))
+    ).astype(np.int32)
     stop = (kind == "stopped").reshape(bsz, 1)
     paused = kind == "paused"
     n = rng.integers(0, w + 1, bsz).astype(np.int32)
@@ -34,9 +35,20 @@ def make_state(rng, bsz, k, *, real_bsz=None, seq_len=64, vocab=8):
     prompt = rng.integers(0, seq_len - 20, (bsz, 1)).astype(np.int64)
     hist = np.full((bsz, seq_len), SENTINEL, np.int64)
     return [
-        enc, dec, np.array([rng.random() < 0.5]), rng.integers(0, vocab, (bsz, w)).astype(np.int64), out, n, stop,
-        rng.integers(0, w + 1, real_bsz).astype(np.int32), paused, hist, prompt, step,
-        np.array(EOS, np.int64).reshape(-1, 1), max_dec,
+        enc,
+        dec,
+        np.array([rng.random() < 0.5]),
+        rng.integers(0, vocab, (bsz, w)).astype(np.int64),
+        out,
+        n,
+        stop,
+        rng.integers(0, w + 1, real_bsz).astype(np.int32),
+        paused,
+        hist,
+        prompt,
+        step,
+        np.array(EOS, np.int64).reshape(-1, 1),
+        max_dec,
     ]
 
 
@@ -74,8 +86,22 @@ def test_verify_then_update_over_several_steps_matches_reference(backend):
         v[15] = np.full((bsz, 1), 12, np.int64)
         v[12][:] = False
         vout = verify_ref(v, (0, 2, 1, False, False))
-        u = [enc, dec, np.array([True]), v[2], vout["step_output_ids"], vout["step_output_len"], stop,
-             v[10], v[12], hist, np.full((bsz, 1), 5, np.int64), step, v[11], v[15]]
+        u = [
+            enc,
+            dec,
+            np.array([True]),
+            v[2],
+            vout["step_output_ids"],
+            vout["step_output_len"],
+            stop,
+            v[10],
+            v[12],
+            hist,
+            np.full((bsz, 1), 5, np.int64),
+            step,
+            v[11],
+            v[15],
+        ]
         got = check(backend, u, f"step {s}")
         enc, dec, stop = got["seq_lens_encoder"], got["seq_lens_decoder"], got["stop_flags"]
         hist, step = got["token_ids_all"], got["step_idx"]
@@ -85,11 +111,20 @@ def test_verify_then_update_over_several_steps_matches_reference(backend):
 def one_slot(out, n, *, enc=0, dec=10, step=0, max_dec=100, prompt=3, seq_len=16, stop=False, paused=False, real=1):
     w = len(out)
     return [
-        np.array([enc], np.int32), np.array([dec], np.int32), np.array([False]),
+        np.array([enc], np.int32),
+        np.array([dec], np.int32),
+        np.array([False]),
         np.array([[1] + [0] * (w - 1)], np.int64),
-        np.array([out], np.int64), np.array([n], np.int32), np.array([[stop]]), np.full(real, 4, np.int32),
-        np.array([paused]), np.full((1, seq_len), SENTINEL, np.int64), np.array([[prompt]], np.int64),
-        np.array([[step]], np.int64), np.array(EOS, np.int64).reshape(-1, 1), np.array([[max_dec]], np.int64),
+        np.array([out], np.int64),
+        np.array([n], np.int32),
+        np.array([[stop]]),
+        np.full(real, 4, np.int32),
+        np.array([paused]),
+        np.full((1, seq_len), SENTINEL, np.int64),
+        np.array([[prompt]], np.int64),
+        np.array([[step]], np.int64),
+        np.array(EOS, np.int64).reshape(-1, 1),
+        np.array([[max_dec]], np.int64),
     ]
 
 

@@ -10,8 +10,14 @@ from tests.reference.update_attn_mask_offsets import update_attn_mask_offsets as
 
 OP = "update_attn_mask_offsets"
 NAMES = (
-    "ids_remove_padding", "seq_lens_this_time", "seq_lens_encoder", "seq_lens_decoder",
-    "cu_seqlens_q", "attn_mask_offsets_full", "is_block_step", "decode_states",
+    "ids_remove_padding",
+    "seq_lens_this_time",
+    "seq_lens_encoder",
+    "seq_lens_decoder",
+    "cu_seqlens_q",
+    "attn_mask_offsets_full",
+    "is_block_step",
+    "decode_states",
 )
 
 
@@ -52,9 +58,14 @@ def test_random_states_match_reference(backend, bsz):
 def _one(enc, dec, slt, states, full_row=None, block=False):
     full = np.array([full_row if full_row is not None else np.arange(100, 116)], np.int32)
     return [
-        np.zeros(slt, np.int64), np.array([slt], np.int32), np.array([enc], np.int32),
-        np.array([dec], np.int32), np.array([0, slt], np.int32), full,
-        np.array([[block]]), np.array([states], np.int32),
+        np.zeros(slt, np.int64),
+        np.array([slt], np.int32),
+        np.array([enc], np.int32),
+        np.array([dec], np.int32),
+        np.array([0, slt], np.int32),
+        full,
+        np.array([[block]]),
+        np.array([states], np.int32),
     ]
 
 

@@ -118,8 +118,9 @@ def test_random_states_match_reference(backend, bsz, k, strategy):
     check(backend, make_state(rng, bsz, k, s, real_bsz=real), attrs(s), f"bsz={bsz} k={k} {strategy}")
 
 
-@pytest.mark.parametrize("flags", [(True, False), (False, True), (True, True)],
-                         ids=["reject_all", "accept_all", "both"])
+@pytest.mark.parametrize(
+    "flags", [(True, False), (False, True), (True, True)], ids=["reject_all", "accept_all", "both"]
+)
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_random_states_with_flags_match_reference(backend, strategy, flags):
     s = STRATEGIES[strategy]
@@ -132,8 +133,25 @@ def test_random_states_with_flags_match_reference(backend, strategy, flags):
 # ---- hand-made single-item cases -------------------------------------------------------
 
 
-def one_item(strategy, drafts, *, slt=None, enc=0, step=0, max_dec=100, reasoning=0, target=None,
-             ids=None, scores=None, lens=None, uniforms=None, topp=1.0, stop=False, paused=False, w=None):
+def one_item(
+    strategy,
+    drafts,
+    *,
+    slt=None,
+    enc=0,
+    step=0,
+    max_dec=100,
+    reasoning=0,
+    target=None,
+    ids=None,
+    scores=None,
+    lens=None,
+    uniforms=None,
+    topp=1.0,
+    stop=False,
+    paused=False,
+    w=None,
+):
     w = w or len(drafts) + 1
     inp = np.full((1, w), 0, np.int64)
     inp[0, 0] = 1
@@ -141,15 +159,24 @@ def one_item(strategy, drafts, *, slt=None, enc=0, step=0, max_dec=100, reasonin
     slt = len(drafts) + 1 if slt is None else slt
     rows = 1 if enc or slt == 1 else slt
     tensors = [
-        np.full((1, w), SENTINEL, np.int64), np.full((1,), SENTINEL, np.int32), inp,
+        np.full((1, w), SENTINEL, np.int64),
+        np.full((1,), SENTINEL, np.int32),
+        inp,
         None if target is None else np.array(target, np.int64),
         None if ids is None else np.array(ids, np.int64).reshape(rows, -1),
         None if scores is None else np.array(scores, np.float32).reshape(rows, -1),
         None if lens is None else np.array(lens, np.int32),
-        np.full((1, 1), topp, np.float32), np.array([[stop]]), np.array([enc], np.int32),
-        np.array([slt], np.int32), np.array(EOS, np.int64).reshape(-1, 1), np.array([paused]),
-        np.zeros(1, np.int32), np.array([[reasoning]], np.int32), np.array([[max_dec]], np.int64),
-        np.array([[step]], np.int64), None if uniforms is None else np.array(uniforms, np.float32).reshape(rows, 2),
+        np.full((1, 1), topp, np.float32),
+        np.array([[stop]]),
+        np.array([enc], np.int32),
+        np.array([slt], np.int32),
+        np.array(EOS, np.int64).reshape(-1, 1),
+        np.array([paused]),
+        np.zeros(1, np.int32),
+        np.array([[reasoning]], np.int32),
+        np.array([[max_dec]], np.int64),
+        np.array([[step]], np.int64),
+        None if uniforms is None else np.array(uniforms, np.float32).reshape(rows, 2),
     ]
     return tensors
 
@@ -260,8 +287,9 @@ def test_topp_accepts_membership_and_draws_with_the_injected_uniform(backend):
 
 
 def test_topp_falls_back_to_the_first_candidate_when_len_is_0(backend):
-    tensors = one_item(TOPP, [4], ids=[[7, 4], [5, 6]], scores=[[0.5, 0.5], [0.5, 0.5]], lens=[2, 0],
-                       uniforms=[[0, 0], [0, 0.5]])
+    tensors = one_item(
+        TOPP, [4], ids=[[7, 4], [5, 6]], scores=[[0.5, 0.5], [0.5, 0.5]], lens=[2, 0], uniforms=[[0, 0], [0, 0.5]]
+    )
     assert run_one(backend, tensors, TOPP)[0] == [4, 5]
 
 
@@ -272,8 +300,15 @@ REJ_SCORES = [[0.6, 0.3, 0.1], [0.2, 0.5, 0.3]]
 
 
 def rej(backend, drafts, uniforms, **kw):
-    tensors = one_item(REJECTION, drafts, ids=kw.pop("ids", REJ_IDS), scores=kw.pop("scores", REJ_SCORES),
-                       lens=kw.pop("lens", [3, 3]), uniforms=uniforms, **kw)
+    tensors = one_item(
+        REJECTION,
+        drafts,
+        ids=kw.pop("ids", REJ_IDS),
+        scores=kw.pop("scores", REJ_SCORES),
+        lens=kw.pop("lens", [3, 3]),
+        uniforms=uniforms,
+        **kw,
+    )
     return run_one(backend, tensors, REJECTION)[0]
 
 
@@ -317,8 +352,15 @@ def test_rejection_early_breaks_draw_from_full_p_not_the_residual(backend, case)
     # u_draw 0.1 -> t 0.1 over full p -> 7 (a residual without 7 would give 4)
     kw = {"prefill": dict(enc=5, slt=5), "slt_1": dict(slt=1), "reasoning": dict(reasoning=1)}.get(case, {})
     rows = 1 if case in ("prefill", "slt_1") else 2
-    tensors = one_item(REJECTION, [7], ids=REJ_IDS[:rows], scores=REJ_SCORES[:rows], lens=[3] * rows,
-                       uniforms=[[0.99, 0.1]] * rows, **kw)
+    tensors = one_item(
+        REJECTION,
+        [7],
+        ids=REJ_IDS[:rows],
+        scores=REJ_SCORES[:rows],
+        lens=[3] * rows,
+        uniforms=[[0.99, 0.1]] * rows,
+        **kw,
+    )
     assert run_one(backend, tensors, REJECTION, reject_all=case == "reject_all")[0] == [7]
 
 
@@ -389,12 +431,14 @@ def test_rejection_emits_tokens_distributed_as_the_target_for_a_one_hot_drafter(
     seeds are fixed, so the test is deterministic; with a correct kernel the chance that
     some position falls below the threshold is < 4e-4."""
     n_items, k = 20_000, 3
-    p = np.array([
-        [0.50, 0.20, 0.10, 0.10, 0.06, 0.04],
-        [0.05, 0.55, 0.15, 0.10, 0.10, 0.05],
-        [0.10, 0.10, 0.60, 0.10, 0.05, 0.05],
-        [0.30, 0.25, 0.20, 0.15, 0.05, 0.05],
-    ])
+    p = np.array(
+        [
+            [0.50, 0.20, 0.10, 0.10, 0.06, 0.04],
+            [0.05, 0.55, 0.15, 0.10, 0.10, 0.05],
+            [0.10, 0.10, 0.60, 0.10, 0.05, 0.05],
+            [0.30, 0.25, 0.20, 0.15, 0.05, 0.05],
+        ]
+    )
     ids_row = np.array([3, 1, 0, 5, 2, 4])  # candidate order is free: not sorted, not by id
     w = k + 1
     rows = n_items * w
@@ -405,11 +449,24 @@ def test_rejection_emits_tokens_distributed_as_the_target_for_a_one_hot_drafter(
     uniforms = np.stack([position_uniforms(items + 1, 1000 + pos, c) for c in (0, 1)], axis=1)
     inp = np.tile(np.array([9, 0, 1, 2], np.int64), (n_items, 1))
     tensors = [
-        np.full((n_items, w), SENTINEL, np.int64), np.zeros(n_items, np.int32), inp, None, ids, scores,
-        np.full(rows, 6, np.int32), np.ones((n_items, 1), np.float32), np.zeros((n_items, 1), bool),
-        np.zeros(n_items, np.int32), np.full(n_items, w, np.int32), np.array([[99]], np.int64),
-        np.zeros(n_items, bool), (np.arange(n_items) * w).astype(np.int32), np.zeros((n_items, 1), np.int32),
-        np.full((n_items, 1), 10_000, np.int64), np.zeros((n_items, 1), np.int64), uniforms,
+        np.full((n_items, w), SENTINEL, np.int64),
+        np.zeros(n_items, np.int32),
+        inp,
+        None,
+        ids,
+        scores,
+        np.full(rows, 6, np.int32),
+        np.ones((n_items, 1), np.float32),
+        np.zeros((n_items, 1), bool),
+        np.zeros(n_items, np.int32),
+        np.full(n_items, w, np.int32),
+        np.array([[99]], np.int64),
+        np.zeros(n_items, bool),
+        (np.arange(n_items) * w).astype(np.int32),
+        np.zeros((n_items, 1), np.int32),
+        np.full((n_items, 1), 10_000, np.int64),
+        np.zeros((n_items, 1), np.int64),
+        uniforms,
     ]
     got = backend.run(OP, tensors, attrs(REJECTION))
     out, n = got[0], got[1]
@@ -422,8 +479,9 @@ def test_rejection_emits_tokens_distributed_as_the_target_for_a_one_hot_drafter(
         expected = p[i] * reached.sum()
         chi2 = float(((counts - expected) ** 2 / expected).sum())
         pval = _chi2_sf(chi2, 5)
-        assert pval > 1e-4, (f"position {i}: chi2 {chi2:.1f} (p = {pval:.2e}) over {reached.sum()} draws, "
-                             f"counts {counts}")
+        assert pval > 1e-4, (
+            f"position {i}: chi2 {chi2:.1f} (p = {pval:.2e}) over {reached.sum()} draws, counts {counts}"
+        )
         if i < k:
             reached &= out[:, i] == drafts[i]
     assert reached.sum() > 2000  # the bonus position was tested on enough draws
@@ -449,8 +507,12 @@ BAD_INPUTS = {
     "topp_batch_5": (TOPP, 7, lambda t: t[7][:5].copy(), "topp"),
     "step_idx_batch_7": (GREEDY, 16, lambda t: np.zeros((7, 1), np.int64), "step_idx"),
     "seq_lens_this_time_too_many": (GREEDY, 10, lambda t: np.ones(7, np.int32), "seq_lens_this_time"),
-    "seq_lens_this_time_negative": (GREEDY, 10, lambda t: np.array([1, 2, -1, 1, 1, 1], np.int32),
-                                    "seq_lens_this_time"),
+    "seq_lens_this_time_negative": (
+        GREEDY,
+        10,
+        lambda t: np.array([1, 2, -1, 1, 1, 1], np.int32),
+        "seq_lens_this_time",
+    ),
     "cu_seqlens_q_output_short": (GREEDY, 13, lambda t: t[13][:3].copy(), "cu_seqlens_q_output"),
     "candidate_lens_rows": (REJECTION, 6, lambda t: t[6][:-1].copy(), "candidate_lens"),
     "candidate_scores_cols": (REJECTION, 5, lambda t: t[5][:, :2].copy(), "candidate_scores"),

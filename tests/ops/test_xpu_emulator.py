@@ -47,7 +47,7 @@ def _postprocess_inputs(bsz, width, seed):
     d = np.where(rng.random((bsz, width)) < 0.3, -1, rng.integers(0, 50, (bsz, width))).astype(np.int64)
     s = rng.integers(0, width + 1, bsz).astype(np.int32)
     e = np.where(rng.random(bsz) < 0.2, 5, 0).astype(np.int32)
-    f = (rng.random((bsz, 1)) < 0.2)
+    f = rng.random((bsz, 1)) < 0.2
     return d, s, e, f
 
 
@@ -63,8 +63,11 @@ def test_results_do_not_depend_on_the_launch_shape(clusters, cores):
 def test_draft_width_beyond_kmaxdraftwidth_is_rejected_before_any_write():
     d, s, e, f = _postprocess_inputs(3, 129, seed=2)
     before = s.copy()
-    with pytest.raises(ValueError, match=r"draft_model_postprocess: .*width \(K \+ 1\) = 129 "
-                                         r"exceeds the XPU3 kernel limit kMaxDraftWidth = 128"):
+    with pytest.raises(
+        ValueError,
+        match=r"draft_model_postprocess: .*width \(K \+ 1\) = 129 "
+        r"exceeds the XPU3 kernel limit kMaxDraftWidth = 128",
+    ):
         with _kernels.xpu_emulation(2, 4):
             _kernels.draft_model_postprocess(d, s, e, f)
     np.testing.assert_array_equal(s, before)
@@ -100,9 +103,21 @@ def test_with_xpu_and_no_sdk_fails_at_configure_naming_the_variable():
     env = {k: v for k, v in os.environ.items() if k not in ("CLANG_PATH", "XRE_PATH", "XDNN_PATH")}
     with tempfile.TemporaryDirectory() as build:
         proc = subprocess.run(
-            [_cmake(), "-S", ROOT, "-B", build, "-DFDMTP_WITH_XPU=ON", "-DFDMTP_WITH_CUDA=OFF",
-             "-DFDMTP_WITH_PADDLE=OFF", f"-DPython3_EXECUTABLE={sys.executable}"],
-            capture_output=True, text=True, env=env, timeout=120,
+            [
+                _cmake(),
+                "-S",
+                ROOT,
+                "-B",
+                build,
+                "-DFDMTP_WITH_XPU=ON",
+                "-DFDMTP_WITH_CUDA=OFF",
+                "-DFDMTP_WITH_PADDLE=OFF",
+                f"-DPython3_EXECUTABLE={sys.executable}",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
         )
     assert proc.returncode != 0
     message = " ".join((proc.stdout + proc.stderr).split())

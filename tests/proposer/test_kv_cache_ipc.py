@@ -67,8 +67,10 @@ def test_worker_attaches_caches_created_by_a_cache_manager(random_model):
     cfg.cache_config.cache_ready_timeout = 60
     cfg.parallel_config.engine_worker_queue_port = PORT
     shape = mtp.attn_backend.get_kv_cache_shape(cfg.cache_config.total_block_num)
-    names = [f"key_caches_{cfg.model_config.num_hidden_layers}_rank0.device0",
-             f"value_caches_{cfg.model_config.num_hidden_layers}_rank0.device0"]
+    names = [
+        f"key_caches_{cfg.model_config.num_hidden_layers}_rank0.device0",
+        f"value_caches_{cfg.model_config.num_hidden_layers}_rank0.device0",
+    ]
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_cache_manager, args=(child, names, shape, PORT))

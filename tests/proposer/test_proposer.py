@@ -55,8 +55,15 @@ def test_caches_mirror_the_target_block_count(proposer):
 
 def test_insert_prefill_chunk_shifts_the_prompt_and_sets_lengths(proposer):
     p, _, _ = proposer
-    req = Request("a", list(range(10, 30)), max_tokens=5, idx=2, prefill_start_index=4,
-                  prefill_end_index=12, task_type=RequestType.PREFILL)
+    req = Request(
+        "a",
+        list(range(10, 30)),
+        max_tokens=5,
+        idx=2,
+        prefill_start_index=4,
+        prefill_end_index=12,
+        task_type=RequestType.PREFILL,
+    )
     p.insert_tasks_v1([req])
     x = p.model_inputs
     # chunk [4, 12): the draft sees prompt[5:13] (the next prompt token at the chunk's end)
@@ -78,8 +85,9 @@ def test_abort_stops_the_slot(proposer):
 
 def test_reorder_inputs_swaps_every_per_slot_buffer(proposer):
     p, _, _ = proposer
-    p.insert_tasks_v1([Request("a", [5, 6, 7, 8], idx=0, prefill_end_index=4),
-                       Request("b", [9, 10], idx=3, prefill_end_index=2)])
+    p.insert_tasks_v1(
+        [Request("a", [5, 6, 7, 8], idx=0, prefill_end_index=4), Request("b", [9, 10], idx=3, prefill_end_index=2)]
+    )
     before = {n: p.model_inputs[n].numpy().copy() for n in MTPProposer.SWAPPED}
     p.reorder_inputs([(0, 3)])
     for n in MTPProposer.SWAPPED:

@@ -8,17 +8,34 @@ from __future__ import annotations
 import numpy as np
 
 NAMES = (
-    "draft_tokens", "input_ids", "stop_flags", "seq_lens_this_time", "seq_lens_encoder",
-    "seq_lens_decoder", "step_idx", "not_need_stop", "pre_ids", "accept_tokens", "accept_num",
-    "target_model_seq_lens_encoder", "target_model_seq_lens_decoder", "target_model_step_idx",
-    "target_model_stop_flags", "max_dec_len", "target_model_draft_tokens",
+    "draft_tokens",
+    "input_ids",
+    "stop_flags",
+    "seq_lens_this_time",
+    "seq_lens_encoder",
+    "seq_lens_decoder",
+    "step_idx",
+    "not_need_stop",
+    "pre_ids",
+    "accept_tokens",
+    "accept_num",
+    "target_model_seq_lens_encoder",
+    "target_model_seq_lens_decoder",
+    "target_model_step_idx",
+    "target_model_stop_flags",
+    "max_dec_len",
+    "target_model_draft_tokens",
 )
 
 
 def draft_model_preprocess(*tensors, num_model_step: int, is_splitwise_prefill: bool) -> dict[str, np.ndarray]:
     t = {name: np.array(x, copy=True) for name, x in zip(NAMES, tensors)}
-    flat = {name: t[name].reshape(-1) for name in NAMES if t[name].ndim <= 2 and name not in (
-        "draft_tokens", "input_ids", "pre_ids", "accept_tokens", "target_model_draft_tokens")}
+    flat = {
+        name: t[name].reshape(-1)
+        for name in NAMES
+        if t[name].ndim <= 2
+        and name not in ("draft_tokens", "input_ids", "pre_ids", "accept_tokens", "target_model_draft_tokens")
+    }
     bsz = flat["seq_lens_this_time"].shape[0]
     width = t["draft_tokens"].shape[1]
     any_kept = False
@@ -26,7 +43,8 @@ def draft_model_preprocess(*tensors, num_model_step: int, is_splitwise_prefill: 
         t["target_model_draft_tokens"][b, 1:] = -1
         tgt = int(flat["target_model_step_idx"][b])
         skip = bool(flat["target_model_stop_flags"][b]) or (
-            not is_splitwise_prefill and tgt + num_model_step >= int(flat["max_dec_len"][b]))
+            not is_splitwise_prefill and tgt + num_model_step >= int(flat["max_dec_len"][b])
+        )
         if skip:
             flat["stop_flags"][b] = True
             flat["seq_lens_this_time"][b] = 0

@@ -10,9 +10,19 @@ from __future__ import annotations
 import numpy as np
 
 NAMES = (
-    "inter_next_tokens", "draft_tokens", "pre_ids", "seq_lens_this_time", "seq_lens_encoder",
-    "seq_lens_decoder", "step_idx", "cu_seqlens_q_output", "stop_flags", "not_need_stop",
-    "max_dec_len", "end_ids", "base_model_draft_tokens",
+    "inter_next_tokens",
+    "draft_tokens",
+    "pre_ids",
+    "seq_lens_this_time",
+    "seq_lens_encoder",
+    "seq_lens_decoder",
+    "step_idx",
+    "cu_seqlens_q_output",
+    "stop_flags",
+    "not_need_stop",
+    "max_dec_len",
+    "end_ids",
+    "base_model_draft_tokens",
 )
 
 

@@ -37,8 +37,15 @@ def _gather(input_, bsz: int, out_rows: int, counts: Callable, source: Callable)
 
 
 def eagle_get_hidden_states(
-    input_, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, stop_flags, accept_nums,
-    base_model_seq_lens_this_time, base_model_seq_lens_encoder, actual_draft_token_num=0,
+    input_,
+    seq_lens_this_time,
+    seq_lens_encoder,
+    seq_lens_decoder,
+    stop_flags,
+    accept_nums,
+    base_model_seq_lens_this_time,
+    base_model_seq_lens_encoder,
+    actual_draft_token_num=0,
 ):
     slt = seq_lens_this_time.reshape(-1)
     enc = seq_lens_encoder.reshape(-1)
@@ -70,8 +77,14 @@ def eagle_get_self_hidden_states(input_, last_seq_lens_this_time, seq_lens_this_
 
 
 def eagle_gather_hidden_states(
-    input_, cu_seqlens_q, seq_lens_this_time, seq_lens_decoder, seq_lens_encoder,
-    batch_id_per_token_output, cu_seqlens_q_output, real_output_token_num,
+    input_,
+    cu_seqlens_q,
+    seq_lens_this_time,
+    seq_lens_decoder,
+    seq_lens_encoder,
+    batch_id_per_token_output,
+    cu_seqlens_q_output,
+    real_output_token_num,
 ):
     slt = seq_lens_this_time.reshape(-1)
 

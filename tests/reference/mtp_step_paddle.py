@@ -11,8 +11,16 @@ from __future__ import annotations
 import numpy as np
 
 NAMES = (
-    "base_model_stop_flags", "stop_flags", "batch_drop", "seq_lens_this_time", "seq_lens_encoder",
-    "seq_lens_decoder", "block_tables", "encoder_block_lens", "used_list_len", "free_list",
+    "base_model_stop_flags",
+    "stop_flags",
+    "batch_drop",
+    "seq_lens_this_time",
+    "seq_lens_encoder",
+    "seq_lens_decoder",
+    "block_tables",
+    "encoder_block_lens",
+    "used_list_len",
+    "free_list",
     "free_list_len",
 )
 

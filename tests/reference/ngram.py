@@ -58,9 +58,20 @@ def _threshold_budget(slt, b, budget, unprocessed, threshold):
 
 
 def hybrid_mtp_ngram(
-    input_ids, input_ids_len, pre_ids, step_idx, draft_token_num, draft_tokens,
-    seq_lens_this_time, seq_lens_decoder, max_dec_len,
-    max_ngram_size, min_ngram_size, max_draft_tokens, threshold=1024, num_threads=0,
+    input_ids,
+    input_ids_len,
+    pre_ids,
+    step_idx,
+    draft_token_num,
+    draft_tokens,
+    seq_lens_this_time,
+    seq_lens_decoder,
+    max_dec_len,
+    max_ngram_size,
+    min_ngram_size,
+    max_draft_tokens,
+    threshold=1024,
+    num_threads=0,
 ) -> dict[str, np.ndarray]:
     del num_threads  # never changes the result
     draft = draft_tokens.copy()
@@ -79,32 +90,55 @@ def hybrid_mtp_ngram(
         if budget is None or step >= pre_ids.shape[1]:
             continue
         prompt_len = min(max(int(lens[b]), 0), input_ids.shape[1])
-        tokens = naive_search(input_ids[b], prompt_len, pre_ids[b], step, max_ngram_size,
-                              min_ngram_size, budget)
+        tokens = naive_search(input_ids[b], prompt_len, pre_ids[b], step, max_ngram_size, min_ngram_size, budget)
         if tokens.size:
             draft[b, ori : ori + tokens.size] = tokens
             slt[b] = ori + tokens.size
     return {
-        "input_ids": input_ids.copy(), "input_ids_len": input_ids_len.copy(),
-        "pre_ids": pre_ids.copy(), "step_idx": step_idx.copy(),
-        "draft_token_num": draft_token_num.copy(), "draft_tokens": draft,
-        "seq_lens_this_time": slt_out, "seq_lens_decoder": seq_lens_decoder.copy(),
+        "input_ids": input_ids.copy(),
+        "input_ids_len": input_ids_len.copy(),
+        "pre_ids": pre_ids.copy(),
+        "step_idx": step_idx.copy(),
+        "draft_token_num": draft_token_num.copy(),
+        "draft_tokens": draft,
+        "seq_lens_this_time": slt_out,
+        "seq_lens_decoder": seq_lens_decoder.copy(),
         "max_dec_len": max_dec_len.copy(),
     }
 
 
 def ngram_match(
-    input_ids, input_ids_len, token_ids_all, prompt_lens, step_idx, draft_token_num,
-    draft_tokens, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, max_dec_len,
-    max_ngram_size, max_draft_tokens, threshold=128, num_threads=0,
+    input_ids,
+    input_ids_len,
+    token_ids_all,
+    prompt_lens,
+    step_idx,
+    draft_token_num,
+    draft_tokens,
+    seq_lens_this_time,
+    seq_lens_encoder,
+    seq_lens_decoder,
+    max_dec_len,
+    max_ngram_size,
+    max_draft_tokens,
+    threshold=128,
+    num_threads=0,
 ) -> dict[str, np.ndarray]:
     del max_draft_tokens, num_threads  # the budget is per item (draft_token_num)
     draft = draft_tokens.copy()
     slt_out = seq_lens_this_time.copy()
     slt = _flat(slt_out)
     lens, pls, steps, dtn, enc, dec, mdl = (
-        _flat(t) for t in (input_ids_len, prompt_lens, step_idx, draft_token_num,
-                           seq_lens_encoder, seq_lens_decoder, max_dec_len)
+        _flat(t)
+        for t in (
+            input_ids_len,
+            prompt_lens,
+            step_idx,
+            draft_token_num,
+            seq_lens_encoder,
+            seq_lens_decoder,
+            max_dec_len,
+        )
     )
     width = draft.shape[1]
     all_width = token_ids_all.shape[1]
@@ -124,16 +158,20 @@ def ngram_match(
         if budget is None or budget <= 0 or step >= all_width - pl:
             continue
         prompt_len = min(max(int(lens[b]), 0), input_ids.shape[1])
-        tokens = naive_search(input_ids[b], prompt_len, token_ids_all[b, pl:], step,
-                              max_ngram_size, 1, budget)
+        tokens = naive_search(input_ids[b], prompt_len, token_ids_all[b, pl:], step, max_ngram_size, 1, budget)
         if tokens.size:
             draft[b, 1 : 1 + tokens.size] = tokens
             slt[b] = 1 + tokens.size
     return {
-        "input_ids": input_ids.copy(), "input_ids_len": input_ids_len.copy(),
-        "token_ids_all": token_ids_all.copy(), "prompt_lens": prompt_lens.copy(),
-        "step_idx": step_idx.copy(), "draft_token_num": draft_token_num.copy(),
-        "draft_tokens": draft, "seq_lens_this_time": slt_out,
-        "seq_lens_encoder": seq_lens_encoder.copy(), "seq_lens_decoder": seq_lens_decoder.copy(),
+        "input_ids": input_ids.copy(),
+        "input_ids_len": input_ids_len.copy(),
+        "token_ids_all": token_ids_all.copy(),
+        "prompt_lens": prompt_lens.copy(),
+        "step_idx": step_idx.copy(),
+        "draft_token_num": draft_token_num.copy(),
+        "draft_tokens": draft,
+        "seq_lens_this_time": slt_out,
+        "seq_lens_encoder": seq_lens_encoder.copy(),
+        "seq_lens_decoder": seq_lens_decoder.copy(),
         "max_dec_len": max_dec_len.copy(),
     }

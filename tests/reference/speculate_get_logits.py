@@ -9,8 +9,15 @@ import numpy as np
 
 
 def speculate_get_logits(
-    draft_logits, next_token_num, batch_token_num, cu_next_token_offset, cu_batch_token_offset,
-    logits, first_token_logits, seq_lens_this_time, seq_lens_encoder,
+    draft_logits,
+    next_token_num,
+    batch_token_num,
+    cu_next_token_offset,
+    cu_batch_token_offset,
+    logits,
+    first_token_logits,
+    seq_lens_this_time,
+    seq_lens_encoder,
 ) -> dict[str, np.ndarray]:
     draft = draft_logits.copy()
     nxt = next_token_num.copy()

@@ -10,8 +10,13 @@ import numpy as np
 
 INPUTS = ("input_ids", "seq_len", "draft_tokens", "seq_lens_encoder", "seq_lens_decoder")
 OUTPUTS = (
-    "ids_remove_padding", "batch_id_per_token", "cu_seqlens_q", "cu_seqlens_k",
-    "cu_seq_lens_q_output", "batch_id_per_token_output", "real_output_token_num",
+    "ids_remove_padding",
+    "batch_id_per_token",
+    "cu_seqlens_q",
+    "cu_seqlens_k",
+    "cu_seq_lens_q_output",
+    "batch_id_per_token_output",
+    "real_output_token_num",
 )
 
 

@@ -11,9 +11,20 @@ from collections.abc import Sequence
 import numpy as np
 
 NAMES = (
-    "seq_lens_encoder", "seq_lens_decoder", "has_running_seqs", "step_input_ids",
-    "step_output_ids", "step_output_len", "stop_flags", "seq_lens_this_time", "is_paused",
-    "token_ids_all", "prompt_lens", "step_idx", "end_tokens", "max_dec_len",
+    "seq_lens_encoder",
+    "seq_lens_decoder",
+    "has_running_seqs",
+    "step_input_ids",
+    "step_output_ids",
+    "step_output_len",
+    "stop_flags",
+    "seq_lens_this_time",
+    "is_paused",
+    "token_ids_all",
+    "prompt_lens",
+    "step_idx",
+    "end_tokens",
+    "max_dec_len",
 )
 
 

@@ -10,8 +10,14 @@ import numpy as np
 
 
 def update_attn_mask_offsets(
-    ids_remove_padding, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, cu_seqlens_q,
-    attn_mask_offsets_full, is_block_step, decode_states,
+    ids_remove_padding,
+    seq_lens_this_time,
+    seq_lens_encoder,
+    seq_lens_decoder,
+    cu_seqlens_q,
+    attn_mask_offsets_full,
+    is_block_step,
+    decode_states,
 ):
     token_num = ids_remove_padding.shape[0]
     out = np.zeros(2 * token_num, dtype=np.int32)  # even slots (window starts) stay 0

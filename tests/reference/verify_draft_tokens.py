@@ -12,10 +12,24 @@ from collections.abc import Sequence
 import numpy as np
 
 NAMES = (
-    "step_output_ids", "step_output_len", "step_input_ids", "target_tokens", "candidate_ids",
-    "candidate_scores", "candidate_lens", "topp", "stop_flags", "seq_lens_encoder",
-    "seq_lens_this_time", "end_tokens", "is_block_step", "cu_seqlens_q_output",
-    "reasoning_status", "max_dec_len", "step_idx", "verify_uniforms",
+    "step_output_ids",
+    "step_output_len",
+    "step_input_ids",
+    "target_tokens",
+    "candidate_ids",
+    "candidate_scores",
+    "candidate_lens",
+    "topp",
+    "stop_flags",
+    "seq_lens_encoder",
+    "seq_lens_this_time",
+    "end_tokens",
+    "is_block_step",
+    "cu_seqlens_q_output",
+    "reasoning_status",
+    "max_dec_len",
+    "step_idx",
+    "verify_uniforms",
 )
 TOPP, GREEDY, TARGET_MATCH, REJECTION = 0, 1, 2, 3
 ACCEPT_ALL_EOS_REPLACEMENT = 5

@@ -89,8 +89,9 @@ def attacher(tag: str, layers: int, timeout: float) -> int:
     from fastdeploy_mtp.ops import share_external_data, unset_data_ipc
 
     try:
-        ready = IPCSignal("cache_ready_signal", np.zeros([1], np.int32), np.int32, suffix=tag,
-                          create=False, timeout=timeout)
+        ready = IPCSignal(
+            "cache_ready_signal", np.zeros([1], np.int32), np.int32, suffix=tag, create=False, timeout=timeout
+        )
         print("WAITING", flush=True)
         ready.wait_for(lambda v: v[0] == 1, timeout=timeout)
     except CreatorGoneError as e:
