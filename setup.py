@@ -29,6 +29,12 @@ EXTENSIONS = ("fastdeploy_mtp._kernels", "fastdeploy_mtp.ops._fdmtp_ops")
 GENERATED_WRAPPERS = "_op_wrappers.py"
 
 
+def _build_dir():
+    """The CMake build folder (FDMTP_BUILD_DIR, default build/cmake-<python tag>)."""
+    tag = sysconfig.get_config_var("SOABI") or "py"
+    return os.environ.get("FDMTP_BUILD_DIR", os.path.join(ROOT, "build", f"cmake-{tag}"))
+
+
 class CMakeExtension(Extension):
     def __init__(self, name):
         super().__init__(name, sources=[])
@@ -52,8 +58,7 @@ class CMakeBuild(build_ext):
     installs."""
 
     def build_extension(self, ext):
-        tag = sysconfig.get_config_var("SOABI") or "py"
-        build_dir = os.environ.get("FDMTP_BUILD_DIR", os.path.join(ROOT, "build", f"cmake-{tag}"))
+        build_dir = _build_dir()
         stage = os.path.join(build_dir, "out")
         if not getattr(self, "_fdmtp_built", False):
             self._run_cmake(build_dir, stage)
@@ -64,8 +69,18 @@ class CMakeBuild(build_ext):
         shutil.copyfile(os.path.join(stage, relative), target)
         if ext.name == "fastdeploy_mtp.ops._fdmtp_ops":
             # The Python op wrappers generated from the op declarations go with the library.
-            wrappers = os.path.join("ops", GENERATED_WRAPPERS)
-            shutil.copyfile(os.path.join(stage, wrappers), os.path.join(os.path.dirname(target), GENERATED_WRAPPERS))
+            self._copy_wrappers(stage, os.path.dirname(target))
+
+    def copy_extensions_to_source(self):
+        """Editable installs: setuptools copies the libraries into the source tree; the
+        generated wrappers must land beside them."""
+        super().copy_extensions_to_source()
+        self._copy_wrappers(os.path.join(_build_dir(), "out"), os.path.join(ROOT, "fastdeploy_mtp", "ops"))
+
+    @staticmethod
+    def _copy_wrappers(stage, package_dir):
+        os.makedirs(package_dir, exist_ok=True)
+        shutil.copyfile(os.path.join(stage, "ops", GENERATED_WRAPPERS), os.path.join(package_dir, GENERATED_WRAPPERS))
 
     def _run_cmake(self, build_dir, stage):
         os.makedirs(build_dir, exist_ok=True)

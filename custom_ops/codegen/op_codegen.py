@@ -42,6 +42,7 @@ import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 # ---- The declaration model ---------------------------------------------------------------
 
@@ -141,7 +142,8 @@ class Op:
         raise DeclarationError(f"{self.source}: no input named `{name}`")
 
 
-def _take(table: dict, key: str, where: str, default: object = ...) -> object:
+def _take(table: dict[str, Any], key: str, where: str, default: Any = ...) -> Any:
+    """Pops `key` from a TOML table (`default` when absent; required when no default)."""
     if key in table:
         return table.pop(key)
     if default is ...:
@@ -149,7 +151,7 @@ def _take(table: dict, key: str, where: str, default: object = ...) -> object:
     return default
 
 
-def _no_extra(table: dict, where: str) -> None:
+def _no_extra(table: dict[str, Any], where: str) -> None:
     if table:
         raise DeclarationError(f"{where}: unknown keys {sorted(table)}")
 
@@ -165,7 +167,7 @@ def load_op(path: Path) -> Op:
     where = str(path)
     name = path.stem
     inputs = []
-    for i, raw in enumerate(_take(data, "inputs", where)):  # type: ignore[union-attr]
+    for i, raw in enumerate(_take(data, "inputs", where)):
         w = f"{where}: inputs[{i}]"
         name_ = _check_name(str(_take(raw, "name", w)), w)
         t = Tensor(
@@ -180,7 +182,7 @@ def load_op(path: Path) -> Op:
         _no_extra(raw, w)
         inputs.append(t)
     attrs = []
-    for i, raw in enumerate(_take(data, "attrs", where, [])):  # type: ignore[union-attr]
+    for i, raw in enumerate(_take(data, "attrs", where, [])):
         w = f"{where}: attrs[{i}]"
         a = Attr(
             name=_check_name(str(_take(raw, "name", w)), w),
@@ -193,12 +195,12 @@ def load_op(path: Path) -> Op:
         _no_extra(raw, w)
         attrs.append(a)
     outputs = []
-    for i, raw in enumerate(_take(data, "outputs", where, [])):  # type: ignore[union-attr]
+    for i, raw in enumerate(_take(data, "outputs", where, [])):
         w = f"{where}: outputs[{i}]"
         o = Output(
             name=_check_name(str(_take(raw, "name", w)), w),
             dtype=str(_take(raw, "dtype", w)),
-            alloc=_take(raw, "alloc", w),  # type: ignore[arg-type]
+            alloc=_take(raw, "alloc", w),
             shape=str(_take(raw, "shape", w)),
             doc=str(_take(raw, "doc", w)),
         )
@@ -216,12 +218,12 @@ def load_op(path: Path) -> Op:
         attrs=attrs,
         outputs=outputs,
         template_on=str(_take(data, "template_on", where, "")),
-        cpu_extra=list(_take(data, "cpu_extra", where, [])),  # type: ignore[arg-type]
+        cpu_extra=list(_take(data, "cpu_extra", where, [])),
         cuda_workspace=str(_take(data, "cuda_workspace", where, "")),
-        xpu_kernels=list(_take(data, "xpu_kernels", where, [name])),  # type: ignore[arg-type]
-        xpu_limits=list(_take(data, "xpu_limits", where, [])),  # type: ignore[arg-type]
+        xpu_kernels=list(_take(data, "xpu_kernels", where, [name])),
+        xpu_limits=list(_take(data, "xpu_limits", where, [])),
         attrs_first=bool(_take(data, "attrs_first", where, False)),
-        paddle_outputs=list(_take(data, "paddle_outputs", where, [])),  # type: ignore[arg-type]
+        paddle_outputs=list(_take(data, "paddle_outputs", where, [])),
     )
     _no_extra(data, where)
     validate(op)
@@ -354,7 +356,7 @@ def load_constants(path: Path) -> tuple[list[Constant], list[Enum]]:
     for python, raw in data.get("enums", {}).items():
         w = f"{path}: enums.{python}"
         members = []
-        for m in _take(raw, "members", w):  # type: ignore[union-attr]
+        for m in _take(raw, "members", w):
             mw = f"{w}.members"
             members.append(
                 (
@@ -542,14 +544,15 @@ def gen_entries_cc(ops: list[Op]) -> str:
         if opt:
             out.append("  for (const TensorRef* t : Present({" + ", ".join(opt) + "})) tensors.push_back(t);")
         out.append("  check.SameDevice(tensors);")
-        for t in [*op.inputs, *op.outputs]:
-            optional = isinstance(t, Tensor) and t.optional
-            ref = f"*call.{t.name}" if optional else f"call.{t.name}"
-            lines = dtype_checks(op, t, ref)
-            if t.dtype != "any":
+        checked: list[Tensor | Output] = [*op.inputs, *op.outputs]
+        for c in checked:
+            optional = isinstance(c, Tensor) and c.optional
+            ref = f"*call.{c.name}" if optional else f"call.{c.name}"
+            lines = dtype_checks(op, c, ref)
+            if c.dtype != "any":
                 lines.append(f"check.Contiguous({ref});")
             for line in lines:
-                out.append(f"  if (call.{t.name}) {line}" if optional else f"  {line}")
+                out.append(f"  if (call.{c.name}) {line}" if optional else f"  {line}")
         out.append(f"  {op.args_struct} args{{}};")
         for t in op.inputs:
             if not t.field:
@@ -745,9 +748,9 @@ def gen_paddle_cc(ops: list[Op]) -> str:
         out.append("    .Outputs({" + ", ".join(outs) + "})")
         if op.attrs:
             out.append("    .Attrs({" + ", ".join(f'"{a.name}: {ATTR_TYPES[a.type][1]}"' for a in op.attrs) + "})")
-        inplace = [f'{{"{t.name}", "{t.name}_out"}}' for t in op.inputs if t.writes]
-        if inplace:
-            out.append("    .SetInplaceMap({" + ", ".join(inplace) + "})")
+        pairs = [f'{{"{t.name}", "{t.name}_out"}}' for t in op.inputs if t.writes]
+        if pairs:
+            out.append("    .SetInplaceMap({" + ", ".join(pairs) + "})")
         if op.outputs:
             out.append(f"    .SetInferShapeFn(PD_INFER_SHAPE({op.kernel}Shape))")
             out.append(f"    .SetInferDtypeFn(PD_INFER_DTYPE({op.kernel}Dtype))")
@@ -800,15 +803,15 @@ def gen_pybind_cc(ops: list[Op]) -> str:
     out += ["}  // namespace", "", "namespace fdmtp {", "namespace pybind {", "", "void DefineOps(py::module_& m) {"]
     for op in ops:
         dflt = defaults(op, python=False)
-        args = []
+        args: list[str] = []
         for p in positional(op, python=False):
-            a = f'py::arg("{p.name}")'
+            arg = f'py::arg("{p.name}")'
             if isinstance(p, Tensor) and p.optional:
-                a += ".none(true)"
+                arg += ".none(true)"
             if p.name in dflt:
                 value = dflt[p.name]
-                a += " = py::none()" if value == "None" else f" = {cpp_literal(_unrepr(value))}"
-            args.append(a)
+                arg += " = py::none()" if value == "None" else f" = {cpp_literal(_unrepr(value))}"
+            args.append(arg)
         args.append("py::kw_only()")
         args += [f'py::arg("{o.name}")' for o in op.outputs]
         args.append('py::arg("stream") = 0')
