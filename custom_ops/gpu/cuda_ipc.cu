@@ -1,4 +1,4 @@
-// CUDA IPC for set_data_ipc / share_external_data (entry/ipc.cc): export, open and close
+// CUDA IPC for set_data_ipc / share_external_data (entry/ipc_entries.cc): export, open and close
 // memory handles. Host-side runtime calls only; nothing is launched.
 #include <cuda.h>
 

@@ -1,6 +1,6 @@
 // The DLPack (unversioned, ABI 0.x) structures, declared here so the module needs no
 // framework headers. Field order and sizes follow the DLPack specification. Used to read
-// arguments (tensor_arg.cc) and to export shared buffers (ipc.cc).
+// arguments (tensor_arg.cc) and to export shared buffers (ipc_bindings.cc).
 #pragma once
 
 #include <cstdint>

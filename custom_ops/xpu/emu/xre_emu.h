@@ -24,7 +24,7 @@
 namespace fdmtp {
 namespace xpu_emu {
 
-// XRE's XPUIpcMemHandle: an opaque 64-byte record (assumed size, see xpu/runtime/ipc.h).
+// XRE's XPUIpcMemHandle: an opaque 64-byte record (assumed size, see xpu/runtime/xpu_ipc.h).
 struct XPUIpcMemHandle {
   char reserved[64];
 };

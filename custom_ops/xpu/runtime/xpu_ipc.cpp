@@ -1,4 +1,4 @@
-// The XPU IPC runtime calls (see ipc.h): XRE with the Kunlun SDK, the emulated XRE otherwise.
+// The XPU IPC runtime calls (see xpu_ipc.h): XRE with the Kunlun SDK, the emulated XRE otherwise.
 #include "xpu/runtime/xpu_ipc.h"
 
 #include <cstring>

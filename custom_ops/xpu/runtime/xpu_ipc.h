@@ -1,5 +1,5 @@
-// XPU runtime calls of set_data_ipc / share_external_data (entry/ipc.cc): export, open and
-// close IPC handles of XPU device memory, the counterpart of gpu/ipc.cu. With the Kunlun SDK
+// XPU runtime calls of set_data_ipc / share_external_data (entry/ipc_entries.cc): export, open and
+// close IPC handles of XPU device memory, the counterpart of gpu/cuda_ipc.cu. With the Kunlun SDK
 // (FDMTP_WITH_XPU) these call XRE's xpu_ipc_get_memhandle / xpu_ipc_open_memhandle /
 // xpu_ipc_close_memhandle; in the default build they call the emulated XRE of
 // emu/xre_emu.h, whose device memory is host memory that other processes can open.
