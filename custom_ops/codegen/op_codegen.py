@@ -548,7 +548,7 @@ def gen_entries_cc(ops: list[Op]) -> str:
         for c in checked:
             optional = isinstance(c, Tensor) and c.optional
             ref = f"*call.{c.name}" if optional else f"call.{c.name}"
-            lines = dtype_checks(op, c, ref)
+            lines = [f"check.Storage({ref});", *dtype_checks(op, c, ref)]
             if c.dtype != "any":
                 lines.append(f"check.Contiguous({ref});")
             for line in lines:

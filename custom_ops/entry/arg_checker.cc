@@ -58,19 +58,38 @@ void ArgChecker::Contiguous(const TensorRef& t) const {
 }
 
 void ArgChecker::PerItem(const TensorRef& t, int64_t n, const TensorRef& source) const {
-  const bool ok = (t.shape.size() == 1 && t.shape[0] == n) ||
-                  (t.shape.size() == 2 && t.shape[0] == n && t.shape[1] == 1);
+  const bool ok = (t.shape.size() == 1 && t.shape[0] >= n) ||
+                  (t.shape.size() == 2 && t.shape[0] >= n && t.shape[1] == 1);
   if (!ok) {
-    Fail(std::string("`") + t.name + "` must have shape [" + std::to_string(n) + "] or [" +
-         std::to_string(n) + ", 1] (batch size from `" + source.name + "`), got " +
+    Fail(std::string("`") + t.name + "` must have shape [m] or [m, 1] with m >= " +
+         std::to_string(n) + " (batch size from `" + source.name + "`; rows past it are not read), got " +
          t.ShapeString());
   }
 }
 
 void ArgChecker::Rows(const TensorRef& t, int64_t n, const TensorRef& source) const {
-  if (t.shape.size() != 2 || t.shape[0] != n) {
-    Fail(std::string("`") + t.name + "` must have shape [" + std::to_string(n) +
-         ", *] (batch size from `" + source.name + "`), got " + t.ShapeString());
+  if (t.shape.size() != 2 || t.shape[0] < n) {
+    Fail(std::string("`") + t.name + "` must have shape [m, *] with m >= " + std::to_string(n) +
+         " (batch size from `" + source.name + "`; rows past it are not read), got " +
+         t.ShapeString());
+  }
+}
+
+void ArgChecker::Storage(const TensorRef& t) const {
+  // Dimensions are non-negative and the element and byte counts fit in int64 (a shape from a
+  // raw-pointer tuple or DLPack is caller data), and a non-empty tensor has memory.
+  int64_t n = 1;
+  for (int64_t d : t.shape) {
+    if (d < 0) Fail(std::string("`") + t.name + "` has a negative dimension: " + t.ShapeString());
+    if (d != 0 && n > kMaxElements / d) {
+      Fail(std::string("`") + t.name + "` has more elements than this op can address: " +
+           t.ShapeString());
+    }
+    n *= d;
+  }
+  if (n != 0 && t.data == nullptr) {
+    Fail(std::string("`") + t.name + "` has " + std::to_string(n) +
+         " element(s) but a null data pointer");
   }
 }
 

@@ -177,7 +177,7 @@ BAD = {
     "stop_flags_uint8": (2, lambda t: t[2].astype(np.uint8), "stop_flags"),
     "accept_tokens_width_k": (9, lambda t: t[9][:, :-1].copy(), "accept_tokens"),
     "target_draft_width_k": (16, lambda t: t[16][:, :-1].copy(), "target_model_draft_tokens"),
-    "pre_ids_batch_mismatch": (8, lambda t: np.zeros((5, 16), np.int64), "pre_ids"),
+    "pre_ids_batch_mismatch": (8, lambda t: np.zeros((1, 16), np.int64), "pre_ids"),
     "max_dec_len_batch_mismatch": (15, lambda t: np.zeros((2, 1), np.int64), "max_dec_len"),
     "not_need_stop_two_elements": (7, lambda t: np.zeros(2, bool), "not_need_stop"),
     "input_ids_rank1": (1, lambda t: t[1].reshape(-1), "input_ids"),

@@ -137,7 +137,7 @@ BAD_INPUTS = {
     "seq_lens_this_time_int64": (1, lambda t: t[1].astype(np.int64), "seq_lens_this_time"),
     "seq_lens_encoder_batch_5": (2, lambda t: t[2][:5], "seq_lens_encoder"),
     "accept_nums_float32": (5, lambda t: t[5].astype(np.float32), "accept_nums"),
-    "base_slt_batch_7": (6, lambda t: np.zeros(7, np.int32), "base_model_seq_lens_this_time"),
+    "base_slt_batch_1": (6, lambda t: np.zeros(1, np.int32), "base_model_seq_lens_this_time"),
 }
 
 

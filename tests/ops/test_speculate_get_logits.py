@@ -116,7 +116,7 @@ BAD_INPUTS = {
     "first_token_logits_batch_2": (6, lambda t: t[6][:2], "first_token_logits"),
     "cu_batch_token_offset_len_n": (4, lambda t: t[4][:-1], "cu_batch_token_offset"),
     "next_token_num_int64": (1, lambda t: t[1].astype(np.int64), "next_token_num"),
-    "seq_lens_encoder_batch_5": (8, lambda t: np.zeros(5, np.int32), "seq_lens_encoder"),
+    "seq_lens_encoder_batch_1": (8, lambda t: np.zeros(1, np.int32), "seq_lens_encoder"),
 }
 
 

@@ -505,7 +505,7 @@ BAD_INPUTS = {
     "step_input_ids_width_k": (GREEDY, 2, lambda t: t[2][:, :-1].copy(), "step_input_ids"),
     "step_input_ids_batch_5": (GREEDY, 2, lambda t: t[2][:5].copy(), "step_input_ids"),
     "topp_batch_5": (TOPP, 7, lambda t: t[7][:5].copy(), "topp"),
-    "step_idx_batch_7": (GREEDY, 16, lambda t: np.zeros((7, 1), np.int64), "step_idx"),
+    "step_idx_batch_1": (GREEDY, 16, lambda t: np.zeros((1, 1), np.int64), "step_idx"),
     "seq_lens_this_time_too_many": (GREEDY, 10, lambda t: np.ones(7, np.int32), "seq_lens_this_time"),
     "seq_lens_this_time_negative": (
         GREEDY,

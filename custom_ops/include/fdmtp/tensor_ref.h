@@ -46,6 +46,10 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// The most elements a tensor argument may have: its byte count (8-byte elements) and any
+// index computed from it stay far from int64 overflow.
+constexpr int64_t kMaxElements = int64_t{1} << 56;
+
 struct TensorRef {
   const char* name = "";  // the argument's name in the op signature
   void* data = nullptr;
@@ -88,10 +92,16 @@ class ArgChecker {
   void Dtype(const TensorRef& t, DType expected) const;
   void Rank(const TensorRef& t, size_t rank) const;
   void Contiguous(const TensorRef& t) const;
-  // A per-item vector: shape [n] or [n, 1].
+  // A per-item vector: shape [m] or [m, 1] with m >= n. Upstream kernels read entries
+  // 0..n-1 only, and its callers pass arrays padded to max_bsz, so extra rows are accepted
+  // (and never read).
   void PerItem(const TensorRef& t, int64_t n, const TensorRef& source) const;
-  // A matrix of n rows: rank 2 and shape[0] == n (batch size taken from `source`).
+  // A matrix of at least n rows: rank 2 and shape[0] >= n (batch size taken from `source`);
+  // rows past n are not read.
   void Rows(const TensorRef& t, int64_t n, const TensorRef& source) const;
+  // Non-negative dimensions whose element count (and byte count) fits in int64, and memory
+  // behind a non-empty tensor (a raw-pointer tuple may carry address 0).
+  void Storage(const TensorRef& t) const;
   // Exactly `n` elements, any shape (e.g. a [1] flag).
   void Numel(const TensorRef& t, int64_t n) const;
   // An attribute that must be >= minimum.
