@@ -27,12 +27,13 @@ Two conventions, shared by every op test:
   pattern so an element the op forgets to write shows up, and pass them as keyword
   arguments ``name=buffer``. ``run`` returns the argument tensors followed by the outputs.
 * **Optional inputs** are passed as ``None`` and come back as ``None``.
-* The Paddle backend calls each op's typed wrapper with (tensors..., attrs...); an op whose
-  wrapper keeps a different upstream call form is listed in ``PADDLE_CALL_FORMS``.
+* Every backend calls the op by keyword (:func:`call_kwargs`): ``tensors`` in the op's
+  declared input order, ``attrs`` in its declared attr order.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Sequence
 from typing import Any
@@ -47,11 +48,29 @@ ALL_BACKENDS = ("cpu", "kernels-cpu", "cuda", "xpu-emu")
 # whose core count does not divide typical batch sizes (indexing mistakes show as diffs).
 XPU_EMU_LAUNCHES = ((3, 16), (2, 7))
 
-# Typed wrappers whose positional form is not (tensors..., attrs...).
-PADDLE_CALL_FORMS = {
-    # FastDeploy's proposer passes cpu_token_num (the only attr) first
-    "speculate_pre_process": lambda fn, tensors, attrs: fn(*attrs, *tensors),
-}
+
+def call_kwargs(op: str, tensors: Sequence[Any], attrs: Sequence[Any]) -> dict[str, Any]:
+    """The op's arguments by name: `tensors` in the op's declared input order, `attrs` in its
+    declared attr order (trailing attrs may be left to their defaults). Calls by keyword work
+    the same for every binding, whatever order a wrapper's positional form uses."""
+    from fastdeploy_mtp.ops import OP_SIGNATURES
+
+    inputs, attr_names = OP_SIGNATURES[op]
+    assert len(tensors) == len(inputs), f"{op} takes {len(inputs)} tensors, got {len(tensors)}"
+    assert len(attrs) <= len(attr_names), f"{op} takes {len(attr_names)} attrs, got {len(attrs)}"
+    return {**dict(zip(inputs, tensors)), **dict(zip(attr_names, attrs))}
+
+
+@contextlib.contextmanager
+def _recording(received):
+    """On an error from the op, attach ``received()`` to the exception as ``.received``: the
+    argument buffers *the op was given* (each backend passes copies of the caller's arrays),
+    read back after the failed call, so a test can check that a rejected call wrote nothing."""
+    try:
+        yield
+    except Exception as e:
+        e.received = received()
+        raise
 
 
 def _map(fn, t):
@@ -89,8 +108,8 @@ class PaddleCpuBackend(Backend):
 
         # paddle.to_tensor maps uint16 to bfloat16, and .numpy() maps it back
         pts = [_map(lambda a: paddle.to_tensor(np.array(a, copy=True), place=paddle.CPUPlace()), t) for t in tensors]
-        call = PADDLE_CALL_FORMS.get(op, lambda fn, ts, at: fn(*ts, *at))
-        result = call(getattr(ops, op), pts, attrs)
+        with _recording(lambda: [_map(lambda x: x.numpy(), t) for t in pts]):
+            result = getattr(ops, op)(**call_kwargs(op, pts, attrs))
         if not outputs:
             return [_map(lambda x: x.numpy(), t) for t in pts]
         result = list(result) if isinstance(result, (list, tuple)) else [result]
@@ -115,7 +134,10 @@ class KernelsCpuBackend(Backend):
         def arg(a):
             return _raw_bf16(a, "cpu") if a is not None and a.dtype == np.uint16 else a
 
-        getattr(_kernels, op)(*[arg(a) for a in arrays], *attrs, **{s[0]: arg(o) for s, o in zip(outputs, outs)})
+        with _recording(lambda: [_map(lambda a: np.array(a, copy=True), t) for t in arrays]):
+            getattr(_kernels, op)(
+                **call_kwargs(op, [arg(a) for a in arrays], attrs), **{s[0]: arg(o) for s, o in zip(outputs, outs)}
+            )
         return arrays + outs
 
 
@@ -175,7 +197,9 @@ class CudaBackend(Backend):
 
             dev = [to_dev(a) for a in host]
             stream = torch.cuda.current_stream().cuda_stream
-            getattr(_kernels, op)(*dev[:n_in], *attrs, **dict(zip(names, dev[n_in:])), stream=stream)
+            with _recording(lambda: [to_host(t, a) for t, a in zip(dev[:n_in], host)]):
+                kwargs = call_kwargs(op, dev[:n_in], attrs)
+                getattr(_kernels, op)(**kwargs, **dict(zip(names, dev[n_in:])), stream=stream)
             torch.cuda.synchronize()
             return [to_host(t, a) for t, a in zip(dev, host)]
         import cupy
@@ -187,7 +211,8 @@ class CudaBackend(Backend):
             for d in dev
         ]
         stream = cupy.cuda.get_current_stream().ptr
-        getattr(_kernels, op)(*args[:n_in], *attrs, **dict(zip(names, args[n_in:])), stream=stream)
+        with _recording(lambda: [_map(cupy.asnumpy, d) for d in dev[:n_in]]):
+            getattr(_kernels, op)(**call_kwargs(op, args[:n_in], attrs), **dict(zip(names, args[n_in:])), stream=stream)
         cupy.cuda.get_current_stream().synchronize()
         return [_map(cupy.asnumpy, d) for d in dev]
 

@@ -124,6 +124,9 @@ class Op:
     xpu_kernels: list[str] = field(default_factory=list)  # launched in order; "@single": 1x1
     xpu_limits: list[dict[str, str]] = field(default_factory=list)
     attrs_first: bool = False  # Python wrapper: attrs before tensors (FastDeploy's call form)
+    # Optional inputs that both bindings take after the attrs (an upstream positional call,
+    # all tensors then the attrs, must still work when we add an optional input).
+    trailing_inputs: list[str] = field(default_factory=list)
     paddle_outputs: list[str] = field(default_factory=list)  # Paddle's output order, if not the default
 
     def output_order(self) -> list[str]:
@@ -223,6 +226,7 @@ def load_op(path: Path) -> Op:
         xpu_kernels=list(_take(data, "xpu_kernels", where, [name])),
         xpu_limits=list(_take(data, "xpu_limits", where, [])),
         attrs_first=bool(_take(data, "attrs_first", where, False)),
+        trailing_inputs=list(_take(data, "trailing_inputs", where, [])),
         paddle_outputs=list(_take(data, "paddle_outputs", where, [])),
     )
     _no_extra(data, where)
@@ -253,6 +257,9 @@ def validate(op: Op) -> None:
     for a in op.attrs:
         if a.type not in ATTR_TYPES:
             raise DeclarationError(f"{w}: attr `{a.name}`: type must be one of {sorted(ATTR_TYPES)}")
+    for name in op.trailing_inputs:
+        if name not in tensor_names or not op.input(name).optional:
+            raise DeclarationError(f"{w}: trailing input `{name}` must be an optional input")
     default_outputs = [o.name for o in op.outputs] + [f"{t.name}_out" for t in op.inputs if t.writes]
     if op.paddle_outputs and sorted(op.paddle_outputs) != sorted(default_outputs):
         raise DeclarationError(f"{w}: paddle_outputs must order exactly {default_outputs}")
@@ -284,11 +291,14 @@ def _check_dtype(op: Op, name: str, dtype: str, allow_any: bool) -> None:
 
 
 def positional(op: Op, python: bool = True) -> list[Tensor | Attr]:
-    """The positional parameters: tensors then attrs (the Python wrapper of an `attrs_first`
-    op takes the attrs first, FastDeploy's call form; the pybind function never does)."""
+    """The positional parameters: tensors then attrs, then the `trailing_inputs` (the Python
+    wrapper of an `attrs_first` op takes the attrs first, FastDeploy's call form; the pybind
+    function never does)."""
+    leading = [t for t in op.inputs if t.name not in op.trailing_inputs]
+    trailing = [t for t in op.inputs if t.name in op.trailing_inputs]
     if op.attrs_first and python:
-        return [*op.attrs, *op.inputs]
-    return [*op.inputs, *op.attrs]
+        return [*op.attrs, *leading, *trailing]
+    return [*leading, *op.attrs, *trailing]
 
 
 def defaults(op: Op, python: bool = True) -> dict[str, str]:
@@ -680,7 +690,7 @@ def gen_paddle_cc(ops: list[Op]) -> str:
         out.append(f"{ret} {op.kernel}Kernel({', '.join(params)}) {{")
         if op.outputs:
             out.append("  std::vector<paddle::Tensor> outs;")
-        out.append("  pb::RunEntry([&] {")
+        out.append(f'  pb::RunEntry("{op.name}", [&] {{')
         out.append(f"    fdmtp::{op.call} call;")
         for t in op.inputs:
             conv = "ToOptionalRef" if t.optional else "ToRef"
@@ -777,14 +787,13 @@ def gen_pybind_cc(ops: list[Op]) -> str:
     for op in ops:
         params = []
         for p in positional(op, python=False):
-            if isinstance(p, Tensor):
-                params.append(f"py::handle {p.name}")
-            else:
-                params.append(f"{ATTR_TYPES[p.type][0]} {p.name}")
+            # attrs arrive as Python objects and are range-checked here, so an out-of-range
+            # value is an error naming the op and the attr (not pybind's TypeError)
+            params.append(f"py::object {p.name}")
         params += [f"py::handle {o.name}" for o in op.outputs]
         params.append("uintptr_t stream")
         out.append(f"void {op.kernel}Py({', '.join(params)}) {{")
-        out.append("  fdmtp::pybind::ArgScope scope;")
+        out.append(f'  fdmtp::pybind::ArgScope scope("{op.name}");')
         out.append(f"  fdmtp::{op.call} call;")
         for t in op.inputs:
             conv = "ConvertOptional" if t.optional else "Convert"
@@ -792,7 +801,7 @@ def gen_pybind_cc(ops: list[Op]) -> str:
         for o in op.outputs:
             out.append(f'  call.{o.name} = scope.Convert({o.name}, "{o.name}");')
         for a in op.attrs:
-            out.append(f"  call.{a.name} = {a.name};")
+            out.append(f"  call.{a.name} = {pybind_attr(a)};")
         out.append("  call.stream = reinterpret_cast<void*>(stream);")
         if op.cuda_workspace:
             out.append("  fdmtp::pybind::StreamScratch scratch(call.stream);")
@@ -810,7 +819,12 @@ def gen_pybind_cc(ops: list[Op]) -> str:
                 arg += ".none(true)"
             if p.name in dflt:
                 value = dflt[p.name]
-                arg += " = py::none()" if value == "None" else f" = {cpp_literal(_unrepr(value))}"
+                if value == "None":
+                    arg += " = py::none()"
+                elif value in ("True", "False"):
+                    arg += f" = py::bool_({cpp_literal(_unrepr(value))})"
+                else:
+                    arg += f" = py::int_({value})"
             args.append(arg)
         args.append("py::kw_only()")
         args += [f'py::arg("{o.name}")' for o in op.outputs]
@@ -826,6 +840,17 @@ def gen_pybind_cc(ops: list[Op]) -> str:
         out.append(f"        {cpp_string(doc)});")
     out += ["}", "", "}  // namespace pybind", "}  // namespace fdmtp", ""]
     return "\n".join(out)
+
+
+def pybind_attr(a: Attr) -> str:
+    """The C++ expression converting attr `a` from its Python object (range-checked)."""
+    if a.type == "bool":
+        return f'scope.BoolAttr({a.name}, "{a.name}")'
+    if a.type == "int":
+        return f'static_cast<int>(scope.IntAttr({a.name}, "{a.name}", 32))'
+    if a.type == "int64":
+        return f'scope.IntAttr({a.name}, "{a.name}", 64)'
+    raise DeclarationError(f"attr `{a.name}`: no pybind conversion for type {a.type!r}")
 
 
 def _unrepr(value: str) -> object:
@@ -959,7 +984,7 @@ def gen_python(
         "import os",
         "from typing import TYPE_CHECKING, Final",
         "",
-        "from ._loader import run_paddle_op",
+        "from ._loader import bool_attr, int_attr, run_paddle_op, tensor_arg",
         "",
         "if TYPE_CHECKING:",
         "    import paddle",
@@ -986,6 +1011,13 @@ def gen_python(
     for name in manual:
         out.append(f"    {name!r}: {sections.get(name, '')!r},")
     out += ["}", ""]
+    out.append("#: Each kernel op's tensor inputs (Paddle's input order) and attrs, for calls by keyword.")
+    out.append("OP_SIGNATURES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {")
+    for op in ops:
+        ins = "".join(f'"{t.name}", ' for t in op.inputs)
+        ats = "".join(f'"{a.name}", ' for a in op.attrs)
+        out.append(f'    "{op.name}": (({ins}), ({ats})),')
+    out += ["}", ""]
     out.append("#: Each kernel op's in-place map: input name -> Paddle output name.")
     out.append("INPLACE_MAPS: Final[dict[str, dict[str, str]]] = {")
     for op in ops:
@@ -995,10 +1027,11 @@ def gen_python(
         "}",
         "",
         "",
-        "def _from_env(value: int | None, env: str, default: int) -> int:",
-        '    """`value`, else the integer in environment variable `env` if set, else `default`."""',
+        "def _from_env(value: int | None, env: str, default: int) -> object:",
+        '    """`value` (range-checked by the caller), else the integer in environment variable `env`',
+        '    if set, else `default`."""',
         "    if value is not None:",
-        "        return int(value)",
+        "        return value",
         "    text = os.environ.get(env)",
         '    if text is None or text.strip() == "":',
         "        return default",
@@ -1029,13 +1062,22 @@ def gen_python(
         out += ["", "", f"def {op.name}(", *params, f") -> {ret}:"]
         prose = without_subsections(sections.get(op.name, ""), ("Tests",))
         out.append(py_docstring_source(py_docstring(op, prose)))
-        call_args = [t.name for t in op.inputs]
+        call_args = []
+        for t in op.inputs:
+            flags = (", writes=True" if t.writes else "") + (", optional=True" if t.optional else "")
+            call_args.append(f'tensor_arg("{op.name}", "{t.name}", {t.name}{flags})')
         for a in op.attrs:
-            conv = ATTR_TYPES[a.type][2]
             if a.env:
-                call_args.append(f'_from_env({a.name}, "{a.env}", {py_literal(a.default)})')
+                given = f'_from_env({a.name}, "{a.env}", {py_literal(a.default)})'
             else:
-                call_args.append(f"{conv}({a.name})")
+                given = a.name
+            if a.type == "bool":
+                call_args.append(f'bool_attr("{op.name}", "{a.name}", {given})')
+            elif a.type in ("int", "int64"):
+                bits = 32 if a.type == "int" else 64
+                call_args.append(f'int_attr("{op.name}", "{a.name}", {given}, {bits})')
+            else:
+                call_args.append(f"float({given})")
         call = f'run_paddle_op("{op.name}", ' + ", ".join(call_args) + ")"
         if not op.outputs:
             out.append(f"    {call}")
@@ -1049,7 +1091,8 @@ def gen_python(
                 out.append(f"    return ({items})")
     out.append("")
     out.append("")
-    exported = [c.python for c in consts] + [e.python for e in enums] + ["INPLACE_MAPS", "MANUAL_OP_DOCS", "OP_NAMES"]
+    tables = ["INPLACE_MAPS", "MANUAL_OP_DOCS", "OP_NAMES", "OP_SIGNATURES"]
+    exported = [c.python for c in consts] + [e.python for e in enums] + tables
     exported += [op.name for op in ops]
     out.append("__all__ = [" + "".join(f'\n    "{n}",' for n in sorted(exported)) + "\n]")
     out.append("")

@@ -3,6 +3,7 @@
 // build folder) and of ipc_paddle_ops.cc.
 #pragma once
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -61,6 +62,21 @@ void RunEntry(Fn&& fn) {
     std::forward<Fn>(fn)();
   } catch (const Error& e) {
     PD_THROW(e.what());
+  }
+}
+
+// The same for generated bindings: every failure inside (argument conversion, output
+// allocation, the entry) reaches Python as "<op>: ..." so the wrapper can raise OpError.
+template <typename Fn>
+void RunEntry(const char* op, Fn&& fn) {
+  const std::string prefix = std::string(op) + ": ";
+  try {
+    std::forward<Fn>(fn)();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    PD_THROW(what.rfind(prefix, 0) == 0 ? what : prefix + what);
+  } catch (const std::exception& e) {
+    PD_THROW(prefix + e.what());
   }
 }
 

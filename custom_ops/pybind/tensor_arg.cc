@@ -2,6 +2,8 @@
 
 #include "dlpack.h"
 
+#include <climits>
+#include <cstdint>
 #include <string>
 
 namespace py = pybind11;
@@ -89,7 +91,71 @@ bool IsRowMajor(const DLTensor& t) {
 
 }  // namespace
 
+// "<op>: " (nothing for a scope without an op name).
+static std::string Prefix(const char* op) { return *op == '\0' ? std::string() : std::string(op) + ": "; }
+
+void ArgScope::Fail(const char* name, const std::string& message) const {
+  throw Error(Prefix(op_) + "`" + name + "` " + message);
+}
+
 TensorRef ArgScope::Convert(const py::handle& obj, const char* name) {
+  try {
+    return ConvertUnchecked(obj, name);
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    // the parsers below name the argument; the op name is added here
+    if (what.rfind(Prefix(op_), 0) == 0) throw;
+    throw Error(Prefix(op_) + what);
+  } catch (py::error_already_set& e) {
+    // e.g. numpy's BufferError for a read-only array (DLPack cannot mark it read-only)
+    const std::string what = e.what();
+    e.restore();
+    PyErr_Clear();
+    Fail(name, "cannot be passed: " + what +
+                   " (a read-only numpy array: pass a writable copy, np.array(x, copy=True))");
+  } catch (const py::cast_error& e) {
+    Fail(name, std::string("is a malformed raw-pointer tuple; expected (data_ptr: int, dtype: str, "
+                           "shape: tuple[int, ...], device: str): ") +
+                   e.what());
+  }
+}
+
+int64_t ArgScope::IntAttr(const py::handle& obj, const char* name, int bits) const {
+  const std::string what = std::string("attr `") + name + "`";
+  if (PyBool_Check(obj.ptr()) || !PyIndex_Check(obj.ptr())) {
+    throw Error(Prefix(op_) + what + " must be an integer, got " +
+                py::str(py::type::of(obj)).cast<std::string>());
+  }
+  py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(obj.ptr()));
+  if (!index) {
+    PyErr_Clear();
+    throw Error(Prefix(op_) + what + " must be an integer");
+  }
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  const long long lo = bits == 32 ? INT32_MIN : INT64_MIN;
+  const long long hi = bits == 32 ? INT32_MAX : INT64_MAX;
+  if (overflow != 0 || v < lo || v > hi) {
+    throw Error(Prefix(op_) + what + " = " + py::str(obj).cast<std::string>() +
+                " does not fit in int" + std::to_string(bits));
+  }
+  return v;
+}
+
+bool ArgScope::BoolAttr(const py::handle& obj, const char* name) const {
+  if (PyBool_Check(obj.ptr())) return obj.ptr() == Py_True;
+  if (py::hasattr(obj, "dtype") && py::str(obj.attr("dtype")).cast<std::string>() == "bool") {
+    return obj.attr("__bool__")().cast<bool>();
+  }
+  if (PyIndex_Check(obj.ptr())) {
+    const int64_t v = IntAttr(obj, name, 64);
+    if (v == 0 || v == 1) return v == 1;
+  }
+  throw Error(Prefix(op_) + "attr `" + name + "` must be a bool, got " +
+              py::repr(obj).cast<std::string>());
+}
+
+TensorRef ArgScope::ConvertUnchecked(const py::handle& obj, const char* name) {
   if (py::isinstance<py::tuple>(obj) && py::len(obj) == 4) {
     return FromRawTuple(py::reinterpret_borrow<py::tuple>(obj), name);
   }

@@ -14,14 +14,24 @@
 namespace fdmtp {
 namespace pybind {
 
-// Holds the DLPack capsules of one call alive until the kernel has been launched.
+// Holds the DLPack capsules of one call alive until the kernel has been launched. Errors in
+// converting an argument name the op (`op`) and the argument.
 class ArgScope {
  public:
+  explicit ArgScope(const char* op = "") : op_(op) {}
   TensorRef Convert(const pybind11::handle& obj, const char* name);
   // An optional argument: None -> std::nullopt, anything else as Convert.
   OptionalTensorRef ConvertOptional(const pybind11::handle& obj, const char* name);
+  // An integer attr that must fit in `bits` (32 or 64) signed bits; bools are refused.
+  int64_t IntAttr(const pybind11::handle& obj, const char* name, int bits) const;
+  // A bool attr: a Python or numpy bool, or the integers 0 and 1.
+  bool BoolAttr(const pybind11::handle& obj, const char* name) const;
 
  private:
+  TensorRef ConvertUnchecked(const pybind11::handle& obj, const char* name);
+  [[noreturn]] void Fail(const char* name, const std::string& message) const;
+
+  const char* op_;
   std::deque<pybind11::object> keep_alive_;
 };
 

@@ -14,6 +14,7 @@ Two native modules are built from ``custom_ops/``:
 from __future__ import annotations
 
 import importlib
+import numbers
 import os
 import sys
 import sysconfig
@@ -21,6 +22,8 @@ import threading
 import types
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 _LIBRARY = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "_fdmtp_ops" + sysconfig.get_config_var("EXT_SUFFIX")
@@ -114,6 +117,52 @@ def _load_paddle_api() -> types.ModuleType:
 def paddle_op(name: str) -> Callable[..., Any]:
     """The generated Paddle function of op ``name`` (loads the library on first use)."""
     return getattr(_load_paddle_api(), name)
+
+
+def tensor_arg(op: str, name: str, value: Any, *, writes: bool = False, optional: bool = False) -> Any:
+    """Checks a tensor argument before it reaches Paddle (the generated wrappers call this).
+
+    Paddle hands a custom op a contiguous *copy* of a strided view, so the op's in-place
+    writes to a view like ``big[::2]`` would be lost without an error; such views are refused
+    here for every tensor the op writes. Non-tensors and uninitialised tensors are refused
+    with a message naming the op and the argument.
+    """
+    if value is None:
+        if optional:
+            return None
+        raise OpError(f"{op}: `{name}` is required, got None")
+    import paddle
+
+    if not isinstance(value, paddle.Tensor):
+        raise OpError(f"{op}: `{name}` must be a paddle.Tensor, got {type(value).__name__}")
+    if value.size != 0 and not value._is_initialized():
+        raise OpError(f"{op}: `{name}` is not initialized (no memory allocated)")
+    if writes and not value.is_contiguous():
+        raise OpError(
+            f"{op}: `{name}` is written in place and must be contiguous, got a strided view of shape "
+            f"{list(value.shape)} (Paddle would pass the op a copy and its writes would be lost); "
+            "pass a contiguous tensor, e.g. `x.contiguous()`, and copy it back"
+        )
+    return value
+
+
+def int_attr(op: str, name: str, value: Any, bits: int) -> int:
+    """An integer attr that fits in ``bits`` signed bits (Paddle's ``int`` attrs are int32)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise OpError(f"{op}: attr `{name}` must be an integer, got {type(value).__name__} {value!r}")
+    result = int(value)
+    if not -(1 << (bits - 1)) <= result < (1 << (bits - 1)):
+        raise OpError(f"{op}: attr `{name}` = {result} does not fit in int{bits}")
+    return result
+
+
+def bool_attr(op: str, name: str, value: Any) -> bool:
+    """A bool attr: a Python or numpy bool, or the integers 0 and 1."""
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    if isinstance(value, numbers.Integral) and int(value) in (0, 1):
+        return bool(value)
+    raise OpError(f"{op}: attr `{name}` must be a bool, got {value!r}")
 
 
 def run_paddle_op(name: str, *args: Any) -> Any:
