@@ -90,7 +90,7 @@ def _postprocess_args(paddle):
     return draft, slt, enc, stop
 
 
-def test_strided_in_place_tensor_is_refused_before_paddle_copies_it():
+def test_paddle_strided_in_place_tensor_is_refused_before_paddle_copies_it():
     """Paddle hands a custom op a contiguous copy of a strided view: the op's writes to
     `seq_lens_this_time = big[::2]` were lost without an error."""
     paddle = pytest.importorskip("paddle")
@@ -103,7 +103,7 @@ def test_strided_in_place_tensor_is_refused_before_paddle_copies_it():
     np.testing.assert_array_equal(big.numpy(), [3, 0, 3, 0])
 
 
-def test_strided_read_only_input_is_accepted():
+def test_paddle_strided_read_only_input_is_accepted():
     """A view of an input the op only reads is safe (Paddle's copy holds the same values)."""
     paddle = pytest.importorskip("paddle")
     draft, slt, _, stop = _postprocess_args(paddle)
@@ -133,7 +133,7 @@ def test_paddle_uninitialized_tensor_names_the_op():
         ops.draft_model_postprocess(draft, slt, enc, paddle.Tensor())
 
 
-def test_verify_draft_tokens_upstream_positional_call():
+def test_paddle_verify_draft_tokens_upstream_positional_call():
     """Upstream callers pass the 17 tensors, then max_seq_len, verify_window,
     verify_strategy, reject_all, accept_all; our optional verify_uniforms trails them."""
     paddle = pytest.importorskip("paddle")
