@@ -1,0 +1,315 @@
+"""Property-based fuzzing of every declared op through every CPU binding.
+
+For each op, hypothesis draws calls from the op's declaration (``custom_ops/ops/<op>.toml``):
+shapes built from the declared shape of each tensor with its symbols (``N``, ``W``, ...)
+drawn small, then often perturbed (a dimension off by one or zero, a rank dropped or added,
+a wrong dtype, a strided view); values from mixtures of small counts, negatives and the
+int32 / int64 extremes; attrs likewise, including values that do not fit their type.
+
+Each call runs in a worker child process (``fuzz_worker.py``) on the framework-free module
+(``kernels-cpu``), on the XPU3 kernels under the emulator (``xpu-emu``) and on the Paddle
+binding (``cpu``), and must end in one of two ways:
+
+* a ``ValueError`` whose message starts with ``"<op>: "`` and names one of the op's
+  arguments in backticks, with every argument buffer the op was given unchanged; or
+* success, with results equal on every binding (bit for bit) and, where the case is in the
+  op's contract, equal to the numpy reference (``tests/fuzz/references.py``).
+
+Anything else fails the test: another exception type, a crash of the worker (the case is
+reported), a hang past the per-case timeout. Set ``FDMTP_FUZZ_EXAMPLES`` to change the
+number of calls per op (default 40); CI runs the default, derandomized, so a failure
+reproduces.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import struct
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import fastdeploy_mtp
+
+from .references import REFERENCES, compare_with_reference
+
+ROOT = Path(__file__).resolve().parents[2]
+DECLS = {
+    p.stem: tomllib.loads(p.read_text())
+    for p in sorted((ROOT / "custom_ops" / "ops").glob("*.toml"))
+    if p.stem not in ("constants", "manual_ops")
+}
+EXAMPLES = int(os.environ.get("FDMTP_FUZZ_EXAMPLES", "40"))
+CASE_TIMEOUT_S = float(os.environ.get("FDMTP_FUZZ_CASE_TIMEOUT", "60"))
+BACKENDS = ("kernels-cpu", "xpu-emu", "cpu")
+SYMBOLS = ("N", "W", "K", "L", "L2", "C", "T", "E", "F", "B", "R", "V", "H", "rows", "num_tokens", "real_bsz")
+INT_DTYPES = {"int32": np.int32, "int64": np.int64, "bool": np.bool_, "float32": np.float32, "int8": np.int8}
+STATS: dict[str, int] = {"cases": 0, "rejected": 0, "ok": 0, "crashes": 0, "hangs": 0, "lost_writes": 0}
+
+
+def _paddle_available() -> bool:
+    try:
+        import paddle  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class Worker:
+    """A child process running cases; restarted after a crash or a hang."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+
+    def _start(self) -> subprocess.Popen:
+        package_root = str(Path(fastdeploy_mtp.__file__).resolve().parents[1])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_root, str(ROOT)]))
+        return subprocess.Popen(
+            [sys.executable, "-P", str(Path(__file__).with_name("fuzz_worker.py"))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        )  # fmt: skip
+
+    def run(self, case: tuple) -> tuple:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = self._start()
+        proc = self.proc
+        assert proc.stdin is not None and proc.stdout is not None
+        data = pickle.dumps(case)
+        try:
+            proc.stdin.write(struct.pack("<Q", len(data)) + data)
+            proc.stdin.flush()
+        except BrokenPipeError:
+            return self._died(case)
+        reader = _Reader(proc.stdout)
+        header = reader.read(8, CASE_TIMEOUT_S)
+        if header is None:
+            if proc.poll() is None:
+                self.close()
+                STATS["hangs"] += 1
+                return ("hang", f"no answer within {CASE_TIMEOUT_S} s")
+            return self._died(case)
+        (size,) = struct.unpack("<Q", header)
+        body = reader.read(size, CASE_TIMEOUT_S)
+        assert body is not None
+        return pickle.loads(body)
+
+    def _died(self, case: tuple) -> tuple:
+        assert self.proc is not None
+        self.proc.wait(timeout=30)
+        stderr = self.proc.stderr.read().decode(errors="replace")[-4000:] if self.proc.stderr else ""
+        code = self.proc.returncode
+        self.proc = None
+        STATS["crashes"] += 1
+        return ("crash", f"worker died with exit code {code}:\n{stderr}")
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+
+class _Reader:
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def read(self, n: int, timeout: float) -> bytes | None:
+        import select
+
+        chunks = []
+        remaining = n
+        while remaining:
+            ready, _, _ = select.select([self.stream], [], [], timeout)
+            if not ready:
+                return None
+            chunk = os.read(self.stream.fileno(), remaining)
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)
+
+
+@pytest.fixture(scope="module")
+def worker():
+    w = Worker()
+    yield w
+    w.close()
+
+
+# ---- case generation -------------------------------------------------------------------------
+
+
+def _dims(shape: str, sym: dict[str, int], draw) -> list[int]:
+    text = shape.split(" or ")[0].split(" (")[0].strip().strip("[]")
+    if not text:
+        return []
+    dims = []
+    for part in text.split(","):
+        expr = part.strip().removeprefix(">=").strip()
+        try:
+            value = int(eval(expr, {"__builtins__": {}}, sym))  # noqa: S307 - our own declarations
+        except Exception:  # noqa: BLE001 - a symbol we do not model: any small size
+            value = draw(st.integers(0, 6))
+        dims.append(max(value, 0))
+    return dims
+
+
+def _dtype_of(decl: dict, dtype: str, draw) -> type:
+    while dtype.startswith("same:"):
+        dtype = next(t for t in decl["inputs"] if t["name"] == dtype[5:])["dtype"]
+    if dtype == "float":
+        return draw(st.sampled_from([np.float32, np.float16, np.uint16]))  # uint16 = bfloat16 bits
+    if dtype == "any":
+        return draw(st.sampled_from([np.int32, np.int64]))
+    return INT_DTYPES[dtype]
+
+
+def _values(rng: np.random.Generator, shape: list[int], dtype: type, mode: str) -> np.ndarray:
+    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if dtype is np.bool_:
+        return rng.random(n).reshape(shape) < 0.5
+    if dtype in (np.float32, np.float16):
+        a = rng.standard_normal(n).astype(dtype)
+        if mode == "extreme" and n:
+            a[rng.integers(0, n)] = np.nan
+        return a.reshape(shape)
+    if dtype is np.uint16:
+        return rng.integers(0, 1 << 16, n, dtype=np.uint16).reshape(shape)
+    info = np.iinfo(dtype)
+    if mode == "small":
+        a = rng.integers(0, 9, n)
+    elif mode == "signed":
+        a = rng.integers(-3, 9, n)
+    else:
+        pool = np.array([info.min, -1, 0, 1, 2, 5, info.max, info.max - 1, 2**31 - 1 if info.bits == 64 else 7])
+        a = rng.choice(pool, n)
+    return a.astype(dtype).reshape(shape)
+
+
+ATTR_EXTREMES = [-1, 2**31 - 1, -(2**31), 2**31, 2**40]
+
+
+@st.composite
+def calls(draw, op: str) -> tuple[dict, dict, dict, bool]:
+    decl = DECLS[op]
+    sym = {s: draw(st.integers(0, 6)) for s in SYMBOLS}
+    alloc_attrs = {a for o in decl.get("outputs", []) for a in re.findall(r"[a-z_]+", str(o["alloc"]))}
+    attrs = {}
+    for a in decl.get("attrs", []):
+        if a["type"] == "bool":
+            attrs[a["name"]] = draw(st.booleans())
+        elif a["name"] in alloc_attrs:
+            attrs[a["name"]] = draw(st.one_of(st.integers(0, 24), st.sampled_from([-1, 1 << 16])))
+        else:
+            attrs[a["name"]] = draw(st.one_of(st.integers(0, 6), st.integers(-2, 8), st.sampled_from(ATTR_EXTREMES)))
+    sym.update({k: v for k, v in attrs.items() if isinstance(v, int) and 0 <= v < 64})
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    mode = draw(st.sampled_from(["small", "small", "signed", "extreme"]))
+    names = [t["name"] for t in decl["inputs"]] + [o["name"] for o in decl.get("outputs", [])]
+    mutated = draw(st.sampled_from([None, None, *names]))
+    strided = False
+    tensors, outputs = {}, {}
+    for spec in [*decl["inputs"], *decl.get("outputs", [])]:
+        is_output = spec in decl.get("outputs", [])
+        if spec.get("optional") and draw(st.booleans()):
+            tensors[spec["name"]] = None
+            continue
+        shape = _dims(spec["shape"], sym, draw)
+        dtype = _dtype_of(decl, spec["dtype"], draw)
+        if spec["name"] == mutated:
+            kind = draw(st.sampled_from(["dim", "rank+", "rank-", "dtype", "stride"]))
+            if kind == "dim" and shape:
+                i = draw(st.integers(0, len(shape) - 1))
+                shape[i] = max(shape[i] + draw(st.sampled_from([-1, 1, 3])), 0)
+            elif kind == "rank+":
+                shape = [*shape, draw(st.integers(1, 3))]
+            elif kind == "rank-" and shape:
+                shape = shape[:-1]
+            elif kind == "dtype":
+                dtype = draw(st.sampled_from([np.int32, np.int64, np.float32, np.bool_, np.int8]))
+            elif kind == "stride" and shape and shape[0] > 0:
+                base = _values(rng, [shape[0] * 2, *shape[1:]], dtype, mode)
+                array = base[::2]
+                strided = True
+                (outputs if is_output else tensors)[spec["name"]] = array
+                continue
+        (outputs if is_output else tensors)[spec["name"]] = _values(rng, shape, dtype, mode)
+    return tensors, attrs, outputs, strided
+
+
+def _named_argument(op: str, message: str) -> bool:
+    decl = DECLS[op]
+    names = {t["name"] for t in decl["inputs"]} | {a["name"] for a in decl.get("attrs", [])}
+    names |= {o["name"] for o in decl.get("outputs", [])}
+    return any(f"`{n}`" in message for n in names)
+
+
+def _check_verdict(op: str, backend: str, verdict: tuple, case_repr: str) -> None:
+    STATS["cases"] += 1
+    kind = verdict[0]
+    assert kind in ("error", "ok"), f"{op} on {backend}: {kind}: {verdict[1:]}\ncase: {case_repr}"
+    if kind == "error":
+        STATS["rejected"] += 1
+        message, changed = verdict[1], verdict[2]
+        assert message.startswith(f"{op}: "), f"{op} on {backend}: message does not name the op: {message!r}"
+        assert _named_argument(op, message), f"{op} on {backend}: message names no argument: {message!r}"
+        if changed:
+            STATS["lost_writes"] += 1
+        assert not changed, f"{op} on {backend}: rejected call changed {changed}: {message}\ncase: {case_repr}"
+    else:
+        STATS["ok"] += 1
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    a, b = np.asarray(a), np.asarray(b)
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+    )
+
+
+@pytest.mark.parametrize("op", sorted(DECLS))
+def test_fuzz_op(op, worker):
+    backends = [b for b in BACKENDS if b != "cpu" or _paddle_available()]
+
+    @settings(
+        max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    )  # fmt: skip
+    @given(calls(op))
+    def check(call):
+        tensors, attrs, outputs, strided = call
+        case_repr = repr({"attrs": attrs, "shapes": {k: (None if v is None else (v.dtype.str, v.shape)) for k, v in
+                                                     {**tensors, **outputs}.items()}})  # fmt: skip
+        verdicts = {}
+        for backend in backends:
+            if backend == "cpu" and outputs:
+                # the Paddle op allocates its outputs: it gets the inputs only
+                verdict = worker.run((op, backend, tensors, attrs, {}))
+            else:
+                verdict = worker.run((op, backend, tensors, attrs, outputs))
+            _check_verdict(op, backend, verdict, case_repr)
+            verdicts[backend] = verdict
+        kinds = {b: v[0] for b, v in verdicts.items() if not (b == "cpu" and (strided or outputs))}
+        assert len(set(kinds.values())) <= 1, f"{op}: bindings disagree {kinds} on {case_repr}: {verdicts}"
+        first = verdicts["kernels-cpu"]
+        if first[0] == "ok":
+            for backend in ("xpu-emu",):
+                other = verdicts[backend][1]
+                for name, value in first[1].items():
+                    assert _same(value, other[name]), f"{op}: `{name}` differs between kernels-cpu and {backend}"
+            if op in REFERENCES and not strided:
+                compare_with_reference(op, tensors, attrs, outputs, first[1])
+
+    check()
