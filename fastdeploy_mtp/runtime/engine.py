@@ -11,7 +11,7 @@ import numpy as np
 from ..config import FDConfig
 from ..constants import PLACEHOLDER_TOKEN_ID
 from ..models.interfaces import MTPModel, TargetModel
-from .request import Request, RequestType
+from .request import GenerationError, InvalidRequestError, Request, RequestType
 from .scheduler import Scheduler
 from .target_runner import StepOutput, TargetRunner
 
@@ -64,6 +64,14 @@ class Metrics:
         }
 
 
+def _max_positions(*models: object) -> int | None:
+    """The fewest positions any of ``models`` can encode (their ``config.max_position_embeddings``),
+    ``None`` when none says."""
+    limits = [getattr(getattr(m, "config", None), "max_position_embeddings", None) for m in models]
+    known = [int(v) for v in limits if isinstance(v, int)]
+    return min(known) if known else None
+
+
 class Engine:
     """Continuous-batching generation with optional MTP speculation (greedy).
 
@@ -71,6 +79,10 @@ class Engine:
         fd_config: serving config (``speculative_config.method = None`` for plain decoding).
         model: the target model; mtp_model: its MTP layer (when speculating).
         prefill_chunk_size: see :class:`~fastdeploy_mtp.runtime.scheduler.Scheduler`.
+
+    One bad request cannot poison the engine: :meth:`generate` refuses it at submission (and
+    queues nothing of that call), or aborts it alone if it fails while running; the engine is
+    left empty and usable after every call, whatever it raised.
     """
 
     def __init__(
@@ -86,7 +98,12 @@ class Engine:
         #: tuple per slot and target forward, for tests and debugging.
         self.trace: list[tuple] | None = [] if record_trace else None
         self.runner = TargetRunner(fd_config, model, mtp_model)
-        self.scheduler = Scheduler(fd_config, prefill_chunk_size)
+        self.scheduler = Scheduler(
+            fd_config,
+            prefill_chunk_size,
+            vocab_size=self.runner.vocab_size,
+            max_positions=_max_positions(model, mtp_model),
+        )
         k = fd_config.speculative_config.num_speculative_tokens if fd_config.speculative_config.enabled else 0
         self.metrics = Metrics(proposed=np.zeros(k, np.int64), accepted=np.zeros(k, np.int64))
 
@@ -108,51 +125,122 @@ class Engine:
         max_steps: int = 1_000_000,
     ) -> dict[str, list[int]]:
         """Run every request to completion (EOS or ``max_tokens``); returns the generated ids
-        per ``request_id``. ``progress(done, total)`` is called as requests finish."""
-        for req in requests:
-            self.scheduler.add_request(req)
+        per ``request_id`` (of every request that finished during the call, including any
+        queued earlier through the scheduler). ``progress(done, total)`` is called as
+        requests finish.
+
+        Submission is all or nothing: every request is checked first
+        (:meth:`~fastdeploy_mtp.runtime.scheduler.Scheduler.validate`: a fresh ``Request``,
+        a ``request_id`` not queued, running or repeated in the call, integer token ids in
+        ``[0, vocab_size)``, ``max_tokens > 0``, prompt + ``max_tokens`` + K + 1 within
+        ``max_model_len``, KV blocks within a slot and the cache); if one is refused this
+        raises :class:`~fastdeploy_mtp.runtime.request.InvalidRequestError` naming the
+        request and the field, and nothing is queued.
+
+        A request that fails while it runs is aborted: its slot and KV blocks are freed, its
+        :attr:`~fastdeploy_mtp.runtime.request.Request.error` is set, and the others go on
+        (and produce the tokens they would have alone). A request whose next prompt chunk
+        is invalid (changed after submission) is aborted alone, before the step; an error
+        raised inside a step cannot be pinned on one request, so every request holding a
+        slot then is aborted with it (queued ones go on). When the loop ends with aborted
+        requests, this raises :class:`~fastdeploy_mtp.runtime.request.GenerationError` with
+        the finished requests' ``results`` and the ``failures``. The same happens, for every
+        unfinished request, when ``max_steps`` engine steps did not suffice; any other
+        exception (e.g. from ``progress``) aborts every unfinished request and propagates. In
+        every case the engine is left empty and usable."""
+        if isinstance(requests, Request):
+            raise TypeError("generate: `requests` must be a sequence of Request, got one Request")
+        requests = list(requests)
+        self.scheduler.add_requests(requests, max_arrival_step=max_steps)
         total, done = len(requests), 0
         results: dict[str, list[int]] = {}
+        failures: dict[str, BaseException] = {}
         start = time.perf_counter()
         step = 0
-        while self.scheduler.has_work:
-            if step >= max_steps:
-                raise RuntimeError(f"generation did not finish within {max_steps} engine steps")
-            decode_lens = self.runner.share_inputs.seq_lens_this_time.numpy()
-            tasks = self.scheduler.schedule(step, decode_lens)
-            step += 1
-            if not tasks:
-                continue
-            self.runner.insert_tasks(tasks)
-            out = self.runner.execute()
-            self.metrics.target_forwards += 1
-            for req in tasks:
-                if req.task_type == RequestType.PREFILL and not req.is_final_chunk:
+        try:
+            while self.scheduler.has_work:
+                if step >= max_steps:
+                    error = RuntimeError(f"generation did not finish within {max_steps} engine steps")
+                    self._abort_all(error, failures, running_only=False)
+                    raise GenerationError(results, failures, str(error))
+                arrival = self.scheduler.next_arrival()
+                if not self.scheduler.slots and arrival is not None and arrival > step:
+                    step = arrival  # nothing runs until then: skip the empty steps
+                decode_lens = self.runner.share_inputs.seq_lens_this_time.numpy()
+                tasks = self.scheduler.schedule(step, decode_lens)
+                step += 1
+                tasks = self._drop_invalid_tasks(tasks, failures)
+                if not tasks:
                     continue
-                idx = req.idx
-                n = int(out.accept_num[idx])
-                req.output_token_ids.extend(int(t) for t in out.accept_tokens[idx, :n])
-                self.metrics.generated_tokens += n
-                if req.task_type == RequestType.DECODE:
-                    self._count(out, idx, n)
-                if self.trace is not None:
-                    self.trace.append(
-                        (
-                            step,
-                            req.request_id,
-                            req.task_type.name,
-                            [int(t) for t in out.accept_tokens[idx, :n]],
-                            [int(d) for d in out.drafts[idx]],
+                try:
+                    self.runner.insert_tasks(tasks)
+                    out = self.runner.execute()
+                except Exception as exc:
+                    self._abort_all(exc, failures, running_only=True)
+                    continue
+                self.metrics.target_forwards += 1
+                for req in tasks:
+                    if req.task_type == RequestType.PREFILL and not req.is_final_chunk:
+                        continue
+                    idx = req.idx
+                    n = int(out.accept_num[idx])
+                    req.output_token_ids.extend(int(t) for t in out.accept_tokens[idx, :n])
+                    self.metrics.generated_tokens += n
+                    if req.task_type == RequestType.DECODE:
+                        self._count(out, idx, n)
+                    if self.trace is not None:
+                        self.trace.append(
+                            (
+                                step,
+                                req.request_id,
+                                req.task_type.name,
+                                [int(t) for t in out.accept_tokens[idx, :n]],
+                                [int(d) for d in out.drafts[idx]],
+                            )
                         )
-                    )
-                if out.stop_flags[idx]:
-                    self.runner.free_slot(idx)
-                    results[req.request_id] = list(self.scheduler.finish(idx).output_token_ids)
-                    done += 1
-                    if progress is not None:
-                        progress(done, total)
-        self.metrics.wall_seconds += time.perf_counter() - start
+                    if out.stop_flags[idx]:
+                        self.runner.free_slot(idx)
+                        results[req.request_id] = list(self.scheduler.finish(idx).output_token_ids)
+                        done += 1
+                        if progress is not None:
+                            progress(done, total)
+        except BaseException as exc:
+            self._abort_all(exc, failures, running_only=False)  # nothing left after max_steps
+            raise
+        finally:
+            self.metrics.wall_seconds += time.perf_counter() - start
+        if failures:
+            raise GenerationError(results, failures)
         return results
+
+    def _abort(self, req: Request, error: BaseException, failures: dict[str, BaseException]) -> None:
+        """Abort one request: reset its slot (if it holds one), free its blocks, record why."""
+        holds_slot = req.idx in self.scheduler.slots and self.scheduler.slots[req.idx].request is req
+        self.scheduler.abort(req, error)  # bookkeeping first: the engine is empty even if a reset fails
+        failures[req.request_id] = error
+        if holds_slot:
+            self.runner.abort_slot(req)
+
+    def _abort_all(self, error: BaseException, failures: dict[str, BaseException], running_only: bool) -> None:
+        """Abort every request holding a slot (and, unless ``running_only``, every queued one)."""
+        for _, state in sorted(self.scheduler.slots.items()):
+            self._abort(state.request, error, failures)
+        if not running_only:
+            for req in list(self.scheduler.waiting):
+                self._abort(req, error, failures)
+
+    def _drop_invalid_tasks(self, tasks: list[Request], failures: dict[str, BaseException]) -> list[Request]:
+        """Abort the tasks whose data cannot reach the model (see
+        :meth:`~fastdeploy_mtp.runtime.target_runner.TargetRunner.check_task`); keep the rest."""
+        kept = []
+        for req in tasks:
+            try:
+                self.runner.check_task(req)
+            except InvalidRequestError as exc:
+                self._abort(req, exc, failures)
+                continue
+            kept.append(req)
+        return kept
 
     def _count(self, out: StepOutput, idx: int, emitted: int) -> None:
         m = self.metrics

@@ -1,10 +1,14 @@
-"""Requests as the runner and the proposer see them (FastDeploy's attribute names)."""
+"""Requests as the runner and the proposer see them (FastDeploy's attribute names), and the
+errors the reference engine reports about them."""
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from ..constants import NO_SLOT
 
@@ -17,13 +21,78 @@ class RequestType(enum.Enum):
     ABORT = 2  # free the slot
 
 
+class InvalidRequestError(ValueError):
+    """A request the engine refuses: at submission (nothing of the call is queued), or found
+    invalid just before its data would reach the model (it is aborted, the others go on).
+
+    Attributes:
+        request_id: the refused request's id (``None`` where the object is not a request).
+        field: the offending attribute, e.g. ``"prompt_token_ids"`` or ``"max_tokens"``.
+    """
+
+    def __init__(self, request_id: object, field: str, message: str):
+        self.request_id = request_id
+        self.field = field
+        where = "submitted item" if request_id is None else f"request {request_id!r}"
+        super().__init__(f"{where}: {message}" if field == "request" else f"{where}: `{field}` {message}")
+
+
+class GenerationError(RuntimeError):
+    """Raised by :meth:`~fastdeploy_mtp.runtime.engine.Engine.generate` after its loop when
+    some requests were aborted (or the loop had to stop); every other request ran to the end.
+
+    Attributes:
+        results: generated ids per ``request_id`` of the requests that finished.
+        failures: the error per ``request_id`` of the requests that were aborted (also set
+            as their :attr:`Request.error`).
+    """
+
+    def __init__(self, results: dict[str, list[int]], failures: Mapping[str, BaseException], reason: str = ""):
+        self.results = results
+        self.failures = dict(failures)
+        listed = "; ".join(f"{rid!r}: {err}" for rid, err in self.failures.items())
+        head = f"{reason}; " if reason else ""
+        super().__init__(
+            f"generate: {head}{len(self.failures)} request(s) aborted ({listed}); "
+            f"the {len(results)} finished request(s) are in `.results`"
+        )
+
+
+def check_token_ids(request_id: object, ids: Sequence[int], vocab_size: int, offset: int = 0) -> None:
+    """Raise :class:`InvalidRequestError` unless ``ids`` are integers in ``[0, vocab_size)``
+    (``offset``: index of ``ids[0]`` in the prompt, for the message)."""
+    try:
+        arr = np.asarray(ids)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise InvalidRequestError(request_id, "prompt_token_ids", f"is not a sequence of token ids ({exc})") from None
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise InvalidRequestError(
+            request_id,
+            "prompt_token_ids",
+            f"must be a flat sequence of integer token ids, got dtype {arr.dtype}, shape {list(arr.shape)}",
+        )
+    bad = np.nonzero((arr < 0) | (arr >= vocab_size))[0]
+    if bad.size:
+        i = int(bad[0])
+        raise InvalidRequestError(
+            request_id,
+            f"prompt_token_ids[{offset + i}]",
+            f"= {int(arr[i])} is not a token id: must be in [0, {vocab_size}) (the model's vocab_size)",
+        )
+
+
 @dataclass
 class Request:
     """One generation request.
 
+    A ``Request`` object is used once: the engine fills in its slot, outputs and state, and
+    refuses it if it is submitted again (to run the same prompt again, submit
+    :meth:`fresh_copy`). What a submission checks is listed in
+    :meth:`~fastdeploy_mtp.runtime.scheduler.Scheduler.validate`.
+
     Attributes:
-        request_id: caller's id.
-        prompt_token_ids: the prompt.
+        request_id: caller's id (a ``str``, unique among the requests queued or running).
+        prompt_token_ids: the prompt (copied to a ``list[int]`` when it is queued).
         max_tokens: most tokens to generate (FastDeploy's ``max_dec_len``).
         arrival_step: the engine step at which the request becomes visible (for tests and
             benchmarks with staggered arrivals; 0 = from the start).
@@ -32,6 +101,9 @@ class Request:
         prefill_start_index / prefill_end_index: the prompt chunk of the current task.
         task_type: :class:`RequestType` of the current task.
         block_tables: KV block ids of the slot, in order.
+        finished: the request left the engine (it completed, or it was aborted).
+        error: why it was aborted (``None`` when it completed).
+        submitted: set when the request is queued (a submitted request is not accepted again).
     """
 
     request_id: str
@@ -45,12 +117,21 @@ class Request:
     task_type: RequestType = RequestType.PREFILL
     block_tables: list[int] = field(default_factory=list)
     finished: bool = False
+    error: BaseException | None = field(default=None, init=False)
+    submitted: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not self.prompt_token_ids:
+        if len(self.prompt_token_ids) == 0:
             raise ValueError(f"request {self.request_id!r}: `prompt_token_ids` is empty")
         if self.max_tokens <= 0:
             raise ValueError(f"request {self.request_id!r}: `max_tokens` must be > 0, got {self.max_tokens}")
+
+    def fresh_copy(self) -> Request:
+        """A new, never-submitted request with the same id, prompt, ``max_tokens`` and
+        ``arrival_step`` (no slot, no outputs)."""
+        return Request(
+            self.request_id, list(self.prompt_token_ids), max_tokens=self.max_tokens, arrival_step=self.arrival_step
+        )
 
     def get(self, key: str, default: Any | None = None) -> Any:
         """Dict-style access, as FastDeploy's ``Request.get``."""

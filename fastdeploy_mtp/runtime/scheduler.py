@@ -3,18 +3,22 @@ budget, KV blocks with a K + 1 lookahead, finishing and slot reuse."""
 
 from __future__ import annotations
 
+import numbers
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..config import FDConfig
-from .request import Request, RequestType
+from ..constants import NO_SLOT
+from .request import InvalidRequestError, Request, RequestType, check_token_ids
 
 
 class OutOfBlocksError(RuntimeError):
-    """The KV cache has no free block for a running request (the reference engine does not
-    preempt)."""
+    """The KV cache has no free block for a running request. Submission and admission
+    control make this unreachable (a request is admitted only when the free blocks cover its
+    worst case); it remains as an internal consistency check."""
 
 
 @dataclass
@@ -36,15 +40,27 @@ class Scheduler:
     ``max_num_batched_tokens`` lasts (``prefill_chunk_size`` caps one chunk). Before a slot
     runs, it owns KV blocks for every position it (target or MTP layer) can write before the
     next schedule: ``2K + 2`` past its committed tokens. Finished slots free their blocks and take the
-    next waiting request.
+    next waiting request. The reference engine does not preempt: a waiting request takes a
+    free slot only when the free blocks, less those the running requests may still claim,
+    cover its worst case (:meth:`worst_case_blocks`), so a running request never runs out.
 
     Args:
         fd_config: serving config.
         prefill_chunk_size: most prompt tokens of one request per step (0 = no cap besides
             the token budget).
+        vocab_size: token ids of a prompt must be below it (default
+            ``model_config.vocab_size``; the engine passes the model's own if smaller).
+        max_positions: positions the model can encode (e.g. its RoPE table); ``None`` = no
+            limit besides ``max_model_len``.
     """
 
-    def __init__(self, fd_config: FDConfig, prefill_chunk_size: int = 0):
+    def __init__(
+        self,
+        fd_config: FDConfig,
+        prefill_chunk_size: int = 0,
+        vocab_size: int | None = None,
+        max_positions: int | None = None,
+    ):
         self.fd_config = fd_config
         sc = fd_config.scheduler_config
         spec = fd_config.speculative_config
@@ -70,20 +86,118 @@ class Scheduler:
         # this step, then up to K - 1 MTP substep positions past the accepted ones; 2K + 2
         # covers those 2K with two positions to spare.
         self.lookahead = 2 * self.k + 2
+        self.vocab_size = fd_config.model_config.vocab_size if vocab_size is None else vocab_size
+        self.max_positions = max_positions
+        self.total_blocks = fd_config.cache_config.total_block_num
+
+    # ---- submission --------------------------------------------------------------------------
+    def worst_case_blocks(self, req: Request) -> int:
+        """KV blocks ``req`` can hold at most: its last schedule happens with at most
+        ``max_tokens - 1`` generated tokens, plus the ``2K + 2`` lookahead."""
+        return -(-(len(req.prompt_token_ids) + req.max_tokens - 1 + self.lookahead) // self.block_size)
+
+    def validate(self, req: object, max_arrival_step: int | None = None) -> None:
+        """Raise :class:`~fastdeploy_mtp.runtime.request.InvalidRequestError` (a
+        ``ValueError`` naming the request and the field) unless ``req`` can run to the end:
+
+        * it is a :class:`Request` never submitted before (no slot, no outputs, not finished)
+          whose ``request_id`` is a ``str`` no queued or running request has;
+        * ``prompt_token_ids`` is a non-empty flat sequence of integer ids in
+          ``[0, vocab_size)``;
+        * ``max_tokens`` is an integer ``> 0`` and ``arrival_step`` an integer in
+          ``[0, max_arrival_step)``;
+        * ``len(prompt) + max_tokens + K + 1 <= max_model_len`` (and ``<= max_positions``);
+        * its worst-case KV blocks fit a slot's block table and the whole cache.
+
+        Duplicates *within* one submission are checked by :meth:`add_requests`.
+        """
+        if not isinstance(req, Request):
+            raise InvalidRequestError(None, "request", f"is not a Request but a {type(req).__name__}")
+        rid = req.request_id
+        if not isinstance(rid, str):
+            raise InvalidRequestError(rid, "request_id", f"must be a str, got {type(rid).__name__}")
+        if req.submitted or req.finished or req.output_token_ids or req.idx != NO_SLOT:
+            raise InvalidRequestError(
+                rid,
+                "request",
+                f"was already submitted (finished={req.finished}, {len(req.output_token_ids)} "
+                "generated tokens): a Request is used once; submit `req.fresh_copy()` to run it again",
+            )
+        if any(s.request.request_id == rid for s in self.slots.values()):
+            raise InvalidRequestError(rid, "request_id", "duplicates a request that is still running")
+        if any(w.request_id == rid for w in self.waiting):
+            raise InvalidRequestError(rid, "request_id", "duplicates a request that is still queued")
+        prompt = req.prompt_token_ids
+        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, (Sequence, np.ndarray)):
+            raise InvalidRequestError(
+                rid, "prompt_token_ids", f"must be a sequence of token ids, got {type(prompt).__name__}"
+            )
+        if len(prompt) == 0:
+            raise InvalidRequestError(rid, "prompt_token_ids", "is empty")
+        check_token_ids(rid, prompt, self.vocab_size)
+        for name in ("max_tokens", "arrival_step"):
+            value = getattr(req, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise InvalidRequestError(rid, name, f"must be an integer, got {value!r}")
+        if req.max_tokens <= 0:
+            raise InvalidRequestError(rid, "max_tokens", f"must be > 0, got {req.max_tokens}")
+        if req.arrival_step < 0:
+            raise InvalidRequestError(rid, "arrival_step", f"must be >= 0, got {req.arrival_step}")
+        if max_arrival_step is not None and req.arrival_step >= max_arrival_step:
+            raise InvalidRequestError(
+                rid, "arrival_step", f"= {req.arrival_step} is not below `max_steps` ({max_arrival_step})"
+            )
+        need = len(prompt) + int(req.max_tokens) + self.k + 1
+        for limit, what in ((self.max_model_len, "max_model_len"), (self.max_positions, "the model's max positions")):
+            if limit is not None and need > limit:
+                raise InvalidRequestError(
+                    rid,
+                    "prompt_token_ids" if len(prompt) + self.k + 2 > limit else "max_tokens",
+                    f"too long: prompt ({len(prompt)}) + max_tokens ({req.max_tokens}) + K + 1 = {need} "
+                    f"exceeds {what} ({limit})",
+                )
+        blocks = self.worst_case_blocks(req)
+        for limit, what in (
+            (self.max_blocks_per_seq, "a slot's block table (max_blocks_per_seq)"),
+            (self.total_blocks, "the whole KV cache (cache_config.total_block_num)"),
+        ):
+            if blocks > limit:
+                raise InvalidRequestError(
+                    rid, "max_tokens", f"too large: the request may need {blocks} KV blocks, more than {what} = {limit}"
+                )
+
+    def add_requests(self, reqs: Sequence[Request], max_arrival_step: int | None = None) -> None:
+        """Validate every request (:meth:`validate`, plus no ``request_id`` twice among
+        ``reqs``), then queue them all, in order; if one is refused, none is queued and no
+        request is modified. Queuing copies each prompt to a ``list[int]``."""
+        seen: set[str] = set()
+        for req in reqs:
+            self.validate(req, max_arrival_step)
+            if req.request_id in seen:
+                raise InvalidRequestError(req.request_id, "request_id", "appears twice in one submission")
+            seen.add(req.request_id)
+        for req in reqs:
+            req.prompt_token_ids = [int(t) for t in req.prompt_token_ids]
+            req.max_tokens = int(req.max_tokens)
+            req.arrival_step = int(req.arrival_step)
+            req.submitted = True
+            self.waiting.append(req)
 
     def add_request(self, req: Request) -> None:
-        need = len(req.prompt_token_ids) + req.max_tokens + self.k + 1
-        if need > self.max_model_len:
-            raise ValueError(
-                f"request {req.request_id!r}: prompt ({len(req.prompt_token_ids)}) + "
-                f"max_tokens ({req.max_tokens}) + K + 1 = {need} exceeds "
-                f"max_model_len {self.max_model_len}"
-            )
-        self.waiting.append(req)
+        """Validate and queue one request (see :meth:`add_requests`)."""
+        self.add_requests([req])
 
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.slots)
+
+    def next_arrival(self) -> int | None:
+        """``arrival_step`` of the head of the queue (``None`` when nothing waits)."""
+        return self.waiting[0].arrival_step if self.waiting else None
+
+    def _reserved_blocks(self) -> int:
+        """Blocks the running requests may still claim (worst case less what they hold)."""
+        return sum(max(self.worst_case_blocks(s.request) - len(s.blocks), 0) for s in self.slots.values())
 
     def _ensure_blocks(self, state: SlotState, tokens: int) -> None:
         need = -(-tokens // self.block_size)
@@ -101,13 +215,16 @@ class Scheduler:
 
     def schedule(self, step: int, decode_lens: np.ndarray) -> list[Request]:
         """Plan this step: first place waiting requests (FIFO, once their ``arrival_step`` has
-        come) in free slots, then plan the slots. ``decode_lens[b]`` = tokens slot ``b`` feeds
-        if it decodes (the target's ``seq_lens_this_time`` after the proposer). Returns the
+        come and the free blocks cover their worst case) in free slots, then plan the slots.
+        ``decode_lens[b]`` = tokens slot ``b`` feeds if it decodes (the target's
+        ``seq_lens_this_time`` after the proposer). Returns the
         tasks: a DECODE task (block-table refresh) per decoding slot, then a PREFILL task per
         slot that gets a chunk."""
         for idx in range(self.max_num_seqs):
             if idx in self.slots or not self.waiting or self.waiting[0].arrival_step > step:
                 continue
+            if len(self.free_blocks) - self._reserved_blocks() < self.worst_case_blocks(self.waiting[0]):
+                break
             req = self.waiting.popleft()
             req.idx = idx
             self.slots[idx] = SlotState(req)
@@ -146,3 +263,13 @@ class Scheduler:
         self.free_blocks.extend(reversed(state.blocks))
         state.request.finished = True
         return state.request
+
+    def abort(self, req: Request, error: BaseException) -> None:
+        """Take ``req`` out of the queue or its slot (freeing the slot's blocks) and mark it
+        finished with ``error``. The caller resets the slot's buffers."""
+        if req.idx in self.slots and self.slots[req.idx].request is req:
+            self.finish(req.idx)
+        else:
+            self.waiting = deque(w for w in self.waiting if w is not req)
+            req.finished = True
+        req.error = error

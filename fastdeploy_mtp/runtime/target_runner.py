@@ -17,7 +17,7 @@ from ..constants import NO_BLOCK_ID, PLACEHOLDER_TOKEN_ID
 from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
 from .input_batch import InputBatch, make_target_inputs
-from .request import Request, RequestType
+from .request import InvalidRequestError, Request, RequestType, check_token_ids
 
 if TYPE_CHECKING:
     from ..proposer import MTPProposer
@@ -73,8 +73,42 @@ class TargetRunner:
             )
             self.proposer.initialize_kv_cache(self.num_blocks)
         self._pending_fixups: list[Request] = []
+        #: prompt ids must be below this: the smaller of ``model_config.vocab_size`` and the
+        #: model's own ``config.vocab_size`` (its embedding rows), where it has one
+        self.vocab_size = min(
+            fd_config.model_config.vocab_size, getattr(model.config, "vocab_size", fd_config.model_config.vocab_size)
+        )
 
     # ---- task insertion ----------------------------------------------------------------------
+    def check_task(self, req: Request) -> None:
+        """Raise :class:`~fastdeploy_mtp.runtime.request.InvalidRequestError` if what
+        :meth:`insert_tasks` would load for ``req`` cannot reach the model: a prefill chunk
+        outside the prompt, a prompt that no longer fits ``max_model_len``, or token ids
+        outside ``[0, vocab_size)`` in the chunk (and the next prompt token, which the chunk's
+        fix-up and the MTP layer read). Submission checks the same; this catches a request
+        changed after it was queued, before it can poison a step shared with others."""
+        if req.task_type != RequestType.PREFILL:
+            return
+        prompt = req.prompt_token_ids
+        start, end = req.prefill_start_index, req.prefill_end_index
+        if not 0 <= start < end <= len(prompt) or len(prompt) >= self.fd_config.model_config.max_model_len:
+            raise InvalidRequestError(
+                req.request_id,
+                "prompt_token_ids",
+                f"changed after submission: chunk [{start}, {end}) of a {len(prompt)}-token prompt "
+                f"(max_model_len {self.fd_config.model_config.max_model_len})",
+            )
+        check_token_ids(req.request_id, list(prompt[start : end + 1]), self.vocab_size, offset=start)
+
+    def abort_slot(self, req: Request) -> None:
+        """Reset the target and draft state of ``req``'s slot (the request is being aborted,
+        possibly in the middle of its prefill)."""
+        self.free_slot(req.idx)
+        self._pending_fixups = [r for r in self._pending_fixups if r is not req]
+        if self.proposer is not None:
+            req.task_type = RequestType.ABORT
+            self.proposer.insert_tasks_v1([req])
+
     def insert_tasks(self, tasks: Sequence[Request]) -> None:
         """Load this step's prefill chunks (and block-table updates) into the buffers."""
         target = self.share_inputs
