@@ -49,13 +49,13 @@ void GatherRows(const Plan& plan) {
         std::memset(dst, 0, row_bytes);
       }
     }
-    in_off += c.in;
-    out_off += c.out;
+    in_off = SatAdd(in_off, c.in);
+    out_off = SatAdd(out_off, c.out);
   }
   for (int64_t row = out_off; has_data && row < r.out_rows; ++row) {
     std::memset(out + row * r.hidden, 0, row_bytes);
   }
-  *r.output_token_num = static_cast<int32_t>(out_off);
+  *r.output_token_num = SatInt32(out_off);  // the total saturates, never wraps
 }
 
 }  // namespace cpu
