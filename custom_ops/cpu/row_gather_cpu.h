@@ -40,7 +40,7 @@ void GatherRows(const Plan& plan) {
   int64_t out_off = 0;
   for (int64_t b = 0; b < r.bsz; ++b) {
     const ItemRows c = plan.Counts(b);
-    for (int64_t j = 0; has_data && j < c.out && out_off + j < r.out_rows; ++j) {
+    for (int64_t j = 0; has_data && j < c.out && j < r.out_rows - out_off; ++j) {
       T* dst = out + (out_off + j) * r.hidden;
       const int64_t src = SourceRow(plan.Source(b, j, c), c, in_off, r.in_rows);
       if (src >= 0) {
