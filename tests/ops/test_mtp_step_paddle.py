@@ -174,7 +174,10 @@ def test_negative_lengths_are_clamped_on_every_backend(backend, index, value, na
 def test_free_list_len_outside_the_free_list_is_clamped_on_every_backend(backend, free_list_len):
     """free_list_len is clamped to [0, F] before any pop or push (and written back clamped);
     a device kernel used to pop free_list[free_list_len - 1] past the capacity."""
-    rows = [dict(table=[1, 2], enc_len=2, used=0, dec=4), dict(table=[3, 4, 5], enc_len=1, used=2, dec=4, base_stop=True)]
+    rows = [
+        dict(table=[1, 2], enc_len=2, used=0, dec=4),
+        dict(table=[3, 4, 5], enc_len=1, used=2, dec=4, base_stop=True),
+    ]
     out = check(backend, manual(rows, free=list(range(40, 72))), context=f"free_list_len={free_list_len}")
     assert 0 <= out["free_list_len"][0] <= 32
 
