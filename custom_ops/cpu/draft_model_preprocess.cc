@@ -24,14 +24,12 @@ void Prepare(const ArgChecker& check, const DraftModelPreprocessCall& call,
                              &call.accept_tokens, &call.target_model_draft_tokens}) {
     check.Rows(*t, bsz, slt);
   }
-  // Draft rows, accepted rows and the target's draft rows are all K + 1 wide.
-  check.DimEq(call.accept_tokens, 1, call.draft_tokens, 1);
-  check.DimEq(call.target_model_draft_tokens, 1, call.draft_tokens, 1);
+  // Each row tensor is read with its own width (upstream's tests pass draft_tokens [N, 4],
+  // accept_tokens [N, 100] and target_model_draft_tokens [N, 10] in one call).
   check.Numel(call.not_need_stop, 1);
   check.AttrAtLeast("num_model_step", call.num_model_step, 1);
-  // Host tensors are value-checked; device tensors are not read back (no sync): the kernel
-  // clamps accept_num to [0, W] instead.
-  check.ValuesInRangeOnHost(call.accept_num, 0, call.draft_tokens.dim(1));
+  // Values (accept_num, steps, lengths) are not checked on the host on any backend: the
+  // shared per-item logic clamps them the same way on CPU, CUDA and XPU.
   args->bsz = bsz;
   args->draft_width = call.draft_tokens.dim(1);
   args->accept_width = call.accept_tokens.dim(1);

@@ -21,11 +21,11 @@ void Prepare(const ArgChecker& check, const HybridMtpNgramCall& call, HybridMtpN
     check.PerItem(*t, bsz, slt);
   }
   for (const TensorRef* t : {&call.input_ids, &call.pre_ids, &call.draft_tokens}) {
-    check.Rank(*t, 2);
-    check.DimEq(*t, 0, slt, 0);
+    check.Rows(*t, bsz, slt);  // rows past the batch are not read
   }
   check.AttrAtLeast("min_ngram_size", call.min_ngram_size, 1);
   check.AttrAtLeast("max_ngram_size", call.max_ngram_size, call.min_ngram_size);
+  CheckMaxNgramSize(check, call.max_ngram_size);
   check.AttrAtLeast("max_draft_tokens", call.max_draft_tokens, 0);
   if (call.draft_tokens.dim(1) < static_cast<int64_t>(call.max_draft_tokens) + 1) {
     check.Fail("`draft_tokens` must have at least max_draft_tokens + 1 = " +

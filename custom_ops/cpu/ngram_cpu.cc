@@ -1,6 +1,7 @@
 #include "ngram_cpu.h"
 
 #include <algorithm>
+#include <system_error>
 #include <thread>
 
 #if defined(__x86_64__)
@@ -101,10 +102,19 @@ void NgramPropose(const NgramItem* items, int64_t bsz, int max_n, int min_n, int
         std::lower_bound(work_before.begin(), work_before.end(), target) - work_before.begin();
     bounds[t] = std::max(bounds[t - 1], std::min(bounds[t], bsz));
   }
+  // A worker thread that cannot be created (std::system_error: a pid or address-space
+  // limit) is not an error: its chunk, and every later one, runs on the calling thread.
   std::vector<std::thread> pool;
   pool.reserve(static_cast<std::size_t>(threads) - 1);
-  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(run, bounds[t], bounds[t + 1]);
+  int64_t spawned_until = 1;  // chunks [1, spawned_until) run on worker threads
+  try {
+    for (; spawned_until < threads; ++spawned_until) {
+      pool.emplace_back(run, bounds[spawned_until], bounds[spawned_until + 1]);
+    }
+  } catch (const std::system_error&) {
+  }
   run(bounds[0], bounds[1]);
+  for (int64_t t = spawned_until; t < threads; ++t) run(bounds[t], bounds[t + 1]);
   for (std::thread& th : pool) th.join();
 }
 

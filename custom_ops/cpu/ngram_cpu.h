@@ -5,11 +5,22 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "fdmtp/ngram_common.h"
+#include "fdmtp/tensor_ref.h"
 
 namespace fdmtp {
+
+// The host check of the attr's upper bound (kMaxNgramSize), shared by both n-gram ops.
+inline void CheckMaxNgramSize(const ArgChecker& check, int64_t max_ngram_size) {
+  if (max_ngram_size > kMaxNgramSize) {
+    check.Fail("attr `max_ngram_size` must be <= " + std::to_string(kMaxNgramSize) + ", got " +
+               std::to_string(max_ngram_size));
+  }
+}
+
 namespace cpu {
 
 // Phase 1 for every item. num_threads <= 0: chosen from the amount of work.

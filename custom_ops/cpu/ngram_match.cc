@@ -21,10 +21,10 @@ void Prepare(const ArgChecker& check, const NgramMatchCall& call, NgramMatchArgs
     check.PerItem(*t, bsz, slt);
   }
   for (const TensorRef* t : {&call.input_ids, &call.token_ids_all, &call.draft_tokens}) {
-    check.Rank(*t, 2);
-    check.DimEq(*t, 0, slt, 0);
+    check.Rows(*t, bsz, slt);  // rows past the batch are not read
   }
   check.AttrAtLeast("max_ngram_size", call.max_ngram_size, 1);
+  CheckMaxNgramSize(check, call.max_ngram_size);
   check.AttrAtLeast("max_draft_tokens", call.max_draft_tokens, 0);
   if (call.draft_tokens.dim(1) < 1) {
     check.Fail("`draft_tokens` must have at least 1 column, got shape " +

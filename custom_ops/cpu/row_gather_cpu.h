@@ -40,7 +40,7 @@ void GatherRows(const Plan& plan) {
   int64_t out_off = 0;
   for (int64_t b = 0; b < r.bsz; ++b) {
     const ItemRows c = plan.Counts(b);
-    for (int64_t j = 0; has_data && j < c.out && out_off + j < r.out_rows; ++j) {
+    for (int64_t j = 0; has_data && j < c.out && j < r.out_rows - out_off; ++j) {
       T* dst = out + (out_off + j) * r.hidden;
       const int64_t src = SourceRow(plan.Source(b, j, c), c, in_off, r.in_rows);
       if (src >= 0) {
@@ -49,13 +49,13 @@ void GatherRows(const Plan& plan) {
         std::memset(dst, 0, row_bytes);
       }
     }
-    in_off += c.in;
-    out_off += c.out;
+    in_off = SatAdd(in_off, c.in);
+    out_off = SatAdd(out_off, c.out);
   }
   for (int64_t row = out_off; has_data && row < r.out_rows; ++row) {
     std::memset(out + row * r.hidden, 0, row_bytes);
   }
-  *r.output_token_num = static_cast<int32_t>(out_off);
+  *r.output_token_num = SatInt32(out_off);  // the total saturates, never wraps
 }
 
 }  // namespace cpu

@@ -14,23 +14,26 @@ void SpeculateGetLogits(const SpeculateGetLogitsArgs& a) {
   const T* logits = static_cast<const T*>(a.logits);
   const T* first = static_cast<const T*>(a.first_token_logits);
   const size_t row_bytes = static_cast<size_t>(a.vocab) * sizeof(T);
-  int32_t next_off = 0;  // cu_next_token_offset[0] is taken as 0 (never written)
-  int32_t batch_off = 0;
+  const int64_t next_limit = SpeculateGetLogitsLimit(a.logit_rows);
+  const int64_t batch_limit = SpeculateGetLogitsLimit(a.draft_rows);
+  int64_t next_off = 0;  // cu_next_token_offset[0] is taken as 0 (never written)
+  int64_t batch_off = 0;
   for (int64_t b = 0; b < a.bsz; ++b) {
     const LogitsCounts c = SpeculateGetLogitsCounts(a, b);
-    a.next_token_num[b] = c.next;
-    a.batch_token_num[b] = c.batch;
-    for (int64_t j = 0; j < c.batch; ++j) {
-      const int64_t dst = batch_off + j;
-      const LogitsSource s = SpeculateGetLogitsSource(a, b, j, next_off);
-      if (dst >= a.draft_rows || s.row < 0) continue;
+    const int64_t next_end = SpeculateGetLogitsAdvance(next_off, c.next, next_limit);
+    const int64_t batch_end = SpeculateGetLogitsAdvance(batch_off, c.batch, batch_limit);
+    a.next_token_num[b] = static_cast<int32_t>(next_end - next_off);
+    a.batch_token_num[b] = static_cast<int32_t>(batch_end - batch_off);
+    for (int64_t dst = batch_off; dst < batch_end; ++dst) {
+      const LogitsSource s = SpeculateGetLogitsSource(a, b, dst - batch_off, next_off);
+      if (s.row < 0 || row_bytes == 0) continue;
       const T* src = (s.tensor == 1 ? first : logits) + s.row * a.vocab;
       std::memcpy(draft + dst * a.vocab, src, row_bytes);
     }
-    next_off += c.next;
-    batch_off += c.batch;
-    a.cu_next_token_offset[b + 1] = next_off;
-    a.cu_batch_token_offset[b + 1] = batch_off;
+    next_off = next_end;
+    batch_off = batch_end;
+    a.cu_next_token_offset[b + 1] = static_cast<int32_t>(next_off);
+    a.cu_batch_token_offset[b + 1] = static_cast<int32_t>(batch_off);
   }
 }
 

@@ -20,6 +20,9 @@ constexpr int kProposeThreads = 256;
 constexpr int kCapThreads = 1024;
 constexpr int kEndBits = 48;  // match ends below 2^48; the length sits above them
 constexpr unsigned long long kEndMask = (1ULL << kEndBits) - 1;
+// A match length is at most max_ngram_size <= kMaxNgramSize (checked on the host), so it
+// fits in the 16 bits above the end.
+static_assert(kMaxNgramSize < (1 << (64 - kEndBits)), "n-gram key: the length needs 16 bits");
 
 struct Workspace {
   NgramProposal* proposals;  // [bsz]

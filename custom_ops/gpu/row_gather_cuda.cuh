@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) GatherRowsKernel(Plan plan, 
       __syncthreads();  // scan_* are rewritten by the next chunk; source is read below
       if (!write_total && carry_out >= r1) break;  // later items start past this tile
     }
-    if (write_total && tid == 0) *r.output_token_num = static_cast<int32_t>(carry_out);
+    if (write_total && tid == 0) *r.output_token_num = SatInt32(carry_out);
     const T* input = static_cast<const T*>(r.input);
     T* out = static_cast<T*>(r.out);
     for (int64_t row = r0; row < r1; ++row) {

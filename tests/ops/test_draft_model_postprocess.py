@@ -79,6 +79,16 @@ def test_holes_in_the_middle_of_a_row_do_not_end_the_count(backend):
     np.testing.assert_array_equal(got[1], np.array([3, 1, 0, 5, 2], np.int32))
 
 
+def test_length_values_of_2_31_do_not_cost_time(backend):
+    """The count is bounded by the row width, whatever the length values say."""
+    from tests.ops.child_process import run_in_child
+
+    tensors = make_state(np.random.default_rng(20), 6, 4)
+    tensors[1] = np.full(6, 2**31 - 1, np.int32)
+    tensors[2] = np.array([2**31 - 1, 0, -(2**31), 0, 2**31 - 1, 0], np.int32)
+    run_in_child(lambda: bool(check(backend, tensors, "2**31 - 1")), timeout=60)
+
+
 def test_stop_wins_over_prefill(backend):
     tensors = [
         np.array([[1, 2], [3, 4]], np.int64),

@@ -157,12 +157,85 @@ def test_history_positions_past_the_row_are_dropped(backend):
     np.testing.assert_array_equal(out["pre_ids"][0, 14:16], [501, 502])
 
 
-@pytest.mark.parametrize("accept_num", [-1, 5])
-def test_accept_num_outside_zero_to_k_plus_one_is_rejected_on_host(backend, accept_num):
-    """Host tensors are value-checked; on CUDA the kernel clamps instead (no device sync)."""
-    if backend.name == "cuda":
-        pytest.skip("device values are not read back; the kernel clamps accept_num to [0, K+1]")
-    assert_rejected(backend, OP, NAMES, one_item(accept_num=np.array([accept_num], np.int32)), "accept_num", (1, False))
+@pytest.mark.parametrize("accept_num,kept", [(-1, 0), (5, 4), (2**31 - 1, 4), (-(2**31), 0)])
+def test_accept_num_outside_the_accepted_row_is_clamped_on_every_backend(backend, accept_num, kept):
+    """accept_num is a value (a device kernel cannot check it without a sync): every backend
+    clamps it to [0, accept_tokens width] instead of rejecting it on the host."""
+    out = check(backend, one_item(accept_num=np.array([accept_num], np.int32)), context=f"accept_num={accept_num}")
+    assert out["seq_lens_this_time"][0] == kept
+    assert out["step_idx"][0, 0] == 9 - kept
+    np.testing.assert_array_equal(out["draft_tokens"][0, :kept], [501, 502, 503, 504][:kept])
+
+
+def test_upstream_per_tensor_row_widths_draft_4_accept_100_target_10(backend):
+    """Upstream's own test: draft_tokens [N, 4], accept_tokens [N, 100],
+    target_model_draft_tokens [N, 10] in one call, each read with its own row stride. Columns
+    a row lacks are skipped: accept_num up to 14 fills 4 draft slots but 14 history tokens."""
+    rng = np.random.default_rng(11)
+    bsz = 10
+    tensors = make_state(rng, bsz, 3)
+    tensors[9] = rng.integers(0, 100, size=(bsz, 100)).astype(np.int64)  # accept_tokens
+    tensors[10] = rng.integers(1, 15, size=bsz).astype(np.int32)  # accept_num, up to 14
+    tensors[16] = np.zeros((bsz, 10), np.int64)  # target_model_draft_tokens
+    tensors[8] = rng.integers(0, 100, size=(bsz, 100)).astype(np.int64)  # pre_ids
+    tensors[13] = rng.integers(20, 40, size=(bsz, 1)).astype(np.int64)  # target step_idx
+    tensors[15] = np.full((bsz, 1), 1000, np.int64)  # max_dec_len
+    out = check(backend, tensors, context="per-tensor widths")
+    decode = (tensors[4] == 0) & ~tensors[14].reshape(-1)
+    np.testing.assert_array_equal(out["seq_lens_this_time"][decode], tensors[10][decode])
+    np.testing.assert_array_equal(out["target_model_draft_tokens"][:, 1:], -1)
+
+
+def test_width_zero_rows_are_never_indexed(backend):
+    """accept_tokens (and every other row tensor) of width 0 with accept_num 0: a prefill
+    item has no first token to write, a decode item accepts nothing; nothing is read."""
+    for enc in (0, 4):
+        tensors = one_item(
+            draft_tokens=np.zeros((1, 0), np.int64),
+            input_ids=np.zeros((1, 0), np.int64),
+            pre_ids=np.zeros((1, 0), np.int64),
+            accept_tokens=np.zeros((1, 0), np.int64),
+            accept_num=np.array([0], np.int32),
+            target_model_draft_tokens=np.zeros((1, 0), np.int64),
+            seq_lens_encoder=np.array([enc], np.int32),
+        )
+        out = check(backend, tensors, context=f"width 0, enc={enc}")
+        assert out["seq_lens_this_time"][0] == enc
+
+
+def test_extreme_steps_and_lengths_saturate_instead_of_wrapping(backend):
+    """target_step + num_model_step >= max_dec_len is decided without the sum; steps and
+    lengths that would leave their dtype's range stick at its limit."""
+    i64, i32 = np.iinfo(np.int64), np.iinfo(np.int32)
+    for tgt, max_dec, tgt_dec, enc in [
+        (i64.max, i64.max, 40, 0),  # the sum would wrap negative: still skipped
+        (i64.min, 50, i32.min, 0),  # kept; step and dec saturate at the minimum
+        (i64.min, i64.min, 40, 3),  # max_dec_len - num_model_step underflows: skipped
+        (i64.min, 50, 40, 3),  # prefill: step - 1 saturates
+        (5, i64.min + 1, 40, 0),
+    ]:
+        tensors = one_item(
+            target_model_step_idx=np.array([[tgt]], np.int64),
+            max_dec_len=np.array([[max_dec]], np.int64),
+            target_model_seq_lens_decoder=np.array([tgt_dec], np.int32),
+            seq_lens_encoder=np.array([enc], np.int32),
+        )
+        check(backend, tensors, num_model_step=2, context=f"tgt={tgt} max_dec={max_dec} dec={tgt_dec} enc={enc}")
+
+
+def test_length_values_of_2_31_do_not_cost_time(backend):
+    """Work is bounded by the buffers, not by length values (a generous limit in a child)."""
+    from tests.ops.child_process import run_in_child
+
+    big = 2**31 - 1
+    for enc in (0, big):
+        tensors = one_item(
+            accept_num=np.array([big], np.int32),
+            seq_lens_encoder=np.array([enc], np.int32),
+            target_model_step_idx=np.array([[big]], np.int64),
+            max_dec_len=np.array([[2**62]], np.int64),
+        )
+        run_in_child(lambda t=tensors: bool(check(backend, t, context="2**31 - 1")), timeout=60)
 
 
 def test_batch_beyond_upstream_1024_cap(backend):
@@ -175,8 +248,8 @@ BAD = {
     "draft_tokens_int32": (0, lambda t: t[0].astype(np.int32), "draft_tokens"),
     "accept_num_int64": (10, lambda t: t[10].astype(np.int64), "accept_num"),
     "stop_flags_uint8": (2, lambda t: t[2].astype(np.uint8), "stop_flags"),
-    "accept_tokens_width_k": (9, lambda t: t[9][:, :-1].copy(), "accept_tokens"),
-    "target_draft_width_k": (16, lambda t: t[16][:, :-1].copy(), "target_model_draft_tokens"),
+    "accept_tokens_rank1": (9, lambda t: t[9].reshape(-1), "accept_tokens"),
+    "target_draft_batch_mismatch": (16, lambda t: t[16][:1].copy(), "target_model_draft_tokens"),
     "pre_ids_batch_mismatch": (8, lambda t: np.zeros((1, 16), np.int64), "pre_ids"),
     "max_dec_len_batch_mismatch": (15, lambda t: np.zeros((2, 1), np.int64), "max_dec_len"),
     "not_need_stop_two_elements": (7, lambda t: np.zeros(2, bool), "not_need_stop"),

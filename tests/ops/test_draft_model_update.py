@@ -161,10 +161,10 @@ BAD = {
     "inter_next_tokens_int32": (0, lambda t: t[0].astype(np.int32), "inter_next_tokens"),
     "step_idx_int32": (6, lambda t: t[6].astype(np.int32), "step_idx"),
     "stop_flags_int8": (8, lambda t: t[8].astype(np.int8), "stop_flags"),
-    "base_width_k": (12, lambda t: t[12][:, :-1].copy(), "base_model_draft_tokens"),
+    "base_width_1": (12, lambda t: t[12][:, :1].copy(), "base_model_draft_tokens"),
     "pre_ids_batch_mismatch": (2, lambda t: t[2][:-1].copy(), "pre_ids"),
     "seq_lens_decoder_batch_mismatch": (5, lambda t: t[5][:-1].copy(), "seq_lens_decoder"),
-    "cu_seqlens_q_output_too_short": (7, lambda t: t[7][:2].copy(), "cu_seqlens_q_output"),
+    "cu_seqlens_q_output_int64": (7, lambda t: t[7].astype(np.int64), "cu_seqlens_q_output"),
 }
 
 
@@ -177,13 +177,70 @@ def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
 
 
 @pytest.mark.parametrize("index,name", [(3, "seq_lens_this_time"), (4, "seq_lens_encoder"), (5, "seq_lens_decoder")])
-def test_negative_lengths_are_rejected_on_host(backend, index, name):
-    if backend.name == "cuda":
-        pytest.skip("device values are not read back (no sync); negative lengths read as inactive")
+def test_negative_lengths_are_clamped_on_every_backend(backend, index, name):
+    """Lengths are values (a device kernel cannot check them without a sync): a negative one
+    reads as 0 on every backend, instead of a host-only rejection."""
     tensors = make_state(np.random.default_rng(2), 5, 3)
     tensors[index] = tensors[index].copy()
-    tensors[index][2] = -1
-    assert_rejected(backend, OP, NAMES, tensors, name, (MAX_SEQ_LEN, 0))
+    tensors[index][:] = -1
+    check(backend, tensors, context=f"negative {name}")
+
+
+def test_extreme_lengths_and_steps_saturate_instead_of_wrapping(backend):
+    big32, big64, min64 = 2**31 - 1, 2**63 - 1, -(2**63)
+    rows = [
+        dict(slt=big32, enc=big32, dec=big32, step=big64, max_dec=big64),  # prefill: sums saturate
+        dict(slt=big32, dec=big32, step=5, max_dec=big64),  # decode: dec + slt, step + slt
+        dict(slt=2, dec=4, step=min64 + 1, max_dec=min64),  # max_dec - 1 would underflow
+        dict(slt=2, enc=-5, dec=3, step=1, max_dec=10),  # negative enc reads as 0: decode
+    ]
+    out = check(backend, items(rows), context="extreme values")
+    assert out["seq_lens_decoder"][0] == big32 and out["step_idx"][0, 0] == big64
+    assert out["seq_lens_decoder"][1] == big32 and out["step_idx"][1, 0] == 5 + big32
+
+
+def test_substep_2_31_minus_1_is_rejected_without_overflow(backend):
+    """substep + 1 would wrap to -2**31 in 32 bits and pass the bounds check; computed in 64
+    bits it is refused, and nothing is written."""
+    tensors = make_state(np.random.default_rng(2), 5, 3)
+    before = [t.copy() for t in tensors]
+    with pytest.raises(ValueError, match=r"draft_model_update: attr `substep` = 2147483647"):
+        backend.run(OP, tensors, (MAX_SEQ_LEN, 2**31 - 1))
+    for b, t in zip(before, tensors):
+        np.testing.assert_array_equal(b, t)
+
+
+def test_upstream_per_tensor_row_widths_draft_4_base_5(backend):
+    """Upstream's own test: draft_tokens [N, 4] and base_model_draft_tokens [N, 5], each read
+    with its own row stride; every substep 0..3 writes slot substep + 1 of the base row."""
+    rng = np.random.default_rng(12)
+    tensors = make_state(rng, 8, 3)
+    tensors[12] = rng.integers(0, 5000, size=(8, 5)).astype(np.int64)
+    for substep in range(4):
+        check(backend, tensors, substep, context=f"widths 4 / 5, substep {substep}")
+
+
+def test_cu_seqlens_q_output_of_shape_n_is_accepted_and_not_read(backend):
+    """Upstream's own test passes cu_seqlens_q_output as [N]; it is never read."""
+    tensors = make_state(np.random.default_rng(13), 6, 3)
+    for shape in ((6,), (6, 1), (1,)):
+        tensors[7] = np.full(shape, 2**31 - 1, np.int32)
+        check(backend, tensors, context=f"cu_seqlens_q_output {shape}")
+
+
+def test_width_zero_draft_rows_are_never_indexed(backend):
+    """draft_tokens of width 0: column 0 does not exist, so it is not written."""
+    rows = [dict(slt=1, dec=5), dict(slt=1, enc=3), dict(slt=1, dec=5, stop=True)]
+    tensors = items(rows)
+    tensors[1] = np.zeros((3, 0), np.int64)
+    check(backend, tensors, context="width 0")
+
+
+def test_length_values_of_2_31_do_not_cost_time(backend):
+    from tests.ops.child_process import run_in_child
+
+    rows = [dict(slt=2**31 - 1, dec=2**31 - 1, step=2**40, max_dec=2**62), dict(slt=2**31 - 1, enc=2**31 - 1)]
+    run_in_child(lambda: bool(check(backend, items(rows), context="2**31 - 1")), timeout=60)
 
 
 @pytest.mark.parametrize("substep,message", [(3, "attr `substep` = 3"), (-1, "attr `substep` must be >= 0")])

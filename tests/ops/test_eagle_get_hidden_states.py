@@ -48,6 +48,33 @@ def check(backend, tensors, context):
     return check_row_gather(backend, OP, NAMES, tensors, ATTRS, outputs(tensors), reference(*tensors, *ATTRS), context)
 
 
+def test_output_token_num_saturates_instead_of_wrapping(backend):
+    """Two items of 2**31 - 1 output rows each: the total is summed in 64 bits and stored
+    saturated at 2**31 - 1 (it wrapped to -2); only the rows that exist are written."""
+    rng = np.random.default_rng(17)
+    big = 2**31 - 1
+    tensors = make_state(rng, 3, 5, "float32")
+    tensors[1] = np.array([1, 1, 1], np.int32)  # slt
+    tensors[2] = np.array([big, 0, big], np.int32)  # enc: items 0 and 2 prefill
+    tensors[5] = np.array([1, big, 1], np.int32)  # accept_nums
+    tensors[6] = np.array([2, 2, 2], np.int32)  # base rows
+    tensors[0] = random_floats(rng, (6, 5), "float32")
+    got = check(backend, tensors, "2**31 - 1 rows")
+    assert got[-1][0] == big
+
+
+def test_length_values_of_2_31_do_not_cost_time(backend):
+    from tests.ops.child_process import run_in_child
+
+    rng = np.random.default_rng(18)
+    big = 2**31 - 1
+    tensors = make_state(rng, 4, 3, "float32")
+    tensors[2] = np.array([0, big, 0, big], np.int32)
+    tensors[5] = np.full(4, big, np.int32)
+    tensors[6] = np.full(4, big, np.int32)
+    run_in_child(lambda: bool(check(backend, tensors, "2**31 - 1")), timeout=60)
+
+
 SIZES = [(1, 7), (3, 64), (257, 7), (257, 64), (1500, 7), (3, 4096), (33, 4096)]
 
 

@@ -77,6 +77,15 @@ BAD_INPUTS = {
 }
 
 
+def test_length_values_of_2_31_do_not_cost_time(backend):
+    from tests.ops.child_process import run_in_child
+
+    tensors = make_state(np.random.default_rng(19), 4, 3, "float32")
+    for i in [1, 2]:
+        tensors[i] = np.full(tensors[i].shape, 2**31 - 1, np.int32)
+    run_in_child(lambda: bool(check(backend, tensors, "2**31 - 1")), timeout=60)
+
+
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
 def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
     index, build, name = BAD_INPUTS[case]

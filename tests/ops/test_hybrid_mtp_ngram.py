@@ -191,7 +191,7 @@ BAD = {
     "step_idx_batch_5": (3, lambda t: t[3][:5], "step_idx"),
     "draft_token_num_int64": (4, lambda t: t[4].astype(np.int64), "draft_token_num"),
     "draft_tokens_too_narrow": (5, lambda t: t[5][:, :3], "draft_tokens"),
-    "draft_tokens_batch_7": (5, lambda t: np.zeros((7, 4), np.int64), "draft_tokens"),
+    "draft_tokens_batch_5": (5, lambda t: np.zeros((5, 4), np.int64), "draft_tokens"),
     "seq_lens_this_time_int64": (6, lambda t: t[6].astype(np.int64), "seq_lens_this_time"),
     "seq_lens_decoder_n_by_2": (7, lambda t: np.zeros((6, 2), np.int32), "seq_lens_decoder"),
     "max_dec_len_float": (8, lambda t: t[8].astype(np.float32), "max_dec_len"),
@@ -212,6 +212,55 @@ def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
 def test_bad_attrs_are_named(backend, attrs, name):
     with pytest.raises(ValueError, match=f"attr `{name}`"):
         backend.run(OP, _valid(), (*attrs, 1024, 0))
+
+
+def test_max_ngram_size_has_an_upper_bound_checked_on_the_host(backend):
+    """Match lengths are packed in 16 bits by the CUDA search: max_ngram_size is bounded by
+    kMaxNgramSize = 1024 (an error naming the attr); the bound itself works."""
+    for bad in (1025, 2**31 - 1):
+        with pytest.raises(ValueError, match=r"hybrid_mtp_ngram: attr `max_ngram_size` must be <= 1024"):
+            backend.run(OP, _valid(), (bad, 1, 3, 1024, 0))
+    check(backend, _valid(), (1024, 1, 3, 1024, 0), "max_ngram_size 1024")
+
+
+def test_rows_past_the_batch_are_accepted_and_not_read(backend):
+    t = one_item([1, 2, 3, 1, 2, 5, 6], [1, 2], 1, slt=1)
+    padded = [np.concatenate([x, np.full((3, *x.shape[1:]), 2**31 - 1, x.dtype)]) for x in t]
+    padded[6] = t[6]  # seq_lens_this_time sets the batch size
+    check(backend, padded, (3, 1, 3, 1024, 0), "every other tensor padded to 4 rows")
+
+
+def test_extreme_steps_and_limits_do_not_wrap(backend):
+    i64 = np.iinfo(np.int64)
+    for step, max_dec in ((i64.min, i64.max), (i64.max, i64.min), (1, i64.min), (i64.min, i64.min)):
+        t = one_item([1, 2, 3, 1, 2, 5, 6], [1, 2], 1, slt=1, max_dec=max_dec)
+        t[3] = np.array([step], np.int64)
+        check(backend, t, (3, 1, 3, 1024, 0), f"step={step} max_dec={max_dec}")
+
+
+def test_failed_worker_thread_creation_runs_the_work_on_the_calling_thread(backend):
+    """A worker std::thread that cannot be created (no address space left for its stack,
+    RLIMIT_AS in a child process) used to reach std::terminate; the search now falls back
+    to the calling thread and the result does not change."""
+    from tests.ops.child_process import run_in_child
+
+    t = hybrid_state(np.random.default_rng(6), 64, vocab=3, prompt_max=400, hist_max=300, k=5, p_idle=0.0)
+    attrs = (3, 1, 5, 10**6, 16)  # 16 worker threads asked for
+    want = reference(*t, *attrs)
+    backend.run(OP, t, attrs)  # everything the call needs is loaded before the limit
+    got = run_in_child(lambda: backend.run(OP, t, attrs), timeout=120, address_space_headroom=2 << 20)
+    assert_all_exact(NAMES, got, want, context=f"{backend.name}, no threads")
+
+
+def test_length_values_of_2_31_do_not_cost_time(backend):
+    from tests.ops.child_process import run_in_child
+
+    big = 2**31 - 1
+    t = one_item([1, 2, 3, 1, 2, 5, 6], [1, 2], 1, slt=1, max_dec=2**62)
+    t[1] = np.array([big], np.int64)  # input_ids_len
+    t[3] = np.array([big], np.int64)  # step_idx
+    t[7] = np.array([big], np.int32)
+    run_in_child(lambda: bool(check(backend, t, (1024, 1, 3, big, 0), "2**31 - 1")), timeout=60)
 
 
 def test_wrapper_threshold_defaults_to_upstream_env_var(monkeypatch):

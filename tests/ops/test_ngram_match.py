@@ -152,6 +152,63 @@ def test_bad_attr_is_named(backend):
         backend.run(OP, _valid(), (0, 3, 128, 0))
 
 
+def test_max_ngram_size_has_an_upper_bound_checked_on_the_host(backend):
+    """Match lengths are packed in 16 bits by the CUDA search: max_ngram_size is bounded by
+    kMaxNgramSize = 1024 (an error naming the attr); the bound itself works."""
+    for bad in (1025, 2**31 - 1):
+        with pytest.raises(ValueError, match=r"ngram_match: attr `max_ngram_size` must be <= 1024"):
+            backend.run(OP, _valid(), (bad, 3, 128, 0))
+    check(backend, _valid(), (1024, 3, 128, 0), "max_ngram_size 1024")
+
+
+def test_upstream_prompt_lens_4_by_1_for_a_batch_of_1(backend):
+    """Upstream's own test passes prompt_lens [4, 1] (max_bsz padding) for a batch of 1:
+    per-item arrays and row matrices with more rows than the batch are accepted, and only
+    rows 0..bsz-1 are read."""
+    t = one_item([5, 6, 7, 8], [1, 6], 1, budget=2)
+    t[3] = np.array([[4], [2**62], [-(2**62)], [7]], np.int64)
+    got = check(backend, t, (3, 4, 128, 0), "prompt_lens [4, 1]")
+    np.testing.assert_array_equal(got[6][0], [-1, 7, 8, -1, -1])
+    padded = [np.concatenate([x, np.full((3, *x.shape[1:]), 2**31 - 1, x.dtype)]) for x in t]
+    padded[7] = t[7]  # seq_lens_this_time sets the batch size
+    check(backend, padded, (3, 4, 128, 0), "every other tensor padded to 4 rows")
+
+
+def test_extreme_steps_and_limits_do_not_wrap(backend):
+    """max_dec_len - step_idx - 1 is computed with saturation: no budget wraps positive."""
+    i64 = np.iinfo(np.int64)
+    for step, max_dec in ((i64.min, i64.max), (i64.max, i64.min), (1, i64.min), (i64.min, i64.min)):
+        t = one_item([5, 6, 7, 8], [1, 6], 1, budget=2, max_dec=max_dec)
+        t[4] = np.array([step], np.int64)
+        check(backend, t, (3, 4, 128, 0), f"step={step} max_dec={max_dec}")
+
+
+def test_failed_worker_thread_creation_runs_the_work_on_the_calling_thread(backend):
+    """A worker std::thread that cannot be created (here: no address space left for its
+    stack, RLIMIT_AS in a child process) used to reach std::terminate; the search now falls
+    back to the calling thread and the result does not change."""
+    from tests.ops.child_process import run_in_child
+
+    t = match_state(np.random.default_rng(5), 64, vocab=3, prompt_max=400, hist_max=300, k=4, p_idle=0.0, p_prefill=0.0)
+    attrs = (3, 4, 10**6, 16)  # 16 worker threads asked for
+    want = reference(*t, *attrs)
+    backend.run(OP, t, attrs)  # everything the call needs is loaded before the limit
+    got = run_in_child(lambda: backend.run(OP, t, attrs), timeout=120, address_space_headroom=2 << 20)
+    assert_all_exact(NAMES, got, want, context=f"{backend.name}, no threads")
+
+
+def test_length_values_of_2_31_do_not_cost_time(backend):
+    from tests.ops.child_process import run_in_child
+
+    big = 2**31 - 1
+    t = one_item([5, 6, 7, 8], [1, 6], 1, budget=big, max_dec=2**62)
+    t[1] = np.array([big], np.int64)  # input_ids_len
+    t[3] = np.array([big], np.int64)  # prompt_lens
+    t[4] = np.array([big], np.int64)  # step_idx
+    t[7] = np.array([big], np.int32)
+    run_in_child(lambda: bool(check(backend, t, (1024, 4, big, 0), "2**31 - 1")), timeout=60)
+
+
 def test_wrapper_threshold_defaults_to_upstream_env_var(monkeypatch):
     paddle = pytest.importorskip("paddle")
     import fastdeploy_mtp.ops as ops

@@ -105,6 +105,48 @@ def test_rows_past_the_tensors_are_skipped_not_overrun(backend):
     check(backend, tensors, "short tensors")
 
 
+def test_offsets_saturate_at_the_buffers_and_counts_are_what_was_written(backend):
+    """Rows wanted past the end of `logits` / `draft_logits` are not counted: the inclusive
+    offsets stop at the buffers' rows, each count is the difference of its offsets."""
+    rng = np.random.default_rng(14)
+    tensors = make_state(rng, 4, 6, "float32", p_prefill=0.0)
+    tensors[7] = np.array([4, 4, 0, 4], np.int32)
+    tensors[8] = np.array([0, 0, 3, 0], np.int32)  # item 2 prefill: 1 + 2 rows wanted
+    tensors[0] = random_floats(rng, (10, 6), "float32")  # 14 rows wanted, 10 exist
+    tensors[5] = random_floats(rng, (7, 6), "float32")  # 13 rows wanted, 7 exist
+    got = check(backend, tensors, "saturated offsets")
+    np.testing.assert_array_equal(got["cu_batch_token_offset"][1:], [4, 8, 10, 10])
+    np.testing.assert_array_equal(got["batch_token_num"], [4, 4, 2, 0])
+    np.testing.assert_array_equal(got["cu_next_token_offset"][1:], [4, 7, 7, 7])
+    np.testing.assert_array_equal(got["next_token_num"], [4, 3, 0, 0])
+
+
+def test_int32_length_sums_do_not_wrap_into_a_negative_row(backend):
+    """seq_lens_this_time [2**31-1, 2**31-1, 1] with item 2 in prefill: int32 running offsets
+    wrapped to -2 and wrote first_token_logits[2] at draft_logits[-2]. Offsets are 64-bit and
+    saturate at the buffers: item 2 gets no rows, nothing outside a tensor is touched."""
+    rng = np.random.default_rng(15)
+    tensors = make_state(rng, 3, 5, "float32", p_prefill=0.0)
+    tensors[7] = np.array([2**31 - 1, 2**31 - 1, 1], np.int32)
+    tensors[8] = np.array([0, 0, 1], np.int32)
+    tensors[0] = random_floats(rng, (6, 5), "float32")
+    tensors[5] = random_floats(rng, (4, 5), "float32")
+    got = check(backend, tensors, "2**31 - 1 lengths")
+    np.testing.assert_array_equal(got["cu_batch_token_offset"][1:], [6, 6, 6])
+    np.testing.assert_array_equal(got["batch_token_num"], [6, 0, 0])
+    np.testing.assert_array_equal(got["draft_logits"][:4], tensors[5])
+    np.testing.assert_array_equal(got["draft_logits"][4:], tensors[0][4:])  # no source: kept
+
+
+def test_length_values_of_2_31_do_not_cost_time(backend):
+    from tests.ops.child_process import run_in_child
+
+    rng = np.random.default_rng(16)
+    tensors = make_state(rng, 4, 3, "float16", p_prefill=0.0)
+    tensors[7] = np.full(4, 2**31 - 1, np.int32)
+    run_in_child(lambda: bool(check(backend, tensors, "2**31 - 1 lengths")), timeout=60)
+
+
 def test_batch_beyond_one_block(backend):
     check(backend, make_state(np.random.default_rng(6), 3000, 3, "float16"), "bsz=3000")
 

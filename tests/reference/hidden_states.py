@@ -33,7 +33,8 @@ def _gather(input_, bsz: int, out_rows: int, counts: Callable, source: Callable)
                 out[row] = input_[in_off + local]
         in_off += n_in
         out_off += n_out
-    return out, np.array([out_off], dtype=np.int32)
+    # the total is summed exactly and saturates at the int32 limit (no wrap)
+    return out, np.array([min(out_off, 2**31 - 1)], dtype=np.int32)
 
 
 def eagle_get_hidden_states(

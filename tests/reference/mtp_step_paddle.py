@@ -38,17 +38,23 @@ def mtp_step_paddle(*tensors, block_size: int, max_draft_tokens: int) -> dict[st
     free_list = t["free_list"]
     free_len = t["free_list_len"].reshape(-1)
     bsz, max_blocks = tables.shape
+    # values are clamped, never rejected: free_list_len to [0, F] (written back clamped),
+    # negative lengths and counts read as 0
+    free_len[0] = min(max(int(free_len[0]), 0), free_list.shape[0], 2**31 - 1)
 
-    def release(b):
-        for j in range(used[b]):
-            slot = enc_len[b] + j
-            if not 0 <= slot < max_blocks:
-                continue
+    def count(v):
+        return max(int(v), 0)
+
+    def release(b, keep_encoder_lens):
+        # the draft blocks after the prompt's: table slots [enc, enc + used) inside the row
+        start = count(enc_len[b])
+        for slot in range(start, min(start + count(used[b]), max_blocks)):
             if free_len[0] < free_list.shape[0]:
                 free_list[free_len[0]] = tables[b, slot]
                 free_len[0] += 1
             tables[b, slot] = -1
-        enc_len[b] = 0
+        if not keep_encoder_lens:
+            enc_len[b] = 0
         used[b] = 0
 
     def drop_item(b):
@@ -59,18 +65,18 @@ def mtp_step_paddle(*tensors, block_size: int, max_draft_tokens: int) -> dict[st
 
     for b in range(bsz):
         if (base_stop[b] or drop[b]) and used[b] > 0:
-            release(b)
+            release(b, keep_encoder_lens=False)
     need = []
     for b in range(bsz):
-        slot = (int(dec[b]) + max_draft_tokens + 1) // block_size
-        if not base_stop[b] and not drop[b] and 0 <= slot < max_blocks and tables[b, slot] == -1:
+        slot = (count(dec[b]) + max_draft_tokens + 1) // block_size
+        if not base_stop[b] and not drop[b] and slot < max_blocks and tables[b, slot] == -1:
             need.append(b)
     while len(need) > free_len[0]:
         candidates = [b for b in range(bsz) if not base_stop[b]]
-        if not candidates or max(used[b] for b in candidates) == 0:
+        if not candidates or max(used[b] for b in candidates) <= 0:
             break
         victim = max(candidates, key=lambda b: (used[b], -b))  # most used, then smallest b
-        release(victim)
+        release(victim, keep_encoder_lens=True)  # an evicted item keeps its prompt blocks
         drop_item(victim)
     for b in need:
         if drop[b]:
@@ -78,7 +84,7 @@ def mtp_step_paddle(*tensors, block_size: int, max_draft_tokens: int) -> dict[st
         if free_len[0] <= 0:
             drop_item(b)
             continue
-        used[b] += 1
-        tables[b, (int(dec[b]) + max_draft_tokens + 1) // block_size] = free_list[free_len[0] - 1]
+        used[b] = min(count(used[b]) + 1, 2**31 - 1)
+        tables[b, (count(dec[b]) + max_draft_tokens + 1) // block_size] = free_list[free_len[0] - 1]
         free_len[0] -= 1
     return t

@@ -27,23 +27,27 @@ def speculate_get_logits(
     slt = seq_lens_this_time.reshape(-1)
     enc = seq_lens_encoder.reshape(-1)
     nxt_flat, bat_flat = nxt.reshape(-1), bat.reshape(-1)
+    # Offsets saturate at the rows the buffers hold (and at the int32 range); an item's
+    # counts are the differences of its offsets, so no row outside a tensor is touched.
+    next_limit = min(logits.shape[0], 2**31 - 1)
+    batch_limit = min(draft.shape[0], 2**31 - 1)
     next_off = batch_off = 0  # cu_*[0] is never written and is taken as 0
     for b in range(slt.shape[0]):
         prefill = enc[b] > 0
-        n_next = 1 if prefill else max(int(slt[b]), 0)
-        n_batch = 2 if prefill else max(int(slt[b]), 0)
-        nxt_flat[b], bat_flat[b] = n_next, n_batch
-        for j in range(n_batch):
-            dst = batch_off + j
+        want_next = 1 if prefill else max(int(slt[b]), 0)
+        want_batch = 2 if prefill else max(int(slt[b]), 0)
+        next_end = min(next_off + want_next, next_limit)
+        batch_end = min(batch_off + want_batch, batch_limit)
+        nxt_flat[b], bat_flat[b] = next_end - next_off, batch_end - batch_off
+        for j in range(batch_end - batch_off):
             if prefill and j == 0:
                 src = first_token_logits[b]
             else:
                 row = next_off + (0 if prefill else j)
                 src = logits[row] if row < logits.shape[0] else None
-            if dst < draft.shape[0] and src is not None:
-                draft[dst] = src
-        next_off += n_next
-        batch_off += n_batch
+            if src is not None:
+                draft[batch_off + j] = src
+        next_off, batch_off = next_end, batch_end
         cu_next[b + 1] = next_off  # inclusive offsets, as upstream's GPU path
         cu_batch[b + 1] = batch_off
     return {

@@ -27,3 +27,36 @@ FDMTP_HOST_DEVICE inline bool IsEndToken(int64_t token, const int64_t* end_token
 }
 
 }  // namespace fdmtp
+
+namespace fdmtp {
+
+// Overflow-proof arithmetic for values read from tensors (lengths, steps, offsets), whose
+// range the host does not check: sums and differences saturate at the int64 limits instead
+// of wrapping (signed overflow is undefined behaviour), and a 64-bit value stored into an
+// int32 output saturates at the int32 limits.
+FDMTP_HOST_DEVICE inline int64_t SatAdd(int64_t a, int64_t b) {
+  constexpr int64_t kMax = INT64_MAX;
+  constexpr int64_t kMin = INT64_MIN;
+  if (b > 0 && a > kMax - b) return kMax;
+  if (b < 0 && a < kMin - b) return kMin;
+  return a + b;
+}
+
+FDMTP_HOST_DEVICE inline int64_t SatSub(int64_t a, int64_t b) {
+  constexpr int64_t kMax = INT64_MAX;
+  constexpr int64_t kMin = INT64_MIN;
+  if (b < 0 && a > kMax + b) return kMax;
+  if (b > 0 && a < kMin + b) return kMin;
+  return a - b;
+}
+
+FDMTP_HOST_DEVICE inline int32_t SatInt32(int64_t v) {
+  return v > INT32_MAX ? INT32_MAX : (v < INT32_MIN ? INT32_MIN : static_cast<int32_t>(v));
+}
+
+// v clamped to [lo, hi] (lo <= hi).
+FDMTP_HOST_DEVICE inline int64_t ClampTo(int64_t v, int64_t lo, int64_t hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
+
+}  // namespace fdmtp

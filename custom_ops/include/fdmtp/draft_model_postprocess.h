@@ -26,11 +26,11 @@ FDMTP_HOST_DEVICE inline void DraftModelPostprocessItem(const DraftModelPostproc
     return;  // prefill: the target forward feeds the prompt chunk, not drafts
   }
   const int64_t* row = a.draft_tokens + b * a.width;
-  int32_t count = 0;
+  int64_t count = 0;
   for (int64_t j = 0; j < a.width; ++j) {
     count += row[j] != kPlaceholderToken ? 1 : 0;
   }
-  a.seq_lens_this_time[b] = count;
+  a.seq_lens_this_time[b] = SatInt32(count);
 }
 
 }  // namespace fdmtp

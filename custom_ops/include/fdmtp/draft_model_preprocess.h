@@ -33,15 +33,21 @@ struct DraftModelPreprocessArgs {
   bool is_splitwise_prefill;
 };
 
-// Returns whether the item was kept (counts towards not_need_stop).
+// Returns whether the item was kept (counts towards not_need_stop). Every row tensor is
+// read with its own width and only the columns the item needs are touched; a column a row
+// does not have is skipped (never read or written). Values are clamped, never checked:
+// accept_num to [0, accept_width] (the accepted tokens that exist), steps and lengths with
+// saturating arithmetic (fdmtp/common.h).
 FDMTP_HOST_DEVICE inline bool DraftModelPreprocessItem(const DraftModelPreprocessArgs& a,
                                                        int64_t b) {
   int64_t* target_draft = a.target_model_draft_tokens + b * a.target_draft_width;
   for (int64_t j = 1; j < a.target_draft_width; ++j) target_draft[j] = kPlaceholderToken;
 
   const int64_t target_step = a.target_model_step_idx[b];
-  const bool skip = a.target_model_stop_flags[b] ||
-                    (!a.is_splitwise_prefill && target_step + a.num_model_step >= a.max_dec_len[b]);
+  // target_step + num_model_step >= max_dec_len, without the sum (which could overflow)
+  const bool skip =
+      a.target_model_stop_flags[b] ||
+      (!a.is_splitwise_prefill && target_step >= SatSub(a.max_dec_len[b], a.num_model_step));
   if (skip) {
     a.stop_flags[b] = true;
     a.seq_lens_this_time[b] = 0;
@@ -55,23 +61,26 @@ FDMTP_HOST_DEVICE inline bool DraftModelPreprocessItem(const DraftModelPreproces
   int64_t* history = a.pre_ids + b * a.pre_ids_len;
   const int32_t enc = a.seq_lens_encoder[b];
   if (enc > 0) {
-    if (a.pre_ids_len > 0) history[0] = accepted[0];
-    if (enc - 1 < a.input_ids_len) a.input_ids[b * a.input_ids_len + enc - 1] = accepted[0];
+    if (a.accept_width > 0) {  // the first token exists
+      if (a.pre_ids_len > 0) history[0] = accepted[0];
+      if (enc - 1 < a.input_ids_len) a.input_ids[b * a.input_ids_len + enc - 1] = accepted[0];
+    }
     a.seq_lens_this_time[b] = enc;
-    a.step_idx[b] = target_step - 1;
+    a.step_idx[b] = SatSub(target_step, 1);
     return true;
   }
-  int64_t n = a.accept_num[b];
-  n = n < 0 ? 0 : n;
-  n = n > a.accept_width ? a.accept_width : n;
-  n = n > a.draft_width ? a.draft_width : n;
-  a.seq_lens_decoder[b] = a.target_model_seq_lens_decoder[b] - static_cast<int32_t>(n);
-  a.step_idx[b] = target_step - n;
+  const int64_t n =
+      ClampTo(a.accept_num[b], 0, a.accept_width < INT32_MAX ? a.accept_width : INT32_MAX);
+  a.seq_lens_decoder[b] = SatInt32(SatSub(a.target_model_seq_lens_decoder[b], n));
+  a.step_idx[b] = SatSub(target_step, n);
   int64_t* draft = a.draft_tokens + b * a.draft_width;
+  const int64_t copied = n < a.draft_width ? n : a.draft_width;
+  for (int64_t i = 0; i < copied; ++i) draft[i] = accepted[i];
+  // history[target_step - n + i] = accepted[i] where that position is inside the row
   for (int64_t i = 0; i < n; ++i) {
-    draft[i] = accepted[i];
-    const int64_t pos = target_step - n + i;
-    if (pos >= 0 && pos < a.pre_ids_len) history[pos] = accepted[i];
+    const int64_t back = n - i;        // in [1, n]
+    if (target_step < back) continue;  // position < 0 (and no subtraction can overflow)
+    if (target_step - back < a.pre_ids_len) history[target_step - back] = accepted[i];
   }
   a.seq_lens_this_time[b] = static_cast<int32_t>(n);
   return true;

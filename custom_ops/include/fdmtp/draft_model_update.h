@@ -30,35 +30,45 @@ struct DraftModelUpdateArgs {
   int32_t substep;
 };
 
+// Lengths read clamped to [0, INT32_MAX] (a negative length counts as 0); sums saturate
+// (fdmtp/common.h). So no value, however large or negative, wraps.
+FDMTP_HOST_DEVICE inline int64_t DraftModelUpdateLength(int32_t v) { return v > 0 ? v : 0; }
+
 // `k` = number of items i < b whose input seq_lens_this_time > 0. Returns whether the item
-// counts as "stopped" for not_need_stop (stopped with slt > 0).
+// counts as "stopped" for not_need_stop (stopped with slt > 0). Every tensor is indexed with
+// its own row width; a column a row does not have is not written (slot substep + 1 of
+// base_model_draft_tokens always exists: the host checks the attr).
 FDMTP_HOST_DEVICE inline bool DraftModelUpdateItem(const DraftModelUpdateArgs& a, int64_t b,
                                                    int64_t k) {
   const int32_t slt = a.seq_lens_this_time[b];
   if (slt <= 0) return false;
-  int64_t* base_slot = a.base_model_draft_tokens + b * a.base_width + a.substep + 1;
-  int64_t* draft = a.draft_tokens + b * a.draft_width;
+  const int64_t slot = static_cast<int64_t>(a.substep) + 1;
+  int64_t* base_slot =
+      slot < a.base_width ? a.base_model_draft_tokens + b * a.base_width + slot : nullptr;
+  int64_t* draft = a.draft_width > 0 ? a.draft_tokens + b * a.draft_width : nullptr;
   int64_t* history = a.pre_ids + b * a.pre_ids_len;
-  const int64_t tok = k < a.num_tokens ? a.inter_next_tokens[k] : kPlaceholderToken;
+  const int64_t tok = k >= 0 && k < a.num_tokens ? a.inter_next_tokens[k] : kPlaceholderToken;
   const bool stopped = a.stop_flags[b];
+  const int64_t enc = DraftModelUpdateLength(a.seq_lens_encoder[b]);
+  const int64_t dec = DraftModelUpdateLength(a.seq_lens_decoder[b]);
   if (stopped) {
-    draft[0] = kPlaceholderToken;
-    *base_slot = kPlaceholderToken;
-  } else if (a.seq_lens_encoder[b] > 0) {
-    a.seq_lens_decoder[b] = a.seq_lens_encoder[b] + a.seq_lens_decoder[b];
+    if (draft != nullptr) draft[0] = kPlaceholderToken;
+    if (base_slot != nullptr) *base_slot = kPlaceholderToken;
+  } else if (enc > 0) {
+    a.seq_lens_decoder[b] = SatInt32(enc + dec);
     a.seq_lens_encoder[b] = 0;
     if (a.pre_ids_len > 1) history[1] = tok;
-    a.step_idx[b] += 1;
-    draft[0] = tok;
-    if (a.step_idx[b] < a.max_dec_len[b]) *base_slot = tok;
-  } else if (a.seq_lens_decoder[b] > 0) {
-    if (a.step_idx[b] >= a.max_dec_len[b] - 1) {
-      *base_slot = kPlaceholderToken;
+    a.step_idx[b] = SatAdd(a.step_idx[b], 1);
+    if (draft != nullptr) draft[0] = tok;
+    if (a.step_idx[b] < a.max_dec_len[b] && base_slot != nullptr) *base_slot = tok;
+  } else if (dec > 0) {
+    if (a.step_idx[b] >= SatSub(a.max_dec_len[b], 1)) {
+      if (base_slot != nullptr) *base_slot = kPlaceholderToken;
     } else {
-      a.seq_lens_decoder[b] += slt;
-      draft[0] = tok;
-      *base_slot = tok;
-      a.step_idx[b] += slt;
+      a.seq_lens_decoder[b] = SatInt32(dec + slt);
+      if (draft != nullptr) draft[0] = tok;
+      if (base_slot != nullptr) *base_slot = tok;
+      a.step_idx[b] = SatAdd(a.step_idx[b], slt);
       const int64_t pos = a.step_idx[b];
       if (pos >= 0 && pos < a.pre_ids_len) history[pos] = tok;
     }

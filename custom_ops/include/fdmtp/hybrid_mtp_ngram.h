@@ -41,7 +41,7 @@ struct HybridMtpNgramOp {
     const int64_t ori = a.seq_lens_this_time[b];
     item.base = ori;
     const int64_t by_slots = static_cast<int64_t>(a.max_draft_tokens) - ori + 1;
-    const int64_t by_length = a.max_dec_len[b] - step - 1;
+    const int64_t by_length = NgramByLength(a.max_dec_len[b], step);
     item.budget = by_slots < by_length ? by_slots : by_length;
     item.active = ori > 0 && item.budget > 0;
     item.pending = a.seq_lens_decoder[b] > 0;

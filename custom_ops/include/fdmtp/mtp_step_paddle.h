@@ -28,27 +28,38 @@ struct MtpStepArgs {
   int32_t max_draft_tokens;
 };
 
-FDMTP_HOST_DEVICE inline void MtpStepRelease(const MtpStepArgs& a, int64_t b) {
+// Lengths and counts read from the tensors (seq_lens_decoder, encoder_block_lens,
+// used_list_len): a negative value counts as 0. Values are clamped, never checked, the same
+// way on every backend (a device kernel cannot check them without a host sync).
+FDMTP_HOST_DEVICE inline int64_t MtpStepCount(int32_t v) { return v > 0 ? v : 0; }
+
+// Gives item b's draft blocks back: table slots [enc, enc + used) (enc =
+// encoder_block_lens[b], the prompt's blocks, which stay) that lie inside the row are pushed
+// onto the free list while it has room and set to -1. The loop is bounded by the row, not
+// by the values. used_list_len becomes 0; encoder_block_lens too unless `keep_encoder_lens`
+// (an evicted item keeps it, as upstream).
+FDMTP_HOST_DEVICE inline void MtpStepRelease(const MtpStepArgs& a, int64_t b,
+                                             bool keep_encoder_lens) {
   int32_t* row = a.block_tables + b * a.max_blocks;
-  const int32_t start = a.encoder_block_lens[b];
-  for (int32_t j = 0; j < a.used_list_len[b]; ++j) {
-    const int64_t slot = static_cast<int64_t>(start) + j;
-    if (slot < 0 || slot >= a.max_blocks) continue;
+  const int64_t start = MtpStepCount(a.encoder_block_lens[b]);
+  const int64_t used = MtpStepCount(a.used_list_len[b]);
+  const int64_t end = start + used < a.max_blocks ? start + used : a.max_blocks;
+  for (int64_t slot = start; slot < end; ++slot) {
     if (*a.free_list_len < a.free_capacity) a.free_list[(*a.free_list_len)++] = row[slot];
     row[slot] = kNoBlock;
   }
-  a.encoder_block_lens[b] = 0;
+  if (!keep_encoder_lens) a.encoder_block_lens[b] = 0;
   a.used_list_len[b] = 0;
 }
 
 FDMTP_HOST_DEVICE inline int64_t MtpStepNeedSlot(const MtpStepArgs& a, int64_t b) {
-  return (static_cast<int64_t>(a.seq_lens_decoder[b]) + a.max_draft_tokens + 1) / a.block_size;
+  return (MtpStepCount(a.seq_lens_decoder[b]) + a.max_draft_tokens + 1) / a.block_size;
 }
 
 FDMTP_HOST_DEVICE inline bool MtpStepNeedsBlock(const MtpStepArgs& a, int64_t b) {
   if (a.base_model_stop_flags[b] || a.batch_drop[b]) return false;
   const int64_t slot = MtpStepNeedSlot(a, b);
-  return slot >= 0 && slot < a.max_blocks && a.block_tables[b * a.max_blocks + slot] == kNoBlock;
+  return slot < a.max_blocks && a.block_tables[b * a.max_blocks + slot] == kNoBlock;
 }
 
 FDMTP_HOST_DEVICE inline void MtpStepDrop(const MtpStepArgs& a, int64_t b) {
@@ -59,14 +70,19 @@ FDMTP_HOST_DEVICE inline void MtpStepDrop(const MtpStepArgs& a, int64_t b) {
 }
 
 FDMTP_HOST_DEVICE inline void MtpStepRun(const MtpStepArgs& a) {
+  // free_list_len is clamped to [0, F] first (and written back clamped): every pop reads
+  // free_list[len - 1] with 1 <= len <= F, every push stops at F.
+  const int64_t capacity = a.free_capacity < INT32_MAX ? a.free_capacity : INT32_MAX;
+  *a.free_list_len = static_cast<int32_t>(ClampTo(*a.free_list_len, 0, capacity));
   for (int64_t b = 0; b < a.bsz; ++b) {
     if ((a.base_model_stop_flags[b] || a.batch_drop[b]) && a.used_list_len[b] > 0) {
-      MtpStepRelease(a, b);
+      MtpStepRelease(a, b, false);
     }
   }
   int64_t need = 0;
   for (int64_t b = 0; b < a.bsz; ++b) need += MtpStepNeedsBlock(a, b) ? 1 : 0;
-  // As upstream, `need` is not decremented when a needing item is evicted.
+  // As upstream, `need` is not decremented when a needing item is evicted. Each eviction
+  // zeroes a positive used_list_len, so the loop runs at most bsz times.
   while (need > *a.free_list_len) {
     int64_t victim = -1;
     int32_t most = 0;
@@ -77,7 +93,7 @@ FDMTP_HOST_DEVICE inline void MtpStepRun(const MtpStepArgs& a) {
       }
     }
     if (victim < 0) break;  // nothing left to evict
-    MtpStepRelease(a, victim);
+    MtpStepRelease(a, victim, true);
     MtpStepDrop(a, victim);
   }
   for (int64_t b = 0; b < a.bsz; ++b) {
@@ -86,7 +102,7 @@ FDMTP_HOST_DEVICE inline void MtpStepRun(const MtpStepArgs& a) {
       MtpStepDrop(a, b);  // cannot be served: stopped and reported through batch_drop
       continue;
     }
-    a.used_list_len[b] += 1;
+    a.used_list_len[b] = SatInt32(MtpStepCount(a.used_list_len[b]) + 1);
     a.block_tables[b * a.max_blocks + MtpStepNeedSlot(a, b)] = a.free_list[*a.free_list_len - 1];
     *a.free_list_len -= 1;
   }

@@ -47,9 +47,19 @@ struct NgramProposal {
   int32_t count;
 };
 
+// The largest max_ngram_size the ops accept (checked on the host, an error naming the
+// attr). Match lengths never exceed it; the CUDA search packs a length in 16 bits.
+constexpr int kMaxNgramSize = 1024;
+
 constexpr int32_t kNgramSourceNone = 0;
 constexpr int32_t kNgramSourcePrompt = 1;
 constexpr int32_t kNgramSourceHistory = 2;
+
+// The tokens an item may still generate before max_dec_len: max_dec_len - step - 1,
+// saturating (both are values from tensors, any int64).
+FDMTP_HOST_DEVICE inline int64_t NgramByLength(int64_t max_dec_len, int64_t step) {
+  return SatSub(SatSub(max_dec_len, step), 1);
+}
 
 // v clamped to [0, hi]: lengths and offsets read from tensors, kept inside their rows.
 FDMTP_HOST_DEVICE inline int64_t NgramClamp(int64_t v, int64_t hi) {

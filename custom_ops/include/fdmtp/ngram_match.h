@@ -51,7 +51,7 @@ struct NgramMatchOp {
     const int64_t step = a.step_idx[b];
     item.step = step < a.all_width - prompt_len ? step : -1;  // out of the row: no search
     const int64_t by_request = a.draft_token_num[b];
-    const int64_t by_length = a.max_dec_len[b] - step - 1;
+    const int64_t by_length = NgramByLength(a.max_dec_len[b], step);
     const int64_t by_slots = a.draft_width - 1;
     int64_t budget = by_request < by_length ? by_request : by_length;
     item.budget = budget < by_slots ? budget : by_slots;

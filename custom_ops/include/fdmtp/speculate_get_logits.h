@@ -23,15 +23,33 @@ struct SpeculateGetLogitsArgs {
 };
 
 struct LogitsCounts {
-  int32_t next;   // rows read from `logits`
-  int32_t batch;  // rows written to `draft_logits`
+  int32_t next;   // rows of `logits` the item asks for
+  int32_t batch;  // rows of `draft_logits` the item asks for
 };
 
+// The counts an item asks for (upstream's): 1 and 2 in prefill, else seq_lens_this_time
+// (negative counts as 0). What it gets is limited by the buffers: see SpeculateGetLogitsLimit.
 FDMTP_HOST_DEVICE inline LogitsCounts SpeculateGetLogitsCounts(const SpeculateGetLogitsArgs& a,
                                                                int64_t b) {
   if (a.seq_lens_encoder[b] > 0) return {1, 2};
   const int32_t slt = a.seq_lens_this_time[b] > 0 ? a.seq_lens_this_time[b] : 0;
   return {slt, slt};
+}
+
+// The running offsets saturate at what the buffers hold (and at the int32 range of the
+// offset outputs): cu_next_token_offset[b + 1] = min(sum of next counts of items <= b,
+// rows of `logits`), cu_batch_token_offset[b + 1] likewise with the rows of `draft_logits`,
+// and an item's written counts are the differences of consecutive offsets. Offsets are
+// accumulated in 64 bits: min(min(s, L) + c, L) == min(s + c, L) for c >= 0, so a running
+// sum may be saturated at every step.
+FDMTP_HOST_DEVICE inline int64_t SpeculateGetLogitsLimit(int64_t rows) {
+  return rows < INT32_MAX ? rows : INT32_MAX;
+}
+
+FDMTP_HOST_DEVICE inline int64_t SpeculateGetLogitsAdvance(int64_t offset, int64_t count,
+                                                           int64_t limit) {
+  // offset <= limit < 2^31 and every caller's count < 2^62: the sum cannot overflow.
+  return offset + count < limit ? offset + count : limit;
 }
 
 // Source of draft row j of item b as (tensor, row): tensor 0 = logits, 1 =

@@ -36,7 +36,7 @@ inline void GatherRows(const Plan& plan, int64_t elem_bytes, int64_t* sm_in, int
        row += GlobalCores()) {
     ZeroGm(out + row * row_bytes, row_bytes);
   }
-  if (GlobalCore() == 0) StoreGm(r.output_token_num, static_cast<int32_t>(total));
+  if (GlobalCore() == 0) StoreGm(r.output_token_num, fdmtp::SatInt32(total));
 }
 
 // The shared buffers of a row-gather kernel.
