@@ -27,3 +27,32 @@ FDMTP_HOST_DEVICE inline bool IsEndToken(int64_t token, const int64_t* end_token
 }
 
 }  // namespace fdmtp
+
+// Overflow-proof integer arithmetic for lengths, offsets and positions that come from tensor
+// values (any int64, never trusted). Literal limits, so the helpers compile unchanged for
+// the host, CUDA device code and the XPU3 toolchain.
+namespace fdmtp {
+
+constexpr int64_t kInt64Max = 0x7fffffffffffffffLL;
+constexpr int64_t kInt64Min = -kInt64Max - 1;
+constexpr int64_t kInt32Max = 0x7fffffff;
+constexpr int64_t kInt32Min = -kInt32Max - 1;
+
+// a + b saturated to the int64 range: the comparison comes before the addition.
+FDMTP_HOST_DEVICE inline int64_t SaturatingAdd(int64_t a, int64_t b) {
+  if (b > 0 && a > kInt64Max - b) return kInt64Max;
+  if (b < 0 && a < kInt64Min - b) return kInt64Min;
+  return a + b;
+}
+
+// v clamped into [lo, hi] (lo <= hi).
+FDMTP_HOST_DEVICE inline int64_t ClampTo(int64_t v, int64_t lo, int64_t hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
+
+// v saturated to the int32 range (for int32 outputs computed in 64 bits).
+FDMTP_HOST_DEVICE inline int32_t SaturateToInt32(int64_t v) {
+  return static_cast<int32_t>(ClampTo(v, kInt32Min, kInt32Max));
+}
+
+}  // namespace fdmtp
