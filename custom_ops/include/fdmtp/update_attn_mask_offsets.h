@@ -35,7 +35,7 @@ FDMTP_HOST_DEVICE inline void UpdateAttnMaskOffsetsItem(const UpdateAttnMaskOffs
   const int64_t q = a.cu_seqlens_q[b];  // an int32 value: q + i below cannot overflow
   const int64_t slt = a.seq_lens_this_time[b];
   int32_t* states = a.decode_states + b * a.decode_width;
-  const int64_t first = q < 0 ? -q : 0;                   // q + first >= 0
+  const int64_t first = q < 0 ? -q : 0;                         // q + first >= 0
   int64_t end = a.token_num - q < slt ? a.token_num - q : slt;  // q + i < T, i < slt
   if (enc > 0) {
     const bool resume = a.decode_width > 0 && states[0] == 2 && dec > 0;

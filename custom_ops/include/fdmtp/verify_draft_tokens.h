@@ -156,10 +156,10 @@ constexpr uint64_t kTopPSeed = 0x6D74705F746F7070ull;  // "mtp_topp"
 FDMTP_HOST_DEVICE inline float TopPUniform(int64_t slot, int64_t step_idx) {
   const uint64_t s = static_cast<uint64_t>(step_idx);
   const uint64_t b = static_cast<uint64_t>(slot);
-  const uint32_t word = Philox4x32First(
-      static_cast<uint32_t>(s), static_cast<uint32_t>(s >> 32), static_cast<uint32_t>(b),
-      static_cast<uint32_t>(b >> 32), static_cast<uint32_t>(kTopPSeed),
-      static_cast<uint32_t>(kTopPSeed >> 32));
+  const uint32_t word =
+      Philox4x32First(static_cast<uint32_t>(s), static_cast<uint32_t>(s >> 32),
+                      static_cast<uint32_t>(b), static_cast<uint32_t>(b >> 32),
+                      static_cast<uint32_t>(kTopPSeed), static_cast<uint32_t>(kTopPSeed >> 32));
   return static_cast<float>(word >> 8) * (1.0f / 16777216.0f);
 }
 
@@ -170,8 +170,7 @@ FDMTP_HOST_DEVICE inline int64_t DrawTopP(const VerifyDraftTokensArgs& a, int64_
   const int64_t* ids = a.candidate_ids + r * a.num_candidates;
   const float* scores = a.candidate_scores + r * a.num_candidates;
   const int64_t len = RowLen(a, r);
-  const float u =
-      a.verify_uniforms ? a.verify_uniforms[2 * r + 1] : TopPUniform(b, a.step_idx[b]);
+  const float u = a.verify_uniforms ? a.verify_uniforms[2 * r + 1] : TopPUniform(b, a.step_idx[b]);
   const float t = u * a.topp[b];
   float cum = 0.0f;
   for (int64_t j = 0; j < len; ++j) {
