@@ -234,12 +234,12 @@ def test_prompt_lens_int64_max_never_writes_outside_the_history_row(backend):
     tensors = one_slot([11, 12, -1], 2, step=4)
     tensors = [np.concatenate([t, t]) if i not in (2, 7, 12) else t for i, t in enumerate(tensors)]
     tensors[10] = np.array([[I64_MAX], [3]], np.int64)
-    tensors[11] = np.array([[1], [4]], np.int64)
+    tensors[11] = np.array([[0], [4]], np.int64)  # old step 0: the first position is 2**63 - 1
     got = check(backend, tensors, "prompt_lens = 2**63 - 1")
     assert (got["token_ids_all"][0] == SENTINEL).all()
     assert list(got["token_ids_all"][1, 7:9]) == [11, 12]
     assert (np.delete(got["token_ids_all"][1], [7, 8]) == SENTINEL).all()
-    assert got["step_idx"][0, 0] == 3 and got["step_input_ids"][0, 0] == 12
+    assert got["step_idx"][0, 0] == 2 and got["step_input_ids"][0, 0] == 12
 
 
 def test_step_idx_saturates_at_int64_max(backend):
