@@ -1,4 +1,3 @@
-#include <limits>
 #include "fdmtp/ops.h"
 
 namespace fdmtp {
@@ -16,18 +15,19 @@ void SpeculatePreProcess(const SpeculatePreProcessArgs& args) {
   args.cu_seqlens_k[0] = 0;
   args.cu_seq_lens_q_output[0] = 0;
   for (int64_t b = 0; b < args.bsz; ++b) {
-    in_total += SpeculateInputTokens(args, b);
-    out_total += SpeculateOutputRows(args, b);
+    in_total = SpeculateOffsetAdd(in_total, SpeculateInputTokens(args, b));
+    out_total = SpeculateOffsetAdd(out_total, SpeculateOutputRows(args, b));
     args.cu_seqlens_q[b + 1] = static_cast<int32_t>(in_total);
     args.cu_seqlens_k[b + 1] = static_cast<int32_t>(in_total);
     args.cu_seq_lens_q_output[b + 1] = static_cast<int32_t>(out_total);
   }
   *args.real_output_token_num = static_cast<int32_t>(out_total);
   for (int64_t b = 0; b < args.bsz; ++b) {
-    for (int64_t i = 0; i < SpeculateInputTokens(args, b); ++i)
-      SpeculatePreProcessToken(args, b, i);
-    for (int64_t j = 0; j < SpeculateOutputRows(args, b); ++j)
-      SpeculatePreProcessOutputRow(args, b, j);
+    // Bounded by the buffers (T tokens, N * W rows in all), not by the length values.
+    const int64_t tokens = SpeculateTokensInBounds(args, b);
+    for (int64_t i = 0; i < tokens; ++i) SpeculatePreProcessToken(args, b, i);
+    const int64_t rows = SpeculateRowsInBounds(args, b);
+    for (int64_t j = 0; j < rows; ++j) SpeculatePreProcessOutputRow(args, b, j);
   }
 }
 
@@ -48,7 +48,9 @@ void Prepare(const ArgChecker& check, const SpeculatePreProcessCall& call,
   check.Numel(call.cu_seq_lens_q_output, bsz + 1);
   check.Numel(call.batch_id_per_token_output, bsz * call.draft_tokens.dim(1));
   check.Numel(call.real_output_token_num, 1);
-  check.ValuesInRangeOnHost(seq_len, 0, std::numeric_limits<int32_t>::max());
+  // No value checks: a negative length counts as 0 and the offsets saturate, the same on
+  // every backend (fdmtp/speculate_pre_process.h). bsz * W cannot overflow: draft_tokens
+  // holds at least bsz rows of W elements.
   args->bsz = bsz;
   args->input_ids_len = call.input_ids.dim(1);
   args->draft_width = call.draft_tokens.dim(1);

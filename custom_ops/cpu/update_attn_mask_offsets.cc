@@ -1,4 +1,5 @@
 #include <cstring>
+#include <string>
 
 #include "fdmtp/ops.h"
 
@@ -25,13 +26,19 @@ void Prepare(const ArgChecker& check, const UpdateAttnMaskOffsetsCall& call,
   for (const TensorRef* t : {&slt, &call.seq_lens_encoder, &call.seq_lens_decoder}) {
     check.PerItem(*t, bsz, slt);
   }
-  CheckShape(check, call.cu_seqlens_q, DType::kInt32, {bsz + 1},
-             "batch size + 1, batch size from `seq_lens_this_time`");
-  check.Rank(call.attn_mask_offsets_full, 2);
-  check.DimEq(call.attn_mask_offsets_full, 0, slt, 0);
+  // cu_seqlens_q: entry b is the first token of item b and only entries 0..N-1 are read, so
+  // upstream's exclusive [N] form, the usual [N + 1] and arrays padded past the batch are
+  // all accepted.
+  check.Dtype(call.cu_seqlens_q, DType::kInt32);
+  if (call.cu_seqlens_q.shape.size() != 1 || call.cu_seqlens_q.dim(0) < bsz) {
+    check.Fail("`cu_seqlens_q` must have shape [m] with m >= " + std::to_string(bsz) +
+               " (N, or N + 1; batch size from `seq_lens_this_time`), got " +
+               call.cu_seqlens_q.ShapeString());
+  }
+  check.Contiguous(call.cu_seqlens_q);
+  check.Rows(call.attn_mask_offsets_full, bsz, slt);
   check.PerItem(call.is_block_step, bsz, slt);
-  check.Rank(call.decode_states, 2);
-  check.DimEq(call.decode_states, 0, slt, 0);
+  check.Rows(call.decode_states, bsz, slt);
   CheckShape(check, call.attn_mask_offsets, DType::kInt32, {2 * token_num},
              "2 * `ids_remove_padding`.shape[0]");
   args->bsz = bsz;

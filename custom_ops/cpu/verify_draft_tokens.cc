@@ -1,5 +1,4 @@
 #include <algorithm>
-#include <limits>
 #include <string>
 #include "fdmtp/ops.h"
 
@@ -22,10 +21,10 @@ void Prepare(const ArgChecker& check, const VerifyDraftTokensCall& call,
         std::to_string(call.verify_strategy));
   }
   // Slots: max_bsz from step_output_ids (as upstream); items: real_bsz from
-  // seq_lens_this_time. Both rows of drafts/outputs have the same width K + 1.
+  // seq_lens_this_time. Both rows of drafts/outputs have the same width K + 1 (which may be
+  // 0: such rows are never indexed); step_input_ids may have more rows (not read).
   check.Rank(call.step_output_ids, 2);
-  check.Rank(call.step_input_ids, 2);
-  check.DimEq(call.step_input_ids, 0, call.step_output_ids, 0);
+  check.Rows(call.step_input_ids, call.step_output_ids.dim(0), call.step_output_ids);
   check.DimEq(call.step_input_ids, 1, call.step_output_ids, 1);
   const int64_t max_bsz = call.step_output_ids.dim(0);
   for (const TensorRef* t :
@@ -90,12 +89,16 @@ void Prepare(const ArgChecker& check, const VerifyDraftTokensCall& call,
     check.Required(call.candidate_ids, "candidate_ids", why);
     check.Required(call.candidate_scores, "candidate_scores", why);
     check.Required(call.candidate_lens, "candidate_lens", why);
-    check.Required(call.verify_uniforms, "verify_uniforms", why);
-    num_rows = std::min(candidate_rows, uniform_rows);
+    // REJECTION needs the caller's uniforms (its losslessness rests on fresh ones per
+    // position); TOPP without them draws from the built-in counter-based generator
+    // (verify_detail::TopPUniform), as upstream's TOPP draws from its own state.
+    if (call.verify_strategy == kVerifyRejection) {
+      check.Required(call.verify_uniforms, "verify_uniforms", why);
+    }
+    num_rows = call.verify_uniforms ? std::min(candidate_rows, uniform_rows) : candidate_rows;
   }
-  // Value checks that need no device sync (host tensors only; the kernel treats a
-  // negative count as 0 on the device).
-  check.ValuesInRangeOnHost(call.seq_lens_this_time, 0, std::numeric_limits<int32_t>::max());
+  // No value checks: seq_lens_this_time, cu_seqlens_q_output, candidate_lens, step_idx and
+  // max_dec_len are clamped or bounds-checked by the shared per-item logic on every backend.
   args->max_bsz = max_bsz;
   args->real_bsz = real_bsz;
   args->width = call.step_output_ids.dim(1);

@@ -18,7 +18,9 @@ __global__ void SpeculatePreProcessFillKernel(SpeculatePreProcessArgs args) {
   }
 }
 
-// One block scans the input and output lengths over the batch, chunk by chunk.
+// One block scans the input and output lengths over the batch, chunk by chunk. The carries
+// saturate at the int32 maximum (SpeculateOffsetAdd): a chunk's exclusive sums are at most
+// kScanThreads * 2**31, so nothing overflows in int64 before the clamp.
 __global__ void SpeculatePreProcessScanKernel(SpeculatePreProcessArgs args) {
   int64_t carry_in = 0;
   int64_t carry_out = 0;
@@ -27,24 +29,25 @@ __global__ void SpeculatePreProcessScanKernel(SpeculatePreProcessArgs args) {
     const bool valid = b < args.bsz;
     int64_t total_in = 0;
     int64_t total_out = 0;
-    const int64_t before_in =
-        carry_in + BlockExclusiveSum(valid ? SpeculateInputTokens(args, b) : 0, &total_in);
-    const int64_t before_out =
-        carry_out + BlockExclusiveSum(valid ? SpeculateOutputRows(args, b) : 0, &total_out);
+    const int64_t before_in = SpeculateOffsetAdd(
+        carry_in, BlockExclusiveSum(valid ? SpeculateInputTokens(args, b) : 0, &total_in));
+    const int64_t before_out = SpeculateOffsetAdd(
+        carry_out, BlockExclusiveSum(valid ? SpeculateOutputRows(args, b) : 0, &total_out));
     if (b == 0) {
       args.cu_seqlens_q[0] = 0;
       args.cu_seqlens_k[0] = 0;
       args.cu_seq_lens_q_output[0] = 0;
     }
     if (valid) {
-      const int32_t in_end = static_cast<int32_t>(before_in + SpeculateInputTokens(args, b));
+      const int32_t in_end =
+          static_cast<int32_t>(SpeculateOffsetAdd(before_in, SpeculateInputTokens(args, b)));
       args.cu_seqlens_q[b + 1] = in_end;
       args.cu_seqlens_k[b + 1] = in_end;
       args.cu_seq_lens_q_output[b + 1] =
-          static_cast<int32_t>(before_out + SpeculateOutputRows(args, b));
+          static_cast<int32_t>(SpeculateOffsetAdd(before_out, SpeculateOutputRows(args, b)));
     }
-    carry_in += total_in;
-    carry_out += total_out;
+    carry_in = SpeculateOffsetAdd(carry_in, total_in);
+    carry_out = SpeculateOffsetAdd(carry_out, total_out);
   }
   if (threadIdx.x == 0) {
     if (args.bsz == 0) {
@@ -56,12 +59,13 @@ __global__ void SpeculatePreProcessScanKernel(SpeculatePreProcessArgs args) {
   }
 }
 
-// A block per item (grid-stride over items), threads over the item's tokens and rows.
+// A block per item (grid-stride over items), threads over the item's tokens and rows that
+// land inside the outputs (bounded by the buffers, not by the length values).
 __global__ void SpeculatePreProcessScatterKernel(SpeculatePreProcessArgs args) {
   for (int64_t b = blockIdx.x; b < args.bsz; b += gridDim.x) {
-    const int32_t n = SpeculateInputTokens(args, b);
+    const int64_t n = SpeculateTokensInBounds(args, b);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) SpeculatePreProcessToken(args, b, i);
-    const int32_t rows = SpeculateOutputRows(args, b);
+    const int64_t rows = SpeculateRowsInBounds(args, b);
     for (int64_t j = threadIdx.x; j < rows; j += blockDim.x)
       SpeculatePreProcessOutputRow(args, b, j);
   }

@@ -12,6 +12,10 @@
   composition, warm-up calls or the TP rank, and a recomputation reproduces itself. Each
   absolute position is decided exactly once per request (a rejected position is settled by
   the replacement draw in the same step), so no uniform is ever reused.
+* :func:`topp_uniforms` — the ``u_draw`` that ``VerifyStrategy.TOPP`` uses when
+  :func:`verify_draft_tokens` gets no ``verify_uniforms``: the same Philox-4x32-10, keyed
+  by a fixed seed, the slot and the item's ``step_idx`` (the kernels compute it
+  themselves; this is the same function in numpy, for references and tests).
 """
 
 from __future__ import annotations
@@ -60,6 +64,28 @@ def position_uniforms(seed: ArrayLike, position: ArrayLike, column: ArrayLike) -
     s = seed.astype(np.uint64)
     p = position.astype(np.uint64)
     word = _philox4x32_10(p, p >> np.uint64(32), column.astype(np.uint64), 0, s, s >> np.uint64(32))
+    return ((word >> np.uint64(8)).astype(np.float64) * 2.0**-24).astype(np.float32)
+
+
+# The fixed key of TOPP's built-in uniforms ("mtp_topp"); the kernels' copy is kTopPSeed in
+# custom_ops/include/fdmtp/verify_draft_tokens.h (tests check that both agree).
+TOPP_SEED = 0x6D74705F746F7070
+
+
+def topp_uniforms(slot: ArrayLike, step_idx: ArrayLike) -> np.ndarray:
+    """TOPP's Phase-2 uniform when ``verify_uniforms`` is None, one per broadcast element of
+    ``(slot, step_idx)``: Philox-4x32-10 with key = ``TOPP_SEED`` and counter =
+    (64-bit ``step_idx``, 64-bit slot); float32 in ``[0, 1)``, multiples of 2**-24.
+
+    Example::
+
+        topp_uniforms(np.arange(4), step_idx.reshape(-1))  # u_draw of slots 0..3 this step
+    """
+    slot, step_idx = np.broadcast_arrays(np.asarray(slot, np.int64), np.asarray(step_idx, np.int64))
+    b = slot.astype(np.uint64)
+    s = step_idx.astype(np.uint64)
+    k = np.uint64(TOPP_SEED)
+    word = _philox4x32_10(s, s >> np.uint64(32), b, b >> np.uint64(32), k, k >> np.uint64(32))
     return ((word >> np.uint64(8)).astype(np.float64) * 2.0**-24).astype(np.float32)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.compare import assert_all_exact, assert_rejected
+from tests.compare import assert_all_exact, assert_exact, assert_rejected
 from tests.reference.speculate_pre_process import INPUTS, OUTPUTS, speculate_pre_process as reference
 
 OP = "speculate_pre_process"
@@ -118,12 +118,54 @@ def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
     assert_rejected(backend, OP, INPUTS, tensors, name, (8,), out_specs(4, 4, 8))
 
 
-def test_negative_seq_len_is_rejected_on_host(backend):
-    if backend.name == "cuda":
-        pytest.skip("device values are not read back (no sync); a negative length counts as 0")
+def test_negative_seq_len_counts_as_zero_on_every_backend(backend):
+    """Formerly rejected on host tensors only (and clamped on CUDA); now the same everywhere."""
     tensors = fixed()
-    tensors[1] = np.array([3, -4, 0, 1], np.int32)
-    assert_rejected(backend, OP, INPUTS, tensors, "seq_len", (8,), out_specs(4, 4, 8))
+    tensors[1] = np.array([3, -4, 0, -(2**31)], np.int32)
+    out = check(backend, tensors, token_num=3, context="negative seq_len")
+    np.testing.assert_array_equal(out["cu_seqlens_q"], [0, 3, 3, 3, 3])
+    np.testing.assert_array_equal(out["cu_seq_lens_q_output"], [0, 3, 3, 3, 3])
+
+
+I32_MAX = 2**31 - 1
+
+
+def test_length_sums_past_int32_saturate_instead_of_wrapping(backend):
+    """seq_len = [2**31 - 1, 2**31 - 1, 1, 3]: the int32 offsets saturate at 2**31 - 1 (they
+    used to wrap to a valid-looking offset); only tokens below T are written."""
+    tensors = fixed()
+    tensors[1] = np.array([I32_MAX, I32_MAX, 1, 3], np.int32)
+    tensors[3] = np.array([0, 0, 0, 0], np.int32)
+    out = check(backend, tensors, token_num=6, context="saturating offsets")
+    np.testing.assert_array_equal(out["cu_seqlens_q"], [0, I32_MAX, I32_MAX, I32_MAX, I32_MAX])
+    np.testing.assert_array_equal(out["cu_seq_lens_q_output"], [0, I32_MAX, I32_MAX, I32_MAX, I32_MAX])
+    np.testing.assert_array_equal(out["ids_remove_padding"], [10, 11, 12, 13, 2, 2])
+    np.testing.assert_array_equal(out["batch_id_per_token"], [0, 0, 0, 0, 0, 0])
+    assert (out["batch_id_per_token_output"] == 0).all() and out["real_output_token_num"][0] == I32_MAX
+
+
+def test_huge_lengths_cost_no_more_than_the_buffers(backend):
+    """Lengths of 2**31 - 1: the work is bounded by T and N * W, not by the values."""
+    from tests.ops.bounded_work import run_in_child
+
+    tensors = make_state(np.random.default_rng(17), 64, 3)
+    tensors[1][::5] = I32_MAX
+    token_num = 500
+    want = reference(*tensors, cpu_token_num=token_num)
+    got = run_in_child(backend, OP, tensors, (token_num,), out_specs(64, 4, token_num))
+    assert_all_exact(NAMES, got, want, context=backend.name)
+
+
+def test_per_item_arrays_and_row_matrices_may_have_more_rows_than_the_batch(backend):
+    """The batch is seq_len's length; longer seq_lens_encoder/decoder and taller input_ids /
+    draft_tokens (upstream callers pad to max_bsz) are accepted and their extra rows unread."""
+    tensors = fixed()
+    want = reference(*tensors, cpu_token_num=8)
+    padded = [np.concatenate([t, np.full((3,) + t.shape[1:], 5, t.dtype)]) for t in tensors]
+    padded[1] = tensors[1]
+    got = backend.run(OP, padded, (8,), out_specs(4, 4, 8))
+    for name, g in zip(OUTPUTS, got[len(INPUTS) :]):
+        assert_exact(name, g, want[name], context=backend.name)
 
 
 def test_negative_token_num_is_rejected(backend):

@@ -115,10 +115,84 @@ def test_zero_tokens(backend):
     assert out.shape == (0,)
 
 
+def test_upstream_exclusive_cu_seqlens_q_of_length_n_is_accepted(backend):
+    """Upstream's tests pass cu_seqlens_q as [N] (entry b = start of item b); only 0..N-1 are
+    read, so the [N] form gives the same result as [N + 1]."""
+    tensors = make_state(np.random.default_rng(12), 9)
+    want_out, want_states = reference(*tensors)
+    short = list(tensors)
+    short[4] = tensors[4][:-1].copy()
+    got_out, got_states = check(backend, short, "cu_seqlens_q [N]")
+    assert_exact("attn_mask_offsets", got_out, want_out, backend.name)
+    assert_exact("decode_states", got_states, want_states, backend.name)
+
+
+def test_per_item_arrays_and_row_matrices_may_have_more_rows_than_the_batch(backend):
+    tensors = make_state(np.random.default_rng(13), 6)
+    want_out, want_states = reference(*tensors)
+    padded = list(tensors)
+    for i in (2, 3, 4, 5, 6, 7):
+        padded[i] = np.concatenate([tensors[i], np.ones((3,) + tensors[i].shape[1:], tensors[i].dtype)])
+    got = backend.run(OP, padded, (), outputs(padded))
+    assert_exact("attn_mask_offsets", got[8], want_out, backend.name)
+    assert_exact("decode_states", got[7][:6], want_states, backend.name)
+    assert (got[7][6:] == 1).all(), "a decode_states row past the batch was written"
+
+
+I32_MAX = 2**31 - 1
+
+
+CLAMP_CASES = ("slt_int32_max_decode", "slt_int32_max_prefill", "resume_overflow")
+CLAMP_CASES += ("full_int32_max", "q_negative", "q_huge")
+
+
+@pytest.mark.parametrize("case", CLAMP_CASES)
+def test_out_of_range_values_are_clamped_the_same_on_every_backend(backend, case):
+    """Lengths and offsets are never rejected: token slots outside [0, 2T) are skipped and
+    the offsets saturate at the int32 maximum (they used to wrap)."""
+    if case == "slt_int32_max_decode":
+        t = _one(enc=0, dec=I32_MAX - 1, slt=3, states=[0, 0, 0, 0])
+        t[1][0] = I32_MAX
+    elif case == "slt_int32_max_prefill":
+        t = _one(enc=I32_MAX, dec=0, slt=4, states=[-1, -1])
+        t[1][0] = I32_MAX
+    elif case == "resume_overflow":
+        t = _one(enc=3, dec=I32_MAX - 1, slt=3, states=[2, -1])
+    elif case == "full_int32_max":
+        t = _one(enc=3, dec=0, slt=3, states=[-1], full_row=[I32_MAX, 5, I32_MAX])
+    elif case == "q_negative":
+        t = _one(enc=0, dec=4, slt=3, states=[0, 0])
+        t[4] = np.array([-2], np.int32)
+    else:
+        t = _one(enc=0, dec=4, slt=3, states=[0, 0])
+        t[4] = np.array([I32_MAX], np.int32)
+    out, _ = check(backend, t, case)
+    assert (out[0::2] == 0).all()
+
+
+def test_huge_length_values_cost_no_more_than_the_buffers(backend):
+    """seq_lens_this_time = 2**31 - 1 (the last item of each kind, so that no two items'
+    token ranges overlap) and huge encoder lengths: the loops stop at the T slots."""
+    from tests.ops.bounded_work import run_in_child
+
+    tensors = make_state(np.random.default_rng(14), 64)
+    tensors[6][:] = False
+    tensors[2][::3] = np.where(tensors[2][::3] > 0, I32_MAX, 0)
+    tensors[1][-1], tensors[2][-1], tensors[3][-1] = I32_MAX, 0, 5
+    tensors[0] = np.zeros(int(tensors[4][-1]) + 40, np.int64)  # T reaches into the last item
+    want_out, want_states = reference(*tensors)
+    got = run_in_child(backend, OP, tensors, (), outputs(tensors))
+    assert_exact("attn_mask_offsets", got[8], want_out, backend.name)
+    assert_exact("decode_states", got[7], want_states, backend.name)
+
+
 BAD_INPUTS = {
     "ids_remove_padding_rank2": (0, lambda t: t[0].reshape(1, -1), "ids_remove_padding"),
     "seq_lens_decoder_int64": (3, lambda t: t[3].astype(np.int64), "seq_lens_decoder"),
-    "cu_seqlens_q_len_n": (4, lambda t: t[4][:-1], "cu_seqlens_q"),
+    "cu_seqlens_q_len_n_minus_1": (4, lambda t: t[4][:-2], "cu_seqlens_q"),
+    "cu_seqlens_q_rank2": (4, lambda t: t[4].reshape(-1, 1), "cu_seqlens_q"),
+    "cu_seqlens_q_int64": (4, lambda t: t[4].astype(np.int64), "cu_seqlens_q"),
+    "decode_states_batch_2": (7, lambda t: t[7][:2], "decode_states"),
     "attn_mask_offsets_full_batch_2": (5, lambda t: t[5][:2], "attn_mask_offsets_full"),
     "is_block_step_int32": (6, lambda t: t[6].astype(np.int32), "is_block_step"),
     "decode_states_int64": (7, lambda t: t[7].astype(np.int64), "decode_states"),
@@ -141,7 +215,7 @@ def test_paddle_rejected_call_leaves_decode_states_unchanged():
 
     t = make_state(np.random.default_rng(10), 5)
     p = [paddle.to_tensor(a) for a in t]
-    p[4] = paddle.to_tensor(t[4][:-1])
+    p[4] = paddle.to_tensor(t[4][:-2])
     with pytest.raises(ops.OpError, match="`cu_seqlens_q`"):
         ops.update_attn_mask_offsets(*p)
     np.testing.assert_array_equal(p[7].numpy(), t[7])

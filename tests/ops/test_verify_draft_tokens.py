@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from fastdeploy_mtp.ops.sampling import position_uniforms, rejection_candidates
+from fastdeploy_mtp.ops.sampling import _philox4x32_10, position_uniforms, rejection_candidates, topp_uniforms
 from tests.compare import assert_exact, assert_rejected
 from tests.reference.verify_draft_tokens import NAMES, verify_draft_tokens as reference
 
@@ -487,6 +487,111 @@ def test_rejection_emits_tokens_distributed_as_the_target_for_a_one_hot_drafter(
     assert reached.sum() > 2000  # the bonus position was tested on enough draws
 
 
+# ---- TOPP without uniforms: the built-in counter-based generator ------------------------
+
+
+def test_philox_4x32_10_matches_the_published_known_answers():
+    """Random123's known-answer vectors (first output word) for the numpy Philox."""
+    m = 0xFFFFFFFF
+    assert int(_philox4x32_10(0, 0, 0, 0, 0, 0)) == 0x6627E8D5
+    assert int(_philox4x32_10(m, m, m, m, m, m)) == 0x408F276D
+    pi = (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344, 0xA4093822, 0x299F31D0)
+    assert int(_philox4x32_10(*pi)) == 0xD16CFE09
+
+
+@pytest.mark.parametrize("bsz", [1, 7, 64, 1500])
+def test_topp_without_uniforms_matches_reference(backend, bsz):
+    """Upstream's tests call TOPP with no uniforms input: every backend draws the same
+    tokens from Philox keyed by (fixed seed, slot, step_idx), as the reference does."""
+    rng = np.random.default_rng(600 + bsz)
+    tensors = make_state(rng, bsz, 3, TOPP, real_bsz=bsz if bsz < 7 else bsz - 3)
+    tensors[17] = None
+    check(backend, tensors, attrs(TOPP), f"topp, no uniforms, bsz={bsz}")
+
+
+def test_topp_without_uniforms_draws_with_the_built_in_uniform(backend):
+    """One bonus draw whose token is decided by topp_uniforms(slot 0, step_idx 41): the
+    kernels' Philox and seed agree with fastdeploy_mtp.ops.sampling bit for bit."""
+    ids = [[7, 4, 0, 0], [5, 6, 9, 8]]
+    scores = [[0.5, 0.3, 0, 0], [0.25, 0.25, 0.25, 0.25]]
+    u = float(topp_uniforms(0, 41))
+    want = [5, 6, 9, 8][min(int(u * 4), 3)]  # cumsum 0.25, 0.5, 0.75, 1.0; t = u * 1.0
+    tensors = one_item(TOPP, [4], ids=ids, scores=scores, lens=[2, 4], step=41)
+    assert run_one(backend, tensors, TOPP)[0] == [4, want]
+
+
+def test_topp_built_in_uniforms_depend_on_slot_and_step_and_repeat():
+    u = topp_uniforms(np.arange(4)[:, None], np.arange(1000)[None, :])
+    assert u.dtype == np.float32 and (u >= 0).all() and (u < 1).all()
+    assert len(np.unique(u)) > 3900 and abs(float(u.mean()) - 0.5) < 0.02
+    np.testing.assert_array_equal(u, topp_uniforms(np.arange(4)[:, None], np.arange(1000)[None, :]))
+
+
+def test_rejection_still_requires_uniforms(backend):
+    tensors = _valid(REJECTION)
+    tensors[17] = None
+    assert_rejected(backend, OP, NAMES, tensors, "verify_uniforms", attrs(REJECTION))
+
+
+# ---- hardening: widths, out-of-range values, padded arrays, huge lengths ----------------
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_width_0_rows_are_never_indexed(backend, strategy):
+    """Issue 13: K + 1 = 0 wrote out[0] of an empty row. Now such a row emits nothing."""
+    s = STRATEGIES[strategy]
+    tensors = make_state(np.random.default_rng(21), 5, 2, s)
+    tensors[0] = np.zeros((5, 0), np.int64)
+    tensors[2] = np.zeros((5, 0), np.int64)
+    got = check(backend, tensors, attrs(s), f"width 0 {strategy}")
+    assert (got["step_output_len"] == 0).all() and got["step_output_ids"].shape == (5, 0)
+
+
+def test_negative_seq_lens_this_time_counts_as_zero_on_every_backend(backend):
+    """Formerly rejected on host tensors only; now every backend clamps (no device sync)."""
+    tensors = make_state(np.random.default_rng(3), 6, 3, GREEDY)
+    tensors[10] = np.array([1, 2, -1, 1, -(2**31), 1], np.int32)
+    got = check(backend, tensors, attrs(GREEDY), "negative slt")
+    assert got["step_output_len"][2] == 0 and got["step_output_len"][4] == 0
+
+
+def test_step_idx_at_int64_max_saturates_and_stops(backend):
+    tensors = one_item(GREEDY, [7, 8], step=2**63 - 1, max_dec=2**63 - 1, target=[7, 8, 6])
+    toks, _ = run_one(backend, tensors, GREEDY)
+    assert toks == [EOS[0]]
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_per_item_arrays_and_step_input_ids_may_have_more_rows_than_slots(backend, strategy):
+    s = STRATEGIES[strategy]
+    base = make_state(np.random.default_rng(31), 6, 3, s)
+    want = reference(base, attrs(s))
+    padded = list(base)
+    for i in (2, 7, 8, 9, 12, 14, 15, 16):
+        padded[i] = np.concatenate([base[i], np.ones((2,) + base[i].shape[1:], base[i].dtype)])
+    got = backend.run(OP, padded, attrs(s))
+    for name, g in zip(NAMES[:2], got[:2]):
+        assert_exact(name, g, want[name], context=backend.name)
+
+
+def test_huge_length_and_offset_values_cost_no_more_than_the_buffers(backend):
+    """seq_lens_this_time = 2**31 - 1 and cu_seqlens_q_output near the int32 limits: work is
+    bounded by the row width and the row tensors (rows outside them are never read)."""
+    from tests.ops.bounded_work import run_in_child
+
+    for s in (GREEDY, TOPP, REJECTION):
+        tensors = make_state(np.random.default_rng(40 + s), 64, 5, s)
+        tensors[10][::2] = 2**31 - 1
+        tensors[13][1::4] = 2**31 - 1
+        tensors[13][3::4] = -(2**31)
+        tensors[15][::3] = 2**63 - 1
+        want = reference(tensors, attrs(s))
+        got = run_in_child(backend, OP, tensors, attrs(s))
+        for name, g in zip(NAMES, got):
+            if g is not None:
+                assert_exact(name, g, want[name], context=f"{backend.name} strategy {s}")
+
+
 # ---- bad input --------------------------------------------------------------------------
 
 
@@ -507,19 +612,12 @@ BAD_INPUTS = {
     "topp_batch_5": (TOPP, 7, lambda t: t[7][:5].copy(), "topp"),
     "step_idx_batch_1": (GREEDY, 16, lambda t: np.zeros((1, 1), np.int64), "step_idx"),
     "seq_lens_this_time_too_many": (GREEDY, 10, lambda t: np.ones(7, np.int32), "seq_lens_this_time"),
-    "seq_lens_this_time_negative": (
-        GREEDY,
-        10,
-        lambda t: np.array([1, 2, -1, 1, 1, 1], np.int32),
-        "seq_lens_this_time",
-    ),
     "cu_seqlens_q_output_short": (GREEDY, 13, lambda t: t[13][:3].copy(), "cu_seqlens_q_output"),
     "candidate_lens_rows": (REJECTION, 6, lambda t: t[6][:-1].copy(), "candidate_lens"),
     "candidate_scores_cols": (REJECTION, 5, lambda t: t[5][:, :2].copy(), "candidate_scores"),
     "verify_uniforms_one_column": (REJECTION, 17, lambda t: t[17][:, :1].copy(), "verify_uniforms"),
     "end_tokens_empty": (GREEDY, 11, lambda t: np.zeros((0, 1), np.int64), "end_tokens"),
     "rejection_without_uniforms": (REJECTION, 17, lambda t: None, "verify_uniforms"),
-    "topp_without_uniforms": (TOPP, 17, lambda t: None, "verify_uniforms"),
     "topp_without_candidate_ids": (TOPP, 4, lambda t: None, "candidate_ids"),
     "greedy_without_target_tokens": (GREEDY, 3, lambda t: None, "target_tokens"),
 }
@@ -536,6 +634,20 @@ def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
 @pytest.mark.parametrize("strategy", [-1, 4])
 def test_unknown_verify_strategy_is_rejected(backend, strategy):
     assert_rejected(backend, OP, NAMES, _valid(GREEDY), "verify_strategy", attrs(strategy))
+
+
+def test_paddle_topp_call_without_verify_uniforms():
+    """FastDeploy's TOPP call passes no uniforms: the Paddle op works without the keyword."""
+    paddle = pytest.importorskip("paddle")
+    import fastdeploy_mtp.ops as ops
+
+    tensors = make_state(np.random.default_rng(8), 7, 3, TOPP)
+    tensors[17] = None
+    want = reference(tensors, attrs(TOPP))
+    pt = {n: None if a is None else paddle.to_tensor(a) for n, a in zip(NAMES, tensors) if n != "verify_uniforms"}
+    ops.verify_draft_tokens(**pt, max_seq_len=4096, verify_window=2, verify_strategy=ops.VerifyStrategy.TOPP)
+    np.testing.assert_array_equal(pt["step_output_ids"].numpy(), want["step_output_ids"])
+    np.testing.assert_array_equal(pt["step_output_len"].numpy(), want["step_output_len"])
 
 
 def test_paddle_op_takes_keyword_arguments_and_the_enum():

@@ -20,6 +20,9 @@ OUTPUTS = (
 )
 
 
+INT32_MAX = 2**31 - 1
+
+
 def output_rows(n: int, enc: int) -> int:
     if n <= 0:
         return 0
@@ -31,29 +34,29 @@ def speculate_pre_process(*tensors, cpu_token_num: int) -> dict[str, np.ndarray]
     input_ids, draft = t["input_ids"], t["draft_tokens"]
     slt = t["seq_len"].reshape(-1)
     enc = t["seq_lens_encoder"].reshape(-1)
-    bsz, width = draft.shape
+    width = draft.shape[1]
     ids = np.full(cpu_token_num, 2, np.int64)
     batch_id = np.full(cpu_token_num, -1, np.int32)
+    # bsz from seq_len; the other per-item arrays and the row matrices may have more rows
+    bsz = slt.shape[0]
     batch_id_out = np.full(bsz * width, -1, np.int32)
     n_in = np.maximum(slt, 0).astype(np.int64)
     n_out = np.array([output_rows(int(slt[b]), int(enc[b])) for b in range(bsz)], np.int64)
-    cu_q = np.concatenate([[0], np.cumsum(n_in)]).astype(np.int32)
-    cu_out = np.concatenate([[0], np.cumsum(n_out)]).astype(np.int32)
+    # int32 offsets: the prefix sums saturate at 2**31 - 1 (lengths are never rejected)
+    cu_q = np.minimum(np.concatenate([[0], np.cumsum(n_in)]), INT32_MAX).astype(np.int32)
+    cu_out = np.minimum(np.concatenate([[0], np.cumsum(n_out)]), INT32_MAX).astype(np.int32)
     for b in range(bsz):
         from_draft = width > 0 and enc[b] <= 0
-        for i in range(int(n_in[b])):
+        # the item's tokens at positions cu_q[b] .. cu_q[b + 1] - 1 that are < T
+        for i in range(max(0, min(int(cu_q[b + 1]), cpu_token_num) - int(cu_q[b]))):
             pos = int(cu_q[b]) + i
-            if pos >= cpu_token_num:
-                continue
             if from_draft:
                 ids[pos] = draft[b, i] if i < width else 2
             else:
                 ids[pos] = input_ids[b, i] if i < input_ids.shape[1] else 2
             batch_id[pos] = b
-        for j in range(int(n_out[b])):
-            row = int(cu_out[b]) + j
-            if row < bsz * width:
-                batch_id_out[row] = b
+        for j in range(max(0, min(int(cu_out[b + 1]), bsz * width) - int(cu_out[b]))):
+            batch_id_out[int(cu_out[b]) + j] = b
     t.update(
         ids_remove_padding=ids,
         batch_id_per_token=batch_id,

@@ -26,6 +26,8 @@ NAMES = (
     "end_tokens",
     "max_dec_len",
 )
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
 
 
 def unified_update_model_status(tensors: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
@@ -37,7 +39,7 @@ def unified_update_model_status(tensors: Sequence[np.ndarray]) -> dict[str, np.n
     paused, prompt = t["is_paused"].reshape(-1), t["prompt_lens"].reshape(-1)
     end, max_dec = t["end_tokens"].reshape(-1), t["max_dec_len"].reshape(-1)
     out, inp, hist = t["step_output_ids"], t["step_input_ids"], t["token_ids_all"]
-    max_bsz, width = out.shape
+    max_bsz, width = stop.shape[0], out.shape[1]  # rows past max_bsz are not read
     real_bsz = slt.shape[0]
     seq_len = hist.shape[1]
     any_running = False
@@ -47,11 +49,14 @@ def unified_update_model_status(tensors: Sequence[np.ndarray]) -> dict[str, np.n
                 stop[b] = True
                 enc[b] = dec[b] = slt[b] = out_len[b] = 0
             continue
-        n = int(min(max(int(out_len[b]), 0), width))
-        s = int(step_idx[b])
+        # values are clamped, never rejected: the count into [0, W], the step counter at
+        # the int64 maximum, the lengths at the int32 maximum
+        n = min(max(int(out_len[b]), 0), width)
+        old_step = int(step_idx[b])
+        s = old_step
         stopped = False
         for k in range(n):
-            s += 1
+            s = min(s + 1, INT64_MAX)
             eos = out[b, k] in end
             if eos or s >= max_dec[b]:
                 if not eos:
@@ -59,17 +64,17 @@ def unified_update_model_status(tensors: Sequence[np.ndarray]) -> dict[str, np.n
                 n, stopped = k + 1, True
                 break
         if enc[b] > 0:
-            dec[b] += enc[b]
+            dec[b] = min(int(dec[b]) + int(enc[b]), INT32_MAX)
             enc[b] = 0
         elif dec[b] > 0:
-            dec[b] += n
+            dec[b] = min(int(dec[b]) + n, INT32_MAX)
         if stopped:
             stop[b] = True
         out_len[b] = n
         step_idx[b] = s
         if n > 0:
-            first = int(prompt[b]) + s - n  # = prompt_len + old step_idx
-            if first >= 0 and int(prompt[b]) + s < seq_len:  # all or nothing
+            first = int(prompt[b]) + old_step  # exact (Python ints)
+            if first >= 0 and first + n < seq_len:  # all or nothing: prompt_len + new step < L
                 hist[b, first : first + n] = out[b, :n]
             inp[b, 0] = out[b, n - 1]
         any_running = any_running or not stopped

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+INT32_MAX = 2**31 - 1
+
 
 def update_attn_mask_offsets(
     ids_remove_padding,
@@ -27,23 +29,22 @@ def update_attn_mask_offsets(
     dec = seq_lens_decoder.reshape(-1)
     block = is_block_step.reshape(-1)
     max_len = attn_mask_offsets_full.shape[1]
-    for b in range(slt.shape[0]):
+    for b in range(slt.shape[0]):  # entries past the batch (padded arrays) are not read
         if block[b] or (enc[b] == 0 and dec[b] == 0):
             continue
-        q = int(cu_seqlens_q[b])
+        q, n, d = int(cu_seqlens_q[b]), int(slt[b]), int(dec[b])
+        # token i is served only when its slot q + i lies in [0, T): bounded by the buffer
+        first, end = max(0, -q), min(n, token_num - q)
         if enc[b] > 0:
-            resume = states.shape[1] > 0 and states[b, 0] == 2 and dec[b] > 0
-            for i in range(int(slt[b])):
-                if not 0 <= q + i < token_num:
-                    continue
-                if resume:
-                    out[2 * (q + i) + 1] = dec[b] + slt[b]
-                elif i < max_len:
-                    out[2 * (q + i) + 1] = attn_mask_offsets_full[b, i] + 1
-        elif dec[b] > 0:
-            for i in range(int(slt[b])):
-                if 0 <= q + i < token_num:
-                    out[2 * (q + i) + 1] = dec[b] + 1 + i
+            resume = states.shape[1] > 0 and states[b, 0] == 2 and d > 0
+            if not resume:
+                end = min(end, max_len)  # never read past the full row
+            for i in range(first, end):
+                value = d + n if resume else int(attn_mask_offsets_full[b, i]) + 1
+                out[2 * (q + i) + 1] = min(value, INT32_MAX)  # saturates, never wraps
+        elif d > 0:
+            for i in range(first, end):
+                out[2 * (q + i) + 1] = min(d + 1 + i, INT32_MAX)
             for i in range(states.shape[1]):
-                states[b, i] = 0 if (i < slt[b] and states[b, i] != 1) else -1
+                states[b, i] = 0 if (i < n and states[b, i] != 1) else -1
     return out, states

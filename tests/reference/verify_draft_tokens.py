@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fastdeploy_mtp.ops.sampling import topp_uniforms
+
 NAMES = (
     "step_output_ids",
     "step_output_len",
@@ -57,6 +59,8 @@ def verify_draft_tokens(tensors: Sequence[np.ndarray | None], attrs: Sequence) -
     ids, scores, lens, uni = t["candidate_ids"], t["candidate_scores"], _flat(t["candidate_lens"]), t["verify_uniforms"]
     if strategy in (GREEDY, TARGET_MATCH):
         num_rows = target.shape[0]
+    elif uni is None:  # TOPP without uniforms: the built-in generator (docs/ops.md)
+        num_rows = ids.shape[0]
     else:
         num_rows = min(ids.shape[0], uni.shape[0])
     c = ids.shape[1] if ids is not None else 1
@@ -82,7 +86,8 @@ def verify_draft_tokens(tensors: Sequence[np.ndarray | None], attrs: Sequence) -
 
     def draw(r, b, rejected, excluded):
         if strategy == TOPP:
-            tt = np.float32(uni[r, 1] * topp[b])
+            u = topp_uniforms(b, step_idx[b]) if uni is None else uni[r, 1]
+            tt = np.float32(u * topp[b])
             cum = F0
             for j in range(row_len(r)):
                 cum = np.float32(cum + scores[r, j])
@@ -111,14 +116,14 @@ def verify_draft_tokens(tensors: Sequence[np.ndarray | None], attrs: Sequence) -
     for b in range(max_bsz):
         out[b, :] = -1
         out_len[b] = 0
-        if b >= real_bsz or paused[b] or stop[b] or slt_all[b] <= 0:
+        if width == 0 or b >= real_bsz or paused[b] or stop[b] or slt_all[b] <= 0:
             continue
         slt = int(slt_all[b])
         r0 = int(cu[b])
         state = {"step": int(step_idx[b]), "n": 0, "stopped": False}
 
         def emit(pos, tok, final):
-            state["step"] += 1
+            state["step"] = min(state["step"] + 1, 2**63 - 1)
             eos = tok in end
             hit = state["step"] >= max_dec[b]
             if hit and not eos:

@@ -33,30 +33,35 @@ namespace fdmtp {
 // Overflow-proof arithmetic for values read from tensors (lengths, steps, offsets), whose
 // range the host does not check: sums and differences saturate at the int64 limits instead
 // of wrapping (signed overflow is undefined behaviour), and a 64-bit value stored into an
-// int32 output saturates at the int32 limits.
+// int32 output saturates at the int32 limits. Literal limits, so the helpers compile
+// unchanged for the host, CUDA device code and the XPU3 toolchain.
+constexpr int64_t kInt64Max = 0x7fffffffffffffffLL;
+constexpr int64_t kInt64Min = -kInt64Max - 1;
+constexpr int64_t kInt32Max = 0x7fffffff;
+constexpr int64_t kInt32Min = -kInt32Max - 1;
+
+// a + b saturated to the int64 range: the comparison comes before the addition.
 FDMTP_HOST_DEVICE inline int64_t SatAdd(int64_t a, int64_t b) {
-  constexpr int64_t kMax = INT64_MAX;
-  constexpr int64_t kMin = INT64_MIN;
-  if (b > 0 && a > kMax - b) return kMax;
-  if (b < 0 && a < kMin - b) return kMin;
+  if (b > 0 && a > kInt64Max - b) return kInt64Max;
+  if (b < 0 && a < kInt64Min - b) return kInt64Min;
   return a + b;
 }
 
+// a - b saturated to the int64 range.
 FDMTP_HOST_DEVICE inline int64_t SatSub(int64_t a, int64_t b) {
-  constexpr int64_t kMax = INT64_MAX;
-  constexpr int64_t kMin = INT64_MIN;
-  if (b < 0 && a > kMax + b) return kMax;
-  if (b > 0 && a < kMin + b) return kMin;
+  if (b < 0 && a > kInt64Max + b) return kInt64Max;
+  if (b > 0 && a < kInt64Min + b) return kInt64Min;
   return a - b;
-}
-
-FDMTP_HOST_DEVICE inline int32_t SatInt32(int64_t v) {
-  return v > INT32_MAX ? INT32_MAX : (v < INT32_MIN ? INT32_MIN : static_cast<int32_t>(v));
 }
 
 // v clamped to [lo, hi] (lo <= hi).
 FDMTP_HOST_DEVICE inline int64_t ClampTo(int64_t v, int64_t lo, int64_t hi) {
   return v < lo ? lo : (v > hi ? hi : v);
+}
+
+// v saturated to the int32 range (for int32 outputs computed in 64 bits).
+FDMTP_HOST_DEVICE inline int32_t SatInt32(int64_t v) {
+  return static_cast<int32_t>(ClampTo(v, kInt32Min, kInt32Max));
 }
 
 }  // namespace fdmtp

@@ -39,7 +39,35 @@ FDMTP_HOST_DEVICE inline int32_t SpeculateInputTokens(const SpeculatePreProcessA
   return n > 0 ? n : 0;
 }
 
-// Token i of item b (cu_seqlens_q[b] already written).
+// The offsets are int32 prefix sums of the counts above, saturating at the int32 maximum
+// (lengths are values, never rejected: 2**31 - 1 twice must not wrap into a valid offset).
+// Saturating addition of non-negative counts is associative, so a sequential loop, a block
+// scan with carries and a cluster scan all give the same offsets.
+FDMTP_HOST_DEVICE inline int64_t SpeculateOffsetAdd(int64_t offset, int64_t count) {
+  const int64_t sum = offset + count;  // both in [0, 2**62): no overflow
+  return sum < kInt32Max ? sum : kInt32Max;
+}
+
+// Tokens of item b that are written: positions cu_seqlens_q[b] .. min(cu_seqlens_q[b + 1],
+// T) - 1 (offsets already written). Bounded by T, whatever the length values say.
+FDMTP_HOST_DEVICE inline int64_t SpeculateTokensInBounds(const SpeculatePreProcessArgs& a,
+                                                         int64_t b) {
+  const int64_t begin = a.cu_seqlens_q[b];
+  const int64_t end = a.cu_seqlens_q[b + 1] < a.token_num ? a.cu_seqlens_q[b + 1] : a.token_num;
+  return end > begin ? end - begin : 0;
+}
+
+// Output rows of item b that are written: cu_seq_lens_q_output[b] ..
+// min(cu_seq_lens_q_output[b + 1], N * W) - 1.
+FDMTP_HOST_DEVICE inline int64_t SpeculateRowsInBounds(const SpeculatePreProcessArgs& a,
+                                                       int64_t b) {
+  const int64_t begin = a.cu_seq_lens_q_output[b];
+  const int64_t next = a.cu_seq_lens_q_output[b + 1];
+  const int64_t end = next < a.output_capacity ? next : a.output_capacity;
+  return end > begin ? end - begin : 0;
+}
+
+// Token i < SpeculateTokensInBounds(a, b) of item b (offsets already written).
 FDMTP_HOST_DEVICE inline void SpeculatePreProcessToken(const SpeculatePreProcessArgs& a, int64_t b,
                                                        int64_t i) {
   const int64_t t = static_cast<int64_t>(a.cu_seqlens_q[b]) + i;
@@ -55,7 +83,7 @@ FDMTP_HOST_DEVICE inline void SpeculatePreProcessToken(const SpeculatePreProcess
   a.batch_id_per_token[t] = static_cast<int32_t>(b);
 }
 
-// Output row j of item b (cu_seq_lens_q_output[b] already written).
+// Output row j < SpeculateRowsInBounds(a, b) of item b (offsets already written).
 FDMTP_HOST_DEVICE inline void SpeculatePreProcessOutputRow(const SpeculatePreProcessArgs& a,
                                                            int64_t b, int64_t j) {
   const int64_t r = static_cast<int64_t>(a.cu_seq_lens_q_output[b]) + j;

@@ -44,14 +44,16 @@ FDMTP_HOST_DEVICE inline bool UnifiedUpdateModelStatusItem(const UnifiedUpdateMo
     return false;
   }
   int64_t* out = a.step_output_ids + b * a.width;
-  // A count outside [0, width] cannot come from verify_draft_tokens; host tensors are
-  // rejected by the entry, device tensors are clamped so nothing is read out of bounds.
-  int64_t n = a.step_output_len[b];
-  n = n < 0 ? 0 : (n > a.width ? a.width : n);
-  int64_t step = a.step_idx[b];
+  // Values are never trusted and never rejected (a device kernel cannot check them without
+  // a sync), so every backend clamps them the same way: the emitted count into [0, W] (the
+  // scan never reads past the row; a stop condition still cuts it first, as upstream), the
+  // step counter saturates at the int64 maximum, lengths at the int32 maximum.
+  int64_t n = ClampTo(a.step_output_len[b], 0, a.width);
+  const int64_t old_step = a.step_idx[b];
+  int64_t step = old_step;
   bool stop = false;
   for (int64_t k = 0; k < n; ++k) {
-    step += 1;
+    step = SatAdd(step, 1);
     const bool eos = IsEndToken(out[k], a.end_tokens, a.num_end_tokens);
     const bool hit = step >= a.max_dec_len[b];
     if (eos || hit) {
@@ -62,18 +64,22 @@ FDMTP_HOST_DEVICE inline bool UnifiedUpdateModelStatusItem(const UnifiedUpdateMo
     }
   }
   if (a.seq_lens_encoder[b] > 0) {  // prefill: fold, even when nothing was emitted
-    a.seq_lens_decoder[b] += a.seq_lens_encoder[b];
+    a.seq_lens_decoder[b] =
+        SatInt32(static_cast<int64_t>(a.seq_lens_decoder[b]) + a.seq_lens_encoder[b]);
     a.seq_lens_encoder[b] = 0;
   } else if (a.seq_lens_decoder[b] > 0) {
-    a.seq_lens_decoder[b] += static_cast<int32_t>(n);
+    a.seq_lens_decoder[b] = SatInt32(static_cast<int64_t>(a.seq_lens_decoder[b]) + n);
   }
   if (stop) a.stop_flags[b] = true;
   a.step_output_len[b] = static_cast<int32_t>(n);
   a.step_idx[b] = step;
   if (n > 0) {
-    // step - n is the old step_idx: the step's tokens go right after the committed ones.
-    const int64_t first = a.prompt_lens[b] + (step - n);
-    if (first >= 0 && a.prompt_lens[b] + step < a.max_model_len) {
+    // The step's tokens go right after the committed ones, to positions
+    // prompt_len + old_step_idx + k, all or nothing: only when the first is >= 0 and
+    // prompt_len + new_step_idx < L (upstream's bound). The sum saturates, and the bound is
+    // compared as first < L - n, so no addition can wrap into the row.
+    const int64_t first = SatAdd(a.prompt_lens[b], old_step);
+    if (first >= 0 && first < a.max_model_len - n) {
       int64_t* history = a.token_ids_all + b * a.max_model_len + first;
       for (int64_t k = 0; k < n; ++k) history[k] = out[k];
     }

@@ -8,12 +8,12 @@ namespace fdmtp {
 
 struct UpdateAttnMaskOffsetsArgs {
   int32_t* attn_mask_offsets;             // [2 * token_num] int32, out (zeroed by the kernel)
-  int32_t* decode_states;                 // [bsz, decode_width] int32, in/out
+  int32_t* decode_states;                 // [>= bsz, decode_width] int32, in/out
   const int32_t* seq_lens_this_time;      // [bsz] int32, in
   const int32_t* seq_lens_encoder;        // [bsz] int32, in
   const int32_t* seq_lens_decoder;        // [bsz] int32, in
-  const int32_t* cu_seqlens_q;            // [bsz + 1] int32, in: first token of each item
-  const int32_t* attn_mask_offsets_full;  // [bsz, max_model_len] int32, in
+  const int32_t* cu_seqlens_q;            // [>= bsz] int32, in: first token of each item
+  const int32_t* attn_mask_offsets_full;  // [>= bsz, max_model_len] int32, in
   const bool* is_block_step;              // [bsz] bool, in: item skipped this step
   int64_t bsz;
   int64_t token_num;  // T = ids_remove_padding.shape[0]
@@ -21,32 +21,33 @@ struct UpdateAttnMaskOffsetsArgs {
   int64_t decode_width;  // K + 1
 };
 
+// Lengths and offsets are values, never rejected (a device kernel cannot check them
+// without a sync), so every backend treats them the same way: token i of the item is served
+// only when its slot q + i lies in [0, T) (and, for a prefill read of the full offsets,
+// i < L), so the loops are bounded by the buffers, not by slt; offsets are computed in 64
+// bits and saturate to the int32 range.
 FDMTP_HOST_DEVICE inline void UpdateAttnMaskOffsetsItem(const UpdateAttnMaskOffsetsArgs& a,
                                                         int64_t b) {
   if (a.is_block_step[b]) return;
-  const int32_t enc = a.seq_lens_encoder[b];
-  const int32_t dec = a.seq_lens_decoder[b];
+  const int64_t enc = a.seq_lens_encoder[b];
+  const int64_t dec = a.seq_lens_decoder[b];
   if (enc == 0 && dec == 0) return;
-  const int64_t q = a.cu_seqlens_q[b];
-  const int32_t slt = a.seq_lens_this_time[b];
+  const int64_t q = a.cu_seqlens_q[b];  // an int32 value: q + i below cannot overflow
+  const int64_t slt = a.seq_lens_this_time[b];
   int32_t* states = a.decode_states + b * a.decode_width;
+  const int64_t first = q < 0 ? -q : 0;                         // q + first >= 0
+  int64_t end = a.token_num - q < slt ? a.token_num - q : slt;  // q + i < T, i < slt
   if (enc > 0) {
     const bool resume = a.decode_width > 0 && states[0] == 2 && dec > 0;
     const int32_t* full = a.attn_mask_offsets_full + b * a.max_model_len;
-    for (int64_t i = 0; i < slt; ++i) {
-      const int64_t pos = q + i;
-      if (pos < 0 || pos >= a.token_num) continue;
-      if (resume) {
-        a.attn_mask_offsets[2 * pos + 1] = dec + slt;
-      } else if (i < a.max_model_len) {
-        a.attn_mask_offsets[2 * pos + 1] = full[i] + 1;
-      }
+    if (!resume && a.max_model_len < end) end = a.max_model_len;
+    for (int64_t i = first; i < end; ++i) {
+      a.attn_mask_offsets[2 * (q + i) + 1] =
+          resume ? SatInt32(dec + slt) : SatInt32(static_cast<int64_t>(full[i]) + 1);
     }
   } else if (dec > 0) {
-    for (int64_t i = 0; i < slt; ++i) {
-      const int64_t pos = q + i;
-      if (pos < 0 || pos >= a.token_num) continue;
-      a.attn_mask_offsets[2 * pos + 1] = static_cast<int32_t>(dec + 1 + i);
+    for (int64_t i = first; i < end; ++i) {
+      a.attn_mask_offsets[2 * (q + i) + 1] = SatInt32(dec + 1 + i);
     }
     for (int64_t i = 0; i < a.decode_width; ++i) {
       states[i] = (i < slt && states[i] != 1) ? 0 : -1;

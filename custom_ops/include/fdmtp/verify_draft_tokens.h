@@ -33,7 +33,7 @@ struct VerifyDraftTokensArgs {
   const int32_t* reasoning_status;     // [max_bsz] int32, in: 1 = one token per step
   const int64_t* max_dec_len;          // [max_bsz] int64, in
   const int64_t* step_idx;             // [max_bsz] int64, in: tokens generated so far
-  const float* verify_uniforms;        // [rows_u, 2] float32, in: TOPP/REJECTION, else null
+  const float* verify_uniforms;        // [rows_u, 2] float32, in: REJECTION; TOPP optional
   int64_t max_bsz;
   int64_t real_bsz;
   int64_t width;           // K + 1
@@ -60,7 +60,7 @@ struct Emitter {
   bool stopped;
 
   FDMTP_HOST_DEVICE void Emit(int64_t pos, int64_t token, bool final_token) {
-    step += 1;
+    step = SatAdd(step, 1);  // a step_idx of INT64_MAX cannot wrap
     const bool eos = IsEndToken(token, end_tokens, num_end_tokens);
     const bool hit = step >= max_dec_len;
     if (hit && !eos) token = end_tokens[0];
@@ -126,13 +126,52 @@ FDMTP_HOST_DEVICE inline bool Accepts(const VerifyDraftTokensArgs& a, int64_t r,
   }
 }
 
+// Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3"): the first
+// output word for counter (c0, c1, c2, c3) and key (k0, k1). Pure integer arithmetic, so the
+// host, CUDA, XPU3 and the numpy version (fastdeploy_mtp.ops.sampling) give the same bits.
+FDMTP_HOST_DEVICE inline uint32_t Philox4x32First(uint32_t c0, uint32_t c1, uint32_t c2,
+                                                  uint32_t c3, uint32_t k0, uint32_t k1) {
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0;
+    const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
+    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
+    const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+    c1 = static_cast<uint32_t>(p1);
+    c3 = static_cast<uint32_t>(p0);
+    c0 = n0;
+    c2 = n2;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return c0;
+}
+
+// TOPP's u_draw when no verify_uniforms are given: Philox-4x32-10 with the fixed key
+// kTopPSeed and counter (step_idx low, step_idx high, slot low, slot high) -- one uniform
+// per item and step, independent of the launch and of the backend. The first word's top 24
+// bits times 2^-24: a float32 in [0, 1), exactly. Mirrored by
+// fastdeploy_mtp.ops.sampling.topp_uniforms.
+constexpr uint64_t kTopPSeed = 0x6D74705F746F7070ull;  // "mtp_topp"
+
+FDMTP_HOST_DEVICE inline float TopPUniform(int64_t slot, int64_t step_idx) {
+  const uint64_t s = static_cast<uint64_t>(step_idx);
+  const uint64_t b = static_cast<uint64_t>(slot);
+  const uint32_t word =
+      Philox4x32First(static_cast<uint32_t>(s), static_cast<uint32_t>(s >> 32),
+                      static_cast<uint32_t>(b), static_cast<uint32_t>(b >> 32),
+                      static_cast<uint32_t>(kTopPSeed), static_cast<uint32_t>(kTopPSeed >> 32));
+  return static_cast<float>(word >> 8) * (1.0f / 16777216.0f);
+}
+
 // TOPP's Phase-2 draw: t = u * topp over the raw scores; the first j with t <= cum, else
-// the row's first candidate (upstream's fallback, also for len == 0).
+// the row's first candidate (upstream's fallback, also for len == 0). u = u_draw of row r
+// when verify_uniforms is given, else TopPUniform(b, step_idx[b]).
 FDMTP_HOST_DEVICE inline int64_t DrawTopP(const VerifyDraftTokensArgs& a, int64_t r, int64_t b) {
   const int64_t* ids = a.candidate_ids + r * a.num_candidates;
   const float* scores = a.candidate_scores + r * a.num_candidates;
   const int64_t len = RowLen(a, r);
-  const float t = a.verify_uniforms[2 * r + 1] * a.topp[b];
+  const float u = a.verify_uniforms ? a.verify_uniforms[2 * r + 1] : TopPUniform(b, a.step_idx[b]);
+  const float t = u * a.topp[b];
   float cum = 0.0f;
   for (int64_t j = 0; j < len; ++j) {
     cum += scores[j];
@@ -187,9 +226,12 @@ FDMTP_HOST_DEVICE inline void VerifyDraftTokensItem(const VerifyDraftTokensArgs&
   int64_t* out = a.step_output_ids + b * a.width;
   for (int64_t j = 0; j < a.width; ++j) out[j] = kPlaceholderToken;
   a.step_output_len[b] = 0;
+  // A width-0 row holds no token: nothing is emitted (and out[0] is never touched).
+  if (a.width <= 0) return;
   if (b >= a.real_bsz || a.is_block_step[b] || a.stop_flags[b]) return;
   const int64_t slt = a.seq_lens_this_time[b];
-  // Deviation: upstream would emit from row r0, which belongs to the next item.
+  // Deviation: upstream would emit from row r0, which belongs to the next item. A negative
+  // slt (never rejected: a device kernel cannot check it without a sync) counts as 0.
   if (slt <= 0) return;
   const int64_t r0 = a.cu_seqlens_q_output[b];
   Emitter e{out, a.step_idx[b], a.max_dec_len[b], a.end_tokens, a.num_end_tokens, 0, false};
