@@ -5,13 +5,13 @@ namespace fdmtp {
 namespace cuda {
 namespace {
 
-// One thread per item, grid-stride: correct for any batch size (upstream: one block of 512
-// threads looping over items).
+// One block walks the items in batch order; each item's tokens are split over the block's
+// threads, and the block synchronises between items, so where hostile offsets make items
+// overlap the later item's values are left, as on the CPU (any batch size).
 __global__ void UpdateAttnMaskOffsetsKernel(UpdateAttnMaskOffsetsArgs args) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < args.bsz;
-       b += stride) {
-    UpdateAttnMaskOffsetsItem(args, b);
+  for (int64_t b = 0; b < args.bsz; ++b) {
+    UpdateAttnMaskOffsetsItem(args, b, threadIdx.x, blockDim.x);
+    __syncthreads();
   }
 }
 
@@ -24,7 +24,7 @@ int UpdateAttnMaskOffsets(const UpdateAttnMaskOffsetsArgs& args, Stream stream) 
         cudaMemsetAsync(args.attn_mask_offsets, 0, sizeof(int32_t) * 2 * args.token_num, s));
   }
   if (args.bsz == 0) return cudaSuccess;
-  UpdateAttnMaskOffsetsKernel<<<BlocksFor(args.bsz), kThreadsPerBlock, 0, s>>>(args);
+  UpdateAttnMaskOffsetsKernel<<<1, kThreadsPerBlock, 0, s>>>(args);
   FDMTP_CUDA_CALL(cudaGetLastError());
   return cudaSuccess;
 }

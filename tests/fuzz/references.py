@@ -19,6 +19,10 @@ from tests.reference import (
     mtp_step_paddle as step_ref,
     ngram,
     speculate_get_logits as logits_ref,
+    speculate_pre_process as pre_process_ref,
+    unified_update_model_status as unified_ref,
+    update_attn_mask_offsets as mask_ref,
+    verify_draft_tokens as verify_ref,
 )
 
 
@@ -75,7 +79,35 @@ def _ngram(fn: Callable, names: tuple[str, ...], attr_names: tuple[str, ...]) ->
     return adapter
 
 
+def _verify(tensors: dict, attrs: dict, outputs: dict) -> dict:
+    attr_order = ("max_seq_len", "verify_window", "verify_strategy", "reject_all", "accept_all")
+    return verify_ref.verify_draft_tokens(_positional(verify_ref.NAMES, tensors), [attrs[a] for a in attr_order])
+
+
+def _unified(tensors: dict, attrs: dict, outputs: dict) -> dict:
+    return unified_ref.unified_update_model_status(_positional(unified_ref.NAMES, tensors))
+
+
+def _pre_process(tensors: dict, attrs: dict, outputs: dict) -> dict:
+    return pre_process_ref.speculate_pre_process(
+        *_positional(pre_process_ref.INPUTS, tensors), cpu_token_num=attrs["cpu_token_num"]
+    )
+
+
+def _mask(tensors: dict, attrs: dict, outputs: dict) -> dict:
+    names = (
+        "ids_remove_padding", "seq_lens_this_time", "seq_lens_encoder", "seq_lens_decoder", "cu_seqlens_q",
+        "attn_mask_offsets_full", "is_block_step", "decode_states",
+    )  # fmt: skip
+    out, states = mask_ref.update_attn_mask_offsets(*_positional(names, tensors))
+    return {"attn_mask_offsets": out, "decode_states": states}
+
+
 REFERENCES: dict[str, Callable] = {
+    "verify_draft_tokens": _verify,
+    "unified_update_model_status": _unified,
+    "speculate_pre_process": _pre_process,
+    "update_attn_mask_offsets": _mask,
     "draft_model_postprocess": _postprocess,
     "draft_model_preprocess": _named(preprocess_ref.NAMES)(preprocess_ref.draft_model_preprocess),
     "draft_model_update": _named(update_ref.NAMES)(update_ref.draft_model_update),

@@ -173,6 +173,11 @@ def _dtype_of(decl: dict, dtype: str, draw) -> type:
 
 
 def _values(rng: np.random.Generator, shape: list[int], dtype: type, mode: str) -> np.ndarray:
+    # an array also for shape [] (a comparison of a 0-d array gives a numpy scalar)
+    return np.array(_draw_values(rng, shape, dtype, mode), dtype=dtype)
+
+
+def _draw_values(rng: np.random.Generator, shape: list[int], dtype: type, mode: str) -> np.ndarray:
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
     if dtype is np.bool_:
         return rng.random(n).reshape(shape) < 0.5

@@ -26,8 +26,14 @@ struct UpdateAttnMaskOffsetsArgs {
 // only when its slot q + i lies in [0, T) (and, for a prefill read of the full offsets,
 // i < L), so the loops are bounded by the buffers, not by slt; offsets are computed in 64
 // bits and saturate to the int32 range.
+//
+// Items are applied in batch order on every backend (when hostile `cu_seqlens_q` values make
+// two items' slots overlap, the later item's value is the one left): the device kernels give
+// each item's token loop to all lanes of one block (CUDA) or cluster (XPU) and synchronise
+// between items; `lane` / `lanes` split the loops (the CPU passes 0 / 1).
 FDMTP_HOST_DEVICE inline void UpdateAttnMaskOffsetsItem(const UpdateAttnMaskOffsetsArgs& a,
-                                                        int64_t b) {
+                                                        int64_t b, int64_t lane = 0,
+                                                        int64_t lanes = 1) {
   if (a.is_block_step[b]) return;
   const int64_t enc = a.seq_lens_encoder[b];
   const int64_t dec = a.seq_lens_decoder[b];
@@ -41,15 +47,15 @@ FDMTP_HOST_DEVICE inline void UpdateAttnMaskOffsetsItem(const UpdateAttnMaskOffs
     const bool resume = a.decode_width > 0 && states[0] == 2 && dec > 0;
     const int32_t* full = a.attn_mask_offsets_full + b * a.max_model_len;
     if (!resume && a.max_model_len < end) end = a.max_model_len;
-    for (int64_t i = first; i < end; ++i) {
+    for (int64_t i = first + lane; i < end; i += lanes) {
       a.attn_mask_offsets[2 * (q + i) + 1] =
           resume ? SatInt32(dec + slt) : SatInt32(static_cast<int64_t>(full[i]) + 1);
     }
   } else if (dec > 0) {
-    for (int64_t i = first; i < end; ++i) {
+    for (int64_t i = first + lane; i < end; i += lanes) {
       a.attn_mask_offsets[2 * (q + i) + 1] = SatInt32(dec + 1 + i);
     }
-    for (int64_t i = 0; i < a.decode_width; ++i) {
+    for (int64_t i = lane; i < a.decode_width; i += lanes) {
       states[i] = (i < slt && states[i] != 1) ? 0 : -1;
     }
   }
