@@ -77,7 +77,10 @@ def hybrid_mtp_ngram(
     draft = draft_tokens.copy()
     slt_out = seq_lens_this_time.copy()
     slt = _flat(slt_out)
-    lens, steps, dec, mdl = (_flat(t) for t in (input_ids_len, step_idx, seq_lens_decoder, max_dec_len))
+    # per-item arrays may be padded past the batch: only their first bsz entries count
+    lens, steps, dec, mdl = (
+        _flat(t)[: slt.shape[0]] for t in (input_ids_len, step_idx, seq_lens_decoder, max_dec_len)
+    )
     unprocessed = int((dec > 0).sum())
     for b in range(slt.shape[0]):
         ori = int(slt[b])
@@ -128,8 +131,9 @@ def ngram_match(
     draft = draft_tokens.copy()
     slt_out = seq_lens_this_time.copy()
     slt = _flat(slt_out)
+    # per-item arrays may be padded past the batch: only their first bsz entries count
     lens, pls, steps, dtn, enc, dec, mdl = (
-        _flat(t)
+        _flat(t)[: slt.shape[0]]
         for t in (
             input_ids_len,
             prompt_lens,
