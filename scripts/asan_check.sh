@@ -46,7 +46,7 @@ echo "asan_check: running the op tests and the fuzz suite (kernels-cpu, xpu-emu)
 # report, so a clean exit means no report.
 # -P: the working directory is not put on sys.path, so `fastdeploy_mtp` is the sanitized copy.
 # FDMTP_TEST_BACKENDS leaves out the `cpu` (Paddle) backend.
-export PYTHONPATH="$PWD/$PKG:$PWD" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1 \
+export FDMTP_SANITIZED=1 PYTHONPATH="$PWD/$PKG:$PWD" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 FDMTP_TEST_BACKENDS=kernels-cpu,xpu-emu
 LD_PRELOAD="$LIBASAN $LIBUBSAN" "$PY" -P -c "
 import sys, fastdeploy_mtp._kernels as k

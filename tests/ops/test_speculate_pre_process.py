@@ -146,7 +146,7 @@ def test_length_sums_past_int32_saturate_instead_of_wrapping(backend):
 
 def test_huge_lengths_cost_no_more_than_the_buffers(backend):
     """Lengths of 2**31 - 1: the work is bounded by T and N * W, not by the values."""
-    from tests.ops.bounded_work import run_in_child
+    from tests.ops.child_process import run_op_in_child as run_in_child
 
     tensors = make_state(np.random.default_rng(17), 64, 3)
     tensors[1][::5] = I32_MAX

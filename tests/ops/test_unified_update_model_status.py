@@ -286,7 +286,7 @@ def test_per_item_arrays_and_row_matrices_may_have_more_rows_than_slots(backend)
 def test_huge_length_values_cost_no_more_than_the_buffers(backend):
     """Lengths of 2**31 - 1 (and step_idx / prompt_lens at the int64 limits): the work is
     bounded by the buffer sizes, so the call completes at once."""
-    from tests.ops.bounded_work import run_in_child
+    from tests.ops.child_process import run_op_in_child as run_in_child
 
     tensors = make_state(np.random.default_rng(5), 64, 3)
     tensors[5][:] = I32_MAX

@@ -173,7 +173,7 @@ def test_out_of_range_values_are_clamped_the_same_on_every_backend(backend, case
 def test_huge_length_values_cost_no_more_than_the_buffers(backend):
     """seq_lens_this_time = 2**31 - 1 (the last item of each kind, so that no two items'
     token ranges overlap) and huge encoder lengths: the loops stop at the T slots."""
-    from tests.ops.bounded_work import run_in_child
+    from tests.ops.child_process import run_op_in_child as run_in_child
 
     tensors = make_state(np.random.default_rng(14), 64)
     tensors[6][:] = False

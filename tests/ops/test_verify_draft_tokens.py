@@ -577,7 +577,7 @@ def test_per_item_arrays_and_step_input_ids_may_have_more_rows_than_slots(backen
 def test_huge_length_and_offset_values_cost_no_more_than_the_buffers(backend):
     """seq_lens_this_time = 2**31 - 1 and cu_seqlens_q_output near the int32 limits: work is
     bounded by the row width and the row tensors (rows outside them are never read)."""
-    from tests.ops.bounded_work import run_in_child
+    from tests.ops.child_process import run_op_in_child as run_in_child
 
     for s in (GREEDY, TOPP, REJECTION):
         tensors = make_state(np.random.default_rng(40 + s), 64, 5, s)
