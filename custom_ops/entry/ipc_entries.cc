@@ -263,7 +263,11 @@ std::shared_ptr<HostMapping> CreateSegment(const ArgChecker& check, const std::s
                    ", not by this process's uid " + std::to_string(::geteuid()) +
                    "; refusing to replace another user's segment");
       }
-    } else if (errno != ENOENT && errno != EACCES) {
+    } else if (errno == EACCES) {
+      check.Fail("a shared-memory segment " + Quoted(name) +
+                 " already exists and this process may not open it (another user's); refusing "
+                 "to replace it");
+    } else if (errno != ENOENT) {
       check.Fail("cannot open the existing shared-memory segment " + Quoted(name) + ": " +
                  Errno(errno));
     }
