@@ -9,8 +9,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "dispatch.h"
 #include "fdmtp/ops.h"
@@ -34,6 +37,33 @@ size_t ElementBytes(DType dtype) {
 std::string Quoted(const std::string& name) { return "`" + name + "`"; }
 
 std::string Errno(int err) { return std::strerror(err); }
+
+std::string Octal(unsigned mode) {
+  char text[8];
+  std::snprintf(text, sizeof(text), "0%03o", mode & 0777u);
+  return text;
+}
+
+// The byte size of a tensor of `dtype` and `shape`, refusing negative dimensions and sizes
+// whose element count exceeds kMaxElements (so the product cannot wrap). `text` receives
+// the shape as "[a, b]".
+size_t ShapeBytes(const ArgChecker& check, DType dtype, const std::vector<int64_t>& shape,
+                  std::string* text) {
+  *text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) *text += (i ? ", " : "") + std::to_string(shape[i]);
+  *text += "]";
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) check.Fail("`shape` " + *text + " has a negative dimension " + std::to_string(d));
+  }
+  for (int64_t d : shape) {
+    if (d != 0 && n > kMaxElements / d) {
+      check.Fail("`shape` " + *text + " has more than 2^56 elements; its byte size overflows");
+    }
+    n *= d;
+  }
+  return static_cast<size_t>(n) * ElementBytes(dtype);  // <= 2^58: no wrap
+}
 
 // Where a tensor's memory is, for sharing.
 enum class Where { kHost, kCuda, kXpu };
@@ -182,19 +212,75 @@ class XpuMapping : public SharedBuffer {
   void* opened_;
 };
 
-// Creates segment `name` of `bytes` bytes, replacing any segment of that name (a stale
-// one left by a crashed creator; processes that still map the old one keep their memory),
-// and maps it. Unlinks it again if anything fails.
+// The segment behind `fd` may be trusted: a regular shared-memory file owned by this
+// process's effective uid with no group or other permission bits (set_data_ipc creates
+// segments with mode 0600). Anything else may have been planted, or be readable and
+// writable, by another local user; it is refused. `doing` says what was attempted.
+// Returns its stat.
+struct stat CheckOwnSegment(const ArgChecker& check, int fd, const std::string& name,
+                            const char* doing) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    check.Fail("cannot stat shared-memory segment " + Quoted(name) + ": " + Errno(errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    check.Fail("shared-memory segment " + Quoted(name) + " is not a regular shared-memory file; " +
+               "refusing to " + doing + " it");
+  }
+  const uid_t self = ::geteuid();
+  if (st.st_uid != self) {
+    check.Fail("shared-memory segment " + Quoted(name) + " is owned by uid " +
+               std::to_string(st.st_uid) + ", not by this process's uid " + std::to_string(self) +
+               "; refusing to " + doing + " a segment another user created");
+  }
+  if ((st.st_mode & 077) != 0) {
+    check.Fail("shared-memory segment " + Quoted(name) + " has mode " + Octal(st.st_mode) +
+               ": other users may read or write it (set_data_ipc creates segments with mode "
+               "0600); refusing to " +
+               doing + " it");
+  }
+  return st;
+}
+
+// Creates segment `name` of `bytes` bytes with mode 0600, exclusively, and maps it. A
+// segment of that name owned by this uid (a stale one left by a crashed creator) is
+// unlinked first; processes that still map it keep their memory. One owned by another
+// user is refused. Unlinks the new segment again if anything fails.
 // The returned mapping's data() is `data_offset` bytes into the segment.
 std::shared_ptr<HostMapping> CreateSegment(const ArgChecker& check, const std::string& name,
                                            size_t bytes, uint64_t data_offset, size_t data_bytes) {
+  {
+    Fd existing(::shm_open(name.c_str(), O_RDONLY | O_NONBLOCK, 0));
+    if (existing.get() >= 0) {
+      struct stat st {};
+      if (::fstat(existing.get(), &st) != 0) {
+        check.Fail("cannot stat the existing shared-memory segment " + Quoted(name) + ": " +
+                   Errno(errno));
+      }
+      if (st.st_uid != ::geteuid()) {
+        check.Fail("a shared-memory segment " + Quoted(name) +
+                   " already exists and is owned by uid " + std::to_string(st.st_uid) +
+                   ", not by this process's uid " + std::to_string(::geteuid()) +
+                   "; refusing to replace another user's segment");
+      }
+    } else if (errno == EACCES) {
+      check.Fail("a shared-memory segment " + Quoted(name) +
+                 " already exists and this process may not open it (another user's); refusing "
+                 "to replace it");
+    } else if (errno != ENOENT) {
+      check.Fail("cannot open the existing shared-memory segment " + Quoted(name) + ": " +
+                 Errno(errno));
+    }
+  }
   if (::shm_unlink(name.c_str()) != 0 && errno != ENOENT) {
     check.Fail("cannot replace the existing shared-memory segment " + Quoted(name) + ": " +
                Errno(errno));
   }
   Fd fd(::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600));
   if (fd.get() < 0) {
-    check.Fail("cannot create shared-memory segment " + Quoted(name) + ": " + Errno(errno));
+    check.Fail("cannot create shared-memory segment " + Quoted(name) +
+               (errno == EEXIST ? " exclusively: another process created it meanwhile"
+                                : ": " + Errno(errno)));
   }
   auto fail = [&](const std::string& what) {
     const int err = errno;
@@ -202,10 +288,61 @@ std::shared_ptr<HostMapping> CreateSegment(const ArgChecker& check, const std::s
     check.Fail(what + " for shared-memory segment " + Quoted(name) + " (" + std::to_string(bytes) +
                " bytes) failed: " + Errno(err));
   };
+  if (::fchmod(fd.get(), 0600) != 0) fail("fchmod");
   if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) fail("ftruncate");
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) fail("mmap");
   return std::make_shared<HostMapping>(base, bytes, data_offset, data_bytes);
+}
+
+// The descriptor of an attached segment of `size` bytes, field by field: every value is
+// one that set_data_ipc writes, and the shared bytes lie inside what they claim.
+void CheckHeader(const ArgChecker& check, const std::string& name, const SegmentHeader& h,
+                 size_t size) {
+  const std::string segment = "shared-memory segment " + Quoted(name);
+  if (h.version != kVersion) {
+    check.Fail(segment + " has layout version " + std::to_string(h.version) +
+               "; this build reads version " + std::to_string(kVersion));
+  }
+  if (h.kind != kHostData && h.kind != kCudaHandle && h.kind != kXpuHandle) {
+    check.Fail(segment + " has an unknown kind " + std::to_string(h.kind) +
+               " (not written by set_data_ipc)");
+  }
+  const size_t element = h.dtype >= 0 && h.dtype < static_cast<int32_t>(DType::kUnsupported)
+                             ? ElementBytes(static_cast<DType>(h.dtype))
+                             : 0;
+  if (element == 0) {
+    check.Fail(segment + " has an invalid dtype code " + std::to_string(h.dtype) +
+               " (not written by set_data_ipc)");
+  }
+  if (h.device_id < 0 || h.device_id >= kMaxDeviceId || (h.kind == kHostData && h.device_id != 0)) {
+    check.Fail(segment + " has an invalid device id " + std::to_string(h.device_id));
+  }
+  if (h.creator_pid <= 0 || h.creator_pid > INT32_MAX) {
+    check.Fail(segment + " has an invalid creator pid " + std::to_string(h.creator_pid));
+  }
+  uint64_t end = 0;
+  if (h.data_bytes % element != 0 || h.data_bytes > static_cast<uint64_t>(kMaxElements) ||
+      __builtin_add_overflow(h.data_offset, h.data_bytes, &end)) {
+    check.Fail(segment + " has an invalid data range (offset " + std::to_string(h.data_offset) +
+               ", " + std::to_string(h.data_bytes) + " bytes)");
+  }
+  if (h.kind == kHostData) {
+    if (h.data_offset < sizeof(SegmentHeader) || h.data_offset % kHostDataOffset != 0) {
+      check.Fail(segment + " places its data at offset " + std::to_string(h.data_offset) +
+                 "; set_data_ipc writes it page aligned after the " +
+                 std::to_string(sizeof(SegmentHeader)) + "-byte header");
+    }
+    if (end > size) {
+      check.Fail(segment + " is truncated (" + std::to_string(size) + " bytes for " +
+                 std::to_string(h.data_bytes) + " data bytes at offset " +
+                 std::to_string(h.data_offset) + ")");
+    }
+  }
+  if (h.kind == kXpuHandle && h.data_offset != 0) {
+    check.Fail(segment + " has data offset " + std::to_string(h.data_offset) +
+               "; an XPU handle segment has offset 0");
+  }
 }
 
 // Publishes a CUDA or XPU handle segment for `t` (its process's mapping is dropped).
@@ -255,7 +392,14 @@ std::shared_ptr<ipc::SharedBuffer> SetDataIpc(const TensorRef& tmp_input,
   CheckName(check, shm_name);
   CheckShareableDtype(check, tmp_input);
   CheckDevice(check, tmp_input);
-  check.Contiguous(tmp_input);
+  if (!tmp_input.contiguous) {
+    // A strided view: the shared bytes would be a copy that the creator's tensor never
+    // sees again (nor sees the attachers' writes).
+    check.Fail("`tmp_input` is not contiguous (a strided view, shape " + tmp_input.ShapeString() +
+               "); share a contiguous tensor, else creator and attachers would not see each "
+               "other's writes");
+  }
+  check.Storage(tmp_input);
   const size_t bytes = static_cast<size_t>(tmp_input.numel()) * ElementBytes(tmp_input.dtype);
   const Where where = Locate(tmp_input);
 
@@ -312,16 +456,10 @@ std::shared_ptr<ipc::SharedBuffer> ShareExternalData(const TensorRef& input,
         "tensors only; `input` is " +
         Placement(input));
   }
-  size_t want = ElementBytes(input.dtype);
-  std::string shape_text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (shape[i] < 0) check.Fail("`shape` has a negative dimension " + std::to_string(shape[i]));
-    want *= static_cast<size_t>(shape[i]);
-    shape_text += (i ? ", " : "") + std::to_string(shape[i]);
-  }
-  shape_text += "]";
+  std::string shape_text;
+  const size_t want = ShapeBytes(check, input.dtype, shape, &shape_text);
 
-  Fd fd(::shm_open(shm_name.c_str(), O_RDWR, 0));
+  Fd fd(::shm_open(shm_name.c_str(), O_RDWR | O_NONBLOCK, 0));
   if (fd.get() < 0) {
     if (errno == ENOENT) {
       check.Fail("no shared-memory segment named " + Quoted(shm_name) +
@@ -329,10 +467,7 @@ std::shared_ptr<ipc::SharedBuffer> ShareExternalData(const TensorRef& input,
     }
     check.Fail("cannot open shared-memory segment " + Quoted(shm_name) + ": " + Errno(errno));
   }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) {
-    check.Fail("cannot stat shared-memory segment " + Quoted(shm_name) + ": " + Errno(errno));
-  }
+  const struct stat st = CheckOwnSegment(check, fd.get(), shm_name, "attach");
   const size_t size = static_cast<size_t>(st.st_size);
   if (size < kUpstreamBytes) {
     check.Fail("shared-memory segment " + Quoted(shm_name) + " holds " + std::to_string(size) +
@@ -343,9 +478,8 @@ std::shared_ptr<ipc::SharedBuffer> ShareExternalData(const TensorRef& input,
     check.Fail("mmap of shared-memory segment " + Quoted(shm_name) + " failed: " + Errno(errno));
   }
   auto whole = std::make_shared<HostMapping>(base, size, 0, size);
-  const SegmentHeader* header = whole->header();
-  const bool ours =
-      size >= sizeof(SegmentHeader) && __atomic_load_n(&header->magic, __ATOMIC_ACQUIRE) == kMagic;
+  const bool ours = size >= sizeof(SegmentHeader) &&
+                    __atomic_load_n(&whole->header()->magic, __ATOMIC_ACQUIRE) == kMagic;
   // A 72-byte segment is upstream FastDeploy's CUDA handle record: no dtype or size to check.
   const bool upstream_cuda = size == kUpstreamBytes;
   if (!ours && !upstream_cuda) {
@@ -353,32 +487,25 @@ std::shared_ptr<ipc::SharedBuffer> ShareExternalData(const TensorRef& input,
                " is not a complete tensor segment (its creator has not finished set_data_ipc, "
                "or it was not written by set_data_ipc)");
   }
+  // Checked and used from one copy: what the checks passed is what is used.
+  SegmentHeader h{};
+  std::memcpy(&h, whole->header(), ours ? sizeof(SegmentHeader) : kUpstreamBytes);
   if (ours) {
-    if (header->version != kVersion) {
-      check.Fail("shared-memory segment " + Quoted(shm_name) + " has layout version " +
-                 std::to_string(header->version) + "; this build reads version " +
-                 std::to_string(kVersion));
-    }
-    const bool host = header->kind == kHostData;
-    if (header->kind != KindOf(where)) {
-      check.Fail("shared-memory segment " + Quoted(shm_name) + " holds " + Holds(header->kind) +
+    CheckHeader(check, shm_name, h, size);
+    if (h.kind != KindOf(where)) {
+      check.Fail("shared-memory segment " + Quoted(shm_name) + " holds " + Holds(h.kind) +
                  " but `input` is " + Placement(input) + "; attach with a placeholder on " +
-                 AttachOn(header->kind));
+                 AttachOn(h.kind));
     }
-    if (header->dtype != static_cast<int32_t>(input.dtype)) {
+    if (h.dtype != static_cast<int32_t>(input.dtype)) {
       check.Fail("dtype mismatch: `input` is " + std::string(DTypeName(input.dtype)) +
                  " but segment " + Quoted(shm_name) + " holds a " +
-                 DTypeName(static_cast<DType>(header->dtype)) + " tensor");
+                 DTypeName(static_cast<DType>(h.dtype)) + " tensor");
     }
-    if (want > header->data_bytes) {
+    if (want > h.data_bytes) {
       check.Fail("`shape` " + shape_text + " needs " + std::to_string(want) +
                  " bytes but segment " + Quoted(shm_name) + " holds " +
-                 std::to_string(header->data_bytes) + " bytes");
-    }
-    if (host && header->data_offset + header->data_bytes > size) {
-      check.Fail("shared-memory segment " + Quoted(shm_name) + " is truncated (" +
-                 std::to_string(size) + " bytes for " + std::to_string(header->data_bytes) +
-                 " data bytes)");
+                 std::to_string(h.data_bytes) + " bytes");
     }
   } else if (where != Where::kCuda) {
     check.Fail("shared-memory segment " + Quoted(shm_name) +
@@ -386,7 +513,7 @@ std::shared_ptr<ipc::SharedBuffer> ShareExternalData(const TensorRef& input,
   }
 
   if (where == Where::kXpu) {
-    const int64_t creator = header->creator_pid;
+    const int64_t creator = h.creator_pid;
     const int64_t self = static_cast<int64_t>(::getpid());
     if (!use_ipc) {
       // Upstream's use_ipc=False: the stored pointer, which means something only in the
@@ -398,7 +525,7 @@ std::shared_ptr<ipc::SharedBuffer> ShareExternalData(const TensorRef& input,
             std::to_string(creator) + "), but this is pid " + std::to_string(self) +
             "; attach with use_ipc=True");
       }
-      void* ptr = reinterpret_cast<void*>(static_cast<uintptr_t>(header->data_ptr_addr));
+      void* ptr = reinterpret_cast<void*>(static_cast<uintptr_t>(h.data_ptr_addr));
       if (!xpu::MaybeLiveDeviceMemory(ptr, want)) {
         check.Fail("`use_ipc`=False: the device memory published as " + Quoted(shm_name) +
                    " is no longer allocated (" + std::to_string(want) +
@@ -407,24 +534,24 @@ std::shared_ptr<ipc::SharedBuffer> ShareExternalData(const TensorRef& input,
       return std::make_shared<XpuMapping>(ptr, 0, want, input.device_id, false);
     }
     uint8_t handle[kCudaHandleBytes];
-    std::memcpy(handle, header->cuda_handle, kCudaHandleBytes);
+    std::memcpy(handle, h.cuda_handle, kCudaHandleBytes);
     void* ptr = nullptr;
     if (xpu::IpcOpenMemHandle(handle, input.device_id, &ptr) != xpu::kSuccess) {
       check.Fail(xpu::LastError() +
                  (creator == self ? "; in the creating process attach with use_ipc=False" : ""));
     }
-    return std::make_shared<XpuMapping>(ptr, header->data_offset, want, input.device_id, true);
+    return std::make_shared<XpuMapping>(ptr, h.data_offset, want, input.device_id, true);
   }
 
   if (where == Where::kHost) {
-    auto view = std::make_shared<HostMapping>(base, size, header->data_offset, want);
+    auto view = std::make_shared<HostMapping>(base, size, h.data_offset, want);
     whole->Release();
     return view;
   }
 #if defined(FDMTP_WITH_CUDA)
   uint8_t handle[kCudaHandleBytes];
-  std::memcpy(handle, header->cuda_handle, kCudaHandleBytes);
-  const uint64_t offset = ours ? header->data_offset : 0;
+  std::memcpy(handle, h.cuda_handle, kCudaHandleBytes);
+  const uint64_t offset = ours ? h.data_offset : 0;
   void* device_base = nullptr;
   CheckCuda(check, cuda::IpcOpenMemHandle(handle, input.device_id, &device_base),
             "cudaIpcOpenMemHandle");

@@ -136,11 +136,36 @@ py::object SetDataIpc(py::handle tmp_input, const std::string& shm_name) {
   return py::cast(SharedTensor(std::move(buffer), ref.dtype, ref.shape));
 }
 
-SharedTensor ShareExternalData(py::handle input, const std::string& shm_name,
-                               const std::vector<int64_t>& shape, bool use_ipc) {
+// `shape` as int64 dimensions: a sequence of Python ints (any size: out-of-range values
+// are an error naming the op and the argument, not a pybind TypeError).
+std::vector<int64_t> ShapeArg(const char* op, py::handle shape) {
+  auto fail = [&](const std::string& why) {
+    throw Error(std::string(op) + ": `shape` " + why + ", got " +
+                py::repr(shape).cast<std::string>());
+  };
+  if (!py::isinstance<py::sequence>(shape) || py::isinstance<py::str>(shape)) {
+    fail("must be a sequence of ints");
+  }
+  std::vector<int64_t> dims;
+  for (py::handle d : shape) {
+    if (py::isinstance<py::bool_>(d) || !PyIndex_Check(d.ptr())) fail("must hold ints");
+    const py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(d.ptr()));
+    if (!index) throw py::error_already_set();
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+    if (overflow != 0) fail("has a dimension outside int64");
+    if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+    dims.push_back(static_cast<int64_t>(v));
+  }
+  return dims;
+}
+
+SharedTensor ShareExternalData(py::handle input, const std::string& shm_name, py::handle shape,
+                               bool use_ipc) {
   ArgScope args;
   const TensorRef ref = args.Convert(input, "input");
-  return SharedTensor(ShareExternalData(ref, shm_name, shape, use_ipc), ref.dtype, shape);
+  std::vector<int64_t> dims = ShapeArg("share_external_data", shape);
+  return SharedTensor(ShareExternalData(ref, shm_name, dims, use_ipc), ref.dtype, dims);
 }
 
 #if defined(FDMTP_XPU_EMULATOR)
@@ -156,16 +181,22 @@ class EmulatedDeviceMemory : public ipc::SharedBuffer {
   ~EmulatedDeviceMemory() override { xpu::Free(data_); }
 };
 
-SharedTensor XpuEmuEmpty(const std::vector<int64_t>& shape, const std::string& dtype) {
+SharedTensor XpuEmuEmpty(py::handle shape_arg, const std::string& dtype) {
+  const std::vector<int64_t> shape = ShapeArg("xpu_emu_empty", shape_arg);
   for (DType d :
        {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt8, DType::kUInt8}) {
     if (dtype != DTypeName(d)) continue;
-    size_t bytes = static_cast<size_t>(ToDL(d).bits / 8);
+    int64_t count = 1;
     for (int64_t n : shape) {
       if (n < 0)
         throw Error("xpu_emu_empty: `shape` has a negative dimension " + std::to_string(n));
-      bytes *= static_cast<size_t>(n);
     }
+    for (int64_t n : shape) {
+      if (n != 0 && count > kMaxElements / n)
+        throw Error("xpu_emu_empty: `shape` has more than 2^56 elements");
+      count *= n;
+    }
+    const size_t bytes = static_cast<size_t>(count) * static_cast<size_t>(ToDL(d).bits / 8);
     return SharedTensor(std::make_shared<EmulatedDeviceMemory>(bytes), d, shape);
   }
   throw Error("xpu_emu_empty: `dtype` '" + dtype +

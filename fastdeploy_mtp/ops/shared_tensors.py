@@ -7,6 +7,7 @@ attached at build time through ``_op_wrappers.MANUAL_OP_DOCS``.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -17,7 +18,18 @@ if TYPE_CHECKING:
     import paddle
 
 
+_INT32_MAX = 2**31 - 1
+
+
 def set_data_ipc(tmp_input: paddle.Tensor, shm_name: str) -> None:
+    # Checked here, before Paddle hands the op a contiguous copy of a strided view: sharing
+    # that copy would publish a snapshot the caller's tensor never sees again.
+    is_contiguous = getattr(tmp_input, "is_contiguous", None)
+    if is_contiguous is not None and not is_contiguous():
+        raise OpError(
+            f"set_data_ipc: `tmp_input` is not contiguous (a strided view, shape {list(tmp_input.shape)}); "
+            "share a contiguous tensor, else creator and attachers would not see each other's writes"
+        )
     run_paddle_op("set_data_ipc", tmp_input, shm_name)
 
 
@@ -27,7 +39,7 @@ set_data_ipc.__doc__ = MANUAL_OP_DOCS["set_data_ipc"]
 def share_external_data(
     input: paddle.Tensor, shm_name: str, shape: Sequence[int], use_ipc: bool = True
 ) -> paddle.Tensor:
-    dims = [int(d) for d in shape]
+    dims = _shape_attr(shape)
     if build_info()["xpu"]:
         return run_paddle_op("share_external_data", input, shm_name, dims, bool(use_ipc))
     if not use_ipc:
@@ -36,6 +48,20 @@ def share_external_data(
             "applies to XPU tensors only; this build has no XPU support"
         )
     return run_paddle_op("share_external_data", input, shm_name, dims)
+
+
+def _shape_attr(shape: Sequence[int]) -> list[int]:
+    """`shape` as the op's int32 attr; the byte-size product is checked by the op."""
+    try:
+        dims = [operator.index(d) for d in shape]
+    except TypeError:
+        raise OpError(f"share_external_data: `shape` must be a sequence of ints, got {shape!r}") from None
+    for d in dims:
+        if d < 0:
+            raise OpError(f"share_external_data: `shape` {dims} has a negative dimension {d}")
+        if d > _INT32_MAX:
+            raise OpError(f"share_external_data: `shape` {dims} has a dimension {d} above 2^31-1")
+    return dims
 
 
 share_external_data.__doc__ = MANUAL_OP_DOCS["share_external_data"]

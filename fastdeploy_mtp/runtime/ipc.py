@@ -7,6 +7,13 @@ poll ``.value``. Layout: the array's bytes first, exactly as upstream, so FastDe
 (magic, creator pid) that lets an attacher notice that the creator died
 (:meth:`IPCSignal.wait_for`) instead of waiting forever.
 
+Trust: a signal is created with mode 0600, exclusively (a stale segment of the same name
+that this user owns is unlinked first; another user's is refused). Attaching accepts only
+a regular segment owned by this process's effective uid with no group/other permission
+bits, and :meth:`IPCSignal.wait_for` accepts a value only while the creator recorded in the
+trailer is alive. Names are 1..255 characters out of ``A-Z a-z 0-9 _ . -`` without
+``..``. See docs/architecture.md, "Processes and shared memory".
+
 Python's resource tracker unlinks every segment a process *attached* when that process
 exits (Python < 3.13), which would delete the creator's signal under everyone else. Attaching
 here unregisters the segment from the tracker (``track=False`` on 3.13+), so only the creator
@@ -16,6 +23,8 @@ owns the name. Names follow upstream: ``name + "." + str(suffix)`` when ``suffix
 from __future__ import annotations
 
 import os
+import re
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -24,17 +33,23 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["IPCSignal", "IPCSignalError", "CreatorGoneError", "shared_memory_exists"]
+__all__ = ["IPCSignal", "IPCSignalError", "IPCSignalNameError", "CreatorGoneError", "shared_memory_exists"]
 
 _MAGIC = 0x4C4E474953504446  # "FDPSIGNL" little-endian
 _TRAILER = np.dtype([("magic", "<u8"), ("pid", "<i8")])
 # Segments this process created (and its resource tracker holds): attaching one of them in
 # the same process must not unregister the creator's registration.
 _CREATED_HERE: set = set()
+_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+_NAME_MAX = 255  # one /dev/shm file name
 
 
 class IPCSignalError(RuntimeError):
     """A signal could not be created, attached or waited on; the message says why."""
+
+
+class IPCSignalNameError(IPCSignalError, ValueError):
+    """The signal's name (``name`` plus ``suffix``) is not a valid shared-memory name."""
 
 
 class CreatorGoneError(IPCSignalError):
@@ -42,7 +57,71 @@ class CreatorGoneError(IPCSignalError):
 
 
 def _full_name(name: str, suffix: Any) -> str:
-    return name if suffix is None else f"{name}.{suffix}"
+    """``name`` or ``name.suffix``, checked: 1.._NAME_MAX characters of [A-Za-z0-9_.-], no '..'."""
+    if not isinstance(name, str):
+        raise IPCSignalNameError(f"IPCSignal: `name` must be a str, got {type(name).__name__}")
+    full = name if suffix is None else f"{name}.{suffix}"
+    arg = "`name`" if suffix is None else "`name` + '.' + `suffix`"
+    if not name:
+        raise IPCSignalNameError("IPCSignal: `name` must be non-empty and contain no '/'")
+    if len(full.encode()) > _NAME_MAX:
+        raise IPCSignalNameError(
+            f"IPCSignal: {arg} {full[:40]!r}... is {len(full.encode())} bytes long; at most {_NAME_MAX}"
+        )
+    if "/" in full:
+        raise IPCSignalNameError(f"IPCSignal: {arg} {full!r} must contain no '/'")
+    if _NAME.fullmatch(full) is None:
+        raise IPCSignalNameError(f"IPCSignal: {arg} {full!r} may hold only letters, digits, '_', '.' and '-'")
+    if ".." in full:
+        raise IPCSignalNameError(f"IPCSignal: {arg} {full!r} must not contain '..'")
+    return full
+
+
+def _check_own(fd: int, name: str, doing: str) -> None:
+    """Refuses a segment that another local user created or may access (see the module
+    docstring): not a regular file, another owner, or any group/other permission bit."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise IPCSignalError(f"IPCSignal {name!r}: not a regular shared-memory segment; refusing to {doing} it")
+    if st.st_uid != os.geteuid():
+        raise IPCSignalError(
+            f"IPCSignal {name!r}: the segment is owned by uid {st.st_uid}, not by this process's uid "
+            f"{os.geteuid()}; refusing to {doing} a segment another user created"
+        )
+    if st.st_mode & 0o077:
+        raise IPCSignalError(
+            f"IPCSignal {name!r}: the segment has mode {stat.S_IMODE(st.st_mode):04o}: other users may read "
+            f"or write it (IPCSignal creates segments with mode 0600); refusing to {doing} it"
+        )
+
+
+def _replace_stale(name: str) -> None:
+    """Removes an existing segment called ``name`` that this user owns (a stale one: upstream
+    unlinks it too); one owned by another user is refused."""
+    import _posixshmem
+
+    try:
+        fd = _posixshmem.shm_open("/" + name, os.O_RDONLY | os.O_NONBLOCK, 0)
+    except FileNotFoundError:
+        return
+    except PermissionError:
+        raise IPCSignalError(
+            f"IPCSignal {name!r}: a segment of that name exists and this process cannot open it "
+            "(another user's); refusing to replace it"
+        ) from None
+    try:
+        owner = os.fstat(fd).st_uid
+    finally:
+        os.close(fd)
+    if owner != os.geteuid():
+        raise IPCSignalError(
+            f"IPCSignal {name!r}: a segment of that name exists and is owned by uid {owner}, not by this "
+            f"process's uid {os.geteuid()}; refusing to replace another user's segment"
+        )
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass
 
 
 def _open(name: str, create: bool, size: int = 0) -> shared_memory.SharedMemory:
@@ -133,8 +212,6 @@ class IPCSignal:
         timeout: float = 0.0,
     ) -> None:
         self.name = _full_name(name, suffix)
-        if "/" in self.name or not self.name:
-            raise IPCSignalError(f"IPCSignal: name {self.name!r} must be non-empty and contain no '/'")
         self._tracked = create
         self.value: np.ndarray | None = None
         if array is not None:
@@ -148,15 +225,14 @@ class IPCSignal:
         else:
             nbytes = int(shm_size)
         if create:
-            if shared_memory_exists(self.name):  # a stale block (upstream unlinks it too)
-                try:
-                    stale = _open(self.name, create=False)
-                except FileNotFoundError:
-                    pass
-                else:
-                    stale.close()
-                    _unlink(stale, tracked=False)
-            shm = _open(self.name, create=True, size=nbytes + _TRAILER.itemsize)
+            _replace_stale(self.name)
+            try:
+                shm = _open(self.name, create=True, size=nbytes + _TRAILER.itemsize)
+            except FileExistsError:
+                raise IPCSignalError(
+                    f"IPCSignal {self.name!r}: another process created a segment of that name while this one "
+                    "replaced it"
+                ) from None
             trailer = np.ndarray((), _TRAILER, buffer=shm.buf, offset=nbytes)
             trailer["pid"] = os.getpid()
             trailer["magic"] = _MAGIC
@@ -186,7 +262,7 @@ class IPCSignal:
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             try:
-                return _open(self.name, create=False)
+                shm = _open(self.name, create=False)
             except FileNotFoundError:
                 if time.monotonic() >= deadline:
                     raise IPCSignalError(
@@ -195,30 +271,52 @@ class IPCSignal:
                         + " (has its creator started?)"
                     ) from None
                 time.sleep(0.01)
+                continue
+            except PermissionError:
+                raise IPCSignalError(
+                    f"IPCSignal {self.name!r}: this process may not open the segment (another user's); "
+                    "refusing to attach it"
+                ) from None
+            except (OSError, ValueError) as e:  # a directory, an empty file, ...
+                raise IPCSignalError(f"IPCSignal {self.name!r}: cannot attach the segment: {e}") from None
+            try:
+                _check_own(shm._fd, self.name, "attach")  # type: ignore[attr-defined]
+            except BaseException:
+                shm.close()
+                raise
+            return shm
 
     def creator_alive(self) -> bool:
         """False once the creating process has exited (unknown creators count as alive)."""
         return _pid_alive(self.creator_pid)
 
     def wait_for(self, predicate: Callable[[np.ndarray], object], timeout: float, poll: float = 0.005) -> np.ndarray:
-        """Poll until ``predicate(self.value)`` is true; returns ``self.value``.
+        """Poll until ``predicate(self.value)`` is true while the creator lives; returns
+        ``self.value``.
 
-        Raises :class:`CreatorGoneError` as soon as the creator has exited without the
-        condition becoming true, and :class:`IPCSignalError` after ``timeout`` seconds.
+        A value is accepted only while the creating process (the pid in the segment's
+        trailer) is alive: a value left behind by a creator that has exited (a previous run's
+        ``cache_ready_signal``) is stale. Raises :class:`CreatorGoneError` once the creator
+        has exited (whatever the value), and :class:`IPCSignalError` after ``timeout``
+        seconds. A signal without our trailer (created by upstream FastDeploy) has no known
+        creator; only the timeout applies to it.
         """
         if self.value is None:
             raise IPCSignalError(f"IPCSignal {self.name!r}: a raw block has no value to wait on")
         deadline = time.monotonic() + timeout
         while True:
-            if predicate(self.value):
-                return self.value
-            if not self.creator_alive():
-                if predicate(self.value):
-                    return self.value
-                raise CreatorGoneError(
-                    f"IPCSignal {self.name!r}: its creator (pid {self.creator_pid}) exited before the "
-                    f"awaited condition held; value {self.value.tolist()}"
+            held = bool(predicate(self.value))
+            if not self.creator_alive():  # checked after reading: the value is the live creator's
+                why = (
+                    "has exited; the value it left is stale and not accepted"
+                    if held
+                    else "exited before the awaited condition held"
                 )
+                raise CreatorGoneError(
+                    f"IPCSignal {self.name!r}: its creator (pid {self.creator_pid}) {why}; value {self.value.tolist()}"
+                )
+            if held:
+                return self.value
             if time.monotonic() >= deadline:
                 raise IPCSignalError(
                     f"IPCSignal {self.name!r}: timed out after {timeout:g} s waiting for the awaited "

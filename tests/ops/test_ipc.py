@@ -5,6 +5,8 @@ process that created it, so the sharing itself is checked here too."""
 from __future__ import annotations
 
 import os
+import stat
+import struct
 import uuid
 from multiprocessing import shared_memory
 from pathlib import Path
@@ -243,4 +245,226 @@ def test_use_ipc_false_applies_to_xpu_tensors_only(name):
         ops.share_external_data(placeholder("float32"), name, [4], use_ipc=False)
     a = ops.share_external_data(placeholder("float32"), name, [4], use_ipc=True)  # upstream's XPU call form
     np.testing.assert_array_equal(a.numpy(), np.ones(4, np.float32))
+    ops.unset_data_ipc(t, name, False, True)
+
+
+# ---- hardening: sizes, strides, ownership and descriptors (issue 13) -----------------------
+#
+# Segments are forged by writing /dev/shm/<name> directly with the descriptor layout of
+# custom_ops/include/fdmtp/ipc_segment.h: upstream's 72-byte prefix (nprocesses, 64 handle
+# bytes), then magic, version, kind, dtype, device_id, data_bytes, data_offset, creator_pid,
+# data_ptr_addr (128 bytes in all).
+
+HEADER = struct.Struct("<Q64sQIIiiQQqQ")
+MAGIC = 0x4350494D54504446
+FLOAT32 = 7  # fdmtp::DType::kFloat32
+
+
+def forge(name: str, *, size: int = 4096 + 64, mode: int = 0o600, **fields) -> Path:
+    """A host-data segment as set_data_ipc writes it (16 float32 at offset 4096), with
+    `fields` overriding descriptor fields, created with `mode`."""
+    f = dict(
+        nproc=0,
+        handle=b"",
+        magic=MAGIC,
+        version=1,
+        kind=1,
+        dtype=FLOAT32,
+        device_id=0,
+        data_bytes=64,
+        data_offset=4096,
+        creator_pid=os.getpid(),
+        data_ptr_addr=0,
+    )
+    f.update(fields)
+    raw = bytearray(max(size, HEADER.size))
+    HEADER.pack_into(raw, 0, *f.values())
+    del raw[size:]  # a short segment: the header cut off
+    if size >= 4096 + 64:
+        raw[4096 : 4096 + 64] = np.arange(16, dtype=np.float32).tobytes()
+    path = SHM / name
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.write(fd, bytes(raw))
+    finally:
+        os.close(fd)
+    os.chmod(path, mode)  # not subject to the umask
+    return path
+
+
+def test_share_external_data_shape_whose_byte_size_wraps_is_refused(name):
+    """[65536, 65536, 65536, 16384] float32 is 2^64 bytes: it used to wrap to 0 and attach a
+    64-byte segment as that shape."""
+    t = paddle.zeros([16])
+    ops.set_data_ipc(t, name)
+    for shape in ([65536, 65536, 65536, 16384], [2**31 - 1] * 3):
+        with pytest.raises(ops.OpError, match=r"^share_external_data: `shape` \[.*\] has more than 2\^56 elements"):
+            ops.share_external_data(placeholder("float32"), name, shape)
+        with pytest.raises(ValueError, match=r"^share_external_data: `shape` \[.*\] has more than 2\^56 elements"):
+            _kernels.share_external_data(np.empty((), np.float32), name, shape)
+    with pytest.raises(ops.OpError, match=r"^share_external_data: `shape` .* dimension 4294967296 above 2\^31-1"):
+        ops.share_external_data(placeholder("float32"), name, [2**32])  # the Paddle attr is int32
+    with pytest.raises(ValueError, match=r"^share_external_data: `shape` has a dimension outside int64"):
+        _kernels.share_external_data(np.empty((), np.float32), name, [2**70])
+    with pytest.raises(ValueError, match=r"^share_external_data: `shape` \[4, -1\] has a negative dimension -1"):
+        _kernels.share_external_data(np.empty((), np.float32), name, [4, -1])
+    with pytest.raises(ops.OpError, match=r"^share_external_data: `shape` \[-4\] has a negative dimension -4"):
+        ops.share_external_data(placeholder("float32"), name, [-4])
+    with pytest.raises(ValueError, match=r"^share_external_data: `shape` must hold ints"):
+        _kernels.share_external_data(np.empty((), np.float32), name, [4.0])
+    a = ops.share_external_data(placeholder("float32"), name, [4, 4])  # the exact size still attaches
+    assert a.shape == [4, 4]
+    ops.unset_data_ipc(t, name, False, True)
+
+
+def test_set_data_ipc_refuses_a_strided_view(name):
+    """A strided view used to be replaced by a contiguous copy, and the copy was published:
+    creator and attachers never saw each other's writes."""
+    big = paddle.arange(16, dtype="float32")
+    for view in (big[::2], big.reshape([4, 4]).transpose([1, 0])):
+        assert not view.is_contiguous()
+        with pytest.raises(
+            ops.OpError, match=r"^set_data_ipc: `tmp_input` is not contiguous \(a strided view, shape \[.*\]\)"
+        ):
+            ops.set_data_ipc(view, name)
+        assert not (SHM / name).exists()
+    arr = np.arange(16, dtype=np.float32)
+    with pytest.raises(
+        ValueError, match=r"^set_data_ipc: `tmp_input` is not contiguous \(a strided view, shape \[8\]\)"
+    ):
+        _kernels.set_data_ipc(arr[::2], name)
+    assert not (SHM / name).exists()
+    np.testing.assert_array_equal(big.numpy(), np.arange(16, dtype=np.float32))
+
+
+def test_set_data_ipc_refuses_a_null_data_pointer(name):
+    with pytest.raises(ValueError, match=r"^set_data_ipc: `tmp_input` has 4 element\(s\) but a null data pointer"):
+        _kernels.set_data_ipc((0, "float32", (4,), "cpu"), name)
+    assert not (SHM / name).exists()
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o660, 0o606, 0o640, 0o604, 0o700 | 0o001])
+def test_attach_refuses_a_segment_with_group_or_other_permission_bits(name, mode):
+    """A local user who pre-creates a cache name with mode 0666 would receive every write;
+    attaching refuses any segment with group/other permission bits (owner checks: see the
+    next test)."""
+    cache = f"{name}key_caches_0_rank0.device0"
+    forge(cache, mode=mode)
+    with pytest.raises(
+        ops.OpError,
+        match=rf"^share_external_data: shared-memory segment `{cache}` has mode 0{mode:03o}: other users may "
+        r"read or write it \(set_data_ipc creates segments with mode 0600\); refusing to attach it",
+    ):
+        ops.share_external_data(placeholder("float32"), cache, [16])
+    with pytest.raises(ValueError, match=rf"has mode 0{mode:03o}"):
+        _kernels.share_external_data(np.empty((), np.float32), cache, [16])
+    os.chmod(SHM / cache, 0o600)  # the same bytes, private: attached
+    a = ops.share_external_data(placeholder("float32"), cache, [16])
+    np.testing.assert_array_equal(a.numpy(), np.arange(16, dtype=np.float32))
+    ops.unset_data_ipc(a, cache, True, True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file another owner")
+def test_attach_and_replace_refuse_a_segment_owned_by_another_uid(name):
+    """No second user exists here; as root the test chowns a forged segment to another uid
+    (root could attach it, and is refused all the same)."""
+    forge(name)
+    os.chown(SHM / name, os.geteuid() + 4242, -1)
+    with pytest.raises(
+        ops.OpError,
+        match=rf"^share_external_data: shared-memory segment `{name}` is owned by uid {os.geteuid() + 4242}, "
+        rf"not by this process's uid {os.geteuid()}; refusing to attach a segment another user created",
+    ):
+        ops.share_external_data(placeholder("float32"), name, [16])
+    t = paddle.ones([4])
+    with pytest.raises(
+        ops.OpError,
+        match=rf"^set_data_ipc: a shared-memory segment `{name}` already exists and is owned by uid "
+        r"\d+, not by this process's uid \d+; refusing to replace another user's segment",
+    ):
+        ops.set_data_ipc(t, name)
+    assert (SHM / name).stat().st_uid == os.geteuid() + 4242  # left alone
+    np.testing.assert_array_equal(t.numpy(), np.ones(4, np.float32))
+    (SHM / name).unlink()
+
+
+def test_set_data_ipc_replaces_a_planted_world_writable_segment_with_a_private_one(name):
+    """The creator never writes into a segment someone else could have opened: a stale or
+    planted segment of its own uid is unlinked and a fresh one created exclusively, 0600."""
+    planted = forge(name, mode=0o666)
+    spy = os.open(planted, os.O_RDWR)  # whoever planted it keeps a descriptor
+    try:
+        t = paddle.full([16], 5.0)
+        ops.set_data_ipc(t, name)
+        st = (SHM / name).stat()
+        assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_ino != os.fstat(spy).st_ino
+        t.add_(paddle.ones([16]))
+        seen = np.frombuffer(os.pread(spy, 64, 4096), np.float32)
+        np.testing.assert_array_equal(seen, np.arange(16, dtype=np.float32))  # none of the writes
+        a = ops.share_external_data(placeholder("float32"), name, [16])
+        np.testing.assert_array_equal(a.numpy(), np.full(16, 6.0, np.float32))
+    finally:
+        os.close(spy)
+    ops.unset_data_ipc(t, name, False, True)
+
+
+@pytest.mark.parametrize(
+    ("fields", "size", "message"),
+    [
+        # data_offset + data_bytes wraps: the tensor would start 4 KiB before the mapping
+        (
+            dict(data_offset=2**64 - 4096, data_bytes=8192),
+            None,
+            r"has an invalid data range \(offset 18446744073709547520, 8192 bytes\)",
+        ),
+        (
+            dict(data_offset=0),
+            None,
+            r"places its data at offset 0; set_data_ipc writes it page aligned after the 128-byte header",
+        ),
+        (dict(data_offset=64), None, r"places its data at offset 64"),
+        (dict(data_offset=4100), None, r"places its data at offset 4100"),
+        (dict(data_bytes=8192), None, r"is truncated \(4160 bytes for 8192 data bytes at offset 4096\)"),
+        (dict(data_bytes=2**62), None, r"has an invalid data range"),
+        (dict(data_bytes=6), None, r"has an invalid data range \(offset 4096, 6 bytes\)"),
+        (dict(version=2), None, r"has layout version 2; this build reads version 1"),
+        (dict(kind=0), None, r"has an unknown kind 0"),
+        (dict(kind=9), None, r"has an unknown kind 9"),
+        (dict(dtype=-1), None, r"has an invalid dtype code -1"),
+        (dict(dtype=3), None, r"has an invalid dtype code 3"),  # int32: not shareable
+        (dict(dtype=99), None, r"has an invalid dtype code 99"),
+        (dict(device_id=-1), None, r"has an invalid device id -1"),
+        (dict(device_id=1), None, r"has an invalid device id 1"),  # host data: device 0
+        (dict(kind=2, device_id=5000), None, r"has an invalid device id 5000"),
+        (dict(creator_pid=0), None, r"has an invalid creator pid 0"),
+        (dict(creator_pid=-7), None, r"has an invalid creator pid -7"),
+        (dict(magic=0), None, r"is not a complete tensor segment"),
+        ({}, 100, r"is not a complete tensor segment"),
+        ({}, 40, r"holds 40 bytes: not a tensor segment written by set_data_ipc"),
+    ],
+)
+def test_attach_validates_every_descriptor_field(name, fields, size, message):
+    forge(name, size=size or 4096 + 64, **fields)
+    with pytest.raises(ops.OpError, match=rf"^share_external_data: .*{message}"):
+        ops.share_external_data(placeholder("float32"), name, [4])
+    with pytest.raises(ValueError, match=rf"^share_external_data: .*{message}"):
+        _kernels.share_external_data(np.empty((), np.float32), name, [4])
+    ops.unset_data_ipc(placeholder("float32"), name, False, True)
+
+
+def test_a_well_formed_forged_segment_attaches(name):
+    """The control of the forgeries above: the same bytes with valid fields attach."""
+    forge(name)
+    a = ops.share_external_data(placeholder("float32"), name, [4, 4])
+    np.testing.assert_array_equal(a.numpy().ravel(), np.arange(16, dtype=np.float32))
+    ops.unset_data_ipc(a, name, True, True)
+
+
+def test_attach_refuses_a_directory_or_fifo_in_place_of_a_segment(name):
+    os.mkfifo(SHM / name, 0o600)
+    with pytest.raises(ops.OpError, match=rf"shared-memory segment `{name}` is not a regular shared-memory file"):
+        ops.share_external_data(placeholder("float32"), name, [4])
+    t = paddle.ones([4])
+    ops.set_data_ipc(t, name)  # a stale non-segment of our own is replaced (without blocking on the FIFO)
+    assert stat.S_ISREG((SHM / name).stat().st_mode)
     ops.unset_data_ipc(t, name, False, True)

@@ -276,3 +276,56 @@ def test_the_real_xre_branch_compiles_against_the_assumed_xre_api(tmp_path):
             timeout=120,
         )
         assert proc.returncode == 0, f"{src}:\n{proc.stderr}"
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys
+    from fastdeploy_mtp import _kernels
+    name = sys.argv[1]
+    buf = _kernels.xpu_emu_empty((8,), "float32")
+    with _kernels.xpu_emulation(2, 4):
+        assert _kernels.set_data_ipc(buf, name) is None
+    print("READY", flush=True)
+    sys.stdin.readline()
+    _kernels.unset_data_ipc(buf, name, True, True)
+    del buf
+    print("HOLDER-OK", flush=True)
+    """
+)
+
+
+def test_opening_an_emulated_region_others_can_access_is_refused(name):
+    """The emulated XRE opens a handle's device region only if it is a mode-0600 region of
+    this uid (xpu_malloc's): a region made group/other-accessible is refused."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, name],
+        cwd=ROOT,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "READY"
+        region = regions(holder.pid)[0]
+        os.chmod(SHM / region, 0o666)
+        with _kernels.xpu_emulation(*LAUNCH):
+            with pytest.raises(
+                ValueError,
+                match=rf"xpu_ipc_open_memhandle failed .*emulated device region `{region}` is not a mode-0600 "
+                r"region of uid \d+ \(owner uid \d+\); refusing to open it",
+            ):
+                _kernels.share_external_data(np.empty((), np.float32), name, [8], True)
+            os.chmod(SHM / region, 0o600)
+            att = _kernels.share_external_data(np.empty((), np.float32), name, [8], True)
+        _kernels.unset_data_ipc(att, name, True, False)
+        holder.stdin.write("done\n")
+        holder.stdin.flush()
+        out, _ = holder.communicate(timeout=30)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.communicate()
+    assert holder.returncode == 0 and "HOLDER-OK" in out, out
+    assert not (SHM / name).exists() and regions(holder.pid) == []

@@ -141,3 +141,70 @@ def test_attach_gives_up_with_a_clear_error_when_no_cache_manager_starts(random_
     proposer = MTPProposer(cfg, target, 0, 0, make_target_inputs(cfg), model=mtp)
     with pytest.raises(IPCSignalError, match="cache_ready_signal"):
         proposer.initialize_kv_cache(16)
+
+
+def _decode_proposer(random_model, port):
+    from fastdeploy_mtp.proposer import MTPProposer
+    from fastdeploy_mtp.runtime.input_batch import make_target_inputs
+
+    target, mtp = random_model
+    cfg = make_config(1)
+    cfg.scheduler_config.splitwise_role = "decode"  # a cache manager owns the caches
+    cfg.cache_config.cache_ready_timeout = 30
+    cfg.parallel_config.engine_worker_queue_port = port
+    return MTPProposer(cfg, target, 0, 0, make_target_inputs(cfg), model=mtp)
+
+
+def test_worker_refuses_a_ready_signal_left_by_a_dead_cache_manager(random_model):
+    """A previous run's cache_ready_signal still holds 1 but its creator is gone: the worker
+    used to attach that run's stale caches; now it stops with CreatorGoneError at once."""
+    import struct
+    import subprocess
+    import sys
+    import time
+
+    from fastdeploy_mtp.runtime.ipc import CreatorGoneError
+
+    port = PORT + 3
+    proposer = _decode_proposer(random_model, port)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert child.wait(timeout=60) == 0  # exited and reaped: its pid names no process
+    path = f"/dev/shm/cache_ready_signal.{port}"
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.write(fd, np.ones(1, np.int32).tobytes() + struct.pack("<Qq", 0x4C4E474953504446, child.pid))
+    os.close(fd)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(CreatorGoneError, match=r"cache_ready_signal.*the value it left is stale"):
+            proposer.initialize_kv_cache(16)
+        assert time.monotonic() - t0 < 10 and proposer._attached == []
+    finally:
+        os.unlink(path)
+
+
+def test_worker_refuses_caches_other_users_could_have_planted(random_model):
+    """The ready signal is genuine but a cache name is world-writable (planted by another
+    local user): the worker refuses to attach it instead of writing its KV cache there."""
+    import paddle
+
+    from fastdeploy_mtp import ops
+    from fastdeploy_mtp.runtime.ipc import IPCSignal
+
+    port = PORT + 4
+    proposer = _decode_proposer(random_model, port)
+    names = proposer.cache_names()
+    shape = proposer.model.attn_backend.get_kv_cache_shape(16)
+    caches = [paddle.zeros(shape, dtype="float32") for _ in names]
+    ready = IPCSignal("cache_ready_signal", np.ones([1], np.int32), np.int32, suffix=port)
+    try:
+        for t, n in zip(caches, names):
+            ops.set_data_ipc(t, n)
+        os.chmod(f"/dev/shm/{names[-1]}", 0o666)
+        with pytest.raises(ops.OpError, match=rf"`{names[-1]}` has mode 0666: other users may read or write it"):
+            proposer.initialize_kv_cache(16)
+        assert proposer._attached == []
+    finally:
+        for t, n in zip(caches, names):
+            ops.unset_data_ipc(t, n, False, True)
+        ready.clear()
+    assert leftovers(names) == []

@@ -19,6 +19,14 @@
 //
 // `magic` is stored last (release order) once the segment is complete, so an attacher
 // never maps a half-written segment.
+//
+// Trust: a creator makes its segment with mode 0600, exclusively (a stale segment of the
+// same name and owner is unlinked first; another user's is refused). An attacher maps only
+// a regular file owned by its own effective uid with no group/other permission bits, and
+// checks every descriptor field before using it: version, kind, dtype, device id and
+// creator pid in range; data_offset + data_bytes without wrap-around; for host data an
+// offset that is page aligned past the header and a range inside the segment; for XPU
+// handles offset 0. See docs/architecture.md "Processes and shared memory".
 #pragma once
 
 #include <cstddef>
@@ -38,6 +46,7 @@ constexpr uint32_t kXpuHandle = 3;
 constexpr size_t kCudaHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
 constexpr size_t kUpstreamBytes = 8 + kCudaHandleBytes;
 constexpr uint64_t kHostDataOffset = 4096;  // page aligned data for host segments
+constexpr int32_t kMaxDeviceId = 1024;      // device ids an attacher accepts: 0..1023
 
 struct SegmentHeader {
   uint64_t nprocesses;                    // upstream field, always 0

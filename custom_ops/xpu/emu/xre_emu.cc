@@ -182,8 +182,15 @@ int xpu_ipc_open_memhandle(void** ptr, XPUIpcMemHandle handle, int flags) {
   struct stat st {};
   size_t mapped = 0;
   void* base = nullptr;
-  if (::fstat(fd, &st) != 0 ||
-      static_cast<uint64_t>(st.st_size) < (record.bytes == 0 ? 1 : record.bytes)) {
+  if (::fstat(fd, &st) != 0) {
+    t_error = "cannot stat emulated device region `" + name + "`: " + Errno();
+  } else if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+    // xpu_malloc creates regions with mode 0600: anything else was not made by this user's
+    // processes (another user may read or write it).
+    t_error = "emulated device region `" + name + "` is not a mode-0600 region of uid " +
+              std::to_string(::geteuid()) + " (owner uid " + std::to_string(st.st_uid) +
+              "); refusing to open it";
+  } else if (static_cast<uint64_t>(st.st_size) < (record.bytes == 0 ? 1 : record.bytes)) {
     t_error = "emulated device region `" + name + "` is smaller than its handle says";
   } else {
     base = MapRegion(fd, name, record.bytes, &mapped);
