@@ -61,9 +61,9 @@ void ArgChecker::PerItem(const TensorRef& t, int64_t n, const TensorRef& source)
   const bool ok = (t.shape.size() == 1 && t.shape[0] >= n) ||
                   (t.shape.size() == 2 && t.shape[0] >= n && t.shape[1] == 1);
   if (!ok) {
-    Fail(std::string("`") + t.name + "` must have shape [m] or [m, 1] with m >= " +
-         std::to_string(n) + " (batch size from `" + source.name + "`; rows past it are not read), got " +
-         t.ShapeString());
+    Fail(std::string("`") + t.name +
+         "` must have shape [m] or [m, 1] with m >= " + std::to_string(n) + " (batch size from `" +
+         source.name + "`; rows past it are not read), got " + t.ShapeString());
   }
 }
 
@@ -82,8 +82,8 @@ void ArgChecker::Storage(const TensorRef& t) const {
   for (int64_t d : t.shape) {
     if (d < 0) Fail(std::string("`") + t.name + "` has a negative dimension: " + t.ShapeString());
     if (d != 0 && n > kMaxElements / d) {
-      Fail(std::string("`") + t.name + "` has more elements than this op can address: " +
-           t.ShapeString());
+      Fail(std::string("`") + t.name +
+           "` has more elements than this op can address: " + t.ShapeString());
     }
     n *= d;
   }

@@ -92,7 +92,9 @@ bool IsRowMajor(const DLTensor& t) {
 }  // namespace
 
 // "<op>: " (nothing for a scope without an op name).
-static std::string Prefix(const char* op) { return *op == '\0' ? std::string() : std::string(op) + ": "; }
+static std::string Prefix(const char* op) {
+  return *op == '\0' ? std::string() : std::string(op) + ": ";
+}
 
 void ArgScope::Fail(const char* name, const std::string& message) const {
   throw Error(Prefix(op_) + "`" + name + "` " + message);

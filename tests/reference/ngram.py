@@ -78,9 +78,7 @@ def hybrid_mtp_ngram(
     slt_out = seq_lens_this_time.copy()
     slt = _flat(slt_out)
     # per-item arrays may be padded past the batch: only their first bsz entries count
-    lens, steps, dec, mdl = (
-        _flat(t)[: slt.shape[0]] for t in (input_ids_len, step_idx, seq_lens_decoder, max_dec_len)
-    )
+    lens, steps, dec, mdl = (_flat(t)[: slt.shape[0]] for t in (input_ids_len, step_idx, seq_lens_decoder, max_dec_len))
     unprocessed = int((dec > 0).sum())
     for b in range(slt.shape[0]):
         ori = int(slt[b])
