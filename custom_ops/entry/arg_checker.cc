@@ -141,27 +141,6 @@ const TensorRef& ArgChecker::Required(const OptionalTensorRef& t, const char* na
   return *t;
 }
 
-void ArgChecker::ValuesInRangeOnHost(const TensorRef& t, int64_t lo, int64_t hi) const {
-  if (t.device != Device::kCPU) return;
-  const int64_t n = t.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t v = 0;
-    if (t.dtype == DType::kInt32) {
-      v = t.ptr<const int32_t>()[i];
-    } else if (t.dtype == DType::kInt64) {
-      v = t.ptr<const int64_t>()[i];
-    } else {
-      Fail(std::string("`") + t.name + "` must be int32 or int64 for a value check, got " +
-           DTypeName(t.dtype));
-    }
-    if (v < lo || v > hi) {
-      Fail(std::string("`") + t.name + "` values must be in [" + std::to_string(lo) + ", " +
-           std::to_string(hi) + "], got " + std::to_string(v) + " at flat index " +
-           std::to_string(i));
-    }
-  }
-}
-
 std::vector<const TensorRef*> Present(std::initializer_list<const OptionalTensorRef*> refs) {
   std::vector<const TensorRef*> out;
   for (const OptionalTensorRef* r : refs) {

@@ -115,9 +115,6 @@ class ArgChecker {
   // An optional argument that this call needs; `why` completes "required when ...".
   const TensorRef& Required(const OptionalTensorRef& t, const char* name,
                             const std::string& why) const;
-  // Integer values in [lo, hi], checked only where they can be read without a device
-  // sync (host tensors). Device tensors are not read: their kernels clamp instead.
-  void ValuesInRangeOnHost(const TensorRef& t, int64_t lo, int64_t hi) const;
 
  private:
   const char* op_;
