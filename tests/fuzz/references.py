@@ -30,6 +30,13 @@ def _positional(decl_inputs: tuple[str, ...], tensors: dict) -> list:
     return [tensors[name] for name in decl_inputs]
 
 
+def _inputs(op: str) -> tuple[str, ...]:
+    """The op's tensor inputs in declaration order (the references take them in that order)."""
+    from fastdeploy_mtp.ops import OP_SIGNATURES
+
+    return OP_SIGNATURES[op][0]
+
+
 def _named(names: tuple[str, ...]) -> Callable[[Callable], Callable]:
     """For references taking the op's tensors positionally in declaration order."""
 
@@ -43,45 +50,32 @@ def _named(names: tuple[str, ...]) -> Callable[[Callable], Callable]:
 
 
 def _postprocess(tensors: dict, attrs: dict, outputs: dict) -> dict:
-    return postprocess_ref.draft_model_postprocess(
-        *_positional(
-            (
-                "base_model_draft_tokens",
-                "base_model_seq_lens_this_time",
-                "base_model_seq_lens_encoder",
-                "base_model_stop_flags",
-            ),
-            tensors,
-        )
-    )
+    return postprocess_ref.draft_model_postprocess(*_positional(_inputs("draft_model_postprocess"), tensors))
 
 
 def _logits(tensors: dict, attrs: dict, outputs: dict) -> dict:
-    names = (
-        "draft_logits", "next_token_num", "batch_token_num", "cu_next_token_offset", "cu_batch_token_offset",
-        "logits", "first_token_logits", "seq_lens_this_time", "seq_lens_encoder",
-    )  # fmt: skip
-    return logits_ref.speculate_get_logits(*_positional(names, tensors))
+    return logits_ref.speculate_get_logits(*_positional(_inputs("speculate_get_logits"), tensors))
 
 
-def _rows(fn: Callable, names: tuple[str, ...], attr_names: tuple[str, ...] = ()) -> Callable:
+def _rows(op: str, fn: Callable) -> Callable:
     def adapter(tensors: dict, attrs: dict, outputs: dict) -> dict:
-        out, count = fn(*_positional(names, tensors), *[attrs[a] for a in attr_names])
+        out, count = fn(*_positional(_inputs(op), tensors), *attrs.values())
         return {"out": out, "output_token_num": count}
 
     return adapter
 
 
-def _ngram(fn: Callable, names: tuple[str, ...], attr_names: tuple[str, ...]) -> Callable:
+def _ngram(op: str, fn: Callable) -> Callable:
     def adapter(tensors: dict, attrs: dict, outputs: dict) -> dict:
-        return fn(*_positional(names, tensors), *[attrs[a] for a in attr_names])
+        # the references take the attrs before num_threads, in declaration order
+        return fn(*_positional(_inputs(op), tensors), *[v for k, v in attrs.items() if k != "num_threads"])
 
     return adapter
 
 
 def _verify(tensors: dict, attrs: dict, outputs: dict) -> dict:
-    attr_order = ("max_seq_len", "verify_window", "verify_strategy", "reject_all", "accept_all")
-    return verify_ref.verify_draft_tokens(_positional(verify_ref.NAMES, tensors), [attrs[a] for a in attr_order])
+    # attrs arrive in declaration order: max_seq_len, verify_window, verify_strategy, ...
+    return verify_ref.verify_draft_tokens(_positional(verify_ref.NAMES, tensors), list(attrs.values()))
 
 
 def _unified(tensors: dict, attrs: dict, outputs: dict) -> dict:
@@ -95,11 +89,7 @@ def _pre_process(tensors: dict, attrs: dict, outputs: dict) -> dict:
 
 
 def _mask(tensors: dict, attrs: dict, outputs: dict) -> dict:
-    names = (
-        "ids_remove_padding", "seq_lens_this_time", "seq_lens_encoder", "seq_lens_decoder", "cu_seqlens_q",
-        "attn_mask_offsets_full", "is_block_step", "decode_states",
-    )  # fmt: skip
-    out, states = mask_ref.update_attn_mask_offsets(*_positional(names, tensors))
+    out, states = mask_ref.update_attn_mask_offsets(*_positional(_inputs("update_attn_mask_offsets"), tensors))
     return {"attn_mask_offsets": out, "decode_states": states}
 
 
@@ -113,69 +103,11 @@ REFERENCES: dict[str, Callable] = {
     "draft_model_update": _named(update_ref.NAMES)(update_ref.draft_model_update),
     "mtp_step_paddle": _named(step_ref.NAMES)(step_ref.mtp_step_paddle),
     "speculate_get_logits": _logits,
-    "eagle_get_hidden_states": _rows(
-        hidden_states.eagle_get_hidden_states,
-        (
-            "input",
-            "seq_lens_this_time",
-            "seq_lens_encoder",
-            "seq_lens_decoder",
-            "stop_flags",
-            "accept_nums",
-            "base_model_seq_lens_this_time",
-            "base_model_seq_lens_encoder",
-        ),
-        ("actual_draft_token_num",),
-    ),  # fmt: skip
-    "eagle_get_self_hidden_states": _rows(
-        hidden_states.eagle_get_self_hidden_states,
-        ("input", "last_seq_lens_this_time", "seq_lens_this_time", "seq_lens_encoder"),
-    ),
-    "eagle_gather_hidden_states": _rows(
-        hidden_states.eagle_gather_hidden_states,
-        (
-            "input",
-            "cu_seqlens_q",
-            "seq_lens_this_time",
-            "seq_lens_decoder",
-            "seq_lens_encoder",
-            "batch_id_per_token_output",
-            "cu_seqlens_q_output",
-            "real_output_token_num",
-        ),
-    ),  # fmt: skip
-    "hybrid_mtp_ngram": _ngram(
-        ngram.hybrid_mtp_ngram,
-        (
-            "input_ids",
-            "input_ids_len",
-            "pre_ids",
-            "step_idx",
-            "draft_token_num",
-            "draft_tokens",
-            "seq_lens_this_time",
-            "seq_lens_decoder",
-            "max_dec_len",
-        ),
-        ("max_ngram_size", "min_ngram_size", "max_draft_tokens", "threshold"),
-    ),  # fmt: skip
-    "ngram_match": _ngram(
-        ngram.ngram_match,
-        (
-            "input_ids",
-            "input_ids_len",
-            "token_ids_all",
-            "prompt_lens",
-            "step_idx",
-            "draft_token_num",
-            "draft_tokens",
-            "seq_lens_this_time",
-            "seq_lens_encoder",
-            "seq_lens_decoder",
-            "max_dec_len",
-        ),
-        ("max_ngram_size", "max_draft_tokens", "threshold"),
-    ),  # fmt: skip
+    "eagle_get_hidden_states": _rows("eagle_get_hidden_states", hidden_states.eagle_get_hidden_states),
+    "eagle_get_self_hidden_states": _rows("eagle_get_self_hidden_states", hidden_states.eagle_get_self_hidden_states),
+    "eagle_gather_hidden_states": _rows("eagle_gather_hidden_states", hidden_states.eagle_gather_hidden_states),
+    "hybrid_mtp_ngram": _ngram("hybrid_mtp_ngram", ngram.hybrid_mtp_ngram),
+    "ngram_match": _ngram("ngram_match", ngram.ngram_match),
 }
 
 
