@@ -29,8 +29,8 @@ void Prepare(const ArgChecker& check, const HybridMtpNgramCall& call, HybridMtpN
   check.AttrAtLeast("max_draft_tokens", call.max_draft_tokens, 0);
   if (call.draft_tokens.dim(1) < static_cast<int64_t>(call.max_draft_tokens) + 1) {
     check.Fail("`draft_tokens` must have at least max_draft_tokens + 1 = " +
-               std::to_string(static_cast<int64_t>(call.max_draft_tokens) + 1) + " columns, got shape " +
-               call.draft_tokens.ShapeString());
+               std::to_string(static_cast<int64_t>(call.max_draft_tokens) + 1) +
+               " columns, got shape " + call.draft_tokens.ShapeString());
   }
   args->bsz = bsz;
   args->input_width = call.input_ids.dim(1);
