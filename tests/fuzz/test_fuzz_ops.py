@@ -29,7 +29,6 @@ import re
 import struct
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -37,15 +36,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fastdeploy_mtp
+from tests.op_declarations import DECLARED, base_dtype
 
 from .references import REFERENCES, compare_with_reference
 
 ROOT = Path(__file__).resolve().parents[2]
-DECLS = {
-    p.stem: tomllib.loads(p.read_text())
-    for p in sorted((ROOT / "custom_ops" / "ops").glob("*.toml"))
-    if p.stem not in ("constants", "manual_ops")
-}
+DECLS = DECLARED
 EXAMPLES = int(os.environ.get("FDMTP_FUZZ_EXAMPLES", "40"))
 CASE_TIMEOUT_S = float(os.environ.get("FDMTP_FUZZ_CASE_TIMEOUT", "60"))
 BACKENDS = ("kernels-cpu", "xpu-emu", "cpu")
@@ -163,8 +159,7 @@ def _dims(shape: str, sym: dict[str, int], draw) -> list[int]:
 
 
 def _dtype_of(decl: dict, dtype: str, draw) -> type:
-    while dtype.startswith("same:"):
-        dtype = next(t for t in decl["inputs"] if t["name"] == dtype[5:])["dtype"]
+    dtype = base_dtype(decl, dtype)
     if dtype == "float":
         return draw(st.sampled_from([np.float32, np.float16, np.uint16]))  # uint16 = bfloat16 bits
     if dtype == "any":

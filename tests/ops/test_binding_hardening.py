@@ -3,27 +3,16 @@ the argument, before anything is written (regressions of the hardening issue).""
 
 from __future__ import annotations
 
-import tomllib
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import fastdeploy_mtp.ops as ops
 from fastdeploy_mtp import _kernels
-
-ROOT = Path(__file__).resolve().parents[2]
-DECLARED = {
-    p.stem: tomllib.loads(p.read_text())
-    for p in sorted((ROOT / "custom_ops" / "ops").glob("*.toml"))
-    if p.stem not in ("constants", "manual_ops")
-}
+from tests.op_declarations import DECLARED, base_dtype
 
 
 def _dtype(decl: dict, tensor: dict) -> str:
-    dtype = tensor["dtype"]
-    while dtype.startswith("same:"):
-        dtype = next(t for t in decl["inputs"] if t["name"] == dtype[5:])["dtype"]
+    dtype = base_dtype(decl, tensor["dtype"])
     return {"float": "float32", "any": "int32"}.get(dtype, dtype)
 
 

@@ -21,10 +21,9 @@ import pytest
 
 import fastdeploy_mtp.ops as ops
 from fastdeploy_mtp import _kernels
+from tests.op_declarations import DECLARATION_DIR, DECLARATION_FILES as DECLARATIONS, DECLARED
 
 ROOT = Path(__file__).resolve().parents[2]
-NOT_OPS = ("constants", "manual_ops")
-DECLARATIONS = sorted(p for p in (ROOT / "custom_ops" / "ops").glob("*.toml") if p.stem not in NOT_OPS)
 
 
 def _codegen():
@@ -36,12 +35,12 @@ def _codegen():
 
 
 def _declared(path: Path) -> dict:
-    return tomllib.loads(path.read_text())
+    return DECLARED[path.stem]
 
 
 def test_every_kernel_op_is_declared_and_exported():
     names = {p.stem for p in DECLARATIONS}
-    manual = set(_declared(ROOT / "custom_ops" / "ops" / "manual_ops.toml")["ops"])
+    manual = set(tomllib.loads((DECLARATION_DIR / "manual_ops.toml").read_text())["ops"])
     assert len(names) == 14
     assert set(ops.OP_NAMES) == names | manual
     for name in names | manual:
