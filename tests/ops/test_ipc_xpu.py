@@ -99,15 +99,20 @@ CREATOR = textwrap.dedent(
 )
 
 
-def test_xpu_ipc_between_two_processes_writes_both_ways_and_tears_down_clean(name):
-    creator = subprocess.Popen(
-        [sys.executable, "-c", CREATOR, name],
+def _spawn(script: str, name: str) -> subprocess.Popen:
+    """`script` in a child Python process (argument: the segment name), lines in and out."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script, name],
         cwd=ROOT,
         text=True,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
+
+
+def test_xpu_ipc_between_two_processes_writes_both_ways_and_tears_down_clean(name):
+    creator = _spawn(CREATOR, name)
     try:
         ready = creator.stdout.readline().split()
         assert ready[:1] == ["READY"], ready
@@ -298,14 +303,7 @@ HOLDER = textwrap.dedent(
 def test_opening_an_emulated_region_others_can_access_is_refused(name):
     """The emulated XRE opens a handle's device region only if it is a mode-0600 region of
     this uid (xpu_malloc's): a region made group/other-accessible is refused."""
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, name],
-        cwd=ROOT,
-        text=True,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    holder = _spawn(HOLDER, name)
     try:
         assert holder.stdout.readline().strip() == "READY"
         region = regions(holder.pid)[0]
