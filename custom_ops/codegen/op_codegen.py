@@ -407,6 +407,11 @@ def dtype_checks(op: Op, t: Tensor | Output, ref: str) -> list[str]:
     return [f"check.Dtype({ref}, DType::{DTYPES[t.dtype][1]});"]
 
 
+def template_prefix(op: Op) -> str:
+    """The template line of a declaration of an op whose kernels are templates over T."""
+    return "template <typename T>\n" if op.template_on else ""
+
+
 def kernel_call(op: Op, backend: str) -> str:
     targs = "<T>" if op.template_on else ""
     if backend == "cpu":
@@ -499,12 +504,12 @@ def gen_kernels_h(ops: list[Op]) -> str:
     out += [f'#include "fdmtp/{op.name}.h"' for op in ops]
     out += ["", "namespace fdmtp {", "", "namespace cpu {"]
     for op in ops:
-        tmpl = "template <typename T>\n" if op.template_on else ""
+        tmpl = template_prefix(op)
         extra = "".join(f", {ATTR_TYPES[next(a for a in op.attrs if a.name == e).type][0]} {e}" for e in op.cpu_extra)
         out.append(f"{tmpl}void {op.kernel}(const {op.args_struct}& args{extra});")
     out += ["}  // namespace cpu", "", "namespace cuda {"]
     for op in ops:
-        tmpl = "template <typename T>\n" if op.template_on else ""
+        tmpl = template_prefix(op)
         ws = ", void* workspace" if op.cuda_workspace else ""
         out.append(f"{tmpl}int {op.kernel}(const {op.args_struct}& args{ws}, Stream stream);")
     out += ["}  // namespace cuda", "", "}  // namespace fdmtp", ""]
@@ -529,7 +534,7 @@ struct Context;
 """,
     ]
     for op in ops:
-        tmpl = "template <typename T>\n" if op.template_on else ""
+        tmpl = template_prefix(op)
         out.append(f"{tmpl}int {op.name}(Context* ctx, const {op.args_struct}& args);")
     out += ["", "}  // namespace xpu", "}  // namespace fdmtp", ""]
     return "\n".join(out)
@@ -620,7 +625,7 @@ def gen_xpu_plugin_cpp(ops: list[Op]) -> str:
             out.append(f"FDMTP_XPU_KERNEL_DECL void {k.split('@')[0]}(fdmtp::{op.args_struct} args{extra});")
     out += ["}  // namespace fdmtp_xpu3", "", "namespace fdmtp {", "namespace xpu {", ""]
     for op in ops:
-        tmpl = "template <typename T>\n" if op.template_on else ""
+        tmpl = template_prefix(op)
         extra = ", static_cast<int64_t>(sizeof(T))" if op.template_on else ""
         out.append(f"{tmpl}int {op.name}(Context* ctx, const {op.args_struct}& args) {{")
         out.append(f'  constexpr const char* kOp = "{op.name}";')
