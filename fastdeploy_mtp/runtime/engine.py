@@ -13,7 +13,7 @@ from ..constants import PLACEHOLDER_TOKEN_ID
 from ..models.interfaces import MTPModel, TargetModel
 from .request import GenerationError, InvalidRequestError, Request, RequestType
 from .scheduler import Scheduler
-from .target_runner import StepOutput, TargetRunner
+from .target_runner import Runner, StepOutput, TargetRunner
 
 
 @dataclass
@@ -72,13 +72,40 @@ def _max_positions(*models: object) -> int | None:
     return min(known) if known else None
 
 
+@dataclass
+class StepEvents:
+    """What one :meth:`Engine.step` did.
+
+    Attributes:
+        ran: a target step ran (something was scheduled).
+        emitted: ``(request, new token ids)`` for each request that got tokens this step.
+        finished: requests that completed this step (EOS, ``max_tokens`` or
+            ``max_model_len``); their slots are free again.
+        failed: ``(request, error)`` for each request aborted this step.
+    """
+
+    ran: bool = False
+    emitted: list[tuple[Request, list[int]]] = field(default_factory=list)
+    finished: list[Request] = field(default_factory=list)
+    failed: list[tuple[Request, BaseException]] = field(default_factory=list)
+
+
 class Engine:
     """Continuous-batching generation with optional MTP speculation (greedy).
 
     Args:
         fd_config: serving config (``speculative_config.method = None`` for plain decoding).
-        model: the target model; mtp_model: its MTP layer (when speculating).
+        model: the target model; mtp_model: its MTP layer (when speculating). The engine
+            then runs them in this process (a :class:`TargetRunner`).
         prefill_chunk_size: see :class:`~fastdeploy_mtp.runtime.scheduler.Scheduler`.
+        runner: instead of ``model``: anything with the :class:`Runner` surface, e.g. the
+            serving engine's runner that drives worker processes
+            (:class:`fastdeploy_mtp.serving.workers.RemoteRunner`).
+        max_positions: with ``runner``: positions the model can encode (prompt + output
+            must fit; ``None`` = only ``max_model_len``).
+
+    The loop is :meth:`step` (one schedule + target step + proposer round); :meth:`generate`
+    runs it until a batch of requests completes, a server calls it as requests arrive.
 
     One bad request cannot poison the engine: :meth:`generate` refuses it at submission (and
     queues nothing of that call), or aborts it alone if it fails while running; the engine is
@@ -88,35 +115,100 @@ class Engine:
     def __init__(
         self,
         fd_config: FDConfig,
-        model: TargetModel,
+        model: TargetModel | None = None,
         mtp_model: MTPModel | None = None,
         prefill_chunk_size: int = 0,
         record_trace: bool = False,
+        runner: Runner | None = None,
+        max_positions: int | None = None,
     ):
         self.fd_config = fd_config
         #: with ``record_trace``: one ``(step, request_id, task, emitted tokens, drafts)``
         #: tuple per slot and target forward, for tests and debugging.
         self.trace: list[tuple] | None = [] if record_trace else None
-        self.runner = TargetRunner(fd_config, model, mtp_model)
+        if runner is None:
+            if model is None:
+                raise ValueError("Engine needs the target `model` (or a `runner`)")
+            runner = TargetRunner(fd_config, model, mtp_model)
+            max_positions = _max_positions(model, mtp_model)
+        self.runner: Runner = runner
         self.scheduler = Scheduler(
             fd_config,
             prefill_chunk_size,
             vocab_size=self.runner.vocab_size,
-            max_positions=_max_positions(model, mtp_model),
+            max_positions=max_positions,
         )
         k = fd_config.speculative_config.num_speculative_tokens if fd_config.speculative_config.enabled else 0
         self.metrics = Metrics(proposed=np.zeros(k, np.int64), accepted=np.zeros(k, np.int64))
 
     def close(self) -> None:
-        """Release the MTP layer's caches (detach / unpublish shared ones)."""
-        if self.runner.proposer is not None:
-            self.runner.proposer.clear_mtp_cache()
+        """Release the runner (the MTP layer's caches: detach / unpublish shared ones; a
+        remote runner stops its processes)."""
+        self.runner.close()
 
     def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def add_requests(self, requests: Sequence[Request], max_arrival_step: int | None = None) -> None:
+        """Queue ``requests`` for :meth:`step` (all or nothing; see :meth:`generate` for what
+        is checked). Raises :class:`~fastdeploy_mtp.runtime.request.InvalidRequestError`."""
+        if isinstance(requests, Request):
+            raise TypeError("add_requests: `requests` must be a sequence of Request, got one Request")
+        self.scheduler.add_requests(list(requests), max_arrival_step=max_arrival_step)
+
+    @property
+    def has_work(self) -> bool:
+        """Requests are queued or running."""
+        return self.scheduler.has_work
+
+    def step(self, step: int) -> StepEvents:
+        """Run engine step ``step`` (requests with ``arrival_step <= step`` may start): schedule,
+        load the tasks, one target step + proposer round, and hand out the emitted tokens.
+
+        Never raises for one request's fault: a task whose data cannot reach the model is
+        aborted alone, and an error inside the model step aborts every request holding a
+        slot (they share the step); both are reported in ``StepEvents.failed``. Finished
+        requests leave their slots. ``StepEvents.ran`` is False when nothing was scheduled."""
+        events = StepEvents()
+        failures: dict[str, BaseException] = {}
+        decode_lens = self.runner.decode_lens()
+        scheduled = self.scheduler.schedule(step, decode_lens)
+        holders = [s.request for _, s in sorted(self.scheduler.slots.items())]
+        tasks = self._drop_invalid_tasks(scheduled, failures)
+        if tasks:
+            try:
+                self.runner.insert_tasks(tasks)
+                out = self.runner.execute()
+            except Exception as exc:
+                self._abort_all(exc, failures, running_only=True)
+            else:
+                events.ran = True
+                self._collect(step, tasks, out, events)
+        events.failed.extend((r, failures[r.request_id]) for r in holders if r.request_id in failures)
+        return events
+
+    def _collect(self, step: int, tasks: list[Request], out: StepOutput, events: StepEvents) -> None:
+        self.metrics.target_forwards += 1
+        for req in tasks:
+            if req.task_type == RequestType.PREFILL and not req.is_final_chunk:
+                continue
+            idx = req.idx
+            n = int(out.accept_num[idx])
+            new = [int(t) for t in out.accept_tokens[idx, :n]]
+            req.output_token_ids.extend(new)
+            self.metrics.generated_tokens += n
+            if req.task_type == RequestType.DECODE:
+                self._count(out, idx, n)
+            if self.trace is not None:
+                self.trace.append((step, req.request_id, req.task_type.name, new, [int(d) for d in out.drafts[idx]]))
+            events.emitted.append((req, new))
+            if out.stop_flags[idx]:
+                self.runner.free_slot(idx)
+                self.scheduler.finish(idx)
+                events.finished.append(req)
 
     def generate(
         self,
@@ -148,10 +240,7 @@ class Engine:
         unfinished request, when ``max_steps`` engine steps did not suffice; any other
         exception (e.g. from ``progress``) aborts every unfinished request and propagates. In
         every case the engine is left empty and usable."""
-        if isinstance(requests, Request):
-            raise TypeError("generate: `requests` must be a sequence of Request, got one Request")
-        requests = list(requests)
-        self.scheduler.add_requests(requests, max_arrival_step=max_steps)
+        self.add_requests(requests, max_arrival_step=max_steps)
         total, done = len(requests), 0
         results: dict[str, list[int]] = {}
         failures: dict[str, BaseException] = {}
@@ -166,44 +255,14 @@ class Engine:
                 arrival = self.scheduler.next_arrival()
                 if not self.scheduler.slots and arrival is not None and arrival > step:
                     step = arrival  # nothing runs until then: skip the empty steps
-                decode_lens = self.runner.share_inputs.seq_lens_this_time.numpy()
-                tasks = self.scheduler.schedule(step, decode_lens)
+                events = self.step(step)
                 step += 1
-                tasks = self._drop_invalid_tasks(tasks, failures)
-                if not tasks:
-                    continue
-                try:
-                    self.runner.insert_tasks(tasks)
-                    out = self.runner.execute()
-                except Exception as exc:
-                    self._abort_all(exc, failures, running_only=True)
-                    continue
-                self.metrics.target_forwards += 1
-                for req in tasks:
-                    if req.task_type == RequestType.PREFILL and not req.is_final_chunk:
-                        continue
-                    idx = req.idx
-                    n = int(out.accept_num[idx])
-                    req.output_token_ids.extend(int(t) for t in out.accept_tokens[idx, :n])
-                    self.metrics.generated_tokens += n
-                    if req.task_type == RequestType.DECODE:
-                        self._count(out, idx, n)
-                    if self.trace is not None:
-                        self.trace.append(
-                            (
-                                step,
-                                req.request_id,
-                                req.task_type.name,
-                                [int(t) for t in out.accept_tokens[idx, :n]],
-                                [int(d) for d in out.drafts[idx]],
-                            )
-                        )
-                    if out.stop_flags[idx]:
-                        self.runner.free_slot(idx)
-                        results[req.request_id] = list(self.scheduler.finish(idx).output_token_ids)
-                        done += 1
-                        if progress is not None:
-                            progress(done, total)
+                failures.update((req.request_id, err) for req, err in events.failed)
+                for req in events.finished:
+                    results[req.request_id] = list(req.output_token_ids)
+                    done += 1
+                    if progress is not None:
+                        progress(done, total)
         except BaseException as exc:
             self._abort_all(exc, failures, running_only=False)  # nothing left after max_steps
             raise
@@ -212,6 +271,13 @@ class Engine:
         if failures:
             raise GenerationError(results, failures)
         return results
+
+    def abort_all(self, error: BaseException) -> list[tuple[Request, BaseException]]:
+        """Abort every queued and running request with ``error``; returns them."""
+        failures: dict[str, BaseException] = {}
+        reqs = [s.request for _, s in sorted(self.scheduler.slots.items())] + list(self.scheduler.waiting)
+        self._abort_all(error, failures, running_only=False)
+        return [(r, failures[r.request_id]) for r in reqs if r.request_id in failures]
 
     def _abort(self, req: Request, error: BaseException, failures: dict[str, BaseException]) -> None:
         """Abort one request: reset its slot (if it holds one), free its blocks, record why."""

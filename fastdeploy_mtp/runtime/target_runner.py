@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import paddle
@@ -45,6 +45,31 @@ class StepOutput:
     num_tokens: int
 
 
+class Runner(Protocol):
+    """What :class:`~fastdeploy_mtp.runtime.engine.Engine` drives: one worker's target step
+    and proposer round, here in-process (:class:`TargetRunner`) or in worker processes
+    (:class:`fastdeploy_mtp.serving.workers.RemoteRunner`)."""
+
+    vocab_size: int
+
+    def decode_lens(self) -> np.ndarray:
+        """``[N]`` tokens each slot feeds if it decodes next step (the target's
+        ``seq_lens_this_time`` after the proposer)."""
+        ...
+
+    def check_task(self, req: Request) -> None: ...
+
+    def insert_tasks(self, tasks: Sequence[Request]) -> None: ...
+
+    def execute(self) -> StepOutput: ...
+
+    def free_slot(self, idx: int) -> None: ...
+
+    def abort_slot(self, req: Request) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class TargetRunner:
     """Target model + buffers + (optionally) the MTP proposer, for one worker.
 
@@ -78,6 +103,15 @@ class TargetRunner:
         self.vocab_size = min(
             fd_config.model_config.vocab_size, getattr(model.config, "vocab_size", fd_config.model_config.vocab_size)
         )
+
+    def decode_lens(self) -> np.ndarray:
+        """``[N]`` int32: tokens each slot feeds if it decodes next step."""
+        return self.share_inputs.seq_lens_this_time.numpy()
+
+    def close(self) -> None:
+        """Release the MTP layer's caches (detach / unpublish shared ones)."""
+        if self.proposer is not None:
+            self.proposer.clear_mtp_cache()
 
     # ---- task insertion ----------------------------------------------------------------------
     def check_task(self, req: Request) -> None:
