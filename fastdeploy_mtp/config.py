@@ -151,6 +151,9 @@ class CacheConfig:
             As in FastDeploy, with either of them (or a splitwise role other than
             ``"mixed"``) a cache-manager process creates every KV cache, the MTP layer's
             included, and the worker attaches them by name.
+        cache_manager: a cache-manager process creates every KV cache (the target's and the
+            MTP layer's) and publishes it by name; the target runner and the proposer
+            attach them and never create any (``fastdeploy-mtp serve`` sets it).
         share_mtp_cache: when the proposer creates the MTP layer's caches itself, also
             publish them by name (``set_data_ipc``) for another process to attach. FastDeploy
             always publishes; the single-process reference engine has no such process, so the
@@ -164,6 +167,7 @@ class CacheConfig:
     enc_dec_block_num: int = 2
     num_cpu_blocks: int = 0
     kvcache_storage_backend: str | None = None
+    cache_manager: bool = False
     share_mtp_cache: bool = False
     cache_ready_timeout: float = 60.0
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-import numpy as np
 import paddle
 
 from .. import ops
@@ -36,6 +35,15 @@ from ..constants import PLACEHOLDER_TOKEN_ID
 from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
 from ..runtime.input_batch import InputBatch
+from ..runtime.kv_cache_ipc import (
+    attach_caches,
+    cache_names,
+    caches_are_managed,
+    detach_caches,
+    publish_caches,
+    unpublish_caches,
+    wait_cache_ready,
+)
 from ..runtime.request import Request, RequestType
 from .proposer_inputs import ProposerInputBatch
 from .sampler import MTPSampler
@@ -105,13 +113,12 @@ class MTPProposer:
         """IPC names of the MTP layer's caches, key then value per layer (FastDeploy's
         ``key_caches_{layer}_rank{r}.device{d}``; MTP layers follow the target's layers)."""
         pc = self.fd_config.parallel_config
-        rank = self.local_rank % pc.tensor_parallel_size
-        first = self.fd_config.model_config.num_hidden_layers
-        names: list[str] = []
-        for i in range(self.model.num_cache_layers):
-            for kind in ("key", "value"):
-                names.append(f"{kind}_caches_{first + i}_rank{rank}.device{self.device_id}")
-        return names
+        return cache_names(
+            self.fd_config.model_config.num_hidden_layers,
+            self.model.num_cache_layers,
+            self.local_rank % pc.tensor_parallel_size,
+            self.device_id,
+        )
 
     def initialize_kv_cache(self, main_model_num_blocks: int, profile: bool = False) -> None:
         """Create or attach the MTP layer's KV caches (per layer a key and a value tensor of
@@ -119,12 +126,13 @@ class MTPProposer:
         mirrors the target's block table, so it has as many blocks as the target).
 
         FastDeploy's two paths: when ``profile`` or no cache-manager process owns the caches
-        (no ``num_cpu_blocks``, no ``kvcache_storage_backend``, ``splitwise_role == "mixed"``)
-        the proposer creates them (and, with ``cache_config.share_mtp_cache``, publishes them
-        with ``set_data_ipc`` under :meth:`cache_names`; never in a profile run). Otherwise it
-        waits until ``cache_ready_signal.<engine_worker_queue_port>`` holds 1 at its rank
-        (``local_rank % tensor_parallel_size``), then attaches
-        every cache by name with ``share_external_data`` (no copy).
+        (no ``num_cpu_blocks``, no ``kvcache_storage_backend``, ``splitwise_role == "mixed"``,
+        and not ``cache_config.cache_manager``) the proposer creates them (and, with
+        ``cache_config.share_mtp_cache``, publishes them with ``set_data_ipc`` under
+        :meth:`cache_names`; never in a profile run). Otherwise it waits until
+        ``cache_ready_signal.<engine_worker_queue_port>`` holds 1 at its rank
+        (``local_rank % tensor_parallel_size``), then attaches every cache by name with
+        ``share_external_data`` (no copy).
 
         Raises:
             ValueError: ``main_model_num_blocks <= 0``.
@@ -134,49 +142,24 @@ class MTPProposer:
         if main_model_num_blocks <= 0:
             raise ValueError(f"`main_model_num_blocks` must be > 0, got {main_model_num_blocks}")
         cc = self.fd_config.cache_config
-        managed = (
-            cc.num_cpu_blocks > 0
-            or bool(cc.kvcache_storage_backend)
-            or self.fd_config.scheduler_config.splitwise_role != "mixed"
-        )
         self.num_gpu_blocks = int(main_model_num_blocks)
         shape = self.model.attn_backend.get_kv_cache_shape(self.num_gpu_blocks)
-        if profile or not managed:
+        if profile or not caches_are_managed(self.fd_config):
             self.caches = self.model.attn_backend.allocate_caches(self.model.num_cache_layers, self.num_gpu_blocks)
             if cc.share_mtp_cache and not profile:
-                for tensor, name in zip(self.caches, self.cache_names()):
-                    ops.set_data_ipc(tmp_input=tensor, shm_name=name)
+                publish_caches(self.caches, self.cache_names())
                 self._published = self.cache_names()
             return
-        from ..runtime.ipc import IPCSignal
-
-        pc = self.fd_config.parallel_config
-        signal = IPCSignal(
-            "cache_ready_signal",
-            np.zeros([pc.tensor_parallel_size], np.int32),
-            np.int32,
-            suffix=pc.engine_worker_queue_port,
-            create=False,
-            timeout=cc.cache_ready_timeout,
-        )
-        try:
-            signal.wait_for(lambda v: v[self.local_rank % pc.tensor_parallel_size] == 1, timeout=cc.cache_ready_timeout)
-        finally:
-            signal.close()
-        self.caches = [
-            ops.share_external_data(input=paddle.empty([], dtype="float32"), shm_name=name, shape=shape)
-            for name in self.cache_names()
-        ]
+        wait_cache_ready(self.fd_config.parallel_config, cc.cache_ready_timeout)
+        self.caches = attach_caches(self.cache_names(), shape)
         self._attached = self.cache_names()
 
     def clear_mtp_cache(self) -> None:
         """Release the MTP layer's KV caches: detach attached ones (``close_ipc=True``,
         ``unlink_shm=False``, as FastDeploy), unlink the names of published ones (their tensors
         keep their memory), then drop every cache tensor."""
-        for tensor, name in zip(self.caches, getattr(self, "_attached", [])):
-            ops.unset_data_ipc(tmp_input=tensor, shm_name=name, close_ipc=True, unlink_shm=False)
-        for tensor, name in zip(self.caches, getattr(self, "_published", [])):
-            ops.unset_data_ipc(tmp_input=tensor, shm_name=name, close_ipc=False, unlink_shm=True)
+        detach_caches(self.caches, getattr(self, "_attached", []))
+        unpublish_caches(self.caches, getattr(self, "_published", []))
         self._attached, self._published = [], []
         self.caches = []
 

@@ -17,6 +17,7 @@ from ..constants import NO_BLOCK_ID, PLACEHOLDER_TOKEN_ID
 from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
 from .input_batch import InputBatch, make_target_inputs
+from .kv_cache_ipc import attach_caches, cache_names, caches_are_managed, detach_caches, wait_cache_ready
 from .request import InvalidRequestError, Request, RequestType, check_token_ids
 
 if TYPE_CHECKING:
@@ -86,7 +87,16 @@ class TargetRunner:
         self.model = model
         self.share_inputs: InputBatch = make_target_inputs(fd_config)
         self.num_blocks = fd_config.cache_config.total_block_num
-        self.caches = model.attn_backend.allocate_caches(model.num_cache_layers, self.num_blocks)
+        self._attached: list[str] = []
+        if caches_are_managed(fd_config):
+            # a cache-manager process created every cache: attach the target's by name
+            pc = fd_config.parallel_config
+            wait_cache_ready(pc, fd_config.cache_config.cache_ready_timeout)
+            names = cache_names(0, model.num_cache_layers, pc.local_rank % pc.tensor_parallel_size, pc.device_id)
+            self.caches = attach_caches(names, model.attn_backend.get_kv_cache_shape(self.num_blocks))
+            self._attached = names
+        else:
+            self.caches = model.attn_backend.allocate_caches(model.num_cache_layers, self.num_blocks)
         self.block_size = fd_config.cache_config.block_size
         self.proposer: MTPProposer | None = None
         if fd_config.speculative_config.enabled:
@@ -109,9 +119,11 @@ class TargetRunner:
         return self.share_inputs.seq_lens_this_time.numpy()
 
     def close(self) -> None:
-        """Release the MTP layer's caches (detach / unpublish shared ones)."""
+        """Release the caches: detach attached ones, and the MTP layer's (detach / unpublish)."""
         if self.proposer is not None:
             self.proposer.clear_mtp_cache()
+        detach_caches(self.caches, self._attached)
+        self._attached = []
 
     # ---- task insertion ----------------------------------------------------------------------
     def check_task(self, req: Request) -> None:

@@ -1,8 +1,9 @@
 """initialize_kv_cache's two paths with real processes (spawned, not threads):
 
-* attach: a cache-manager process creates the MTP layer's caches under FastDeploy's names,
-  raises ``cache_ready_signal``; the worker's proposer waits, attaches them by name, and the
-  engine generates through them (same tokens as with local caches; writes seen both ways);
+* attach: a cache-manager process creates the caches of every layer (the target's and the
+  MTP layer's) under FastDeploy's names, raises ``cache_ready_signal``; the worker's target
+  runner and proposer wait, attach them by name, and the engine generates through them (same
+  tokens as with local caches; writes seen both ways);
 * publish: the proposer creates its caches and publishes them; another process attaches them
   by name and reads what the worker's MTP layer wrote.
 """
@@ -67,10 +68,9 @@ def test_worker_attaches_caches_created_by_a_cache_manager(random_model):
     cfg.cache_config.cache_ready_timeout = 60
     cfg.parallel_config.engine_worker_queue_port = PORT
     shape = mtp.attn_backend.get_kv_cache_shape(cfg.cache_config.total_block_num)
-    names = [
-        f"key_caches_{cfg.model_config.num_hidden_layers}_rank0.device0",
-        f"value_caches_{cfg.model_config.num_hidden_layers}_rank0.device0",
-    ]
+    assert shape == target.attn_backend.get_kv_cache_shape(cfg.cache_config.total_block_num)
+    layers = cfg.model_config.num_hidden_layers
+    names = [f"{kind}_caches_{layer}_rank0.device0" for layer in range(layers + 1) for kind in ("key", "value")]
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_cache_manager, args=(child, names, shape, PORT))
@@ -80,8 +80,9 @@ def test_worker_attaches_caches_created_by_a_cache_manager(random_model):
         engine = Engine(cfg, target, mtp)
         proposer = engine.runner.proposer
         assert parent.poll(60) and parent.recv() == "ready"
-        assert proposer._attached == names
-        np.testing.assert_array_equal(proposer.caches[0].numpy(), np.full(shape, 1.0, np.float32))
+        assert proposer._attached == names[2 * layers :] and engine.runner._attached == names[: 2 * layers]
+        np.testing.assert_array_equal(engine.runner.caches[0].numpy(), np.full(shape, 1.0, np.float32))
+        np.testing.assert_array_equal(proposer.caches[0].numpy(), np.full(shape, 2 * layers + 1.0, np.float32))
         spec = engine.generate(make_requests(31, 4))
         parent.send("generated")
         assert parent.poll(60)
