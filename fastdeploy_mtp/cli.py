@@ -467,7 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``fastdeploy-mtp`` argument parser (its errors raise :class:`UsageError`)."""
     ap = _Parser(prog="fastdeploy-mtp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"fastdeploy-mtp {package_version()}")
-    sub = ap.add_subparsers(dest="command", required=True, metavar="{demo,generate}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def common(p: argparse.ArgumentParser) -> None:
         add_speculative_args(p, DEFAULT_NUM_SPECULATIVE_TOKENS)
