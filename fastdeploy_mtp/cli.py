@@ -1,38 +1,244 @@
 """``fastdeploy-mtp``: run the shipped tiny checkpoint with and without MTP speculation.
 
-fastdeploy-mtp demo [--num-speculative-tokens K] [--num-model-steps S] [--hybrid-ngram]
-fastdeploy-mtp generate --prompt TEXT [--max-tokens N] [--num-speculative-tokens K] [--hybrid-ngram]
+  fastdeploy-mtp demo [SPECULATION] [--max-tokens N] [--max-num-seqs N] [--json] [--plot FILE]
+  fastdeploy-mtp generate --prompt TEXT [SPECULATION] [--max-tokens N] [--json]
+  fastdeploy-mtp --version
+
+SPECULATION is --speculative-config JSON with FastDeploy's keys, e.g.
+  '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": "with_ngram"}'
+or the shorthand flags --num-speculative-tokens K, --num-model-steps S, --hybrid-ngram. Keys
+the JSON leaves out take the flags' values (or their defaults); a flag that contradicts the
+JSON is an error.
+
+Errors are one line on stderr, exit status 2 for a bad argument, 1 for a failure while
+running, 130 on Ctrl-C; FDMTP_DEBUG=1 shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from .config import CacheConfig, FDConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
+from .config import (
+    CacheConfig,
+    FDConfig,
+    ModelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    SpeculativeConfigError,
+    load_speculative_json,
+)
+from .runtime.request import GenerationError
 
 if TYPE_CHECKING:  # the CLI imports Paddle-backed modules only when a command runs
     from .models.model_config import ModelConfig as ArchConfig
     from .runtime.engine import Metrics
 
+#: K when neither ``--num-speculative-tokens`` nor the JSON gives it.
+DEFAULT_NUM_SPECULATIVE_TOKENS = 3
 
-def build_config(arch: ArchConfig, k: int, steps: int, hybrid: bool, max_num_seqs: int, max_model_len: int) -> FDConfig:
-    """FDConfig for the tiny checkpoint's architecture ``arch``; ``k = 0`` disables MTP. The
-    byte model has no end-of-text token: a padded vocabulary id (never generated) stands in,
-    so requests end at ``max_tokens``."""
-    spec = (
-        SpeculativeConfig(
-            method="mtp",
-            num_speculative_tokens=k,
-            num_model_steps=min(steps, k),
-            mtp_strategy="with_ngram" if hybrid else "default",
-        )
-        if k > 0
-        else SpeculativeConfig(method=None)
+#: What the printed metrics mean (shown under the demo table and the ``generate`` summary).
+METRICS_LEGEND = """\
+  mean accepted len: tokens emitted per decoding slot per target forward (1.00 = no gain, at most K+1)
+  acceptance per position i: accepted / offered drafts at draft position i over the decoding steps;
+    greedy verification stops at the first mismatch, so a draft counts as accepted only if the drafts
+    before it in its round were too (cumulative, not conditional on draft i-1); '-' = none offered
+  tokens/s: generated tokens / wall time of the generation loop (model loading excluded)"""
+
+
+class UsageError(ValueError):
+    """A bad command-line argument (exit status 2)."""
+
+
+class CommandError(RuntimeError):
+    """A command that cannot run as asked, e.g. ``--plot`` without matplotlib (exit status 1)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are :class:`UsageError` (``main`` prints them as
+    one line) instead of a usage dump and ``SystemExit``."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def package_version() -> str:
+    """The installed distribution's version, or ``fastdeploy_mtp.__version__`` when the
+    package runs from a source tree that was not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fastdeploy_mtp")
+    except PackageNotFoundError:
+        from . import __version__
+
+        return __version__
+
+
+# ---- speculation arguments ----------------------------------------------------------------
+def add_speculative_args(parser: argparse.ArgumentParser, k_default: int = DEFAULT_NUM_SPECULATIVE_TOKENS) -> None:
+    """Add ``--speculative-config JSON`` and the shorthand flags ``--num-speculative-tokens``,
+    ``--num-model-steps``, ``--hybrid-ngram`` to ``parser`` (as one argument group);
+    :func:`resolve_speculative_config` turns the parsed values into a
+    :class:`~fastdeploy_mtp.config.SpeculativeConfig`. ``k_default``: K when neither the flag
+    nor the JSON gives it (0 = no speculation)."""
+    group = parser.add_argument_group(
+        "speculation",
+        "--speculative-config, or the shorthand flags; keys the JSON leaves out take the flags' "
+        "values (or defaults), and a flag that contradicts the JSON is an error",
     )
-    w = k + 1
+    group.add_argument(
+        "--speculative-config",
+        metavar="JSON",
+        default=None,
+        help='FastDeploy\'s speculative_config as a JSON object (keys: method ("mtp", or null / "none" for '
+        'no speculation), num_speculative_tokens, num_model_steps, mtp_strategy ("default" | "with_ngram"), '
+        'max_ngram_size, min_ngram_size, verify_strategy ("greedy"), model)',
+    )
+    group.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        metavar="K",
+        help=f"draft tokens per round (0 = no speculation; default {k_default})",
+    )
+    group.add_argument(
+        "--num-model-steps",
+        type=int,
+        default=None,
+        metavar="S",
+        help="MTP substeps per round, 1..K (default K, or 1 with --hybrid-ngram)",
+    )
+    group.add_argument(
+        "--hybrid-ngram",
+        action="store_true",
+        help='fill the draft slots past the MTP steps by n-gram matching (mtp_strategy "with_ngram")',
+    )
+    parser.set_defaults(speculative_k_default=k_default)
+
+
+def speculative_config(k: int, steps: int | None = None, hybrid: bool = False) -> SpeculativeConfig:
+    """The config the shorthand flags describe: ``k = 0`` is no speculation; ``steps``
+    defaults to ``k`` (1 with ``hybrid``).
+
+    Raises:
+        UsageError: ``k < 0``, ``steps`` outside ``1..k``, or ``steps`` / ``hybrid`` with
+            ``k = 0``.
+    """
+    if k < 0:
+        raise UsageError(f"--num-speculative-tokens must be >= 0, got {k}")
+    if k == 0:
+        if steps is not None or hybrid:
+            flag = "--num-model-steps" if steps is not None else "--hybrid-ngram"
+            raise UsageError(f"{flag} needs speculation, but --num-speculative-tokens is 0")
+        return SpeculativeConfig(method=None)
+    if steps is not None and not 1 <= steps <= k:
+        raise UsageError(f"--num-model-steps must be in 1..K = 1..{k}, got {steps}")
+    values: dict[str, Any] = {"method": "mtp", "num_speculative_tokens": k}
+    if steps is not None:
+        values["num_model_steps"] = steps
+    if hybrid:
+        values["mtp_strategy"] = "with_ngram"
+    return SpeculativeConfig.from_dict(values)
+
+
+def resolve_speculative_config(args: argparse.Namespace) -> SpeculativeConfig:
+    """The :class:`~fastdeploy_mtp.config.SpeculativeConfig` of arguments added by
+    :func:`add_speculative_args`.
+
+    Without ``--speculative-config`` the shorthand flags decide (:func:`speculative_config`).
+    With it, a key the JSON leaves out takes the value of its flag, or the flag's default
+    (``--num-speculative-tokens 0`` or a default K of 0 means ``"method": null``); a flag
+    given explicitly must agree with the JSON: ``--num-speculative-tokens`` with
+    ``num_speculative_tokens`` (0 with ``"method": null``), ``--num-model-steps`` with
+    ``num_model_steps``, ``--hybrid-ngram`` with ``"mtp_strategy": "with_ngram"``. No
+    speculation is always returned as ``SpeculativeConfig(method=None)``.
+
+    Raises:
+        UsageError: a flag that contradicts the JSON, an invalid flag value, or a
+            ``verify_strategy`` other than ``"greedy"`` (the reference engine verifies
+            greedily).
+        SpeculativeConfigError: invalid JSON, an unknown key, a wrong type or value.
+    """
+    k_flag: int | None = args.num_speculative_tokens
+    s_flag: int | None = args.num_model_steps
+    hybrid: bool = bool(args.hybrid_ngram)
+    k_default: int = getattr(args, "speculative_k_default", DEFAULT_NUM_SPECULATIVE_TOKENS)
+    if k_flag is not None and k_flag < 0:
+        raise UsageError(f"--num-speculative-tokens must be >= 0, got {k_flag}")
+    if s_flag is not None and s_flag < 1:
+        raise UsageError(f"--num-model-steps must be >= 1, got {s_flag}")
+    if args.speculative_config is None:
+        spec = speculative_config(k_default if k_flag is None else k_flag, s_flag, hybrid)
+    else:
+        values = load_speculative_json(args.speculative_config)
+        k = k_default if k_flag is None else k_flag
+        if "method" not in values and "num_speculative_tokens" not in values and k == 0:
+            values["method"] = None
+        if k > 0:
+            values.setdefault("num_speculative_tokens", k)
+        if s_flag is not None:
+            values.setdefault("num_model_steps", s_flag)
+        if hybrid:
+            values.setdefault("mtp_strategy", "with_ngram")
+        spec = SpeculativeConfig.from_dict(values)
+        _check_flags_agree(spec, k_flag, s_flag, hybrid)
+        if not spec.enabled:
+            spec = SpeculativeConfig(method=None)  # one value for "no speculation", whatever else the JSON says
+    if spec.enabled and spec.verify_strategy != "greedy":
+        raise UsageError(
+            f"speculative config: verify_strategy {spec.verify_strategy!r} is not supported here; "
+            'the reference engine verifies greedily ("greedy")'
+        )
+    return spec
+
+
+def _check_flags_agree(spec: SpeculativeConfig, k_flag: int | None, s_flag: int | None, hybrid: bool) -> None:
+    def conflict(flag: str, json_says: str) -> NoReturn:
+        raise UsageError(
+            f"{flag} conflicts with --speculative-config, which has {json_says}; give the value in one place"
+        )
+
+    if k_flag is not None:
+        k = spec.num_speculative_tokens if spec.enabled else 0
+        if k != k_flag:
+            conflict(
+                f"--num-speculative-tokens {k_flag}",
+                f'"num_speculative_tokens": {k}' if spec.enabled else '"method": null (no speculation)',
+            )
+    if s_flag is not None:
+        if not spec.enabled:
+            conflict(f"--num-model-steps {s_flag}", '"method": null (no speculation)')
+        if spec.num_model_steps != s_flag:
+            conflict(f"--num-model-steps {s_flag}", f'"num_model_steps": {spec.num_model_steps}')
+    if hybrid and (not spec.enabled or spec.mtp_strategy != "with_ngram"):
+        conflict(
+            "--hybrid-ngram",
+            f'"mtp_strategy": "{spec.mtp_strategy}"' if spec.enabled else '"method": null (no speculation)',
+        )
+
+
+def speculation_label(spec: SpeculativeConfig) -> str:
+    """A short name of the mode, e.g. ``"MTP K=3 S=1 +ngram"`` or ``"no speculation"``."""
+    if not spec.enabled:
+        return "no speculation"
+    k, s = spec.num_speculative_tokens, spec.num_model_steps
+    return f"MTP K={k} S={s}" + (" +ngram" if spec.mtp_strategy == "with_ngram" and k > s else "")
+
+
+# ---- running the engine ---------------------------------------------------------------------
+def build_config(arch: ArchConfig, spec: SpeculativeConfig, max_num_seqs: int, max_model_len: int) -> FDConfig:
+    """FDConfig for the tiny checkpoint's architecture ``arch`` with speculation ``spec``
+    (``SpeculativeConfig(method=None)`` for plain decoding). The byte model has no end-of-text
+    token: a padded vocabulary id (never generated) stands in, so requests end at
+    ``max_tokens``."""
+    w = (spec.num_speculative_tokens if spec.enabled else 0) + 1
     return FDConfig(
         model_config=ModelConfig(
             max_model_len=max_model_len,
@@ -63,14 +269,14 @@ def _progress(label: str) -> Callable[[int, int], None]:
 def run_prompts(
     prompts: Sequence[str],
     max_tokens: int,
-    k: int,
-    steps: int,
-    hybrid: bool,
+    spec: SpeculativeConfig,
     max_num_seqs: int,
     label: str,
     checkpoint: str | None = None,
 ) -> tuple[list[str], list[list[int]], Metrics]:
-    """Generate for ``prompts`` with the shipped checkpoint; returns (texts, token ids, metrics)."""
+    """Generate for ``prompts`` with the shipped checkpoint (or the tiny checkpoint folder
+    ``checkpoint``) and speculation ``spec``, reporting progress on stderr under ``label``;
+    returns (texts, token ids, metrics)."""
     from .models import ByteTokenizer, load_tiny
     from .runtime.engine import Engine
     from .runtime.request import Request
@@ -78,10 +284,11 @@ def run_prompts(
     target, mtp, arch = load_tiny(checkpoint)
     tok = ByteTokenizer()
     reqs = [Request(f"p{i}", tok.encode(p), max_tokens=max_tokens) for i, p in enumerate(prompts)]
+    k = spec.num_speculative_tokens if spec.enabled else 0
     longest = max(len(r.prompt_token_ids) for r in reqs) + max_tokens + 2 * k + 8
-    cfg = build_config(arch, k, steps, hybrid, max_num_seqs, longest)
-    engine = Engine(cfg, target, mtp if k > 0 else None)
-    out = engine.generate(reqs, progress=_progress(label))
+    cfg = build_config(arch, spec, max_num_seqs, longest)
+    with Engine(cfg, target, mtp if spec.enabled else None) as engine:
+        out = engine.generate(reqs, progress=_progress(label))
     ids = [out[r.request_id] for r in reqs]
     texts = [tok.decode([t for t in seq if t < arch.ori_vocab_size]) for seq in ids]
     return texts, ids, engine.metrics
@@ -94,100 +301,250 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _per_position(metrics: Metrics) -> str:
+    return " ".join("-" if a is None else f"{a:.2f}" for a in metrics.acceptance_per_position) or "-"
+
+
+def _emit_json(obj: dict[str, Any]) -> None:
+    print(json.dumps(obj, indent=2))
+
+
+# ---- --plot ---------------------------------------------------------------------------------
+def _check_plot_path(path: str) -> None:
+    """Refuse an unwritable ``--plot`` path before the (slow) run."""
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise UsageError(f"--plot {path}: is a directory, give a file name (e.g. acceptance.png)")
+    if not parent.is_dir():
+        raise UsageError(f"--plot {path}: directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise UsageError(f"--plot {path}: not writable")
+
+
+def _import_agg() -> Any:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError as exc:
+        raise CommandError(f"--plot needs matplotlib (pip install matplotlib): {exc}") from None
+    return FigureCanvasAgg
+
+
+def plot_acceptance(path: str, metrics: Metrics, label: str) -> None:
+    """Write a bar chart of ``metrics.acceptance_per_position`` (draft positions 1..K, 'n/a'
+    where no draft was offered) to ``path`` (PNG unless the suffix names another format
+    matplotlib knows), with the mean accepted length in the title. Uses matplotlib's Agg
+    canvas (no display, no pyplot state).
+
+    Raises:
+        CommandError: matplotlib is not installed. OSError: ``path`` cannot be written.
+    """
+    canvas_cls = _import_agg()
+    from matplotlib.figure import Figure
+
+    acceptance = metrics.acceptance_per_position
+    positions = list(range(1, len(acceptance) + 1))
+    fig = Figure(figsize=(5.5, 3.5), dpi=100)
+    canvas_cls(fig)
+    ax = fig.add_subplot()
+    ax.bar(positions, [0.0 if a is None else a for a in acceptance], color="tab:blue")
+    for x, a in zip(positions, acceptance):
+        ax.text(x, (a or 0.0) + 0.02, "n/a" if a is None else f"{a:.2f}", ha="center", va="bottom")
+    ax.set_xticks(positions)
+    ax.set_ylim(0.0, 1.1)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("accepted / offered")
+    ax.set_title(f"{label}: mean accepted length {metrics.mean_accepted_length:.2f}")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+# ---- commands -------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
     from .runtime.demo_prompts import DEMO_PROMPTS
 
-    k = args.num_speculative_tokens
+    spec = resolve_speculative_config(args)
+    if not spec.enabled:
+        raise UsageError("demo compares decoding with and without MTP: it needs speculation (K > 0)")
+    if args.plot is not None:
+        _check_plot_path(args.plot)
+        _import_agg()  # fail before the run, not after it
     source = args.checkpoint or "the shipped tiny checkpoint"
     print(
         f"fastdeploy-mtp demo: {source}, {len(DEMO_PROMPTS)} prompts, "
         f"{args.max_tokens} new tokens each, batch {args.max_num_seqs}",
         file=sys.stderr,
     )
-    base_texts, base_ids, base = run_prompts(
-        DEMO_PROMPTS, args.max_tokens, 0, 1, False, args.max_num_seqs, "without MTP", args.checkpoint
+    plain = SpeculativeConfig(method=None)
+    _, base_ids, base = run_prompts(
+        DEMO_PROMPTS, args.max_tokens, plain, args.max_num_seqs, speculation_label(plain), args.checkpoint
     )
-    mode = f"MTP K={k} S={min(args.num_model_steps, k)}" + (" +ngram" if args.hybrid_ngram else "")
-    spec_texts, spec_ids, spec = run_prompts(
-        DEMO_PROMPTS,
-        args.max_tokens,
-        k,
-        args.num_model_steps,
-        args.hybrid_ngram,
-        args.max_num_seqs,
-        mode,
-        args.checkpoint,
+    mode = speculation_label(spec)
+    spec_texts, spec_ids, metrics = run_prompts(
+        DEMO_PROMPTS, args.max_tokens, spec, args.max_num_seqs, mode, args.checkpoint
     )
+    identical = spec_ids == base_ids
+    speedup = metrics.tokens_per_second / base.tokens_per_second if base.tokens_per_second else None
+    if args.plot is not None:
+        plot_acceptance(args.plot, metrics, mode)
+        print(f"acceptance per position plotted to {args.plot}", file=sys.stderr)
+    if args.json:
+        _emit_json(
+            {
+                "checkpoint": args.checkpoint,
+                "num_prompts": len(DEMO_PROMPTS),
+                "max_tokens": args.max_tokens,
+                "max_num_seqs": args.max_num_seqs,
+                "speculative_config": dataclasses.asdict(spec),
+                "rows": [
+                    {"mode": speculation_label(plain), "speedup": 1.0, "metrics": base.as_dict()},
+                    {
+                        "mode": mode,
+                        "speedup": None if speedup is None else round(speedup, 3),
+                        "metrics": metrics.as_dict(),
+                    },
+                ],
+                "outputs_identical": identical,
+                "sample": {"prompt": DEMO_PROMPTS[0], "text": spec_texts[0]},
+            }
+        )
+        return 0 if identical else 1
     rows = [
         ["mode", "tokens/s", "target forwards", "mean accepted len", "acceptance per position", "speedup"],
-        ["no speculation", f"{base.tokens_per_second:.1f}", str(base.target_forwards), "1.00", "-", "1.00x"],
+        [
+            speculation_label(plain),
+            f"{base.tokens_per_second:.1f}",
+            str(base.target_forwards),
+            f"{base.mean_accepted_length:.2f}",
+            "-",
+            "1.00x",
+        ],
         [
             mode,
-            f"{spec.tokens_per_second:.1f}",
-            str(spec.target_forwards),
-            f"{spec.mean_accepted_length:.2f}",
-            " ".join("-" if a is None else f"{a:.2f}" for a in spec.acceptance_per_position),
-            f"{spec.tokens_per_second / base.tokens_per_second:.2f}x" if base.tokens_per_second else "-",
+            f"{metrics.tokens_per_second:.1f}",
+            str(metrics.target_forwards),
+            f"{metrics.mean_accepted_length:.2f}",
+            _per_position(metrics),
+            "-" if speedup is None else f"{speedup:.2f}x",
         ],
     ]
     print(_table(rows))
+    print(METRICS_LEGEND)
     print(f"\nsample ({DEMO_PROMPTS[0]!r} ->):\n{spec_texts[0]}")
-    identical = spec_ids == base_ids
     print(f"\noutputs with and without MTP identical: {'yes' if identical else 'NO'}")
     return 0 if identical else 1
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    k = args.num_speculative_tokens
-    texts, _, metrics = run_prompts(
-        [args.prompt], args.max_tokens, k, args.num_model_steps, args.hybrid_ngram, 1, "generate", args.checkpoint
-    )
+    spec = resolve_speculative_config(args)
+    if not args.prompt:
+        raise UsageError("--prompt must not be empty")
+    texts, ids, metrics = run_prompts([args.prompt], args.max_tokens, spec, 1, speculation_label(spec), args.checkpoint)
+    if args.json:
+        _emit_json(
+            {
+                "prompt": args.prompt,
+                "text": texts[0],
+                "token_ids": ids[0],
+                "speculative_config": dataclasses.asdict(spec),
+                "metrics": metrics.as_dict(),
+            }
+        )
+        return 0
     print(args.prompt + texts[0])
-    if k > 0:
-        per_position = ["-" if a is None else round(a, 2) for a in metrics.acceptance_per_position]
+    if spec.enabled:
         print(
-            f"[mean accepted length {metrics.mean_accepted_length:.2f}, acceptance per position {per_position}]",
+            f"[{speculation_label(spec)}: mean accepted len {metrics.mean_accepted_length:.2f}, "
+            f"acceptance per position {_per_position(metrics)}, {metrics.tokens_per_second:.1f} tokens/s]",
             file=sys.stderr,
         )
+        print(METRICS_LEGEND, file=sys.stderr)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="fastdeploy-mtp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = ap.add_subparsers(dest="command", required=True)
+# ---- entry point ----------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fastdeploy-mtp`` argument parser (its errors raise :class:`UsageError`)."""
+    ap = _Parser(prog="fastdeploy-mtp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"fastdeploy-mtp {package_version()}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def common(p: argparse.ArgumentParser, k_default: int) -> None:
-        p.add_argument("--num-speculative-tokens", type=int, default=k_default, help="K (0 = no MTP)")
-        p.add_argument(
-            "--num-model-steps",
-            type=int,
-            default=None,
-            help="MTP substeps per round (1..K; default K, or 1 with --hybrid-ngram)",
-        )
-        p.add_argument("--hybrid-ngram", action="store_true", help="fill slots past the MTP steps by n-gram match")
-        p.add_argument("--max-tokens", type=int, default=64)
+    def common(p: argparse.ArgumentParser) -> None:
+        add_speculative_args(p, DEFAULT_NUM_SPECULATIVE_TOKENS)
+        p.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt (default 64)")
         p.add_argument("--checkpoint", default=None, help="tiny checkpoint folder (default: the shipped one)")
+        p.add_argument("--json", action="store_true", help="print one JSON object on stdout (progress on stderr)")
 
     demo = sub.add_parser("demo", help="bundled prompts with and without MTP; a comparison table")
-    common(demo, 3)
-    demo.add_argument("--max-num-seqs", type=int, default=8)
+    common(demo)
+    demo.add_argument("--max-num-seqs", type=int, default=8, help="batch slots (default 8)")
+    demo.add_argument("--plot", metavar="FILE", default=None, help="bar chart of acceptance per draft position (PNG)")
     demo.set_defaults(func=cmd_demo)
     gen = sub.add_parser("generate", help="continue one prompt")
-    common(gen, 3)
+    common(gen)
     gen.add_argument("--prompt", required=True)
     gen.set_defaults(func=cmd_generate)
-    args = ap.parse_args(argv)
-    if args.num_speculative_tokens < 0:
-        ap.error("--num-speculative-tokens must be >= 0")
-    if args.num_model_steps is None:
-        args.num_model_steps = 1 if args.hybrid_ngram else max(args.num_speculative_tokens, 1)
-    if args.num_model_steps < 1:
-        ap.error("--num-model-steps must be >= 1")
+    return ap
+
+
+def _debug() -> bool:
+    return os.environ.get("FDMTP_DEBUG", "") not in ("", "0")
+
+
+def _report(exc: BaseException) -> None:
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    print(f"fastdeploy-mtp: error: {message}", file=sys.stderr)
+
+
+def _run(argv: list[str] | None) -> int:
+    ap = build_parser()
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as exc:  # --help, --version
+        return exc.code if isinstance(exc.code, int) else 0
     if args.max_tokens <= 0:
-        ap.error("--max-tokens must be > 0")
-    return args.func(args)
+        raise UsageError(f"--max-tokens must be > 0, got {args.max_tokens}")
+    if getattr(args, "max_num_seqs", 1) <= 0:
+        raise UsageError(f"--max-num-seqs must be > 0, got {args.max_num_seqs}")
+    return int(args.func(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 1 failure while running, 2 bad argument,
+    130 interrupted). Expected errors are printed as one line, ``fastdeploy-mtp: error: ...``;
+    set ``FDMTP_DEBUG=1`` to have them raised with their traceback."""
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        if _debug():
+            raise
+        return 130
+    except (UsageError, SpeculativeConfigError) as exc:
+        if _debug():
+            raise
+        _report(exc)
+        return 2
+    except (ValueError, OSError, CommandError, GenerationError) as exc:
+        if _debug():
+            raise
+        _report(exc)
+        return 1
+
+
+__all__ = [
+    "CommandError",
+    "UsageError",
+    "add_speculative_args",
+    "build_config",
+    "build_parser",
+    "main",
+    "package_version",
+    "plot_acceptance",
+    "resolve_speculative_config",
+    "run_prompts",
+    "speculation_label",
+    "speculative_config",
+]
 
 
 if __name__ == "__main__":

@@ -8,14 +8,24 @@ validation that names the offending field.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 #: ``speculative_config.method`` values this package implements.
 SPECULATIVE_METHODS = (None, "mtp")
 #: ``speculative_config.mtp_strategy`` values.
 MTP_STRATEGIES = ("default", "with_ngram")
+#: ``speculative_config.verify_strategy`` values (``ops.VerifyStrategy`` by lower-case name).
+VERIFY_STRATEGIES = ("greedy", "topp", "target_match", "rejection")
 #: ``scheduler_config.splitwise_role`` values.
 SPLITWISE_ROLES = ("mixed", "prefill", "decode")
+
+
+class SpeculativeConfigError(ValueError):
+    """A speculative config (JSON text or dict) that cannot be used; the one-line message
+    names the offending key."""
 
 
 def _positive(obj: object, *names: str, allow_zero: bool = False) -> None:
@@ -90,6 +100,10 @@ class SpeculativeConfig:
             raise ValueError(
                 f"SpeculativeConfig.mtp_strategy must be one of {MTP_STRATEGIES}, got {self.mtp_strategy!r}"
             )
+        if self.verify_strategy not in VERIFY_STRATEGIES:
+            raise ValueError(
+                f"SpeculativeConfig.verify_strategy must be one of {VERIFY_STRATEGIES}, got {self.verify_strategy!r}"
+            )
         if self.method is None:
             return
         _positive(self, "num_speculative_tokens", "num_model_steps", "min_ngram_size")
@@ -107,6 +121,94 @@ class SpeculativeConfig:
     @property
     def enabled(self) -> bool:
         return self.method is not None
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> SpeculativeConfig:
+        """A config from FastDeploy's ``speculative_config`` keys (the attributes above).
+
+        ``method`` may be ``None`` or ``"none"`` (no speculation; the other keys are then
+        not checked) or ``"mtp"``; it defaults to ``"mtp"``. Keys left out take the defaults
+        above, except ``num_model_steps``, which defaults to ``num_speculative_tokens`` (or 1
+        with ``mtp_strategy == "with_ngram"``, so n-gram matching fills the other slots).
+
+        Raises:
+            SpeculativeConfigError: an unknown key (the message lists the known ones), a value
+                of the wrong type (integers for the sizes, strings for the others; ``true``
+                is not an integer), or a value the config refuses (see ``__post_init__``).
+        """
+        if not isinstance(values, Mapping):
+            raise SpeculativeConfigError(
+                f"speculative config must be a JSON object (a dict), got {type(values).__name__}"
+            )
+        known = [f.name for f in fields(cls)]
+        kwargs: dict[str, Any] = {}
+        for key, value in values.items():
+            if key not in known:
+                raise SpeculativeConfigError(f"speculative config: unknown key {key!r}; known keys: {', '.join(known)}")
+            kwargs[key] = _checked_value(key, value)
+        if kwargs.get("method") == "none":
+            kwargs["method"] = None
+        if "num_model_steps" not in kwargs:
+            k = kwargs.get("num_speculative_tokens", cls.num_speculative_tokens)
+            kwargs["num_model_steps"] = 1 if kwargs.get("mtp_strategy") == "with_ngram" else k
+        try:
+            return cls(**kwargs)
+        except ValueError as exc:
+            raise SpeculativeConfigError(f"speculative config: {exc}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> SpeculativeConfig:
+        """:meth:`from_dict` of a JSON object, e.g.
+        ``'{"method": "mtp", "num_speculative_tokens": 3, "mtp_strategy": "with_ngram"}'``.
+
+        Raises:
+            SpeculativeConfigError: text that is not JSON (the message gives the line and
+                column), JSON that is not an object, or anything :meth:`from_dict` refuses.
+        """
+        return cls.from_dict(load_speculative_json(text))
+
+
+def load_speculative_json(text: str) -> dict[str, Any]:
+    """The JSON object ``text`` as a dict (keys not checked yet; see
+    :meth:`SpeculativeConfig.from_dict`).
+
+    Raises:
+        SpeculativeConfigError: ``text`` is not valid JSON, or not a JSON object.
+    """
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpeculativeConfigError(f"speculative config is not valid JSON: {exc}") from None
+    if not isinstance(values, dict):
+        raise SpeculativeConfigError(
+            f"speculative config must be a JSON object ({{...}}), got {type(values).__name__}: {text.strip()!r}"
+        )
+    return values
+
+
+#: The JSON type each speculative-config key takes (``method`` may also be null).
+_SPEC_KEY_TYPES: dict[str, type] = {
+    "method": str,
+    "num_speculative_tokens": int,
+    "num_model_steps": int,
+    "mtp_strategy": str,
+    "max_ngram_size": int,
+    "min_ngram_size": int,
+    "model": str,
+    "verify_strategy": str,
+}
+
+
+def _checked_value(key: str, value: Any) -> Any:
+    """``value`` if it has the JSON type of speculative-config ``key``, else a one-line
+    :class:`SpeculativeConfigError` naming the key."""
+    expected = _SPEC_KEY_TYPES[key]
+    if key == "method" and value is None:
+        return None
+    if isinstance(value, expected) and not isinstance(value, bool):
+        return value
+    want = {int: "an integer", str: "a string"}[expected] + (" or null" if key == "method" else "")
+    raise SpeculativeConfigError(f"speculative config: {key!r} must be {want}, got {json.dumps(value, default=repr)}")
 
 
 @dataclass

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fastdeploy_mtp.cli import run_prompts  # noqa: E402
+from fastdeploy_mtp.cli import run_prompts, speculative_config  # noqa: E402
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
 
 
@@ -34,7 +34,7 @@ def main() -> int:
     print(header)
     for batch in (1, 8):
         _, base_ids, base = run_prompts(
-            DEMO_PROMPTS, args.max_tokens, 0, 1, False, batch, f"batch {batch} plain", args.checkpoint
+            DEMO_PROMPTS, args.max_tokens, speculative_config(0), batch, f"batch {batch} plain", args.checkpoint
         )
         print(
             f"{batch:>5} {0:>2} {'-':>2} {'-':>6} {base.tokens_per_second:8.1f} {1.0:12.2f} {1.0:7.2f}x  -", flush=True
@@ -44,8 +44,9 @@ def main() -> int:
                 if hybrid and k == 1:
                     continue  # the hybrid needs K > S = 1
                 steps = 1 if hybrid else k
+                spec = speculative_config(k, steps, hybrid)
                 _, ids, m = run_prompts(
-                    DEMO_PROMPTS, args.max_tokens, k, steps, hybrid, batch, f"batch {batch} K={k}", args.checkpoint
+                    DEMO_PROMPTS, args.max_tokens, spec, batch, f"batch {batch} K={k}", args.checkpoint
                 )
                 if ids != base_ids:
                     raise SystemExit(f"batch {batch} K={k} hybrid={hybrid}: tokens differ from plain decoding")

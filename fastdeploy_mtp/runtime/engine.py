@@ -46,7 +46,10 @@ class Metrics:
     @property
     def acceptance_per_position(self) -> list[float | None]:
         """Share of offered drafts accepted, per draft position 1..K (``None`` where no draft
-        was ever offered, e.g. positions past ``num_model_steps`` without the n-gram hybrid)."""
+        was ever offered, e.g. positions past ``num_model_steps`` without the n-gram hybrid).
+        Greedy verification stops at the first mismatch, so a draft at position i is accepted
+        only if the drafts before it in its round were: the rate is cumulative, not
+        conditional on draft i - 1 having been accepted."""
         return [float(a / p) if p else None for a, p in zip(self.accepted, self.proposed)]
 
     @property

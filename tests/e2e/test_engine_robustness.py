@@ -9,7 +9,7 @@ import numpy as np
 import paddle
 import pytest
 
-from fastdeploy_mtp.cli import build_config
+from fastdeploy_mtp.cli import build_config, speculative_config
 from fastdeploy_mtp.models import ByteTokenizer, ModelConfig as ArchConfig, MTPLayer, TinyTargetModel, load_tiny
 from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import GenerationError, InvalidRequestError, Request
@@ -28,7 +28,7 @@ def shipped():
 
 def make_engine(shipped, k=K, chunk=0, max_len=MAX_LEN, slots=SLOTS, blocks=None):
     target, mtp, arch = shipped
-    cfg = build_config(arch, k, STEPS, False, slots, max_len)
+    cfg = build_config(arch, speculative_config(k, min(STEPS, k) if k else None), slots, max_len)
     if blocks is not None:
         cfg.cache_config.total_block_num = blocks
     return Engine(cfg, target, mtp if k else None, prefill_chunk_size=chunk)

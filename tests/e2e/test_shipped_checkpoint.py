@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fastdeploy_mtp.cli import build_config
+from fastdeploy_mtp.cli import build_config, speculative_config
 from fastdeploy_mtp.models import ByteTokenizer, load_tiny
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
 from fastdeploy_mtp.runtime.engine import Engine
@@ -39,7 +39,7 @@ def run(shipped, k, steps=1, hybrid=False, eos=None, max_tokens=48, batch=8, tra
     target, mtp, arch = shipped
     reqs = requests(max_tokens)
     longest = max(len(r.prompt_token_ids) + r.max_tokens for r in reqs) + 2 * k + 8
-    cfg = build_config(arch, k, steps, hybrid, batch, longest)
+    cfg = build_config(arch, speculative_config(k, steps if k else None, hybrid), batch, longest)
     if eos is not None:
         cfg.model_config.eos_token_id = list(eos)
     engine = Engine(cfg, target, mtp if k else None, record_trace=trace)

@@ -1,0 +1,316 @@
+"""The ``fastdeploy-mtp`` command line: --version, --json output, --speculative-config (parsing,
+equivalence with the shorthand flags, conflicts), --plot, and the error contract (one line on
+stderr, exit status 2 for a bad argument, 1 for a failure while running, 130 on Ctrl-C)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fastdeploy_mtp
+from fastdeploy_mtp import cli
+from fastdeploy_mtp.cli import UsageError, build_parser, main, resolve_speculative_config
+from fastdeploy_mtp.config import SpeculativeConfig, SpeculativeConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPT = "def fib(n):\n    "
+
+
+def run_main(capsys, *argv):
+    """``main(argv)`` in-process: (exit status, stdout, stderr)."""
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def error_line(err: str) -> str:
+    """The single ``fastdeploy-mtp: error:`` line of ``err`` (asserts there is exactly one and
+    no traceback)."""
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.startswith("fastdeploy-mtp: error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def resolve(*argv):
+    args = build_parser().parse_args(["generate", "--prompt", "x", *map(str, argv)])
+    return resolve_speculative_config(args)
+
+
+# ---- --version ---------------------------------------------------------------------------
+def test_version(capsys):
+    rc, out, _ = run_main(capsys, "--version")
+    assert rc == 0
+    assert out == f"fastdeploy-mtp {cli.package_version()}\n"
+    assert out.split()[1][0].isdigit()
+
+
+def test_version_falls_back_to_the_module_attribute(monkeypatch):
+    import importlib.metadata
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert cli.package_version() == fastdeploy_mtp.__version__
+
+
+# ---- SpeculativeConfig.from_json / from_dict ---------------------------------------------
+def test_from_json_reads_fastdeploy_keys():
+    spec = SpeculativeConfig.from_json(
+        '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": "with_ngram",'
+        ' "max_ngram_size": 4, "min_ngram_size": 1, "verify_strategy": "greedy", "model": "/m"}'
+    )
+    assert spec == SpeculativeConfig("mtp", 3, 1, "with_ngram", 4, 1, "/m", "greedy")
+
+
+@pytest.mark.parametrize(
+    "values,steps",
+    [({"num_speculative_tokens": 3}, 3), ({"num_speculative_tokens": 3, "mtp_strategy": "with_ngram"}, 1), ({}, 1)],
+)
+def test_missing_num_model_steps_defaults_to_k_or_1_with_ngram(values, steps):
+    assert SpeculativeConfig.from_dict(values).num_model_steps == steps
+
+
+@pytest.mark.parametrize("method", [None, "none"])
+def test_method_null_or_none_disables_speculation(method):
+    spec = SpeculativeConfig.from_dict({"method": method, "num_speculative_tokens": 3})
+    assert spec.method is None and not spec.enabled
+
+
+@pytest.mark.parametrize(
+    "text,names",
+    [
+        (
+            '{"method": "mtp", "num_spec_tokens": 3}',
+            ["'num_spec_tokens'", "known keys: method, num_speculative_tokens"],
+        ),
+        ('{"num_speculative_tokens": "3"}', ["'num_speculative_tokens'", "integer", '"3"']),
+        ('{"num_speculative_tokens": true}', ["'num_speculative_tokens'", "integer", "true"]),
+        ('{"num_model_steps": 1.5}', ["'num_model_steps'", "integer", "1.5"]),
+        ('{"mtp_strategy": 1}', ["'mtp_strategy'", "string"]),
+        ('{"method": 3}', ["'method'", "string or null"]),
+        ('{"method": "ngram"}', ["method", "'ngram'"]),
+        ('{"mtp_strategy": "ngram_first"}', ["mtp_strategy", "'ngram_first'"]),
+        ('{"verify_strategy": "beam"}', ["verify_strategy", "'beam'"]),
+        ('{"num_speculative_tokens": 2, "num_model_steps": 3}', ["num_model_steps (3)", "num_speculative_tokens (2)"]),
+        ('{"num_speculative_tokens": 0}', ["num_speculative_tokens", "> 0"]),
+        ('{"method": "mtp",}', ["not valid JSON", "line 1 column"]),
+        ("[3]", ["JSON object", "list"]),
+        ("", ["not valid JSON"]),
+    ],
+)
+def test_from_json_errors_are_one_line_naming_the_key(text, names):
+    with pytest.raises(SpeculativeConfigError) as info:
+        SpeculativeConfig.from_json(text)
+    message = str(info.value)
+    assert "\n" not in message
+    for name in names:
+        assert name in message
+
+
+def test_from_dict_refuses_a_non_mapping():
+    with pytest.raises(SpeculativeConfigError, match="JSON object"):
+        SpeculativeConfig.from_dict([("method", "mtp")])  # type: ignore[arg-type]
+
+
+# ---- resolve_speculative_config ----------------------------------------------------------
+def test_shorthand_defaults():
+    assert resolve() == SpeculativeConfig("mtp", 3, 3)
+    assert resolve("--hybrid-ngram") == SpeculativeConfig("mtp", 3, 1, "with_ngram")
+    assert resolve("--num-speculative-tokens", 0).method is None
+
+
+def test_json_keys_left_out_take_the_flags():
+    spec = resolve("--speculative-config", '{"method": "mtp"}', "--num-speculative-tokens", 2, "--hybrid-ngram")
+    assert spec == SpeculativeConfig("mtp", 2, 1, "with_ngram")
+    assert resolve("--speculative-config", "{}") == SpeculativeConfig("mtp", 3, 3)
+    assert resolve("--speculative-config", "{}", "--num-speculative-tokens", 0).method is None
+
+
+def test_flags_repeating_the_json_are_accepted():
+    spec = resolve(
+        "--speculative-config",
+        '{"num_speculative_tokens": 2, "num_model_steps": 1, "mtp_strategy": "with_ngram"}',
+        "--num-speculative-tokens",
+        2,
+        "--num-model-steps",
+        1,
+        "--hybrid-ngram",
+    )
+    assert spec == SpeculativeConfig("mtp", 2, 1, "with_ngram")
+
+
+@pytest.mark.parametrize(
+    "config,flags,names",
+    [
+        ('{"num_speculative_tokens": 2}', ["--num-speculative-tokens", 3], ["--num-speculative-tokens 3", ": 2"]),
+        ('{"method": null}', ["--num-speculative-tokens", 3], ["--num-speculative-tokens 3", '"method": null']),
+        ('{"num_speculative_tokens": 3}', ["--num-speculative-tokens", 0], ["--num-speculative-tokens 0"]),
+        ('{"num_model_steps": 2}', ["--num-model-steps", 1], ["--num-model-steps 1", '"num_model_steps": 2']),
+        ('{"mtp_strategy": "default"}', ["--hybrid-ngram"], ["--hybrid-ngram", '"mtp_strategy": "default"']),
+        ('{"method": "none"}', ["--hybrid-ngram"], ["--hybrid-ngram", "no speculation"]),
+    ],
+)
+def test_a_flag_contradicting_the_json_is_an_error(config, flags, names):
+    with pytest.raises(UsageError) as info:
+        resolve("--speculative-config", config, *flags)
+    for name in names:
+        assert name in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "flags,name",
+    [
+        (["--num-speculative-tokens", -1], "--num-speculative-tokens"),
+        (["--num-model-steps", 0], "--num-model-steps"),
+        (["--num-speculative-tokens", 2, "--num-model-steps", 3], "--num-model-steps"),
+        (["--num-speculative-tokens", 0, "--hybrid-ngram"], "--hybrid-ngram"),
+        (["--speculative-config", '{"verify_strategy": "topp"}'], "verify_strategy"),
+    ],
+)
+def test_invalid_speculation_flags(flags, name):
+    with pytest.raises(UsageError, match=name):
+        resolve(*flags)
+
+
+# ---- generate / demo ---------------------------------------------------------------------
+def generate_json(capsys, *flags, max_tokens=10):
+    rc, out, err = run_main(capsys, "generate", "--prompt", PROMPT, "--max-tokens", max_tokens, "--json", *flags)
+    assert rc == 0, err
+    return json.loads(out)  # stdout holds the JSON object and nothing else
+
+
+def test_generate_json(capsys):
+    from fastdeploy_mtp.models import ByteTokenizer
+
+    result = generate_json(capsys)
+    assert result["prompt"] == PROMPT
+    # the engine's ids: the token that reaches max_tokens is replaced by the end id (FastDeploy's
+    # convention; the byte model's end id is a padded vocabulary id), which the text leaves out
+    ids = result["token_ids"]
+    assert len(ids) == 10 and ids[-1] == 271
+    assert result["text"] == ByteTokenizer().decode(ids[:-1])
+    metrics = result["metrics"]
+    assert 1.0 <= metrics["mean_accepted_length"] <= 4.0
+    assert len(metrics["acceptance_per_position"]) == 3
+    assert result["speculative_config"]["num_speculative_tokens"] == 3
+
+
+def test_generate_text_output_has_the_metrics_legend(capsys):
+    rc, out, err = run_main(capsys, "generate", "--prompt", PROMPT, "--max-tokens", 6)
+    assert rc == 0
+    assert out.startswith(PROMPT) and len(out) > len(PROMPT)
+    assert "mean accepted len" in err and "cumulative, not conditional" in err and "tokens/s" in err
+
+
+@pytest.mark.parametrize(
+    "flags,config",
+    [
+        (
+            ["--num-speculative-tokens", 3, "--num-model-steps", 1, "--hybrid-ngram"],
+            '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": "with_ngram"}',
+        ),
+        (["--num-speculative-tokens", 2], '{"num_speculative_tokens": 2}'),
+        (["--num-speculative-tokens", 0], '{"method": null}'),
+    ],
+)
+def test_speculative_config_equals_the_shorthand_flags(capsys, flags, config):
+    by_flags = generate_json(capsys, *flags, max_tokens=24)
+    by_json = generate_json(capsys, "--speculative-config", config, max_tokens=24)
+    assert by_json["token_ids"] == by_flags["token_ids"]
+    assert by_json["speculative_config"] == by_flags["speculative_config"]
+    # same drafts, so the same number of target forwards
+    assert by_json["metrics"]["target_forwards"] == by_flags["metrics"]["target_forwards"]
+
+
+def test_demo_json(capsys):
+    rc, out, err = run_main(capsys, "demo", "--max-tokens", 6, "--json", "--num-speculative-tokens", 2)
+    assert rc == 0, err
+    result = json.loads(out)
+    assert result["outputs_identical"] is True
+    plain, spec = result["rows"]
+    assert plain["mode"] == "no speculation" and spec["mode"] == "MTP K=2 S=2"
+    assert plain["metrics"]["acceptance_per_position"] == []
+    assert len(spec["metrics"]["acceptance_per_position"]) == 2
+    assert spec["metrics"]["mean_accepted_length"] > 1.0
+    assert spec["metrics"]["target_forwards"] < plain["metrics"]["target_forwards"]
+    assert plain["metrics"]["generated_tokens"] == spec["metrics"]["generated_tokens"] == 6 * result["num_prompts"]
+
+
+def test_demo_plot_writes_a_png(capsys, tmp_path):
+    path = tmp_path / "acceptance.png"
+    rc, out, err = run_main(capsys, "demo", "--max-tokens", 4, "--plot", path)
+    assert rc == 0, err
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data) > 5000  # a rendered chart, not an empty canvas
+    assert "identical: yes" in out
+
+
+def never_run(*args, **kwargs):
+    raise AssertionError("the command should have failed before generating")
+
+
+def test_demo_plot_errors_before_the_run(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "run_prompts", never_run)
+    rc, _, err = run_main(capsys, "demo", "--plot", tmp_path / "missing" / "a.png")
+    assert rc == 2 and "--plot" in error_line(err)
+    rc, _, err = run_main(capsys, "demo", "--plot", tmp_path)
+    assert rc == 2 and "directory" in error_line(err)
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)  # import fails
+    rc, _, err = run_main(capsys, "demo", "--plot", tmp_path / "a.png")
+    assert rc == 1 and "matplotlib" in error_line(err)
+
+
+# ---- the error contract ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "argv,status,name",
+    [
+        (["generate"], 2, "--prompt"),
+        (["generate", "--prompt", "x", "--max-tokens", 0], 2, "--max-tokens"),
+        (["generate", "--prompt", "x", "--max-tokens", "many"], 2, "--max-tokens"),
+        (["generate", "--prompt", ""], 2, "--prompt"),
+        (["demo", "--num-speculative-tokens", 0], 2, "speculation"),
+        (["generate", "--prompt", "x", "--speculative-config", '{"k": 3}'], 2, "'k'"),
+        (["generate", "--prompt", "x", "--speculative-config", "{}", "--num-model-steps", 5], 2, "num_model_steps"),
+        (["frobnicate"], 2, "frobnicate"),
+        (["generate", "--prompt", "x", "--checkpoint", "/nonexistent/ckpt"], 1, "/nonexistent/ckpt"),
+    ],
+)
+def test_errors_are_one_line_with_the_exit_status(capsys, argv, status, name):
+    rc, out, err = run_main(capsys, *argv)
+    assert rc == status
+    assert out == ""
+    assert name in error_line(err)
+
+
+def test_ctrl_c_exits_130_quietly(capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "run_prompts", interrupted)
+    rc, out, err = run_main(capsys, "generate", "--prompt", "x")
+    assert (rc, out, err) == (130, "", "")
+
+
+def test_process_exit_status_and_no_traceback(tmp_path):
+    """As a process: a bad --speculative-config is one stderr line and exit status 2;
+    FDMTP_DEBUG=1 shows the traceback instead."""
+    argv = [sys.executable, "-m", "fastdeploy_mtp.cli", "generate", "--prompt", "x", "--speculative-config", "{bad"]
+    env = {k: v for k, v in os.environ.items() if k != "FDMTP_DEBUG"}
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "fastdeploy-mtp: error: speculative config is not valid JSON: "
+        "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
+    ]
+    debug = subprocess.run(argv, cwd=REPO, env={**env, "FDMTP_DEBUG": "1"}, capture_output=True, text=True, timeout=120)
+    assert debug.returncode != 0
+    assert "Traceback" in debug.stderr and "SpeculativeConfigError" in debug.stderr
