@@ -153,6 +153,18 @@ def _rendezvous(rank: int, world_size: int, host: str, port: int, timeout: float
             conn.close()
 
 
+def _wait_listening(host: str, port: int, timeout: float) -> None:
+    """Return once ``host:port`` accepts a connection (closed at once), or after ``timeout``
+    seconds (Paddle then retries on its own)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
 def _recv_exact(conn: socket.socket, n: int) -> bytes:
     data = b""
     while len(data) < n:
@@ -205,7 +217,13 @@ def init_tensor_parallel(
             f"tensor parallelism already initialised as rank {_rank} of {_world_size}; "
             f"cannot re-initialise as rank {rank} of {world_size}"
         )
+    import paddle.distributed as dist
+
     _rendezvous(rank, world_size, master_host, master_port + world_size, timeout)
+    if rank != 0:
+        # Paddle's store client retries a refused connection only every 3 s: wait until rank 0
+        # (which goes straight to creating the store) listens, probing every 10 ms.
+        _wait_listening(master_host, master_port, timeout)
     endpoints = [f"{master_host}:{master_port + r}" for r in range(world_size)]
     os.environ.update(
         {
@@ -219,8 +237,6 @@ def init_tensor_parallel(
     )
     for var in ("MASTER_ADDR", "MASTER_PORT"):  # they would take precedence over PADDLE_MASTER
         os.environ.pop(var, None)
-    import paddle.distributed as dist
-
     group = dist.init_parallel_env()
     if group is None:
         raise RuntimeError("paddle.distributed.init_parallel_env() returned no group (not a parallel environment?)")
@@ -248,27 +264,43 @@ def _require_group(what: str) -> object:
     return _group
 
 
+# Gloo dies (SIGFPE) on a tensor with no elements. In this package every rank passes the same
+# shape to each collective (the inputs are replicated), so all ranks skip an empty one alike.
+
+
 def all_reduce_sum(x: paddle.Tensor) -> paddle.Tensor:
-    """Sum ``x`` (any shape, float32) over the ranks, in place; returns ``x``."""
+    """Sum ``x`` (any shape, float32) over the ranks, in place; returns ``x`` (an empty ``x``
+    as is, without communicating)."""
     import paddle.distributed as dist
 
-    dist.all_reduce(x, op=dist.ReduceOp.SUM, group=_require_group("all_reduce_sum"))
+    group = _require_group("all_reduce_sum")
+    if x.size == 0:
+        return x
+    dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)
     return x
 
 
 def all_gather_last_axis(x: paddle.Tensor) -> paddle.Tensor:
     """``x [..., n]`` on every rank -> ``[..., world_size * n]``: the ranks' tensors
-    concatenated along the last axis in rank order (a new tensor)."""
+    concatenated along the last axis in rank order (a new tensor; zeros, without
+    communicating, when ``x`` is empty)."""
     import paddle.distributed as dist
 
+    group = _require_group("all_gather_last_axis")
+    if x.size == 0:
+        return paddle.zeros([*x.shape[:-1], x.shape[-1] * _world_size], dtype=x.dtype)
     parts: list[paddle.Tensor] = []
-    dist.all_gather(parts, x, group=_require_group("all_gather_last_axis"))
+    dist.all_gather(parts, x, group=group)
     return paddle.concat(parts, axis=-1)
 
 
 def broadcast_from_rank0(x: paddle.Tensor) -> paddle.Tensor:
-    """Overwrite ``x`` on every rank with rank 0's values, in place; returns ``x``."""
+    """Overwrite ``x`` on every rank with rank 0's values, in place; returns ``x`` (an empty
+    ``x`` as is, without communicating)."""
     import paddle.distributed as dist
 
-    dist.broadcast(x, src=0, group=_require_group("broadcast_from_rank0"))
+    group = _require_group("broadcast_from_rank0")
+    if x.size == 0:
+        return x
+    dist.broadcast(x, src=0, group=group)
     return x

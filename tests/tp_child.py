@@ -153,6 +153,17 @@ def role_layers(rank: int, world: int, port: int) -> dict:
         "bit_identical": bool(np.array_equal(outs[0], outs[1])),
         "sha1": hashlib.sha1(outs[1].tobytes()).hexdigest(),
     }
+    # Empty inputs (gloo cannot take them): every rank skips the collective alike.
+    from fastdeploy_mtp.distributed import broadcast_from_rank0
+
+    results["empty_shapes"] = [
+        list(ParallelLMHead(10, 16, world)(paddle.zeros([0, 10])).shape),
+        list(RowParallelLinear(24, 12, world)(paddle.zeros([0, 24 // world])).shape),
+        list(VocabParallelEmbedding(16, 6, world, rank)(paddle.zeros([0], dtype="int64")).shape),
+        list(broadcast_from_rank0(paddle.zeros([0], dtype="int64")).shape),
+    ]
+    # ... and the group still works afterwards.
+    results["after_empty"] = broadcast_from_rank0(paddle.to_tensor([rank + 5], dtype="int64")).tolist()
     return results
 
 

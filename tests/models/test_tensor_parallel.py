@@ -58,6 +58,12 @@ def test_ranks_get_identical_replicated_outputs(layer_results, name):
     assert layer_results[0][name]["sha1"] == layer_results[1][name]["sha1"]
 
 
+def test_empty_inputs_skip_the_collectives_on_every_rank(layer_results):
+    for rank in layer_results:
+        assert rank["empty_shapes"] == [[0, 16], [0, 12], [0, 6], [0]]
+        assert rank["after_empty"] == [5]  # rank 0's value, so the group survived
+
+
 def test_tp1_load_is_the_full_checkpoint_bit_for_bit():
     src = TensorSource(f"{ASSETS_DIR}/{WEIGHTS_FILE}")
     for kwargs in ({}, {"tensor_parallel_size": 1, "tensor_parallel_rank": 0}):
