@@ -11,7 +11,7 @@ from fastdeploy_mtp.models import load_tiny
 from tests.tp_child import ENGINE_MODES, run_engine
 from tests.tp_testlib import run_ranks
 
-MAX_TOKENS = 48
+MAX_TOKENS = 64  # the demo default
 
 
 @pytest.fixture(scope="module")
