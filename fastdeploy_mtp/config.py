@@ -285,8 +285,10 @@ class ParallelConfig:
     """``fd_config.parallel_config``: tensor parallelism and the names of shared resources.
 
     Attributes:
-        tensor_parallel_size / tensor_parallel_rank: TP layout (the reference engine runs
-            TP = 1).
+        tensor_parallel_size / tensor_parallel_rank: TP layout; with a size above 1 each
+            worker runs its shard of the model (``load_tiny(tensor_parallel_size=...)``) in
+            the group of :func:`fastdeploy_mtp.distributed.init_tensor_parallel`, and rank
+            0's sampled tokens are broadcast.
         local_rank / device_id: this worker's rank and device.
         engine_worker_queue_port: suffix of the IPC names (``cache_ready_signal.<port>``,
             ``key_caches_{layer}_rank{r}.device{d}``).

@@ -17,6 +17,15 @@ from .loading import (
 )
 from .model_config import ModelConfig
 from .mtp_layer import MTPLayer
+from .parallel_layers import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    check_tensor_parallel,
+    kv_cache_shape,
+    shard_axes,
+)
 from .target import TinyTargetModel, mask_padded_vocab
 from .tiny import (
     ASSETS_DIR,
@@ -33,23 +42,29 @@ __all__ = [
     "AttentionPlan",
     "ByteTokenizer",
     "CheckpointError",
+    "ColumnParallelLinear",
     "FAMILIES",
     "FamilySpec",
     "ForwardMeta",
     "MTPLayer",
     "MissingTensorError",
     "ModelConfig",
+    "ParallelLMHead",
     "ReferenceAttentionBackend",
+    "RowParallelLinear",
     "TensorShapeError",
     "TensorSource",
     "TinyTargetModel",
     "UNUSED_BLOCK",
     "UnsupportedTensorError",
+    "VocabParallelEmbedding",
     "causal_bias",
+    "check_tensor_parallel",
     "config_for_family",
     "contiguous_block_tables",
     "dense_causal_attention",
     "greedy_generate",
+    "kv_cache_shape",
     "load_mtp_weights",
     "load_state_strict",
     "load_tiny",
@@ -57,4 +72,5 @@ __all__ = [
     "mask_padded_vocab",
     "save_tiny",
     "score_windows",
+    "shard_axes",
 ]

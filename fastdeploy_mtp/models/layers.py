@@ -1,7 +1,11 @@
 """Building blocks shared by the target model and the MTP layer: RMSNorm, RoPE,
 grouped-query attention, SwiGLU MLP, and the pre-norm decoder layer.
 
-Every Linear has no bias and stores its weight in Paddle's ``[in, out]`` layout.
+Every Linear has no bias (q/k/v may, see ``attention_bias``) and stores its weight in Paddle's
+``[in, out]`` layout. With ``tensor_parallel_size > 1`` a block holds one rank's shard:
+attention heads and MLP features are split over the ranks (q/k/v, gate/up column-parallel;
+o_proj, down row-parallel with a sum over the ranks), see
+:mod:`~fastdeploy_mtp.models.parallel_layers`.
 Each block has two entry points: ``forward`` on a packed ``[T, H]`` batch with the paged
 attention backend (serving), and ``forward_dense`` on ``[B, S, H]`` full sequences with a
 causal mask (training). They share parameters and math.
@@ -17,6 +21,7 @@ import paddle.nn.functional as F
 from .attention import ReferenceAttentionBackend, dense_causal_attention
 from .forward_meta import ForwardMeta
 from .model_config import ModelConfig
+from .parallel_layers import ColumnParallelLinear, RowParallelLinear, check_tensor_parallel
 
 
 class RMSNorm(nn.Layer):
@@ -80,19 +85,25 @@ def apply_rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> padd
 class Attention(nn.Layer):
     """Grouped-query self-attention: ``q_proj [H, nh*hd]``, ``k_proj``/``v_proj``
     ``[H, kvh*hd]``, ``o_proj [nh*hd, H]``; RoPE on q and k. ``q/k/v_proj`` carry biases
-    only when ``config.attention_bias`` is set."""
+    only when ``config.attention_bias`` is set.
 
-    def __init__(self, config: ModelConfig):
+    With ``tensor_parallel_size = tp`` this rank holds ``nh/tp`` query heads and ``kvh/tp``
+    key/value heads (a contiguous run of heads, so each local query head still reads its own
+    group's key/value head), and ``o_proj`` sums the ranks' partial outputs."""
+
+    def __init__(self, config: ModelConfig, tensor_parallel_size: int = 1):
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        check_tensor_parallel(config, tensor_parallel_size)
+        self.num_heads = config.num_attention_heads // tensor_parallel_size
+        self.num_kv_heads = config.num_key_value_heads // tensor_parallel_size
         self.head_dim = config.head_dim
         h = config.hidden_size
+        tp = tensor_parallel_size
         qkv_bias = None if config.attention_bias else False
-        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias_attr=qkv_bias)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias_attr=qkv_bias)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias_attr=qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias_attr=False)
+        self.q_proj = ColumnParallelLinear(h, config.num_attention_heads * self.head_dim, tp, bias_attr=qkv_bias)
+        self.k_proj = ColumnParallelLinear(h, config.num_key_value_heads * self.head_dim, tp, bias_attr=qkv_bias)
+        self.v_proj = ColumnParallelLinear(h, config.num_key_value_heads * self.head_dim, tp, bias_attr=qkv_bias)
+        self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, h, tp)
         self.scale = 1.0 / float(np.sqrt(self.head_dim))
 
     def forward(
@@ -104,7 +115,8 @@ class Attention(nn.Layer):
         layer_id: int,
         forward_meta: ForwardMeta,
     ) -> paddle.Tensor:
-        """``x [T, H]``, ``cos/sin [T, head_dim]`` -> ``[T, H]`` through the paged backend."""
+        """``x [T, H]``, ``cos/sin [T, head_dim]`` -> ``[T, H]`` through the paged backend
+        (whose caches hold this rank's ``num_kv_heads`` heads)."""
         t = x.shape[0]
         q = self.q_proj(x).reshape([t, self.num_heads, self.head_dim])
         k = self.k_proj(x).reshape([t, self.num_kv_heads, self.head_dim])
@@ -128,13 +140,16 @@ class Attention(nn.Layer):
 
 
 class SwiGLUMLP(nn.Layer):
-    """``down_proj(silu(gate_proj(x)) * up_proj(x))``; gate/up ``[H, I]``, down ``[I, H]``."""
+    """``down_proj(silu(gate_proj(x)) * up_proj(x))``; gate/up ``[H, I]``, down ``[I, H]``.
+    With ``tensor_parallel_size = tp`` gate/up hold ``I/tp`` output features and ``down_proj``
+    the matching ``I/tp`` input rows, its partial outputs summed over the ranks."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int):
+    def __init__(self, hidden_size: int, intermediate_size: int, tensor_parallel_size: int = 1):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias_attr=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias_attr=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias_attr=False)
+        tp = tensor_parallel_size
+        self.gate_proj = ColumnParallelLinear(hidden_size, intermediate_size, tp)
+        self.up_proj = ColumnParallelLinear(hidden_size, intermediate_size, tp)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, tp)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -142,14 +157,15 @@ class SwiGLUMLP(nn.Layer):
 
 class DecoderLayer(nn.Layer):
     """Pre-norm block: ``h = x + attn(input_layernorm(x))``,
-    ``out = h + mlp(post_attention_layernorm(h))``."""
+    ``out = h + mlp(post_attention_layernorm(h))``. Norms are replicated; attention and MLP
+    are split over ``tensor_parallel_size`` ranks (input and output ``[T, H]`` replicated)."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, tensor_parallel_size: int = 1):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
+        self.self_attn = Attention(config, tensor_parallel_size)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
+        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, tensor_parallel_size)
 
     def forward(
         self,

@@ -368,6 +368,11 @@ def load_mtp_weights(
     """
     spec = get_family(family)
     cfg = model.config
+    if getattr(model, "tensor_parallel_size", 1) > 1:
+        raise ValueError(
+            f"load_mtp_weights loads an unsharded MTP layer; `model` is a tensor-parallel shard "
+            f"(tensor_parallel_size={model.tensor_parallel_size})"
+        )
     for field, want in (("mtp_concat_order", spec.concat_order), ("mtp_final_norm", spec.final_norm)):
         if getattr(cfg, field) != want:
             raise ValueError(
@@ -465,24 +470,42 @@ def _first_present(src: TensorSource, names: Iterable[str], what: str) -> str:
 # ----------------------------------------------------------------------------- native format
 
 
-def load_state_strict(layer: nn.Layer, source: TensorSource | CheckpointSource, prefix: str = "") -> None:
+def load_state_strict(
+    layer: nn.Layer,
+    source: TensorSource | CheckpointSource,
+    prefix: str = "",
+    tensor_parallel_size: int = 1,
+    tensor_parallel_rank: int = 0,
+) -> None:
     """Load every parameter of ``layer`` from ``source`` under ``prefix + name`` (our own
-    naming, Paddle layout), checking names and shapes; extra tensors under ``prefix`` are an
-    error too."""
+    naming, Paddle layout), checking names and shapes.
+
+    The checkpoint holds full tensors. With ``tensor_parallel_size > 1`` each parameter that
+    ``layer`` declares sharded (:func:`~fastdeploy_mtp.models.parallel_layers.shard_axes`) is
+    cut into ``tensor_parallel_size`` equal pieces along its axis and piece
+    ``tensor_parallel_rank`` is loaded; the others are loaded whole.
+    """
+    from .parallel_layers import shard_axes
+
     src = source if isinstance(source, TensorSource) else TensorSource(source)
     params = dict(layer.named_parameters())
+    axes = shard_axes(layer) if tensor_parallel_size > 1 else {}
     for name, param in params.items():
         ckpt = prefix + name
+        full_shape = list(param.shape)
+        axis = axes.get(name)
+        if axis is not None:
+            full_shape[axis] *= tensor_parallel_size
         if ckpt not in src:
             raise MissingTensorError(
-                f"checkpoint {src.description} has no tensor {ckpt!r} (expected shape {list(param.shape)})"
+                f"checkpoint {src.description} has no tensor {ckpt!r} (expected shape {full_shape})"
             )
         arr = src.get(ckpt)
-        if list(arr.shape) != list(param.shape):
-            raise TensorShapeError(
-                f"checkpoint tensor {ckpt!r} has shape {list(arr.shape)}, expected {list(param.shape)}"
-            )
-        param.set_value(np.asarray(arr, dtype=np.float32))
+        if list(arr.shape) != full_shape:
+            raise TensorShapeError(f"checkpoint tensor {ckpt!r} has shape {list(arr.shape)}, expected {full_shape}")
+        if axis is not None:
+            arr = np.split(arr, tensor_parallel_size, axis=axis)[tensor_parallel_rank]
+        param.set_value(np.ascontiguousarray(arr, dtype=np.float32))
 
 
 def state_to_numpy(layer: nn.Layer, prefix: str = "") -> dict[str, np.ndarray]:

@@ -28,6 +28,10 @@ class MTPLayer(nn.Layer):
     ``forward`` returns the post-``norm`` hidden state (or the pre-``norm`` one when
     ``config.mtp_final_norm == "in_logits"``), which is also what later MTP substeps feed
     back as ``previous_hidden_states``.
+
+    Tensor parallelism follows the target (``target.tensor_parallel_size``): ``mtp_block`` is
+    split like the target's decoder layers, its ``attn_backend`` covers this rank's key/value
+    heads, and ``enorm``/``hnorm``/``eh_proj``/``norm`` are replicated.
     """
 
     def __init__(self, config: ModelConfig, target: TinyTargetModel):
@@ -35,15 +39,17 @@ class MTPLayer(nn.Layer):
         if target.config.hidden_size != config.hidden_size or target.config.vocab_size != config.vocab_size:
             raise ValueError("`target` must have the same hidden_size and vocab_size as `config`")
         self.config = config
+        tp = target.tensor_parallel_size
+        self.tensor_parallel_size = tp
         h = config.hidden_size
         self.enorm = RMSNorm(h, config.rms_norm_eps)
         self.hnorm = RMSNorm(h, config.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * h, h, bias_attr=False)
-        self.mtp_block = DecoderLayer(config)
+        self.mtp_block = DecoderLayer(config, tp)
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
         self.attn_backend = ReferenceAttentionBackend(
-            config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.block_size
+            config.num_attention_heads // tp, config.num_key_value_heads // tp, config.head_dim, config.block_size
         )
         # A plain tuple is not registered as a sublayer: shared weights stay owned by the target.
         self._shared = (target,)
@@ -108,7 +114,13 @@ class MTPLayer(nn.Layer):
 
     def forward_dense(self, next_ids: paddle.Tensor, hidden: paddle.Tensor, bias: paddle.Tensor) -> paddle.Tensor:
         """Training path: ``next_ids [B, S]`` (tokens ``t_{p+1}``), ``hidden [B, S, H]`` (target
-        ``h_p``), causal ``bias`` -> ``[B, S, H]`` (normed as ``forward`` is)."""
+        ``h_p``), causal ``bias`` -> ``[B, S, H]`` (normed as ``forward`` is). Unsharded only
+        (raises ``NotImplementedError`` on a tensor-parallel shard)."""
+        if self.tensor_parallel_size > 1:
+            raise NotImplementedError(
+                f"forward_dense (training) runs unsharded; this MTP layer is a tensor-parallel shard "
+                f"(tensor_parallel_size={self.tensor_parallel_size})"
+            )
         seq = int(next_ids.shape[1])
         cos, sin = self.rotary.prefix(seq)
         x = self._fuse(self.target.embed_tokens(next_ids), hidden)

@@ -10,6 +10,7 @@ from .attention import ReferenceAttentionBackend
 from .forward_meta import ForwardMeta
 from .layers import DecoderLayer, RMSNorm, RotaryEmbedding
 from .model_config import ModelConfig
+from .parallel_layers import ParallelLMHead, VocabParallelEmbedding, check_tensor_parallel
 
 
 def mask_padded_vocab(logits: paddle.Tensor, ori_vocab_size: int) -> paddle.Tensor:
@@ -31,18 +32,29 @@ class TinyTargetModel(nn.Layer):
     ``config.mtp_hidden_state``: after the final norm (``"post_norm"``, the default and what
     the shipped checkpoint uses) or before it (``"pre_norm"``). ``compute_logits`` accepts
     exactly what ``forward`` returned.
+
+    Tensor parallelism: with ``tensor_parallel_size = tp > 1`` the model holds rank
+    ``tensor_parallel_rank``'s shard (vocab-parallel embedding, column/row-parallel attention
+    and MLP, vocab-parallel LM head; norms replicated) and must run in a process group set up
+    by :func:`fastdeploy_mtp.distributed.init_tensor_parallel`. Inputs, hidden states and
+    ``compute_logits`` are the same full tensors on every rank; ``attn_backend`` (and so the
+    KV caches) covers this rank's ``num_key_value_heads / tp`` heads.
     """
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, tensor_parallel_size: int = 1, tensor_parallel_rank: int = 0):
         super().__init__()
+        check_tensor_parallel(config, tensor_parallel_size, tensor_parallel_rank)
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.LayerList([DecoderLayer(config) for _ in range(config.num_hidden_layers)])
+        self.tensor_parallel_size = tensor_parallel_size
+        self.tensor_parallel_rank = tensor_parallel_rank
+        tp = tensor_parallel_size
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp, tensor_parallel_rank)
+        self.layers = nn.LayerList([DecoderLayer(config, tp) for _ in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias_attr=False)
+        self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size, tp)
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
         self.attn_backend = ReferenceAttentionBackend(
-            config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.block_size
+            config.num_attention_heads // tp, config.num_key_value_heads // tp, config.head_dim, config.block_size
         )
 
     @property
@@ -100,7 +112,15 @@ class TinyTargetModel(nn.Layer):
 
         Returns:
             ``(pre_norm, post_norm)`` hidden states, each ``[B, S, H]`` float32.
+
+        Raises:
+            NotImplementedError: on a tensor-parallel shard (training runs unsharded).
         """
+        if self.tensor_parallel_size > 1:
+            raise NotImplementedError(
+                f"forward_dense (training) runs unsharded; this model is a tensor-parallel shard "
+                f"(tensor_parallel_size={self.tensor_parallel_size})"
+            )
         seq = int(ids.shape[1])
         cos, sin = self.rotary.prefix(seq)
         h = self.embed_tokens(ids)

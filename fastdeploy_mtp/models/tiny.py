@@ -190,26 +190,39 @@ def save_tiny(
             f.write("\n")
 
 
-def load_tiny(path: str | None = None) -> tuple[TinyTargetModel, MTPLayer, ModelConfig]:
-    """Load the shipped (or a saved) tiny checkpoint.
+def load_tiny(
+    path: str | None = None, tensor_parallel_size: int = 1, tensor_parallel_rank: int = 0
+) -> tuple[TinyTargetModel, MTPLayer, ModelConfig]:
+    """Load the shipped (or a saved) tiny checkpoint, whole or one tensor-parallel shard.
 
     Args:
         path: directory with ``model.safetensors`` and ``config.json``
             (default: ``fastdeploy_mtp/assets``).
+        tensor_parallel_size, tensor_parallel_rank: load rank ``tensor_parallel_rank``'s shard
+            of a ``tensor_parallel_size``-way split, sliced from the full checkpoint (see
+            :mod:`~fastdeploy_mtp.models.parallel_layers`). With a size above 1 the models
+            run only inside the group made by
+            :func:`fastdeploy_mtp.distributed.init_tensor_parallel`.
 
     Returns:
         ``(target, mtp, config)`` in eval mode; ``mtp`` shares the target's embedding and head.
+        ``config`` is the full model's (unsharded) config.
+
+    Raises:
+        ValueError: a config field (``num_attention_heads``, ``num_key_value_heads``,
+            ``intermediate_size``, ``vocab_size``) not divisible by ``tensor_parallel_size``,
+            or a rank outside ``[0, tensor_parallel_size)``.
     """
     path = path or ASSETS_DIR
     for name in (WEIGHTS_FILE, CONFIG_FILE):
         if not os.path.isfile(os.path.join(path, name)):
             raise FileNotFoundError(f"tiny checkpoint directory {path!r} has no {name}")
     config = ModelConfig.load_json(os.path.join(path, CONFIG_FILE))
-    target = TinyTargetModel(config)
+    target = TinyTargetModel(config, tensor_parallel_size, tensor_parallel_rank)
     mtp = MTPLayer(config, target)
     src = TensorSource(os.path.join(path, WEIGHTS_FILE))
-    load_state_strict(target, src)
-    load_state_strict(mtp, src, MTP_PREFIX)
+    load_state_strict(target, src, "", tensor_parallel_size, tensor_parallel_rank)
+    load_state_strict(mtp, src, MTP_PREFIX, tensor_parallel_size, tensor_parallel_rank)
     expected = {n for n, _ in target.named_parameters()} | {MTP_PREFIX + n for n, _ in mtp.named_parameters()}
     extra = sorted(set(src.keys()) - expected)
     if extra:

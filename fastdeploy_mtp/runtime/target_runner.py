@@ -240,6 +240,12 @@ class TargetRunner:
         if rows:
             logits = self.model.compute_logits(paddle.gather(hidden, paddle.to_tensor(rows, dtype="int64")))
             target_tokens = paddle.argmax(logits, axis=-1).astype("int64")
+            if self.fd_config.parallel_config.tensor_parallel_size > 1:
+                # Every rank must verify (and emit) the same tokens: rank 0's argmax wins, as
+                # the MTP sampler does for drafts. All ranks have the same rows here.
+                from ..distributed import broadcast_from_rank0
+
+                target_tokens = broadcast_from_rank0(target_tokens)
         drafts = target.draft_tokens.numpy()[:, 1:].copy()
         decode_mask = (slt > 0) & (enc == 0)
         ops.verify_draft_tokens(
