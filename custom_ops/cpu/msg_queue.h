@@ -138,17 +138,25 @@ inline void Send(const ArgChecker& check, int qid, int id, const void* message, 
       check.Fail("msgsnd to queue `msg_queue_id` = " + std::to_string(id) + " (" +
                  std::to_string(text_bytes) + " bytes) failed: " + std::strerror(err));
     }
+    struct msqid_ds ds {};
+    const bool stat_ok = msgctl(qid, IPC_STAT, &ds) == 0;
+    if (stat_ok && text_bytes > ds.msg_qbytes) {
+      check.Fail("the message needs " + std::to_string(text_bytes) + " bytes but queue " +
+                 "`msg_queue_id` = " + std::to_string(id) + " holds at most " +
+                 std::to_string(ds.msg_qbytes) +
+                 " bytes (kernel.msgmnb, /proc/sys/kernel/msgmnb, when the queue was created); "
+                 "raise it as root, e.g. `sysctl -w kernel.msgmnb=" +
+                 std::to_string(2 * TopkTextBytes(kMsgMaxBsz)) +
+                 "`, and remove the queue so that it is created again");
+    }
     if (std::chrono::steady_clock::now() >= deadline) {
-      struct msqid_ds ds {};
-      const bool stat_ok = msgctl(qid, IPC_STAT, &ds) == 0;
       check.Fail("queue `msg_queue_id` = " + std::to_string(id) + " stayed full for " +
                  std::to_string(kMsgSendTimeoutMs) + " ms (" +
                  (stat_ok ? std::to_string(ds.msg_cbytes) + " of " + std::to_string(ds.msg_qbytes) +
                                 " bytes queued, "
                           : std::string()) +
                  "message of " + std::to_string(text_bytes) +
-                 " bytes): the reader is not draining it, or the message is larger than the "
-                 "queue's capacity (kernel.msgmnb, /proc/sys/kernel/msgmnb)");
+                 " bytes): the reader is not draining it");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

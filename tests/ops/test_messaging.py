@@ -395,6 +395,46 @@ def test_first_token_rank_and_bad_arguments(qid):
     assert raw_receive(qid) is None
 
 
+def test_full_queue_raises_after_the_send_timeout_instead_of_hanging(qid):
+    """Nobody reads: the queue (kernel.msgmnb bytes, 16384 by default) fills up with
+    first-token messages (7176 bytes each); the next send retries for MSG_SEND_TIMEOUT_MS and
+    then raises, naming the queue and its fill."""
+    x = np.array([[1, 2]], np.int64)
+    fits = int(Path("/proc/sys/kernel/msgmnb").read_text()) // messaging.FIRST_TOKEN_MESSAGE_BYTES
+    for _ in range(fits):
+        save_first(x, [1], queue=qid)
+
+    def one_more():
+        start = time.monotonic()
+        try:
+            save_first(x, [1], queue=qid)
+        except ops.OpError as e:
+            return str(e), time.monotonic() - start
+        return "sent", time.monotonic() - start
+
+    message, seconds = run_in_child(one_more, timeout=60)
+    assert message.startswith(f"mtp_save_first_token: queue `msg_queue_id` = {qid} stayed full for 10000 ms")
+    assert "the reader is not draining it" in message
+    assert ops.MSG_SEND_TIMEOUT_MS / 1000 <= seconds < 30
+
+
+def test_malformed_message_is_consumed_and_read_as_no_message(qid):
+    """A top-k message whose bsz is outside the layout, or that is shorter than its bsz
+    needs, reads as "no message" (-2) and is dropped; the next one is read normally."""
+    q = _libc.msgget(messaging.msg_queue_key(qid), 0o1600)  # IPC_CREAT | 0600
+    _libc.msgsnd.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    for bsz, size in ((600, 2060), (-1, 2060), (3, 2060 + 1032 * 2), (1, 12)):
+        meta = np.zeros(3 + ref.MAX_BSZ, "<i4")
+        meta[:3] = (1, 3, bsz)
+        text = (meta.tobytes() + bytes(1032 * 3))[:size]
+        buf = ctypes.create_string_buffer((1).to_bytes(8, "little") + text)
+        assert _libc.msgsnd(q, buf, len(text), 0) == 0
+        assert read_topk(qid, fill=5)[0][:4].tolist() == [-2, 0, 0, 5]
+    assert raw_receive(qid) is None  # each was consumed
+    save_topk(topk_case(np.random.default_rng(0), counts=[1]), msg_queue_id=qid)
+    assert read_topk(qid)[0][:4].tolist() == [1, 3, 1, 1]
+
+
 # ---- fastdeploy_mtp.ops.messaging ----------------------------------------------------------
 
 
