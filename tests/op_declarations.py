@@ -10,6 +10,8 @@ NOT_OPS = ("constants", "manual_ops")  # the files of that folder that declare n
 DECLARATION_FILES = sorted(p for p in DECLARATION_DIR.glob("*.toml") if p.stem not in NOT_OPS)
 #: op name -> its parsed declaration
 DECLARED: dict[str, dict] = {p.stem: tomllib.loads(p.read_text()) for p in DECLARATION_FILES}
+#: The host-only ops (``host_only = true``: one host function on every backend, no kernels).
+HOST_ONLY: frozenset[str] = frozenset(name for name, decl in DECLARED.items() if decl.get("host_only"))
 
 
 def base_dtype(decl: dict, dtype: str) -> str:

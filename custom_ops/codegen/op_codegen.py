@@ -128,6 +128,10 @@ class Op:
     # all tensors then the attrs, must still work when we add an optional input).
     trailing_inputs: list[str] = field(default_factory=list)
     paddle_outputs: list[str] = field(default_factory=list)  # Paddle's output order, if not the default
+    # A host-only op: one hand-written host function (custom_ops/cpu/<op>.cc) runs on every
+    # backend; no Args struct, no per-item header, no CUDA or XPU kernel. The Paddle binding
+    # copies device tensors to the host around the call; the entry requires host tensors.
+    host_only: bool = False
 
     def output_order(self) -> list[str]:
         """Paddle's outputs: the allocated ones, then `<input>_out` of every written input."""
@@ -215,7 +219,7 @@ def load_op(path: Path) -> Op:
         source=path,
         summary=str(_take(data, "summary", where)),
         kernel=str(_take(data, "kernel", where)),
-        args_struct=str(_take(data, "args", where)),
+        args_struct=str(_take(data, "args", where, "" if data.get("host_only") else ...)),
         device_of=str(_take(data, "device_of", where, inputs[0].name if inputs else "")),
         inputs=inputs,
         attrs=attrs,
@@ -228,6 +232,7 @@ def load_op(path: Path) -> Op:
         attrs_first=bool(_take(data, "attrs_first", where, False)),
         trailing_inputs=list(_take(data, "trailing_inputs", where, [])),
         paddle_outputs=list(_take(data, "paddle_outputs", where, [])),
+        host_only=bool(_take(data, "host_only", where, False)),
     )
     _no_extra(data, where)
     validate(op)
@@ -267,6 +272,18 @@ def validate(op: Op) -> None:
         raise DeclarationError(f"{w}: device_of `{op.device_of}` is not an input")
     if op.template_on and op.input(op.template_on).dtype != "float":
         raise DeclarationError(f"{w}: template_on `{op.template_on}` must be an input of dtype 'float'")
+    if op.host_only:
+        kernel_keys = {
+            "args": op.args_struct, "template_on": op.template_on, "cpu_extra": op.cpu_extra,
+            "cuda_workspace": op.cuda_workspace, "xpu_limits": op.xpu_limits,
+            "xpu_kernels": op.xpu_kernels != [op.name] and op.xpu_kernels,
+            "field": any(t.field != t.name for t in op.inputs) or any(a.field != a.name for a in op.attrs),
+            "outputs": op.outputs,
+            "optional inputs": any(t.optional for t in op.inputs),
+        }  # fmt: skip
+        used = sorted(k for k, v in kernel_keys.items() if v)
+        if used:
+            raise DeclarationError(f"{w}: a host_only op has no kernels; remove {used}")
     for extra in op.cpu_extra:
         if extra not in {a.name for a in op.attrs}:
             raise DeclarationError(f"{w}: cpu_extra `{extra}` is not an attr")
@@ -407,6 +424,11 @@ def dtype_checks(op: Op, t: Tensor | Output, ref: str) -> list[str]:
     return [f"check.Dtype({ref}, DType::{DTYPES[t.dtype][1]});"]
 
 
+def kernel_ops(ops: list[Op]) -> list[Op]:
+    """The ops with backend kernels (every op but the host-only ones)."""
+    return [op for op in ops if not op.host_only]
+
+
 def template_prefix(op: Op) -> str:
     """The template line of a declaration of an op whose kernels are templates over T."""
     return "template <typename T>\n" if op.template_on else ""
@@ -475,9 +497,14 @@ namespace fdmtp {
             out.append("  ScratchAllocator* scratch = nullptr;  // device scratch for the CUDA launcher")
         out.append("};")
         out.append(f"void {op.kernel}(const {op.call}& call);")
-        out.append(f"// Op-specific checks and derived sizes ({op.name}'s CPU file); called by the entry")
-        out.append("// after the generic checks, before anything is written.")
-        out.append(f"void Prepare(const ArgChecker& check, const {op.call}& call, {op.args_struct}* args);")
+        if op.host_only:
+            out.append(f"// The host function of {op.name} (host-only op, its CPU file): its own checks and")
+            out.append("// the work; called by the entry after the generic checks, on host tensors only.")
+            out.append(f"namespace host {{\nvoid {op.kernel}(const ArgChecker& check, const {op.call}& call);\n}}")
+        else:
+            out.append(f"// Op-specific checks and derived sizes ({op.name}'s CPU file); called by the entry")
+            out.append("// after the generic checks, before anything is written.")
+            out.append(f"void Prepare(const ArgChecker& check, const {op.call}& call, {op.args_struct}* args);")
         out.append("")
     out.append("}  // namespace fdmtp\n")
     return "\n".join(out)
@@ -501,6 +528,7 @@ def gen_kernels_h(ops: list[Op]) -> str:
 #include "fdmtp/float_types.h"
 """,
     ]
+    ops = kernel_ops(ops)
     out += [f'#include "fdmtp/{op.name}.h"' for op in ops]
     out += ["", "namespace fdmtp {", "", "namespace cpu {"]
     for op in ops:
@@ -533,7 +561,7 @@ namespace xpu {
 struct Context;
 """,
     ]
-    for op in ops:
+    for op in kernel_ops(ops):
         tmpl = template_prefix(op)
         out.append(f"{tmpl}int {op.name}(Context* ctx, const {op.args_struct}& args);")
     out += ["", "}  // namespace xpu", "}  // namespace fdmtp", ""]
@@ -558,7 +586,7 @@ def gen_entries_cc(ops: list[Op]) -> str:
         out.append("  std::vector<const TensorRef*> tensors = {" + ", ".join(req) + "};")
         if opt:
             out.append("  for (const TensorRef* t : Present({" + ", ".join(opt) + "})) tensors.push_back(t);")
-        out.append("  check.SameDevice(tensors);")
+        out.append("  check.OnHost(tensors);" if op.host_only else "  check.SameDevice(tensors);")
         checked: list[Tensor | Output] = [*op.inputs, *op.outputs]
         for c in checked:
             optional = isinstance(c, Tensor) and c.optional
@@ -568,6 +596,11 @@ def gen_entries_cc(ops: list[Op]) -> str:
                 lines.append(f"check.Contiguous({ref});")
             for line in lines:
                 out.append(f"  if (call.{c.name}) {line}" if optional else f"  {line}")
+        if op.host_only:
+            out.append(f"  host::{op.kernel}(check, call);")
+            out.append("}")
+            out.append("")
+            continue
         out.append(f"  {op.args_struct} args{{}};")
         for t in op.inputs:
             if not t.field:
@@ -618,6 +651,7 @@ def gen_entries_cc(ops: list[Op]) -> str:
 
 
 def gen_xpu_plugin_cpp(ops: list[Op]) -> str:
+    ops = kernel_ops(ops)
     out = [HEADER, '#include "wrapper.h"', "", "namespace fdmtp_xpu3 {"]
     for op in ops:
         extra = ", int64_t elem_bytes" if op.template_on else ""
@@ -697,6 +731,20 @@ def gen_paddle_cc(ops: list[Op]) -> str:
             out.append("  std::vector<paddle::Tensor> outs;")
         out.append(f'  pb::RunEntry("{op.name}", [&] {{')
         out.append(f"    fdmtp::{op.call} call;")
+        if op.host_only:  # device tensors: run on host copies, written ones copied back
+            for t in op.inputs:
+                out.append(f"    paddle::Tensor {t.name}_host = pb::OnHost({t.name});")
+                out.append(f'    call.{t.name} = pb::ToRef({t.name}_host, "{t.name}");')
+            for a in op.attrs:
+                out.append(f"    call.{a.name} = {a.name};")
+            out.append(f"    fdmtp::{op.kernel}(call);")
+            for t in op.inputs:
+                if t.writes:
+                    out.append(f"    pb::CopyBack({t.name}, {t.name}_host);")
+            out.append("  });")
+            out.append("}")
+            out.append("")
+            continue
         for t in op.inputs:
             conv = "ToOptionalRef" if t.optional else "ToRef"
             out.append(f'    call.{t.name} = pb::{conv}({t.name}, "{t.name}");')
@@ -1108,6 +1156,12 @@ def gen_sources_cmake(repo: Path, ops: list[Op]) -> str:
     lists: dict[str, list[str]] = {"CPU": [], "GPU": [], "XPU_KERNEL": []}
     missing = []
     for op in ops:
+        if op.host_only:  # the host function only
+            rel = f"custom_ops/cpu/{op.name}.cc"
+            lists["CPU"].append(rel)
+            if not (repo / rel).exists():
+                missing.append(rel)
+            continue
         for key, rel in (
             ("CPU", f"custom_ops/cpu/{op.name}.cc"),
             ("GPU", f"custom_ops/gpu/{op.name}.cu"),

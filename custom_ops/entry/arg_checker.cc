@@ -135,6 +135,17 @@ void ArgChecker::SameDevice(const std::vector<const TensorRef*>& tensors) const 
   }
 }
 
+void ArgChecker::OnHost(const std::vector<const TensorRef*>& tensors) const {
+  for (const TensorRef* t : tensors) {
+    if (t->device != Device::kCPU) {
+      Fail(std::string("`") + t->name + "` is on " + DeviceName(t->device) + ":" +
+           std::to_string(t->device_id) +
+           "; this op runs on the host and takes host tensors only (the Paddle op copies "
+           "device tensors to the host itself)");
+    }
+  }
+}
+
 const TensorRef& ArgChecker::Required(const OptionalTensorRef& t, const char* name,
                                       const std::string& why) const {
   if (!t) Fail(std::string("`") + name + "` is required when " + why + ", got None");

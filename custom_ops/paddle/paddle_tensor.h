@@ -37,6 +37,18 @@ TensorRef ToRef(const paddle::Tensor& tensor, const char* name);
 // An optional input (paddle::Optional in .Inputs): std::nullopt when the caller passed None.
 OptionalTensorRef ToOptionalRef(const paddle::optional<paddle::Tensor>& tensor, const char* name);
 
+// Host-only ops: `tensor` itself when it is in host memory, else a host copy (blocking).
+inline paddle::Tensor OnHost(const paddle::Tensor& tensor) {
+  if (!tensor.initialized() || tensor.is_cpu() || tensor.is_gpu_pinned()) return tensor;
+  return tensor.copy_to(paddle::CPUPlace(), true);
+}
+// Host-only ops: after the call, copies the host copy of a written device tensor back into
+// it (nothing to do when `host` is the tensor itself).
+inline void CopyBack(const paddle::Tensor& tensor, const paddle::Tensor& host) {
+  if (!tensor.initialized() || tensor.is_cpu() || tensor.is_gpu_pinned()) return;
+  const_cast<paddle::Tensor&>(tensor).copy_(host, tensor.place(), true);
+}
+
 // The cudaStream_t the tensor's work is ordered on (nullptr for host tensors).
 void* StreamOf(const paddle::Tensor& tensor);
 

@@ -17,11 +17,12 @@ import tomllib
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import fastdeploy_mtp.ops as ops
 from fastdeploy_mtp import _kernels
-from tests.op_declarations import DECLARATION_DIR, DECLARATION_FILES as DECLARATIONS, DECLARED
+from tests.op_declarations import DECLARATION_DIR, DECLARATION_FILES as DECLARATIONS, DECLARED, HOST_ONLY
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,7 +42,9 @@ def _declared(path: Path) -> dict:
 def test_every_kernel_op_is_declared_and_exported():
     names = {p.stem for p in DECLARATIONS}
     manual = set(tomllib.loads((DECLARATION_DIR / "manual_ops.toml").read_text())["ops"])
-    assert len(names) == 14
+    assert len(names) == 18
+    assert HOST_ONLY == {"speculate_save_output_topk", "speculate_get_output_topk", "mtp_save_first_token",
+                         "mtp_get_first_token"}  # fmt: skip
     assert set(ops.OP_NAMES) == names | manual
     for name in names | manual:
         assert callable(getattr(ops, name)), name
@@ -189,3 +192,56 @@ def test_a_declaration_that_disagrees_with_the_args_struct_does_not_compile(tmp_
     proc = compile_entries()
     assert proc.returncode != 0
     assert "inter_next_tokens" in proc.stderr
+
+
+HOST_ONLY_GOOD = """
+summary = "A host op."
+kernel = "MyOp"
+host_only = true
+inputs = [{ name = "x", dtype = "int32", shape = "[N]", io = "inout", doc = "" }]
+"""
+
+
+@pytest.mark.parametrize(
+    "extra, key",
+    [('args = "MyOpArgs"\n', "args"), ('cuda_workspace = "Bytes"\n', "cuda_workspace"),
+     ('xpu_kernels = ["a", "b"]\n', "xpu_kernels"),
+     ('outputs = [{ name = "y", dtype = "int32", alloc = "like:x", shape = "[N]", doc = "" }]\n', "outputs")],
+)  # fmt: skip
+def test_generator_rejects_kernel_keys_on_a_host_only_op(tmp_path, extra, key):
+    codegen = _codegen()
+    assert codegen.load_op(_write_decl(tmp_path, HOST_ONLY_GOOD)).host_only
+    with pytest.raises(codegen.DeclarationError, match=rf"a host_only op has no kernels; remove \['{key}'\]"):
+        codegen.load_op(_write_decl(tmp_path, extra + HOST_ONLY_GOOD))
+
+
+def test_host_only_ops_have_only_a_host_function_and_no_kernels(tmp_path):
+    """A host-only op needs its CPU file only (no per-item header, CUDA or XPU kernel), has no
+    XPU plugin function, and its entry requires host tensors and calls host::<Kernel>."""
+    codegen = _codegen()
+    out = tmp_path / "gen"
+    codegen.generate(ROOT, out)
+    sources = (out / "op_sources.cmake").read_text()
+    entries = (out / "entries.cc").read_text()
+    paddle_cc = (out / "paddle_ops.cc").read_text()
+    for name in HOST_ONLY:
+        kernel = DECLARED[name]["kernel"]
+        assert f"custom_ops/cpu/{name}.cc" in sources
+        assert f"gpu/{name}.cu" not in sources and f"{name}.xpu" not in sources
+        assert f"xpu::{name}" not in (out / "xpu_plugin.cpp").read_text()
+        body = entries.split(f"void {kernel}(const {kernel}Call& call) {{", 1)[1].split("\n}\n", 1)[0]
+        assert "check.OnHost(tensors);" in body and f"host::{kernel}(check, call);" in body
+        assert "Dispatch" not in body
+        assert f"PD_BUILD_OP({name})" in paddle_cc
+        for t in DECLARED[name]["inputs"]:
+            assert f"pb::OnHost({t['name']})" in paddle_cc
+            if t.get("io", "in") != "in":
+                assert f"pb::CopyBack({t['name']}, {t['name']}_host)" in paddle_cc
+
+
+def test_host_only_op_refuses_device_tensors_in_the_framework_free_module():
+    buf = np.zeros(1794, np.int64)
+    with pytest.raises(
+        ValueError, match=r"^mtp_get_first_token: `output_tokens` is on cuda:0; this op runs on the host"
+    ):
+        _kernels.mtp_get_first_token((buf.ctypes.data, "int64", (1794,), "cuda"), False, 1)

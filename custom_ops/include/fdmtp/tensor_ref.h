@@ -112,6 +112,9 @@ class ArgChecker {
   void DimEq(const TensorRef& t, size_t i, const TensorRef& other, size_t j) const;
   // Every tensor lives on the same device as the first one.
   void SameDevice(const std::vector<const TensorRef*>& tensors) const;
+  // Every tensor is in host memory (the host-only ops; their Paddle binding copies device
+  // tensors to the host first).
+  void OnHost(const std::vector<const TensorRef*>& tensors) const;
   // An optional argument that this call needs; `why` completes "required when ...".
   const TensorRef& Required(const OptionalTensorRef& t, const char* name,
                             const std::string& why) const;

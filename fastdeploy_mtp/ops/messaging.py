@@ -1,0 +1,100 @@
+"""Host helpers of the token message queues (the messaging ops: ``speculate_save_output_topk``,
+``speculate_get_output_topk``, ``mtp_save_first_token``, ``mtp_get_first_token``).
+
+The layouts and the queue key are described in ``docs/ops.md``, "The messaging ops (shared
+rules)". These helpers use libc through :mod:`ctypes` (Linux).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+from typing import Final
+
+from ._op_wrappers import FIRST_TOKEN_MAX_BSZ, MAX_BSZ, MAX_DRAFT_TOKENS, SPEC_LOGPROB_K
+
+#: Bytes of one batch entry of a top-k message: 6 * 21 ints, 6 * 21 floats, 6 ints.
+TOPK_ENTRY_BYTES: Final = 4 * (2 * MAX_DRAFT_TOKENS * (SPEC_LOGPROB_K + 1) + MAX_DRAFT_TOKENS)
+#: Bytes of the meta block of a top-k message: ±msg_id, message_flag, bsz, 512 counts.
+TOPK_META_BYTES: Final = 4 * (3 + MAX_BSZ)
+#: Bytes of text of a first-token message (always sent whole).
+FIRST_TOKEN_MESSAGE_BYTES: Final = 4 * (2 + FIRST_TOKEN_MAX_BSZ * (1 + MAX_DRAFT_TOKENS))
+
+_IPC_RMID: Final = 0
+_KEY_PATH: Final = "/dev/shm"
+_libc: ctypes.CDLL | None = None
+
+
+def _lib() -> ctypes.CDLL:
+    global _libc
+    if _libc is None:
+        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        lib.msgget.argtypes = [ctypes.c_int, ctypes.c_int]
+        lib.msgget.restype = ctypes.c_int
+        lib.msgctl.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        lib.msgctl.restype = ctypes.c_int
+        _libc = lib
+    return _libc
+
+
+def topk_message_bytes(bsz: int) -> int:
+    """Bytes of message text ``speculate_save_output_topk`` sends for ``bsz`` items (the meta
+    block plus ``bsz`` batch entries; the size ``kernel.msgmax`` must allow)."""
+    if not 0 <= bsz <= MAX_BSZ:
+        raise ValueError(f"bsz must be in [0, {MAX_BSZ}], got {bsz}")
+    return TOPK_META_BYTES + bsz * TOPK_ENTRY_BYTES
+
+
+def read_msgmax() -> int:
+    """The system's largest SysV message text in bytes (``/proc/sys/kernel/msgmax``)."""
+    with open("/proc/sys/kernel/msgmax") as f:
+        return int(f.read().strip())
+
+
+def msg_queue_key(msg_queue_id: int) -> int:
+    """The SysV key of queue ``msg_queue_id`` (FastDeploy's ``custom_ftok`` on /dev/shm), as
+    the ops compute it; ``msg_queue_id`` in ``[0, 2**20)``. A signed 32-bit value, like
+    ``key_t``."""
+    if isinstance(msg_queue_id, bool) or not isinstance(msg_queue_id, int) or not 0 <= msg_queue_id < 1 << 20:
+        raise ValueError(f"msg_queue_id must be an integer in [0, 1048575], got {msg_queue_id!r}")
+    st = os.stat(_KEY_PATH)
+    key = ((st.st_dev & 0xF) << 28) | ((st.st_ino & 0xFF) << 20) | msg_queue_id
+    return key - (1 << 32) if key >= 1 << 31 else key
+
+
+def remove_msg_queue(msg_queue_id: int) -> bool:
+    """Removes queue ``msg_queue_id`` and any messages in it (``msgctl(IPC_RMID)``).
+
+    Returns True if a queue was removed, False if there was none. Raises ``OSError`` for
+    other failures (e.g. a queue of another user).
+    """
+    lib = _lib()
+    qid = lib.msgget(msg_queue_key(msg_queue_id), 0)
+    if qid < 0:
+        err = ctypes.get_errno()
+        if err == errno.ENOENT:
+            return False
+        raise OSError(err, f"msgget of queue {msg_queue_id}: {os.strerror(err)}")
+    if lib.msgctl(qid, _IPC_RMID, None) != 0:
+        err = ctypes.get_errno()
+        if err in (errno.EINVAL, errno.EIDRM):  # removed meanwhile
+            return False
+        raise OSError(err, f"msgctl(IPC_RMID) of queue {msg_queue_id}: {os.strerror(err)}")
+    return True
+
+
+__all__ = [
+    "FIRST_TOKEN_MAX_BSZ",
+    "FIRST_TOKEN_MESSAGE_BYTES",
+    "MAX_BSZ",
+    "MAX_DRAFT_TOKENS",
+    "SPEC_LOGPROB_K",
+    "TOPK_ENTRY_BYTES",
+    "TOPK_META_BYTES",
+    "msg_queue_key",
+    "read_msgmax",
+    "remove_msg_queue",
+    "topk_message_bytes",
+]
