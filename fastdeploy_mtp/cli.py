@@ -484,7 +484,42 @@ def build_parser() -> argparse.ArgumentParser:
     common(gen)
     gen.add_argument("--prompt", required=True)
     gen.set_defaults(func=cmd_generate)
+    srv = sub.add_parser("serve", help="OpenAI-compatible server (cache manager + one worker process per TP rank)")
+    add_speculative_args(srv, DEFAULT_NUM_SPECULATIVE_TOKENS)
+    from .serving.server import add_serve_args
+
+    add_serve_args(srv)
+    srv.set_defaults(func=cmd_serve, max_tokens=1)
     return ap
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``fastdeploy-mtp serve``: see :mod:`fastdeploy_mtp.serving.server`."""
+    from .serving.server import ServeOptions, default_model, serve
+
+    spec = resolve_speculative_config(args)
+    device_ids = None
+    if args.device_ids:
+        try:
+            device_ids = [int(d) for d in args.device_ids.split(",")]
+        except ValueError:
+            raise UsageError(f"--device-ids must be comma-separated integers, got {args.device_ids!r}") from None
+    for name in ("port", "tensor_parallel_size", "max_model_len"):
+        if getattr(args, name) <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    opts = ServeOptions(
+        model=args.model or default_model(),
+        speculative_config=spec,
+        host=args.host,
+        port=args.port,
+        tensor_parallel_size=args.tensor_parallel_size,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        engine_worker_queue_port=args.engine_worker_queue_port,
+        device_ids=device_ids,
+        served_model_name=args.served_model_name,
+    )
+    return serve(opts)
 
 
 def _debug() -> bool:
@@ -504,7 +539,7 @@ def _run(argv: list[str] | None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     if args.max_tokens <= 0:
         raise UsageError(f"--max-tokens must be > 0, got {args.max_tokens}")
-    if getattr(args, "max_num_seqs", 1) <= 0:
+    if (getattr(args, "max_num_seqs", 1) or 1) <= 0:
         raise UsageError(f"--max-num-seqs must be > 0, got {args.max_num_seqs}")
     return int(args.func(args))
 

@@ -167,6 +167,10 @@ class SpeculativeConfig:
         """
         return cls.from_dict(load_speculative_json(text))
 
+    def to_json(self) -> str:
+        """The JSON object :meth:`from_json` reads back into an equal config."""
+        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)})
+
 
 def load_speculative_json(text: str) -> dict[str, Any]:
     """The JSON object ``text`` as a dict (keys not checked yet; see

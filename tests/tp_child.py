@@ -28,7 +28,7 @@ def run_engine(target, mtp, arch, k: int, steps: int, hybrid: bool, max_tokens: 
     with the parallel config of rank ``rank`` of ``tp``)."""
     import dataclasses
 
-    from fastdeploy_mtp.cli import build_config
+    from fastdeploy_mtp.cli import build_config, speculative_config
     from fastdeploy_mtp.config import ParallelConfig
     from fastdeploy_mtp.models import ByteTokenizer
     from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
@@ -38,7 +38,7 @@ def run_engine(target, mtp, arch, k: int, steps: int, hybrid: bool, max_tokens: 
     tok = ByteTokenizer()
     reqs = [Request(f"p{i}", tok.encode(p), max_tokens=max_tokens) for i, p in enumerate(DEMO_PROMPTS)]
     longest = max(len(r.prompt_token_ids) for r in reqs) + max_tokens + 2 * k + 8
-    cfg = build_config(arch, k, steps, hybrid, len(reqs), longest)
+    cfg = build_config(arch, speculative_config(k, steps, hybrid), len(reqs), longest)
     cfg = dataclasses.replace(
         cfg, parallel_config=ParallelConfig(tensor_parallel_size=tp, tensor_parallel_rank=rank, local_rank=rank)
     )

@@ -46,6 +46,27 @@ class StepOutput:
     num_tokens: int
 
 
+def check_prefill_task(req: Request, max_model_len: int, vocab_size: int) -> None:
+    """Raise :class:`~fastdeploy_mtp.runtime.request.InvalidRequestError` if what a runner
+    would load for ``req`` cannot reach the model: a prefill chunk outside the prompt, a
+    prompt that no longer fits ``max_model_len``, or token ids outside ``[0, vocab_size)`` in
+    the chunk (and the next prompt token, which the chunk's fix-up and the MTP layer read).
+    Submission checks the same; this catches a request changed after it was queued, before
+    it can poison a step shared with others."""
+    if req.task_type != RequestType.PREFILL:
+        return
+    prompt = req.prompt_token_ids
+    start, end = req.prefill_start_index, req.prefill_end_index
+    if not 0 <= start < end <= len(prompt) or len(prompt) >= max_model_len:
+        raise InvalidRequestError(
+            req.request_id,
+            "prompt_token_ids",
+            f"changed after submission: chunk [{start}, {end}) of a {len(prompt)}-token prompt "
+            f"(max_model_len {max_model_len})",
+        )
+    check_token_ids(req.request_id, list(prompt[start : end + 1]), vocab_size, offset=start)
+
+
 class Runner(Protocol):
     """What :class:`~fastdeploy_mtp.runtime.engine.Engine` drives: one worker's target step
     and proposer round, here in-process (:class:`TargetRunner`) or in worker processes
@@ -58,15 +79,26 @@ class Runner(Protocol):
         ``seq_lens_this_time`` after the proposer)."""
         ...
 
-    def check_task(self, req: Request) -> None: ...
+    def check_task(self, req: Request) -> None:
+        """Raise :class:`~fastdeploy_mtp.runtime.request.InvalidRequestError` if ``req``'s
+        task cannot reach the model (see :func:`check_prefill_task`)."""
+        ...
 
-    def insert_tasks(self, tasks: Sequence[Request]) -> None: ...
+    def insert_tasks(self, tasks: Sequence[Request]) -> None:
+        """Load this step's tasks (prefill chunks, block-table updates)."""
+        ...
 
-    def execute(self) -> StepOutput: ...
+    def execute(self) -> StepOutput:
+        """One target step + proposer round; what it emitted, on the host."""
+        ...
 
-    def free_slot(self, idx: int) -> None: ...
+    def free_slot(self, idx: int) -> None:
+        """Stop a slot whose request finished."""
+        ...
 
-    def abort_slot(self, req: Request) -> None: ...
+    def abort_slot(self, req: Request) -> None:
+        """Reset the target and draft state of an aborted request's slot."""
+        ...
 
     def close(self) -> None: ...
 
@@ -127,24 +159,8 @@ class TargetRunner:
 
     # ---- task insertion ----------------------------------------------------------------------
     def check_task(self, req: Request) -> None:
-        """Raise :class:`~fastdeploy_mtp.runtime.request.InvalidRequestError` if what
-        :meth:`insert_tasks` would load for ``req`` cannot reach the model: a prefill chunk
-        outside the prompt, a prompt that no longer fits ``max_model_len``, or token ids
-        outside ``[0, vocab_size)`` in the chunk (and the next prompt token, which the chunk's
-        fix-up and the MTP layer read). Submission checks the same; this catches a request
-        changed after it was queued, before it can poison a step shared with others."""
-        if req.task_type != RequestType.PREFILL:
-            return
-        prompt = req.prompt_token_ids
-        start, end = req.prefill_start_index, req.prefill_end_index
-        if not 0 <= start < end <= len(prompt) or len(prompt) >= self.fd_config.model_config.max_model_len:
-            raise InvalidRequestError(
-                req.request_id,
-                "prompt_token_ids",
-                f"changed after submission: chunk [{start}, {end}) of a {len(prompt)}-token prompt "
-                f"(max_model_len {self.fd_config.model_config.max_model_len})",
-            )
-        check_token_ids(req.request_id, list(prompt[start : end + 1]), self.vocab_size, offset=start)
+        """See :func:`check_prefill_task`."""
+        check_prefill_task(req, self.fd_config.model_config.max_model_len, self.vocab_size)
 
     def abort_slot(self, req: Request) -> None:
         """Reset the target and draft state of ``req``'s slot (the request is being aborted,

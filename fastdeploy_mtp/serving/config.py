@@ -1,0 +1,140 @@
+"""The one place the engine, the cache manager and the workers derive the serving config
+from, so that all processes agree on every shape and name."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+from dataclasses import dataclass
+
+from ..config import FDConfig, SpeculativeConfig
+from ..models.model_config import ModelConfig as ArchConfig
+
+
+@dataclass
+class ServeLayout:
+    """What every process of one server must agree on.
+
+    Attributes:
+        model: checkpoint directory (``config.json`` + ``model.safetensors``).
+        speculative_config: FastDeploy's ``speculative_config`` as JSON.
+        max_num_seqs: batch slots ``N``.
+        max_model_len: longest prompt + output of one request.
+        tensor_parallel_size: worker processes (one per rank).
+        engine_worker_queue_port: loopback TCP port of the engine's worker socket; also the
+            suffix of ``cache_ready_signal`` and the SysV message queue id of the token output.
+        device_ids: per rank, the device id in the cache names.
+        cache_ready_timeout: seconds a worker waits for its caches.
+    """
+
+    model: str
+    speculative_config: str
+    max_num_seqs: int
+    max_model_len: int
+    tensor_parallel_size: int
+    engine_worker_queue_port: int
+    device_ids: list[int]
+    cache_ready_timeout: float = 120.0
+
+    @property
+    def msg_queue_id(self) -> int:
+        """SysV queue id of the workers' token output (FastDeploy's ``INFERENCE_MSG_QUEUE_ID``)."""
+        return self.engine_worker_queue_port
+
+    def arch(self) -> ArchConfig:
+        return ArchConfig.load_json(os.path.join(self.model, "config.json"))
+
+    def fd_config(self, rank: int = 0, arch: ArchConfig | None = None) -> FDConfig:
+        """The FDConfig of rank ``rank`` (the engine uses rank 0's): caches owned by the cache
+        manager, every name and shape as the other processes derive them."""
+        from ..cli import build_config
+
+        spec = SpeculativeConfig.from_json(self.speculative_config)
+        cfg = build_config(arch or self.arch(), spec, self.max_num_seqs, self.max_model_len)
+        cfg.model_config.model = self.model
+        cfg.cache_config.cache_manager = True
+        cfg.cache_config.cache_ready_timeout = self.cache_ready_timeout
+        pc = cfg.parallel_config
+        pc.tensor_parallel_size = self.tensor_parallel_size
+        pc.tensor_parallel_rank = rank
+        pc.local_rank = rank
+        pc.device_id = self.device_ids[rank]
+        pc.engine_worker_queue_port = self.engine_worker_queue_port
+        return cfg
+
+    def to_args(self) -> list[str]:
+        """Command-line arguments (FastDeploy's worker names) that rebuild this layout."""
+        return [
+            "--model",
+            self.model,
+            "--speculative_config",
+            self.speculative_config,
+            "--max_num_seqs",
+            str(self.max_num_seqs),
+            "--max_model_len",
+            str(self.max_model_len),
+            "--tensor_parallel_size",
+            str(self.tensor_parallel_size),
+            "--engine_worker_queue_port",
+            str(self.engine_worker_queue_port),
+            "--device_ids",
+            ",".join(str(d) for d in self.device_ids),
+            "--cache_ready_timeout",
+            str(self.cache_ready_timeout),
+        ]
+
+    @staticmethod
+    def add_args(parser: argparse.ArgumentParser) -> None:
+        """The arguments :meth:`to_args` writes (FastDeploy's worker argument names)."""
+        parser.add_argument("--model", required=True, help="checkpoint directory")
+        parser.add_argument("--speculative_config", required=True, help="FastDeploy's speculative_config JSON")
+        parser.add_argument("--max_num_seqs", type=int, required=True)
+        parser.add_argument("--max_model_len", type=int, required=True)
+        parser.add_argument("--tensor_parallel_size", type=int, default=1)
+        parser.add_argument("--engine_worker_queue_port", type=int, required=True)
+        parser.add_argument("--device_ids", default=None, help="comma-separated, one per rank (default 0..tp-1)")
+        parser.add_argument("--cache_ready_timeout", type=float, default=120.0)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServeLayout:
+        tp = int(args.tensor_parallel_size)
+        device_ids = [int(d) for d in args.device_ids.split(",")] if args.device_ids else list(range(tp))
+        if len(device_ids) != tp:
+            raise ValueError(f"--device_ids names {len(device_ids)} devices; --tensor_parallel_size is {tp}")
+        return cls(
+            model=args.model,
+            speculative_config=args.speculative_config,
+            max_num_seqs=int(args.max_num_seqs),
+            max_model_len=int(args.max_model_len),
+            tensor_parallel_size=tp,
+            engine_worker_queue_port=int(args.engine_worker_queue_port),
+            device_ids=device_ids,
+            cache_ready_timeout=float(args.cache_ready_timeout),
+        )
+
+
+class Terminated(SystemExit):
+    """Raised in a child process by SIGTERM (from the engine, or from the kernel when the
+    parent died): unwinds ``finally`` blocks so shared memory is released."""
+
+
+def become_child_process() -> None:
+    """Set up a process the engine launched: SIGTERM unwinds (:class:`Terminated`), SIGINT
+    is ignored (a terminal's Ctrl-C reaches the whole process group; the engine decides how
+    its children stop), and on Linux the kernel sends SIGTERM if the parent dies first."""
+
+    def on_term(signum: int, frame: object) -> None:
+        raise Terminated(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        raise Terminated(1)

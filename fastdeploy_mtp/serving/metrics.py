@@ -1,0 +1,119 @@
+"""``/metrics``: the engine's counters in Prometheus text format (``prometheus_client``).
+
+Speculative decoding, under FastDeploy's ``fastdeploy:spec_decode_*`` prefix with vLLM's
+metric names after it:
+
+* ``fastdeploy:spec_decode_num_draft_tokens_total`` — drafts offered to the target for
+  verification (placeholders not counted);
+* ``fastdeploy:spec_decode_num_accepted_tokens_total`` — drafts the target accepted;
+* ``..._per_pos_total{position="i"}`` — the same per draft position ``i = 1..K``. A draft at
+  position ``i`` can only be accepted if the drafts before it were, so the acceptance rate at
+  position ``i`` (accepted / offered at ``i``) is **conditional on drafts 1..i-1 having been
+  accepted**; it is not the share of rounds that reach position ``i``;
+* ``fastdeploy:spec_decode_num_emitted_tokens_total`` — tokens emitted by decode steps
+  (accepted drafts plus the target's own token per step);
+* ``fastdeploy:spec_decode_num_decode_steps_total`` — (request, target forward) pairs that
+  decoded;
+* ``fastdeploy:spec_decode_mean_accepted_length`` — emitted / decode steps: tokens per
+  request per target forward (1.0 = no gain from speculation).
+
+Plus request counters (``fastdeploy:request_success_total``, ``..._failure_total``),
+prompt/generation token counters, and running/waiting gauges.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ..runtime.engine import Metrics
+
+PREFIX = "fastdeploy:"
+
+
+@dataclass
+class ServerCounters:
+    """Request-level counters the API server keeps (under :attr:`lock`)."""
+
+    prompt_tokens: int = 0
+    success: int = 0
+    failure: int = 0
+    running: int = 0
+    waiting: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class EngineCollector(Collector):
+    """Reads the engine's :class:`~fastdeploy_mtp.runtime.engine.Metrics` at scrape time."""
+
+    def __init__(self, metrics: Metrics, counters: ServerCounters, lock: threading.Lock):
+        self.metrics = metrics
+        self.counters = counters
+        self.lock = lock  # the engine loop's lock: a scrape sees one step's counts, not half
+
+    def collect(self) -> Iterator[Metric]:
+        with self.lock:
+            m = self.metrics
+            proposed = [int(v) for v in m.proposed]
+            accepted = [int(v) for v in m.accepted]
+            emitted, steps, generated = m.emitted_tokens, m.decode_item_steps, m.generated_tokens
+            mean = m.mean_accepted_length
+        c = self.counters
+        with c.lock:
+            prompt, success, failure, running, waiting = c.prompt_tokens, c.success, c.failure, c.running, c.waiting
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            return CounterMetricFamily(PREFIX + name, doc, value=value)
+
+        yield counter(
+            "spec_decode_num_draft_tokens", "Draft tokens offered to the target for verification.", sum(proposed)
+        )
+        yield counter("spec_decode_num_accepted_tokens", "Draft tokens the target accepted.", sum(accepted))
+        per_pos = CounterMetricFamily(
+            PREFIX + "spec_decode_num_draft_tokens_per_pos",
+            "Draft tokens offered at each draft position (1 = first draft).",
+            labels=["position"],
+        )
+        acc_pos = CounterMetricFamily(
+            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted at each draft position; a draft at position i is accepted only if "
+            "drafts 1..i-1 were, so accepted/offered at i is conditional on the earlier ones.",
+            labels=["position"],
+        )
+        for i, (p, a) in enumerate(zip(proposed, accepted), start=1):
+            per_pos.add_metric([str(i)], p)
+            acc_pos.add_metric([str(i)], a)
+        yield per_pos
+        yield acc_pos
+        yield counter(
+            "spec_decode_num_emitted_tokens",
+            "Tokens emitted by decode steps (accepted drafts + the target's own token per step).",
+            emitted,
+        )
+        yield counter("spec_decode_num_decode_steps", "(request, target forward) pairs that decoded.", steps)
+        yield GaugeMetricFamily(
+            PREFIX + "spec_decode_mean_accepted_length",
+            "Emitted tokens per decoding request per target forward (1.0 = no speculation gain).",
+            value=mean,
+        )
+        yield counter("generation_tokens", "Generated tokens (first tokens of prefills included).", generated)
+        yield counter("prompt_tokens", "Prompt tokens of admitted requests.", prompt)
+        yield counter("request_success", "Requests that completed.", success)
+        yield counter("request_failure", "Requests that failed after admission.", failure)
+        yield GaugeMetricFamily(PREFIX + "num_requests_running", "Requests holding a slot.", value=running)
+        yield GaugeMetricFamily(PREFIX + "num_requests_waiting", "Requests queued for a slot.", value=waiting)
+
+
+def make_registry(metrics: Metrics, counters: ServerCounters, lock: threading.Lock) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EngineCollector(metrics, counters, lock))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,300 @@
+"""The engine's side of the worker processes: :class:`RemoteRunner` launches the cache
+manager and one worker per tensor-parallel rank, and drives them with the
+:class:`~fastdeploy_mtp.runtime.target_runner.Runner` surface the engine loop uses, so the
+serving engine and the offline :class:`~fastdeploy_mtp.runtime.engine.Engine` are one loop.
+
+Per step: the step message (ZMQ, JSON) goes to every rank; rank 0 sends the emitted tokens
+through ``speculate_save_output_topk`` (FastDeploy's SysV layout) and then its ``done``
+reply; the engine reads the tokens with ``speculate_get_output_topk``. While it waits, the
+engine watches every child: one that exits fails the step with :class:`WorkerDiedError`
+(the engine then fails the requests in flight) instead of hanging.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..distributed import find_free_port_range
+from ..runtime.request import Request, RequestType
+from ..runtime.target_runner import StepOutput, check_prefill_task
+from .config import ServeLayout
+from .protocol import task_message
+
+#: FastDeploy's SysV layout constants (see ``fastdeploy_mtp.ops.messaging``).
+_MAX_BSZ, _MAX_DRAFT, _TOPK = 512, 6, 21
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker or the cache manager exited (or stopped answering); the deployment is gone."""
+
+
+class WorkerStepError(RuntimeError):
+    """A worker reported an exception in a step (the step's requests are aborted)."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RemoteRunner:
+    """Launches and drives the worker processes of one deployment.
+
+    Args:
+        layout: what every process agrees on (model, speculation, batch, TP, port).
+        progress: called with one line per start-up stage (model load, caches, workers).
+        step_timeout: seconds a step may take before the deployment counts as hung.
+        start_timeout: seconds the cache manager and the workers may take to get ready.
+        log: where the children's stdout/stderr go (``None``: inherited).
+    """
+
+    def __init__(
+        self,
+        layout: ServeLayout,
+        progress: Callable[[str], None] | None = None,
+        step_timeout: float = 300.0,
+        start_timeout: float = 300.0,
+        log: Any = None,
+    ):
+        import zmq
+
+        from .. import ops
+
+        self.layout = layout
+        self.fd_config = layout.fd_config(0)
+        self.vocab_size = self.fd_config.model_config.vocab_size
+        spec = self.fd_config.speculative_config
+        self.k = spec.num_speculative_tokens if spec.enabled else 0
+        self.n = self.fd_config.scheduler_config.max_num_seqs
+        self.step_timeout = step_timeout
+        self._progress = progress or (lambda line: None)
+        self._decode_lens = np.zeros([self.n], np.int32)
+        self._pending: dict[str, list[Any]] = {"free": [], "abort": [], "tasks": []}
+        self._step = 0
+        self._dead: str | None = None
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._ops = ops
+        ops.remove_msg_queue(layout.msg_queue_id)  # a previous run's leftovers
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._sock.bind(f"tcp://127.0.0.1:{layout.engine_worker_queue_port}")
+        try:
+            self._start(start_timeout, log)
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- start-up / shutdown --------------------------------------------------------------
+    def _spawn(self, name: str, module: str, extra: list[str], log: Any) -> None:
+        cmd = [sys.executable, "-m", module, *self.layout.to_args(), *extra]
+        env = dict(os.environ, INFERENCE_MSG_QUEUE_ID=str(self.layout.msg_queue_id))
+        self.procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
+
+    def _start(self, timeout: float, log: Any) -> None:
+        import paddle
+
+        tp = self.layout.tensor_parallel_size
+        self._progress(
+            f"starting the cache manager ({tp} rank(s), {self.fd_config.cache_config.total_block_num} blocks)"
+        )
+        self._spawn("cache manager", "fastdeploy_mtp.serving.cache_manager", [], log)
+        master = find_free_port_range(tp + 1) if tp > 1 else 0  # gloo store + rendezvous ports
+        for rank in range(tp):
+            self._progress(f"starting worker rank {rank}/{tp} (loads its model shard, attaches its caches)")
+            self._spawn(
+                f"worker rank {rank}",
+                "fastdeploy_mtp.worker",
+                ["--local_rank", str(rank), "--tp_master_port", str(master)],
+                log,
+            )
+        ready: set[int] = set()
+        deadline = time.monotonic() + timeout
+        while len(ready) < tp:
+            msg = self._recv(deadline, "start-up")
+            if msg.get("type") == "ready":
+                ready.add(int(msg["rank"]))
+                self._progress(f"worker rank {msg['rank']} ready (pid {msg['pid']}): model loaded, caches attached")
+            elif msg.get("type") == "error":
+                raise WorkerDiedError(f"worker rank {msg.get('rank')} failed to start: {msg.get('message')}")
+        self._tokens = paddle.zeros([3 + _MAX_BSZ + _MAX_BSZ * _MAX_DRAFT * _TOPK], dtype="int64")
+        self._scores = paddle.zeros([_MAX_BSZ * _MAX_DRAFT * _TOPK], dtype="float32")
+        self._ranks = paddle.zeros([_MAX_BSZ * _MAX_DRAFT], dtype="int64")
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop every child (``shutdown``, then SIGTERM, then SIGKILL), remove the token queue."""
+        import zmq
+
+        workers = [name for name in self.procs if name.startswith("worker")]
+        for rank, name in enumerate(workers):
+            if self.procs[name].poll() is None:
+                try:
+                    self._sock.send_multipart([f"rank{rank}".encode(), b'{"type": "shutdown"}'], zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+        deadline = time.monotonic() + timeout
+        for name in [*workers, "cache manager"]:  # the cache manager last: workers detach first
+            proc = self.procs.get(name)
+            if proc is None:
+                continue
+            if name == "cache manager" and proc.poll() is None:
+                proc.terminate()
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                try:
+                    proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self.procs.clear()
+        self._sock.close(0)
+        self._ctx.term()
+        self._ops.remove_msg_queue(self.layout.msg_queue_id)
+
+    # ---- liveness ---------------------------------------------------------------------------
+    def _check_children(self) -> None:
+        for name, proc in self.procs.items():
+            code = proc.poll()
+            if code is not None:
+                self._dead = f"{name} (pid {proc.pid}) exited with code {code}"
+                raise WorkerDiedError(f"the deployment lost a process: {self._dead}")
+
+    @property
+    def dead(self) -> str | None:
+        """Why the deployment is unusable (a child exited), or ``None``."""
+        return self._dead
+
+    def _recv(self, deadline: float, what: str) -> dict[str, Any]:
+        import json
+
+        while True:
+            if self._sock.poll(100):
+                _, payload = self._sock.recv_multipart()
+                msg = json.loads(payload)
+                if not isinstance(msg, dict):
+                    raise WorkerStepError(f"malformed worker message {payload[:80]!r}")
+                return msg
+            self._check_children()
+            if time.monotonic() > deadline:
+                self._dead = f"no answer from the workers within the {what} timeout"
+                raise WorkerDiedError(self._dead)
+
+    # ---- the Runner surface ----------------------------------------------------------------
+    def decode_lens(self) -> np.ndarray:
+        return self._decode_lens
+
+    def check_task(self, req: Request) -> None:
+        check_prefill_task(req, self.fd_config.model_config.max_model_len, self.vocab_size)
+
+    def insert_tasks(self, tasks: Sequence[Request]) -> None:
+        for req in tasks:
+            first = req.task_type == RequestType.PREFILL and req.prefill_start_index == 0
+            self._pending["tasks"].append(task_message(req, first))
+
+    def free_slot(self, idx: int) -> None:
+        self._pending["free"].append(int(idx))
+        self._decode_lens[idx] = 0
+
+    def abort_slot(self, req: Request) -> None:
+        self._pending["abort"].append(int(req.idx))
+        self._decode_lens[req.idx] = 0
+
+    def execute(self) -> StepOutput:
+        import json
+
+        import zmq
+
+        if self._dead:
+            raise WorkerDiedError(f"the deployment is down: {self._dead}")
+        self._step += 1
+        msg = {"type": "step", "step": self._step, **self._pending}
+        self._pending = {"free": [], "abort": [], "tasks": []}
+        payload = json.dumps(msg).encode()
+        for rank in range(self.layout.tensor_parallel_size):
+            try:
+                self._sock.send_multipart([f"rank{rank}".encode(), payload])
+            except zmq.ZMQError as exc:
+                self._check_children()
+                raise WorkerDiedError(f"cannot reach worker rank {rank}: {exc}") from None
+        replies: dict[int, dict[str, Any]] = {}
+        errors: list[str] = []
+        deadline = time.monotonic() + self.step_timeout
+        while len(replies) < self.layout.tensor_parallel_size:
+            reply = self._recv(deadline, f"step ({self.step_timeout:g} s)")
+            if reply.get("step") != self._step:
+                raise WorkerStepError(
+                    f"worker rank {reply.get('rank')} answered step {reply.get('step')}, not {self._step}"
+                )
+            replies[int(reply["rank"])] = reply
+            if reply.get("type") == "error":
+                errors.append(f"worker rank {reply['rank']}: {reply.get('message')}")
+        if errors:
+            self._drain_tokens()
+            if self.layout.tensor_parallel_size > 1:  # the ranks' states may have diverged
+                self._dead = "; ".join(errors)
+                raise WorkerDiedError(f"a tensor-parallel worker failed a step: {self._dead}")
+            raise WorkerStepError("; ".join(errors))
+        head = replies[0]
+        accept_tokens, accept_num = self._read_tokens()
+        self._decode_lens = np.asarray(head["decode_lens"], np.int32)
+        drafts = np.asarray(head["drafts"], np.int64).reshape([self.n, self.k])
+        return StepOutput(
+            accept_tokens=accept_tokens,
+            accept_num=accept_num,
+            stop_flags=np.asarray(head["stop_flags"], bool),
+            drafts=drafts,
+            decode_mask=np.zeros([self.n], bool),
+            num_tokens=int(accept_num.sum()),
+        )
+
+    def _read_tokens(self) -> tuple[np.ndarray, np.ndarray]:
+        """The step's tokens from rank 0's SysV message: ``accept_tokens [N, K+1]``,
+        ``accept_num [N]``."""
+        self._ops.speculate_get_output_topk(
+            output_tokens=self._tokens,
+            output_scores=self._scores,
+            output_ranks=self._ranks,
+            real_k=0,
+            rank_id=0,
+            wait_flag=True,
+            msg_queue_id=self.layout.msg_queue_id,
+            timeout_ms=5000,
+        )
+        out = self._tokens.numpy()
+        if out[0] == -2:
+            self._dead = "rank 0 acknowledged a step without sending its tokens"
+            raise WorkerDiedError(self._dead)
+        bsz = int(out[2])
+        if bsz != self.n:
+            raise WorkerStepError(f"token message for {bsz} slots, expected {self.n}")
+        counts = np.maximum(out[3 : 3 + bsz], 0).astype(np.int64)
+        body = out[3 + _MAX_BSZ : 3 + _MAX_BSZ + bsz * _MAX_DRAFT * _TOPK].reshape([bsz, _MAX_DRAFT, _TOPK])
+        accept_tokens = np.zeros([bsz, self.k + 1], np.int64)
+        width = min(self.k + 1, _MAX_DRAFT)
+        accept_tokens[:, :width] = body[:, :width, 0]
+        return accept_tokens, counts
+
+    def _drain_tokens(self) -> None:
+        """Drop a token message a failed step may have left in the queue."""
+        self._ops.speculate_get_output_topk(
+            output_tokens=self._tokens,
+            output_scores=self._scores,
+            output_ranks=self._ranks,
+            real_k=0,
+            rank_id=0,
+            wait_flag=False,
+            msg_queue_id=self.layout.msg_queue_id,
+        )

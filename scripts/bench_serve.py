@@ -1,0 +1,135 @@
+"""Serving benchmark: N concurrent streaming clients against ``fastdeploy-mtp serve`` over
+loopback, for several server configurations in one run (MTP on/off, TP 1/2), as a table.
+
+Per configuration it starts a server (cache manager + workers), warms it up, runs the
+clients (each streams one completion of a demo prompt with the ``openai`` client), stops it,
+and reports: output tokens/s over the whole run, and p50/p99 of time-to-first-token (TTFT)
+and inter-token latency (ITL: the gaps between streamed chunks, divided by the tokens each
+chunk carried — speculation delivers several tokens per chunk). Ratios between rows of one
+run are what to compare; absolute numbers depend on the machine.
+
+    python scripts/bench_serve.py [--clients 16] [--max-tokens 64] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
+from tests.serving.servers import ServerProcess  # noqa: E402
+
+NO_SPEC = ["--speculative-config", '{"method": null}']
+HYBRID = ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3, "mtp_strategy": "with_ngram"}']
+MTP3 = ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3}']
+TP2 = ["--tensor-parallel-size", "2"]
+CONFIGS = [
+    ("no speculation, tp 1", NO_SPEC),
+    ("MTP K=3 S=1 +ngram, tp 1", HYBRID),
+    ("MTP K=3 S=3, tp 1", MTP3),
+    ("no speculation, tp 2", NO_SPEC + TP2),
+    ("MTP K=3 S=1 +ngram, tp 2", HYBRID + TP2),
+]
+
+
+async def one_client(c, prompt: str, max_tokens: int) -> tuple[float, list[float], int]:
+    """Returns (TTFT, per-token inter-arrival gaps, tokens) of one streamed completion."""
+    t0 = time.perf_counter()
+    stream = await c.completions.create(model="fastdeploy-mtp-tiny", prompt=prompt, max_tokens=max_tokens, stream=True)
+    ttft, last, gaps, text = None, None, [], ""
+    async for chunk in stream:
+        now = time.perf_counter()
+        piece = chunk.choices[0].text if chunk.choices else ""
+        if not piece:
+            continue
+        if ttft is None:
+            ttft = now - t0
+        elif last is not None:
+            n = max(1, len(piece.encode()))  # byte model: one token per byte
+            gaps.extend([(now - last) / n] * n)
+        last = now
+        text += piece
+    return (ttft or 0.0), gaps, max_tokens
+
+
+async def run_clients(base_url: str, clients: int, max_tokens: int) -> dict[str, float]:
+    import openai
+
+    c = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    try:
+        await one_client(c, DEMO_PROMPTS[0], 8)  # warm-up
+        t0 = time.perf_counter()
+        results = await asyncio.gather(
+            *(one_client(c, DEMO_PROMPTS[i % len(DEMO_PROMPTS)], max_tokens) for i in range(clients))
+        )
+        wall = time.perf_counter() - t0
+    finally:
+        await c.close()
+    ttfts = np.array([r[0] for r in results]) * 1e3
+    gaps = np.array([g for r in results for g in r[1]]) * 1e3
+    tokens = sum(r[2] for r in results)
+    return {
+        "tokens_per_s": tokens / wall,
+        "ttft_p50_ms": float(np.percentile(ttfts, 50)),
+        "ttft_p99_ms": float(np.percentile(ttfts, 99)),
+        "itl_p50_ms": float(np.percentile(gaps, 50)) if gaps.size else 0.0,
+        "itl_p99_ms": float(np.percentile(gaps, 99)) if gaps.size else 0.0,
+        "wall_s": wall,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--only", default=None, help="run only the configurations whose label contains this")
+    ap.add_argument("--json", default=None, help="also write the rows as JSON to this file")
+    args = ap.parse_args()
+    rows = []
+    for label, extra in CONFIGS:
+        if args.only and args.only not in label:
+            continue
+        print(f"[bench_serve] {label}: starting the server", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        srv = ServerProcess(extra)
+        startup = time.perf_counter() - t0
+        try:
+            print(f"[bench_serve] {label}: up in {startup:.1f} s; {args.clients} clients", file=sys.stderr, flush=True)
+            row = asyncio.run(run_clients(srv.base_url, args.clients, args.max_tokens))
+        finally:
+            code = srv.stop()
+            srv.close_log()
+        row.update(config=label, startup_s=startup, exit_code=code)
+        rows.append(row)
+    base = rows[0]["tokens_per_s"] if rows else 1.0
+    header = ["config", "startup s", "tokens/s", "vs first", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for r in rows:
+        cells = [
+            r["config"],
+            f"{r['startup_s']:.1f}",
+            f"{r['tokens_per_s']:.0f}",
+            f"{r['tokens_per_s'] / base:.2f}x",
+            f"{r['ttft_p50_ms']:.0f}",
+            f"{r['ttft_p99_ms']:.0f}",
+            f"{r['itl_p50_ms']:.1f}",
+            f"{r['itl_p99_ms']:.1f}",
+        ]
+        print("| " + " | ".join(cells) + " |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0 if all(r["exit_code"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

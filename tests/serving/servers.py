@@ -1,0 +1,166 @@
+"""Start and stop a real ``fastdeploy-mtp serve`` on a loopback port, for tests and scripts.
+
+:class:`ServerProcess` runs the CLI in a child process (its own session, so a test can signal
+the whole tree), waits for ``/health``, and on :meth:`ServerProcess.stop` sends SIGTERM and
+checks the shutdown contract: exit status, no child process left, no shared-memory name
+and no SysV message queue left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def shm_names() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != b"Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+class ServerProcess:
+    """``fastdeploy-mtp serve <args>`` on 127.0.0.1:<free port>.
+
+    Args:
+        args: extra CLI arguments (speculation, --tensor-parallel-size, ...).
+        start_timeout: seconds to wait for ``/health``.
+    """
+
+    def __init__(self, args: list[str], start_timeout: float = 180.0):
+        self.port = free_port()
+        self.queue_port = free_port()
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="fdmtp-serve-", suffix=".log", delete=False)
+        self.shm_before = shm_names()
+        cmd = [
+            sys.executable,
+            "-m",
+            "fastdeploy_mtp.cli",
+            "serve",
+            "--port",
+            str(self.port),
+            "--engine-worker-queue-port",
+            str(self.queue_port),
+            *args,
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.children: list[int] = []
+        try:
+            self._wait_healthy(start_timeout)
+        except BaseException:
+            self.kill()
+            raise
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serve exited with {self.proc.returncode} during start-up:\n{self.output()}")
+            try:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        self.children = descendants(self.proc.pid)
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"serve did not become healthy within {timeout} s:\n{self.output()}")
+
+    def worker_pids(self) -> list[int]:
+        """Pids of the worker processes (``python -m fastdeploy_mtp.worker``)."""
+        pids = []
+        for pid in descendants(self.proc.pid):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"fastdeploy_mtp.worker" in f.read():
+                        pids.append(pid)
+            except OSError:
+                continue
+        return sorted(pids)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM, wait; returns the exit status (kills everything on timeout)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+    def kill(self) -> None:
+        """Last resort (a test failed): kill the whole session."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(30)
+
+    def leftovers(self) -> dict[str, object]:
+        """What the server left behind: live children, new /dev/shm names, its SysV queue."""
+        from fastdeploy_mtp.ops import messaging
+
+        lib_queue = False
+        try:
+            lib_queue = messaging.remove_msg_queue(self.queue_port)
+        except OSError:
+            lib_queue = True
+        return {
+            "children": [p for p in self.children if alive(p)],
+            "shm": sorted(shm_names() - self.shm_before),
+            "queue": lib_queue,
+        }
+
+    def close_log(self) -> None:
+        self.log.close()
+        os.unlink(self.log.name)
