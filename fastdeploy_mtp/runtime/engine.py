@@ -275,6 +275,14 @@ class Engine:
             raise GenerationError(results, failures)
         return results
 
+    def abort(self, req: Request, error: BaseException) -> bool:
+        """Abort one queued or running request (e.g. its client went away): its slot and
+        blocks are freed and ``req.error`` is set. Returns False if it had already finished."""
+        if req.finished or not req.submitted:
+            return False
+        self._abort(req, error, {})
+        return True
+
     def abort_all(self, error: BaseException) -> list[tuple[Request, BaseException]]:
         """Abort every queued and running request with ``error``; returns them."""
         failures: dict[str, BaseException] = {}

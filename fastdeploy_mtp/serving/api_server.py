@@ -138,8 +138,9 @@ class AsyncEngine:
         self.engine = engine
         self.counters = ServerCounters()
         self.lock = threading.Lock()
-        self.registry = make_registry(engine.metrics, self.counters, self.lock)
+        self.registry = make_registry(engine.metrics, engine.scheduler, self.counters, self.lock)
         self._inbox: queue.Queue[Stream] = queue.Queue()
+        self._cancels: queue.Queue[Request] = queue.Queue()
         self._streams: dict[str, Stream] = {}
         self._stop = threading.Event()
         self._on_fatal = on_fatal
@@ -158,11 +159,25 @@ class AsyncEngine:
         self._inbox.put(stream)
         return stream
 
+    def cancel(self, req: Request) -> None:
+        """Abort ``req`` if it has not finished (its client went away); thread-safe."""
+        self._cancels.put(req)
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(30)
 
     def _admit(self) -> None:
+        while True:  # first the requests whose clients went away
+            try:
+                req = self._cancels.get_nowait()
+            except queue.Empty:
+                break
+            if self._streams.pop(req.request_id, None) is not None:
+                with self.lock:
+                    self.engine.abort(req, RuntimeError("the client disconnected"))
+                with self.counters.lock:
+                    self.counters.cancelled += 1
         while True:
             try:
                 stream = self._inbox.get_nowait()
@@ -179,10 +194,13 @@ class AsyncEngine:
 
     def _run(self) -> None:
         step = 0
+        check_children = getattr(self.engine.runner, "check_children", None)
         try:
             while not self._stop.is_set():
                 self._admit()
                 if not self.engine.has_work:
+                    if check_children is not None:
+                        check_children()  # a worker that dies while the server idles is noticed too
                     try:
                         stream = self._inbox.get(timeout=0.05)
                     except queue.Empty:
@@ -205,9 +223,6 @@ class AsyncEngine:
                 dead = getattr(self.engine.runner, "dead", None)
                 if dead:
                     raise RuntimeError(dead)
-                sched = self.engine.scheduler
-                with self.counters.lock:
-                    self.counters.running, self.counters.waiting = len(sched.slots), len(sched.waiting)
         except BaseException as exc:  # the deployment is gone: fail everything, stop the server
             self.fatal = f"{type(exc).__name__}: {exc}" if not isinstance(exc, RuntimeError) else str(exc)
             with self.lock:
@@ -286,13 +301,20 @@ def create_app(async_engine: AsyncEngine, model_name: str, tokenizer: Any, ori_v
         return feed
 
     async def events(stream: Stream) -> AsyncIterator[tuple[str, Any]]:
-        while True:
-            kind, value = await stream.events.get()
-            if kind == "error":
-                raise value
-            yield kind, value
-            if kind == "finished":
-                return
+        done = False
+        try:
+            while True:
+                kind, value = await stream.events.get()
+                if kind == "error":
+                    done = True
+                    raise value
+                yield kind, value
+                if kind == "finished":
+                    done = True
+                    return
+        finally:
+            if not done:  # the client disconnected (the handler was cancelled or the stream closed)
+                async_engine.cancel(stream.request)
 
     async def collect(stream: Stream) -> tuple[str, str]:
         feed = detokenizer()

@@ -17,7 +17,8 @@ metric names after it:
 * ``fastdeploy:spec_decode_mean_accepted_length`` — emitted / decode steps: tokens per
   request per target forward (1.0 = no gain from speculation).
 
-Plus request counters (``fastdeploy:request_success_total``, ``..._failure_total``),
+Plus request counters (``fastdeploy:request_success_total``, ``..._failure_total``,
+``..._cancelled_total`` for clients that disconnected),
 prompt/generation token counters, and running/waiting gauges.
 """
 
@@ -32,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..runtime.engine import Metrics
+from ..runtime.scheduler import Scheduler
 
 PREFIX = "fastdeploy:"
 
@@ -43,16 +45,16 @@ class ServerCounters:
     prompt_tokens: int = 0
     success: int = 0
     failure: int = 0
-    running: int = 0
-    waiting: int = 0
+    cancelled: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class EngineCollector(Collector):
     """Reads the engine's :class:`~fastdeploy_mtp.runtime.engine.Metrics` at scrape time."""
 
-    def __init__(self, metrics: Metrics, counters: ServerCounters, lock: threading.Lock):
+    def __init__(self, metrics: Metrics, scheduler: Scheduler, counters: ServerCounters, lock: threading.Lock):
         self.metrics = metrics
+        self.scheduler = scheduler
         self.counters = counters
         self.lock = lock  # the engine loop's lock: a scrape sees one step's counts, not half
 
@@ -63,9 +65,10 @@ class EngineCollector(Collector):
             accepted = [int(v) for v in m.accepted]
             emitted, steps, generated = m.emitted_tokens, m.decode_item_steps, m.generated_tokens
             mean = m.mean_accepted_length
+            running, waiting = len(self.scheduler.slots), len(self.scheduler.waiting)
         c = self.counters
         with c.lock:
-            prompt, success, failure, running, waiting = c.prompt_tokens, c.success, c.failure, c.running, c.waiting
+            prompt, success, failure, cancelled = c.prompt_tokens, c.success, c.failure, c.cancelled
 
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
             return CounterMetricFamily(PREFIX + name, doc, value=value)
@@ -105,13 +108,16 @@ class EngineCollector(Collector):
         yield counter("prompt_tokens", "Prompt tokens of admitted requests.", prompt)
         yield counter("request_success", "Requests that completed.", success)
         yield counter("request_failure", "Requests that failed after admission.", failure)
+        yield counter("request_cancelled", "Requests aborted because their client disconnected.", cancelled)
         yield GaugeMetricFamily(PREFIX + "num_requests_running", "Requests holding a slot.", value=running)
         yield GaugeMetricFamily(PREFIX + "num_requests_waiting", "Requests queued for a slot.", value=waiting)
 
 
-def make_registry(metrics: Metrics, counters: ServerCounters, lock: threading.Lock) -> CollectorRegistry:
+def make_registry(
+    metrics: Metrics, scheduler: Scheduler, counters: ServerCounters, lock: threading.Lock
+) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(metrics, counters, lock))
+    registry.register(EngineCollector(metrics, scheduler, counters, lock))
     return registry
 
 

@@ -165,7 +165,8 @@ class RemoteRunner:
         self._ops.remove_msg_queue(self.layout.msg_queue_id)
 
     # ---- liveness ---------------------------------------------------------------------------
-    def _check_children(self) -> None:
+    def check_children(self) -> None:
+        """Raise :class:`WorkerDiedError` if a worker or the cache manager has exited."""
         for name, proc in self.procs.items():
             code = proc.poll()
             if code is not None:
@@ -187,7 +188,7 @@ class RemoteRunner:
                 if not isinstance(msg, dict):
                     raise WorkerStepError(f"malformed worker message {payload[:80]!r}")
                 return msg
-            self._check_children()
+            self.check_children()
             if time.monotonic() > deadline:
                 self._dead = f"no answer from the workers within the {what} timeout"
                 raise WorkerDiedError(self._dead)
@@ -227,7 +228,7 @@ class RemoteRunner:
             try:
                 self._sock.send_multipart([f"rank{rank}".encode(), payload])
             except zmq.ZMQError as exc:
-                self._check_children()
+                self.check_children()
                 raise WorkerDiedError(f"cannot reach worker rank {rank}: {exc}") from None
         replies: dict[int, dict[str, Any]] = {}
         errors: list[str] = []

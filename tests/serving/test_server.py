@@ -174,6 +174,22 @@ def test_metrics_add_up(server):
     assert m["fastdeploy:spec_decode_mean_accepted_length"] == pytest.approx(emitted / steps)
 
 
+def test_a_client_that_disconnects_frees_its_slot(server):
+    before = metrics(server)
+    c = client(server)
+    stream = c.completions.create(model="fastdeploy-mtp-tiny", prompt=DEMO_PROMPTS[1], max_tokens=900, stream=True)
+    next(iter(stream))
+    stream.close()  # hang up mid-generation
+    deadline = time.monotonic() + 30
+    while metrics(server)["fastdeploy:request_cancelled_total"] == before.get("fastdeploy:request_cancelled_total", 0):
+        assert time.monotonic() < deadline, "the engine did not notice the disconnect"
+        time.sleep(0.1)
+    m = metrics(server)
+    assert m["fastdeploy:num_requests_running"] == 0
+    generated = m["fastdeploy:generation_tokens_total"] - before["fastdeploy:generation_tokens_total"]
+    assert generated < 900, "the request ran to the end after its client left"
+
+
 @pytest.mark.parametrize(
     "body, status, param",
     [
@@ -232,6 +248,21 @@ def test_a_killed_worker_fails_requests_in_flight_and_the_server_exits_non_zero(
         code = srv.wait(60)
         assert code == 1, srv.output()
         assert "exited with code" in srv.output()
+        left = srv.leftovers()
+        assert left == {"children": [], "shm": [], "queue": False}, left
+    except BaseException:
+        srv.kill()
+        raise
+    srv.close_log()
+
+
+def test_a_worker_dying_while_the_server_idles_stops_it_with_status_1():
+    srv = ServerProcess(["--speculative-config", SPEC])
+    try:
+        (worker,) = srv.worker_pids()
+        os.kill(worker, signal.SIGKILL)
+        assert srv.wait(30) == 1, srv.output()
+        assert f"worker rank 0 (pid {worker}) exited with code -9" in srv.output()
         left = srv.leftovers()
         assert left == {"children": [], "shm": [], "queue": False}, left
     except BaseException:
