@@ -1,7 +1,7 @@
 """A worker process: one tensor-parallel rank of a ``fastdeploy-mtp serve`` deployment.
 
 ``python -m fastdeploy_mtp.worker --local_rank R --tp_master_port P <layout args>`` (the
-arguments of :class:`~fastdeploy_mtp.serving.config.ServeLayout`, FastDeploy's worker names).
+arguments of :class:`~fastdeploy_mtp.serving.layout.ServeLayout`, FastDeploy's worker names).
 
 It joins the tensor-parallel group (``paddle.distributed``, gloo), loads its shard of the
 checkpoint, builds the target runner and the ``MTPProposer``, which wait for
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .serving.config import ServeLayout, Terminated, become_child_process
+from .serving.layout import ServeLayout, Terminated, become_child_process
 
 #: ``message_flag`` of the target's token messages (FastDeploy: 3 target, 4 draft).
 TARGET_MESSAGE_FLAG = 3

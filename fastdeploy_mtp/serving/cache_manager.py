@@ -4,7 +4,7 @@ names), then raises ``cache_ready_signal.<engine_worker_queue_port>[rank]``. It 
 until SIGTERM (or its parent's death), then removes every name it created.
 
 ``python -m fastdeploy_mtp.serving.cache_manager --model DIR --speculative_config JSON ...``
-(the arguments of :class:`~fastdeploy_mtp.serving.config.ServeLayout`). It prints one progress
+(the arguments of :class:`~fastdeploy_mtp.serving.layout.ServeLayout`). It prints one progress
 line per rank to stderr.
 """
 
@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from .config import ServeLayout, Terminated, become_child_process
+from .layout import ServeLayout, Terminated, become_child_process
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,9 +7,10 @@ metric names after it:
   verification (placeholders not counted);
 * ``fastdeploy:spec_decode_num_accepted_tokens_total`` — drafts the target accepted;
 * ``..._per_pos_total{position="i"}`` — the same per draft position ``i = 1..K``. A draft at
-  position ``i`` can only be accepted if the drafts before it were, so the acceptance rate at
-  position ``i`` (accepted / offered at ``i``) is **conditional on drafts 1..i-1 having been
-  accepted**; it is not the share of rounds that reach position ``i``;
+  position ``i`` is only accepted if the drafts before it were, so accepted / offered at ``i``
+  is cumulative (the share of rounds whose drafts ``1..i`` were all accepted), and accepted at
+  ``i`` / accepted at ``i - 1`` is the rate conditional on draft ``i - 1`` having been
+  accepted;
 * ``fastdeploy:spec_decode_num_emitted_tokens_total`` — tokens emitted by decode steps
   (accepted drafts plus the target's own token per step);
 * ``fastdeploy:spec_decode_num_decode_steps_total`` — (request, target forward) pairs that
@@ -84,8 +85,9 @@ class EngineCollector(Collector):
         )
         acc_pos = CounterMetricFamily(
             PREFIX + "spec_decode_num_accepted_tokens_per_pos",
-            "Draft tokens accepted at each draft position; a draft at position i is accepted only if "
-            "drafts 1..i-1 were, so accepted/offered at i is conditional on the earlier ones.",
+            "Draft tokens accepted at each draft position. A draft at position i is accepted only if drafts "
+            "1..i-1 were: accepted/offered at i is cumulative, accepted(i)/accepted(i-1) the rate conditional "
+            "on draft i-1 being accepted.",
             labels=["position"],
         )
         for i, (p, a) in enumerate(zip(proposed, accepted), start=1):

@@ -89,7 +89,7 @@ def serve(opts: ServeOptions, log: object = None) -> int:
     from ..models import ByteTokenizer
     from ..runtime.engine import Engine
     from .api_server import AsyncEngine, create_app
-    from .config import ServeLayout
+    from .layout import ServeLayout
     from .workers import RemoteRunner, free_port
 
     t0 = time.perf_counter()

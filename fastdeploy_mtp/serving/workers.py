@@ -25,7 +25,7 @@ import numpy as np
 from ..distributed import find_free_port_range
 from ..runtime.request import Request, RequestType
 from ..runtime.target_runner import StepOutput, check_prefill_task
-from .config import ServeLayout
+from .layout import ServeLayout
 from .protocol import task_message
 
 #: FastDeploy's SysV layout constants (see ``fastdeploy_mtp.ops.messaging``).
@@ -264,16 +264,7 @@ class RemoteRunner:
     def _read_tokens(self) -> tuple[np.ndarray, np.ndarray]:
         """The step's tokens from rank 0's SysV message: ``accept_tokens [N, K+1]``,
         ``accept_num [N]``."""
-        self._ops.speculate_get_output_topk(
-            output_tokens=self._tokens,
-            output_scores=self._scores,
-            output_ranks=self._ranks,
-            real_k=0,
-            rank_id=0,
-            wait_flag=True,
-            msg_queue_id=self.layout.msg_queue_id,
-            timeout_ms=5000,
-        )
+        self._receive_tokens(wait=True)
         out = self._tokens.numpy()
         if out[0] == -2:
             self._dead = "rank 0 acknowledged a step without sending its tokens"
@@ -288,14 +279,19 @@ class RemoteRunner:
         accept_tokens[:, :width] = body[:, :width, 0]
         return accept_tokens, counts
 
-    def _drain_tokens(self) -> None:
-        """Drop a token message a failed step may have left in the queue."""
+    def _receive_tokens(self, wait: bool) -> None:
+        """One message into the output buffers (``[0] == -2``: none within 5 s, or at once)."""
         self._ops.speculate_get_output_topk(
             output_tokens=self._tokens,
             output_scores=self._scores,
             output_ranks=self._ranks,
             real_k=0,
             rank_id=0,
-            wait_flag=False,
+            wait_flag=wait,
             msg_queue_id=self.layout.msg_queue_id,
+            timeout_ms=5000,
         )
+
+    def _drain_tokens(self) -> None:
+        """Drop a token message a failed step may have left in the queue."""
+        self._receive_tokens(wait=False)

@@ -8,6 +8,7 @@ Every server here is stopped with SIGTERM and must exit 0 leaving no process, no
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -231,9 +232,22 @@ def test_tensor_parallel_2_equals_tp_1(expected):
     stopped_cleanly(srv)
 
 
-def test_a_killed_worker_fails_requests_in_flight_and_the_server_exits_non_zero():
+@contextlib.contextmanager
+def server_that_will_lose_a_worker():
+    """A server the test makes exit with status 1; it must still leave nothing behind."""
     srv = ServerProcess(["--speculative-config", SPEC])
     try:
+        yield srv
+        left = srv.leftovers()
+        assert left == {"children": [], "shm": [], "queue": False}, left
+    except BaseException:
+        srv.kill()
+        raise
+    srv.close_log()
+
+
+def test_a_killed_worker_fails_requests_in_flight_and_the_server_exits_non_zero():
+    with server_that_will_lose_a_worker() as srv:
         c = client(srv)
         stream = c.completions.create(model="fastdeploy-mtp-tiny", prompt=DEMO_PROMPTS[0], max_tokens=900, stream=True)
         first = next(iter(stream))
@@ -248,24 +262,11 @@ def test_a_killed_worker_fails_requests_in_flight_and_the_server_exits_non_zero(
         code = srv.wait(60)
         assert code == 1, srv.output()
         assert "exited with code" in srv.output()
-        left = srv.leftovers()
-        assert left == {"children": [], "shm": [], "queue": False}, left
-    except BaseException:
-        srv.kill()
-        raise
-    srv.close_log()
 
 
 def test_a_worker_dying_while_the_server_idles_stops_it_with_status_1():
-    srv = ServerProcess(["--speculative-config", SPEC])
-    try:
+    with server_that_will_lose_a_worker() as srv:
         (worker,) = srv.worker_pids()
         os.kill(worker, signal.SIGKILL)
         assert srv.wait(30) == 1, srv.output()
         assert f"worker rank 0 (pid {worker}) exited with code -9" in srv.output()
-        left = srv.leftovers()
-        assert left == {"children": [], "shm": [], "queue": False}, left
-    except BaseException:
-        srv.kill()
-        raise
-    srv.close_log()
