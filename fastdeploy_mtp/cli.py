@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -532,6 +533,9 @@ def _report(exc: BaseException) -> None:
 
 
 def _run(argv: list[str] | None) -> int:
+    # Paddle warns at import that ccache (a build cache for its JIT extensions) is missing;
+    # nothing here builds extensions, so the line is noise in every command's output.
+    warnings.filterwarnings("ignore", message="No ccache found")
     ap = build_parser()
     try:
         args = ap.parse_args(argv)

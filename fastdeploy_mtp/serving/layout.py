@@ -7,10 +7,14 @@ import argparse
 import ctypes
 import os
 import signal
+import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..config import FDConfig, SpeculativeConfig
-from ..models.model_config import ModelConfig as ArchConfig
+
+if TYPE_CHECKING:  # importing the models imports Paddle: children import it after their set-up
+    from ..models.model_config import ModelConfig as ArchConfig
 
 
 @dataclass
@@ -44,7 +48,10 @@ class ServeLayout:
         return self.engine_worker_queue_port
 
     def arch(self) -> ArchConfig:
-        return ArchConfig.load_json(os.path.join(self.model, "config.json"))
+        """The checkpoint's architecture (its ``config.json``)."""
+        from ..models.model_config import ModelConfig
+
+        return ModelConfig.load_json(os.path.join(self.model, "config.json"))
 
     def fd_config(self, rank: int = 0, arch: ArchConfig | None = None) -> FDConfig:
         """The FDConfig of rank ``rank`` (the engine uses rank 0's): caches owned by the cache
@@ -130,6 +137,7 @@ def become_child_process() -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    warnings.filterwarnings("ignore", message="No ccache found")  # Paddle's import-time notice
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_PDEATHSIG = 1

@@ -86,7 +86,7 @@ def serve(opts: ServeOptions, log: object = None) -> int:
     """Run the server until SIGINT/SIGTERM (returns 0) or a lost process (returns 1)."""
     import uvicorn
 
-    from ..models import ByteTokenizer
+    from ..models import ByteTokenizer, kv_cache_shape
     from ..runtime.engine import Engine
     from .api_server import AsyncEngine, create_app
     from .layout import ServeLayout
@@ -120,6 +120,7 @@ def serve(opts: ServeOptions, log: object = None) -> int:
         device_ids=device_ids,
     )
     arch = layout.arch()
+    kv_cache_shape(arch, 1, tp)  # refuses a TP size the heads do not divide, naming the field
     mode = "no speculation" if not spec.enabled else f"MTP K={spec.num_speculative_tokens} S={spec.num_model_steps}"
     if spec.enabled and spec.mtp_strategy == "with_ngram":
         mode += " +ngram"

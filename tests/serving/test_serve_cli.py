@@ -1,0 +1,47 @@
+"""``fastdeploy-mtp serve`` refuses what it cannot serve before starting any process: one
+line naming the option, no traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastdeploy_mtp.cli import main
+from fastdeploy_mtp.ops import messaging
+
+
+def run(capsys, *args: str) -> tuple[int, str]:
+    code = main(["serve", "--port", "1", *args])
+    return code, capsys.readouterr().err
+
+
+def test_more_slots_than_kernel_msgmax_carries_is_refused_with_the_fix(capsys):
+    msgmax = messaging.read_msgmax()
+    per_slot = messaging.topk_message_bytes(1) - messaging.topk_message_bytes(0)
+    fits = (msgmax - messaging.topk_message_bytes(0)) // per_slot
+    if fits >= messaging.MAX_BSZ:
+        pytest.skip(f"kernel.msgmax ({msgmax}) carries every slot the layout has")
+    code, err = run(capsys, "--max-num-seqs", str(fits + 1))
+    assert code == 1
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"--max-num-seqs {fits + 1}" in err and "kernel.msgmax" in err and f"--max-num-seqs {fits} or fewer" in err
+
+
+def test_more_drafts_than_the_message_layout_carries_is_refused(capsys):
+    code, err = run(capsys, "--num-speculative-tokens", "6")
+    assert code == 1 and err.count("\n") == 1
+    assert "num_speculative_tokens 6" in err and "at most 5 drafts" in err
+
+
+@pytest.mark.parametrize(
+    "args, word",
+    [(["--tensor-parallel-size", "0"], "--tensor-parallel-size"), (["--device-ids", "a,b"], "--device-ids")],
+)
+def test_bad_options_are_one_line_usage_errors(capsys, args, word):
+    code, err = run(capsys, *args)
+    assert code == 2 and err.count("\n") == 1 and word in err
+
+
+def test_a_tensor_parallel_size_the_heads_do_not_divide_is_refused(capsys):
+    code, err = run(capsys, "--tensor-parallel-size", "3")
+    assert code == 1 and err.count("\n") == 1
+    assert "num_attention_heads" in err or "num_key_value_heads" in err
