@@ -6,7 +6,10 @@
 * :mod:`fastdeploy_mtp.worker` — one process per tensor-parallel rank (target runner +
   ``MTPProposer``), attaching the caches by name;
 * :mod:`.workers` — the engine's side of the workers (:class:`~.workers.RemoteRunner`);
-* :mod:`.protocol` — what the engine and the workers say to each other.
+* :mod:`.protocol` — what the engine and the workers say to each other;
+* :mod:`.layout` — the settings every process derives its config from;
+* :mod:`.server` — ``fastdeploy-mtp serve`` (start-up, uvicorn, shutdown);
+* :mod:`.metrics` — ``/metrics``.
 
 See ``docs/architecture.md``, "Serving processes".
 """
