@@ -123,7 +123,10 @@ class Stream:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
 
     def put(self, kind: str, value: Any) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        except RuntimeError:  # the server's event loop has closed: nobody is listening any more
+            pass
 
 
 class AsyncEngine:
@@ -164,8 +167,20 @@ class AsyncEngine:
         self._cancels.put(req)
 
     def stop(self) -> None:
+        """Stop the loop; requests still in flight (or queued) end with a 503."""
         self._stop.set()
         self._thread.join(30)
+        if self._thread.is_alive():
+            return  # stuck in a step: the runner's shutdown ends it
+        error = APIError(503, "the server is shutting down", kind="server_error")
+        for stream in list(self._streams.values()):
+            stream.put("error", error)
+        self._streams.clear()
+        while True:
+            try:
+                self._inbox.get_nowait().put("error", error)
+            except queue.Empty:
+                break
 
     def _admit(self) -> None:
         while True:  # first the requests whose clients went away
