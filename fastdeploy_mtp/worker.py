@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .serving.layout import ServeLayout, Terminated, become_child_process
+from .serving.layout import ServeLayout, Terminated, become_child_process, install_stop_handlers
 
 #: ``message_flag`` of the target's token messages (FastDeploy: 3 target, 4 draft).
 TARGET_MESSAGE_FLAG = 3
@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = layout.fd_config(rank, arch)
         runner = TargetRunner(cfg, target, mtp if cfg.speculative_config.enabled else None)
         slots = SlotTable()
+        install_stop_handlers()  # again, in case Paddle's set-up reinstalled its own
         sock.send_json({"type": "ready", "rank": rank, "pid": os.getpid()})
         while True:
             msg = sock.recv_json()

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from .layout import ServeLayout, Terminated, become_child_process
+from .layout import ServeLayout, Terminated, become_child_process, install_stop_handlers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
+        install_stop_handlers()  # again, in case Paddle's set-up reinstalled its own
         while True:  # until SIGTERM (Terminated) or the parent's death
             time.sleep(0.5)
     except Terminated:

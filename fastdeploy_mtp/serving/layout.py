@@ -127,17 +127,29 @@ class Terminated(SystemExit):
     parent died): unwinds ``finally`` blocks so shared memory is released."""
 
 
-def become_child_process() -> None:
-    """Set up a process the engine launched: SIGTERM unwinds (:class:`Terminated`), SIGINT
-    is ignored (a terminal's Ctrl-C reaches the whole process group; the engine decides how
-    its children stop), and on Linux the kernel sends SIGTERM if the parent dies first."""
+def _on_term(signum: int, frame: object) -> None:
+    raise Terminated(0)
 
-    def on_term(signum: int, frame: object) -> None:
-        raise Terminated(0)
 
-    signal.signal(signal.SIGTERM, on_term)
+def install_stop_handlers() -> None:
+    """SIGTERM unwinds (:class:`Terminated`); SIGINT is ignored. Paddle installs its own
+    fatal-signal handlers when it is imported (they abort the process, skipping every
+    ``finally``, so shared memory would leak): call this after importing Paddle. Children
+    call it once more after their Paddle set-up (model, caches), a cheap guard should a later
+    initialisation install Paddle's again."""
+    signal.signal(signal.SIGTERM, _on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def become_child_process() -> None:
+    """Set up a process the engine launched: Paddle imported (see
+    :func:`install_stop_handlers`), SIGTERM unwinds, SIGINT is ignored (a terminal's Ctrl-C
+    reaches the whole process group; the engine decides how its children stop), and on
+    Linux the kernel sends SIGTERM if the parent dies first."""
     warnings.filterwarnings("ignore", message="No ccache found")  # Paddle's import-time notice
+    import paddle  # noqa: F401  (its handlers first, ours over them)
+
+    install_stop_handlers()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_PDEATHSIG = 1
