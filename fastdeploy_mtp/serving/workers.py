@@ -163,6 +163,24 @@ class RemoteRunner:
         self._sock.close(0)
         self._ctx.term()
         self._ops.remove_msg_queue(self.layout.msg_queue_id)
+        self._remove_orphaned_names()
+
+    def _remove_orphaned_names(self) -> None:
+        """The cache manager removes its names when it stops; if it was killed (SIGKILL) it
+        could not, so remove whatever of this deployment's names is still there."""
+        from ..runtime.kv_cache_ipc import CACHE_READY_SIGNAL, cache_names
+
+        layers = self.fd_config.model_config.num_hidden_layers + (1 if self.k else 0)
+        names = [f"{CACHE_READY_SIGNAL}.{self.layout.engine_worker_queue_port}"]
+        for rank, device in enumerate(self.layout.device_ids):
+            names += cache_names(0, layers, rank, device)
+        for name in names:
+            path = os.path.join("/dev/shm", name)
+            try:
+                if os.stat(path).st_uid == os.geteuid():
+                    os.unlink(path)
+            except FileNotFoundError:
+                pass
 
     # ---- liveness ---------------------------------------------------------------------------
     def check_children(self) -> None:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import pathlib
 import re
 import signal
 import time
@@ -290,3 +291,11 @@ def test_sigterm_with_a_stream_in_flight_stops_cleanly_and_promptly():
         srv.kill()
         raise
     stopped_cleanly(srv)
+
+
+def test_a_killed_cache_manager_stops_the_server_and_its_names_are_removed():
+    with server_that_will_lose_a_worker() as srv:
+        (manager,) = [p for p in srv.children if b"cache_manager" in pathlib.Path(f"/proc/{p}/cmdline").read_bytes()]
+        os.kill(manager, signal.SIGKILL)  # it cannot remove its names itself
+        assert srv.wait(30) == 1, srv.output()
+        assert "cache manager" in srv.output() and "exited with code -9" in srv.output()
