@@ -109,6 +109,8 @@ def serve(opts: ServeOptions, log: object = None) -> int:
     device_ids = opts.device_ids or list(range(tp))
     if len(device_ids) != tp:
         raise ValueError(f"--device-ids names {len(device_ids)} devices for --tensor-parallel-size {tp}")
+    if opts.engine_worker_queue_port is not None and opts.engine_worker_queue_port == opts.port:
+        raise ValueError(f"--engine-worker-queue-port {opts.port} is the HTTP --port; they must differ")
     max_num_seqs = _fit_max_num_seqs(opts.max_num_seqs)
     layout = ServeLayout(
         model=opts.model,
@@ -116,7 +118,7 @@ def serve(opts: ServeOptions, log: object = None) -> int:
         max_num_seqs=max_num_seqs,
         max_model_len=opts.max_model_len,
         tensor_parallel_size=tp,
-        engine_worker_queue_port=opts.engine_worker_queue_port or free_port(),
+        engine_worker_queue_port=opts.engine_worker_queue_port or free_port(avoid=opts.port),
         device_ids=device_ids,
     )
     arch = layout.arch()
@@ -137,7 +139,7 @@ def serve(opts: ServeOptions, log: object = None) -> int:
     runner = None
     async_engine = None
     try:
-        runner = RemoteRunner(layout, progress, step_timeout=opts.step_timeout, log=log)
+        runner = RemoteRunner(layout, progress, step_timeout=opts.step_timeout, log=log, reserved_port=opts.port)
         engine = Engine(layout.fd_config(0, arch), runner=runner, max_positions=arch.max_position_embeddings)
         server: uvicorn.Server | None = None
 

@@ -40,11 +40,14 @@ class WorkerStepError(RuntimeError):
     """A worker reported an exception in a step (the step's requests are aborted)."""
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(avoid: int = 0) -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (never ``avoid``)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port != avoid:
+            return port
 
 
 class RemoteRunner:
@@ -56,6 +59,7 @@ class RemoteRunner:
         step_timeout: seconds a step may take before the deployment counts as hung.
         start_timeout: seconds the cache manager and the workers may take to get ready.
         log: where the children's stdout/stderr go (``None``: inherited).
+        reserved_port: a port the children must not take (the HTTP server's, bound later).
     """
 
     def __init__(
@@ -65,6 +69,7 @@ class RemoteRunner:
         step_timeout: float = 300.0,
         start_timeout: float = 300.0,
         log: Any = None,
+        reserved_port: int = 0,
     ):
         import zmq
 
@@ -77,6 +82,7 @@ class RemoteRunner:
         self.k = spec.num_speculative_tokens if spec.enabled else 0
         self.n = self.fd_config.scheduler_config.max_num_seqs
         self.step_timeout = step_timeout
+        self.reserved_port = reserved_port
         self._progress = progress or (lambda line: None)
         self._decode_lens = np.zeros([self.n], np.int32)
         self._pending: dict[str, list[Any]] = {"free": [], "abort": [], "tasks": []}
@@ -110,7 +116,10 @@ class RemoteRunner:
             f"starting the cache manager ({tp} rank(s), {self.fd_config.cache_config.total_block_num} blocks)"
         )
         self._spawn("cache manager", "fastdeploy_mtp.serving.cache_manager", [], log)
-        master = find_free_port_range(tp + 1) if tp > 1 else 0  # gloo store + rendezvous ports
+        master = 0
+        while tp > 1 and not master:  # gloo store + rendezvous ports, clear of the HTTP port
+            first = find_free_port_range(tp + 1)
+            master = 0 if first <= self.reserved_port < first + tp + 1 else first
         for rank in range(tp):
             self._progress(f"starting worker rank {rank}/{tp} (loads its model shard, attaches its caches)")
             self._spawn(

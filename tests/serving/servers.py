@@ -18,10 +18,17 @@ import time
 import urllib.request
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports on 127.0.0.1 that were free a moment ago (all held open while
+    choosing, so the kernel cannot hand the same one out twice)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def shm_names() -> set[str]:
@@ -66,8 +73,7 @@ class ServerProcess:
     """
 
     def __init__(self, args: list[str], start_timeout: float = 180.0):
-        self.port = free_port()
-        self.queue_port = free_port()
+        self.port, self.queue_port = free_ports(2)
         self.log = tempfile.NamedTemporaryFile("w+", prefix="fdmtp-serve-", suffix=".log", delete=False)
         self.shm_before = shm_names()
         cmd = [
