@@ -17,30 +17,32 @@ import argparse
 import os
 import sys
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .serving.layout import ServeLayout, Terminated, become_child_process, install_stop_handlers
 
+if TYPE_CHECKING:  # imported at run time after the process set-up (they import Paddle)
+    from .runtime.target_runner import StepOutput, TargetRunner
+    from .serving.protocol import SlotTable
+
 #: ``message_flag`` of the target's token messages (FastDeploy: 3 target, 4 draft).
 TARGET_MESSAGE_FLAG = 3
 
 
-def send_step_tokens(runner: Any, rank: int, msg_queue_id: int) -> None:
-    """Send the tokens the last step emitted (``accept_tokens[b, :accept_num[b]]`` per slot)
-    with ``speculate_save_output_topk``: one packed row per token, no logprobs (score 0, rank
-    0). Slots still prefilling a prompt (``seq_lens_decoder < prompt_lens``) count 0."""
+def send_step_tokens(out: StepOutput, inputs: Any, rank: int, msg_queue_id: int) -> None:
+    """Send the tokens step ``out`` emitted (``accept_tokens[b, :accept_num[b]]`` per slot) with
+    ``speculate_save_output_topk``: one packed row per token, no logprobs (score 0, rank 0).
+    Slots still prefilling a prompt (``seq_lens_decoder < prompt_lens`` in the target's
+    buffers ``inputs``) count 0."""
     import paddle
 
     from . import ops
 
-    inputs = runner.share_inputs
-    accept_num = inputs.accept_num.numpy().astype(np.int32).reshape(-1)
-    accept_tokens = inputs.accept_tokens.numpy()
-    counts = np.clip(accept_num, 0, accept_tokens.shape[1])
+    counts = np.clip(out.accept_num.astype(np.int32).reshape(-1), 0, out.accept_tokens.shape[1])
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
-    rows = np.concatenate([accept_tokens[b, : counts[b]] for b in range(len(counts))]).astype(np.int64)
+    rows = np.concatenate([out.accept_tokens[b, : counts[b]] for b in range(len(counts))]).astype(np.int64)
     n = int(rows.shape[0])
     ops.speculate_save_output_topk(
         sampled_token_ids=paddle.to_tensor(rows.reshape([n, 1])),
@@ -60,8 +62,9 @@ def send_step_tokens(runner: Any, rank: int, msg_queue_id: int) -> None:
     )
 
 
-def run_step(runner: Any, slots: Any, msg: dict[str, Any]) -> tuple[list[int], list[int], list[list[int]]]:
-    """Apply one ``step`` message to ``runner``; returns (stop_flags, decode_lens, drafts)."""
+def run_step(runner: TargetRunner, slots: SlotTable, msg: dict[str, Any]) -> StepOutput:
+    """Apply one ``step`` message to ``runner``: reset the freed and aborted slots, load the
+    tasks, run the step; returns what it emitted."""
     for idx in msg["free"]:
         runner.free_slot(int(idx))
         slots.pop(int(idx))
@@ -75,12 +78,7 @@ def run_step(runner: Any, slots: Any, msg: dict[str, Any]) -> tuple[list[int], l
     for req in tasks:
         runner.check_task(req)
     runner.insert_tasks(tasks)
-    out = runner.execute()
-    return (
-        [int(s) for s in out.stop_flags],
-        [int(v) for v in runner.decode_lens()],
-        [[int(d) for d in row] for row in out.drafts],
-    )
+    return runner.execute()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,16 +120,20 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             step = msg.get("step")
             try:
-                stop_flags, decode_lens, drafts = run_step(runner, slots, msg)
+                out = run_step(runner, slots, msg)
                 if rank == 0:
-                    send_step_tokens(runner, rank, layout.msg_queue_id)
+                    send_step_tokens(out, runner.share_inputs, rank, layout.msg_queue_id)
             except Exception as exc:  # reported to the engine, which aborts the step's requests
                 traceback.print_exc(file=sys.stderr)
                 sock.send_json({"type": "error", "step": step, "rank": rank, "message": f"{type(exc).__name__}: {exc}"})
                 continue
             reply: dict[str, Any] = {"type": "done", "step": step, "rank": rank}
             if rank == 0:
-                reply.update(stop_flags=stop_flags, decode_lens=decode_lens, drafts=drafts)
+                reply.update(
+                    stop_flags=out.stop_flags.astype(int).tolist(),
+                    decode_lens=runner.decode_lens().astype(int).tolist(),
+                    drafts=out.drafts.astype(int).tolist(),
+                )
             sock.send_json(reply)
     except Terminated:
         return 0

@@ -47,6 +47,12 @@ def topk_message_bytes(bsz: int) -> int:
     return TOPK_META_BYTES + bsz * TOPK_ENTRY_BYTES
 
 
+def topk_slots_within(msgmax: int) -> int:
+    """The most batch entries (``bsz``, at most ``MAX_BSZ``) whose top-k message fits in
+    ``msgmax`` bytes of text; 0 when not even the meta block with one entry fits."""
+    return max(0, min(MAX_BSZ, (msgmax - TOPK_META_BYTES) // TOPK_ENTRY_BYTES))
+
+
 def read_msgmax() -> int:
     """The system's largest SysV message text in bytes (``/proc/sys/kernel/msgmax``)."""
     with open("/proc/sys/kernel/msgmax") as f:
@@ -97,4 +103,5 @@ __all__ = [
     "read_msgmax",
     "remove_msg_queue",
     "topk_message_bytes",
+    "topk_slots_within",
 ]

@@ -16,9 +16,6 @@ from dataclasses import dataclass
 
 from ..config import SpeculativeConfig
 
-#: FastDeploy's message layout carries at most this many tokens per slot and step (K + 1).
-MAX_TOKENS_PER_STEP = 6
-
 
 @dataclass
 class ServeOptions:
@@ -63,11 +60,7 @@ def _fit_max_num_seqs(requested: int | None) -> int:
     from ..ops import messaging
 
     msgmax = messaging.read_msgmax()
-    fits = max(
-        0,
-        (msgmax - messaging.topk_message_bytes(0))
-        // (messaging.topk_message_bytes(1) - messaging.topk_message_bytes(0)),
-    )
+    fits = messaging.topk_slots_within(msgmax)
     if requested is None:
         if fits < 1:
             raise ValueError(f"kernel.msgmax ({msgmax} bytes) cannot carry a token message for even one slot")
@@ -87,6 +80,7 @@ def serve(opts: ServeOptions, log: object = None) -> int:
     import uvicorn
 
     from ..models import ByteTokenizer, kv_cache_shape
+    from ..ops.messaging import MAX_DRAFT_TOKENS as MAX_TOKENS_PER_STEP  # K + 1 tokens per slot and step
     from ..runtime.engine import Engine
     from .api_server import AsyncEngine, create_app
     from .layout import ServeLayout

@@ -23,13 +23,14 @@ from typing import Any
 import numpy as np
 
 from ..distributed import find_free_port_range
+from ..ops.messaging import MAX_BSZ, MAX_DRAFT_TOKENS, SPEC_LOGPROB_K
 from ..runtime.request import Request, RequestType
 from ..runtime.target_runner import StepOutput, check_prefill_task
 from .layout import ServeLayout
 from .protocol import task_message
 
-#: FastDeploy's SysV layout constants (see ``fastdeploy_mtp.ops.messaging``).
-_MAX_BSZ, _MAX_DRAFT, _TOPK = 512, 6, 21
+#: FastDeploy's SysV layout: slots, tokens per slot, entries per token (the token + top-k).
+_MAX_BSZ, _MAX_DRAFT, _TOPK = MAX_BSZ, MAX_DRAFT_TOKENS, SPEC_LOGPROB_K + 1
 
 
 class WorkerDiedError(RuntimeError):
@@ -292,7 +293,7 @@ class RemoteRunner:
         """The step's tokens from rank 0's SysV message: ``accept_tokens [N, K+1]``,
         ``accept_num [N]``."""
         self._receive_tokens(wait=True)
-        out = self._tokens.numpy()
+        out = self._tokens[: 3 + _MAX_BSZ + self.n * _MAX_DRAFT * _TOPK].numpy()  # the slots' part only
         if out[0] == -2:
             self._dead = "rank 0 acknowledged a step without sending its tokens"
             raise WorkerDiedError(self._dead)
