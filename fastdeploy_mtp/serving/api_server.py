@@ -195,17 +195,19 @@ class AsyncEngine:
                     self.counters.cancelled += 1
         while True:
             try:
-                stream = self._inbox.get_nowait()
+                self._admit_one(self._inbox.get_nowait())
             except queue.Empty:
                 return
-            try:
-                self.engine.add_requests([stream.request])
-            except InvalidRequestError as exc:
-                stream.put("error", APIError(400, str(exc), exc.field))
-                continue
-            self._streams[stream.request.request_id] = stream
-            with self.counters.lock:
-                self.counters.prompt_tokens += len(stream.request.prompt_token_ids)
+
+    def _admit_one(self, stream: Stream) -> None:
+        try:
+            self.engine.add_requests([stream.request])
+        except InvalidRequestError as exc:
+            stream.put("error", APIError(400, str(exc), exc.field))
+            return
+        self._streams[stream.request.request_id] = stream
+        with self.counters.lock:
+            self.counters.prompt_tokens += len(stream.request.prompt_token_ids)
 
     def _run(self) -> None:
         step = 0
@@ -216,11 +218,10 @@ class AsyncEngine:
                 if not self.engine.has_work:
                     if check_children is not None:
                         check_children()  # a worker that dies while the server idles is noticed too
-                    try:
-                        stream = self._inbox.get(timeout=0.05)
+                    try:  # wait for a request; admitted here, in arrival order
+                        self._admit_one(self._inbox.get(timeout=0.05))
                     except queue.Empty:
-                        continue
-                    self._inbox.put(stream)
+                        pass
                     continue
                 with self.lock:
                     events = self.engine.step(step)
