@@ -243,6 +243,9 @@ class Engine:
         unfinished request, when ``max_steps`` engine steps did not suffice; any other
         exception (e.g. from ``progress``) aborts every unfinished request and propagates. In
         every case the engine is left empty and usable."""
+        if isinstance(requests, Request):
+            raise TypeError("generate: `requests` must be a sequence of Request, got one Request")
+        requests = list(requests)
         self.add_requests(requests, max_arrival_step=max_steps)
         total, done = len(requests), 0
         results: dict[str, list[int]] = {}
