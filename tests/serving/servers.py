@@ -10,25 +10,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports on 127.0.0.1 that were free a moment ago (all held open while
-    choosing, so the kernel cannot hand the same one out twice)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+from fastdeploy_mtp.distributed import find_free_port_range
 
 
 def shm_names() -> set[str]:
@@ -73,7 +61,8 @@ class ServerProcess:
     """
 
     def __init__(self, args: list[str], start_timeout: float = 180.0):
-        self.port, self.queue_port = free_ports(2)
+        self.port = find_free_port_range(2)  # two distinct ports: HTTP, then the engine-worker socket
+        self.queue_port = self.port + 1
         self.log = tempfile.NamedTemporaryFile("w+", prefix="fdmtp-serve-", suffix=".log", delete=False)
         self.shm_before = shm_names()
         cmd = [
