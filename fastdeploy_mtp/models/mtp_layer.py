@@ -10,6 +10,7 @@ from .attention import ReferenceAttentionBackend
 from .forward_meta import ForwardMeta
 from .layers import DecoderLayer, RMSNorm, RotaryEmbedding
 from .model_config import ModelConfig
+from .parallel_layers import refuse_training_on_shard
 from .target import TinyTargetModel, mask_padded_vocab
 
 
@@ -116,11 +117,7 @@ class MTPLayer(nn.Layer):
         """Training path: ``next_ids [B, S]`` (tokens ``t_{p+1}``), ``hidden [B, S, H]`` (target
         ``h_p``), causal ``bias`` -> ``[B, S, H]`` (normed as ``forward`` is). Unsharded only
         (raises ``NotImplementedError`` on a tensor-parallel shard)."""
-        if self.tensor_parallel_size > 1:
-            raise NotImplementedError(
-                f"forward_dense (training) runs unsharded; this MTP layer is a tensor-parallel shard "
-                f"(tensor_parallel_size={self.tensor_parallel_size})"
-            )
+        refuse_training_on_shard(self.tensor_parallel_size, "this MTP layer")
         seq = int(next_ids.shape[1])
         cos, sin = self.rotary.prefix(seq)
         x = self._fuse(self.target.embed_tokens(next_ids), hidden)

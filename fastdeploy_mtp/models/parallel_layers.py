@@ -51,6 +51,16 @@ def check_tensor_parallel(config: ModelConfig, tensor_parallel_size: int, tensor
             )
 
 
+def refuse_training_on_shard(tensor_parallel_size: int, owner: str) -> None:
+    """Raise ``NotImplementedError`` if ``owner`` (e.g. ``"this model"``) is a shard: the dense
+    training path (``forward_dense``) runs unsharded only."""
+    if tensor_parallel_size > 1:
+        raise NotImplementedError(
+            f"forward_dense (training) runs unsharded; {owner} is a tensor-parallel shard "
+            f"(tensor_parallel_size={tensor_parallel_size})"
+        )
+
+
 def _local(size: int, tp: int, what: str) -> int:
     if size % tp != 0:
         raise ValueError(f"`{what}` ({size}) is not divisible by `tensor_parallel_size` ({tp})")

@@ -10,7 +10,7 @@ from .attention import ReferenceAttentionBackend
 from .forward_meta import ForwardMeta
 from .layers import DecoderLayer, RMSNorm, RotaryEmbedding
 from .model_config import ModelConfig
-from .parallel_layers import ParallelLMHead, VocabParallelEmbedding, check_tensor_parallel
+from .parallel_layers import ParallelLMHead, VocabParallelEmbedding, check_tensor_parallel, refuse_training_on_shard
 
 
 def mask_padded_vocab(logits: paddle.Tensor, ori_vocab_size: int) -> paddle.Tensor:
@@ -116,11 +116,7 @@ class TinyTargetModel(nn.Layer):
         Raises:
             NotImplementedError: on a tensor-parallel shard (training runs unsharded).
         """
-        if self.tensor_parallel_size > 1:
-            raise NotImplementedError(
-                f"forward_dense (training) runs unsharded; this model is a tensor-parallel shard "
-                f"(tensor_parallel_size={self.tensor_parallel_size})"
-            )
+        refuse_training_on_shard(self.tensor_parallel_size, "this model")
         seq = int(ids.shape[1])
         cos, sin = self.rotary.prefix(seq)
         h = self.embed_tokens(ids)
