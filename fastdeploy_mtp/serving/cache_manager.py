@@ -11,8 +11,8 @@ line per rank to stderr.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-import time
 
 import numpy as np
 
@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         install_stop_handlers()  # again, in case Paddle's set-up reinstalled its own
-        while True:  # until SIGTERM (Terminated) or the parent's death
-            time.sleep(0.5)
+        while True:  # until SIGTERM (Terminated; the kernel sends it too if the parent dies)
+            signal.pause()
     except Terminated:
         return 0
     finally:

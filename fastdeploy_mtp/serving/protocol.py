@@ -60,10 +60,10 @@ class SlotTable:
         idx = int(task["idx"])
         kind = RequestType[task["type"]]
         if "prompt_token_ids" in task:
-            req = Request(str(task["request_id"]), list(task["prompt_token_ids"]), max_tokens=int(task["max_tokens"]))
-            req.idx = idx
-            self.slots[idx] = req
-        req = self.slots.get(idx)  # type: ignore[assignment]
+            new = Request(str(task["request_id"]), list(task["prompt_token_ids"]), max_tokens=int(task["max_tokens"]))
+            new.idx = idx
+            self.slots[idx] = new
+        req = self.slots.get(idx)
         if req is None or req.request_id != task["request_id"]:
             raise ValueError(f"task for request {task['request_id']!r} in slot {idx}, which holds no such request")
         req.task_type = kind
