@@ -257,9 +257,11 @@ class CacheConfig:
             As in FastDeploy, with either of them (or a splitwise role other than
             ``"mixed"``) a cache-manager process creates every KV cache, the MTP layer's
             included, and the worker attaches them by name.
-        cache_manager: a cache-manager process creates every KV cache (the target's and the
-            MTP layer's) and publishes it by name; the target runner and the proposer
-            attach them and never create any (``fastdeploy-mtp serve`` sets it).
+        cache_manager: ``True``: a cache-manager process creates every KV cache (the
+            target's and the MTP layer's) and publishes it by name; the target runner and the
+            proposer attach them and never create any (``fastdeploy-mtp serve`` sets it).
+            ``False``: this process creates its caches, whatever the rule below says (e.g. a
+            single-process splitwise engine in tests). ``None`` (default): FastDeploy's rule.
         share_mtp_cache: when the proposer creates the MTP layer's caches itself, also
             publish them by name (``set_data_ipc``) for another process to attach. FastDeploy
             always publishes; the single-process reference engine has no such process, so the
@@ -273,7 +275,7 @@ class CacheConfig:
     enc_dec_block_num: int = 2
     num_cpu_blocks: int = 0
     kvcache_storage_backend: str | None = None
-    cache_manager: bool = False
+    cache_manager: bool | None = None
     share_mtp_cache: bool = False
     cache_ready_timeout: float = 60.0
 

@@ -126,8 +126,9 @@ class MTPProposer:
         mirrors the target's block table, so it has as many blocks as the target).
 
         FastDeploy's two paths: when ``profile`` or no cache-manager process owns the caches
-        (no ``num_cpu_blocks``, no ``kvcache_storage_backend``, ``splitwise_role == "mixed"``,
-        and not ``cache_config.cache_manager``) the proposer creates them (and, with
+        (:func:`~fastdeploy_mtp.runtime.kv_cache_ipc.caches_are_managed`: ``cache_config.cache_manager``
+        if set, else no ``num_cpu_blocks``, no ``kvcache_storage_backend`` and
+        ``splitwise_role == "mixed"``) the proposer creates them (and, with
         ``cache_config.share_mtp_cache``, publishes them with ``set_data_ipc`` under
         :meth:`cache_names`; never in a profile run). Otherwise it waits until
         ``cache_ready_signal.<engine_worker_queue_port>`` holds 1 at its rank
@@ -181,9 +182,13 @@ class MTPProposer:
         become ``seq_lens_encoder = seq_lens_this_time = len``, ``seq_lens_decoder = start``;
         ``step_idx`` = tokens already generated when the chunk reaches the end of prompt plus
         output (0 otherwise); ``pre_ids`` is reset to the generated tokens and the slot's
-        drafts are cleared. With ``splitwise_role == "decode"`` the slot starts as a decode
-        item instead. A decode task needs nothing here (the draft's block table is copied from
-        the target at the start of every round); an abort stops the slot.
+        drafts are cleared. A decode task needs nothing here (the draft's block table is
+        copied from the target at the start of every round); an abort stops the slot.
+
+        A splitwise decode instance never gets a prefill task for a handed-over request: its
+        slot is loaded whole (target and draft rows, KV blocks of every layer) from the
+        prefill instance's state (:mod:`fastdeploy_mtp.splitwise.handoff`), so the first
+        round continues from the prefill instance's drafts instead of redrafting.
         """
         draft = self.model_inputs
         for req in req_dicts:
@@ -212,11 +217,6 @@ class MTPProposer:
                 draft.seq_lens_this_time[idx] = length
                 draft.step_idx[idx, 0] = len(output) if end >= len(prompt) + len(output) else 0
                 draft.draft_tokens[idx, :] = PLACEHOLDER_TOKEN_ID
-                if self.fd_config.scheduler_config.splitwise_role == "decode":
-                    draft.seq_lens_encoder[idx] = 0
-                    draft.seq_lens_this_time[idx] = length + 1
-                    draft.recompute_token_num[idx, 0] = 0
-                    draft.mask_rollback[idx, 0] = 1
             elif req.task_type == RequestType.ABORT:
                 self._stop_slot(idx)
 

@@ -28,6 +28,9 @@ class Metrics:
         accepted: ``[K]`` drafts accepted at draft position ``i + 1``.
         generated_tokens: all generated tokens (prefill's first tokens included).
         wall_seconds: wall time of the loop.
+        handed_off: splitwise prefill: requests handed to a decode instance.
+        handoff_drafts_proposed / handoff_drafts_accepted: splitwise decode: drafts a
+            prefill instance made that the first verify round here offered / accepted.
     """
 
     target_forwards: int = 0
@@ -37,6 +40,9 @@ class Metrics:
     accepted: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     generated_tokens: int = 0
     wall_seconds: float = 0.0
+    handed_off: int = 0
+    handoff_drafts_proposed: int = 0
+    handoff_drafts_accepted: int = 0
 
     @property
     def mean_accepted_length(self) -> float:
@@ -76,6 +82,21 @@ def _max_positions(*models: object) -> int | None:
 
 
 @dataclass
+class Handoff:
+    """A request a splitwise prefill instance hands to a decode instance.
+
+    Attributes:
+        request: the request (finished here; its first token(s) in ``output_token_ids``).
+        state: its slot state (:func:`~fastdeploy_mtp.splitwise.handoff.export_slot`, JSON).
+        blocks: its KV block ids here, in order, held until :meth:`Engine.release_handoff`.
+    """
+
+    request: Request
+    state: dict
+    blocks: list[int]
+
+
+@dataclass
 class StepEvents:
     """What one :meth:`Engine.step` did.
 
@@ -85,12 +106,15 @@ class StepEvents:
         finished: requests that completed this step (EOS, ``max_tokens`` or
             ``max_model_len``); their slots are free again.
         failed: ``(request, error)`` for each request aborted this step.
+        handed_off: splitwise prefill: requests that got their first token and drafts and
+            leave for a decode instance (not in ``finished``).
     """
 
     ran: bool = False
     emitted: list[tuple[Request, list[int]]] = field(default_factory=list)
     finished: list[Request] = field(default_factory=list)
     failed: list[tuple[Request, BaseException]] = field(default_factory=list)
+    handed_off: list[Handoff] = field(default_factory=list)
 
 
 class Engine:
@@ -109,6 +133,14 @@ class Engine:
 
     The loop is :meth:`step` (one schedule + target step + proposer round); :meth:`generate`
     runs it until a batch of requests completes, a server calls it as requests arrive.
+
+    Splitwise roles (``scheduler_config.splitwise_role``): on a ``"prefill"`` instance a
+    request leaves after the step that emitted its first token and drafted its first MTP
+    tokens (:attr:`StepEvents.handed_off`; its KV blocks stay held until
+    :meth:`release_handoff`); a ``"decode"`` instance takes such requests through
+    :meth:`add_transferred`: once a slot and blocks are free it calls ``kv_fetcher(request,
+    block_ids)``, which fills the blocks (or fails) and reports with :meth:`transfer_done`;
+    the slot is then loaded whole and decodes on from the prefill instance's drafts.
 
     One bad request cannot poison the engine: :meth:`generate` refuses it at submission (and
     queues nothing of that call), or aborts it alone if it fails while running; the engine is
@@ -143,6 +175,10 @@ class Engine:
         )
         k = fd_config.speculative_config.num_speculative_tokens if fd_config.speculative_config.enabled else 0
         self.metrics = Metrics(proposed=np.zeros(k, np.int64), accepted=np.zeros(k, np.int64))
+        self.role = fd_config.scheduler_config.splitwise_role
+        #: splitwise decode: ``kv_fetcher(request, block_ids)`` starts filling the blocks of a
+        #: handed-over request (see the class docstring); it must end in :meth:`transfer_done`.
+        self.kv_fetcher: Callable[[Request, list[int]], None] | None = None
 
     def close(self) -> None:
         """Release the runner (the MTP layer's caches: detach / unpublish shared ones; a
@@ -162,6 +198,44 @@ class Engine:
             raise TypeError("add_requests: `requests` must be a sequence of Request, got one Request")
         self.scheduler.add_requests(list(requests), max_arrival_step=max_arrival_step)
 
+    def add_transferred(self, req: Request) -> None:
+        """Splitwise decode: queue a request a prefill instance handed over: ``req`` carries
+        its prompt, the first token(s) in ``output_token_ids``, its ``max_tokens`` and the
+        slot state in ``handoff_state``. Checked like :meth:`add_requests`, plus the state
+        against this engine's buffers (the same speculation, ``max_model_len`` and batch
+        layout as the prefill instance); raises
+        :class:`~fastdeploy_mtp.runtime.request.InvalidRequestError` (field ``handoff``)."""
+        from ..splitwise.handoff import HandoffError
+
+        if self.role != "decode":
+            raise InvalidRequestError(
+                req.request_id, "handoff", f"this engine's splitwise_role is {self.role!r}, not 'decode'"
+            )
+        if req.handoff_state is None:
+            raise InvalidRequestError(req.request_id, "handoff", "is missing (no slot state)")
+        try:
+            self.runner.check_handoff(req.handoff_state)
+        except HandoffError as exc:
+            raise InvalidRequestError(req.request_id, "handoff", f"does not fit this instance: {exc}") from None
+        self.scheduler.add_requests([req])
+
+    def transfer_done(self, req: Request, error: BaseException | None = None) -> None:
+        """Report the end of ``req``'s KV transfer (``kv_fetcher``): with ``error`` the request
+        is aborted (its blocks freed); otherwise its slot loads and decodes from the next
+        step. If ``req`` was aborted meanwhile, its held blocks are freed now."""
+        if req.finished:
+            self.scheduler.release(req.request_id)
+        elif error is not None:
+            self._abort(req, error, {})
+            self.scheduler.release(req.request_id)
+        else:
+            self.scheduler.kv_arrived(req)
+
+    def release_handoff(self, request_id: str) -> int:
+        """Splitwise prefill: the decode instance has copied (or given up on) the KV blocks of
+        handed-off ``request_id``: free them. Returns how many were held."""
+        return self.scheduler.release(request_id)
+
     @property
     def has_work(self) -> bool:
         """Requests are queued or running."""
@@ -180,10 +254,16 @@ class Engine:
         decode_lens = self.runner.decode_lens()
         scheduled = self.scheduler.schedule(step, decode_lens)
         holders = [s.request for _, s in sorted(self.scheduler.slots.items())]
+        for req in self.scheduler.take_admitted_transfers():
+            self._fetch_kv(req, failures)
         tasks = self._drop_invalid_tasks(scheduled, failures)
         if tasks:
             try:
                 self.runner.insert_tasks(tasks)
+                if self.role == "prefill":
+                    self.runner.set_exports(
+                        [t.idx for t in tasks if t.task_type == RequestType.PREFILL and t.is_final_chunk]
+                    )
                 out = self.runner.execute()
             except Exception as exc:
                 self._abort_all(exc, failures, running_only=True)
@@ -192,6 +272,17 @@ class Engine:
                 self._collect(step, tasks, out, events)
         events.failed.extend((r, failures[r.request_id]) for r in holders if r.request_id in failures)
         return events
+
+    def _fetch_kv(self, req: Request, failures: dict[str, BaseException]) -> None:
+        """Start the KV transfer of handed-over ``req`` into the blocks it was just given."""
+        blocks = list(self.scheduler.slots[req.idx].blocks)
+        try:
+            if self.kv_fetcher is None:
+                raise RuntimeError("this decode engine has no kv_fetcher to receive KV blocks")
+            self.kv_fetcher(req, blocks)
+        except Exception as exc:
+            self._abort(req, exc, failures)
+            self.scheduler.release(req.request_id)
 
     def _collect(self, step: int, tasks: list[Request], out: StepOutput, events: StepEvents) -> None:
         self.metrics.target_forwards += 1
@@ -203,8 +294,11 @@ class Engine:
             new = [int(t) for t in out.accept_tokens[idx, :n]]
             req.output_token_ids.extend(new)
             self.metrics.generated_tokens += n
-            if req.task_type == RequestType.DECODE:
-                self._count(out, idx, n)
+            if req.task_type in (RequestType.DECODE, RequestType.IMPORT):
+                proposed, accepted = self._count(out, idx, n)
+                if req.task_type == RequestType.IMPORT:
+                    self.metrics.handoff_drafts_proposed += proposed
+                    self.metrics.handoff_drafts_accepted += accepted
             if self.trace is not None:
                 self.trace.append((step, req.request_id, req.task_type.name, new, [int(d) for d in out.drafts[idx]]))
             events.emitted.append((req, new))
@@ -212,6 +306,20 @@ class Engine:
                 self.runner.free_slot(idx)
                 self.scheduler.finish(idx)
                 events.finished.append(req)
+            elif self.role == "prefill" and req.task_type == RequestType.PREFILL:
+                self._hand_off(req, out, events)
+
+    def _hand_off(self, req: Request, out: StepOutput, events: StepEvents) -> None:
+        """The request got its first token and drafts on this prefill instance: its slot is
+        freed, its blocks are held for the decode instance, and it leaves the engine."""
+        state = out.exports.get(req.idx)
+        if state is None:
+            raise RuntimeError(f"the runner did not export the state of slot {req.idx} ({req.request_id!r})")
+        self.runner.free_slot(req.idx)
+        blocks = list(self.scheduler.slots[req.idx].blocks)
+        self.scheduler.finish(req.idx, hold=True)
+        self.metrics.handed_off += 1
+        events.handed_off.append(Handoff(req, state, blocks))
 
     def generate(
         self,
@@ -322,17 +430,22 @@ class Engine:
             kept.append(req)
         return kept
 
-    def _count(self, out: StepOutput, idx: int, emitted: int) -> None:
+    def _count(self, out: StepOutput, idx: int, emitted: int) -> tuple[int, int]:
+        """Count slot ``idx``'s decode step in the metrics; returns (drafts offered, accepted)."""
         m = self.metrics
         m.decode_item_steps += 1
         m.emitted_tokens += emitted
         drafts = out.drafts[idx]
+        proposed = accepted = 0
         for i in range(drafts.shape[0]):
             if drafts[i] == PLACEHOLDER_TOKEN_ID:
                 continue
             m.proposed[i] += 1
+            proposed += 1
             # greedy verify emits the accepted drafts, then the target's own token, which
             # differs from the draft it rejected: draft i + 1 counts as accepted iff emitted
             # token i equals it
             if i < emitted and int(out.accept_tokens[idx, i]) == int(drafts[i]):
                 m.accepted[i] += 1
+                accepted += 1
+        return proposed, accepted

@@ -28,12 +28,15 @@ CACHE_READY_SIGNAL = "cache_ready_signal"
 
 def caches_are_managed(fd_config: Any) -> bool:
     """Whether a cache-manager process owns the KV caches (workers attach them by name):
-    FastDeploy's rule (host swap blocks, an external KV store, or a splitwise role other
-    than ``"mixed"``) or ``cache_config.cache_manager`` (set by ``fastdeploy-mtp serve``)."""
+    ``cache_config.cache_manager`` when it is ``True`` (set by ``fastdeploy-mtp serve``) or
+    ``False``; when it is ``None`` or absent (a FastDeploy config), FastDeploy's rule: host
+    swap blocks, an external KV store, or a splitwise role other than ``"mixed"``."""
     cc = fd_config.cache_config
+    explicit = getattr(cc, "cache_manager", None)
+    if explicit is not None:
+        return bool(explicit)
     return (
-        bool(getattr(cc, "cache_manager", False))
-        or cc.num_cpu_blocks > 0
+        cc.num_cpu_blocks > 0
         or bool(cc.kvcache_storage_backend)
         or fd_config.scheduler_config.splitwise_role != "mixed"
     )

@@ -19,6 +19,7 @@ class RequestType(enum.Enum):
     PREFILL = 0  # a chunk of the prompt: [prefill_start_index, prefill_end_index)
     DECODE = 1  # keep decoding (only the block table may have changed)
     ABORT = 2  # free the slot
+    IMPORT = 3  # splitwise decode: load a slot handed over by a prefill instance, then decode
 
 
 class InvalidRequestError(ValueError):
@@ -104,6 +105,9 @@ class Request:
         finished: the request left the engine (it completed, or it was aborted).
         error: why it was aborted (``None`` when it completed).
         submitted: set when the request is queued (a submitted request is not accepted again).
+        handoff_state: on a splitwise decode instance, the slot state the prefill instance
+            handed over (:func:`fastdeploy_mtp.splitwise.handoff.export_slot`); ``None``
+            for a request that starts from its prompt.
     """
 
     request_id: str
@@ -119,6 +123,7 @@ class Request:
     finished: bool = False
     error: BaseException | None = field(default=None, init=False)
     submitted: bool = field(default=False, init=False, repr=False)
+    handoff_state: dict[str, Any] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.prompt_token_ids) == 0:

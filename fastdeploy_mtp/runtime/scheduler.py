@@ -26,6 +26,10 @@ class SlotState:
     request: Request
     prefill_pos: int = 0  # prompt tokens already prefilled
     blocks: list[int] = field(default_factory=list)
+    #: splitwise decode: the slot waits for its KV blocks from the prefill instance
+    awaiting_kv: bool = False
+    #: splitwise decode: the KV arrived; the next schedule loads the slot (an IMPORT task)
+    needs_import: bool = False
 
     @property
     def prefilling(self) -> bool:
@@ -89,6 +93,11 @@ class Scheduler:
         self.vocab_size = fd_config.model_config.vocab_size if vocab_size is None else vocab_size
         self.max_positions = max_positions
         self.total_blocks = fd_config.cache_config.total_block_num
+        #: blocks out of circulation but not in a slot, per request id: on a prefill
+        #: instance those of a handed-off request until the decode instance copied them; on
+        #: a decode instance those an aborted request's KV transfer may still be writing
+        self.held: dict[str, list[int]] = {}
+        self._admitted_transfers: list[Request] = []
 
     # ---- submission --------------------------------------------------------------------------
     def worst_case_blocks(self, req: Request) -> int:
@@ -116,7 +125,8 @@ class Scheduler:
         rid = req.request_id
         if not isinstance(rid, str):
             raise InvalidRequestError(rid, "request_id", f"must be a str, got {type(rid).__name__}")
-        if req.submitted or req.finished or req.output_token_ids or req.idx != NO_SLOT:
+        transferred = req.handoff_state is not None
+        if req.submitted or req.finished or (req.output_token_ids and not transferred) or req.idx != NO_SLOT:
             raise InvalidRequestError(
                 rid,
                 "request",
@@ -141,6 +151,17 @@ class Scheduler:
                 raise InvalidRequestError(rid, name, f"must be an integer, got {value!r}")
         if req.max_tokens <= 0:
             raise InvalidRequestError(rid, "max_tokens", f"must be > 0, got {req.max_tokens}")
+        if transferred:
+            out = req.output_token_ids
+            if not isinstance(out, list) or not out:
+                raise InvalidRequestError(rid, "output_token_ids", "must hold the prefill instance's first token(s)")
+            check_token_ids(rid, out, self.vocab_size)
+            if len(out) >= req.max_tokens:
+                raise InvalidRequestError(
+                    rid,
+                    "output_token_ids",
+                    f"holds {len(out)} tokens: nothing left to decode (max_tokens {req.max_tokens})",
+                )
         if req.arrival_step < 0:
             raise InvalidRequestError(rid, "arrival_step", f"must be >= 0, got {req.arrival_step}")
         if max_arrival_step is not None and req.arrival_step >= max_arrival_step:
@@ -227,18 +248,33 @@ class Scheduler:
                 break
             req = self.waiting.popleft()
             req.idx = idx
-            self.slots[idx] = SlotState(req)
+            if req.handoff_state is None:
+                self.slots[idx] = SlotState(req)
+                continue
+            # handed over by a prefill instance: its KV blocks are allocated now, so the
+            # transfer has somewhere to go; the slot runs once they arrived (kv_arrived)
+            state = SlotState(req, prefill_pos=len(req.prompt_token_ids), awaiting_kv=True)
+            self.slots[idx] = state
+            self._ensure_blocks(state, len(req.prompt_token_ids) + len(req.output_token_ids) + self.lookahead)
+            self._admitted_transfers.append(req)
         tasks: list[Request] = []
         budget = self.budget
         for idx, state in sorted(self.slots.items()):
-            if state.prefilling:
+            if state.prefilling or state.awaiting_kv:
                 continue
             req = state.request
             used = len(req.prompt_token_ids) + len(req.output_token_ids)
             self._ensure_blocks(state, used + self.lookahead)
             req.task_type = RequestType.DECODE
             req.block_tables = list(state.blocks)
-            budget -= int(decode_lens[idx])
+            if state.needs_import:
+                from ..splitwise.handoff import slot_tokens
+
+                req.task_type = RequestType.IMPORT
+                state.needs_import = False
+                budget -= slot_tokens(req.handoff_state)
+            else:
+                budget -= int(decode_lens[idx])
             tasks.append(req)
         for _, state in sorted(self.slots.items()):
             if not state.prefilling or budget <= 0:
@@ -257,18 +293,50 @@ class Scheduler:
             tasks.append(req)
         return tasks
 
-    def finish(self, idx: int) -> Request:
-        """Free slot ``idx`` and its blocks; returns its request."""
+    def finish(self, idx: int, hold: bool = False) -> Request:
+        """Free slot ``idx`` and its blocks (with ``hold``: keep the blocks out of circulation
+        in :attr:`held` until :meth:`release`); returns its request."""
         state = self.slots.pop(idx)
-        self.free_blocks.extend(reversed(state.blocks))
+        if hold:
+            self.held[state.request.request_id] = state.blocks
+        else:
+            self.free_blocks.extend(reversed(state.blocks))
         state.request.finished = True
         return state.request
 
+    def release(self, request_id: str) -> int:
+        """Return the blocks :attr:`held` for ``request_id`` to the free list; returns how many
+        (0 if none were held)."""
+        blocks = self.held.pop(request_id, [])
+        self.free_blocks.extend(reversed(blocks))
+        return len(blocks)
+
+    def take_admitted_transfers(self) -> list[Request]:
+        """The handed-over requests admitted to slots since the last call (their KV blocks
+        are allocated and must now be fetched; see :meth:`kv_arrived`)."""
+        out, self._admitted_transfers = self._admitted_transfers, []
+        return out
+
+    def awaiting_kv(self, req: Request) -> bool:
+        """``req`` holds a slot whose KV blocks have not arrived yet."""
+        state = self.slots.get(req.idx)
+        return state is not None and state.request is req and state.awaiting_kv
+
+    def kv_arrived(self, req: Request) -> None:
+        """The KV blocks of handed-over ``req`` are in its blocks: load the slot next step."""
+        state = self.slots.get(req.idx)
+        if state is None or state.request is not req or not state.awaiting_kv:
+            raise RuntimeError(f"request {req.request_id!r} is not waiting for its KV blocks")
+        state.awaiting_kv = False
+        state.needs_import = True
+
     def abort(self, req: Request, error: BaseException) -> None:
         """Take ``req`` out of the queue or its slot (freeing the slot's blocks) and mark it
-        finished with ``error``. The caller resets the slot's buffers."""
+        finished with ``error``. The caller resets the slot's buffers. The blocks of a slot
+        whose KV transfer is in flight are :attr:`held` instead (the transfer may still write
+        them): :meth:`release` them once it has ended."""
         if req.idx in self.slots and self.slots[req.idx].request is req:
-            self.finish(req.idx)
+            self.finish(req.idx, hold=self.slots[req.idx].awaiting_kv)
         else:
             self.waiting = deque(w for w in self.waiting if w is not req)
             req.finished = True

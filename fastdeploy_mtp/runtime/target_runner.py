@@ -5,8 +5,8 @@ hidden states to the proposer."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import paddle
@@ -36,6 +36,8 @@ class StepOutput:
             (:data:`~fastdeploy_mtp.constants.PLACEHOLDER_TOKEN_ID` = none).
         decode_mask: ``[N]`` slots that decoded this step (not prefill).
         num_tokens: tokens in the target forward.
+        exports: splitwise prefill: the slot state (:func:`~fastdeploy_mtp.splitwise.handoff.export_slot`)
+            of each slot named in :meth:`Runner.set_exports`, read after the proposer's round.
     """
 
     accept_tokens: np.ndarray
@@ -44,6 +46,7 @@ class StepOutput:
     drafts: np.ndarray
     decode_mask: np.ndarray
     num_tokens: int
+    exports: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 def check_prefill_task(req: Request, max_model_len: int, vocab_size: int) -> None:
@@ -100,6 +103,15 @@ class Runner(Protocol):
         """Reset the target and draft state of an aborted request's slot."""
         ...
 
+    def set_exports(self, idxs: Sequence[int]) -> None:
+        """Splitwise prefill: have the next :meth:`execute` return these slots' state."""
+        ...
+
+    def check_handoff(self, state: object) -> None:
+        """Raise :class:`~fastdeploy_mtp.splitwise.handoff.HandoffError` unless a handed-over
+        slot ``state`` fits this runner's buffers."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -140,6 +152,7 @@ class TargetRunner:
             )
             self.proposer.initialize_kv_cache(self.num_blocks)
         self._pending_fixups: list[Request] = []
+        self._exports: list[int] = []
         #: prompt ids must be below this: the smaller of ``model_config.vocab_size`` and the
         #: model's own ``config.vocab_size`` (its embedding rows), where it has one
         self.vocab_size = min(
@@ -156,6 +169,21 @@ class TargetRunner:
             self.proposer.clear_mtp_cache()
         detach_caches(self.caches, self._attached)
         self._attached = []
+
+    def host_caches(self) -> list[list[np.ndarray]]:
+        """The KV caches as writable numpy views without a copy, for KV transfer: one list
+        (this process is one rank): the target's key/value per layer, then the MTP layer's."""
+        caches = list(self.caches) + (list(self.proposer.caches) if self.proposer is not None else [])
+        return [[np.from_dlpack(c) for c in caches]]
+
+    # ---- splitwise -----------------------------------------------------------------------------
+    def set_exports(self, idxs: Sequence[int]) -> None:
+        self._exports = [int(i) for i in idxs]
+
+    def check_handoff(self, state: object) -> None:
+        from ..splitwise.handoff import check_slot_state
+
+        check_slot_state(state, self.share_inputs, self.proposer.model_inputs if self.proposer else None)
 
     # ---- task insertion ----------------------------------------------------------------------
     def check_task(self, req: Request) -> None:
@@ -180,6 +208,11 @@ class TargetRunner:
             target.block_tables[idx, :] = NO_BLOCK_ID
             if blocks:
                 target.block_tables[idx, : len(blocks)] = paddle.to_tensor(blocks, dtype="int32")
+            if req.task_type == RequestType.IMPORT:
+                from ..splitwise.handoff import import_slot
+
+                import_slot(req.handoff_state, target, self.proposer.model_inputs if self.proposer else None, idx)
+                continue
             if req.task_type != RequestType.PREFILL:
                 continue
             prompt = list(req.prompt_token_ids)
@@ -322,6 +355,12 @@ class TargetRunner:
                 base_model_seq_lens_encoder=target.seq_lens_encoder,
                 base_model_stop_flags=target.stop_flags,
             )
+        if self._exports:
+            from ..splitwise.handoff import export_slot
+
+            draft = self.proposer.model_inputs if self.proposer is not None else None
+            out.exports = {idx: export_slot(target, draft, idx) for idx in self._exports}
+            self._exports = []
         return out
 
     def _fix_up_non_final_chunks(self) -> None:

@@ -1,0 +1,175 @@
+"""The per-slot state a prefill instance hands to a decode instance.
+
+After the step that emits a request's first token, its slot holds everything the next
+round needs besides the KV caches: the target's lengths, step counter, history, drafts and
+sampling fields, and the proposer's shadow state (lengths, draft history, the n-gram
+prompt copy). :func:`export_slot` reads one slot's rows of the buffers named in
+:data:`TARGET_SLOT_BUFFERS` and :data:`DRAFT_SLOT_BUFFERS`; :func:`import_slot` writes them
+into another slot of another engine. The block table is not part of it (the decode
+instance allocates its own blocks); the hidden rows the MTP layer consumes next are not
+either, because the decode instance's first verify forward recomputes them (a round's
+MTP input is the target's hidden rows of *that* round's accepted tokens).
+
+The state is JSON (it travels in HTTP bodies and ZMQ messages, never pickled): per buffer
+``{"n": row length, "v": leading values, "fill": value of the remaining n - len(v)}``,
+which keeps the mostly-empty ``[max_model_len]`` rows small.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import paddle
+
+#: Target (``share_inputs``) buffers with one row per slot that a handed-off slot carries.
+TARGET_SLOT_BUFFERS = (
+    "input_ids",
+    "token_ids_all",
+    "prompt_lens",
+    "seq_lens_this_time",
+    "seq_lens_encoder",
+    "seq_lens_decoder",
+    "step_idx",
+    "stop_flags",
+    "is_block_step",
+    "draft_tokens",
+    "accept_tokens",
+    "accept_num",
+    "actual_draft_token_num",
+    "max_dec_len",
+    "min_dec_len",
+    "top_p",
+    "top_k",
+    "temperature",
+    "infer_seed",
+    "reasoning_status",
+)
+
+#: The proposer's own (not shared with the target) per-slot buffers a handed-off slot carries.
+DRAFT_SLOT_BUFFERS = (
+    "input_ids",
+    "token_ids_all",
+    "seq_lens_this_time",
+    "seq_lens_encoder",
+    "seq_lens_decoder",
+    "step_idx",
+    "stop_flags",
+    "draft_tokens",
+    "pre_ids",
+    "input_ids_cpu",
+    "input_ids_len",
+    "last_seq_lens_this_time",
+    "is_block_step",
+    "batch_drop",
+    "used_list_len",
+    "encoder_block_lens",
+    "mask_rollback",
+    "recompute_token_num",
+)
+
+
+class HandoffError(ValueError):
+    """A handed-off slot state that does not fit this engine (names the buffer)."""
+
+
+def _encode_row(row: np.ndarray) -> dict[str, Any]:
+    flat = row.reshape(-1)
+    n = int(flat.shape[0])
+    end = n
+    while end > 0 and flat[end - 1] == flat[n - 1]:
+        end -= 1
+    fill = flat[n - 1].item() if n else 0
+    return {"n": n, "v": [v.item() for v in flat[:end]], "fill": fill}
+
+
+def _decode_row(name: str, enc: object, shape: list[int], dtype: np.dtype) -> np.ndarray:
+    if not isinstance(enc, Mapping) or set(enc) != {"n", "v", "fill"}:
+        raise HandoffError(f"slot state `{name}`: expected an object with keys n, v, fill")
+    n, values, fill = enc["n"], enc["v"], enc["fill"]
+    size = int(np.prod(shape)) if shape else 1
+    if not isinstance(n, int) or isinstance(n, bool) or n != size:
+        raise HandoffError(f"slot state `{name}`: row of {n!r} values, this engine's rows have {size}")
+    if not isinstance(values, list) or len(values) > n:
+        raise HandoffError(f"slot state `{name}`: `v` must be a list of at most {n} values")
+    kind = "b" if dtype == np.bool_ else ("f" if dtype.kind == "f" else "i")
+    for v in [*values, fill]:
+        ok = isinstance(v, bool) if kind == "b" else isinstance(v, (int, float) if kind == "f" else int)
+        if not ok or (kind == "i" and isinstance(v, bool)):
+            raise HandoffError(f"slot state `{name}`: value {v!r} is not a {dtype} value")
+    out = np.full([size], fill, dtype=dtype)
+    try:
+        out[: len(values)] = np.asarray(values, dtype=dtype) if values else out[:0]
+    except OverflowError:
+        raise HandoffError(f"slot state `{name}`: a value does not fit {dtype}") from None
+    return out.reshape(shape)
+
+
+def _row_views(buffers: Any, names: tuple[str, ...], idx: int) -> dict[str, paddle.Tensor]:
+    return {name: buffers[name][idx] for name in names}
+
+
+def export_slot(target: Any, draft: Any | None, idx: int) -> dict[str, Any]:
+    """Slot ``idx``'s rows of the target's buffers ``target`` and (with speculation) the
+    proposer's ``draft`` as JSON: ``{"target": {name: row}, "draft": {name: row} | None}``."""
+    out: dict[str, Any] = {"target": {}, "draft": None}
+    for name, row in _row_views(target, TARGET_SLOT_BUFFERS, idx).items():
+        out["target"][name] = _encode_row(row.numpy())
+    if draft is not None:
+        out["draft"] = {
+            name: _encode_row(row.numpy()) for name, row in _row_views(draft, DRAFT_SLOT_BUFFERS, idx).items()
+        }
+    return out
+
+
+def check_slot_state(state: object, target: Any, draft: Any | None) -> dict[str, dict[str, np.ndarray]]:
+    """Decode and check ``state`` (from :func:`export_slot`) against this engine's buffers:
+    every buffer present, rows of this engine's length and dtype, speculation on both sides
+    or on neither. Returns the decoded rows; raises :class:`HandoffError` naming the buffer."""
+    if not isinstance(state, Mapping) or set(state) != {"target", "draft"}:
+        raise HandoffError("slot state: expected an object with keys `target` and `draft`")
+    if (state["draft"] is None) != (draft is None):
+        theirs = "no" if state["draft"] is None else "a"
+        ours = "no" if draft is None else "an"
+        raise HandoffError(
+            f"slot state: the prefill instance sent {theirs} MTP state, this instance runs {ours} MTP layer"
+        )
+    decoded: dict[str, dict[str, np.ndarray]] = {}
+    for part, buffers, names in (("target", target, TARGET_SLOT_BUFFERS), ("draft", draft, DRAFT_SLOT_BUFFERS)):
+        if buffers is None:
+            continue
+        rows = state[part]
+        if not isinstance(rows, Mapping) or set(rows) != set(names):
+            missing = sorted(set(names) - set(rows)) if isinstance(rows, Mapping) else list(names)
+            extra = sorted(set(rows) - set(names)) if isinstance(rows, Mapping) else []
+            raise HandoffError(f"slot state `{part}`: buffers differ (missing {missing}, unexpected {extra})")
+        decoded[part] = {}
+        for name in names:
+            ref = buffers[name]
+            shape = [int(s) for s in ref.shape[1:]]
+            dtype = np.dtype(paddle.empty([0], dtype=ref.dtype).numpy().dtype)
+            decoded[part][name] = _decode_row(f"{part}.{name}", rows[name], shape, dtype)
+    return decoded
+
+
+def import_slot(state: object, target: Any, draft: Any | None, idx: int) -> None:
+    """Write ``state`` (see :func:`export_slot`; checked by :func:`check_slot_state` first, so
+    nothing is written when it does not fit) into slot ``idx`` of ``target`` and ``draft``."""
+    decoded = check_slot_state(state, target, draft)
+    for part, buffers in (("target", target), ("draft", draft)):
+        if buffers is None:
+            continue
+        for name, row in decoded[part].items():
+            buffers[name][idx] = paddle.to_tensor(row, dtype=buffers[name].dtype)
+
+
+def slot_tokens(state: object) -> int:
+    """Tokens the handed-over slot feeds in its first decode step (its target
+    ``seq_lens_this_time``: the first token plus its drafts); 0 if ``state`` lacks it."""
+    try:
+        row = state["target"]["seq_lens_this_time"]  # type: ignore[index]
+        values = row["v"] or [row["fill"]]
+        return max(int(values[0]), 0)
+    except (KeyError, TypeError, IndexError, ValueError):
+        return 0

@@ -1,0 +1,177 @@
+"""Splitwise prefill -> decode in one process: the decode engine continues a request from
+the prefill engine's slot state and KV blocks, and the output equals the mixed engine's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fastdeploy_mtp.cli import build_config, speculative_config
+from fastdeploy_mtp.models import ByteTokenizer, load_tiny
+from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
+from fastdeploy_mtp.runtime.engine import Engine
+from fastdeploy_mtp.runtime.request import InvalidRequestError, Request
+from fastdeploy_mtp.splitwise.handoff import HandoffError, check_slot_state, export_slot
+from tests.engine_testlib import build_random_model, make_config, make_requests
+from tests.splitwise.pd_testlib import LocalPD, role_config
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load_tiny()
+
+
+@pytest.fixture(scope="module")
+def random_model():
+    return build_random_model()
+
+
+def demo_requests(max_tokens=40):
+    tok = ByteTokenizer()
+    return [Request(f"p{i}", tok.encode(p), max_tokens=max_tokens + 3 * i) for i, p in enumerate(DEMO_PROMPTS)]
+
+
+@pytest.mark.parametrize(("k", "steps", "hybrid"), [(1, 1, False), (3, 3, False), (3, 1, True), (0, 1, False)])
+def test_demo_prompts_pd_equals_mixed_and_the_first_round_uses_the_prefill_drafts(shipped, k, steps, hybrid):
+    target, mtp, arch = shipped
+    reqs = demo_requests()
+    longest = max(len(r.prompt_token_ids) + r.max_tokens for r in reqs) + 2 * k + 8
+    cfg = build_config(arch, speculative_config(k, steps if k else None, hybrid), 8, longest)
+    mixed = Engine(cfg, target, mtp if k else None).generate([r.fresh_copy() for r in reqs])
+    pd = LocalPD(cfg, target, mtp if k else None)
+    out = pd.run([r.fresh_copy() for r in reqs])
+    assert out == mixed
+    assert sorted(pd.handoffs) == sorted(mixed)
+    assert all(pd.first_tokens[r] == mixed[r][:1] for r in mixed)
+    m = pd.d.metrics
+    if k:
+        # the decode engine's first verify round checked the prefill engine's drafts ...
+        assert m.handoff_drafts_proposed >= len(reqs) * min(steps, k)
+        # ... and accepted some (the shipped MTP layer drafts well at position 1)
+        assert m.handoff_drafts_accepted >= len(reqs) // 2, (m.handoff_drafts_accepted, m.handoff_drafts_proposed)
+    else:
+        assert m.handoff_drafts_proposed == 0
+    # the decode engine emitted every token but the first ones (it ran no prefill) ...
+    assert m.generated_tokens == sum(len(v) - 1 for v in mixed.values())
+    # ... and every block is back on both sides
+    assert pd.p.metrics.handed_off == len(reqs)
+    assert not pd.p.scheduler.held and not pd.d.scheduler.held
+    for e in (pd.p, pd.d):
+        assert len(e.scheduler.free_blocks) == e.scheduler.total_blocks
+    pd.close()
+
+
+@pytest.mark.parametrize(("k", "steps", "hybrid"), [(1, 1, False), (3, 3, False), (3, 1, True)])
+def test_staggered_chunked_prefill_and_slow_transfers_equal_mixed(random_model, k, steps, hybrid):
+    """Requests arrive every other step, the prefill engine prefills in 5-token chunks and
+    each transfer lands 3 steps after the decode engine asked for it."""
+    target, mtp = random_model
+    cfg = make_config(k, steps, hybrid, max_num_seqs=3)
+    reqs = make_requests(11, 9, stagger=2, min_prompt=2, max_prompt=30)
+    mixed = Engine(cfg, target, mtp, prefill_chunk_size=5).generate([r.fresh_copy() for r in reqs])
+    pd = LocalPD(cfg, target, mtp, fetch_delay=3, prefill_chunk_size=5)
+    assert pd.run([r.fresh_copy() for r in reqs]) == mixed
+    pd.close()
+
+
+def test_slot_state_survives_json_and_is_checked_against_the_decode_engine(random_model):
+    target, mtp = random_model
+    cfg = make_config(3, 3)
+    p = Engine(role_config(cfg, "prefill"), target, mtp)
+    p.add_requests([Request("a", [1, 2, 3, 4, 5], max_tokens=9)])
+    ev = p.step(0)
+    (h,) = ev.handed_off
+    assert ev.finished == [] and h.request.output_token_ids and h.blocks == p.scheduler.held["a"]
+    state = json.loads(json.dumps(h.state))
+    d = Engine(role_config(cfg, "decode"), target, mtp)
+    d.runner.check_handoff(state)  # type: ignore[attr-defined]
+
+    # another speculation set-up on the decode side: refused, naming the buffer
+    other = Engine(role_config(make_config(1, 1), "decode"), target, mtp)
+    with pytest.raises(InvalidRequestError, match=r"`handoff`.*draft_tokens"):
+        other.add_transferred(Request("a", [1, 2, 3, 4, 5], 9, output_token_ids=[3], handoff_state=state))
+    no_mtp = Engine(role_config(make_config(0), "decode"), target, None)
+    with pytest.raises(InvalidRequestError, match="MTP"):
+        no_mtp.add_transferred(Request("a", [1, 2, 3, 4, 5], 9, output_token_ids=[3], handoff_state=state))
+    bad = json.loads(json.dumps(state))
+    bad["draft"]["pre_ids"]["v"] = ["x"]
+    with pytest.raises(HandoffError, match="pre_ids"):
+        check_slot_state(bad, d.runner.share_inputs, d.runner.proposer.model_inputs)  # type: ignore[attr-defined]
+    del bad["target"]["step_idx"]
+    with pytest.raises(InvalidRequestError, match="step_idx"):
+        d.add_transferred(Request("a", [1, 2, 3, 4, 5], 9, output_token_ids=[3], handoff_state=bad))
+    assert not d.has_work  # nothing queued by the refusals
+    with pytest.raises(InvalidRequestError, match="output_token_ids"):
+        d.add_transferred(Request("a", [1, 2, 3, 4, 5], 9, output_token_ids=[], handoff_state=state))
+    with pytest.raises(InvalidRequestError, match="splitwise_role"):
+        p.add_transferred(Request("a", [1, 2, 3, 4, 5], 9, output_token_ids=[3], handoff_state=state))
+    # the held blocks are out of circulation until released
+    held = len(h.blocks)
+    assert len(p.scheduler.free_blocks) == p.scheduler.total_blocks - held
+    assert p.release_handoff("a") == held and p.release_handoff("a") == 0
+    assert len(p.scheduler.free_blocks) == p.scheduler.total_blocks
+    export_slot(d.runner.share_inputs, d.runner.proposer.model_inputs, 0)  # type: ignore[attr-defined]
+    for e in (p, d, other, no_mtp):
+        e.close()
+
+
+def test_a_failed_transfer_fails_only_its_request_and_frees_its_blocks(random_model):
+    target, mtp = random_model
+    cfg = make_config(2, 2)
+    p = Engine(role_config(cfg, "prefill"), target, mtp)
+    d = Engine(role_config(cfg, "decode"), target, mtp)
+    asked: list[tuple[Request, list[int]]] = []
+    d.kv_fetcher = lambda req, blocks: asked.append((req, blocks))
+    p.add_requests([Request("ok", [5, 6, 7, 8], max_tokens=6), Request("bad", [9, 10, 11], max_tokens=6)])
+    handoffs = p.step(0).handed_off
+    for h in handoffs:
+        r = h.request
+        d.add_transferred(
+            Request(
+                r.request_id,
+                r.prompt_token_ids,
+                r.max_tokens,
+                output_token_ids=r.output_token_ids,
+                handoff_state=h.state,
+            )
+        )
+    d.step(0)
+    assert {r.request_id for r, _ in asked} == {"ok", "bad"}
+    by_id = {r.request_id: (r, b) for r, b in asked}
+    bad, bad_blocks = by_id["bad"]
+    # the client goes away while the transfer is in flight: the blocks stay held ...
+    assert d.abort(bad, RuntimeError("client left"))
+    assert d.scheduler.held["bad"] == bad_blocks
+    d.transfer_done(bad, RuntimeError("late"))  # ... until the transfer ends
+    assert "bad" not in d.scheduler.held
+    ok, ok_blocks = by_id["ok"]
+    for a, b in zip(p.runner.host_caches()[0], d.runner.host_caches()[0]):  # type: ignore[attr-defined]
+        b[ok_blocks[: len(handoffs[0].blocks)]] = a[handoffs[0].blocks]
+    d.transfer_done(ok)
+    steps = 1
+    while d.has_work:
+        ev = d.step(steps)
+        assert not ev.failed
+        steps += 1
+    assert len(ok.output_token_ids) == 6
+    assert len(d.scheduler.free_blocks) == d.scheduler.total_blocks
+
+    # a transfer that fails (the prefill instance died) aborts the request with that error
+    p2 = Engine(role_config(cfg, "prefill"), target, mtp)
+    p2.add_requests([Request("x", [1, 2, 3], max_tokens=5)])
+    (h,) = p2.step(0).handed_off
+    d.add_transferred(Request("x", [1, 2, 3], 5, output_token_ids=h.request.output_token_ids, handoff_state=h.state))
+    d.step(steps)
+    ((req, _),) = asked[2:]
+    d.transfer_done(req, TimeoutError("prefill instance gone"))
+    assert isinstance(req.error, TimeoutError) and req.finished
+    assert not d.has_work and len(d.scheduler.free_blocks) == d.scheduler.total_blocks
+    # without a kv_fetcher the request fails at admission, clearly
+    d.kv_fetcher = None
+    d.add_transferred(Request("y", [1, 2, 3], 5, output_token_ids=h.request.output_token_ids, handoff_state=h.state))
+    ev = d.step(steps + 1)
+    assert [r.request_id for r, _ in ev.failed] == ["y"] and "kv_fetcher" in str(ev.failed[0][1])
+    assert len(d.scheduler.free_blocks) == d.scheduler.total_blocks
+    for e in (p, p2, d):
+        e.close()
