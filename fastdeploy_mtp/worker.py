@@ -78,6 +78,7 @@ def run_step(runner: TargetRunner, slots: SlotTable, msg: dict[str, Any]) -> Ste
     for req in tasks:
         runner.check_task(req)
     runner.insert_tasks(tasks)
+    runner.set_exports([int(i) for i in msg.get("export", [])])
     return runner.execute()
 
 
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                     stop_flags=out.stop_flags.astype(int).tolist(),
                     decode_lens=runner.decode_lens().astype(int).tolist(),
                     drafts=out.drafts.astype(int).tolist(),
+                    exports={str(idx): state for idx, state in out.exports.items()},
                 )
             sock.send_json(reply)
     except Terminated:

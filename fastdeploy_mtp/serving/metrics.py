@@ -21,6 +21,18 @@ metric names after it:
 Plus request counters (``fastdeploy:request_success_total``, ``..._failure_total``,
 ``..._cancelled_total`` for clients that disconnected),
 prompt/generation token counters, and running/waiting gauges.
+
+Splitwise (zero on a mixed instance):
+
+* ``fastdeploy:splitwise_handed_off_total`` — prefill instance: requests handed to a decode
+  instance after their first token and first drafts;
+* ``fastdeploy:splitwise_first_round_draft_tokens_total`` /
+  ``..._first_round_accepted_tokens_total`` — decode instance: drafts the prefill instance
+  made that this instance's first verify round offered / accepted (they are also in the
+  ``spec_decode`` counters);
+* ``fastdeploy:splitwise_kv_transfers_total``, ``..._kv_transfer_bytes_total``,
+  ``..._kv_transfer_seconds_total``, ``..._kv_transfer_failures_total`` — decode instance:
+  KV block transfers from prefill instances (every target and MTP layer, every rank).
 """
 
 from __future__ import annotations
@@ -47,6 +59,10 @@ class ServerCounters:
     success: int = 0
     failure: int = 0
     cancelled: int = 0
+    kv_transfers: int = 0
+    kv_transfer_bytes: int = 0
+    kv_transfer_seconds: float = 0.0
+    kv_transfer_failures: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -67,9 +83,20 @@ class EngineCollector(Collector):
             emitted, steps, generated = m.emitted_tokens, m.decode_item_steps, m.generated_tokens
             mean = m.mean_accepted_length
             running, waiting = len(self.scheduler.slots), len(self.scheduler.waiting)
+            handed_off, first_offered, first_accepted = (
+                m.handed_off,
+                m.handoff_drafts_proposed,
+                m.handoff_drafts_accepted,
+            )
         c = self.counters
         with c.lock:
             prompt, success, failure, cancelled = c.prompt_tokens, c.success, c.failure, c.cancelled
+            transfers, xfer_bytes, xfer_seconds, xfer_failures = (
+                c.kv_transfers,
+                c.kv_transfer_bytes,
+                c.kv_transfer_seconds,
+                c.kv_transfer_failures,
+            )
 
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
             return CounterMetricFamily(PREFIX + name, doc, value=value)
@@ -113,6 +140,25 @@ class EngineCollector(Collector):
         yield counter("request_cancelled", "Requests aborted because their client disconnected.", cancelled)
         yield GaugeMetricFamily(PREFIX + "num_requests_running", "Requests holding a slot.", value=running)
         yield GaugeMetricFamily(PREFIX + "num_requests_waiting", "Requests queued for a slot.", value=waiting)
+        yield counter("splitwise_handed_off", "Prefill instance: requests handed to a decode instance.", handed_off)
+        yield counter(
+            "splitwise_first_round_draft_tokens",
+            "Decode instance: drafts made on the prefill instance that the first verify round offered.",
+            first_offered,
+        )
+        yield counter(
+            "splitwise_first_round_accepted_tokens",
+            "Decode instance: drafts made on the prefill instance that the first verify round accepted.",
+            first_accepted,
+        )
+        yield counter("splitwise_kv_transfers", "Decode instance: completed KV block transfers.", transfers)
+        yield counter(
+            "splitwise_kv_transfer_bytes", "Decode instance: KV bytes received (all layers, all ranks).", xfer_bytes
+        )
+        yield counter(
+            "splitwise_kv_transfer_seconds", "Decode instance: wall seconds spent in KV transfers.", xfer_seconds
+        )
+        yield counter("splitwise_kv_transfer_failures", "Decode instance: KV transfers that failed.", xfer_failures)
 
 
 def make_registry(

@@ -3,20 +3,25 @@ socket is a loopback TCP port another local process could reach).
 
 Engine -> every worker (the same message to every tensor-parallel rank):
 
-* ``{"type": "step", "step": n, "free": [idx], "abort": [idx], "tasks": [task]}`` — reset the
-  listed slots, load the tasks, run one target step + proposer round;
+* ``{"type": "step", "step": n, "free": [idx], "abort": [idx], "tasks": [task], "export":
+  [idx]}`` — reset the listed slots, load the tasks, run one target step + proposer round
+  (``export``, splitwise prefill: rank 0 returns these slots' state afterwards);
 * ``{"type": "shutdown"}`` — release the caches and exit 0.
 
 A task is ``{"idx", "request_id", "type": "PREFILL" | "DECODE", "block_tables"}`` and, for a
 prefill chunk, ``"start"``, ``"end"``, ``"max_tokens"``, ``"output_token_ids"`` and (on the
-request's first chunk) ``"prompt_token_ids"``.
+request's first chunk) ``"prompt_token_ids"``. An ``"IMPORT"`` task (splitwise decode) loads a
+slot handed over by a prefill instance: ``"prompt_token_ids"``, ``"max_tokens"``,
+``"output_token_ids"`` and ``"state"`` (the slot state, see
+:mod:`fastdeploy_mtp.splitwise.handoff`).
 
 Worker -> engine:
 
 * ``{"type": "ready", "rank", "pid"}`` once its model is loaded and its caches attached;
 * ``{"type": "done", "step", "rank"}`` after a step; rank 0 adds ``"stop_flags"`` ``[N]``,
   ``"decode_lens"`` ``[N]`` (tokens each slot feeds next step) and ``"drafts"`` ``[N, K]``
-  (the drafts verified this step). Rank 0 sends the step's tokens *before* this message,
+  (the drafts verified this step), and ``"exports"`` ``{idx: state}`` for the slots the step
+  message listed in ``export``. Rank 0 sends the step's tokens *before* this message,
   through ``speculate_save_output_topk`` (FastDeploy's SysV message layout);
 * ``{"type": "error", "step", "rank", "message"}`` when the step raised.
 """
@@ -45,6 +50,13 @@ def task_message(req: Request, first_chunk: bool) -> dict[str, Any]:
         )
         if first_chunk:
             msg["prompt_token_ids"] = [int(t) for t in req.prompt_token_ids]
+    elif req.task_type == RequestType.IMPORT:
+        msg.update(
+            prompt_token_ids=[int(t) for t in req.prompt_token_ids],
+            max_tokens=int(req.max_tokens),
+            output_token_ids=[int(t) for t in req.output_token_ids],
+            state=req.handoff_state,
+        )
     return msg
 
 
@@ -62,6 +74,9 @@ class SlotTable:
         if "prompt_token_ids" in task:
             new = Request(str(task["request_id"]), list(task["prompt_token_ids"]), max_tokens=int(task["max_tokens"]))
             new.idx = idx
+            if kind == RequestType.IMPORT:
+                new.output_token_ids = list(task["output_token_ids"])
+                new.handoff_state = task["state"]
             self.slots[idx] = new
         req = self.slots.get(idx)
         if req is None or req.request_id != task["request_id"]:

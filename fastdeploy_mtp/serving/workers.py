@@ -86,7 +86,10 @@ class RemoteRunner:
         self.reserved_port = reserved_port
         self._progress = progress or (lambda line: None)
         self._decode_lens = np.zeros([self.n], np.int32)
-        self._pending: dict[str, list[Any]] = {"free": [], "abort": [], "tasks": []}
+        self._pending: dict[str, list[Any]] = {"free": [], "abort": [], "tasks": [], "export": []}
+        self._template: tuple[Any, Any] | None = None  # buffers to check handed-over slot states against
+        self._host_caches: list[list[np.ndarray]] | None = None
+        self._host_cache_tensors: list[tuple[list[Any], list[str]]] = []
         self._step = 0
         self._dead: str | None = None
         self.procs: dict[str, subprocess.Popen] = {}
@@ -146,6 +149,12 @@ class RemoteRunner:
         """Stop every child (``shutdown``, then SIGTERM, then SIGKILL), remove the token queue."""
         import zmq
 
+        from ..runtime.kv_cache_ipc import detach_caches
+
+        self._host_caches = None
+        for tensors, names in self._host_cache_tensors:
+            detach_caches(tensors, names)
+        self._host_cache_tensors = []
         workers = [name for name in self.procs if name.startswith("worker")]
         for rank, name in enumerate(workers):
             if self.procs[name].poll() is None:
@@ -241,6 +250,55 @@ class RemoteRunner:
         self._pending["abort"].append(int(req.idx))
         self._decode_lens[req.idx] = 0
 
+    def set_exports(self, idxs: Sequence[int]) -> None:
+        self._pending["export"] = [int(i) for i in idxs]
+
+    def check_handoff(self, state: object) -> None:
+        """Check a handed-over slot state against buffers shaped like the workers' (built
+        here once; the workers check it again when they load it)."""
+        from ..runtime.input_batch import make_target_inputs
+        from ..splitwise.handoff import check_slot_state
+
+        if self._template is None:
+            target = make_target_inputs(self.fd_config)
+            draft = None
+            if self.fd_config.speculative_config.enabled:
+                from ..proposer.proposer_inputs import ProposerInputBatch
+
+                draft = ProposerInputBatch(self.fd_config, target)
+            self._template = (target, draft)
+        check_slot_state(state, *self._template)
+
+    # ---- KV caches, for splitwise transfer ------------------------------------------------
+    def num_cache_layers(self) -> tuple[int, int]:
+        """(target layers, MTP layers) with KV caches."""
+        return self.fd_config.model_config.num_hidden_layers, (1 if self.k else 0)
+
+    def cache_names(self) -> list[list[str]]:
+        """Per rank, the IPC names of its caches (key, value per layer; target then MTP)."""
+        from ..runtime.kv_cache_ipc import cache_names
+
+        layers = sum(self.num_cache_layers())
+        return [cache_names(0, layers, rank, device) for rank, device in enumerate(self.layout.device_ids)]
+
+    def host_caches(self) -> list[list[np.ndarray]]:
+        """Every rank's KV caches, attached by name in this process, as writable numpy views
+        (no copy); detached by :meth:`close`."""
+        if self._host_caches is None:
+            from ..models import kv_cache_shape
+            from ..runtime.kv_cache_ipc import attach_caches
+
+            shape = kv_cache_shape(
+                self.layout.arch(), self.fd_config.cache_config.total_block_num, self.layout.tensor_parallel_size
+            )
+            views = []
+            for names in self.cache_names():
+                tensors = attach_caches(names, shape)
+                self._host_cache_tensors.append((tensors, names))
+                views.append([np.from_dlpack(t) for t in tensors])
+            self._host_caches = views
+        return self._host_caches
+
     def execute(self) -> StepOutput:
         import json
 
@@ -250,7 +308,7 @@ class RemoteRunner:
             raise WorkerDiedError(f"the deployment is down: {self._dead}")
         self._step += 1
         msg = {"type": "step", "step": self._step, **self._pending}
-        self._pending = {"free": [], "abort": [], "tasks": []}
+        self._pending = {"free": [], "abort": [], "tasks": [], "export": []}
         payload = json.dumps(msg).encode()
         for rank in range(self.layout.tensor_parallel_size):
             try:
@@ -287,6 +345,7 @@ class RemoteRunner:
             drafts=drafts,
             decode_mask=np.zeros([self.n], bool),
             num_tokens=int(accept_num.sum()),
+            exports={int(idx): state for idx, state in head.get("exports", {}).items()},
         )
 
     def _read_tokens(self) -> tuple[np.ndarray, np.ndarray]:
