@@ -491,6 +491,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_args(srv)
     srv.set_defaults(func=cmd_serve, max_tokens=1)
+    rtr = sub.add_parser(
+        "router", help="splitwise router: each request to a prefill instance, then a decode instance (OpenAI API)"
+    )
+    from .serving.router import add_router_args
+
+    add_router_args(rtr)
+    rtr.set_defaults(func=cmd_router, max_tokens=1)
     return ap
 
 
@@ -521,6 +528,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name,
     )
     return serve(opts)
+
+
+def cmd_router(args: argparse.Namespace) -> int:
+    """``fastdeploy-mtp router``: see :mod:`fastdeploy_mtp.serving.router`."""
+    from .serving.router import RouterOptions, check_instance_url, run_router
+
+    urls: dict[str, list[str]] = {}
+    for role in ("prefill", "decode"):
+        try:
+            urls[role] = [check_instance_url(u, f"--{role}") for u in getattr(args, role)]
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    for name in ("port", "queue_timeout", "start_timeout"):
+        if not getattr(args, name) > 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    opts = RouterOptions(
+        prefill=urls["prefill"],
+        decode=urls["decode"],
+        host=args.host,
+        port=args.port,
+        queue_timeout=args.queue_timeout,
+        served_model_name=args.served_model_name,
+        start_timeout=args.start_timeout,
+    )
+    return run_router(opts)
 
 
 def _debug() -> bool:

@@ -3,17 +3,19 @@ the engine loop, which drives the worker processes.
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with ``stream``:
 server-sent events ending in ``data: [DONE]``), ``GET /v1/models``, ``GET /health`` (200, or
-503 once the deployment lost a process), ``GET /metrics`` (Prometheus text; see
-:mod:`.metrics`).
+503 with the backend's reason: for ``serve``, once the deployment lost a process),
+``GET /metrics`` (Prometheus text; see :mod:`.metrics`).
 
 Decoding is greedy (the reference engine's verify strategy): ``temperature`` must be 0 or
 absent, ``top_p`` 1 or absent, ``n`` 1; ``stop``, ``logprobs``, ``echo`` and penalties are
 refused with a 400 naming the field rather than ignored. Errors use OpenAI's shape,
 ``{"error": {"message", "type", "param", "code"}}``.
 
-The engine loop runs in one thread (:class:`AsyncEngine`); each request's tokens reach its
-HTTP handler through an ``asyncio.Queue``. When a worker dies, every request in flight fails
-with a clear error, ``/health`` turns 503 and the server stops with exit status 1.
+:func:`create_app` serves any :class:`Backend`: for ``serve`` the engine loop, run in one
+thread (:class:`AsyncEngine`); for ``fastdeploy-mtp router`` the splitwise router
+(:mod:`.router`). Each request's tokens reach its HTTP handler through an ``asyncio.Queue``
+(:class:`Stream`). In ``serve``, when a worker dies, every request in flight fails with a
+clear error, ``/health`` turns 503 and the server stops with exit status 1.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict
 
 from ..runtime.engine import Engine
@@ -116,7 +119,8 @@ def _refuse_unsupported(body: _Common) -> None:
 # ---- the engine thread ---------------------------------------------------------------------
 @dataclass
 class Stream:
-    """One request's channel from the engine thread to its HTTP handler."""
+    """One request's channel from its backend (the engine thread, or the router's task) to its
+    HTTP handler: ``(kind, value)`` events, see :meth:`Backend.submit`."""
 
     request: Request
     loop: asyncio.AbstractEventLoop
@@ -127,6 +131,50 @@ class Stream:
             self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
         except RuntimeError:  # the server's event loop has closed: nobody is listening any more
             pass
+
+
+class Backend(Protocol):
+    """What :func:`create_app` needs from the thing that generates: the in-process engine
+    loop (:class:`AsyncEngine`, ``serve``) or the splitwise router
+    (:class:`~fastdeploy_mtp.serving.router.RouterBackend`), which forwards to other instances.
+
+    The app formats everything OpenAI-side (completions, chat, SSE, usage, errors,
+    detokenization); a backend only turns a :class:`Request` into a :class:`Stream` of events.
+
+    Attributes:
+        fatal: why the backend can serve nothing any more (``None`` while it can); new
+            requests are refused while it is set.
+        registry: the Prometheus collectors ``/metrics`` renders.
+    """
+
+    fatal: str | None
+    registry: CollectorRegistry
+
+    def validate(self, req: Request) -> None:
+        """Checks that can refuse ``req`` before a response starts.
+
+        Raises:
+            InvalidRequestError: naming the field (the app answers 400).
+        """
+        ...
+
+    def submit(self, req: Request) -> Stream:
+        """Start ``req`` (called from the event loop); its events arrive on the stream:
+        ``("tokens", list[int])`` (new token ids, also appended to ``req.output_token_ids``),
+        then ``("finished", "stop" | "length")``, or ``("error", APIError)`` at any point.
+
+        Raises:
+            APIError: ``req`` cannot be started at all (e.g. the backend is shutting down).
+        """
+        ...
+
+    def cancel(self, req: Request) -> None:
+        """Abort ``req`` if it has not finished (its client went away)."""
+        ...
+
+    async def health(self) -> str | None:
+        """Why ``/health`` should answer 503 right now, or ``None`` for 200."""
+        ...
 
 
 class AsyncEngine:
@@ -165,6 +213,10 @@ class AsyncEngine:
     def cancel(self, req: Request) -> None:
         """Abort ``req`` if it has not finished (its client went away); thread-safe."""
         self._cancels.put(req)
+
+    async def health(self) -> str | None:
+        """Unhealthy exactly when the deployment was lost (:attr:`fatal`)."""
+        return self.fatal
 
     def stop(self) -> None:
         """Stop the loop; requests still in flight (or queued) end with a 503."""
@@ -260,8 +312,10 @@ class AsyncEngine:
 
 
 # ---- the app -------------------------------------------------------------------------------
-def create_app(async_engine: AsyncEngine, model_name: str, tokenizer: Any, ori_vocab_size: int) -> FastAPI:
-    """The FastAPI app over ``async_engine`` (served model id ``model_name``)."""
+def create_app(backend: Backend, model_name: str, tokenizer: Any, ori_vocab_size: int) -> FastAPI:
+    """The FastAPI app over ``backend`` (an :class:`AsyncEngine`, or any other :class:`Backend`)
+    serving the model id ``model_name``; ``tokenizer.encode(str) -> list[int]`` makes prompts,
+    and token ids ``>= ori_vocab_size`` (padding) are left out of the text."""
     app = FastAPI(title="fastdeploy-mtp", description="OpenAI-compatible server with MTP speculative decoding")
     created = int(time.time())
 
@@ -281,13 +335,14 @@ def create_app(async_engine: AsyncEngine, model_name: str, tokenizer: Any, ori_v
 
     @app.get("/health")
     async def health() -> Response:
-        if async_engine.fatal:
-            return JSONResponse({"status": "unhealthy", "reason": async_engine.fatal}, status_code=503)
+        reason = await backend.health()
+        if reason:
+            return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(render(async_engine.registry), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(render(backend.registry), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -302,7 +357,7 @@ def create_app(async_engine: AsyncEngine, model_name: str, tokenizer: Any, ori_v
             raise APIError(400, "the prompt is empty", "prompt" if prefix == "cmpl" else "messages")
         req = Request(f"{prefix}-{uuid.uuid4().hex}", prompt_ids, max_tokens=max_tokens)
         try:
-            async_engine.validate(req)
+            backend.validate(req)
         except InvalidRequestError as exc:
             field_name = "max_tokens" if exc.field == "max_tokens" else ("prompt" if prefix == "cmpl" else "messages")
             raise APIError(400, str(exc), field_name) from None
@@ -330,7 +385,7 @@ def create_app(async_engine: AsyncEngine, model_name: str, tokenizer: Any, ori_v
                     return
         finally:
             if not done:  # the client disconnected (the handler was cancelled or the stream closed)
-                async_engine.cancel(stream.request)
+                backend.cancel(stream.request)
 
     async def collect(stream: Stream) -> tuple[str, str]:
         feed = detokenizer()
@@ -371,7 +426,7 @@ def create_app(async_engine: AsyncEngine, model_name: str, tokenizer: Any, ori_v
             prompt = prompt[0]
         ids = tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         req = new_request(ids, body.max_tokens or 16, body, "cmpl")
-        stream = async_engine.submit(req)
+        stream = backend.submit(req)
         base = {"id": req.request_id, "object": "text_completion", "created": int(time.time()), "model": model_name}
         if not body.stream:
             text, reason = await collect(stream)
@@ -399,7 +454,7 @@ def create_app(async_engine: AsyncEngine, model_name: str, tokenizer: Any, ori_v
             raise APIError(400, "messages must not be empty", "messages")
         prompt = apply_chat_template([m.model_dump() for m in body.messages])
         req = new_request(tokenizer.encode(prompt), body.max_tokens or 64, body, "chatcmpl")
-        stream = async_engine.submit(req)
+        stream = backend.submit(req)
         base = {"id": req.request_id, "created": int(time.time()), "model": model_name}
         if not body.stream:
             text, reason = await collect(stream)
