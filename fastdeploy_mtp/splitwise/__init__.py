@@ -1,0 +1,1 @@
+"""Splitwise (disaggregated prefill/decode) serving."""
