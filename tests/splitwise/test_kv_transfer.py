@@ -204,42 +204,71 @@ def test_several_offers_and_pulls_are_independent(sources: Any) -> None:
 _device_ids = itertools.count()
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_shm_pull_copies_from_the_published_caches(sources: Any, tp: int) -> None:
+@pytest.fixture
+def publish() -> Iterator[Callable[[list[list[np.ndarray]]], tuple[list[list[np.ndarray]], list[list[str]]]]]:
+    """Publish caches as a cache manager does (``set_data_ipc`` under FastDeploy's names, unique
+    to the test); returns numpy views of the shared memory and the names. Unpublished after
+    the test, which then checks that no name is left in /dev/shm."""
     import paddle
 
     from fastdeploy_mtp.runtime.kv_cache_ipc import cache_names, publish_caches, unpublish_caches
 
-    device_id = os.getpid() * 1000 + next(_device_ids)  # names unique to this test
-    names = [cache_names(0, TARGET_LAYERS + MTP_LAYERS, r, device_id) for r in range(tp)]
-    data = make_caches(tp, SRC_BLOCKS, seed=11)
-    tensors = [[paddle.to_tensor(a) for a in rank] for rank in data]
     published: list[tuple[list[Any], list[str]]] = []
-    try:
+
+    def make(data: list[list[np.ndarray]]) -> tuple[list[list[np.ndarray]], list[list[str]]]:
+        device_id = os.getpid() * 1000 + next(_device_ids)
+        names = [cache_names(0, len(data[0]) // 2, r, device_id) for r in range(len(data))]
+        tensors = [[paddle.to_tensor(a) for a in rank] for rank in data]
         for rank_tensors, rank_names in zip(tensors, names):
             publish_caches(rank_tensors, rank_names)
             published.append((rank_tensors, rank_names))
         assert all(os.path.exists(f"/dev/shm/{n}") for rank in names for n in rank)
-        src = [[np.from_dlpack(t) for t in rank] for rank in tensors]  # views of the shared memory
-        src[0][0][4] += 1.0  # a write after publishing is what D must see
-        # The source serves tcp fetches from other arrays (negated), so only a copy that
-        # really reads the published memory gives `src`.
-        decoy = [[-a for a in rank] for rank in src]
-        source, releases = sources(decoy, shm_names=names)
-        descriptor = json.loads(json.dumps(source.offer("shm-req", [4, 0, 8])))
-        assert descriptor["shm_names"] == names
-        dst = make_caches(tp, DST_BLOCKS, seed=None)
+        return [[np.from_dlpack(t) for t in rank] for rank in tensors], names
 
-        copied = pull_blocks(descriptor, dst, layout_of(dst), [1, 10, 6], transport="shm")
-        assert copied == tp * 6 * 3 * layout_of(dst).block_nbytes
-        assert_copied(src, dst, [4, 0, 8], [1, 10, 6])
-        np.testing.assert_array_equal(dst[0][0][1], data[0][0][4] + 1.0)
-        assert releases.wait() == [("shm-req", "released")]
-    finally:
-        for rank_tensors, rank_names in published:
-            unpublish_caches(rank_tensors, rank_names)
-    leftovers = [n for rank in names for n in rank if os.path.exists(f"/dev/shm/{n}")]
+    yield make
+    for rank_tensors, rank_names in published:
+        unpublish_caches(rank_tensors, rank_names)
+    leftovers = [n for _, rank_names in published for n in rank_names if os.path.exists(f"/dev/shm/{n}")]
     assert leftovers == []
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_shm_pull_copies_from_the_published_caches(sources: Any, publish: Any, tp: int) -> None:
+    data = make_caches(tp, SRC_BLOCKS, seed=11)
+    src, names = publish(data)  # views of the shared memory
+    src[0][0][4] += 1.0  # a write after publishing is what D must see
+    # The source serves tcp fetches from other arrays (negated), so only a copy that really
+    # reads the published memory gives `src`.
+    decoy = [[-a for a in rank] for rank in src]
+    source, releases = sources(decoy, shm_names=names)
+    descriptor = json.loads(json.dumps(source.offer("shm-req", [4, 0, 8])))
+    assert descriptor["shm_names"] == names
+    dst = make_caches(tp, DST_BLOCKS, seed=None)
+
+    copied = pull_blocks(descriptor, dst, layout_of(dst), [1, 10, 6], transport="shm")
+    assert copied == tp * 6 * 3 * layout_of(dst).block_nbytes
+    assert_copied(src, dst, [4, 0, 8], [1, 10, 6])
+    np.testing.assert_array_equal(dst[0][0][1], data[0][0][4] + 1.0)
+    assert releases.wait() == [("shm-req", "released")]
+
+
+def test_shm_pull_fails_when_the_offer_ends_during_the_copy(publish: Any) -> None:
+    src, names = publish(make_caches(1, SRC_BLOCKS, seed=15))
+
+    def reply(frames: list[bytes]) -> list[bytes]:  # held at "check", gone at "release"
+        if json.loads(frames[0])["op"] == "check":
+            return [b'{"ok": true, "num_blocks": 1}']
+        return [b'{"ok": false, "error": "request \'fake\' expired"}']
+
+    fake = FakeSource(reply)
+    try:
+        dst = make_caches(1, DST_BLOCKS, seed=None)
+        descriptor = {**descriptor_for(fake.address, [2]), "shm_names": names}
+        with pytest.raises(TransferError, match="refused release: request 'fake' expired; .* may be torn"):
+            pull_blocks(descriptor, dst, layout_of(dst), [7], transport="shm", timeout=5)
+        assert [json.loads(f[0])["op"] for f in fake.received] == ["check", "release"]
+    finally:
+        fake.close()
 
 
 def test_shm_pull_needs_names_and_published_caches(sources: Any) -> None:
@@ -537,6 +566,28 @@ def test_a_wrong_sized_reply_is_refused_before_any_write(
         with pytest.raises(TransferError, match=message):
             pull_blocks(descriptor_for(fake.address, [1, 2]), dst, layout_of(dst), [0, 1], timeout=5)
         assert all_zero(dst)
+    finally:
+        fake.close()
+
+
+def test_a_source_gone_after_a_complete_tcp_copy_is_not_an_error() -> None:
+    src = make_caches(1, SRC_BLOCKS, seed=16)
+
+    def reply(frames: list[bytes]) -> list[bytes] | None:  # answers the fetch, then nothing
+        if json.loads(frames[0])["op"] != "fetch":
+            return None
+        header = {"ok": True, "frames": 6, "block_nbytes": 256, "num_blocks": 2}
+        return [json.dumps(header).encode(), *(np.ascontiguousarray(c[[4, 1]]).tobytes() for c in src[0])]
+
+    fake = FakeSource(reply)
+    try:
+        dst = make_caches(1, DST_BLOCKS, seed=None)
+        start = time.monotonic()
+        copied = pull_blocks(descriptor_for(fake.address, [4, 1]), dst, layout_of(dst), [0, 8], timeout=1.0)
+        assert copied == 6 * 2 * 256
+        assert 1.0 <= time.monotonic() - start < 3.0  # waited for the release reply, bounded
+        assert_copied(src, dst, [4, 1], [0, 8])
+        assert [json.loads(f[0])["op"] for f in fake.received] == ["fetch", "release"]
     finally:
         fake.close()
 
