@@ -1,0 +1,629 @@
+"""KV-block transfer between a prefill source and a decode puller (tcp and shm transports)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+
+from fastdeploy_mtp.splitwise.kv_transfer import KVLayout, KVSource, TransferError, pull_blocks
+
+TARGET_LAYERS, MTP_LAYERS = 2, 1
+BLOCK_SHAPE = (2, 4, 8)  # kv heads per rank, block size, head dim
+SRC_BLOCKS, DST_BLOCKS = 10, 12
+
+
+def make_caches(
+    tp: int, num_blocks: int, seed: int | None, layers: int = TARGET_LAYERS + MTP_LAYERS, dtype: Any = np.float32
+) -> list[list[np.ndarray]]:
+    """Per rank, ``2 * layers`` arrays ``[num_blocks, *BLOCK_SHAPE]``: random (``seed``) or zeros."""
+    rng = np.random.default_rng(seed)
+    shape = (num_blocks, *BLOCK_SHAPE)
+    if seed is None:
+        return [[np.zeros(shape, dtype) for _ in range(2 * layers)] for _ in range(tp)]
+    return [[rng.standard_normal(shape).astype(dtype) for _ in range(2 * layers)] for _ in range(tp)]
+
+
+def layout_of(caches: list[list[np.ndarray]], target: int = TARGET_LAYERS) -> KVLayout:
+    return KVLayout.of_caches(caches, target, len(caches[0]) // 2 - target)
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+class Releases:
+    """An ``on_release`` that records its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.threads: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, request_id: str, reason: str) -> None:
+        with self._lock:
+            self.calls.append((request_id, reason))
+            self.threads.add(threading.current_thread().name)
+
+    def wait(self, count: int = 1, timeout: float = 5.0) -> list[tuple[str, str]]:
+        assert wait_until(lambda: len(self.calls) >= count, timeout), f"on_release calls: {self.calls}"
+        time.sleep(0.15)  # a duplicate call would land within a server-loop period
+        return list(self.calls)
+
+
+@pytest.fixture
+def sources() -> Iterator[Callable[..., tuple[KVSource, Releases]]]:
+    """Make KV sources that are closed after the test."""
+    made: list[KVSource] = []
+
+    def make(caches: list[list[np.ndarray]], **kwargs: Any) -> tuple[KVSource, Releases]:
+        releases = Releases()
+        source = KVSource(caches, layout_of(caches), releases, **kwargs)
+        made.append(source)
+        return source, releases
+
+    yield make
+    for source in made:
+        source.close()
+
+
+def assert_copied(
+    src: list[list[np.ndarray]], dst: list[list[np.ndarray]], src_ids: list[int], dst_ids: list[int]
+) -> None:
+    """Block ``src_ids[j]`` of every cache landed in ``dst_ids[j]``; every other block is zero."""
+    others = [b for b in range(dst[0][0].shape[0]) if b not in dst_ids[: len(src_ids)]]
+    for r, (src_rank, dst_rank) in enumerate(zip(src, dst)):
+        for c, (s, d) in enumerate(zip(src_rank, dst_rank)):
+            for sb, db in zip(src_ids, dst_ids):
+                np.testing.assert_array_equal(d[db], s[sb], err_msg=f"rank {r} cache {c} block {sb}->{db}")
+            assert not d[others].any(), f"rank {r} cache {c}: blocks outside {dst_ids} were written"
+
+
+def all_zero(caches: list[list[np.ndarray]]) -> bool:
+    return not any(a.any() for rank in caches for a in rank)
+
+
+# ---- layout ---------------------------------------------------------------------------------
+
+
+def test_layout_round_trip_and_sizes() -> None:
+    layout = KVLayout(2, TARGET_LAYERS, MTP_LAYERS, BLOCK_SHAPE, "float32")
+    assert layout.num_caches == 6
+    assert layout.block_nbytes == 2 * 4 * 8 * 4
+    assert KVLayout.from_dict(json.loads(json.dumps(layout.to_dict()))) == layout
+    assert layout_of(make_caches(2, 3, 0)) == layout
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"tensor_parallel_size": None}, "tensor_parallel_size"),  # removed below
+        ({"tensor_parallel_size": "2"}, "tensor_parallel_size"),
+        ({"num_target_layers": True}, "num_target_layers"),
+        ({"num_target_layers": 0}, "num_target_layers"),
+        ({"num_mtp_layers": -1}, "num_mtp_layers"),
+        ({"block_shape": [2, 0, 8]}, "block_shape"),
+        ({"block_shape": "2,4,8"}, "block_shape"),
+        ({"dtype": "float99"}, "dtype"),
+        ({"dtype": 4}, "dtype"),
+        ({"extra": 1}, "extra"),
+    ],
+)
+def test_layout_from_dict_names_the_bad_key(change: dict[str, Any], key: str) -> None:
+    d = KVLayout(1, 2, 1, BLOCK_SHAPE, "float32").to_dict()
+    d.update(change)
+    if change.get("tensor_parallel_size", 0) is None:
+        del d["tensor_parallel_size"]
+    with pytest.raises(TransferError, match=f"`{key}`"):
+        KVLayout.from_dict(d)
+
+
+def test_layout_check_matches_names_the_field_and_both_values() -> None:
+    prefill = KVLayout(2, 2, 1, BLOCK_SHAPE, "float32")
+    prefill.check_matches(KVLayout(2, 2, 1, BLOCK_SHAPE, "float32"))
+    with pytest.raises(TransferError, match=r"`num_mtp_layers`: prefill has 1, this decode instance has 2"):
+        prefill.check_matches(KVLayout(2, 2, 2, BLOCK_SHAPE, "float32"))
+
+
+def test_layout_of_inconsistent_caches() -> None:
+    caches = make_caches(2, 4, 0)
+    caches[1].pop()
+    with pytest.raises(TransferError, match=r"caches\[1\]` must hold 6 arrays .* got 5"):
+        layout_of(caches)
+    caches = make_caches(2, 4, 0)
+    caches[1][3] = caches[1][3][:, :, :2]
+    with pytest.raises(TransferError, match=r"caches\[1\]\[3\]` has shape"):
+        layout_of(caches)
+    caches = make_caches(1, 4, 0)
+    caches[0][2] = caches[0][2].astype(np.float16)
+    with pytest.raises(TransferError, match=r"caches\[0\]\[2\]` has dtype float16"):
+        layout_of(caches)
+    caches = make_caches(1, 4, 0)
+    caches[0][5] = caches[0][5][:3]
+    with pytest.raises(TransferError, match=r"caches\[0\]\[5\]` has 3 blocks"):
+        layout_of(caches)
+
+
+# ---- tcp transport ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_tcp_pull_copies_the_offered_blocks(sources: Any, tp: int) -> None:
+    src = make_caches(tp, SRC_BLOCKS, seed=tp)
+    dst = make_caches(tp, DST_BLOCKS, seed=None)
+    source, releases = sources(src)
+    assert source.address.startswith("tcp://127.0.0.1:")
+    descriptor = json.loads(json.dumps(source.offer("req-1", [3, 7, 1])))  # as it travels to D
+    assert descriptor["num_blocks"] == SRC_BLOCKS and descriptor["shm_names"] is None
+    assert source.pending() == ["req-1"]
+
+    copied = pull_blocks(descriptor, dst, layout_of(dst), [11, 0, 5, 9])  # the 4th is spare
+    layout = layout_of(src)
+    assert copied == tp * layout.num_caches * 3 * layout.block_nbytes
+    assert_copied(src, dst, [3, 7, 1], [11, 0, 5])
+    assert releases.wait() == [("req-1", "released")]
+    assert releases.threads == {source._thread.name}  # from the server thread
+    assert source.pending() == []
+    dst_before = [[a.copy() for a in rank] for rank in dst]
+    with pytest.raises(TransferError, match="'req-1' was released"):
+        pull_blocks(descriptor, dst, layout_of(dst), [2, 3, 4], timeout=2)
+    for before, after in zip(itertools.chain(*dst_before), itertools.chain(*dst)):
+        np.testing.assert_array_equal(before, after)
+
+
+def test_several_offers_and_pulls_are_independent(sources: Any) -> None:
+    src = make_caches(1, SRC_BLOCKS, seed=5)
+    source, releases = sources(src)
+    first = source.offer("a", [0, 1])
+    second = source.offer("b", [9])
+    dst_b = make_caches(1, 4, seed=None)
+    pull_blocks(second, dst_b, layout_of(dst_b), [2])
+    assert_copied(src, dst_b, [9], [2])
+    assert source.pending() == ["a"]
+    dst_a = make_caches(1, 4, seed=None)
+    pull_blocks(first, dst_a, layout_of(dst_a), np.array([3, 1]))
+    assert_copied(src, dst_a, [0, 1], [3, 1])
+    assert sorted(releases.wait(2)) == [("a", "released"), ("b", "released")]
+
+
+# ---- shm transport ------------------------------------------------------------------------------
+
+_device_ids = itertools.count()
+
+
+@pytest.fixture
+def publish() -> Iterator[Callable[[list[list[np.ndarray]]], tuple[list[list[np.ndarray]], list[list[str]]]]]:
+    """Publish caches as a cache manager does (``set_data_ipc`` under FastDeploy's names, unique
+    to the test); returns numpy views of the shared memory and the names. Unpublished after
+    the test, which then checks that no name is left in /dev/shm."""
+    import paddle
+
+    from fastdeploy_mtp.runtime.kv_cache_ipc import cache_names, publish_caches, unpublish_caches
+
+    published: list[tuple[list[Any], list[str]]] = []
+
+    def make(data: list[list[np.ndarray]]) -> tuple[list[list[np.ndarray]], list[list[str]]]:
+        device_id = os.getpid() * 1000 + next(_device_ids)
+        names = [cache_names(0, len(data[0]) // 2, r, device_id) for r in range(len(data))]
+        tensors = [[paddle.to_tensor(a) for a in rank] for rank in data]
+        for rank_tensors, rank_names in zip(tensors, names):
+            publish_caches(rank_tensors, rank_names)
+            published.append((rank_tensors, rank_names))
+        assert all(os.path.exists(f"/dev/shm/{n}") for rank in names for n in rank)
+        return [[np.from_dlpack(t) for t in rank] for rank in tensors], names
+
+    yield make
+    for rank_tensors, rank_names in published:
+        unpublish_caches(rank_tensors, rank_names)
+    leftovers = [n for _, rank_names in published for n in rank_names if os.path.exists(f"/dev/shm/{n}")]
+    assert leftovers == []
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_shm_pull_copies_from_the_published_caches(sources: Any, publish: Any, tp: int) -> None:
+    data = make_caches(tp, SRC_BLOCKS, seed=11)
+    src, names = publish(data)  # views of the shared memory
+    src[0][0][4] += 1.0  # a write after publishing is what D must see
+    # The source serves tcp fetches from other arrays (negated), so only a copy that really
+    # reads the published memory gives `src`.
+    decoy = [[-a for a in rank] for rank in src]
+    source, releases = sources(decoy, shm_names=names)
+    descriptor = json.loads(json.dumps(source.offer("shm-req", [4, 0, 8])))
+    assert descriptor["shm_names"] == names
+    dst = make_caches(tp, DST_BLOCKS, seed=None)
+
+    copied = pull_blocks(descriptor, dst, layout_of(dst), [1, 10, 6], transport="shm")
+    assert copied == tp * 6 * 3 * layout_of(dst).block_nbytes
+    assert_copied(src, dst, [4, 0, 8], [1, 10, 6])
+    np.testing.assert_array_equal(dst[0][0][1], data[0][0][4] + 1.0)
+    assert releases.wait() == [("shm-req", "released")]
+
+
+def test_shm_pull_fails_when_the_offer_ends_during_the_copy(publish: Any) -> None:
+    src, names = publish(make_caches(1, SRC_BLOCKS, seed=15))
+
+    def reply(frames: list[bytes]) -> list[bytes]:  # held at "check", gone at "release"
+        if json.loads(frames[0])["op"] == "check":
+            return [b'{"ok": true, "num_blocks": 1}']
+        return [b'{"ok": false, "error": "request \'fake\' expired"}']
+
+    fake = FakeSource(reply)
+    try:
+        dst = make_caches(1, DST_BLOCKS, seed=None)
+        descriptor = {**descriptor_for(fake.address, [2]), "shm_names": names}
+        with pytest.raises(TransferError, match="refused release: request 'fake' expired; .* may be torn"):
+            pull_blocks(descriptor, dst, layout_of(dst), [7], transport="shm", timeout=5)
+        assert [json.loads(f[0])["op"] for f in fake.received] == ["check", "release"]
+    finally:
+        fake.close()
+
+
+def test_shm_pull_needs_names_and_published_caches(sources: Any) -> None:
+    src = make_caches(1, SRC_BLOCKS, seed=2)
+    dst = make_caches(1, DST_BLOCKS, seed=None)
+    source, releases = sources(src)
+    with pytest.raises(TransferError, match="needs `shm_names`"):
+        pull_blocks(source.offer("no-names", [1]), dst, layout_of(dst), [0], transport="shm")
+    names = [[f"kvx_test_never_published_{os.getpid()}_{i}" for i in range(6)]]
+    named, _ = sources(src, shm_names=names)
+    with pytest.raises(TransferError, match="cannot attach the prefill's cache 'kvx_test_never_published"):
+        pull_blocks(named.offer("missing", [1]), dst, layout_of(dst), [0], transport="shm", timeout=2)
+    assert all_zero(dst)
+    assert named.pending() == ["missing"]  # not released: nothing was copied
+
+
+# ---- hold, withdraw, close ----------------------------------------------------------------------
+
+
+def test_an_unreleased_offer_expires(sources: Any) -> None:
+    src = make_caches(1, SRC_BLOCKS, seed=3)
+    source, releases = sources(src, hold_timeout=0.3)
+    descriptor = source.offer("slow", [2, 3])
+    assert releases.wait() == [("slow", "expired")]
+    assert source.pending() == []
+    dst = make_caches(1, DST_BLOCKS, seed=None)
+    with pytest.raises(TransferError, match=r"'slow' expired \(not released within hold_timeout 0.3 s\)"):
+        pull_blocks(descriptor, dst, layout_of(dst), [0, 1], timeout=2)
+    assert all_zero(dst)
+
+
+def test_withdraw(sources: Any) -> None:
+    src = make_caches(1, SRC_BLOCKS, seed=4)
+    source, releases = sources(src)
+    descriptor = source.offer("w", [5])
+    assert source.withdraw("w") is True
+    assert source.withdraw("w") is False
+    assert source.withdraw("never") is False
+    assert source.pending() == []
+    assert releases.wait() == [("w", "withdrawn")]
+    dst = make_caches(1, DST_BLOCKS, seed=None)
+    with pytest.raises(TransferError, match="'w' was withdrawn"):
+        pull_blocks(descriptor, dst, layout_of(dst), [0], timeout=2)
+    assert all_zero(dst)
+    source.offer("w", [5])  # the id can be offered again once it ended
+    assert source.pending() == ["w"]
+
+
+def test_close_releases_pending_offers_and_pulls_then_fail(sources: Any) -> None:
+    src = make_caches(1, SRC_BLOCKS, seed=6)
+    source, releases = sources(src)
+    descriptor = source.offer("c1", [1])
+    source.offer("c2", [2])
+    source.close()
+    source.close()  # idempotent
+    assert sorted(releases.calls) == [("c1", "closed"), ("c2", "closed")]
+    assert not source._thread.is_alive()
+    assert source.pending() == []
+    assert source.withdraw("c1") is False
+    with pytest.raises(TransferError, match="is closed"):
+        source.offer("c3", [3])
+    dst = make_caches(1, DST_BLOCKS, seed=None)
+    start = time.monotonic()
+    with pytest.raises(TransferError, match=rf"{descriptor['address']} did not answer fetch within 0.5 s"):
+        pull_blocks(descriptor, dst, layout_of(dst), [0], timeout=0.5)
+    assert time.monotonic() - start < 2.5
+    assert all_zero(dst)
+
+
+def test_a_raising_on_release_does_not_stop_the_source() -> None:
+    src = make_caches(1, SRC_BLOCKS, seed=7)
+    calls: list[tuple[str, str]] = []
+
+    def on_release(rid: str, reason: str) -> None:
+        calls.append((rid, reason))
+        raise RuntimeError("engine bug")
+
+    with KVSource(src, layout_of(src), on_release) as source:
+        dst = make_caches(1, DST_BLOCKS, seed=None)
+        pull_blocks(source.offer("x", [1]), dst, layout_of(dst), [0])
+        pull_blocks(source.offer("y", [2]), dst, layout_of(dst), [1])
+        assert_copied(src, dst, [1, 2], [0, 1])
+    assert calls == [("x", "released"), ("y", "released")]
+
+
+# ---- refusals: nothing written ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "make_dst", "message"),
+    [
+        (
+            "num_target_layers",
+            lambda: (make_caches(1, DST_BLOCKS, None, layers=4), 3),
+            "prefill has 2, this decode instance has 3",
+        ),
+        ("block_shape", None, r"prefill has \(2, 4, 8\), this decode instance has \(2, 4, 4\)"),
+        ("tensor_parallel_size", lambda: (make_caches(2, DST_BLOCKS, None), 2), "prefill has 1, this decode"),
+        (
+            "dtype",
+            lambda: (make_caches(1, DST_BLOCKS, None, dtype=np.float16), 2),
+            "prefill has 'float32', this decode instance has 'float16'",
+        ),
+    ],
+)
+def test_layout_mismatch_is_refused_before_any_write(sources: Any, field: str, make_dst: Any, message: str) -> None:
+    src = make_caches(1, SRC_BLOCKS, seed=8)
+    source, releases = sources(src)
+    if make_dst is None:
+        dst = [[np.zeros((DST_BLOCKS, 2, 4, 4), np.float32) for _ in range(6)]]
+        target = 2
+    else:
+        dst, target = make_dst()
+    with pytest.raises(TransferError, match=rf"`{field}`: {message}"):
+        pull_blocks(source.offer("m", [1, 2]), dst, layout_of(dst, target), [0, 1])
+    assert all_zero(dst)
+    assert source.pending() == ["m"] and releases.calls == []
+
+
+def test_bad_destination_arguments_are_refused_before_any_write(sources: Any) -> None:
+    src = make_caches(1, SRC_BLOCKS, seed=9)
+    source, releases = sources(src)
+    descriptor = source.offer("d", [1, 2, 3])
+    dst = make_caches(1, DST_BLOCKS, seed=None)
+    layout = layout_of(dst)
+    refusals = [
+        ([0, 1], {}, r"`dst_block_ids` has 2 block\(s\), the prefill offered 3"),
+        ([0, 1, DST_BLOCKS], {}, rf"`dst_block_ids` holds block id {DST_BLOCKS}, outside \[0, {DST_BLOCKS}\)"),
+        ([0, -1, 2], {}, "`dst_block_ids` holds block id -1"),
+        ([0, 1, 1], {}, "`dst_block_ids` holds block id 1 more than once"),
+        ([0, 1.5, 2], {}, "`dst_block_ids` holds 1.5"),
+        ([0, 1, 2], {"transport": "rdma"}, "`transport` must be 'tcp' or 'shm'"),
+        ([0, 1, 2], {"timeout": 0}, "`timeout` must be a positive number"),
+    ]
+    for ids, kwargs, message in refusals:
+        with pytest.raises(TransferError, match=message):
+            pull_blocks(descriptor, dst, layout, ids, **kwargs)
+    read_only = make_caches(1, DST_BLOCKS, seed=None)
+    read_only[0][4].flags.writeable = False
+    with pytest.raises(TransferError, match=r"`caches\[0\]\[4\]` is read-only"):
+        pull_blocks(descriptor, read_only, layout, [0, 1, 2])
+    assert all_zero(dst) and all_zero(read_only)
+    assert source.pending() == ["d"] and releases.calls == []
+
+
+def test_bad_descriptors_are_refused_before_any_write(sources: Any) -> None:
+    src = make_caches(1, SRC_BLOCKS, seed=10)
+    source, _ = sources(src)
+    good = source.offer("bad", [1, 2])
+    dst = make_caches(1, DST_BLOCKS, seed=None)
+    layout = layout_of(dst)
+    cases: list[tuple[Any, str]] = [
+        ("not a dict", "descriptor must be a dict"),
+        ({k: v for k, v in good.items() if k != "block_ids"}, "missing key `block_ids`"),
+        ({**good, "version": 2}, "`version` 2 is not 1"),
+        ({**good, "request_id": 7}, "`request_id` must be a non-empty str"),
+        ({**good, "address": "ipc:///tmp/x"}, "`address` must be a 'tcp://host:port' str"),
+        ({**good, "block_ids": [1, SRC_BLOCKS]}, rf"`block_ids` holds block id {SRC_BLOCKS}, outside \[0, "),
+        ({**good, "block_ids": []}, "`block_ids` is empty"),
+        ({**good, "num_blocks": "10"}, "`num_blocks` must be an int"),
+        ({**good, "layout": {**good["layout"], "dtype": None}}, "`layout`: .*`dtype`"),
+        ({**good, "shm_names": [["a"]]}, r"`shm_names\[0\]` must hold 6 non-empty names"),
+        ({**good, "hold_timeout": -1}, "`hold_timeout` must be a positive number"),
+    ]
+    for descriptor, message in cases:
+        with pytest.raises(TransferError, match=message):
+            pull_blocks(descriptor, dst, layout, [0, 1], timeout=2)
+    with pytest.raises(TransferError, match="unknown request 'other' \\(never offered here\\)"):
+        pull_blocks({**good, "request_id": "other"}, dst, layout, [0, 1], timeout=2)
+    assert all_zero(dst)
+    assert source.pending() == ["bad"]
+
+
+def test_offer_refusals(sources: Any) -> None:
+    src = make_caches(1, SRC_BLOCKS, seed=12)
+    source, _ = sources(src)
+    source.offer("dup", [1])
+    with pytest.raises(TransferError, match="'dup' is already offered"):
+        source.offer("dup", [2])
+    with pytest.raises(TransferError, match="`block_ids` is empty"):
+        source.offer("e", [])
+    with pytest.raises(TransferError, match=rf"block id {SRC_BLOCKS}, outside"):
+        source.offer("e", [SRC_BLOCKS])
+    with pytest.raises(TransferError, match="block id 3 more than once"):
+        source.offer("e", [3, 3])
+    with pytest.raises(TransferError, match="`request_id` must be a non-empty str"):
+        source.offer("", [1])
+    assert source.pending() == ["dup"]
+
+
+def test_source_constructor_refusals() -> None:
+    src = make_caches(1, SRC_BLOCKS, seed=13)
+    layout = layout_of(src)
+    with pytest.raises(TransferError, match="`hold_timeout` must be a positive number"):
+        KVSource(src, layout, lambda r, s: None, hold_timeout=0)
+    with pytest.raises(TransferError, match="`on_release` must be callable"):
+        KVSource(src, layout, None)  # type: ignore[arg-type]
+    with pytest.raises(TransferError, match=r"`shm_names` must hold one list per rank \(1\)"):
+        KVSource(src, layout, lambda r, s: None, shm_names=[["a"] * 6, ["b"] * 6])
+    with pytest.raises(TransferError, match=r"`caches` must hold 2 rank\(s\), got 1"):
+        KVSource(src, KVLayout(2, 2, 1, BLOCK_SHAPE, "float32"), lambda r, s: None)
+    with KVSource(src, layout, lambda r, s: None) as taken:
+        port = int(taken.address.rsplit(":", 1)[1])
+        with pytest.raises(TransferError, match=f"cannot bind tcp://127.0.0.1:{port}"):
+            KVSource(src, layout, lambda r, s: None, port=port)
+
+
+# ---- misbehaving peers ------------------------------------------------------------------------
+
+
+class FakeSource:
+    """A bare ROUTER in a thread: reads every message and answers with ``reply(frames)``, or
+    not at all when that is ``None``."""
+
+    def __init__(self, reply: Callable[[list[bytes]], list[bytes] | None]):
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        port = self._sock.bind_to_random_port("tcp://127.0.0.1")
+        self.address = f"tcp://127.0.0.1:{port}"
+        self.received: list[list[bytes]] = []
+        self._reply = reply
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self._sock.poll(50):
+                identity, *frames = self._sock.recv_multipart()
+                self.received.append(frames)
+                out = self._reply(frames)
+                if out is not None:
+                    self._sock.send_multipart([identity, *out])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._sock.close(0)
+        self._ctx.term()
+
+
+def descriptor_for(address: str, block_ids: list[int], tp: int = 1) -> dict[str, Any]:
+    layout = KVLayout(tp, TARGET_LAYERS, MTP_LAYERS, BLOCK_SHAPE, "float32")
+    return {
+        "version": 1,
+        "request_id": "fake",
+        "address": address,
+        "layout": layout.to_dict(),
+        "block_ids": block_ids,
+        "num_blocks": SRC_BLOCKS,
+        "shm_names": None,
+        "hold_timeout": 60.0,
+    }
+
+
+def test_a_source_that_never_answers_times_out() -> None:
+    fake = FakeSource(lambda frames: None)
+    try:
+        dst = make_caches(1, DST_BLOCKS, seed=None)
+        timeout = 1.0
+        start = time.monotonic()
+        with pytest.raises(TransferError, match=rf"{fake.address} did not answer fetch within 1 s"):
+            pull_blocks(descriptor_for(fake.address, [1, 2]), dst, layout_of(dst), [0, 1], timeout=timeout)
+        assert time.monotonic() - start < timeout + 2
+        assert wait_until(lambda: len(fake.received) == 1)
+        assert json.loads(fake.received[0][0]) == {"op": "fetch", "request_id": "fake"}
+        assert all_zero(dst)
+    finally:
+        fake.close()
+
+
+@pytest.mark.parametrize(
+    ("header", "frame_bytes", "message"),
+    [
+        ({"frames": 6, "num_blocks": 2}, [512] * 5 + [511], r"data frame 5 \(rank 0, cache 5\) has 511 bytes"),
+        ({"frames": 6, "num_blocks": 2}, [512] * 5, "5 data frames, expected 6"),
+        ({"frames": 5, "num_blocks": 2}, [512] * 6, "header `frames` is 5, expected 6"),
+        ({"frames": 6, "num_blocks": 3}, [768] * 6, "header `num_blocks` is 3, expected 2"),
+    ],
+)
+def test_a_wrong_sized_reply_is_refused_before_any_write(
+    header: dict[str, Any], frame_bytes: list[int], message: str
+) -> None:
+    full = {"ok": True, "block_nbytes": 256, **header}
+
+    def reply(frames: list[bytes]) -> list[bytes]:
+        if json.loads(frames[0])["op"] != "fetch":
+            return [b'{"ok": true}']
+        return [json.dumps(full).encode(), *(b"\x01" * n for n in frame_bytes)]
+
+    fake = FakeSource(reply)
+    try:
+        dst = make_caches(1, DST_BLOCKS, seed=None)
+        with pytest.raises(TransferError, match=message):
+            pull_blocks(descriptor_for(fake.address, [1, 2]), dst, layout_of(dst), [0, 1], timeout=5)
+        assert all_zero(dst)
+    finally:
+        fake.close()
+
+
+def test_a_source_gone_after_a_complete_tcp_copy_is_not_an_error() -> None:
+    src = make_caches(1, SRC_BLOCKS, seed=16)
+
+    def reply(frames: list[bytes]) -> list[bytes] | None:  # answers the fetch, then nothing
+        if json.loads(frames[0])["op"] != "fetch":
+            return None
+        header = {"ok": True, "frames": 6, "block_nbytes": 256, "num_blocks": 2}
+        return [json.dumps(header).encode(), *(np.ascontiguousarray(c[[4, 1]]).tobytes() for c in src[0])]
+
+    fake = FakeSource(reply)
+    try:
+        dst = make_caches(1, DST_BLOCKS, seed=None)
+        start = time.monotonic()
+        copied = pull_blocks(descriptor_for(fake.address, [4, 1]), dst, layout_of(dst), [0, 8], timeout=1.0)
+        assert copied == 6 * 2 * 256
+        assert 1.0 <= time.monotonic() - start < 3.0  # waited for the release reply, bounded
+        assert_copied(src, dst, [4, 1], [0, 8])
+        assert [json.loads(f[0])["op"] for f in fake.received] == ["fetch", "release"]
+    finally:
+        fake.close()
+
+
+def test_malformed_messages_do_not_stop_the_source(sources: Any) -> None:
+    src = make_caches(1, SRC_BLOCKS, seed=14)
+    source, releases = sources(src)
+    descriptor = source.offer("ok", [6])
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(source.address)
+    try:
+        bad: list[tuple[list[bytes], str]] = [
+            ([b"not json"], "malformed JSON"),
+            ([b"\xff\xfe\x00"], "malformed JSON"),
+            ([b"[1, 2]"], "expected a JSON object, got list"),
+            ([b'{"op": "explode", "request_id": "ok"}'], "unknown op 'explode'"),
+            ([b'{"op": "fetch"}'], "`request_id` must be a str, got None"),
+            ([b'{"op": "release", "request_id": 5}'], "`request_id` must be a str, got 5"),
+            ([b'{"op": "fetch", "request_id": "ok"}', b"more"], "expected one JSON frame, got 2"),
+            ([b""], "malformed JSON"),
+        ]
+        for frames, message in bad:
+            sock.send_multipart(frames)
+            assert sock.poll(5000), f"no answer to {frames}"
+            answer = json.loads(sock.recv())
+            assert answer["ok"] is False and message in answer["error"], (frames, answer)
+        sock.send(b"x" * (1 << 17))  # above the control-message limit: the peer is dropped
+        time.sleep(0.2)
+    finally:
+        sock.close(0)
+        ctx.term()
+    assert source._thread.is_alive()
+    assert source.pending() == ["ok"] and releases.calls == []
+    dst = make_caches(1, DST_BLOCKS, seed=None)
+    pull_blocks(descriptor, dst, layout_of(dst), [3])
+    assert_copied(src, dst, [6], [3])
+    assert releases.wait() == [("ok", "released")]
