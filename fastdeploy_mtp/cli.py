@@ -512,9 +512,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             device_ids = [int(d) for d in args.device_ids.split(",")]
         except ValueError:
             raise UsageError(f"--device-ids must be comma-separated integers, got {args.device_ids!r}") from None
-    for name in ("port", "tensor_parallel_size", "max_model_len"):
+    for name in ("port", "tensor_parallel_size", "max_model_len", "kv_transfer_timeout", "kv_hold_timeout"):
         if getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    for name in ("splitwise_port", "max_waiting_requests"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.splitwise_role == "mixed" and args.splitwise_port is not None:
+        raise UsageError("--splitwise-port is the KV port of a prefill instance: it needs --splitwise-role prefill")
     opts = ServeOptions(
         model=args.model or default_model(),
         speculative_config=spec,
@@ -526,6 +531,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         engine_worker_queue_port=args.engine_worker_queue_port,
         device_ids=device_ids,
         served_model_name=args.served_model_name,
+        splitwise_role=args.splitwise_role,
+        splitwise_port=args.splitwise_port,
+        kv_transport=args.kv_transport,
+        kv_transfer_timeout=args.kv_transfer_timeout,
+        kv_hold_timeout=args.kv_hold_timeout,
+        max_waiting_requests=args.max_waiting_requests,
     )
     return serve(opts)
 

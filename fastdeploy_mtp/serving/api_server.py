@@ -37,7 +37,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict
 
-from ..runtime.engine import Engine
+from ..runtime.engine import Engine, StepEvents
 from ..runtime.request import InvalidRequestError, Request
 from .metrics import ServerCounters, make_registry, render
 
@@ -253,7 +253,10 @@ class AsyncEngine:
 
     def _admit_one(self, stream: Stream) -> None:
         try:
-            self.engine.add_requests([stream.request])
+            if stream.request.handoff_state is not None:  # splitwise decode: handed over by a prefill instance
+                self.engine.add_transferred(stream.request)
+            else:
+                self.engine.add_requests([stream.request])
         except InvalidRequestError as exc:
             stream.put("error", APIError(400, str(exc), exc.field))
             return
@@ -267,6 +270,8 @@ class AsyncEngine:
         try:
             while not self._stop.is_set():
                 self._admit()
+                with self.lock:
+                    self._before_step()
                 if not self.engine.has_work:
                     if check_children is not None:
                         check_children()  # a worker that dies while the server idles is noticed too
@@ -277,7 +282,10 @@ class AsyncEngine:
                     continue
                 with self.lock:
                     events = self.engine.step(step)
+                    self._after_step(events)
                 step += 1
+                if not events.ran:  # e.g. every slot waits for its KV transfer: do not spin
+                    time.sleep(0.002)
                 for req, tokens in events.emitted:
                     if tokens and req.request_id in self._streams:
                         self._streams[req.request_id].put("tokens", tokens)
@@ -301,6 +309,12 @@ class AsyncEngine:
                 except queue.Empty:
                     break
             self._on_fatal(self.fatal)
+
+    def _before_step(self) -> None:
+        """Called under :attr:`lock` before every step (splitwise instances hook in here)."""
+
+    def _after_step(self, events: StepEvents) -> None:
+        """Called under :attr:`lock` after every step, before its tokens are handed out."""
 
     def _fail(self, failed: list[tuple[Request, BaseException]]) -> None:
         for req, err in failed:

@@ -31,6 +31,8 @@ class ServeLayout:
             suffix of ``cache_ready_signal`` and the SysV message queue id of the token output.
         device_ids: per rank, the device id in the cache names.
         cache_ready_timeout: seconds a worker waits for its caches.
+        splitwise_role: ``"mixed"``, ``"prefill"`` or ``"decode"`` (FastDeploy's
+            ``scheduler_config.splitwise_role``).
     """
 
     model: str
@@ -41,6 +43,7 @@ class ServeLayout:
     engine_worker_queue_port: int
     device_ids: list[int]
     cache_ready_timeout: float = 120.0
+    splitwise_role: str = "mixed"
 
     @property
     def msg_queue_id(self) -> int:
@@ -63,6 +66,7 @@ class ServeLayout:
         cfg.model_config.model = self.model
         cfg.cache_config.cache_manager = True
         cfg.cache_config.cache_ready_timeout = self.cache_ready_timeout
+        cfg.scheduler_config.splitwise_role = self.splitwise_role
         pc = cfg.parallel_config
         pc.tensor_parallel_size = self.tensor_parallel_size
         pc.tensor_parallel_rank = rank
@@ -90,6 +94,8 @@ class ServeLayout:
             ",".join(str(d) for d in self.device_ids),
             "--cache_ready_timeout",
             str(self.cache_ready_timeout),
+            "--splitwise_role",
+            self.splitwise_role,
         ]
 
     @staticmethod
@@ -103,6 +109,7 @@ class ServeLayout:
         parser.add_argument("--engine_worker_queue_port", type=int, required=True)
         parser.add_argument("--device_ids", default=None, help="comma-separated, one per rank (default 0..tp-1)")
         parser.add_argument("--cache_ready_timeout", type=float, default=120.0)
+        parser.add_argument("--splitwise_role", default="mixed", choices=("mixed", "prefill", "decode"))
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeLayout:
@@ -119,6 +126,7 @@ class ServeLayout:
             engine_worker_queue_port=int(args.engine_worker_queue_port),
             device_ids=device_ids,
             cache_ready_timeout=float(args.cache_ready_timeout),
+            splitwise_role=str(args.splitwise_role),
         )
 
 

@@ -32,7 +32,11 @@ Splitwise (zero on a mixed instance):
   ``spec_decode`` counters);
 * ``fastdeploy:splitwise_kv_transfers_total``, ``..._kv_transfer_bytes_total``,
   ``..._kv_transfer_seconds_total``, ``..._kv_transfer_failures_total`` — decode instance:
-  KV block transfers from prefill instances (every target and MTP layer, every rank).
+  KV block transfers from prefill instances (every target and MTP layer, every rank);
+* ``fastdeploy:splitwise_kv_blocks_held`` — KV blocks out of circulation outside any slot:
+  on a prefill instance those of handed-off requests no decode instance has copied yet, on
+  a decode instance those an aborted request's transfer may still write;
+* ``fastdeploy:num_kv_blocks_free`` — free KV blocks (every instance).
 """
 
 from __future__ import annotations
@@ -88,6 +92,8 @@ class EngineCollector(Collector):
                 m.handoff_drafts_proposed,
                 m.handoff_drafts_accepted,
             )
+            held = sum(len(b) for b in self.scheduler.held.values())
+            free_blocks = len(self.scheduler.free_blocks)
         c = self.counters
         with c.lock:
             prompt, success, failure, cancelled = c.prompt_tokens, c.success, c.failure, c.cancelled
@@ -159,6 +165,12 @@ class EngineCollector(Collector):
             "splitwise_kv_transfer_seconds", "Decode instance: wall seconds spent in KV transfers.", xfer_seconds
         )
         yield counter("splitwise_kv_transfer_failures", "Decode instance: KV transfers that failed.", xfer_failures)
+        yield GaugeMetricFamily(
+            PREFIX + "splitwise_kv_blocks_held",
+            "KV blocks held outside any slot (prefill: handed off, not yet copied; decode: an aborted transfer's).",
+            value=held,
+        )
+        yield GaugeMetricFamily(PREFIX + "num_kv_blocks_free", "Free KV blocks.", value=free_blocks)
 
 
 def make_registry(

@@ -12,7 +12,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..config import SpeculativeConfig
 
@@ -32,6 +34,12 @@ class ServeOptions:
     device_ids: list[int] | None = None
     served_model_name: str | None = None
     step_timeout: float = 300.0
+    splitwise_role: str = "mixed"
+    splitwise_port: int | None = None
+    kv_transport: str = "auto"
+    kv_transfer_timeout: float = 60.0
+    kv_hold_timeout: float = 120.0
+    max_waiting_requests: int | None = None
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -52,6 +60,38 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--engine-worker-queue-port", type=int, default=None, help="engine<->worker loopback port (default: a free one)"
     )
     p.add_argument("--device-ids", default=None, help="device id per rank in the cache names (default 0..tp-1)")
+    sw = p.add_argument_group("splitwise (disaggregated prefill/decode; see `fastdeploy-mtp router`)")
+    sw.add_argument(
+        "--splitwise-role",
+        choices=("mixed", "prefill", "decode"),
+        default="mixed",
+        help="mixed (default): a whole server; prefill: runs prompts and hands requests over; decode: continues them",
+    )
+    sw.add_argument(
+        "--splitwise-port", type=int, default=None, help="prefill: TCP port the KV blocks are served on (default: free)"
+    )
+    sw.add_argument(
+        "--kv-transport",
+        choices=("auto", "shm", "tcp"),
+        default="auto",
+        help="decode: pull KV blocks by shared-memory name or over TCP (auto: shm when the prefill's caches are local)",
+    )
+    sw.add_argument(
+        "--kv-transfer-timeout", type=float, default=60.0, help="decode: seconds one KV transfer may take (default 60)"
+    )
+    sw.add_argument(
+        "--kv-hold-timeout",
+        type=float,
+        default=120.0,
+        help="prefill: seconds handed-off KV blocks wait for a decode instance (default 120)",
+    )
+    sw.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=None,
+        help="decode: handed-over requests that may queue for a slot before the router is told to wait (429; "
+        "default: --max-num-seqs)",
+    )
 
 
 def _fit_max_num_seqs(requested: int | None) -> int:
@@ -106,6 +146,8 @@ def serve(opts: ServeOptions, log: object = None) -> int:
     if opts.engine_worker_queue_port is not None and opts.engine_worker_queue_port == opts.port:
         raise ValueError(f"--engine-worker-queue-port {opts.port} is the HTTP --port; they must differ")
     max_num_seqs = _fit_max_num_seqs(opts.max_num_seqs)
+    if opts.splitwise_role != "mixed":
+        _refuse_taken_cache_names(spec.enabled, tp, device_ids, opts.model)
     layout = ServeLayout(
         model=opts.model,
         speculative_config=spec.to_json(),
@@ -114,15 +156,17 @@ def serve(opts: ServeOptions, log: object = None) -> int:
         tensor_parallel_size=tp,
         engine_worker_queue_port=opts.engine_worker_queue_port or free_port(avoid=opts.port),
         device_ids=device_ids,
+        splitwise_role=opts.splitwise_role,
     )
     arch = layout.arch()
     kv_cache_shape(arch, 1, tp)  # refuses a TP size the heads do not divide, naming the field
     mode = "no speculation" if not spec.enabled else f"MTP K={spec.num_speculative_tokens} S={spec.num_model_steps}"
     if spec.enabled and spec.mtp_strategy == "with_ngram":
         mode += " +ngram"
+    role = "" if opts.splitwise_role == "mixed" else f"splitwise {opts.splitwise_role}, "
     progress(
-        f"config: {opts.model}, {mode}, tp {tp}, {max_num_seqs} slots, max_model_len {opts.max_model_len}, "
-        f"engine-worker port {layout.engine_worker_queue_port}"
+        f"config: {opts.model}, {role}{mode}, tp {tp}, {max_num_seqs} slots, max_model_len {opts.max_model_len}, "
+        f"engine-worker port {layout.engine_worker_queue_port}, device ids {device_ids}"
     )
     stopping = {"code": 0}
 
@@ -132,6 +176,7 @@ def serve(opts: ServeOptions, log: object = None) -> int:
     old = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGTERM, signal.SIGINT)}
     runner = None
     async_engine = None
+    kv_source = None
     try:
         runner = RemoteRunner(layout, progress, step_timeout=opts.step_timeout, log=log, reserved_port=opts.port)
         engine = Engine(layout.fd_config(0, arch), runner=runner, max_positions=arch.max_position_embeddings)
@@ -143,10 +188,18 @@ def serve(opts: ServeOptions, log: object = None) -> int:
             if server is not None:
                 server.should_exit = True
 
-        async_engine = AsyncEngine(engine, on_fatal)
+        if opts.splitwise_role == "mixed":
+            async_engine = AsyncEngine(engine, on_fatal)
+        else:
+            async_engine, kv_source = _splitwise_engine(opts, engine, runner, on_fatal, max_num_seqs, progress)
         app = create_app(
             async_engine, opts.served_model_name or "fastdeploy-mtp-tiny", ByteTokenizer(), arch.ori_vocab_size
         )
+        if opts.splitwise_role != "mixed":
+            from .splitwise_api import SplitwiseEngine, add_splitwise_routes
+
+            assert isinstance(async_engine, SplitwiseEngine)
+            add_splitwise_routes(app, async_engine)
         config = uvicorn.Config(
             app, host=opts.host, port=opts.port, log_level="info", access_log=False, timeout_graceful_shutdown=5
         )
@@ -172,10 +225,73 @@ def serve(opts: ServeOptions, log: object = None) -> int:
             signal.signal(sig, handler)
         if async_engine is not None:
             async_engine.stop()
+        if kv_source is not None:
+            kv_source.close()
         if runner is not None:
             progress("stopping the workers and the cache manager")
             runner.close()
             progress("stopped")
+
+
+def _refuse_taken_cache_names(spec_enabled: bool, tp: int, device_ids: list[int], model: str) -> None:
+    """Two instances on one host (a prefill and a decode instance) must not share KV cache
+    names, which FastDeploy derives from the rank and the device id only."""
+    from ..runtime.kv_cache_ipc import cache_names
+
+    for rank, device in enumerate(device_ids):
+        name = cache_names(0, 1, rank, device)[0]
+        if os.path.exists(os.path.join("/dev/shm", name)):
+            raise ValueError(
+                f"--device-ids {','.join(map(str, device_ids))}: the KV cache name /dev/shm/{name} is taken "
+                "(another instance on this host uses device id "
+                f"{device}); give each instance its own --device-ids, or remove the name if no server runs"
+            )
+
+
+def _splitwise_engine(
+    opts: ServeOptions,
+    engine: Any,
+    runner: Any,
+    on_fatal: Callable[[str], None],
+    max_num_seqs: int,
+    progress: Callable[[str], None],
+) -> tuple[Any, Any]:
+    """The :class:`~.splitwise_api.SplitwiseEngine` of a prefill or decode instance (and, for
+    a prefill instance, its KV source, listening)."""
+    from ..splitwise.kv_transfer import KVLayout, KVSource
+    from .splitwise_api import SplitwiseEngine
+
+    caches = runner.host_caches()
+    layout = KVLayout.of_caches(caches, *runner.num_cache_layers())
+    if opts.splitwise_role == "decode":
+        se = SplitwiseEngine(
+            engine,
+            on_fatal,
+            layout=layout,
+            caches=caches,
+            transport=opts.kv_transport,
+            transfer_timeout=opts.kv_transfer_timeout,
+            max_waiting=opts.max_waiting_requests or max_num_seqs,
+        )
+        progress(f"decode instance: KV transport {opts.kv_transport}, transfer timeout {opts.kv_transfer_timeout:g} s")
+        return se, None
+    holder: dict[str, SplitwiseEngine] = {}
+    source = KVSource(
+        caches,
+        layout,
+        on_release=lambda rid, reason: holder["se"].released(rid, reason),
+        shm_names=runner.cache_names(),
+        host=opts.host,
+        port=opts.splitwise_port or 0,
+        hold_timeout=opts.kv_hold_timeout,
+    )
+    try:
+        holder["se"] = SplitwiseEngine(engine, on_fatal, kv_source=source)
+    except BaseException:
+        source.close()
+        raise
+    progress(f"prefill instance: KV blocks served on {source.address} (held up to {opts.kv_hold_timeout:g} s)")
+    return holder["se"], source
 
 
 def default_model() -> str:
