@@ -515,6 +515,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for name in ("port", "tensor_parallel_size", "max_model_len", "kv_transfer_timeout", "kv_hold_timeout"):
         if getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.prefill_chunk_size < 0:
+        raise UsageError(f"--prefill-chunk-size must be >= 0, got {args.prefill_chunk_size}")
     for name in ("splitwise_port", "max_waiting_requests"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
@@ -531,6 +533,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         engine_worker_queue_port=args.engine_worker_queue_port,
         device_ids=device_ids,
         served_model_name=args.served_model_name,
+        prefill_chunk_size=args.prefill_chunk_size,
         splitwise_role=args.splitwise_role,
         splitwise_port=args.splitwise_port,
         kv_transport=args.kv_transport,

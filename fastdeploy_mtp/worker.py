@@ -9,6 +9,9 @@ checkpoint, builds the target runner and the ``MTPProposer``, which wait for
 ``ready`` to the engine and then runs the steps the engine sends (see
 :mod:`fastdeploy_mtp.serving.protocol`). After each step rank 0 sends the emitted tokens with
 ``speculate_save_output_topk`` (FastDeploy's SysV message layout), then its ``done`` message.
+On a splitwise prefill instance with MTP, rank 0 sends the first tokens with
+``mtp_save_first_token`` instead, as FastDeploy's prefill nodes do: every token such an
+instance emits is a first token, and the message also carries the first draft.
 """
 
 from __future__ import annotations
@@ -58,6 +61,25 @@ def send_step_tokens(out: StepOutput, inputs: Any, rank: int, msg_queue_id: int)
         message_flag=TARGET_MESSAGE_FLAG,
         rank_id=rank,
         save_each_rank=False,
+        msg_queue_id=msg_queue_id,
+    )
+
+
+def send_first_tokens(inputs: Any, rank: int, msg_queue_id: int) -> None:
+    """Splitwise prefill with MTP: send each slot's first token and first draft
+    (``draft_tokens[b, :2]`` of the target's buffers ``inputs``) with ``mtp_save_first_token``;
+    slots that did not just finish their prompt (a chunk in the middle, a freed slot) count 0."""
+    from . import ops
+
+    ops.mtp_save_first_token(
+        x=inputs.draft_tokens,
+        not_need_stop=inputs.not_need_stop,
+        seq_lens_decoder=inputs.seq_lens_decoder,
+        prompt_lens=inputs.prompt_lens,
+        step_idx=inputs.step_idx,
+        rank_id=rank,
+        save_each_rank=False,
+        skip_chunk_prefill=True,
         msg_queue_id=msg_queue_id,
     )
 
@@ -112,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = layout.fd_config(rank, arch)
         runner = TargetRunner(cfg, target, mtp if cfg.speculative_config.enabled else None)
         slots = SlotTable()
+        first_tokens_only = layout.splitwise_role == "prefill" and cfg.speculative_config.enabled
         install_stop_handlers()  # again, in case Paddle's set-up reinstalled its own
         sock.send_json({"type": "ready", "rank": rank, "pid": os.getpid()})
         while True:
@@ -122,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             step = msg.get("step")
             try:
                 out = run_step(runner, slots, msg)
-                if rank == 0:
+                if rank == 0 and first_tokens_only:
+                    send_first_tokens(runner.share_inputs, rank, layout.msg_queue_id)
+                elif rank == 0:
                     send_step_tokens(out, runner.share_inputs, rank, layout.msg_queue_id)
             except Exception as exc:  # reported to the engine, which aborts the step's requests
                 traceback.print_exc(file=sys.stderr)

@@ -34,6 +34,7 @@ class ServeOptions:
     device_ids: list[int] | None = None
     served_model_name: str | None = None
     step_timeout: float = 300.0
+    prefill_chunk_size: int = 0
     splitwise_role: str = "mixed"
     splitwise_port: int | None = None
     kv_transport: str = "auto"
@@ -60,6 +61,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--engine-worker-queue-port", type=int, default=None, help="engine<->worker loopback port (default: a free one)"
     )
     p.add_argument("--device-ids", default=None, help="device id per rank in the cache names (default 0..tp-1)")
+    p.add_argument(
+        "--prefill-chunk-size",
+        type=int,
+        default=0,
+        help="most prompt tokens of one request per step (chunked prefill; default 0: only the step's token budget)",
+    )
     sw = p.add_argument_group("splitwise (disaggregated prefill/decode; see `fastdeploy-mtp router`)")
     sw.add_argument(
         "--splitwise-role",
@@ -145,7 +152,16 @@ def serve(opts: ServeOptions, log: object = None) -> int:
         raise ValueError(f"--device-ids names {len(device_ids)} devices for --tensor-parallel-size {tp}")
     if opts.engine_worker_queue_port is not None and opts.engine_worker_queue_port == opts.port:
         raise ValueError(f"--engine-worker-queue-port {opts.port} is the HTTP --port; they must differ")
-    max_num_seqs = _fit_max_num_seqs(opts.max_num_seqs)
+    if opts.splitwise_role == "prefill" and spec.enabled:
+        # its workers send first tokens with mtp_save_first_token, whose message (7176 bytes)
+        # fits the default kernel.msgmax for its 256 slots
+        from ..ops.messaging import FIRST_TOKEN_MAX_BSZ
+
+        max_num_seqs = opts.max_num_seqs or 8
+        if not 0 < max_num_seqs <= FIRST_TOKEN_MAX_BSZ:
+            raise ValueError(f"--max-num-seqs {max_num_seqs}: must be in [1, {FIRST_TOKEN_MAX_BSZ}]")
+    else:
+        max_num_seqs = _fit_max_num_seqs(opts.max_num_seqs)
     if opts.splitwise_role != "mixed":
         _refuse_taken_cache_names(spec.enabled, tp, device_ids, opts.model)
     layout = ServeLayout(
@@ -179,7 +195,12 @@ def serve(opts: ServeOptions, log: object = None) -> int:
     kv_source = None
     try:
         runner = RemoteRunner(layout, progress, step_timeout=opts.step_timeout, log=log, reserved_port=opts.port)
-        engine = Engine(layout.fd_config(0, arch), runner=runner, max_positions=arch.max_position_embeddings)
+        engine = Engine(
+            layout.fd_config(0, arch),
+            runner=runner,
+            max_positions=arch.max_position_embeddings,
+            prefill_chunk_size=opts.prefill_chunk_size,
+        )
         server: uvicorn.Server | None = None
 
         def on_fatal(reason: str) -> None:

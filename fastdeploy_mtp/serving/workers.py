@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..distributed import find_free_port_range
-from ..ops.messaging import MAX_BSZ, MAX_DRAFT_TOKENS, SPEC_LOGPROB_K
+from ..ops.messaging import FIRST_TOKEN_MAX_BSZ, MAX_BSZ, MAX_DRAFT_TOKENS, SPEC_LOGPROB_K
 from ..runtime.request import Request, RequestType
 from ..runtime.target_runner import StepOutput, check_prefill_task
 from .layout import ServeLayout
@@ -141,6 +141,9 @@ class RemoteRunner:
                 self._progress(f"worker rank {msg['rank']} ready (pid {msg['pid']}): model loaded, caches attached")
             elif msg.get("type") == "error":
                 raise WorkerDiedError(f"worker rank {msg.get('rank')} failed to start: {msg.get('message')}")
+        #: splitwise prefill with MTP: rank 0 sends first tokens with mtp_save_first_token
+        self.first_tokens_only = self.layout.splitwise_role == "prefill" and bool(self.k)
+        self._first = paddle.zeros([2 + FIRST_TOKEN_MAX_BSZ * (1 + _MAX_DRAFT)], dtype="int64")
         self._tokens = paddle.zeros([3 + _MAX_BSZ + _MAX_BSZ * _MAX_DRAFT * _TOPK], dtype="int64")
         self._scores = paddle.zeros([_MAX_BSZ * _MAX_DRAFT * _TOPK], dtype="float32")
         self._ranks = paddle.zeros([_MAX_BSZ * _MAX_DRAFT], dtype="int64")
@@ -351,6 +354,8 @@ class RemoteRunner:
     def _read_tokens(self) -> tuple[np.ndarray, np.ndarray]:
         """The step's tokens from rank 0's SysV message: ``accept_tokens [N, K+1]``,
         ``accept_num [N]``."""
+        if self.first_tokens_only:
+            return self._read_first_tokens()
         self._receive_tokens(wait=True)
         out = self._tokens[: 3 + _MAX_BSZ + self.n * _MAX_DRAFT * _TOPK].numpy()  # the slots' part only
         if out[0] == -2:
@@ -366,8 +371,30 @@ class RemoteRunner:
         accept_tokens[:, :width] = body[:, :width, 0]
         return accept_tokens, counts
 
+    def _read_first_tokens(self) -> tuple[np.ndarray, np.ndarray]:
+        """A prefill instance's step: ``mtp_save_first_token``'s message (per slot 0 tokens,
+        or 2: the first token and the first draft; the draft stays in the slot state)."""
+        self._receive_tokens(wait=True)
+        out = self._first.numpy()
+        if out[0] == -2:
+            self._dead = "rank 0 acknowledged a step without sending its first tokens"
+            raise WorkerDiedError(self._dead)
+        bsz = int(out[1])
+        if bsz != self.n:
+            raise WorkerStepError(f"first-token message for {bsz} slots, expected {self.n}")
+        counts = out[2 : 2 + bsz]
+        body = 2 + FIRST_TOKEN_MAX_BSZ  # then _MAX_DRAFT token slots per slot
+        accept_tokens = np.zeros([bsz, self.k + 1], np.int64)
+        accept_tokens[:, 0] = out[body : body + bsz * _MAX_DRAFT : _MAX_DRAFT]
+        return accept_tokens, (counts > 0).astype(np.int64)
+
     def _receive_tokens(self, wait: bool) -> None:
         """One message into the output buffers (``[0] == -2``: none within 5 s, or at once)."""
+        if self.first_tokens_only:
+            self._ops.mtp_get_first_token(
+                output_tokens=self._first, wait_flag=wait, msg_queue_id=self.layout.msg_queue_id, timeout_ms=5000
+            )
+            return
         self._ops.speculate_get_output_topk(
             output_tokens=self._tokens,
             output_scores=self._scores,

@@ -132,10 +132,11 @@ def blocks_all_back(*servers: ServerProcess) -> bool:
 
 @pytest.fixture(scope="module")
 def mtp3():
-    """A prefill instance and two decode instances (shared memory, TCP), MTP K = S = 3."""
+    """A prefill instance (chunked prefill) and two decode instances (shared memory, TCP),
+    MTP K = S = 3."""
     timeout = ("--kv-transfer-timeout", str(TRANSFER_TIMEOUT))
     with instances(
-        ("prefill",),
+        ("prefill", MTP3, "--prefill-chunk-size", "7"),  # every demo prompt takes several chunks
         ("decode", MTP3, "--kv-transport", "shm", *timeout),
         ("decode", MTP3, "--kv-transport", "tcp", *timeout),
     ) as s:
@@ -175,6 +176,15 @@ def test_staggered_requests_with_different_lengths_equal_mixed(mtp3):
     with router(mtp3["prefill"], mtp3["tcp"]) as url:
         got = asyncio.run(complete_all(url, prompts, max_tokens=16, stagger=0.05))
     assert got == offline(prompts, max_tokens=16, spec=MTP3)
+
+
+def test_a_request_that_ends_at_its_first_token_never_reaches_the_decode_instance(mtp3):
+    before = metrics(mtp3["tcp"].base_url)["fastdeploy:splitwise_kv_transfers_total"]
+    with router(mtp3["prefill"], mtp3["tcp"]) as url:
+        got = asyncio.run(complete_all(url, DEMO_PROMPTS[:4], max_tokens=1))
+    assert got == offline(DEMO_PROMPTS[:4], max_tokens=1, spec=MTP3)
+    assert metrics(mtp3["tcp"].base_url)["fastdeploy:splitwise_kv_transfers_total"] == before
+    wait_for(lambda: blocks_all_back(mtp3["prefill"]))
 
 
 def test_hybrid_ngram_prefill_and_decode_equal_mixed():
@@ -278,6 +288,7 @@ def test_a_prefill_instance_that_dies_or_lets_the_hold_expire_fails_the_request_
         p.proc.wait(30)
     wait_for(lambda: not any(alive(c) for c in p.children), timeout=30)
     wait_for(lambda: not (shm_names() - shm_before), timeout=30)  # and they removed its names
+    p.leftovers()  # removes the token queue a SIGKILLed engine cannot (the next start would)
     p.close_log()
     # the decode instances fail those requests with an error naming the prefill instance,
     # within the bounded transfer timeout
