@@ -41,14 +41,18 @@ TRANSFER_TIMEOUT = 8  # seconds: the decode instances' --kv-transfer-timeout
 _next_device = [1000 + (os.getpid() % 5000) * 8]
 
 
-def device_ids() -> str:
-    """A device id no other instance on this host uses (they name the KV caches)."""
-    _next_device[0] += 1
-    return str(_next_device[0])
+def device_ids(n: int) -> str:
+    """``n`` device ids no other instance on this host uses (they name the KV caches)."""
+    first = _next_device[0] + 1
+    _next_device[0] += n
+    return ",".join(str(first + i) for i in range(n))
 
 
 def instance(role: str, spec: str = MTP3, *extra: str) -> ServerProcess:
-    return ServerProcess(["--speculative-config", spec, "--splitwise-role", role, "--device-ids", device_ids(), *extra])
+    tp = int(extra[extra.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in extra else 1
+    return ServerProcess(
+        ["--speculative-config", spec, "--splitwise-role", role, "--device-ids", device_ids(tp), *extra]
+    )
 
 
 @contextlib.contextmanager
@@ -304,3 +308,29 @@ def test_a_prefill_instance_that_dies_or_lets_the_hold_expire_fails_the_request_
     wait_for(lambda: blocks_all_back(d_tcp, d_shm))
     with router(mtp3["prefill"], d_tcp) as url:
         assert asyncio.run(complete_all(url, DEMO_PROMPTS[:2])) == offline(DEMO_PROMPTS[:2], spec=MTP3)
+
+
+def test_tensor_parallel_prefill_and_decode_and_a_tp_mismatch(mtp3):
+    tp2 = ("--tensor-parallel-size", "2")
+    with (
+        instances(
+            ("prefill", MTP3, *tp2, "--kv-hold-timeout", "3"), ("decode", MTP3, *tp2, "--kv-transport", "tcp")
+        ) as (
+            p,
+            d,
+        ),
+        router(p, d) as url,
+    ):
+        got = asyncio.run(complete_all(url, DEMO_PROMPTS[:3]))
+        assert metrics(d.base_url)["fastdeploy:splitwise_kv_transfers_total"] == 3
+        # a tp-1 decode instance cannot take a tp-2 prefill instance's blocks
+        body = {"request_id": "tp", "prompt_token_ids": [100, 101, 102], "max_tokens": 8}
+        status, out = post(p.base_url + "/v1/splitwise/prefill", body)
+        assert status == 200
+        status, err = post(
+            mtp3["tcp"].base_url + "/v1/splitwise/decode",
+            {**body, "output_token_ids": out["output_token_ids"], "handoff": out["handoff"]},
+        )
+        assert status == 400 and "tensor_parallel_size" in err["error"]["message"], err
+        wait_for(lambda: blocks_all_back(p), timeout=30)  # nobody took that offer: it expires
+    assert got == offline(DEMO_PROMPTS[:3], spec=MTP3)
