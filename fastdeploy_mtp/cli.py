@@ -2,6 +2,8 @@
 
   fastdeploy-mtp demo [SPECULATION] [--max-tokens N] [--max-num-seqs N] [--json] [--plot FILE]
   fastdeploy-mtp generate --prompt TEXT [SPECULATION] [--max-tokens N] [--json]
+  fastdeploy-mtp serve [SPECULATION] [--port P] [--splitwise-role mixed|prefill|decode] ...
+  fastdeploy-mtp router --prefill URL --decode URL [--port P] ...
   fastdeploy-mtp --version
 
 SPECULATION is --speculative-config JSON with FastDeploy's keys, e.g.

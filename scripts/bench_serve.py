@@ -9,21 +9,33 @@ chunk carried — speculation delivers several tokens per chunk). Ratios between
 run are what to compare; absolute numbers depend on the machine.
 
     python scripts/bench_serve.py [--clients 16] [--max-tokens 64] [--json out.json]
+
+With ``--pd`` it compares splitwise deployments instead: a mixed server against a prefill
+instance + a decode instance + ``fastdeploy-mtp router`` (KV over shared memory and over
+TCP), all on this host, same clients. On one machine P and D share the CPU cores, so PD
+cannot win throughput here; the table shows what the hand-over costs in TTFT and ITL.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import signal
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
+from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
+from fastdeploy_mtp.distributed import find_free_port_range  # noqa: E402
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
 from tests.serving.servers import ServerProcess  # noqa: E402
 
@@ -38,6 +50,64 @@ CONFIGS = [
     ("no speculation, tp 2", NO_SPEC + TP2),
     ("MTP K=3 S=1 +ngram, tp 2", HYBRID + TP2),
 ]
+
+PD_CONFIGS = [
+    ("mixed, MTP K=3 S=1 +ngram", "mixed", HYBRID),
+    ("PD shm, MTP K=3 S=1 +ngram", "shm", HYBRID),
+    ("PD tcp, MTP K=3 S=1 +ngram", "tcp", HYBRID),
+    ("mixed, MTP K=3 S=3", "mixed", MTP3),
+    ("PD tcp, MTP K=3 S=3", "tcp", MTP3),
+    ("mixed, no speculation", "mixed", NO_SPEC),
+    ("PD tcp, no speculation", "tcp", NO_SPEC),
+]
+
+
+@contextlib.contextmanager
+def deployment(kind: str, spec: list[str]) -> Iterator[tuple[str, list[int]]]:
+    """A mixed server (``kind == "mixed"``) or P + D + router with KV transport ``kind``;
+    yields (base URL, exit codes filled in at the end)."""
+    codes: list[int] = []
+    if kind == "mixed":
+        srv = ServerProcess(spec)
+        try:
+            yield srv.base_url, codes
+        finally:
+            codes.append(srv.stop())
+            srv.close_log()
+        return
+    base = 900 + os.getpid() % 50 * 4
+    p = ServerProcess([*spec, "--splitwise-role", "prefill", "--device-ids", str(base)])
+    d = None
+    router = None
+    log = tempfile.TemporaryFile()
+    try:
+        d = ServerProcess([*spec, "--splitwise-role", "decode", "--device-ids", str(base + 1), "--kv-transport", kind])
+        port = find_free_port_range(1)
+        cmd = [sys.executable, "-m", "fastdeploy_mtp.cli", "router", "--port", str(port)]
+        router = subprocess.Popen(
+            [*cmd, "--prefill", p.base_url, "--decode", d.base_url], stdout=log, stderr=subprocess.STDOUT
+        )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2):
+                    break
+            except OSError:
+                if router.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    raise RuntimeError(f"the router did not start:\n{log.read().decode()}") from None
+                time.sleep(0.2)
+        yield url, codes
+    finally:
+        if router is not None:
+            router.send_signal(signal.SIGINT)
+            codes.append(router.wait(30))
+        for srv in (d, p):
+            if srv is not None:
+                codes.append(srv.stop())
+                srv.close_log()
+        log.close()
 
 
 async def one_client(c, prompt: str, max_tokens: int) -> tuple[float, list[float], int]:
@@ -92,22 +162,24 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--only", default=None, help="run only the configurations whose label contains this")
     ap.add_argument("--json", default=None, help="also write the rows as JSON to this file")
+    ap.add_argument("--pd", action="store_true", help="splitwise: mixed vs prefill + decode + router")
     args = ap.parse_args()
     rows = []
-    for label, extra in CONFIGS:
+    configs = (
+        [(label, kind, spec) for label, kind, spec in PD_CONFIGS]
+        if args.pd
+        else [(label, "mixed", extra) for label, extra in CONFIGS]
+    )
+    for label, kind, extra in configs:
         if args.only and args.only not in label:
             continue
-        print(f"[bench_serve] {label}: starting the server", file=sys.stderr, flush=True)
+        print(f"[bench_serve] {label}: starting", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        srv = ServerProcess(extra)
-        startup = time.perf_counter() - t0
-        try:
+        with deployment(kind, extra) as (url, codes):
+            startup = time.perf_counter() - t0
             print(f"[bench_serve] {label}: up in {startup:.1f} s; {args.clients} clients", file=sys.stderr, flush=True)
-            row = asyncio.run(run_clients(srv.base_url, args.clients, args.max_tokens))
-        finally:
-            code = srv.stop()
-            srv.close_log()
-        row.update(config=label, startup_s=startup, exit_code=code)
+            row = asyncio.run(run_clients(url, args.clients, args.max_tokens))
+        row.update(config=label, startup_s=startup, exit_code=max(codes, default=0))
         rows.append(row)
     base = rows[0]["tokens_per_s"] if rows else 1.0
     header = ["config", "startup s", "tokens/s", "vs first", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms"]

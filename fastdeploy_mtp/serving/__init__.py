@@ -9,7 +9,10 @@
 * :mod:`.protocol` — what the engine and the workers say to each other;
 * :mod:`.layout` — the settings every process derives its config from;
 * :mod:`.server` — ``fastdeploy-mtp serve`` (start-up, uvicorn, shutdown);
-* :mod:`.metrics` — ``/metrics``.
+* :mod:`.metrics` — ``/metrics``;
+* :mod:`.splitwise_api` — what a ``--splitwise-role prefill`` or ``decode`` instance adds
+  (``/v1/splitwise/*``, the KV source or the KV pulls);
+* :mod:`.router` — ``fastdeploy-mtp router``, the OpenAI front end of splitwise serving.
 
-See ``docs/architecture.md``, "Serving processes".
+See ``docs/architecture.md``, "Serving processes" and "Splitwise prefill/decode".
 """

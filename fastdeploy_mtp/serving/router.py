@@ -356,12 +356,15 @@ class RouterBackend:
 
 
 def _retry_after(response: httpx.Response, attempt: int) -> float:
-    """Seconds to wait before the next decode attempt: the instance's ``Retry-After`` or an
-    exponential backoff, at most :data:`MAX_RETRY_WAIT_S`."""
+    """Seconds to wait before the next decode attempt: an exponential backoff from
+    :data:`FIRST_RETRY_WAIT_S`, never longer than the instance's ``Retry-After`` (whole
+    seconds, so only an upper bound: a slot usually frees within a few steps) nor
+    :data:`MAX_RETRY_WAIT_S`."""
+    wait = FIRST_RETRY_WAIT_S * 2 ** min(attempt, 16)
     try:
-        wait = float(response.headers["retry-after"])
+        wait = min(wait, float(response.headers["retry-after"]))
     except (KeyError, ValueError):
-        wait = FIRST_RETRY_WAIT_S * 2**attempt
+        pass
     return max(0.0, min(wait, MAX_RETRY_WAIT_S))
 
 
