@@ -137,6 +137,8 @@ class Scheduler:
             raise InvalidRequestError(rid, "request_id", "duplicates a request that is still running")
         if any(w.request_id == rid for w in self.waiting):
             raise InvalidRequestError(rid, "request_id", "duplicates a request that is still queued")
+        if rid in self.held:
+            raise InvalidRequestError(rid, "request_id", "duplicates a request whose KV blocks are still held")
         prompt = req.prompt_token_ids
         if isinstance(prompt, (str, bytes)) or not isinstance(prompt, (Sequence, np.ndarray)):
             raise InvalidRequestError(

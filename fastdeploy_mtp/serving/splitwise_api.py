@@ -98,7 +98,7 @@ class SplitwiseEngine(AsyncEngine):
         self.max_waiting = max_waiting
         self._released: queue.Queue[str] = queue.Queue()
         self._transfers_done: queue.Queue[tuple[Request, BaseException | None]] = queue.Queue()
-        self._descriptors: dict[str, dict[str, Any]] = {}
+        self._descriptors: dict[str, tuple[Request, dict[str, Any]]] = {}
         self._pending = 0  # decode: submitted, not yet admitted to the engine's queue
         if self.role == "decode":
             engine.kv_fetcher = self._fetch
@@ -130,9 +130,16 @@ class SplitwiseEngine(AsyncEngine):
         for h in events.handed_off:
             rid = h.request.request_id
             stream = self._streams.pop(rid, None)
-            descriptor = self.kv_source.offer(rid, h.blocks)
             if stream is None:  # its client left meanwhile: nobody will fetch the blocks
-                self.kv_source.withdraw(rid)
+                self.engine.release_handoff(rid)
+                continue
+            try:
+                descriptor = self.kv_source.offer(rid, h.blocks)
+            except Exception as exc:  # e.g. the KV source is closing: fail this request only
+                self.engine.release_handoff(rid)
+                stream.put("error", APIError(500, f"cannot offer the KV blocks: {exc}", kind="server_error"))
+                with self.counters.lock:
+                    self.counters.failure += 1
                 continue
             stream.put("tokens", list(h.request.output_token_ids))
             stream.put("handoff", {"state": h.state, "kv": descriptor})
@@ -150,7 +157,6 @@ class SplitwiseEngine(AsyncEngine):
                 req, error = self._transfers_done.get_nowait()
             except queue.Empty:
                 break
-            self._descriptors.pop(req.request_id, None)
             aborted_before = req.finished
             self.engine.transfer_done(req, error)
             if error is not None and not aborted_before:
@@ -159,6 +165,8 @@ class SplitwiseEngine(AsyncEngine):
                     stream.put("error", APIError(502, f"KV transfer failed: {error}", kind="server_error"))
                 with self.counters.lock:
                     self.counters.failure += 1
+        if self._descriptors:  # forget those of requests aborted before they got a slot
+            self._descriptors = {k: v for k, v in self._descriptors.items() if not v[0].finished}
 
     # ---- decode ----------------------------------------------------------------------------
     def full(self) -> bool:
@@ -166,7 +174,7 @@ class SplitwiseEngine(AsyncEngine):
         return len(self.engine.scheduler.waiting) + self._inbox.qsize() >= self.max_waiting
 
     def submit_transferred(self, req: Request, descriptor: dict[str, Any]) -> Stream:
-        self._descriptors[req.request_id] = descriptor
+        self._descriptors[req.request_id] = (req, descriptor)
         return self.submit(req)
 
     def _transport_for(self, descriptor: dict[str, Any]) -> str:
@@ -180,7 +188,7 @@ class SplitwiseEngine(AsyncEngine):
         """The engine's ``kv_fetcher``: pull ``req``'s blocks in a thread."""
         from ..splitwise.kv_transfer import pull_blocks
 
-        descriptor = self._descriptors[req.request_id]
+        _, descriptor = self._descriptors.pop(req.request_id)
         transport = self._transport_for(descriptor)
         caches = self.caches
         if caches is None:

@@ -106,7 +106,9 @@ def test_slot_state_survives_json_and_is_checked_against_the_decode_engine(rando
         d.add_transferred(Request("a", [1, 2, 3, 4, 5], 9, output_token_ids=[], handoff_state=state))
     with pytest.raises(InvalidRequestError, match="splitwise_role"):
         p.add_transferred(Request("a", [1, 2, 3, 4, 5], 9, output_token_ids=[3], handoff_state=state))
-    # the held blocks are out of circulation until released
+    # the held blocks are out of circulation until released, and their id cannot be reused
+    with pytest.raises(InvalidRequestError, match="still held"):
+        p.add_requests([Request("a", [1, 2], max_tokens=2)])
     held = len(h.blocks)
     assert len(p.scheduler.free_blocks) == p.scheduler.total_blocks - held
     assert p.release_handoff("a") == held and p.release_handoff("a") == 0
