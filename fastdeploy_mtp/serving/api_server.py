@@ -325,6 +325,61 @@ class AsyncEngine:
                 self.counters.failure += 1
 
 
+async def stream_events(
+    backend: Backend, stream: Stream, last: tuple[str, ...] = ("finished",)
+) -> AsyncIterator[tuple[str, Any]]:
+    """``stream``'s events ``(kind, value)`` up to one whose kind is in ``last``; an
+    ``"error"`` event is raised. If the consumer stops early (its client disconnected: the
+    handler was cancelled or the response closed), the request is cancelled on ``backend``."""
+    done = False
+    try:
+        while True:
+            kind, value = await stream.events.get()
+            if kind == "error":
+                done = True
+                raise value
+            yield kind, value
+            if kind in last:
+                done = True
+                return
+    finally:
+        if not done:
+            backend.cancel(stream.request)
+
+
+def run_http(
+    app: FastAPI,
+    host: str,
+    port: int,
+    progress: Callable[[str], None],
+    t0: float,
+    on_server: Callable[[Any], None] | None = None,
+) -> bool:
+    """Serve ``app`` with uvicorn on ``host:port`` until SIGINT/SIGTERM; returns whether it
+    started (e.g. not when the port was taken: uvicorn said why). ``on_server`` gets the
+    ``uvicorn.Server`` first (to stop it from another thread). uvicorn handles the signals
+    while it runs and raises them again once it has stopped; the handlers installed here take
+    that second delivery (the caller restores its own afterwards), so the caller's clean-up
+    runs."""
+    import signal
+
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    if on_server is not None:
+        on_server(server)
+    progress(f"ready in {time.perf_counter() - t0:.1f} s: listening on http://{host}:{port}")
+
+    def requested_stop(signum: int, frame: object) -> None:
+        progress(f"{signal.Signals(signum).name} received")
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, requested_stop)
+    server.run()
+    return bool(server.started)
+
+
 # ---- the app -------------------------------------------------------------------------------
 def create_app(backend: Backend, model_name: str, tokenizer: Any, ori_vocab_size: int) -> FastAPI:
     """The FastAPI app over ``backend`` (an :class:`AsyncEngine`, or any other :class:`Backend`)
@@ -385,21 +440,8 @@ def create_app(backend: Backend, model_name: str, tokenizer: Any, ori_vocab_size
 
         return feed
 
-    async def events(stream: Stream) -> AsyncIterator[tuple[str, Any]]:
-        done = False
-        try:
-            while True:
-                kind, value = await stream.events.get()
-                if kind == "error":
-                    done = True
-                    raise value
-                yield kind, value
-                if kind == "finished":
-                    done = True
-                    return
-        finally:
-            if not done:  # the client disconnected (the handler was cancelled or the stream closed)
-                backend.cancel(stream.request)
+    def events(stream: Stream) -> AsyncIterator[tuple[str, Any]]:
+        return stream_events(backend, stream)
 
     async def collect(stream: Stream) -> tuple[str, str]:
         feed = detokenizer()

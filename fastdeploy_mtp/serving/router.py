@@ -48,7 +48,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..runtime.request import InvalidRequestError, Request
-from .api_server import APIError, Stream, create_app
+from .api_server import APIError, Stream, create_app, run_http
 
 PREFILL_PATH = "/v1/splitwise/prefill"
 DECODE_PATH = "/v1/splitwise/decode"
@@ -464,7 +464,6 @@ def fetch_model_name(url: str) -> str:
 def run_router(opts: RouterOptions) -> int:
     """Wait for the instances, then route until SIGINT/SIGTERM (returns 0; 130 if interrupted
     during start-up, 1 if the server could not start)."""
-    import uvicorn
 
     t0 = time.perf_counter()
 
@@ -489,26 +488,8 @@ def run_router(opts: RouterOptions) -> int:
         )
         model_name = opts.served_model_name or fetch_model_name(backend.prefill[0])
         progress(f"serving model {model_name!r}; decode queue timeout {opts.queue_timeout:g} s")
-        config = uvicorn.Config(
-            router_app(backend, model_name),
-            host=opts.host,
-            port=opts.port,
-            log_level="info",
-            access_log=False,
-            timeout_graceful_shutdown=5,
-        )
-        server = uvicorn.Server(config)
-        progress(f"ready in {time.perf_counter() - t0:.1f} s: listening on http://{opts.host}:{opts.port}")
-
-        def requested_stop(signum: int, frame: object) -> None:
-            # uvicorn handles SIGINT/SIGTERM while it runs and raises the signal again once it
-            # has stopped; this handler takes that second delivery
-            progress(f"{signal.Signals(signum).name} received")
-
-        for sig in old:
-            signal.signal(sig, requested_stop)
-        server.run()
-        return 0 if server.started else 1  # not started: e.g. the port was taken (uvicorn said why)
+        started = run_http(router_app(backend, model_name), opts.host, opts.port, progress, t0)
+        return 0 if started else 1  # not started: e.g. the port was taken (uvicorn said why)
     except KeyboardInterrupt:
         progress("interrupted during start-up")
         return 130

@@ -129,7 +129,7 @@ def serve(opts: ServeOptions, log: object = None) -> int:
     from ..models import ByteTokenizer, kv_cache_shape
     from ..ops.messaging import MAX_DRAFT_TOKENS as MAX_TOKENS_PER_STEP  # K + 1 tokens per slot and step
     from ..runtime.engine import Engine
-    from .api_server import AsyncEngine, create_app
+    from .api_server import AsyncEngine, create_app, run_http
     from .layout import ServeLayout
     from .workers import RemoteRunner, free_port
 
@@ -201,13 +201,13 @@ def serve(opts: ServeOptions, log: object = None) -> int:
             max_positions=arch.max_position_embeddings,
             prefill_chunk_size=opts.prefill_chunk_size,
         )
-        server: uvicorn.Server | None = None
+        held: dict[str, uvicorn.Server] = {}
 
         def on_fatal(reason: str) -> None:
             progress(f"fatal: {reason}; stopping")
             stopping["code"] = 1
-            if server is not None:
-                server.should_exit = True
+            if "server" in held:
+                held["server"].should_exit = True
 
         if opts.splitwise_role == "mixed":
             async_engine = AsyncEngine(engine, on_fatal)
@@ -221,21 +221,8 @@ def serve(opts: ServeOptions, log: object = None) -> int:
 
             assert isinstance(async_engine, SplitwiseEngine)
             add_splitwise_routes(app, async_engine)
-        config = uvicorn.Config(
-            app, host=opts.host, port=opts.port, log_level="info", access_log=False, timeout_graceful_shutdown=5
-        )
-        server = uvicorn.Server(config)
-        progress(f"ready in {time.perf_counter() - t0:.1f} s: listening on http://{opts.host}:{opts.port}")
-
-        def requested_stop(signum: int, frame: object) -> None:
-            # uvicorn handles SIGINT/SIGTERM while it runs and raises the signal again once it
-            # has stopped; this handler takes that second delivery, so the clean-up below runs
-            progress(f"{signal.Signals(signum).name} received")
-
-        for sig in old:
-            signal.signal(sig, requested_stop)
-        server.run()
-        if not server.started and stopping["code"] == 0:
+        started = run_http(app, opts.host, opts.port, progress, t0, on_server=lambda s: held.update(server=s))
+        if not started and stopping["code"] == 0:
             return 1  # e.g. the port was taken (uvicorn said why)
         return stopping["code"]
     except KeyboardInterrupt:

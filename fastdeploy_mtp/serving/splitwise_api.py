@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..runtime.engine import Engine, StepEvents
 from ..runtime.request import InvalidRequestError, Request
-from .api_server import APIError, AsyncEngine, Stream
+from .api_server import APIError, AsyncEngine, Stream, stream_events
 
 TRANSPORTS = ("auto", "shm", "tcp")
 
@@ -217,24 +217,6 @@ def _error_response(exc: APIError) -> JSONResponse:
     return exc.response()
 
 
-async def _events(se: SplitwiseEngine, stream: Stream) -> AsyncIterator[tuple[str, Any]]:
-    """The stream's events; a client that goes away aborts the request."""
-    done = False
-    try:
-        while True:
-            kind, value = await stream.events.get()
-            if kind == "error":
-                done = True
-                raise value
-            yield kind, value
-            if kind in ("finished", "handoff"):
-                done = True
-                return
-    finally:
-        if not done:
-            se.cancel(stream.request)
-
-
 def add_splitwise_routes(app: FastAPI, se: SplitwiseEngine) -> None:
     """Add the ``/v1/splitwise/*`` endpoint of ``se``'s role to ``app``."""
 
@@ -251,7 +233,7 @@ def add_splitwise_routes(app: FastAPI, se: SplitwiseEngine) -> None:
             tokens: list[int] = []
             handoff = None
             reason = None
-            async for kind, value in _events(se, stream):
+            async for kind, value in stream_events(se, stream, ("finished", "handoff")):
                 if kind == "tokens":
                     tokens.extend(value)
                 elif kind == "handoff":
@@ -300,7 +282,7 @@ def add_splitwise_routes(app: FastAPI, se: SplitwiseEngine) -> None:
 
         async def body_iter() -> AsyncIterator[str]:
             try:
-                async for kind, value in _events(se, stream):
+                async for kind, value in stream_events(se, stream):
                     if kind == "tokens":
                         yield f"data: {json.dumps({'token_ids': value})}\n\n"
                     else:
