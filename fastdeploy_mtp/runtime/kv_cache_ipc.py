@@ -98,6 +98,13 @@ def publish_caches(tensors: list[paddle.Tensor], names: list[str]) -> None:
 
 
 def unpublish_caches(tensors: list[paddle.Tensor], names: list[str]) -> None:
-    """Remove the names :func:`publish_caches` created (the tensors keep their memory)."""
+    """Remove the names :func:`publish_caches` created (the tensors keep their memory). Every
+    name is tried even if one fails; the first failure is raised afterwards."""
+    first: Exception | None = None
     for tensor, name in zip(tensors, names):
-        ops.unset_data_ipc(tmp_input=tensor, shm_name=name, close_ipc=False, unlink_shm=True)
+        try:
+            ops.unset_data_ipc(tmp_input=tensor, shm_name=name, close_ipc=False, unlink_shm=True)
+        except Exception as exc:
+            first = first or exc
+    if first is not None:
+        raise first

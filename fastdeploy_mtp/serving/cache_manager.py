@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         return 0
     finally:
+        # a second SIGTERM (or a Ctrl-C reaching the group) must not cut the clean-up short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for tensors, names in published:
             unpublish_caches(tensors, names)
         ready.clear()

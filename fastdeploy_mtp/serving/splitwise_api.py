@@ -4,7 +4,9 @@ instance adds to the API server (the router in front is :mod:`.router`).
 Prefill instance (``--splitwise-role prefill``): ``POST /v1/splitwise/prefill`` with
 ``{"request_id", "prompt_token_ids", "max_tokens"}`` runs the prompt through the target and
 the MTP layer, and answers once the first token is out: ``{"request_id", "output_token_ids",
-"finished", "finish_reason", "handoff"}``. Unless the request already finished, ``handoff``
+"draft_token_ids", "finished", "finish_reason", "handoff"}`` (``draft_token_ids``: the first
+drafts, which the decode instance's first verify round checks; informational, they also
+travel in the state). Unless the request already finished, ``handoff``
 carries its slot state (:mod:`fastdeploy_mtp.splitwise.handoff`) and a KV descriptor
 (:func:`fastdeploy_mtp.splitwise.kv_transfer.KVSource.offer`); the instance holds the
 request's KV blocks until a decode instance has copied them or ``--kv-hold-timeout`` passed.
@@ -240,9 +242,12 @@ def add_splitwise_routes(app: FastAPI, se: SplitwiseEngine) -> None:
                     handoff = value
                 else:
                     reason = value
+            from ..splitwise.handoff import first_drafts
+
             return {
                 "request_id": req.request_id,
                 "output_token_ids": tokens,
+                "draft_token_ids": first_drafts(handoff["state"]) if handoff else [],
                 "finished": handoff is None,
                 "finish_reason": reason,
                 "handoff": handoff,

@@ -173,3 +173,15 @@ def slot_tokens(state: object) -> int:
         return max(int(values[0]), 0)
     except (KeyError, TypeError, IndexError, ValueError):
         return 0
+
+
+def first_drafts(state: object) -> list[int]:
+    """The drafts a handed-over slot carries into its first verify round (its target
+    ``draft_tokens`` row after the first token, placeholders dropped; FastDeploy's
+    ``request.draft_token_ids``)."""
+    try:
+        row = state["target"]["draft_tokens"]  # type: ignore[index]
+        values = list(row["v"]) + [row["fill"]] * (int(row["n"]) - len(row["v"]))
+    except (KeyError, TypeError, ValueError):
+        return []
+    return [int(v) for v in values[1:] if int(v) >= 0]

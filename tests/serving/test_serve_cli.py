@@ -33,7 +33,15 @@ def test_more_drafts_than_the_message_layout_carries_is_refused(capsys):
 
 @pytest.mark.parametrize(
     "args, word",
-    [(["--tensor-parallel-size", "0"], "--tensor-parallel-size"), (["--device-ids", "a,b"], "--device-ids")],
+    [
+        (["--tensor-parallel-size", "0"], "--tensor-parallel-size"),
+        (["--device-ids", "a,b"], "--device-ids"),
+        (["--splitwise-port", "9000"], "--splitwise-role prefill"),
+        (["--splitwise-role", "decode", "--kv-transfer-timeout", "0"], "--kv-transfer-timeout"),
+        (["--splitwise-role", "prefill", "--kv-hold-timeout", "-1"], "--kv-hold-timeout"),
+        (["--splitwise-role", "decode", "--max-waiting-requests", "0"], "--max-waiting-requests"),
+        (["--prefill-chunk-size", "-1"], "--prefill-chunk-size"),
+    ],
 )
 def test_bad_options_are_one_line_usage_errors(capsys, args, word):
     code, err = run(capsys, *args)
@@ -44,3 +52,10 @@ def test_a_tensor_parallel_size_the_heads_do_not_divide_is_refused(capsys):
     code, err = run(capsys, "--tensor-parallel-size", "3")
     assert code == 1 and err.count("\n") == 1
     assert "num_attention_heads" in err or "num_key_value_heads" in err
+
+
+def test_a_prefill_instance_is_not_capped_by_kernel_msgmax_but_by_the_first_token_layout(capsys):
+    """Its workers send first tokens with mtp_save_first_token (7176 bytes for 256 slots), so
+    only more slots than that message has are refused."""
+    code, err = run(capsys, "--splitwise-role", "prefill", "--num-speculative-tokens", "3", "--max-num-seqs", "257")
+    assert code == 1 and err.count("\n") == 1 and "--max-num-seqs 257" in err and "256" in err

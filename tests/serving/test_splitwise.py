@@ -35,6 +35,7 @@ from tests.serving.test_router import ThreadServer  # noqa: E402
 from tests.serving.test_server import offline, stopped_cleanly  # noqa: E402
 
 MTP3 = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 3}'
+MTP1 = '{"method": "mtp", "num_speculative_tokens": 1, "num_model_steps": 1}'
 HYBRID = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": "with_ngram"}'
 MAX_TOKENS = 24
 TRANSFER_TIMEOUT = 8  # seconds: the decode instances' --kv-transfer-timeout
@@ -64,11 +65,21 @@ def instances(*specs: tuple[Any, ...]) -> Iterator[list[ServerProcess]]:
             started.append(instance(*spec))
         yield started
     except BaseException:
-        for srv in reversed(started):
-            srv.kill()
+        stop_all(started)
         raise
-    for srv in reversed(started):
-        stopped_cleanly(srv)
+    try:
+        while started:
+            stopped_cleanly(started[-1])
+            started.pop()
+    finally:  # one did not stop cleanly: still stop the others
+        stop_all(started)
+
+
+def stop_all(servers: list[ServerProcess]) -> None:
+    """SIGTERM each (so it removes its names), in reverse order; SIGKILL what hangs."""
+    for srv in reversed(servers):
+        with contextlib.suppress(Exception):
+            srv.stop(30)
 
 
 @contextlib.contextmanager
@@ -191,11 +202,12 @@ def test_a_request_that_ends_at_its_first_token_never_reaches_the_decode_instanc
     wait_for(lambda: blocks_all_back(mtp3["prefill"]))
 
 
-def test_hybrid_ngram_prefill_and_decode_equal_mixed():
-    with instances(("prefill", HYBRID), ("decode", HYBRID)) as (p, d), router(p, d) as url:
+@pytest.mark.parametrize("spec", [HYBRID, MTP1], ids=["hybrid-ngram", "mtp-k1"])
+def test_other_speculation_set_ups_prefill_and_decode_equal_mixed(spec):
+    with instances(("prefill", spec), ("decode", spec)) as (p, d), router(p, d) as url:
         got = asyncio.run(complete_all(url, DEMO_PROMPTS))
         assert metrics(d.base_url)["fastdeploy:splitwise_first_round_accepted_tokens_total"] > 0
-    assert got == offline(DEMO_PROMPTS, spec=HYBRID)
+    assert got == offline(DEMO_PROMPTS, spec=spec)
 
 
 # ---- protocol checks -------------------------------------------------------------------------
@@ -207,6 +219,7 @@ def test_instances_refuse_openai_requests_and_foreign_handoffs(mtp3):
         p.base_url + "/v1/splitwise/prefill", {"request_id": "f1", "prompt_token_ids": [100, 101, 102], "max_tokens": 8}
     )
     assert status == 200 and first["finished"] is False and len(first["output_token_ids"]) == 1
+    assert len(first["draft_token_ids"]) == 3 and all(0 <= t < 512 for t in first["draft_token_ids"])
     handoff = first["handoff"]
     request = {
         "request_id": "f1",

@@ -12,7 +12,7 @@ from fastdeploy_mtp.models import ByteTokenizer, load_tiny
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
 from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import InvalidRequestError, Request
-from fastdeploy_mtp.splitwise.handoff import HandoffError, check_slot_state, export_slot
+from fastdeploy_mtp.splitwise.handoff import HandoffError, check_slot_state, export_slot, first_drafts
 from tests.engine_testlib import build_random_model, make_config, make_requests
 from tests.splitwise.pd_testlib import LocalPD, role_config
 
@@ -84,6 +84,8 @@ def test_slot_state_survives_json_and_is_checked_against_the_decode_engine(rando
     (h,) = ev.handed_off
     assert ev.finished == [] and h.request.output_token_ids and h.blocks == p.scheduler.held["a"]
     state = json.loads(json.dumps(h.state))
+    drafts = first_drafts(state)
+    assert len(drafts) == 3 and drafts == [int(t) for t in p.runner.share_inputs.draft_tokens.numpy()[0, 1:]]
     d = Engine(role_config(cfg, "decode"), target, mtp)
     d.runner.check_handoff(state)  # type: ignore[attr-defined]
 
