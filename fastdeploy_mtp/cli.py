@@ -102,7 +102,8 @@ def add_speculative_args(parser: argparse.ArgumentParser, k_default: int = DEFAU
         default=None,
         help='FastDeploy\'s speculative_config as a JSON object (keys: method ("mtp", or null / "none" for '
         'no speculation), num_speculative_tokens, num_model_steps, mtp_strategy ("default" | "with_ngram"), '
-        'max_ngram_size, min_ngram_size, verify_strategy ("greedy"), model)',
+        'max_ngram_size, min_ngram_size, verify_strategy ("target_match" | "rejection" | "topp" | "greedy"), '
+        "model)",
     )
     group.add_argument(
         "--num-speculative-tokens",
@@ -164,9 +165,7 @@ def resolve_speculative_config(args: argparse.Namespace) -> SpeculativeConfig:
     speculation is always returned as ``SpeculativeConfig(method=None)``.
 
     Raises:
-        UsageError: a flag that contradicts the JSON, an invalid flag value, or a
-            ``verify_strategy`` other than ``"greedy"`` (the reference engine verifies
-            greedily).
+        UsageError: a flag that contradicts the JSON, or an invalid flag value.
         SpeculativeConfigError: invalid JSON, an unknown key, a wrong type or value.
     """
     k_flag: int | None = args.num_speculative_tokens
@@ -194,11 +193,6 @@ def resolve_speculative_config(args: argparse.Namespace) -> SpeculativeConfig:
         _check_flags_agree(spec, k_flag, s_flag, hybrid)
         if not spec.enabled:
             spec = SpeculativeConfig(method=None)  # one value for "no speculation", whatever else the JSON says
-    if spec.enabled and spec.verify_strategy != "greedy":
-        raise UsageError(
-            f"speculative config: verify_strategy {spec.verify_strategy!r} is not supported here; "
-            'the reference engine verifies greedily ("greedy")'
-        )
     return spec
 
 

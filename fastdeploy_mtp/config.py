@@ -80,8 +80,13 @@ class SpeculativeConfig:
         mtp_strategy: ``"default"`` or ``"with_ngram"``.
         max_ngram_size / min_ngram_size: n-gram lengths tried by the hybrid mode.
         model: path of the MTP checkpoint (informational).
-        verify_strategy: ``"greedy"`` (exact greedy decoding), ``"topp"``, ``"target_match"``
-            or ``"rejection"``; the reference engine implements greedy.
+        verify_strategy: how the target checks drafts of requests that sample
+            (``temperature > 0``; greedy requests are verified by argmax under every strategy):
+            ``"target_match"`` (default, as FastDeploy since April 2026: accept a draft iff it
+            equals the target's own seeded sample, so output equals non-speculative output),
+            ``"rejection"`` (rejection sampling: lossless in distribution), ``"topp"``
+            (upstream's lossy top-p candidate test) or ``"greedy"`` (every request must be
+            greedy).
     """
 
     method: str | None = "mtp"
@@ -91,7 +96,7 @@ class SpeculativeConfig:
     max_ngram_size: int = 5
     min_ngram_size: int = 2
     model: str = ""
-    verify_strategy: str = "greedy"
+    verify_strategy: str = "target_match"
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:

@@ -171,7 +171,6 @@ def test_a_flag_contradicting_the_json_is_an_error(config, flags, names):
         (["--num-model-steps", 0], "--num-model-steps"),
         (["--num-speculative-tokens", 2, "--num-model-steps", 3], "--num-model-steps"),
         (["--num-speculative-tokens", 0, "--hybrid-ngram"], "--hybrid-ngram"),
-        (["--speculative-config", '{"verify_strategy": "topp"}'], "verify_strategy"),
     ],
 )
 def test_invalid_speculation_flags(flags, name):

@@ -12,6 +12,7 @@ from ..config import FDConfig
 from ..constants import PLACEHOLDER_TOKEN_ID
 from ..models.interfaces import MTPModel, TargetModel
 from .request import GenerationError, InvalidRequestError, Request, RequestType
+from .sampling import find_stop
 from .scheduler import Scheduler
 from .target_runner import Runner, StepOutput, TargetRunner
 
@@ -130,6 +131,8 @@ class Engine:
             (:class:`fastdeploy_mtp.serving.workers.RemoteRunner`).
         max_positions: with ``runner``: positions the model can encode (prompt + output
             must fit; ``None`` = only ``max_model_len``).
+        detokenize: token ids -> text, for requests with stop strings (``sampling.stop``);
+            without it such requests are refused.
 
     The loop is :meth:`step` (one schedule + target step + proposer round); :meth:`generate`
     runs it until a batch of requests completes, a server calls it as requests arrive.
@@ -156,8 +159,11 @@ class Engine:
         record_trace: bool = False,
         runner: Runner | None = None,
         max_positions: int | None = None,
+        detokenize: Callable[[list[int]], str] | None = None,
     ):
         self.fd_config = fd_config
+        self.detokenize = detokenize
+        self._eos = {int(t) for t in np.asarray(fd_config.model_config.eos_token_id).reshape(-1)}
         #: with ``record_trace``: one ``(step, request_id, task, emitted tokens, drafts)``
         #: tuple per slot and target forward, for tests and debugging.
         self.trace: list[tuple] | None = [] if record_trace else None
@@ -196,7 +202,18 @@ class Engine:
         is checked). Raises :class:`~fastdeploy_mtp.runtime.request.InvalidRequestError`."""
         if isinstance(requests, Request):
             raise TypeError("add_requests: `requests` must be a sequence of Request, got one Request")
-        self.scheduler.add_requests(list(requests), max_arrival_step=max_arrival_step)
+        requests = list(requests)
+        self._check_stop_strings(requests)
+        self.scheduler.add_requests(requests, max_arrival_step=max_arrival_step)
+
+    def _check_stop_strings(self, requests: Sequence[Request]) -> None:
+        if self.detokenize is not None:
+            return
+        for req in requests:
+            if isinstance(req, Request) and getattr(req.sampling, "stop", None):
+                raise InvalidRequestError(
+                    req.request_id, "stop", "needs a detokenizer: this engine was built without `detokenize`"
+                )
 
     def add_transferred(self, req: Request) -> None:
         """Splitwise decode: queue a request a prefill instance handed over: ``req`` carries
@@ -217,6 +234,7 @@ class Engine:
             self.runner.check_handoff(req.handoff_state)
         except HandoffError as exc:
             raise InvalidRequestError(req.request_id, "handoff", f"does not fit this instance: {exc}") from None
+        self._check_stop_strings([req])
         self.scheduler.add_requests([req])
 
     def transfer_done(self, req: Request, error: BaseException | None = None) -> None:
@@ -292,8 +310,6 @@ class Engine:
             idx = req.idx
             n = int(out.accept_num[idx])
             new = [int(t) for t in out.accept_tokens[idx, :n]]
-            req.output_token_ids.extend(new)
-            self.metrics.generated_tokens += n
             if req.task_type in (RequestType.DECODE, RequestType.IMPORT):
                 proposed, accepted = self._count(out, idx, n)
                 if req.task_type == RequestType.IMPORT:
@@ -301,13 +317,48 @@ class Engine:
                     self.metrics.handoff_drafts_accepted += accepted
             if self.trace is not None:
                 self.trace.append((step, req.request_id, req.task_type.name, new, [int(d) for d in out.drafts[idx]]))
+            new, stopped = self._apply_stops(req, new)
+            req.output_token_ids.extend(new)
+            if req.sampling.logprobs is not None:
+                req.output_logprobs.extend(out.logprobs.get(idx, [])[: len(new)])
+            self.metrics.generated_tokens += len(new)
             events.emitted.append((req, new))
-            if out.stop_flags[idx]:
+            if stopped or out.stop_flags[idx]:
+                if stopped or (req.output_token_ids and req.output_token_ids[-1] in self._eos):
+                    req.finish_reason = "stop"
+                else:
+                    req.finish_reason = "length"
                 self.runner.free_slot(idx)
                 self.scheduler.finish(idx)
                 events.finished.append(req)
             elif self.role == "prefill" and req.task_type == RequestType.PREFILL:
                 self._hand_off(req, out, events)
+
+    def _apply_stops(self, req: Request, new: list[int]) -> tuple[list[int], bool]:
+        """Cut ``new`` (the tokens ``req`` emits this step, possibly several accepted drafts)
+        at its first stop token id (kept, like EOS) or before its first stop string (dropped);
+        returns the tokens to keep and whether a stop was hit."""
+        sp = req.sampling
+        stopped = False
+        if sp.stop_token_ids:
+            stop_ids = set(sp.stop_token_ids)
+            for i, t in enumerate(new):
+                if t in stop_ids:
+                    new, stopped = new[: i + 1], True
+                    break
+        if sp.stop and self.detokenize is not None:
+            old = req.output_token_ids
+            seen = len(self.detokenize(old))
+            text = self.detokenize(old + new)
+            at = find_stop(text, sp.stop, seen)
+            if at >= 0:
+                keep = 0  # the most new tokens whose text ends before the stop string
+                for k in range(len(new), -1, -1):
+                    if len(self.detokenize(old + new[:k])) <= at:
+                        keep = k
+                        break
+                new, stopped = new[:keep], True
+        return new, stopped
 
     def _hand_off(self, req: Request, out: StepOutput, events: StepEvents) -> None:
         """The request got its first token and drafts on this prefill instance: its slot is

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..constants import NO_SLOT
+from .sampling import SamplingParams, TokenLogprob
 
 
 class RequestType(enum.Enum):
@@ -108,6 +109,12 @@ class Request:
         handoff_state: on a splitwise decode instance, the slot state the prefill instance
             handed over (:func:`fastdeploy_mtp.splitwise.handoff.export_slot`); ``None``
             for a request that starts from its prompt.
+        sampling: how it picks tokens (:class:`~fastdeploy_mtp.runtime.sampling.SamplingParams`;
+            the default is greedy).
+        finish_reason: once it completed: ``"stop"`` (an EOS id, a stop token id or a stop
+            string) or ``"length"`` (``max_tokens``, or ``max_model_len``).
+        output_logprobs: with ``sampling.logprobs`` set, one
+            :class:`~fastdeploy_mtp.runtime.sampling.TokenLogprob` per output token.
     """
 
     request_id: str
@@ -124,6 +131,9 @@ class Request:
     error: BaseException | None = field(default=None, init=False)
     submitted: bool = field(default=False, init=False, repr=False)
     handoff_state: dict[str, Any] | None = field(default=None, repr=False)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    finish_reason: str | None = field(default=None, init=False)
+    output_logprobs: list[TokenLogprob] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.prompt_token_ids) == 0:
@@ -132,10 +142,14 @@ class Request:
             raise ValueError(f"request {self.request_id!r}: `max_tokens` must be > 0, got {self.max_tokens}")
 
     def fresh_copy(self) -> Request:
-        """A new, never-submitted request with the same id, prompt, ``max_tokens`` and
-        ``arrival_step`` (no slot, no outputs)."""
+        """A new, never-submitted request with the same id, prompt, ``max_tokens``,
+        ``arrival_step`` and sampling parameters (no slot, no outputs)."""
         return Request(
-            self.request_id, list(self.prompt_token_ids), max_tokens=self.max_tokens, arrival_step=self.arrival_step
+            self.request_id,
+            list(self.prompt_token_ids),
+            max_tokens=self.max_tokens,
+            arrival_step=self.arrival_step,
+            sampling=SamplingParams.from_dict(self.sampling.to_dict()),
         )
 
     def get(self, key: str, default: Any | None = None) -> Any:

@@ -13,6 +13,7 @@ import numpy as np
 from ..config import FDConfig
 from ..constants import NO_SLOT
 from .request import InvalidRequestError, Request, RequestType, check_token_ids
+from .sampling import SamplingParams
 
 
 class OutOfBlocksError(RuntimeError):
@@ -164,6 +165,21 @@ class Scheduler:
                     "output_token_ids",
                     f"holds {len(out)} tokens: nothing left to decode (max_tokens {req.max_tokens})",
                 )
+        sampling = req.sampling
+        if not isinstance(sampling, SamplingParams):
+            raise InvalidRequestError(rid, "sampling", f"must be a SamplingParams, got {type(sampling).__name__}")
+        problem = sampling.check()
+        if problem is not None:
+            name, _, why = problem.partition(": ")
+            raise InvalidRequestError(rid, name, why)
+        spec = self.fd_config.speculative_config
+        if spec.enabled and spec.verify_strategy == "greedy" and not sampling.greedy:
+            raise InvalidRequestError(
+                rid,
+                "temperature",
+                f"= {sampling.temperature}: speculative_config.verify_strategy is 'greedy', which serves greedy "
+                "requests only (use 'target_match' or 'rejection' to sample)",
+            )
         if req.arrival_step < 0:
             raise InvalidRequestError(rid, "arrival_step", f"must be >= 0, got {req.arrival_step}")
         if max_arrival_step is not None and req.arrival_step >= max_arrival_step:

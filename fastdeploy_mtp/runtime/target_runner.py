@@ -19,6 +19,7 @@ from ..models.interfaces import MTPModel, TargetModel
 from .input_batch import InputBatch, make_target_inputs
 from .kv_cache_ipc import attach_caches, cache_names, caches_are_managed, detach_caches, wait_cache_ready
 from .request import InvalidRequestError, Request, RequestType, check_token_ids
+from .sampling import TokenLogprob
 
 if TYPE_CHECKING:
     from ..proposer import MTPProposer
@@ -36,6 +37,8 @@ class StepOutput:
             (:data:`~fastdeploy_mtp.constants.PLACEHOLDER_TOKEN_ID` = none).
         decode_mask: ``[N]`` slots that decoded this step (not prefill).
         num_tokens: tokens in the target forward.
+        logprobs: per slot whose request asked for logprobs, one
+            :class:`~fastdeploy_mtp.runtime.sampling.TokenLogprob` per emitted token.
         exports: splitwise prefill: the slot state (:func:`~fastdeploy_mtp.splitwise.handoff.export_slot`)
             of each slot named in :meth:`Runner.set_exports`, read after the proposer's round.
     """
@@ -47,6 +50,7 @@ class StepOutput:
     decode_mask: np.ndarray
     num_tokens: int
     exports: dict[int, dict[str, Any]] = field(default_factory=dict)
+    logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
 
 
 def check_prefill_task(req: Request, max_model_len: int, vocab_size: int) -> None:

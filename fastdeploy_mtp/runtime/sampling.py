@@ -1,0 +1,170 @@
+"""Per-request sampling parameters and the engine's token sampler.
+
+:class:`SamplingParams` is what a request asks for (the OpenAI/vLLM names);
+:class:`TokenLogprob` what it gets back per emitted token when it asks for logprobs.
+
+Sampling at ``temperature > 0`` is **reproducible per request and position**: the uniform that
+picks the token generated at position ``g`` (0 = the first generated token) of a request is
+``position_uniforms(seed, g, column)`` (Philox-4x32-10, :mod:`fastdeploy_mtp.ops.sampling`),
+whatever the batch, the slot, the step or the speculation. With ``verify_strategy =
+"target_match"`` the target's sample at a verify row is that same function of the row's
+logits, so a seeded request generates exactly the tokens it generates without speculation
+(drafts only decide how many positions one forward settles).
+
+What the sampler does to a row's logits (``[V]`` float32), in order — the same for the
+speculative verify rows and the non-speculative row, because row ``j`` of a decode item is
+penalised with the committed history **plus** the drafts ``d1..dj`` it follows:
+
+1. penalties (``speculate_get_token_penalty_multi_scores``): repetition (``logit / a`` if
+   positive, ``* a`` if negative, for every id generated before), then ``- count * frequency -
+   presence``; EOS ids masked while fewer than ``min_tokens`` were generated; then divided by
+   ``temperature`` (not at ``temperature = 0``);
+2. ``logprobs`` are ``log_softmax`` of these processed logits;
+3. filtering: ``top_k`` (keep the k largest), ``top_p`` (the smallest prefix of the sorted
+   probabilities reaching ``top_p``), ``min_p`` (drop tokens below ``min_p`` times the top
+   probability);
+4. the token: at ``temperature = 0`` the argmax of step 1's logits; otherwise the first token
+   (in vocabulary order) whose cumulative filtered probability exceeds ``u``, the uniform of
+   ``(seed, g, 0)``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Largest top-logprobs count a request may ask for (OpenAI's limit for completions).
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    """How one request picks its tokens.
+
+    Attributes:
+        temperature: 0 = greedy (the argmax); > 0 samples from ``softmax(logits / temperature)``.
+        top_p: keep the smallest set of most likely tokens whose probability reaches it (1 = off).
+        top_k: keep the ``top_k`` most likely tokens (0 = off).
+        min_p: drop tokens less likely than ``min_p`` times the most likely one (0 = off).
+        seed: the request's random seed (``None``: derived from its ``request_id``, so a rerun of
+            the same id reproduces it).
+        repetition_penalty: > 0; 1 = off (> 1 discourages tokens generated before).
+        frequency_penalty / presence_penalty: subtracted per occurrence / once per token
+            generated before (0 = off; OpenAI's range [-2, 2]).
+        min_tokens: EOS ids cannot be generated before this many tokens.
+        stop: strings that end the output (the string itself is not returned).
+        stop_token_ids: token ids that end the output (the id is returned, as EOS is).
+        logprobs: ``None`` = none; ``k >= 0``: the log-probability of each emitted token plus
+            the ``k`` most likely alternatives at its position (at most :data:`MAX_LOGPROBS`).
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    logprobs: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def check(self) -> str | None:
+        """``None`` if valid, else the name of the first bad field and why, as
+        ``"field: message"``."""
+        floats = {
+            "temperature": (0.0, math.inf),
+            "top_p": (0.0, 1.0),
+            "min_p": (0.0, 1.0),
+            "repetition_penalty": (0.0, math.inf),
+            "frequency_penalty": (-2.0, 2.0),
+            "presence_penalty": (-2.0, 2.0),
+        }
+        for name, (lo, hi) in floats.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)):
+                return f"{name}: must be a finite number, got {v!r}"
+            if not lo <= float(v) <= hi:
+                return f"{name}: must be in [{lo:g}, {hi:g}], got {v!r}"
+        if self.top_p <= 0.0:
+            return f"top_p: must be > 0, got {self.top_p!r}"
+        if self.repetition_penalty <= 0.0:
+            return f"repetition_penalty: must be > 0, got {self.repetition_penalty!r}"
+        for name in ("top_k", "min_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
+                return f"{name}: must be an integer >= 0, got {v!r}"
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or not 0 <= self.seed < 2**63
+        ):
+            return f"seed: must be an integer in [0, 2**63), got {self.seed!r}"
+        if self.logprobs is not None and (
+            isinstance(self.logprobs, bool)
+            or not isinstance(self.logprobs, numbers.Integral)
+            or not 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
+            return f"logprobs: must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}"
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            return f"stop: must be a list of non-empty strings, got {self.stop!r}"
+        if not isinstance(self.stop_token_ids, list) or not all(
+            isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
+        ):
+            return f"stop_token_ids: must be a list of token ids, got {self.stop_token_ids!r}"
+        return None
+
+    def seed_for(self, request_id: str) -> int:
+        """The seed the sampler uses: :attr:`seed`, or a stable hash of ``request_id``."""
+        if self.seed is not None:
+            return int(self.seed)
+        return zlib.crc32(request_id.encode()) | (zlib.adler32(request_id.encode()) << 32)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "seed": self.seed,
+            "repetition_penalty": self.repetition_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
+            "min_tokens": self.min_tokens,
+            "stop": list(self.stop),
+            "stop_token_ids": list(self.stop_token_ids),
+            "logprobs": self.logprobs,
+        }
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> SamplingParams:
+        return cls(**values)
+
+
+@dataclass
+class TokenLogprob:
+    """One emitted token's log-probability (``log_softmax`` of the processed logits at its
+    position) and the ``k`` most likely tokens there, most likely first."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+def find_stop(text: str, stops: Sequence[str], start: int = 0) -> int:
+    """Index in ``text`` where the earliest stop string begins at or after ``start - longest
+    stop + 1`` (a stop may straddle old and new text), or -1."""
+    best = -1
+    for s in stops:
+        i = text.find(s, max(0, start - len(s) + 1))
+        if i >= 0 and (best < 0 or i < best):
+            best = i
+    return best
