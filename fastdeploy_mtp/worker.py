@@ -65,14 +65,20 @@ def send_step_tokens(out: StepOutput, inputs: Any, rank: int, msg_queue_id: int)
     )
 
 
-def send_first_tokens(inputs: Any, rank: int, msg_queue_id: int) -> None:
+def send_first_tokens(out: StepOutput, inputs: Any, rank: int, msg_queue_id: int) -> None:
     """Splitwise prefill with MTP: send each slot's first token and first draft
-    (``draft_tokens[b, :2]`` of the target's buffers ``inputs``) with ``mtp_save_first_token``;
-    slots that did not just finish their prompt (a chunk in the middle, a freed slot) count 0."""
+    (``draft_tokens[b, :2]`` of the target's buffers ``inputs``, the first token as ``out``
+    emitted it) with ``mtp_save_first_token``; slots that did not just finish their prompt (a
+    chunk in the middle, a freed slot) count 0."""
+    import paddle
+
     from . import ops
 
+    x = inputs.draft_tokens.numpy().copy()
+    emitted = out.accept_num.reshape(-1) > 0
+    x[emitted, 0] = out.accept_tokens[emitted, 0]
     ops.mtp_save_first_token(
-        x=inputs.draft_tokens,
+        x=paddle.to_tensor(x),
         not_need_stop=inputs.not_need_stop,
         seq_lens_decoder=inputs.seq_lens_decoder,
         prompt_lens=inputs.prompt_lens,
@@ -146,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 out = run_step(runner, slots, msg)
                 if rank == 0 and first_tokens_only:
-                    send_first_tokens(runner.share_inputs, rank, layout.msg_queue_id)
+                    send_first_tokens(out, runner.share_inputs, rank, layout.msg_queue_id)
                 elif rank == 0:
                     send_step_tokens(out, runner.share_inputs, rank, layout.msg_queue_id)
             except Exception as exc:  # reported to the engine, which aborts the step's requests

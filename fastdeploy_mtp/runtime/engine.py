@@ -236,6 +236,7 @@ class Engine:
             raise InvalidRequestError(req.request_id, "handoff", f"does not fit this instance: {exc}") from None
         self._check_stop_strings([req])
         self.scheduler.add_requests([req])
+        req.emitted_count = len(req.output_token_ids)  # the prefill instance handed those out
 
     def transfer_done(self, req: Request, error: BaseException | None = None) -> None:
         """Report the end of ``req``'s KV transfer (``kv_fetcher``): with ``error`` the request
@@ -317,48 +318,87 @@ class Engine:
                     self.metrics.handoff_drafts_accepted += accepted
             if self.trace is not None:
                 self.trace.append((step, req.request_id, req.task_type.name, new, [int(d) for d in out.drafts[idx]]))
-            new, stopped = self._apply_stops(req, new)
+            new, stopped = self._cut_at_stop_ids(req, new)
             req.output_token_ids.extend(new)
             if req.sampling.logprobs is not None:
                 req.output_logprobs.extend(out.logprobs.get(idx, [])[: len(new)])
-            self.metrics.generated_tokens += len(new)
-            events.emitted.append((req, new))
-            if stopped or out.stop_flags[idx]:
-                if stopped or (req.output_token_ids and req.output_token_ids[-1] in self._eos):
+            stopped = self._cut_at_stop_string(req) or stopped
+            done = stopped or bool(out.stop_flags[idx])
+            handing_off = not done and self.role == "prefill" and req.task_type == RequestType.PREFILL
+            ready = len(req.output_token_ids) if done or handing_off else self._safe_to_emit(req)
+            ready = max(ready, req.emitted_count)
+            delta = req.output_token_ids[req.emitted_count : ready]
+            req.emitted_count = ready
+            self.metrics.generated_tokens += len(delta)
+            events.emitted.append((req, delta))
+            if done:
+                if stopped:
+                    req.finish_reason = "stop"
+                elif len(req.output_token_ids) >= req.max_tokens:
+                    req.finish_reason = "length"
+                elif req.output_token_ids and req.output_token_ids[-1] in self._eos:
                     req.finish_reason = "stop"
                 else:
-                    req.finish_reason = "length"
+                    req.finish_reason = "length"  # max_model_len
                 self.runner.free_slot(idx)
                 self.scheduler.finish(idx)
                 events.finished.append(req)
             elif self.role == "prefill" and req.task_type == RequestType.PREFILL:
                 self._hand_off(req, out, events)
 
-    def _apply_stops(self, req: Request, new: list[int]) -> tuple[list[int], bool]:
-        """Cut ``new`` (the tokens ``req`` emits this step, possibly several accepted drafts)
-        at its first stop token id (kept, like EOS) or before its first stop string (dropped);
-        returns the tokens to keep and whether a stop was hit."""
-        sp = req.sampling
-        stopped = False
-        if sp.stop_token_ids:
-            stop_ids = set(sp.stop_token_ids)
+    @staticmethod
+    def _cut_at_stop_ids(req: Request, new: list[int]) -> tuple[list[int], bool]:
+        """Cut ``new`` (this step's tokens of ``req``, possibly several accepted drafts) after
+        its first stop token id (kept, like EOS); returns the kept tokens and whether one hit."""
+        if req.sampling.stop_token_ids:
+            stop_ids = set(req.sampling.stop_token_ids)
             for i, t in enumerate(new):
                 if t in stop_ids:
-                    new, stopped = new[: i + 1], True
+                    return new[: i + 1], True
+        return new, False
+
+    def _tokens_within(self, ids: list[int], chars: int, low: int) -> int:
+        """The most tokens ``k >= low`` of ``ids`` whose text is at most ``chars`` long."""
+        assert self.detokenize is not None
+        for k in range(len(ids), low - 1, -1):
+            if len(self.detokenize(ids[:k])) <= chars:
+                return k
+        return low
+
+    def _cut_at_stop_string(self, req: Request) -> bool:
+        """If ``req``'s text contains a stop string, cut its output before it (the tokens and
+        their logprobs) and return True. Only text not yet handed out is searched (the held-back
+        tail makes sure a stop string never starts inside handed-out text)."""
+        stops = req.sampling.stop
+        if not stops or self.detokenize is None:
+            return False
+        ids = req.output_token_ids
+        seen = len(self.detokenize(ids[: req.emitted_count]))
+        at = find_stop(self.detokenize(ids), stops, seen)
+        if at < 0:
+            return False
+        keep = self._tokens_within(ids, at, req.emitted_count)
+        del ids[keep:]
+        del req.output_logprobs[keep:]
+        return True
+
+    def _safe_to_emit(self, req: Request) -> int:
+        """How many output tokens may be handed out: all but a tail whose text is the start of
+        a stop string (it is held back until the next tokens tell)."""
+        stops = req.sampling.stop
+        ids = req.output_token_ids
+        if not stops or self.detokenize is None:
+            return len(ids)
+        text = self.detokenize(ids)
+        hold = 0
+        for s in stops:
+            for n in range(min(len(s) - 1, len(text)), hold, -1):
+                if text.endswith(s[:n]):
+                    hold = n
                     break
-        if sp.stop and self.detokenize is not None:
-            old = req.output_token_ids
-            seen = len(self.detokenize(old))
-            text = self.detokenize(old + new)
-            at = find_stop(text, sp.stop, seen)
-            if at >= 0:
-                keep = 0  # the most new tokens whose text ends before the stop string
-                for k in range(len(new), -1, -1):
-                    if len(self.detokenize(old + new[:k])) <= at:
-                        keep = k
-                        break
-                new, stopped = new[:keep], True
-        return new, stopped
+        if not hold:
+            return len(ids)
+        return self._tokens_within(ids, len(text) - hold, req.emitted_count)
 
     def _hand_off(self, req: Request, out: StepOutput, events: StepEvents) -> None:
         """The request got its first token and drafts on this prefill instance: its slot is

@@ -86,6 +86,9 @@ def make_target_inputs(fd_config: FDConfig) -> InputBatch:
         not_need_stop        bool  [1]    False (on the device)
         block_tables         int32 [N, B] -1
         top_p / temperature  float32 [N, 1] 1.0; top_k int64 [N, 1] 0; infer_seed int64 [N, 1] 0
+        min_p                float32 [N, 1] 0
+        penalty_score        float32 [N, 1] 1 (repetition); frequency_score, presence_score 0
+        bad_tokens           int64 [N, 1] -1; bad_tokens_len int64 [N] 0
         reasoning_status     int32 [N, 1] 0
     """
     n = fd_config.scheduler_config.max_num_seqs
@@ -117,5 +120,11 @@ def make_target_inputs(fd_config: FDConfig) -> InputBatch:
     target.top_k = _full([n, 1], 0, "int64")
     target.temperature = _full([n, 1], 1.0, "float32")
     target.infer_seed = _full([n, 1], 0, "int64")
+    target.min_p = _full([n, 1], 0.0, "float32")
+    target.penalty_score = _full([n, 1], 1.0, "float32")
+    target.frequency_score = _full([n, 1], 0.0, "float32")
+    target.presence_score = _full([n, 1], 0.0, "float32")
+    target.bad_tokens = _full([n, 1], PLACEHOLDER_TOKEN_ID, "int64")
+    target.bad_tokens_len = _full([n], 0, "int64")
     target.reasoning_status = _full([n, 1], 0, "int32")
     return target

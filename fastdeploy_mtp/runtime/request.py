@@ -115,6 +115,10 @@ class Request:
             string) or ``"length"`` (``max_tokens``, or ``max_model_len``).
         output_logprobs: with ``sampling.logprobs`` set, one
             :class:`~fastdeploy_mtp.runtime.sampling.TokenLogprob` per output token.
+        emitted_count: how many of ``output_token_ids`` were handed out in
+            ``StepEvents.emitted`` (tokens whose text could begin a stop string are held back
+            until it is clear they do not; an event's tokens are
+            ``output_token_ids[emitted_count - len(tokens) : emitted_count]`` right after its step).
     """
 
     request_id: str
@@ -134,6 +138,7 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     finish_reason: str | None = field(default=None, init=False)
     output_logprobs: list[TokenLogprob] = field(default_factory=list, init=False, repr=False)
+    emitted_count: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.prompt_token_ids) == 0:

@@ -126,7 +126,8 @@ class SamplingParams:
         """The seed the sampler uses: :attr:`seed`, or a stable hash of ``request_id``."""
         if self.seed is not None:
             return int(self.seed)
-        return zlib.crc32(request_id.encode()) | (zlib.adler32(request_id.encode()) << 32)
+        raw = request_id.encode()
+        return (zlib.crc32(raw) | (zlib.adler32(raw) << 32)) & (2**63 - 1)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -20,6 +20,15 @@ from .input_batch import InputBatch, make_target_inputs
 from .kv_cache_ipc import attach_caches, cache_names, caches_are_managed, detach_caches, wait_cache_ready
 from .request import InvalidRequestError, Request, RequestType, check_token_ids
 from .sampling import TokenLogprob
+from .target_sampler import TargetSampler
+
+#: ``speculative_config.verify_strategy`` -> the verify op's strategy.
+VERIFY_STRATEGY_OF = {
+    "greedy": ops.VerifyStrategy.GREEDY,
+    "target_match": ops.VerifyStrategy.TARGET_MATCH,
+    "rejection": ops.VerifyStrategy.REJECTION,
+    "topp": ops.VerifyStrategy.TOPP,
+}
 
 if TYPE_CHECKING:
     from ..proposer import MTPProposer
@@ -157,6 +166,12 @@ class TargetRunner:
             self.proposer.initialize_kv_cache(self.num_blocks)
         self._pending_fixups: list[Request] = []
         self._exports: list[int] = []
+        spec = fd_config.speculative_config
+        # without drafts every strategy reduces to checking nothing: the target's sample is the token
+        self.verify_strategy = (
+            VERIFY_STRATEGY_OF[spec.verify_strategy] if spec.enabled else ops.VerifyStrategy.TARGET_MATCH
+        )
+        self.sampler = TargetSampler(self.verify_strategy, fd_config.model_config.max_model_len)
         #: prompt ids must be below this: the smaller of ``model_config.vocab_size`` and the
         #: model's own ``config.vocab_size`` (its embedding rows), where it has one
         self.vocab_size = min(
@@ -216,6 +231,7 @@ class TargetRunner:
                 from ..splitwise.handoff import import_slot
 
                 import_slot(req.handoff_state, target, self.proposer.model_inputs if self.proposer else None, idx)
+                self.sampler.set_slot(idx, req.sampling, int(target.infer_seed[idx, 0]))
                 continue
             if req.task_type != RequestType.PREFILL:
                 continue
@@ -237,6 +253,7 @@ class TargetRunner:
             target.accept_tokens[idx, :] = PLACEHOLDER_TOKEN_ID
             target.accept_num[idx] = 0
             target.max_dec_len[idx, 0] = req.max_tokens
+            self._load_sampling(req)
             if not req.is_final_chunk:
                 self._pending_fixups.append(req)
         prefills = [t for t in tasks if t.task_type == RequestType.PREFILL]
@@ -244,8 +261,24 @@ class TargetRunner:
             self.proposer.insert_tasks_v1(prefills)
             self.proposer.overlap_round = not prefills
 
+    def _load_sampling(self, req: Request) -> None:
+        """The request's sampling parameters into its slot's buffers and the sampler."""
+        target, sp, idx = self.share_inputs, req.sampling, req.idx
+        seed = sp.seed_for(req.request_id)
+        target.temperature[idx, 0] = float(sp.temperature)
+        target.top_p[idx, 0] = float(sp.top_p)
+        target.top_k[idx, 0] = int(sp.top_k)
+        target.min_p[idx, 0] = float(sp.min_p)
+        target.infer_seed[idx, 0] = seed
+        target.penalty_score[idx, 0] = float(sp.repetition_penalty)
+        target.frequency_score[idx, 0] = float(sp.frequency_penalty)
+        target.presence_score[idx, 0] = float(sp.presence_penalty)
+        target.min_dec_len[idx, 0] = int(sp.min_tokens)
+        self.sampler.set_slot(idx, sp, seed)
+
     def free_slot(self, idx: int) -> None:
         """Stop a slot whose request finished or was aborted."""
+        self.sampler.clear_slot(idx)
         target = self.share_inputs
         target.stop_flags[idx, 0] = True
         target.seq_lens_this_time[idx] = 0
@@ -286,16 +319,30 @@ class TargetRunner:
         # a decode item with drafts (speculate_pre_process's output-row rule).
         cu = np.concatenate([[0], np.cumsum(slt)])
         rows: list[int] = []
+        row_slot: list[int] = []
+        row_j: list[int] = []
         for b in np.nonzero(slt)[0]:
             n, s = int(slt[b]), int(cu[b])
-            rows.extend([s + n - 1] if (n == 1 or enc[b] != 0) else range(s, s + n))
+            span = [s + n - 1] if (n == 1 or enc[b] != 0) else list(range(s, s + n))
+            rows.extend(span)
+            row_slot.extend([int(b)] * len(span))
+            row_j.extend(range(len(span)))
+        slots_of_rows = np.asarray(row_slot, np.int64)
         target_tokens = paddle.zeros([0], dtype="int64")
+        sampled = None
         if rows:
             logits = self.model.compute_logits(paddle.gather(hidden, paddle.to_tensor(rows, dtype="int64")))
-            target_tokens = paddle.argmax(logits, axis=-1).astype("int64")
+            if self.sampler.needs_sampler(slots_of_rows):
+                sampled = self.sampler.sample(
+                    logits, slots_of_rows, np.asarray(row_j, np.int64), target, target.step_idx.numpy().reshape(-1)
+                )
+                target_tokens = sampled.tokens
+            else:
+                target_tokens = paddle.argmax(logits, axis=-1).astype("int64")
             if self.fd_config.parallel_config.tensor_parallel_size > 1:
-                # Every rank must verify (and emit) the same tokens: rank 0's argmax wins, as
-                # the MTP sampler does for drafts. All ranks have the same rows here.
+                # Every rank must verify (and emit) the same tokens: rank 0's tokens win, as
+                # the MTP sampler does for drafts. All ranks have the same rows here (and the
+                # same candidate rows and uniforms, computed from them).
                 from ..distributed import broadcast_from_rank0
 
                 target_tokens = broadcast_from_rank0(target_tokens)
@@ -306,9 +353,9 @@ class TargetRunner:
             step_output_len=target.accept_num,
             step_input_ids=target.draft_tokens,
             target_tokens=target_tokens,
-            candidate_ids=None,
-            candidate_scores=None,
-            candidate_lens=None,
+            candidate_ids=sampled.candidate_ids if sampled is not None else None,
+            candidate_scores=sampled.candidate_scores if sampled is not None else None,
+            candidate_lens=sampled.candidate_lens if sampled is not None else None,
             topp=target.top_p,
             stop_flags=target.stop_flags,
             seq_lens_encoder=target.seq_lens_encoder,
@@ -319,9 +366,9 @@ class TargetRunner:
             reasoning_status=target.reasoning_status,
             max_dec_len=target.max_dec_len,
             step_idx=target.step_idx,
-            verify_uniforms=None,
+            verify_uniforms=sampled.uniforms if sampled is not None else None,
             max_seq_len=self.fd_config.model_config.max_model_len,
-            verify_strategy=ops.VerifyStrategy.GREEDY,
+            verify_strategy=self.verify_strategy,
         )
         ops.unified_update_model_status(
             seq_lens_encoder=target.seq_lens_encoder,
@@ -340,14 +387,20 @@ class TargetRunner:
             max_dec_len=target.max_dec_len,
         )
         self._fix_up_non_final_chunks()
+        accept_tokens = target.accept_tokens.numpy().copy()
+        accept_num = target.accept_num.numpy().copy()
+        if rows and self.verify_strategy in (ops.VerifyStrategy.GREEDY, ops.VerifyStrategy.TARGET_MATCH):
+            self._restore_last_tokens(accept_tokens, accept_num, target_tokens.numpy(), slots_of_rows)
         out = StepOutput(
-            accept_tokens=target.accept_tokens.numpy().copy(),
-            accept_num=target.accept_num.numpy().copy(),
+            accept_tokens=accept_tokens,
+            accept_num=accept_num,
             stop_flags=target.stop_flags.numpy().reshape(-1).copy(),
             drafts=drafts,
             decode_mask=decode_mask,
             num_tokens=token_num,
         )
+        if sampled is not None and sampled.logprobs is not None:
+            out.logprobs = self.sampler.emitted_logprobs(sampled.logprobs, slots_of_rows, accept_tokens, accept_num)
         if self.proposer is not None:
             self.proposer.run(hidden)
         else:
@@ -366,6 +419,23 @@ class TargetRunner:
             out.exports = {idx: export_slot(target, draft, idx) for idx in self._exports}
             self._exports = []
         return out
+
+    def _restore_last_tokens(
+        self, accept_tokens: np.ndarray, accept_num: np.ndarray, row_tokens: np.ndarray, row_slot: np.ndarray
+    ) -> None:
+        """The verify op emits ``eos_token_id[0]`` instead of the token that reaches
+        ``max_dec_len`` (FastDeploy's behaviour, which drops the last real token). Under GREEDY
+        and TARGET_MATCH the ``i``-th emitted token of a slot is its ``i``-th row's token, so
+        the host copy gets that token back (the slot stops either way)."""
+        end = int(self.share_inputs.eos_token_id[0, 0])
+        starts: dict[int, int] = {}
+        for i, b in enumerate(row_slot):
+            starts.setdefault(int(b), i)
+        for b, first in starts.items():
+            for i in range(int(accept_num[b])):
+                row = first + i
+                if accept_tokens[b, i] == end and row < len(row_tokens) and int(row_tokens[row]) != end:
+                    accept_tokens[b, i] = int(row_tokens[row])
 
     def _fix_up_non_final_chunks(self) -> None:
         """A non-final prompt chunk emits a throw-away token through verify/update (as

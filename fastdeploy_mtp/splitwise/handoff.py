@@ -44,6 +44,12 @@ TARGET_SLOT_BUFFERS = (
     "top_k",
     "temperature",
     "infer_seed",
+    "min_p",
+    "penalty_score",
+    "frequency_score",
+    "presence_score",
+    "bad_tokens",
+    "bad_tokens_len",
     "reasoning_status",
 )
 

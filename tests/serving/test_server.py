@@ -171,8 +171,10 @@ def test_metrics_add_up(server):
     assert accepted[0] >= accepted[1] >= accepted[2], "a draft is accepted only after the ones before it"
     steps = m["fastdeploy:spec_decode_num_decode_steps_total"]
     emitted = m["fastdeploy:spec_decode_num_emitted_tokens_total"]
-    # each decode step emits its accepted drafts plus one token of the target's own
-    assert emitted == steps + m["fastdeploy:spec_decode_num_accepted_tokens_total"]
+    # each decode step emits its accepted drafts plus one token of the target's own, except the
+    # last step of a request whose max_tokens falls on an accepted draft (no own token then)
+    accepted_total = m["fastdeploy:spec_decode_num_accepted_tokens_total"]
+    assert steps + accepted_total - m["fastdeploy:request_success_total"] <= emitted <= steps + accepted_total
     assert m["fastdeploy:spec_decode_mean_accepted_length"] == pytest.approx(emitted / steps)
 
 
