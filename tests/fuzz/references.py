@@ -19,6 +19,7 @@ from tests.reference import (
     mtp_step_paddle as step_ref,
     ngram,
     speculate_get_logits as logits_ref,
+    speculate_get_token_penalty_multi_scores as penalty_ref,
     speculate_pre_process as pre_process_ref,
     unified_update_model_status as unified_ref,
     update_attn_mask_offsets as mask_ref,
@@ -55,6 +56,11 @@ def _postprocess(tensors: dict, attrs: dict, outputs: dict) -> dict:
 
 def _logits(tensors: dict, attrs: dict, outputs: dict) -> dict:
     return logits_ref.speculate_get_logits(*_positional(_inputs("speculate_get_logits"), tensors))
+
+
+def _penalty(tensors: dict, attrs: dict, outputs: dict) -> dict:
+    op = "speculate_get_token_penalty_multi_scores"
+    return penalty_ref.speculate_get_token_penalty_multi_scores(*_positional(_inputs(op), tensors))
 
 
 def _rows(op: str, fn: Callable) -> Callable:
@@ -103,6 +109,7 @@ REFERENCES: dict[str, Callable] = {
     "draft_model_update": _named(update_ref.NAMES)(update_ref.draft_model_update),
     "mtp_step_paddle": _named(step_ref.NAMES)(step_ref.mtp_step_paddle),
     "speculate_get_logits": _logits,
+    "speculate_get_token_penalty_multi_scores": _penalty,
     "eagle_get_hidden_states": _rows("eagle_get_hidden_states", hidden_states.eagle_get_hidden_states),
     "eagle_get_self_hidden_states": _rows("eagle_get_self_hidden_states", hidden_states.eagle_get_self_hidden_states),
     "eagle_gather_hidden_states": _rows("eagle_gather_hidden_states", hidden_states.eagle_gather_hidden_states),
