@@ -570,11 +570,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     req = reqs[0]
     if args.json:
+        from .serving.api_server import finish_reason_of  # the server's rule, so both say the same
+
         out: dict[str, Any] = {
             "prompt": args.prompt,
             "text": texts[0],
             "token_ids": list(req.output_token_ids),
-            "finish_reason": req.finish_reason,
+            "finish_reason": finish_reason_of(req),
             "speculative_config": dataclasses.asdict(spec),
             "sampling": sampling.to_dict(),
             "metrics": metrics.as_dict(),

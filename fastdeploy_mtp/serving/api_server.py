@@ -418,11 +418,14 @@ def emitted_of(req: Request, tokens: list[int]) -> Emitted:
 
 
 def finish_reason_of(req: Request) -> str:
-    """The engine's ``finish_reason`` of a finished ``req`` (``"length"`` if it set none and
-    ``max_tokens`` were generated, else ``"stop"``)."""
-    if req.finish_reason:
-        return req.finish_reason
-    return "length" if len(req.output_token_ids) >= req.max_tokens else "stop"
+    """The engine's ``finish_reason`` of a finished ``req``, except that a request ending with
+    ``max_tokens`` ids whose last one is not one of its stop token ids ended by ``"length"``:
+    the engine writes the end id in place of the token that reaches ``max_tokens``
+    (FastDeploy's convention), which would otherwise read as an EOS (``"stop"``)."""
+    out = req.output_token_ids
+    if len(out) >= req.max_tokens and not (out and out[-1] in req.sampling.stop_token_ids):
+        return "length"
+    return req.finish_reason or "stop"
 
 
 async def stream_events(
