@@ -1,7 +1,8 @@
 """``fastdeploy-mtp``: run the shipped tiny checkpoint with and without MTP speculation.
 
-  fastdeploy-mtp demo [SPECULATION] [--max-tokens N] [--max-num-seqs N] [--json] [--plot FILE]
-  fastdeploy-mtp generate --prompt TEXT [SPECULATION] [--max-tokens N] [--json]
+  fastdeploy-mtp demo [SPECULATION] [--max-tokens N] [--max-num-seqs N] [--temperature T --seed S]
+                      [--json] [--plot FILE]
+  fastdeploy-mtp generate --prompt TEXT [SPECULATION] [--max-tokens N] [SAMPLING] [--json]
   fastdeploy-mtp serve [SPECULATION] [--port P] [--splitwise-role mixed|prefill|decode] ...
   fastdeploy-mtp router --prefill URL --decode URL [--port P] ...
   fastdeploy-mtp --version
@@ -11,6 +12,11 @@ SPECULATION is --speculative-config JSON with FastDeploy's keys, e.g.
 or the shorthand flags --num-speculative-tokens K, --num-model-steps S, --hybrid-ngram. Keys
 the JSON leaves out take the flags' values (or their defaults); a flag that contradicts the
 JSON is an error.
+
+SAMPLING (default greedy): --temperature, --top-p, --top-k, --min-p, --seed,
+--repetition-penalty, --frequency-penalty, --presence-penalty, --stop TEXT (repeatable),
+--logprobs K. A seeded request samples the same tokens with and without speculation
+(verify_strategy "target_match", the default).
 
 Errors are one line on stderr, exit status 2 for a bad argument, 1 for a failure while
 running, 130 on Ctrl-C; FDMTP_DEBUG=1 shows the traceback instead.
@@ -38,10 +44,12 @@ from .config import (
     load_speculative_json,
 )
 from .runtime.request import GenerationError
+from .runtime.sampling import MAX_LOGPROBS, SamplingParams
 
 if TYPE_CHECKING:  # the CLI imports Paddle-backed modules only when a command runs
     from .models.model_config import ModelConfig as ArchConfig
     from .runtime.engine import Metrics
+    from .runtime.request import Request
 
 #: K when neither ``--num-speculative-tokens`` nor the JSON gives it.
 DEFAULT_NUM_SPECULATIVE_TOKENS = 3
@@ -221,6 +229,81 @@ def _check_flags_agree(spec: SpeculativeConfig, k_flag: int | None, s_flag: int 
         )
 
 
+# ---- sampling arguments ---------------------------------------------------------------------
+#: ``SamplingParams`` field -> its flag (``add_sampling_args``).
+SAMPLING_FLAGS = {
+    "temperature": "--temperature",
+    "top_p": "--top-p",
+    "top_k": "--top-k",
+    "min_p": "--min-p",
+    "seed": "--seed",
+    "repetition_penalty": "--repetition-penalty",
+    "frequency_penalty": "--frequency-penalty",
+    "presence_penalty": "--presence-penalty",
+    "stop": "--stop",
+    "logprobs": "--logprobs",
+}
+
+
+def add_sampling_args(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
+    """Add the sampling flags (:data:`SAMPLING_FLAGS`; ``only``: just these fields) as one
+    argument group; :func:`resolve_sampling` turns them into a
+    :class:`~fastdeploy_mtp.runtime.sampling.SamplingParams`."""
+    group = parser.add_argument_group(
+        "sampling", "default greedy; a seeded request samples the same tokens with and without speculation"
+    )
+    specs: dict[str, tuple[Any, str]] = {
+        "temperature": (float, "0 = greedy (default); > 0 samples from softmax(logits / T)"),
+        "top_p": (float, "nucleus sampling: keep the most likely tokens up to this probability (default 1 = off)"),
+        "top_k": (int, "keep the K most likely tokens (default 0 = off)"),
+        "min_p": (float, "drop tokens below this fraction of the top probability (default 0 = off)"),
+        "seed": (int, "the request's random seed (default: derived from the request id, so runs repeat)"),
+        "repetition_penalty": (float, "> 1 discourages tokens generated before (default 1 = off)"),
+        "frequency_penalty": (float, "subtracted per earlier occurrence of a token, in [-2, 2] (default 0)"),
+        "presence_penalty": (float, "subtracted once per token generated before, in [-2, 2] (default 0)"),
+        "logprobs": (int, f"print each token's log-probability and the K most likely, K in 0..{MAX_LOGPROBS}"),
+    }
+    for name, flag in SAMPLING_FLAGS.items():
+        if only is not None and name not in only:
+            continue
+        if name == "stop":
+            group.add_argument(
+                flag,
+                action="append",
+                default=None,
+                metavar="TEXT",
+                help="end the output before this text (repeatable; the text is not printed)",
+            )
+            continue
+        kind, help_text = specs[name]
+        group.add_argument(flag, type=kind, default=None, metavar=name.split("_")[-1].upper(), help=help_text)
+
+
+def resolve_sampling(args: argparse.Namespace) -> SamplingParams:
+    """The :class:`~fastdeploy_mtp.runtime.sampling.SamplingParams` of the flags
+    :func:`add_sampling_args` added (absent flags keep the defaults: greedy).
+
+    Raises:
+        UsageError: an invalid value, naming its flag.
+    """
+    values = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name, None) is not None}
+    params = SamplingParams(**values)
+    problem = params.check()
+    if problem is not None:
+        name, why = problem.split(":", 1)
+        raise UsageError(f"{SAMPLING_FLAGS.get(name, name)}:{why}")
+    return params
+
+
+def check_sampling_fits(params: SamplingParams, spec: SpeculativeConfig) -> None:
+    """Refuse (``UsageError``) sampling that ``spec``'s verify strategy cannot serve."""
+    if spec.enabled and spec.verify_strategy == "greedy" and not params.greedy:
+        raise UsageError(
+            f"--temperature {params.temperature}: the speculative config's verify_strategy is 'greedy', which only "
+            'decodes greedily; use "target_match" (the default) or "rejection" to sample'
+        )
+
+
 def speculation_label(spec: SpeculativeConfig) -> str:
     """A short name of the mode, e.g. ``"MTP K=3 S=1 +ngram"`` or ``"no speculation"``."""
     if not spec.enabled:
@@ -263,6 +346,43 @@ def _progress(label: str) -> Callable[[int, int], None]:
     return report
 
 
+def run_requests(
+    prompts: Sequence[str],
+    max_tokens: int,
+    spec: SpeculativeConfig,
+    max_num_seqs: int,
+    label: str,
+    checkpoint: str | None = None,
+    sampling: SamplingParams | None = None,
+) -> tuple[list[Request], list[str], Metrics]:
+    """Generate for ``prompts`` (request ids ``p0, p1, ...``) with the shipped checkpoint (or
+    the tiny checkpoint folder ``checkpoint``), speculation ``spec`` and ``sampling`` (default
+    greedy; each request gets its own copy), reporting progress on stderr under ``label``;
+    returns (the finished requests, with their ``output_token_ids``, ``finish_reason`` and
+    ``output_logprobs``; their texts; metrics)."""
+    from .models import ByteTokenizer, load_tiny
+    from .runtime.engine import Engine
+    from .runtime.request import Request
+
+    target, mtp, arch = load_tiny(checkpoint)
+    tok = ByteTokenizer()
+    params = sampling or SamplingParams()
+    reqs = [
+        Request(f"p{i}", tok.encode(p), max_tokens=max_tokens, sampling=SamplingParams.from_dict(params.to_dict()))
+        for i, p in enumerate(prompts)
+    ]
+    k = spec.num_speculative_tokens if spec.enabled else 0
+    longest = max(len(r.prompt_token_ids) for r in reqs) + max_tokens + 2 * k + 8
+    cfg = build_config(arch, spec, max_num_seqs, longest)
+
+    def text(ids: list[int]) -> str:  # padding ids (the stand-in EOS) have no text
+        return tok.decode([t for t in ids if t < arch.ori_vocab_size])
+
+    with Engine(cfg, target, mtp if spec.enabled else None, detokenize=text) as engine:
+        engine.generate(reqs, progress=_progress(label))
+    return reqs, [text(r.output_token_ids) for r in reqs], engine.metrics
+
+
 def run_prompts(
     prompts: Sequence[str],
     max_tokens: int,
@@ -270,25 +390,11 @@ def run_prompts(
     max_num_seqs: int,
     label: str,
     checkpoint: str | None = None,
+    sampling: SamplingParams | None = None,
 ) -> tuple[list[str], list[list[int]], Metrics]:
-    """Generate for ``prompts`` with the shipped checkpoint (or the tiny checkpoint folder
-    ``checkpoint``) and speculation ``spec``, reporting progress on stderr under ``label``;
-    returns (texts, token ids, metrics)."""
-    from .models import ByteTokenizer, load_tiny
-    from .runtime.engine import Engine
-    from .runtime.request import Request
-
-    target, mtp, arch = load_tiny(checkpoint)
-    tok = ByteTokenizer()
-    reqs = [Request(f"p{i}", tok.encode(p), max_tokens=max_tokens) for i, p in enumerate(prompts)]
-    k = spec.num_speculative_tokens if spec.enabled else 0
-    longest = max(len(r.prompt_token_ids) for r in reqs) + max_tokens + 2 * k + 8
-    cfg = build_config(arch, spec, max_num_seqs, longest)
-    with Engine(cfg, target, mtp if spec.enabled else None) as engine:
-        out = engine.generate(reqs, progress=_progress(label))
-    ids = [out[r.request_id] for r in reqs]
-    texts = [tok.decode([t for t in seq if t < arch.ori_vocab_size]) for seq in ids]
-    return texts, ids, engine.metrics
+    """:func:`run_requests`, returning (texts, token ids, metrics)."""
+    reqs, texts, metrics = run_requests(prompts, max_tokens, spec, max_num_seqs, label, checkpoint, sampling)
+    return texts, [list(r.output_token_ids) for r in reqs], metrics
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -363,6 +469,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     spec = resolve_speculative_config(args)
     if not spec.enabled:
         raise UsageError("demo compares decoding with and without MTP: it needs speculation (K > 0)")
+    sampling = resolve_sampling(args)
+    check_sampling_fits(sampling, spec)
     if args.plot is not None:
         _check_plot_path(args.plot)
         _import_agg()  # fail before the run, not after it
@@ -374,11 +482,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     plain = SpeculativeConfig(method=None)
     _, base_ids, base = run_prompts(
-        DEMO_PROMPTS, args.max_tokens, plain, args.max_num_seqs, speculation_label(plain), args.checkpoint
+        DEMO_PROMPTS, args.max_tokens, plain, args.max_num_seqs, speculation_label(plain), args.checkpoint, sampling
     )
     mode = speculation_label(spec)
     spec_texts, spec_ids, metrics = run_prompts(
-        DEMO_PROMPTS, args.max_tokens, spec, args.max_num_seqs, mode, args.checkpoint
+        DEMO_PROMPTS, args.max_tokens, spec, args.max_num_seqs, mode, args.checkpoint, sampling
     )
     identical = spec_ids == base_ids
     speedup = metrics.tokens_per_second / base.tokens_per_second if base.tokens_per_second else None
@@ -393,6 +501,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 "max_tokens": args.max_tokens,
                 "max_num_seqs": args.max_num_seqs,
                 "speculative_config": dataclasses.asdict(spec),
+                "sampling": sampling.to_dict(),
                 "rows": [
                     {"mode": speculation_label(plain), "speedup": 1.0, "metrics": base.as_dict()},
                     {
@@ -432,23 +541,55 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if identical else 1
 
 
+def _logprobs_json(req: Request) -> list[dict[str, Any]]:
+    """One ``{"token_id", "token", "logprob", "top": [{"token_id", "token", "logprob"}]}`` per
+    output token (``token``: the byte decoded alone, U+FFFD for part of a character)."""
+
+    def token(t: int) -> str:
+        return bytes([t]).decode("utf-8", errors="replace") if 0 <= t < 256 else ""
+
+    return [
+        {
+            "token_id": lp.token_id,
+            "token": token(lp.token_id),
+            "logprob": lp.logprob,
+            "top": [{"token_id": t, "token": token(t), "logprob": v} for t, v in lp.top],
+        }
+        for lp in req.output_logprobs
+    ]
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     spec = resolve_speculative_config(args)
     if not args.prompt:
         raise UsageError("--prompt must not be empty")
-    texts, ids, metrics = run_prompts([args.prompt], args.max_tokens, spec, 1, speculation_label(spec), args.checkpoint)
+    sampling = resolve_sampling(args)
+    check_sampling_fits(sampling, spec)
+    reqs, texts, metrics = run_requests(
+        [args.prompt], args.max_tokens, spec, 1, speculation_label(spec), args.checkpoint, sampling
+    )
+    req = reqs[0]
     if args.json:
-        _emit_json(
-            {
-                "prompt": args.prompt,
-                "text": texts[0],
-                "token_ids": ids[0],
-                "speculative_config": dataclasses.asdict(spec),
-                "metrics": metrics.as_dict(),
-            }
-        )
+        from .serving.api_server import finish_reason_of  # the server's rule, so both say the same
+
+        out: dict[str, Any] = {
+            "prompt": args.prompt,
+            "text": texts[0],
+            "token_ids": list(req.output_token_ids),
+            "finish_reason": finish_reason_of(req),
+            "speculative_config": dataclasses.asdict(spec),
+            "sampling": sampling.to_dict(),
+            "metrics": metrics.as_dict(),
+        }
+        if sampling.logprobs is not None:
+            out["logprobs"] = _logprobs_json(req)
+        _emit_json(out)
         return 0
     print(args.prompt + texts[0])
+    if sampling.logprobs is not None:
+        for entry in _logprobs_json(req):
+            top = "  ".join(f"{a['token']!r} {a['logprob']:.3f}" for a in entry["top"])
+            print(f"  {entry['token']!r:>8} {entry['logprob']:8.3f}" + (f"   top: {top}" if top else ""))
     if spec.enabled:
         print(
             f"[{speculation_label(spec)}: mean accepted len {metrics.mean_accepted_length:.2f}, "
@@ -476,10 +617,12 @@ def build_parser() -> argparse.ArgumentParser:
     common(demo)
     demo.add_argument("--max-num-seqs", type=int, default=8, help="batch slots (default 8)")
     demo.add_argument("--plot", metavar="FILE", default=None, help="bar chart of acceptance per draft position (PNG)")
+    add_sampling_args(demo, only=("temperature", "top_p", "seed"))
     demo.set_defaults(func=cmd_demo)
     gen = sub.add_parser("generate", help="continue one prompt")
     common(gen)
     gen.add_argument("--prompt", required=True)
+    add_sampling_args(gen)
     gen.set_defaults(func=cmd_generate)
     srv = sub.add_parser("serve", help="OpenAI-compatible server (cache manager + one worker process per TP rank)")
     add_speculative_args(srv, DEFAULT_NUM_SPECULATIVE_TOKENS)
@@ -615,14 +758,17 @@ def main(argv: list[str] | None = None) -> int:
 __all__ = [
     "CommandError",
     "UsageError",
+    "add_sampling_args",
     "add_speculative_args",
     "build_config",
     "build_parser",
     "main",
     "package_version",
     "plot_acceptance",
+    "resolve_sampling",
     "resolve_speculative_config",
     "run_prompts",
+    "run_requests",
     "speculation_label",
     "speculative_config",
 ]

@@ -16,6 +16,7 @@ import fastdeploy_mtp
 from fastdeploy_mtp import cli
 from fastdeploy_mtp.cli import UsageError, build_parser, main, resolve_speculative_config
 from fastdeploy_mtp.config import SpeculativeConfig, SpeculativeConfigError
+from fastdeploy_mtp.runtime.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "def fib(n):\n    "
@@ -267,6 +268,74 @@ def test_demo_plot_errors_before_the_run(capsys, tmp_path, monkeypatch):
     assert rc == 1 and "matplotlib" in error_line(err)
 
 
+# ---- sampling ----------------------------------------------------------------------------
+SAMPLE = ("--temperature", 0.8, "--top-p", 0.9, "--seed", 7)
+MTP3 = '{"method":"mtp","num_speculative_tokens":3}'
+
+
+def test_seeded_sampling_gives_the_same_tokens_with_and_without_speculation(capsys):
+    # the acceptance: the same command with and without --speculative-config
+    default = generate_json(capsys, *SAMPLE, max_tokens=24)
+    mtp = generate_json(capsys, *SAMPLE, "--speculative-config", MTP3, max_tokens=24)
+    plain = generate_json(capsys, *SAMPLE, "--num-speculative-tokens", 0, max_tokens=24)
+    assert default["token_ids"] == mtp["token_ids"] == plain["token_ids"]
+    assert default["text"] == mtp["text"] == plain["text"]
+    assert mtp["finish_reason"] == "length"
+    assert mtp["sampling"] == {**SamplingParams().to_dict(), "temperature": 0.8, "top_p": 0.9, "seed": 7}
+    assert "logprobs" not in mtp
+    greedy = generate_json(capsys, "--speculative-config", MTP3, max_tokens=24)
+    other_seed = generate_json(capsys, *SAMPLE[:-1], 8, "--speculative-config", MTP3, max_tokens=24)
+    assert greedy["token_ids"] != mtp["token_ids"], "temperature 0.8 should change the tiny model's output"
+    assert other_seed["token_ids"] != mtp["token_ids"]
+
+
+def test_generate_logprobs_and_stop(capsys):
+    full = generate_json(capsys, *SAMPLE, "--logprobs", 2, max_tokens=16)
+    assert len(full["logprobs"]) == len(full["token_ids"]) == 16
+    for entry, tid in zip(full["logprobs"], full["token_ids"]):
+        assert entry["token_id"] == tid and entry["logprob"] <= 0.0
+        assert len(entry["top"]) == 2 and entry["top"][0]["logprob"] >= entry["top"][1]["logprob"]
+        assert entry["logprob"] <= entry["top"][0]["logprob"] + 1e-5
+    stop = full["text"][6:8]
+    cut = generate_json(capsys, *SAMPLE, "--stop", "\x00never", "--stop", stop, max_tokens=16)
+    assert cut["text"] == full["text"][: full["text"].index(stop)]
+    assert cut["finish_reason"] == "stop"
+    rc, out, err = run_main(capsys, "generate", "--prompt", PROMPT, "--max-tokens", 4, "--logprobs", 1, *SAMPLE)
+    assert rc == 0 and out.startswith(PROMPT) and len(out.splitlines()) >= 4, err
+
+
+@pytest.mark.parametrize(
+    "flags,name",
+    [
+        (["--temperature", -1], "--temperature"),
+        (["--temperature", "hot"], "--temperature"),
+        (["--top-p", 1.5], "--top-p"),
+        (["--top-k", -2], "--top-k"),
+        (["--min-p", 3], "--min-p"),
+        (["--seed", -1], "--seed"),
+        (["--repetition-penalty", 0], "--repetition-penalty"),
+        (["--frequency-penalty", 9], "--frequency-penalty"),
+        (["--presence-penalty", -9], "--presence-penalty"),
+        (["--stop", ""], "--stop"),
+        (["--logprobs", 21], "--logprobs"),
+        (["--temperature", 0.5, "--speculative-config", '{"verify_strategy": "greedy"}'], "verify_strategy"),
+    ],
+)
+def test_bad_sampling_flags_exit_2_with_one_line(capsys, monkeypatch, flags, name):
+    monkeypatch.setattr(cli, "run_requests", never_run)
+    rc, out, err = run_main(capsys, "generate", "--prompt", "x", *flags)
+    assert rc == 2 and out == ""
+    assert name in error_line(err)
+
+
+def test_demo_takes_temperature_and_seed(capsys):
+    rc, out, err = run_main(capsys, "demo", "--max-tokens", 6, "--json", "--temperature", 0.8, "--seed", 7)
+    assert rc == 0, err
+    result = json.loads(out)
+    assert result["outputs_identical"] is True
+    assert result["sampling"]["temperature"] == 0.8 and result["sampling"]["seed"] == 7
+
+
 # ---- the error contract ------------------------------------------------------------------
 @pytest.mark.parametrize(
     "argv,status,name",
@@ -293,7 +362,7 @@ def test_ctrl_c_exits_130_quietly(capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "run_prompts", interrupted)
+    monkeypatch.setattr(cli, "run_requests", interrupted)
     rc, out, err = run_main(capsys, "generate", "--prompt", "x")
     assert (rc, out, err) == (130, "", "")
 

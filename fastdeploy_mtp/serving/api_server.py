@@ -6,10 +6,14 @@ server-sent events ending in ``data: [DONE]``), ``GET /v1/models``, ``GET /healt
 503 with the backend's reason: for ``serve``, once the deployment lost a process),
 ``GET /metrics`` (Prometheus text; see :mod:`.metrics`).
 
-Decoding is greedy (the reference engine's verify strategy): ``temperature`` must be 0 or
-absent, ``top_p`` 1 or absent, ``n`` 1; ``stop``, ``logprobs``, ``echo`` and penalties are
-refused with a 400 naming the field rather than ignored. Errors use OpenAI's shape,
-``{"error": {"message", "type", "param", "code"}}``.
+Sampling follows the request's OpenAI fields (:func:`sampling_params`): ``temperature``
+(absent = 0, greedy), ``top_p``, ``seed``, ``stop``, ``presence_penalty``,
+``frequency_penalty``, ``logprobs`` (chat: ``logprobs`` + ``top_logprobs``) and vLLM's extra
+body fields ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``stop_token_ids``.
+``n`` other than 1, ``best_of``, ``echo`` and ``logit_bias`` are refused with a 400 naming the
+field rather than ignored; so is any invalid value. ``finish_reason`` is the engine's
+(``"stop"``: EOS, a stop token id or a stop string, which the text does not include;
+``"length"``). Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``.
 
 :func:`create_app` serves any :class:`Backend`: for ``serve`` the engine loop, run in one
 thread (:class:`AsyncEngine`); for ``fastdeploy-mtp router`` the splitwise router
@@ -29,7 +33,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
@@ -39,6 +43,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..runtime.engine import Engine, StepEvents
 from ..runtime.request import InvalidRequestError, Request
+from ..runtime.sampling import MAX_LOGPROBS, SamplingParams, TokenLogprob
 from .metrics import ServerCounters, make_registry, render
 
 #: Chat template of the byte-level tiny model (it has none of its own): one line per
@@ -75,16 +80,22 @@ class _Common(BaseModel):
     top_p: float | None = None
     n: int | None = None
     stop: str | list[str] | None = None
-    logprobs: Any = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
     user: str | None = None
+    # vLLM's extra sampling fields (``extra_body`` of the openai client)
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
 
 
 class CompletionBody(_Common):
     prompt: str | list[str] | list[int]
     echo: bool | None = None
+    logprobs: int | None = None
 
 
 class ChatMessage(BaseModel):
@@ -94,26 +105,97 @@ class ChatMessage(BaseModel):
 
 class ChatBody(_Common):
     messages: list[ChatMessage]
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+
+#: Fields this server cannot honour, with their neutral values (any other value is a 400, so
+#: they are never silently ignored).
+_UNSUPPORTED: dict[str, Any] = {"best_of": 1, "logit_bias": {}, "echo": False}
 
 
 def _refuse_unsupported(body: _Common) -> None:
-    """400 for the sampling options greedy decoding cannot honour (naming the field)."""
-    if body.temperature not in (None, 0, 0.0):
-        raise APIError(
-            400, f"temperature={body.temperature}: only greedy decoding (temperature 0) is served", "temperature"
-        )
-    if body.top_p not in (None, 1, 1.0):
-        raise APIError(400, f"top_p={body.top_p}: only greedy decoding (top_p 1) is served", "top_p")
+    """400 for what one request cannot ask of this server (naming the field)."""
     if body.n not in (None, 1):
         raise APIError(400, f"n={body.n}: one choice per request is served", "n")
-    for name in ("stop", "logprobs", "presence_penalty", "frequency_penalty"):
-        value = getattr(body, name)
-        if value not in (None, 0, 0.0, False, [], ""):
-            raise APIError(400, f"{name} is not supported by this server", name)
-    if getattr(body, "echo", None):
-        raise APIError(400, "echo is not supported by this server", "echo")
+    extra = body.model_extra or {}
+    for name, neutral in _UNSUPPORTED.items():
+        value = getattr(body, name) if name in type(body).model_fields else extra.get(name)
+        if value is not None and (type(value) is not type(neutral) or value != neutral):
+            raise APIError(400, f"{name}={value!r} is not supported by this server", name)
     if body.max_tokens is not None and body.max_tokens <= 0:
         raise APIError(400, f"max_tokens must be > 0, got {body.max_tokens}", "max_tokens")
+
+
+def sampling_params(body: CompletionBody | ChatBody) -> SamplingParams:
+    """The :class:`SamplingParams` an OpenAI request body asks for (``serve`` and the
+    splitwise router both use it). Absent fields take the neutral value (``temperature`` 0:
+    greedy; OpenAI's default of 1 is not assumed). ``stop`` may be a string or a list;
+    ``top_k`` of -1 (vLLM's "off") is 0. ``logprobs``: completions give the number of
+    alternatives ``k`` directly; chat gives ``logprobs: true`` and ``top_logprobs: k`` (0 when
+    absent).
+
+    Raises:
+        APIError: 400 naming the field (``param``) of the first invalid value.
+    """
+    k: int | None = None
+    if isinstance(body, ChatBody):
+        if body.logprobs:
+            k = body.top_logprobs or 0
+            if k < 0 or k > MAX_LOGPROBS:
+                raise APIError(400, f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {k}", "top_logprobs")
+        elif body.top_logprobs is not None:
+            raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    else:
+        k = body.logprobs
+    stop = body.stop
+    params = SamplingParams(
+        temperature=0.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=0 if body.top_k in (None, -1) else body.top_k,
+        min_p=body.min_p or 0.0,
+        seed=body.seed,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        presence_penalty=body.presence_penalty or 0.0,
+        min_tokens=body.min_tokens or 0,
+        stop=[stop] if isinstance(stop, str) else list(stop or []),
+        stop_token_ids=list(body.stop_token_ids or []),
+        logprobs=k,
+    )
+    problem = params.check()
+    if problem is not None:
+        name = problem.split(":", 1)[0]
+        raise APIError(400, problem, _body_field(name, isinstance(body, ChatBody)))
+    return params
+
+
+def _body_field(sampling_field: str, chat: bool) -> str:
+    """The request-body field a :class:`SamplingParams` field comes from."""
+    return "top_logprobs" if chat and sampling_field == "logprobs" else sampling_field
+
+
+#: Names of the :class:`SamplingParams` fields (an engine refusal naming one is the client's 400).
+SAMPLING_FIELDS = frozenset(SamplingParams().to_dict())
+
+
+class Emitted(NamedTuple):
+    """A ``"tokens"`` event's value: new token ids and, when the request asked for logprobs,
+    one :class:`TokenLogprob` per id (else ``None``)."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None
+
+
+def logprob_to_dict(lp: TokenLogprob) -> dict[str, Any]:
+    """The JSON form of a :class:`TokenLogprob` between splitwise instances and the router."""
+    return {"token_id": int(lp.token_id), "logprob": float(lp.logprob), "top": [[int(t), float(v)] for t, v in lp.top]}
+
+
+def logprob_from_dict(d: Any) -> TokenLogprob:
+    """Inverse of :func:`logprob_to_dict` (``ValueError``/``KeyError``/``TypeError`` if malformed)."""
+    top = [(int(t), float(v)) for t, v in d["top"]]
+    return TokenLogprob(int(d["token_id"]), float(d["logprob"]), top)
 
 
 # ---- the engine thread ---------------------------------------------------------------------
@@ -160,8 +242,9 @@ class Backend(Protocol):
 
     def submit(self, req: Request) -> Stream:
         """Start ``req`` (called from the event loop); its events arrive on the stream:
-        ``("tokens", list[int])`` (new token ids, also appended to ``req.output_token_ids``),
-        then ``("finished", "stop" | "length")``, or ``("error", APIError)`` at any point.
+        ``("tokens", Emitted)`` (new token ids, also appended to ``req.output_token_ids``, with
+        their logprobs when ``req.sampling.logprobs`` is set), then ``("finished", "stop" |
+        "length")``, or ``("error", APIError)`` at any point.
 
         Raises:
             APIError: ``req`` cannot be started at all (e.g. the backend is shutting down).
@@ -288,11 +371,11 @@ class AsyncEngine:
                     time.sleep(0.002)
                 for req, tokens in events.emitted:
                     if tokens and req.request_id in self._streams:
-                        self._streams[req.request_id].put("tokens", tokens)
+                        self._streams[req.request_id].put("tokens", emitted_of(req, tokens))
                 for req in events.finished:
                     done = self._streams.pop(req.request_id, None)
                     if done is not None:
-                        done.put("finished", "length" if len(req.output_token_ids) >= req.max_tokens else "stop")
+                        done.put("finished", finish_reason_of(req))
                     with self.counters.lock:
                         self.counters.success += 1
                 self._fail(events.failed)
@@ -323,6 +406,26 @@ class AsyncEngine:
                 stream.put("error", APIError(500, f"request failed: {err}", kind="server_error"))
             with self.counters.lock:
                 self.counters.failure += 1
+
+
+def emitted_of(req: Request, tokens: list[int]) -> Emitted:
+    """The ``"tokens"`` event of ``tokens``, the ids ``req`` just emitted: with their logprobs
+    (the last ``len(tokens)`` entries of ``req.output_logprobs``) when the request asked."""
+    if req.sampling.logprobs is None:
+        return Emitted(list(tokens))
+    n = len(tokens)
+    return Emitted(list(tokens), list(req.output_logprobs[-n:]) if n else [])
+
+
+def finish_reason_of(req: Request) -> str:
+    """The engine's ``finish_reason`` of a finished ``req``, except that a request ending with
+    ``max_tokens`` ids whose last one is not one of its stop token ids ended by ``"length"``:
+    the engine writes the end id in place of the token that reaches ``max_tokens``
+    (FastDeploy's convention), which would otherwise read as an EOS (``"stop"``)."""
+    out = req.output_token_ids
+    if len(out) >= req.max_tokens and not (out and out[-1] in req.sampling.stop_token_ids):
+        return "length"
+    return req.finish_reason or "stop"
 
 
 async def stream_events(
@@ -381,6 +484,66 @@ def run_http(
 
 
 # ---- the app -------------------------------------------------------------------------------
+class TextTracker:
+    """A response's text, decoded incrementally from its byte-level token ids (ids ``>=
+    ori_vocab_size``, padding, are left out), and the OpenAI logprobs of its tokens.
+
+    A token's string is its byte decoded alone (``errors="replace"``: a byte of a multi-byte
+    character is U+FFFD), its ``bytes`` the byte itself; its ``text_offset`` is the length of
+    the response text decoded before it."""
+
+    def __init__(self, ori_vocab_size: int):
+        self.ori_vocab_size = ori_vocab_size
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.length = 0  # characters of text returned so far
+
+    def feed(self, ids: list[int], final: bool = False) -> str:
+        """The text ``ids`` complete (a partial UTF-8 character waits for the next ids;
+        ``final`` flushes it)."""
+        text = self._decoder.decode(bytes(t for t in ids if t < self.ori_vocab_size), final=final)
+        self.length += len(text)
+        return text
+
+    def feed_event(self, event: Emitted) -> tuple[str, list[tuple[int, TokenLogprob]] | None]:
+        """(text, ``[(text_offset, logprob)]`` per token or ``None`` without logprobs)."""
+        if event.logprobs is None:
+            return self.feed(event.token_ids), None
+        text, entries = "", []
+        for lp in event.logprobs:
+            entries.append((self.length, lp))
+            text += self.feed([lp.token_id])
+        return text, entries
+
+    def token(self, token_id: int) -> str:
+        return bytes([token_id]).decode("utf-8", errors="replace") if token_id < self.ori_vocab_size else ""
+
+    def token_bytes(self, token_id: int) -> list[int]:
+        return [int(token_id)] if token_id < self.ori_vocab_size else []
+
+    def completion_logprobs(self, entries: list[tuple[int, TokenLogprob]]) -> dict[str, Any]:
+        """Completions' ``choices[0].logprobs``: ``tokens``, ``token_logprobs``,
+        ``top_logprobs`` (``{token: logprob}`` of the ``k`` most likely) and ``text_offset``."""
+        return {
+            "tokens": [self.token(lp.token_id) for _, lp in entries],
+            "token_logprobs": [lp.logprob for _, lp in entries],
+            "top_logprobs": [{self.token(t): v for t, v in lp.top} for _, lp in entries],
+            "text_offset": [offset for offset, _ in entries],
+        }
+
+    def chat_logprobs(self, entries: list[tuple[int, TokenLogprob]]) -> dict[str, Any]:
+        """Chat's ``choices[0].logprobs``: ``{"content": [{"token", "logprob", "bytes",
+        "top_logprobs": [{"token", "logprob", "bytes"}]}]}``."""
+
+        def one(token_id: int, logprob: float) -> dict[str, Any]:
+            return {"token": self.token(token_id), "logprob": logprob, "bytes": self.token_bytes(token_id)}
+
+        return {
+            "content": [
+                {**one(lp.token_id, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]} for _, lp in entries
+            ]
+        }
+
+
 def create_app(backend: Backend, model_name: str, tokenizer: Any, ori_vocab_size: int) -> FastAPI:
     """The FastAPI app over ``backend`` (an :class:`AsyncEngine`, or any other :class:`Backend`)
     serving the model id ``model_name``; ``tokenizer.encode(str) -> list[int]`` makes prompts,
@@ -418,40 +581,46 @@ def create_app(backend: Backend, model_name: str, tokenizer: Any, ori_vocab_size
         card = {"id": model_name, "object": "model", "created": created, "owned_by": "fastdeploy-mtp"}
         return {"object": "list", "data": [card]}
 
-    def new_request(prompt_ids: list[int], max_tokens: int, body: _Common, prefix: str) -> Request:
+    def new_request(prompt_ids: list[int], max_tokens: int, body: CompletionBody | ChatBody, prefix: str) -> Request:
+        chat = isinstance(body, ChatBody)
         if body.model not in (None, model_name):
             raise APIError(404, f"model {body.model!r} is not served here (this server serves {model_name!r})", "model")
         _refuse_unsupported(body)
+        sampling = sampling_params(body)
         if not prompt_ids:
-            raise APIError(400, "the prompt is empty", "prompt" if prefix == "cmpl" else "messages")
-        req = Request(f"{prefix}-{uuid.uuid4().hex}", prompt_ids, max_tokens=max_tokens)
+            raise APIError(400, "the prompt is empty", "messages" if chat else "prompt")
+        req = Request(f"{prefix}-{uuid.uuid4().hex}", prompt_ids, max_tokens=max_tokens, sampling=sampling)
         try:
             backend.validate(req)
         except InvalidRequestError as exc:
-            field_name = "max_tokens" if exc.field == "max_tokens" else ("prompt" if prefix == "cmpl" else "messages")
-            raise APIError(400, str(exc), field_name) from None
+            if exc.field == "max_tokens":
+                param = "max_tokens"
+            elif exc.field in SAMPLING_FIELDS:
+                param = _body_field(exc.field, chat)
+            else:
+                param = "messages" if chat else "prompt"
+            raise APIError(400, str(exc), param) from None
         return req
-
-    def detokenizer() -> Callable[[list[int], bool], str]:
-        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-        def feed(ids: list[int], final: bool = False) -> str:
-            return dec.decode(bytes(t for t in ids if t < ori_vocab_size), final=final)
-
-        return feed
 
     def events(stream: Stream) -> AsyncIterator[tuple[str, Any]]:
         return stream_events(backend, stream)
 
-    async def collect(stream: Stream) -> tuple[str, str]:
-        feed = detokenizer()
+    async def collect(stream: Stream) -> tuple[str, str, list[tuple[int, TokenLogprob]] | None]:
+        """(text, finish reason, logprob entries or ``None``) of a whole response."""
+        tracker = TextTracker(ori_vocab_size)
         text, reason = "", "length"
+        entries: list[tuple[int, TokenLogprob]] | None = None
         async for kind, value in events(stream):
             if kind == "tokens":
-                text += feed(value, False)
+                piece, got = tracker.feed_event(value)
+                text += piece
+                if got is not None:
+                    entries = (entries or []) + got
             else:
                 reason = value
-        return text + feed([], True), reason
+        if stream.request.sampling.logprobs is not None and entries is None:
+            entries = []
+        return text + tracker.feed([], True), reason, entries
 
     def usage(req: Request) -> dict[str, int]:
         p, c = len(req.prompt_token_ids), len(req.output_token_ids)
@@ -484,21 +653,25 @@ def create_app(backend: Backend, model_name: str, tokenizer: Any, ori_vocab_size
         req = new_request(ids, body.max_tokens or 16, body, "cmpl")
         stream = backend.submit(req)
         base = {"id": req.request_id, "object": "text_completion", "created": int(time.time()), "model": model_name}
+        tracker = TextTracker(ori_vocab_size)
+
+        def choice(text: str, reason: str | None, entries: list[tuple[int, TokenLogprob]] | None) -> dict[str, Any]:
+            logprobs = None if entries is None else tracker.completion_logprobs(entries)
+            return {"index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs}
+
         if not body.stream:
-            text, reason = await collect(stream)
-            choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
-            return {**base, "choices": [choice], "usage": usage(req)}
+            text, reason, entries = await collect(stream)
+            return {**base, "choices": [choice(text, reason, entries)], "usage": usage(req)}
 
         async def chunks() -> AsyncIterator[dict[str, Any]]:
-            feed = detokenizer()
             async for kind, value in events(stream):
                 if kind == "tokens":
-                    text = feed(value, False)
-                    if text:
-                        yield {**base, "choices": [{"index": 0, "text": text, "finish_reason": None, "logprobs": None}]}
+                    text, entries = tracker.feed_event(value)
+                    if text or entries:
+                        yield {**base, "choices": [choice(text, None, entries)]}
                 else:
-                    tail = feed([], True)
-                    yield {**base, "choices": [{"index": 0, "text": tail, "finish_reason": value, "logprobs": None}]}
+                    tail = tracker.feed([], True)
+                    yield {**base, "choices": [choice(tail, value, None)]}
             if include_usage(body):
                 yield {**base, "choices": [], "usage": usage(req)}
 
@@ -512,13 +685,15 @@ def create_app(backend: Backend, model_name: str, tokenizer: Any, ori_vocab_size
         req = new_request(tokenizer.encode(prompt), body.max_tokens or 64, body, "chatcmpl")
         stream = backend.submit(req)
         base = {"id": req.request_id, "created": int(time.time()), "model": model_name}
+        tracker = TextTracker(ori_vocab_size)
         if not body.stream:
-            text, reason = await collect(stream)
+            text, reason, entries = await collect(stream)
             message = {"role": "assistant", "content": text}
+            logprobs = None if entries is None else tracker.chat_logprobs(entries)
             return {
                 **base,
                 "object": "chat.completion",
-                "choices": [{"index": 0, "message": message, "finish_reason": reason, "logprobs": None}],
+                "choices": [{"index": 0, "message": message, "finish_reason": reason, "logprobs": logprobs}],
                 "usage": usage(req),
             }
 
@@ -528,14 +703,16 @@ def create_app(backend: Backend, model_name: str, tokenizer: Any, ori_vocab_size
                 **head,
                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
             }
-            feed = detokenizer()
             async for kind, value in events(stream):
                 if kind == "tokens":
-                    text = feed(value, False)
-                    if text:
-                        yield {**head, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+                    text, entries = tracker.feed_event(value)
+                    if text or entries:
+                        one: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+                        if entries is not None:
+                            one["logprobs"] = tracker.chat_logprobs(entries)
+                        yield {**head, "choices": [one]}
                 else:
-                    tail = feed([], True)
+                    tail = tracker.feed([], True)
                     delta = {"content": tail} if tail else {}
                     yield {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": value}]}
             if include_usage(body):

@@ -8,18 +8,24 @@ response, streamed or not, exactly as from ``serve`` (the formatting is
 
 What the router says to the instances (JSON over HTTP):
 
-* ``POST /v1/splitwise/prefill`` ``{"request_id", "prompt_token_ids", "max_tokens"}`` ->
-  ``{"request_id", "output_token_ids", "finished", "finish_reason", "handoff"}``; the first
-  tokens go to the client at once; ``handoff`` (opaque, ``null`` iff finished) is passed on
-  unchanged.
+* ``POST /v1/splitwise/prefill`` ``{"request_id", "prompt_token_ids", "max_tokens",
+  "sampling"}`` -> ``{"request_id", "output_token_ids", "output_logprobs", "finished",
+  "finish_reason", "handoff"}``; the first tokens go to the client at once; ``handoff``
+  (opaque, ``null`` iff finished) is passed on unchanged.
 * ``POST /v1/splitwise/decode`` ``{"request_id", "prompt_token_ids", "output_token_ids",
-  "max_tokens", "handoff"}`` -> server-sent events ``{"token_ids": [...]}``, then
+  "max_tokens", "sampling", "handoff"}`` -> server-sent events ``{"token_ids": [...],
+  "logprobs": [...]}`` (``logprobs`` only when the request asked for them), then
   ``{"finish_reason": ...}``, then ``[DONE]`` (``{"error": {...}}`` if it fails mid-stream).
   A 429 means the instance is full: the router waits (``Retry-After``, at most 1 s a time)
   and tries the next decode instance, until the queue timeout; the request is never dropped
   before that. Closing the stream aborts the request on the instance (the router does so
   when its client disconnects).
 * ``GET /health`` and ``GET /v1/models`` on both.
+
+``sampling`` is the request's :class:`~fastdeploy_mtp.runtime.sampling.SamplingParams` as
+``to_dict()``, built from the OpenAI body exactly as ``serve`` does
+(:func:`~.api_server.sampling_params`, in :func:`~.api_server.create_app`); logprobs travel as
+``{"token_id", "logprob", "top": [[id, logprob], ...]}`` per token.
 
 Instances are taken round-robin, prefill and decode separately. A 400 from an instance (the
 request is invalid) reaches the client as that 400; an unreachable instance is a 502, an
@@ -48,7 +54,8 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..runtime.request import InvalidRequestError, Request
-from .api_server import APIError, Stream, create_app, run_http
+from ..runtime.sampling import TokenLogprob
+from .api_server import APIError, Emitted, Stream, create_app, logprob_from_dict, run_http
 
 PREFILL_PATH = "/v1/splitwise/prefill"
 DECODE_PATH = "/v1/splitwise/decode"
@@ -246,14 +253,24 @@ class RouterBackend:
         finally:
             self._tasks.pop(req.request_id, None)
 
-    def _emit(self, req: Request, stream: Stream, ids: Any, source: str) -> None:
+    def _emit(self, req: Request, stream: Stream, ids: Any, logprobs: Any, source: str) -> None:
         if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
             raise APIError(
                 502, f"{source} sent token ids that are not a list of integers: {ids!r}", kind="server_error"
             )
+        parsed: list[TokenLogprob] | None = None
+        if req.sampling.logprobs is not None:
+            try:
+                parsed = [logprob_from_dict(d) for d in logprobs]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise APIError(502, f"{source} sent malformed logprobs: {exc!r}", kind="server_error") from None
+            if len(parsed) != len(ids):
+                raise APIError(502, f"{source} sent {len(parsed)} logprobs for {len(ids)} tokens", kind="server_error")
         if ids:
             req.output_token_ids.extend(ids)
-            stream.put("tokens", list(ids))
+            if parsed is not None:
+                req.output_logprobs.extend(parsed)
+            stream.put("tokens", Emitted(list(ids), parsed))
 
     def _refusal(self, role: str, url: str, response: httpx.Response) -> APIError:
         message, param = _error_of(response)
@@ -268,7 +285,12 @@ class RouterBackend:
         """POST the prefill; emits the first tokens. Returns ``(finish reason, None)`` if the
         request finished there, else ``(None, handoff)`` for the decode instance."""
         url = self.prefill[next(self._next_prefill)]
-        body = {"request_id": req.request_id, "prompt_token_ids": req.prompt_token_ids, "max_tokens": req.max_tokens}
+        body = {
+            "request_id": req.request_id,
+            "prompt_token_ids": req.prompt_token_ids,
+            "max_tokens": req.max_tokens,
+            "sampling": req.sampling.to_dict(),
+        }
         try:
             r = await self._http().post(url + PREFILL_PATH, json=body)
         except httpx.HTTPError as exc:
@@ -280,11 +302,12 @@ class RouterBackend:
         try:
             answer = r.json()
             first, finished = answer["output_token_ids"], bool(answer["finished"])
+            first_logprobs = answer.get("output_logprobs")
         except (ValueError, KeyError, TypeError) as exc:
             raise APIError(502, f"prefill instance {url} sent a malformed answer: {exc}", kind="server_error") from None
         if not first:
             raise APIError(502, f"prefill instance {url} sent no first token", kind="server_error")
-        self._emit(req, stream, first, f"prefill instance {url}")
+        self._emit(req, stream, first, first_logprobs, f"prefill instance {url}")
         if finished:
             full = len(req.output_token_ids) >= req.max_tokens
             return answer.get("finish_reason") or ("length" if full else "stop"), None
@@ -298,6 +321,7 @@ class RouterBackend:
             "prompt_token_ids": req.prompt_token_ids,
             "output_token_ids": list(req.output_token_ids),
             "max_tokens": req.max_tokens,
+            "sampling": req.sampling.to_dict(),
             "handoff": handoff,
         }
         deadline = time.monotonic() + self.queue_timeout
@@ -343,7 +367,7 @@ class RouterBackend:
                 status = code if isinstance(code, int) and 400 <= code < 600 else 502
                 raise APIError(status, f"decode instance {url}: {err.get('message')}", kind="server_error")
             if "token_ids" in event:
-                self._emit(req, stream, event["token_ids"], f"decode instance {url}")
+                self._emit(req, stream, event["token_ids"], event.get("logprobs"), f"decode instance {url}")
             if event.get("finish_reason"):
                 reason = str(event["finish_reason"])
         if reason is None:

@@ -195,11 +195,17 @@ def serve(opts: ServeOptions, log: object = None) -> int:
     kv_source = None
     try:
         runner = RemoteRunner(layout, progress, step_timeout=opts.step_timeout, log=log, reserved_port=opts.port)
+        tokenizer = ByteTokenizer()
+
+        def detokenize(ids: list[int]) -> str:  # for stop strings; padding ids have no text
+            return tokenizer.decode([t for t in ids if t < arch.ori_vocab_size])
+
         engine = Engine(
             layout.fd_config(0, arch),
             runner=runner,
             max_positions=arch.max_position_embeddings,
             prefill_chunk_size=opts.prefill_chunk_size,
+            detokenize=detokenize,
         )
         held: dict[str, uvicorn.Server] = {}
 
@@ -213,9 +219,7 @@ def serve(opts: ServeOptions, log: object = None) -> int:
             async_engine = AsyncEngine(engine, on_fatal)
         else:
             async_engine, kv_source = _splitwise_engine(opts, engine, runner, on_fatal, max_num_seqs, progress)
-        app = create_app(
-            async_engine, opts.served_model_name or "fastdeploy-mtp-tiny", ByteTokenizer(), arch.ori_vocab_size
-        )
+        app = create_app(async_engine, opts.served_model_name or "fastdeploy-mtp-tiny", tokenizer, arch.ori_vocab_size)
         if opts.splitwise_role != "mixed":
             from .splitwise_api import SplitwiseEngine, add_splitwise_routes
 

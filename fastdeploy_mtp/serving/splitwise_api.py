@@ -1,23 +1,30 @@
 """The splitwise side of a ``fastdeploy-mtp serve`` instance: what a prefill or a decode
 instance adds to the API server (the router in front is :mod:`.router`).
 
+Both endpoints take an optional ``"sampling"``: the request's
+:class:`~fastdeploy_mtp.runtime.sampling.SamplingParams` as ``to_dict()`` (absent: greedy).
+Logprobs travel as ``{"token_id", "logprob", "top": [[id, logprob], ...]}`` per token.
+
 Prefill instance (``--splitwise-role prefill``): ``POST /v1/splitwise/prefill`` with
-``{"request_id", "prompt_token_ids", "max_tokens"}`` runs the prompt through the target and
-the MTP layer, and answers once the first token is out: ``{"request_id", "output_token_ids",
-"draft_token_ids", "finished", "finish_reason", "handoff"}`` (``draft_token_ids``: the first
-drafts, which the decode instance's first verify round checks; informational, they also
-travel in the state). Unless the request already finished, ``handoff``
+``{"request_id", "prompt_token_ids", "max_tokens", "sampling"}`` runs the prompt through the
+target and the MTP layer, and answers once the first token is out: ``{"request_id",
+"output_token_ids", "output_logprobs", "draft_token_ids", "finished", "finish_reason",
+"handoff"}`` (``output_logprobs``: one per output token when the request asked for logprobs,
+else ``null``; ``draft_token_ids``: the first drafts, which the decode instance's first
+verify round checks; informational, they also travel in the state). Unless the request
+already finished, ``handoff``
 carries its slot state (:mod:`fastdeploy_mtp.splitwise.handoff`) and a KV descriptor
 (:func:`fastdeploy_mtp.splitwise.kv_transfer.KVSource.offer`); the instance holds the
 request's KV blocks until a decode instance has copied them or ``--kv-hold-timeout`` passed.
 
 Decode instance (``--splitwise-role decode``): ``POST /v1/splitwise/decode`` with
-``{"request_id", "prompt_token_ids", "output_token_ids", "max_tokens", "handoff"}``. The
+``{"request_id", "prompt_token_ids", "output_token_ids", "max_tokens", "sampling", "handoff"}``. The
 descriptor and the slot state are checked against this instance first (400 naming what
 differs: layers, block shape, speculation, lengths); when ``--max-waiting-requests``
 requests already wait for a slot the answer is 429 with ``Retry-After`` (back-pressure: the
 router retries, nothing is dropped). Otherwise the answer is an event stream:
-``data: {"token_ids": [...]}`` per step, then ``data: {"finish_reason": ...}`` and
+``data: {"token_ids": [...]}`` per step (plus ``"logprobs": [...]``, one per id, when the
+request asked for them), then ``data: {"finish_reason": ...}`` and
 ``data: [DONE]`` (an error after the start: ``data: {"error": {...}}``). Once the request
 has a slot and blocks, a thread pulls its KV blocks from the prefill instance (shared
 memory by name on one host, the TCP stream otherwise), bounded by ``--kv-transfer-timeout``;
@@ -43,7 +50,8 @@ from pydantic import BaseModel, ConfigDict
 
 from ..runtime.engine import Engine, StepEvents
 from ..runtime.request import InvalidRequestError, Request
-from .api_server import APIError, AsyncEngine, Stream, stream_events
+from ..runtime.sampling import SamplingParams
+from .api_server import APIError, AsyncEngine, Emitted, Stream, emitted_of, logprob_to_dict, stream_events
 
 TRANSPORTS = ("auto", "shm", "tcp")
 
@@ -54,6 +62,7 @@ class PrefillBody(BaseModel):
     request_id: str
     prompt_token_ids: list[int]
     max_tokens: int
+    sampling: dict[str, Any] | None = None
 
 
 class DecodeBody(PrefillBody):
@@ -143,7 +152,7 @@ class SplitwiseEngine(AsyncEngine):
                 with self.counters.lock:
                     self.counters.failure += 1
                 continue
-            stream.put("tokens", list(h.request.output_token_ids))
+            stream.put("tokens", emitted_of(h.request, list(h.request.output_token_ids)))
             stream.put("handoff", {"state": h.state, "kv": descriptor})
             with self.counters.lock:
                 self.counters.success += 1
@@ -219,6 +228,25 @@ def _error_response(exc: APIError) -> JSONResponse:
     return exc.response()
 
 
+def sampling_of(values: dict[str, Any] | None) -> SamplingParams:
+    """The :class:`SamplingParams` of a ``/v1/splitwise/*`` body's ``sampling`` (``None``:
+    greedy); a 400 naming the field when it is malformed or invalid."""
+    if values is None:
+        return SamplingParams()
+    try:
+        params = SamplingParams.from_dict(values)
+    except TypeError as exc:
+        raise APIError(400, f"sampling: not SamplingParams fields ({exc})", "sampling") from None
+    problem = params.check()
+    if problem is not None:
+        raise APIError(400, f"sampling.{problem}", problem.split(":", 1)[0])
+    return params
+
+
+def _logprobs_json(event: Emitted) -> list[dict[str, Any]] | None:
+    return None if event.logprobs is None else [logprob_to_dict(lp) for lp in event.logprobs]
+
+
 def add_splitwise_routes(app: FastAPI, se: SplitwiseEngine) -> None:
     """Add the ``/v1/splitwise/*`` endpoint of ``se``'s role to ``app``."""
 
@@ -226,18 +254,22 @@ def add_splitwise_routes(app: FastAPI, se: SplitwiseEngine) -> None:
 
         @app.post("/v1/splitwise/prefill")
         async def prefill(body: PrefillBody) -> Any:
+            sampling = sampling_of(body.sampling)
             try:
-                req = Request(body.request_id, body.prompt_token_ids, max_tokens=body.max_tokens)
+                req = Request(body.request_id, body.prompt_token_ids, max_tokens=body.max_tokens, sampling=sampling)
             except ValueError as exc:
                 raise APIError(400, str(exc), "prompt_token_ids" if "prompt" in str(exc) else "max_tokens") from None
             se.check(req)
             stream = se.submit(req)
             tokens: list[int] = []
+            logprobs: list[dict[str, Any]] | None = None if sampling.logprobs is None else []
             handoff = None
             reason = None
             async for kind, value in stream_events(se, stream, ("finished", "handoff")):
                 if kind == "tokens":
-                    tokens.extend(value)
+                    tokens.extend(value.token_ids)
+                    if logprobs is not None:
+                        logprobs.extend(_logprobs_json(value) or [])
                 elif kind == "handoff":
                     handoff = value
                 else:
@@ -247,6 +279,7 @@ def add_splitwise_routes(app: FastAPI, se: SplitwiseEngine) -> None:
             return {
                 "request_id": req.request_id,
                 "output_token_ids": tokens,
+                "output_logprobs": logprobs,
                 "draft_token_ids": first_drafts(handoff["state"]) if handoff else [],
                 "finished": handoff is None,
                 "finish_reason": reason,
@@ -266,6 +299,7 @@ def add_splitwise_routes(app: FastAPI, se: SplitwiseEngine) -> None:
             KVLayout.from_dict(handoff["kv"].get("layout")).check_matches(se.layout)
         except TransferError as exc:
             raise APIError(400, f"handoff: {exc}", "handoff") from None
+        sampling = sampling_of(body.sampling)
         try:
             req = Request(
                 body.request_id,
@@ -273,6 +307,7 @@ def add_splitwise_routes(app: FastAPI, se: SplitwiseEngine) -> None:
                 max_tokens=body.max_tokens,
                 output_token_ids=list(body.output_token_ids),
                 handoff_state=handoff["state"],
+                sampling=sampling,
             )
         except ValueError as exc:
             raise APIError(400, str(exc), "prompt_token_ids" if "prompt" in str(exc) else "max_tokens") from None
@@ -289,7 +324,11 @@ def add_splitwise_routes(app: FastAPI, se: SplitwiseEngine) -> None:
             try:
                 async for kind, value in stream_events(se, stream):
                     if kind == "tokens":
-                        yield f"data: {json.dumps({'token_ids': value})}\n\n"
+                        event: dict[str, Any] = {"token_ids": value.token_ids}
+                        logprobs = _logprobs_json(value)
+                        if logprobs is not None:
+                            event["logprobs"] = logprobs
+                        yield f"data: {json.dumps(event)}\n\n"
                     else:
                         yield f"data: {json.dumps({'finish_reason': value})}\n\n"
             except APIError as exc:

@@ -34,6 +34,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from fastdeploy_mtp.cli import main
 from fastdeploy_mtp.distributed import find_free_port_range
+from fastdeploy_mtp.runtime.sampling import SamplingParams
 from fastdeploy_mtp.serving.router import RouterBackend, router_app
 
 openai = pytest.importorskip("openai")
@@ -254,12 +255,14 @@ def test_completions_stream_and_not_go_prefill_then_decode(cluster, state):
         assert r.choices[0].text == expected(6) and r.choices[0].finish_reason == "length"
         assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (5, 6, 11)
         (_, pre), (_, dec) = state.prefill_calls[0], state.decode_calls[0]
-        assert pre == {"request_id": r.id, "prompt_token_ids": list(b"hello"), "max_tokens": 6}
+        greedy = SamplingParams().to_dict()  # no sampling field in the body: greedy, sent to both
+        assert pre == {"request_id": r.id, "prompt_token_ids": list(b"hello"), "max_tokens": 6, "sampling": greedy}
         assert dec == {
             "request_id": r.id,
             "prompt_token_ids": list(b"hello"),
             "output_token_ids": [65],
             "max_tokens": 6,
+            "sampling": greedy,
             "handoff": {"prefill": "P0", "request_id": r.id, "blocks": [3, 1, 4]},  # passed on unchanged
         }
         chunks = list(c.completions.create(model=MODEL, prompt="hello", max_tokens=6, stream=True))

@@ -198,14 +198,14 @@ def test_a_client_that_disconnects_frees_its_slot(server):
     "body, status, param",
     [
         ({"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
-        ({"prompt": "x", "temperature": 0.7}, 400, "temperature"),
+        ({"prompt": "x", "temperature": -0.7}, 400, "temperature"),
         ({"prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
         ({"prompt": "x" * 2000}, 400, "prompt"),
         ({"prompt": ""}, 400, "prompt"),
         ({"prompt": [300]}, 400, "prompt"),
         ({"max_tokens": 4}, 400, "prompt"),
         ({"prompt": "x", "model": "gpt-4"}, 404, "model"),
-        ({"prompt": "x", "stop": ["\n"]}, 400, "stop"),
+        ({"prompt": "x", "stop": [""]}, 400, "stop"),
     ],
 )
 def test_bad_requests_get_a_4xx_naming_the_field_and_the_server_keeps_serving(server, body, status, param):
