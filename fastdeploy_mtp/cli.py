@@ -44,7 +44,7 @@ from .config import (
     load_speculative_json,
 )
 from .runtime.request import GenerationError
-from .runtime.sampling import MAX_LOGPROBS, SamplingParams
+from .runtime.sampling_params import MAX_LOGPROBS, SamplingParams
 
 if TYPE_CHECKING:  # the CLI imports Paddle-backed modules only when a command runs
     from .models.model_config import ModelConfig as ArchConfig
@@ -248,7 +248,7 @@ SAMPLING_FLAGS = {
 def add_sampling_args(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
     """Add the sampling flags (:data:`SAMPLING_FLAGS`; ``only``: just these fields) as one
     argument group; :func:`resolve_sampling` turns them into a
-    :class:`~fastdeploy_mtp.runtime.sampling.SamplingParams`."""
+    :class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams`."""
     group = parser.add_argument_group(
         "sampling", "default greedy; a seeded request samples the same tokens with and without speculation"
     )
@@ -280,7 +280,7 @@ def add_sampling_args(parser: argparse.ArgumentParser, only: Sequence[str] | Non
 
 
 def resolve_sampling(args: argparse.Namespace) -> SamplingParams:
-    """The :class:`~fastdeploy_mtp.runtime.sampling.SamplingParams` of the flags
+    """The :class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams` of the flags
     :func:`add_sampling_args` added (absent flags keep the defaults: greedy).
 
     Raises:

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         from .distributed import init_tensor_parallel
         from .models import load_tiny
         from .runtime.target_runner import TargetRunner
-        from .serving.protocol import SlotTable
+        from .serving.protocol import SlotTable, logprobs_message
 
         tp = layout.tensor_parallel_size
         if tp > 1:
@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                     decode_lens=runner.decode_lens().astype(int).tolist(),
                     drafts=out.drafts.astype(int).tolist(),
                     exports={str(idx): state for idx, state in out.exports.items()},
+                    logprobs=logprobs_message(out.logprobs),
                 )
             sock.send_json(reply)
     except Terminated:

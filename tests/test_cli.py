@@ -16,7 +16,7 @@ import fastdeploy_mtp
 from fastdeploy_mtp import cli
 from fastdeploy_mtp.cli import UsageError, build_parser, main, resolve_speculative_config
 from fastdeploy_mtp.config import SpeculativeConfig, SpeculativeConfigError
-from fastdeploy_mtp.runtime.sampling import SamplingParams
+from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "def fib(n):\n    "

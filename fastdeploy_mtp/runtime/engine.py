@@ -12,7 +12,7 @@ from ..config import FDConfig
 from ..constants import PLACEHOLDER_TOKEN_ID
 from ..models.interfaces import MTPModel, TargetModel
 from .request import GenerationError, InvalidRequestError, Request, RequestType
-from .sampling import find_stop
+from .sampling_params import TokenLogprob, find_stop
 from .scheduler import Scheduler
 from .target_runner import Runner, StepOutput, TargetRunner
 
@@ -237,6 +237,8 @@ class Engine:
         self._check_stop_strings([req])
         self.scheduler.add_requests([req])
         req.emitted_count = len(req.output_token_ids)  # the prefill instance handed those out
+        if req.sampling.logprobs is not None:  # and their logprobs: keep one entry per token here too
+            req.output_logprobs = [TokenLogprob(int(t), float("nan")) for t in req.output_token_ids]
 
     def transfer_done(self, req: Request, error: BaseException | None = None) -> None:
         """Report the end of ``req``'s KV transfer (``kv_fetcher``): with ``error`` the request

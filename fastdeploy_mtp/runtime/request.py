@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..constants import NO_SLOT
-from .sampling import SamplingParams, TokenLogprob
+from .sampling_params import SamplingParams, TokenLogprob
 
 
 class RequestType(enum.Enum):
@@ -109,12 +109,12 @@ class Request:
         handoff_state: on a splitwise decode instance, the slot state the prefill instance
             handed over (:func:`fastdeploy_mtp.splitwise.handoff.export_slot`); ``None``
             for a request that starts from its prompt.
-        sampling: how it picks tokens (:class:`~fastdeploy_mtp.runtime.sampling.SamplingParams`;
+        sampling: how it picks tokens (:class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams`;
             the default is greedy).
         finish_reason: once it completed: ``"stop"`` (an EOS id, a stop token id or a stop
             string) or ``"length"`` (``max_tokens``, or ``max_model_len``).
         output_logprobs: with ``sampling.logprobs`` set, one
-            :class:`~fastdeploy_mtp.runtime.sampling.TokenLogprob` per output token.
+            :class:`~fastdeploy_mtp.runtime.sampling_params.TokenLogprob` per output token.
         emitted_count: how many of ``output_token_ids`` were handed out in
             ``StepEvents.emitted`` (tokens whose text could begin a stop string are held back
             until it is clear they do not; an event's tokens are

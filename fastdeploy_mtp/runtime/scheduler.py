@@ -13,7 +13,7 @@ import numpy as np
 from ..config import FDConfig
 from ..constants import NO_SLOT
 from .request import InvalidRequestError, Request, RequestType, check_token_ids
-from .sampling import SamplingParams
+from .sampling_params import SamplingParams
 
 
 class OutOfBlocksError(RuntimeError):

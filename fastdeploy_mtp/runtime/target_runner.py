@@ -19,7 +19,7 @@ from ..models.interfaces import MTPModel, TargetModel
 from .input_batch import InputBatch, make_target_inputs
 from .kv_cache_ipc import attach_caches, cache_names, caches_are_managed, detach_caches, wait_cache_ready
 from .request import InvalidRequestError, Request, RequestType, check_token_ids
-from .sampling import TokenLogprob
+from .sampling_params import TokenLogprob
 from .target_sampler import TargetSampler
 
 #: ``speculative_config.verify_strategy`` -> the verify op's strategy.
@@ -47,7 +47,7 @@ class StepOutput:
         decode_mask: ``[N]`` slots that decoded this step (not prefill).
         num_tokens: tokens in the target forward.
         logprobs: per slot whose request asked for logprobs, one
-            :class:`~fastdeploy_mtp.runtime.sampling.TokenLogprob` per emitted token.
+            :class:`~fastdeploy_mtp.runtime.sampling_params.TokenLogprob` per emitted token.
         exports: splitwise prefill: the slot state (:func:`~fastdeploy_mtp.splitwise.handoff.export_slot`)
             of each slot named in :meth:`Runner.set_exports`, read after the proposer's round.
     """

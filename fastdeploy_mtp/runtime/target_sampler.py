@@ -6,7 +6,7 @@ drafts`` per decode item. Row ``j`` of the item in slot ``b`` predicts the token
 position ``g = step_idx[b] + j`` of its request. Everything runs with Paddle ops on the
 logits' device; the host supplies only per-row scalars (slot, ``j``, and the uniforms, which
 are a pure function of ``(seed, g)``: :func:`fastdeploy_mtp.ops.sampling.position_uniforms`).
-See :mod:`fastdeploy_mtp.runtime.sampling` for the order of the transformations.
+See :mod:`fastdeploy_mtp.runtime.sampling_params` for the order of the transformations.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import paddle
 from .. import ops
 from ..ops.sampling import position_uniforms
 from .input_batch import InputBatch
-from .sampling import SamplingParams, TokenLogprob
+from .sampling_params import SamplingParams, TokenLogprob
 
 #: Column of ``position_uniforms`` per use: the target's sample, REJECTION's accept test,
 #: REJECTION's / TOPP's replacement draw.

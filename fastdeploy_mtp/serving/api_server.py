@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..runtime.engine import Engine, StepEvents
 from ..runtime.request import InvalidRequestError, Request
-from ..runtime.sampling import MAX_LOGPROBS, SamplingParams, TokenLogprob
+from ..runtime.sampling_params import MAX_LOGPROBS, SamplingParams, TokenLogprob
 from .metrics import ServerCounters, make_registry, render
 
 #: Chat template of the byte-level tiny model (it has none of its own): one line per
@@ -409,22 +409,17 @@ class AsyncEngine:
 
 
 def emitted_of(req: Request, tokens: list[int]) -> Emitted:
-    """The ``"tokens"`` event of ``tokens``, the ids ``req`` just emitted: with their logprobs
-    (the last ``len(tokens)`` entries of ``req.output_logprobs``) when the request asked."""
+    """The ``"tokens"`` event of ``tokens``, the ids ``req`` just emitted (called right after
+    their step): with their logprobs (``req.output_logprobs[emitted_count - len(tokens) :
+    emitted_count]``) when the request asked."""
     if req.sampling.logprobs is None:
         return Emitted(list(tokens))
-    n = len(tokens)
-    return Emitted(list(tokens), list(req.output_logprobs[-n:]) if n else [])
+    end = req.emitted_count
+    return Emitted(list(tokens), list(req.output_logprobs[end - len(tokens) : end]) if tokens else [])
 
 
 def finish_reason_of(req: Request) -> str:
-    """The engine's ``finish_reason`` of a finished ``req``, except that a request ending with
-    ``max_tokens`` ids whose last one is not one of its stop token ids ended by ``"length"``:
-    the engine writes the end id in place of the token that reaches ``max_tokens``
-    (FastDeploy's convention), which would otherwise read as an EOS (``"stop"``)."""
-    out = req.output_token_ids
-    if len(out) >= req.max_tokens and not (out and out[-1] in req.sampling.stop_token_ids):
-        return "length"
+    """The engine's ``finish_reason`` of a finished ``req`` (``"stop"`` or ``"length"``)."""
     return req.finish_reason or "stop"
 
 

@@ -10,7 +10,8 @@ Engine -> every worker (the same message to every tensor-parallel rank):
 
 A task is ``{"idx", "request_id", "type": "PREFILL" | "DECODE", "block_tables"}`` and, for a
 prefill chunk, ``"start"``, ``"end"``, ``"max_tokens"``, ``"output_token_ids"`` and (on the
-request's first chunk) ``"prompt_token_ids"``. An ``"IMPORT"`` task (splitwise decode) loads a
+request's first chunk) ``"prompt_token_ids"`` and ``"sampling"`` (the request's
+``SamplingParams``). An ``"IMPORT"`` task (splitwise decode) loads a
 slot handed over by a prefill instance: ``"prompt_token_ids"``, ``"max_tokens"``,
 ``"output_token_ids"`` and ``"state"`` (the slot state, see
 :mod:`fastdeploy_mtp.splitwise.handoff`).
@@ -21,7 +22,8 @@ Worker -> engine:
 * ``{"type": "done", "step", "rank"}`` after a step; rank 0 adds ``"stop_flags"`` ``[N]``,
   ``"decode_lens"`` ``[N]`` (tokens each slot feeds next step) and ``"drafts"`` ``[N, K]``
   (the drafts verified this step), and ``"exports"`` ``{idx: state}`` for the slots the step
-  message listed in ``export``. Rank 0 sends the step's tokens *before* this message,
+  message listed in ``export``, and ``"logprobs"`` (:func:`logprobs_message`) for the slots
+  whose requests asked. Rank 0 sends the step's tokens *before* this message,
   through ``speculate_save_output_topk`` (FastDeploy's SysV message layout);
 * ``{"type": "error", "step", "rank", "message"}`` when the step raised.
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..runtime.request import Request, RequestType
+from ..runtime.sampling_params import SamplingParams, TokenLogprob
 
 
 def task_message(req: Request, first_chunk: bool) -> dict[str, Any]:
@@ -50,14 +53,31 @@ def task_message(req: Request, first_chunk: bool) -> dict[str, Any]:
         )
         if first_chunk:
             msg["prompt_token_ids"] = [int(t) for t in req.prompt_token_ids]
+            msg["sampling"] = req.sampling.to_dict()
     elif req.task_type == RequestType.IMPORT:
         msg.update(
             prompt_token_ids=[int(t) for t in req.prompt_token_ids],
             max_tokens=int(req.max_tokens),
             output_token_ids=[int(t) for t in req.output_token_ids],
             state=req.handoff_state,
+            sampling=req.sampling.to_dict(),
         )
     return msg
+
+
+def logprobs_message(logprobs: dict[int, list[TokenLogprob]]) -> dict[str, list[list[Any]]]:
+    """The wire form of ``StepOutput.logprobs``: per slot, ``[token, logprob, [[id, logprob], ...]]``."""
+    return {
+        str(b): [[e.token_id, e.logprob, [list(t) for t in e.top]] for e in entries] for b, entries in logprobs.items()
+    }
+
+
+def logprobs_of(message: dict[str, list[list[Any]]]) -> dict[int, list[TokenLogprob]]:
+    """Inverse of :func:`logprobs_message`."""
+    return {
+        int(b): [TokenLogprob(int(t), float(lp), [(int(i), float(v)) for i, v in top]) for t, lp, top in entries]
+        for b, entries in message.items()
+    }
 
 
 class SlotTable:
@@ -72,7 +92,12 @@ class SlotTable:
         idx = int(task["idx"])
         kind = RequestType[task["type"]]
         if "prompt_token_ids" in task:
-            new = Request(str(task["request_id"]), list(task["prompt_token_ids"]), max_tokens=int(task["max_tokens"]))
+            new = Request(
+                str(task["request_id"]),
+                list(task["prompt_token_ids"]),
+                max_tokens=int(task["max_tokens"]),
+                sampling=SamplingParams.from_dict(task.get("sampling") or {}),
+            )
             new.idx = idx
             if kind == RequestType.IMPORT:
                 new.output_token_ids = list(task["output_token_ids"])

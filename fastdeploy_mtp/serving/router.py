@@ -22,7 +22,7 @@ What the router says to the instances (JSON over HTTP):
   when its client disconnects).
 * ``GET /health`` and ``GET /v1/models`` on both.
 
-``sampling`` is the request's :class:`~fastdeploy_mtp.runtime.sampling.SamplingParams` as
+``sampling`` is the request's :class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams` as
 ``to_dict()``, built from the OpenAI body exactly as ``serve`` does
 (:func:`~.api_server.sampling_params`, in :func:`~.api_server.create_app`); logprobs travel as
 ``{"token_id", "logprob", "top": [[id, logprob], ...]}`` per token.
@@ -54,7 +54,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..runtime.request import InvalidRequestError, Request
-from ..runtime.sampling import TokenLogprob
+from ..runtime.sampling_params import TokenLogprob
 from .api_server import APIError, Emitted, Stream, create_app, logprob_from_dict, run_http
 
 PREFILL_PATH = "/v1/splitwise/prefill"

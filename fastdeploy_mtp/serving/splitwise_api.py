@@ -2,7 +2,7 @@
 instance adds to the API server (the router in front is :mod:`.router`).
 
 Both endpoints take an optional ``"sampling"``: the request's
-:class:`~fastdeploy_mtp.runtime.sampling.SamplingParams` as ``to_dict()`` (absent: greedy).
+:class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams` as ``to_dict()`` (absent: greedy).
 Logprobs travel as ``{"token_id", "logprob", "top": [[id, logprob], ...]}`` per token.
 
 Prefill instance (``--splitwise-role prefill``): ``POST /v1/splitwise/prefill`` with
@@ -50,7 +50,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..runtime.engine import Engine, StepEvents
 from ..runtime.request import InvalidRequestError, Request
-from ..runtime.sampling import SamplingParams
+from ..runtime.sampling_params import SamplingParams
 from .api_server import APIError, AsyncEngine, Emitted, Stream, emitted_of, logprob_to_dict, stream_events
 
 TRANSPORTS = ("auto", "shm", "tcp")

@@ -27,7 +27,7 @@ from ..ops.messaging import FIRST_TOKEN_MAX_BSZ, MAX_BSZ, MAX_DRAFT_TOKENS, SPEC
 from ..runtime.request import Request, RequestType
 from ..runtime.target_runner import StepOutput, check_prefill_task
 from .layout import ServeLayout
-from .protocol import task_message
+from .protocol import logprobs_of, task_message
 
 #: FastDeploy's SysV layout: slots, tokens per slot, entries per token (the token + top-k).
 _MAX_BSZ, _MAX_DRAFT, _TOPK = MAX_BSZ, MAX_DRAFT_TOKENS, SPEC_LOGPROB_K + 1
@@ -349,6 +349,7 @@ class RemoteRunner:
             decode_mask=np.zeros([self.n], bool),
             num_tokens=int(accept_num.sum()),
             exports={int(idx): state for idx, state in head.get("exports", {}).items()},
+            logprobs=logprobs_of(head.get("logprobs", {})),
         )
 
     def _read_tokens(self) -> tuple[np.ndarray, np.ndarray]:

@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from fastdeploy_mtp.cli import main
 from fastdeploy_mtp.distributed import find_free_port_range
-from fastdeploy_mtp.runtime.sampling import SamplingParams
+from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 from fastdeploy_mtp.serving.router import RouterBackend, router_app
 
 openai = pytest.importorskip("openai")

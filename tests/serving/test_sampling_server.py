@@ -20,7 +20,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
-from fastdeploy_mtp.runtime.sampling import SamplingParams  # noqa: E402
+from fastdeploy_mtp.runtime.sampling_params import SamplingParams  # noqa: E402
 from tests.serving.servers import ServerProcess  # noqa: E402
 from tests.serving.test_server import stopped_cleanly  # noqa: E402
 
