@@ -222,7 +222,7 @@ class Engine:
         against this engine's buffers (the same speculation, ``max_model_len`` and batch
         layout as the prefill instance); raises
         :class:`~fastdeploy_mtp.runtime.request.InvalidRequestError` (field ``handoff``)."""
-        from ..splitwise.handoff import HandoffError
+        from ..splitwise.handoff import HandoffError, sampling_mismatch
 
         if self.role != "decode":
             raise InvalidRequestError(
@@ -234,6 +234,9 @@ class Engine:
             self.runner.check_handoff(req.handoff_state)
         except HandoffError as exc:
             raise InvalidRequestError(req.request_id, "handoff", f"does not fit this instance: {exc}") from None
+        mismatch = sampling_mismatch(req.handoff_state, req.sampling, req.request_id)
+        if mismatch is not None:
+            raise InvalidRequestError(req.request_id, "sampling", f"does not match the handed-over slot: {mismatch}")
         self._check_stop_strings([req])
         self.scheduler.add_requests([req])
         req.emitted_count = len(req.output_token_ids)  # the prefill instance handed those out

@@ -231,7 +231,7 @@ class TargetRunner:
                 from ..splitwise.handoff import import_slot
 
                 import_slot(req.handoff_state, target, self.proposer.model_inputs if self.proposer else None, idx)
-                self.sampler.set_slot(idx, req.sampling, int(target.infer_seed[idx, 0]))
+                self.sampler.set_slot(idx, req.sampling, req.sampling.seed_for(req.request_id))
                 continue
             if req.task_type != RequestType.PREFILL:
                 continue
@@ -269,7 +269,8 @@ class TargetRunner:
         target.top_p[idx, 0] = float(sp.top_p)
         target.top_k[idx, 0] = int(sp.top_k)
         target.min_p[idx, 0] = float(sp.min_p)
-        target.infer_seed[idx, 0] = seed
+        # through a tensor: a Python int assigned by index goes through float64 (53 bits)
+        target.infer_seed[idx, 0] = paddle.to_tensor(seed, dtype="int64")
         target.penalty_score[idx, 0] = float(sp.repetition_penalty)
         target.frequency_score[idx, 0] = float(sp.frequency_penalty)
         target.presence_score[idx, 0] = float(sp.presence_penalty)

@@ -191,3 +191,43 @@ def first_drafts(state: object) -> list[int]:
     except (KeyError, TypeError, ValueError):
         return []
     return [int(v) for v in values[1:] if int(v) >= 0]
+
+
+#: Target buffers that hold a request's sampling parameters: buffer -> (SamplingParams
+#: field, how the runner stores it).
+_SAMPLING_ROWS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "penalty_score": "repetition_penalty",
+    "frequency_score": "frequency_penalty",
+    "presence_score": "presence_penalty",
+    "min_dec_len": "min_tokens",
+}
+
+
+def sampling_mismatch(state: object, sampling: Any, request_id: str) -> str | None:
+    """``None`` if the handed-over slot ``state`` was loaded with ``sampling`` (a
+    :class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams`; its seed as the runner
+    derives it for ``request_id``), else which field differs. Checked on the decode side so
+    that its host-side view of the request (stops, logprobs, the sampler) and the slot agree."""
+    try:
+        target = state["target"]  # type: ignore[index]
+
+        def first(name: str) -> Any:
+            row = target[name]
+            return (row["v"] or [row["fill"]])[0]
+
+        def value(name: str) -> float:
+            return float(first(name))
+
+        for buffer, name in _SAMPLING_ROWS.items():
+            theirs, ours = value(buffer), float(np.float32(getattr(sampling, name)))
+            if theirs != ours:
+                return f"{name}: the prefill instance has {theirs:g}, this request says {ours:g}"
+        if int(first("infer_seed")) != sampling.seed_for(request_id):
+            return "seed: differs from the prefill instance's"
+    except (KeyError, TypeError, IndexError, ValueError) as exc:
+        return f"the slot state has no readable sampling rows ({exc})"
+    return None

@@ -67,6 +67,7 @@ class LocalPD:
                         max_tokens=h.request.max_tokens,
                         output_token_ids=list(h.request.output_token_ids),
                         handoff_state=h.state,
+                        sampling=h.request.sampling,
                     )
                 )
             due = [f for f in self._fetches if f[0] <= self.step]

@@ -12,6 +12,7 @@ from fastdeploy_mtp.models import ByteTokenizer, load_tiny
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
 from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import InvalidRequestError, Request
+from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 from fastdeploy_mtp.splitwise.handoff import HandoffError, check_slot_state, export_slot, first_drafts
 from tests.engine_testlib import build_random_model, make_config, make_requests
 from tests.splitwise.pd_testlib import LocalPD, role_config
@@ -163,9 +164,12 @@ def test_a_failed_transfer_fails_only_its_request_and_frees_its_blocks(random_mo
 
     # a transfer that fails (the prefill instance died) aborts the request with that error
     p2 = Engine(role_config(cfg, "prefill"), target, mtp)
-    p2.add_requests([Request("x", [1, 2, 3], max_tokens=5)])
+    seeded = SamplingParams(seed=9)  # not derived from the request id: "y" below reuses the state
+    p2.add_requests([Request("x", [1, 2, 3], max_tokens=5, sampling=seeded)])
     (h,) = p2.step(0).handed_off
-    d.add_transferred(Request("x", [1, 2, 3], 5, output_token_ids=h.request.output_token_ids, handoff_state=h.state))
+    d.add_transferred(
+        Request("x", [1, 2, 3], 5, output_token_ids=h.request.output_token_ids, handoff_state=h.state, sampling=seeded)
+    )
     d.step(steps)
     ((req, _),) = asked[2:]
     d.transfer_done(req, TimeoutError("prefill instance gone"))
@@ -173,9 +177,55 @@ def test_a_failed_transfer_fails_only_its_request_and_frees_its_blocks(random_mo
     assert not d.has_work and len(d.scheduler.free_blocks) == d.scheduler.total_blocks
     # without a kv_fetcher the request fails at admission, clearly
     d.kv_fetcher = None
-    d.add_transferred(Request("y", [1, 2, 3], 5, output_token_ids=h.request.output_token_ids, handoff_state=h.state))
+    d.add_transferred(
+        Request("y", [1, 2, 3], 5, output_token_ids=h.request.output_token_ids, handoff_state=h.state, sampling=seeded)
+    )
     ev = d.step(steps + 1)
     assert [r.request_id for r, _ in ev.failed] == ["y"] and "kv_fetcher" in str(ev.failed[0][1])
     assert len(d.scheduler.free_blocks) == d.scheduler.total_blocks
     for e in (p, p2, d):
         e.close()
+
+
+def test_seeded_sampling_with_penalties_through_prefill_and_decode_equals_mixed(random_model):
+    target, mtp = random_model
+    cfg = make_config(3, 3, max_num_seqs=3)
+    reqs = make_requests(5, 6, stagger=1)
+    kinds = [
+        SamplingParams(temperature=0.9, top_p=0.9, seed=1),
+        SamplingParams(temperature=1.0, top_k=10, seed=2, repetition_penalty=1.3, frequency_penalty=0.2),
+        SamplingParams(),
+    ]
+    for i, r in enumerate(reqs):
+        r.sampling = kinds[i % 3]
+    mixed = Engine(cfg, target, mtp).generate([r.fresh_copy() for r in reqs])
+    pd = LocalPD(cfg, target, mtp, fetch_delay=1)
+    assert pd.run([r.fresh_copy() for r in reqs]) == mixed
+    pd.close()
+
+
+def test_a_decode_request_whose_sampling_differs_from_the_handed_over_slot_is_refused(random_model):
+    target, mtp = random_model
+    cfg = make_config(2, 2)
+    p = Engine(role_config(cfg, "prefill"), target, mtp)
+    p.add_requests([Request("a", [1, 2, 3], 6, sampling=SamplingParams(temperature=0.7, seed=4))])
+    (h,) = p.step(0).handed_off
+    d = Engine(role_config(cfg, "decode"), target, mtp)
+    for other, word in (
+        (SamplingParams(temperature=0.8, seed=4), "temperature"),
+        (SamplingParams(temperature=0.7, seed=5), "seed"),
+    ):
+        with pytest.raises(InvalidRequestError, match=f"`sampling`.*{word}"):
+            d.add_transferred(
+                Request(
+                    "a",
+                    [1, 2, 3],
+                    6,
+                    output_token_ids=h.request.output_token_ids,
+                    handoff_state=h.state,
+                    sampling=other,
+                )
+            )
+    assert not d.has_work
+    p.close()
+    d.close()
