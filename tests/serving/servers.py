@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 
 from fastdeploy_mtp.distributed import find_free_port_range
 
@@ -159,3 +160,23 @@ class ServerProcess:
     def close_log(self) -> None:
         self.log.close()
         os.unlink(self.log.name)
+
+
+def stopped_cleanly(server: ServerProcess) -> None:
+    code = server.stop()
+    left = server.leftovers()
+    assert code == 0, f"serve exited {code} on SIGTERM:\n{server.output()}"
+    assert left == {"children": [], "shm": [], "queue": False}, f"left behind {left}:\n{server.output()}"
+    server.close_log()
+
+
+def serving(args: list[str]) -> Iterator[ServerProcess]:
+    """A module fixture's body: ``ServerProcess(args)``, killed if the tests raised through it,
+    else stopped with SIGTERM and checked (:func:`stopped_cleanly`)."""
+    srv = ServerProcess(args)
+    try:
+        yield srv
+    except BaseException:
+        srv.kill()
+        raise
+    stopped_cleanly(srv)

@@ -4,7 +4,7 @@ tokens with and without speculation (and from the offline engine), logprobs come
 shapes, stop strings end the text, and invalid values are a 400 naming the field.
 
 Every server is stopped with SIGTERM and must exit 0 leaving nothing behind
-(:func:`~tests.serving.test_server.stopped_cleanly`).
+(:func:`~tests.serving.servers.stopped_cleanly`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ openai = pytest.importorskip("openai")
 
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams  # noqa: E402
-from tests.serving.servers import ServerProcess  # noqa: E402
-from tests.serving.test_server import stopped_cleanly  # noqa: E402
+from tests.serving.servers import ServerProcess, serving, stopped_cleanly  # noqa: E402
 
 MODEL = "fastdeploy-mtp-tiny"
 MTP3 = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 3}'
@@ -42,13 +41,7 @@ def offline_requests(prompts: list[str], sampling: SamplingParams, spec: str = M
 
 
 def started(spec: str) -> Any:
-    srv = ServerProcess(["--speculative-config", spec, "--max-num-seqs", "4"])
-    try:
-        yield srv
-    except BaseException:
-        srv.kill()
-        raise
-    stopped_cleanly(srv)
+    yield from serving(["--speculative-config", spec, "--max-num-seqs", "4"])
 
 
 @pytest.fixture(scope="module")

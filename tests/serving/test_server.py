@@ -23,7 +23,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
-from tests.serving.servers import ServerProcess  # noqa: E402
+from tests.serving.servers import ServerProcess, serving, stopped_cleanly  # noqa: E402
 
 MAX_TOKENS = 24
 SPEC = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": "with_ngram"}'
@@ -38,23 +38,9 @@ def offline(prompts: list[str], max_tokens: int = MAX_TOKENS, spec: str = SPEC) 
     return texts
 
 
-def stopped_cleanly(server: ServerProcess) -> None:
-    code = server.stop()
-    left = server.leftovers()
-    assert code == 0, f"serve exited {code} on SIGTERM:\n{server.output()}"
-    assert left == {"children": [], "shm": [], "queue": False}, f"left behind {left}:\n{server.output()}"
-    server.close_log()
-
-
 @pytest.fixture(scope="module")
 def server():
-    srv = ServerProcess(["--speculative-config", SPEC])
-    try:
-        yield srv
-    except BaseException:
-        srv.kill()
-        raise
-    stopped_cleanly(srv)
+    yield from serving(["--speculative-config", SPEC])
 
 
 @pytest.fixture(scope="module")

@@ -30,9 +30,9 @@ openai = pytest.importorskip("openai")
 from fastdeploy_mtp.distributed import find_free_port_range  # noqa: E402
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
 from fastdeploy_mtp.serving.router import RouterBackend, router_app  # noqa: E402
-from tests.serving.servers import ServerProcess, alive, shm_names  # noqa: E402
+from tests.serving.servers import ServerProcess, alive, shm_names, stopped_cleanly  # noqa: E402
 from tests.serving.test_router import ThreadServer  # noqa: E402
-from tests.serving.test_server import offline, stopped_cleanly  # noqa: E402
+from tests.serving.test_server import offline  # noqa: E402
 
 MTP3 = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 3}'
 MTP1 = '{"method": "mtp", "num_speculative_tokens": 1, "num_model_steps": 1}'
