@@ -119,7 +119,8 @@ class StepEvents:
 
 
 class Engine:
-    """Continuous-batching generation with optional MTP speculation (greedy).
+    """Continuous-batching generation with optional MTP speculation (greedy or sampled per
+    request: :class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams`).
 
     Args:
         fd_config: serving config (``speculative_config.method = None`` for plain decoding).
@@ -538,9 +539,10 @@ class Engine:
                 continue
             m.proposed[i] += 1
             proposed += 1
-            # greedy verify emits the accepted drafts, then the target's own token, which
-            # differs from the draft it rejected: draft i + 1 counts as accepted iff emitted
-            # token i equals it
+            # verification (every strategy) emits the accepted drafts, then a token of the
+            # target's that differs from the draft it rejected (TARGET_MATCH: its sample is
+            # not the draft; REJECTION and TOPP: the replacement excludes it): draft i + 1
+            # counts as accepted iff emitted token i equals it
             if i < emitted and int(out.accept_tokens[idx, i]) == int(drafts[i]):
                 m.accepted[i] += 1
                 accepted += 1
