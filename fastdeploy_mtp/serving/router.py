@@ -39,6 +39,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import logging
 import signal
 import sys
 import time
@@ -495,6 +496,8 @@ def run_router(opts: RouterOptions) -> int:
         print(f"[router {time.perf_counter() - t0:6.2f}s] {line}", file=sys.stderr, flush=True)
 
     backend = RouterBackend(opts.prefill, opts.decode, opts.queue_timeout)  # checks the URLs first
+    # httpx logs every request at INFO, and Paddle's import sets the root logger to print INFO
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
     def interrupted(signum: int, frame: object) -> None:  # during start-up: stop waiting
         raise KeyboardInterrupt
