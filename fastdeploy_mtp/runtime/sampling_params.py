@@ -39,6 +39,8 @@ from typing import Any
 
 #: Largest top-logprobs count a request may ask for (OpenAI's limit for completions).
 MAX_LOGPROBS = 20
+#: A temperature below this samples greedily (as vLLM's sampling epsilon).
+GREEDY_BELOW = 1e-5
 
 
 @dataclass
@@ -46,7 +48,8 @@ class SamplingParams:
     """How one request picks its tokens.
 
     Attributes:
-        temperature: 0 = greedy (the argmax); > 0 samples from ``softmax(logits / temperature)``.
+        temperature: 0 = greedy (the argmax; so is anything below 1e-5); otherwise samples from
+            ``softmax(logits / temperature)``.
         top_p: keep the smallest set of most likely tokens whose probability reaches it (1 = off).
         top_k: keep the ``top_k`` most likely tokens (0 = off).
         min_p: drop tokens less likely than ``min_p`` times the most likely one (0 = off).
@@ -77,7 +80,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """``temperature`` below :data:`GREEDY_BELOW` (the argmax: dividing by so small a
+        temperature would only overflow float32)."""
+        return self.temperature < GREEDY_BELOW
 
     def check(self) -> str | None:
         """``None`` if valid, else the name of the first bad field and why, as

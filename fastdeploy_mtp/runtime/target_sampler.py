@@ -101,7 +101,7 @@ class TargetSampler:
         params = [self._param(int(b)) for b in row_slot]
         if any(_penalised(p) for p in params):
             logits = self._penalise(logits, row_slot, row_j, inputs, step_idx)
-        temps = np.array([p.temperature if p.temperature > 0 else 1.0 for p in params], np.float32)
+        temps = np.array([1.0 if p.greedy else p.temperature for p in params], np.float32)
         greedy = np.array([p.greedy for p in params], bool)
         argmax = paddle.argmax(logits, axis=-1).astype("int64")
         scaled = logits / paddle.to_tensor(temps).reshape([r, 1])

@@ -319,3 +319,29 @@ def test_sampling_params_are_checked_naming_the_field(shipped):
         eng.add_requests([Request("a", [1, 2], 4, sampling=SamplingParams(stop=["x"]))])
     assert not eng.has_work
     eng.close()
+
+
+def test_extreme_parameters_stay_valid_and_a_tiny_temperature_is_greedy(shipped):
+    prompt = TOK.encode("def f(x):")
+    greedy, _ = run(engine(shipped, 3, 3), [Request("g", prompt, 20)])
+    cases = [
+        SamplingParams(temperature=1e-7, seed=1),
+        SamplingParams(temperature=1e6, seed=1),
+        SamplingParams(temperature=1.0, top_k=10**9, top_p=1e-12, seed=3),
+        SamplingParams(temperature=1.0, min_p=1.0, seed=4),
+        SamplingParams(repetition_penalty=1e30, frequency_penalty=2.0, presence_penalty=-2.0, logprobs=20),
+        SamplingParams(temperature=0.5, repetition_penalty=1e-30, min_tokens=10**6, seed=2**63 - 1, logprobs=1),
+    ]
+    for strategy in ("target_match", "rejection"):
+        reqs = [
+            Request(f"h{i}", prompt, 20, sampling=SamplingParams.from_dict(c.to_dict())) for i, c in enumerate(cases)
+        ]
+        out, lps = run(engine(shipped, 3, 3, strategy=strategy), reqs)
+        for rid, ids in out.items():
+            assert len(ids) == 20 and all(0 <= t < 256 or t == ids[-1] for t in ids), (rid, ids)
+            assert all(math.isfinite(e.logprob) for e in lps[rid])
+        # under REJECTION the token reaching max_tokens stays the end id (docs/compat.md)
+        n = 20 if strategy == "target_match" else 19
+        assert out["h0"][:n] == greedy["g"][:n]  # below 1e-5 the temperature is greedy
+        # top-p that small, or min-p 1, keep the most likely token only: greedy too
+        assert out["h2"][:n] == greedy["g"][:n] and out["h3"][:n] == greedy["g"][:n]
