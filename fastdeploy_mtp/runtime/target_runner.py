@@ -202,7 +202,9 @@ class TargetRunner:
     def check_handoff(self, state: object) -> None:
         from ..splitwise.handoff import check_slot_state
 
-        check_slot_state(state, self.share_inputs, self.proposer.model_inputs if self.proposer else None)
+        check_slot_state(
+            state, self.share_inputs, self.proposer.model_inputs if self.proposer else None, self.vocab_size
+        )
 
     # ---- task insertion ----------------------------------------------------------------------
     def check_task(self, req: Request) -> None:

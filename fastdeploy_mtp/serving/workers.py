@@ -270,7 +270,8 @@ class RemoteRunner:
 
                 draft = ProposerInputBatch(self.fd_config, target)
             self._template = (target, draft)
-        check_slot_state(state, *self._template)
+        target, draft = self._template
+        check_slot_state(state, target, draft, vocab_size=self.vocab_size)
 
     # ---- KV caches, for splitwise transfer ------------------------------------------------
     def num_cache_layers(self) -> tuple[int, int]:

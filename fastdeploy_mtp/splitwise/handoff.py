@@ -129,10 +129,46 @@ def export_slot(target: Any, draft: Any | None, idx: int) -> dict[str, Any]:
     return out
 
 
-def check_slot_state(state: object, target: Any, draft: Any | None) -> dict[str, dict[str, np.ndarray]]:
+#: Buffers holding lengths or counts (each in ``[0, max_model_len]``), and buffers holding
+#: token ids (each ``-1`` or a token id, with ``vocab_size`` known).
+_LENGTHS = {
+    "prompt_lens",
+    "seq_lens_this_time",
+    "seq_lens_encoder",
+    "seq_lens_decoder",
+    "step_idx",
+    "accept_num",
+    "actual_draft_token_num",
+    "input_ids_len",
+    "min_dec_len",
+    "bad_tokens_len",
+    "used_list_len",
+    "encoder_block_lens",
+}
+_TOKENS = {"input_ids", "token_ids_all", "draft_tokens", "accept_tokens", "pre_ids", "input_ids_cpu", "bad_tokens"}
+
+
+def _check_values(where: str, name: str, row: np.ndarray, max_len: int, vocab_size: int | None) -> None:
+    """A handed-over row the ops could not take: a negative or too large length, a token id
+    outside the vocabulary (a hostile or corrupted state must fail alone, before any step)."""
+    if name in _LENGTHS and row.size and (row.min() < 0 or row.max() > max_len):
+        raise HandoffError(f"slot state `{where}`: {int(row.min())}..{int(row.max())} outside [0, {max_len}]")
+    if name == "max_dec_len" and row.size and row.min() < 0:
+        raise HandoffError(f"slot state `{where}`: must be >= 0, got {int(row.min())}")
+    if name in _TOKENS and vocab_size is not None and row.size and (row.min() < -1 or row.max() >= vocab_size):
+        raise HandoffError(
+            f"slot state `{where}`: token ids must be -1 or in [0, {vocab_size}), got {row.min()}..{row.max()}"
+        )
+
+
+def check_slot_state(
+    state: object, target: Any, draft: Any | None, vocab_size: int | None = None
+) -> dict[str, dict[str, np.ndarray]]:
     """Decode and check ``state`` (from :func:`export_slot`) against this engine's buffers:
     every buffer present, rows of this engine's length and dtype, speculation on both sides
-    or on neither. Returns the decoded rows; raises :class:`HandoffError` naming the buffer."""
+    or on neither, lengths in ``[0, max_model_len]`` and (given ``vocab_size``) token ids
+    ``-1`` or in ``[0, vocab_size)``. Returns the decoded rows; raises
+    :class:`HandoffError` naming the buffer."""
     if not isinstance(state, Mapping) or set(state) != {"target", "draft"}:
         raise HandoffError("slot state: expected an object with keys `target` and `draft`")
     if (state["draft"] is None) != (draft is None):
@@ -156,6 +192,7 @@ def check_slot_state(state: object, target: Any, draft: Any | None) -> dict[str,
             shape = [int(s) for s in ref.shape[1:]]
             dtype = np.dtype(paddle.empty([0], dtype=ref.dtype).numpy().dtype)
             decoded[part][name] = _decode_row(f"{part}.{name}", rows[name], shape, dtype)
+            _check_values(f"{part}.{name}", name, decoded[part][name], int(target.input_ids.shape[1]), vocab_size)
     return decoded
 
 

@@ -229,3 +229,30 @@ def test_a_decode_request_whose_sampling_differs_from_the_handed_over_slot_is_re
     assert not d.has_work
     p.close()
     d.close()
+
+
+@pytest.mark.parametrize(
+    ("part", "name", "values", "word"),
+    [
+        ("target", "seq_lens_decoder", [-5], "outside"),
+        ("target", "step_idx", [10**6], "outside"),
+        ("draft", "seq_lens_this_time", [-1], "outside"),
+        ("target", "draft_tokens", [3, 999], "token ids"),
+        ("draft", "pre_ids", [-7], "token ids"),
+        ("target", "max_dec_len", [-2], ">= 0"),
+    ],
+)
+def test_a_hostile_slot_state_is_refused_before_it_reaches_a_step(random_model, part, name, values, word):
+    target, mtp = random_model
+    cfg = make_config(2, 2)
+    p = Engine(role_config(cfg, "prefill"), target, mtp)
+    p.add_requests([Request("a", [1, 2, 3], 6)])
+    (h,) = p.step(0).handed_off
+    state = json.loads(json.dumps(h.state))
+    state[part][name]["v"] = values
+    d = Engine(role_config(cfg, "decode"), target, mtp)
+    with pytest.raises(InvalidRequestError, match=f"{part}.{name}.*{word}"):
+        d.add_transferred(Request("a", [1, 2, 3], 6, output_token_ids=h.request.output_token_ids, handoff_state=state))
+    assert not d.has_work
+    p.close()
+    d.close()
