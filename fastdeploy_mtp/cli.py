@@ -678,6 +678,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         kv_transport=args.kv_transport,
         kv_transfer_timeout=args.kv_transfer_timeout,
         kv_hold_timeout=args.kv_hold_timeout,
+        kv_advertise_host=args.kv_advertise_host,
         max_waiting_requests=args.max_waiting_requests,
     )
     return serve(opts)

@@ -40,6 +40,7 @@ class ServeOptions:
     kv_transport: str = "auto"
     kv_transfer_timeout: float = 60.0
     kv_hold_timeout: float = 120.0
+    kv_advertise_host: str | None = None
     max_waiting_requests: int | None = None
 
 
@@ -85,6 +86,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     sw.add_argument(
         "--kv-transfer-timeout", type=float, default=60.0, help="decode: seconds one KV transfer may take (default 60)"
+    )
+    sw.add_argument(
+        "--kv-advertise-host",
+        default=None,
+        help="prefill: the host name decode instances reach the KV port at (default --host; with --host 0.0.0.0, "
+        "this machine's name)",
     )
     sw.add_argument(
         "--kv-hold-timeout",
@@ -296,6 +303,7 @@ def _splitwise_engine(
         host=opts.host,
         port=opts.splitwise_port or 0,
         hold_timeout=opts.kv_hold_timeout,
+        advertise_host=opts.kv_advertise_host,
     )
     try:
         holder["se"] = SplitwiseEngine(engine, on_fatal, kv_source=source)

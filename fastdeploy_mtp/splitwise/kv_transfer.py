@@ -51,6 +51,7 @@ import json
 import logging
 import math
 import operator
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -271,6 +272,10 @@ class _Offer:
     deadline: float  # time.monotonic()
 
 
+#: Bind addresses that mean "every interface": a decode instance cannot connect to them.
+_WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "[::]")
+
+
 class KVSource:
     """Serves a prefill instance's offered KV blocks to decode instances.
 
@@ -293,6 +298,9 @@ class KVSource:
             only ``"tcp"``.
         host, port: where to bind.
         hold_timeout: seconds an offer stays reserved without a release.
+        advertise_host: the host name decode instances connect to, put in the descriptors'
+            ``address`` (default ``host``; for a wildcard ``host`` such as ``"0.0.0.0"``, this
+            machine's fully qualified name).
 
     Raises:
         TransferError: an argument that does not fit (named), or the bind failed.
@@ -307,8 +315,11 @@ class KVSource:
         host: str = "127.0.0.1",
         port: int = 0,
         hold_timeout: float = 60.0,
+        advertise_host: str | None = None,
     ):
         where = "KVSource"
+        if advertise_host is not None and (not isinstance(advertise_host, str) or not advertise_host):
+            raise TransferError(f"{where}: `advertise_host` must be a non-empty str, got {advertise_host!r}")
         if not isinstance(layout, KVLayout):
             raise TransferError(f"{where}: `layout` must be a KVLayout, got {type(layout).__name__}")
         self.num_blocks = _check_caches(caches, layout, where, writable=False)
@@ -342,6 +353,10 @@ class KVSource:
         )
         self._thread.start()
         self._ready.wait()
+        if self._bind_error is None:
+            advertised = advertise_host or (socket.getfqdn() if host in _WILDCARD_HOSTS else None)
+            if advertised:
+                self.address = f"tcp://{advertised}:{self.address.rsplit(':', 1)[1]}"
         if self._bind_error is not None:
             self._closed = True
             self._thread.join()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -158,6 +159,22 @@ def test_layout_of_inconsistent_caches() -> None:
 
 
 # ---- tcp transport ------------------------------------------------------------------------------
+
+
+def test_a_wildcard_bind_advertises_a_reachable_address(sources: Any) -> None:
+    """Bound on every interface, the descriptor names a host a decode instance can connect to:
+    ``advertise_host``, or this machine's name."""
+    src = make_caches(1, SRC_BLOCKS, seed=5)
+    dst = make_caches(1, DST_BLOCKS, seed=None)
+    source, releases = sources(src, host="0.0.0.0", advertise_host="127.0.0.1")
+    assert source.address.startswith("tcp://127.0.0.1:")
+    pull_blocks(source.offer("w", [2]), dst, layout_of(dst), [4])
+    assert_copied(src, dst, [2], [4])
+    assert releases.wait() == [("w", "released")]
+    named, _ = sources(src, host="0.0.0.0")
+    assert named.address == f"tcp://{socket.getfqdn()}:{named.address.rsplit(':', 1)[1]}"
+    with pytest.raises(TransferError, match="advertise_host"):
+        sources(src, advertise_host="")
 
 
 @pytest.mark.parametrize("tp", [1, 2])
