@@ -1,5 +1,5 @@
 """The target model runner of the reference engine: owns ``share_inputs`` and the target's
-KV caches, runs one speculative step (forward, greedy verify, status update) and hands the
+KV caches, runs one speculative step (forward, sampling + verify, status update) and hands the
 hidden states to the proposer."""
 
 from __future__ import annotations
@@ -292,8 +292,9 @@ class TargetRunner:
     # ---- one step ---------------------------------------------------------------------------
     @paddle.no_grad()
     def execute(self) -> StepOutput:
-        """One target step: forward over this step's tokens, greedy verification and status
-        update, then the proposer's round (without speculation, ``draft_model_postprocess``).
+        """One target step: forward over this step's tokens, the target's tokens (argmax, or
+        the seeded sampler), verification and status update, then the proposer's round
+        (without speculation, ``draft_model_postprocess``).
         Returns what the step emitted, copied to the host before the proposer runs."""
         target = self.share_inputs
         slt = target.seq_lens_this_time.numpy().astype(np.int64)
