@@ -8,20 +8,55 @@ and no SysV message queue left behind.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 from fastdeploy_mtp.distributed import find_free_port_range
 
 
 def shm_names() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def http_get(url: str, timeout: float = 30) -> tuple[int, str]:
+    """(status, body text) of a GET; an HTTP error status is returned, not raised."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def http_post(url: str, body: dict[str, Any], timeout: float = 60) -> tuple[int, Any]:
+    """(status, answer) of a JSON POST: the parsed JSON, or for an event stream the list of
+    its ``data: {...}`` events; an HTTP error status is returned, not raised."""
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw = r.read().decode()
+            if r.headers.get("content-type", "").startswith("text/event-stream"):
+                return r.status, [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
+            return r.status, json.loads(raw)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def scrape_metrics(base_url: str, timeout: float = 30) -> dict[str, float]:
+    """The ``fastdeploy:*`` samples of ``base_url/metrics``, labelled ones under
+    ``name{label="value"}``."""
+    status, text = http_get(base_url + "/metrics", timeout)
+    assert status == 200, (status, text)
+    return {m[1]: float(m[2]) for m in re.finditer(r"^(fastdeploy:[a-z_]+(?:\{[^}]*\})?) (\S+)$", text, re.M)}
 
 
 def descendants(pid: int) -> list[int]:

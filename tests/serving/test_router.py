@@ -21,8 +21,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +34,7 @@ from fastdeploy_mtp.cli import main
 from fastdeploy_mtp.distributed import find_free_port_range
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 from fastdeploy_mtp.serving.router import RouterBackend, router_app
+from tests.serving.servers import http_get, http_post, scrape_metrics
 
 openai = pytest.importorskip("openai")
 
@@ -220,26 +219,15 @@ def client(url: str) -> Any:
 
 
 def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+    return http_get(url, timeout=10)
 
 
-def post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+def post(url: str, body: dict[str, Any]) -> tuple[int, Any]:
+    return http_post(url, body, timeout=30)
 
 
 def metrics(url: str) -> dict[str, float]:
-    status, text = get(url + "/metrics")
-    assert status == 200
-    return {m[1]: float(m[2]) for m in re.finditer(r"^(fastdeploy:router_[a-z_]+) (\S+)$", text, re.M)}
+    return scrape_metrics(url)
 
 
 def expected(n: int) -> str:

@@ -9,10 +9,7 @@ Every server is stopped with SIGTERM and must exit 0 leaving nothing behind
 
 from __future__ import annotations
 
-import json
 import math
-import urllib.error
-import urllib.request
 from typing import Any
 
 import pytest
@@ -21,7 +18,12 @@ openai = pytest.importorskip("openai")
 
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams  # noqa: E402
-from tests.serving.servers import ServerProcess, serving, stopped_cleanly  # noqa: E402
+from tests.serving.servers import (  # noqa: E402
+    ServerProcess,
+    http_post as post,  # noqa: E402
+    serving,
+    stopped_cleanly,
+)
 
 MODEL = "fastdeploy-mtp-tiny"
 MTP3 = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 3}'
@@ -56,15 +58,6 @@ def plain_server():
 
 def client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-def post(url: str, body: dict[str, Any]) -> tuple[int, Any]:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def complete(url: str, prompt: str, stream: bool = False, **fields: Any) -> tuple[str, str, Any]:

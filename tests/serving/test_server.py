@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import pathlib
-import re
 import signal
 import time
 import urllib.error
@@ -23,7 +22,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
-from tests.serving.servers import ServerProcess, serving, stopped_cleanly  # noqa: E402
+from tests.serving.servers import ServerProcess, http_get, scrape_metrics, serving, stopped_cleanly  # noqa: E402
 
 MAX_TOKENS = 24
 SPEC = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": "with_ngram"}'
@@ -53,22 +52,11 @@ def client(server: ServerProcess) -> openai.OpenAI:
 
 
 def get(server: ServerProcess, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(server.base_url + path, timeout=30) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+    return http_get(server.base_url + path)
 
 
 def metrics(server: ServerProcess) -> dict[str, float]:
-    status, text = get(server, "/metrics")
-    assert status == 200
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r"^(fastdeploy:[a-z_]+(?:\{[^}]*\})?) (\S+)$", line)
-        if m:
-            out[m.group(1)] = float(m.group(2))
-    return out
+    return scrape_metrics(server.base_url)
 
 
 def test_start_up_reports_progress_and_models_health(server):

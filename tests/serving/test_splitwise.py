@@ -13,13 +13,10 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,7 +27,14 @@ openai = pytest.importorskip("openai")
 from fastdeploy_mtp.distributed import find_free_port_range  # noqa: E402
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
 from fastdeploy_mtp.serving.router import RouterBackend, router_app  # noqa: E402
-from tests.serving.servers import ServerProcess, alive, shm_names, stopped_cleanly  # noqa: E402
+from tests.serving.servers import (  # noqa: E402
+    ServerProcess,
+    alive,
+    http_post as post,  # noqa: E402
+    scrape_metrics as metrics,  # noqa: E402
+    shm_names,
+    stopped_cleanly,
+)
 from tests.serving.test_router import ThreadServer  # noqa: E402
 from tests.serving.test_server import offline  # noqa: E402
 
@@ -90,24 +94,6 @@ def router(prefill: ServerProcess, decode: ServerProcess, queue_timeout: float =
         yield srv.url
     finally:
         srv.stop()
-
-
-def metrics(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
-        text = r.read().decode()
-    return {m[1]: float(m[2]) for m in re.finditer(r"^(fastdeploy:[a-z_]+) (\S+)$", text, re.M)}
-
-
-def post(url: str, body: dict[str, Any], timeout: float = 60) -> tuple[int, Any]:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            raw = r.read().decode()
-            if r.headers.get("content-type", "").startswith("text/event-stream"):
-                return r.status, [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
-            return r.status, json.loads(raw)
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def wait_for(predicate: Any, timeout: float = 20.0) -> None:
