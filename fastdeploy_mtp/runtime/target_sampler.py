@@ -114,19 +114,15 @@ class TargetSampler:
             return out
         probs = paddle.nn.functional.softmax(scaled, axis=-1)
         sorted_p, sorted_idx = paddle.topk(probs, k=v, axis=-1)
-        keep = self._keep_mask(sorted_p, params, v)
-        if self.strategy == ops.VerifyStrategy.TOPP:
-            scores = paddle.where(keep, sorted_p, paddle.zeros_like(sorted_p))  # upstream: raw probabilities
-        else:
-            scores = paddle.where(keep, sorted_p, paddle.zeros_like(sorted_p))
-            scores = scores / paddle.clip(scores.sum(axis=-1, keepdim=True), min=1e-30)
+        kept = paddle.where(self._keep_mask(sorted_p, params, v), sorted_p, paddle.zeros_like(sorted_p))
+        kept_mass = paddle.clip(kept.sum(axis=-1, keepdim=True), min=1e-30)
+        # TOPP's candidate scores are upstream's raw probabilities; the others' the filtered distribution
+        scores = kept if self.strategy == ops.VerifyStrategy.TOPP else kept / kept_mass
         g = step_idx[row_slot].astype(np.int64) + row_j.astype(np.int64)
         seeds = np.array([self.seeds.get(int(b), 0) for b in row_slot], np.int64)
         if sampling_rows:
             u = paddle.to_tensor(position_uniforms(seeds, g, SAMPLE_COLUMN)).reshape([r, 1])
-            filtered = paddle.zeros_like(probs)
-            filtered = paddle.put_along_axis(filtered, sorted_idx, scores, axis=-1)
-            filtered = filtered / paddle.clip(filtered.sum(axis=-1, keepdim=True), min=1e-30)
+            filtered = paddle.put_along_axis(paddle.zeros_like(probs), sorted_idx, kept, axis=-1) / kept_mass
             cum = paddle.cumsum(filtered, axis=-1)
             pick = (cum <= u).astype("int64").sum(axis=-1)
             # rounding can leave u above the last cumulative sum: take the last kept token
