@@ -404,7 +404,8 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _per_position(metrics: Metrics) -> str:
+def per_position_text(metrics: Metrics) -> str:
+    """The acceptance per draft position as ``"0.87 0.38 -"`` (``-``: no draft offered there)."""
     return " ".join("-" if a is None else f"{a:.2f}" for a in metrics.acceptance_per_position) or "-"
 
 
@@ -530,7 +531,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"{metrics.tokens_per_second:.1f}",
             str(metrics.target_forwards),
             f"{metrics.mean_accepted_length:.2f}",
-            _per_position(metrics),
+            per_position_text(metrics),
             "-" if speedup is None else f"{speedup:.2f}x",
         ],
     ]
@@ -593,7 +594,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if spec.enabled:
         print(
             f"[{speculation_label(spec)}: mean accepted len {metrics.mean_accepted_length:.2f}, "
-            f"acceptance per position {_per_position(metrics)}, {metrics.tokens_per_second:.1f} tokens/s]",
+            f"acceptance per position {per_position_text(metrics)}, {metrics.tokens_per_second:.1f} tokens/s]",
             file=sys.stderr,
         )
         print(METRICS_LEGEND, file=sys.stderr)

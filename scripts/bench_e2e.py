@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fastdeploy_mtp.cli import run_prompts, speculative_config  # noqa: E402
+from fastdeploy_mtp.cli import per_position_text, run_prompts, speculative_config  # noqa: E402
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams  # noqa: E402
 
@@ -51,7 +51,7 @@ def sampling_table(max_tokens: int, checkpoint: str | None) -> list[dict]:
                     if strategy == "target_match" and ids != base_ids:
                         raise SystemExit(f"{label}: seeded TARGET_MATCH tokens differ from plain sampling")
                     speedup = m.tokens_per_second / base.tokens_per_second
-                    per_pos = " ".join("-" if a is None else f"{a:.2f}" for a in m.acceptance_per_position)
+                    per_pos = per_position_text(m)
                     print(
                         f"{temperature:>4} {strategy:>12} {batch:>5} {k:>2} {steps:>2} {str(hybrid):>6} "
                         f"{m.tokens_per_second:8.1f} {m.mean_accepted_length:12.2f} {speedup:7.2f}x  {per_pos}",
@@ -109,7 +109,7 @@ def main() -> int:
                 if ids != base_ids:
                     raise SystemExit(f"batch {batch} K={k} hybrid={hybrid}: tokens differ from plain decoding")
                 speedup = m.tokens_per_second / base.tokens_per_second
-                per_pos = " ".join("-" if a is None else f"{a:.2f}" for a in m.acceptance_per_position)
+                per_pos = per_position_text(m)
                 print(
                     f"{batch:>5} {k:>2} {steps:>2} {str(hybrid):>6} {m.tokens_per_second:8.1f} "
                     f"{m.mean_accepted_length:12.2f} {speedup:7.2f}x  {per_pos}",
