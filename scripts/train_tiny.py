@@ -8,13 +8,31 @@ the same command resumes from there. Training stops at ``--max-steps`` or after
 first. ``--export DIR`` then writes ``model.safetensors``, ``config.json`` and ``metrics.json``
 (held-out evaluation) into DIR.
 
-Loss = CE(next token) + ``--mtp-weight`` * CE(MTP layer's token-after-next), where the MTP
-layer at position p gets (embedding of t_{p+1}, target hidden h_p) and predicts t_{p+2}.
+Loss = CE(next token) + ``--mtp-weight`` * sum over depths of the MTP loss at that depth.
+The MTP layer at position p gets (embedding of t_{p+1}, target hidden h_p) and predicts
+t_{p+2}; with ``--mtp-depth S`` it is unrolled for S substeps on its own output hidden
+states, attending as the proposer's substeps do at serving time
+(:func:`fastdeploy_mtp.models.mtp_unrolled.unrolled_mtp_forward`), and depth k is scored on
+the token k + 1 positions ahead. ``--mtp-layers L`` trains L distinct MTP layers (depth k
+runs layer (k - 1) % L).
 
-Example::
+Second stage (how the shipped MTP layer is trained): ``--init-from DIR --freeze-target``
+starts from a checkpoint, keeps the target's weights exactly (so its quality is unchanged)
+and trains only the MTP layers. ``--distill`` scores each depth against the target's own
+next-token distribution instead of the corpus byte (speculation is accepted when the draft
+matches the target, not the text), and ``--gen-fraction F`` makes that share of each batch
+greedy continuations of corpus prompts by the target itself (generated once into
+``--run-dir`` and reused on resume), the text the target produces when it serves.
 
+Examples::
+
+    # target + depth-1 MTP layer from scratch
     OMP_NUM_THREADS=1 python scripts/train_tiny.py --run-dir /work/train_run \
         --wall-budget-min 55 --max-steps 5000 --export fastdeploy_mtp/assets
+    # depth-3 MTP layer on the frozen shipped target
+    OMP_NUM_THREADS=1 python scripts/train_tiny.py --run-dir /work/depth_run \
+        --init-from fastdeploy_mtp/assets --freeze-target --distill --mtp-depth 3 \
+        --gen-fraction 0.5 --max-steps 1500 --export /work/depth_ckpt
 """
 
 from __future__ import annotations
@@ -36,12 +54,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fastdeploy_mtp.models import (  # noqa: E402
     ModelConfig,
-    MTPLayer,
     TinyTargetModel,
     causal_bias,
     corpus as corpus_lib,  # noqa: E402
     tiny as tiny_lib,  # noqa: E402
 )
+from fastdeploy_mtp.models.layers import apply_rope  # noqa: E402
+from fastdeploy_mtp.models.mtp_layer import build_mtp, mtp_layers_of  # noqa: E402
+from fastdeploy_mtp.models.mtp_unrolled import unrolled_mtp_forward  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -71,6 +91,13 @@ def parse_args(argv=None):
     p.add_argument("--warmup-steps", type=int, default=200)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--mtp-weight", type=float, default=1.0)
+    p.add_argument("--mtp-depth", type=int, default=1, help="MTP substeps to unroll in training (S)")
+    p.add_argument("--mtp-layers", type=int, default=1, help="distinct MTP layers (num_nextn_predict_layers)")
+    p.add_argument("--init-from", default=None, help="start from this checkpoint directory (target + MTP)")
+    p.add_argument("--freeze-target", action="store_true", help="train only the MTP layers")
+    p.add_argument("--distill", action="store_true", help="score the MTP layers against the target's distribution")
+    p.add_argument("--gen-fraction", type=float, default=0.0, help="share of each batch that is target-generated")
+    p.add_argument("--gen-pool", type=int, default=1024, help="target-generated sequences to draw from")
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--export", default=None, help="write the trained checkpoint here at the end")
@@ -119,19 +146,153 @@ def lr_at(step: int, args) -> float:
     return float(args.lr * ratio)
 
 
-def losses(target, mtp, ids, bias, mtp_weight):
-    """``ids [B, S]`` int64 -> ``(total loss, main CE [B, S-1, 1], MTP CE [B, S-2, 1],
-    main logits [B, S-1, V], MTP logits [B, S-2, V])``. MTP row p pairs token p+1 with the
-    target hidden state at p and is scored on token p+2."""
+def target_forward(target, ids, bias, frozen):
+    """``ids [B, S]`` -> (target hidden ``[B, S, H]`` the MTP layer consumes, logits ``[B, S, V]``)."""
+    if frozen:
+        with paddle.no_grad():
+            pre, post = target.forward_dense(ids, bias)
+            hidden = target.mtp_hidden(pre, post)
+            return hidden, target.compute_logits(hidden)
     pre, post = target.forward_dense(ids, bias)
     hidden = target.mtp_hidden(pre, post)
-    logits = target.compute_logits(hidden)  # [B, S, V]
-    main_ce = F.cross_entropy(logits[:, :-1], ids[:, 1:].unsqueeze(-1))
-    mtp_h = mtp.forward_dense(ids[:, 1:-1], hidden[:, :-2], bias)  # predicts ids[:, 2:]
-    mtp_logits = mtp.compute_logits(mtp_h)
-    mtp_ce = F.cross_entropy(mtp_logits, ids[:, 2:].unsqueeze(-1))
-    total = main_ce.mean() + mtp_weight * mtp_ce.mean()
-    return total, main_ce, mtp_ce, logits[:, :-1], mtp_logits
+    return hidden, target.compute_logits(hidden)
+
+
+def soft_ce(student_logits, teacher_logits, vocab):
+    """Cross-entropy of ``student`` against ``softmax(teacher)`` over the first ``vocab``
+    columns (the padded ones are ``-inf``), per row: ``[..., 1]``."""
+    teacher = F.softmax(teacher_logits[..., :vocab].detach(), axis=-1)
+    return -(teacher * F.log_softmax(student_logits[..., :vocab], axis=-1)).sum(-1, keepdim=True)
+
+
+def losses(target, mtp, ids, bias, args):
+    """``ids [B, S]`` int64 -> ``(total loss, main CE [B, S-1, 1] or None, [per-depth MTP loss
+    [B, S-1-k, 1] for k = 1..depth], main logits [B, S-1, V], [per-depth MTP logits])``.
+
+    MTP row p pairs token p+1 with the target hidden state at p; depth k at row p predicts
+    token p+2 (the chain started k - 1 rows earlier) and is valid for p >= k - 1."""
+    vocab = target.config.ori_vocab_size
+    hidden, logits = target_forward(target, ids, bias, args.freeze_target)
+    main_ce = None if args.freeze_target else F.cross_entropy(logits[:, :-1], ids[:, 1:].unsqueeze(-1))
+    outs = unrolled_mtp_forward(mtp_layers_of(mtp), ids[:, 1:-1], hidden[:, :-2], args.mtp_depth)
+    per_depth, mtp_logits = [], []
+    layers = mtp_layers_of(mtp)
+    for k, out in enumerate(outs, start=1):
+        lg = layers[(k - 1) % len(layers)].compute_logits(out[:, k - 1 :])
+        if args.distill:
+            ce = soft_ce(lg, logits[:, k:-1], vocab)
+        else:
+            ce = F.cross_entropy(lg, ids[:, k + 1 :].unsqueeze(-1))
+        per_depth.append(ce)
+        mtp_logits.append(lg)
+    total = args.mtp_weight * sum(ce.mean() for ce in per_depth)
+    if main_ce is not None:
+        total = total + main_ce.mean()
+    return total, main_ce, per_depth, logits[:, :-1], mtp_logits
+
+
+@paddle.no_grad()
+def greedy_continue(target, prompts: np.ndarray, new_tokens: int) -> np.ndarray:
+    """Greedy continuation of equal-length ``prompts [B, P]`` (int64) by ``new_tokens``
+    bytes with a dense per-layer key/value cache; returns ``[B, P + new_tokens]``."""
+    b, p = prompts.shape
+    cos_all, sin_all = target.rotary.prefix(p + new_tokens)
+    ids = paddle.to_tensor(prompts.astype(np.int64))
+    kv = [None] * len(target.layers)
+    out, step_ids, start = [prompts], ids, 0
+    bias = causal_bias(p)
+    for _ in range(new_tokens):
+        s = int(step_ids.shape[1])
+        cos, sin = cos_all[start : start + s], sin_all[start : start + s]
+        h = target.embed_tokens(step_ids)
+        for li, layer in enumerate(target.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = apply_rope(attn.q_proj(x).reshape([b, s, attn.num_heads, attn.head_dim]), cos, sin)
+            k = apply_rope(attn.k_proj(x).reshape([b, s, attn.num_kv_heads, attn.head_dim]), cos, sin)
+            v = attn.v_proj(x).reshape([b, s, attn.num_kv_heads, attn.head_dim])
+            k, v = k.transpose([0, 2, 1, 3]), v.transpose([0, 2, 1, 3])
+            if kv[li] is not None:
+                k = paddle.concat([kv[li][0], k], axis=2)
+                v = paddle.concat([kv[li][1], v], axis=2)
+            kv[li] = (k, v)
+            groups = attn.num_heads // attn.num_kv_heads
+            scores = paddle.matmul(
+                q.transpose([0, 2, 1, 3]), paddle.repeat_interleave(k, groups, axis=1), transpose_y=True
+            ) * attn.scale
+            if s > 1:
+                scores = scores + bias[:s, :s]
+            o = paddle.matmul(F.softmax(scores, axis=-1), paddle.repeat_interleave(v, groups, axis=1))
+            h = h + attn.o_proj(o.transpose([0, 2, 1, 3]).reshape([b, s, attn.num_heads * attn.head_dim]))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        hidden = target.mtp_hidden(h[:, -1], target.norm(h[:, -1]))
+        nxt = target.compute_logits(hidden).argmax(-1)
+        out.append(nxt.numpy().reshape(b, 1))
+        start += s
+        step_ids = nxt.reshape([b, 1])
+    return np.concatenate(out, axis=1).astype(np.int64)
+
+
+def gen_pool(run_dir, name, target, data, count, seq_len, seed):
+    """``count`` sequences of ``seq_len`` bytes: ``seq_len // 2`` bytes of ``data`` at random
+    offsets, then the target's greedy continuation. Cached as ``run_dir/name.npy``."""
+    path = os.path.join(run_dir, name + ".npy")
+    if os.path.exists(path):
+        pool = np.load(path)
+        if pool.shape == (count, seq_len):
+            return pool
+    rng = np.random.default_rng(seed)
+    half = seq_len // 2
+    starts = rng.integers(0, len(data) - half, size=count)
+    prompts = np.stack([data[s : s + half] for s in starts]).astype(np.int64)
+    parts = []
+    t0 = time.time()
+    for i in range(0, count, 64):
+        parts.append(greedy_continue(target, prompts[i : i + 64], seq_len - half))
+        log(run_dir, f"generated {min(i + 64, count)}/{count} {name} sequences ({time.time() - t0:.0f}s)")
+    pool = np.concatenate(parts)
+    np.save(path + ".tmp.npy", pool)
+    os.replace(path + ".tmp.npy", path)
+    return pool
+
+
+@paddle.no_grad()
+def evaluate_depths(target, mtp, windows: np.ndarray, depth: int, batch_size: int = 32) -> dict:
+    """Teacher-forced per-depth figures on ``windows [N, S]``: the MTP loss against the
+    corpus byte (``ce``), top-1 agreement with the target's argmax (``agree``), and the
+    chained agreement ``accept``: at depth k, the share of chains whose depths 1..k all agree
+    with the target, i.e. the acceptance rate of draft position k if the target's argmax
+    were the text (exactly so on target-generated windows)."""
+    was_training = mtp.training
+    mtp.eval()
+    seq = windows.shape[1]
+    bias = causal_bias(seq)
+    ce_sum, agree_sum, accept_sum, count = np.zeros(depth), np.zeros(depth), np.zeros(depth), np.zeros(depth)
+    layers = mtp_layers_of(mtp)
+    for s in range(0, len(windows), batch_size):
+        ids = paddle.to_tensor(windows[s : s + batch_size].astype(np.int64))
+        hidden, logits = target_forward(target, ids, bias, True)
+        outs = unrolled_mtp_forward(layers, ids[:, 1:-1], hidden[:, :-2], depth)
+        want = logits[:, 1:-1].argmax(-1).numpy()  # target's argmax for row p (token p + 2)
+        agree = []
+        for k, out in enumerate(outs, start=1):
+            lg = layers[(k - 1) % len(layers)].compute_logits(out)  # [B, S-2, V]
+            ce = F.cross_entropy(lg[:, k - 1 :], ids[:, k + 1 :].unsqueeze(-1), reduction="sum")
+            ok = lg.argmax(-1).numpy() == want
+            agree.append(ok)
+            ce_sum[k - 1] += float(ce)
+            agree_sum[k - 1] += ok[:, k - 1 :].sum()
+            # chain starting at row c: depth j sits at row c + j - 1
+            n = ok.shape[1] - (k - 1)
+            chain = np.ones((ok.shape[0], n), bool)
+            for j in range(1, k + 1):
+                chain &= agree[j - 1][:, j - 1 : j - 1 + n]
+            accept_sum[k - 1] += chain.sum()
+            count[k - 1] += ok[:, k - 1 :].size
+    if was_training:
+        mtp.train()
+    r = lambda a: [round(float(x), 4) for x in a]  # noqa: E731
+    return {"ce": r(ce_sum / count), "agree": r(agree_sum / count), "accept": r(accept_sum / count), "windows": len(windows)}
 
 
 def log(run_dir, msg):
@@ -150,24 +311,41 @@ def main(argv=None):
     paddle.seed(args.seed)
     np.random.seed(args.seed)
 
-    config = ModelConfig(
-        vocab_size=args.vocab_size,
-        ori_vocab_size=256,
-        hidden_size=args.hidden_size,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        intermediate_size=args.intermediate_size,
-        mtp_hidden_state=args.mtp_hidden_state,
-        max_position_embeddings=4096,
-    )
-    target = TinyTargetModel(config)
-    mtp = MTPLayer(config, target)
-    params = list(target.parameters()) + list(mtp.parameters())
-    named = [("target." + n, p.name) for n, p in target.named_parameters()] + [
-        ("mtp." + n, p.name) for n, p in mtp.named_parameters()
-    ]
-    n_params = sum(int(np.prod(p.shape)) for p in params)
+    if args.init_from:
+        config = ModelConfig.load_json(os.path.join(args.init_from, tiny_lib.CONFIG_FILE))
+        config.num_nextn_predict_layers = args.mtp_layers
+        base_target, base_mtp, _ = tiny_lib.load_tiny(args.init_from)
+        target = base_target
+        mtp = build_mtp(config, target)
+        # every new MTP layer starts from the checkpoint's (first) layer
+        first = mtp_layers_of(base_mtp)[0].state_dict()
+        for layer in mtp_layers_of(mtp):
+            layer.set_state_dict(first)
+    else:
+        config = ModelConfig(
+            vocab_size=args.vocab_size,
+            ori_vocab_size=256,
+            hidden_size=args.hidden_size,
+            num_hidden_layers=args.layers,
+            num_attention_heads=args.heads,
+            num_key_value_heads=args.kv_heads,
+            intermediate_size=args.intermediate_size,
+            mtp_hidden_state=args.mtp_hidden_state,
+            max_position_embeddings=4096,
+            num_nextn_predict_layers=args.mtp_layers,
+        )
+        target = TinyTargetModel(config)
+        mtp = build_mtp(config, target)
+    if args.freeze_target:
+        target.eval()
+        for p in target.parameters():
+            p.stop_gradient = True
+    mtp.train()
+    params = list(mtp.parameters()) + ([] if args.freeze_target else list(target.parameters()))
+    named = [("mtp." + n, p.name) for n, p in mtp.named_parameters()]
+    if not args.freeze_target:
+        named += [("target." + n, p.name) for n, p in target.named_parameters()]
+    n_params = sum(int(np.prod(p.shape)) for p in list(target.parameters()) + list(mtp.parameters()))
     no_decay = {p.name for p in params if len(p.shape) == 1}
     opt = paddle.optimizer.AdamW(
         learning_rate=args.lr,
@@ -182,6 +360,8 @@ def main(argv=None):
     split = corpus_lib.load_split()
     train = split.train_array()
     rng = np.random.default_rng(args.seed)
+    n_gen = int(round(args.batch_size * args.gen_fraction))
+    pool = gen_pool(args.run_dir, "gen_train", target, train, args.gen_pool, args.seq_len, args.seed) if n_gen else None
     step, elapsed = 0, 0.0
     ckpt_path = os.path.join(args.run_dir, "ckpt.pdckpt")
     if os.path.exists(ckpt_path):
@@ -197,6 +377,12 @@ def main(argv=None):
             "mtp_hidden_state",
             "seq_len",
             "seed",
+            "mtp_layers",
+            "mtp_depth",
+            "init_from",
+            "freeze_target",
+            "distill",
+            "gen_fraction",
         )
         changed = [k for k in shape_keys if k in saved and saved[k] != getattr(args, k)]
         if changed:
@@ -227,6 +413,9 @@ def main(argv=None):
         paddle.save(state, tmp)
         os.replace(tmp, ckpt_path)
 
+    heldout_gen = None
+    if args.mtp_depth > 1 or args.distill:
+        heldout_gen = gen_pool(args.run_dir, "gen_heldout", target, split.heldout_array(), 64, args.seq_len, args.seed + 1)
     bias = causal_bias(args.seq_len)
     budget = args.wall_budget_min * 60.0
     last_ckpt = time.time()
@@ -234,26 +423,37 @@ def main(argv=None):
     recent = []
     while not args.eval_only and step < args.max_steps and elapsed < budget:
         t0 = time.time()
-        starts = rng.integers(0, len(train) - args.seq_len, size=args.batch_size)
-        batch = np.stack([train[s : s + args.seq_len] for s in starts]).astype(np.int64)
+        starts = rng.integers(0, len(train) - args.seq_len, size=args.batch_size - n_gen)
+        batch = [train[s : s + args.seq_len] for s in starts]
+        if n_gen:
+            batch += list(pool[rng.integers(0, len(pool), size=n_gen)])
+        batch = np.stack(batch).astype(np.int64)
         opt.set_lr(lr_at(step, args))
-        total, main_ce, mtp_ce, _, _ = losses(target, mtp, paddle.to_tensor(batch), bias, args.mtp_weight)
+        total, main_ce, per_depth, _, _ = losses(target, mtp, paddle.to_tensor(batch), bias, args)
         total.backward()
         opt.step()
         opt.clear_grad()
         step += 1
         elapsed = seg_elapsed0 + (time.time() - seg_start)
-        recent.append((float(main_ce.mean()), float(mtp_ce.mean()), time.time() - t0))
+        recent.append(
+            [float(main_ce.mean()) if main_ce is not None else 0.0]
+            + [float(ce.mean()) for ce in per_depth]
+            + [time.time() - t0]
+        )
         if step % 50 == 0:
             m = np.mean(recent, axis=0)
+            depths = " ".join(f"{x:.4f}" for x in m[1:-1])
             log(
                 args.run_dir,
                 f"step {step} lr {lr_at(step - 1, args):.2e} main {m[0]:.4f} "
-                f"mtp {m[1]:.4f} {1.0 / m[2]:.2f} steps/s elapsed {elapsed:.0f}s",
+                f"mtp[depth] {depths} {1.0 / m[-1]:.2f} steps/s elapsed {elapsed:.0f}s",
             )
             recent = []
         if step % args.eval_every == 0:
-            quick = tiny_lib.evaluate_dense(target, mtp, split.heldout_array(), args.seq_len, max_windows=256)
+            if heldout_gen is not None:
+                quick = evaluate_depths(target, mtp, heldout_gen, args.mtp_depth)
+            else:
+                quick = tiny_lib.evaluate_dense(target, mtp, split.heldout_array(), args.seq_len, max_windows=256)
             log(args.run_dir, f"eval step {step}: {json.dumps(quick)}")
         if time.time() - last_ckpt > args.ckpt_every_sec:
             save_ckpt()

@@ -48,6 +48,10 @@ class ModelConfig:
             Qwen3-Next, MiMo) or ``"in_logits"`` (``forward`` returns the un-normed state and
             ``compute_logits`` applies the norm; FastDeploy's GLM-4.5, DeepSeek's
             ``shared_head.norm``).
+        num_nextn_predict_layers: distinct MTP layers the checkpoint carries (DeepSeek-V3's
+            name). Substep ``s`` (0-based) of a round runs layer ``s % num_nextn_predict_layers``
+            by default (see ``SpeculativeConfig.mtp_layer_schedule``); each layer has its own KV
+            cache.
     """
 
     vocab_size: int = 272
@@ -66,6 +70,7 @@ class ModelConfig:
     block_size: int = 16
     attention_bias: bool = False
     mtp_final_norm: str = "in_forward"
+    num_nextn_predict_layers: int = 1
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
@@ -87,6 +92,8 @@ class ModelConfig:
         ):
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"`{name}` must be positive, got {getattr(self, name)}")
+        if int(self.num_nextn_predict_layers) < 1:
+            raise ValueError(f"`num_nextn_predict_layers` must be >= 1, got {self.num_nextn_predict_layers}")
         if self.num_hidden_layers < 0:
             raise ValueError(f"`num_hidden_layers` must be >= 0, got {self.num_hidden_layers}")
         if self.ori_vocab_size > self.vocab_size:

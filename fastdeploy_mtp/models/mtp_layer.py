@@ -54,6 +54,9 @@ class MTPLayer(nn.Layer):
         )
         # A plain tuple is not registered as a sublayer: shared weights stay owned by the target.
         self._shared = (target,)
+        #: Index of this layer's key/value pair in ``forward_meta.caches`` (set by
+        #: :class:`MTPStack` for its layers; a lone layer uses pair 0).
+        self.cache_layer = 0
 
     @property
     def target(self) -> TinyTargetModel:
@@ -96,7 +99,7 @@ class MTPLayer(nn.Layer):
         plan = forward_meta.build_plan()
         cos, sin = self.rotary.lookup(plan.positions)
         x = self._fuse(self.target.embed_tokens(ids_remove_padding), previous_hidden_states.astype("float32"))
-        x = self.mtp_block(x, cos, sin, self.attn_backend, 0, forward_meta)
+        x = self.mtp_block(x, cos, sin, self.attn_backend, self.cache_layer, forward_meta)
         return self.norm(x) if self.config.mtp_final_norm == "in_forward" else x
 
     def compute_logits(self, hidden: paddle.Tensor, forward_meta: ForwardMeta | None = None) -> paddle.Tensor:
@@ -123,3 +126,77 @@ class MTPLayer(nn.Layer):
         x = self._fuse(self.target.embed_tokens(next_ids), hidden)
         x = self.mtp_block.forward_dense(x, cos, sin, bias)
         return self.norm(x) if self.config.mtp_final_norm == "in_forward" else x
+
+
+class MTPStack(nn.Layer):
+    """``config.num_nextn_predict_layers`` distinct MTP layers (DeepSeek-V3's sequential MTP
+    modules; MiMo ships three), each an :class:`MTPLayer` sharing the target's embedding and
+    LM head, each with its own KV cache pair: layer ``i`` uses ``forward_meta.caches[2i:2i+2]``.
+
+    The proposer picks the layer of each substep (:attr:`num_layers`, ``forward(...,
+    layer=i)``); :meth:`compute_logits` is the same for every layer except for the final norm
+    under ``mtp_final_norm == "in_logits"``, so it takes the layer too. Checkpoint names are
+    ``layers.{i}.<MTPLayer name>`` under the MTP prefix.
+    """
+
+    def __init__(self, config: ModelConfig, target: TinyTargetModel):
+        super().__init__()
+        if config.num_nextn_predict_layers < 2:
+            raise ValueError("MTPStack is for num_nextn_predict_layers >= 2; use MTPLayer for one layer")
+        self.config = config
+        self.layers = nn.LayerList([MTPLayer(config, target) for _ in range(config.num_nextn_predict_layers)])
+        for i, layer in enumerate(self.layers):
+            layer.cache_layer = i
+        self.tensor_parallel_size = target.tensor_parallel_size
+
+    @property
+    def target(self) -> TinyTargetModel:
+        return self.layers[0].target
+
+    @property
+    def attn_backend(self) -> ReferenceAttentionBackend:
+        return self.layers[0].attn_backend
+
+    @property
+    def rotary(self) -> RotaryEmbedding:
+        return self.layers[0].rotary
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def num_cache_layers(self) -> int:
+        return len(self.layers)
+
+    def forward(
+        self,
+        ids_remove_padding: paddle.Tensor | None,
+        previous_hidden_states: paddle.Tensor,
+        forward_meta: ForwardMeta,
+        layer: int = 0,
+    ) -> paddle.Tensor:
+        """:meth:`MTPLayer.forward` of layer ``layer`` (its own cache pair)."""
+        if not 0 <= layer < len(self.layers):
+            raise ValueError(f"`layer` must be in [0, {len(self.layers)}), got {layer}")
+        return self.layers[layer](ids_remove_padding, previous_hidden_states, forward_meta)
+
+    def compute_logits(
+        self, hidden: paddle.Tensor, forward_meta: ForwardMeta | None = None, layer: int = 0
+    ) -> paddle.Tensor:
+        """:meth:`MTPLayer.compute_logits` of layer ``layer``."""
+        return self.layers[layer].compute_logits(hidden, forward_meta)
+
+    def empty_input_forward(self, forward_meta: ForwardMeta | None = None) -> None:
+        """No-op (dense layers have no collectives to join)."""
+        return None
+
+
+def mtp_layers_of(mtp: MTPLayer | MTPStack) -> list[MTPLayer]:
+    """The distinct layers of an MTP model, in substep order."""
+    return list(mtp.layers) if isinstance(mtp, MTPStack) else [mtp]
+
+
+def build_mtp(config: ModelConfig, target: TinyTargetModel) -> MTPLayer | MTPStack:
+    """An :class:`MTPLayer` for one layer, an :class:`MTPStack` for more."""
+    return MTPStack(config, target) if config.num_nextn_predict_layers > 1 else MTPLayer(config, target)

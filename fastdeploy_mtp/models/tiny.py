@@ -16,7 +16,7 @@ from .attention import causal_bias
 from .forward_meta import make_forward_meta
 from .loading import TensorSource, load_state_strict, state_to_numpy
 from .model_config import ModelConfig
-from .mtp_layer import MTPLayer
+from .mtp_layer import MTPLayer, MTPStack, build_mtp
 from .target import TinyTargetModel
 
 #: Directory of the shipped checkpoint.
@@ -169,7 +169,11 @@ def greedy_generate(target: TinyTargetModel, prompt: Sequence[int], max_new_toke
 
 
 def save_tiny(
-    out_dir: str, target: TinyTargetModel, mtp: MTPLayer, config: ModelConfig, metrics: dict | None = None
+    out_dir: str,
+    target: TinyTargetModel,
+    mtp: MTPLayer | MTPStack,
+    config: ModelConfig,
+    metrics: dict | None = None,
 ) -> None:
     """Write ``model.safetensors`` (target tensors under their own names, MTP tensors under
     ``mtp.``; Paddle ``[in, out]`` layout, float32), ``config.json`` and ``metrics.json``."""
@@ -192,7 +196,7 @@ def save_tiny(
 
 def load_tiny(
     path: str | None = None, tensor_parallel_size: int = 1, tensor_parallel_rank: int = 0
-) -> tuple[TinyTargetModel, MTPLayer, ModelConfig]:
+) -> tuple[TinyTargetModel, MTPLayer | MTPStack, ModelConfig]:
     """Load the shipped (or a saved) tiny checkpoint, whole or one tensor-parallel shard.
 
     Args:
@@ -205,7 +209,9 @@ def load_tiny(
             :func:`fastdeploy_mtp.distributed.init_tensor_parallel`.
 
     Returns:
-        ``(target, mtp, config)`` in eval mode; ``mtp`` shares the target's embedding and head.
+        ``(target, mtp, config)`` in eval mode; ``mtp`` (an :class:`MTPLayer`, or an
+        :class:`MTPStack` when ``config.num_nextn_predict_layers > 1``) shares the target's
+        embedding and head.
         ``config`` is the full model's (unsharded) config.
 
     Raises:
@@ -219,7 +225,7 @@ def load_tiny(
             raise FileNotFoundError(f"tiny checkpoint directory {path!r} has no {name}")
     config = ModelConfig.load_json(os.path.join(path, CONFIG_FILE))
     target = TinyTargetModel(config, tensor_parallel_size, tensor_parallel_rank)
-    mtp = MTPLayer(config, target)
+    mtp = build_mtp(config, target)
     src = TensorSource(os.path.join(path, WEIGHTS_FILE))
     load_state_strict(target, src, "", tensor_parallel_size, tensor_parallel_rank)
     load_state_strict(mtp, src, MTP_PREFIX, tensor_parallel_size, tensor_parallel_rank)

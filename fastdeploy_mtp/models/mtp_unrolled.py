@@ -1,0 +1,133 @@
+"""Training path of MTP layers unrolled for several substeps, attending exactly as the
+proposer's substeps do at serving time.
+
+At serving time (:class:`~fastdeploy_mtp.proposer.MTPProposer`) substep 1 of a round feeds
+the MTP layer the accepted tokens with the target's hidden states; substep ``k >= 2`` feeds
+one row: the draft of substep ``k - 1`` with the MTP layer's own output hidden state. The
+row of substep ``k`` sits ``k - 1`` positions past the last accepted row and attends to
+
+* the depth-1 rows (token + *target* hidden state) at every position up to the last
+  accepted one, and
+* the rows of substeps ``2 .. k`` of this round (the chain of drafts), one per position.
+
+:func:`unrolled_mtp_forward` reproduces that over full training sequences: for every
+position ``p`` and depth ``k`` it computes the row a substep-``k`` draft at ``p`` would
+compute if the drafts before it had been the sequence's own tokens, with an attention
+mask (:func:`depth_bias`) that lets the depth-``k`` query at ``p`` see depth-1 keys at
+positions ``<= p - k + 1`` and the depth-``j`` key at ``p - k + j`` for ``2 <= j <= k``.
+
+With several distinct MTP layers (``num_nextn_predict_layers`` > 1) substep ``k`` runs layer
+``(k - 1) % L``; each layer keeps its own KV cache, and the proposer refills it so that the
+layer sees the same pattern under its own weights (depth-1 rows of the accepted prefix and
+the chain rows of this round, recomputed with this layer). The training path therefore
+computes, for depth ``k``, keys and values of every depth ``j <= k`` with the weights of the
+layer that runs depth ``k``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+
+from .attention import _repeat_kv
+from .layers import apply_rope
+from .mtp_layer import MTPLayer
+
+#: Additive mask value for a key a query must not see.
+_MASKED = -1e9
+
+
+def depth_bias(num_rows: int, depth: int) -> paddle.Tensor:
+    """``[num_rows, depth * num_rows]`` float32 additive mask of the depth-``depth`` queries
+    over the keys of depths ``1 .. depth`` laid out depth after depth.
+
+    Query row ``p`` may see depth-1 key ``c`` iff ``c <= p - depth + 1`` and depth-``j`` key
+    ``c`` (``j >= 2``) iff ``c == p - depth + j``. Rows ``p < depth - 1`` have no valid chain
+    (a draft at depth ``depth`` needs ``depth - 1`` earlier positions); they see depth-1 key 0
+    only, so their softmax stays finite, and callers leave them out of the loss.
+    """
+    if num_rows <= 0 or depth <= 0:
+        raise ValueError(f"`num_rows` and `depth` must be positive, got {num_rows}, {depth}")
+    p = np.arange(num_rows)[:, None]
+    c = np.arange(num_rows)[None, :]
+    blocks = [c <= np.maximum(p - depth + 1, 0)]
+    blocks += [c == p - depth + j for j in range(2, depth + 1)]
+    allowed = np.concatenate(blocks, axis=1)
+    return paddle.to_tensor(np.where(allowed, 0.0, _MASKED).astype(np.float32))
+
+
+def _project_kv(layer: MTPLayer, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor):
+    """Keys and values ``[B, kv_heads, S, head_dim]`` of the rows ``x [B, S, H]``."""
+    attn = layer.mtp_block.self_attn
+    b, s = int(x.shape[0]), int(x.shape[1])
+    h = layer.mtp_block.input_layernorm(x)
+    k = apply_rope(attn.k_proj(h).reshape([b, s, attn.num_kv_heads, attn.head_dim]), cos, sin)
+    v = attn.v_proj(h).reshape([b, s, attn.num_kv_heads, attn.head_dim])
+    return k.transpose([0, 2, 1, 3]), v.transpose([0, 2, 1, 3])
+
+
+def _block_rows(layer: MTPLayer, x, keys, values, bias, cos, sin) -> paddle.Tensor:
+    """The MTP block on query rows ``x [B, S, H]`` attending to ``keys/values
+    [B, kv_heads, S', head_dim]`` under ``bias [S, S']``; returns the layer's output hidden
+    state (normed when ``mtp_final_norm == "in_forward"``, as its ``forward``)."""
+    block, attn = layer.mtp_block, layer.mtp_block.self_attn
+    b, s = int(x.shape[0]), int(x.shape[1])
+    q = apply_rope(
+        attn.q_proj(block.input_layernorm(x)).reshape([b, s, attn.num_heads, attn.head_dim]), cos, sin
+    ).transpose([0, 2, 1, 3])
+    groups = attn.num_heads // attn.num_kv_heads
+    keys = _repeat_kv(keys, groups, axis=1)
+    values = _repeat_kv(values, groups, axis=1)
+    probs = F.softmax(paddle.matmul(q, keys, transpose_y=True) * attn.scale + bias, axis=-1)
+    out = paddle.matmul(probs, values).transpose([0, 2, 1, 3]).reshape([b, s, attn.num_heads * attn.head_dim])
+    h = x + attn.o_proj(out)
+    h = h + block.mlp(block.post_attention_layernorm(h))
+    return layer.norm(h) if layer.config.mtp_final_norm == "in_forward" else h
+
+
+def unrolled_mtp_forward(
+    layers: Sequence[MTPLayer], next_ids: paddle.Tensor, target_hidden: paddle.Tensor, depth: int
+) -> list[paddle.Tensor]:
+    """Run ``depth`` MTP substeps over full sequences.
+
+    Args:
+        layers: the distinct MTP layers; depth ``k`` runs ``layers[(k - 1) % len(layers)]``.
+        next_ids: ``[B, S]`` int64, row ``p`` holds token ``t_{p+1}``.
+        target_hidden: ``[B, S, H]`` float32, row ``p`` holds the target's hidden state ``h_p``.
+        depth: substeps to unroll (>= 1).
+
+    Returns:
+        ``depth`` tensors ``[B, S, H]``: entry ``k - 1`` row ``p`` is the depth-``k`` output
+        at position ``p``, which predicts ``t_{p+2}``. It is meaningful for ``p >= k - 1``.
+        Depth 1 equals :meth:`MTPLayer.forward_dense`.
+    """
+    if depth < 1 or not layers:
+        raise ValueError(f"need depth >= 1 and at least one layer, got depth {depth}, {len(layers)} layers")
+    b, s = int(next_ids.shape[0]), int(next_ids.shape[1])
+    first = layers[0]
+    cos, sin = first.rotary.prefix(s)
+    emb = first.target.embed_tokens(next_ids)
+    hidden_in = [target_hidden.astype("float32")]  # hidden input of depth j at index j - 1
+    rows: dict[tuple[int, int], tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]] = {}
+    outs: list[paddle.Tensor] = []
+    for k in range(1, depth + 1):
+        li = (k - 1) % len(layers)
+        layer = layers[li]
+        if k > 1:
+            prev = outs[-1]
+            hidden_in.append(paddle.concat([paddle.zeros_like(prev[:, :1]), prev[:, :-1]], axis=1))
+        keys, values = [], []
+        for j in range(1, k + 1):
+            if (li, j) not in rows:
+                x = layer._fuse(emb, hidden_in[j - 1])
+                rows[(li, j)] = (x, *_project_kv(layer, x, cos, sin))
+            keys.append(rows[(li, j)][1])
+            values.append(rows[(li, j)][2])
+        x = rows[(li, k)][0]
+        outs.append(
+            _block_rows(layer, x, paddle.concat(keys, axis=2), paddle.concat(values, axis=2), depth_bias(s, k), cos, sin)
+        )
+    return outs
