@@ -19,6 +19,8 @@ SPECULATIVE_METHODS = (None, "mtp")
 MTP_STRATEGIES = ("default", "with_ngram")
 #: ``speculative_config.verify_strategy`` values (``ops.VerifyStrategy`` by lower-case name).
 VERIFY_STRATEGIES = ("greedy", "topp", "target_match", "rejection")
+#: Values of ``SpeculativeConfig.mtp_layer_schedule``.
+MTP_LAYER_SCHEDULES = ("cycle", "repeat_last", "first")
 #: ``scheduler_config.splitwise_role`` values.
 SPLITWISE_ROLES = ("mixed", "prefill", "decode")
 
@@ -87,6 +89,23 @@ class SpeculativeConfig:
             ``"rejection"`` (rejection sampling: lossless in distribution), ``"topp"``
             (upstream's lossy top-p candidate test) or ``"greedy"`` (every request must be
             greedy).
+        mtp_layer_schedule: which of a checkpoint's ``num_nextn_predict_layers`` distinct MTP
+            layers substep ``s`` runs: ``"cycle"`` (default: layer ``s % L``), ``"repeat_last"``
+            (layer ``min(s, L - 1)``) or ``"first"`` (always layer 0, as FastDeploy and vLLM
+            do). One layer: always layer 0.
+        adaptive_draft_length: per request, draft only as many tokens as its observed
+            acceptance pays for (see :mod:`fastdeploy_mtp.runtime.adaptive_draft`): from
+            ``num_speculative_tokens`` down to 0 (plain decoding; when every running request
+            is at 0 the MTP layer is skipped for the round) and back.
+        acceptance_window: rounds the per-position acceptance estimate averages over (an
+            exponential moving average with weight ``2 / (window + 1)``), as TensorRT-LLM's
+            ``acceptance_window``.
+        acceptance_rate_threshold: a request drafts position ``i`` while its estimated
+            probability that drafts ``1..i`` are all accepted is at least this (TensorRT-LLM's
+            ``acceptance_rate_threshold`` names the same knob for its whole-batch switch).
+        adaptive_probe_interval: after this many rounds with the MTP layer skipped, one round
+            drafts a single token to re-measure acceptance; the interval doubles after each
+            probe that does not bring drafting back (up to 8 times this value).
     """
 
     method: str | None = "mtp"
@@ -97,6 +116,11 @@ class SpeculativeConfig:
     min_ngram_size: int = 2
     model: str = ""
     verify_strategy: str = "target_match"
+    mtp_layer_schedule: str = "cycle"
+    adaptive_draft_length: bool = False
+    acceptance_window: int = 8
+    acceptance_rate_threshold: float = 0.3
+    adaptive_probe_interval: int = 8
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
@@ -109,9 +133,19 @@ class SpeculativeConfig:
             raise ValueError(
                 f"SpeculativeConfig.verify_strategy must be one of {VERIFY_STRATEGIES}, got {self.verify_strategy!r}"
             )
+        if self.mtp_layer_schedule not in MTP_LAYER_SCHEDULES:
+            raise ValueError(
+                f"SpeculativeConfig.mtp_layer_schedule must be one of {MTP_LAYER_SCHEDULES}, "
+                f"got {self.mtp_layer_schedule!r}"
+            )
         if self.method is None:
             return
-        _positive(self, "num_speculative_tokens", "num_model_steps", "min_ngram_size")
+        _positive(self, "num_speculative_tokens", "num_model_steps", "min_ngram_size", "acceptance_window")
+        _positive(self, "adaptive_probe_interval")
+        if not 0.0 <= self.acceptance_rate_threshold <= 1.0:
+            raise ValueError(
+                f"SpeculativeConfig.acceptance_rate_threshold must be in [0, 1], got {self.acceptance_rate_threshold}"
+            )
         if self.num_model_steps > self.num_speculative_tokens:
             raise ValueError(
                 f"SpeculativeConfig.num_model_steps ({self.num_model_steps}) must be "
@@ -205,6 +239,11 @@ _SPEC_KEY_TYPES: dict[str, type] = {
     "min_ngram_size": int,
     "model": str,
     "verify_strategy": str,
+    "mtp_layer_schedule": str,
+    "adaptive_draft_length": bool,
+    "acceptance_window": int,
+    "acceptance_rate_threshold": float,
+    "adaptive_probe_interval": int,
 }
 
 
@@ -214,9 +253,15 @@ def _checked_value(key: str, value: Any) -> Any:
     expected = _SPEC_KEY_TYPES[key]
     if key == "method" and value is None:
         return None
+    if expected is bool and isinstance(value, bool):
+        return value
+    if expected is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
     if isinstance(value, expected) and not isinstance(value, bool):
         return value
-    want = {int: "an integer", str: "a string"}[expected] + (" or null" if key == "method" else "")
+    want = {int: "an integer", str: "a string", bool: "true or false", float: "a number"}[expected] + (
+        " or null" if key == "method" else ""
+    )
     raise SpeculativeConfigError(f"speculative config: {key!r} must be {want}, got {json.dumps(value, default=repr)}")
 
 

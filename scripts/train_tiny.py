@@ -217,9 +217,10 @@ def greedy_continue(target, prompts: np.ndarray, new_tokens: int) -> np.ndarray:
                 v = paddle.concat([kv[li][1], v], axis=2)
             kv[li] = (k, v)
             groups = attn.num_heads // attn.num_kv_heads
-            scores = paddle.matmul(
-                q.transpose([0, 2, 1, 3]), paddle.repeat_interleave(k, groups, axis=1), transpose_y=True
-            ) * attn.scale
+            scores = (
+                paddle.matmul(q.transpose([0, 2, 1, 3]), paddle.repeat_interleave(k, groups, axis=1), transpose_y=True)
+                * attn.scale
+            )
             if s > 1:
                 scores = scores + bias[:s, :s]
             o = paddle.matmul(F.softmax(scores, axis=-1), paddle.repeat_interleave(v, groups, axis=1))
@@ -292,7 +293,12 @@ def evaluate_depths(target, mtp, windows: np.ndarray, depth: int, batch_size: in
     if was_training:
         mtp.train()
     r = lambda a: [round(float(x), 4) for x in a]  # noqa: E731
-    return {"ce": r(ce_sum / count), "agree": r(agree_sum / count), "accept": r(accept_sum / count), "windows": len(windows)}
+    return {
+        "ce": r(ce_sum / count),
+        "agree": r(agree_sum / count),
+        "accept": r(accept_sum / count),
+        "windows": len(windows),
+    }
 
 
 def log(run_dir, msg):
@@ -415,7 +421,8 @@ def main(argv=None):
 
     heldout_gen = None
     if args.mtp_depth > 1 or args.distill:
-        heldout_gen = gen_pool(args.run_dir, "gen_heldout", target, split.heldout_array(), 64, args.seq_len, args.seed + 1)
+        heldout = split.heldout_array()
+        heldout_gen = gen_pool(args.run_dir, "gen_heldout", target, heldout, 64, args.seq_len, args.seed + 1)
     bias = causal_bias(args.seq_len)
     budget = args.wall_budget_min * 60.0
     last_ckpt = time.time()

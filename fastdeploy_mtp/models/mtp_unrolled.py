@@ -59,7 +59,9 @@ def depth_bias(num_rows: int, depth: int) -> paddle.Tensor:
     return paddle.to_tensor(np.where(allowed, 0.0, _MASKED).astype(np.float32))
 
 
-def _project_kv(layer: MTPLayer, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor):
+def _project_kv(
+    layer: MTPLayer, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor
+) -> tuple[paddle.Tensor, paddle.Tensor]:
     """Keys and values ``[B, kv_heads, S, head_dim]`` of the rows ``x [B, S, H]``."""
     attn = layer.mtp_block.self_attn
     b, s = int(x.shape[0]), int(x.shape[1])
@@ -69,7 +71,15 @@ def _project_kv(layer: MTPLayer, x: paddle.Tensor, cos: paddle.Tensor, sin: padd
     return k.transpose([0, 2, 1, 3]), v.transpose([0, 2, 1, 3])
 
 
-def _block_rows(layer: MTPLayer, x, keys, values, bias, cos, sin) -> paddle.Tensor:
+def _block_rows(
+    layer: MTPLayer,
+    x: paddle.Tensor,
+    keys: paddle.Tensor,
+    values: paddle.Tensor,
+    bias: paddle.Tensor,
+    cos: paddle.Tensor,
+    sin: paddle.Tensor,
+) -> paddle.Tensor:
     """The MTP block on query rows ``x [B, S, H]`` attending to ``keys/values
     [B, kv_heads, S', head_dim]`` under ``bias [S, S']``; returns the layer's output hidden
     state (normed when ``mtp_final_norm == "in_forward"``, as its ``forward``)."""
@@ -106,7 +116,7 @@ def unrolled_mtp_forward(
     """
     if depth < 1 or not layers:
         raise ValueError(f"need depth >= 1 and at least one layer, got depth {depth}, {len(layers)} layers")
-    b, s = int(next_ids.shape[0]), int(next_ids.shape[1])
+    s = int(next_ids.shape[1])
     first = layers[0]
     cos, sin = first.rotary.prefix(s)
     emb = first.target.embed_tokens(next_ids)
@@ -127,7 +137,6 @@ def unrolled_mtp_forward(
             keys.append(rows[(li, j)][1])
             values.append(rows[(li, j)][2])
         x = rows[(li, k)][0]
-        outs.append(
-            _block_rows(layer, x, paddle.concat(keys, axis=2), paddle.concat(values, axis=2), depth_bias(s, k), cos, sin)
-        )
+        keys_t, values_t = paddle.concat(keys, axis=2), paddle.concat(values, axis=2)
+        outs.append(_block_rows(layer, x, keys_t, values_t, depth_bias(s, k), cos, sin))
     return outs

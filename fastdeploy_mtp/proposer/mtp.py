@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import paddle
 
 from .. import ops
@@ -47,6 +48,19 @@ from ..runtime.kv_cache_ipc import (
 from ..runtime.request import Request, RequestType
 from .proposer_inputs import ProposerInputBatch
 from .sampler import MTPSampler
+
+
+def layer_for_substep(substep: int, num_layers: int, schedule: str = "cycle") -> int:
+    """The MTP layer substep ``substep`` (0-based) runs: ``substep % num_layers`` under
+    ``"cycle"``, ``min(substep, num_layers - 1)`` under ``"repeat_last"``, always 0 under
+    ``"first"``."""
+    if schedule == "cycle":
+        return substep % num_layers
+    if schedule == "repeat_last":
+        return min(substep, num_layers - 1)
+    if schedule == "first":
+        return 0
+    raise ValueError(f"unknown mtp_layer_schedule {schedule!r}")
 
 
 class MTPProposer:
@@ -105,8 +119,19 @@ class MTPProposer:
         self.num_gpu_blocks = 0
         self.enable_overlap = fd_config.scheduler_config.enable_overlap_schedule
         #: Set by the runner before each :meth:`run`: True when no slot is in prefill this
-        #: round, so (with ``enable_overlap_schedule``) substeps use upper-bound token counts.
+        #: round (kept for FastDeploy's interface; substeps always use host-known upper
+        #: bounds of their token counts, see :meth:`_propose`).
         self.overlap_round = False
+        #: distinct MTP layers of the model (``num_nextn_predict_layers``) and the layer each
+        #: substep runs (``speculative_config.mtp_layer_schedule``)
+        self.num_mtp_layers = int(getattr(model, "num_layers", 1))
+        self.layer_schedule = [
+            layer_for_substep(s, self.num_mtp_layers, spec.mtp_layer_schedule) for s in range(self.num_model_steps)
+        ]
+        #: rows accepted while the MTP layer was skipped (adaptive draft length), per slot:
+        #: ``(tokens, target hidden rows [n, H])``, replayed into the MTP caches by the next
+        #: round that runs it (:meth:`_catch_up`)
+        self._skipped: dict[int, list[tuple[list[int], paddle.Tensor]]] = {}
 
     # ---- KV cache ------------------------------------------------------------------------
     def cache_names(self) -> list[str]:
@@ -193,6 +218,7 @@ class MTPProposer:
         draft = self.model_inputs
         for req in req_dicts:
             idx = int(req.idx)
+            self._skipped.pop(idx, None)
             if req.task_type == RequestType.PREFILL:
                 prompt = list(req.prompt_token_ids)
                 output = list(req.output_token_ids)
@@ -238,7 +264,12 @@ class MTPProposer:
         task.task_type = RequestType.PREFILL
         self.insert_tasks_v1([task])
 
+    def forget_slot(self, idx: int) -> None:
+        """Drop what the proposer keeps on the host for slot ``idx`` (its request finished)."""
+        self._skipped.pop(int(idx), None)
+
     def _stop_slot(self, idx: int) -> None:
+        self._skipped.pop(idx, None)
         draft = self.model_inputs
         draft.stop_flags[idx, 0] = True
         draft.seq_lens_this_time[idx] = 0
@@ -303,6 +334,7 @@ class MTPProposer:
         step_use_cudagraph: bool = False,
         is_dummy_run: bool = False,
         real_bsz: int = 0,
+        num_steps: int | None = None,
     ) -> None:
         """Write drafts for every running target item into the target's ``draft_tokens``:
         ``num_model_steps`` from the MTP layer, and in hybrid mode the remaining slots up to
@@ -314,14 +346,111 @@ class MTPProposer:
             step_use_cudagraph: accepted for FastDeploy compatibility (no graphs here).
             is_dummy_run: accepted for FastDeploy compatibility (the round runs as usual).
             real_bsz: number of leading slots in use (0, or more than ``max_num_seqs``, = all);
-                it only bounds the token count of overlap rounds.
+                it bounds the token count of substeps after the first.
+            num_steps: MTP substeps this round, ``1 .. num_model_steps`` (default all); the
+                adaptive draft length runs fewer when no request wants more drafts. To skip
+                the MTP layer for a round use :meth:`skip_round`.
         """
+        steps = self.num_model_steps if num_steps is None else int(num_steps)
+        if not 1 <= steps <= self.num_model_steps:
+            raise ValueError(f"`num_steps` must be in [1, {self.num_model_steps}], got {num_steps}")
         self._prepare_inputs(full_hidden_states)
+        if self._skipped:
+            self._catch_up()
         n = int(self.model_inputs.seq_lens_this_time.shape[0])
-        self._propose(real_bsz if 0 < real_bsz <= n else n)
+        self._propose(real_bsz if 0 < real_bsz <= n else n, int(full_hidden_states.shape[0]), steps)
         self._update_status()
         if self.hybrid_mode:
             self._extend_draft_token_with_ngram_match()
+
+    @paddle.no_grad()
+    def skip_round(
+        self,
+        full_hidden_states: paddle.Tensor,
+        accept_tokens: np.ndarray,
+        accept_num: np.ndarray,
+        rows_start: np.ndarray,
+        decoding: np.ndarray,
+    ) -> None:
+        """A round without the MTP layer (plain decoding: every running item feeds only its
+        last token next step). The rows the target accepted are kept, on the device, and the
+        next :meth:`run` writes them into the MTP caches in one forward before its first
+        substep, so the MTP layer attends to the same history as if it had run every round.
+
+        Args:
+            full_hidden_states: ``[T_target, H]`` the target's hidden rows of this step.
+            accept_tokens: ``[N, K+1]`` host ints, tokens each slot emitted this step.
+            accept_num: ``[N]`` host ints, how many.
+            rows_start: ``[N]`` host ints, first row of each slot in ``full_hidden_states``.
+            decoding: ``[N]`` host bools, slots that decoded this step (a prefill round cannot
+                be skipped: the MTP layer must see the prompt).
+        """
+        target, draft = self.target_model_inputs, self.model_inputs
+        # the drafts of the last MTP round were verified this step: clear them (as
+        # draft_model_preprocess would), so every running item feeds one token next step
+        target.draft_tokens[:, 1:] = PLACEHOLDER_TOKEN_ID
+        self._update_status()
+        hidden = full_hidden_states.astype("float32")
+        for b in range(len(accept_num)):
+            a = int(accept_num[b])
+            if not decoding[b] or a <= 0:
+                continue
+            toks = [int(t) for t in accept_tokens[b, :a]]
+            r0 = int(rows_start[b])
+            self._skipped.setdefault(b, []).append((toks, hidden[r0 : r0 + a].clone()))
+            # the draft's token history (n-gram matching reads it): positions step - a .. step - 1
+            pos = target.step_idx[b] - a + paddle.arange(a, dtype="int64")
+            draft.pre_ids[b] = paddle.put_along_axis(
+                draft.pre_ids[b], pos.clip(0, int(draft.pre_ids.shape[1]) - 1), paddle.to_tensor(toks, dtype="int64"), 0
+            )
+
+    def _catch_up(self) -> None:
+        """Write the rows of skipped rounds into the MTP caches (every layer), right before
+        this round's accepted rows: one forward per layer, outputs discarded."""
+        draft = self.model_inputs
+        bsz = int(draft.seq_lens_this_time.shape[0])
+        counts = [0] * bsz
+        ids: list[int] = []
+        hidden: list[paddle.Tensor] = []
+        for b in sorted(self._skipped):
+            for toks, rows in self._skipped[b]:
+                counts[b] += len(toks)
+                ids.extend(toks)
+                hidden.append(rows)
+        self._skipped = {}
+        if not ids:
+            return
+        # a slot that stopped this step (preprocess zeroed its lengths) gets nothing written:
+        # its rows become padding at the end of the batch
+        counts_t = paddle.to_tensor(counts, dtype="int32")
+        live = (draft.seq_lens_decoder >= counts_t) & ~draft.stop_flags.reshape([-1])
+        this_time = paddle.where(live, counts_t, paddle.zeros_like(counts_t))
+        cu = paddle.concat([paddle.zeros([1], "int32"), paddle.cumsum(this_time).astype("int32")])
+        slot_of_row = paddle.to_tensor(np.repeat(np.arange(bsz), counts), dtype="int64")
+        order = paddle.argsort((~paddle.gather(live, slot_of_row)).astype("int32"), stable=True)
+        meta = ForwardMeta(
+            ids_remove_padding=paddle.gather(paddle.to_tensor(ids, dtype="int64"), order),
+            cu_seqlens_q=cu,
+            seq_lens_encoder=paddle.zeros_like(this_time),
+            seq_lens_decoder=draft.seq_lens_decoder - this_time,
+            seq_lens_this_time=this_time,
+            block_tables=draft.block_tables,
+            caches=self.caches,
+            block_size=self.block_size,
+        )
+        h = paddle.gather(paddle.concat(hidden, axis=0), order)
+        for layer in range(self.num_mtp_layers):
+            self._forward(meta.ids_remove_padding, h, meta, layer)
+
+    def _forward(self, ids: paddle.Tensor, hidden: paddle.Tensor, meta: ForwardMeta, layer: int) -> paddle.Tensor:
+        if self.num_mtp_layers > 1:
+            return self.model(ids, hidden, meta, layer=layer)  # type: ignore[call-arg]
+        return self.model(ids, hidden, meta)
+
+    def _logits(self, hidden: paddle.Tensor, layer: int) -> paddle.Tensor:
+        if self.num_mtp_layers > 1:
+            return self.model.compute_logits(hidden, None, layer=layer)  # type: ignore[call-arg]
+        return self.model.compute_logits(hidden)
 
     def _prepare_inputs(self, full_hidden_states: paddle.Tensor) -> None:
         draft, target = self.model_inputs, self.target_model_inputs
@@ -368,25 +497,26 @@ class MTPProposer:
         if rows:
             draft.target_hidden_states[:rows] = hidden
 
-    def _propose(self, real_bsz: int) -> None:
+    def _propose(self, real_bsz: int, target_rows: int, steps: int) -> None:
+        """``steps`` substeps. Token counts are host-known upper bounds, never read back: at
+        substep 0 a slot feeds at most as many rows as the target fed this step (its accepted
+        tokens, or its prompt chunk), so ``target_rows`` bounds the total; afterwards each
+        running slot feeds one row, so ``min(real_bsz, target_rows)`` does. Rows past the real
+        count are padding the model ignores."""
         draft = self.model_inputs
         bsz = int(draft.seq_lens_this_time.shape[0])
-        overlap = self.enable_overlap and self.overlap_round
-        for substep in range(self.num_model_steps):
+        multi = self.num_mtp_layers > 1
+        chain: list[tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]] = []
+        first: tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor, paddle.Tensor] | None = None
+        for substep in range(steps):
             draft.substep = substep
-            if overlap:
-                # An upper bound, not a host read: rows past the real count are padding the
-                # model ignores (at substep 0 a decode slot feeds <= K + 1 tokens, then 1).
-                token_num = real_bsz * (self.max_draft_token_num + 1) if substep == 0 else real_bsz
-            else:
-                # A host read through .item() (tests/e2e/test_overlap.py watches for it).
-                token_num = int(draft.seq_lens_this_time.sum().item())
+            token_num = target_rows if substep == 0 else min(real_bsz, target_rows)
             if token_num == 0:
                 self.model.empty_input_forward(None)
                 continue
             (
                 ids_remove_padding,
-                _,
+                batch_id_per_token,
                 cu_seqlens_q,
                 _,
                 cu_seqlens_q_output,
@@ -400,17 +530,29 @@ class MTPProposer:
                 seq_lens_encoder=draft.seq_lens_encoder,
                 seq_lens_decoder=draft.seq_lens_decoder,
             )
-            meta = ForwardMeta(
-                ids_remove_padding=ids_remove_padding,
-                cu_seqlens_q=cu_seqlens_q,
-                seq_lens_encoder=draft.seq_lens_encoder,
-                seq_lens_decoder=draft.seq_lens_decoder,
-                seq_lens_this_time=draft.seq_lens_this_time,
-                block_tables=draft.block_tables,
-                caches=self.caches,
-                block_size=self.block_size,
-            )
-            hidden = self.model(ids_remove_padding, draft.target_hidden_states[:token_num], meta)
+            layer = self.layer_schedule[substep]
+            rows_hidden = draft.target_hidden_states[:token_num]
+            if multi and substep > 0:
+                # this substep's layer has its own cache: it re-reads the accepted rows and the
+                # chain of drafts so far, then drafts from its last row
+                chain.append((ids_remove_padding, rows_hidden.clone(), batch_id_per_token))
+                assert first is not None
+                hidden = self._chain_forward(first, chain, layer, batch_id_per_token)
+            else:
+                meta = ForwardMeta(
+                    ids_remove_padding=ids_remove_padding,
+                    cu_seqlens_q=cu_seqlens_q,
+                    seq_lens_encoder=draft.seq_lens_encoder,
+                    seq_lens_decoder=draft.seq_lens_decoder,
+                    seq_lens_this_time=draft.seq_lens_this_time,
+                    block_tables=draft.block_tables,
+                    caches=self.caches,
+                    block_size=self.block_size,
+                )
+                if multi:
+                    dec0 = draft.seq_lens_decoder.clone()
+                    first = (ids_remove_padding, rows_hidden.clone(), batch_id_per_token, dec0)
+                hidden = self._forward(ids_remove_padding, rows_hidden, meta, layer)
             gathered, _ = ops.eagle_gather_hidden_states(
                 input=hidden,
                 cu_seqlens_q=cu_seqlens_q,
@@ -421,7 +563,7 @@ class MTPProposer:
                 cu_seqlens_q_output=cu_seqlens_q_output,
                 real_output_token_num=real_output_token_num,
             )
-            next_tokens = self.sampler(self.model.compute_logits(gathered))
+            next_tokens = self.sampler(self._logits(gathered, layer))
             ops.draft_model_update(
                 inter_next_tokens=next_tokens,
                 draft_tokens=draft.draft_tokens,
@@ -440,6 +582,47 @@ class MTPProposer:
                 substep=substep,
             )
             draft.target_hidden_states[:bsz] = gathered
+
+    def _chain_forward(
+        self,
+        first: tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor, paddle.Tensor],
+        chain: list[tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]],
+        layer: int,
+        batch_id_now: paddle.Tensor,
+    ) -> paddle.Tensor:
+        """Substep ``s >= 1`` with distinct MTP layers: run ``layer`` over, per item, the rows of
+        substep 0 (accepted tokens with the target's hidden states) followed by the ``s``
+        chain rows (draft ``j`` with the hidden state substep ``j - 1`` produced), from the
+        position substep 0 started at. Returns this substep's rows in its own packed layout
+        (one row per running item: that item's last row), as a single-layer forward would.
+
+        All shapes are host-known (the sum of the packed row counts, padding included); the
+        item of every row comes from the ops' ``batch_id_per_token`` (-1 on padding rows)."""
+        ids0, hid0, bid0, dec0 = first
+        bsz = int(dec0.shape[0])
+        parts_ids = [ids0] + [c[0] for c in chain]
+        parts_hid = [hid0] + [c[1] for c in chain]
+        parts_bid = [bid0] + [c[2] for c in chain]
+        bid = paddle.concat([paddle.where(b < 0, paddle.full_like(b, bsz), b) for b in parts_bid]).astype("int64")
+        order = paddle.argsort(bid, stable=True)  # item by item; substep 0 rows, then chain rows in order
+        ids = paddle.gather(paddle.concat(parts_ids), order)
+        hid = paddle.gather(paddle.concat(parts_hid), order)
+        counts = paddle.bincount(bid, minlength=bsz + 1)[:bsz].astype("int32")
+        cu = paddle.concat([paddle.zeros([1], "int32"), paddle.cumsum(counts).astype("int32")])
+        meta = ForwardMeta(
+            ids_remove_padding=ids,
+            cu_seqlens_q=cu,
+            seq_lens_encoder=paddle.zeros_like(counts),
+            seq_lens_decoder=dec0,
+            seq_lens_this_time=counts,
+            block_tables=self.model_inputs.block_tables,
+            caches=self.caches,
+            block_size=self.block_size,
+        )
+        out = self._forward(ids, hid, meta, layer)
+        last = paddle.gather(out, (cu[1:] - 1).clip(min=0).astype("int64"))  # [B, H], one per item
+        now = batch_id_now.astype("int64").clip(min=0)
+        return paddle.gather(last, now)
 
     def _update_status(self) -> None:
         target = self.target_model_inputs

@@ -16,6 +16,7 @@ from ..config import FDConfig
 from ..constants import NO_BLOCK_ID, PLACEHOLDER_TOKEN_ID
 from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
+from .adaptive_draft import AdaptiveDraftLength
 from .input_batch import InputBatch, make_target_inputs
 from .kv_cache_ipc import attach_caches, cache_names, caches_are_managed, detach_caches, wait_cache_ready
 from .request import InvalidRequestError, Request, RequestType, check_token_ids
@@ -60,6 +61,23 @@ class StepOutput:
     num_tokens: int
     exports: dict[int, dict[str, Any]] = field(default_factory=dict)
     logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
+
+
+def limit_drafts(target: InputBatch, limits: np.ndarray) -> None:
+    """Keep at most ``limits[b]`` drafts of every decoding slot ``b``: later draft slots
+    become -1 and ``seq_lens_this_time`` at most ``1 + limits[b]`` (prefill slots keep their
+    chunk length). Device-side: no value is read back."""
+    lim = paddle.to_tensor(np.asarray(limits, np.int64))
+    cols = paddle.arange(int(target.draft_tokens.shape[1]), dtype="int64")
+    drop = (cols.unsqueeze(0) > lim.unsqueeze(1)) & (cols.unsqueeze(0) > 0)
+    paddle.assign(
+        paddle.where(drop, paddle.full_like(target.draft_tokens, PLACEHOLDER_TOKEN_ID), target.draft_tokens),
+        output=target.draft_tokens,
+    )
+    slt = target.seq_lens_this_time
+    decoding = (slt > 0) & (target.seq_lens_encoder == 0)
+    capped = paddle.minimum(slt, (lim + 1).astype(slt.dtype))
+    paddle.assign(paddle.where(decoding, capped, slt), output=slt)
 
 
 def check_prefill_task(req: Request, max_model_len: int, vocab_size: int) -> None:
@@ -167,6 +185,10 @@ class TargetRunner:
         self._pending_fixups: list[Request] = []
         self._exports: list[int] = []
         spec = fd_config.speculative_config
+        #: per-request draft limits (``speculative_config.adaptive_draft_length``)
+        self.adaptive: AdaptiveDraftLength | None = None
+        if self.proposer is not None and spec.adaptive_draft_length:
+            self.adaptive = AdaptiveDraftLength(spec, fd_config.scheduler_config.max_num_seqs)
         # without drafts every strategy reduces to checking nothing: the target's sample is the token
         self.verify_strategy = (
             VERIFY_STRATEGY_OF[spec.verify_strategy] if spec.enabled else ops.VerifyStrategy.TARGET_MATCH
@@ -234,6 +256,10 @@ class TargetRunner:
 
                 import_slot(req.handoff_state, target, self.proposer.model_inputs if self.proposer else None, idx)
                 self.sampler.set_slot(idx, req.sampling, req.sampling.seed_for(req.request_id))
+                if self.proposer is not None:
+                    self.proposer.forget_slot(idx)
+                if self.adaptive is not None:
+                    self.adaptive.reset_slot(idx)
                 continue
             if req.task_type != RequestType.PREFILL:
                 continue
@@ -256,6 +282,8 @@ class TargetRunner:
             target.accept_num[idx] = 0
             target.max_dec_len[idx, 0] = req.max_tokens
             self._load_sampling(req)
+            if self.adaptive is not None and start == 0:
+                self.adaptive.reset_slot(idx)
             if not req.is_final_chunk:
                 self._pending_fixups.append(req)
         prefills = [t for t in tasks if t.task_type == RequestType.PREFILL]
@@ -282,6 +310,8 @@ class TargetRunner:
     def free_slot(self, idx: int) -> None:
         """Stop a slot whose request finished or was aborted."""
         self.sampler.clear_slot(idx)
+        if self.proposer is not None:
+            self.proposer.forget_slot(idx)
         target = self.share_inputs
         target.stop_flags[idx, 0] = True
         target.seq_lens_this_time[idx] = 0
@@ -406,7 +436,7 @@ class TargetRunner:
         if sampled is not None and sampled.logprobs is not None:
             out.logprobs = self.sampler.emitted_logprobs(sampled.logprobs, slots_of_rows, accept_tokens, accept_num)
         if self.proposer is not None:
-            self.proposer.run(hidden)
+            self._propose(hidden, out, slt, enc)
         else:
             # Without drafts each decoding slot feeds its last token next: count the
             # non-empty draft slots ([last token] only), as the proposer's postprocess does.
@@ -423,6 +453,26 @@ class TargetRunner:
             out.exports = {idx: export_slot(target, draft, idx) for idx in self._exports}
             self._exports = []
         return out
+
+    def _propose(self, hidden: paddle.Tensor, out: StepOutput, slt: np.ndarray, enc: np.ndarray) -> None:
+        """The proposer's round, sized by the adaptive draft length when it is on. Everything it
+        decides from is on the host already (this step's lengths and emitted tokens)."""
+        assert self.proposer is not None
+        running = slt > 0
+        real_bsz = int(np.nonzero(running)[0].max()) + 1 if running.any() else 0
+        if self.adaptive is None:
+            self.proposer.run(hidden, real_bsz=real_bsz)
+            return
+        self.adaptive.observe(out.drafts, out.accept_num, out.decode_mask)
+        still = running & ~out.stop_flags
+        steps, limits = self.adaptive.plan_round(still, bool((enc[running] > 0).any()), self.proposer.num_model_steps)
+        if steps == 0:
+            rows_start = np.concatenate([[0], np.cumsum(slt)])[:-1]
+            self.proposer.skip_round(hidden, out.accept_tokens, out.accept_num, rows_start, out.decode_mask)
+            return
+        self.proposer.run(hidden, real_bsz=real_bsz, num_steps=steps)
+        if (limits < self.proposer.max_draft_token_num).any():
+            limit_drafts(self.share_inputs, limits)
 
     def _restore_last_tokens(
         self, accept_tokens: np.ndarray, accept_num: np.ndarray, row_tokens: np.ndarray, row_slot: np.ndarray

@@ -63,3 +63,50 @@ def test_slots_are_reused_by_later_requests(random_model):
     base, _ = run(random_model, make_config(0, max_num_seqs=2), make_requests(5, 7, stagger=0))
     assert spec == base
     assert sorted({r.idx for r in reqs}) == [0, 1]  # seven requests through two slots
+
+
+ADAPTIVE_CASES = [
+    # (K, steps, hybrid, batch, chunk, threshold, probe interval)
+    (3, 3, False, 5, 0, 0.3, 2),
+    (3, 1, True, 5, 7, 0.3, 2),
+    (2, 2, False, 16, 0, 0.9, 1),
+    (3, 3, False, 1, 0, 1.0, 3),
+]
+
+
+@pytest.mark.parametrize("k,steps,hybrid,batch,chunk,threshold,interval", ADAPTIVE_CASES)
+def test_adaptive_draft_length_keeps_greedy_equivalence(
+    random_model, k, steps, hybrid, batch, chunk, threshold, interval
+):
+    """Drafts shrink to 0 (the random MTP layer is rarely right), rounds skip the MTP layer,
+    probes bring it back: the tokens stay those of plain decoding."""
+    count = max(batch, 6) if batch > 1 else 3
+    base, _ = run(random_model, make_config(0, max_num_seqs=batch), make_requests(11, count), chunk=chunk)
+    cfg = make_config(k, steps, hybrid, max_num_seqs=batch)
+    spec = cfg.speculative_config
+    spec.adaptive_draft_length = True
+    spec.acceptance_rate_threshold = threshold
+    spec.adaptive_probe_interval = interval
+    out, engine = run(random_model, cfg, make_requests(11, count), chunk=chunk)
+    assert out == base
+    adaptive = engine.runner.adaptive
+    assert adaptive is not None and (adaptive.limit < k).any()
+
+
+@pytest.mark.parametrize("schedule", ["cycle", "repeat_last", "first"])
+@pytest.mark.parametrize("k,steps,hybrid,batch", [(3, 3, False, 5), (3, 2, True, 5), (2, 2, False, 1)])
+def test_distinct_mtp_layers_keep_greedy_equivalence(random_model, schedule, k, steps, hybrid, batch):
+    """A checkpoint with 3 distinct MTP layers (random weights), each with its own cache."""
+    from fastdeploy_mtp.models.mtp_layer import MTPStack
+
+    target, _ = random_model
+    arch = type(target.config).from_dict({**target.config.to_dict(), "num_nextn_predict_layers": 3})
+    stack = MTPStack(arch, target)
+    stack.eval()
+    count = max(batch, 6) if batch > 1 else 3
+    base, _ = run(random_model, make_config(0, max_num_seqs=batch), make_requests(13, count), chunk=7)
+    cfg = make_config(k, steps, hybrid, max_num_seqs=batch)
+    cfg.speculative_config.mtp_layer_schedule = schedule
+    out, engine = run((target, stack), cfg, make_requests(13, count), chunk=7)
+    assert out == base
+    assert len(engine.runner.proposer.caches) == 6

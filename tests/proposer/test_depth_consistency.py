@@ -1,0 +1,133 @@
+"""Serving and training agree on what each MTP substep computes.
+
+Every draft the proposer made in a greedy run is recomputed from the finished sequence with
+the training path (:func:`fastdeploy_mtp.models.mtp_unrolled.unrolled_mtp_forward` over the
+target's dense hidden states): draft ``j`` of a round is depth ``j`` at the row before the
+token it guesses, and it must be that row's argmax whenever drafts ``1 .. j - 1`` of the round
+were the real tokens (otherwise serving fed different tokens than the sequence has). This
+covers the attention pattern of substeps (one shared layer and distinct layers with their
+own caches), the MTP caches across rounds, and rows written back after rounds the adaptive
+draft length skipped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+
+from fastdeploy_mtp.config import SpeculativeConfig
+from fastdeploy_mtp.models import causal_bias, load_tiny
+from fastdeploy_mtp.models.mtp_layer import MTPStack, mtp_layers_of
+from fastdeploy_mtp.models.mtp_unrolled import unrolled_mtp_forward
+from fastdeploy_mtp.runtime.engine import Engine
+from fastdeploy_mtp.runtime.request import Request
+from tests.engine_testlib import make_config
+
+PROMPT = b"    def __init__(self, name, value):\n        self.name = name\n        self."
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load_tiny()
+
+
+def three_layer_stack(target, mtp, config):
+    """Three distinct layers: the shipped layer's weights, perturbed per layer."""
+    cfg = type(config).from_dict({**config.to_dict(), "num_nextn_predict_layers": 3})
+    stack = MTPStack(cfg, target)
+    base = mtp_layers_of(mtp)[0].state_dict()
+    for i, layer in enumerate(stack.layers):
+        rng = np.random.default_rng(i)
+        layer.set_state_dict(
+            {
+                k: paddle.to_tensor(v.numpy() + (0.02 * i) * rng.standard_normal(v.shape).astype(np.float32))
+                for k, v in base.items()
+            }
+        )
+    stack.eval()
+    return stack
+
+
+def run_recording(target, mtp, spec: SpeculativeConfig, prompt: list[int], max_tokens: int):
+    cfg = make_config(1, max_num_seqs=2, max_model_len=512, vocab=272, ori_vocab=256, hidden=128, block_size=16)
+    cfg.speculative_config = spec
+    cfg.model_config.eos_token_id = [256]
+    engine = Engine(cfg, target, mtp)
+    runner = engine.runner
+    rounds = []  # (tokens known before the step, drafts verified in it)
+    original = runner.execute
+    known = {"n": len(prompt)}
+
+    def execute():
+        out = original()
+        if out.decode_mask[0]:
+            rounds.append((known["n"], out.drafts[0].copy()))
+        if out.accept_num[0] > 0:
+            known["n"] += int(out.accept_num[0])
+        return out
+
+    runner.execute = execute
+    out = engine.generate([Request("r0", prompt, max_tokens=max_tokens)])
+    return list(prompt) + list(out["r0"]), rounds
+
+
+def dense_drafts(target, mtp, seq: list[int], depth: int) -> list[np.ndarray]:
+    """``out[k-1][p]``: depth-``k`` argmax at row ``p`` (guesses ``seq[p + 2]``)."""
+    ids = paddle.to_tensor(np.asarray([seq], np.int64))
+    with paddle.no_grad():
+        pre, post = target.forward_dense(ids, causal_bias(len(seq)))
+        hidden = target.mtp_hidden(pre, post)
+        outs = unrolled_mtp_forward(mtp_layers_of(mtp), ids[:, 1:], hidden[:, :-1], depth)
+        layers = mtp_layers_of(mtp)
+        return [layers[k % len(layers)].compute_logits(o[0]).argmax(-1).numpy() for k, o in enumerate(outs)]
+
+
+def check(seq, rounds, dense, k):
+    checked = [0] * k
+    for n, drafts in rounds:
+        for j in range(1, k + 1):
+            d = int(drafts[j - 1])
+            if d < 0 or n + j - 1 >= len(seq):
+                break
+            row = n + j - 3
+            if row < j - 1:
+                break
+            want = int(dense[j - 1][row])
+            assert d == want, f"round at {n}: draft {j} is {d}, the training path says {want}"
+            checked[j - 1] += 1
+            if d != seq[n + j - 1]:
+                break  # later drafts were fed a token the sequence does not have
+    return checked
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_substeps_match_the_unrolled_training_path(shipped, layers):
+    target, mtp, config = shipped
+    model = mtp if layers == 1 else three_layer_stack(target, mtp, config)
+    spec = SpeculativeConfig(method="mtp", num_speculative_tokens=3, num_model_steps=3)
+    seq, rounds = run_recording(target, model, spec, list(PROMPT), 48)
+    checked = check(seq, rounds, dense_drafts(target, model, seq, 3), 3)
+    assert checked[0] >= 8 and checked[1] >= 3 and checked[2] >= 1, checked
+
+
+def test_rows_of_skipped_rounds_reach_the_mtp_cache(shipped):
+    """With threshold 1 the first rejected draft drops the estimate below it for good, so the
+    MTP layer is skipped for most rounds and only probes (every 2, 4, 8, ... rounds): each
+    probe's draft must still equal the training path's, i.e. the rows of the skipped rounds
+    were written into the MTP cache before it drafted."""
+    target, mtp, _ = shipped
+    spec = SpeculativeConfig(
+        method="mtp",
+        num_speculative_tokens=2,
+        num_model_steps=2,
+        adaptive_draft_length=True,
+        acceptance_rate_threshold=1.0,
+        acceptance_window=8,
+        adaptive_probe_interval=2,
+    )
+    seq, rounds = run_recording(target, mtp, spec, list(PROMPT), 64)
+    plain = sum(1 for _, d in rounds if (d < 0).all())
+    assert plain >= 10, f"only {plain} rounds without drafts"
+    checked = check(seq, rounds, dense_drafts(target, mtp, seq, 2), 2)
+    assert checked[0] >= 3, checked
