@@ -1,10 +1,21 @@
-"""End-to-end benchmark on the shipped tiny checkpoint: mean accepted length and wall-clock
-speedup of MTP speculation over plain decoding, at batch 1 and 8, for K = 1, 2, 3 with the
-MTP layer drafting every slot (S = K) and with the n-gram hybrid (S = 1, n-gram fills the
-rest). Ratios are measured in one run; every speculative run is checked token-for-token
-against the plain run (greedy equivalence).
+"""End-to-end benchmark on the shipped tiny checkpoint: mean accepted length, acceptance
+per draft position, glue time per round and wall-clock speedup of MTP speculation over plain
+decoding, measured in one run.
 
-    python scripts/bench_e2e.py [--max-tokens 96] [--json out.json]
+Rows: batch 1 and 8; K = 1, 2, 3 with the MTP layer drafting every slot (S = K) and with
+the n-gram hybrid (S = 1, n-gram fills the rest); adaptive draft length off and on; and, with
+``--checkpoint-3 DIR``, the same for a checkpoint with 3 distinct MTP layers. Every
+speculative run is checked token-for-token against the plain run (greedy equivalence).
+Prompts: the demo prompts, plus held-out prompts (files the model never trained on) for the
+default configuration and K = S = 3.
+
+    python scripts/bench_e2e.py [--max-tokens 96] [--checkpoint-3 DIR] [--json out.json]
+
+``--json F`` writes one object per row: ``prompts``, ``batch``, ``layers``, ``k``, ``steps``,
+``hybrid``, ``adaptive``, ``default`` (the configuration ``fastdeploy-mtp serve`` / ``demo`` use
+when not told otherwise), ``mean_accepted_length``, ``acceptance_per_position``,
+``glue_ms_per_round`` (time per engine step outside model forwards and logits), ``speedup``
+(tokens/s over plain decoding of the same prompts at the same batch) and the raw metrics.
 
 With ``--sampling`` it measures sampling instead (demo prompts, seed 7, top_p 1): at
 temperature 0.7 and 1.0, TARGET_MATCH against REJECTION verification, for K = 1, 3 (S = K)
@@ -22,9 +33,96 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fastdeploy_mtp.cli import per_position_text, run_prompts, speculative_config  # noqa: E402
-from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
+from fastdeploy_mtp.cli import (  # noqa: E402
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
+    per_position_text,
+    run_prompts,
+    speculative_config,
+)
+from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS, heldout_prompts  # noqa: E402
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams  # noqa: E402
+
+#: (K, S, hybrid) of the table.
+CONFIGS = ((1, 1, False), (2, 2, False), (3, 3, False), (2, 1, True), (3, 1, True))
+HEADER = (
+    f"{'prompts':>8} {'batch':>5} {'L':>2} {'K':>2} {'S':>2} {'hybrid':>6} {'adapt':>5} {'tok/s':>8} "
+    f"{'accepted len':>12} {'glue ms':>8} {'speedup':>8}  per-position acceptance"
+)
+
+
+def spec_of(k: int, steps: int, hybrid: bool, adaptive: bool):
+    spec = speculative_config(k, steps, hybrid)
+    spec.adaptive_draft_length = adaptive
+    return spec
+
+
+def default_key() -> tuple[int, int, bool, bool]:
+    """(K, S, hybrid, adaptive) of the configuration serve/demo use when not told otherwise."""
+    spec = speculative_config(DEFAULT_NUM_SPECULATIVE_TOKENS)
+    return (
+        spec.num_speculative_tokens,
+        spec.num_model_steps,
+        spec.mtp_strategy == "with_ngram",
+        spec.adaptive_draft_length,
+    )
+
+
+def greedy_table(args) -> list[dict]:
+    from fastdeploy_mtp.models import load_tiny
+
+    shipped_layers = load_tiny(args.checkpoint)[2].num_nextn_predict_layers
+    variants = [(shipped_layers, args.checkpoint)]
+    if args.checkpoint_3:
+        variants.append((load_tiny(args.checkpoint_3)[2].num_nextn_predict_layers, args.checkpoint_3))
+    default = default_key()
+    prompt_sets = {"demo": DEMO_PROMPTS, "heldout": heldout_prompts()}
+    rows = []
+    print(HEADER)
+    for batch in (1, 8):
+        for name, prompts in prompt_sets.items():
+            _, base_ids, base = run_prompts(
+                prompts, args.max_tokens, speculative_config(0), batch, f"{name} batch {batch} plain", args.checkpoint
+            )
+            print(
+                f"{name:>8} {batch:>5} {'-':>2} {0:>2} {'-':>2} {'-':>6} {'-':>5} {base.tokens_per_second:8.1f} "
+                f"{1.0:12.2f} {base.glue_ms_per_round:8.2f} {1.0:7.2f}x  -",
+                flush=True,
+            )
+            for layers, ckpt in variants:
+                for k, steps, hybrid in CONFIGS:
+                    for adaptive in (False, True):
+                        key = (k, steps, hybrid, adaptive)
+                        is_default = key == default and ckpt == args.checkpoint
+                        if name == "heldout" and not (is_default or (k, steps, hybrid) == (3, 3, False)):
+                            continue
+                        label = f"{name} batch {batch} L={layers} K={k} S={steps} adaptive={adaptive}"
+                        _, ids, m = run_prompts(prompts, args.max_tokens, spec_of(*key), batch, label, ckpt)
+                        if ids != base_ids:
+                            raise SystemExit(f"{label}: tokens differ from plain decoding")
+                        speedup = m.tokens_per_second / base.tokens_per_second
+                        print(
+                            f"{name:>8} {batch:>5} {layers:>2} {k:>2} {steps:>2} {str(hybrid):>6} "
+                            f"{'on' if adaptive else 'off':>5} {m.tokens_per_second:8.1f} "
+                            f"{m.mean_accepted_length:12.2f} {m.glue_ms_per_round:8.2f} {speedup:7.2f}x  "
+                            f"{per_position_text(m)}{'   <- default' if is_default else ''}",
+                            flush=True,
+                        )
+                        rows.append(
+                            dict(
+                                prompts=name,
+                                batch=batch,
+                                layers=layers,
+                                k=k,
+                                steps=steps,
+                                hybrid=hybrid,
+                                adaptive=adaptive,
+                                default=is_default,
+                                **m.as_dict(),
+                                speedup=round(speedup, 4),
+                                plain_glue_ms_per_round=round(base.glue_ms_per_round, 4),
+                            )
+                        )
+    return rows
 
 
 def sampling_table(max_tokens: int, checkpoint: str | None) -> list[dict]:
@@ -75,47 +173,12 @@ def sampling_table(max_tokens: int, checkpoint: str | None) -> list[dict]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--checkpoint", default=None)
+    ap.add_argument("--checkpoint", default=None, help="tiny checkpoint folder (default: the shipped one)")
+    ap.add_argument("--checkpoint-3", default=None, help="a checkpoint with 3 distinct MTP layers to compare")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--sampling", action="store_true", help="the sampling table (see above) instead")
     args = ap.parse_args()
-    if args.sampling:
-        rows = sampling_table(args.max_tokens, args.checkpoint)
-        if args.json:
-            args.json.write_text(json.dumps(rows, indent=1))
-        return 0
-    rows = []
-    header = (
-        f"{'batch':>5} {'K':>2} {'S':>2} {'hybrid':>6} {'tok/s':>8} {'accepted len':>12} {'speedup':>8}"
-        "  per-position acceptance"
-    )
-    print(header)
-    for batch in (1, 8):
-        _, base_ids, base = run_prompts(
-            DEMO_PROMPTS, args.max_tokens, speculative_config(0), batch, f"batch {batch} plain", args.checkpoint
-        )
-        print(
-            f"{batch:>5} {0:>2} {'-':>2} {'-':>6} {base.tokens_per_second:8.1f} {1.0:12.2f} {1.0:7.2f}x  -", flush=True
-        )
-        for k in (1, 2, 3):
-            for hybrid in (False, True):
-                if hybrid and k == 1:
-                    continue  # the hybrid needs K > S = 1
-                steps = 1 if hybrid else k
-                spec = speculative_config(k, steps, hybrid)
-                _, ids, m = run_prompts(
-                    DEMO_PROMPTS, args.max_tokens, spec, batch, f"batch {batch} K={k}", args.checkpoint
-                )
-                if ids != base_ids:
-                    raise SystemExit(f"batch {batch} K={k} hybrid={hybrid}: tokens differ from plain decoding")
-                speedup = m.tokens_per_second / base.tokens_per_second
-                per_pos = per_position_text(m)
-                print(
-                    f"{batch:>5} {k:>2} {steps:>2} {str(hybrid):>6} {m.tokens_per_second:8.1f} "
-                    f"{m.mean_accepted_length:12.2f} {speedup:7.2f}x  {per_pos}",
-                    flush=True,
-                )
-                rows.append(dict(batch=batch, k=k, steps=steps, hybrid=hybrid, **m.as_dict(), speedup=speedup))
+    rows = sampling_table(args.max_tokens, args.checkpoint) if args.sampling else greedy_table(args)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

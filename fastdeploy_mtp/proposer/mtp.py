@@ -25,6 +25,7 @@ there is one code path for every backend.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -132,6 +133,8 @@ class MTPProposer:
         #: ``(tokens, target hidden rows [n, H])``, replayed into the MTP caches by the next
         #: round that runs it (:meth:`_catch_up`)
         self._skipped: dict[int, list[tuple[list[int], paddle.Tensor]]] = {}
+        #: seconds spent in MTP forwards and logits since the runner last reset it
+        self.model_seconds = 0.0
 
     # ---- KV cache ------------------------------------------------------------------------
     def cache_names(self) -> list[str]:
@@ -443,14 +446,22 @@ class MTPProposer:
             self._forward(meta.ids_remove_padding, h, meta, layer)
 
     def _forward(self, ids: paddle.Tensor, hidden: paddle.Tensor, meta: ForwardMeta, layer: int) -> paddle.Tensor:
+        t0 = time.perf_counter()
         if self.num_mtp_layers > 1:
-            return self.model(ids, hidden, meta, layer=layer)  # type: ignore[call-arg]
-        return self.model(ids, hidden, meta)
+            out = self.model(ids, hidden, meta, layer=layer)  # type: ignore[call-arg]
+        else:
+            out = self.model(ids, hidden, meta)
+        self.model_seconds += time.perf_counter() - t0
+        return out
 
     def _logits(self, hidden: paddle.Tensor, layer: int) -> paddle.Tensor:
+        t0 = time.perf_counter()
         if self.num_mtp_layers > 1:
-            return self.model.compute_logits(hidden, None, layer=layer)  # type: ignore[call-arg]
-        return self.model.compute_logits(hidden)
+            out = self.model.compute_logits(hidden, None, layer=layer)  # type: ignore[call-arg]
+        else:
+            out = self.model.compute_logits(hidden)
+        self.model_seconds += time.perf_counter() - t0
+        return out
 
     def _prepare_inputs(self, full_hidden_states: paddle.Tensor) -> None:
         draft, target = self.model_inputs, self.target_model_inputs

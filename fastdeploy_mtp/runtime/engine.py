@@ -44,6 +44,17 @@ class Metrics:
     handed_off: int = 0
     handoff_drafts_proposed: int = 0
     handoff_drafts_accepted: int = 0
+    step_seconds: float = 0.0
+    model_seconds: float = 0.0
+
+    @property
+    def glue_ms_per_round(self) -> float:
+        """Milliseconds per engine step outside model forwards and logits: the ops, Python and
+        host copies of the target step and the proposer's round (0 when the runner does not
+        time its steps, e.g. one driving worker processes)."""
+        if not self.target_forwards:
+            return 0.0
+        return 1000.0 * (self.step_seconds - self.model_seconds) / self.target_forwards
 
     @property
     def mean_accepted_length(self) -> float:
@@ -71,6 +82,7 @@ class Metrics:
             "acceptance_per_position": [None if a is None else round(a, 4) for a in self.acceptance_per_position],
             "tokens_per_second": round(self.tokens_per_second, 2),
             "wall_seconds": round(self.wall_seconds, 3),
+            "glue_ms_per_round": round(self.glue_ms_per_round, 4),
         }
 
 
@@ -311,6 +323,8 @@ class Engine:
 
     def _collect(self, step: int, tasks: list[Request], out: StepOutput, events: StepEvents) -> None:
         self.metrics.target_forwards += 1
+        self.metrics.step_seconds += out.step_seconds
+        self.metrics.model_seconds += out.model_seconds
         for req in tasks:
             if req.task_type == RequestType.PREFILL and not req.is_final_chunk:
                 continue

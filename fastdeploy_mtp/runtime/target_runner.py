@@ -4,6 +4,7 @@ hidden states to the proposer."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -51,6 +52,9 @@ class StepOutput:
             :class:`~fastdeploy_mtp.runtime.sampling_params.TokenLogprob` per emitted token.
         exports: splitwise prefill: the slot state (:func:`~fastdeploy_mtp.splitwise.handoff.export_slot`)
             of each slot named in :meth:`Runner.set_exports`, read after the proposer's round.
+        step_seconds: wall time of the whole step (target, verification, proposer round).
+        model_seconds: the part of it spent in model forwards and logits (target and MTP);
+            the rest is the round's glue (ops, Python, host copies).
     """
 
     accept_tokens: np.ndarray
@@ -61,6 +65,8 @@ class StepOutput:
     num_tokens: int
     exports: dict[int, dict[str, Any]] = field(default_factory=dict)
     logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
+    step_seconds: float = 0.0
+    model_seconds: float = 0.0
 
 
 def limit_drafts(target: InputBatch, limits: np.ndarray) -> None:
@@ -326,6 +332,10 @@ class TargetRunner:
         the seeded sampler), verification and status update, then the proposer's round
         (without speculation, ``draft_model_postprocess``).
         Returns what the step emitted, copied to the host before the proposer runs."""
+        t_start = time.perf_counter()
+        model_s = 0.0
+        if self.proposer is not None:
+            self.proposer.model_seconds = 0.0
         target = self.share_inputs
         slt = target.seq_lens_this_time.numpy().astype(np.int64)
         enc = target.seq_lens_encoder.numpy().astype(np.int64)
@@ -348,7 +358,9 @@ class TargetRunner:
             caches=self.caches,
             block_size=self.block_size,
         )
+        t0 = time.perf_counter()
         hidden = self.model(ids, meta) if token_num else paddle.zeros([0, self.model.config.hidden_size])
+        model_s += time.perf_counter() - t0
         # Logit rows: the last token of a prefill chunk (or of a 1-token item), every token of
         # a decode item with drafts (speculate_pre_process's output-row rule).
         cu = np.concatenate([[0], np.cumsum(slt)])
@@ -365,7 +377,9 @@ class TargetRunner:
         target_tokens = paddle.zeros([0], dtype="int64")
         sampled = None
         if rows:
+            t0 = time.perf_counter()
             logits = self.model.compute_logits(paddle.gather(hidden, paddle.to_tensor(rows, dtype="int64")))
+            model_s += time.perf_counter() - t0
             if self.sampler.needs_sampler(slots_of_rows):
                 sampled = self.sampler.sample(
                     logits, slots_of_rows, np.asarray(row_j, np.int64), target, target.step_idx.numpy().reshape(-1)
@@ -452,6 +466,8 @@ class TargetRunner:
             draft = self.proposer.model_inputs if self.proposer is not None else None
             out.exports = {idx: export_slot(target, draft, idx) for idx in self._exports}
             self._exports = []
+        out.model_seconds = model_s + (self.proposer.model_seconds if self.proposer is not None else 0.0)
+        out.step_seconds = time.perf_counter() - t_start
         return out
 
     def _propose(self, hidden: paddle.Tensor, out: StepOutput, slt: np.ndarray, enc: np.ndarray) -> None:
