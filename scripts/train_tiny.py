@@ -488,8 +488,19 @@ def export(args, target, mtp, config, split, step, elapsed, n_params):
     mtp.eval()
     metrics = {
         "heldout_teacher_forced": tiny_lib.evaluate_dense(
-            target, mtp, split.heldout_array(), args.seq_len, max_windows=args.export_eval_windows
+            target, mtp_layers_of(mtp)[0], split.heldout_array(), args.seq_len, max_windows=args.export_eval_windows
         )
+    }
+    depth = max(args.mtp_depth, 3)
+    heldout = split.heldout_array()
+    gen = gen_pool(args.run_dir, "gen_heldout", target, heldout, 64, args.seq_len, args.seed + 1)
+    n_win = len(heldout) // args.seq_len
+    pick = np.linspace(0, n_win - 1, min(n_win, args.export_eval_windows or 256)).astype(np.int64)
+    corpus_windows = heldout[: n_win * args.seq_len].reshape(n_win, args.seq_len)[pick]
+    metrics["depth_teacher_forced"] = {
+        "depth": depth,
+        "generated": evaluate_depths(target, mtp, gen, depth),
+        "corpus": evaluate_depths(target, mtp, corpus_windows, depth),
     }
     for name in (SCORE_FILE,) + CONTINUATION_FILES:
         if name not in split.heldout_files:
@@ -522,6 +533,12 @@ def export(args, target, mtp, config, split, step, elapsed, n_params):
             }
         )
     metrics["greedy_continuations"] = conts
+    if args.init_from:
+        with open(os.path.join(args.init_from, tiny_lib.METRICS_FILE), encoding="utf-8") as f:
+            base = json.load(f)
+        first = base.get("stages", [base])[0]
+        keep = ("steps", "train_wall_time_s", "train_args", "card_note", "seed")
+        metrics["stages"] = [{k: first[k] for k in keep if k in first}]
     metrics.update(
         {
             "card_note": args.card_note,
@@ -538,6 +555,8 @@ def export(args, target, mtp, config, split, step, elapsed, n_params):
         }
     )
     tiny_lib.save_tiny(args.export, target, mtp, config, metrics)
+    metrics["serving"] = serving_acceptance(args.export)
+    tiny_lib.save_tiny(args.export, target, mtp, config, metrics)
     size = os.path.getsize(os.path.join(args.export, tiny_lib.WEIGHTS_FILE))
     write_card(args.export, config, metrics, size)
     log(
@@ -548,9 +567,153 @@ def export(args, target, mtp, config, split, step, elapsed, n_params):
     )
 
 
+#: Serving-path acceptance on the card: K = S = 3, greedy, batch 1, this many new tokens.
+SERVING_K, SERVING_TOKENS = 3, 96
+
+
+def serving_acceptance(checkpoint: str) -> dict:
+    """Mean accepted length and acceptance per draft position of the exported checkpoint in
+    the reference engine (K = S = 3, greedy, batch 1) on the demo and the held-out prompts."""
+    from fastdeploy_mtp.cli import run_prompts, speculative_config
+    from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS, heldout_prompts
+
+    out = {"k": SERVING_K, "steps": SERVING_K, "max_tokens": SERVING_TOKENS, "batch": 1}
+    for name, prompts in (("demo", DEMO_PROMPTS), ("heldout", heldout_prompts())):
+        spec = speculative_config(SERVING_K, SERVING_K)
+        _, _, m = run_prompts(prompts, SERVING_TOKENS, spec, 1, f"card {name}", checkpoint)
+        out[name] = {
+            "mean_accepted_length": round(m.mean_accepted_length, 4),
+            "acceptance_per_position": [round(a, 4) for a in m.acceptance_per_position],
+        }
+    return out
+
+
+def _command(ta: dict, keys) -> str:
+    return " ".join(f"--{k.replace('_', '-')} {ta[k]}" for k in keys if k in ta and ta[k] not in (None, False))
+
+
+def training_lines(m: dict) -> list[str]:
+    """The card's training section: the target (stage 1) and, when the MTP layers were
+    retrained on the frozen target, stage 2."""
+    stages = m.get("stages", []) + [m]
+    first = stages[0]
+    ta = first["train_args"]
+    lines = [
+        f"Stage 1, target and MTP layer: `scripts/train_tiny.py`, seed {first['seed']}: AdamW (betas "
+        f"0.9/0.95, weight decay {ta['weight_decay']} on matrices), peak lr {ta['lr']} with "
+        f"{ta['warmup_steps']} warmup steps and cosine decay to {ta['min_lr_ratio']}x at step "
+        f"{ta['max_steps']}, grad-norm clip {ta['grad_clip']}, batch {ta['batch_size']} x {ta['seq_len']} "
+        "bytes sampled uniformly at random offsets of the train concatenation. Loss = CE(next byte) "
+        f"+ {ta['mtp_weight']} x CE(MTP layer's byte after next), teacher forced. One CPU thread. "
+        f"**{first['steps']} steps** ({first['steps'] * ta['batch_size'] * ta['seq_len'] / 1e6:.1f}M "
+        f"tokens), **{first['train_wall_time_s'] / 60:.1f} minutes** of training wall time "
+        f"(wall budget flag {ta['wall_budget_min']} min).",
+        "",
+        *([f"Stage 1 run notes: {first['card_note']}", ""] if first.get("card_note") else []),
+        "Command: `OMP_NUM_THREADS=1 python scripts/train_tiny.py --run-dir RUN "
+        + _command(ta, ("seed", "batch_size", "seq_len", "max_steps", "wall_budget_min"))
+        + "`.",
+        "",
+    ]
+    if len(stages) == 1:
+        return lines
+    ta = m["train_args"]
+    layers = ta.get("mtp_layers", 1)
+    lines += [
+        f"Stage 2, MTP {'layer' if layers == 1 else f'layers ({layers} distinct)'} for drafting: the "
+        "target's weights are frozen (its numbers below are stage 1's, unchanged) and the MTP "
+        f"layers are trained unrolled for **{ta['mtp_depth']} substeps** on their own hidden "
+        "states, attending as the proposer's substeps do at serving time, with one loss per depth "
+        "(depth k scores the token k + 1 ahead). "
+        + (
+            "Each depth is scored against the target's own next-token distribution (soft "
+            "cross-entropy), since a draft is accepted when it matches the target, not the text. "
+            if ta.get("distill")
+            else ""
+        )
+        + (
+            f"{ta['gen_fraction']:.0%} of each batch is the target's own greedy continuations of "
+            f"corpus prompts ({ta['gen_pool']} sequences generated once), the text it produces when "
+            "it serves. "
+            if ta.get("gen_fraction")
+            else ""
+        )
+        + f"Every layer starts from stage 1's MTP layer. AdamW, peak lr {ta['lr']}, {ta['warmup_steps']} "
+        f"warmup steps, cosine to {ta['min_lr_ratio']}x at step {ta['max_steps']}, batch "
+        f"{ta['batch_size']} x {ta['seq_len']}. **{m['steps']} steps, {m['train_wall_time_s'] / 60:.1f} "
+        "minutes** of training wall time on one CPU thread.",
+        "",
+        *([f"Stage 2 run notes: {m['card_note']}", ""] if m.get("card_note") else []),
+        "Command: `OMP_NUM_THREADS=1 python scripts/train_tiny.py --run-dir RUN2 --init-from STAGE1 "
+        "--freeze-target "
+        + _command(
+            ta,
+            (
+                "distill",
+                "mtp_depth",
+                "mtp_layers",
+                "gen_fraction",
+                "gen_pool",
+                "max_steps",
+                "wall_budget_min",
+                "lr",
+                "warmup_steps",
+                "batch_size",
+                "seq_len",
+            ),
+        ).replace("--distill True", "--distill")
+        + "` then the same with `--eval-only --export fastdeploy_mtp/assets`.",
+        "",
+    ]
+    return lines
+
+
+def drafting_lines(m: dict) -> list[str]:
+    """The card's drafting-quality tables (present when the export measured them)."""
+    lines: list[str] = []
+    dt = m.get("depth_teacher_forced")
+    if dt:
+        rows = []
+        for name, key in (("target's greedy continuations", "generated"), ("held-out corpus", "corpus")):
+            r = dt[key]
+            for k in range(dt["depth"]):
+                rows.append(f"| {name} | {k + 1} | {r['agree'][k]:.4f} | {r['accept'][k]:.4f} | {r['ce'][k]:.4f} |")
+        lines += [
+            "Drafting, teacher forced (training path, unrolled substeps): per depth, the share of "
+            "rows whose argmax equals the target's (`agree`), the share of chains whose depths 1..k "
+            "all do (`accept`, what draft position k's acceptance would be if the target's argmax "
+            "were the text; exactly so on its own continuations), and the cross-entropy against the "
+            "text. 64 held-out continuations and "
+            f"{dt['corpus']['windows']} held-out corpus windows.",
+            "",
+            "| windows | depth | agree | accept | CE vs text |",
+            "|---|---|---|---|---|",
+            *rows,
+            "",
+        ]
+    sv = m.get("serving")
+    if sv:
+
+        def fmt(x):
+            return " / ".join(f"{a:.2f}" for a in x["acceptance_per_position"])
+
+        lines += [
+            f"**Serving** (reference engine, K = S = {sv['k']}, greedy, batch {sv['batch']}, "
+            f"{sv['max_tokens']} new tokens per prompt): mean accepted length "
+            f"**{sv['demo']['mean_accepted_length']:.2f}** "
+            f"on the demo prompts (acceptance per draft position {fmt(sv['demo'])}) and "
+            f"**{sv['heldout']['mean_accepted_length']:.2f}** on held-out prompts ({fmt(sv['heldout'])}). "
+            "Acceptance per position is cumulative: a draft counts only if the drafts before it in its "
+            "round were accepted.",
+            "",
+        ]
+    return lines
+
+
 def write_card(out_dir, config, m, weights_bytes):
     """Render CARD.md from the config and the metrics."""
-    tf, fp, c, ta = m["heldout_teacher_forced"], m["fixed_prefix_score"], m["corpus"], m["train_args"]
+    tf, fp, c = m["heldout_teacher_forced"], m["fixed_prefix_score"], m["corpus"]
+    ta = m.get("stages", [m])[0]["train_args"]
     cfg_rows = "\n".join(f"| `{k}` | {v} |" for k, v in config.to_dict().items())
     lines = [
         "# Tiny byte-level target model + MTP layer",
@@ -574,7 +737,15 @@ def write_card(out_dir, config, m, weights_bytes):
         "`eh_proj` over `cat[enorm(emb(t_{p+1})), hnorm(h_p)]`, one decoder layer of the same "
         "shape, final `norm`; embedding and LM head shared with the target. The MTP layer "
         f"consumes the target's **{config.mtp_hidden_state}** hidden state (what the target's "
-        f"`forward` returns). Parameters: {m['params']} (target + MTP, shared ones once).",
+        "`forward` returns)"
+        + (
+            f"; the checkpoint carries **{config.num_nextn_predict_layers} distinct MTP layers** "
+            "(`num_nextn_predict_layers`, tensors under `mtp.layers.{i}.`), substep s running layer "
+            "s by default"
+            if config.num_nextn_predict_layers > 1
+            else ""
+        )
+        + f". Parameters: {m['params']} (target + MTP, shared ones once).",
         "",
         "| field | value |",
         "|---|---|",
@@ -590,24 +761,7 @@ def write_card(out_dir, config, m, weights_bytes):
         "",
         "## Training",
         "",
-        f"`scripts/train_tiny.py`, seed {m['seed']}: AdamW (betas 0.9/0.95, weight decay "
-        f"{ta['weight_decay']} on matrices), peak lr {ta['lr']} with {ta['warmup_steps']} "
-        f"warmup steps and cosine decay to {ta['min_lr_ratio']}x at step {ta['max_steps']}, "
-        f"grad-norm clip {ta['grad_clip']}, batch {ta['batch_size']} x {ta['seq_len']} bytes "
-        "sampled uniformly at random offsets of the train concatenation. Loss = CE(next byte) "
-        f"+ {ta['mtp_weight']} x CE(MTP layer's byte after next), teacher forced. One CPU "
-        f"thread. **{m['steps']} steps** ({m['steps'] * ta['batch_size'] * ta['seq_len'] / 1e6:.1f}M "
-        f"tokens), **{m['train_wall_time_s'] / 60:.1f} minutes** of training wall time "
-        f"(wall budget flag {ta['wall_budget_min']} min).",
-        "",
-        *([f"Run notes: {m['card_note']}", ""] if m.get("card_note") else []),
-        "Command: `OMP_NUM_THREADS=1 python scripts/train_tiny.py --run-dir RUN "
-        + " ".join(
-            f"--{k.replace('_', '-')} {ta[k]}"
-            for k in ("seed", "batch_size", "seq_len", "max_steps", "wall_budget_min")
-        )
-        + "` then the same with `--eval-only --export fastdeploy_mtp/assets`.",
-        "",
+        *training_lines(m),
         "## Held-out results (teacher forcing)",
         "",
         ("All " if tf["windows"] == c["heldout_bytes"] // ta["seq_len"] else "An evenly spaced subset of ")
@@ -621,6 +775,7 @@ def write_card(out_dir, config, m, weights_bytes):
         f"| MTP loss for the byte after next (nats/byte) | {tf['mtp_loss']:.4f} |",
         f"| **MTP top-1 accuracy for the byte after next** | **{tf['mtp_top1']:.4f}** |",
         "",
+        *drafting_lines(m),
         f"Fixed-prefix score (re-checked by `tests/models/test_shipped_checkpoint.py`): the first "
         f"{fp['bytes']} bytes of held-out `{fp['file']}` as {fp['windows']} windows of "
         f"{fp['window']} bytes, {fp['path']}: next-byte loss **{fp['main_loss']:.4f}** "

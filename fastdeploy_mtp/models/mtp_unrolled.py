@@ -46,8 +46,8 @@ def depth_bias(num_rows: int, depth: int) -> paddle.Tensor:
 
     Query row ``p`` may see depth-1 key ``c`` iff ``c <= p - depth + 1`` and depth-``j`` key
     ``c`` (``j >= 2``) iff ``c == p - depth + j``. Rows ``p < depth - 1`` have no valid chain
-    (a draft at depth ``depth`` needs ``depth - 1`` earlier positions); they see depth-1 key 0
-    only, so their softmax stays finite, and callers leave them out of the loss.
+    (a draft at depth ``depth`` needs ``depth - 1`` earlier positions); they also see depth-1
+    key 0, so their softmax stays finite, and callers leave them out of the loss.
     """
     if num_rows <= 0 or depth <= 0:
         raise ValueError(f"`num_rows` and `depth` must be positive, got {num_rows}, {depth}")

@@ -1,0 +1,111 @@
+"""The adaptive draft-length rule (fastdeploy_mtp.runtime.adaptive_draft), step by step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastdeploy_mtp.config import SpeculativeConfig, SpeculativeConfigError
+from fastdeploy_mtp.runtime.adaptive_draft import MAX_PROBE_BACKOFF, AdaptiveDraftLength
+
+
+def controller(k=3, window=3, threshold=0.3, interval=4, slots=2):
+    spec = SpeculativeConfig(
+        method="mtp",
+        num_speculative_tokens=k,
+        num_model_steps=k,
+        adaptive_draft_length=True,
+        acceptance_window=window,
+        acceptance_rate_threshold=threshold,
+        adaptive_probe_interval=interval,
+    )
+    return AdaptiveDraftLength(spec, slots)
+
+
+def observe(c, slot, proposed, accepted):
+    k = c.k
+    drafts = np.full((len(c.limit), k), -1)
+    drafts[slot, :proposed] = 7
+    accept_num = np.zeros(len(c.limit), np.int64)
+    accept_num[slot] = accepted + 1
+    mask = np.zeros(len(c.limit), bool)
+    mask[slot] = True
+    c.observe(drafts, accept_num, mask)
+
+
+def test_starts_at_k_and_only_tested_positions_move():
+    c = controller()  # beta = 0.5
+    assert list(c.limit) == [3, 3]
+    observe(c, 0, proposed=3, accepted=1)  # position 1 hit, position 2 miss, position 3 untested
+    assert c.p[0].tolist() == [1.0, 0.5, 1.0]
+    assert c.limit[0] == 3  # 1 * 0.5 * 1 >= 0.3
+    observe(c, 0, proposed=3, accepted=1)
+    assert c.p[0].tolist() == [1.0, 0.25, 1.0]
+    assert c.limit[0] == 1  # 0.25 < 0.3 from position 2 on
+    assert c.limit[1] == 3  # other slot untouched
+
+
+def test_shrinks_to_zero_and_grows_back():
+    c = controller()
+    for _ in range(3):
+        observe(c, 0, proposed=3, accepted=0)
+    assert c.limit[0] == 0 and c.p[0, 0] == pytest.approx(0.125)
+    observe(c, 0, proposed=1, accepted=1)  # a probe that hits
+    assert c.p[0, 0] == pytest.approx(0.5625) and c.limit[0] >= 1
+
+
+def test_skips_rounds_then_probes_with_backoff():
+    c = controller(interval=2, slots=1)
+    c.p[:] = 0.1
+    c.limit[:] = 0
+    running = np.array([True])
+    plans = [c.plan_round(running, prefill=False, max_steps=3) for _ in range(2)]
+    assert [p[0] for p in plans] == [0, 1]  # skipped once, then a probe round
+    assert plans[1][1].tolist() == [1]
+    observe(c, 0, proposed=1, accepted=0)  # the probe missed: the interval doubles
+    assert c.interval == 4
+    steps = [c.plan_round(running, prefill=False, max_steps=3)[0] for _ in range(4)]
+    assert steps == [0, 0, 0, 1]
+    for _ in range(10):
+        c.probing = True
+        observe(c, 0, proposed=1, accepted=0)
+    assert c.interval == 2 * MAX_PROBE_BACKOFF
+
+
+def test_prefill_rounds_always_run_the_mtp_layer():
+    c = controller(slots=1)
+    c.limit[:] = 0
+    steps, _ = c.plan_round(np.array([True]), prefill=True, max_steps=3)
+    assert steps == 1
+
+
+def test_reset_slot_is_optimistic():
+    c = controller()
+    for _ in range(4):
+        observe(c, 1, proposed=3, accepted=0)
+    c.reset_slot(1)
+    assert c.limit[1] == 3 and (c.p[1] == 1).all()
+
+
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("acceptance_rate_threshold", 1.5, "acceptance_rate_threshold"),
+        ("acceptance_window", 0, "acceptance_window"),
+        ("adaptive_probe_interval", -1, "adaptive_probe_interval"),
+        ("adaptive_draft_length", "yes", "adaptive_draft_length"),
+        ("mtp_layer_schedule", "random", "mtp_layer_schedule"),
+    ],
+)
+def test_config_names_the_bad_key(key, value, message):
+    with pytest.raises(SpeculativeConfigError, match=message):
+        SpeculativeConfig.from_dict({"method": "mtp", "num_speculative_tokens": 3, key: value})
+
+
+def test_config_json_round_trip():
+    spec = SpeculativeConfig.from_json(
+        '{"num_speculative_tokens": 3, "adaptive_draft_length": true, "acceptance_rate_threshold": 1, '
+        '"mtp_layer_schedule": "repeat_last"}'
+    )
+    assert spec.adaptive_draft_length is True and spec.acceptance_rate_threshold == 1.0
+    assert SpeculativeConfig.from_json(spec.to_json()) == spec
