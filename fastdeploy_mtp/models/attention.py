@@ -12,7 +12,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from .forward_meta import AttentionPlan, ForwardMeta
+from .forward_meta import AttentionPlan, ForwardMeta, int_range, minus_inf
 
 if TYPE_CHECKING:
     from paddle._typing import DTypeLike
@@ -123,19 +123,19 @@ class ReferenceAttentionBackend:
         self._write(value_cache, v, plan, layout)
 
         kvh, groups, hd = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
-        keys = self._read(key_cache, layout)  # [G, kvh, S, hd]
+        keys = self._read(key_cache, layout)
         values = self._read(value_cache, layout)
-        qs = q.astype("float32") * self.scale
-        if shared:  # one group: [1, kvh, T * groups, hd], rows in order (row, group)
-            qg = qs.reshape([num_tokens, kvh, groups, hd]).transpose([1, 0, 2, 3]).reshape([1, kvh, -1, hd])
-        else:  # a group per row: [T, kvh, groups, hd]; query head h reads kv head h // groups
-            qg = qs.reshape([num_tokens, kvh, groups, hd])
-        scores = paddle.where(layout.visible, paddle.matmul(qg, keys, transpose_y=True), layout.hidden_scores)
-        out = paddle.matmul(F.softmax(scores, axis=-1), values)  # [G, kvh, R * groups, hd]
+        qs = (q if q.dtype == paddle.float32 else q.astype("float32")) * self.scale
+        qs = qs.reshape([num_tokens, kvh, groups, hd])  # query head h reads kv head h // groups
+        if shared:  # [kvh, groups, T, hd] against every item's keys [kvh, 1, B * span, hd]
+            qs = qs.transpose([1, 2, 0, 3])
+        # scores: shared [kvh, groups, T, S], else [T, kvh, groups, S] against [T, kvh, S, hd]
+        scores = paddle.where(layout.visible, paddle.matmul(qs, keys, transpose_y=True), layout.hidden)
+        out = paddle.matmul(F.softmax(scores, axis=-1), values)
         if shared:
-            out = out.reshape([kvh, num_tokens, groups, hd]).transpose([1, 0, 2, 3])
+            out = out.transpose([2, 0, 1, 3])
         out = out.reshape([num_tokens, out_dim]) * layout.row_scale  # padding rows: zeros
-        return out.astype(q.dtype)
+        return out if out.dtype == q.dtype else out.astype(q.dtype)
 
     def shares_keys(self, plan: AttentionPlan) -> bool:
         """Which of two equivalent layouts a forward uses: every row gathering its own item's
@@ -149,32 +149,29 @@ class ReferenceAttentionBackend:
     def _layout(self, plan: AttentionPlan, shared: bool) -> _Layout:
         """The indices and masks of one plan for this backend's shapes (built once per
         forward, shared by its layers)."""
-        t, kvh, groups = plan.num_rows, self.num_kv_heads, self.num_heads // self.num_kv_heads
-        heads = paddle.arange(kvh, dtype="int64")
-        blocks = plan.write_blocks.unsqueeze(1).expand([t, kvh])
-        offsets = plan.write_offsets.unsqueeze(1).expand([t, kvh])
-        slot_heads = heads.unsqueeze(0).expand([t, kvh])
+        t, kvh = plan.num_rows, self.num_kv_heads
+        heads = int_range(kvh)
+        blocks = plan.write_blocks.unsqueeze(1)  # [T, 1]
+        offsets = plan.write_offsets.unsqueeze(1)  # [T, 1]
+        slot_heads = heads.unsqueeze(0)  # [1, kvh]
+        slots = paddle.stack([blocks.expand([t, kvh]), slot_heads.expand([t, kvh]), offsets.expand([t, kvh])], axis=-1)
         if shared:  # every item's blocks, head-major: cache rows [kvh, B, nblk]
             read = plan.item_blocks.unsqueeze(0) * kvh + heads.reshape([kvh, 1, 1])
             span = plan.num_items * plan.span
-            mask = plan.batch_key_mask()  # [T, B * span]
-            mask = mask.unsqueeze(1).expand([t, groups, span]).reshape([t * groups, span])
-            visible = mask.reshape([1, 1, t * groups, span]).expand([1, kvh, t * groups, span])
-            key_shape = [1, kvh, span, self.head_dim]
+            visible = plan.batch_key_mask()  # [T, B * span], broadcast over [kvh, groups]
+            key_shape = [kvh, 1, span, self.head_dim]
         else:  # each row's item's blocks: cache rows [T, kvh, nblk]
-            rows = paddle.gather(plan.item_blocks, plan.items)
-            read = rows.unsqueeze(1) * kvh + heads.reshape([1, kvh, 1])
+            read = paddle.gather(plan.item_blocks, plan.items).unsqueeze(1) * kvh + heads.reshape([1, kvh, 1])
             span = plan.span
-            mask = plan.row_key_mask()  # [T, S]
-            visible = mask.reshape([t, 1, 1, span]).expand([t, kvh, groups, span])
+            visible = plan.row_key_mask().reshape([t, 1, 1, span])
             key_shape = [t, kvh, span, self.head_dim]
         return _Layout(
             write_index=(blocks, slot_heads, offsets),
-            write_slots=paddle.stack([blocks, slot_heads, offsets], axis=-1),
+            write_slots=slots,
             read_index=read.reshape([-1]),
             key_shape=key_shape,
             visible=visible,
-            hidden_scores=paddle.full(visible.shape, -math.inf, dtype="float32"),
+            hidden=minus_inf(),
             row_scale=plan.valid.astype("float32").unsqueeze(1),
         )
 
@@ -189,7 +186,7 @@ class ReferenceAttentionBackend:
         paddle.index_put_(cache, layout.write_index, paddle.where(plan.any_valid, value, held))
 
     def _read(self, cache: paddle.Tensor, layout: _Layout) -> paddle.Tensor:
-        """Gather keys or values ``[G, kvh, S, hd]`` float32. The cache is read as ``[blocks *
+        """Gather keys or values in ``layout.key_shape``, float32. The cache is read as ``[blocks *
         kvh, bs, hd]`` rows already in the wanted order: no transpose (on a CPU a transpose
         costs more than the gather)."""
         got = paddle.gather(cache.reshape([-1, self.block_size, self.head_dim]), layout.read_index)
@@ -199,19 +196,20 @@ class ReferenceAttentionBackend:
 
 @dataclass
 class _Layout:
-    """Per-forward indices and masks of :class:`ReferenceAttentionBackend` (``G`` key groups of
-    ``S`` positions: a group per row, or one group of every item's positions).
+    """Per-forward indices and masks of :class:`ReferenceAttentionBackend` in one of its two
+    layouts (every row scoring every item's keys, or each row its own item's).
 
     Attributes:
-        write_index: ``(blocks, heads, offsets)``, each ``[T, kvh]`` int64, the slot of every
-            row's key/value per head.
-        write_slots: the same stacked, ``[T, kvh, 3]``.
-        read_index: ``[G * kvh * nblk]`` int64 rows of the cache viewed as ``[blocks * kvh,
-            block_size, head_dim]``.
-        key_shape: ``[G, kvh, S, head_dim]``.
-        visible: bool, the score shape (``[G, kvh, rows per group * groups, S]``), which keys
-            each query sees.
-        hidden_scores: float32 ``-inf`` of the score shape, put where ``visible`` is False.
+        write_index: ``(blocks [T, 1], heads [1, kvh], offsets [T, 1])`` int32, broadcasting to
+            the slot of every row's key/value per head.
+        write_slots: the same expanded and stacked, ``[T, kvh, 3]``.
+        read_index: int32 rows of the cache viewed as ``[blocks * kvh, block_size,
+            head_dim]``, ordered ``[kvh, B, nblk]`` (shared keys) or ``[T, kvh, nblk]``.
+        key_shape: ``[kvh, 1, B * span, head_dim]`` or ``[T, kvh, span, head_dim]``.
+        visible: bool, which keys each query sees, broadcasting to the scores: ``[T, B * span]``
+            against ``[kvh, groups, T, B * span]``, or ``[T, 1, 1, span]`` against ``[T, kvh,
+            groups, span]``.
+        hidden: ``[1]`` float32 ``-inf``, the score of a key a query may not see.
         row_scale: ``[T, 1]`` float32, 1 for real rows and 0 for padding rows.
     """
 
@@ -220,7 +218,7 @@ class _Layout:
     read_index: paddle.Tensor
     key_shape: list[int]
     visible: paddle.Tensor
-    hidden_scores: paddle.Tensor
+    hidden: paddle.Tensor
     row_scale: paddle.Tensor
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -16,6 +18,25 @@ from ..constants import NO_BLOCK_ID
 UNUSED_BLOCK = NO_BLOCK_ID
 
 _Value = TypeVar("_Value")
+
+
+@functools.lru_cache(maxsize=256)
+def _constant(kind: str, n: int, device: str) -> paddle.Tensor:
+    if kind == "range":
+        return paddle.arange(n, dtype="int32")
+    return paddle.full([n], -math.inf, dtype="float32")
+
+
+def int_range(n: int) -> paddle.Tensor:
+    """``[n]`` int32 ``0 .. n - 1`` on the current device. Cached per length and device and
+    never written: ``paddle.arange`` costs tens of microseconds of dispatch, a noticeable
+    part of a one-layer forward."""
+    return _constant("range", n, paddle.get_device())
+
+
+def minus_inf() -> paddle.Tensor:
+    """``[1]`` float32 ``-inf`` on the current device (cached like :func:`int_range`)."""
+    return _constant("minus_inf", 1, paddle.get_device())
 
 
 @dataclass
@@ -86,9 +107,9 @@ class ForwardMeta:
         :attr:`check` set, after validating it on the host). Models call this once at the
         start of every forward, because engines update the metadata tensors in place between
         steps and reuse the same ``ForwardMeta``."""
-        if self.check:
-            validate_forward_meta(self)
+        checked = validate_forward_meta(self) if self.check else None
         self._plan = AttentionPlan.build(self)
+        self._plan.max_position = checked
         return self._plan
 
     def plan(self) -> AttentionPlan:
@@ -99,8 +120,9 @@ class ForwardMeta:
         return self._plan
 
 
-def validate_forward_meta(meta: ForwardMeta) -> None:
-    """Check ``meta`` on the host (reads its length tensors and block table back).
+def validate_forward_meta(meta: ForwardMeta) -> int:
+    """Check ``meta`` on the host (reads its length tensors and block table back) and return
+    the largest position of a real row (-1 when there is none).
 
     Raises:
         ValueError: naming the field, when a length tensor has the wrong size or a negative
@@ -133,11 +155,13 @@ def validate_forward_meta(meta: ForwardMeta) -> None:
     if ids_len < num_tokens:
         raise ValueError(f"`ids_remove_padding` has {ids_len} tokens but sum(seq_lens_this_time) = {num_tokens}")
     bs = meta.block_size
+    largest = -1
     for b in range(bsz):
         n = int(this_time[b])
         if n == 0:
             continue
         total = int(decoder[b]) + n
+        largest = max(largest, total - 1)
         if meta.max_seq_len is not None and total > meta.max_seq_len:
             raise ValueError(f"item {b} holds {total} tokens after this step but `max_seq_len` is {meta.max_seq_len}")
         needed = (total - 1) // bs + 1
@@ -150,6 +174,7 @@ def validate_forward_meta(meta: ForwardMeta) -> None:
         if unused.size:
             bad = int(unused[0])
             raise ValueError(f"`block_tables[{b}, {bad}]` is unused (-1) but item {b} needs it for position {bad * bs}")
+    return largest
 
 
 @dataclass
@@ -162,23 +187,26 @@ class AttentionPlan:
     cu_seqlens_q[b + 1]``; rows ``r >= cu_seqlens_q[B]`` are padding.
 
     Attributes:
-        positions: ``[T]`` int64, the sequence position of every row
-            (``seq_lens_decoder[b] + r - cu_seqlens_q[b]``; 0 for padding rows).
+        positions: ``[T]`` int32, the sequence position of every row,
+            ``seq_lens_decoder[b] + r - cu_seqlens_q[b]`` (padding rows: the same formula
+            with the last item, so some position ``>= 0`` that means nothing).
         valid: ``[T]`` bool, False for padding rows.
-        items: ``[T]`` int64, the item of every row (padding rows: the last item).
-        write_blocks / write_offsets: ``[T]`` int64, the cache block and in-block slot each
+        items: ``[T]`` int32, the item of every row (padding rows: the last item).
+        write_blocks / write_offsets: ``[T]`` int32, the cache block and in-block slot each
             row's key and value go to. A padding row repeats the last real row's slot (and
             :attr:`write_rows` its value), so it changes nothing.
-        write_rows: ``[T]`` int64, the row whose key/value is written at each row's slot
+        write_rows: ``[T]`` int32, the row whose key/value is written at each row's slot
             (the row itself, or the last real row for padding rows).
-        any_valid: ``[]`` bool, whether the batch has a real row at all; when it has none,
+        any_valid: ``[1]`` bool, whether the batch has a real row at all; when it has none,
             every row's slot is written back with the value it already holds.
-        item_blocks: ``[max(B, 1), num_read_blocks]`` int64, the blocks holding positions
+        item_blocks: ``[max(B, 1), num_read_blocks]`` int32, the blocks holding positions
             ``0 .. span - 1`` of each item (``span = num_read_blocks * block_size``; unused
             entries replaced by block 0, which the key masks hide).
         num_read_blocks: blocks gathered per item, ``ceil(max_seq_len / block_size)`` capped
             at ``block_tables.shape[1]`` (all columns when ``max_seq_len`` is ``None``).
         block_size: tokens per cache block.
+        max_position: the largest position of a real row, known on the host when the
+            metadata was validated (``ForwardMeta.check``), else ``None``.
     """
 
     positions: paddle.Tensor
@@ -191,6 +219,7 @@ class AttentionPlan:
     item_blocks: paddle.Tensor
     num_read_blocks: int
     block_size: int
+    max_position: int | None = None
     _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -216,15 +245,18 @@ class AttentionPlan:
 
     def row_key_mask(self) -> paddle.Tensor:
         """``[T, span]`` bool: position ``j`` of row ``r``'s own item is visible to it iff
-        ``j <= positions[r]`` (padding rows see position 0 only). Built once per plan."""
-        return self.memo("row_key_mask", lambda: paddle.arange(self.span, dtype="int64") <= self.positions.unsqueeze(1))
+        ``j <= positions[r]`` (at least position 0). Built once per plan."""
+        return self.memo("row_key_mask", lambda: int_range(self.span) <= self.positions.unsqueeze(1))
 
     def batch_key_mask(self) -> paddle.Tensor:
         """``[T, num_items * span]`` bool over every item's keys (item-major): key ``(b, j)``
         is visible to row ``r`` iff ``b`` is its item and ``j <= positions[r]``."""
 
+        if self.num_items == 1:
+            return self.row_key_mask()
+
         def build() -> paddle.Tensor:
-            key_items = paddle.arange(self.num_items, dtype="int64").repeat_interleave(self.span)
+            key_items = int_range(self.num_items).repeat_interleave(self.span)
             same_item = key_items.unsqueeze(0) == self.items.unsqueeze(1)
             return paddle.logical_and(same_item, self.row_key_mask().tile([1, self.num_items]))
 
@@ -234,17 +266,19 @@ class AttentionPlan:
     def build(meta: ForwardMeta) -> AttentionPlan:
         """Derive the plan of ``meta`` with tensor ops only (no host read). Metadata that
         :func:`validate_forward_meta` would refuse gives meaningless outputs but no
-        out-of-bounds access: block-table columns and unused blocks are clamped."""
+        out-of-bounds access: block-table columns and unused blocks are clamped. Few ops on
+        purpose (each costs microseconds of dispatch, and a forward of one MTP layer cannot
+        spread them over many layers)."""
         rows_n = int(meta.ids_remove_padding.shape[0])
         bsz = meta.batch_size
         bs = meta.block_size
         columns = int(meta.block_tables.shape[1])
         num_read = columns if meta.max_seq_len is None else min(columns, -(-meta.max_seq_len // bs))
         num_read = max(num_read, 1)
-        rows = paddle.arange(rows_n, dtype="int64")
+        rows = int_range(rows_n)
         if bsz == 0 or columns == 0:
             # Nothing can be real: every row is padding and writes its slot's own value back.
-            zeros = paddle.zeros([rows_n], dtype="int64")
+            zeros = paddle.zeros([rows_n], dtype="int32")
             return AttentionPlan(
                 positions=zeros,
                 valid=paddle.zeros([rows_n], dtype="bool"),
@@ -252,37 +286,42 @@ class AttentionPlan:
                 write_blocks=zeros,
                 write_offsets=zeros,
                 write_rows=zeros,
-                any_valid=paddle.zeros([], dtype="bool"),
-                item_blocks=paddle.zeros([1, num_read], dtype="int64"),
+                any_valid=paddle.zeros([1], dtype="bool"),
+                item_blocks=paddle.zeros([1, num_read], dtype="int32"),
                 num_read_blocks=num_read,
                 block_size=bs,
             )
-        cu = meta.cu_seqlens_q.astype("int64").reshape([-1])
-        decoder = meta.seq_lens_decoder.astype("int64").reshape([-1])
-        tables = paddle.clip(meta.block_tables.astype("int64"), min=0)
-        num_real = cu[bsz]
-        valid = rows < num_real
-        # item of each row: how many items end at or before it (rows past the end: the last item)
-        items = paddle.clip(paddle.searchsorted(cu[1:], rows, right=True), max=bsz - 1)
-        start = paddle.gather(cu, items)
-        positions = paddle.where(valid, paddle.gather(decoder, items) + rows - start, paddle.zeros_like(rows))
-        slots = paddle.gather(tables, items)  # [T, columns]
-        column = paddle.clip(positions // bs, max=columns - 1)
-        blocks = paddle.take_along_axis(slots, column.unsqueeze(1), axis=1).squeeze(1)
-        last = paddle.clip(num_real - 1, min=0)
-        write_rows = paddle.where(valid, rows, last.expand([rows_n]))
+        cu, decoder = _int32_vector(meta.cu_seqlens_q), _int32_vector(meta.seq_lens_decoder)
+        tables = meta.block_tables if meta.block_tables.dtype == paddle.int32 else meta.block_tables.astype("int32")
+        tables = paddle.clip(tables[:, :num_read] if num_read < columns else tables, min=0)
+        # item of a row: how many of the first B - 1 items end at or before it (so padding
+        # rows land on the last item)
+        items = paddle.searchsorted(cu[1:bsz], rows, right=True, out_int32=True)
+        num_real = cu[bsz:]  # [1]
+        positions = paddle.gather(decoder - cu[:bsz], items) + rows
+        column = paddle.clip(positions // bs, max=num_read - 1)
+        blocks = paddle.gather(tables.reshape([-1]), items * num_read + column)
+        # a padding row repeats the last real row (row 0 when there is none)
+        write_rows = paddle.minimum(rows, paddle.clip(num_real - 1, min=0))
         return AttentionPlan(
             positions=positions,
-            valid=valid,
+            valid=rows < num_real,
             items=items,
             write_blocks=paddle.gather(blocks, write_rows),
-            write_offsets=paddle.gather(positions % bs, write_rows),
+            write_offsets=paddle.gather(positions, write_rows) % bs,
             write_rows=write_rows,
             any_valid=num_real > 0,
-            item_blocks=tables[:, :num_read],
+            item_blocks=tables,
             num_read_blocks=num_read,
             block_size=bs,
         )
+
+
+def _int32_vector(t: paddle.Tensor) -> paddle.Tensor:
+    """``t`` as a 1-D int32 tensor (no op when it already is one)."""
+    if t.dtype != paddle.int32:
+        t = t.astype("int32")
+    return t if len(t.shape) == 1 else t.reshape([-1])
 
 
 def make_forward_meta(

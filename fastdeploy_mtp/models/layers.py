@@ -74,13 +74,18 @@ class RotaryEmbedding(nn.Layer):
                 )
             idx = paddle.to_tensor(positions)
         else:
-            idx = positions.astype("int64").reshape([-1])
+            idx = positions if positions.dtype in (paddle.int32, paddle.int64) else positions.astype("int64")
+            idx = idx if len(idx.shape) == 1 else idx.reshape([-1])
             if check and idx.shape[0] > 0:
-                top = int(idx.max().item())
-                if top >= self.max_position:
-                    raise ValueError(f"position {top} is beyond `max_position_embeddings` ({self.max_position})")
+                self.check_position(int(idx.max().item()))
             idx = paddle.clip(idx, 0, self.max_position - 1)
         return (paddle.gather(self.cos_table, idx), paddle.gather(self.sin_table, idx))
+
+    def check_position(self, largest: int) -> None:
+        """Raise the ``ValueError`` of :meth:`lookup` when position ``largest`` (a host int)
+        is past the table."""
+        if largest >= self.max_position:
+            raise ValueError(f"position {largest} is beyond `max_position_embeddings` ({self.max_position})")
 
     def prefix(self, seq_len: int) -> tuple[paddle.Tensor, paddle.Tensor]:
         """``(cos, sin)`` for positions ``0 .. seq_len - 1``, each ``[seq_len, head_dim]``."""

@@ -81,7 +81,9 @@ class TinyTargetModel(nn.Layer):
                 f"`ids_remove_padding` has {int(ids_remove_padding.shape[0])} "
                 f"tokens, forward_meta describes {plan.num_rows}"
             )
-        cos, sin = self.rotary.lookup(plan.positions, check=forward_meta.check)
+        if plan.max_position is not None:  # validated on the host (ForwardMeta.check)
+            self.rotary.check_position(plan.max_position)
+        cos, sin = self.rotary.lookup(plan.positions, check=False)
         h = self.embed_tokens(ids_remove_padding)
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, self.attn_backend, i, forward_meta)
