@@ -2,7 +2,7 @@
 checkpoint loaders for real MTP layouts, and the shipped tiny checkpoint."""
 
 from .attention import ReferenceAttentionBackend, causal_bias, dense_causal_attention
-from .forward_meta import UNUSED_BLOCK, AttentionPlan, ForwardMeta, make_forward_meta
+from .forward_meta import UNUSED_BLOCK, AttentionPlan, ForwardMeta, make_forward_meta, validate_forward_meta
 from .loading import (
     FAMILIES,
     CheckpointError,
@@ -73,4 +73,5 @@ __all__ = [
     "save_tiny",
     "score_windows",
     "shard_axes",
+    "validate_forward_meta",
 ]

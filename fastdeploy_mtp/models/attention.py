@@ -5,13 +5,14 @@ modules, and ``tests/models`` checks that they agree."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from .forward_meta import ForwardMeta
+from .forward_meta import AttentionPlan, ForwardMeta, int_range, minus_inf
 
 if TYPE_CHECKING:
     from paddle._typing import DTypeLike
@@ -27,10 +28,19 @@ def _repeat_kv(x: paddle.Tensor, groups: int, axis: int) -> paddle.Tensor:
 class ReferenceAttentionBackend:
     """Paged-KV-cache attention, correct for any mix of prefill, chunked prefill and decode.
 
-    For each item with new tokens it writes their keys/values into the cache blocks named
-    by the block table, gathers positions ``0 .. past + n - 1`` back, and attends with a
-    mask that is full over the ``past`` cached positions and causal within the ``n`` new
-    ones. Math is float32; one item at a time (a reference, not a fast kernel).
+    Each real row's key and value are written to the cache slot its position names in its
+    item's block table (padding rows write nothing new); then every row attends to positions
+    ``0 .. span - 1`` of its item (``span`` = the plan's ``num_read_blocks * block_size``) that
+    are ``<=`` its own position: full over the cached ones, causal within the new ones.
+    Everything is indexed on the device from
+    :class:`~fastdeploy_mtp.models.forward_meta.AttentionPlan`, with shapes fixed by host
+    ints, so a forward reads nothing back. Math is float32 and batched, in one of two layouts
+    (:meth:`shares_keys`); it is a reference, not a fast kernel.
+
+    Slots a row may not see are still read (whole blocks are gathered) and then masked: their
+    scores are replaced, but their values are multiplied by a zero probability, so they must
+    hold finite numbers. Zero-initialised caches (:meth:`allocate_caches`, the cache
+    manager's) and keys/values left by earlier requests always do.
 
     Args:
         num_heads: query heads.
@@ -49,6 +59,9 @@ class ReferenceAttentionBackend:
         self.head_dim = head_dim
         self.block_size = block_size
         self.scale = 1.0 / math.sqrt(head_dim)
+        #: ``None``: :meth:`shares_keys` picks the layout per forward; True/False forces one
+        #: (tests check that both give the same result).
+        self.force_shared_keys: bool | None = None
 
     def get_kv_cache_shape(self, max_num_blocks: int) -> list[int]:
         """Shape of one layer's key (or value) cache:
@@ -99,37 +112,114 @@ class ReferenceAttentionBackend:
         plan = forward_meta.plan()
         num_tokens = int(q.shape[0])
         out_dim = self.num_heads * self.head_dim
+        if plan.num_rows != num_tokens:
+            raise ValueError(f"`q` has {num_tokens} rows but the forward_meta plan describes {plan.num_rows}")
         if num_tokens == 0:
             return paddle.zeros([0, out_dim], dtype=q.dtype)
-        real = plan.num_tokens  # rows past it are padding: not cached, zero output
-        if real == 0:
-            return paddle.zeros([num_tokens, out_dim], dtype=q.dtype)
-        wb = paddle.to_tensor(plan.write_blocks)
-        wo = paddle.to_tensor(plan.write_offsets)
-        key_cache[wb, :, wo, :] = k[:real].astype(key_cache.dtype)
-        value_cache[wb, :, wo, :] = v[:real].astype(value_cache.dtype)
+        shared = self.shares_keys(plan)
+        key = ("attention", self.num_heads, self.num_kv_heads, self.head_dim, shared)
+        layout = plan.memo(key, lambda: self._layout(plan, shared))
+        self._write(key_cache, k, plan, layout)
+        self._write(value_cache, v, plan, layout)
 
-        groups = self.num_heads // self.num_kv_heads
-        outs = []
-        for (_, q0, q1, past, total), rb, ro in zip(plan.items, plan.read_blocks, plan.read_offsets):
-            rbt, rot = paddle.to_tensor(rb), paddle.to_tensor(ro)
-            keys = key_cache[rbt, :, rot, :].astype("float32")  # [total, kvh, hd]
-            values = value_cache[rbt, :, rot, :].astype("float32")  # [total, kvh, hd]
-            keys = _repeat_kv(keys, groups, axis=1).transpose([1, 2, 0])  # [nh, hd, total]
-            values = _repeat_kv(values, groups, axis=1).transpose([1, 0, 2])  # [nh, total, hd]
-            qi = q[q0:q1].astype("float32").transpose([1, 0, 2])  # [nh, n, hd]
-            scores = paddle.matmul(qi, keys) * self.scale  # [nh, n, total]
-            n = q1 - q0
-            if n > 1:
-                # query i sits at position past + i and may see keys 0 .. past + i
-                allowed = np.arange(total)[None, :] <= (past + np.arange(n))[:, None]
-                bias = np.where(allowed, 0.0, -np.inf).astype(np.float32)
-                scores = scores + paddle.to_tensor(bias)
-            probs = F.softmax(scores, axis=-1)
-            outs.append(paddle.matmul(probs, values).transpose([1, 0, 2]).reshape([n, out_dim]))
-        if num_tokens > real:
-            outs.append(paddle.zeros([num_tokens - real, out_dim], dtype="float32"))
-        return paddle.concat(outs, axis=0).astype(q.dtype)
+        kvh, groups, hd = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
+        keys = self._read(key_cache, layout)
+        values = self._read(value_cache, layout)
+        qs = (q if q.dtype == paddle.float32 else q.astype("float32")) * self.scale
+        qs = qs.reshape([num_tokens, kvh, groups, hd])  # query head h reads kv head h // groups
+        if shared:  # [kvh, groups, T, hd] against every item's keys [kvh, 1, B * span, hd]
+            qs = qs.transpose([1, 2, 0, 3])
+        # scores: shared [kvh, groups, T, S], else [T, kvh, groups, S] against [T, kvh, S, hd]
+        scores = paddle.where(layout.visible, paddle.matmul(qs, keys, transpose_y=True), layout.hidden)
+        out = paddle.matmul(F.softmax(scores, axis=-1), values)
+        if shared:
+            out = out.transpose([2, 0, 1, 3])
+        out = out.reshape([num_tokens, out_dim]) * layout.row_scale  # padding rows: zeros
+        return out if out.dtype == q.dtype else out.astype(q.dtype)
+
+    def shares_keys(self, plan: AttentionPlan) -> bool:
+        """Which of two equivalent layouts a forward uses: every row gathering its own item's
+        keys (``T / B`` copies of them) or every row scoring every item's keys, other items
+        masked (``B`` times the scores). The first suits decode batches (many items, few rows
+        each), the second prefill and batch 1. :attr:`force_shared_keys` overrides."""
+        if self.force_shared_keys is not None:
+            return self.force_shared_keys
+        return plan.num_items * plan.num_items <= plan.num_rows
+
+    def _layout(self, plan: AttentionPlan, shared: bool) -> _Layout:
+        """The indices and masks of one plan for this backend's shapes (built once per
+        forward, shared by its layers)."""
+        t, kvh = plan.num_rows, self.num_kv_heads
+        heads = int_range(kvh)
+        blocks = plan.write_blocks.unsqueeze(1)  # [T, 1]
+        offsets = plan.write_offsets.unsqueeze(1)  # [T, 1]
+        slot_heads = heads.unsqueeze(0)  # [1, kvh]
+        slots = paddle.stack([blocks.expand([t, kvh]), slot_heads.expand([t, kvh]), offsets.expand([t, kvh])], axis=-1)
+        if shared:  # every item's blocks, head-major: cache rows [kvh, B, nblk]
+            read = plan.item_blocks.unsqueeze(0) * kvh + heads.reshape([kvh, 1, 1])
+            span = plan.num_items * plan.span
+            visible = plan.batch_key_mask()  # [T, B * span], broadcast over [kvh, groups]
+            key_shape = [kvh, 1, span, self.head_dim]
+        else:  # each row's item's blocks: cache rows [T, kvh, nblk]
+            read = paddle.gather(plan.item_blocks, plan.items).unsqueeze(1) * kvh + heads.reshape([1, kvh, 1])
+            span = plan.span
+            visible = plan.row_key_mask().reshape([t, 1, 1, span])
+            key_shape = [t, kvh, span, self.head_dim]
+        return _Layout(
+            write_index=(blocks, slot_heads, offsets),
+            write_slots=slots,
+            read_index=read.reshape([-1]),
+            key_shape=key_shape,
+            visible=visible,
+            hidden=minus_inf(),
+            row_scale=plan.valid.astype("float32").unsqueeze(1),
+        )
+
+    def _write(self, cache: paddle.Tensor, new: paddle.Tensor, plan: AttentionPlan, layout: _Layout) -> None:
+        """Store ``new [T, kvh, hd]`` at each row's slot in place. Padding rows repeat the last
+        real row (same slot, same value); with no real row, every slot gets its own value
+        back, so duplicate indices never carry different values."""
+        value = paddle.gather(new, plan.write_rows)  # [T, kvh, hd]
+        if value.dtype != cache.dtype:
+            value = value.astype(cache.dtype)
+        held = paddle.gather_nd(cache, layout.write_slots)  # [T, kvh, hd]
+        paddle.index_put_(cache, layout.write_index, paddle.where(plan.any_valid, value, held))
+
+    def _read(self, cache: paddle.Tensor, layout: _Layout) -> paddle.Tensor:
+        """Gather keys or values in ``layout.key_shape``, float32. The cache is read as ``[blocks *
+        kvh, bs, hd]`` rows already in the wanted order: no transpose (on a CPU a transpose
+        costs more than the gather)."""
+        got = paddle.gather(cache.reshape([-1, self.block_size, self.head_dim]), layout.read_index)
+        got = got.reshape(layout.key_shape)
+        return got if got.dtype == paddle.float32 else got.astype("float32")
+
+
+@dataclass
+class _Layout:
+    """Per-forward indices and masks of :class:`ReferenceAttentionBackend` in one of its two
+    layouts (every row scoring every item's keys, or each row its own item's).
+
+    Attributes:
+        write_index: ``(blocks [T, 1], heads [1, kvh], offsets [T, 1])`` int32, broadcasting to
+            the slot of every row's key/value per head.
+        write_slots: the same expanded and stacked, ``[T, kvh, 3]``.
+        read_index: int32 rows of the cache viewed as ``[blocks * kvh, block_size,
+            head_dim]``, ordered ``[kvh, B, nblk]`` (shared keys) or ``[T, kvh, nblk]``.
+        key_shape: ``[kvh, 1, B * span, head_dim]`` or ``[T, kvh, span, head_dim]``.
+        visible: bool, which keys each query sees, broadcasting to the scores: ``[T, B * span]``
+            against ``[kvh, groups, T, B * span]``, or ``[T, 1, 1, span]`` against ``[T, kvh,
+            groups, span]``.
+        hidden: ``[1]`` float32 ``-inf``, the score of a key a query may not see.
+        row_scale: ``[T, 1]`` float32, 1 for real rows and 0 for padding rows.
+    """
+
+    write_index: tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]
+    write_slots: paddle.Tensor
+    read_index: paddle.Tensor
+    key_shape: list[int]
+    visible: paddle.Tensor
+    hidden: paddle.Tensor
+    row_scale: paddle.Tensor
 
 
 def causal_bias(seq_len: int) -> paddle.Tensor:

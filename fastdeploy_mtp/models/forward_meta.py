@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import paddle
@@ -12,6 +16,27 @@ from ..constants import NO_BLOCK_ID
 
 #: Block-table entry meaning "no block" (:data:`fastdeploy_mtp.constants.NO_BLOCK_ID`).
 UNUSED_BLOCK = NO_BLOCK_ID
+
+_Value = TypeVar("_Value")
+
+
+@functools.lru_cache(maxsize=256)
+def _constant(kind: str, n: int, device: str) -> paddle.Tensor:
+    if kind == "range":
+        return paddle.arange(n, dtype="int32")
+    return paddle.full([n], -math.inf, dtype="float32")
+
+
+def int_range(n: int) -> paddle.Tensor:
+    """``[n]`` int32 ``0 .. n - 1`` on the current device. Cached per length and device and
+    never written: ``paddle.arange`` costs tens of microseconds of dispatch, a noticeable
+    part of a one-layer forward."""
+    return _constant("range", n, paddle.get_device())
+
+
+def minus_inf() -> paddle.Tensor:
+    """``[1]`` float32 ``-inf`` on the current device (cached like :func:`int_range`)."""
+    return _constant("minus_inf", 1, paddle.get_device())
 
 
 @dataclass
@@ -44,6 +69,15 @@ class ForwardMeta:
             each float32 of shape ``attn_backend.get_kv_cache_shape(num_blocks)``, i.e.
             ``[num_blocks, num_key_value_heads, block_size, head_dim]``. Written in place.
         block_size: tokens per cache block.
+        max_seq_len: a host-side upper bound on ``seq_lens_decoder[b] + seq_lens_this_time[b]``
+            over every item, or ``None``. Attention gathers ``ceil(max_seq_len / block_size)``
+            blocks per item (``None``: all ``block_tables.shape[1]`` columns), so a tight bound
+            makes it cheaper; a bound that is too small silently drops the keys past it unless
+            ``check`` is set.
+        check: validate the metadata on the host before the forward (reads the length tensors
+            and the block table back, a device sync on an accelerator) and raise a
+            ``ValueError`` naming the inconsistent field. Serving code clears it in
+            steady-state rounds: the forward itself then reads nothing back.
     """
 
     ids_remove_padding: paddle.Tensor
@@ -54,21 +88,28 @@ class ForwardMeta:
     block_tables: paddle.Tensor
     caches: list[paddle.Tensor] = field(default_factory=list)
     block_size: int = 16
+    max_seq_len: int | None = None
+    check: bool = True
     _plan: AttentionPlan | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
             raise ValueError(f"`block_size` must be positive, got {self.block_size}")
+        if self.max_seq_len is not None and self.max_seq_len <= 0:
+            raise ValueError(f"`max_seq_len` must be positive or None, got {self.max_seq_len}")
 
     @property
     def batch_size(self) -> int:
         return int(self.seq_lens_this_time.shape[0])
 
     def build_plan(self) -> AttentionPlan:
-        """(Re)derive the host-side indices from the current metadata. Models call this once
-        at the start of every forward, because engines update the metadata tensors in place
-        between steps and reuse the same ``ForwardMeta``."""
+        """(Re)derive the per-row indices from the current metadata (on the device; with
+        :attr:`check` set, after validating it on the host). Models call this once at the
+        start of every forward, because engines update the metadata tensors in place between
+        steps and reuse the same ``ForwardMeta``."""
+        checked = validate_forward_meta(self) if self.check else None
         self._plan = AttentionPlan.build(self)
+        self._plan.max_position = checked
         return self._plan
 
     def plan(self) -> AttentionPlan:
@@ -79,87 +120,208 @@ class ForwardMeta:
         return self._plan
 
 
+def validate_forward_meta(meta: ForwardMeta) -> int:
+    """Check ``meta`` on the host (reads its length tensors and block table back) and return
+    the largest position of a real row (-1 when there is none).
+
+    Raises:
+        ValueError: naming the field, when a length tensor has the wrong size or a negative
+            entry, ``cu_seqlens_q`` is not the prefix sum of ``seq_lens_this_time``,
+            ``ids_remove_padding`` is shorter than that sum, an item needs more block-table
+            columns than there are or an entry that is unused (-1), or an item's
+            ``seq_lens_decoder + seq_lens_this_time`` exceeds ``max_seq_len``.
+    """
+    this_time = np.asarray(meta.seq_lens_this_time.numpy()).reshape(-1).astype(np.int64)
+    decoder = np.asarray(meta.seq_lens_decoder.numpy()).reshape(-1).astype(np.int64)
+    cu = np.asarray(meta.cu_seqlens_q.numpy()).reshape(-1).astype(np.int64)
+    tables = np.asarray(meta.block_tables.numpy()).astype(np.int64)
+    bsz = this_time.shape[0]
+    if decoder.shape[0] != bsz:
+        raise ValueError(
+            f"`seq_lens_decoder` must have {bsz} entries like `seq_lens_this_time`, got {decoder.shape[0]}"
+        )
+    if cu.shape[0] != bsz + 1:
+        raise ValueError(f"`cu_seqlens_q` must have {bsz + 1} entries, got {cu.shape[0]}")
+    if tables.ndim != 2 or tables.shape[0] != bsz:
+        raise ValueError(f"`block_tables` must be [{bsz}, max_blocks], got {list(tables.shape)}")
+    if (this_time < 0).any() or (decoder < 0).any():
+        raise ValueError("`seq_lens_this_time` and `seq_lens_decoder` must be >= 0")
+    if cu[0] != 0 or not np.array_equal(np.diff(cu), this_time):
+        raise ValueError(
+            f"`cu_seqlens_q` {cu.tolist()} is not the prefix sum of `seq_lens_this_time` {this_time.tolist()}"
+        )
+    num_tokens = int(cu[-1])
+    ids_len = int(meta.ids_remove_padding.shape[0])
+    if ids_len < num_tokens:
+        raise ValueError(f"`ids_remove_padding` has {ids_len} tokens but sum(seq_lens_this_time) = {num_tokens}")
+    bs = meta.block_size
+    largest = -1
+    for b in range(bsz):
+        n = int(this_time[b])
+        if n == 0:
+            continue
+        total = int(decoder[b]) + n
+        largest = max(largest, total - 1)
+        if meta.max_seq_len is not None and total > meta.max_seq_len:
+            raise ValueError(f"item {b} holds {total} tokens after this step but `max_seq_len` is {meta.max_seq_len}")
+        needed = (total - 1) // bs + 1
+        if needed > tables.shape[1]:
+            raise ValueError(
+                f"item {b} needs {needed} cache blocks for {total} "
+                f"tokens but `block_tables` has {tables.shape[1]} columns"
+            )
+        unused = np.nonzero(tables[b, :needed] < 0)[0]
+        if unused.size:
+            bad = int(unused[0])
+            raise ValueError(f"`block_tables[{b}, {bad}]` is unused (-1) but item {b} needs it for position {bad * bs}")
+    return largest
+
+
 @dataclass
 class AttentionPlan:
-    """Host-side (numpy) view of a :class:`ForwardMeta`, validated once.
+    """Per-row indices of a :class:`ForwardMeta`, derived on the device.
+
+    Every shape depends only on host-known ints: ``T = ids_remove_padding.shape[0]`` rows,
+    ``B`` items, :attr:`num_read_blocks` and the block size, so building the plan reads
+    nothing back to the host. Row ``r`` belongs to item ``b`` with ``cu_seqlens_q[b] <= r <
+    cu_seqlens_q[b + 1]``; rows ``r >= cu_seqlens_q[B]`` are padding.
 
     Attributes:
-        positions: ``[T]`` int64, the sequence position of every row (0 for padding rows).
-        num_tokens: real (non-padding) rows, ``sum(seq_lens_this_time)``.
-        write_blocks / write_offsets: ``[num_tokens]`` int64, cache block and in-block slot each
-            new token's key and value are written to.
-        items: per item with new tokens, ``(b, q_start, q_end, past, total)``: rows
-            ``q_start:q_end`` of the packed batch, ``past`` cached tokens, ``total = past + n``.
-        read_blocks / read_offsets: per entry of ``items``, ``[total]`` int64 slots holding
-            positions ``0 .. total - 1``.
+        positions: ``[T]`` int32, the sequence position of every row,
+            ``seq_lens_decoder[b] + r - cu_seqlens_q[b]`` (padding rows: the same formula
+            with the last item, so some position ``>= 0`` that means nothing).
+        valid: ``[T]`` bool, False for padding rows.
+        items: ``[T]`` int32, the item of every row (padding rows: the last item).
+        write_blocks / write_offsets: ``[T]`` int32, the cache block and in-block slot each
+            row's key and value go to. A padding row repeats the last real row's slot (and
+            :attr:`write_rows` its value), so it changes nothing.
+        write_rows: ``[T]`` int32, the row whose key/value is written at each row's slot
+            (the row itself, or the last real row for padding rows).
+        any_valid: ``[1]`` bool, whether the batch has a real row at all; when it has none,
+            every row's slot is written back with the value it already holds.
+        item_blocks: ``[max(B, 1), num_read_blocks]`` int32, the blocks holding positions
+            ``0 .. span - 1`` of each item (``span = num_read_blocks * block_size``; unused
+            entries replaced by block 0, which the key masks hide).
+        num_read_blocks: blocks gathered per item, ``ceil(max_seq_len / block_size)`` capped
+            at ``block_tables.shape[1]`` (all columns when ``max_seq_len`` is ``None``).
+        block_size: tokens per cache block.
+        max_position: the largest position of a real row, known on the host when the
+            metadata was validated (``ForwardMeta.check``), else ``None``.
     """
 
-    positions: np.ndarray
-    num_tokens: int
-    write_blocks: np.ndarray
-    write_offsets: np.ndarray
-    items: list
-    read_blocks: list
-    read_offsets: list
+    positions: paddle.Tensor
+    valid: paddle.Tensor
+    items: paddle.Tensor
+    write_blocks: paddle.Tensor
+    write_offsets: paddle.Tensor
+    write_rows: paddle.Tensor
+    any_valid: paddle.Tensor
+    item_blocks: paddle.Tensor
+    num_read_blocks: int
+    block_size: int
+    max_position: int | None = None
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.positions.shape[0])
+
+    @property
+    def num_items(self) -> int:
+        """Rows of :attr:`item_blocks` (``max(B, 1)``)."""
+        return int(self.item_blocks.shape[0])
+
+    @property
+    def span(self) -> int:
+        """Key positions gathered per item: ``num_read_blocks * block_size``."""
+        return self.num_read_blocks * self.block_size
+
+    def memo(self, key: object, build: Callable[[], _Value]) -> _Value:
+        """``build()`` once per plan under ``key`` (attention backends keep the indices
+        they derive from the plan here, so the layers of one forward share them)."""
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
+
+    def row_key_mask(self) -> paddle.Tensor:
+        """``[T, span]`` bool: position ``j`` of row ``r``'s own item is visible to it iff
+        ``j <= positions[r]`` (at least position 0). Built once per plan."""
+        return self.memo("row_key_mask", lambda: int_range(self.span) <= self.positions.unsqueeze(1))
+
+    def batch_key_mask(self) -> paddle.Tensor:
+        """``[T, num_items * span]`` bool over every item's keys (item-major): key ``(b, j)``
+        is visible to row ``r`` iff ``b`` is its item and ``j <= positions[r]``."""
+
+        if self.num_items == 1:
+            return self.row_key_mask()
+
+        def build() -> paddle.Tensor:
+            key_items = int_range(self.num_items).repeat_interleave(self.span)
+            same_item = key_items.unsqueeze(0) == self.items.unsqueeze(1)
+            return paddle.logical_and(same_item, self.row_key_mask().tile([1, self.num_items]))
+
+        return self.memo("batch_key_mask", build)
 
     @staticmethod
     def build(meta: ForwardMeta) -> AttentionPlan:
-        this_time = np.asarray(meta.seq_lens_this_time.numpy()).reshape(-1).astype(np.int64)
-        decoder = np.asarray(meta.seq_lens_decoder.numpy()).reshape(-1).astype(np.int64)
-        cu = np.asarray(meta.cu_seqlens_q.numpy()).reshape(-1).astype(np.int64)
-        tables = np.asarray(meta.block_tables.numpy()).astype(np.int64)
-        bsz = this_time.shape[0]
-        if decoder.shape[0] != bsz:
-            raise ValueError(
-                f"`seq_lens_decoder` must have {bsz} entries like `seq_lens_this_time`, got {decoder.shape[0]}"
-            )
-        if cu.shape[0] != bsz + 1:
-            raise ValueError(f"`cu_seqlens_q` must have {bsz + 1} entries, got {cu.shape[0]}")
-        if tables.ndim != 2 or tables.shape[0] != bsz:
-            raise ValueError(f"`block_tables` must be [{bsz}, max_blocks], got {list(tables.shape)}")
-        if (this_time < 0).any() or (decoder < 0).any():
-            raise ValueError("`seq_lens_this_time` and `seq_lens_decoder` must be >= 0")
-        if cu[0] != 0 or not np.array_equal(np.diff(cu), this_time):
-            raise ValueError(
-                f"`cu_seqlens_q` {cu.tolist()} is not the prefix sum of `seq_lens_this_time` {this_time.tolist()}"
-            )
-        num_tokens = int(cu[-1])
-        ids_len = int(meta.ids_remove_padding.shape[0])
-        if ids_len < num_tokens:
-            raise ValueError(f"`ids_remove_padding` has {ids_len} tokens but sum(seq_lens_this_time) = {num_tokens}")
+        """Derive the plan of ``meta`` with tensor ops only (no host read). Metadata that
+        :func:`validate_forward_meta` would refuse gives meaningless outputs but no
+        out-of-bounds access: block-table columns and unused blocks are clamped. Few ops on
+        purpose (each costs microseconds of dispatch, and a forward of one MTP layer cannot
+        spread them over many layers)."""
+        rows_n = int(meta.ids_remove_padding.shape[0])
+        bsz = meta.batch_size
         bs = meta.block_size
-        positions = np.zeros(ids_len, np.int64)
-        write_blocks = np.zeros(num_tokens, np.int64)
-        write_offsets = np.zeros(num_tokens, np.int64)
-        items, read_blocks, read_offsets = [], [], []
-        for b in range(bsz):
-            n = int(this_time[b])
-            if n == 0:
-                continue
-            past = int(decoder[b])
-            total = past + n
-            pos = np.arange(total, dtype=np.int64)
-            col = pos // bs
-            if col[-1] >= tables.shape[1]:
-                raise ValueError(
-                    f"item {b} needs {col[-1] + 1} cache blocks for {total} "
-                    f"tokens but `block_tables` has {tables.shape[1]} columns"
-                )
-            blocks = tables[b, col]
-            if (blocks < 0).any():
-                bad = int(col[np.argmax(blocks < 0)])
-                raise ValueError(
-                    f"`block_tables[{b}, {bad}]` is unused (-1) but item {b} needs it for position {bad * bs}"
-                )
-            offsets = pos % bs
-            q0, q1 = int(cu[b]), int(cu[b + 1])
-            positions[q0:q1] = pos[past:]
-            write_blocks[q0:q1] = blocks[past:]
-            write_offsets[q0:q1] = offsets[past:]
-            items.append((b, q0, q1, past, total))
-            read_blocks.append(blocks)
-            read_offsets.append(offsets)
-        return AttentionPlan(positions, num_tokens, write_blocks, write_offsets, items, read_blocks, read_offsets)
+        columns = int(meta.block_tables.shape[1])
+        num_read = columns if meta.max_seq_len is None else min(columns, -(-meta.max_seq_len // bs))
+        num_read = max(num_read, 1)
+        rows = int_range(rows_n)
+        if bsz == 0 or columns == 0:
+            # Nothing can be real: every row is padding and writes its slot's own value back.
+            zeros = paddle.zeros([rows_n], dtype="int32")
+            return AttentionPlan(
+                positions=zeros,
+                valid=paddle.zeros([rows_n], dtype="bool"),
+                items=zeros,
+                write_blocks=zeros,
+                write_offsets=zeros,
+                write_rows=zeros,
+                any_valid=paddle.zeros([1], dtype="bool"),
+                item_blocks=paddle.zeros([1, num_read], dtype="int32"),
+                num_read_blocks=num_read,
+                block_size=bs,
+            )
+        cu, decoder = _int32_vector(meta.cu_seqlens_q), _int32_vector(meta.seq_lens_decoder)
+        tables = meta.block_tables if meta.block_tables.dtype == paddle.int32 else meta.block_tables.astype("int32")
+        tables = paddle.clip(tables[:, :num_read] if num_read < columns else tables, min=0)
+        # item of a row: how many of the first B - 1 items end at or before it (so padding
+        # rows land on the last item)
+        items = paddle.searchsorted(cu[1:bsz], rows, right=True, out_int32=True)
+        num_real = cu[bsz:]  # [1]
+        positions = paddle.gather(decoder - cu[:bsz], items) + rows
+        column = paddle.clip(positions // bs, max=num_read - 1)
+        blocks = paddle.gather(tables.reshape([-1]), items * num_read + column)
+        # a padding row repeats the last real row (row 0 when there is none)
+        write_rows = paddle.minimum(rows, paddle.clip(num_real - 1, min=0))
+        return AttentionPlan(
+            positions=positions,
+            valid=rows < num_real,
+            items=items,
+            write_blocks=paddle.gather(blocks, write_rows),
+            write_offsets=paddle.gather(positions, write_rows) % bs,
+            write_rows=write_rows,
+            any_valid=num_real > 0,
+            item_blocks=tables,
+            num_read_blocks=num_read,
+            block_size=bs,
+        )
+
+
+def _int32_vector(t: paddle.Tensor) -> paddle.Tensor:
+    """``t`` as a 1-D int32 tensor (no op when it already is one)."""
+    if t.dtype != paddle.int32:
+        t = t.astype("int32")
+    return t if len(t.shape) == 1 else t.reshape([-1])
 
 
 def make_forward_meta(

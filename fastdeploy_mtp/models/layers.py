@@ -55,15 +55,37 @@ class RotaryEmbedding(nn.Layer):
         self.register_buffer("cos_table", paddle.to_tensor(np.cos(emb).astype(np.float32)), persistable=False)
         self.register_buffer("sin_table", paddle.to_tensor(np.sin(emb).astype(np.float32)), persistable=False)
 
-    def lookup(self, positions: np.ndarray) -> tuple[paddle.Tensor, paddle.Tensor]:
-        """``positions`` ``[T]`` ints -> ``(cos, sin)`` each ``[T, head_dim]`` float32."""
-        positions = np.asarray(positions, dtype=np.int64)
-        if positions.size and int(positions.max()) >= self.max_position:
-            raise ValueError(
-                f"position {int(positions.max())} is beyond `max_position_embeddings` ({self.max_position})"
-            )
-        idx = paddle.to_tensor(positions)
+    def lookup(self, positions: np.ndarray | paddle.Tensor, check: bool = True) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """``positions`` ``[T]`` ints -> ``(cos, sin)`` each ``[T, head_dim]`` float32.
+
+        ``positions`` may be a numpy array (always checked against ``max_position``) or an
+        integer ``paddle.Tensor``, gathered on its device. A tensor is checked only when
+        ``check`` is set (a host read); otherwise positions past the table are clamped to its
+        last row instead of read out of bounds.
+
+        Raises:
+            ValueError: a checked position is ``>= max_position_embeddings``.
+        """
+        if not isinstance(positions, paddle.Tensor):
+            positions = np.asarray(positions, dtype=np.int64)
+            if positions.size and int(positions.max()) >= self.max_position:
+                raise ValueError(
+                    f"position {int(positions.max())} is beyond `max_position_embeddings` ({self.max_position})"
+                )
+            idx = paddle.to_tensor(positions)
+        else:
+            idx = positions if positions.dtype in (paddle.int32, paddle.int64) else positions.astype("int64")
+            idx = idx if len(idx.shape) == 1 else idx.reshape([-1])
+            if check and idx.shape[0] > 0:
+                self.check_position(int(idx.max().item()))
+            idx = paddle.clip(idx, 0, self.max_position - 1)
         return (paddle.gather(self.cos_table, idx), paddle.gather(self.sin_table, idx))
+
+    def check_position(self, largest: int) -> None:
+        """Raise the ``ValueError`` of :meth:`lookup` when position ``largest`` (a host int)
+        is past the table."""
+        if largest >= self.max_position:
+            raise ValueError(f"position {largest} is beyond `max_position_embeddings` ({self.max_position})")
 
     def prefix(self, seq_len: int) -> tuple[paddle.Tensor, paddle.Tensor]:
         """``(cos, sin)`` for positions ``0 .. seq_len - 1``, each ``[seq_len, head_dim]``."""

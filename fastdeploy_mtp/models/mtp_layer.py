@@ -97,7 +97,9 @@ class MTPLayer(nn.Layer):
                 f"{list(previous_hidden_states.shape)}"
             )
         plan = forward_meta.build_plan()
-        cos, sin = self.rotary.lookup(plan.positions)
+        if plan.max_position is not None:  # validated on the host (ForwardMeta.check)
+            self.rotary.check_position(plan.max_position)
+        cos, sin = self.rotary.lookup(plan.positions, check=False)
         x = self._fuse(self.target.embed_tokens(ids_remove_padding), previous_hidden_states.astype("float32"))
         x = self.mtp_block(x, cos, sin, self.attn_backend, self.cache_layer, forward_meta)
         return self.norm(x) if self.config.mtp_final_norm == "in_forward" else x

@@ -76,12 +76,14 @@ class TinyTargetModel(nn.Layer):
         if ids_remove_padding is None:
             ids_remove_padding = forward_meta.ids_remove_padding
         plan = forward_meta.build_plan()
-        if int(ids_remove_padding.shape[0]) != plan.positions.shape[0]:
+        if int(ids_remove_padding.shape[0]) != plan.num_rows:
             raise ValueError(
                 f"`ids_remove_padding` has {int(ids_remove_padding.shape[0])} "
-                f"tokens, forward_meta describes {plan.positions.shape[0]}"
+                f"tokens, forward_meta describes {plan.num_rows}"
             )
-        cos, sin = self.rotary.lookup(plan.positions)
+        if plan.max_position is not None:  # validated on the host (ForwardMeta.check)
+            self.rotary.check_position(plan.max_position)
+        cos, sin = self.rotary.lookup(plan.positions, check=False)
         h = self.embed_tokens(ids_remove_padding)
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, self.attn_backend, i, forward_meta)

@@ -13,9 +13,9 @@ from fastdeploy_mtp.runtime.engine import Engine
 from tests.engine_testlib import make_config, make_requests
 
 HOST_READS = ("numpy", "item", "tolist")
-#: Code that must not read device values back during a steady-state round. The model's
-#: reference attention backend plans on the host by design (a GPU backend takes the lengths
-#: on the device), so model code is outside this check.
+#: Code that must not read device values back during a steady-state round. Model code reads
+#: the metadata back only to validate it (``ForwardMeta.check``, on by default); its unchecked
+#: forward is covered by tests/models/test_attention_sync_free.py.
 CHECKED_MODULES = ("fastdeploy_mtp.proposer", "fastdeploy_mtp.ops")
 
 
