@@ -135,6 +135,10 @@ class MTPProposer:
         self._skipped: dict[int, list[tuple[list[int], paddle.Tensor]]] = {}
         #: seconds spent in MTP forwards and logits since the runner last reset it
         self.model_seconds = 0.0
+        #: host-known upper bound on every draft slot's cached + new tokens this round, set by
+        #: the runner (``ForwardMeta.max_seq_len``: attention gathers only that many positions);
+        #: None = the whole block table
+        self.seq_len_bound: int | None = None
 
     # ---- KV cache ------------------------------------------------------------------------
     def cache_names(self) -> list[str]:
@@ -440,6 +444,8 @@ class MTPProposer:
             block_tables=draft.block_tables,
             caches=self.caches,
             block_size=self.block_size,
+            max_seq_len=self.seq_len_bound,
+            check=not self.overlap_round,
         )
         h = paddle.gather(paddle.concat(hidden, axis=0), order)
         for layer in range(self.num_mtp_layers):
@@ -559,6 +565,8 @@ class MTPProposer:
                     block_tables=draft.block_tables,
                     caches=self.caches,
                     block_size=self.block_size,
+                    max_seq_len=self.seq_len_bound,
+                    check=not self.overlap_round,
                 )
                 if multi:
                     dec0 = draft.seq_lens_decoder.clone()
@@ -629,6 +637,8 @@ class MTPProposer:
             block_tables=self.model_inputs.block_tables,
             caches=self.caches,
             block_size=self.block_size,
+            max_seq_len=self.seq_len_bound,
+            check=not self.overlap_round,
         )
         out = self._forward(ids, hid, meta, layer)
         last = paddle.gather(out, (cu[1:] - 1).clip(min=0).astype("int64"))  # [B, H], one per item

@@ -190,6 +190,10 @@ class TargetRunner:
             self.proposer.initialize_kv_cache(self.num_blocks)
         self._pending_fixups: list[Request] = []
         self._exports: list[int] = []
+        #: host mirror of ``seq_lens_decoder`` (tokens in each slot's cache), kept from what the
+        #: host already knows (chunk sizes, emitted counts) so forwards get a length bound
+        #: (``ForwardMeta.max_seq_len``) without reading the device
+        self._cached = np.zeros(fd_config.scheduler_config.max_num_seqs, np.int64)
         spec = fd_config.speculative_config
         #: per-request draft limits (``speculative_config.adaptive_draft_length``)
         self.adaptive: AdaptiveDraftLength | None = None
@@ -261,6 +265,7 @@ class TargetRunner:
                 from ..splitwise.handoff import import_slot
 
                 import_slot(req.handoff_state, target, self.proposer.model_inputs if self.proposer else None, idx)
+                self._cached[idx] = int(target.seq_lens_decoder[idx])
                 self.sampler.set_slot(idx, req.sampling, req.sampling.seed_for(req.request_id))
                 if self.proposer is not None:
                     self.proposer.forget_slot(idx)
@@ -279,6 +284,7 @@ class TargetRunner:
                 target.prompt_lens[idx, 0] = len(prompt)
             target.seq_lens_encoder[idx] = length
             target.seq_lens_decoder[idx] = start
+            self._cached[idx] = start
             target.seq_lens_this_time[idx] = length
             target.step_idx[idx, 0] = len(req.output_token_ids) if req.is_final_chunk else 0
             target.stop_flags[idx, 0] = False
@@ -324,6 +330,7 @@ class TargetRunner:
         target.seq_lens_encoder[idx] = 0
         target.seq_lens_decoder[idx] = 0
         target.block_tables[idx, :] = NO_BLOCK_ID
+        self._cached[idx] = 0
 
     # ---- one step ---------------------------------------------------------------------------
     @paddle.no_grad()
@@ -340,6 +347,8 @@ class TargetRunner:
         slt = target.seq_lens_this_time.numpy().astype(np.int64)
         enc = target.seq_lens_encoder.numpy().astype(np.int64)
         token_num = int(slt.sum())
+        prefill = bool((enc[slt > 0] > 0).any())
+        bound = int((self._cached + slt)[slt > 0].max()) if token_num else 1
         (ids, _, cu_seqlens_q, _, cu_seqlens_q_output, _, _) = ops.speculate_pre_process(
             cpu_token_num=token_num,
             input_ids=target.input_ids,
@@ -357,6 +366,9 @@ class TargetRunner:
             block_tables=target.block_tables,
             caches=self.caches,
             block_size=self.block_size,
+            max_seq_len=bound,
+            # validate on the host in rounds with a prefill; steady-state rounds read nothing back
+            check=prefill,
         )
         t0 = time.perf_counter()
         hidden = self.model(ids, meta) if token_num else paddle.zeros([0, self.model.config.hidden_size])
@@ -437,6 +449,7 @@ class TargetRunner:
         self._fix_up_non_final_chunks()
         accept_tokens = target.accept_tokens.numpy().copy()
         accept_num = target.accept_num.numpy().copy()
+        self._cached += np.where(enc > 0, slt, np.where(slt > 0, accept_num, 0)).astype(np.int64)
         if rows and self.verify_strategy in (ops.VerifyStrategy.GREEDY, ops.VerifyStrategy.TARGET_MATCH):
             self._restore_last_tokens(accept_tokens, accept_num, target_tokens.numpy(), slots_of_rows)
         out = StepOutput(
@@ -475,6 +488,8 @@ class TargetRunner:
         decides from is on the host already (this step's lengths and emitted tokens)."""
         assert self.proposer is not None
         running = slt > 0
+        # draft rows sit at most K + 1 past the committed tokens (chain rows of the substeps)
+        self.proposer.seq_len_bound = int(self._cached.max()) + self.proposer.max_draft_token_num + 2
         real_bsz = int(np.nonzero(running)[0].max()) + 1 if running.any() else 0
         if self.adaptive is None:
             self.proposer.run(hidden, real_bsz=real_bsz)

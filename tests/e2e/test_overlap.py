@@ -1,6 +1,6 @@
-"""Overlap schedule: in rounds without prefill the proposer sizes its substeps by an upper
-bound instead of reading token counts back to the host. Tokens stay identical, and the
-proposer (and the ops it calls) make no host read in those rounds."""
+"""Steady-state rounds make no host reads: the proposer sizes its substeps by host-known upper
+bounds, the ops take lengths on the device, and the model plans attention on the device, so a
+round without prefill needs no device-to-host sync. Tokens stay identical."""
 
 from __future__ import annotations
 
@@ -13,10 +13,8 @@ from fastdeploy_mtp.runtime.engine import Engine
 from tests.engine_testlib import make_config, make_requests
 
 HOST_READS = ("numpy", "item", "tolist")
-#: Code that must not read device values back during a steady-state round. Model code reads
-#: the metadata back only to validate it (``ForwardMeta.check``, on by default); its unchecked
-#: forward is covered by tests/models/test_attention_sync_free.py.
-CHECKED_MODULES = ("fastdeploy_mtp.proposer", "fastdeploy_mtp.ops")
+#: Code that must not read device values back during a steady-state round.
+CHECKED_MODULES = ("fastdeploy_mtp.proposer", "fastdeploy_mtp.ops", "fastdeploy_mtp.models")
 
 
 def overlap_config(k, steps, hybrid=False):
@@ -33,9 +31,24 @@ def test_overlap_rounds_keep_greedy_equivalence(random_model, k, steps, hybrid):
     assert spec == base
 
 
-def test_no_host_sync_in_steady_state_proposer_rounds(random_model, monkeypatch):
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize(
+    "k,steps,hybrid,layers,adaptive", [(3, 3, False, 1, False), (3, 1, True, 1, True), (3, 3, False, 3, True)]
+)
+def test_no_host_sync_in_steady_state_rounds(random_model, monkeypatch, overlap, k, steps, hybrid, layers, adaptive):
+    """The proposer's round (ops, MTP forwards, distinct layers, rows replayed after skipped
+    rounds) and the target's forward make no host read once no slot is in prefill."""
     target, mtp = random_model
-    engine = Engine(overlap_config(3, 3), target, mtp)
+    if layers > 1:
+        from fastdeploy_mtp.models.mtp_layer import MTPStack
+
+        arch = type(target.config).from_dict({**target.config.to_dict(), "num_nextn_predict_layers": layers})
+        mtp = MTPStack(arch, target)
+        mtp.eval()
+    cfg = overlap_config(k, steps, hybrid) if overlap else make_config(k, steps, hybrid, max_num_seqs=4)
+    cfg.speculative_config.adaptive_draft_length = adaptive
+    cfg.speculative_config.adaptive_probe_interval = 2
+    engine = Engine(cfg, target, mtp)
     proposer = engine.runner.proposer
     state = {"guarded": False, "guarded_rounds": 0}
     violations = []
@@ -56,15 +69,25 @@ def test_no_host_sync_in_steady_state_proposer_rounds(random_model, monkeypatch)
         monkeypatch.setattr(paddle.Tensor, name, guard(name, getattr(paddle.Tensor, name)))
     original_run = proposer.run
 
+    def guarded(fn):
+        def call(*args, **kwargs):
+            steady = proposer.overlap_round  # the runner sets it: no slot in prefill this step
+            state["guarded"] = steady
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                state["guarded"] = False
+
+        return call
+
     def guarded_run(*args, **kwargs):
-        state["guarded"] = proposer.overlap_round
         state["guarded_rounds"] += int(proposer.overlap_round)
-        try:
-            return original_run(*args, **kwargs)
-        finally:
-            state["guarded"] = False
+        return guarded(original_run)(*args, **kwargs)
 
     monkeypatch.setattr(proposer, "run", guarded_run)
+    monkeypatch.setattr(proposer, "skip_round", guarded(proposer.skip_round))
+    model = engine.runner.model
+    monkeypatch.setattr(model, "forward", guarded(model.forward))
     out = engine.generate(make_requests(22, 4, stagger=0, min_new=12, max_new=20))
     assert not violations, violations
     assert state["guarded_rounds"] >= 5, "no steady-state decode round was checked"
@@ -72,8 +95,8 @@ def test_no_host_sync_in_steady_state_proposer_rounds(random_model, monkeypatch)
 
 
 def test_the_guard_catches_a_host_read(random_model, monkeypatch):
-    """The check above can fail: without the overlap schedule the proposer reads the token
-    count with .item() every substep."""
+    """The check above can fail: a proposer that reads a length back (as it once did, with
+    ``int(seq_lens_this_time.sum().item())`` per substep) is caught."""
     target, mtp = random_model
     engine = Engine(make_config(2, 1, max_num_seqs=4), target, mtp)
     proposer = engine.runner.proposer
@@ -86,7 +109,15 @@ def test_the_guard_catches_a_host_read(random_model, monkeypatch):
             calls.append(module)
         return original(self, *args, **kwargs)
 
+    import fastdeploy_mtp.proposer.mtp as mtp_module
+
+    def reading_update_status(self=proposer):
+        exec("int(self.model_inputs.seq_lens_this_time.sum().item())", mtp_module.__dict__, {"self": self})
+        return type(proposer)._update_status(self)
+
     monkeypatch.setattr(paddle.Tensor, "item", spy)
     engine.generate(make_requests(23, 2, stagger=0))
+    assert not calls, calls
+    monkeypatch.setattr(proposer, "_update_status", reading_update_status)
+    engine.generate(make_requests(24, 2, stagger=0))
     assert calls and all(m.startswith("fastdeploy_mtp.proposer") for m in calls)
-    assert proposer.enable_overlap is False
