@@ -53,6 +53,23 @@ if TYPE_CHECKING:  # the CLI imports Paddle-backed modules only when a command r
 
 #: K when neither ``--num-speculative-tokens`` nor the JSON gives it.
 DEFAULT_NUM_SPECULATIVE_TOKENS = 3
+#: What ``serve``, ``demo`` and ``generate`` run when given no speculation flag and no JSON:
+#: one MTP substep, n-gram matches for the other two draft slots, adaptive draft length. On the
+#: shipped checkpoint this is the fastest configuration at batch 1 (``scripts/bench_e2e.py``):
+#: the MTP layer's first draft is the one worth a forward, and n-gram drafts cost no forward.
+DEFAULT_SPECULATIVE_CONFIG = {
+    "method": "mtp",
+    "num_speculative_tokens": DEFAULT_NUM_SPECULATIVE_TOKENS,
+    "num_model_steps": 1,
+    "mtp_strategy": "with_ngram",
+    "adaptive_draft_length": True,
+}
+
+
+def default_speculative_config() -> SpeculativeConfig:
+    """:data:`DEFAULT_SPECULATIVE_CONFIG` as a config."""
+    return SpeculativeConfig.from_dict(DEFAULT_SPECULATIVE_CONFIG)
+
 
 #: What the printed metrics mean (shown under the demo table and the ``generate`` summary).
 METRICS_LEGEND = """\
@@ -111,7 +128,8 @@ def add_speculative_args(parser: argparse.ArgumentParser, k_default: int = DEFAU
         help='FastDeploy\'s speculative_config as a JSON object (keys: method ("mtp", or null / "none" for '
         'no speculation), num_speculative_tokens, num_model_steps, mtp_strategy ("default" | "with_ngram"), '
         'max_ngram_size, min_ngram_size, verify_strategy ("target_match" | "rejection" | "topp" | "greedy"), '
-        "model)",
+        'mtp_layer_schedule ("cycle" | "repeat_last" | "first"), adaptive_draft_length (true | false), '
+        "acceptance_window, acceptance_rate_threshold, adaptive_probe_interval, model)",
     )
     group.add_argument(
         "--num-speculative-tokens",
@@ -185,6 +203,8 @@ def resolve_speculative_config(args: argparse.Namespace) -> SpeculativeConfig:
     if s_flag is not None and s_flag < 1:
         raise UsageError(f"--num-model-steps must be >= 1, got {s_flag}")
     if args.speculative_config is None:
+        if k_flag is None and s_flag is None and not hybrid and k_default == DEFAULT_NUM_SPECULATIVE_TOKENS:
+            return default_speculative_config()
         spec = speculative_config(k_default if k_flag is None else k_flag, s_flag, hybrid)
     else:
         values = load_speculative_json(args.speculative_config)
@@ -305,11 +325,15 @@ def check_sampling_fits(params: SamplingParams, spec: SpeculativeConfig) -> None
 
 
 def speculation_label(spec: SpeculativeConfig) -> str:
-    """A short name of the mode, e.g. ``"MTP K=3 S=1 +ngram"`` or ``"no speculation"``."""
+    """A short name of the mode, e.g. ``"MTP K=3 S=1 +ngram adaptive"`` or ``"no speculation"``."""
     if not spec.enabled:
         return "no speculation"
     k, s = spec.num_speculative_tokens, spec.num_model_steps
-    return f"MTP K={k} S={s}" + (" +ngram" if spec.mtp_strategy == "with_ngram" and k > s else "")
+    return (
+        f"MTP K={k} S={s}"
+        + (" +ngram" if spec.mtp_strategy == "with_ngram" and k > s else "")
+        + (" adaptive" if spec.adaptive_draft_length else "")
+    )
 
 
 # ---- running the engine ---------------------------------------------------------------------
@@ -769,6 +793,8 @@ __all__ = [
     "plot_acceptance",
     "resolve_sampling",
     "resolve_speculative_config",
+    "default_speculative_config",
+    "DEFAULT_SPECULATIVE_CONFIG",
     "run_prompts",
     "run_requests",
     "speculation_label",

@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fastdeploy_mtp.cli import (  # noqa: E402
-    DEFAULT_NUM_SPECULATIVE_TOKENS,
+    default_speculative_config,
     per_position_text,
     run_prompts,
     speculative_config,
@@ -58,7 +58,7 @@ def spec_of(k: int, steps: int, hybrid: bool, adaptive: bool):
 
 def default_key() -> tuple[int, int, bool, bool]:
     """(K, S, hybrid, adaptive) of the configuration serve/demo use when not told otherwise."""
-    spec = speculative_config(DEFAULT_NUM_SPECULATIVE_TOKENS)
+    spec = default_speculative_config()
     return (
         spec.num_speculative_tokens,
         spec.num_model_steps,

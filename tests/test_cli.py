@@ -14,7 +14,14 @@ import pytest
 
 import fastdeploy_mtp
 from fastdeploy_mtp import cli
-from fastdeploy_mtp.cli import UsageError, build_parser, main, resolve_speculative_config
+from fastdeploy_mtp.cli import (
+    DEFAULT_SPECULATIVE_CONFIG,
+    UsageError,
+    build_parser,
+    default_speculative_config,
+    main,
+    resolve_speculative_config,
+)
 from fastdeploy_mtp.config import SpeculativeConfig, SpeculativeConfigError
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 
@@ -122,7 +129,11 @@ def test_from_dict_refuses_a_non_mapping():
 
 # ---- resolve_speculative_config ----------------------------------------------------------
 def test_shorthand_defaults():
-    assert resolve() == SpeculativeConfig("mtp", 3, 3)
+    # nothing given: the package default (one MTP substep + n-gram, adaptive draft length)
+    assert resolve() == default_speculative_config() == SpeculativeConfig.from_dict(DEFAULT_SPECULATIVE_CONFIG)
+    assert resolve().adaptive_draft_length and resolve().mtp_strategy == "with_ngram"
+    # any flag: FastDeploy's own defaults for what it leaves out
+    assert resolve("--num-speculative-tokens", 3) == SpeculativeConfig("mtp", 3, 3)
     assert resolve("--hybrid-ngram") == SpeculativeConfig("mtp", 3, 1, "with_ngram")
     assert resolve("--num-speculative-tokens", 0).method is None
 

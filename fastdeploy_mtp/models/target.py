@@ -12,6 +12,10 @@ from .layers import DecoderLayer, RMSNorm, RotaryEmbedding
 from .model_config import ModelConfig
 from .parallel_layers import ParallelLMHead, VocabParallelEmbedding, check_tensor_parallel, refuse_training_on_shard
 
+#: ``(vocab, ori_vocab_size, place) -> [vocab]`` additive masks, built once (a host-to-device
+#: copy per logits call was a measurable part of every engine step)
+_VOCAB_MASKS: dict[tuple[int, int, str], paddle.Tensor] = {}
+
 
 def mask_padded_vocab(logits: paddle.Tensor, ori_vocab_size: int) -> paddle.Tensor:
     """Return float32 ``logits [n, V]`` with columns ``>= ori_vocab_size`` set to ``-inf``."""
@@ -19,9 +23,13 @@ def mask_padded_vocab(logits: paddle.Tensor, ori_vocab_size: int) -> paddle.Tens
     vocab = int(logits.shape[-1])
     if ori_vocab_size >= vocab:
         return logits
-    keep = np.zeros([vocab], np.float32)
-    keep[ori_vocab_size:] = -np.inf
-    return logits + paddle.to_tensor(keep)
+    key = (vocab, int(ori_vocab_size), str(logits.place))
+    mask = _VOCAB_MASKS.get(key)
+    if mask is None:
+        keep = np.zeros([vocab], np.float32)
+        keep[ori_vocab_size:] = -np.inf
+        mask = _VOCAB_MASKS[key] = paddle.to_tensor(keep, place=logits.place)
+    return logits + mask
 
 
 class TinyTargetModel(nn.Layer):
