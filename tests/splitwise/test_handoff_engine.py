@@ -76,6 +76,26 @@ def test_staggered_chunked_prefill_and_slow_transfers_equal_mixed(random_model, 
     pd.close()
 
 
+def test_distinct_mtp_layers_and_adaptive_drafts_through_prefill_and_decode(random_model):
+    """Three distinct MTP layers (each with its own cache, all handed over) and adaptive draft
+    length on the decode side: the output is the mixed engine's."""
+    from fastdeploy_mtp.models.mtp_layer import MTPStack
+
+    target, _ = random_model
+    arch = type(target.config).from_dict({**target.config.to_dict(), "num_nextn_predict_layers": 3})
+    stack = MTPStack(arch, target)
+    stack.eval()
+    cfg = make_config(3, 3, False, max_num_seqs=3)
+    cfg.speculative_config.adaptive_draft_length = True
+    cfg.speculative_config.adaptive_probe_interval = 2
+    reqs = make_requests(12, 6, stagger=2, min_prompt=2, max_prompt=30)
+    mixed = Engine(cfg, target, stack, prefill_chunk_size=5).generate([r.fresh_copy() for r in reqs])
+    pd = LocalPD(cfg, target, stack, fetch_delay=1, prefill_chunk_size=5)
+    assert pd.run([r.fresh_copy() for r in reqs]) == mixed
+    assert len(pd.d.runner.proposer.caches) == 6
+    pd.close()
+
+
 def test_slot_state_survives_json_and_is_checked_against_the_decode_engine(random_model):
     target, mtp = random_model
     cfg = make_config(3, 3)
