@@ -412,8 +412,8 @@ class MTPProposer:
             )
 
     def _catch_up(self) -> None:
-        """Write the rows of skipped rounds into the MTP caches (every layer), right before
-        this round's accepted rows: one forward per layer, outputs discarded."""
+        """Write the rows of skipped rounds into the MTP caches (every layer a substep runs),
+        right before this round's accepted rows: one forward per layer, outputs discarded."""
         draft = self.model_inputs
         bsz = int(draft.seq_lens_this_time.shape[0])
         counts = [0] * bsz
@@ -448,7 +448,7 @@ class MTPProposer:
             check=not self.overlap_round,
         )
         h = paddle.gather(paddle.concat(hidden, axis=0), order)
-        for layer in range(self.num_mtp_layers):
+        for layer in sorted(set(self.layer_schedule)):  # the layers this config ever runs
             self._forward(meta.ids_remove_padding, h, meta, layer)
 
     def _forward(self, ids: paddle.Tensor, hidden: paddle.Tensor, meta: ForwardMeta, layer: int) -> paddle.Tensor:
