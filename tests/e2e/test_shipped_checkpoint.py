@@ -15,11 +15,13 @@ from fastdeploy_mtp.runtime.request import Request
 # its "_" is usually an accepted draft).
 EOS = ord("_")
 
-# Measured on the shipped checkpoint with the settings of test_acceptance_length_regression
-# (8 demo prompts, 48 new tokens, batch 8, K = S = 3): mean accepted length 2.212, draft
-# position 1 acceptance 0.867 (greedy and deterministic). The floors leave ~10% headroom.
-FLOOR_MEAN_ACCEPTED_LEN_K3 = 2.0
-FLOOR_FIRST_POSITION_ACCEPTANCE = 0.78
+# Measured on the shipped checkpoint (depth-trained MTP layer) with the settings of
+# test_acceptance_length_regression (8 demo prompts, 48 new tokens, batch 8, K = S = 3): mean
+# accepted length 3.327, acceptance per draft position 0.958 / 0.906 / 0.875 (greedy and
+# deterministic). The floors leave ~10% headroom. (The checkpoint before depth training
+# measured 2.212 and 0.867 / 0.38 / 0.13 here.)
+FLOOR_MEAN_ACCEPTED_LEN_K3 = 3.0
+FLOOR_ACCEPTANCE_PER_POSITION = (0.86, 0.81, 0.78)
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +50,14 @@ def run(shipped, k, steps=1, hybrid=False, eos=None, max_tokens=48, batch=8, tra
 
 def test_acceptance_length_regression(shipped):
     """Mean accepted tokens per decoding target forward with K = 3 MTP substeps, and the
-    acceptance at draft position 1, must stay above the floors measured when the checkpoint
+    acceptance at every draft position, must stay above the floors measured when the checkpoint
     was shipped (a drop means the proposer feeds the MTP layer the wrong hidden states,
     positions or tokens)."""
     _, engine = run(shipped, 3, steps=3)
     m = engine.metrics
     assert m.mean_accepted_length >= FLOOR_MEAN_ACCEPTED_LEN_K3, m.as_dict()
-    assert m.acceptance_per_position[0] >= FLOOR_FIRST_POSITION_ACCEPTANCE, m.as_dict()
+    for got, floor in zip(m.acceptance_per_position, FLOOR_ACCEPTANCE_PER_POSITION):
+        assert got >= floor, m.as_dict()
 
 
 def test_eos_inside_an_accepted_run_stops_there(shipped):
@@ -66,7 +69,11 @@ def test_eos_inside_an_accepted_run_stops_there(shipped):
     hits = [
         t
         for t in engine.trace
-        if t[2] == "DECODE" and len(t[3]) >= 2 and t[3][-1] == EOS and t[4][len(t[3]) - 1] == EOS
+        if t[2] == "DECODE"
+        and len(t[3]) >= 2
+        and t[3][-1] == EOS
+        and len(t[3]) - 1 < len(t[4])  # the last token was a draft, not the bonus token
+        and t[4][len(t[3]) - 1] == EOS
     ]
     assert hits, "no accepted draft run ended in EOS; pick another EOS id"
     for out in spec.values():
