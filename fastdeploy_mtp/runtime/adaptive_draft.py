@@ -1,29 +1,33 @@
 """Adaptive draft length: each request drafts as many tokens as its observed acceptance pays
-for, from ``num_speculative_tokens`` down to 0 (plain decoding) and back.
+for, and the batch as many as the measured cost of drafting pays for, from
+``num_speculative_tokens`` down to 0 (plain decoding, the MTP layer skipped) and back.
 
 The rule (``speculative_config.adaptive_draft_length``):
 
-* Per slot and draft position ``i = 1..K`` the controller keeps ``p_i``, an estimate of the
-  probability that draft ``i`` is accepted *given* drafts ``1..i-1`` were: an exponential
-  moving average with weight ``beta = 2 / (acceptance_window + 1)``, updated only for the
-  positions the target actually tested (position ``i`` is tested when ``i`` drafts or more were
-  proposed and the first ``i - 1`` were accepted). A new request starts optimistic
-  (``p_i = 1``: it drafts ``K``).
-* The slot's draft limit is the largest ``n`` with ``p_1 * ... * p_n >= threshold``
-  (``acceptance_rate_threshold``): draft ``n`` is worth proposing while the chance that it is
-  reached and accepted, which is the expected number of tokens it adds, is at least the
-  threshold. The threshold is the cost of one more draft relative to a target step (an MTP
-  substep plus a verify row); 0.3 suits the shipped model, whose MTP layer costs roughly a
-  third of a target step on a CPU.
-* Limit 0 means plain decoding for that request. A slot at 0 is given one draft every
-  ``adaptive_probe_interval`` rounds while other requests keep the MTP layer running (the
-  probe costs one verify row), so its estimate can recover.
-* When no running request wants a draft the MTP layer is skipped for the round (its cost
-  is gone, not only the drafts). The proposer keeps the skipped rows and writes them into the
-  MTP caches the next time it runs, so drafting resumes with a complete history. While
-  skipping, every ``probe_interval`` rounds one round drafts a single token per request to
-  re-measure; each probe round that does not bring drafting back doubles the interval (up to
-  8 times the configured one), and any slot back above 0 resets it.
+* **Acceptance, per slot.** For each slot and draft position ``i = 1..K`` the controller keeps
+  ``p_i``, an estimate of the probability that draft ``i`` is accepted *given* drafts
+  ``1..i-1`` were: an exponential moving average with weight ``beta = 2 / (acceptance_window +
+  1)``, updated only for the positions the target actually tested. A new request starts
+  optimistic (``p_i = 1``). The slot's own limit is the largest ``n`` with ``p_1 * ... * p_n >=
+  acceptance_rate_threshold``: below that a draft is unlikely enough to be reached and accepted
+  that it is not worth a verify row.
+* **Cost, per batch.** Speculation pays only if the tokens it adds are worth more than the
+  time the MTP substeps and the longer verify cost, and that ratio depends on the batch size
+  and the machine (on a CPU a verify row costs almost as much as a plain step at batch 8, and
+  almost nothing at batch 1). So the controller measures it: the wall time of every step is
+  recorded against the draft budget ``n`` (0..K) the batch ran with (only steps whose verify
+  and drafting both used ``n``, and no prefill), as an exponentially weighted least-squares
+  line in the number of running slots. Each round it picks the budget that maximises expected
+  tokens per second, ``E(n) / t(n, m)``, where ``E(n) = sum over running slots of 1 + P(draft
+  1 accepted) + ... + P(drafts 1..min(n, limit) accepted)`` and ``t(n, m)`` is the measured
+  step time at ``m`` running slots. A budget with no measurement near ``m`` is tried for two
+  rounds first (largest first); every ``adaptive_probe_interval`` rounds the best other
+  budget is re-measured for two rounds, and each such probe that does not change the choice
+  doubles the interval (up to 8 times the configured one).
+* **Budget 0** is plain decoding: the MTP layer is skipped for the round (a round with a
+  prefill still runs it: it must see the prompt). The proposer keeps the skipped rows and
+  writes them into the MTP caches the next time it runs, so drafting resumes over a complete
+  history.
 
 Greedy (and seeded target-match) outputs do not depend on the number of drafts, so every mode
 keeps them identical to plain decoding; only the work per token changes.
@@ -40,13 +44,16 @@ MAX_PROBE_BACKOFF = 8
 
 
 class AdaptiveDraftLength:
-    """Host-side controller of per-slot draft limits (one per target runner).
+    """Host-side controller of the draft budget (one per target runner).
 
     Args:
         spec: the speculative config (``num_speculative_tokens``, ``acceptance_window``,
             ``acceptance_rate_threshold``, ``adaptive_probe_interval``).
         num_slots: ``max_num_seqs``.
     """
+
+    #: weight kept by the cost statistics at each new sample (a few dozen rounds of memory)
+    COST_DECAY = 0.95
 
     def __init__(self, spec: SpeculativeConfig, num_slots: int):
         self.k = int(spec.num_speculative_tokens)
@@ -56,10 +63,17 @@ class AdaptiveDraftLength:
         self.interval = self.base_interval
         self.p = np.ones((num_slots, self.k), np.float64)
         self.limit = np.full(num_slots, self.k, np.int64)
+        #: per budget n: decayed sums of (1, m, m^2, t, m t) over recorded steps
+        self.cost_stats = np.zeros((self.k + 1, 5), np.float64)
+        self.budget = self.k  # the budget of the round being planned / run
+        self.prev_budget = -1  # the budget whose drafts this step verified
+        self.pinned = 0  # rounds left at the budget being measured
+        self.rounds_since_probe = 0
+        self.probe_from: int | None = None  # the choice a running probe may overturn
         self.rounds_at_zero = np.zeros(num_slots, np.int64)
-        self.skipped_rounds = 0
-        self.probing = False
+        self.force_probe = False  # every running slot drafts one token this round
 
+    # ---- acceptance --------------------------------------------------------------------
     def reset_slot(self, idx: int) -> None:
         """A new request in slot ``idx``: optimistic estimates, full draft length."""
         self.p[idx] = 1.0
@@ -72,14 +86,13 @@ class AdaptiveDraftLength:
         return int(ok[-1]) + 1 if ok.size else 0
 
     def observe(self, drafts: np.ndarray, accept_num: np.ndarray, decode_mask: np.ndarray) -> None:
-        """Update the estimates from one verified step.
+        """Update the acceptance estimates from one verified step.
 
         Args:
             drafts: ``[N, K]`` the drafts the target checked (-1 = none).
             accept_num: ``[N]`` tokens each slot emitted (accepted drafts + 1).
             decode_mask: ``[N]`` slots that decoded (verified drafts) this step.
         """
-        revived = False
         for b in np.nonzero(decode_mask)[0]:
             proposed = int((drafts[b] >= 0).sum())
             if proposed == 0:
@@ -90,14 +103,43 @@ class AdaptiveDraftLength:
                 self.p[b, i] += self.beta * (hit - self.p[b, i])
             was_zero = self.limit[b] == 0
             self.limit[b] = self._limit_of(int(b))
-            revived |= bool(was_zero and self.limit[b] > 0)
-        if self.probing:
-            self.probing = False
-            if revived:
-                self.interval = self.base_interval
-            else:
-                self.interval = min(self.interval * 2, self.base_interval * MAX_PROBE_BACKOFF)
+            if was_zero and self.limit[b] > 0:
+                self.interval = self.base_interval  # a slot came back: probe often again
 
+    def expected_tokens(self, running: np.ndarray, budget: int) -> float:
+        """Tokens the running slots are expected to emit in one round with ``budget`` drafts."""
+        total = 0.0
+        for b in np.nonzero(running)[0]:
+            n = min(budget, int(self.limit[b]))
+            total += 1.0 + float(np.cumprod(self.p[b, :n]).sum()) if n else 1.0
+        return total
+
+    # ---- cost ----------------------------------------------------------------------------
+    def record(self, running_slots: int, seconds: float, prefill: bool) -> None:
+        """The wall time of the step that just ran (its verify used the previous round's
+        budget, its proposer round the current one): a sample of the budget's cost when both
+        are the same and no slot was in prefill."""
+        if not prefill and running_slots > 0 and self.prev_budget == self.budget:
+            m = float(running_slots)
+            st = self.cost_stats[self.budget]
+            st *= self.COST_DECAY
+            st += (1.0, m, m * m, seconds, m * seconds)
+        self.prev_budget = self.budget
+
+    def step_cost(self, budget: int, m: int) -> float | None:
+        """Estimated seconds of a step at ``m`` running slots with ``budget`` drafts, or None
+        when nothing measured is close enough to say."""
+        w, sm, smm, st, smt = self.cost_stats[budget]
+        if w < 0.5:
+            return None
+        mean_m, mean_t = sm / w, st / w
+        var = smm / w - mean_m * mean_m
+        if var < 0.25:  # essentially one batch size so far: trust it only near that size
+            return mean_t if abs(m - mean_m) <= 1.0 else None
+        slope = (smt / w - mean_m * mean_t) / var
+        return max(mean_t + slope * (m - mean_m), 1e-6)
+
+    # ---- the round's plan ----------------------------------------------------------------
     def plan_round(self, running: np.ndarray, prefill: bool, max_steps: int) -> tuple[int, np.ndarray]:
         """Decide the next round.
 
@@ -111,22 +153,63 @@ class AdaptiveDraftLength:
             ``(steps, limits)``: MTP substeps to run (0 = skip the MTP layer this round) and the
             per-slot draft limit ``[N]`` int64 to apply to the proposer's drafts.
         """
-        limits = self.limit.copy()
-        idle = running & (limits == 0)
+        m = int(running.sum())
+        idle = running & (self.limit == 0)
         self.rounds_at_zero[idle] += 1
-        self.rounds_at_zero[running & (limits > 0)] = 0
-        want = int(limits[running].max()) if running.any() else 0
-        if want == 0 and not prefill:
-            self.skipped_rounds += 1
-            if self.skipped_rounds < self.interval or not running.any():
-                return 0, limits
-            self.probing = True  # one draft each, to re-measure
-        self.skipped_rounds = 0
-        # slots at 0 in a round that runs anyway: one draft every interval rounds
-        probe = idle & (self.rounds_at_zero >= self.base_interval)
-        limits[probe] = 1
-        self.rounds_at_zero[probe] = 0
-        if self.probing:
-            limits[running] = np.maximum(limits[running], 1)
-        steps = int(min(max_steps, max(1, limits[running].max() if running.any() else 1)))
+        self.rounds_at_zero[running & (self.limit > 0)] = 0
+        self.budget = self._choose(running, m) if m else self.k
+        limits = np.minimum(self.limit, self.budget)
+        if self.budget >= 1:
+            # a slot at 0 drafts one token now and then, so its estimate can recover
+            probe = idle & ((self.rounds_at_zero >= self.base_interval) | self.force_probe)
+            limits[probe] = 1
+            self.rounds_at_zero[probe] = 0
+        self.force_probe = False
+        want = int(limits[running].max()) if m else 0
+        steps = min(max_steps, want)
+        if prefill:
+            steps = max(steps, 1)
         return steps, limits
+
+    def _choose(self, running: np.ndarray, m: int) -> int:
+        if self.pinned > 0:  # finish measuring the budget picked last round
+            self.pinned -= 1
+            return self.budget
+        gains = [self.expected_tokens(running, n) for n in range(self.k + 1)]
+        # budgets that add nothing over a smaller one (every slot is limited below) are out
+        useful = [n for n in range(self.k + 1) if n == 0 or gains[n] > gains[n - 1] + 1e-9]
+        if useful == [0]:  # no slot wants a draft: plain decoding, with a probe now and then
+            self.rounds_since_probe += 1
+            if self.rounds_since_probe < self.interval:
+                return 0
+            self.rounds_since_probe = 0
+            self.interval = min(2 * self.interval, MAX_PROBE_BACKOFF * self.base_interval)
+            self.force_probe = True
+            return 1
+        for n in sorted(useful, reverse=True):
+            if n != 0 and self.step_cost(n, m) is None:
+                return self._measure(n)
+        if self.step_cost(0, m) is None and len(useful) > 1:
+            return self._measure(0)
+        rates = {n: gains[n] / c for n in useful if (c := self.step_cost(n, m)) is not None}
+        if not rates:
+            return 0
+        best = max(rates, key=lambda n: rates[n])
+        if self.probe_from is not None:  # a probe just finished: did it change the choice?
+            self.interval = (
+                self.base_interval
+                if best != self.probe_from
+                else min(2 * self.interval, MAX_PROBE_BACKOFF * self.base_interval)
+            )
+            self.probe_from = None
+        self.rounds_since_probe += 1
+        if self.rounds_since_probe >= self.interval and len(rates) > 1:
+            self.rounds_since_probe = 0
+            self.probe_from = best
+            return self._measure(max((n for n in rates if n != best), key=lambda n: rates[n]))
+        return best
+
+    def _measure(self, budget: int) -> int:
+        """Run ``budget`` for two rounds: the second one's step is a clean sample."""
+        self.pinned = 1
+        return budget

@@ -481,6 +481,8 @@ class TargetRunner:
             self._exports = []
         out.model_seconds = model_s + (self.proposer.model_seconds if self.proposer is not None else 0.0)
         out.step_seconds = time.perf_counter() - t_start
+        if self.adaptive is not None:
+            self.adaptive.record(int((slt > 0).sum()), out.step_seconds, prefill)
         return out
 
     def _propose(self, hidden: paddle.Tensor, out: StepOutput, slt: np.ndarray, enc: np.ndarray) -> None:

@@ -54,26 +54,54 @@ def test_shrinks_to_zero_and_grows_back():
     assert c.p[0, 0] == pytest.approx(0.5625) and c.limit[0] >= 1
 
 
-def test_skips_rounds_then_probes_with_backoff():
+def test_no_slot_wants_drafts_then_plain_rounds_with_probes_and_backoff():
     c = controller(interval=2, slots=1)
     c.p[:] = 0.1
     c.limit[:] = 0
     running = np.array([True])
     plans = [c.plan_round(running, prefill=False, max_steps=3) for _ in range(2)]
     assert [p[0] for p in plans] == [0, 1]  # skipped once, then a probe round
-    assert plans[1][1].tolist() == [1]
-    observe(c, 0, proposed=1, accepted=0)  # the probe missed: the interval doubles
+    assert plans[1][1].tolist() == [1]  # the probe drafts one token
+    observe(c, 0, proposed=1, accepted=0)  # it missed: the next probe waits twice as long
     assert c.interval == 4
     steps = [c.plan_round(running, prefill=False, max_steps=3)[0] for _ in range(4)]
     assert steps == [0, 0, 0, 1]
-    for _ in range(10):
-        c.probing = True
-        observe(c, 0, proposed=1, accepted=0)
+    for _ in range(40):
+        c.plan_round(running, prefill=False, max_steps=3)
     assert c.interval == 2 * MAX_PROBE_BACKOFF
+    for _ in range(3):
+        observe(c, 0, proposed=1, accepted=1)  # probes that hit bring drafting back
+    assert c.limit[0] >= 1 and c.interval == 2
+
+
+def test_budget_follows_measured_cost():
+    """Two slots that accept everything: with drafting twice as slow per step as its tokens
+    are worth the controller settles on plain decoding, and on full drafts when it is cheap."""
+    for step_cost, want in ((lambda n: 1.0 + 2.5 * n, 0), (lambda n: 1.0 + 0.1 * n, 3)):
+        c = controller(interval=1000, slots=2)
+        running = np.array([True, True])
+        for _ in range(40):
+            steps, limits = c.plan_round(running, prefill=False, max_steps=3)
+            c.record(2, step_cost(c.budget), prefill=False)
+        assert c.budget == want, (c.budget, c.cost_stats[:, 0])
+        assert steps == min(3, want)
+
+
+def test_cost_estimate_is_a_line_in_the_batch_size():
+    c = controller()
+    assert c.step_cost(2, 4) is None
+    c.budget = c.prev_budget = 2
+    for m in (2, 4, 6, 2, 4, 6):
+        c.record(m, 1.0 + 0.5 * m, prefill=False)
+    assert c.step_cost(2, 8) == pytest.approx(5.0)
+    c.record(8, 100.0, prefill=True)  # prefill steps are not samples
+    assert c.step_cost(2, 8) == pytest.approx(5.0)
+    assert c.step_cost(1, 4) is None
 
 
 def test_prefill_rounds_always_run_the_mtp_layer():
     c = controller(slots=1)
+    c.p[:] = 0.1
     c.limit[:] = 0
     steps, _ = c.plan_round(np.array([True]), prefill=True, max_steps=3)
     assert steps == 1
