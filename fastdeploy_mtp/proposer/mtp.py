@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import paddle
@@ -49,6 +50,17 @@ from ..runtime.kv_cache_ipc import (
 from ..runtime.request import Request, RequestType
 from .proposer_inputs import ProposerInputBatch
 from .sampler import MTPSampler
+
+
+@dataclass
+class _SkippedRound:
+    """What a round without the MTP layer leaves for the next one that runs it."""
+
+    hidden: paddle.Tensor  # [T_target, H] the target's hidden rows of that step
+    step_idx: paddle.Tensor  # [N] the target's step_idx after it (device)
+    tokens: np.ndarray  # [N, K+1] tokens emitted (host)
+    counts: np.ndarray  # [N] rows to replay per slot (0: none, or forgotten)
+    rows_start: np.ndarray  # [N] first row of each slot in ``hidden``
 
 
 def layer_for_substep(substep: int, num_layers: int, schedule: str = "cycle") -> int:
@@ -132,7 +144,7 @@ class MTPProposer:
         #: rows accepted while the MTP layer was skipped (adaptive draft length), per slot:
         #: ``(tokens, target hidden rows [n, H])``, replayed into the MTP caches by the next
         #: round that runs it (:meth:`_catch_up`)
-        self._skipped: dict[int, list[tuple[list[int], paddle.Tensor]]] = {}
+        self._skipped: list[_SkippedRound] = []
         #: seconds spent in MTP forwards and logits since the runner last reset it
         self.model_seconds = 0.0
         #: host-known upper bound on every draft slot's cached + new tokens this round, set by
@@ -225,7 +237,7 @@ class MTPProposer:
         draft = self.model_inputs
         for req in req_dicts:
             idx = int(req.idx)
-            self._skipped.pop(idx, None)
+            self.forget_slot(idx)
             if req.task_type == RequestType.PREFILL:
                 prompt = list(req.prompt_token_ids)
                 output = list(req.output_token_ids)
@@ -272,11 +284,12 @@ class MTPProposer:
         self.insert_tasks_v1([task])
 
     def forget_slot(self, idx: int) -> None:
-        """Drop what the proposer keeps on the host for slot ``idx`` (its request finished)."""
-        self._skipped.pop(int(idx), None)
+        """Drop what the proposer keeps for slot ``idx`` (its request finished or was replaced)."""
+        for sk in self._skipped:
+            sk.counts[int(idx)] = 0
 
     def _stop_slot(self, idx: int) -> None:
-        self._skipped.pop(idx, None)
+        self.forget_slot(idx)
         draft = self.model_inputs
         draft.stop_flags[idx, 0] = True
         draft.seq_lens_this_time[idx] = 0
@@ -380,9 +393,11 @@ class MTPProposer:
         decoding: np.ndarray,
     ) -> None:
         """A round without the MTP layer (plain decoding: every running item feeds only its
-        last token next step). The rows the target accepted are kept, on the device, and the
-        next :meth:`run` writes them into the MTP caches in one forward before its first
-        substep, so the MTP layer attends to the same history as if it had run every round.
+        last token next step). What the MTP layer would have consumed is kept as it is (the
+        target's hidden rows of this step, on the device; the host copies of the emitted
+        tokens), and the next :meth:`run` writes it into the MTP caches in one forward per
+        layer before its first substep, so the MTP layer attends to the same history as if it
+        had run every round. A skipped round costs a few tensor ops, not a loop over slots.
 
         Args:
             full_hidden_states: ``[T_target, H]`` the target's hidden rows of this step.
@@ -392,51 +407,72 @@ class MTPProposer:
             decoding: ``[N]`` host bools, slots that decoded this step (a prefill round cannot
                 be skipped: the MTP layer must see the prompt).
         """
-        target, draft = self.target_model_inputs, self.model_inputs
+        target = self.target_model_inputs
         # the drafts of the last MTP round were verified this step: clear them (as
         # draft_model_preprocess would), so every running item feeds one token next step
         target.draft_tokens[:, 1:] = PLACEHOLDER_TOKEN_ID
         self._update_status()
-        hidden = full_hidden_states.astype("float32")
-        for b in range(len(accept_num)):
-            a = int(accept_num[b])
-            if not decoding[b] or a <= 0:
-                continue
-            toks = [int(t) for t in accept_tokens[b, :a]]
-            r0 = int(rows_start[b])
-            self._skipped.setdefault(b, []).append((toks, hidden[r0 : r0 + a].clone()))
-            # the draft's token history (n-gram matching reads it): positions step - a .. step - 1
-            pos = target.step_idx[b] - a + paddle.arange(a, dtype="int64")
-            draft.pre_ids[b] = paddle.put_along_axis(
-                draft.pre_ids[b], pos.clip(0, int(draft.pre_ids.shape[1]) - 1), paddle.to_tensor(toks, dtype="int64"), 0
+        keep = np.asarray(decoding, bool) & (np.asarray(accept_num) > 0)
+        if keep.any():
+            self._skipped.append(
+                _SkippedRound(
+                    hidden=full_hidden_states,
+                    step_idx=target.step_idx.reshape([-1]).clone(),
+                    tokens=np.asarray(accept_tokens).copy(),
+                    counts=np.where(keep, np.asarray(accept_num), 0).astype(np.int64),
+                    rows_start=np.asarray(rows_start, np.int64).copy(),
+                )
             )
 
     def _catch_up(self) -> None:
-        """Write the rows of skipped rounds into the MTP caches (every layer a substep runs),
-        right before this round's accepted rows: one forward per layer, outputs discarded."""
+        """Write the rows of skipped rounds into the MTP caches (every layer a substep runs)
+        and the draft's token history, right before this round's accepted rows: one forward per
+        layer, outputs discarded."""
         draft = self.model_inputs
+        rounds, self._skipped = self._skipped, []
         bsz = int(draft.seq_lens_this_time.shape[0])
-        counts = [0] * bsz
+        counts = np.zeros(bsz, np.int64)
+        # per replayed row: its row in the concatenated hidden states, token, slot, which
+        # round's step_idx, and how many tokens before that step_idx it sits
+        rows: list[int] = []
         ids: list[int] = []
-        hidden: list[paddle.Tensor] = []
-        for b in sorted(self._skipped):
-            for toks, rows in self._skipped[b]:
-                counts[b] += len(toks)
-                ids.extend(toks)
-                hidden.append(rows)
-        self._skipped = {}
+        slot: list[int] = []
+        hist: list[int] = []
+        back: list[int] = []
+        starts = np.cumsum([0] + [int(sk.hidden.shape[0]) for sk in rounds])
+        for b in range(bsz):
+            for r, sk in enumerate(rounds):
+                a = int(sk.counts[b])
+                if a == 0:
+                    continue
+                base = int(starts[r] + sk.rows_start[b])
+                rows.extend(range(base, base + a))
+                ids.extend(int(t) for t in sk.tokens[b, :a])
+                slot.extend([b] * a)
+                hist.extend([r * bsz + b] * a)
+                back.extend(range(a, 0, -1))
+                counts[b] += a
         if not ids:
             return
+        # the draft's history (n-gram matching reads it): token i of a round's a tokens sits
+        # at that round's step_idx - a + i
+        steps = paddle.concat([sk.step_idx for sk in rounds])
+        pos = paddle.gather(steps, paddle.to_tensor(hist, dtype="int64")) - paddle.to_tensor(back, dtype="int64")
+        slots_t = paddle.to_tensor(slot, dtype="int64")
+        ids_t = paddle.to_tensor(ids, dtype="int64")
+        width = int(draft.pre_ids.shape[1])
+        draft.pre_ids[slots_t, pos.clip(0, width - 1)] = ids_t
         # a slot that stopped this step (preprocess zeroed its lengths) gets nothing written:
         # its rows become padding at the end of the batch
         counts_t = paddle.to_tensor(counts, dtype="int32")
         live = (draft.seq_lens_decoder >= counts_t) & ~draft.stop_flags.reshape([-1])
         this_time = paddle.where(live, counts_t, paddle.zeros_like(counts_t))
         cu = paddle.concat([paddle.zeros([1], "int32"), paddle.cumsum(this_time).astype("int32")])
-        slot_of_row = paddle.to_tensor(np.repeat(np.arange(bsz), counts), dtype="int64")
-        order = paddle.argsort((~paddle.gather(live, slot_of_row)).astype("int32"), stable=True)
+        order = paddle.argsort((~paddle.gather(live, slots_t)).astype("int32"), stable=True)
+        hidden = paddle.concat([sk.hidden for sk in rounds]).astype("float32")
+        h = paddle.gather(paddle.gather(hidden, paddle.to_tensor(rows, dtype="int64")), order)
         meta = ForwardMeta(
-            ids_remove_padding=paddle.gather(paddle.to_tensor(ids, dtype="int64"), order),
+            ids_remove_padding=paddle.gather(ids_t, order),
             cu_seqlens_q=cu,
             seq_lens_encoder=paddle.zeros_like(this_time),
             seq_lens_decoder=draft.seq_lens_decoder - this_time,
@@ -447,7 +483,6 @@ class MTPProposer:
             max_seq_len=self.seq_len_bound,
             check=not self.overlap_round,
         )
-        h = paddle.gather(paddle.concat(hidden, axis=0), order)
         for layer in sorted(set(self.layer_schedule)):  # the layers this config ever runs
             self._forward(meta.ids_remove_padding, h, meta, layer)
 

@@ -20,7 +20,9 @@ The rule (``speculative_config.adaptive_draft_length``):
   line in the number of running slots. Each round it picks the budget that maximises expected
   tokens per second, ``E(n) / t(n, m)``, where ``E(n) = sum over running slots of 1 + P(draft
   1 accepted) + ... + P(drafts 1..min(n, limit) accepted)`` and ``t(n, m)`` is the measured
-  step time at ``m`` running slots. A budget with no measurement near ``m`` is tried for two
+  step time at ``m`` running slots (the budget in force is kept unless another is 10% better:
+  switching from 0 back to drafting costs a replay of the skipped rows).
+  A budget with no measurement near ``m`` is tried for two
   rounds first (largest first); every ``adaptive_probe_interval`` rounds the best other
   budget is re-measured for two rounds, and each such probe that does not change the choice
   doubles the interval (up to 8 times the configured one).
@@ -54,6 +56,9 @@ class AdaptiveDraftLength:
 
     #: weight kept by the cost statistics at each new sample (a few dozen rounds of memory)
     COST_DECAY = 0.95
+    #: another budget replaces the current one only when its rate is this much better (step
+    #: times are noisy; flipping between two near-equal budgets costs MTP cache replays)
+    HYSTERESIS = 0.1
 
     def __init__(self, spec: SpeculativeConfig, num_slots: int):
         self.k = int(spec.num_speculative_tokens)
@@ -195,6 +200,10 @@ class AdaptiveDraftLength:
         if not rates:
             return 0
         best = max(rates, key=lambda n: rates[n])
+        # the choice in force (before a probe that just ran, if one did) stays unless beaten
+        current = self.probe_from if self.probe_from is not None else self.budget
+        if current in rates and rates[best] <= rates[current] * (1.0 + self.HYSTERESIS):
+            best = current
         if self.probe_from is not None:  # a probe just finished: did it change the choice?
             self.interval = (
                 self.base_interval

@@ -49,7 +49,7 @@ def three_layer_stack(target, mtp, config):
     return stack
 
 
-def run_recording(target, mtp, spec: SpeculativeConfig, prompt: list[int], max_tokens: int):
+def run_recording(target, mtp, spec: SpeculativeConfig, prompt: list[int], max_tokens: int, history=None):
     cfg = make_config(1, max_num_seqs=2, max_model_len=512, vocab=272, ori_vocab=256, hidden=128, block_size=16)
     cfg.speculative_config = spec
     cfg.model_config.eos_token_id = [256]
@@ -68,6 +68,19 @@ def run_recording(target, mtp, spec: SpeculativeConfig, prompt: list[int], max_t
         return out
 
     runner.execute = execute
+    if history is not None:  # after each replay of skipped rows: the draft's token history
+        proposer = runner.proposer
+        replay = proposer._catch_up
+
+        def checked_catch_up():
+            replay()
+            target_in = runner.share_inputs
+            step = int(target_in.step_idx[0, 0])
+            plen = int(target_in.prompt_lens[0, 0])
+            want = target_in.token_ids_all[0, plen : plen + step].numpy().tolist()
+            history.append(proposer.model_inputs.pre_ids[0, :step].numpy().tolist() == want)
+
+        proposer._catch_up = checked_catch_up
     out = engine.generate([Request("r0", prompt, max_tokens=max_tokens)])
     return list(prompt) + list(out["r0"]), rounds
 
@@ -126,7 +139,9 @@ def test_rows_of_skipped_rounds_reach_the_mtp_cache(shipped):
         acceptance_window=8,
         adaptive_probe_interval=2,
     )
-    seq, rounds = run_recording(target, mtp, spec, list(PROMPT), 64)
+    history: list[bool] = []
+    seq, rounds = run_recording(target, mtp, spec, list(PROMPT), 64, history)
+    assert history and all(history), history  # replays also restored the draft's token history
     plain = sum(1 for _, d in rounds if (d < 0).all())
     assert plain >= 10, f"only {plain} rounds without drafts"
     checked = check(seq, rounds, dense_drafts(target, mtp, seq, 2), 2)
