@@ -10,7 +10,9 @@ The rule (``speculative_config.adaptive_draft_length``):
   1)``, updated only for the positions the target actually tested. A new request starts
   optimistic (``p_i = 1``). The slot's own limit is the largest ``n`` with ``p_1 * ... * p_n >=
   acceptance_rate_threshold``: below that a draft is unlikely enough to be reached and accepted
-  that it is not worth a verify row.
+  that it is not worth a verify row. While a slot drafts nothing (its own limit or the batch
+  budget is 0) its estimates drift back toward 1 by ``beta / 4`` of the gap per round, so a
+  transient run of misses does not keep it from drafting for the rest of the request.
 * **Cost, per batch.** Speculation pays only if the tokens it adds are worth more than the
   time the MTP substeps and the longer verify cost, and that ratio depends on the batch size
   and the machine (on a CPU a verify row costs almost as much as a plain step at batch 8, and
@@ -59,6 +61,8 @@ class AdaptiveDraftLength:
     #: another budget replaces the current one only when its rate is this much better (step
     #: times are noisy; flipping between two near-equal budgets costs MTP cache replays)
     HYSTERESIS = 0.1
+    #: per round without drafts, a slot's estimates move this fraction of ``beta`` toward 1
+    RELAX = 0.25
 
     def __init__(self, spec: SpeculativeConfig, num_slots: int):
         self.k = int(spec.num_speculative_tokens)
@@ -170,6 +174,12 @@ class AdaptiveDraftLength:
             limits[probe] = 1
             self.rounds_at_zero[probe] = 0
         self.force_probe = False
+        # estimates nobody is measuring drift back toward the optimistic prior (1), so a slot
+        # held back by a transient miss or by the batch budget gets drafts again and is re-measured
+        idle_now = running & (limits == 0)
+        self.p[idle_now] += self.RELAX * self.beta * (1.0 - self.p[idle_now])
+        for b in np.nonzero(idle_now)[0]:
+            self.limit[b] = self._limit_of(int(b))
         want = int(limits[running].max()) if m else 0
         steps = min(max_steps, want)
         if prefill:

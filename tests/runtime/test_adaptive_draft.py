@@ -56,6 +56,7 @@ def test_shrinks_to_zero_and_grows_back():
 
 def test_no_slot_wants_drafts_then_plain_rounds_with_probes_and_backoff():
     c = controller(interval=2, slots=1)
+    c.RELAX = 0.0  # estimates stay where the misses left them (see the next test)
     c.p[:] = 0.1
     c.limit[:] = 0
     running = np.array([True])
@@ -72,6 +73,17 @@ def test_no_slot_wants_drafts_then_plain_rounds_with_probes_and_backoff():
     for _ in range(3):
         observe(c, 0, proposed=1, accepted=1)  # probes that hit bring drafting back
     assert c.limit[0] >= 1 and c.interval == 2
+
+
+def test_unmeasured_estimates_drift_back_to_drafting():
+    c = controller(interval=1000, slots=1)  # beta = 0.5: 1/8 of the gap per idle round
+    c.p[:] = 0.1
+    c.limit[:] = 0
+    rounds = 0
+    while c.limit[0] == 0:
+        c.plan_round(np.array([True]), prefill=False, max_steps=3)
+        rounds += 1
+    assert rounds == 2 and c.p[0, 0] == pytest.approx(0.1 + 0.9 * (1 - 0.875**2))  # 0.1 -> 0.21 -> 0.31
 
 
 def test_budget_follows_measured_cost():
