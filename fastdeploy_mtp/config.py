@@ -103,9 +103,10 @@ class SpeculativeConfig:
         acceptance_rate_threshold: a request drafts position ``i`` while its estimated
             probability that drafts ``1..i`` are all accepted is at least this (TensorRT-LLM's
             ``acceptance_rate_threshold`` names the same knob for its whole-batch switch).
-        adaptive_probe_interval: after this many rounds with the MTP layer skipped, one round
-            drafts a single token to re-measure acceptance; the interval doubles after each
-            probe that does not bring drafting back (up to 8 times this value).
+        adaptive_probe_interval: every this many rounds the adaptive controller re-measures
+            the best budget other than the one in force (two rounds at it), or, with no slot
+            wanting drafts, drafts one token per slot to re-measure acceptance; the interval
+            doubles after each probe that does not change the choice (up to 16 times this value).
     """
 
     method: str | None = "mtp"
@@ -120,7 +121,7 @@ class SpeculativeConfig:
     adaptive_draft_length: bool = False
     acceptance_window: int = 8
     acceptance_rate_threshold: float = 0.3
-    adaptive_probe_interval: int = 8
+    adaptive_probe_interval: int = 16
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:

@@ -27,7 +27,7 @@ The rule (``speculative_config.adaptive_draft_length``):
   A budget with no measurement near ``m`` is tried for two
   rounds first (largest first); every ``adaptive_probe_interval`` rounds the best other
   budget is re-measured for two rounds, and each such probe that does not change the choice
-  doubles the interval (up to 8 times the configured one).
+  doubles the interval (up to 16 times the configured one).
 * **Budget 0** is plain decoding: the MTP layer is skipped for the round (a round with a
   prefill still runs it: it must see the prompt). The proposer keeps the skipped rows and
   writes them into the MTP caches the next time it runs, so drafting resumes over a complete
@@ -44,7 +44,7 @@ import numpy as np
 from ..config import SpeculativeConfig
 
 #: The probe interval grows up to this multiple of ``adaptive_probe_interval``.
-MAX_PROBE_BACKOFF = 8
+MAX_PROBE_BACKOFF = 16
 
 
 class AdaptiveDraftLength:
