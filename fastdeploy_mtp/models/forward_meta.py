@@ -74,6 +74,11 @@ class ForwardMeta:
             blocks per item (``None``: all ``block_tables.shape[1]`` columns), so a tight bound
             makes it cheaper; a bound that is too small silently drops the keys past it unless
             ``check`` is set.
+        max_rows_per_item: a host-side upper bound on ``seq_lens_this_time[b]`` over every
+            item, or ``None``. When set, attention may use its grouped layout (each item's
+            keys gathered once, its rows' queries padded to this many slots), which suits
+            decode and verify batches; a bound that is too small silently gives its item's
+            extra rows meaningless outputs unless ``check`` is set.
         check: validate the metadata on the host before the forward (reads the length tensors
             and the block table back, a device sync on an accelerator) and raise a
             ``ValueError`` naming the inconsistent field. Serving code clears it in
@@ -89,6 +94,7 @@ class ForwardMeta:
     caches: list[paddle.Tensor] = field(default_factory=list)
     block_size: int = 16
     max_seq_len: int | None = None
+    max_rows_per_item: int | None = None
     check: bool = True
     _plan: AttentionPlan | None = field(default=None, repr=False, compare=False)
 
@@ -97,6 +103,8 @@ class ForwardMeta:
             raise ValueError(f"`block_size` must be positive, got {self.block_size}")
         if self.max_seq_len is not None and self.max_seq_len <= 0:
             raise ValueError(f"`max_seq_len` must be positive or None, got {self.max_seq_len}")
+        if self.max_rows_per_item is not None and self.max_rows_per_item < 0:
+            raise ValueError(f"`max_rows_per_item` must be >= 0 or None, got {self.max_rows_per_item}")
 
     @property
     def batch_size(self) -> int:
@@ -129,7 +137,8 @@ def validate_forward_meta(meta: ForwardMeta) -> int:
             entry, ``cu_seqlens_q`` is not the prefix sum of ``seq_lens_this_time``,
             ``ids_remove_padding`` is shorter than that sum, an item needs more block-table
             columns than there are or an entry that is unused (-1), or an item's
-            ``seq_lens_decoder + seq_lens_this_time`` exceeds ``max_seq_len``.
+            ``seq_lens_decoder + seq_lens_this_time`` exceeds ``max_seq_len`` or its
+            ``seq_lens_this_time`` exceeds ``max_rows_per_item``.
     """
     this_time = np.asarray(meta.seq_lens_this_time.numpy()).reshape(-1).astype(np.int64)
     decoder = np.asarray(meta.seq_lens_decoder.numpy()).reshape(-1).astype(np.int64)
@@ -160,6 +169,8 @@ def validate_forward_meta(meta: ForwardMeta) -> int:
         n = int(this_time[b])
         if n == 0:
             continue
+        if meta.max_rows_per_item is not None and n > meta.max_rows_per_item:
+            raise ValueError(f"item {b} has {n} rows this step but `max_rows_per_item` is {meta.max_rows_per_item}")
         total = int(decoder[b]) + n
         largest = max(largest, total - 1)
         if meta.max_seq_len is not None and total > meta.max_seq_len:
@@ -199,12 +210,16 @@ class AttentionPlan:
             (the row itself, or the last real row for padding rows).
         any_valid: ``[1]`` bool, whether the batch has a real row at all; when it has none,
             every row's slot is written back with the value it already holds.
+        row_starts: ``[B + 1]`` int32, ``cu_seqlens_q`` (``[2]`` zeros when :attr:`num_items`
+            stands for no item).
         item_blocks: ``[max(B, 1), num_read_blocks]`` int32, the blocks holding positions
             ``0 .. span - 1`` of each item (``span = num_read_blocks * block_size``; unused
             entries replaced by block 0, which the key masks hide).
         num_read_blocks: blocks gathered per item, ``ceil(max_seq_len / block_size)`` capped
             at ``block_tables.shape[1]`` (all columns when ``max_seq_len`` is ``None``).
         block_size: tokens per cache block.
+        max_rows_per_item: the host-side bound on any item's rows, ``min(T,
+            ForwardMeta.max_rows_per_item)`` (at least 1), or ``None`` without a hint.
         max_position: the largest position of a real row, known on the host when the
             metadata was validated (``ForwardMeta.check``), else ``None``.
     """
@@ -216,9 +231,11 @@ class AttentionPlan:
     write_offsets: paddle.Tensor
     write_rows: paddle.Tensor
     any_valid: paddle.Tensor
+    row_starts: paddle.Tensor
     item_blocks: paddle.Tensor
     num_read_blocks: int
     block_size: int
+    max_rows_per_item: int | None = None
     max_position: int | None = None
     _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -276,6 +293,8 @@ class AttentionPlan:
         num_read = columns if meta.max_seq_len is None else min(columns, -(-meta.max_seq_len // bs))
         num_read = max(num_read, 1)
         rows = int_range(rows_n)
+        hint = meta.max_rows_per_item
+        rows_bound = None if hint is None else max(1, min(hint, rows_n))
         if bsz == 0 or columns == 0:
             # Nothing can be real: every row is padding and writes its slot's own value back.
             zeros = paddle.zeros([rows_n], dtype="int32")
@@ -287,9 +306,11 @@ class AttentionPlan:
                 write_offsets=zeros,
                 write_rows=zeros,
                 any_valid=paddle.zeros([1], dtype="bool"),
+                row_starts=paddle.zeros([2], dtype="int32"),
                 item_blocks=paddle.zeros([1, num_read], dtype="int32"),
                 num_read_blocks=num_read,
                 block_size=bs,
+                max_rows_per_item=rows_bound,
             )
         cu, decoder = _int32_vector(meta.cu_seqlens_q), _int32_vector(meta.seq_lens_decoder)
         tables = meta.block_tables if meta.block_tables.dtype == paddle.int32 else meta.block_tables.astype("int32")
@@ -311,9 +332,11 @@ class AttentionPlan:
             write_offsets=paddle.gather(positions, write_rows) % bs,
             write_rows=write_rows,
             any_valid=num_real > 0,
+            row_starts=cu,
             item_blocks=tables,
             num_read_blocks=num_read,
             block_size=bs,
+            max_rows_per_item=rows_bound,
         )
 
 

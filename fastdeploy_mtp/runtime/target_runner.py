@@ -367,6 +367,7 @@ class TargetRunner:
             caches=self.caches,
             block_size=self.block_size,
             max_seq_len=bound,
+            max_rows_per_item=int(slt.max()),
             # validate on the host in rounds with a prefill; steady-state rounds read nothing back
             check=prefill,
         )

@@ -1,8 +1,9 @@
 """The paged attention backend derives everything on the device: it must equal a host-planned
 per-item numpy reference for every batch shape (prefill, chunked prefill, decode, verify,
-mixed batches, items without rows, padding rows, shuffled block tables, either key layout,
-with or without a ``max_seq_len`` hint), leave the caches untouched by padding rows, and, with
-``ForwardMeta.check`` cleared, read nothing back to the host."""
+mixed batches, items without rows, padding rows, shuffled block tables, every attention
+layout, with or without ``max_seq_len`` and ``max_rows_per_item`` hints), leave the caches
+untouched by padding rows, and, with ``ForwardMeta.check`` cleared, read nothing back to the
+host."""
 
 from __future__ import annotations
 
@@ -72,9 +73,22 @@ def scattered_tables(this_time, decoder, block_size, extra_columns, rng):
 
 
 def run_case(
-    this_time, decoder, pad, block_size, kv_heads, groups, seed, hint="none", layout=None, check=False, tables=None
+    this_time,
+    decoder,
+    pad,
+    block_size,
+    kv_heads,
+    groups,
+    seed,
+    hint="none",
+    layout=None,
+    check=False,
+    tables=None,
+    rows_hint="none",
 ):
-    """Run the backend once and the reference once on the same random inputs and caches."""
+    """Run the backend once and the reference once on the same random inputs and caches
+    (``layout``: a forced layout name or None; ``hint``/``rows_hint``: no, a tight or a loose
+    ``max_seq_len``/``max_rows_per_item``)."""
     rng = np.random.default_rng(seed)
     if tables is None:
         tables, num_blocks = scattered_tables(this_time, decoder, block_size, int(rng.integers(0, 3)), rng)
@@ -82,7 +96,7 @@ def run_case(
         num_blocks = int(tables.max()) + 1
     num_heads, rows = kv_heads * groups, int(sum(this_time)) + pad
     backend = ReferenceAttentionBackend(num_heads, kv_heads, HEAD_DIM, block_size)
-    backend.force_shared_keys = layout
+    backend.force_layout = layout
     shape = backend.get_kv_cache_shape(num_blocks)
     # stale (finite) contents everywhere: a slot read that should not be changes the result
     key_np = rng.standard_normal(shape).astype(np.float32)
@@ -96,6 +110,8 @@ def run_case(
     )
     totals = [d + n for n, d in zip(this_time, decoder) if n]
     meta.max_seq_len = {"none": None, "tight": max(totals, default=1), "loose": max(totals, default=1) + 7}[hint]
+    widest = max(this_time, default=0)
+    meta.max_rows_per_item = {"none": None, "tight": widest, "loose": widest + 3}[rows_hint]
     meta.check = check
     meta.build_plan()
     out = backend.forward(paddle.to_tensor(q), paddle.to_tensor(k), paddle.to_tensor(v), 0, meta).numpy()
@@ -127,21 +143,69 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("layout", [None, True, False], ids=["auto", "shared_keys", "row_keys"])
+LAYOUTS = [None, "shared", "row", "grouped"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda x: x or "auto")
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_named_batches_match_the_host_planned_reference(case, layout):
     this_time, decoder, pad = CASES[case]
     for block_size, kv_heads, groups in ((4, 2, 2), (1, 1, 3)):
-        got = run_case(this_time, decoder, pad, block_size, kv_heads, groups, seed=len(case), layout=layout)
-        assert_matches_reference(this_time, pad, *got)
+        for rows_hint in ("none", "tight", "loose"):
+            got = run_case(
+                this_time, decoder, pad, block_size, kv_heads, groups, len(case), "tight", layout, True, None, rows_hint
+            )
+            assert_matches_reference(this_time, pad, *got)
 
 
 def test_shuffled_contiguous_tables_match_the_reference():
     this_time, decoder = [3, 1, 5], [10, 22, 0]
     tables, _ = contiguous_block_tables([13, 23, 5], 4, shuffle_seed=5)
-    for layout in (True, False):
-        got = run_case(this_time, decoder, 2, 4, 2, 2, seed=3, layout=layout, tables=tables)
+    for layout in LAYOUTS[1:]:
+        got = run_case(this_time, decoder, 2, 4, 2, 2, seed=3, layout=layout, tables=tables, rows_hint="tight")
         assert_matches_reference(this_time, 2, *got)
+
+
+def test_layouts_agree_with_each_other():
+    """A verify batch (8 items x 4 rows, padding behind) in every layout: the outputs agree
+    to float32 rounding and the caches bit for bit."""
+    this_time, decoder = [4] * 8, [30, 3, 17, 0, 9, 44, 21, 12]
+    results = [run_case(this_time, decoder, 3, 4, 2, 2, 7, "loose", layout, False, None, "tight") for layout in LAYOUTS]
+    first_out, _, first_caches, _, _ = results[0]
+    for out, _, caches, _, _ in results[1:]:
+        np.testing.assert_allclose(out, first_out, rtol=1e-5, atol=1e-5)
+        for a, b in zip(caches, first_caches):
+            assert np.array_equal(a.numpy(), b.numpy())
+
+
+def test_the_automatic_layout_follows_the_batch_shape():
+    """With the shipped target's shapes: grouped only with a ``max_rows_per_item`` hint, and
+    then for verify batches of many items; one row per item stays per-row (the same work
+    without the grouped layout's extra index ops), batch 1 and prefill keep the shared
+    layout. ``force_shared_keys`` still maps to the shared/row layouts."""
+    backend = ReferenceAttentionBackend(4, 2, 32, 16)
+
+    def choice(this_time, decoder, rows_hint):
+        tables, _ = contiguous_block_tables([d + n for n, d in zip(this_time, decoder)], 16)
+        meta = make_forward_meta(this_time, decoder, tables, [], 16)
+        meta.max_seq_len, meta.max_rows_per_item = 320, rows_hint
+        return backend.choose_layout(meta.build_plan())
+
+    assert choice([4] * 8, [300] * 8, 4) == "grouped"
+    assert choice([4] * 16, [300] * 16, 4) == "grouped"
+    assert choice([1] * 8, [300] * 8, 1) == "row"
+    assert choice([4] * 8, [300] * 8, None) == "row"
+    assert choice([4], [300], 4) == "shared"
+    assert choice([300], [0], 300) == "shared"
+    backend.force_shared_keys = True
+    assert backend.force_layout == "shared" and choice([4] * 8, [300] * 8, 4) == "shared"
+    backend.force_shared_keys = False
+    assert backend.force_layout == "row" and backend.force_shared_keys is False
+    backend.force_layout = "grouped"
+    assert backend.force_shared_keys is None and choice([4], [300], None) == "grouped"
+    backend.force_layout = "diagonal"
+    with pytest.raises(ValueError, match="`force_layout` must be one of"):
+        choice([4], [300], None)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -152,19 +216,20 @@ def test_shuffled_contiguous_tables_match_the_reference():
     kv_heads=st.integers(1, 2),
     groups=st.integers(1, 3),
     hint=st.sampled_from(["none", "tight", "loose"]),
-    layout=st.sampled_from([None, True, False]),
+    rows_hint=st.sampled_from(["none", "tight", "loose"]),
+    layout=st.sampled_from(LAYOUTS),
     check=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_random_batches_match_the_host_planned_reference(
-    items, pad, block_size, kv_heads, groups, hint, layout, check, seed
+    items, pad, block_size, kv_heads, groups, hint, rows_hint, layout, check, seed
 ):
     this_time, decoder = [n for n, _ in items], [d for _, d in items]
-    got = run_case(this_time, decoder, pad, block_size, kv_heads, groups, seed, hint, layout, check)
+    got = run_case(this_time, decoder, pad, block_size, kv_heads, groups, seed, hint, layout, check, None, rows_hint)
     assert_matches_reference(this_time, pad, *got)
 
 
-@pytest.mark.parametrize("layout", [True, False])
+@pytest.mark.parametrize("layout", LAYOUTS[1:])
 def test_padding_rows_leave_the_caches_bit_identical(layout):
     """The same real rows with and without padding rows behind them (whose keys and values
     are random, so any write would show): the caches end up bit-identical and so do the
@@ -173,7 +238,7 @@ def test_padding_rows_leave_the_caches_bit_identical(layout):
     tables, num_blocks = contiguous_block_tables([8, 12, 4], bs, shuffle_seed=1)
     rng = np.random.default_rng(0)
     backend = ReferenceAttentionBackend(4, 2, HEAD_DIM, bs)
-    backend.force_shared_keys = layout
+    backend.force_layout = layout
     start = [rng.standard_normal(backend.get_kv_cache_shape(num_blocks)).astype(np.float32) for _ in range(2)]
     real = sum(this_time)
     q, k, v = (rng.standard_normal([real + 6, h, HEAD_DIM]).astype(np.float32) for h in (4, 2, 2))
@@ -181,7 +246,7 @@ def test_padding_rows_leave_the_caches_bit_identical(layout):
     for rows in (real, real + 6):
         caches = [paddle.to_tensor(c) for c in start]
         meta = make_forward_meta(this_time, decoder, tables, caches, bs, ids_remove_padding=np.zeros(rows, np.int64))
-        meta.check = False
+        meta.check, meta.max_rows_per_item = False, 3
         out = backend.forward(*(paddle.to_tensor(x[:rows]) for x in (q, k, v)), 0, meta).numpy()
         results.append((out, [c.numpy() for c in caches]))
     (plain, plain_caches), (padded, padded_caches) = results
@@ -192,7 +257,7 @@ def test_padding_rows_leave_the_caches_bit_identical(layout):
 
     caches = [paddle.to_tensor(c) for c in start]
     meta = make_forward_meta([0, 0, 0], decoder, tables, caches, bs, ids_remove_padding=np.zeros(5, np.int64))
-    meta.check = False
+    meta.check, meta.max_rows_per_item = False, 0
     out = backend.forward(*(paddle.to_tensor(x[:5]) for x in (q, k, v)), 0, meta).numpy()
     assert np.all(out == 0)
     for before, after in zip(start, caches):
@@ -229,7 +294,7 @@ def _model_forwards(check, guard, layout=None):
     layer; returns the outputs."""
     config = small_config()
     target, mtp = build_models(config, seed=4)
-    target.attn_backend.force_shared_keys = mtp.attn_backend.force_shared_keys = layout
+    target.attn_backend.force_layout = mtp.attn_backend.force_layout = layout
     this_time, decoder, pad = [4, 1, 0, 6], [9, 30, 3, 0], 3
     tables, num_blocks = contiguous_block_tables([16, 32, 8, 8], config.block_size, shuffle_seed=4)
     rng = np.random.default_rng(4)
@@ -238,7 +303,7 @@ def _model_forwards(check, guard, layout=None):
     for model in (target, mtp):
         caches = model.attn_backend.allocate_caches(model.num_cache_layers, num_blocks)
         meta = make_forward_meta(this_time, decoder, tables, caches, config.block_size, ids_remove_padding=ids)
-        meta.check, meta.max_seq_len = check, 40
+        meta.check, meta.max_seq_len, meta.max_rows_per_item = check, 40, 6
         hidden = paddle.to_tensor(rng.standard_normal([len(ids), config.hidden_size]).astype(np.float32))
         guard["on"] = True
         try:
@@ -250,7 +315,7 @@ def _model_forwards(check, guard, layout=None):
     return outs
 
 
-@pytest.mark.parametrize("layout", [True, False], ids=["shared_keys", "row_keys"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda x: x or "auto")
 def test_unchecked_forwards_make_no_host_read(host_read_guard, layout):
     outs = _model_forwards(check=False, guard=host_read_guard, layout=layout)
     assert not host_read_guard["reads"], host_read_guard["reads"]
@@ -293,6 +358,11 @@ def test_checked_metadata_errors_name_the_field():
         target(meta.ids_remove_padding, meta)
     with pytest.raises(ValueError, match="`max_seq_len` must be positive or None, got 0"):
         dataclasses.replace(meta, max_seq_len=0)
+    meta = dataclasses.replace(meta, max_seq_len=None, max_rows_per_item=2)
+    with pytest.raises(ValueError, match="item 0 has 3 rows this step but `max_rows_per_item` is 2"):
+        target(meta.ids_remove_padding, meta)
+    with pytest.raises(ValueError, match="`max_rows_per_item` must be >= 0 or None, got -1"):
+        dataclasses.replace(meta, max_rows_per_item=-1)
 
 
 def test_rope_lookup_takes_device_positions():
