@@ -151,6 +151,10 @@ class MTPProposer:
         #: the runner (``ForwardMeta.max_seq_len``: attention gathers only that many positions);
         #: None = the whole block table
         self.seq_len_bound: int | None = None
+        #: host-known upper bound on the rows any slot feeds substep 0 (its accepted tokens or
+        #: prompt chunk, at most what it fed the target this step), set by the runner; None =
+        #: unknown (``ForwardMeta.max_rows_per_item``)
+        self.rows_bound: int | None = None
 
     # ---- KV cache ------------------------------------------------------------------------
     def cache_names(self) -> list[str]:
@@ -481,6 +485,7 @@ class MTPProposer:
             caches=self.caches,
             block_size=self.block_size,
             max_seq_len=self.seq_len_bound,
+            max_rows_per_item=int(counts.max()),
             check=not self.overlap_round,
         )
         for layer in sorted(set(self.layer_schedule)):  # the layers this config ever runs
@@ -601,6 +606,7 @@ class MTPProposer:
                     caches=self.caches,
                     block_size=self.block_size,
                     max_seq_len=self.seq_len_bound,
+                    max_rows_per_item=(self.rows_bound if substep == 0 else 1),
                     check=not self.overlap_round,
                 )
                 if multi:
@@ -673,6 +679,7 @@ class MTPProposer:
             caches=self.caches,
             block_size=self.block_size,
             max_seq_len=self.seq_len_bound,
+            max_rows_per_item=None if self.rows_bound is None else self.rows_bound + len(chain),
             check=not self.overlap_round,
         )
         out = self._forward(ids, hid, meta, layer)

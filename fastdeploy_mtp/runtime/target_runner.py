@@ -493,6 +493,7 @@ class TargetRunner:
         running = slt > 0
         # draft rows sit at most K + 1 past the committed tokens (chain rows of the substeps)
         self.proposer.seq_len_bound = int(self._cached.max()) + self.proposer.max_draft_token_num + 2
+        self.proposer.rows_bound = max(1, int(slt.max()))
         real_bsz = int(np.nonzero(running)[0].max()) + 1 if running.any() else 0
         if self.adaptive is None:
             self.proposer.run(hidden, real_bsz=real_bsz)

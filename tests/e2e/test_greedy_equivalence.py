@@ -89,8 +89,9 @@ def test_adaptive_draft_length_keeps_greedy_equivalence(
     spec.adaptive_probe_interval = interval
     out, engine = run(random_model, cfg, make_requests(11, count), chunk=chunk)
     assert out == base
-    adaptive = engine.runner.adaptive
-    assert adaptive is not None and (adaptive.limit < k).any()
+    m = engine.metrics
+    assert engine.runner.adaptive is not None
+    assert m.proposed.sum() < k * m.decode_item_steps, "the draft length never shrank"
 
 
 @pytest.mark.parametrize("schedule", ["cycle", "repeat_last", "first"])
