@@ -23,11 +23,12 @@ The rule (``speculative_config.adaptive_draft_length``):
   tokens per second, ``E(n) / t(n, m)``, where ``E(n) = sum over running slots of 1 + P(draft
   1 accepted) + ... + P(drafts 1..min(n, limit) accepted)`` and ``t(n, m)`` is the measured
   step time at ``m`` running slots (the budget in force is kept unless another is 10% better:
-  switching from 0 back to drafting costs a replay of the skipped rows).
-  A budget with no measurement near ``m`` is tried for two
-  rounds first (largest first); every ``adaptive_probe_interval`` rounds the best other
-  budget is re-measured for two rounds, and each such probe that does not change the choice
-  doubles the interval (up to 16 times the configured one).
+  switching from 0 back to drafting costs a replay of the skipped rows). The largest useful
+  budget and 0 are tried for two rounds each when nothing measured is near ``m``; a budget in
+  between is costed on the straight line between them until it is chosen and measured.
+  Every ``adaptive_probe_interval`` rounds the best other budget is re-measured for two
+  rounds, and each such probe that does not change the choice doubles the interval (up to 16
+  times the configured one).
 * **Budget 0** is plain decoding: the MTP layer is skipped for the round (a round with a
   prefill still runs it: it must see the prompt). The proposer keeps the skipped rows and
   writes them into the MTP caches the next time it runs, so drafting resumes over a complete
@@ -148,6 +149,18 @@ class AdaptiveDraftLength:
         slope = (smt / w - mean_m * mean_t) / var
         return max(mean_t + slope * (m - mean_m), 1e-6)
 
+    def _cost_or_interpolated(self, n: int, top: int, m: int) -> float | None:
+        """:meth:`step_cost`, or for a budget not measured yet a straight line between the
+        measured costs of 0 and ``top`` drafts (the extremes are explored first; the middle
+        is measured when it gets chosen)."""
+        cost = self.step_cost(n, m)
+        if cost is not None or n in (0, top):
+            return cost
+        lo, hi = self.step_cost(0, m), self.step_cost(top, m)
+        if lo is None or hi is None:
+            return None
+        return lo + (hi - lo) * n / top
+
     # ---- the round's plan ----------------------------------------------------------------
     def plan_round(self, running: np.ndarray, prefill: bool, max_steps: int) -> tuple[int, np.ndarray]:
         """Decide the next round.
@@ -201,12 +214,12 @@ class AdaptiveDraftLength:
             self.interval = min(2 * self.interval, MAX_PROBE_BACKOFF * self.base_interval)
             self.force_probe = True
             return 1
-        for n in sorted(useful, reverse=True):
-            if n != 0 and self.step_cost(n, m) is None:
-                return self._measure(n)
+        top = useful[-1]
+        if top != 0 and self.step_cost(top, m) is None:
+            return self._measure(top)
         if self.step_cost(0, m) is None and len(useful) > 1:
             return self._measure(0)
-        rates = {n: gains[n] / c for n in useful if (c := self.step_cost(n, m)) is not None}
+        rates = {n: gains[n] / c for n in useful if (c := self._cost_or_interpolated(n, top, m)) is not None}
         if not rates:
             return 0
         best = max(rates, key=lambda n: rates[n])
@@ -229,6 +242,9 @@ class AdaptiveDraftLength:
         return best
 
     def _measure(self, budget: int) -> int:
-        """Run ``budget`` for two rounds: the second one's step is a clean sample."""
+        """Run ``budget`` for two rounds: the second one's step is a clean sample. The budget
+        in force before stays the one to beat (by the hysteresis margin) afterwards."""
+        if self.probe_from is None:
+            self.probe_from = self.budget
         self.pinned = 1
         return budget
