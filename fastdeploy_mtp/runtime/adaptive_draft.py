@@ -90,10 +90,11 @@ class AdaptiveDraftLength:
         self.limit[idx] = self.k
         self.rounds_at_zero[idx] = 0
 
-    def _limit_of(self, b: int) -> int:
-        reach = np.cumprod(self.p[b])
-        ok = np.nonzero(reach >= self.threshold)[0]
-        return int(ok[-1]) + 1 if ok.size else 0
+    def _limits(self, rows: np.ndarray) -> np.ndarray:
+        """Own draft limits of the slots ``rows`` selects: the longest prefix of positions whose
+        chance of being reached and accepted is at least the threshold."""
+        reach = np.cumprod(self.p[rows], axis=1)
+        return (reach >= self.threshold).sum(axis=1)  # reach only falls along a row
 
     def observe(self, drafts: np.ndarray, accept_num: np.ndarray, decode_mask: np.ndarray) -> None:
         """Update the acceptance estimates from one verified step.
@@ -103,26 +104,30 @@ class AdaptiveDraftLength:
             accept_num: ``[N]`` tokens each slot emitted (accepted drafts + 1).
             decode_mask: ``[N]`` slots that decoded (verified drafts) this step.
         """
-        for b in np.nonzero(decode_mask)[0]:
-            proposed = int((drafts[b] >= 0).sum())
-            if proposed == 0:
-                continue
-            accepted = max(0, int(accept_num[b]) - 1)
-            for i in range(min(proposed, accepted + 1)):
-                hit = 1.0 if accepted > i else 0.0
-                self.p[b, i] += self.beta * (hit - self.p[b, i])
-            was_zero = self.limit[b] == 0
-            self.limit[b] = self._limit_of(int(b))
-            if was_zero and self.limit[b] > 0:
-                self.interval = self.base_interval  # a slot came back: probe often again
+        proposed = (np.asarray(drafts)[:, : self.k] >= 0).sum(axis=1)
+        rows = np.asarray(decode_mask, bool) & (proposed > 0)
+        if not rows.any():
+            return
+        accepted = np.maximum(np.asarray(accept_num, np.int64) - 1, 0)
+        pos = np.arange(self.k)[None, :]
+        # position i was tested iff i < proposed and drafts 1..i were accepted (i <= accepted)
+        tested = rows[:, None] & (pos < proposed[:, None]) & (pos <= accepted[:, None])
+        hit = (pos < accepted[:, None]).astype(np.float64)
+        self.p += np.where(tested, self.beta * (hit - self.p), 0.0)
+        was_zero = rows & (self.limit == 0)
+        self.limit[rows] = self._limits(rows)
+        if (was_zero & (self.limit > 0)).any():
+            self.interval = self.base_interval  # a slot came back: probe often again
 
     def expected_tokens(self, running: np.ndarray, budget: int) -> float:
         """Tokens the running slots are expected to emit in one round with ``budget`` drafts."""
-        total = 0.0
-        for b in np.nonzero(running)[0]:
-            n = min(budget, int(self.limit[b]))
-            total += 1.0 + float(np.cumprod(self.p[b, :n]).sum()) if n else 1.0
-        return total
+        return float(self._gains(running)[budget])
+
+    def _gains(self, running: np.ndarray) -> np.ndarray:
+        """``[K + 1]`` expected tokens of the running slots for every budget 0..K."""
+        reach = np.cumprod(self.p[running], axis=1)
+        reach = np.where(np.arange(self.k)[None, :] < self.limit[running][:, None], reach, 0.0)
+        return float(running.sum()) + np.concatenate([[0.0], np.cumsum(reach.sum(axis=0))])
 
     # ---- cost ----------------------------------------------------------------------------
     def record(self, running_slots: int, seconds: float, prefill: bool) -> None:
@@ -190,9 +195,9 @@ class AdaptiveDraftLength:
         # estimates nobody is measuring drift back toward the optimistic prior (1), so a slot
         # held back by a transient miss or by the batch budget gets drafts again and is re-measured
         idle_now = running & (limits == 0)
-        self.p[idle_now] += self.RELAX * self.beta * (1.0 - self.p[idle_now])
-        for b in np.nonzero(idle_now)[0]:
-            self.limit[b] = self._limit_of(int(b))
+        if idle_now.any():
+            self.p[idle_now] += self.RELAX * self.beta * (1.0 - self.p[idle_now])
+            self.limit[idle_now] = self._limits(idle_now)
         want = int(limits[running].max()) if m else 0
         steps = min(max_steps, want)
         if prefill:
@@ -203,7 +208,7 @@ class AdaptiveDraftLength:
         if self.pinned > 0:  # finish measuring the budget picked last round
             self.pinned -= 1
             return self.budget
-        gains = [self.expected_tokens(running, n) for n in range(self.k + 1)]
+        gains = self._gains(running)
         # budgets that add nothing over a smaller one (every slot is limited below) are out
         useful = [n for n in range(self.k + 1) if n == 0 or gains[n] > gains[n - 1] + 1e-9]
         if useful == [0]:  # no slot wants a draft: plain decoding, with a probe now and then
