@@ -21,9 +21,7 @@ The rule (``speculative_config.adaptive_draft_length``):
   and drafting both used ``n``, and no prefill), as an exponentially weighted least-squares
   line in the number of running slots. Each round it picks the budget that maximises expected
   tokens per second, ``E(n) / t(n, m)``, where ``E(n) = sum over running slots of 1 + P(draft
-  1 accepted) + ... + P(drafts 1..min(n, limit) accepted)``, capped by the tokens per slot that
-  rounds at ``n`` actually emitted (drafts cut short by ``max_tokens`` or a stop are not in the
-  model), and ``t(n, m)`` is the measured
+  1 accepted) + ... + P(drafts 1..min(n, limit) accepted)`` and ``t(n, m)`` is the measured
   step time at ``m`` running slots (the budget in force is kept unless another is 10% better:
   switching from 0 back to drafting costs a replay of the skipped rows). The largest useful
   budget and 0 are tried for two rounds each when nothing measured is near ``m``; a budget in
@@ -77,8 +75,6 @@ class AdaptiveDraftLength:
         self.limit = np.full(num_slots, self.k, np.int64)
         #: per budget n: decayed sums of (1, m, m^2, t, m t) over recorded steps
         self.cost_stats = np.zeros((self.k + 1, 5), np.float64)
-        #: per budget n: decayed sums of (decoding slots, tokens they emitted) over the same steps
-        self.yield_stats = np.zeros((self.k + 1, 2), np.float64)
         self.budget = self.k  # the budget of the round being planned / run
         self.prev_budget = -1  # the budget whose drafts this step verified
         self.pinned = 0  # rounds left at the budget being measured
@@ -134,20 +130,15 @@ class AdaptiveDraftLength:
         return float(running.sum()) + np.concatenate([[0.0], np.cumsum(reach.sum(axis=0))])
 
     # ---- cost ----------------------------------------------------------------------------
-    def record(self, running_slots: int, seconds: float, prefill: bool, emitted: int = 0, decoding: int = 0) -> None:
-        """The step that just ran (its verify used the previous round's budget, its proposer
-        round the current one): a sample of the budget's cost (wall time) and yield (tokens
-        per decoding slot, ``emitted / decoding``) when both budgets are the same and no slot
-        was in prefill."""
+    def record(self, running_slots: int, seconds: float, prefill: bool) -> None:
+        """The wall time of the step that just ran (its verify used the previous round's
+        budget, its proposer round the current one): a sample of the budget's cost when both
+        are the same and no slot was in prefill."""
         if not prefill and running_slots > 0 and self.prev_budget == self.budget:
             m = float(running_slots)
             st = self.cost_stats[self.budget]
             st *= self.COST_DECAY
             st += (1.0, m, m * m, seconds, m * seconds)
-            if decoding > 0:
-                ys = self.yield_stats[self.budget]
-                ys *= self.COST_DECAY
-                ys += (float(decoding), float(emitted))
         self.prev_budget = self.budget
 
     def step_cost(self, budget: int, m: int) -> float | None:
@@ -162,15 +153,6 @@ class AdaptiveDraftLength:
             return mean_t if abs(m - mean_m) <= 1.0 else None
         slope = (smt / w - mean_m * mean_t) / var
         return max(mean_t + slope * (m - mean_m), 1e-6)
-
-    def _yield(self, n: int, m: int, expected: float) -> float:
-        """Tokens a round at budget ``n`` emits for ``m`` slots: the acceptance model's
-        ``expected``, capped by what rounds at ``n`` actually emitted per slot (the model does
-        not see drafts cut short by ``max_tokens`` or a stop)."""
-        slots, tokens = self.yield_stats[n]
-        if slots < 1.0:
-            return expected
-        return min(expected, m * tokens / slots)
 
     def _cost_or_interpolated(self, n: int, top: int, m: int) -> float | None:
         """:meth:`step_cost`, or for a budget not measured yet a straight line between the
@@ -242,11 +224,7 @@ class AdaptiveDraftLength:
             return self._measure(top)
         if self.step_cost(0, m) is None and len(useful) > 1:
             return self._measure(0)
-        rates = {
-            n: self._yield(n, m, gains[n]) / c
-            for n in useful
-            if (c := self._cost_or_interpolated(n, top, m)) is not None
-        }
+        rates = {n: gains[n] / c for n in useful if (c := self._cost_or_interpolated(n, top, m)) is not None}
         if not rates:
             return 0
         best = max(rates, key=lambda n: rates[n])

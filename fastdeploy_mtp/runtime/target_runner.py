@@ -483,14 +483,7 @@ class TargetRunner:
         out.model_seconds = model_s + (self.proposer.model_seconds if self.proposer is not None else 0.0)
         out.step_seconds = time.perf_counter() - t_start
         if self.adaptive is not None:
-            decoding = out.decode_mask
-            self.adaptive.record(
-                int((slt > 0).sum()),
-                out.step_seconds,
-                prefill,
-                int(out.accept_num[decoding].sum()),
-                int(decoding.sum()),
-            )
+            self.adaptive.record(int((slt > 0).sum()), out.step_seconds, prefill)
         return out
 
     def _propose(self, hidden: paddle.Tensor, out: StepOutput, slt: np.ndarray, enc: np.ndarray) -> None:
