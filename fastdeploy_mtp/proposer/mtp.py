@@ -475,21 +475,41 @@ class MTPProposer:
         order = paddle.argsort((~paddle.gather(live, slots_t)).astype("int32"), stable=True)
         hidden = paddle.concat([sk.hidden for sk in rounds]).astype("float32")
         h = paddle.gather(paddle.gather(hidden, paddle.to_tensor(rows, dtype="int64")), order)
-        meta = ForwardMeta(
-            ids_remove_padding=paddle.gather(ids_t, order),
-            cu_seqlens_q=cu,
-            seq_lens_encoder=paddle.zeros_like(this_time),
-            seq_lens_decoder=draft.seq_lens_decoder - this_time,
-            seq_lens_this_time=this_time,
-            block_tables=draft.block_tables,
-            caches=self.caches,
-            block_size=self.block_size,
-            max_seq_len=self.seq_len_bound,
-            max_rows_per_item=int(counts.max()),
-            check=not self.overlap_round,
+        meta = self._meta(
+            paddle.gather(ids_t, order),
+            cu,
+            paddle.zeros_like(this_time),
+            draft.seq_lens_decoder - this_time,
+            this_time,
+            int(counts.max()),
         )
         for layer in sorted(set(self.layer_schedule)):  # the layers this config ever runs
             self._forward(meta.ids_remove_padding, h, meta, layer)
+
+    def _meta(
+        self,
+        ids: paddle.Tensor,
+        cu_seqlens_q: paddle.Tensor,
+        seq_lens_encoder: paddle.Tensor,
+        seq_lens_decoder: paddle.Tensor,
+        seq_lens_this_time: paddle.Tensor,
+        max_rows_per_item: int | None,
+    ) -> ForwardMeta:
+        """A forward's metadata over the draft's block table and the MTP caches, with this
+        round's host-known bounds; validated on the host only in rounds with a prefill."""
+        return ForwardMeta(
+            ids_remove_padding=ids,
+            cu_seqlens_q=cu_seqlens_q,
+            seq_lens_encoder=seq_lens_encoder,
+            seq_lens_decoder=seq_lens_decoder,
+            seq_lens_this_time=seq_lens_this_time,
+            block_tables=self.model_inputs.block_tables,
+            caches=self.caches,
+            block_size=self.block_size,
+            max_seq_len=self.seq_len_bound,
+            max_rows_per_item=max_rows_per_item,
+            check=not self.overlap_round,
+        )
 
     def _forward(self, ids: paddle.Tensor, hidden: paddle.Tensor, meta: ForwardMeta, layer: int) -> paddle.Tensor:
         t0 = time.perf_counter()
@@ -596,18 +616,13 @@ class MTPProposer:
                 assert first is not None
                 hidden = self._chain_forward(first, chain, layer, batch_id_per_token)
             else:
-                meta = ForwardMeta(
-                    ids_remove_padding=ids_remove_padding,
-                    cu_seqlens_q=cu_seqlens_q,
-                    seq_lens_encoder=draft.seq_lens_encoder,
-                    seq_lens_decoder=draft.seq_lens_decoder,
-                    seq_lens_this_time=draft.seq_lens_this_time,
-                    block_tables=draft.block_tables,
-                    caches=self.caches,
-                    block_size=self.block_size,
-                    max_seq_len=self.seq_len_bound,
-                    max_rows_per_item=(self.rows_bound if substep == 0 else 1),
-                    check=not self.overlap_round,
+                meta = self._meta(
+                    ids_remove_padding,
+                    cu_seqlens_q,
+                    draft.seq_lens_encoder,
+                    draft.seq_lens_decoder,
+                    draft.seq_lens_this_time,
+                    self.rows_bound if substep == 0 else 1,
                 )
                 if multi:
                     dec0 = draft.seq_lens_decoder.clone()
@@ -669,19 +684,8 @@ class MTPProposer:
         hid = paddle.gather(paddle.concat(parts_hid), order)
         counts = paddle.bincount(bid, minlength=bsz + 1)[:bsz].astype("int32")
         cu = paddle.concat([paddle.zeros([1], "int32"), paddle.cumsum(counts).astype("int32")])
-        meta = ForwardMeta(
-            ids_remove_padding=ids,
-            cu_seqlens_q=cu,
-            seq_lens_encoder=paddle.zeros_like(counts),
-            seq_lens_decoder=dec0,
-            seq_lens_this_time=counts,
-            block_tables=self.model_inputs.block_tables,
-            caches=self.caches,
-            block_size=self.block_size,
-            max_seq_len=self.seq_len_bound,
-            max_rows_per_item=None if self.rows_bound is None else self.rows_bound + len(chain),
-            check=not self.overlap_round,
-        )
+        rows = None if self.rows_bound is None else self.rows_bound + len(chain)
+        meta = self._meta(ids, cu, paddle.zeros_like(counts), dec0, counts, rows)
         out = self._forward(ids, hid, meta, layer)
         last = paddle.gather(out, (cu[1:] - 1).clip(min=0).astype("int64"))  # [B, H], one per item
         now = batch_id_now.astype("int64").clip(min=0)

@@ -183,9 +183,9 @@ def serve(opts: ServeOptions, log: object = None) -> int:
     )
     arch = layout.arch()
     kv_cache_shape(arch, 1, tp)  # refuses a TP size the heads do not divide, naming the field
-    mode = "no speculation" if not spec.enabled else f"MTP K={spec.num_speculative_tokens} S={spec.num_model_steps}"
-    if spec.enabled and spec.mtp_strategy == "with_ngram":
-        mode += " +ngram"
+    from ..cli import speculation_label  # the same name of the mode as demo and generate
+
+    mode = speculation_label(spec)
     role = "" if opts.splitwise_role == "mixed" else f"splitwise {opts.splitwise_role}, "
     progress(
         f"config: {opts.model}, {role}{mode}, tp {tp}, {max_num_seqs} slots, max_model_len {opts.max_model_len}, "
