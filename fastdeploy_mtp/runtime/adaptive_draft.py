@@ -22,8 +22,9 @@ The rule (``speculative_config.adaptive_draft_length``):
   line in the number of running slots. Each round it picks the budget that maximises expected
   tokens per second, ``E(n) / t(n, m)``, where ``E(n) = sum over running slots of 1 + P(draft
   1 accepted) + ... + P(drafts 1..min(n, limit) accepted)`` and ``t(n, m)`` is the measured
-  step time at ``m`` running slots (the budget in force is kept unless another is 10% better:
-  switching from 0 back to drafting costs a replay of the skipped rows). The largest useful
+  step time at ``m`` running slots. Drafting must beat plain decoding by 10% (near-equal
+  estimates go to plain decoding, which cannot be slower than itself), and among drafting
+  budgets the one in force is kept unless another is 10% better (step times are noisy). The largest useful
   budget and 0 are tried for two rounds each when nothing measured is near ``m``; a budget in
   between is costed on the straight line between them until it is chosen and measured.
   Every ``adaptive_probe_interval`` rounds the best other budget is re-measured for two
@@ -228,10 +229,15 @@ class AdaptiveDraftLength:
         if not rates:
             return 0
         best = max(rates, key=lambda n: rates[n])
-        # the choice in force (before a probe that just ran, if one did) stays unless beaten
+        # among drafting budgets, the one in force (before a probe that just ran, if one did)
+        # stays unless clearly beaten
         current = self.probe_from if self.probe_from is not None else self.budget
-        if current in rates and rates[best] <= rates[current] * (1.0 + self.HYSTERESIS):
+        if best != 0 and current != 0 and current in rates and rates[best] <= rates[current] * (1 + self.HYSTERESIS):
             best = current
+        # drafting must clearly beat plain decoding: near-equal estimates go to plain decoding,
+        # which cannot be slower than itself
+        if best != 0 and 0 in rates and rates[best] < rates[0] * (1.0 + self.HYSTERESIS):
+            best = 0
         if self.probe_from is not None:  # a probe just finished: did it change the choice?
             self.interval = (
                 self.base_interval
