@@ -275,9 +275,10 @@ class SchedulerConfig:
         max_num_batched_tokens: token budget of one target forward (chunked prefill splits
             prompts to fit it).
         splitwise_role: ``"mixed"``, ``"prefill"`` or ``"decode"``.
-        enable_overlap_schedule: in rounds without prefill, the proposer sizes each substep
-            by an upper bound (``N * (K + 1)`` tokens, then ``N``) instead of reading the
-            token count back to the host, so a round needs no device-to-host sync.
+        enable_overlap_schedule: FastDeploy's switch for sizing the proposer's substeps by an
+            upper bound instead of a host read. Accepted for compatibility; this proposer always
+            sizes them by host-known bounds (the target's token count, then the slots in use),
+            so no round reads a length back.
     """
 
     max_num_seqs: int = 8

@@ -130,6 +130,8 @@ class MTPProposer:
         self._attached: list[str] = []  # IPC names of caches attached from another process
         self._published: list[str] = []  # IPC names of caches this proposer published
         self.num_gpu_blocks = 0
+        #: FastDeploy's switch, kept for its interface: substeps here are always sized by
+        #: host-known bounds (see :meth:`_propose`), overlap schedule or not
         self.enable_overlap = fd_config.scheduler_config.enable_overlap_schedule
         #: Set by the runner before each :meth:`run`: True when no slot is in prefill this
         #: round (kept for FastDeploy's interface; substeps always use host-known upper
