@@ -134,8 +134,9 @@ class MTPProposer:
         #: host-known bounds (see :meth:`_propose`), overlap schedule or not
         self.enable_overlap = fd_config.scheduler_config.enable_overlap_schedule
         #: Set by the runner before each :meth:`run`: True when no slot is in prefill this
-        #: round (kept for FastDeploy's interface; substeps always use host-known upper
-        #: bounds of their token counts, see :meth:`_propose`).
+        #: round (FastDeploy's name). Such steady-state rounds build the MTP forwards'
+        #: metadata unchecked (``ForwardMeta.check``), so they read nothing back; rounds with
+        #: a prefill validate it on the host.
         self.overlap_round = False
         #: distinct MTP layers of the model (``num_nextn_predict_layers``) and the layer each
         #: substep runs (``speculative_config.mtp_layer_schedule``)
