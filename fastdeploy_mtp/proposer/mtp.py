@@ -685,7 +685,10 @@ class MTPProposer:
         order = paddle.argsort(bid, stable=True)  # item by item; substep 0 rows, then chain rows in order
         ids = paddle.gather(paddle.concat(parts_ids), order)
         hid = paddle.gather(paddle.concat(parts_hid), order)
-        counts = paddle.bincount(bid, minlength=bsz + 1)[:bsz].astype("int32")
+        # rows per item as a comparison sum, not bincount (whose output size depends on the data)
+        counts = (
+            (bid.unsqueeze(1) == paddle.arange(bsz, dtype="int64").unsqueeze(0)).astype("int32").sum(0).astype("int32")
+        )
         cu = paddle.concat([paddle.zeros([1], "int32"), paddle.cumsum(counts).astype("int32")])
         rows = None if self.rows_bound is None else self.rows_bound + len(chain)
         meta = self._meta(ids, cu, paddle.zeros_like(counts), dec0, counts, rows)
