@@ -25,11 +25,14 @@ The rule (``speculative_config.adaptive_draft_length``):
   step time at ``m`` running slots. Drafting must beat plain decoding by 10% (near-equal
   estimates go to plain decoding, which cannot be slower than itself), and among drafting
   budgets the one in force is kept unless another is 10% better (step times are noisy). The largest useful
-  budget and 0 are tried for two rounds each when nothing measured is near ``m``; a budget in
+  budget and 0 are tried for two rounds each when never measured (a cost measured at one batch
+  size is scaled to others until they have their own samples); a budget in
   between is costed on the straight line between them until it is chosen and measured.
-  Every ``adaptive_probe_interval`` rounds the best other budget is re-measured for two
-  rounds, and each such probe that does not change the choice doubles the interval (up to 16
-  times the configured one).
+  While drafting, every ``adaptive_probe_interval`` rounds the best other budget is
+  re-measured for two rounds, and each such probe that does not change the choice doubles the
+  interval (up to 16 times the configured one). At budget 0 nothing is probed (each probe
+  would cost a replay of the skipped rows): the idle acceptance estimates drift back toward 1,
+  which raises the drafting budgets' expected rates until one wins again if it can.
 * **Budget 0** is plain decoding: the MTP layer is skipped for the round (a round with a
   prefill still runs it: it must see the prompt). The proposer keeps the skipped rows and
   writes them into the MTP caches the next time it runs, so drafting resumes over a complete
@@ -144,14 +147,17 @@ class AdaptiveDraftLength:
 
     def step_cost(self, budget: int, m: int) -> float | None:
         """Estimated seconds of a step at ``m`` running slots with ``budget`` drafts, or None
-        when nothing measured is close enough to say."""
+        when the budget was never measured."""
         w, sm, smm, st, smt = self.cost_stats[budget]
         if w < 0.5:
             return None
         mean_m, mean_t = sm / w, st / w
         var = smm / w - mean_m * mean_m
-        if var < 0.25:  # essentially one batch size so far: trust it only near that size
-            return mean_t if abs(m - mean_m) <= 1.0 else None
+        if var < 0.25:
+            # essentially one batch size so far: scale it with the batch size. Every budget
+            # measured at that size scales alike, so their comparison keeps what was measured
+            # (the absolute figure is rough; a fresh size gets its own samples as it runs)
+            return mean_t * m / mean_m
         slope = (smt / w - mean_m * mean_t) / var
         return max(mean_t + slope * (m - mean_m), 1e-6)
 
@@ -246,7 +252,10 @@ class AdaptiveDraftLength:
             )
             self.probe_from = None
         self.rounds_since_probe += 1
-        if self.rounds_since_probe >= self.interval and len(rates) > 1:
+        # re-measure the runner-up now and then while drafting; at budget 0 nothing is
+        # probed: costs do not drift, and the idle estimates drifting back toward 1 raise the
+        # drafting budgets' rates until one wins again if it can
+        if best != 0 and self.rounds_since_probe >= self.interval and len(rates) > 1:
             self.rounds_since_probe = 0
             self.probe_from = best
             return self._measure(max((n for n in rates if n != best), key=lambda n: rates[n]))
