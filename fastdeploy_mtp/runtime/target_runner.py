@@ -464,7 +464,7 @@ class TargetRunner:
         if sampled is not None and sampled.logprobs is not None:
             out.logprobs = self.sampler.emitted_logprobs(sampled.logprobs, slots_of_rows, accept_tokens, accept_num)
         if self.proposer is not None:
-            self._propose(hidden, out, slt, enc)
+            self._propose(hidden, out, slt, cu, prefill)
         else:
             # Without drafts each decoding slot feeds its last token next: count the
             # non-empty draft slots ([last token] only), as the proposer's postprocess does.
@@ -486,9 +486,11 @@ class TargetRunner:
             self.adaptive.record(int((slt > 0).sum()), out.step_seconds, prefill)
         return out
 
-    def _propose(self, hidden: paddle.Tensor, out: StepOutput, slt: np.ndarray, enc: np.ndarray) -> None:
+    def _propose(self, hidden: paddle.Tensor, out: StepOutput, slt: np.ndarray, cu: np.ndarray, prefill: bool) -> None:
         """The proposer's round, sized by the adaptive draft length when it is on. Everything it
-        decides from is on the host already (this step's lengths and emitted tokens)."""
+        decides from is on the host already: this step's lengths ``slt`` and their prefix sums
+        ``cu`` (each slot's first row in ``hidden``), whether a slot was in prefill, and the
+        emitted tokens."""
         assert self.proposer is not None
         running = slt > 0
         # draft rows sit at most K + 1 past the committed tokens (chain rows of the substeps)
@@ -500,10 +502,9 @@ class TargetRunner:
             return
         self.adaptive.observe(out.drafts, out.accept_num, out.decode_mask)
         still = running & ~out.stop_flags
-        steps, limits = self.adaptive.plan_round(still, bool((enc[running] > 0).any()), self.proposer.num_model_steps)
+        steps, limits = self.adaptive.plan_round(still, prefill, self.proposer.num_model_steps)
         if steps == 0:
-            rows_start = np.concatenate([[0], np.cumsum(slt)])[:-1]
-            self.proposer.skip_round(hidden, out.accept_tokens, out.accept_num, rows_start, out.decode_mask)
+            self.proposer.skip_round(hidden, out.accept_tokens, out.accept_num, cu[:-1], out.decode_mask)
             return
         self.proposer.run(hidden, real_bsz=real_bsz, num_steps=steps)
         if (limits < self.proposer.max_draft_token_num).any():
