@@ -59,7 +59,6 @@ from fastdeploy_mtp.models import (  # noqa: E402
     corpus as corpus_lib,  # noqa: E402
     tiny as tiny_lib,  # noqa: E402
 )
-from fastdeploy_mtp.models.layers import apply_rope  # noqa: E402
 from fastdeploy_mtp.models.mtp_layer import build_mtp, mtp_layers_of  # noqa: E402
 from fastdeploy_mtp.models.mtp_unrolled import unrolled_mtp_forward  # noqa: E402
 
@@ -191,49 +190,6 @@ def losses(target, mtp, ids, bias, args):
     return total, main_ce, per_depth, logits[:, :-1], mtp_logits
 
 
-@paddle.no_grad()
-def greedy_continue(target, prompts: np.ndarray, new_tokens: int) -> np.ndarray:
-    """Greedy continuation of equal-length ``prompts [B, P]`` (int64) by ``new_tokens``
-    bytes with a dense per-layer key/value cache; returns ``[B, P + new_tokens]``."""
-    b, p = prompts.shape
-    cos_all, sin_all = target.rotary.prefix(p + new_tokens)
-    ids = paddle.to_tensor(prompts.astype(np.int64))
-    kv = [None] * len(target.layers)
-    out, step_ids, start = [prompts], ids, 0
-    bias = causal_bias(p)
-    for _ in range(new_tokens):
-        s = int(step_ids.shape[1])
-        cos, sin = cos_all[start : start + s], sin_all[start : start + s]
-        h = target.embed_tokens(step_ids)
-        for li, layer in enumerate(target.layers):
-            attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = apply_rope(attn.q_proj(x).reshape([b, s, attn.num_heads, attn.head_dim]), cos, sin)
-            k = apply_rope(attn.k_proj(x).reshape([b, s, attn.num_kv_heads, attn.head_dim]), cos, sin)
-            v = attn.v_proj(x).reshape([b, s, attn.num_kv_heads, attn.head_dim])
-            k, v = k.transpose([0, 2, 1, 3]), v.transpose([0, 2, 1, 3])
-            if kv[li] is not None:
-                k = paddle.concat([kv[li][0], k], axis=2)
-                v = paddle.concat([kv[li][1], v], axis=2)
-            kv[li] = (k, v)
-            groups = attn.num_heads // attn.num_kv_heads
-            scores = (
-                paddle.matmul(q.transpose([0, 2, 1, 3]), paddle.repeat_interleave(k, groups, axis=1), transpose_y=True)
-                * attn.scale
-            )
-            if s > 1:
-                scores = scores + bias[:s, :s]
-            o = paddle.matmul(F.softmax(scores, axis=-1), paddle.repeat_interleave(v, groups, axis=1))
-            h = h + attn.o_proj(o.transpose([0, 2, 1, 3]).reshape([b, s, attn.num_heads * attn.head_dim]))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        hidden = target.mtp_hidden(h[:, -1], target.norm(h[:, -1]))
-        nxt = target.compute_logits(hidden).argmax(-1)
-        out.append(nxt.numpy().reshape(b, 1))
-        start += s
-        step_ids = nxt.reshape([b, 1])
-    return np.concatenate(out, axis=1).astype(np.int64)
-
-
 def gen_pool(run_dir, name, target, data, count, seq_len, seed):
     """``count`` sequences of ``seq_len`` bytes: ``seq_len // 2`` bytes of ``data`` at random
     offsets, then the target's greedy continuation. Cached as ``run_dir/name.npy``."""
@@ -249,7 +205,8 @@ def gen_pool(run_dir, name, target, data, count, seq_len, seed):
     parts = []
     t0 = time.time()
     for i in range(0, count, 64):
-        parts.append(greedy_continue(target, prompts[i : i + 64], seq_len - half))
+        batch = prompts[i : i + 64]
+        parts.append(np.concatenate([batch, tiny_lib.greedy_generate_batch(target, batch, seq_len - half)], axis=1))
         log(run_dir, f"generated {min(i + 64, count)}/{count} {name} sequences ({time.time() - t0:.0f}s)")
     pool = np.concatenate(parts)
     np.save(path + ".tmp.npy", pool)

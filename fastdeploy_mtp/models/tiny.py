@@ -149,22 +149,34 @@ def score_windows(target: TinyTargetModel, data: np.ndarray, window: int, num_wi
 def greedy_generate(target: TinyTargetModel, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
     """Greedy continuation of one prompt with the paged KV cache: one prefill, then one
     decode step per new token. Returns the new token ids."""
-    cfg = target.config
     prompt = [int(t) for t in prompt]
     if not prompt:
         raise ValueError("`prompt` must not be empty")
-    total = len(prompt) + max_new_tokens
-    tables, nblocks = contiguous_block_tables([total], cfg.block_size)
+    return greedy_generate_batch(target, np.asarray([prompt], np.int64), max_new_tokens)[0].tolist()
+
+
+@paddle.no_grad()
+def greedy_generate_batch(target: TinyTargetModel, prompts: np.ndarray, max_new_tokens: int) -> np.ndarray:
+    """Greedy continuations of ``prompts [B, P]`` (equal lengths, ints) through the paged KV
+    cache, all items in one packed batch: one prefill, then one decode step per new token.
+    Returns ``[B, max_new_tokens]`` int64 new token ids."""
+    cfg = target.config
+    prompts = np.asarray(prompts, np.int64)
+    if prompts.ndim != 2 or prompts.shape[1] == 0:
+        raise ValueError(f"`prompts` must be [B, P] with P > 0, got shape {list(prompts.shape)}")
+    b, p = prompts.shape
+    tables, nblocks = contiguous_block_tables([p + max_new_tokens] * b, cfg.block_size)
     caches = target.attn_backend.allocate_caches(target.num_cache_layers, nblocks)
-    out: list[int] = []
-    step_ids, past = prompt, 0
-    for _ in range(max_new_tokens):
-        meta = make_forward_meta([len(step_ids)], [past], tables, caches, cfg.block_size, ids_remove_padding=step_ids)
-        hidden = target(meta.ids_remove_padding, meta)
-        nxt = int(target.compute_logits(hidden[-1:]).argmax(-1).numpy()[0])
-        out.append(nxt)
-        past += len(step_ids)
-        step_ids = [nxt]
+    out = np.zeros([b, max_new_tokens], np.int64)
+    step_ids, past = prompts, 0
+    for i in range(max_new_tokens):
+        n = step_ids.shape[1]
+        meta = make_forward_meta([n] * b, [past] * b, tables, caches, cfg.block_size, ids_remove_padding=step_ids)
+        meta.max_rows_per_item = n  # lets the backend group each item's rows
+        hidden = target(meta.ids_remove_padding, meta).reshape([b, n, -1])[:, -1]
+        out[:, i] = target.compute_logits(hidden).argmax(-1).numpy()
+        past += n
+        step_ids = out[:, i : i + 1]
     return out
 
 
