@@ -38,6 +38,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -146,15 +147,12 @@ def lr_at(step: int, args) -> float:
 
 
 def target_forward(target, ids, bias, frozen):
-    """``ids [B, S]`` -> (target hidden ``[B, S, H]`` the MTP layer consumes, logits ``[B, S, V]``)."""
-    if frozen:
-        with paddle.no_grad():
-            pre, post = target.forward_dense(ids, bias)
-            hidden = target.mtp_hidden(pre, post)
-            return hidden, target.compute_logits(hidden)
-    pre, post = target.forward_dense(ids, bias)
-    hidden = target.mtp_hidden(pre, post)
-    return hidden, target.compute_logits(hidden)
+    """``ids [B, S]`` -> (target hidden ``[B, S, H]`` the MTP layer consumes, logits ``[B, S, V]``);
+    without a graph when the target is ``frozen``."""
+    with paddle.no_grad() if frozen else contextlib.nullcontext():
+        pre, post = target.forward_dense(ids, bias)
+        hidden = target.mtp_hidden(pre, post)
+        return hidden, target.compute_logits(hidden)
 
 
 def soft_ce(student_logits, teacher_logits, vocab):
