@@ -123,10 +123,6 @@ class AdaptiveDraftLength:
         if (was_zero & (self.limit > 0)).any():
             self.interval = self.base_interval  # a slot came back: probe often again
 
-    def expected_tokens(self, running: np.ndarray, budget: int) -> float:
-        """Tokens the running slots are expected to emit in one round with ``budget`` drafts."""
-        return float(self._gains(running)[budget])
-
     def _gains(self, running: np.ndarray) -> np.ndarray:
         """``[K + 1]`` expected tokens of the running slots for every budget 0..K."""
         reach = np.cumprod(self.p[running], axis=1)
