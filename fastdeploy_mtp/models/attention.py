@@ -353,25 +353,26 @@ def causal_bias(seq_len: int) -> paddle.Tensor:
 def dense_causal_attention(
     q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, bias: paddle.Tensor | None, scale: float
 ) -> paddle.Tensor:
-    """Causal attention over full sequences (training path).
+    """Causal (or otherwise masked) attention over full sequences (training path).
 
     Args:
         q: ``[B, num_heads, S, head_dim]``.
-        k, v: ``[B, num_kv_heads, S, head_dim]``.
-        bias: ``[S, S]`` additive causal mask from :func:`causal_bias` (or a larger one; it is
-            sliced to ``S``).
+        k, v: ``[B, num_kv_heads, S', head_dim]`` (``S' = S`` for self-attention).
+        bias: ``[S, S']`` additive mask, e.g. :func:`causal_bias` (or a larger one; it is
+            sliced to ``[S, S']``).
         scale: usually ``1/sqrt(head_dim)``.
 
     Returns:
         ``[B, S, num_heads * head_dim]``.
     """
     bsz, nh, seq, hd = q.shape
+    keys = int(k.shape[2])
     groups = nh // int(k.shape[1])
     k = _repeat_kv(k, groups, axis=1)
     v = _repeat_kv(v, groups, axis=1)
     scores = paddle.matmul(q, k, transpose_y=True) * scale
     if bias is not None:
-        scores = scores + bias[:seq, :seq]
+        scores = scores + bias[:seq, :keys]
     probs = F.softmax(scores, axis=-1)
     out = paddle.matmul(probs, v)  # [B, nh, S, hd]
     return out.transpose([0, 2, 1, 3]).reshape([bsz, seq, nh * hd])

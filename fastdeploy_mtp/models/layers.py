@@ -147,17 +147,29 @@ class Attention(nn.Layer):
         k = apply_rope(k, cos, sin)
         return self.o_proj(backend.forward(q, k, v, layer_id, forward_meta))
 
-    def forward_dense(
-        self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, bias: paddle.Tensor
-    ) -> paddle.Tensor:
-        """``x [B, S, H]``, ``cos/sin [S, head_dim]``, ``bias [S, S]`` -> ``[B, S, H]``."""
+    def dense_kv(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """Keys (RoPE applied) and values ``[B, num_kv_heads, S, head_dim]`` of ``x [B, S, H]``."""
         b, s = x.shape[0], x.shape[1]
-        q = apply_rope(self.q_proj(x).reshape([b, s, self.num_heads, self.head_dim]), cos, sin)
         k = apply_rope(self.k_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim]), cos, sin)
         v = self.v_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])
-        out = dense_causal_attention(
-            q.transpose([0, 2, 1, 3]), k.transpose([0, 2, 1, 3]), v.transpose([0, 2, 1, 3]), bias, self.scale
-        )
+        return k.transpose([0, 2, 1, 3]), v.transpose([0, 2, 1, 3])
+
+    def forward_dense(
+        self,
+        x: paddle.Tensor,
+        cos: paddle.Tensor,
+        sin: paddle.Tensor,
+        bias: paddle.Tensor,
+        kv: tuple[paddle.Tensor, paddle.Tensor] | None = None,
+    ) -> paddle.Tensor:
+        """``x [B, S, H]``, ``cos/sin [S, head_dim]``, ``bias [S, S']`` -> ``[B, S, H]``.
+        The queries attend to ``x``'s own keys and values (``S' = S``, causal ``bias``), or to
+        ``kv`` (``S'`` rows from :meth:`dense_kv` of other inputs, e.g. the MTP layer's
+        earlier substeps, under a mask that says which each query sees)."""
+        b, s = x.shape[0], x.shape[1]
+        q = apply_rope(self.q_proj(x).reshape([b, s, self.num_heads, self.head_dim]), cos, sin)
+        k, v = self.dense_kv(x, cos, sin) if kv is None else kv
+        out = dense_causal_attention(q.transpose([0, 2, 1, 3]), k, v, bias, self.scale)
         return self.o_proj(out)
 
 
@@ -202,9 +214,21 @@ class DecoderLayer(nn.Layer):
         h = x + self.self_attn(self.input_layernorm(x), cos, sin, backend, layer_id, forward_meta)
         return h + self.mlp(self.post_attention_layernorm(h))
 
+    def dense_kv(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """The attention's keys and values of the block inputs ``x [B, S, H]``
+        (:meth:`Attention.dense_kv` after ``input_layernorm``)."""
+        return self.self_attn.dense_kv(self.input_layernorm(x), cos, sin)
+
     def forward_dense(
-        self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, bias: paddle.Tensor
+        self,
+        x: paddle.Tensor,
+        cos: paddle.Tensor,
+        sin: paddle.Tensor,
+        bias: paddle.Tensor,
+        kv: tuple[paddle.Tensor, paddle.Tensor] | None = None,
     ) -> paddle.Tensor:
-        """Full sequences ``[B, S, H]`` -> ``[B, S, H]`` with causal ``bias [S, S]``."""
-        h = x + self.self_attn.forward_dense(self.input_layernorm(x), cos, sin, bias)
+        """Full sequences ``[B, S, H]`` -> ``[B, S, H]`` with causal ``bias [S, S]``, or
+        attending to ``kv`` from :meth:`dense_kv` under ``bias [S, S']`` (see
+        :meth:`Attention.forward_dense`)."""
+        h = x + self.self_attn.forward_dense(self.input_layernorm(x), cos, sin, bias, kv)
         return h + self.mlp(self.post_attention_layernorm(h))

@@ -101,7 +101,11 @@ class MTPLayer(nn.Layer):
             self.rotary.check_position(plan.max_position)
         cos, sin = self.rotary.lookup(plan.positions, check=False)
         x = self._fuse(self.target.embed_tokens(ids_remove_padding), previous_hidden_states.astype("float32"))
-        x = self.mtp_block(x, cos, sin, self.attn_backend, self.cache_layer, forward_meta)
+        return self.finish(self.mtp_block(x, cos, sin, self.attn_backend, self.cache_layer, forward_meta))
+
+    def finish(self, x: paddle.Tensor) -> paddle.Tensor:
+        """The block's output -> what ``forward`` returns: ``norm(x)`` when
+        ``config.mtp_final_norm == "in_forward"``, else ``x`` (``compute_logits`` norms it)."""
         return self.norm(x) if self.config.mtp_final_norm == "in_forward" else x
 
     def compute_logits(self, hidden: paddle.Tensor, forward_meta: ForwardMeta | None = None) -> paddle.Tensor:
@@ -126,8 +130,7 @@ class MTPLayer(nn.Layer):
         seq = int(next_ids.shape[1])
         cos, sin = self.rotary.prefix(seq)
         x = self._fuse(self.target.embed_tokens(next_ids), hidden)
-        x = self.mtp_block.forward_dense(x, cos, sin, bias)
-        return self.norm(x) if self.config.mtp_final_norm == "in_forward" else x
+        return self.finish(self.mtp_block.forward_dense(x, cos, sin, bias))
 
 
 class MTPStack(nn.Layer):

@@ -30,10 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import paddle
-import paddle.nn.functional as F
 
-from .attention import _repeat_kv
-from .layers import apply_rope
 from .mtp_layer import MTPLayer
 
 #: Additive mask value for a key a query must not see.
@@ -57,45 +54,6 @@ def depth_bias(num_rows: int, depth: int) -> paddle.Tensor:
     blocks += [c == p - depth + j for j in range(2, depth + 1)]
     allowed = np.concatenate(blocks, axis=1)
     return paddle.to_tensor(np.where(allowed, 0.0, _MASKED).astype(np.float32))
-
-
-def _project_kv(
-    layer: MTPLayer, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor
-) -> tuple[paddle.Tensor, paddle.Tensor]:
-    """Keys and values ``[B, kv_heads, S, head_dim]`` of the rows ``x [B, S, H]``."""
-    attn = layer.mtp_block.self_attn
-    b, s = int(x.shape[0]), int(x.shape[1])
-    h = layer.mtp_block.input_layernorm(x)
-    k = apply_rope(attn.k_proj(h).reshape([b, s, attn.num_kv_heads, attn.head_dim]), cos, sin)
-    v = attn.v_proj(h).reshape([b, s, attn.num_kv_heads, attn.head_dim])
-    return k.transpose([0, 2, 1, 3]), v.transpose([0, 2, 1, 3])
-
-
-def _block_rows(
-    layer: MTPLayer,
-    x: paddle.Tensor,
-    keys: paddle.Tensor,
-    values: paddle.Tensor,
-    bias: paddle.Tensor,
-    cos: paddle.Tensor,
-    sin: paddle.Tensor,
-) -> paddle.Tensor:
-    """The MTP block on query rows ``x [B, S, H]`` attending to ``keys/values
-    [B, kv_heads, S', head_dim]`` under ``bias [S, S']``; returns the layer's output hidden
-    state (normed when ``mtp_final_norm == "in_forward"``, as its ``forward``)."""
-    block, attn = layer.mtp_block, layer.mtp_block.self_attn
-    b, s = int(x.shape[0]), int(x.shape[1])
-    q = apply_rope(
-        attn.q_proj(block.input_layernorm(x)).reshape([b, s, attn.num_heads, attn.head_dim]), cos, sin
-    ).transpose([0, 2, 1, 3])
-    groups = attn.num_heads // attn.num_kv_heads
-    keys = _repeat_kv(keys, groups, axis=1)
-    values = _repeat_kv(values, groups, axis=1)
-    probs = F.softmax(paddle.matmul(q, keys, transpose_y=True) * attn.scale + bias, axis=-1)
-    out = paddle.matmul(probs, values).transpose([0, 2, 1, 3]).reshape([b, s, attn.num_heads * attn.head_dim])
-    h = x + attn.o_proj(out)
-    h = h + block.mlp(block.post_attention_layernorm(h))
-    return layer.norm(h) if layer.config.mtp_final_norm == "in_forward" else h
 
 
 def unrolled_mtp_forward(
@@ -133,10 +91,10 @@ def unrolled_mtp_forward(
         for j in range(1, k + 1):
             if (li, j) not in rows:
                 x = layer._fuse(emb, hidden_in[j - 1])
-                rows[(li, j)] = (x, *_project_kv(layer, x, cos, sin))
+                rows[(li, j)] = (x, *layer.mtp_block.dense_kv(x, cos, sin))
             keys.append(rows[(li, j)][1])
             values.append(rows[(li, j)][2])
         x = rows[(li, k)][0]
-        keys_t, values_t = paddle.concat(keys, axis=2), paddle.concat(values, axis=2)
-        outs.append(_block_rows(layer, x, keys_t, values_t, depth_bias(s, k), cos, sin))
+        kv = (paddle.concat(keys, axis=2), paddle.concat(values, axis=2))
+        outs.append(layer.finish(layer.mtp_block.forward_dense(x, cos, sin, depth_bias(s, k), kv)))
     return outs
