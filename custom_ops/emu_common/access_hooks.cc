@@ -35,13 +35,11 @@ bool AccessHooksCompiledIn() {
 
 #if defined(FDMTP_EMU_ACCESS_HOOKS)
 // The callbacks GCC emits under -fsanitize=kernel-address with call-threshold 0.
-#define FDMTP_EMU_SIZED_HOOKS(n)                                      \
-  extern "C" void __asan_load##n##_noabort(uintptr_t addr) {         \
-    fdmtp::emu::Forward(addr, n, false);                              \
-  }                                                                   \
-  extern "C" void __asan_store##n##_noabort(uintptr_t addr) {        \
-    fdmtp::emu::Forward(addr, n, true);                               \
-  }
+#define FDMTP_EMU_SIZED_HOOKS(n)                             \
+  extern "C" void __asan_load##n##_noabort(uintptr_t addr) { \
+    fdmtp::emu::Forward(addr, n, false);                     \
+  }                                                          \
+  extern "C" void __asan_store##n##_noabort(uintptr_t addr) { fdmtp::emu::Forward(addr, n, true); }
 FDMTP_EMU_SIZED_HOOKS(1)
 FDMTP_EMU_SIZED_HOOKS(2)
 FDMTP_EMU_SIZED_HOOKS(4)
