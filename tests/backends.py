@@ -6,6 +6,11 @@ tensor argument after the call as numpy (so tests compare all in-place effects).
                    (the DLPack path, no Paddle);
 * ``cuda``         the framework-free module on CUDA tensors (torch, else CuPy); only where
                    a GPU is usable.
+* ``cuda-emu``     the framework-free module on numpy arrays inside ``_kernels.cuda_emulation``:
+                   the CUDA kernels (``custom_ops/gpu/*.cu``) under the CUDA emulator, with its
+                   race, barrier, warp-mask and bounds checks. Every call runs twice, with the
+                   launch shapes the launchers ask for and with small blocks and grids
+                   (``CUDA_EMU_SHAPES``); the results must be bit-identical.
 * ``xpu-emu``      the framework-free module on numpy arrays inside ``_kernels.xpu_emulation``:
                    the XPU3 kernels (``custom_ops/xpu/kernel/*.xpu``) under the KP emulator.
                    Every call runs twice, launched with two different (clusters, cores)
@@ -42,11 +47,18 @@ import numpy as np
 
 OutputSpec = tuple[str, tuple[int, ...], Any]  # (name, shape, numpy dtype)
 
-ALL_BACKENDS = ("cpu", "kernels-cpu", "cuda", "xpu-emu")
+ALL_BACKENDS = ("cpu", "kernels-cpu", "cuda", "cuda-emu", "xpu-emu")
+# The backends a plain `pytest` run uses. cuda-emu has its own CI line,
+# `FDMTP_TEST_BACKENDS=cuda-emu python -m pytest tests/ops`, where an unavailable backend fails
+# instead of skipping (it costs about as much as all the others together).
+DEFAULT_BACKENDS = ("cpu", "kernels-cpu", "cuda", "xpu-emu")
 
 # Launch shapes of the xpu-emu backend: several clusters of a few cores, and an odd shape
 # whose core count does not divide typical batch sizes (indexing mistakes show as diffs).
 XPU_EMU_LAUNCHES = ((3, 16), (2, 7))
+# Launch shapes of the cuda-emu backend: 0 = as the launchers ask, 1 = blocks of at most 64
+# threads and grids of at most 3 blocks (grid-stride and chunk loops wrap).
+CUDA_EMU_SHAPES = (0, 1)
 
 
 def call_kwargs(op: str, tensors: Sequence[Any], attrs: Sequence[Any]) -> dict[str, Any]:
@@ -141,29 +153,48 @@ class KernelsCpuBackend(Backend):
         return arrays + outs
 
 
-class XpuEmuBackend(Backend):
-    name = "xpu-emu"
+class _EmulatedBackend(Backend):
+    """The framework-free module on numpy arrays, once inside each emulation scope of
+    ``scopes()``: the first call's tensors are returned, every other call's must be
+    bit-identical to them."""
+
+    def scopes(self) -> list[tuple[str, Any]]:
+        raise NotImplementedError
 
     def run(self, op, tensors, attrs=(), outputs=()):
-        from fastdeploy_mtp import _kernels
-
         results = []
-        for clusters, cores in XPU_EMU_LAUNCHES:
-            with _kernels.xpu_emulation(clusters, cores):
+        scopes = self.scopes()
+        for _, scope in scopes:
+            with scope:
                 results.append(KernelsCpuBackend().run(op, tensors, attrs, outputs))
         first, *others = results
-        for (clusters, cores), other in zip(XPU_EMU_LAUNCHES[1:], others):
+        for (label, _), other in zip(scopes[1:], others):
             for i, (a, b) in enumerate(zip(first, other)):
                 if a is None:
                     continue
                 assert (
                     a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
-                ), (
-                    f"{op}: tensor #{i} differs between XPU launches <<<{XPU_EMU_LAUNCHES[0]}>>> and "
-                    f"<<<{(clusters, cores)}>>>"
-                )
+                ), f"{op}: tensor #{i} differs between launches {scopes[0][0]} and {label}"
         # in-place effects on the caller's arrays are not observed: tests use the returned copies
         return first
+
+
+class XpuEmuBackend(_EmulatedBackend):
+    name = "xpu-emu"
+
+    def scopes(self):
+        from fastdeploy_mtp import _kernels
+
+        return [(f"<<<{c}, {k}>>>", _kernels.xpu_emulation(c, k)) for c, k in XPU_EMU_LAUNCHES]
+
+
+class CudaEmuBackend(_EmulatedBackend):
+    name = "cuda-emu"
+
+    def scopes(self):
+        from fastdeploy_mtp import _kernels
+
+        return [(f"shape {s}", _kernels.cuda_emulation(s)) for s in CUDA_EMU_SHAPES]
 
 
 class CudaBackend(Backend):
@@ -237,6 +268,8 @@ def availability(name: str) -> tuple[Backend | None, str]:
         return PaddleCpuBackend(), ""
     if name == "kernels-cpu":
         return KernelsCpuBackend(), ""
+    if name == "cuda-emu":
+        return CudaEmuBackend(), ""
     if name == "xpu-emu":
         if not _kernels.build_info().get("xpu_emulator", False):
             return None, "this build has the real XPU toolchain, not the emulator"

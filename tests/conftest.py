@@ -1,7 +1,8 @@
 """Shared fixtures. `backend` runs each op test on every backend: `cpu` (Paddle op),
 `kernels-cpu` (framework-free module), `xpu-emu` (the XPU3 kernels under the emulator) and
-`cuda` where a GPU is usable; an unusable
-backend is reported as skipped with its reason.
+`cuda` where a GPU is usable; an unusable backend is reported as skipped with its reason.
+`cuda-emu` (the CUDA kernels under the CUDA emulator) runs when named in
+FDMTP_TEST_BACKENDS (CI has a line for it).
 
 FDMTP_TEST_BACKENDS=cuda (comma-separated names) restricts the run to those backends and
 turns "unavailable" into a failure, so a GPU check cannot pass by skipping.
@@ -13,7 +14,7 @@ import os
 
 import pytest
 
-from tests.backends import ALL_BACKENDS, availability
+from tests.backends import ALL_BACKENDS, DEFAULT_BACKENDS, availability
 
 _REQUIRED = [b for b in os.environ.get("FDMTP_TEST_BACKENDS", "").split(",") if b]
 for _name in _REQUIRED:
@@ -21,7 +22,22 @@ for _name in _REQUIRED:
         raise pytest.UsageError(f"FDMTP_TEST_BACKENDS: unknown backend {_name!r}; known: {ALL_BACKENDS}")
 
 
-@pytest.fixture(params=_REQUIRED or list(ALL_BACKENDS))
+def pytest_collection_modifyitems(config, items):
+    """With FDMTP_TEST_BACKENDS set, a test that runs on one named backend only
+    (``@pytest.mark.only_backend("cuda")``) is deselected unless that backend is required:
+    it is not this run's business, and skipping it would hide the run's real skips."""
+    if not _REQUIRED:
+        return
+    keep, drop = [], []
+    for item in items:
+        marker = item.get_closest_marker("only_backend")
+        (drop if marker is not None and marker.args[0] not in _REQUIRED else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture(params=_REQUIRED or list(DEFAULT_BACKENDS))
 def backend(request):
     impl, reason = availability(request.param)
     if impl is None:

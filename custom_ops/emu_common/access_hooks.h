@@ -1,17 +1,19 @@
 // Memory-access hooks of the accelerator emulators (the CUDA emulator in gpu/emu/ and the
 // KP emulator in xpu/emu/).
 //
-// The emulated kernel units are compiled with GCC's outline KASAN instrumentation
-// (-fsanitize=kernel-address --param asan-instrumentation-with-call-threshold=0, no stack
-// or global redzones): every load and store in them calls __asan_{load,store}<N>_noabort
-// with its address. access_hooks.cc defines those callbacks; each forwards the access to
-// the hook of the emulated launch running on this thread, or returns at once when none is
-// (the instrumented code is only ever reached from an emulated launch, but the callbacks
-// must stay cheap and harmless anywhere).
+// The emulated kernel units are compiled with GCC's ThreadSanitizer instrumentation
+// (-fsanitize=thread, without function entry/exit events) but linked without its runtime:
+// every load and store that may touch memory shared between threads (globals and statics,
+// such as emulated shared memory, and everything reached through a pointer; not the
+// function's own non-escaping locals) calls __tsan_{read,write}<N>(addr).
+// access_hooks.cc defines those callbacks; each forwards the access to the hook of the
+// emulated launch running on this thread, or returns at once when none is (the callbacks
+// must stay cheap and harmless anywhere). AddressSanitizer's instrumentation would not do:
+// it skips accesses to globals at constant offsets, i.e. scalar shared variables.
 //
 // Builds that compile everything with -fsanitize=address (scripts/asan_check.sh) leave the
-// kernel instrumentation out (the two sanitizers cannot be combined); there AddressSanitizer
-// itself checks the kernels' accesses and the hooks are never called.
+// kernel instrumentation out (-fsanitize=thread cannot be combined with it); there
+// AddressSanitizer itself checks the kernels' accesses and the hooks are never called.
 #pragma once
 
 #include <cstddef>

@@ -17,6 +17,21 @@ const char* DTypeName(DType dtype) {
   return "unsupported dtype";
 }
 
+size_t DTypeBytes(DType dtype) {
+  switch (dtype) {
+    case DType::kBool:
+    case DType::kInt8:
+    case DType::kUInt8: return 1;
+    case DType::kFloat16:
+    case DType::kBFloat16: return 2;
+    case DType::kInt32:
+    case DType::kFloat32: return 4;
+    case DType::kInt64: return 8;
+    case DType::kUnsupported: break;
+  }
+  return 0;
+}
+
 const char* DeviceName(Device device) {
   switch (device) {
     case Device::kCPU: return "cpu";

@@ -3,12 +3,15 @@
 // says which backend is missing.
 #pragma once
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "fdmtp/dtype_dispatch.h"
 #include "fdmtp/entry_api.h"
 #include "fdmtp/kernels.h"
 #include "fdmtp/tensor_ref.h"
+#include "gpu/emu/cuda_emu_rt.h"
 #include "xpu/plugin.h"
 
 namespace fdmtp {
@@ -83,6 +86,37 @@ void Dispatch(const ArgChecker& check, Device device, CpuFn&& cpu_fn, CudaFn&& c
   }
 #endif
   Dispatch(check, device, cpu_fn, cuda_fn);
+}
+
+// Runs `emu_fn()` (an op's CUDA launcher compiled for the CUDA emulator, returning its
+// cudaError_t) with the op's tensors registered as the memory its kernels may touch; a
+// failed launch fails the op with the emulator's message.
+template <typename EmuFn>
+void RunCudaEmulated(const ArgChecker& check, const std::vector<const TensorRef*>& tensors,
+                     EmuFn&& emu_fn) {
+  std::vector<std::unique_ptr<cuda_emu_rt::RangeScope>> ranges;
+  for (const TensorRef* t : tensors) {
+    const size_t bytes = static_cast<size_t>(t->numel()) * DTypeBytes(t->dtype);
+    ranges.push_back(std::make_unique<cuda_emu_rt::RangeScope>(t->data, bytes));
+  }
+  const int status = emu_fn();
+  if (status != 0) check.Fail(std::string("CUDA launch failed: ") + cuda_emu_rt::LastMessage());
+}
+
+// As above, plus the CUDA emulator: host tensors run the op's CUDA kernels under the
+// emulator while a cuda_emu_rt::Scope is alive on this thread (`emulate("cuda")` in
+// Python). `tensors` are every tensor of the call.
+template <typename CpuFn, typename CudaFn, typename XpuFn, typename EmuFn>
+void Dispatch(const ArgChecker& check, Device device, CpuFn&& cpu_fn, CudaFn&& cuda_fn,
+              XpuFn&& xpu_fn, const std::vector<const TensorRef*>& tensors, EmuFn&& emu_fn) {
+  if (device == Device::kCPU && cuda_emu_rt::ActiveShape() >= 0) {
+    if (xpu::ActiveEmulation() != nullptr) {
+      check.Fail("both the CUDA and the XPU emulators are active on this thread; use one");
+    }
+    RunCudaEmulated(check, tensors, emu_fn);
+    return;
+  }
+  Dispatch(check, device, cpu_fn, cuda_fn, xpu_fn);
 }
 
 }  // namespace fdmtp

@@ -1,18 +1,25 @@
-// Helpers for the CUDA launchers: error propagation and grid sizing.
+// Helpers for the CUDA launchers: error propagation, grid sizing and the launch call.
+// With FDMTP_CUDA_EMULATOR the same sources compile with the host compiler against the CUDA
+// emulator (emu/cuda_emu.h) instead of the CUDA runtime.
 #pragma once
 
+#if defined(FDMTP_CUDA_EMULATOR)
+#include "emu/cuda_emu.h"
+#else
 #include <cuda_runtime.h>
+#endif
 
 #include <algorithm>
 #include <cstdint>
 
 // Evaluates a CUDA runtime call and returns its error code from the enclosing launcher.
-#define FDMTP_CUDA_CALL(expr)                 \
-  do {                                        \
-    const cudaError_t fdmtp_status_ = (expr); \
-    if (fdmtp_status_ != cudaSuccess) {       \
-      return static_cast<int>(fdmtp_status_); \
-    }                                         \
+// (Variadic so that a template argument list's commas can appear in the call.)
+#define FDMTP_CUDA_CALL(...)                         \
+  do {                                               \
+    const cudaError_t fdmtp_status_ = (__VA_ARGS__); \
+    if (fdmtp_status_ != cudaSuccess) {              \
+      return static_cast<int>(fdmtp_status_);        \
+    }                                                \
   } while (0)
 
 namespace fdmtp {
@@ -28,6 +35,37 @@ inline int BlocksFor(int64_t items) {
 }
 
 inline cudaStream_t AsCudaStream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+// Launches Kernel<<<grid, block, smem, stream>>>(args...) and returns cudaGetLastError().
+// Under the emulator the launch runs on the CPU with its checks, and the emulator may
+// launch the kernel with a smaller block and grid than asked (its second launch shape):
+// kernels written for any launch shape (grid-stride and chunk loops over blockDim) must
+// give the same results. LaunchFixedBlock keeps the block size for kernels that need
+// exactly that many threads.
+template <auto Kernel, typename... A>
+cudaError_t Launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A... args) {
+#if defined(FDMTP_CUDA_EMULATOR)
+  (void)stream;
+  return static_cast<cudaError_t>(
+      cuda_emu_rt::LaunchKernel<Kernel>(__PRETTY_FUNCTION__, grid, block, smem, 0, args...));
+#else
+  // clang-format off
+  Kernel<<<grid, block, smem, stream>>>(args...);
+  // clang-format on
+  return cudaGetLastError();
+#endif
+}
+
+template <auto Kernel, typename... A>
+cudaError_t LaunchFixedBlock(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A... args) {
+#if defined(FDMTP_CUDA_EMULATOR)
+  (void)stream;
+  return static_cast<cudaError_t>(cuda_emu_rt::LaunchKernel<Kernel>(
+      __PRETTY_FUNCTION__, grid, block, smem, cuda_emu_rt::kFixedBlock, args...));
+#else
+  return Launch<Kernel>(grid, block, smem, stream, args...);
+#endif
+}
 
 // Single-block kernels that walk the batch in chunks of kScanThreads items (so they work
 // for any batch size and keep a running carry across chunks) use this block size.

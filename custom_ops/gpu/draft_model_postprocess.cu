@@ -18,9 +18,8 @@ __global__ void DraftModelPostprocessKernel(DraftModelPostprocessArgs args) {
 
 int DraftModelPostprocess(const DraftModelPostprocessArgs& args, Stream stream) {
   if (args.bsz == 0) return cudaSuccess;
-  DraftModelPostprocessKernel<<<BlocksFor(args.bsz), kThreadsPerBlock, 0, AsCudaStream(stream)>>>(
-      args);
-  FDMTP_CUDA_CALL(cudaGetLastError());
+  FDMTP_CUDA_CALL(Launch<DraftModelPostprocessKernel>(BlocksFor(args.bsz), kThreadsPerBlock, 0,
+                                                      AsCudaStream(stream), args));
   return cudaSuccess;
 }
 

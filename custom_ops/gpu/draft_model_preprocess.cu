@@ -20,8 +20,8 @@ __global__ void DraftModelPreprocessKernel(DraftModelPreprocessArgs args) {
 }  // namespace
 
 int DraftModelPreprocess(const DraftModelPreprocessArgs& args, Stream stream) {
-  DraftModelPreprocessKernel<<<1, kScanThreads, 0, AsCudaStream(stream)>>>(args);
-  FDMTP_CUDA_CALL(cudaGetLastError());
+  FDMTP_CUDA_CALL(
+      Launch<DraftModelPreprocessKernel>(1, kScanThreads, 0, AsCudaStream(stream), args));
   return cudaSuccess;
 }
 

@@ -28,8 +28,7 @@ __global__ void DraftModelUpdateKernel(DraftModelUpdateArgs args) {
 }  // namespace
 
 int DraftModelUpdate(const DraftModelUpdateArgs& args, Stream stream) {
-  DraftModelUpdateKernel<<<1, kScanThreads, 0, AsCudaStream(stream)>>>(args);
-  FDMTP_CUDA_CALL(cudaGetLastError());
+  FDMTP_CUDA_CALL(Launch<DraftModelUpdateKernel>(1, kScanThreads, 0, AsCudaStream(stream), args));
   return cudaSuccess;
 }
 

@@ -4,8 +4,8 @@ namespace fdmtp {
 namespace cuda {
 
 int HybridMtpNgram(const HybridMtpNgramArgs& args, void* workspace, Stream stream) {
-  return ngram::Launch<HybridMtpNgramOp>(args, args.bsz, args.max_ngram_size, args.min_ngram_size,
-                                         args.threshold, workspace, stream);
+  return ngram::LaunchAll<HybridMtpNgramOp>(args, args.bsz, args.max_ngram_size,
+                                            args.min_ngram_size, args.threshold, workspace, stream);
 }
 
 }  // namespace cuda

@@ -13,8 +13,7 @@ __global__ void MtpStepKernel(MtpStepArgs args) { MtpStepRun(args); }
 }  // namespace
 
 int MtpStepPaddle(const MtpStepArgs& args, Stream stream) {
-  MtpStepKernel<<<1, 1, 0, AsCudaStream(stream)>>>(args);
-  FDMTP_CUDA_CALL(cudaGetLastError());
+  FDMTP_CUDA_CALL(Launch<MtpStepKernel>(1, 1, 0, AsCudaStream(stream), args));
   return cudaSuccess;
 }
 

@@ -185,18 +185,19 @@ __global__ void WriteKernel(typename Op::Args args, int64_t bsz, Workspace ws) {
 }
 
 template <typename Op>
-int Launch(const typename Op::Args& args, int64_t bsz, int max_n, int min_n, int64_t threshold,
-           void* workspace, Stream stream) {
+int LaunchAll(const typename Op::Args& args, int64_t bsz, int max_n, int min_n, int64_t threshold,
+              void* workspace, Stream stream) {
   if (bsz == 0) return cudaSuccess;
   const Workspace ws = Carve(workspace, bsz);
   const cudaStream_t s = AsCudaStream(stream);
   const int propose_blocks = static_cast<int>(bsz < kMaxBlocks ? bsz : kMaxBlocks);
-  ProposeKernel<Op><<<propose_blocks, kProposeThreads, 0, s>>>(args, bsz, max_n, min_n, ws);
-  FDMTP_CUDA_CALL(cudaGetLastError());
-  CapKernel<Op><<<1, kCapThreads, 0, s>>>(args, bsz, threshold, ws);
-  FDMTP_CUDA_CALL(cudaGetLastError());
-  WriteKernel<Op><<<BlocksFor(bsz), kThreadsPerBlock, 0, s>>>(args, bsz, ws);
-  FDMTP_CUDA_CALL(cudaGetLastError());
+  FDMTP_CUDA_CALL(cuda::Launch<ProposeKernel<Op>>(propose_blocks, kProposeThreads, 0, s, args, bsz,
+                                                  max_n, min_n, ws));
+  // CapKernel's block sum (BlockExclusiveSum above) needs exactly kCapThreads threads.
+  FDMTP_CUDA_CALL(
+      cuda::LaunchFixedBlock<CapKernel<Op>>(1, kCapThreads, 0, s, args, bsz, threshold, ws));
+  FDMTP_CUDA_CALL(
+      cuda::Launch<WriteKernel<Op>>(BlocksFor(bsz), kThreadsPerBlock, 0, s, args, bsz, ws));
   return cudaSuccess;
 }
 

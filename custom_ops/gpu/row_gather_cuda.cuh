@@ -108,8 +108,8 @@ int LaunchGatherRows(const Plan& plan, Stream stream) {
   // At least one tile, so output_token_num is written even with no output rows.
   const int64_t tiles = rows > 0 ? (rows + kRowsPerTile - 1) / kRowsPerTile : 1;
   const int blocks = static_cast<int>(tiles < kMaxBlocks ? tiles : kMaxBlocks);
-  GatherRowsKernel<T, Plan><<<blocks, kThreadsPerBlock, 0, AsCudaStream(stream)>>>(plan, tiles);
-  FDMTP_CUDA_CALL(cudaGetLastError());
+  FDMTP_CUDA_CALL(Launch<GatherRowsKernel<T, Plan>>(blocks, kThreadsPerBlock, 0,
+                                                    AsCudaStream(stream), plan, tiles));
   return cudaSuccess;
 }
 

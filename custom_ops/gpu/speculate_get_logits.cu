@@ -75,11 +75,9 @@ template <typename T>
 int SpeculateGetLogits(const SpeculateGetLogitsArgs& args, Stream stream) {
   if (args.bsz == 0) return cudaSuccess;
   const cudaStream_t s = AsCudaStream(stream);
-  SpeculateGetLogitsScanKernel<<<1, kThreadsPerBlock, 0, s>>>(args);
-  FDMTP_CUDA_CALL(cudaGetLastError());
+  FDMTP_CUDA_CALL(Launch<SpeculateGetLogitsScanKernel>(1, kThreadsPerBlock, 0, s, args));
   const int blocks = static_cast<int>(args.bsz < kMaxBlocks ? args.bsz : kMaxBlocks);
-  SpeculateGetLogitsCopyKernel<T><<<blocks, kThreadsPerBlock, 0, s>>>(args);
-  FDMTP_CUDA_CALL(cudaGetLastError());
+  FDMTP_CUDA_CALL(Launch<SpeculateGetLogitsCopyKernel<T>>(blocks, kThreadsPerBlock, 0, s, args));
   return cudaSuccess;
 }
 

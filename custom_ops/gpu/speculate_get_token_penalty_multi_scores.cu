@@ -35,9 +35,8 @@ int SpeculateGetTokenPenaltyMultiScores(const SpeculateGetTokenPenaltyMultiScore
                                         Stream stream) {
   if (args.rows == 0) return cudaSuccess;
   const int blocks = static_cast<int>(args.rows < kMaxBlocks ? args.rows : kMaxBlocks);
-  SpeculateGetTokenPenaltyMultiScoresKernel<T>
-      <<<blocks, kThreadsPerBlock, 0, AsCudaStream(stream)>>>(args);
-  FDMTP_CUDA_CALL(cudaGetLastError());
+  FDMTP_CUDA_CALL(Launch<SpeculateGetTokenPenaltyMultiScoresKernel<T>>(blocks, kThreadsPerBlock, 0,
+                                                                       AsCudaStream(stream), args));
   return cudaSuccess;
 }
 

@@ -77,14 +77,12 @@ int SpeculatePreProcess(const SpeculatePreProcessArgs& args, Stream stream) {
   cudaStream_t s = AsCudaStream(stream);
   const int64_t fill_items =
       args.token_num > args.output_capacity ? args.token_num : args.output_capacity;
-  SpeculatePreProcessFillKernel<<<BlocksFor(fill_items), kThreadsPerBlock, 0, s>>>(args);
-  FDMTP_CUDA_CALL(cudaGetLastError());
-  SpeculatePreProcessScanKernel<<<1, kScanThreads, 0, s>>>(args);
-  FDMTP_CUDA_CALL(cudaGetLastError());
+  FDMTP_CUDA_CALL(
+      Launch<SpeculatePreProcessFillKernel>(BlocksFor(fill_items), kThreadsPerBlock, 0, s, args));
+  FDMTP_CUDA_CALL(Launch<SpeculatePreProcessScanKernel>(1, kScanThreads, 0, s, args));
   if (args.bsz > 0) {
     const int blocks = static_cast<int>(args.bsz < kMaxBlocks ? args.bsz : kMaxBlocks);
-    SpeculatePreProcessScatterKernel<<<blocks, 128, 0, s>>>(args);
-    FDMTP_CUDA_CALL(cudaGetLastError());
+    FDMTP_CUDA_CALL(Launch<SpeculatePreProcessScatterKernel>(blocks, 128, 0, s, args));
   }
   return cudaSuccess;
 }

@@ -26,9 +26,8 @@ int UnifiedUpdateModelStatus(const UnifiedUpdateModelStatusArgs& args, Stream st
   // Stream-ordered clear (graph-capturable): false unless some slot is still running.
   FDMTP_CUDA_CALL(cudaMemsetAsync(args.has_running_seqs, 0, sizeof(bool), AsCudaStream(stream)));
   if (args.max_bsz == 0) return cudaSuccess;
-  UnifiedUpdateModelStatusKernel<<<BlocksFor(args.max_bsz), kThreadsPerBlock, 0,
-                                   AsCudaStream(stream)>>>(args);
-  FDMTP_CUDA_CALL(cudaGetLastError());
+  FDMTP_CUDA_CALL(Launch<UnifiedUpdateModelStatusKernel>(BlocksFor(args.max_bsz), kThreadsPerBlock,
+                                                         0, AsCudaStream(stream), args));
   return cudaSuccess;
 }
 

@@ -24,8 +24,7 @@ int UpdateAttnMaskOffsets(const UpdateAttnMaskOffsetsArgs& args, Stream stream) 
         cudaMemsetAsync(args.attn_mask_offsets, 0, sizeof(int32_t) * 2 * args.token_num, s));
   }
   if (args.bsz == 0) return cudaSuccess;
-  UpdateAttnMaskOffsetsKernel<<<1, kThreadsPerBlock, 0, s>>>(args);
-  FDMTP_CUDA_CALL(cudaGetLastError());
+  FDMTP_CUDA_CALL(Launch<UpdateAttnMaskOffsetsKernel>(1, kThreadsPerBlock, 0, s, args));
   return cudaSuccess;
 }
 

@@ -19,9 +19,8 @@ __global__ void VerifyDraftTokensKernel(VerifyDraftTokensArgs args) {
 
 int VerifyDraftTokens(const VerifyDraftTokensArgs& args, Stream stream) {
   if (args.max_bsz == 0) return cudaSuccess;
-  VerifyDraftTokensKernel<<<BlocksFor(args.max_bsz), kThreadsPerBlock, 0, AsCudaStream(stream)>>>(
-      args);
-  FDMTP_CUDA_CALL(cudaGetLastError());
+  FDMTP_CUDA_CALL(Launch<VerifyDraftTokensKernel>(BlocksFor(args.max_bsz), kThreadsPerBlock, 0,
+                                                  AsCudaStream(stream), args));
   return cudaSuccess;
 }
 

@@ -28,7 +28,9 @@ def _bytes(a: np.ndarray | None) -> bytes | None:
     return None if a is None else np.ascontiguousarray(a).tobytes()
 
 
-def _run_kernels(op: str, tensors: dict, attrs: dict, outputs: dict, emulate: bool) -> Any:
+def _run_kernels(op: str, tensors: dict, attrs: dict, outputs: dict, emulate: str) -> Any:
+    """The framework-free op; ``emulate`` is "", "xpu" (XPU3 kernels under the KP emulator)
+    or "cuda" (the CUDA kernels under the CUDA emulator, small launch shape)."""
     from fastdeploy_mtp import _kernels
 
     def arg(a):
@@ -40,8 +42,11 @@ def _run_kernels(op: str, tensors: dict, attrs: dict, outputs: dict, emulate: bo
     kwargs.update(attrs)
     kwargs.update({k: arg(v) for k, v in outputs.items()})
     fn = getattr(_kernels, op)
-    if emulate:
+    if emulate == "xpu":
         with _kernels.xpu_emulation(2, 7):
+            fn(**kwargs)
+    elif emulate == "cuda":
+        with _kernels.cuda_emulation(1):
             fn(**kwargs)
     else:
         fn(**kwargs)
@@ -92,7 +97,8 @@ def run_case(case: tuple) -> tuple:
                     return ("exception", type(cause).__name__, str(cause))
                 return ("error", str(cause), failed.changed)
             return ("ok", {**got, **{f"<out{i}>": o for i, o in enumerate(outs)}})
-        _run_kernels(op, tensors, attrs, outputs, emulate=backend == "xpu-emu")
+        emulate = backend.removesuffix("-emu") if backend.endswith("-emu") else ""
+        _run_kernels(op, tensors, attrs, outputs, emulate=emulate)
     except ValueError as e:
         changed = [k for k, v in {**tensors, **outputs}.items() if _bytes(v) != before[k]]
         return ("error", str(e), changed)

@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DECLS = {name: decl for name, decl in DECLARED.items() if name not in HOST_ONLY}
 EXAMPLES = int(os.environ.get("FDMTP_FUZZ_EXAMPLES", "40"))
 CASE_TIMEOUT_S = float(os.environ.get("FDMTP_FUZZ_CASE_TIMEOUT", "60"))
-BACKENDS = ("kernels-cpu", "xpu-emu", "cpu")
+BACKENDS = ("kernels-cpu", "xpu-emu", "cuda-emu", "cpu")
 SYMBOLS = ("N", "W", "K", "L", "L2", "C", "T", "E", "F", "B", "R", "V", "H", "rows", "num_tokens", "real_bsz")
 INT_DTYPES = {"int32": np.int32, "int64": np.int64, "bool": np.bool_, "float32": np.float32, "int8": np.int8}
 STATS: dict[str, int] = {"cases": 0, "rejected": 0, "ok": 0, "crashes": 0, "hangs": 0, "lost_writes": 0}
@@ -309,7 +309,7 @@ def test_fuzz_op(op, worker):
         assert len(set(kinds.values())) <= 1, f"{op}: bindings disagree {kinds} on {case_repr}: {verdicts}"
         first = verdicts["kernels-cpu"]
         if first[0] == "ok":
-            for backend in ("xpu-emu",):
+            for backend in ("xpu-emu", "cuda-emu"):
                 other = verdicts[backend][1]
                 for name, value in first[1].items():
                     assert _same(value, other[name]), f"{op}: `{name}` differs between kernels-cpu and {backend}"

@@ -38,9 +38,9 @@ print("CREATOR-OK" if ok else "MISMATCH", flush=True)
 """
 
 
+@pytest.mark.only_backend("cuda")
+@pytest.mark.parametrize("backend", ["cuda"], indirect=True)
 def test_cuda_ipc_between_two_processes(backend):
-    if backend.name != "cuda":
-        pytest.skip("CUDA IPC needs the cuda backend (two processes on a GPU)")
     torch = pytest.importorskip("torch")
     tag = f"fdmtpc{uuid.uuid4().hex[:8]}_"
     root = str(Path(__file__).resolve().parents[2])

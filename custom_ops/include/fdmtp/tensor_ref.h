@@ -37,6 +37,8 @@ enum class Device : int {
 };
 
 const char* DTypeName(DType dtype);
+// Bytes of one element (0 for kUnsupported).
+size_t DTypeBytes(DType dtype);
 const char* DeviceName(Device device);
 
 // An error in the caller's arguments, or a backend failure. The message names the op and
