@@ -19,6 +19,11 @@ Backends::
     >>> import fastdeploy_mtp.ops as ops
     >>> ops.backends()            # compiled in: {'cpu': True, 'cuda': True/False, 'xpu': False}
     >>> ops.cuda_status()         # (usable in this process, reason)
+
+Accelerator kernels on the CPU (see :mod:`fastdeploy_mtp.ops.emulation`)::
+
+    >>> with ops.emulate("cuda"):  # ops on CPU tensors run the CUDA kernels, emulated
+    ...     ...
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 from . import _op_wrappers
 from ._loader import OpError, backends, build_info, cuda_status, kernels
 from ._op_wrappers import *  # noqa: F403  (the generated op wrappers, constants and OP_NAMES)
+from .emulation import emulate
 from .messaging import msg_queue_key, read_msgmax, remove_msg_queue, topk_message_bytes, topk_slots_within
 from .sampling import position_uniforms, rejection_candidates, verify_uniforms
 from .shared_tensors import set_data_ipc, share_external_data, unset_data_ipc
@@ -36,6 +42,7 @@ __all__ = [
     "backends",
     "build_info",
     "cuda_status",
+    "emulate",
     "kernels",
     "msg_queue_key",
     "position_uniforms",
