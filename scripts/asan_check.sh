@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# AddressSanitizer check of the native ops (CPU kernels, XPU3 kernels under the emulator,
-# the entries and the framework-free module): builds `_kernels` with -fsanitize=address
-# (and UBSan's integer-overflow and bounds checks) into its own folder, then runs the op
-# tests and the fuzz suite on the `kernels-cpu` and `xpu-emu` backends against that build.
+# AddressSanitizer check of the native ops (CPU kernels, XPU3 kernels under the KP emulator,
+# CUDA kernels under the CUDA emulator, the entries and the framework-free module): builds
+# `_kernels` with -fsanitize=address (and UBSan's integer-overflow and bounds checks) into
+# its own folder, then runs the op tests and the fuzz suite on the `kernels-cpu`, `xpu-emu`
+# and `cuda-emu` backends against that build. (Here the emulated kernels are instrumented by
+# ASan instead of the emulators' own access hooks: FDMTP_EMU_CHECK_ACCESSES=OFF.)
 # Any out-of-bounds access, use-after-free or signed overflow aborts the run with a report.
 #
-#   bash scripts/asan_check.sh            (from the repository root; about 2 minutes on 2 cores)
+#   bash scripts/asan_check.sh            (from the repository root; a few minutes on 2 cores)
 #
 # The Paddle library and CUDA are not built (the sanitizer runtime cannot be loaded into
 # Paddle's process reliably, and there is no GPU to run CUDA on).
@@ -41,13 +43,13 @@ echo 'raise ModuleNotFoundError("paddle is disabled in the sanitizer run (script
 
 LIBASAN=$("${CXX:-c++}" -print-file-name=libasan.so)
 LIBUBSAN=$("${CXX:-c++}" -print-file-name=libubsan.so)
-echo "asan_check: running the op tests and the fuzz suite (kernels-cpu, xpu-emu) under $LIBASAN"
+echo "asan_check: running the op tests and the fuzz suite (kernels-cpu, xpu-emu, cuda-emu) under $LIBASAN"
 # detect_leaks=0: CPython itself leaks at exit by design. The sanitizers abort on the first
 # report, so a clean exit means no report.
 # -P: the working directory is not put on sys.path, so `fastdeploy_mtp` is the sanitized copy.
 # FDMTP_TEST_BACKENDS leaves out the `cpu` (Paddle) backend.
 export FDMTP_SANITIZED=1 PYTHONPATH="$PWD/$PKG:$PWD" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1 \
-  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 FDMTP_TEST_BACKENDS=kernels-cpu,xpu-emu
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 FDMTP_TEST_BACKENDS=kernels-cpu,xpu-emu,cuda-emu
 LD_PRELOAD="$LIBASAN $LIBUBSAN" "$PY" -P -c "
 import sys, fastdeploy_mtp._kernels as k
 assert k.__file__.startswith('$PWD/$PKG'), k.__file__

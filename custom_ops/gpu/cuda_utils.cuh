@@ -36,6 +36,15 @@ inline int BlocksFor(int64_t items) {
 
 inline cudaStream_t AsCudaStream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
+// A kernel's dynamic shared memory (the launch's `smem` bytes) as `T* name`.
+#if defined(FDMTP_CUDA_EMULATOR)
+#define FDMTP_DYNAMIC_SHARED(T, name) T* name = static_cast<T*>(::cuda_emu_rt::DynamicShared())
+#else
+#define FDMTP_DYNAMIC_SHARED(T, name)                      \
+  extern __shared__ __align__(16) unsigned char name##_[]; \
+  T* name = reinterpret_cast<T*>(name##_)
+#endif
+
 // Launches Kernel<<<grid, block, smem, stream>>>(args...) and returns cudaGetLastError().
 // Under the emulator the launch runs on the CPU with its checks, and the emulator may
 // launch the kernel with a smaller block and grid than asked (its second launch shape):

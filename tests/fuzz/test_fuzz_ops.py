@@ -7,8 +7,9 @@ a wrong dtype, a strided view); values from mixtures of small counts, negatives 
 int32 / int64 extremes; attrs likewise, including values that do not fit their type.
 
 Each call runs in a worker child process (``fuzz_worker.py``) on the framework-free module
-(``kernels-cpu``), on the XPU3 kernels under the emulator (``xpu-emu``) and on the Paddle
-binding (``cpu``), and must end in one of two ways:
+(``kernels-cpu``), on the XPU3 kernels under the emulator (``xpu-emu``), on the CUDA
+kernels under the CUDA emulator (``cuda-emu``, with its bounds and race checks) and on the
+Paddle binding (``cpu``), and must end in one of two ways:
 
 * a ``ValueError`` whose message starts with ``"<op>: "`` and names one of the op's
   arguments in backticks, with every argument buffer the op was given unchanged; or

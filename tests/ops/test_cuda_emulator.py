@@ -32,8 +32,10 @@ INJECTED_BUGS = [
     ("uninitialised_shared", r"reads shared memory .* that no thread of the block has written"),
     ("atomic_race", r"shared-memory race: .* reads shared memory .* which an atomic wrote"),
     ("invalid_shape", r"<<<\(1, 1, 1\), \(2048, 1, 1\)>>>: invalid launch shape"),
+    ("dynamic_shared_without_opt_in", r"65536 bytes of dynamic shared memory exceed the 49152 this kernel may use"),
+    ("dynamic_shared_overrun", r"writes 8 byte\(s\) at 0x[0-9a-f]+, outside every tensor of the launch"),
 ]  # fmt: skip
-ACCESS_CHECKED = {"missing_syncthreads", "off_by_one", "uninitialised_shared", "atomic_race"}
+ACCESS_CHECKED = {"missing_syncthreads", "off_by_one", "uninitialised_shared", "atomic_race", "dynamic_shared_overrun"}
 
 
 @pytest.mark.parametrize("which, report", INJECTED_BUGS, ids=[b[0] for b in INJECTED_BUGS])
@@ -47,12 +49,17 @@ def test_injected_bug_fails_the_launch_with_a_report(which, report):
 
 def test_correct_kernels_give_the_right_answer():
     """The same machinery runs correct kernels to completion: a shared-memory scan with
-    barriers, a warp scan with shuffles and a ballot, atomics read after a barrier."""
+    barriers, a warp scan with shuffles and a ballot, atomics read after a barrier, a
+    reduction in 64 KB of opted-in dynamic shared memory."""
     one_to_64 = np.arange(1, 65, dtype=np.int64)
     np.testing.assert_array_equal(_kernels._cuda_emulator_selftest("scan"), np.cumsum(one_to_64))
     per_warp = np.concatenate([np.cumsum(one_to_64[:32]), np.cumsum(one_to_64[32:])])
     np.testing.assert_array_equal(_kernels._cuda_emulator_selftest("warp_scan"), per_warp)
     np.testing.assert_array_equal(_kernels._cuda_emulator_selftest("atomic"), np.full(64, 63, np.int64))
+    words = 8192  # 64 KB of dynamic shared memory, allowed by cudaFuncSetAttribute
+    np.testing.assert_array_equal(
+        _kernels._cuda_emulator_selftest("dynamic_shared"), np.full(64, words * (words - 1) // 2, np.int64)
+    )
 
 
 def test_unknown_selftest_kernel_is_an_error():

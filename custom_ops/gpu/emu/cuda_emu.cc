@@ -22,7 +22,8 @@ namespace {
 
 constexpr unsigned kMaxThreadsPerBlock = 1024;
 constexpr size_t kStackBytes = 128 * 1024;  // per emulated thread (virtual; touched pages only)
-constexpr size_t kMaxDynamicSmem = 48 * 1024;
+constexpr size_t kDefaultDynamicSmem = 48 * 1024;  // without cudaFuncSetAttribute
+constexpr size_t kMaxDynamicSmem = 227 * 1024;     // the most a kernel can opt in to
 constexpr uint16_t kAtomicWriter = 0xffff;
 constexpr uint16_t kManyReaders = 0xfffe;
 
@@ -147,6 +148,7 @@ std::vector<Shadow> g_shadow;
 std::vector<char> g_dynamic(kMaxDynamicSmem);
 uint32_t g_epoch = 0;
 int64_t g_launches = 0;
+std::vector<std::pair<const void*, size_t>> g_opt_in;  // kernel -> dynamic smem allowed
 
 thread_local int t_shape = -1;
 thread_local std::vector<Range> t_ranges;
@@ -177,8 +179,10 @@ int64_t SharedOffset(uintptr_t p) {
     if (p >= s.begin && p < s.end) return base + static_cast<int64_t>(p - s.begin);
     base += static_cast<int64_t>(s.end - s.begin);
   }
+  // The running launch's dynamic shared memory: the bytes it asked for, no more.
   const uintptr_t dyn = reinterpret_cast<uintptr_t>(g_dynamic.data());
-  if (p >= dyn && p < dyn + g_dynamic.size()) return base + static_cast<int64_t>(p - dyn);
+  const size_t dyn_bytes = g_launch != nullptr ? g_launch->dynamic_bytes : 0;
+  if (p >= dyn && p < dyn + dyn_bytes) return base + static_cast<int64_t>(p - dyn);
   return -1;
 }
 
@@ -582,8 +586,25 @@ const char* KernelName(const char* pretty) {
   return name.c_str();
 }
 
-int Launch(const char* kernel, Dim3 grid, Dim3 block, size_t dynamic_smem, void (*entry)(void*),
-           void* params, size_t params_bytes, int flags) {
+int SetMaxDynamicSharedMemory(const void* kernel_id, int bytes) {
+  if (bytes < 0 || static_cast<size_t>(bytes) > kMaxDynamicSmem) {
+    return Fail(cudaErrorInvalidValue, "cudaFuncSetAttribute (emulated): " + std::to_string(bytes) +
+                                           " bytes of dynamic shared memory (at most " +
+                                           std::to_string(kMaxDynamicSmem) + ")");
+  }
+  std::lock_guard<std::mutex> lock(LaunchMutex());
+  for (auto& entry : g_opt_in) {
+    if (entry.first == kernel_id) {
+      entry.second = static_cast<size_t>(bytes);
+      return 0;
+    }
+  }
+  g_opt_in.emplace_back(kernel_id, static_cast<size_t>(bytes));
+  return 0;
+}
+
+int Launch(const char* kernel, const void* kernel_id, Dim3 grid, Dim3 block, size_t dynamic_smem,
+           void (*entry)(void*), void* params, size_t params_bytes, int flags) {
   if (t_shape == 1) {
     if ((flags & kFixedBlock) == 0 && block.x > kSmallBlock) block.x = kSmallBlock;
     if (grid.x > kSmallGrid) grid.x = kSmallGrid;
@@ -599,13 +620,17 @@ int Launch(const char* kernel, Dim3 grid, Dim3 block, size_t dynamic_smem, void 
                     "invalid launch shape (every dimension >= 1, at most 1024 threads per "
                     "block, block <= (1024, 1024, 64), grid <= (2^31 - 1, 65535, 65535))");
   }
-  if (dynamic_smem > kMaxDynamicSmem) {
+  std::lock_guard<std::mutex> lock(LaunchMutex());
+  size_t allowed = kDefaultDynamicSmem;
+  for (const auto& opt : g_opt_in) {
+    if (opt.first == kernel_id) allowed = std::max(allowed, opt.second);
+  }
+  if (dynamic_smem > allowed) {
     return Fail(cudaErrorInvalidValue,
                 name + std::to_string(dynamic_smem) +
-                    " bytes of dynamic shared memory exceed the 48 KB a kernel gets without "
-                    "opting in");
+                    " bytes of dynamic shared memory exceed the " + std::to_string(allowed) +
+                    " this kernel may use (48 KB unless raised with cudaFuncSetAttribute)");
   }
-  std::lock_guard<std::mutex> lock(LaunchMutex());
   if (g_stacks == nullptr) {
     void* m = mmap(nullptr, kStackBytes * kMaxThreadsPerBlock, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

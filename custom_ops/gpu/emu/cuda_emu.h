@@ -69,6 +69,13 @@ using cudaStream_t = void*;
 inline cudaError_t cudaGetLastError() {
   return static_cast<cudaError_t>(::cuda_emu_rt::LastLaunchError());
 }
+enum cudaFuncAttribute : int { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+template <typename F>
+cudaError_t cudaFuncSetAttribute(F* kernel, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaErrorInvalidValue;
+  return static_cast<cudaError_t>(
+      ::cuda_emu_rt::SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), value));
+}
 inline cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t) {
   return static_cast<cudaError_t>(::cuda_emu_rt::Memset(ptr, value, bytes));
 }
@@ -201,8 +208,8 @@ const char* KernelName(const char* pretty_function);
 template <auto Kernel, typename... A>
 int LaunchKernel(const char* pretty, Dim3 grid, Dim3 block, size_t smem, int flags, A... args) {
   std::tuple<A...> params(args...);
-  return Launch(KernelName(pretty), grid, block, smem, &Entry<Kernel, std::tuple<A...>>, &params,
-                sizeof(params), flags);
+  return Launch(KernelName(pretty), reinterpret_cast<const void*>(Kernel), grid, block, smem,
+                &Entry<Kernel, std::tuple<A...>>, &params, sizeof(params), flags);
 }
 
 }  // namespace cuda_emu_rt

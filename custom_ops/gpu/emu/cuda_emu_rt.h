@@ -82,8 +82,12 @@ int64_t LaunchCount();
 
 // Runs `entry(params)` on every thread of grid x block; 0 or a cudaError_t code, with the
 // message in LastError(). `params` ([params_bytes]) holds the kernel's arguments.
-int Launch(const char* kernel, Dim3 grid, Dim3 block, size_t dynamic_smem, void (*entry)(void*),
-           void* params, size_t params_bytes, int flags);
+int Launch(const char* kernel, const void* kernel_id, Dim3 grid, Dim3 block, size_t dynamic_smem,
+           void (*entry)(void*), void* params, size_t params_bytes, int flags);
+// cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes): lets
+// `kernel_id` launch with up to `bytes` of dynamic shared memory (at most 227 KB, as an
+// H100 / H200 block). 0 or cudaErrorInvalidValue.
+int SetMaxDynamicSharedMemory(const void* kernel_id, int bytes);
 int LastLaunchError();  // cudaGetLastError: the last launch's code, then reset
 const char* LastMessage();
 

@@ -94,6 +94,17 @@ __global__ void AtomicRaceKernel(int64_t* out) {
   out[threadIdx.x] = static_cast<int64_t>(best);
 }
 
+// Correct: a block reduction in dynamic shared memory of `words` int64 (64 KB: needs the
+// cudaFuncSetAttribute opt-in above 48 KB).
+__global__ void DynamicSharedKernel(int64_t* out, int words) {
+  FDMTP_DYNAMIC_SHARED(int64_t, buf);
+  for (int i = threadIdx.x; i < words; i += blockDim.x) buf[i] = i;
+  __syncthreads();
+  int64_t sum = 0;
+  for (int i = 0; i < words; ++i) sum += buf[i];
+  out[threadIdx.x] = sum;
+}
+
 // `which` names one of the kernels above; `out` holds kThreads int64 values. The launch
 // shape is fixed except for "invalid_shape" (a block of 2048 threads).
 int Run(const std::string& which, int64_t* out) {
@@ -119,6 +130,19 @@ int Run(const std::string& which, int64_t* out) {
   if (which == "atomic") return LaunchFixedBlock<AtomicKernel>(one, block, 0, nullptr, out);
   if (which == "atomic_race") {
     return LaunchFixedBlock<AtomicRaceKernel>(one, block, 0, nullptr, out);
+  }
+  constexpr int kWords = 8192;  // 64 KB
+  const size_t dyn = sizeof(int64_t) * kWords;
+  if (which == "dynamic_shared_without_opt_in") {
+    return LaunchFixedBlock<DynamicSharedKernel>(one, block, dyn, nullptr, out, kWords);
+  }
+  if (which == "dynamic_shared" || which == "dynamic_shared_overrun") {
+    const cudaError_t set = cudaFuncSetAttribute(
+        DynamicSharedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dyn));
+    if (set != cudaSuccess) return set;
+    // the overrun launch asks for one word less than the kernel touches
+    const size_t asked = which == "dynamic_shared" ? dyn : dyn - sizeof(int64_t);
+    return LaunchFixedBlock<DynamicSharedKernel>(one, block, asked, nullptr, out, kWords);
   }
   if (which == "invalid_shape") {
     return LaunchFixedBlock<ScanKernel>(one, dim3(2048), 0, nullptr, out);
