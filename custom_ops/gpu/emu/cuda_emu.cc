@@ -389,30 +389,40 @@ bool ResolveWarps() {
   return progressed;
 }
 
+// Prepares thread i of the block to start the kernel. (The context calls live in their own
+// functions, out of the loops: getcontext/swapcontext return twice as far as the compiler
+// knows, which would put the loop variables at risk.)
+__attribute__((noinline)) void InitThread(LaunchState& L, unsigned i) {
+  Thread& t = L.thread[i];
+  t = Thread{};
+  t.tid = i;
+  t.idx = Dim3(i % L.block.x, (i / L.block.x) % L.block.y, i / (L.block.x * L.block.y));
+  t.stack = g_stacks + static_cast<size_t>(i) * kStackBytes;
+  getcontext(&t.context);
+  t.context.uc_stack.ss_sp = t.stack;
+  t.context.uc_stack.ss_size = kStackBytes;
+  t.context.uc_link = &L.scheduler;
+  makecontext(&t.context, ThreadMain, 0);
+}
+
+// Runs thread i until it waits or finishes.
+__attribute__((noinline)) void Resume(LaunchState& L, unsigned i) {
+  L.current = static_cast<int>(i);
+  swapcontext(&L.scheduler, &L.thread[i].context);
+  L.current = -1;
+}
+
 void RunBlock() {
   LaunchState& L = *g_launch;
   L.block_epoch = L.epoch = ++g_epoch;
-  for (unsigned i = 0; i < L.threads; ++i) {
-    Thread& t = L.thread[i];
-    t = Thread{};
-    t.tid = i;
-    t.idx = Dim3(i % L.block.x, (i / L.block.x) % L.block.y, i / (L.block.x * L.block.y));
-    t.stack = g_stacks + static_cast<size_t>(i) * kStackBytes;
-    getcontext(&t.context);
-    t.context.uc_stack.ss_sp = t.stack;
-    t.context.uc_stack.ss_size = kStackBytes;
-    t.context.uc_link = &L.scheduler;
-    makecontext(&t.context, ThreadMain, 0);
-  }
+  for (unsigned i = 0; i < L.threads; ++i) InitThread(L, i);
   for (;;) {
     bool ran = true;
     while (ran && L.fault.empty()) {
       ran = false;
       for (unsigned i = 0; i < L.threads && L.fault.empty(); ++i) {
         if (L.thread[i].state != State::kReady) continue;
-        L.current = static_cast<int>(i);
-        swapcontext(&L.scheduler, &L.thread[i].context);
-        L.current = -1;
+        Resume(L, i);
         ran = true;
       }
     }
