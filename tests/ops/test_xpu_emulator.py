@@ -30,7 +30,8 @@ def test_local_memory_overflow_fails_the_launch_instead_of_corrupting_memory():
 
 
 def test_core_returning_while_others_wait_at_sync_cluster_is_reported():
-    with pytest.raises(ValueError, match=r"returned while 3 wait at sync_cluster\(\)"):
+    # which side sees it first depends on the (seeded) core order: either message names it
+    with pytest.raises(ValueError, match=r"(returned while|after 1 core\(s\) returned).*a deadlock on hardware"):
         _kernels._xpu_emulator_selftest("barrier_mismatch", 1, 4)
 
 
