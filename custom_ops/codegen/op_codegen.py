@@ -444,7 +444,8 @@ def kernel_call(op: Op, backend: str) -> str:
     if backend == "cuda":
         ws = ", workspace" if op.cuda_workspace else ""
         return f"cuda::{op.kernel}{targs}(args{ws}, call.stream)"
-    return f"xpu::{op.name}{targs}(ctx, args)"
+    # the XPU3 path launches on the stream of the tensors' device (the binding's call.stream)
+    return f"(ctx->stream = call.stream, xpu::{op.name}{targs}(ctx, args))"
 
 
 def gen_constants_h(consts: list[Constant], enums: list[Enum]) -> str:

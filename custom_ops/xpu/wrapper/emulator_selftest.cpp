@@ -1,5 +1,6 @@
 // emulator_selftest: launches the rule-breaking kernels of kernel/emulator_selftest.xpu so
 // tests can check that the emulator reports them (emulated builds only).
+#include "emu_common/access_hooks.h"
 #include "wrapper.h"
 
 FDMTP_XPU_KERNEL(emulator_selftest_local_overflow, const char* src, int64_t bytes);
@@ -15,6 +16,13 @@ int emulator_selftest(Context* ctx, const std::string& which) {
   constexpr const char* kOp = "emulator_selftest";
   static const char source[2 * kLocalMemBytes] = {};
   const char* src = source;
+  if ((which == "missing_mfence" || which == "foreign_local") &&
+      !::fdmtp::emu::AccessHooksCompiledIn()) {
+    return detail::InvalidArgument(
+        kOp,
+        "self-test '" + which +
+            "' needs the access instrumentation (this build has FDMTP_EMU_CHECK_ACCESSES=OFF)");
+  }
   if (which == "local_overflow") {
     FDMTP_XPU_LAUNCH(kOp, ctx, emulator_selftest_local_overflow, src, int64_t{128});
   } else if (which == "barrier_mismatch") {
