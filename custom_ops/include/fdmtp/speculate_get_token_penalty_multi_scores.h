@@ -54,15 +54,24 @@ struct SpeculateGetTokenPenaltyMultiScoresArgs {
 
 namespace penalty_detail {
 
+// The bit copy of FloatBits / BitsFloat: the compiler's builtin, except for nvcc (whose device
+// code has memcpy). No C-library call: XPU device code has no libc, and the XTDK compile
+// (-fno-builtin) would turn `memcpy` into one.
+#if defined(__CUDACC__)
+#define FDMTP_PENALTY_BIT_COPY memcpy
+#else
+#define FDMTP_PENALTY_BIT_COPY __builtin_memcpy
+#endif
+
 FDMTP_HOST_DEVICE inline uint32_t FloatBits(float f) {
   uint32_t u;
-  memcpy(&u, &f, sizeof(u));
+  FDMTP_PENALTY_BIT_COPY(&u, &f, sizeof(u));
   return u;
 }
 
 FDMTP_HOST_DEVICE inline float BitsFloat(uint32_t u) {
   float f;
-  memcpy(&f, &u, sizeof(f));
+  FDMTP_PENALTY_BIT_COPY(&f, &u, sizeof(f));
   return f;
 }
 

@@ -1,4 +1,5 @@
-"""XTDK dialect lint for the XPU3 kernel sources (custom_ops/xpu/kernel/*.xpu and *.h).
+"""XTDK dialect lint for the XPU3 kernel sources (custom_ops/xpu/kernel/*.xpu and *.h, and
+the shared per-item headers of custom_ops/include/fdmtp/ that they run).
 
 The emulated build checks what g++'s types can (global-memory pointer qualifiers, kernel
 parameter types: see xpu/emu/kp_emu.h). This script checks the rest of the dialect that
