@@ -23,6 +23,8 @@ repository):
 * ``_op_wrappers.py``            the typed Python wrappers (docstrings: the op's section of
                                  ``docs/ops.md`` plus a parameter list from the declaration),
                                  ``OP_NAMES``, ``INPLACE_MAPS`` and the constants
+* ``xpu_emu/<op>.cc``            the emulated build's unit per op: ``xpu/kernel/<op>.xpu`` plus
+                                 its kernels' emulator entries
 * ``op_sources.cmake``           the per-op kernel sources (``cpu/<op>.cc``, ``gpu/<op>.cu``,
                                  ``xpu/kernel/<op>.xpu``) for CMake
 
@@ -442,7 +444,8 @@ def kernel_call(op: Op, backend: str) -> str:
     if backend == "cuda":
         ws = ", workspace" if op.cuda_workspace else ""
         return f"cuda::{op.kernel}{targs}(args{ws}, call.stream)"
-    return f"xpu::{op.name}{targs}(ctx, args)"
+    # the XPU3 path launches on the stream of the tensors' device (the binding's call.stream)
+    return f"(ctx->stream = call.stream, xpu::{op.name}{targs}(ctx, args))"
 
 
 def gen_constants_h(consts: list[Constant], enums: list[Enum]) -> str:
@@ -704,12 +707,12 @@ def gen_entries_cc(ops: list[Op]) -> str:
 
 def gen_xpu_plugin_cpp(ops: list[Op]) -> str:
     ops = kernel_ops(ops)
-    out = [HEADER, '#include "wrapper.h"', "", "namespace fdmtp_xpu3 {"]
+    out = [HEADER, '#include "wrapper.h"', ""]
     for op in ops:
         extra = ", int64_t elem_bytes" if op.template_on else ""
         for k in op.xpu_kernels:
-            out.append(f"FDMTP_XPU_KERNEL_DECL void {k.split('@')[0]}(fdmtp::{op.args_struct} args{extra});")
-    out += ["}  // namespace fdmtp_xpu3", "", "namespace fdmtp {", "namespace xpu {", ""]
+            out.append(f"FDMTP_XPU_KERNEL({k.split('@')[0]}, fdmtp::{op.args_struct} args{extra});")
+    out += ["", "namespace fdmtp {", "namespace xpu {", ""]
     for op in ops:
         tmpl = template_prefix(op)
         extra = ", static_cast<int64_t>(sizeof(T))" if op.template_on else ""
@@ -724,7 +727,7 @@ def gen_xpu_plugin_cpp(ops: list[Op]) -> str:
         for k in op.xpu_kernels:
             kernel, _, where = k.partition("@")
             target = "&single" if where == "single" else "ctx"
-            launches.append(f"FDMTP_XPU_LAUNCH(kOp, {target}, fdmtp_xpu3::{kernel}, args{extra});")
+            launches.append(f"FDMTP_XPU_LAUNCH(kOp, {target}, {kernel}, args{extra});")
         needs_single = any(k.endswith("@single") for k in op.xpu_kernels)
         targs = "<T>" if op.template_on else ""
         extra_cpu = ", 0" * len(op.cpu_extra)  # the plugin's CPU fallback: automatic CPU threads
@@ -1205,7 +1208,7 @@ def gen_python(
 
 
 def gen_sources_cmake(repo: Path, ops: list[Op]) -> str:
-    lists: dict[str, list[str]] = {"CPU": [], "GPU": [], "XPU_KERNEL": []}
+    lists: dict[str, list[str]] = {"CPU": [], "GPU": [], "XPU_KERNEL": [], "XPU_EMU": []}
     missing = []
     for op in ops:
         if op.host_only:  # the host function only
@@ -1222,6 +1225,7 @@ def gen_sources_cmake(repo: Path, ops: list[Op]) -> str:
             if not (repo / rel).exists():
                 missing.append(rel)
             lists[key].append(rel)
+        lists["XPU_EMU"].append(f"${{FDMTP_GEN_DIR}}/xpu_emu/{op.name}.cc")
         if not (repo / f"custom_ops/include/fdmtp/{op.name}.h").exists():
             missing.append(f"custom_ops/include/fdmtp/{op.name}.h")
     if missing:
@@ -1233,6 +1237,14 @@ def gen_sources_cmake(repo: Path, ops: list[Op]) -> str:
         out.append(f"set(FDMTP_OP_{key}_SOURCES")
         out += [f"  {f}" for f in files]
         out.append(")")
+    return "\n".join(out) + "\n"
+
+
+def gen_xpu_emu_entries(op: Op) -> str:
+    """The emulated build's unit for one op's XPU3 kernels: the kernel source compiled as XPU
+    device code, plus each kernel's emulator entry (xpu/emu/kp_emu.h)."""
+    out = [HEADER, f'#include "xpu/kernel/{op.name}.xpu"', ""]
+    out += [f"FDMTP_XPU_EMU_ENTRY({k.split('@')[0]})" for k in op.xpu_kernels]
     return "\n".join(out) + "\n"
 
 
@@ -1285,6 +1297,7 @@ def generate(repo: Path, out: Path) -> list[Path]:
     }
     for op in kernel_ops(ops):
         files[out / "cuda_emu" / f"{op.name}.cc"] = gen_cuda_emu_adapter(op)
+        files[out / "xpu_emu" / f"{op.name}.cc"] = gen_xpu_emu_entries(op)
     return [path for path, text in files.items() if write_if_changed(path, text)]
 
 

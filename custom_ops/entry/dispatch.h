@@ -60,7 +60,10 @@ void Dispatch(const ArgChecker& check, Device device, CpuFn&& cpu_fn, CudaFn&& c
   check.Fail("the tensors are on an unsupported device");
 }
 
-// Runs an XPU plugin function (xpu_fn(xpu::Context*) returns its status) on `ctx`.
+// Runs an XPU plugin function (xpu_fn(xpu::Context*) returns its status) on `ctx`. The
+// generated entries' xpu_fn first sets ctx->stream to the op call's stream: the stream of
+// the tensors' place (Paddle: StreamOf in paddle/paddle_tensor.cc; the framework-free module:
+// its `stream` argument), so XPU3 kernels launch on it, not on the null stream.
 template <typename XpuFn>
 void RunXpu(const ArgChecker& check, XpuFn&& xpu_fn, xpu::Context* ctx) {
   if (xpu_fn(ctx) != xpu::kSuccess) check.Fail("XPU plugin failed: " + xpu::LastError());
@@ -80,7 +83,7 @@ void Dispatch(const ArgChecker& check, Device device, CpuFn&& cpu_fn, CudaFn&& c
   }
 #if defined(FDMTP_WITH_XPU)
   if (device == Device::kXPU) {
-    xpu::Context ctx;  // XPU3, the default launch shape, the default XPU stream
+    xpu::Context ctx;  // XPU3, the default launch shape; xpu_fn sets the tensors' stream
     RunXpu(check, xpu_fn, &ctx);
     return;
   }

@@ -5,6 +5,7 @@ namespace paddle_binding {
 
 #if defined(FDMTP_WITH_CUDA)
 void* GetCudaStream(const paddle::Tensor& tensor);  // stream.cc, the PADDLE_WITH_CUDA unit
+void* GetXpuStream(const paddle::Tensor& tensor);   // xpu_stream.cc, the PADDLE_WITH_XPU unit
 #endif
 
 namespace {
@@ -60,6 +61,9 @@ OptionalTensorRef ToOptionalRef(const paddle::optional<paddle::Tensor>& tensor, 
 void* StreamOf(const paddle::Tensor& tensor) {
 #if defined(FDMTP_WITH_CUDA)
   if (tensor.is_gpu()) return GetCudaStream(tensor);
+#endif
+#if defined(FDMTP_WITH_XPU)
+  if (tensor.is_xpu()) return GetXpuStream(tensor);
 #endif
   (void)tensor;
   return nullptr;

@@ -49,7 +49,8 @@ inline void CopyBack(const paddle::Tensor& tensor, const paddle::Tensor& host) {
   const_cast<paddle::Tensor&>(tensor).copy_(host, tensor.place(), true);
 }
 
-// The cudaStream_t the tensor's work is ordered on (nullptr for host tensors).
+// The stream the tensor's work is ordered on: the cudaStream_t of CUDA tensors, the XPUStream
+// of XPU tensors (builds with FDMTP_WITH_XPU), nullptr for host tensors.
 void* StreamOf(const paddle::Tensor& tensor);
 
 // A TensorRef named after the C++ parameter, which is named after the op's input.

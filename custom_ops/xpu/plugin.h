@@ -57,7 +57,8 @@ class EmulationScope {
 const Context* ActiveEmulation();
 
 // Emulator self-checks (tests only): kernels that break the KP rules on purpose, to show
-// the emulator reports them. which: "local_overflow" or "barrier_mismatch".
+// the emulator reports them. which: "local_overflow", "barrier_mismatch", "missing_mfence",
+// "foreign_local" or "stack_overflow".
 int emulator_selftest(Context* ctx, const std::string& which);
 
 }  // namespace xpu

@@ -7,10 +7,24 @@
 
 #include "fdmtp/constants.h"  // generated from custom_ops/ops/constants.toml
 
+// Qualifiers of the shared per-item logic and of the global-memory pointers it reads:
+//   FDMTP_HOST_DEVICE  `__host__ __device__` for nvcc, `__device__` in XPU device code (the
+//                      Kunlun XTDK compile defines __XPU3__; the emulated .xpu compile
+//                      defines FDMTP_XPU_DEVICE_CODE), nothing for host compilers;
+//   FDMTP_GM           `__global_ptr__` in XPU device code, nothing elsewhere: on XPU an
+//                      unqualified pointer is local memory, so every pointer to a tensor
+//                      (the Args structs' fields, helper parameters that receive them)
+//                      carries it. The emulator makes it a distinct qualified type, so
+//                      dropping it does not compile there either (xpu/emu/kp_emu.h).
 #if defined(__CUDACC__)
 #define FDMTP_HOST_DEVICE __host__ __device__
+#define FDMTP_GM
+#elif defined(__XPU3__) || defined(FDMTP_XPU_DEVICE_CODE)
+#define FDMTP_HOST_DEVICE __device__
+#define FDMTP_GM __global_ptr__
 #else
 #define FDMTP_HOST_DEVICE
+#define FDMTP_GM
 #endif
 
 namespace fdmtp {
@@ -18,7 +32,7 @@ namespace fdmtp {
 // True when `token` is one of the `num_end_tokens` EOS ids (a linear scan, as upstream's
 // is_in_end). Shared by verify_draft_tokens and unified_update_model_status so both ops
 // make the same stop decision.
-FDMTP_HOST_DEVICE inline bool IsEndToken(int64_t token, const int64_t* end_tokens,
+FDMTP_HOST_DEVICE inline bool IsEndToken(int64_t token, FDMTP_GM const int64_t* end_tokens,
                                          int64_t num_end_tokens) {
   for (int64_t e = 0; e < num_end_tokens; ++e) {
     if (end_tokens[e] == token) return true;

@@ -7,22 +7,22 @@
 namespace fdmtp {
 
 struct DraftModelPreprocessArgs {
-  int64_t* draft_tokens;                         // [bsz, W] int64, in/out: draft input tokens
-  int64_t* input_ids;                            // [bsz, C] int64, in/out: draft prompt (shifted)
-  bool* stop_flags;                              // [bsz] bool, out
-  int32_t* seq_lens_this_time;                   // [bsz] int32, out
-  int32_t* seq_lens_encoder;                     // [bsz] int32, in/out
-  int32_t* seq_lens_decoder;                     // [bsz] int32, in/out
-  int64_t* step_idx;                             // [bsz] int64, out
-  bool* not_need_stop;                           // [1] bool, out
-  int64_t* pre_ids;                              // [bsz, L] int64, in/out: draft history
-  const int64_t* accept_tokens;                  // [bsz, W] int64, in (target)
-  const int32_t* accept_num;                     // [bsz] int32, in (target)
-  const int32_t* target_model_seq_lens_decoder;  // [bsz] int32, in
-  const int64_t* target_model_step_idx;          // [bsz] int64, in
-  const bool* target_model_stop_flags;           // [bsz] bool, in
-  const int64_t* max_dec_len;                    // [bsz] int64, in
-  int64_t* target_model_draft_tokens;            // [bsz, W] int64, out: slots 1.. set to -1
+  FDMTP_GM int64_t* draft_tokens;         // [bsz, W] int64, in/out: draft input tokens
+  FDMTP_GM int64_t* input_ids;            // [bsz, C] int64, in/out: draft prompt (shifted)
+  FDMTP_GM bool* stop_flags;              // [bsz] bool, out
+  FDMTP_GM int32_t* seq_lens_this_time;   // [bsz] int32, out
+  FDMTP_GM int32_t* seq_lens_encoder;     // [bsz] int32, in/out
+  FDMTP_GM int32_t* seq_lens_decoder;     // [bsz] int32, in/out
+  FDMTP_GM int64_t* step_idx;             // [bsz] int64, out
+  FDMTP_GM bool* not_need_stop;           // [1] bool, out
+  FDMTP_GM int64_t* pre_ids;              // [bsz, L] int64, in/out: draft history
+  FDMTP_GM const int64_t* accept_tokens;  // [bsz, W] int64, in (target)
+  FDMTP_GM const int32_t* accept_num;     // [bsz] int32, in (target)
+  FDMTP_GM const int32_t* target_model_seq_lens_decoder;  // [bsz] int32, in
+  FDMTP_GM const int64_t* target_model_step_idx;          // [bsz] int64, in
+  FDMTP_GM const bool* target_model_stop_flags;           // [bsz] bool, in
+  FDMTP_GM const int64_t* max_dec_len;                    // [bsz] int64, in
+  FDMTP_GM int64_t* target_model_draft_tokens;  // [bsz, W] int64, out: slots 1.. set to -1
   int64_t bsz;
   int64_t draft_width;         // W of draft_tokens
   int64_t accept_width;        // W of accept_tokens
@@ -40,7 +40,7 @@ struct DraftModelPreprocessArgs {
 // saturating arithmetic (fdmtp/common.h).
 FDMTP_HOST_DEVICE inline bool DraftModelPreprocessItem(const DraftModelPreprocessArgs& a,
                                                        int64_t b) {
-  int64_t* target_draft = a.target_model_draft_tokens + b * a.target_draft_width;
+  FDMTP_GM int64_t* target_draft = a.target_model_draft_tokens + b * a.target_draft_width;
   for (int64_t j = 1; j < a.target_draft_width; ++j) target_draft[j] = kPlaceholderToken;
 
   const int64_t target_step = a.target_model_step_idx[b];
@@ -57,8 +57,8 @@ FDMTP_HOST_DEVICE inline bool DraftModelPreprocessItem(const DraftModelPreproces
     return false;
   }
   a.stop_flags[b] = false;
-  const int64_t* accepted = a.accept_tokens + b * a.accept_width;
-  int64_t* history = a.pre_ids + b * a.pre_ids_len;
+  FDMTP_GM const int64_t* accepted = a.accept_tokens + b * a.accept_width;
+  FDMTP_GM int64_t* history = a.pre_ids + b * a.pre_ids_len;
   const int32_t enc = a.seq_lens_encoder[b];
   if (enc > 0) {
     if (a.accept_width > 0) {  // the first token exists
@@ -73,7 +73,7 @@ FDMTP_HOST_DEVICE inline bool DraftModelPreprocessItem(const DraftModelPreproces
       ClampTo(a.accept_num[b], 0, a.accept_width < INT32_MAX ? a.accept_width : INT32_MAX);
   a.seq_lens_decoder[b] = SatInt32(SatSub(a.target_model_seq_lens_decoder[b], n));
   a.step_idx[b] = SatSub(target_step, n);
-  int64_t* draft = a.draft_tokens + b * a.draft_width;
+  FDMTP_GM int64_t* draft = a.draft_tokens + b * a.draft_width;
   const int64_t copied = n < a.draft_width ? n : a.draft_width;
   for (int64_t i = 0; i < copied; ++i) draft[i] = accepted[i];
   // history[target_step - n + i] = accepted[i] where that position is inside the row

@@ -11,17 +11,17 @@
 namespace fdmtp {
 
 struct DraftModelUpdateArgs {
-  const int64_t* inter_next_tokens;  // [num_tokens] int64, in: one per item with slt > 0
-  int64_t* draft_tokens;             // [bsz, W] int64, in/out
-  int64_t* pre_ids;                  // [bsz, L] int64, in/out
-  int32_t* seq_lens_this_time;       // [bsz] int32, in/out
-  int32_t* seq_lens_encoder;         // [bsz] int32, in/out
-  int32_t* seq_lens_decoder;         // [bsz] int32, in/out
-  int64_t* step_idx;                 // [bsz] int64, in/out
-  bool* stop_flags;                  // [bsz] bool, in
-  bool* not_need_stop;               // [1] bool, out
-  const int64_t* max_dec_len;        // [bsz] int64, in
-  int64_t* base_model_draft_tokens;  // [bsz, W_base] int64, in/out: slot substep+1 written
+  FDMTP_GM const int64_t* inter_next_tokens;  // [num_tokens] int64, in: one per item with slt > 0
+  FDMTP_GM int64_t* draft_tokens;             // [bsz, W] int64, in/out
+  FDMTP_GM int64_t* pre_ids;                  // [bsz, L] int64, in/out
+  FDMTP_GM int32_t* seq_lens_this_time;       // [bsz] int32, in/out
+  FDMTP_GM int32_t* seq_lens_encoder;         // [bsz] int32, in/out
+  FDMTP_GM int32_t* seq_lens_decoder;         // [bsz] int32, in/out
+  FDMTP_GM int64_t* step_idx;                 // [bsz] int64, in/out
+  FDMTP_GM bool* stop_flags;                  // [bsz] bool, in
+  FDMTP_GM bool* not_need_stop;               // [1] bool, out
+  FDMTP_GM const int64_t* max_dec_len;        // [bsz] int64, in
+  FDMTP_GM int64_t* base_model_draft_tokens;  // [bsz, W_base] int64, in/out: slot substep+1 written
   int64_t bsz;
   int64_t num_tokens;  // length of inter_next_tokens
   int64_t draft_width;
@@ -43,10 +43,10 @@ FDMTP_HOST_DEVICE inline bool DraftModelUpdateItem(const DraftModelUpdateArgs& a
   const int32_t slt = a.seq_lens_this_time[b];
   if (slt <= 0) return false;
   const int64_t slot = static_cast<int64_t>(a.substep) + 1;
-  int64_t* base_slot =
+  FDMTP_GM int64_t* base_slot =
       slot < a.base_width ? a.base_model_draft_tokens + b * a.base_width + slot : nullptr;
-  int64_t* draft = a.draft_width > 0 ? a.draft_tokens + b * a.draft_width : nullptr;
-  int64_t* history = a.pre_ids + b * a.pre_ids_len;
+  FDMTP_GM int64_t* draft = a.draft_width > 0 ? a.draft_tokens + b * a.draft_width : nullptr;
+  FDMTP_GM int64_t* history = a.pre_ids + b * a.pre_ids_len;
   const int64_t tok = k >= 0 && k < a.num_tokens ? a.inter_next_tokens[k] : kPlaceholderToken;
   const bool stopped = a.stop_flags[b];
   const int64_t enc = DraftModelUpdateLength(a.seq_lens_encoder[b]);

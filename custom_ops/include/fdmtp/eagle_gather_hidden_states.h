@@ -9,8 +9,8 @@
 namespace fdmtp {
 
 struct EagleGatherHiddenStatesArgs {
-  RowGatherArgs rows;                 // input [T, H] -> out [bsz, H]
-  const int32_t* seq_lens_this_time;  // [bsz] int32, in: tokens of each item in `input`
+  RowGatherArgs rows;                          // input [T, H] -> out [bsz, H]
+  FDMTP_GM const int32_t* seq_lens_this_time;  // [bsz] int32, in: tokens of each item in `input`
 
   FDMTP_HOST_DEVICE ItemRows Counts(int64_t b) const {
     const int64_t n = NonNegative(seq_lens_this_time[b]);

@@ -9,11 +9,11 @@
 namespace fdmtp {
 
 struct EagleGetHiddenStatesArgs {
-  RowGatherArgs rows;                            // input [T, H] -> out [T, H]
-  const int32_t* seq_lens_this_time;             // [bsz] int32, in: draft tokens this round
-  const int32_t* seq_lens_encoder;               // [bsz] int32, in: draft prefill length
-  const int32_t* accept_nums;                    // [bsz] int32, in: target accepted tokens
-  const int32_t* base_model_seq_lens_this_time;  // [bsz] int32, in: target rows per item
+  RowGatherArgs rows;                          // input [T, H] -> out [T, H]
+  FDMTP_GM const int32_t* seq_lens_this_time;  // [bsz] int32, in: draft tokens this round
+  FDMTP_GM const int32_t* seq_lens_encoder;    // [bsz] int32, in: draft prefill length
+  FDMTP_GM const int32_t* accept_nums;         // [bsz] int32, in: target accepted tokens
+  FDMTP_GM const int32_t* base_model_seq_lens_this_time;  // [bsz] int32, in: target rows per item
 
   FDMTP_HOST_DEVICE ItemRows Counts(int64_t b) const {
     const int64_t enc = NonNegative(seq_lens_encoder[b]);

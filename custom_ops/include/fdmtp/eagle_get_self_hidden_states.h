@@ -9,10 +9,10 @@
 namespace fdmtp {
 
 struct EagleGetSelfHiddenStatesArgs {
-  RowGatherArgs rows;                      // input [T, H] -> out [T, H]
-  const int32_t* last_seq_lens_this_time;  // [bsz] int32, in: draft slt before the substep
-  const int32_t* seq_lens_this_time;       // [bsz] int32, in: draft slt after it (0 or 1)
-  const int32_t* seq_lens_encoder;         // [bsz] int32, in: > 0 right after prefill
+  RowGatherArgs rows;                               // input [T, H] -> out [T, H]
+  FDMTP_GM const int32_t* last_seq_lens_this_time;  // [bsz] int32, in: draft slt before the substep
+  FDMTP_GM const int32_t* seq_lens_this_time;       // [bsz] int32, in: draft slt after it (0 or 1)
+  FDMTP_GM const int32_t* seq_lens_encoder;         // [bsz] int32, in: > 0 right after prefill
 
   FDMTP_HOST_DEVICE ItemRows Counts(int64_t b) const {
     const int64_t last = NonNegative(last_seq_lens_this_time[b]);

@@ -10,14 +10,15 @@
 namespace fdmtp {
 
 struct HybridMtpNgramArgs {
-  const int64_t* input_ids;         // [bsz, input_width] int64, in: draft prompt (shifted by one)
-  const int64_t* input_ids_len;     // [bsz] int64, in: valid tokens of each input_ids row
-  const int64_t* pre_ids;           // [bsz, pre_width] int64, in: draft history; newest at step_idx
-  const int64_t* step_idx;          // [bsz] int64, in: index of the newest token in pre_ids
-  int64_t* draft_tokens;            // [bsz, draft_width] int64, in/out: target draft rows
-  int32_t* seq_lens_this_time;      // [bsz] int32, in/out: tokens already in each draft row
-  const int32_t* seq_lens_decoder;  // [bsz] int32, in: > 0 counts as unprocessed (threshold)
-  const int64_t* max_dec_len;       // [bsz] int64, in: generation length limit
+  FDMTP_GM const int64_t* input_ids;  // [bsz, input_width] int64, in: draft prompt (shifted by one)
+  FDMTP_GM const int64_t* input_ids_len;  // [bsz] int64, in: valid tokens of each input_ids row
+  FDMTP_GM const int64_t* pre_ids;  // [bsz, pre_width] int64, in: draft history; newest at step_idx
+  FDMTP_GM const int64_t* step_idx;      // [bsz] int64, in: index of the newest token in pre_ids
+  FDMTP_GM int64_t* draft_tokens;        // [bsz, draft_width] int64, in/out: target draft rows
+  FDMTP_GM int32_t* seq_lens_this_time;  // [bsz] int32, in/out: tokens already in each draft row
+  FDMTP_GM const int32_t*
+      seq_lens_decoder;                 // [bsz] int32, in: > 0 counts as unprocessed (threshold)
+  FDMTP_GM const int64_t* max_dec_len;  // [bsz] int64, in: generation length limit
   int64_t bsz;
   int64_t input_width;
   int64_t pre_width;

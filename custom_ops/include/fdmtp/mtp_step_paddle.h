@@ -11,16 +11,16 @@
 namespace fdmtp {
 
 struct MtpStepArgs {
-  const bool* base_model_stop_flags;  // [bsz] bool, in (target)
-  bool* stop_flags;                   // [bsz] bool, in/out
-  bool* batch_drop;                   // [bsz] bool, in/out
-  int32_t* seq_lens_this_time;        // [bsz] int32, in/out
-  int32_t* seq_lens_decoder;          // [bsz] int32, in/out
-  int32_t* block_tables;              // [bsz, max_blocks] int32, in/out (-1 = none)
-  int32_t* encoder_block_lens;        // [bsz] int32, in/out: blocks owned by the prompt
-  int32_t* used_list_len;             // [bsz] int32, in/out: draft blocks in use
-  int32_t* free_list;                 // [free_capacity] int32, in/out
-  int32_t* free_list_len;             // [1] int32, in/out
+  FDMTP_GM const bool* base_model_stop_flags;  // [bsz] bool, in (target)
+  FDMTP_GM bool* stop_flags;                   // [bsz] bool, in/out
+  FDMTP_GM bool* batch_drop;                   // [bsz] bool, in/out
+  FDMTP_GM int32_t* seq_lens_this_time;        // [bsz] int32, in/out
+  FDMTP_GM int32_t* seq_lens_decoder;          // [bsz] int32, in/out
+  FDMTP_GM int32_t* block_tables;              // [bsz, max_blocks] int32, in/out (-1 = none)
+  FDMTP_GM int32_t* encoder_block_lens;        // [bsz] int32, in/out: blocks owned by the prompt
+  FDMTP_GM int32_t* used_list_len;             // [bsz] int32, in/out: draft blocks in use
+  FDMTP_GM int32_t* free_list;                 // [free_capacity] int32, in/out
+  FDMTP_GM int32_t* free_list_len;             // [1] int32, in/out
   int64_t bsz;
   int64_t max_blocks;
   int64_t free_capacity;
@@ -40,7 +40,7 @@ FDMTP_HOST_DEVICE inline int64_t MtpStepCount(int32_t v) { return v > 0 ? v : 0;
 // (an evicted item keeps it, as upstream).
 FDMTP_HOST_DEVICE inline void MtpStepRelease(const MtpStepArgs& a, int64_t b,
                                              bool keep_encoder_lens) {
-  int32_t* row = a.block_tables + b * a.max_blocks;
+  FDMTP_GM int32_t* row = a.block_tables + b * a.max_blocks;
   const int64_t start = MtpStepCount(a.encoder_block_lens[b]);
   const int64_t used = MtpStepCount(a.used_list_len[b]);
   const int64_t end = start + used < a.max_blocks ? start + used : a.max_blocks;

@@ -29,14 +29,14 @@ namespace fdmtp {
 
 // One batch item, as both n-gram ops see it.
 struct NgramItem {
-  const int64_t* prompt = nullptr;   // haystack 1: prompt tokens
-  int64_t prompt_len = 0;            // its length (already clamped to the row width)
-  const int64_t* history = nullptr;  // generated tokens; the pattern ends at history[step]
-  int64_t step = -1;                 // < 0: no usable history (no search)
-  int64_t base = 0;                  // this item's seq_lens_this_time before n-gram tokens
-  int64_t budget = 0;                // per-item token budget before the threshold
-  bool active = false;               // searched; decrements the unprocessed count
-  bool pending = false;              // counted in the initial unprocessed count
+  FDMTP_GM const int64_t* prompt = nullptr;   // haystack 1: prompt tokens
+  int64_t prompt_len = 0;                     // its length (already clamped to the row width)
+  FDMTP_GM const int64_t* history = nullptr;  // generated tokens; the pattern ends at history[step]
+  int64_t step = -1;                          // < 0: no usable history (no search)
+  int64_t base = 0;                           // this item's seq_lens_this_time before n-gram tokens
+  int64_t budget = 0;                         // per-item token budget before the threshold
+  bool active = false;                        // searched; decrements the unprocessed count
+  bool pending = false;                       // counted in the initial unprocessed count
 };
 
 // Phase 1 result for one item. `count` is the number of tokens the match offers, already
@@ -73,8 +73,8 @@ FDMTP_HOST_DEVICE inline int64_t NgramMaxN(const NgramItem& item, int max_n) {
 
 // L(e): how many tokens ending at hay[e] equal the pattern ending at history[step], at
 // most `cap` (and at most e + 1). Callers check hay[e] == history[step] first.
-FDMTP_HOST_DEVICE inline int64_t NgramMatchLength(const int64_t* hay, int64_t e,
-                                                  const int64_t* history, int64_t step,
+FDMTP_HOST_DEVICE inline int64_t NgramMatchLength(FDMTP_GM const int64_t* hay, int64_t e,
+                                                  FDMTP_GM const int64_t* history, int64_t step,
                                                   int64_t cap) {
   const int64_t limit = cap < e + 1 ? cap : e + 1;
   int64_t len = 0;
@@ -117,9 +117,10 @@ FDMTP_HOST_DEVICE inline bool NgramCapItem(const NgramItem& item, const NgramPro
 }
 
 // Copies the `count` accepted tokens of proposal `p` to dst[0 .. count).
-FDMTP_HOST_DEVICE inline void NgramCopyTokens(int64_t* dst, const NgramItem& item,
+FDMTP_HOST_DEVICE inline void NgramCopyTokens(FDMTP_GM int64_t* dst, const NgramItem& item,
                                               const NgramProposal& p, int32_t count) {
-  const int64_t* src = (p.source == kNgramSourcePrompt ? item.prompt : item.history) + p.start;
+  FDMTP_GM const int64_t* src =
+      (p.source == kNgramSourcePrompt ? item.prompt : item.history) + p.start;
   for (int32_t k = 0; k < count; ++k) dst[k] = src[k];
 }
 
@@ -132,19 +133,27 @@ FDMTP_HOST_DEVICE inline int64_t NgramBaseForSum(const NgramItem& item) {
 // Phase 1 on one item, shared by the CPU driver (which passes its vectorised candidate
 // filter) and the XPU3 kernel (NgramFindNextScalar). find_next(hay, from, end, value):
 // the first e in [from, end) with hay[e] == value, else end.
-FDMTP_HOST_DEVICE inline int64_t NgramFindNextScalar(const int64_t* hay, int64_t from, int64_t end,
-                                                     int64_t value) {
+FDMTP_HOST_DEVICE inline int64_t NgramFindNextScalar(FDMTP_GM const int64_t* hay, int64_t from,
+                                                     int64_t end, int64_t value) {
   for (int64_t i = from; i < end; ++i) {
     if (hay[i] == value) return i;
   }
   return end;
 }
 
+// NgramFindNextScalar as a functor, for device code (which passes no function pointers).
+struct NgramFindNextScalarFn {
+  FDMTP_HOST_DEVICE int64_t operator()(FDMTP_GM const int64_t* hay, int64_t from, int64_t end,
+                                       int64_t value) const {
+    return NgramFindNextScalar(hay, from, end, value);
+  }
+};
+
 // The running-maximum scan over match ends e in [0, positions): returns the first e at
 // which L(e) reaches its final maximum, if that maximum exceeds *best_len; *best_len is
 // updated to it. Stops early once L(e) == cap (nothing can beat it).
 template <typename FindNext>
-FDMTP_HOST_DEVICE inline int64_t NgramScanHaystack(FindNext find_next, const int64_t* hay,
+FDMTP_HOST_DEVICE inline int64_t NgramScanHaystack(FindNext find_next, FDMTP_GM const int64_t* hay,
                                                    int64_t positions, const NgramItem& item,
                                                    int64_t cap, int64_t* best_len) {
   const int64_t last = item.history[item.step];

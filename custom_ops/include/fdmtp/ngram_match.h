@@ -10,17 +10,20 @@
 namespace fdmtp {
 
 struct NgramMatchArgs {
-  const int64_t* input_ids;         // [bsz, input_width] int64, in: prompt tokens
-  const int64_t* input_ids_len;     // [bsz] int64, in: valid tokens of each input_ids row
-  const int64_t* token_ids_all;     // [bsz, all_width] int64, in: prompt then generated tokens
-  const int64_t* prompt_lens;       // [bsz] int64, in: generated tokens start here in token_ids_all
-  const int64_t* step_idx;          // [bsz] int64, in: pattern ends at generated token step_idx
-  const int32_t* draft_token_num;   // [bsz] int32, in: per-item draft budget
-  int64_t* draft_tokens;            // [bsz, draft_width] int64, in/out: drafts go to [1, 1+cnt)
-  int32_t* seq_lens_this_time;      // [bsz] int32, in/out
-  const int32_t* seq_lens_encoder;  // [bsz] int32, in: > 0: prefill item, left unchanged
-  const int32_t* seq_lens_decoder;  // [bsz] int32, in: == 0 (and not prefill): idle, slt = 0
-  const int64_t* max_dec_len;       // [bsz] int64, in: generation length limit
+  FDMTP_GM const int64_t* input_ids;      // [bsz, input_width] int64, in: prompt tokens
+  FDMTP_GM const int64_t* input_ids_len;  // [bsz] int64, in: valid tokens of each input_ids row
+  FDMTP_GM const int64_t*
+      token_ids_all;  // [bsz, all_width] int64, in: prompt then generated tokens
+  FDMTP_GM const int64_t*
+      prompt_lens;  // [bsz] int64, in: generated tokens start here in token_ids_all
+  FDMTP_GM const int64_t* step_idx;  // [bsz] int64, in: pattern ends at generated token step_idx
+  FDMTP_GM const int32_t* draft_token_num;  // [bsz] int32, in: per-item draft budget
+  FDMTP_GM int64_t* draft_tokens;  // [bsz, draft_width] int64, in/out: drafts go to [1, 1+cnt)
+  FDMTP_GM int32_t* seq_lens_this_time;      // [bsz] int32, in/out
+  FDMTP_GM const int32_t* seq_lens_encoder;  // [bsz] int32, in: > 0: prefill item, left unchanged
+  FDMTP_GM const int32_t*
+      seq_lens_decoder;                 // [bsz] int32, in: == 0 (and not prefill): idle, slt = 0
+  FDMTP_GM const int64_t* max_dec_len;  // [bsz] int64, in: generation length limit
   int64_t bsz;
   int64_t input_width;
   int64_t all_width;

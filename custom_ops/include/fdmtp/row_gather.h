@@ -25,9 +25,9 @@ struct ItemRows {
 };
 
 struct RowGatherArgs {
-  const void* input;          // [in_rows, hidden] float32/float16/bfloat16, in
-  void* out;                  // [out_rows, hidden] same dtype, out: every row written
-  int32_t* output_token_num;  // [1] int32, out: sum of the items' output rows
+  FDMTP_GM const void* input;          // [in_rows, hidden] float32/float16/bfloat16, in
+  FDMTP_GM void* out;                  // [out_rows, hidden] same dtype, out: every row written
+  FDMTP_GM int32_t* output_token_num;  // [1] int32, out: sum of the items' output rows
   int64_t in_rows;
   int64_t out_rows;
   int64_t hidden;

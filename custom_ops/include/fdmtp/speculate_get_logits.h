@@ -7,15 +7,16 @@
 namespace fdmtp {
 
 struct SpeculateGetLogitsArgs {
-  void* draft_logits;                 // [draft_rows, vocab] float, in/out
-  int32_t* next_token_num;            // [bsz] int32, out: rows of `logits` per item
-  int32_t* batch_token_num;           // [bsz] int32, out: rows of `draft_logits` per item
-  int32_t* cu_next_token_offset;      // [bsz + 1] int32, out: [1..bsz] inclusive sums
-  int32_t* cu_batch_token_offset;     // [bsz + 1] int32, out: [1..bsz] inclusive sums
-  const void* logits;                 // [logit_rows, vocab] float, in: draft logits rows
-  const void* first_token_logits;     // [bsz, vocab] float, in: target logits of the first token
-  const int32_t* seq_lens_this_time;  // [bsz] int32, in
-  const int32_t* seq_lens_encoder;    // [bsz] int32, in: > 0 for a prefill item
+  FDMTP_GM void* draft_logits;              // [draft_rows, vocab] float, in/out
+  FDMTP_GM int32_t* next_token_num;         // [bsz] int32, out: rows of `logits` per item
+  FDMTP_GM int32_t* batch_token_num;        // [bsz] int32, out: rows of `draft_logits` per item
+  FDMTP_GM int32_t* cu_next_token_offset;   // [bsz + 1] int32, out: [1..bsz] inclusive sums
+  FDMTP_GM int32_t* cu_batch_token_offset;  // [bsz + 1] int32, out: [1..bsz] inclusive sums
+  FDMTP_GM const void* logits;              // [logit_rows, vocab] float, in: draft logits rows
+  FDMTP_GM const void*
+      first_token_logits;  // [bsz, vocab] float, in: target logits of the first token
+  FDMTP_GM const int32_t* seq_lens_this_time;  // [bsz] int32, in
+  FDMTP_GM const int32_t* seq_lens_encoder;    // [bsz] int32, in: > 0 for a prefill item
   int64_t bsz;
   int64_t vocab;
   int64_t draft_rows;

@@ -27,21 +27,21 @@ enum PenaltyFloatKind : int32_t {
 };
 
 struct SpeculateGetTokenPenaltyMultiScoresArgs {
-  const int64_t* token_ids_all;              // [>= bsz, hist_width] int64, in
-  const int64_t* prompt_lens;                // [>= bsz] int64, in
-  void* logits;                              // [rows, vocab] float, in/out
-  const void* penalty_scores;                // [>= bsz] float (like logits), in: alpha
-  const void* frequency_scores;              // [>= bsz] float (like logits), in: beta
-  const void* presence_scores;               // [>= bsz] float (like logits), in: gamma
-  const float* temperatures;                 // [>= bsz] float32, in
-  const int64_t* bad_tokens;                 // [>= bsz, bad_width] int64, in
-  const int64_t* bad_tokens_len;             // [>= bsz] int64, in
-  const int64_t* cur_len;                    // [>= bsz] int64, in: < 0 = no history
-  const int64_t* min_len;                    // [>= bsz] int64, in
-  const int64_t* eos_token_id;               // [num_eos] int64, in
-  const int32_t* batch_id_per_token_output;  // [>= rows] int32, in
-  const int32_t* cu_seqlens_q_output;        // [>= bsz] int32, in
-  const int64_t* step_input_ids;             // [>= bsz, draft_width] int64, in; may be null
+  FDMTP_GM const int64_t* token_ids_all;              // [>= bsz, hist_width] int64, in
+  FDMTP_GM const int64_t* prompt_lens;                // [>= bsz] int64, in
+  FDMTP_GM void* logits;                              // [rows, vocab] float, in/out
+  FDMTP_GM const void* penalty_scores;                // [>= bsz] float (like logits), in: alpha
+  FDMTP_GM const void* frequency_scores;              // [>= bsz] float (like logits), in: beta
+  FDMTP_GM const void* presence_scores;               // [>= bsz] float (like logits), in: gamma
+  FDMTP_GM const float* temperatures;                 // [>= bsz] float32, in
+  FDMTP_GM const int64_t* bad_tokens;                 // [>= bsz, bad_width] int64, in
+  FDMTP_GM const int64_t* bad_tokens_len;             // [>= bsz] int64, in
+  FDMTP_GM const int64_t* cur_len;                    // [>= bsz] int64, in: < 0 = no history
+  FDMTP_GM const int64_t* min_len;                    // [>= bsz] int64, in
+  FDMTP_GM const int64_t* eos_token_id;               // [num_eos] int64, in
+  FDMTP_GM const int32_t* batch_id_per_token_output;  // [>= rows] int32, in
+  FDMTP_GM const int32_t* cu_seqlens_q_output;        // [>= bsz] int32, in
+  FDMTP_GM const int64_t* step_input_ids;  // [>= bsz, draft_width] int64, in; may be null
   int64_t bsz;
   int64_t rows;
   int64_t vocab;
@@ -54,15 +54,24 @@ struct SpeculateGetTokenPenaltyMultiScoresArgs {
 
 namespace penalty_detail {
 
+// The bit copy of FloatBits / BitsFloat: the compiler's builtin, except for nvcc (whose device
+// code has memcpy). No C-library call: XPU device code has no libc, and the XTDK compile
+// (-fno-builtin) would turn `memcpy` into one.
+#if defined(__CUDACC__)
+#define FDMTP_PENALTY_BIT_COPY memcpy
+#else
+#define FDMTP_PENALTY_BIT_COPY __builtin_memcpy
+#endif
+
 FDMTP_HOST_DEVICE inline uint32_t FloatBits(float f) {
   uint32_t u;
-  memcpy(&u, &f, sizeof(u));
+  FDMTP_PENALTY_BIT_COPY(&u, &f, sizeof(u));
   return u;
 }
 
 FDMTP_HOST_DEVICE inline float BitsFloat(uint32_t u) {
   float f;
-  memcpy(&f, &u, sizeof(f));
+  FDMTP_PENALTY_BIT_COPY(&f, &u, sizeof(f));
   return f;
 }
 
@@ -111,14 +120,14 @@ FDMTP_HOST_DEVICE inline uint16_t FloatToBFloat(float f) {
   return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
-FDMTP_HOST_DEVICE inline float Load(const float* p) { return *p; }
-FDMTP_HOST_DEVICE inline float Load(const Float16* p) { return HalfToFloat(p->bits); }
-FDMTP_HOST_DEVICE inline float Load(const BFloat16* p) {
+FDMTP_HOST_DEVICE inline float Load(FDMTP_GM const float* p) { return *p; }
+FDMTP_HOST_DEVICE inline float Load(FDMTP_GM const Float16* p) { return HalfToFloat(p->bits); }
+FDMTP_HOST_DEVICE inline float Load(FDMTP_GM const BFloat16* p) {
   return BitsFloat(static_cast<uint32_t>(p->bits) << 16);
 }
-FDMTP_HOST_DEVICE inline void Store(float* p, float v) { *p = v; }
-FDMTP_HOST_DEVICE inline void Store(Float16* p, float v) { p->bits = FloatToHalf(v); }
-FDMTP_HOST_DEVICE inline void Store(BFloat16* p, float v) { p->bits = FloatToBFloat(v); }
+FDMTP_HOST_DEVICE inline void Store(FDMTP_GM float* p, float v) { *p = v; }
+FDMTP_HOST_DEVICE inline void Store(FDMTP_GM Float16* p, float v) { p->bits = FloatToHalf(v); }
+FDMTP_HOST_DEVICE inline void Store(FDMTP_GM BFloat16* p, float v) { p->bits = FloatToBFloat(v); }
 
 // The value a banned logit gets: -1e10, except float16 (whose range ends at 65504): -1e4.
 template <typename T>
@@ -189,7 +198,7 @@ FDMTP_HOST_DEVICE inline PenaltyRow PenaltyRowOf(const SpeculateGetTokenPenaltyM
   row.j = j < 0 ? 0 : j;
   if (a.cur_len[b] < 0) return row;
   row.begin = ClampTo(a.prompt_lens[b], 0, a.hist_width);
-  const int64_t* ids = a.token_ids_all + b * a.hist_width;
+  FDMTP_GM const int64_t* ids = a.token_ids_all + b * a.hist_width;
   int64_t end = row.begin;
   while (end < a.hist_width && ids[end] >= 0) ++end;
   row.hist = end - row.begin;
@@ -214,7 +223,7 @@ FDMTP_HOST_DEVICE inline void PenaltyMinLength(const SpeculateGetTokenPenaltyMul
                                                const PenaltyRow& row, int64_t r, int64_t start,
                                                int64_t stride) {
   if (a.cur_len[row.b] < 0 || SatAdd(a.cur_len[row.b], row.j) >= a.min_len[row.b]) return;
-  T* logits = static_cast<T*>(a.logits) + r * a.vocab;
+  FDMTP_GM T* logits = static_cast<FDMTP_GM T*>(a.logits) + r * a.vocab;
   for (int64_t e = start; e < a.num_eos; e += stride) {
     const int64_t id = a.eos_token_id[e];
     if (id >= 0 && id < a.vocab) penalty_detail::Store(logits + id, penalty_detail::BanValue<T>());
@@ -232,11 +241,11 @@ FDMTP_HOST_DEVICE inline void PenaltyScores(const SpeculateGetTokenPenaltyMultiS
   using penalty_detail::Load;
   const int64_t n = row.hist + row.drafts;
   if (n == 0) return;
-  float alpha = Load(static_cast<const T*>(a.penalty_scores) + row.b);
+  float alpha = Load(static_cast<FDMTP_GM const T*>(a.penalty_scores) + row.b);
   if (!(alpha > 0.0f)) alpha = 1.0f;
-  const float beta = Load(static_cast<const T*>(a.frequency_scores) + row.b);
-  const float gamma = Load(static_cast<const T*>(a.presence_scores) + row.b);
-  T* logits = static_cast<T*>(a.logits) + r * a.vocab;
+  const float beta = Load(static_cast<FDMTP_GM const T*>(a.frequency_scores) + row.b);
+  const float gamma = Load(static_cast<FDMTP_GM const T*>(a.presence_scores) + row.b);
+  FDMTP_GM T* logits = static_cast<FDMTP_GM T*>(a.logits) + r * a.vocab;
   for (int64_t k = start; k < n; k += stride) {
     const int64_t id = PenaltySeqId(a, row, k);
     if (id < 0) continue;
@@ -261,7 +270,7 @@ FDMTP_HOST_DEVICE inline void PenaltyTemperature(const SpeculateGetTokenPenaltyM
                                                  int64_t stride) {
   const float t = a.temperatures[row.b];
   if (!(t > 0.0f && t <= 3.40282347e38f)) return;
-  T* logits = static_cast<T*>(a.logits) + r * a.vocab;
+  FDMTP_GM T* logits = static_cast<FDMTP_GM T*>(a.logits) + r * a.vocab;
   for (int64_t v = start; v < a.vocab; v += stride) {
     penalty_detail::Store(logits + v, penalty_detail::Div(penalty_detail::Load(logits + v), t));
   }
@@ -274,8 +283,8 @@ FDMTP_HOST_DEVICE inline void PenaltyBadWords(const SpeculateGetTokenPenaltyMult
                                               const PenaltyRow& row, int64_t r, int64_t start,
                                               int64_t stride) {
   const int64_t n = ClampTo(a.bad_tokens_len[row.b], 0, a.bad_width);
-  const int64_t* bad = a.bad_tokens + row.b * a.bad_width;
-  T* logits = static_cast<T*>(a.logits) + r * a.vocab;
+  FDMTP_GM const int64_t* bad = a.bad_tokens + row.b * a.bad_width;
+  FDMTP_GM T* logits = static_cast<FDMTP_GM T*>(a.logits) + r * a.vocab;
   for (int64_t i = start; i < n; i += stride) {
     const int64_t id = bad[i];
     if (id >= 0 && id < a.vocab) penalty_detail::Store(logits + id, penalty_detail::BanValue<T>());

@@ -9,17 +9,17 @@ namespace fdmtp {
 constexpr int64_t kPaddingTokenFill = 2;  // upstream's fill of ids_remove_padding
 
 struct SpeculatePreProcessArgs {
-  const int64_t* input_ids;            // [bsz, C] int64, in
-  const int32_t* seq_lens_this_time;   // [bsz] int32, in
-  const int64_t* draft_tokens;         // [bsz, W] int64, in
-  const int32_t* seq_lens_encoder;     // [bsz] int32, in
-  int64_t* ids_remove_padding;         // [T] int64, out
-  int32_t* batch_id_per_token;         // [T] int32, out
-  int32_t* cu_seqlens_q;               // [bsz + 1] int32, out
-  int32_t* cu_seqlens_k;               // [bsz + 1] int32, out
-  int32_t* cu_seq_lens_q_output;       // [bsz + 1] int32, out
-  int32_t* batch_id_per_token_output;  // [bsz * W] int32, out
-  int32_t* real_output_token_num;      // [1] int32, out
+  FDMTP_GM const int64_t* input_ids;            // [bsz, C] int64, in
+  FDMTP_GM const int32_t* seq_lens_this_time;   // [bsz] int32, in
+  FDMTP_GM const int64_t* draft_tokens;         // [bsz, W] int64, in
+  FDMTP_GM const int32_t* seq_lens_encoder;     // [bsz] int32, in
+  FDMTP_GM int64_t* ids_remove_padding;         // [T] int64, out
+  FDMTP_GM int32_t* batch_id_per_token;         // [T] int32, out
+  FDMTP_GM int32_t* cu_seqlens_q;               // [bsz + 1] int32, out
+  FDMTP_GM int32_t* cu_seqlens_k;               // [bsz + 1] int32, out
+  FDMTP_GM int32_t* cu_seq_lens_q_output;       // [bsz + 1] int32, out
+  FDMTP_GM int32_t* batch_id_per_token_output;  // [bsz * W] int32, out
+  FDMTP_GM int32_t* real_output_token_num;      // [1] int32, out
   int64_t bsz;
   int64_t input_ids_len;    // C
   int64_t draft_width;      // W
@@ -50,27 +50,34 @@ FDMTP_HOST_DEVICE inline int64_t SpeculateOffsetAdd(int64_t offset, int64_t coun
 
 // Tokens of item b that are written: positions cu_seqlens_q[b] .. min(cu_seqlens_q[b + 1],
 // T) - 1 (offsets already written). Bounded by T, whatever the length values say.
+// The *At variants take item b's offsets as values (begin = the offset array's [b], next =
+// its [b + 1]), for kernels that keep the offsets elsewhere (XPU3: in shared memory).
+FDMTP_HOST_DEVICE inline int64_t SpeculateTokensInBoundsAt(const SpeculatePreProcessArgs& a,
+                                                           int64_t begin, int64_t next) {
+  const int64_t end = next < a.token_num ? next : a.token_num;
+  return end > begin ? end - begin : 0;
+}
 FDMTP_HOST_DEVICE inline int64_t SpeculateTokensInBounds(const SpeculatePreProcessArgs& a,
                                                          int64_t b) {
-  const int64_t begin = a.cu_seqlens_q[b];
-  const int64_t end = a.cu_seqlens_q[b + 1] < a.token_num ? a.cu_seqlens_q[b + 1] : a.token_num;
-  return end > begin ? end - begin : 0;
+  return SpeculateTokensInBoundsAt(a, a.cu_seqlens_q[b], a.cu_seqlens_q[b + 1]);
 }
 
 // Output rows of item b that are written: cu_seq_lens_q_output[b] ..
 // min(cu_seq_lens_q_output[b + 1], N * W) - 1.
-FDMTP_HOST_DEVICE inline int64_t SpeculateRowsInBounds(const SpeculatePreProcessArgs& a,
-                                                       int64_t b) {
-  const int64_t begin = a.cu_seq_lens_q_output[b];
-  const int64_t next = a.cu_seq_lens_q_output[b + 1];
+FDMTP_HOST_DEVICE inline int64_t SpeculateRowsInBoundsAt(const SpeculatePreProcessArgs& a,
+                                                         int64_t begin, int64_t next) {
   const int64_t end = next < a.output_capacity ? next : a.output_capacity;
   return end > begin ? end - begin : 0;
 }
+FDMTP_HOST_DEVICE inline int64_t SpeculateRowsInBounds(const SpeculatePreProcessArgs& a,
+                                                       int64_t b) {
+  return SpeculateRowsInBoundsAt(a, a.cu_seq_lens_q_output[b], a.cu_seq_lens_q_output[b + 1]);
+}
 
 // Token i < SpeculateTokensInBounds(a, b) of item b (offsets already written).
-FDMTP_HOST_DEVICE inline void SpeculatePreProcessToken(const SpeculatePreProcessArgs& a, int64_t b,
-                                                       int64_t i) {
-  const int64_t t = static_cast<int64_t>(a.cu_seqlens_q[b]) + i;
+FDMTP_HOST_DEVICE inline void SpeculatePreProcessTokenAt(const SpeculatePreProcessArgs& a,
+                                                         int64_t b, int64_t i, int64_t begin) {
+  const int64_t t = begin + i;
   if (t < 0 || t >= a.token_num) return;
   const bool from_draft = a.draft_width > 0 && a.seq_lens_encoder[b] <= 0;
   int64_t token = kPaddingTokenFill;
@@ -82,12 +89,20 @@ FDMTP_HOST_DEVICE inline void SpeculatePreProcessToken(const SpeculatePreProcess
   a.ids_remove_padding[t] = token;
   a.batch_id_per_token[t] = static_cast<int32_t>(b);
 }
+FDMTP_HOST_DEVICE inline void SpeculatePreProcessToken(const SpeculatePreProcessArgs& a, int64_t b,
+                                                       int64_t i) {
+  SpeculatePreProcessTokenAt(a, b, i, a.cu_seqlens_q[b]);
+}
 
 // Output row j < SpeculateRowsInBounds(a, b) of item b (offsets already written).
+FDMTP_HOST_DEVICE inline void SpeculatePreProcessOutputRowAt(const SpeculatePreProcessArgs& a,
+                                                             int64_t b, int64_t j, int64_t begin) {
+  const int64_t r = begin + j;
+  if (r >= 0 && r < a.output_capacity) a.batch_id_per_token_output[r] = static_cast<int32_t>(b);
+}
 FDMTP_HOST_DEVICE inline void SpeculatePreProcessOutputRow(const SpeculatePreProcessArgs& a,
                                                            int64_t b, int64_t j) {
-  const int64_t r = static_cast<int64_t>(a.cu_seq_lens_q_output[b]) + j;
-  if (r >= 0 && r < a.output_capacity) a.batch_id_per_token_output[r] = static_cast<int32_t>(b);
+  SpeculatePreProcessOutputRowAt(a, b, j, a.cu_seq_lens_q_output[b]);
 }
 
 }  // namespace fdmtp

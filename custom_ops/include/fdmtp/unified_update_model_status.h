@@ -7,20 +7,20 @@
 namespace fdmtp {
 
 struct UnifiedUpdateModelStatusArgs {
-  int32_t* seq_lens_encoder;    // [max_bsz] int32, in/out
-  int32_t* seq_lens_decoder;    // [max_bsz] int32, in/out
-  bool* has_running_seqs;       // [1] bool, out: any slot still running
-  int64_t* step_input_ids;      // [max_bsz, width] int64, in/out: column 0 only
-  int64_t* step_output_ids;     // [max_bsz, width] int64, in/out: EOS replacement
-  int32_t* step_output_len;     // [max_bsz] int32, in/out: emitted count, cut at a stop
-  bool* stop_flags;             // [max_bsz] bool, in/out
-  int32_t* seq_lens_this_time;  // [real_bsz] int32, in/out: 0 for stopped/paused
-  const bool* is_paused;        // [max_bsz] bool, in (is_block_step)
-  int64_t* token_ids_all;       // [max_bsz, max_model_len] int64, in/out: history
-  const int64_t* prompt_lens;   // [max_bsz] int64, in
-  int64_t* step_idx;            // [max_bsz] int64, in/out
-  const int64_t* end_tokens;    // [num_end_tokens] int64, in
-  const int64_t* max_dec_len;   // [max_bsz] int64, in
+  FDMTP_GM int32_t* seq_lens_encoder;    // [max_bsz] int32, in/out
+  FDMTP_GM int32_t* seq_lens_decoder;    // [max_bsz] int32, in/out
+  FDMTP_GM bool* has_running_seqs;       // [1] bool, out: any slot still running
+  FDMTP_GM int64_t* step_input_ids;      // [max_bsz, width] int64, in/out: column 0 only
+  FDMTP_GM int64_t* step_output_ids;     // [max_bsz, width] int64, in/out: EOS replacement
+  FDMTP_GM int32_t* step_output_len;     // [max_bsz] int32, in/out: emitted count, cut at a stop
+  FDMTP_GM bool* stop_flags;             // [max_bsz] bool, in/out
+  FDMTP_GM int32_t* seq_lens_this_time;  // [real_bsz] int32, in/out: 0 for stopped/paused
+  FDMTP_GM const bool* is_paused;        // [max_bsz] bool, in (is_block_step)
+  FDMTP_GM int64_t* token_ids_all;       // [max_bsz, max_model_len] int64, in/out: history
+  FDMTP_GM const int64_t* prompt_lens;   // [max_bsz] int64, in
+  FDMTP_GM int64_t* step_idx;            // [max_bsz] int64, in/out
+  FDMTP_GM const int64_t* end_tokens;    // [num_end_tokens] int64, in
+  FDMTP_GM const int64_t* max_dec_len;   // [max_bsz] int64, in
   int64_t max_bsz;
   int64_t real_bsz;
   int64_t width;          // K + 1
@@ -43,7 +43,7 @@ FDMTP_HOST_DEVICE inline bool UnifiedUpdateModelStatusItem(const UnifiedUpdateMo
     }
     return false;
   }
-  int64_t* out = a.step_output_ids + b * a.width;
+  FDMTP_GM int64_t* out = a.step_output_ids + b * a.width;
   // Values are never trusted and never rejected (a device kernel cannot check them without
   // a sync), so every backend clamps them the same way: the emitted count into [0, W] (the
   // scan never reads past the row; a stop condition still cuts it first, as upstream), the
@@ -80,7 +80,7 @@ FDMTP_HOST_DEVICE inline bool UnifiedUpdateModelStatusItem(const UnifiedUpdateMo
     // compared as first < L - n, so no addition can wrap into the row.
     const int64_t first = SatAdd(a.prompt_lens[b], old_step);
     if (first >= 0 && first < a.max_model_len - n) {
-      int64_t* history = a.token_ids_all + b * a.max_model_len + first;
+      FDMTP_GM int64_t* history = a.token_ids_all + b * a.max_model_len + first;
       for (int64_t k = 0; k < n; ++k) history[k] = out[k];
     }
     a.step_input_ids[b * a.width] = out[n - 1];

@@ -7,14 +7,14 @@
 namespace fdmtp {
 
 struct UpdateAttnMaskOffsetsArgs {
-  int32_t* attn_mask_offsets;             // [2 * token_num] int32, out (zeroed by the kernel)
-  int32_t* decode_states;                 // [>= bsz, decode_width] int32, in/out
-  const int32_t* seq_lens_this_time;      // [bsz] int32, in
-  const int32_t* seq_lens_encoder;        // [bsz] int32, in
-  const int32_t* seq_lens_decoder;        // [bsz] int32, in
-  const int32_t* cu_seqlens_q;            // [>= bsz] int32, in: first token of each item
-  const int32_t* attn_mask_offsets_full;  // [>= bsz, max_model_len] int32, in
-  const bool* is_block_step;              // [bsz] bool, in: item skipped this step
+  FDMTP_GM int32_t* attn_mask_offsets;         // [2 * token_num] int32, out (zeroed by the kernel)
+  FDMTP_GM int32_t* decode_states;             // [>= bsz, decode_width] int32, in/out
+  FDMTP_GM const int32_t* seq_lens_this_time;  // [bsz] int32, in
+  FDMTP_GM const int32_t* seq_lens_encoder;    // [bsz] int32, in
+  FDMTP_GM const int32_t* seq_lens_decoder;    // [bsz] int32, in
+  FDMTP_GM const int32_t* cu_seqlens_q;        // [>= bsz] int32, in: first token of each item
+  FDMTP_GM const int32_t* attn_mask_offsets_full;  // [>= bsz, max_model_len] int32, in
+  FDMTP_GM const bool* is_block_step;              // [bsz] bool, in: item skipped this step
   int64_t bsz;
   int64_t token_num;  // T = ids_remove_padding.shape[0]
   int64_t max_model_len;
@@ -40,12 +40,12 @@ FDMTP_HOST_DEVICE inline void UpdateAttnMaskOffsetsItem(const UpdateAttnMaskOffs
   if (enc == 0 && dec == 0) return;
   const int64_t q = a.cu_seqlens_q[b];  // an int32 value: q + i below cannot overflow
   const int64_t slt = a.seq_lens_this_time[b];
-  int32_t* states = a.decode_states + b * a.decode_width;
+  FDMTP_GM int32_t* states = a.decode_states + b * a.decode_width;
   const int64_t first = q < 0 ? -q : 0;                         // q + first >= 0
   int64_t end = a.token_num - q < slt ? a.token_num - q : slt;  // q + i < T, i < slt
   if (enc > 0) {
     const bool resume = a.decode_width > 0 && states[0] == 2 && dec > 0;
-    const int32_t* full = a.attn_mask_offsets_full + b * a.max_model_len;
+    FDMTP_GM const int32_t* full = a.attn_mask_offsets_full + b * a.max_model_len;
     if (!resume && a.max_model_len < end) end = a.max_model_len;
     for (int64_t i = first + lane; i < end; i += lanes) {
       a.attn_mask_offsets[2 * (q + i) + 1] =

@@ -16,24 +16,25 @@ namespace fdmtp {
 constexpr int64_t kAcceptAllEosReplacement = 5;
 
 struct VerifyDraftTokensArgs {
-  int64_t* step_output_ids;            // [max_bsz, width] int64, out: emitted tokens, -1 after
-  int32_t* step_output_len;            // [max_bsz] int32, out: number of emitted tokens
-  const int64_t* step_input_ids;       // [max_bsz, width] int64, in: [last token, d1..]
-  const int64_t* target_tokens;        // [rows] int64, in: GREEDY/TARGET_MATCH, else null
-  const int64_t* candidate_ids;        // [rows, C] int64, in: TOPP/REJECTION, else null
-  const float* candidate_scores;       // [rows, C] float32, in: TOPP/REJECTION, else null
-  const int32_t* candidate_lens;       // [rows] int32, in: TOPP/REJECTION, else null
-  const float* topp;                   // [max_bsz] float32, in: TOPP's Phase-2 mass
-  const bool* stop_flags;              // [max_bsz] bool, in
-  const int32_t* seq_lens_encoder;     // [max_bsz] int32, in: != 0 means prefill
-  const int32_t* seq_lens_this_time;   // [real_bsz] int32, in: tokens fed this step
-  const int64_t* end_tokens;           // [num_end_tokens] int64, in: EOS ids
-  const bool* is_block_step;           // [max_bsz] bool, in: paused items
-  const int32_t* cu_seqlens_q_output;  // [>= real_bsz] int32, in: first output row of item b
-  const int32_t* reasoning_status;     // [max_bsz] int32, in: 1 = one token per step
-  const int64_t* max_dec_len;          // [max_bsz] int64, in
-  const int64_t* step_idx;             // [max_bsz] int64, in: tokens generated so far
-  const float* verify_uniforms;        // [rows_u, 2] float32, in: REJECTION; TOPP optional
+  FDMTP_GM int64_t* step_output_ids;       // [max_bsz, width] int64, out: emitted tokens, -1 after
+  FDMTP_GM int32_t* step_output_len;       // [max_bsz] int32, out: number of emitted tokens
+  FDMTP_GM const int64_t* step_input_ids;  // [max_bsz, width] int64, in: [last token, d1..]
+  FDMTP_GM const int64_t* target_tokens;   // [rows] int64, in: GREEDY/TARGET_MATCH, else null
+  FDMTP_GM const int64_t* candidate_ids;   // [rows, C] int64, in: TOPP/REJECTION, else null
+  FDMTP_GM const float* candidate_scores;  // [rows, C] float32, in: TOPP/REJECTION, else null
+  FDMTP_GM const int32_t* candidate_lens;  // [rows] int32, in: TOPP/REJECTION, else null
+  FDMTP_GM const float* topp;              // [max_bsz] float32, in: TOPP's Phase-2 mass
+  FDMTP_GM const bool* stop_flags;         // [max_bsz] bool, in
+  FDMTP_GM const int32_t* seq_lens_encoder;    // [max_bsz] int32, in: != 0 means prefill
+  FDMTP_GM const int32_t* seq_lens_this_time;  // [real_bsz] int32, in: tokens fed this step
+  FDMTP_GM const int64_t* end_tokens;          // [num_end_tokens] int64, in: EOS ids
+  FDMTP_GM const bool* is_block_step;          // [max_bsz] bool, in: paused items
+  FDMTP_GM const int32_t*
+      cu_seqlens_q_output;                   // [>= real_bsz] int32, in: first output row of item b
+  FDMTP_GM const int32_t* reasoning_status;  // [max_bsz] int32, in: 1 = one token per step
+  FDMTP_GM const int64_t* max_dec_len;       // [max_bsz] int64, in
+  FDMTP_GM const int64_t* step_idx;          // [max_bsz] int64, in: tokens generated so far
+  FDMTP_GM const float* verify_uniforms;     // [rows_u, 2] float32, in: REJECTION; TOPP optional
   int64_t max_bsz;
   int64_t real_bsz;
   int64_t width;           // K + 1
@@ -51,10 +52,10 @@ namespace verify_detail {
 // end_tokens[0] when max_dec_len is reached (unless it already is an EOS id), and stop
 // the item on an EOS id or at max_dec_len.
 struct Emitter {
-  int64_t* out;
+  FDMTP_GM int64_t* out;
   int64_t step;
   int64_t max_dec_len;
-  const int64_t* end_tokens;
+  FDMTP_GM const int64_t* end_tokens;
   int64_t num_end_tokens;
   int32_t count;
   bool stopped;
@@ -87,8 +88,8 @@ FDMTP_HOST_DEVICE inline int64_t RowLen(const VerifyDraftTokensArgs& a, int64_t 
 // `token` (0 when it is not listed).
 FDMTP_HOST_DEVICE inline void RowMass(const VerifyDraftTokensArgs& a, int64_t r, int64_t token,
                                       float* total, float* token_score) {
-  const int64_t* ids = a.candidate_ids + r * a.num_candidates;
-  const float* scores = a.candidate_scores + r * a.num_candidates;
+  FDMTP_GM const int64_t* ids = a.candidate_ids + r * a.num_candidates;
+  FDMTP_GM const float* scores = a.candidate_scores + r * a.num_candidates;
   const int64_t len = RowLen(a, r);
   float s = 0.0f;
   float sd = 0.0f;
@@ -107,7 +108,7 @@ FDMTP_HOST_DEVICE inline void RowMass(const VerifyDraftTokensArgs& a, int64_t r,
 FDMTP_HOST_DEVICE inline bool Accepts(const VerifyDraftTokensArgs& a, int64_t r, int64_t draft) {
   switch (a.strategy) {
     case kVerifyTopP: {
-      const int64_t* ids = a.candidate_ids + r * a.num_candidates;
+      FDMTP_GM const int64_t* ids = a.candidate_ids + r * a.num_candidates;
       const int64_t len = RowLen(a, r);
       for (int64_t j = 0; j < len; ++j) {
         if (ids[j] == draft) return true;
@@ -167,8 +168,8 @@ FDMTP_HOST_DEVICE inline float TopPUniform(int64_t slot, int64_t step_idx) {
 // the row's first candidate (upstream's fallback, also for len == 0). u = u_draw of row r
 // when verify_uniforms is given, else TopPUniform(b, step_idx[b]).
 FDMTP_HOST_DEVICE inline int64_t DrawTopP(const VerifyDraftTokensArgs& a, int64_t r, int64_t b) {
-  const int64_t* ids = a.candidate_ids + r * a.num_candidates;
-  const float* scores = a.candidate_scores + r * a.num_candidates;
+  FDMTP_GM const int64_t* ids = a.candidate_ids + r * a.num_candidates;
+  FDMTP_GM const float* scores = a.candidate_scores + r * a.num_candidates;
   const int64_t len = RowLen(a, r);
   const float u = a.verify_uniforms ? a.verify_uniforms[2 * r + 1] : TopPUniform(b, a.step_idx[b]);
   const float t = u * a.topp[b];
@@ -188,8 +189,8 @@ FDMTP_HOST_DEVICE inline int64_t DrawTopP(const VerifyDraftTokensArgs& a, int64_
 // an empty row (len 0 or S <= 0) emits ids[r, 0].
 FDMTP_HOST_DEVICE inline int64_t DrawRejection(const VerifyDraftTokensArgs& a, int64_t r,
                                                bool rejected, int64_t excluded) {
-  const int64_t* ids = a.candidate_ids + r * a.num_candidates;
-  const float* scores = a.candidate_scores + r * a.num_candidates;
+  FDMTP_GM const int64_t* ids = a.candidate_ids + r * a.num_candidates;
+  FDMTP_GM const float* scores = a.candidate_scores + r * a.num_candidates;
   const int64_t len = RowLen(a, r);
   float s = 0.0f;
   float sd = 0.0f;
@@ -223,7 +224,7 @@ FDMTP_HOST_DEVICE inline int64_t Draw(const VerifyDraftTokensArgs& a, int64_t r,
 // The whole per-item computation; the kernels only add the loop over b < max_bsz.
 FDMTP_HOST_DEVICE inline void VerifyDraftTokensItem(const VerifyDraftTokensArgs& a, int64_t b) {
   using verify_detail::Emitter;
-  int64_t* out = a.step_output_ids + b * a.width;
+  FDMTP_GM int64_t* out = a.step_output_ids + b * a.width;
   for (int64_t j = 0; j < a.width; ++j) out[j] = kPlaceholderToken;
   a.step_output_len[b] = 0;
   // A width-0 row holds no token: nothing is emitted (and out[0] is never touched).
@@ -235,7 +236,7 @@ FDMTP_HOST_DEVICE inline void VerifyDraftTokensItem(const VerifyDraftTokensArgs&
   if (slt <= 0) return;
   const int64_t r0 = a.cu_seqlens_q_output[b];
   Emitter e{out, a.step_idx[b], a.max_dec_len[b], a.end_tokens, a.num_end_tokens, 0, false};
-  const int64_t* in = a.step_input_ids + b * a.width;
+  FDMTP_GM const int64_t* in = a.step_input_ids + b * a.width;
   // Drafts d_1..d_{slt-1}; slt is capped at the row width (a prefill slt is larger, but
   // prefill never looks at drafts).
   const int64_t drafts = (slt < a.width ? slt : a.width) - 1;

@@ -9,19 +9,28 @@
 
 namespace fdmtp_xpu3 {
 
+// Item b of the op, rebuilt from the tensors (NgramCapBatch's item_at).
 template <typename Op>
-inline void RunNgram(const typename Op::Args& args, int64_t bsz, int max_n, int min_n,
-                     int64_t threshold, fdmtp::NgramProposal* sm_proposals, int32_t* sm_counts) {
+struct NgramItemAt {
+  const typename Op::Args& args;
+  __device__ fdmtp::NgramItem operator()(int64_t b) const { return Op::Item(args, b); }
+};
+
+template <typename Op>
+__device__ inline void RunNgram(const typename Op::Args& args, int64_t bsz, int max_n, int min_n,
+                                int64_t threshold, FDMTP_SM fdmtp::NgramProposal* sm_proposals,
+                                FDMTP_SM int32_t* sm_counts) {
   if (cluster_id() != 0) return;
   for (int64_t b = core_id(); b < bsz; b += core_num()) {
     sm_proposals[b] =
-        fdmtp::NgramProposeItem(fdmtp::NgramFindNextScalar, Op::Item(args, b), max_n, min_n);
+        fdmtp::NgramProposeItem(fdmtp::NgramFindNextScalarFn(), Op::Item(args, b), max_n, min_n);
   }
+  mfence();
   sync_cluster();
   if (core_id() == 0) {
-    fdmtp::NgramCapBatch([&](int64_t b) { return Op::Item(args, b); }, sm_proposals, bsz, threshold,
-                         sm_counts);
+    fdmtp::NgramCapBatch(NgramItemAt<Op>{args}, sm_proposals, bsz, threshold, sm_counts);
   }
+  mfence();
   sync_cluster();
   for (int64_t b = core_id(); b < bsz; b += core_num()) {
     Op::Write(args, b, Op::Item(args, b), sm_proposals[b], sm_counts[b]);

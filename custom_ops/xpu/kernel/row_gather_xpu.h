@@ -10,19 +10,31 @@
 
 namespace fdmtp_xpu3 {
 
+// The input / output row counts of item b (ClusterExclusiveScan's values).
 template <typename Plan>
-inline void GatherRows(const Plan& plan, int64_t elem_bytes, int64_t* sm_in, int64_t* sm_out,
-                       int64_t* sm_partial) {
+struct RowsIn {
+  const Plan& plan;
+  __device__ int64_t operator()(int64_t b) const { return plan.Counts(b).in; }
+};
+template <typename Plan>
+struct RowsOut {
+  const Plan& plan;
+  __device__ int64_t operator()(int64_t b) const { return plan.Counts(b).out; }
+};
+
+template <typename Plan>
+__device__ inline void GatherRows(const Plan& plan, int64_t elem_bytes, FDMTP_SM int64_t* sm_in,
+                                  FDMTP_SM int64_t* sm_out, FDMTP_SM int64_t* sm_partial) {
   const fdmtp::RowGatherArgs& r = plan.rows;
-  ClusterExclusiveScan(r.bsz, [&](int64_t b) { return plan.Counts(b).in; }, sm_in, sm_partial);
-  ClusterExclusiveScan(r.bsz, [&](int64_t b) { return plan.Counts(b).out; }, sm_out, sm_partial);
+  ClusterExclusiveScan(r.bsz, RowsIn<Plan>{plan}, sm_in, sm_partial);
+  ClusterExclusiveScan(r.bsz, RowsOut<Plan>{plan}, sm_out, sm_partial);
   const int64_t row_bytes = r.hidden * elem_bytes;
-  const char* input = static_cast<const char*>(r.input);
-  char* out = static_cast<char*>(r.out);
+  __global_ptr__ const char* input = static_cast<__global_ptr__ const char*>(r.input);
+  __global_ptr__ char* out = static_cast<__global_ptr__ char*>(r.out);
   for (int64_t b = GlobalCore(); b < r.bsz; b += GlobalCores()) {
     const fdmtp::ItemRows c = plan.Counts(b);
     for (int64_t j = 0; row_bytes != 0 && j < c.out && sm_out[b] + j < r.out_rows; ++j) {
-      char* dst = out + (sm_out[b] + j) * row_bytes;
+      __global_ptr__ char* dst = out + (sm_out[b] + j) * row_bytes;
       const int64_t src = fdmtp::SourceRow(plan.Source(b, j, c), c, sm_in[b], r.in_rows);
       if (src >= 0) {
         CopyGm(dst, input + src * row_bytes, row_bytes);

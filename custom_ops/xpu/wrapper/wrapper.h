@@ -8,12 +8,16 @@
 #include "xpu/plugin.h"
 
 #if defined(FDMTP_XPU_EMULATOR)
-#include "xpu/emu/kp_emu.h"
-// Kernel declarations in the wrappers: plain functions under the emulator.
-#define FDMTP_XPU_KERNEL_DECL
+#include "xpu/emu/kp_launch.h"
+// Kernel declarations in the wrappers: under the emulator, each kernel's emulator entry
+// (the kernel units are device code with their own argument types, see emu/kp_launch.h).
+#define FDMTP_XPU_KERNEL(name, ...) FDMTP_XPU_EMU_ENTRY_DECL(name)
 #else
 #include "xpu/runtime.h"
-#define FDMTP_XPU_KERNEL_DECL __attribute__((global))
+#define FDMTP_XPU_KERNEL(name, ...)               \
+  namespace fdmtp_xpu3 {                          \
+  __attribute__((global)) void name(__VA_ARGS__); \
+  }
 #endif
 
 namespace fdmtp {
@@ -59,21 +63,23 @@ int Run(const Context* ctx, const char* op, CpuFn&& cpu_fn, Xpu3Fn&& xpu3_fn) {
 }  // namespace xpu
 }  // namespace fdmtp
 
-// Launches `kernel` on ctx's clusters x cores (and stream); returns kLaunchFailed from the
-// enclosing function if the launch (or the emulated kernel) fails.
+// Launches kernel fdmtp_xpu3::<kernel> on ctx's clusters x cores and ctx's stream;
+// returns kLaunchFailed from the enclosing function if the launch (or the emulated kernel)
+// fails. `kernel` is the bare kernel name.
 #if defined(FDMTP_XPU_EMULATOR)
-#define FDMTP_XPU_LAUNCH(op, ctx, kernel, ...)                                         \
-  do {                                                                                 \
-    std::string launch_error_;                                                         \
-    if (::fdmtp::xpu_emu::Launch((ctx)->clusters, (ctx)->cores, #kernel,               \
-                                 [&] { kernel(__VA_ARGS__); }, &launch_error_) != 0) { \
-      return ::fdmtp::xpu::detail::LaunchFailed(op, launch_error_);                    \
-    }                                                                                  \
+#define FDMTP_XPU_LAUNCH(op, ctx, kernel, ...)                                       \
+  do {                                                                               \
+    std::string launch_error_;                                                       \
+    if (::fdmtp_kpemu::HostLaunch((ctx)->clusters, (ctx)->cores,                     \
+                                  &FDMTP_XPU_EMU_ENTRY_NAME(kernel), &launch_error_, \
+                                  ##__VA_ARGS__) != 0) {                             \
+      return ::fdmtp::xpu::detail::LaunchFailed(op, launch_error_);                  \
+    }                                                                                \
   } while (0)
 #else
 #define FDMTP_XPU_LAUNCH(op, ctx, kernel, ...)                                            \
   do {                                                                                    \
-    const int launch_ret_ =                                                               \
+    const int launch_ret_ = ::fdmtp_xpu3::                                                \
         kernel<<<(ctx)->clusters, (ctx)->cores, static_cast<XPUStream>((ctx)->stream)>>>( \
             __VA_ARGS__);                                                                 \
     if (launch_ret_ != 0) {                                                               \
