@@ -397,8 +397,7 @@ class FrameworkFreeMTP:
         d.pre_ids = full((n, seq_len), PLACEHOLDER_TOKEN_ID, np.int64)
         d.not_need_stop = full((1,), False, np.bool_)
         self.d = d
-        self._staging_rows = 0  # sized by the first step (prompts) and K: see _stage
-        d.target_hidden_states = None
+        d.target_hidden_states = None  # sized by the first step: see step()
         # the models' token "KV caches" per slot, and the requests
         self.target_cache = np.full((n, seq_len), -1, np.int64)
         self.mtp_cache = np.full((n, seq_len), -1, np.int64)
