@@ -3,8 +3,14 @@
 #   1. builds the CUDA kernels + the framework-free module (no Paddle library),
 #   2. runs the op tests on the `kernels-cpu` and `cuda` backends against the same numpy
 #      references (an unusable CUDA backend fails the run instead of skipping),
-#   3. times each op on CUDA and prints one JSON report (also written to $OUT if set).
-# Budget: well under 5 minutes.
+#   3. runs the framework-free end-to-end greedy test on `cuda`
+#      (tests/e2e/test_framework_free_greedy.py: the engine's target step and the MTP
+#      proposer's round through the CUDA kernels on torch/CuPy tensors, Paddle absent; the
+#      output must be plain greedy decoding and every step identical to the CPU kernels'),
+#   4. times each op on CUDA and prints one JSON report (also written to $OUT if set), with
+#      the op tests under "tests" and the end-to-end test under "e2e".
+# The exit status fails if the build, the op tests or the end-to-end test fail.
+# Budget: well under 5 minutes (the end-to-end test takes seconds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -23,9 +29,16 @@ set +e
 FDMTP_TEST_BACKENDS=kernels-cpu,cuda "$PY" -m pytest tests/ops -q -p no:cacheprovider \
   --junitxml="$OUT_DIR/junit.xml" > "$OUT_DIR/pytest.log" 2>&1
 tests_rc=$?
+FDMTP_TEST_BACKENDS=cuda "$PY" -m pytest tests/e2e/test_framework_free_greedy.py -q -p no:cacheprovider \
+  --junitxml="$OUT_DIR/junit_e2e.xml" > "$OUT_DIR/pytest_e2e.log" 2>&1
+e2e_rc=$?
 set -e
 tail -5 "$OUT_DIR/pytest.log"
+tail -5 "$OUT_DIR/pytest_e2e.log"
 
 "$PY" scripts/gpu_check_report.py --junit "$OUT_DIR/junit.xml" --build-seconds "$build_s" \
-  --tests-rc "$tests_rc" --out "$OUT_DIR/gpu_check.json"
-exit "$tests_rc"
+  --tests-rc "$tests_rc" --e2e-junit "$OUT_DIR/junit_e2e.xml" --e2e-rc "$e2e_rc" --out "$OUT_DIR/gpu_check.json"
+if [ "$tests_rc" -ne 0 ] || [ "$e2e_rc" -ne 0 ]; then
+  echo "gpu_check: FAILED (op tests rc=$tests_rc, end-to-end test rc=$e2e_rc)"
+  exit 1
+fi

@@ -1,4 +1,6 @@
-"""The JSON report of scripts/gpu_check.sh: device, per-test results, per-op CUDA latency.
+"""The JSON report of scripts/gpu_check.sh: device, per-test results of the op tests
+("tests", "summary") and of the framework-free end-to-end greedy test ("e2e"), per-op CUDA
+latency.
 
 Latency: CUDA-event time per call over many back-to-back launches of each op through the
 framework-free module, beside a floor (a one-element in-place torch add, i.e. one kernel
@@ -34,6 +36,11 @@ def parse_junit(path: Path) -> dict:
         else:
             results[name] = "pass"
     return results
+
+
+def summarize(tests: dict) -> dict:
+    """Counts of passed, failed and skipped tests."""
+    return {k: sum(1 for v in tests.values() if v.startswith(k)) for k in ("pass", "fail", "skip")}
 
 
 def time_calls(torch, fn, iters: int = 200, warmup: int = 20) -> float:
@@ -291,6 +298,8 @@ def main() -> int:
     ap.add_argument("--junit", type=Path, required=True)
     ap.add_argument("--build-seconds", type=int, default=-1)
     ap.add_argument("--tests-rc", type=int, default=-1)
+    ap.add_argument("--e2e-junit", type=Path, help="junit of tests/e2e/test_framework_free_greedy.py")
+    ap.add_argument("--e2e-rc", type=int, default=-1)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
@@ -310,7 +319,10 @@ def main() -> int:
         report["latency_error"] = repr(e)
     tests = parse_junit(args.junit)
     report["tests"] = tests
-    report["summary"] = {k: sum(1 for v in tests.values() if v.startswith(k)) for k in ("pass", "fail", "skip")}
+    report["summary"] = summarize(tests)
+    if args.e2e_junit is not None:
+        e2e = parse_junit(args.e2e_junit)
+        report["e2e"] = {"pytest_returncode": args.e2e_rc, "tests": e2e, "summary": summarize(e2e)}
     text = json.dumps(report, indent=1, sort_keys=True)
     args.out.write_text(text)
     print(text)
