@@ -333,6 +333,28 @@ void Fault(const std::string& message) {
   std::abort();
 }
 
+// The context calls live in their own functions, out of Launch's loops: getcontext and
+// swapcontext return twice as far as the compiler knows, which would put the loop
+// variables at risk (-Wclobbered).
+__attribute__((noinline)) void InitCore(LaunchState& s, size_t i, int cores) {
+  Core& c = s.core[i];
+  c.cluster = static_cast<int>(i) / cores;
+  c.core = static_cast<int>(i) % cores;
+  c.stack = g_pool + i * kSlotBytes + kGuardBytes;
+  getcontext(&c.context);
+  c.context.uc_stack.ss_sp = c.stack;
+  c.context.uc_stack.ss_size = kCoreStackBytes;
+  c.context.uc_link = &s.scheduler;
+  makecontext(&c.context, CoreMain, 0);
+}
+
+// Runs core `next` until it yields or finishes.
+__attribute__((noinline)) void ResumeCore(LaunchState& s, int next) {
+  s.running = next;
+  swapcontext(&s.scheduler, &s.core[next].context);
+  s.running = -1;
+}
+
 int Launch(int clusters, int cores, const char* kernel, const std::function<void()>& body,
            std::string* error) {
   const std::string name = std::string("XPU kernel ") + kernel + " (emulated): ";
@@ -372,17 +394,7 @@ int Launch(int clusters, int cores, const char* kernel, const std::function<void
   if (g_sm_slot.size() != (SmBytes() + kSmBlock - 1) / kSmBlock) {
     g_sm_slot.assign((SmBytes() + kSmBlock - 1) / kSmBlock, 0);
   }
-  for (size_t i = 0; i < total; ++i) {
-    Core& c = s.core[i];
-    c.cluster = static_cast<int>(i) / cores;
-    c.core = static_cast<int>(i) % cores;
-    c.stack = g_pool + i * kSlotBytes + kGuardBytes;
-    getcontext(&c.context);
-    c.context.uc_stack.ss_sp = c.stack;
-    c.context.uc_stack.ss_size = kCoreStackBytes;
-    c.context.uc_link = &s.scheduler;
-    makecontext(&c.context, CoreMain, 0);
-  }
+  for (size_t i = 0; i < total; ++i) InitCore(s, i, cores);
   g_launch = &s;
   const fdmtp::emu::AccessHook previous = fdmtp::emu::SetAccessHook(OnAccess);
   uint64_t switches = 0;
@@ -391,10 +403,8 @@ int Launch(int clusters, int cores, const char* kernel, const std::function<void
     const int next = PickCore(s);
     if (next < 0) break;
     if (s.interleave_clusters) SwapSharedMemory(s, s.core[next].cluster);
-    s.running = next;
     ++switches;
-    swapcontext(&s.scheduler, &s.core[next].context);
-    s.running = -1;
+    ResumeCore(s, next);
   }
   fdmtp::emu::SetAccessHook(previous);
   if (s.interleave_clusters) SwapSharedMemory(s, 0);
