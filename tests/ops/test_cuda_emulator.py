@@ -143,11 +143,12 @@ def test_emulate_rejects_bad_arguments(kwargs, message):
             pass
 
 
-def test_engine_generates_the_same_tokens_with_its_ops_on_the_cuda_emulator(random_model):
+def test_engine_generates_the_same_tokens_with_its_ops_on_the_cuda_emulator(request):
     """The reference engine (target + MTP proposer, K = 2, two substeps, n-gram hybrid) with
     every op running its CUDA kernels under the emulator generates exactly the tokens it
     generates with the CPU kernels."""
     pytest.importorskip("paddle")
+    random_model = request.getfixturevalue("random_model")  # builds Paddle models
     import fastdeploy_mtp.ops as ops
     from fastdeploy_mtp.ops._loader import _LIBRARY
     from fastdeploy_mtp.runtime.engine import Engine
