@@ -12,6 +12,7 @@ import ctypes
 import numpy as np
 import pytest
 
+from tests.ops.test_draft_model_postprocess import make_state
 from tests.reference.draft_model_postprocess import draft_model_postprocess as ref_postprocess
 
 _kernels = pytest.importorskip("fastdeploy_mtp._kernels")
@@ -68,12 +69,7 @@ def test_unknown_selftest_kernel_is_an_error():
 
 
 def _postprocess_inputs(bsz, width, seed):
-    rng = np.random.default_rng(seed)
-    d = np.where(rng.random((bsz, width)) < 0.3, -1, rng.integers(0, 50, (bsz, width))).astype(np.int64)
-    s = rng.integers(0, width + 1, bsz).astype(np.int32)
-    e = np.where(rng.random(bsz) < 0.2, 5, 0).astype(np.int32)
-    f = rng.random((bsz, 1)) < 0.2
-    return d, s, e, f
+    return make_state(np.random.default_rng(seed), bsz, width)
 
 
 @pytest.mark.parametrize("shape", [0, 1])

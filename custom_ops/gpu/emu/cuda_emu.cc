@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "emu_common/access_hooks.h"
+#include "emu_common/coroutine.h"
 
 namespace cuda_emu_rt {
 namespace {
@@ -145,6 +146,9 @@ std::mutex& LaunchMutex() {
 LaunchState* g_launch = nullptr;
 char* g_stacks = nullptr;  // kMaxThreadsPerBlock stacks, mapped once
 std::vector<Shadow> g_shadow;
+// The threads' states, kept between launches (capacity kMaxThreadsPerBlock): a launch
+// allocates nothing it could fail to get, even where little memory is left.
+std::vector<Thread> g_thread_pool;
 std::vector<char> g_dynamic(kMaxDynamicSmem);
 uint32_t g_epoch = 0;
 int64_t g_launches = 0;
@@ -389,23 +393,18 @@ bool ResolveWarps() {
   return progressed;
 }
 
-// Prepares thread i of the block to start the kernel. (The context calls live in their own
-// functions, out of the loops: getcontext/swapcontext return twice as far as the compiler
-// knows, which would put the loop variables at risk.)
-__attribute__((noinline)) void InitThread(LaunchState& L, unsigned i) {
+// Prepares thread i of the block to start the kernel.
+void InitThread(LaunchState& L, unsigned i) {
   Thread& t = L.thread[i];
   t = Thread{};
   t.tid = i;
   t.idx = Dim3(i % L.block.x, (i / L.block.x) % L.block.y, i / (L.block.x * L.block.y));
   t.stack = g_stacks + static_cast<size_t>(i) * kStackBytes;
-  getcontext(&t.context);
-  t.context.uc_stack.ss_sp = t.stack;
-  t.context.uc_stack.ss_size = kStackBytes;
-  t.context.uc_link = &L.scheduler;
-  makecontext(&t.context, ThreadMain, 0);
+  fdmtp::emu::InitCoroutine(&t.context, t.stack, kStackBytes, &L.scheduler, ThreadMain);
 }
 
-// Runs thread i until it waits or finishes.
+// Runs thread i until it waits or finishes. (Out of RunBlock's loops: swapcontext returns
+// twice as far as the compiler knows, which would put the loop variables at risk.)
 __attribute__((noinline)) void Resume(LaunchState& L, unsigned i) {
   L.current = static_cast<int>(i);
   swapcontext(&L.scheduler, &L.thread[i].context);
@@ -647,6 +646,7 @@ int Launch(const char* kernel, const void* kernel_id, Dim3 grid, Dim3 block, siz
     if (m == MAP_FAILED) return Fail(cudaErrorLaunchFailure, name + "cannot map thread stacks");
     g_stacks = static_cast<char*>(m);
     g_shadow.resize(SharedShadowSize());
+    g_thread_pool.reserve(kMaxThreadsPerBlock);
   }
   ++g_launches;
   LaunchState L;
@@ -654,7 +654,8 @@ int Launch(const char* kernel, const void* kernel_id, Dim3 grid, Dim3 block, siz
   L.grid = grid;
   L.block = block;
   L.threads = static_cast<unsigned>(threads);
-  L.thread.resize(L.threads);
+  L.thread = std::move(g_thread_pool);
+  L.thread.resize(L.threads);  // within the reserved capacity
   L.entry = entry;
   L.params = params;
   L.params_bytes = params_bytes;
@@ -672,6 +673,7 @@ int Launch(const char* kernel, const void* kernel_id, Dim3 grid, Dim3 block, siz
   }
   fdmtp::emu::SetAccessHook(previous);
   g_launch = nullptr;
+  g_thread_pool = std::move(L.thread);
   if (!L.fault.empty()) return Fail(cudaErrorLaunchFailure, name + L.fault);
   return 0;
 }

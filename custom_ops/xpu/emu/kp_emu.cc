@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "emu_common/access_hooks.h"
+#include "emu_common/coroutine.h"
 
 // The bounds of the shared-memory section (every __shared__ static of the kernel units),
 // provided by the linker for each shared object that has one.
@@ -336,16 +337,12 @@ void Fault(const std::string& message) {
 // The context calls live in their own functions, out of Launch's loops: getcontext and
 // swapcontext return twice as far as the compiler knows, which would put the loop
 // variables at risk (-Wclobbered).
-__attribute__((noinline)) void InitCore(LaunchState& s, size_t i, int cores) {
+void InitCore(LaunchState& s, size_t i, int cores) {
   Core& c = s.core[i];
   c.cluster = static_cast<int>(i) / cores;
   c.core = static_cast<int>(i) % cores;
   c.stack = g_pool + i * kSlotBytes + kGuardBytes;
-  getcontext(&c.context);
-  c.context.uc_stack.ss_sp = c.stack;
-  c.context.uc_stack.ss_size = kCoreStackBytes;
-  c.context.uc_link = &s.scheduler;
-  makecontext(&c.context, CoreMain, 0);
+  fdmtp::emu::InitCoroutine(&c.context, c.stack, kCoreStackBytes, &s.scheduler, CoreMain);
 }
 
 // Runs core `next` until it yields or finishes.
