@@ -97,14 +97,14 @@ namespace cuda_emu_rt {
 
 // The bits of a shuffled value (at most 8 bytes, trivially copyable), and back.
 template <typename T>
-__attribute__((no_sanitize("kernel-address"))) uint64_t ToBits(T v) {
+uint64_t ToBits(T v) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "__shfl of a value > 8 bytes");
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
   return bits;
 }
 template <typename T>
-__attribute__((no_sanitize("kernel-address"))) T FromBits(uint64_t bits) {
+T FromBits(uint64_t bits) {
   T v;
   std::memcpy(&v, &bits, sizeof(T));
   return v;
