@@ -579,7 +579,9 @@ def gen_cuda_emu_adapter(op: Op) -> str:
     ws = ""
     if op.cuda_workspace:
         out += [
-            f"  std::vector<unsigned char> workspace(a.bsz > 0 ? ::fdmtp::cuda::{op.cuda_workspace}(a.bsz) : 0);",
+            "  // Device scratch is not zeroed on a GPU: fill it with a pattern, so a kernel that",
+            "  // reads scratch it did not write gives wrong results here too.",
+            f"  std::vector<unsigned char> workspace(a.bsz > 0 ? ::fdmtp::cuda::{op.cuda_workspace}(a.bsz) : 0, 0xA5);",
             "  const cuda_emu_rt::RangeScope scratch(workspace.data(), workspace.size());",
         ]
         ws = ", workspace.data()"

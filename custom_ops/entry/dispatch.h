@@ -102,8 +102,13 @@ void RunCudaEmulated(const ArgChecker& check, const std::vector<const TensorRef*
     const size_t bytes = static_cast<size_t>(t->numel()) * DTypeBytes(t->dtype);
     ranges.push_back(std::make_unique<cuda_emu_rt::RangeScope>(t->data, bytes));
   }
+  cuda_emu_rt::ClearLastError();
   const int status = emu_fn();
-  if (status != 0) check.Fail(std::string("CUDA launch failed: ") + cuda_emu_rt::LastMessage());
+  if (status != 0) {
+    const std::string message = cuda_emu_rt::LastMessage();
+    check.Fail("CUDA launch failed: " +
+               (message.empty() ? "cudaError_t " + std::to_string(status) : message));
+  }
 }
 
 // As above, plus the CUDA emulator: host tensors run the op's CUDA kernels under the

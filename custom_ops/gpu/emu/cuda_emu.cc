@@ -686,13 +686,17 @@ int LastLaunchError() {
 
 const char* LastMessage() { return t_last_message.c_str(); }
 
+void ClearLastError() {
+  t_last_code = 0;
+  t_last_message.clear();
+}
+
 RangeScope::RangeScope(const void* begin, size_t bytes) { t_ranges.push_back({begin, bytes}); }
 RangeScope::~RangeScope() { t_ranges.pop_back(); }
 
 Scope::Scope(int shape) : previous_(t_shape) {
   t_shape = shape;
-  t_last_code = 0;
-  t_last_message.clear();
+  ClearLastError();
 }
 Scope::~Scope() { t_shape = previous_; }
 

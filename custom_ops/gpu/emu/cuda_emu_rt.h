@@ -90,6 +90,7 @@ int Launch(const char* kernel, const void* kernel_id, Dim3 grid, Dim3 block, siz
 int SetMaxDynamicSharedMemory(const void* kernel_id, int bytes);
 int LastLaunchError();  // cudaGetLastError: the last launch's code, then reset
 const char* LastMessage();
+void ClearLastError();  // forgets the last code and message (before an op's launches)
 
 }  // namespace cuda_emu_rt
 
