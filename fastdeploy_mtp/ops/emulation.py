@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.util
+import os
 from collections.abc import Iterator
 
 from ._loader import _LIBRARY, _load_paddle_api, kernels
@@ -37,8 +38,9 @@ _KINDS = ("cuda", "xpu")
 
 
 def _paddle_library() -> ctypes.CDLL | None:
-    """The loaded Paddle ops library, or None where Paddle is not installed."""
-    if importlib.util.find_spec("paddle") is None:
+    """The loaded Paddle ops library, or None where Paddle is not installed or the library
+    was not built (``-DFDMTP_WITH_PADDLE=OFF``: the framework-free module only)."""
+    if importlib.util.find_spec("paddle") is None or not os.path.exists(_LIBRARY):
         return None
     _load_paddle_api()  # loads it into Paddle first (ctypes then gets the same handle)
     return ctypes.CDLL(_LIBRARY)
