@@ -256,6 +256,26 @@ def _importable(name: str) -> bool:
         return False
 
 
+def required_backends() -> list[str]:
+    """The backends named in FDMTP_TEST_BACKENDS (comma-separated; empty: none required)."""
+    import os
+
+    return [b for b in os.environ.get("FDMTP_TEST_BACKENDS", "").split(",") if b]
+
+
+def usable_or_skip(name: str, impl: Any, reason: str) -> Any:
+    """``impl``, the backend ``name`` as a fixture gets it: when it is unavailable
+    (``impl`` None), the test fails if FDMTP_TEST_BACKENDS requires ``name`` and is skipped
+    with ``reason`` otherwise (so a GPU check cannot pass by skipping)."""
+    import pytest
+
+    if impl is None:
+        if required_backends():
+            pytest.fail(f"backend {name} was required but is unavailable: {reason}")
+        pytest.skip(f"backend {name}: {reason}")
+    return impl
+
+
 def availability(name: str) -> tuple[Backend | None, str]:
     """(backend, "") if usable here, else (None, the reason it is not)."""
     try:

@@ -10,13 +10,11 @@ turns "unavailable" into a failure, so a GPU check cannot pass by skipping.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from tests.backends import ALL_BACKENDS, DEFAULT_BACKENDS, availability
+from tests.backends import ALL_BACKENDS, DEFAULT_BACKENDS, availability, required_backends, usable_or_skip
 
-_REQUIRED = [b for b in os.environ.get("FDMTP_TEST_BACKENDS", "").split(",") if b]
+_REQUIRED = required_backends()
 for _name in _REQUIRED:
     if _name not in ALL_BACKENDS:
         raise pytest.UsageError(f"FDMTP_TEST_BACKENDS: unknown backend {_name!r}; known: {ALL_BACKENDS}")
@@ -39,12 +37,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(params=_REQUIRED or list(DEFAULT_BACKENDS))
 def backend(request):
-    impl, reason = availability(request.param)
-    if impl is None:
-        if _REQUIRED:
-            pytest.fail(f"backend {request.param} was required but is unavailable: {reason}")
-        pytest.skip(f"backend {request.param}: {reason}")
-    return impl
+    return usable_or_skip(request.param, *availability(request.param))
 
 
 @pytest.fixture(scope="session")

@@ -33,6 +33,7 @@ import pytest
 
 from fastdeploy_mtp import _kernels
 from fastdeploy_mtp.ops._op_wrappers import VerifyStrategy
+from tests.backends import required_backends, usable_or_skip
 from tests.e2e.framework_free import (
     FRAMEWORK_FREE_BACKENDS,
     FrameworkFreeMTP,
@@ -45,19 +46,14 @@ from tests.e2e.framework_free import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-_REQUIRED = [b for b in os.environ.get("FDMTP_TEST_BACKENDS", "").split(",") if b]
+_REQUIRED = required_backends()
 # the Paddle backend (`cpu`) is not framework-free: a run restricted to it has nothing here
 _BACKENDS = [b for b in _REQUIRED if b in FRAMEWORK_FREE_BACKENDS] if _REQUIRED else list(FRAMEWORK_FREE_BACKENDS)
 
 
 @pytest.fixture(params=_BACKENDS)
 def ff_backend(request):
-    impl, reason = make_backend(request.param)
-    if impl is None:
-        if _REQUIRED:
-            pytest.fail(f"backend {request.param} was required but is unavailable: {reason}")
-        pytest.skip(f"backend {request.param}: {reason}")
-    return impl
+    return usable_or_skip(request.param, *make_backend(request.param))
 
 
 @dataclass(frozen=True)
