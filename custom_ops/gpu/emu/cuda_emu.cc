@@ -208,9 +208,10 @@ std::string ThreadName(uint16_t tid) {
   return "thread " + DimString(Dim3(x, y, z));
 }
 
-void CheckShared(const Thread& t, uintptr_t p, bool is_write, bool atomic) {
+// The race and initialisation check of one byte of shared memory: `p`, at `off` in the
+// shadow (SharedOffset(p)).
+void CheckShared(const Thread& t, uintptr_t p, int64_t off, bool is_write, bool atomic) {
   LaunchState& L = *g_launch;
-  const int64_t off = SharedOffset(p);
   Shadow& s = g_shadow[static_cast<size_t>(off)];
   const uint16_t me = static_cast<uint16_t>(t.tid);
   const uint32_t e = L.epoch;
@@ -256,11 +257,15 @@ void CheckAccess(uintptr_t p, size_t bytes, bool is_write, bool atomic) {
   const Thread& t = L.thread[L.current];
   const uintptr_t stack = reinterpret_cast<uintptr_t>(t.stack);
   if (!atomic && Within(p, bytes, stack, kStackBytes)) return;  // the thread's own locals
-  if (SharedOffset(p) >= 0) {
-    if (SharedOffset(p + bytes - 1) < 0) {
+  const int64_t off = SharedOffset(p);
+  if (off >= 0) {
+    // One segment holds the whole access (its last byte is at the matching offset).
+    if (SharedOffset(p + bytes - 1) != off + static_cast<int64_t>(bytes) - 1) {
       Throw(Who(t) + " " + AccessString(p, bytes, is_write) + " past the end of shared memory");
     }
-    for (size_t i = 0; i < bytes; ++i) CheckShared(t, p + i, is_write, atomic);
+    for (size_t i = 0; i < bytes; ++i) {
+      CheckShared(t, p + i, off + static_cast<int64_t>(i), is_write, atomic);
+    }
     return;
   }
   if (!is_write && Within(p, bytes, reinterpret_cast<uintptr_t>(L.params), L.params_bytes)) return;
