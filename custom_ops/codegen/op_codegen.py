@@ -1108,7 +1108,19 @@ def gen_python(
         out += ["", f"class {e.python}(enum.IntEnum):", f'    """{e.doc}"""', ""]
         for name, _, value, doc in e.members:
             out.append(f"    {name} = {value}  #: {doc}")
-        out.append("")
+        names = ", ".join(repr(name.lower()) for name, _, _, _ in e.members)
+        out += [
+            "",
+            "    @classmethod",
+            f"    def from_string(cls, name: str) -> {e.python}:",
+            f'        """The member named ``name``, in any case ({names}, as FastDeploy\'s',
+            '        configuration spells them); ``ValueError`` naming the choices otherwise."""',
+            "        member = cls.__members__.get(name.strip().upper()) if isinstance(name, str) else None",
+            "        if member is None:",
+            f'            raise ValueError(f"unknown {e.python} {{name!r}}; expected one of {names}")',
+            "        return member",
+            "",
+        ]
     all_names = sorted([op.name for op in ops] + manual)
     out += [
         "",

@@ -85,7 +85,7 @@ def _verify(tensors: dict, attrs: dict, outputs: dict) -> dict:
 
 
 def _unified(tensors: dict, attrs: dict, outputs: dict) -> dict:
-    return unified_ref.unified_update_model_status(_positional(unified_ref.NAMES, tensors))
+    return unified_ref.unified_update_model_status(_positional(unified_ref.NAMES, tensors), **attrs)
 
 
 def _pre_process(tensors: dict, attrs: dict, outputs: dict) -> dict:

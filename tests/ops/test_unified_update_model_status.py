@@ -52,9 +52,9 @@ def make_state(rng, bsz, k, *, real_bsz=None, seq_len=64, vocab=8):
     ]
 
 
-def check(backend, tensors, context):
-    want = reference(tensors)
-    got = backend.run(OP, tensors)
+def check(backend, tensors, context, keep=False):
+    want = reference(tensors, keep)
+    got = backend.run(OP, tensors, (keep,))
     for name, g in zip(NAMES, got):
         assert_exact(name, g, want[name], context=f"{backend.name}, {context}")
     return dict(zip(NAMES, got))
@@ -66,6 +66,18 @@ def test_random_states_match_reference(backend, bsz, k):
     rng = np.random.default_rng(10 * bsz + k)
     real = bsz if bsz < 7 else bsz - 3
     check(backend, make_state(rng, bsz, k, real_bsz=real), f"bsz={bsz} k={k}")
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_random_states_keeping_the_max_dec_len_token_match_reference(backend, k):
+    rng = np.random.default_rng(300 + k)
+    tensors = make_state(rng, 64, k)
+    got = check(backend, tensors, f"k={k} keep", keep=True)
+    upstream = reference(tensors)
+    same = ("step_output_len", "step_idx", "stop_flags", "seq_lens_decoder", "seq_lens_encoder")
+    for name in same:  # the stop decision does not depend on the replacement
+        assert_exact(name, got[name], upstream[name], context=f"{backend.name}, keep vs upstream")
+    assert not np.array_equal(got["step_output_ids"], upstream["step_output_ids"]), "no item reached max_dec_len"
 
 
 def test_verify_then_update_over_several_steps_matches_reference(backend):
@@ -144,6 +156,14 @@ def test_max_dec_len_replaces_the_token_with_end_tokens_0(backend):
     got = check(backend, one_slot([11, 12, 13], 3, step=8, max_dec=10), "max_dec_len")
     assert list(got["step_output_ids"][0]) == [11, EOS[0], 13] and got["step_output_len"][0] == 2
     assert got["stop_flags"][0, 0] and got["step_idx"][0, 0] == 10
+
+
+def test_max_dec_len_token_is_kept_when_asked_and_the_slot_still_stops(backend):
+    got = check(backend, one_slot([11, 12, 13], 3, step=8, max_dec=10), "max_dec_len keep", keep=True)
+    assert list(got["step_output_ids"][0]) == [11, 12, 13] and got["step_output_len"][0] == 2
+    assert got["stop_flags"][0, 0] and got["step_idx"][0, 0] == 10 and not got["has_running_seqs"][0]
+    # the kept token is what the history and the next input get
+    assert list(got["token_ids_all"][0, 11:13]) == [11, 12] and got["step_input_ids"][0, 0] == 12
 
 
 def test_prefill_folds_encoder_into_decoder_even_with_no_token(backend):

@@ -1,7 +1,7 @@
 """verify_draft_tokens on every backend against tests/reference/ (docs/ops.md).
 
-Tensors are passed in the op's order (18, optional ones may be None), then the 5 attrs
-(max_seq_len, verify_window, verify_strategy, reject_all, accept_all)."""
+Tensors are passed in the op's order (18, optional ones may be None), then the attrs
+(max_seq_len, verify_window, verify_strategy, reject_all, accept_all, keep_max_dec_len_token)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ EOS = (2, 3)
 C = 4
 
 
-def attrs(strategy, reject_all=False, accept_all=False):
-    return (4096, 2, strategy, reject_all, accept_all)
+def attrs(strategy, reject_all=False, accept_all=False, keep=False):
+    return (4096, 2, strategy, reject_all, accept_all, keep)
 
 
 def layout(slt, enc):
@@ -130,6 +130,30 @@ def test_random_states_with_flags_match_reference(backend, strategy, flags):
         assert got["step_output_len"].max() <= 1
 
 
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+@pytest.mark.parametrize("k", [1, 5])
+def test_random_states_keeping_the_max_dec_len_token_match_reference(backend, strategy, k):
+    """``keep_max_dec_len_token``: every item's ``max_dec_len`` is 1 or 2 tokens away,
+    so many reach it; the same counts as upstream's, and the last token is the strategy's."""
+    s = STRATEGIES[strategy]
+    rng = np.random.default_rng(91 + 7 * s + k)
+    tensors = make_state(rng, 64, k, s)
+    tensors[15] = tensors[16] + rng.integers(1, 3, (64, 1))
+    got = check(backend, tensors, attrs(s, keep=True), f"{strategy} k={k} keep")
+    upstream = reference(tensors, attrs(s))
+    n, step, limit = got["step_output_len"], tensors[16].reshape(-1), tensors[15].reshape(-1)
+    reached = (n > 0) & (step + n >= limit)
+    assert reached.sum() >= 5, "the batch must have items reaching max_dec_len"
+    changed = 0
+    for b in np.nonzero(reached)[0]:
+        last = int(got["step_output_ids"][b, n[b] - 1])
+        want = int(upstream["step_output_ids"][b, n[b] - 1])
+        assert n[b] == upstream["step_output_len"][b]
+        assert want in EOS  # upstream: the end id (or an EOS the strategy chose)
+        changed += last != want
+    assert changed > 0, "keeping the token must change some item's last token"
+
+
 # ---- hand-made single-item cases -------------------------------------------------------
 
 
@@ -206,6 +230,35 @@ def test_max_dec_len_mid_run_replaces_with_end_token(backend):
     # upstream's example: step_idx 48, max_dec_len 50, two accepted drafts -> n = 2
     toks, _ = run_one(backend, one_item(GREEDY, [7, 8, 9], step=48, max_dec=50, target=[7, 8, 9, 4]), GREEDY)
     assert toks == [7, EOS[0]]
+
+
+def test_max_dec_len_token_is_kept_when_asked_and_the_item_still_stops(backend):
+    # the same state: the token at step 50 is the accepted draft 8, Phase 1 stops there
+    toks, row = run_one(
+        backend, one_item(GREEDY, [7, 8, 9], step=48, max_dec=50, target=[7, 8, 9, 4]), GREEDY, keep=True
+    )
+    assert toks == [7, 8] and list(row[2:]) == [-1, -1]
+    # the final (Phase 2) token reaching the limit: the target's 6, not the end id
+    toks, _ = run_one(backend, one_item(GREEDY, [7, 8], step=7, max_dec=10, target=[7, 8, 6]), GREEDY, keep=True)
+    assert toks == [7, 8, 6]
+    # an EOS id stays an EOS id
+    toks, _ = run_one(backend, one_item(GREEDY, [7], step=8, max_dec=10, target=[7, 3]), GREEDY, keep=True)
+    assert toks == [7, 3]
+
+
+@pytest.mark.parametrize("strategy", ["rejection", "topp"])
+def test_max_dec_len_token_of_a_draw_is_kept(backend, strategy):
+    """REJECTION's / TOPP's Phase-2 draw at ``max_dec_len`` (max_tokens 1, a prefill item):
+    upstream replaces it by the end id; kept, it is the drawn candidate."""
+    s = STRATEGIES[strategy]
+    item = one_item(
+        s, [7], slt=5, enc=5, step=0, max_dec=1, ids=[[6, 4, 9]], scores=[[0.2, 0.5, 0.3]], lens=[3],
+        uniforms=[[0.0, 0.5]],
+    )  # fmt: skip
+    toks, _ = run_one(backend, item, s)
+    assert toks == [EOS[0]]
+    toks, _ = run_one(backend, item, s, keep=True)
+    assert toks == [4]  # t = 0.5: cumulative 0.2, 0.7 -> the second candidate
 
 
 def test_prefill_item_emits_one_token_from_its_single_row(backend):
@@ -659,3 +712,17 @@ def test_paddle_op_takes_keyword_arguments_and_the_enum():
     ops.verify_draft_tokens(**dict(reversed(list(pt.items()))), verify_strategy=ops.VerifyStrategy.GREEDY)
     np.testing.assert_array_equal(pt["step_output_ids"].numpy(), [[7, 8, 6]])
     np.testing.assert_array_equal(pt["step_output_len"].numpy(), [3])
+
+
+def test_verify_strategy_from_string_takes_fastdeploy_s_names_in_any_case():
+    """FastDeploy's ``VerifyStrategy.from_string`` (its op tests and configuration use it)."""
+    from fastdeploy_mtp.ops import VerifyStrategy
+
+    assert VerifyStrategy.from_string("topp") is VerifyStrategy.TOPP
+    assert VerifyStrategy.from_string("TOPP") is VerifyStrategy.TOPP
+    assert VerifyStrategy.from_string("greedy") is VerifyStrategy.GREEDY
+    assert VerifyStrategy.from_string("target_match") is VerifyStrategy.TARGET_MATCH
+    assert VerifyStrategy.from_string(" Rejection ") is VerifyStrategy.REJECTION
+    for bad in ("invalid", "", "top_p", 1):
+        with pytest.raises(ValueError, match="topp.*greedy.*target_match.*rejection"):
+            VerifyStrategy.from_string(bad)  # type: ignore[arg-type]

@@ -1,7 +1,9 @@
 """numpy reference of unified_update_model_status (contract: docs/ops.md,
 "unified_update_model_status").
 
-Takes the op's 14 tensors (numpy) and returns every one of them as the op leaves it.
+Takes the op's 14 tensors (numpy) and its attr ``keep_max_dec_len_token`` (default False:
+the token reaching ``max_dec_len`` becomes ``end_tokens[0]``), and returns every tensor as
+the op leaves it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 
 
-def unified_update_model_status(tensors: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+def unified_update_model_status(
+    tensors: Sequence[np.ndarray], keep_max_dec_len_token: bool = False
+) -> dict[str, np.ndarray]:
     t = dict(zip(NAMES, (np.array(a, copy=True) for a in tensors)))
     # reshape(-1) of a contiguous copy is a view: writes land in the returned arrays
     enc, dec = t["seq_lens_encoder"].reshape(-1), t["seq_lens_decoder"].reshape(-1)
@@ -59,7 +63,7 @@ def unified_update_model_status(tensors: Sequence[np.ndarray]) -> dict[str, np.n
             s = min(s + 1, INT64_MAX)
             eos = out[b, k] in end
             if eos or s >= max_dec[b]:
-                if not eos:
+                if not eos and not keep_max_dec_len_token:
                     out[b, k] = end[0]
                 n, stopped = k + 1, True
                 break

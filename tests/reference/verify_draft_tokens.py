@@ -1,7 +1,8 @@
 """numpy reference of verify_draft_tokens (contract: docs/ops.md, "verify_draft_tokens").
 
-Takes the op's 18 tensors (numpy; absent optional inputs are None) and its 5 attrs, and
-returns every tensor as the op leaves it (None stays None). Float sums use np.float32
+Takes the op's 18 tensors (numpy; absent optional inputs are None) and its attrs (the 5
+upstream ones, optionally a 6th: keep_max_dec_len_token, default False), and returns every
+tensor as the op leaves it (None stays None). Float sums use np.float32
 scalars in candidate order, as the kernels do, so tokens match bit for bit.
 """
 
@@ -44,7 +45,8 @@ def _flat(a: np.ndarray | None) -> np.ndarray | None:
 
 def verify_draft_tokens(tensors: Sequence[np.ndarray | None], attrs: Sequence) -> dict[str, np.ndarray | None]:
     t = dict(zip(NAMES, (None if a is None else np.array(a, copy=True) for a in tensors)))
-    _max_seq_len, _verify_window, strategy, reject_all, accept_all = attrs
+    _max_seq_len, _verify_window, strategy, reject_all, accept_all, *rest = attrs
+    keep_limit_token = bool(rest[0]) if rest else False
     out = t["step_output_ids"]
     out_len = t["step_output_len"].reshape(-1)  # view: writes land in the returned array
     inp = t["step_input_ids"]
@@ -126,7 +128,7 @@ def verify_draft_tokens(tensors: Sequence[np.ndarray | None], attrs: Sequence) -
             state["step"] = min(state["step"] + 1, 2**63 - 1)
             eos = tok in end
             hit = state["step"] >= max_dec[b]
-            if hit and not eos:
+            if hit and not eos and not keep_limit_token:
                 tok = end[0]
             out[b, pos] = tok
             state["n"] += 1

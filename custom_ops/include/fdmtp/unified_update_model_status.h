@@ -26,6 +26,7 @@ struct UnifiedUpdateModelStatusArgs {
   int64_t width;          // K + 1
   int64_t max_model_len;  // L = token_ids_all.shape[1]
   int64_t num_end_tokens;
+  bool keep_max_dec_len_token;  // false (upstream): the token reaching max_dec_len -> end_tokens[0]
 };
 
 // Updates slot b; returns true when it is still running afterwards (the kernels OR these
@@ -57,7 +58,7 @@ FDMTP_HOST_DEVICE inline bool UnifiedUpdateModelStatusItem(const UnifiedUpdateMo
     const bool eos = IsEndToken(out[k], a.end_tokens, a.num_end_tokens);
     const bool hit = step >= a.max_dec_len[b];
     if (eos || hit) {
-      if (!eos) out[k] = a.end_tokens[0];
+      if (!eos && !a.keep_max_dec_len_token) out[k] = a.end_tokens[0];
       n = k + 1;
       stop = true;
       break;

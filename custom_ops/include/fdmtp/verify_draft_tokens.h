@@ -44,19 +44,21 @@ struct VerifyDraftTokensArgs {
   int strategy;
   bool reject_all;
   bool accept_all;
+  bool keep_max_dec_len_token;  // false (upstream): the token reaching max_dec_len -> end_tokens[0]
 };
 
 namespace verify_detail {
 
 // Emitting one token: advance the step counter, replace the token by
-// end_tokens[0] when max_dec_len is reached (unless it already is an EOS id), and stop
-// the item on an EOS id or at max_dec_len.
+// end_tokens[0] when max_dec_len is reached (unless it already is an EOS id, or the caller
+// keeps that token), and stop the item on an EOS id or at max_dec_len.
 struct Emitter {
   FDMTP_GM int64_t* out;
   int64_t step;
   int64_t max_dec_len;
   FDMTP_GM const int64_t* end_tokens;
   int64_t num_end_tokens;
+  bool keep_max_dec_len_token;
   int32_t count;
   bool stopped;
 
@@ -64,7 +66,7 @@ struct Emitter {
     step = SatAdd(step, 1);  // a step_idx of INT64_MAX cannot wrap
     const bool eos = IsEndToken(token, end_tokens, num_end_tokens);
     const bool hit = step >= max_dec_len;
-    if (hit && !eos) token = end_tokens[0];
+    if (hit && !eos && !keep_max_dec_len_token) token = end_tokens[0];
     out[pos] = token;
     count += 1;
     if (!final_token && (eos || hit)) stopped = true;
@@ -235,7 +237,14 @@ FDMTP_HOST_DEVICE inline void VerifyDraftTokensItem(const VerifyDraftTokensArgs&
   // slt (never rejected: a device kernel cannot check it without a sync) counts as 0.
   if (slt <= 0) return;
   const int64_t r0 = a.cu_seqlens_q_output[b];
-  Emitter e{out, a.step_idx[b], a.max_dec_len[b], a.end_tokens, a.num_end_tokens, 0, false};
+  Emitter e{out,
+            a.step_idx[b],
+            a.max_dec_len[b],
+            a.end_tokens,
+            a.num_end_tokens,
+            a.keep_max_dec_len_token,
+            0,
+            false};
   FDMTP_GM const int64_t* in = a.step_input_ids + b * a.width;
   // Drafts d_1..d_{slt-1}; slt is capped at the row width (a prefill slt is larger, but
   // prefill never looks at drafts).
