@@ -202,8 +202,8 @@ def test_generate_json(capsys):
 
     result = generate_json(capsys)
     assert result["prompt"] == PROMPT
-    # the engine's ids, the last one included: the verify op emits the end id for the token
-    # that reaches max_tokens (FastDeploy's convention), and the runner gives it back
+    # the engine's ids, the last one included: the token that reaches max_tokens is kept
+    # (FastDeploy's ops would emit the end id there)
     ids = result["token_ids"]
     assert len(ids) == 10 and all(0 <= t < 256 for t in ids)
     assert result["text"] == ByteTokenizer().decode(ids)
@@ -282,6 +282,23 @@ def test_demo_plot_errors_before_the_run(capsys, tmp_path, monkeypatch):
 # ---- sampling ----------------------------------------------------------------------------
 SAMPLE = ("--temperature", 0.8, "--top-p", 0.9, "--seed", 7)
 MTP3 = '{"method":"mtp","num_speculative_tokens":3}'
+
+
+@pytest.mark.parametrize("strategy", ["rejection", "topp"])
+@pytest.mark.parametrize("max_tokens", [1, 2, 6])
+def test_rejection_and_topp_emit_real_tokens_up_to_max_tokens(capsys, strategy, max_tokens):
+    """Every id is a real token (< the byte vocabulary's 256; the padded ids 256..271 hold
+    the end-id stand-in), the one reaching max_tokens included; greedy requests equal greedy
+    decoding without speculation under every strategy."""
+    config = json.dumps({"method": "mtp", "num_speculative_tokens": 1, "verify_strategy": strategy})
+    plain = generate_json(capsys, "--num-speculative-tokens", 0, max_tokens=max_tokens)
+    greedy = generate_json(capsys, "--speculative-config", config, max_tokens=max_tokens)
+    assert greedy["token_ids"] == plain["token_ids"] and greedy["text"] == plain["text"]
+    sampled = generate_json(capsys, *SAMPLE, "--speculative-config", config, max_tokens=max_tokens)
+    for result in (greedy, sampled):
+        ids = result["token_ids"]
+        assert len(ids) == max_tokens and all(0 <= t < 256 for t in ids), ids
+        assert result["finish_reason"] == "length"
 
 
 def test_seeded_sampling_gives_the_same_tokens_with_and_without_speculation(capsys):

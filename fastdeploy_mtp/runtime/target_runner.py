@@ -24,14 +24,6 @@ from .request import InvalidRequestError, Request, RequestType, check_token_ids
 from .sampling_params import TokenLogprob
 from .target_sampler import TargetSampler
 
-#: ``speculative_config.verify_strategy`` -> the verify op's strategy.
-VERIFY_STRATEGY_OF = {
-    "greedy": ops.VerifyStrategy.GREEDY,
-    "target_match": ops.VerifyStrategy.TARGET_MATCH,
-    "rejection": ops.VerifyStrategy.REJECTION,
-    "topp": ops.VerifyStrategy.TOPP,
-}
-
 if TYPE_CHECKING:
     from ..proposer import MTPProposer
 
@@ -201,7 +193,7 @@ class TargetRunner:
             self.adaptive = AdaptiveDraftLength(spec, fd_config.scheduler_config.max_num_seqs)
         # without drafts every strategy reduces to checking nothing: the target's sample is the token
         self.verify_strategy = (
-            VERIFY_STRATEGY_OF[spec.verify_strategy] if spec.enabled else ops.VerifyStrategy.TARGET_MATCH
+            ops.VerifyStrategy.from_string(spec.verify_strategy) if spec.enabled else ops.VerifyStrategy.TARGET_MATCH
         )
         self.sampler = TargetSampler(self.verify_strategy, fd_config.model_config.max_model_len)
         #: prompt ids must be below this: the smaller of ``model_config.vocab_size`` and the
@@ -430,6 +422,9 @@ class TargetRunner:
             verify_uniforms=sampled.uniforms if sampled is not None else None,
             max_seq_len=self.fd_config.model_config.max_model_len,
             verify_strategy=self.verify_strategy,
+            # the token reaching max_tokens is the one the strategy chose (upstream emits
+            # eos_token_id[0] there, dropping the request's last real token)
+            keep_max_dec_len_token=True,
         )
         ops.unified_update_model_status(
             seq_lens_encoder=target.seq_lens_encoder,
@@ -446,13 +441,12 @@ class TargetRunner:
             step_idx=target.step_idx,
             end_tokens=target.eos_token_id,
             max_dec_len=target.max_dec_len,
+            keep_max_dec_len_token=True,
         )
         self._fix_up_non_final_chunks()
         accept_tokens = target.accept_tokens.numpy().copy()
         accept_num = target.accept_num.numpy().copy()
         self._cached += np.where(enc > 0, slt, np.where(slt > 0, accept_num, 0)).astype(np.int64)
-        if rows and self.verify_strategy in (ops.VerifyStrategy.GREEDY, ops.VerifyStrategy.TARGET_MATCH):
-            self._restore_last_tokens(accept_tokens, accept_num, target_tokens.numpy(), slots_of_rows)
         out = StepOutput(
             accept_tokens=accept_tokens,
             accept_num=accept_num,
@@ -510,30 +504,23 @@ class TargetRunner:
         if (limits < self.proposer.max_draft_token_num).any():
             limit_drafts(self.share_inputs, limits)
 
-    def _restore_last_tokens(
-        self, accept_tokens: np.ndarray, accept_num: np.ndarray, row_tokens: np.ndarray, row_slot: np.ndarray
-    ) -> None:
-        """The verify op emits ``eos_token_id[0]`` instead of the token that reaches
-        ``max_dec_len`` (FastDeploy's behaviour, which drops the last real token). Under GREEDY
-        and TARGET_MATCH the ``i``-th emitted token of a slot is its ``i``-th row's token, so
-        the host copy gets that token back (the slot stops either way)."""
-        end = int(self.share_inputs.eos_token_id[0, 0])
-        starts: dict[int, int] = {}
-        for i, b in enumerate(row_slot):
-            starts.setdefault(int(b), i)
-        for b, first in starts.items():
-            for i in range(int(accept_num[b])):
-                row = first + i
-                if accept_tokens[b, i] == end and row < len(row_tokens) and int(row_tokens[row]) != end:
-                    accept_tokens[b, i] = int(row_tokens[row])
-
     def _fix_up_non_final_chunks(self) -> None:
         """A non-final prompt chunk emits a throw-away token through verify/update (as
         upstream). Undo what it did to the slot's state and hand the MTP layer the true next
-        prompt token instead (its input at the chunk's last position)."""
+        prompt token instead (its input at the chunk's last position).
+
+        ``unified_update_model_status`` also wrote the throw-away token into the history, at
+        ``token_ids_all[idx, prompt_len]`` (the first generated position, ``step_idx`` being
+        0): it is cleared again, or the penalty op would count it as a generated token when
+        the final chunk's row is penalised (presence, frequency and repetition penalties
+        would then depend on how the prompt was split)."""
         target = self.share_inputs
+        width = int(target.token_ids_all.shape[1])
         for req in self._pending_fixups:
             idx = req.idx
+            first_generated = len(req.prompt_token_ids)
+            if first_generated < width:
+                target.token_ids_all[idx, first_generated] = PLACEHOLDER_TOKEN_ID
             target.stop_flags[idx, 0] = False
             target.step_idx[idx, 0] = 0
             target.accept_num[idx] = 0

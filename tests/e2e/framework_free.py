@@ -549,13 +549,11 @@ class FrameworkFreeMTP:
             be.host(pre.ids_remove_padding), be.host(pre.cu_seqlens_q), slt, be.host(t.seq_lens_decoder)
         )
         rows: list[int] = []
-        row_slot: list[int] = []
         cu = np.concatenate([[0], np.cumsum(slt)])
         for b in np.nonzero(slt)[0]:
             cnt, s = int(slt[b]), int(cu[b])
             span = [s + cnt - 1] if (cnt == 1 or enc[b] != 0) else list(range(s, s + cnt))
             rows.extend(span)
-            row_slot.extend([int(b)] * len(span))
         row_tokens = next_host[rows]
         hidden = be.array(hidden_host)
         drafts = be.host(t.draft_tokens)[:, 1:]
@@ -582,6 +580,7 @@ class FrameworkFreeMTP:
             verify_uniforms=None,
             max_seq_len=self.max_len,
             verify_strategy=self.strategy,
+            keep_max_dec_len_token=True,
         )
         be.call(
             "unified_update_model_status",
@@ -599,11 +598,11 @@ class FrameworkFreeMTP:
             step_idx=t.step_idx,
             end_tokens=t.eos_token_id,
             max_dec_len=t.max_dec_len,
+            keep_max_dec_len_token=True,
         )
         accept_tokens = be.host(t.accept_tokens)
         accept_num = be.host(t.accept_num)
         stop = be.host(t.stop_flags).reshape(-1)
-        self._restore_last_tokens(accept_tokens, accept_num, row_tokens, row_slot)
         # ---- proposer round
         running = slt > 0
         self._propose(hidden, token_num, int(np.nonzero(running)[0].max()) + 1)
@@ -618,21 +617,6 @@ class FrameworkFreeMTP:
             if stop[slot]:
                 self._free(slot)
         return record
-
-    def _restore_last_tokens(
-        self, accept_tokens: np.ndarray, accept_num: np.ndarray, row_tokens: np.ndarray, row_slot: list[int]
-    ) -> None:
-        """As the runner: the ops emit ``eos[0]`` instead of the token that reaches
-        ``max_dec_len``; the ``i``-th emitted token of a slot is its ``i``-th row's token."""
-        end = self.eos[0]
-        starts: dict[int, int] = {}
-        for i, b in enumerate(row_slot):
-            starts.setdefault(b, i)
-        for b, first in starts.items():
-            for i in range(int(accept_num[b])):
-                row = first + i
-                if accept_tokens[b, i] == end and row < len(row_tokens) and int(row_tokens[row]) != end:
-                    accept_tokens[b, i] = int(row_tokens[row])
 
     def _propose(self, hidden: Any, target_rows: int, real_bsz: int) -> None:
         """``MTPProposer.run``: preprocess, stage the target rows, the substeps, postprocess."""

@@ -5,7 +5,9 @@
   min_tokens and greedy requests mixed in one batch; logprobs equal within 1e-4.
 * REJECTION: the distribution of the first two generated tokens equals the target's, by a
   chi-square test against the exact probabilities (computed from the model through the
-  non-speculative engine's logprobs), failing at p < 1e-4.
+  non-speculative engine's logprobs), failing at p < 1e-4, also where the second token is
+  the one reaching ``max_tokens``, on two prompts; so does the token reaching ``max_tokens``
+  6 given its prefix. The same test rejects the lossy TOPP.
 * Stop strings and stop token ids inside accepted drafts end the output where the
   non-speculative run ends it; streamed pieces never carry text that is later taken back.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from fastdeploy_mtp.cli import build_config, speculative_config
@@ -183,53 +186,122 @@ def test_chi2_survival_function_matches_known_values():
     assert _chi2_sf(10.0, 10) == pytest.approx(0.4405, abs=1e-3)
 
 
-def _distribution(shipped, prompt: list[int], sp: SamplingParams) -> dict[int, float]:
-    """The exact next-token distribution after ``prompt`` under ``sp`` (its top-k support),
-    from the non-speculative engine's logprobs (log_softmax of the scaled logits)."""
-    eng = engine(shipped, batch=1)
-    req = Request("p", prompt, max_tokens=1, sampling=SamplingParams.from_dict({**sp.to_dict(), "logprobs": sp.top_k}))
-    eng.generate([req])
-    eng.close()
-    top = dict(req.output_logprobs[0].top)
-    total = sum(math.exp(v) for v in top.values())
-    return {t: math.exp(v) / total for t, v in top.items()}
-
-
-def test_rejection_sampling_keeps_the_target_distribution_of_the_first_two_tokens(shipped):
-    prompt = TOK.encode(DEMO_PROMPTS[2][:40])
-    sp = SamplingParams(temperature=1.0, top_k=6)
-    p1 = _distribution(shipped, prompt, sp)
-    joint = {(a, b): pa * pb for a, pa in p1.items() for b, pb in _distribution(shipped, prompt + [a], sp).items()}
-    n = 3000
-    # max_tokens 6: room for the 3 drafts of the first decode round (drafting stops when the
-    # step count plus S reaches max_tokens); only the first two tokens are looked at
-    eng = engine(shipped, 3, 3, batch=16, strategy="rejection")
+def _distributions(shipped, prompts: list[list[int]], sp: SamplingParams) -> list[dict[int, float]]:
+    """The exact next-token distribution after each of ``prompts`` under ``sp`` (its top-k
+    support), from the non-speculative engine's logprobs (log_softmax of the scaled logits)."""
+    eng = engine(shipped, batch=32)
+    wanted = SamplingParams.from_dict({**sp.to_dict(), "logprobs": sp.top_k})
     reqs = [
-        Request(f"s{i}", prompt, max_tokens=6, sampling=SamplingParams.from_dict({**sp.to_dict(), "seed": i}))
+        Request(f"p{i}", p, max_tokens=1, sampling=SamplingParams.from_dict(wanted.to_dict()))
+        for i, p in enumerate(prompts)
+    ]
+    eng.generate(reqs)
+    eng.close()
+    out = []
+    for req in reqs:
+        top = dict(req.output_logprobs[0].top)
+        total = sum(math.exp(v) for v in top.values())
+        out.append({t: math.exp(v) / total for t, v in top.items()})
+    return out
+
+
+#: top-k 6 at temperature 1: a support small enough for a joint chi-square over two tokens
+TOP6 = SamplingParams(temperature=1.0, top_k=6)
+PROMPT_A = TOK.encode(DEMO_PROMPTS[2][:40])
+PROMPT_B = TOK.encode(DEMO_PROMPTS[5][:30])
+
+
+def _sample(shipped, strategy: str, prompt: list[int], max_tokens: int, n: int) -> tuple[list[list[int]], Engine]:
+    """``n`` requests of ``prompt`` with seeds 0..n-1 through K = S = 3 MTP speculation."""
+    eng = engine(shipped, 3, 3, batch=16, strategy=strategy)
+    reqs = [
+        Request(
+            f"s{i}", prompt, max_tokens=max_tokens, sampling=SamplingParams.from_dict({**TOP6.to_dict(), "seed": i})
+        )
         for i in range(n)
     ]
     out = eng.generate(reqs)
-    m = eng.metrics
     eng.close()
-    # the second token was decided by the rejection test on real drafts: some accepted, some not
-    assert m.proposed[0] >= n and 0 < m.accepted[0] < m.proposed[0]
-    counts: dict[tuple[int, int], int] = {}
-    for ids in out.values():
-        counts[(ids[0], ids[1])] = counts.get((ids[0], ids[1]), 0) + 1
-    assert set(counts) <= set(joint), "a token outside the top-k support was generated"
-    # chi-square over the joint categories, the rare ones pooled
-    expected = {c: n * p for c, p in joint.items()}
+    return [out[r.request_id] for r in reqs], eng
+
+
+def _chi2_p_value(observed: dict, expected_p: dict, n: int) -> tuple[float, int]:
+    """Pearson's chi-square p-value of ``observed`` counts (``n`` in all) against the
+    probabilities ``expected_p``, categories expecting fewer than 5 pooled; and its df."""
+    expected = {c: n * p for c, p in expected_p.items()}
     big = [c for c, e in expected.items() if e >= 5]
     pooled_e = n - sum(expected[c] for c in big)
-    pooled_o = n - sum(counts.get(c, 0) for c in big)
-    stat = sum((counts.get(c, 0) - expected[c]) ** 2 / expected[c] for c in big)
+    pooled_o = n - sum(observed.get(c, 0) for c in big)
+    stat = sum((observed.get(c, 0) - expected[c]) ** 2 / expected[c] for c in big)
     df = len(big) - 1
     if pooled_e >= 5:
         stat += (pooled_o - pooled_e) ** 2 / pooled_e
         df += 1
-    p_value = _chi2_sf(stat, df)
+    return _chi2_sf(stat, df), df
+
+
+def _first_two_tokens_p_value(shipped, strategy: str, prompt: list[int], max_tokens: int, n: int) -> float:
+    """Chi-square p-value of the joint distribution of the first two generated tokens against
+    the exact one; every generated token must lie in the top-k support."""
+    p1 = _distributions(shipped, [prompt], TOP6)[0]
+    seconds = _distributions(shipped, [prompt + [a] for a in p1], TOP6)
+    joint = {(a, b): pa * pb for (a, pa), p2 in zip(p1.items(), seconds) for b, pb in p2.items()}
+    samples, eng = _sample(shipped, strategy, prompt, max_tokens, n)
+    if max_tokens > 2 and strategy == "rejection":
+        # the second token was decided by the verify op on real drafts: some accepted, some not
+        m = eng.metrics
+        assert m.proposed[0] >= n and 0 < m.accepted[0] < m.proposed[0]
+    assert all(len(ids) == max_tokens for ids in samples)
+    counts: dict[tuple[int, int], int] = {}
+    for ids in samples:
+        counts[(ids[0], ids[1])] = counts.get((ids[0], ids[1]), 0) + 1
+    outside = set(counts) - set(joint)
+    assert not outside, f"tokens outside the top-k support were generated: {sorted(outside)[:5]}"
+    p_value, df = _chi2_p_value(counts, joint, n)
     assert df >= 5
-    assert p_value >= 1e-4, (stat, df, p_value)
+    return p_value
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_tokens"),
+    [(PROMPT_A, 6), (PROMPT_A, 2), (PROMPT_B, 2)],
+    ids=["A-max6", "A-max2-last", "B-max2-last"],
+)
+def test_rejection_sampling_keeps_the_target_distribution_of_the_first_two_tokens(shipped, prompt, max_tokens):
+    """With ``max_tokens`` 2 the second token is the one reaching ``max_tokens``: the op
+    would emit the end id there, were it not kept (``keep_max_dec_len_token``)."""
+    p_value = _first_two_tokens_p_value(shipped, "rejection", prompt, max_tokens, 3000 if max_tokens > 2 else 2000)
+    assert p_value >= 1e-4, p_value
+
+
+def test_the_distribution_test_rejects_topp_which_is_lossy(shipped):
+    """The same test has the power to fail: TOPP accepts any draft among the top-p
+    candidates, so the MTP layer's greedy draft is over-represented at the second token."""
+    p_value = _first_two_tokens_p_value(shipped, "topp", PROMPT_A, 6, 1500)
+    assert p_value < 1e-4, p_value
+
+
+def test_rejection_sampling_keeps_the_target_distribution_at_the_last_position(shipped):
+    """The token reaching ``max_tokens`` 6, given whatever the first five were: its exact
+    conditional distribution is computed per distinct prefix, and the randomized
+    probability integral transform ``u = F(x-) + V p(x)`` (V uniform) of every sample must be
+    uniform on [0, 1) (chi-square over 10 equal bins)."""
+    n, max_tokens = 2000, 6
+    samples, _ = _sample(shipped, "rejection", PROMPT_A, max_tokens, n)
+    prefixes = sorted({tuple(ids[:-1]) for ids in samples})
+    dists = dict(zip(prefixes, _distributions(shipped, [PROMPT_A + list(p) for p in prefixes], TOP6)))
+    rng = np.random.default_rng(0)
+    bins = np.zeros(10, np.int64)
+    for ids in samples:
+        dist = dists[tuple(ids[:-1])]
+        last = ids[-1]
+        assert last in dist, f"the last token {last} lies outside the top-k support {sorted(dist)}"
+        below = sum(p for t, p in dist.items() if t < last)
+        u = below + rng.random() * dist[last]
+        bins[min(int(u * 10), 9)] += 1
+    p_value, df = _chi2_p_value({i: int(c) for i, c in enumerate(bins)}, {i: 0.1 for i in range(10)}, n)
+    assert df == 9
+    assert p_value >= 1e-4, (bins.tolist(), p_value)
 
 
 # ---- stops inside accepted drafts ----------------------------------------------------------
@@ -338,10 +410,8 @@ def test_extreme_parameters_stay_valid_and_a_tiny_temperature_is_greedy(shipped)
         ]
         out, lps = run(engine(shipped, 3, 3, strategy=strategy), reqs)
         for rid, ids in out.items():
-            assert len(ids) == 20 and all(0 <= t < 256 or t == ids[-1] for t in ids), (rid, ids)
+            assert len(ids) == 20 and all(0 <= t < 256 for t in ids), (rid, ids)
             assert all(math.isfinite(e.logprob) for e in lps[rid])
-        # under REJECTION the token reaching max_tokens stays the end id (docs/compat.md)
-        n = 20 if strategy == "target_match" else 19
-        assert out["h0"][:n] == greedy["g"][:n]  # below 1e-5 the temperature is greedy
+        assert out["h0"] == greedy["g"]  # below 1e-5 the temperature is greedy
         # top-p that small, or min-p 1, keep the most likely token only: greedy too
-        assert out["h2"][:n] == greedy["g"][:n] and out["h3"][:n] == greedy["g"][:n]
+        assert out["h2"] == greedy["g"] and out["h3"] == greedy["g"]

@@ -207,19 +207,22 @@ def test_a_failed_transfer_fails_only_its_request_and_frees_its_blocks(random_mo
         e.close()
 
 
-def test_seeded_sampling_with_penalties_through_prefill_and_decode_equals_mixed(random_model):
+@pytest.mark.parametrize("chunk", [0, 3, 7], ids=["whole", "chunk3", "chunk7"])
+def test_seeded_sampling_with_penalties_through_prefill_and_decode_equals_mixed(random_model, chunk):
+    """The mixed engine prefills whole prompts; the prefill instance splits them into chunks
+    of ``chunk`` tokens: the first token of a penalised request must not depend on it."""
     target, mtp = random_model
     cfg = make_config(3, 3, max_num_seqs=3)
     reqs = make_requests(5, 6, stagger=1)
     kinds = [
-        SamplingParams(temperature=0.9, top_p=0.9, seed=1),
+        SamplingParams(temperature=0.9, top_p=0.9, seed=1, presence_penalty=1.5),
         SamplingParams(temperature=1.0, top_k=10, seed=2, repetition_penalty=1.3, frequency_penalty=0.2),
         SamplingParams(),
     ]
     for i, r in enumerate(reqs):
         r.sampling = kinds[i % 3]
     mixed = Engine(cfg, target, mtp).generate([r.fresh_copy() for r in reqs])
-    pd = LocalPD(cfg, target, mtp, fetch_delay=1)
+    pd = LocalPD(cfg, target, mtp, fetch_delay=1, prefill_chunk_size=chunk)
     assert pd.run([r.fresh_copy() for r in reqs]) == mixed
     pd.close()
 
