@@ -71,6 +71,27 @@ def default_speculative_config() -> SpeculativeConfig:
     return SpeculativeConfig.from_dict(DEFAULT_SPECULATIVE_CONFIG)
 
 
+#: ``demo``'s batch slots by default: one prompt at a time, where speculation pays most on a
+#: CPU (see :func:`batch_note`).
+DEMO_MAX_NUM_SEQS = 1
+
+
+def batch_note(max_num_seqs: int) -> str:
+    """One line, printed under the demo table, on how the batch size changes the gain on a CPU:
+    a target forward over a round's K + 1 tokens costs little more than over one token at
+    batch 1, but at batch 8 the forward over K + 1 tokens per slot costs clearly more than over
+    one per slot (the MTP substep grows too), so the same speculation gains much less."""
+    where = (
+        "try --max-num-seqs 8 to see it"
+        if max_num_seqs == 1
+        else f"as here at batch {max_num_seqs}; --max-num-seqs {DEMO_MAX_NUM_SEQS} is the default"
+    )
+    return (
+        "note: on a CPU speculation pays most at batch 1, where verifying K+1 tokens costs little more than "
+        f"1 token; in a larger batch verification costs more and the gain shrinks ({where})"
+    )
+
+
 #: What the printed metrics mean (shown under the demo table and the ``generate`` summary).
 METRICS_LEGEND = """\
   mean accepted len: tokens emitted per decoding slot per target forward (1.00 = no gain, at most K+1)
@@ -537,6 +558,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 ],
                 "outputs_identical": identical,
                 "sample": {"prompt": DEMO_PROMPTS[0], "text": spec_texts[0]},
+                "note": batch_note(args.max_num_seqs),
             }
         )
         return 0 if identical else 1
@@ -560,6 +582,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         ],
     ]
     print(_table(rows))
+    print(batch_note(args.max_num_seqs))
     print(METRICS_LEGEND)
     print(f"\nsample ({DEMO_PROMPTS[0]!r} ->):\n{spec_texts[0]}")
     print(f"\noutputs with and without MTP identical: {'yes' if identical else 'NO'}")
@@ -640,7 +663,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="bundled prompts with and without MTP; a comparison table")
     common(demo)
-    demo.add_argument("--max-num-seqs", type=int, default=8, help="batch slots (default 8)")
+    demo.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=DEMO_MAX_NUM_SEQS,
+        help=f"batch slots (default {DEMO_MAX_NUM_SEQS}: where speculation pays most on a CPU)",
+    )
     demo.add_argument("--plot", metavar="FILE", default=None, help="bar chart of acceptance per draft position (PNG)")
     add_sampling_args(demo, only=("temperature", "top_p", "seed"))
     demo.set_defaults(func=cmd_demo)

@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                     stop_flags=out.stop_flags.astype(int).tolist(),
                     decode_lens=runner.decode_lens().astype(int).tolist(),
                     drafts=out.drafts.astype(int).tolist(),
+                    decode_mask=out.decode_mask.astype(int).tolist(),
+                    num_tokens=int(out.num_tokens),
                     exports={str(idx): state for idx, state in out.exports.items()},
                     logprobs=logprobs_message(out.logprobs),
                 )

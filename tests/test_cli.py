@@ -252,6 +252,22 @@ def test_demo_json(capsys):
     assert spec["metrics"]["mean_accepted_length"] > 1.0
     assert spec["metrics"]["target_forwards"] < plain["metrics"]["target_forwards"]
     assert plain["metrics"]["generated_tokens"] == spec["metrics"]["generated_tokens"] == 6 * result["num_prompts"]
+    # by default one prompt at a time, where speculation pays most on a CPU, and a note saying so
+    assert result["max_num_seqs"] == cli.DEMO_MAX_NUM_SEQS == 1
+    assert result["note"] == cli.batch_note(1)
+    assert "batch 1" in result["note"] and "--max-num-seqs 8" in result["note"]
+
+
+def test_demo_prints_a_note_on_the_batch_size_under_the_table(capsys):
+    rc, out, err = run_main(capsys, "demo", "--max-tokens", 3, "--max-num-seqs", 8)
+    assert rc == 0, err
+    assert "batch 8" in err  # the progress header
+    lines = out.splitlines()
+    note = next(i for i, ln in enumerate(lines) if ln.startswith("note:"))
+    assert lines[note] == cli.batch_note(8)
+    assert lines[note - 1].startswith("MTP K=3")  # right under the table's last row
+    assert "batch 8" in lines[note] and "--max-num-seqs 1 is the default" in lines[note]
+    assert "identical: yes" in out
 
 
 def test_demo_plot_writes_a_png(capsys, tmp_path):

@@ -20,8 +20,10 @@ Worker -> engine:
 
 * ``{"type": "ready", "rank", "pid"}`` once its model is loaded and its caches attached;
 * ``{"type": "done", "step", "rank"}`` after a step; rank 0 adds ``"stop_flags"`` ``[N]``,
-  ``"decode_lens"`` ``[N]`` (tokens each slot feeds next step) and ``"drafts"`` ``[N, K]``
-  (the drafts verified this step), and ``"exports"`` ``{idx: state}`` for the slots the step
+  ``"decode_lens"`` ``[N]`` (tokens each slot feeds next step), ``"drafts"`` ``[N, K]``
+  (the drafts verified this step), ``"decode_mask"`` ``[N]`` (0/1: the slots that decoded
+  this step, not prefill) and ``"num_tokens"`` (tokens in the step's target forward), and
+  ``"exports"`` ``{idx: state}`` for the slots the step
   message listed in ``export``, and ``"logprobs"`` (:func:`logprobs_message`) for the slots
   whose requests asked. Rank 0 sends the step's tokens *before* this message,
   through ``speculate_save_output_topk`` (FastDeploy's SysV message layout);

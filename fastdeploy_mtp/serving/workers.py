@@ -347,8 +347,8 @@ class RemoteRunner:
             accept_num=accept_num,
             stop_flags=np.asarray(head["stop_flags"], bool),
             drafts=drafts,
-            decode_mask=np.zeros([self.n], bool),
-            num_tokens=int(accept_num.sum()),
+            decode_mask=np.asarray(head["decode_mask"], bool),
+            num_tokens=int(head["num_tokens"]),
             exports={int(idx): state for idx, state in head.get("exports", {}).items()},
             logprobs=logprobs_of(head.get("logprobs", {})),
         )

@@ -3,11 +3,13 @@
 :class:`ServerProcess` runs the CLI in a child process (its own session, so a test can signal
 the whole tree), waits for ``/health``, and on :meth:`ServerProcess.stop` sends SIGTERM and
 checks the shutdown contract: exit status, no child process left, no shared-memory name
-and no SysV message queue left behind.
+and no SysV message queue left behind. :func:`remote_runner` holds the serving engine's
+worker processes without the HTTP server, under the same clean-up check.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -215,3 +217,38 @@ def serving(args: list[str]) -> Iterator[ServerProcess]:
         srv.kill()
         raise
     stopped_cleanly(srv)
+
+
+@contextlib.contextmanager
+def remote_runner(spec_json: str, max_num_seqs: int, max_model_len: int = 256) -> Iterator[Any]:
+    """The serving engine's :class:`~fastdeploy_mtp.serving.workers.RemoteRunner` (a cache
+    manager and one worker process on the shipped checkpoint) in this process, for tests that
+    look at what a served step returns. On exit it is closed and must leave no child process,
+    no new ``/dev/shm`` name and no SysV queue behind."""
+    from fastdeploy_mtp.ops import messaging
+    from fastdeploy_mtp.serving.layout import ServeLayout
+    from fastdeploy_mtp.serving.server import default_model
+    from fastdeploy_mtp.serving.workers import RemoteRunner
+
+    before = shm_names()
+    layout = ServeLayout(
+        model=default_model(),
+        speculative_config=spec_json,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        tensor_parallel_size=1,
+        engine_worker_queue_port=find_free_port_range(1),
+        device_ids=[0],
+    )
+    runner = RemoteRunner(layout, step_timeout=120.0, start_timeout=180.0)
+    children = [p.pid for p in runner.procs.values()]
+    try:
+        yield runner
+    finally:
+        runner.close()
+    left = {
+        "children": [p for p in children if alive(p)],
+        "shm": sorted(shm_names() - before),
+        "queue": messaging.remove_msg_queue(layout.msg_queue_id),
+    }
+    assert left == {"children": [], "shm": [], "queue": False}, f"the remote runner left behind {left}"
