@@ -19,7 +19,10 @@ The rule (``speculative_config.adaptive_draft_length``):
   almost nothing at batch 1). So the controller measures it: the wall time of every step is
   recorded against the draft budget ``n`` (0..K) the batch ran with (only steps whose verify
   and drafting both used ``n``, and no prefill), as an exponentially weighted least-squares
-  line in the number of running slots. Each round it picks the budget that maximises expected
+  line in the number of running slots. A step more than twice as slow or fast as the
+  estimate is an outlier (a busy machine): against an estimate of fewer than three samples it
+  starts the estimate over (the few earlier samples were more likely the outliers), against a
+  settled one it counts as twice or half the estimate. Each round it picks the budget that maximises expected
   tokens per second, ``E(n) / t(n, m)``, where ``E(n) = sum over running slots of 1 + P(draft
   1 accepted) + ... + P(drafts 1..min(n, limit) accepted)`` and ``t(n, m)`` is the measured
   step time at ``m`` running slots. Drafting must beat plain decoding by 10% (near-equal
@@ -28,11 +31,15 @@ The rule (``speculative_config.adaptive_draft_length``):
   budget and 0 are tried for two rounds each when never measured (a cost measured at one batch
   size is scaled to others until they have their own samples); a budget in
   between is costed on the straight line between them until it is chosen and measured.
-  While drafting, every ``adaptive_probe_interval`` rounds the best other budget is
-  re-measured for two rounds, and each such probe that does not change the choice doubles the
-  interval (up to 16 times the configured one). At budget 0 nothing is probed (each probe
-  would cost a replay of the skipped rows): the idle acceptance estimates drift back toward 1,
-  which raises the drafting budgets' expected rates until one wins again if it can.
+  Every ``adaptive_probe_interval`` rounds another budget is re-measured for two rounds
+  (alternately the largest useful budget and the best other one), and each such probe that
+  does not change the choice doubles the interval (up to 16 times the configured one). This
+  holds at budget 0 too, where the cost of drafting would
+  otherwise never be measured again: one slow sample (a busy machine) would keep plain
+  decoding for the rest of the engine's life. A probe from budget 0 costs a replay of the
+  skipped rows through the MTP layer, which the backoff keeps rare while plain decoding
+  really is faster. Besides, the idle acceptance estimates drift back toward 1, which raises
+  the drafting budgets' expected rates.
 * **Budget 0** is plain decoding: the MTP layer is skipped for the round (a round with a
   prefill still runs it: it must see the prompt). The proposer keeps the skipped rows and
   writes them into the MTP caches the next time it runs, so drafting resumes over a complete
@@ -68,6 +75,11 @@ class AdaptiveDraftLength:
     HYSTERESIS = 0.1
     #: per round without drafts, a slot's estimates move this fraction of ``beta`` toward 1
     RELAX = 0.25
+    #: a step time this many times above or below a budget's estimate is an outlier: it
+    #: replaces an estimate of fewer than SETTLED samples' weight (which was likely the
+    #: outlier), and is clipped to that factor against a settled one
+    OUTLIER = 2.0
+    SETTLED = 3.0
 
     def __init__(self, spec: SpeculativeConfig, num_slots: int):
         self.k = int(spec.num_speculative_tokens)
@@ -83,6 +95,7 @@ class AdaptiveDraftLength:
         self.prev_budget = -1  # the budget whose drafts this step verified
         self.pinned = 0  # rounds left at the budget being measured
         self.rounds_since_probe = 0
+        self.probes = 0  # probes started (they alternate between two targets)
         self.probe_from: int | None = None  # the choice a running probe may overturn
         self.rounds_at_zero = np.zeros(num_slots, np.int64)
         self.force_probe = False  # every running slot drafts one token this round
@@ -137,6 +150,12 @@ class AdaptiveDraftLength:
         if not prefill and running_slots > 0 and self.prev_budget == self.budget:
             m = float(running_slots)
             st = self.cost_stats[self.budget]
+            estimate = self.step_cost(self.budget, running_slots)
+            if estimate is not None and not estimate / self.OUTLIER <= seconds <= estimate * self.OUTLIER:
+                if st[0] < self.SETTLED:
+                    st[:] = 0.0  # a sample or two that this one contradicts: start over from it
+                else:  # a settled estimate: one outlier (a busy machine) moves it a bounded step
+                    seconds = min(max(seconds, estimate / self.OUTLIER), estimate * self.OUTLIER)
             st *= self.COST_DECAY
             st += (1.0, m, m * m, seconds, m * seconds)
         self.prev_budget = self.budget
@@ -248,12 +267,17 @@ class AdaptiveDraftLength:
             )
             self.probe_from = None
         self.rounds_since_probe += 1
-        # re-measure the runner-up now and then while drafting; at budget 0 nothing is
-        # probed: costs do not drift, and the idle estimates drifting back toward 1 raise the
-        # drafting budgets' rates until one wins again if it can
-        if best != 0 and self.rounds_since_probe >= self.interval and len(rates) > 1:
+        # re-measure the runner-up now and then, also from budget 0: a cost is only ever
+        # updated by running it, and one noisy sample must not settle the choice for good
+        if self.rounds_since_probe >= self.interval and len(rates) > 1:
             self.rounds_since_probe = 0
             self.probe_from = best
+            self.probes += 1
+            # every other probe re-measures the largest useful budget (the budgets between 0
+            # and it are costed on the line to it until measured, so a stale sample there
+            # misprices them all); the others the runner-up
+            if self.probes % 2 and top != best:
+                return self._measure(top)
             return self._measure(max((n for n in rates if n != best), key=lambda n: rates[n]))
         return best
 

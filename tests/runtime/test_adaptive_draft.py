@@ -99,6 +99,38 @@ def test_budget_follows_measured_cost():
         assert steps == min(3, want)
 
 
+def test_one_slow_sample_does_not_switch_drafting_off_for_good():
+    """A load spike while drafting is first measured makes plain decoding look better; probes
+    from budget 0 re-measure drafting (with backoff), so the controller comes back to it."""
+    c = controller(interval=4, slots=2)
+    running = np.array([True, True])
+    spiked = False
+    budgets = []
+    for _ in range(80):
+        c.plan_round(running, prefill=False, max_steps=3)
+        cost = 1.0 + 0.1 * c.budget
+        if c.budget == 3 and c.prev_budget == 3 and not spiked:
+            cost, spiked = 50.0, True  # the first clean sample of drafting: the machine was busy
+        c.record(2, cost, prefill=False)
+        budgets.append(c.budget)
+    assert spiked and 0 in budgets[:10], "the spike must first switch drafting off"
+    assert budgets[-20:].count(3) >= 15, budgets
+
+
+def test_a_settled_cost_moves_a_bounded_step_on_an_outlier():
+    c = controller()
+    c.budget = c.prev_budget = 1
+    for _ in range(10):
+        c.record(2, 1.0, prefill=False)
+    c.record(2, 50.0, prefill=False)  # one busy step counts as twice the estimate
+    assert c.step_cost(1, 2) < 1.15
+    c2 = controller()
+    c2.budget = c2.prev_budget = 1
+    c2.record(2, 50.0, prefill=False)  # a first sample that the next one contradicts
+    c2.record(2, 1.0, prefill=False)
+    assert c2.step_cost(1, 2) == pytest.approx(1.0)
+
+
 def test_cost_estimate_is_a_line_in_the_batch_size():
     c = controller()
     assert c.step_cost(2, 4) is None
