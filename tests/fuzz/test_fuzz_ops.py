@@ -39,6 +39,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import fastdeploy_mtp
 from tests.op_declarations import DECLARED, HOST_ONLY, base_dtype
 
+from .fuzz_worker import EVERY_OTHER_ROW
 from .references import REFERENCES, compare_with_reference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +83,7 @@ class Worker:
             self.proc = self._start()
         proc = self.proc
         assert proc.stdin is not None and proc.stdout is not None
-        data = pickle.dumps(case)
+        data = pickle.dumps(_encode_views(case))
         try:
             proc.stdin.write(struct.pack("<Q", len(data)) + data)
             proc.stdin.flush()
@@ -115,6 +116,20 @@ class Worker:
             self.proc.kill()
             self.proc.wait(timeout=30)
             self.proc = None
+
+
+def _encode_views(case: tuple) -> tuple:
+    """Pickling a strided view sends a contiguous copy: the fuzzer's views (``base[::2]``)
+    travel as ``(EVERY_OTHER_ROW, base)`` instead, and the worker takes the view again."""
+
+    def encode(a):
+        if a is None or a.flags.c_contiguous:
+            return a
+        assert a.base is not None and a.base[::2].shape == a.shape and np.shares_memory(a, a.base)
+        return (EVERY_OTHER_ROW, a.base)
+
+    op, backend, tensors, attrs, outputs = case
+    return (op, backend, {k: encode(v) for k, v in tensors.items()}, attrs, {k: encode(v) for k, v in outputs.items()})
 
 
 class _Reader:
