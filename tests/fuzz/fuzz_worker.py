@@ -8,9 +8,10 @@ caused it, and starts a new worker.
 A case is ``(op, backend, tensors, attrs, outputs)``: ``tensors`` maps each input name to a
 numpy array (or None), possibly a non-contiguous view (sent as ``(EVERY_OTHER_ROW, base)``:
 pickle would send a contiguous copy); ``outputs`` maps each caller-provided output
-(``_kernels`` only) to an array. The verdict is ``("error", message, changed)`` (the
-op refused the call; ``changed`` names every argument buffer whose bytes changed) or
-``("ok", results)`` with every tensor and output after the call, or
+(``_kernels`` only) to an array. The verdict is ``("error", message, changed)`` (the op
+refused the call; ``changed`` names every argument buffer whose bytes changed) or
+``("ok", results)`` with every tensor and output after the call, by name (the Paddle op's
+allocated outputs under their declared names), or
 ``("exception", type name, message)`` for anything that is not a ``ValueError``.
 """
 
@@ -106,7 +107,12 @@ def run_case(case: tuple) -> tuple:
                 if not isinstance(cause, ValueError):
                     return ("exception", type(cause).__name__, str(cause))
                 return ("error", str(cause), failed.changed)
-            return ("ok", {**got, **{f"<out{i}>": o for i, o in enumerate(outs)}})
+            from tests.op_declarations import DECLARED
+
+            # the allocated outputs, in declaration order, by name (as _kernels takes them)
+            names = [o["name"] for o in DECLARED[op].get("outputs", [])]
+            assert len(outs) == len(names), f"{op} returned {len(outs)} outputs, declares {len(names)}"
+            return ("ok", {**got, **dict(zip(names, outs))})
         emulate = backend.removesuffix("-emu") if backend.endswith("-emu") else ""
         _run_kernels(op, tensors, attrs, outputs, emulate=emulate)
     except ValueError as e:
