@@ -16,7 +16,10 @@ repository):
                                  ``Prepare`` (shape checks, derived sizes: in the op's CPU
                                  file), the Args pointers and the device dispatch. Assigning
                                  a declared tensor to an Args field of another type (or to a
-                                 missing field) does not compile.
+                                 missing field) does not compile. For an op that allocates
+                                 outputs, also ``<Op>CheckInputs``: the entry's checks of the
+                                 inputs and attrs alone (with the op's ``PrepareInputs``),
+                                 which the Paddle binding runs before it allocates them.
 * ``xpu_plugin.cpp``             the XPU plugin functions (limits, CPU fallback, launches)
 * ``paddle_ops.cc``              the Paddle custom-op registrations (``PD_BUILD_OP``)
 * ``pybind_ops.cc``              the framework-free module's functions (``DefineOps``)
@@ -134,6 +137,11 @@ class Op:
     # backend; no Args struct, no per-item header, no CUDA or XPU kernel. The Paddle binding
     # copies device tensors to the host around the call; the entry requires host tensors.
     host_only: bool = False
+    # The op's CPU file defines PrepareInputs(check, call): its checks on the inputs and attrs
+    # alone (those bounding the sizes of the outputs it allocates, say). The entry runs them
+    # after the inputs' generic checks, before the outputs are checked; the Paddle binding
+    # runs the same checks before it allocates the outputs.
+    prepare_inputs: bool = False
 
     def output_order(self) -> list[str]:
         """Paddle's outputs: the allocated ones, then `<input>_out` of every written input."""
@@ -235,6 +243,7 @@ def load_op(path: Path) -> Op:
         trailing_inputs=list(_take(data, "trailing_inputs", where, [])),
         paddle_outputs=list(_take(data, "paddle_outputs", where, [])),
         host_only=bool(_take(data, "host_only", where, False)),
+        prepare_inputs=bool(_take(data, "prepare_inputs", where, False)),
     )
     _no_extra(data, where)
     validate(op)
@@ -282,6 +291,7 @@ def validate(op: Op) -> None:
             "field": any(t.field != t.name for t in op.inputs) or any(a.field != a.name for a in op.attrs),
             "outputs": op.outputs,
             "optional inputs": any(t.optional for t in op.inputs),
+            "prepare_inputs": op.prepare_inputs,
         }  # fmt: skip
         used = sorted(k for k, v in kernel_keys.items() if v)
         if used:
@@ -508,6 +518,15 @@ namespace fdmtp {
             out.append(f"// Op-specific checks and derived sizes ({op.name}'s CPU file); called by the entry")
             out.append("// after the generic checks, before anything is written.")
             out.append(f"void Prepare(const ArgChecker& check, const {op.call}& call, {op.args_struct}* args);")
+            if op.prepare_inputs:
+                out.append(f"// {op.name}'s checks on its inputs and attrs alone (its CPU file); called by the")
+                out.append("// entry after the inputs' generic checks, before the outputs are checked.")
+                out.append(f"void PrepareInputs(const ArgChecker& check, const {op.call}& call);")
+            if op.outputs:
+                out.append("// The entry's checks of the inputs and attrs alone, in the entry's order (device,")
+                out.append("// storage, dtype and layout of each input, then PrepareInputs where the op has one):")
+                out.append("// the Paddle binding runs them before it allocates the outputs.")
+                out.append(f"void {op.kernel}CheckInputs(const {op.call}& call);")
         out.append("")
     out.append("}  // namespace fdmtp\n")
     return "\n".join(out)
@@ -620,6 +639,30 @@ struct Context;
     return "\n".join(out)
 
 
+def entry_tensor_list(op: Op, with_outputs: bool) -> list[str]:
+    """C++ lines: `tensors`, the op's tensor arguments (the outputs too if `with_outputs`)."""
+    req = [f"&call.{t.name}" for t in op.inputs if not t.optional]
+    req += [f"&call.{o.name}" for o in op.outputs] if with_outputs else []
+    opt = [f"&call.{t.name}" for t in op.inputs if t.optional]
+    lines = ["  std::vector<const TensorRef*> tensors = {" + ", ".join(req) + "};"]
+    if opt:
+        lines.append("  for (const TensorRef* t : Present({" + ", ".join(opt) + "})) tensors.push_back(t);")
+    return lines
+
+
+def generic_checks(op: Op, checked: list[Tensor] | list[Output]) -> list[str]:
+    """C++ lines: the storage, dtype and layout checks of each tensor in `checked`."""
+    lines = []
+    for c in checked:
+        optional = isinstance(c, Tensor) and c.optional
+        ref = f"*call.{c.name}" if optional else f"call.{c.name}"
+        checks = [f"check.Storage({ref});", *dtype_checks(op, c, ref)]
+        if c.dtype != "any":
+            checks.append(f"check.Contiguous({ref});")
+        lines += [f"  if (call.{c.name}) {line}" if optional else f"  {line}" for line in checks]
+    return lines
+
+
 def gen_entries_cc(ops: list[Op]) -> str:
     out = [
         HEADER,
@@ -631,23 +674,23 @@ def gen_entries_cc(ops: list[Op]) -> str:
         "",
     ]
     for op in ops:
+        input_checks = generic_checks(op, op.inputs)
+        if op.prepare_inputs:
+            input_checks.append("  PrepareInputs(check, call);")
+        if op.outputs and not op.host_only:
+            out.append(f"void {op.kernel}CheckInputs(const {op.call}& call) {{")
+            out.append(f'  const ArgChecker check("{op.name}");')
+            out += entry_tensor_list(op, with_outputs=False)
+            out.append("  check.SameDevice(tensors);")
+            out += input_checks
+            out.append("}")
+            out.append("")
         out.append(f"void {op.kernel}(const {op.call}& call) {{")
         out.append(f'  const ArgChecker check("{op.name}");')
-        req = [f"&call.{t.name}" for t in op.inputs if not t.optional] + [f"&call.{o.name}" for o in op.outputs]
-        opt = [f"&call.{t.name}" for t in op.inputs if t.optional]
-        out.append("  std::vector<const TensorRef*> tensors = {" + ", ".join(req) + "};")
-        if opt:
-            out.append("  for (const TensorRef* t : Present({" + ", ".join(opt) + "})) tensors.push_back(t);")
+        out += entry_tensor_list(op, with_outputs=True)
         out.append("  check.OnHost(tensors);" if op.host_only else "  check.SameDevice(tensors);")
-        checked: list[Tensor | Output] = [*op.inputs, *op.outputs]
-        for c in checked:
-            optional = isinstance(c, Tensor) and c.optional
-            ref = f"*call.{c.name}" if optional else f"call.{c.name}"
-            lines = [f"check.Storage({ref});", *dtype_checks(op, c, ref)]
-            if c.dtype != "any":
-                lines.append(f"check.Contiguous({ref});")
-            for line in lines:
-                out.append(f"  if (call.{c.name}) {line}" if optional else f"  {line}")
+        out += input_checks
+        out += generic_checks(op, op.outputs)
         if op.host_only:
             out.append(f"  host::{op.kernel}(check, call);")
             out.append("}")
@@ -805,14 +848,16 @@ def gen_paddle_cc(ops: list[Op]) -> str:
         for t in op.inputs:
             conv = "ToOptionalRef" if t.optional else "ToRef"
             out.append(f'    call.{t.name} = pb::{conv}({t.name}, "{t.name}");')
+        for a in op.attrs:
+            out.append(f"    call.{a.name} = {a.name};")
+        if op.outputs:  # nothing is allocated before the inputs and attrs passed their checks
+            out.append(f"    fdmtp::{op.kernel}CheckInputs(call);")
         place = f"{op.device_of}.place()"
         for o in op.outputs:
             dims = alloc_dims(o, "{}.shape()")
             dt = paddle_dtype(op, o.dtype, "{}.dtype()")
             out.append(f"    paddle::Tensor {o.name} = paddle::empty(pb::Allocatable({dims}), {dt}, {place});")
             out.append(f'    call.{o.name} = pb::ToRef({o.name}, "{o.name}");')
-        for a in op.attrs:
-            out.append(f"    call.{a.name} = {a.name};")
         out.append(f"    call.stream = pb::StreamOf({op.device_of});")
         if op.cuda_workspace:
             out.append(f"    pb::PaddleScratch scratch({place});")

@@ -8,15 +8,15 @@ void DraftModelPostprocess(const DraftModelPostprocessArgs& args) {
 }
 
 }  // namespace cpu
-// The batch size is seq_lens_this_time's, as on upstream's GPU path; every other tensor must
-// agree instead of being silently over- or under-read.
+// The batch size N is seq_lens_this_time's, as on upstream's GPU path; every other tensor
+// has at least N rows (the general per-item convention: rows past N are never read or
+// written), and the draft rows are read with the draft tensor's own width.
 void Prepare(const ArgChecker& check, const DraftModelPostprocessCall& call,
              DraftModelPostprocessArgs* args) {
   const TensorRef& draft = call.base_model_draft_tokens;
   const TensorRef& slt = call.base_model_seq_lens_this_time;
-  check.Rank(draft, 2);
   const int64_t bsz = check.ItemCount(slt);
-  check.DimEq(draft, 0, slt, 0);
+  check.Rows(draft, bsz, slt);
   check.PerItem(call.base_model_seq_lens_encoder, bsz, slt);
   check.PerItem(call.base_model_stop_flags, bsz, slt);
   args->bsz = bsz;

@@ -1,3 +1,6 @@
+#include <algorithm>
+#include <string>
+
 #include "fdmtp/ops.h"
 
 namespace fdmtp {
@@ -32,8 +35,9 @@ void SpeculatePreProcess(const SpeculatePreProcessArgs& args) {
 }
 
 }  // namespace cpu
-void Prepare(const ArgChecker& check, const SpeculatePreProcessCall& call,
-             SpeculatePreProcessArgs* args) {
+// The checks on the inputs and cpu_token_num: they run before the outputs, whose sizes
+// cpu_token_num sets, are checked (the Paddle binding: before it allocates them).
+void PrepareInputs(const ArgChecker& check, const SpeculatePreProcessCall& call) {
   check.AttrAtLeast("cpu_token_num", call.cpu_token_num, 0);
   const TensorRef& seq_len = call.seq_len;
   const int64_t bsz = check.ItemCount(seq_len);
@@ -41,6 +45,26 @@ void Prepare(const ArgChecker& check, const SpeculatePreProcessCall& call,
   check.PerItem(call.seq_lens_decoder, bsz, seq_len);
   check.Rows(call.input_ids, bsz, seq_len);
   check.Rows(call.draft_tokens, bsz, seq_len);
+  // Each item's tokens come from its own row of input_ids (C slots) or of draft_tokens (W
+  // slots), so a sum of real lengths is at most N * max(C, W): T beyond that cannot be one,
+  // and would only ask for outputs of fill values. No overflow: each tensor holds at least
+  // N rows of its width, and its element count fits in int64 (ArgChecker::Storage).
+  const int64_t ids_width = call.input_ids.dim(1);
+  const int64_t draft_width = call.draft_tokens.dim(1);
+  const int64_t capacity = bsz * std::max(ids_width, draft_width);
+  if (call.cpu_token_num > capacity) {
+    check.Fail("attr `cpu_token_num` must be <= " + std::to_string(capacity) +
+               ", the most tokens the batch's rows hold (" + std::to_string(bsz) +
+               " items from `seq_len`, each at most max(`input_ids` width " +
+               std::to_string(ids_width) + ", `draft_tokens` width " + std::to_string(draft_width) +
+               ") tokens), got " + std::to_string(call.cpu_token_num));
+  }
+}
+
+void Prepare(const ArgChecker& check, const SpeculatePreProcessCall& call,
+             SpeculatePreProcessArgs* args) {
+  // PrepareInputs has checked the inputs and cpu_token_num.
+  const int64_t bsz = call.seq_len.dim(0);
   check.Numel(call.ids_remove_padding, call.cpu_token_num);
   check.Numel(call.batch_id_per_token, call.cpu_token_num);
   check.Numel(call.cu_seqlens_q, bsz + 1);

@@ -6,10 +6,12 @@ arguments, calls the op through one binding, and writes back a pickled verdict. 
 caused it, and starts a new worker.
 
 A case is ``(op, backend, tensors, attrs, outputs)``: ``tensors`` maps each input name to a
-numpy array (or None), possibly a non-contiguous view; ``outputs`` maps each caller-provided
-output (``_kernels`` only) to an array. The verdict is ``("error", message, changed)`` (the
-op refused the call; ``changed`` names every argument buffer whose bytes changed) or
-``("ok", results)`` with every tensor and output after the call, or
+numpy array (or None), possibly a non-contiguous view (sent as ``(EVERY_OTHER_ROW, base)``:
+pickle would send a contiguous copy); ``outputs`` maps each caller-provided output
+(``_kernels`` only) to an array. The verdict is ``("error", message, changed)`` (the op
+refused the call; ``changed`` names every argument buffer whose bytes changed) or
+``("ok", results)`` with every tensor and output after the call, by name (the Paddle op's
+allocated outputs under their declared names), or
 ``("exception", type name, message)`` for anything that is not a ``ValueError``.
 """
 
@@ -22,6 +24,14 @@ import traceback
 from typing import Any
 
 import numpy as np
+
+# A strided view sent as (EVERY_OTHER_ROW, base) stands for base[::2] (pickle would send a
+# contiguous copy of the view).
+EVERY_OTHER_ROW = "every-other-row"
+
+
+def _decode_views(arrays: dict) -> dict:
+    return {k: v[1][::2] if isinstance(v, tuple) and v[0] == EVERY_OTHER_ROW else v for k, v in arrays.items()}
 
 
 def _bytes(a: np.ndarray | None) -> bytes | None:
@@ -85,6 +95,7 @@ class _Failed(Exception):
 
 def run_case(case: tuple) -> tuple:
     op, backend, tensors, attrs, outputs = case
+    tensors, outputs = _decode_views(tensors), _decode_views(outputs)
     before = {k: _bytes(v) for k, v in {**tensors, **outputs}.items()}
     try:
         if backend == "cpu":
@@ -96,7 +107,12 @@ def run_case(case: tuple) -> tuple:
                 if not isinstance(cause, ValueError):
                     return ("exception", type(cause).__name__, str(cause))
                 return ("error", str(cause), failed.changed)
-            return ("ok", {**got, **{f"<out{i}>": o for i, o in enumerate(outs)}})
+            from tests.op_declarations import DECLARED
+
+            # the allocated outputs, in declaration order, by name (as _kernels takes them)
+            names = [o["name"] for o in DECLARED[op].get("outputs", [])]
+            assert len(outs) == len(names), f"{op} returned {len(outs)} outputs, declares {len(names)}"
+            return ("ok", {**got, **dict(zip(names, outs))})
         emulate = backend.removesuffix("-emu") if backend.endswith("-emu") else ""
         _run_kernels(op, tensors, attrs, outputs, emulate=emulate)
     except ValueError as e:

@@ -9,12 +9,34 @@ int32 / int64 extremes; attrs likewise, including values that do not fit their t
 Each call runs in a worker child process (``fuzz_worker.py``) on the framework-free module
 (``kernels-cpu``), on the XPU3 kernels under the emulator (``xpu-emu``), on the CUDA
 kernels under the CUDA emulator (``cuda-emu``, with its bounds and race checks) and on the
-Paddle binding (``cpu``), and must end in one of two ways:
+Paddle binding (``cpu``). The outputs an op allocates in Paddle are passed to the
+framework-free bindings with the shape and dtype the Paddle binding allocates (from the
+declaration's ``alloc``), unless the case perturbs one of them. Every call must end in one
+of two ways, the same on every binding:
 
 * a ``ValueError`` whose message starts with ``"<op>: "`` and names one of the op's
-  arguments in backticks, with every argument buffer the op was given unchanged; or
-* success, with results equal on every binding (bit for bit) and, where the case is in the
-  op's contract, equal to the numpy reference (``tests/fuzz/references.py``).
+  arguments in backticks, with every argument buffer the op was given unchanged (the
+  ``cpu`` binding's message must equal ``kernels-cpu``'s); or
+* success, with every tensor (the inputs after the op's in-place writes, and the outputs)
+  equal on every binding, bit for bit, and, where the case is in the op's contract, equal
+  to the numpy reference (``tests/fuzz/references.py``).
+
+Three kinds of case give the ``cpu`` binding another call than the others, so its verdict
+is not compared there:
+
+* a perturbed output (wrong shape, dtype or a strided view): the Paddle op allocates its
+  own outputs and never sees the caller's. Where both bindings still complete (an output of
+  the right element count in another shape), the elements are compared bit for bit.
+* a strided view of an input: Paddle's custom-op runtime hands the op a contiguous copy of
+  a read-only input, so the op runs (and its results are compared with the reference),
+  and the Python wrapper refuses a written one with its own message ("is written in place
+  and must be contiguous"); the framework-free module refuses any non-contiguous tensor.
+* an optional input given with no elements: a Paddle tensor with no elements holds no
+  memory (it is uninitialised), and Paddle's custom-op runtime passes an uninitialised
+  optional input to the op as absent (``paddle::none``), so the op takes its path for a
+  missing input (and checks nothing about the given one); the framework-free module sees
+  the empty tensor. (An op that requires the input then refuses on ``cpu`` only, e.g.
+  ``verify_draft_tokens`` with REJECTION and no output rows this step.)
 
 Anything else fails the test: another exception type, a crash of the worker (the case is
 reported), a hang past the per-case timeout. Set ``FDMTP_FUZZ_EXAMPLES`` to change the
@@ -39,6 +61,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import fastdeploy_mtp
 from tests.op_declarations import DECLARED, HOST_ONLY, base_dtype
 
+from .fuzz_worker import EVERY_OTHER_ROW
 from .references import REFERENCES, compare_with_reference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +105,7 @@ class Worker:
             self.proc = self._start()
         proc = self.proc
         assert proc.stdin is not None and proc.stdout is not None
-        data = pickle.dumps(case)
+        data = pickle.dumps(_encode_views(case))
         try:
             proc.stdin.write(struct.pack("<Q", len(data)) + data)
             proc.stdin.flush()
@@ -115,6 +138,20 @@ class Worker:
             self.proc.kill()
             self.proc.wait(timeout=30)
             self.proc = None
+
+
+def _encode_views(case: tuple) -> tuple:
+    """Pickling a strided view sends a contiguous copy: the fuzzer's views (``base[::2]``)
+    travel as ``(EVERY_OTHER_ROW, base)`` instead, and the worker takes the view again."""
+
+    def encode(a):
+        if a is None or a.flags.c_contiguous:
+            return a
+        assert a.base is not None and a.base[::2].shape == a.shape and np.shares_memory(a, a.base)
+        return (EVERY_OTHER_ROW, a.base)
+
+    op, backend, tensors, attrs, outputs = case
+    return (op, backend, {k: encode(v) for k, v in tensors.items()}, attrs, {k: encode(v) for k, v in outputs.items()})
 
 
 class _Reader:
@@ -163,6 +200,22 @@ def _dims(shape: str, sym: dict[str, int], draw) -> list[int]:
     return dims
 
 
+def _allocated(alloc: list[str] | str, tensors: dict, attrs: dict) -> list[int]:
+    """An output's shape as the Paddle binding allocates it from its declared ``alloc`` (C++
+    dim expressions over ``Dim(<input>, i)`` and attrs, or ``like:<input>``): a dimension an
+    input does not have is -1, and negative dimensions become 0 (``pb::Allocatable``)."""
+
+    def dim(a: np.ndarray, i: int) -> int:
+        return a.shape[i] if i < a.ndim else -1
+
+    if isinstance(alloc, str):
+        dims = list(tensors[alloc.removeprefix("like:")].shape)
+    else:
+        env = {"Dim": dim, **tensors, **attrs}
+        dims = [int(eval(d, {"__builtins__": {}}, env)) for d in alloc]  # noqa: S307 - our own declarations
+    return [max(d, 0) for d in dims]
+
+
 def _dtype_of(decl: dict, dtype: str, draw) -> type:
     dtype = base_dtype(decl, dtype)
     if dtype == "float":
@@ -203,7 +256,7 @@ ATTR_EXTREMES = [-1, 2**31 - 1, -(2**31), 2**31, 2**40]
 
 
 @st.composite
-def calls(draw, op: str) -> tuple[dict, dict, dict, bool]:
+def calls(draw, op: str) -> tuple[dict, dict, dict, bool, bool]:
     decl = DECLS[op]
     sym = {s: draw(st.integers(0, 6)) for s in SYMBOLS}
     alloc_attrs = {a for o in decl.get("outputs", []) for a in re.findall(r"[a-z_]+", str(o["alloc"]))}
@@ -221,15 +274,24 @@ def calls(draw, op: str) -> tuple[dict, dict, dict, bool]:
     names = [t["name"] for t in decl["inputs"]] + [o["name"] for o in decl.get("outputs", [])]
     mutated = draw(st.sampled_from([None, None, *names]))
     strided = False
+    own_outputs = False  # outputs that differ from what the Paddle binding allocates
     tensors, outputs = {}, {}
     for spec in [*decl["inputs"], *decl.get("outputs", [])]:
         is_output = spec in decl.get("outputs", [])
         if spec.get("optional") and draw(st.booleans()):
             tensors[spec["name"]] = None
             continue
-        shape = _dims(spec["shape"], sym, draw)
-        dtype = _dtype_of(decl, spec["dtype"], draw)
+        if is_output:
+            # the shape and dtype the Paddle binding allocates (so both bindings get the same
+            # outputs), unless this output is mutated below
+            shape = _allocated(spec["alloc"], tensors, attrs)
+            like = spec["dtype"].removeprefix("same:")
+            dtype = tensors[like].dtype.type if like in tensors else _dtype_of(decl, spec["dtype"], draw)
+        else:
+            shape = _dims(spec["shape"], sym, draw)
+            dtype = _dtype_of(decl, spec["dtype"], draw)
         if spec["name"] == mutated:
+            unmutated = (list(shape), dtype)
             kind = draw(st.sampled_from(["dim", "rank+", "rank-", "dtype", "stride"]))
             if kind == "dim" and shape:
                 i = draw(st.integers(0, len(shape) - 1))
@@ -244,10 +306,12 @@ def calls(draw, op: str) -> tuple[dict, dict, dict, bool]:
                 base = _values(rng, [shape[0] * 2, *shape[1:]], dtype, mode)
                 array = base[::2]
                 strided = True
+                own_outputs |= is_output
                 (outputs if is_output else tensors)[spec["name"]] = array
                 continue
+            own_outputs |= is_output and (list(shape), dtype) != unmutated
         (outputs if is_output else tensors)[spec["name"]] = _values(rng, shape, dtype, mode)
-    return tensors, attrs, outputs, strided
+    return tensors, attrs, outputs, strided, own_outputs
 
 
 def _named_argument(op: str, message: str) -> bool:
@@ -284,9 +348,16 @@ def _same(a, b) -> bool:
     )
 
 
+def _same_elements(a, b) -> bool:
+    """The same dtype and elements, bit for bit, whatever the shapes."""
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.size == b.size and _same(a.reshape(-1), b.reshape(-1))
+
+
 @pytest.mark.parametrize("op", sorted(DECLS))
 def test_fuzz_op(op, worker):
     backends = [b for b in BACKENDS if b != "cpu" or _paddle_available()]
+    optional = [t["name"] for t in DECLS[op]["inputs"] if t.get("optional")]
 
     @settings(
         max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -294,7 +365,7 @@ def test_fuzz_op(op, worker):
     )  # fmt: skip
     @given(calls(op))
     def check(call):
-        tensors, attrs, outputs, strided = call
+        tensors, attrs, outputs, strided, own_outputs = call
         case_repr = repr({"attrs": attrs, "shapes": {k: (None if v is None else (v.dtype.str, v.shape)) for k, v in
                                                      {**tensors, **outputs}.items()}})  # fmt: skip
         verdicts = {}
@@ -306,15 +377,32 @@ def test_fuzz_op(op, worker):
                 verdict = worker.run((op, backend, tensors, attrs, outputs))
             _check_verdict(op, backend, verdict, case_repr)
             verdicts[backend] = verdict
-        kinds = {b: v[0] for b, v in verdicts.items() if not (b == "cpu" and (strided or outputs))}
+        # The Paddle binding is compared too, except where it sees another call than the others
+        # (see the module docstring).
+        empty_optional = any(tensors[name] is not None and tensors[name].size == 0 for name in optional)
+        comparable = [b for b in verdicts if not (b == "cpu" and (strided or own_outputs or empty_optional))]
+        kinds = {b: verdicts[b][0] for b in comparable}
         assert len(set(kinds.values())) <= 1, f"{op}: bindings disagree {kinds} on {case_repr}: {verdicts}"
+        if "cpu" in comparable and verdicts["cpu"][0] == "error":
+            got, want = verdicts["cpu"][1], verdicts["kernels-cpu"][1]
+            assert got == want, f"{op}: cpu refuses with {got!r}, kernels-cpu with {want!r}\ncase: {case_repr}"
         first = verdicts["kernels-cpu"]
         if first[0] == "ok":
             for backend in ("xpu-emu", "cuda-emu"):
                 other = verdicts[backend][1]
                 for name, value in first[1].items():
                     assert _same(value, other[name]), f"{op}: `{name}` differs between kernels-cpu and {backend}"
+            if verdicts.get("cpu", ("",))[0] == "ok":
+                paddle = verdicts["cpu"][1]
+                assert paddle.keys() == first[1].keys(), f"{op}: cpu returned {sorted(paddle)}"
+                for name, value in first[1].items():
+                    # an output of the caller's own may have another shape of the same count
+                    same = _same_elements if own_outputs and name in outputs else _same
+                    assert same(value, paddle[name]), f"{op}: `{name}` differs between kernels-cpu and cpu: {case_repr}"
             if op in REFERENCES and not strided:
                 compare_with_reference(op, tensors, attrs, outputs, first[1])
+        elif strided and not empty_optional and verdicts.get("cpu", ("",))[0] == "ok" and op in REFERENCES:
+            # a strided read-only input: the Paddle op ran on a contiguous copy of it
+            compare_with_reference(op, tensors, attrs, outputs, verdicts["cpu"][1])
 
     check()

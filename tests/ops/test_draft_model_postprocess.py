@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.compare import assert_all_exact, assert_rejected
+from tests.compare import assert_all_exact, assert_exact, assert_rejected
 from tests.reference.draft_model_postprocess import draft_model_postprocess as reference
 
 OP = "draft_model_postprocess"
@@ -111,12 +111,43 @@ def test_zero_items_is_a_no_op(backend):
     check(backend, tensors, "bsz=0")
 
 
+PADDED = {
+    # tensor index: extra rows that would change the result if they were read
+    0: lambda t, m: np.concatenate([t[0], np.full((m, t[0].shape[1]), 77, np.int64)]),
+    2: lambda t, m: np.concatenate([t[2], np.full(m, 9, np.int32)]),
+    3: lambda t, m: np.concatenate([t[3], np.ones((m, *t[3].shape[1:]), bool)]),
+}
+
+
+@pytest.mark.parametrize("padded", [[0], [2], [3], [0, 2, 3]], ids=["draft", "encoder", "stop", "all"])
+@pytest.mark.parametrize("stop_shape", ["n_by_1", "n"])
+def test_every_tensor_may_have_more_rows_than_the_batch_and_its_extra_rows_are_untouched(backend, padded, stop_shape):
+    """N is seq_lens_this_time's length; every other tensor may have more rows (upstream
+    callers pad to max_bsz): they are accepted, the result is the one without them, and the
+    extra rows are neither read nor written. The draft rows keep their own width (5 here)."""
+    rng = np.random.default_rng(31)
+    tensors = make_state(rng, 7, 5, p_stop=0.3, p_prefill=0.3)
+    if stop_shape == "n":
+        tensors[3] = tensors[3].reshape(-1)
+    want = reference(*tensors)
+    bigger = list(tensors)
+    for index in padded:
+        bigger[index] = PADDED[index](tensors, 4)
+    got = backend.run(OP, bigger)
+    context = f"{backend.name}, padded {[NAMES[i] for i in padded]}"
+    assert_exact(NAMES[1], got[1], want[NAMES[1]], context=context)
+    for name, g, given in zip(NAMES, got, bigger):
+        if name != NAMES[1]:
+            assert_exact(name, g, given, context=f"{context}: a read-only tensor changed")
+
+
 def _valid(bsz=6, width=4):
     return make_state(np.random.default_rng(3), bsz, width)
 
 
 BAD_INPUTS = {
-    # case id: (tensor index, replacement builder, name expected in the message)
+    # case id: (tensor index, replacement builder, name expected in the message); the batch
+    # is 6, so the *_batch_<n> cases have fewer rows than it
     "draft_tokens_int32": (0, lambda t: t[0].astype(np.int32), "base_model_draft_tokens"),
     "seq_lens_this_time_int64": (1, lambda t: t[1].astype(np.int64), "base_model_seq_lens_this_time"),
     "seq_lens_encoder_float32": (2, lambda t: t[2].astype(np.float32), "base_model_seq_lens_encoder"),
@@ -125,7 +156,7 @@ BAD_INPUTS = {
     "draft_tokens_rank3": (0, lambda t: t[0].reshape(6, 2, 2), "base_model_draft_tokens"),
     "seq_lens_this_time_rank0": (1, lambda t: np.array(3, np.int32), "base_model_seq_lens_this_time"),
     "stop_flags_n_by_2": (3, lambda t: np.zeros((6, 2), bool), "base_model_stop_flags"),
-    "draft_tokens_batch_7": (0, lambda t: np.zeros((7, 4), np.int64), "base_model_draft_tokens"),
+    "draft_tokens_batch_5": (0, lambda t: np.zeros((5, 4), np.int64), "base_model_draft_tokens"),
     "seq_lens_encoder_batch_5": (2, lambda t: np.zeros(5, np.int32), "base_model_seq_lens_encoder"),
     "stop_flags_batch_1": (3, lambda t: np.zeros((1, 1), bool), "base_model_stop_flags"),
 }

@@ -206,7 +206,8 @@ inputs = [{ name = "x", dtype = "int32", shape = "[N]", io = "inout", doc = "" }
     "extra, key",
     [('args = "MyOpArgs"\n', "args"), ('cuda_workspace = "Bytes"\n', "cuda_workspace"),
      ('xpu_kernels = ["a", "b"]\n', "xpu_kernels"),
-     ('outputs = [{ name = "y", dtype = "int32", alloc = "like:x", shape = "[N]", doc = "" }]\n', "outputs")],
+     ('outputs = [{ name = "y", dtype = "int32", alloc = "like:x", shape = "[N]", doc = "" }]\n', "outputs"),
+     ("prepare_inputs = true\n", "prepare_inputs")],
 )  # fmt: skip
 def test_generator_rejects_kernel_keys_on_a_host_only_op(tmp_path, extra, key):
     codegen = _codegen()
@@ -245,3 +246,22 @@ def test_host_only_op_refuses_device_tensors_in_the_framework_free_module():
         ValueError, match=r"^mtp_get_first_token: `output_tokens` is on cuda:0; this op runs on the host"
     ):
         _kernels.mtp_get_first_token((buf.ctypes.data, "int64", (1794,), "cuda"), False, 1)
+
+
+def test_the_paddle_binding_checks_inputs_and_attrs_before_it_allocates_outputs(tmp_path):
+    """For every op that allocates outputs, the Paddle kernel function runs the entry's input
+    checks (with the op's PrepareInputs) before its first paddle::empty, so a size the
+    inputs or attrs make impossible is refused by name, not by the allocator."""
+    codegen = _codegen()
+    out = tmp_path / "gen"
+    codegen.generate(ROOT, out)
+    paddle_cc = (out / "paddle_ops.cc").read_text()
+    entries = (out / "entries.cc").read_text()
+    with_outputs = [decl for decl in DECLARED.values() if decl.get("outputs")]
+    assert with_outputs
+    for decl in with_outputs:
+        kernel = decl["kernel"]
+        body = paddle_cc.split(f" {kernel}Kernel(", 1)[1].split("\n}\n", 1)[0]
+        assert body.index(f"fdmtp::{kernel}CheckInputs(call);") < body.index("paddle::empty("), kernel
+        check_inputs = entries.split(f"void {kernel}CheckInputs(", 1)[1].split("\n}\n", 1)[0]
+        assert ("PrepareInputs(check, call);" in check_inputs) == bool(decl.get("prepare_inputs")), kernel

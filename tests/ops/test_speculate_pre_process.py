@@ -173,6 +173,33 @@ def test_negative_token_num_is_rejected(backend):
         backend.run(OP, fixed(), (-1,), out_specs(4, 4, 0))
 
 
+def test_token_num_above_what_the_rows_hold_is_refused_naming_it_before_any_allocation(backend):
+    """T <= N * max(C, W): each item's tokens come from its own row of input_ids ([N, C]) or
+    draft_tokens ([N, W]). fixed() has N = 4, C = 6, W = 4, so T = 24 still works (slots past
+    the 8 real tokens keep their fill) and T = 25 is refused. T = 10**12 asks the Paddle op
+    for 8 TB of outputs: it must be refused by name, before the allocator is asked (it used
+    to fail with Paddle's "(ResourceExhausted) Fail to alloc memory of 8000000000000 size");
+    the framework-free binding, given outputs for 8 tokens, names `cpu_token_num` too, not
+    an output."""
+    out = check(backend, fixed(), token_num=24, context="T = N * max(C, W)")
+    assert (out["ids_remove_padding"][8:] == 2).all() and (out["batch_id_per_token"][8:] == -1).all()
+    for token_num in (10**12, 25):
+        message = assert_rejected(backend, OP, INPUTS, fixed(), "cpu_token_num", (token_num,), out_specs(4, 4, 8))
+        assert "attr `cpu_token_num` must be <= 24, the most tokens the batch's rows hold" in message, message
+        assert message.endswith(f"got {token_num}"), message
+
+
+def test_token_num_bound_uses_the_wider_of_input_ids_and_draft_tokens(backend):
+    """Decode items read draft_tokens: with input_ids narrower than the draft rows the bound
+    is N * W (and input_ids' rows past N do not count)."""
+    tensors = fixed()
+    tensors[0] = np.zeros((6, 2), np.int64)  # 6 rows for a batch of 4, 2 columns
+    tensors[3] = np.zeros(4, np.int32)  # every item decodes: 4 tokens from its draft row
+    tensors[1] = np.array([4, 4, 4, 4], np.int32)
+    check(backend, tensors, token_num=16, context="T = N * W")
+    assert_rejected(backend, OP, INPUTS, tensors, "cpu_token_num", (17,), out_specs(4, 4, 17))
+
+
 def test_python_wrapper_keeps_the_proposer_call_form():
     """FastDeploy's proposer calls speculate_pre_process(token_num, input_ids, seq_lens_this_time,
     draft_tokens, seq_lens_encoder, seq_lens_decoder) and unpacks seven outputs."""

@@ -6,14 +6,16 @@
 
 namespace fdmtp {
 
+// Every tensor but seq_lens_this_time may have more than bsz rows; the kernels touch rows
+// 0..bsz-1 only.
 struct DraftModelPostprocessArgs {
   FDMTP_GM const int64_t*
-      draft_tokens;  // [bsz, width] int64, in: target draft tokens, -1 = empty slot
+      draft_tokens;  // [>= bsz, width] int64, in: target draft tokens, -1 = empty slot
   FDMTP_GM int32_t* seq_lens_this_time;  // [bsz] int32, in/out: tokens of the next target forward
-  FDMTP_GM const int32_t* seq_lens_encoder;  // [bsz] int32, in: > 0 means the item is in prefill
-  FDMTP_GM const bool* stop_flags;  // [bsz] bool (stored [bsz, 1]), in: the item has finished
+  FDMTP_GM const int32_t* seq_lens_encoder;  // [>= bsz] int32, in: != 0 means prefill
+  FDMTP_GM const bool* stop_flags;  // [>= bsz] bool (or [>= bsz, 1]), in: the item has finished
   int64_t bsz;                      // number of items
-  int64_t width;                    // draft slots per item (K + 1)
+  int64_t width;                    // draft slots per item (K + 1): draft_tokens' own row stride
 };
 
 // The whole per-item computation; the kernels only add the loop over b.
