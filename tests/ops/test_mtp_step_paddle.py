@@ -86,6 +86,24 @@ def manual(rows, free, block_size=4, max_blocks=6):
     ]
 
 
+def test_per_item_arrays_and_block_tables_may_have_more_rows_than_the_batch(backend):
+    """The batch is ``seq_lens_this_time``'s length; extra rows elsewhere (running items with
+    free blocks to take, if they were read) stay untouched."""
+    rng = np.random.default_rng(5)
+    small, big = make_state(rng, 7, 3, free_blocks=3), make_state(rng, 10, 3)
+    padded = [
+        t if i in (3, 9, 10) else np.concatenate([t, b[7:]])  # not slt, free_list, free_list_len
+        for i, (t, b) in enumerate(zip(small, big))
+    ]
+    padded[0][7:] = False  # the extra rows look like running items
+    out = check(backend, padded, context="extra rows")
+    for i in (0, 1, 2, 4, 5, 6, 7, 8):
+        np.testing.assert_array_equal(out[NAMES[i]][7:], padded[i][7:], err_msg=NAMES[i])
+    want = reference(*small, block_size=4, max_draft_tokens=3)
+    for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10):
+        np.testing.assert_array_equal(out[NAMES[i]][: len(want[NAMES[i]])], want[NAMES[i]], err_msg=NAMES[i])
+
+
 def test_stopped_items_release_blocks_from_their_encoder_length(backend):
     rows = [dict(table=[10, 11, 12, 13], enc_len=2, used=2, dec=0, base_stop=True)]
     out = check(backend, manual(rows, free=[30]), context="free")

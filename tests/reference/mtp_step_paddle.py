@@ -37,7 +37,9 @@ def mtp_step_paddle(*tensors, block_size: int, max_draft_tokens: int) -> dict[st
     used = t["used_list_len"].reshape(-1)
     free_list = t["free_list"]
     free_len = t["free_list_len"].reshape(-1)
-    bsz, max_blocks = tables.shape
+    # the batch is seq_lens_this_time's items; every other per-item tensor and block_tables
+    # may have more rows, which are not read or written
+    bsz, max_blocks = slt.shape[0], tables.shape[1]
     # values are clamped, never rejected: free_list_len to [0, F] (written back clamped),
     # negative lengths and counts read as 0
     free_len[0] = min(max(int(free_len[0]), 0), free_list.shape[0], 2**31 - 1)
