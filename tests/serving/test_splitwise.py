@@ -290,7 +290,12 @@ def test_a_prefill_instance_that_dies_or_lets_the_hold_expire_fails_the_request_
         os.kill(p.proc.pid, signal.SIGKILL)  # its children follow it (parent-death signal)
         p.proc.wait(30)
     wait_for(lambda: not any(alive(c) for c in p.children), timeout=30)
-    wait_for(lambda: not (shm_names() - shm_before), timeout=30)  # and they removed its names
+    try:
+        wait_for(lambda: not (shm_names() - shm_before), timeout=30)  # and they removed its names
+    except AssertionError:
+        raise AssertionError(
+            f"the killed prefill instance's children left {sorted(shm_names() - shm_before)}:\n{p.output()}"
+        ) from None
     p.leftovers()  # removes the token queue a SIGKILLed engine cannot (the next start would)
     p.close_log()
     # the decode instances fail those requests with an error naming the prefill instance,
