@@ -19,27 +19,26 @@ The rule (``speculative_config.adaptive_draft_length``):
   almost nothing at batch 1). So the controller measures it: the wall time of every step is
   recorded against the draft budget ``n`` (0..K) the batch ran with (only steps whose verify
   and drafting both used ``n``, and no prefill), as an exponentially weighted least-squares
-  line in the number of running slots. A step more than twice as slow or fast as the
-  estimate is an outlier (a busy machine): against an estimate of fewer than three samples it
-  starts the estimate over (the few earlier samples were more likely the outliers), against a
-  settled one it counts as twice or half the estimate. Each round it picks the budget that maximises expected
-  tokens per second, ``E(n) / t(n, m)``, where ``E(n) = sum over running slots of 1 + P(draft
-  1 accepted) + ... + P(drafts 1..min(n, limit) accepted)`` and ``t(n, m)`` is the measured
-  step time at ``m`` running slots. Drafting must beat plain decoding by 10% (near-equal
-  estimates go to plain decoding, which cannot be slower than itself), and among drafting
-  budgets the one in force is kept unless another is 10% better (step times are noisy). The largest useful
-  budget and 0 are tried for two rounds each when never measured (a cost measured at one batch
-  size is scaled to others until they have their own samples); a budget in
-  between is costed on the straight line between them until it is chosen and measured.
-  Every ``adaptive_probe_interval`` rounds another budget is re-measured for two rounds
-  (alternately the largest useful budget and the best other one), and each such probe that
-  does not change the choice doubles the interval (up to 16 times the configured one). This
-  holds at budget 0 too, where the cost of drafting would
-  otherwise never be measured again: one slow sample (a busy machine) would keep plain
-  decoding for the rest of the engine's life. A probe from budget 0 costs a replay of the
-  skipped rows through the MTP layer, which the backoff keeps rare while plain decoding
-  really is faster. Besides, the idle acceptance estimates drift back toward 1, which raises
-  the drafting budgets' expected rates.
+  line in the number of running slots. A step more than twice as slow or fast as the estimate
+  is an outlier (a busy machine): against an estimate of fewer than three samples it starts
+  the estimate over (the few earlier samples were more likely the outliers), against a settled
+  one it counts as twice or half the estimate. Each round it picks the budget that maximises
+  expected tokens per second, ``E(n) / t(n, m)``, where ``E(n) = sum over running slots of 1 +
+  P(draft 1 accepted) + ... + P(drafts 1..min(n, limit) accepted)`` and ``t(n, m)`` is the
+  measured step time at ``m`` running slots. Drafting must beat plain decoding by 10%
+  (near-equal estimates go to plain decoding, which cannot be slower than itself), and among
+  drafting budgets the one in force is kept unless another is 10% better (step times are
+  noisy). The largest useful budget and 0 are tried for two rounds each when never measured (a
+  cost measured at one batch size is scaled to others until they have their own samples); a
+  budget in between is costed on the straight line between them until it is chosen and
+  measured. Every ``adaptive_probe_interval`` rounds another budget is re-measured for two
+  rounds (alternately the largest useful budget and the best other one), and each such probe
+  that does not change the choice doubles the interval (up to 16 times the configured one).
+  This holds at budget 0 too, where the cost of drafting would otherwise never be measured
+  again: one slow sample (a busy machine) would keep plain decoding for the rest of the
+  engine's life. A probe from budget 0 costs a replay of the skipped rows through the MTP
+  layer, which the backoff keeps rare while plain decoding really is faster. Besides, the idle
+  acceptance estimates drift back toward 1, which raises the drafting budgets' expected rates.
 * **Budget 0** is plain decoding: the MTP layer is skipped for the round (a round with a
   prefill still runs it: it must see the prompt). The proposer keeps the skipped rows and
   writes them into the MTP caches the next time it runs, so drafting resumes over a complete

@@ -37,6 +37,7 @@ PARAMS = [
     SamplingParams(temperature=0.7, seed=5, logprobs=2, repetition_penalty=1.4, min_tokens=3),
     SamplingParams(logprobs=1, repetition_penalty=1.3, presence_penalty=0.4),  # greedy, penalised
 ]
+NO_PENALTY = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
 CHUNKS = [1, 3, 7, 16, 0]  # 0: the whole prompt in one chunk
 MAX_TOKENS = 8
 
@@ -97,5 +98,3 @@ def test_penalties_have_nothing_to_count_at_the_first_token(shipped, chunk):
         assert logprobs[0].logprob == pytest.approx(plain[rid][1][0].logprob, rel=1e-5, abs=1e-5), rid
         assert [t for t, _ in logprobs[0].top] == [t for t, _ in plain[rid][1][0].top], rid
 
-
-NO_PENALTY = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
