@@ -97,4 +97,3 @@ def test_penalties_have_nothing_to_count_at_the_first_token(shipped, chunk):
         assert tokens[0] == plain[rid][0][0], rid
         assert logprobs[0].logprob == pytest.approx(plain[rid][1][0].logprob, rel=1e-5, abs=1e-5), rid
         assert [t for t, _ in logprobs[0].top] == [t for t, _ in plain[rid][1][0].top], rid
-
