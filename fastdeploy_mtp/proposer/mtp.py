@@ -35,10 +35,7 @@ import paddle
 from .. import ops
 from ..config import FDConfig
 from ..constants import PLACEHOLDER_TOKEN_ID
-from ..models.forward_meta import ForwardMeta
-from ..models.interfaces import MTPModel, TargetModel
-from ..runtime.input_batch import InputBatch
-from ..runtime.kv_cache_ipc import (
+from ..ipc.kv_caches import (
     attach_caches,
     cache_names,
     caches_are_managed,
@@ -47,6 +44,9 @@ from ..runtime.kv_cache_ipc import (
     unpublish_caches,
     wait_cache_ready,
 )
+from ..models.forward_meta import ForwardMeta
+from ..models.interfaces import MTPModel, TargetModel
+from ..runtime.input_batch import InputBatch
 from ..runtime.request import Request, RequestType
 from .proposer_inputs import ProposerInputBatch
 from .sampler import MTPSampler
@@ -177,7 +177,7 @@ class MTPProposer:
         mirrors the target's block table, so it has as many blocks as the target).
 
         FastDeploy's two paths: when ``profile`` or no cache-manager process owns the caches
-        (:func:`~fastdeploy_mtp.runtime.kv_cache_ipc.caches_are_managed`: ``cache_config.cache_manager``
+        (:func:`~fastdeploy_mtp.ipc.kv_caches.caches_are_managed`: ``cache_config.cache_manager``
         if set, else no ``num_cpu_blocks``, no ``kvcache_storage_backend`` and
         ``splitwise_role == "mixed"``) the proposer creates them (and, with
         ``cache_config.share_mtp_cache``, publishes them with ``set_data_ipc`` under
@@ -188,7 +188,7 @@ class MTPProposer:
 
         Raises:
             ValueError: ``main_model_num_blocks <= 0``.
-            fastdeploy_mtp.runtime.ipc.IPCSignalError: the signal did not come in time
+            fastdeploy_mtp.ipc.signals.IPCSignalError: the signal did not come in time
                 (``cache_config.cache_ready_timeout``), or its creator died.
         """
         if main_model_num_blocks <= 0:

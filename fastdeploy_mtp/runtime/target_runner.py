@@ -15,11 +15,11 @@ import paddle
 from .. import ops
 from ..config import FDConfig
 from ..constants import NO_BLOCK_ID, PLACEHOLDER_TOKEN_ID
+from ..ipc.kv_caches import attach_caches, cache_names, caches_are_managed, detach_caches, wait_cache_ready
 from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
 from .adaptive_draft import AdaptiveDraftLength
 from .input_batch import InputBatch, make_target_inputs
-from .kv_cache_ipc import attach_caches, cache_names, caches_are_managed, detach_caches, wait_cache_ready
 from .request import InvalidRequestError, Request, RequestType, check_token_ids
 from .sampling_params import TokenLogprob
 from .target_sampler import TargetSampler

@@ -3,7 +3,7 @@
 * :mod:`.api_server` — the API server + engine process (FastAPI, the scheduler loop, detokenization,
   SSE streaming, ``/metrics``);
 * :mod:`.cache_manager` — the process that creates every KV cache and publishes it by name;
-* :mod:`fastdeploy_mtp.worker` — one process per tensor-parallel rank (target runner +
+* :mod:`fastdeploy_mtp.serving.worker_process` — one process per tensor-parallel rank (target runner +
   ``MTPProposer``), attaching the caches by name;
 * :mod:`.workers` — the engine's side of the workers (:class:`~.workers.RemoteRunner`);
 * :mod:`.protocol` — what the engine and the workers say to each other;

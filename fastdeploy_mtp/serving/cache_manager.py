@@ -26,9 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     become_child_process()
     import paddle
 
+    from ..ipc.kv_caches import CACHE_READY_SIGNAL, cache_names, publish_caches, unpublish_caches
+    from ..ipc.signals import IPCSignal
     from ..models import kv_cache_shape
-    from ..runtime.ipc import IPCSignal
-    from ..runtime.kv_cache_ipc import CACHE_READY_SIGNAL, cache_names, publish_caches, unpublish_caches
 
     arch = layout.arch()
     cfg = layout.fd_config(0, arch)

@@ -255,7 +255,7 @@ def serve(opts: ServeOptions, log: object = None) -> int:
 def _refuse_taken_cache_names(spec_enabled: bool, tp: int, device_ids: list[int], model: str) -> None:
     """Two instances on one host (a prefill and a decode instance) must not share KV cache
     names, which FastDeploy derives from the rank and the device id only."""
-    from ..runtime.kv_cache_ipc import cache_names
+    from ..ipc.kv_caches import cache_names
 
     for rank, device in enumerate(device_ids):
         name = cache_names(0, 1, rank, device)[0]

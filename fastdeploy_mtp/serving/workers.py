@@ -128,7 +128,7 @@ class RemoteRunner:
             self._progress(f"starting worker rank {rank}/{tp} (loads its model shard, attaches its caches)")
             self._spawn(
                 f"worker rank {rank}",
-                "fastdeploy_mtp.worker",
+                "fastdeploy_mtp.serving.worker_process",
                 ["--local_rank", str(rank), "--tp_master_port", str(master)],
                 log,
             )
@@ -152,7 +152,7 @@ class RemoteRunner:
         """Stop every child (``shutdown``, then SIGTERM, then SIGKILL), remove the token queue."""
         import zmq
 
-        from ..runtime.kv_cache_ipc import detach_caches
+        from ..ipc.kv_caches import detach_caches
 
         self._host_caches = None
         for tensors, names in self._host_cache_tensors:
@@ -190,7 +190,7 @@ class RemoteRunner:
     def _remove_orphaned_names(self) -> None:
         """The cache manager removes its names when it stops; if it was killed (SIGKILL) it
         could not, so remove whatever of this deployment's names is still there."""
-        from ..runtime.kv_cache_ipc import CACHE_READY_SIGNAL, cache_names
+        from ..ipc.kv_caches import CACHE_READY_SIGNAL, cache_names
 
         layers = self.fd_config.model_config.num_hidden_layers + (1 if self.k else 0)
         names = [f"{CACHE_READY_SIGNAL}.{self.layout.engine_worker_queue_port}"]
@@ -280,7 +280,7 @@ class RemoteRunner:
 
     def cache_names(self) -> list[list[str]]:
         """Per rank, the IPC names of its caches (key, value per layer; target then MTP)."""
-        from ..runtime.kv_cache_ipc import cache_names
+        from ..ipc.kv_caches import cache_names
 
         layers = sum(self.num_cache_layers())
         return [cache_names(0, layers, rank, device) for rank, device in enumerate(self.layout.device_ids)]
@@ -289,8 +289,8 @@ class RemoteRunner:
         """Every rank's KV caches, attached by name in this process, as writable numpy views
         (no copy); detached by :meth:`close`."""
         if self._host_caches is None:
+            from ..ipc.kv_caches import attach_caches
             from ..models import kv_cache_shape
-            from ..runtime.kv_cache_ipc import attach_caches
 
             shape = kv_cache_shape(
                 self.layout.arch(), self.fd_config.cache_config.total_block_num, self.layout.tensor_parallel_size

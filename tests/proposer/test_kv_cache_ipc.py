@@ -25,7 +25,7 @@ def _cache_manager(conn, names, shape, port):
     import paddle
 
     from fastdeploy_mtp import ops
-    from fastdeploy_mtp.runtime.ipc import IPCSignal
+    from fastdeploy_mtp.ipc.signals import IPCSignal
 
     caches = []
     for i, name in enumerate(names):
@@ -130,9 +130,9 @@ def test_published_caches_are_attached_by_another_process(random_model):
 
 
 def test_attach_gives_up_with_a_clear_error_when_no_cache_manager_starts(random_model):
+    from fastdeploy_mtp.ipc.signals import IPCSignalError
     from fastdeploy_mtp.proposer import MTPProposer
     from fastdeploy_mtp.runtime.input_batch import make_target_inputs
-    from fastdeploy_mtp.runtime.ipc import IPCSignalError
 
     target, mtp = random_model
     cfg = make_config(1)
@@ -164,7 +164,7 @@ def test_worker_refuses_a_ready_signal_left_by_a_dead_cache_manager(random_model
     import sys
     import time
 
-    from fastdeploy_mtp.runtime.ipc import CreatorGoneError
+    from fastdeploy_mtp.ipc.signals import CreatorGoneError
 
     port = PORT + 3
     proposer = _decode_proposer(random_model, port)
@@ -189,7 +189,7 @@ def test_worker_refuses_caches_other_users_could_have_planted(random_model):
     import paddle
 
     from fastdeploy_mtp import ops
-    from fastdeploy_mtp.runtime.ipc import IPCSignal
+    from fastdeploy_mtp.ipc.signals import IPCSignal
 
     port = PORT + 4
     proposer = _decode_proposer(random_model, port)

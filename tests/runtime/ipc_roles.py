@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from fastdeploy_mtp.runtime.ipc import CreatorGoneError, IPCSignal, IPCSignalError  # noqa: E402
+from fastdeploy_mtp.ipc.signals import CreatorGoneError, IPCSignal, IPCSignalError  # noqa: E402
 
 SHAPE = [6, 2, 4, 8]  # [blocks, kv heads, block size, head dim]
 DTYPES = ("float16", "bfloat16", "float32", "int8", "uint8")

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastdeploy_mtp.runtime.ipc import IPCSignal
+from fastdeploy_mtp.ipc.signals import IPCSignal
 
 ROLES = str(Path(__file__).with_name("ipc_roles.py"))
 SHM = Path("/dev/shm")
@@ -95,7 +95,7 @@ def test_attaching_a_signal_does_not_let_the_attachers_tracker_delete_it(tag):
     code = f"""
         import sys, numpy as np
         sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
-        from fastdeploy_mtp.runtime.ipc import IPCSignal
+        from fastdeploy_mtp.ipc.signals import IPCSignal
         s = IPCSignal("probe", np.zeros(4, np.int32), np.int32, suffix={tag!r}, create=False)
         s.value[0] = 42
         # exits without clear(): Python's resource tracker must not unlink the segment

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastdeploy_mtp.runtime.ipc import (
+from fastdeploy_mtp.ipc.signals import (
     CreatorGoneError,
     IPCSignal,
     IPCSignalError,

@@ -147,12 +147,12 @@ class ServerProcess:
         raise TimeoutError(f"serve did not become healthy within {timeout} s:\n{self.output()}")
 
     def worker_pids(self) -> list[int]:
-        """Pids of the worker processes (``python -m fastdeploy_mtp.worker``)."""
+        """Pids of the worker processes (``python -m fastdeploy_mtp.serving.worker_process``)."""
         pids = []
         for pid in descendants(self.proc.pid):
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"fastdeploy_mtp.worker" in f.read():
+                    if b"fastdeploy_mtp.serving.worker_process" in f.read():
                         pids.append(pid)
             except OSError:
                 continue

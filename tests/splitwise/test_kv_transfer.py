@@ -228,7 +228,7 @@ def publish() -> Iterator[Callable[[list[list[np.ndarray]]], tuple[list[list[np.
     the test, which then checks that no name is left in /dev/shm."""
     import paddle
 
-    from fastdeploy_mtp.runtime.kv_cache_ipc import cache_names, publish_caches, unpublish_caches
+    from fastdeploy_mtp.ipc.kv_caches import cache_names, publish_caches, unpublish_caches
 
     published: list[tuple[list[Any], list[str]]] = []
 

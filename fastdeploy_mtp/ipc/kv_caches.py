@@ -58,10 +58,10 @@ def wait_cache_ready(parallel_config: Any, timeout: float) -> None:
     exist and then to be raised.
 
     Raises:
-        fastdeploy_mtp.runtime.ipc.IPCSignalError: timeout, or the creator died (then
-            :class:`~fastdeploy_mtp.runtime.ipc.CreatorGoneError`).
+        fastdeploy_mtp.ipc.signals.IPCSignalError: timeout, or the creator died (then
+            :class:`~fastdeploy_mtp.ipc.signals.CreatorGoneError`).
     """
-    from .ipc import IPCSignal
+    from .signals import IPCSignal
 
     tp = parallel_config.tensor_parallel_size
     rank = parallel_config.local_rank % tp

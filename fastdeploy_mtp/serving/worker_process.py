@@ -1,6 +1,6 @@
 """A worker process: one tensor-parallel rank of a ``fastdeploy-mtp serve`` deployment.
 
-``python -m fastdeploy_mtp.worker --local_rank R --tp_master_port P <layout args>`` (the
+``python -m fastdeploy_mtp.serving.worker_process --local_rank R --tp_master_port P <layout args>`` (the
 arguments of :class:`~fastdeploy_mtp.serving.layout.ServeLayout`, FastDeploy's worker names).
 
 It joins the tensor-parallel group (``paddle.distributed``, gloo), loads its shard of the
@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .serving.layout import ServeLayout, Terminated, become_child_process, install_stop_handlers
+from .layout import ServeLayout, Terminated, become_child_process, install_stop_handlers
 
 if TYPE_CHECKING:  # imported at run time after the process set-up (they import Paddle)
-    from .runtime.target_runner import StepOutput, TargetRunner
-    from .serving.protocol import SlotTable
+    from ..runtime.target_runner import StepOutput, TargetRunner
+    from .protocol import SlotTable
 
 #: ``message_flag`` of the target's token messages (FastDeploy: 3 target, 4 draft).
 TARGET_MESSAGE_FLAG = 3
@@ -41,7 +41,7 @@ def send_step_tokens(out: StepOutput, inputs: Any, rank: int, msg_queue_id: int)
     buffers ``inputs``) count 0."""
     import paddle
 
-    from . import ops
+    from .. import ops
 
     counts = np.clip(out.accept_num.astype(np.int32).reshape(-1), 0, out.accept_tokens.shape[1])
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
@@ -72,7 +72,7 @@ def send_first_tokens(out: StepOutput, inputs: Any, rank: int, msg_queue_id: int
     chunk in the middle, a freed slot) count 0."""
     import paddle
 
-    from . import ops
+    from .. import ops
 
     x = inputs.draft_tokens.numpy().copy()
     emitted = out.accept_num.reshape(-1) > 0
@@ -111,7 +111,7 @@ def run_step(runner: TargetRunner, slots: SlotTable, msg: dict[str, Any]) -> Ste
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fastdeploy_mtp.worker", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m fastdeploy_mtp.serving.worker_process", description=__doc__)
     ServeLayout.add_args(ap)
     ap.add_argument("--local_rank", type=int, default=0, help="this worker's tensor-parallel rank")
     ap.add_argument("--tp_master_port", type=int, default=0, help="gloo rendezvous port (tp > 1)")
@@ -128,10 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     sock.connect(f"tcp://127.0.0.1:{layout.engine_worker_queue_port}")
     runner = None
     try:
-        from .distributed import init_tensor_parallel
-        from .models import load_tiny
-        from .runtime.target_runner import TargetRunner
-        from .serving.protocol import SlotTable, logprobs_message
+        from ..distributed import init_tensor_parallel
+        from ..models import load_tiny
+        from ..runtime.target_runner import TargetRunner
+        from .protocol import SlotTable, logprobs_message
 
         tp = layout.tensor_parallel_size
         if tp > 1:
