@@ -48,7 +48,7 @@ from .runtime.sampling_params import MAX_LOGPROBS, SamplingParams
 
 if TYPE_CHECKING:  # the CLI imports Paddle-backed modules only when a command runs
     from .models.model_config import ModelConfig as ArchConfig
-    from .runtime.engine import Metrics
+    from .runtime.metrics import Metrics
     from .runtime.request import Request
 
 #: K when neither ``--num-speculative-tokens`` nor the JSON gives it.

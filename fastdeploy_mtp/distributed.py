@@ -68,76 +68,107 @@ def find_free_port_range(count: int, host: str = "127.0.0.1", attempts: int = 50
     raise RuntimeError(f"no {count} consecutive free ports found on {host} after {attempts} attempts")
 
 
+class _Expired(Exception):
+    """The rendezvous deadline passed."""
+
+
+class _Deadline:
+    """A point ``timeout`` seconds from now; :meth:`left` is the time to it."""
+
+    def __init__(self, timeout: float):
+        self.at = time.monotonic() + timeout
+
+    def left(self) -> float:
+        """Seconds until the deadline (> 0); raises :class:`_Expired` once it passed."""
+        remaining = self.at - time.monotonic()
+        if remaining <= 0:
+            raise _Expired
+        return remaining
+
+
 def _rendezvous(rank: int, world_size: int, host: str, port: int, timeout: float) -> None:
     """Block until all ``world_size`` ranks reached this point, or raise ``TimeoutError``.
 
     Rank 0 listens on ``port`` and waits for one hello per other rank, then answers each one;
     the others connect (retrying while rank 0 is not listening yet) and wait for the answer.
     """
-    deadline = time.monotonic() + timeout
-
-    class _Expired(Exception):
-        pass
-
-    def left() -> float:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise _Expired
-        return remaining
-
     if rank == 0:
-        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        peers: dict[int, socket.socket] = {}
-        try:
-            server.bind((host, port))
-            server.listen(world_size)
-            while len(peers) < world_size - 1:
-                conn: socket.socket | None = None
-                try:
-                    server.settimeout(left())
-                    conn, _ = server.accept()
-                    conn.settimeout(left())
-                    hello = _recv_exact(conn, _HELLO.size)
-                except ConnectionError:  # a connection that closed before its hello: not a peer
-                    if conn is not None:
-                        conn.close()
-                    continue
-                except (_Expired, TimeoutError):
-                    if conn is not None:
-                        conn.close()
-                    missing = sorted(set(range(1, world_size)) - set(peers))
-                    raise TimeoutError(
-                        f"tensor-parallel rendezvous on {host}:{port}: rank(s) {missing} of "
-                        f"world_size {world_size} did not show up within {timeout:g} s"
-                    ) from None
-                magic, peer_rank, peer_world = _HELLO.unpack(hello)
-                if magic != _MAGIC or peer_world != world_size or not 0 < peer_rank < world_size:
-                    conn.close()
-                    raise RuntimeError(
-                        f"tensor-parallel rendezvous on {host}:{port}: a peer announced rank "
-                        f"{peer_rank} of world_size {peer_world}; expected a rank in 1..{world_size - 1} "
-                        f"of world_size {world_size}"
-                    )
-                if peer_rank in peers:
-                    conn.close()
-                    raise RuntimeError(f"tensor-parallel rendezvous on {host}:{port}: rank {peer_rank} joined twice")
-                peers[peer_rank] = conn
-            for conn in peers.values():
-                conn.sendall(_HELLO.pack(_MAGIC, 0, world_size))
-        finally:
-            for conn in peers.values():
-                conn.close()
-            server.close()
-        return
+        _host_rendezvous(world_size, host, port, timeout)
+    else:
+        _join_rendezvous(rank, world_size, host, port, timeout)
 
+
+def _host_rendezvous(world_size: int, host: str, port: int, timeout: float) -> None:
+    """Rank 0: take one hello from each other rank, then answer them all."""
+    deadline = _Deadline(timeout)
+    where = f"tensor-parallel rendezvous on {host}:{port}"
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    peers: dict[int, socket.socket] = {}
+    try:
+        server.bind((host, port))
+        server.listen(world_size)
+        while len(peers) < world_size - 1:
+            try:
+                accepted = _accept_hello(server, deadline)
+            except (_Expired, TimeoutError):
+                missing = sorted(set(range(1, world_size)) - set(peers))
+                raise TimeoutError(
+                    f"{where}: rank(s) {missing} of world_size {world_size} did not show up within {timeout:g} s"
+                ) from None
+            if accepted is None:
+                continue
+            conn, hello = accepted
+            magic, peer_rank, peer_world = _HELLO.unpack(hello)
+            if magic != _MAGIC or peer_world != world_size or not 0 < peer_rank < world_size:
+                conn.close()
+                raise RuntimeError(
+                    f"{where}: a peer announced rank {peer_rank} of world_size {peer_world}; "
+                    f"expected a rank in 1..{world_size - 1} of world_size {world_size}"
+                )
+            if peer_rank in peers:
+                conn.close()
+                raise RuntimeError(f"{where}: rank {peer_rank} joined twice")
+            peers[peer_rank] = conn
+        for conn in peers.values():
+            conn.sendall(_HELLO.pack(_MAGIC, 0, world_size))
+    finally:
+        for conn in peers.values():
+            conn.close()
+        server.close()
+
+
+def _accept_hello(server: socket.socket, deadline: _Deadline) -> tuple[socket.socket, bytes] | None:
+    """Accept one connection on ``server`` and read its hello; ``None`` for a connection that
+    closed before its hello (not a peer). Raises :class:`_Expired` or ``TimeoutError`` when
+    the deadline passes (the connection, if any, closed)."""
+    conn: socket.socket | None = None
+    try:
+        server.settimeout(deadline.left())
+        conn, _ = server.accept()
+        conn.settimeout(deadline.left())
+        return conn, _recv_exact(conn, _HELLO.size)
+    except ConnectionError:
+        if conn is not None:
+            conn.close()
+        return None
+    except (_Expired, TimeoutError):
+        if conn is not None:
+            conn.close()
+        raise
+
+
+def _join_rendezvous(rank: int, world_size: int, host: str, port: int, timeout: float) -> None:
+    """Rank ``rank`` > 0: say hello to rank 0 (retrying while it does not listen yet) and
+    wait for its answer."""
+    deadline = _Deadline(timeout)
     while True:
         conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            conn.settimeout(min(1.0, left()))
+            conn.settimeout(min(1.0, deadline.left()))
             conn.connect((host, port))
             conn.sendall(_HELLO.pack(_MAGIC, rank, world_size))
-            conn.settimeout(left())
+            conn.settimeout(deadline.left())
             magic, _, peer_world = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
             if magic != _MAGIC or peer_world != world_size:
                 raise RuntimeError(f"tensor-parallel rendezvous on {host}:{port}: unexpected answer from rank 0")
@@ -148,7 +179,7 @@ def _rendezvous(rank: int, world_size: int, host: str, port: int, timeout: float
                 f"(and every peer) within {timeout:g} s"
             ) from None
         except OSError:  # rank 0 not listening yet (refused, reset or timed out): retry
-            time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+            time.sleep(min(0.05, max(deadline.at - time.monotonic(), 0)))
         finally:
             conn.close()
 

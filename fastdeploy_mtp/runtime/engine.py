@@ -1,89 +1,27 @@
-"""The reference engine's generation loop and its metrics."""
+"""The reference engine's generation loop: submission, the step (schedule, target step and
+proposer round, hand-out of the emitted tokens), aborts, and the splitwise hand-over of a
+request between a prefill and a decode instance.
+
+What a step reports is in :mod:`.events`, the speculation statistics in :mod:`.metrics`,
+where an output stops early in :mod:`.stops`.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..config import FDConfig
-from ..constants import PLACEHOLDER_TOKEN_ID
 from ..models.interfaces import MTPModel, TargetModel
+from .events import HandedOffRequest, StepEvents
+from .metrics import Metrics
 from .request import GenerationError, InvalidRequestError, Request, RequestType
-from .sampling_params import TokenLogprob, find_stop
+from .sampling_params import TokenLogprob
 from .scheduler import Scheduler
+from .stops import Detokenize, cut_at_stop_ids, cut_at_stop_string, safe_to_emit
 from .target_runner import Runner, StepOutput, TargetRunner
-
-
-@dataclass
-class Metrics:
-    """Speculation statistics of one run.
-
-    Attributes:
-        target_forwards: target forward passes (engine steps that ran the model).
-        decode_item_steps: (slot, step) pairs that decoded.
-        emitted_tokens: tokens emitted by those decode steps.
-        proposed: ``[K]`` drafts offered at draft position ``i + 1``.
-        accepted: ``[K]`` drafts accepted at draft position ``i + 1``.
-        generated_tokens: all generated tokens (prefill's first tokens included).
-        wall_seconds: wall time of the loop.
-        handed_off: splitwise prefill: requests handed to a decode instance.
-        handoff_drafts_proposed / handoff_drafts_accepted: splitwise decode: drafts a
-            prefill instance made that the first verify round here offered / accepted.
-    """
-
-    target_forwards: int = 0
-    decode_item_steps: int = 0
-    emitted_tokens: int = 0
-    proposed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    accepted: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    generated_tokens: int = 0
-    wall_seconds: float = 0.0
-    handed_off: int = 0
-    handoff_drafts_proposed: int = 0
-    handoff_drafts_accepted: int = 0
-    step_seconds: float = 0.0
-    model_seconds: float = 0.0
-
-    @property
-    def glue_ms_per_round(self) -> float:
-        """Milliseconds per engine step outside model forwards and logits: the ops, Python and
-        host copies of the target step and the proposer's round (0 when the runner does not
-        time its steps, e.g. one driving worker processes)."""
-        if not self.target_forwards:
-            return 0.0
-        return 1000.0 * (self.step_seconds - self.model_seconds) / self.target_forwards
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens emitted per decoding item per target forward (1.0 = no speculation gain)."""
-        return self.emitted_tokens / self.decode_item_steps if self.decode_item_steps else 0.0
-
-    @property
-    def acceptance_per_position(self) -> list[float | None]:
-        """Share of offered drafts accepted, per draft position 1..K (``None`` where no draft
-        was ever offered, e.g. positions past ``num_model_steps`` without the n-gram hybrid).
-        Greedy verification stops at the first mismatch, so a draft at position i is accepted
-        only if the drafts before it in its round were: the rate is cumulative, not
-        conditional on draft i - 1 having been accepted."""
-        return [float(a / p) if p else None for a, p in zip(self.accepted, self.proposed)]
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.generated_tokens / self.wall_seconds if self.wall_seconds else 0.0
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "target_forwards": self.target_forwards,
-            "generated_tokens": self.generated_tokens,
-            "mean_accepted_length": round(self.mean_accepted_length, 4),
-            "acceptance_per_position": [None if a is None else round(a, 4) for a in self.acceptance_per_position],
-            "tokens_per_second": round(self.tokens_per_second, 2),
-            "wall_seconds": round(self.wall_seconds, 3),
-            "glue_ms_per_round": round(self.glue_ms_per_round, 4),
-        }
 
 
 def _max_positions(*models: object) -> int | None:
@@ -92,42 +30,6 @@ def _max_positions(*models: object) -> int | None:
     limits = [getattr(getattr(m, "config", None), "max_position_embeddings", None) for m in models]
     known = [int(v) for v in limits if isinstance(v, int)]
     return min(known) if known else None
-
-
-@dataclass
-class Handoff:
-    """A request a splitwise prefill instance hands to a decode instance.
-
-    Attributes:
-        request: the request (finished here; its first token(s) in ``output_token_ids``).
-        state: its slot state (:func:`~fastdeploy_mtp.splitwise.handoff.export_slot`, JSON).
-        blocks: its KV block ids here, in order, held until :meth:`Engine.release_handoff`.
-    """
-
-    request: Request
-    state: dict
-    blocks: list[int]
-
-
-@dataclass
-class StepEvents:
-    """What one :meth:`Engine.step` did.
-
-    Attributes:
-        ran: a target step ran (something was scheduled).
-        emitted: ``(request, new token ids)`` for each request that got tokens this step.
-        finished: requests that completed this step (EOS, ``max_tokens`` or
-            ``max_model_len``); their slots are free again.
-        failed: ``(request, error)`` for each request aborted this step.
-        handed_off: splitwise prefill: requests that got their first token and drafts and
-            leave for a decode instance (not in ``finished``).
-    """
-
-    ran: bool = False
-    emitted: list[tuple[Request, list[int]]] = field(default_factory=list)
-    finished: list[Request] = field(default_factory=list)
-    failed: list[tuple[Request, BaseException]] = field(default_factory=list)
-    handed_off: list[Handoff] = field(default_factory=list)
 
 
 class Engine:
@@ -172,7 +74,7 @@ class Engine:
         record_trace: bool = False,
         runner: Runner | None = None,
         max_positions: int | None = None,
-        detokenize: Callable[[list[int]], str] | None = None,
+        detokenize: Detokenize | None = None,
     ):
         self.fd_config = fd_config
         self.detokenize = detokenize
@@ -193,7 +95,7 @@ class Engine:
             max_positions=max_positions,
         )
         k = fd_config.speculative_config.num_speculative_tokens if fd_config.speculative_config.enabled else 0
-        self.metrics = Metrics(proposed=np.zeros(k, np.int64), accepted=np.zeros(k, np.int64))
+        self.metrics = Metrics.for_drafts(k)
         self.role = fd_config.scheduler_config.splitwise_role
         #: splitwise decode: ``kv_fetcher(request, block_ids)`` starts filling the blocks of a
         #: handed-over request (see the class docstring); it must end in :meth:`transfer_done`.
@@ -322,103 +224,56 @@ class Engine:
             self.scheduler.release(req.request_id)
 
     def _collect(self, step: int, tasks: list[Request], out: StepOutput, events: StepEvents) -> None:
-        self.metrics.target_forwards += 1
-        self.metrics.step_seconds += out.step_seconds
-        self.metrics.model_seconds += out.model_seconds
+        """Hand out what step ``step`` emitted for ``tasks``: each request's new tokens (less
+        a tail that could begin a stop string), then finish it or, on a prefill instance, hand
+        it off."""
+        self.metrics.count_forward(out)
         for req in tasks:
             if req.task_type == RequestType.PREFILL and not req.is_final_chunk:
                 continue
-            idx = req.idx
-            n = int(out.accept_num[idx])
-            new = [int(t) for t in out.accept_tokens[idx, :n]]
             if req.task_type in (RequestType.DECODE, RequestType.IMPORT):
-                proposed, accepted = self._count(out, idx, n)
-                if req.task_type == RequestType.IMPORT:
-                    self.metrics.handoff_drafts_proposed += proposed
-                    self.metrics.handoff_drafts_accepted += accepted
-            if self.trace is not None:
-                self.trace.append((step, req.request_id, req.task_type.name, new, [int(d) for d in out.drafts[idx]]))
-            new, stopped = self._cut_at_stop_ids(req, new)
-            req.output_token_ids.extend(new)
-            if req.sampling.logprobs is not None:
-                req.output_logprobs.extend(out.logprobs.get(idx, [])[: len(new)])
-            stopped = self._cut_at_stop_string(req) or stopped
-            done = stopped or bool(out.stop_flags[idx])
+                self.metrics.count_decode(out, req.idx, imported=req.task_type == RequestType.IMPORT)
+            stopped = self._take_tokens(step, req, out)
+            done = stopped or bool(out.stop_flags[req.idx])
             handing_off = not done and self.role == "prefill" and req.task_type == RequestType.PREFILL
-            ready = len(req.output_token_ids) if done or handing_off else self._safe_to_emit(req)
+            ready = len(req.output_token_ids) if done or handing_off else safe_to_emit(req, self.detokenize)
             ready = max(ready, req.emitted_count)
             delta = req.output_token_ids[req.emitted_count : ready]
             req.emitted_count = ready
             self.metrics.generated_tokens += len(delta)
             events.emitted.append((req, delta))
             if done:
-                if stopped:
-                    req.finish_reason = "stop"
-                elif len(req.output_token_ids) >= req.max_tokens:
-                    req.finish_reason = "length"
-                elif req.output_token_ids and req.output_token_ids[-1] in self._eos:
-                    req.finish_reason = "stop"
-                else:
-                    req.finish_reason = "length"  # max_model_len
-                self.runner.free_slot(idx)
-                self.scheduler.finish(idx)
-                events.finished.append(req)
-            elif self.role == "prefill" and req.task_type == RequestType.PREFILL:
+                self._finish(req, stopped, events)
+            elif handing_off:
                 self._hand_off(req, out, events)
 
-    @staticmethod
-    def _cut_at_stop_ids(req: Request, new: list[int]) -> tuple[list[int], bool]:
-        """Cut ``new`` (this step's tokens of ``req``, possibly several accepted drafts) after
-        its first stop token id (kept, like EOS); returns the kept tokens and whether one hit."""
-        if req.sampling.stop_token_ids:
-            stop_ids = set(req.sampling.stop_token_ids)
-            for i, t in enumerate(new):
-                if t in stop_ids:
-                    return new[: i + 1], True
-        return new, False
+    def _take_tokens(self, step: int, req: Request, out: StepOutput) -> bool:
+        """Append slot ``req.idx``'s tokens of ``out`` (and their logprobs) to ``req``'s
+        output, cut at its first stop token id or stop string; returns whether one hit."""
+        idx = req.idx
+        new = [int(t) for t in out.accept_tokens[idx, : int(out.accept_num[idx])]]
+        if self.trace is not None:
+            self.trace.append((step, req.request_id, req.task_type.name, new, [int(d) for d in out.drafts[idx]]))
+        new, stopped = cut_at_stop_ids(req, new)
+        req.output_token_ids.extend(new)
+        if req.sampling.logprobs is not None:
+            req.output_logprobs.extend(out.logprobs.get(idx, [])[: len(new)])
+        return cut_at_stop_string(req, self.detokenize) or stopped
 
-    def _tokens_within(self, ids: list[int], chars: int, low: int) -> int:
-        """The most tokens ``k >= low`` of ``ids`` whose text is at most ``chars`` long."""
-        assert self.detokenize is not None
-        for k in range(len(ids), low - 1, -1):
-            if len(self.detokenize(ids[:k])) <= chars:
-                return k
-        return low
-
-    def _cut_at_stop_string(self, req: Request) -> bool:
-        """If ``req``'s text contains a stop string, cut its output before it (the tokens and
-        their logprobs) and return True. Only text not yet handed out is searched (the held-back
-        tail makes sure a stop string never starts inside handed-out text)."""
-        stops = req.sampling.stop
-        if not stops or self.detokenize is None:
-            return False
-        ids = req.output_token_ids
-        seen = len(self.detokenize(ids[: req.emitted_count]))
-        at = find_stop(self.detokenize(ids), stops, seen)
-        if at < 0:
-            return False
-        keep = self._tokens_within(ids, at, req.emitted_count)
-        del ids[keep:]
-        del req.output_logprobs[keep:]
-        return True
-
-    def _safe_to_emit(self, req: Request) -> int:
-        """How many output tokens may be handed out: all but a tail whose text is the start of
-        a stop string (it is held back until the next tokens tell)."""
-        stops = req.sampling.stop
-        ids = req.output_token_ids
-        if not stops or self.detokenize is None:
-            return len(ids)
-        text = self.detokenize(ids)
-        hold = 0
-        for s in stops:
-            for n in range(min(len(s) - 1, len(text)), hold, -1):
-                if text.endswith(s[:n]):
-                    hold = n
-                    break
-        if not hold:
-            return len(ids)
-        return self._tokens_within(ids, len(text) - hold, req.emitted_count)
+    def _finish(self, req: Request, stopped: bool, events: StepEvents) -> None:
+        """``req`` completed this step (``stopped``: at a stop token id or string): say why,
+        and free its slot."""
+        if stopped:
+            req.finish_reason = "stop"
+        elif len(req.output_token_ids) >= req.max_tokens:
+            req.finish_reason = "length"
+        elif req.output_token_ids and req.output_token_ids[-1] in self._eos:
+            req.finish_reason = "stop"
+        else:
+            req.finish_reason = "length"  # max_model_len
+        self.runner.free_slot(req.idx)
+        self.scheduler.finish(req.idx)
+        events.finished.append(req)
 
     def _hand_off(self, req: Request, out: StepOutput, events: StepEvents) -> None:
         """The request got its first token and drafts on this prefill instance: its slot is
@@ -430,7 +285,7 @@ class Engine:
         blocks = list(self.scheduler.slots[req.idx].blocks)
         self.scheduler.finish(req.idx, hold=True)
         self.metrics.handed_off += 1
-        events.handed_off.append(Handoff(req, state, blocks))
+        events.handed_off.append(HandedOffRequest(req, state, blocks))
 
     def generate(
         self,
@@ -540,24 +395,3 @@ class Engine:
                 continue
             kept.append(req)
         return kept
-
-    def _count(self, out: StepOutput, idx: int, emitted: int) -> tuple[int, int]:
-        """Count slot ``idx``'s decode step in the metrics; returns (drafts offered, accepted)."""
-        m = self.metrics
-        m.decode_item_steps += 1
-        m.emitted_tokens += emitted
-        drafts = out.drafts[idx]
-        proposed = accepted = 0
-        for i in range(drafts.shape[0]):
-            if drafts[i] == PLACEHOLDER_TOKEN_ID:
-                continue
-            m.proposed[i] += 1
-            proposed += 1
-            # verification (every strategy) emits the accepted drafts, then a token of the
-            # target's that differs from the draft it rejected (TARGET_MATCH: its sample is
-            # not the draft; REJECTION and TOPP: the replacement excludes it): draft i + 1
-            # counts as accepted iff emitted token i equals it
-            if i < emitted and int(out.accept_tokens[idx, i]) == int(drafts[i]):
-                m.accepted[i] += 1
-                accepted += 1
-        return proposed, accepted

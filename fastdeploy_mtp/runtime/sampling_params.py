@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 import numbers
 import zlib
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,14 +162,3 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
-
-
-def find_stop(text: str, stops: Sequence[str], start: int = 0) -> int:
-    """Index in ``text`` where the earliest stop string begins at or after ``start - longest
-    stop + 1`` (a stop may straddle old and new text), or -1."""
-    best = -1
-    for s in stops:
-        i = text.find(s, max(0, start - len(s) + 1))
-        if i >= 0 and (best < 0 or i < best):
-            best = i
-    return best

@@ -123,6 +123,18 @@ class Scheduler:
         """
         if not isinstance(req, Request):
             raise InvalidRequestError(None, "request", f"is not a Request but a {type(req).__name__}")
+        self._check_fresh(req)
+        self._check_prompt(req)
+        self._check_counts(req)
+        if req.handoff_state is not None:
+            self._check_handed_over_output(req)
+        self._check_sampling(req)
+        self._check_arrival(req, max_arrival_step)
+        self._check_fits(req)
+
+    def _check_fresh(self, req: Request) -> None:
+        """``req`` has a ``str`` id no queued, running or held request has, and was never
+        submitted (a handed-over request alone comes with output tokens)."""
         rid = req.request_id
         if not isinstance(rid, str):
             raise InvalidRequestError(rid, "request_id", f"must be a str, got {type(rid).__name__}")
@@ -140,7 +152,10 @@ class Scheduler:
             raise InvalidRequestError(rid, "request_id", "duplicates a request that is still queued")
         if rid in self.held:
             raise InvalidRequestError(rid, "request_id", "duplicates a request whose KV blocks are still held")
-        prompt = req.prompt_token_ids
+
+    def _check_prompt(self, req: Request) -> None:
+        """``prompt_token_ids`` is a non-empty flat sequence of ids in ``[0, vocab_size)``."""
+        rid, prompt = req.request_id, req.prompt_token_ids
         if isinstance(prompt, (str, bytes)) or not isinstance(prompt, (Sequence, np.ndarray)):
             raise InvalidRequestError(
                 rid, "prompt_token_ids", f"must be a sequence of token ids, got {type(prompt).__name__}"
@@ -148,24 +163,34 @@ class Scheduler:
         if len(prompt) == 0:
             raise InvalidRequestError(rid, "prompt_token_ids", "is empty")
         check_token_ids(rid, prompt, self.vocab_size)
+
+    @staticmethod
+    def _check_counts(req: Request) -> None:
+        """``max_tokens`` and ``arrival_step`` are integers (not bools), ``max_tokens > 0``."""
         for name in ("max_tokens", "arrival_step"):
             value = getattr(req, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise InvalidRequestError(rid, name, f"must be an integer, got {value!r}")
+                raise InvalidRequestError(req.request_id, name, f"must be an integer, got {value!r}")
         if req.max_tokens <= 0:
-            raise InvalidRequestError(rid, "max_tokens", f"must be > 0, got {req.max_tokens}")
-        if transferred:
-            out = req.output_token_ids
-            if not isinstance(out, list) or not out:
-                raise InvalidRequestError(rid, "output_token_ids", "must hold the prefill instance's first token(s)")
-            check_token_ids(rid, out, self.vocab_size)
-            if len(out) >= req.max_tokens:
-                raise InvalidRequestError(
-                    rid,
-                    "output_token_ids",
-                    f"holds {len(out)} tokens: nothing left to decode (max_tokens {req.max_tokens})",
-                )
-        sampling = req.sampling
+            raise InvalidRequestError(req.request_id, "max_tokens", f"must be > 0, got {req.max_tokens}")
+
+    def _check_handed_over_output(self, req: Request) -> None:
+        """A handed-over request carries the prefill instance's first token(s), valid ids,
+        fewer than ``max_tokens``."""
+        rid, out = req.request_id, req.output_token_ids
+        if not isinstance(out, list) or not out:
+            raise InvalidRequestError(rid, "output_token_ids", "must hold the prefill instance's first token(s)")
+        check_token_ids(rid, out, self.vocab_size)
+        if len(out) >= req.max_tokens:
+            raise InvalidRequestError(
+                rid,
+                "output_token_ids",
+                f"holds {len(out)} tokens: nothing left to decode (max_tokens {req.max_tokens})",
+            )
+
+    def _check_sampling(self, req: Request) -> None:
+        """``sampling`` is a valid :class:`SamplingParams` that the verify strategy serves."""
+        rid, sampling = req.request_id, req.sampling
         if not isinstance(sampling, SamplingParams):
             raise InvalidRequestError(rid, "sampling", f"must be a SamplingParams, got {type(sampling).__name__}")
         problem = sampling.check()
@@ -180,12 +205,21 @@ class Scheduler:
                 f"= {sampling.temperature}: speculative_config.verify_strategy is 'greedy', which serves greedy "
                 "requests only (use 'target_match' or 'rejection' to sample)",
             )
+
+    @staticmethod
+    def _check_arrival(req: Request, max_arrival_step: int | None) -> None:
+        """``arrival_step`` is in ``[0, max_arrival_step)``."""
         if req.arrival_step < 0:
-            raise InvalidRequestError(rid, "arrival_step", f"must be >= 0, got {req.arrival_step}")
+            raise InvalidRequestError(req.request_id, "arrival_step", f"must be >= 0, got {req.arrival_step}")
         if max_arrival_step is not None and req.arrival_step >= max_arrival_step:
             raise InvalidRequestError(
-                rid, "arrival_step", f"= {req.arrival_step} is not below `max_steps` ({max_arrival_step})"
+                req.request_id, "arrival_step", f"= {req.arrival_step} is not below `max_steps` ({max_arrival_step})"
             )
+
+    def _check_fits(self, req: Request) -> None:
+        """Prompt + ``max_tokens`` + K + 1 positions fit ``max_model_len`` and the model's
+        positions; the worst-case KV blocks fit a slot's block table and the whole cache."""
+        rid, prompt = req.request_id, req.prompt_token_ids
         need = len(prompt) + int(req.max_tokens) + self.k + 1
         for limit, what in ((self.max_model_len, "max_model_len"), (self.max_positions, "the model's max positions")):
             if limit is not None and need > limit:
@@ -196,13 +230,15 @@ class Scheduler:
                     f"exceeds {what} ({limit})",
                 )
         blocks = self.worst_case_blocks(req)
-        for limit, what in (
+        for block_limit, what in (
             (self.max_blocks_per_seq, "a slot's block table (max_blocks_per_seq)"),
             (self.total_blocks, "the whole KV cache (cache_config.total_block_num)"),
         ):
-            if blocks > limit:
+            if blocks > block_limit:
                 raise InvalidRequestError(
-                    rid, "max_tokens", f"too large: the request may need {blocks} KV blocks, more than {what} = {limit}"
+                    rid,
+                    "max_tokens",
+                    f"too large: the request may need {blocks} KV blocks, more than {what} = {block_limit}",
                 )
 
     def add_requests(self, reqs: Sequence[Request], max_arrival_step: int | None = None) -> None:

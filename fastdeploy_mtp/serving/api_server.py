@@ -41,7 +41,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict
 
-from ..runtime.engine import Engine, StepEvents
+from ..runtime.engine import Engine
+from ..runtime.events import StepEvents
 from ..runtime.request import InvalidRequestError, Request
 from ..runtime.sampling_params import MAX_LOGPROBS, SamplingParams, TokenLogprob
 from .metrics import ServerCounters, make_registry, render

@@ -49,7 +49,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..runtime.engine import Metrics
+from ..runtime.metrics import Metrics
 from ..runtime.scheduler import Scheduler
 
 PREFIX = "fastdeploy:"

@@ -48,7 +48,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
-from ..runtime.engine import Engine, StepEvents
+from ..runtime.engine import Engine
+from ..runtime.events import StepEvents
 from ..runtime.request import InvalidRequestError, Request
 from ..runtime.sampling_params import SamplingParams
 from .api_server import APIError, AsyncEngine, Emitted, Stream, emitted_of, logprob_to_dict, stream_events
