@@ -1,1 +1,2 @@
-"""The reference host engine: target runner, scheduler, generation loop, IPC helpers."""
+"""The reference host engine: requests and sampling parameters, the scheduler, the target
+runner, the generation loop and its metrics, stop handling."""
