@@ -13,16 +13,15 @@ from pathlib import Path
 import pytest
 
 import fastdeploy_mtp
-from fastdeploy_mtp import cli
-from fastdeploy_mtp.cli import (
+from fastdeploy_mtp.config import SpeculativeConfig, SpeculativeConfigError
+from fastdeploy_mtp.engine_args import (
     DEFAULT_SPECULATIVE_CONFIG,
     UsageError,
-    build_parser,
     default_speculative_config,
-    main,
     resolve_speculative_config,
 )
-from fastdeploy_mtp.config import SpeculativeConfig, SpeculativeConfigError
+from fastdeploy_mtp.entrypoints import cli, demo, generate
+from fastdeploy_mtp.entrypoints.cli import build_parser, main
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
@@ -253,8 +252,8 @@ def test_demo_json(capsys):
     assert spec["metrics"]["target_forwards"] < plain["metrics"]["target_forwards"]
     assert plain["metrics"]["generated_tokens"] == spec["metrics"]["generated_tokens"] == 6 * result["num_prompts"]
     # by default one prompt at a time, where speculation pays most on a CPU, and a note saying so
-    assert result["max_num_seqs"] == cli.DEMO_MAX_NUM_SEQS == 1
-    assert result["note"] == cli.batch_note(1)
+    assert result["max_num_seqs"] == demo.DEMO_MAX_NUM_SEQS == 1
+    assert result["note"] == demo.batch_note(1)
     assert "batch 1" in result["note"] and "--max-num-seqs 8" in result["note"]
 
 
@@ -264,7 +263,7 @@ def test_demo_prints_a_note_on_the_batch_size_under_the_table(capsys):
     assert "batch 8" in err  # the progress header
     lines = out.splitlines()
     note = next(i for i, ln in enumerate(lines) if ln.startswith("note:"))
-    assert lines[note] == cli.batch_note(8)
+    assert lines[note] == demo.batch_note(8)
     assert lines[note - 1].startswith("MTP K=3")  # right under the table's last row
     assert "batch 8" in lines[note] and "--max-num-seqs 1 is the default" in lines[note]
     assert "identical: yes" in out
@@ -285,7 +284,7 @@ def never_run(*args, **kwargs):
 
 
 def test_demo_plot_errors_before_the_run(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "run_prompts", never_run)
+    monkeypatch.setattr(demo, "run_prompts", never_run)
     rc, _, err = run_main(capsys, "demo", "--plot", tmp_path / "missing" / "a.png")
     assert rc == 2 and "--plot" in error_line(err)
     rc, _, err = run_main(capsys, "demo", "--plot", tmp_path)
@@ -366,7 +365,7 @@ def test_generate_logprobs_and_stop(capsys):
     ],
 )
 def test_bad_sampling_flags_exit_2_with_one_line(capsys, monkeypatch, flags, name):
-    monkeypatch.setattr(cli, "run_requests", never_run)
+    monkeypatch.setattr(generate, "run_requests", never_run)
     rc, out, err = run_main(capsys, "generate", "--prompt", "x", *flags)
     assert rc == 2 and out == ""
     assert name in error_line(err)
@@ -406,7 +405,7 @@ def test_ctrl_c_exits_130_quietly(capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "run_requests", interrupted)
+    monkeypatch.setattr(generate, "run_requests", interrupted)
     rc, out, err = run_main(capsys, "generate", "--prompt", "x")
     assert (rc, out, err) == (130, "", "")
 
@@ -414,7 +413,16 @@ def test_ctrl_c_exits_130_quietly(capsys, monkeypatch):
 def test_process_exit_status_and_no_traceback(tmp_path):
     """As a process: a bad --speculative-config is one stderr line and exit status 2;
     FDMTP_DEBUG=1 shows the traceback instead."""
-    argv = [sys.executable, "-m", "fastdeploy_mtp.cli", "generate", "--prompt", "x", "--speculative-config", "{bad"]
+    argv = [
+        sys.executable,
+        "-m",
+        "fastdeploy_mtp.entrypoints.cli",
+        "generate",
+        "--prompt",
+        "x",
+        "--speculative-config",
+        "{bad",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "FDMTP_DEBUG"}
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
