@@ -18,10 +18,11 @@ flag that contradicts the JSON is an error.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from .config import (
     CacheConfig,
@@ -35,6 +36,8 @@ from .runtime.sampling_params import MAX_LOGPROBS, SamplingParams
 
 if TYPE_CHECKING:
     from .models.model_config import ModelConfig as ArchConfig
+
+_Options = TypeVar("_Options")
 
 #: K when neither ``--num-speculative-tokens`` nor the JSON gives it.
 DEFAULT_NUM_SPECULATIVE_TOKENS = 3
@@ -58,6 +61,16 @@ class UsageError(ValueError):
 def default_speculative_config() -> SpeculativeConfig:
     """:data:`DEFAULT_SPECULATIVE_CONFIG` as a config."""
     return SpeculativeConfig.from_dict(DEFAULT_SPECULATIVE_CONFIG)
+
+
+def options_from_args(cls: type[_Options], args: argparse.Namespace, **resolved: Any) -> _Options:
+    """The options dataclass ``cls`` (e.g. ``ServeOptions``) of a command's parsed ``args``:
+    each field from the argument of the same name, or from ``resolved`` (the values a
+    resolver built from the raw arguments, e.g. ``speculative_config``); fields with neither
+    keep their defaults."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    given = {name: value for name, value in vars(args).items() if name in names}
+    return cls(**{**given, **resolved})
 
 
 # ---- argparse value types -------------------------------------------------------------------

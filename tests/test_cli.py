@@ -17,6 +17,7 @@ from fastdeploy_mtp.config import SpeculativeConfig, SpeculativeConfigError
 from fastdeploy_mtp.engine_args import (
     DEFAULT_SPECULATIVE_CONFIG,
     UsageError,
+    default_model,
     default_speculative_config,
     resolve_speculative_config,
 )
@@ -434,3 +435,85 @@ def test_process_exit_status_and_no_traceback(tmp_path):
     debug = subprocess.run(argv, cwd=REPO, env={**env, "FDMTP_DEBUG": "1"}, capture_output=True, text=True, timeout=120)
     assert debug.returncode != 0
     assert "Traceback" in debug.stderr and "SpeculativeConfigError" in debug.stderr
+
+
+# ---- options every command shares (fastdeploy_mtp.engine_args) ---------------------------
+SHIPPED = default_model()
+
+
+def test_generate_and_demo_take_model(capsys):
+    by_default = generate_json(capsys, max_tokens=4)
+    by_model = generate_json(capsys, "--model", SHIPPED, max_tokens=4)
+    assert by_model["token_ids"] == by_default["token_ids"]
+    rc, out, err = run_main(capsys, "demo", "--model", SHIPPED, "--max-tokens", 2, "--json")
+    assert rc == 0, err
+    result = json.loads(out)
+    assert result["checkpoint"] == SHIPPED and result["outputs_identical"] is True
+    assert "deprecated" not in err
+
+
+def test_serve_takes_model(capsys, monkeypatch):
+    """``serve --model DIR`` hands DIR to the server (which is not started here)."""
+    from fastdeploy_mtp.serving import server
+
+    seen = []
+    monkeypatch.setattr(server, "serve", lambda opts: seen.append(opts) or 0)
+    rc, _, err = run_main(capsys, "serve", "--model", SHIPPED)
+    assert rc == 0, err
+    assert [opts.model for opts in seen] == [SHIPPED]
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["demo"], ["serve", "--port", "1"]])
+def test_a_directory_that_is_no_checkpoint_is_refused_alike(capsys, monkeypatch, tmp_path, command):
+    monkeypatch.setattr(generate, "run_requests", never_run)
+    monkeypatch.setattr(demo, "run_prompts", never_run)
+    rc, out, err = run_main(capsys, *command, "--model", tmp_path)
+    assert rc == 1 and out == ""
+    missing = "no config.json or model.safetensors"
+    assert error_line(err) == f"fastdeploy-mtp: error: --model {tmp_path}: not a checkpoint directory ({missing})"
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["demo"]])
+def test_checkpoint_is_a_deprecated_spelling_of_model(capsys, monkeypatch, command):
+    seen = []
+
+    def record(*args, **kwargs):
+        seen.append(args[5])  # the model folder
+        raise KeyboardInterrupt  # stop before any model is loaded
+
+    monkeypatch.setattr(generate, "run_requests", record)
+    monkeypatch.setattr(demo, "run_prompts", record)
+    rc, out, err = run_main(capsys, *command, "--checkpoint", SHIPPED)
+    assert (rc, out, seen) == (130, "", [SHIPPED])
+    warnings = [ln for ln in err.splitlines() if "deprecated" in ln]
+    assert warnings == ["fastdeploy-mtp: warning: --checkpoint is deprecated; use --model"]
+
+
+@pytest.mark.parametrize(
+    "speculation",
+    [["--num-speculative-tokens", 9], ["--speculative-config", '{"num_speculative_tokens": 9, "num_model_steps": 1}']],
+)
+def test_every_command_refuses_more_drafts_than_the_token_message_carries_alike(capsys, monkeypatch, speculation):
+    """``serve`` cannot carry K = 9 (K + 1 tokens per request in the workers' token message);
+    ``generate`` and ``demo`` refuse it too, with the same line, before running anything
+    (``serve`` before starting any process)."""
+    monkeypatch.setattr(generate, "run_requests", never_run)
+    monkeypatch.setattr(demo, "run_prompts", never_run)
+    lines = set()
+    for command in (["generate", "--prompt", "x"], ["demo"], ["serve", "--port", "1"]):
+        rc, out, err = run_main(capsys, *command, *speculation)
+        assert rc == 1 and out == "", command
+        lines.add(error_line(err))
+    assert lines == {
+        "fastdeploy-mtp: error: num_speculative_tokens 9: the token message carries at most 6 tokens per request "
+        "and step, so at most 5 drafts"
+    }
+
+
+@pytest.mark.parametrize("command", [["demo"], ["serve", "--port", "1"]])
+@pytest.mark.parametrize("value", [0, -1, "x"])
+def test_max_num_seqs_is_refused_alike(capsys, monkeypatch, command, value):
+    monkeypatch.setattr(demo, "run_prompts", never_run)
+    rc, out, err = run_main(capsys, *command, "--max-num-seqs", value)
+    assert rc == 2 and out == ""
+    assert "argument --max-num-seqs: must be " in error_line(err)

@@ -8,18 +8,10 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..config import SpeculativeConfig
-from ..engine_args import (
-    UsageError,
-    add_max_num_seqs_arg,
-    add_sampling_args,
-    resolve_model,
-    resolve_sampling,
-    resolve_speculative_config,
-    speculation_label,
-)
+from ..engine_args import UsageError, add_max_num_seqs_arg, add_sampling_args, speculation_label
 from ..runtime.demo_prompts import DEMO_PROMPTS
 from .demo_report import check_plot_path, comparison_table, plot_acceptance
-from .offline import METRICS_LEGEND, add_offline_args, emit_json, run_prompts
+from .offline import METRICS_LEGEND, add_offline_args, emit_json, resolve_offline_args, run_prompts
 
 if TYPE_CHECKING:
     from ..runtime.engine import Metrics
@@ -58,13 +50,11 @@ def register(sub: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    spec = resolve_speculative_config(args)
+    spec, sampling, model = resolve_offline_args(args)
     if not spec.enabled:
         raise UsageError("demo compares decoding with and without MTP: it needs speculation (K > 0)")
-    sampling = resolve_sampling(args, spec)
     if args.plot is not None:
         check_plot_path(args.plot)  # fail before the run, not after it
-    model = resolve_model(args.model)
     source = args.model or "the shipped tiny checkpoint"
     print(
         f"fastdeploy-mtp demo: {source}, {len(DEMO_PROMPTS)} prompts, "

@@ -7,15 +7,15 @@ import dataclasses
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ..engine_args import (
-    UsageError,
-    add_sampling_args,
-    resolve_model,
-    resolve_sampling,
-    resolve_speculative_config,
-    speculation_label,
+from ..engine_args import UsageError, add_sampling_args, speculation_label
+from .offline import (
+    METRICS_LEGEND,
+    add_offline_args,
+    emit_json,
+    per_position_text,
+    resolve_offline_args,
+    run_requests,
 )
-from .offline import METRICS_LEGEND, add_offline_args, emit_json, per_position_text, run_requests
 
 if TYPE_CHECKING:
     from ..runtime.request import Request
@@ -49,11 +49,9 @@ def _logprobs_json(req: Request) -> list[dict[str, Any]]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    spec = resolve_speculative_config(args)
     if not args.prompt:
         raise UsageError("--prompt must not be empty")
-    sampling = resolve_sampling(args, spec)
-    model = resolve_model(args.model)
+    spec, sampling, model = resolve_offline_args(args)
     reqs, texts, metrics = run_requests(
         [args.prompt], args.max_tokens, spec, 1, speculation_label(spec), model, sampling
     )

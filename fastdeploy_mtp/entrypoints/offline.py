@@ -9,7 +9,15 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..engine_args import add_model_arg, add_speculative_args, build_config, positive_int
+from ..engine_args import (
+    add_model_arg,
+    add_speculative_args,
+    build_config,
+    positive_int,
+    resolve_model,
+    resolve_sampling,
+    resolve_speculative_config,
+)
 from ..runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # Paddle-backed modules are imported only when a command runs
@@ -38,6 +46,18 @@ def add_offline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=positive_int, default=64, help="new tokens per prompt (default 64)")
     add_model_arg(parser, deprecated=("--checkpoint",))
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout (progress on stderr)")
+
+
+def resolve_offline_args(args: argparse.Namespace) -> tuple[SpeculativeConfig, SamplingParams, str]:
+    """The speculation, the sampling (checked against the speculation) and the model folder
+    that ``generate``'s or ``demo``'s arguments ask for.
+
+    Raises:
+        UsageError, SpeculativeConfigError: a bad value (exit status 2).
+        ValueError: more drafts than any command serves. FileNotFoundError: no such checkpoint.
+    """
+    spec = resolve_speculative_config(args)
+    return spec, resolve_sampling(args, spec), resolve_model(args.model)
 
 
 def _progress(label: str) -> Callable[[int, int], None]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..engine_args import UsageError, positive_float, positive_int
+from ..engine_args import UsageError, options_from_args, positive_float, positive_int
 
 
 def register(sub: Any) -> None:
@@ -54,13 +54,5 @@ def cmd_router(args: argparse.Namespace) -> int:
             urls[role] = [check_instance_url(u, f"--{role}") for u in getattr(args, role)]
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    opts = RouterOptions(
-        prefill=urls["prefill"],
-        decode=urls["decode"],
-        host=args.host,
-        port=args.port,
-        queue_timeout=args.queue_timeout,
-        served_model_name=args.served_model_name,
-        start_timeout=args.start_timeout,
-    )
+    opts = options_from_args(RouterOptions, args, prefill=urls["prefill"], decode=urls["decode"])
     return run_router(opts)

@@ -11,6 +11,7 @@ from ..engine_args import (
     add_model_arg,
     add_speculative_args,
     non_negative_int,
+    options_from_args,
     positive_float,
     positive_int,
     resolve_model,
@@ -110,24 +111,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise UsageError(f"--device-ids must be comma-separated integers, got {args.device_ids!r}") from None
     if args.splitwise_role == "mixed" and args.splitwise_port is not None:
         raise UsageError("--splitwise-port is the KV port of a prefill instance: it needs --splitwise-role prefill")
-    opts = ServeOptions(
-        model=resolve_model(args.model),
-        speculative_config=spec,
-        host=args.host,
-        port=args.port,
-        tensor_parallel_size=args.tensor_parallel_size,
-        max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len,
-        engine_worker_queue_port=args.engine_worker_queue_port,
-        device_ids=device_ids,
-        served_model_name=args.served_model_name,
-        prefill_chunk_size=args.prefill_chunk_size,
-        splitwise_role=args.splitwise_role,
-        splitwise_port=args.splitwise_port,
-        kv_transport=args.kv_transport,
-        kv_transfer_timeout=args.kv_transfer_timeout,
-        kv_hold_timeout=args.kv_hold_timeout,
-        kv_advertise_host=args.kv_advertise_host,
-        max_waiting_requests=args.max_waiting_requests,
+    opts = options_from_args(
+        ServeOptions, args, model=resolve_model(args.model), speculative_config=spec, device_ids=device_ids
     )
     return serve(opts)
