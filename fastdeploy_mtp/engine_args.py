@@ -119,7 +119,9 @@ def add_model_arg(parser: argparse.ArgumentParser, deprecated: Sequence[str] = (
     ``deprecated``, an old spelling that still works and prints a deprecation notice."""
     parser.add_argument("--model", default=None, metavar="DIR", help="checkpoint directory (default: the shipped one)")
     for flag in deprecated:
-        parser.add_argument(flag, dest="model", action=_DeprecatedAlias, metavar="DIR", help="deprecated: --model")
+        parser.add_argument(
+            flag, dest="model", action=_DeprecatedAlias, metavar="DIR", help="deprecated spelling of --model"
+        )
 
 
 def default_model() -> str:
