@@ -8,10 +8,15 @@ validation that names the offending field.
 
 from __future__ import annotations
 
+import functools
 import json
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported when a speculative config is first read: workers that never read one skip it
+    import pydantic
 
 #: ``speculative_config.method`` values this package implements.
 SPECULATIVE_METHODS = (None, "mtp")
@@ -180,12 +185,7 @@ class SpeculativeConfig:
             raise SpeculativeConfigError(
                 f"speculative config must be a JSON object (a dict), got {type(values).__name__}"
             )
-        known = [f.name for f in fields(cls)]
-        kwargs: dict[str, Any] = {}
-        for key, value in values.items():
-            if key not in known:
-                raise SpeculativeConfigError(f"speculative config: unknown key {key!r}; known keys: {', '.join(known)}")
-            kwargs[key] = _checked_value(key, value)
+        kwargs = _checked_keys(values)
         if kwargs.get("method") == "none":
             kwargs["method"] = None
         if "num_model_steps" not in kwargs:
@@ -230,40 +230,48 @@ def load_speculative_json(text: str) -> dict[str, Any]:
     return values
 
 
-#: The JSON type each speculative-config key takes (``method`` may also be null).
-_SPEC_KEY_TYPES: dict[str, type] = {
-    "method": str,
-    "num_speculative_tokens": int,
-    "num_model_steps": int,
-    "mtp_strategy": str,
-    "max_ngram_size": int,
-    "min_ngram_size": int,
-    "model": str,
-    "verify_strategy": str,
-    "mtp_layer_schedule": str,
-    "adaptive_draft_length": bool,
-    "acceptance_window": int,
-    "acceptance_rate_threshold": float,
-    "adaptive_probe_interval": int,
+#: How a pydantic type error reads in a speculative-config message, by error type.
+_TYPE_WORDS = {
+    "int_type": "an integer",
+    "string_type": "a string",
+    "bool_type": "true or false",
+    "float_type": "a number",
 }
 
 
-def _checked_value(key: str, value: Any) -> Any:
-    """``value`` if it has the JSON type of speculative-config ``key``, else a one-line
-    :class:`SpeculativeConfigError` naming the key."""
-    expected = _SPEC_KEY_TYPES[key]
-    if key == "method" and value is None:
-        return None
-    if expected is bool and isinstance(value, bool):
-        return value
-    if expected is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, expected) and not isinstance(value, bool):
-        return value
-    want = {int: "an integer", str: "a string", bool: "true or false", float: "a number"}[expected] + (
-        " or null" if key == "method" else ""
+@functools.cache
+def _speculative_keys() -> type[pydantic.BaseModel]:
+    """A pydantic model of :class:`SpeculativeConfig`'s keys, typed as its fields, strict (no
+    ``"3"`` for 3, no ``true`` for an integer; an integer is taken for a number) and refusing
+    unknown keys. Defaults are never validated: :meth:`SpeculativeConfig.from_dict` keeps only
+    the keys given (``model_fields_set``) and lets the dataclass fill the rest."""
+    import pydantic
+
+    hints = typing.get_type_hints(SpeculativeConfig)
+    keys: dict[str, Any] = {f.name: (hints[f.name], None) for f in fields(SpeculativeConfig)}
+    return pydantic.create_model(
+        "SpeculativeConfigKeys", __config__=pydantic.ConfigDict(strict=True, extra="forbid"), **keys
     )
-    raise SpeculativeConfigError(f"speculative config: {key!r} must be {want}, got {json.dumps(value, default=repr)}")
+
+
+def _checked_keys(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys given in ``values``, type-checked; the first problem is a one-line
+    :class:`SpeculativeConfigError` naming the key."""
+    import pydantic
+
+    try:
+        checked = _speculative_keys().model_validate(dict(values))
+    except pydantic.ValidationError as exc:
+        error = exc.errors()[0]
+        key, value = str(error["loc"][0]), error["input"]
+        if error["type"] == "extra_forbidden":
+            known = ", ".join(f.name for f in fields(SpeculativeConfig))
+            raise SpeculativeConfigError(f"speculative config: unknown key {key!r}; known keys: {known}") from None
+        want = _TYPE_WORDS.get(error["type"], error["msg"]) + (" or null" if key == "method" else "")
+        raise SpeculativeConfigError(
+            f"speculative config: {key!r} must be {want}, got {json.dumps(value, default=repr)}"
+        ) from None
+    return {name: getattr(checked, name) for name in checked.model_fields_set}
 
 
 @dataclass

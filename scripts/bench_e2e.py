@@ -36,12 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fastdeploy_mtp.cli import (  # noqa: E402
-    default_speculative_config,
-    per_position_text,
-    run_prompts,
-    speculative_config,
-)
+from fastdeploy_mtp.engine_args import default_speculative_config, speculative_config  # noqa: E402
+from fastdeploy_mtp.entrypoints.offline import per_position_text, run_prompts  # noqa: E402
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS, heldout_prompts  # noqa: E402
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams  # noqa: E402
 

@@ -83,7 +83,7 @@ def deployment(kind: str, spec: list[str]) -> Iterator[tuple[str, list[int]]]:
     try:
         d = ServerProcess([*spec, "--splitwise-role", "decode", "--device-ids", str(base + 1), "--kv-transport", kind])
         port = find_free_port_range(1)
-        cmd = [sys.executable, "-m", "fastdeploy_mtp.cli", "router", "--port", str(port)]
+        cmd = [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "router", "--port", str(port)]
         router = subprocess.Popen(
             [*cmd, "--prefill", p.base_url, "--decode", d.base_url], stdout=log, stderr=subprocess.STDOUT
         )

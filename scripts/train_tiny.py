@@ -529,7 +529,8 @@ SERVING_K, SERVING_TOKENS = 3, 96
 def serving_acceptance(checkpoint: str) -> dict:
     """Mean accepted length and acceptance per draft position of the exported checkpoint in
     the reference engine (K = S = 3, greedy, batch 1) on the demo and the held-out prompts."""
-    from fastdeploy_mtp.cli import run_prompts, speculative_config
+    from fastdeploy_mtp.engine_args import speculative_config
+    from fastdeploy_mtp.entrypoints.offline import run_prompts
     from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS, heldout_prompts
 
     out = {"k": SERVING_K, "steps": SERVING_K, "max_tokens": SERVING_TOKENS, "batch": 1}

@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 
 import fastdeploy_mtp
-from fastdeploy_mtp import cli
-from fastdeploy_mtp.cli import (
+from fastdeploy_mtp.config import SpeculativeConfig, SpeculativeConfigError
+from fastdeploy_mtp.engine_args import (
     DEFAULT_SPECULATIVE_CONFIG,
     UsageError,
-    build_parser,
+    default_model,
     default_speculative_config,
-    main,
     resolve_speculative_config,
 )
-from fastdeploy_mtp.config import SpeculativeConfig, SpeculativeConfigError
+from fastdeploy_mtp.entrypoints import cli, demo, generate
+from fastdeploy_mtp.entrypoints.cli import build_parser, main
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
@@ -253,8 +253,8 @@ def test_demo_json(capsys):
     assert spec["metrics"]["target_forwards"] < plain["metrics"]["target_forwards"]
     assert plain["metrics"]["generated_tokens"] == spec["metrics"]["generated_tokens"] == 6 * result["num_prompts"]
     # by default one prompt at a time, where speculation pays most on a CPU, and a note saying so
-    assert result["max_num_seqs"] == cli.DEMO_MAX_NUM_SEQS == 1
-    assert result["note"] == cli.batch_note(1)
+    assert result["max_num_seqs"] == demo.DEMO_MAX_NUM_SEQS == 1
+    assert result["note"] == demo.batch_note(1)
     assert "batch 1" in result["note"] and "--max-num-seqs 8" in result["note"]
 
 
@@ -264,7 +264,7 @@ def test_demo_prints_a_note_on_the_batch_size_under_the_table(capsys):
     assert "batch 8" in err  # the progress header
     lines = out.splitlines()
     note = next(i for i, ln in enumerate(lines) if ln.startswith("note:"))
-    assert lines[note] == cli.batch_note(8)
+    assert lines[note] == demo.batch_note(8)
     assert lines[note - 1].startswith("MTP K=3")  # right under the table's last row
     assert "batch 8" in lines[note] and "--max-num-seqs 1 is the default" in lines[note]
     assert "identical: yes" in out
@@ -285,7 +285,7 @@ def never_run(*args, **kwargs):
 
 
 def test_demo_plot_errors_before_the_run(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "run_prompts", never_run)
+    monkeypatch.setattr(demo, "run_prompts", never_run)
     rc, _, err = run_main(capsys, "demo", "--plot", tmp_path / "missing" / "a.png")
     assert rc == 2 and "--plot" in error_line(err)
     rc, _, err = run_main(capsys, "demo", "--plot", tmp_path)
@@ -366,7 +366,7 @@ def test_generate_logprobs_and_stop(capsys):
     ],
 )
 def test_bad_sampling_flags_exit_2_with_one_line(capsys, monkeypatch, flags, name):
-    monkeypatch.setattr(cli, "run_requests", never_run)
+    monkeypatch.setattr(generate, "run_requests", never_run)
     rc, out, err = run_main(capsys, "generate", "--prompt", "x", *flags)
     assert rc == 2 and out == ""
     assert name in error_line(err)
@@ -406,7 +406,7 @@ def test_ctrl_c_exits_130_quietly(capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "run_requests", interrupted)
+    monkeypatch.setattr(generate, "run_requests", interrupted)
     rc, out, err = run_main(capsys, "generate", "--prompt", "x")
     assert (rc, out, err) == (130, "", "")
 
@@ -414,7 +414,16 @@ def test_ctrl_c_exits_130_quietly(capsys, monkeypatch):
 def test_process_exit_status_and_no_traceback(tmp_path):
     """As a process: a bad --speculative-config is one stderr line and exit status 2;
     FDMTP_DEBUG=1 shows the traceback instead."""
-    argv = [sys.executable, "-m", "fastdeploy_mtp.cli", "generate", "--prompt", "x", "--speculative-config", "{bad"]
+    argv = [
+        sys.executable,
+        "-m",
+        "fastdeploy_mtp.entrypoints.cli",
+        "generate",
+        "--prompt",
+        "x",
+        "--speculative-config",
+        "{bad",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "FDMTP_DEBUG"}
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
@@ -426,3 +435,85 @@ def test_process_exit_status_and_no_traceback(tmp_path):
     debug = subprocess.run(argv, cwd=REPO, env={**env, "FDMTP_DEBUG": "1"}, capture_output=True, text=True, timeout=120)
     assert debug.returncode != 0
     assert "Traceback" in debug.stderr and "SpeculativeConfigError" in debug.stderr
+
+
+# ---- options every command shares (fastdeploy_mtp.engine_args) ---------------------------
+SHIPPED = default_model()
+
+
+def test_generate_and_demo_take_model(capsys):
+    by_default = generate_json(capsys, max_tokens=4)
+    by_model = generate_json(capsys, "--model", SHIPPED, max_tokens=4)
+    assert by_model["token_ids"] == by_default["token_ids"]
+    rc, out, err = run_main(capsys, "demo", "--model", SHIPPED, "--max-tokens", 2, "--json")
+    assert rc == 0, err
+    result = json.loads(out)
+    assert result["checkpoint"] == SHIPPED and result["outputs_identical"] is True
+    assert "deprecated" not in err
+
+
+def test_serve_takes_model(capsys, monkeypatch):
+    """``serve --model DIR`` hands DIR to the server (which is not started here)."""
+    from fastdeploy_mtp.serving import server
+
+    seen = []
+    monkeypatch.setattr(server, "serve", lambda opts: seen.append(opts) or 0)
+    rc, _, err = run_main(capsys, "serve", "--model", SHIPPED)
+    assert rc == 0, err
+    assert [opts.model for opts in seen] == [SHIPPED]
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["demo"], ["serve", "--port", "1"]])
+def test_a_directory_that_is_no_checkpoint_is_refused_alike(capsys, monkeypatch, tmp_path, command):
+    monkeypatch.setattr(generate, "run_requests", never_run)
+    monkeypatch.setattr(demo, "run_prompts", never_run)
+    rc, out, err = run_main(capsys, *command, "--model", tmp_path)
+    assert rc == 1 and out == ""
+    missing = "no config.json or model.safetensors"
+    assert error_line(err) == f"fastdeploy-mtp: error: --model {tmp_path}: not a checkpoint directory ({missing})"
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["demo"]])
+def test_checkpoint_is_a_deprecated_spelling_of_model(capsys, monkeypatch, command):
+    seen = []
+
+    def record(*args, **kwargs):
+        seen.append(args[5])  # the model folder
+        raise KeyboardInterrupt  # stop before any model is loaded
+
+    monkeypatch.setattr(generate, "run_requests", record)
+    monkeypatch.setattr(demo, "run_prompts", record)
+    rc, out, err = run_main(capsys, *command, "--checkpoint", SHIPPED)
+    assert (rc, out, seen) == (130, "", [SHIPPED])
+    warnings = [ln for ln in err.splitlines() if "deprecated" in ln]
+    assert warnings == ["fastdeploy-mtp: warning: --checkpoint is deprecated; use --model"]
+
+
+@pytest.mark.parametrize(
+    "speculation",
+    [["--num-speculative-tokens", 9], ["--speculative-config", '{"num_speculative_tokens": 9, "num_model_steps": 1}']],
+)
+def test_every_command_refuses_more_drafts_than_the_token_message_carries_alike(capsys, monkeypatch, speculation):
+    """``serve`` cannot carry K = 9 (K + 1 tokens per request in the workers' token message);
+    ``generate`` and ``demo`` refuse it too, with the same line, before running anything
+    (``serve`` before starting any process)."""
+    monkeypatch.setattr(generate, "run_requests", never_run)
+    monkeypatch.setattr(demo, "run_prompts", never_run)
+    lines = set()
+    for command in (["generate", "--prompt", "x"], ["demo"], ["serve", "--port", "1"]):
+        rc, out, err = run_main(capsys, *command, *speculation)
+        assert rc == 1 and out == "", command
+        lines.add(error_line(err))
+    assert lines == {
+        "fastdeploy-mtp: error: num_speculative_tokens 9: the token message carries at most 6 tokens per request "
+        "and step, so at most 5 drafts"
+    }
+
+
+@pytest.mark.parametrize("command", [["demo"], ["serve", "--port", "1"]])
+@pytest.mark.parametrize("value", [0, -1, "x"])
+def test_max_num_seqs_is_refused_alike(capsys, monkeypatch, command, value):
+    monkeypatch.setattr(demo, "run_prompts", never_run)
+    rc, out, err = run_main(capsys, *command, "--max-num-seqs", value)
+    assert rc == 2 and out == ""
+    assert "argument --max-num-seqs: must be " in error_line(err)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fastdeploy_mtp.cli import build_config, speculative_config
+from fastdeploy_mtp.engine_args import build_config, speculative_config
 from fastdeploy_mtp.models import ByteTokenizer, load_tiny
 from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import Request

@@ -38,7 +38,8 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": {"constants", "config", "ops", "ipc", "models", "proposer", "splitwise", "distributed"},
     "proposer": {"constants", "config", "ops", "ipc", "models", "runtime", "distributed"},
     "splitwise": {"constants", "config", "ops", "ipc"},
-    "engine_args": {"config", "constants", "models", "runtime"},
+    # engine_args refuses a K the token message (ops.messaging) cannot carry, on every command
+    "engine_args": {"config", "constants", "ops", "models", "runtime"},
     "serving": {
         "constants",
         "config",

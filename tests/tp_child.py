@@ -24,12 +24,12 @@ ENGINE_MODES = [("K3S1+ngram", 3, 1, True), ("K2S2", 2, 2, False)]
 
 
 def run_engine(target, mtp, arch, k: int, steps: int, hybrid: bool, max_tokens: int, tp: int, rank: int):
-    """Token ids per demo prompt and tokens/s of one engine run (``cli.run_prompts``'s set-up,
+    """Token ids per demo prompt and tokens/s of one engine run (``entrypoints.offline.run_prompts``'s set-up,
     with the parallel config of rank ``rank`` of ``tp``)."""
     import dataclasses
 
-    from fastdeploy_mtp.cli import build_config, speculative_config
     from fastdeploy_mtp.config import ParallelConfig
+    from fastdeploy_mtp.engine_args import build_config, speculative_config
     from fastdeploy_mtp.models import ByteTokenizer
     from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
     from fastdeploy_mtp.runtime.engine import Engine

@@ -59,7 +59,7 @@ class ServeLayout:
     def fd_config(self, rank: int = 0, arch: ArchConfig | None = None) -> FDConfig:
         """The FDConfig of rank ``rank`` (the engine uses rank 0's): caches owned by the cache
         manager, every name and shape as the other processes derive them."""
-        from ..cli import build_config
+        from ..engine_args import build_config
 
         spec = SpeculativeConfig.from_json(self.speculative_config)
         cfg = build_config(arch or self.arch(), spec, self.max_num_seqs, self.max_model_len)

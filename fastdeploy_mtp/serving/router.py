@@ -35,7 +35,6 @@ instance answering 503 a 503, any other failure a 502, each naming the instance'
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import json
@@ -412,7 +411,7 @@ def router_app(backend: RouterBackend, model_name: str) -> FastAPI:
 
 @dataclass
 class RouterOptions:
-    """The ``router`` command's options (see :func:`add_router_args`)."""
+    """The ``router`` command's options (``fastdeploy_mtp.entrypoints.router`` defines their flags)."""
 
     prefill: list[str]
     decode: list[str]
@@ -421,32 +420,6 @@ class RouterOptions:
     queue_timeout: float = 600.0
     served_model_name: str | None = None
     start_timeout: float = 300.0
-
-
-def add_router_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--prefill", action="append", required=True, metavar="URL", help="a prefill instance's base URL (repeatable)"
-    )
-    p.add_argument(
-        "--decode", action="append", required=True, metavar="URL", help="a decode instance's base URL (repeatable)"
-    )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    p.add_argument(
-        "--queue-timeout",
-        type=float,
-        default=600.0,
-        help="seconds a request may wait for a decode instance with room before it fails with 503 (default 600)",
-    )
-    p.add_argument(
-        "--served-model-name", default=None, help="model id in the API (default: the first prefill instance's)"
-    )
-    p.add_argument(
-        "--start-timeout",
-        type=float,
-        default=300.0,
-        help="seconds to wait at start-up for every instance's /health (default 300)",
-    )
 
 
 def wait_for_instances(urls: Sequence[tuple[str, str]], timeout: float, progress: Callable[[str], None]) -> None:

@@ -7,21 +7,25 @@ a lost worker fails the requests in flight and the server exits with status 1.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import SpeculativeConfig
+from ..engine_args import check_speculative_config, speculation_label
+from .layout import ServeLayout
+
+if TYPE_CHECKING:
+    from ..models.model_config import ModelConfig as ArchConfig
 
 
 @dataclass
 class ServeOptions:
-    """The ``serve`` command's options (see :func:`add_serve_args`)."""
+    """The ``serve`` command's options (``fastdeploy_mtp.entrypoints.serve`` defines their flags)."""
 
     model: str
     speculative_config: SpeculativeConfig
@@ -42,70 +46,6 @@ class ServeOptions:
     kv_hold_timeout: float = 120.0
     kv_advertise_host: str | None = None
     max_waiting_requests: int | None = None
-
-
-def add_serve_args(p: argparse.ArgumentParser) -> None:
-    """The server's own arguments (the speculative ones are added by the CLI)."""
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped tiny checkpoint)")
-    p.add_argument("--served-model-name", default=None, help="model id in the API (default: fastdeploy-mtp-tiny)")
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="worker processes, one per rank")
-    p.add_argument(
-        "--max-num-seqs",
-        type=int,
-        default=None,
-        help="batch slots (default: 8, or fewer if kernel.msgmax cannot carry the token message of 8)",
-    )
-    p.add_argument("--max-model-len", type=int, default=1024, help="longest prompt + output (default 1024)")
-    p.add_argument(
-        "--engine-worker-queue-port", type=int, default=None, help="engine<->worker loopback port (default: a free one)"
-    )
-    p.add_argument("--device-ids", default=None, help="device id per rank in the cache names (default 0..tp-1)")
-    p.add_argument(
-        "--prefill-chunk-size",
-        type=int,
-        default=0,
-        help="most prompt tokens of one request per step (chunked prefill; default 0: only the step's token budget)",
-    )
-    sw = p.add_argument_group("splitwise (disaggregated prefill/decode; see `fastdeploy-mtp router`)")
-    sw.add_argument(
-        "--splitwise-role",
-        choices=("mixed", "prefill", "decode"),
-        default="mixed",
-        help="mixed (default): a whole server; prefill: runs prompts and hands requests over; decode: continues them",
-    )
-    sw.add_argument(
-        "--splitwise-port", type=int, default=None, help="prefill: TCP port the KV blocks are served on (default: free)"
-    )
-    sw.add_argument(
-        "--kv-transport",
-        choices=("auto", "shm", "tcp"),
-        default="auto",
-        help="decode: pull KV blocks by shared-memory name or over TCP (auto: shm when the prefill's caches are local)",
-    )
-    sw.add_argument(
-        "--kv-transfer-timeout", type=float, default=60.0, help="decode: seconds one KV transfer may take (default 60)"
-    )
-    sw.add_argument(
-        "--kv-advertise-host",
-        default=None,
-        help="prefill: the host name decode instances reach the KV port at (default --host; with --host 0.0.0.0, "
-        "this machine's name)",
-    )
-    sw.add_argument(
-        "--kv-hold-timeout",
-        type=float,
-        default=120.0,
-        help="prefill: seconds handed-off KV blocks wait for a decode instance (default 120)",
-    )
-    sw.add_argument(
-        "--max-waiting-requests",
-        type=int,
-        default=None,
-        help="decode: handed-over requests that may queue for a slot before the router is told to wait (429; "
-        "default: --max-num-seqs)",
-    )
 
 
 def _fit_max_num_seqs(requested: int | None) -> int:
@@ -131,26 +71,48 @@ def _fit_max_num_seqs(requested: int | None) -> int:
 
 def serve(opts: ServeOptions, log: object = None) -> int:
     """Run the server until SIGINT/SIGTERM (returns 0) or a lost process (returns 1)."""
-    import uvicorn
-
-    from ..models import ByteTokenizer, kv_cache_shape
-    from ..ops.messaging import MAX_DRAFT_TOKENS as MAX_TOKENS_PER_STEP  # K + 1 tokens per slot and step
-    from ..runtime.engine import Engine
-    from .api_server import AsyncEngine, create_app, run_http
-    from .layout import ServeLayout
-    from .workers import RemoteRunner, free_port
+    from ..models import kv_cache_shape
 
     t0 = time.perf_counter()
 
     def progress(line: str) -> None:
         print(f"[serve {time.perf_counter() - t0:6.2f}s] {line}", file=sys.stderr, flush=True)
 
+    layout = _layout(opts)
+    arch = layout.arch()
+    tp = layout.tensor_parallel_size
+    kv_cache_shape(arch, 1, tp)  # refuses a TP size the heads do not divide, naming the field
+    mode = speculation_label(opts.speculative_config)  # the same name of the mode as demo and generate
+    role = "" if opts.splitwise_role == "mixed" else f"splitwise {opts.splitwise_role}, "
+    progress(
+        f"config: {opts.model}, {role}{mode}, tp {tp}, {layout.max_num_seqs} slots, "
+        f"max_model_len {opts.max_model_len}, engine-worker port {layout.engine_worker_queue_port}, "
+        f"device ids {layout.device_ids}"
+    )
+
+    def interrupted(signum: int, frame: object) -> None:  # during start-up: unwind and clean up
+        raise KeyboardInterrupt
+
+    old = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGTERM, signal.SIGINT)}
+    running = _Running()
+    try:
+        return _run(opts, layout, arch, running, progress, t0, log)
+    except KeyboardInterrupt:
+        progress("interrupted during start-up; stopping")
+        return 130
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        running.close(progress)
+
+
+def _layout(opts: ServeOptions) -> ServeLayout:
+    """The process layout of ``opts``, refusing what the processes cannot serve before any
+    starts (each error names its option)."""
+    from .workers import free_port
+
     spec = opts.speculative_config
-    if spec.enabled and spec.num_speculative_tokens + 1 > MAX_TOKENS_PER_STEP:
-        raise ValueError(
-            f"num_speculative_tokens {spec.num_speculative_tokens}: the token message carries at most "
-            f"{MAX_TOKENS_PER_STEP} tokens per request and step, so at most {MAX_TOKENS_PER_STEP - 1} drafts"
-        )
+    check_speculative_config(spec)
     if opts.tensor_parallel_size < 1:
         raise ValueError(f"--tensor-parallel-size must be >= 1, got {opts.tensor_parallel_size}")
     tp = opts.tensor_parallel_size
@@ -171,7 +133,7 @@ def serve(opts: ServeOptions, log: object = None) -> int:
         max_num_seqs = _fit_max_num_seqs(opts.max_num_seqs)
     if opts.splitwise_role != "mixed":
         _refuse_taken_cache_names(spec.enabled, tp, device_ids, opts.model)
-    layout = ServeLayout(
+    return ServeLayout(
         model=opts.model,
         speculative_config=spec.to_json(),
         max_num_seqs=max_num_seqs,
@@ -181,75 +143,86 @@ def serve(opts: ServeOptions, log: object = None) -> int:
         device_ids=device_ids,
         splitwise_role=opts.splitwise_role,
     )
-    arch = layout.arch()
-    kv_cache_shape(arch, 1, tp)  # refuses a TP size the heads do not divide, naming the field
-    from ..cli import speculation_label  # the same name of the mode as demo and generate
 
-    mode = speculation_label(spec)
-    role = "" if opts.splitwise_role == "mixed" else f"splitwise {opts.splitwise_role}, "
-    progress(
-        f"config: {opts.model}, {role}{mode}, tp {tp}, {max_num_seqs} slots, max_model_len {opts.max_model_len}, "
-        f"engine-worker port {layout.engine_worker_queue_port}, device ids {device_ids}"
-    )
-    stopping = {"code": 0}
 
-    def interrupted(signum: int, frame: object) -> None:  # during start-up: unwind and clean up
-        raise KeyboardInterrupt
+@dataclass
+class _Running:
+    """What :func:`serve` started, for its clean-up, and how it is ending."""
 
-    old = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGTERM, signal.SIGINT)}
-    runner = None
-    async_engine = None
-    kv_source = None
-    try:
-        runner = RemoteRunner(layout, progress, step_timeout=opts.step_timeout, log=log, reserved_port=opts.port)
-        tokenizer = ByteTokenizer()
+    runner: Any = None  # RemoteRunner: the workers and the cache manager
+    async_engine: Any = None
+    kv_source: Any = None  # a prefill instance's KV server
+    server: Any = None  # the uvicorn.Server, once run_http has one
+    code: int = 0  # the exit status once the server stops: 1 after a fatal error
 
-        def detokenize(ids: list[int]) -> str:  # for stop strings; padding ids have no text
-            return tokenizer.decode([t for t in ids if t < arch.ori_vocab_size])
-
-        engine = Engine(
-            layout.fd_config(0, arch),
-            runner=runner,
-            max_positions=arch.max_position_embeddings,
-            prefill_chunk_size=opts.prefill_chunk_size,
-            detokenize=detokenize,
-        )
-        held: dict[str, uvicorn.Server] = {}
-
-        def on_fatal(reason: str) -> None:
-            progress(f"fatal: {reason}; stopping")
-            stopping["code"] = 1
-            if "server" in held:
-                held["server"].should_exit = True
-
-        if opts.splitwise_role == "mixed":
-            async_engine = AsyncEngine(engine, on_fatal)
-        else:
-            async_engine, kv_source = _splitwise_engine(opts, engine, runner, on_fatal, max_num_seqs, progress)
-        app = create_app(async_engine, opts.served_model_name or "fastdeploy-mtp-tiny", tokenizer, arch.ori_vocab_size)
-        if opts.splitwise_role != "mixed":
-            from .splitwise_api import SplitwiseEngine, add_splitwise_routes
-
-            assert isinstance(async_engine, SplitwiseEngine)
-            add_splitwise_routes(app, async_engine)
-        started = run_http(app, opts.host, opts.port, progress, t0, on_server=lambda s: held.update(server=s))
-        if not started and stopping["code"] == 0:
-            return 1  # e.g. the port was taken (uvicorn said why)
-        return stopping["code"]
-    except KeyboardInterrupt:
-        progress("interrupted during start-up; stopping")
-        return 130
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-        if async_engine is not None:
-            async_engine.stop()
-        if kv_source is not None:
-            kv_source.close()
-        if runner is not None:
+    def close(self, progress: Callable[[str], None]) -> None:
+        """Stop what was started, the engine first (it drives the workers)."""
+        if self.async_engine is not None:
+            self.async_engine.stop()
+        if self.kv_source is not None:
+            self.kv_source.close()
+        if self.runner is not None:
             progress("stopping the workers and the cache manager")
-            runner.close()
+            self.runner.close()
             progress("stopped")
+
+
+def _run(
+    opts: ServeOptions,
+    layout: ServeLayout,
+    arch: ArchConfig,
+    running: _Running,
+    progress: Callable[[str], None],
+    t0: float,
+    log: object,
+) -> int:
+    """Start the workers, the engine and the HTTP server (recording each in ``running``) and
+    serve until the server stops; returns the exit status."""
+    from ..models import ByteTokenizer
+    from ..runtime.engine import Engine
+    from .api_server import AsyncEngine, create_app, run_http
+    from .workers import RemoteRunner
+
+    running.runner = runner = RemoteRunner(
+        layout, progress, step_timeout=opts.step_timeout, log=log, reserved_port=opts.port
+    )
+    tokenizer = ByteTokenizer()
+
+    def detokenize(ids: list[int]) -> str:  # for stop strings; padding ids have no text
+        return tokenizer.decode([t for t in ids if t < arch.ori_vocab_size])
+
+    engine = Engine(
+        layout.fd_config(0, arch),
+        runner=runner,
+        max_positions=arch.max_position_embeddings,
+        prefill_chunk_size=opts.prefill_chunk_size,
+        detokenize=detokenize,
+    )
+
+    def on_fatal(reason: str) -> None:
+        progress(f"fatal: {reason}; stopping")
+        running.code = 1
+        if running.server is not None:
+            running.server.should_exit = True
+
+    if opts.splitwise_role == "mixed":
+        running.async_engine = AsyncEngine(engine, on_fatal)
+    else:
+        running.async_engine, running.kv_source = _splitwise_engine(
+            opts, engine, runner, on_fatal, layout.max_num_seqs, progress
+        )
+    app = create_app(
+        running.async_engine, opts.served_model_name or "fastdeploy-mtp-tiny", tokenizer, arch.ori_vocab_size
+    )
+    if opts.splitwise_role != "mixed":
+        from .splitwise_api import SplitwiseEngine, add_splitwise_routes
+
+        assert isinstance(running.async_engine, SplitwiseEngine)
+        add_splitwise_routes(app, running.async_engine)
+    started = run_http(app, opts.host, opts.port, progress, t0, on_server=lambda s: setattr(running, "server", s))
+    if not started and running.code == 0:
+        return 1  # e.g. the port was taken (uvicorn said why)
+    return running.code
 
 
 def _refuse_taken_cache_names(spec_enabled: bool, tp: int, device_ids: list[int], model: str) -> None:
@@ -312,9 +285,3 @@ def _splitwise_engine(
         raise
     progress(f"prefill instance: KV blocks served on {source.address} (held up to {opts.kv_hold_timeout:g} s)")
     return holder["se"], source
-
-
-def default_model() -> str:
-    from ..models import ASSETS_DIR
-
-    return os.fspath(ASSETS_DIR)

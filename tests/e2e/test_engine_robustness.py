@@ -9,7 +9,7 @@ import numpy as np
 import paddle
 import pytest
 
-from fastdeploy_mtp.cli import build_config, speculative_config
+from fastdeploy_mtp.engine_args import build_config, speculative_config
 from fastdeploy_mtp.models import ByteTokenizer, ModelConfig as ArchConfig, MTPLayer, TinyTargetModel, load_tiny
 from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import GenerationError, InvalidRequestError, Request

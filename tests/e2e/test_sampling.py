@@ -19,7 +19,7 @@ import math
 import numpy as np
 import pytest
 
-from fastdeploy_mtp.cli import build_config, speculative_config
+from fastdeploy_mtp.engine_args import build_config, speculative_config
 from fastdeploy_mtp.models import ByteTokenizer, load_tiny
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
 from fastdeploy_mtp.runtime.engine import Engine

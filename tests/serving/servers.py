@@ -106,7 +106,7 @@ class ServerProcess:
         cmd = [
             sys.executable,
             "-m",
-            "fastdeploy_mtp.cli",
+            "fastdeploy_mtp.entrypoints.cli",
             "serve",
             "--port",
             str(self.port),
@@ -225,9 +225,9 @@ def remote_runner(spec_json: str, max_num_seqs: int, max_model_len: int = 256) -
     manager and one worker process on the shipped checkpoint) in this process, for tests that
     look at what a served step returns. On exit it is closed and must leave no child process,
     no new ``/dev/shm`` name and no SysV queue behind."""
+    from fastdeploy_mtp.engine_args import default_model
     from fastdeploy_mtp.ops import messaging
     from fastdeploy_mtp.serving.layout import ServeLayout
-    from fastdeploy_mtp.serving.server import default_model
     from fastdeploy_mtp.serving.workers import RemoteRunner
 
     before = shm_names()

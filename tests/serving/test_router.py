@@ -30,8 +30,8 @@ import uvicorn
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from fastdeploy_mtp.cli import main
 from fastdeploy_mtp.distributed import find_free_port_range
+from fastdeploy_mtp.entrypoints.cli import main
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 from fastdeploy_mtp.serving.router import RouterBackend, router_app
 from tests.serving.servers import http_get, http_post, scrape_metrics
@@ -449,7 +449,16 @@ def test_router_gives_up_on_instances_that_never_become_healthy(capsys, cluster)
 
 def test_router_command_serves_the_prefill_model_name_and_exits_0_on_sigterm(cluster, state):
     port = find_free_port_range(1)
-    cmd = [sys.executable, "-m", "fastdeploy_mtp.cli", "router", "--port", str(port), "--start-timeout", "30"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fastdeploy_mtp.entrypoints.cli",
+        "router",
+        "--port",
+        str(port),
+        "--start-timeout",
+        "30",
+    ]
     cmd += ["--prefill", cluster.prefill[0], "--decode", cluster.decode[0], "--decode", cluster.decode[1]]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

@@ -35,8 +35,8 @@ PROMPTS = DEMO_PROMPTS[:3]
 
 def offline_requests(prompts: list[str], sampling: SamplingParams, spec: str = MTP3, max_tokens: int = MAX_TOKENS):
     """The offline engine's finished requests (the reference)."""
-    from fastdeploy_mtp.cli import run_requests
     from fastdeploy_mtp.config import SpeculativeConfig
+    from fastdeploy_mtp.entrypoints.offline import run_requests
 
     reqs, texts, _ = run_requests(prompts, max_tokens, SpeculativeConfig.from_json(spec), 4, "offline", None, sampling)
     return reqs, texts

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fastdeploy_mtp.cli import main
+from fastdeploy_mtp.entrypoints.cli import main
 from fastdeploy_mtp.ops import messaging
 
 

@@ -30,8 +30,8 @@ SPEC = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mt
 
 def offline(prompts: list[str], max_tokens: int = MAX_TOKENS, spec: str = SPEC) -> list[str]:
     """The offline engine's greedy texts (the reference every server output must equal)."""
-    from fastdeploy_mtp.cli import run_prompts
     from fastdeploy_mtp.config import SpeculativeConfig
+    from fastdeploy_mtp.entrypoints.offline import run_prompts
 
     texts, _, _ = run_prompts(prompts, max_tokens, SpeculativeConfig.from_json(spec), 8, "offline")
     return texts

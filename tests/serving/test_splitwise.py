@@ -232,7 +232,16 @@ def test_a_second_instance_with_the_same_device_ids_is_refused(mtp3):
     args = list(mtp3["prefill"].proc.args)  # type: ignore[arg-type]
     taken = args[args.index("--device-ids") + 1]
     out = subprocess.run(
-        [sys.executable, "-m", "fastdeploy_mtp.cli", "serve", "--splitwise-role", "decode", "--device-ids", taken],
+        [
+            sys.executable,
+            "-m",
+            "fastdeploy_mtp.entrypoints.cli",
+            "serve",
+            "--splitwise-role",
+            "decode",
+            "--device-ids",
+            taken,
+        ],
         capture_output=True,
         text=True,
         timeout=120,

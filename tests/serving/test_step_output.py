@@ -59,8 +59,8 @@ def run(engine: Any) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
 
 @pytest.fixture(scope="module")
 def in_process() -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
-    from fastdeploy_mtp.cli import build_config
     from fastdeploy_mtp.config import SpeculativeConfig
+    from fastdeploy_mtp.engine_args import build_config
     from fastdeploy_mtp.models import load_tiny
     from fastdeploy_mtp.runtime.engine import Engine
 

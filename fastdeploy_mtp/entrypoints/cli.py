@@ -1,0 +1,118 @@
+"""``fastdeploy-mtp``: run the shipped tiny checkpoint with and without MTP speculation.
+
+  fastdeploy-mtp demo [--model DIR] [SPECULATION] [--max-tokens N] [--max-num-seqs N]
+                      [--temperature T --seed S] [--json] [--plot FILE]
+  fastdeploy-mtp generate --prompt TEXT [--model DIR] [SPECULATION] [--max-tokens N] [SAMPLING] [--json]
+  fastdeploy-mtp serve [--model DIR] [SPECULATION] [--port P] [--splitwise-role mixed|prefill|decode] ...
+  fastdeploy-mtp router --prefill URL --decode URL [--port P] ...
+  fastdeploy-mtp --version
+
+--model DIR: a tiny checkpoint folder (default: the shipped one); `--checkpoint DIR`, the old
+spelling on demo and generate, still works and says it is deprecated.
+
+SPECULATION is --speculative-config JSON with FastDeploy's keys, e.g.
+  '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": "with_ngram"}'
+or the shorthand flags --num-speculative-tokens K, --num-model-steps S, --hybrid-ngram. Keys
+the JSON leaves out take the flags' values (or their defaults); a flag that contradicts the
+JSON is an error. Every command refuses the same values the same way.
+
+SAMPLING (default greedy): --temperature, --top-p, --top-k, --min-p, --seed,
+--repetition-penalty, --frequency-penalty, --presence-penalty, --stop TEXT (repeatable),
+--logprobs K. A seeded request samples the same tokens with and without speculation
+(verify_strategy "target_match", the default).
+
+Errors are one line on stderr, exit status 2 for a bad argument, 1 for a failure while
+running, 130 on Ctrl-C; FDMTP_DEBUG=1 shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from typing import NoReturn
+
+from ..config import SpeculativeConfigError
+from ..engine_args import UsageError
+from ..runtime.request import GenerationError
+from . import demo, generate, router, serve
+from .offline import CommandError
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are :class:`UsageError` (``main`` prints them as
+    one line) instead of a usage dump and ``SystemExit``."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def package_version() -> str:
+    """The installed distribution's version, or ``fastdeploy_mtp.__version__`` when the
+    package runs from a source tree that was not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fastdeploy_mtp")
+    except PackageNotFoundError:
+        from .. import __version__
+
+        return __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fastdeploy-mtp`` argument parser (its errors raise :class:`UsageError`)."""
+    ap = _Parser(prog="fastdeploy-mtp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"fastdeploy-mtp {package_version()}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in (demo, generate, serve, router):
+        command.register(sub)
+    return ap
+
+
+def _debug() -> bool:
+    return os.environ.get("FDMTP_DEBUG", "") not in ("", "0")
+
+
+def _report(exc: BaseException) -> None:
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    print(f"fastdeploy-mtp: error: {message}", file=sys.stderr)
+
+
+def _run(argv: list[str] | None) -> int:
+    # Paddle warns at import that ccache (a build cache for its JIT extensions) is missing;
+    # nothing here builds extensions, so the line is noise in every command's output.
+    warnings.filterwarnings("ignore", message="No ccache found")
+    ap = build_parser()
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as exc:  # --help, --version
+        return exc.code if isinstance(exc.code, int) else 0
+    return int(args.func(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 1 failure while running, 2 bad argument,
+    130 interrupted). Expected errors are printed as one line, ``fastdeploy-mtp: error: ...``;
+    set ``FDMTP_DEBUG=1`` to have them raised with their traceback."""
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        if _debug():
+            raise
+        return 130
+    except (UsageError, SpeculativeConfigError) as exc:
+        if _debug():
+            raise
+        _report(exc)
+        return 2
+    except (ValueError, OSError, CommandError, GenerationError) as exc:
+        if _debug():
+            raise
+        _report(exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

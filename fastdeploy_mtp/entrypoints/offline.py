@@ -1,0 +1,129 @@
+"""What ``generate`` and ``demo`` share: their common options, a run of the reference engine
+in this process, and how they print its metrics."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..engine_args import (
+    add_model_arg,
+    add_speculative_args,
+    build_config,
+    positive_int,
+    resolve_model,
+    resolve_sampling,
+    resolve_speculative_config,
+)
+from ..runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # Paddle-backed modules are imported only when a command runs
+    from ..config import SpeculativeConfig
+    from ..runtime.metrics import Metrics
+    from ..runtime.request import Request
+
+#: What the printed metrics mean (shown under the demo table and the ``generate`` summary).
+METRICS_LEGEND = """\
+  mean accepted len: tokens emitted per decoding slot per target forward (1.00 = no gain, at most K+1)
+  acceptance per position i: accepted / offered drafts at draft position i over the decoding steps;
+    greedy verification stops at the first mismatch, so a draft counts as accepted only if the drafts
+    before it in its round were too (cumulative, not conditional on draft i-1); '-' = none offered
+  tokens/s: generated tokens / wall time of the generation loop (model loading excluded)"""
+
+
+class CommandError(RuntimeError):
+    """A command that cannot run as asked, e.g. ``--plot`` without matplotlib (exit status 1)."""
+
+
+def add_offline_args(parser: argparse.ArgumentParser) -> None:
+    """The options of a command that runs the engine in this process: the speculation
+    options, ``--model`` (``--checkpoint``: its deprecated spelling), ``--max-tokens``,
+    ``--json``."""
+    add_speculative_args(parser)
+    parser.add_argument("--max-tokens", type=positive_int, default=64, help="new tokens per prompt (default 64)")
+    add_model_arg(parser, deprecated=("--checkpoint",))
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout (progress on stderr)")
+
+
+def resolve_offline_args(args: argparse.Namespace) -> tuple[SpeculativeConfig, SamplingParams, str]:
+    """The speculation, the sampling (checked against the speculation) and the model folder
+    that ``generate``'s or ``demo``'s arguments ask for.
+
+    Raises:
+        UsageError, SpeculativeConfigError: a bad value (exit status 2).
+        ValueError: more drafts than any command serves. FileNotFoundError: no such checkpoint.
+    """
+    spec = resolve_speculative_config(args)
+    return spec, resolve_sampling(args, spec), resolve_model(args.model)
+
+
+def _progress(label: str) -> Callable[[int, int], None]:
+    def report(done: int, total: int) -> None:
+        end = "\n" if done == total else ""
+        print(f"\r  {label}: {done}/{total} requests done", end=end, file=sys.stderr, flush=True)
+
+    return report
+
+
+def run_requests(
+    prompts: Sequence[str],
+    max_tokens: int,
+    spec: SpeculativeConfig,
+    max_num_seqs: int,
+    label: str,
+    model: str | None = None,
+    sampling: SamplingParams | None = None,
+) -> tuple[list[Request], list[str], Metrics]:
+    """Generate for ``prompts`` (request ids ``p0, p1, ...``) with the shipped checkpoint (or
+    the tiny checkpoint folder ``model``), speculation ``spec`` and ``sampling`` (default
+    greedy; each request gets its own copy), reporting progress on stderr under ``label``;
+    returns (the finished requests, with their ``output_token_ids``, ``finish_reason`` and
+    ``output_logprobs``; their texts; metrics)."""
+    from ..models import ByteTokenizer, load_tiny
+    from ..runtime.engine import Engine
+    from ..runtime.request import Request
+
+    target, mtp, arch = load_tiny(model)
+    tok = ByteTokenizer()
+    params = sampling or SamplingParams()
+    reqs = [
+        Request(f"p{i}", tok.encode(p), max_tokens=max_tokens, sampling=SamplingParams.from_dict(params.to_dict()))
+        for i, p in enumerate(prompts)
+    ]
+    k = spec.num_speculative_tokens if spec.enabled else 0
+    longest = max(len(r.prompt_token_ids) for r in reqs) + max_tokens + 2 * k + 8
+    cfg = build_config(arch, spec, max_num_seqs, longest)
+
+    def text(ids: list[int]) -> str:  # padding ids (the stand-in EOS) have no text
+        return tok.decode([t for t in ids if t < arch.ori_vocab_size])
+
+    with Engine(cfg, target, mtp if spec.enabled else None, detokenize=text) as engine:
+        engine.generate(reqs, progress=_progress(label))
+    return reqs, [text(r.output_token_ids) for r in reqs], engine.metrics
+
+
+def run_prompts(
+    prompts: Sequence[str],
+    max_tokens: int,
+    spec: SpeculativeConfig,
+    max_num_seqs: int,
+    label: str,
+    model: str | None = None,
+    sampling: SamplingParams | None = None,
+) -> tuple[list[str], list[list[int]], Metrics]:
+    """:func:`run_requests`, returning (texts, token ids, metrics)."""
+    reqs, texts, metrics = run_requests(prompts, max_tokens, spec, max_num_seqs, label, model, sampling)
+    return texts, [list(r.output_token_ids) for r in reqs], metrics
+
+
+def per_position_text(metrics: Metrics) -> str:
+    """The acceptance per draft position as ``"0.87 0.38 -"`` (``-``: no draft offered there)."""
+    return " ".join("-" if a is None else f"{a:.2f}" for a in metrics.acceptance_per_position) or "-"
+
+
+def emit_json(obj: dict[str, Any]) -> None:
+    """``--json``: the one object on stdout."""
+    print(json.dumps(obj, indent=2))

@@ -1,0 +1,117 @@
+"""``fastdeploy-mtp serve``: the options of :func:`fastdeploy_mtp.serving.server.serve`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..engine_args import (
+    UsageError,
+    add_max_num_seqs_arg,
+    add_model_arg,
+    add_speculative_args,
+    non_negative_int,
+    options_from_args,
+    positive_float,
+    positive_int,
+    resolve_model,
+    resolve_speculative_config,
+)
+
+
+def register(sub: Any) -> None:
+    """Add the ``serve`` subcommand to ``sub`` (an ``add_subparsers`` result)."""
+    srv = sub.add_parser("serve", help="OpenAI-compatible server (cache manager + one worker process per TP rank)")
+    add_speculative_args(srv)
+    add_serve_args(srv)
+    srv.set_defaults(func=cmd_serve)
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    """The server's arguments besides the speculative ones."""
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=positive_int, default=8000, help="HTTP port (default 8000)")
+    add_model_arg(p)
+    p.add_argument("--served-model-name", default=None, help="model id in the API (default: fastdeploy-mtp-tiny)")
+    p.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1, help="worker processes, one per rank")
+    add_max_num_seqs_arg(
+        p, None, "batch slots (default: 8, or fewer if kernel.msgmax cannot carry the token message of 8)"
+    )
+    p.add_argument("--max-model-len", type=positive_int, default=1024, help="longest prompt + output (default 1024)")
+    p.add_argument(
+        "--engine-worker-queue-port", type=int, default=None, help="engine<->worker loopback port (default: a free one)"
+    )
+    p.add_argument("--device-ids", default=None, help="device id per rank in the cache names (default 0..tp-1)")
+    p.add_argument(
+        "--prefill-chunk-size",
+        type=non_negative_int,
+        default=0,
+        help="most prompt tokens of one request per step (chunked prefill; default 0: only the step's token budget)",
+    )
+    _add_splitwise_args(p)
+
+
+def _add_splitwise_args(p: argparse.ArgumentParser) -> None:
+    sw = p.add_argument_group("splitwise (disaggregated prefill/decode; see `fastdeploy-mtp router`)")
+    sw.add_argument(
+        "--splitwise-role",
+        choices=("mixed", "prefill", "decode"),
+        default="mixed",
+        help="mixed (default): a whole server; prefill: runs prompts and hands requests over; decode: continues them",
+    )
+    sw.add_argument(
+        "--splitwise-port",
+        type=positive_int,
+        default=None,
+        help="prefill: TCP port the KV blocks are served on (default: free)",
+    )
+    sw.add_argument(
+        "--kv-transport",
+        choices=("auto", "shm", "tcp"),
+        default="auto",
+        help="decode: pull KV blocks by shared-memory name or over TCP (auto: shm when the prefill's caches are local)",
+    )
+    sw.add_argument(
+        "--kv-transfer-timeout",
+        type=positive_float,
+        default=60.0,
+        help="decode: seconds one KV transfer may take (default 60)",
+    )
+    sw.add_argument(
+        "--kv-advertise-host",
+        default=None,
+        help="prefill: the host name decode instances reach the KV port at (default --host; with --host 0.0.0.0, "
+        "this machine's name)",
+    )
+    sw.add_argument(
+        "--kv-hold-timeout",
+        type=positive_float,
+        default=120.0,
+        help="prefill: seconds handed-off KV blocks wait for a decode instance (default 120)",
+    )
+    sw.add_argument(
+        "--max-waiting-requests",
+        type=positive_int,
+        default=None,
+        help="decode: handed-over requests that may queue for a slot before the router is told to wait (429; "
+        "default: --max-num-seqs)",
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``fastdeploy-mtp serve``: see :mod:`fastdeploy_mtp.serving.server`."""
+    from ..serving.server import ServeOptions, serve
+
+    spec = resolve_speculative_config(args)
+    device_ids = None
+    if args.device_ids:
+        try:
+            device_ids = [int(d) for d in args.device_ids.split(",")]
+        except ValueError:
+            raise UsageError(f"--device-ids must be comma-separated integers, got {args.device_ids!r}") from None
+    if args.splitwise_role == "mixed" and args.splitwise_port is not None:
+        raise UsageError("--splitwise-port is the KV port of a prefill instance: it needs --splitwise-role prefill")
+    opts = options_from_args(
+        ServeOptions, args, model=resolve_model(args.model), speculative_config=spec, device_ids=device_ids
+    )
+    return serve(opts)
