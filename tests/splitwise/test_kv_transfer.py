@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 import zmq
 
-from fastdeploy_mtp.splitwise.kv_transfer import KVLayout, KVSource, TransferError, pull_blocks
+from fastdeploy_mtp.splitwise.kv_client import pull_blocks
+from fastdeploy_mtp.splitwise.kv_layout import KVLayout, TransferError
+from fastdeploy_mtp.splitwise.kv_source import KVSource
 
 TARGET_LAYERS, MTP_LAYERS = 2, 1
 BLOCK_SHAPE = (2, 4, 8)  # kv heads per rank, block size, head dim
