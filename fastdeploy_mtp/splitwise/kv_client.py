@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from .kv_layout import KVLayout, TransferError, block_id_list, check_caches, positive_number
+from .kv_layout import Caches, KVLayout, TransferError, block_id_list, check_caches, positive_number
 from .transport import Descriptor, get_transport, read_descriptor
 
 __all__ = ["pull_blocks"]
@@ -91,7 +91,7 @@ class _Peer:
 
 def pull_blocks(
     descriptor: dict[str, Any],
-    caches: Sequence[Sequence[np.ndarray]],
+    caches: Caches,
     layout: KVLayout,
     dst_block_ids: Sequence[int],
     transport: str = "tcp",
@@ -143,9 +143,7 @@ def pull_blocks(
     return layout.tensor_parallel_size * layout.num_caches * len(checked.block_ids) * layout.block_nbytes
 
 
-def _destination(
-    descriptor: Descriptor, caches: Sequence[Sequence[np.ndarray]], layout: KVLayout, dst_block_ids: Sequence[int]
-) -> np.ndarray:
+def _destination(descriptor: Descriptor, caches: Caches, layout: KVLayout, dst_block_ids: Sequence[int]) -> np.ndarray:
     """Check this instance's side of a pull; int64 ``[len(descriptor.block_ids)]``, the
     blocks of ``caches`` the offered ones land in."""
     where = descriptor.where

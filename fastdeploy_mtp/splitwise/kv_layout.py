@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "Caches",
     "KVLayout",
     "TransferError",
     "block_id_list",
@@ -30,6 +31,11 @@ __all__ = [
     "nonempty_str",
     "positive_number",
 ]
+
+
+#: One instance's caches: per rank, ``key0, value0, ...`` (target layers, then MTP layers),
+#: each ``[num_blocks, *block_shape]``.
+Caches = Sequence[Sequence[np.ndarray]]
 
 
 class TransferError(RuntimeError):
@@ -151,7 +157,7 @@ class KVLayout:
                 )
 
     @classmethod
-    def of_caches(cls, caches: Sequence[Sequence[np.ndarray]], num_target_layers: int, num_mtp_layers: int) -> KVLayout:
+    def of_caches(cls, caches: Caches, num_target_layers: int, num_mtp_layers: int) -> KVLayout:
         """The layout of ``caches`` (per rank, ``key0, value0, ...``, target layers first).
 
         Raises:

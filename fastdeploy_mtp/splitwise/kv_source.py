@@ -17,7 +17,16 @@ from typing import Any
 import numpy as np
 import zmq
 
-from .kv_layout import KVLayout, TransferError, block_id_list, check_caches, int_field, nonempty_str, positive_number
+from .kv_layout import (
+    Caches,
+    KVLayout,
+    TransferError,
+    block_id_list,
+    check_caches,
+    int_field,
+    nonempty_str,
+    positive_number,
+)
 from .transport import Descriptor, offer_fields
 from .transports.tcp import fetch_reply
 
@@ -75,7 +84,7 @@ class KVSource:
 
     def __init__(
         self,
-        caches: Sequence[Sequence[np.ndarray]],
+        caches: Caches,
         layout: KVLayout,
         on_release: Callable[[str, str], None],
         host: str = "127.0.0.1",

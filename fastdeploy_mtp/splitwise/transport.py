@@ -49,7 +49,6 @@ import importlib
 import pkgutil
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -57,7 +56,7 @@ import numpy as np
 import zmq
 
 from . import transports as _transports_package
-from .kv_layout import KVLayout, TransferError, block_id_list, int_field, nonempty_str, positive_number
+from .kv_layout import Caches, KVLayout, TransferError, block_id_list, int_field, nonempty_str, positive_number
 
 __all__ = [
     "AUTO",
@@ -145,9 +144,7 @@ class Transport(ABC):
     #: where the source does not offer this transport)
     fields: ClassVar[tuple[str, ...]] = ()
 
-    def offer_fields(
-        self, caches: Sequence[Sequence[np.ndarray]], layout: KVLayout, options: dict[str, Any], where: str
-    ) -> dict[str, Any]:
+    def offer_fields(self, caches: Caches, layout: KVLayout, options: dict[str, Any], where: str) -> dict[str, Any]:
         """Prefill side, once per source: the values of :attr:`fields` for its descriptors.
 
         Args:
@@ -176,12 +173,7 @@ class Transport(ABC):
 
     @abstractmethod
     def pull(
-        self,
-        channel: ControlChannel,
-        descriptor: Descriptor,
-        caches: Sequence[Sequence[np.ndarray]],
-        dst_idx: np.ndarray,
-        timeout: float,
+        self, channel: ControlChannel, descriptor: Descriptor, caches: Caches, dst_idx: np.ndarray, timeout: float
     ) -> None:
         """Copy block ``descriptor.block_ids[j]`` of P's cache ``c`` on rank ``r`` into
         ``caches[r][c][dst_idx[j]]`` and release the offer over ``channel``.
@@ -256,9 +248,7 @@ def choose_transport(requested: str, descriptor: dict[str, Any]) -> str:
     raise TransferError(f"no KV transport can pull request {descriptor.get('request_id')!r} on this host")
 
 
-def offer_fields(
-    caches: Sequence[Sequence[np.ndarray]], layout: KVLayout, options: dict[str, Any], where: str
-) -> dict[str, Any]:
+def offer_fields(caches: Caches, layout: KVLayout, options: dict[str, Any], where: str) -> dict[str, Any]:
     """A source's descriptor fields from every transport (:meth:`Transport.offer_fields`);
     refuses an option that no transport takes."""
     left = dict(options)

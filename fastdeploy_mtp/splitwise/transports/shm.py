@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kv_layout import KVLayout, TransferError
+from ..kv_layout import Caches, KVLayout, TransferError
 from ..transport import ControlChannel, Descriptor, Transport, register
 
 
@@ -45,9 +45,7 @@ class ShmTransport(Transport):
     preference = 10  # "auto" takes it over "tcp" whenever P's caches are on this host
     fields = ("shm_names",)
 
-    def offer_fields(
-        self, caches: Sequence[Sequence[np.ndarray]], layout: KVLayout, options: dict[str, Any], where: str
-    ) -> dict[str, Any]:
+    def offer_fields(self, caches: Caches, layout: KVLayout, options: dict[str, Any], where: str) -> dict[str, Any]:
         names = options.pop("shm_names", None)
         return {"shm_names": None if names is None else _check_names(names, layout, where)}
 
@@ -64,12 +62,7 @@ class ShmTransport(Transport):
             raise TransferError(f"{where}: transport 'shm' needs `shm_names` in the descriptor; the source has none")
 
     def pull(
-        self,
-        channel: ControlChannel,
-        descriptor: Descriptor,
-        caches: Sequence[Sequence[np.ndarray]],
-        dst_idx: np.ndarray,
-        timeout: float,
+        self, channel: ControlChannel, descriptor: Descriptor, caches: Caches, dst_idx: np.ndarray, timeout: float
     ) -> None:
         channel.ask("check", timeout)  # P's memory is only read while P still holds the offer
         _copy(descriptor, caches, dst_idx)
@@ -81,7 +74,7 @@ class ShmTransport(Transport):
             ) from None
 
 
-def _copy(descriptor: Descriptor, caches: Sequence[Sequence[np.ndarray]], dst_idx: np.ndarray) -> None:
+def _copy(descriptor: Descriptor, caches: Caches, dst_idx: np.ndarray) -> None:
     """Attach every cache P published (``[num_blocks, *block_shape]`` each), copy the offered
     blocks to ``dst_idx`` (int64 ``[n]``) of the matching cache in ``caches``, detach."""
     import paddle

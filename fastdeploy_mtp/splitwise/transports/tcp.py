@@ -10,20 +10,17 @@ it writes a byte into D's caches. The message layout is in
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from ..kv_layout import KVLayout, TransferError
+from ..kv_layout import Caches, KVLayout, TransferError
 from ..transport import ControlChannel, Descriptor, Transport, register
 
 logger = logging.getLogger(__name__)
 
 
-def fetch_reply(
-    caches: Sequence[Sequence[np.ndarray]], layout: KVLayout, block_ids: np.ndarray
-) -> tuple[dict[str, Any], list[np.ndarray]]:
+def fetch_reply(caches: Caches, layout: KVLayout, block_ids: np.ndarray) -> tuple[dict[str, Any], list[np.ndarray]]:
     """P's answer to ``fetch``: the header and one C-contiguous copy of ``cache[block_ids]``
     (``[len(block_ids), *layout.block_shape]``) per rank and cache, rank-major.
 
@@ -45,12 +42,7 @@ class TcpTransport(Transport):
     preference = 0  # usable everywhere: what "auto" falls back to
 
     def pull(
-        self,
-        channel: ControlChannel,
-        descriptor: Descriptor,
-        caches: Sequence[Sequence[np.ndarray]],
-        dst_idx: np.ndarray,
-        timeout: float,
+        self, channel: ControlChannel, descriptor: Descriptor, caches: Caches, dst_idx: np.ndarray, timeout: float
     ) -> None:
         layout, n = descriptor.layout, len(descriptor.block_ids)
         header, frames = channel.ask("fetch", timeout)
