@@ -250,7 +250,8 @@ def _splitwise_engine(
 ) -> tuple[Any, Any]:
     """The :class:`~.splitwise_api.SplitwiseEngine` of a prefill or decode instance (and, for
     a prefill instance, its KV source, listening)."""
-    from ..splitwise.kv_transfer import KVLayout, KVSource
+    from ..splitwise.kv_layout import KVLayout
+    from ..splitwise.kv_source import KVSource
     from .splitwise_api import SplitwiseEngine
 
     caches = runner.host_caches()

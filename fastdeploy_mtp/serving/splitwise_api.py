@@ -14,7 +14,7 @@ else ``null``; ``draft_token_ids``: the first drafts, which the decode instance'
 verify round checks; informational, they also travel in the state). Unless the request
 already finished, ``handoff``
 carries its slot state (:mod:`fastdeploy_mtp.splitwise.handoff`) and a KV descriptor
-(:func:`fastdeploy_mtp.splitwise.kv_transfer.KVSource.offer`); the instance holds the
+(:func:`fastdeploy_mtp.splitwise.kv_source.KVSource.offer`); the instance holds the
 request's KV blocks until a decode instance has copied them or ``--kv-hold-timeout`` passed.
 
 Decode instance (``--splitwise-role decode``): ``POST /v1/splitwise/decode`` with
@@ -37,7 +37,6 @@ The OpenAI endpoints of both roles answer 400: clients talk to the router.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import threading
 import time
@@ -78,7 +77,7 @@ class SplitwiseEngine(AsyncEngine):
         engine: the engine (``scheduler_config.splitwise_role`` is ``"prefill"`` or ``"decode"``).
         on_fatal: see :class:`AsyncEngine`.
         kv_source: prefill: offers handed-off requests' blocks
-            (:class:`~fastdeploy_mtp.splitwise.kv_transfer.KVSource`); its ``on_release``
+            (:class:`~fastdeploy_mtp.splitwise.kv_source.KVSource`); its ``on_release``
             must be :meth:`released`.
         layout: decode: this instance's KV layout (checked against each descriptor).
         caches: decode: every rank's caches as writable numpy views (the pull's target).
@@ -189,19 +188,13 @@ class SplitwiseEngine(AsyncEngine):
         self._descriptors[req.request_id] = (req, descriptor)
         return self.submit(req)
 
-    def _transport_for(self, descriptor: dict[str, Any]) -> str:
-        if self.transport != "auto":
-            return self.transport
-        names = descriptor.get("shm_names") or []
-        local = bool(names and names[0] and os.path.exists(os.path.join("/dev/shm", str(names[0][0]))))
-        return "shm" if local else "tcp"
-
     def _fetch(self, req: Request, blocks: list[int]) -> None:
         """The engine's ``kv_fetcher``: pull ``req``'s blocks in a thread."""
-        from ..splitwise.kv_transfer import pull_blocks
+        from ..splitwise.kv_client import pull_blocks
+        from ..splitwise.transport import choose_transport
 
         _, descriptor = self._descriptors.pop(req.request_id)
-        transport = self._transport_for(descriptor)
+        transport = choose_transport(self.transport, descriptor)
         caches = self.caches
         if caches is None:
             raise RuntimeError("a decode instance needs its caches to receive KV blocks")
@@ -291,7 +284,7 @@ def add_splitwise_routes(app: FastAPI, se: SplitwiseEngine) -> None:
 
     @app.post("/v1/splitwise/decode")
     async def decode(body: DecodeBody) -> Any:
-        from ..splitwise.kv_transfer import KVLayout, TransferError
+        from ..splitwise.kv_layout import KVLayout, TransferError
 
         handoff = body.handoff
         if set(handoff) != {"state", "kv"} or not isinstance(handoff["kv"], dict):

@@ -4,5 +4,11 @@ A prefill instance runs the target and the MTP layer over a prompt, emits the fi
 drafts the first MTP tokens, and hands the request over; a decode instance continues it
 from exactly that state. What crosses over is described in ``docs/architecture.md``
 ("Splitwise prefill/decode"): the request's slot state (:mod:`.handoff`) and its KV blocks
-of every target layer and every MTP layer (:mod:`.kv_transfer`).
+of every target layer and every MTP layer.
+
+The KV transfer, by responsibility: :mod:`.kv_layout` (what P's and D's caches must agree
+on, the argument checks), :mod:`.transport` (the protocol: descriptor, control messages, the
+abstract :class:`~.transport.Transport` and the registry), :mod:`.transports` (one module per
+transport: ``shm``, ``tcp``), :mod:`.kv_source` (P's server, :class:`~.kv_source.KVSource`)
+and :mod:`.kv_client` (D's :func:`~.kv_client.pull_blocks`).
 """

@@ -15,7 +15,18 @@ import numpy as np
 import pytest
 import zmq
 
-from fastdeploy_mtp.splitwise.kv_transfer import KVLayout, KVSource, TransferError, pull_blocks
+from fastdeploy_mtp.splitwise.kv_client import pull_blocks
+from fastdeploy_mtp.splitwise.kv_layout import KVLayout, TransferError
+from fastdeploy_mtp.splitwise.kv_source import KVSource
+from fastdeploy_mtp.splitwise.transport import (
+    ControlChannel,
+    Descriptor,
+    Transport,
+    _registry as transport_registry,
+    choose_transport,
+    register,
+    transport_names,
+)
 
 TARGET_LAYERS, MTP_LAYERS = 2, 1
 BLOCK_SHAPE = (2, 4, 8)  # kv heads per rank, block size, head dim
@@ -185,6 +196,16 @@ def test_tcp_pull_copies_the_offered_blocks(sources: Any, tp: int) -> None:
     assert source.address.startswith("tcp://127.0.0.1:")
     descriptor = json.loads(json.dumps(source.offer("req-1", [3, 7, 1])))  # as it travels to D
     assert descriptor["num_blocks"] == SRC_BLOCKS and descriptor["shm_names"] is None
+    assert list(descriptor) == [  # the wire order, as the descriptor has always been written
+        "version",
+        "request_id",
+        "address",
+        "layout",
+        "block_ids",
+        "num_blocks",
+        "shm_names",
+        "hold_timeout",
+    ]
     assert source.pending() == ["req-1"]
 
     copied = pull_blocks(descriptor, dst, layout_of(dst), [11, 0, 5, 9])  # the 4th is spare
@@ -300,6 +321,67 @@ def test_shm_pull_needs_names_and_published_caches(sources: Any) -> None:
         pull_blocks(named.offer("missing", [1]), dst, layout_of(dst), [0], transport="shm", timeout=2)
     assert all_zero(dst)
     assert named.pending() == ["missing"]  # not released: nothing was copied
+
+
+# ---- the transport registry ----------------------------------------------------------------------
+
+
+def test_auto_takes_shm_when_the_prefill_caches_are_on_this_host(publish: Any) -> None:
+    _, names = publish(make_caches(1, 2, seed=1))
+    assert transport_names() == ("tcp", "shm")
+    assert choose_transport("auto", {"shm_names": names}) == "shm"
+    assert choose_transport("auto", {"shm_names": None}) == "tcp"
+    assert choose_transport("auto", {"shm_names": [[f"kvx_test_nowhere_{os.getpid()}"]]}) == "tcp"
+    assert choose_transport("tcp", {"shm_names": names}) == "tcp"
+
+
+class LoopTransport(Transport):
+    """A transport as a new module would add one: its own descriptor field and option; it
+    moves the bytes as "tcp" does (over ``fetch``)."""
+
+    name = "loop"
+    preference = 20
+    fields = ("loop_tag",)
+
+    def offer_fields(self, caches: Any, layout: KVLayout, options: dict[str, Any], where: str) -> dict[str, Any]:
+        return {"loop_tag": options.pop("loop_tag", None)}
+
+    def read_fields(self, descriptor: dict[str, Any], layout: KVLayout, where: str) -> dict[str, Any]:
+        return {"loop_tag": descriptor["loop_tag"]}
+
+    def usable(self, descriptor: dict[str, Any]) -> bool:
+        return descriptor.get("loop_tag") is not None
+
+    def pull(
+        self, channel: ControlChannel, descriptor: Descriptor, caches: Any, dst_idx: np.ndarray, timeout: float
+    ) -> None:
+        _, frames = channel.ask("fetch", timeout)
+        shape = (len(descriptor.block_ids), *descriptor.layout.block_shape)
+        for cache, frame in zip((c for rank in caches for c in rank), frames):
+            cache[dst_idx] = np.frombuffer(frame.buffer, dtype=descriptor.layout.dtype).reshape(shape)
+        channel.release(timeout)
+
+
+def test_a_registered_transport_is_offered_pulled_and_chosen(sources: Any, monkeypatch: Any) -> None:
+    transport_names()  # the shipped transports are loaded before the test adds its own
+    monkeypatch.setitem(transport_registry, "loop", LoopTransport())
+    src = make_caches(2, SRC_BLOCKS, seed=21)
+    dst = make_caches(2, DST_BLOCKS, seed=None)
+    source, releases = sources(src, loop_tag="here")
+    descriptor = json.loads(json.dumps(source.offer("l", [5, 2])))
+    assert list(descriptor)[-3:] == ["shm_names", "loop_tag", "hold_timeout"] and descriptor["loop_tag"] == "here"
+    assert choose_transport("auto", descriptor) == "loop"
+    pull_blocks(descriptor, dst, layout_of(dst), [1, 3], transport="loop")
+    assert_copied(src, dst, [5, 2], [1, 3])
+    assert releases.wait() == [("l", "released")]
+    plain, _ = sources(src)
+    assert plain.offer("p", [1])["loop_tag"] is None
+    assert choose_transport("auto", plain.offer("q", [2])) == "tcp"
+    with pytest.raises(TransferError, match="`transport` must be 'tcp', 'shm' or 'loop', got 'rdma'"):
+        pull_blocks(plain.offer("r", [3]), dst, layout_of(dst), [0], transport="rdma")
+    for taken in ("auto", "tcp"):
+        with pytest.raises(ValueError, match=f"KV transport name '{taken}' is taken"):
+            register(type("Again", (LoopTransport,), {"name": taken}))
 
 
 # ---- hold, withdraw, close ----------------------------------------------------------------------
@@ -485,6 +567,8 @@ def test_source_constructor_refusals() -> None:
         KVSource(src, layout, None)  # type: ignore[arg-type]
     with pytest.raises(TransferError, match=r"`shm_names` must hold one list per rank \(1\)"):
         KVSource(src, layout, lambda r, s: None, shm_names=[["a"] * 6, ["b"] * 6])
+    with pytest.raises(TransferError, match="KVSource: no KV transport takes the option\\(s\\) 'shm_name'"):
+        KVSource(src, layout, lambda r, s: None, shm_name=[["a"] * 6])
     with pytest.raises(TransferError, match=r"`caches` must hold 2 rank\(s\), got 1"):
         KVSource(src, KVLayout(2, 2, 1, BLOCK_SHAPE, "float32"), lambda r, s: None)
     with KVSource(src, layout, lambda r, s: None) as taken:

@@ -1,0 +1,158 @@
+"""The decode side of the KV transfer: :func:`pull_blocks` copies the blocks a prefill
+instance offered into this instance's caches over a transport (:mod:`.transports`), talking
+to P's :class:`~.kv_source.KVSource` through a :class:`_Peer` (protocol in :mod:`.transport`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import zmq
+
+from .kv_layout import Caches, KVLayout, TransferError, block_id_list, check_caches, positive_number
+from .transport import Descriptor, get_transport, read_descriptor
+
+__all__ = ["pull_blocks"]
+
+logger = logging.getLogger(__name__)
+
+_RELEASE_TIMEOUT = 5.0  # at most this long (and at most the pull's timeout) for the release reply
+
+
+class _NoAnswer(TransferError):
+    """The source did not answer in time."""
+
+
+class _Peer:
+    """A DEALER connected to a source, with bounded request/reply (a
+    :class:`~.transport.ControlChannel`).
+
+    There is no retry: a request that gets no answer within its timeout fails the pull, and
+    the decode instance aborts the request (``docs/architecture.md``, "Faults and
+    back-pressure"); resending would only double the wait on a dead prefill instance."""
+
+    def __init__(self, address: str, request_id: str):
+        self.address = address
+        self.request_id = request_id
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+
+    def ask(self, op: str, timeout: float) -> tuple[dict[str, Any], list[zmq.Frame]]:
+        """Send ``op``; the reply header (``ok`` checked) and its data frames."""
+        deadline = time.monotonic() + timeout
+        msg = json.dumps({"op": op, "request_id": self.request_id}).encode()
+        if not self.sock.poll(max(1, int(timeout * 1000)), zmq.POLLOUT):
+            raise self._timeout(op, timeout)
+        self.sock.send(msg, zmq.NOBLOCK)
+        left = deadline - time.monotonic()
+        if left <= 0 or not self.sock.poll(max(1, int(left * 1000)), zmq.POLLIN):
+            raise self._timeout(op, timeout)
+        frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        try:
+            header = json.loads(frames[0].bytes)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise TransferError(
+                f"pull_blocks({self.request_id!r}): {op} reply from {self.address} is not JSON: {exc}"
+            ) from None
+        if not isinstance(header, dict) or header.get("ok") is not True:
+            error = header.get("error") if isinstance(header, dict) else header
+            raise TransferError(
+                f"pull_blocks({self.request_id!r}): prefill source {self.address} refused {op}: {error}"
+            )
+        return header, frames[1:]
+
+    def _timeout(self, op: str, timeout: float) -> TransferError:
+        return _NoAnswer(
+            f"pull_blocks({self.request_id!r}): prefill source {self.address} did not answer {op} within "
+            f"{timeout:g} s (dead or hung prefill instance?)"
+        )
+
+    def release(self, timeout: float) -> bool:
+        """Release the offer, waiting at most ``min(timeout, 5 s)`` for the answer; False if
+        the source did not answer in time (a dead source after a complete copy is not an
+        error). A refusal raises :class:`TransferError`."""
+        try:
+            self.ask("release", min(timeout, _RELEASE_TIMEOUT))
+        except _NoAnswer as exc:
+            logger.warning("%s", exc)
+            return False
+        return True
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def pull_blocks(
+    descriptor: dict[str, Any],
+    caches: Caches,
+    layout: KVLayout,
+    dst_block_ids: Sequence[int],
+    transport: str = "tcp",
+    timeout: float = 30.0,
+) -> int:
+    """Copy the blocks a prefill instance offered into this (decode) instance's caches, then
+    tell the source to release them.
+
+    The ``j``-th offered block of cache ``c`` on rank ``r`` lands in
+    ``caches[r][c][dst_block_ids[j]]``; extra ``dst_block_ids`` are ignored, other blocks are
+    untouched. Everything is checked before a byte is written: the descriptor's keys and
+    types, ``layout`` against the prefill's (:meth:`KVLayout.check_matches`), the block ids on
+    both sides, and (``"tcp"``) the count and exact size of every received frame.
+
+    Args:
+        descriptor: what :meth:`~.kv_source.KVSource.offer` returned (after a JSON round trip
+            or not).
+        caches: per rank, this instance's writable cache arrays ``key0, value0, ...`` (target
+            layers, then MTP layers), each ``[num_blocks, *layout.block_shape]``.
+        layout: the layout of ``caches``.
+        dst_block_ids: distinct block ids in ``caches``, at least one per offered block.
+        transport: a registered transport (:func:`~.transport.transport_names`): ``"tcp"``
+            (the bytes come over the socket) or ``"shm"`` (same host: P's published caches are
+            attached by the descriptor's ``shm_names``, copied from and detached; needs
+            ``shm_names``). :func:`~.transport.choose_transport` resolves ``"auto"``.
+        timeout: seconds the source may take to answer each request.
+
+    Returns:
+        Bytes copied (``tp * num_caches * len(block_ids) * block_nbytes``).
+
+    Raises:
+        TransferError: a bad argument or descriptor field (named), a layout mismatch, a source
+            that does not answer within ``timeout`` (names its address and the timeout), or a
+            request the source no longer holds (unknown, expired, withdrawn, released). Nothing
+            was written then, except when the source drops the offer during an ``"shm"`` copy
+            (the copied blocks may be torn; the error says so).
+    """
+    checked = read_descriptor(descriptor)
+    where = checked.where
+    dst_idx = _destination(checked, caches, layout, dst_block_ids)
+    mover = get_transport(transport, where)
+    mover.check_pullable(checked, where)
+    seconds = positive_number(timeout, "timeout", where, "a positive number of seconds")
+    peer = _Peer(checked.address, checked.request_id)
+    try:
+        mover.pull(peer, checked, caches, dst_idx, seconds)
+    finally:
+        peer.close()
+    return layout.tensor_parallel_size * layout.num_caches * len(checked.block_ids) * layout.block_nbytes
+
+
+def _destination(descriptor: Descriptor, caches: Caches, layout: KVLayout, dst_block_ids: Sequence[int]) -> np.ndarray:
+    """Check this instance's side of a pull; int64 ``[len(descriptor.block_ids)]``, the
+    blocks of ``caches`` the offered ones land in."""
+    where = descriptor.where
+    if not isinstance(layout, KVLayout):
+        raise TransferError(f"{where}: `layout` must be a KVLayout, got {type(layout).__name__}")
+    descriptor.layout.check_matches(layout)
+    num_blocks = check_caches(caches, layout, where, writable=True)
+    dst = block_id_list(dst_block_ids, num_blocks, "dst_block_ids", where)
+    n = len(descriptor.block_ids)
+    if len(dst) < n:
+        raise TransferError(f"{where}: `dst_block_ids` has {len(dst)} block(s), the prefill offered {n}")
+    return np.asarray(dst[:n], np.int64)

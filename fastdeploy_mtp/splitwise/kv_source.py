@@ -1,0 +1,338 @@
+"""The prefill side of the KV transfer: :class:`KVSource`, a ZeroMQ server in P's engine
+process that offers a request's blocks, serves them to decode instances and frees them on
+release or after a hold timeout (the protocol is in :mod:`.transport`)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zmq
+
+from .kv_layout import (
+    Caches,
+    KVLayout,
+    TransferError,
+    block_id_list,
+    check_caches,
+    int_field,
+    nonempty_str,
+    positive_number,
+)
+from .transport import Descriptor, offer_fields
+from .transports.tcp import fetch_reply
+
+__all__ = ["KVSource"]
+
+logger = logging.getLogger(__name__)
+
+_POLL_MS = 100  # server loop period: expiry and queued callbacks are handled at least this often
+_MAX_CONTROL_BYTES = 1 << 16  # a control message is a few hundred bytes; bigger peers are dropped
+_FINISHED_MEMORY = 4096  # how many finished offers the source remembers for its error messages
+
+#: Bind addresses that mean "every interface": a decode instance cannot connect to them.
+_WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "[::]")
+
+_Reply = tuple[dict[str, Any], list[np.ndarray]]
+
+
+@dataclass
+class _Offer:
+    block_ids: np.ndarray  # int64 [n]
+    deadline: float  # time.monotonic()
+
+
+class KVSource:
+    """Serves a prefill instance's offered KV blocks to decode instances.
+
+    One per prefill deployment, in its engine process. The constructor binds a ZeroMQ ROUTER
+    socket on ``tcp://host:port`` (``port=0``: a free one; see :attr:`address`) and serves it
+    in a daemon thread (the wire protocol is in :mod:`.transport`).
+
+    Args:
+        caches: per rank, the cache arrays ``key0, value0, ...`` (target layers, then MTP
+            layers), each ``[num_blocks, *layout.block_shape]`` of ``layout.dtype``, read while
+            a request is fetched (zero-copy views of the live caches).
+        layout: the layout of ``caches``.
+        on_release: ``on_release(request_id, reason)``, called exactly once per offer from the
+            server thread once its blocks are free again; ``reason`` is ``"released"`` (the
+            decode instance copied them), ``"expired"`` (``hold_timeout`` passed first),
+            ``"withdrawn"`` (:meth:`withdraw`) or ``"closed"`` (:meth:`close`). An exception it
+            raises is logged and otherwise ignored.
+        host, port: where to bind.
+        hold_timeout: seconds an offer stays reserved without a release.
+        advertise_host: the host name decode instances connect to, put in the descriptors'
+            ``address`` (default ``host``; for a wildcard ``host`` such as ``"0.0.0.0"``, this
+            machine's fully qualified name).
+        transport_options: what the transports offer besides the control socket, each read
+            by its transport (:mod:`.transports`): ``shm_names``, per rank the names the
+            caches are published under with ``set_data_ipc`` (same order as ``caches``), for
+            the ``"shm"`` transport (``None``, the default: ``"tcp"`` only).
+
+    Raises:
+        TransferError: an argument that does not fit (named), an option no transport takes,
+            or the bind failed.
+    """
+
+    def __init__(
+        self,
+        caches: Caches,
+        layout: KVLayout,
+        on_release: Callable[[str, str], None],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        hold_timeout: float = 60.0,
+        advertise_host: str | None = None,
+        **transport_options: Any,
+    ):
+        where = "KVSource"
+        if advertise_host is not None:
+            nonempty_str(advertise_host, "advertise_host", where)
+        if not isinstance(layout, KVLayout):
+            raise TransferError(f"{where}: `layout` must be a KVLayout, got {type(layout).__name__}")
+        self.num_blocks = check_caches(caches, layout, where, writable=False)
+        if not callable(on_release):
+            raise TransferError(f"{where}: `on_release` must be callable, got {on_release!r}")
+        self._fields = offer_fields(caches, layout, transport_options, where)
+        nonempty_str(host, "host", where)
+        port = int_field(port, "port", 0, where)
+        if port > 65535:
+            raise TransferError(f"{where}: `port` must be <= 65535, got {port}")
+        self.hold_timeout = positive_number(hold_timeout, "hold_timeout", where, "a positive number of seconds")
+        self.layout = layout
+        self._caches = [list(rank) for rank in caches]
+        self._on_release = on_release
+        self._lock = threading.Lock()
+        self._offers: dict[str, _Offer] = {}
+        self._finished: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._withdrawn: list[str] = []  # released by withdraw(), callback still to run
+        self._closed = False
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._bind_error: BaseException | None = None
+        self.address = ""
+        self._thread = threading.Thread(
+            target=self._serve, args=(host, port), name=f"KVSource:{host}:{port}", daemon=True
+        )
+        self._start(host, port, advertise_host)
+
+    def _start(self, host: str, port: int, advertise_host: str | None) -> None:
+        """Run the server thread until it bound (or failed to), then advertise its address."""
+        self._thread.start()
+        self._ready.wait()
+        if self._bind_error is not None:
+            self._closed = True
+            self._thread.join()
+            raise TransferError(f"KVSource: cannot bind tcp://{host}:{port}: {self._bind_error}")
+        advertised = advertise_host or (socket.getfqdn() if host in _WILDCARD_HOSTS else None)
+        if advertised:
+            self.address = f"tcp://{advertised}:{self.address.rsplit(':', 1)[1]}"
+
+    # -- engine-thread API --
+    def offer(self, request_id: str, block_ids: Sequence[int]) -> dict[str, Any]:
+        """Reserve ``block_ids`` (in P's caches) for ``request_id`` until a decode instance
+        releases them, and return the JSON-able descriptor it pulls them with
+        (:mod:`.transport`).
+
+        Raises:
+            TransferError: ``request_id`` not a non-empty str or already pending, ``block_ids``
+                empty, repeated or outside ``[0, num_blocks)``, or the source is closed.
+        """
+        where = f"KVSource.offer({request_id!r})"
+        nonempty_str(request_id, "request_id", "KVSource.offer")
+        ids = block_id_list(block_ids, self.num_blocks, "block_ids", where)
+        if not ids:
+            raise TransferError(f"{where}: `block_ids` is empty")
+        with self._lock:
+            if self._closed:
+                raise TransferError(f"{where}: the source at {self.address} is closed")
+            if request_id in self._offers:
+                raise TransferError(f"{where}: request {request_id!r} is already offered and not yet released")
+            self._offers[request_id] = _Offer(np.asarray(ids, np.int64), time.monotonic() + self.hold_timeout)
+            self._finished.pop(request_id, None)
+        return Descriptor(
+            request_id, self.address, self.layout, ids, self.num_blocks, self.hold_timeout, self._fields
+        ).to_dict()
+
+    def withdraw(self, request_id: str) -> bool:
+        """Cancel a pending offer (later pulls of it fail). ``on_release(request_id,
+        "withdrawn")`` follows from the server thread. Returns whether it was pending."""
+        with self._lock:
+            if self._closed or self._offers.pop(request_id, None) is None:
+                return False
+            self._remember(request_id, "withdrawn")
+            self._withdrawn.append(request_id)
+        return True
+
+    def pending(self) -> list[str]:
+        """Request ids offered and not yet released, expired or withdrawn (offer order)."""
+        with self._lock:
+            return list(self._offers)
+
+    def close(self) -> None:
+        """Stop serving; every pending offer gets ``on_release(id, "closed")``. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def __enter__(self) -> KVSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- server thread --
+    def _remember(self, request_id: str, reason: str) -> None:
+        """Record why an offer ended (for error messages); caller holds the lock."""
+        self._finished[request_id] = reason
+        while len(self._finished) > _FINISHED_MEMORY:
+            self._finished.popitem(last=False)
+
+    def _notify(self, request_id: str, reason: str) -> None:
+        try:
+            self._on_release(request_id, reason)
+        except Exception:
+            logger.exception("KVSource: on_release(%r, %r) raised", request_id, reason)
+
+    def _bind(self, host: str, port: int) -> tuple[zmq.Context, zmq.Socket] | None:
+        """The bound ROUTER (and its context); ``None`` after recording why the bind failed."""
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.ROUTER)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, _MAX_CONTROL_BYTES)
+            sock.bind(f"tcp://{host}:{port if port else '*'}")
+            endpoint = sock.getsockopt(zmq.LAST_ENDPOINT)
+            assert isinstance(endpoint, bytes)
+            self.address = endpoint.decode()
+        except Exception as exc:  # reported by the constructor
+            self._bind_error = exc
+            sock.close(0)
+            ctx.term()
+            return None
+        return ctx, sock
+
+    def _serve(self, host: str, port: int) -> None:
+        bound = self._bind(host, port)
+        self._ready.set()
+        if bound is None:
+            return
+        ctx, sock = bound
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                if poller.poll(_POLL_MS):
+                    for _ in range(64):  # then look at expiry again
+                        try:
+                            msg = sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._handle(sock, msg)
+                self._expire()
+                self._run_withdrawn()
+        except Exception:
+            logger.exception("KVSource %s: server loop failed", self.address)
+        finally:
+            sock.close(0)
+            ctx.term()
+            self._close_offers()
+
+    def _close_offers(self) -> None:
+        """The server stopped: every offer left ends ``"closed"``."""
+        with self._lock:
+            self._closed = True
+            left = list(self._offers)
+            self._offers.clear()
+            for rid in left:
+                self._remember(rid, "closed")
+        self._run_withdrawn()
+        for rid in left:
+            self._notify(rid, "closed")
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            gone = [rid for rid, o in self._offers.items() if o.deadline <= now]
+            for rid in gone:
+                del self._offers[rid]
+                self._remember(rid, "expired")
+        for rid in gone:
+            self._notify(rid, "expired")
+
+    def _run_withdrawn(self) -> None:
+        with self._lock:
+            todo, self._withdrawn = self._withdrawn, []
+        for rid in todo:
+            self._notify(rid, "withdrawn")
+
+    def _gone_reason(self, request_id: str, expired: bool) -> str:
+        """Why ``request_id`` is not served; ``expired``: its deadline passed (before the
+        loop's :meth:`_expire` saw it)."""
+        reason = "expired" if expired else self._finished.get(request_id)
+        if reason == "expired":
+            return f"request {request_id!r} expired (not released within hold_timeout {self.hold_timeout:g} s)"
+        if reason is not None:
+            return f"request {request_id!r} was {reason} and its blocks freed"
+        return f"unknown request {request_id!r} (never offered here)"
+
+    def _handle(self, sock: zmq.Socket, msg: list[bytes]) -> None:
+        identity, frames = msg[0], msg[1:]
+        released = None
+        try:
+            reply, data = self._answer(frames)
+            if reply.pop("_released", False):
+                released = reply.pop("_request_id")
+        except Exception as exc:  # a bad message must not stop the server
+            reply, data = {"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}"}, []
+        try:
+            parts: list[Any] = [identity, json.dumps(reply).encode(), *data]
+            sock.send_multipart(parts, zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as exc:  # the peer's queue is full or it went away
+            logger.warning("KVSource %s: reply dropped: %s", self.address, exc)
+        if released is not None:
+            self._notify(released, "released")
+
+    def _answer(self, frames: list[bytes]) -> _Reply:
+        """The reply to one control message (header, data frames)."""
+        if len(frames) != 1:
+            return _error(f"expected one JSON frame, got {len(frames)}")
+        try:
+            req = json.loads(frames[0])
+        except (ValueError, UnicodeDecodeError) as exc:
+            return _error(f"malformed JSON: {exc}")
+        if not isinstance(req, dict):
+            return _error(f"expected a JSON object, got {type(req).__name__}")
+        op, rid = req.get("op"), req.get("request_id")
+        if op not in ("fetch", "check", "release"):
+            return _error(f"unknown op {op!r} (expected 'fetch', 'check' or 'release')")
+        if not isinstance(rid, str):
+            return _error(f"`request_id` must be a str, got {rid!r}")
+        with self._lock:
+            offer = self._offers.get(rid)
+            if offer is None or offer.deadline <= time.monotonic():  # the loop's _expire() tells on_release
+                return _error(self._gone_reason(rid, expired=offer is not None))
+            if op == "check":
+                return {"ok": True, "num_blocks": len(offer.block_ids)}, []
+            if op == "release":
+                del self._offers[rid]
+                self._remember(rid, "released")
+                return {"ok": True, "_released": True, "_request_id": rid}, []
+            # fetch: copied under the lock, so a withdraw() that returned sees no later reads
+            return fetch_reply(self._caches, self.layout, offer.block_ids)
+
+
+def _error(text: str) -> _Reply:
+    return {"ok": False, "error": text}, []

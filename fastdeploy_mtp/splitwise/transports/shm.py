@@ -1,0 +1,104 @@
+"""The ``"shm"`` KV transport: both instances on one host. P's caches are published with
+``set_data_ipc`` under names that its descriptors carry (``"shm_names"``: per rank, one
+name per cache); D attaches them with ``share_external_data``, copies the offered blocks,
+detaches, and releases the offer over the control socket.
+
+The source's option ``shm_names`` (:class:`~fastdeploy_mtp.splitwise.kv_source.KVSource`)
+turns it on; without it descriptors carry ``"shm_names": null`` and only other transports
+can pull them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..kv_layout import Caches, KVLayout, TransferError
+from ..transport import ControlChannel, Descriptor, Transport, register
+
+
+def _check_names(names: Any, layout: KVLayout, where: str) -> list[list[str]]:
+    """``names`` as per rank a list of ``layout.num_caches`` non-empty str."""
+    if not isinstance(names, Sequence) or isinstance(names, str) or len(names) != layout.tensor_parallel_size:
+        raise TransferError(f"{where}: `shm_names` must hold one list per rank ({layout.tensor_parallel_size})")
+    out = []
+    for r, rank in enumerate(names):
+        if (
+            not isinstance(rank, Sequence)
+            or isinstance(rank, str)
+            or len(rank) != layout.num_caches
+            or not all(isinstance(n, str) and n for n in rank)
+        ):
+            raise TransferError(f"{where}: `shm_names[{r}]` must hold {layout.num_caches} non-empty names")
+        out.append(list(rank))
+    return out
+
+
+@register
+class ShmTransport(Transport):
+    """Copy from P's published caches, attached by name."""
+
+    name = "shm"
+    preference = 10  # "auto" takes it over "tcp" whenever P's caches are on this host
+    fields = ("shm_names",)
+
+    def offer_fields(self, caches: Caches, layout: KVLayout, options: dict[str, Any], where: str) -> dict[str, Any]:
+        names = options.pop("shm_names", None)
+        return {"shm_names": None if names is None else _check_names(names, layout, where)}
+
+    def read_fields(self, descriptor: dict[str, Any], layout: KVLayout, where: str) -> dict[str, Any]:
+        names = descriptor["shm_names"]
+        return {"shm_names": None if names is None else _check_names(names, layout, where)}
+
+    def usable(self, descriptor: dict[str, Any]) -> bool:
+        names = descriptor.get("shm_names") or []
+        return bool(names and names[0] and os.path.exists(os.path.join("/dev/shm", str(names[0][0]))))
+
+    def check_pullable(self, descriptor: Descriptor, where: str) -> None:
+        if descriptor.fields["shm_names"] is None:
+            raise TransferError(f"{where}: transport 'shm' needs `shm_names` in the descriptor; the source has none")
+
+    def pull(
+        self, channel: ControlChannel, descriptor: Descriptor, caches: Caches, dst_idx: np.ndarray, timeout: float
+    ) -> None:
+        channel.ask("check", timeout)  # P's memory is only read while P still holds the offer
+        _copy(descriptor, caches, dst_idx)
+        try:
+            channel.release(timeout)
+        except TransferError as exc:
+            raise TransferError(
+                f"{exc}; the offer ended while its blocks were copied over shm, so they may be torn"
+            ) from None
+
+
+def _copy(descriptor: Descriptor, caches: Caches, dst_idx: np.ndarray) -> None:
+    """Attach every cache P published (``[num_blocks, *block_shape]`` each), copy the offered
+    blocks to ``dst_idx`` (int64 ``[n]``) of the matching cache in ``caches``, detach."""
+    import paddle
+
+    from ... import ops
+
+    layout = descriptor.layout
+    shape = [descriptor.num_blocks, *layout.block_shape]
+    src_idx = np.asarray(descriptor.block_ids, np.int64)
+    attached: list[tuple[Any, str]] = []
+    try:
+        for rank in descriptor.fields["shm_names"]:  # attach everything first: a missing name fails before any write
+            for name in rank:
+                try:
+                    t = ops.share_external_data(input=paddle.empty([], dtype=layout.dtype), shm_name=name, shape=shape)
+                except Exception as exc:
+                    raise TransferError(
+                        f"{descriptor.where}: cannot attach the prefill's cache {name!r}: {exc}"
+                    ) from None
+                attached.append((t, name))
+        for i, (t, _name) in enumerate(attached):
+            src = np.from_dlpack(t)
+            caches[i // layout.num_caches][i % layout.num_caches][dst_idx] = src[src_idx]
+            del src
+    finally:
+        for t, name in attached:
+            ops.unset_data_ipc(tmp_input=t, shm_name=name, close_ipc=True, unlink_shm=False)

@@ -1,0 +1,70 @@
+"""The ``"tcp"`` KV transport: the blocks' bytes travel in the source's answer to ``fetch``
+on the control socket (ZeroMQ), so it works between any two hosts that reach each other.
+
+Both ends of the byte stream are here: :func:`fetch_reply` is what P's source answers, and
+:class:`TcpTransport` checks the answer's header and the exact size of every frame before
+it writes a byte into D's caches. The message layout is in
+:mod:`fastdeploy_mtp.splitwise.transport`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from ..kv_layout import Caches, KVLayout, TransferError
+from ..transport import ControlChannel, Descriptor, Transport, register
+
+logger = logging.getLogger(__name__)
+
+
+def fetch_reply(caches: Caches, layout: KVLayout, block_ids: np.ndarray) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """P's answer to ``fetch``: the header and one C-contiguous copy of ``cache[block_ids]``
+    (``[len(block_ids), *layout.block_shape]``) per rank and cache, rank-major.
+
+    Args:
+        caches: per rank, the source's caches ``[num_blocks, *layout.block_shape]``.
+        layout: their layout.
+        block_ids: int64 ``[n]``, the offered blocks.
+    """
+    data = [np.ascontiguousarray(cache[block_ids]) for rank in caches for cache in rank]
+    header = {"ok": True, "frames": len(data), "block_nbytes": layout.block_nbytes, "num_blocks": len(block_ids)}
+    return header, data
+
+
+@register
+class TcpTransport(Transport):
+    """Fetch the bytes over the control socket, copy them in, then release the offer."""
+
+    name = "tcp"
+    preference = 0  # usable everywhere: what "auto" falls back to
+
+    def pull(
+        self, channel: ControlChannel, descriptor: Descriptor, caches: Caches, dst_idx: np.ndarray, timeout: float
+    ) -> None:
+        layout, n = descriptor.layout, len(descriptor.block_ids)
+        header, frames = channel.ask("fetch", timeout)
+        where = f"{descriptor.where}: fetch reply from {channel.address}"
+        want = layout.tensor_parallel_size * layout.num_caches
+        for key, expected in (("frames", want), ("block_nbytes", layout.block_nbytes), ("num_blocks", n)):
+            if header.get(key) != expected:
+                raise TransferError(f"{where}: header `{key}` is {header.get(key)!r}, expected {expected}")
+        if len(frames) != want:
+            raise TransferError(f"{where}: {len(frames)} data frames, expected {want}")
+        size = n * layout.block_nbytes
+        for i, frame in enumerate(frames):
+            if len(frame.buffer) != size:
+                raise TransferError(
+                    f"{where}: data frame {i} (rank {i // layout.num_caches}, cache {i % layout.num_caches}) has "
+                    f"{len(frame.buffer)} bytes, expected {size}"
+                )
+        shape = (n, *layout.block_shape)
+        for i, frame in enumerate(frames):
+            cache = caches[i // layout.num_caches][i % layout.num_caches]
+            cache[dst_idx] = np.frombuffer(frame.buffer, dtype=layout.dtype).reshape(shape)
+        try:  # the bytes were consistent when fetched; a lost offer now costs nothing
+            channel.release(timeout)
+        except TransferError as exc:
+            logger.warning("%s (after a complete copy)", exc)
