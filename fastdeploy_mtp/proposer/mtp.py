@@ -1,19 +1,22 @@
 """``MTPProposer``: runs a model's MTP layer beside the target to draft tokens.
 
 One round (:meth:`MTPProposer.run`, after the target's verify and status update; the whole
-engine step is described in ``docs/architecture.md``):
+engine step is described in ``docs/architecture.md``). Its op sequence is written once in
+:mod:`fastdeploy_mtp.runtime.spec_step`, which the framework-free end-to-end check runs too;
+the proposer supplies the MTP side (:meth:`MTPProposer.forward_substep`,
+:meth:`MTPProposer.sample_substep`):
 
-1. ``_prepare_inputs``: ``draft_model_preprocess`` builds the draft's shadow state from the
+1. ``prepare_round``: ``draft_model_preprocess`` builds the draft's shadow state from the
    target's verified state; ``eagle_get_hidden_states`` picks the target hidden rows the MTP
    layer consumes (all prompt rows of a prefill item, the first ``accept_num`` rows of a
    decode item), staged in ``target_hidden_states``.
-2. ``_propose``: ``num_model_steps`` substeps of ``speculate_pre_process`` -> MTP layer ->
-   ``eagle_gather_hidden_states`` (last row per item) -> logits -> greedy sampler ->
+2. ``propose_substeps``: ``num_model_steps`` substeps of ``speculate_pre_process`` -> MTP
+   layer -> ``eagle_gather_hidden_states`` (last row per item) -> logits -> greedy sampler ->
    ``draft_model_update`` (writes the target's draft slot ``s + 1``); the gathered hidden
    rows feed the next substep.
-3. ``_update_status``: ``draft_model_postprocess`` sets the target's token counts for its next
-   forward (a decoding item feeds the non-empty slots of its ``draft_tokens`` row, a stopped
-   item 0; prefill items keep theirs).
+3. ``postprocess`` (``_update_status``): ``draft_model_postprocess`` sets the target's token
+   counts for its next forward (a decoding item feeds the non-empty slots of its
+   ``draft_tokens`` row, a stopped item 0; prefill items keep theirs).
 4. Hybrid mode (``mtp_strategy == "with_ngram"``, ``K > S``): ``hybrid_mtp_ngram`` fills the
    remaining draft slots from n-gram matches in the prompt and history.
 
@@ -48,6 +51,7 @@ from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
 from ..runtime.input_batch import InputBatch
 from ..runtime.request import Request, RequestType
+from ..runtime.spec_step import Packed, PaddleBackend, postprocess, prepare_round, propose_substeps
 from .proposer_inputs import ProposerInputBatch
 from .sampler import MTPSampler
 
@@ -158,6 +162,12 @@ class MTPProposer:
         #: prompt chunk, at most what it fed the target this step), set by the runner; None =
         #: unknown (``ForwardMeta.max_rows_per_item``)
         self.rows_bound: int | None = None
+        #: the round's op sequence runs on Paddle tensors (see :mod:`~fastdeploy_mtp.runtime.spec_step`)
+        self._ops = PaddleBackend()
+        #: distinct MTP layers: substep 0's inputs and the chain rows of the substeps since
+        #: (:meth:`forward_substep`)
+        self._first: tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor, paddle.Tensor] | None = None
+        self._chain: list[tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]] = []
 
     # ---- KV cache ------------------------------------------------------------------------
     def cache_names(self) -> list[str]:
@@ -381,11 +391,14 @@ class MTPProposer:
         steps = self.num_model_steps if num_steps is None else int(num_steps)
         if not 1 <= steps <= self.num_model_steps:
             raise ValueError(f"`num_steps` must be in [1, {self.num_model_steps}], got {num_steps}")
-        self._prepare_inputs(full_hidden_states)
+        draft, target = self.model_inputs, self.target_model_inputs
+        paddle.assign(target.block_tables, output=draft.block_tables)
+        prepare_round(self._ops, draft, target, full_hidden_states, self.num_model_steps, self.is_splitwise_prefill)
         if self._skipped:
             self._catch_up()
-        n = int(self.model_inputs.seq_lens_this_time.shape[0])
-        self._propose(real_bsz if 0 < real_bsz <= n else n, int(full_hidden_states.shape[0]), steps)
+        n = int(draft.seq_lens_this_time.shape[0])
+        real_bsz = real_bsz if 0 < real_bsz <= n else n
+        propose_substeps(self._ops, draft, self, real_bsz, int(full_hidden_states.shape[0]), steps, self.max_model_len)
         self._update_status()
         if self.hybrid_mode:
             self._extend_draft_token_with_ngram_match()
@@ -532,134 +545,40 @@ class MTPProposer:
         self.model_seconds += time.perf_counter() - t0
         return out
 
-    def _prepare_inputs(self, full_hidden_states: paddle.Tensor) -> None:
-        draft, target = self.model_inputs, self.target_model_inputs
-        paddle.assign(target.block_tables, output=draft.block_tables)
-        ops.draft_model_preprocess(
-            draft_tokens=draft.draft_tokens,
-            input_ids=draft.input_ids,
-            stop_flags=draft.stop_flags,
-            seq_lens_this_time=draft.seq_lens_this_time,
-            seq_lens_encoder=draft.seq_lens_encoder,
-            seq_lens_decoder=draft.seq_lens_decoder,
-            step_idx=draft.step_idx,
-            not_need_stop=draft.not_need_stop,
-            pre_ids=draft.pre_ids,
-            accept_tokens=draft.accept_tokens,
-            accept_num=draft.accept_num,
-            target_model_seq_lens_encoder=target.seq_lens_encoder,
-            target_model_seq_lens_decoder=target.seq_lens_decoder,
-            target_model_step_idx=target.step_idx,
-            target_model_stop_flags=target.stop_flags,
-            max_dec_len=draft.max_dec_len,
-            target_model_draft_tokens=draft.base_model_draft_tokens,
-            num_model_step=self.num_model_steps,
-            is_splitwise_prefill=self.is_splitwise_prefill,
-        )
-        hidden, _ = ops.eagle_get_hidden_states(
-            input=full_hidden_states.astype("float32"),
-            seq_lens_this_time=draft.seq_lens_this_time,
-            seq_lens_encoder=draft.seq_lens_encoder,
-            seq_lens_decoder=draft.seq_lens_decoder,
-            stop_flags=draft.stop_flags,
-            accept_nums=draft.accept_num,
-            base_model_seq_lens_this_time=target.seq_lens_this_time,
-            base_model_seq_lens_encoder=target.seq_lens_encoder,
-            actual_draft_token_num=self.num_model_steps,
-        )
-        rows = int(hidden.shape[0])
-        if rows > int(draft.target_hidden_states.shape[0]):
-            raise ValueError(
-                f"{rows} target hidden rows exceed the staging buffer "
-                f"({int(draft.target_hidden_states.shape[0])} rows): raise "
-                "scheduler_config.max_num_batched_tokens"
-            )
-        if rows:
-            draft.target_hidden_states[:rows] = hidden
-
-    def _propose(self, real_bsz: int, target_rows: int, steps: int) -> None:
-        """``steps`` substeps. Token counts are host-known upper bounds, never read back: at
-        substep 0 a slot feeds at most as many rows as the target fed this step (its accepted
-        tokens, or its prompt chunk), so ``target_rows`` bounds the total; afterwards each
-        running slot feeds one row, so ``min(real_bsz, target_rows)`` does. Rows past the real
-        count are padding the model ignores."""
+    # ---- the MTP side of spec_step.propose_substeps ------------------------------------------
+    def forward_substep(self, substep: int, packed: Packed, token_num: int) -> paddle.Tensor:
+        """The MTP layer of substep ``substep`` over the packed draft tokens and the first
+        ``token_num`` staged hidden rows: ``[token_num, H]``. With distinct MTP layers a
+        substep after the first re-reads the accepted rows and the chain of drafts so far
+        (:meth:`_chain_forward`), since its layer has its own cache."""
         draft = self.model_inputs
-        bsz = int(draft.seq_lens_this_time.shape[0])
         multi = self.num_mtp_layers > 1
-        chain: list[tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]] = []
-        first: tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor, paddle.Tensor] | None = None
-        for substep in range(steps):
-            draft.substep = substep
-            token_num = target_rows if substep == 0 else min(real_bsz, target_rows)
-            if token_num == 0:
-                self.model.empty_input_forward(None)
-                continue
-            (
-                ids_remove_padding,
-                batch_id_per_token,
-                cu_seqlens_q,
-                _,
-                cu_seqlens_q_output,
-                batch_id_per_token_output,
-                real_output_token_num,
-            ) = ops.speculate_pre_process(
-                cpu_token_num=token_num,
-                input_ids=draft.input_ids,
-                seq_len=draft.seq_lens_this_time,
-                draft_tokens=draft.draft_tokens,
-                seq_lens_encoder=draft.seq_lens_encoder,
-                seq_lens_decoder=draft.seq_lens_decoder,
-            )
-            layer = self.layer_schedule[substep]
-            rows_hidden = draft.target_hidden_states[:token_num]
-            if multi and substep > 0:
-                # this substep's layer has its own cache: it re-reads the accepted rows and the
-                # chain of drafts so far, then drafts from its last row
-                chain.append((ids_remove_padding, rows_hidden.clone(), batch_id_per_token))
-                assert first is not None
-                hidden = self._chain_forward(first, chain, layer, batch_id_per_token)
-            else:
-                meta = self._meta(
-                    ids_remove_padding,
-                    cu_seqlens_q,
-                    draft.seq_lens_encoder,
-                    draft.seq_lens_decoder,
-                    draft.seq_lens_this_time,
-                    self.rows_bound if substep == 0 else 1,
-                )
-                if multi:
-                    dec0 = draft.seq_lens_decoder.clone()
-                    first = (ids_remove_padding, rows_hidden.clone(), batch_id_per_token, dec0)
-                hidden = self._forward(ids_remove_padding, rows_hidden, meta, layer)
-            gathered, _ = ops.eagle_gather_hidden_states(
-                input=hidden,
-                cu_seqlens_q=cu_seqlens_q,
-                seq_lens_this_time=draft.seq_lens_this_time,
-                seq_lens_decoder=draft.seq_lens_decoder,
-                seq_lens_encoder=draft.seq_lens_encoder,
-                batch_id_per_token_output=batch_id_per_token_output,
-                cu_seqlens_q_output=cu_seqlens_q_output,
-                real_output_token_num=real_output_token_num,
-            )
-            next_tokens = self.sampler(self._logits(gathered, layer))
-            ops.draft_model_update(
-                inter_next_tokens=next_tokens,
-                draft_tokens=draft.draft_tokens,
-                pre_ids=draft.pre_ids,
-                seq_lens_this_time=draft.seq_lens_this_time,
-                seq_lens_encoder=draft.seq_lens_encoder,
-                seq_lens_decoder=draft.seq_lens_decoder,
-                step_idx=draft.step_idx,
-                cu_seqlens_q_output=cu_seqlens_q_output,
-                stop_flags=draft.stop_flags,
-                not_need_stop=draft.not_need_stop,
-                max_dec_len=draft.max_dec_len,
-                end_ids=draft.eos_token_id,
-                base_model_draft_tokens=draft.base_model_draft_tokens,
-                max_seq_len=self.max_model_len,
-                substep=substep,
-            )
-            draft.target_hidden_states[:bsz] = gathered
+        layer = self.layer_schedule[substep]
+        rows_hidden = draft.target_hidden_states[:token_num]
+        if multi and substep > 0:
+            self._chain.append((packed.ids_remove_padding, rows_hidden.clone(), packed.batch_id_per_token))
+            assert self._first is not None
+            return self._chain_forward(self._first, self._chain, layer, packed.batch_id_per_token)
+        meta = self._meta(
+            packed.ids_remove_padding,
+            packed.cu_seqlens_q,
+            draft.seq_lens_encoder,
+            draft.seq_lens_decoder,
+            draft.seq_lens_this_time,
+            self.rows_bound if substep == 0 else 1,
+        )
+        if multi:
+            dec0 = draft.seq_lens_decoder.clone()
+            self._first = (packed.ids_remove_padding, rows_hidden.clone(), packed.batch_id_per_token, dec0)
+            self._chain = []
+        return self._forward(packed.ids_remove_padding, rows_hidden, meta, layer)
+
+    def sample_substep(self, gathered: paddle.Tensor, substep: int) -> paddle.Tensor:
+        """``[N]`` int64 greedy drafts from substep ``substep``'s gathered rows."""
+        return self.sampler(self._logits(gathered, self.layer_schedule[substep]))
+
+    def empty_substep(self) -> None:
+        self.model.empty_input_forward(None)
 
     def _chain_forward(
         self,
@@ -698,13 +617,7 @@ class MTPProposer:
         return paddle.gather(last, now)
 
     def _update_status(self) -> None:
-        target = self.target_model_inputs
-        ops.draft_model_postprocess(
-            base_model_draft_tokens=target.draft_tokens,
-            base_model_seq_lens_this_time=target.seq_lens_this_time,
-            base_model_seq_lens_encoder=target.seq_lens_encoder,
-            base_model_stop_flags=target.stop_flags,
-        )
+        postprocess(self._ops, self.target_model_inputs)
 
     def _extend_draft_token_with_ngram_match(self) -> None:
         draft, target = self.model_inputs, self.target_model_inputs
