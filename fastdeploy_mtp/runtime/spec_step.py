@@ -71,6 +71,28 @@ class PaddleBackend:
         return getattr(ops, name)(**kwargs)
 
 
+#: the lengths most ops take, under these names
+_LENS = ("seq_lens_this_time", "seq_lens_encoder", "seq_lens_decoder")
+#: the draft's per-slot state the round's draft ops update in place
+_DRAFT_STATE = ("draft_tokens", "pre_ids", "step_idx", "stop_flags", "not_need_stop")
+
+
+def _named(side: Any, *names: str, prefix: str = "") -> dict[str, Any]:
+    """Buffers of ``side`` as keyword arguments of the same names, after ``prefix`` (the ops
+    take FastDeploy's buffer names; the draft ops name the target's ``target_model_*`` or
+    ``base_model_*``)."""
+    return {prefix + name: getattr(side, name) for name in names}
+
+
+def _step_io(target: Any) -> dict[str, Any]:
+    """The target's drafts in and tokens out, as verification and the status update name them."""
+    return {
+        "step_input_ids": target.draft_tokens,
+        "step_output_ids": target.accept_tokens,
+        "step_output_len": target.accept_num,
+    }
+
+
 @dataclass
 class Packed:
     """``speculate_pre_process``'s outputs (``T`` = the token count it was given, ``N``
@@ -94,11 +116,8 @@ def pack_tokens(be: StepBackend, token_num: int, side: Any) -> Packed:
         *be.run_op(
             "speculate_pre_process",
             cpu_token_num=token_num,
-            input_ids=side.input_ids,
             seq_len=side.seq_lens_this_time,
-            draft_tokens=side.draft_tokens,
-            seq_lens_encoder=side.seq_lens_encoder,
-            seq_lens_decoder=side.seq_lens_decoder,
+            **_named(side, "input_ids", "draft_tokens", "seq_lens_encoder", "seq_lens_decoder"),
         )
     )
 
@@ -191,23 +210,16 @@ def target_step(
     drafts = be.host(target.draft_tokens)[:, 1:].copy()
     be.run_op(
         "verify_draft_tokens",
-        step_output_ids=target.accept_tokens,
-        step_output_len=target.accept_num,
-        step_input_ids=target.draft_tokens,
+        **_step_io(target),
         target_tokens=target_tokens,
         candidate_ids=sampled.candidate_ids if sampled is not None else None,
         candidate_scores=sampled.candidate_scores if sampled is not None else None,
         candidate_lens=sampled.candidate_lens if sampled is not None else None,
         topp=target.top_p,
-        stop_flags=target.stop_flags,
-        seq_lens_encoder=target.seq_lens_encoder,
-        seq_lens_this_time=target.seq_lens_this_time,
         end_tokens=target.eos_token_id,
-        is_block_step=target.is_block_step,
         cu_seqlens_q_output=packed.cu_seqlens_q_output,
-        reasoning_status=target.reasoning_status,
-        max_dec_len=target.max_dec_len,
-        step_idx=target.step_idx,
+        **_named(target, "seq_lens_encoder", "seq_lens_this_time", "stop_flags", "is_block_step", "step_idx"),
+        **_named(target, "reasoning_status", "max_dec_len"),
         verify_uniforms=sampled.uniforms if sampled is not None else None,
         max_seq_len=max_seq_len,
         verify_strategy=verify_strategy,
@@ -222,20 +234,11 @@ def target_step(
 def _update_status(be: StepBackend, target: Any) -> None:
     be.run_op(
         "unified_update_model_status",
-        seq_lens_encoder=target.seq_lens_encoder,
-        seq_lens_decoder=target.seq_lens_decoder,
+        **_step_io(target),
         has_running_seqs=target.not_need_stop,
-        step_input_ids=target.draft_tokens,
-        step_output_ids=target.accept_tokens,
-        step_output_len=target.accept_num,
-        stop_flags=target.stop_flags,
-        seq_lens_this_time=target.seq_lens_this_time,
         is_paused=target.is_block_step,
-        token_ids_all=target.token_ids_all,
-        prompt_lens=target.prompt_lens,
-        step_idx=target.step_idx,
         end_tokens=target.eos_token_id,
-        max_dec_len=target.max_dec_len,
+        **_named(target, *_LENS, "stop_flags", "token_ids_all", "prompt_lens", "step_idx", "max_dec_len"),
         keep_max_dec_len_token=True,
     )
 
@@ -269,22 +272,8 @@ def prepare_round(
     """
     be.run_op(
         "draft_model_preprocess",
-        draft_tokens=draft.draft_tokens,
-        input_ids=draft.input_ids,
-        stop_flags=draft.stop_flags,
-        seq_lens_this_time=draft.seq_lens_this_time,
-        seq_lens_encoder=draft.seq_lens_encoder,
-        seq_lens_decoder=draft.seq_lens_decoder,
-        step_idx=draft.step_idx,
-        not_need_stop=draft.not_need_stop,
-        pre_ids=draft.pre_ids,
-        accept_tokens=draft.accept_tokens,
-        accept_num=draft.accept_num,
-        target_model_seq_lens_encoder=target.seq_lens_encoder,
-        target_model_seq_lens_decoder=target.seq_lens_decoder,
-        target_model_step_idx=target.step_idx,
-        target_model_stop_flags=target.stop_flags,
-        max_dec_len=draft.max_dec_len,
+        **_named(draft, *_LENS, *_DRAFT_STATE, "input_ids", "accept_tokens", "accept_num", "max_dec_len"),
+        **_named(target, "seq_lens_encoder", "seq_lens_decoder", "step_idx", "stop_flags", prefix="target_model_"),
         target_model_draft_tokens=draft.base_model_draft_tokens,
         num_model_step=num_model_steps,
         is_splitwise_prefill=is_splitwise_prefill,
@@ -292,13 +281,9 @@ def prepare_round(
     selected, _ = be.run_op(
         "eagle_get_hidden_states",
         input=be.float32(hidden),
-        seq_lens_this_time=draft.seq_lens_this_time,
-        seq_lens_encoder=draft.seq_lens_encoder,
-        seq_lens_decoder=draft.seq_lens_decoder,
-        stop_flags=draft.stop_flags,
+        **_named(draft, *_LENS, "stop_flags"),
         accept_nums=draft.accept_num,
-        base_model_seq_lens_this_time=target.seq_lens_this_time,
-        base_model_seq_lens_encoder=target.seq_lens_encoder,
+        **_named(target, "seq_lens_this_time", "seq_lens_encoder", prefix="base_model_"),
         actual_draft_token_num=num_model_steps,
     )
     rows, capacity = int(selected.shape[0]), int(draft.target_hidden_states.shape[0])
@@ -331,9 +316,7 @@ def propose_substeps(
             "eagle_gather_hidden_states",
             input=hidden,
             cu_seqlens_q=packed.cu_seqlens_q,
-            seq_lens_this_time=draft.seq_lens_this_time,
-            seq_lens_decoder=draft.seq_lens_decoder,
-            seq_lens_encoder=draft.seq_lens_encoder,
+            **_named(draft, *_LENS),
             batch_id_per_token_output=packed.batch_id_per_token_output,
             cu_seqlens_q_output=packed.cu_seqlens_q_output,
             real_output_token_num=packed.real_output_token_num,
@@ -341,16 +324,8 @@ def propose_substeps(
         be.run_op(
             "draft_model_update",
             inter_next_tokens=model.sample_substep(gathered, substep),
-            draft_tokens=draft.draft_tokens,
-            pre_ids=draft.pre_ids,
-            seq_lens_this_time=draft.seq_lens_this_time,
-            seq_lens_encoder=draft.seq_lens_encoder,
-            seq_lens_decoder=draft.seq_lens_decoder,
-            step_idx=draft.step_idx,
             cu_seqlens_q_output=packed.cu_seqlens_q_output,
-            stop_flags=draft.stop_flags,
-            not_need_stop=draft.not_need_stop,
-            max_dec_len=draft.max_dec_len,
+            **_named(draft, *_LENS, *_DRAFT_STATE, "max_dec_len"),
             end_ids=draft.eos_token_id,
             base_model_draft_tokens=draft.base_model_draft_tokens,
             max_seq_len=max_seq_len,
@@ -365,8 +340,5 @@ def postprocess(be: StepBackend, target: Any) -> None:
     prefill items keep theirs)."""
     be.run_op(
         "draft_model_postprocess",
-        base_model_draft_tokens=target.draft_tokens,
-        base_model_seq_lens_this_time=target.seq_lens_this_time,
-        base_model_seq_lens_encoder=target.seq_lens_encoder,
-        base_model_stop_flags=target.stop_flags,
+        **_named(target, "draft_tokens", "seq_lens_this_time", "seq_lens_encoder", "stop_flags", prefix="base_model_"),
     )
