@@ -456,6 +456,13 @@ class FrameworkFreeMTP:
         self.requests: dict[int, Request] = {}
         self.outputs: dict[int, list[int]] = {}
         self.done: set[int] = set()
+        # what a forward leaves for the logits after it (host): the target's next tokens ([T]
+        # int64), the MTP substep's output rows ([T, 2E] float32), its cu_seqlens_q ([N + 1])
+        # and its seq_lens_this_time ([N] int64, read before draft_model_update changes it)
+        self._next_tokens = np.zeros(0, np.int64)
+        self._mtp_out = np.zeros((0, models.hidden_size), np.float32)
+        self._cu = np.zeros(num_slots + 1, np.int32)
+        self._dslt = np.zeros(num_slots, np.int64)
 
     # ---- insertion and release (host writes, as the engine's) ----------------------------------
     def insert(self, slot: int, req: Request) -> None:
