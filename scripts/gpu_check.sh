@@ -4,9 +4,10 @@
 #   2. runs the op tests on the `kernels-cpu` and `cuda` backends against the same numpy
 #      references (an unusable CUDA backend fails the run instead of skipping),
 #   3. runs the framework-free end-to-end greedy test on `cuda`
-#      (tests/e2e/test_framework_free_greedy.py: the engine's target step and the MTP
-#      proposer's round through the CUDA kernels on torch/CuPy tensors, Paddle absent; the
-#      output must be plain greedy decoding and every step identical to the CPU kernels'),
+#      (tests/e2e/test_framework_free_greedy.py: the package's target step and MTP proposer
+#      round, fastdeploy_mtp/runtime/spec_step.py, through the CUDA kernels on torch/CuPy
+#      tensors, Paddle absent; the output must be plain greedy decoding and every step
+#      identical to the CPU kernels'),
 #   4. times each op on CUDA and prints one JSON report (also written to $OUT if set), with
 #      the op tests under "tests" and the end-to-end test under "e2e".
 # The exit status fails if the build, the op tests or the end-to-end test fail.

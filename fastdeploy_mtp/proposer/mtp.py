@@ -1,19 +1,22 @@
 """``MTPProposer``: runs a model's MTP layer beside the target to draft tokens.
 
 One round (:meth:`MTPProposer.run`, after the target's verify and status update; the whole
-engine step is described in ``docs/architecture.md``):
+engine step is described in ``docs/architecture.md``). Its op sequence is written once in
+:mod:`fastdeploy_mtp.runtime.spec_step`, which the framework-free end-to-end check runs too;
+the proposer supplies the MTP side (:meth:`MTPProposer.forward_substep`,
+:meth:`MTPProposer.sample_substep`):
 
-1. ``_prepare_inputs``: ``draft_model_preprocess`` builds the draft's shadow state from the
+1. ``prepare_round``: ``draft_model_preprocess`` builds the draft's shadow state from the
    target's verified state; ``eagle_get_hidden_states`` picks the target hidden rows the MTP
    layer consumes (all prompt rows of a prefill item, the first ``accept_num`` rows of a
    decode item), staged in ``target_hidden_states``.
-2. ``_propose``: ``num_model_steps`` substeps of ``speculate_pre_process`` -> MTP layer ->
-   ``eagle_gather_hidden_states`` (last row per item) -> logits -> greedy sampler ->
+2. ``propose_substeps``: ``num_model_steps`` substeps of ``speculate_pre_process`` -> MTP
+   layer -> ``eagle_gather_hidden_states`` (last row per item) -> logits -> greedy sampler ->
    ``draft_model_update`` (writes the target's draft slot ``s + 1``); the gathered hidden
    rows feed the next substep.
-3. ``_update_status``: ``draft_model_postprocess`` sets the target's token counts for its next
-   forward (a decoding item feeds the non-empty slots of its ``draft_tokens`` row, a stopped
-   item 0; prefill items keep theirs).
+3. ``postprocess`` (``_update_status``): ``draft_model_postprocess`` sets the target's token
+   counts for its next forward (a decoding item feeds the non-empty slots of its
+   ``draft_tokens`` row, a stopped item 0; prefill items keep theirs).
 4. Hybrid mode (``mtp_strategy == "with_ngram"``, ``K > S``): ``hybrid_mtp_ngram`` fills the
    remaining draft slots from n-gram matches in the prompt and history.
 
@@ -27,7 +30,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import paddle
@@ -35,32 +37,15 @@ import paddle
 from .. import ops
 from ..config import FDConfig
 from ..constants import PLACEHOLDER_TOKEN_ID
-from ..ipc.kv_caches import (
-    attach_caches,
-    cache_names,
-    caches_are_managed,
-    detach_caches,
-    publish_caches,
-    unpublish_caches,
-    wait_cache_ready,
-)
 from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
 from ..runtime.input_batch import InputBatch
 from ..runtime.request import Request, RequestType
+from ..runtime.spec_step import Packed, PaddleBackend, postprocess, prepare_round, propose_substeps
+from .mtp_caches import MTPCaches
 from .proposer_inputs import ProposerInputBatch
 from .sampler import MTPSampler
-
-
-@dataclass
-class _SkippedRound:
-    """What a round without the MTP layer leaves for the next one that runs it."""
-
-    hidden: paddle.Tensor  # [T_target, H] the target's hidden rows of that step
-    step_idx: paddle.Tensor  # [N] the target's step_idx after it (device)
-    tokens: np.ndarray  # [N, K+1] tokens emitted (host)
-    counts: np.ndarray  # [N] rows to replay per slot (0: none, or forgotten)
-    rows_start: np.ndarray  # [N] first row of each slot in ``hidden``
+from .skipped_rounds import SkippedRounds
 
 
 def layer_for_substep(substep: int, num_layers: int, schedule: str = "cycle") -> int:
@@ -76,7 +61,7 @@ def layer_for_substep(substep: int, num_layers: int, schedule: str = "cycle") ->
     raise ValueError(f"unknown mtp_layer_schedule {schedule!r}")
 
 
-class MTPProposer:
+class MTPProposer(MTPCaches):
     """FastDeploy's MTP proposer surface over the package's ops.
 
     Args:
@@ -147,7 +132,7 @@ class MTPProposer:
         #: rows accepted while the MTP layer was skipped (adaptive draft length), per slot:
         #: ``(tokens, target hidden rows [n, H])``, replayed into the MTP caches by the next
         #: round that runs it (:meth:`_catch_up`)
-        self._skipped: list[_SkippedRound] = []
+        self._skipped = SkippedRounds()
         #: seconds spent in MTP forwards and logits since the runner last reset it
         self.model_seconds = 0.0
         #: host-known upper bound on every draft slot's cached + new tokens this round, set by
@@ -158,67 +143,12 @@ class MTPProposer:
         #: prompt chunk, at most what it fed the target this step), set by the runner; None =
         #: unknown (``ForwardMeta.max_rows_per_item``)
         self.rows_bound: int | None = None
-
-    # ---- KV cache ------------------------------------------------------------------------
-    def cache_names(self) -> list[str]:
-        """IPC names of the MTP layer's caches, key then value per layer (FastDeploy's
-        ``key_caches_{layer}_rank{r}.device{d}``; MTP layers follow the target's layers)."""
-        pc = self.fd_config.parallel_config
-        return cache_names(
-            self.fd_config.model_config.num_hidden_layers,
-            self.model.num_cache_layers,
-            self.local_rank % pc.tensor_parallel_size,
-            self.device_id,
-        )
-
-    def initialize_kv_cache(self, main_model_num_blocks: int, profile: bool = False) -> None:
-        """Create or attach the MTP layer's KV caches (per layer a key and a value tensor of
-        shape ``model.attn_backend.get_kv_cache_shape(main_model_num_blocks)``; the draft
-        mirrors the target's block table, so it has as many blocks as the target).
-
-        FastDeploy's two paths: when ``profile`` or no cache-manager process owns the caches
-        (:func:`~fastdeploy_mtp.ipc.kv_caches.caches_are_managed`: ``cache_config.cache_manager``
-        if set, else no ``num_cpu_blocks``, no ``kvcache_storage_backend`` and
-        ``splitwise_role == "mixed"``) the proposer creates them (and, with
-        ``cache_config.share_mtp_cache``, publishes them with ``set_data_ipc`` under
-        :meth:`cache_names`; never in a profile run). Otherwise it waits until
-        ``cache_ready_signal.<engine_worker_queue_port>`` holds 1 at its rank
-        (``local_rank % tensor_parallel_size``), then attaches every cache by name with
-        ``share_external_data`` (no copy).
-
-        Raises:
-            ValueError: ``main_model_num_blocks <= 0``.
-            fastdeploy_mtp.ipc.signals.IPCSignalError: the signal did not come in time
-                (``cache_config.cache_ready_timeout``), or its creator died.
-        """
-        if main_model_num_blocks <= 0:
-            raise ValueError(f"`main_model_num_blocks` must be > 0, got {main_model_num_blocks}")
-        cc = self.fd_config.cache_config
-        self.num_gpu_blocks = int(main_model_num_blocks)
-        shape = self.model.attn_backend.get_kv_cache_shape(self.num_gpu_blocks)
-        if profile or not caches_are_managed(self.fd_config):
-            self.caches = self.model.attn_backend.allocate_caches(self.model.num_cache_layers, self.num_gpu_blocks)
-            if cc.share_mtp_cache and not profile:
-                publish_caches(self.caches, self.cache_names())
-                self._published = self.cache_names()
-            return
-        wait_cache_ready(self.fd_config.parallel_config, cc.cache_ready_timeout)
-        self.caches = attach_caches(self.cache_names(), shape)
-        self._attached = self.cache_names()
-
-    def clear_mtp_cache(self) -> None:
-        """Release the MTP layer's KV caches: detach attached ones (``close_ipc=True``,
-        ``unlink_shm=False``, as FastDeploy), unlink the names of published ones (their tensors
-        keep their memory), then drop every cache tensor."""
-        detach_caches(self.caches, getattr(self, "_attached", []))
-        unpublish_caches(self.caches, getattr(self, "_published", []))
-        self._attached, self._published = [], []
-        self.caches = []
-
-    def update_mtp_block_num(self, num_gpu_blocks: int) -> None:
-        """Re-create the caches for a new block count (after the engine profiled memory)."""
-        self.clear_mtp_cache()
-        self.initialize_kv_cache(num_gpu_blocks)
+        #: the round's op sequence runs on Paddle tensors (see :mod:`~fastdeploy_mtp.runtime.spec_step`)
+        self._ops = PaddleBackend()
+        #: distinct MTP layers: substep 0's inputs and the chain rows of the substeps since
+        #: (:meth:`forward_substep`)
+        self._first: tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor, paddle.Tensor] | None = None
+        self._chain: list[tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]] = []
 
     # ---- request insertion ---------------------------------------------------------------
     def insert_tasks_v1(self, req_dicts: Sequence[Request], num_running_requests: int = 0) -> None:
@@ -241,34 +171,11 @@ class MTPProposer:
         prefill instance's state (:mod:`fastdeploy_mtp.splitwise.handoff`), so the first
         round continues from the prefill instance's drafts instead of redrafting.
         """
-        draft = self.model_inputs
         for req in req_dicts:
             idx = int(req.idx)
             self.forget_slot(idx)
             if req.task_type == RequestType.PREFILL:
-                prompt = list(req.prompt_token_ids)
-                output = list(req.output_token_ids)
-                start, end = int(req.prefill_start_index), int(req.prefill_end_index)
-                length = end - start
-                if length <= 0:
-                    raise ValueError(f"request {req.request_id!r}: empty prefill chunk [{start}, {end})")
-                shifted = prompt[start + 1 : end] + (prompt[end : end + 1] if end < len(prompt) else [])
-                if shifted:
-                    draft.input_ids[idx, : len(shifted)] = paddle.to_tensor(shifted, dtype="int64")
-                draft.input_ids_cpu[idx, :] = PLACEHOLDER_TOKEN_ID
-                if len(prompt) > 1:
-                    draft.input_ids_cpu[idx, : len(prompt) - 1] = paddle.to_tensor(prompt[1:], dtype="int64")
-                draft.input_ids_len[idx, 0] = len(prompt) - 1
-                draft.pre_ids[idx, :] = PLACEHOLDER_TOKEN_ID
-                if output:
-                    draft.pre_ids[idx, : len(output)] = paddle.to_tensor(output, dtype="int64")
-                draft.stop_flags[idx, 0] = False
-                draft.batch_drop[idx, 0] = False
-                draft.seq_lens_encoder[idx] = length
-                draft.seq_lens_decoder[idx] = start
-                draft.seq_lens_this_time[idx] = length
-                draft.step_idx[idx, 0] = len(output) if end >= len(prompt) + len(output) else 0
-                draft.draft_tokens[idx, :] = PLACEHOLDER_TOKEN_ID
+                self.model_inputs.load_prefill_chunk(req)
             elif req.task_type == RequestType.ABORT:
                 self._stop_slot(idx)
 
@@ -292,17 +199,11 @@ class MTPProposer:
 
     def forget_slot(self, idx: int) -> None:
         """Drop what the proposer keeps for slot ``idx`` (its request finished or was replaced)."""
-        for sk in self._skipped:
-            sk.counts[int(idx)] = 0
+        self._skipped.forget(idx)
 
     def _stop_slot(self, idx: int) -> None:
         self.forget_slot(idx)
-        draft = self.model_inputs
-        draft.stop_flags[idx, 0] = True
-        draft.seq_lens_this_time[idx] = 0
-        draft.seq_lens_encoder[idx] = 0
-        draft.seq_lens_decoder[idx] = 0
-        draft.step_idx[idx, 0] = 0
+        self.model_inputs.stop_slot(idx)
 
     def dummy_prefill_inputs(self, num_tokens: int, batch_size: int, expected_decode_len: int = 1) -> None:
         """Fill the first ``batch_size`` slots with a dummy prefill of ``num_tokens //
@@ -311,14 +212,8 @@ class MTPProposer:
         if batch_size <= 0 or num_tokens < batch_size:
             raise ValueError(f"need 0 < batch_size <= num_tokens, got {batch_size}, {num_tokens}")
         per_item = min(num_tokens // batch_size, self.max_model_len - expected_decode_len - 1)
-        draft = self.model_inputs
         for idx in range(batch_size):
-            draft.input_ids[idx, :per_item] = 5
-            draft.stop_flags[idx, 0] = False
-            draft.seq_lens_encoder[idx] = per_item
-            draft.seq_lens_decoder[idx] = 0
-            draft.seq_lens_this_time[idx] = per_item
-            draft.step_idx[idx, 0] = 0
+            self.model_inputs.load_dummy_prefill(idx, per_item)
 
     def exist_prefill(self) -> bool:
         """Whether some draft slot is in prefill (reads the lengths on the host)."""
@@ -381,11 +276,14 @@ class MTPProposer:
         steps = self.num_model_steps if num_steps is None else int(num_steps)
         if not 1 <= steps <= self.num_model_steps:
             raise ValueError(f"`num_steps` must be in [1, {self.num_model_steps}], got {num_steps}")
-        self._prepare_inputs(full_hidden_states)
+        draft, target = self.model_inputs, self.target_model_inputs
+        paddle.assign(target.block_tables, output=draft.block_tables)
+        prepare_round(self._ops, draft, target, full_hidden_states, self.num_model_steps, self.is_splitwise_prefill)
         if self._skipped:
             self._catch_up()
-        n = int(self.model_inputs.seq_lens_this_time.shape[0])
-        self._propose(real_bsz if 0 < real_bsz <= n else n, int(full_hidden_states.shape[0]), steps)
+        n = int(draft.seq_lens_this_time.shape[0])
+        real_bsz = real_bsz if 0 < real_bsz <= n else n
+        propose_substeps(self._ops, draft, self, real_bsz, int(full_hidden_states.shape[0]), steps, self.max_model_len)
         self._update_status()
         if self.hybrid_mode:
             self._extend_draft_token_with_ngram_match()
@@ -419,75 +317,25 @@ class MTPProposer:
         # draft_model_preprocess would), so every running item feeds one token next step
         target.draft_tokens[:, 1:] = PLACEHOLDER_TOKEN_ID
         self._update_status()
-        keep = np.asarray(decoding, bool) & (np.asarray(accept_num) > 0)
-        if keep.any():
-            self._skipped.append(
-                _SkippedRound(
-                    hidden=full_hidden_states,
-                    step_idx=target.step_idx.reshape([-1]).clone(),
-                    tokens=np.asarray(accept_tokens).copy(),
-                    counts=np.where(keep, np.asarray(accept_num), 0).astype(np.int64),
-                    rows_start=np.asarray(rows_start, np.int64).copy(),
-                )
-            )
+        self._skipped.record(full_hidden_states, target.step_idx, accept_tokens, accept_num, rows_start, decoding)
 
     def _catch_up(self) -> None:
         """Write the rows of skipped rounds into the MTP caches (every layer a substep runs)
         and the draft's token history, right before this round's accepted rows: one forward per
         layer, outputs discarded."""
-        draft = self.model_inputs
-        rounds, self._skipped = self._skipped, []
-        bsz = int(draft.seq_lens_this_time.shape[0])
-        counts = np.zeros(bsz, np.int64)
-        # per replayed row: its row in the concatenated hidden states, token, slot, which
-        # round's step_idx, and how many tokens before that step_idx it sits
-        rows: list[int] = []
-        ids: list[int] = []
-        slot: list[int] = []
-        hist: list[int] = []
-        back: list[int] = []
-        starts = np.cumsum([0] + [int(sk.hidden.shape[0]) for sk in rounds])
-        for b in range(bsz):
-            for r, sk in enumerate(rounds):
-                a = int(sk.counts[b])
-                if a == 0:
-                    continue
-                base = int(starts[r] + sk.rows_start[b])
-                rows.extend(range(base, base + a))
-                ids.extend(int(t) for t in sk.tokens[b, :a])
-                slot.extend([b] * a)
-                hist.extend([r * bsz + b] * a)
-                back.extend(range(a, 0, -1))
-                counts[b] += a
-        if not ids:
+        replay = self._skipped.take(self.model_inputs)
+        if replay is None:
             return
-        # the draft's history (n-gram matching reads it): token i of a round's a tokens sits
-        # at that round's step_idx - a + i
-        steps = paddle.concat([sk.step_idx for sk in rounds])
-        pos = paddle.gather(steps, paddle.to_tensor(hist, dtype="int64")) - paddle.to_tensor(back, dtype="int64")
-        slots_t = paddle.to_tensor(slot, dtype="int64")
-        ids_t = paddle.to_tensor(ids, dtype="int64")
-        width = int(draft.pre_ids.shape[1])
-        draft.pre_ids[slots_t, pos.clip(0, width - 1)] = ids_t
-        # a slot that stopped this step (preprocess zeroed its lengths) gets nothing written:
-        # its rows become padding at the end of the batch
-        counts_t = paddle.to_tensor(counts, dtype="int32")
-        live = (draft.seq_lens_decoder >= counts_t) & ~draft.stop_flags.reshape([-1])
-        this_time = paddle.where(live, counts_t, paddle.zeros_like(counts_t))
-        cu = paddle.concat([paddle.zeros([1], "int32"), paddle.cumsum(this_time).astype("int32")])
-        order = paddle.argsort((~paddle.gather(live, slots_t)).astype("int32"), stable=True)
-        hidden = paddle.concat([sk.hidden for sk in rounds]).astype("float32")
-        h = paddle.gather(paddle.gather(hidden, paddle.to_tensor(rows, dtype="int64")), order)
         meta = self._meta(
-            paddle.gather(ids_t, order),
-            cu,
-            paddle.zeros_like(this_time),
-            draft.seq_lens_decoder - this_time,
-            this_time,
-            int(counts.max()),
+            replay.ids,
+            replay.cu_seqlens_q,
+            replay.seq_lens_encoder,
+            replay.seq_lens_decoder,
+            replay.seq_lens_this_time,
+            replay.max_rows,
         )
         for layer in sorted(set(self.layer_schedule)):  # the layers this config ever runs
-            self._forward(meta.ids_remove_padding, h, meta, layer)
+            self._forward(meta.ids_remove_padding, replay.hidden, meta, layer)
 
     def _meta(
         self,
@@ -532,134 +380,40 @@ class MTPProposer:
         self.model_seconds += time.perf_counter() - t0
         return out
 
-    def _prepare_inputs(self, full_hidden_states: paddle.Tensor) -> None:
-        draft, target = self.model_inputs, self.target_model_inputs
-        paddle.assign(target.block_tables, output=draft.block_tables)
-        ops.draft_model_preprocess(
-            draft_tokens=draft.draft_tokens,
-            input_ids=draft.input_ids,
-            stop_flags=draft.stop_flags,
-            seq_lens_this_time=draft.seq_lens_this_time,
-            seq_lens_encoder=draft.seq_lens_encoder,
-            seq_lens_decoder=draft.seq_lens_decoder,
-            step_idx=draft.step_idx,
-            not_need_stop=draft.not_need_stop,
-            pre_ids=draft.pre_ids,
-            accept_tokens=draft.accept_tokens,
-            accept_num=draft.accept_num,
-            target_model_seq_lens_encoder=target.seq_lens_encoder,
-            target_model_seq_lens_decoder=target.seq_lens_decoder,
-            target_model_step_idx=target.step_idx,
-            target_model_stop_flags=target.stop_flags,
-            max_dec_len=draft.max_dec_len,
-            target_model_draft_tokens=draft.base_model_draft_tokens,
-            num_model_step=self.num_model_steps,
-            is_splitwise_prefill=self.is_splitwise_prefill,
-        )
-        hidden, _ = ops.eagle_get_hidden_states(
-            input=full_hidden_states.astype("float32"),
-            seq_lens_this_time=draft.seq_lens_this_time,
-            seq_lens_encoder=draft.seq_lens_encoder,
-            seq_lens_decoder=draft.seq_lens_decoder,
-            stop_flags=draft.stop_flags,
-            accept_nums=draft.accept_num,
-            base_model_seq_lens_this_time=target.seq_lens_this_time,
-            base_model_seq_lens_encoder=target.seq_lens_encoder,
-            actual_draft_token_num=self.num_model_steps,
-        )
-        rows = int(hidden.shape[0])
-        if rows > int(draft.target_hidden_states.shape[0]):
-            raise ValueError(
-                f"{rows} target hidden rows exceed the staging buffer "
-                f"({int(draft.target_hidden_states.shape[0])} rows): raise "
-                "scheduler_config.max_num_batched_tokens"
-            )
-        if rows:
-            draft.target_hidden_states[:rows] = hidden
-
-    def _propose(self, real_bsz: int, target_rows: int, steps: int) -> None:
-        """``steps`` substeps. Token counts are host-known upper bounds, never read back: at
-        substep 0 a slot feeds at most as many rows as the target fed this step (its accepted
-        tokens, or its prompt chunk), so ``target_rows`` bounds the total; afterwards each
-        running slot feeds one row, so ``min(real_bsz, target_rows)`` does. Rows past the real
-        count are padding the model ignores."""
+    # ---- the MTP side of spec_step.propose_substeps ------------------------------------------
+    def forward_substep(self, substep: int, packed: Packed, token_num: int) -> paddle.Tensor:
+        """The MTP layer of substep ``substep`` over the packed draft tokens and the first
+        ``token_num`` staged hidden rows: ``[token_num, H]``. With distinct MTP layers a
+        substep after the first re-reads the accepted rows and the chain of drafts so far
+        (:meth:`_chain_forward`), since its layer has its own cache."""
         draft = self.model_inputs
-        bsz = int(draft.seq_lens_this_time.shape[0])
         multi = self.num_mtp_layers > 1
-        chain: list[tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]] = []
-        first: tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor, paddle.Tensor] | None = None
-        for substep in range(steps):
-            draft.substep = substep
-            token_num = target_rows if substep == 0 else min(real_bsz, target_rows)
-            if token_num == 0:
-                self.model.empty_input_forward(None)
-                continue
-            (
-                ids_remove_padding,
-                batch_id_per_token,
-                cu_seqlens_q,
-                _,
-                cu_seqlens_q_output,
-                batch_id_per_token_output,
-                real_output_token_num,
-            ) = ops.speculate_pre_process(
-                cpu_token_num=token_num,
-                input_ids=draft.input_ids,
-                seq_len=draft.seq_lens_this_time,
-                draft_tokens=draft.draft_tokens,
-                seq_lens_encoder=draft.seq_lens_encoder,
-                seq_lens_decoder=draft.seq_lens_decoder,
-            )
-            layer = self.layer_schedule[substep]
-            rows_hidden = draft.target_hidden_states[:token_num]
-            if multi and substep > 0:
-                # this substep's layer has its own cache: it re-reads the accepted rows and the
-                # chain of drafts so far, then drafts from its last row
-                chain.append((ids_remove_padding, rows_hidden.clone(), batch_id_per_token))
-                assert first is not None
-                hidden = self._chain_forward(first, chain, layer, batch_id_per_token)
-            else:
-                meta = self._meta(
-                    ids_remove_padding,
-                    cu_seqlens_q,
-                    draft.seq_lens_encoder,
-                    draft.seq_lens_decoder,
-                    draft.seq_lens_this_time,
-                    self.rows_bound if substep == 0 else 1,
-                )
-                if multi:
-                    dec0 = draft.seq_lens_decoder.clone()
-                    first = (ids_remove_padding, rows_hidden.clone(), batch_id_per_token, dec0)
-                hidden = self._forward(ids_remove_padding, rows_hidden, meta, layer)
-            gathered, _ = ops.eagle_gather_hidden_states(
-                input=hidden,
-                cu_seqlens_q=cu_seqlens_q,
-                seq_lens_this_time=draft.seq_lens_this_time,
-                seq_lens_decoder=draft.seq_lens_decoder,
-                seq_lens_encoder=draft.seq_lens_encoder,
-                batch_id_per_token_output=batch_id_per_token_output,
-                cu_seqlens_q_output=cu_seqlens_q_output,
-                real_output_token_num=real_output_token_num,
-            )
-            next_tokens = self.sampler(self._logits(gathered, layer))
-            ops.draft_model_update(
-                inter_next_tokens=next_tokens,
-                draft_tokens=draft.draft_tokens,
-                pre_ids=draft.pre_ids,
-                seq_lens_this_time=draft.seq_lens_this_time,
-                seq_lens_encoder=draft.seq_lens_encoder,
-                seq_lens_decoder=draft.seq_lens_decoder,
-                step_idx=draft.step_idx,
-                cu_seqlens_q_output=cu_seqlens_q_output,
-                stop_flags=draft.stop_flags,
-                not_need_stop=draft.not_need_stop,
-                max_dec_len=draft.max_dec_len,
-                end_ids=draft.eos_token_id,
-                base_model_draft_tokens=draft.base_model_draft_tokens,
-                max_seq_len=self.max_model_len,
-                substep=substep,
-            )
-            draft.target_hidden_states[:bsz] = gathered
+        layer = self.layer_schedule[substep]
+        rows_hidden = draft.target_hidden_states[:token_num]
+        if multi and substep > 0:
+            self._chain.append((packed.ids_remove_padding, rows_hidden.clone(), packed.batch_id_per_token))
+            assert self._first is not None
+            return self._chain_forward(self._first, self._chain, layer, packed.batch_id_per_token)
+        meta = self._meta(
+            packed.ids_remove_padding,
+            packed.cu_seqlens_q,
+            draft.seq_lens_encoder,
+            draft.seq_lens_decoder,
+            draft.seq_lens_this_time,
+            self.rows_bound if substep == 0 else 1,
+        )
+        if multi:
+            dec0 = draft.seq_lens_decoder.clone()
+            self._first = (packed.ids_remove_padding, rows_hidden.clone(), packed.batch_id_per_token, dec0)
+            self._chain = []
+        return self._forward(packed.ids_remove_padding, rows_hidden, meta, layer)
+
+    def sample_substep(self, gathered: paddle.Tensor, substep: int) -> paddle.Tensor:
+        """``[N]`` int64 greedy drafts from substep ``substep``'s gathered rows."""
+        return self.sampler(self._logits(gathered, self.layer_schedule[substep]))
+
+    def empty_substep(self) -> None:
+        self.model.empty_input_forward(None)
 
     def _chain_forward(
         self,
@@ -698,13 +452,7 @@ class MTPProposer:
         return paddle.gather(last, now)
 
     def _update_status(self) -> None:
-        target = self.target_model_inputs
-        ops.draft_model_postprocess(
-            base_model_draft_tokens=target.draft_tokens,
-            base_model_seq_lens_this_time=target.seq_lens_this_time,
-            base_model_seq_lens_encoder=target.seq_lens_encoder,
-            base_model_stop_flags=target.stop_flags,
-        )
+        postprocess(self._ops, self.target_model_inputs)
 
     def _extend_draft_token_with_ngram_match(self) -> None:
         draft, target = self.model_inputs, self.target_model_inputs

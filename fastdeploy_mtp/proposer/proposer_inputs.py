@@ -18,11 +18,16 @@ Three kinds of buffers:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import paddle
 
 from ..config import FDConfig
 from ..constants import NO_BATCH_ID, PLACEHOLDER_TOKEN_ID, UNSET_SEQ_LEN
 from ..runtime.input_batch import InputBatch
+
+if TYPE_CHECKING:
+    from ..runtime.request import Request
 
 #: Target buffers the proposer shares by reference (same tensor object), under its own
 #: name -> the target's name.
@@ -122,3 +127,54 @@ class ProposerInputBatch(InputBatch):
     def shares_with(self, target_inputs: InputBatch) -> bool:
         """Whether every shared buffer is the target's very tensor object."""
         return all(self[own] is target_inputs[theirs] for own, theirs in SHARED_WITH_TARGET.items())
+
+    # ---- per-slot state (MTPProposer's insertion) -------------------------------------------
+    def load_prefill_chunk(self, req: Request) -> None:
+        """Set slot ``req.idx``'s draft state for prefill chunk ``[start, end)`` of its prompt
+        (see :meth:`MTPProposer.insert_tasks_v1 <fastdeploy_mtp.proposer.MTPProposer.insert_tasks_v1>`).
+
+        Raises:
+            ValueError: an empty chunk.
+        """
+        idx = int(req.idx)
+        prompt = list(req.prompt_token_ids)
+        output = list(req.output_token_ids)
+        start, end = int(req.prefill_start_index), int(req.prefill_end_index)
+        length = end - start
+        if length <= 0:
+            raise ValueError(f"request {req.request_id!r}: empty prefill chunk [{start}, {end})")
+        shifted = prompt[start + 1 : end] + (prompt[end : end + 1] if end < len(prompt) else [])
+        if shifted:
+            self.input_ids[idx, : len(shifted)] = paddle.to_tensor(shifted, dtype="int64")
+        self.input_ids_cpu[idx, :] = PLACEHOLDER_TOKEN_ID
+        if len(prompt) > 1:
+            self.input_ids_cpu[idx, : len(prompt) - 1] = paddle.to_tensor(prompt[1:], dtype="int64")
+        self.input_ids_len[idx, 0] = len(prompt) - 1
+        self.pre_ids[idx, :] = PLACEHOLDER_TOKEN_ID
+        if output:
+            self.pre_ids[idx, : len(output)] = paddle.to_tensor(output, dtype="int64")
+        self.stop_flags[idx, 0] = False
+        self.batch_drop[idx, 0] = False
+        self.seq_lens_encoder[idx] = length
+        self.seq_lens_decoder[idx] = start
+        self.seq_lens_this_time[idx] = length
+        self.step_idx[idx, 0] = len(output) if end >= len(prompt) + len(output) else 0
+        self.draft_tokens[idx, :] = PLACEHOLDER_TOKEN_ID
+
+    def stop_slot(self, idx: int) -> None:
+        """Stop draft slot ``idx`` (an aborted request): no tokens, no lengths."""
+        self.stop_flags[idx, 0] = True
+        self.seq_lens_this_time[idx] = 0
+        self.seq_lens_encoder[idx] = 0
+        self.seq_lens_decoder[idx] = 0
+        self.step_idx[idx, 0] = 0
+
+    def load_dummy_prefill(self, idx: int, num_tokens: int) -> None:
+        """A dummy prefill of ``num_tokens`` tokens (id 5) in draft slot ``idx`` (warm-up and
+        memory profiling)."""
+        self.input_ids[idx, :num_tokens] = 5
+        self.stop_flags[idx, 0] = False
+        self.seq_lens_encoder[idx] = num_tokens
+        self.seq_lens_decoder[idx] = 0
+        self.seq_lens_this_time[idx] = num_tokens
+        self.step_idx[idx, 0] = 0

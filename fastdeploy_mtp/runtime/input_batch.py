@@ -29,20 +29,20 @@ class InputBatch:
     def __init__(self) -> None:
         object.__setattr__(self, "_buffers", {})
 
-    def __getattr__(self, name: str) -> Any:
+    def _buffer(self, name: str, error: type[LookupError] | type[AttributeError]) -> Any:
         try:
             return self._buffers[name]
         except KeyError:
-            raise AttributeError(f"{type(self).__name__} has no buffer {name!r}") from None
+            raise error(f"{type(self).__name__} has no buffer {name!r}") from None
+
+    def __getattr__(self, name: str) -> Any:
+        return self._buffer(name, AttributeError)
 
     def __setattr__(self, name: str, value: Any) -> None:
         self._buffers[name] = value
 
     def __getitem__(self, name: str) -> Any:
-        try:
-            return self._buffers[name]
-        except KeyError:
-            raise KeyError(f"{type(self).__name__} has no buffer {name!r}") from None
+        return self._buffer(name, KeyError)
 
     def __setitem__(self, name: str, value: Any) -> None:
         self._buffers[name] = value

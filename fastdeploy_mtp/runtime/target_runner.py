@@ -22,6 +22,7 @@ from .adaptive_draft import AdaptiveDraftLength
 from .input_batch import InputBatch, make_target_inputs
 from .request import InvalidRequestError, Request, RequestType, check_token_ids
 from .sampling_params import TokenLogprob
+from .spec_step import LogitRows, Packed, PaddleBackend, TargetStep, postprocess, target_step
 from .target_sampler import TargetSampler
 
 if TYPE_CHECKING:
@@ -198,6 +199,10 @@ class TargetRunner:
         self.sampler = TargetSampler(self.verify_strategy, fd_config.model_config.max_model_len)
         #: prompt ids must be below this: the smaller of ``model_config.vocab_size`` and the
         #: model's own ``config.vocab_size`` (its embedding rows), where it has one
+        #: the step's op sequence runs on Paddle tensors (see :mod:`.spec_step`)
+        self._ops = PaddleBackend()
+        #: seconds in the target's forward and logits this step
+        self._model_s = 0.0
         self.vocab_size = min(
             fd_config.model_config.vocab_size, getattr(model.config, "vocab_size", fd_config.model_config.vocab_size)
         )
@@ -327,157 +332,109 @@ class TargetRunner:
     # ---- one step ---------------------------------------------------------------------------
     @paddle.no_grad()
     def execute(self) -> StepOutput:
-        """One target step: forward over this step's tokens, the target's tokens (argmax, or
-        the seeded sampler), verification and status update, then the proposer's round
-        (without speculation, ``draft_model_postprocess``).
+        """One target step (:func:`~fastdeploy_mtp.runtime.spec_step.target_step`: forward over
+        this step's tokens, the target's tokens (argmax, or the seeded sampler), verification
+        and status update), then the proposer's round (without speculation,
+        ``draft_model_postprocess``).
         Returns what the step emitted, copied to the host before the proposer runs."""
         t_start = time.perf_counter()
-        model_s = 0.0
+        self._model_s = 0.0
         if self.proposer is not None:
             self.proposer.model_seconds = 0.0
         target = self.share_inputs
-        slt = target.seq_lens_this_time.numpy().astype(np.int64)
-        enc = target.seq_lens_encoder.numpy().astype(np.int64)
-        token_num = int(slt.sum())
-        prefill = bool((enc[slt > 0] > 0).any())
-        bound = int((self._cached + slt)[slt > 0].max()) if token_num else 1
-        (ids, _, cu_seqlens_q, _, cu_seqlens_q_output, _, _) = ops.speculate_pre_process(
-            cpu_token_num=token_num,
-            input_ids=target.input_ids,
-            seq_len=target.seq_lens_this_time,
-            draft_tokens=target.draft_tokens,
-            seq_lens_encoder=target.seq_lens_encoder,
-            seq_lens_decoder=target.seq_lens_decoder,
-        )
-        meta = ForwardMeta(
-            ids_remove_padding=ids,
-            cu_seqlens_q=cu_seqlens_q,
-            seq_lens_encoder=target.seq_lens_encoder,
-            seq_lens_decoder=target.seq_lens_decoder,
-            seq_lens_this_time=target.seq_lens_this_time,
-            block_tables=target.block_tables,
-            caches=self.caches,
-            block_size=self.block_size,
-            max_seq_len=bound,
-            max_rows_per_item=int(slt.max()),
-            # validate on the host in rounds with a prefill; steady-state rounds read nothing back
-            check=prefill,
-        )
-        t0 = time.perf_counter()
-        hidden = self.model(ids, meta) if token_num else paddle.zeros([0, self.model.config.hidden_size])
-        model_s += time.perf_counter() - t0
-        # Logit rows: the last token of a prefill chunk (or of a 1-token item), every token of
-        # a decode item with drafts (speculate_pre_process's output-row rule).
-        cu = np.concatenate([[0], np.cumsum(slt)])
-        rows: list[int] = []
-        row_slot: list[int] = []
-        row_j: list[int] = []
-        for b in np.nonzero(slt)[0]:
-            n, s = int(slt[b]), int(cu[b])
-            span = [s + n - 1] if (n == 1 or enc[b] != 0) else list(range(s, s + n))
-            rows.extend(span)
-            row_slot.extend([int(b)] * len(span))
-            row_j.extend(range(len(span)))
-        slots_of_rows = np.asarray(row_slot, np.int64)
-        target_tokens = paddle.zeros([0], dtype="int64")
-        sampled = None
-        if rows:
-            t0 = time.perf_counter()
-            logits = self.model.compute_logits(paddle.gather(hidden, paddle.to_tensor(rows, dtype="int64")))
-            model_s += time.perf_counter() - t0
-            if self.sampler.needs_sampler(slots_of_rows):
-                sampled = self.sampler.sample(
-                    logits, slots_of_rows, np.asarray(row_j, np.int64), target, target.step_idx.numpy().reshape(-1)
-                )
-                target_tokens = sampled.tokens
-            else:
-                target_tokens = paddle.argmax(logits, axis=-1).astype("int64")
-            if self.fd_config.parallel_config.tensor_parallel_size > 1:
-                # Every rank must verify (and emit) the same tokens: rank 0's tokens win, as
-                # the MTP sampler does for drafts. All ranks have the same rows here (and the
-                # same candidate rows and uniforms, computed from them).
-                from ..distributed import broadcast_from_rank0
-
-                target_tokens = broadcast_from_rank0(target_tokens)
-        drafts = target.draft_tokens.numpy()[:, 1:].copy()
-        decode_mask = (slt > 0) & (enc == 0)
-        ops.verify_draft_tokens(
-            step_output_ids=target.accept_tokens,
-            step_output_len=target.accept_num,
-            step_input_ids=target.draft_tokens,
-            target_tokens=target_tokens,
-            candidate_ids=sampled.candidate_ids if sampled is not None else None,
-            candidate_scores=sampled.candidate_scores if sampled is not None else None,
-            candidate_lens=sampled.candidate_lens if sampled is not None else None,
-            topp=target.top_p,
-            stop_flags=target.stop_flags,
-            seq_lens_encoder=target.seq_lens_encoder,
-            seq_lens_this_time=target.seq_lens_this_time,
-            end_tokens=target.eos_token_id,
-            is_block_step=target.is_block_step,
-            cu_seqlens_q_output=cu_seqlens_q_output,
-            reasoning_status=target.reasoning_status,
-            max_dec_len=target.max_dec_len,
-            step_idx=target.step_idx,
-            verify_uniforms=sampled.uniforms if sampled is not None else None,
-            max_seq_len=self.fd_config.model_config.max_model_len,
-            verify_strategy=self.verify_strategy,
-            # the token reaching max_tokens is the one the strategy chose (upstream emits
-            # eos_token_id[0] there, dropping the request's last real token)
-            keep_max_dec_len_token=True,
-        )
-        ops.unified_update_model_status(
-            seq_lens_encoder=target.seq_lens_encoder,
-            seq_lens_decoder=target.seq_lens_decoder,
-            has_running_seqs=target.not_need_stop,
-            step_input_ids=target.draft_tokens,
-            step_output_ids=target.accept_tokens,
-            step_output_len=target.accept_num,
-            stop_flags=target.stop_flags,
-            seq_lens_this_time=target.seq_lens_this_time,
-            is_paused=target.is_block_step,
-            token_ids_all=target.token_ids_all,
-            prompt_lens=target.prompt_lens,
-            step_idx=target.step_idx,
-            end_tokens=target.eos_token_id,
-            max_dec_len=target.max_dec_len,
-            keep_max_dec_len_token=True,
-        )
+        step = target_step(self._ops, target, self, self.fd_config.model_config.max_model_len, self.verify_strategy)
         self._fix_up_non_final_chunks()
-        accept_tokens = target.accept_tokens.numpy().copy()
-        accept_num = target.accept_num.numpy().copy()
-        self._cached += np.where(enc > 0, slt, np.where(slt > 0, accept_num, 0)).astype(np.int64)
-        out = StepOutput(
-            accept_tokens=accept_tokens,
-            accept_num=accept_num,
-            stop_flags=target.stop_flags.numpy().reshape(-1).copy(),
-            drafts=drafts,
-            decode_mask=decode_mask,
-            num_tokens=token_num,
-        )
-        if sampled is not None and sampled.logprobs is not None:
-            out.logprobs = self.sampler.emitted_logprobs(sampled.logprobs, slots_of_rows, accept_tokens, accept_num)
+        out = self._step_output(step)
+        prefill = bool((step.enc[step.slt > 0] > 0).any())
         if self.proposer is not None:
-            self._propose(hidden, out, slt, cu, prefill)
+            self._propose(step.hidden, out, step.slt, step.rows.cu, prefill)
         else:
             # Without drafts each decoding slot feeds its last token next: count the
             # non-empty draft slots ([last token] only), as the proposer's postprocess does.
-            ops.draft_model_postprocess(
-                base_model_draft_tokens=target.draft_tokens,
-                base_model_seq_lens_this_time=target.seq_lens_this_time,
-                base_model_seq_lens_encoder=target.seq_lens_encoder,
-                base_model_stop_flags=target.stop_flags,
-            )
+            postprocess(self._ops, target)
         if self._exports:
             from ..splitwise.handoff import export_slot
 
             draft = self.proposer.model_inputs if self.proposer is not None else None
             out.exports = {idx: export_slot(target, draft, idx) for idx in self._exports}
             self._exports = []
-        out.model_seconds = model_s + (self.proposer.model_seconds if self.proposer is not None else 0.0)
+        out.model_seconds = self._model_s + (self.proposer.model_seconds if self.proposer is not None else 0.0)
         out.step_seconds = time.perf_counter() - t_start
         if self.adaptive is not None:
-            self.adaptive.record(int((slt > 0).sum()), out.step_seconds, prefill)
+            self.adaptive.record(int((step.slt > 0).sum()), out.step_seconds, prefill)
+        return out
+
+    def forward_target(self, packed: Packed, slt: np.ndarray, enc: np.ndarray) -> paddle.Tensor:
+        """The target forward of :func:`~fastdeploy_mtp.runtime.spec_step.target_step`:
+        ``[T, H]`` hidden rows, bounded by the host mirror of the cached lengths."""
+        token_num = int(slt.sum())
+        meta = ForwardMeta(
+            ids_remove_padding=packed.ids_remove_padding,
+            cu_seqlens_q=packed.cu_seqlens_q,
+            seq_lens_encoder=self.share_inputs.seq_lens_encoder,
+            seq_lens_decoder=self.share_inputs.seq_lens_decoder,
+            seq_lens_this_time=self.share_inputs.seq_lens_this_time,
+            block_tables=self.share_inputs.block_tables,
+            caches=self.caches,
+            block_size=self.block_size,
+            max_seq_len=int((self._cached + slt)[slt > 0].max()) if token_num else 1,
+            max_rows_per_item=int(slt.max()),
+            # validate on the host in rounds with a prefill; steady-state rounds read nothing back
+            check=bool((enc[slt > 0] > 0).any()),
+        )
+        t0 = time.perf_counter()
+        if token_num:
+            hidden = self.model(packed.ids_remove_padding, meta)
+        else:
+            hidden = paddle.zeros([0, self.model.config.hidden_size])
+        self._model_s += time.perf_counter() - t0
+        return hidden
+
+    def target_tokens(self, hidden: paddle.Tensor, rows: LogitRows) -> tuple[paddle.Tensor, Any]:
+        """The target's tokens at the logit rows: argmax, or the seeded sampler where a slot
+        needs it (then also its candidates and uniforms for verification)."""
+        if not rows.rows:
+            return paddle.zeros([0], dtype="int64"), None
+        t0 = time.perf_counter()
+        logits = self.model.compute_logits(paddle.gather(hidden, paddle.to_tensor(rows.rows, dtype="int64")))
+        self._model_s += time.perf_counter() - t0
+        sampled = None
+        if self.sampler.needs_sampler(rows.slots):
+            target = self.share_inputs
+            sampled = self.sampler.sample(
+                logits, rows.slots, rows.positions, target, target.step_idx.numpy().reshape(-1)
+            )
+            target_tokens = sampled.tokens
+        else:
+            target_tokens = paddle.argmax(logits, axis=-1).astype("int64")
+        if self.fd_config.parallel_config.tensor_parallel_size > 1:
+            # Every rank must verify (and emit) the same tokens: rank 0's tokens win, as the
+            # MTP sampler does for drafts. All ranks have the same rows here (and the same
+            # candidate rows and uniforms, computed from them).
+            from ..distributed import broadcast_from_rank0
+
+            target_tokens = broadcast_from_rank0(target_tokens)
+        return target_tokens, sampled
+
+    def _step_output(self, step: TargetStep) -> StepOutput:
+        """The step's emitted tokens and flags on the host; advances the cached lengths."""
+        target = self.share_inputs
+        accept_tokens = target.accept_tokens.numpy().copy()
+        accept_num = target.accept_num.numpy().copy()
+        slt, enc = step.slt, step.enc
+        self._cached += np.where(enc > 0, slt, np.where(slt > 0, accept_num, 0)).astype(np.int64)
+        out = StepOutput(
+            accept_tokens=accept_tokens,
+            accept_num=accept_num,
+            stop_flags=target.stop_flags.numpy().reshape(-1).copy(),
+            drafts=step.drafts,
+            decode_mask=step.decode_mask,
+            num_tokens=step.token_num,
+        )
+        if step.sampled is not None and step.sampled.logprobs is not None:
+            out.logprobs = self.sampler.emitted_logprobs(
+                step.sampled.logprobs, step.rows.slots, accept_tokens, accept_num
+            )
         return out
 
     def _propose(self, hidden: paddle.Tensor, out: StepOutput, slt: np.ndarray, cu: np.ndarray, prefill: bool) -> None:

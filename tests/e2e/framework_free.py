@@ -1,15 +1,24 @@
-"""A framework-free MTP speculative decoding loop: the op sequence of the reference engine's
-target step (``TargetRunner.execute``) and of ``MTPProposer.run``, called through
+"""A framework-free MTP speculative decoding loop: the package's own op sequences of the
+target step and of the proposer's round (:mod:`fastdeploy_mtp.runtime.spec_step`, which
+``TargetRunner.execute`` and ``MTPProposer.run`` run on Paddle tensors), driven here through
 ``fastdeploy_mtp._kernels`` on a pluggable array backend, with tiny numpy "models".
 
 It needs no Paddle, so the same end-to-end greedy check runs on the framework-free CPU build,
 under the CUDA and XPU emulators, and on a real GPU with torch (or CuPy) tensors.
 
+The seam: an :class:`ArrayBackend` is the package's ``StepBackend`` (``run_op`` allocates the
+outputs the Paddle wrappers would allocate and calls ``_kernels``; ``host``, ``stage``,
+``float32``), and :class:`FrameworkFreeMTP` is its ``TargetStepModel`` and ``DraftStepModel``
+(the toy forwards, logits and greedy sampling). The backends live here, not in the package:
+they exist only to test the kernels end to end, pick torch or CuPy the way the op tests do
+(``tests/backends.py``), and the package never runs without Paddle.
+
 One step, as the engine runs it:
 
-* target: ``speculate_pre_process`` -> target model (host) -> ``verify_draft_tokens``
-  (GREEDY or TARGET_MATCH) -> ``unified_update_model_status``;
-* proposer: ``draft_model_preprocess`` -> ``eagle_get_hidden_states`` -> ``num_model_steps`` x
+* target (``target_step``): ``speculate_pre_process`` -> target model (host) ->
+  ``verify_draft_tokens`` (GREEDY or TARGET_MATCH) -> ``unified_update_model_status``;
+* proposer (``prepare_round``, ``propose_substeps``, ``postprocess``):
+  ``draft_model_preprocess`` -> ``eagle_get_hidden_states`` -> ``num_model_steps`` x
   (``speculate_pre_process`` -> MTP model (host) -> ``eagle_gather_hidden_states`` -> draft
   logits (host) -> ``draft_model_update``) -> ``draft_model_postprocess``.
 
@@ -45,6 +54,14 @@ import numpy as np
 from fastdeploy_mtp import _kernels
 from fastdeploy_mtp.constants import PLACEHOLDER_TOKEN_ID
 from fastdeploy_mtp.ops._op_wrappers import VerifyStrategy
+from fastdeploy_mtp.runtime.spec_step import (
+    LogitRows,
+    Packed,
+    postprocess,
+    prepare_round,
+    propose_substeps,
+    target_step,
+)
 
 #: The framework-free backends, by their op-test names (tests/backends.py).
 FRAMEWORK_FREE_BACKENDS = ("kernels-cpu", "cuda-emu", "xpu-emu", "cuda")
@@ -86,6 +103,41 @@ class ArrayBackend:
     def call(self, op: str, **kwargs: Any) -> None:
         """``_kernels.<op>(**kwargs)`` on this backend's arrays."""
         raise NotImplementedError
+
+    # ---- the package's StepBackend seam (fastdeploy_mtp.runtime.spec_step) --------------------
+    def float32(self, arr: Any) -> Any:
+        """The toy models' hidden rows are float32 already."""
+        return arr
+
+    def stage(self, dst: Any, src: Any) -> None:
+        self.copy_rows(dst, src, int(src.shape[0]))
+
+    def run_op(self, name: str, **kwargs: Any) -> Any:
+        """Op ``name`` as its Paddle wrapper behaves: the outputs the wrapper would allocate
+        are allocated here (:meth:`empty`), passed to ``_kernels`` and returned in the
+        wrapper's order; an op without new outputs returns None."""
+        outputs = self._outputs(name, kwargs)
+        self.call(name, **kwargs, **outputs)
+        return tuple(outputs.values()) if outputs else None
+
+    def _outputs(self, name: str, kw: dict[str, Any]) -> dict[str, Any]:
+        """The new outputs of the ops the step runs (shapes as ``_kernels``' docstrings)."""
+        if name == "speculate_pre_process":
+            t, n, w = kw["cpu_token_num"], int(kw["seq_len"].shape[0]), int(kw["draft_tokens"].shape[1])
+            return {
+                "ids_remove_padding": self.empty((t,), np.int64),
+                "batch_id_per_token": self.empty((t,), np.int32),
+                "cu_seqlens_q": self.empty((n + 1,), np.int32),
+                "cu_seqlens_k": self.empty((n + 1,), np.int32),
+                "cu_seq_lens_q_output": self.empty((n + 1,), np.int32),
+                "batch_id_per_token_output": self.empty((n * w,), np.int32),
+                "real_output_token_num": self.empty((1,), np.int32),
+            }
+        if name in ("eagle_get_hidden_states", "eagle_gather_hidden_states"):
+            rows = kw["input"].shape[0] if name == "eagle_get_hidden_states" else kw["seq_lens_this_time"].shape[0]
+            shape = (int(rows), int(kw["input"].shape[1]))
+            return {"out": self.empty(shape, np.float32), "output_token_num": self.empty((1,), np.int32)}
+        return {}
 
 
 class NumpyBackend(ArrayBackend):
@@ -404,6 +456,13 @@ class FrameworkFreeMTP:
         self.requests: dict[int, Request] = {}
         self.outputs: dict[int, list[int]] = {}
         self.done: set[int] = set()
+        # what a forward leaves for the logits after it (host): the target's next tokens ([T]
+        # int64), the MTP substep's output rows ([T, 2E] float32), its cu_seqlens_q ([N + 1])
+        # and its seq_lens_this_time ([N] int64, read before draft_model_update changes it)
+        self._next_tokens = np.zeros(0, np.int64)
+        self._mtp_out = np.zeros((0, models.hidden_size), np.float32)
+        self._cu = np.zeros(num_slots + 1, np.int32)
+        self._dslt = np.zeros(num_slots, np.int64)
 
     # ---- insertion and release (host writes, as the engine's) ----------------------------------
     def insert(self, slot: int, req: Request) -> None:
@@ -457,30 +516,41 @@ class FrameworkFreeMTP:
         be.write(t.seq_lens_decoder, slot, 0)
         self.done.add(slot)
 
-    # ---- one step ---------------------------------------------------------------------------------
-    def _pre_process(self, token_num: int, side: SimpleNamespace) -> SimpleNamespace:
-        """``speculate_pre_process`` over one side's buffers, outputs allocated here."""
-        be, n, w = self.be, self.n, self.k + 1
-        o = SimpleNamespace(
-            ids_remove_padding=be.empty((token_num,), np.int64),
-            batch_id_per_token=be.empty((token_num,), np.int32),
-            cu_seqlens_q=be.empty((n + 1,), np.int32),
-            cu_seqlens_k=be.empty((n + 1,), np.int32),
-            cu_seq_lens_q_output=be.empty((n + 1,), np.int32),
-            batch_id_per_token_output=be.empty((n * w,), np.int32),
-            real_output_token_num=be.empty((1,), np.int32),
+    # ---- one step: the package's op sequences (fastdeploy_mtp.runtime.spec_step) --------------
+    def forward_target(self, packed: Packed, slt: np.ndarray, enc: np.ndarray) -> Any:
+        """The target model (``TargetStepModel``): ``[T, 2E]`` float32 hidden rows; their next
+        tokens are kept for :meth:`target_tokens`."""
+        be = self.be
+        hidden, self._next_tokens = self._target_forward(
+            be.host(packed.ids_remove_padding), be.host(packed.cu_seqlens_q), slt, be.host(self.t.seq_lens_decoder)
         )
-        be.call(
-            "speculate_pre_process",
-            cpu_token_num=token_num,
-            input_ids=side.input_ids,
-            seq_len=side.seq_lens_this_time,
-            draft_tokens=side.draft_tokens,
-            seq_lens_encoder=side.seq_lens_encoder,
-            seq_lens_decoder=side.seq_lens_decoder,
-            **vars(o),
+        return be.array(hidden)
+
+    def target_tokens(self, hidden: Any, rows: LogitRows) -> tuple[Any, None]:
+        """The target's (greedy) tokens at the logit rows; no sampler extras."""
+        return self.be.array(self._next_tokens[rows.rows]), None
+
+    def forward_substep(self, substep: int, packed: Packed, token_num: int) -> Any:
+        """The MTP layer (``DraftStepModel``) over the staged hidden rows; what
+        :meth:`sample_substep` checks its gathered rows against is kept."""
+        be, d = self.be, self.d
+        self._dslt = be.host(d.seq_lens_this_time).astype(np.int64)
+        self._cu = be.host(packed.cu_seqlens_q)
+        self._mtp_out = self._mtp_forward(
+            be.host(packed.ids_remove_padding),
+            be.host(d.target_hidden_states, token_num),
+            self._cu,
+            self._dslt,
+            be.host(d.seq_lens_decoder),
+            substep,
         )
-        return o
+        return be.array(self._mtp_out)
+
+    def sample_substep(self, gathered: Any, substep: int) -> Any:
+        return self.be.array(self._draft_logits(self.be.host(gathered), self._mtp_out, self._cu, self._dslt, substep))
+
+    def empty_substep(self) -> None:
+        raise AssertionError("a substep with no token: the loop always has a running slot")
 
     def _target_forward(self, ids: np.ndarray, cu: np.ndarray, slt: np.ndarray, dec: np.ndarray) -> tuple:
         """The target model: ``([T, 2E] float32 hidden rows, [T] int64 next tokens)``; rows no
@@ -525,195 +595,38 @@ class FrameworkFreeMTP:
             raise AssertionError(f"MTP substep {substep}: staged hidden rows no item owns are not zero")
         return out
 
-    def _stage(self, src: Any, rows: int) -> None:
-        """``target_hidden_states[:rows] = src[:rows]`` (the proposer's staging buffer)."""
-        self.be.copy_rows(self.d.target_hidden_states, src, rows)
-
     def step(self) -> StepRecord:
         """One engine step: the target step, then the proposer's round; finished requests are
         collected and their slots released."""
-        be, t, d, m = self.be, self.t, self.d, self.models
-        n, hsz = self.n, m.hidden_size
-        slt = be.host(t.seq_lens_this_time).astype(np.int64)
-        enc = be.host(t.seq_lens_encoder).astype(np.int64)
-        token_num = int(slt.sum())
+        be, t, d, n = self.be, self.t, self.d, self.n
+        token_num = int(be.host(t.seq_lens_this_time).astype(np.int64).sum())
         if token_num == 0:
             raise RuntimeError("step() with no running slot")
         if d.target_hidden_states is None:  # max_num_batched_tokens + N * W rows, as the proposer's
-            d.target_hidden_states = be.array(np.zeros((token_num + n * (self.k + 1), hsz), np.float32))
-        elif token_num > int(d.target_hidden_states.shape[0]):
-            raise AssertionError(f"{token_num} target rows exceed the staging buffer")
-        # ---- target: pack, forward, verify, update
-        pre = self._pre_process(token_num, t)
-        hidden_host, next_host = self._target_forward(
-            be.host(pre.ids_remove_padding), be.host(pre.cu_seqlens_q), slt, be.host(t.seq_lens_decoder)
-        )
-        rows: list[int] = []
-        cu = np.concatenate([[0], np.cumsum(slt)])
-        for b in np.nonzero(slt)[0]:
-            cnt, s = int(slt[b]), int(cu[b])
-            span = [s + cnt - 1] if (cnt == 1 or enc[b] != 0) else list(range(s, s + cnt))
-            rows.extend(span)
-        row_tokens = next_host[rows]
-        hidden = be.array(hidden_host)
-        drafts = be.host(t.draft_tokens)[:, 1:]
-        decoding = [int(b) for b in np.nonzero((slt > 0) & (enc == 0))[0]]
-        be.call(
-            "verify_draft_tokens",
-            step_output_ids=t.accept_tokens,
-            step_output_len=t.accept_num,
-            step_input_ids=t.draft_tokens,
-            target_tokens=be.array(row_tokens),
-            candidate_ids=None,
-            candidate_scores=None,
-            candidate_lens=None,
-            topp=t.top_p,
-            stop_flags=t.stop_flags,
-            seq_lens_encoder=t.seq_lens_encoder,
-            seq_lens_this_time=t.seq_lens_this_time,
-            end_tokens=t.eos_token_id,
-            is_block_step=t.is_block_step,
-            cu_seqlens_q_output=pre.cu_seq_lens_q_output,
-            reasoning_status=t.reasoning_status,
-            max_dec_len=t.max_dec_len,
-            step_idx=t.step_idx,
-            verify_uniforms=None,
-            max_seq_len=self.max_len,
-            verify_strategy=self.strategy,
-            keep_max_dec_len_token=True,
-        )
-        be.call(
-            "unified_update_model_status",
-            seq_lens_encoder=t.seq_lens_encoder,
-            seq_lens_decoder=t.seq_lens_decoder,
-            has_running_seqs=t.not_need_stop,
-            step_input_ids=t.draft_tokens,
-            step_output_ids=t.accept_tokens,
-            step_output_len=t.accept_num,
-            stop_flags=t.stop_flags,
-            seq_lens_this_time=t.seq_lens_this_time,
-            is_paused=t.is_block_step,
-            token_ids_all=t.token_ids_all,
-            prompt_lens=t.prompt_lens,
-            step_idx=t.step_idx,
-            end_tokens=t.eos_token_id,
-            max_dec_len=t.max_dec_len,
-            keep_max_dec_len_token=True,
-        )
+            d.target_hidden_states = be.array(
+                np.zeros((token_num + n * (self.k + 1), self.models.hidden_size), np.float32)
+            )
+        st = target_step(be, t, self, self.max_len, self.strategy)
         accept_tokens = be.host(t.accept_tokens)
         accept_num = be.host(t.accept_num)
         stop = be.host(t.stop_flags).reshape(-1)
-        # ---- proposer round
-        running = slt > 0
-        self._propose(hidden, token_num, int(np.nonzero(running)[0].max()) + 1)
+        # ---- proposer round (MTPProposer.run)
+        running = st.slt > 0
+        prepare_round(be, d, t, st.hidden, self.steps, False)
+        propose_substeps(be, d, self, int(np.nonzero(running)[0].max()) + 1, token_num, self.steps, self.max_len)
+        postprocess(be, t)
         # ---- collect (Engine._collect without stop strings)
+        decoding = [int(b) for b in np.nonzero(st.decode_mask)[0]]
         record = StepRecord(decoding=decoding, drafts={}, emitted={})
         for slot in map(int, np.nonzero(running)[0]):
             new = [int(x) for x in accept_tokens[slot, : int(accept_num[slot])]]
             record.emitted[slot] = new
             if slot in decoding:
-                record.drafts[slot] = [int(x) for x in drafts[slot] if x != PLACEHOLDER_TOKEN_ID]
+                record.drafts[slot] = [int(x) for x in st.drafts[slot] if x != PLACEHOLDER_TOKEN_ID]
             self.outputs[slot].extend(new)
             if stop[slot]:
                 self._free(slot)
         return record
-
-    def _propose(self, hidden: Any, target_rows: int, real_bsz: int) -> None:
-        """``MTPProposer.run``: preprocess, stage the target rows, the substeps, postprocess."""
-        be, t, d, m, n = self.be, self.t, self.d, self.models, self.n
-        hsz = m.hidden_size
-        be.call(
-            "draft_model_preprocess",
-            draft_tokens=d.draft_tokens,
-            input_ids=d.input_ids,
-            stop_flags=d.stop_flags,
-            seq_lens_this_time=d.seq_lens_this_time,
-            seq_lens_encoder=d.seq_lens_encoder,
-            seq_lens_decoder=d.seq_lens_decoder,
-            step_idx=d.step_idx,
-            not_need_stop=d.not_need_stop,
-            pre_ids=d.pre_ids,
-            accept_tokens=d.accept_tokens,
-            accept_num=d.accept_num,
-            target_model_seq_lens_encoder=t.seq_lens_encoder,
-            target_model_seq_lens_decoder=t.seq_lens_decoder,
-            target_model_step_idx=t.step_idx,
-            target_model_stop_flags=t.stop_flags,
-            max_dec_len=d.max_dec_len,
-            target_model_draft_tokens=d.base_model_draft_tokens,
-            num_model_step=self.steps,
-            is_splitwise_prefill=False,
-        )
-        selected = be.empty((target_rows, hsz), np.float32)
-        be.call(
-            "eagle_get_hidden_states",
-            input=hidden,
-            seq_lens_this_time=d.seq_lens_this_time,
-            seq_lens_encoder=d.seq_lens_encoder,
-            seq_lens_decoder=d.seq_lens_decoder,
-            stop_flags=d.stop_flags,
-            accept_nums=d.accept_num,
-            base_model_seq_lens_this_time=t.seq_lens_this_time,
-            base_model_seq_lens_encoder=t.seq_lens_encoder,
-            actual_draft_token_num=self.steps,
-            out=selected,
-            output_token_num=be.empty((1,), np.int32),
-        )
-        self._stage(selected, target_rows)
-        for substep in range(self.steps):
-            token_num = target_rows if substep == 0 else min(real_bsz, target_rows)
-            pre = self._pre_process(token_num, d)
-            dslt = be.host(d.seq_lens_this_time).astype(np.int64)
-            out_host = self._mtp_forward(
-                be.host(pre.ids_remove_padding),
-                be.host(d.target_hidden_states, token_num),
-                be.host(pre.cu_seqlens_q),
-                dslt,
-                be.host(d.seq_lens_decoder),
-                substep,
-            )
-            out = be.array(out_host)
-            gathered = be.empty((n, hsz), np.float32)
-            be.call(
-                "eagle_gather_hidden_states",
-                input=out,
-                cu_seqlens_q=pre.cu_seqlens_q,
-                seq_lens_this_time=d.seq_lens_this_time,
-                seq_lens_decoder=d.seq_lens_decoder,
-                seq_lens_encoder=d.seq_lens_encoder,
-                batch_id_per_token_output=pre.batch_id_per_token_output,
-                cu_seqlens_q_output=pre.cu_seq_lens_q_output,
-                real_output_token_num=pre.real_output_token_num,
-                out=gathered,
-                output_token_num=be.empty((1,), np.int32),
-            )
-            next_tokens = self._draft_logits(be.host(gathered), out_host, be.host(pre.cu_seqlens_q), dslt, substep)
-            be.call(
-                "draft_model_update",
-                inter_next_tokens=be.array(next_tokens),
-                draft_tokens=d.draft_tokens,
-                pre_ids=d.pre_ids,
-                seq_lens_this_time=d.seq_lens_this_time,
-                seq_lens_encoder=d.seq_lens_encoder,
-                seq_lens_decoder=d.seq_lens_decoder,
-                step_idx=d.step_idx,
-                cu_seqlens_q_output=pre.cu_seq_lens_q_output,
-                stop_flags=d.stop_flags,
-                not_need_stop=d.not_need_stop,
-                max_dec_len=d.max_dec_len,
-                end_ids=d.eos_token_id,
-                base_model_draft_tokens=d.base_model_draft_tokens,
-                max_seq_len=self.max_len,
-                substep=substep,
-            )
-            self._stage(gathered, n)
-        be.call(
-            "draft_model_postprocess",
-            base_model_draft_tokens=t.draft_tokens,
-            base_model_seq_lens_this_time=t.seq_lens_this_time,
-            base_model_seq_lens_encoder=t.seq_lens_encoder,
-            base_model_stop_flags=t.stop_flags,
-        )
 
     def _draft_logits(
         self, gathered: np.ndarray, mtp_out: np.ndarray, cu: np.ndarray, slt: np.ndarray, substep: int

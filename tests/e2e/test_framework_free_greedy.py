@@ -1,5 +1,6 @@
 """End-to-end greedy check of the MTP round without Paddle (tests/e2e/framework_free.py): the
-engine's target step and the proposer's round, op for op, through ``fastdeploy_mtp._kernels``
+package's own target step and proposer round (``fastdeploy_mtp.runtime.spec_step``, which
+``TargetRunner`` and ``MTPProposer`` run on Paddle), through ``fastdeploy_mtp._kernels``
 on each framework-free backend -- ``kernels-cpu``, ``cuda-emu``, ``xpu-emu`` and ``cuda``
 (torch or CuPy tensors on a GPU) where usable.
 
@@ -190,8 +191,9 @@ def test_the_loop_notices_misplaced_rows(op, arg, axis, message):
 
 @pytest.mark.only_backend("kernels-cpu")
 def test_the_loop_runs_where_paddle_cannot_be_imported(tmp_path):
-    """The loop and its backends import and run with Paddle made unimportable (as on the GPU
-    check machine): a fake ``paddle`` package that raises on import comes first on the path."""
+    """The loop, its backends and the package's op sequences import and run with Paddle made
+    unimportable (as on the GPU check machine): a fake ``paddle`` package that raises on
+    import comes first on the path."""
     fake = tmp_path / "paddle"
     fake.mkdir()
     (fake / "__init__.py").write_text('raise ModuleNotFoundError("paddle is disabled for this test")\n')
@@ -204,6 +206,7 @@ def test_the_loop_runs_where_paddle_cannot_be_imported(tmp_path):
         "result, want, _ = _run(backend, CASES['b5-k3-s3-eos'])\n"
         "assert result.outputs == want\n"
         "assert 'paddle' not in sys.modules\n"
+        "assert 'fastdeploy_mtp.runtime.spec_step' in sys.modules  # the package's op sequences ran\n"
         "print('ok', len(result.steps))\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}

@@ -14,7 +14,12 @@ from tests.engine_testlib import make_config, make_requests
 
 HOST_READS = ("numpy", "item", "tolist")
 #: Code that must not read device values back during a steady-state round.
-CHECKED_MODULES = ("fastdeploy_mtp.proposer", "fastdeploy_mtp.ops", "fastdeploy_mtp.models")
+CHECKED_MODULES = (
+    "fastdeploy_mtp.proposer",
+    "fastdeploy_mtp.runtime.spec_step",  # the round's op sequence (shared with the target step)
+    "fastdeploy_mtp.ops",
+    "fastdeploy_mtp.models",
+)
 
 
 def overlap_config(k, steps, hybrid=False):
