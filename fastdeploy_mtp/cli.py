@@ -618,7 +618,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     req = reqs[0]
     if args.json:
-        from .serving.api_server import finish_reason_of  # the server's rule, so both say the same
+        from .serving.engine_client import finish_reason_of  # the server's rule, so both say the same
 
         out: dict[str, Any] = {
             "prompt": args.prompt,
@@ -739,7 +739,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_router(args: argparse.Namespace) -> int:
     """``fastdeploy-mtp router``: see :mod:`fastdeploy_mtp.serving.router`."""
-    from .serving.router import RouterOptions, check_instance_url, run_router
+    from .serving.router import RouterOptions, run_router
+    from .serving.router_backend import check_instance_url
 
     urls: dict[str, list[str]] = {}
     for role in ("prefill", "decode"):

@@ -56,8 +56,21 @@ PROTOCOL_VERSION = 1
 VERSION_HEADER = "X-FastDeploy-MTP-Protocol"
 
 
+#: The splitwise endpoints of a prefill and a decode instance.
+PREFILL_PATH = "/v1/splitwise/prefill"
+DECODE_PATH = "/v1/splitwise/decode"
+
+
 class MessageError(ValueError):
-    """A message this process cannot read: malformed, or of another protocol version."""
+    """A message this process cannot read: malformed, or of another protocol version.
+
+    Attributes:
+        field: the first field at fault (dotted path), when one is.
+    """
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 def check_version(got: object, sender: str) -> None:
@@ -65,9 +78,7 @@ def check_version(got: object, sender: str) -> None:
     if got is None:
         raise MessageError(f"{sender} sent no protocol version; this process speaks version {PROTOCOL_VERSION}")
     if got != PROTOCOL_VERSION:
-        raise MessageError(
-            f"{sender} speaks protocol version {got!r}; this process speaks version {PROTOCOL_VERSION}"
-        )
+        raise MessageError(f"{sender} speaks protocol version {got!r}; this process speaks version {PROTOCOL_VERSION}")
 
 
 def check_header_version(value: str | None, sender: str) -> None:
@@ -205,11 +216,13 @@ M = TypeVar("M")
 B = TypeVar("B", bound=BaseModel)
 
 
-def _explain(exc: ValidationError) -> str:
+def _refusal(exc: ValidationError, what: str) -> MessageError:
+    """The :class:`MessageError` of a failed validation: its first error, the field it names."""
     first = exc.errors()[0]
     where = ".".join(str(p) for p in first["loc"])
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{where}: {first['msg']}{more}" if where else f"{first['msg']}{more}"
+    detail = f"{where}: {first['msg']}" if where else str(first["msg"])
+    return MessageError(f"malformed {what}: {detail}{more}", where or None)
 
 
 def _decode(adapter: TypeAdapter[M], payload: bytes, sender: str) -> M:
@@ -222,10 +235,10 @@ def _decode(adapter: TypeAdapter[M], payload: bytes, sender: str) -> M:
             raw = None
         if isinstance(raw, dict):
             check_version(raw.get("version"), sender)
-        raise MessageError(f"malformed message from {sender}: {_explain(exc)}") from None
+        raise _refusal(exc, f"message from {sender}") from None
     assert isinstance(msg, _Versioned)
     check_version(msg.version if "version" in msg.model_fields_set else None, sender)
-    return msg  # type: ignore[return-value]
+    return msg
 
 
 def decode_engine_message(payload: bytes, sender: str = "the engine") -> Step | Shutdown:
@@ -279,9 +292,6 @@ class TokensEvent(_Message):
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
 
-    def encode(self) -> bytes:
-        return self.model_dump_json(exclude_none=True).encode()  # no ``logprobs`` key unless asked
-
 
 class FinishEvent(_Message):
     finish_reason: str
@@ -312,7 +322,7 @@ def decode_http(model: type[B], payload: bytes | str, sender: str) -> B:
     try:
         return model.model_validate_json(payload)
     except ValidationError as exc:
-        raise MessageError(f"malformed message from {sender}: {_explain(exc)}") from None
+        raise _refusal(exc, f"message from {sender}") from None
 
 
 def decode_event(data: str, sender: str) -> DecodeEvent:
@@ -320,4 +330,4 @@ def decode_event(data: str, sender: str) -> DecodeEvent:
     try:
         return _DECODE_EVENT.validate_json(data)
     except ValidationError as exc:
-        raise MessageError(f"malformed event from {sender}: {_explain(exc)}") from None
+        raise _refusal(exc, f"event from {sender}") from None

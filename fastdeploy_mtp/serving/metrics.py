@@ -37,6 +37,9 @@ Splitwise (zero on a mixed instance):
   on a prefill instance those of handed-off requests no decode instance has copied yet, on
   a decode instance those an aborted request's transfer may still write;
 * ``fastdeploy:num_kv_blocks_free`` — free KV blocks (every instance).
+
+The router (``fastdeploy-mtp router``) counts its own ``fastdeploy:router_*`` instead
+(:class:`RouterCollector`).
 """
 
 from __future__ import annotations
@@ -80,97 +83,179 @@ class EngineCollector(Collector):
         self.lock = lock  # the engine loop's lock: a scrape sees one step's counts, not half
 
     def collect(self) -> Iterator[Metric]:
+        s = self._scrape()
+        yield from _spec_decode_metrics(s)
+        yield from _request_metrics(s)
+        yield from _splitwise_metrics(s)
+
+    def _scrape(self) -> _Scrape:
+        """Every value, read under the engine loop's lock and the counters' lock."""
         with self.lock:
             m = self.metrics
-            proposed = [int(v) for v in m.proposed]
-            accepted = [int(v) for v in m.accepted]
-            emitted, steps, generated = m.emitted_tokens, m.decode_item_steps, m.generated_tokens
-            mean = m.mean_accepted_length
-            running, waiting = len(self.scheduler.slots), len(self.scheduler.waiting)
-            handed_off, first_offered, first_accepted = (
-                m.handed_off,
-                m.handoff_drafts_proposed,
-                m.handoff_drafts_accepted,
+            s = _Scrape(
+                proposed=[int(v) for v in m.proposed],
+                accepted=[int(v) for v in m.accepted],
+                emitted=m.emitted_tokens,
+                steps=m.decode_item_steps,
+                generated=m.generated_tokens,
+                mean=m.mean_accepted_length,
+                running=len(self.scheduler.slots),
+                waiting=len(self.scheduler.waiting),
+                handed_off=m.handed_off,
+                first_offered=m.handoff_drafts_proposed,
+                first_accepted=m.handoff_drafts_accepted,
+                held=sum(len(b) for b in self.scheduler.held.values()),
+                free_blocks=len(self.scheduler.free_blocks),
             )
-            held = sum(len(b) for b in self.scheduler.held.values())
-            free_blocks = len(self.scheduler.free_blocks)
         c = self.counters
         with c.lock:
-            prompt, success, failure, cancelled = c.prompt_tokens, c.success, c.failure, c.cancelled
-            transfers, xfer_bytes, xfer_seconds, xfer_failures = (
-                c.kv_transfers,
-                c.kv_transfer_bytes,
-                c.kv_transfer_seconds,
-                c.kv_transfer_failures,
-            )
+            s.prompt, s.success, s.failure, s.cancelled = c.prompt_tokens, c.success, c.failure, c.cancelled
+            s.transfers, s.xfer_bytes = c.kv_transfers, c.kv_transfer_bytes
+            s.xfer_seconds, s.xfer_failures = c.kv_transfer_seconds, c.kv_transfer_failures
+        return s
 
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            return CounterMetricFamily(PREFIX + name, doc, value=value)
 
-        yield counter(
-            "spec_decode_num_draft_tokens", "Draft tokens offered to the target for verification.", sum(proposed)
-        )
-        yield counter("spec_decode_num_accepted_tokens", "Draft tokens the target accepted.", sum(accepted))
-        per_pos = CounterMetricFamily(
-            PREFIX + "spec_decode_num_draft_tokens_per_pos",
-            "Draft tokens offered at each draft position (1 = first draft).",
-            labels=["position"],
-        )
-        acc_pos = CounterMetricFamily(
-            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
-            "Draft tokens accepted at each draft position. A draft at position i is accepted only if drafts "
-            "1..i-1 were: accepted/offered at i is cumulative, accepted(i)/accepted(i-1) the rate conditional "
-            "on draft i-1 being accepted.",
-            labels=["position"],
-        )
-        for i, (p, a) in enumerate(zip(proposed, accepted), start=1):
-            per_pos.add_metric([str(i)], p)
-            acc_pos.add_metric([str(i)], a)
-        yield per_pos
-        yield acc_pos
-        yield counter(
-            "spec_decode_num_emitted_tokens",
-            "Tokens emitted by decode steps (accepted drafts + the target's own token per step).",
-            emitted,
-        )
-        yield counter("spec_decode_num_decode_steps", "(request, target forward) pairs that decoded.", steps)
-        yield GaugeMetricFamily(
-            PREFIX + "spec_decode_mean_accepted_length",
-            "Emitted tokens per decoding request per target forward (1.0 = no speculation gain).",
-            value=mean,
-        )
-        yield counter("generation_tokens", "Generated tokens (first tokens of prefills included).", generated)
-        yield counter("prompt_tokens", "Prompt tokens of admitted requests.", prompt)
-        yield counter("request_success", "Requests that completed.", success)
-        yield counter("request_failure", "Requests that failed after admission.", failure)
-        yield counter("request_cancelled", "Requests aborted because their client disconnected.", cancelled)
-        yield GaugeMetricFamily(PREFIX + "num_requests_running", "Requests holding a slot.", value=running)
-        yield GaugeMetricFamily(PREFIX + "num_requests_waiting", "Requests queued for a slot.", value=waiting)
-        yield counter("splitwise_handed_off", "Prefill instance: requests handed to a decode instance.", handed_off)
-        yield counter(
-            "splitwise_first_round_draft_tokens",
-            "Decode instance: drafts made on the prefill instance that the first verify round offered.",
-            first_offered,
-        )
-        yield counter(
-            "splitwise_first_round_accepted_tokens",
-            "Decode instance: drafts made on the prefill instance that the first verify round accepted.",
-            first_accepted,
-        )
-        yield counter("splitwise_kv_transfers", "Decode instance: completed KV block transfers.", transfers)
-        yield counter(
-            "splitwise_kv_transfer_bytes", "Decode instance: KV bytes received (all layers, all ranks).", xfer_bytes
-        )
-        yield counter(
-            "splitwise_kv_transfer_seconds", "Decode instance: wall seconds spent in KV transfers.", xfer_seconds
-        )
-        yield counter("splitwise_kv_transfer_failures", "Decode instance: KV transfers that failed.", xfer_failures)
-        yield GaugeMetricFamily(
-            PREFIX + "splitwise_kv_blocks_held",
-            "KV blocks held outside any slot (prefill: handed off, not yet copied; decode: an aborted transfer's).",
-            value=held,
-        )
-        yield GaugeMetricFamily(PREFIX + "num_kv_blocks_free", "Free KV blocks.", value=free_blocks)
+@dataclass
+class _Scrape:
+    """One scrape's values: the engine's (see :meth:`EngineCollector._scrape`), then the
+    server's counters."""
+
+    proposed: list[int]
+    accepted: list[int]
+    emitted: int
+    steps: int
+    generated: int
+    mean: float
+    running: int
+    waiting: int
+    handed_off: int
+    first_offered: int
+    first_accepted: int
+    held: int
+    free_blocks: int
+    prompt: int = 0
+    success: int = 0
+    failure: int = 0
+    cancelled: int = 0
+    transfers: int = 0
+    xfer_bytes: int = 0
+    xfer_seconds: float = 0.0
+    xfer_failures: int = 0
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(PREFIX + name, doc, value=value)
+
+
+def _spec_decode_metrics(s: _Scrape) -> Iterator[Metric]:
+    yield _counter(
+        "spec_decode_num_draft_tokens", "Draft tokens offered to the target for verification.", sum(s.proposed)
+    )
+    yield _counter("spec_decode_num_accepted_tokens", "Draft tokens the target accepted.", sum(s.accepted))
+    per_pos = CounterMetricFamily(
+        PREFIX + "spec_decode_num_draft_tokens_per_pos",
+        "Draft tokens offered at each draft position (1 = first draft).",
+        labels=["position"],
+    )
+    acc_pos = CounterMetricFamily(
+        PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+        "Draft tokens accepted at each draft position. A draft at position i is accepted only if drafts "
+        "1..i-1 were: accepted/offered at i is cumulative, accepted(i)/accepted(i-1) the rate conditional "
+        "on draft i-1 being accepted.",
+        labels=["position"],
+    )
+    for i, (p, a) in enumerate(zip(s.proposed, s.accepted), start=1):
+        per_pos.add_metric([str(i)], p)
+        acc_pos.add_metric([str(i)], a)
+    yield per_pos
+    yield acc_pos
+    yield _counter(
+        "spec_decode_num_emitted_tokens",
+        "Tokens emitted by decode steps (accepted drafts + the target's own token per step).",
+        s.emitted,
+    )
+    yield _counter("spec_decode_num_decode_steps", "(request, target forward) pairs that decoded.", s.steps)
+    yield GaugeMetricFamily(
+        PREFIX + "spec_decode_mean_accepted_length",
+        "Emitted tokens per decoding request per target forward (1.0 = no speculation gain).",
+        value=s.mean,
+    )
+
+
+def _request_metrics(s: _Scrape) -> Iterator[Metric]:
+    yield _counter("generation_tokens", "Generated tokens (first tokens of prefills included).", s.generated)
+    yield _counter("prompt_tokens", "Prompt tokens of admitted requests.", s.prompt)
+    yield _counter("request_success", "Requests that completed.", s.success)
+    yield _counter("request_failure", "Requests that failed after admission.", s.failure)
+    yield _counter("request_cancelled", "Requests aborted because their client disconnected.", s.cancelled)
+    yield GaugeMetricFamily(PREFIX + "num_requests_running", "Requests holding a slot.", value=s.running)
+    yield GaugeMetricFamily(PREFIX + "num_requests_waiting", "Requests queued for a slot.", value=s.waiting)
+
+
+def _splitwise_metrics(s: _Scrape) -> Iterator[Metric]:
+    yield _counter("splitwise_handed_off", "Prefill instance: requests handed to a decode instance.", s.handed_off)
+    yield _counter(
+        "splitwise_first_round_draft_tokens",
+        "Decode instance: drafts made on the prefill instance that the first verify round offered.",
+        s.first_offered,
+    )
+    yield _counter(
+        "splitwise_first_round_accepted_tokens",
+        "Decode instance: drafts made on the prefill instance that the first verify round accepted.",
+        s.first_accepted,
+    )
+    yield _counter("splitwise_kv_transfers", "Decode instance: completed KV block transfers.", s.transfers)
+    yield _counter(
+        "splitwise_kv_transfer_bytes", "Decode instance: KV bytes received (all layers, all ranks).", s.xfer_bytes
+    )
+    yield _counter(
+        "splitwise_kv_transfer_seconds", "Decode instance: wall seconds spent in KV transfers.", s.xfer_seconds
+    )
+    yield _counter("splitwise_kv_transfer_failures", "Decode instance: KV transfers that failed.", s.xfer_failures)
+    yield GaugeMetricFamily(
+        PREFIX + "splitwise_kv_blocks_held",
+        "KV blocks held outside any slot (prefill: handed off, not yet copied; decode: an aborted transfer's).",
+        value=s.held,
+    )
+    yield GaugeMetricFamily(PREFIX + "num_kv_blocks_free", "Free KV blocks.", value=s.free_blocks)
+
+
+@dataclass
+class RouterCounters:
+    """What the router counts (read and written on the event loop only)."""
+
+    routed: int = 0
+    success: int = 0
+    failure: int = 0
+    cancelled: int = 0
+    decode_retries: int = 0
+
+
+class RouterCollector(Collector):
+    """``fastdeploy:router_*`` counters, read at scrape time."""
+
+    def __init__(self, counters: RouterCounters):
+        self.counters = counters
+
+    def collect(self) -> Iterator[Metric]:
+        c = self.counters
+        for name, doc, value in (
+            ("router_requests_routed", "Requests the router sent to a prefill instance.", c.routed),
+            ("router_requests_success", "Routed requests that finished (stop or length).", c.success),
+            (
+                "router_requests_failure",
+                "Routed requests that ended with an error (an instance refused, failed or was unreachable, "
+                "or no decode instance had room within the queue timeout).",
+                c.failure,
+            ),
+            ("router_requests_cancelled", "Routed requests abandoned because their client disconnected.", c.cancelled),
+            (
+                "router_decode_retries",
+                "Decode attempts a full decode instance answered with 429 (the request waited and was retried).",
+                c.decode_retries,
+            ),
+        ):
+            yield _counter(name, doc, value)
 
 
 def make_registry(

@@ -136,7 +136,8 @@ def serve(opts: ServeOptions, log: object = None) -> int:
     from ..models import ByteTokenizer, kv_cache_shape
     from ..ops.messaging import MAX_DRAFT_TOKENS as MAX_TOKENS_PER_STEP  # K + 1 tokens per slot and step
     from ..runtime.engine import Engine
-    from .api_server import AsyncEngine, create_app, run_http
+    from .app import create_app, run_http
+    from .engine_client import AsyncEngine
     from .layout import ServeLayout
     from .workers import RemoteRunner, free_port
 

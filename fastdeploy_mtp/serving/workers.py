@@ -56,7 +56,11 @@ class WorkerStepError(RuntimeError):
 
 def task_message(req: Request, first_chunk: bool) -> Task:
     """The wire form of a scheduled task (a prefill's first chunk carries the prompt and sampling)."""
-    ids = {"idx": int(req.idx), "request_id": req.request_id, "block_tables": [int(b) for b in req.block_tables]}
+    ids: dict[str, Any] = {
+        "idx": int(req.idx),
+        "request_id": req.request_id,
+        "block_tables": [int(b) for b in req.block_tables],
+    }
     if req.task_type == RequestType.PREFILL:
         return PrefillTask(
             **ids,

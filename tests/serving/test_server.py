@@ -85,7 +85,7 @@ def test_completions_equal_the_offline_engine(server, expected):
 
 
 def test_chat_completions_stream_and_not(server):
-    from fastdeploy_mtp.serving.api_server import apply_chat_template
+    from fastdeploy_mtp.serving.openai_protocol import apply_chat_template
 
     messages = [{"role": "user", "content": "def add(a, b):"}]
     want = offline([apply_chat_template(messages)])[0]
