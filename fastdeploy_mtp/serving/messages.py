@@ -45,11 +45,17 @@ engine the rest.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from ..runtime.request import Request, RequestType
 from ..runtime.sampling_params import SamplingParams, TokenLogprob
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..runtime.target_runner import StepOutput
 
 PROTOCOL_VERSION = 1
 #: HTTP header that carries the protocol version of a splitwise request or answer.
@@ -161,6 +167,36 @@ class Shutdown(_Versioned):
 EngineMessage = Annotated[Step | Shutdown, Field(discriminator="type")]
 
 
+def task_message(req: Request, first_chunk: bool) -> Task:
+    """The wire form of a scheduled task (a prefill's first chunk carries the prompt and sampling)."""
+    ids: dict[str, Any] = {
+        "idx": int(req.idx),
+        "request_id": req.request_id,
+        "block_tables": [int(b) for b in req.block_tables],
+    }
+    if req.task_type == RequestType.PREFILL:
+        return PrefillTask(
+            **ids,
+            start=int(req.prefill_start_index),
+            end=int(req.prefill_end_index),
+            max_tokens=int(req.max_tokens),
+            output_token_ids=[int(t) for t in req.output_token_ids],
+            prompt_token_ids=[int(t) for t in req.prompt_token_ids] if first_chunk else None,
+            sampling=req.sampling if first_chunk else None,
+        )
+    if req.task_type == RequestType.IMPORT:
+        assert isinstance(req.handoff_state, dict)
+        return ImportTask(
+            **ids,
+            prompt_token_ids=[int(t) for t in req.prompt_token_ids],
+            max_tokens=int(req.max_tokens),
+            output_token_ids=[int(t) for t in req.output_token_ids],
+            state=req.handoff_state,
+            sampling=req.sampling,
+        )
+    return DecodeTask(**ids)
+
+
 # ---- worker -> engine --------------------------------------------------------------------
 class StepResult(_Message):
     """What rank 0 reports of a step besides its tokens (``N`` slots, ``K`` drafts).
@@ -183,6 +219,19 @@ class StepResult(_Message):
     num_tokens: int
     exports: dict[int, dict[str, Any]] = {}
     logprobs: dict[int, list[TokenLogprob]] = {}
+
+    @classmethod
+    def of(cls, out: StepOutput, decode_lens: np.ndarray) -> StepResult:
+        """Rank 0's report of step ``out`` (``decode_lens [N]``: the runner's, after the step)."""
+        return cls(
+            stop_flags=out.stop_flags.astype(bool).tolist(),
+            decode_lens=decode_lens.astype(int).tolist(),
+            drafts=out.drafts.astype(int).tolist(),
+            decode_mask=out.decode_mask.astype(bool).tolist(),
+            num_tokens=int(out.num_tokens),
+            exports=dict(out.exports),
+            logprobs=dict(out.logprobs),
+        )
 
 
 class Ready(_Versioned):

@@ -44,9 +44,11 @@ The router (``fastdeploy-mtp router``) counts its own ``fastdeploy:router_*`` in
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -59,13 +61,19 @@ PREFIX = "fastdeploy:"
 
 
 @dataclass
-class ServerCounters:
-    """Request-level counters the API server keeps (under :attr:`lock`)."""
+class RequestCounters:
+    """How requests ended: finished (stop or length), failed, or abandoned by their client."""
 
-    prompt_tokens: int = 0
     success: int = 0
     failure: int = 0
     cancelled: int = 0
+
+
+@dataclass
+class ServerCounters(RequestCounters):
+    """Request-level counters the API server keeps (under :attr:`lock`)."""
+
+    prompt_tokens: int = 0
     kv_transfers: int = 0
     kv_transfer_bytes: int = 0
     kv_transfer_seconds: float = 0.0
@@ -83,75 +91,42 @@ class EngineCollector(Collector):
         self.lock = lock  # the engine loop's lock: a scrape sees one step's counts, not half
 
     def collect(self) -> Iterator[Metric]:
-        s = self._scrape()
-        yield from _spec_decode_metrics(s)
-        yield from _request_metrics(s)
-        yield from _splitwise_metrics(s)
-
-    def _scrape(self) -> _Scrape:
-        """Every value, read under the engine loop's lock and the counters' lock."""
         with self.lock:
-            m = self.metrics
-            s = _Scrape(
-                proposed=[int(v) for v in m.proposed],
-                accepted=[int(v) for v in m.accepted],
-                emitted=m.emitted_tokens,
-                steps=m.decode_item_steps,
-                generated=m.generated_tokens,
-                mean=m.mean_accepted_length,
-                running=len(self.scheduler.slots),
-                waiting=len(self.scheduler.waiting),
-                handed_off=m.handed_off,
-                first_offered=m.handoff_drafts_proposed,
-                first_accepted=m.handoff_drafts_accepted,
-                held=sum(len(b) for b in self.scheduler.held.values()),
-                free_blocks=len(self.scheduler.free_blocks),
+            m = copy.deepcopy(self.metrics)
+            sched = self.scheduler
+            occupancy = Occupancy(
+                len(sched.slots), len(sched.waiting), sum(len(b) for b in sched.held.values()), len(sched.free_blocks)
             )
-        c = self.counters
-        with c.lock:
-            s.prompt, s.success, s.failure, s.cancelled = c.prompt_tokens, c.success, c.failure, c.cancelled
-            s.transfers, s.xfer_bytes = c.kv_transfers, c.kv_transfer_bytes
-            s.xfer_seconds, s.xfer_failures = c.kv_transfer_seconds, c.kv_transfer_failures
-        return s
+        with self.counters.lock:
+            c = copy.copy(self.counters)
+        yield from _spec_decode_metrics(m)
+        yield from _request_metrics(m, occupancy, c)
+        yield from _splitwise_metrics(m, occupancy, c)
 
 
-@dataclass
-class _Scrape:
-    """One scrape's values: the engine's (see :meth:`EngineCollector._scrape`), then the
-    server's counters."""
+class Occupancy(NamedTuple):
+    """The scheduler's requests and blocks at scrape time."""
 
-    proposed: list[int]
-    accepted: list[int]
-    emitted: int
-    steps: int
-    generated: int
-    mean: float
     running: int
     waiting: int
-    handed_off: int
-    first_offered: int
-    first_accepted: int
-    held: int
+    held_blocks: int
     free_blocks: int
-    prompt: int = 0
-    success: int = 0
-    failure: int = 0
-    cancelled: int = 0
-    transfers: int = 0
-    xfer_bytes: int = 0
-    xfer_seconds: float = 0.0
-    xfer_failures: int = 0
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(PREFIX + name, doc, value=value)
 
 
-def _spec_decode_metrics(s: _Scrape) -> Iterator[Metric]:
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(PREFIX + name, doc, value=value)
+
+
+def _spec_decode_metrics(m: Metrics) -> Iterator[Metric]:
+    proposed, accepted = [int(v) for v in m.proposed], [int(v) for v in m.accepted]
     yield _counter(
-        "spec_decode_num_draft_tokens", "Draft tokens offered to the target for verification.", sum(s.proposed)
+        "spec_decode_num_draft_tokens", "Draft tokens offered to the target for verification.", sum(proposed)
     )
-    yield _counter("spec_decode_num_accepted_tokens", "Draft tokens the target accepted.", sum(s.accepted))
+    yield _counter("spec_decode_num_accepted_tokens", "Draft tokens the target accepted.", sum(accepted))
     per_pos = CounterMetricFamily(
         PREFIX + "spec_decode_num_draft_tokens_per_pos",
         "Draft tokens offered at each draft position (1 = first draft).",
@@ -164,70 +139,60 @@ def _spec_decode_metrics(s: _Scrape) -> Iterator[Metric]:
         "on draft i-1 being accepted.",
         labels=["position"],
     )
-    for i, (p, a) in enumerate(zip(s.proposed, s.accepted), start=1):
+    for i, (p, a) in enumerate(zip(proposed, accepted), start=1):
         per_pos.add_metric([str(i)], p)
         acc_pos.add_metric([str(i)], a)
     yield per_pos
     yield acc_pos
-    yield _counter(
-        "spec_decode_num_emitted_tokens",
-        "Tokens emitted by decode steps (accepted drafts + the target's own token per step).",
-        s.emitted,
-    )
-    yield _counter("spec_decode_num_decode_steps", "(request, target forward) pairs that decoded.", s.steps)
-    yield GaugeMetricFamily(
-        PREFIX + "spec_decode_mean_accepted_length",
-        "Emitted tokens per decoding request per target forward (1.0 = no speculation gain).",
-        value=s.mean,
-    )
+    emitted_doc = "Tokens emitted by decode steps (accepted drafts + the target's own token per step)."
+    yield _counter("spec_decode_num_emitted_tokens", emitted_doc, m.emitted_tokens)
+    yield _counter("spec_decode_num_decode_steps", "(request, target forward) pairs that decoded.", m.decode_item_steps)
+    mean_doc = "Emitted tokens per decoding request per target forward (1.0 = no speculation gain)."
+    yield _gauge("spec_decode_mean_accepted_length", mean_doc, m.mean_accepted_length)
 
 
-def _request_metrics(s: _Scrape) -> Iterator[Metric]:
-    yield _counter("generation_tokens", "Generated tokens (first tokens of prefills included).", s.generated)
-    yield _counter("prompt_tokens", "Prompt tokens of admitted requests.", s.prompt)
-    yield _counter("request_success", "Requests that completed.", s.success)
-    yield _counter("request_failure", "Requests that failed after admission.", s.failure)
-    yield _counter("request_cancelled", "Requests aborted because their client disconnected.", s.cancelled)
-    yield GaugeMetricFamily(PREFIX + "num_requests_running", "Requests holding a slot.", value=s.running)
-    yield GaugeMetricFamily(PREFIX + "num_requests_waiting", "Requests queued for a slot.", value=s.waiting)
+def _request_metrics(m: Metrics, occupancy: Occupancy, c: ServerCounters) -> Iterator[Metric]:
+    yield _counter("generation_tokens", "Generated tokens (first tokens of prefills included).", m.generated_tokens)
+    yield _counter("prompt_tokens", "Prompt tokens of admitted requests.", c.prompt_tokens)
+    yield _counter("request_success", "Requests that completed.", c.success)
+    yield _counter("request_failure", "Requests that failed after admission.", c.failure)
+    yield _counter("request_cancelled", "Requests aborted because their client disconnected.", c.cancelled)
+    yield _gauge("num_requests_running", "Requests holding a slot.", occupancy.running)
+    yield _gauge("num_requests_waiting", "Requests queued for a slot.", occupancy.waiting)
 
 
-def _splitwise_metrics(s: _Scrape) -> Iterator[Metric]:
-    yield _counter("splitwise_handed_off", "Prefill instance: requests handed to a decode instance.", s.handed_off)
-    yield _counter(
-        "splitwise_first_round_draft_tokens",
-        "Decode instance: drafts made on the prefill instance that the first verify round offered.",
-        s.first_offered,
-    )
-    yield _counter(
-        "splitwise_first_round_accepted_tokens",
-        "Decode instance: drafts made on the prefill instance that the first verify round accepted.",
-        s.first_accepted,
-    )
-    yield _counter("splitwise_kv_transfers", "Decode instance: completed KV block transfers.", s.transfers)
-    yield _counter(
-        "splitwise_kv_transfer_bytes", "Decode instance: KV bytes received (all layers, all ranks).", s.xfer_bytes
-    )
-    yield _counter(
-        "splitwise_kv_transfer_seconds", "Decode instance: wall seconds spent in KV transfers.", s.xfer_seconds
-    )
-    yield _counter("splitwise_kv_transfer_failures", "Decode instance: KV transfers that failed.", s.xfer_failures)
-    yield GaugeMetricFamily(
-        PREFIX + "splitwise_kv_blocks_held",
-        "KV blocks held outside any slot (prefill: handed off, not yet copied; decode: an aborted transfer's).",
-        value=s.held,
-    )
-    yield GaugeMetricFamily(PREFIX + "num_kv_blocks_free", "Free KV blocks.", value=s.free_blocks)
+def _splitwise_metrics(m: Metrics, occupancy: Occupancy, c: ServerCounters) -> Iterator[Metric]:
+    drafts = "Decode instance: drafts made on the prefill instance that the first verify round"
+    for name, doc, value in (
+        ("splitwise_handed_off", "Prefill instance: requests handed to a decode instance.", m.handed_off),
+        ("splitwise_first_round_draft_tokens", f"{drafts} offered.", m.handoff_drafts_proposed),
+        ("splitwise_first_round_accepted_tokens", f"{drafts} accepted.", m.handoff_drafts_accepted),
+        ("splitwise_kv_transfers", "Decode instance: completed KV block transfers.", c.kv_transfers),
+        (
+            "splitwise_kv_transfer_bytes",
+            "Decode instance: KV bytes received (all layers, all ranks).",
+            c.kv_transfer_bytes,
+        ),
+        (
+            "splitwise_kv_transfer_seconds",
+            "Decode instance: wall seconds spent in KV transfers.",
+            c.kv_transfer_seconds,
+        ),
+        ("splitwise_kv_transfer_failures", "Decode instance: KV transfers that failed.", c.kv_transfer_failures),
+    ):
+        yield _counter(name, doc, value)
+    held_doc = "KV blocks held outside any slot (prefill: handed off, not yet copied; decode: an aborted transfer's)."
+    yield _gauge("splitwise_kv_blocks_held", held_doc, occupancy.held_blocks)
+    yield _gauge("num_kv_blocks_free", "Free KV blocks.", occupancy.free_blocks)
 
 
 @dataclass
-class RouterCounters:
-    """What the router counts (read and written on the event loop only)."""
+class RouterCounters(RequestCounters):
+    """What the router counts (read and written on the event loop only): besides how the
+    requests it routed ended, how many it routed and how often a full decode instance made
+    one wait."""
 
     routed: int = 0
-    success: int = 0
-    failure: int = 0
-    cancelled: int = 0
     decode_retries: int = 0
 
 

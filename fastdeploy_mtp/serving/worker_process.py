@@ -39,12 +39,12 @@ from .messages import (
     Shutdown,
     Step,
     StepResult,
-    Task,
     decode_engine_message,
 )
 
 if TYPE_CHECKING:  # imported at run time after the process set-up (they import Paddle)
     from ..runtime.target_runner import StepOutput, TargetRunner
+    from .messages import Task
 
 #: ``message_flag`` of the target's token messages (FastDeploy: 3 target, 4 draft).
 TARGET_MESSAGE_FLAG = 3
@@ -162,19 +162,6 @@ def run_step(runner: TargetRunner, slots: SlotTable, msg: Step) -> StepOutput:
     return runner.execute()
 
 
-def step_result(out: StepOutput, decode_lens: np.ndarray) -> StepResult:
-    """Rank 0's report of step ``out`` (``decode_lens [N]``: the runner's, after the step)."""
-    return StepResult(
-        stop_flags=out.stop_flags.astype(bool).tolist(),
-        decode_lens=decode_lens.astype(int).tolist(),
-        drafts=out.drafts.astype(int).tolist(),
-        decode_mask=out.decode_mask.astype(bool).tolist(),
-        num_tokens=int(out.num_tokens),
-        exports=dict(out.exports),
-        logprobs=dict(out.logprobs),
-    )
-
-
 def answer(payload: bytes, rank: int, step: Callable[[Step], StepResult | None]) -> Done | Failed | None:
     """This worker's reply to the engine's ``payload``: ``None`` for :class:`Shutdown`, else
     :class:`Done` with what ``step`` returned (rank 0's result), or :class:`Failed` when the
@@ -235,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                 send_first_tokens(out, runner.share_inputs, rank, layout.msg_queue_id)
             else:
                 send_step_tokens(out, runner.share_inputs, rank, layout.msg_queue_id)
-            return step_result(out, runner.decode_lens())
+            return StepResult.of(out, runner.decode_lens())
 
         install_stop_handlers()  # again, in case Paddle's set-up reinstalled its own
         sock.send(Ready(rank=rank, pid=os.getpid()).encode())

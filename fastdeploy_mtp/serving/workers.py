@@ -27,20 +27,7 @@ from ..ops.messaging import FIRST_TOKEN_MAX_BSZ, MAX_BSZ, MAX_DRAFT_TOKENS, SPEC
 from ..runtime.request import Request, RequestType
 from ..runtime.target_runner import StepOutput, check_prefill_task
 from .layout import ServeLayout
-from .messages import (
-    DecodeTask,
-    Done,
-    Failed,
-    ImportTask,
-    MessageError,
-    PrefillTask,
-    Ready,
-    Shutdown,
-    Step,
-    StepResult,
-    Task,
-    decode_worker_message,
-)
+from .messages import Done, Failed, MessageError, Ready, Shutdown, Step, StepResult, decode_worker_message, task_message
 
 #: FastDeploy's SysV layout: slots, tokens per slot, entries per token (the token + top-k).
 _MAX_BSZ, _MAX_DRAFT, _TOPK = MAX_BSZ, MAX_DRAFT_TOKENS, SPEC_LOGPROB_K + 1
@@ -52,36 +39,6 @@ class WorkerDiedError(RuntimeError):
 
 class WorkerStepError(RuntimeError):
     """A worker reported an exception in a step (the step's requests are aborted)."""
-
-
-def task_message(req: Request, first_chunk: bool) -> Task:
-    """The wire form of a scheduled task (a prefill's first chunk carries the prompt and sampling)."""
-    ids: dict[str, Any] = {
-        "idx": int(req.idx),
-        "request_id": req.request_id,
-        "block_tables": [int(b) for b in req.block_tables],
-    }
-    if req.task_type == RequestType.PREFILL:
-        return PrefillTask(
-            **ids,
-            start=int(req.prefill_start_index),
-            end=int(req.prefill_end_index),
-            max_tokens=int(req.max_tokens),
-            output_token_ids=[int(t) for t in req.output_token_ids],
-            prompt_token_ids=[int(t) for t in req.prompt_token_ids] if first_chunk else None,
-            sampling=req.sampling if first_chunk else None,
-        )
-    if req.task_type == RequestType.IMPORT:
-        assert isinstance(req.handoff_state, dict)
-        return ImportTask(
-            **ids,
-            prompt_token_ids=[int(t) for t in req.prompt_token_ids],
-            max_tokens=int(req.max_tokens),
-            output_token_ids=[int(t) for t in req.output_token_ids],
-            state=req.handoff_state,
-            sampling=req.sampling,
-        )
-    return DecodeTask(**ids)
 
 
 def free_port(avoid: int = 0) -> int:
