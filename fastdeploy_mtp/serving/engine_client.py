@@ -41,9 +41,9 @@ class Stream:
 
 
 class Backend(Protocol):
-    """What :func:`create_app` needs from the thing that generates: the in-process engine
-    loop (:class:`AsyncEngine`, ``serve``) or the splitwise router
-    (:class:`~fastdeploy_mtp.serving.router.RouterBackend`), which forwards to other instances.
+    """What :func:`~.app.create_app` needs from the thing that generates: the in-process
+    engine loop (:class:`AsyncEngine`, ``serve``) or the splitwise router
+    (:class:`~.router_backend.RouterBackend`), which forwards to other instances.
 
     The app formats everything OpenAI-side (completions, chat, SSE, usage, errors,
     detokenization); a backend only turns a :class:`Request` into a :class:`Stream` of events.

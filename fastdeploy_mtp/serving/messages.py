@@ -34,7 +34,7 @@ instances see; the version travels in the :data:`VERSION_HEADER` of the request 
 instance answers 400 naming both versions) and of a 200 answer (the router answers 502).
 The events of a decode stream belong to the answer whose header named the version. The
 ``handoff`` a prefill instance answers is opaque to the router (passed on unchanged); the
-decode instance reads it as a :class:`Handoff`. Errors use OpenAI's shape
+decode instance reads it as a :class:`HandoffMessage`. Errors use OpenAI's shape
 (:class:`ErrorMessage`), which is not versioned.
 
 The cache manager exchanges no message: it raises ``cache_ready_signal`` (shared memory,
@@ -310,10 +310,10 @@ class PrefillRequest(_Message):
 
 class DecodeRequest(PrefillRequest):
     output_token_ids: list[int]
-    handoff: dict[str, Any]  # the prefill instance's, unchanged (a :class:`Handoff`)
+    handoff: dict[str, Any]  # the prefill instance's, unchanged (a :class:`HandoffMessage`)
 
 
-class Handoff(_Message):
+class HandoffMessage(_Message):
     """A prefill instance's hand-over: the slot state (:mod:`fastdeploy_mtp.splitwise.handoff`)
     and the KV descriptor (``KVSource.offer``, versioned by :mod:`fastdeploy_mtp.splitwise`)."""
 

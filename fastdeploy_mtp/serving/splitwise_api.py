@@ -62,7 +62,7 @@ from .messages import (
     ErrorDetail,
     ErrorMessage,
     FinishEvent,
-    Handoff,
+    HandoffMessage,
     MessageError,
     PrefillAnswer,
     PrefillRequest,
@@ -161,7 +161,7 @@ class SplitwiseEngine(AsyncEngine):
                     self.counters.failure += 1
                 continue
             stream.put("tokens", emitted_of(h.request, list(h.request.output_token_ids)))
-            stream.put("handoff", Handoff(state=h.state, kv=descriptor))
+            stream.put("handoff", HandoffMessage(state=h.state, kv=descriptor))
             with self.counters.lock:
                 self.counters.success += 1
 
@@ -317,7 +317,7 @@ async def decode(request: HTTPRequest) -> Response:
     se = splitwise_engine(request)
     body = await receive(request, DecodeRequest)
     try:
-        handoff = Handoff.model_validate(body.handoff)
+        handoff = HandoffMessage.model_validate(body.handoff)
     except ValidationError:
         message = "handoff must be the prefill instance's object with keys `state` and `kv`"
         raise APIError(400, message, "handoff") from None
