@@ -46,7 +46,8 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_router(args: argparse.Namespace) -> int:
     """``fastdeploy-mtp router``: see :mod:`fastdeploy_mtp.serving.router`."""
-    from ..serving.router import RouterOptions, check_instance_url, run_router
+    from ..serving.router import RouterOptions, run_router
+    from ..serving.router_backend import check_instance_url
 
     urls: dict[str, list[str]] = {}
     for role in ("prefill", "decode"):

@@ -16,7 +16,8 @@ import sys
 
 import numpy as np
 
-from .layout import ServeLayout, Terminated, become_child_process, install_stop_handlers
+from .child_process import Terminated, become_child_process, install_stop_handlers
+from .layout import ServeLayout
 
 
 def main(argv: list[str] | None = None) -> int:

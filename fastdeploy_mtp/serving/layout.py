@@ -4,12 +4,9 @@ from, so that all processes agree on every shape and name."""
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
-import signal
-import warnings
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import MISSING, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, get_type_hints
 
 from ..config import FDConfig, SpeculativeConfig
 
@@ -17,33 +14,46 @@ if TYPE_CHECKING:  # importing the models imports Paddle: children import it aft
     from ..models.model_config import ModelConfig as ArchConfig
 
 
+def _int_list(text: str) -> list[int]:
+    return [int(d) for d in text.split(",")] if text else []
+
+
 @dataclass
 class ServeLayout:
-    """What every process of one server must agree on.
+    """What every process of one server must agree on. Each field is one worker argument of
+    the same name (FastDeploy's worker names; :meth:`to_args`, :meth:`add_args`).
 
     Attributes:
         model: checkpoint directory (``config.json`` + ``model.safetensors``).
         speculative_config: FastDeploy's ``speculative_config`` as JSON.
         max_num_seqs: batch slots ``N``.
         max_model_len: longest prompt + output of one request.
-        tensor_parallel_size: worker processes (one per rank).
         engine_worker_queue_port: loopback TCP port of the engine's worker socket; also the
             suffix of ``cache_ready_signal`` and the SysV message queue id of the token output.
-        device_ids: per rank, the device id in the cache names.
+        tensor_parallel_size: worker processes (one per rank).
+        device_ids: per rank, the device id in the cache names (empty: ``0..tp-1``).
         cache_ready_timeout: seconds a worker waits for its caches.
         splitwise_role: ``"mixed"``, ``"prefill"`` or ``"decode"`` (FastDeploy's
             ``scheduler_config.splitwise_role``).
     """
 
-    model: str
-    speculative_config: str
+    model: str = field(metadata={"help": "checkpoint directory"})
+    speculative_config: str = field(metadata={"help": "FastDeploy's speculative_config JSON"})
     max_num_seqs: int
     max_model_len: int
-    tensor_parallel_size: int
     engine_worker_queue_port: int
-    device_ids: list[int]
+    tensor_parallel_size: int = 1
+    device_ids: list[int] = field(
+        default_factory=list, metadata={"help": "comma-separated, one per rank (default 0..tp-1)"}
+    )
     cache_ready_timeout: float = 120.0
-    splitwise_role: str = "mixed"
+    splitwise_role: str = field(default="mixed", metadata={"choices": ("mixed", "prefill", "decode")})
+
+    def __post_init__(self) -> None:
+        tp = self.tensor_parallel_size
+        self.device_ids = list(self.device_ids) or list(range(tp))
+        if len(self.device_ids) != tp:
+            raise ValueError(f"--device_ids names {len(self.device_ids)} devices; --tensor_parallel_size is {tp}")
 
     @property
     def msg_queue_id(self) -> int:
@@ -77,92 +87,29 @@ class ServeLayout:
 
     def to_args(self) -> list[str]:
         """Command-line arguments (FastDeploy's worker names) that rebuild this layout."""
-        return [
-            "--model",
-            self.model,
-            "--speculative_config",
-            self.speculative_config,
-            "--max_num_seqs",
-            str(self.max_num_seqs),
-            "--max_model_len",
-            str(self.max_model_len),
-            "--tensor_parallel_size",
-            str(self.tensor_parallel_size),
-            "--engine_worker_queue_port",
-            str(self.engine_worker_queue_port),
-            "--device_ids",
-            ",".join(str(d) for d in self.device_ids),
-            "--cache_ready_timeout",
-            str(self.cache_ready_timeout),
-            "--splitwise_role",
-            self.splitwise_role,
-        ]
+        args: list[str] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            args += [f"--{f.name}", ",".join(str(v) for v in value) if isinstance(value, list) else str(value)]
+        return args
 
-    @staticmethod
-    def add_args(parser: argparse.ArgumentParser) -> None:
-        """The arguments :meth:`to_args` writes (FastDeploy's worker argument names)."""
-        parser.add_argument("--model", required=True, help="checkpoint directory")
-        parser.add_argument("--speculative_config", required=True, help="FastDeploy's speculative_config JSON")
-        parser.add_argument("--max_num_seqs", type=int, required=True)
-        parser.add_argument("--max_model_len", type=int, required=True)
-        parser.add_argument("--tensor_parallel_size", type=int, default=1)
-        parser.add_argument("--engine_worker_queue_port", type=int, required=True)
-        parser.add_argument("--device_ids", default=None, help="comma-separated, one per rank (default 0..tp-1)")
-        parser.add_argument("--cache_ready_timeout", type=float, default=120.0)
-        parser.add_argument("--splitwise_role", default="mixed", choices=("mixed", "prefill", "decode"))
+    @classmethod
+    def add_args(cls, parser: argparse.ArgumentParser) -> None:
+        """The arguments :meth:`to_args` writes, one per field, typed by its annotation."""
+        hints = get_type_hints(cls)
+        for f in fields(cls):
+            kind = hints[f.name]
+            options: dict[str, Any] = dict(f.metadata)
+            options["type"] = _int_list if kind == list[int] else kind
+            if f.default is not MISSING:
+                options["default"] = f.default
+            elif f.default_factory is not MISSING:
+                options["default"] = f.default_factory()
+            else:
+                options["required"] = True
+            parser.add_argument(f"--{f.name}", **options)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeLayout:
-        tp = int(args.tensor_parallel_size)
-        device_ids = [int(d) for d in args.device_ids.split(",")] if args.device_ids else list(range(tp))
-        if len(device_ids) != tp:
-            raise ValueError(f"--device_ids names {len(device_ids)} devices; --tensor_parallel_size is {tp}")
-        return cls(
-            model=args.model,
-            speculative_config=args.speculative_config,
-            max_num_seqs=int(args.max_num_seqs),
-            max_model_len=int(args.max_model_len),
-            tensor_parallel_size=tp,
-            engine_worker_queue_port=int(args.engine_worker_queue_port),
-            device_ids=device_ids,
-            cache_ready_timeout=float(args.cache_ready_timeout),
-            splitwise_role=str(args.splitwise_role),
-        )
-
-
-class Terminated(SystemExit):
-    """Raised in a child process by SIGTERM (from the engine, or from the kernel when the
-    parent died): unwinds ``finally`` blocks so shared memory is released."""
-
-
-def _on_term(signum: int, frame: object) -> None:
-    raise Terminated(0)
-
-
-def install_stop_handlers() -> None:
-    """SIGTERM unwinds (:class:`Terminated`); SIGINT is ignored. Paddle installs its own
-    fatal-signal handlers when it is imported (they abort the process, skipping every
-    ``finally``, so shared memory would leak): call this after importing Paddle. Children
-    call it once more after their Paddle set-up (model, caches), a cheap guard should a later
-    initialisation install Paddle's again."""
-    signal.signal(signal.SIGTERM, _on_term)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def become_child_process() -> None:
-    """Set up a process the engine launched: Paddle imported (see
-    :func:`install_stop_handlers`), SIGTERM unwinds, SIGINT is ignored (a terminal's Ctrl-C
-    reaches the whole process group; the engine decides how its children stop), and on
-    Linux the kernel sends SIGTERM if the parent dies first."""
-    warnings.filterwarnings("ignore", message="No ccache found")  # Paddle's import-time notice
-    import paddle  # noqa: F401  (its handlers first, ours over them)
-
-    install_stop_handlers()
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):  # pragma: no cover - not Linux
-        pass
-    if os.getppid() == 1:  # the parent died before prctl took effect
-        raise Terminated(1)
+        """The layout :meth:`add_args`'s arguments describe (``ValueError`` if inconsistent)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})

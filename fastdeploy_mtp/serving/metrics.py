@@ -37,13 +37,18 @@ Splitwise (zero on a mixed instance):
   on a prefill instance those of handed-off requests no decode instance has copied yet, on
   a decode instance those an aborted request's transfer may still write;
 * ``fastdeploy:num_kv_blocks_free`` — free KV blocks (every instance).
+
+The router (``fastdeploy-mtp router``) counts its own ``fastdeploy:router_*`` instead
+(:class:`RouterCollector`).
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -56,13 +61,19 @@ PREFIX = "fastdeploy:"
 
 
 @dataclass
-class ServerCounters:
-    """Request-level counters the API server keeps (under :attr:`lock`)."""
+class RequestCounters:
+    """How requests ended: finished (stop or length), failed, or abandoned by their client."""
 
-    prompt_tokens: int = 0
     success: int = 0
     failure: int = 0
     cancelled: int = 0
+
+
+@dataclass
+class ServerCounters(RequestCounters):
+    """Request-level counters the API server keeps (under :attr:`lock`)."""
+
+    prompt_tokens: int = 0
     kv_transfers: int = 0
     kv_transfer_bytes: int = 0
     kv_transfer_seconds: float = 0.0
@@ -81,96 +92,135 @@ class EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         with self.lock:
-            m = self.metrics
-            proposed = [int(v) for v in m.proposed]
-            accepted = [int(v) for v in m.accepted]
-            emitted, steps, generated = m.emitted_tokens, m.decode_item_steps, m.generated_tokens
-            mean = m.mean_accepted_length
-            running, waiting = len(self.scheduler.slots), len(self.scheduler.waiting)
-            handed_off, first_offered, first_accepted = (
-                m.handed_off,
-                m.handoff_drafts_proposed,
-                m.handoff_drafts_accepted,
+            m = copy.deepcopy(self.metrics)
+            sched = self.scheduler
+            occupancy = Occupancy(
+                len(sched.slots), len(sched.waiting), sum(len(b) for b in sched.held.values()), len(sched.free_blocks)
             )
-            held = sum(len(b) for b in self.scheduler.held.values())
-            free_blocks = len(self.scheduler.free_blocks)
+        with self.counters.lock:
+            c = copy.copy(self.counters)
+        yield from _spec_decode_metrics(m)
+        yield from _request_metrics(m, occupancy, c)
+        yield from _splitwise_metrics(m, occupancy, c)
+
+
+class Occupancy(NamedTuple):
+    """The scheduler's requests and blocks at scrape time."""
+
+    running: int
+    waiting: int
+    held_blocks: int
+    free_blocks: int
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(PREFIX + name, doc, value=value)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(PREFIX + name, doc, value=value)
+
+
+def _spec_decode_metrics(m: Metrics) -> Iterator[Metric]:
+    proposed, accepted = [int(v) for v in m.proposed], [int(v) for v in m.accepted]
+    yield _counter(
+        "spec_decode_num_draft_tokens", "Draft tokens offered to the target for verification.", sum(proposed)
+    )
+    yield _counter("spec_decode_num_accepted_tokens", "Draft tokens the target accepted.", sum(accepted))
+    per_pos = CounterMetricFamily(
+        PREFIX + "spec_decode_num_draft_tokens_per_pos",
+        "Draft tokens offered at each draft position (1 = first draft).",
+        labels=["position"],
+    )
+    acc_pos = CounterMetricFamily(
+        PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+        "Draft tokens accepted at each draft position. A draft at position i is accepted only if drafts "
+        "1..i-1 were: accepted/offered at i is cumulative, accepted(i)/accepted(i-1) the rate conditional "
+        "on draft i-1 being accepted.",
+        labels=["position"],
+    )
+    for i, (p, a) in enumerate(zip(proposed, accepted), start=1):
+        per_pos.add_metric([str(i)], p)
+        acc_pos.add_metric([str(i)], a)
+    yield per_pos
+    yield acc_pos
+    emitted_doc = "Tokens emitted by decode steps (accepted drafts + the target's own token per step)."
+    yield _counter("spec_decode_num_emitted_tokens", emitted_doc, m.emitted_tokens)
+    yield _counter("spec_decode_num_decode_steps", "(request, target forward) pairs that decoded.", m.decode_item_steps)
+    mean_doc = "Emitted tokens per decoding request per target forward (1.0 = no speculation gain)."
+    yield _gauge("spec_decode_mean_accepted_length", mean_doc, m.mean_accepted_length)
+
+
+def _request_metrics(m: Metrics, occupancy: Occupancy, c: ServerCounters) -> Iterator[Metric]:
+    yield _counter("generation_tokens", "Generated tokens (first tokens of prefills included).", m.generated_tokens)
+    yield _counter("prompt_tokens", "Prompt tokens of admitted requests.", c.prompt_tokens)
+    yield _counter("request_success", "Requests that completed.", c.success)
+    yield _counter("request_failure", "Requests that failed after admission.", c.failure)
+    yield _counter("request_cancelled", "Requests aborted because their client disconnected.", c.cancelled)
+    yield _gauge("num_requests_running", "Requests holding a slot.", occupancy.running)
+    yield _gauge("num_requests_waiting", "Requests queued for a slot.", occupancy.waiting)
+
+
+def _splitwise_metrics(m: Metrics, occupancy: Occupancy, c: ServerCounters) -> Iterator[Metric]:
+    drafts = "Decode instance: drafts made on the prefill instance that the first verify round"
+    for name, doc, value in (
+        ("splitwise_handed_off", "Prefill instance: requests handed to a decode instance.", m.handed_off),
+        ("splitwise_first_round_draft_tokens", f"{drafts} offered.", m.handoff_drafts_proposed),
+        ("splitwise_first_round_accepted_tokens", f"{drafts} accepted.", m.handoff_drafts_accepted),
+        ("splitwise_kv_transfers", "Decode instance: completed KV block transfers.", c.kv_transfers),
+        (
+            "splitwise_kv_transfer_bytes",
+            "Decode instance: KV bytes received (all layers, all ranks).",
+            c.kv_transfer_bytes,
+        ),
+        (
+            "splitwise_kv_transfer_seconds",
+            "Decode instance: wall seconds spent in KV transfers.",
+            c.kv_transfer_seconds,
+        ),
+        ("splitwise_kv_transfer_failures", "Decode instance: KV transfers that failed.", c.kv_transfer_failures),
+    ):
+        yield _counter(name, doc, value)
+    held_doc = "KV blocks held outside any slot (prefill: handed off, not yet copied; decode: an aborted transfer's)."
+    yield _gauge("splitwise_kv_blocks_held", held_doc, occupancy.held_blocks)
+    yield _gauge("num_kv_blocks_free", "Free KV blocks.", occupancy.free_blocks)
+
+
+@dataclass
+class RouterCounters(RequestCounters):
+    """What the router counts (read and written on the event loop only): besides how the
+    requests it routed ended, how many it routed and how often a full decode instance made
+    one wait."""
+
+    routed: int = 0
+    decode_retries: int = 0
+
+
+class RouterCollector(Collector):
+    """``fastdeploy:router_*`` counters, read at scrape time."""
+
+    def __init__(self, counters: RouterCounters):
+        self.counters = counters
+
+    def collect(self) -> Iterator[Metric]:
         c = self.counters
-        with c.lock:
-            prompt, success, failure, cancelled = c.prompt_tokens, c.success, c.failure, c.cancelled
-            transfers, xfer_bytes, xfer_seconds, xfer_failures = (
-                c.kv_transfers,
-                c.kv_transfer_bytes,
-                c.kv_transfer_seconds,
-                c.kv_transfer_failures,
-            )
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            return CounterMetricFamily(PREFIX + name, doc, value=value)
-
-        yield counter(
-            "spec_decode_num_draft_tokens", "Draft tokens offered to the target for verification.", sum(proposed)
-        )
-        yield counter("spec_decode_num_accepted_tokens", "Draft tokens the target accepted.", sum(accepted))
-        per_pos = CounterMetricFamily(
-            PREFIX + "spec_decode_num_draft_tokens_per_pos",
-            "Draft tokens offered at each draft position (1 = first draft).",
-            labels=["position"],
-        )
-        acc_pos = CounterMetricFamily(
-            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
-            "Draft tokens accepted at each draft position. A draft at position i is accepted only if drafts "
-            "1..i-1 were: accepted/offered at i is cumulative, accepted(i)/accepted(i-1) the rate conditional "
-            "on draft i-1 being accepted.",
-            labels=["position"],
-        )
-        for i, (p, a) in enumerate(zip(proposed, accepted), start=1):
-            per_pos.add_metric([str(i)], p)
-            acc_pos.add_metric([str(i)], a)
-        yield per_pos
-        yield acc_pos
-        yield counter(
-            "spec_decode_num_emitted_tokens",
-            "Tokens emitted by decode steps (accepted drafts + the target's own token per step).",
-            emitted,
-        )
-        yield counter("spec_decode_num_decode_steps", "(request, target forward) pairs that decoded.", steps)
-        yield GaugeMetricFamily(
-            PREFIX + "spec_decode_mean_accepted_length",
-            "Emitted tokens per decoding request per target forward (1.0 = no speculation gain).",
-            value=mean,
-        )
-        yield counter("generation_tokens", "Generated tokens (first tokens of prefills included).", generated)
-        yield counter("prompt_tokens", "Prompt tokens of admitted requests.", prompt)
-        yield counter("request_success", "Requests that completed.", success)
-        yield counter("request_failure", "Requests that failed after admission.", failure)
-        yield counter("request_cancelled", "Requests aborted because their client disconnected.", cancelled)
-        yield GaugeMetricFamily(PREFIX + "num_requests_running", "Requests holding a slot.", value=running)
-        yield GaugeMetricFamily(PREFIX + "num_requests_waiting", "Requests queued for a slot.", value=waiting)
-        yield counter("splitwise_handed_off", "Prefill instance: requests handed to a decode instance.", handed_off)
-        yield counter(
-            "splitwise_first_round_draft_tokens",
-            "Decode instance: drafts made on the prefill instance that the first verify round offered.",
-            first_offered,
-        )
-        yield counter(
-            "splitwise_first_round_accepted_tokens",
-            "Decode instance: drafts made on the prefill instance that the first verify round accepted.",
-            first_accepted,
-        )
-        yield counter("splitwise_kv_transfers", "Decode instance: completed KV block transfers.", transfers)
-        yield counter(
-            "splitwise_kv_transfer_bytes", "Decode instance: KV bytes received (all layers, all ranks).", xfer_bytes
-        )
-        yield counter(
-            "splitwise_kv_transfer_seconds", "Decode instance: wall seconds spent in KV transfers.", xfer_seconds
-        )
-        yield counter("splitwise_kv_transfer_failures", "Decode instance: KV transfers that failed.", xfer_failures)
-        yield GaugeMetricFamily(
-            PREFIX + "splitwise_kv_blocks_held",
-            "KV blocks held outside any slot (prefill: handed off, not yet copied; decode: an aborted transfer's).",
-            value=held,
-        )
-        yield GaugeMetricFamily(PREFIX + "num_kv_blocks_free", "Free KV blocks.", value=free_blocks)
+        for name, doc, value in (
+            ("router_requests_routed", "Requests the router sent to a prefill instance.", c.routed),
+            ("router_requests_success", "Routed requests that finished (stop or length).", c.success),
+            (
+                "router_requests_failure",
+                "Routed requests that ended with an error (an instance refused, failed or was unreachable, "
+                "or no decode instance had room within the queue timeout).",
+                c.failure,
+            ),
+            ("router_requests_cancelled", "Routed requests abandoned because their client disconnected.", c.cancelled),
+            (
+                "router_decode_retries",
+                "Decode attempts a full decode instance answered with 429 (the request waited and was retried).",
+                c.decode_retries,
+            ),
+        ):
+            yield _counter(name, doc, value)
 
 
 def make_registry(

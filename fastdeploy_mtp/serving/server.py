@@ -180,7 +180,8 @@ def _run(
     serve until the server stops; returns the exit status."""
     from ..models import ByteTokenizer
     from ..runtime.engine import Engine
-    from .api_server import AsyncEngine, create_app, run_http
+    from .app import create_app, run_http
+    from .engine_client import AsyncEngine
     from .workers import RemoteRunner
 
     running.runner = runner = RemoteRunner(

@@ -1,7 +1,9 @@
 """The splitwise side of a ``fastdeploy-mtp serve`` instance: what a prefill or a decode
 instance adds to the API server (the router in front is :mod:`.router`).
 
-Both endpoints take an optional ``"sampling"``: the request's
+The bodies are :mod:`.messages`' (validated once, as they arrive; the protocol version in
+the ``X-FastDeploy-MTP-Protocol`` header: another is a 400 naming both). Both endpoints take
+an optional ``"sampling"``: the request's
 :class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams` as ``to_dict()`` (absent: greedy).
 Logprobs travel as ``{"token_id", "logprob", "top": [[id, logprob], ...]}`` per token.
 
@@ -36,38 +38,44 @@ The OpenAI endpoints of both roles answer 400: clients talk to the router.
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.responses import Response
+from pydantic import BaseModel, ValidationError
+from sse_starlette import EventSourceResponse
 
 from ..runtime.engine import Engine
 from ..runtime.events import StepEvents
 from ..runtime.request import InvalidRequestError, Request
 from ..runtime.sampling_params import SamplingParams
-from .api_server import APIError, AsyncEngine, Emitted, Stream, emitted_of, logprob_to_dict, stream_events
+from .engine_client import AsyncEngine, Stream, stream_events
+from .messages import (
+    DECODE_PATH,
+    PREFILL_PATH,
+    VERSION_HEADER,
+    DecodeRequest,
+    ErrorDetail,
+    ErrorMessage,
+    FinishEvent,
+    HandoffMessage,
+    MessageError,
+    PrefillAnswer,
+    PrefillRequest,
+    TokensEvent,
+    check_header_version,
+    decode_http,
+    version_headers,
+)
+from .openai_protocol import APIError
+from .text import emitted_of
 
 TRANSPORTS = ("auto", "shm", "tcp")
-
-
-class PrefillBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    request_id: str
-    prompt_token_ids: list[int]
-    max_tokens: int
-    sampling: dict[str, Any] | None = None
-
-
-class DecodeBody(PrefillBody):
-    output_token_ids: list[int]
-    handoff: dict[str, Any]
+B = TypeVar("B", bound=BaseModel)
 
 
 class SplitwiseEngine(AsyncEngine):
@@ -153,7 +161,7 @@ class SplitwiseEngine(AsyncEngine):
                     self.counters.failure += 1
                 continue
             stream.put("tokens", emitted_of(h.request, list(h.request.output_token_ids)))
-            stream.put("handoff", {"state": h.state, "kv": descriptor})
+            stream.put("handoff", HandoffMessage(state=h.state, kv=descriptor))
             with self.counters.lock:
                 self.counters.success += 1
 
@@ -218,117 +226,126 @@ class SplitwiseEngine(AsyncEngine):
         threading.Thread(target=pull, name=f"kv-pull-{req.request_id}", daemon=True).start()
 
 
-def _error_response(exc: APIError) -> JSONResponse:
-    return exc.response()
-
-
-def sampling_of(values: dict[str, Any] | None) -> SamplingParams:
+def sampling_of(params: SamplingParams | None) -> SamplingParams:
     """The :class:`SamplingParams` of a ``/v1/splitwise/*`` body's ``sampling`` (``None``:
-    greedy); a 400 naming the field when it is malformed or invalid."""
-    if values is None:
+    greedy); a 400 naming the field when a value is invalid."""
+    if params is None:
         return SamplingParams()
-    try:
-        params = SamplingParams.from_dict(values)
-    except TypeError as exc:
-        raise APIError(400, f"sampling: not SamplingParams fields ({exc})", "sampling") from None
     problem = params.check()
     if problem is not None:
         raise APIError(400, f"sampling.{problem}", problem.split(":", 1)[0])
     return params
 
 
-def _logprobs_json(event: Emitted) -> list[dict[str, Any]] | None:
-    return None if event.logprobs is None else [logprob_to_dict(lp) for lp in event.logprobs]
+async def receive(request: HTTPRequest, model: type[B]) -> B:
+    """The body of ``request`` as ``model``: a 400 naming the field (or the version) unless
+    it is one of this protocol version's."""
+    try:
+        check_header_version(request.headers.get(VERSION_HEADER), "the router")
+        return decode_http(model, await request.body(), "the router")
+    except MessageError as exc:
+        raise APIError(400, str(exc), exc.field) from None
+
+
+def new_request(body: PrefillRequest, **extra: Any) -> Request:
+    """The engine request of a ``/v1/splitwise/*`` body (a 400 naming what is invalid)."""
+    try:
+        return Request(
+            body.request_id,
+            body.prompt_token_ids,
+            max_tokens=body.max_tokens,
+            sampling=sampling_of(body.sampling),
+            **extra,
+        )
+    except ValueError as exc:
+        raise APIError(400, str(exc), "prompt_token_ids" if "prompt" in str(exc) else "max_tokens") from None
 
 
 def add_splitwise_routes(app: FastAPI, se: SplitwiseEngine) -> None:
     """Add the ``/v1/splitwise/*`` endpoint of ``se``'s role to ``app``."""
-
+    app.state.splitwise = se
     if se.role == "prefill":
+        app.post(PREFILL_PATH)(prefill)
+    else:
+        app.post(DECODE_PATH)(decode)
 
-        @app.post("/v1/splitwise/prefill")
-        async def prefill(body: PrefillBody) -> Any:
-            sampling = sampling_of(body.sampling)
-            try:
-                req = Request(body.request_id, body.prompt_token_ids, max_tokens=body.max_tokens, sampling=sampling)
-            except ValueError as exc:
-                raise APIError(400, str(exc), "prompt_token_ids" if "prompt" in str(exc) else "max_tokens") from None
-            se.check(req)
-            stream = se.submit(req)
-            tokens: list[int] = []
-            logprobs: list[dict[str, Any]] | None = None if sampling.logprobs is None else []
-            handoff = None
-            reason = None
-            async for kind, value in stream_events(se, stream, ("finished", "handoff")):
-                if kind == "tokens":
-                    tokens.extend(value.token_ids)
-                    if logprobs is not None:
-                        logprobs.extend(_logprobs_json(value) or [])
-                elif kind == "handoff":
-                    handoff = value
-                else:
-                    reason = value
+
+def splitwise_engine(request: HTTPRequest) -> SplitwiseEngine:
+    se = request.app.state.splitwise
+    assert isinstance(se, SplitwiseEngine)
+    return se
+
+
+async def prefill(request: HTTPRequest) -> Response:
+    """Run a prompt; answer its first tokens and the hand-over (:class:`PrefillAnswer`)."""
+    se = splitwise_engine(request)
+    req = new_request(await receive(request, PrefillRequest))
+    se.check(req)
+    stream = se.submit(req)
+    answer = PrefillAnswer(
+        request_id=req.request_id,
+        output_token_ids=[],
+        output_logprobs=None if req.sampling.logprobs is None else [],
+        finished=True,
+    )
+    async for kind, value in stream_events(se, stream, ("finished", "handoff")):
+        if kind == "tokens":
+            answer.output_token_ids.extend(value.token_ids)
+            if answer.output_logprobs is not None:
+                answer.output_logprobs.extend(value.logprobs or [])
+        elif kind == "handoff":
             from ..splitwise.handoff import first_drafts
 
-            return {
-                "request_id": req.request_id,
-                "output_token_ids": tokens,
-                "output_logprobs": logprobs,
-                "draft_token_ids": first_drafts(handoff["state"]) if handoff else [],
-                "finished": handoff is None,
-                "finish_reason": reason,
-                "handoff": handoff,
-            }
+            answer.handoff = value.model_dump()
+            answer.draft_token_ids = first_drafts(value.state)
+            answer.finished = False
+        else:
+            answer.finish_reason = value
+    return Response(answer.encode(), media_type="application/json", headers=version_headers())
 
-        return
 
-    @app.post("/v1/splitwise/decode")
-    async def decode(body: DecodeBody) -> Any:
-        from ..splitwise.kv_layout import KVLayout, TransferError
+async def decode(request: HTTPRequest) -> Response:
+    """Continue a handed-over request: its tokens as server-sent events (or 429: full)."""
+    from ..splitwise.kv_layout import KVLayout, TransferError
 
-        handoff = body.handoff
-        if set(handoff) != {"state", "kv"} or not isinstance(handoff["kv"], dict):
-            raise APIError(400, "handoff must be the prefill instance's object with keys `state` and `kv`", "handoff")
+    se = splitwise_engine(request)
+    body = await receive(request, DecodeRequest)
+    try:
+        handoff = HandoffMessage.model_validate(body.handoff)
+    except ValidationError:
+        message = "handoff must be the prefill instance's object with keys `state` and `kv`"
+        raise APIError(400, message, "handoff") from None
+    try:
+        KVLayout.from_dict(handoff.kv.get("layout")).check_matches(se.layout)
+    except TransferError as exc:
+        raise APIError(400, f"handoff: {exc}", "handoff") from None
+    req = new_request(body, output_token_ids=list(body.output_token_ids), handoff_state=handoff.state)
+    se.check(req)
+    if se.full():
+        full = APIError(429, "the decode instance is full", kind="overloaded").response()
+        full.headers["Retry-After"] = "1"
+        return full
+    return decode_events(se, se.submit_transferred(req, handoff.kv))
+
+
+def decode_events(se: SplitwiseEngine, stream: Stream) -> EventSourceResponse:
+    """A decode answer: ``data: <TokensEvent>`` per step, ``data: <FinishEvent>``, ``data:
+    [DONE]`` (framed as :func:`~.app.sse` frames the OpenAI streams)."""
+
+    async def events() -> AsyncIterator[str]:
         try:
-            KVLayout.from_dict(handoff["kv"].get("layout")).check_matches(se.layout)
-        except TransferError as exc:
-            raise APIError(400, f"handoff: {exc}", "handoff") from None
-        sampling = sampling_of(body.sampling)
-        try:
-            req = Request(
-                body.request_id,
-                body.prompt_token_ids,
-                max_tokens=body.max_tokens,
-                output_token_ids=list(body.output_token_ids),
-                handoff_state=handoff["state"],
-                sampling=sampling,
-            )
-        except ValueError as exc:
-            raise APIError(400, str(exc), "prompt_token_ids" if "prompt" in str(exc) else "max_tokens") from None
-        se.check(req)
-        if se.full():
-            return JSONResponse(
-                {"error": {"message": "the decode instance is full", "type": "overloaded", "param": None, "code": 429}},
-                status_code=429,
-                headers={"Retry-After": "1"},
-            )
-        stream = se.submit_transferred(req, handoff["kv"])
+            async for kind, value in stream_events(se, stream):
+                if kind == "tokens":  # no ``logprobs`` key unless the request asked
+                    yield TokensEvent(token_ids=value.token_ids, logprobs=value.logprobs).model_dump_json(
+                        exclude_none=True
+                    )
+                else:
+                    yield FinishEvent(finish_reason=value).model_dump_json()
+        except APIError as exc:
+            error = ErrorDetail(message=exc.message, type=exc.kind, code=exc.status)
+            yield ErrorMessage(error=error).model_dump_json(exclude_none=True)
+            return
+        yield "[DONE]"
 
-        async def body_iter() -> AsyncIterator[str]:
-            try:
-                async for kind, value in stream_events(se, stream):
-                    if kind == "tokens":
-                        event: dict[str, Any] = {"token_ids": value.token_ids}
-                        logprobs = _logprobs_json(value)
-                        if logprobs is not None:
-                            event["logprobs"] = logprobs
-                        yield f"data: {json.dumps(event)}\n\n"
-                    else:
-                        yield f"data: {json.dumps({'finish_reason': value})}\n\n"
-            except APIError as exc:
-                error = {"message": exc.message, "type": exc.kind, "code": exc.status}
-                yield f"data: {json.dumps({'error': error})}\n\n"
-                return
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(body_iter(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    headers = {"Cache-Control": "no-cache", **version_headers()}
+    return EventSourceResponse(events(), headers=headers, ping=0, sep="\n")

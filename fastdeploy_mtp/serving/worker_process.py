@@ -7,7 +7,7 @@ It joins the tensor-parallel group (``paddle.distributed``, gloo), loads its sha
 checkpoint, builds the target runner and the ``MTPProposer``, which wait for
 ``cache_ready_signal`` and attach every KV cache by name (they never create one), says
 ``ready`` to the engine and then runs the steps the engine sends (see
-:mod:`fastdeploy_mtp.serving.protocol`). After each step rank 0 sends the emitted tokens with
+:mod:`fastdeploy_mtp.serving.messages`). After each step rank 0 sends the emitted tokens with
 ``speculate_save_output_topk`` (FastDeploy's SysV message layout), then its ``done`` message.
 On a splitwise prefill instance with MTP, rank 0 sends the first tokens with
 ``mtp_save_first_token`` instead, as FastDeploy's prefill nodes do: every token such an
@@ -20,18 +20,70 @@ import argparse
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .layout import ServeLayout, Terminated, become_child_process, install_stop_handlers
+from ..runtime.request import Request, RequestType
+from ..runtime.sampling_params import SamplingParams
+from .child_process import Terminated, become_child_process, install_stop_handlers
+from .layout import ServeLayout
+from .messages import (
+    Done,
+    Failed,
+    ImportTask,
+    MessageError,
+    PrefillTask,
+    Ready,
+    Shutdown,
+    Step,
+    StepResult,
+    decode_engine_message,
+)
 
 if TYPE_CHECKING:  # imported at run time after the process set-up (they import Paddle)
     from ..runtime.target_runner import StepOutput, TargetRunner
-    from .protocol import SlotTable
+    from .messages import Task
 
 #: ``message_flag`` of the target's token messages (FastDeploy: 3 target, 4 draft).
 TARGET_MESSAGE_FLAG = 3
+
+
+class SlotTable:
+    """A worker's view of the requests in its slots, rebuilt from the step messages' tasks."""
+
+    def __init__(self) -> None:
+        self.slots: dict[int, Request] = {}
+
+    def apply(self, task: Task) -> Request:
+        """The :class:`Request` for ``task``, updated to describe it (a first prefill chunk
+        or an import starts a new request in the slot)."""
+        if isinstance(task, ImportTask) or (isinstance(task, PrefillTask) and task.prompt_token_ids is not None):
+            new = Request(
+                task.request_id,
+                list(task.prompt_token_ids or []),
+                max_tokens=task.max_tokens,
+                sampling=task.sampling or SamplingParams(),
+            )
+            new.idx = task.idx
+            if isinstance(task, ImportTask):
+                new.output_token_ids = list(task.output_token_ids)
+                new.handoff_state = task.state
+            self.slots[task.idx] = new
+        req = self.slots.get(task.idx)
+        if req is None or req.request_id != task.request_id:
+            raise ValueError(f"task for request {task.request_id!r} in slot {task.idx}, which holds no such request")
+        req.task_type = RequestType[task.type]
+        req.block_tables = list(task.block_tables)
+        if isinstance(task, PrefillTask):
+            req.prefill_start_index = task.start
+            req.prefill_end_index = task.end
+            req.output_token_ids = list(task.output_token_ids)
+        return req
+
+    def pop(self, idx: int) -> Request | None:
+        return self.slots.pop(idx, None)
 
 
 def send_step_tokens(out: StepOutput, inputs: Any, rank: int, msg_queue_id: int) -> None:
@@ -90,24 +142,44 @@ def send_first_tokens(out: StepOutput, inputs: Any, rank: int, msg_queue_id: int
     )
 
 
-def run_step(runner: TargetRunner, slots: SlotTable, msg: dict[str, Any]) -> StepOutput:
-    """Apply one ``step`` message to ``runner``: reset the freed and aborted slots, load the
+def run_step(runner: TargetRunner, slots: SlotTable, msg: Step) -> StepOutput:
+    """Apply one step message to ``runner``: reset the freed and aborted slots, load the
     tasks, run the step; returns what it emitted."""
-    for idx in msg["free"]:
-        runner.free_slot(int(idx))
-        slots.pop(int(idx))
-    for idx in msg["abort"]:
-        req = slots.pop(int(idx))
+    for idx in msg.free:
+        runner.free_slot(idx)
+        slots.pop(idx)
+    for idx in msg.abort:
+        req = slots.pop(idx)
         if req is not None:
             runner.abort_slot(req)
         else:
-            runner.free_slot(int(idx))
-    tasks = [slots.apply(t) for t in msg["tasks"]]
+            runner.free_slot(idx)
+    tasks = [slots.apply(t) for t in msg.tasks]
     for req in tasks:
         runner.check_task(req)
     runner.insert_tasks(tasks)
-    runner.set_exports([int(i) for i in msg.get("export", [])])
+    runner.set_exports(msg.export)
     return runner.execute()
+
+
+def answer(payload: bytes, rank: int, step: Callable[[Step], StepResult | None]) -> Done | Failed | None:
+    """This worker's reply to the engine's ``payload``: ``None`` for :class:`Shutdown`, else
+    :class:`Done` with what ``step`` returned (rank 0's result), or :class:`Failed` when the
+    message could not be read (the worker goes on: the engine fails that step only) or the
+    step raised."""
+    try:
+        msg = decode_engine_message(payload)
+    except MessageError as exc:
+        print(f"[worker rank {rank}] refused a message: {exc}", file=sys.stderr, flush=True)
+        return Failed(step=None, rank=rank, message=str(exc))
+    if isinstance(msg, Shutdown):
+        return None
+    try:
+        result = step(msg)
+    except Exception as exc:  # reported to the engine, which aborts the step's requests
+        traceback.print_exc(file=sys.stderr)
+        return Failed(step=msg.step, rank=rank, message=f"{type(exc).__name__}: {exc}")
+    return Done(step=msg.step, rank=rank, result=result)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,7 +203,6 @@ def main(argv: list[str] | None = None) -> int:
         from ..distributed import init_tensor_parallel
         from ..models import load_tiny
         from ..runtime.target_runner import TargetRunner
-        from .protocol import SlotTable, logprobs_message
 
         tp = layout.tensor_parallel_size
         if tp > 1:
@@ -141,42 +212,31 @@ def main(argv: list[str] | None = None) -> int:
         runner = TargetRunner(cfg, target, mtp if cfg.speculative_config.enabled else None)
         slots = SlotTable()
         first_tokens_only = layout.splitwise_role == "prefill" and cfg.speculative_config.enabled
+
+        def step(msg: Step) -> StepResult | None:
+            assert runner is not None
+            out = run_step(runner, slots, msg)
+            if rank != 0:
+                return None
+            if first_tokens_only:
+                send_first_tokens(out, runner.share_inputs, rank, layout.msg_queue_id)
+            else:
+                send_step_tokens(out, runner.share_inputs, rank, layout.msg_queue_id)
+            return StepResult.of(out, runner.decode_lens())
+
         install_stop_handlers()  # again, in case Paddle's set-up reinstalled its own
-        sock.send_json({"type": "ready", "rank": rank, "pid": os.getpid()})
+        sock.send(Ready(rank=rank, pid=os.getpid()).encode())
         while True:
-            msg = sock.recv_json()
-            assert isinstance(msg, dict)
-            if msg.get("type") == "shutdown":
+            reply = answer(sock.recv(), rank, step)
+            if reply is None:
                 return 0
-            step = msg.get("step")
-            try:
-                out = run_step(runner, slots, msg)
-                if rank == 0 and first_tokens_only:
-                    send_first_tokens(out, runner.share_inputs, rank, layout.msg_queue_id)
-                elif rank == 0:
-                    send_step_tokens(out, runner.share_inputs, rank, layout.msg_queue_id)
-            except Exception as exc:  # reported to the engine, which aborts the step's requests
-                traceback.print_exc(file=sys.stderr)
-                sock.send_json({"type": "error", "step": step, "rank": rank, "message": f"{type(exc).__name__}: {exc}"})
-                continue
-            reply: dict[str, Any] = {"type": "done", "step": step, "rank": rank}
-            if rank == 0:
-                reply.update(
-                    stop_flags=out.stop_flags.astype(int).tolist(),
-                    decode_lens=runner.decode_lens().astype(int).tolist(),
-                    drafts=out.drafts.astype(int).tolist(),
-                    decode_mask=out.decode_mask.astype(int).tolist(),
-                    num_tokens=int(out.num_tokens),
-                    exports={str(idx): state for idx, state in out.exports.items()},
-                    logprobs=logprobs_message(out.logprobs),
-                )
-            sock.send_json(reply)
+            sock.send(reply.encode())
     except Terminated:
         return 0
     except Exception as exc:
         print(f"[worker rank {rank}] failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         try:
-            sock.send_json({"type": "error", "step": None, "rank": rank, "message": f"{type(exc).__name__}: {exc}"})
+            sock.send(Failed(step=None, rank=rank, message=f"{type(exc).__name__}: {exc}").encode())
         except zmq.ZMQError:
             pass
         return 1

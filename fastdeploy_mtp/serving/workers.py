@@ -3,7 +3,7 @@ manager and one worker per tensor-parallel rank, and drives them with the
 :class:`~fastdeploy_mtp.runtime.target_runner.Runner` surface the engine loop uses, so the
 serving engine and the offline :class:`~fastdeploy_mtp.runtime.engine.Engine` are one loop.
 
-Per step: the step message (ZMQ, JSON) goes to every rank; rank 0 sends the emitted tokens
+Per step: the step message (ZMQ, :class:`~.messages.Step`) goes to every rank; rank 0 sends the emitted tokens
 through ``speculate_save_output_topk`` (FastDeploy's SysV layout) and then its ``done``
 reply; the engine reads the tokens with ``speculate_get_output_topk``. While it waits, the
 engine watches every child: one that exits fails the step with :class:`WorkerDiedError`
@@ -27,7 +27,7 @@ from ..ops.messaging import FIRST_TOKEN_MAX_BSZ, MAX_BSZ, MAX_DRAFT_TOKENS, SPEC
 from ..runtime.request import Request, RequestType
 from ..runtime.target_runner import StepOutput, check_prefill_task
 from .layout import ServeLayout
-from .protocol import logprobs_of, task_message
+from .messages import Done, Failed, MessageError, Ready, Shutdown, Step, StepResult, decode_worker_message, task_message
 
 #: FastDeploy's SysV layout: slots, tokens per slot, entries per token (the token + top-k).
 _MAX_BSZ, _MAX_DRAFT, _TOPK = MAX_BSZ, MAX_DRAFT_TOKENS, SPEC_LOGPROB_K + 1
@@ -86,7 +86,7 @@ class RemoteRunner:
         self.reserved_port = reserved_port
         self._progress = progress or (lambda line: None)
         self._decode_lens = np.zeros([self.n], np.int32)
-        self._pending: dict[str, list[Any]] = {"free": [], "abort": [], "tasks": [], "export": []}
+        self._pending = Step(step=0)
         self._template: tuple[Any, Any] | None = None  # buffers to check handed-over slot states against
         self._host_caches: list[list[np.ndarray]] | None = None
         self._host_cache_tensors: list[tuple[list[Any], list[str]]] = []
@@ -136,11 +136,11 @@ class RemoteRunner:
         deadline = time.monotonic() + timeout
         while len(ready) < tp:
             msg = self._recv(deadline, "start-up")
-            if msg.get("type") == "ready":
-                ready.add(int(msg["rank"]))
-                self._progress(f"worker rank {msg['rank']} ready (pid {msg['pid']}): model loaded, caches attached")
-            elif msg.get("type") == "error":
-                raise WorkerDiedError(f"worker rank {msg.get('rank')} failed to start: {msg.get('message')}")
+            if isinstance(msg, Ready):
+                ready.add(msg.rank)
+                self._progress(f"worker rank {msg.rank} ready (pid {msg.pid}): model loaded, caches attached")
+            elif isinstance(msg, Failed):
+                raise WorkerDiedError(f"worker rank {msg.rank} failed to start: {msg.message}")
         #: splitwise prefill with MTP: rank 0 sends first tokens with mtp_save_first_token
         self.first_tokens_only = self.layout.splitwise_role == "prefill" and bool(self.k)
         self._first = paddle.zeros([2 + FIRST_TOKEN_MAX_BSZ * (1 + _MAX_DRAFT)], dtype="int64")
@@ -162,7 +162,7 @@ class RemoteRunner:
         for rank, name in enumerate(workers):
             if self.procs[name].poll() is None:
                 try:
-                    self._sock.send_multipart([f"rank{rank}".encode(), b'{"type": "shutdown"}'], zmq.NOBLOCK)
+                    self._sock.send_multipart([f"rank{rank}".encode(), Shutdown().encode()], zmq.NOBLOCK)
                 except zmq.ZMQError:
                     pass
         deadline = time.monotonic() + timeout
@@ -218,16 +218,16 @@ class RemoteRunner:
         """Why the deployment is unusable (a child exited), or ``None``."""
         return self._dead
 
-    def _recv(self, deadline: float, what: str) -> dict[str, Any]:
-        import json
-
+    def _recv(self, deadline: float, what: str) -> Ready | Done | Failed:
+        """The next worker message; a malformed one (or of another protocol version) fails
+        the step (:class:`WorkerStepError`), not the deployment."""
         while True:
             if self._sock.poll(100):
-                _, payload = self._sock.recv_multipart()
-                msg = json.loads(payload)
-                if not isinstance(msg, dict):
-                    raise WorkerStepError(f"malformed worker message {payload[:80]!r}")
-                return msg
+                identity, payload = self._sock.recv_multipart()
+                try:
+                    return decode_worker_message(payload, f"worker {identity.decode(errors='replace')}")
+                except MessageError as exc:
+                    raise WorkerStepError(str(exc)) from None
             self.check_children()
             if time.monotonic() > deadline:
                 self._dead = f"no answer from the workers within the {what} timeout"
@@ -243,18 +243,18 @@ class RemoteRunner:
     def insert_tasks(self, tasks: Sequence[Request]) -> None:
         for req in tasks:
             first = req.task_type == RequestType.PREFILL and req.prefill_start_index == 0
-            self._pending["tasks"].append(task_message(req, first))
+            self._pending.tasks.append(task_message(req, first))
 
     def free_slot(self, idx: int) -> None:
-        self._pending["free"].append(int(idx))
+        self._pending.free.append(int(idx))
         self._decode_lens[idx] = 0
 
     def abort_slot(self, req: Request) -> None:
-        self._pending["abort"].append(int(req.idx))
+        self._pending.abort.append(int(req.idx))
         self._decode_lens[req.idx] = 0
 
     def set_exports(self, idxs: Sequence[int]) -> None:
-        self._pending["export"] = [int(i) for i in idxs]
+        self._pending.export = [int(i) for i in idxs]
 
     def check_handoff(self, state: object) -> None:
         """Check a handed-over slot state against buffers shaped like the workers' (built
@@ -304,34 +304,48 @@ class RemoteRunner:
         return self._host_caches
 
     def execute(self) -> StepOutput:
-        import json
-
         import zmq
 
         if self._dead:
             raise WorkerDiedError(f"the deployment is down: {self._dead}")
         self._step += 1
-        msg = {"type": "step", "step": self._step, **self._pending}
-        self._pending = {"free": [], "abort": [], "tasks": [], "export": []}
-        payload = json.dumps(msg).encode()
+        msg, self._pending = self._pending, Step(step=0)
+        msg.step = self._step
+        payload = msg.encode()
         for rank in range(self.layout.tensor_parallel_size):
             try:
                 self._sock.send_multipart([f"rank{rank}".encode(), payload])
             except zmq.ZMQError as exc:
                 self.check_children()
                 raise WorkerDiedError(f"cannot reach worker rank {rank}: {exc}") from None
-        replies: dict[int, dict[str, Any]] = {}
+        head = self._replies()
+        accept_tokens, accept_num = self._read_tokens()
+        self._decode_lens = np.asarray(head.decode_lens, np.int32)
+        return StepOutput(
+            accept_tokens=accept_tokens,
+            accept_num=accept_num,
+            stop_flags=np.asarray(head.stop_flags, bool),
+            drafts=np.asarray(head.drafts, np.int64).reshape([self.n, self.k]),
+            decode_mask=np.asarray(head.decode_mask, bool),
+            num_tokens=head.num_tokens,
+            exports=dict(head.exports),
+            logprobs=dict(head.logprobs),
+        )
+
+    def _replies(self) -> StepResult:
+        """Every rank's answer to the step just sent; rank 0's result."""
+        replies: dict[int, Done | Failed] = {}
         errors: list[str] = []
         deadline = time.monotonic() + self.step_timeout
         while len(replies) < self.layout.tensor_parallel_size:
             reply = self._recv(deadline, f"step ({self.step_timeout:g} s)")
-            if reply.get("step") != self._step:
-                raise WorkerStepError(
-                    f"worker rank {reply.get('rank')} answered step {reply.get('step')}, not {self._step}"
-                )
-            replies[int(reply["rank"])] = reply
-            if reply.get("type") == "error":
-                errors.append(f"worker rank {reply['rank']}: {reply.get('message')}")
+            unread = isinstance(reply, Failed) and reply.step is None  # it could not read the step message
+            if isinstance(reply, Ready) or (reply.step != self._step and not unread):
+                step = "ready" if isinstance(reply, Ready) else reply.step
+                raise WorkerStepError(f"worker rank {reply.rank} answered step {step}, not {self._step}")
+            replies[reply.rank] = reply
+            if isinstance(reply, Failed):
+                errors.append(f"worker rank {reply.rank}: {reply.message}")
         if errors:
             self._drain_tokens()
             if self.layout.tensor_parallel_size > 1:  # the ranks' states may have diverged
@@ -339,19 +353,10 @@ class RemoteRunner:
                 raise WorkerDiedError(f"a tensor-parallel worker failed a step: {self._dead}")
             raise WorkerStepError("; ".join(errors))
         head = replies[0]
-        accept_tokens, accept_num = self._read_tokens()
-        self._decode_lens = np.asarray(head["decode_lens"], np.int32)
-        drafts = np.asarray(head["drafts"], np.int64).reshape([self.n, self.k])
-        return StepOutput(
-            accept_tokens=accept_tokens,
-            accept_num=accept_num,
-            stop_flags=np.asarray(head["stop_flags"], bool),
-            drafts=drafts,
-            decode_mask=np.asarray(head["decode_mask"], bool),
-            num_tokens=int(head["num_tokens"]),
-            exports={int(idx): state for idx, state in head.get("exports", {}).items()},
-            logprobs=logprobs_of(head.get("logprobs", {})),
-        )
+        if not isinstance(head, Done) or head.result is None:
+            self._drain_tokens()
+            raise WorkerStepError(f"worker rank 0 answered step {self._step} without its result")
+        return head.result
 
     def _read_tokens(self) -> tuple[np.ndarray, np.ndarray]:
         """The step's tokens from rank 0's SysV message: ``accept_tokens [N, K+1]``,

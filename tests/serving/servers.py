@@ -5,6 +5,11 @@ the whole tree), waits for ``/health``, and on :meth:`ServerProcess.stop` sends 
 checks the shutdown contract: exit status, no child process left, no shared-memory name
 and no SysV message queue left behind. :func:`remote_runner` holds the serving engine's
 worker processes without the HTTP server, under the same clean-up check.
+
+For splitwise tests: :func:`splitwise_instance` / :func:`splitwise_instances` start prefill
+and decode instances, :func:`splitwise_router` a router over them in this process
+(:class:`ThreadServer`), :func:`splitwise_post` talks to an instance as the router does.
+:func:`offline` is the offline engine's output every served output is compared with.
 """
 
 from __future__ import annotations
@@ -17,13 +22,18 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import uvicorn
+from fastapi import FastAPI
+
 from fastdeploy_mtp.distributed import find_free_port_range
+from fastdeploy_mtp.serving.messages import version_headers
 
 
 def shm_names() -> set[str]:
@@ -39,10 +49,13 @@ def http_get(url: str, timeout: float = 30) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-def http_post(url: str, body: dict[str, Any], timeout: float = 60) -> tuple[int, Any]:
+def http_post(
+    url: str, body: dict[str, Any], timeout: float = 60, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
     """(status, answer) of a JSON POST: the parsed JSON, or for an event stream the list of
     its ``data: {...}`` events; an HTTP error status is returned, not raised."""
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **(headers or {})}
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             raw = r.read().decode()
@@ -252,3 +265,97 @@ def remote_runner(spec_json: str, max_num_seqs: int, max_model_len: int = 256) -
         "queue": messaging.remove_msg_queue(layout.msg_queue_id),
     }
     assert left == {"children": [], "shm": [], "queue": False}, f"the remote runner left behind {left}"
+
+
+def splitwise_post(url: str, body: dict[str, Any], timeout: float = 60) -> tuple[int, Any]:
+    """:func:`http_post` to a ``/v1/splitwise/*`` endpoint, with the protocol version header
+    the router sends."""
+    return http_post(url, body, timeout, version_headers())
+
+
+class ThreadServer:
+    """``app`` served by uvicorn on 127.0.0.1:``port`` in a daemon thread."""
+
+    def __init__(self, app: FastAPI, port: int):
+        self.url = f"http://127.0.0.1:{port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name=f"uvicorn:{port}", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, f"{self.url} did not start"
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        assert not self.thread.is_alive(), f"{self.url} did not stop"
+
+
+def offline(prompts: list[str], spec: str, max_tokens: int = 24) -> list[str]:
+    """The offline engine's greedy texts (the reference every server output must equal)."""
+    from fastdeploy_mtp.config import SpeculativeConfig
+    from fastdeploy_mtp.entrypoints.offline import run_prompts
+
+    texts, _, _ = run_prompts(prompts, max_tokens, SpeculativeConfig.from_json(spec), 8, "offline")
+    return texts
+
+
+_next_device = [1000 + (os.getpid() % 5000) * 8]
+
+
+def device_ids(n: int) -> str:
+    """``n`` device ids no other instance on this host uses (they name the KV caches)."""
+    first = _next_device[0] + 1
+    _next_device[0] += n
+    return ",".join(str(first + i) for i in range(n))
+
+
+def splitwise_instance(role: str, spec: str, *extra: str) -> ServerProcess:
+    """``serve --splitwise-role role`` with speculation ``spec`` on device ids of its own."""
+    tp = int(extra[extra.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in extra else 1
+    return ServerProcess(
+        ["--speculative-config", spec, "--splitwise-role", role, "--device-ids", device_ids(tp), *extra]
+    )
+
+
+@contextlib.contextmanager
+def splitwise_instances(*specs: tuple[Any, ...]) -> Iterator[list[ServerProcess]]:
+    """Start ``splitwise_instance(*spec)`` for each spec; stop them in reverse order, cleanly
+    (so that each one's check "no ``/dev/shm`` name left" is not confused by a later one)."""
+    started: list[ServerProcess] = []
+    try:
+        for spec in specs:
+            started.append(splitwise_instance(*spec))
+        yield started
+    except BaseException:
+        stop_all(started)
+        raise
+    try:
+        while started:
+            stopped_cleanly(started[-1])
+            started.pop()
+    finally:  # one did not stop cleanly: still stop the others
+        stop_all(started)
+
+
+def stop_all(servers: list[ServerProcess]) -> None:
+    """SIGTERM each (so it removes its names), in reverse order; SIGKILL what hangs."""
+    for srv in reversed(servers):
+        with contextlib.suppress(Exception):
+            srv.stop(30)
+
+
+@contextlib.contextmanager
+def splitwise_router(prefill: ServerProcess, decode: ServerProcess, queue_timeout: float = 60.0) -> Iterator[str]:
+    """A router over one prefill and one decode instance, in this process; yields its URL."""
+    from fastdeploy_mtp.serving.router import router_app
+    from fastdeploy_mtp.serving.router_backend import RouterBackend
+
+    backend = RouterBackend([prefill.base_url], [decode.base_url], queue_timeout)
+    srv = ThreadServer(router_app(backend, "fastdeploy-mtp-tiny"), find_free_port_range(1))
+    try:
+        yield srv.url
+    finally:
+        srv.stop()

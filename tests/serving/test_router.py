@@ -26,15 +26,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from fastdeploy_mtp.distributed import find_free_port_range
 from fastdeploy_mtp.entrypoints.cli import main
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
-from fastdeploy_mtp.serving.router import RouterBackend, router_app
-from tests.serving.servers import http_get, http_post, scrape_metrics
+from fastdeploy_mtp.serving.messages import version_headers
+from fastdeploy_mtp.serving.router import router_app
+from fastdeploy_mtp.serving.router_backend import RouterBackend
+from tests.serving.servers import ThreadServer, http_get, http_post, scrape_metrics
 
 openai = pytest.importorskip("openai")
 
@@ -86,7 +87,7 @@ def prefill_app(name: str, state: StubState) -> FastAPI:
         else:
             handoff = {"prefill": name, "request_id": body["request_id"], "blocks": [3, 1, 4]}
             out = {"output_token_ids": [65], "finished": False, "finish_reason": None, "handoff": handoff}
-        return {"request_id": body["request_id"], **out}
+        return JSONResponse({"request_id": body["request_id"], **out}, headers=version_headers())
 
     return app
 
@@ -144,29 +145,9 @@ def decode_app(name: str, state: StubState) -> FastAPI:
                     with state.lock:
                         state.decode_closed.append(rid)
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(events(), media_type="text/event-stream", headers=version_headers())
 
     return app
-
-
-class ThreadServer:
-    """``app`` served by uvicorn on 127.0.0.1:``port`` in a daemon thread."""
-
-    def __init__(self, app: FastAPI, port: int):
-        self.url = f"http://127.0.0.1:{port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name=f"uvicorn:{port}", daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, f"{self.url} did not start"
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-        assert not self.thread.is_alive(), f"{self.url} did not stop"
 
 
 @dataclass

@@ -22,6 +22,8 @@ from tests.serving.servers import (  # noqa: E402
     ServerProcess,
     http_post as post,  # noqa: E402
     serving,
+    splitwise_instances,
+    splitwise_router,
     stopped_cleanly,
 )
 
@@ -239,9 +241,7 @@ def test_a_greedy_verify_strategy_refuses_temperature():
 
 # ---- through the splitwise router ----------------------------------------------------------
 def test_sampling_stop_and_logprobs_through_the_router_equal_mixed(spec_server, expected_sampled):
-    from tests.serving.test_splitwise import instances, router
-
-    with instances(("prefill", MTP3), ("decode", MTP3)) as (p, d), router(p, d) as url:
+    with splitwise_instances(("prefill", MTP3), ("decode", MTP3)) as (p, d), splitwise_router(p, d) as url:
         for prompt, want in zip(PROMPTS[:2], expected_sampled):
             assert complete(url, prompt, **SAMPLED)[:2] == (want, "length")
             assert complete(url, prompt, stream=True, **SAMPLED)[:2] == (want, "length")

@@ -22,19 +22,17 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
-from tests.serving.servers import ServerProcess, http_get, scrape_metrics, serving, stopped_cleanly  # noqa: E402
+from tests.serving.servers import (  # noqa: E402
+    ServerProcess,
+    http_get,
+    offline,
+    scrape_metrics,
+    serving,
+    stopped_cleanly,
+)
 
 MAX_TOKENS = 24
 SPEC = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": "with_ngram"}'
-
-
-def offline(prompts: list[str], max_tokens: int = MAX_TOKENS, spec: str = SPEC) -> list[str]:
-    """The offline engine's greedy texts (the reference every server output must equal)."""
-    from fastdeploy_mtp.config import SpeculativeConfig
-    from fastdeploy_mtp.entrypoints.offline import run_prompts
-
-    texts, _, _ = run_prompts(prompts, max_tokens, SpeculativeConfig.from_json(spec), 8, "offline")
-    return texts
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +42,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def expected():
-    return dict(zip(DEMO_PROMPTS, offline(DEMO_PROMPTS)))
+    return dict(zip(DEMO_PROMPTS, offline(DEMO_PROMPTS, SPEC)))
 
 
 def client(server: ServerProcess) -> openai.OpenAI:
@@ -85,10 +83,10 @@ def test_completions_equal_the_offline_engine(server, expected):
 
 
 def test_chat_completions_stream_and_not(server):
-    from fastdeploy_mtp.serving.api_server import apply_chat_template
+    from fastdeploy_mtp.serving.openai_protocol import apply_chat_template
 
     messages = [{"role": "user", "content": "def add(a, b):"}]
-    want = offline([apply_chat_template(messages)])[0]
+    want = offline([apply_chat_template(messages)], SPEC)[0]
     c = client(server)
     r = c.chat.completions.create(model="fastdeploy-mtp-tiny", messages=messages, max_tokens=MAX_TOKENS)
     assert r.choices[0].message.role == "assistant"

@@ -10,90 +10,37 @@ Instances are stopped in the reverse order of their start, so that each one's ch
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 openai = pytest.importorskip("openai")
 
-from fastdeploy_mtp.distributed import find_free_port_range  # noqa: E402
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
-from fastdeploy_mtp.serving.router import RouterBackend, router_app  # noqa: E402
 from tests.serving.servers import (  # noqa: E402
     ServerProcess,
     alive,
-    http_post as post,  # noqa: E402
-    scrape_metrics as metrics,  # noqa: E402
+    http_post as post,
+    offline,
+    scrape_metrics as metrics,
     shm_names,
-    stopped_cleanly,
+    splitwise_instance as instance,
+    splitwise_instances as instances,
+    splitwise_post,
+    splitwise_router as router,
 )
-from tests.serving.test_router import ThreadServer  # noqa: E402
-from tests.serving.test_server import offline  # noqa: E402
 
 MTP3 = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 3}'
 MTP1 = '{"method": "mtp", "num_speculative_tokens": 1, "num_model_steps": 1}'
 HYBRID = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": "with_ngram"}'
 MAX_TOKENS = 24
 TRANSFER_TIMEOUT = 8  # seconds: the decode instances' --kv-transfer-timeout
-_next_device = [1000 + (os.getpid() % 5000) * 8]
-
-
-def device_ids(n: int) -> str:
-    """``n`` device ids no other instance on this host uses (they name the KV caches)."""
-    first = _next_device[0] + 1
-    _next_device[0] += n
-    return ",".join(str(first + i) for i in range(n))
-
-
-def instance(role: str, spec: str = MTP3, *extra: str) -> ServerProcess:
-    tp = int(extra[extra.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in extra else 1
-    return ServerProcess(
-        ["--speculative-config", spec, "--splitwise-role", role, "--device-ids", device_ids(tp), *extra]
-    )
-
-
-@contextlib.contextmanager
-def instances(*specs: tuple[Any, ...]) -> Iterator[list[ServerProcess]]:
-    """Start ``instance(*spec)`` for each spec; stop them in reverse order, cleanly."""
-    started: list[ServerProcess] = []
-    try:
-        for spec in specs:
-            started.append(instance(*spec))
-        yield started
-    except BaseException:
-        stop_all(started)
-        raise
-    try:
-        while started:
-            stopped_cleanly(started[-1])
-            started.pop()
-    finally:  # one did not stop cleanly: still stop the others
-        stop_all(started)
-
-
-def stop_all(servers: list[ServerProcess]) -> None:
-    """SIGTERM each (so it removes its names), in reverse order; SIGKILL what hangs."""
-    for srv in reversed(servers):
-        with contextlib.suppress(Exception):
-            srv.stop(30)
-
-
-@contextlib.contextmanager
-def router(prefill: ServerProcess, decode: ServerProcess, queue_timeout: float = 60.0) -> Iterator[str]:
-    backend = RouterBackend([prefill.base_url], [decode.base_url], queue_timeout)
-    srv = ThreadServer(router_app(backend, "fastdeploy-mtp-tiny"), find_free_port_range(1))
-    try:
-        yield srv.url
-    finally:
-        srv.stop()
 
 
 def wait_for(predicate: Any, timeout: float = 20.0) -> None:
@@ -201,7 +148,7 @@ def test_instances_refuse_openai_requests_and_foreign_handoffs(mtp3):
     p, d = mtp3["prefill"], mtp3["tcp"]
     status, body = post(p.base_url + "/v1/completions", {"prompt": "x", "max_tokens": 2})
     assert status == 400 and "router" in body["error"]["message"]
-    status, first = post(
+    status, first = splitwise_post(
         p.base_url + "/v1/splitwise/prefill", {"request_id": "f1", "prompt_token_ids": [100, 101, 102], "max_tokens": 8}
     )
     assert status == 200 and first["finished"] is False and len(first["output_token_ids"]) == 1
@@ -215,14 +162,14 @@ def test_instances_refuse_openai_requests_and_foreign_handoffs(mtp3):
     }
     bad = json.loads(json.dumps(handoff))
     bad["kv"]["layout"]["num_mtp_layers"] = 2
-    status, body = post(d.base_url + "/v1/splitwise/decode", {**request, "handoff": bad})
+    status, body = splitwise_post(d.base_url + "/v1/splitwise/decode", {**request, "handoff": bad})
     assert status == 400 and "num_mtp_layers" in body["error"]["message"], body
     bad = json.loads(json.dumps(handoff))
     del bad["state"]["draft"]["pre_ids"]
-    status, body = post(d.base_url + "/v1/splitwise/decode", {**request, "handoff": bad})
+    status, body = splitwise_post(d.base_url + "/v1/splitwise/decode", {**request, "handoff": bad})
     assert status == 400 and "pre_ids" in body["error"]["message"], body
     # the real handoff still works after the refusals
-    status, events = post(d.base_url + "/v1/splitwise/decode", {**request, "handoff": handoff})
+    status, events = splitwise_post(d.base_url + "/v1/splitwise/decode", {**request, "handoff": handoff})
     assert status == 200 and events[-1] == {"finish_reason": "length"}
     assert sum(len(e.get("token_ids", [])) for e in events) == 8 - 1
     wait_for(lambda: blocks_all_back(p, d))
@@ -269,14 +216,14 @@ def test_a_prefill_instance_that_dies_or_lets_the_hold_expire_fails_the_request_
 
     def prefill(rid: str) -> None:
         body = {"request_id": rid, "prompt_token_ids": list(b"def f(x): return"), "max_tokens": 12}
-        status, out = post(p.base_url + "/v1/splitwise/prefill", body)
+        status, out = splitwise_post(p.base_url + "/v1/splitwise/prefill", body)
         assert status == 200 and out["handoff"], out
         handoffs[rid] = (body, out)
 
     def decode(server: ServerProcess, rid: str) -> tuple[float, list[dict[str, Any]]]:
         body, out = handoffs[rid]
         t0 = time.monotonic()
-        status, events = post(
+        status, events = splitwise_post(
             server.base_url + "/v1/splitwise/decode",
             {**body, "output_token_ids": out["output_token_ids"], "handoff": out["handoff"]},
         )
@@ -338,9 +285,9 @@ def test_tensor_parallel_prefill_and_decode_and_a_tp_mismatch(mtp3):
         assert metrics(d.base_url)["fastdeploy:splitwise_kv_transfers_total"] == 3
         # a tp-1 decode instance cannot take a tp-2 prefill instance's blocks
         body = {"request_id": "tp", "prompt_token_ids": [100, 101, 102], "max_tokens": 8}
-        status, out = post(p.base_url + "/v1/splitwise/prefill", body)
+        status, out = splitwise_post(p.base_url + "/v1/splitwise/prefill", body)
         assert status == 200
-        status, err = post(
+        status, err = splitwise_post(
             mtp3["tcp"].base_url + "/v1/splitwise/decode",
             {**body, "output_token_ids": out["output_token_ids"], "handoff": out["handoff"]},
         )

@@ -1,0 +1,299 @@
+"""The OpenAI-compatible HTTP app (FastAPI) over a :class:`~.engine_client.Backend`, and
+:func:`run_http`, which serves it with uvicorn.
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with ``stream``:
+server-sent events ending in ``data: [DONE]``), ``GET /v1/models``, ``GET /health`` (200, or
+503 with the backend's reason: for ``serve``, once the deployment lost a process),
+``GET /metrics`` (Prometheus text; see :mod:`.metrics`). The request bodies and sampling
+fields are :mod:`.openai_protocol`'s. ``finish_reason`` is the engine's (``"stop"``: EOS, a
+stop token id or a stop string, which the text does not include; ``"length"``).
+
+The backend is the engine loop for ``serve`` (:class:`~.engine_client.AsyncEngine`) or the
+splitwise router (:class:`~.router_backend.RouterBackend`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Request as HTTPRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from sse_starlette import EventSourceResponse
+
+from ..runtime.request import InvalidRequestError, Request
+from ..runtime.sampling_params import TokenLogprob
+from .engine_client import Backend, Stream, stream_events
+from .metrics import render
+from .openai_protocol import (
+    SAMPLING_FIELDS,
+    APIError,
+    ChatBody,
+    CompletionBody,
+    RequestBody,
+    apply_chat_template,
+    body_field,
+    refuse_unsupported,
+    sampling_params,
+)
+from .text import TextTracker
+
+
+def run_http(
+    app: FastAPI,
+    host: str,
+    port: int,
+    progress: Callable[[str], None],
+    t0: float,
+    on_server: Callable[[Any], None] | None = None,
+) -> bool:
+    """Serve ``app`` with uvicorn on ``host:port`` until SIGINT/SIGTERM; returns whether it
+    started (e.g. not when the port was taken: uvicorn said why). ``on_server`` gets the
+    ``uvicorn.Server`` first (to stop it from another thread). uvicorn handles the signals
+    while it runs and raises them again once it has stopped; the handlers installed here take
+    that second delivery (the caller restores its own afterwards), so the caller's clean-up
+    runs."""
+    import signal
+
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    if on_server is not None:
+        on_server(server)
+    progress(f"ready in {time.perf_counter() - t0:.1f} s: listening on http://{host}:{port}")
+
+    def requested_stop(signum: int, frame: object) -> None:
+        progress(f"{signal.Signals(signum).name} received")
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, requested_stop)
+    server.run()
+    return bool(server.started)
+
+
+@dataclass
+class Served:
+    """What the app serves: ``backend`` under the model id ``model_name``;
+    ``tokenizer.encode(str) -> list[int]`` makes prompts, and token ids ``>=
+    ori_vocab_size`` (padding) are left out of the text."""
+
+    backend: Backend
+    model_name: str
+    tokenizer: Any
+    ori_vocab_size: int
+    created: int
+
+    def tracker(self) -> TextTracker:
+        return TextTracker(self.ori_vocab_size)
+
+
+def create_app(backend: Backend, model_name: str, tokenizer: Any, ori_vocab_size: int) -> FastAPI:
+    """The FastAPI app over ``backend`` (an :class:`~.engine_client.AsyncEngine`, or any other
+    :class:`~.engine_client.Backend`); see :class:`Served` for the other arguments."""
+    app = FastAPI(title="fastdeploy-mtp", description="OpenAI-compatible server with MTP speculative decoding")
+    app.state.served = Served(backend, model_name, tokenizer, ori_vocab_size, int(time.time()))
+    app.exception_handler(APIError)(_api_error)
+    app.exception_handler(RequestValidationError)(_validation_error)
+    app.get("/health")(health)
+    app.get("/metrics")(metrics)
+    app.get("/v1/models")(models)
+    app.post("/v1/completions")(completions)
+    app.post("/v1/chat/completions")(chat)
+    return app
+
+
+def served_by(request: HTTPRequest) -> Served:
+    """The :class:`Served` of the app answering ``request`` (a FastAPI dependency)."""
+    served = request.app.state.served
+    assert isinstance(served, Served)
+    return served
+
+
+#: A handler's :class:`Served` (FastAPI injects it).
+ServedDep = Annotated[Served, Depends(served_by)]
+
+
+async def _api_error(_: HTTPRequest, exc: APIError) -> JSONResponse:
+    return exc.response()
+
+
+async def _validation_error(_: HTTPRequest, exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    msg = f"{param}: {first.get('msg', 'invalid value')}" if param else str(first.get("msg", "invalid request body"))
+    return APIError(400, msg, param).response()
+
+
+async def health(served: ServedDep) -> Response:
+    reason = await served.backend.health()
+    if reason:
+        return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+async def metrics(served: ServedDep) -> Response:
+    return Response(render(served.backend.registry), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def models(served: ServedDep) -> dict[str, Any]:
+    card = {"id": served.model_name, "object": "model", "created": served.created, "owned_by": "fastdeploy-mtp"}
+    return {"object": "list", "data": [card]}
+
+
+def new_request(
+    served: Served, prompt_ids: list[int], max_tokens: int, body: CompletionBody | ChatBody, prefix: str
+) -> Request:
+    """The engine request ``body`` asks for, checked by the backend (400/404 naming the field)."""
+    chat = isinstance(body, ChatBody)
+    if body.model not in (None, served.model_name):
+        message = f"model {body.model!r} is not served here (this server serves {served.model_name!r})"
+        raise APIError(404, message, "model")
+    refuse_unsupported(body)
+    sampling = sampling_params(body)
+    if not prompt_ids:
+        raise APIError(400, "the prompt is empty", "messages" if chat else "prompt")
+    req = Request(f"{prefix}-{uuid.uuid4().hex}", prompt_ids, max_tokens=max_tokens, sampling=sampling)
+    try:
+        served.backend.validate(req)
+    except InvalidRequestError as exc:
+        if exc.field == "max_tokens":
+            param = "max_tokens"
+        elif exc.field in SAMPLING_FIELDS:
+            param = body_field(exc.field, chat)
+        else:
+            param = "messages" if chat else "prompt"
+        raise APIError(400, str(exc), param) from None
+    return req
+
+
+Entries = list[tuple[int, TokenLogprob]]
+
+
+async def collect(served: Served, stream: Stream) -> tuple[str, str, Entries | None]:
+    """(text, finish reason, logprob entries or ``None``) of a whole response."""
+    tracker = served.tracker()
+    text, reason = "", "length"
+    entries: Entries | None = None
+    async for kind, value in stream_events(served.backend, stream):
+        if kind == "tokens":
+            piece, got = tracker.feed_event(value)
+            text += piece
+            if got is not None:
+                entries = (entries or []) + got
+        else:
+            reason = value
+    if stream.request.sampling.logprobs is not None and entries is None:
+        entries = []
+    return text + tracker.feed([], True), reason, entries
+
+
+def usage(req: Request) -> dict[str, int]:
+    p, c = len(req.prompt_token_ids), len(req.output_token_ids)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def include_usage(body: RequestBody) -> bool:
+    return bool(body.stream_options and body.stream_options.get("include_usage"))
+
+
+def sse(chunks: AsyncIterator[dict[str, Any]]) -> EventSourceResponse:
+    """``chunks`` as server-sent events: ``data: <json>`` each, then ``data: [DONE]``; an
+    :class:`APIError` once the response started ends the stream with ``data: {"error": ...}``
+    instead. The framing is what the hand-written version sent: ``\\n`` separators (not
+    sse-starlette's default ``\\r\\n``), ``Cache-Control: no-cache``, and no keep-alive
+    ping comments (``ping=0``), so a long stream carries nothing but its events."""
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            async for chunk in chunks:
+                yield json.dumps(chunk)
+        except APIError as exc:  # the response has started: report it in the stream
+            yield json.dumps({"error": {"message": exc.message, "type": exc.kind, "code": exc.status}})
+            return
+        yield "[DONE]"
+
+    return EventSourceResponse(events(), headers={"Cache-Control": "no-cache"}, ping=0, sep="\n")
+
+
+async def completions(body: CompletionBody, served: ServedDep) -> Any:
+    prompt: Any = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if len(prompt) != 1:
+            raise APIError(400, "batched prompts are not supported: send one request per prompt", "prompt")
+        prompt = prompt[0]
+    ids = served.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    req = new_request(served, ids, body.max_tokens or 16, body, "cmpl")
+    stream = served.backend.submit(req)
+    base = {"id": req.request_id, "object": "text_completion", "created": int(time.time()), "model": served.model_name}
+    tracker = served.tracker()
+
+    def choice(text: str, reason: str | None, entries: Entries | None) -> dict[str, Any]:
+        logprobs = None if entries is None else tracker.completion_logprobs(entries)
+        return {"index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs}
+
+    if not body.stream:
+        text, reason, entries = await collect(served, stream)
+        return {**base, "choices": [choice(text, reason, entries)], "usage": usage(req)}
+
+    async def chunks() -> AsyncIterator[dict[str, Any]]:
+        async for kind, value in stream_events(served.backend, stream):
+            if kind == "tokens":
+                text, entries = tracker.feed_event(value)
+                if text or entries:
+                    yield {**base, "choices": [choice(text, None, entries)]}
+            else:
+                yield {**base, "choices": [choice(tracker.feed([], True), value, None)]}
+        if include_usage(body):
+            yield {**base, "choices": [], "usage": usage(req)}
+
+    return sse(chunks())
+
+
+async def chat(body: ChatBody, served: ServedDep) -> Any:
+    if not body.messages:
+        raise APIError(400, "messages must not be empty", "messages")
+    prompt = apply_chat_template([m.model_dump() for m in body.messages])
+    req = new_request(served, served.tokenizer.encode(prompt), body.max_tokens or 64, body, "chatcmpl")
+    stream = served.backend.submit(req)
+    base = {"id": req.request_id, "created": int(time.time()), "model": served.model_name}
+    if not body.stream:
+        text, reason, entries = await collect(served, stream)
+        message = {"role": "assistant", "content": text}
+        logprobs = None if entries is None else served.tracker().chat_logprobs(entries)
+        return {
+            **base,
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": message, "finish_reason": reason, "logprobs": logprobs}],
+            "usage": usage(req),
+        }
+    return sse(chat_chunks(served, stream, {**base, "object": "chat.completion.chunk"}, include_usage(body)))
+
+
+async def chat_chunks(
+    served: Served, stream: Stream, head: dict[str, Any], with_usage: bool
+) -> AsyncIterator[dict[str, Any]]:
+    """A streamed chat response's chunks: the assistant role, then the text as it arrives,
+    then the finish reason (and the usage when asked)."""
+    tracker = served.tracker()
+    yield {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+    async for kind, value in stream_events(served.backend, stream):
+        if kind == "tokens":
+            text, entries = tracker.feed_event(value)
+            if text or entries:
+                one: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+                if entries is not None:
+                    one["logprobs"] = tracker.chat_logprobs(entries)
+                yield {**head, "choices": [one]}
+        else:
+            tail = tracker.feed([], True)
+            delta = {"content": tail} if tail else {}
+            yield {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": value}]}
+    if with_usage:
+        yield {**head, "choices": [], "usage": usage(stream.request)}

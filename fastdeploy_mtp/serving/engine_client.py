@@ -1,0 +1,261 @@
+"""The engine side of the API server: :class:`Backend`, what the app needs from the thing
+that generates, and :class:`AsyncEngine`, the ``serve`` backend, which runs the engine loop
+in one thread and hands each request's tokens to its HTTP handler through an
+``asyncio.Queue`` (:class:`Stream`). When a worker dies, every request in flight fails with a
+clear error, ``/health`` turns 503 and ``on_fatal`` stops the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry
+
+from ..runtime.engine import Engine
+from ..runtime.events import StepEvents
+from ..runtime.request import InvalidRequestError, Request
+from .metrics import ServerCounters, make_registry
+from .openai_protocol import APIError
+from .text import emitted_of
+
+
+@dataclass
+class Stream:
+    """One request's channel from its backend (the engine thread, or the router's task) to its
+    HTTP handler: ``(kind, value)`` events, see :meth:`Backend.submit`."""
+
+    request: Request
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+    def put(self, kind: str, value: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        except RuntimeError:  # the server's event loop has closed: nobody is listening any more
+            pass
+
+
+class Backend(Protocol):
+    """What :func:`~.app.create_app` needs from the thing that generates: the in-process
+    engine loop (:class:`AsyncEngine`, ``serve``) or the splitwise router
+    (:class:`~.router_backend.RouterBackend`), which forwards to other instances.
+
+    The app formats everything OpenAI-side (completions, chat, SSE, usage, errors,
+    detokenization); a backend only turns a :class:`Request` into a :class:`Stream` of events.
+
+    Attributes:
+        fatal: why the backend can serve nothing any more (``None`` while it can); new
+            requests are refused while it is set.
+        registry: the Prometheus collectors ``/metrics`` renders.
+    """
+
+    fatal: str | None
+    registry: CollectorRegistry
+
+    def validate(self, req: Request) -> None:
+        """Checks that can refuse ``req`` before a response starts.
+
+        Raises:
+            InvalidRequestError: naming the field (the app answers 400).
+        """
+        ...
+
+    def submit(self, req: Request) -> Stream:
+        """Start ``req`` (called from the event loop); its events arrive on the stream:
+        ``("tokens", Emitted)`` (new token ids, also appended to ``req.output_token_ids``, with
+        their logprobs when ``req.sampling.logprobs`` is set), then ``("finished", "stop" |
+        "length")``, or ``("error", APIError)`` at any point.
+
+        Raises:
+            APIError: ``req`` cannot be started at all (e.g. the backend is shutting down).
+        """
+        ...
+
+    def cancel(self, req: Request) -> None:
+        """Abort ``req`` if it has not finished (its client went away)."""
+        ...
+
+    async def health(self) -> str | None:
+        """Why ``/health`` should answer 503 right now, or ``None`` for 200."""
+        ...
+
+
+class AsyncEngine:
+    """Runs :meth:`Engine.step` in a thread as requests arrive; hands tokens to streams.
+
+    Args:
+        engine: the engine (its runner drives the workers).
+        on_fatal: called once, from the engine thread, when the deployment is lost.
+    """
+
+    def __init__(self, engine: Engine, on_fatal: Callable[[str], None]):
+        self.engine = engine
+        self.counters = ServerCounters()
+        self.lock = threading.Lock()
+        self.registry = make_registry(engine.metrics, engine.scheduler, self.counters, self.lock)
+        self._inbox: queue.Queue[Stream] = queue.Queue()
+        self._cancels: queue.Queue[Request] = queue.Queue()
+        self._streams: dict[str, Stream] = {}
+        self._stop = threading.Event()
+        self._on_fatal = on_fatal
+        self.fatal: str | None = None
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    def validate(self, req: Request) -> None:
+        """Submission checks (raises InvalidRequestError) before a response starts."""
+        self.engine.scheduler.validate(req)
+
+    def submit(self, req: Request) -> Stream:
+        if self.fatal:
+            raise APIError(503, f"the server is shutting down: {self.fatal}", kind="server_error")
+        stream = Stream(req, asyncio.get_running_loop())
+        self._inbox.put(stream)
+        return stream
+
+    def cancel(self, req: Request) -> None:
+        """Abort ``req`` if it has not finished (its client went away); thread-safe."""
+        self._cancels.put(req)
+
+    async def health(self) -> str | None:
+        """Unhealthy exactly when the deployment was lost (:attr:`fatal`)."""
+        return self.fatal
+
+    def stop(self) -> None:
+        """Stop the loop; requests still in flight (or queued) end with a 503."""
+        self._stop.set()
+        self._thread.join(30)
+        if self._thread.is_alive():
+            return  # stuck in a step: the runner's shutdown ends it
+        error = APIError(503, "the server is shutting down", kind="server_error")
+        for stream in list(self._streams.values()):
+            stream.put("error", error)
+        self._streams.clear()
+        while True:
+            try:
+                self._inbox.get_nowait().put("error", error)
+            except queue.Empty:
+                break
+
+    def _admit(self) -> None:
+        while True:  # first the requests whose clients went away
+            try:
+                req = self._cancels.get_nowait()
+            except queue.Empty:
+                break
+            if self._streams.pop(req.request_id, None) is not None:
+                with self.lock:
+                    self.engine.abort(req, RuntimeError("the client disconnected"))
+                with self.counters.lock:
+                    self.counters.cancelled += 1
+        while True:
+            try:
+                self._admit_one(self._inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def _admit_one(self, stream: Stream) -> None:
+        try:
+            if stream.request.handoff_state is not None:  # splitwise decode: handed over by a prefill instance
+                self.engine.add_transferred(stream.request)
+            else:
+                self.engine.add_requests([stream.request])
+        except InvalidRequestError as exc:
+            stream.put("error", APIError(400, str(exc), exc.field))
+            return
+        self._streams[stream.request.request_id] = stream
+        with self.counters.lock:
+            self.counters.prompt_tokens += len(stream.request.prompt_token_ids)
+
+    def _run(self) -> None:
+        step = 0
+        check_children = getattr(self.engine.runner, "check_children", None)
+        try:
+            while not self._stop.is_set():
+                self._admit()
+                with self.lock:
+                    self._before_step()
+                if not self.engine.has_work:
+                    if check_children is not None:
+                        check_children()  # a worker that dies while the server idles is noticed too
+                    try:  # wait for a request; admitted here, in arrival order
+                        self._admit_one(self._inbox.get(timeout=0.05))
+                    except queue.Empty:
+                        pass
+                    continue
+                with self.lock:
+                    events = self.engine.step(step)
+                    self._after_step(events)
+                step += 1
+                if not events.ran:  # e.g. every slot waits for its KV transfer: do not spin
+                    time.sleep(0.002)
+                for req, tokens in events.emitted:
+                    if tokens and req.request_id in self._streams:
+                        self._streams[req.request_id].put("tokens", emitted_of(req, tokens))
+                for req in events.finished:
+                    done = self._streams.pop(req.request_id, None)
+                    if done is not None:
+                        done.put("finished", finish_reason_of(req))
+                    with self.counters.lock:
+                        self.counters.success += 1
+                self._fail(events.failed)
+                dead = getattr(self.engine.runner, "dead", None)
+                if dead:
+                    raise RuntimeError(dead)
+        except BaseException as exc:  # the deployment is gone: fail everything, stop the server
+            self.fatal = f"{type(exc).__name__}: {exc}" if not isinstance(exc, RuntimeError) else str(exc)
+            with self.lock:
+                self._fail(self.engine.abort_all(RuntimeError(self.fatal)))
+            while True:  # and whatever arrived meanwhile
+                try:
+                    self._inbox.get_nowait().put("error", APIError(503, self.fatal, kind="server_error"))
+                except queue.Empty:
+                    break
+            self._on_fatal(self.fatal)
+
+    def _before_step(self) -> None:
+        """Called under :attr:`lock` before every step (splitwise instances hook in here)."""
+
+    def _after_step(self, events: StepEvents) -> None:
+        """Called under :attr:`lock` after every step, before its tokens are handed out."""
+
+    def _fail(self, failed: list[tuple[Request, BaseException]]) -> None:
+        for req, err in failed:
+            stream = self._streams.pop(req.request_id, None)
+            if stream is not None:
+                stream.put("error", APIError(500, f"request failed: {err}", kind="server_error"))
+            with self.counters.lock:
+                self.counters.failure += 1
+
+
+def finish_reason_of(req: Request) -> str:
+    """The engine's ``finish_reason`` of a finished ``req`` (``"stop"`` or ``"length"``)."""
+    return req.finish_reason or "stop"
+
+
+async def stream_events(
+    backend: Backend, stream: Stream, last: tuple[str, ...] = ("finished",)
+) -> AsyncIterator[tuple[str, Any]]:
+    """``stream``'s events ``(kind, value)`` up to one whose kind is in ``last``; an
+    ``"error"`` event is raised. If the consumer stops early (its client disconnected: the
+    handler was cancelled or the response closed), the request is cancelled on ``backend``."""
+    done = False
+    try:
+        while True:
+            kind, value = await stream.events.get()
+            if kind == "error":
+                done = True
+                raise value
+            yield kind, value
+            if kind in last:
+                done = True
+                return
+    finally:
+        if not done:
+            backend.cancel(stream.request)

@@ -1,0 +1,154 @@
+"""The OpenAI side of the API server: request bodies, errors, how a body's fields become
+:class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams`, and the chat template.
+
+Sampling follows the request's OpenAI fields (:func:`sampling_params`): ``temperature``
+(absent = 0, greedy), ``top_p``, ``seed``, ``stop``, ``presence_penalty``,
+``frequency_penalty``, ``logprobs`` (chat: ``logprobs`` + ``top_logprobs``) and vLLM's extra
+body fields ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``stop_token_ids``.
+``n`` other than 1, ``best_of``, ``echo`` and ``logit_bias`` are refused with a 400 naming the
+field rather than ignored (:func:`refuse_unsupported`); so is any invalid value. Errors use
+OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}`` (:class:`APIError`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
+
+from ..runtime.sampling_params import MAX_LOGPROBS, SamplingParams
+
+#: Chat template of the byte-level tiny model (it has none of its own): one line per
+#: message, ``"<role>: <content>"``, then ``"assistant:"``.
+CHAT_TEMPLATE_DOC = "one line per message, '<role>: <content>', then 'assistant:'"
+
+
+def apply_chat_template(messages: list[dict[str, str]]) -> str:
+    """The prompt of a chat request (see :data:`CHAT_TEMPLATE_DOC`)."""
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+
+class APIError(Exception):
+    """An OpenAI-style error response."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
+        return JSONResponse(body, status_code=self.status)
+
+
+class RequestBody(BaseModel):
+    """The fields a completion request and a chat request share (other fields are kept, so
+    :func:`refuse_unsupported` can name them)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    max_tokens: int | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    user: str | None = None
+    # vLLM's extra sampling fields (``extra_body`` of the openai client)
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
+
+
+class CompletionBody(RequestBody):
+    prompt: str | list[str] | list[int]
+    echo: bool | None = None
+    logprobs: int | None = None
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str
+
+
+class ChatBody(RequestBody):
+    messages: list[ChatMessage]
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+
+#: Fields this server cannot honour, with their neutral values (any other value is a 400, so
+#: they are never silently ignored).
+_UNSUPPORTED: dict[str, Any] = {"best_of": 1, "logit_bias": {}, "echo": False}
+
+
+def refuse_unsupported(body: RequestBody) -> None:
+    """400 for what one request cannot ask of this server (naming the field)."""
+    if body.n not in (None, 1):
+        raise APIError(400, f"n={body.n}: one choice per request is served", "n")
+    extra = body.model_extra or {}
+    for name, neutral in _UNSUPPORTED.items():
+        value = getattr(body, name) if name in type(body).model_fields else extra.get(name)
+        if value is not None and (type(value) is not type(neutral) or value != neutral):
+            raise APIError(400, f"{name}={value!r} is not supported by this server", name)
+    if body.max_tokens is not None and body.max_tokens <= 0:
+        raise APIError(400, f"max_tokens must be > 0, got {body.max_tokens}", "max_tokens")
+
+
+def sampling_params(body: CompletionBody | ChatBody) -> SamplingParams:
+    """The :class:`SamplingParams` an OpenAI request body asks for (``serve`` and the
+    splitwise router both use it). Absent fields take the neutral value (``temperature`` 0:
+    greedy; OpenAI's default of 1 is not assumed). ``stop`` may be a string or a list;
+    ``top_k`` of -1 (vLLM's "off") is 0. ``logprobs``: completions give the number of
+    alternatives ``k`` directly; chat gives ``logprobs: true`` and ``top_logprobs: k`` (0 when
+    absent).
+
+    Raises:
+        APIError: 400 naming the field (``param``) of the first invalid value.
+    """
+    k: int | None = None
+    if isinstance(body, ChatBody):
+        if body.logprobs:
+            k = body.top_logprobs or 0
+            if k < 0 or k > MAX_LOGPROBS:
+                raise APIError(400, f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {k}", "top_logprobs")
+        elif body.top_logprobs is not None:
+            raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    else:
+        k = body.logprobs
+    stop = body.stop
+    params = SamplingParams(
+        temperature=0.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=0 if body.top_k in (None, -1) else body.top_k,
+        min_p=body.min_p or 0.0,
+        seed=body.seed,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        presence_penalty=body.presence_penalty or 0.0,
+        min_tokens=body.min_tokens or 0,
+        stop=[stop] if isinstance(stop, str) else list(stop or []),
+        stop_token_ids=list(body.stop_token_ids or []),
+        logprobs=k,
+    )
+    problem = params.check()
+    if problem is not None:
+        name = problem.split(":", 1)[0]
+        raise APIError(400, problem, body_field(name, isinstance(body, ChatBody)))
+    return params
+
+
+def body_field(sampling_field: str, chat: bool) -> str:
+    """The request-body field a :class:`SamplingParams` field comes from."""
+    return "top_logprobs" if chat and sampling_field == "logprobs" else sampling_field
+
+
+#: Names of the :class:`SamplingParams` fields (an engine refusal naming one is the client's 400).
+SAMPLING_FIELDS = frozenset(SamplingParams().to_dict())

@@ -1,0 +1,297 @@
+"""The typed messages between the processes (:mod:`fastdeploy_mtp.serving.messages`): each
+survives its wire form unchanged; a wrong version, a missing field or a wrong type is refused
+with an error that names it; and a worker or the engine that receives a malformed message
+fails that step only, the deployment goes on."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from fastdeploy_mtp.runtime.sampling_params import SamplingParams, TokenLogprob
+from fastdeploy_mtp.serving.messages import (
+    PROTOCOL_VERSION,
+    DecodeRequest,
+    DecodeTask,
+    Done,
+    ErrorDetail,
+    ErrorMessage,
+    Failed,
+    FinishEvent,
+    HandoffMessage,
+    ImportTask,
+    MessageError,
+    PrefillAnswer,
+    PrefillRequest,
+    PrefillTask,
+    Ready,
+    Shutdown,
+    Step,
+    StepResult,
+    TokensEvent,
+    check_header_version,
+    decode_engine_message,
+    decode_event,
+    decode_http,
+    decode_worker_message,
+)
+from fastdeploy_mtp.serving.worker_process import answer
+from fastdeploy_mtp.serving.workers import RemoteRunner, WorkerStepError
+from tests.serving.servers import remote_runner
+
+LOGPROB = TokenLogprob(7, -0.25, [(7, -0.25), (9, -1.5)])
+SAMPLING = SamplingParams(temperature=0.7, top_k=5, seed=3, stop=["\n"], logprobs=2)
+STEP = Step(
+    step=4,
+    free=[1],
+    abort=[2],
+    tasks=[
+        PrefillTask(
+            idx=0,
+            request_id="a",
+            block_tables=[3, 4],
+            start=0,
+            end=5,
+            max_tokens=8,
+            output_token_ids=[],
+            prompt_token_ids=[1, 2, 3, 4, 5],
+            sampling=SAMPLING,
+        ),
+        PrefillTask(idx=3, request_id="c", block_tables=[5], start=5, end=9, max_tokens=8, output_token_ids=[]),
+        DecodeTask(idx=1, request_id="b", block_tables=[0]),
+        ImportTask(
+            idx=2,
+            request_id="d",
+            block_tables=[6],
+            prompt_token_ids=[1, 2],
+            max_tokens=4,
+            output_token_ids=[9],
+            state={"target": {"step_idx": [1]}},
+            sampling=SamplingParams(),
+        ),
+    ],
+    export=[0],
+)
+RESULT = StepResult(
+    stop_flags=[False, True],
+    decode_lens=[4, 0],
+    drafts=[[1, 2, 3], [0, 0, 0]],
+    decode_mask=[True, False],
+    num_tokens=9,
+    exports={0: {"target": {"step_idx": [2]}}},
+    logprobs={0: [LOGPROB]},
+)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [STEP, Shutdown()],
+    ids=["step", "shutdown"],
+)
+def test_engine_messages_round_trip(message):
+    got = decode_engine_message(message.encode())
+    assert got == message and type(got) is type(message)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Ready(rank=1, pid=42),
+        Done(step=4, rank=0, result=RESULT),
+        Done(step=4, rank=1),
+        Failed(step=None, rank=0, message="x"),
+    ],
+    ids=["ready", "done", "done-rank1", "error"],
+)
+def test_worker_messages_round_trip(message):
+    got = decode_worker_message(message.encode())
+    assert got == message and type(got) is type(message)
+
+
+def test_result_keeps_its_types():
+    got = decode_worker_message(Done(step=1, rank=0, result=RESULT).encode())
+    assert isinstance(got, Done) and got.result is not None
+    assert got.result.logprobs == {0: [LOGPROB]} and isinstance(got.result.logprobs[0][0], TokenLogprob)
+    assert list(got.result.exports) == [0]
+    task = decode_engine_message(STEP.encode()).tasks[0]  # type: ignore[union-attr]
+    assert isinstance(task, PrefillTask) and task.sampling == SAMPLING
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        PrefillRequest(request_id="a", prompt_token_ids=[1], max_tokens=3, sampling=SAMPLING),
+        DecodeRequest(
+            request_id="a", prompt_token_ids=[1], max_tokens=3, output_token_ids=[2], handoff={"state": {}, "kv": {}}
+        ),
+        PrefillAnswer(
+            request_id="a",
+            output_token_ids=[7],
+            output_logprobs=[LOGPROB],
+            draft_token_ids=[1, 2],
+            finished=False,
+            handoff={"state": {}, "kv": {}},
+        ),
+        HandoffMessage(state={"target": {}}, kv={"version": 1}),
+        ErrorMessage(error=ErrorDetail(message="no", type="server_error", code=500)),
+    ],
+    ids=["prefill", "decode", "answer", "handoff", "error"],
+)
+def test_http_messages_round_trip(message):
+    assert decode_http(type(message), message.encode(), "test") == message
+
+
+def test_decode_events_keep_the_shape_clients_see():
+    tokens = TokensEvent(token_ids=[1, 2])
+    assert json.loads(tokens.model_dump_json(exclude_none=True)) == {"token_ids": [1, 2]}
+    assert decode_event(tokens.model_dump_json(exclude_none=True), "test") == tokens
+    with_logprobs = TokensEvent(token_ids=[7], logprobs=[LOGPROB])
+    assert decode_event(with_logprobs.model_dump_json(), "test") == with_logprobs
+    assert decode_event('{"finish_reason": "length"}', "test") == FinishEvent(finish_reason="length")
+    error = decode_event('{"error": {"message": "lost", "type": "server_error", "code": 500}}', "test")
+    assert isinstance(error, ErrorMessage) and error.error.message == "lost"
+    # the router's request bodies are what the instances always read (no version key: it is a header)
+    body = PrefillRequest(request_id="a", prompt_token_ids=[1], max_tokens=3, sampling=SamplingParams())
+    assert json.loads(body.encode()) == {
+        "request_id": "a",
+        "prompt_token_ids": [1],
+        "max_tokens": 3,
+        "sampling": SamplingParams().to_dict(),
+    }
+
+
+def _raw(message: Any, **change: Any) -> bytes:
+    raw = json.loads(message.encode())
+    for key, value in change.items():
+        if value is ...:
+            del raw[key]
+        else:
+            raw[key] = value
+    return json.dumps(raw).encode()
+
+
+def test_another_version_is_refused_naming_both():
+    with pytest.raises(MessageError, match=rf"protocol version 2; this process speaks version {PROTOCOL_VERSION}"):
+        decode_engine_message(_raw(STEP, version=2))
+    # even when the rest does not fit this version's fields either
+    with pytest.raises(MessageError, match=r"protocol version 2;"):
+        decode_worker_message(_raw(Ready(rank=0, pid=1), version=2, pid="new"))
+    with pytest.raises(
+        MessageError, match=rf"sent no protocol version; this process speaks version {PROTOCOL_VERSION}"
+    ):
+        decode_worker_message(_raw(Ready(rank=0, pid=1), version=...))
+    with pytest.raises(MessageError, match=r"the router speaks protocol version 3;"):
+        check_header_version("3", "the router")
+    with pytest.raises(MessageError, match=r"sent no protocol version"):
+        check_header_version(None, "the router")
+    check_header_version(str(PROTOCOL_VERSION), "the router")
+
+
+def test_a_missing_field_or_a_wrong_type_is_named():
+    with pytest.raises(MessageError, match=r"from a worker: .*rank: Field required") as missing:
+        decode_worker_message(_raw(Done(step=1, rank=0), rank=...))
+    assert missing.value.field is not None and "rank" in missing.value.field
+    with pytest.raises(MessageError, match=r"step: Input should be a valid integer"):
+        decode_engine_message(_raw(STEP, step="four"))
+    with pytest.raises(MessageError, match=r"tasks\.0\.PREFILL\.start"):
+        raw = json.loads(STEP.encode())
+        del raw["tasks"][0]["start"]
+        decode_engine_message(json.dumps(raw).encode())
+    with pytest.raises(MessageError, match=r"type"):
+        decode_engine_message(_raw(STEP, type="jump"))
+    with pytest.raises(MessageError, match=r"malformed"):
+        decode_engine_message(b"{not json")
+    with pytest.raises(MessageError, match=r"Extra inputs are not permitted"):
+        decode_http(PrefillRequest, b'{"request_id": "a", "prompt_token_ids": [], "max_tokens": 1, "x": 1}', "test")
+    with pytest.raises(MessageError, match=r"sampling.top_k"):
+        decode_http(
+            PrefillRequest,
+            b'{"request_id": "a", "prompt_token_ids": [], "max_tokens": 1, "sampling": {"top_k": 1.5}}',
+            "t",
+        )
+
+
+# ---- receivers ------------------------------------------------------------------------------
+def test_a_worker_answers_a_malformed_message_and_goes_on():
+    ran: list[int] = []
+
+    def step(msg: Step) -> StepResult | None:
+        ran.append(msg.step)
+        if msg.step == 2:
+            raise RuntimeError("boom")
+        return RESULT
+
+    refused = answer(_raw(STEP, version=9), rank=0, step=step)
+    assert isinstance(refused, Failed) and refused.step is None and "protocol version 9" in refused.message
+    assert isinstance(answer(b"\xff", rank=0, step=step), Failed)
+    done = answer(Step(step=1).encode(), rank=0, step=step)
+    assert done == Done(step=1, rank=0, result=RESULT)
+    failed = answer(Step(step=2).encode(), rank=0, step=step)
+    assert isinstance(failed, Failed) and failed.step == 2 and "RuntimeError: boom" in failed.message
+    assert answer(Shutdown().encode(), rank=0, step=step) is None
+    assert ran == [1, 2]
+
+
+class _Socket:
+    """The engine's worker socket, replaying ``payloads`` as rank 0's replies."""
+
+    def __init__(self, payloads: list[bytes]):
+        self.payloads = payloads
+
+    def poll(self, timeout: int) -> bool:
+        return bool(self.payloads)
+
+    def recv_multipart(self) -> list[bytes]:
+        return [b"rank0", self.payloads.pop(0)]
+
+
+def _engine_side(payloads: list[bytes]) -> RemoteRunner:
+    """A :class:`RemoteRunner` with no processes, whose step ``1`` replies are ``payloads``."""
+    runner = RemoteRunner.__new__(RemoteRunner)
+    runner._sock = _Socket(payloads)  # type: ignore[assignment]
+    runner._step = 1
+    runner._dead = None
+    runner.step_timeout = 5.0
+    runner.procs = {}
+    runner.layout = type("Layout", (), {"tensor_parallel_size": 1})()  # type: ignore[assignment]
+    runner._drain_tokens = lambda: None  # type: ignore[method-assign]
+    return runner
+
+
+@pytest.mark.parametrize(
+    "payload, words",
+    [
+        (b"[1, 2]", "malformed message from worker rank0"),
+        (_raw(Done(step=1, rank=0, result=RESULT), version=2), "protocol version 2"),
+        (Done(step=1, rank=0).encode(), "without its result"),
+        (Failed(step=None, rank=0, message="refused: bad step").encode(), "refused: bad step"),
+        (Done(step=7, rank=0, result=RESULT).encode(), "answered step 7, not 1"),
+    ],
+    ids=["not-an-object", "version", "no-result", "unread-step", "other-step"],
+)
+def test_the_engine_fails_the_step_on_a_bad_reply_not_the_deployment(payload, words):
+    runner = _engine_side([payload])
+    with pytest.raises(WorkerStepError, match=words):
+        runner._replies()
+    assert runner.dead is None  # WorkerStepError: the engine aborts the step's requests and goes on
+    assert _engine_side([Done(step=1, rank=0, result=RESULT).encode()])._replies() == RESULT
+
+
+def test_a_real_worker_refuses_malformed_messages_and_keeps_serving():
+    from fastdeploy_mtp.models import ByteTokenizer
+    from fastdeploy_mtp.runtime.engine import Engine
+    from fastdeploy_mtp.runtime.request import Request
+
+    spec = '{"method": "mtp", "num_speculative_tokens": 1, "num_model_steps": 1}'
+    with remote_runner(spec, 2, 128) as runner:
+        for bad in (b"{not json", _raw(Step(step=1), version=PROTOCOL_VERSION + 1), _raw(Step(step=1), free="x")):
+            runner._sock.send_multipart([b"rank0", bad])
+            reply = runner._recv(time.monotonic() + 60, "test")
+            assert isinstance(reply, Failed) and reply.step is None, reply
+        assert all(p.poll() is None for p in runner.procs.values()), "a process exited"
+        engine = Engine(runner.fd_config, runner=runner)
+        results = engine.generate([Request("a", ByteTokenizer().encode("hello"), max_tokens=4)], max_steps=50)
+        assert len(results["a"]) == 4
