@@ -17,6 +17,7 @@ from ..engine_args import (
     resolve_model,
     resolve_speculative_config,
 )
+from ..splitwise.transport import AUTO, transport_names
 
 
 def register(sub: Any) -> None:
@@ -67,7 +68,7 @@ def _add_splitwise_args(p: argparse.ArgumentParser) -> None:
     )
     sw.add_argument(
         "--kv-transport",
-        choices=("auto", "shm", "tcp"),
+        choices=(AUTO, *transport_names()),
         default="auto",
         help="decode: pull KV blocks by shared-memory name or over TCP (auto: shm when the prefill's caches are local)",
     )

@@ -74,7 +74,6 @@ from .messages import (
 from .openai_protocol import APIError
 from .text import emitted_of
 
-TRANSPORTS = ("auto", "shm", "tcp")
 B = TypeVar("B", bound=BaseModel)
 
 
@@ -106,8 +105,10 @@ class SplitwiseEngine(AsyncEngine):
         transfer_timeout: float = 60.0,
         max_waiting: int = 8,
     ):
-        if transport not in TRANSPORTS:
-            raise ValueError(f"--kv-transport must be one of {TRANSPORTS}, got {transport!r}")
+        from ..splitwise.transport import AUTO, transport_names
+
+        if transport not in (AUTO, *transport_names()):
+            raise ValueError(f"--kv-transport must be one of {(AUTO, *transport_names())}, got {transport!r}")
         self.role = engine.role
         self.kv_source = kv_source
         self.layout = layout

@@ -40,6 +40,18 @@ def shm_names() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
+def own_names(names: set[str], queue_port: int, device_ids: list[int]) -> list[str]:
+    """Of ``names``, those one serving deployment makes: its cache-ready signal (suffixed by
+    its engine-worker port) and the KV caches of its device ids. Other deployments may run
+    on this host at the same time; their names are not this one's leftovers."""
+
+    def owned(name: str) -> bool:
+        m = re.search(r"\.device(\d+)$", name)
+        return name.endswith(f".{queue_port}") or (m is not None and int(m.group(1)) in device_ids)
+
+    return sorted(n for n in names if owned(n))
+
+
 def http_get(url: str, timeout: float = 30) -> tuple[int, str]:
     """(status, body text) of a GET; an HTTP error status is returned, not raised."""
     try:
@@ -114,6 +126,9 @@ class ServerProcess:
     def __init__(self, args: list[str], start_timeout: float = 180.0):
         self.port = find_free_port_range(2)  # two distinct ports: HTTP, then the engine-worker socket
         self.queue_port = self.port + 1
+        if "--device-ids" not in args:  # names of its own: other servers on this host use 0..tp-1
+            args = [*args, "--device-ids", device_ids(_tp_of(args))]
+        self.device_ids = [int(d) for d in args[args.index("--device-ids") + 1].split(",")]
         self.log = tempfile.NamedTemporaryFile("w+", prefix="fdmtp-serve-", suffix=".log", delete=False)
         self.shm_before = shm_names()
         cmd = [
@@ -203,7 +218,7 @@ class ServerProcess:
             lib_queue = True
         return {
             "children": [p for p in self.children if alive(p)],
-            "shm": sorted(shm_names() - self.shm_before),
+            "shm": own_names(shm_names() - self.shm_before, self.queue_port, self.device_ids),
             "queue": lib_queue,
         }
 
@@ -251,7 +266,7 @@ def remote_runner(spec_json: str, max_num_seqs: int, max_model_len: int = 256) -
         max_model_len=max_model_len,
         tensor_parallel_size=1,
         engine_worker_queue_port=find_free_port_range(1),
-        device_ids=[0],
+        device_ids=[int(device_ids(1))],
     )
     runner = RemoteRunner(layout, step_timeout=120.0, start_timeout=180.0)
     children = [p.pid for p in runner.procs.values()]
@@ -261,7 +276,7 @@ def remote_runner(spec_json: str, max_num_seqs: int, max_model_len: int = 256) -
         runner.close()
     left = {
         "children": [p for p in children if alive(p)],
-        "shm": sorted(shm_names() - before),
+        "shm": own_names(shm_names() - before, layout.engine_worker_queue_port, layout.device_ids),
         "queue": messaging.remove_msg_queue(layout.msg_queue_id),
     }
     assert left == {"children": [], "shm": [], "queue": False}, f"the remote runner left behind {left}"
@@ -303,6 +318,13 @@ def offline(prompts: list[str], spec: str, max_tokens: int = 24) -> list[str]:
 
 
 _next_device = [1000 + (os.getpid() % 5000) * 8]
+
+
+def _tp_of(args: list[str]) -> int:
+    for flag in ("--tensor-parallel-size", "-tp"):
+        if flag in args:
+            return int(args[args.index(flag) + 1])
+    return 1
 
 
 def device_ids(n: int) -> str:

@@ -28,6 +28,7 @@ from tests.serving.servers import (  # noqa: E402
     alive,
     http_post as post,
     offline,
+    own_names,
     scrape_metrics as metrics,
     shm_names,
     splitwise_instance as instance,
@@ -247,10 +248,12 @@ def test_a_prefill_instance_that_dies_or_lets_the_hold_expire_fails_the_request_
         p.proc.wait(30)
     wait_for(lambda: not any(alive(c) for c in p.children), timeout=30)
     try:
-        wait_for(lambda: not (shm_names() - shm_before), timeout=30)  # and they removed its names
+        # and they removed its names
+        wait_for(lambda: not own_names(shm_names() - shm_before, p.queue_port, p.device_ids), timeout=30)
     except AssertionError:
         raise AssertionError(
-            f"the killed prefill instance's children left {sorted(shm_names() - shm_before)}:\n{p.output()}"
+            f"the killed prefill instance's children left "
+            f"{own_names(shm_names() - shm_before, p.queue_port, p.device_ids)}:\n{p.output()}"
         ) from None
     p.leftovers()  # removes the token queue a SIGKILLed engine cannot (the next start would)
     p.close_log()
