@@ -39,8 +39,6 @@ instance answering 503 a 503, any other failure a 502, each naming the instance'
 from __future__ import annotations
 
 import logging
-import signal
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -51,6 +49,7 @@ from fastapi import FastAPI
 
 from .app import create_app, run_http
 from .router_backend import HEALTH_TIMEOUT_S, RouterBackend
+from .start_up import interruptible, progress_printer
 
 
 # ---- the command ---------------------------------------------------------------------------
@@ -127,35 +126,25 @@ def run_router(opts: RouterOptions) -> int:
     during start-up, 1 if the server could not start)."""
 
     t0 = time.perf_counter()
-
-    def progress(line: str) -> None:
-        print(f"[router {time.perf_counter() - t0:6.2f}s] {line}", file=sys.stderr, flush=True)
-
+    progress = progress_printer("router", t0)
     backend = RouterBackend(opts.prefill, opts.decode, opts.queue_timeout)  # checks the URLs first
     # httpx logs every request at INFO, and Paddle's import sets the root logger to print INFO
     logging.getLogger("httpx").setLevel(logging.WARNING)
-
-    def interrupted(signum: int, frame: object) -> None:  # during start-up: stop waiting
-        raise KeyboardInterrupt
-
-    old = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        progress(
-            f"waiting for {len(backend.prefill)} prefill and {len(backend.decode)} decode instance(s) "
-            f"(at most {opts.start_timeout:g} s)"
-        )
-        wait_for_instances(
-            [("prefill", u) for u in backend.prefill] + [("decode", u) for u in backend.decode],
-            opts.start_timeout,
-            progress,
-        )
-        model_name = opts.served_model_name or fetch_model_name(backend.prefill[0])
-        progress(f"serving model {model_name!r}; decode queue timeout {opts.queue_timeout:g} s")
-        started = run_http(router_app(backend, model_name), opts.host, opts.port, progress, t0)
-        return 0 if started else 1  # not started: e.g. the port was taken (uvicorn said why)
+        with interruptible():  # during start-up: stop waiting
+            progress(
+                f"waiting for {len(backend.prefill)} prefill and {len(backend.decode)} decode instance(s) "
+                f"(at most {opts.start_timeout:g} s)"
+            )
+            wait_for_instances(
+                [("prefill", u) for u in backend.prefill] + [("decode", u) for u in backend.decode],
+                opts.start_timeout,
+                progress,
+            )
+            model_name = opts.served_model_name or fetch_model_name(backend.prefill[0])
+            progress(f"serving model {model_name!r}; decode queue timeout {opts.queue_timeout:g} s")
+            started = run_http(router_app(backend, model_name), opts.host, opts.port, progress, t0)
+            return 0 if started else 1  # not started: e.g. the port was taken (uvicorn said why)
     except KeyboardInterrupt:
         progress("interrupted during start-up")
         return 130
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)

@@ -8,8 +8,6 @@ a lost worker fails the requests in flight and the server exits with status 1.
 from __future__ import annotations
 
 import os
-import signal
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import SpeculativeConfig
 from ..engine_args import check_speculative_config, speculation_label
 from .layout import ServeLayout
+from .start_up import interruptible, progress_printer
 
 if TYPE_CHECKING:
     from ..models.model_config import ModelConfig as ArchConfig
@@ -74,10 +73,7 @@ def serve(opts: ServeOptions, log: object = None) -> int:
     from ..models import kv_cache_shape
 
     t0 = time.perf_counter()
-
-    def progress(line: str) -> None:
-        print(f"[serve {time.perf_counter() - t0:6.2f}s] {line}", file=sys.stderr, flush=True)
-
+    progress = progress_printer("serve", t0)
     layout = _layout(opts)
     arch = layout.arch()
     tp = layout.tensor_parallel_size
@@ -90,19 +86,14 @@ def serve(opts: ServeOptions, log: object = None) -> int:
         f"device ids {layout.device_ids}"
     )
 
-    def interrupted(signum: int, frame: object) -> None:  # during start-up: unwind and clean up
-        raise KeyboardInterrupt
-
-    old = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGTERM, signal.SIGINT)}
     running = _Running()
     try:
-        return _run(opts, layout, arch, running, progress, t0, log)
+        with interruptible():  # during start-up: unwind and clean up
+            return _run(opts, layout, arch, running, progress, t0, log)
     except KeyboardInterrupt:
         progress("interrupted during start-up; stopping")
         return 130
     finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
         running.close(progress)
 
 

@@ -358,19 +358,26 @@ class RemoteRunner:
             raise WorkerStepError(f"worker rank 0 answered step {self._step} without its result")
         return head.result
 
+    def _received(self, buf: Any, bsz_at: int, kind: str) -> np.ndarray:
+        """``buf`` (int64) once rank 0's SysV message (``kind``: ``"token"`` or
+        ``"first-token"``) is in it, checked: not the no-message marker (``-2`` first) and
+        carrying ``N`` slots (the count at ``bsz_at``)."""
+        self._receive_tokens(wait=True)
+        out = buf.numpy()
+        if out[0] == -2:
+            self._dead = f"rank 0 acknowledged a step without sending its {kind.replace('-token', ' token')}s"
+            raise WorkerDiedError(self._dead)
+        if int(out[bsz_at]) != self.n:
+            raise WorkerStepError(f"{kind} message for {int(out[bsz_at])} slots, expected {self.n}")
+        return out
+
     def _read_tokens(self) -> tuple[np.ndarray, np.ndarray]:
         """The step's tokens from rank 0's SysV message: ``accept_tokens [N, K+1]``,
         ``accept_num [N]``."""
         if self.first_tokens_only:
             return self._read_first_tokens()
-        self._receive_tokens(wait=True)
-        out = self._tokens[: 3 + _MAX_BSZ + self.n * _MAX_DRAFT * _TOPK].numpy()  # the slots' part only
-        if out[0] == -2:
-            self._dead = "rank 0 acknowledged a step without sending its tokens"
-            raise WorkerDiedError(self._dead)
-        bsz = int(out[2])
-        if bsz != self.n:
-            raise WorkerStepError(f"token message for {bsz} slots, expected {self.n}")
+        out = self._received(self._tokens[: 3 + _MAX_BSZ + self.n * _MAX_DRAFT * _TOPK], 2, "token")  # N slots' part
+        bsz = self.n
         counts = np.maximum(out[3 : 3 + bsz], 0).astype(np.int64)
         body = out[3 + _MAX_BSZ : 3 + _MAX_BSZ + bsz * _MAX_DRAFT * _TOPK].reshape([bsz, _MAX_DRAFT, _TOPK])
         accept_tokens = np.zeros([bsz, self.k + 1], np.int64)
@@ -381,14 +388,8 @@ class RemoteRunner:
     def _read_first_tokens(self) -> tuple[np.ndarray, np.ndarray]:
         """A prefill instance's step: ``mtp_save_first_token``'s message (per slot 0 tokens,
         or 2: the first token and the first draft; the draft stays in the slot state)."""
-        self._receive_tokens(wait=True)
-        out = self._first.numpy()
-        if out[0] == -2:
-            self._dead = "rank 0 acknowledged a step without sending its first tokens"
-            raise WorkerDiedError(self._dead)
-        bsz = int(out[1])
-        if bsz != self.n:
-            raise WorkerStepError(f"first-token message for {bsz} slots, expected {self.n}")
+        out = self._received(self._first, 1, "first-token")
+        bsz = self.n
         counts = out[2 : 2 + bsz]
         body = 2 + FIRST_TOKEN_MAX_BSZ  # then _MAX_DRAFT token slots per slot
         accept_tokens = np.zeros([bsz, self.k + 1], np.int64)
