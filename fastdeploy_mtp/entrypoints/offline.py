@@ -105,17 +105,9 @@ def run_requests(
     return reqs, [text(r.output_token_ids) for r in reqs], engine.metrics
 
 
-def run_prompts(
-    prompts: Sequence[str],
-    max_tokens: int,
-    spec: SpeculativeConfig,
-    max_num_seqs: int,
-    label: str,
-    model: str | None = None,
-    sampling: SamplingParams | None = None,
-) -> tuple[list[str], list[list[int]], Metrics]:
-    """:func:`run_requests`, returning (texts, token ids, metrics)."""
-    reqs, texts, metrics = run_requests(prompts, max_tokens, spec, max_num_seqs, label, model, sampling)
+def run_prompts(*args: Any, **kwargs: Any) -> tuple[list[str], list[list[int]], Metrics]:
+    """:func:`run_requests` (the same arguments), returning (texts, token ids, metrics)."""
+    reqs, texts, metrics = run_requests(*args, **kwargs)
     return texts, [list(r.output_token_ids) for r in reqs], metrics
 
 
