@@ -113,7 +113,7 @@ def test_wait_for_reports_a_dead_creator(suffix):
 # ---- hardening: names, ownership and stale values (issue 13) -------------------------------
 #
 # Signals are forged by writing /dev/shm/<name> directly: the array's bytes, then our
-# 16-byte trailer (magic, creator pid), as fastdeploy_mtp/runtime/ipc.py lays it out.
+# 16-byte trailer (magic, creator pid), as fastdeploy_mtp/ipc/signals.py lays it out.
 
 TRAILER = struct.Struct("<Qq")
 SIGNAL_MAGIC = 0x4C4E474953504446
