@@ -185,7 +185,7 @@ class SpeculativeConfig:
             raise SpeculativeConfigError(
                 f"speculative config must be a JSON object (a dict), got {type(values).__name__}"
             )
-        kwargs = _checked_keys(values)
+        kwargs = typed_keys(SpeculativeConfig, values, "speculative config", SpeculativeConfigError)
         if kwargs.get("method") == "none":
             kwargs["method"] = None
         if "num_model_steps" not in kwargs:
@@ -230,7 +230,7 @@ def load_speculative_json(text: str) -> dict[str, Any]:
     return values
 
 
-#: How a pydantic type error reads in a speculative-config message, by error type.
+#: How a pydantic type error reads in a config message, by error type.
 _TYPE_WORDS = {
     "int_type": "an integer",
     "string_type": "a string",
@@ -240,37 +240,37 @@ _TYPE_WORDS = {
 
 
 @functools.cache
-def _speculative_keys() -> type[pydantic.BaseModel]:
-    """A pydantic model of :class:`SpeculativeConfig`'s keys, typed as its fields, strict (no
-    ``"3"`` for 3, no ``true`` for an integer; an integer is taken for a number) and refusing
-    unknown keys. Defaults are never validated: :meth:`SpeculativeConfig.from_dict` keeps only
-    the keys given (``model_fields_set``) and lets the dataclass fill the rest."""
+def _keys_model(cls: type) -> type[pydantic.BaseModel]:
+    """A pydantic model of dataclass ``cls``'s keys, typed as its fields, strict (no ``"3"``
+    for 3, no ``true`` for an integer; an integer is taken for a number) and refusing unknown
+    keys. Defaults are never validated: :func:`typed_keys` keeps only the keys given
+    (``model_fields_set``) and lets the dataclass fill the rest."""
     import pydantic
 
-    hints = typing.get_type_hints(SpeculativeConfig)
-    keys: dict[str, Any] = {f.name: (hints[f.name], None) for f in fields(SpeculativeConfig)}
+    hints = typing.get_type_hints(cls)
+    keys: dict[str, Any] = {f.name: (hints[f.name], None) for f in fields(cls)}
     return pydantic.create_model(
-        "SpeculativeConfigKeys", __config__=pydantic.ConfigDict(strict=True, extra="forbid"), **keys
+        f"{cls.__name__}Keys", __config__=pydantic.ConfigDict(strict=True, extra="forbid"), **keys
     )
 
 
-def _checked_keys(values: Mapping[str, Any]) -> dict[str, Any]:
-    """The keys given in ``values``, type-checked; the first problem is a one-line
-    :class:`SpeculativeConfigError` naming the key."""
+def typed_keys(cls: type, values: Mapping[str, Any], what: str, error: type[ValueError] = ValueError) -> dict[str, Any]:
+    """The keys given in ``values`` for dataclass ``cls``, type-checked against its field
+    types; the first problem is a one-line ``error`` naming the key, under ``what`` (e.g.
+    ``"speculative config"``). The dataclass's own ``__post_init__`` checks ranges after."""
     import pydantic
 
     try:
-        checked = _speculative_keys().model_validate(dict(values))
+        checked = _keys_model(cls).model_validate(dict(values))
     except pydantic.ValidationError as exc:
-        error = exc.errors()[0]
-        key, value = str(error["loc"][0]), error["input"]
-        if error["type"] == "extra_forbidden":
-            known = ", ".join(f.name for f in fields(SpeculativeConfig))
-            raise SpeculativeConfigError(f"speculative config: unknown key {key!r}; known keys: {known}") from None
-        want = _TYPE_WORDS.get(error["type"], error["msg"]) + (" or null" if key == "method" else "")
-        raise SpeculativeConfigError(
-            f"speculative config: {key!r} must be {want}, got {json.dumps(value, default=repr)}"
-        ) from None
+        problem = exc.errors()[0]
+        key, value = str(problem["loc"][0]), problem["input"]
+        if problem["type"] == "extra_forbidden":
+            known = ", ".join(f.name for f in fields(cls))
+            raise error(f"{what}: unknown key {key!r}; known keys: {known}") from None
+        nullable = type(None) in typing.get_args(typing.get_type_hints(cls)[key])
+        want = _TYPE_WORDS.get(problem["type"], problem["msg"]) + (" or null" if nullable else "")
+        raise error(f"{what}: {key!r} must be {want}, got {json.dumps(value, default=repr)}") from None
     return {name: getattr(checked, name) for name in checked.model_fields_set}
 
 

@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..config import typed_keys
+
 #: Values accepted by :attr:`ModelConfig.mtp_hidden_state`.
 MTP_HIDDEN_STATES = ("post_norm", "pre_norm")
 #: Values accepted by :attr:`ModelConfig.mtp_concat_order`.
@@ -118,11 +120,14 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        """A config from its JSON object: unknown keys refused (all named at once), then each
+        value's type checked against the field's (``"128"`` is not an integer), then the
+        ranges (:meth:`validate`); every refusal is a ``ValueError`` naming the key."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown ModelConfig fields: {unknown}")
-        return cls(**data)
+        return cls(**typed_keys(cls, data, "model config"))
 
     def save_json(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as f:
