@@ -39,7 +39,7 @@ void PrepareRowGather(const ArgChecker& check, const Call& call,
                       std::initializer_list<const TensorRef*> per_item, OutRows out_rows,
                       RowGatherArgs* r) {
   const int64_t bsz = BatchSize(check, call.seq_lens_this_time);
-  for (const TensorRef* t : per_item) check.PerItem(*t, bsz, call.seq_lens_this_time);
+  check.PerItem(per_item, bsz, call.seq_lens_this_time);
   if (out_rows == OutRows::kLikeInput) {
     const int64_t rows = call.input.shape.size() == 2 ? call.input.dim(0) : 0;
     CheckRowGather(check, call.input, call.out, call.output_token_num, rows, bsz,
