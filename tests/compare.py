@@ -85,3 +85,13 @@ def assert_rejected(
             continue
         np.testing.assert_array_equal(got, b, err_msg=f"{name} changed by a rejected call")
     return message
+
+
+def assert_bad_input_rejected(
+    backend, op: str, names: Sequence[str], bad_case, tensors: list[np.ndarray], attrs=(), outputs=()
+) -> str:
+    """`bad_case` is ``(index, build, bad_name)``: valid `tensors` with ``tensors[index]``
+    replaced by ``build(tensors)`` must be rejected as :func:`assert_rejected` says."""
+    index, build, bad_name = bad_case
+    tensors[index] = build(tensors)
+    return assert_rejected(backend, op, names, tensors, bad_name, attrs, outputs)

@@ -13,10 +13,10 @@ from fastdeploy_mtp.runtime.request import Request
 VOCAB, ORI_VOCAB, EOS = 64, 60, 61
 
 
-def build_random_model():
-    """(target, mtp): 2 layers, H = 32, random weights (seeded)."""
-    paddle.seed(1234)
-    arch = ArchConfig(
+def tiny_arch(**overrides) -> ArchConfig:
+    """The engine tests' model shapes: vocab 64 (60 real), 2 layers, H = 32, 4 q heads, 2 kv
+    heads, SwiGLU width 64, KV blocks of 8 tokens; `overrides` replace any field."""
+    fields = dict(
         vocab_size=VOCAB,
         ori_vocab_size=ORI_VOCAB,
         hidden_size=32,
@@ -26,6 +26,13 @@ def build_random_model():
         intermediate_size=64,
         block_size=8,
     )
+    return ArchConfig(**{**fields, **overrides})
+
+
+def build_random_model():
+    """(target, mtp): :func:`tiny_arch`, random weights (seeded)."""
+    paddle.seed(1234)
+    arch = tiny_arch()
     target = TinyTargetModel(arch)
     mtp = MTPLayer(arch, target)
     target.eval()

@@ -76,7 +76,7 @@ def role_layers(rank: int, world: int, port: int) -> dict:
         load_state_strict,
         make_forward_meta,
     )
-    from fastdeploy_mtp.models.layers import DecoderLayer, RotaryEmbedding
+    from fastdeploy_mtp.models.layers import DecoderLayer, PagedStep, RotaryEmbedding
     from fastdeploy_mtp.models.loading import state_to_numpy
 
     init_tensor_parallel(rank, world, port, timeout=60)
@@ -146,7 +146,7 @@ def role_layers(rank: int, world: int, port: int) -> dict:
         caches = backend.allocate_caches(1, nblocks)
         meta = make_forward_meta(lens, [0, 0], tables, caches, cfg.block_size)
         cos, sin = rope.lookup(meta.plan().positions)
-        outs.append(layer(hx, cos, sin, backend, 0, meta).numpy())
+        outs.append(layer(hx, PagedStep(cos, sin, backend, meta), 0).numpy())
     results["decoder_layer"] = {
         "shape_ok": outs[0].shape == outs[1].shape,
         "max_abs_diff": float(np.max(np.abs(outs[0] - outs[1]))),

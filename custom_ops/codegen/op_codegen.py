@@ -179,51 +179,47 @@ def _check_name(name: str, where: str) -> str:
     return name
 
 
+def _keep(value: Any) -> Any:
+    return value
+
+
+# Per entry list of a declaration: the keys each entry must have and those it may have
+# (key -> default), each with its conversion. Every entry also has a `name` and a `field`
+# (the Args field, by default the name).
+_ENTRY_KEYS: dict[str, tuple[type, dict[str, Any], dict[str, tuple[Any, Any]]]] = {
+    "inputs": (
+        Tensor,
+        {"dtype": str, "shape": str, "doc": str},
+        {"io": (str, "in"), "optional": (bool, False)},
+    ),
+    "attrs": (Attr, {"type": str, "doc": str}, {"default": (_keep, None), "env": (str, "")}),
+    "outputs": (Output, {"dtype": str, "alloc": _keep, "shape": str, "doc": str}, {}),
+}
+
+
+def _load_entries(data: dict[str, Any], key: str, where: str) -> list[Any]:
+    """The entries of the declaration's list `key` (see _ENTRY_KEYS), checked for unknown keys."""
+    cls, required, optional = _ENTRY_KEYS[key]
+    absent: Any = ... if key == "inputs" else []  # an op may have no attrs or outputs, never no inputs
+    entries = []
+    for i, raw in enumerate(_take(data, key, where, absent)):
+        w = f"{where}: {key}[{i}]"
+        values = {"name": _check_name(str(_take(raw, "name", w)), w)}
+        values.update({k: convert(_take(raw, k, w)) for k, convert in required.items()})
+        values.update({k: convert(_take(raw, k, w, default)) for k, (convert, default) in optional.items()})
+        values["field"] = str(_take(raw, "field", w, values["name"]))
+        _no_extra(raw, w)
+        entries.append(cls(**values))
+    return entries
+
+
 def load_op(path: Path) -> Op:
     data = tomllib.loads(path.read_text())
     where = str(path)
     name = path.stem
-    inputs = []
-    for i, raw in enumerate(_take(data, "inputs", where)):
-        w = f"{where}: inputs[{i}]"
-        name_ = _check_name(str(_take(raw, "name", w)), w)
-        t = Tensor(
-            name=name_,
-            dtype=str(_take(raw, "dtype", w)),
-            shape=str(_take(raw, "shape", w)),
-            doc=str(_take(raw, "doc", w)),
-            io=str(_take(raw, "io", w, "in")),
-            optional=bool(_take(raw, "optional", w, False)),
-            field=str(_take(raw, "field", w, name_)),
-        )
-        _no_extra(raw, w)
-        inputs.append(t)
-    attrs = []
-    for i, raw in enumerate(_take(data, "attrs", where, [])):
-        w = f"{where}: attrs[{i}]"
-        a = Attr(
-            name=_check_name(str(_take(raw, "name", w)), w),
-            type=str(_take(raw, "type", w)),
-            doc=str(_take(raw, "doc", w)),
-            default=_take(raw, "default", w, None),
-            env=str(_take(raw, "env", w, "")),
-        )
-        a.field = str(_take(raw, "field", w, a.name))
-        _no_extra(raw, w)
-        attrs.append(a)
-    outputs = []
-    for i, raw in enumerate(_take(data, "outputs", where, [])):
-        w = f"{where}: outputs[{i}]"
-        o = Output(
-            name=_check_name(str(_take(raw, "name", w)), w),
-            dtype=str(_take(raw, "dtype", w)),
-            alloc=_take(raw, "alloc", w),
-            shape=str(_take(raw, "shape", w)),
-            doc=str(_take(raw, "doc", w)),
-        )
-        o.field = str(_take(raw, "field", w, o.name))
-        _no_extra(raw, w)
-        outputs.append(o)
+    inputs = _load_entries(data, "inputs", where)
+    attrs = _load_entries(data, "attrs", where)
+    outputs = _load_entries(data, "outputs", where)
     op = Op(
         name=name,
         source=path,

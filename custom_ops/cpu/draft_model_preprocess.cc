@@ -14,16 +14,14 @@ void Prepare(const ArgChecker& check, const DraftModelPreprocessCall& call,
              DraftModelPreprocessArgs* args) {
   const TensorRef& slt = call.seq_lens_this_time;
   const int64_t bsz = check.ItemCount(slt);
-  for (const TensorRef* t :
-       {&call.stop_flags, &call.seq_lens_encoder, &call.seq_lens_decoder, &call.step_idx,
-        &call.accept_num, &call.target_model_seq_lens_encoder, &call.target_model_seq_lens_decoder,
-        &call.target_model_step_idx, &call.target_model_stop_flags, &call.max_dec_len}) {
-    check.PerItem(*t, bsz, slt);
-  }
-  for (const TensorRef* t : {&call.draft_tokens, &call.input_ids, &call.pre_ids,
-                             &call.accept_tokens, &call.target_model_draft_tokens}) {
-    check.Rows(*t, bsz, slt);
-  }
+  check.PerItem(
+      {&call.stop_flags, &call.seq_lens_encoder, &call.seq_lens_decoder, &call.step_idx,
+       &call.accept_num, &call.target_model_seq_lens_encoder, &call.target_model_seq_lens_decoder,
+       &call.target_model_step_idx, &call.target_model_stop_flags, &call.max_dec_len},
+      bsz, slt);
+  check.Rows({&call.draft_tokens, &call.input_ids, &call.pre_ids, &call.accept_tokens,
+              &call.target_model_draft_tokens},
+             bsz, slt);
   // Each row tensor is read with its own width (upstream's tests pass draft_tokens [N, 4],
   // accept_tokens [N, 100] and target_model_draft_tokens [N, 10] in one call).
   check.Numel(call.not_need_stop, 1);

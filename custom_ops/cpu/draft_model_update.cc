@@ -20,13 +20,10 @@ void Prepare(const ArgChecker& check, const DraftModelUpdateCall& call,
              DraftModelUpdateArgs* args) {
   const TensorRef& slt = call.seq_lens_this_time;
   const int64_t bsz = check.ItemCount(slt);
-  for (const TensorRef* t : {&call.seq_lens_encoder, &call.seq_lens_decoder, &call.step_idx,
-                             &call.stop_flags, &call.max_dec_len}) {
-    check.PerItem(*t, bsz, slt);
-  }
-  for (const TensorRef* t : {&call.draft_tokens, &call.pre_ids, &call.base_model_draft_tokens}) {
-    check.Rows(*t, bsz, slt);
-  }
+  check.PerItem({&call.seq_lens_encoder, &call.seq_lens_decoder, &call.step_idx, &call.stop_flags,
+                 &call.max_dec_len},
+                bsz, slt);
+  check.Rows({&call.draft_tokens, &call.pre_ids, &call.base_model_draft_tokens}, bsz, slt);
   // Each row tensor is read with its own width (upstream's tests pass draft_tokens [N, 4]
   // with base_model_draft_tokens [N, 5]); a row without column 0 is not written.
   // cu_seqlens_q_output and end_ids are accepted for FastDeploy compatibility and never

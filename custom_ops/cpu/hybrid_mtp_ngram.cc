@@ -1,4 +1,5 @@
 #include <string>
+#include "entry/checks.h"
 #include "fdmtp/ops.h"
 #include "ngram_cpu.h"
 
@@ -13,16 +14,12 @@ void HybridMtpNgram(const HybridMtpNgramArgs& args, int num_threads) {
 }  // namespace cpu
 void Prepare(const ArgChecker& check, const HybridMtpNgramCall& call, HybridMtpNgramArgs* args) {
   const TensorRef& slt = call.seq_lens_this_time;
-  if (slt.shape.empty()) check.Rank(slt, 1);
-  const int64_t bsz = slt.dim(0);
-  check.PerItem(slt, bsz, slt);
-  for (const TensorRef* t : {&call.input_ids_len, &call.step_idx, &call.draft_token_num,
-                             &call.seq_lens_decoder, &call.max_dec_len}) {
-    check.PerItem(*t, bsz, slt);
-  }
-  for (const TensorRef* t : {&call.input_ids, &call.pre_ids, &call.draft_tokens}) {
-    check.Rows(*t, bsz, slt);  // rows past the batch are not read
-  }
+  const int64_t bsz = BatchSize(check, slt);
+  check.PerItem({&slt, &call.input_ids_len, &call.step_idx, &call.draft_token_num,
+                 &call.seq_lens_decoder, &call.max_dec_len},
+                bsz, slt);
+  // rows past the batch are not read
+  check.Rows({&call.input_ids, &call.pre_ids, &call.draft_tokens}, bsz, slt);
   check.AttrAtLeast("min_ngram_size", call.min_ngram_size, 1);
   check.AttrAtLeast("max_ngram_size", call.max_ngram_size, call.min_ngram_size);
   CheckMaxNgramSize(check, call.max_ngram_size);

@@ -9,11 +9,10 @@ void MtpStepPaddle(const MtpStepArgs& args) { MtpStepRun(args); }
 void Prepare(const ArgChecker& check, const MtpStepPaddleCall& call, MtpStepArgs* args) {
   const TensorRef& slt = call.seq_lens_this_time;
   const int64_t bsz = check.ItemCount(slt);
-  for (const TensorRef* t :
-       {&call.base_model_stop_flags, &call.stop_flags, &call.batch_drop, &call.seq_lens_encoder,
-        &call.seq_lens_decoder, &call.encoder_block_lens, &call.used_list_len}) {
-    check.PerItem(*t, bsz, slt);
-  }
+  check.PerItem(
+      {&call.base_model_stop_flags, &call.stop_flags, &call.batch_drop, &call.seq_lens_encoder,
+       &call.seq_lens_decoder, &call.encoder_block_lens, &call.used_list_len},
+      bsz, slt);
   check.Rows(call.block_tables, bsz, slt);
   check.Rank(call.free_list, 1);
   check.Numel(call.free_list_len, 1);

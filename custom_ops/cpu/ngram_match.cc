@@ -1,4 +1,5 @@
 #include <string>
+#include "entry/checks.h"
 #include "fdmtp/ops.h"
 #include "ngram_cpu.h"
 
@@ -12,17 +13,13 @@ void NgramMatch(const NgramMatchArgs& args, int num_threads) {
 }  // namespace cpu
 void Prepare(const ArgChecker& check, const NgramMatchCall& call, NgramMatchArgs* args) {
   const TensorRef& slt = call.seq_lens_this_time;
-  if (slt.shape.empty()) check.Rank(slt, 1);
-  const int64_t bsz = slt.dim(0);
-  check.PerItem(slt, bsz, slt);
-  for (const TensorRef* t :
-       {&call.input_ids_len, &call.prompt_lens, &call.step_idx, &call.draft_token_num,
-        &call.seq_lens_encoder, &call.seq_lens_decoder, &call.max_dec_len}) {
-    check.PerItem(*t, bsz, slt);
-  }
-  for (const TensorRef* t : {&call.input_ids, &call.token_ids_all, &call.draft_tokens}) {
-    check.Rows(*t, bsz, slt);  // rows past the batch are not read
-  }
+  const int64_t bsz = BatchSize(check, slt);
+  check.PerItem(
+      {&slt, &call.input_ids_len, &call.prompt_lens, &call.step_idx, &call.draft_token_num,
+       &call.seq_lens_encoder, &call.seq_lens_decoder, &call.max_dec_len},
+      bsz, slt);
+  // rows past the batch are not read
+  check.Rows({&call.input_ids, &call.token_ids_all, &call.draft_tokens}, bsz, slt);
   check.AttrAtLeast("max_ngram_size", call.max_ngram_size, 1);
   CheckMaxNgramSize(check, call.max_ngram_size);
   check.AttrAtLeast("max_draft_tokens", call.max_draft_tokens, 0);

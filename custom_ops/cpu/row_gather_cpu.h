@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstring>
+#include <initializer_list>
 #include <string>
 
 #include "entry/checks.h"
@@ -26,6 +27,29 @@ inline void CheckRowGather(const ArgChecker& check, const TensorRef& input, cons
   r->hidden = input.dim(1);
   r->bsz = bsz;
 }
+
+// How many rows a row-gather op's `out` has: one per item (N), or as many as `input`.
+enum class OutRows { kPerItem, kLikeInput };
+
+// The Prepare of every row-gather op: the batch size N is seq_lens_this_time's; each tensor
+// of `per_item` holds one value per item. The checks run in this order (the first failing
+// one is reported).
+template <typename Call>
+void PrepareRowGather(const ArgChecker& check, const Call& call,
+                      std::initializer_list<const TensorRef*> per_item, OutRows out_rows,
+                      RowGatherArgs* r) {
+  const int64_t bsz = BatchSize(check, call.seq_lens_this_time);
+  check.PerItem(per_item, bsz, call.seq_lens_this_time);
+  if (out_rows == OutRows::kLikeInput) {
+    const int64_t rows = call.input.shape.size() == 2 ? call.input.dim(0) : 0;
+    CheckRowGather(check, call.input, call.out, call.output_token_num, rows, bsz,
+                   "`input`.shape[0]", r);
+  } else {
+    CheckRowGather(check, call.input, call.out, call.output_token_num, bsz, bsz,
+                   "`seq_lens_this_time`.shape[0]", r);
+  }
+}
+
 namespace cpu {
 
 template <typename T, typename Plan>
@@ -60,3 +84,17 @@ void GatherRows(const Plan& plan) {
 
 }  // namespace cpu
 }  // namespace fdmtp
+
+// Defines cpu::Kernel, the CPU kernel of a row-gather op, for every float type (the list of
+// FDMTP_FOR_EACH_FLOAT_TYPE): GatherRows over the op's plan `Args`. The row-gather ops differ
+// only in their plans (fdmtp/<op>.h), so each op's file holds this line and its Prepare.
+#define FDMTP_DEFINE_ROW_GATHER_CPU_KERNEL(Kernel, Args) \
+  namespace cpu {                                        \
+  template <typename T>                                  \
+  void Kernel(const Args& args) {                        \
+    GatherRows<T>(args);                                 \
+  }                                                      \
+  template void Kernel<float>(const Args&);              \
+  template void Kernel<Float16>(const Args&);            \
+  template void Kernel<BFloat16>(const Args&);           \
+  }

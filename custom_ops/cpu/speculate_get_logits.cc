@@ -46,10 +46,8 @@ void Prepare(const ArgChecker& check, const SpeculateGetLogitsCall& call,
              SpeculateGetLogitsArgs* args) {
   const TensorRef& slt = call.seq_lens_this_time;
   const int64_t bsz = BatchSize(check, slt);
-  for (const TensorRef* t :
-       {&slt, &call.seq_lens_encoder, &call.next_token_num, &call.batch_token_num}) {
-    check.PerItem(*t, bsz, slt);
-  }
+  check.PerItem({&slt, &call.seq_lens_encoder, &call.next_token_num, &call.batch_token_num}, bsz,
+                slt);
   const std::string offsets = "batch size + 1, batch size from `seq_lens_this_time`";
   CheckShape(check, call.cu_next_token_offset, DType::kInt32, {bsz + 1}, offsets);
   CheckShape(check, call.cu_batch_token_offset, DType::kInt32, {bsz + 1}, offsets);

@@ -25,11 +25,10 @@ void Prepare(const ArgChecker& check, const SpeculateGetTokenPenaltyMultiScoresC
   // have more rows (not read).
   const TensorRef& slt = call.seq_lens_this_time;
   const int64_t bsz = check.ItemCount(slt);
-  for (const TensorRef* t :
-       {&call.prompt_lens, &call.penalty_scores, &call.frequency_scores, &call.presence_scores,
-        &call.temperatures, &call.bad_tokens_len, &call.cur_len, &call.min_len}) {
-    check.PerItem(*t, bsz, slt);
-  }
+  check.PerItem(
+      {&call.prompt_lens, &call.penalty_scores, &call.frequency_scores, &call.presence_scores,
+       &call.temperatures, &call.bad_tokens_len, &call.cur_len, &call.min_len},
+      bsz, slt);
   check.Rows(call.token_ids_all, bsz, slt);
   check.Rows(call.bad_tokens, bsz, slt);
   check.Rank(call.logits, 2);

@@ -17,11 +17,9 @@ void Prepare(const ArgChecker& check, const UnifiedUpdateModelStatusCall& call,
              UnifiedUpdateModelStatusArgs* args) {
   // Slots: max_bsz from stop_flags (as upstream); items: real_bsz from seq_lens_this_time.
   const int64_t max_bsz = check.ItemCount(call.stop_flags);
-  for (const TensorRef* t :
-       {&call.seq_lens_encoder, &call.seq_lens_decoder, &call.step_output_len, &call.is_paused,
-        &call.prompt_lens, &call.step_idx, &call.max_dec_len}) {
-    check.PerItem(*t, max_bsz, call.stop_flags);
-  }
+  check.PerItem({&call.seq_lens_encoder, &call.seq_lens_decoder, &call.step_output_len,
+                 &call.is_paused, &call.prompt_lens, &call.step_idx, &call.max_dec_len},
+                max_bsz, call.stop_flags);
   // Row matrices: at least max_bsz rows (rows past it are not read), each read with its
   // own row stride; the output rows are as wide as the input rows.
   check.Rows(call.step_input_ids, max_bsz, call.stop_flags);

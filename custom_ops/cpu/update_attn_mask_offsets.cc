@@ -23,9 +23,7 @@ void Prepare(const ArgChecker& check, const UpdateAttnMaskOffsetsCall& call,
   const int64_t token_num = call.ids_remove_padding.dim(0);
   const TensorRef& slt = call.seq_lens_this_time;
   const int64_t bsz = BatchSize(check, slt);
-  for (const TensorRef* t : {&slt, &call.seq_lens_encoder, &call.seq_lens_decoder}) {
-    check.PerItem(*t, bsz, slt);
-  }
+  check.PerItem({&slt, &call.seq_lens_encoder, &call.seq_lens_decoder}, bsz, slt);
   // cu_seqlens_q: entry b is the first token of item b and only entries 0..N-1 are read, so
   // upstream's exclusive [N] form, the usual [N + 1] and arrays padded past the batch are
   // all accepted.

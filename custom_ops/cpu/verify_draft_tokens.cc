@@ -27,11 +27,9 @@ void Prepare(const ArgChecker& check, const VerifyDraftTokensCall& call,
   check.Rows(call.step_input_ids, call.step_output_ids.dim(0), call.step_output_ids);
   check.DimEq(call.step_input_ids, 1, call.step_output_ids, 1);
   const int64_t max_bsz = call.step_output_ids.dim(0);
-  for (const TensorRef* t :
-       {&call.step_output_len, &call.topp, &call.stop_flags, &call.seq_lens_encoder,
-        &call.is_block_step, &call.reasoning_status, &call.max_dec_len, &call.step_idx}) {
-    check.PerItem(*t, max_bsz, call.step_output_ids);
-  }
+  check.PerItem({&call.step_output_len, &call.topp, &call.stop_flags, &call.seq_lens_encoder,
+                 &call.is_block_step, &call.reasoning_status, &call.max_dec_len, &call.step_idx},
+                max_bsz, call.step_output_ids);
   const int64_t real_bsz = check.ItemCount(call.seq_lens_this_time);
   if (real_bsz > max_bsz) {
     check.Fail("`seq_lens_this_time` has " + std::to_string(real_bsz) +

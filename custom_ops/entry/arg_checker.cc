@@ -90,6 +90,16 @@ void ArgChecker::Rows(const TensorRef& t, int64_t n, const TensorRef& source) co
   }
 }
 
+void ArgChecker::PerItem(std::initializer_list<const TensorRef*> tensors, int64_t n,
+                         const TensorRef& source) const {
+  for (const TensorRef* t : tensors) PerItem(*t, n, source);
+}
+
+void ArgChecker::Rows(std::initializer_list<const TensorRef*> tensors, int64_t n,
+                      const TensorRef& source) const {
+  for (const TensorRef* t : tensors) Rows(*t, n, source);
+}
+
 void ArgChecker::Storage(const TensorRef& t) const {
   // Dimensions are non-negative and the element and byte counts fit in int64 (a shape from a
   // raw-pointer tuple or DLPack is caller data), and a non-empty tensor has memory.

@@ -76,6 +76,26 @@ cudaError_t LaunchFixedBlock(dim3 grid, dim3 block, size_t smem, cudaStream_t st
 #endif
 }
 
+// One thread per item b in [0, n), grid-stride so that any n is covered: Item(args..., b).
+template <auto Item, typename... A>
+__global__ void PerItemKernel(int64_t n, A... args) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < n;
+       b += stride) {
+    Item(args..., b);
+  }
+}
+
+// Launches PerItemKernel<Item> over n items on `stream`; nothing when n == 0. Returns the
+// cudaError_t as an int, as the op launchers do.
+template <auto Item, typename... A>
+int LaunchPerItem(int64_t n, void* stream, A... args) {
+  if (n == 0) return cudaSuccess;
+  FDMTP_CUDA_CALL(Launch<PerItemKernel<Item, A...>>(BlocksFor(n), kThreadsPerBlock, 0,
+                                                    AsCudaStream(stream), n, args...));
+  return cudaSuccess;
+}
+
 // Single-block kernels that walk the batch in chunks of kScanThreads items (so they work
 // for any batch size and keep a running carry across chunks) use this block size.
 constexpr int kScanThreads = 1024;

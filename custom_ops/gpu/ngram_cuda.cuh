@@ -99,43 +99,15 @@ __global__ void ProposeKernel(typename Op::Args args, int64_t bsz, int max_n, in
   }
 }
 
-// Exclusive block-wide sum (blockDim.x == kCapThreads); *total gets the block's sum.
-__device__ inline int64_t BlockExclusiveSum(int64_t v, int64_t* warp_sums, int64_t* total) {
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  int64_t x = v;
-  for (int d = 1; d < 32; d <<= 1) {
-    const int64_t y = __shfl_up_sync(0xffffffffu, x, d);
-    if (lane >= d) x += y;
-  }
-  if (lane == 31) warp_sums[warp] = x;
-  __syncthreads();
-  if (warp == 0) {
-    int64_t w = warp_sums[lane];
-    for (int d = 1; d < 32; d <<= 1) {
-      const int64_t y = __shfl_up_sync(0xffffffffu, w, d);
-      if (lane >= d) w += y;
-    }
-    warp_sums[lane] = w;  // inclusive over warps
-  }
-  __syncthreads();
-  const int64_t before_warp = warp == 0 ? 0 : warp_sums[warp - 1];
-  const int64_t result = before_warp + x - v;
-  *total = warp_sums[31];
-  __syncthreads();  // warp_sums is reused by the next call
-  return result;
-}
-
 template <typename Op>
 __global__ void CapKernel(typename Op::Args args, int64_t bsz, int64_t threshold, Workspace ws) {
-  __shared__ int64_t warp_sums[32];
   __shared__ int64_t first_capped;
   int64_t pending = 0;
   for (int64_t b = threadIdx.x; b < bsz; b += blockDim.x) {
     pending += Op::Item(args, b).pending ? 1 : 0;
   }
   int64_t unprocessed_start = 0;
-  BlockExclusiveSum(pending, warp_sums, &unprocessed_start);
+  BlockExclusiveSum(pending, &unprocessed_start);
 
   int64_t tokens_before = 0;  // uncapped tokens of the earlier tiles
   int64_t active_before = 0;  // active items of the earlier tiles
@@ -150,9 +122,9 @@ __global__ void CapKernel(typename Op::Args args, int64_t bsz, int64_t threshold
     }
     const int64_t mine = NgramBaseForSum(item) + (item.active ? p.count : 0);
     int64_t tile_tokens = 0, tile_active = 0;
-    const int64_t tokens = tokens_before + BlockExclusiveSum(mine, warp_sums, &tile_tokens);
+    const int64_t tokens = tokens_before + BlockExclusiveSum(mine, &tile_tokens);
     const int64_t active_upto = active_before +
-                                BlockExclusiveSum(item.active ? 1 : 0, warp_sums, &tile_active) +
+                                BlockExclusiveSum(item.active ? 1 : 0, &tile_active) +
                                 (item.active ? 1 : 0);
     int32_t count = 0;
     bool violates = false;

@@ -115,3 +115,17 @@ int LaunchGatherRows(const Plan& plan, Stream stream) {
 
 }  // namespace cuda
 }  // namespace fdmtp
+
+// Defines cuda::Kernel, the CUDA launcher of a row-gather op, for every float type (the list
+// of FDMTP_FOR_EACH_FLOAT_TYPE): LaunchGatherRows over the op's plan `Args` (see the CPU
+// twin in cpu/row_gather_cpu.h). Used inside namespace fdmtp.
+#define FDMTP_DEFINE_ROW_GATHER_CUDA_KERNEL(Kernel, Args) \
+  namespace cuda {                                        \
+  template <typename T>                                   \
+  int Kernel(const Args& args, Stream stream) {           \
+    return LaunchGatherRows<T>(args, stream);             \
+  }                                                       \
+  template int Kernel<float>(const Args&, Stream);        \
+  template int Kernel<Float16>(const Args&, Stream);      \
+  template int Kernel<BFloat16>(const Args&, Stream);     \
+  }

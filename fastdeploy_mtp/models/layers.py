@@ -13,6 +13,8 @@ causal mask (training). They share parameters and math.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import paddle
 import paddle.nn as nn
@@ -104,6 +106,33 @@ def apply_rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> padd
     return x * cos + rotated * sin
 
 
+@dataclass(frozen=True)
+class PagedStep:
+    """What every layer's attention reads in one packed forward pass besides its input:
+    ``cos/sin [T, head_dim]`` float32 (RoPE at the packed tokens' positions), the paged
+    attention backend and the step's :class:`ForwardMeta`."""
+
+    cos: paddle.Tensor
+    sin: paddle.Tensor
+    backend: ReferenceAttentionBackend
+    forward_meta: ForwardMeta
+
+
+@dataclass(frozen=True)
+class DenseStep:
+    """What every layer's attention reads on the dense (training) path besides its input:
+    ``cos/sin [S, head_dim]`` float32 (RoPE at positions ``0..S-1``) and the additive mask
+    ``bias [S, S']`` float32 (``S' = S`` and causal over the inputs' own keys)."""
+
+    cos: paddle.Tensor
+    sin: paddle.Tensor
+    bias: paddle.Tensor
+
+
+#: ``(keys, values)`` of :meth:`Attention.dense_kv`, each ``[B, num_kv_heads, S', head_dim]``.
+DenseKV = tuple[paddle.Tensor, paddle.Tensor]
+
+
 class Attention(nn.Layer):
     """Grouped-query self-attention: ``q_proj [H, nh*hd]``, ``k_proj``/``v_proj``
     ``[H, kvh*hd]``, ``o_proj [nh*hd, H]``; RoPE on q and k. ``q/k/v_proj`` carry biases
@@ -128,48 +157,33 @@ class Attention(nn.Layer):
         self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, h, tp)
         self.scale = 1.0 / float(np.sqrt(self.head_dim))
 
-    def forward(
-        self,
-        x: paddle.Tensor,
-        cos: paddle.Tensor,
-        sin: paddle.Tensor,
-        backend: ReferenceAttentionBackend,
-        layer_id: int,
-        forward_meta: ForwardMeta,
-    ) -> paddle.Tensor:
-        """``x [T, H]``, ``cos/sin [T, head_dim]`` -> ``[T, H]`` through the paged backend
-        (whose caches hold this rank's ``num_kv_heads`` heads)."""
+    def forward(self, x: paddle.Tensor, step: PagedStep, layer_id: int) -> paddle.Tensor:
+        """``x [T, H]`` -> ``[T, H]`` through the paged backend (whose caches hold this rank's
+        ``num_kv_heads`` heads); ``layer_id`` selects the KV cache pair."""
         t = x.shape[0]
         q = self.q_proj(x).reshape([t, self.num_heads, self.head_dim])
         k = self.k_proj(x).reshape([t, self.num_kv_heads, self.head_dim])
         v = self.v_proj(x).reshape([t, self.num_kv_heads, self.head_dim])
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
-        return self.o_proj(backend.forward(q, k, v, layer_id, forward_meta))
+        q = apply_rope(q, step.cos, step.sin)
+        k = apply_rope(k, step.cos, step.sin)
+        return self.o_proj(step.backend.forward(q, k, v, layer_id, step.forward_meta))
 
-    def dense_kv(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+    def dense_kv(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> DenseKV:
         """Keys (RoPE applied) and values ``[B, num_kv_heads, S, head_dim]`` of ``x [B, S, H]``."""
         b, s = x.shape[0], x.shape[1]
         k = apply_rope(self.k_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim]), cos, sin)
         v = self.v_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])
         return k.transpose([0, 2, 1, 3]), v.transpose([0, 2, 1, 3])
 
-    def forward_dense(
-        self,
-        x: paddle.Tensor,
-        cos: paddle.Tensor,
-        sin: paddle.Tensor,
-        bias: paddle.Tensor,
-        kv: tuple[paddle.Tensor, paddle.Tensor] | None = None,
-    ) -> paddle.Tensor:
-        """``x [B, S, H]``, ``cos/sin [S, head_dim]``, ``bias [S, S']`` -> ``[B, S, H]``.
+    def forward_dense(self, x: paddle.Tensor, step: DenseStep, kv: DenseKV | None = None) -> paddle.Tensor:
+        """``x [B, S, H]`` -> ``[B, S, H]``.
         The queries attend to ``x``'s own keys and values (``S' = S``, causal ``bias``), or to
         ``kv`` (``S'`` rows from :meth:`dense_kv` of other inputs, e.g. the MTP layer's
         earlier substeps, under a mask that says which each query sees)."""
         b, s = x.shape[0], x.shape[1]
-        q = apply_rope(self.q_proj(x).reshape([b, s, self.num_heads, self.head_dim]), cos, sin)
-        k, v = self.dense_kv(x, cos, sin) if kv is None else kv
-        out = dense_causal_attention(q.transpose([0, 2, 1, 3]), k, v, bias, self.scale)
+        q = apply_rope(self.q_proj(x).reshape([b, s, self.num_heads, self.head_dim]), step.cos, step.sin)
+        k, v = self.dense_kv(x, step.cos, step.sin) if kv is None else kv
+        out = dense_causal_attention(q.transpose([0, 2, 1, 3]), k, v, step.bias, self.scale)
         return self.o_proj(out)
 
 
@@ -201,34 +215,19 @@ class DecoderLayer(nn.Layer):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, tensor_parallel_size)
 
-    def forward(
-        self,
-        x: paddle.Tensor,
-        cos: paddle.Tensor,
-        sin: paddle.Tensor,
-        backend: ReferenceAttentionBackend,
-        layer_id: int,
-        forward_meta: ForwardMeta,
-    ) -> paddle.Tensor:
+    def forward(self, x: paddle.Tensor, step: PagedStep, layer_id: int) -> paddle.Tensor:
         """Packed ``[T, H]`` -> ``[T, H]``; ``layer_id`` selects the KV cache pair."""
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, backend, layer_id, forward_meta)
+        h = x + self.self_attn(self.input_layernorm(x), step, layer_id)
         return h + self.mlp(self.post_attention_layernorm(h))
 
-    def dense_kv(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+    def dense_kv(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> DenseKV:
         """The attention's keys and values of the block inputs ``x [B, S, H]``
         (:meth:`Attention.dense_kv` after ``input_layernorm``)."""
         return self.self_attn.dense_kv(self.input_layernorm(x), cos, sin)
 
-    def forward_dense(
-        self,
-        x: paddle.Tensor,
-        cos: paddle.Tensor,
-        sin: paddle.Tensor,
-        bias: paddle.Tensor,
-        kv: tuple[paddle.Tensor, paddle.Tensor] | None = None,
-    ) -> paddle.Tensor:
-        """Full sequences ``[B, S, H]`` -> ``[B, S, H]`` with causal ``bias [S, S]``, or
-        attending to ``kv`` from :meth:`dense_kv` under ``bias [S, S']`` (see
+    def forward_dense(self, x: paddle.Tensor, step: DenseStep, kv: DenseKV | None = None) -> paddle.Tensor:
+        """Full sequences ``[B, S, H]`` -> ``[B, S, H]`` with a causal ``step.bias [S, S]``, or
+        attending to ``kv`` from :meth:`dense_kv` under ``step.bias [S, S']`` (see
         :meth:`Attention.forward_dense`)."""
-        h = x + self.self_attn.forward_dense(self.input_layernorm(x), cos, sin, bias, kv)
+        h = x + self.self_attn.forward_dense(self.input_layernorm(x), step, kv)
         return h + self.mlp(self.post_attention_layernorm(h))

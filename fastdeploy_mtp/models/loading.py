@@ -19,7 +19,7 @@ import dataclasses
 import glob
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -136,106 +136,71 @@ class FamilySpec:
 
     name: str
     prefix: str
-    index_regex: str | None
     fusion: dict[str, str]
-    block: str
-    torch_layout: bool
-    concat_order: str
-    final_norm: str
-    hidden_state: str
-    norm_offset: float
-    embed: tuple[str, ...]
-    head: tuple[str, ...]
     owned_prefixes: tuple[str, ...]
+    index_regex: str | None = None
+    block: str = ""
+    torch_layout: bool = True
+    concat_order: str = "emb_first"
+    final_norm: str = "in_forward"
+    hidden_state: str = "post_norm"
+    norm_offset: float = 0.0
+    embed: tuple[str, ...] = ("model.embed_tokens.weight",)
+    head: tuple[str, ...] = ("lm_head.weight",)
 
 
-_DEEPSEEK_STYLE: dict[str, Any] = dict(
-    prefix="model.layers.{index}.",
-    index_regex=r"^model\.layers\.(\d+)\.enorm\.weight$",
-    fusion={
-        "enorm": "enorm.weight",
-        "hnorm": "hnorm.weight",
-        "eh_proj": "eh_proj.weight",
-        "norm": "shared_head.norm.weight",
-    },
-    block="",
-    torch_layout=True,
-    concat_order="emb_first",
-    final_norm="in_logits",
-    hidden_state="post_norm",
-    norm_offset=0.0,
-    embed=("model.layers.{index}.embed_tokens.weight", "model.embed_tokens.weight"),
-    head=("model.layers.{index}.shared_head.head.weight", "lm_head.weight"),
-    owned_prefixes=("model.layers.{index}.",),
-)
+def _fusion(enorm: str, hnorm: str, eh_proj: str, norm: str) -> dict[str, str]:
+    """:attr:`FamilySpec.fusion` from the checkpoint names of the four fusion tensors."""
+    return {"enorm": enorm, "hnorm": hnorm, "eh_proj": eh_proj, "norm": norm}
 
-#: The supported checkpoint families.
+
+def _deepseek_style(name: str) -> FamilySpec:
+    """DeepSeek-V3 and GLM-4.5: the MTP layer is ``model.layers.{num_hidden_layers}``."""
+    return FamilySpec(
+        name=name,
+        prefix="model.layers.{index}.",
+        index_regex=r"^model\.layers\.(\d+)\.enorm\.weight$",
+        fusion=_fusion("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight"),
+        final_norm="in_logits",
+        embed=("model.layers.{index}.embed_tokens.weight", "model.embed_tokens.weight"),
+        head=("model.layers.{index}.shared_head.head.weight", "lm_head.weight"),
+        owned_prefixes=("model.layers.{index}.",),
+    )
+
+
+#: The supported checkpoint families (fields left out take :class:`FamilySpec`'s defaults).
 FAMILIES: dict[str, FamilySpec] = {
     "ernie4_5": FamilySpec(
         name="ernie4_5",
         prefix="ernie.",
-        index_regex=None,
-        fusion={
-            "enorm": "mtp_emb_norm.0.weight",
-            "hnorm": "mtp_hidden_norm.0.weight",
-            "eh_proj": "mtp_linear_proj.0.weight",
-            "norm": "/ernie.norm.weight",
-        },
         block="mtp_block.0.",
         torch_layout=False,
-        concat_order="emb_first",
-        final_norm="in_forward",
-        hidden_state="post_norm",
-        norm_offset=0.0,
         embed=("ernie.embed_tokens.weight",),
-        head=("lm_head.weight",),
         owned_prefixes=("ernie.mtp_",),
+        fusion=_fusion(
+            "mtp_emb_norm.0.weight", "mtp_hidden_norm.0.weight", "mtp_linear_proj.0.weight", "/ernie.norm.weight"
+        ),
     ),
-    "deepseek_v3": FamilySpec(name="deepseek_v3", **_DEEPSEEK_STYLE),
-    "glm4_5": FamilySpec(name="glm4_5", **_DEEPSEEK_STYLE),
+    "deepseek_v3": _deepseek_style("deepseek_v3"),
+    "glm4_5": _deepseek_style("glm4_5"),
     "qwen3_next": FamilySpec(
         name="qwen3_next",
         prefix="mtp.",
-        index_regex=None,
-        fusion={
-            "enorm": "pre_fc_norm_embedding.weight",
-            "hnorm": "pre_fc_norm_hidden.weight",
-            "eh_proj": "fc.weight",
-            "norm": "norm.weight",
-        },
         block="layers.0.",
-        torch_layout=True,
-        concat_order="emb_first",
-        final_norm="in_forward",
-        hidden_state="post_norm",
         norm_offset=1.0,
-        embed=("model.embed_tokens.weight",),
-        head=("lm_head.weight",),
         owned_prefixes=("mtp.",),
+        fusion=_fusion("pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "fc.weight", "norm.weight"),
     ),
     "mimo": FamilySpec(
         name="mimo",
         prefix="model.mtp_layers.0.",
-        index_regex=None,
-        fusion={
-            "enorm": "token_layernorm.weight",
-            "hnorm": "hidden_layernorm.weight",
-            "eh_proj": "input_proj.weight",
-            "norm": "final_layernorm.weight",
-        },
-        block="",
-        torch_layout=True,
         concat_order="hidden_first",
-        final_norm="in_forward",
-        hidden_state="post_norm",
-        norm_offset=0.0,
-        embed=("model.embed_tokens.weight",),
-        head=("lm_head.weight",),
         owned_prefixes=("model.mtp_layers.",),
+        fusion=_fusion(
+            "token_layernorm.weight", "hidden_layernorm.weight", "input_proj.weight", "final_layernorm.weight"
+        ),
     ),
 }
-
-_NORM_PARAMS = ("enorm", "hnorm", "norm", "mtp_block.input_layernorm", "mtp_block.post_attention_layernorm")
 
 _UNSUPPORTED_HINTS = (
     ("experts", "MoE experts are out of scope: only dense SwiGLU MLP blocks are supported"),
@@ -367,54 +332,71 @@ def load_mtp_weights(
         ValueError: unknown family or a config that does not match the family layout.
     """
     spec = get_family(family)
-    cfg = model.config
-    if getattr(model, "tensor_parallel_size", 1) > 1:
-        raise ValueError(
-            f"load_mtp_weights loads an unsharded MTP layer; `model` is a tensor-parallel shard "
-            f"(tensor_parallel_size={model.tensor_parallel_size})"
-        )
-    for field, want in (("mtp_concat_order", spec.concat_order), ("mtp_final_norm", spec.final_norm)):
-        if getattr(cfg, field) != want:
-            raise ValueError(
-                f"family {family!r} needs config.{field} == {want!r}, model has "
-                f"{getattr(cfg, field)!r} (use config_for_family)"
-            )
+    _check_layer_fits(model, spec)
     src = source if isinstance(source, TensorSource) else TensorSource(source)
     index = _detect_index(spec, src, layer_index)
 
     def fmt(name: str) -> str:
         return name.format(index=index) if index is not None else name
 
-    prefix = fmt(spec.prefix)
-    block = prefix + spec.block
     params = dict(model.named_parameters())
     plan = _Plan(src, params)
+    _plan_layer(plan, spec, fmt(spec.prefix), model.config.attention_bias)
+    _reject_leftovers(plan, spec, fmt)
+    missing_params = sorted(set(params) - set(plan.values))
+    if missing_params:
+        raise MissingTensorError(f"no checkpoint tensor mapped to MTP parameters {missing_params}")
+
+    for ours, value in plan.values.items():
+        params[ours].set_value(value.astype(np.float32))
+    loaded = dict(plan.origin)
+    if load_shared:
+        loaded.update(_load_shared(plan, spec, fmt, model.target))
+    return loaded
+
+
+def _check_layer_fits(model: MTPLayer, spec: FamilySpec) -> None:
+    """Raises ``ValueError`` for a tensor-parallel shard or a config not in the family layout."""
+    if getattr(model, "tensor_parallel_size", 1) > 1:
+        raise ValueError(
+            f"load_mtp_weights loads an unsharded MTP layer; `model` is a tensor-parallel shard "
+            f"(tensor_parallel_size={model.tensor_parallel_size})"
+        )
+    for field, want in (("mtp_concat_order", spec.concat_order), ("mtp_final_norm", spec.final_norm)):
+        if getattr(model.config, field) != want:
+            raise ValueError(
+                f"family {spec.name!r} needs config.{field} == {want!r}, model has "
+                f"{getattr(model.config, field)!r} (use config_for_family)"
+            )
+
+
+def _plan_layer(plan: _Plan, spec: FamilySpec, prefix: str, attention_bias: bool) -> None:
+    """Adds every MTP-layer parameter to ``plan``: the fusion tensors, then the decoder block
+    (q/k/v and gate/up read from their fused checkpoint tensors where the family has them)."""
+    block = prefix + spec.block
     tl = spec.torch_layout
 
     def absolute(rel: str) -> str:
         return rel[1:] if rel.startswith("/") else prefix + rel
 
-    plan.vector("enorm.weight", absolute(spec.fusion["enorm"]), spec.norm_offset)
-    plan.vector("hnorm.weight", absolute(spec.fusion["hnorm"]), spec.norm_offset)
-    plan.vector("norm.weight", absolute(spec.fusion["norm"]), spec.norm_offset)
+    for norm in ("enorm", "hnorm", "norm"):
+        plan.vector(f"{norm}.weight", absolute(spec.fusion[norm]), spec.norm_offset)
     plan.linear("eh_proj.weight", absolute(spec.fusion["eh_proj"]), tl)
-    plan.vector("mtp_block.input_layernorm.weight", block + "input_layernorm.weight", spec.norm_offset)
-    plan.vector(
-        "mtp_block.post_attention_layernorm.weight", block + "post_attention_layernorm.weight", spec.norm_offset
-    )
+    for norm in ("input_layernorm", "post_attention_layernorm"):
+        plan.vector(f"mtp_block.{norm}.weight", f"{block}{norm}.weight", spec.norm_offset)
     attn = block + "self_attn."
     ours_attn = "mtp_block.self_attn."
-    if attn + "qkv_proj.weight" in src:
+    if attn + "qkv_proj.weight" in plan.src:
         plan.fused([ours_attn + p + ".weight" for p in ("q_proj", "k_proj", "v_proj")], attn + "qkv_proj.weight", tl)
     else:
         for p in ("q_proj", "k_proj", "v_proj"):
             plan.linear(ours_attn + p + ".weight", attn + p + ".weight", tl)
-    if cfg.attention_bias:
+    if attention_bias:
         for p in ("q_proj", "k_proj", "v_proj"):
             plan.vector(ours_attn + p + ".bias", attn + p + ".bias")
     plan.linear(ours_attn + "o_proj.weight", attn + "o_proj.weight", tl)
     mlp, ours_mlp = block + "mlp.", "mtp_block.mlp."
-    if mlp + "up_gate_proj.weight" in src:
+    if mlp + "up_gate_proj.weight" in plan.src:
         # ERNIE's fused SwiGLU input: the first half goes through silu (gate), then up.
         plan.fused([ours_mlp + "gate_proj.weight", ours_mlp + "up_proj.weight"], mlp + "up_gate_proj.weight", tl)
     else:
@@ -422,11 +404,15 @@ def load_mtp_weights(
         plan.linear(ours_mlp + "up_proj.weight", mlp + "up_proj.weight", tl)
     plan.linear(ours_mlp + "down_proj.weight", mlp + "down_proj.weight", tl)
 
-    # Duplicates of the shared embedding / head inside the MTP prefix are expected.
+
+def _reject_leftovers(plan: _Plan, spec: FamilySpec, fmt: Callable[[str], str]) -> None:
+    """Raises :class:`UnsupportedTensorError` for the first tensor under the family's owned
+    prefixes that ``plan`` did not read (duplicates of the shared embedding / head inside
+    the MTP prefix are expected and pass)."""
     shared_names = [fmt(n) for n in spec.embed + spec.head]
     leftovers = [
         k
-        for k in src.keys()
+        for k in plan.src.keys()
         if any(k.startswith(fmt(p)) for p in spec.owned_prefixes) and k not in plan.used and k not in shared_names
     ]
     if leftovers:
@@ -437,26 +423,19 @@ def load_mtp_weights(
         raise UnsupportedTensorError(
             f"checkpoint tensor {name!r} is not supported: {hint} ({len(leftovers)} unsupported tensor(s) in total)"
         )
-    missing_params = sorted(set(params) - set(plan.values))
-    if missing_params:
-        raise MissingTensorError(f"no checkpoint tensor mapped to MTP parameters {missing_params}")
 
-    for ours, value in plan.values.items():
-        params[ours].set_value(value.astype(np.float32))
-    loaded = dict(plan.origin)
 
-    if load_shared:
-        target = model.target
-        emb_name = _first_present(src, [fmt(n) for n in spec.embed], "embedding")
-        emb_shape = list(target.embed_tokens.weight.shape)
-        target.embed_tokens.weight.set_value(plan.read(emb_name, emb_shape))
-        head_name = _first_present(src, [fmt(n) for n in spec.head], "LM head")
-        head_shape = list(target.lm_head.weight.shape)  # [H, V]
-        head = plan.read(head_name, head_shape[::-1] if tl else head_shape)
-        target.lm_head.weight.set_value(head.T if tl else head)
-        loaded["<target>.embed_tokens.weight"] = emb_name
-        loaded["<target>.lm_head.weight"] = head_name
-    return loaded
+def _load_shared(plan: _Plan, spec: FamilySpec, fmt: Callable[[str], str], target: Any) -> dict[str, str]:
+    """Loads the target's embedding and LM head from the first of the family's candidate
+    names present; returns our name -> checkpoint name for both."""
+    emb_name = _first_present(plan.src, [fmt(n) for n in spec.embed], "embedding")
+    target.embed_tokens.weight.set_value(plan.read(emb_name, list(target.embed_tokens.weight.shape)))
+    head_name = _first_present(plan.src, [fmt(n) for n in spec.head], "LM head")
+    head_shape = list(target.lm_head.weight.shape)  # [H, V]
+    tl = spec.torch_layout
+    head = plan.read(head_name, head_shape[::-1] if tl else head_shape)
+    target.lm_head.weight.set_value(head.T if tl else head)
+    return {"<target>.embed_tokens.weight": emb_name, "<target>.lm_head.weight": head_name}
 
 
 def _first_present(src: TensorSource, names: Iterable[str], what: str) -> str:

@@ -8,7 +8,7 @@ import paddle.nn as nn
 
 from .attention import ReferenceAttentionBackend
 from .forward_meta import ForwardMeta
-from .layers import DecoderLayer, RMSNorm, RotaryEmbedding
+from .layers import DecoderLayer, DenseStep, PagedStep, RMSNorm, RotaryEmbedding
 from .model_config import ModelConfig
 from .parallel_layers import refuse_training_on_shard
 from .target import TinyTargetModel, mask_padded_vocab
@@ -101,7 +101,8 @@ class MTPLayer(nn.Layer):
             self.rotary.check_position(plan.max_position)
         cos, sin = self.rotary.lookup(plan.positions, check=False)
         x = self._fuse(self.target.embed_tokens(ids_remove_padding), previous_hidden_states.astype("float32"))
-        return self.finish(self.mtp_block(x, cos, sin, self.attn_backend, self.cache_layer, forward_meta))
+        step = PagedStep(cos, sin, self.attn_backend, forward_meta)
+        return self.finish(self.mtp_block(x, step, self.cache_layer))
 
     def finish(self, x: paddle.Tensor) -> paddle.Tensor:
         """The block's output -> what ``forward`` returns: ``norm(x)`` when
@@ -128,9 +129,8 @@ class MTPLayer(nn.Layer):
         (raises ``NotImplementedError`` on a tensor-parallel shard)."""
         refuse_training_on_shard(self.tensor_parallel_size, "this MTP layer")
         seq = int(next_ids.shape[1])
-        cos, sin = self.rotary.prefix(seq)
         x = self._fuse(self.target.embed_tokens(next_ids), hidden)
-        return self.finish(self.mtp_block.forward_dense(x, cos, sin, bias))
+        return self.finish(self.mtp_block.forward_dense(x, DenseStep(*self.rotary.prefix(seq), bias)))
 
 
 class MTPStack(nn.Layer):

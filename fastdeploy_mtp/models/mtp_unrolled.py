@@ -31,6 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 import paddle
 
+from .layers import DenseStep
 from .mtp_layer import MTPLayer
 
 #: Additive mask value for a key a query must not see.
@@ -96,5 +97,5 @@ def unrolled_mtp_forward(
             values.append(rows[(li, j)][2])
         x = rows[(li, k)][0]
         kv = (paddle.concat(keys, axis=2), paddle.concat(values, axis=2))
-        outs.append(layer.finish(layer.mtp_block.forward_dense(x, cos, sin, depth_bias(s, k), kv)))
+        outs.append(layer.finish(layer.mtp_block.forward_dense(x, DenseStep(cos, sin, depth_bias(s, k)), kv)))
     return outs

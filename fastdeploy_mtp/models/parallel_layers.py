@@ -86,7 +86,23 @@ class ColumnParallelLinear(nn.Linear):
         self.tensor_parallel_size = tensor_parallel_size
 
 
-class RowParallelLinear(nn.Linear):
+class _CollectiveLinear(nn.Linear):
+    """A bias-free Linear over this rank's shard whose output, with ``tensor_parallel_size > 1``,
+    goes through :meth:`collect` (the collective that makes it the same on every rank)."""
+
+    def __init__(self, in_features: int, out_features: int, tensor_parallel_size: int):
+        super().__init__(in_features, out_features, bias_attr=False)
+        self.tensor_parallel_size = tensor_parallel_size
+
+    def collect(self, y: paddle.Tensor) -> paddle.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        y = super().forward(x)
+        return self.collect(y) if self.tensor_parallel_size > 1 else y
+
+
+class RowParallelLinear(_CollectiveLinear):
     """``y = sum_r x_r @ W[r*in/tp:(r+1)*in/tp, :]``: ``x_r [..., in/tp]`` (this rank's slice of
     the input features, as a :class:`ColumnParallelLinear` leaves it) -> ``[..., out]`` float32,
     the same on every rank (``all_reduce`` sum). No bias.
@@ -98,14 +114,10 @@ class RowParallelLinear(nn.Linear):
     shard_axes = {"weight": 0}
 
     def __init__(self, in_features: int, out_features: int, tensor_parallel_size: int = 1):
-        super().__init__(_local(in_features, tensor_parallel_size, "in_features"), out_features, bias_attr=False)
-        self.tensor_parallel_size = tensor_parallel_size
+        super().__init__(_local(in_features, tensor_parallel_size, "in_features"), out_features, tensor_parallel_size)
 
-    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        y = super().forward(x)
-        if self.tensor_parallel_size > 1:
-            y = distributed.all_reduce_sum(y)
-        return y
+    def collect(self, y: paddle.Tensor) -> paddle.Tensor:
+        return distributed.all_reduce_sum(y)
 
 
 class VocabParallelEmbedding(nn.Embedding):
@@ -140,7 +152,7 @@ class VocabParallelEmbedding(nn.Embedding):
         return distributed.all_reduce_sum(out)
 
 
-class ParallelLMHead(nn.Linear):
+class ParallelLMHead(_CollectiveLinear):
     """LM head with its vocabulary columns split over the ranks: weight ``[H, V/tp]``.
     ``hidden [..., H]`` (replicated) -> full logits ``[..., V]`` float32 on every rank (the
     ranks' ``[..., V/tp]`` slices gathered in rank order). No bias."""
@@ -148,14 +160,10 @@ class ParallelLMHead(nn.Linear):
     shard_axes = {"weight": 1}
 
     def __init__(self, hidden_size: int, vocab_size: int, tensor_parallel_size: int = 1):
-        super().__init__(hidden_size, _local(vocab_size, tensor_parallel_size, "vocab_size"), bias_attr=False)
-        self.tensor_parallel_size = tensor_parallel_size
+        super().__init__(hidden_size, _local(vocab_size, tensor_parallel_size, "vocab_size"), tensor_parallel_size)
 
-    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        y = super().forward(x)
-        if self.tensor_parallel_size > 1:
-            y = distributed.all_gather_last_axis(y)
-        return y
+    def collect(self, y: paddle.Tensor) -> paddle.Tensor:
+        return distributed.all_gather_last_axis(y)
 
 
 def shard_axes(layer: nn.Layer) -> dict[str, int]:

@@ -8,7 +8,7 @@ import paddle.nn as nn
 
 from .attention import ReferenceAttentionBackend
 from .forward_meta import ForwardMeta
-from .layers import DecoderLayer, RMSNorm, RotaryEmbedding
+from .layers import DecoderLayer, DenseStep, PagedStep, RMSNorm, RotaryEmbedding
 from .model_config import ModelConfig
 from .parallel_layers import ParallelLMHead, VocabParallelEmbedding, check_tensor_parallel, refuse_training_on_shard
 
@@ -92,9 +92,10 @@ class TinyTargetModel(nn.Layer):
         if plan.max_position is not None:  # validated on the host (ForwardMeta.check)
             self.rotary.check_position(plan.max_position)
         cos, sin = self.rotary.lookup(plan.positions, check=False)
+        step = PagedStep(cos, sin, self.attn_backend, forward_meta)
         h = self.embed_tokens(ids_remove_padding)
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, self.attn_backend, i, forward_meta)
+            h = layer(h, step, i)
         if self.config.mtp_hidden_state == "post_norm":
             h = self.norm(h)
         return h
@@ -128,10 +129,10 @@ class TinyTargetModel(nn.Layer):
         """
         refuse_training_on_shard(self.tensor_parallel_size, "this model")
         seq = int(ids.shape[1])
-        cos, sin = self.rotary.prefix(seq)
+        step = DenseStep(*self.rotary.prefix(seq), bias)
         h = self.embed_tokens(ids)
         for layer in self.layers:
-            h = layer.forward_dense(h, cos, sin, bias)
+            h = layer.forward_dense(h, step)
         return h, self.norm(h)
 
     def mtp_hidden(self, pre_norm: paddle.Tensor, post_norm: paddle.Tensor) -> paddle.Tensor:

@@ -10,10 +10,10 @@ import paddle
 import pytest
 
 from fastdeploy_mtp.engine_args import build_config, speculative_config
-from fastdeploy_mtp.models import ByteTokenizer, ModelConfig as ArchConfig, MTPLayer, TinyTargetModel, load_tiny
+from fastdeploy_mtp.models import ByteTokenizer, MTPLayer, TinyTargetModel, load_tiny
 from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import GenerationError, InvalidRequestError, Request
-from tests.engine_testlib import make_config
+from tests.engine_testlib import make_config, tiny_arch
 
 TOK = ByteTokenizer()
 K, STEPS, SLOTS, MAX_LEN = 3, 3, 4, 96
@@ -267,17 +267,7 @@ def test_positions_beyond_the_models_rope_table_are_refused():
     """A model that encodes fewer positions than `max_model_len`: a request that would reach
     them is refused at submission; one exactly at the bound runs."""
     paddle.seed(7)
-    arch = ArchConfig(
-        vocab_size=64,
-        ori_vocab_size=60,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        block_size=8,
-        max_position_embeddings=40,
-    )
+    arch = tiny_arch(num_hidden_layers=1, max_position_embeddings=40)
     target = TinyTargetModel(arch)
     mtp = MTPLayer(arch, target)
     engine = Engine(make_config(3, steps=3, eos=(63,), max_model_len=96), target, mtp)

@@ -4,25 +4,16 @@ weights."""
 import numpy as np
 import paddle
 
-from fastdeploy_mtp.models import ModelConfig, MTPLayer, TinyTargetModel
+from fastdeploy_mtp.models import MTPLayer, TinyTargetModel
+from tests.engine_testlib import tiny_arch
 
 
 def small_config(**overrides):
-    """Tiny shapes so the whole directory runs in seconds: H=32, 4 q heads, 2 kv heads,
-    head_dim 8, vocab 40 padded from 37, block size 4."""
-    base = dict(
-        vocab_size=40,
-        ori_vocab_size=37,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=48,
-        block_size=4,
-        max_position_embeddings=512,
-    )
-    base.update(overrides)
-    return ModelConfig(**base)
+    """Tiny shapes so the whole directory runs in seconds: the engine tests' H=32, 4 q heads,
+    2 kv heads (head_dim 8), with vocab 40 padded from 37, SwiGLU width 48, block size 4 and
+    a 512-position RoPE table; `overrides` replace any field."""
+    small = dict(vocab_size=40, ori_vocab_size=37, intermediate_size=48, block_size=4, max_position_embeddings=512)
+    return tiny_arch(**{**small, **overrides})
 
 
 def randomize(layer, seed):

@@ -11,19 +11,12 @@ from fastdeploy_mtp.models import ModelConfig, TinyTargetModel, causal_bias, loa
 from fastdeploy_mtp.models.mtp_layer import MTPLayer, MTPStack, build_mtp, mtp_layers_of
 from fastdeploy_mtp.models.mtp_unrolled import depth_bias, unrolled_mtp_forward
 
+from models_testlib import small_config
+
 
 def small(layers=1):
     paddle.seed(7)
-    cfg = ModelConfig(
-        vocab_size=40,
-        ori_vocab_size=36,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=48,
-        num_nextn_predict_layers=layers,
-    )
+    cfg = small_config(ori_vocab_size=36, num_hidden_layers=1, num_nextn_predict_layers=layers)
     target = TinyTargetModel(cfg)
     return cfg, target, build_mtp(cfg, target)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.compare import assert_all_exact, assert_rejected
+from tests.compare import assert_all_exact, assert_bad_input_rejected
 from tests.reference.draft_model_preprocess import NAMES, draft_model_preprocess as reference
 
 OP = "draft_model_preprocess"
@@ -259,10 +259,7 @@ BAD = {
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
-    index, build, name = BAD[case]
-    tensors = make_state(np.random.default_rng(1), 4, 3)
-    tensors[index] = build(tensors)
-    assert_rejected(backend, OP, NAMES, tensors, name, (1, False))
+    assert_bad_input_rejected(backend, OP, NAMES, BAD[case], make_state(np.random.default_rng(1), 4, 3), (1, False))
 
 
 def test_num_model_step_below_one_is_rejected(backend):

@@ -8,6 +8,7 @@ creator's own process attaches with use_ipc=False (upstream's XPU attr)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import struct
@@ -111,9 +112,27 @@ def _spawn(script: str, name: str) -> subprocess.Popen:
     )
 
 
-def test_xpu_ipc_between_two_processes_writes_both_ways_and_tears_down_clean(name):
-    creator = _spawn(CREATOR, name)
+@contextlib.contextmanager
+def _child(script: str, name: str, ok: str):
+    """`script` in a child process (see _spawn) for the body of the with statement; then the
+    child is told "done" and must exit 0 having printed `ok` and leaving neither the segment
+    nor a device region behind. If the body fails, the child is killed instead."""
+    child = _spawn(script, name)
     try:
+        yield child
+        child.stdin.write("done\n")
+        child.stdin.flush()
+        out, _ = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert child.returncode == 0 and ok in out, out
+    assert not (SHM / name).exists() and regions(child.pid) == []
+
+
+def test_xpu_ipc_between_two_processes_writes_both_ways_and_tears_down_clean(name):
+    with _child(CREATOR, name, "CREATOR-OK") as creator:
         ready = creator.stdout.readline().split()
         assert ready[:1] == ["READY"], ready
         size, nproc, handle, kind, data_bytes, pid, ptr = header(name)
@@ -143,15 +162,6 @@ def test_xpu_ipc_between_two_processes_writes_both_ways_and_tears_down_clean(nam
         _kernels.unset_data_ipc(att, name, True, False)  # attacher's teardown
         del theirs
         assert att.closed and mapped(region) == 0  # xpu_ipc_close_memhandle ran
-        creator.stdin.write("done\n")
-        creator.stdin.flush()
-        out, _ = creator.communicate(timeout=30)
-    finally:
-        if creator.poll() is None:
-            creator.kill()
-            creator.communicate()
-    assert creator.returncode == 0 and "CREATOR-OK" in out, out
-    assert not (SHM / name).exists() and regions(creator.pid) == []
 
 
 def test_use_ipc_false_in_the_creating_process_reuses_the_device_pointer(name):
@@ -303,8 +313,7 @@ HOLDER = textwrap.dedent(
 def test_opening_an_emulated_region_others_can_access_is_refused(name):
     """The emulated XRE opens a handle's device region only if it is a mode-0600 region of
     this uid (xpu_malloc's): a region made group/other-accessible is refused."""
-    holder = _spawn(HOLDER, name)
-    try:
+    with _child(HOLDER, name, "HOLDER-OK") as holder:
         assert holder.stdout.readline().strip() == "READY"
         region = regions(holder.pid)[0]
         os.chmod(SHM / region, 0o666)
@@ -318,12 +327,3 @@ def test_opening_an_emulated_region_others_can_access_is_refused(name):
             os.chmod(SHM / region, 0o600)
             att = _kernels.share_external_data(np.empty((), np.float32), name, [8], True)
         _kernels.unset_data_ipc(att, name, True, False)
-        holder.stdin.write("done\n")
-        holder.stdin.flush()
-        out, _ = holder.communicate(timeout=30)
-    finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.communicate()
-    assert holder.returncode == 0 and "HOLDER-OK" in out, out
-    assert not (SHM / name).exists() and regions(holder.pid) == []

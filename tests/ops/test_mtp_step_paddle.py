@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.compare import assert_all_exact, assert_rejected
+from tests.compare import assert_all_exact, assert_bad_input_rejected
 from tests.reference.mtp_step_paddle import NAMES, mtp_step_paddle as reference
 
 OP = "mtp_step_paddle"
@@ -169,10 +169,7 @@ BAD = {
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
-    index, build, name = BAD[case]
-    tensors = make_state(np.random.default_rng(5), 6, 3)
-    tensors[index] = build(tensors)
-    assert_rejected(backend, OP, NAMES, tensors, name, (4, 3))
+    assert_bad_input_rejected(backend, OP, NAMES, BAD[case], make_state(np.random.default_rng(5), 6, 3), (4, 3))
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.compare import assert_all_exact, assert_rejected
-from tests.ops.ngram_cases import MATCH_NAMES as NAMES, match_state
+from tests.compare import assert_all_exact, assert_bad_input_rejected
+from tests.ops.ngram_cases import MATCH_NAMES as NAMES, assert_same_without_worker_threads, match_state
 from tests.reference.ngram import ngram_match as reference
 
 OP = "ngram_match"
@@ -141,10 +141,7 @@ BAD = {
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
-    index, build, name = BAD[case]
-    tensors = _valid()
-    tensors[index] = build(tensors)
-    assert_rejected(backend, OP, NAMES, tensors, name, attrs=(3, 3, 128, 0))
+    assert_bad_input_rejected(backend, OP, NAMES, BAD[case], _valid(), attrs=(3, 3, 128, 0))
 
 
 def test_bad_attr_is_named(backend):
@@ -184,17 +181,8 @@ def test_extreme_steps_and_limits_do_not_wrap(backend):
 
 
 def test_failed_worker_thread_creation_runs_the_work_on_the_calling_thread(backend):
-    """A worker std::thread that cannot be created (here: no address space left for its
-    stack, RLIMIT_AS in a child process) used to reach std::terminate; the search now falls
-    back to the calling thread and the result does not change."""
-    from tests.ops.child_process import run_in_child
-
     t = match_state(np.random.default_rng(5), 64, vocab=3, prompt_max=400, hist_max=300, k=4, p_idle=0.0, p_prefill=0.0)
-    attrs = (3, 4, 10**6, 16)  # 16 worker threads asked for
-    want = reference(*t, *attrs)
-    backend.run(OP, t, attrs)  # everything the call needs is loaded before the limit
-    got = run_in_child(lambda: backend.run(OP, t, attrs), timeout=120, address_space_headroom=2 << 20)
-    assert_all_exact(NAMES, got, want, context=f"{backend.name}, no threads")
+    assert_same_without_worker_threads(backend, OP, NAMES, reference, t, (3, 4, 10**6, 16))
 
 
 def test_length_values_of_2_31_do_not_cost_time(backend):

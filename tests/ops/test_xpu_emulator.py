@@ -24,17 +24,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_local_memory_overflow_fails_the_launch_instead_of_corrupting_memory():
-    with pytest.raises(ValueError, match=r"GM2LM: 128 bytes do not fit the 64-byte local buffer"):
-        _kernels._xpu_emulator_selftest("local_overflow", 2, 4)
-
-
-def test_core_returning_while_others_wait_at_sync_cluster_is_reported():
-    # which side sees it first depends on the (seeded) core order: either message names it
-    with pytest.raises(ValueError, match=r"(returned while|after 1 core\(s\) returned).*a deadlock on hardware"):
-        _kernels._xpu_emulator_selftest("barrier_mismatch", 1, 4)
-
-
 @pytest.mark.parametrize("clusters, cores", [(0, 4), (2, 0), (2, 65)])
 def test_invalid_launch_shape_is_rejected(clusters, cores):
     d, s, e, f = _postprocess_inputs(4, 3, seed=0)
@@ -130,8 +119,8 @@ def test_with_xpu_and_no_sdk_fails_at_configure_naming_the_variable():
 
 
 def _access_selftest(which, clusters, cores):
-    """Runs a self-test that needs the access instrumentation; skips in builds without it
-    (scripts/asan_check.sh), which the wrapper reports by name."""
+    """Runs an emulator self-test; one that needs the access instrumentation skips in builds
+    without it (scripts/asan_check.sh), which the wrapper reports by name."""
     try:
         _kernels._xpu_emulator_selftest(which, clusters, cores)
     except ValueError as e:
@@ -140,24 +129,30 @@ def _access_selftest(which, clusters, cores):
         raise
 
 
-def test_shared_memory_write_reaching_sync_cluster_without_mfence_fails_the_launch():
-    with pytest.raises(ValueError, match=r"core \d+ of cluster \d+ wrote shared memory and reached sync_cluster\(\) "):
-        _access_selftest("missing_mfence", 2, 4)
+# Emulator self-tests whose launch must fail with a message naming what went wrong instead of
+# corrupting memory or hanging: self-test -> (clusters, cores, message pattern).
+FAILING_SELFTESTS = {
+    # a local-memory copy larger than the local buffer
+    "local_overflow": (2, 4, r"GM2LM: 128 bytes do not fit the 64-byte local buffer"),
+    # a core returning while the others wait at sync_cluster; which side sees it first
+    # depends on the (seeded) core order: either message names it
+    "barrier_mismatch": (1, 4, r"(returned while|after 1 core\(s\) returned).*a deadlock on hardware"),
+    # a shared-memory write reaching sync_cluster without mfence
+    "missing_mfence": (2, 4, r"core \d+ of cluster \d+ wrote shared memory and reached sync_cluster\(\) "),
+    # reading another core's local memory
+    "foreign_local": (2, 3, r"core 1 of cluster \d+ read the local memory of another core"),
+    # a stack beyond local memory
+    "stack_overflow": (1, 2, r"used \d+ bytes of stack, more than local memory \(8192 bytes"),
+    # an unknown self-test is rejected by name
+    "nope": (1, 1, r"unknown self-test 'nope'"),
+}
 
 
-def test_reading_another_cores_local_memory_fails_the_launch():
-    with pytest.raises(ValueError, match=r"core 1 of cluster \d+ read the local memory of another core"):
-        _access_selftest("foreign_local", 2, 3)
-
-
-def test_stack_beyond_local_memory_fails_the_launch():
-    with pytest.raises(ValueError, match=r"used \d+ bytes of stack, more than local memory \(8192 bytes"):
-        _kernels._xpu_emulator_selftest("stack_overflow", 1, 2)
-
-
-def test_unknown_selftest_is_rejected_by_name():
-    with pytest.raises(ValueError, match=r"unknown self-test 'nope'"):
-        _kernels._xpu_emulator_selftest("nope", 1, 1)
+@pytest.mark.parametrize("selftest", list(FAILING_SELFTESTS))
+def test_violation_fails_the_launch_naming_it(selftest):
+    clusters, cores, pattern = FAILING_SELFTESTS[selftest]
+    with pytest.raises(ValueError, match=pattern):
+        _access_selftest(selftest, clusters, cores)
 
 
 # ---- Compile-time enforcement of the XTDK dialect ---------------------------------------------

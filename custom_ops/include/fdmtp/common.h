@@ -78,4 +78,9 @@ FDMTP_HOST_DEVICE inline int32_t SatInt32(int64_t v) {
   return static_cast<int32_t>(ClampTo(v, kInt32Min, kInt32Max));
 }
 
+// A length or count read from an int32 tensor, clamped to [0, INT32_MAX]: a negative value
+// counts as 0. Values are clamped, never checked, the same way on every backend (a device
+// kernel cannot check them without a host sync).
+FDMTP_HOST_DEVICE inline int64_t NonNegative(int32_t v) { return v > 0 ? v : 0; }
+
 }  // namespace fdmtp

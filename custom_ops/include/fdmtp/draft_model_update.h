@@ -30,14 +30,11 @@ struct DraftModelUpdateArgs {
   int32_t substep;
 };
 
-// Lengths read clamped to [0, INT32_MAX] (a negative length counts as 0); sums saturate
-// (fdmtp/common.h). So no value, however large or negative, wraps.
-FDMTP_HOST_DEVICE inline int64_t DraftModelUpdateLength(int32_t v) { return v > 0 ? v : 0; }
-
 // `k` = number of items i < b whose input seq_lens_this_time > 0. Returns whether the item
 // counts as "stopped" for not_need_stop (stopped with slt > 0). Every tensor is indexed with
 // its own row width; a column a row does not have is not written (slot substep + 1 of
-// base_model_draft_tokens always exists: the host checks the attr).
+// base_model_draft_tokens always exists: the host checks the attr). Lengths are read with
+// NonNegative and sums saturate (fdmtp/common.h): no value, however large or negative, wraps.
 FDMTP_HOST_DEVICE inline bool DraftModelUpdateItem(const DraftModelUpdateArgs& a, int64_t b,
                                                    int64_t k) {
   const int32_t slt = a.seq_lens_this_time[b];
@@ -49,8 +46,8 @@ FDMTP_HOST_DEVICE inline bool DraftModelUpdateItem(const DraftModelUpdateArgs& a
   FDMTP_GM int64_t* history = a.pre_ids + b * a.pre_ids_len;
   const int64_t tok = k >= 0 && k < a.num_tokens ? a.inter_next_tokens[k] : kPlaceholderToken;
   const bool stopped = a.stop_flags[b];
-  const int64_t enc = DraftModelUpdateLength(a.seq_lens_encoder[b]);
-  const int64_t dec = DraftModelUpdateLength(a.seq_lens_decoder[b]);
+  const int64_t enc = NonNegative(a.seq_lens_encoder[b]);
+  const int64_t dec = NonNegative(a.seq_lens_decoder[b]);
   if (stopped) {
     if (draft != nullptr) draft[0] = kPlaceholderToken;
     if (base_slot != nullptr) *base_slot = kPlaceholderToken;

@@ -28,11 +28,6 @@ struct MtpStepArgs {
   int32_t max_draft_tokens;
 };
 
-// Lengths and counts read from the tensors (seq_lens_decoder, encoder_block_lens,
-// used_list_len): a negative value counts as 0. Values are clamped, never checked, the same
-// way on every backend (a device kernel cannot check them without a host sync).
-FDMTP_HOST_DEVICE inline int64_t MtpStepCount(int32_t v) { return v > 0 ? v : 0; }
-
 // Gives item b's draft blocks back: table slots [enc, enc + used) (enc =
 // encoder_block_lens[b], the prompt's blocks, which stay) that lie inside the row are pushed
 // onto the free list while it has room and set to -1. The loop is bounded by the row, not
@@ -41,8 +36,8 @@ FDMTP_HOST_DEVICE inline int64_t MtpStepCount(int32_t v) { return v > 0 ? v : 0;
 FDMTP_HOST_DEVICE inline void MtpStepRelease(const MtpStepArgs& a, int64_t b,
                                              bool keep_encoder_lens) {
   FDMTP_GM int32_t* row = a.block_tables + b * a.max_blocks;
-  const int64_t start = MtpStepCount(a.encoder_block_lens[b]);
-  const int64_t used = MtpStepCount(a.used_list_len[b]);
+  const int64_t start = NonNegative(a.encoder_block_lens[b]);
+  const int64_t used = NonNegative(a.used_list_len[b]);
   const int64_t end = start + used < a.max_blocks ? start + used : a.max_blocks;
   for (int64_t slot = start; slot < end; ++slot) {
     if (*a.free_list_len < a.free_capacity) a.free_list[(*a.free_list_len)++] = row[slot];
@@ -53,7 +48,7 @@ FDMTP_HOST_DEVICE inline void MtpStepRelease(const MtpStepArgs& a, int64_t b,
 }
 
 FDMTP_HOST_DEVICE inline int64_t MtpStepNeedSlot(const MtpStepArgs& a, int64_t b) {
-  return (MtpStepCount(a.seq_lens_decoder[b]) + a.max_draft_tokens + 1) / a.block_size;
+  return (NonNegative(a.seq_lens_decoder[b]) + a.max_draft_tokens + 1) / a.block_size;
 }
 
 FDMTP_HOST_DEVICE inline bool MtpStepNeedsBlock(const MtpStepArgs& a, int64_t b) {
@@ -102,7 +97,7 @@ FDMTP_HOST_DEVICE inline void MtpStepRun(const MtpStepArgs& a) {
       MtpStepDrop(a, b);  // cannot be served: stopped and reported through batch_drop
       continue;
     }
-    a.used_list_len[b] = SatInt32(MtpStepCount(a.used_list_len[b]) + 1);
+    a.used_list_len[b] = SatInt32(NonNegative(a.used_list_len[b]) + 1);
     a.block_tables[b * a.max_blocks + MtpStepNeedSlot(a, b)] = a.free_list[*a.free_list_len - 1];
     *a.free_list_len -= 1;
   }

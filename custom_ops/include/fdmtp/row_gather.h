@@ -34,9 +34,6 @@ struct RowGatherArgs {
   int64_t bsz;
 };
 
-// Lengths read from int32 tensors; a negative length counts as zero rows.
-FDMTP_HOST_DEVICE inline int64_t NonNegative(int32_t v) { return v > 0 ? v : 0; }
-
 // Item-local source row `local` of an item with `counts`, placed at `in_off`: the global
 // input row, or -1 when the row does not exist (the output row is then zero).
 FDMTP_HOST_DEVICE inline int64_t SourceRow(int64_t local, ItemRows counts, int64_t in_off,

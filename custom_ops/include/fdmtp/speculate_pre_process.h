@@ -48,30 +48,36 @@ FDMTP_HOST_DEVICE inline int64_t SpeculateOffsetAdd(int64_t offset, int64_t coun
   return sum < kInt32Max ? sum : kInt32Max;
 }
 
+// The length of the span [begin, min(next, limit)) (0 when empty): an item's part of a
+// buffer of `limit` entries, whatever its offsets say.
+FDMTP_HOST_DEVICE inline int64_t SpeculateSpanInBounds(int64_t begin, int64_t next, int64_t limit) {
+  const int64_t end = next < limit ? next : limit;
+  return end > begin ? end - begin : 0;
+}
+
 // Tokens of item b that are written: positions cu_seqlens_q[b] .. min(cu_seqlens_q[b + 1],
 // T) - 1 (offsets already written). Bounded by T, whatever the length values say.
 // The *At variants take item b's offsets as values (begin = the offset array's [b], next =
 // its [b + 1]), for kernels that keep the offsets elsewhere (XPU3: in shared memory).
 FDMTP_HOST_DEVICE inline int64_t SpeculateTokensInBoundsAt(const SpeculatePreProcessArgs& a,
                                                            int64_t begin, int64_t next) {
-  const int64_t end = next < a.token_num ? next : a.token_num;
-  return end > begin ? end - begin : 0;
+  return SpeculateSpanInBounds(begin, next, a.token_num);
 }
 FDMTP_HOST_DEVICE inline int64_t SpeculateTokensInBounds(const SpeculatePreProcessArgs& a,
                                                          int64_t b) {
-  return SpeculateTokensInBoundsAt(a, a.cu_seqlens_q[b], a.cu_seqlens_q[b + 1]);
+  return SpeculateSpanInBounds(a.cu_seqlens_q[b], a.cu_seqlens_q[b + 1], a.token_num);
 }
 
 // Output rows of item b that are written: cu_seq_lens_q_output[b] ..
 // min(cu_seq_lens_q_output[b + 1], N * W) - 1.
 FDMTP_HOST_DEVICE inline int64_t SpeculateRowsInBoundsAt(const SpeculatePreProcessArgs& a,
                                                          int64_t begin, int64_t next) {
-  const int64_t end = next < a.output_capacity ? next : a.output_capacity;
-  return end > begin ? end - begin : 0;
+  return SpeculateSpanInBounds(begin, next, a.output_capacity);
 }
 FDMTP_HOST_DEVICE inline int64_t SpeculateRowsInBounds(const SpeculatePreProcessArgs& a,
                                                        int64_t b) {
-  return SpeculateRowsInBoundsAt(a, a.cu_seq_lens_q_output[b], a.cu_seq_lens_q_output[b + 1]);
+  return SpeculateSpanInBounds(a.cu_seq_lens_q_output[b], a.cu_seq_lens_q_output[b + 1],
+                               a.output_capacity);
 }
 
 // Token i < SpeculateTokensInBounds(a, b) of item b (offsets already written).

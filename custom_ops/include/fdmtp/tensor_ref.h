@@ -101,6 +101,11 @@ class ArgChecker {
   // A matrix of at least n rows: rank 2 and shape[0] >= n (batch size taken from `source`);
   // rows past n are not read.
   void Rows(const TensorRef& t, int64_t n, const TensorRef& source) const;
+  // PerItem and Rows of each tensor in turn (the first failing one is reported).
+  void PerItem(std::initializer_list<const TensorRef*> tensors, int64_t n,
+               const TensorRef& source) const;
+  void Rows(std::initializer_list<const TensorRef*> tensors, int64_t n,
+            const TensorRef& source) const;
   // Non-negative dimensions whose element count (and byte count) fits in int64, and memory
   // behind a non-empty tensor (a raw-pointer tuple may carry address 0).
   void Storage(const TensorRef& t) const;
