@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 
 from fastdeploy_mtp.distributed import find_free_port_range  # noqa: E402
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
-from tests.serving.servers import ServerProcess  # noqa: E402
+from tests.support.servers import ServerProcess  # noqa: E402
 
 NO_SPEC = ["--speculative-config", '{"method": null}']
 HYBRID = ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3, "mtp_strategy": "with_ngram"}']

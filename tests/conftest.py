@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.backends import ALL_BACKENDS, DEFAULT_BACKENDS, availability, required_backends, usable_or_skip
+from tests.support.backends import ALL_BACKENDS, DEFAULT_BACKENDS, availability, required_backends, usable_or_skip
 
 _REQUIRED = required_backends()
 for _name in _REQUIRED:
@@ -42,7 +42,7 @@ def backend(request):
 
 @pytest.fixture(scope="session")
 def random_model():
-    """(target, mtp) with random weights: see tests/engine_testlib.py."""
-    from tests.engine_testlib import build_random_model
+    """(target, mtp) with random weights: see tests/support/engines.py."""
+    from tests.support.engines import build_random_model
 
     return build_random_model()

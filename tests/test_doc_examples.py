@@ -50,7 +50,7 @@ def namespace() -> dict:
 
 
 def test_every_kernel_op_with_a_section_has_an_example():
-    from tests.op_declarations import DECLARED, HOST_ONLY
+    from tests.support.op_declarations import DECLARED, HOST_ONLY
 
     missing = sorted(op for op in DECLARED if op not in HOST_ONLY and op not in EXAMPLES)
     # the ops whose sections carry no example yet are listed here, so a new one is noticed

@@ -13,9 +13,6 @@ from pathlib import Path
 
 import pytest
 
-# layout v2 (issue in progress): removed once the split lands
-pytestmark = pytest.mark.xfail(strict=False, reason="layout v2 in progress")
-
 PACKAGE = "fastdeploy_mtp"
 ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 

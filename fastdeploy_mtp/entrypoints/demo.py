@@ -14,7 +14,7 @@ from .demo_report import check_plot_path, comparison_table, plot_acceptance
 from .offline import METRICS_LEGEND, add_offline_args, emit_json, resolve_offline_args, run_prompts
 
 if TYPE_CHECKING:
-    from ..runtime.metrics import Metrics
+    from ..runtime.engine_metrics import Metrics
 
 #: ``demo``'s batch slots by default: one prompt at a time, where speculation pays most on a
 #: CPU (see :func:`batch_note`).

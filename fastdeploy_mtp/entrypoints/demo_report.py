@@ -10,7 +10,7 @@ from ..engine_args import UsageError
 from .offline import CommandError, per_position_text
 
 if TYPE_CHECKING:
-    from ..runtime.metrics import Metrics
+    from ..runtime.engine_metrics import Metrics
 
 
 def table(rows: list[list[str]]) -> str:

@@ -22,7 +22,7 @@ from ..runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # Paddle-backed modules are imported only when a command runs
     from ..config import SpeculativeConfig
-    from ..runtime.metrics import Metrics
+    from ..runtime.engine_metrics import Metrics
     from ..runtime.request import Request
 
 #: What the printed metrics mean (shown under the demo table and the ``generate`` summary).

@@ -1,4 +1,4 @@
-"""``fastdeploy-mtp router``: the options of :func:`fastdeploy_mtp.serving.router.run_router`."""
+"""``fastdeploy-mtp router``: the options of :func:`fastdeploy_mtp.serving.router_server.run_router`."""
 
 from __future__ import annotations
 
@@ -45,9 +45,9 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_router(args: argparse.Namespace) -> int:
-    """``fastdeploy-mtp router``: see :mod:`fastdeploy_mtp.serving.router`."""
-    from ..serving.router import RouterOptions, run_router
+    """``fastdeploy-mtp router``: see :mod:`fastdeploy_mtp.serving.router_server`."""
     from ..serving.router_backend import check_instance_url
+    from ..serving.router_server import RouterOptions, run_router
 
     urls: dict[str, list[str]] = {}
     for role in ("prefill", "decode"):

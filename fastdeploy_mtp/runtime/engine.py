@@ -15,8 +15,8 @@ import numpy as np
 
 from ..config import FDConfig
 from ..models.interfaces import MTPModel, TargetModel
+from .engine_metrics import Metrics
 from .events import HandedOffRequest, StepEvents
-from .metrics import Metrics
 from .request import GenerationError, InvalidRequestError, Request, RequestType
 from .sampling_params import TokenLogprob
 from .scheduler import Scheduler

@@ -54,7 +54,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..runtime.metrics import Metrics
+from ..runtime.engine_metrics import Metrics
 from ..runtime.scheduler import Scheduler
 
 PREFIX = "fastdeploy:"

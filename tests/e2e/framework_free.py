@@ -11,7 +11,7 @@ outputs the Paddle wrappers would allocate and calls ``_kernels``; ``host``, ``s
 ``float32``), and :class:`FrameworkFreeMTP` is its ``TargetStepModel`` and ``DraftStepModel``
 (the toy forwards, logits and greedy sampling). The backends live here, not in the package:
 they exist only to test the kernels end to end, pick torch or CuPy the way the op tests do
-(``tests/backends.py``), and the package never runs without Paddle.
+(``tests/support/backends.py``), and the package never runs without Paddle.
 
 One step, as the engine runs it:
 
@@ -63,7 +63,7 @@ from fastdeploy_mtp.runtime.spec_step import (
     target_step,
 )
 
-#: The framework-free backends, by their op-test names (tests/backends.py).
+#: The framework-free backends, by their op-test names (tests/support/backends.py).
 FRAMEWORK_FREE_BACKENDS = ("kernels-cpu", "cuda-emu", "xpu-emu", "cuda")
 
 # ---------------------------------------------------------------------------------------------
@@ -218,8 +218,8 @@ class CupyCudaBackend(ArrayBackend):
 
 def make_backend(name: str) -> tuple[ArrayBackend | None, str]:
     """(backend, "") if the framework-free backend ``name`` is usable here, else (None, the
-    reason it is not). Availability is decided as for the op tests (tests/backends.py)."""
-    from tests.backends import availability
+    reason it is not). Availability is decided as for the op tests (tests/support/backends.py)."""
+    from tests.support.backends import availability
 
     if name not in FRAMEWORK_FREE_BACKENDS:
         raise ValueError(f"`name` must be one of {FRAMEWORK_FREE_BACKENDS}, got {name!r}")

@@ -13,7 +13,7 @@ from fastdeploy_mtp.engine_args import build_config, speculative_config
 from fastdeploy_mtp.models import ByteTokenizer, MTPLayer, TinyTargetModel, load_tiny
 from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import GenerationError, InvalidRequestError, Request
-from tests.engine_testlib import make_config, tiny_arch
+from tests.support.engines import make_config, tiny_arch
 
 TOK = ByteTokenizer()
 K, STEPS, SLOTS, MAX_LEN = 3, 3, 4, 96

@@ -34,7 +34,6 @@ import pytest
 
 from fastdeploy_mtp import _kernels
 from fastdeploy_mtp.ops._op_wrappers import VerifyStrategy
-from tests.backends import required_backends, usable_or_skip
 from tests.e2e.framework_free import (
     FRAMEWORK_FREE_BACKENDS,
     FrameworkFreeMTP,
@@ -45,6 +44,7 @@ from tests.e2e.framework_free import (
     greedy_reference,
     make_backend,
 )
+from tests.support.backends import required_backends, usable_or_skip
 
 REPO = Path(__file__).resolve().parents[2]
 _REQUIRED = required_backends()

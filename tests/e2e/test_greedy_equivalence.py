@@ -8,7 +8,7 @@ import pytest
 
 from fastdeploy_mtp.models import greedy_generate
 from fastdeploy_mtp.runtime.engine import Engine
-from tests.engine_testlib import EOS, make_config, make_requests
+from tests.support.engines import EOS, make_config, make_requests
 
 
 def run(model, cfg, requests, chunk=0, trace=False):

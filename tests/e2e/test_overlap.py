@@ -10,7 +10,7 @@ import paddle
 import pytest
 
 from fastdeploy_mtp.runtime.engine import Engine
-from tests.engine_testlib import make_config, make_requests
+from tests.support.engines import make_config, make_requests
 
 HOST_READS = ("numpy", "item", "tolist")
 #: Code that must not read device values back during a steady-state round.

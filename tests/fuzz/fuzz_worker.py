@@ -107,7 +107,7 @@ def run_case(case: tuple) -> tuple:
                 if not isinstance(cause, ValueError):
                     return ("exception", type(cause).__name__, str(cause))
                 return ("error", str(cause), failed.changed)
-            from tests.op_declarations import DECLARED
+            from tests.support.op_declarations import DECLARED
 
             # the allocated outputs, in declaration order, by name (as _kernels takes them)
             names = [o["name"] for o in DECLARED[op].get("outputs", [])]

@@ -63,7 +63,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fastdeploy_mtp
-from tests.op_declarations import DECLARED, HOST_ONLY, base_dtype
+from tests.support.op_declarations import DECLARED, HOST_ONLY, base_dtype
 
 from .fuzz_worker import EVERY_OTHER_ROW
 from .references import REFERENCES, compare_with_reference

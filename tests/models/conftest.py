@@ -1,5 +1,5 @@
-"""Fixtures for the model tests. Helpers live in ``models_testlib.py`` and the numpy
-reference in ``mtp_numpy_reference.py`` (unique module names, importable from this directory)."""
+"""Fixtures for the model tests. Helpers live in ``tests/support/models.py`` and the numpy
+reference in ``mtp_numpy_reference.py`` (a unique module name, importable from this directory)."""
 
 import os
 import sys
@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from models_testlib import build_models, small_config  # noqa: E402
+from tests.support.models import build_models, small_config  # noqa: E402
 
 
 @pytest.fixture

@@ -21,8 +21,7 @@ from fastdeploy_mtp.models import (
     make_forward_meta,
 )
 from fastdeploy_mtp.models.layers import RotaryEmbedding
-
-from models_testlib import build_models, small_config
+from tests.support.models import build_models, small_config
 
 HEAD_DIM = 4
 

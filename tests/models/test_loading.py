@@ -17,9 +17,9 @@ from fastdeploy_mtp.models import (
     load_state_strict,
     make_forward_meta,
 )
+from tests.support.models import build_models, small_config
 
 import mtp_numpy_reference as ref
-from models_testlib import build_models, small_config
 
 # float32 Paddle vs float64 numpy
 ATOL, RTOL = 1e-4, 1e-4

@@ -10,8 +10,7 @@ import pytest
 from fastdeploy_mtp.models import ModelConfig, TinyTargetModel, causal_bias, load_tiny, save_tiny
 from fastdeploy_mtp.models.mtp_layer import MTPLayer, MTPStack, build_mtp, mtp_layers_of
 from fastdeploy_mtp.models.mtp_unrolled import depth_bias, unrolled_mtp_forward
-
-from models_testlib import small_config
+from tests.support.models import small_config
 
 
 def small(layers=1):

@@ -6,9 +6,9 @@ import paddle
 import pytest
 
 from fastdeploy_mtp.models import causal_bias, contiguous_block_tables, make_forward_meta
+from tests.support.models import build_models, small_config
 
 import mtp_numpy_reference as ref
-from models_testlib import build_models, small_config
 
 # float32 Paddle vs float32 Paddle (same math, different summation order / caching)
 ATOL_SAME, RTOL_SAME = 2e-5, 2e-5

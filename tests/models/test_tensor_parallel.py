@@ -29,7 +29,7 @@ from fastdeploy_mtp.models import (
     shard_axes,
 )
 from fastdeploy_mtp.models.tiny import WEIGHTS_FILE
-from tests.tp_testlib import run_ranks
+from tests.support.tp import run_ranks
 
 ROW_TOL = 1e-5  # row-parallel sums in another order: float32 rounding only
 

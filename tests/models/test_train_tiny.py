@@ -15,8 +15,7 @@ from fastdeploy_mtp.models import (
     make_forward_meta,
     score_windows,
 )
-
-from models_testlib import build_models, small_config
+from tests.support.models import build_models, small_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY_ARGS = [

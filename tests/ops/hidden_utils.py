@@ -1,11 +1,11 @@
 """Helpers shared by the hidden-state and logits op tests: float tensors of every dtype,
-bfloat16 carried as uint16 bit patterns (see tests/backends.py)."""
+bfloat16 carried as uint16 bit patterns (see tests/support/backends.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tests.compare import assert_bit_exact, assert_exact
+from tests.support.compare import assert_bit_exact, assert_exact
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 

@@ -98,8 +98,8 @@ def assert_same_without_worker_threads(backend, op: str, names, reference, tenso
     """A worker std::thread that cannot be created (no address space left for its stack:
     RLIMIT_AS in a child process) used to reach std::terminate; the search now falls back to
     the calling thread. `attrs` ask for worker threads; the result must match the reference."""
-    from tests.compare import assert_all_exact
     from tests.ops.child_process import run_in_child
+    from tests.support.compare import assert_all_exact
 
     want = reference(*tensors, *attrs)
     backend.run(op, tensors, attrs)  # everything the call needs is loaded before the limit

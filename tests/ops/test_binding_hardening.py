@@ -8,7 +8,7 @@ import pytest
 
 import fastdeploy_mtp.ops as ops
 from fastdeploy_mtp import _kernels
-from tests.op_declarations import DECLARED, base_dtype
+from tests.support.op_declarations import DECLARED, base_dtype
 
 
 def _dtype(decl: dict, tensor: dict) -> str:

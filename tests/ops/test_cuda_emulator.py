@@ -12,8 +12,8 @@ import ctypes
 import numpy as np
 import pytest
 
-from tests.ops.test_draft_model_postprocess import make_state
 from tests.reference.draft_model_postprocess import draft_model_postprocess as ref_postprocess
+from tests.support.op_states import postprocess_state as make_state
 
 _kernels = pytest.importorskip("fastdeploy_mtp._kernels")
 
@@ -148,7 +148,7 @@ def test_engine_generates_the_same_tokens_with_its_ops_on_the_cuda_emulator(requ
     import fastdeploy_mtp.ops as ops
     from fastdeploy_mtp.ops._loader import _LIBRARY
     from fastdeploy_mtp.runtime.engine import Engine
-    from tests.engine_testlib import make_config, make_requests
+    from tests.support.engines import make_config, make_requests
 
     target, mtp = random_model
     cfg = make_config(2, 2, True, max_num_seqs=4)

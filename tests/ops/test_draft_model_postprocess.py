@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.compare import assert_all_exact, assert_bad_input_rejected, assert_exact
 from tests.reference.draft_model_postprocess import draft_model_postprocess as reference
+from tests.support.compare import assert_all_exact, assert_bad_input_rejected, assert_exact
+from tests.support.op_states import SENTINEL, postprocess_state as make_state
 
 OP = "draft_model_postprocess"
 NAMES = (
@@ -15,16 +16,6 @@ NAMES = (
     "base_model_seq_lens_encoder",
     "base_model_stop_flags",
 )
-SENTINEL = -999  # pre-filled into seq_lens_this_time so a missed write shows
-
-
-def make_state(rng, bsz, width, *, p_stop=0.2, p_prefill=0.2, p_hole=0.4):
-    draft = rng.integers(0, 50_000, size=(bsz, width), dtype=np.int64)
-    draft[rng.random((bsz, width)) < p_hole] = -1
-    slt = np.full((bsz,), SENTINEL, dtype=np.int32)
-    enc = np.where(rng.random(bsz) < p_prefill, rng.integers(1, 4096, size=bsz), 0).astype(np.int32)
-    stop = rng.random((bsz, 1)) < p_stop
-    return [draft, slt, enc, stop]
 
 
 def check(backend, tensors, context):

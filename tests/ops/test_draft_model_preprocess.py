@@ -5,43 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.compare import assert_all_exact, assert_bad_input_rejected
 from tests.reference.draft_model_preprocess import NAMES, draft_model_preprocess as reference
+from tests.support.compare import assert_all_exact, assert_bad_input_rejected
+from tests.support.op_states import preprocess_state as make_state
 
 OP = "draft_model_preprocess"
-
-
-def make_state(rng, bsz, k, *, num_model_step=1, pre_len=64, prompt_len=48, mix=None):
-    """A random mid-run batch: prefill, decode, stopped and near-max_dec_len items."""
-    w = k + 1
-    mix = mix or {"prefill": 0.25, "decode": 0.45, "stopped": 0.15, "near_max": 0.15}
-    kinds = rng.choice(list(mix), size=bsz, p=np.array(list(mix.values())) / sum(mix.values()))
-    max_dec = rng.integers(20, 40, size=(bsz, 1)).astype(np.int64)
-    tgt_step = rng.integers(1, 15, size=(bsz, 1)).astype(np.int64)
-    near = kinds == "near_max"
-    tgt_step[near, 0] = max_dec[near, 0] - rng.integers(0, num_model_step + 1, size=near.sum())
-    enc = np.where(kinds == "prefill", rng.integers(1, prompt_len, size=bsz), 0).astype(np.int32)
-    accept_num = rng.integers(1, w + 1, size=bsz).astype(np.int32)
-    tensors = [
-        rng.integers(0, 1000, size=(bsz, w)).astype(np.int64),  # draft_tokens
-        rng.integers(0, 1000, size=(bsz, prompt_len)).astype(np.int64),  # input_ids
-        rng.random((bsz, 1)) < 0.5,  # stop_flags (overwritten for every item)
-        np.full(bsz, -999, np.int32),  # seq_lens_this_time (sentinel)
-        enc,
-        rng.integers(0, 100, size=bsz).astype(np.int32),  # seq_lens_decoder
-        np.full((bsz, 1), -999, np.int64),  # step_idx (sentinel)
-        np.array([rng.random() < 0.5]),  # not_need_stop
-        rng.integers(-1, 1000, size=(bsz, pre_len)).astype(np.int64),  # pre_ids
-        rng.integers(0, 1000, size=(bsz, w)).astype(np.int64),  # accept_tokens
-        accept_num,
-        rng.integers(0, 50, size=bsz).astype(np.int32),  # target seq_lens_encoder (unused)
-        rng.integers(10, 100, size=bsz).astype(np.int32),  # target seq_lens_decoder
-        tgt_step,
-        (kinds == "stopped").reshape(bsz, 1),  # target stop flags
-        max_dec,
-        rng.integers(0, 1000, size=(bsz, w)).astype(np.int64),  # target draft tokens
-    ]
-    return tensors
 
 
 def check(backend, tensors, num_model_step=1, is_splitwise_prefill=False, context=""):

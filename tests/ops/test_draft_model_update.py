@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.compare import assert_all_exact, assert_bad_input_rejected
 from tests.reference.draft_model_update import NAMES, draft_model_update as reference
+from tests.support.compare import assert_all_exact, assert_bad_input_rejected
 
 OP = "draft_model_update"
 MAX_SEQ_LEN = 64

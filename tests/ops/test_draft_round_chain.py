@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.compare import assert_all_exact
-from tests.ops.test_draft_model_preprocess import make_state as preprocess_state
 from tests.reference.draft_model_postprocess import draft_model_postprocess as ref_post
 from tests.reference.draft_model_preprocess import NAMES as PRE, draft_model_preprocess as ref_pre
 from tests.reference.draft_model_update import NAMES as UPD, draft_model_update as ref_upd
 from tests.reference.speculate_pre_process import INPUTS as SPP_IN, OUTPUTS as SPP_OUT, speculate_pre_process as ref_spp
+from tests.support.compare import assert_all_exact
+from tests.support.op_states import preprocess_state
 
 POST = (
     "base_model_draft_tokens",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.compare import assert_rejected
 from tests.ops.hidden_utils import FLOAT_DTYPES, check_row_gather, random_floats
 from tests.reference.hidden_states import eagle_get_self_hidden_states as reference
+from tests.support.compare import assert_rejected
 
 OP = "eagle_get_self_hidden_states"
 NAMES = ("input", "last_seq_lens_this_time", "seq_lens_this_time", "seq_lens_encoder")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.compare import assert_all_exact, assert_bad_input_rejected
 from tests.ops.ngram_cases import HYBRID_NAMES as NAMES, assert_same_without_worker_threads, hybrid_state
 from tests.reference.ngram import hybrid_mtp_ngram as reference
+from tests.support.compare import assert_all_exact, assert_bad_input_rejected
 
 OP = "hybrid_mtp_ngram"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.compare import assert_all_exact, assert_bad_input_rejected
 from tests.reference.mtp_step_paddle import NAMES, mtp_step_paddle as reference
+from tests.support.compare import assert_all_exact, assert_bad_input_rejected
 
 OP = "mtp_step_paddle"
 

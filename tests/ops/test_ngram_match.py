@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.compare import assert_all_exact, assert_bad_input_rejected
 from tests.ops.ngram_cases import MATCH_NAMES as NAMES, assert_same_without_worker_threads, match_state
 from tests.reference.ngram import ngram_match as reference
+from tests.support.compare import assert_all_exact, assert_bad_input_rejected
 
 OP = "ngram_match"
 

@@ -22,7 +22,7 @@ import pytest
 
 import fastdeploy_mtp.ops as ops
 from fastdeploy_mtp import _kernels
-from tests.op_declarations import DECLARATION_DIR, DECLARATION_FILES as DECLARATIONS, DECLARED, HOST_ONLY
+from tests.support.op_declarations import DECLARATION_DIR, DECLARATION_FILES as DECLARATIONS, DECLARED, HOST_ONLY
 
 ROOT = Path(__file__).resolve().parents[2]
 

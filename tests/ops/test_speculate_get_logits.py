@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.compare import assert_bit_exact, assert_exact, assert_rejected
 from tests.ops.hidden_utils import FLOAT_DTYPES, random_floats
 from tests.reference.speculate_get_logits import speculate_get_logits as reference
+from tests.support.compare import assert_bit_exact, assert_exact, assert_rejected
 
 OP = "speculate_get_logits"
 NAMES = (

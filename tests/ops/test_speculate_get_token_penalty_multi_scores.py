@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.compare import assert_bit_exact, assert_rejected
 from tests.ops.hidden_utils import FLOAT_DTYPES, random_floats
 from tests.reference.speculate_get_token_penalty_multi_scores import (
     NAMES,
@@ -14,6 +13,7 @@ from tests.reference.speculate_get_token_penalty_multi_scores import (
     speculate_get_token_penalty_multi_scores as reference,
     to_f32,
 )
+from tests.support.compare import assert_bit_exact, assert_rejected
 
 OP = "speculate_get_token_penalty_multi_scores"
 I = {name: i for i, name in enumerate(NAMES)}  # noqa: E741 - index by name

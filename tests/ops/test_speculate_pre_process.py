@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.compare import assert_all_exact, assert_bad_input_rejected, assert_exact, assert_rejected
 from tests.reference.speculate_pre_process import INPUTS, OUTPUTS, speculate_pre_process as reference
+from tests.support.compare import assert_all_exact, assert_bad_input_rejected, assert_exact, assert_rejected
 
 OP = "speculate_pre_process"
 NAMES = INPUTS + OUTPUTS

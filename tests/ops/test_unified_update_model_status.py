@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.compare import assert_bad_input_rejected, assert_exact
 from tests.reference.unified_update_model_status import NAMES, unified_update_model_status as reference
+from tests.support.compare import assert_bad_input_rejected, assert_exact
 
 OP = "unified_update_model_status"
 EOS = (2, 3)
@@ -82,8 +82,8 @@ def test_random_states_keeping_the_max_dec_len_token_match_reference(backend, k)
 
 def test_verify_then_update_over_several_steps_matches_reference(backend):
     """A chained state machine: verify (GREEDY) feeds update, for 6 steps at bsz 64."""
-    from tests.ops.test_verify_draft_tokens import make_state as verify_state
     from tests.reference.verify_draft_tokens import verify_draft_tokens as verify_ref
+    from tests.support.op_states import verify_state
 
     rng = np.random.default_rng(4)
     bsz, w = 64, 4

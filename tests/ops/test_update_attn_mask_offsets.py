@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.compare import assert_exact, assert_rejected
 from tests.reference.update_attn_mask_offsets import update_attn_mask_offsets as reference
+from tests.support.compare import assert_exact, assert_rejected
 
 OP = "update_attn_mask_offsets"
 NAMES = (

@@ -11,87 +11,23 @@ import numpy as np
 import pytest
 
 from fastdeploy_mtp.ops.sampling import _philox4x32_10, position_uniforms, rejection_candidates, topp_uniforms
-from tests.compare import assert_exact, assert_rejected
 from tests.reference.verify_draft_tokens import NAMES, verify_draft_tokens as reference
+from tests.support.compare import assert_exact, assert_rejected
+from tests.support.op_states import (
+    EOS,
+    GREEDY,
+    REJECTION,
+    SENTINEL,
+    TARGET_MATCH,
+    TOPP,
+    verify_state as make_state,
+)
 
 OP = "verify_draft_tokens"
-TOPP, GREEDY, TARGET_MATCH, REJECTION = 0, 1, 2, 3
-SENTINEL = -999  # pre-filled into the outputs so a missed write shows
-EOS = (2, 3)
-C = 4
 
 
 def attrs(strategy, reject_all=False, accept_all=False, keep=False):
     return (4096, 2, strategy, reject_all, accept_all, keep)
-
-
-def layout(slt, enc):
-    """cu_seqlens_q_output and T_out as speculate_pre_process lays them out."""
-    rows = np.where(slt <= 0, 0, np.where((slt == 1) | (enc != 0), 1, slt))
-    cu = np.concatenate([[0], np.cumsum(rows)]).astype(np.int32)
-    return cu[: len(slt)], int(cu[-1])
-
-
-def make_state(rng, bsz, k, strategy, *, real_bsz=None, vocab=8, p_match=0.7):
-    """A random batch: prefill / decode / stopped / paused / slt == 0 / near max_dec_len /
-    reasoning items; drafts from a small vocabulary so acceptances and EOS hits happen."""
-    w = k + 1
-    real_bsz = bsz if real_bsz is None else real_bsz
-    kind = rng.choice(["decode"] * 5 + ["prefill", "stopped", "paused", "empty", "reasoning"], size=bsz)
-    slt = np.where(kind == "prefill", rng.integers(1, 40, bsz), rng.integers(1, w + 1, bsz)).astype(np.int32)
-    slt[kind == "empty"] = 0
-    enc = np.where(kind == "prefill", slt, 0).astype(np.int32)
-    stop = (kind == "stopped").reshape(bsz, 1)
-    paused = kind == "paused"
-    reasoning = (kind == "reasoning").astype(np.int32).reshape(bsz, 1)
-    step_idx = rng.integers(0, 200, (bsz, 1)).astype(np.int64)
-    max_dec = (step_idx + rng.integers(1, 8, (bsz, 1))).astype(np.int64)  # often near the limit
-    max_dec[rng.random(bsz) < 0.5] = 10_000
-    inp = rng.integers(0, vocab, (bsz, w)).astype(np.int64)
-    slt_real = slt[:real_bsz]
-    cu, t_out = layout(slt_real, enc[:real_bsz])
-    t_rows = max(t_out, 1)
-    # the draft each row decides (for matching targets / candidates)
-    row_draft = rng.integers(0, vocab, t_rows).astype(np.int64)
-    for b in range(real_bsz):
-        for i in range(max(0, min(int(slt[b]), w) - 1)):
-            if cu[b] + i < t_out:
-                row_draft[cu[b] + i] = inp[b, i + 1]
-    match = rng.random(t_rows) < p_match
-    target = np.where(match, row_draft, rng.integers(0, vocab, t_rows)).astype(np.int64)
-    cand_ids = np.stack([rng.permutation(vocab)[:C] for _ in range(t_rows)]).astype(np.int64)
-    put = match & (rng.random(t_rows) < 0.9)
-    cand_ids[put, rng.integers(0, C, t_rows)[put]] = -7  # placeholder, then the draft
-    for r in np.nonzero(put)[0]:
-        row = cand_ids[r]
-        row[row == row_draft[r]] = -8  # keep ids distinct
-        row[row == -7] = row_draft[r]
-        row[row == -8] = vocab + 1
-    scores = rng.random((t_rows, C)).astype(np.float32)
-    scores[rng.random((t_rows, C)) < 0.1] = 0.0
-    lens = rng.integers(0, C + 1, t_rows).astype(np.int32)
-    uniforms = rng.random((t_rows, 2)).astype(np.float32)
-    tensors = [
-        np.full((bsz, w), SENTINEL, np.int64),
-        np.full((bsz,), SENTINEL, np.int32),
-        inp,
-        target if strategy in (GREEDY, TARGET_MATCH) else None,
-        cand_ids if strategy in (TOPP, REJECTION) else None,
-        scores if strategy in (TOPP, REJECTION) else None,
-        lens if strategy in (TOPP, REJECTION) else None,
-        rng.uniform(0.3, 1.0, (bsz, 1)).astype(np.float32),
-        stop,
-        enc,
-        slt_real.copy(),
-        np.array(EOS, np.int64).reshape(-1, 1),
-        paused,
-        cu,
-        reasoning,
-        max_dec,
-        step_idx,
-        uniforms if strategy in (TOPP, REJECTION) else None,
-    ]
-    return tensors
 
 
 def check(backend, tensors, at, context):

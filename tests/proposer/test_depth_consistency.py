@@ -22,7 +22,7 @@ from fastdeploy_mtp.models.mtp_layer import MTPStack, mtp_layers_of
 from fastdeploy_mtp.models.mtp_unrolled import unrolled_mtp_forward
 from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import Request
-from tests.engine_testlib import make_config
+from tests.support.engines import make_config
 
 PROMPT = b"    def __init__(self, name, value):\n        self.name = name\n        self."
 

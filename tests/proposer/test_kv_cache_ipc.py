@@ -16,7 +16,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.engine_testlib import make_config, make_requests
+from tests.support.engines import make_config, make_requests
 
 PORT = 47000 + os.getpid() % 1000  # names unique to this test run
 

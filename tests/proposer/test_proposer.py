@@ -10,7 +10,7 @@ from fastdeploy_mtp.config import SchedulerConfig, SpeculativeConfig
 from fastdeploy_mtp.proposer import CLONED_FROM_TARGET, SHARED_WITH_TARGET, MTPProposer
 from fastdeploy_mtp.runtime.input_batch import make_target_inputs
 from fastdeploy_mtp.runtime.request import Request, RequestType
-from tests.engine_testlib import make_config
+from tests.support.engines import make_config
 
 
 @pytest.fixture()
@@ -121,7 +121,7 @@ def test_run_writes_one_draft_per_substep_into_the_targets_rows(random_model):
     """After a prefill round, every running item has `num_model_steps` drafts in the target's
     draft row and the target's token count covers [last token, drafts]."""
     from fastdeploy_mtp.runtime.engine import Engine
-    from tests.engine_testlib import make_requests
+    from tests.support.engines import make_requests
 
     target, mtp = random_model
     engine = Engine(make_config(3, steps=3), target, mtp)

@@ -8,8 +8,8 @@ import os
 import pytest
 
 from fastdeploy_mtp.models import load_tiny
-from tests.tp_child import ENGINE_MODES, run_engine
-from tests.tp_testlib import run_ranks
+from tests.support.tp import run_ranks
+from tests.support.tp_child import ENGINE_MODES, run_engine
 
 MAX_TOKENS = 64  # the demo default
 

@@ -40,7 +40,7 @@ from fastdeploy_mtp.serving.messages import (
 )
 from fastdeploy_mtp.serving.worker_process import answer
 from fastdeploy_mtp.serving.workers import RemoteRunner, WorkerStepError
-from tests.serving.servers import remote_runner
+from tests.support.servers import remote_runner
 
 LOGPROB = TokenLogprob(7, -0.25, [(7, -0.25), (9, -1.5)])
 SAMPLING = SamplingParams(temperature=0.7, top_k=5, seed=3, stop=["\n"], logprobs=2)

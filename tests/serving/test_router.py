@@ -33,9 +33,9 @@ from fastdeploy_mtp.distributed import find_free_port_range
 from fastdeploy_mtp.entrypoints.cli import main
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 from fastdeploy_mtp.serving.messages import version_headers
-from fastdeploy_mtp.serving.router import router_app
 from fastdeploy_mtp.serving.router_backend import RouterBackend
-from tests.serving.servers import ThreadServer, http_get, http_post, scrape_metrics
+from fastdeploy_mtp.serving.router_server import router_app
+from tests.support.servers import ThreadServer, http_get, http_post, scrape_metrics
 
 openai = pytest.importorskip("openai")
 

@@ -4,7 +4,7 @@ tokens with and without speculation (and from the offline engine), logprobs come
 shapes, stop strings end the text, and invalid values are a 400 naming the field.
 
 Every server is stopped with SIGTERM and must exit 0 leaving nothing behind
-(:func:`~tests.serving.servers.stopped_cleanly`).
+(:func:`~tests.support.servers.stopped_cleanly`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ openai = pytest.importorskip("openai")
 
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams  # noqa: E402
-from tests.serving.servers import (  # noqa: E402
+from tests.support.servers import (  # noqa: E402
     ServerProcess,
     http_post as post,  # noqa: E402
     serving,

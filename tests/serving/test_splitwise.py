@@ -23,7 +23,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
-from tests.serving.servers import (  # noqa: E402
+from tests.support.servers import (  # noqa: E402
     ServerProcess,
     alive,
     http_post as post,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
-from tests.serving.servers import remote_runner
+from tests.support.servers import remote_runner
 
 #: not adaptive: adaptive draft lengths follow the measured step times, which differ between runs
 SPEC = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": "with_ngram"}'

@@ -14,8 +14,8 @@ from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import InvalidRequestError, Request
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 from fastdeploy_mtp.splitwise.handoff import HandoffError, check_slot_state, export_slot, first_drafts
-from tests.engine_testlib import build_random_model, make_config, make_requests
-from tests.splitwise.pd_testlib import LocalPD, role_config
+from tests.support.engines import build_random_model, make_config, make_requests
+from tests.support.pd import LocalPD, role_config
 
 
 @pytest.fixture(scope="module")

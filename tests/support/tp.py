@@ -1,4 +1,4 @@
-"""Starting the ranks of a tensor-parallel test: one ``tests/tp_child.py`` process per rank,
+"""Starting the ranks of a tensor-parallel test: one ``tests/support/tp_child.py`` process per rank,
 bounded by a hard timeout and killed in a ``finally`` (no orphans)."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ import numpy as np
 import paddle
 
 from fastdeploy_mtp.models import MTPLayer, TinyTargetModel
-from tests.engine_testlib import tiny_arch
+from tests.support.engines import tiny_arch
 
 
 def small_config(**overrides):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-DECLARATION_DIR = Path(__file__).resolve().parents[1] / "custom_ops" / "ops"
+DECLARATION_DIR = Path(__file__).resolve().parents[2] / "custom_ops" / "ops"
 NOT_OPS = ("constants", "manual_ops")  # the files of that folder that declare no kernel op
 DECLARATION_FILES = sorted(p for p in DECLARATION_DIR.glob("*.toml") if p.stem not in NOT_OPS)
 #: op name -> its parsed declaration

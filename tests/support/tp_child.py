@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 #: (label, K, num_model_steps, hybrid n-gram) of the engine role.
 ENGINE_MODES = [("K3S1+ngram", 3, 1, True), ("K2S2", 2, 2, False)]
