@@ -36,12 +36,6 @@ _world_size = 1
 _rank = 0
 
 
-def tensor_parallel_ports(master_port: int, world_size: int) -> list[int]:
-    """The ports :func:`init_tensor_parallel` uses: ``master_port .. master_port + world_size``
-    (store and endpoints, then the rendezvous)."""
-    return list(range(int(master_port), int(master_port) + int(world_size) + 1))
-
-
 def find_free_port_range(count: int, host: str = "127.0.0.1", attempts: int = 50) -> int:
     """First port of ``count`` consecutive ports that are free on ``host`` right now (a race
     with other processes remains possible; callers that must be sure retry on failure)."""
