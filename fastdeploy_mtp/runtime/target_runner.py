@@ -197,12 +197,12 @@ class TargetRunner:
             ops.VerifyStrategy.from_string(spec.verify_strategy) if spec.enabled else ops.VerifyStrategy.TARGET_MATCH
         )
         self.sampler = TargetSampler(self.verify_strategy, fd_config.model_config.max_model_len)
-        #: prompt ids must be below this: the smaller of ``model_config.vocab_size`` and the
-        #: model's own ``config.vocab_size`` (its embedding rows), where it has one
         #: the step's op sequence runs on Paddle tensors (see :mod:`.spec_step`)
         self._ops = PaddleBackend()
         #: seconds in the target's forward and logits this step
         self._model_s = 0.0
+        #: prompt ids must be below this: the smaller of ``model_config.vocab_size`` and the
+        #: model's own ``config.vocab_size`` (its embedding rows), where it has one
         self.vocab_size = min(
             fd_config.model_config.vocab_size, getattr(model.config, "vocab_size", fd_config.model_config.vocab_size)
         )
