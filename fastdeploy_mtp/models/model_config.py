@@ -15,6 +15,12 @@ MTP_HIDDEN_STATES = ("post_norm", "pre_norm")
 MTP_CONCAT_ORDERS = ("emb_first", "hidden_first")
 #: Values accepted by :attr:`ModelConfig.mtp_final_norm`.
 MTP_FINAL_NORMS = ("in_forward", "in_logits")
+#: Values accepted by :attr:`ModelConfig.dtype`.
+MODEL_DTYPES = ("float32", "bfloat16", "float16")
+#: ``rope_type`` values of :attr:`ModelConfig.rope_scaling`.
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+#: :attr:`ModelConfig.model_type` of the shipped byte-level checkpoint.
+TINY_MODEL_TYPE = "fastdeploy_mtp_tiny"
 
 
 @dataclass
@@ -51,9 +57,20 @@ class ModelConfig:
             ``compute_logits`` applies the norm; FastDeploy's GLM-4.5, DeepSeek's
             ``shared_head.norm``).
         num_nextn_predict_layers: distinct MTP layers the checkpoint carries (DeepSeek-V3's
-            name). Substep ``s`` (0-based) of a round runs layer ``s % num_nextn_predict_layers``
+            name; 0 = a target model without MTP layers, which serves without MTP drafting).
+            Substep ``s`` (0-based) of a round runs layer ``s % num_nextn_predict_layers``
             by default (see ``SpeculativeConfig.mtp_layer_schedule``); each layer has its own KV
             cache.
+        model_type: the family (``config.json``'s ``model_type``): :data:`TINY_MODEL_TYPE`
+            for the shipped checkpoint, ``"llama"``, ``"qwen2"``, ``"qwen3"``, ``"mimo"``.
+        qk_norm: per-head RMSNorm of queries and keys before RoPE (Qwen3's ``q_norm``/``k_norm``).
+        tie_word_embeddings: the LM head is the embedding matrix (no ``lm_head`` weight).
+        rope_scaling: ``None`` (plain RoPE) or ``{"rope_type": one of :data:`ROPE_TYPES`, ...}``
+            with that type's parameters (``factor``, ``original_max_position_embeddings``, ...).
+        dtype: parameters, activations and KV caches (one of :data:`MODEL_DTYPES`); logits
+            and the hidden states handed to the proposer are float32.
+        eos_token_ids: token ids that end a generation (from ``generation_config.json`` /
+            ``config.json``); empty for the byte model, which has none.
     """
 
     vocab_size: int = 272
@@ -73,6 +90,12 @@ class ModelConfig:
     attention_bias: bool = False
     mtp_final_norm: str = "in_forward"
     num_nextn_predict_layers: int = 1
+    model_type: str = TINY_MODEL_TYPE
+    qk_norm: bool = False
+    tie_word_embeddings: bool = False
+    rope_scaling: dict[str, Any] | None = None
+    dtype: str = "float32"
+    eos_token_ids: list[int] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
@@ -94,8 +117,14 @@ class ModelConfig:
         ):
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"`{name}` must be positive, got {getattr(self, name)}")
-        if int(self.num_nextn_predict_layers) < 1:
-            raise ValueError(f"`num_nextn_predict_layers` must be >= 1, got {self.num_nextn_predict_layers}")
+        if int(self.num_nextn_predict_layers) < 0:
+            raise ValueError(f"`num_nextn_predict_layers` must be >= 0, got {self.num_nextn_predict_layers}")
+        if self.dtype not in MODEL_DTYPES:
+            raise ValueError(f"`dtype` must be one of {MODEL_DTYPES}, got {self.dtype!r}")
+        if self.rope_scaling is not None and self.rope_scaling.get("rope_type") not in ROPE_TYPES:
+            raise ValueError(
+                f"`rope_scaling.rope_type` must be one of {ROPE_TYPES}, got {self.rope_scaling.get('rope_type')!r}"
+            )
         if self.num_hidden_layers < 0:
             raise ValueError(f"`num_hidden_layers` must be >= 0, got {self.num_hidden_layers}")
         if self.ori_vocab_size > self.vocab_size:

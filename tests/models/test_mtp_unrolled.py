@@ -79,6 +79,8 @@ def test_stack_saves_and_loads(tmp_path):
     assert isinstance(build_mtp(ModelConfig(), TinyTargetModel(ModelConfig())), MTPLayer)
 
 
-def test_config_refuses_zero_layers():
+def test_config_refuses_negative_layers():
+    # 0 is a target without MTP layers; fewer is nonsense
+    ModelConfig(num_nextn_predict_layers=0)
     with pytest.raises(ValueError, match="num_nextn_predict_layers"):
-        ModelConfig(num_nextn_predict_layers=0)
+        ModelConfig(num_nextn_predict_layers=-1)
