@@ -12,9 +12,7 @@ A folder holds what a released checkpoint holds: ``config.json``, the target's w
 * ``mimo`` -- a Qwen2 target saved as ``MiMoForCausalLM`` with
   ``model.mtp_layers.{k}.{token_layernorm, hidden_layernorm, input_proj, final_layernorm}.weight``
   and the block's names; its projection input is [hidden, embedding] (hidden first).
-
-torch and transformers are imported inside the functions, so importing this module (for
-:func:`make_big_folder`, say) stays cheap.
+torch and transformers are imported inside the functions (make_big_folder needs neither).
 """
 
 from __future__ import annotations
@@ -29,23 +27,16 @@ from typing import Any
 import numpy as np
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mimo")
-ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "mimo": "MiMoForCausalLM",
-}
-#: rope_theta and rms_norm_eps per family: realistic values, and not the library defaults, so
-#: that a loader which ignores them is caught.
+ARCHITECTURES = dict(
+    llama="LlamaForCausalLM", qwen2="Qwen2ForCausalLM", qwen3="Qwen3ForCausalLM", mimo="MiMoForCausalLM"
+)
+#: rope_theta and rms_norm_eps per family: realistic, not the defaults (a loader ignoring them fails).
 _ROPE_THETA = {"llama": 500000.0, "qwen2": 1000000.0, "qwen3": 1000000.0, "mimo": 640000.0}
 _RMS_EPS = {"llama": 1e-5, "qwen2": 1e-6, "qwen3": 1e-6, "mimo": 1e-5}
 #: The renames of a MiMo MTP layer's own tensors onto transformers' MtpLayer names.
-_MIMO_TO_MTP = {
-    "token_layernorm": "enorm",
-    "hidden_layernorm": "hnorm",
-    "input_proj": "eh_proj",
-    "final_layernorm": "post_norm",
-}
+_MIMO_TO_MTP = dict(
+    token_layernorm="enorm", hidden_layernorm="hnorm", input_proj="eh_proj", final_layernorm="post_norm"
+)
 _DEEPSEEK_TO_MTP = {"enorm": "enorm", "hnorm": "hnorm", "eh_proj": "eh_proj", "shared_head.norm": "post_norm"}
 MTP_SHARD = "model-mtp.safetensors"
 DTYPES = ("float32", "bfloat16", "float16")
@@ -76,22 +67,16 @@ def rope_example(rope_type: str, max_position_embeddings: int = 256) -> dict[str
         "linear": {"rope_type": "linear", "factor": 2.0},
         "dynamic": {"rope_type": "dynamic", "factor": 2.0},
         "yarn": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": orig},
-        "llama3": {
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": orig,
-        },
+        "llama3": dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0),
     }
+    examples["llama3"]["original_max_position_embeddings"] = orig
     if rope_type not in examples:
         raise ValueError(f"rope_type: expected one of {sorted(examples)}, got {rope_type!r}")
     return dict(examples[rope_type])
 
 
 def _quiet() -> None:
-    """No progress bars or load reports from transformers (the fixtures are built on purpose
-    with tensors the target class does not know)."""
+    """No progress bars or load reports (the folders hold MTP tensors the target class lacks)."""
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -105,18 +90,11 @@ def _hf_config(family: str, *, tie: bool, rope_scaling: dict[str, Any] | None, b
     _quiet()
     rope = {"rope_type": "default", "rope_theta": _ROPE_THETA[family], **(rope_scaling or {})}
     kw: dict[str, Any] = dict(
-        vocab_size=dims["vocab_size"],
-        hidden_size=dims["hidden_size"],
-        intermediate_size=2 * dims["hidden_size"],
-        num_hidden_layers=dims["num_hidden_layers"],
-        num_attention_heads=dims["heads"],
-        num_key_value_heads=dims["kv_heads"],
-        max_position_embeddings=256,
-        rms_norm_eps=_RMS_EPS[family],
-        tie_word_embeddings=tie,
-        rope_parameters=rope,
-        eos_token_id=dims["eos"],
-    )
+        vocab_size=dims["vocab_size"], hidden_size=dims["hidden_size"], intermediate_size=2 * dims["hidden_size"],
+        num_hidden_layers=dims["num_hidden_layers"], num_attention_heads=dims["heads"],
+        num_key_value_heads=dims["kv_heads"], max_position_embeddings=256, rms_norm_eps=_RMS_EPS[family],
+        tie_word_embeddings=tie, rope_parameters=rope, eos_token_id=dims["eos"],
+    )  # fmt: skip
     if family in ("qwen2", "mimo"):
         if bias is False:
             raise ValueError(f"bias: {family} always has q/k/v biases; pass None or True")
@@ -125,10 +103,8 @@ def _hf_config(family: str, *, tie: bool, rope_scaling: dict[str, Any] | None, b
         # an explicit head_dim that differs from hidden_size / heads
         head_dim = 2 * dims["hidden_size"] // dims["heads"]
         cfg = transformers.Qwen3Config(head_dim=head_dim, attention_bias=bool(bias), **kw)
-    elif family == "llama":
-        cfg = transformers.LlamaConfig(attention_bias=bool(bias), **kw)
     else:
-        raise ValueError(f"family: expected one of {FAMILIES}, got {family!r}")
+        cfg = transformers.LlamaConfig(attention_bias=bool(bias), **kw)
     cfg._attn_implementation = "eager"
     return cfg
 
@@ -188,17 +164,18 @@ def released_mtp_name(family: str, num_hidden_layers: int, mtp_name: str) -> str
     return f"model.layers.{num_hidden_layers + k}.{rest}"
 
 
-def _write_mtp(out: Path, family: str, target, num_mtp_layers: int, rng, dtype) -> list[str]:
+def _write_mtp(out: Path, family: str, target, num_mtp_layers: int, rng, dtype: str) -> list[str]:
     """Build, fill and save the MTP layers: as one more shard (MTP_SHARD, added to the index)
     when the target is sharded, else into model.safetensors itself (a folder holds either
     model.safetensors or an index, as transformers picks the single file when both exist)."""
+    import torch
     from safetensors.torch import load_file, save_file
 
     mtp = _mtp_model(target, family, num_mtp_layers)
     own = [(n, p) for n, p in mtp.named_parameters() if n.startswith("layers.")]
     _fill(own, rng, tie=False)
     n_layers = target.config.num_hidden_layers
-    tensors = {released_mtp_name(family, n_layers, n): p.detach().to(dtype).contiguous() for n, p in own}
+    tensors = {released_mtp_name(family, n_layers, n): p.detach().to(getattr(torch, dtype)) for n, p in own}
     index_path = out / "model.safetensors.index.json"
     if not index_path.exists():
         single = str(out / "model.safetensors")
@@ -208,9 +185,8 @@ def _write_mtp(out: Path, family: str, target, num_mtp_layers: int, rng, dtype) 
     index = json.loads(index_path.read_text())
     index["weight_map"].update(dict.fromkeys(tensors, MTP_SHARD))
     index["weight_map"] = dict(sorted(index["weight_map"].items()))
-    index["metadata"]["total_size"] = int(index["metadata"].get("total_size", 0)) + sum(
-        t.numel() * t.element_size() for t in tensors.values()
-    )
+    added = sum(t.numel() * t.element_size() for t in tensors.values())
+    index["metadata"]["total_size"] = int(index["metadata"].get("total_size", 0)) + added
     index_path.write_text(json.dumps(index, indent=2) + "\n")
     return sorted(tensors)
 
@@ -274,14 +250,11 @@ def make_folder(
     transformers-4 form (rope_theta/rope_scaling/torch_dtype). ``tokenizer_writer(out_dir)``
     is called last, to add tokenizer files.
     """
-    import torch
-
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype: expected one of {DTYPES}, got {dtype!r}")
-    if family not in FAMILIES:
-        raise ValueError(f"family: expected one of {FAMILIES}, got {family!r}")
-    if num_mtp_layers < 0:
-        raise ValueError(f"num_mtp_layers: expected >= 0, got {num_mtp_layers}")
+    if dtype not in DTYPES or family not in FAMILIES or num_mtp_layers < 0:
+        raise ValueError(
+            f"make_folder: expected dtype in {DTYPES}, family in {FAMILIES}, num_mtp_layers >= 0; "
+            f"got {dtype!r}, {family!r}, {num_mtp_layers}"
+        )
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"out_dir: expected a new or empty directory, {out} has files")
@@ -290,72 +263,55 @@ def make_folder(
     dims = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers)
     dims.update(heads=heads, kv_heads=kv_heads, eos=eos[0])
     cfg = _hf_config(family, tie=tie, rope_scaling=rope_scaling, bias=bias, dims=dims)
-    model_cls = _model_class(family)
-    torch.manual_seed(seed)
-    target = model_cls(cfg).eval()
-    rng = np.random.default_rng([seed, FAMILIES.index(family)])
-    _fill(list(target.named_parameters()), rng, tie)
-    torch_dtype = getattr(torch, dtype)
-    target.config.dtype = dtype
     sharded = family in ("qwen3", "mimo") if sharded is None else sharded
-    shard_size = "100KB" if sharded else "10GB"
-    target.to(torch_dtype).save_pretrained(str(out), safe_serialization=True, max_shard_size=shard_size)
+    target, rng = _write_target(out, family, cfg, seed, dtype, sharded)
     target_names = sorted(_saved_names(out))
-    mtp_names: list[str] = []
-    if num_mtp_layers:
-        mtp_names = _write_mtp(out, family, target.float(), num_mtp_layers, rng, torch_dtype)
+    mtp_names = _write_mtp(out, family, target, num_mtp_layers, rng, dtype) if num_mtp_layers else []
     config = _finish_config(out, family, num_mtp_layers, legacy_config)
     gen = {"eos_token_id": list(eos), "do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": 20}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     if tokenizer_writer is not None:
         tokenizer_writer(out)
     _MODELS.pop(str(out.resolve()), None)
+    is_sharded = not (out / "model.safetensors").exists()
     return FolderInfo(
-        path=out,
-        family=family,
-        num_hidden_layers=num_hidden_layers,
-        num_mtp_layers=num_mtp_layers,
-        sharded=(out / "model.safetensors.index.json").exists() and not (out / "model.safetensors").exists(),
-        eos_token_ids=eos,
-        target_tensor_names=tuple(target_names),
-        mtp_tensor_names=tuple(mtp_names),
-        config=config,
+        out, family, num_hidden_layers, num_mtp_layers, is_sharded, eos, tuple(target_names), tuple(mtp_names), config
     )
 
 
+def _write_target(out: Path, family: str, cfg, seed: int, dtype: str, sharded: bool):
+    """Build the target with transformers' class, fill it, save it in ``dtype`` (sharded small
+    enough for several shards, or one file); returns (the float32 target, the rng)."""
+    import torch
+
+    torch.manual_seed(seed)
+    target = _model_class(family)(cfg).eval()
+    rng = np.random.default_rng([seed, FAMILIES.index(family)])
+    _fill(list(target.named_parameters()), rng, cfg.tie_word_embeddings)
+    target.config.dtype = dtype
+    shard_size = "100KB" if sharded else "10GB"
+    target.to(getattr(torch, dtype)).save_pretrained(str(out), safe_serialization=True, max_shard_size=shard_size)
+    return target.float(), rng
+
+
 def _model_class(family: str):
+    """transformers' class of the target (MiMo's target is a Qwen2 model)."""
     import transformers
 
-    return {
-        "llama": transformers.LlamaForCausalLM,
-        "qwen2": transformers.Qwen2ForCausalLM,
-        "qwen3": transformers.Qwen3ForCausalLM,
-        "mimo": transformers.Qwen2ForCausalLM,
-    }[family]
+    return getattr(transformers, ARCHITECTURES["qwen2" if family == "mimo" else family])
 
 
 def _saved_names(out: Path) -> list[str]:
     """Tensor names of the folder's safetensors files as they stand (headers only)."""
-    names: list[str] = []
-    for f in sorted(out.glob("*.safetensors")):
-        with f.open("rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            header = json.loads(fh.read(n))
-        names += [k for k in header if k != "__metadata__"]
-    return names
+    from safetensors import safe_open
+
+    return [k for f in sorted(out.glob("*.safetensors")) for k in safe_open(str(f), "np").keys()]
 
 
 # ---- reference outputs ---------------------------------------------------------------------
 
 #: Loaded (target, mtp or None) per resolved folder path; make_folder drops a rewritten folder.
 _MODELS: dict[str, tuple[Any, Any]] = {}
-
-
-def _family_of(cfg: dict[str, Any]) -> str:
-    model_type = cfg.get("model_type")
-    if model_type not in FAMILIES:
-        raise ValueError(f"config.json model_type: expected one of {FAMILIES}, got {model_type!r}")
-    return str(model_type)
 
 
 def _load_mimo_mtp(folder: Path, target, num_mtp_layers: int):
@@ -391,7 +347,9 @@ def load_reference(folder: str | Path):
         return _MODELS[key]
     _quiet()
     raw = json.loads((folder / "config.json").read_text())
-    family = _family_of(raw)
+    family = raw.get("model_type")
+    if family not in FAMILIES:
+        raise ValueError(f"{folder}/config.json model_type: expected one of {FAMILIES}, got {family!r}")
     kwargs: dict[str, Any] = dict(dtype=torch.float32, attn_implementation="eager")
     if family == "mimo":
         fields = {k: v for k, v in raw.items() if k not in ("model_type", "architectures")}
@@ -415,10 +373,9 @@ def load_reference(folder: str | Path):
 def _ids(ids) -> Any:
     import torch
 
-    t = torch.as_tensor(np.asarray(ids), dtype=torch.long)
-    if t.ndim != 2:
-        raise ValueError(f"ids: expected shape [B, S], got {tuple(t.shape)}")
-    return t
+    if np.ndim(ids) != 2:
+        raise ValueError(f"ids: expected shape [B, S], got {np.shape(ids)}")
+    return torch.as_tensor(np.asarray(ids), dtype=torch.long)
 
 
 def reference_logits(folder: str | Path, ids) -> np.ndarray:
@@ -463,14 +420,6 @@ def reference_greedy(folder: str | Path, prompt_ids: list[int], n: int, *, stop_
     return tokens
 
 
-def _manual_greedy(folder: str | Path, prompt_ids: list[int], n: int) -> list[int]:
-    """Greedy decoding by full forwards and argmax (no cache): the cross-check of generate."""
-    ids = list(prompt_ids)
-    for _ in range(n):
-        ids.append(int(reference_logits(folder, [ids])[0, -1].argmax()))
-    return ids[len(prompt_ids) :]
-
-
 def reference_mtp_step(folder: str | Path, layer: int, next_ids, hidden) -> tuple[np.ndarray, np.ndarray]:
     """MTP layer ``layer`` over a whole sequence with causal attention at positions 0..S-1:
     ``next_ids`` int [B, S] are the tokens after each position, ``hidden`` float32 [B, S, H]
@@ -497,3 +446,54 @@ def reference_mtp_step(folder: str | Path, layer: int, next_ids, hidden) -> tupl
 def reference_mtp_logits(folder: str | Path, layer: int, next_ids, hidden) -> np.ndarray:
     """Logits float32 [B, S, V] of MTP layer ``layer``; see :func:`reference_mtp_step`."""
     return reference_mtp_step(folder, layer, next_ids, hidden)[0]
+
+
+def make_big_folder(out_dir: str | Path, target_mb: int = 200, *, shard_mb: int = 50, seed: int = 0) -> FolderInfo:
+    """A plain random qwen3-shaped float32 folder (no MTP layer) of about ``target_mb`` MiB in
+    shards of at most ``shard_mb`` MiB, written with safetensors.numpy (no torch): hidden 512,
+    8 heads of 64, 4 kv heads, SwiGLU 1536, vocab 8192; the layer count makes up the size."""
+    from safetensors.numpy import save_file
+
+    h, inter, vocab, heads, kv, hd = 512, 1536, 8192, 8, 4, 64
+    block = {
+        "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
+        "self_attn.q_proj.weight": (heads * hd, h), "self_attn.k_proj.weight": (kv * hd, h),
+        "self_attn.v_proj.weight": (kv * hd, h), "self_attn.o_proj.weight": (h, heads * hd),
+        "self_attn.q_norm.weight": (hd,), "self_attn.k_norm.weight": (hd,),
+        "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h), "mlp.down_proj.weight": (h, inter),
+    }  # fmt: skip
+    per_layer = 4 * sum(int(np.prod(s)) for s in block.values())
+    n_layers = max(1, round((target_mb * 2**20 - 8 * vocab * h) / per_layer))
+    plan = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,), "lm_head.weight": (vocab, h)}
+    plan.update({f"model.layers.{i}.{k}": s for i in range(n_layers) for k, s in block.items()})
+    shards: list[dict[str, tuple[int, ...]]] = [{}]
+    for name, shape in plan.items():
+        if sum(4 * int(np.prod(s)) for s in shards[-1].values()) + 4 * int(np.prod(shape)) > shard_mb * 2**20:
+            shards.append({})
+        shards[-1][name] = shape
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    weight_map: dict[str, str] = {}
+    for i, shard in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file({n: _big_tensor(rng, s) for n, s in shard.items()}, str(out / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+    index = {"metadata": {"total_size": sum(4 * int(np.prod(s)) for s in plan.values())}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    config = {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": vocab, "hidden_size": h,
+        "intermediate_size": inter, "num_hidden_layers": n_layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv, "head_dim": hd, "hidden_act": "silu", "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+        "tie_word_embeddings": False, "attention_bias": False, "dtype": "float32", "eos_token_id": vocab - 1,
+    }  # fmt: skip
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return FolderInfo(out, "qwen3", n_layers, 0, True, (vocab - 1,), tuple(sorted(plan)), (), config)
+
+
+def _big_tensor(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """float32 values: norm weights around 1, matrices small uniform noise (fast to draw)."""
+    if len(shape) == 1:
+        return (1.0 + 0.1 * rng.random(shape, dtype=np.float32)).astype(np.float32)
+    return ((rng.random(shape, dtype=np.float32) - 0.5) * (0.1 / np.sqrt(shape[1]))).astype(np.float32)
