@@ -245,10 +245,10 @@ def make_folder(
     ``rope_example("yarn")``. ``bias``: None = the family's own (q/k/v biases for qwen2/mimo,
     none for llama/qwen3); True gives llama/qwen3 ``attention_bias``. ``dtype``: what the
     safetensors hold (float32, bfloat16, float16). ``sharded``: None = sharded for qwen3 and
-    mimo only. ``eos_token_ids``: generation_config's two eos ids (default the last two ids;
-    config.json's ``eos_token_id`` is the first). ``legacy_config``: write config.json in the
-    transformers-4 form (rope_theta/rope_scaling/torch_dtype). ``tokenizer_writer(out_dir)``
-    is called last, to add tokenizer files.
+    mimo only. ``eos_token_ids``: generation_config's two eos ids (default 2, 0: <|im_end|>,
+    <|endoftext|> of tests/support/tokenizer_files; config.json's ``eos_token_id`` is the
+    first). ``legacy_config``: config.json in the transformers-4 form (rope_theta,
+    rope_scaling, torch_dtype). ``tokenizer_writer(out_dir)`` is called last.
     """
     if dtype not in DTYPES or family not in FAMILIES or num_mtp_layers < 0:
         raise ValueError(
@@ -259,7 +259,7 @@ def make_folder(
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"out_dir: expected a new or empty directory, {out} has files")
     out.mkdir(parents=True, exist_ok=True)
-    eos = tuple(eos_token_ids) if eos_token_ids is not None else (vocab_size - 2, vocab_size - 1)
+    eos = tuple(eos_token_ids) if eos_token_ids is not None else (2, 0)
     dims = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers)
     dims.update(heads=heads, kv_heads=kv_heads, eos=eos[0])
     cfg = _hf_config(family, tie=tie, rope_scaling=rope_scaling, bias=bias, dims=dims)
@@ -450,7 +450,7 @@ def reference_mtp_logits(folder: str | Path, layer: int, next_ids, hidden) -> np
 
 def make_big_folder(out_dir: str | Path, target_mb: int = 200, *, shard_mb: int = 50, seed: int = 0) -> FolderInfo:
     """A plain random qwen3-shaped float32 folder (no MTP layer) of about ``target_mb`` MiB in
-    shards of at most ``shard_mb`` MiB, written with safetensors.numpy (no torch): hidden 512,
+    shards of at most ``shard_mb`` MiB (or one tensor), written with safetensors.numpy (no torch): hidden 512,
     8 heads of 64, 4 kv heads, SwiGLU 1536, vocab 8192; the layer count makes up the size."""
     from safetensors.numpy import save_file
 
