@@ -103,6 +103,11 @@ def test_reference_logits_are_the_head_over_the_final_hidden(folder):
     assert logits.shape == (2, 8, 300) and logits.dtype == np.float32
     assert hidden.shape == (2, 8, 64)
     assert np.isfinite(logits).all() and np.isfinite(hidden).all()
+    # the same tensor transformers' MTP candidate generator takes (hidden_states[-1])
+    target, _ = hf.load_reference(folder.path)
+    with torch.no_grad():
+        last = target(input_ids=torch.tensor(IDS), output_hidden_states=True).hidden_states[-1]
+    np.testing.assert_array_equal(last.numpy(), hidden)
     head = all_tensors(folder.path)["lm_head.weight"]
     np.testing.assert_allclose(logits, hidden @ head.T, rtol=1e-4, atol=1e-4)
     # causal: the first row's prefix does not see what follows
