@@ -81,13 +81,15 @@ def run_requests(
     the tiny checkpoint folder ``model``), speculation ``spec`` and ``sampling`` (default
     greedy; each request gets its own copy), reporting progress on stderr under ``label``;
     returns (the finished requests, with their ``output_token_ids``, ``finish_reason`` and
-    ``output_logprobs``; their texts; metrics)."""
-    from ..models import ByteTokenizer, load_tiny
+    ``output_logprobs``; their texts; metrics). Prompts are tokenized by the folder's
+    ``tokenizer.json`` (special tokens added as its post-processor says)."""
+    from ..models import ASSETS_DIR, load_tiny
     from ..runtime.engine import Engine
     from ..runtime.request import Request
+    from ..tokenization import load_tokenizer
 
     target, mtp, arch = load_tiny(model)
-    tok = ByteTokenizer()
+    tok = load_tokenizer(model or ASSETS_DIR)
     params = sampling or SamplingParams()
     reqs = [
         Request(f"p{i}", tok.encode(p), max_tokens=max_tokens, sampling=SamplingParams.from_dict(params.to_dict()))
@@ -97,12 +99,10 @@ def run_requests(
     longest = max(len(r.prompt_token_ids) for r in reqs) + max_tokens + 2 * k + 8
     cfg = build_config(arch, spec, max_num_seqs, longest)
 
-    def text(ids: list[int]) -> str:  # padding ids (the stand-in EOS) have no text
-        return tok.decode([t for t in ids if t < arch.ori_vocab_size])
-
-    with Engine(cfg, target, mtp if spec.enabled else None, detokenize=text) as engine:
+    # tok.decode leaves out padding ids (the stand-in EOS) and special tokens
+    with Engine(cfg, target, mtp if spec.enabled else None, detokenize=tok.decode) as engine:
         engine.generate(reqs, progress=_progress(label))
-    return reqs, [text(r.output_token_ids) for r in reqs], engine.metrics
+    return reqs, [tok.decode(r.output_token_ids) for r in reqs], engine.metrics
 
 
 def run_prompts(*args: Any, **kwargs: Any) -> tuple[list[str], list[list[int]], Metrics]:
