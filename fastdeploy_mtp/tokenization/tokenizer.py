@@ -1,7 +1,10 @@
 """A model folder's tokenizer: ``tokenizer.json`` (run by the ``tokenizers`` library) with
-the settings of ``tokenizer_config.json`` (special tokens, ``add_bos_token`` /
-``add_eos_token``, added tokens, the chat template; ``chat_template.jinja`` when the folder
-has one), as HuggingFace transformers reads them.
+the settings of ``tokenizer_config.json`` (special tokens, added tokens, the chat template;
+``chat_template.jinja`` when the folder has one), as HuggingFace transformers reads them.
+
+What encoding adds around a text (BOS for Llama-style models) is ``tokenizer.json``'s
+post-processor: like transformers (5.x) with a ``tokenizer.json``, ``add_bos_token`` /
+``add_eos_token`` in ``tokenizer_config.json`` do not override it.
 
 Token ids are plain ``int``; a model's vocabulary may be padded past the tokenizer's: ids
 ``>= vocab_size`` (or ids the vocabulary lacks) have no text and are left out of every
@@ -17,8 +20,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import tokenizers
-from tokenizers import processors
-
 from .chat_template import render_chat_template
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -208,25 +209,6 @@ def _add_declared_tokens(backend: tokenizers.Tokenizer, config: dict[str, Any], 
             raise TokenizerFileError(f"{path}: added token {content!r} is declared as id {key} but lands at id {got}")
 
 
-def _set_bos_eos(backend: tokenizers.Tokenizer, config: dict[str, Any], special: dict[str, str]) -> None:
-    """With ``add_bos_token`` / ``add_eos_token`` in the config, encoding adds BOS / EOS
-    exactly as they say (as transformers does, replacing ``tokenizer.json``'s post-processor)."""
-    if "add_bos_token" not in config and "add_eos_token" not in config:
-        return
-    single, pair, ids = "$A:0", "$B:1", []
-    for key, flag in (("bos_token", "add_bos_token"), ("eos_token", "add_eos_token")):
-        token = special.get(key)
-        token_id = None if token is None else backend.token_to_id(token)
-        if not config.get(flag) or token is None or token_id is None:
-            continue
-        ids.append((token, token_id))
-        if key == "bos_token":
-            single, pair = f"{token}:0 {single}", f"{token}:1 {pair}"
-        else:
-            single, pair = f"{single} {token}:0", f"{pair} {token}:1"
-    backend.post_processor = processors.TemplateProcessing(single=single, pair=f"{single} {pair}", special_tokens=ids)
-
-
 def load_tokenizer(model_dir: str, tokenizer_dir: str | None = None) -> Tokenizer:
     """The tokenizer of a model folder (or of ``tokenizer_dir``, when given): its
     ``tokenizer.json`` and, when present, ``tokenizer_config.json`` and ``chat_template.jinja``.
@@ -251,5 +233,4 @@ def load_tokenizer(model_dir: str, tokenizer_dir: str | None = None) -> Tokenize
         if text is not None:
             special[key] = text
     _add_declared_tokens(backend, config, config_path)
-    _set_bos_eos(backend, config, special)
     return Tokenizer(backend, special, _chat_template(folder, config, config_path), folder)

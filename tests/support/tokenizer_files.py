@@ -8,7 +8,7 @@ import json
 import os
 from typing import Any
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 #: Training text: English, accented Latin, CJK and emoji, so that merges make tokens of
 #: several bytes, some of them holding part of a character.
@@ -50,11 +50,14 @@ def write_bpe_tokenizer(
     chat_template: str = CHATML_TEMPLATE,
     bos_token: str | None = None,
     eos_token: str = "<|im_end|>",
+    prepend_bos: bool = False,
     extra_config: dict[str, Any] | None = None,
 ) -> str:
-    """Train a byte-level BPE of ``vocab_size`` ids (the 256 byte tokens, the special tokens
-    ``<|endoftext|>`` = 0.., then merges) and write ``tokenizer.json`` and
-    ``tokenizer_config.json`` (``extra_config`` merged in) to ``out_dir``; returns it."""
+    """Train a byte-level BPE of ``vocab_size`` ids (the special tokens ``<|endoftext|>``,
+    ``<|im_start|>``, ``<|im_end|>`` = 0, 1, 2, the 256 byte tokens, then merges) and write
+    ``tokenizer.json`` and ``tokenizer_config.json`` (``extra_config`` merged in) to
+    ``out_dir``; returns it. ``prepend_bos``: the post-processor puts ``bos_token`` before
+    every encoded text (as Llama's ``tokenizer.json`` does)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -65,6 +68,13 @@ def write_bpe_tokenizer(
         show_progress=False,
     )
     tok.train_from_iterator([TEXT] * 4, trainer=trainer)
+    if prepend_bos:
+        if bos_token is None:
+            raise ValueError("prepend_bos needs a bos_token")
+        bos = (bos_token, tok.token_to_id(bos_token))
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos_token}:0 $A:0", pair=f"{bos_token}:0 $A:0 {bos_token}:1 $B:1", special_tokens=[bos]
+        )
     os.makedirs(out_dir, exist_ok=True)
     tok.save(os.path.join(out_dir, "tokenizer.json"))
     config: dict[str, Any] = {
