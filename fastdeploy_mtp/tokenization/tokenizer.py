@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import tokenizers
+
 from .chat_template import render_chat_template
 
 TOKENIZER_FILE = "tokenizer.json"

@@ -38,7 +38,8 @@ LLAMA3_TEMPLATE = """\
     {%- if message['role'] not in ['user', 'assistant'] %}
         {{- raise_exception("roles must be user or assistant after the system message, got " + message['role']) }}
     {%- endif %}
-    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}
+    {{- message['content'] | trim + '<|eot_id|>' }}
 {%- endfor %}
 {%- if add_generation_prompt %}
     {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
@@ -52,7 +53,7 @@ CHATS = [
         {"role": "system", "content": "Be terse."},
         {"role": "user", "content": "2+2?"},
         {"role": "assistant", "content": "4"},
-        {"role": "user", "content": "and 日本語 🎉 \"quotes\" <b>tags</b>?"},
+        {"role": "user", "content": 'and 日本語 🎉 "quotes" <b>tags</b>?'},
     ],
 ]
 
