@@ -35,11 +35,12 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": {"constants", "config", "ops", "ipc", "models", "proposer", "splitwise", "distributed"},
     "proposer": {"constants", "config", "ops", "ipc", "models", "runtime", "distributed"},
     "splitwise": {"constants", "config", "ops", "ipc"},
+    "tokenization": {"config"},
     # engine_args refuses a K the token message (ops.messaging) cannot carry, on every command
-    "engine_args": {"config", "constants", "ops", "models", "runtime"},
+    "engine_args": {"config", "constants", "ops", "models", "runtime", "tokenization"},
     # the server runs the engine, the proposer and the splitwise hand-over
     "serving": {"constants", "config", "ops", "ipc", "models", "runtime", "proposer", "splitwise"}
-    | {"distributed", "engine_args"},
+    | {"distributed", "engine_args", "tokenization"},
 }
 #: The commands sit on top: they may import every layer, and nothing imports them.
 ALLOWED["entrypoints"] = set(ALLOWED) - {"entrypoints"}

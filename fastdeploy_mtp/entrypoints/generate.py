@@ -30,12 +30,13 @@ def register(sub: Any) -> None:
     gen.set_defaults(func=cmd_generate)
 
 
-def _logprobs_json(req: Request) -> list[dict[str, Any]]:
+def _logprobs_json(req: Request, model: str) -> list[dict[str, Any]]:
     """One ``{"token_id", "token", "logprob", "top": [{"token_id", "token", "logprob"}]}`` per
-    output token (``token``: the byte decoded alone, U+FFFD for part of a character)."""
+    output token (``token``: the token decoded alone by ``model``'s tokenizer, U+FFFD for part
+    of a character, ``""`` for a padding id)."""
+    from ..tokenization import load_tokenizer
 
-    def token(t: int) -> str:
-        return bytes([t]).decode("utf-8", errors="replace") if 0 <= t < 256 else ""
+    token = load_tokenizer(model).token_string
 
     return [
         {
@@ -69,12 +70,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "metrics": metrics.as_dict(),
         }
         if sampling.logprobs is not None:
-            out["logprobs"] = _logprobs_json(req)
+            out["logprobs"] = _logprobs_json(req, model)
         emit_json(out)
         return 0
     print(args.prompt + texts[0])
     if sampling.logprobs is not None:
-        for entry in _logprobs_json(req):
+        for entry in _logprobs_json(req, model):
             top = "  ".join(f"{a['token']!r} {a['logprob']:.3f}" for a in entry["top"])
             print(f"  {entry['token']!r:>8} {entry['logprob']:8.3f}" + (f"   top: {top}" if top else ""))
     if spec.enabled:

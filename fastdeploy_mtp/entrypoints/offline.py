@@ -81,28 +81,36 @@ def run_requests(
     the tiny checkpoint folder ``model``), speculation ``spec`` and ``sampling`` (default
     greedy; each request gets its own copy), reporting progress on stderr under ``label``;
     returns (the finished requests, with their ``output_token_ids``, ``finish_reason`` and
-    ``output_logprobs``; their texts; metrics)."""
-    from ..models import ByteTokenizer, load_tiny
+    ``output_logprobs``; their texts; metrics). Prompts are tokenized by the folder's
+    ``tokenizer.json`` (special tokens added as its post-processor says); the model's EOS ids
+    (tokenizer, ``generation_config.json``, ``config.json``) end a request, as stop token ids."""
+    from ..models import ASSETS_DIR, load_tiny
     from ..runtime.engine import Engine
     from ..runtime.request import Request
+    from ..tokenization import load_generation_config, load_tokenizer
 
     target, mtp, arch = load_tiny(model)
-    tok = ByteTokenizer()
-    params = sampling or SamplingParams()
+    folder = model or ASSETS_DIR
+    tok = load_tokenizer(folder)
+    eos = [*tok.eos_token_ids, *load_generation_config(folder).eos_token_ids, *arch.eos_token_ids]
+    base = sampling or SamplingParams()
+
+    def own_params() -> SamplingParams:  # each request gets its own copy
+        params = base.to_dict()
+        params["stop_token_ids"] = list(dict.fromkeys([*params["stop_token_ids"], *eos]))
+        return SamplingParams.from_dict(params)
+
     reqs = [
-        Request(f"p{i}", tok.encode(p), max_tokens=max_tokens, sampling=SamplingParams.from_dict(params.to_dict()))
-        for i, p in enumerate(prompts)
+        Request(f"p{i}", tok.encode(p), max_tokens=max_tokens, sampling=own_params()) for i, p in enumerate(prompts)
     ]
     k = spec.num_speculative_tokens if spec.enabled else 0
     longest = max(len(r.prompt_token_ids) for r in reqs) + max_tokens + 2 * k + 8
     cfg = build_config(arch, spec, max_num_seqs, longest)
 
-    def text(ids: list[int]) -> str:  # padding ids (the stand-in EOS) have no text
-        return tok.decode([t for t in ids if t < arch.ori_vocab_size])
-
-    with Engine(cfg, target, mtp if spec.enabled else None, detokenize=text) as engine:
+    # tok.decode leaves out padding ids (the stand-in EOS) and special tokens
+    with Engine(cfg, target, mtp if spec.enabled else None, detokenize=tok.decode) as engine:
         engine.generate(reqs, progress=_progress(label))
-    return reqs, [text(r.output_token_ids) for r in reqs], engine.metrics
+    return reqs, [tok.decode(r.output_token_ids) for r in reqs], engine.metrics
 
 
 def run_prompts(*args: Any, **kwargs: Any) -> tuple[list[str], list[list[int]], Metrics]:

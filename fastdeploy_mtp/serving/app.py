@@ -18,7 +18,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request as HTTPRequest
@@ -28,6 +28,7 @@ from sse_starlette import EventSourceResponse
 
 from ..runtime.request import InvalidRequestError, Request
 from ..runtime.sampling_params import TokenLogprob
+from ..tokenization import GenerationDefaults, Tokenizer
 from .engine_client import Backend, Stream, stream_events
 from .metrics import render
 from .openai_protocol import (
@@ -36,8 +37,8 @@ from .openai_protocol import (
     ChatBody,
     CompletionBody,
     RequestBody,
-    apply_chat_template,
     body_field,
+    chat_prompt,
     refuse_unsupported,
     sampling_params,
 )
@@ -79,25 +80,37 @@ def run_http(
 
 @dataclass
 class Served:
-    """What the app serves: ``backend`` under the model id ``model_name``;
-    ``tokenizer.encode(str) -> list[int]`` makes prompts, and token ids ``>=
-    ori_vocab_size`` (padding) are left out of the text."""
+    """What the app serves: ``backend`` under the model id ``model_name``; ``tokenizer``
+    makes prompts (a chat's through its chat template) and decodes responses; ``defaults``
+    fill the sampling fields a request leaves out; ``eos_token_ids`` end a response unless
+    the request sets ``ignore_eos``."""
 
     backend: Backend
     model_name: str
-    tokenizer: Any
-    ori_vocab_size: int
+    tokenizer: Tokenizer
     created: int
+    defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
+    eos_token_ids: list[int] = field(default_factory=list)
 
     def tracker(self) -> TextTracker:
-        return TextTracker(self.ori_vocab_size)
+        return TextTracker(self.tokenizer)
 
 
-def create_app(backend: Backend, model_name: str, tokenizer: Any, ori_vocab_size: int) -> FastAPI:
+def create_app(
+    backend: Backend,
+    model_name: str,
+    tokenizer: Tokenizer,
+    defaults: GenerationDefaults | None = None,
+    eos_token_ids: list[int] | None = None,
+) -> FastAPI:
     """The FastAPI app over ``backend`` (an :class:`~.engine_client.AsyncEngine`, or any other
-    :class:`~.engine_client.Backend`); see :class:`Served` for the other arguments."""
+    :class:`~.engine_client.Backend`); see :class:`Served` for the other arguments.
+    ``eos_token_ids`` defaults to the tokenizer's EOS id and ``defaults``' ids."""
+    defaults = defaults or GenerationDefaults()
+    if eos_token_ids is None:
+        eos_token_ids = list(dict.fromkeys([*tokenizer.eos_token_ids, *defaults.eos_token_ids]))
     app = FastAPI(title="fastdeploy-mtp", description="OpenAI-compatible server with MTP speculative decoding")
-    app.state.served = Served(backend, model_name, tokenizer, ori_vocab_size, int(time.time()))
+    app.state.served = Served(backend, model_name, tokenizer, int(time.time()), defaults, list(eos_token_ids))
     app.exception_handler(APIError)(_api_error)
     app.exception_handler(RequestValidationError)(_validation_error)
     app.get("/health")(health)
@@ -156,7 +169,7 @@ def new_request(
         message = f"model {body.model!r} is not served here (this server serves {served.model_name!r})"
         raise APIError(404, message, "model")
     refuse_unsupported(body)
-    sampling = sampling_params(body)
+    sampling = sampling_params(body, served.defaults, served.eos_token_ids)
     if not prompt_ids:
         raise APIError(400, "the prompt is empty", "messages" if chat else "prompt")
     req = Request(f"{prefix}-{uuid.uuid4().hex}", prompt_ids, max_tokens=max_tokens, sampling=sampling)
@@ -171,6 +184,11 @@ def new_request(
             param = "messages" if chat else "prompt"
         raise APIError(400, str(exc), param) from None
     return req
+
+
+def max_tokens_of(served: Served, body: RequestBody, fallback: int) -> int:
+    """The body's ``max_tokens``, else the model's ``max_new_tokens`` default, else ``fallback``."""
+    return body.max_tokens or served.defaults.max_new_tokens or fallback
 
 
 Entries = list[tuple[int, TokenLogprob]]
@@ -229,7 +247,7 @@ async def completions(body: CompletionBody, served: ServedDep) -> Any:
             raise APIError(400, "batched prompts are not supported: send one request per prompt", "prompt")
         prompt = prompt[0]
     ids = served.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-    req = new_request(served, ids, body.max_tokens or 16, body, "cmpl")
+    req = new_request(served, ids, max_tokens_of(served, body, 16), body, "cmpl")
     stream = served.backend.submit(req)
     base = {"id": req.request_id, "object": "text_completion", "created": int(time.time()), "model": served.model_name}
     tracker = served.tracker()
@@ -259,8 +277,10 @@ async def completions(body: CompletionBody, served: ServedDep) -> Any:
 async def chat(body: ChatBody, served: ServedDep) -> Any:
     if not body.messages:
         raise APIError(400, "messages must not be empty", "messages")
-    prompt = apply_chat_template([m.model_dump() for m in body.messages])
-    req = new_request(served, served.tokenizer.encode(prompt), body.max_tokens or 64, body, "chatcmpl")
+    prompt = chat_prompt(served.tokenizer, [m.model_dump() for m in body.messages])
+    # the template wrote the special tokens the model expects; none are added again
+    ids = served.tokenizer.encode(prompt, add_special_tokens=False)
+    req = new_request(served, ids, max_tokens_of(served, body, 64), body, "chatcmpl")
     stream = served.backend.submit(req)
     base = {"id": req.request_id, "created": int(time.time()), "model": served.model_name}
     if not body.stream:

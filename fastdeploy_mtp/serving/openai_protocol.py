@@ -1,10 +1,15 @@
 """The OpenAI side of the API server: request bodies, errors, how a body's fields become
-:class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams`, and the chat template.
+:class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams`, and a chat's prompt (the
+model's own chat template, :func:`chat_prompt`).
 
 Sampling follows the request's OpenAI fields (:func:`sampling_params`): ``temperature``
 (absent = 0, greedy), ``top_p``, ``seed``, ``stop``, ``presence_penalty``,
 ``frequency_penalty``, ``logprobs`` (chat: ``logprobs`` + ``top_logprobs``) and vLLM's extra
-body fields ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``stop_token_ids``.
+body fields ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``stop_token_ids``,
+``ignore_eos``. Fields a request leaves out take the model folder's
+``generation_config.json`` values when it sets them (:class:`GenerationDefaults`, as vLLM's
+``--generation-config auto``), else the neutral value. The model's EOS ids end the output
+unless ``ignore_eos`` (:func:`sampling_params` adds them to ``stop_token_ids``).
 ``n`` other than 1, ``best_of``, ``echo`` and ``logit_bias`` are refused with a 400 naming the
 field rather than ignored (:func:`refuse_unsupported`); so is any invalid value. Errors use
 OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}`` (:class:`APIError`).
@@ -12,21 +17,28 @@ OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}`` (:class:`API
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
 from ..runtime.sampling_params import MAX_LOGPROBS, SamplingParams
-
-#: Chat template of the byte-level tiny model (it has none of its own): one line per
-#: message, ``"<role>: <content>"``, then ``"assistant:"``.
-CHAT_TEMPLATE_DOC = "one line per message, '<role>: <content>', then 'assistant:'"
+from ..tokenization import ChatTemplateError, GenerationDefaults, Tokenizer
 
 
-def apply_chat_template(messages: list[dict[str, str]]) -> str:
-    """The prompt of a chat request (see :data:`CHAT_TEMPLATE_DOC`)."""
-    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+def chat_prompt(tokenizer: Tokenizer, messages: list[dict[str, Any]]) -> str:
+    """The prompt text of a chat request: the tokenizer's chat template over ``messages``,
+    opening the assistant's turn (tokenize it without adding special tokens again).
+
+    Raises:
+        APIError: 400 (``param`` ``messages``) when the template refuses the messages or the
+            model has no chat template.
+    """
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except (ChatTemplateError, ValueError) as exc:
+        raise APIError(400, str(exc), "messages") from None
 
 
 class APIError(Exception):
@@ -65,6 +77,7 @@ class RequestBody(BaseModel):
     repetition_penalty: float | None = None
     min_tokens: int | None = None
     stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
 
 
 class CompletionBody(RequestBody):
@@ -102,13 +115,17 @@ def refuse_unsupported(body: RequestBody) -> None:
         raise APIError(400, f"max_tokens must be > 0, got {body.max_tokens}", "max_tokens")
 
 
-def sampling_params(body: CompletionBody | ChatBody) -> SamplingParams:
+def sampling_params(
+    body: CompletionBody | ChatBody, defaults: GenerationDefaults | None = None, eos_token_ids: Sequence[int] = ()
+) -> SamplingParams:
     """The :class:`SamplingParams` an OpenAI request body asks for (``serve`` and the
-    splitwise router both use it). Absent fields take the neutral value (``temperature`` 0:
-    greedy; OpenAI's default of 1 is not assumed). ``stop`` may be a string or a list;
-    ``top_k`` of -1 (vLLM's "off") is 0. ``logprobs``: completions give the number of
-    alternatives ``k`` directly; chat gives ``logprobs: true`` and ``top_logprobs: k`` (0 when
-    absent).
+    splitwise router both use it). A field the body leaves out takes ``defaults``' value
+    (the model's ``generation_config.json``) when it has one, else the neutral value
+    (``temperature`` 0: greedy; OpenAI's default of 1 is not assumed). ``stop`` may be a
+    string or a list; ``top_k`` of -1 (vLLM's "off") is 0. ``logprobs``: completions give the
+    number of alternatives ``k`` directly; chat gives ``logprobs: true`` and ``top_logprobs:
+    k`` (0 when absent). ``eos_token_ids`` (the model's EOS ids) join ``stop_token_ids``
+    unless the body sets ``ignore_eos``.
 
     Raises:
         APIError: 400 naming the field (``param``) of the first invalid value.
@@ -123,19 +140,29 @@ def sampling_params(body: CompletionBody | ChatBody) -> SamplingParams:
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
     else:
         k = body.logprobs
+    fallback = defaults.sampling_overrides() if defaults is not None else {}
+
+    def given(name: str, neutral: Any) -> Any:
+        value = getattr(body, name)
+        return value if value is not None else fallback.get(name, neutral)
+
     stop = body.stop
+    stop_ids = list(body.stop_token_ids or [])
+    if not body.ignore_eos:
+        stop_ids += [int(t) for t in eos_token_ids if int(t) not in stop_ids]
+    top_k = given("top_k", 0)
     params = SamplingParams(
-        temperature=0.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=0 if body.top_k in (None, -1) else body.top_k,
-        min_p=body.min_p or 0.0,
+        temperature=float(given("temperature", 0.0)),
+        top_p=float(given("top_p", 1.0)),
+        top_k=0 if top_k == -1 else int(top_k),
+        min_p=float(given("min_p", 0.0)),
         seed=body.seed,
-        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        repetition_penalty=float(given("repetition_penalty", 1.0)),
         frequency_penalty=body.frequency_penalty or 0.0,
         presence_penalty=body.presence_penalty or 0.0,
         min_tokens=body.min_tokens or 0,
         stop=[stop] if isinstance(stop, str) else list(stop or []),
-        stop_token_ids=list(body.stop_token_ids or []),
+        stop_token_ids=stop_ids,
         logprobs=k,
     )
     problem = params.check()

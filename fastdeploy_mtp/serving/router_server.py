@@ -47,18 +47,26 @@ from dataclasses import dataclass
 import httpx
 from fastapi import FastAPI
 
+from ..tokenization import GenerationDefaults, Tokenizer, load_generation_config, load_tokenizer
 from .app import create_app, run_http
 from .router_backend import HEALTH_TIMEOUT_S, RouterBackend
 from .start_up import interruptible, progress_printer
 
 
 # ---- the command ---------------------------------------------------------------------------
-def router_app(backend: RouterBackend, model_name: str) -> FastAPI:
-    """The OpenAI app over ``backend`` (the byte-level tokenizer of the served tiny model);
-    its shutdown ends the requests in flight and closes the backend's HTTP client."""
-    from ..models.tiny import ByteTokenizer
+def router_app(
+    backend: RouterBackend,
+    model_name: str,
+    tokenizer: Tokenizer | None = None,
+    defaults: GenerationDefaults | None = None,
+) -> FastAPI:
+    """The OpenAI app over ``backend`` with the served model's ``tokenizer`` (the instances'
+    model folder's, so prompts and texts are what ``serve`` makes of them; ``None``: the
+    shipped model's) and generation ``defaults``; its shutdown ends the requests in flight
+    and closes the backend's HTTP client."""
+    from ..models.tiny import ASSETS_DIR
 
-    app = create_app(backend, model_name, ByteTokenizer(), ByteTokenizer.vocab_size)
+    app = create_app(backend, model_name, tokenizer or load_tokenizer(ASSETS_DIR), defaults)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -80,6 +88,9 @@ class RouterOptions:
     queue_timeout: float = 600.0
     served_model_name: str | None = None
     start_timeout: float = 300.0
+    #: the folder holding the served model's tokenizer files and ``generation_config.json``
+    #: (the model folder the instances serve); ``None``: the shipped model's
+    tokenizer: str | None = None
 
 
 def wait_for_instances(urls: Sequence[tuple[str, str]], timeout: float, progress: Callable[[str], None]) -> None:
@@ -125,8 +136,13 @@ def run_router(opts: RouterOptions) -> int:
     """Wait for the instances, then route until SIGINT/SIGTERM (returns 0; 130 if interrupted
     during start-up, 1 if the server could not start)."""
 
+    from ..models.tiny import ASSETS_DIR
+
     t0 = time.perf_counter()
     progress = progress_printer("router", t0)
+    folder = opts.tokenizer or ASSETS_DIR
+    # before any wait: a bad tokenizer folder fails fast
+    tokenizer, defaults = load_tokenizer(folder), load_generation_config(folder)
     backend = RouterBackend(opts.prefill, opts.decode, opts.queue_timeout)  # checks the URLs first
     # httpx logs every request at INFO, and Paddle's import sets the root logger to print INFO
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -143,7 +159,7 @@ def run_router(opts: RouterOptions) -> int:
             )
             model_name = opts.served_model_name or fetch_model_name(backend.prefill[0])
             progress(f"serving model {model_name!r}; decode queue timeout {opts.queue_timeout:g} s")
-            started = run_http(router_app(backend, model_name), opts.host, opts.port, progress, t0)
+            started = run_http(router_app(backend, model_name, tokenizer, defaults), opts.host, opts.port, progress, t0)
             return 0 if started else 1  # not started: e.g. the port was taken (uvicorn said why)
     except KeyboardInterrupt:
         progress("interrupted during start-up")

@@ -45,6 +45,8 @@ class ServeOptions:
     kv_hold_timeout: float = 120.0
     kv_advertise_host: str | None = None
     max_waiting_requests: int | None = None
+    #: folder of the tokenizer files when not the model folder's (``--tokenizer``)
+    tokenizer: str | None = None
 
 
 def _fit_max_num_seqs(requested: int | None) -> int:
@@ -169,26 +171,26 @@ def _run(
 ) -> int:
     """Start the workers, the engine and the HTTP server (recording each in ``running``) and
     serve until the server stops; returns the exit status."""
-    from ..models import ByteTokenizer
     from ..runtime.engine import Engine
+    from ..tokenization import load_generation_config, load_tokenizer
     from .app import create_app, run_http
     from .engine_client import AsyncEngine
     from .workers import RemoteRunner
 
+    # once per process, before any worker starts: a bad tokenizer folder fails fast
+    tokenizer = load_tokenizer(opts.model, opts.tokenizer)
+    defaults = load_generation_config(opts.model)
+    eos_ids = list(dict.fromkeys([*tokenizer.eos_token_ids, *defaults.eos_token_ids, *arch.eos_token_ids]))
+    progress(f"tokenizer: {tokenizer.source} ({tokenizer.vocab_size} ids), EOS ids {eos_ids or 'none'}")
     running.runner = runner = RemoteRunner(
         layout, progress, step_timeout=opts.step_timeout, log=log, reserved_port=opts.port
     )
-    tokenizer = ByteTokenizer()
-
-    def detokenize(ids: list[int]) -> str:  # for stop strings; padding ids have no text
-        return tokenizer.decode([t for t in ids if t < arch.ori_vocab_size])
-
     engine = Engine(
         layout.fd_config(0, arch),
         runner=runner,
         max_positions=arch.max_position_embeddings,
         prefill_chunk_size=opts.prefill_chunk_size,
-        detokenize=detokenize,
+        detokenize=tokenizer.decode,  # for stop strings; padding ids have no text
     )
 
     def on_fatal(reason: str) -> None:
@@ -204,7 +206,7 @@ def _run(
             opts, engine, runner, on_fatal, layout.max_num_seqs, progress
         )
     app = create_app(
-        running.async_engine, opts.served_model_name or "fastdeploy-mtp-tiny", tokenizer, arch.ori_vocab_size
+        running.async_engine, opts.served_model_name or "fastdeploy-mtp-tiny", tokenizer, defaults, eos_ids
     )
     if opts.splitwise_role != "mixed":
         from .splitwise_api import SplitwiseEngine, add_splitwise_routes

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import codecs
 from typing import Any, NamedTuple
 
 from ..runtime.request import Request
 from ..runtime.sampling_params import TokenLogprob
+from ..tokenization import IncrementalDetokenizer, Tokenizer
 
 
 class Emitted(NamedTuple):
@@ -29,22 +29,26 @@ def emitted_of(req: Request, tokens: list[int]) -> Emitted:
 
 
 class TextTracker:
-    """A response's text, decoded incrementally from its byte-level token ids (ids ``>=
-    ori_vocab_size``, padding, are left out), and the OpenAI logprobs of its tokens.
+    """A response's text, decoded incrementally by the model's tokenizer (an
+    :class:`~fastdeploy_mtp.tokenization.IncrementalDetokenizer`: a character split across
+    tokens waits for its last token; special tokens and padding ids have no text), and the
+    OpenAI logprobs of its tokens.
 
-    A token's string is its byte decoded alone (``errors="replace"``: a byte of a multi-byte
-    character is U+FFFD), its ``bytes`` the byte itself; its ``text_offset`` is the length of
-    the response text decoded before it."""
+    A token's string is the token decoded alone (``Tokenizer.token_string``: U+FFFD for part
+    of a character), its ``bytes`` the bytes it stands for (``Tokenizer.token_bytes``); its
+    ``text_offset`` is the number of characters of response text returned before it."""
 
-    def __init__(self, ori_vocab_size: int):
-        self.ori_vocab_size = ori_vocab_size
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self._detokenizer = IncrementalDetokenizer(tokenizer)
         self.length = 0  # characters of text returned so far
 
     def feed(self, ids: list[int], final: bool = False) -> str:
-        """The text ``ids`` complete (a partial UTF-8 character waits for the next ids;
-        ``final`` flushes it)."""
-        text = self._decoder.decode(bytes(t for t in ids if t < self.ori_vocab_size), final=final)
+        """The text ``ids`` complete (a partial character waits for the next ids; ``final``
+        releases it)."""
+        text = self._detokenizer.add(ids)
+        if final:
+            text += self._detokenizer.finish()
         self.length += len(text)
         return text
 
@@ -59,10 +63,10 @@ class TextTracker:
         return text, entries
 
     def token(self, token_id: int) -> str:
-        return bytes([token_id]).decode("utf-8", errors="replace") if token_id < self.ori_vocab_size else ""
+        return self.tokenizer.token_string(token_id)
 
     def token_bytes(self, token_id: int) -> list[int]:
-        return [int(token_id)] if token_id < self.ori_vocab_size else []
+        return self.tokenizer.token_bytes(token_id)
 
     def completion_logprobs(self, entries: list[tuple[int, TokenLogprob]]) -> dict[str, Any]:
         """Completions' ``choices[0].logprobs``: ``tokens``, ``token_logprobs``,

@@ -83,10 +83,13 @@ def test_completions_equal_the_offline_engine(server, expected):
 
 
 def test_chat_completions_stream_and_not(server):
-    from fastdeploy_mtp.serving.openai_protocol import apply_chat_template
+    from fastdeploy_mtp.models import ASSETS_DIR
+    from fastdeploy_mtp.tokenization import load_tokenizer
 
     messages = [{"role": "user", "content": "def add(a, b):"}]
-    want = offline([apply_chat_template(messages)], SPEC)[0]
+    prompt = load_tokenizer(ASSETS_DIR).apply_chat_template(messages)
+    assert prompt == "user: def add(a, b):\nassistant:"  # the byte model's template
+    want = offline([prompt], SPEC)[0]
     c = client(server)
     r = c.chat.completions.create(model="fastdeploy-mtp-tiny", messages=messages, max_tokens=MAX_TOKENS)
     assert r.choices[0].message.role == "assistant"
