@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,8 @@ MODEL_DTYPES = ("float32", "bfloat16", "float16")
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 #: :attr:`ModelConfig.model_type` of the shipped byte-level checkpoint.
 TINY_MODEL_TYPE = "fastdeploy_mtp_tiny"
+#: ``config.json`` ``architectures`` entry of that checkpoint.
+TINY_ARCHITECTURE = "FastDeployMTPTinyForCausalLM"
 
 
 @dataclass
@@ -159,11 +162,24 @@ class ModelConfig:
         return cls(**typed_keys(cls, data, "model config"))
 
     def save_json(self, path: str) -> None:
+        """Write the fields as ``config.json``; a :data:`TINY_MODEL_TYPE` config also gets
+        ``architectures`` so the folder loads with ``load_model``."""
+        data: dict[str, Any] = self.to_dict()
+        if self.model_type == TINY_MODEL_TYPE:
+            data["architectures"] = [TINY_ARCHITECTURE]
         with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+            json.dump(data, f, indent=2, sort_keys=True)
             f.write("\n")
 
     @classmethod
     def load_json(cls, path: str) -> ModelConfig:
+        """A config from a ``config.json``: a model folder's (with ``architectures``, any
+        supported family, translated by :func:`~fastdeploy_mtp.models.hf_config.translate_config`)
+        or a bare :meth:`from_dict` object."""
         with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
+            data = json.load(f)
+        if isinstance(data, dict) and "architectures" in data:
+            from .hf_config import translate_config
+
+            return translate_config(data, os.path.dirname(os.path.abspath(path)))
+        return cls.from_dict(data)
