@@ -1,0 +1,499 @@
+"""Tiny random HuggingFace model folders, built with transformers' own model classes, and the
+reference outputs transformers computes from them (torch, float32, CPU, eager attention).
+
+A folder holds what a released checkpoint holds: ``config.json``, the target's weights as
+``model.safetensors`` or shards plus ``model.safetensors.index.json`` (written by
+``save_pretrained``), the MTP layers as one extra shard under their released names, and
+``generation_config.json``. Families and their MTP tensor names (``N`` = num_hidden_layers):
+
+* ``llama`` / ``qwen2`` / ``qwen3`` -- DeepSeek style, ``model.layers.{N+k}.{enorm, hnorm,
+  eh_proj, shared_head.norm}.weight`` and the decoder block's own names
+  (``input_layernorm``, ``self_attn.*``, ``mlp.*``, ``post_attention_layernorm``);
+* ``mimo`` -- a Qwen2 target saved as ``MiMoForCausalLM`` with
+  ``model.mtp_layers.{k}.{token_layernorm, hidden_layernorm, input_proj, final_layernorm}.weight``
+  and the block's names; its projection input is [hidden, embedding] (hidden first).
+
+torch and transformers are imported inside the functions, so importing this module (for
+:func:`make_big_folder`, say) stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FAMILIES = ("llama", "qwen2", "qwen3", "mimo")
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mimo": "MiMoForCausalLM",
+}
+#: rope_theta and rms_norm_eps per family: realistic values, and not the library defaults, so
+#: that a loader which ignores them is caught.
+_ROPE_THETA = {"llama": 500000.0, "qwen2": 1000000.0, "qwen3": 1000000.0, "mimo": 640000.0}
+_RMS_EPS = {"llama": 1e-5, "qwen2": 1e-6, "qwen3": 1e-6, "mimo": 1e-5}
+#: The renames of a MiMo MTP layer's own tensors onto transformers' MtpLayer names.
+_MIMO_TO_MTP = {
+    "token_layernorm": "enorm",
+    "hidden_layernorm": "hnorm",
+    "input_proj": "eh_proj",
+    "final_layernorm": "post_norm",
+}
+_DEEPSEEK_TO_MTP = {"enorm": "enorm", "hnorm": "hnorm", "eh_proj": "eh_proj", "shared_head.norm": "post_norm"}
+MTP_SHARD = "model-mtp.safetensors"
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class FolderInfo:
+    """What :func:`make_folder` wrote. ``config`` is config.json as written; the tensor-name
+    tuples are sorted; ``eos_token_ids`` is generation_config.json's list."""
+
+    path: Path
+    family: str
+    num_hidden_layers: int
+    num_mtp_layers: int
+    sharded: bool
+    eos_token_ids: tuple[int, ...]
+    target_tensor_names: tuple[str, ...]
+    mtp_tensor_names: tuple[str, ...]
+    config: dict[str, Any] = field(repr=False)
+
+
+def rope_example(rope_type: str, max_position_embeddings: int = 256) -> dict[str, Any]:
+    """A transformers-5 ``rope_parameters`` dict (without rope_theta) for ``rope_type`` in
+    default, linear, dynamic, yarn, llama3, with an original context of half the model's."""
+    orig = max_position_embeddings // 2
+    examples: dict[str, dict[str, Any]] = {
+        "default": {"rope_type": "default"},
+        "linear": {"rope_type": "linear", "factor": 2.0},
+        "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+        "yarn": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": orig},
+        "llama3": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": orig,
+        },
+    }
+    if rope_type not in examples:
+        raise ValueError(f"rope_type: expected one of {sorted(examples)}, got {rope_type!r}")
+    return dict(examples[rope_type])
+
+
+def _quiet() -> None:
+    """No progress bars or load reports from transformers (the fixtures are built on purpose
+    with tensors the target class does not know)."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+
+def _hf_config(family: str, *, tie: bool, rope_scaling: dict[str, Any] | None, bias: bool | None, dims: dict[str, int]):
+    """The transformers config of the target (the MiMo target is a Qwen2 config)."""
+    import transformers
+
+    _quiet()
+    rope = {"rope_type": "default", "rope_theta": _ROPE_THETA[family], **(rope_scaling or {})}
+    kw: dict[str, Any] = dict(
+        vocab_size=dims["vocab_size"],
+        hidden_size=dims["hidden_size"],
+        intermediate_size=2 * dims["hidden_size"],
+        num_hidden_layers=dims["num_hidden_layers"],
+        num_attention_heads=dims["heads"],
+        num_key_value_heads=dims["kv_heads"],
+        max_position_embeddings=256,
+        rms_norm_eps=_RMS_EPS[family],
+        tie_word_embeddings=tie,
+        rope_parameters=rope,
+        eos_token_id=dims["eos"],
+    )
+    if family in ("qwen2", "mimo"):
+        if bias is False:
+            raise ValueError(f"bias: {family} always has q/k/v biases; pass None or True")
+        cfg = transformers.Qwen2Config(**kw)
+    elif family == "qwen3":
+        # an explicit head_dim that differs from hidden_size / heads
+        head_dim = 2 * dims["hidden_size"] // dims["heads"]
+        cfg = transformers.Qwen3Config(head_dim=head_dim, attention_bias=bool(bias), **kw)
+    elif family == "llama":
+        cfg = transformers.LlamaConfig(attention_bias=bool(bias), **kw)
+    else:
+        raise ValueError(f"family: expected one of {FAMILIES}, got {family!r}")
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def _fill(named_params, rng: np.random.Generator, tie: bool) -> None:
+    """Seeded values for every parameter: norm weights 1 + 0.1 N(0,1), biases 0.1 N(0,1),
+    matrices N(0,1) / sqrt(fan_in) (the LM head twice that, so logits have clear winners),
+    embeddings 0.5 N(0,1)."""
+    import torch
+
+    for name, p in sorted(named_params):
+        shape = tuple(p.shape)
+        if name.endswith("bias"):
+            value = 0.1 * rng.standard_normal(shape)
+        elif len(shape) == 1:
+            value = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif "embed_tokens" in name:
+            value = 0.5 * rng.standard_normal(shape)
+        else:
+            scale = 2.0 if ("lm_head" in name and not tie) else 1.0
+            value = scale * rng.standard_normal(shape) / np.sqrt(shape[1])
+        with torch.no_grad():
+            p.copy_(torch.from_numpy(value.astype(np.float32)))
+
+
+def _mtp_model(target, family: str, num_mtp_layers: int):
+    """transformers' MtpModel over ``target`` (the config gains the keys get_mtp_config reads)."""
+    from transformers.modeling_layers import MtpModel
+
+    cfg = target.config
+    cfg.num_mtp_layers = num_mtp_layers
+    cfg.mtp_layer_types = ["full_attention"] * num_mtp_layers
+    if family == "mimo":
+        cfg.mtp_hidden_states_first = True
+    mtp = MtpModel(target, num_mtp_layers)
+    mtp.config._attn_implementation = "eager"
+    return mtp.eval()
+
+
+def released_mtp_name(family: str, num_hidden_layers: int, mtp_name: str) -> str:
+    """The checkpoint name of MtpModel parameter ``mtp_name`` (``layers.{k}.<rest>``)."""
+    m = re.fullmatch(r"layers\.(\d+)\.(.+)", mtp_name)
+    if m is None:
+        raise ValueError(f"mtp_name: expected 'layers.<k>.<rest>', got {mtp_name!r}")
+    k, rest = int(m.group(1)), m.group(2)
+    own = _MIMO_TO_MTP if family == "mimo" else _DEEPSEEK_TO_MTP
+    inverse = {v: key for key, v in own.items()}
+    head, _, tail = rest.partition(".")
+    if rest.startswith("mtp_block."):
+        rest = rest[len("mtp_block.") :]
+    elif head in inverse:
+        rest = f"{inverse[head]}.{tail}"
+    else:
+        raise ValueError(f"mtp_name: unknown MTP parameter {mtp_name!r}")
+    if family == "mimo":
+        return f"model.mtp_layers.{k}.{rest}"
+    return f"model.layers.{num_hidden_layers + k}.{rest}"
+
+
+def _write_mtp(out: Path, family: str, target, num_mtp_layers: int, rng, dtype) -> list[str]:
+    """Build, fill and save the MTP layers: as one more shard (MTP_SHARD, added to the index)
+    when the target is sharded, else into model.safetensors itself (a folder holds either
+    model.safetensors or an index, as transformers picks the single file when both exist)."""
+    from safetensors.torch import load_file, save_file
+
+    mtp = _mtp_model(target, family, num_mtp_layers)
+    own = [(n, p) for n, p in mtp.named_parameters() if n.startswith("layers.")]
+    _fill(own, rng, tie=False)
+    n_layers = target.config.num_hidden_layers
+    tensors = {released_mtp_name(family, n_layers, n): p.detach().to(dtype).contiguous() for n, p in own}
+    index_path = out / "model.safetensors.index.json"
+    if not index_path.exists():
+        single = str(out / "model.safetensors")
+        save_file({**load_file(single), **tensors}, single, metadata={"format": "pt"})
+        return sorted(tensors)
+    save_file(tensors, str(out / MTP_SHARD), metadata={"format": "pt"})
+    index = json.loads(index_path.read_text())
+    index["weight_map"].update(dict.fromkeys(tensors, MTP_SHARD))
+    index["weight_map"] = dict(sorted(index["weight_map"].items()))
+    index["metadata"]["total_size"] = int(index["metadata"].get("total_size", 0)) + sum(
+        t.numel() * t.element_size() for t in tensors.values()
+    )
+    index_path.write_text(json.dumps(index, indent=2) + "\n")
+    return sorted(tensors)
+
+
+def _legacy_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """config.json in the transformers-4 form most released folders still carry: rope_theta and
+    rope_scaling (None when default) instead of rope_parameters, torch_dtype instead of dtype."""
+    rope = dict(cfg.pop("rope_parameters"))
+    cfg["rope_theta"] = rope.pop("rope_theta")
+    cfg["rope_scaling"] = None if rope.get("rope_type") == "default" else {"type": rope["rope_type"], **rope}
+    cfg["torch_dtype"] = cfg.pop("dtype")
+    return cfg
+
+
+def _finish_config(out: Path, family: str, num_mtp_layers: int, legacy: bool) -> dict[str, Any]:
+    """Rewrite config.json: drop the keys only MtpModel needed, name the MiMo architecture, set
+    num_nextn_predict_layers (absent when 0), optionally in the transformers-4 form."""
+    path = out / "config.json"
+    cfg = json.loads(path.read_text())
+    for key in ("num_mtp_layers", "mtp_layer_types", "mtp_hidden_states_first"):
+        cfg.pop(key, None)
+    if family == "mimo":
+        cfg["model_type"] = "mimo"
+    cfg["architectures"] = [ARCHITECTURES[family]]
+    if num_mtp_layers:
+        cfg["num_nextn_predict_layers"] = num_mtp_layers
+    if legacy:
+        cfg = _legacy_config(cfg)
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return cfg
+
+
+def make_folder(
+    out_dir: str | Path,
+    family: str,
+    *,
+    num_mtp_layers: int = 1,
+    tie: bool = False,
+    rope_scaling: dict[str, Any] | None = None,
+    bias: bool | None = None,
+    dtype: str = "float32",
+    hidden_size: int = 64,
+    num_hidden_layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    vocab_size: int = 300,
+    seed: int = 0,
+    tokenizer_writer: Callable[[Path], object] | None = None,
+    sharded: bool | None = None,
+    eos_token_ids: tuple[int, int] | None = None,
+    legacy_config: bool = False,
+) -> FolderInfo:
+    """Write a tiny random ``family`` folder into ``out_dir`` (new or empty) and describe it.
+
+    ``rope_scaling``: transformers-5 rope parameters without rope_theta, e.g.
+    ``rope_example("yarn")``. ``bias``: None = the family's own (q/k/v biases for qwen2/mimo,
+    none for llama/qwen3); True gives llama/qwen3 ``attention_bias``. ``dtype``: what the
+    safetensors hold (float32, bfloat16, float16). ``sharded``: None = sharded for qwen3 and
+    mimo only. ``eos_token_ids``: generation_config's two eos ids (default the last two ids;
+    config.json's ``eos_token_id`` is the first). ``legacy_config``: write config.json in the
+    transformers-4 form (rope_theta/rope_scaling/torch_dtype). ``tokenizer_writer(out_dir)``
+    is called last, to add tokenizer files.
+    """
+    import torch
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {DTYPES}, got {dtype!r}")
+    if family not in FAMILIES:
+        raise ValueError(f"family: expected one of {FAMILIES}, got {family!r}")
+    if num_mtp_layers < 0:
+        raise ValueError(f"num_mtp_layers: expected >= 0, got {num_mtp_layers}")
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"out_dir: expected a new or empty directory, {out} has files")
+    out.mkdir(parents=True, exist_ok=True)
+    eos = tuple(eos_token_ids) if eos_token_ids is not None else (vocab_size - 2, vocab_size - 1)
+    dims = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers)
+    dims.update(heads=heads, kv_heads=kv_heads, eos=eos[0])
+    cfg = _hf_config(family, tie=tie, rope_scaling=rope_scaling, bias=bias, dims=dims)
+    model_cls = _model_class(family)
+    torch.manual_seed(seed)
+    target = model_cls(cfg).eval()
+    rng = np.random.default_rng([seed, FAMILIES.index(family)])
+    _fill(list(target.named_parameters()), rng, tie)
+    torch_dtype = getattr(torch, dtype)
+    target.config.dtype = dtype
+    sharded = family in ("qwen3", "mimo") if sharded is None else sharded
+    shard_size = "100KB" if sharded else "10GB"
+    target.to(torch_dtype).save_pretrained(str(out), safe_serialization=True, max_shard_size=shard_size)
+    target_names = sorted(_saved_names(out))
+    mtp_names: list[str] = []
+    if num_mtp_layers:
+        mtp_names = _write_mtp(out, family, target.float(), num_mtp_layers, rng, torch_dtype)
+    config = _finish_config(out, family, num_mtp_layers, legacy_config)
+    gen = {"eos_token_id": list(eos), "do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": 20}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    if tokenizer_writer is not None:
+        tokenizer_writer(out)
+    _MODELS.pop(str(out.resolve()), None)
+    return FolderInfo(
+        path=out,
+        family=family,
+        num_hidden_layers=num_hidden_layers,
+        num_mtp_layers=num_mtp_layers,
+        sharded=(out / "model.safetensors.index.json").exists() and not (out / "model.safetensors").exists(),
+        eos_token_ids=eos,
+        target_tensor_names=tuple(target_names),
+        mtp_tensor_names=tuple(mtp_names),
+        config=config,
+    )
+
+
+def _model_class(family: str):
+    import transformers
+
+    return {
+        "llama": transformers.LlamaForCausalLM,
+        "qwen2": transformers.Qwen2ForCausalLM,
+        "qwen3": transformers.Qwen3ForCausalLM,
+        "mimo": transformers.Qwen2ForCausalLM,
+    }[family]
+
+
+def _saved_names(out: Path) -> list[str]:
+    """Tensor names of the folder's safetensors files as they stand (headers only)."""
+    names: list[str] = []
+    for f in sorted(out.glob("*.safetensors")):
+        with f.open("rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(n))
+        names += [k for k in header if k != "__metadata__"]
+    return names
+
+
+# ---- reference outputs ---------------------------------------------------------------------
+
+#: Loaded (target, mtp or None) per resolved folder path; make_folder drops a rewritten folder.
+_MODELS: dict[str, tuple[Any, Any]] = {}
+
+
+def _family_of(cfg: dict[str, Any]) -> str:
+    model_type = cfg.get("model_type")
+    if model_type not in FAMILIES:
+        raise ValueError(f"config.json model_type: expected one of {FAMILIES}, got {model_type!r}")
+    return str(model_type)
+
+
+def _load_mimo_mtp(folder: Path, target, num_mtp_layers: int):
+    """MiMo's MTP layers: transformers has no renaming for them, so map the names by hand."""
+    from safetensors.torch import load_file
+
+    mtp = _mtp_model(target, "mimo", num_mtp_layers)
+    n_layers = target.config.num_hidden_layers
+    wanted = {released_mtp_name("mimo", n_layers, n): n for n, _ in mtp.named_parameters() if n.startswith("layers.")}
+    state: dict[str, Any] = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        for name, tensor in load_file(str(shard)).items():
+            if name in wanted:
+                state[wanted[name]] = tensor.float()
+    missing = sorted(set(wanted.values()) - set(state))
+    if missing:
+        raise ValueError(f"{folder}: MTP tensors missing: {missing}")
+    mtp.load_state_dict(state, strict=False)
+    return mtp.eval()
+
+
+def load_reference(folder: str | Path):
+    """(target, mtp or None): transformers models of ``folder`` in float32, eager attention,
+    cached per path. DeepSeek-style MTP layers load through transformers' own
+    ``MtpModel.from_pretrained`` (its checkpoint renames), MiMo's by hand."""
+    import torch
+    import transformers
+    from transformers.modeling_layers import MtpModel
+
+    folder = Path(folder).resolve()
+    key = str(folder)
+    if key in _MODELS:
+        return _MODELS[key]
+    _quiet()
+    raw = json.loads((folder / "config.json").read_text())
+    family = _family_of(raw)
+    kwargs: dict[str, Any] = dict(dtype=torch.float32, attn_implementation="eager")
+    if family == "mimo":
+        fields = {k: v for k, v in raw.items() if k not in ("model_type", "architectures")}
+        kwargs["config"] = transformers.Qwen2Config(**fields)
+    target = _model_class(family).from_pretrained(str(folder), **kwargs).eval()
+    n_mtp = int(raw.get("num_nextn_predict_layers", 0))
+    mtp = None
+    if n_mtp and family == "mimo":
+        mtp = _load_mimo_mtp(folder, target, n_mtp)
+    elif n_mtp:
+        n = target.config.num_hidden_layers
+        target.config.num_mtp_layers = n_mtp
+        target.config.mtp_layer_types = ["full_attention"] * n_mtp
+        target._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{n + k}\." for k in range(n_mtp)]
+        mtp = MtpModel.from_pretrained(target).float().eval()
+        mtp.config._attn_implementation = "eager"
+    _MODELS[key] = (target, mtp)
+    return target, mtp
+
+
+def _ids(ids) -> Any:
+    import torch
+
+    t = torch.as_tensor(np.asarray(ids), dtype=torch.long)
+    if t.ndim != 2:
+        raise ValueError(f"ids: expected shape [B, S], got {tuple(t.shape)}")
+    return t
+
+
+def reference_logits(folder: str | Path, ids) -> np.ndarray:
+    """Target logits, float32 [B, S, V], for token ids [B, S] at positions 0..S-1."""
+    import torch
+
+    target, _ = load_reference(folder)
+    with torch.no_grad():
+        return target(input_ids=_ids(ids)).logits.float().numpy()
+
+
+def reference_hidden(folder: str | Path, ids) -> np.ndarray:
+    """The target's last hidden state after the final norm, float32 [B, S, H] -- what
+    transformers hands its MTP layers."""
+    import torch
+
+    target, _ = load_reference(folder)
+    with torch.no_grad():
+        return target.model(input_ids=_ids(ids)).last_hidden_state.float().numpy()
+
+
+def reference_greedy(folder: str | Path, prompt_ids: list[int], n: int, *, stop_at_eos: bool = False) -> list[int]:
+    """Greedy tokens after ``prompt_ids`` from transformers' ``generate`` (do_sample=False):
+    exactly ``n`` of them, or with ``stop_at_eos`` up to and including the first of
+    generation_config.json's eos ids."""
+    import torch
+    from transformers import GenerationConfig
+
+    target, _ = load_reference(folder)
+    eos = list(target.generation_config.eos_token_id or []) if stop_at_eos else None
+    gen = GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    # generate fills unset fields (eos among them) from the folder's generation config: hide it
+    saved, target.generation_config = target.generation_config, GenerationConfig()
+    try:
+        with torch.no_grad():
+            out = target.generate(_ids([list(prompt_ids)]), generation_config=gen)
+    finally:
+        target.generation_config = saved
+    tokens = out[0, len(prompt_ids) :].tolist()
+    if not stop_at_eos and len(tokens) != n:
+        raise RuntimeError(f"reference_greedy: generate gave {len(tokens)} tokens, expected {n}")
+    return tokens
+
+
+def _manual_greedy(folder: str | Path, prompt_ids: list[int], n: int) -> list[int]:
+    """Greedy decoding by full forwards and argmax (no cache): the cross-check of generate."""
+    ids = list(prompt_ids)
+    for _ in range(n):
+        ids.append(int(reference_logits(folder, [ids])[0, -1].argmax()))
+    return ids[len(prompt_ids) :]
+
+
+def reference_mtp_step(folder: str | Path, layer: int, next_ids, hidden) -> tuple[np.ndarray, np.ndarray]:
+    """MTP layer ``layer`` over a whole sequence with causal attention at positions 0..S-1:
+    ``next_ids`` int [B, S] are the tokens after each position, ``hidden`` float32 [B, S, H]
+    the previous hidden states (the target's, or the previous MTP layer's output). Returns
+    (logits float32 [B, S, V] through the shared head, the layer's output hidden [B, S, H])."""
+    import torch
+
+    _, mtp = load_reference(folder)
+    if mtp is None:
+        raise ValueError(f"{folder}: the folder has no MTP layers (num_nextn_predict_layers)")
+    if not 0 <= layer < mtp.num_mtp_layers:
+        raise ValueError(f"layer: expected 0..{mtp.num_mtp_layers - 1}, got {layer}")
+    ids = _ids(next_ids)
+    h = torch.as_tensor(np.asarray(hidden, dtype=np.float32))
+    if tuple(h.shape[:2]) != tuple(ids.shape):
+        raise ValueError(f"hidden: expected shape [B, S, H] with [B, S] = {tuple(ids.shape)}, got {tuple(h.shape)}")
+    positions = torch.arange(ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
+    with torch.no_grad():
+        out = mtp.forward_layer(layer, h, positions, None, input_ids=ids)
+        logits = mtp._project_to_logits(out)
+    return logits.float().numpy(), out.float().numpy()
+
+
+def reference_mtp_logits(folder: str | Path, layer: int, next_ids, hidden) -> np.ndarray:
+    """Logits float32 [B, S, V] of MTP layer ``layer``; see :func:`reference_mtp_step`."""
+    return reference_mtp_step(folder, layer, next_ids, hidden)[0]
