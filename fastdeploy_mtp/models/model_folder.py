@@ -4,13 +4,15 @@
 :func:`inspect_model_folder` reads only the JSON files and the safetensors headers and checks
 that every tensor the model needs is there with the right shape and a supported dtype.
 :func:`load_model` then builds the models (parameters in the config's dtype) and fills them
-shard by shard: each tensor is memory-mapped, sliced to this tensor-parallel rank's piece,
-converted to float32 (``BF16`` is ``uint16 << 16``) and copied into the already-built
-parameter, so no second full copy of the weights is ever held.
+shard by shard: each tensor is memory-mapped, sliced to this tensor-parallel rank's piece and
+converted to float32 (``BF16`` is ``uint16 << 16``) straight into the already-built
+parameter's memory, so no second copy of the weights is ever held (the mapped pages of one
+tensor at a time come on top).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import struct
@@ -184,8 +186,10 @@ def build_models(
         paddle.set_default_dtype(previous)
 
 
-def read_tensor(entry: TensorEntry, ref: WeightRef, axis: int | None, tp: int, rank: int) -> np.ndarray:
-    """``entry`` in our layout, this rank's slice along ``axis`` (``None`` = whole), float32."""
+def tensor_view(entry: TensorEntry, ref: WeightRef, axis: int | None, tp: int, rank: int) -> np.ndarray:
+    """A read-only memory-mapped view of ``entry`` in our layout (transposed when the
+    checkpoint is ``[out, in]``), cut to this rank's slice along ``axis`` (``None`` = whole),
+    in the stored dtype (raw ``uint16`` for BF16). Nothing is read until it is indexed."""
     count = int(np.prod(entry.shape))
     stored = np.memmap(entry.file, dtype=_STORED[entry.dtype], mode="r", offset=entry.offset, shape=(count,))
     view = stored.reshape(entry.shape)
@@ -196,10 +200,43 @@ def read_tensor(entry: TensorEntry, ref: WeightRef, axis: int | None, tp: int, r
         cut: list[slice] = [slice(None)] * view.ndim
         cut[axis] = slice(rank * size, (rank + 1) * size)
         view = view[tuple(cut)]
-    if entry.dtype == "BF16":
-        bits = np.ascontiguousarray(view).astype(np.uint32) << 16
-        return bits.view(np.float32)
-    return np.ascontiguousarray(view, dtype=np.float32)
+    return view
+
+
+def convert_into(out: np.ndarray, view: np.ndarray, stored_dtype: str) -> None:
+    """Write ``view`` (from :func:`tensor_view`) into the float32 array ``out`` of its shape:
+    BF16 bits are widened (``uint16 << 16``), F16/F64 cast, F32 copied."""
+    if stored_dtype == "BF16":
+        np.left_shift(view, np.uint32(16), out=out.view(np.uint32), casting="safe")
+    else:
+        np.copyto(out, view, casting="unsafe")
+
+
+def _writable_float32(param: paddle.Tensor) -> np.ndarray | None:
+    """A numpy array over a CPU float32 parameter's own memory (writes land in the
+    parameter), or ``None`` when the parameter is elsewhere or in another dtype."""
+    if param.dtype != paddle.float32 or not param.place.is_cpu_place() or not param.is_contiguous():
+        return None
+    shape = [int(d) for d in param.shape]
+    nbytes = int(np.prod(shape)) * 4
+    raw = (ctypes.c_char * nbytes).from_address(param.data_ptr())
+    return np.frombuffer(memoryview(raw), dtype=np.float32).reshape(shape)
+
+
+def fill_parameter(
+    param: paddle.Tensor, entry: TensorEntry, ref: WeightRef, axis: int | None, tp: int, rank: int
+) -> None:
+    """Copy this rank's slice of checkpoint tensor ``entry`` into ``param``: straight from the
+    mapped file into the parameter's memory on the CPU (no intermediate copy), through one
+    float32 temporary otherwise."""
+    view = tensor_view(entry, ref, axis, tp, rank)
+    target = _writable_float32(param)
+    if target is not None:
+        convert_into(target, view, entry.dtype)
+        return
+    value = np.empty(view.shape, np.float32)
+    convert_into(value, view, entry.dtype)
+    param.set_value(value if param.dtype == paddle.float32 else paddle.to_tensor(value).astype(param.dtype))
 
 
 def _progress(files: list[str], progress: bool | None) -> Iterable[str]:
@@ -253,12 +290,7 @@ def load_model(
         for ref in by_file[file]:
             param = params[ref.owner][ref.ours]
             axis = axes[ref.owner].get(ref.ours)
-            value = read_tensor(plan.tensors[ref.ckpt], ref, axis, tensor_parallel_size, tensor_parallel_rank)
-            if param.dtype == paddle.float32:
-                param.set_value(value)
-            else:
-                param.set_value(paddle.to_tensor(value).astype(param.dtype))
-            del value
+            fill_parameter(param, plan.tensors[ref.ckpt], ref, axis, tensor_parallel_size, tensor_parallel_rank)
     target.eval()
     if mtp is not None:
         mtp.eval()
