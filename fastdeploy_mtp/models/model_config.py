@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,13 +172,22 @@ class ModelConfig:
 
     @classmethod
     def load_json(cls, path: str) -> ModelConfig:
-        """A config from a ``config.json``: a model folder's (with ``architectures``, any
-        supported family, translated by :func:`~fastdeploy_mtp.models.hf_config.translate_config`)
-        or a bare :meth:`from_dict` object."""
+        """The config in a :data:`TINY_MODEL_TYPE` folder's ``config.json`` (its fields plus
+        ``architectures``). Other families' configs need translating: use
+        ``fastdeploy_mtp.models.inspect_model_folder``.
+
+        Raises:
+            ValueError: the file is another family's ``config.json`` (naming its ``model_type``),
+                or a field is unknown or invalid.
+        """
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-        if isinstance(data, dict) and "architectures" in data:
-            from .hf_config import translate_config
-
-            return translate_config(data, os.path.dirname(os.path.abspath(path)))
+        if isinstance(data, dict):
+            model_type = data.get("model_type", TINY_MODEL_TYPE)
+            if model_type != TINY_MODEL_TYPE:
+                raise ValueError(
+                    f"{path}: `model_type` {model_type!r} is not {TINY_MODEL_TYPE!r}; "
+                    "read it with fastdeploy_mtp.models.inspect_model_folder"
+                )
+            data = {k: v for k, v in data.items() if k != "architectures"}
         return cls.from_dict(data)

@@ -280,3 +280,11 @@ def test_peak_memory_while_loading_a_sharded_folder(tmp_path):
     )
     assert got["layers"] == 4
     assert above < 1.3 * weight_bytes
+
+
+def test_model_config_load_json_reads_tiny_folders_only(llama_dir):
+    from fastdeploy_mtp.models import ModelConfig
+
+    assert ModelConfig.load_json(str(Path(ASSETS_DIR) / "config.json")) == inspect_model_folder(ASSETS_DIR)
+    with pytest.raises(ValueError, match=r"`model_type` 'llama' is not 'fastdeploy_mtp_tiny'; read it with"):
+        ModelConfig.load_json(str(llama_dir / "config.json"))
