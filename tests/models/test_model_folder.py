@@ -288,3 +288,31 @@ def test_model_config_load_json_reads_tiny_folders_only(llama_dir):
     assert ModelConfig.load_json(str(Path(ASSETS_DIR) / "config.json")) == inspect_model_folder(ASSETS_DIR)
     with pytest.raises(ValueError, match=r"`model_type` 'llama' is not 'fastdeploy_mtp_tiny'; read it with"):
         ModelConfig.load_json(str(llama_dir / "config.json"))
+
+
+def test_duplicate_embedding_and_head_in_deepseek_style_mtp_layer_are_skipped(llama_dir, tmp_path):
+    folder = copy_of(llama_dir, tmp_path)
+
+    def add_copies(tensors):
+        tensors["model.layers.2.embed_tokens.weight"] = tensors["model.embed_tokens.weight"] + 1.0
+        tensors["model.layers.2.shared_head.head.weight"] = tensors["lm_head.weight"] + 1.0
+
+    edit_tensors(folder, add_copies)
+    target, mtp, _ = load_model(folder)
+    original, _, _ = load_model(llama_dir)
+    np.testing.assert_array_equal(target.embed_tokens.weight.numpy(), original.embed_tokens.weight.numpy())
+    np.testing.assert_array_equal(target.lm_head.weight.numpy(), original.lm_head.weight.numpy())
+
+
+def test_half_precision_parameters_are_filled_from_any_stored_dtype(tmp_path):
+    info = hf_folders.make_folder(tmp_path / "f16", "llama", num_mtp_layers=1, dtype="float16", sharded=True)
+    plan = model_folder.inspect_folder(info.path, dtype="bfloat16")
+    target, mtp = model_folder.build_models(plan.config)
+    owners = {"target": dict(target.named_parameters()), "mtp": dict(mtp.named_parameters())}
+    assert {p.dtype for ps in owners.values() for p in ps.values()} == {paddle.bfloat16}
+    for ref in plan.refs:
+        param = owners[ref.owner][ref.ours]
+        model_folder.fill_parameter(param, plan.tensors[ref.ckpt], ref, None, 1, 0)
+        stored = model_folder.tensor_view(plan.tensors[ref.ckpt], ref, None, 1, 0).astype(np.float32)
+        want = paddle.to_tensor(stored).astype("bfloat16").astype("float32").numpy()
+        np.testing.assert_array_equal(param.astype("float32").numpy(), want, err_msg=ref.ckpt)
