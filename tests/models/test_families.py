@@ -36,14 +36,18 @@ CASES = {
     ),
     "mimo-mtp2": dict(family="mimo", num_mtp_layers=2),
     "mimo-mtp1-legacy": dict(family="mimo", num_mtp_layers=1, legacy_config=True),
+    "qwen2-bf16-stored-mtp1": dict(family="qwen2", num_mtp_layers=1, dtype="bfloat16"),
 }
+#: load_model's dtype per case: a BF16 folder is widened to float32 (exact), which is also what
+#: the transformers reference computes in.
+LOAD_DTYPE = {"qwen2-bf16-stored-mtp1": "float32"}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def folder(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(request.param)
     info = hf_folders.make_folder(out, **CASES[request.param])
-    return info
+    return info, LOAD_DTYPE.get(request.param, "auto")
 
 
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:
@@ -70,7 +74,9 @@ def mtp_logits(mtp, hidden: paddle.Tensor, layer: int) -> np.ndarray:
 
 @paddle.no_grad()
 def test_target_matches_transformers(folder):
-    target, mtp, config = load_model(folder.path)
+    folder, dtype = folder
+    target, mtp, config = load_model(folder.path, dtype=dtype)
+    assert config.dtype == "float32"
     assert config.model_type == folder.family
     assert (mtp is None) == (folder.num_mtp_layers == 0)
     assert config.eos_token_ids == list(folder.eos_token_ids)
@@ -84,11 +90,12 @@ def test_target_matches_transformers(folder):
 
 @paddle.no_grad()
 def test_mtp_layers_match_transformers(folder):
+    folder, dtype = folder
     if folder.num_mtp_layers == 0:
-        _, mtp, _ = load_model(folder.path)
+        _, mtp, _ = load_model(folder.path, dtype=dtype)
         assert mtp is None
         return
-    _, mtp, config = load_model(folder.path)
+    _, mtp, config = load_model(folder.path, dtype=dtype)
     assert config.num_nextn_predict_layers == folder.num_mtp_layers
     hidden = hf_folders.reference_hidden(folder.path, [PROMPT])[0][:-1]
     next_ids = PROMPT[1:]

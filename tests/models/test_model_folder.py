@@ -28,8 +28,6 @@ from fastdeploy_mtp.models import (  # noqa: E402
 )
 from tests.support import hf_folders  # noqa: E402
 
-PROMPT = [3, 14, 15, 92, 65, 35, 89, 79]
-
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
@@ -148,20 +146,15 @@ def test_tensor_refusals(llama_dir, tmp_path, no_weight_reads):
     refusal(folder, r"tensor 'model.layers.2.eh_proj.weight' is not used by a llama model")
 
 
-def test_half_precision_folder_loads_as_float32_and_is_refused_on_cpu(tmp_path):
+def test_half_precision_folder_is_refused_on_cpu_unless_loaded_as_float32(tmp_path):
     info = hf_folders.make_folder(tmp_path / "bf16", "qwen2", num_mtp_layers=0, dtype="bfloat16")
     assert inspect_model_folder(info.path).dtype == "bfloat16"
     assert inspect_model_folder(info.path, dtype="float32").dtype == "float32"
     if paddle.get_device().startswith("cpu"):
         with pytest.raises(UnsupportedModelError, match=r"dtype 'bfloat16' needs a GPU .* dtype='float32'"):
             load_model(info.path)
-    target, _, config = load_model(info.path, dtype="float32")  # BF16 tensors widened exactly
+    target, _, config = load_model(info.path, dtype="float32")  # compared with transformers in test_families
     assert config.dtype == "float32" and target.embed_tokens.weight.dtype == paddle.float32
-    from tests.models.test_families import prefill, relative_error
-
-    with paddle.no_grad():
-        got = target.compute_logits(prefill(target, PROMPT)).numpy()
-    assert relative_error(got, hf_folders.reference_logits(info.path, [PROMPT])[0]) <= 1e-4
 
 
 def test_tensor_parallel_ranks_hold_their_slices(sharded_dir):
