@@ -1,8 +1,10 @@
-"""Models: the tiny target model, the MTP layer, the paged reference attention backend,
-checkpoint loaders for real MTP layouts, and the shipped tiny checkpoint."""
+"""Models: the dense target model, the MTP layers, the paged reference attention backend,
+model-folder loading (llama, qwen2, qwen3, mimo and the shipped tiny checkpoint), checkpoint
+loaders for real MTP layouts, and the shipped tiny checkpoint's helpers."""
 
 from .attention import ReferenceAttentionBackend, causal_bias, dense_causal_attention
 from .forward_meta import UNUSED_BLOCK, AttentionPlan, ForwardMeta, make_forward_meta, validate_forward_meta
+from .hf_config import ARCHITECTURES, UnsupportedModelError, translate_config
 from .loading import (
     FAMILIES,
     CheckpointError,
@@ -16,6 +18,7 @@ from .loading import (
     load_state_strict,
 )
 from .model_config import ModelConfig
+from .model_folder import build_models, inspect_model_folder, load_model
 from .mtp_layer import MTPLayer
 from .parallel_layers import (
     ColumnParallelLinear,
@@ -39,6 +42,7 @@ from .tiny import (
 )
 
 __all__ = [
+    "ARCHITECTURES",
     "ASSETS_DIR",
     "AttentionPlan",
     "ByteTokenizer",
@@ -57,6 +61,7 @@ __all__ = [
     "TensorSource",
     "TinyTargetModel",
     "UNUSED_BLOCK",
+    "UnsupportedModelError",
     "UnsupportedTensorError",
     "VocabParallelEmbedding",
     "causal_bias",
@@ -66,7 +71,10 @@ __all__ = [
     "dense_causal_attention",
     "greedy_generate",
     "greedy_generate_batch",
+    "build_models",
+    "inspect_model_folder",
     "kv_cache_shape",
+    "load_model",
     "load_mtp_weights",
     "load_state_strict",
     "load_tiny",
@@ -75,5 +83,6 @@ __all__ = [
     "save_tiny",
     "score_windows",
     "shard_axes",
+    "translate_config",
     "validate_forward_meta",
 ]

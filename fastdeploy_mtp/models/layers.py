@@ -14,6 +14,7 @@ causal mask (training). They share parameters and math.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import paddle
@@ -24,38 +25,52 @@ from .attention import ReferenceAttentionBackend, dense_causal_attention
 from .forward_meta import ForwardMeta
 from .model_config import ModelConfig
 from .parallel_layers import ColumnParallelLinear, RowParallelLinear, check_tensor_parallel
+from .rope import RopeSpec, rope_tables
 
 
 class RMSNorm(nn.Layer):
-    """``y = x / sqrt(mean(x^2) + eps) * weight`` over the last axis; weight ``[H]`` float32."""
+    """``y = x / sqrt(mean(x^2) + eps) * weight`` over the last axis; weight ``[H]`` in the
+    default dtype at construction (the model's ``dtype``). The statistics are computed in
+    float32 and the normalised input is cast back to ``x``'s dtype before the scale."""
 
     def __init__(self, hidden_size: int, eps: float):
         super().__init__()
         self.eps = eps
         self.weight = self.create_parameter(
-            [hidden_size], dtype="float32", default_initializer=nn.initializer.Constant(1.0)
+            [hidden_size], dtype=paddle.get_default_dtype(), default_initializer=nn.initializer.Constant(1.0)
         )
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        variance = paddle.mean(x * x, axis=-1, keepdim=True)
-        return x * paddle.rsqrt(variance + self.eps) * self.weight
+        if x.dtype == paddle.float32:
+            variance = paddle.mean(x * x, axis=-1, keepdim=True)
+            return x * paddle.rsqrt(variance + self.eps) * self.weight
+        x32 = x.astype("float32")
+        normed = x32 * paddle.rsqrt(paddle.mean(x32 * x32, axis=-1, keepdim=True) + self.eps)
+        return normed.astype(x.dtype) * self.weight
 
 
 class RotaryEmbedding(nn.Layer):
-    """Precomputed RoPE cos/sin tables, "rotate half" layout.
+    """Precomputed RoPE cos/sin tables, "rotate half" layout, for base ``theta`` and a
+    config's ``rope_scaling`` (see :mod:`~fastdeploy_mtp.models.rope`; :meth:`of` builds
+    one from a :class:`ModelConfig`).
 
-    ``cos[p, i] = cos(p * theta^(-2(i mod d/2)/d))`` for ``p < max_position`` and
-    ``i < head_dim``; likewise ``sin``. The tables are buffers that are not saved.
+    ``cos[p, i] = a * cos(p * inv_freq[i mod d/2])`` for ``p < max_position_embeddings`` and
+    ``i < head_dim`` (``a`` = the scaling's attention factor, 1 except for yarn); likewise
+    ``sin``. The tables are float32 buffers that are not saved.
     """
 
-    def __init__(self, head_dim: int, max_position: int, theta: float):
+    def __init__(self, head_dim: int, max_position: int, theta: float, rope_scaling: dict[str, Any] | None = None):
         super().__init__()
         self.max_position = max_position
-        inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-        freqs = np.arange(max_position, dtype=np.float64)[:, None] * inv_freq[None, :]
-        emb = np.concatenate([freqs, freqs], axis=-1)
-        self.register_buffer("cos_table", paddle.to_tensor(np.cos(emb).astype(np.float32)), persistable=False)
-        self.register_buffer("sin_table", paddle.to_tensor(np.sin(emb).astype(np.float32)), persistable=False)
+        cos, sin = rope_tables(RopeSpec(head_dim, max_position, theta, rope_scaling))
+        self.register_buffer("cos_table", paddle.to_tensor(cos, dtype="float32"), persistable=False)
+        self.register_buffer("sin_table", paddle.to_tensor(sin, dtype="float32"), persistable=False)
+
+    @classmethod
+    def of(cls, config: ModelConfig) -> RotaryEmbedding:
+        """The tables of ``config`` (``head_dim``, ``max_position_embeddings``, ``rope_theta``,
+        ``rope_scaling``)."""
+        return cls(config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling)
 
     def lookup(self, positions: np.ndarray | paddle.Tensor, check: bool = True) -> tuple[paddle.Tensor, paddle.Tensor]:
         """``positions`` ``[T]`` ints -> ``(cos, sin)`` each ``[T, head_dim]`` float32.
@@ -98,6 +113,8 @@ class RotaryEmbedding(nn.Layer):
 
 def apply_rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
     """Rotate ``x [..., S, heads, head_dim]`` by ``cos/sin [S, head_dim]`` (rotate-half)."""
+    if cos.dtype != x.dtype:
+        cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     rotated = paddle.concat([-x2, x1], axis=-1)
@@ -136,7 +153,8 @@ DenseKV = tuple[paddle.Tensor, paddle.Tensor]
 class Attention(nn.Layer):
     """Grouped-query self-attention: ``q_proj [H, nh*hd]``, ``k_proj``/``v_proj``
     ``[H, kvh*hd]``, ``o_proj [nh*hd, H]``; RoPE on q and k. ``q/k/v_proj`` carry biases
-    only when ``config.attention_bias`` is set.
+    only when ``config.attention_bias`` is set; with ``config.qk_norm`` (Qwen3) each query and
+    key head is RMS-normalised by ``q_norm``/``k_norm`` (weights ``[head_dim]``) before RoPE.
 
     With ``tensor_parallel_size = tp`` this rank holds ``nh/tp`` query heads and ``kvh/tp``
     key/value heads (a contiguous run of heads, so each local query head still reads its own
@@ -151,18 +169,30 @@ class Attention(nn.Layer):
         h = config.hidden_size
         tp = tensor_parallel_size
         qkv_bias = None if config.attention_bias else False
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.qk_norm = config.qk_norm
         self.q_proj = ColumnParallelLinear(h, config.num_attention_heads * self.head_dim, tp, bias_attr=qkv_bias)
         self.k_proj = ColumnParallelLinear(h, config.num_key_value_heads * self.head_dim, tp, bias_attr=qkv_bias)
         self.v_proj = ColumnParallelLinear(h, config.num_key_value_heads * self.head_dim, tp, bias_attr=qkv_bias)
         self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, h, tp)
         self.scale = 1.0 / float(np.sqrt(self.head_dim))
 
+    def _norm_q(self, q: paddle.Tensor) -> paddle.Tensor:
+        """Per-head RMSNorm of queries ``[..., heads, head_dim]`` (``qk_norm``), else ``q``."""
+        return self.q_norm(q) if self.qk_norm else q
+
+    def _norm_k(self, k: paddle.Tensor) -> paddle.Tensor:
+        """Per-head RMSNorm of keys ``[..., kv_heads, head_dim]`` (``qk_norm``), else ``k``."""
+        return self.k_norm(k) if self.qk_norm else k
+
     def forward(self, x: paddle.Tensor, step: PagedStep, layer_id: int) -> paddle.Tensor:
         """``x [T, H]`` -> ``[T, H]`` through the paged backend (whose caches hold this rank's
         ``num_kv_heads`` heads); ``layer_id`` selects the KV cache pair."""
         t = x.shape[0]
-        q = self.q_proj(x).reshape([t, self.num_heads, self.head_dim])
-        k = self.k_proj(x).reshape([t, self.num_kv_heads, self.head_dim])
+        q = self._norm_q(self.q_proj(x).reshape([t, self.num_heads, self.head_dim]))
+        k = self._norm_k(self.k_proj(x).reshape([t, self.num_kv_heads, self.head_dim]))
         v = self.v_proj(x).reshape([t, self.num_kv_heads, self.head_dim])
         q = apply_rope(q, step.cos, step.sin)
         k = apply_rope(k, step.cos, step.sin)
@@ -171,7 +201,7 @@ class Attention(nn.Layer):
     def dense_kv(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> DenseKV:
         """Keys (RoPE applied) and values ``[B, num_kv_heads, S, head_dim]`` of ``x [B, S, H]``."""
         b, s = x.shape[0], x.shape[1]
-        k = apply_rope(self.k_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim]), cos, sin)
+        k = apply_rope(self._norm_k(self.k_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])), cos, sin)
         v = self.v_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])
         return k.transpose([0, 2, 1, 3]), v.transpose([0, 2, 1, 3])
 
@@ -181,7 +211,8 @@ class Attention(nn.Layer):
         ``kv`` (``S'`` rows from :meth:`dense_kv` of other inputs, e.g. the MTP layer's
         earlier substeps, under a mask that says which each query sees)."""
         b, s = x.shape[0], x.shape[1]
-        q = apply_rope(self.q_proj(x).reshape([b, s, self.num_heads, self.head_dim]), step.cos, step.sin)
+        q = self._norm_q(self.q_proj(x).reshape([b, s, self.num_heads, self.head_dim]))
+        q = apply_rope(q, step.cos, step.sin)
         k, v = self.dense_kv(x, step.cos, step.sin) if kv is None else kv
         out = dense_causal_attention(q.transpose([0, 2, 1, 3]), k, v, step.bias, self.scale)
         return self.o_proj(out)

@@ -28,6 +28,7 @@ import paddle
 import paddle.nn as nn
 
 from .model_config import ModelConfig
+from .weight_refs import block_refs
 
 if TYPE_CHECKING:
     from .mtp_layer import MTPLayer
@@ -341,7 +342,7 @@ def load_mtp_weights(
 
     params = dict(model.named_parameters())
     plan = _Plan(src, params)
-    _plan_layer(plan, spec, fmt(spec.prefix), model.config.attention_bias)
+    _plan_layer(plan, spec, fmt(spec.prefix), model.config)
     _reject_leftovers(plan, spec, fmt)
     missing_params = sorted(set(params) - set(plan.values))
     if missing_params:
@@ -370,9 +371,10 @@ def _check_layer_fits(model: MTPLayer, spec: FamilySpec) -> None:
             )
 
 
-def _plan_layer(plan: _Plan, spec: FamilySpec, prefix: str, attention_bias: bool) -> None:
+def _plan_layer(plan: _Plan, spec: FamilySpec, prefix: str, config: ModelConfig) -> None:
     """Adds every MTP-layer parameter to ``plan``: the fusion tensors, then the decoder block
-    (q/k/v and gate/up read from their fused checkpoint tensors where the family has them)."""
+    (:func:`~fastdeploy_mtp.models.weight_refs.block_refs` names; q/k/v and gate/up read from
+    their fused checkpoint tensors where the family has them)."""
     block = prefix + spec.block
     tl = spec.torch_layout
 
@@ -382,27 +384,23 @@ def _plan_layer(plan: _Plan, spec: FamilySpec, prefix: str, attention_bias: bool
     for norm in ("enorm", "hnorm", "norm"):
         plan.vector(f"{norm}.weight", absolute(spec.fusion[norm]), spec.norm_offset)
     plan.linear("eh_proj.weight", absolute(spec.fusion["eh_proj"]), tl)
-    for norm in ("input_layernorm", "post_attention_layernorm"):
-        plan.vector(f"mtp_block.{norm}.weight", f"{block}{norm}.weight", spec.norm_offset)
-    attn = block + "self_attn."
-    ours_attn = "mtp_block.self_attn."
-    if attn + "qkv_proj.weight" in plan.src:
-        plan.fused([ours_attn + p + ".weight" for p in ("q_proj", "k_proj", "v_proj")], attn + "qkv_proj.weight", tl)
-    else:
-        for p in ("q_proj", "k_proj", "v_proj"):
-            plan.linear(ours_attn + p + ".weight", attn + p + ".weight", tl)
-    if attention_bias:
-        for p in ("q_proj", "k_proj", "v_proj"):
-            plan.vector(ours_attn + p + ".bias", attn + p + ".bias")
-    plan.linear(ours_attn + "o_proj.weight", attn + "o_proj.weight", tl)
-    mlp, ours_mlp = block + "mlp.", "mtp_block.mlp."
-    if mlp + "up_gate_proj.weight" in plan.src:
-        # ERNIE's fused SwiGLU input: the first half goes through silu (gate), then up.
-        plan.fused([ours_mlp + "gate_proj.weight", ours_mlp + "up_proj.weight"], mlp + "up_gate_proj.weight", tl)
-    else:
-        plan.linear(ours_mlp + "gate_proj.weight", mlp + "gate_proj.weight", tl)
-        plan.linear(ours_mlp + "up_proj.weight", mlp + "up_proj.weight", tl)
-    plan.linear(ours_mlp + "down_proj.weight", mlp + "down_proj.weight", tl)
+    fused = {
+        block + "self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"),
+        block + "mlp.up_gate_proj.weight": ("gate_proj", "up_proj"),  # ERNIE: silu half (gate) first
+    }
+    fused = {name: parts for name, parts in fused.items() if name in plan.src}
+    fused_parts = {p for parts in fused.values() for p in parts}
+    for ckpt, parts in fused.items():
+        owner = "mtp_block.self_attn." if "self_attn" in ckpt else "mtp_block.mlp."
+        plan.fused([f"{owner}{p}.weight" for p in parts], ckpt, tl)
+    for ref in block_refs(config, "mtp", "mtp_block.", block, tl):
+        kind, leaf = ref.ours.split(".")[-2:]
+        if leaf == "weight" and kind in fused_parts:
+            continue
+        if len(ref.shape) == 2:
+            plan.linear(ref.ours, ref.ckpt, tl)
+        else:
+            plan.vector(ref.ours, ref.ckpt, spec.norm_offset if kind.endswith("layernorm") else 0.0)
 
 
 def _reject_leftovers(plan: _Plan, spec: FamilySpec, fmt: Callable[[str], str]) -> None:

@@ -21,6 +21,8 @@ MODEL_DTYPES = ("float32", "bfloat16", "float16")
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 #: :attr:`ModelConfig.model_type` of the shipped byte-level checkpoint.
 TINY_MODEL_TYPE = "fastdeploy_mtp_tiny"
+#: ``config.json`` ``architectures`` entry of that checkpoint.
+TINY_ARCHITECTURE = "FastDeployMTPTinyForCausalLM"
 
 
 @dataclass
@@ -159,11 +161,33 @@ class ModelConfig:
         return cls(**typed_keys(cls, data, "model config"))
 
     def save_json(self, path: str) -> None:
+        """Write the fields as ``config.json``; a :data:`TINY_MODEL_TYPE` config also gets
+        ``architectures`` so the folder loads with ``load_model``."""
+        data: dict[str, Any] = self.to_dict()
+        if self.model_type == TINY_MODEL_TYPE:
+            data["architectures"] = [TINY_ARCHITECTURE]
         with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+            json.dump(data, f, indent=2, sort_keys=True)
             f.write("\n")
 
     @classmethod
     def load_json(cls, path: str) -> ModelConfig:
+        """The config in a :data:`TINY_MODEL_TYPE` folder's ``config.json`` (its fields plus
+        ``architectures``). Other families' configs need translating: use
+        ``fastdeploy_mtp.models.inspect_model_folder``.
+
+        Raises:
+            ValueError: the file is another family's ``config.json`` (naming its ``model_type``),
+                or a field is unknown or invalid.
+        """
         with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
+            data = json.load(f)
+        if isinstance(data, dict):
+            model_type = data.get("model_type", TINY_MODEL_TYPE)
+            if model_type != TINY_MODEL_TYPE:
+                raise ValueError(
+                    f"{path}: `model_type` {model_type!r} is not {TINY_MODEL_TYPE!r}; "
+                    "read it with fastdeploy_mtp.models.inspect_model_folder"
+                )
+            data = {k: v for k, v in data.items() if k != "architectures"}
+        return cls.from_dict(data)

@@ -48,7 +48,7 @@ class MTPLayer(nn.Layer):
         self.eh_proj = nn.Linear(2 * h, h, bias_attr=False)
         self.mtp_block = DecoderLayer(config, tp)
         self.norm = RMSNorm(h, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
+        self.rotary = RotaryEmbedding.of(config)
         self.attn_backend = ReferenceAttentionBackend(
             config.num_attention_heads // tp, config.num_key_value_heads // tp, config.head_dim, config.block_size
         )
@@ -100,9 +100,10 @@ class MTPLayer(nn.Layer):
         if plan.max_position is not None:  # validated on the host (ForwardMeta.check)
             self.rotary.check_position(plan.max_position)
         cos, sin = self.rotary.lookup(plan.positions, check=False)
-        x = self._fuse(self.target.embed_tokens(ids_remove_padding), previous_hidden_states.astype("float32"))
+        x = self._fuse(self.target.embed_tokens(ids_remove_padding), self.target.to_model_dtype(previous_hidden_states))
         step = PagedStep(cos, sin, self.attn_backend, forward_meta)
-        return self.finish(self.mtp_block(x, step, self.cache_layer))
+        out = self.finish(self.mtp_block(x, step, self.cache_layer))
+        return out if out.dtype == paddle.float32 else out.astype("float32")
 
     def finish(self, x: paddle.Tensor) -> paddle.Tensor:
         """The block's output -> what ``forward`` returns: ``norm(x)`` when
@@ -113,6 +114,7 @@ class MTPLayer(nn.Layer):
         """``hidden [n, H]`` -> float32 ``[n, V]`` through the shared LM head, columns
         ``>= ori_vocab_size`` set to ``-inf``. Applies ``norm`` first when
         ``config.mtp_final_norm == "in_logits"``."""
+        hidden = self.target.to_model_dtype(hidden)
         if self.config.mtp_final_norm == "in_logits":
             hidden = self.norm(hidden)
         return mask_padded_vocab(self.target.lm_head(hidden), self.config.ori_vocab_size)
@@ -202,6 +204,9 @@ def mtp_layers_of(mtp: MTPLayer | MTPStack) -> list[MTPLayer]:
     return list(mtp.layers) if isinstance(mtp, MTPStack) else [mtp]
 
 
-def build_mtp(config: ModelConfig, target: TinyTargetModel) -> MTPLayer | MTPStack:
-    """An :class:`MTPLayer` for one layer, an :class:`MTPStack` for more."""
+def build_mtp(config: ModelConfig, target: TinyTargetModel) -> MTPLayer | MTPStack | None:
+    """An :class:`MTPLayer` for one layer, an :class:`MTPStack` for more, ``None`` when
+    ``config.num_nextn_predict_layers == 0`` (a target model without MTP layers)."""
+    if config.num_nextn_predict_layers == 0:
+        return None
     return MTPStack(config, target) if config.num_nextn_predict_layers > 1 else MTPLayer(config, target)

@@ -166,6 +166,27 @@ class ParallelLMHead(_CollectiveLinear):
         return distributed.all_gather_last_axis(y)
 
 
+class TiedLMHead(nn.Layer):
+    """LM head that reads the embedding matrix (``tie_word_embeddings``): ``hidden [..., H]``
+    -> ``hidden @ E_r^T`` with ``E_r [V/tp, H]`` this rank's :class:`VocabParallelEmbedding`
+    rows, gathered along the vocabulary like :class:`ParallelLMHead` (the embedding's row shard
+    is exactly the head's column shard). Owns no parameter."""
+
+    def __init__(self, embedding: VocabParallelEmbedding):
+        super().__init__()
+        self._embedding = (embedding,)  # a tuple: not registered, the weight stays the embedding's
+        self.tensor_parallel_size = embedding.tensor_parallel_size
+
+    @property
+    def weight(self) -> paddle.Tensor:
+        """The tied matrix ``[V/tp, H]`` (the embedding's weight, not a copy)."""
+        return self._embedding[0].weight
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        y = paddle.matmul(x, self.weight, transpose_y=True)
+        return distributed.all_gather_last_axis(y) if self.tensor_parallel_size > 1 else y
+
+
 def shard_axes(layer: nn.Layer) -> dict[str, int]:
     """``{parameter name (as in layer.named_parameters()): axis}`` for every sharded
     parameter of ``layer``; parameters not listed are replicated."""

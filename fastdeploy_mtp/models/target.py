@@ -10,7 +10,13 @@ from .attention import ReferenceAttentionBackend
 from .forward_meta import ForwardMeta
 from .layers import DecoderLayer, DenseStep, PagedStep, RMSNorm, RotaryEmbedding
 from .model_config import ModelConfig
-from .parallel_layers import ParallelLMHead, VocabParallelEmbedding, check_tensor_parallel, refuse_training_on_shard
+from .parallel_layers import (
+    ParallelLMHead,
+    TiedLMHead,
+    VocabParallelEmbedding,
+    check_tensor_parallel,
+    refuse_training_on_shard,
+)
 
 #: ``(vocab, ori_vocab_size, place) -> [vocab]`` additive masks, built once (a host-to-device
 #: copy per logits call was a measurable part of every engine step)
@@ -34,7 +40,12 @@ def mask_padded_vocab(logits: paddle.Tensor, ori_vocab_size: int) -> paddle.Tens
 
 class TinyTargetModel(nn.Layer):
     """Decoder-only LM: ``embed_tokens [V, H]`` -> ``num_hidden_layers`` x :class:`DecoderLayer`
-    -> final ``norm`` -> ``lm_head [H, V]`` (untied; Paddle ``[in, out]`` layout).
+    -> final ``norm`` -> ``lm_head [H, V]`` (Paddle ``[in, out]`` layout), or the embedding
+    matrix itself when ``config.tie_word_embeddings`` (no ``lm_head`` parameter then).
+
+    Parameters and activations are in the default dtype current at construction
+    (:func:`~fastdeploy_mtp.models.model_folder.build_models` sets it to ``config.dtype``);
+    ``forward`` returns float32 hidden states and ``compute_logits`` float32 logits.
 
     ``forward`` returns the hidden state the MTP layer consumes, chosen by
     ``config.mtp_hidden_state``: after the final norm (``"post_norm"``, the default and what
@@ -59,8 +70,12 @@ class TinyTargetModel(nn.Layer):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp, tensor_parallel_rank)
         self.layers = nn.LayerList([DecoderLayer(config, tp) for _ in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size, tp)
-        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
+        self.lm_head: ParallelLMHead | TiedLMHead
+        if config.tie_word_embeddings:
+            self.lm_head = TiedLMHead(self.embed_tokens)
+        else:
+            self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size, tp)
+        self.rotary = RotaryEmbedding.of(config)
         self.attn_backend = ReferenceAttentionBackend(
             config.num_attention_heads // tp, config.num_key_value_heads // tp, config.head_dim, config.block_size
         )
@@ -98,14 +113,20 @@ class TinyTargetModel(nn.Layer):
             h = layer(h, step, i)
         if self.config.mtp_hidden_state == "post_norm":
             h = self.norm(h)
-        return h
+        return h if h.dtype == paddle.float32 else h.astype("float32")
 
     def compute_logits(self, hidden: paddle.Tensor, forward_meta: ForwardMeta | None = None) -> paddle.Tensor:
         """``hidden [n, H]`` (as returned by ``forward``) -> float32 ``[n, V]`` logits with the
         padded-vocab tail (columns ``>= ori_vocab_size``) set to ``-inf``."""
+        hidden = self.to_model_dtype(hidden)
         if self.config.mtp_hidden_state == "pre_norm":
             hidden = self.norm(hidden)
         return mask_padded_vocab(self.lm_head(hidden), self.config.ori_vocab_size)
+
+    def to_model_dtype(self, x: paddle.Tensor) -> paddle.Tensor:
+        """``x`` cast to the parameters' dtype (a no-op for float32 models)."""
+        dtype = self.embed_tokens.weight.dtype
+        return x if x.dtype == dtype else x.astype(dtype)
 
     def empty_input_forward(self, forward_meta: ForwardMeta | None = None) -> None:
         """No-op. Exists for interface parity: with MoE under expert parallelism, a rank with

@@ -14,9 +14,11 @@ import paddle.nn.functional as F
 from ..constants import NO_BLOCK_ID
 from .attention import causal_bias
 from .forward_meta import make_forward_meta
-from .loading import TensorSource, load_state_strict, state_to_numpy
+from .hf_config import UnsupportedModelError
+from .loading import state_to_numpy
 from .model_config import ModelConfig
-from .mtp_layer import MTPLayer, MTPStack, build_mtp
+from .model_folder import load_model
+from .mtp_layer import MTPLayer, MTPStack
 from .target import TinyTargetModel
 
 #: Directory of the shipped checkpoint.
@@ -209,11 +211,12 @@ def save_tiny(
 def load_tiny(
     path: str | None = None, tensor_parallel_size: int = 1, tensor_parallel_rank: int = 0
 ) -> tuple[TinyTargetModel, MTPLayer | MTPStack, ModelConfig]:
-    """Load the shipped (or a saved) tiny checkpoint, whole or one tensor-parallel shard.
+    """Load the shipped (or a saved) tiny checkpoint, whole or one tensor-parallel shard:
+    :func:`~fastdeploy_mtp.models.model_folder.load_model` of ``path`` (default:
+    ``fastdeploy_mtp/assets``), which must have an MTP layer.
 
     Args:
-        path: directory with ``model.safetensors`` and ``config.json``
-            (default: ``fastdeploy_mtp/assets``).
+        path: model folder with ``model.safetensors`` and ``config.json``.
         tensor_parallel_size, tensor_parallel_rank: load rank ``tensor_parallel_rank``'s shard
             of a ``tensor_parallel_size``-way split, sliced from the full checkpoint (see
             :mod:`~fastdeploy_mtp.models.parallel_layers`). With a size above 1 the models
@@ -223,28 +226,21 @@ def load_tiny(
     Returns:
         ``(target, mtp, config)`` in eval mode; ``mtp`` (an :class:`MTPLayer`, or an
         :class:`MTPStack` when ``config.num_nextn_predict_layers > 1``) shares the target's
-        embedding and head.
-        ``config`` is the full model's (unsharded) config.
+        embedding and head. ``config`` is the full model's (unsharded) config.
 
     Raises:
+        UnsupportedModelError: the folder cannot be loaded (see ``inspect_model_folder``) or
+            has no MTP layer.
         ValueError: a config field (``num_attention_heads``, ``num_key_value_heads``,
             ``intermediate_size``, ``vocab_size``) not divisible by ``tensor_parallel_size``,
             or a rank outside ``[0, tensor_parallel_size)``.
     """
-    path = path or ASSETS_DIR
-    for name in (WEIGHTS_FILE, CONFIG_FILE):
-        if not os.path.isfile(os.path.join(path, name)):
-            raise FileNotFoundError(f"tiny checkpoint directory {path!r} has no {name}")
-    config = ModelConfig.load_json(os.path.join(path, CONFIG_FILE))
-    target = TinyTargetModel(config, tensor_parallel_size, tensor_parallel_rank)
-    mtp = build_mtp(config, target)
-    src = TensorSource(os.path.join(path, WEIGHTS_FILE))
-    load_state_strict(target, src, "", tensor_parallel_size, tensor_parallel_rank)
-    load_state_strict(mtp, src, MTP_PREFIX, tensor_parallel_size, tensor_parallel_rank)
-    expected = {n for n, _ in target.named_parameters()} | {MTP_PREFIX + n for n, _ in mtp.named_parameters()}
-    extra = sorted(set(src.keys()) - expected)
-    if extra:
-        raise ValueError(f"tiny checkpoint {path!r} has unexpected tensors {extra[:5]}")
-    target.eval()
-    mtp.eval()
+    folder = path or ASSETS_DIR
+    target, mtp, config = load_model(
+        folder, tensor_parallel_size=tensor_parallel_size, tensor_parallel_rank=tensor_parallel_rank
+    )
+    if mtp is None:
+        raise UnsupportedModelError(
+            f"model folder {folder}: load_tiny needs an MTP layer (num_nextn_predict_layers is 0)"
+        )
     return target, mtp, config

@@ -1,0 +1,297 @@
+"""Load a HuggingFace-layout model folder: ``config.json`` (+ ``generation_config.json``) and
+``model.safetensors`` or ``model.safetensors.index.json`` + shards.
+
+:func:`inspect_model_folder` reads only the JSON files and the safetensors headers and checks
+that every tensor the model needs is there with the right shape and a supported dtype.
+:func:`load_model` then builds the models (parameters in the config's dtype) and fills them
+shard by shard: each tensor is memory-mapped, sliced to this tensor-parallel rank's piece and
+converted to float32 (``BF16`` is ``uint16 << 16``) straight into the already-built
+parameter's memory, so no second copy of the weights is ever held (the mapped pages of one
+tensor at a time come on top).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import struct
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import paddle
+
+from .hf_config import UnsupportedModelError, translate_config
+from .model_config import ModelConfig
+from .mtp_layer import MTPLayer, MTPStack, build_mtp
+from .parallel_layers import shard_axes
+from .target import TinyTargetModel
+from .weight_maps import WeightRef, ignorable, weight_map
+
+CONFIG_JSON = "config.json"
+GENERATION_JSON = "generation_config.json"
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+#: safetensors dtype -> numpy dtype as stored (BF16 is read as its raw 16 bits).
+_STORED = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where one tensor lives: ``file``, safetensors ``dtype``, ``shape`` and the absolute
+    byte ``offset`` of its data."""
+
+    file: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+
+
+@dataclass(frozen=True)
+class FolderPlan:
+    """What :func:`inspect_folder` found: the config, the weight map and every tensor's entry."""
+
+    config: ModelConfig
+    refs: list[WeightRef]
+    tensors: dict[str, TensorEntry]
+
+
+def _read_json(path: str, where: str, what: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as exc:
+        problem = f"{what} is not valid JSON ({exc.msg}, line {exc.lineno})"
+        raise UnsupportedModelError(f"model folder {where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise UnsupportedModelError(f"model folder {where}: {what} must hold a JSON object")
+    return data
+
+
+def read_safetensors_header(path: str) -> dict[str, TensorEntry]:
+    """The tensors of one ``.safetensors`` file (its JSON header only)."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise UnsupportedModelError(f"safetensors file {path}: shorter than its 8-byte header length")
+        (size,) = struct.unpack("<Q", raw)
+        header = json.loads(f.read(size))
+    start = 8 + size
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        out[name] = TensorEntry(path, meta["dtype"], tuple(meta["shape"]), start + int(meta["data_offsets"][0]))
+    return out
+
+
+def _shard_files(path: str) -> list[str]:
+    index = os.path.join(path, INDEX_FILE)
+    if os.path.isfile(index):
+        weight_map = _read_json(index, path, INDEX_FILE).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise UnsupportedModelError(f"model folder {path}: {INDEX_FILE} has no `weight_map` object")
+        files = sorted(set(weight_map.values()))
+        missing = [f for f in files if not os.path.isfile(os.path.join(path, f))]
+        if missing:
+            raise UnsupportedModelError(f"model folder {path}: shard {missing[0]} named in {INDEX_FILE} is missing")
+        return [os.path.join(path, f) for f in files]
+    if os.path.isfile(os.path.join(path, SINGLE_FILE)):
+        return [os.path.join(path, SINGLE_FILE)]
+    raise UnsupportedModelError(f"model folder {path}: no {SINGLE_FILE} or {INDEX_FILE}")
+
+
+def _check_tensors(path: str, config: ModelConfig, refs: list[WeightRef], tensors: dict[str, TensorEntry]) -> None:
+    for ref in refs:
+        entry = tensors.get(ref.ckpt)
+        if entry is None:
+            raise UnsupportedModelError(
+                f"model folder {path}: tensor {ref.ckpt!r} is missing (expected shape {list(ref.ckpt_shape)})"
+            )
+        if entry.shape != ref.ckpt_shape:
+            got, want = list(entry.shape), list(ref.ckpt_shape)
+            raise UnsupportedModelError(f"model folder {path}: tensor {ref.ckpt!r} has shape {got}, expected {want}")
+        if entry.dtype not in _STORED:
+            raise UnsupportedModelError(
+                f"model folder {path}: tensor {ref.ckpt!r} has dtype {entry.dtype}, expected one of {sorted(_STORED)}"
+            )
+    used = {r.ckpt for r in refs}
+    extra = sorted(n for n in tensors if n not in used and not ignorable(config, n))
+    if extra:
+        raise UnsupportedModelError(
+            f"model folder {path}: tensor {extra[0]!r} is not used by a {config.model_type} model with "
+            f"num_nextn_predict_layers={config.num_nextn_predict_layers} ({len(extra)} unused tensor(s))"
+        )
+
+
+def inspect_folder(path: str | os.PathLike[str], dtype: str = "auto") -> FolderPlan:
+    """Read the folder's JSON files and safetensors headers; see :func:`inspect_model_folder`."""
+    where = os.fspath(path)
+    if not os.path.isdir(where):
+        raise UnsupportedModelError(f"model folder {where}: not a directory")
+    cfg_path = os.path.join(where, CONFIG_JSON)
+    if not os.path.isfile(cfg_path):
+        raise UnsupportedModelError(f"model folder {where}: no {CONFIG_JSON}")
+    raw = _read_json(cfg_path, where, CONFIG_JSON)
+    gen_path = os.path.join(where, GENERATION_JSON)
+    generation = _read_json(gen_path, where, GENERATION_JSON) if os.path.isfile(gen_path) else None
+    config = translate_config(raw, where, generation, dtype)
+    tensors: dict[str, TensorEntry] = {}
+    for file in _shard_files(where):
+        tensors.update(read_safetensors_header(file))
+    refs = weight_map(config)
+    _check_tensors(where, config, refs, tensors)
+    return FolderPlan(config, refs, tensors)
+
+
+def inspect_model_folder(path: str | os.PathLike[str], dtype: str = "auto") -> ModelConfig:
+    """The :class:`ModelConfig` of a model folder, reading only JSON and safetensors headers.
+
+    Args:
+        path: the folder.
+        dtype: ``"auto"`` (the config's ``dtype`` / ``torch_dtype``, float32 when absent),
+            ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+
+    Raises:
+        UnsupportedModelError: one line naming the folder and what is missing or unsupported
+            (no ``config.json``, unknown architecture, an unsupported config key, a missing
+            shard, a missing tensor or one of the wrong shape, an unused tensor).
+    """
+    return inspect_folder(path, dtype).config
+
+
+def check_dtype_runs(config: ModelConfig, where: str) -> None:
+    """Refuse a half-precision ``config.dtype`` on the CPU: Paddle's CPU build has no
+    bfloat16 / float16 ``matmul`` kernel."""
+    if config.dtype != "float32" and paddle.get_device().startswith("cpu"):
+        raise UnsupportedModelError(
+            f"model folder {where}: dtype {config.dtype!r} needs a GPU (Paddle's CPU kernels have no "
+            f"{config.dtype} matmul); load it with dtype='float32'"
+        )
+
+
+def build_models(
+    config: ModelConfig, tensor_parallel_size: int = 1, tensor_parallel_rank: int = 0
+) -> tuple[TinyTargetModel, MTPLayer | MTPStack | None]:
+    """The target model and its MTP layers (``None`` without any), parameters in ``config.dtype``."""
+    previous = paddle.get_default_dtype()
+    paddle.set_default_dtype(config.dtype)
+    try:
+        target = TinyTargetModel(config, tensor_parallel_size, tensor_parallel_rank)
+        return target, build_mtp(config, target)
+    finally:
+        paddle.set_default_dtype(previous)
+
+
+def tensor_view(entry: TensorEntry, ref: WeightRef, axis: int | None, tp: int, rank: int) -> np.ndarray:
+    """A read-only memory-mapped view of ``entry`` in our layout (transposed when the
+    checkpoint is ``[out, in]``), cut to this rank's slice along ``axis`` (``None`` = whole),
+    in the stored dtype (raw ``uint16`` for BF16). Nothing is read until it is indexed."""
+    count = int(np.prod(entry.shape))
+    stored = np.memmap(entry.file, dtype=_STORED[entry.dtype], mode="r", offset=entry.offset, shape=(count,))
+    view = stored.reshape(entry.shape)
+    if ref.transpose:
+        view = view.T
+    if axis is not None:
+        size = view.shape[axis] // tp
+        cut: list[slice] = [slice(None)] * view.ndim
+        cut[axis] = slice(rank * size, (rank + 1) * size)
+        view = view[tuple(cut)]
+    return view
+
+
+def convert_into(out: np.ndarray, view: np.ndarray, stored_dtype: str) -> None:
+    """Write ``view`` (from :func:`tensor_view`) into the float32 array ``out`` of its shape:
+    BF16 bits are widened (``uint16 << 16``), F16/F64 cast, F32 copied."""
+    if stored_dtype == "BF16":
+        np.left_shift(view, np.uint32(16), out=out.view(np.uint32), casting="safe")
+    else:
+        np.copyto(out, view, casting="unsafe")
+
+
+def _writable_float32(param: paddle.Tensor) -> np.ndarray | None:
+    """A numpy array over a CPU float32 parameter's own memory (writes land in the
+    parameter), or ``None`` when the parameter is elsewhere or in another dtype."""
+    if param.dtype != paddle.float32 or not param.place.is_cpu_place() or not param.is_contiguous():
+        return None
+    shape = [int(d) for d in param.shape]
+    nbytes = int(np.prod(shape)) * 4
+    raw = (ctypes.c_char * nbytes).from_address(param.data_ptr())
+    return np.frombuffer(memoryview(raw), dtype=np.float32).reshape(shape)
+
+
+def fill_parameter(
+    param: paddle.Tensor, entry: TensorEntry, ref: WeightRef, axis: int | None, tp: int, rank: int
+) -> None:
+    """Copy this rank's slice of checkpoint tensor ``entry`` into ``param``: straight from the
+    mapped file into the parameter's memory on the CPU (no intermediate copy), through one
+    float32 temporary otherwise."""
+    view = tensor_view(entry, ref, axis, tp, rank)
+    target = _writable_float32(param)
+    if target is not None:
+        convert_into(target, view, entry.dtype)
+        return
+    value = np.empty(view.shape, np.float32)
+    convert_into(value, view, entry.dtype)
+    param.set_value(value if param.dtype == paddle.float32 else paddle.to_tensor(value).astype(param.dtype))
+
+
+def _progress(files: list[str], progress: bool | None) -> Iterable[str]:
+    show = sys.stderr.isatty() if progress is None else progress
+    if not show:
+        return files
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    return tqdm(files, desc="loading shards", unit="shard", file=sys.stderr)
+
+
+def load_model(
+    path: str | os.PathLike[str],
+    *,
+    dtype: str = "auto",
+    tensor_parallel_size: int = 1,
+    tensor_parallel_rank: int = 0,
+    progress: bool | None = None,
+) -> tuple[TinyTargetModel, MTPLayer | MTPStack | None, ModelConfig]:
+    """Build and load a model folder (whole, or one tensor-parallel rank's shard).
+
+    Args:
+        path: the folder (see :func:`inspect_model_folder`).
+        dtype: ``"auto"`` or a dtype name; half precision is refused on the CPU.
+        tensor_parallel_size, tensor_parallel_rank: load this rank's slices only.
+        progress: a progress bar per shard on stderr; ``None`` = when stderr is a terminal.
+
+    Returns:
+        ``(target, mtp, config)`` in eval mode; ``mtp`` is ``None`` when the folder has no
+        MTP layer (``num_nextn_predict_layers == 0``); ``config`` is the unsharded config.
+
+    Raises:
+        UnsupportedModelError: as :func:`inspect_model_folder`, before any weight is read.
+        ValueError: a config field ``tensor_parallel_size`` does not divide, or a bad rank.
+    """
+    where = os.fspath(path)
+    plan = inspect_folder(where, dtype)
+    check_dtype_runs(plan.config, where)
+    target, mtp = build_models(plan.config, tensor_parallel_size, tensor_parallel_rank)
+    owners: dict[str, Any] = {"target": target, "mtp": mtp}
+    params = {o: dict(m.named_parameters()) for o, m in owners.items() if m is not None}
+    axes = {o: (shard_axes(m) if tensor_parallel_size > 1 else {}) for o, m in owners.items() if m is not None}
+    mapped = {(r.owner, r.ours) for r in plan.refs}
+    unmapped = sorted(f"{o}.{n}" for o, ps in params.items() for n in ps if (o, n) not in mapped)
+    if unmapped:
+        raise UnsupportedModelError(f"model folder {where}: no checkpoint tensor is mapped to parameter {unmapped[0]}")
+    by_file: dict[str, list[WeightRef]] = {}
+    for ref in plan.refs:
+        by_file.setdefault(plan.tensors[ref.ckpt].file, []).append(ref)
+    for file in _progress(sorted(by_file), progress):
+        for ref in by_file[file]:
+            param = params[ref.owner][ref.ours]
+            axis = axes[ref.owner].get(ref.ours)
+            fill_parameter(param, plan.tensors[ref.ckpt], ref, axis, tensor_parallel_size, tensor_parallel_rank)
+    target.eval()
+    if mtp is not None:
+        mtp.eval()
+    return target, mtp, plan.config

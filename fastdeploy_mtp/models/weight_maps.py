@@ -1,0 +1,89 @@
+"""Which checkpoint tensor fills which parameter, per family, computed from the config alone.
+
+:func:`weight_map` lists one :class:`WeightRef` per parameter of the target model and its
+MTP layers (``owner`` ``"target"`` / ``"mtp"``, our parameter name as ``named_parameters()``
+gives it, the checkpoint name, the full unsharded shape in our Paddle ``[in, out]`` layout,
+and whether the checkpoint stores it transposed, torch's ``[out, in]``).
+
+- ``fastdeploy_mtp_tiny``: the identity under our names (MTP tensors under ``mtp.``), Paddle layout.
+- ``llama``, ``qwen2``, ``qwen3``: ``model.embed_tokens``, ``model.layers.{i}.*``,
+  ``model.norm``, ``lm_head`` (absent when tied). MTP layers, if any, DeepSeek-style at
+  ``model.layers.{num_hidden_layers + k}.{enorm, hnorm, eh_proj, shared_head.norm, <block>}``.
+- ``mimo``: the Qwen2 target plus ``model.mtp_layers.{k}.{token_layernorm, hidden_layernorm,
+  input_proj, final_layernorm, <block>}``.
+
+The MTP fusion names come from :data:`~fastdeploy_mtp.models.loading.FAMILIES`.
+"""
+
+from __future__ import annotations
+
+from .loading import FAMILIES
+from .model_config import TINY_MODEL_TYPE, ModelConfig
+from .weight_refs import WeightRef, block_refs
+
+#: Checkpoint tensors that are never loaded (recomputed buffers).
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def _tiny_map(config: ModelConfig) -> list[WeightRef]:
+    h, v = config.hidden_size, config.vocab_size
+    refs = [WeightRef("target", "embed_tokens.weight", "embed_tokens.weight", (v, h))]
+    for i in range(config.num_hidden_layers):
+        refs += block_refs(config, "target", f"layers.{i}.", f"layers.{i}.", False)
+    refs.append(WeightRef("target", "norm.weight", "norm.weight", (h,)))
+    if not config.tie_word_embeddings:
+        refs.append(WeightRef("target", "lm_head.weight", "lm_head.weight", (h, v)))
+    n = config.num_nextn_predict_layers
+    for k in range(n):
+        ours = f"layers.{k}." if n > 1 else ""
+        for norm in ("enorm", "hnorm", "norm"):
+            refs.append(WeightRef("mtp", f"{ours}{norm}.weight", f"mtp.{ours}{norm}.weight", (h,)))
+        refs.append(WeightRef("mtp", f"{ours}eh_proj.weight", f"mtp.{ours}eh_proj.weight", (2 * h, h)))
+        refs += block_refs(config, "mtp", f"{ours}mtp_block.", f"mtp.{ours}mtp_block.", False)
+    return refs
+
+
+def _mtp_prefix(config: ModelConfig, k: int) -> str:
+    if config.model_type == "mimo":
+        return f"model.mtp_layers.{k}."
+    return f"model.layers.{config.num_hidden_layers + k}."
+
+
+def _hf_map(config: ModelConfig) -> list[WeightRef]:
+    h, v = config.hidden_size, config.vocab_size
+    refs = [WeightRef("target", "embed_tokens.weight", "model.embed_tokens.weight", (v, h))]
+    for i in range(config.num_hidden_layers):
+        refs += block_refs(config, "target", f"layers.{i}.", f"model.layers.{i}.", True)
+    refs.append(WeightRef("target", "norm.weight", "model.norm.weight", (h,)))
+    if not config.tie_word_embeddings:
+        refs.append(WeightRef("target", "lm_head.weight", "lm_head.weight", (h, v), True))
+    fusion = FAMILIES["mimo" if config.model_type == "mimo" else "deepseek_v3"].fusion
+    n = config.num_nextn_predict_layers
+    for k in range(n):
+        ours, ckpt = (f"layers.{k}." if n > 1 else ""), _mtp_prefix(config, k)
+        for norm in ("enorm", "hnorm", "norm"):
+            refs.append(WeightRef("mtp", f"{ours}{norm}.weight", ckpt + fusion[norm], (h,)))
+        refs.append(WeightRef("mtp", f"{ours}eh_proj.weight", ckpt + fusion["eh_proj"], (2 * h, h), True))
+        refs += block_refs(config, "mtp", f"{ours}mtp_block.", ckpt, True)
+    return refs
+
+
+def weight_map(config: ModelConfig) -> list[WeightRef]:
+    """Every parameter of ``config``'s target model and MTP layers, in model order."""
+    return _tiny_map(config) if config.model_type == TINY_MODEL_TYPE else _hf_map(config)
+
+
+def ignorable(config: ModelConfig, name: str) -> bool:
+    """A checkpoint tensor the model does not read but that is expected in the folder:
+    recomputed buffers and the duplicate embedding / LM head DeepSeek-style MTP layers carry
+    (``model.layers.{N + k}.embed_tokens`` / ``shared_head.head``; loaded once, from the target's)."""
+    if name.endswith(IGNORED_SUFFIXES):
+        return True
+    spec = FAMILIES["deepseek_v3"]
+    if config.model_type in (TINY_MODEL_TYPE, "mimo"):
+        return False
+    for k in range(config.num_nextn_predict_layers):
+        index = config.num_hidden_layers + k
+        if name in {n.format(index=index) for n in spec.embed + spec.head if "{index}" in n}:
+            return True
+    return False
