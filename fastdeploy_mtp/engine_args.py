@@ -21,7 +21,7 @@ import argparse
 import dataclasses
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from .config import (
@@ -114,14 +114,51 @@ class _DeprecatedAlias(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def add_model_arg(parser: argparse.ArgumentParser, deprecated: Sequence[str] = ()) -> None:
-    """Add ``--model DIR`` (default: the shipped tiny checkpoint) and, for each of
-    ``deprecated``, an old spelling that still works and prints a deprecation notice."""
-    parser.add_argument("--model", default=None, metavar="DIR", help="checkpoint directory (default: the shipped one)")
+#: ``--dtype`` choices: ``auto`` takes the folder's own (``config.json``'s ``torch_dtype`` or
+#: ``dtype``; float32 when it names none).
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+
+
+def add_model_arg(parser: argparse.ArgumentParser, deprecated: Sequence[str] = (), positional: bool = False) -> None:
+    """Add ``--model DIR`` (default: the shipped checkpoint), ``--tokenizer DIR`` and
+    ``--dtype``; with ``positional``, also vLLM's ``serve DIR`` (an optional positional model
+    folder); for each of ``deprecated``, an old spelling of ``--model`` that still works and
+    prints a deprecation notice."""
+    if positional:
+        parser.add_argument(
+            "model_dir", nargs="?", default=None, metavar="MODEL_DIR", help="model folder (the same as --model)"
+        )
+    parser.add_argument(
+        "--model",
+        default=None,
+        metavar="DIR",
+        help="model folder (HuggingFace layout: config.json, safetensors, tokenizer; default: the shipped one)",
+    )
     for flag in deprecated:
         parser.add_argument(
             flag, dest="model", action=_DeprecatedAlias, metavar="DIR", help="deprecated spelling of --model"
         )
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="DIR",
+        help="folder with tokenizer.json and tokenizer_config.json (default: the model folder)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default="auto",
+        help="weights, activations and KV caches (default auto: the folder's config.json)",
+    )
+
+
+def model_arg(args: argparse.Namespace) -> str | None:
+    """The model folder the arguments name: ``--model`` or the positional ``MODEL_DIR``
+    (both may be given only if they agree); ``None`` = the shipped one."""
+    positional = getattr(args, "model_dir", None)
+    if positional is not None and args.model is not None and positional != args.model:
+        raise UsageError(f"the model folder is given twice: {positional!r} and --model {args.model!r}")
+    return positional if positional is not None else args.model
 
 
 def default_model() -> str:
@@ -131,18 +168,33 @@ def default_model() -> str:
     return os.fspath(ASSETS_DIR)
 
 
-def resolve_model(model: str | None) -> str:
-    """``--model``'s directory (the shipped one when not given).
+def resolve_model(model: str | None, dtype: str = "auto", spec: SpeculativeConfig | None = None) -> str:
+    """The model folder (the shipped one when ``model`` is None), checked before anything
+    loads or any process starts: its config and the headers of its weight files are read and
+    every tensor the model needs must be there with its shape; with ``spec``, MTP speculation
+    needs a folder with MTP layers.
 
     Raises:
-        FileNotFoundError: the directory lacks the checkpoint's config or weights (names both).
+        UsageError: no such folder, or a folder that cannot be served (one line naming what is
+            missing or unsupported).
     """
-    from .models.tiny import CONFIG_FILE, WEIGHTS_FILE
+    from .models import UnsupportedModelError
+    from .models.model_folder import inspect_folder
 
     path = model or default_model()
-    missing = [name for name in (CONFIG_FILE, WEIGHTS_FILE) if not os.path.isfile(os.path.join(path, name))]
-    if missing:
-        raise FileNotFoundError(f"--model {path}: not a checkpoint directory (no {' or '.join(missing)})")
+    if not os.path.isdir(path):
+        raise UsageError(f"--model {path}: no such directory")
+    try:
+        plan = inspect_folder(path, dtype)
+    except UnsupportedModelError as exc:
+        raise UsageError(str(exc)) from None
+    if plan.note:
+        print(f"fastdeploy-mtp: note: {plan.note}", file=sys.stderr)
+    if spec is not None and spec.enabled and plan.config.num_nextn_predict_layers == 0:
+        raise UsageError(
+            f"model folder {path} has no MTP layer (config.json `num_nextn_predict_layers` is 0 or absent): "
+            "run it without MTP (--speculative-config '{\"method\": \"none\"}')"
+        )
     return path
 
 
@@ -376,15 +428,19 @@ def add_sampling_args(parser: argparse.ArgumentParser, only: Sequence[str] | Non
         group.add_argument(flag, type=kind, default=None, metavar=name.split("_")[-1].upper(), help=help_text)
 
 
-def resolve_sampling(args: argparse.Namespace, spec: SpeculativeConfig) -> SamplingParams:
+def resolve_sampling(
+    args: argparse.Namespace, spec: SpeculativeConfig, defaults: Mapping[str, Any] | None = None
+) -> SamplingParams:
     """The :class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams` of the flags
-    :func:`add_sampling_args` added (absent flags keep the defaults: greedy), checked against
+    :func:`add_sampling_args` added (absent flags take ``defaults``, e.g. a model folder's
+    ``generation_config.json``, else the dataclass defaults: greedy), checked against
     ``spec`` (:func:`check_sampling_fits`).
 
     Raises:
         UsageError: an invalid value, naming its flag.
     """
-    values = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name, None) is not None}
+    values = dict(defaults or {})
+    values.update({name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name, None) is not None})
     params = SamplingParams(**values)
     problem = params.check()
     if problem is not None:

@@ -63,7 +63,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     plain = SpeculativeConfig(method=None)
     runs = [
-        run_prompts(DEMO_PROMPTS, args.max_tokens, s, args.max_num_seqs, speculation_label(s), model, sampling)
+        run_prompts(
+            DEMO_PROMPTS,
+            args.max_tokens,
+            s,
+            args.max_num_seqs,
+            speculation_label(s),
+            model,
+            sampling,
+            dtype=args.dtype,
+            tokenizer=args.tokenizer,
+        )
         for s in (plain, spec)
     ]
     (_, base_ids, base), (spec_texts, spec_ids, metrics) = runs

@@ -54,7 +54,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise UsageError("--prompt must not be empty")
     spec, sampling, model = resolve_offline_args(args)
     reqs, texts, metrics = run_requests(
-        [args.prompt], args.max_tokens, spec, 1, speculation_label(spec), model, sampling
+        [args.prompt],
+        args.max_tokens,
+        spec,
+        1,
+        speculation_label(spec),
+        model,
+        sampling,
+        dtype=args.dtype,
+        tokenizer=args.tokenizer,
     )
     req = reqs[0]
     if args.json:
@@ -70,12 +78,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "metrics": metrics.as_dict(),
         }
         if sampling.logprobs is not None:
-            out["logprobs"] = _logprobs_json(req, model)
+            out["logprobs"] = _logprobs_json(req, args.tokenizer or model)
         emit_json(out)
         return 0
     print(args.prompt + texts[0])
     if sampling.logprobs is not None:
-        for entry in _logprobs_json(req, model):
+        for entry in _logprobs_json(req, args.tokenizer or model):
             top = "  ".join(f"{a['token']!r} {a['logprob']:.3f}" for a in entry["top"])
             print(f"  {entry['token']!r:>8} {entry['logprob']:8.3f}" + (f"   top: {top}" if top else ""))
     if spec.enabled:

@@ -13,6 +13,7 @@ from ..engine_args import (
     add_model_arg,
     add_speculative_args,
     build_config,
+    model_arg,
     positive_int,
     resolve_model,
     resolve_sampling,
@@ -50,14 +51,20 @@ def add_offline_args(parser: argparse.ArgumentParser) -> None:
 
 def resolve_offline_args(args: argparse.Namespace) -> tuple[SpeculativeConfig, SamplingParams, str]:
     """The speculation, the sampling (checked against the speculation) and the model folder
-    that ``generate``'s or ``demo``'s arguments ask for.
+    that ``generate``'s or ``demo``'s arguments ask for. Sampling flags left out take the
+    folder's ``generation_config.json`` values (as vLLM applies them), else greedy.
 
     Raises:
-        UsageError, SpeculativeConfigError: a bad value (exit status 2).
-        ValueError: more drafts than any command serves. FileNotFoundError: no such checkpoint.
+        UsageError, SpeculativeConfigError: a bad value, or a folder that cannot be served as
+            asked (exit status 2).
+        ValueError: more drafts than any command serves.
     """
+    from ..tokenization import load_generation_config
+
     spec = resolve_speculative_config(args)
-    return spec, resolve_sampling(args, spec), resolve_model(args.model)
+    model = resolve_model(model_arg(args), args.dtype, spec)
+    defaults = load_generation_config(model).sampling_overrides()
+    return spec, resolve_sampling(args, spec, defaults), model
 
 
 def _progress(label: str) -> Callable[[int, int], None]:
@@ -76,22 +83,28 @@ def run_requests(
     label: str,
     model: str | None = None,
     sampling: SamplingParams | None = None,
+    *,
+    dtype: str = "auto",
+    tokenizer: str | None = None,
 ) -> tuple[list[Request], list[str], Metrics]:
     """Generate for ``prompts`` (request ids ``p0, p1, ...``) with the shipped checkpoint (or
-    the tiny checkpoint folder ``model``), speculation ``spec`` and ``sampling`` (default
+    the model folder ``model``, loaded in ``dtype``, its tokenizer from ``tokenizer`` when
+    given), speculation ``spec`` and ``sampling`` (default
     greedy; each request gets its own copy), reporting progress on stderr under ``label``;
     returns (the finished requests, with their ``output_token_ids``, ``finish_reason`` and
     ``output_logprobs``; their texts; metrics). Prompts are tokenized by the folder's
     ``tokenizer.json`` (special tokens added as its post-processor says); the model's EOS ids
     (tokenizer, ``generation_config.json``, ``config.json``) end a request, as stop token ids."""
-    from ..models import ASSETS_DIR, load_tiny
+    from ..models import ASSETS_DIR, load_model
     from ..runtime.engine import Engine
     from ..runtime.request import Request
     from ..tokenization import load_generation_config, load_tokenizer
 
-    target, mtp, arch = load_tiny(model)
     folder = model or ASSETS_DIR
-    tok = load_tokenizer(folder)
+    target, mtp, arch = load_model(folder, dtype=dtype)
+    if spec.enabled and mtp is None:
+        raise ValueError(f"model folder {folder} has no MTP layer (num_nextn_predict_layers 0): run it without MTP")
+    tok = load_tokenizer(folder, tokenizer)
     eos = [*tok.eos_token_ids, *load_generation_config(folder).eos_token_ids, *arch.eos_token_ids]
     base = sampling or SamplingParams()
 

@@ -37,6 +37,12 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
         "--served-model-name", default=None, help="model id in the API (default: the first prefill instance's)"
     )
     p.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="DIR",
+        help="the served model's folder (its tokenizer files and generation_config.json; default: the shipped one)",
+    )
+    p.add_argument(
         "--start-timeout",
         type=positive_float,
         default=300.0,

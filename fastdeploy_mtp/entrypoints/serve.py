@@ -10,6 +10,7 @@ from ..engine_args import (
     add_max_num_seqs_arg,
     add_model_arg,
     add_speculative_args,
+    model_arg,
     non_negative_int,
     options_from_args,
     positive_float,
@@ -32,7 +33,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     """The server's arguments besides the speculative ones."""
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=positive_int, default=8000, help="HTTP port (default 8000)")
-    add_model_arg(p)
+    add_model_arg(p, positional=True)
     p.add_argument("--served-model-name", default=None, help="model id in the API (default: fastdeploy-mtp-tiny)")
     p.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1, help="worker processes, one per rank")
     add_max_num_seqs_arg(
@@ -113,6 +114,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.splitwise_role == "mixed" and args.splitwise_port is not None:
         raise UsageError("--splitwise-port is the KV port of a prefill instance: it needs --splitwise-role prefill")
     opts = options_from_args(
-        ServeOptions, args, model=resolve_model(args.model), speculative_config=spec, device_ids=device_ids
+        ServeOptions,
+        args,
+        model=resolve_model(model_arg(args), args.dtype),
+        speculative_config=spec,
+        device_ids=device_ids,
     )
     return serve(opts)

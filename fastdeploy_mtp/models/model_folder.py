@@ -13,6 +13,7 @@ tensor at a time come on top).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import os
 import struct
@@ -57,6 +58,8 @@ class FolderPlan:
     config: ModelConfig
     refs: list[WeightRef]
     tensors: dict[str, TensorEntry]
+    #: set when ``dtype="auto"`` widened the config's half precision to float32 (on the CPU)
+    note: str | None = None
 
 
 def _read_json(path: str, where: str, what: str) -> dict[str, Any]:
@@ -139,12 +142,20 @@ def inspect_folder(path: str | os.PathLike[str], dtype: str = "auto") -> FolderP
     gen_path = os.path.join(where, GENERATION_JSON)
     generation = _read_json(gen_path, where, GENERATION_JSON) if os.path.isfile(gen_path) else None
     config = translate_config(raw, where, generation, dtype)
+    note = None
+    if dtype == "auto" and config.dtype != "float32" and not half_precision_runs():
+        note = (
+            f"model folder {where}: its {config.dtype} weights run as float32 here "
+            f"(Paddle's CPU kernels have no {config.dtype} matmul; --dtype float32 says so explicitly)"
+        )
+        config = dataclasses.replace(config, dtype="float32")
+    check_dtype_runs(config, where)
     tensors: dict[str, TensorEntry] = {}
     for file in _shard_files(where):
         tensors.update(read_safetensors_header(file))
     refs = weight_map(config)
     _check_tensors(where, config, refs, tensors)
-    return FolderPlan(config, refs, tensors)
+    return FolderPlan(config, refs, tensors, note)
 
 
 def inspect_model_folder(path: str | os.PathLike[str], dtype: str = "auto") -> ModelConfig:
@@ -163,10 +174,16 @@ def inspect_model_folder(path: str | os.PathLike[str], dtype: str = "auto") -> M
     return inspect_folder(path, dtype).config
 
 
+def half_precision_runs() -> bool:
+    """Whether this process's device has bfloat16 / float16 ``matmul`` kernels (Paddle's CPU
+    build has none)."""
+    return not paddle.get_device().startswith("cpu")
+
+
 def check_dtype_runs(config: ModelConfig, where: str) -> None:
     """Refuse a half-precision ``config.dtype`` on the CPU: Paddle's CPU build has no
     bfloat16 / float16 ``matmul`` kernel."""
-    if config.dtype != "float32" and paddle.get_device().startswith("cpu"):
+    if config.dtype != "float32" and not half_precision_runs():
         raise UnsupportedModelError(
             f"model folder {where}: dtype {config.dtype!r} needs a GPU (Paddle's CPU kernels have no "
             f"{config.dtype} matmul); load it with dtype='float32'"

@@ -3,6 +3,7 @@ tensor-parallel slicing, the shipped checkpoint as a folder, and peak memory whi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -146,14 +147,22 @@ def test_tensor_refusals(llama_dir, tmp_path, no_weight_reads):
     refusal(folder, r"tensor 'model.layers.2.eh_proj.weight' is not used by a llama model")
 
 
-def test_half_precision_folder_is_refused_on_cpu_unless_loaded_as_float32(tmp_path):
+def test_half_precision_folder_runs_as_float32_on_cpu_unless_asked_for_explicitly(tmp_path):
     info = hf_folders.make_folder(tmp_path / "bf16", "qwen2", num_mtp_layers=0, dtype="bfloat16")
-    assert inspect_model_folder(info.path).dtype == "bfloat16"
     assert inspect_model_folder(info.path, dtype="float32").dtype == "float32"
     if paddle.get_device().startswith("cpu"):
+        # auto: the config's bfloat16 has no CPU matmul, so it is widened, and the plan says so
+        plan = model_folder.inspect_folder(info.path)
+        assert plan.config.dtype == "float32"
+        assert plan.note is not None and "bfloat16 weights run as float32" in plan.note
+        # asked for explicitly: refused before any weight is read
         with pytest.raises(UnsupportedModelError, match=r"dtype 'bfloat16' needs a GPU .* dtype='float32'"):
-            load_model(info.path)
-    target, _, config = load_model(info.path, dtype="float32")  # compared with transformers in test_families
+            inspect_model_folder(info.path, dtype="bfloat16")
+        with pytest.raises(UnsupportedModelError, match=r"dtype 'bfloat16' needs a GPU"):
+            load_model(info.path, dtype="bfloat16")
+    else:
+        assert inspect_model_folder(info.path).dtype == "bfloat16"
+    target, _, config = load_model(info.path)  # compared with transformers in test_families
     assert config.dtype == "float32" and target.embed_tokens.weight.dtype == paddle.float32
 
 
@@ -299,8 +308,9 @@ def test_duplicate_embedding_and_head_in_deepseek_style_mtp_layer_are_skipped(ll
 
 def test_half_precision_parameters_are_filled_from_any_stored_dtype(tmp_path):
     info = hf_folders.make_folder(tmp_path / "f16", "llama", num_mtp_layers=1, dtype="float16", sharded=True)
-    plan = model_folder.inspect_folder(info.path, dtype="bfloat16")
-    target, mtp = model_folder.build_models(plan.config)
+    # bfloat16 parameters build on the CPU (only their matmul is missing), so the filling is testable here
+    plan = model_folder.inspect_folder(info.path, dtype="float32")
+    target, mtp = model_folder.build_models(dataclasses.replace(plan.config, dtype="bfloat16"))
     owners = {"target": dict(target.named_parameters()), "mtp": dict(mtp.named_parameters())}
     assert {p.dtype for ps in owners.values() for p in ps.values()} == {paddle.bfloat16}
     for ref in plan.refs:
