@@ -134,26 +134,16 @@ def wait_cache_ready(parallel_config: Any, timeout: float) -> None:
         signal.close()
 
 
-def attach_caches(names: list[str], shape: list[int], dtype: str = "float32") -> list[paddle.Tensor]:
-    """``share_external_data`` for each name: tensors of ``shape`` and ``dtype`` on the
-    published memory (the publisher's shape and dtype must match; the op checks the size)."""
-    return [ops.share_external_data(input=paddle.empty([], dtype=dtype), shm_name=n, shape=shape) for n in names]
-
-
-#: numpy dtype of the host view of each cache dtype (numpy has no bfloat16: its bits travel as int16).
-HOST_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "int16"}
-
-
 def host_view(tensor: paddle.Tensor) -> np.ndarray:
     """A writable numpy view (no copy) of a CPU cache tensor; a bfloat16 tensor is viewed as
-    int16 (its bits), see :data:`HOST_DTYPES`."""
+    int16, its bits (numpy has no bfloat16)."""
     if tensor.dtype == paddle.bfloat16:
         tensor = paddle.view(tensor, paddle.int16)
     return np.from_dlpack(tensor)
 
 
 def detach_caches(tensors: list[paddle.Tensor], names: list[str]) -> None:
-    """Undo :func:`attach_caches` (``unset_data_ipc`` with ``close_ipc=True``, the name stays)."""
+    """Undo :func:`attach_spec_caches` (``unset_data_ipc`` with ``close_ipc=True``, the name stays)."""
     for tensor, name in zip(tensors, names):
         ops.unset_data_ipc(tmp_input=tensor, shm_name=name, close_ipc=True, unlink_shm=False)
 

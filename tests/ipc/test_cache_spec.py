@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from fastdeploy_mtp.ipc.kv_caches import spec_cache_names
@@ -92,3 +93,37 @@ def test_names_are_fastdeploys_with_the_mtp_layers_after_the_target_layers() -> 
         "key_caches_5_rank0.device0",
         "value_caches_5_rank0.device0",
     ]
+
+
+def test_bfloat16_caches_published_and_attached_by_spec_share_memory_with_int16_host_views() -> None:
+    """A bfloat16 cache attached with its spec's shape and dtype maps the creator's memory; its
+    host view (what the KV transfer copies) is int16, the bits."""
+    import os
+
+    import paddle
+
+    from fastdeploy_mtp.ipc.kv_caches import (
+        attach_spec_caches,
+        detach_caches,
+        host_view,
+        publish_caches,
+        unpublish_caches,
+    )
+
+    specs = model_cache_specs(arch(dtype="bfloat16", num_nextn_predict_layers=2), 3, 1, with_mtp=True)
+    names = spec_cache_names(specs, 0, os.getpid() * 10 + 7)
+    created = [paddle.zeros(list(s.shape), dtype=s.dtype) for s in specs]
+    publish_caches(created, names)
+    try:
+        attached = attach_spec_caches(specs, names)
+        try:
+            view = host_view(attached[-1])  # the last MTP layer's value cache
+            assert view.dtype == np.int16 and view.shape == specs[-1].shape and view.flags.writeable
+            view[1, 0, 0, 0] = np.array([1.5], np.float32).view(np.int32)[0] >> 16  # bfloat16 1.5
+            assert float(created[-1][1, 0, 0, 0].astype("float32")) == 1.5
+            assert attached[0].dtype == paddle.bfloat16 and list(attached[0].shape) == list(specs[0].shape)
+        finally:
+            detach_caches(attached, names)
+    finally:
+        unpublish_caches(created, names)
+    assert not any(os.path.exists(f"/dev/shm/{n}") for n in names)

@@ -368,6 +368,39 @@ def test_every_cache_of_three_mtp_layers_on_every_rank_is_transferred(
     assert releases.wait() == [("all", "released")]
 
 
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_bfloat16_caches_travel_as_their_bits(transport: str) -> None:
+    """bfloat16 caches (host views int16): the shm transport attaches P's caches with the
+    layout's dtype, both transports copy the bits unchanged."""
+    import paddle
+
+    from fastdeploy_mtp.ipc.kv_caches import host_view, publish_caches, unpublish_caches
+
+    device_id = os.getpid() * 1000 + next(_device_ids)
+    rng = np.random.default_rng(41)
+    values = [rng.standard_normal((SRC_BLOCKS, *BLOCK_SHAPE)).astype(np.float32) for _ in range(6)]
+    tensors = [paddle.to_tensor(v).astype("bfloat16") for v in values]
+    names = [f"{k}_caches_{n}_rank0.device{device_id}" for n in range(3) for k in ("key", "value")]
+    publish_caches(tensors, names)
+    try:
+        src = [[host_view(t) for t in tensors]]
+        releases = Releases()
+        with KVSource(
+            src, KVLayout.of_caches(src, description(SRC_BLOCKS, dtype="bfloat16")), releases, shm_names=[names]
+        ) as source:
+            dst = [[np.zeros((DST_BLOCKS, *BLOCK_SHAPE), np.int16) for _ in range(6)]]
+            layout = KVLayout.of_caches(dst, description(DST_BLOCKS, dtype="bfloat16"))
+            copied = pull_blocks(source.offer("bf16", [7, 3]), dst, layout, [0, 5], transport=transport)
+            assert copied == 6 * 2 * 2 * 4 * 8 * 2
+            assert_copied(src, dst, [7, 3], [0, 5])
+            back = paddle.to_tensor(dst[0][4][[0, 5]]).view(paddle.bfloat16).astype("float32").numpy()
+            np.testing.assert_array_equal(back, tensors[4].astype("float32").numpy()[[7, 3]])
+            assert releases.wait() == [("bf16", "released")]
+    finally:
+        unpublish_caches(tensors, names)
+    assert not any(os.path.exists(f"/dev/shm/{n}") for n in names)
+
+
 def test_shm_pull_fails_when_the_offer_ends_during_the_copy(publish: Any) -> None:
     src, names = publish(make_caches(1, SRC_BLOCKS, seed=15))
 
