@@ -3,10 +3,11 @@
 FastDeploy's convention, which the cache manager (:mod:`fastdeploy_mtp.serving.cache_manager`),
 the target runner and :class:`~fastdeploy_mtp.proposer.MTPProposer` all follow:
 
-* one key and one value tensor per layer, named ``key_caches_{layer}_rank{r}.device{d}`` and
-  ``value_caches_{layer}_rank{r}.device{d}``, where ``r = local_rank % tensor_parallel_size``
-  and ``d`` is the worker's device id; the target's layers are ``0 .. L-1`` and the MTP
-  layers follow them (``L .. L+M-1``);
+* the caches are the model's cache spec (:mod:`fastdeploy_mtp.models.cache_spec`), each named
+  ``{kind}_caches_{layer}_rank{r}.device{d}`` (:func:`spec_cache_names`): for key and value
+  caches FastDeploy's ``key_caches_{layer}_rank{r}.device{d}`` and ``value_caches_...``, where
+  ``r = local_rank % tensor_parallel_size`` and ``d`` is the worker's device id; the target's
+  layers are ``0 .. L-1`` and the MTP layers follow them (``L .. L+M-1``);
 * the creator publishes each tensor with ``set_data_ipc`` and then sets
   ``cache_ready_signal.<engine_worker_queue_port>[r] = 1`` (int32 ``[tp_size]``);
 * a worker waits for its entry, then attaches every tensor with ``share_external_data``
@@ -15,7 +16,8 @@ the target runner and :class:`~fastdeploy_mtp.proposer.MTPProposer` all follow:
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import paddle
@@ -52,6 +54,59 @@ def cache_names(first_layer: int, num_layers: int, rank: int, device_id: int) ->
     ]
 
 
+class CacheLike(Protocol):
+    """What naming and attaching need of a :class:`~fastdeploy_mtp.models.cache_spec.CacheSpec`."""
+
+    @property
+    def owner(self) -> str: ...
+    @property
+    def layer(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> str: ...
+
+
+def spec_cache_names(
+    specs: Sequence[CacheLike], rank: int, device_id: int, num_target_layers: int | None = None
+) -> list[str]:
+    """The IPC name of each cache of ``specs``: ``{kind}_caches_{n}_rank{rank}.device{device_id}``
+    where ``n`` is the target layer, or for an MTP layer the target's layer count plus its
+    index. ``num_target_layers`` defaults to the target layers in ``specs`` (give it for a
+    list that holds only MTP caches)."""
+    if num_target_layers is None:
+        num_target_layers = len({s.layer for s in specs if s.owner == "target"})
+    return [
+        f"{s.kind}_caches_{s.layer + (num_target_layers if s.owner == 'mtp' else 0)}_rank{rank}.device{device_id}"
+        for s in specs
+    ]
+
+
+def attach_spec_caches(specs: Sequence[CacheLike], names: Sequence[str]) -> list[paddle.Tensor]:
+    """``share_external_data`` for each cache: a tensor of its spec's shape and dtype on the
+    memory published under its name (the op checks the size)."""
+    return [
+        ops.share_external_data(input=paddle.empty([], dtype=s.dtype), shm_name=n, shape=list(s.shape))
+        for s, n in zip(specs, names, strict=True)
+    ]
+
+
+def acquire_caches(specs: Sequence[CacheLike], fd_config: Any) -> tuple[list[paddle.Tensor], list[str]]:
+    """This rank's tensors for ``specs`` and the names they were attached under: when a
+    cache-manager process owns the caches (:func:`caches_are_managed`), wait for
+    ``cache_ready_signal`` and attach each by name (:func:`spec_cache_names`, rank
+    ``local_rank % tensor_parallel_size``); else zeroed tensors of each spec's shape and dtype
+    (and no names)."""
+    if not caches_are_managed(fd_config):
+        return [paddle.zeros(list(s.shape), dtype=s.dtype) for s in specs], []
+    pc = fd_config.parallel_config
+    wait_cache_ready(pc, fd_config.cache_config.cache_ready_timeout)
+    names = spec_cache_names(specs, pc.local_rank % pc.tensor_parallel_size, pc.device_id)
+    return attach_spec_caches(specs, names), names
+
+
 def wait_cache_ready(parallel_config: Any, timeout: float) -> None:
     """Block until ``cache_ready_signal.<engine_worker_queue_port>`` holds 1 at this rank
     (``local_rank % tensor_parallel_size``). Waits up to ``timeout`` seconds for the signal to
@@ -79,14 +134,16 @@ def wait_cache_ready(parallel_config: Any, timeout: float) -> None:
         signal.close()
 
 
-def attach_caches(names: list[str], shape: list[int], dtype: str = "float32") -> list[paddle.Tensor]:
-    """``share_external_data`` for each name: tensors of ``shape`` and ``dtype`` on the
-    published memory (the publisher's shape and dtype must match; the op checks the size)."""
-    return [ops.share_external_data(input=paddle.empty([], dtype=dtype), shm_name=n, shape=shape) for n in names]
+def host_view(tensor: paddle.Tensor) -> np.ndarray:
+    """A writable numpy view (no copy) of a CPU cache tensor; a bfloat16 tensor is viewed as
+    int16, its bits (numpy has no bfloat16)."""
+    if tensor.dtype == paddle.bfloat16:
+        tensor = paddle.view(tensor, paddle.int16)
+    return np.from_dlpack(tensor)
 
 
 def detach_caches(tensors: list[paddle.Tensor], names: list[str]) -> None:
-    """Undo :func:`attach_caches` (``unset_data_ipc`` with ``close_ipc=True``, the name stays)."""
+    """Undo :func:`attach_spec_caches` (``unset_data_ipc`` with ``close_ipc=True``, the name stays)."""
     for tensor, name in zip(tensors, names):
         ops.unset_data_ipc(tmp_input=tensor, shm_name=name, close_ipc=True, unlink_shm=False)
 

@@ -37,6 +37,7 @@ import paddle
 from .. import ops
 from ..config import FDConfig
 from ..constants import PLACEHOLDER_TOKEN_ID
+from ..models.cache_spec import CacheSpec
 from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
 from ..runtime.input_batch import InputBatch
@@ -112,6 +113,7 @@ class MTPProposer(MTPCaches):
         self.model_inputs = ProposerInputBatch(fd_config, target_model_inputs)
         self.sampler = MTPSampler(fd_config.parallel_config.tensor_parallel_size)
         self.caches: list[paddle.Tensor] = []
+        self.cache_specs: list[CacheSpec] = []  # what self.caches hold (set by initialize_kv_cache)
         self._attached: list[str] = []  # IPC names of caches attached from another process
         self._published: list[str] = []  # IPC names of caches this proposer published
         self.num_gpu_blocks = 0

@@ -15,7 +15,8 @@ import paddle
 from .. import ops
 from ..config import FDConfig
 from ..constants import NO_BLOCK_ID, PLACEHOLDER_TOKEN_ID
-from ..ipc.kv_caches import attach_caches, cache_names, caches_are_managed, detach_caches, wait_cache_ready
+from ..ipc.kv_caches import acquire_caches, detach_caches, host_view
+from ..models.cache_spec import CacheSpec, key_value_specs, model_dtype
 from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
 from .adaptive_draft import AdaptiveDraftLength
@@ -161,16 +162,12 @@ class TargetRunner:
         self.model = model
         self.share_inputs: InputBatch = make_target_inputs(fd_config)
         self.num_blocks = fd_config.cache_config.total_block_num
-        self._attached: list[str] = []
-        if caches_are_managed(fd_config):
-            # a cache-manager process created every cache: attach the target's by name
-            pc = fd_config.parallel_config
-            wait_cache_ready(pc, fd_config.cache_config.cache_ready_timeout)
-            names = cache_names(0, model.num_cache_layers, pc.local_rank % pc.tensor_parallel_size, pc.device_id)
-            self.caches = attach_caches(names, model.attn_backend.get_kv_cache_shape(self.num_blocks))
-            self._attached = names
-        else:
-            self.caches = model.attn_backend.allocate_caches(model.num_cache_layers, self.num_blocks)
+        #: the target's caches (a key and a value per layer, the model's dtype and per-rank
+        #: shape), attached by name when a cache-manager process created them
+        self.cache_specs: list[CacheSpec] = key_value_specs(
+            "target", model.num_cache_layers, model.attn_backend.get_kv_cache_shape(self.num_blocks), model_dtype(model)
+        )
+        self.caches, self._attached = acquire_caches(self.cache_specs, fd_config)
         self.block_size = fd_config.cache_config.block_size
         self.proposer: MTPProposer | None = None
         if fd_config.speculative_config.enabled:
@@ -218,11 +215,16 @@ class TargetRunner:
         detach_caches(self.caches, self._attached)
         self._attached = []
 
+    def all_cache_specs(self) -> list[CacheSpec]:
+        """This rank's caches: the target's, then (with speculation) every MTP layer's."""
+        return self.cache_specs + (self.proposer.cache_specs if self.proposer is not None else [])
+
     def host_caches(self) -> list[list[np.ndarray]]:
         """The KV caches as writable numpy views without a copy, for KV transfer: one list
-        (this process is one rank): the target's key/value per layer, then the MTP layer's."""
+        (this process is one rank), in :meth:`all_cache_specs` order (16-bit floats viewed as
+        their bits, see :func:`~fastdeploy_mtp.ipc.kv_caches.host_view`)."""
         caches = list(self.caches) + (list(self.proposer.caches) if self.proposer is not None else [])
-        return [[np.from_dlpack(c) for c in caches]]
+        return [[host_view(c) for c in caches]]
 
     # ---- splitwise -----------------------------------------------------------------------------
     def set_exports(self, idxs: Sequence[int]) -> None:

@@ -1,7 +1,9 @@
-"""The cache-manager process: creates the KV caches of every target layer and every MTP
-layer for every tensor-parallel rank, publishes each by name (``set_data_ipc``, FastDeploy's
-names), then raises ``cache_ready_signal.<engine_worker_queue_port>[rank]``. It holds them
-until SIGTERM (or its parent's death), then removes every name it created.
+"""The cache-manager process: creates exactly the KV caches of the model's cache spec
+(:meth:`~fastdeploy_mtp.serving.layout.ServeLayout.cache_specs`: every target layer and every
+MTP layer, each of its spec's shape and dtype) for every tensor-parallel rank, publishes each
+by name (``set_data_ipc``, FastDeploy's names), then raises
+``cache_ready_signal.<engine_worker_queue_port>[rank]``. It holds them until SIGTERM (or its
+parent's death), then removes every name it created.
 
 ``python -m fastdeploy_mtp.serving.cache_manager --model DIR --speculative_config JSON ...``
 (the arguments of :class:`~fastdeploy_mtp.serving.layout.ServeLayout`). It prints one progress
@@ -27,32 +29,28 @@ def main(argv: list[str] | None = None) -> int:
     become_child_process()
     import paddle
 
-    from ..ipc.kv_caches import CACHE_READY_SIGNAL, cache_names, publish_caches, unpublish_caches
+    from ..ipc.kv_caches import CACHE_READY_SIGNAL, publish_caches, unpublish_caches
     from ..ipc.signals import IPCSignal
-    from ..models import kv_cache_shape
+    from ..models.cache_spec import owned_by
 
     arch = layout.arch()
-    cfg = layout.fd_config(0, arch)
+    specs = layout.cache_specs(arch)
     tp = layout.tensor_parallel_size
-    num_layers = cfg.model_config.num_hidden_layers
-    num_mtp_layers = 1 if cfg.speculative_config.enabled else 0
-    blocks = cfg.cache_config.total_block_num
-    shape = kv_cache_shape(arch, blocks, tp)
     ready = IPCSignal(
         CACHE_READY_SIGNAL, np.zeros([tp], np.int32), np.int32, suffix=layout.engine_worker_queue_port, create=True
     )
     published: list[tuple[list[paddle.Tensor], list[str]]] = []
     try:
-        for rank in range(tp):
-            names = cache_names(0, num_layers + num_mtp_layers, rank, layout.device_ids[rank])
-            tensors = [paddle.zeros(shape, dtype="float32") for _ in names]
+        for rank, names in enumerate(layout.cache_names(specs)):
+            tensors = [paddle.zeros(list(s.shape), dtype=s.dtype) for s in specs]
             publish_caches(tensors, names)
             published.append((tensors, names))
             ready.value[rank] = 1  # type: ignore[index]
-            mib = len(names) * int(np.prod(shape)) * 4 / 2**20
+            mib = sum(s.nbytes for s in specs) / 2**20
+            dtypes = ",".join(sorted({s.dtype for s in specs}))
             print(
-                f"[cache manager] rank {rank}: {len(names)} KV caches ({num_layers} target + {num_mtp_layers} MTP "
-                f"layers, key and value, each {shape} float32, {mib:.1f} MiB in all) published",
+                f"[cache manager] rank {rank}: {len(specs)} KV caches published ({len(owned_by(specs, 'target'))} "
+                f"target + {len(owned_by(specs, 'mtp'))} MTP, {dtypes}, {mib:.1f} MiB)",
                 file=sys.stderr,
                 flush=True,
             )

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, get_type_hints
 from ..config import FDConfig, SpeculativeConfig
 
 if TYPE_CHECKING:  # importing the models imports Paddle: children import it after their set-up
+    from ..models.cache_spec import CacheSpec
     from ..models.model_config import ModelConfig as ArchConfig
 
 
@@ -84,6 +85,24 @@ class ServeLayout:
         pc.device_id = self.device_ids[rank]
         pc.engine_worker_queue_port = self.engine_worker_queue_port
         return cfg
+
+    def cache_specs(self, arch: ArchConfig | None = None) -> list[CacheSpec]:
+        """The KV caches of each rank (the same list for every rank): every target layer's and,
+        with speculation, every MTP layer's (``num_nextn_predict_layers``), key then value,
+        ``[total_block_num, kv_heads / tp, block_size, head_dim]`` of the model's dtype."""
+        from ..models.cache_spec import model_cache_specs
+
+        arch = arch or self.arch()
+        cfg = self.fd_config(0, arch)
+        blocks = cfg.cache_config.total_block_num
+        return model_cache_specs(arch, blocks, self.tensor_parallel_size, cfg.speculative_config.enabled)
+
+    def cache_names(self, specs: list[CacheSpec]) -> list[list[str]]:
+        """Per rank, the IPC name of each cache of ``specs`` (FastDeploy's names for key and
+        value caches, with this layout's device ids)."""
+        from ..ipc.kv_caches import spec_cache_names
+
+        return [spec_cache_names(specs, rank, device) for rank, device in enumerate(self.device_ids)]
 
     def to_args(self) -> list[str]:
         """Command-line arguments (FastDeploy's worker names) that rebuild this layout."""

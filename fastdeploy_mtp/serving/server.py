@@ -244,12 +244,13 @@ def _splitwise_engine(
 ) -> tuple[Any, Any]:
     """The :class:`~.splitwise_api.SplitwiseEngine` of a prefill or decode instance (and, for
     a prefill instance, its KV source, listening)."""
+    from ..models.cache_spec import describe
     from ..splitwise.kv_layout import KVLayout
     from ..splitwise.kv_source import KVSource
     from .splitwise_api import SplitwiseEngine
 
     caches = runner.host_caches()
-    layout = KVLayout.of_caches(caches, *runner.num_cache_layers())
+    layout = KVLayout.of_caches(caches, describe(runner.all_cache_specs()))
     if opts.splitwise_role == "decode":
         se = SplitwiseEngine(
             engine,

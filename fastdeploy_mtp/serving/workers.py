@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from ..runtime.request import Request, RequestType
 from ..runtime.target_runner import StepOutput, check_prefill_task
 from .layout import ServeLayout
 from .messages import Done, Failed, MessageError, Ready, Shutdown, Step, StepResult, decode_worker_message, task_message
+
+if TYPE_CHECKING:  # imports Paddle, which the engine imports after its set-up
+    from ..models.cache_spec import CacheSpec
 
 #: FastDeploy's SysV layout: slots, tokens per slot, entries per token (the token + top-k).
 _MAX_BSZ, _MAX_DRAFT, _TOPK = MAX_BSZ, MAX_DRAFT_TOKENS, SPEC_LOGPROB_K + 1
@@ -78,6 +81,8 @@ class RemoteRunner:
 
         self.layout = layout
         self.fd_config = layout.fd_config(0)
+        #: the caches of each rank (the cache manager creates exactly these)
+        self.cache_specs = layout.cache_specs()
         self.vocab_size = self.fd_config.model_config.vocab_size
         spec = self.fd_config.speculative_config
         self.k = spec.num_speculative_tokens if spec.enabled else 0
@@ -190,12 +195,11 @@ class RemoteRunner:
     def _remove_orphaned_names(self) -> None:
         """The cache manager removes its names when it stops; if it was killed (SIGKILL) it
         could not, so remove whatever of this deployment's names is still there."""
-        from ..ipc.kv_caches import CACHE_READY_SIGNAL, cache_names
+        from ..ipc.kv_caches import CACHE_READY_SIGNAL
 
-        layers = self.fd_config.model_config.num_hidden_layers + (1 if self.k else 0)
         names = [f"{CACHE_READY_SIGNAL}.{self.layout.engine_worker_queue_port}"]
-        for rank, device in enumerate(self.layout.device_ids):
-            names += cache_names(0, layers, rank, device)
+        for rank_names in self.cache_names():
+            names += rank_names
         for name in names:
             path = os.path.join("/dev/shm", name)
             try:
@@ -274,32 +278,27 @@ class RemoteRunner:
         check_slot_state(state, target, draft, vocab_size=self.vocab_size)
 
     # ---- KV caches, for splitwise transfer ------------------------------------------------
-    def num_cache_layers(self) -> tuple[int, int]:
-        """(target layers, MTP layers) with KV caches."""
-        return self.fd_config.model_config.num_hidden_layers, (1 if self.k else 0)
+    def all_cache_specs(self) -> list[CacheSpec]:
+        """Each rank's caches (:class:`~fastdeploy_mtp.models.cache_spec.CacheSpec`): every
+        target layer's, then every MTP layer's."""
+        return list(self.cache_specs)
 
     def cache_names(self) -> list[list[str]]:
-        """Per rank, the IPC names of its caches (key, value per layer; target then MTP)."""
-        from ..ipc.kv_caches import cache_names
-
-        layers = sum(self.num_cache_layers())
-        return [cache_names(0, layers, rank, device) for rank, device in enumerate(self.layout.device_ids)]
+        """Per rank, the IPC name of each cache of :meth:`all_cache_specs`."""
+        return self.layout.cache_names(self.cache_specs)
 
     def host_caches(self) -> list[list[np.ndarray]]:
         """Every rank's KV caches, attached by name in this process, as writable numpy views
-        (no copy); detached by :meth:`close`."""
+        (no copy; 16-bit floats viewed as their bits), in :meth:`all_cache_specs` order;
+        detached by :meth:`close`."""
         if self._host_caches is None:
-            from ..ipc.kv_caches import attach_caches
-            from ..models import kv_cache_shape
+            from ..ipc.kv_caches import attach_spec_caches, host_view
 
-            shape = kv_cache_shape(
-                self.layout.arch(), self.fd_config.cache_config.total_block_num, self.layout.tensor_parallel_size
-            )
             views = []
             for names in self.cache_names():
-                tensors = attach_caches(names, shape)
+                tensors = attach_spec_caches(self.cache_specs, names)
                 self._host_cache_tensors.append((tensors, names))
-                views.append([np.from_dlpack(t) for t in tensors])
+                views.append([host_view(t) for t in tensors])
             self._host_caches = views
         return self._host_caches
 

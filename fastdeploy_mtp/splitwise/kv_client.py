@@ -109,8 +109,8 @@ def pull_blocks(
     Args:
         descriptor: what :meth:`~.kv_source.KVSource.offer` returned (after a JSON round trip
             or not).
-        caches: per rank, this instance's writable cache arrays ``key0, value0, ...`` (target
-            layers, then MTP layers), each ``[num_blocks, *layout.block_shape]``.
+        caches: per rank, this instance's writable cache arrays, one per entry of
+            ``layout.caches`` (every target and every MTP layer's), each ``[num_blocks, *block_shape]``.
         layout: the layout of ``caches``.
         dst_block_ids: distinct block ids in ``caches``, at least one per offered block.
         transport: a registered transport (:func:`~.transport.transport_names`): ``"tcp"``
@@ -120,7 +120,7 @@ def pull_blocks(
         timeout: seconds the source may take to answer each request.
 
     Returns:
-        Bytes copied (``tp * num_caches * len(block_ids) * block_nbytes``).
+        Bytes copied (``tp * len(block_ids) * layout.block_nbytes``: every cache of every rank).
 
     Raises:
         TransferError: a bad argument or descriptor field (named), a layout mismatch, a source
@@ -140,7 +140,7 @@ def pull_blocks(
         mover.pull(peer, checked, caches, dst_idx, seconds)
     finally:
         peer.close()
-    return layout.tensor_parallel_size * layout.num_caches * len(checked.block_ids) * layout.block_nbytes
+    return layout.tensor_parallel_size * len(checked.block_ids) * layout.block_nbytes
 
 
 def _destination(descriptor: Descriptor, caches: Caches, layout: KVLayout, dst_block_ids: Sequence[int]) -> np.ndarray:

@@ -1,10 +1,11 @@
 """The KV caches a prefill and a decode instance exchange, and the checks of their shape.
 
-Caches, on either side, are given per tensor-parallel rank as a list of arrays in the order
-``key0, value0, key1, value1, ...`` (the target's layers, then the MTP layers), each a
-numpy array ``[num_blocks, *block_shape]`` (float32 ``[num_blocks, kv_heads_per_rank,
-block_size, head_dim]`` for this project's caches; ``cache[b]`` is block ``b``). P and D may
-have different block counts, every other dimension (:class:`KVLayout`) must agree.
+Caches, on either side, are given per tensor-parallel rank as a list of arrays in the order of
+the model's cache spec (:mod:`fastdeploy_mtp.models.cache_spec`: ``key0, value0, key1, value1,
+...`` of the target's layers, then of every MTP layer), each a numpy array ``[num_blocks,
+*block_shape]`` (``[num_blocks, kv_heads_per_rank, block_size, head_dim]`` for key/value
+caches; ``cache[b]`` is block ``b``). :class:`KVLayout` carries that spec; P and D may have
+different block counts, every other part of it must agree.
 
 Every refusal of the KV transfer is a :class:`TransferError` whose message names the
 request, the peer or the argument/field at fault; the small checks here write those
@@ -22,6 +23,8 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "HOST_DTYPES",
+    "CacheEntry",
     "Caches",
     "KVLayout",
     "TransferError",
@@ -33,8 +36,8 @@ __all__ = [
 ]
 
 
-#: One instance's caches: per rank, ``key0, value0, ...`` (target layers, then MTP layers),
-#: each ``[num_blocks, *block_shape]``.
+#: One instance's caches: per rank, one array ``[num_blocks, *block_shape]`` per entry of its
+#: :attr:`KVLayout.caches`.
 Caches = Sequence[Sequence[np.ndarray]]
 
 
@@ -67,65 +70,130 @@ def nonempty_str(value: Any, name: str, where: str) -> str:
     return value
 
 
+#: Cache dtypes a layout may name, with the numpy dtype of their host views (numpy has no
+#: bfloat16: its bits travel as int16).
+HOST_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "int16"}
+_ENTRY_KEYS = ("owner", "layer", "kind", "shape", "dtype")
+
+
 @dataclass(frozen=True)
-class KVLayout:
-    """What must agree between the prefill and the decode instance's caches.
+class CacheEntry:
+    """One cache of one rank, as the model's cache spec describes it
+    (:class:`fastdeploy_mtp.models.cache_spec.CacheSpec`, in its JSON form).
 
     Attributes:
-        tensor_parallel_size: ranks, each with its own list of caches.
-        num_target_layers: target layers (a key and a value cache each).
-        num_mtp_layers: MTP layers after them (a key and a value cache each).
-        block_shape: ``cache.shape[1:]`` of every cache on one rank, e.g. ``(kv_heads_per_rank,
-            block_size, head_dim)``.
-        dtype: numpy dtype name of every cache, e.g. ``"float32"``.
+        owner: ``"target"`` or ``"mtp"``.
+        layer: the owner's layer index.
+        kind: ``"key"``, ``"value"`` or ``"latent"``.
+        shape: ``[num_blocks, *block_shape]`` on the instance that described it.
+        dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``.
     """
 
-    tensor_parallel_size: int
-    num_target_layers: int
-    num_mtp_layers: int
-    block_shape: tuple[int, ...]
+    owner: str
+    layer: int
+    kind: str
+    shape: tuple[int, ...]
     dtype: str
 
-    _FIELDS = ("tensor_parallel_size", "num_target_layers", "num_mtp_layers", "block_shape", "dtype")
-
     def __post_init__(self) -> None:
-        where = "KVLayout"
-        int_field(self.tensor_parallel_size, "tensor_parallel_size", 1, where)
-        int_field(self.num_target_layers, "num_target_layers", 1, where)
-        int_field(self.num_mtp_layers, "num_mtp_layers", 0, where)
-        shape = self.block_shape
-        if not isinstance(shape, tuple | list) or not shape:
-            raise TransferError(f"{where}: `block_shape` must be a non-empty sequence of ints, got {shape!r}")
-        dims = tuple(int_field(d, "block_shape", 1, where) for d in shape)
-        object.__setattr__(self, "block_shape", dims)
-        if not isinstance(self.dtype, str):
-            raise TransferError(f"{where}: `dtype` must be a numpy dtype name (str), got {self.dtype!r}")
-        try:
-            name = np.dtype(self.dtype).name
-        except TypeError:
-            name = None
-        if name != self.dtype:
-            raise TransferError(f"{where}: `dtype` {self.dtype!r} is not a numpy dtype name")
+        where = f"KV layout cache {self.owner!r} {self.layer!r} {self.kind!r}"
+        if self.owner not in ("target", "mtp"):
+            raise TransferError(f"{where}: `owner` must be 'target' or 'mtp', got {self.owner!r}")
+        int_field(self.layer, "layer", 0, where)
+        if self.kind not in ("key", "value", "latent"):
+            raise TransferError(f"{where}: `kind` must be 'key', 'value' or 'latent', got {self.kind!r}")
+        if not isinstance(self.shape, tuple | list) or len(self.shape) < 2:
+            raise TransferError(f"{where}: `shape` must be a list of 2 or more ints, got {self.shape!r}")
+        object.__setattr__(self, "shape", tuple(int_field(d, "shape", 1, where) for d in self.shape))
+        if self.dtype not in HOST_DTYPES:
+            raise TransferError(f"{where}: `dtype` must be one of {sorted(HOST_DTYPES)}, got {self.dtype!r}")
 
     @property
-    def num_caches(self) -> int:
-        """Cache tensors per rank: a key and a value for each target and MTP layer."""
-        return 2 * (self.num_target_layers + self.num_mtp_layers)
+    def block_shape(self) -> tuple[int, ...]:
+        return self.shape[1:]
+
+    @property
+    def host_dtype(self) -> str:
+        """The numpy dtype of this cache's host arrays (:data:`HOST_DTYPES`)."""
+        return HOST_DTYPES[self.dtype]
 
     @property
     def block_nbytes(self) -> int:
-        """Bytes of one block of one cache tensor (``prod(block_shape) * itemsize``)."""
-        return math.prod(self.block_shape) * np.dtype(self.dtype).itemsize
+        """Bytes of one block of this cache."""
+        return math.prod(self.block_shape) * np.dtype(self.host_dtype).itemsize
+
+    @property
+    def label(self) -> str:
+        return f"{self.owner} layer {self.layer} {self.kind}"
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict that :meth:`from_dict` reads back."""
         return {
-            "tensor_parallel_size": self.tensor_parallel_size,
-            "num_target_layers": self.num_target_layers,
-            "num_mtp_layers": self.num_mtp_layers,
-            "block_shape": list(self.block_shape),
+            "owner": self.owner,
+            "layer": self.layer,
+            "kind": self.kind,
+            "shape": list(self.shape),
             "dtype": self.dtype,
         }
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """The caches a prefill and a decode instance exchange: every cache of every rank.
+
+    Attributes:
+        tensor_parallel_size: ranks, each with its own caches, all described by ``caches``.
+        caches: one rank's caches in their order (the model's cache spec: target layers, then
+            MTP layers). Two instances' layouts match when everything but the block counts
+            (``shape[0]``) agrees.
+    """
+
+    tensor_parallel_size: int
+    caches: tuple[CacheEntry, ...]
+
+    def __post_init__(self) -> None:
+        int_field(self.tensor_parallel_size, "tensor_parallel_size", 1, "KVLayout")
+        if not isinstance(self.caches, tuple | list) or not self.caches:
+            raise TransferError(f"KVLayout: `caches` must be a non-empty sequence, got {self.caches!r}")
+        if not all(isinstance(c, CacheEntry) for c in self.caches):
+            raise TransferError("KVLayout: `caches` must hold CacheEntry objects")
+        object.__setattr__(self, "caches", tuple(self.caches))
+
+    @property
+    def num_caches(self) -> int:
+        """Cache tensors per rank."""
+        return len(self.caches)
+
+    def count(self, owner: str) -> int:
+        """Caches per rank that ``owner`` (``"target"`` or ``"mtp"``) has."""
+        return sum(c.owner == owner for c in self.caches)
+
+    @property
+    def block_nbytes(self) -> int:
+        """Bytes of one block of every cache of one rank together."""
+        return sum(c.block_nbytes for c in self.caches)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict that :meth:`from_dict` reads back; ``caches`` is the cache spec's
+        JSON form (``fastdeploy_mtp.models.cache_spec.describe``)."""
+        return {"tensor_parallel_size": self.tensor_parallel_size, "caches": [c.to_dict() for c in self.caches]}
+
+    @classmethod
+    def from_description(cls, tensor_parallel_size: int, description: Any) -> KVLayout:
+        """The layout of ``tensor_parallel_size`` ranks holding the caches ``description``
+        lists (``cache_spec.describe``'s form). Raises :class:`TransferError` naming the entry."""
+        if not isinstance(description, list) or not description:
+            raise TransferError(f"KV layout: `caches` must be a non-empty list, got {description!r:.80}")
+        entries = []
+        for i, d in enumerate(description):
+            if not isinstance(d, dict) or set(d) != set(_ENTRY_KEYS):
+                keys = sorted(d) if isinstance(d, dict) else type(d).__name__
+                raise TransferError(f"KV layout: `caches[{i}]` must have the keys {list(_ENTRY_KEYS)}, got {keys}")
+            try:
+                entry = CacheEntry(**{key: d[key] for key in _ENTRY_KEYS})
+            except TransferError as exc:
+                raise TransferError(f"KV layout: `caches[{i}]`: {str(exc).split(': ', 1)[1]}") from None
+            entries.append(entry)
+        return cls(tensor_parallel_size, tuple(entries))
 
     @classmethod
     def from_dict(cls, d: Any) -> KVLayout:
@@ -133,54 +201,63 @@ class KVLayout:
         unknown or ill-typed key."""
         if not isinstance(d, dict):
             raise TransferError(f"KV layout must be a dict, got {type(d).__name__}")
-        for key in cls._FIELDS:
+        for key in ("tensor_parallel_size", "caches"):
             if key not in d:
                 raise TransferError(f"KV layout: missing key `{key}`")
         for key in d:
-            if key not in cls._FIELDS:
+            if key not in ("tensor_parallel_size", "caches"):
                 raise TransferError(f"KV layout: unknown key `{key}`")
-        if not isinstance(d["block_shape"], list | tuple):
-            raise TransferError(f"KV layout: `block_shape` must be a list of ints, got {d['block_shape']!r}")
-        return cls(**{key: d[key] for key in cls._FIELDS})
+        return cls.from_description(d["tensor_parallel_size"], d["caches"])
 
     def check_matches(self, other: KVLayout) -> None:
-        """Refuse a decode instance whose layout differs from this (the prefill's) one.
+        """Refuse a decode instance whose layout (``other``) differs from this (the
+        prefill's) one in anything but the block counts.
 
         Raises:
-            TransferError: naming the first differing field with both values.
+            TransferError: one line naming the first differing cache (owner, layer, kind,
+                then its block shape or dtype), or the differing rank or cache count.
         """
-        for key in self._FIELDS:
-            mine, theirs = getattr(self, key), getattr(other, key)
-            if mine != theirs:
-                raise TransferError(
-                    f"KV layout mismatch in `{key}`: prefill has {mine!r}, this decode instance has {theirs!r}"
-                )
+        mine, theirs = self.tensor_parallel_size, other.tensor_parallel_size
+        if mine != theirs:
+            raise TransferError(
+                f"KV layout mismatch in `tensor_parallel_size`: prefill has {mine}, this decode instance has {theirs}"
+            )
+        for i, (p, d) in enumerate(zip(self.caches, other.caches)):
+            what = None
+            if (p.owner, p.layer, p.kind) != (d.owner, d.layer, d.kind):
+                what = f"prefill has {p.label}, this decode instance has {d.label}"
+            elif p.block_shape != d.block_shape:
+                what = f"block shape {list(p.block_shape)} on the prefill, {list(d.block_shape)} here"
+            elif p.dtype != d.dtype:
+                what = f"dtype {p.dtype} on the prefill, {d.dtype} here"
+            if what is not None:
+                raise TransferError(f"KV layout mismatch in cache {i} ({p.label}): {what}")
+        if self.num_caches != other.num_caches:
+            longer = self.caches if self.num_caches > other.num_caches else other.caches
+            raise TransferError(
+                f"KV layout mismatch: the prefill has {self.num_caches} caches per rank, this decode instance "
+                f"{other.num_caches} (first unmatched: {longer[min(self.num_caches, other.num_caches)].label})"
+            )
 
     @classmethod
-    def of_caches(cls, caches: Caches, num_target_layers: int, num_mtp_layers: int) -> KVLayout:
-        """The layout of ``caches`` (per rank, ``key0, value0, ...``, target layers first).
+    def of_caches(cls, caches: Caches, description: Any) -> KVLayout:
+        """The layout of ``caches`` (per rank, one host array per entry of ``description``,
+        the cache spec's JSON form), checked against it.
 
         Raises:
-            TransferError: a rank without ``2 * (num_target_layers + num_mtp_layers)`` arrays,
-                or arrays that differ in shape or dtype.
+            TransferError: no ranks, a bad description, or arrays that do not fit it.
         """
         if not isinstance(caches, Sequence) or not caches:
             raise TransferError("KVLayout.of_caches: `caches` must be a non-empty sequence (one entry per rank)")
-        first = caches[0][0] if isinstance(caches[0], Sequence) and caches[0] else None
-        if not isinstance(first, np.ndarray) or first.ndim < 2:
-            raise TransferError(
-                "KVLayout.of_caches: `caches[0][0]` must be a numpy array [num_blocks, *block_shape], "
-                f"got {type(first).__name__}"
-            )
-        layout = cls(len(caches), num_target_layers, num_mtp_layers, tuple(first.shape[1:]), first.dtype.name)
+        layout = cls.from_description(len(caches), description)
         check_caches(caches, layout, "KVLayout.of_caches", writable=False)
         return layout
 
 
 def check_caches(caches: Any, layout: KVLayout, where: str, writable: bool) -> int:
-    """Check ``caches`` (per rank, ``layout.num_caches`` arrays ``[num_blocks,
-    *layout.block_shape]`` of ``layout.dtype``, writable if ``writable``) against ``layout``;
-    returns their common block count."""
+    """Check ``caches`` (per rank, one array per entry of ``layout.caches``, ``[num_blocks,
+    *block_shape]`` of its host dtype, writable if ``writable``, every cache with the same
+    ``num_blocks``) against ``layout``; returns that block count."""
     if not isinstance(caches, Sequence) or len(caches) != layout.tensor_parallel_size:
         got = len(caches) if isinstance(caches, Sequence) else type(caches).__name__
         raise TransferError(f"{where}: `caches` must hold {layout.tensor_parallel_size} rank(s), got {got}")
@@ -189,27 +266,26 @@ def check_caches(caches: Any, layout: KVLayout, where: str, writable: bool) -> i
         if not isinstance(rank, Sequence) or len(rank) != layout.num_caches:
             got = len(rank) if isinstance(rank, Sequence) else type(rank).__name__
             raise TransferError(
-                f"{where}: `caches[{r}]` must hold {layout.num_caches} arrays (key and value per "
-                f"{layout.num_target_layers} target + {layout.num_mtp_layers} MTP layers), got {got}"
+                f"{where}: `caches[{r}]` must hold {layout.num_caches} arrays ({layout.count('target')} target + "
+                f"{layout.count('mtp')} MTP caches), got {got}"
             )
-        for c, arr in enumerate(rank):
+        for c, (arr, entry) in enumerate(zip(rank, layout.caches)):
+            name = f"`caches[{r}][{c}]` ({entry.label})"
             if not isinstance(arr, np.ndarray):
-                raise TransferError(f"{where}: `caches[{r}][{c}]` must be a numpy array, got {type(arr).__name__}")
-            if arr.ndim != 1 + len(layout.block_shape) or tuple(arr.shape[1:]) != layout.block_shape:
+                raise TransferError(f"{where}: {name} must be a numpy array, got {type(arr).__name__}")
+            if arr.ndim != len(entry.shape) or tuple(arr.shape[1:]) != entry.block_shape:
                 raise TransferError(
-                    f"{where}: `caches[{r}][{c}]` has shape {list(arr.shape)}, expected "
-                    f"[num_blocks, {', '.join(map(str, layout.block_shape))}]"
+                    f"{where}: {name} has shape {list(arr.shape)}, expected "
+                    f"[num_blocks, {', '.join(map(str, entry.block_shape))}]"
                 )
-            if arr.dtype.name != layout.dtype:
-                raise TransferError(f"{where}: `caches[{r}][{c}]` has dtype {arr.dtype.name}, expected {layout.dtype}")
+            if arr.dtype.name != entry.host_dtype:
+                raise TransferError(f"{where}: {name} has dtype {arr.dtype.name}, expected {entry.host_dtype}")
             if num_blocks is None:
                 num_blocks = arr.shape[0]
             elif arr.shape[0] != num_blocks:
-                raise TransferError(
-                    f"{where}: `caches[{r}][{c}]` has {arr.shape[0]} blocks, `caches[0][0]` has {num_blocks}"
-                )
+                raise TransferError(f"{where}: {name} has {arr.shape[0]} blocks, `caches[0][0]` has {num_blocks}")
             if writable and not arr.flags.writeable:
-                raise TransferError(f"{where}: `caches[{r}][{c}]` is read-only; the blocks are copied into it")
+                raise TransferError(f"{where}: {name} is read-only; the blocks are copied into it")
     assert num_blocks is not None
     return int(num_blocks)
 

@@ -58,8 +58,8 @@ class KVSource:
     in a daemon thread (the wire protocol is in :mod:`.transport`).
 
     Args:
-        caches: per rank, the cache arrays ``key0, value0, ...`` (target layers, then MTP
-            layers), each ``[num_blocks, *layout.block_shape]`` of ``layout.dtype``, read while
+        caches: per rank, one cache array per entry of ``layout.caches`` (every target and
+            every MTP layer's), each ``[num_blocks, *block_shape]`` of its host dtype, read while
             a request is fetched (zero-copy views of the live caches).
         layout: the layout of ``caches``.
         on_release: ``on_release(request_id, reason)``, called exactly once per offer from the

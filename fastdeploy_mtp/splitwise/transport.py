@@ -11,7 +11,7 @@ of a transport.
 
 Descriptor (a JSON-able dict that travels from P to D with the request)::
 
-    {"version": 1, "request_id": str, "address": "tcp://host:port",
+    {"version": 2, "request_id": str, "address": "tcp://host:port",
      "layout": KVLayout.to_dict(), "block_ids": [int, ...],
      "num_blocks": <P's cache block count>,
      <every transport's fields: "shm_names": [[name per cache] per rank] or None>,
@@ -21,7 +21,7 @@ Control protocol. P binds a ZeroMQ ROUTER socket at ``address``; D connects a DE
 (a fresh one per pull). Every request is one frame of JSON (never pickle):
 
 * ``{"op": "fetch", "request_id": id}``: P answers a JSON header frame ``{"ok": true,
-  "frames": tp * num_caches, "block_nbytes": <bytes of one block of one cache>,
+  "frames": tp * num_caches, "block_nbytes": [<bytes of one block of cache c> per cache],
   "num_blocks": <blocks in each data frame, len(block_ids)>}`` followed, in the same
   multipart message, by one data frame per (rank, cache) in rank-major order, each the
   C-order bytes of ``cache[block_ids]`` (the ``"tcp"`` transport, :mod:`.transports.tcp`).
@@ -73,7 +73,7 @@ __all__ = [
 ]
 
 #: ``"version"`` of the descriptors a source writes and :func:`read_descriptor` reads.
-DESCRIPTOR_VERSION = 1
+DESCRIPTOR_VERSION = 2
 
 #: The transport name that lets :func:`choose_transport` pick one per descriptor.
 AUTO = "auto"
@@ -149,7 +149,7 @@ class Transport(ABC):
 
         Args:
             caches: the source's caches (per rank, ``layout.num_caches`` arrays ``[num_blocks,
-                *layout.block_shape]``), already checked.
+                *block_shape]`` per entry of ``layout.caches``), already checked.
             layout: their layout.
             options: the source's transport options not yet taken; pop the ones this
                 transport reads (what is left over is refused).
@@ -283,6 +283,11 @@ def read_descriptor(descriptor: Any) -> Descriptor:
     except TransferError as exc:
         raise TransferError(f"{where}: `layout`: {exc}") from None
     num_blocks = int_field(descriptor["num_blocks"], "num_blocks", 1, where)
+    for entry in layout.caches:
+        if entry.shape[0] != num_blocks:
+            raise TransferError(
+                f"{where}: `layout` gives {entry.label} {entry.shape[0]} blocks, `num_blocks` is {num_blocks}"
+            )
     block_ids = block_id_list(descriptor["block_ids"], num_blocks, "block_ids", where)
     if not block_ids:
         raise TransferError(f"{where}: `block_ids` is empty")

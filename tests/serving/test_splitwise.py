@@ -162,9 +162,9 @@ def test_instances_refuse_openai_requests_and_foreign_handoffs(mtp3):
         "max_tokens": 8,
     }
     bad = json.loads(json.dumps(handoff))
-    bad["kv"]["layout"]["num_mtp_layers"] = 2
+    bad["kv"]["layout"]["caches"] += bad["kv"]["layout"]["caches"][-2:]  # one more MTP layer's pair
     status, body = splitwise_post(d.base_url + "/v1/splitwise/decode", {**request, "handoff": bad})
-    assert status == 400 and "num_mtp_layers" in body["error"]["message"], body
+    assert status == 400 and "first unmatched: mtp layer 0 key" in body["error"]["message"], body
     bad = json.loads(json.dumps(handoff))
     del bad["state"]["draft"]["pre_ids"]
     status, body = splitwise_post(d.base_url + "/v1/splitwise/decode", {**request, "handoff": bad})

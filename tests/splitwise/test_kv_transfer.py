@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import zmq
 
+from fastdeploy_mtp.models.cache_spec import describe, key_value_specs
 from fastdeploy_mtp.splitwise.kv_client import pull_blocks
 from fastdeploy_mtp.splitwise.kv_layout import KVLayout, TransferError
 from fastdeploy_mtp.splitwise.kv_source import KVSource
@@ -44,8 +45,37 @@ def make_caches(
     return [[rng.standard_normal(shape).astype(dtype) for _ in range(2 * layers)] for _ in range(tp)]
 
 
+def description(
+    num_blocks: int,
+    target: int = TARGET_LAYERS,
+    mtp: int = MTP_LAYERS,
+    block_shape: tuple[int, ...] = BLOCK_SHAPE,
+    dtype: str = "float32",
+) -> list[dict[str, Any]]:
+    """The cache spec's JSON form of ``target`` + ``mtp`` layers (a key and a value each)."""
+    shape = (num_blocks, *block_shape)
+    return describe(key_value_specs("target", target, shape, dtype) + key_value_specs("mtp", mtp, shape, dtype))
+
+
+def make_layout(tp: int, num_blocks: int, **kwargs: Any) -> KVLayout:
+    return KVLayout.from_description(tp, description(num_blocks, **kwargs))
+
+
 def layout_of(caches: list[list[np.ndarray]], target: int = TARGET_LAYERS) -> KVLayout:
-    return KVLayout.of_caches(caches, target, len(caches[0]) // 2 - target)
+    """The layout of ``caches``: the first ``2 * target`` arrays of a rank are the target's
+    key/value pairs, the rest the MTP layers'; shapes and dtypes those of rank 0's arrays."""
+    first = caches[0]
+    desc = [
+        {
+            "owner": "target" if i < 2 * target else "mtp",
+            "layer": i // 2 if i < 2 * target else i // 2 - target,
+            "kind": ("key", "value")[i % 2],
+            "shape": list(a.shape),
+            "dtype": a.dtype.name,
+        }
+        for i, a in enumerate(first)
+    ]
+    return KVLayout.of_caches(caches, desc)
 
 
 def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
@@ -112,60 +142,82 @@ def all_zero(caches: list[list[np.ndarray]]) -> bool:
 
 
 def test_layout_round_trip_and_sizes() -> None:
-    layout = KVLayout(2, TARGET_LAYERS, MTP_LAYERS, BLOCK_SHAPE, "float32")
-    assert layout.num_caches == 6
-    assert layout.block_nbytes == 2 * 4 * 8 * 4
+    layout = make_layout(2, 3)
+    assert layout.num_caches == 6 and (layout.count("target"), layout.count("mtp")) == (4, 2)
+    assert [c.block_nbytes for c in layout.caches] == [2 * 4 * 8 * 4] * 6
+    assert layout.block_nbytes == 6 * 2 * 4 * 8 * 4
     assert KVLayout.from_dict(json.loads(json.dumps(layout.to_dict()))) == layout
     assert layout_of(make_caches(2, 3, 0)) == layout
+    assert [c.label for c in layout.caches[3:5]] == ["target layer 1 value", "mtp layer 0 key"]
+    bf16 = make_layout(1, 3, dtype="bfloat16")
+    assert bf16.caches[0].host_dtype == "int16" and bf16.caches[0].block_nbytes == 2 * 4 * 8 * 2
 
 
 @pytest.mark.parametrize(
-    ("change", "key"),
+    ("change", "message"),
     [
-        ({"tensor_parallel_size": None}, "tensor_parallel_size"),  # removed below
-        ({"tensor_parallel_size": "2"}, "tensor_parallel_size"),
-        ({"num_target_layers": True}, "num_target_layers"),
-        ({"num_target_layers": 0}, "num_target_layers"),
-        ({"num_mtp_layers": -1}, "num_mtp_layers"),
-        ({"block_shape": [2, 0, 8]}, "block_shape"),
-        ({"block_shape": "2,4,8"}, "block_shape"),
-        ({"dtype": "float99"}, "dtype"),
-        ({"dtype": 4}, "dtype"),
-        ({"extra": 1}, "extra"),
+        ({"tensor_parallel_size": None}, "missing key `tensor_parallel_size`"),  # removed below
+        ({"tensor_parallel_size": "2"}, "`tensor_parallel_size` must be an int"),
+        ({"extra": 1}, "unknown key `extra`"),
+        ({"caches": []}, "`caches` must be a non-empty list"),
+        ({0: {"layer": True}}, r"`caches\[0\]`: `layer` must be an int"),
+        ({1: {"layer": -1}}, r"`caches\[1\]`: `layer` must be >= 0"),
+        ({2: {"owner": "draft"}}, r"`caches\[2\]`: `owner` must be 'target' or 'mtp'"),
+        ({3: {"kind": "query"}}, r"`caches\[3\]`: `kind` must be"),
+        ({4: {"shape": [3, 2, 0, 8]}}, r"`caches\[4\]`: `shape` must be >= 1"),
+        ({4: {"shape": "3,2,4,8"}}, r"`caches\[4\]`: `shape` must be a list"),
+        ({5: {"dtype": "float99"}}, r"`caches\[5\]`: `dtype` must be one of"),
+        ({5: {"dtype": 4}}, r"`caches\[5\]`: `dtype` must be one of"),
+        ({5: {"extra": 1}}, r"`caches\[5\]` must have the keys"),
     ],
 )
-def test_layout_from_dict_names_the_bad_key(change: dict[str, Any], key: str) -> None:
-    d = KVLayout(1, 2, 1, BLOCK_SHAPE, "float32").to_dict()
-    d.update(change)
-    if change.get("tensor_parallel_size", 0) is None:
-        del d["tensor_parallel_size"]
-    with pytest.raises(TransferError, match=f"`{key}`"):
+def test_layout_from_dict_names_the_bad_key(change: dict[Any, Any], message: str) -> None:
+    d = make_layout(1, 3).to_dict()
+    for key, value in change.items():
+        if isinstance(key, int):
+            d["caches"][key].update(value)
+        elif value is None:
+            del d[key]
+        else:
+            d[key] = value
+    with pytest.raises(TransferError, match=message):
         KVLayout.from_dict(d)
 
 
-def test_layout_check_matches_names_the_field_and_both_values() -> None:
-    prefill = KVLayout(2, 2, 1, BLOCK_SHAPE, "float32")
-    prefill.check_matches(KVLayout(2, 2, 1, BLOCK_SHAPE, "float32"))
-    with pytest.raises(TransferError, match=r"`num_mtp_layers`: prefill has 1, this decode instance has 2"):
-        prefill.check_matches(KVLayout(2, 2, 2, BLOCK_SHAPE, "float32"))
+@pytest.mark.parametrize(
+    ("decode", "message"),
+    [
+        (dict(tp=1), "`tensor_parallel_size`: prefill has 2, this decode instance has 1"),
+        (dict(mtp=3), r"prefill has 6 caches per rank, this decode instance 10 \(first unmatched: mtp layer 1 key\)"),
+        (dict(target=1, mtp=2), r"cache 2 \(target layer 1 key\): prefill has target layer 1 key, this decode .* mtp"),
+        (dict(block_shape=(1, 4, 8)), r"cache 0 \(target layer 0 key\): block shape \[2, 4, 8\] on the prefill"),
+        (dict(dtype="bfloat16"), r"cache 0 \(target layer 0 key\): dtype float32 on the prefill, bfloat16 here"),
+    ],
+)
+def test_layout_check_matches_names_the_first_differing_cache(decode: dict[str, Any], message: str) -> None:
+    prefill = make_layout(2, 10)
+    prefill.check_matches(make_layout(2, 12))  # the block counts may differ
+    tp = decode.pop("tp", 2)
+    with pytest.raises(TransferError, match=f"KV layout mismatch.*{message}"):
+        prefill.check_matches(make_layout(tp, 12, **decode))
 
 
 def test_layout_of_inconsistent_caches() -> None:
     caches = make_caches(2, 4, 0)
     caches[1].pop()
-    with pytest.raises(TransferError, match=r"caches\[1\]` must hold 6 arrays .* got 5"):
+    with pytest.raises(TransferError, match=r"caches\[1\]` must hold 6 arrays \(4 target \+ 2 MTP caches\), got 5"):
         layout_of(caches)
     caches = make_caches(2, 4, 0)
     caches[1][3] = caches[1][3][:, :, :2]
-    with pytest.raises(TransferError, match=r"caches\[1\]\[3\]` has shape"):
+    with pytest.raises(TransferError, match=r"caches\[1\]\[3\]` \(target layer 1 value\) has shape"):
         layout_of(caches)
-    caches = make_caches(1, 4, 0)
-    caches[0][2] = caches[0][2].astype(np.float16)
-    with pytest.raises(TransferError, match=r"caches\[0\]\[2\]` has dtype float16"):
+    caches = make_caches(2, 4, 0)
+    caches[1][2] = caches[1][2].astype(np.float16)
+    with pytest.raises(TransferError, match=r"caches\[1\]\[2\]` \(target layer 1 key\) has dtype float16"):
         layout_of(caches)
     caches = make_caches(1, 4, 0)
     caches[0][5] = caches[0][5][:3]
-    with pytest.raises(TransferError, match=r"caches\[0\]\[5\]` has 3 blocks"):
+    with pytest.raises(TransferError, match=r"caches\[0\]\[5\]` \(mtp layer 0 value\) has 3 blocks"):
         layout_of(caches)
 
 
@@ -210,7 +262,7 @@ def test_tcp_pull_copies_the_offered_blocks(sources: Any, tp: int) -> None:
 
     copied = pull_blocks(descriptor, dst, layout_of(dst), [11, 0, 5, 9])  # the 4th is spare
     layout = layout_of(src)
-    assert copied == tp * layout.num_caches * 3 * layout.block_nbytes
+    assert copied == tp * 3 * layout.block_nbytes
     assert_copied(src, dst, [3, 7, 1], [11, 0, 5])
     assert releases.wait() == [("req-1", "released")]
     assert releases.threads == {source._thread.name}  # from the server thread
@@ -284,10 +336,69 @@ def test_shm_pull_copies_from_the_published_caches(sources: Any, publish: Any, t
     dst = make_caches(tp, DST_BLOCKS, seed=None)
 
     copied = pull_blocks(descriptor, dst, layout_of(dst), [1, 10, 6], transport="shm")
-    assert copied == tp * 6 * 3 * layout_of(dst).block_nbytes
+    assert copied == tp * 3 * layout_of(dst).block_nbytes
     assert_copied(src, dst, [4, 0, 8], [1, 10, 6])
     np.testing.assert_array_equal(dst[0][0][1], data[0][0][4] + 1.0)
     assert releases.wait() == [("shm-req", "released")]
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_every_cache_of_three_mtp_layers_on_every_rank_is_transferred(
+    sources: Any, publish: Any, transport: str
+) -> None:
+    """2 target + 3 MTP layers at TP 2: per rank, 4 target and 6 MTP caches (3 key/value
+    pairs) arrive, each holding exactly its own source cache's blocks."""
+    tp, mtp = 2, 3
+    src, names = publish(make_caches(tp, SRC_BLOCKS, seed=31, layers=TARGET_LAYERS + mtp))
+    source, releases = sources(src, shm_names=names)
+    layout = layout_of(src)
+    assert (layout.count("target"), layout.count("mtp")) == (2 * TARGET_LAYERS, 2 * mtp)
+    descriptor = json.loads(json.dumps(source.offer("all", [6, 2])))
+    assert [c["owner"] for c in descriptor["layout"]["caches"]] == ["target"] * 4 + ["mtp"] * 6
+    dst = make_caches(tp, DST_BLOCKS, seed=None, layers=TARGET_LAYERS + mtp)
+    copied = pull_blocks(descriptor, dst, layout_of(dst), [3, 9], transport=transport)
+    assert copied == tp * 10 * 2 * layout.caches[0].block_nbytes
+    arrived: dict[tuple[int, str], int] = {}
+    for r in range(tp):
+        for c, entry in enumerate(layout.caches):
+            if dst[r][c].any():
+                np.testing.assert_array_equal(dst[r][c][[3, 9]], src[r][c][[6, 2]], err_msg=f"rank {r} {entry.label}")
+                arrived[r, entry.owner] = arrived.get((r, entry.owner), 0) + 1
+    assert arrived == {(0, "target"): 4, (0, "mtp"): 6, (1, "target"): 4, (1, "mtp"): 6}
+    assert releases.wait() == [("all", "released")]
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_bfloat16_caches_travel_as_their_bits(transport: str) -> None:
+    """bfloat16 caches (host views int16): the shm transport attaches P's caches with the
+    layout's dtype, both transports copy the bits unchanged."""
+    import paddle
+
+    from fastdeploy_mtp.ipc.kv_caches import host_view, publish_caches, unpublish_caches
+
+    device_id = os.getpid() * 1000 + next(_device_ids)
+    rng = np.random.default_rng(41)
+    values = [rng.standard_normal((SRC_BLOCKS, *BLOCK_SHAPE)).astype(np.float32) for _ in range(6)]
+    tensors = [paddle.to_tensor(v).astype("bfloat16") for v in values]
+    names = [f"{k}_caches_{n}_rank0.device{device_id}" for n in range(3) for k in ("key", "value")]
+    publish_caches(tensors, names)
+    try:
+        src = [[host_view(t) for t in tensors]]
+        releases = Releases()
+        with KVSource(
+            src, KVLayout.of_caches(src, description(SRC_BLOCKS, dtype="bfloat16")), releases, shm_names=[names]
+        ) as source:
+            dst = [[np.zeros((DST_BLOCKS, *BLOCK_SHAPE), np.int16) for _ in range(6)]]
+            layout = KVLayout.of_caches(dst, description(DST_BLOCKS, dtype="bfloat16"))
+            copied = pull_blocks(source.offer("bf16", [7, 3]), dst, layout, [0, 5], transport=transport)
+            assert copied == 6 * 2 * 2 * 4 * 8 * 2
+            assert_copied(src, dst, [7, 3], [0, 5])
+            back = paddle.to_tensor(dst[0][4][[0, 5]]).view(paddle.bfloat16).astype("float32").numpy()
+            np.testing.assert_array_equal(back, tensors[4].astype("float32").numpy()[[7, 3]])
+            assert releases.wait() == [("bf16", "released")]
+    finally:
+        unpublish_caches(tensors, names)
+    assert not any(os.path.exists(f"/dev/shm/{n}") for n in names)
 
 
 def test_shm_pull_fails_when_the_offer_ends_during_the_copy(publish: Any) -> None:
@@ -356,9 +467,10 @@ class LoopTransport(Transport):
         self, channel: ControlChannel, descriptor: Descriptor, caches: Any, dst_idx: np.ndarray, timeout: float
     ) -> None:
         _, frames = channel.ask("fetch", timeout)
-        shape = (len(descriptor.block_ids), *descriptor.layout.block_shape)
-        for cache, frame in zip((c for rank in caches for c in rank), frames):
-            cache[dst_idx] = np.frombuffer(frame.buffer, dtype=descriptor.layout.dtype).reshape(shape)
+        entries = descriptor.layout.caches * descriptor.layout.tensor_parallel_size
+        for cache, frame, entry in zip((c for rank in caches for c in rank), frames, entries):
+            shape = (len(descriptor.block_ids), *entry.block_shape)
+            cache[dst_idx] = np.frombuffer(frame.buffer, dtype=entry.host_dtype).reshape(shape)
         channel.release(timeout)
 
 
@@ -457,23 +569,19 @@ def test_a_raising_on_release_does_not_stop_the_source() -> None:
 
 
 @pytest.mark.parametrize(
-    ("field", "make_dst", "message"),
+    ("make_dst", "message"),
     [
         (
-            "num_target_layers",
             lambda: (make_caches(1, DST_BLOCKS, None, layers=4), 3),
-            "prefill has 2, this decode instance has 3",
+            r"cache 4 \(mtp layer 0 key\): prefill has mtp layer 0 key, this decode instance has target layer 2 key",
         ),
-        ("block_shape", None, r"prefill has \(2, 4, 8\), this decode instance has \(2, 4, 4\)"),
-        ("tensor_parallel_size", lambda: (make_caches(2, DST_BLOCKS, None), 2), "prefill has 1, this decode"),
-        (
-            "dtype",
-            lambda: (make_caches(1, DST_BLOCKS, None, dtype=np.float16), 2),
-            "prefill has 'float32', this decode instance has 'float16'",
-        ),
+        (lambda: (make_caches(1, DST_BLOCKS, None, layers=5), 2), "6 caches per rank, this decode instance 10"),
+        (None, r"cache 0 \(target layer 0 key\): block shape \[2, 4, 8\] on the prefill, \[2, 4, 4\] here"),
+        (lambda: (make_caches(2, DST_BLOCKS, None), 2), "`tensor_parallel_size`: prefill has 1, this decode"),
+        (lambda: (make_caches(1, DST_BLOCKS, None, dtype=np.float16), 2), "dtype float32 on the prefill, float16"),
     ],
 )
-def test_layout_mismatch_is_refused_before_any_write(sources: Any, field: str, make_dst: Any, message: str) -> None:
+def test_layout_mismatch_is_refused_before_any_write(sources: Any, make_dst: Any, message: str) -> None:
     src = make_caches(1, SRC_BLOCKS, seed=8)
     source, releases = sources(src)
     if make_dst is None:
@@ -481,7 +589,7 @@ def test_layout_mismatch_is_refused_before_any_write(sources: Any, field: str, m
         target = 2
     else:
         dst, target = make_dst()
-    with pytest.raises(TransferError, match=rf"`{field}`: {message}"):
+    with pytest.raises(TransferError, match=f"KV layout mismatch.*{message}"):
         pull_blocks(source.offer("m", [1, 2]), dst, layout_of(dst, target), [0, 1])
     assert all_zero(dst)
     assert source.pending() == ["m"] and releases.calls == []
@@ -507,7 +615,7 @@ def test_bad_destination_arguments_are_refused_before_any_write(sources: Any) ->
             pull_blocks(descriptor, dst, layout, ids, **kwargs)
     read_only = make_caches(1, DST_BLOCKS, seed=None)
     read_only[0][4].flags.writeable = False
-    with pytest.raises(TransferError, match=r"`caches\[0\]\[4\]` is read-only"):
+    with pytest.raises(TransferError, match=r"`caches\[0\]\[4\]` \(mtp layer 0 key\) is read-only"):
         pull_blocks(descriptor, read_only, layout, [0, 1, 2])
     assert all_zero(dst) and all_zero(read_only)
     assert source.pending() == ["d"] and releases.calls == []
@@ -522,13 +630,14 @@ def test_bad_descriptors_are_refused_before_any_write(sources: Any) -> None:
     cases: list[tuple[Any, str]] = [
         ("not a dict", "descriptor must be a dict"),
         ({k: v for k, v in good.items() if k != "block_ids"}, "missing key `block_ids`"),
-        ({**good, "version": 2}, "`version` 2 is not 1"),
+        ({**good, "version": 1}, "`version` 1 is not 2"),
         ({**good, "request_id": 7}, "`request_id` must be a non-empty str"),
         ({**good, "address": "ipc:///tmp/x"}, "`address` must be a 'tcp://host:port' str"),
         ({**good, "block_ids": [1, SRC_BLOCKS]}, rf"`block_ids` holds block id {SRC_BLOCKS}, outside \[0, "),
         ({**good, "block_ids": []}, "`block_ids` is empty"),
         ({**good, "num_blocks": "10"}, "`num_blocks` must be an int"),
-        ({**good, "layout": {**good["layout"], "dtype": None}}, "`layout`: .*`dtype`"),
+        ({**good, "layout": {**good["layout"], "dtype": None}}, "`layout`: .*unknown key `dtype`"),
+        ({**good, "layout": make_layout(1, 7).to_dict()}, "`layout` gives target layer 0 key 7 blocks, `num_blocks`"),
         ({**good, "shm_names": [["a"]]}, r"`shm_names\[0\]` must hold 6 non-empty names"),
         ({**good, "hold_timeout": -1}, "`hold_timeout` must be a positive number"),
     ]
@@ -570,7 +679,7 @@ def test_source_constructor_refusals() -> None:
     with pytest.raises(TransferError, match="KVSource: no KV transport takes the option\\(s\\) 'shm_name'"):
         KVSource(src, layout, lambda r, s: None, shm_name=[["a"] * 6])
     with pytest.raises(TransferError, match=r"`caches` must hold 2 rank\(s\), got 1"):
-        KVSource(src, KVLayout(2, 2, 1, BLOCK_SHAPE, "float32"), lambda r, s: None)
+        KVSource(src, make_layout(2, SRC_BLOCKS), lambda r, s: None)
     with KVSource(src, layout, lambda r, s: None) as taken:
         port = int(taken.address.rsplit(":", 1)[1])
         with pytest.raises(TransferError, match=f"cannot bind tcp://127.0.0.1:{port}"):
@@ -613,9 +722,9 @@ class FakeSource:
 
 
 def descriptor_for(address: str, block_ids: list[int], tp: int = 1) -> dict[str, Any]:
-    layout = KVLayout(tp, TARGET_LAYERS, MTP_LAYERS, BLOCK_SHAPE, "float32")
+    layout = make_layout(tp, SRC_BLOCKS)
     return {
-        "version": 1,
+        "version": 2,
         "request_id": "fake",
         "address": address,
         "layout": layout.to_dict(),
@@ -645,7 +754,7 @@ def test_a_source_that_never_answers_times_out() -> None:
 @pytest.mark.parametrize(
     ("header", "frame_bytes", "message"),
     [
-        ({"frames": 6, "num_blocks": 2}, [512] * 5 + [511], r"data frame 5 \(rank 0, cache 5\) has 511 bytes"),
+        ({"frames": 6, "num_blocks": 2}, [512] * 5 + [511], r"data frame 5 \(rank 0, mtp layer 0 value\) has 511"),
         ({"frames": 6, "num_blocks": 2}, [512] * 5, "5 data frames, expected 6"),
         ({"frames": 5, "num_blocks": 2}, [512] * 6, "header `frames` is 5, expected 6"),
         ({"frames": 6, "num_blocks": 3}, [768] * 6, "header `num_blocks` is 3, expected 2"),
@@ -654,7 +763,7 @@ def test_a_source_that_never_answers_times_out() -> None:
 def test_a_wrong_sized_reply_is_refused_before_any_write(
     header: dict[str, Any], frame_bytes: list[int], message: str
 ) -> None:
-    full = {"ok": True, "block_nbytes": 256, **header}
+    full = {"ok": True, "block_nbytes": [256] * 6, **header}
 
     def reply(frames: list[bytes]) -> list[bytes]:
         if json.loads(frames[0])["op"] != "fetch":
@@ -677,7 +786,7 @@ def test_a_source_gone_after_a_complete_tcp_copy_is_not_an_error() -> None:
     def reply(frames: list[bytes]) -> list[bytes] | None:  # answers the fetch, then nothing
         if json.loads(frames[0])["op"] != "fetch":
             return None
-        header = {"ok": True, "frames": 6, "block_nbytes": 256, "num_blocks": 2}
+        header = {"ok": True, "frames": 6, "block_nbytes": [256] * 6, "num_blocks": 2}
         return [json.dumps(header).encode(), *(np.ascontiguousarray(c[[4, 1]]).tobytes() for c in src[0])]
 
     fake = FakeSource(reply)

@@ -75,28 +75,30 @@ class ShmTransport(Transport):
 
 
 def _copy(descriptor: Descriptor, caches: Caches, dst_idx: np.ndarray) -> None:
-    """Attach every cache P published (``[num_blocks, *block_shape]`` each), copy the offered
-    blocks to ``dst_idx`` (int64 ``[n]``) of the matching cache in ``caches``, detach."""
+    """Attach every cache P published (every entry of the layout on every rank, each of its
+    entry's shape and dtype), copy the offered blocks to ``dst_idx`` (int64 ``[n]``) of the
+    matching cache in ``caches``, detach."""
     import paddle
 
     from ... import ops
+    from ...ipc.kv_caches import host_view
 
     layout = descriptor.layout
-    shape = [descriptor.num_blocks, *layout.block_shape]
     src_idx = np.asarray(descriptor.block_ids, np.int64)
     attached: list[tuple[Any, str]] = []
     try:
         for rank in descriptor.fields["shm_names"]:  # attach everything first: a missing name fails before any write
-            for name in rank:
+            for name, entry in zip(rank, layout.caches):
+                shape = [descriptor.num_blocks, *entry.block_shape]
                 try:
-                    t = ops.share_external_data(input=paddle.empty([], dtype=layout.dtype), shm_name=name, shape=shape)
+                    t = ops.share_external_data(input=paddle.empty([], dtype=entry.dtype), shm_name=name, shape=shape)
                 except Exception as exc:
                     raise TransferError(
                         f"{descriptor.where}: cannot attach the prefill's cache {name!r}: {exc}"
                     ) from None
                 attached.append((t, name))
         for i, (t, _name) in enumerate(attached):
-            src = np.from_dlpack(t)
+            src = host_view(t)
             caches[i // layout.num_caches][i % layout.num_caches][dst_idx] = src[src_idx]
             del src
     finally:

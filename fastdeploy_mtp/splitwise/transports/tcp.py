@@ -22,15 +22,17 @@ logger = logging.getLogger(__name__)
 
 def fetch_reply(caches: Caches, layout: KVLayout, block_ids: np.ndarray) -> tuple[dict[str, Any], list[np.ndarray]]:
     """P's answer to ``fetch``: the header and one C-contiguous copy of ``cache[block_ids]``
-    (``[len(block_ids), *layout.block_shape]``) per rank and cache, rank-major.
+    (``[len(block_ids), *block_shape]``) per rank and cache, rank-major: every cache of
+    ``layout.caches`` (every target and every MTP layer) of every rank.
 
     Args:
-        caches: per rank, the source's caches ``[num_blocks, *layout.block_shape]``.
+        caches: per rank, the source's caches, one per entry of ``layout.caches``.
         layout: their layout.
         block_ids: int64 ``[n]``, the offered blocks.
     """
     data = [np.ascontiguousarray(cache[block_ids]) for rank in caches for cache in rank]
-    header = {"ok": True, "frames": len(data), "block_nbytes": layout.block_nbytes, "num_blocks": len(block_ids)}
+    per_cache = [c.block_nbytes for c in layout.caches]
+    header = {"ok": True, "frames": len(data), "block_nbytes": per_cache, "num_blocks": len(block_ids)}
     return header, data
 
 
@@ -48,22 +50,23 @@ class TcpTransport(Transport):
         header, frames = channel.ask("fetch", timeout)
         where = f"{descriptor.where}: fetch reply from {channel.address}"
         want = layout.tensor_parallel_size * layout.num_caches
-        for key, expected in (("frames", want), ("block_nbytes", layout.block_nbytes), ("num_blocks", n)):
+        per_cache = [c.block_nbytes for c in layout.caches]
+        for key, expected in (("frames", want), ("block_nbytes", per_cache), ("num_blocks", n)):
             if header.get(key) != expected:
-                raise TransferError(f"{where}: header `{key}` is {header.get(key)!r}, expected {expected}")
+                raise TransferError(f"{where}: header `{key}` is {header.get(key)!r:.200}, expected {expected}")
         if len(frames) != want:
             raise TransferError(f"{where}: {len(frames)} data frames, expected {want}")
-        size = n * layout.block_nbytes
         for i, frame in enumerate(frames):
-            if len(frame.buffer) != size:
+            entry = layout.caches[i % layout.num_caches]
+            if len(frame.buffer) != n * entry.block_nbytes:
                 raise TransferError(
-                    f"{where}: data frame {i} (rank {i // layout.num_caches}, cache {i % layout.num_caches}) has "
-                    f"{len(frame.buffer)} bytes, expected {size}"
+                    f"{where}: data frame {i} (rank {i // layout.num_caches}, {entry.label}) has "
+                    f"{len(frame.buffer)} bytes, expected {n * entry.block_nbytes}"
                 )
-        shape = (n, *layout.block_shape)
         for i, frame in enumerate(frames):
+            entry = layout.caches[i % layout.num_caches]
             cache = caches[i // layout.num_caches][i % layout.num_caches]
-            cache[dst_idx] = np.frombuffer(frame.buffer, dtype=layout.dtype).reshape(shape)
+            cache[dst_idx] = np.frombuffer(frame.buffer, dtype=entry.host_dtype).reshape((n, *entry.block_shape))
         try:  # the bytes were consistent when fetched; a lost offer now costs nothing
             channel.release(timeout)
         except TransferError as exc:
