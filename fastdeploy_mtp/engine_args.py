@@ -193,7 +193,7 @@ def resolve_model(model: str | None, dtype: str = "auto", spec: SpeculativeConfi
     if spec is not None and spec.enabled and plan.config.num_nextn_predict_layers == 0:
         raise UsageError(
             f"model folder {path} has no MTP layer (config.json `num_nextn_predict_layers` is 0 or absent): "
-            "run it without MTP (--speculative-config '{\"method\": \"none\"}')"
+            'run it without MTP (--speculative-config \'{"method": "none"}\')'
         )
     return path
 

@@ -34,7 +34,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=positive_int, default=8000, help="HTTP port (default 8000)")
     add_model_arg(p, positional=True)
-    p.add_argument("--served-model-name", default=None, help="model id in the API (default: fastdeploy-mtp-tiny)")
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="model id in the API (default: the model folder; fastdeploy-mtp-tiny for the shipped one)",
+    )
     p.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1, help="worker processes, one per rank")
     add_max_num_seqs_arg(
         p, None, "batch slots (default: 8, or fewer if kernel.msgmax cannot carry the token message of 8)"

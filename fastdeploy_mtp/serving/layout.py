@@ -4,7 +4,6 @@ from, so that all processes agree on every shape and name."""
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, get_type_hints
 
@@ -25,7 +24,8 @@ class ServeLayout:
     the same name (FastDeploy's worker names; :meth:`to_args`, :meth:`add_args`).
 
     Attributes:
-        model: checkpoint directory (``config.json`` + ``model.safetensors``).
+        model: the model folder (``config.json``, safetensors weights).
+        dtype: ``--dtype`` (``"auto"``: the folder's own, widened to float32 on the CPU).
         speculative_config: FastDeploy's ``speculative_config`` as JSON.
         max_num_seqs: batch slots ``N``.
         max_model_len: longest prompt + output of one request.
@@ -38,7 +38,7 @@ class ServeLayout:
             ``scheduler_config.splitwise_role``).
     """
 
-    model: str = field(metadata={"help": "checkpoint directory"})
+    model: str = field(metadata={"help": "model folder"})
     speculative_config: str = field(metadata={"help": "FastDeploy's speculative_config JSON"})
     max_num_seqs: int
     max_model_len: int
@@ -49,6 +49,7 @@ class ServeLayout:
     )
     cache_ready_timeout: float = 120.0
     splitwise_role: str = field(default="mixed", metadata={"choices": ("mixed", "prefill", "decode")})
+    dtype: str = field(default="auto", metadata={"choices": ("auto", "float32", "bfloat16", "float16")})
 
     def __post_init__(self) -> None:
         tp = self.tensor_parallel_size
@@ -62,10 +63,11 @@ class ServeLayout:
         return self.engine_worker_queue_port
 
     def arch(self) -> ArchConfig:
-        """The checkpoint's architecture (its ``config.json``)."""
-        from ..models.model_config import ModelConfig
+        """The model's architecture as every process loads it (its ``config.json`` and
+        ``--dtype``), read without loading the weights."""
+        from ..models import inspect_model_folder
 
-        return ModelConfig.load_json(os.path.join(self.model, "config.json"))
+        return inspect_model_folder(self.model, self.dtype)
 
     def fd_config(self, rank: int = 0, arch: ArchConfig | None = None) -> FDConfig:
         """The FDConfig of rank ``rank`` (the engine uses rank 0's): caches owned by the cache

@@ -47,6 +47,8 @@ class ServeOptions:
     max_waiting_requests: int | None = None
     #: folder of the tokenizer files when not the model folder's (``--tokenizer``)
     tokenizer: str | None = None
+    #: ``--dtype``: ``"auto"`` (the folder's own; float32 on the CPU), or a dtype name
+    dtype: str = "auto"
 
 
 def _fit_max_num_seqs(requested: int | None) -> int:
@@ -135,7 +137,18 @@ def _layout(opts: ServeOptions) -> ServeLayout:
         engine_worker_queue_port=opts.engine_worker_queue_port or free_port(avoid=opts.port),
         device_ids=device_ids,
         splitwise_role=opts.splitwise_role,
+        dtype=opts.dtype,
     )
+
+
+def served_model_name(opts: ServeOptions, arch: ArchConfig) -> str:
+    """The model id in the API: ``--served-model-name``, else ``fastdeploy-mtp-tiny`` for the
+    shipped byte model and the model folder as given for any other (vLLM's default)."""
+    from ..models.model_config import TINY_MODEL_TYPE
+
+    if opts.served_model_name:
+        return opts.served_model_name
+    return "fastdeploy-mtp-tiny" if arch.model_type == TINY_MODEL_TYPE else opts.model
 
 
 @dataclass
@@ -205,9 +218,7 @@ def _run(
         running.async_engine, running.kv_source = _splitwise_engine(
             opts, engine, runner, on_fatal, layout.max_num_seqs, progress
         )
-    app = create_app(
-        running.async_engine, opts.served_model_name or "fastdeploy-mtp-tiny", tokenizer, defaults, eos_ids
-    )
+    app = create_app(running.async_engine, served_model_name(opts, arch), tokenizer, defaults, eos_ids)
     if opts.splitwise_role != "mixed":
         from .splitwise_api import SplitwiseEngine, add_splitwise_routes
 

@@ -201,13 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     runner = None
     try:
         from ..distributed import init_tensor_parallel
-        from ..models import load_tiny
+        from ..models import load_model
         from ..runtime.target_runner import TargetRunner
 
         tp = layout.tensor_parallel_size
         if tp > 1:
             init_tensor_parallel(rank, tp, int(args.tp_master_port))
-        target, mtp, arch = load_tiny(layout.model, tensor_parallel_size=tp, tensor_parallel_rank=rank)
+        target, mtp, arch = load_model(
+            layout.model, dtype=layout.dtype, tensor_parallel_size=tp, tensor_parallel_rank=rank
+        )
         cfg = layout.fd_config(rank, arch)
         runner = TargetRunner(cfg, target, mtp if cfg.speculative_config.enabled else None)
         slots = SlotTable()
