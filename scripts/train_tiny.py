@@ -675,12 +675,17 @@ def write_card(out_dir, config, m, weights_bytes):
         "# Tiny byte-level target model + MTP layer",
         "",
         "Shipped with `fastdeploy_mtp` so the proposer and the reference engine can be tested "
-        "end to end on a CPU. Load it with `fastdeploy_mtp.models.load_tiny()`, which returns "
-        "`(target, mtp, config)`; tokens are bytes (`fastdeploy_mtp.models.ByteTokenizer`).",
+        "end to end on a CPU. It is a model folder like any other (`model_type: fastdeploy_mtp_tiny`): "
+        "load it with `fastdeploy_mtp.models.load_model(fastdeploy_mtp.models.ASSETS_DIR)` (or `load_tiny()`), "
+        "which returns `(target, mtp, config)`; tokens are bytes, ids 0..255 (`tokenizer.json`, read by "
+        "`fastdeploy_mtp.tokenization.load_tokenizer`), and its chat template (`tokenizer_config.json`) "
+        "renders `role: content` lines then `assistant:`.",
         "",
         "Files: `model.safetensors` (float32, Paddle `[in, out]` Linear layout, "
         f"{weights_bytes / 1e6:.2f} MB; target tensors under their own names, MTP layer under "
-        "`mtp.`), `config.json` (`ModelConfig`), `metrics.json` (every number below).",
+        "`mtp.`), `config.json` (`ModelConfig` plus `architectures` and `model_type`), `tokenizer.json` + "
+        "`tokenizer_config.json` (written by `scripts/make_byte_tokenizer.py`), `metrics.json` (every number "
+        "below).",
         "",
         "## Model",
         "",

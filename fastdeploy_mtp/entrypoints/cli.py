@@ -3,11 +3,14 @@
   fastdeploy-mtp demo [--model DIR] [SPECULATION] [--max-tokens N] [--max-num-seqs N]
                       [--temperature T --seed S] [--json] [--plot FILE]
   fastdeploy-mtp generate --prompt TEXT [--model DIR] [SPECULATION] [--max-tokens N] [SAMPLING] [--json]
-  fastdeploy-mtp serve [--model DIR] [SPECULATION] [--port P] [--splitwise-role mixed|prefill|decode] ...
+  fastdeploy-mtp serve [DIR | --model DIR] [SPECULATION] [--port P] [--splitwise-role mixed|prefill|decode] ...
   fastdeploy-mtp router --prefill URL --decode URL [--port P] ...
   fastdeploy-mtp --version
 
---model DIR: a tiny checkpoint folder (default: the shipped one); `--checkpoint DIR`, the old
+--model DIR: a model folder in HuggingFace layout (config.json, safetensors weights,
+tokenizer.json, tokenizer_config.json, generation_config.json; default: the shipped one), with
+--tokenizer DIR (another folder's tokenizer files) and --dtype auto|float32|bfloat16|float16;
+a folder that cannot be served is refused before anything loads. `--checkpoint DIR`, the old
 spelling on demo and generate, still works and says it is deprecated.
 
 SPECULATION is --speculative-config JSON with FastDeploy's keys, e.g.

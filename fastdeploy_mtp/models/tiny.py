@@ -26,6 +26,8 @@ ASSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.json"
+#: The byte tokenizer's files, the same in every tiny checkpoint folder.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 #: Prefix of the MTP layer's tensors in our own checkpoint format.
 MTP_PREFIX = "mtp."
 
@@ -190,7 +192,11 @@ def save_tiny(
     metrics: dict | None = None,
 ) -> None:
     """Write ``model.safetensors`` (target tensors under their own names, MTP tensors under
-    ``mtp.``; Paddle ``[in, out]`` layout, float32), ``config.json`` and ``metrics.json``."""
+    ``mtp.``; Paddle ``[in, out]`` layout, float32), ``config.json``, ``metrics.json`` and the
+    byte tokenizer's files (copied from the shipped folder: every tiny checkpoint reads bytes),
+    so that ``out_dir`` is a model folder every command serves."""
+    import shutil
+
     from safetensors.numpy import save_file
 
     os.makedirs(out_dir, exist_ok=True)
@@ -202,6 +208,9 @@ def save_tiny(
         metadata={"format": "fastdeploy_mtp.tiny", "layout": "paddle [in, out]"},
     )
     config.save_json(os.path.join(out_dir, CONFIG_FILE))
+    for name in TOKENIZER_FILES:
+        if os.path.abspath(out_dir) != os.path.abspath(ASSETS_DIR):
+            shutil.copyfile(os.path.join(ASSETS_DIR, name), os.path.join(out_dir, name))
     if metrics is not None:
         with open(os.path.join(out_dir, METRICS_FILE), "w", encoding="utf-8") as f:
             json.dump(metrics, f, indent=2, sort_keys=True)
