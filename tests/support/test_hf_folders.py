@@ -8,11 +8,10 @@ import json
 
 import numpy as np
 import pytest
-
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
 import torch  # noqa: E402
+
+# transformers (and torch) are test dependencies (`.[test]`): the comparison must run, never skip
+import transformers  # noqa: E402, F401
 from safetensors.numpy import load_file  # noqa: E402
 
 from tests.support import hf_folders as hf  # noqa: E402

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import pytest
 
+# transformers (and torch) are test dependencies (`.[test]`): the comparison must run, never skip
+import transformers  # noqa: E402
+
 from fastdeploy_mtp.tokenization import ChatTemplateError, load_tokenizer
 from tests.support.tokenizer_files import write_bpe_tokenizer
-
-transformers = pytest.importorskip("transformers")
 
 #: Llama-3 style: BOS, an optional system message pulled out of the list, header tokens per
 #: turn, a date from ``strftime_now``, tools rendered with ``tojson``, and trimmed contents.
