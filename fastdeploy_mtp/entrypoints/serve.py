@@ -120,7 +120,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     opts = options_from_args(
         ServeOptions,
         args,
-        model=resolve_model(model_arg(args), args.dtype),
+        model=resolve_model(model_arg(args), args.dtype, spec),
         speculative_config=spec,
         device_ids=device_ids,
     )

@@ -6,7 +6,6 @@ Every output equals the in-process engine's on the same checkpoint."""
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -14,12 +13,11 @@ import numpy as np
 import pytest
 
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
+from tests.support.handover import handed_over_every_cache
 from tests.support.servers import (
     ServerProcess,
     http_post,
-    scrape_metrics as metrics,
     splitwise_instances as instances,
-    splitwise_post,
     splitwise_router as router,
     stopped_cleanly,
 )
@@ -103,46 +101,12 @@ def test_prefill_hands_every_cache_of_every_rank_to_decode_over_shm_and_tcp(
         for d in (shm, tcp):
             with router(p, d) as url:
                 assert complete_all(url, DEMO_PROMPTS) == expected
-            handed_over_every_cache(p.base_url, d.base_url, f"count-{'shm' if d is shm else 'tcp'}")
-
-
-def handed_over_every_cache(prefill: str, decode: str, request_id: str) -> None:
-    """One request through ``prefill`` and ``decode``: its hand-over offers every cache of
-    both ranks (per rank 4 target caches and 3 MTP key/value pairs, each under its own name),
-    the decode instance refuses it with a differing cache spec (naming the first differing
-    cache) and then takes exactly all of those caches' blocks."""
-    body = {"request_id": request_id, "prompt_token_ids": list(b"Paged KV caches: "), "max_tokens": 8}
-    status, first = splitwise_post(prefill + "/v1/splitwise/prefill", body)
-    assert status == 200 and first["finished"] is False, first
-    kv = first["handoff"]["kv"]
-    caches = kv["layout"]["caches"]
-    assert kv["layout"]["tensor_parallel_size"] == 2
-    per_owner = {o: [(c["layer"], c["kind"]) for c in caches if c["owner"] == o] for o in ("target", "mtp")}
-    assert per_owner == {
-        "target": [(n, k) for n in range(TARGET_LAYERS) for k in ("key", "value")],
-        "mtp": [(n, k) for n in range(MTP_LAYERS) for k in ("key", "value")],
-    }
-    assert [len(rank) for rank in kv["shm_names"]] == [10, 10]
-    for r, names in enumerate(kv["shm_names"]):  # FastDeploy's names, the MTP layers after the target's
-        expected_names = [
-            f"{k}_caches_{n}_rank{r}" for n in range(TARGET_LAYERS + MTP_LAYERS) for k in ("key", "value")
-        ]
-        assert [name.rsplit(".device", 1)[0] for name in names] == expected_names
-    request = {**body, "output_token_ids": first["output_token_ids"]}
-    for change, message in (
-        (lambda c: c[-1].update(dtype="bfloat16"), "cache 9 (mtp layer 2 value): dtype bfloat16 on the prefill"),
-        (lambda c: c.pop(), "first unmatched: mtp layer 2 value"),
-    ):
-        bad = json.loads(json.dumps(first["handoff"]))
-        change(bad["kv"]["layout"]["caches"])
-        status, err = splitwise_post(decode + "/v1/splitwise/decode", {**request, "handoff": bad})
-        assert status == 400 and message in err["error"]["message"], err
-    before = metrics(decode)
-    status, events = splitwise_post(decode + "/v1/splitwise/decode", {**request, "handoff": first["handoff"]})
-    assert status == 200 and events[-1] == {"finish_reason": "length"}, events
-    after = metrics(decode)
-    one_block = sum(int(np.prod(c["shape"][1:])) * 4 for c in caches)  # float32, every cache of one rank
-    moved = (
-        after["fastdeploy:splitwise_kv_transfer_bytes_total"] - before["fastdeploy:splitwise_kv_transfer_bytes_total"]
-    )
-    assert moved == 2 * len(kv["block_ids"]) * one_block
+            handed_over_every_cache(
+                p.base_url,
+                d.base_url,
+                f"count-{'shm' if d is shm else 'tcp'}",
+                list(b"Paged KV caches: "),
+                target_layers=TARGET_LAYERS,
+                mtp_layers=MTP_LAYERS,
+                tensor_parallel_size=2,
+            )
