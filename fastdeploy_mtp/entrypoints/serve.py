@@ -19,6 +19,7 @@ from ..engine_args import (
     resolve_speculative_config,
 )
 from ..splitwise.transport import AUTO, transport_names
+from .offline import CommandError
 
 
 def register(sub: Any) -> None:
@@ -124,4 +125,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         speculative_config=spec,
         device_ids=device_ids,
     )
-    return serve(opts)
+    from ..serving.workers import WorkerDiedError
+
+    try:
+        return serve(opts)
+    except WorkerDiedError as exc:  # e.g. a worker that failed to start: one line, exit status 1
+        raise CommandError(str(exc)) from None

@@ -74,21 +74,56 @@ def _read_json(path: str, where: str, what: str) -> dict[str, Any]:
     return data
 
 
+def _bad_file(path: str, what: str) -> UnsupportedModelError:
+    """``model folder <dir>: <file>: <what>``, the one-line refusal of a bad weight file."""
+    return UnsupportedModelError(f"model folder {os.path.dirname(path)}: {os.path.basename(path)}: {what}")
+
+
 def read_safetensors_header(path: str) -> dict[str, TensorEntry]:
-    """The tensors of one ``.safetensors`` file (its JSON header only)."""
+    """The tensors of one ``.safetensors`` file (its JSON header only), each checked against
+    the file: a header that is not JSON, a tensor entry without ``dtype``/``shape``/
+    ``data_offsets``, a byte range whose length is not the shape's, or data past the end of
+    the file (a truncated download) is refused in one line naming the file and the tensor."""
+    file_size = os.path.getsize(path)
     with open(path, "rb") as f:
         raw = f.read(8)
         if len(raw) != 8:
-            raise UnsupportedModelError(f"safetensors file {path}: shorter than its 8-byte header length")
+            raise _bad_file(path, "shorter than its 8-byte header length")
         (size,) = struct.unpack("<Q", raw)
-        header = json.loads(f.read(size))
+        if size > file_size - 8:
+            raise _bad_file(path, f"header of {size} bytes runs past the end of the file")
+        try:
+            header = json.loads(f.read(size))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise _bad_file(path, f"header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise _bad_file(path, "header is not a JSON object")
     start = 8 + size
     out = {}
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        out[name] = TensorEntry(path, meta["dtype"], tuple(meta["shape"]), start + int(meta["data_offsets"][0]))
+        out[name] = _entry(path, name, meta, start, file_size)
     return out
+
+
+def _entry(path: str, name: str, meta: Any, start: int, file_size: int) -> TensorEntry:
+    """One header entry as a :class:`TensorEntry`, its byte range checked."""
+    try:
+        dtype, shape = str(meta["dtype"]), tuple(int(d) for d in meta["shape"])
+        begin, end = (int(x) for x in meta["data_offsets"])
+    except (KeyError, TypeError, ValueError):
+        raise _bad_file(path, f"tensor {name!r} has no valid dtype, shape and data_offsets") from None
+    if dtype in _STORED and (
+        min(shape, default=1) < 0 or end - begin != int(np.prod(shape)) * np.dtype(_STORED[dtype]).itemsize
+    ):
+        raise _bad_file(path, f"tensor {name!r} has {end - begin} bytes for shape {list(shape)} of {dtype}")
+    if begin < 0 or start + end > file_size:
+        raise _bad_file(
+            path,
+            f"tensor {name!r} ends at byte {start + end}, past the end of the file ({file_size} bytes; truncated?)",
+        )
+    return TensorEntry(path, dtype, shape, start + begin)
 
 
 def _shard_files(path: str) -> list[str]:

@@ -147,6 +147,56 @@ def test_tensor_refusals(llama_dir, tmp_path, no_weight_reads):
     refusal(folder, r"tensor 'model.layers.2.eh_proj.weight' is not used by a llama model")
 
 
+def _rewrite_header(path: Path, edit) -> None:
+    """Replace the JSON header of safetensors file ``path`` by ``edit(header)`` (data kept)."""
+    data = path.read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = edit(json.loads(data[8 : 8 + size]))
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + size :])
+
+
+def test_damaged_weight_files_are_refused_before_loading(llama_dir, tmp_path, no_weight_reads):
+    def damaged(name: str) -> Path:
+        folder = tmp_path / name
+        shutil.copytree(llama_dir, folder)
+        return folder
+
+    truncated = damaged("truncated")
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])  # a download cut short
+    message = refusal(truncated, r"model\.safetensors: tensor '.*' ends at byte \d+, past the end of the file")
+    assert "truncated?" in message
+
+    not_json = damaged("not_json")
+    _rewrite_header(not_json / "model.safetensors", lambda h: b"{not json" + b" " * 10)
+    refusal(not_json, r"model\.safetensors: header is not valid JSON")
+
+    wrong_length = damaged("wrong_length")
+
+    def shrink(header: dict) -> dict:
+        meta = header["model.norm.weight"]
+        meta["data_offsets"] = [meta["data_offsets"][0], meta["data_offsets"][1] - 4]
+        return header
+
+    _rewrite_header(wrong_length / "model.safetensors", shrink)
+    refusal(wrong_length, r"tensor 'model\.norm\.weight' has \d+ bytes for shape \[64\] of F32")
+
+    no_offsets = damaged("no_offsets")
+
+    def drop(header: dict) -> dict:
+        del header["model.norm.weight"]["data_offsets"]
+        return header
+
+    _rewrite_header(no_offsets / "model.safetensors", drop)
+    refusal(no_offsets, r"tensor 'model\.norm\.weight' has no valid dtype, shape and data_offsets")
+
+    huge_header = damaged("huge_header")
+    weights = huge_header / "model.safetensors"
+    weights.write_bytes((2**40).to_bytes(8, "little") + weights.read_bytes()[8:])
+    refusal(huge_header, r"header of \d+ bytes runs past the end of the file")
+
+
 def test_half_precision_folder_runs_as_float32_on_cpu_unless_asked_for_explicitly(tmp_path):
     info = hf_folders.make_folder(tmp_path / "bf16", "qwen2", num_mtp_layers=0, dtype="bfloat16")
     assert inspect_model_folder(info.path, dtype="float32").dtype == "float32"
