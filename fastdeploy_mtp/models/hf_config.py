@@ -61,23 +61,64 @@ def resolve_dtype(raw: dict[str, Any], requested: str, where: str) -> str:
     return _TORCH_DTYPES[name]
 
 
+#: Per RoPE type: the parameters it needs (each a number > 0).
+_ROPE_REQUIRED = {
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "yarn": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+#: Optional RoPE parameters that, when given, must be numbers > 0 (``mscale`` may be 0).
+_ROPE_POSITIVE = ("original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "mscale_all_dim")
+
+
 def _rope(raw: dict[str, Any], where: str) -> tuple[float, dict[str, Any] | None]:
-    """``(rope_theta, normalised rope_scaling or None)``."""
+    """``(rope_theta, normalised rope_scaling or None)``; every parameter the type uses is
+    checked here (a number, in range), so a bad one is refused before anything loads."""
     params = raw.get("rope_parameters")
     key = "rope_parameters"
     if not isinstance(params, dict):
-        params = dict(raw.get("rope_scaling") or {})
+        scaling_raw = raw.get("rope_scaling")
+        if scaling_raw is not None and not isinstance(scaling_raw, dict):
+            raise _fail(where, f"config.json `rope_scaling` must be an object, got {scaling_raw!r}")
+        params = dict(scaling_raw or {})
         key = "rope_scaling"
-    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
+    theta = _positive(params, "rope_theta", f"{key}.rope_theta", where, None)
+    if theta is None:
+        theta = _positive(raw, "rope_theta", "rope_theta", where, 10000.0)
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ROPE_TYPES:
         raise _fail(where, f"config.json `{key}.rope_type` {kind!r} is not supported; supported: {list(ROPE_TYPES)}")
-    if float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
+    partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
         raise _fail(where, "config.json `partial_rotary_factor` != 1 is not supported (RoPE covers the whole head)")
+    for name in _ROPE_REQUIRED.get(kind, ()):
+        if params.get(name) is None:
+            raise _fail(where, f"config.json `{key}.{name}` is required for rope_type {kind!r}")
+    for name in (*_ROPE_REQUIRED.get(kind, ()), *_ROPE_POSITIVE):
+        _positive(params, name, f"{key}.{name}", where, None)
+    if params.get("mscale") is not None:
+        _positive(params, "mscale", f"{key}.mscale", where, None, allow_zero=True)
+    if params.get("truncate") is not None and not isinstance(params["truncate"], bool):
+        raise _fail(where, f"config.json `{key}.truncate` must be true or false, got {params['truncate']!r}")
+    if kind == "llama3" and float(params["high_freq_factor"]) <= float(params["low_freq_factor"]):
+        raise _fail(where, f"config.json `{key}.high_freq_factor` must be above `low_freq_factor`")
     scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "type", "rope_type")}
     if kind == "default":
         return float(theta), None
     return float(theta), {"rope_type": kind, **scaling}
+
+
+def _positive(params: dict[str, Any], name: str, label: str, where: str, default: Any, allow_zero: bool = False) -> Any:
+    """``params[name]`` as a float > 0 (>= 0 with ``allow_zero``), ``default`` when absent;
+    refused naming ``label`` otherwise."""
+    value = params.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (value >= 0 if allow_zero else value > 0):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise _fail(where, f"config.json `{label}` must be a number {bound}, got {value!r}")
+    return float(value)
 
 
 def _refuse_unsupported(raw: dict[str, Any], where: str) -> None:
@@ -89,6 +130,8 @@ def _refuse_unsupported(raw: dict[str, Any], where: str) -> None:
     if raw.get("use_sliding_window"):
         raise _fail(where, "config.json `use_sliding_window` true is not supported (full attention only)")
     layer_types = raw.get("layer_types") or []
+    if not isinstance(layer_types, list):
+        raise _fail(where, f"config.json `layer_types` must be a list, got {layer_types!r}")
     if any(t != "full_attention" for t in layer_types):
         raise _fail(where, "config.json `layer_types` has sliding-window layers; only full attention is supported")
     missing = [k for k in _REQUIRED if raw.get(k) is None]
@@ -96,14 +139,43 @@ def _refuse_unsupported(raw: dict[str, Any], where: str) -> None:
         raise _fail(where, f"config.json has no `{missing[0]}` (required: {list(_REQUIRED)})")
 
 
-def eos_ids(raw: dict[str, Any], generation: dict[str, Any] | None) -> list[int]:
-    """``eos_token_id`` (int or list) from ``generation_config.json``, else ``config.json``."""
-    value = (generation or {}).get("eos_token_id")
+def _number(raw: dict[str, Any], key: str, kind: type, where: str, default: Any = None) -> Any:
+    """``raw[key]`` as ``kind`` (``int``: an integer; ``float``: any number), ``default`` when
+    absent or null; anything else (a string, a bool, a fraction for an integer) is refused
+    naming the key."""
+    value = raw.get(key)
     if value is None:
-        value = raw.get("eos_token_id")
+        return default
+    ok = isinstance(value, int) if kind is int else isinstance(value, int | float)
+    if not ok or isinstance(value, bool):
+        what = "an integer" if kind is int else "a number"
+        raise _fail(where, f"config.json `{key}` must be {what}, got {value!r}")
+    return kind(value)
+
+
+def _flag(raw: dict[str, Any], key: str, where: str) -> bool:
+    """``raw[key]`` as a bool (false when absent or null); anything but true/false is refused."""
+    value = raw.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _fail(where, f"config.json `{key}` must be true or false, got {value!r}")
+    return value
+
+
+def eos_ids(raw: dict[str, Any], generation: dict[str, Any] | None, where: str = "") -> list[int]:
+    """``eos_token_id`` (int or list) from ``generation_config.json``, else ``config.json``;
+    anything but token ids is refused naming the file."""
+    value = (generation or {}).get("eos_token_id")
+    source = "generation_config.json"
+    if value is None:
+        value, source = raw.get("eos_token_id"), "config.json"
     if value is None:
         return []
-    return [int(v) for v in (value if isinstance(value, list) else [value])]
+    items = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in items):
+        raise _fail(where, f"{source} `eos_token_id` must be a token id or a list of them, got {value!r}")
+    return [int(v) for v in items]
 
 
 def translate_config(
@@ -125,7 +197,7 @@ def translate_config(
     if family == TINY_MODEL_TYPE:
         data = {k: v for k, v in raw.items() if k != "architectures"}
         data["dtype"] = resolved
-        eos = eos_ids({}, generation)
+        eos = eos_ids({}, generation, where)
         if eos:
             data["eos_token_ids"] = eos
         try:
@@ -134,30 +206,30 @@ def translate_config(
             raise _fail(where, f"config.json: {exc}") from None
     _refuse_unsupported(raw, where)
     theta, scaling = _rope(raw, where)
-    heads = int(raw["num_attention_heads"])
+    heads = _number(raw, "num_attention_heads", int, where)
     fields: dict[str, Any] = {
         "model_type": family,
-        "vocab_size": int(raw["vocab_size"]),
-        "ori_vocab_size": int(raw["vocab_size"]),
-        "hidden_size": int(raw["hidden_size"]),
-        "num_hidden_layers": int(raw["num_hidden_layers"]),
+        "vocab_size": _number(raw, "vocab_size", int, where),
+        "ori_vocab_size": _number(raw, "vocab_size", int, where),
+        "hidden_size": _number(raw, "hidden_size", int, where),
+        "num_hidden_layers": _number(raw, "num_hidden_layers", int, where),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(raw.get("num_key_value_heads") or heads),
-        "head_dim": int(raw.get("head_dim") or 0),
-        "intermediate_size": int(raw["intermediate_size"]),
-        "rms_norm_eps": float(raw.get("rms_norm_eps", 1e-6)),
+        "num_key_value_heads": _number(raw, "num_key_value_heads", int, where, heads),
+        "head_dim": _number(raw, "head_dim", int, where, 0),
+        "intermediate_size": _number(raw, "intermediate_size", int, where),
+        "rms_norm_eps": _number(raw, "rms_norm_eps", float, where, 1e-6),
         "rope_theta": theta,
         "rope_scaling": scaling,
-        "max_position_embeddings": int(raw.get("max_position_embeddings", 4096)),
-        "attention_bias": family in ("qwen2", "mimo") or bool(raw.get("attention_bias", False)),
+        "max_position_embeddings": _number(raw, "max_position_embeddings", int, where, 4096),
+        "attention_bias": family in ("qwen2", "mimo") or _flag(raw, "attention_bias", where),
         "qk_norm": family == "qwen3",
-        "tie_word_embeddings": bool(raw.get("tie_word_embeddings", False)),
-        "num_nextn_predict_layers": int(raw.get("num_nextn_predict_layers") or 0),
+        "tie_word_embeddings": _flag(raw, "tie_word_embeddings", where),
+        "num_nextn_predict_layers": _number(raw, "num_nextn_predict_layers", int, where, 0),
         "mtp_concat_order": "hidden_first" if family == "mimo" else "emb_first",
         "mtp_final_norm": "in_forward",
         "mtp_hidden_state": "post_norm",
         "dtype": resolved,
-        "eos_token_ids": eos_ids(raw, generation),
+        "eos_token_ids": eos_ids(raw, generation, where),
     }
     try:
         return ModelConfig(**fields)

@@ -107,6 +107,30 @@ CONFIG_REFUSALS = {
         r"`rope_scaling.rope_type` 'su' is not supported",
     ),
     "missing_key": ({"intermediate_size": None}, r"config.json has no `intermediate_size`"),
+    "not_an_integer": ({"hidden_size": "64"}, r"config.json `hidden_size` must be an integer, got '64'"),
+    "not_a_flag": ({"tie_word_embeddings": "yes"}, r"config.json `tie_word_embeddings` must be true or false"),
+    "rope_factor": (
+        {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 0}},
+        r"config.json `rope_parameters.factor` must be a number > 0, got 0",
+    ),
+    "rope_missing_factor": (
+        {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}},
+        r"config.json `rope_parameters.factor` is required for rope_type 'yarn'",
+    ),
+    "llama3_freq_factors": (
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 1e4,
+                "factor": 8.0,
+                "low_freq_factor": 4.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 128,
+            }
+        },
+        r"`rope_parameters.high_freq_factor` must be above `low_freq_factor`",
+    ),
+    "layer_types_not_a_list": ({"layer_types": 3}, r"config.json `layer_types` must be a list, got 3"),
     "dtype": ({"dtype": "float64"}, r"config.json `dtype` 'float64' is not supported"),
 }
 
