@@ -17,8 +17,8 @@ penalised with the committed history **plus** the drafts ``d1..dj`` it follows:
 
 1. penalties (``speculate_get_token_penalty_multi_scores``): repetition (``logit / a`` if
    positive, ``* a`` if negative, for every id generated before), then ``- count * frequency -
-   presence``; EOS ids masked while fewer than ``min_tokens`` were generated; then divided by
-   ``temperature`` (not at ``temperature = 0``);
+   presence``; EOS ids (and, after the op, ``stop_token_ids``) masked while fewer than
+   ``min_tokens`` were generated; then divided by ``temperature`` (not at ``temperature = 0``);
 2. ``logprobs`` are ``log_softmax`` of these processed logits;
 3. filtering: ``top_k`` (keep the k largest), ``top_p`` (the smallest prefix of the sorted
    probabilities reaching ``top_p``), ``min_p`` (drop tokens below ``min_p`` times the top
@@ -57,7 +57,8 @@ class SamplingParams:
         repetition_penalty: > 0; 1 = off (> 1 discourages tokens generated before).
         frequency_penalty / presence_penalty: subtracted per occurrence / once per token
             generated before (0 = off; OpenAI's range [-2, 2]).
-        min_tokens: EOS ids cannot be generated before this many tokens.
+        min_tokens: neither the EOS ids nor ``stop_token_ids`` (a served model's EOS ids among
+            them) can be generated before this many tokens (vLLM's meaning).
         stop: strings that end the output (the string itself is not returned).
         stop_token_ids: token ids that end the output (the id is returned, as EOS is).
         logprobs: ``None`` = none; ``k >= 0``: the log-probability of each emitted token plus

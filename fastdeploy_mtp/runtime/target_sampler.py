@@ -101,6 +101,8 @@ class TargetSampler:
         params = [self._param(int(b)) for b in row_slot]
         if any(_penalised(p) for p in params):
             logits = self._penalise(logits, row_slot, row_j, inputs, step_idx)
+        if any(p.min_tokens > 0 and p.stop_token_ids for p in params):
+            logits = _hold_stop_ids(logits, params, row_slot, row_j, step_idx)
         temps = np.array([1.0 if p.greedy else p.temperature for p in params], np.float32)
         greedy = np.array([p.greedy for p in params], bool)
         argmax = paddle.argmax(logits, axis=-1).astype("int64")
@@ -228,6 +230,29 @@ class TargetSampler:
 
 
 _GREEDY = SamplingParams()
+
+
+#: The logit a banned token gets (the penalty op's own value for EOS under ``min_tokens``).
+_BANNED = -1e10
+
+
+def _hold_stop_ids(
+    logits: paddle.Tensor, params: list[SamplingParams], row_slot: np.ndarray, row_j: np.ndarray, step_idx: np.ndarray
+) -> paddle.Tensor:
+    """Ban each row's ``stop_token_ids`` while its request has generated fewer than
+    ``min_tokens`` (a row ``j`` of slot ``b`` generates token number ``step_idx[b] + j``), as
+    the penalty op bans the EOS ids: vLLM's ``min_tokens`` holds back EOS and the stop ids
+    alike, and a served model's EOS ids reach the engine as stop ids."""
+    r, v = int(logits.shape[0]), int(logits.shape[1])
+    banned = np.zeros([r, v], bool)
+    for row, p in enumerate(params):
+        done = int(step_idx[row_slot[row]])
+        if p.stop_token_ids and done >= 0 and done + int(row_j[row]) < p.min_tokens:
+            ids = [t for t in p.stop_token_ids if 0 <= t < v]
+            banned[row, ids] = True
+    if not banned.any():
+        return logits
+    return paddle.where(paddle.to_tensor(banned), paddle.full_like(logits, _BANNED), logits)
 
 
 def _penalised(p: SamplingParams) -> bool:
