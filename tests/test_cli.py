@@ -392,7 +392,7 @@ def test_demo_takes_temperature_and_seed(capsys):
         (["generate", "--prompt", "x", "--speculative-config", '{"k": 3}'], 2, "'k'"),
         (["generate", "--prompt", "x", "--speculative-config", "{}", "--num-model-steps", 5], 2, "num_model_steps"),
         (["frobnicate"], 2, "frobnicate"),
-        (["generate", "--prompt", "x", "--checkpoint", "/nonexistent/ckpt"], 1, "/nonexistent/ckpt"),
+        (["generate", "--prompt", "x", "--checkpoint", "/nonexistent/ckpt"], 2, "/nonexistent/ckpt"),
     ],
 )
 def test_errors_are_one_line_with_the_exit_status(capsys, argv, status, name):
@@ -468,9 +468,8 @@ def test_a_directory_that_is_no_checkpoint_is_refused_alike(capsys, monkeypatch,
     monkeypatch.setattr(generate, "run_requests", never_run)
     monkeypatch.setattr(demo, "run_prompts", never_run)
     rc, out, err = run_main(capsys, *command, "--model", tmp_path)
-    assert rc == 1 and out == ""
-    missing = "no config.json or model.safetensors"
-    assert error_line(err) == f"fastdeploy-mtp: error: --model {tmp_path}: not a checkpoint directory ({missing})"
+    assert rc == 2 and out == ""  # a bad argument, refused before anything loads
+    assert error_line(err) == f"fastdeploy-mtp: error: model folder {tmp_path}: no config.json"
 
 
 @pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["demo"]])
