@@ -19,6 +19,12 @@ MTP_FINAL_NORMS = ("in_forward", "in_logits")
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 #: ``rope_type`` values of :attr:`ModelConfig.rope_scaling`.
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+#: Values accepted by :attr:`ModelConfig.attention_type`.
+ATTENTION_TYPES = ("gqa", "mla")
+#: Values accepted by :attr:`ModelConfig.scoring_func` (MoE router scores).
+SCORING_FUNCS = ("sigmoid", "softmax")
+#: Values accepted by :attr:`ModelConfig.topk_method` (MoE expert choice).
+TOPK_METHODS = ("noaux_tc", "greedy", "group_limited_greedy")
 #: :attr:`ModelConfig.model_type` of the shipped byte-level checkpoint.
 TINY_MODEL_TYPE = "fastdeploy_mtp_tiny"
 #: ``config.json`` ``architectures`` entry of that checkpoint.
@@ -73,6 +79,19 @@ class ModelConfig:
             and the hidden states handed to the proposer are float32.
         eos_token_ids: token ids that end a generation (from ``generation_config.json`` /
             ``config.json``); empty for the byte model, which has none.
+        attention_type: ``"gqa"`` (grouped-query attention, a key and a value cache per layer)
+            or ``"mla"`` (DeepSeek's multi-head latent attention, one latent cache per layer).
+        partial_rotary_factor: the share of each head's dimensions RoPE rotates (GLM-4.5: 0.5,
+            the first ``head_dim * factor`` dimensions); 1.0 = the whole head.
+        q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim: MLA's
+            shapes (DeepSeek-V3's names; ``q_lora_rank`` 0 = a plain ``q_proj``).
+        n_routed_experts: MoE experts per MoE layer (0 = dense MLP everywhere).
+        num_experts_per_tok, moe_intermediate_size, n_shared_experts, n_group, topk_group,
+            routed_scaling_factor, norm_topk_prob, first_k_dense_replace, scoring_func,
+            topk_method: the MoE router and experts (DeepSeek-V3 / GLM-4.5 names; layers below
+            ``first_k_dense_replace`` keep a dense MLP of ``intermediate_size``).
+        mtp_mask_first_position: the MTP layers zero the token embedding at position 0
+            (DeepSeek-V3 and GLM-4.5 as vLLM serves them).
     """
 
     vocab_size: int = 272
@@ -98,6 +117,25 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = None
     dtype: str = "float32"
     eos_token_ids: list[int] = dataclasses.field(default_factory=list)
+    attention_type: str = "gqa"
+    partial_rotary_factor: float = 1.0
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    n_routed_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    n_shared_experts: int = 0
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    norm_topk_prob: bool = False
+    first_k_dense_replace: int = 0
+    scoring_func: str = "sigmoid"
+    topk_method: str = "noaux_tc"
+    mtp_mask_first_position: bool = False
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
@@ -145,6 +183,52 @@ class ModelConfig:
 
         if self.mtp_final_norm not in MTP_FINAL_NORMS:
             raise ValueError(f"`mtp_final_norm` must be one of {MTP_FINAL_NORMS}, got {self.mtp_final_norm!r}")
+
+        self._validate_attention()
+        self._validate_moe()
+
+    def _validate_attention(self) -> None:
+        if self.attention_type not in ATTENTION_TYPES:
+            raise ValueError(f"`attention_type` must be one of {ATTENTION_TYPES}, got {self.attention_type!r}")
+        if not 0.0 < float(self.partial_rotary_factor) <= 1.0:
+            raise ValueError(f"`partial_rotary_factor` must be in (0, 1], got {self.partial_rotary_factor}")
+        rotary = self.head_dim * self.partial_rotary_factor
+        if int(rotary) % 2 != 0:
+            raise ValueError(f"`head_dim * partial_rotary_factor` must be even for RoPE, got {rotary}")
+        if self.attention_type == "mla":
+            for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+                if int(getattr(self, name)) <= 0:
+                    raise ValueError(f"`{name}` must be positive for MLA attention, got {getattr(self, name)}")
+            if self.qk_rope_head_dim % 2 != 0:
+                raise ValueError(f"`qk_rope_head_dim` must be even for RoPE, got {self.qk_rope_head_dim}")
+            if self.q_lora_rank < 0:
+                raise ValueError(f"`q_lora_rank` must be >= 0 (0: a plain q_proj), got {self.q_lora_rank}")
+
+    def _validate_moe(self) -> None:
+        e = int(self.n_routed_experts)
+        if e < 0:
+            raise ValueError(f"`n_routed_experts` must be >= 0, got {e}")
+        if e == 0:
+            return
+        if not 1 <= self.num_experts_per_tok <= e:
+            raise ValueError(f"`num_experts_per_tok` must be in [1, {e}], got {self.num_experts_per_tok}")
+        if self.moe_intermediate_size <= 0:
+            raise ValueError(f"`moe_intermediate_size` must be positive, got {self.moe_intermediate_size}")
+        if self.n_shared_experts < 0 or self.first_k_dense_replace < 0:
+            raise ValueError("`n_shared_experts` and `first_k_dense_replace` must be >= 0")
+        if self.n_group < 1 or e % self.n_group != 0:
+            raise ValueError(f"`n_group` ({self.n_group}) must divide `n_routed_experts` ({e})")
+        if not 1 <= self.topk_group <= self.n_group:
+            raise ValueError(f"`topk_group` must be in [1, n_group={self.n_group}], got {self.topk_group}")
+        if self.scoring_func not in SCORING_FUNCS:
+            raise ValueError(f"`scoring_func` must be one of {SCORING_FUNCS}, got {self.scoring_func!r}")
+        if self.topk_method not in TOPK_METHODS:
+            raise ValueError(f"`topk_method` must be one of {TOPK_METHODS}, got {self.topk_method!r}")
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` (MTP layers count from ``num_hidden_layers``) has
+        an MoE MLP rather than a dense one."""
+        return self.n_routed_experts > 0 and layer >= self.first_k_dense_replace
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
