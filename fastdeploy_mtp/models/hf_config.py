@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .model_config import MODEL_DTYPES, ROPE_TYPES, TINY_ARCHITECTURE, TINY_MODEL_TYPE, ModelConfig
+from .moe_config import MOE_DEFAULTS, glm_fields, moe_fields
 
 #: ``architectures[0]`` -> our family (``ModelConfig.model_type``).
 ARCHITECTURES = {
@@ -19,6 +20,7 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "MiMoForCausalLM": "mimo",
+    "Glm4MoeForCausalLM": "glm4_moe",
 }
 _REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
 _TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "fp32": "float32"}
@@ -72,9 +74,10 @@ _ROPE_REQUIRED = {
 _ROPE_POSITIVE = ("original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "mscale_all_dim")
 
 
-def _rope(raw: dict[str, Any], where: str) -> tuple[float, dict[str, Any] | None]:
+def _rope(raw: dict[str, Any], where: str, partial_ok: bool = False) -> tuple[float, dict[str, Any] | None]:
     """``(rope_theta, normalised rope_scaling or None)``; every parameter the type uses is
-    checked here (a number, in range), so a bad one is refused before anything loads."""
+    checked here (a number, in range), so a bad one is refused before anything loads.
+    ``partial_rotary_factor`` is refused unless ``partial_ok`` (the family reads it itself)."""
     params = raw.get("rope_parameters")
     key = "rope_parameters"
     if not isinstance(params, dict):
@@ -90,7 +93,7 @@ def _rope(raw: dict[str, Any], where: str) -> tuple[float, dict[str, Any] | None
     if kind not in ROPE_TYPES:
         raise _fail(where, f"config.json `{key}.rope_type` {kind!r} is not supported; supported: {list(ROPE_TYPES)}")
     partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:
+    if partial != 1.0 and not partial_ok:
         raise _fail(where, "config.json `partial_rotary_factor` != 1 is not supported (RoPE covers the whole head)")
     for name in _ROPE_REQUIRED.get(kind, ()):
         if params.get(name) is None:
@@ -103,7 +106,8 @@ def _rope(raw: dict[str, Any], where: str) -> tuple[float, dict[str, Any] | None
         raise _fail(where, f"config.json `{key}.truncate` must be true or false, got {params['truncate']!r}")
     if kind == "llama3" and float(params["high_freq_factor"]) <= float(params["low_freq_factor"]):
         raise _fail(where, f"config.json `{key}.high_freq_factor` must be above `low_freq_factor`")
-    scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "type", "rope_type")}
+    dropped = ("rope_theta", "type", "rope_type", "partial_rotary_factor")
+    scaling = {k: v for k, v in params.items() if k not in dropped}
     if kind == "default":
         return float(theta), None
     return float(theta), {"rope_type": kind, **scaling}
@@ -205,7 +209,7 @@ def translate_config(
         except ValueError as exc:
             raise _fail(where, f"config.json: {exc}") from None
     _refuse_unsupported(raw, where)
-    theta, scaling = _rope(raw, where)
+    theta, scaling = _rope(raw, where, partial_ok=family == "glm4_moe")
     heads = _number(raw, "num_attention_heads", int, where)
     fields: dict[str, Any] = {
         "model_type": family,
@@ -231,6 +235,11 @@ def translate_config(
         "dtype": resolved,
         "eos_token_ids": eos_ids(raw, generation, where),
     }
+    try:  # the MoE and GLM-4.5 keys: their messages name config.json and the key
+        fields.update(moe_fields(raw, family) if family in MOE_DEFAULTS else {})
+        fields.update(glm_fields(raw) if family == "glm4_moe" else {})
+    except ValueError as exc:
+        raise _fail(where, str(exc)) from None
     try:
         return ModelConfig(**fields)
     except ValueError as exc:

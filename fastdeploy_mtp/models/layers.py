@@ -24,6 +24,7 @@ import paddle.nn.functional as F
 from .attention import ReferenceAttentionBackend, dense_causal_attention
 from .forward_meta import ForwardMeta
 from .model_config import ModelConfig
+from .moe import MoEMLP
 from .parallel_layers import ColumnParallelLinear, RowParallelLinear, check_tensor_parallel
 from .rope import RopeSpec, rope_tables
 
@@ -55,8 +56,9 @@ class RotaryEmbedding(nn.Layer):
     one from a :class:`ModelConfig`).
 
     ``cos[p, i] = a * cos(p * inv_freq[i mod d/2])`` for ``p < max_position_embeddings`` and
-    ``i < head_dim`` (``a`` = the scaling's attention factor, 1 except for yarn); likewise
-    ``sin``. The tables are float32 buffers that are not saved.
+    ``i < d`` (``d = head_dim`` here: the rotated width, which :meth:`of` makes
+    ``head_dim * partial_rotary_factor``; ``a`` = the scaling's attention factor, 1 except for
+    yarn); likewise ``sin``. The tables are float32 buffers that are not saved.
     """
 
     def __init__(self, head_dim: int, max_position: int, theta: float, rope_scaling: dict[str, Any] | None = None):
@@ -68,12 +70,16 @@ class RotaryEmbedding(nn.Layer):
 
     @classmethod
     def of(cls, config: ModelConfig) -> RotaryEmbedding:
-        """The tables of ``config`` (``head_dim``, ``max_position_embeddings``, ``rope_theta``,
-        ``rope_scaling``)."""
-        return cls(config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling)
+        """The tables of ``config`` (``max_position_embeddings``, ``rope_theta``,
+        ``rope_scaling``) over its rotated width ``head_dim * partial_rotary_factor`` (GLM-4.5
+        rotates the first half of each head, as transformers' Glm4Moe does; every other
+        family the whole head)."""
+        rotary_dim = int(config.head_dim * config.partial_rotary_factor)
+        return cls(rotary_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling)
 
     def lookup(self, positions: np.ndarray | paddle.Tensor, check: bool = True) -> tuple[paddle.Tensor, paddle.Tensor]:
-        """``positions`` ``[T]`` ints -> ``(cos, sin)`` each ``[T, head_dim]`` float32.
+        """``positions`` ``[T]`` ints -> ``(cos, sin)`` each ``[T, d]`` float32 (``d`` the
+        rotated width).
 
         ``positions`` may be a numpy array (always checked against ``max_position``) or an
         integer ``paddle.Tensor``, gathered on its device. A tensor is checked only when
@@ -105,16 +111,22 @@ class RotaryEmbedding(nn.Layer):
             raise ValueError(f"position {largest} is beyond `max_position_embeddings` ({self.max_position})")
 
     def prefix(self, seq_len: int) -> tuple[paddle.Tensor, paddle.Tensor]:
-        """``(cos, sin)`` for positions ``0 .. seq_len - 1``, each ``[seq_len, head_dim]``."""
+        """``(cos, sin)`` for positions ``0 .. seq_len - 1``, each ``[seq_len, d]``."""
         if seq_len > self.max_position:
             raise ValueError(f"`seq_len` {seq_len} exceeds `max_position_embeddings` ({self.max_position})")
         return self.cos_table[:seq_len], self.sin_table[:seq_len]
 
 
 def apply_rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
-    """Rotate ``x [..., S, heads, head_dim]`` by ``cos/sin [S, head_dim]`` (rotate-half)."""
+    """Rotate ``x [..., S, heads, head_dim]`` by ``cos/sin [S, d]`` (rotate-half within the
+    first ``d <= head_dim`` dimensions of each head; the other ``head_dim - d`` pass through
+    unchanged, GLM-4.5's partial rotary)."""
     if cos.dtype != x.dtype:
         cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
+    rotary_dim = cos.shape[-1]
+    if rotary_dim < x.shape[-1]:
+        rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+        return paddle.concat([apply_rope(rot, cos, sin), rest], axis=-1)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     rotated = paddle.concat([-x2, x1], axis=-1)
@@ -126,7 +138,7 @@ def apply_rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> padd
 @dataclass(frozen=True)
 class PagedStep:
     """What every layer's attention reads in one packed forward pass besides its input:
-    ``cos/sin [T, head_dim]`` float32 (RoPE at the packed tokens' positions), the paged
+    ``cos/sin [T, d]`` float32 (``d`` the rotated width) (RoPE at the packed tokens' positions), the paged
     attention backend and the step's :class:`ForwardMeta`."""
 
     cos: paddle.Tensor
@@ -138,7 +150,7 @@ class PagedStep:
 @dataclass(frozen=True)
 class DenseStep:
     """What every layer's attention reads on the dense (training) path besides its input:
-    ``cos/sin [S, head_dim]`` float32 (RoPE at positions ``0..S-1``) and the additive mask
+    ``cos/sin [S, d]`` float32 (RoPE at positions ``0..S-1``, ``d`` the rotated width) and the additive mask
     ``bias [S, S']`` float32 (``S' = S`` and causal over the inputs' own keys)."""
 
     cos: paddle.Tensor
@@ -231,20 +243,34 @@ class SwiGLUMLP(nn.Layer):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, tp)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        """``x [..., H]`` -> ``[..., H]``."""
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def forward_dense(self, x: paddle.Tensor) -> paddle.Tensor:
+        """Full sequences ``x [B, S, H]`` -> ``[B, S, H]`` (the same math as :meth:`forward`)."""
+        return self.forward(x)
 
 
 class DecoderLayer(nn.Layer):
     """Pre-norm block: ``h = x + attn(input_layernorm(x))``,
     ``out = h + mlp(post_attention_layernorm(h))``. Norms are replicated; attention and MLP
-    are split over ``tensor_parallel_size`` ranks (input and output ``[T, H]`` replicated)."""
+    are split over ``tensor_parallel_size`` ranks (input and output ``[T, H]`` replicated).
 
-    def __init__(self, config: ModelConfig, tensor_parallel_size: int = 1):
+    ``layer_index`` is the block's place in the model (target layers ``0..N-1``, MTP layer
+    ``k`` is ``N + k``): ``mlp`` is a :class:`~fastdeploy_mtp.models.moe.MoEMLP` when
+    ``config.is_moe_layer(layer_index)``, else a dense :class:`SwiGLUMLP` of
+    ``intermediate_size``."""
+
+    def __init__(self, config: ModelConfig, tensor_parallel_size: int = 1, layer_index: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, tensor_parallel_size)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, tensor_parallel_size)
+        self.mlp: SwiGLUMLP | MoEMLP
+        if config.is_moe_layer(layer_index):
+            self.mlp = MoEMLP(config, tensor_parallel_size)
+        else:
+            self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, tensor_parallel_size)
 
     def forward(self, x: paddle.Tensor, step: PagedStep, layer_id: int) -> paddle.Tensor:
         """Packed ``[T, H]`` -> ``[T, H]``; ``layer_id`` selects the KV cache pair."""
@@ -261,4 +287,4 @@ class DecoderLayer(nn.Layer):
         attending to ``kv`` from :meth:`dense_kv` under ``step.bias [S, S']`` (see
         :meth:`Attention.forward_dense`)."""
         h = x + self.self_attn.forward_dense(self.input_layernorm(x), step, kv)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return h + self.mlp.forward_dense(self.post_attention_layernorm(h))

@@ -101,3 +101,30 @@ def _check_routing(fields: dict[str, Any]) -> None:
             f"config.json `topk_group` ({kept}) keeps {kept * (e // groups)} experts, "
             f"fewer than `num_experts_per_tok` ({k})"
         )
+
+
+def glm_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """The GLM-4.5 attention fields of a ``glm4_moe`` ``config.json`` object: ``attention_bias``
+    and ``use_qk_norm`` (false when absent), ``partial_rotary_factor`` (in ``rope_parameters``
+    / ``rope_scaling`` or at the top level; 0.5 when absent, transformers' default for the
+    family), and the MTP layers' position-0 embedding mask (always on for this family).
+
+    Raises:
+        ValueError: a flag that is not true/false, or a factor outside ``(0, 1]``.
+    """
+    fields: dict[str, Any] = {}
+    for key, field in (("attention_bias", "attention_bias"), ("use_qk_norm", "qk_norm")):
+        value = _value(raw, key, False)
+        if not isinstance(value, bool):
+            raise ValueError(f"config.json `{key}` must be true or false, got {value!r}")
+        fields[field] = value
+    rope: Any = raw.get("rope_parameters")
+    if not isinstance(rope, dict):
+        rope = raw.get("rope_scaling")
+    rope = rope if isinstance(rope, dict) else {}
+    factor = rope.get("partial_rotary_factor", _value(raw, "partial_rotary_factor", 0.5))
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1:
+        raise ValueError(f"config.json `partial_rotary_factor` must be a number in (0, 1], got {factor!r}")
+    fields["partial_rotary_factor"] = float(factor)
+    fields["mtp_mask_first_position"] = True
+    return fields

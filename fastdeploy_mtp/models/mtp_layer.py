@@ -33,9 +33,12 @@ class MTPLayer(nn.Layer):
     Tensor parallelism follows the target (``target.tensor_parallel_size``): ``mtp_block`` is
     split like the target's decoder layers, its ``attn_backend`` covers this rank's key/value
     heads, and ``enorm``/``hnorm``/``eh_proj``/``norm`` are replicated.
+
+    ``index`` is the layer's place among the MTP layers (``k``); its block counts as decoder
+    layer ``num_hidden_layers + k``, so it has an MoE MLP when the model has experts.
     """
 
-    def __init__(self, config: ModelConfig, target: TinyTargetModel):
+    def __init__(self, config: ModelConfig, target: TinyTargetModel, index: int = 0):
         super().__init__()
         if target.config.hidden_size != config.hidden_size or target.config.vocab_size != config.vocab_size:
             raise ValueError("`target` must have the same hidden_size and vocab_size as `config`")
@@ -46,7 +49,7 @@ class MTPLayer(nn.Layer):
         self.enorm = RMSNorm(h, config.rms_norm_eps)
         self.hnorm = RMSNorm(h, config.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * h, h, bias_attr=False)
-        self.mtp_block = DecoderLayer(config, tp)
+        self.mtp_block = DecoderLayer(config, tp, config.num_hidden_layers + index)
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.rotary = RotaryEmbedding.of(config)
         self.attn_backend = ReferenceAttentionBackend(
@@ -151,7 +154,7 @@ class MTPStack(nn.Layer):
         if config.num_nextn_predict_layers < 2:
             raise ValueError("MTPStack is for num_nextn_predict_layers >= 2; use MTPLayer for one layer")
         self.config = config
-        self.layers = nn.LayerList([MTPLayer(config, target) for _ in range(config.num_nextn_predict_layers)])
+        self.layers = nn.LayerList([MTPLayer(config, target, k) for k in range(config.num_nextn_predict_layers)])
         for i, layer in enumerate(self.layers):
             layer.cache_layer = i
         self.tensor_parallel_size = target.tensor_parallel_size

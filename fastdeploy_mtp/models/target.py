@@ -68,7 +68,7 @@ class TinyTargetModel(nn.Layer):
         self.tensor_parallel_rank = tensor_parallel_rank
         tp = tensor_parallel_size
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp, tensor_parallel_rank)
-        self.layers = nn.LayerList([DecoderLayer(config, tp) for _ in range(config.num_hidden_layers)])
+        self.layers = nn.LayerList([DecoderLayer(config, tp, i) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head: ParallelLMHead | TiedLMHead
         if config.tie_word_embeddings:

@@ -29,17 +29,17 @@ def _tiny_map(config: ModelConfig) -> list[WeightRef]:
     h, v = config.hidden_size, config.vocab_size
     refs = [WeightRef("target", "embed_tokens.weight", "embed_tokens.weight", (v, h))]
     for i in range(config.num_hidden_layers):
-        refs += block_refs(config, "target", f"layers.{i}.", f"layers.{i}.", False)
+        refs += block_refs(config, "target", f"layers.{i}.", f"layers.{i}.", False, i)
     refs.append(WeightRef("target", "norm.weight", "norm.weight", (h,)))
     if not config.tie_word_embeddings:
         refs.append(WeightRef("target", "lm_head.weight", "lm_head.weight", (h, v)))
     n = config.num_nextn_predict_layers
     for k in range(n):
-        ours = f"layers.{k}." if n > 1 else ""
+        ours, layer = (f"layers.{k}." if n > 1 else ""), config.num_hidden_layers + k
         for norm in ("enorm", "hnorm", "norm"):
             refs.append(WeightRef("mtp", f"{ours}{norm}.weight", f"mtp.{ours}{norm}.weight", (h,)))
         refs.append(WeightRef("mtp", f"{ours}eh_proj.weight", f"mtp.{ours}eh_proj.weight", (2 * h, h)))
-        refs += block_refs(config, "mtp", f"{ours}mtp_block.", f"mtp.{ours}mtp_block.", False)
+        refs += block_refs(config, "mtp", f"{ours}mtp_block.", f"mtp.{ours}mtp_block.", False, layer)
     return refs
 
 
@@ -53,7 +53,7 @@ def _hf_map(config: ModelConfig) -> list[WeightRef]:
     h, v = config.hidden_size, config.vocab_size
     refs = [WeightRef("target", "embed_tokens.weight", "model.embed_tokens.weight", (v, h))]
     for i in range(config.num_hidden_layers):
-        refs += block_refs(config, "target", f"layers.{i}.", f"model.layers.{i}.", True)
+        refs += block_refs(config, "target", f"layers.{i}.", f"model.layers.{i}.", True, i)
     refs.append(WeightRef("target", "norm.weight", "model.norm.weight", (h,)))
     if not config.tie_word_embeddings:
         refs.append(WeightRef("target", "lm_head.weight", "lm_head.weight", (h, v), True))
@@ -61,10 +61,11 @@ def _hf_map(config: ModelConfig) -> list[WeightRef]:
     n = config.num_nextn_predict_layers
     for k in range(n):
         ours, ckpt = (f"layers.{k}." if n > 1 else ""), _mtp_prefix(config, k)
+        layer = config.num_hidden_layers + k
         for norm in ("enorm", "hnorm", "norm"):
             refs.append(WeightRef("mtp", f"{ours}{norm}.weight", ckpt + fusion[norm], (h,)))
         refs.append(WeightRef("mtp", f"{ours}eh_proj.weight", ckpt + fusion["eh_proj"], (2 * h, h), True))
-        refs += block_refs(config, "mtp", f"{ours}mtp_block.", ckpt, True)
+        refs += block_refs(config, "mtp", f"{ours}mtp_block.", ckpt, True, layer)
     return refs
 
 

@@ -28,10 +28,13 @@ class WeightRef:
         return self.shape[::-1] if self.transpose else self.shape
 
 
-def block_refs(config: ModelConfig, owner: str, ours: str, ckpt: str, transpose: bool) -> list[WeightRef]:
+def block_refs(
+    config: ModelConfig, owner: str, ours: str, ckpt: str, transpose: bool, layer: int = 0
+) -> list[WeightRef]:
     """The parameters of one :class:`~fastdeploy_mtp.models.layers.DecoderLayer` whose names
-    start with ``ours`` (ours) / ``ckpt`` (checkpoint)."""
-    h, hd, i = config.hidden_size, config.head_dim, config.intermediate_size
+    start with ``ours`` (ours) / ``ckpt`` (checkpoint); ``layer`` is its index (MTP layer
+    ``k`` = ``num_hidden_layers + k``), which decides a dense or an MoE MLP."""
+    h, hd = config.hidden_size, config.head_dim
     q, kv = config.num_attention_heads * hd, config.num_key_value_heads * hd
     refs = [
         WeightRef(owner, ours + "input_layernorm.weight", ckpt + "input_layernorm.weight", (h,)),
@@ -45,6 +48,31 @@ def block_refs(config: ModelConfig, owner: str, ours: str, ckpt: str, transpose:
     if config.qk_norm:
         for name in ("q_norm", "k_norm"):
             refs.append(WeightRef(owner, f"{ours}self_attn.{name}.weight", f"{ckpt}self_attn.{name}.weight", (hd,)))
-    for name, shape in (("gate_proj", (h, i)), ("up_proj", (h, i)), ("down_proj", (i, h))):
-        refs.append(WeightRef(owner, f"{ours}mlp.{name}.weight", f"{ckpt}mlp.{name}.weight", shape, transpose))
+    if config.is_moe_layer(layer):
+        return refs + moe_refs(config, owner, ours + "mlp.", ckpt + "mlp.", transpose)
+    dense = swiglu_refs(config.hidden_size, config.intermediate_size, owner, ours + "mlp.", ckpt + "mlp.", transpose)
+    return refs + dense
+
+
+def swiglu_refs(h: int, inter: int, owner: str, ours: str, ckpt: str, transpose: bool) -> list[WeightRef]:
+    """``{gate,up,down}_proj.weight`` of a SwiGLU MLP of width ``h`` and inner width ``inter``."""
+    shapes = (("gate_proj", (h, inter)), ("up_proj", (h, inter)), ("down_proj", (inter, h)))
+    return [WeightRef(owner, f"{ours}{n}.weight", f"{ckpt}{n}.weight", shape, transpose) for n, shape in shapes]
+
+
+def moe_refs(config: ModelConfig, owner: str, ours: str, ckpt: str, transpose: bool) -> list[WeightRef]:
+    """The parameters of a :class:`~fastdeploy_mtp.models.moe.MoEMLP` (names under ``ours`` /
+    ``ckpt``, e.g. ``mlp.``): the router ``gate.weight`` (``[H, E]``, ``[E, H]`` in a torch
+    checkpoint) and, for ``noaux_tc``, ``gate.e_score_correction_bias [E]``; per expert
+    ``experts.{e}.{gate,up,down}_proj.weight``; the shared experts' ``shared_experts.*``."""
+    h, e, inter = config.hidden_size, config.n_routed_experts, config.moe_intermediate_size
+    refs = [WeightRef(owner, ours + "gate.weight", ckpt + "gate.weight", (h, e), transpose)]
+    if config.topk_method == "noaux_tc":
+        bias = "gate.e_score_correction_bias"
+        refs.append(WeightRef(owner, ours + bias, ckpt + bias, (e,)))
+    for x in range(e):
+        refs += swiglu_refs(h, inter, owner, f"{ours}experts.{x}.", f"{ckpt}experts.{x}.", transpose)
+    if config.n_shared_experts:
+        shared = inter * config.n_shared_experts
+        refs += swiglu_refs(h, shared, owner, ours + "shared_experts.", ckpt + "shared_experts.", transpose)
     return refs

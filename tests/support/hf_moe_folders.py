@@ -1,0 +1,242 @@
+"""Tiny random GLM-4.5 (``Glm4MoeForCausalLM``) folders built with transformers' own classes,
+and the reference outputs transformers computes from them (torch, float32, CPU, eager).
+
+A folder holds what a released GLM-4.5 checkpoint holds: ``config.json`` (with
+``num_nextn_predict_layers``), the target saved by ``save_pretrained`` (transformers 5 keeps the
+experts fused in memory, ``experts.gate_up_proj [E, 2I, H]`` / ``experts.down_proj [E, H, I]``,
+and writes them per expert, ``mlp.experts.{e}.{gate,up,down}_proj.weight``, as released), the MTP
+layer under ``model.layers.{N + k}.{enorm, hnorm, eh_proj, shared_head.norm}`` plus its block's
+own names (per-expert too), and ``generation_config.json``.
+
+The MTP reference is transformers' ``MtpModel`` loaded from the folder, with the position-0
+mask vLLM applies to DeepSeek-V3 / GLM-4.5 MTP layers: the token embedding is zeroed where the
+position is 0, before ``enorm``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.support.hf_folders import _quiet, released_mtp_name
+
+ARCHITECTURE = "Glm4MoeForCausalLM"
+
+
+@dataclass(frozen=True)
+class GlmFolder:
+    """What :func:`make_glm_folder` wrote: ``config`` is config.json as written."""
+
+    path: Path
+    num_hidden_layers: int
+    num_mtp_layers: int
+    mtp_tensor_names: tuple[str, ...]
+    config: dict[str, Any]
+
+
+def _glm_config(dims: dict[str, Any]):
+    import transformers
+
+    _quiet()
+    cfg = transformers.Glm4MoeConfig(
+        vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=dims["layers"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
+        rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
+        "partial_rotary_factor": 0.5}, attention_bias=dims["bias"], use_qk_norm=dims["qk_norm"],
+        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+        n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1,
+        eos_token_id=2, tie_word_embeddings=False,
+    )  # fmt: skip
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def _fill(named, rng: np.random.Generator) -> None:
+    """Seeded values for every tensor (fresh fused-expert buffers may hold NaN): norm weights
+    1 + 0.1 N(0,1), biases and the router's e_score_correction_bias 0.1 N(0,1), matrices
+    N(0,1) / sqrt(fan_in) (the last axis; the LM head twice that), embeddings 0.5 N(0,1)."""
+    import torch
+
+    for name, p in sorted(named):
+        shape = tuple(p.shape)
+        if name.endswith("bias"):
+            value = 0.1 * rng.standard_normal(shape)
+        elif len(shape) == 1:
+            value = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif "embed_tokens" in name:
+            value = 0.5 * rng.standard_normal(shape)
+        else:
+            value = (2.0 if "lm_head" in name else 1.0) * rng.standard_normal(shape) / np.sqrt(shape[-1])
+        with torch.no_grad():
+            p.copy_(torch.from_numpy(value.astype(np.float32)))
+
+
+def _tensors(module) -> list[tuple[str, Any]]:
+    """Parameters and persistent buffers (the router's e_score_correction_bias is a buffer)."""
+    return list(module.named_parameters()) + [(n, b) for n, b in module.named_buffers() if "rotary" not in n]
+
+
+def _mtp_model(target, num_mtp_layers: int):
+    from transformers.modeling_layers import MtpModel
+
+    target.config.num_mtp_layers = num_mtp_layers
+    target.config.mtp_layer_types = ["full_attention"] * num_mtp_layers
+    mtp = MtpModel(target, num_mtp_layers)
+    mtp.config._attn_implementation = "eager"
+    return mtp.eval()
+
+
+def _released(num_hidden_layers: int, name: str, tensor) -> dict[str, Any]:
+    """MtpModel tensor ``name`` under its released name(s): a fused expert tensor is split
+    into the per-expert ``experts.{e}.{gate,up,down}_proj.weight`` a released folder holds."""
+    fused = re.fullmatch(r"(layers\.\d+\.mtp_block\.mlp\.experts)\.(gate_up_proj|down_proj)", name)
+    if fused is None:
+        return {released_mtp_name("deepseek", num_hidden_layers, name): tensor}
+    out: dict[str, Any] = {}
+    for e in range(tensor.shape[0]):
+        base = released_mtp_name("deepseek", num_hidden_layers, f"{fused.group(1)}.{e}.x")[: -len("x")]
+        if fused.group(2) == "down_proj":
+            out[base + "down_proj.weight"] = tensor[e]
+        else:
+            half = tensor.shape[1] // 2
+            out[base + "gate_proj.weight"], out[base + "up_proj.weight"] = tensor[e, :half], tensor[e, half:]
+    return out
+
+
+def make_glm_folder(
+    out_dir: str | Path,
+    *,
+    num_mtp_layers: int = 1,
+    qk_norm: bool = False,
+    bias: bool = True,
+    num_hidden_layers: int = 2,
+    seed: int = 0,
+) -> GlmFolder:
+    """Write a tiny random GLM-4.5 folder: hidden 64, 4 heads of 32 (2 key/value heads),
+    partial rotary 0.5, ``num_hidden_layers`` layers of which the first is dense
+    (``first_k_dense_replace`` 1), 8 experts in 2 groups (top-2, 1 kept group), 1 shared
+    expert, routed_scaling_factor 2.5, norm_topk_prob; ``qk_norm`` / ``bias`` switch
+    ``use_qk_norm`` / ``attention_bias``. Returns what it wrote."""
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = _glm_config(dict(layers=num_hidden_layers, bias=bias, qk_norm=qk_norm))
+    torch.manual_seed(seed)
+    target = transformers.Glm4MoeForCausalLM(cfg).eval()
+    rng = np.random.default_rng([seed, 45])
+    _fill(_tensors(target), rng)
+    target.save_pretrained(str(out), safe_serialization=True)
+    names: list[str] = []
+    if num_mtp_layers:
+        mtp = _mtp_model(target, num_mtp_layers)
+        own = [(n, t) for n, t in _tensors(mtp) if n.startswith("layers.")]
+        _fill(own, rng)
+        tensors: dict[str, Any] = {}
+        for n, t in own:
+            tensors.update(_released(num_hidden_layers, n, t.detach().contiguous()))
+        tensors = {k: v.contiguous() for k, v in tensors.items()}
+        single = str(out / "model.safetensors")
+        save_file({**load_file(single), **tensors}, single, metadata={"format": "pt"})
+        names = sorted(tensors)
+    path = out / "config.json"
+    config = json.loads(path.read_text())
+    for key in ("num_mtp_layers", "mtp_layer_types"):
+        config.pop(key, None)
+    config["architectures"] = [ARCHITECTURE]
+    config["num_nextn_predict_layers"] = num_mtp_layers
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}) + "\n")
+    _MODELS.pop(str(out.resolve()), None)
+    return GlmFolder(out, num_hidden_layers, num_mtp_layers, tuple(names), config)
+
+
+# ---- reference outputs ---------------------------------------------------------------------
+
+_MODELS: dict[str, tuple[Any, Any]] = {}
+
+
+def load_reference(folder: str | Path):
+    """(target, mtp or None) of ``folder`` in float32, eager attention, cached per path; the
+    MTP layers load through transformers' ``MtpModel.from_pretrained`` (its renames, the
+    per-expert tensors fused back)."""
+    import torch
+    import transformers
+    from transformers.modeling_layers import MtpModel
+
+    key = str(Path(folder).resolve())
+    if key in _MODELS:
+        return _MODELS[key]
+    _quiet()
+    raw = json.loads((Path(key) / "config.json").read_text())
+    target = transformers.Glm4MoeForCausalLM.from_pretrained(key, dtype=torch.float32, attn_implementation="eager")
+    target.eval()
+    n_mtp, n = int(raw.get("num_nextn_predict_layers", 0)), int(raw["num_hidden_layers"])
+    mtp = None
+    if n_mtp:
+        target.config.num_mtp_layers = n_mtp
+        target.config.mtp_layer_types = ["full_attention"] * n_mtp
+        target._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{n + k}\." for k in range(n_mtp)]
+        mtp = MtpModel.from_pretrained(target).float().eval()
+        mtp.config._attn_implementation = "eager"
+    _MODELS[key] = (target, mtp)
+    return target, mtp
+
+
+def _ids(ids) -> Any:
+    import torch
+
+    return torch.as_tensor(np.asarray(ids), dtype=torch.long)
+
+
+def reference_logits(folder: str | Path, ids) -> np.ndarray:
+    """Target logits float32 ``[B, S, V]`` for ids ``[B, S]`` at positions ``0..S-1``."""
+    import torch
+
+    target, _ = load_reference(folder)
+    with torch.no_grad():
+        return target(input_ids=_ids(ids)).logits.float().numpy()
+
+
+def reference_hidden(folder: str | Path, ids) -> np.ndarray:
+    """The target's last hidden state after the final norm, float32 ``[B, S, H]`` (what the
+    MTP layer is fed)."""
+    import torch
+
+    target, _ = load_reference(folder)
+    with torch.no_grad():
+        return target.model(input_ids=_ids(ids)).last_hidden_state.float().numpy()
+
+
+def reference_greedy(folder: str | Path, prompt_ids: list[int], n: int) -> list[int]:
+    """``n`` greedy tokens after ``prompt_ids``: argmax of the full-sequence logits, one token
+    at a time (no cache, so nothing but the model's math is compared)."""
+    seq = list(prompt_ids)
+    for _ in range(n):
+        seq.append(int(reference_logits(folder, [seq])[0, -1].argmax()))
+    return seq[len(prompt_ids) :]
+
+
+def reference_mtp_logits(folder: str | Path, next_ids, hidden, *, layer: int = 0) -> np.ndarray:
+    """MTP layer ``layer`` over a whole sequence (causal, positions ``0..S-1``) with the
+    position-0 embedding mask: ``next_ids`` int ``[B, S]`` (the token after each position),
+    ``hidden`` float32 ``[B, S, H]`` (the target's post-norm state). Returns logits float32
+    ``[B, S, V]`` through the shared head (after the layer's ``shared_head.norm``)."""
+    import torch
+
+    _, mtp = load_reference(folder)
+    ids = _ids(next_ids)
+    h = torch.as_tensor(np.asarray(hidden, dtype=np.float32))
+    positions = torch.arange(ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
+    with torch.no_grad():
+        embeds = mtp.embed_tokens(ids)
+        embeds = torch.where((positions == 0).unsqueeze(-1), torch.zeros_like(embeds), embeds)
+        out = mtp.forward_layer(layer, h, positions, None, inputs_embeds=embeds)
+        return mtp._project_to_logits(out).float().numpy()
