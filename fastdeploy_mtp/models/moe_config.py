@@ -1,0 +1,103 @@
+"""``config.json`` MoE keys -> :class:`~fastdeploy_mtp.models.model_config.ModelConfig` fields.
+
+DeepSeek-V3 (``deepseek_v3``) and GLM-4.5 (``glm4_moe``) name their router and experts alike:
+``n_routed_experts``, ``num_experts_per_tok``, ``moe_intermediate_size``, ``n_shared_experts``,
+``n_group``, ``topk_group``, ``routed_scaling_factor``, ``norm_topk_prob``,
+``first_k_dense_replace``, ``scoring_func``, ``topk_method``. A key that is absent takes the
+default transformers gives the family (:data:`MOE_DEFAULTS`). Every refusal is a
+``ValueError`` whose one-line message names the key; the caller adds the folder.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .model_config import SCORING_FUNCS, TOPK_METHODS
+
+#: Per family, the value of each MoE key when ``config.json`` lacks it (transformers'
+#: ``DeepseekV3Config`` / ``Glm4MoeConfig`` defaults; both route by sigmoid + ``noaux_tc``).
+MOE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "deepseek_v3": dict(
+        n_routed_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048, n_shared_experts=1,
+        n_group=8, topk_group=4, routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=3,
+        scoring_func="sigmoid", topk_method="noaux_tc",
+    ),
+    "glm4_moe": dict(
+        n_routed_experts=128, num_experts_per_tok=8, moe_intermediate_size=1408, n_shared_experts=1,
+        n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=True, first_k_dense_replace=1,
+        scoring_func="sigmoid", topk_method="noaux_tc",
+    ),
+}  # fmt: skip
+
+#: Integer keys and the least value each may take.
+_INT_MINIMUM = dict(
+    n_routed_experts=1, num_experts_per_tok=1, moe_intermediate_size=1, n_shared_experts=0,
+    n_group=1, topk_group=1, first_k_dense_replace=0,
+)  # fmt: skip
+
+
+def _value(raw: dict[str, Any], key: str, default: Any) -> Any:
+    value = raw.get(key)
+    return default if value is None else value
+
+
+def _int(raw: dict[str, Any], key: str, default: int) -> int:
+    value = _value(raw, key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"config.json `{key}` must be an integer, got {value!r}")
+    if value < _INT_MINIMUM[key]:
+        raise ValueError(f"config.json `{key}` must be >= {_INT_MINIMUM[key]}, got {value}")
+    return value
+
+
+def _choice(raw: dict[str, Any], key: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = _value(raw, key, default)
+    if value not in allowed:
+        raise ValueError(f"config.json `{key}` {value!r} is not supported; supported: {list(allowed)}")
+    return str(value)
+
+
+def moe_fields(raw: dict[str, Any], family: str) -> dict[str, Any]:
+    """The MoE :class:`ModelConfig` fields of ``family``'s ``config.json`` object ``raw``.
+
+    Raises:
+        ValueError: a key of the wrong type or out of range, or keys that contradict each
+            other (``num_experts_per_tok`` above ``n_routed_experts``, ``n_group`` not dividing
+            it, ``topk_group`` above ``n_group``, ``noaux_tc`` with groups of one expert,
+            fewer experts in the kept groups than ``num_experts_per_tok``).
+    """
+    defaults = MOE_DEFAULTS[family]
+    fields: dict[str, Any] = {key: _int(raw, key, defaults[key]) for key in _INT_MINIMUM}
+    scale = _value(raw, "routed_scaling_factor", defaults["routed_scaling_factor"])
+    if isinstance(scale, bool) or not isinstance(scale, int | float) or not scale > 0:
+        raise ValueError(f"config.json `routed_scaling_factor` must be a number > 0, got {scale!r}")
+    fields["routed_scaling_factor"] = float(scale)
+    norm = _value(raw, "norm_topk_prob", defaults["norm_topk_prob"])
+    if not isinstance(norm, bool):
+        raise ValueError(f"config.json `norm_topk_prob` must be true or false, got {norm!r}")
+    fields["norm_topk_prob"] = norm
+    fields["scoring_func"] = _choice(raw, "scoring_func", defaults["scoring_func"], SCORING_FUNCS)
+    fields["topk_method"] = _choice(raw, "topk_method", defaults["topk_method"], TOPK_METHODS)
+    _check_routing(fields)
+    return fields
+
+
+def _check_routing(fields: dict[str, Any]) -> None:
+    """Refuse MoE keys that are each valid but cannot route together."""
+    e, k, groups, kept = (fields[n] for n in ("n_routed_experts", "num_experts_per_tok", "n_group", "topk_group"))
+    if k > e:
+        raise ValueError(f"config.json `num_experts_per_tok` ({k}) must be <= `n_routed_experts` ({e})")
+    if e % groups != 0:
+        raise ValueError(f"config.json `n_group` ({groups}) must divide `n_routed_experts` ({e})")
+    if kept > groups:
+        raise ValueError(f"config.json `topk_group` ({kept}) must be <= `n_group` ({groups})")
+    if fields["topk_method"] == "noaux_tc" and e // groups < 2:
+        raise ValueError(
+            f"config.json `n_group` ({groups}) leaves groups of one expert; "
+            "`noaux_tc` scores a group by its best two experts"
+        )
+    if fields["topk_method"] != "greedy" and kept * (e // groups) < k:
+        raise ValueError(
+            f"config.json `topk_group` ({kept}) keeps {kept * (e // groups)} experts, "
+            f"fewer than `num_experts_per_tok` ({k})"
+        )
