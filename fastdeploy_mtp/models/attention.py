@@ -59,6 +59,9 @@ class ReferenceAttentionBackend:
         block_size: tokens per cache block.
     """
 
+    #: What each layer's caches hold, in order (a key and a value cache).
+    cache_kinds = ("key", "value")
+
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int):
         if num_heads % num_kv_heads != 0:
             raise ValueError(f"`num_heads` ({num_heads}) must be a multiple of `num_kv_heads` ({num_kv_heads})")

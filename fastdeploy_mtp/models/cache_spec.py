@@ -7,9 +7,10 @@ layer 0 key, value, layer 1 key, value, ..., then MTP layer 0 key, value, MTP la
 The cache manager creates exactly these tensors, the workers attach them, and a prefill
 instance hands every one of them to a decode instance.
 
-Consumers never assume "a key and a value per layer": they walk the list. A layer with one
-cache of another kind (e.g. ``"latent"`` for a multi-head latent attention cache of shape
-``[num_blocks, block_size, latent_dim]``) is one entry with that kind and shape.
+Consumers never assume "a key and a value per layer": they walk the list. A multi-head latent
+attention model (``attention_type == "mla"``) has one ``"latent"`` cache per layer, of shape
+``[num_blocks, 1, block_size, kv_lora_rank + qk_rope_head_dim]``, the same on every
+tensor-parallel rank (the latent is not split by head).
 
 :func:`describe` / :func:`from_description` are the JSON form (a list of small dicts) that
 travels in a prefill/decode hand-over and in the layout checks.
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .interfaces import AttentionBackend
 from .model_config import MODEL_DTYPES, ModelConfig
 from .parallel_layers import kv_cache_shape
 
@@ -44,7 +46,8 @@ class CacheSpec:
         owner: ``"target"`` or ``"mtp"``.
         layer: the owner's layer index (MTP layers count from 0).
         kind: one of :data:`CACHE_KINDS`.
-        shape: ``[num_blocks, kv_heads_per_rank, block_size, head_dim]`` for key/value caches;
+        shape: ``[num_blocks, kv_heads_per_rank, block_size, head_dim]`` for key/value caches,
+            ``[num_blocks, 1, block_size, kv_lora_rank + qk_rope_head_dim]`` for latent ones;
             dimension 0 is always the block count.
         dtype: one of :data:`~.model_config.MODEL_DTYPES`.
     """
@@ -108,7 +111,8 @@ def model_cache_specs(
             MTP layers get caches (else none).
 
     Returns:
-        ``2 * (num_hidden_layers + M)`` specs, target layers first, key before value.
+        ``2 * (num_hidden_layers + M)`` specs, target layers first, key before value; for
+        MLA ``num_hidden_layers + M`` ``"latent"`` specs.
 
     Raises:
         ValueError: ``num_blocks <= 0`` or a config field ``tensor_parallel_size`` does not divide.
@@ -116,16 +120,33 @@ def model_cache_specs(
     shape = tuple(kv_cache_shape(config, num_blocks, tensor_parallel_size))
     if config.dtype not in MODEL_DTYPES:
         raise ValueError(f"`dtype` must be one of {MODEL_DTYPES}, got {config.dtype!r}")
-    specs = key_value_specs("target", config.num_hidden_layers, shape, config.dtype)
+    kinds: tuple[str, ...] = ("key", "value")
+    if config.attention_type == "mla":
+        shape, kinds = (shape[0], 1, config.block_size, config.kv_lora_rank + config.qk_rope_head_dim), ("latent",)
+    specs = layer_specs("target", config.num_hidden_layers, kinds, shape, config.dtype)
     if with_mtp:
-        specs += key_value_specs("mtp", config.num_nextn_predict_layers, shape, config.dtype)
+        specs += layer_specs("mtp", config.num_nextn_predict_layers, kinds, shape, config.dtype)
     return specs
+
+
+def layer_specs(owner: str, num_layers: int, kinds: Sequence[str], shape: Sequence[int], dtype: str) -> list[CacheSpec]:
+    """The caches ``kinds`` (in order) of ``shape`` and ``dtype`` for each of ``owner``'s
+    ``num_layers`` layers, layer after layer."""
+    return [CacheSpec(owner, n, kind, tuple(shape), dtype) for n in range(num_layers) for kind in kinds]
+
+
+def backend_specs(
+    owner: str, num_layers: int, backend: AttentionBackend, num_blocks: int, dtype: str
+) -> list[CacheSpec]:
+    """The caches ``backend`` keeps for ``owner``'s ``num_layers`` layers of ``num_blocks``
+    blocks: its ``cache_kinds`` per layer, each of ``backend.get_kv_cache_shape(num_blocks)``."""
+    return layer_specs(owner, num_layers, backend.cache_kinds, backend.get_kv_cache_shape(num_blocks), dtype)
 
 
 def key_value_specs(owner: str, num_layers: int, shape: Sequence[int], dtype: str) -> list[CacheSpec]:
     """A key and a value cache of ``shape`` and ``dtype`` for each of ``owner``'s
     ``num_layers`` layers: ``[layer 0 key, layer 0 value, layer 1 key, ...]``."""
-    return [CacheSpec(owner, n, kind, tuple(shape), dtype) for n in range(num_layers) for kind in ("key", "value")]
+    return layer_specs(owner, num_layers, ("key", "value"), shape, dtype)
 
 
 def model_dtype(model: Any) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .mla_config import mla_fields
 from .model_config import MODEL_DTYPES, ROPE_TYPES, TINY_ARCHITECTURE, TINY_MODEL_TYPE, ModelConfig
 from .moe_config import MOE_DEFAULTS, glm_fields, moe_fields
 
@@ -21,6 +22,7 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "MiMoForCausalLM": "mimo",
     "Glm4MoeForCausalLM": "glm4_moe",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
 }
 _REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
 _TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "fp32": "float32"}
@@ -241,6 +243,8 @@ def translate_config(
     except ValueError as exc:
         raise _fail(where, str(exc)) from None
     try:
+        if family == "deepseek_v3":
+            fields.update(mla_fields(raw))
         return ModelConfig(**fields)
     except ValueError as exc:
         raise _fail(where, f"config.json: {exc}") from None

@@ -24,14 +24,20 @@ class AttentionBackend(Protocol):
     """Owner of the KV-cache layout: the engine and the proposer allocate (or attach) caches
     through it, so they never need to know the layout."""
 
+    @property
+    def cache_kinds(self) -> tuple[str, ...]:
+        """What each layer's caches hold, in order: ``("key", "value")`` or ``("latent",)``."""
+        ...
+
     def get_kv_cache_shape(self, max_num_blocks: int) -> list[int]:
-        """Shape of one layer's key (or value) cache holding ``max_num_blocks`` blocks."""
+        """Shape of each of one layer's caches holding ``max_num_blocks`` blocks."""
         ...
 
     def allocate_caches(
         self, num_layers: int, max_num_blocks: int, dtype: DTypeLike = "float32"
     ) -> list[paddle.Tensor]:
-        """Zeroed caches ``[k0, v0, k1, v1, ...]`` for ``num_layers`` layers."""
+        """Zeroed caches for ``num_layers`` layers, ``cache_kinds`` per layer
+        (``[k0, v0, k1, v1, ...]`` or ``[c0, c1, ...]``)."""
         ...
 
 
@@ -94,10 +100,14 @@ class MTPModel(Protocol):
 if TYPE_CHECKING:
     # Static check only: the shipped classes satisfy the protocols.
     from .attention import ReferenceAttentionBackend
+    from .latent_attention import LatentAttentionBackend
     from .mtp_layer import MTPLayer
     from .target import TinyTargetModel
 
-    def _conforms(target: TinyTargetModel, mtp: MTPLayer, backend: ReferenceAttentionBackend) -> None:
+    def _conforms(
+        target: TinyTargetModel, mtp: MTPLayer, backend: ReferenceAttentionBackend, latent: LatentAttentionBackend
+    ) -> None:
         _target: TargetModel = target
         _mtp: MTPModel = mtp
         _backend: AttentionBackend = backend
+        _latent: AttentionBackend = latent

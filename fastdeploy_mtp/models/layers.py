@@ -23,6 +23,7 @@ import paddle.nn.functional as F
 
 from .attention import ReferenceAttentionBackend, dense_causal_attention
 from .forward_meta import ForwardMeta
+from .latent_attention import LatentAttentionBackend
 from .model_config import ModelConfig
 from .moe import MoEMLP
 from .parallel_layers import ColumnParallelLinear, RowParallelLinear, check_tensor_parallel
@@ -138,12 +139,12 @@ def apply_rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> padd
 @dataclass(frozen=True)
 class PagedStep:
     """What every layer's attention reads in one packed forward pass besides its input:
-    ``cos/sin [T, d]`` float32 (``d`` the rotated width) (RoPE at the packed tokens' positions), the paged
-    attention backend and the step's :class:`ForwardMeta`."""
+    ``cos/sin [T, d]`` float32 (RoPE at the packed tokens' positions, ``d`` the rotated width),
+    the paged attention backend (a latent one for MLA layers) and the step's :class:`ForwardMeta`."""
 
     cos: paddle.Tensor
     sin: paddle.Tensor
-    backend: ReferenceAttentionBackend
+    backend: ReferenceAttentionBackend | LatentAttentionBackend
     forward_meta: ForwardMeta
 
 
@@ -255,16 +256,24 @@ class DecoderLayer(nn.Layer):
     """Pre-norm block: ``h = x + attn(input_layernorm(x))``,
     ``out = h + mlp(post_attention_layernorm(h))``. Norms are replicated; attention and MLP
     are split over ``tensor_parallel_size`` ranks (input and output ``[T, H]`` replicated).
+    ``attention``: the ``self_attn`` module (e.g. :func:`~fastdeploy_mtp.models.mla.attention_for`'s
+    MLA); ``None`` = grouped-query :class:`Attention`.
 
     ``layer_index`` is the block's place in the model (target layers ``0..N-1``, MTP layer
     ``k`` is ``N + k``): ``mlp`` is a :class:`~fastdeploy_mtp.models.moe.MoEMLP` when
     ``config.is_moe_layer(layer_index)``, else a dense :class:`SwiGLUMLP` of
     ``intermediate_size``."""
 
-    def __init__(self, config: ModelConfig, tensor_parallel_size: int = 1, layer_index: int = 0):
+    def __init__(
+        self,
+        config: ModelConfig,
+        tensor_parallel_size: int = 1,
+        attention: nn.Layer | None = None,
+        layer_index: int = 0,
+    ):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, tensor_parallel_size)
+        self.self_attn = Attention(config, tensor_parallel_size) if attention is None else attention
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp: SwiGLUMLP | MoEMLP
         if config.is_moe_layer(layer_index):

@@ -44,7 +44,8 @@ class ModelConfig:
         num_attention_heads: query heads.
         num_key_value_heads: key/value heads (grouped-query attention); must divide
             ``num_attention_heads``.
-        head_dim: per-head width; defaults to ``hidden_size // num_attention_heads``.
+        head_dim: per-head width; defaults to ``hidden_size // num_attention_heads``
+            (MLA: ``qk_rope_head_dim``, the width RoPE tables cover).
         intermediate_size: SwiGLU inner width.
         rms_norm_eps: epsilon of every RMSNorm.
         rope_theta: RoPE base; rotation is the "rotate half" (GPT-NeoX / Llama) layout.
@@ -92,6 +93,8 @@ class ModelConfig:
             ``first_k_dense_replace`` keep a dense MLP of ``intermediate_size``).
         mtp_mask_first_position: the MTP layers zero the token embedding at position 0
             (DeepSeek-V3 and GLM-4.5 as vLLM serves them).
+        rope_interleave: MLA's rope parts rotate interleaved pairs ``(x0, x1), (x2, x3), ...``
+            (DeepSeek-V3 checkpoints; see :mod:`~fastdeploy_mtp.models.mla`) instead of halves.
     """
 
     vocab_size: int = 272
@@ -136,8 +139,11 @@ class ModelConfig:
     scoring_func: str = "sigmoid"
     topk_method: str = "noaux_tc"
     mtp_mask_first_position: bool = False
+    rope_interleave: bool = False
 
     def __post_init__(self) -> None:
+        if self.head_dim == 0 and self.attention_type == "mla":
+            self.head_dim = self.qk_rope_head_dim  # MLA's RoPE width (transformers' head_dim too)
         if self.head_dim == 0:
             self.head_dim = self.hidden_size // max(self.num_attention_heads, 1)
         self.validate()
@@ -201,6 +207,10 @@ class ModelConfig:
                     raise ValueError(f"`{name}` must be positive for MLA attention, got {getattr(self, name)}")
             if self.qk_rope_head_dim % 2 != 0:
                 raise ValueError(f"`qk_rope_head_dim` must be even for RoPE, got {self.qk_rope_head_dim}")
+            if self.head_dim != self.qk_rope_head_dim:
+                raise ValueError(
+                    f"`head_dim` ({self.head_dim}) must equal `qk_rope_head_dim` ({self.qk_rope_head_dim}) for MLA"
+                )
             if self.q_lora_rank < 0:
                 raise ValueError(f"`q_lora_rank` must be >= 0 (0: a plain q_proj), got {self.q_lora_rank}")
 

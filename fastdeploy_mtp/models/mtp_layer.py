@@ -8,7 +8,9 @@ import paddle.nn as nn
 
 from .attention import ReferenceAttentionBackend
 from .forward_meta import ForwardMeta
+from .latent_attention import LatentAttentionBackend
 from .layers import DecoderLayer, DenseStep, PagedStep, RMSNorm, RotaryEmbedding
+from .mla import attention_backend, attention_for
 from .model_config import ModelConfig
 from .parallel_layers import refuse_training_on_shard
 from .target import TinyTargetModel, mask_padded_vocab
@@ -30,9 +32,13 @@ class MTPLayer(nn.Layer):
     ``config.mtp_final_norm == "in_logits"``), which is also what later MTP substeps feed
     back as ``previous_hidden_states``.
 
+    With ``config.mtp_mask_first_position`` (DeepSeek-V3, GLM-4.5) the token embedding of every
+    row at position 0 is zeroed before ``enorm``, in every forward (packed and dense).
+
     Tensor parallelism follows the target (``target.tensor_parallel_size``): ``mtp_block`` is
     split like the target's decoder layers, its ``attn_backend`` covers this rank's key/value
-    heads, and ``enorm``/``hnorm``/``eh_proj``/``norm`` are replicated.
+    heads, and ``enorm``/``hnorm``/``eh_proj``/``norm`` are replicated. An MLA layer
+    (``config.attention_type == "mla"``) has one latent cache instead of a key/value pair.
 
     ``index`` is the layer's place among the MTP layers (``k``); its block counts as decoder
     layer ``num_hidden_layers + k``, so it has an MoE MLP when the model has experts.
@@ -49,16 +55,14 @@ class MTPLayer(nn.Layer):
         self.enorm = RMSNorm(h, config.rms_norm_eps)
         self.hnorm = RMSNorm(h, config.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * h, h, bias_attr=False)
-        self.mtp_block = DecoderLayer(config, tp, config.num_hidden_layers + index)
+        self.mtp_block = DecoderLayer(config, tp, attention_for(config, tp), config.num_hidden_layers + index)
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.rotary = RotaryEmbedding.of(config)
-        self.attn_backend = ReferenceAttentionBackend(
-            config.num_attention_heads // tp, config.num_key_value_heads // tp, config.head_dim, config.block_size
-        )
+        self.attn_backend = attention_backend(config, tp)
         # A plain tuple is not registered as a sublayer: shared weights stay owned by the target.
         self._shared = (target,)
-        #: Index of this layer's key/value pair in ``forward_meta.caches`` (set by
-        #: :class:`MTPStack` for its layers; a lone layer uses pair 0).
+        #: Index of this layer's key/value pair (or latent cache) in ``forward_meta.caches``
+        #: (set by :class:`MTPStack` for its layers; a lone layer uses 0).
         self.cache_layer = 0
 
     @property
@@ -103,7 +107,10 @@ class MTPLayer(nn.Layer):
         if plan.max_position is not None:  # validated on the host (ForwardMeta.check)
             self.rotary.check_position(plan.max_position)
         cos, sin = self.rotary.lookup(plan.positions, check=False)
-        x = self._fuse(self.target.embed_tokens(ids_remove_padding), self.target.to_model_dtype(previous_hidden_states))
+        emb = self.target.embed_tokens(ids_remove_padding)
+        if self.config.mtp_mask_first_position:
+            emb = emb * (plan.positions != 0).astype(emb.dtype).unsqueeze(1)
+        x = self._fuse(emb, self.target.to_model_dtype(previous_hidden_states))
         step = PagedStep(cos, sin, self.attn_backend, forward_meta)
         out = self.finish(self.mtp_block(x, step, self.cache_layer))
         return out if out.dtype == paddle.float32 else out.astype("float32")
@@ -134,14 +141,25 @@ class MTPLayer(nn.Layer):
         (raises ``NotImplementedError`` on a tensor-parallel shard)."""
         refuse_training_on_shard(self.tensor_parallel_size, "this MTP layer")
         seq = int(next_ids.shape[1])
-        x = self._fuse(self.target.embed_tokens(next_ids), hidden)
+        x = self._fuse(self.embed_dense(next_ids), hidden)
         return self.finish(self.mtp_block.forward_dense(x, DenseStep(*self.rotary.prefix(seq), bias)))
+
+    def embed_dense(self, next_ids: paddle.Tensor) -> paddle.Tensor:
+        """Token embeddings ``[B, S, H]`` of ``next_ids [B, S]`` at positions ``0 .. S-1``, column 0
+        zeroed under ``config.mtp_mask_first_position``."""
+        emb = self.target.embed_tokens(next_ids)
+        if self.config.mtp_mask_first_position and int(next_ids.shape[1]) > 0:
+            keep = paddle.ones([1, int(next_ids.shape[1]), 1], dtype=emb.dtype)
+            keep[:, 0] = 0.0
+            emb = emb * keep
+        return emb
 
 
 class MTPStack(nn.Layer):
     """``config.num_nextn_predict_layers`` distinct MTP layers (DeepSeek-V3's sequential MTP
     modules; MiMo ships three), each an :class:`MTPLayer` sharing the target's embedding and
-    LM head, each with its own KV cache pair: layer ``i`` uses ``forward_meta.caches[2i:2i+2]``.
+    LM head, each with its own KV cache pair: layer ``i`` uses ``forward_meta.caches[2i:2i+2]``
+    (MLA: its latent cache ``forward_meta.caches[i]``).
 
     The proposer picks the layer of each substep (:attr:`num_layers`, ``forward(...,
     layer=i)``); :meth:`compute_logits` is the same for every layer except for the final norm
@@ -164,7 +182,7 @@ class MTPStack(nn.Layer):
         return self.layers[0].target
 
     @property
-    def attn_backend(self) -> ReferenceAttentionBackend:
+    def attn_backend(self) -> ReferenceAttentionBackend | LatentAttentionBackend:
         return self.layers[0].attn_backend
 
     @property

@@ -78,7 +78,7 @@ def unrolled_mtp_forward(
     s = int(next_ids.shape[1])
     first = layers[0]
     cos, sin = first.rotary.prefix(s)
-    emb = first.target.embed_tokens(next_ids)
+    emb = first.embed_dense(next_ids)
     hidden_in = [target_hidden.astype("float32")]  # hidden input of depth j at index j - 1
     rows: dict[tuple[int, int], tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]] = {}
     outs: list[paddle.Tensor] = []

@@ -6,9 +6,9 @@ import numpy as np
 import paddle
 import paddle.nn as nn
 
-from .attention import ReferenceAttentionBackend
 from .forward_meta import ForwardMeta
 from .layers import DecoderLayer, DenseStep, PagedStep, RMSNorm, RotaryEmbedding
+from .mla import attention_backend, attention_for
 from .model_config import ModelConfig
 from .parallel_layers import (
     ParallelLMHead,
@@ -68,7 +68,9 @@ class TinyTargetModel(nn.Layer):
         self.tensor_parallel_rank = tensor_parallel_rank
         tp = tensor_parallel_size
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp, tensor_parallel_rank)
-        self.layers = nn.LayerList([DecoderLayer(config, tp, i) for i in range(config.num_hidden_layers)])
+        self.layers = nn.LayerList(
+            [DecoderLayer(config, tp, attention_for(config, tp), i) for i in range(config.num_hidden_layers)]
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head: ParallelLMHead | TiedLMHead
         if config.tie_word_embeddings:
@@ -76,13 +78,12 @@ class TinyTargetModel(nn.Layer):
         else:
             self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size, tp)
         self.rotary = RotaryEmbedding.of(config)
-        self.attn_backend = ReferenceAttentionBackend(
-            config.num_attention_heads // tp, config.num_key_value_heads // tp, config.head_dim, config.block_size
-        )
+        self.attn_backend = attention_backend(config, tp)
 
     @property
     def num_cache_layers(self) -> int:
-        """Layers that own a KV cache pair in ``forward_meta.caches``."""
+        """Layers that own caches in ``forward_meta.caches`` (a key/value pair each, or one
+        latent cache each for MLA; see ``attn_backend.cache_kinds``)."""
         return self.config.num_hidden_layers
 
     def forward(self, ids_remove_padding: paddle.Tensor | None, forward_meta: ForwardMeta) -> paddle.Tensor:
@@ -91,7 +92,7 @@ class TinyTargetModel(nn.Layer):
         Args:
             ids_remove_padding: ``[T]`` int64 new tokens (``None`` = take them from
                 ``forward_meta.ids_remove_padding``).
-            forward_meta: batch metadata with ``2 * num_hidden_layers`` caches.
+            forward_meta: batch metadata with ``2 * num_hidden_layers`` caches (MLA: one per layer).
 
         Returns:
             ``[T, H]`` float32 hidden states (post- or pre-final-norm, see the class doc).

@@ -17,7 +17,7 @@ from ..ipc.kv_caches import (
     unpublish_caches,
     wait_cache_ready,
 )
-from ..models.cache_spec import CacheSpec, key_value_specs, model_dtype
+from ..models.cache_spec import CacheSpec, backend_specs, model_dtype
 from ..models.interfaces import MTPModel
 
 
@@ -56,8 +56,8 @@ class MTPCaches:
 
     def _specs(self, num_blocks: int) -> list[CacheSpec]:
         """A key and a value cache per MTP layer of ``num_blocks`` blocks, the model's dtype."""
-        shape = self.model.attn_backend.get_kv_cache_shape(num_blocks)
-        return key_value_specs("mtp", self.model.num_cache_layers, shape, model_dtype(self.model))
+        backend = self.model.attn_backend
+        return backend_specs("mtp", self.model.num_cache_layers, backend, num_blocks, model_dtype(self.model))
 
     def initialize_kv_cache(self, main_model_num_blocks: int, profile: bool = False) -> None:
         """Create or attach the MTP layers' KV caches (per layer a key and a value tensor of

@@ -16,7 +16,7 @@ from .. import ops
 from ..config import FDConfig
 from ..constants import NO_BLOCK_ID, PLACEHOLDER_TOKEN_ID
 from ..ipc.kv_caches import acquire_caches, detach_caches, host_view
-from ..models.cache_spec import CacheSpec, key_value_specs, model_dtype
+from ..models.cache_spec import CacheSpec, backend_specs, model_dtype
 from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
 from .adaptive_draft import AdaptiveDraftLength
@@ -164,8 +164,8 @@ class TargetRunner:
         self.num_blocks = fd_config.cache_config.total_block_num
         #: the target's caches (a key and a value per layer, the model's dtype and per-rank
         #: shape), attached by name when a cache-manager process created them
-        self.cache_specs: list[CacheSpec] = key_value_specs(
-            "target", model.num_cache_layers, model.attn_backend.get_kv_cache_shape(self.num_blocks), model_dtype(model)
+        self.cache_specs: list[CacheSpec] = backend_specs(
+            "target", model.num_cache_layers, model.attn_backend, self.num_blocks, model_dtype(model)
         )
         self.caches, self._attached = acquire_caches(self.cache_specs, fd_config)
         self.block_size = fd_config.cache_config.block_size

@@ -1,0 +1,206 @@
+"""DeepSeek-V3 folders (multi-head latent attention, MoE, an MTP layer with the position-0
+embedding mask) against transformers: target logits, greedy tokens through our paged path,
+MTP logits, K=1 acceptance round for round, the latent caches, TP slices and refusals.
+
+The folders are tiny random ``DeepseekV3ForCausalLM`` checkpoints written by transformers
+(tests/support/hf_mla_folders.py); the references are transformers' float32 outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import paddle
+import pytest
+import transformers  # noqa: F401  (a test dependency: the comparison must run, never skip)
+
+from fastdeploy_mtp.models import contiguous_block_tables, greedy_generate, load_model, make_forward_meta
+from fastdeploy_mtp.models.cache_spec import model_cache_specs
+from fastdeploy_mtp.models.hf_config import UnsupportedModelError
+from fastdeploy_mtp.models.latent_attention import LatentAttentionBackend
+from fastdeploy_mtp.models.model_folder import inspect_model_folder
+from fastdeploy_mtp.runtime.engine import Engine
+from fastdeploy_mtp.runtime.request import Request
+from tests.support import hf_mla_folders as ds
+from tests.support.engines import make_config
+
+PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 200, 33, 1, 77, 150, 9, 260, 31]
+RTOL = 1e-4
+#: (case id, make_mla_folder kwargs): q LoRA + yarn RoPE, and a plain q_proj with default RoPE.
+CASES = {"qlora-yarn": dict(q_lora_rank=32, yarn=True), "plain-q": dict(q_lora_rank=0, yarn=False)}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def folder(request, tmp_path_factory):
+    return ds.make_mla_folder(tmp_path_factory.mktemp(request.param), **CASES[request.param])
+
+
+@pytest.fixture(scope="module")
+def loaded(folder):
+    return load_model(folder.path)
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def prefill(model, ids, hidden=None):
+    """One packed prefill of ``ids`` at positions 0.. with fresh caches; (hidden, caches)."""
+    cfg = model.config
+    tables, nblocks = contiguous_block_tables([len(ids)], cfg.block_size, shuffle_seed=1)
+    caches = model.attn_backend.allocate_caches(model.num_cache_layers, nblocks)
+    meta = make_forward_meta([len(ids)], [0], tables, caches, cfg.block_size, ids_remove_padding=np.asarray(ids))
+    if hidden is None:
+        return model(meta.ids_remove_padding, meta), caches
+    return model(meta.ids_remove_padding, paddle.to_tensor(hidden), meta), caches
+
+
+@paddle.no_grad()
+def test_config_is_mla_with_moe_and_masked_mtp(folder, loaded):
+    _, mtp, config = loaded
+    assert (config.model_type, config.attention_type) == ("deepseek_v3", "mla")
+    assert config.q_lora_rank == (folder.config.get("q_lora_rank") or 0)
+    assert (config.kv_lora_rank, config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim) == (32, 16, 8, 16)
+    assert config.rope_interleave and config.mtp_mask_first_position
+    assert config.n_routed_experts == 4 and config.first_k_dense_replace == 1
+    assert mtp is not None and config.num_nextn_predict_layers == 1
+
+
+@paddle.no_grad()
+def test_target_logits_and_greedy_tokens_match_transformers(folder, loaded):
+    target, _, _ = loaded
+    hidden, _ = prefill(target, PROMPT)
+    want = ds.mla_reference_logits(folder.path, [PROMPT])[0]
+    assert relative_error(target.compute_logits(hidden).numpy(), want) <= RTOL
+    assert relative_error(hidden.numpy(), ds.mla_reference_hidden(folder.path, [PROMPT])[0]) <= RTOL
+    # greedy_generate: one paged prefill, then one-token decode steps over the latent caches
+    assert greedy_generate(target, PROMPT[:6], 12) == ds.mla_reference_greedy(folder.path, PROMPT[:6], 12)
+
+
+@paddle.no_grad()
+def test_mtp_logits_match_transformers_with_position_zero_mask(folder, loaded):
+    _, mtp, _ = loaded
+    hidden = ds.mla_reference_hidden(folder.path, [PROMPT])[0][:-1]
+    next_ids = PROMPT[1:]
+    want = ds.mla_reference_mtp_logits(folder.path, 0, [next_ids], hidden[None])[0]
+    out, _ = prefill(mtp, next_ids, hidden)
+    got = mtp.compute_logits(out).numpy()
+    assert relative_error(got, want) <= RTOL
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    # the mask matters: without it position 0's logits differ
+    mtp.config.mtp_mask_first_position = False
+    try:
+        unmasked = mtp.compute_logits(prefill(mtp, next_ids, hidden)[0]).numpy()
+    finally:
+        mtp.config.mtp_mask_first_position = True
+    assert np.abs(unmasked[0] - want[0]).max() > 1e-2
+    np.testing.assert_allclose(unmasked[1:], got[1:], rtol=0, atol=0)  # the mask only touches position 0
+
+
+@paddle.no_grad()
+def test_latent_caches_hold_normed_latent_and_roped_key_part(folder, loaded):
+    target, mtp, config = loaded
+    assert isinstance(target.attn_backend, LatentAttentionBackend)
+    specs = model_cache_specs(config, 6)
+    assert [(s.owner, s.layer, s.kind) for s in specs] == [("target", 0, "latent"), ("target", 1, "latent")] + [
+        ("mtp", 0, "latent")
+    ]
+    assert {s.shape for s in specs} == {(6, 1, config.block_size, 40)} and {s.dtype for s in specs} == {"float32"}
+    _, caches = prefill(target, PROMPT)
+    assert len(caches) == 2 and [list(c.shape) for c in caches] == [list(target.attn_backend.get_kv_cache_shape(2))] * 2
+    # layer 0's cached latent is exactly what its attention computes from its input
+    attn = target.layers[0].self_attn
+    x = target.layers[0].input_layernorm(target.embed_tokens(paddle.to_tensor(np.asarray(PROMPT))))
+    cos, sin = target.rotary.lookup(np.arange(len(PROMPT)))
+    latent = attn._latent(x, cos, sin).numpy()
+    tables, _ = contiguous_block_tables([len(PROMPT)], config.block_size, shuffle_seed=1)
+    rows = [caches[0].numpy()[tables[0, p // config.block_size], 0, p % config.block_size] for p in range(len(PROMPT))]
+    np.testing.assert_allclose(np.stack(rows), latent, rtol=1e-6, atol=1e-6)
+    assert len(mtp.attn_backend.allocate_caches(mtp.num_cache_layers, 3)) == 1
+
+
+def reference_rounds(folder, prompt: list[int], max_tokens: int) -> list[list[int]]:
+    """The tokens each step of a K=1 greedy MTP engine emits, from transformers alone: the
+    prefill emits ``seq[L]``; a round whose last emitted token is ``seq[c]`` drafts
+    ``argmax MTP(position c-1)`` (fed ``seq[c]`` and ``h_{c-1}``) and emits ``seq[c+1]``, plus
+    ``seq[c+2]`` when the draft equals it."""
+    seq = prompt + ds.mla_reference_greedy(folder.path, prompt, max_tokens + 1)
+    hidden = ds.mla_reference_hidden(folder.path, [seq])[0]
+    drafts = ds.mla_reference_mtp_logits(folder.path, 0, [seq[1:]], hidden[None, :-1])[0].argmax(-1)
+    end = len(prompt) + max_tokens
+    rounds, c = [[seq[len(prompt)]]], len(prompt)
+    while c + 1 < end:
+        step = [seq[c + 1]] + ([seq[c + 2]] if int(drafts[c - 1]) == seq[c + 2] and c + 2 < end else [])
+        rounds.append(step)
+        c += len(step)
+    return rounds
+
+
+@paddle.no_grad()
+def test_k1_acceptance_round_for_round_equals_reference(folder, loaded):
+    target, mtp, config = loaded
+    prompt, max_tokens = PROMPT[:7], 14
+    cfg = make_config(
+        1, eos=(config.vocab_size - 1,), block_size=config.block_size, vocab=config.vocab_size,
+        ori_vocab=config.ori_vocab_size, hidden=config.hidden_size,
+    )  # fmt: skip
+    engine = Engine(cfg, target, mtp, record_trace=True)
+    out = engine.generate([Request("r", list(prompt), max_tokens=max_tokens)])
+    want = reference_rounds(folder, prompt, max_tokens)
+    assert config.vocab_size - 1 not in out["r"]
+    assert [list(t[3]) for t in engine.trace] == want
+    assert out["r"] == [tok for step in want for tok in step]
+    assert any(len(step) == 2 for step in want[1:]) and any(len(step) == 1 for step in want[1:])
+
+
+def test_tensor_parallel_ranks_hold_their_head_slices(folder, loaded):
+    full, _, config = loaded
+    full_params = dict(full.named_parameters())
+    for rank in range(2):
+        target, mtp, _ = load_model(folder.path, tensor_parallel_size=2, tensor_parallel_rank=rank)
+        assert mtp is not None
+        assert target.attn_backend.num_heads == 2
+        assert target.attn_backend.get_kv_cache_shape(5) == [5, 1, config.block_size, 40]
+        assert model_cache_specs(config, 5, tensor_parallel_size=2)[0].shape == (5, 1, config.block_size, 40)
+        for name, p in target.named_parameters():
+            whole = full_params[name].numpy()
+            if name.endswith(("kv_b_proj.weight", "q_b_proj.weight", "q_proj.weight")):
+                width = whole.shape[1] // 2
+                np.testing.assert_array_equal(p.numpy(), whole[:, rank * width : (rank + 1) * width])
+            elif name.endswith("self_attn.o_proj.weight"):
+                height = whole.shape[0] // 2
+                np.testing.assert_array_equal(p.numpy(), whole[rank * height : (rank + 1) * height])
+            elif "self_attn" in name:  # q_a / kv_a projections and the latent norms: replicated
+                np.testing.assert_array_equal(p.numpy(), whole)
+
+
+BAD_KEYS = [
+    ("kv_lora_rank", None, "no `kv_lora_rank`"),
+    ("qk_rope_head_dim", 7, "`qk_rope_head_dim` must be even"),
+    ("v_head_dim", 0, "`v_head_dim` must be an integer >= 1"),
+    ("q_lora_rank", "32", "`q_lora_rank` must be an integer"),
+    ("rope_interleave", "yes", "`rope_interleave` must be true or false"),
+    ("attention_bias", True, "`attention_bias` true is not supported"),
+]
+
+
+@pytest.fixture(scope="module")
+def plain_folder(tmp_path_factory):
+    return ds.make_mla_folder(tmp_path_factory.mktemp("nomtp"), num_mtp_layers=0)
+
+
+@pytest.mark.parametrize("key,value,message", BAD_KEYS)
+def test_bad_mla_keys_are_refused_with_one_line(plain_folder, tmp_path, key, value, message):
+    shutil.copytree(plain_folder.path, tmp_path / "bad")
+    path = tmp_path / "bad"
+    raw = json.loads((path / "config.json").read_text())
+    if value is None:
+        raw.pop(key)
+    else:
+        raw[key] = value
+    (path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(UnsupportedModelError, match=message) as err:
+        inspect_model_folder(path)
+    assert "\n" not in str(err.value) and str(path) in str(err.value)

@@ -1,0 +1,239 @@
+"""Tiny random DeepSeek-V3 (``DeepseekV3ForCausalLM``) folders built with transformers' own
+class, and the reference outputs transformers computes from them (torch, float32, CPU, eager).
+
+A folder holds what a released DeepSeek-V3 checkpoint holds: ``config.json``, the target's
+weights as ``save_pretrained`` writes them (per-expert ``mlp.experts.{e}.{gate,up,down}_proj``
+tensors, the router's ``mlp.gate.weight`` and ``e_score_correction_bias``), and the MTP layers
+at ``model.layers.{N + k}.{enorm, hnorm, eh_proj, shared_head.norm, <block>}`` (``N`` =
+num_hidden_layers; the block is MLA + MoE, as transformers' ``MtpModel`` builds it), plus
+``generation_config.json``. Every tensor is drawn from a seeded generator.
+
+The MTP reference applies DeepSeek's position-0 mask: the token embedding at position 0 is
+zeroed before the layer (``inputs_embeds``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.support.hf_folders import FolderInfo, released_mtp_name
+
+FAMILY = "deepseek_v3"
+ARCHITECTURE = "DeepseekV3ForCausalLM"
+#: yarn as DeepSeek-V3 ships it (mscale and mscale_all_dim both 1), on a 64-token original context.
+YARN = {
+    "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+    "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
+}  # fmt: skip
+
+
+def _config(*, q_lora_rank: int, yarn: bool, num_mtp_layers: int, first_k_dense_replace: int, experts: int):
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    if yarn:
+        rope = {**YARN, "rope_theta": 10000.0}
+    cfg = transformers.DeepseekV3Config(
+        vocab_size=300, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=experts,
+        routed_scaling_factor=2.5, kv_lora_rank=32, q_lora_rank=q_lora_rank or None, qk_rope_head_dim=8,
+        v_head_dim=16, qk_nope_head_dim=16, n_group=2, topk_group=1, num_experts_per_tok=2,
+        first_k_dense_replace=first_k_dense_replace, norm_topk_prob=True, max_position_embeddings=256,
+        rms_norm_eps=1e-6, rope_parameters=rope, rope_interleave=True, num_mtp_layers=num_mtp_layers,
+        eos_token_id=2, bos_token_id=0,
+    )  # fmt: skip
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def _fill(named, rng: np.random.Generator) -> None:
+    """Seeded values for every parameter and buffer: norm weights 1 + 0.1 N(0,1), router
+    correction biases 0.05 N(0,1), matrices (2-D and per-expert 3-D) N(0,1) / sqrt(fan_in)
+    (the LM head twice that), embeddings 0.5 N(0,1)."""
+    import torch
+
+    for name, p in sorted(named, key=lambda item: item[0]):
+        shape = tuple(p.shape)
+        if name.endswith("e_score_correction_bias"):
+            value = 0.05 * rng.standard_normal(shape)
+        elif len(shape) == 1:
+            value = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif "embed_tokens" in name:
+            value = 0.5 * rng.standard_normal(shape)
+        else:
+            scale = 2.0 if "lm_head" in name else 1.0
+            value = scale * rng.standard_normal(shape) / np.sqrt(shape[-1])
+        with torch.no_grad():
+            p.copy_(torch.from_numpy(value.astype(np.float32)))
+
+
+def _tensors_of(model) -> list[tuple[str, Any]]:
+    return [*model.named_parameters(), *model.named_buffers()]
+
+
+def _checkpoint_tensors(name: str, tensor) -> dict[str, Any]:
+    """One MtpModel tensor under its released name(s): fused 3-D experts split per expert."""
+    if name.endswith("mlp.experts.gate_up_proj"):
+        base = name[: -len("gate_up_proj")]
+        half = tensor.shape[1] // 2
+        out = {}
+        for e in range(tensor.shape[0]):
+            out[f"{base}{e}.gate_proj.weight"] = tensor[e, :half]
+            out[f"{base}{e}.up_proj.weight"] = tensor[e, half:]
+        return out
+    if name.endswith("mlp.experts.down_proj"):
+        base = name[: -len("down_proj")]
+        return {f"{base}{e}.down_proj.weight": tensor[e] for e in range(tensor.shape[0])}
+    return {name: tensor}
+
+
+def make_mla_folder(
+    out_dir: str | Path,
+    *,
+    q_lora_rank: int = 32,
+    yarn: bool = False,
+    num_mtp_layers: int = 1,
+    first_k_dense_replace: int = 1,
+    experts: int = 4,
+    seed: int = 0,
+) -> FolderInfo:
+    """Write a tiny random DeepSeek-V3 folder into ``out_dir`` (new or empty): hidden 64, 2
+    layers (the first ``first_k_dense_replace`` dense, the rest MoE with ``experts`` routed
+    experts, 2 per token in 2 groups, one shared expert), 4 heads, ``q_lora_rank`` (0 = plain
+    ``q_proj``), kv_lora_rank 32, nope 16, rope 8, v 16, interleaved RoPE, yarn RoPE when
+    ``yarn``, vocab 300, ``num_mtp_layers`` MTP layers."""
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+    from transformers.modeling_layers import MtpModel
+
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"out_dir: expected a new or empty directory, {out} has files")
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = _config(
+        q_lora_rank=q_lora_rank, yarn=yarn, num_mtp_layers=num_mtp_layers,
+        first_k_dense_replace=first_k_dense_replace, experts=experts,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    rng = np.random.default_rng([seed, 3])
+    target = transformers.DeepseekV3ForCausalLM(cfg).eval()
+    _fill(_tensors_of(target), rng)
+    target.save_pretrained(str(out), safe_serialization=True)
+    target_names = sorted(load_file(str(out / "model.safetensors")))
+    mtp_names: list[str] = []
+    if num_mtp_layers:
+        cfg.mtp_layer_types = ["full_attention"] * num_mtp_layers
+        mtp = MtpModel(target, num_mtp_layers)
+        own = [(n, p) for n, p in _tensors_of(mtp) if n.startswith("layers.")]
+        _fill(own, rng)
+        tensors: dict[str, Any] = {}
+        for n, p in own:
+            for name, t in _checkpoint_tensors(released_mtp_name(FAMILY, 2, n), p.detach()).items():
+                tensors[name] = t.contiguous().clone()
+        single = str(out / "model.safetensors")
+        save_file({**load_file(single), **tensors}, single, metadata={"format": "pt"})
+        mtp_names = sorted(tensors)
+    path = out / "config.json"
+    config = json.loads(path.read_text())
+    config.pop("mtp_layer_types", None)
+    config["num_nextn_predict_layers"] = num_mtp_layers
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}) + "\n")
+    _MODELS.pop(str(out.resolve()), None)
+    return FolderInfo(out, FAMILY, 2, num_mtp_layers, False, (2,), tuple(target_names), tuple(mtp_names), config)
+
+
+# ---- reference outputs ---------------------------------------------------------------------
+
+_MODELS: dict[str, tuple[Any, Any]] = {}
+
+
+def load_mla_reference(folder: str | Path):
+    """(target, mtp or None): transformers' DeepseekV3ForCausalLM and MtpModel of ``folder``
+    in float32 with eager attention, cached per path."""
+    import torch
+    import transformers
+    from transformers.modeling_layers import MtpModel
+
+    folder = Path(folder).resolve()
+    if str(folder) in _MODELS:
+        return _MODELS[str(folder)]
+    transformers.logging.set_verbosity_error()
+    raw = json.loads((folder / "config.json").read_text())
+    n, n_mtp = int(raw["num_hidden_layers"]), int(raw.get("num_nextn_predict_layers", 0))
+    cls = transformers.DeepseekV3ForCausalLM
+    saved = cls._keys_to_ignore_on_load_unexpected
+    cls._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{n + k}\." for k in range(n_mtp)]
+    try:
+        target = cls.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager").eval()
+    finally:
+        cls._keys_to_ignore_on_load_unexpected = saved
+    mtp = None
+    if n_mtp:
+        target.config.num_mtp_layers = n_mtp
+        target.config.mtp_layer_types = ["full_attention"] * n_mtp
+        mtp = MtpModel.from_pretrained(target).float().eval()
+        mtp.config._attn_implementation = "eager"
+    _MODELS[str(folder)] = (target, mtp)
+    return target, mtp
+
+
+def _ids(ids):
+    import torch
+
+    if np.ndim(ids) != 2:
+        raise ValueError(f"ids: expected shape [B, S], got {np.shape(ids)}")
+    return torch.as_tensor(np.asarray(ids), dtype=torch.long)
+
+
+def mla_reference_logits(folder: str | Path, ids) -> np.ndarray:
+    """Target logits float32 [B, S, V] of token ids [B, S] at positions 0..S-1."""
+    import torch
+
+    target, _ = load_mla_reference(folder)
+    with torch.no_grad():
+        return target(input_ids=_ids(ids)).logits.float().numpy()
+
+
+def mla_reference_hidden(folder: str | Path, ids) -> np.ndarray:
+    """The target's last hidden state after the final norm, float32 [B, S, H]."""
+    import torch
+
+    target, _ = load_mla_reference(folder)
+    with torch.no_grad():
+        return target.model(input_ids=_ids(ids)).last_hidden_state.float().numpy()
+
+
+def mla_reference_greedy(folder: str | Path, prompt_ids: list[int], n: int) -> list[int]:
+    """``n`` greedy tokens after ``prompt_ids`` by full recomputation (argmax of the last
+    position's logits, one token at a time)."""
+    tokens = list(prompt_ids)
+    for _ in range(n):
+        tokens.append(int(np.argmax(mla_reference_logits(folder, [tokens])[0, -1])))
+    return tokens[len(prompt_ids) :]
+
+
+def mla_reference_mtp_logits(folder: str | Path, layer: int, next_ids, hidden) -> np.ndarray:
+    """MTP layer ``layer``'s logits float32 [B, S, V] over whole sequences at positions
+    0..S-1: ``next_ids`` [B, S] the token after each position, ``hidden`` [B, S, H] the
+    target's hidden states; the embedding at position 0 is zeroed (DeepSeek's mask)."""
+    import torch
+
+    _, mtp = load_mla_reference(folder)
+    if mtp is None:
+        raise ValueError(f"{folder}: the folder has no MTP layers")
+    ids = _ids(next_ids)
+    h = torch.as_tensor(np.asarray(hidden, dtype=np.float32))
+    positions = torch.arange(ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
+    with torch.no_grad():
+        emb = mtp.embed_tokens(ids).clone()
+        emb[:, 0] = 0.0
+        out = mtp.forward_layer(layer, h, positions, None, inputs_embeds=emb)
+        return mtp._project_to_logits(out).float().numpy()
