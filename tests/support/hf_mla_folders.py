@@ -15,6 +15,7 @@ zeroed before the layer (``inputs_embeds``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,12 +106,14 @@ def make_mla_folder(
     experts: int = 4,
     vocab_size: int = 300,
     seed: int = 0,
+    tokenizer_writer: Callable[[Path], object] | None = None,
 ) -> FolderInfo:
     """Write a tiny random DeepSeek-V3 folder into ``out_dir`` (new or empty): hidden 64, 2
     layers (the first ``first_k_dense_replace`` dense, the rest MoE with ``experts`` routed
     experts, 2 per token in 2 groups, one shared expert), 4 heads, ``q_lora_rank`` (0 = plain
     ``q_proj``), kv_lora_rank 32, nope 16, rope 8, v 16, interleaved RoPE, yarn RoPE when
-    ``yarn``, ``vocab_size`` tokens, ``num_mtp_layers`` MTP layers."""
+    ``yarn``, ``vocab_size`` tokens, ``num_mtp_layers`` MTP layers; ``tokenizer_writer(out_dir)``
+    is called last."""
     import torch
     import transformers
     from safetensors.torch import load_file, save_file
@@ -149,6 +152,8 @@ def make_mla_folder(
     config["num_nextn_predict_layers"] = num_mtp_layers
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}) + "\n")
+    if tokenizer_writer is not None:
+        tokenizer_writer(out)
     _MODELS.pop(str(out.resolve()), None)
     return FolderInfo(out, FAMILY, 2, num_mtp_layers, False, (2,), tuple(target_names), tuple(mtp_names), config)
 
