@@ -56,9 +56,7 @@ def handed_over_every_cache(
     per_rank = len(kinds) * (target_layers + mtp_layers)
     assert [len(rank) for rank in kv["shm_names"]] == [per_rank] * tensor_parallel_size
     for r, names in enumerate(kv["shm_names"]):  # FastDeploy's names, the MTP layers after the target's
-        expected_names = [
-            f"{k}_caches_{n}_rank{r}" for n in range(target_layers + mtp_layers) for k in kinds
-        ]
+        expected_names = [f"{k}_caches_{n}_rank{r}" for n in range(target_layers + mtp_layers) for k in kinds]
         assert [name.rsplit(".device", 1)[0] for name in names] == expected_names
     request = {**body, "output_token_ids": first["output_token_ids"]}
     last = f"mtp layer {mtp_layers - 1} {kinds[-1]}"
