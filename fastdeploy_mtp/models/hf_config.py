@@ -237,14 +237,13 @@ def translate_config(
         "dtype": resolved,
         "eos_token_ids": eos_ids(raw, generation, where),
     }
-    try:  # the MoE and GLM-4.5 keys: their messages name config.json and the key
+    try:  # the MoE, GLM-4.5 and MLA keys: their messages name config.json and the key
         fields.update(moe_fields(raw, family) if family in MOE_DEFAULTS else {})
         fields.update(glm_fields(raw) if family == "glm4_moe" else {})
+        fields.update(mla_fields(raw) if family == "deepseek_v3" else {})
     except ValueError as exc:
         raise _fail(where, str(exc)) from None
     try:
-        if family == "deepseek_v3":
-            fields.update(mla_fields(raw))
         return ModelConfig(**fields)
     except ValueError as exc:
         raise _fail(where, f"config.json: {exc}") from None

@@ -15,6 +15,7 @@ zeroed before the layer (``inputs_embeds``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,9 @@ YARN = {
 }  # fmt: skip
 
 
-def _config(*, q_lora_rank: int, yarn: bool, num_mtp_layers: int, first_k_dense_replace: int, experts: int):
+def _config(
+    *, q_lora_rank: int, yarn: bool, num_mtp_layers: int, first_k_dense_replace: int, experts: int, vocab_size: int
+):
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -40,7 +43,7 @@ def _config(*, q_lora_rank: int, yarn: bool, num_mtp_layers: int, first_k_dense_
     if yarn:
         rope = {**YARN, "rope_theta": 10000.0}
     cfg = transformers.DeepseekV3Config(
-        vocab_size=300, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=experts,
         routed_scaling_factor=2.5, kv_lora_rank=32, q_lora_rank=q_lora_rank or None, qk_rope_head_dim=8,
         v_head_dim=16, qk_nope_head_dim=16, n_group=2, topk_group=1, num_experts_per_tok=2,
@@ -101,13 +104,16 @@ def make_mla_folder(
     num_mtp_layers: int = 1,
     first_k_dense_replace: int = 1,
     experts: int = 4,
+    vocab_size: int = 300,
     seed: int = 0,
+    tokenizer_writer: Callable[[Path], object] | None = None,
 ) -> FolderInfo:
     """Write a tiny random DeepSeek-V3 folder into ``out_dir`` (new or empty): hidden 64, 2
     layers (the first ``first_k_dense_replace`` dense, the rest MoE with ``experts`` routed
     experts, 2 per token in 2 groups, one shared expert), 4 heads, ``q_lora_rank`` (0 = plain
     ``q_proj``), kv_lora_rank 32, nope 16, rope 8, v 16, interleaved RoPE, yarn RoPE when
-    ``yarn``, vocab 300, ``num_mtp_layers`` MTP layers."""
+    ``yarn``, ``vocab_size`` tokens, ``num_mtp_layers`` MTP layers; ``tokenizer_writer(out_dir)``
+    is called last."""
     import torch
     import transformers
     from safetensors.torch import load_file, save_file
@@ -119,7 +125,7 @@ def make_mla_folder(
     out.mkdir(parents=True, exist_ok=True)
     cfg = _config(
         q_lora_rank=q_lora_rank, yarn=yarn, num_mtp_layers=num_mtp_layers,
-        first_k_dense_replace=first_k_dense_replace, experts=experts,
+        first_k_dense_replace=first_k_dense_replace, experts=experts, vocab_size=vocab_size,
     )  # fmt: skip
     torch.manual_seed(seed)
     rng = np.random.default_rng([seed, 3])
@@ -146,6 +152,8 @@ def make_mla_folder(
     config["num_nextn_predict_layers"] = num_mtp_layers
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}) + "\n")
+    if tokenizer_writer is not None:
+        tokenizer_writer(out)
     _MODELS.pop(str(out.resolve()), None)
     return FolderInfo(out, FAMILY, 2, num_mtp_layers, False, (2,), tuple(target_names), tuple(mtp_names), config)
 
