@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,7 @@ def make_glm_folder(
     num_hidden_layers: int = 2,
     seed: int = 0,
     echo: bool = False,
+    tokenizer_writer: Callable[[Path], object] | None = None,
 ) -> GlmFolder:
     """Write a tiny random GLM-4.5 folder: hidden 64, 4 heads of 32 (2 key/value heads),
     partial rotary 0.5, ``num_hidden_layers`` layers of which the first is dense
@@ -148,7 +150,8 @@ def make_glm_folder(
     expert, routed_scaling_factor 2.5, norm_topk_prob; ``qk_norm`` / ``bias`` switch
     ``use_qk_norm`` / ``attention_bias``. With ``echo`` the values are reshaped so that K=1
     drafts are accepted in some rounds and rejected in others (see :func:`_echo`); plain
-    random weights almost never draft right. Returns what it wrote."""
+    random weights almost never draft right. ``tokenizer_writer(out_dir)`` is called last.
+    Returns what it wrote."""
     import torch
     import transformers
     from safetensors.torch import load_file, save_file
@@ -185,6 +188,8 @@ def make_glm_folder(
     config["num_nextn_predict_layers"] = num_mtp_layers
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}) + "\n")
+    if tokenizer_writer is not None:
+        tokenizer_writer(out)
     _MODELS.pop(str(out.resolve()), None)
     return GlmFolder(out, num_hidden_layers, num_mtp_layers, tuple(names), config, echo)
 
