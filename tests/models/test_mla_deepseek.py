@@ -66,6 +66,11 @@ def test_config_is_mla_with_moe_and_masked_mtp(folder, loaded):
     assert config.rope_interleave and config.mtp_mask_first_position
     assert config.n_routed_experts == 4 and config.first_k_dense_replace == 1
     assert mtp is not None and config.num_nextn_predict_layers == 1
+    # the MTP layer's copies of the embedding and the head are in the folder, and not loaded
+    assert {"model.layers.2.embed_tokens.weight", "model.layers.2.shared_head.head.weight"} <= set(
+        folder.mtp_tensor_names
+    )
+    assert not any("embed_tokens" in n or "lm_head" in n for n, _ in mtp.named_parameters())
 
 
 @paddle.no_grad()

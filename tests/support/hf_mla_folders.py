@@ -6,7 +6,9 @@ weights as ``save_pretrained`` writes them (per-expert ``mlp.experts.{e}.{gate,u
 tensors, the router's ``mlp.gate.weight`` and ``e_score_correction_bias``), and the MTP layers
 at ``model.layers.{N + k}.{enorm, hnorm, eh_proj, shared_head.norm, <block>}`` (``N`` =
 num_hidden_layers; the block is MLA + MoE, as transformers' ``MtpModel`` builds it), plus
-``generation_config.json``. Every tensor is drawn from a seeded generator.
+``generation_config.json``. Every tensor is drawn from a seeded generator. Like DeepSeek's
+release, each MTP layer also carries copies of the embedding and the LM head
+(``model.layers.{N + k}.embed_tokens.weight``, ``shared_head.head.weight``).
 
 The MTP reference applies DeepSeek's position-0 mask: the token embedding at position 0 is
 zeroed before the layer (``inputs_embeds``).
@@ -144,7 +146,11 @@ def make_mla_folder(
             for name, t in _checkpoint_tensors(released_mtp_name(FAMILY, 2, n), p.detach()).items():
                 tensors[name] = t.contiguous().clone()
         single = str(out / "model.safetensors")
-        save_file({**load_file(single), **tensors}, single, metadata={"format": "pt"})
+        saved = load_file(single)
+        for k in range(num_mtp_layers):  # DeepSeek's MTP layers repeat the embedding and the head
+            tensors[f"model.layers.{2 + k}.embed_tokens.weight"] = saved["model.embed_tokens.weight"].clone()
+            tensors[f"model.layers.{2 + k}.shared_head.head.weight"] = saved["lm_head.weight"].clone()
+        save_file({**saved, **tensors}, single, metadata={"format": "pt"})
         mtp_names = sorted(tensors)
     path = out / "config.json"
     config = json.loads(path.read_text())
