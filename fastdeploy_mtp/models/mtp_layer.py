@@ -130,9 +130,10 @@ class MTPLayer(nn.Layer):
         return mask_padded_vocab(self.target.lm_head(hidden), self.config.ori_vocab_size)
 
     def empty_input_forward(self, forward_meta: ForwardMeta | None = None) -> None:
-        """No-op for this dense layer. A proposer calls it on a rank with no tokens; an MoE
-        MTP layer under expert parallelism must still enter its all-to-all collectives there
-        or the other ranks hang."""
+        """No-op. A proposer calls it on a rank with no tokens; an MoE MTP layer under expert
+        parallelism would have to enter its all-to-all collectives there or the other ranks
+        hang. Our MoE blocks split experts by tensor parallelism only (every rank sees every
+        token, so no rank is ever empty alone), leaving nothing to join."""
         return None
 
     def forward_dense(self, next_ids: paddle.Tensor, hidden: paddle.Tensor, bias: paddle.Tensor) -> paddle.Tensor:
@@ -216,7 +217,7 @@ class MTPStack(nn.Layer):
         return self.layers[layer].compute_logits(hidden, forward_meta)
 
     def empty_input_forward(self, forward_meta: ForwardMeta | None = None) -> None:
-        """No-op (dense layers have no collectives to join)."""
+        """No-op (no expert parallelism: see :meth:`MTPLayer.empty_input_forward`)."""
         return None
 
 
