@@ -187,8 +187,11 @@ def test_k1_acceptance_round_for_round_equals_reference(small_vocab_folder):
     engine = Engine(cfg, target, mtp, record_trace=True)
     out = engine.generate([Request(rid, list(p), max_tokens=max_tokens) for rid, p in prompts.items()])
     accepted = rejected = 0
+    decode_rounds = decode_tokens = 0
     for rid, prompt in prompts.items():
         want = reference_rounds(small_vocab_folder, prompt, max_tokens)
+        decode_rounds += len(want) - 1  # the first round is the prefill's token
+        decode_tokens += sum(len(tokens) for tokens, _ in want[1:])
         steps = [t for t in engine.trace if t[1] == rid]
         assert eos not in out[rid]
         assert [list(t[3]) for t in steps] == [tokens for tokens, _ in want], rid
@@ -198,6 +201,8 @@ def test_k1_acceptance_round_for_round_equals_reference(small_vocab_folder):
         accepted += sum(len(tokens) == 2 for tokens, _ in want)
         rejected += sum(len(tokens) == 1 for tokens, _ in want[1:])
     assert accepted >= 5 and rejected >= 5
+    # what `generate --json` reports as metrics.mean_accepted_length: the reference's rounds' mean
+    assert engine.metrics.mean_accepted_length == pytest.approx(decode_tokens / decode_rounds, rel=1e-12)
 
 
 def test_tensor_parallel_ranks_hold_their_head_slices(folder, loaded):

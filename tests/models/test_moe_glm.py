@@ -310,6 +310,9 @@ def test_k1_acceptance_round_for_round_equals_reference(folder, loaded):
     assert out["r"] == [tok for step in want for tok in step]
     if folder.echo:  # drafts accepted in some rounds, rejected in others
         assert any(len(step) == 2 for step in want[1:]) and any(len(step) == 1 for step in want[1:])
+    # what `generate --json` reports as metrics.mean_accepted_length: the reference's rounds' mean
+    decode = want[1:]  # the first round is the prefill's token
+    assert engine.metrics.mean_accepted_length == pytest.approx(sum(map(len, decode)) / len(decode), rel=1e-12)
 
 
 def test_tensor_parallel_ranks_hold_their_expert_slices(folder, loaded):

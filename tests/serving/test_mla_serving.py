@@ -17,7 +17,7 @@ import pytest
 from fastdeploy_mtp.entrypoints.cli import main
 from tests.support.handover import handed_over_every_cache
 from tests.support.hf_mla_folders import make_mla_folder, mla_reference_greedy
-from tests.support.servers import ServerProcess, serving, splitwise_instances
+from tests.support.servers import ServerProcess, serving, splitwise_instances, splitwise_router
 from tests.support.tokenizer_files import write_bpe_tokenizer
 
 openai = pytest.importorskip("openai")
@@ -90,18 +90,32 @@ def test_serve_at_tp2_publishes_latent_caches_and_equals_generate(
 
 @pytest.fixture(scope="module")
 def pd(folder: str) -> Iterator[list[ServerProcess]]:
-    with splitwise_instances(("prefill", MTP, "--model", folder), ("decode", MTP, "--model", folder)) as both:
-        yield both
+    with splitwise_instances(
+        ("prefill", MTP, "--model", folder),
+        ("decode", MTP, "--model", folder, "--kv-transport", "shm"),
+        ("decode", MTP, "--model", folder, "--kv-transport", "tcp"),
+    ) as instances:
+        yield instances
 
 
-def test_hand_over_carries_every_latent_cache(pd: list[ServerProcess], tokenizer: Any, generate: Generate) -> None:
-    prefill, decode = pd
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_prefill_decode_equals_generate_and_hands_over_every_latent_cache(
+    pd: list[ServerProcess], tokenizer: Any, generate: Generate, transport: str
+) -> None:
+    prefill, shm, tcp = pd
+    decode = shm if transport == "shm" else tcp
+    with splitwise_router(prefill, decode, tokenizer=tokenizer) as url:
+        c = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        for prompt in PROMPTS:
+            want = generate(prompt)
+            got = c.completions.create(model="fastdeploy-mtp-tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+            assert (got.choices[0].text, got.choices[0].finish_reason) == (want["text"], want["finish_reason"])
     prompt = PROMPTS[0]
     want = generate(prompt)["token_ids"]
     ids = handed_over_every_cache(
         prefill.base_url,
         decode.base_url,
-        "mla-hand-over",
+        f"mla-hand-over-{transport}",
         tokenizer.encode(prompt),
         target_layers=2,
         mtp_layers=1,

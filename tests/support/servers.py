@@ -370,13 +370,16 @@ def stop_all(servers: list[ServerProcess]) -> None:
 
 
 @contextlib.contextmanager
-def splitwise_router(prefill: ServerProcess, decode: ServerProcess, queue_timeout: float = 60.0) -> Iterator[str]:
-    """A router over one prefill and one decode instance, in this process; yields its URL."""
+def splitwise_router(
+    prefill: ServerProcess, decode: ServerProcess, queue_timeout: float = 60.0, tokenizer: Any = None
+) -> Iterator[str]:
+    """A router over one prefill and one decode instance, in this process (with the served
+    model's ``tokenizer``; default the shipped one's); yields its URL."""
     from fastdeploy_mtp.serving.router_backend import RouterBackend
     from fastdeploy_mtp.serving.router_server import router_app
 
     backend = RouterBackend([prefill.base_url], [decode.base_url], queue_timeout)
-    srv = ThreadServer(router_app(backend, "fastdeploy-mtp-tiny"), find_free_port_range(1))
+    srv = ThreadServer(router_app(backend, "fastdeploy-mtp-tiny", tokenizer), find_free_port_range(1))
     try:
         yield srv.url
     finally:
