@@ -33,6 +33,18 @@ Examples::
     OMP_NUM_THREADS=1 python scripts/train_tiny.py --run-dir /work/depth_run \
         --init-from fastdeploy_mtp/assets --freeze-target --distill --mtp-depth 3 \
         --gen-fraction 0.5 --max-steps 1500 --export /work/depth_ckpt
+    # a DeepSeek-V3-architecture target (MLA + MoE) and its MTP layer, trained together with
+    # a depth-3 distilled MTP loss; exported as a released DeepseekV3ForCausalLM folder
+    OMP_NUM_THREADS=1 python scripts/train_tiny.py --arch deepseek_v3 --run-dir /work/ds_run \
+        --batch-size 16 --seq-len 256 --max-steps 600 --warmup-steps 100 --mtp-depth 3 \
+        --distill --mtp-weight 0.5 --wall-budget-min 45 --export /work/ds_ckpt
+
+``--arch deepseek_v3`` (see ``train_arch.py``) takes the MLA shape (``--q-lora-rank``,
+``--kv-lora-rank``, ``--qk-nope-head-dim``, ``--qk-rope-head-dim``, ``--v-head-dim``) and the MoE
+shape (``--experts``, ``--experts-per-tok``, ``--moe-intermediate-size``, ``--shared-experts``,
+``--first-k-dense-replace``, ``--n-group``, ``--topk-group``, ``--routed-scaling-factor``); its
+``--export`` writes the released layout with
+:func:`fastdeploy_mtp.models.folder_writer.save_model_folder`.
 """
 
 from __future__ import annotations
