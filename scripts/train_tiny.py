@@ -729,10 +729,12 @@ def write_card(out_dir, config, m, weights_bytes):
     tf, fp, c = m["heldout_teacher_forced"], m["fixed_prefix_score"], m["corpus"]
     ta = m.get("stages", [m])[0]["train_args"]
     cfg_rows = "\n".join(f"| `{k}` | {v} |" for k, v in config.to_dict().items())
+    tiny = config.model_type == TINY_MODEL_TYPE
+    shipped_test = "test_shipped_checkpoint.py" if tiny else "test_shipped_mla_checkpoint.py"
     lines = [
         *(
             tiny_model_lines(config, m, weights_bytes, cfg_rows)
-            if config.model_type == TINY_MODEL_TYPE
+            if tiny
             else train_arch.deepseek_model_lines(config, m, weights_bytes, cfg_rows)
         ),
         "## Corpus and split",
@@ -760,7 +762,7 @@ def write_card(out_dir, config, m, weights_bytes):
         f"| **MTP top-1 accuracy for the byte after next** | **{tf['mtp_top1']:.4f}** |",
         "",
         *drafting_lines(m),
-        f"Fixed-prefix score (re-checked by `tests/models/test_shipped_checkpoint.py`): the first "
+        f"Fixed-prefix score (re-checked by `tests/models/{shipped_test}`): the first "
         f"{fp['bytes']} bytes of held-out `{fp['file']}` as {fp['windows']} windows of "
         f"{fp['window']} bytes, {fp['path']}: next-byte loss **{fp['main_loss']:.4f}** "
         "nats/byte.",
@@ -802,6 +804,7 @@ def write_card(out_dir, config, m, weights_bytes):
         "extrapolated RoPE and quality drops there.",
         "- A byte-level model of this size mostly learns local syntax, identifiers from the "
         "context and common stdlib idioms; it is a test fixture, not a code model.",
+        *([] if tiny else train_arch.extra_limitations(m)),
         "",
     ]
     with open(os.path.join(out_dir, "CARD.md"), "w", encoding="utf-8") as f:
