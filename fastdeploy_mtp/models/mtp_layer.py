@@ -130,9 +130,12 @@ class MTPLayer(nn.Layer):
         return mask_padded_vocab(self.target.lm_head(hidden), self.config.ori_vocab_size)
 
     def empty_input_forward(self, forward_meta: ForwardMeta | None = None) -> None:
-        """No-op for this dense layer. A proposer calls it on a rank with no tokens; an MoE
-        MTP layer under expert parallelism must still enter its all-to-all collectives there
-        or the other ranks hang."""
+        """No-op. A proposer calls it on a rank with no tokens this substep. Every layer here --
+        dense, MoE (experts split by their intermediate dimension, one all-reduce) and MLA --
+        runs the same tokens on every tensor-parallel rank, so a rank without tokens is a
+        batch without tokens on all of them and no collective is left waiting. Expert
+        parallelism (each rank its own experts, all-to-all dispatch) would need this to join
+        the collectives; it is not implemented."""
         return None
 
     def forward_dense(self, next_ids: paddle.Tensor, hidden: paddle.Tensor, bias: paddle.Tensor) -> paddle.Tensor:
@@ -216,7 +219,7 @@ class MTPStack(nn.Layer):
         return self.layers[layer].compute_logits(hidden, forward_meta)
 
     def empty_input_forward(self, forward_meta: ForwardMeta | None = None) -> None:
-        """No-op (dense layers have no collectives to join)."""
+        """No-op, as :meth:`MTPLayer.empty_input_forward`."""
         return None
 
 

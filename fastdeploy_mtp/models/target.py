@@ -131,8 +131,9 @@ class TinyTargetModel(nn.Layer):
 
     def empty_input_forward(self, forward_meta: ForwardMeta | None = None) -> None:
         """No-op. Exists for interface parity: with MoE under expert parallelism, a rank with
-        no tokens must still join the all-to-all collectives of every layer; a dense model
-        has no collectives, so there is nothing to do."""
+        no tokens must still join the all-to-all collectives of every layer. Dense layers have
+        no collectives, and our MoE layers split every expert by tensor parallelism (all ranks
+        see the same tokens, one all-reduce each), so there is nothing to do."""
         return None
 
     def forward_dense(self, ids: paddle.Tensor, bias: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:

@@ -16,11 +16,12 @@ import paddle
 import pytest
 import transformers  # noqa: F401  (a test dependency: the comparison must run, never skip)
 
-from fastdeploy_mtp.models import contiguous_block_tables, greedy_generate, load_model, make_forward_meta
+from fastdeploy_mtp.models import causal_bias, contiguous_block_tables, greedy_generate, load_model, make_forward_meta
 from fastdeploy_mtp.models.cache_spec import model_cache_specs
 from fastdeploy_mtp.models.hf_config import UnsupportedModelError
 from fastdeploy_mtp.models.latent_attention import LatentAttentionBackend
 from fastdeploy_mtp.models.model_folder import inspect_model_folder
+from fastdeploy_mtp.models.mtp_unrolled import unrolled_mtp_forward
 from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import Request
 from tests.support import hf_mla_folders as ds
@@ -66,14 +67,26 @@ def test_config_is_mla_with_moe_and_masked_mtp(folder, loaded):
     assert config.rope_interleave and config.mtp_mask_first_position
     assert config.n_routed_experts == 4 and config.first_k_dense_replace == 1
     assert mtp is not None and config.num_nextn_predict_layers == 1
+    # the MTP layer's copies of the embedding and the head are in the folder, and not loaded
+    assert {"model.layers.2.embed_tokens.weight", "model.layers.2.shared_head.head.weight"} <= set(
+        folder.mtp_tensor_names
+    )
+    assert not any("embed_tokens" in n or "lm_head" in n for n, _ in mtp.named_parameters())
 
 
 @paddle.no_grad()
 def test_target_logits_and_greedy_tokens_match_transformers(folder, loaded):
     target, _, _ = loaded
-    hidden, _ = prefill(target, PROMPT)
     want = ds.mla_reference_logits(folder.path, [PROMPT])[0]
+    target.attn_backend.absorbed = False  # keys and values rebuilt: the same logits within 1e-5
+    try:
+        rebuilt = target.compute_logits(prefill(target, PROMPT)[0]).numpy()
+    finally:
+        target.attn_backend.absorbed = True
+    hidden, _ = prefill(target, PROMPT)
     assert relative_error(target.compute_logits(hidden).numpy(), want) <= RTOL
+    np.testing.assert_allclose(rebuilt, target.compute_logits(hidden).numpy(), rtol=0, atol=1e-5)
+    assert relative_error(rebuilt, want) <= RTOL
     assert relative_error(hidden.numpy(), ds.mla_reference_hidden(folder.path, [PROMPT])[0]) <= RTOL
     # greedy_generate: one paged prefill, then one-token decode steps over the latent caches
     assert greedy_generate(target, PROMPT[:6], 12) == ds.mla_reference_greedy(folder.path, PROMPT[:6], 12)
@@ -96,6 +109,22 @@ def test_mtp_logits_match_transformers_with_position_zero_mask(folder, loaded):
     finally:
         mtp.config.mtp_mask_first_position = True
     assert np.abs(unmasked[0] - want[0]).max() > 1e-2
+
+
+@paddle.no_grad()
+def test_dense_paths_equal_the_paged_paths(folder, loaded):
+    """The training path (full sequences, causal mask; the MTP layer's position-0 mask on its
+    first column) and the unrolled one at depth 1 give the paged path's hidden states."""
+    target, mtp, _ = loaded
+    ids = paddle.to_tensor(np.asarray([PROMPT]))
+    _, post = target.forward_dense(ids, causal_bias(len(PROMPT)))
+    paged, _ = prefill(target, PROMPT)
+    np.testing.assert_allclose(post.numpy()[0], paged.numpy(), rtol=1e-5, atol=1e-5)
+    hidden = paged.numpy()[:-1]
+    dense = mtp.forward_dense(ids[:, 1:], paddle.to_tensor(hidden[None]), causal_bias(len(PROMPT) - 1))
+    np.testing.assert_allclose(dense.numpy()[0], prefill(mtp, PROMPT[1:], hidden)[0].numpy(), rtol=1e-5, atol=1e-5)
+    unrolled = unrolled_mtp_forward([mtp], ids[:, 1:], paddle.to_tensor(hidden[None]), 2)
+    np.testing.assert_allclose(unrolled[0].numpy(), dense.numpy(), rtol=1e-5, atol=1e-5)  # depth 1 is the dense path
 
 
 @paddle.no_grad()

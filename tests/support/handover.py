@@ -33,12 +33,14 @@ def handed_over_every_cache(
     mtp_layers: int,
     tensor_parallel_size: int,
     max_tokens: int = 8,
+    kinds: tuple[str, ...] = ("key", "value"),
 ) -> list[int]:
     """One greedy request of ``max_tokens`` through ``prefill`` and then ``decode`` (base URLs):
-    its hand-over offers every cache of every rank (per rank a key and a value of each of
-    ``target_layers`` target layers, then of each of ``mtp_layers`` MTP layers, each under its
-    own name), the decode instance refuses it with a differing cache spec (naming the last MTP
-    layer's value cache) and then takes exactly all of those caches' blocks. Returns the
+    its hand-over offers every cache of every rank (per rank the ``kinds`` caches -- a key and
+    a value, or one ``("latent",)`` cache -- of each of ``target_layers`` target layers, then of
+    each of ``mtp_layers`` MTP layers, each under its own name), the decode instance refuses it
+    with a differing cache spec (naming the last MTP layer's last cache) and then takes exactly
+    all of those caches' blocks. Returns the
     request's output token ids (the prefill's first ones and the decode's)."""
     body = {"request_id": request_id, "prompt_token_ids": prompt_ids, "max_tokens": max_tokens}
     status, first = splitwise_post(prefill + "/v1/splitwise/prefill", body)
@@ -48,18 +50,16 @@ def handed_over_every_cache(
     assert kv["layout"]["tensor_parallel_size"] == tensor_parallel_size
     per_owner = {o: [(c["layer"], c["kind"]) for c in caches if c["owner"] == o] for o in ("target", "mtp")}
     assert per_owner == {
-        "target": [(n, k) for n in range(target_layers) for k in ("key", "value")],
-        "mtp": [(n, k) for n in range(mtp_layers) for k in ("key", "value")],
+        "target": [(n, k) for n in range(target_layers) for k in kinds],
+        "mtp": [(n, k) for n in range(mtp_layers) for k in kinds],
     }
-    per_rank = 2 * (target_layers + mtp_layers)
+    per_rank = len(kinds) * (target_layers + mtp_layers)
     assert [len(rank) for rank in kv["shm_names"]] == [per_rank] * tensor_parallel_size
     for r, names in enumerate(kv["shm_names"]):  # FastDeploy's names, the MTP layers after the target's
-        expected_names = [
-            f"{k}_caches_{n}_rank{r}" for n in range(target_layers + mtp_layers) for k in ("key", "value")
-        ]
+        expected_names = [f"{k}_caches_{n}_rank{r}" for n in range(target_layers + mtp_layers) for k in kinds]
         assert [name.rsplit(".device", 1)[0] for name in names] == expected_names
     request = {**body, "output_token_ids": first["output_token_ids"]}
-    last = f"mtp layer {mtp_layers - 1} value"
+    last = f"mtp layer {mtp_layers - 1} {kinds[-1]}"
     other = "float16" if caches[-1]["dtype"] == "bfloat16" else "bfloat16"
     for change, message in (
         (lambda c: c[-1].update(dtype=other), f"cache {per_rank - 1} ({last}): dtype {other} on the prefill"),

@@ -6,7 +6,9 @@ weights as ``save_pretrained`` writes them (per-expert ``mlp.experts.{e}.{gate,u
 tensors, the router's ``mlp.gate.weight`` and ``e_score_correction_bias``), and the MTP layers
 at ``model.layers.{N + k}.{enorm, hnorm, eh_proj, shared_head.norm, <block>}`` (``N`` =
 num_hidden_layers; the block is MLA + MoE, as transformers' ``MtpModel`` builds it), plus
-``generation_config.json``. Every tensor is drawn from a seeded generator.
+``generation_config.json``. Every tensor is drawn from a seeded generator. Like DeepSeek's
+release, each MTP layer also carries copies of the embedding and the LM head
+(``model.layers.{N + k}.embed_tokens.weight``, ``shared_head.head.weight``).
 
 The MTP reference applies DeepSeek's position-0 mask: the token embedding at position 0 is
 zeroed before the layer (``inputs_embeds``).
@@ -15,6 +17,7 @@ zeroed before the layer (``inputs_embeds``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,12 +108,14 @@ def make_mla_folder(
     experts: int = 4,
     vocab_size: int = 300,
     seed: int = 0,
+    tokenizer_writer: Callable[[Path], object] | None = None,
 ) -> FolderInfo:
     """Write a tiny random DeepSeek-V3 folder into ``out_dir`` (new or empty): hidden 64, 2
     layers (the first ``first_k_dense_replace`` dense, the rest MoE with ``experts`` routed
     experts, 2 per token in 2 groups, one shared expert), 4 heads, ``q_lora_rank`` (0 = plain
     ``q_proj``), kv_lora_rank 32, nope 16, rope 8, v 16, interleaved RoPE, yarn RoPE when
-    ``yarn``, ``vocab_size`` tokens, ``num_mtp_layers`` MTP layers."""
+    ``yarn``, ``vocab_size`` tokens, ``num_mtp_layers`` MTP layers; ``tokenizer_writer(out_dir)``
+    is called last."""
     import torch
     import transformers
     from safetensors.torch import load_file, save_file
@@ -141,7 +146,11 @@ def make_mla_folder(
             for name, t in _checkpoint_tensors(released_mtp_name(FAMILY, 2, n), p.detach()).items():
                 tensors[name] = t.contiguous().clone()
         single = str(out / "model.safetensors")
-        save_file({**load_file(single), **tensors}, single, metadata={"format": "pt"})
+        saved = load_file(single)
+        for k in range(num_mtp_layers):  # DeepSeek's MTP layers repeat the embedding and the head
+            tensors[f"model.layers.{2 + k}.embed_tokens.weight"] = saved["model.embed_tokens.weight"].clone()
+            tensors[f"model.layers.{2 + k}.shared_head.head.weight"] = saved["lm_head.weight"].clone()
+        save_file({**saved, **tensors}, single, metadata={"format": "pt"})
         mtp_names = sorted(tensors)
     path = out / "config.json"
     config = json.loads(path.read_text())
@@ -149,6 +158,8 @@ def make_mla_folder(
     config["num_nextn_predict_layers"] = num_mtp_layers
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}) + "\n")
+    if tokenizer_writer is not None:
+        tokenizer_writer(out)
     _MODELS.pop(str(out.resolve()), None)
     return FolderInfo(out, FAMILY, 2, num_mtp_layers, False, (2,), tuple(target_names), tuple(mtp_names), config)
 

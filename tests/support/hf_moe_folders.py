@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,15 @@ ARCHITECTURE = "Glm4MoeForCausalLM"
 
 @dataclass(frozen=True)
 class GlmFolder:
-    """What :func:`make_glm_folder` wrote: ``config`` is config.json as written."""
+    """What :func:`make_glm_folder` wrote: ``config`` is config.json as written, ``echo`` its
+    argument."""
 
     path: Path
     num_hidden_layers: int
     num_mtp_layers: int
     mtp_tensor_names: tuple[str, ...]
     config: dict[str, Any]
+    echo: bool
 
 
 def _glm_config(dims: dict[str, Any]):
@@ -108,6 +111,28 @@ def _released(num_hidden_layers: int, name: str, tensor) -> dict[str, Any]:
     return out
 
 
+def _echo(named, mtp: bool) -> None:
+    """Reshape random values so that drafts are sometimes right: the LM head becomes 0.3 x the
+    embedding matrix (halved), so the target often repeats its input token; the MTP layer's
+    ``eh_proj`` passes the normed token embedding through and its block's output projections
+    are scaled by 0.1, so it mostly drafts the token it is fed."""
+    import torch
+
+    d = dict(named)
+    with torch.no_grad():
+        if not mtp:
+            d["model.embed_tokens.weight"].mul_(0.5)
+            d["lm_head.weight"].copy_(0.3 * d["model.embed_tokens.weight"])
+            return
+        for name, p in d.items():
+            if name.endswith("eh_proj.weight"):
+                h = p.shape[0]
+                p.zero_()
+                p[:, :h] = torch.eye(h)
+            elif name.endswith(("o_proj.weight", "down_proj.weight", "experts.down_proj")):
+                p.mul_(0.1)
+
+
 def make_glm_folder(
     out_dir: str | Path,
     *,
@@ -116,12 +141,17 @@ def make_glm_folder(
     bias: bool = True,
     num_hidden_layers: int = 2,
     seed: int = 0,
+    echo: bool = False,
+    tokenizer_writer: Callable[[Path], object] | None = None,
 ) -> GlmFolder:
     """Write a tiny random GLM-4.5 folder: hidden 64, 4 heads of 32 (2 key/value heads),
     partial rotary 0.5, ``num_hidden_layers`` layers of which the first is dense
     (``first_k_dense_replace`` 1), 8 experts in 2 groups (top-2, 1 kept group), 1 shared
     expert, routed_scaling_factor 2.5, norm_topk_prob; ``qk_norm`` / ``bias`` switch
-    ``use_qk_norm`` / ``attention_bias``. Returns what it wrote."""
+    ``use_qk_norm`` / ``attention_bias``. With ``echo`` the values are reshaped so that K=1
+    drafts are accepted in some rounds and rejected in others (see :func:`_echo`); plain
+    random weights almost never draft right. ``tokenizer_writer(out_dir)`` is called last.
+    Returns what it wrote."""
     import torch
     import transformers
     from safetensors.torch import load_file, save_file
@@ -133,12 +163,16 @@ def make_glm_folder(
     target = transformers.Glm4MoeForCausalLM(cfg).eval()
     rng = np.random.default_rng([seed, 45])
     _fill(_tensors(target), rng)
+    if echo:
+        _echo(_tensors(target), mtp=False)
     target.save_pretrained(str(out), safe_serialization=True)
     names: list[str] = []
     if num_mtp_layers:
         mtp = _mtp_model(target, num_mtp_layers)
         own = [(n, t) for n, t in _tensors(mtp) if n.startswith("layers.")]
         _fill(own, rng)
+        if echo:
+            _echo(own, mtp=True)
         tensors: dict[str, Any] = {}
         for n, t in own:
             tensors.update(_released(num_hidden_layers, n, t.detach().contiguous()))
@@ -154,8 +188,10 @@ def make_glm_folder(
     config["num_nextn_predict_layers"] = num_mtp_layers
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}) + "\n")
+    if tokenizer_writer is not None:
+        tokenizer_writer(out)
     _MODELS.pop(str(out.resolve()), None)
-    return GlmFolder(out, num_hidden_layers, num_mtp_layers, tuple(names), config)
+    return GlmFolder(out, num_hidden_layers, num_mtp_layers, tuple(names), config, echo)
 
 
 # ---- reference outputs ---------------------------------------------------------------------
