@@ -33,12 +33,25 @@ Examples::
     OMP_NUM_THREADS=1 python scripts/train_tiny.py --run-dir /work/depth_run \
         --init-from fastdeploy_mtp/assets --freeze-target --distill --mtp-depth 3 \
         --gen-fraction 0.5 --max-steps 1500 --export /work/depth_ckpt
+    # a DeepSeek-V3-architecture target (MLA + MoE) and its MTP layer, trained together with
+    # a depth-3 distilled MTP loss; exported as a released DeepseekV3ForCausalLM folder
+    OMP_NUM_THREADS=1 python scripts/train_tiny.py --arch deepseek_v3 --run-dir /work/ds_run \
+        --batch-size 16 --seq-len 256 --max-steps 600 --warmup-steps 100 --mtp-depth 3 \
+        --distill --mtp-weight 0.5 --wall-budget-min 45 --export /work/ds_ckpt
+
+``--arch deepseek_v3`` (see ``train_arch.py``) takes the MLA shape (``--q-lora-rank``,
+``--kv-lora-rank``, ``--qk-nope-head-dim``, ``--qk-rope-head-dim``, ``--v-head-dim``) and the MoE
+shape (``--experts``, ``--experts-per-tok``, ``--moe-intermediate-size``, ``--shared-experts``,
+``--first-k-dense-replace``, ``--n-group``, ``--topk-group``, ``--routed-scaling-factor``); its
+``--export`` writes the released layout with
+:func:`fastdeploy_mtp.models.folder_writer.save_model_folder`.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -52,14 +65,17 @@ import paddle  # noqa: E402
 import paddle.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import train_arch  # noqa: E402
 
 from fastdeploy_mtp.models import (  # noqa: E402
-    ModelConfig,
     TinyTargetModel,
     causal_bias,
     corpus as corpus_lib,  # noqa: E402
     tiny as tiny_lib,  # noqa: E402
 )
+from fastdeploy_mtp.models.model_config import TINY_MODEL_TYPE  # noqa: E402
 from fastdeploy_mtp.models.mtp_layer import build_mtp, mtp_layers_of  # noqa: E402
 from fastdeploy_mtp.models.mtp_unrolled import unrolled_mtp_forward  # noqa: E402
 
@@ -83,6 +99,7 @@ def parse_args(argv=None):
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--intermediate-size", type=int, default=352)
     p.add_argument("--vocab-size", type=int, default=272, help="padded vocab (>= 256)")
+    train_arch.add_arch_args(p)
     p.add_argument("--mtp-hidden-state", default="post_norm", choices=["post_norm", "pre_norm"])
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=64)
@@ -273,9 +290,8 @@ def main(argv=None):
     np.random.seed(args.seed)
 
     if args.init_from:
-        config = ModelConfig.load_json(os.path.join(args.init_from, tiny_lib.CONFIG_FILE))
-        config.num_nextn_predict_layers = args.mtp_layers
-        base_target, base_mtp, _ = tiny_lib.load_tiny(args.init_from)
+        base_target, base_mtp, base_config = tiny_lib.load_tiny(args.init_from)
+        config = dataclasses.replace(base_config, num_nextn_predict_layers=args.mtp_layers)
         target = base_target
         mtp = build_mtp(config, target)
         # every new MTP layer starts from the checkpoint's (first) layer
@@ -283,20 +299,10 @@ def main(argv=None):
         for layer in mtp_layers_of(mtp):
             layer.set_state_dict(first)
     else:
-        config = ModelConfig(
-            vocab_size=args.vocab_size,
-            ori_vocab_size=256,
-            hidden_size=args.hidden_size,
-            num_hidden_layers=args.layers,
-            num_attention_heads=args.heads,
-            num_key_value_heads=args.kv_heads,
-            intermediate_size=args.intermediate_size,
-            mtp_hidden_state=args.mtp_hidden_state,
-            max_position_embeddings=4096,
-            num_nextn_predict_layers=args.mtp_layers,
-        )
+        config = train_arch.build_config(args)
         target = TinyTargetModel(config)
         mtp = build_mtp(config, target)
+    train_arch.freeze_router_bias(target, mtp)
     if args.freeze_target:
         target.eval()
         for p in target.parameters():
@@ -344,6 +350,7 @@ def main(argv=None):
             "freeze_target",
             "distill",
             "gen_fraction",
+            *train_arch.ARCH_SHAPE_KEYS,
         )
         changed = [k for k in shape_keys if k in saved and saved[k] != getattr(args, k)]
         if changed:
@@ -375,7 +382,7 @@ def main(argv=None):
         os.replace(tmp, ckpt_path)
 
     heldout_gen = None
-    if args.mtp_depth > 1 or args.distill:
+    if (args.mtp_depth > 1 or args.distill) and args.freeze_target:  # a fixed target's own text
         heldout = split.heldout_array()
         heldout_gen = gen_pool(args.run_dir, "gen_heldout", target, heldout, 64, args.seq_len, args.seed + 1)
     bias = causal_bias(args.seq_len)
@@ -509,9 +516,12 @@ def export(args, target, mtp, config, split, step, elapsed, n_params):
             },
         }
     )
-    tiny_lib.save_tiny(args.export, target, mtp, config, metrics)
+    if config.n_routed_experts:
+        windows = corpus_windows[: min(64, len(corpus_windows))]
+        metrics["expert_load"] = train_arch.expert_load(target, mtp, windows)
+    train_arch.save_folder(args.export, target, mtp, config, metrics)
     metrics["serving"] = serving_acceptance(args.export)
-    tiny_lib.save_tiny(args.export, target, mtp, config, metrics)
+    train_arch.save_folder(args.export, target, mtp, config, metrics)
     size = os.path.getsize(os.path.join(args.export, tiny_lib.WEIGHTS_FILE))
     write_card(args.export, config, metrics, size)
     log(
@@ -545,7 +555,8 @@ def serving_acceptance(checkpoint: str) -> dict:
 
 
 def _command(ta: dict, keys) -> str:
-    return " ".join(f"--{k.replace('_', '-')} {ta[k]}" for k in keys if k in ta and ta[k] not in (None, False))
+    flags = [(f"--{k.replace('_', '-')}", ta[k]) for k in keys if k in ta and ta[k] not in (None, False)]
+    return " ".join(flag if value is True else f"{flag} {value}" for flag, value in flags)
 
 
 def training_lines(m: dict) -> list[str]:
@@ -559,15 +570,16 @@ def training_lines(m: dict) -> list[str]:
         f"0.9/0.95, weight decay {ta['weight_decay']} on matrices), peak lr {ta['lr']} with "
         f"{ta['warmup_steps']} warmup steps and cosine decay to {ta['min_lr_ratio']}x at step "
         f"{ta['max_steps']}, grad-norm clip {ta['grad_clip']}, batch {ta['batch_size']} x {ta['seq_len']} "
-        "bytes sampled uniformly at random offsets of the train concatenation. Loss = CE(next byte) "
-        f"+ {ta['mtp_weight']} x CE(MTP layer's byte after next), teacher forced. One CPU thread. "
+        "bytes sampled uniformly at random offsets of the train concatenation. "
+        + train_arch.stage1_loss_text(ta)
+        + " One CPU thread. "
         f"**{first['steps']} steps** ({first['steps'] * ta['batch_size'] * ta['seq_len'] / 1e6:.1f}M "
         f"tokens), **{first['train_wall_time_s'] / 60:.1f} minutes** of training wall time "
         f"(wall budget flag {ta['wall_budget_min']} min).",
         "",
         *([f"Stage 1 run notes: {first['card_note']}", ""] if first.get("card_note") else []),
         "Command: `OMP_NUM_THREADS=1 python scripts/train_tiny.py --run-dir RUN "
-        + _command(ta, ("seed", "batch_size", "seq_len", "max_steps", "wall_budget_min"))
+        + _command(ta, train_arch.stage1_command_keys(ta))
         + "`.",
         "",
     ]
@@ -666,12 +678,9 @@ def drafting_lines(m: dict) -> list[str]:
     return lines
 
 
-def write_card(out_dir, config, m, weights_bytes):
-    """Render CARD.md from the config and the metrics."""
-    tf, fp, c = m["heldout_teacher_forced"], m["fixed_prefix_score"], m["corpus"]
-    ta = m.get("stages", [m])[0]["train_args"]
-    cfg_rows = "\n".join(f"| `{k}` | {v} |" for k, v in config.to_dict().items())
-    lines = [
+def tiny_model_lines(config, m, weights_bytes, cfg_rows):
+    """The card's title, files and model sections for the dense tiny model."""
+    return [
         "# Tiny byte-level target model + MTP layer",
         "",
         "Shipped with `fastdeploy_mtp` so the proposer and the reference engine can be tested "
@@ -712,6 +721,22 @@ def write_card(out_dir, config, m, weights_bytes):
         "|---|---|",
         cfg_rows,
         "",
+    ]
+
+
+def write_card(out_dir, config, m, weights_bytes):
+    """Render CARD.md from the config and the metrics."""
+    tf, fp, c = m["heldout_teacher_forced"], m["fixed_prefix_score"], m["corpus"]
+    ta = m.get("stages", [m])[0]["train_args"]
+    cfg_rows = "\n".join(f"| `{k}` | {v} |" for k, v in config.to_dict().items())
+    tiny = config.model_type == TINY_MODEL_TYPE
+    shipped_test = "test_shipped_checkpoint.py" if tiny else "test_shipped_mla_checkpoint.py"
+    lines = [
+        *(
+            tiny_model_lines(config, m, weights_bytes, cfg_rows)
+            if tiny
+            else train_arch.deepseek_model_lines(config, m, weights_bytes, cfg_rows)
+        ),
         "## Corpus and split",
         "",
         f"{c['source']} of Python {c['python_version']} (`{c['stdlib_dir']}`), read as raw "
@@ -737,7 +762,7 @@ def write_card(out_dir, config, m, weights_bytes):
         f"| **MTP top-1 accuracy for the byte after next** | **{tf['mtp_top1']:.4f}** |",
         "",
         *drafting_lines(m),
-        f"Fixed-prefix score (re-checked by `tests/models/test_shipped_checkpoint.py`): the first "
+        f"Fixed-prefix score (re-checked by `tests/models/{shipped_test}`): the first "
         f"{fp['bytes']} bytes of held-out `{fp['file']}` as {fp['windows']} windows of "
         f"{fp['window']} bytes, {fp['path']}: next-byte loss **{fp['main_loss']:.4f}** "
         "nats/byte.",
@@ -779,6 +804,7 @@ def write_card(out_dir, config, m, weights_bytes):
         "extrapolated RoPE and quality drops there.",
         "- A byte-level model of this size mostly learns local syntax, identifiers from the "
         "context and common stdlib idioms; it is a test fixture, not a code model.",
+        *([] if tiny else train_arch.extra_limitations(m)),
         "",
     ]
     with open(os.path.join(out_dir, "CARD.md"), "w", encoding="utf-8") as f:

@@ -101,3 +101,45 @@ def test_greedy_generate_with_cache_equals_recompute():
         seq.append(int(np.argmax(logits[-1])))
     assert got == seq[len(prompt) :]
     assert all(t < config.ori_vocab_size for t in got)
+
+
+DEEPSEEK_ARGS = [
+    "--arch", "deepseek_v3", "--hidden-size", "32", "--layers", "2", "--heads", "2", "--intermediate-size", "48",
+    "--kv-lora-rank", "16", "--qk-nope-head-dim", "8", "--qk-rope-head-dim", "8", "--v-head-dim", "8",
+    "--experts", "4", "--experts-per-tok", "2", "--moe-intermediate-size", "16", "--seq-len", "32",
+    "--batch-size", "2", "--warmup-steps", "1", "--eval-every", "1000", "--ckpt-every-sec", "1e9",
+    "--mtp-depth", "2", "--distill",
+]  # fmt: skip
+
+
+def test_deepseek_v3_arch_trains_router_with_frozen_bias_and_exports(tmp_path):
+    from fastdeploy_mtp.models import load_model
+
+    train = _train_module()
+    train.main(["--run-dir", str(tmp_path / "r"), "--max-steps", "2"] + DEEPSEEK_ARGS)
+    state = paddle.load(str(tmp_path / "r" / "ckpt.pdckpt"))
+    biases = [k for part in ("target", "mtp") for k in state[part] if k.endswith("e_score_correction_bias")]
+    assert len(biases) == 2  # target layer 1 and the MTP layer's block
+    for part in ("target", "mtp"):
+        for name, value in state[part].items():
+            if name.endswith("e_score_correction_bias"):
+                np.testing.assert_array_equal(np.asarray(value), 0.0)
+    train.main(["--run-dir", str(tmp_path / "init"), "--max-steps", "0"] + DEEPSEEK_ARGS)
+    init = paddle.load(str(tmp_path / "init" / "ckpt.pdckpt"))
+    for part, name in (("target", "layers.1.mlp.gate.weight"), ("mtp", "mtp_block.mlp.gate.weight")):
+        assert not np.allclose(np.asarray(state[part][name]), np.asarray(init[part][name])), name
+    args = train.parse_args(["--run-dir", str(tmp_path / "r")] + DEEPSEEK_ARGS)
+    config = train.train_arch.build_config(args)
+    target, mtp = build_models(config, seed=0)
+    target.set_state_dict(state["target"])
+    mtp.set_state_dict(state["mtp"])
+    train.train_arch.save_folder(str(tmp_path / "out"), target, mtp, config, {"steps": 2})
+    target2, mtp2, config2 = load_model(str(tmp_path / "out"))
+    assert config2.model_type == "deepseek_v3" and config2.vocab_size == 256
+    ours = dict(mtp2.named_parameters())
+    for name, p in mtp.named_parameters():
+        np.testing.assert_array_equal(ours[name].numpy(), p.numpy(), err_msg=name)
+    bad = list(DEEPSEEK_ARGS)
+    bad[bad.index("--experts") + 1] = "8"
+    with pytest.raises(SystemExit, match="experts"):
+        train.main(["--run-dir", str(tmp_path / "r"), "--max-steps", "3"] + bad)

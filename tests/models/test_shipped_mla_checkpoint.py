@@ -1,0 +1,67 @@
+"""The DeepSeek-V3-architecture checkpoint shipped in fastdeploy_mtp/assets_mla: it is a
+released-layout folder that load_model reads, it is small, the card's held-out prefix score
+reproduces, and its MTP layer drafts with a mean accepted length above 2.5 at K = 3 in the
+reference engine."""
+
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+
+from fastdeploy_mtp.models import ASSETS_DIR, load_model, score_windows
+from fastdeploy_mtp.models.corpus import is_heldout, stdlib_dir
+
+MLA_ASSETS_DIR = os.path.join(os.path.dirname(ASSETS_DIR), "assets_mla")
+#: The issue's floor for the mean accepted length at K = 3.
+ACCEPTANCE_FLOOR = 2.5
+#: Relative tolerance of the re-scored loss (same float32 computation; BLAS may differ).
+REL_TOL = 0.01
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    with open(os.path.join(MLA_ASSETS_DIR, "metrics.json"), encoding="utf-8") as f:
+        metrics = json.load(f)
+    target, mtp, config = load_model(MLA_ASSETS_DIR)
+    return target, mtp, config, metrics
+
+
+def test_folder_is_small_and_released_deepseek_v3(shipped):
+    total = sum(os.path.getsize(os.path.join(MLA_ASSETS_DIR, n)) for n in os.listdir(MLA_ASSETS_DIR))
+    assert total <= 6 * 1024 * 1024, f"assets_mla is {total} bytes"
+    with open(os.path.join(MLA_ASSETS_DIR, "config.json"), encoding="utf-8") as f:
+        raw = json.load(f)
+    assert raw["architectures"] == ["DeepseekV3ForCausalLM"]
+    _, mtp, config, _ = shipped
+    assert config.attention_type == "mla" and config.n_routed_experts > 1 and mtp is not None
+    assert config.is_moe_layer(config.num_hidden_layers)  # the MTP layer's block is MoE
+
+
+def test_scoring_heldout_prefix_reproduces_card_loss(shipped):
+    target, _, _, metrics = shipped
+    fp = metrics["fixed_prefix_score"]
+    assert is_heldout(fp["file"])
+    path = os.path.join(stdlib_dir(), fp["file"])
+    data = np.fromfile(path, dtype=np.uint8)[: fp["bytes"]]
+    if hashlib.sha256(data.tobytes()).hexdigest() != fp["sha256"]:
+        pytest.skip(f"{path} differs from the file scored for the card (the corpus is Python-version specific)")
+    assert score_windows(target, data, fp["window"], fp["windows"]) == pytest.approx(fp["main_loss"], rel=REL_TOL)
+
+
+def test_mean_accepted_length_at_k3_stays_above_floor(shipped):
+    from fastdeploy_mtp.engine_args import speculative_config
+    from fastdeploy_mtp.entrypoints.offline import run_prompts
+    from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
+
+    *_, metrics = shipped
+    card = metrics["serving"]
+    _, _, m = run_prompts(
+        DEMO_PROMPTS, card["max_tokens"], speculative_config(card["k"], card["steps"]), 1, "test", MLA_ASSETS_DIR
+    )
+    assert card["k"] == 3
+    assert m.mean_accepted_length >= ACCEPTANCE_FLOOR
+    assert m.mean_accepted_length == pytest.approx(card["demo"]["mean_accepted_length"], abs=0.05)
+    with open(os.path.join(MLA_ASSETS_DIR, "CARD.md"), encoding="utf-8") as f:
+        assert f"{card['demo']['mean_accepted_length']:.2f}" in f.read()
