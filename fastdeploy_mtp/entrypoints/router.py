@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..engine_args import UsageError, options_from_args, positive_float, positive_int
+from ..engine_args import UsageError, add_credential_args, options_from_args, positive_float, positive_int
 
 
 def register(sub: Any) -> None:
@@ -48,6 +48,7 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
         default=300.0,
         help="seconds to wait at start-up for every instance's /health (default 300)",
     )
+    add_credential_args(p)
 
 
 def cmd_router(args: argparse.Namespace) -> int:

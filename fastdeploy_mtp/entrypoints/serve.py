@@ -7,6 +7,7 @@ from typing import Any
 
 from ..engine_args import (
     UsageError,
+    add_credential_args,
     add_max_num_seqs_arg,
     add_model_arg,
     add_speculative_args,
@@ -55,6 +56,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         default=0,
         help="most prompt tokens of one request per step (chunked prefill; default 0: only the step's token budget)",
     )
+    add_credential_args(p)
     _add_splitwise_args(p)
 
 

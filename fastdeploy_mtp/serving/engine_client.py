@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
+from ..credentials import DroppedMessages
 from ..runtime.engine import Engine
 from ..runtime.events import StepEvents
 from ..runtime.request import InvalidRequestError, Request
@@ -92,13 +93,16 @@ class AsyncEngine:
     Args:
         engine: the engine (its runner drives the workers).
         on_fatal: called once, from the engine thread, when the deployment is lost.
+        dropped: the deployment's count of refused messages (shown in ``/metrics``; a new
+            one if not given).
     """
 
-    def __init__(self, engine: Engine, on_fatal: Callable[[str], None]):
+    def __init__(self, engine: Engine, on_fatal: Callable[[str], None], dropped: DroppedMessages | None = None):
         self.engine = engine
         self.counters = ServerCounters()
+        self.dropped = dropped if dropped is not None else DroppedMessages()
         self.lock = threading.Lock()
-        self.registry = make_registry(engine.metrics, engine.scheduler, self.counters, self.lock)
+        self.registry = make_registry(engine.metrics, engine.scheduler, self.counters, self.lock, self.dropped)
         self._inbox: queue.Queue[Stream] = queue.Queue()
         self._cancels: queue.Queue[Request] = queue.Queue()
         self._streams: dict[str, Stream] = {}

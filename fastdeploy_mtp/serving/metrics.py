@@ -38,6 +38,14 @@ Splitwise (zero on a mixed instance):
   a decode instance those an aborted request's transfer may still write;
 * ``fastdeploy:num_kv_blocks_free`` — free KV blocks (every instance).
 
+Trust (both ``serve`` and the router):
+
+* ``fastdeploy:dropped_messages_total{channel="worker|kv|http|handoff"}`` — messages refused
+  because their sender proved no credential or they were not the awaited answer: on the
+  engine <-> worker socket, on a prefill instance's KV port, on HTTP (a missing or wrong
+  ``Authorization``), and hand-overs whose signature or contents did not hold
+  (:class:`~fastdeploy_mtp.credentials.DroppedMessages`). None of them failed a request.
+
 The router (``fastdeploy-mtp router``) counts its own ``fastdeploy:router_*`` instead
 (:class:`RouterCollector`).
 """
@@ -54,6 +62,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..credentials import DroppedMessages
 from ..runtime.engine_metrics import Metrics
 from ..runtime.scheduler import Scheduler
 
@@ -223,11 +232,36 @@ class RouterCollector(Collector):
             yield _counter(name, doc, value)
 
 
+class DroppedCollector(Collector):
+    """``fastdeploy:dropped_messages_total{channel}`` from a :class:`DroppedMessages`."""
+
+    def __init__(self, dropped: DroppedMessages):
+        self.dropped = dropped
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            PREFIX + "dropped_messages",
+            "Messages refused because the sender proved no credential or they were not the awaited answer "
+            "(worker: engine<->worker socket; kv: KV port; http: Authorization; handoff: hand-over signature "
+            "or contents). None of them failed a request.",
+            labels=["channel"],
+        )
+        for channel, n in self.dropped.counts().items():
+            family.add_metric([channel], n)
+        yield family
+
+
 def make_registry(
-    metrics: Metrics, scheduler: Scheduler, counters: ServerCounters, lock: threading.Lock
+    metrics: Metrics,
+    scheduler: Scheduler,
+    counters: ServerCounters,
+    lock: threading.Lock,
+    dropped: DroppedMessages | None = None,
 ) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(metrics, scheduler, counters, lock))
+    if dropped is not None:
+        registry.register(DroppedCollector(dropped))
     return registry
 
 

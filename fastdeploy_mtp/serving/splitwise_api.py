@@ -49,6 +49,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 from sse_starlette import EventSourceResponse
 
+from ..credentials import DroppedMessages
 from ..runtime.engine import Engine
 from ..runtime.events import StepEvents
 from ..runtime.request import InvalidRequestError, Request
@@ -92,6 +93,9 @@ class SplitwiseEngine(AsyncEngine):
             instance's cache names exist on this host).
         transfer_timeout: decode: seconds a KV transfer may take.
         max_waiting: decode: handed-over requests that may wait for a slot before new ones get 429.
+        dropped: the deployment's count of refused messages.
+        secret: the splitwise secret (:func:`fastdeploy_mtp.credentials.splitwise_secret`):
+            the router's credential on ``/v1/splitwise/*``, the hand-over signature's key.
     """
 
     def __init__(
@@ -104,6 +108,8 @@ class SplitwiseEngine(AsyncEngine):
         transport: str = "auto",
         transfer_timeout: float = 60.0,
         max_waiting: int = 8,
+        dropped: DroppedMessages | None = None,
+        secret: bytes | None = None,
     ):
         from ..splitwise.transport import AUTO, transport_names
 
@@ -122,7 +128,8 @@ class SplitwiseEngine(AsyncEngine):
         self._pending = 0  # decode: submitted, not yet admitted to the engine's queue
         if self.role == "decode":
             engine.kv_fetcher = self._fetch
-        super().__init__(engine, on_fatal)
+        self.secret = secret
+        super().__init__(engine, on_fatal, dropped)
 
     # ---- the OpenAI endpoints are the router's --------------------------------------------
     def validate(self, req: Request) -> None:

@@ -1,0 +1,190 @@
+"""The credentials of a deployment, and the count of what was refused for want of one.
+
+* **API key** (``--api-key``, or the environment variable :data:`API_KEY_ENV`): clients send
+  it as ``Authorization: Bearer <key>`` (OpenAI's header) to every ``/v1/*`` endpoint of
+  ``serve`` and ``router``.
+* **Splitwise secret** (:func:`splitwise_secret`): shared by every prefill instance, decode
+  instance and router of one splitwise deployment. The router presents it to the instances'
+  ``/v1/splitwise/*`` endpoints; the prefill instance signs each hand-over with it and the
+  decode instance checks that signature; KV control messages are signed with it. It is read
+  from :data:`SECRET_ENV`, else ``--splitwise-secret-file``, else a per-user file
+  (:func:`default_secret_path`) created on first use, so that instances of one user on one
+  host agree without configuration; across hosts, give every instance the same file.
+  A secret is never taken from the command line (other local users can read it there).
+* :class:`DroppedMessages` counts, per channel, the messages refused because their sender
+  did not prove a credential or because they were not the awaited answer; ``/metrics`` shows
+  them as ``fastdeploy:dropped_messages_total{channel=...}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import stat
+import threading
+from pathlib import Path
+from typing import Any
+
+#: Environment variable holding the API key (``--api-key`` wins over it).
+API_KEY_ENV = "FASTDEPLOY_MTP_API_KEY"
+#: Environment variable holding the splitwise secret itself (wins over any file).
+SECRET_ENV = "FASTDEPLOY_MTP_SPLITWISE_SECRET"
+#: Fewest bytes a secret may have.
+MIN_SECRET_BYTES = 16
+_MAX_SECRET_BYTES = 4096
+
+#: The channels :class:`DroppedMessages` counts.
+CHANNELS = ("worker", "kv", "http", "handoff")
+
+
+class CredentialError(ValueError):
+    """A credential that cannot be used (names the file or variable and why)."""
+
+
+def default_secret_path() -> Path:
+    """``$XDG_CONFIG_HOME/fastdeploy_mtp/splitwise_secret`` (``~/.config/...`` without it)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "fastdeploy_mtp" / "splitwise_secret"
+
+
+def _check_secret(value: bytes, where: str) -> bytes:
+    value = value.strip()
+    if len(value) < MIN_SECRET_BYTES:
+        raise CredentialError(f"{where}: a splitwise secret needs at least {MIN_SECRET_BYTES} bytes, got {len(value)}")
+    if len(value) > _MAX_SECRET_BYTES:
+        raise CredentialError(f"{where}: a splitwise secret of {len(value)} bytes is too long (at most 4096)")
+    return value
+
+
+def read_secret_file(path: str | os.PathLike[str]) -> bytes:
+    """The secret in ``path``: a regular file owned by this user with no group or other
+    permission bit (``chmod 600``), 16..4096 bytes (surrounding white space ignored)."""
+    where = f"splitwise secret file {os.fspath(path)}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise CredentialError(f"{where}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CredentialError(f"{where}: not a regular file")
+        if st.st_uid != os.geteuid():
+            raise CredentialError(f"{where}: owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})")
+        if st.st_mode & 0o077:
+            raise CredentialError(
+                f"{where}: mode {stat.S_IMODE(st.st_mode):04o} lets other users read it; `chmod 600` it"
+            )
+        data = os.read(fd, _MAX_SECRET_BYTES + 1)
+    finally:
+        os.close(fd)
+    return _check_secret(data, where)
+
+
+def _create_default(path: Path) -> None:
+    """Write a fresh random secret to ``path`` (mode 0600, created exclusively; a racing
+    creator's file is kept)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return
+    try:
+        os.write(fd, (secrets.token_hex(32) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def splitwise_secret(path: str | None = None) -> bytes:
+    """The splitwise secret: :data:`SECRET_ENV`, else the file ``path``
+    (``--splitwise-secret-file``), else :func:`default_secret_path` (created with a random
+    secret if missing). Raises :class:`CredentialError` naming the source at fault."""
+    env = os.environ.get(SECRET_ENV)
+    if env:
+        return _check_secret(env.encode(), f"environment variable {SECRET_ENV}")
+    if path is not None:
+        return read_secret_file(path)
+    default = default_secret_path()
+    if not default.exists():
+        _create_default(default)
+    return read_secret_file(default)
+
+
+def api_key(value: str | None) -> str | None:
+    """The API key: ``value`` (``--api-key``), else :data:`API_KEY_ENV`, else ``None`` (no
+    key: the endpoints are open)."""
+    key = value if value is not None else os.environ.get(API_KEY_ENV)
+    if key is not None and not key.strip():
+        raise CredentialError("--api-key: the key is empty")
+    return key.strip() if key is not None else None
+
+
+def bearer_matches(header: str | None, keys: list[bytes]) -> bool:
+    """Whether ``header`` (an ``Authorization`` value) is ``Bearer <k>`` for one of ``keys``
+    (compared in constant time)."""
+    if not header or not keys:
+        return False
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    given = token.strip().encode("utf-8", "surrogateescape")
+    matched = False
+    for key in keys:
+        matched |= hmac.compare_digest(given, key)
+    return matched
+
+
+def derive(secret: bytes, purpose: str) -> bytes:
+    """A key for one ``purpose`` (``"http"``, ``"handoff"``, ``"kv"``) from the splitwise secret,
+    so that no channel's credential reveals another's."""
+    return hmac.new(secret, b"fastdeploy-mtp/" + purpose.encode(), hashlib.sha256).digest()
+
+
+def http_token(secret: bytes) -> bytes:
+    """What the router presents to the instances as ``Authorization: Bearer <token>``."""
+    return derive(secret, "http").hex().encode()
+
+
+def canonical(obj: Any) -> bytes:
+    """The bytes a signature covers: ``obj`` as JSON with sorted keys and no spaces."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+def sign(key: bytes, obj: Any) -> str:
+    """HMAC-SHA256 of :func:`canonical` ``obj`` under ``key``, hex."""
+    return hmac.new(key, canonical(obj), hashlib.sha256).hexdigest()
+
+
+def signature_matches(key: bytes, obj: Any, signature: Any) -> bool:
+    """Whether ``signature`` is :func:`sign` ``(key, obj)`` (constant time; False for a
+    non-str signature or an object JSON cannot encode)."""
+    if not isinstance(signature, str):
+        return False
+    try:
+        expected = sign(key, obj)
+    except (TypeError, ValueError):
+        return False
+    return hmac.compare_digest(expected, signature)
+
+
+class DroppedMessages:
+    """Thread-safe counts of refused messages per channel (:data:`CHANNELS`): ``worker``
+    (engine <-> worker socket), ``kv`` (a prefill instance's KV port), ``http`` (a request
+    without the credential an endpoint asks for), ``handoff`` (a hand-over whose signature or
+    contents do not hold)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(CHANNELS, 0)
+
+    def add(self, channel: str, n: int = 1) -> None:
+        if channel not in self._counts:
+            raise ValueError(f"unknown channel {channel!r} (expected one of {CHANNELS})")
+        with self._lock:
+            self._counts[channel] += n
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
