@@ -10,9 +10,17 @@ turns "unavailable" into a failure, so a GPU check cannot pass by skipping.
 
 from __future__ import annotations
 
+import os
+import secrets
+
 import pytest
 
+from fastdeploy_mtp.credentials import SECRET_ENV
 from tests.support.backends import ALL_BACKENDS, DEFAULT_BACKENDS, availability, required_backends, usable_or_skip
+
+# One splitwise secret for the whole run, inherited by every instance and router the tests
+# start (so no test writes the per-user default secret file).
+os.environ.setdefault(SECRET_ENV, secrets.token_hex(32))
 
 _REQUIRED = required_backends()
 for _name in _REQUIRED:
