@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import zmq
 
+from ..credentials import derive
 from .kv_layout import Caches, KVLayout, TransferError, block_id_list, check_caches, positive_number
-from .transport import Descriptor, get_transport, read_descriptor
+from .transport import Descriptor, control_mac, differing_field, get_transport, read_descriptor
 
 __all__ = ["pull_blocks"]
 
@@ -35,9 +36,11 @@ class _Peer:
     the decode instance aborts the request (``docs/architecture.md``, "Faults and
     back-pressure"); resending would only double the wait on a dead prefill instance."""
 
-    def __init__(self, address: str, request_id: str):
+    def __init__(self, address: str, request_id: str, token: str, key: bytes | None):
         self.address = address
         self.request_id = request_id
+        self.token = token
+        self.key = key
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -46,7 +49,8 @@ class _Peer:
     def ask(self, op: str, timeout: float) -> tuple[dict[str, Any], list[zmq.Frame]]:
         """Send ``op``; the reply header (``ok`` checked) and its data frames."""
         deadline = time.monotonic() + timeout
-        msg = json.dumps({"op": op, "request_id": self.request_id}).encode()
+        mac = control_mac(self.key, op, self.request_id, self.token)
+        msg = json.dumps({"op": op, "request_id": self.request_id, "token": self.token, "mac": mac}).encode()
         if not self.sock.poll(max(1, int(timeout * 1000)), zmq.POLLOUT):
             raise self._timeout(op, timeout)
         self.sock.send(msg, zmq.NOBLOCK)
@@ -96,6 +100,7 @@ def pull_blocks(
     dst_block_ids: Sequence[int],
     transport: str = "tcp",
     timeout: float = 30.0,
+    secret: bytes | None = None,
 ) -> int:
     """Copy the blocks a prefill instance offered into this (decode) instance's caches, then
     tell the source to release them.
@@ -104,7 +109,10 @@ def pull_blocks(
     ``caches[r][c][dst_block_ids[j]]``; extra ``dst_block_ids`` are ignored, other blocks are
     untouched. Everything is checked before a byte is written: the descriptor's keys and
     types, ``layout`` against the prefill's (:meth:`KVLayout.check_matches`), the block ids on
-    both sides, and (``"tcp"``) the count and exact size of every received frame.
+    both sides, the descriptor against the offer the source holds (its ``check`` answer: a
+    hand-over whose block ids, layout or transport fields differ from what P offered is
+    refused, and the blocks read are the offer's), and (``"tcp"``) the count and exact size of
+    every received frame.
 
     Args:
         descriptor: what :meth:`~.kv_source.KVSource.offer` returned (after a JSON round trip
@@ -118,6 +126,8 @@ def pull_blocks(
             attached by the descriptor's ``shm_names``, copied from and detached; needs
             ``shm_names``). :func:`~.transport.choose_transport` resolves ``"auto"``.
         timeout: seconds the source may take to answer each request.
+        secret: the splitwise secret the source was given (its control requests are signed
+            with it); ``None`` for a source without one.
 
     Returns:
         Bytes copied (``tp * len(block_ids) * layout.block_nbytes``: every cache of every rank).
@@ -135,12 +145,43 @@ def pull_blocks(
     mover = get_transport(transport, where)
     mover.check_pullable(checked, where)
     seconds = positive_number(timeout, "timeout", where, "a positive number of seconds")
-    peer = _Peer(checked.address, checked.request_id)
+    peer = _Peer(checked.address, checked.request_id, checked.token, None if secret is None else derive(secret, "kv"))
     try:
-        mover.pull(peer, checked, caches, dst_idx, seconds)
+        offered = _offer_of(peer, checked, seconds)
+        mover.pull(peer, offered, caches, dst_idx, seconds)
     finally:
         peer.close()
     return layout.tensor_parallel_size * len(checked.block_ids) * layout.block_nbytes
+
+
+def _offer_of(peer: _Peer, handed_over: Descriptor, timeout: float) -> Descriptor:
+    """What the source offered for this request (its ``check`` answer), which must be what
+    the hand-over describes; the pull then reads the offer's blocks, never the hand-over's."""
+    where = handed_over.where
+    header, _ = peer.ask("check", timeout)
+    offer = header.get("offer")
+    if not isinstance(offer, dict):
+        raise TransferError(f"{where}: the check answer from {peer.address} carries no offer")
+    try:
+        offered = read_descriptor({**offer, "token": handed_over.token})
+    except TransferError as exc:
+        raise TransferError(f"{where}: the offer at {peer.address} is unreadable: {exc}") from None
+    field = differing_field(handed_over, offered)
+    if field is not None:
+        raise TransferError(
+            f"{where}: the hand-over's `{field}` differs from what the prefill instance offered for this request; "
+            "refusing to pull"
+        )
+    return Descriptor(
+        offered.request_id,
+        handed_over.address,
+        offered.layout,
+        offered.block_ids,
+        offered.num_blocks,
+        offered.hold_timeout,
+        offered.fields,
+        offered.token,
+    )
 
 
 def _destination(descriptor: Descriptor, caches: Caches, layout: KVLayout, dst_block_ids: Sequence[int]) -> np.ndarray:

@@ -5,8 +5,10 @@ release or after a hold timeout (the protocol is in :mod:`.transport`)."""
 from __future__ import annotations
 
 import collections
+import hmac
 import json
 import logging
+import secrets
 import socket
 import threading
 import time
@@ -17,6 +19,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from ..credentials import DroppedMessages, derive
 from .kv_layout import (
     Caches,
     KVLayout,
@@ -27,7 +30,7 @@ from .kv_layout import (
     nonempty_str,
     positive_number,
 )
-from .transport import Descriptor, offer_fields
+from .transport import Descriptor, control_mac, offer_fields
 from .transports.tcp import fetch_reply
 
 __all__ = ["KVSource"]
@@ -44,10 +47,18 @@ _WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "[::]")
 _Reply = tuple[dict[str, Any], list[np.ndarray]]
 
 
+#: What a refused control request is told: the same whether the token, the signature or the
+#: request id was wrong, so a probing peer learns nothing.
+_NOT_AUTHORIZED = "not authorized: no offer of this request id holds this transfer token under this splitwise secret"
+
+
 @dataclass
 class _Offer:
     block_ids: np.ndarray  # int64 [n]
     deadline: float  # time.monotonic()
+    token: str  # the transfer token (see .transport)
+    descriptor: dict[str, Any]  # what `check` answers: the descriptor without its token
+    fetched: bool = False
 
 
 class KVSource:
@@ -76,6 +87,10 @@ class KVSource:
             by its transport (:mod:`.transports`): ``shm_names``, per rank the names the
             caches are published under with ``set_data_ipc`` (same order as ``caches``), for
             the ``"shm"`` transport (``None``, the default: ``"tcp"`` only).
+        secret: the splitwise secret (:func:`fastdeploy_mtp.credentials.splitwise_secret`):
+            every control request must carry its ``mac`` (see :mod:`.transport`); ``None``:
+            the transfer token alone authorizes a request.
+        dropped: counts the refused requests (channel ``"kv"``; a new counter if not given).
 
     Raises:
         TransferError: an argument that does not fit (named), an option no transport takes,
@@ -91,9 +106,15 @@ class KVSource:
         port: int = 0,
         hold_timeout: float = 60.0,
         advertise_host: str | None = None,
+        secret: bytes | None = None,
+        dropped: DroppedMessages | None = None,
         **transport_options: Any,
     ):
         where = "KVSource"
+        if secret is not None and (not isinstance(secret, bytes) or not secret):
+            raise TransferError(f"{where}: `secret` must be non-empty bytes or None")
+        self._key = None if secret is None else derive(secret, "kv")
+        self.dropped = dropped if dropped is not None else DroppedMessages()
         if advertise_host is not None:
             nonempty_str(advertise_host, "advertise_host", where)
         if not isinstance(layout, KVLayout):
@@ -151,16 +172,20 @@ class KVSource:
         ids = block_id_list(block_ids, self.num_blocks, "block_ids", where)
         if not ids:
             raise TransferError(f"{where}: `block_ids` is empty")
+        token = secrets.token_urlsafe(32)
+        descriptor = Descriptor(
+            request_id, self.address, self.layout, ids, self.num_blocks, self.hold_timeout, self._fields, token
+        )
         with self._lock:
             if self._closed:
                 raise TransferError(f"{where}: the source at {self.address} is closed")
             if request_id in self._offers:
                 raise TransferError(f"{where}: request {request_id!r} is already offered and not yet released")
-            self._offers[request_id] = _Offer(np.asarray(ids, np.int64), time.monotonic() + self.hold_timeout)
+            self._offers[request_id] = _Offer(
+                np.asarray(ids, np.int64), time.monotonic() + self.hold_timeout, token, descriptor.offer_dict()
+            )
             self._finished.pop(request_id, None)
-        return Descriptor(
-            request_id, self.address, self.layout, ids, self.num_blocks, self.hold_timeout, self._fields
-        ).to_dict()
+        return descriptor.to_dict()
 
     def withdraw(self, request_id: str) -> bool:
         """Cancel a pending offer (later pulls of it fail). ``on_release(request_id,
@@ -308,30 +333,47 @@ class KVSource:
     def _answer(self, frames: list[bytes]) -> _Reply:
         """The reply to one control message (header, data frames)."""
         if len(frames) != 1:
-            return _error(f"expected one JSON frame, got {len(frames)}")
+            return self._refused(f"expected one JSON frame, got {len(frames)}")
         try:
             req = json.loads(frames[0])
         except (ValueError, UnicodeDecodeError) as exc:
-            return _error(f"malformed JSON: {exc}")
+            return self._refused(f"malformed JSON: {exc}")
         if not isinstance(req, dict):
-            return _error(f"expected a JSON object, got {type(req).__name__}")
-        op, rid = req.get("op"), req.get("request_id")
+            return self._refused(f"expected a JSON object, got {type(req).__name__}")
+        op, rid, token = req.get("op"), req.get("request_id"), req.get("token")
         if op not in ("fetch", "check", "release"):
-            return _error(f"unknown op {op!r} (expected 'fetch', 'check' or 'release')")
-        if not isinstance(rid, str):
-            return _error(f"`request_id` must be a str, got {rid!r}")
+            return self._refused(f"unknown op {op!r} (expected 'fetch', 'check' or 'release')")
+        if not isinstance(rid, str) or not isinstance(token, str):
+            return self._refused("`request_id` and `token` must be str")
+        if self._key is not None and not _same(req.get("mac"), control_mac(self._key, op, rid, token)):
+            return self._refused(_NOT_AUTHORIZED)
         with self._lock:
             offer = self._offers.get(rid)
+            if offer is not None and not _same(token, offer.token):
+                return self._refused(_NOT_AUTHORIZED)
             if offer is None or offer.deadline <= time.monotonic():  # the loop's _expire() tells on_release
                 return _error(self._gone_reason(rid, expired=offer is not None))
             if op == "check":
-                return {"ok": True, "num_blocks": len(offer.block_ids)}, []
+                return {"ok": True, "num_blocks": len(offer.block_ids), "offer": offer.descriptor}, []
             if op == "release":
                 del self._offers[rid]
                 self._remember(rid, "released")
                 return {"ok": True, "_released": True, "_request_id": rid}, []
+            if offer.fetched:
+                return _error(f"request {rid!r} was already fetched (an offer is fetched once)")
+            offer.fetched = True
             # fetch: copied under the lock, so a withdraw() that returned sees no later reads
             return fetch_reply(self._caches, self.layout, offer.block_ids)
+
+    def _refused(self, text: str) -> _Reply:
+        """A request from a peer that proved nothing (counted as dropped; nothing changes)."""
+        self.dropped.add("kv")
+        return _error(text)
+
+
+def _same(given: Any, expected: str | None) -> bool:
+    """``given == expected`` for two str, in constant time."""
+    return isinstance(given, str) and expected is not None and hmac.compare_digest(given, expected)
 
 
 def _error(text: str) -> _Reply:

@@ -11,24 +11,37 @@ of a transport.
 
 Descriptor (a JSON-able dict that travels from P to D with the request)::
 
-    {"version": 2, "request_id": str, "address": "tcp://host:port",
+    {"version": 3, "request_id": str, "address": "tcp://host:port", "token": str,
      "layout": KVLayout.to_dict(), "block_ids": [int, ...],
      "num_blocks": <P's cache block count>,
      <every transport's fields: "shm_names": [[name per cache] per rank] or None>,
      "hold_timeout": float}
 
-Control protocol. P binds a ZeroMQ ROUTER socket at ``address``; D connects a DEALER socket
-(a fresh one per pull). Every request is one frame of JSON (never pickle):
+``token`` is the offer's transfer token: 32 random bytes (URL-safe base64) drawn by P for
+this offer alone. It is the capability to fetch, check or release the offer: only the
+holder of the hand-over has it, so no other peer can read, release or redirect a request's
+KV even if it guesses the request id.
 
-* ``{"op": "fetch", "request_id": id}``: P answers a JSON header frame ``{"ok": true,
-  "frames": tp * num_caches, "block_nbytes": [<bytes of one block of cache c> per cache],
-  "num_blocks": <blocks in each data frame, len(block_ids)>}`` followed, in the same
-  multipart message, by one data frame per (rank, cache) in rank-major order, each the
-  C-order bytes of ``cache[block_ids]`` (the ``"tcp"`` transport, :mod:`.transports.tcp`).
-* ``{"op": "check", "request_id": id}``: ``{"ok": true, "num_blocks": len(block_ids)}``
-  while the offer is held (a transport that reads P's memory directly asks this first).
-* ``{"op": "release", "request_id": id}``: P drops the offer and calls its ``on_release``
-  with ``"released"``; answers ``{"ok": true}``.
+Control protocol. P binds a ZeroMQ ROUTER socket at ``address``; D connects a DEALER socket
+(a fresh one per pull). Every request is one frame of JSON (never pickle)
+``{"op": op, "request_id": id, "token": token, "mac": mac}``: ``mac`` is the hex HMAC-SHA256
+of ``[op, request_id, token]`` (compact JSON) under the key the splitwise secret derives for
+``"kv"`` (:func:`fastdeploy_mtp.credentials.derive`), ``null`` where the source runs without a
+secret. A request whose ``mac`` or ``token`` does not hold is refused with one error that
+does not say which (and counted as dropped); it changes nothing at P.
+
+* ``{"op": "check"}``: ``{"ok": true, "num_blocks": len(block_ids), "offer": <the offer's
+  descriptor without its token>}`` while the offer is held. D pulls what P offered, never
+  what the hand-over says: it refuses a hand-over whose descriptor differs from P's offer
+  (block ids, layout, transport fields), and every transport reads the blocks of the offer.
+* ``{"op": "fetch"}``: once per offer (a second fetch is refused). P answers a JSON header
+  frame ``{"ok": true, "frames": tp * num_caches, "block_nbytes": [<bytes of one block of
+  cache c> per cache], "num_blocks": <blocks in each data frame, len(block_ids)>}`` followed,
+  in the same multipart message, by one data frame per (rank, cache) in rank-major order,
+  each the C-order bytes of ``cache[block_ids]`` (the ``"tcp"`` transport,
+  :mod:`.transports.tcp`).
+* ``{"op": "release"}``: P drops the offer and calls its ``on_release`` with ``"released"``;
+  answers ``{"ok": true}``. The token is spent.
 
 Any failure (an unknown, expired, withdrawn or already released request, an unknown op,
 malformed JSON, a message of more than one frame) is answered ``{"ok": false, "error":
@@ -65,6 +78,8 @@ __all__ = [
     "Descriptor",
     "Transport",
     "choose_transport",
+    "control_mac",
+    "differing_field",
     "get_transport",
     "offer_fields",
     "read_descriptor",
@@ -73,7 +88,7 @@ __all__ = [
 ]
 
 #: ``"version"`` of the descriptors a source writes and :func:`read_descriptor` reads.
-DESCRIPTOR_VERSION = 2
+DESCRIPTOR_VERSION = 3
 
 #: The transport name that lets :func:`choose_transport` pick one per descriptor.
 AUTO = "auto"
@@ -107,11 +122,19 @@ class Descriptor:
     num_blocks: int
     hold_timeout: float
     fields: dict[str, Any]
+    #: the offer's transfer token (module docstring)
+    token: str = ""
 
     @property
     def where(self) -> str:
         """The prefix of the pull's error messages."""
         return f"pull_blocks({self.request_id!r})"
+
+    def offer_dict(self) -> dict[str, Any]:
+        """:meth:`to_dict` without the token: what P's ``check`` answer carries and D compares."""
+        out = self.to_dict()
+        del out["token"]
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-able descriptor (module docstring), sharing no list with ``self``."""
@@ -119,6 +142,7 @@ class Descriptor:
             "version": DESCRIPTOR_VERSION,
             "request_id": self.request_id,
             "address": self.address,
+            "token": self.token,
             "layout": self.layout.to_dict(),
             "block_ids": list(self.block_ids),
             "num_blocks": self.num_blocks,
@@ -268,7 +292,7 @@ def read_descriptor(descriptor: Any) -> Descriptor:
         raise TransferError(f"{where} must be a dict, got {type(descriptor).__name__}")
     transports = _transports()
     own = [key for t in transports for key in t.fields]
-    for key in ("version", "request_id", "address", "layout", "block_ids", "num_blocks", *own, "hold_timeout"):
+    for key in ("version", "request_id", "address", "token", "layout", "block_ids", "num_blocks", *own, "hold_timeout"):
         if key not in descriptor:
             raise TransferError(f"{where}: missing key `{key}`")
     if descriptor["version"] != DESCRIPTOR_VERSION or isinstance(descriptor["version"], bool):
@@ -278,6 +302,9 @@ def read_descriptor(descriptor: Any) -> Descriptor:
     address = descriptor["address"]
     if not isinstance(address, str) or not address.startswith("tcp://"):
         raise TransferError(f"{where}: `address` must be a 'tcp://host:port' str, got {address!r}")
+    token = descriptor["token"]
+    if not isinstance(token, str) or not 16 <= len(token) <= 128:
+        raise TransferError(f"{where}: `token` must be the offer's transfer token (a str of 16..128 characters)")
     try:
         layout = KVLayout.from_dict(descriptor["layout"])
     except TransferError as exc:
@@ -295,4 +322,23 @@ def read_descriptor(descriptor: Any) -> Descriptor:
     for transport in transports:
         fields.update(transport.read_fields(descriptor, layout, where))
     hold = positive_number(descriptor["hold_timeout"], "hold_timeout", where)
-    return Descriptor(rid, address, layout, block_ids, num_blocks, hold, fields)
+    return Descriptor(rid, address, layout, block_ids, num_blocks, hold, fields, token)
+
+
+def differing_field(handed_over: Descriptor, offered: Descriptor) -> str | None:
+    """The first field in which the hand-over's descriptor differs from P's offer (``None``
+    if they agree); the address and hold timeout are the hand-over's business."""
+    ours, theirs = handed_over.offer_dict(), offered.offer_dict()
+    for key in ours:
+        if key not in ("address", "hold_timeout") and ours[key] != theirs.get(key):
+            return key
+    return None
+
+
+def control_mac(key: bytes | None, op: str, request_id: str, token: str) -> str | None:
+    """The ``mac`` of a control request (module docstring); ``None`` without a key."""
+    if key is None:
+        return None
+    from ..credentials import sign
+
+    return sign(key, [op, request_id, token])

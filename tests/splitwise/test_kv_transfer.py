@@ -252,6 +252,7 @@ def test_tcp_pull_copies_the_offered_blocks(sources: Any, tp: int) -> None:
         "version",
         "request_id",
         "address",
+        "token",
         "layout",
         "block_ids",
         "num_blocks",
@@ -404,15 +405,18 @@ def test_bfloat16_caches_travel_as_their_bits(transport: str) -> None:
 def test_shm_pull_fails_when_the_offer_ends_during_the_copy(publish: Any) -> None:
     src, names = publish(make_caches(1, SRC_BLOCKS, seed=15))
 
+    offer: dict[str, Any] = {}
+
     def reply(frames: list[bytes]) -> list[bytes]:  # held at "check", gone at "release"
         if json.loads(frames[0])["op"] == "check":
-            return [b'{"ok": true, "num_blocks": 1}']
+            return [check_answer(offer)]
         return [b'{"ok": false, "error": "request \'fake\' expired"}']
 
     fake = FakeSource(reply)
     try:
         dst = make_caches(1, DST_BLOCKS, seed=None)
         descriptor = {**descriptor_for(fake.address, [2]), "shm_names": names}
+        offer.update(descriptor)
         with pytest.raises(TransferError, match="refused release: request 'fake' expired; .* may be torn"):
             pull_blocks(descriptor, dst, layout_of(dst), [7], transport="shm", timeout=5)
         assert [json.loads(f[0])["op"] for f in fake.received] == ["check", "release"]
@@ -543,7 +547,7 @@ def test_close_releases_pending_offers_and_pulls_then_fail(sources: Any) -> None
         source.offer("c3", [3])
     dst = make_caches(1, DST_BLOCKS, seed=None)
     start = time.monotonic()
-    with pytest.raises(TransferError, match=rf"{descriptor['address']} did not answer fetch within 0.5 s"):
+    with pytest.raises(TransferError, match=rf"{descriptor['address']} did not answer check within 0.5 s"):
         pull_blocks(descriptor, dst, layout_of(dst), [0], timeout=0.5)
     assert time.monotonic() - start < 2.5
     assert all_zero(dst)
@@ -630,7 +634,9 @@ def test_bad_descriptors_are_refused_before_any_write(sources: Any) -> None:
     cases: list[tuple[Any, str]] = [
         ("not a dict", "descriptor must be a dict"),
         ({k: v for k, v in good.items() if k != "block_ids"}, "missing key `block_ids`"),
-        ({**good, "version": 1}, "`version` 1 is not 2"),
+        ({**good, "version": 2}, "`version` 2 is not 3"),
+        ({**good, "token": None}, "`token` must be the offer's transfer token"),
+        ({**good, "token": "short"}, "`token` must be the offer's transfer token"),
         ({**good, "request_id": 7}, "`request_id` must be a non-empty str"),
         ({**good, "address": "ipc:///tmp/x"}, "`address` must be a 'tcp://host:port' str"),
         ({**good, "block_ids": [1, SRC_BLOCKS]}, rf"`block_ids` holds block id {SRC_BLOCKS}, outside \[0, "),
@@ -721,12 +727,16 @@ class FakeSource:
         self._ctx.term()
 
 
+FAKE_TOKEN = "t" * 43
+
+
 def descriptor_for(address: str, block_ids: list[int], tp: int = 1) -> dict[str, Any]:
     layout = make_layout(tp, SRC_BLOCKS)
     return {
-        "version": 2,
+        "version": 3,
         "request_id": "fake",
         "address": address,
+        "token": FAKE_TOKEN,
         "layout": layout.to_dict(),
         "block_ids": block_ids,
         "num_blocks": SRC_BLOCKS,
@@ -735,17 +745,28 @@ def descriptor_for(address: str, block_ids: list[int], tp: int = 1) -> dict[str,
     }
 
 
+def check_answer(descriptor: dict[str, Any]) -> bytes:
+    """A source's answer to ``check`` for an offer of ``descriptor``."""
+    offer = {k: v for k, v in descriptor.items() if k != "token"}
+    return json.dumps({"ok": True, "num_blocks": len(offer["block_ids"]), "offer": offer}).encode()
+
+
 def test_a_source_that_never_answers_times_out() -> None:
     fake = FakeSource(lambda frames: None)
     try:
         dst = make_caches(1, DST_BLOCKS, seed=None)
         timeout = 1.0
         start = time.monotonic()
-        with pytest.raises(TransferError, match=rf"{fake.address} did not answer fetch within 1 s"):
+        with pytest.raises(TransferError, match=rf"{fake.address} did not answer check within 1 s"):
             pull_blocks(descriptor_for(fake.address, [1, 2]), dst, layout_of(dst), [0, 1], timeout=timeout)
         assert time.monotonic() - start < timeout + 2
         assert wait_until(lambda: len(fake.received) == 1)
-        assert json.loads(fake.received[0][0]) == {"op": "fetch", "request_id": "fake"}
+        assert json.loads(fake.received[0][0]) == {
+            "op": "check",
+            "request_id": "fake",
+            "token": FAKE_TOKEN,
+            "mac": None,
+        }
         assert all_zero(dst)
     finally:
         fake.close()
@@ -766,7 +787,10 @@ def test_a_wrong_sized_reply_is_refused_before_any_write(
     full = {"ok": True, "block_nbytes": [256] * 6, **header}
 
     def reply(frames: list[bytes]) -> list[bytes]:
-        if json.loads(frames[0])["op"] != "fetch":
+        op = json.loads(frames[0])["op"]
+        if op == "check":
+            return [check_answer(descriptor_for(fake.address, [1, 2]))]
+        if op != "fetch":
             return [b'{"ok": true}']
         return [json.dumps(full).encode(), *(b"\x01" * n for n in frame_bytes)]
 
@@ -783,8 +807,11 @@ def test_a_wrong_sized_reply_is_refused_before_any_write(
 def test_a_source_gone_after_a_complete_tcp_copy_is_not_an_error() -> None:
     src = make_caches(1, SRC_BLOCKS, seed=16)
 
-    def reply(frames: list[bytes]) -> list[bytes] | None:  # answers the fetch, then nothing
-        if json.loads(frames[0])["op"] != "fetch":
+    def reply(frames: list[bytes]) -> list[bytes] | None:  # answers the check and fetch, then nothing
+        op = json.loads(frames[0])["op"]
+        if op == "check":
+            return [check_answer(descriptor_for(fake.address, [4, 1]))]
+        if op != "fetch":
             return None
         header = {"ok": True, "frames": 6, "block_nbytes": [256] * 6, "num_blocks": 2}
         return [json.dumps(header).encode(), *(np.ascontiguousarray(c[[4, 1]]).tobytes() for c in src[0])]
@@ -797,7 +824,7 @@ def test_a_source_gone_after_a_complete_tcp_copy_is_not_an_error() -> None:
         assert copied == 6 * 2 * 256
         assert 1.0 <= time.monotonic() - start < 3.0  # waited for the release reply, bounded
         assert_copied(src, dst, [4, 1], [0, 8])
-        assert [json.loads(f[0])["op"] for f in fake.received] == ["fetch", "release"]
+        assert [json.loads(f[0])["op"] for f in fake.received] == ["check", "fetch", "release"]
     finally:
         fake.close()
 
@@ -816,8 +843,8 @@ def test_malformed_messages_do_not_stop_the_source(sources: Any) -> None:
             ([b"\xff\xfe\x00"], "malformed JSON"),
             ([b"[1, 2]"], "expected a JSON object, got list"),
             ([b'{"op": "explode", "request_id": "ok"}'], "unknown op 'explode'"),
-            ([b'{"op": "fetch"}'], "`request_id` must be a str, got None"),
-            ([b'{"op": "release", "request_id": 5}'], "`request_id` must be a str, got 5"),
+            ([b'{"op": "fetch"}'], "`request_id` and `token` must be str"),
+            ([b'{"op": "release", "request_id": 5}'], "`request_id` and `token` must be str"),
             ([b'{"op": "fetch", "request_id": "ok"}', b"more"], "expected one JSON frame, got 2"),
             ([b""], "malformed JSON"),
         ]
@@ -837,3 +864,103 @@ def test_malformed_messages_do_not_stop_the_source(sources: Any) -> None:
     pull_blocks(descriptor, dst, layout_of(dst), [3])
     assert_copied(src, dst, [6], [3])
     assert releases.wait() == [("ok", "released")]
+
+
+# ---- who may pull: the transfer token, the splitwise secret, the offer's own blocks ----------
+
+
+def _control(address: str, request: dict[str, Any]) -> dict[str, Any]:
+    """Send one control request as a bare peer; the source's answer."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    try:
+        sock.send(json.dumps(request).encode())
+        assert sock.poll(5000), f"no answer to {request}"
+        return dict(json.loads(sock.recv()))
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def test_without_the_transfer_token_no_peer_can_fetch_check_or_release(sources: Any) -> None:
+    """Knowing (or guessing) the request id is not enough: a fetch, check or release without
+    the offer's token is refused, counted, and leaves the offer to its holder."""
+    src = make_caches(1, SRC_BLOCKS, seed=21)
+    source, releases = sources(src)
+    victim = source.offer("victim", [2, 5])
+    guesses = [None, "", "x" * 43, victim["token"][:-1] + ("A" if victim["token"][-1] != "A" else "B")]
+    for op in ("fetch", "check", "release"):
+        for token in guesses:
+            answer = _control(source.address, {"op": op, "request_id": "victim", "token": token})
+            assert answer["ok"] is False and "data" not in answer, (op, token, answer)
+            assert "offer" not in answer
+    assert source.dropped.counts()["kv"] == 3 * len(guesses)
+    assert source.pending() == ["victim"] and releases.calls == []
+    dst = make_caches(1, DST_BLOCKS, seed=None)
+    pull_blocks(victim, dst, layout_of(dst), [0, 1])  # the holder's pull still works
+    assert_copied(src, dst, [2, 5], [0, 1])
+    assert releases.wait() == [("victim", "released")]
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_a_hand_over_pointing_at_another_requests_blocks_is_refused(sources: Any, publish: Any, transport: str) -> None:
+    """One's own descriptor with the block ids (or cache names) of another request's offer:
+    the pull asks the source what this token's offer is and refuses the difference before a
+    byte is read, so nobody decodes from a victim's KV."""
+    src, names = publish(make_caches(1, SRC_BLOCKS, seed=22))
+    source, releases = sources(src, shm_names=names)
+    victim = source.offer("victim", [7, 8])
+    mine = source.offer("mine", [1])
+    dst = make_caches(1, DST_BLOCKS, seed=None)
+    forged = [
+        ({**mine, "block_ids": victim["block_ids"]}, "block_ids"),
+        ({**mine, "block_ids": [7]}, "block_ids"),
+        ({**mine, "shm_names": [[n + "x" for n in names[0]]]}, "shm_names"),
+    ]
+    for descriptor, field in forged:
+        with pytest.raises(TransferError, match=f"the hand-over's `{field}` differs from what the prefill"):
+            pull_blocks(descriptor, dst, layout_of(dst), [0, 1], transport=transport, timeout=5)
+        assert all_zero(dst)
+    # someone else's id with one's own token is a wrong token for that offer
+    with pytest.raises(TransferError, match="not authorized"):
+        pull_blocks({**mine, "request_id": "victim"}, dst, layout_of(dst), [0, 1], transport=transport, timeout=5)
+    assert all_zero(dst)
+    assert sorted(source.pending()) == ["mine", "victim"] and releases.calls == []
+    pull_blocks(victim, dst, layout_of(dst), [3, 4], transport=transport)
+    assert_copied(src, dst, [7, 8], [3, 4])
+
+
+def test_an_offer_is_fetched_once() -> None:
+    src = make_caches(1, SRC_BLOCKS, seed=23)
+    with KVSource(src, layout_of(src), lambda r, s: None) as source:
+        descriptor = source.offer("once", [3])
+        request = {"op": "fetch", "request_id": "once", "token": descriptor["token"]}
+        assert _control(source.address, request)["ok"] is True
+        again = _control(source.address, request)
+        assert again == {"ok": False, "error": "request 'once' was already fetched (an offer is fetched once)"}
+        assert _control(source.address, {**request, "op": "release"})["ok"] is True
+        gone = _control(source.address, {**request, "op": "release"})  # the token is spent
+        assert gone["ok"] is False and "was released" in gone["error"]
+
+
+def test_a_source_with_the_splitwise_secret_serves_only_signed_requests() -> None:
+    """Control requests signed with another secret, or not at all, are refused and counted;
+    the signed pull works, and the token still has to match."""
+    secret, other = b"s" * 32, b"o" * 32
+    src = make_caches(2, SRC_BLOCKS, seed=24)
+    with KVSource(src, layout_of(src), lambda r, s: None, secret=secret) as source:
+        descriptor = source.offer("signed", [4, 9])
+        dst = make_caches(2, DST_BLOCKS, seed=None)
+        for wrong in (None, other):
+            with pytest.raises(TransferError, match="refused check: not authorized"):
+                pull_blocks(descriptor, dst, layout_of(dst), [0, 1], secret=wrong, timeout=5)
+        assert all_zero(dst) and source.dropped.counts()["kv"] == 2
+        assert source.pending() == ["signed"]
+        assert (
+            pull_blocks(descriptor, dst, layout_of(dst), [0, 1], secret=secret) == 2 * 2 * layout_of(dst).block_nbytes
+        )
+        assert_copied(src, dst, [4, 9], [0, 1])
+    with pytest.raises(TransferError, match="`secret` must be non-empty bytes or None"):
+        KVSource(src, layout_of(src), lambda r, s: None, secret="text")  # type: ignore[arg-type]

@@ -64,7 +64,7 @@ class ShmTransport(Transport):
     def pull(
         self, channel: ControlChannel, descriptor: Descriptor, caches: Caches, dst_idx: np.ndarray, timeout: float
     ) -> None:
-        channel.ask("check", timeout)  # P's memory is only read while P still holds the offer
+        # pull_blocks asked "check" just before: P held the offer, and `descriptor` is its offer
         _copy(descriptor, caches, dst_idx)
         try:
             channel.release(timeout)
