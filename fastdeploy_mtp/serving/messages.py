@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
     from ..runtime.target_runner import StepOutput
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 #: HTTP header that carries the protocol version of a splitwise request or answer.
 VERSION_HEADER = "X-FastDeploy-MTP-Protocol"
 
@@ -314,11 +314,14 @@ class DecodeRequest(PrefillRequest):
 
 
 class HandoffMessage(_Message):
-    """A prefill instance's hand-over: the slot state (:mod:`fastdeploy_mtp.splitwise.handoff`)
-    and the KV descriptor (``KVSource.offer``, versioned by :mod:`fastdeploy_mtp.splitwise`)."""
+    """A prefill instance's hand-over: the slot state (:mod:`fastdeploy_mtp.splitwise.handoff`),
+    the KV descriptor (``KVSource.offer``, versioned by :mod:`fastdeploy_mtp.splitwise`) and
+    the prefill instance's ``signature`` over both, the request id, its prompt and first
+    tokens (:func:`~fastdeploy_mtp.splitwise.handoff.sign_handoff`)."""
 
     state: dict[str, Any]
     kv: dict[str, Any]
+    signature: str
 
 
 class PrefillAnswer(_Message):

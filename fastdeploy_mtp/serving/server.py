@@ -188,6 +188,7 @@ def _run(
 ) -> int:
     """Start the workers, the engine and the HTTP server (recording each in ``running``) and
     serve until the server stops; returns the exit status."""
+    from ..credentials import DroppedMessages
     from ..runtime.engine import Engine
     from ..tokenization import load_generation_config, load_tokenizer
     from .app import create_app, run_http
@@ -216,11 +217,12 @@ def _run(
         if running.server is not None:
             running.server.should_exit = True
 
+    dropped = DroppedMessages()  # every refused message of this deployment, shown in /metrics
     if opts.splitwise_role == "mixed":
-        running.async_engine = AsyncEngine(engine, on_fatal)
+        running.async_engine = AsyncEngine(engine, on_fatal, dropped)
     else:
         running.async_engine, running.kv_source = _splitwise_engine(
-            opts, engine, runner, on_fatal, layout.max_num_seqs, progress
+            opts, engine, runner, on_fatal, layout.max_num_seqs, progress, dropped
         )
     app = create_app(running.async_engine, served_model_name(opts, arch), tokenizer, defaults, eos_ids)
     if opts.splitwise_role != "mixed":
@@ -256,14 +258,17 @@ def _splitwise_engine(
     on_fatal: Callable[[str], None],
     max_num_seqs: int,
     progress: Callable[[str], None],
+    dropped: Any,
 ) -> tuple[Any, Any]:
     """The :class:`~.splitwise_api.SplitwiseEngine` of a prefill or decode instance (and, for
     a prefill instance, its KV source, listening)."""
+    from ..credentials import splitwise_secret
     from ..models.cache_spec import describe
     from ..splitwise.kv_layout import KVLayout
     from ..splitwise.kv_source import KVSource
     from .splitwise_api import SplitwiseEngine
 
+    secret = splitwise_secret(opts.splitwise_secret_file)
     caches = runner.host_caches()
     layout = KVLayout.of_caches(caches, describe(runner.all_cache_specs()))
     if opts.splitwise_role == "decode":
@@ -275,6 +280,8 @@ def _splitwise_engine(
             transport=opts.kv_transport,
             transfer_timeout=opts.kv_transfer_timeout,
             max_waiting=opts.max_waiting_requests or max_num_seqs,
+            dropped=dropped,
+            secret=secret,
         )
         progress(f"decode instance: KV transport {opts.kv_transport}, transfer timeout {opts.kv_transfer_timeout:g} s")
         return se, None
@@ -288,9 +295,11 @@ def _splitwise_engine(
         port=opts.splitwise_port or 0,
         hold_timeout=opts.kv_hold_timeout,
         advertise_host=opts.kv_advertise_host,
+        secret=secret,
+        dropped=dropped,
     )
     try:
-        holder["se"] = SplitwiseEngine(engine, on_fatal, kv_source=source)
+        holder["se"] = SplitwiseEngine(engine, on_fatal, kv_source=source, dropped=dropped, secret=secret)
     except BaseException:
         source.close()
         raise

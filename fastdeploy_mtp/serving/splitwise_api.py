@@ -131,6 +131,11 @@ class SplitwiseEngine(AsyncEngine):
         self.secret = secret
         super().__init__(engine, on_fatal, dropped)
 
+    def _secret(self) -> bytes:
+        if self.secret is None:
+            raise RuntimeError("a splitwise instance needs the splitwise secret")
+        return self.secret
+
     # ---- the OpenAI endpoints are the router's --------------------------------------------
     def validate(self, req: Request) -> None:
         raise APIError(
@@ -168,8 +173,12 @@ class SplitwiseEngine(AsyncEngine):
                 with self.counters.lock:
                     self.counters.failure += 1
                 continue
-            stream.put("tokens", emitted_of(h.request, list(h.request.output_token_ids)))
-            stream.put("handoff", HandoffMessage(state=h.state, kv=descriptor))
+            from ..splitwise.handoff import sign_handoff
+
+            outputs = list(h.request.output_token_ids)
+            signature = sign_handoff(self._secret(), rid, h.request.prompt_token_ids, outputs, h.state, descriptor)
+            stream.put("tokens", emitted_of(h.request, outputs))
+            stream.put("handoff", HandoffMessage(state=h.state, kv=descriptor, signature=signature))
             with self.counters.lock:
                 self.counters.success += 1
 
@@ -200,6 +209,50 @@ class SplitwiseEngine(AsyncEngine):
         """Too many handed-over requests wait for a slot (answer 429)."""
         return len(self.engine.scheduler.waiting) + self._inbox.qsize() >= self.max_waiting
 
+    def check_signature(self, body: DecodeRequest, handoff: HandoffMessage) -> None:
+        """A 400 (counted as a dropped hand-over) unless a prefill instance holding this
+        deployment's splitwise secret signed this hand-over for this request, prompt and
+        first tokens."""
+        from ..splitwise.handoff import handoff_signature_matches
+
+        if not handoff_signature_matches(
+            self._secret(),
+            handoff.signature,
+            body.request_id,
+            body.prompt_token_ids,
+            body.output_token_ids,
+            handoff.state,
+            handoff.kv,
+        ):
+            self.dropped.add("handoff")
+            raise APIError(
+                400,
+                "handoff: the signature does not match: not made by a prefill instance with this deployment's "
+                "splitwise secret for this request id, prompt and first tokens, or changed on the way",
+                "handoff",
+            )
+
+    def check_history(self, req: Request, handoff: HandoffMessage) -> None:
+        """A 400 (counted) unless the slot state is this request's just after its prompt and
+        the offered blocks hold every cached position
+        (:func:`~fastdeploy_mtp.splitwise.handoff.check_handoff_history`)."""
+        from ..splitwise.handoff import HandoffError, check_handoff_history
+
+        block_ids = handoff.kv.get("block_ids")
+        spec = self.engine.fd_config.speculative_config
+        try:
+            check_handoff_history(
+                handoff.state,
+                req.prompt_token_ids,
+                req.output_token_ids,
+                len(block_ids) if isinstance(block_ids, list) else 0,
+                self.engine.fd_config.cache_config.block_size,
+                spec.num_speculative_tokens if spec.enabled else 0,
+            )
+        except HandoffError as exc:
+            self.dropped.add("handoff")
+            raise APIError(400, f"handoff: {exc}", "handoff") from None
+
     def submit_transferred(self, req: Request, descriptor: dict[str, Any]) -> Stream:
         self._descriptors[req.request_id] = (req, descriptor)
         return self.submit(req)
@@ -219,7 +272,9 @@ class SplitwiseEngine(AsyncEngine):
             error: BaseException | None = None
             t0 = time.perf_counter()
             try:
-                nbytes = pull_blocks(descriptor, caches, self.layout, blocks, transport, self.transfer_timeout)
+                nbytes = pull_blocks(
+                    descriptor, caches, self.layout, blocks, transport, self.transfer_timeout, self.secret
+                )
             except Exception as exc:
                 error = exc
             with self.counters.lock:
@@ -321,14 +376,17 @@ async def decode(request: HTTPRequest) -> Response:
     try:
         handoff = HandoffMessage.model_validate(body.handoff)
     except ValidationError:
-        message = "handoff must be the prefill instance's object with keys `state` and `kv`"
+        se.dropped.add("handoff")
+        message = "handoff must be the prefill instance's object with keys `state`, `kv` and `signature`"
         raise APIError(400, message, "handoff") from None
+    se.check_signature(body, handoff)
     try:
         KVLayout.from_dict(handoff.kv.get("layout")).check_matches(se.layout)
     except TransferError as exc:
         raise APIError(400, f"handoff: {exc}", "handoff") from None
     req = new_request(body, output_token_ids=list(body.output_token_ids), handoff_state=handoff.state)
     se.check(req)
+    se.check_history(req, handoff)
     if se.full():
         full = APIError(429, "the decode instance is full", kind="overloaded").response()
         full.headers["Retry-After"] = "1"

@@ -268,3 +268,118 @@ def sampling_mismatch(state: object, sampling: Any, request_id: str) -> str | No
     except (KeyError, TypeError, IndexError, ValueError) as exc:
         return f"the slot state has no readable sampling rows ({exc})"
     return None
+
+
+# ---- what binds a hand-over to its request --------------------------------------------------
+
+
+def signed_content(
+    request_id: str, prompt_token_ids: list[int], output_token_ids: list[int], state: Any, kv: Any
+) -> dict[str, Any]:
+    """What a hand-over's signature covers: the request, its prompt and first tokens, the slot
+    state and the KV descriptor (its transfer token included)."""
+    return {
+        "request_id": request_id,
+        "prompt_token_ids": list(prompt_token_ids),
+        "output_token_ids": list(output_token_ids),
+        "state": state,
+        "kv": kv,
+    }
+
+
+def sign_handoff(
+    secret: bytes, request_id: str, prompt_token_ids: list[int], output_token_ids: list[int], state: Any, kv: Any
+) -> str:
+    """The prefill instance's signature of a hand-over (HMAC-SHA256 under the key the
+    splitwise secret derives for ``"handoff"``, hex)."""
+    from ..credentials import derive, sign
+
+    return sign(derive(secret, "handoff"), signed_content(request_id, prompt_token_ids, output_token_ids, state, kv))
+
+
+def handoff_signature_matches(
+    secret: bytes,
+    signature: Any,
+    request_id: str,
+    prompt_token_ids: list[int],
+    output_token_ids: list[int],
+    state: Any,
+    kv: Any,
+) -> bool:
+    """Whether ``signature`` is :func:`sign_handoff` of these values (constant time)."""
+    from ..credentials import derive, signature_matches
+
+    content = signed_content(request_id, prompt_token_ids, output_token_ids, state, kv)
+    return signature_matches(derive(secret, "handoff"), content, signature)
+
+
+def _row(state: Any, part: str, name: str) -> list[Any]:
+    """The full row ``name`` of ``state[part]`` (``check_slot_state`` accepted its encoding)."""
+    enc = state[part][name]
+    return list(enc["v"]) + [enc["fill"]] * (int(enc["n"]) - len(enc["v"]))
+
+
+def check_handoff_history(
+    state: Any,
+    prompt_token_ids: list[int],
+    output_token_ids: list[int],
+    num_offered_blocks: int,
+    block_size: int,
+    num_speculative_tokens: int,
+) -> None:
+    """Check that a hand-over's slot state (accepted by :func:`check_slot_state`) is the state
+    of *this* request just after its prompt: the lengths, the step counter and the token
+    history agree with the prompt and the first tokens the decode request carries, and the
+    offered blocks hold every position the state says is cached. A state that is in range but
+    inconsistent (say ``seq_lens_decoder`` 1000 for a 62-token prompt) would decode from
+    positions nobody wrote; it is refused with :class:`HandoffError` naming the field.
+
+    Args:
+        state: the slot state (``{"target": ..., "draft": ...}``).
+        prompt_token_ids, output_token_ids: the decode request's prompt and first tokens.
+        num_offered_blocks: blocks the hand-over's KV descriptor offers.
+        block_size: tokens per KV block.
+        num_speculative_tokens: this instance's K (0 without speculation).
+    """
+    prompt, outputs = list(prompt_token_ids), list(output_token_ids)
+    n_prompt, n_out, k = len(prompt), len(outputs), int(num_speculative_tokens)
+
+    def one(part: str, name: str) -> int:
+        return int(_row(state, part, name)[0])
+
+    def expect(part: str, name: str, ok: bool, wanted: str) -> None:
+        if not ok:
+            raise HandoffError(
+                f"slot state `{part}.{name}` is {one(part, name)}, expected {wanted} "
+                f"(a {n_prompt}-token prompt with {n_out} first token(s))"
+            )
+
+    if not outputs:
+        raise HandoffError("a hand-over comes with the first token(s): `output_token_ids` is empty")
+    expect("target", "prompt_lens", one("target", "prompt_lens") == n_prompt, str(n_prompt))
+    expect("target", "seq_lens_encoder", one("target", "seq_lens_encoder") == 0, "0 (the prompt is done)")
+    expect("target", "seq_lens_decoder", one("target", "seq_lens_decoder") == n_prompt, f"{n_prompt} (the prompt)")
+    expect("target", "step_idx", one("target", "step_idx") == n_out, f"{n_out} (the first tokens)")
+    this_time = one("target", "seq_lens_this_time")
+    expect("target", "seq_lens_this_time", 1 <= this_time <= k + 1, f"1..{k + 1}")
+    expect("target", "stop_flags", not bool(_row(state, "target", "stop_flags")[0]), "false")
+    history = [int(v) for v in _row(state, "target", "token_ids_all")]
+    if history[:n_prompt] != prompt:
+        raise HandoffError("slot state `target.token_ids_all` does not start with the request's prompt")
+    if history[n_prompt : n_prompt + n_out] != outputs:
+        raise HandoffError("slot state `target.token_ids_all` does not continue with the request's first tokens")
+    if int(_row(state, "target", "draft_tokens")[0]) != outputs[-1]:
+        raise HandoffError("slot state `target.draft_tokens[0]` is not the request's last first token")
+    cached = n_prompt
+    if state.get("draft") is not None:
+        expect("draft", "seq_lens_encoder", one("draft", "seq_lens_encoder") == 0, "0 (the prompt is done)")
+        draft_cached = one("draft", "seq_lens_decoder")
+        expect("draft", "seq_lens_decoder", draft_cached <= n_prompt + k, f"at most {n_prompt + k}")
+        expect("draft", "input_ids_len", one("draft", "input_ids_len") <= n_prompt, f"at most {n_prompt}")
+        cached = max(cached, draft_cached)
+    need = -(-cached // int(block_size))
+    if num_offered_blocks < need:
+        raise HandoffError(
+            f"the hand-over offers {num_offered_blocks} KV block(s) of {block_size} tokens; its state has "
+            f"{cached} cached positions, which need {need}"
+        )

@@ -135,7 +135,7 @@ def test_result_keeps_its_types():
             finished=False,
             handoff={"state": {}, "kv": {}},
         ),
-        HandoffMessage(state={"target": {}}, kv={"version": 1}),
+        HandoffMessage(state={"target": {}}, kv={"version": 1}, signature="0" * 64),
         ErrorMessage(error=ErrorDetail(message="no", type="server_error", code=500)),
     ],
     ids=["prefill", "decode", "answer", "handoff", "error"],
@@ -174,11 +174,14 @@ def _raw(message: Any, **change: Any) -> bytes:
 
 
 def test_another_version_is_refused_naming_both():
-    with pytest.raises(MessageError, match=rf"protocol version 2; this process speaks version {PROTOCOL_VERSION}"):
-        decode_engine_message(_raw(STEP, version=2))
+    other = PROTOCOL_VERSION + 1
+    with pytest.raises(
+        MessageError, match=rf"protocol version {other}; this process speaks version {PROTOCOL_VERSION}"
+    ):
+        decode_engine_message(_raw(STEP, version=other))
     # even when the rest does not fit this version's fields either
-    with pytest.raises(MessageError, match=r"protocol version 2;"):
-        decode_worker_message(_raw(Ready(rank=0, pid=1), version=2, pid="new"))
+    with pytest.raises(MessageError, match=rf"protocol version {other};"):
+        decode_worker_message(_raw(Ready(rank=0, pid=1), version=other, pid="new"))
     with pytest.raises(
         MessageError, match=rf"sent no protocol version; this process speaks version {PROTOCOL_VERSION}"
     ):
@@ -265,7 +268,7 @@ def _engine_side(payloads: list[bytes]) -> RemoteRunner:
     "payload, words",
     [
         (b"[1, 2]", "malformed message from worker rank0"),
-        (_raw(Done(step=1, rank=0, result=RESULT), version=2), "protocol version 2"),
+        (_raw(Done(step=1, rank=0, result=RESULT), version=PROTOCOL_VERSION + 1), "protocol version 3"),
         (Done(step=1, rank=0).encode(), "without its result"),
         (Failed(step=None, rank=0, message="refused: bad step").encode(), "refused: bad step"),
         (Done(step=7, rank=0, result=RESULT).encode(), "answered step 7, not 1"),

@@ -23,6 +23,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
+from tests.support.handover import resigned  # noqa: E402
 from tests.support.servers import (  # noqa: E402
     ServerProcess,
     alive,
@@ -161,13 +162,14 @@ def test_instances_refuse_openai_requests_and_foreign_handoffs(mtp3):
         "output_token_ids": first["output_token_ids"],
         "max_tokens": 8,
     }
+    # a prefill instance of this deployment with one more MTP layer (signed: it holds the secret)
     bad = json.loads(json.dumps(handoff))
     bad["kv"]["layout"]["caches"] += bad["kv"]["layout"]["caches"][-2:]  # one more MTP layer's pair
-    status, body = splitwise_post(d.base_url + "/v1/splitwise/decode", {**request, "handoff": bad})
+    status, body = splitwise_post(d.base_url + "/v1/splitwise/decode", {**request, "handoff": resigned(bad, request)})
     assert status == 400 and "first unmatched: mtp layer 0 key" in body["error"]["message"], body
     bad = json.loads(json.dumps(handoff))
     del bad["state"]["draft"]["pre_ids"]
-    status, body = splitwise_post(d.base_url + "/v1/splitwise/decode", {**request, "handoff": bad})
+    status, body = splitwise_post(d.base_url + "/v1/splitwise/decode", {**request, "handoff": resigned(bad, request)})
     assert status == 400 and "pre_ids" in body["error"]["message"], body
     # the real handoff still works after the refusals
     status, events = splitwise_post(d.base_url + "/v1/splitwise/decode", {**request, "handoff": handoff})

@@ -16,8 +16,27 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from fastdeploy_mtp.credentials import splitwise_secret
 from fastdeploy_mtp.distributed import find_free_port_range
+from fastdeploy_mtp.splitwise.handoff import sign_handoff
 from tests.support.servers import http_get, scrape_metrics, splitwise_post
+
+
+def resigned(handoff: dict, request: dict) -> dict:
+    """``handoff`` signed again with this test run's splitwise secret for ``request`` (its
+    ``request_id``, ``prompt_token_ids``, ``output_token_ids``): what a prefill instance of
+    this deployment would send if its caches, state or descriptor were these. Lets a test
+    reach the checks behind the signature with a deliberately different hand-over."""
+    signature = sign_handoff(
+        splitwise_secret(),
+        request["request_id"],
+        request["prompt_token_ids"],
+        request["output_token_ids"],
+        handoff["state"],
+        handoff["kv"],
+    )
+    return {**handoff, "signature": signature}
+
 
 #: bytes per element of the cache dtypes a descriptor names
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -68,6 +87,8 @@ def handed_over_every_cache(
         bad = json.loads(json.dumps(first["handoff"]))
         change(bad["kv"]["layout"]["caches"])
         status, err = splitwise_post(decode + "/v1/splitwise/decode", {**request, "handoff": bad})
+        assert status == 400 and "signature does not match" in err["error"]["message"], err  # changed on the way
+        status, err = splitwise_post(decode + "/v1/splitwise/decode", {**request, "handoff": resigned(bad, request)})
         assert status == 400 and message in err["error"]["message"], err
     before = scrape_metrics(decode)
     status, events = splitwise_post(decode + "/v1/splitwise/decode", {**request, "handoff": first["handoff"]})
