@@ -55,7 +55,7 @@ def _check_secret(value: bytes, where: str) -> bytes:
     if len(value) < MIN_SECRET_BYTES:
         raise CredentialError(f"{where}: a splitwise secret needs at least {MIN_SECRET_BYTES} bytes, got {len(value)}")
     if len(value) > _MAX_SECRET_BYTES:
-        raise CredentialError(f"{where}: a splitwise secret of {len(value)} bytes is too long (at most 4096)")
+        raise CredentialError(f"{where}: a splitwise secret is too long (more than {_MAX_SECRET_BYTES} bytes)")
     return value
 
 

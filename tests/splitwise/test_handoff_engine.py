@@ -4,6 +4,7 @@ the prefill engine's slot state and KV blocks, and the output equals the mixed e
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -279,3 +280,80 @@ def test_a_hostile_slot_state_is_refused_before_it_reaches_a_step(random_model, 
     assert not d.has_work
     p.close()
     d.close()
+
+
+# ---- the decode side's history check ----------------------------------------------------------
+
+
+def _handoffs(cfg, target, mtp, reqs, **kwargs):
+    """Every hand-over of an in-process P/D run as (prompt ids, first token ids, state, blocks),
+    snapshotted when the prefill engine made it."""
+    pd = LocalPD(cfg, target, mtp, **kwargs)
+    seen = []
+    step = pd.p.step
+
+    def recording(s):
+        ev = step(s)
+        for h in ev.handed_off:
+            r = h.request
+            seen.append((list(r.prompt_token_ids), list(r.output_token_ids), json.loads(json.dumps(h.state)), h.blocks))
+        return ev
+
+    pd.p.step = recording
+    pd.run(reqs)
+    pd.close()
+    return seen
+
+
+@pytest.mark.parametrize(("k", "steps", "hybrid", "chunk"), [(0, 1, False, 0), (3, 3, False, 0), (3, 1, True, 4)])
+def test_every_real_hand_over_passes_the_history_check_and_each_inconsistency_is_named(
+    random_model, k, steps, hybrid, chunk
+):
+    """The invariants hold for every hand-over a prefill engine makes (prompts of 2..30 tokens,
+    block boundaries, chunked prefill), and breaking any one of them is refused naming it."""
+    from fastdeploy_mtp.splitwise.handoff import check_handoff_history
+
+    target, mtp = random_model
+    cfg = make_config(k, steps, hybrid, max_num_seqs=3)
+    bs = cfg.cache_config.block_size
+    reqs = make_requests(9, 6, stagger=1, min_prompt=2, max_prompt=3 * bs + 1)
+    seen = _handoffs(cfg, target, mtp if k else None, reqs, prefill_chunk_size=chunk)
+    assert len(seen) == len(reqs)
+    for prompt, out, state, blocks in seen:
+        check_handoff_history(state, prompt, out, len(blocks), bs, k)
+    prompt, out, state, blocks = max(seen, key=lambda s: len(s[0]))
+    draft_len = state["draft"]["seq_lens_decoder"] if k else {"v": [0], "fill": 0}
+    cached = max(len(prompt), (draft_len["v"] or [draft_len["fill"]])[0])
+    need = -(-cached // bs)  # the blocks holding every cached position (the engine may offer more)
+    assert len(blocks) >= need
+
+    def broken(part, name, value):
+        bad = json.loads(json.dumps(state))
+        bad[part][name] = {**bad[part][name], "v": [value]}
+        return bad
+
+    cases = [
+        (broken("target", "seq_lens_decoder", 1000), prompt, out, len(blocks), "target.seq_lens_decoder"),
+        (broken("target", "step_idx", 1024), prompt, out, len(blocks), "target.step_idx"),
+        (broken("target", "prompt_lens", len(prompt) - 1), prompt, out, len(blocks), "target.prompt_lens"),
+        (broken("target", "seq_lens_encoder", 5), prompt, out, len(blocks), "target.seq_lens_encoder"),
+        (broken("target", "seq_lens_this_time", k + 2), prompt, out, len(blocks), "target.seq_lens_this_time"),
+        (state, [prompt[0] ^ 1, *prompt[1:]], out, len(blocks), "does not start with the request's prompt"),
+        (state, prompt, [out[0] ^ 1], len(blocks), "continue with the request's first tokens"),
+        (state, prompt[:-1], out, len(blocks), "target.prompt_lens"),
+        (state, prompt, [], len(blocks), "`output_token_ids` is empty"),
+        (state, prompt, out, need - 1, "which need"),
+    ]
+    if k:
+        cases.append(
+            (
+                broken("draft", "seq_lens_decoder", len(prompt) + k + 1),
+                prompt,
+                out,
+                len(blocks),
+                "draft.seq_lens_decoder",
+            )
+        )
+    for bad_state, p, o, n, message in cases:
+        with pytest.raises(HandoffError, match=re.escape(message)):
+            check_handoff_history(bad_state, p, o, n, bs, k)
