@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import hmac
 import json
@@ -188,3 +189,20 @@ class DroppedMessages:
     def counts(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counts)
+
+
+def add_credential_args(p: argparse.ArgumentParser) -> None:
+    """``--api-key`` and ``--splitwise-secret-file`` (``serve`` and ``router``)."""
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="clients must send `Authorization: Bearer KEY` on /v1/* (default: $FASTDEPLOY_MTP_API_KEY, else none; "
+        "the command line is visible to other local users, the variable is not)",
+    )
+    p.add_argument(
+        "--splitwise-secret-file",
+        default=None,
+        metavar="FILE",
+        help="splitwise: the secret shared by the router and every instance (a chmod-600 file; default: "
+        "$FASTDEPLOY_MTP_SPLITWISE_SECRET, else ~/.config/fastdeploy_mtp/splitwise_secret, created on first use)",
+    )

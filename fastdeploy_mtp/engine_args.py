@@ -484,19 +484,3 @@ def build_config(arch: ArchConfig, spec: SpeculativeConfig, max_num_seqs: int, m
         ),
     )
 
-
-def add_credential_args(p: argparse.ArgumentParser) -> None:
-    """``--api-key`` and ``--splitwise-secret-file`` (``serve`` and ``router``)."""
-    p.add_argument(
-        "--api-key",
-        default=None,
-        help="clients must send `Authorization: Bearer KEY` on /v1/* (default: $FASTDEPLOY_MTP_API_KEY, else none; "
-        "the command line is visible to other local users, the variable is not)",
-    )
-    p.add_argument(
-        "--splitwise-secret-file",
-        default=None,
-        metavar="FILE",
-        help="splitwise: the secret shared by the router and every instance (a chmod-600 file; default: "
-        "$FASTDEPLOY_MTP_SPLITWISE_SECRET, else ~/.config/fastdeploy_mtp/splitwise_secret, created on first use)",
-    )

@@ -28,19 +28,21 @@ ALLOWED: dict[str, set[str]] = {
     "ops": {"constants"},
     "constants": {"ops"},
     "config": set(),
+    # the deployment's credentials (API key, splitwise secret, signatures) and refusal counts
+    "credentials": set(),
     "ipc": {"ops"},
     "distributed": set(),
     "models": {"constants", "config", "ops", "distributed"},
     # the engine hands a slot over (splitwise.handoff) and runs the proposer
     "runtime": {"constants", "config", "ops", "ipc", "models", "proposer", "splitwise", "distributed"},
     "proposer": {"constants", "config", "ops", "ipc", "models", "runtime", "distributed"},
-    "splitwise": {"constants", "config", "ops", "ipc"},
+    "splitwise": {"constants", "config", "ops", "ipc", "credentials"},
     "tokenization": {"config"},
     # engine_args refuses a K the token message (ops.messaging) cannot carry, on every command
     "engine_args": {"config", "constants", "ops", "models", "runtime", "tokenization"},
     # the server runs the engine, the proposer and the splitwise hand-over
     "serving": {"constants", "config", "ops", "ipc", "models", "runtime", "proposer", "splitwise"}
-    | {"distributed", "engine_args", "tokenization"},
+    | {"distributed", "engine_args", "tokenization", "credentials"},
 }
 #: The commands sit on top: they may import every layer, and nothing imports them.
 ALLOWED["entrypoints"] = set(ALLOWED) - {"entrypoints"}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..engine_args import UsageError, add_credential_args, options_from_args, positive_float, positive_int
+from ..credentials import add_credential_args
+from ..engine_args import UsageError, options_from_args, positive_float, positive_int
 
 
 def register(sub: Any) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..credentials import add_credential_args
 from ..engine_args import (
     UsageError,
-    add_credential_args,
     add_max_num_seqs_arg,
     add_model_arg,
     add_speculative_args,
