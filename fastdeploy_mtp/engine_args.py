@@ -483,4 +483,3 @@ def build_config(arch: ArchConfig, spec: SpeculativeConfig, max_num_seqs: int, m
             block_size=arch.block_size, total_block_num=max_num_seqs * (-(-max_model_len // arch.block_size) + 3)
         ),
     )
-

@@ -121,9 +121,10 @@ class ServerProcess:
     Args:
         args: extra CLI arguments (speculation, --tensor-parallel-size, ...).
         start_timeout: seconds to wait for ``/health``.
+        env: the server's environment (default: this process's).
     """
 
-    def __init__(self, args: list[str], start_timeout: float = 180.0):
+    def __init__(self, args: list[str], start_timeout: float = 180.0, env: dict[str, str] | None = None):
         self.port = find_free_port_range(2)  # two distinct ports: HTTP, then the engine-worker socket
         self.queue_port = self.port + 1
         if "--device-ids" not in args:  # names of its own: other servers on this host use 0..tp-1
@@ -142,7 +143,7 @@ class ServerProcess:
             str(self.queue_port),
             *args,
         ]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         self.children: list[int] = []
         try:
             self._wait_healthy(start_timeout)
