@@ -37,6 +37,7 @@ import warnings
 from typing import NoReturn
 
 from ..config import SpeculativeConfigError
+from ..credentials import CredentialError
 from ..engine_args import UsageError
 from ..runtime.request import GenerationError
 from . import demo, generate, router, serve
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         if _debug():
             raise
         return 130
-    except (UsageError, SpeculativeConfigError) as exc:
+    except (UsageError, SpeculativeConfigError, CredentialError) as exc:
         if _debug():
             raise
         _report(exc)

@@ -35,6 +35,13 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
         help="seconds a request may wait for a decode instance with room before it fails with 503 (default 600)",
     )
     p.add_argument(
+        "--instance-timeout",
+        type=positive_float,
+        default=60.0,
+        help="seconds an instance may stay silent (a prefill answer, or the next event of a decode stream) before "
+        "the request fails with 504 naming it (default 60)",
+    )
+    p.add_argument(
         "--served-model-name", default=None, help="model id in the API (default: the first prefill instance's)"
     )
     p.add_argument(

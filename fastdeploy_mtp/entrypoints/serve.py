@@ -47,7 +47,18 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-model-len", type=positive_int, default=1024, help="longest prompt + output (default 1024)")
     p.add_argument(
-        "--engine-worker-queue-port", type=int, default=None, help="engine<->worker loopback port (default: a free one)"
+        "--engine-worker-queue-port",
+        type=positive_int,
+        default=None,
+        help="names the deployment: its runtime directory (the engine<->worker socket), its SysV token queue id and "
+        "its cache_ready_signal suffix (default: a free port number)",
+    )
+    p.add_argument(
+        "--step-timeout",
+        type=positive_float,
+        default=300.0,
+        help="seconds one step of the workers may take before the deployment counts as hung: requests in flight "
+        "fail, /health turns 503 and the server exits with status 1 (default 300)",
     )
     p.add_argument("--device-ids", default=None, help="device id per rank in the cache names (default 0..tp-1)")
     p.add_argument(

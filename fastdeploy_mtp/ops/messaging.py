@@ -23,6 +23,9 @@ TOPK_META_BYTES: Final = 4 * (3 + MAX_BSZ)
 FIRST_TOKEN_MESSAGE_BYTES: Final = 4 * (2 + FIRST_TOKEN_MAX_BSZ * (1 + MAX_DRAFT_TOKENS))
 
 _IPC_RMID: Final = 0
+_IPC_STAT: Final = 2
+_IPC_CREAT: Final = 0o1000
+_IPC_EXCL: Final = 0o2000
 _KEY_PATH: Final = "/dev/shm"
 _libc: ctypes.CDLL | None = None
 
@@ -91,6 +94,57 @@ def remove_msg_queue(msg_queue_id: int) -> bool:
     return True
 
 
+def queue_owner(msg_queue_id: int) -> tuple[int, int] | None:
+    """``(owner uid, mode bits)`` of queue ``msg_queue_id``, ``None`` if there is none.
+    Raises ``PermissionError`` when the queue exists but this user may not read its
+    attributes (another user's queue without read permission for us)."""
+    lib = _lib()
+    qid = lib.msgget(msg_queue_key(msg_queue_id), 0)
+    if qid < 0:
+        err = ctypes.get_errno()
+        if err == errno.ENOENT:
+            return None
+        raise OSError(err, f"msgget of queue {msg_queue_id}: {os.strerror(err)}")
+    buf = ctypes.create_string_buffer(256)  # struct msqid_ds (120 bytes on x86-64 and arm64)
+    if lib.msgctl(qid, _IPC_STAT, buf) != 0:
+        err = ctypes.get_errno()
+        if err in (errno.EINVAL, errno.EIDRM):
+            return None
+        raise OSError(err, f"msgctl(IPC_STAT) of queue {msg_queue_id}: {os.strerror(err)}")
+    # struct ipc_perm starts msqid_ds: key_t __key; uid_t uid; gid_t gid; uid_t cuid; gid_t cgid; mode
+    uid = int.from_bytes(buf.raw[4:8], "little")
+    mode = int.from_bytes(buf.raw[20:22], "little") & 0o777
+    return uid, mode
+
+
+def create_msg_queue(msg_queue_id: int) -> None:
+    """Create queue ``msg_queue_id`` for this user alone (mode 0600, exclusively), before the
+    processes that use it start. A queue of this user left by a dead run is removed first; a
+    queue of another user at that key is refused (``PermissionError`` naming it): whoever
+    owns it could read the tokens or send forged ones."""
+    lib = _lib()
+    key = msg_queue_key(msg_queue_id)
+    for _ in range(3):
+        if lib.msgget(key, _IPC_CREAT | _IPC_EXCL | 0o600) >= 0:
+            return
+        err = ctypes.get_errno()
+        if err != errno.EEXIST:
+            raise OSError(err, f"msgget(IPC_CREAT | IPC_EXCL) of queue {msg_queue_id}: {os.strerror(err)}")
+        try:
+            owner = queue_owner(msg_queue_id)
+        except PermissionError:
+            owner = (-1, 0)
+        if owner is not None and owner[0] != os.geteuid():
+            raise PermissionError(
+                errno.EPERM,
+                f"the SysV message queue for msg_queue_id {msg_queue_id} (key {key:#x}) belongs to uid {owner[0]}, "
+                "not to this user; choose another --engine-worker-queue-port (or remove that queue: `ipcrm -Q "
+                f"{key:#x}`)",
+            )
+        remove_msg_queue(msg_queue_id)  # ours, from a run that did not clean up
+    raise OSError(errno.EEXIST, f"queue {msg_queue_id} keeps being re-created while we create it")
+
+
 __all__ = [
     "FIRST_TOKEN_MAX_BSZ",
     "FIRST_TOKEN_MESSAGE_BYTES",
@@ -99,7 +153,9 @@ __all__ = [
     "SPEC_LOGPROB_K",
     "TOPK_ENTRY_BYTES",
     "TOPK_META_BYTES",
+    "create_msg_queue",
     "msg_queue_key",
+    "queue_owner",
     "read_msgmax",
     "remove_msg_queue",
     "topk_message_bytes",

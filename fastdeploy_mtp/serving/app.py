@@ -15,6 +15,7 @@ splitwise router (:class:`~.router_backend.RouterBackend`).
 from __future__ import annotations
 
 import json
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -30,6 +31,7 @@ from ..runtime.request import InvalidRequestError, Request
 from ..runtime.sampling_params import TokenLogprob
 from ..tokenization import GenerationDefaults, Tokenizer
 from .engine_client import Backend, Stream, stream_events
+from .http_auth import Access, install
 from .metrics import render
 from .openai_protocol import (
     SAMPLING_FIELDS,
@@ -52,13 +54,14 @@ def run_http(
     progress: Callable[[str], None],
     t0: float,
     on_server: Callable[[Any], None] | None = None,
+    sock: socket.socket | None = None,
 ) -> bool:
     """Serve ``app`` with uvicorn on ``host:port`` until SIGINT/SIGTERM; returns whether it
     started (e.g. not when the port was taken: uvicorn said why). ``on_server`` gets the
     ``uvicorn.Server`` first (to stop it from another thread). uvicorn handles the signals
     while it runs and raises them again once it has stopped; the handlers installed here take
     that second delivery (the caller restores its own afterwards), so the caller's clean-up
-    runs."""
+    runs. ``sock``: a socket :func:`bind_listener` bound already (uvicorn then binds none)."""
     import signal
 
     import uvicorn
@@ -74,8 +77,30 @@ def run_http(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, requested_stop)
-    server.run()
+    server.run(sockets=[sock] if sock is not None else None)
     return bool(server.started)
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``, bound before anything slow starts, so a taken
+    port is refused at once. Raises ``UsageError`` naming ``--port`` or ``--host``."""
+    from ..engine_args import UsageError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise UsageError(f"--host {host}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"--port {port}: cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(False)
+    return sock
 
 
 @dataclass
@@ -102,15 +127,18 @@ def create_app(
     tokenizer: Tokenizer,
     defaults: GenerationDefaults | None = None,
     eos_token_ids: list[int] | None = None,
+    access: Access | None = None,
 ) -> FastAPI:
     """The FastAPI app over ``backend`` (an :class:`~.engine_client.AsyncEngine`, or any other
     :class:`~.engine_client.Backend`); see :class:`Served` for the other arguments.
-    ``eos_token_ids`` defaults to the tokenizer's EOS id and ``defaults``' ids."""
+    ``eos_token_ids`` defaults to the tokenizer's EOS id and ``defaults``' ids; ``access``
+    says who may call which endpoint (:mod:`.http_auth`; default: everyone)."""
     defaults = defaults or GenerationDefaults()
     if eos_token_ids is None:
         eos_token_ids = list(dict.fromkeys([*tokenizer.eos_token_ids, *defaults.eos_token_ids]))
     app = FastAPI(title="fastdeploy-mtp", description="OpenAI-compatible server with MTP speculative decoding")
     app.state.served = Served(backend, model_name, tokenizer, int(time.time()), defaults, list(eos_token_ids))
+    install(app, access or Access())
     app.exception_handler(APIError)(_api_error)
     app.exception_handler(RequestValidationError)(_validation_error)
     app.get("/health")(health)

@@ -3,7 +3,10 @@
 MTP layer, each of its spec's shape and dtype) for every tensor-parallel rank, publishes each
 by name (``set_data_ipc``, FastDeploy's names), then raises
 ``cache_ready_signal.<engine_worker_queue_port>[rank]``. It holds them until SIGTERM (or its
-parent's death), then removes every name it created.
+parent's death), then removes every name it created. If the engine died (SIGKILL), the
+cache manager is the survivor that cleans up for it: it waits for the workers to exit (and
+stops them if they do not), then removes the SysV token queue and the deployment's runtime
+directory, so nothing of the deployment is left behind.
 
 ``python -m fastdeploy_mtp.serving.cache_manager --model DIR --speculative_config JSON ...``
 (the arguments of :class:`~fastdeploy_mtp.serving.layout.ServeLayout`). It prints one progress
@@ -13,8 +16,11 @@ line per rank to stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import signal
 import sys
+import time
 
 import numpy as np
 
@@ -26,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fastdeploy_mtp.serving.cache_manager", description=__doc__)
     ServeLayout.add_args(ap)
     layout = ServeLayout.from_args(ap.parse_args(argv))
+    parent = os.getppid()
     become_child_process()
     import paddle
 
@@ -65,6 +72,63 @@ def main(argv: list[str] | None = None) -> int:
         for tensors, names in published:
             unpublish_caches(tensors, names)
         ready.clear()
+        if _engine_died(layout, parent):  # it could not clean up: do it for it
+            clean_up_after_engine(layout)
+
+
+def _engine_died(layout: ServeLayout, parent: int, wait: float = 5.0) -> bool:
+    """Whether this SIGTERM came from the engine's death rather than from the engine stopping
+    the deployment (it marks the runtime directory first). The kernel sends it when the
+    engine's thread that started us exits, possibly before the rest of the engine, so wait
+    up to ``wait`` s for the engine to be gone (we are then re-parented)."""
+    from . import runtime_dir
+
+    directory = runtime_dir.deployment_dir(layout.engine_worker_queue_port)
+    deadline = time.monotonic() + wait
+    while not (directory / runtime_dir.STOPPING_NAME).exists():
+        if os.getppid() != parent:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return False
+
+
+def clean_up_after_engine(layout: ServeLayout, timeout: float = 10.0) -> None:
+    """What the engine removes when it stops, done by the cache manager when the engine was
+    killed: the workers gone (the kernel sent them SIGTERM; SIGKILL after ``timeout`` s), then the token queue
+    (a worker still running could re-create it) and the runtime directory."""
+    from ..ops.messaging import remove_msg_queue
+    from . import runtime_dir
+
+    owner = runtime_dir.read_owner(runtime_dir.deployment_dir(layout.engine_worker_queue_port)) or {}
+    children = owner.get("children")
+    workers = [p for p in children if isinstance(p, int) and p != os.getpid()] if isinstance(children, list) else []
+    # they were sent SIGTERM by the kernel too (the engine's death): give them ``timeout`` s
+    for kill in (False, True):
+        for pid in workers if kill else []:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout
+        while workers and time.monotonic() < deadline:
+            workers = [p for p in workers if runtime_dir.process_start(p) is not None and not _zombie(p)]
+            time.sleep(0.05)
+    with contextlib.suppress(OSError):
+        remove_msg_queue(layout.msg_queue_id)
+    runtime_dir.remove(layout.engine_worker_queue_port)
+    print(
+        "[cache manager] the engine died: workers stopped, token queue and runtime directory removed",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":

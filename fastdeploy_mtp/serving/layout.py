@@ -29,8 +29,9 @@ class ServeLayout:
         speculative_config: FastDeploy's ``speculative_config`` as JSON.
         max_num_seqs: batch slots ``N``.
         max_model_len: longest prompt + output of one request.
-        engine_worker_queue_port: loopback TCP port of the engine's worker socket; also the
-            suffix of ``cache_ready_signal`` and the SysV message queue id of the token output.
+        engine_worker_queue_port: names the deployment: its runtime directory (where the
+            engine's worker socket lives, :mod:`.runtime_dir`), the suffix of
+            ``cache_ready_signal`` and the SysV message queue id of the token output.
         tensor_parallel_size: worker processes (one per rank).
         device_ids: per rank, the device id in the cache names (empty: ``0..tp-1``).
         cache_ready_timeout: seconds a worker waits for its caches.

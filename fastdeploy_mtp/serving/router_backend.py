@@ -16,6 +16,7 @@ from httpx_sse import ServerSentEvent, aconnect_sse
 from prometheus_client import CollectorRegistry
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_delay, wait_exponential
 
+from ..credentials import DroppedMessages, http_token
 from ..runtime.request import InvalidRequestError, Request
 from ..runtime.sampling_params import TokenLogprob
 from .engine_client import Stream
@@ -34,7 +35,7 @@ from .messages import (
     decode_http,
     version_headers,
 )
-from .metrics import RouterCollector, RouterCounters
+from .metrics import DroppedCollector, RouterCollector, RouterCounters
 from .openai_protocol import APIError
 from .text import Emitted
 
@@ -119,6 +120,10 @@ class RouterBackend:
         decode: base URLs of the decode instances, at least one.
         queue_timeout: seconds a request may wait for a decode instance with room (429s)
             before it fails with a 503.
+        secret: the deployment's splitwise secret; the router presents the token derived from
+            it (:func:`~fastdeploy_mtp.credentials.http_token`) to every instance.
+        instance_timeout: seconds an instance may stay silent (no answer, or no event in a
+            stream) before the request fails with a 504 naming it.
 
     Use it from one event loop (the server's): the HTTP client is made there on first use;
     :meth:`aclose` ends the requests in flight and closes it.
@@ -126,7 +131,14 @@ class RouterBackend:
 
     fatal: str | None = None
 
-    def __init__(self, prefill: Sequence[str], decode: Sequence[str], queue_timeout: float = 600.0):
+    def __init__(
+        self,
+        prefill: Sequence[str],
+        decode: Sequence[str],
+        queue_timeout: float = 600.0,
+        secret: bytes | None = None,
+        instance_timeout: float = 60.0,
+    ):
         if not prefill:
             raise ValueError("prefill: at least one prefill instance URL is needed")
         if not decode:
@@ -135,10 +147,19 @@ class RouterBackend:
             raise ValueError(f"queue_timeout must be > 0 seconds, got {queue_timeout}")
         self.prefill = [check_instance_url(u, "prefill") for u in prefill]
         self.decode = [check_instance_url(u, "decode") for u in decode]
+        if not instance_timeout > 0:
+            raise ValueError(f"instance_timeout must be > 0 seconds, got {instance_timeout}")
         self.queue_timeout = float(queue_timeout)
+        self.instance_timeout = float(instance_timeout)
+        self.headers = _json_headers()
+        if secret is not None:
+            self.headers["Authorization"] = "Bearer " + http_token(secret).decode()
         self.counters = RouterCounters()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(RouterCollector(self.counters))
+        #: requests refused by the router's app (no API key), shown in its /metrics
+        self.dropped = DroppedMessages()
+        self.registry.register(DroppedCollector(self.dropped))
         self._next_prefill = itertools.cycle(range(len(self.prefill)))
         self._next_decode = itertools.cycle(range(len(self.decode)))
         self._client: httpx.AsyncClient | None = None
@@ -147,7 +168,7 @@ class RouterBackend:
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
+            timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S, read=self.instance_timeout)
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
             self._client = httpx.AsyncClient(timeout=timeout, limits=limits)
         return self._client
@@ -249,10 +270,21 @@ class RouterBackend:
                 req.output_logprobs.extend(logprobs)
             stream.put("tokens", Emitted(list(ids), logprobs))
 
+    def _timed_out(self, role: str, url: str) -> APIError:
+        return _server_error(
+            504, f"{role} instance {url} sent nothing for {self.instance_timeout:g} s (the router's --instance-timeout)"
+        )
+
     def _refusal(self, role: str, url: str, response: httpx.Response) -> APIError:
         message, param = _error_of(response)
         if response.status_code == 400:  # the request itself is invalid: the client's 400
             return APIError(400, message, param)
+        if response.status_code == 401:
+            return _server_error(
+                502,
+                f"{role} instance {url} refused the router's credential: give the router and every instance the "
+                "same splitwise secret (--splitwise-secret-file, or $FASTDEPLOY_MTP_SPLITWISE_SECRET)",
+            )
         status = 503 if response.status_code == 503 else 502
         return _server_error(status, f"{role} instance {url} answered {response.status_code}: {message}")
 
@@ -274,7 +306,9 @@ class RouterBackend:
             sampling=req.sampling,
         )
         try:
-            r = await self._http().post(url + PREFILL_PATH, content=body.encode(), headers=_json_headers())
+            r = await self._http().post(url + PREFILL_PATH, content=body.encode(), headers=self.headers)
+        except httpx.TimeoutException:
+            raise self._timed_out("prefill", url) from None
         except httpx.HTTPError as exc:
             raise _server_error(502, f"prefill instance {url} is unreachable ({type(exc).__name__}: {exc})") from None
         if r.status_code != 200:
@@ -333,7 +367,7 @@ class RouterBackend:
         url = self.decode[next(self._next_decode)]
         try:
             async with aconnect_sse(
-                self._http(), "POST", url + DECODE_PATH, content=body, headers=_json_headers()
+                self._http(), "POST", url + DECODE_PATH, content=body, headers=self.headers
             ) as events:
                 r = events.response
                 if r.status_code == 429:
@@ -343,6 +377,8 @@ class RouterBackend:
                     raise self._refusal("decode", url, r)
                 self._check_answer("decode", url, r)
                 return await self._relay(req, stream, f"decode instance {url}", events.aiter_sse())
+        except httpx.TimeoutException:
+            raise self._timed_out("decode", url) from None
         except httpx.HTTPError as exc:
             raise _server_error(502, f"decode instance {url} failed ({type(exc).__name__}: {exc})") from None
 

@@ -47,8 +47,10 @@ from dataclasses import dataclass
 import httpx
 from fastapi import FastAPI
 
+from ..credentials import api_key, splitwise_secret
 from ..tokenization import GenerationDefaults, Tokenizer, load_generation_config, load_tokenizer
-from .app import create_app, run_http
+from .app import bind_listener, create_app, run_http
+from .http_auth import Access
 from .router_backend import HEALTH_TIMEOUT_S, RouterBackend
 from .start_up import interruptible, progress_printer
 
@@ -59,14 +61,15 @@ def router_app(
     model_name: str,
     tokenizer: Tokenizer | None = None,
     defaults: GenerationDefaults | None = None,
+    access: Access | None = None,
 ) -> FastAPI:
     """The OpenAI app over ``backend`` with the served model's ``tokenizer`` (the instances'
     model folder's, so prompts and texts are what ``serve`` makes of them; ``None``: the
     shipped model's) and generation ``defaults``; its shutdown ends the requests in flight
-    and closes the backend's HTTP client."""
+    and closes the backend's HTTP client. ``access``: who may call it (:mod:`.http_auth`)."""
     from ..models.tiny import ASSETS_DIR
 
-    app = create_app(backend, model_name, tokenizer or load_tokenizer(ASSETS_DIR), defaults)
+    app = create_app(backend, model_name, tokenizer or load_tokenizer(ASSETS_DIR), defaults, access=access)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -86,6 +89,8 @@ class RouterOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     queue_timeout: float = 600.0
+    #: seconds an instance may stay silent before the request fails with 504
+    instance_timeout: float = 60.0
     served_model_name: str | None = None
     start_timeout: float = 300.0
     #: the folder holding the served model's tokenizer files and ``generation_config.json``
@@ -126,10 +131,10 @@ def wait_for_instances(urls: Sequence[tuple[str, str]], timeout: float, progress
             time.sleep(0.2)
 
 
-def fetch_model_name(url: str) -> str:
-    """``data[0].id`` of the instance's ``/v1/models``."""
+def fetch_model_name(url: str, headers: dict[str, str] | None = None) -> str:
+    """``data[0].id`` of the instance's ``/v1/models`` (asked with ``headers``)."""
     try:
-        r = httpx.get(url + "/v1/models", timeout=HEALTH_TIMEOUT_S)
+        r = httpx.get(url + "/v1/models", timeout=HEALTH_TIMEOUT_S, headers=headers)
         r.raise_for_status()
         return str(r.json()["data"][0]["id"])
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
@@ -147,7 +152,10 @@ def run_router(opts: RouterOptions) -> int:
     folder = opts.tokenizer or ASSETS_DIR
     # before any wait: a bad tokenizer folder fails fast
     tokenizer, defaults = load_tokenizer(folder), load_generation_config(folder)
-    backend = RouterBackend(opts.prefill, opts.decode, opts.queue_timeout)  # checks the URLs first
+    key, secret = api_key(opts.api_key), splitwise_secret(opts.splitwise_secret_file)
+    # checks the URLs first
+    backend = RouterBackend(opts.prefill, opts.decode, opts.queue_timeout, secret, opts.instance_timeout)
+    listener = bind_listener(opts.host, opts.port)  # a taken port is refused before any wait
     # httpx logs every request at INFO, and Paddle's import sets the root logger to print INFO
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
@@ -161,10 +169,17 @@ def run_router(opts: RouterOptions) -> int:
                 opts.start_timeout,
                 progress,
             )
-            model_name = opts.served_model_name or fetch_model_name(backend.prefill[0])
-            progress(f"serving model {model_name!r}; decode queue timeout {opts.queue_timeout:g} s")
-            started = run_http(router_app(backend, model_name, tokenizer, defaults), opts.host, opts.port, progress, t0)
-            return 0 if started else 1  # not started: e.g. the port was taken (uvicorn said why)
+            model_name = opts.served_model_name or fetch_model_name(backend.prefill[0], backend.headers)
+            progress(
+                f"serving model {model_name!r}; decode queue timeout {opts.queue_timeout:g} s, "
+                f"instance timeout {opts.instance_timeout:g} s"
+            )
+            access = Access(key, None, backend.dropped)
+            app = router_app(backend, model_name, tokenizer, defaults, access)
+            started = run_http(app, opts.host, opts.port, progress, t0, sock=listener)
+            return 0 if started else 1  # not started: uvicorn said why
     except KeyboardInterrupt:
         progress("interrupted during start-up")
         return 130
+    finally:
+        listener.close()

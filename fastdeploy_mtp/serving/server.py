@@ -130,8 +130,7 @@ def _layout(opts: ServeOptions) -> ServeLayout:
             raise ValueError(f"--max-num-seqs {max_num_seqs}: must be in [1, {FIRST_TOKEN_MAX_BSZ}]")
     else:
         max_num_seqs = _fit_max_num_seqs(opts.max_num_seqs)
-    if opts.splitwise_role != "mixed":
-        _refuse_taken_cache_names(spec.enabled, tp, device_ids, opts.model)
+    _refuse_taken_cache_names(device_ids)
     return ServeLayout(
         model=opts.model,
         speculative_config=spec.to_json(),
@@ -163,6 +162,7 @@ class _Running:
     async_engine: Any = None
     kv_source: Any = None  # a prefill instance's KV server
     server: Any = None  # the uvicorn.Server, once run_http has one
+    listener: Any = None  # the HTTP socket, bound before any process starts
     code: int = 0  # the exit status once the server stops: 1 after a fatal error
 
     def close(self, progress: Callable[[str], None]) -> None:
@@ -175,6 +175,8 @@ class _Running:
             progress("stopping the workers and the cache manager")
             self.runner.close()
             progress("stopped")
+        if self.listener is not None:
+            self.listener.close()
 
 
 def _run(
@@ -188,20 +190,25 @@ def _run(
 ) -> int:
     """Start the workers, the engine and the HTTP server (recording each in ``running``) and
     serve until the server stops; returns the exit status."""
-    from ..credentials import DroppedMessages
+    from ..credentials import DroppedMessages, api_key, http_token, splitwise_secret
     from ..runtime.engine import Engine
     from ..tokenization import load_generation_config, load_tokenizer
-    from .app import create_app, run_http
+    from .app import bind_listener, create_app, run_http
     from .engine_client import AsyncEngine
+    from .http_auth import Access
     from .workers import RemoteRunner
 
-    # once per process, before any worker starts: a bad tokenizer folder fails fast
+    # before any worker starts: bad credentials, a taken port or a bad tokenizer folder fail fast
+    key = api_key(opts.api_key)
+    secret = None if opts.splitwise_role == "mixed" else splitwise_secret(opts.splitwise_secret_file)
+    running.listener = bind_listener(opts.host, opts.port)
     tokenizer = load_tokenizer(opts.model, opts.tokenizer)
     defaults = load_generation_config(opts.model)
     eos_ids = list(dict.fromkeys([*tokenizer.eos_token_ids, *defaults.eos_token_ids, *arch.eos_token_ids]))
     progress(f"tokenizer: {tokenizer.source} ({tokenizer.vocab_size} ids), EOS ids {eos_ids or 'none'}")
+    dropped = DroppedMessages()  # every refused message of this deployment, shown in /metrics
     running.runner = runner = RemoteRunner(
-        layout, progress, step_timeout=opts.step_timeout, log=log, reserved_port=opts.port
+        layout, progress, step_timeout=opts.step_timeout, log=log, reserved_port=opts.port, dropped=dropped
     )
     engine = Engine(
         layout.fd_config(0, arch),
@@ -217,38 +224,74 @@ def _run(
         if running.server is not None:
             running.server.should_exit = True
 
-    dropped = DroppedMessages()  # every refused message of this deployment, shown in /metrics
     if opts.splitwise_role == "mixed":
         running.async_engine = AsyncEngine(engine, on_fatal, dropped)
     else:
+        assert secret is not None
         running.async_engine, running.kv_source = _splitwise_engine(
-            opts, engine, runner, on_fatal, layout.max_num_seqs, progress, dropped
+            opts, engine, runner, on_fatal, progress, dropped, secret
         )
-    app = create_app(running.async_engine, served_model_name(opts, arch), tokenizer, defaults, eos_ids)
+    access = Access(key, None if secret is None else http_token(secret), dropped)
+    app = create_app(running.async_engine, served_model_name(opts, arch), tokenizer, defaults, eos_ids, access)
     if opts.splitwise_role != "mixed":
         from .splitwise_api import SplitwiseEngine, add_splitwise_routes
 
         assert isinstance(running.async_engine, SplitwiseEngine)
         add_splitwise_routes(app, running.async_engine)
-    started = run_http(app, opts.host, opts.port, progress, t0, on_server=lambda s: setattr(running, "server", s))
+    started = run_http(
+        app,
+        opts.host,
+        opts.port,
+        progress,
+        t0,
+        on_server=lambda s: setattr(running, "server", s),
+        sock=running.listener,
+    )
     if not started and running.code == 0:
-        return 1  # e.g. the port was taken (uvicorn said why)
+        return 1  # uvicorn could not start (it said why)
     return running.code
 
 
-def _refuse_taken_cache_names(spec_enabled: bool, tp: int, device_ids: list[int], model: str) -> None:
-    """Two instances on one host (a prefill and a decode instance) must not share KV cache
-    names, which FastDeploy derives from the rank and the device id only."""
+def _refuse_taken_cache_names(device_ids: list[int]) -> None:
+    """Two deployments on one host must not share KV cache names, which FastDeploy derives
+    from the rank and the device id only: refuse names a running process created (the
+    creator's pid is in the segment's descriptor); a dead run's are replaced at start-up."""
     from ..ipc.kv_caches import cache_names
 
     for rank, device in enumerate(device_ids):
         name = cache_names(0, 1, rank, device)[0]
-        if os.path.exists(os.path.join("/dev/shm", name)):
+        creator = _segment_creator(os.path.join("/dev/shm", name))
+        if creator is not None and _alive(creator):
             raise ValueError(
-                f"--device-ids {','.join(map(str, device_ids))}: the KV cache name /dev/shm/{name} is taken "
-                "(another instance on this host uses device id "
-                f"{device}); give each instance its own --device-ids, or remove the name if no server runs"
+                f"--device-ids {','.join(map(str, device_ids))}: the KV cache name /dev/shm/{name} belongs to a "
+                f"running deployment (created by pid {creator}, device id {device}); give each server on this host "
+                "its own --device-ids"
             )
+
+
+def _segment_creator(path: str) -> int | None:
+    """The creator pid recorded in a KV cache segment's descriptor (``None``: no such
+    segment, or not one of ours)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(128)
+    except OSError:
+        return None
+    if len(head) < 120 or int.from_bytes(head[72:80], "little") != 0x4350494D54504446:  # "FDPTMIPC"
+        return None
+    return int.from_bytes(head[112:120], "little", signed=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _splitwise_engine(
@@ -256,19 +299,17 @@ def _splitwise_engine(
     engine: Any,
     runner: Any,
     on_fatal: Callable[[str], None],
-    max_num_seqs: int,
     progress: Callable[[str], None],
     dropped: Any,
+    secret: bytes,
 ) -> tuple[Any, Any]:
     """The :class:`~.splitwise_api.SplitwiseEngine` of a prefill or decode instance (and, for
-    a prefill instance, its KV source, listening)."""
-    from ..credentials import splitwise_secret
+    a prefill instance, its KV source, listening), with the deployment's splitwise ``secret``."""
     from ..models.cache_spec import describe
     from ..splitwise.kv_layout import KVLayout
     from ..splitwise.kv_source import KVSource
     from .splitwise_api import SplitwiseEngine
 
-    secret = splitwise_secret(opts.splitwise_secret_file)
     caches = runner.host_caches()
     layout = KVLayout.of_caches(caches, describe(runner.all_cache_specs()))
     if opts.splitwise_role == "decode":
@@ -279,7 +320,7 @@ def _splitwise_engine(
             caches=caches,
             transport=opts.kv_transport,
             transfer_timeout=opts.kv_transfer_timeout,
-            max_waiting=opts.max_waiting_requests or max_num_seqs,
+            max_waiting=opts.max_waiting_requests or runner.layout.max_num_seqs,
             dropped=dropped,
             secret=secret,
         )

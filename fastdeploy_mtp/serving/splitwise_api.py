@@ -27,7 +27,8 @@ requests already wait for a slot the answer is 429 with ``Retry-After`` (back-pr
 router retries, nothing is dropped). Otherwise the answer is an event stream:
 ``data: {"token_ids": [...]}`` per step (plus ``"logprobs": [...]``, one per id, when the
 request asked for them), then ``data: {"finish_reason": ...}`` and
-``data: [DONE]`` (an error after the start: ``data: {"error": {...}}``). Once the request
+``data: [DONE]`` (an error after the start: ``data: {"error": {...}}``), with a comment line
+(``: ping``) every :data:`KEEPALIVE_S` seconds. Once the request
 has a slot and blocks, a thread pulls its KV blocks from the prefill instance (shared
 memory by name on one host, the TCP stream otherwise), bounded by ``--kv-transfer-timeout``;
 a failed transfer fails the request with an error naming the prefill instance and frees its
@@ -74,6 +75,9 @@ from .messages import (
 )
 from .openai_protocol import APIError
 from .text import emitted_of
+
+#: seconds between keep-alive comments on a decode stream
+KEEPALIVE_S = 2
 
 B = TypeVar("B", bound=BaseModel)
 
@@ -414,4 +418,6 @@ def decode_events(se: SplitwiseEngine, stream: Stream) -> EventSourceResponse:
         yield "[DONE]"
 
     headers = {"Cache-Control": "no-cache", **version_headers()}
-    return EventSourceResponse(events(), headers=headers, ping=0, sep="\n")
+    # a comment line every KEEPALIVE_S while the request waits (for a slot, for its KV), so the
+    # router's --instance-timeout measures silence of the instance, not queueing
+    return EventSourceResponse(events(), headers=headers, ping=KEEPALIVE_S, sep="\n")

@@ -41,6 +41,7 @@ from .messages import (
     StepResult,
     decode_engine_message,
 )
+from .runtime_dir import endpoint
 
 if TYPE_CHECKING:  # imported at run time after the process set-up (they import Paddle)
     from ..runtime.target_runner import StepOutput, TargetRunner
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, f"rank{rank}".encode())
     sock.setsockopt(zmq.LINGER, 1000)
-    sock.connect(f"tcp://127.0.0.1:{layout.engine_worker_queue_port}")
+    sock.connect(endpoint(layout.engine_worker_queue_port))  # in the deployment's private directory
     runner = None
     try:
         from ..distributed import init_tensor_parallel

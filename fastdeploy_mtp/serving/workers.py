@@ -63,7 +63,9 @@ class RemoteRunner:
         step_timeout: seconds a step may take before the deployment counts as hung.
         start_timeout: seconds the cache manager and the workers may take to get ready.
         log: where the children's stdout/stderr go (``None``: inherited).
-        reserved_port: a port the children must not take (the HTTP server's, bound later).
+        reserved_port: a port the children must not take (the HTTP server's).
+        dropped: where worker-socket messages that are not the awaited answer are counted
+            (:class:`~fastdeploy_mtp.credentials.DroppedMessages`, channel ``worker``).
     """
 
     def __init__(
@@ -74,10 +76,13 @@ class RemoteRunner:
         start_timeout: float = 300.0,
         log: Any = None,
         reserved_port: int = 0,
+        dropped: Any = None,
     ):
         import zmq
 
         from .. import ops
+        from ..ops import messaging
+        from . import runtime_dir
 
         self.layout = layout
         self.fd_config = layout.fd_config(0)
@@ -99,12 +104,22 @@ class RemoteRunner:
         self._dead: str | None = None
         self.procs: dict[str, subprocess.Popen] = {}
         self._ops = ops
-        ops.remove_msg_queue(layout.msg_queue_id)  # a previous run's leftovers
+        self.dropped = dropped
+        # the private runtime directory (refused while another live deployment owns the
+        # port), then the token queue, ours alone; both before any child starts
+        self.runtime_dir = runtime_dir.claim(layout.engine_worker_queue_port)
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._sock.bind(f"tcp://127.0.0.1:{layout.engine_worker_queue_port}")
+        try:
+            messaging.create_msg_queue(layout.msg_queue_id)
+            self._sock.bind(runtime_dir.endpoint(layout.engine_worker_queue_port))
+        except BaseException:
+            self._sock.close(0)
+            self._ctx.term()
+            runtime_dir.remove(layout.engine_worker_queue_port)
+            raise
         try:
             self._start(start_timeout, log)
         except BaseException:
@@ -116,6 +131,9 @@ class RemoteRunner:
         cmd = [sys.executable, "-m", module, *self.layout.to_args(), *extra]
         env = dict(os.environ, INFERENCE_MSG_QUEUE_ID=str(self.layout.msg_queue_id))
         self.procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
+        from .runtime_dir import write_owner
+
+        write_owner(self.runtime_dir, [p.pid for p in self.procs.values()])  # for a survivor's clean-up
 
     def _start(self, timeout: float, log: Any) -> None:
         import paddle
@@ -163,6 +181,9 @@ class RemoteRunner:
         for tensors, names in self._host_cache_tensors:
             detach_caches(tensors, names)
         self._host_cache_tensors = []
+        from .runtime_dir import mark_stopping
+
+        mark_stopping(self.layout.engine_worker_queue_port)  # the children's SIGTERM is a shutdown
         workers = [name for name in self.procs if name.startswith("worker")]
         for rank, name in enumerate(workers):
             if self.procs[name].poll() is None:
@@ -191,6 +212,9 @@ class RemoteRunner:
         self._ctx.term()
         self._ops.remove_msg_queue(self.layout.msg_queue_id)
         self._remove_orphaned_names()
+        from .runtime_dir import remove
+
+        remove(self.layout.engine_worker_queue_port)
 
     def _remove_orphaned_names(self) -> None:
         """The cache manager removes its names when it stops; if it was killed (SIGKILL) it
@@ -222,16 +246,21 @@ class RemoteRunner:
         """Why the deployment is unusable (a child exited), or ``None``."""
         return self._dead
 
-    def _recv(self, deadline: float, what: str) -> Ready | Done | Failed:
-        """The next worker message; a malformed one (or of another protocol version) fails
-        the step (:class:`WorkerStepError`), not the deployment."""
+    def _recv(self, deadline: float, what: str, step: int | None = None) -> Ready | Done | Failed:
+        """The next awaited worker message: at start-up (``step`` ``None``) a ``ready`` or an
+        error; during step ``step`` that step's ``done`` or error (or an error saying the worker
+        could not read the step message). Anything else (a frame not from a worker's identity,
+        a malformed message or one of another protocol version, another step's answer, a rank
+        that is not the sender's) is dropped and counted; the wait goes on until ``deadline``."""
+        ranks = {f"rank{r}".encode(): r for r in range(self.layout.tensor_parallel_size)}
         while True:
             if self._sock.poll(100):
-                identity, payload = self._sock.recv_multipart()
-                try:
-                    return decode_worker_message(payload, f"worker {identity.decode(errors='replace')}")
-                except MessageError as exc:
-                    raise WorkerStepError(str(exc)) from None
+                frames = self._sock.recv_multipart()
+                msg = _awaited(frames, ranks, step)
+                if msg is not None:
+                    return msg
+                if self.dropped is not None:
+                    self.dropped.add("worker")
             self.check_children()
             if time.monotonic() > deadline:
                 self._dead = f"no answer from the workers within the {what} timeout"
@@ -337,11 +366,12 @@ class RemoteRunner:
         errors: list[str] = []
         deadline = time.monotonic() + self.step_timeout
         while len(replies) < self.layout.tensor_parallel_size:
-            reply = self._recv(deadline, f"step ({self.step_timeout:g} s)")
-            unread = isinstance(reply, Failed) and reply.step is None  # it could not read the step message
-            if isinstance(reply, Ready) or (reply.step != self._step and not unread):
-                step = "ready" if isinstance(reply, Ready) else reply.step
-                raise WorkerStepError(f"worker rank {reply.rank} answered step {step}, not {self._step}")
+            reply = self._recv(deadline, f"step ({self.step_timeout:g} s)", self._step)
+            assert not isinstance(reply, Ready)
+            if reply.rank in replies:  # a second answer of one rank to this step: not awaited
+                if self.dropped is not None:
+                    self.dropped.add("worker")
+                continue
             replies[reply.rank] = reply
             if isinstance(reply, Failed):
                 errors.append(f"worker rank {reply.rank}: {reply.message}")
@@ -416,3 +446,20 @@ class RemoteRunner:
     def _drain_tokens(self) -> None:
         """Drop a token message a failed step may have left in the queue."""
         self._receive_tokens(wait=False)
+
+
+def _awaited(frames: list[bytes], ranks: dict[bytes, int], step: int | None) -> Ready | Done | Failed | None:
+    """The message in ``frames`` if it is one the engine awaits (see :meth:`RemoteRunner._recv`)."""
+    if len(frames) != 2 or frames[0] not in ranks:
+        return None
+    try:
+        msg = decode_worker_message(frames[1], f"worker {frames[0].decode(errors='replace')}")
+    except MessageError:
+        return None
+    if msg.rank != ranks[frames[0]]:
+        return None
+    if step is None:
+        return msg if isinstance(msg, Ready) or (isinstance(msg, Failed) and msg.step is None) else None
+    if isinstance(msg, Ready):
+        return None
+    return msg if msg.step == step or (isinstance(msg, Failed) and msg.step is None) else None

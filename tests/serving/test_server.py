@@ -217,7 +217,7 @@ def server_that_will_lose_a_worker():
     try:
         yield srv
         left = srv.leftovers()
-        assert left == {"children": [], "shm": [], "queue": False}, left
+        assert left == {"children": [], "shm": [], "queue": False, "runtime_dir": False}, left
     except BaseException:
         srv.kill()
         raise

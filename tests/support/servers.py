@@ -208,20 +208,34 @@ class ServerProcess:
             pass
         self.proc.wait(30)
 
-    def leftovers(self) -> dict[str, object]:
-        """What the server left behind: live children, new /dev/shm names, its SysV queue."""
+    def leftovers_now(self) -> dict[str, object]:
+        """What of the server is still there: live children, its /dev/shm names, its SysV
+        queue, its runtime directory (only what this server owns; others may run beside it)."""
         from fastdeploy_mtp.ops import messaging
+        from fastdeploy_mtp.serving import runtime_dir
 
-        lib_queue = False
         try:
-            lib_queue = messaging.remove_msg_queue(self.queue_port)
+            queue = messaging.queue_owner(self.queue_port) is not None
         except OSError:
-            lib_queue = True
+            queue = True
         return {
             "children": [p for p in self.children if alive(p)],
             "shm": own_names(shm_names() - self.shm_before, self.queue_port, self.device_ids),
-            "queue": lib_queue,
+            "queue": queue,
+            "runtime_dir": runtime_dir.deployment_dir(self.queue_port).exists(),
         }
+
+    def leftovers(self) -> dict[str, object]:
+        """:meth:`leftovers_now`, then the queue and the runtime directory removed (so that a
+        failed check does not leave them to the next test)."""
+        from fastdeploy_mtp.ops import messaging
+        from fastdeploy_mtp.serving import runtime_dir
+
+        left = self.leftovers_now()
+        with contextlib.suppress(OSError):
+            messaging.remove_msg_queue(self.queue_port)
+        runtime_dir.remove(self.queue_port)
+        return left
 
     def close_log(self) -> None:
         self.log.close()
@@ -232,7 +246,9 @@ def stopped_cleanly(server: ServerProcess) -> None:
     code = server.stop()
     left = server.leftovers()
     assert code == 0, f"serve exited {code} on SIGTERM:\n{server.output()}"
-    assert left == {"children": [], "shm": [], "queue": False}, f"left behind {left}:\n{server.output()}"
+    assert left == {"children": [], "shm": [], "queue": False, "runtime_dir": False}, (
+        f"left behind {left}:\n{server.output()}"
+    )
     server.close_log()
 
 
@@ -256,6 +272,7 @@ def remote_runner(spec_json: str, max_num_seqs: int, max_model_len: int = 256) -
     no new ``/dev/shm`` name and no SysV queue behind."""
     from fastdeploy_mtp.engine_args import default_model
     from fastdeploy_mtp.ops import messaging
+    from fastdeploy_mtp.serving import runtime_dir
     from fastdeploy_mtp.serving.layout import ServeLayout
     from fastdeploy_mtp.serving.workers import RemoteRunner
 
@@ -279,14 +296,25 @@ def remote_runner(spec_json: str, max_num_seqs: int, max_model_len: int = 256) -
         "children": [p for p in children if alive(p)],
         "shm": own_names(shm_names() - before, layout.engine_worker_queue_port, layout.device_ids),
         "queue": messaging.remove_msg_queue(layout.msg_queue_id),
+        "runtime_dir": runtime_dir.deployment_dir(layout.engine_worker_queue_port).exists(),
     }
-    assert left == {"children": [], "shm": [], "queue": False}, f"the remote runner left behind {left}"
+    assert left == {"children": [], "shm": [], "queue": False, "runtime_dir": False}, (
+        f"the remote runner left behind {left}"
+    )
 
 
-def splitwise_post(url: str, body: dict[str, Any], timeout: float = 60) -> tuple[int, Any]:
-    """:func:`http_post` to a ``/v1/splitwise/*`` endpoint, with the protocol version header
-    the router sends."""
-    return http_post(url, body, timeout, version_headers())
+def router_headers(secret: bytes | None = None) -> dict[str, str]:
+    """What the router sends an instance: the protocol version and its credential (the token
+    of ``secret``; default: the test run's splitwise secret)."""
+    from fastdeploy_mtp.credentials import SECRET_ENV, http_token
+
+    token = http_token(secret if secret is not None else os.environ[SECRET_ENV].encode())
+    return {**version_headers(), "Authorization": "Bearer " + token.decode()}
+
+
+def splitwise_post(url: str, body: dict[str, Any], timeout: float = 60, secret: bytes | None = None) -> tuple[int, Any]:
+    """:func:`http_post` to a ``/v1/splitwise/*`` endpoint, as the router sends it."""
+    return http_post(url, body, timeout, router_headers(secret))
 
 
 class ThreadServer:
@@ -376,10 +404,11 @@ def splitwise_router(
 ) -> Iterator[str]:
     """A router over one prefill and one decode instance, in this process (with the served
     model's ``tokenizer``; default the shipped one's); yields its URL."""
+    from fastdeploy_mtp.credentials import splitwise_secret
     from fastdeploy_mtp.serving.router_backend import RouterBackend
     from fastdeploy_mtp.serving.router_server import router_app
 
-    backend = RouterBackend([prefill.base_url], [decode.base_url], queue_timeout)
+    backend = RouterBackend([prefill.base_url], [decode.base_url], queue_timeout, secret=splitwise_secret())
     srv = ThreadServer(router_app(backend, "fastdeploy-mtp-tiny", tokenizer), find_free_port_range(1))
     try:
         yield srv.url
