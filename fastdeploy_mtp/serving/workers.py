@@ -336,6 +336,7 @@ class RemoteRunner:
 
         if self._dead:
             raise WorkerDiedError(f"the deployment is down: {self._dead}")
+        self.check_children()  # every step: a busy deployment notices a lost process too
         self._step += 1
         msg, self._pending = self._pending, Step(step=0)
         msg.step = self._step

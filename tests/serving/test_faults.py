@@ -88,7 +88,9 @@ def test_a_fault_under_load_ends_every_request_and_leaves_nothing(kind: str, sig
             os.kill(target, signal.SIGCONT)
             assert srv.stop(60) == 0
         elif kind == "main" and sig == signal.SIGSTOP:
-            assert failed and all(o.kind == "hung" for o in failed), [(o.kind, o.detail) for o in failed]
+            # the clients' own timeout; requests sent meanwhile are reset by the SIGKILL
+            assert any(o.kind == "hung" for o in failed), [(o.kind, o.detail) for o in failed]
+            assert all(o.kind in ("hung", "refused") for o in failed), [(o.kind, o.detail) for o in failed]
         elif kind == "main":
             assert failed and all(o.kind == "refused" for o in failed), [(o.kind, o.detail) for o in failed]
         else:
