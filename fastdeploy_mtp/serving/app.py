@@ -14,6 +14,8 @@ splitwise router (:class:`~.router_backend.RouterBackend`).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import socket
 import time
@@ -41,10 +43,14 @@ from .openai_protocol import (
     RequestBody,
     body_field,
     chat_prompt,
+    refuse_invalid_text,
     refuse_unsupported,
     sampling_params,
 )
 from .text import TextTracker
+
+#: seconds between checks that the client of a non-streaming request is still there
+DISCONNECT_POLL_S = 0.25
 
 
 def run_http(
@@ -240,6 +246,36 @@ async def collect(served: Served, stream: Stream) -> tuple[str, str, Entries | N
     return text + tracker.feed([], True), reason, entries
 
 
+async def collect_or_abort(http: HTTPRequest, served: Served, stream: Stream) -> tuple[str, str, Entries | None]:
+    """:func:`collect`, aborting the request if the client disconnects first (a
+    non-streaming response has nothing to write until the end, so the disconnect is
+    watched for)."""
+    task = asyncio.ensure_future(collect(served, stream))
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return task.result()
+        if await http.is_disconnected():
+            task.cancel()  # stream_events cancels the request on the backend
+            with contextlib.suppress(asyncio.CancelledError, APIError):
+                await task
+            raise APIError(499, "the client disconnected; the request was aborted")
+
+
+async def started(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[tuple[str, Any]]:
+    """``events`` with its first item already awaited, so that an error before the first
+    event (e.g. a splitwise instance's 400) is raised here, while the response can still
+    carry its status, and not inside a started stream."""
+    first = await anext(events)
+
+    async def chained() -> AsyncIterator[tuple[str, Any]]:
+        yield first
+        async for item in events:
+            yield item
+
+    return chained()
+
+
 def usage(req: Request) -> dict[str, int]:
     p, c = len(req.prompt_token_ids), len(req.output_token_ids)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
@@ -268,7 +304,8 @@ def sse(chunks: AsyncIterator[dict[str, Any]]) -> EventSourceResponse:
     return EventSourceResponse(events(), headers={"Cache-Control": "no-cache"}, ping=0, sep="\n")
 
 
-async def completions(body: CompletionBody, served: ServedDep) -> Any:
+async def completions(body: CompletionBody, served: ServedDep, http: HTTPRequest) -> Any:
+    refuse_invalid_text(body.model_dump())
     prompt: Any = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:
@@ -285,11 +322,12 @@ async def completions(body: CompletionBody, served: ServedDep) -> Any:
         return {"index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs}
 
     if not body.stream:
-        text, reason, entries = await collect(served, stream)
+        text, reason, entries = await collect_or_abort(http, served, stream)
         return {**base, "choices": [choice(text, reason, entries)], "usage": usage(req)}
+    events = await started(stream_events(served.backend, stream))
 
     async def chunks() -> AsyncIterator[dict[str, Any]]:
-        async for kind, value in stream_events(served.backend, stream):
+        async for kind, value in events:
             if kind == "tokens":
                 text, entries = tracker.feed_event(value)
                 if text or entries:
@@ -302,7 +340,8 @@ async def completions(body: CompletionBody, served: ServedDep) -> Any:
     return sse(chunks())
 
 
-async def chat(body: ChatBody, served: ServedDep) -> Any:
+async def chat(body: ChatBody, served: ServedDep, http: HTTPRequest) -> Any:
+    refuse_invalid_text(body.model_dump())
     if not body.messages:
         raise APIError(400, "messages must not be empty", "messages")
     prompt = chat_prompt(served.tokenizer, [m.model_dump() for m in body.messages])
@@ -312,7 +351,7 @@ async def chat(body: ChatBody, served: ServedDep) -> Any:
     stream = served.backend.submit(req)
     base = {"id": req.request_id, "created": int(time.time()), "model": served.model_name}
     if not body.stream:
-        text, reason, entries = await collect(served, stream)
+        text, reason, entries = await collect_or_abort(http, served, stream)
         message = {"role": "assistant", "content": text}
         logprobs = None if entries is None else served.tracker().chat_logprobs(entries)
         return {
@@ -321,17 +360,19 @@ async def chat(body: ChatBody, served: ServedDep) -> Any:
             "choices": [{"index": 0, "message": message, "finish_reason": reason, "logprobs": logprobs}],
             "usage": usage(req),
         }
-    return sse(chat_chunks(served, stream, {**base, "object": "chat.completion.chunk"}, include_usage(body)))
+    events = await started(stream_events(served.backend, stream))
+    head = {**base, "object": "chat.completion.chunk"}
+    return sse(chat_chunks(served, events, head, req if include_usage(body) else None))
 
 
 async def chat_chunks(
-    served: Served, stream: Stream, head: dict[str, Any], with_usage: bool
+    served: Served, events: AsyncIterator[tuple[str, Any]], head: dict[str, Any], usage_of: Request | None
 ) -> AsyncIterator[dict[str, Any]]:
     """A streamed chat response's chunks: the assistant role, then the text as it arrives,
-    then the finish reason (and the usage when asked)."""
+    then the finish reason (and the usage of ``usage_of``, when given)."""
     tracker = served.tracker()
     yield {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
-    async for kind, value in stream_events(served.backend, stream):
+    async for kind, value in events:
         if kind == "tokens":
             text, entries = tracker.feed_event(value)
             if text or entries:
@@ -343,5 +384,5 @@ async def chat_chunks(
             tail = tracker.feed([], True)
             delta = {"content": tail} if tail else {}
             yield {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": value}]}
-    if with_usage:
-        yield {**head, "choices": [], "usage": usage(stream.request)}
+    if usage_of is not None:
+        yield {**head, "choices": [], "usage": usage(usage_of)}

@@ -99,7 +99,22 @@ class ChatBody(RequestBody):
 
 #: Fields this server cannot honour, with their neutral values (any other value is a 400, so
 #: they are never silently ignored).
-_UNSUPPORTED: dict[str, Any] = {"best_of": 1, "logit_bias": {}, "echo": False}
+#: fields this server cannot honour, with the values that ask for nothing (accepted)
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "best_of": (1,),
+    "logit_bias": ({},),
+    "echo": (False,),
+    "suffix": ("",),
+    "response_format": ({"type": "text"},),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "function_call": ("none",),
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "guided_grammar": (),
+}
 
 
 def refuse_unsupported(body: RequestBody) -> None:
@@ -109,10 +124,34 @@ def refuse_unsupported(body: RequestBody) -> None:
     extra = body.model_extra or {}
     for name, neutral in _UNSUPPORTED.items():
         value = getattr(body, name) if name in type(body).model_fields else extra.get(name)
-        if value is not None and (type(value) is not type(neutral) or value != neutral):
-            raise APIError(400, f"{name}={value!r} is not supported by this server", name)
+        if value is not None and not any(type(value) is type(n) and value == n for n in neutral):
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+            raise APIError(400, f"{name}={shown} is not supported by this server", name)
     if body.max_tokens is not None and body.max_tokens <= 0:
         raise APIError(400, f"max_tokens must be > 0, got {body.max_tokens}", "max_tokens")
+    if body.max_tokens is not None and body.min_tokens is not None and body.min_tokens > body.max_tokens:
+        message = f"min_tokens ({body.min_tokens}) must not exceed max_tokens ({body.max_tokens})"
+        raise APIError(400, message, "min_tokens")
+
+
+def refuse_invalid_text(value: Any, path: str = "") -> None:
+    """400 naming the first string in ``value`` (a request body as plain data) that is not
+    valid Unicode text: a lone surrogate such as ``"\\ud800"``, which JSON can spell but
+    no encoding can carry."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            field = path.split("[")[0].split(".")[0] or None
+            message = f"{path or 'the body'}: not valid Unicode text (a lone surrogate at character {exc.start})"
+            raise APIError(400, message, field) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            refuse_invalid_text(key, path or "the body")
+            refuse_invalid_text(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            refuse_invalid_text(item, f"{path}[{i}]")
 
 
 def sampling_params(

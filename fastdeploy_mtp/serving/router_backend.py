@@ -36,7 +36,7 @@ from .messages import (
     version_headers,
 )
 from .metrics import DroppedCollector, RouterCollector, RouterCounters
-from .openai_protocol import APIError
+from .openai_protocol import APIError, body_field
 from .text import Emitted
 
 #: First wait after a 429 without ``Retry-After`` (doubled each retry), and the cap on any wait.
@@ -275,10 +275,10 @@ class RouterBackend:
             504, f"{role} instance {url} sent nothing for {self.instance_timeout:g} s (the router's --instance-timeout)"
         )
 
-    def _refusal(self, role: str, url: str, response: httpx.Response) -> APIError:
+    def _refusal(self, role: str, url: str, response: httpx.Response, req: Request) -> APIError:
         message, param = _error_of(response)
         if response.status_code == 400:  # the request itself is invalid: the client's 400
-            return APIError(400, message, param)
+            return APIError(400, message, client_param(param, req.request_id.startswith("chatcmpl")))
         if response.status_code == 401:
             return _server_error(
                 502,
@@ -312,7 +312,7 @@ class RouterBackend:
         except httpx.HTTPError as exc:
             raise _server_error(502, f"prefill instance {url} is unreachable ({type(exc).__name__}: {exc})") from None
         if r.status_code != 200:
-            raise self._refusal("prefill", url, r)
+            raise self._refusal("prefill", url, r, req)
         self._check_answer("prefill", url, r)
         try:
             answer = decode_http(PrefillAnswer, r.content, f"prefill instance {url}")
@@ -374,7 +374,7 @@ class RouterBackend:
                     raise DecodeBusy(url, retry_after_of(r))
                 if r.status_code != 200:
                     await r.aread()
-                    raise self._refusal("decode", url, r)
+                    raise self._refusal("decode", url, r, req)
                 self._check_answer("decode", url, r)
                 return await self._relay(req, stream, f"decode instance {url}", events.aiter_sse())
         except httpx.TimeoutException:
@@ -400,6 +400,19 @@ class RouterBackend:
         if reason is None:
             raise _server_error(502, f"{source} ended the stream before request {req.request_id} finished")
         return reason
+
+
+def client_param(param: str | None, chat: bool) -> str | None:
+    """The client's field behind an instance's ``param`` (the instances name the fields of
+    the splitwise messages: ``prompt_token_ids[1]``, ``sampling.top_p``, ...)."""
+    if param is None:
+        return None
+    head = param.split("[")[0].split(".")[0]
+    if head in ("prompt_token_ids", "output_token_ids", "handoff", "request_id"):
+        return "messages" if chat else "prompt"
+    if head == "sampling" and "." in param:
+        return body_field(param.split(".")[1].split("[")[0], chat)
+    return param
 
 
 def _json_headers() -> dict[str, str]:
