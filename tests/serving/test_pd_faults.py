@@ -39,6 +39,8 @@ INSTANCE_TIMEOUT = 4.0  # the router's read timeout on an instance
 TRANSFER_TIMEOUT = 4.0  # the decode instance's bound on one KV pull
 #: a request ends within this after the fault (the timeouts above plus scheduling slack on 2 cores)
 BOUND = INSTANCE_TIMEOUT + TRANSFER_TIMEOUT + 20.0
+#: how long the load runs after the fault (every bound above has passed by then)
+SETTLE = INSTANCE_TIMEOUT + TRANSFER_TIMEOUT + 4.0
 
 
 class RouterProcess:
@@ -119,7 +121,7 @@ def test_a_fault_under_load_ends_every_request_and_leaves_nothing(kind: str, sig
         target = {"prefill": p.proc, "decode": d.proc, "router": router.proc}[kind]
         faulted_at = time.monotonic()
         os.kill(target.pid, sig)
-        time.sleep(BOUND)
+        time.sleep(SETTLE)
         load.finish()
         after = [o for o in load.outcomes if o.ended >= faulted_at]
         late = [o for o in after if o.ended - max(o.started, faulted_at) > BOUND]
