@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..config import SpeculativeConfig
-from ..engine_args import check_speculative_config, speculation_label
+from ..engine_args import UsageError, check_speculative_config, speculation_label
 from .layout import ServeLayout
 from .start_up import interruptible, progress_printer
 
@@ -68,7 +68,7 @@ def _fit_max_num_seqs(requested: int | None) -> int:
         return min(8, fits)
     if requested > fits:
         need = messaging.topk_message_bytes(requested)
-        raise ValueError(
+        raise UsageError(
             f"--max-num-seqs {requested}: the workers' token message (FastDeploy's SysV layout) for {requested} slots "
             f"is {need} bytes and kernel.msgmax is {msgmax}; raise it (`sysctl -w kernel.msgmax={need}`) "
             f"or use --max-num-seqs {fits} or fewer"
@@ -85,7 +85,10 @@ def serve(opts: ServeOptions, log: object = None) -> int:
     layout = _layout(opts)
     arch = layout.arch()
     tp = layout.tensor_parallel_size
-    kv_cache_shape(arch, 1, tp)  # refuses a TP size the heads do not divide, naming the field
+    try:
+        kv_cache_shape(arch, 1, tp)  # refuses a TP size the heads do not divide, naming the field
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     mode = speculation_label(opts.speculative_config)  # the same name of the mode as demo and generate
     role = "" if opts.splitwise_role == "mixed" else f"splitwise {opts.splitwise_role}, "
     progress(
@@ -113,13 +116,13 @@ def _layout(opts: ServeOptions) -> ServeLayout:
     spec = opts.speculative_config
     check_speculative_config(spec)
     if opts.tensor_parallel_size < 1:
-        raise ValueError(f"--tensor-parallel-size must be >= 1, got {opts.tensor_parallel_size}")
+        raise UsageError(f"--tensor-parallel-size must be >= 1, got {opts.tensor_parallel_size}")
     tp = opts.tensor_parallel_size
     device_ids = opts.device_ids or list(range(tp))
     if len(device_ids) != tp:
-        raise ValueError(f"--device-ids names {len(device_ids)} devices for --tensor-parallel-size {tp}")
+        raise UsageError(f"--device-ids names {len(device_ids)} devices for --tensor-parallel-size {tp}")
     if opts.engine_worker_queue_port is not None and opts.engine_worker_queue_port == opts.port:
-        raise ValueError(f"--engine-worker-queue-port {opts.port} is the HTTP --port; they must differ")
+        raise UsageError(f"--engine-worker-queue-port {opts.port} is the HTTP --port; they must differ")
     if opts.splitwise_role == "prefill" and spec.enabled:
         # its workers send first tokens with mtp_save_first_token, whose message (7176 bytes)
         # fits the default kernel.msgmax for its 256 slots
@@ -127,7 +130,7 @@ def _layout(opts: ServeOptions) -> ServeLayout:
 
         max_num_seqs = opts.max_num_seqs or 8
         if not 0 < max_num_seqs <= FIRST_TOKEN_MAX_BSZ:
-            raise ValueError(f"--max-num-seqs {max_num_seqs}: must be in [1, {FIRST_TOKEN_MAX_BSZ}]")
+            raise UsageError(f"--max-num-seqs {max_num_seqs}: must be in [1, {FIRST_TOKEN_MAX_BSZ}]")
     else:
         max_num_seqs = _fit_max_num_seqs(opts.max_num_seqs)
     _refuse_taken_cache_names(device_ids)
@@ -262,7 +265,7 @@ def _refuse_taken_cache_names(device_ids: list[int]) -> None:
         name = cache_names(0, 1, rank, device)[0]
         creator = _segment_creator(os.path.join("/dev/shm", name))
         if creator is not None and _alive(creator):
-            raise ValueError(
+            raise UsageError(
                 f"--device-ids {','.join(map(str, device_ids))}: the KV cache name /dev/shm/{name} belongs to a "
                 f"running deployment (created by pid {creator}, device id {device}); give each server on this host "
                 "its own --device-ids"
