@@ -82,6 +82,12 @@ def prefill_app(name: str, state: StubState) -> FastAPI:
         prompt = bytes(body["prompt_token_ids"]).decode()
         if prompt.startswith("bad"):
             return _error(400, "prompt: 'bad' is refused by this instance", "prompt")
+        if prompt.startswith("ids"):  # an instance names the fields of the splitwise message
+            return _error(400, "prompt_token_ids[1]: out of the vocabulary", "prompt_token_ids[1]")
+        if prompt.startswith("locked"):
+            return _error(401, "this endpoint is for the splitwise router")
+        if prompt.startswith("hang"):
+            await asyncio.sleep(3)
         if body["max_tokens"] == 1:
             out = {"output_token_ids": [65], "finished": True, "finish_reason": "length", "handoff": None}
         else:
@@ -186,8 +192,10 @@ def state(cluster: Cluster) -> StubState:
 
 
 @contextlib.contextmanager
-def router(prefill: list[str], decode: list[str], queue_timeout: float = 10.0) -> Iterator[tuple[str, RouterBackend]]:
-    backend = RouterBackend(prefill, decode, queue_timeout)
+def router(
+    prefill: list[str], decode: list[str], queue_timeout: float = 10.0, instance_timeout: float = 60.0
+) -> Iterator[tuple[str, RouterBackend]]:
+    backend = RouterBackend(prefill, decode, queue_timeout, instance_timeout=instance_timeout)
     srv = ThreadServer(router_app(backend, MODEL), find_free_port_range(1))
     try:
         yield srv.url, backend
@@ -333,6 +341,23 @@ def test_a_prefill_400_reaches_the_client_as_a_400(cluster, state):
         with pytest.raises(openai.BadRequestError):
             client(url).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=0)
         assert state.decode_calls == []
+
+
+def test_a_refused_stream_keeps_its_status_and_names_the_clients_field(cluster, state):
+    with router(cluster.prefill[:1], cluster.decode[:1]) as (url, _):
+        status, body = post(url + "/v1/completions", {"prompt": "bad prompt", "max_tokens": 4, "stream": True})
+        assert status == 400 and body["error"]["param"] == "prompt", body  # not a 200 with an error event
+        status, body = post(url + "/v1/completions", {"prompt": "ids", "max_tokens": 4})
+        assert status == 400 and body["error"]["param"] == "prompt", body
+        status, body = post(url + "/v1/completions", {"prompt": "locked", "max_tokens": 4})
+        assert status == 502 and "same splitwise secret" in body["error"]["message"], body
+
+
+def test_a_silent_instance_is_a_504_naming_it(cluster, state):
+    with router(cluster.prefill[:1], cluster.decode[:1], instance_timeout=0.5) as (url, _):
+        status, body = post(url + "/v1/completions", {"prompt": "hang", "max_tokens": 4})
+        assert status == 504 and cluster.prefill[0] in body["error"]["message"], body
+        assert "--instance-timeout" in body["error"]["message"]
 
 
 def test_a_decode_error_mid_stream_ends_the_stream_with_the_error(cluster, state):
