@@ -353,12 +353,12 @@ def check_speculative_config(spec: SpeculativeConfig) -> None:
     command works on every one.
 
     Raises:
-        ValueError: ``num_speculative_tokens + 1 > MAX_DRAFT_TOKENS``.
+        UsageError: ``num_speculative_tokens + 1 > MAX_DRAFT_TOKENS`` (exit status 2).
     """
     from .ops.messaging import MAX_DRAFT_TOKENS
 
     if spec.enabled and spec.num_speculative_tokens + 1 > MAX_DRAFT_TOKENS:
-        raise ValueError(
+        raise UsageError(
             f"num_speculative_tokens {spec.num_speculative_tokens}: the token message carries at most "
             f"{MAX_DRAFT_TOKENS} tokens per request and step, so at most {MAX_DRAFT_TOKENS - 1} drafts"
         )

@@ -501,7 +501,7 @@ def test_every_command_refuses_more_drafts_than_the_token_message_carries_alike(
     lines = set()
     for command in (["generate", "--prompt", "x"], ["demo"], ["serve", "--port", "1"]):
         rc, out, err = run_main(capsys, *command, *speculation)
-        assert rc == 1 and out == "", command
+        assert rc == 2 and out == "", command  # a usage error
         lines.add(error_line(err))
     assert lines == {
         "fastdeploy-mtp: error: num_speculative_tokens 9: the token message carries at most 6 tokens per request "

@@ -20,14 +20,14 @@ def test_more_slots_than_kernel_msgmax_carries_is_refused_with_the_fix(capsys):
     if fits >= messaging.MAX_BSZ:
         pytest.skip(f"kernel.msgmax ({msgmax}) carries every slot the layout has")
     code, err = run(capsys, "--max-num-seqs", str(fits + 1))
-    assert code == 1
+    assert code == 2
     assert err.count("\n") == 1 and "Traceback" not in err
     assert f"--max-num-seqs {fits + 1}" in err and "kernel.msgmax" in err and f"--max-num-seqs {fits} or fewer" in err
 
 
 def test_more_drafts_than_the_message_layout_carries_is_refused(capsys):
     code, err = run(capsys, "--num-speculative-tokens", "6")
-    assert code == 1 and err.count("\n") == 1
+    assert code == 2 and err.count("\n") == 1
     assert "num_speculative_tokens 6" in err and "at most 5 drafts" in err
 
 
@@ -50,7 +50,7 @@ def test_bad_options_are_one_line_usage_errors(capsys, args, word):
 
 def test_a_tensor_parallel_size_the_heads_do_not_divide_is_refused(capsys):
     code, err = run(capsys, "--tensor-parallel-size", "3")
-    assert code == 1 and err.count("\n") == 1
+    assert code == 2 and err.count("\n") == 1
     assert "num_attention_heads" in err or "num_key_value_heads" in err
 
 
@@ -58,4 +58,4 @@ def test_a_prefill_instance_is_not_capped_by_kernel_msgmax_but_by_the_first_toke
     """Its workers send first tokens with mtp_save_first_token (7176 bytes for 256 slots), so
     only more slots than that message has are refused."""
     code, err = run(capsys, "--splitwise-role", "prefill", "--num-speculative-tokens", "3", "--max-num-seqs", "257")
-    assert code == 1 and err.count("\n") == 1 and "--max-num-seqs 257" in err and "256" in err
+    assert code == 2 and err.count("\n") == 1 and "--max-num-seqs 257" in err and "256" in err
