@@ -196,7 +196,7 @@ def test_a_second_instance_with_the_same_device_ids_is_refused(mtp3):
         text=True,
         timeout=120,
     )
-    assert out.returncode == 1 and "--device-ids" in out.stderr and "belongs to a running deployment" in out.stderr, (
+    assert out.returncode == 2 and "--device-ids" in out.stderr and "belongs to a running deployment" in out.stderr, (
         out.stderr
     )
 
