@@ -23,6 +23,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -67,8 +69,8 @@ def server() -> Iterator[ServerProcess]:
 def pd() -> Iterator[tuple[ServerProcess, ServerProcess]]:
     """A prefill and a decode instance, each with ``--api-key``."""
     with splitwise_instances(
-        ("prefill", MTP1, "--api-key", KEY, "--max-model-len", "256"),
-        ("decode", MTP1, "--api-key", KEY, "--max-model-len", "256"),
+        ("prefill", MTP1, "--api-key", KEY),
+        ("decode", MTP1, "--api-key", KEY),
     ) as (prefill, decode):
         yield prefill, decode
 
@@ -246,13 +248,62 @@ def test_a_router_without_the_instances_secret_answers_502_saying_so(pd):
             "messages",
         ),
         # the prefill instance refuses it (longer than --max-model-len): a 400 naming the client's field
-        ("/v1/completions", b'{"prompt": "' + b"y" * 300 + b'", "max_tokens": 2, "stream": true}', "prompt"),
-        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "' + b"y" * 300 + b'"}]}', "messages"),
+        ("/v1/completions", b'{"prompt": "' + b"y" * 1100 + b'", "max_tokens": 2, "stream": true}', "prompt"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "' + b"y" * 1100 + b'"}]}', "messages"),
     ],
 )
 def test_the_router_answers_400_naming_the_clients_field(router, path, raw, param):
     status, answer = post_raw(router + path, raw, AUTH)
     assert status == 400 and error_of(answer)["param"] == param, answer
+
+
+def test_a_non_streaming_request_through_the_router_whose_client_leaves_is_aborted(pd, router):
+    _, decode = pd
+    before = scrape_metrics(decode.base_url).get("fastdeploy:request_cancelled_total", 0)
+    body = {"prompt": "def main():", "max_tokens": 900, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(router + "/v1/completions", json=body, headers=AUTH, timeout=1.5)
+    deadline = time.monotonic() + 15
+    while scrape_metrics(decode.base_url).get("fastdeploy:request_cancelled_total", 0) == before:
+        assert time.monotonic() < deadline, "the decode instance went on after the router's client left"
+        time.sleep(0.1)
+    assert scrape_metrics(decode.base_url)["fastdeploy:num_requests_running"] == 0
+
+
+def test_the_router_command_takes_api_key_and_reads_the_model_name_with_its_token(pd):
+    """As a process: ``router --api-key`` (no ``--served-model-name``: it reads the instances'
+    ``/v1/models``, which need its token), then SIGTERM ends it with status 0."""
+    prefill, decode = pd
+    port = find_free_port_range(1)
+    cmd = [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "router", "--port", str(port), "--api-key", KEY]
+    cmd += ["--prefill", prefill.base_url, "--decode", decode.base_url, "--start-timeout", "30"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while http_get_or_none(url + "/health") != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, "the router did not start"
+            time.sleep(0.2)
+        assert http_get(url + "/v1/models")[0] == 401
+        status, text = http_get(url + "/v1/models", headers=AUTH)
+        assert status == 200 and json.loads(text)["data"][0]["id"] == "fastdeploy-mtp-tiny"
+        status, answer = http_post(url + "/v1/completions", {"prompt": "x", "max_tokens": 3}, headers=AUTH)
+        assert status == 200 and answer["usage"]["completion_tokens"] == 3, answer
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
+def http_get_or_none(url: str) -> int | None:
+    try:
+        return http_get(url, timeout=2)[0]
+    except OSError:
+        return None
 
 
 def test_a_stopped_prefill_instance_is_a_504_naming_it_within_the_instance_timeout(pd, router):
