@@ -17,12 +17,12 @@ A refused request is answered 401 in OpenAI's error shape and counted as
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..credentials import DroppedMessages, bearer_matches
 from .openai_protocol import APIError
@@ -66,24 +66,42 @@ def _refusal(path: str) -> JSONResponse:
         )
     else:
         message = "a valid API key is required: send `Authorization: Bearer <key>`"
-    response = APIError(401, message, None, kind="invalid_request_error").response()
+    response = APIError(401, message, None, kind="invalid_request_error", code="invalid_api_key").response()
     response.headers["WWW-Authenticate"] = "Bearer"
     return response
 
 
+class Authorize:
+    """The access check as plain ASGI middleware (not Starlette's ``BaseHTTPMiddleware``,
+    which hides a client's disconnect from the endpoints behind it): a request without the
+    credentials its path needs is answered 401 and counted; any other goes on unchanged."""
+
+    def __init__(self, app: ASGIApp, access: Access):
+        self.app, self.access = app, access
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = scope["path"]
+            keys = self.access.keys_for(path)
+            if keys is not None and not bearer_matches(_header(scope, b"authorization"), keys):
+                if self.access.dropped is not None:
+                    self.access.dropped.add("http")
+                await _refusal(path)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    """The first ``name`` header of an ASGI request (``None``: absent)."""
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
 def install(app: FastAPI, access: Access) -> None:
     """Add the access check and the OpenAI-shaped error handlers to ``app``."""
-
-    @app.middleware("http")
-    async def authorize(request: HTTPRequest, call_next: Callable[[HTTPRequest], Awaitable[Response]]) -> Response:
-        path = request.url.path
-        keys = access.keys_for(path)
-        if keys is not None and not bearer_matches(request.headers.get("authorization"), keys):
-            if access.dropped is not None:
-                access.dropped.add("http")
-            return _refusal(path)
-        return await call_next(request)
-
+    app.add_middleware(Authorize, access=access)
     app.exception_handler(StarletteHTTPException)(_http_error)
     app.exception_handler(Exception)(_unexpected_error)
 

@@ -355,7 +355,7 @@ class ErrorDetail(BaseModel):
     message: str
     type: str = "server_error"
     param: str | None = None
-    code: int | None = None
+    code: int | str | None = None  # our status code, or OpenAI's name (``invalid_api_key``)
 
 
 class ErrorMessage(_Message):

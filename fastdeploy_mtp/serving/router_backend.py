@@ -391,7 +391,7 @@ class RouterBackend:
             event = decode_event(sse.data, source)
             if isinstance(event, ErrorMessage):
                 code = event.error.code
-                status = code if code is not None and 400 <= code < 600 else 502
+                status = code if isinstance(code, int) and 400 <= code < 600 else 502
                 raise _server_error(status, f"{source}: {event.error.message}")
             if isinstance(event, TokensEvent):
                 self._emit(req, stream, event.token_ids, event.logprobs, source)

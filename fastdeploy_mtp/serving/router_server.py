@@ -48,6 +48,7 @@ import httpx
 from fastapi import FastAPI
 
 from ..credentials import api_key, splitwise_secret
+from ..engine_args import UsageError
 from ..tokenization import GenerationDefaults, Tokenizer, load_generation_config, load_tokenizer
 from .app import bind_listener, create_app, run_http
 from .http_auth import Access
@@ -151,7 +152,10 @@ def run_router(opts: RouterOptions) -> int:
     progress = progress_printer("router", t0)
     folder = opts.tokenizer or ASSETS_DIR
     # before any wait: a bad tokenizer folder fails fast
-    tokenizer, defaults = load_tokenizer(folder), load_generation_config(folder)
+    try:
+        tokenizer, defaults = load_tokenizer(folder), load_generation_config(folder)
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"--tokenizer {folder}: {exc}") from None
     key, secret = api_key(opts.api_key), splitwise_secret(opts.splitwise_secret_file)
     # checks the URLs first
     backend = RouterBackend(opts.prefill, opts.decode, opts.queue_timeout, secret, opts.instance_timeout)

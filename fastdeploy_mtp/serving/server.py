@@ -82,12 +82,12 @@ def serve(opts: ServeOptions, log: object = None) -> int:
 
     t0 = time.perf_counter()
     progress = progress_printer("serve", t0)
-    layout = _layout(opts)
-    arch = layout.arch()
-    tp = layout.tensor_parallel_size
     try:
+        layout = _layout(opts)
+        arch = layout.arch()
+        tp = layout.tensor_parallel_size
         kv_cache_shape(arch, 1, tp)  # refuses a TP size the heads do not divide, naming the field
-    except ValueError as exc:
+    except ValueError as exc:  # each names the option at fault: a usage error (exit status 2)
         raise UsageError(str(exc)) from None
     mode = speculation_label(opts.speculative_config)  # the same name of the mode as demo and generate
     role = "" if opts.splitwise_role == "mixed" else f"splitwise {opts.splitwise_role}, "
@@ -205,8 +205,12 @@ def _run(
     key = api_key(opts.api_key)
     secret = None if opts.splitwise_role == "mixed" else splitwise_secret(opts.splitwise_secret_file)
     running.listener = bind_listener(opts.host, opts.port)
-    tokenizer = load_tokenizer(opts.model, opts.tokenizer)
-    defaults = load_generation_config(opts.model)
+    try:
+        tokenizer = load_tokenizer(opts.model, opts.tokenizer)
+        defaults = load_generation_config(opts.model)
+    except (ValueError, OSError) as exc:
+        flag = f"--tokenizer {opts.tokenizer}" if opts.tokenizer else f"--model {opts.model}"
+        raise UsageError(f"{flag}: {exc}") from None
     eos_ids = list(dict.fromkeys([*tokenizer.eos_token_ids, *defaults.eos_token_ids, *arch.eos_token_ids]))
     progress(f"tokenizer: {tokenizer.source} ({tokenizer.vocab_size} ids), EOS ids {eos_ids or 'none'}")
     dropped = DroppedMessages()  # every refused message of this deployment, shown in /metrics

@@ -1,222 +1,355 @@
-"""The HTTP surfaces against callers without credentials and against malformed requests:
+"""The HTTP surfaces of ``serve`` and ``router``: who may call what, and how refusals look.
 
-* ``--api-key``: ``/v1/*`` answers 401 in OpenAI's error shape without ``Authorization:
-  Bearer <key>`` (counted in ``/metrics``); ``/health`` and ``/metrics`` stay open;
-* errors keep OpenAI's shape (unknown path, wrong method, a body that is not JSON, a lone
-  surrogate), refused fields are named, and a non-streaming request whose client leaves is
-  aborted;
-* splitwise across "hosts": instances and router configured only with
-  ``--splitwise-secret-file`` (no environment) serve exactly; another uid, who cannot read
-  the file, cannot inject a hand-over; a router with another secret gets a 502 that says so.
+* ``--api-key`` (or ``$FASTDEPLOY_MTP_API_KEY``): every ``/v1/*`` request needs
+  ``Authorization: Bearer <key>``, else a 401 in OpenAI's error shape (``code``
+  ``invalid_api_key``), counted as ``dropped_messages_total{channel="http"}``; ``/health`` and
+  ``/metrics`` stay open. On the router too.
+* ``/v1/splitwise/*`` take only the router's token (derived from the splitwise secret), never
+  the API key; the instances take that token on ``/v1/*`` too. A router whose secret the
+  instances do not share gets their 401 and answers 502 saying so.
+* A prefill instance that stops answering (SIGSTOP) is a 504 naming it within the router's
+  ``--instance-timeout``.
+* A non-streaming request whose client hangs up is aborted (its slot freed).
+* Errors are OpenAI-shaped everywhere: 404/405, a body that is not JSON, a lone surrogate
+  (400 naming the client's field, on the server and through the router), fields this server
+  cannot honour, ``min_tokens > max_tokens``, an unexpected exception (500); a stream the
+  instance refuses is a 400 through the router, not a 200 with an error event.
+* Bad credentials and a taken port are usage errors (exit status 2) before anything starts.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
 import time
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
-from fastdeploy_mtp.credentials import API_KEY_ENV, SECRET_ENV
-from tests.support.hostile import run_as_nobody
+from fastdeploy_mtp.credentials import API_KEY_ENV, SECRET_ENV, splitwise_secret
+from fastdeploy_mtp.distributed import find_free_port_range
+from fastdeploy_mtp.entrypoints.cli import main
+from fastdeploy_mtp.serving.router_backend import RouterBackend
+from fastdeploy_mtp.serving.router_server import fetch_model_name
 from tests.support.servers import (
     ServerProcess,
+    device_ids,
     http_get,
-    offline,
+    http_post,
+    router_headers,
     scrape_metrics,
-    stop_all,
+    splitwise_instances,
+    splitwise_post,
+    splitwise_router,
     stopped_cleanly,
 )
 
-KEY = "sk-test-" + "k" * 24
 MTP1 = '{"method": "mtp", "num_speculative_tokens": 1}'
+KEY = "sk-test-" + "k" * 24
+AUTH = {"Authorization": f"Bearer {KEY}"}
+DROPPED_HTTP = 'fastdeploy:dropped_messages_total{channel="http"}'
+INSTANCE_TIMEOUT = 3.0
 
 
 @pytest.fixture(scope="module")
-def server():
+def server() -> Iterator[ServerProcess]:
+    """A mixed server whose API key comes from the environment."""
     srv = ServerProcess(["--speculative-config", MTP1], env={**os.environ, API_KEY_ENV: KEY})
-    try:
-        yield srv
-    except BaseException:
-        srv.kill()
-        raise
+    yield srv
     stopped_cleanly(srv)
 
 
-def post(url: str, body: Any, key: str | None = KEY, raw: bytes | None = None) -> tuple[int, Any]:
-    headers = {"Content-Type": "application/json"}
-    if key is not None:
-        headers["Authorization"] = f"Bearer {key}"
-    data = raw if raw is not None else json.dumps(body).encode()
-    r = httpx.post(url, content=data, headers=headers, timeout=60)
+@pytest.fixture(scope="module")
+def pd() -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    """A prefill and a decode instance, each with ``--api-key``."""
+    with splitwise_instances(
+        ("prefill", MTP1, "--api-key", KEY),
+        ("decode", MTP1, "--api-key", KEY),
+    ) as (prefill, decode):
+        yield prefill, decode
+
+
+@pytest.fixture(scope="module")
+def router(pd: tuple[ServerProcess, ServerProcess]) -> Iterator[str]:
+    """A router with ``--api-key`` and a short ``--instance-timeout`` over ``pd``."""
+    with splitwise_router(*pd, api_key=KEY, instance_timeout=INSTANCE_TIMEOUT) as url:
+        yield url
+
+
+def dropped(url: str) -> float:
+    return scrape_metrics(url).get(DROPPED_HTTP, 0.0)
+
+
+def error_of(answer: Any) -> dict[str, Any]:
+    assert isinstance(answer, dict) and set(answer) == {"error"}, answer
+    error = answer["error"]
+    assert {"message", "type", "param", "code"} <= set(error), error
+    return dict(error)
+
+
+def post_raw(url: str, content: bytes, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    r = httpx.post(url, content=content, headers={"Content-Type": "application/json", **(headers or {})}, timeout=60)
     return r.status_code, r.json()
 
 
-def is_openai_error(answer: Any) -> bool:
-    return isinstance(answer, dict) and set(answer) == {"error"} and {"message", "type"} <= set(answer["error"])
+# ---- the API key ------------------------------------------------------------------------------
+def test_the_api_key_guards_every_v1_endpoint_and_refusals_are_counted(server):
+    before = dropped(server.base_url)
+    body = {"prompt": "def f():", "max_tokens": 2}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        status, answer = http_post(server.base_url + "/v1/completions", body, headers=headers)
+        assert status == 401, answer
+        assert error_of(answer)["code"] == "invalid_api_key" and error_of(answer)["type"] == "invalid_request_error"
+    assert http_get(server.base_url + "/v1/models")[0] == 401
+    assert http_get(server.base_url + "/health")[0] == 200  # open, as vLLM's
+    assert dropped(server.base_url) == before + 4  # /metrics is open too
+    status, answer = http_post(server.base_url + "/v1/completions", body, headers=AUTH)
+    assert status == 200 and answer["usage"]["completion_tokens"] == 2, answer
+    assert http_get(server.base_url + "/v1/models", headers=AUTH)[0] == 200
 
 
-def test_the_api_key_is_required_on_v1_only(server):
-    url = server.base_url
-    body = {"model": "fastdeploy-mtp-tiny", "prompt": "hello", "max_tokens": 4}
-    before = scrape_metrics(url)['fastdeploy:dropped_messages_total{channel="http"}']
-    for key in (None, "wrong", KEY + "x", KEY[:-1]):
-        status, answer = post(url + "/v1/completions", body, key=key)
-        assert status == 401 and is_openai_error(answer), (key, status, answer)
-    status, _ = http_get(url + "/v1/models")
-    assert status == 401
-    assert scrape_metrics(url)['fastdeploy:dropped_messages_total{channel="http"}'] - before == 5
-    assert http_get(url + "/health")[0] == 200  # open: no request content in them
-    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=60)
-    text = client.completions.create(model="fastdeploy-mtp-tiny", prompt="hello", max_tokens=8).choices[0].text
-    assert text == offline(["hello"], spec=MTP1, max_tokens=8)[0]
-    with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=url + "/v1", api_key="nope", max_retries=0).models.list()
-
-
-@pytest.mark.parametrize(
-    "method, path, status",
-    [("GET", "/v1/nothing-here", 404), ("GET", "/v1/completions", 405), ("DELETE", "/health", 405)],
-)
-def test_framework_errors_keep_openais_shape(server, method, path, status):
-    r = httpx.request(method, server.base_url + path, headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
-    assert r.status_code == status and is_openai_error(r.json()), r.text
-
-
-def test_a_body_that_is_not_json_is_a_400_in_openais_shape(server):
-    status, answer = post(server.base_url + "/v1/completions", None, raw=b'{"prompt": "a", ')
-    assert status == 400 and is_openai_error(answer), answer
+# ---- OpenAI's error shape -----------------------------------------------------------------
+def test_404_405_and_a_body_that_is_not_json_are_openai_shaped(server):
+    status, text = http_get(server.base_url + "/v1/nothing", headers=AUTH)
+    assert status == 404 and error_of(json.loads(text))["type"] == "not_found_error"
+    status, text = http_get(server.base_url + "/v1/completions", headers=AUTH)
+    assert status == 405 and error_of(json.loads(text))["type"] == "invalid_request_error"
+    status, answer = post_raw(server.base_url + "/v1/completions", b"{not json", AUTH)
+    assert status == 400 and error_of(answer)["type"] == "invalid_request_error"
+    status, answer = post_raw(server.base_url + "/v1/completions", b'{"max_tokens": "many", "prompt": "x"}', AUTH)
+    assert status == 400 and error_of(answer)["param"] == "max_tokens"
 
 
 @pytest.mark.parametrize(
     "path, raw, param",
     [
-        ("/v1/completions", b'{"prompt": "ab\\ud800", "max_tokens": 4}', "prompt"),
-        (
-            "/v1/chat/completions",
-            b'{"messages": [{"role": "user", "content": "x\\udfff"}], "max_tokens": 4}',
-            "messages",
-        ),
-        ("/v1/completions", b'{"prompt": "ok", "stop": ["\\ud800"], "max_tokens": 4}', "stop"),
+        ("/v1/completions", b'{"prompt": "ab\\ud800", "max_tokens": 2}', "prompt"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\udc00x"}]}', "messages"),
+        ("/v1/completions", b'{"prompt": "ab\\ud800", "max_tokens": 2, "stream": true}', "prompt"),
     ],
 )
 def test_a_lone_surrogate_is_a_400_naming_the_field(server, path, raw, param):
-    status, answer = post(server.base_url + path, None, raw=raw)
-    assert status == 400 and is_openai_error(answer) and answer["error"]["param"] == param, answer
-    assert "surrogate" in answer["error"]["message"]
+    status, answer = post_raw(server.base_url + path, raw, AUTH)
+    assert status == 400 and error_of(answer)["param"] == param, answer
 
 
 @pytest.mark.parametrize(
     "extra, param",
     [
-        ({"min_tokens": 9, "max_tokens": 4}, "min_tokens"),
-        ({"suffix": "tail"}, "suffix"),
+        ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+        ({"suffix": "x"}, "suffix"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "auto"}, "tool_choice"),
-        ({"guided_regex": "a+"}, "guided_regex"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
     ],
 )
-def test_what_the_server_cannot_honour_is_refused_by_name(server, extra, param):
-    body = {"prompt": "hello", "max_tokens": 4, **extra}
-    status, answer = post(server.base_url + "/v1/completions", body)
-    assert status == 400 and answer["error"]["param"] == param, answer
-    # the neutral values ask for nothing and are accepted
-    neutral = {"prompt": "hello", "max_tokens": 4, "response_format": {"type": "text"}, "tool_choice": "none"}
-    assert post(server.base_url + "/v1/completions", neutral)[0] == 200
+def test_fields_this_server_cannot_honour_are_a_400_naming_them(server, extra, param):
+    body = {"prompt": "def f():", "max_tokens": 2, **extra}
+    status, answer = http_post(server.base_url + "/v1/completions", body, headers=AUTH)
+    assert status == 400 and error_of(answer)["param"] == param and param in error_of(answer)["message"], answer
 
 
-def test_a_non_streaming_request_is_aborted_when_its_client_leaves(server):
-    body = {"prompt": "Once upon a time", "max_tokens": 900, "ignore_eos": True}
+def test_the_neutral_values_of_those_fields_are_accepted(server):
+    body = {"prompt": "def f():", "max_tokens": 2, "response_format": {"type": "text"}, "tool_choice": "none"}
+    status, answer = http_post(server.base_url + "/v1/completions", body, headers=AUTH)
+    assert status == 200, answer
+
+
+def test_an_unexpected_exception_is_a_500_in_the_error_shape():
+    from fastapi.testclient import TestClient
+    from prometheus_client import CollectorRegistry
+
+    from fastdeploy_mtp.models.tiny import ASSETS_DIR
+    from fastdeploy_mtp.serving.app import create_app
+    from fastdeploy_mtp.tokenization import load_tokenizer
+
+    class Broken:
+        fatal = None
+        registry = CollectorRegistry()
+
+        def validate(self, req: Any) -> None:
+            return None
+
+        def submit(self, req: Any) -> Any:
+            raise RuntimeError("a bug")
+
+    app = create_app(Broken(), "m", load_tokenizer(ASSETS_DIR))  # type: ignore[arg-type]
+    with TestClient(app, raise_server_exceptions=False) as client:
+        r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    assert r.status_code == 500 and error_of(r.json())["type"] == "server_error"
+    assert "RuntimeError" in r.json()["error"]["message"]
+
+
+# ---- a client that leaves ---------------------------------------------------------------------
+def test_a_non_streaming_request_whose_client_leaves_is_aborted(server):
+    before = scrape_metrics(server.base_url)
+    body = {"prompt": "def main():", "max_tokens": 900, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(
-            server.base_url + "/v1/completions",
-            json=body,
-            headers={"Authorization": f"Bearer {KEY}"},
-            timeout=httpx.Timeout(1.5, connect=5),
-        )
-    deadline = time.monotonic() + 10
-    while scrape_metrics(server.base_url)["fastdeploy:num_requests_running"] > 0:
-        assert time.monotonic() < deadline, "the abandoned request still holds its slot"
+        httpx.post(server.base_url + "/v1/completions", json=body, headers=AUTH, timeout=1.0)
+    deadline = time.monotonic() + 15
+    while True:
+        m = scrape_metrics(server.base_url)
+        if m["fastdeploy:request_cancelled_total"] > before.get("fastdeploy:request_cancelled_total", 0):
+            break
+        assert time.monotonic() < deadline, "the request was not aborted when its client left"
         time.sleep(0.1)
+    assert m["fastdeploy:num_requests_running"] == 0
+    assert m["fastdeploy:generation_tokens_total"] - before["fastdeploy:generation_tokens_total"] < 900
 
 
-# ---- splitwise with a secret file on every "host" --------------------------------------------
-def secret_file(folder: Path, name: str) -> Path:
-    path = folder / name
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(os.urandom(32).hex() + "\n")
-    return path
+# ---- splitwise: the router's credential -----------------------------------------------------
+def test_splitwise_endpoints_take_the_router_token_and_never_the_api_key(pd):
+    prefill, _ = pd
+    url = prefill.base_url + "/v1/splitwise/prefill"
+    body = {"request_id": "x", "prompt_token_ids": [1, 2], "max_tokens": 2, "sampling": {}}
+    before = dropped(prefill.base_url)
+    for headers in ({}, AUTH):
+        status, answer = http_post(url, body, headers={**router_headers(), **headers} if headers else {})
+        assert status == 401 and error_of(answer)["code"] == "invalid_api_key", answer
+    assert splitwise_post(url, body, secret=b"another secret of 32 bytes......")[0] == 401
+    assert dropped(prefill.base_url) == before + 3
+    # the router token opens /v1/* of an instance with an API key (the router reads /v1/models)
+    assert http_get(prefill.base_url + "/v1/models", headers=router_headers())[0] == 200
+    assert http_get(prefill.base_url + "/v1/models")[0] == 401
+    backend = RouterBackend([prefill.base_url], [prefill.base_url], secret=splitwise_secret())
+    assert fetch_model_name(prefill.base_url, backend.headers) == "fastdeploy-mtp-tiny"
 
 
-def test_splitwise_with_secret_files_only(tmp_path: Path):
-    from fastdeploy_mtp.credentials import read_secret_file
-    from fastdeploy_mtp.serving.router_backend import RouterBackend
-    from fastdeploy_mtp.serving.router_server import router_app
-    from tests.support.servers import ThreadServer, find_free_port_range, splitwise_post
+def test_the_router_takes_its_api_key_and_forwards_with_its_token(router):
+    body = {"prompt": "def add(a, b):", "max_tokens": 6}
+    status, answer = http_post(router + "/v1/completions", body)
+    assert status == 401 and error_of(answer)["code"] == "invalid_api_key"
+    assert dropped(router) >= 1
+    status, answer = http_post(router + "/v1/completions", body, headers=AUTH)
+    assert status == 200 and answer["usage"]["completion_tokens"] == 6, answer
 
-    os.chmod(tmp_path, 0o700)  # the other uid cannot read the file (nor list the folder)
-    ours, theirs = secret_file(tmp_path, "ours"), secret_file(tmp_path, "theirs")
-    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
-    flags = ["--splitwise-secret-file", str(ours)]
-    started: list[ServerProcess] = []
+
+def test_a_router_without_the_instances_secret_answers_502_saying_so(pd):
+    with splitwise_router(*pd, secret=b"not the deployment's secret!!!!!") as url:
+        status, answer = http_post(url + "/v1/completions", {"prompt": "x", "max_tokens": 2})
+    assert status == 502 and "splitwise secret" in error_of(answer)["message"], answer
+
+
+@pytest.mark.parametrize(
+    "path, raw, param",
+    [
+        ("/v1/completions", b'{"prompt": "ab\\ud800", "max_tokens": 2}', "prompt"),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "a\\ud800"}], "stream": true}',
+            "messages",
+        ),
+        # the prefill instance refuses it (longer than --max-model-len): a 400 naming the client's field
+        ("/v1/completions", b'{"prompt": "' + b"y" * 1100 + b'", "max_tokens": 2, "stream": true}', "prompt"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "' + b"y" * 1100 + b'"}]}', "messages"),
+    ],
+)
+def test_the_router_answers_400_naming_the_clients_field(router, path, raw, param):
+    status, answer = post_raw(router + path, raw, AUTH)
+    assert status == 400 and error_of(answer)["param"] == param, answer
+
+
+def test_a_non_streaming_request_through_the_router_whose_client_leaves_is_aborted(pd, router):
+    _, decode = pd
+    before = scrape_metrics(decode.base_url).get("fastdeploy:request_cancelled_total", 0)
+    body = {"prompt": "def main():", "max_tokens": 900, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(router + "/v1/completions", json=body, headers=AUTH, timeout=1.5)
+    deadline = time.monotonic() + 15
+    while scrape_metrics(decode.base_url).get("fastdeploy:request_cancelled_total", 0) == before:
+        assert time.monotonic() < deadline, "the decode instance went on after the router's client left"
+        time.sleep(0.1)
+    assert scrape_metrics(decode.base_url)["fastdeploy:num_requests_running"] == 0
+
+
+def test_the_router_command_takes_api_key_and_reads_the_model_name_with_its_token(pd):
+    """As a process: ``router --api-key`` (no ``--served-model-name``: it reads the instances'
+    ``/v1/models``, which need its token), then SIGTERM ends it with status 0."""
+    prefill, decode = pd
+    port = find_free_port_range(1)
+    cmd = [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "router", "--port", str(port), "--api-key", KEY]
+    cmd += ["--prefill", prefill.base_url, "--decode", decode.base_url, "--start-timeout", "30"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
     try:
-        for role, extra in (("prefill", []), ("decode", ["--kv-transport", "tcp"])):
-            args = ["--speculative-config", MTP1, "--splitwise-role", role, *flags, *extra]
-            started.append(ServerProcess([*args, "--device-ids", _device_id()], env=env))
-        p, d = started
-        prompt = "The quick brown fox"
-        expected = offline([prompt], spec=MTP1, max_tokens=16)[0]
-        for secret, status in ((read_secret_file(ours), 200), (read_secret_file(theirs), 502)):
-            backend = RouterBackend([p.base_url], [d.base_url], 60.0, secret=secret)
-            srv = ThreadServer(router_app(backend, "fastdeploy-mtp-tiny"), find_free_port_range(1))
-            try:
-                r = httpx.post(srv.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 16}, timeout=120)
-            finally:
-                srv.stop()
-            assert r.status_code == status, r.text
-            if status == 200:
-                assert r.json()["choices"][0]["text"] == expected
-            else:
-                assert "same splitwise secret" in r.json()["error"]["message"], r.text
-        # another uid with a hand-over-shaped body: refused before anything is parsed
-        before = scrape_metrics(d.base_url)['fastdeploy:dropped_messages_total{channel="http"}']
-        script = f"""
-import json, urllib.request, urllib.error
-body = json.dumps({{"request_id": "x", "prompt_token_ids": [1, 2], "output_token_ids": [3], "max_tokens": 4,
-                   "handoff": {{}}}}).encode()
-codes = []
-for auth in (None, "Bearer guess"):
-    headers = {{"Content-Type": "application/json"}}
-    if auth:
-        headers["Authorization"] = auth
-    req = urllib.request.Request({d.base_url + "/v1/splitwise/decode"!r}, body, headers)
+        deadline = time.monotonic() + 60
+        while http_get_or_none(url + "/health") != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, "the router did not start"
+            time.sleep(0.2)
+        assert http_get(url + "/v1/models")[0] == 401
+        status, text = http_get(url + "/v1/models", headers=AUTH)
+        assert status == 200 and json.loads(text)["data"][0]["id"] == "fastdeploy-mtp-tiny"
+        status, answer = http_post(url + "/v1/completions", {"prompt": "x", "max_tokens": 3}, headers=AUTH)
+        assert status == 200 and answer["usage"]["completion_tokens"] == 3, answer
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
+def http_get_or_none(url: str) -> int | None:
     try:
-        codes.append(urllib.request.urlopen(req, timeout=10).status)
-    except urllib.error.HTTPError as e:
-        codes.append(e.code)
-print(json.dumps(codes))
-"""
-        assert run_as_nobody(script) == [401, 401]
-        after = scrape_metrics(d.base_url)['fastdeploy:dropped_messages_total{channel="http"}']
-        assert after - before == 2
-        # the API key of a client does not open the splitwise endpoints either; the router token does
-        assert splitwise_post(d.base_url + "/v1/splitwise/decode", {}, secret=read_secret_file(theirs))[0] == 401
-        assert splitwise_post(d.base_url + "/v1/splitwise/decode", {}, secret=read_secret_file(ours))[0] == 400
-    except BaseException:
-        stop_all(started)
-        raise
-    while started:
-        stopped_cleanly(started.pop())
+        return http_get(url, timeout=2)[0]
+    except OSError:
+        return None
 
 
-def _device_id() -> str:
-    from tests.support.servers import device_ids
+def test_a_stopped_prefill_instance_is_a_504_naming_it_within_the_instance_timeout(pd, router):
+    prefill, _ = pd
+    os.kill(prefill.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        status, answer = http_post(router + "/v1/completions", {"prompt": "x", "max_tokens": 2}, headers=AUTH)
+        took = time.monotonic() - t0
+    finally:
+        os.kill(prefill.proc.pid, signal.SIGCONT)
+    assert status == 504 and prefill.base_url in error_of(answer)["message"], answer
+    assert INSTANCE_TIMEOUT <= took < INSTANCE_TIMEOUT + 5, took
 
-    return device_ids(1)
+
+# ---- usage errors (exit status 2, before anything starts) -----------------------------------
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["serve", "--api-key", ""], ["--api-key"]),
+        (["serve", "--splitwise-role", "prefill", "--splitwise-secret-file", "/nonexistent/s"], ["/nonexistent/s"]),
+        (["serve", "--tokenizer", "/nonexistent/t"], ["--tokenizer /nonexistent/t"]),
+        (
+            ["router", "--prefill", "http://a:1", "--decode", "http://b:1", "--tokenizer", "/nonexistent/t"],
+            ["--tokenizer"],
+        ),
+    ],
+)
+def test_bad_credentials_and_folders_exit_2_with_one_line(capsys, monkeypatch, args, words):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    if args[0] == "serve":  # KV cache names of its own (another server may use device 0)
+        args = [*args, "--device-ids", device_ids(1)]
+    code = main([*args, "--port", str(find_free_port_range(1))])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and err.startswith("fastdeploy-mtp: error:") and all(w in err for w in words), err
+
+
+def test_a_taken_port_is_refused_by_the_router_before_it_waits(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        t0 = time.monotonic()
+        code = main(
+            ["router", "--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:9", "--port", str(port)]
+        )
+    err = capsys.readouterr().err
+    assert code == 2 and f"--port {port}" in err and "in use" in err, err
+    assert time.monotonic() - t0 < 10 and "waiting for" not in err

@@ -52,10 +52,11 @@ def own_names(names: set[str], queue_port: int, device_ids: list[int]) -> list[s
     return sorted(n for n in names if owned(n))
 
 
-def http_get(url: str, timeout: float = 30) -> tuple[int, str]:
-    """(status, body text) of a GET; an HTTP error status is returned, not raised."""
+def http_get(url: str, timeout: float = 30, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """(status, body text) of a GET (with ``headers``, e.g. an ``Authorization``); an HTTP
+    error status is returned, not raised."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
@@ -400,16 +401,33 @@ def stop_all(servers: list[ServerProcess]) -> None:
 
 @contextlib.contextmanager
 def splitwise_router(
-    prefill: ServerProcess, decode: ServerProcess, queue_timeout: float = 60.0, tokenizer: Any = None
+    prefill: ServerProcess,
+    decode: ServerProcess,
+    queue_timeout: float = 60.0,
+    tokenizer: Any = None,
+    api_key: str | None = None,
+    instance_timeout: float = 60.0,
+    secret: bytes | None = None,
 ) -> Iterator[str]:
     """A router over one prefill and one decode instance, in this process (with the served
-    model's ``tokenizer``; default the shipped one's); yields its URL."""
+    model's ``tokenizer``; default the shipped one's); yields its URL. ``api_key``: what its
+    clients must present (``None``: open); ``secret``: the splitwise secret it derives its
+    credential from (default: the test run's)."""
     from fastdeploy_mtp.credentials import splitwise_secret
+    from fastdeploy_mtp.serving.http_auth import Access
     from fastdeploy_mtp.serving.router_backend import RouterBackend
     from fastdeploy_mtp.serving.router_server import router_app
 
-    backend = RouterBackend([prefill.base_url], [decode.base_url], queue_timeout, secret=splitwise_secret())
-    srv = ThreadServer(router_app(backend, "fastdeploy-mtp-tiny", tokenizer), find_free_port_range(1))
+    backend = RouterBackend(
+        [prefill.base_url],
+        [decode.base_url],
+        queue_timeout,
+        secret=splitwise_secret() if secret is None else secret,
+        instance_timeout=instance_timeout,
+    )
+    access = Access(api_key, None, backend.dropped)
+    app = router_app(backend, "fastdeploy-mtp-tiny", tokenizer, access=access)
+    srv = ThreadServer(app, find_free_port_range(1))
     try:
         yield srv.url
     finally:
