@@ -191,7 +191,9 @@ class RemoteRunner:
                     self._sock.send_multipart([f"rank{rank}".encode(), Shutdown().encode()], zmq.NOBLOCK)
                 except zmq.ZMQError:
                     pass
-        deadline = time.monotonic() + timeout
+        # a deployment that lost a process or hung will not shut down in order: do not wait long
+        grace = min(timeout, 1.0) if self._dead else timeout
+        deadline = time.monotonic() + grace
         for name in [*workers, "cache manager"]:  # the cache manager last: workers detach first
             proc = self.procs.get(name)
             if proc is None:
@@ -201,9 +203,9 @@ class RemoteRunner:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                proc.terminate()
+                proc.terminate()  # (a stopped process takes it only once continued: then SIGKILL)
                 try:
-                    proc.wait(5)
+                    proc.wait(2 if self._dead else 5)
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()

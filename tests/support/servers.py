@@ -202,12 +202,24 @@ class ServerProcess:
         return self.wait(timeout)
 
     def kill(self) -> None:
-        """Last resort (a test failed): kill the whole session."""
+        """Last resort (a test failed): kill the whole session, then remove what it owned
+        (its queue, runtime directory and /dev/shm names), so a failure leaves nothing."""
+        from fastdeploy_mtp.ipc.kv_caches import CACHE_READY_SIGNAL
+
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.proc.wait(30)
+        for pid in self.children:  # a child outside the session (none expected)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        mine = own_names(shm_names() - self.shm_before, self.queue_port, self.device_ids)
+        for name in mine:
+            if name.startswith((CACHE_READY_SIGNAL, "key_caches", "value_caches", "latent_caches")):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join("/dev/shm", name))
+        self.leftovers()  # removes the queue and the runtime directory
 
     def leftovers_now(self) -> dict[str, object]:
         """What of the server is still there: live children, its /dev/shm names, its SysV
