@@ -3,7 +3,7 @@
 MTP layer, each of its spec's shape and dtype) for every tensor-parallel rank, publishes each
 by name (``set_data_ipc``, FastDeploy's names), then raises
 ``cache_ready_signal.<engine_worker_queue_port>[rank]``. It holds them until SIGTERM (or its
-parent's death), then removes every name it created. If the engine died (SIGKILL), the
+parent's death, which it polls for), then removes every name it created. If the engine died (SIGKILL), the
 cache manager is the survivor that cleans up for it: it waits for the workers to exit (and
 stops them if they do not), then removes the SysV token queue and the deployment's runtime
 directory, so nothing of the deployment is left behind.
@@ -33,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     ServeLayout.add_args(ap)
     layout = ServeLayout.from_args(ap.parse_args(argv))
     parent = os.getppid()
-    become_child_process()
+    # no SIGTERM from the kernel when the engine dies: the loop below notices it and cleans
+    # up for the engine, which a signal landing in a handler of Paddle's could cut short
+    become_child_process(parent_death_signal=False)
     import paddle
 
     from ..ipc.kv_caches import CACHE_READY_SIGNAL, publish_caches, unpublish_caches
@@ -62,8 +64,9 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         install_stop_handlers()  # again, in case Paddle's set-up reinstalled its own
-        while True:  # until SIGTERM (Terminated; the kernel sends it too if the parent dies)
-            signal.pause()
+        while os.getppid() == parent:  # until SIGTERM (Terminated) or the engine's death
+            time.sleep(PARENT_POLL_S)
+        return 0
     except Terminated:
         return 0
     finally:
@@ -76,11 +79,14 @@ def main(argv: list[str] | None = None) -> int:
             clean_up_after_engine(layout)
 
 
+#: seconds between the cache manager's checks that the engine still runs
+PARENT_POLL_S = 0.1
+
+
 def _engine_died(layout: ServeLayout, parent: int, wait: float = 5.0) -> bool:
-    """Whether this SIGTERM came from the engine's death rather than from the engine stopping
-    the deployment (it marks the runtime directory first). The kernel sends it when the
-    engine's thread that started us exits, possibly before the rest of the engine, so wait
-    up to ``wait`` s for the engine to be gone (we are then re-parented)."""
+    """Whether the engine is gone (this process was re-parented) rather than stopping the
+    deployment, which it marks in the runtime directory before it sends SIGTERM. A SIGTERM
+    without the mark (an operator's) waits up to ``wait`` s for either."""
     from . import runtime_dir
 
     directory = runtime_dir.deployment_dir(layout.engine_worker_queue_port)
@@ -96,22 +102,32 @@ def _engine_died(layout: ServeLayout, parent: int, wait: float = 5.0) -> bool:
 
 def clean_up_after_engine(layout: ServeLayout, timeout: float = 10.0) -> None:
     """What the engine removes when it stops, done by the cache manager when the engine was
-    killed: the workers gone (the kernel sent them SIGTERM; SIGKILL after ``timeout`` s), then the token queue
-    (a worker still running could re-create it) and the runtime directory."""
+    killed: the workers gone (the kernel sent them SIGTERM; SIGKILL after ``timeout`` s), then
+    the token queue (a worker still running could re-create it) and the runtime directory."""
     from ..ops.messaging import remove_msg_queue
     from . import runtime_dir
 
     owner = runtime_dir.read_owner(runtime_dir.deployment_dir(layout.engine_worker_queue_port)) or {}
     children = owner.get("children")
-    workers = [p for p in children if isinstance(p, int) and p != os.getpid()] if isinstance(children, list) else []
+    # (pid, start time) of each recorded child but this process: a pid whose start time
+    # differs is another process now, and is never signalled
+    workers = [
+        (c["pid"], c.get("start"))
+        for c in (children if isinstance(children, list) else [])
+        if isinstance(c, dict) and isinstance(c.get("pid"), int) and c["pid"] != os.getpid()
+    ]
+
+    def running(child: tuple[int, object]) -> bool:
+        return runtime_dir.process_start(child[0]) == child[1] and not _zombie(child[0])
+
     # they were sent SIGTERM by the kernel too (the engine's death): give them ``timeout`` s
     for kill in (False, True):
-        for pid in workers if kill else []:
+        for pid, _ in workers if kill else []:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + timeout
         while workers and time.monotonic() < deadline:
-            workers = [p for p in workers if runtime_dir.process_start(p) is not None and not _zombie(p)]
+            workers = [c for c in workers if running(c)]
             time.sleep(0.05)
     with contextlib.suppress(OSError):
         remove_msg_queue(layout.msg_queue_id)

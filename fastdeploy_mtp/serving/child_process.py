@@ -29,11 +29,13 @@ def install_stop_handlers() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def become_child_process() -> None:
+def become_child_process(parent_death_signal: bool = True) -> None:
     """Set up a process the engine launched: Paddle imported (see
     :func:`install_stop_handlers`), SIGTERM unwinds, SIGINT is ignored (a terminal's Ctrl-C
     reaches the whole process group; the engine decides how its children stop), and on
-    Linux the kernel sends SIGTERM if the parent dies first."""
+    Linux the kernel sends SIGTERM if the parent dies first (unless ``parent_death_signal``
+    is false: the cache manager watches its parent itself, see
+    :mod:`fastdeploy_mtp.serving.cache_manager`)."""
     warnings.filterwarnings("ignore", message="No ccache found")  # Paddle's import-time notice
     import paddle  # noqa: F401  (its handlers first, ours over them)
 
@@ -41,7 +43,7 @@ def become_child_process() -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM if parent_death_signal else 0, 0, 0, 0)
     except (OSError, AttributeError):  # pragma: no cover - not Linux
         pass
     if os.getppid() == 1:  # the parent died before prctl took effect

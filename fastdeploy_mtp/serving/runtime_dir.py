@@ -11,7 +11,7 @@ Files in a deployment's directory:
 
 * ``engine.sock``: the engine's ZMQ ROUTER socket (``ipc://``), which the workers connect to;
 * ``owner.json``: ``{"pid", "start", "children"}``: the engine's pid and start time (a
-  recycled pid is not mistaken for it) and its children's pids, which the cache manager
+  recycled pid is not mistaken for it) and its children's (``[{"pid", "start"}]``), which the cache manager
   reads to stop the workers and clean up when the engine was killed;
 * ``stopping``: created when the engine stops the deployment, so that the cache manager can
   tell that SIGTERM from the one the kernel sends when the engine dies.
@@ -128,8 +128,10 @@ def claim(port: int) -> Path:
 
 
 def write_owner(directory: Path, children: list[int]) -> None:
-    """Record this process as the owner of ``directory``, with its ``children``."""
-    record = {"pid": os.getpid(), "start": process_start(os.getpid()), "children": list(children)}
+    """Record this process as the owner of ``directory``, with its ``children`` (each with
+    its start time, so a survivor never signals a recycled pid)."""
+    kids = [{"pid": pid, "start": process_start(pid)} for pid in children]
+    record = {"pid": os.getpid(), "start": process_start(os.getpid()), "children": kids}
     tmp = directory / (OWNER_NAME + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
