@@ -148,6 +148,14 @@ def _unlink(shm: shared_memory.SharedMemory, tracked: bool) -> None:
 def _pid_alive(pid: int) -> bool:
     if pid <= 0:
         return True  # unknown creator (an upstream signal): only the timeout applies
+    return process_alive(pid)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (``False`` for a pid <= 0, a gone process or a zombie;
+    ``True`` for one of another user, which we may not signal)."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -104,6 +104,7 @@ def clean_up_after_engine(layout: ServeLayout, timeout: float = 10.0) -> None:
     """What the engine removes when it stops, done by the cache manager when the engine was
     killed: the workers gone (the kernel sent them SIGTERM; SIGKILL after ``timeout`` s), then
     the token queue (a worker still running could re-create it) and the runtime directory."""
+    from ..ipc.signals import process_alive
     from ..ops.messaging import remove_msg_queue
     from . import runtime_dir
 
@@ -118,7 +119,7 @@ def clean_up_after_engine(layout: ServeLayout, timeout: float = 10.0) -> None:
     ]
 
     def running(child: tuple[int, object]) -> bool:
-        return runtime_dir.process_start(child[0]) == child[1] and not _zombie(child[0])
+        return runtime_dir.process_start(child[0]) == child[1] and process_alive(child[0])
 
     # they were sent SIGTERM by the kernel too (the engine's death): give them ``timeout`` s
     for kill in (False, True):
@@ -137,14 +138,6 @@ def clean_up_after_engine(layout: ServeLayout, timeout: float = 10.0) -> None:
         file=sys.stderr,
         flush=True,
     )
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return False
 
 
 if __name__ == "__main__":

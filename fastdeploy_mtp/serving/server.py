@@ -264,11 +264,12 @@ def _refuse_taken_cache_names(device_ids: list[int]) -> None:
     from the rank and the device id only: refuse names a running process created (the
     creator's pid is in the segment's descriptor); a dead run's are replaced at start-up."""
     from ..ipc.kv_caches import cache_names
+    from ..ipc.signals import process_alive
 
     for rank, device in enumerate(device_ids):
         name = cache_names(0, 1, rank, device)[0]
         creator = _segment_creator(os.path.join("/dev/shm", name))
-        if creator is not None and _alive(creator):
+        if creator is not None and process_alive(creator):
             raise UsageError(
                 f"--device-ids {','.join(map(str, device_ids))}: the KV cache name /dev/shm/{name} belongs to a "
                 f"running deployment (created by pid {creator}, device id {device}); give each server on this host "
@@ -287,18 +288,6 @@ def _segment_creator(path: str) -> int | None:
     if len(head) < 120 or int.from_bytes(head[72:80], "little") != 0x4350494D54504446:  # "FDPTMIPC"
         return None
     return int.from_bytes(head[112:120], "little", signed=True)
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _splitwise_engine(
