@@ -89,7 +89,10 @@ def _add_splitwise_args(p: argparse.ArgumentParser) -> None:
         "--kv-transport",
         choices=(AUTO, *transport_names()),
         default="auto",
-        help="decode: pull KV blocks by shared-memory name or over TCP (auto: shm when the prefill's caches are local)",
+        help="decode: how KV blocks are pulled: shm (same host), mooncake (the Mooncake transfer engine: RDMA, "
+        "else its TCP), tcp (over the KV port); auto (default): shm when the prefill's caches are on this host, "
+        "else mooncake when the prefill offers it, else tcp. prefill: mooncake registers the caches with the "
+        "Mooncake transfer engine as well (needs the pd extra); shm and tcp are always offered",
     )
     sw.add_argument(
         "--kv-transfer-timeout",
@@ -100,8 +103,9 @@ def _add_splitwise_args(p: argparse.ArgumentParser) -> None:
     sw.add_argument(
         "--kv-advertise-host",
         default=None,
-        help="prefill: the host name decode instances reach the KV port at (default --host; with --host 0.0.0.0, "
-        "this machine's name)",
+        help="prefill: the host name decode instances reach the KV port (and the transfer engine) at (default "
+        "--host; with --host 0.0.0.0, the address of the default route, else the first interface address that "
+        "is not loopback)",
     )
     sw.add_argument(
         "--kv-hold-timeout",

@@ -30,9 +30,10 @@ Splitwise (zero on a mixed instance):
   ``..._first_round_accepted_tokens_total`` — decode instance: drafts the prefill instance
   made that this instance's first verify round offered / accepted (they are also in the
   ``spec_decode`` counters);
-* ``fastdeploy:splitwise_kv_transfers_total``, ``..._kv_transfer_bytes_total``,
+* ``fastdeploy:splitwise_kv_transfers_total{transport}``, ``..._kv_transfer_bytes_total``,
   ``..._kv_transfer_seconds_total``, ``..._kv_transfer_failures_total`` — decode instance:
-  KV block transfers from prefill instances (every target and MTP layer, every rank);
+  KV block transfers from prefill instances (every target and MTP layer, every rank), one
+  series per KV transport (``shm``, ``mooncake``, ``tcp``: the one each transfer used);
 * ``fastdeploy:splitwise_kv_blocks_held`` — KV blocks out of circulation outside any slot:
   on a prefill instance those of handed-off requests no decode instance has copied yet, on
   a decode instance those an aborted request's transfer may still write;
@@ -83,11 +84,31 @@ class ServerCounters(RequestCounters):
     """Request-level counters the API server keeps (under :attr:`lock`)."""
 
     prompt_tokens: int = 0
-    kv_transfers: int = 0
-    kv_transfer_bytes: int = 0
-    kv_transfer_seconds: float = 0.0
-    kv_transfer_failures: int = 0
+    #: KV transfers of a decode instance, per transport name
+    kv: dict[str, TransferCounts] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def count_transfer(self, transport: str, nbytes: int | None, seconds: float) -> None:
+        """One KV transfer over ``transport`` ended after ``seconds``: ``nbytes`` moved, or
+        ``None`` when it failed. Takes :attr:`lock`."""
+        with self.lock:
+            counts = self.kv.setdefault(transport, TransferCounts())
+            if nbytes is None:
+                counts.failures += 1
+            else:
+                counts.transfers += 1
+                counts.bytes += nbytes
+            counts.seconds += seconds
+
+
+@dataclass
+class TransferCounts:
+    """KV transfers over one transport."""
+
+    transfers: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    failures: int = 0
 
 
 class EngineCollector(Collector):
@@ -108,6 +129,7 @@ class EngineCollector(Collector):
             )
         with self.counters.lock:
             c = copy.copy(self.counters)
+            c.kv = copy.deepcopy(self.counters.kv)
         yield from _spec_decode_metrics(m)
         yield from _request_metrics(m, occupancy, c)
         yield from _splitwise_metrics(m, occupancy, c)
@@ -176,23 +198,30 @@ def _splitwise_metrics(m: Metrics, occupancy: Occupancy, c: ServerCounters) -> I
         ("splitwise_handed_off", "Prefill instance: requests handed to a decode instance.", m.handed_off),
         ("splitwise_first_round_draft_tokens", f"{drafts} offered.", m.handoff_drafts_proposed),
         ("splitwise_first_round_accepted_tokens", f"{drafts} accepted.", m.handoff_drafts_accepted),
-        ("splitwise_kv_transfers", "Decode instance: completed KV block transfers.", c.kv_transfers),
-        (
-            "splitwise_kv_transfer_bytes",
-            "Decode instance: KV bytes received (all layers, all ranks).",
-            c.kv_transfer_bytes,
-        ),
-        (
-            "splitwise_kv_transfer_seconds",
-            "Decode instance: wall seconds spent in KV transfers.",
-            c.kv_transfer_seconds,
-        ),
-        ("splitwise_kv_transfer_failures", "Decode instance: KV transfers that failed.", c.kv_transfer_failures),
     ):
         yield _counter(name, doc, value)
+    yield from _transfer_metrics(c.kv)
     held_doc = "KV blocks held outside any slot (prefill: handed off, not yet copied; decode: an aborted transfer's)."
     yield _gauge("splitwise_kv_blocks_held", held_doc, occupancy.held_blocks)
     yield _gauge("num_kv_blocks_free", "Free KV blocks.", occupancy.free_blocks)
+
+
+def _transfer_metrics(kv: dict[str, TransferCounts]) -> Iterator[Metric]:
+    """The KV-transfer counters, one series per transport (every registered one, zeros too)."""
+    from ..splitwise.transport import transport_names
+
+    names = sorted({*transport_names(), *kv})
+    per = " Decode instance, per KV transport:"
+    for name, doc, attr in (
+        ("splitwise_kv_transfers", f"{per} completed KV block transfers.", "transfers"),
+        ("splitwise_kv_transfer_bytes", f"{per} KV bytes received (all layers, all ranks).", "bytes"),
+        ("splitwise_kv_transfer_seconds", f"{per} wall seconds spent in KV transfers (failed ones too).", "seconds"),
+        ("splitwise_kv_transfer_failures", f"{per} KV transfers that failed.", "failures"),
+    ):
+        family = CounterMetricFamily(PREFIX + name, doc.strip(), labels=["transport"])
+        for transport in names:
+            family.add_metric([transport], getattr(kv.get(transport, TransferCounts()), attr))
+        yield family
 
 
 @dataclass

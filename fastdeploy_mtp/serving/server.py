@@ -133,6 +133,14 @@ def _layout(opts: ServeOptions) -> ServeLayout:
             raise UsageError(f"--max-num-seqs {max_num_seqs}: must be in [1, {FIRST_TOKEN_MAX_BSZ}]")
     else:
         max_num_seqs = _fit_max_num_seqs(opts.max_num_seqs)
+    if opts.splitwise_role != "mixed" and opts.kv_transport == "mooncake":
+        from ..splitwise.kv_layout import TransferError
+        from ..splitwise.transports import mooncake
+
+        try:
+            mooncake.require()
+        except TransferError as exc:
+            raise UsageError(f"--kv-transport mooncake: {exc}") from None
     _refuse_taken_cache_names(device_ids)
     return ServeLayout(
         model=opts.model,
@@ -328,6 +336,7 @@ def _splitwise_engine(
         layout,
         on_release=lambda rid, reason: holder["se"].released(rid, reason),
         shm_names=runner.cache_names(),
+        mooncake=opts.kv_transport == "mooncake",
         host=opts.host,
         port=opts.splitwise_port or 0,
         hold_timeout=opts.kv_hold_timeout,

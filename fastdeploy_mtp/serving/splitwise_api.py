@@ -274,6 +274,7 @@ class SplitwiseEngine(AsyncEngine):
 
         def pull() -> None:
             error: BaseException | None = None
+            nbytes: int | None = None
             t0 = time.perf_counter()
             try:
                 nbytes = pull_blocks(
@@ -281,13 +282,7 @@ class SplitwiseEngine(AsyncEngine):
                 )
             except Exception as exc:
                 error = exc
-            with self.counters.lock:
-                if error is None:
-                    self.counters.kv_transfers += 1
-                    self.counters.kv_transfer_bytes += nbytes
-                else:
-                    self.counters.kv_transfer_failures += 1
-                self.counters.kv_transfer_seconds += time.perf_counter() - t0
+            self.counters.count_transfer(transport, nbytes, time.perf_counter() - t0)
             self._transfers_done.put((req, error))
 
         threading.Thread(target=pull, name=f"kv-pull-{req.request_id}", daemon=True).start()

@@ -9,7 +9,6 @@ import hmac
 import json
 import logging
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ import numpy as np
 import zmq
 
 from ..credentials import DroppedMessages, derive
+from .addresses import discover_host
 from .kv_layout import (
     Caches,
     KVLayout,
@@ -30,7 +30,7 @@ from .kv_layout import (
     nonempty_str,
     positive_number,
 )
-from .transport import Descriptor, control_mac, offer_fields
+from .transport import Descriptor, close_fields, control_mac, offer_fields
 from .transports.tcp import fetch_reply
 
 __all__ = ["KVSource"]
@@ -81,12 +81,14 @@ class KVSource:
         host, port: where to bind.
         hold_timeout: seconds an offer stays reserved without a release.
         advertise_host: the host name decode instances connect to, put in the descriptors'
-            ``address`` (default ``host``; for a wildcard ``host`` such as ``"0.0.0.0"``, this
-            machine's fully qualified name).
+            ``address`` (default ``host``; for a wildcard ``host`` such as ``"0.0.0.0"``, the
+            address :func:`~.addresses.discover_host` finds).
         transport_options: what the transports offer besides the control socket, each read
             by its transport (:mod:`.transports`): ``shm_names``, per rank the names the
             caches are published under with ``set_data_ipc`` (same order as ``caches``), for
-            the ``"shm"`` transport (``None``, the default: ``"tcp"`` only).
+            the ``"shm"`` transport (``None``, the default: not offered); ``mooncake=True``
+            registers every cache with this process's Mooncake transfer engine, serving
+            from the advertised host, for the ``"mooncake"`` transport (default False).
         secret: the splitwise secret (:func:`fastdeploy_mtp.credentials.splitwise_secret`):
             every control request must carry its ``mac`` (see :mod:`.transport`); ``None``:
             the transfer token alone authorizes a request.
@@ -122,7 +124,6 @@ class KVSource:
         self.num_blocks = check_caches(caches, layout, where, writable=False)
         if not callable(on_release):
             raise TransferError(f"{where}: `on_release` must be callable, got {on_release!r}")
-        self._fields = offer_fields(caches, layout, transport_options, where)
         nonempty_str(host, "host", where)
         port = int_field(port, "port", 0, where)
         if port > 65535:
@@ -144,6 +145,12 @@ class KVSource:
             target=self._serve, args=(host, port), name=f"KVSource:{host}:{port}", daemon=True
         )
         self._start(host, port, advertise_host)
+        try:
+            self._fields = offer_fields(caches, layout, transport_options, _host_of(self.address), where)
+        except BaseException:
+            self._stop.set()
+            self._thread.join()
+            raise
 
     def _start(self, host: str, port: int, advertise_host: str | None) -> None:
         """Run the server thread until it bound (or failed to), then advertise its address."""
@@ -153,7 +160,7 @@ class KVSource:
             self._closed = True
             self._thread.join()
             raise TransferError(f"KVSource: cannot bind tcp://{host}:{port}: {self._bind_error}")
-        advertised = advertise_host or (socket.getfqdn() if host in _WILDCARD_HOSTS else None)
+        advertised = advertise_host or (discover_host() if host in _WILDCARD_HOSTS else None)
         if advertised:
             self.address = f"tcp://{advertised}:{self.address.rsplit(':', 1)[1]}"
 
@@ -211,6 +218,7 @@ class KVSource:
         self._stop.set()
         if threading.current_thread() is not self._thread:
             self._thread.join()
+            close_fields(self._fields)
 
     def __enter__(self) -> KVSource:
         return self
@@ -369,6 +377,12 @@ class KVSource:
         """A request from a peer that proved nothing (counted as dropped; nothing changes)."""
         self.dropped.add("kv")
         return _error(text)
+
+
+def _host_of(address: str) -> str:
+    """The host of ``tcp://host:port`` (brackets of an IPv6 literal removed)."""
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") else host
 
 
 def _same(given: Any, expected: str | None) -> bool:

@@ -11,10 +11,11 @@ of a transport.
 
 Descriptor (a JSON-able dict that travels from P to D with the request)::
 
-    {"version": 3, "request_id": str, "address": "tcp://host:port", "token": str,
+    {"version": 4, "request_id": str, "address": "tcp://host:port", "token": str,
      "layout": KVLayout.to_dict(), "block_ids": [int, ...],
      "num_blocks": <P's cache block count>,
-     <every transport's fields: "shm_names": [[name per cache] per rank] or None>,
+     <every transport's fields: "shm_names": [[name per cache] per rank] or None,
+      "mooncake": {"segment": "host:port", "buffers": [[address per cache] per rank]} or None>,
      "hold_timeout": float}
 
 ``token`` is the offer's transfer token: 32 random bytes (URL-safe base64) drawn by P for
@@ -51,8 +52,14 @@ Transports. Each is a :class:`Transport` in its own module of :mod:`.transports`
 registers itself with :func:`register`; the registry imports every module there on first
 use, so adding a transport is adding one module. ``"auto"`` (:func:`choose_transport`) picks
 the registered transport of the highest :attr:`~Transport.preference` that is
-:meth:`~Transport.usable` for a descriptor (today: ``"shm"`` when P's caches are published
-on this host, else ``"tcp"``).
+:meth:`~Transport.usable` for a descriptor: ``"shm"`` when P's caches are published on this
+host, else ``"mooncake"`` when P registered them with a Mooncake transfer engine and the
+engine imports here, else ``"tcp"``.
+
+The transports that read P's memory directly (``"shm"``, ``"mooncake"``) read it between
+D's ``check`` and its ``release``: P holds the offer's blocks for that whole time, so they
+cannot be reused under the read unless the hold timeout passes first, which the release
+then reports (:func:`release_after_direct_read`).
 """
 
 from __future__ import annotations
@@ -78,17 +85,19 @@ __all__ = [
     "Descriptor",
     "Transport",
     "choose_transport",
+    "close_fields",
     "control_mac",
     "differing_field",
     "get_transport",
     "offer_fields",
     "read_descriptor",
     "register",
+    "release_after_direct_read",
     "transport_names",
 ]
 
 #: ``"version"`` of the descriptors a source writes and :func:`read_descriptor` reads.
-DESCRIPTOR_VERSION = 3
+DESCRIPTOR_VERSION = 4
 
 #: The transport name that lets :func:`choose_transport` pick one per descriptor.
 AUTO = "auto"
@@ -168,7 +177,9 @@ class Transport(ABC):
     #: where the source does not offer this transport)
     fields: ClassVar[tuple[str, ...]] = ()
 
-    def offer_fields(self, caches: Caches, layout: KVLayout, options: dict[str, Any], where: str) -> dict[str, Any]:
+    def offer_fields(
+        self, caches: Caches, layout: KVLayout, options: dict[str, Any], host: str, where: str
+    ) -> dict[str, Any]:
         """Prefill side, once per source: the values of :attr:`fields` for its descriptors.
 
         Args:
@@ -177,9 +188,15 @@ class Transport(ABC):
             layout: their layout.
             options: the source's transport options not yet taken; pop the ones this
                 transport reads (what is left over is refused).
+            host: the host decode instances reach the source at (its control address).
             where: prefix of error messages.
         """
         return {}
+
+    def close_fields(self, fields: dict[str, Any]) -> None:
+        """Prefill side: the source that offered ``fields`` (its :meth:`offer_fields`)
+        closed; let go of what they hold."""
+        return None
 
     def read_fields(self, descriptor: dict[str, Any], layout: KVLayout, where: str) -> dict[str, Any]:
         """Decode side: the values of :attr:`fields` in a received ``descriptor`` (the keys
@@ -272,16 +289,42 @@ def choose_transport(requested: str, descriptor: dict[str, Any]) -> str:
     raise TransferError(f"no KV transport can pull request {descriptor.get('request_id')!r} on this host")
 
 
-def offer_fields(caches: Caches, layout: KVLayout, options: dict[str, Any], where: str) -> dict[str, Any]:
-    """A source's descriptor fields from every transport (:meth:`Transport.offer_fields`);
-    refuses an option that no transport takes."""
+def offer_fields(caches: Caches, layout: KVLayout, options: dict[str, Any], host: str, where: str) -> dict[str, Any]:
+    """A source's descriptor fields from every transport (:meth:`Transport.offer_fields`;
+    ``host``: where decode instances reach the source); refuses an option that no transport
+    takes. On a failure, what the transports already took is let go."""
     left = dict(options)
     fields: dict[str, Any] = {}
-    for transport in _transports():
-        fields.update(transport.offer_fields(caches, layout, left, where))
-    if left:
-        raise TransferError(f"{where}: no KV transport takes the option(s) {', '.join(map(repr, sorted(left)))}")
+    try:
+        for transport in _transports():
+            fields.update(transport.offer_fields(caches, layout, left, host, where))
+        if left:
+            raise TransferError(f"{where}: no KV transport takes the option(s) {', '.join(map(repr, sorted(left)))}")
+    except BaseException:
+        close_fields(fields)
+        raise
     return fields
+
+
+def close_fields(fields: dict[str, Any]) -> None:
+    """A source that offered ``fields`` closed: each transport lets go of its part."""
+    for transport in _transports():
+        if any(key in fields for key in transport.fields):
+            transport.close_fields(fields)
+
+
+def release_after_direct_read(channel: ControlChannel, timeout: float, how: str) -> None:
+    """Release the offer after its blocks were read straight from P's memory (``how``: the
+    transport, for the message). A refusal means the offer ended during the read (its hold
+    timeout passed, or P withdrew it), so P may have reused the blocks under the read: a
+    :class:`TransferError` that says the copy may be torn. No answer in time is only logged
+    by :meth:`ControlChannel.release` (the blocks were held while read)."""
+    try:
+        channel.release(timeout)
+    except TransferError as exc:
+        raise TransferError(
+            f"{exc}; the offer ended while its blocks were read over {how}, so they may be torn"
+        ) from None
 
 
 def read_descriptor(descriptor: Any) -> Descriptor:

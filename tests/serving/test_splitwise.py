@@ -112,8 +112,9 @@ def test_demo_prompts_through_prefill_and_decode_equal_mixed(mtp3, expected_mtp3
     def delta(name: str) -> float:
         return after[f"fastdeploy:{name}"] - before[f"fastdeploy:{name}"]
 
+    assert delta(f'splitwise_kv_transfers_total{{transport="{transport}"}}') == n  # counted per transport
     assert delta("splitwise_kv_transfers_total") == n
-    assert delta("splitwise_kv_transfer_bytes_total") > 0
+    assert delta(f'splitwise_kv_transfer_bytes_total{{transport="{transport}"}}') > 0
     # the decode instance's first verify round checked the prefill instance's 3 drafts per
     # request and accepted some of them
     assert delta("splitwise_first_round_draft_tokens_total") == 3 * n

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +15,7 @@ import pytest
 import zmq
 
 from fastdeploy_mtp.models.cache_spec import describe, key_value_specs
+from fastdeploy_mtp.splitwise.addresses import discover_host
 from fastdeploy_mtp.splitwise.kv_client import pull_blocks
 from fastdeploy_mtp.splitwise.kv_layout import KVLayout, TransferError
 from fastdeploy_mtp.splitwise.kv_source import KVSource
@@ -235,7 +235,7 @@ def test_a_wildcard_bind_advertises_a_reachable_address(sources: Any) -> None:
     assert_copied(src, dst, [2], [4])
     assert releases.wait() == [("w", "released")]
     named, _ = sources(src, host="0.0.0.0")
-    assert named.address == f"tcp://{socket.getfqdn()}:{named.address.rsplit(':', 1)[1]}"
+    assert named.address == f"tcp://{discover_host()}:{named.address.rsplit(':', 1)[1]}"
     with pytest.raises(TransferError, match="advertise_host"):
         sources(src, advertise_host="")
 
@@ -248,7 +248,7 @@ def test_tcp_pull_copies_the_offered_blocks(sources: Any, tp: int) -> None:
     assert source.address.startswith("tcp://127.0.0.1:")
     descriptor = json.loads(json.dumps(source.offer("req-1", [3, 7, 1])))  # as it travels to D
     assert descriptor["num_blocks"] == SRC_BLOCKS and descriptor["shm_names"] is None
-    assert list(descriptor) == [  # the wire order, as the descriptor has always been written
+    assert list(descriptor) == [  # the wire order: the transports' fields by preference
         "version",
         "request_id",
         "address",
@@ -256,6 +256,7 @@ def test_tcp_pull_copies_the_offered_blocks(sources: Any, tp: int) -> None:
         "layout",
         "block_ids",
         "num_blocks",
+        "mooncake",
         "shm_names",
         "hold_timeout",
     ]
@@ -443,7 +444,7 @@ def test_shm_pull_needs_names_and_published_caches(sources: Any) -> None:
 
 def test_auto_takes_shm_when_the_prefill_caches_are_on_this_host(publish: Any) -> None:
     _, names = publish(make_caches(1, 2, seed=1))
-    assert transport_names() == ("tcp", "shm")
+    assert transport_names() == ("tcp", "mooncake", "shm")
     assert choose_transport("auto", {"shm_names": names}) == "shm"
     assert choose_transport("auto", {"shm_names": None}) == "tcp"
     assert choose_transport("auto", {"shm_names": [[f"kvx_test_nowhere_{os.getpid()}"]]}) == "tcp"
@@ -458,7 +459,9 @@ class LoopTransport(Transport):
     preference = 20
     fields = ("loop_tag",)
 
-    def offer_fields(self, caches: Any, layout: KVLayout, options: dict[str, Any], where: str) -> dict[str, Any]:
+    def offer_fields(
+        self, caches: Any, layout: KVLayout, options: dict[str, Any], host: str, where: str
+    ) -> dict[str, Any]:
         return {"loop_tag": options.pop("loop_tag", None)}
 
     def read_fields(self, descriptor: dict[str, Any], layout: KVLayout, where: str) -> dict[str, Any]:
@@ -485,7 +488,8 @@ def test_a_registered_transport_is_offered_pulled_and_chosen(sources: Any, monke
     dst = make_caches(2, DST_BLOCKS, seed=None)
     source, releases = sources(src, loop_tag="here")
     descriptor = json.loads(json.dumps(source.offer("l", [5, 2])))
-    assert list(descriptor)[-3:] == ["shm_names", "loop_tag", "hold_timeout"] and descriptor["loop_tag"] == "here"
+    assert list(descriptor)[-4:] == ["mooncake", "shm_names", "loop_tag", "hold_timeout"]
+    assert descriptor["loop_tag"] == "here"
     assert choose_transport("auto", descriptor) == "loop"
     pull_blocks(descriptor, dst, layout_of(dst), [1, 3], transport="loop")
     assert_copied(src, dst, [5, 2], [1, 3])
@@ -493,7 +497,7 @@ def test_a_registered_transport_is_offered_pulled_and_chosen(sources: Any, monke
     plain, _ = sources(src)
     assert plain.offer("p", [1])["loop_tag"] is None
     assert choose_transport("auto", plain.offer("q", [2])) == "tcp"
-    with pytest.raises(TransferError, match="`transport` must be 'tcp', 'shm' or 'loop', got 'rdma'"):
+    with pytest.raises(TransferError, match="`transport` must be 'tcp', 'mooncake', 'shm' or 'loop', got 'rdma'"):
         pull_blocks(plain.offer("r", [3]), dst, layout_of(dst), [0], transport="rdma")
     for taken in ("auto", "tcp"):
         with pytest.raises(ValueError, match=f"KV transport name '{taken}' is taken"):
@@ -611,7 +615,7 @@ def test_bad_destination_arguments_are_refused_before_any_write(sources: Any) ->
         ([0, -1, 2], {}, "`dst_block_ids` holds block id -1"),
         ([0, 1, 1], {}, "`dst_block_ids` holds block id 1 more than once"),
         ([0, 1.5, 2], {}, "`dst_block_ids` holds 1.5"),
-        ([0, 1, 2], {"transport": "rdma"}, "`transport` must be 'tcp' or 'shm'"),
+        ([0, 1, 2], {"transport": "rdma"}, "`transport` must be 'tcp', 'mooncake' or 'shm'"),
         ([0, 1, 2], {"timeout": 0}, "`timeout` must be a positive number"),
     ]
     for ids, kwargs, message in refusals:
@@ -634,7 +638,7 @@ def test_bad_descriptors_are_refused_before_any_write(sources: Any) -> None:
     cases: list[tuple[Any, str]] = [
         ("not a dict", "descriptor must be a dict"),
         ({k: v for k, v in good.items() if k != "block_ids"}, "missing key `block_ids`"),
-        ({**good, "version": 2}, "`version` 2 is not 3"),
+        ({**good, "version": 2}, "`version` 2 is not 4"),
         ({**good, "token": None}, "`token` must be the offer's transfer token"),
         ({**good, "token": "short"}, "`token` must be the offer's transfer token"),
         ({**good, "request_id": 7}, "`request_id` must be a non-empty str"),
@@ -733,7 +737,7 @@ FAKE_TOKEN = "t" * 43
 def descriptor_for(address: str, block_ids: list[int], tp: int = 1) -> dict[str, Any]:
     layout = make_layout(tp, SRC_BLOCKS)
     return {
-        "version": 3,
+        "version": 4,
         "request_id": "fake",
         "address": address,
         "token": FAKE_TOKEN,
@@ -741,6 +745,7 @@ def descriptor_for(address: str, block_ids: list[int], tp: int = 1) -> dict[str,
         "block_ids": block_ids,
         "num_blocks": SRC_BLOCKS,
         "shm_names": None,
+        "mooncake": None,
         "hold_timeout": 60.0,
     }
 

@@ -81,10 +81,17 @@ def http_post(
 
 def scrape_metrics(base_url: str, timeout: float = 30) -> dict[str, float]:
     """The ``fastdeploy:*`` samples of ``base_url/metrics``, labelled ones under
-    ``name{label="value"}``."""
+    ``name{label="value"}`` and, summed over their labels, under ``name`` (for a family
+    without an unlabelled sample)."""
     status, text = http_get(base_url + "/metrics", timeout)
     assert status == 200, (status, text)
-    return {m[1]: float(m[2]) for m in re.finditer(r"^(fastdeploy:[a-z_]+(?:\{[^}]*\})?) (\S+)$", text, re.M)}
+    samples = {m[1]: float(m[2]) for m in re.finditer(r"^(fastdeploy:[a-z_]+(?:\{[^}]*\})?) (\S+)$", text, re.M)}
+    sums: dict[str, float] = {}
+    for key, value in samples.items():
+        if "{" in key:
+            bare = key.split("{", 1)[0]
+            sums[bare] = sums.get(bare, 0.0) + value
+    return {**sums, **samples}
 
 
 def descendants(pid: int) -> list[int]:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..kv_layout import Caches, KVLayout, TransferError
-from ..transport import ControlChannel, Descriptor, Transport, register
+from ..transport import ControlChannel, Descriptor, Transport, register, release_after_direct_read
 
 
 def _check_names(names: Any, layout: KVLayout, where: str) -> list[list[str]]:
@@ -45,7 +45,9 @@ class ShmTransport(Transport):
     preference = 10  # "auto" takes it over "tcp" whenever P's caches are on this host
     fields = ("shm_names",)
 
-    def offer_fields(self, caches: Caches, layout: KVLayout, options: dict[str, Any], where: str) -> dict[str, Any]:
+    def offer_fields(
+        self, caches: Caches, layout: KVLayout, options: dict[str, Any], host: str, where: str
+    ) -> dict[str, Any]:
         names = options.pop("shm_names", None)
         return {"shm_names": None if names is None else _check_names(names, layout, where)}
 
@@ -66,12 +68,7 @@ class ShmTransport(Transport):
     ) -> None:
         # pull_blocks asked "check" just before: P held the offer, and `descriptor` is its offer
         _copy(descriptor, caches, dst_idx)
-        try:
-            channel.release(timeout)
-        except TransferError as exc:
-            raise TransferError(
-                f"{exc}; the offer ended while its blocks were copied over shm, so they may be torn"
-            ) from None
+        release_after_direct_read(channel, timeout, "shm")
 
 
 def _copy(descriptor: Descriptor, caches: Caches, dst_idx: np.ndarray) -> None:
