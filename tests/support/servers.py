@@ -26,14 +26,16 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import FastAPI
 
 from fastdeploy_mtp.distributed import find_free_port_range
 from fastdeploy_mtp.serving.messages import version_headers
+
+_T = TypeVar("_T")
 
 
 def shm_names() -> set[str]:
@@ -132,7 +134,17 @@ class ServerProcess:
         env: the server's environment (default: this process's).
     """
 
-    def __init__(self, args: list[str], start_timeout: float = 180.0, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        args: list[str],
+        start_timeout: float = 180.0,
+        env: dict[str, str] | None = None,
+        on: tuple[Any, str] | None = None,
+    ):
+        #: ``(hosts, name)``: run on host ``name`` of a :class:`~tests.support.netns.Hosts`
+        #: (its own network and ``/dev/shm``), reached at its address from that host's side
+        self.on = on
+        self.host = "127.0.0.1" if on is None else on[0].addresses[on[1]]
         self.port = find_free_port_range(2)  # two distinct ports: HTTP, then the engine-worker socket
         self.queue_port = self.port + 1
         if "--device-ids" not in args:  # names of its own: other servers on this host use 0..tp-1
@@ -151,6 +163,10 @@ class ServerProcess:
             str(self.queue_port),
             *args,
         ]
+        if on is not None:
+            if "--host" not in args:
+                cmd += ["--host", self.host]
+            cmd = on[0].command(on[1], cmd, private_shm=True)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         self.children: list[int] = []
         try:
@@ -161,7 +177,14 @@ class ServerProcess:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
+
+    def reach(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """``fn(*args, **kwargs)`` from where this server can be reached: here, or for a
+        server on a host of its own, from inside that host."""
+        if self.on is None:
+            return fn(*args, **kwargs)
+        return self.on[0].call(self.on[1], fn, *args, **kwargs)
 
     def output(self) -> str:
         self.log.flush()
@@ -174,10 +197,9 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"serve exited with {self.proc.returncode} during start-up:\n{self.output()}")
             try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        self.children = descendants(self.proc.pid)
-                        return
+                if self.reach(http_get, self.base_url + "/health", 2)[0] == 200:
+                    self.children = descendants(self.proc.pid)
+                    return
             except OSError:
                 pass
             time.sleep(0.2)
