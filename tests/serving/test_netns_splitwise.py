@@ -189,7 +189,8 @@ def test_netns_a_prefill_instance_killed_mid_transfer(hosts: Hosts) -> None:
     routers: list[Router] = []
     with deployed(servers, routers):
         servers.append(instance(hosts, "prefill", "prefill", 1, "--kv-transport", "mooncake"))
-        servers.append(instance(hosts, "decode", "decode", 1, "--kv-transport", "mooncake", "--kv-transfer-timeout", "20"))
+        d_extra = ["--kv-transport", "mooncake", "--kv-transfer-timeout", "20"]
+        servers.append(instance(hosts, "decode", "decode", 1, *d_extra))
         p, d = servers
         routers.append(Router(hosts, p, d))
         free = metric(d, "num_kv_blocks_free")
