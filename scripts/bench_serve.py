@@ -12,8 +12,10 @@ run are what to compare; absolute numbers depend on the machine.
 
 With ``--pd`` it compares splitwise deployments instead: a mixed server against a prefill
 instance + a decode instance + ``fastdeploy-mtp router`` (KV over shared memory and over
-TCP), all on this host, same clients. On one machine P and D share the CPU cores, so PD
-cannot win throughput here; the table shows what the hand-over costs in TTFT and ITL.
+TCP and through the Mooncake transfer engine), all on this host, same clients. On one
+machine P and D share the CPU cores, so PD cannot win throughput here; the table shows what
+the hand-over costs in TTFT and ITL per transport (``scripts/bench_kv_transfer.py`` measures
+the transports' throughput across a network link).
 """
 
 from __future__ import annotations
@@ -55,8 +57,11 @@ PD_CONFIGS = [
     ("mixed, MTP K=3 S=1 +ngram", "mixed", HYBRID),
     ("PD shm, MTP K=3 S=1 +ngram", "shm", HYBRID),
     ("PD tcp, MTP K=3 S=1 +ngram", "tcp", HYBRID),
+    ("PD mooncake, MTP K=3 S=1 +ngram", "mooncake", HYBRID),
     ("mixed, MTP K=3 S=3", "mixed", MTP3),
+    ("PD shm, MTP K=3 S=3", "shm", MTP3),
     ("PD tcp, MTP K=3 S=3", "tcp", MTP3),
+    ("PD mooncake, MTP K=3 S=3", "mooncake", MTP3),
     ("mixed, no speculation", "mixed", NO_SPEC),
     ("PD tcp, no speculation", "tcp", NO_SPEC),
 ]
@@ -76,7 +81,8 @@ def deployment(kind: str, spec: list[str]) -> Iterator[tuple[str, list[int]]]:
             srv.close_log()
         return
     base = 900 + os.getpid() % 50 * 4
-    p = ServerProcess([*spec, "--splitwise-role", "prefill", "--device-ids", str(base)])
+    offered = ["--kv-transport", "mooncake"] if kind == "mooncake" else []  # P registers its caches with the engine
+    p = ServerProcess([*spec, "--splitwise-role", "prefill", "--device-ids", str(base), *offered])
     d = None
     router = None
     log = tempfile.TemporaryFile()

@@ -93,8 +93,9 @@ class SplitwiseEngine(AsyncEngine):
             must be :meth:`released`.
         layout: decode: this instance's KV layout (checked against each descriptor).
         caches: decode: every rank's caches as writable numpy views (the pull's target).
-        transport: decode: ``"shm"``, ``"tcp"`` or ``"auto"`` (shared memory when the prefill
-            instance's cache names exist on this host).
+        transport: decode: ``"shm"``, ``"mooncake"``, ``"tcp"`` or ``"auto"`` (per request: shared
+            memory when the prefill instance's cache names exist on this host, else the Mooncake
+            transfer engine when the prefill instance offers it, else tcp).
         transfer_timeout: decode: seconds a KV transfer may take.
         max_waiting: decode: handed-over requests that may wait for a slot before new ones get 429.
         dropped: the deployment's count of refused messages.

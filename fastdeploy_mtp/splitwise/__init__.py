@@ -9,6 +9,7 @@ of every target layer and every MTP layer.
 The KV transfer, by responsibility: :mod:`.kv_layout` (what P's and D's caches must agree
 on, the argument checks), :mod:`.transport` (the protocol: descriptor, control messages, the
 abstract :class:`~.transport.Transport` and the registry), :mod:`.transports` (one module per
-transport: ``shm``, ``tcp``), :mod:`.kv_source` (P's server, :class:`~.kv_source.KVSource`)
-and :mod:`.kv_client` (D's :func:`~.kv_client.pull_blocks`).
+transport: ``shm``, ``mooncake``, ``tcp``), :mod:`.addresses` (which local address another
+host reaches), :mod:`.kv_source` (P's server, :class:`~.kv_source.KVSource`) and
+:mod:`.kv_client` (D's :func:`~.kv_client.pull_blocks`).
 """

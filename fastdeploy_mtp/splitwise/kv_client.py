@@ -122,9 +122,12 @@ def pull_blocks(
         layout: the layout of ``caches``.
         dst_block_ids: distinct block ids in ``caches``, at least one per offered block.
         transport: a registered transport (:func:`~.transport.transport_names`): ``"tcp"``
-            (the bytes come over the socket) or ``"shm"`` (same host: P's published caches are
+            (the bytes come over the socket), ``"shm"`` (same host: P's published caches are
             attached by the descriptor's ``shm_names``, copied from and detached; needs
-            ``shm_names``). :func:`~.transport.choose_transport` resolves ``"auto"``.
+            ``shm_names``) or ``"mooncake"`` (the Mooncake transfer engine reads the blocks
+            from P's registered caches into ``caches``, which it registers on first use; needs
+            the descriptor's ``mooncake``). :func:`~.transport.choose_transport` resolves
+            ``"auto"``.
         timeout: seconds the source may take to answer each request.
         secret: the splitwise secret the source was given (its control requests are signed
             with it); ``None`` for a source without one.

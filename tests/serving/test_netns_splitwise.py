@@ -229,6 +229,16 @@ def test_netns_a_prefill_instance_killed_mid_transfer(hosts: Hosts) -> None:
         assert d.reach(http_get, d.base_url + "/health")[0] == 200
 
 
+def test_netns_each_host_discovers_its_own_address(hosts: Hosts) -> None:
+    """On a network with no default route, the first address that is not loopback; the
+    route towards another host starts from the same one."""
+    from fastdeploy_mtp.splitwise.addresses import address_towards, discover_host
+
+    for name in ("prefill", "decode"):
+        assert hosts.call(name, discover_host) == hosts.addresses[name]
+    assert hosts.call("decode", address_towards, hosts.addresses["prefill"]) == hosts.addresses["decode"]
+
+
 # ---- the bare transfer across the link --------------------------------------------------------
 
 _SOURCE = textwrap.dedent(

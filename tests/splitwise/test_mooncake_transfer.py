@@ -34,6 +34,9 @@ from .test_kv_transfer import (
 
 sources = test_kv_transfer.sources  # the fixture
 
+#: A stand-in ``mooncake`` module on ``PYTHONPATH`` that hides the installed package.
+ABSENT = "raise ModuleNotFoundError(\"No module named 'mooncake'\", name='mooncake')\n"
+
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_mooncake_pull_copies_the_offered_blocks(sources: Any, tp: int) -> None:
@@ -155,8 +158,7 @@ def test_a_missing_piece_is_named_in_one_line(tmp_path: Path, engine_py: str | N
         (tmp_path / "mooncake" / "__init__.py").write_text("")
         (tmp_path / "mooncake" / "engine.py").write_text(engine_py + "\n")
     else:  # the package is absent: an empty stand-in of "mooncake" hides the installed one
-        absent = "raise ModuleNotFoundError(\"No module named 'mooncake'\", name='mooncake')\n"
-        (tmp_path / "mooncake.py").write_text(absent)
+        (tmp_path / "mooncake.py").write_text(ABSENT)
     code = textwrap.dedent(
         """
         from fastdeploy_mtp.splitwise.transports import mooncake
@@ -177,3 +179,34 @@ def _env(first: Path) -> dict[str, str]:
     import os
 
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(first), os.environ.get("PYTHONPATH")]))}
+
+
+def test_the_protocol_follows_the_rdma_devices_unless_set(monkeypatch: Any) -> None:
+    import os
+
+    monkeypatch.delenv("FDMTP_MOONCAKE_PROTOCOL", raising=False)
+    has_rdma = os.path.isdir("/sys/class/infiniband") and bool(os.listdir("/sys/class/infiniband"))
+    assert mooncake.protocol() == ("rdma" if has_rdma else "tcp")
+    monkeypatch.setenv("FDMTP_MOONCAKE_PROTOCOL", "rdma")
+    assert mooncake.protocol() == "rdma"
+    monkeypatch.setenv("FDMTP_MOONCAKE_PROTOCOL", "ib")
+    with pytest.raises(TransferError, match="FDMTP_MOONCAKE_PROTOCOL must be 'rdma' or 'tcp', got 'ib'"):
+        mooncake.protocol()
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_serve_asking_for_mooncake_without_it_exits_2_naming_the_package(tmp_path: Path, role: str) -> None:
+    (tmp_path / "mooncake.py").write_text(ABSENT)
+    argv = [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "serve", "--splitwise-role", role]
+    out = subprocess.run(
+        [*argv, "--kv-transport", "mooncake", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(tmp_path),
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "--kv-transport mooncake: KV transport 'mooncake' needs the package mooncake-transfer-engine-non-cuda" in (
+        out.stderr
+    )

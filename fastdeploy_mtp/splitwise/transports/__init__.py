@@ -1,4 +1,4 @@
-"""The KV transports, one module each (:mod:`.shm`, :mod:`.tcp`).
+"""The KV transports, one module each (:mod:`.shm`, :mod:`.mooncake`, :mod:`.tcp`).
 
 A module here defines a :class:`~fastdeploy_mtp.splitwise.transport.Transport` and
 decorates it with :func:`~fastdeploy_mtp.splitwise.transport.register`. The registry

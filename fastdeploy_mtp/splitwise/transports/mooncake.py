@@ -2,6 +2,10 @@
 into its own with the Mooncake transfer engine (RDMA where the engine finds NICs, its TCP
 transport otherwise), no copy in between.
 
+Each engine runs over RDMA where the kernel lists an RDMA device and over the engine's TCP
+transport otherwise (:func:`protocol`; ``FDMTP_MOONCAKE_PROTOCOL=rdma|tcp`` overrides: both
+ends must agree). Only the TCP transport has run here; the RDMA path is unverified.
+
 P registers every cache of every rank with its process's engine once, when its
 :class:`~fastdeploy_mtp.splitwise.kv_source.KVSource` starts (source option
 ``mooncake=True``), and its descriptors carry ``"mooncake": {"segment": "host:port",
@@ -42,7 +46,7 @@ from ..addresses import address_towards
 from ..kv_layout import Caches, KVLayout, TransferError
 from ..transport import ControlChannel, Descriptor, Transport, register, release_after_direct_read
 
-__all__ = ["MooncakeTransport", "available", "require"]
+__all__ = ["MooncakeTransport", "available", "protocol", "require"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,9 +112,13 @@ class _Engine:
         os.environ.setdefault("MC_TRANSFER_TIMEOUT", str(max(1, math.ceil(timeout))))
         self.host = host
         self.engine = module.TransferEngine()
-        rc = self.engine.initialize(host, "P2PHANDSHAKE", os.environ.get("FDMTP_MOONCAKE_PROTOCOL", "tcp"), "")
+        self.protocol = protocol()
+        rc = self.engine.initialize(host, "P2PHANDSHAKE", self.protocol, "")
         if rc != 0:
-            raise TransferError(f"KV transport 'mooncake': the transfer engine did not start at {host} (code {rc})")
+            raise TransferError(
+                f"KV transport 'mooncake': the transfer engine did not start at {host} over {self.protocol} (code {rc})"
+            )
+        logger.info("mooncake: transfer engine at %s over %s", host, self.protocol)
         self.segment = f"{_bracketed(host)}:{self.engine.get_rpc_port()}"
         # base address -> (bytes registered, the array that owns them while it lives)
         self.regions: dict[int, tuple[int, weakref.ref[np.ndarray]]] = {}
@@ -139,6 +147,22 @@ class _Engine:
             rc = self.engine.unregister_memory(base)
             if rc != 0:
                 logger.warning("mooncake: unregistering the region at %#x failed (code %d)", base, rc)
+
+
+def protocol() -> str:
+    """The engine's protocol: ``$FDMTP_MOONCAKE_PROTOCOL`` if set (``"rdma"`` or ``"tcp"``),
+    else ``"rdma"`` where the kernel lists an RDMA device (``/sys/class/infiniband``), else
+    ``"tcp"``. Both ends of a transfer must agree."""
+    chosen = os.environ.get("FDMTP_MOONCAKE_PROTOCOL")
+    if chosen is not None:
+        if chosen not in ("rdma", "tcp"):
+            raise TransferError(f"FDMTP_MOONCAKE_PROTOCOL must be 'rdma' or 'tcp', got {chosen!r}")
+        return chosen
+    try:
+        devices = os.listdir("/sys/class/infiniband")
+    except OSError:
+        devices = []
+    return "rdma" if devices else "tcp"
 
 
 def _bracketed(host: str) -> str:
