@@ -8,14 +8,16 @@ and inter-token latency (ITL: the gaps between streamed chunks, divided by the t
 chunk carried — speculation delivers several tokens per chunk). Ratios between rows of one
 run are what to compare; absolute numbers depend on the machine.
 
-    python scripts/bench_serve.py [--clients 16] [--max-tokens 64] [--json out.json]
+    python scripts/bench_serve.py [--clients 16] [--max-tokens 64] [--json out.json] [--pd] [--netns]
 
 With ``--pd`` it compares splitwise deployments instead: a mixed server against a prefill
 instance + a decode instance + ``fastdeploy-mtp router`` (KV over shared memory and over
 TCP and through the Mooncake transfer engine), all on this host, same clients. On one
 machine P and D share the CPU cores, so PD cannot win throughput here; the table shows what
 the hand-over costs in TTFT and ITL per transport (``scripts/bench_kv_transfer.py`` measures
-the transports' throughput across a network link).
+the transports' throughput across a network link). With ``--netns`` every process runs on a
+host of its own (network namespaces joined by a bridge: ``tests/support/netns.py``), the
+clients on the router's, so the KV and the HTTP traffic cross a real link.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import numpy as np  # noqa: E402
 
 from fastdeploy_mtp.distributed import find_free_port_range  # noqa: E402
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
+from tests.support.netns import Hosts  # noqa: E402
 from tests.support.servers import ServerProcess  # noqa: E402
 
 NO_SPEC = ["--speculative-config", '{"method": null}']
@@ -68,9 +71,14 @@ PD_CONFIGS = [
 
 
 @contextlib.contextmanager
-def deployment(kind: str, spec: list[str]) -> Iterator[tuple[str, list[int]]]:
+def deployment(kind: str, spec: list[str], hosts: Hosts | None = None) -> Iterator[tuple[str, list[int]]]:
     """A mixed server (``kind == "mixed"``) or P + D + router with KV transport ``kind``;
-    yields (base URL, exit codes filled in at the end)."""
+    yields (base URL, exit codes filled in at the end). With ``hosts`` the server (or P, D and
+    the router) run on hosts of their own (``prefill``, ``decode``, ``router``)."""
+    if hosts is not None:
+        with _netns_deployment(kind, spec, hosts) as out:
+            yield out
+        return
     codes: list[int] = []
     if kind == "mixed":
         srv = ServerProcess(spec)
@@ -113,6 +121,47 @@ def deployment(kind: str, spec: list[str]) -> Iterator[tuple[str, list[int]]]:
             if srv is not None:
                 codes.append(srv.stop())
                 srv.close_log()
+        log.close()
+
+
+@contextlib.contextmanager
+def _netns_deployment(kind: str, spec: list[str], hosts: Hosts) -> Iterator[tuple[str, list[int]]]:
+    codes: list[int] = []
+    servers: list[ServerProcess] = []
+    router = None
+    log = tempfile.TemporaryFile()
+    try:
+        if kind == "mixed":
+            servers.append(ServerProcess(spec, on=(hosts, "prefill")))
+            yield servers[0].base_url, codes
+            return
+        offered = ["--kv-transport", "mooncake"] if kind == "mooncake" else []
+        servers.append(ServerProcess([*spec, "--splitwise-role", "prefill", *offered], on=(hosts, "prefill")))
+        d_args = [*spec, "--splitwise-role", "decode", "--kv-transport", kind]
+        servers.append(ServerProcess(d_args, on=(hosts, "decode")))
+        port = find_free_port_range(1)
+        url = f"http://{hosts.addresses['router']}:{port}"
+        cmd = [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "router", "--port", str(port)]
+        cmd += ["--host", hosts.addresses["router"], "--prefill", servers[0].base_url, "--decode", servers[1].base_url]
+        router = subprocess.Popen(hosts.command("router", cmd), stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                hosts.call("router", lambda: urllib.request.urlopen(url + "/health", timeout=2).close())
+                break
+            except OSError:
+                if router.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    raise RuntimeError(f"the router did not start:\n{log.read().decode()}") from None
+                time.sleep(0.2)
+        yield url, codes
+    finally:
+        if router is not None:
+            router.send_signal(signal.SIGINT)
+            codes.append(router.wait(30))
+        for srv in reversed(servers):
+            codes.append(srv.stop())
+            srv.close_log()
         log.close()
 
 
@@ -169,24 +218,47 @@ def main() -> int:
     ap.add_argument("--only", default=None, help="run only the configurations whose label contains this")
     ap.add_argument("--json", default=None, help="also write the rows as JSON to this file")
     ap.add_argument("--pd", action="store_true", help="splitwise: mixed vs prefill + decode + router")
+    ap.add_argument(
+        "--netns",
+        action="store_true",
+        help="run the server (or prefill, decode and router) and the clients on hosts of their own: network "
+        "namespaces joined by a bridge (needs root and iproute2; the shm rows are left out)",
+    )
     args = ap.parse_args()
-    rows = []
     configs = (
         [(label, kind, spec) for label, kind, spec in PD_CONFIGS]
         if args.pd
         else [(label, "mixed", extra) for label, extra in CONFIGS]
     )
+    hosts = Hosts(["prefill", "decode", "router"]) if args.netns else None
+    try:
+        rows = _run(configs, args, hosts)
+    finally:
+        if hosts is not None:
+            hosts.close()
+    return _report(rows, args)
+
+
+def _run(configs: list[tuple[str, str, list[str]]], args: argparse.Namespace, hosts: Hosts | None) -> list[dict]:
+    rows = []
     for label, kind, extra in configs:
         if args.only and args.only not in label:
             continue
+        if hosts is not None and kind == "shm":
+            continue  # no shared memory across hosts
         print(f"[bench_serve] {label}: starting", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        with deployment(kind, extra) as (url, codes):
+        with deployment(kind, extra, hosts) as (url, codes):
             startup = time.perf_counter() - t0
             print(f"[bench_serve] {label}: up in {startup:.1f} s; {args.clients} clients", file=sys.stderr, flush=True)
-            row = asyncio.run(run_clients(url, args.clients, args.max_tokens))
+            clients = run_clients(url, args.clients, args.max_tokens)
+            row = asyncio.run(clients) if hosts is None else hosts.call("router", asyncio.run, clients)
         row.update(config=label, startup_s=startup, exit_code=max(codes, default=0))
         rows.append(row)
+    return rows
+
+
+def _report(rows: list[dict], args: argparse.Namespace) -> int:
     base = rows[0]["tokens_per_s"] if rows else 1.0
     header = ["config", "startup s", "tokens/s", "vs first", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms"]
     print("| " + " | ".join(header) + " |")
