@@ -54,6 +54,34 @@ def test_mooncake_pull_copies_the_offered_blocks(sources: Any, tp: int) -> None:
     assert releases.wait() == [("m", "released")]
 
 
+def test_concurrent_pulls_each_land_their_own_blocks(sources: Any) -> None:
+    """A decode instance pulls in a thread per request; the first pulls register the
+    destination caches at the same time."""
+    import threading
+
+    src = make_caches(2, SRC_BLOCKS, seed=50)
+    source, releases = sources(src, mooncake=True)
+    jobs = [(f"c{i}", [i, i + 5], make_caches(2, DST_BLOCKS, seed=None)) for i in range(5)]
+    offers = {rid: source.offer(rid, ids) for rid, ids, _ in jobs}
+    errors: list[BaseException] = []
+
+    def pull(rid: str, dst: Any) -> None:
+        try:
+            pull_blocks(offers[rid], dst, layout_of(dst), [7, 2], transport="mooncake")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=pull, args=(rid, dst)) for rid, _, dst in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    for _, ids, dst in jobs:
+        assert_copied(src, dst, ids, [7, 2])
+    assert sorted(releases.wait(5)) == sorted((rid, "released") for rid, _, _ in jobs)
+
+
 def test_runs_merge_consecutive_blocks_on_both_sides() -> None:
     src, dst = np.array([3, 4, 5, 9, 0, 1]), np.array([0, 1, 2, 7, 8, 9])
     assert mooncake._runs(src, dst) == [(3, 0, 3), (9, 7, 1), (0, 8, 2)]

@@ -33,6 +33,7 @@ device. :func:`require` names whichever is missing.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import os
@@ -107,7 +108,7 @@ class _Engine:
     def __init__(self, host: str, timeout: float):
         module = _import()
         # the engine reads these when it starts; an operator's own settings win
-        if host not in ("0.0.0.0", "::"):
+        if _is_address(host) and not ipaddress.ip_address(host).is_unspecified:
             os.environ.setdefault("MC_TCP_BIND_ADDRESS", host)
         os.environ.setdefault("MC_TRANSFER_TIMEOUT", str(max(1, math.ceil(timeout))))
         self.host = host
@@ -122,17 +123,22 @@ class _Engine:
         self.segment = f"{_bracketed(host)}:{self.engine.get_rpc_port()}"
         # base address -> (bytes registered, the array that owns them while it lives)
         self.regions: dict[int, tuple[int, weakref.ref[np.ndarray]]] = {}
+        self.lock = threading.Lock()  # pulls run in a thread each
 
     def register(self, array: np.ndarray, what: str) -> int:
         """Register ``array``'s memory (C-contiguous) once; its base address."""
         if not array.flags.c_contiguous:
             raise TransferError(f"KV transport 'mooncake': {what} is not C-contiguous and cannot be registered")
         base, size = int(array.ctypes.data), int(array.nbytes)
+        with self.lock:
+            return self._register(array, base, size, what)
+
+    def _register(self, array: np.ndarray, base: int, size: int, what: str) -> int:
         for old, (old_size, owner) in list(self.regions.items()):
             # a region whose array is gone (its memory may be another array's now), or one
             # that overlaps this array under another extent: let it go
             if owner() is None or (old < base + size and base < old + old_size and (old, old_size) != (base, size)):
-                self.unregister(old)
+                self._unregister(old)
         if base in self.regions:
             return base
         rc = self.engine.register_memory(base, size)
@@ -141,8 +147,14 @@ class _Engine:
         self.regions[base] = (size, weakref.ref(array))
         return base
 
-    def unregister(self, base: int) -> None:
-        """Let go of the region at ``base`` (if registered)."""
+    def forget(self, bases: list[int]) -> None:
+        """Let go of the regions at ``bases`` (those registered)."""
+        with self.lock:
+            for base in bases:
+                self._unregister(base)
+
+    def _unregister(self, base: int) -> None:
+        """Let go of the region at ``base`` (if registered); the caller holds :attr:`lock`."""
         if self.regions.pop(base, None) is not None:
             rc = self.engine.unregister_memory(base)
             if rc != 0:
@@ -163,6 +175,14 @@ def protocol() -> str:
     except OSError:
         devices = []
     return "rdma" if devices else "tcp"
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _bracketed(host: str) -> str:
@@ -248,11 +268,11 @@ class MooncakeTransport(Transport):
         buffers: list[list[int]] = []
         try:
             for r, rank in enumerate(caches):
-                buffers.append([engine.register(cache, f"rank {r} {e.label}") for cache, e in zip(rank, layout.caches)])
-        except BaseException:
-            for rank_bases in buffers:
-                for base in rank_bases:
-                    engine.unregister(base)
+                buffers.append([])
+                for cache, entry in zip(rank, layout.caches):
+                    buffers[-1].append(engine.register(cache, f"rank {r} {entry.label}"))
+        except BaseException:  # none of this source's registrations stays behind
+            engine.forget([base for rank_bases in buffers for base in rank_bases])
             raise
         return {"mooncake": {"segment": engine.segment, "buffers": buffers}}
 
@@ -261,9 +281,7 @@ class MooncakeTransport(Transport):
         engine = _engine
         if offered is None or engine is None:
             return
-        for rank in offered["buffers"]:
-            for base in rank:
-                engine.unregister(base)
+        engine.forget([base for rank in offered["buffers"] for base in rank])
 
     def read_fields(self, descriptor: dict[str, Any], layout: KVLayout, where: str) -> dict[str, Any]:
         return {"mooncake": _read_field(descriptor["mooncake"], layout, where)}
