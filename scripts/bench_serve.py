@@ -33,7 +33,8 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -102,16 +103,7 @@ def deployment(kind: str, spec: list[str], hosts: Hosts | None = None) -> Iterat
             [*cmd, "--prefill", p.base_url, "--decode", d.base_url], stdout=log, stderr=subprocess.STDOUT
         )
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2):
-                    break
-            except OSError:
-                if router.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    raise RuntimeError(f"the router did not start:\n{log.read().decode()}") from None
-                time.sleep(0.2)
+        _wait_healthy(router, log, url, lambda fn: fn())
         yield url, codes
     finally:
         if router is not None:
@@ -122,6 +114,21 @@ def deployment(kind: str, spec: list[str], hosts: Hosts | None = None) -> Iterat
                 codes.append(srv.stop())
                 srv.close_log()
         log.close()
+
+
+def _wait_healthy(router: subprocess.Popen, log: Any, url: str, reach: Callable[[Callable[[], None]], None]) -> None:
+    """Wait (120 s at most) until the router at ``url`` answers ``/health``, probing through
+    ``reach`` (which runs the probe where the router can be reached); its log if it fails."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            reach(lambda: urllib.request.urlopen(url + "/health", timeout=2).close())
+            return
+        except OSError:
+            if router.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                raise RuntimeError(f"the router did not start:\n{log.read().decode()}") from None
+            time.sleep(0.2)
 
 
 @contextlib.contextmanager
@@ -144,16 +151,7 @@ def _netns_deployment(kind: str, spec: list[str], hosts: Hosts) -> Iterator[tupl
         cmd = [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "router", "--port", str(port)]
         cmd += ["--host", hosts.addresses["router"], "--prefill", servers[0].base_url, "--decode", servers[1].base_url]
         router = subprocess.Popen(hosts.command("router", cmd), stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                hosts.call("router", lambda: urllib.request.urlopen(url + "/health", timeout=2).close())
-                break
-            except OSError:
-                if router.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    raise RuntimeError(f"the router did not start:\n{log.read().decode()}") from None
-                time.sleep(0.2)
+        _wait_healthy(router, log, url, lambda fn: hosts.call("router", fn))
         yield url, codes
     finally:
         if router is not None:
