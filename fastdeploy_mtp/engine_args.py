@@ -355,12 +355,11 @@ def check_speculative_config(spec: SpeculativeConfig, splitwise_role: str = "mix
     SysV layout, :mod:`fastdeploy_mtp.ops.messaging`) carries at most ``MAX_DRAFT_TOKENS``
     tokens per request, the K drafts' K + 1 accepted tokens at most. ``generate`` and ``demo``
     run without that message, but refuse what ``serve`` would, so a config that works on one
-    command works on every one. A model-free method on a splitwise instance is refused too
-    (:func:`~fastdeploy_mtp.config.check_splitwise_method`).
+    command works on every one.
 
     Raises:
         UsageError: ``num_speculative_tokens + 1 > MAX_DRAFT_TOKENS``, or a model-free method
-            with ``splitwise_role`` other than ``"mixed"`` (a bad argument).
+            on a splitwise instance (:func:`~fastdeploy_mtp.config.check_splitwise_method`).
     """
     from .config import check_splitwise_method
     from .ops.messaging import MAX_DRAFT_TOKENS

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fastdeploy_mtp.config import FDConfig, SchedulerConfig, SpeculativeConfig, SpeculativeConfigError
-from fastdeploy_mtp.engine_args import build_config
+from fastdeploy_mtp.engine_args import UsageError, build_config, check_speculative_config, speculation_label
 from fastdeploy_mtp.models import ByteTokenizer, load_tiny
 from fastdeploy_mtp.proposer.model_free import NaiveProposer, NgramProposer
 from fastdeploy_mtp.proposer.suffix import Cursor, SuffixCache, SuffixProposer, SuffixTrie
@@ -73,6 +73,10 @@ def test_model_free_methods_are_refused_on_splitwise_instances(method):
     spec = SpeculativeConfig.from_dict({"method": method})
     with pytest.raises(ValueError, match=f"method '{method}' is not supported with splitwise_role 'prefill'"):
         FDConfig(speculative_config=spec, scheduler_config=SchedulerConfig(splitwise_role="prefill"))
+    with pytest.raises(UsageError, match=f"method '{method}' is not supported with splitwise_role 'decode'"):
+        check_speculative_config(spec, "decode")
+    check_speculative_config(spec, "mixed")
+    assert speculation_label(spec) == f"{method} K=1"
     FDConfig(
         speculative_config=SpeculativeConfig.from_dict({"method": "mtp"}),
         scheduler_config=SchedulerConfig(splitwise_role="decode"),
