@@ -133,9 +133,24 @@ class SuffixTrie:
                 return node, m
         return None
 
+    @staticmethod
+    def match_at(cursor: Cursor) -> tuple[_Node, int] | None:
+        """:meth:`match` of the sequence ending at ``cursor`` (the trie's own sequence: its
+        suffix nodes are the cursor's, so no walk from the root is needed)."""
+        for i in range(len(cursor.open) - 1, -1, -1):
+            if cursor.open[i].children:
+                return cursor.open[i], i + 1
+        return None
+
     def draft(self, context: Sequence[int], max_tokens: int, max_spec_factor: float, min_token_prob: float) -> Draft:
         """The draft for ``context`` (see the module docstring); empty without a match."""
-        found = self.match(context)
+        return self.follow(self.match(context), max_tokens, max_spec_factor, min_token_prob)
+
+    @staticmethod
+    def follow(
+        found: tuple[_Node, int] | None, max_tokens: int, max_spec_factor: float, min_token_prob: float
+    ) -> Draft:
+        """The draft from a match ``(node, length)`` (:meth:`match`); empty for ``None``."""
         if found is None:
             return Draft([], [], 0)
         node, m = found
@@ -239,12 +254,14 @@ class SuffixProposer(ModelFreeProposer):
         slot.trie.extend(slot.cursor, tokens)
         slot.tokens.extend(tokens)
 
-    def draft_for(self, context: Sequence[int], trie: SuffixTrie) -> Draft:
-        """The draft for ``context`` from ``trie`` or the shared cache, whichever scores higher."""
-        own = trie.draft(context, self.max_draft_token_num, self.max_spec_factor, self.min_token_prob)
+    def draft_for(self, slot: _Slot) -> Draft:
+        """The draft for the slot's sequence from its own trie or the shared cache, whichever
+        scores higher."""
+        k, factor, prob = self.max_draft_token_num, self.max_spec_factor, self.min_token_prob
+        own = SuffixTrie.follow(SuffixTrie.match_at(slot.cursor), k, factor, prob)
         if len(self.cache) == 0:
             return own
-        shared = self.cache.trie.draft(context, self.max_draft_token_num, self.max_spec_factor, self.min_token_prob)
+        shared = self.cache.trie.draft(slot.tokens, k, factor, prob)
         return shared if shared.score > own.score else own
 
     @paddle.no_grad()
@@ -271,7 +288,7 @@ class SuffixProposer(ModelFreeProposer):
                     self._extend(slot, accept_tokens[idx, :n].tolist())
                 if stopped[idx]:
                     continue
-                tokens = self.draft_for(slot.tokens, slot.trie).tokens
+                tokens = self.draft_for(slot).tokens
                 drafts[idx, : len(tokens)] = tokens
         target.draft_tokens[:, 1:] = paddle.to_tensor(drafts)
         self._finish_round()

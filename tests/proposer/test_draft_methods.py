@@ -197,6 +197,7 @@ def test_suffix_trie_grown_token_by_token_equals_a_build_from_scratch(depth):
         assert trie.counts() == dict(windows([seq[:pos]], depth)), pos
         fresh = built_at_once(seq[:pos], depth)
         assert trie.counts() == fresh.counts()
+        assert SuffixTrie.match_at(cursor) == trie.match(seq[:pos]), "the cursor holds the suffix nodes"
         for factor, prob in ((1.0, 0.1), (3.0, 0.0), (0.5, 0.4)):
             assert trie.draft(seq[:pos], 8, factor, prob) == fresh.draft(seq[:pos], 8, factor, prob)
 
