@@ -19,7 +19,11 @@ if TYPE_CHECKING:  # imported when a speculative config is first read: workers t
     import pydantic
 
 #: ``speculative_config.method`` values this package implements.
-SPECULATIVE_METHODS = (None, "mtp")
+SPECULATIVE_METHODS = (None, "mtp", "ngram", "suffix", "naive")
+#: Methods that draft without a model (no MTP layer, no draft KV caches).
+MODEL_FREE_METHODS = ("ngram", "suffix", "naive")
+#: vLLM's key names accepted by :meth:`SpeculativeConfig.from_dict`, and the field each one sets.
+KEY_ALIASES = {"prompt_lookup_max": "max_ngram_size", "prompt_lookup_min": "min_ngram_size"}
 #: ``speculative_config.mtp_strategy`` values.
 MTP_STRATEGIES = ("default", "with_ngram")
 #: ``speculative_config.verify_strategy`` values (``ops.VerifyStrategy`` by lower-case name).
@@ -78,14 +82,24 @@ class SpeculativeConfig:
     """``fd_config.speculative_config``.
 
     Attributes:
-        method: ``"mtp"``, or ``None`` for no speculation.
+        method: how drafts are made: ``"mtp"`` (the model's MTP layer), ``"ngram"`` (the
+            ``ngram_match`` op: the continuation of the newest n-gram's leftmost earlier
+            occurrence in the prompt or the output), ``"suffix"`` (suffix decoding: the most
+            frequent continuation of the longest matching suffix, from a per-request suffix
+            trie and optionally one over finished requests' outputs), ``"naive"`` (no drafts:
+            one token per step through the speculative step), or ``None`` for no
+            speculation.
         num_speculative_tokens: ``K``, draft tokens per round (``draft_tokens`` is ``K + 1``
             wide).
         num_model_steps: ``S``, MTP substeps per round, ``1 <= S <= K``. With
             ``mtp_strategy == "with_ngram"`` and ``K > S`` the remaining slots are filled by
             n-gram matching (``hybrid_mtp_ngram``).
         mtp_strategy: ``"default"`` or ``"with_ngram"``.
-        max_ngram_size / min_ngram_size: n-gram lengths tried by the hybrid mode.
+        max_ngram_size / min_ngram_size: n-gram lengths tried by the hybrid mode (both) and
+            by ``method == "ngram"`` (``max_ngram_size`` only: FastDeploy's ``ngram_match`` op
+            tries every ``n`` from ``max_ngram_size`` down to 1, so ``min_ngram_size`` is
+            validated but does not bound it). vLLM's ``prompt_lookup_max`` /
+            ``prompt_lookup_min`` are accepted as the same keys.
         model: path of the MTP checkpoint (informational).
         verify_strategy: how the target checks drafts of requests that sample
             (``temperature > 0``; greedy requests are verified by argmax under every strategy):
@@ -112,6 +126,17 @@ class SpeculativeConfig:
             the best budget other than the one in force (two rounds at it), or, with no slot
             wanting drafts, drafts one token per slot to re-measure acceptance; the interval
             doubles after each probe that does not change the choice (up to 16 times this value).
+        suffix_decoding_max_tree_depth: ``method == "suffix"``: the longest token sequence
+            the suffix tries count (vLLM's key); a match is at most this minus one tokens long
+            and the match plus its drafts at most this long.
+        suffix_decoding_max_cached_requests: ``method == "suffix"``: finished requests whose
+            outputs stay in the shared trie that every request also drafts from (oldest
+            dropped first); 0 = each request drafts only from its own prompt and output.
+        suffix_decoding_max_spec_factor: ``method == "suffix"``: a match of ``m`` tokens drafts
+            at most ``int(factor * m)`` tokens (and at most ``num_speculative_tokens``).
+        suffix_decoding_min_token_prob: ``method == "suffix"``: drafting stops before a token
+            whose estimated probability (the product of the continuation frequencies along
+            the drafted path) is below this.
     """
 
     method: str | None = "mtp"
@@ -127,6 +152,10 @@ class SpeculativeConfig:
     acceptance_window: int = 8
     acceptance_rate_threshold: float = 0.3
     adaptive_probe_interval: int = 16
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 128
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
@@ -162,29 +191,56 @@ class SpeculativeConfig:
                 f"SpeculativeConfig.max_ngram_size ({self.max_ngram_size}) must be "
                 f">= min_ngram_size ({self.min_ngram_size})"
             )
+        _positive(self, "suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor")
+        _positive(self, "suffix_decoding_max_cached_requests", allow_zero=True)
+        if not 0.0 <= self.suffix_decoding_min_token_prob <= 1.0:
+            raise ValueError(
+                "SpeculativeConfig.suffix_decoding_min_token_prob must be in [0, 1], "
+                f"got {self.suffix_decoding_min_token_prob}"
+            )
+        if self.method in MODEL_FREE_METHODS:
+            if self.adaptive_draft_length:
+                raise ValueError(
+                    f"SpeculativeConfig.adaptive_draft_length needs method 'mtp' (it sizes MTP substeps), "
+                    f"got method {self.method!r}"
+                )
+            if self.mtp_strategy != "default":
+                raise ValueError(
+                    f"SpeculativeConfig.mtp_strategy {self.mtp_strategy!r} needs method 'mtp', "
+                    f"got method {self.method!r}"
+                )
 
     @property
     def enabled(self) -> bool:
         return self.method is not None
+
+    @property
+    def uses_mtp(self) -> bool:
+        """Whether the method runs the model's MTP layer (which then needs its KV caches)."""
+        return self.method == "mtp"
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> SpeculativeConfig:
         """A config from FastDeploy's ``speculative_config`` keys (the attributes above).
 
         ``method`` may be ``None`` or ``"none"`` (no speculation; the other keys are then
-        not checked) or ``"mtp"``; it defaults to ``"mtp"``. Keys left out take the defaults
-        above, except ``num_model_steps``, which defaults to ``num_speculative_tokens`` (or 1
-        with ``mtp_strategy == "with_ngram"``, so n-gram matching fills the other slots).
+        not checked), ``"mtp"``, ``"ngram"``, ``"suffix"`` or ``"naive"``; it defaults to
+        ``"mtp"``. Keys left out take the defaults above, except ``num_model_steps``, which
+        defaults to ``num_speculative_tokens`` (or 1 with ``mtp_strategy == "with_ngram"``, so
+        n-gram matching fills the other slots). vLLM's ``prompt_lookup_max`` and
+        ``prompt_lookup_min`` set ``max_ngram_size`` and ``min_ngram_size``.
 
         Raises:
             SpeculativeConfigError: an unknown key (the message lists the known ones), a value
                 of the wrong type (integers for the sizes, strings for the others; ``true``
-                is not an integer), or a value the config refuses (see ``__post_init__``).
+                is not an integer), a key given under both of its names with different
+                values, or a value the config refuses (see ``__post_init__``).
         """
         if not isinstance(values, Mapping):
             raise SpeculativeConfigError(
                 f"speculative config must be a JSON object (a dict), got {type(values).__name__}"
             )
+        values = _resolve_aliases(values)
         kwargs = typed_keys(SpeculativeConfig, values, "speculative config", SpeculativeConfigError)
         if kwargs.get("method") == "none":
             kwargs["method"] = None
@@ -210,6 +266,26 @@ class SpeculativeConfig:
     def to_json(self) -> str:
         """The JSON object :meth:`from_json` reads back into an equal config."""
         return json.dumps({f.name: getattr(self, f.name) for f in fields(self)})
+
+
+def _resolve_aliases(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with each :data:`KEY_ALIASES` key renamed to its field.
+
+    Raises:
+        SpeculativeConfigError: an alias and its field both given, with different values.
+    """
+    out = dict(values)
+    for alias, name in KEY_ALIASES.items():
+        if alias not in out:
+            continue
+        value = out.pop(alias)
+        if name in out and out[name] != value:
+            raise SpeculativeConfigError(
+                f"speculative config: {alias!r} ({json.dumps(value, default=repr)}) and {name!r} "
+                f"({json.dumps(out[name], default=repr)}) name the same setting; give one of them"
+            )
+        out[name] = value
+    return out
 
 
 def load_speculative_json(text: str) -> dict[str, Any]:
@@ -272,6 +348,21 @@ def typed_keys(cls: type, values: Mapping[str, Any], what: str, error: type[Valu
         want = _TYPE_WORDS.get(problem["type"], problem["msg"]) + (" or null" if nullable else "")
         raise error(f"{what}: {key!r} must be {want}, got {json.dumps(value, default=repr)}") from None
     return {name: getattr(checked, name) for name in checked.model_fields_set}
+
+
+def check_splitwise_method(method: str | None, splitwise_role: str) -> None:
+    """Refuse a model-free drafting method on a splitwise (prefill or decode) instance: the
+    slot hand-over carries the MTP proposer's draft state, not the suffix tries, and the
+    model-free methods are not tested across it.
+
+    Raises:
+        ValueError: ``method`` in :data:`MODEL_FREE_METHODS` and ``splitwise_role != "mixed"``.
+    """
+    if method in MODEL_FREE_METHODS and splitwise_role != "mixed":
+        raise ValueError(
+            f"speculative_config.method {method!r} is not supported with splitwise_role {splitwise_role!r}: "
+            "use method 'mtp' or null (no speculation) on prefill and decode instances"
+        )
 
 
 @dataclass
@@ -384,6 +475,9 @@ class FDConfig:
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache_config: CacheConfig = field(default_factory=CacheConfig)
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self) -> None:
+        check_splitwise_method(self.speculative_config.method, self.scheduler_config.splitwise_role)
 
     @property
     def max_blocks_per_seq(self) -> int:

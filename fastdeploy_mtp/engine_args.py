@@ -190,10 +190,11 @@ def resolve_model(model: str | None, dtype: str = "auto", spec: SpeculativeConfi
         raise UsageError(str(exc)) from None
     if plan.note:
         print(f"fastdeploy-mtp: note: {plan.note}", file=sys.stderr)
-    if spec is not None and spec.enabled and plan.config.num_nextn_predict_layers == 0:
+    if spec is not None and spec.uses_mtp and plan.config.num_nextn_predict_layers == 0:
         raise UsageError(
             f"model folder {path} has no MTP layer (config.json `num_nextn_predict_layers` is 0 or absent): "
-            'run it without MTP (--speculative-config \'{"method": "none"}\')'
+            'run it without MTP (--speculative-config \'{"method": "none"}\', or a model-free method: '
+            '"ngram", "suffix", "naive")'
         )
     return path
 
@@ -219,10 +220,14 @@ def add_speculative_args(parser: argparse.ArgumentParser, k_default: int = DEFAU
         "--speculative-config",
         metavar="JSON",
         default=None,
-        help='FastDeploy\'s speculative_config as a JSON object (keys: method ("mtp", or null / "none" for '
-        'no speculation), num_speculative_tokens, num_model_steps, mtp_strategy ("default" | "with_ngram"), '
-        'max_ngram_size, min_ngram_size, verify_strategy ("target_match" | "rejection" | "topp" | "greedy"), '
-        'mtp_layer_schedule ("cycle" | "repeat_last" | "first"), adaptive_draft_length (true | false), '
+        help='FastDeploy\'s speculative_config as a JSON object (keys: method ("mtp": the MTP layer; '
+        '"ngram": n-gram matches in the prompt and output; "suffix": suffix decoding; "naive": no drafts '
+        'through the speculative step; null / "none": no speculation), num_speculative_tokens, '
+        'num_model_steps, mtp_strategy ("default" | "with_ngram"), max_ngram_size (alias prompt_lookup_max), '
+        "min_ngram_size (alias prompt_lookup_min), suffix_decoding_max_tree_depth, "
+        "suffix_decoding_max_cached_requests, suffix_decoding_max_spec_factor, suffix_decoding_min_token_prob, "
+        'verify_strategy ("target_match" | "rejection" | "topp" | "greedy"), '
+        'mtp_layer_schedule ("cycle" | "repeat_last" | "first"), adaptive_draft_length (true | false, "mtp" only), '
         "acceptance_window, acceptance_rate_threshold, adaptive_probe_interval, model)",
     )
     group.add_argument(
@@ -345,7 +350,7 @@ def _check_flags_agree(spec: SpeculativeConfig, k_flag: int | None, s_flag: int 
         )
 
 
-def check_speculative_config(spec: SpeculativeConfig) -> None:
+def check_speculative_config(spec: SpeculativeConfig, splitwise_role: str = "mixed") -> None:
     """Refuse a config no engine command can serve: each step's token message (FastDeploy's
     SysV layout, :mod:`fastdeploy_mtp.ops.messaging`) carries at most ``MAX_DRAFT_TOKENS``
     tokens per request, the K drafts' K + 1 accepted tokens at most. ``generate`` and ``demo``
@@ -353,9 +358,16 @@ def check_speculative_config(spec: SpeculativeConfig) -> None:
     command works on every one.
 
     Raises:
-        UsageError: ``num_speculative_tokens + 1 > MAX_DRAFT_TOKENS`` (a bad argument).
+        UsageError: ``num_speculative_tokens + 1 > MAX_DRAFT_TOKENS``, or a model-free method
+            on a splitwise instance (:func:`~fastdeploy_mtp.config.check_splitwise_method`).
     """
+    from .config import check_splitwise_method
     from .ops.messaging import MAX_DRAFT_TOKENS
+
+    try:
+        check_splitwise_method(spec.method, splitwise_role)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
     if spec.enabled and spec.num_speculative_tokens + 1 > MAX_DRAFT_TOKENS:
         raise UsageError(
@@ -365,10 +377,13 @@ def check_speculative_config(spec: SpeculativeConfig) -> None:
 
 
 def speculation_label(spec: SpeculativeConfig) -> str:
-    """A short name of the mode, e.g. ``"MTP K=3 S=1 +ngram adaptive"`` or ``"no speculation"``."""
+    """A short name of the mode, e.g. ``"MTP K=3 S=1 +ngram adaptive"``, ``"ngram K=3"`` or
+    ``"no speculation"``."""
     if not spec.enabled:
         return "no speculation"
     k, s = spec.num_speculative_tokens, spec.num_model_steps
+    if not spec.uses_mtp:
+        return f"{spec.method} K={k}"
     return (
         f"MTP K={k} S={s}"
         + (" +ngram" if spec.mtp_strategy == "with_ngram" and k > s else "")

@@ -4,17 +4,18 @@ decoding, measured in one run.
 
 Rows: batch 1 and 8; K = 1, 2, 3 with the MTP layer drafting every slot (S = K) and with
 the n-gram hybrid (S = 1, n-gram fills the rest); adaptive draft length off and on; and, with
-``--checkpoint-3 DIR``, the same for a checkpoint with 3 distinct MTP layers. Every
-speculative run is checked token-for-token against the plain run (greedy equivalence).
-Prompts: the demo prompts, plus held-out prompts (files the model never trained on) for the
-default configuration and K = S = 3.
+``--checkpoint-3 DIR``, the same for a checkpoint with 3 distinct MTP layers; beside them the
+model-free methods ``ngram`` and ``suffix`` at K = 3 (no MTP layer runs). Every speculative
+run is checked token-for-token against the plain run (greedy equivalence). Prompts: the demo
+prompts, plus held-out prompts (files the model never trained on) for the default
+configuration, K = S = 3 and the model-free methods.
 
     python scripts/bench_e2e.py [--max-tokens 96] [--repeat 3] [--checkpoint-3 DIR] [--json out.json]
 
 Each row is the median of ``--repeat`` runs (fresh engine each): single runs on a shared
 2-core VM vary by 10-20%.
 
-``--json F`` writes one object per row: ``prompts``, ``batch``, ``layers``, ``k``, ``steps``,
+``--json F`` writes one object per row: ``method``, ``prompts``, ``batch``, ``layers``, ``k``, ``steps``,
 ``hybrid``, ``adaptive``, ``default`` (the configuration ``fastdeploy-mtp serve`` / ``demo`` use
 when not told otherwise), ``mean_accepted_length``, ``acceptance_per_position``,
 ``glue_ms_per_round`` (time per engine step outside model forwards and logits), ``speedup``
@@ -36,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fastdeploy_mtp.config import SpeculativeConfig  # noqa: E402
 from fastdeploy_mtp.engine_args import default_speculative_config, speculative_config  # noqa: E402
 from fastdeploy_mtp.entrypoints.offline import per_position_text, run_prompts  # noqa: E402
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS, heldout_prompts  # noqa: E402
@@ -43,8 +45,10 @@ from fastdeploy_mtp.runtime.sampling_params import SamplingParams  # noqa: E402
 
 #: (K, S, hybrid) of the table.
 CONFIGS = ((1, 1, False), (2, 2, False), (3, 3, False), (2, 1, True), (3, 1, True))
+#: (method, K) rows of the model-free methods.
+MODEL_FREE = (("ngram", 3), ("suffix", 3))
 HEADER = (
-    f"{'prompts':>8} {'batch':>5} {'L':>2} {'K':>2} {'S':>2} {'hybrid':>6} {'adapt':>5} {'tok/s':>8} "
+    f"{'method':>6} {'prompts':>8} {'batch':>5} {'L':>2} {'K':>2} {'S':>2} {'hybrid':>6} {'adapt':>5} {'tok/s':>8} "
     f"{'accepted len':>12} {'glue ms':>8} {'speedup':>8}  per-position acceptance"
 )
 
@@ -103,8 +107,8 @@ def greedy_table(args) -> list[dict]:
                 args.checkpoint,
             )
             print(
-                f"{name:>8} {batch:>5} {'-':>2} {0:>2} {'-':>2} {'-':>6} {'-':>5} {base.tokens_per_second:8.1f} "
-                f"{1.0:12.2f} {base.glue_ms_per_round:8.2f} {1.0:7.2f}x  -",
+                f"{'none':>6} {name:>8} {batch:>5} {'-':>2} {0:>2} {'-':>2} {'-':>6} {'-':>5} "
+                f"{base.tokens_per_second:8.1f} {1.0:12.2f} {base.glue_ms_per_round:8.2f} {1.0:7.2f}x  -",
                 flush=True,
             )
             for layers, ckpt in variants:
@@ -120,7 +124,7 @@ def greedy_table(args) -> list[dict]:
                             raise SystemExit(f"{label}: tokens differ from plain decoding")
                         speedup = m.tokens_per_second / base.tokens_per_second
                         print(
-                            f"{name:>8} {batch:>5} {layers:>2} {k:>2} {steps:>2} {str(hybrid):>6} "
+                            f"{'mtp':>6} {name:>8} {batch:>5} {layers:>2} {k:>2} {steps:>2} {str(hybrid):>6} "
                             f"{'on' if adaptive else 'off':>5} {m.tokens_per_second:8.1f} "
                             f"{m.mean_accepted_length:12.2f} {m.glue_ms_per_round:8.2f} {speedup:7.2f}x  "
                             f"{per_position_text(m)}{'   <- default' if is_default else ''}",
@@ -128,6 +132,7 @@ def greedy_table(args) -> list[dict]:
                         )
                         rows.append(
                             dict(
+                                method="mtp",
                                 prompts=name,
                                 batch=batch,
                                 layers=layers,
@@ -141,6 +146,35 @@ def greedy_table(args) -> list[dict]:
                                 plain_glue_ms_per_round=round(base.glue_ms_per_round, 4),
                             )
                         )
+            for method, k in MODEL_FREE:
+                spec = SpeculativeConfig.from_dict({"method": method, "num_speculative_tokens": k})
+                label = f"{name} batch {batch} {method} K={k}"
+                ids, m = median_run(args.repeat, prompts, args.max_tokens, spec, batch, label, args.checkpoint)
+                if ids != base_ids:
+                    raise SystemExit(f"{label}: tokens differ from plain decoding")
+                speedup = m.tokens_per_second / base.tokens_per_second
+                print(
+                    f"{method:>6} {name:>8} {batch:>5} {'-':>2} {k:>2} {'-':>2} {'-':>6} {'off':>5} "
+                    f"{m.tokens_per_second:8.1f} {m.mean_accepted_length:12.2f} {m.glue_ms_per_round:8.2f} "
+                    f"{speedup:7.2f}x  {per_position_text(m)}",
+                    flush=True,
+                )
+                rows.append(
+                    dict(
+                        method=method,
+                        prompts=name,
+                        batch=batch,
+                        layers=0,
+                        k=k,
+                        steps=0,
+                        hybrid=False,
+                        adaptive=False,
+                        default=False,
+                        **m.as_dict(),
+                        speedup=round(speedup, 4),
+                        plain_glue_ms_per_round=round(base.glue_ms_per_round, 4),
+                    )
+                )
     return rows
 
 

@@ -103,7 +103,7 @@ def test_method_null_or_none_disables_speculation(method):
         ('{"num_model_steps": 1.5}', ["'num_model_steps'", "integer", "1.5"]),
         ('{"mtp_strategy": 1}', ["'mtp_strategy'", "string"]),
         ('{"method": 3}', ["'method'", "string or null"]),
-        ('{"method": "ngram"}', ["method", "'ngram'"]),
+        ('{"method": "eagle"}', ["method", "'eagle'"]),
         ('{"mtp_strategy": "ngram_first"}', ["mtp_strategy", "'ngram_first'"]),
         ('{"verify_strategy": "beam"}', ["verify_strategy", "'beam'"]),
         ('{"num_speculative_tokens": 2, "num_model_steps": 3}', ["num_model_steps (3)", "num_speculative_tokens (2)"]),

@@ -102,7 +102,7 @@ def run_requests(
 
     folder = model or ASSETS_DIR
     target, mtp, arch = load_model(folder, dtype=dtype)
-    if spec.enabled and mtp is None:
+    if spec.uses_mtp and mtp is None:
         raise ValueError(f"model folder {folder} has no MTP layer (num_nextn_predict_layers 0): run it without MTP")
     tok = load_tokenizer(folder, tokenizer)
     eos = [*tok.eos_token_ids, *load_generation_config(folder).eos_token_ids, *arch.eos_token_ids]
@@ -121,7 +121,7 @@ def run_requests(
     cfg = build_config(arch, spec, max_num_seqs, longest)
 
     # tok.decode leaves out padding ids (the stand-in EOS) and special tokens
-    with Engine(cfg, target, mtp if spec.enabled else None, detokenize=tok.decode) as engine:
+    with Engine(cfg, target, mtp if spec.uses_mtp else None, detokenize=tok.decode) as engine:
         engine.generate(reqs, progress=_progress(label))
     return reqs, [tok.decode(r.output_token_ids) for r in reqs], engine.metrics
 

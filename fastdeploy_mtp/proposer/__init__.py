@@ -1,7 +1,25 @@
-"""MTP proposer: drafts tokens with a model's MTP layer beside the target model."""
+"""Proposers: draft tokens for the target to verify, by ``speculative_config.method``: the
+model's MTP layer (:class:`MTPProposer`), n-gram matching (:class:`NgramProposer`), suffix
+decoding (:class:`SuffixProposer`) or none (:class:`NaiveProposer`), behind one interface
+(:class:`Proposer`, built by :func:`make_proposer`)."""
 
+from .base import Proposer, make_proposer
+from .model_free import ModelFreeProposer, NaiveProposer, NgramProposer
 from .mtp import MTPProposer
 from .proposer_inputs import CLONED_FROM_TARGET, SHARED_WITH_TARGET, ProposerInputBatch
 from .sampler import MTPSampler
+from .suffix import SuffixProposer
 
-__all__ = ["CLONED_FROM_TARGET", "MTPProposer", "MTPSampler", "ProposerInputBatch", "SHARED_WITH_TARGET"]
+__all__ = [
+    "CLONED_FROM_TARGET",
+    "MTPProposer",
+    "MTPSampler",
+    "ModelFreeProposer",
+    "NaiveProposer",
+    "NgramProposer",
+    "Proposer",
+    "ProposerInputBatch",
+    "SHARED_WITH_TARGET",
+    "SuffixProposer",
+    "make_proposer",
+]

@@ -94,8 +94,9 @@ class Engine:
             vocab_size=self.runner.vocab_size,
             max_positions=max_positions,
         )
-        k = fd_config.speculative_config.num_speculative_tokens if fd_config.speculative_config.enabled else 0
-        self.metrics = Metrics.for_drafts(k)
+        spec = fd_config.speculative_config
+        k = spec.num_speculative_tokens if spec.enabled else 0
+        self.metrics = Metrics.for_drafts(k, spec.method)
         self.role = fd_config.scheduler_config.splitwise_role
         #: splitwise decode: ``kv_fetcher(request, block_ids)`` starts filling the blocks of a
         #: handed-over request (see the class docstring); it must end in :meth:`transfer_done`.

@@ -27,6 +27,9 @@ class Metrics:
         handed_off: splitwise prefill: requests handed to a decode instance.
         handoff_drafts_proposed / handoff_drafts_accepted: splitwise decode: drafts a
             prefill instance made that the first verify round here offered / accepted.
+        method: the drafting method (``speculative_config.method``: ``"mtp"``, ``"ngram"``,
+            ``"suffix"``, ``"naive"``, or ``"none"`` without speculation), the ``method``
+            label of the ``/metrics`` speculation series.
     """
 
     target_forwards: int = 0
@@ -40,11 +43,13 @@ class Metrics:
     handed_off: int = 0
     handoff_drafts_proposed: int = 0
     handoff_drafts_accepted: int = 0
+    method: str = "none"
 
     @classmethod
-    def for_drafts(cls, k: int) -> Metrics:
-        """Empty statistics of an engine that proposes up to ``k`` drafts per round."""
-        return cls(proposed=np.zeros(k, np.int64), accepted=np.zeros(k, np.int64))
+    def for_drafts(cls, k: int, method: str | None = None) -> Metrics:
+        """Empty statistics of an engine that proposes up to ``k`` drafts per round with
+        ``method`` (``None``: no speculation)."""
+        return cls(proposed=np.zeros(k, np.int64), accepted=np.zeros(k, np.int64), method=method or "none")
 
     @property
     def glue_ms_per_round(self) -> float:

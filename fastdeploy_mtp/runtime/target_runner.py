@@ -27,7 +27,7 @@ from .spec_step import LogitRows, Packed, PaddleBackend, TargetStep, postprocess
 from .target_sampler import TargetSampler
 
 if TYPE_CHECKING:
-    from ..proposer import MTPProposer
+    from ..proposer.base import Proposer
 
 
 @dataclass
@@ -147,14 +147,15 @@ class Runner(Protocol):
 
 
 class TargetRunner:
-    """Target model + buffers + (optionally) the MTP proposer, for one worker.
+    """Target model + buffers + (optionally) a proposer, for one worker.
 
     Args:
-        fd_config: serving config; with ``speculative_config.method == "mtp"`` the runner
-            builds an :class:`~fastdeploy_mtp.proposer.MTPProposer` around ``mtp_model``.
+        fd_config: serving config; with speculation the runner builds the proposer of
+            ``speculative_config.method`` (an :class:`~fastdeploy_mtp.proposer.MTPProposer`
+            around ``mtp_model`` for ``"mtp"``, a model-free one otherwise).
         model: the target model (see :class:`~fastdeploy_mtp.models.interfaces.TargetModel`).
         mtp_model: the MTP layer (see :class:`~fastdeploy_mtp.models.interfaces.MTPModel`;
-            needed when speculation is on).
+            needed for ``method == "mtp"``, ignored by the other methods).
     """
 
     def __init__(self, fd_config: FDConfig, model: TargetModel, mtp_model: MTPModel | None = None):
@@ -169,15 +170,10 @@ class TargetRunner:
         )
         self.caches, self._attached = acquire_caches(self.cache_specs, fd_config)
         self.block_size = fd_config.cache_config.block_size
-        self.proposer: MTPProposer | None = None
-        if fd_config.speculative_config.enabled:
-            from ..proposer import MTPProposer
+        from ..proposer.base import make_proposer
 
-            pc = fd_config.parallel_config
-            self.proposer = MTPProposer(
-                fd_config, model, pc.local_rank, pc.device_id, self.share_inputs, model=mtp_model
-            )
-            self.proposer.initialize_kv_cache(self.num_blocks)
+        #: the drafting method's proposer (:func:`~fastdeploy_mtp.proposer.base.make_proposer`)
+        self.proposer: Proposer | None = make_proposer(fd_config, model, self.share_inputs, self.num_blocks, mtp_model)
         self._pending_fixups: list[Request] = []
         self._exports: list[int] = []
         #: host mirror of ``seq_lens_decoder`` (tokens in each slot's cache), kept from what the

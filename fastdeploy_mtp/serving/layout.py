@@ -91,14 +91,14 @@ class ServeLayout:
 
     def cache_specs(self, arch: ArchConfig | None = None) -> list[CacheSpec]:
         """The KV caches of each rank (the same list for every rank): every target layer's and,
-        with speculation, every MTP layer's (``num_nextn_predict_layers``), key then value,
+        with ``method == "mtp"``, every MTP layer's (``num_nextn_predict_layers``), key then value,
         ``[total_block_num, kv_heads / tp, block_size, head_dim]`` of the model's dtype."""
         from ..models.cache_spec import model_cache_specs
 
         arch = arch or self.arch()
         cfg = self.fd_config(0, arch)
         blocks = cfg.cache_config.total_block_num
-        return model_cache_specs(arch, blocks, self.tensor_parallel_size, cfg.speculative_config.enabled)
+        return model_cache_specs(arch, blocks, self.tensor_parallel_size, cfg.speculative_config.uses_mtp)
 
     def cache_names(self, specs: list[CacheSpec]) -> list[list[str]]:
         """Per rank, the IPC name of each cache of ``specs`` (FastDeploy's names for key and

@@ -18,6 +18,10 @@ metric names after it:
 * ``fastdeploy:spec_decode_mean_accepted_length`` — emitted / decode steps: tokens per
   request per target forward (1.0 = no gain from speculation).
 
+Every speculation series carries a ``method`` label, the engine's
+``speculative_config.method`` (``"mtp"``, ``"ngram"``, ``"suffix"``, ``"naive"``, or
+``"none"`` without speculation), e.g. ``fastdeploy:spec_decode_num_draft_tokens_total{method="ngram"}``.
+
 Plus request counters (``fastdeploy:request_success_total``, ``..._failure_total``,
 ``..._cancelled_total`` for clients that disconnected),
 prompt/generation token counters, and running/waiting gauges.
@@ -153,33 +157,56 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 
 def _spec_decode_metrics(m: Metrics) -> Iterator[Metric]:
+    """The speculation series, each labelled with the engine's drafting ``method``."""
     proposed, accepted = [int(v) for v in m.proposed], [int(v) for v in m.accepted]
-    yield _counter(
-        "spec_decode_num_draft_tokens", "Draft tokens offered to the target for verification.", sum(proposed)
+    method = [m.method]
+
+    def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+        family = CounterMetricFamily(PREFIX + name, doc, labels=["method"])
+        family.add_metric(method, value)
+        return family
+
+    yield counter(
+        "spec_decode_num_draft_tokens",
+        "Draft tokens offered to the target for verification, by drafting method.",
+        sum(proposed),
     )
-    yield _counter("spec_decode_num_accepted_tokens", "Draft tokens the target accepted.", sum(accepted))
+    yield counter(
+        "spec_decode_num_accepted_tokens", "Draft tokens the target accepted, by drafting method.", sum(accepted)
+    )
     per_pos = CounterMetricFamily(
         PREFIX + "spec_decode_num_draft_tokens_per_pos",
-        "Draft tokens offered at each draft position (1 = first draft).",
-        labels=["position"],
+        "Draft tokens offered at each draft position (1 = first draft), by drafting method.",
+        labels=["method", "position"],
     )
     acc_pos = CounterMetricFamily(
         PREFIX + "spec_decode_num_accepted_tokens_per_pos",
-        "Draft tokens accepted at each draft position. A draft at position i is accepted only if drafts "
-        "1..i-1 were: accepted/offered at i is cumulative, accepted(i)/accepted(i-1) the rate conditional "
-        "on draft i-1 being accepted.",
-        labels=["position"],
+        "Draft tokens accepted at each draft position, by drafting method. A draft at position i is accepted "
+        "only if drafts 1..i-1 were: accepted/offered at i is cumulative, accepted(i)/accepted(i-1) the rate "
+        "conditional on draft i-1 being accepted.",
+        labels=["method", "position"],
     )
     for i, (p, a) in enumerate(zip(proposed, accepted), start=1):
-        per_pos.add_metric([str(i)], p)
-        acc_pos.add_metric([str(i)], a)
+        per_pos.add_metric([m.method, str(i)], p)
+        acc_pos.add_metric([m.method, str(i)], a)
     yield per_pos
     yield acc_pos
-    emitted_doc = "Tokens emitted by decode steps (accepted drafts + the target's own token per step)."
-    yield _counter("spec_decode_num_emitted_tokens", emitted_doc, m.emitted_tokens)
-    yield _counter("spec_decode_num_decode_steps", "(request, target forward) pairs that decoded.", m.decode_item_steps)
-    mean_doc = "Emitted tokens per decoding request per target forward (1.0 = no speculation gain)."
-    yield _gauge("spec_decode_mean_accepted_length", mean_doc, m.mean_accepted_length)
+    emitted_doc = (
+        "Tokens emitted by decode steps (accepted drafts + the target's own token per step), by drafting method."
+    )
+    yield counter("spec_decode_num_emitted_tokens", emitted_doc, m.emitted_tokens)
+    yield counter(
+        "spec_decode_num_decode_steps",
+        "(request, target forward) pairs that decoded, by drafting method.",
+        m.decode_item_steps,
+    )
+    gauge = GaugeMetricFamily(
+        PREFIX + "spec_decode_mean_accepted_length",
+        "Emitted tokens per decoding request per target forward (1.0 = no speculation gain), by drafting method.",
+        labels=["method"],
+    )
+    gauge.add_metric(method, m.mean_accepted_length)
+    yield gauge
 
 
 def _request_metrics(m: Metrics, occupancy: Occupancy, c: ServerCounters) -> Iterator[Metric]:

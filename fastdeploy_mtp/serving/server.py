@@ -114,7 +114,7 @@ def _layout(opts: ServeOptions) -> ServeLayout:
     from .workers import free_port
 
     spec = opts.speculative_config
-    check_speculative_config(spec)
+    check_speculative_config(spec, opts.splitwise_role)
     if opts.tensor_parallel_size < 1:
         raise UsageError(f"--tensor-parallel-size must be >= 1, got {opts.tensor_parallel_size}")
     tp = opts.tensor_parallel_size

@@ -212,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
             layout.model, dtype=layout.dtype, tensor_parallel_size=tp, tensor_parallel_rank=rank
         )
         cfg = layout.fd_config(rank, arch)
-        runner = TargetRunner(cfg, target, mtp if cfg.speculative_config.enabled else None)
+        if not cfg.speculative_config.uses_mtp:
+            mtp = None  # model-free methods (and no speculation): no MTP layer kept, no MTP caches
+        runner = TargetRunner(cfg, target, mtp)
         slots = SlotTable()
         first_tokens_only = layout.splitwise_role == "prefill" and cfg.speculative_config.enabled
 

@@ -138,8 +138,12 @@ def test_metrics_add_up(server):
     assert d["fastdeploy:prompt_tokens_total"] == sum(len(p.encode()) for p in DEMO_PROMPTS[:3])
     # every generated token is a prefill's first token or emitted by a decode step
     assert d["fastdeploy:spec_decode_num_emitted_tokens_total"] == 3 * (MAX_TOKENS - 1)
-    offered = [m[f'fastdeploy:spec_decode_num_draft_tokens_per_pos_total{{position="{i}"}}'] for i in (1, 2, 3)]
-    accepted = [m[f'fastdeploy:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}}'] for i in (1, 2, 3)]
+    offered = [
+        m[f'fastdeploy:spec_decode_num_draft_tokens_per_pos_total{{method="mtp",position="{i}"}}'] for i in (1, 2, 3)
+    ]
+    accepted = [
+        m[f'fastdeploy:spec_decode_num_accepted_tokens_per_pos_total{{method="mtp",position="{i}"}}'] for i in (1, 2, 3)
+    ]
     assert sum(offered) == m["fastdeploy:spec_decode_num_draft_tokens_total"] > 0
     assert sum(accepted) == m["fastdeploy:spec_decode_num_accepted_tokens_total"] > 0
     assert all(a <= o for a, o in zip(accepted, offered))
