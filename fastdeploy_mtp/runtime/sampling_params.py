@@ -155,6 +155,14 @@ class SamplingParams:
         return cls(**values)
 
 
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of choice ``index`` of a request that asks for several choices (OpenAI's
+    ``n``/``best_of``) with the seed ``seed``: ``(seed + index) mod 2**63``. Choice 0 keeps
+    ``seed``, so asking for more choices never changes the first; choice ``i`` is what a
+    one-choice request with seed ``seed + i`` generates."""
+    return (int(seed) + int(index)) % 2**63
+
+
 @dataclass
 class TokenLogprob:
     """One emitted token's log-probability (``log_softmax`` of the processed logits at its
