@@ -32,7 +32,7 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
 from ..runtime.request import InvalidRequestError, Request
-from ..runtime.sampling_params import TokenLogprob, choice_seed
+from ..runtime.sampling_params import StepDrafts, TokenLogprob, choice_seed
 from ..tokenization import GenerationDefaults, Tokenizer
 from .engine_client import Backend, Stream, stream_events
 from .http_auth import Access, install
@@ -290,12 +290,14 @@ Entries = list[tuple[int, TokenLogprob]]
 
 
 class Collected(NamedTuple):
-    """A whole response of one candidate: its text, finish reason and logprob entries
-    (``None`` when its request did not ask for logprobs)."""
+    """A whole response of one candidate: its text, finish reason, logprob entries (``None``
+    when its request did not ask for logprobs) and draft logprobs (``None`` unless it asked
+    for them: ``include_draft_logprobs``)."""
 
     text: str
     reason: str
     entries: Entries | None
+    drafts: list[StepDrafts] | None = None
 
 
 def cumulative_logprob(entries: Entries | None) -> float:
@@ -308,17 +310,20 @@ async def collect(served: Served, stream: Stream) -> Collected:
     tracker = served.tracker()
     text, reason = "", "length"
     entries: Entries | None = None
+    drafts: list[StepDrafts] | None = [] if stream.request.sampling.include_draft_logprobs else None
     async for kind, value in stream_events(served.backend, stream):
         if kind == "tokens":
             piece, got = tracker.feed_event(value)
             text += piece
             if got is not None:
                 entries = (entries or []) + got
+            if drafts is not None and value.drafts:
+                drafts += value.drafts
         else:
             reason = value
     if stream.request.sampling.logprobs is not None and entries is None:
         entries = []
-    return Collected(text + tracker.feed([], True), reason, entries)
+    return Collected(text + tracker.feed([], True), reason, entries, drafts)
 
 
 async def collect_all(served: Served, streams: list[Stream]) -> list[Collected]:
@@ -446,10 +451,15 @@ async def completions(body: CompletionBody, served: ServedDep, http: HTTPRequest
     }
     trackers = [served.tracker() for _ in streams]
 
-    def choice(i: int, text: str, reason: str | None, entries: Entries | None) -> dict[str, Any]:
+    def choice(
+        i: int, text: str, reason: str | None, entries: Entries | None, drafts: list[StepDrafts] | None = None
+    ) -> dict[str, Any]:
         shown = entries is not None and choices.logprobs
         logprobs = trackers[i].completion_logprobs(entries) if shown and entries is not None else None
-        return {"index": i, "text": text, "finish_reason": reason, "logprobs": logprobs}
+        one = {"index": i, "text": text, "finish_reason": reason, "logprobs": logprobs}
+        if drafts is not None:
+            one["draft_logprobs"] = trackers[i].draft_logprobs(drafts)
+        return one
 
     if not body.stream:
         results = await collect_or_abort(http, served, streams)
@@ -465,7 +475,7 @@ async def completions(body: CompletionBody, served: ServedDep, http: HTTPRequest
                 if kind == "tokens":
                     text, entries = trackers[i].feed_event(value)
                     if text or entries:
-                        yield {**base, "choices": [choice(i, text, None, entries)]}
+                        yield {**base, "choices": [choice(i, text, None, entries, value.drafts)]}
                 else:
                     yield {**base, "choices": [choice(i, trackers[i].feed([], True), value, None)]}
             complete = True
@@ -491,10 +501,14 @@ async def chat(body: ChatBody, served: ServedDep, http: HTTPRequest) -> Any:
     if not body.stream:
         results = await collect_or_abort(http, served, streams)
         returned = []
-        for i, (text, reason, entries) in enumerate(results):
-            logprobs = None if entries is None else served.tracker().chat_logprobs(entries)
+        for i, (text, reason, entries, drafts) in enumerate(results):
+            tracker = served.tracker()
+            logprobs = None if entries is None else tracker.chat_logprobs(entries)
             message = {"role": "assistant", "content": text}
-            returned.append({"index": i, "message": message, "finish_reason": reason, "logprobs": logprobs})
+            one = {"index": i, "message": message, "finish_reason": reason, "logprobs": logprobs}
+            if drafts is not None:
+                one["draft_logprobs"] = tracker.draft_logprobs(drafts)
+            returned.append(one)
         return {**base, "object": "chat.completion", "choices": returned, "usage": usage(choices.requests)}
     events = await started_all(served, streams)
     head = {**base, "object": "chat.completion.chunk"}
@@ -524,6 +538,8 @@ async def chat_chunks(
                     one: dict[str, Any] = {"index": i, "delta": {"content": text}, "finish_reason": None}
                     if entries is not None:
                         one["logprobs"] = trackers[i].chat_logprobs(entries)
+                    if value.drafts is not None:
+                        one["draft_logprobs"] = trackers[i].draft_logprobs(value.drafts)
                     yield {**head, "choices": [one]}
             else:
                 tail = trackers[i].feed([], True)

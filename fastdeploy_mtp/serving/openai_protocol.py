@@ -6,7 +6,9 @@ Sampling follows the request's OpenAI fields (:func:`sampling_params`): ``temper
 (absent = 0, greedy), ``top_p``, ``seed``, ``stop``, ``presence_penalty``,
 ``frequency_penalty``, ``logprobs`` (chat: ``logprobs`` + ``top_logprobs``) and vLLM's extra
 body fields ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``stop_token_ids``,
-``ignore_eos``. Fields a request leaves out take the model folder's
+``ignore_eos``, and FastDeploy's ``include_draft_logprobs`` (with logprobs, each choice also
+carries ``draft_logprobs``: the MTP drafts each step verified and their log-probabilities
+under the MTP layer). Fields a request leaves out take the model folder's
 ``generation_config.json`` values when it sets them (:class:`GenerationDefaults`, as vLLM's
 ``--generation-config auto``), else the neutral value. The model's EOS ids end the output
 unless ``ignore_eos`` (:func:`sampling_params` adds them to ``stop_token_ids``).
@@ -89,6 +91,8 @@ class RequestBody(BaseModel):
     min_tokens: int | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    # FastDeploy's: also return the MTP drafts' logprobs (``draft_logprobs``; needs logprobs)
+    include_draft_logprobs: bool = False
 
 
 class CompletionBody(RequestBody):
@@ -212,6 +216,7 @@ def sampling_params(
         stop=[stop] if isinstance(stop, str) else list(stop or []),
         stop_token_ids=stop_ids,
         logprobs=k,
+        include_draft_logprobs=body.include_draft_logprobs,
     )
     problem = params.check()
     if problem is not None:
