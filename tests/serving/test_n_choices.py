@@ -246,3 +246,35 @@ def test_a_disconnect_cancels_every_choice():
             assert first.startswith("data: {")
     ids = [req.request_id for req in backend.submitted]
     assert len(ids) == 2 and set(ids) <= set(backend.cancelled)
+
+
+def test_requests_cancelled_right_after_submission_never_run(random_model):
+    """The app cancels the other choices as soon as one fails, possibly before the engine
+    thread admitted them: such a request must not run anyway."""
+    from fastdeploy_mtp.runtime.engine import Engine
+    from fastdeploy_mtp.serving.engine_client import AsyncEngine
+    from tests.support.engines import make_config
+
+    target, mtp = random_model
+    engine = Engine(make_config(3, steps=3), target, mtp)
+    fatal: list[str] = []
+    backend = AsyncEngine(engine, fatal.append)
+    reqs = [Request(f"c{i}", [3, 4, 5, 6], max_tokens=100) for i in range(8)]
+
+    async def submit_and_cancel() -> None:
+        for req in reqs:
+            backend.submit(req)
+            backend.cancel(req)
+        for _ in range(400):
+            await asyncio.sleep(0.01)
+            if backend._inbox.empty() and backend._cancels.empty() and not engine.has_work:
+                return
+        raise AssertionError("the engine kept working")
+
+    try:
+        asyncio.run(submit_and_cancel())
+    finally:
+        backend.stop()
+    assert fatal == []
+    assert all(req.finish_reason is None and len(req.output_token_ids) < 100 for req in reqs)
+    assert backend.counters.cancelled == len(reqs)
