@@ -375,13 +375,16 @@ class TargetRunner:
     def _draft_logprobs(self, out: StepOutput) -> None:
         """Draft logprobs (``include_draft_logprobs``): hand out those of the drafts this step
         verified, and tell the MTP sampler which slots want them from the round about to run
-        (no slot asking: nothing is computed)."""
+        (no slot asking: nothing is computed). Without an MTP layer the lists stay empty."""
+        from ..proposer.sampler import MTPSampler
+
         wanted = sorted(idx for idx, sp in self.sampler.params.items() if sp.include_draft_logprobs)
-        if self.proposer is None:
+        drafter = getattr(self.proposer, "sampler", None)
+        if not isinstance(drafter, MTPSampler):
             out.draft_logprobs = {idx: [] for idx in wanted}
             return
-        out.draft_logprobs = self.proposer.sampler.verified(out.drafts, wanted) if wanted else {}
-        self.proposer.sampler.wanted = set(wanted)
+        out.draft_logprobs = drafter.verified(out.drafts, wanted) if wanted else {}
+        drafter.wanted = set(wanted)
 
     def forward_target(self, packed: Packed, slt: np.ndarray, enc: np.ndarray) -> paddle.Tensor:
         """The target forward of :func:`~fastdeploy_mtp.runtime.spec_step.target_step`:
