@@ -247,7 +247,7 @@ def new_requests(
         if sampling.seed is not None:
             params.seed = choice_seed(sampling.seed, k)
         rid = response_id if k == 0 else f"{response_id}-{k}"
-        requests.append(Request(rid, prompt_ids, max_tokens=max_tokens, sampling=params))
+        requests.append(Request(rid, list(prompt_ids), max_tokens=max_tokens, sampling=params))
     for req in requests:
         try:
             served.backend.validate(req)

@@ -4,7 +4,8 @@ response, choice ``i`` the one-choice response with seed ``seed + i``, with and 
 speculation; streamed choices reassemble to the non-streamed ones; ``best_of`` returns the
 candidates with the highest cumulative logprob; invalid counts are a 400 naming the field.
 A scripted backend (no engine) shows that one failing choice fails the whole response and
-cancels the other choices' requests, as a client disconnect does.
+cancels the other choices' requests, as a client disconnect does; the engine thread never
+runs a request cancelled before it was admitted. The splitwise router serves them too.
 """
 
 from __future__ import annotations
