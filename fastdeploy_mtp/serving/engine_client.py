@@ -130,9 +130,13 @@ class AsyncEngine:
 
     def cancel(self, req: Request) -> None:
         """Abort ``req`` if it has not finished (its client went away); thread-safe. A request
-        not admitted yet is never admitted."""
+        not admitted yet is never admitted: it is marked finished (aborted) right here, since
+        the engine thread will not see it again (a splitwise decode instance then forgets its
+        KV descriptor)."""
         with self._queued_lock:
             if self._queued.pop(req.request_id, None) is not None:
+                req.finished = True
+                req.error = RuntimeError("the client disconnected before the request was admitted")
                 with self.counters.lock:
                     self.counters.cancelled += 1
                 return

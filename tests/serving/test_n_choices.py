@@ -278,4 +278,5 @@ def test_requests_cancelled_right_after_submission_never_run(random_model):
         backend.stop()
     assert fatal == []
     assert all(req.finish_reason is None and len(req.output_token_ids) < 100 for req in reqs)
+    assert all(req.finished and req.error is not None for req in reqs)  # aborted, admitted or not
     assert backend.counters.cancelled == len(reqs)
