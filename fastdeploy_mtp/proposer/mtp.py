@@ -279,6 +279,7 @@ class MTPProposer(MTPCaches):
         if not 1 <= steps <= self.num_model_steps:
             raise ValueError(f"`num_steps` must be in [1, {self.num_model_steps}], got {num_steps}")
         draft, target = self.model_inputs, self.target_model_inputs
+        self.sampler.new_round()
         paddle.assign(target.block_tables, output=draft.block_tables)
         prepare_round(self._ops, draft, target, full_hidden_states, self.num_model_steps, self.is_splitwise_prefill)
         if self._skipped:
@@ -315,6 +316,7 @@ class MTPProposer(MTPCaches):
                 be skipped: the MTP layer must see the prompt).
         """
         target = self.target_model_inputs
+        self.sampler.new_round()
         # the drafts of the last MTP round were verified this step: clear them (as
         # draft_model_preprocess would), so every running item feeds one token next step
         target.draft_tokens[:, 1:] = PLACEHOLDER_TOKEN_ID
@@ -411,8 +413,13 @@ class MTPProposer(MTPCaches):
         return self._forward(packed.ids_remove_padding, rows_hidden, meta, layer)
 
     def sample_substep(self, gathered: paddle.Tensor, substep: int) -> paddle.Tensor:
-        """``[N]`` int64 greedy drafts from substep ``substep``'s gathered rows."""
-        return self.sampler(self._logits(gathered, self.layer_schedule[substep]))
+        """``[N]`` int64 greedy drafts from substep ``substep``'s gathered rows (and, for the
+        slots that asked, their log-probabilities: :meth:`MTPSampler.record`)."""
+        logits = self._logits(gathered, self.layer_schedule[substep])
+        tokens = self.sampler(logits)
+        if self.sampler.wanted:
+            self.sampler.record(logits, tokens, self.model_inputs.seq_lens_this_time, substep)
+        return tokens
 
     def empty_substep(self) -> None:
         self.model.empty_input_forward(None)

@@ -18,7 +18,7 @@ from ..models.interfaces import MTPModel, TargetModel
 from .engine_metrics import Metrics
 from .events import HandedOffRequest, StepEvents
 from .request import GenerationError, InvalidRequestError, Request, RequestType
-from .sampling_params import TokenLogprob
+from .sampling_params import StepDrafts, TokenLogprob
 from .scheduler import Scheduler
 from .stops import Detokenize, cut_at_stop_ids, cut_at_stop_string, safe_to_emit
 from .target_runner import Runner, StepOutput, TargetRunner
@@ -249,13 +249,17 @@ class Engine:
                 self._hand_off(req, out, events)
 
     def _take_tokens(self, step: int, req: Request, out: StepOutput) -> bool:
-        """Append slot ``req.idx``'s tokens of ``out`` (and their logprobs) to ``req``'s
-        output, cut at its first stop token id or stop string; returns whether one hit."""
+        """Append slot ``req.idx``'s tokens of ``out`` (and their logprobs, and the step's draft
+        logprobs) to ``req``'s output, cut at its first stop token id or stop string; returns
+        whether one hit."""
         idx = req.idx
         new = [int(t) for t in out.accept_tokens[idx, : int(out.accept_num[idx])]]
         if self.trace is not None:
             self.trace.append((step, req.request_id, req.task_type.name, new, [int(d) for d in out.drafts[idx]]))
         new, stopped = cut_at_stop_ids(req, new)
+        drafts = out.draft_logprobs.get(idx) if req.sampling.include_draft_logprobs else None
+        if drafts and new:  # the drafts this step verified (a prefill step verifies none)
+            req.output_draft_logprobs.append(StepDrafts(len(req.output_token_ids), list(drafts)))
         req.output_token_ids.extend(new)
         if req.sampling.logprobs is not None:
             req.output_logprobs.extend(out.logprobs.get(idx, [])[: len(new)])

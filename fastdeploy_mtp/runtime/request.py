@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..constants import NO_SLOT
-from .sampling_params import SamplingParams, TokenLogprob
+from .sampling_params import SamplingParams, StepDrafts, TokenLogprob
 
 
 class RequestType(enum.Enum):
@@ -119,6 +119,9 @@ class Request:
             ``StepEvents.emitted`` (tokens whose text could begin a stop string are held back
             until it is clear they do not; an event's tokens are
             ``output_token_ids[emitted_count - len(tokens) : emitted_count]`` right after its step).
+        output_draft_logprobs: with ``sampling.include_draft_logprobs``, one
+            :class:`~fastdeploy_mtp.runtime.sampling_params.StepDrafts` per step that verified
+            MTP drafts, in step order.
     """
 
     request_id: str
@@ -139,6 +142,7 @@ class Request:
     finish_reason: str | None = field(default=None, init=False)
     output_logprobs: list[TokenLogprob] = field(default_factory=list, init=False, repr=False)
     emitted_count: int = field(default=0, init=False, repr=False)
+    output_draft_logprobs: list[StepDrafts] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.prompt_token_ids) == 0:

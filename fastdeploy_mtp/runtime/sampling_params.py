@@ -63,6 +63,9 @@ class SamplingParams:
         stop_token_ids: token ids that end the output (the id is returned, as EOS is).
         logprobs: ``None`` = none; ``k >= 0``: the log-probability of each emitted token plus
             the ``k`` most likely alternatives at its position (at most :data:`MAX_LOGPROBS`).
+        include_draft_logprobs: also report, per step, the MTP drafts the target verified
+            and the MTP layer's log-probability of each (:class:`StepDrafts`; FastDeploy's
+            request flag). Needs ``logprobs``. Without speculation the list stays empty.
     """
 
     temperature: float = 0.0
@@ -77,6 +80,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: int | None = None
+    include_draft_logprobs: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -125,6 +129,10 @@ class SamplingParams:
             isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
         ):
             return f"stop_token_ids: must be a list of token ids, got {self.stop_token_ids!r}"
+        if not isinstance(self.include_draft_logprobs, bool):
+            return f"include_draft_logprobs: must be true or false, got {self.include_draft_logprobs!r}"
+        if self.include_draft_logprobs and self.logprobs is None:
+            return "include_draft_logprobs: needs logprobs (the draft logprobs come with the tokens' logprobs)"
         return None
 
     def seed_for(self, request_id: str) -> int:
@@ -148,11 +156,20 @@ class SamplingParams:
             "stop": list(self.stop),
             "stop_token_ids": list(self.stop_token_ids),
             "logprobs": self.logprobs,
+            "include_draft_logprobs": self.include_draft_logprobs,
         }
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SamplingParams:
         return cls(**values)
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of choice ``index`` of a request that asks for several choices (OpenAI's
+    ``n``/``best_of``) with the seed ``seed``: ``(seed + index) mod 2**63``. Choice 0 keeps
+    ``seed``, so asking for more choices never changes the first; choice ``i`` is what a
+    one-choice request with seed ``seed + i`` generates."""
+    return (int(seed) + int(index)) % 2**63
 
 
 @dataclass
@@ -163,3 +180,22 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class StepDrafts:
+    """The MTP drafts one step verified for a request (``include_draft_logprobs``).
+
+    Attributes:
+        position: index in the output of the first token the step emitted; draft ``j``
+            (0-based) proposed the token at ``position + j`` (it was accepted when that output
+            token equals it and every draft before it was accepted).
+        drafts: one :class:`TokenLogprob` per draft the MTP layer proposed, in order: the draft
+            token and its log-probability under the MTP layer (``log_softmax`` of the layer's
+            logits at that draft's position, the distribution the draft was picked from; no
+            alternatives). Drafts filled in by n-gram matching (``mtp_strategy:
+            "with_ngram"``) have no such distribution and are not listed.
+    """
+
+    position: int
+    drafts: list[TokenLogprob] = field(default_factory=list)

@@ -49,6 +49,10 @@ class StepOutput:
         step_seconds: wall time of the whole step (target, verification, proposer round).
         model_seconds: the part of it spent in model forwards and logits (target and MTP);
             the rest is the round's glue (ops, Python, host copies).
+        draft_logprobs: per slot whose request asked (``include_draft_logprobs``), the MTP
+            drafts of :attr:`drafts` with their log-probabilities under the MTP layer
+            (:meth:`~fastdeploy_mtp.proposer.sampler.MTPSampler.verified`; empty without
+            speculation).
     """
 
     accept_tokens: np.ndarray
@@ -61,6 +65,7 @@ class StepOutput:
     logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
     step_seconds: float = 0.0
     model_seconds: float = 0.0
+    draft_logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
 
 
 def limit_drafts(target: InputBatch, limits: np.ndarray) -> None:
@@ -343,6 +348,7 @@ class TargetRunner:
         step = target_step(self._ops, target, self, self.fd_config.model_config.max_model_len, self.verify_strategy)
         self._fix_up_non_final_chunks()
         out = self._step_output(step)
+        self._draft_logprobs(out)
         prefill = bool((step.enc[step.slt > 0] > 0).any())
         if self.proposer is not None:
             self._propose(step.hidden, out, step.slt, step.rows.cu, prefill)
@@ -361,6 +367,20 @@ class TargetRunner:
         if self.adaptive is not None:
             self.adaptive.record(int((step.slt > 0).sum()), out.step_seconds, prefill)
         return out
+
+    def _draft_logprobs(self, out: StepOutput) -> None:
+        """Draft logprobs (``include_draft_logprobs``): hand out those of the drafts this step
+        verified, and tell the MTP sampler which slots want them from the round about to run
+        (no slot asking: nothing is computed). Without an MTP layer the lists stay empty."""
+        from ..proposer.sampler import MTPSampler
+
+        wanted = sorted(idx for idx, sp in self.sampler.params.items() if sp.include_draft_logprobs)
+        drafter = getattr(self.proposer, "sampler", None)
+        if not isinstance(drafter, MTPSampler):
+            out.draft_logprobs = {idx: [] for idx in wanted}
+            return
+        out.draft_logprobs = drafter.verified(out.drafts, wanted) if wanted else {}
+        drafter.wanted = set(wanted)
 
     def forward_target(self, packed: Packed, slt: np.ndarray, enc: np.ndarray) -> paddle.Tensor:
         """The target forward of :func:`~fastdeploy_mtp.runtime.spec_step.target_step`:

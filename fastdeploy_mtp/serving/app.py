@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
+import math
 import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple, TypeVar
 
 from fastapi import Depends, FastAPI, Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
@@ -30,7 +32,7 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
 from ..runtime.request import InvalidRequestError, Request
-from ..runtime.sampling_params import TokenLogprob
+from ..runtime.sampling_params import StepDrafts, TokenLogprob, choice_seed
 from ..tokenization import GenerationDefaults, Tokenizer
 from .engine_client import Backend, Stream, stream_events
 from .http_auth import Access, install
@@ -43,11 +45,14 @@ from .openai_protocol import (
     RequestBody,
     body_field,
     chat_prompt,
+    choice_counts,
     refuse_invalid_text,
     refuse_unsupported,
     sampling_params,
 )
 from .text import TextTracker
+
+_T = TypeVar("_T")
 
 #: seconds between checks that the client of a non-streaming request is still there
 DISCONNECT_POLL_S = 0.25
@@ -194,30 +199,86 @@ async def models(served: ServedDep) -> dict[str, Any]:
     return {"object": "list", "data": [card]}
 
 
-def new_request(
+@dataclass
+class Choices:
+    """The engine requests of one response: ``requests[k]`` generates candidate ``k`` (its
+    own request, batched with the others); ``n`` of them are returned, all of them unless
+    ``best_of`` asked for more candidates; ``logprobs``: the client asked for logprobs (to
+    rank ``best_of`` candidates they are asked for internally, and not returned)."""
+
+    requests: list[Request]
+    n: int
+    logprobs: bool
+
+    def picked(self, results: list[Collected]) -> list[int]:
+        """Which candidates are returned, in order: all of them, or with ``best_of`` the ``n``
+        with the highest cumulative log-probability of their tokens, best first (a tie goes
+        to the lower candidate index)."""
+        if len(results) == self.n:
+            return list(range(self.n))
+        ranked = sorted(range(len(results)), key=lambda k: (-cumulative_logprob(results[k].entries), k))
+        return ranked[: self.n]
+
+
+def new_requests(
     served: Served, prompt_ids: list[int], max_tokens: int, body: CompletionBody | ChatBody, prefix: str
-) -> Request:
-    """The engine request ``body`` asks for, checked by the backend (400/404 naming the field)."""
+) -> Choices:
+    """The engine requests ``body`` asks for (``n``, or ``best_of`` candidates), each checked
+    by the backend (400/404 naming the field). With a ``seed`` s, candidate ``k`` samples with
+    :func:`~fastdeploy_mtp.runtime.sampling_params.choice_seed` ``(s, k)`` (``s + k`` mod
+    2**63); without, each candidate's seed derives from its own request id (candidate 0's is
+    the response id, candidate ``k``'s that id with ``-k`` appended)."""
     chat = isinstance(body, ChatBody)
     if body.model not in (None, served.model_name):
         message = f"model {body.model!r} is not served here (this server serves {served.model_name!r})"
         raise APIError(404, message, "model")
     refuse_unsupported(body)
+    n, best_of = choice_counts(body)
     sampling = sampling_params(body, served.defaults, served.eos_token_ids)
     if not prompt_ids:
         raise APIError(400, "the prompt is empty", "messages" if chat else "prompt")
-    req = Request(f"{prefix}-{uuid.uuid4().hex}", prompt_ids, max_tokens=max_tokens, sampling=sampling)
+    asked = sampling.logprobs is not None
+    if best_of > n and not asked:
+        sampling.logprobs = 0  # the emitted tokens' own logprobs rank the candidates
+    response_id = f"{prefix}-{uuid.uuid4().hex}"
+    requests = []
+    for k in range(best_of):
+        params = copy.deepcopy(sampling)
+        if sampling.seed is not None:
+            params.seed = choice_seed(sampling.seed, k)
+        rid = response_id if k == 0 else f"{response_id}-{k}"
+        requests.append(Request(rid, list(prompt_ids), max_tokens=max_tokens, sampling=params))
+    for req in requests:
+        try:
+            served.backend.validate(req)
+        except InvalidRequestError as exc:
+            if exc.field == "max_tokens":
+                param = "max_tokens"
+            elif exc.field in SAMPLING_FIELDS:
+                param = body_field(exc.field, chat)
+            else:
+                param = "messages" if chat else "prompt"
+            raise APIError(400, str(exc), param) from None
+    return Choices(requests, n, asked)
+
+
+def submit_all(served: Served, requests: list[Request]) -> list[Stream]:
+    """Every request started on the backend; if one cannot be, those already started are
+    cancelled before the error propagates."""
+    streams: list[Stream] = []
     try:
-        served.backend.validate(req)
-    except InvalidRequestError as exc:
-        if exc.field == "max_tokens":
-            param = "max_tokens"
-        elif exc.field in SAMPLING_FIELDS:
-            param = body_field(exc.field, chat)
-        else:
-            param = "messages" if chat else "prompt"
-        raise APIError(400, str(exc), param) from None
-    return req
+        for req in requests:
+            streams.append(served.backend.submit(req))
+    except BaseException:
+        cancel_all(served, streams)
+        raise
+    return streams
+
+
+def cancel_all(served: Served, streams: list[Stream]) -> None:
+    """Cancel every stream's request on the backend (a finished one is left as it is)."""
+    for stream in streams:
+        served.backend.cancel(stream.request)
 
 
 def max_tokens_of(served: Served, body: RequestBody, fallback: int) -> int:
@@ -228,35 +289,69 @@ def max_tokens_of(served: Served, body: RequestBody, fallback: int) -> int:
 Entries = list[tuple[int, TokenLogprob]]
 
 
-async def collect(served: Served, stream: Stream) -> tuple[str, str, Entries | None]:
-    """(text, finish reason, logprob entries or ``None``) of a whole response."""
+class Collected(NamedTuple):
+    """A whole response of one candidate: its text, finish reason, logprob entries (``None``
+    when its request did not ask for logprobs) and draft logprobs (``None`` unless it asked
+    for them: ``include_draft_logprobs``)."""
+
+    text: str
+    reason: str
+    entries: Entries | None
+    drafts: list[StepDrafts] | None = None
+
+
+def cumulative_logprob(entries: Entries | None) -> float:
+    """The sum of the log-probabilities of a candidate's tokens (``best_of`` ranks by it)."""
+    return math.fsum(lp.logprob for _, lp in entries or [])
+
+
+async def collect(served: Served, stream: Stream) -> Collected:
+    """The whole response of ``stream``."""
     tracker = served.tracker()
     text, reason = "", "length"
     entries: Entries | None = None
+    drafts: list[StepDrafts] | None = [] if stream.request.sampling.include_draft_logprobs else None
     async for kind, value in stream_events(served.backend, stream):
         if kind == "tokens":
             piece, got = tracker.feed_event(value)
             text += piece
             if got is not None:
                 entries = (entries or []) + got
+            if drafts is not None and value.drafts:
+                drafts += value.drafts
         else:
             reason = value
     if stream.request.sampling.logprobs is not None and entries is None:
         entries = []
-    return text + tracker.feed([], True), reason, entries
+    return Collected(text + tracker.feed([], True), reason, entries, drafts)
 
 
-async def collect_or_abort(http: HTTPRequest, served: Served, stream: Stream) -> tuple[str, str, Entries | None]:
-    """:func:`collect`, aborting the request if the client disconnects first (a
+async def collect_all(served: Served, streams: list[Stream]) -> list[Collected]:
+    """Every stream's whole response, collected concurrently. If one fails (or this is
+    cancelled), every request is cancelled before the error propagates."""
+    tasks = [asyncio.ensure_future(collect(served, stream)) for stream in streams]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        cancel_all(served, streams)  # also those whose task was cancelled before it started
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def collect_or_abort(http: HTTPRequest, served: Served, streams: list[Stream]) -> list[Collected]:
+    """:func:`collect_all`, aborting every request if the client disconnects first (a
     non-streaming response has nothing to write until the end, so the disconnect is
     watched for)."""
-    task = asyncio.ensure_future(collect(served, stream))
+    task = asyncio.ensure_future(collect_all(served, streams))
     while True:
         done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
         if done:
             return task.result()
         if await http.is_disconnected():
-            task.cancel()  # stream_events cancels the request on the backend
+            task.cancel()  # collect_all cancels the requests on the backend
             with contextlib.suppress(asyncio.CancelledError, APIError):
                 await task
             raise APIError(499, "the client disconnected; the request was aborted")
@@ -276,8 +371,41 @@ async def started(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[tuple
     return chained()
 
 
-def usage(req: Request) -> dict[str, int]:
-    p, c = len(req.prompt_token_ids), len(req.output_token_ids)
+async def started_all(served: Served, streams: list[Stream]) -> list[AsyncIterator[tuple[str, Any]]]:
+    """:func:`started` events of every stream (so an error before any choice's first event
+    is still the response's status); on an error every request is cancelled."""
+    try:
+        return [await started(stream_events(served.backend, stream)) for stream in streams]
+    except BaseException:
+        cancel_all(served, streams)
+        raise
+
+
+async def merged(sources: list[AsyncIterator[_T]]) -> AsyncIterator[tuple[int, _T]]:
+    """``(i, item)`` for the items of every ``sources[i]``, as they arrive (each source's in
+    its order). An error of one source is raised at once; when the consumer stops early the
+    pending reads are cancelled."""
+    pending = {asyncio.ensure_future(anext(source)): i for i, source in enumerate(sources)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=lambda t: pending[t]):
+                i = pending.pop(task)
+                try:
+                    item = task.result()
+                except StopAsyncIteration:
+                    continue
+                pending[asyncio.ensure_future(anext(sources[i]))] = i
+                yield i, item
+    finally:
+        for task in pending:
+            task.cancel()
+
+
+def usage(requests: list[Request]) -> dict[str, int]:
+    """OpenAI's usage of the returned choices' ``requests``: the prompt counted once, the
+    completion tokens summed over them."""
+    p, c = len(requests[0].prompt_token_ids), sum(len(r.output_token_ids) for r in requests)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
@@ -312,30 +440,50 @@ async def completions(body: CompletionBody, served: ServedDep, http: HTTPRequest
             raise APIError(400, "batched prompts are not supported: send one request per prompt", "prompt")
         prompt = prompt[0]
     ids = served.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-    req = new_request(served, ids, max_tokens_of(served, body, 16), body, "cmpl")
-    stream = served.backend.submit(req)
-    base = {"id": req.request_id, "object": "text_completion", "created": int(time.time()), "model": served.model_name}
-    tracker = served.tracker()
+    choices = new_requests(served, ids, max_tokens_of(served, body, 16), body, "cmpl")
+    streams = submit_all(served, choices.requests)
+    first = choices.requests[0]
+    base = {
+        "id": first.request_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": served.model_name,
+    }
+    trackers = [served.tracker() for _ in streams]
 
-    def choice(text: str, reason: str | None, entries: Entries | None) -> dict[str, Any]:
-        logprobs = None if entries is None else tracker.completion_logprobs(entries)
-        return {"index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs}
+    def choice(
+        i: int, text: str, reason: str | None, entries: Entries | None, drafts: list[StepDrafts] | None = None
+    ) -> dict[str, Any]:
+        shown = entries is not None and choices.logprobs
+        logprobs = trackers[i].completion_logprobs(entries) if shown and entries is not None else None
+        one = {"index": i, "text": text, "finish_reason": reason, "logprobs": logprobs}
+        if drafts is not None:
+            one["draft_logprobs"] = trackers[i].draft_logprobs(drafts)
+        return one
 
     if not body.stream:
-        text, reason, entries = await collect_or_abort(http, served, stream)
-        return {**base, "choices": [choice(text, reason, entries)], "usage": usage(req)}
-    events = await started(stream_events(served.backend, stream))
+        results = await collect_or_abort(http, served, streams)
+        picked = choices.picked(results)
+        returned = [choice(i, *results[k]) for i, k in enumerate(picked)]
+        return {**base, "choices": returned, "usage": usage([choices.requests[k] for k in picked])}
+    events = await started_all(served, streams)
 
     async def chunks() -> AsyncIterator[dict[str, Any]]:
-        async for kind, value in events:
-            if kind == "tokens":
-                text, entries = tracker.feed_event(value)
-                if text or entries:
-                    yield {**base, "choices": [choice(text, None, entries)]}
-            else:
-                yield {**base, "choices": [choice(tracker.feed([], True), value, None)]}
+        complete = False
+        try:
+            async for i, (kind, value) in merged(events):
+                if kind == "tokens":
+                    text, entries = trackers[i].feed_event(value)
+                    if text or entries:
+                        yield {**base, "choices": [choice(i, text, None, entries, value.drafts)]}
+                else:
+                    yield {**base, "choices": [choice(i, trackers[i].feed([], True), value, None)]}
+            complete = True
+        finally:
+            if not complete:  # the client went away, or one choice failed: end them all
+                cancel_all(served, streams)
         if include_usage(body):
-            yield {**base, "choices": [], "usage": usage(req)}
+            yield {**base, "choices": [], "usage": usage(choices.requests)}
 
     return sse(chunks())
 
@@ -347,42 +495,59 @@ async def chat(body: ChatBody, served: ServedDep, http: HTTPRequest) -> Any:
     prompt = chat_prompt(served.tokenizer, [m.model_dump() for m in body.messages])
     # the template wrote the special tokens the model expects; none are added again
     ids = served.tokenizer.encode(prompt, add_special_tokens=False)
-    req = new_request(served, ids, max_tokens_of(served, body, 64), body, "chatcmpl")
-    stream = served.backend.submit(req)
-    base = {"id": req.request_id, "created": int(time.time()), "model": served.model_name}
+    choices = new_requests(served, ids, max_tokens_of(served, body, 64), body, "chatcmpl")
+    streams = submit_all(served, choices.requests)
+    base = {"id": choices.requests[0].request_id, "created": int(time.time()), "model": served.model_name}
     if not body.stream:
-        text, reason, entries = await collect_or_abort(http, served, stream)
-        message = {"role": "assistant", "content": text}
-        logprobs = None if entries is None else served.tracker().chat_logprobs(entries)
-        return {
-            **base,
-            "object": "chat.completion",
-            "choices": [{"index": 0, "message": message, "finish_reason": reason, "logprobs": logprobs}],
-            "usage": usage(req),
-        }
-    events = await started(stream_events(served.backend, stream))
+        results = await collect_or_abort(http, served, streams)
+        returned = []
+        for i, (text, reason, entries, drafts) in enumerate(results):
+            tracker = served.tracker()
+            logprobs = None if entries is None else tracker.chat_logprobs(entries)
+            message = {"role": "assistant", "content": text}
+            one = {"index": i, "message": message, "finish_reason": reason, "logprobs": logprobs}
+            if drafts is not None:
+                one["draft_logprobs"] = tracker.draft_logprobs(drafts)
+            returned.append(one)
+        return {**base, "object": "chat.completion", "choices": returned, "usage": usage(choices.requests)}
+    events = await started_all(served, streams)
     head = {**base, "object": "chat.completion.chunk"}
-    return sse(chat_chunks(served, events, head, req if include_usage(body) else None))
+    return sse(chat_chunks(served, streams, events, head, include_usage(body)))
 
 
 async def chat_chunks(
-    served: Served, events: AsyncIterator[tuple[str, Any]], head: dict[str, Any], usage_of: Request | None
+    served: Served,
+    streams: list[Stream],
+    events: list[AsyncIterator[tuple[str, Any]]],
+    head: dict[str, Any],
+    with_usage: bool,
 ) -> AsyncIterator[dict[str, Any]]:
-    """A streamed chat response's chunks: the assistant role, then the text as it arrives,
-    then the finish reason (and the usage of ``usage_of``, when given)."""
-    tracker = served.tracker()
-    yield {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
-    async for kind, value in events:
-        if kind == "tokens":
-            text, entries = tracker.feed_event(value)
-            if text or entries:
-                one: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": None}
-                if entries is not None:
-                    one["logprobs"] = tracker.chat_logprobs(entries)
-                yield {**head, "choices": [one]}
-        else:
-            tail = tracker.feed([], True)
-            delta = {"content": tail} if tail else {}
-            yield {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": value}]}
-    if usage_of is not None:
-        yield {**head, "choices": [], "usage": usage(usage_of)}
+    """A streamed chat response's chunks: each choice's assistant role, then the choices'
+    text as it arrives (each chunk names its choice's ``index``), then each choice's finish
+    reason (and, ``with_usage``, the usage of all of them). If it stops early, every
+    stream's request is cancelled."""
+    trackers = [served.tracker() for _ in events]
+    for i in range(len(events)):
+        yield {**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+    complete = False
+    try:
+        async for i, (kind, value) in merged(events):
+            if kind == "tokens":
+                text, entries = trackers[i].feed_event(value)
+                if text or entries:
+                    one: dict[str, Any] = {"index": i, "delta": {"content": text}, "finish_reason": None}
+                    if entries is not None:
+                        one["logprobs"] = trackers[i].chat_logprobs(entries)
+                    if value.drafts is not None:
+                        one["draft_logprobs"] = trackers[i].draft_logprobs(value.drafts)
+                    yield {**head, "choices": [one]}
+            else:
+                tail = trackers[i].feed([], True)
+                delta = {"content": tail} if tail else {}
+                yield {**head, "choices": [{"index": i, "delta": delta, "finish_reason": value}]}
+        complete = True
+    finally:
+        if not complete:  # the client went away, or one choice failed: end them all
+            cancel_all(served, streams)
+    if with_usage:
+        yield {**head, "choices": [], "usage": usage([stream.request for stream in streams])}

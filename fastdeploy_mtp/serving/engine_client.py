@@ -106,6 +106,9 @@ class AsyncEngine:
         self._inbox: queue.Queue[Stream] = queue.Queue()
         self._cancels: queue.Queue[Request] = queue.Queue()
         self._streams: dict[str, Stream] = {}
+        #: streams submitted but not yet admitted, by request id (a cancel takes one out)
+        self._queued: dict[str, Stream] = {}
+        self._queued_lock = threading.Lock()
         self._stop = threading.Event()
         self._on_fatal = on_fatal
         self.fatal: str | None = None
@@ -120,11 +123,23 @@ class AsyncEngine:
         if self.fatal:
             raise APIError(503, f"the server is shutting down: {self.fatal}", kind="server_error")
         stream = Stream(req, asyncio.get_running_loop())
+        with self._queued_lock:
+            self._queued[req.request_id] = stream
         self._inbox.put(stream)
         return stream
 
     def cancel(self, req: Request) -> None:
-        """Abort ``req`` if it has not finished (its client went away); thread-safe."""
+        """Abort ``req`` if it has not finished (its client went away); thread-safe. A request
+        not admitted yet is never admitted: it is marked finished (aborted) right here, since
+        the engine thread will not see it again (a splitwise decode instance then forgets its
+        KV descriptor)."""
+        with self._queued_lock:
+            if self._queued.pop(req.request_id, None) is not None:
+                req.finished = True
+                req.error = RuntimeError("the client disconnected before the request was admitted")
+                with self.counters.lock:
+                    self.counters.cancelled += 1
+                return
         self._cancels.put(req)
 
     async def health(self) -> str | None:
@@ -165,6 +180,9 @@ class AsyncEngine:
                 return
 
     def _admit_one(self, stream: Stream) -> None:
+        with self._queued_lock:
+            if self._queued.pop(stream.request.request_id, None) is None:
+                return  # cancelled before it was admitted
         try:
             if stream.request.handoff_state is not None:  # splitwise decode: handed over by a prefill instance
                 self.engine.add_transferred(stream.request)

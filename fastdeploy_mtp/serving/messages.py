@@ -210,6 +210,8 @@ class StepResult(_Message):
         exports: slot -> its state, for the slots the step listed in ``export``.
         logprobs: slot -> one :class:`TokenLogprob` per emitted token, for the slots whose
             requests asked.
+        draft_logprobs: slot -> the MTP drafts verified this step with their log-probabilities,
+            for the slots whose requests asked (``include_draft_logprobs``).
     """
 
     stop_flags: list[bool]
@@ -219,6 +221,7 @@ class StepResult(_Message):
     num_tokens: int
     exports: dict[int, dict[str, Any]] = {}
     logprobs: dict[int, list[TokenLogprob]] = {}
+    draft_logprobs: dict[int, list[TokenLogprob]] = {}
 
     @classmethod
     def of(cls, out: StepOutput, decode_lens: np.ndarray) -> StepResult:
@@ -231,6 +234,7 @@ class StepResult(_Message):
             num_tokens=int(out.num_tokens),
             exports=dict(out.exports),
             logprobs=dict(out.logprobs),
+            draft_logprobs=dict(out.draft_logprobs),
         )
 
 

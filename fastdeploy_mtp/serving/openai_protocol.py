@@ -6,12 +6,15 @@ Sampling follows the request's OpenAI fields (:func:`sampling_params`): ``temper
 (absent = 0, greedy), ``top_p``, ``seed``, ``stop``, ``presence_penalty``,
 ``frequency_penalty``, ``logprobs`` (chat: ``logprobs`` + ``top_logprobs``) and vLLM's extra
 body fields ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``stop_token_ids``,
-``ignore_eos``. Fields a request leaves out take the model folder's
+``ignore_eos``, and FastDeploy's ``include_draft_logprobs`` (with logprobs, each choice also
+carries ``draft_logprobs``: the MTP drafts each step verified and their log-probabilities
+under the MTP layer). Fields a request leaves out take the model folder's
 ``generation_config.json`` values when it sets them (:class:`GenerationDefaults`, as vLLM's
 ``--generation-config auto``), else the neutral value. The model's EOS ids end the output
 unless ``ignore_eos`` (:func:`sampling_params` adds them to ``stop_token_ids``).
-``n`` other than 1, ``best_of``, ``echo`` and ``logit_bias`` are refused with a 400 naming the
-field rather than ignored (:func:`refuse_unsupported`); so is any invalid value. Errors use
+``n`` (and, for completions, ``best_of``) ask for several choices (:func:`choice_counts`);
+``echo`` and ``logit_bias`` are refused with a 400 naming the field rather than ignored
+(:func:`refuse_unsupported`); so is any invalid value. Errors use
 OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}`` (:class:`APIError`).
 """
 
@@ -88,11 +91,14 @@ class RequestBody(BaseModel):
     min_tokens: int | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    # FastDeploy's: also return the MTP drafts' logprobs (``draft_logprobs``; needs logprobs)
+    include_draft_logprobs: bool = False
 
 
 class CompletionBody(RequestBody):
     prompt: str | list[str] | list[int]
     echo: bool | None = None
+    best_of: int | None = None
     logprobs: int | None = None
 
 
@@ -111,7 +117,6 @@ class ChatBody(RequestBody):
 #: they are never silently ignored).
 #: fields this server cannot honour, with the values that ask for nothing (accepted)
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "best_of": (1,),
     "logit_bias": ({},),
     "echo": (False,),
     "suffix": ("",),
@@ -129,8 +134,6 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 
 def refuse_unsupported(body: RequestBody) -> None:
     """400 for what one request cannot ask of this server (naming the field)."""
-    if body.n not in (None, 1):
-        raise APIError(400, f"n={body.n}: one choice per request is served", "n")
     extra = body.model_extra or {}
     for name, neutral in _UNSUPPORTED.items():
         value = getattr(body, name) if name in type(body).model_fields else extra.get(name)
@@ -213,6 +216,7 @@ def sampling_params(
         stop=[stop] if isinstance(stop, str) else list(stop or []),
         stop_token_ids=stop_ids,
         logprobs=k,
+        include_draft_logprobs=body.include_draft_logprobs,
     )
     problem = params.check()
     if problem is not None:
@@ -228,3 +232,32 @@ def body_field(sampling_field: str, chat: bool) -> str:
 
 #: Names of the :class:`SamplingParams` fields (an engine refusal naming one is the client's 400).
 SAMPLING_FIELDS = frozenset(SamplingParams().to_dict())
+
+
+#: Most choices one request may ask for (``n``, and ``best_of`` candidates).
+MAX_CHOICES = 16
+
+
+def choice_counts(body: RequestBody) -> tuple[int, int]:
+    """``(n, best_of)`` of ``body``: the choices returned and the candidates generated
+    (``best_of`` defaults to ``n``). ``best_of`` is a completions field (a chat body's is
+    refused), must be at least ``n`` and cannot stream (as OpenAI); both are at most
+    :data:`MAX_CHOICES`.
+
+    Raises:
+        APIError: 400 naming ``n`` or ``best_of``.
+    """
+    n = 1 if body.n is None else body.n
+    if isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
+        raise APIError(400, f"n must be an integer in [1, {MAX_CHOICES}], got {n!r}", "n")
+    best_of = getattr(body, "best_of", None) if isinstance(body, CompletionBody) else None
+    extra = (body.model_extra or {}).get("best_of")
+    if not isinstance(body, CompletionBody) and extra is not None and not (type(extra) is int and extra == 1):
+        raise APIError(400, "best_of is a /v1/completions field (a chat request asks for choices with n)", "best_of")
+    if best_of is None:
+        return n, n
+    if isinstance(best_of, bool) or not n <= best_of <= MAX_CHOICES:
+        raise APIError(400, f"best_of must be an integer in [n, {MAX_CHOICES}] (n = {n}), got {best_of!r}", "best_of")
+    if body.stream and best_of > 1:
+        raise APIError(400, "best_of > 1 cannot be streamed: set stream to false", "best_of")
+    return n, best_of

@@ -176,13 +176,18 @@ class RouterBackend:
     # -- Backend ---------------------------------------------------------------------------
     def validate(self, req: Request) -> None:
         """Local checks only (the prefill instance checks the rest): a non-empty prompt of
-        integer ids and ``max_tokens > 0``."""
+        integer ids and ``max_tokens > 0``; ``include_draft_logprobs`` is refused (the decode
+        stream carries no draft logprobs). ``n`` and ``best_of`` need nothing here: the app
+        routes one request per choice."""
         if not req.prompt_token_ids:
             raise InvalidRequestError(req.request_id, "prompt_token_ids", "the prompt is empty")
         if not all(isinstance(t, int) and t >= 0 for t in req.prompt_token_ids):
             raise InvalidRequestError(req.request_id, "prompt_token_ids", "prompt ids must be non-negative integers")
         if req.max_tokens <= 0:
             raise InvalidRequestError(req.request_id, "max_tokens", f"max_tokens must be > 0, got {req.max_tokens}")
+        if req.sampling.include_draft_logprobs:
+            message = "is not served through the splitwise router: ask a serve instance"
+            raise InvalidRequestError(req.request_id, "include_draft_logprobs", message)
 
     def submit(self, req: Request) -> Stream:
         """Start routing ``req`` in a task; the stream's first event is the prefill's outcome

@@ -6,26 +6,35 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ..runtime.request import Request
-from ..runtime.sampling_params import TokenLogprob
+from ..runtime.sampling_params import StepDrafts, TokenLogprob
 from ..tokenization import IncrementalDetokenizer, Tokenizer
 
 
 class Emitted(NamedTuple):
     """A ``"tokens"`` event's value: new token ids and, when the request asked for logprobs,
-    one :class:`TokenLogprob` per id (else ``None``)."""
+    one :class:`TokenLogprob` per id (else ``None``); with ``include_draft_logprobs``, the
+    :class:`StepDrafts` of the steps whose first token is among these ids (else ``None``)."""
 
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
+    drafts: list[StepDrafts] | None = None
 
 
 def emitted_of(req: Request, tokens: list[int]) -> Emitted:
     """The ``"tokens"`` event of ``tokens``, the ids ``req`` just emitted (called right after
     their step): with their logprobs (``req.output_logprobs[emitted_count - len(tokens) :
-    emitted_count]``) when the request asked."""
+    emitted_count]``) when the request asked, and the draft logprobs of the steps that
+    started among them (a step whose tokens were all cut off by a stop string has none to
+    go with)."""
     if req.sampling.logprobs is None:
         return Emitted(list(tokens))
     end = req.emitted_count
-    return Emitted(list(tokens), list(req.output_logprobs[end - len(tokens) : end]) if tokens else [])
+    start = end - len(tokens)
+    logprobs = list(req.output_logprobs[start:end]) if tokens else []
+    if not req.sampling.include_draft_logprobs:
+        return Emitted(list(tokens), logprobs)
+    drafts = [step for step in req.output_draft_logprobs if start <= step.position < end]
+    return Emitted(list(tokens), logprobs, drafts)
 
 
 class TextTracker:
@@ -77,6 +86,21 @@ class TextTracker:
             "top_logprobs": [{self.token(t): v for t, v in lp.top} for _, lp in entries],
             "text_offset": [offset for offset, _ in entries],
         }
+
+    def draft_logprobs(self, steps: list[StepDrafts]) -> list[dict[str, Any]]:
+        """The ``draft_logprobs`` of a choice (both endpoints): per step that verified MTP
+        drafts, ``{"position", "drafts": [{"token", "token_id", "logprob"}]}`` (see
+        :class:`StepDrafts`)."""
+        return [
+            {
+                "position": step.position,
+                "drafts": [
+                    {"token": self.token(lp.token_id), "token_id": lp.token_id, "logprob": lp.logprob}
+                    for lp in step.drafts
+                ],
+            }
+            for step in steps
+        ]
 
     def chat_logprobs(self, entries: list[tuple[int, TokenLogprob]]) -> dict[str, Any]:
         """Chat's ``choices[0].logprobs``: ``{"content": [{"token", "logprob", "bytes",

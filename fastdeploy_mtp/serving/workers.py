@@ -361,6 +361,7 @@ class RemoteRunner:
             num_tokens=head.num_tokens,
             exports=dict(head.exports),
             logprobs=dict(head.logprobs),
+            draft_logprobs=dict(head.draft_logprobs),
         )
 
     def _replies(self) -> StepResult:
