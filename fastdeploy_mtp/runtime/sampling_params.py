@@ -63,6 +63,13 @@ class SamplingParams:
         stop_token_ids: token ids that end the output (the id is returned, as EOS is).
         logprobs: ``None`` = none; ``k >= 0``: the log-probability of each emitted token plus
             the ``k`` most likely alternatives at its position (at most :data:`MAX_LOGPROBS`).
+        guided: ``None``, or a constraint on the output: ``{"kind": k, "spec": s}`` with ``k``
+            one of :data:`~fastdeploy_mtp.runtime.guided.GUIDED_KINDS` (``"json"``: ``s`` a
+            JSON schema dict; ``"json_object"``: ``s`` None; ``"regex"``: a regular expression
+            the whole output matches; ``"choice"``: a list of strings; ``"grammar"``: a Lark
+            grammar). Applied to the logits first (a token the constraint does not allow at a
+            position gets ``-inf``), so tokens and logprobs come from the masked distribution; see
+            :mod:`~fastdeploy_mtp.runtime.guided`.
     """
 
     temperature: float = 0.0
@@ -77,6 +84,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: int | None = None
+    guided: dict[str, Any] | None = None
 
     @property
     def greedy(self) -> bool:
@@ -125,6 +133,11 @@ class SamplingParams:
             isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
         ):
             return f"stop_token_ids: must be a list of token ids, got {self.stop_token_ids!r}"
+        from .guided import guided_problem
+
+        problem = guided_problem(self.guided)
+        if problem is not None:
+            return f"guided: {problem}"
         return None
 
     def seed_for(self, request_id: str) -> int:
@@ -148,6 +161,7 @@ class SamplingParams:
             "stop": list(self.stop),
             "stop_token_ids": list(self.stop_token_ids),
             "logprobs": self.logprobs,
+            "guided": None if self.guided is None else dict(self.guided),
         }
 
     @classmethod

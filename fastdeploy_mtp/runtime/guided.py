@@ -1,0 +1,310 @@
+"""Structured output (guided decoding) that composes with speculative drafting, on
+`llguidance <https://github.com/guidance-ai/llguidance>`_.
+
+A request's constraint is :attr:`SamplingParams.guided
+<fastdeploy_mtp.runtime.sampling_params.SamplingParams.guided>`: ``{"kind": ..., "spec": ...}``
+with ``kind`` one of :data:`GUIDED_KINDS` (a JSON schema, any JSON object, a regular
+expression, a choice among strings, a Lark grammar). :func:`grammar_of` turns it into an
+llguidance grammar, :func:`guided_problem` checks it (a request with a bad one is refused
+before it reaches an engine).
+
+Per runner, :class:`GuidedSlots` keeps one ``LLMatcher`` per slot whose request has a
+constraint, in the state "the request's generated tokens so far", and per step:
+
+1. :meth:`GuidedSlots.prepare` (before the target step): each decoding slot's drafts are
+   checked with ``validate_tokens``; the drafts past the longest grammar-valid prefix are
+   cut (the runner trims them with :func:`~fastdeploy_mtp.runtime.target_runner.limit_drafts`
+   before the forward, so verification only ever sees valid drafts). Then one token mask
+   per logit row of the slot: row ``i`` is the matcher's mask after drafts ``1..i``
+   (consume the draft, compute the next mask, ... and ``rollback`` them all at the end).
+   A prefill's final chunk has one row: the mask of the state before any output.
+2. :meth:`GuidedSlots.apply` (in the target's token choice): disallowed tokens of each row get
+   ``-inf`` before the argmax or the seeded sampler, so the target's tokens (and logprobs)
+   come from the masked distribution, as without speculation.
+3. :meth:`GuidedSlots.advance` (after verification): the matcher consumes the tokens the
+   step emitted for the slot. The rejected drafts were never consumed (step 1 rolled every
+   draft back), so after a rejection the matcher is exactly at "output so far".
+
+Ids the tokenizer does not have (the model's padded vocabulary) are never allowed; the
+model's EOS ids are allowed where the grammar may end, and are the only ones once it is
+complete, so a finished constraint ends the request with EOS (finish reason ``"stop"``),
+also on a model whose EOS id is a padded column it never scores (:meth:`GuidedSlots.apply`).
+Everything here is deterministic on the host: with tensor parallelism every rank computes the
+same cuts and masks.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: The constraint kinds of ``SamplingParams.guided["kind"]`` and what ``spec`` holds:
+#: ``json`` a JSON schema (a dict), ``json_object`` any JSON object (``spec`` None),
+#: ``regex`` a regular expression (the whole output matches it), ``choice`` a non-empty list
+#: of strings (the output is one of them), ``grammar`` a Lark grammar (llguidance's dialect,
+#: rule ``start``).
+GUIDED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+
+
+def grammar_of(guided: dict[str, Any]) -> str:
+    """The llguidance grammar (a JSON string ``LLMatcher`` takes) of a constraint.
+
+    Raises:
+        ValueError: an unknown ``kind``, or a ``spec`` of the wrong type.
+    """
+    from llguidance import LLMatcher
+
+    kind, spec = guided.get("kind"), guided.get("spec")
+    if kind == "json":
+        if not isinstance(spec, dict):
+            raise ValueError(f"a JSON schema must be an object, got {type(spec).__name__}")
+        return str(LLMatcher.grammar_from_json_schema(spec))
+    if kind == "json_object":
+        return str(LLMatcher.grammar_from_json_schema({"type": "object"}))
+    if kind == "regex":
+        if not isinstance(spec, str):
+            raise ValueError(f"a regex must be a string, got {type(spec).__name__}")
+        return str(LLMatcher.grammar_from_regex(spec))
+    if kind == "choice":
+        if not isinstance(spec, list) or not spec or not all(isinstance(s, str) and s for s in spec):
+            raise ValueError(f"a choice must be a non-empty list of non-empty strings, got {spec!r}")
+        # JSON string literals are Lark string literals (the same escapes)
+        return str(LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(s) for s in spec)))
+    if kind == "grammar":
+        if not isinstance(spec, str) or not spec.strip():
+            raise ValueError("a grammar must be a non-empty string")
+        return str(LLMatcher.grammar_from_lark(spec))
+    raise ValueError(f"kind must be one of {', '.join(GUIDED_KINDS)}, got {kind!r}")
+
+
+def guided_problem(guided: Any) -> str | None:
+    """``None`` if ``guided`` is a valid constraint (or ``None``), else why not: its shape, or
+    what llguidance says of the grammar (an invalid regex, an unsupported schema keyword,
+    a Lark syntax error). Needs no tokenizer."""
+    if guided is None:
+        return None
+    if not isinstance(guided, dict) or set(guided) - {"kind", "spec"}:
+        return f'must be {{"kind": ..., "spec": ...}}, got {guided!r}'[:300]
+    try:
+        grammar = grammar_of(guided)
+    except ValueError as exc:
+        return str(exc)
+    from llguidance import LLMatcher
+
+    error = LLMatcher.validate_grammar(grammar)
+    return " ".join(str(error).split())[:500] or None
+
+
+@functools.lru_cache(maxsize=4)
+def _ll_tokenizer(folder: str, vocab_size: int, eos_ids: tuple[int, ...]) -> Any:
+    """The ``LLTokenizer`` of the model folder's tokenizer over the model's ``vocab_size``
+    ids (built once per process and folder: it indexes every token's bytes)."""
+    from llguidance import LLTokenizer, TokenizerWrapper
+
+    from ..tokenization.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(folder)
+    if tok.vocab_size > vocab_size:
+        raise ValueError(
+            f"{folder}: the tokenizer has {tok.vocab_size} tokens, more than the model's vocabulary ({vocab_size})"
+        )
+    special = {int(i) for i, t in tok.backend.get_added_tokens_decoder().items() if t.special} | set(eos_ids)
+    # Ids without text (the padded vocabulary) are special tokens no grammar names: never allowed.
+    special |= set(range(tok.vocab_size, vocab_size))
+    tokens = [f"<|fdmtp_{i}|>".encode() if i in special else bytes(tok.token_bytes(i)) for i in range(vocab_size)]
+
+    class _Source:
+        """What ``llguidance.TokenizerWrapper`` reads of a tokenizer."""
+
+        eos_token_id = eos_ids[0]
+        bos_token_id = None
+
+        def __init__(self) -> None:
+            self.tokens = tokens
+            self.special_token_ids = sorted(special)
+
+        def __call__(self, text: str) -> list[int]:
+            return tok.encode(text, add_special_tokens=False)
+
+    return LLTokenizer(TokenizerWrapper(_Source()), eos_token=list(eos_ids))
+
+
+def tokenizer_folder(model_dir: str) -> str:
+    """Where the tokenizer of a model folder is: the folder itself, or (no folder given, as
+    the offline engine's configs of the shipped checkpoint) the shipped model's."""
+    if model_dir:
+        return model_dir
+    from ..models.tiny import ASSETS_DIR
+
+    return ASSETS_DIR
+
+
+@dataclass
+class GuidedStats:
+    """Grammar work of one step.
+
+    Attributes:
+        checked: drafts checked against a grammar (drafts of constrained slots).
+        cut: of those, drafts cut before verification (past the grammar-valid prefix).
+        seconds: host time in grammar work (draft checks, masks, their application, advancing).
+    """
+
+    checked: int = 0
+    cut: int = 0
+    seconds: float = 0.0
+
+
+class GuidedSlots:
+    """The grammar matchers of one runner's slots (see the module docstring).
+
+    Args:
+        model_dir: the model folder whose ``tokenizer.json`` the matchers tokenize with
+            (:func:`tokenizer_folder`).
+        vocab_size: ``V``, the logits' width (the model's padded vocabulary).
+        eos_ids: the model's EOS ids (allowed where the grammar may end).
+    """
+
+    def __init__(self, model_dir: str, vocab_size: int, eos_ids: Sequence[int]):
+        self.folder = tokenizer_folder(model_dir)
+        self.vocab_size = int(vocab_size)
+        self.eos_ids = tuple(int(t) for t in eos_ids)
+        self.matchers: dict[int, Any] = {}
+        #: per slot, this step's masks: ``[rows, ceil(V / 32)]`` int32 bitmasks (bit set = allowed)
+        self.masks: dict[int, np.ndarray] = {}
+        self.stats = GuidedStats()
+
+    def tokenizer(self) -> Any:
+        """The cached ``LLTokenizer`` (raises ``ValueError``/``TokenizerFileError`` when the
+        folder's tokenizer cannot serve the model)."""
+        return _ll_tokenizer(self.folder, self.vocab_size, self.eos_ids)
+
+    def matcher(self, guided: dict[str, Any]) -> Any:
+        """A fresh ``LLMatcher`` for a constraint (``ValueError`` naming the grammar's problem)."""
+        from llguidance import LLMatcher
+
+        matcher = LLMatcher(self.tokenizer(), grammar_of(guided), log_level=0)
+        if matcher.is_error():
+            raise ValueError(" ".join(matcher.get_error().split())[:500])
+        return matcher
+
+    # ---- slots ---------------------------------------------------------------------------
+    def start(self, idx: int, guided: dict[str, Any] | None, output_token_ids: Sequence[int] = ()) -> None:
+        """Slot ``idx`` starts a request: a matcher in the state after ``output_token_ids``
+        (a splitwise import's first tokens; empty for a new request), or none without a
+        constraint."""
+        self.drop(idx)
+        if guided is None:
+            return
+        t0 = time.perf_counter()
+        matcher = self.matcher(guided)
+        if output_token_ids and not matcher.consume_tokens([int(t) for t in output_token_ids]):
+            raise ValueError(f"the tokens generated so far do not match the grammar ({matcher.get_error()})")
+        self.matchers[idx] = matcher
+        self.stats.seconds += time.perf_counter() - t0
+
+    def drop(self, idx: int) -> None:
+        """Slot ``idx`` no longer holds a constrained request."""
+        self.matchers.pop(idx, None)
+        self.masks.pop(idx, None)
+
+    # ---- one step ------------------------------------------------------------------------
+    def prepare(self, draft_tokens: np.ndarray, slt: np.ndarray, enc: np.ndarray, skip: set[int]) -> np.ndarray | None:
+        """Before the target step: cut each constrained decoding slot's drafts to their
+        grammar-valid prefix and compute its rows' masks.
+
+        Args:
+            draft_tokens: ``[N, K + 1]`` int64 host copy of ``share_inputs.draft_tokens``
+                (column 0 the last token, then the drafts).
+            slt, enc: ``[N]`` host ``seq_lens_this_time`` / ``seq_lens_encoder``.
+            skip: slots whose prefill chunk is not the last (their one row is thrown away).
+
+        Returns:
+            ``[N]`` int64 draft limits for :func:`limit_drafts` when a draft was cut (other
+            slots keep ``K``), else ``None``.
+        """
+        t0 = time.perf_counter()
+        self.masks = {}
+        k = int(draft_tokens.shape[1]) - 1
+        limits: np.ndarray | None = None
+        for idx, matcher in self.matchers.items():
+            n = int(slt[idx])
+            if n == 0 or idx in skip:
+                continue
+            drafts: list[int] = []
+            if enc[idx] == 0:
+                drafts = [int(t) for t in draft_tokens[idx, 1:n]]
+                valid = int(matcher.validate_tokens(drafts)) if drafts else 0
+                self.stats.checked += len(drafts)
+                if valid < len(drafts):
+                    self.stats.cut += len(drafts) - valid
+                    if limits is None:
+                        limits = np.full(draft_tokens.shape[0], k, np.int64)
+                    limits[idx] = valid
+                    drafts = drafts[:valid]
+            self.masks[idx] = self._row_masks(matcher, drafts)
+        self.stats.seconds += time.perf_counter() - t0
+        return limits
+
+    def _row_masks(self, matcher: Any, drafts: list[int]) -> np.ndarray:
+        """``[len(drafts) + 1, ceil(V / 32)]`` int32: row ``i`` the mask after ``drafts[:i]``
+        (all grammar-valid); the matcher is rolled back to where it was."""
+        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+
+        masks = allocate_token_bitmask(len(drafts) + 1, self.vocab_size)
+        for i in range(len(drafts) + 1):
+            if i:
+                matcher.consume_token(drafts[i - 1])
+            fill_next_token_bitmask(matcher, masks, i)
+        if drafts:
+            matcher.rollback(len(drafts))
+        return masks
+
+    def apply(self, logits: Any, slots: np.ndarray, positions: np.ndarray) -> Any:
+        """``logits`` ``[R, V]`` (Paddle, the rows of ``slots`` at ``positions`` within their
+        slot, as :class:`~fastdeploy_mtp.runtime.spec_step.LogitRows`) with each constrained
+        row's disallowed tokens at ``-inf``; unchanged when no row is constrained."""
+        if not self.masks:
+            return logits
+        import paddle
+
+        t0 = time.perf_counter()
+        r, v = int(logits.shape[0]), int(logits.shape[1])
+        words = (v + 31) // 32
+        packed = np.full([r, words], -1, np.int32)
+        for row, (b, j) in enumerate(zip(slots, positions)):
+            masks = self.masks.get(int(b))
+            if masks is not None:
+                packed[row] = masks[int(j)]
+        allowed = np.unpackbits(packed.view(np.uint8), axis=1, bitorder="little")[:, :v].astype(bool)
+        masked = paddle.where(paddle.to_tensor(allowed), logits, paddle.full_like(logits, float("-inf")))
+        # A row left with no finite logit (a complete grammar allows only EOS, and the model's
+        # EOS id may be a padded column at -inf; or a matcher in error) emits the first EOS id:
+        # decided on the device, nothing is read back.
+        ending = np.full([1, v], float("-inf"), np.float32)
+        ending[0, self.eos_ids[0]] = 0.0
+        stuck = paddle.isinf(masked.max(axis=-1, keepdim=True))
+        out = paddle.where(stuck, paddle.to_tensor(ending).astype(masked.dtype).expand_as(masked), masked)
+        self.stats.seconds += time.perf_counter() - t0
+        return out
+
+    def advance(self, accept_tokens: np.ndarray, accept_num: np.ndarray) -> None:
+        """After verification: each constrained slot's matcher consumes the tokens it emitted
+        (``accept_tokens[b, :accept_num[b]]``, host ``[N, K + 1]`` / ``[N]``)."""
+        t0 = time.perf_counter()
+        for idx, matcher in self.matchers.items():
+            emitted = int(accept_num[idx])
+            if emitted > 0 and idx in self.masks:
+                matcher.consume_tokens([int(t) for t in accept_tokens[idx, :emitted]])
+        self.masks = {}
+        self.stats.seconds += time.perf_counter() - t0
+
+    def take_stats(self) -> GuidedStats:
+        """This step's grammar work (and reset it for the next)."""
+        stats, self.stats = self.stats, GuidedStats()
+        return stats
