@@ -50,6 +50,11 @@ import numpy as np
 #: of strings (the output is one of them), ``grammar`` a Lark grammar (llguidance's dialect,
 #: rule ``start``).
 GUIDED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+#: How JSON is laid out: compact (``,`` and ``:`` separators, no other whitespace). With
+#: llguidance's default (any whitespace between tokens) a model can emit whitespace forever
+#: without leaving the grammar; a schema may still ask for it through its ``"x-guidance"``
+#: options (``{"whitespace_flexible": true}``).
+JSON_DEFAULTS: dict[str, Any] = {"whitespace_flexible": False}
 
 
 def grammar_of(guided: dict[str, Any]) -> str:
@@ -64,9 +69,9 @@ def grammar_of(guided: dict[str, Any]) -> str:
     if kind == "json":
         if not isinstance(spec, dict):
             raise ValueError(f"a JSON schema must be an object, got {type(spec).__name__}")
-        return str(LLMatcher.grammar_from_json_schema(spec))
+        return str(LLMatcher.grammar_from_json_schema(spec, defaults=JSON_DEFAULTS))
     if kind == "json_object":
-        return str(LLMatcher.grammar_from_json_schema({"type": "object"}))
+        return str(LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_DEFAULTS))
     if kind == "regex":
         if not isinstance(spec, str):
             raise ValueError(f"a regex must be a string, got {type(spec).__name__}")

@@ -210,6 +210,8 @@ class StepResult(_Message):
         exports: slot -> its state, for the slots the step listed in ``export``.
         logprobs: slot -> one :class:`TokenLogprob` per emitted token, for the slots whose
             requests asked.
+        guided_checked / guided_cut / guided_seconds: the step's grammar work (drafts of
+            constrained requests checked / cut before verification, host seconds).
     """
 
     stop_flags: list[bool]
@@ -219,6 +221,9 @@ class StepResult(_Message):
     num_tokens: int
     exports: dict[int, dict[str, Any]] = {}
     logprobs: dict[int, list[TokenLogprob]] = {}
+    guided_checked: int = 0
+    guided_cut: int = 0
+    guided_seconds: float = 0.0
 
     @classmethod
     def of(cls, out: StepOutput, decode_lens: np.ndarray) -> StepResult:
@@ -231,6 +236,9 @@ class StepResult(_Message):
             num_tokens=int(out.num_tokens),
             exports=dict(out.exports),
             logprobs=dict(out.logprobs),
+            guided_checked=int(out.guided_checked),
+            guided_cut=int(out.guided_cut),
+            guided_seconds=float(out.guided_seconds),
         )
 
 

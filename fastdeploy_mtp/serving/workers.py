@@ -361,6 +361,9 @@ class RemoteRunner:
             num_tokens=head.num_tokens,
             exports=dict(head.exports),
             logprobs=dict(head.logprobs),
+            guided_checked=head.guided_checked,
+            guided_cut=head.guided_cut,
+            guided_seconds=head.guided_seconds,
         )
 
     def _replies(self) -> StepResult:
