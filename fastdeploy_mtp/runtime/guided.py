@@ -40,9 +40,12 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 #: The constraint kinds of ``SamplingParams.guided["kind"]`` and what ``spec`` holds:
 #: ``json`` a JSON schema (a dict), ``json_object`` any JSON object (``spec`` None),
@@ -54,7 +57,7 @@ GUIDED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
 #: llguidance's default (any whitespace between tokens) a model can emit whitespace forever
 #: without leaving the grammar; a schema may still ask for it through its ``"x-guidance"``
 #: options (``{"whitespace_flexible": true}``).
-JSON_DEFAULTS: dict[str, Any] = {"whitespace_flexible": False}
+JSON_DEFAULTS: JsonCompileOptions = {"whitespace_flexible": False}
 
 
 def grammar_of(guided: dict[str, Any]) -> str:
