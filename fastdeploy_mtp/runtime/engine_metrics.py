@@ -104,10 +104,10 @@ class Metrics:
         """Count one target step that ran (its forward and its timing)."""
         self.target_forwards += 1
         self.glue_seconds += out.step_seconds - out.model_seconds
-        self.guided_drafts_checked += out.guided_checked
-        self.guided_drafts_cut += out.guided_cut
-        if out.guided_seconds > 0.0:
-            self.guided_seconds += out.guided_seconds
+        self.guided_drafts_checked += out.guided.checked
+        self.guided_drafts_cut += out.guided.cut
+        if out.guided.seconds > 0.0:
+            self.guided_seconds += out.guided.seconds
             self.guided_rounds += 1
 
     def count_decode(self, out: StepOutput, idx: int, imported: bool) -> None:

@@ -2,11 +2,8 @@
 `llguidance <https://github.com/guidance-ai/llguidance>`_.
 
 A request's constraint is :attr:`SamplingParams.guided
-<fastdeploy_mtp.runtime.sampling_params.SamplingParams.guided>`: ``{"kind": ..., "spec": ...}``
-with ``kind`` one of :data:`GUIDED_KINDS` (a JSON schema, any JSON object, a regular
-expression, a choice among strings, a Lark grammar). :func:`grammar_of` turns it into an
-llguidance grammar, :func:`guided_problem` checks it (a request with a bad one is refused
-before it reaches an engine).
+<fastdeploy_mtp.runtime.sampling_params.SamplingParams.guided>` (see :mod:`.grammar`: what it
+may be, how it compiles, how a bad one is refused before it reaches an engine).
 
 Per runner, :class:`GuidedSlots` keeps one ``LLMatcher`` per slot whose request has a
 constraint, in the state "the request's generated tokens so far", and per step:
@@ -36,77 +33,18 @@ same cuts and masks.
 from __future__ import annotations
 
 import functools
-import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .grammar import grammar_of
+from .request import InvalidRequestError, Request, RequestType
+
 if TYPE_CHECKING:
-    from llguidance._lib import JsonCompileOptions
-
-#: The constraint kinds of ``SamplingParams.guided["kind"]`` and what ``spec`` holds:
-#: ``json`` a JSON schema (a dict), ``json_object`` any JSON object (``spec`` None),
-#: ``regex`` a regular expression (the whole output matches it), ``choice`` a non-empty list
-#: of strings (the output is one of them), ``grammar`` a Lark grammar (llguidance's dialect,
-#: rule ``start``).
-GUIDED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
-#: How JSON is laid out: compact (``,`` and ``:`` separators, no other whitespace). With
-#: llguidance's default (any whitespace between tokens) a model can emit whitespace forever
-#: without leaving the grammar; a schema may still ask for it through its ``"x-guidance"``
-#: options (``{"whitespace_flexible": true}``).
-JSON_DEFAULTS: JsonCompileOptions = {"whitespace_flexible": False}
-
-
-def grammar_of(guided: dict[str, Any]) -> str:
-    """The llguidance grammar (a JSON string ``LLMatcher`` takes) of a constraint.
-
-    Raises:
-        ValueError: an unknown ``kind``, or a ``spec`` of the wrong type.
-    """
-    from llguidance import LLMatcher
-
-    kind, spec = guided.get("kind"), guided.get("spec")
-    if kind == "json":
-        if not isinstance(spec, dict):
-            raise ValueError(f"a JSON schema must be an object, got {type(spec).__name__}")
-        return str(LLMatcher.grammar_from_json_schema(spec, defaults=JSON_DEFAULTS))
-    if kind == "json_object":
-        return str(LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_DEFAULTS))
-    if kind == "regex":
-        if not isinstance(spec, str):
-            raise ValueError(f"a regex must be a string, got {type(spec).__name__}")
-        return str(LLMatcher.grammar_from_regex(spec))
-    if kind == "choice":
-        if not isinstance(spec, list) or not spec or not all(isinstance(s, str) and s for s in spec):
-            raise ValueError(f"a choice must be a non-empty list of non-empty strings, got {spec!r}")
-        # JSON string literals are Lark string literals (the same escapes)
-        return str(LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(s) for s in spec)))
-    if kind == "grammar":
-        if not isinstance(spec, str) or not spec.strip():
-            raise ValueError("a grammar must be a non-empty string")
-        return str(LLMatcher.grammar_from_lark(spec))
-    raise ValueError(f"kind must be one of {', '.join(GUIDED_KINDS)}, got {kind!r}")
-
-
-def guided_problem(guided: Any) -> str | None:
-    """``None`` if ``guided`` is a valid constraint (or ``None``), else why not: its shape, or
-    what llguidance says of the grammar (an invalid regex, an unsupported schema keyword,
-    a Lark syntax error). Needs no tokenizer."""
-    if guided is None:
-        return None
-    if not isinstance(guided, dict) or set(guided) - {"kind", "spec"}:
-        return f'must be {{"kind": ..., "spec": ...}}, got {guided!r}'[:300]
-    try:
-        grammar = grammar_of(guided)
-    except ValueError as exc:
-        return str(exc)
-    from llguidance import LLMatcher
-
-    error = LLMatcher.validate_grammar(grammar)
-    return " ".join(str(error).split())[:500] or None
+    from ..config import FDConfig
 
 
 @functools.lru_cache(maxsize=4)
@@ -187,6 +125,13 @@ class GuidedSlots:
         self.masks: dict[int, np.ndarray] = {}
         self.stats = GuidedStats()
 
+    @classmethod
+    def for_runner(cls, fd_config: FDConfig, model: Any) -> GuidedSlots:
+        """The matchers of a runner of ``model`` (its logits are ``model.config.vocab_size``
+        wide) under ``fd_config`` (the model folder and EOS ids of its ``model_config``)."""
+        mc = fd_config.model_config
+        return cls(mc.model, int(getattr(model.config, "vocab_size", mc.vocab_size)), mc.eos_token_id)
+
     def tokenizer(self) -> Any:
         """The cached ``LLTokenizer`` (raises ``ValueError``/``TokenizerFileError`` when the
         folder's tokenizer cannot serve the model)."""
@@ -202,6 +147,30 @@ class GuidedSlots:
         return matcher
 
     # ---- slots ---------------------------------------------------------------------------
+    @staticmethod
+    def _starts(req: Request) -> bool:
+        """Whether ``req``'s task starts its request in the slot (a prompt's first chunk, or a
+        splitwise import)."""
+        first_chunk = req.task_type == RequestType.PREFILL and req.prefill_start_index == 0
+        return first_chunk or req.task_type == RequestType.IMPORT
+
+    def check_task(self, req: Request) -> None:
+        """Raise :class:`~fastdeploy_mtp.runtime.request.InvalidRequestError` (field
+        ``guided``) if a task starting a constrained request cannot get a matcher here (the
+        model folder's tokenizer cannot serve the model, or the grammar does not compile)."""
+        if req.sampling.guided is None or not self._starts(req):
+            return
+        try:
+            self.matcher(req.sampling.guided)
+        except ValueError as exc:
+            raise InvalidRequestError(req.request_id, "guided", str(exc)) from None
+
+    def load(self, req: Request) -> None:
+        """A loaded task: where it starts its request, the slot's matcher starts (after the
+        request's ``output_token_ids``: those a prefill instance handed over)."""
+        if self._starts(req):
+            self.start(req.idx, req.sampling.guided, req.output_token_ids)
+
     def start(self, idx: int, guided: dict[str, Any] | None, output_token_ids: Sequence[int] = ()) -> None:
         """Slot ``idx`` starts a request: a matcher in the state after ``output_token_ids``
         (a splitwise import's first tokens; empty for a new request), or none without a
@@ -222,6 +191,21 @@ class GuidedSlots:
         self.masks.pop(idx, None)
 
     # ---- one step ------------------------------------------------------------------------
+    def cut_drafts(self, target: Any, skip: set[int], limit: Callable[[Any, np.ndarray], None]) -> None:
+        """Before the target step over ``target`` (the runner's ``share_inputs``): :meth:`prepare`
+        on its host copies, then ``limit(target, limits)`` (the runner's ``limit_drafts``) when a
+        draft was cut. Nothing happens without a constrained slot."""
+        if not self.matchers:
+            return
+        limits = self.prepare(
+            target.draft_tokens.numpy(),
+            target.seq_lens_this_time.numpy().astype(np.int64),
+            target.seq_lens_encoder.numpy().astype(np.int64),
+            skip,
+        )
+        if limits is not None:
+            limit(target, limits)
+
     def prepare(self, draft_tokens: np.ndarray, slt: np.ndarray, enc: np.ndarray, skip: set[int]) -> np.ndarray | None:
         """Before the target step: cut each constrained decoding slot's drafts to their
         grammar-valid prefix and compute its rows' masks.
@@ -301,18 +285,17 @@ class GuidedSlots:
         self.stats.seconds += time.perf_counter() - t0
         return out
 
-    def advance(self, accept_tokens: np.ndarray, accept_num: np.ndarray) -> None:
+    def advance(self, accept_tokens: np.ndarray, accept_num: np.ndarray) -> GuidedStats:
         """After verification: each constrained slot's matcher consumes the tokens it emitted
-        (``accept_tokens[b, :accept_num[b]]``, host ``[N, K + 1]`` / ``[N]``)."""
+        (``accept_tokens[b, :accept_num[b]]``, host ``[N, K + 1]`` / ``[N]``). Returns the
+        step's grammar work (and starts counting the next step's)."""
         t0 = time.perf_counter()
         for idx, matcher in self.matchers.items():
             emitted = int(accept_num[idx])
             if emitted > 0 and idx in self.masks:
                 matcher.consume_tokens([int(t) for t in accept_tokens[idx, :emitted]])
         self.masks = {}
-        self.stats.seconds += time.perf_counter() - t0
-
-    def take_stats(self) -> GuidedStats:
-        """This step's grammar work (and reset it for the next)."""
+        if self.matchers:
+            self.stats.seconds += time.perf_counter() - t0
         stats, self.stats = self.stats, GuidedStats()
         return stats

@@ -36,6 +36,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from .grammar import guided_problem
+
 #: Largest top-logprobs count a request may ask for (OpenAI's limit for completions).
 MAX_LOGPROBS = 20
 #: A temperature below this samples greedily (as vLLM's sampling epsilon).
@@ -64,7 +66,7 @@ class SamplingParams:
         logprobs: ``None`` = none; ``k >= 0``: the log-probability of each emitted token plus
             the ``k`` most likely alternatives at its position (at most :data:`MAX_LOGPROBS`).
         guided: ``None``, or a constraint on the output: ``{"kind": k, "spec": s}`` with ``k``
-            one of :data:`~fastdeploy_mtp.runtime.guided.GUIDED_KINDS` (``"json"``: ``s`` a
+            one of :data:`~fastdeploy_mtp.runtime.grammar.GUIDED_KINDS` (``"json"``: ``s`` a
             JSON schema dict; ``"json_object"``: ``s`` None; ``"regex"``: a regular expression
             the whole output matches; ``"choice"``: a list of strings; ``"grammar"``: a Lark
             grammar). Applied to the logits first (a token the constraint does not allow at a
@@ -133,8 +135,6 @@ class SamplingParams:
             isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
         ):
             return f"stop_token_ids: must be a list of token ids, got {self.stop_token_ids!r}"
-        from .guided import guided_problem
-
         problem = guided_problem(self.guided)
         if problem is not None:
             return f"guided: {problem}"

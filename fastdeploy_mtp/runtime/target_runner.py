@@ -20,7 +20,7 @@ from ..models.cache_spec import CacheSpec, backend_specs, model_dtype
 from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
 from .adaptive_draft import AdaptiveDraftLength
-from .guided import GuidedSlots
+from .guided import GuidedSlots, GuidedStats
 from .input_batch import InputBatch, make_target_inputs
 from .request import InvalidRequestError, Request, RequestType, check_token_ids
 from .sampling_params import TokenLogprob
@@ -50,9 +50,7 @@ class StepOutput:
         step_seconds: wall time of the whole step (target, verification, proposer round).
         model_seconds: the part of it spent in model forwards and logits (target and MTP);
             the rest is the round's glue (ops, Python, host copies).
-        guided_checked / guided_cut: drafts of grammar-constrained slots checked against
-            their grammar / cut before verification (see :mod:`.guided`).
-        guided_seconds: host time of the step's grammar work.
+        guided: the step's structured-output work (:class:`~fastdeploy_mtp.runtime.guided.GuidedStats`).
     """
 
     accept_tokens: np.ndarray
@@ -65,9 +63,7 @@ class StepOutput:
     logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
     step_seconds: float = 0.0
     model_seconds: float = 0.0
-    guided_checked: int = 0
-    guided_cut: int = 0
-    guided_seconds: float = 0.0
+    guided: GuidedStats = field(default_factory=GuidedStats)
 
 
 def limit_drafts(target: InputBatch, limits: np.ndarray) -> None:
@@ -210,9 +206,7 @@ class TargetRunner:
         self.vocab_size = min(
             fd_config.model_config.vocab_size, getattr(model.config, "vocab_size", fd_config.model_config.vocab_size)
         )
-        mc = fd_config.model_config
-        #: grammar matchers of the slots whose requests constrain their output (:mod:`.guided`)
-        self.guided = GuidedSlots(mc.model, int(getattr(model.config, "vocab_size", mc.vocab_size)), mc.eos_token_id)
+        self.guided = GuidedSlots.for_runner(fd_config, model)  # structured output's grammar matchers
 
     def decode_lens(self) -> np.ndarray:
         """``[N]`` int32: tokens each slot feeds if it decodes next step."""
@@ -249,17 +243,9 @@ class TargetRunner:
 
     # ---- task insertion ----------------------------------------------------------------------
     def check_task(self, req: Request) -> None:
-        """See :func:`check_prefill_task`; a constrained request's grammar must also compile
-        with this model's tokenizer (field ``guided``)."""
+        """See :func:`check_prefill_task`."""
         check_prefill_task(req, self.fd_config.model_config.max_model_len, self.vocab_size)
-        starts = req.task_type == RequestType.IMPORT or (
-            req.task_type == RequestType.PREFILL and req.prefill_start_index == 0
-        )
-        if starts and req.sampling.guided is not None:
-            try:
-                self.guided.matcher(req.sampling.guided)
-            except ValueError as exc:
-                raise InvalidRequestError(req.request_id, "guided", str(exc)) from None
+        self.guided.check_task(req)
 
     def abort_slot(self, req: Request) -> None:
         """Reset the target and draft state of ``req``'s slot (the request is being aborted,
@@ -285,7 +271,7 @@ class TargetRunner:
                 import_slot(req.handoff_state, target, self.proposer.model_inputs if self.proposer else None, idx)
                 self._cached[idx] = int(target.seq_lens_decoder[idx])
                 self.sampler.set_slot(idx, req.sampling, req.sampling.seed_for(req.request_id))
-                self.guided.start(idx, req.sampling.guided, req.output_token_ids)
+                self.guided.load(req)
                 if self.proposer is not None:
                     self.proposer.forget_slot(idx)
                 if self.adaptive is not None:
@@ -313,8 +299,6 @@ class TargetRunner:
             target.accept_num[idx] = 0
             target.max_dec_len[idx, 0] = req.max_tokens
             self._load_sampling(req)
-            if start == 0:
-                self.guided.start(idx, req.sampling.guided)
             if self.adaptive is not None and start == 0:
                 self.adaptive.reset_slot(idx)
             if not req.is_final_chunk:
@@ -339,6 +323,7 @@ class TargetRunner:
         target.presence_score[idx, 0] = float(sp.presence_penalty)
         target.min_dec_len[idx, 0] = int(sp.min_tokens)
         self.sampler.set_slot(idx, sp, seed)
+        self.guided.load(req)
 
     def free_slot(self, idx: int) -> None:
         """Stop a slot whose request finished or was aborted."""
@@ -367,8 +352,7 @@ class TargetRunner:
         if self.proposer is not None:
             self.proposer.model_seconds = 0.0
         target = self.share_inputs
-        if self.guided.matchers:
-            self._cut_drafts()
+        self.guided.cut_drafts(target, {req.idx for req in self._pending_fixups}, limit_drafts)
         step = target_step(self._ops, target, self, self.fd_config.model_config.max_model_len, self.verify_strategy)
         self._fix_up_non_final_chunks()
         out = self._step_output(step)
@@ -458,11 +442,8 @@ class TargetRunner:
             drafts=step.drafts,
             decode_mask=step.decode_mask,
             num_tokens=step.token_num,
+            guided=self.guided.advance(accept_tokens, accept_num),
         )
-        if self.guided.matchers:
-            self.guided.advance(accept_tokens, accept_num)
-        stats = self.guided.take_stats()
-        out.guided_checked, out.guided_cut, out.guided_seconds = stats.checked, stats.cut, stats.seconds
         if step.sampled is not None and step.sampled.logprobs is not None:
             out.logprobs = self.sampler.emitted_logprobs(
                 step.sampled.logprobs, step.rows.slots, accept_tokens, accept_num
@@ -492,19 +473,6 @@ class TargetRunner:
         self.proposer.run(hidden, real_bsz=real_bsz, num_steps=steps)
         if (limits < self.proposer.max_draft_token_num).any():
             limit_drafts(self.share_inputs, limits)
-
-    def _cut_drafts(self) -> None:
-        """Before the target step: cut the constrained slots' drafts past their grammar-valid
-        prefix and prepare their rows' masks (:meth:`.guided.GuidedSlots.prepare`)."""
-        target = self.share_inputs
-        limits = self.guided.prepare(
-            target.draft_tokens.numpy(),
-            target.seq_lens_this_time.numpy().astype(np.int64),
-            target.seq_lens_encoder.numpy().astype(np.int64),
-            {req.idx for req in self._pending_fixups},
-        )
-        if limits is not None:
-            limit_drafts(target, limits)
 
     def _fix_up_non_final_chunks(self) -> None:
         """A non-final prompt chunk emits a throw-away token through verify/update (as

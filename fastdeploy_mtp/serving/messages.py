@@ -236,9 +236,9 @@ class StepResult(_Message):
             num_tokens=int(out.num_tokens),
             exports=dict(out.exports),
             logprobs=dict(out.logprobs),
-            guided_checked=int(out.guided_checked),
-            guided_cut=int(out.guided_cut),
-            guided_seconds=float(out.guided_seconds),
+            guided_checked=int(out.guided.checked),
+            guided_cut=int(out.guided.cut),
+            guided_seconds=float(out.guided.seconds),
         )
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..distributed import find_free_port_range
 from ..ops.messaging import FIRST_TOKEN_MAX_BSZ, MAX_BSZ, MAX_DRAFT_TOKENS, SPEC_LOGPROB_K
+from ..runtime.guided import GuidedStats
 from ..runtime.request import Request, RequestType
 from ..runtime.target_runner import StepOutput, check_prefill_task
 from .layout import ServeLayout
@@ -361,9 +362,7 @@ class RemoteRunner:
             num_tokens=head.num_tokens,
             exports=dict(head.exports),
             logprobs=dict(head.logprobs),
-            guided_checked=head.guided_checked,
-            guided_cut=head.guided_cut,
-            guided_seconds=head.guided_seconds,
+            guided=GuidedStats(head.guided_checked, head.guided_cut, head.guided_seconds),
         )
 
     def _replies(self) -> StepResult:

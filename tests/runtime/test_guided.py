@@ -28,7 +28,8 @@ from fastdeploy_mtp.engine_args import build_config, speculative_config
 from fastdeploy_mtp.models import ByteTokenizer, load_tiny
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
 from fastdeploy_mtp.runtime.engine import Engine
-from fastdeploy_mtp.runtime.guided import GuidedSlots, grammar_of
+from fastdeploy_mtp.runtime.grammar import grammar_of
+from fastdeploy_mtp.runtime.guided import GuidedSlots
 from fastdeploy_mtp.runtime.request import InvalidRequestError, Request
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 
@@ -220,7 +221,7 @@ def test_after_a_rejection_the_matcher_is_at_the_output_so_far():
     drafts[1] = [a, b, one, z]
     limits = slots.prepare(drafts, np.array([0, 4, 0]), enc, set())
     assert limits is not None and limits.tolist() == [3, 2, 3]  # 'z' cut; the other slots keep K
-    stats = slots.take_stats()
+    stats = slots.stats  # this step's work so far
     assert (stats.checked, stats.cut) == (3, 1)
     # one mask per row: row i is the state after drafts 1..i
     for row, consumed in enumerate([[a], [a, b], [a, b, one]]):
@@ -247,7 +248,7 @@ def test_rows_after_a_partial_acceptance_match_a_fresh_matcher():
     slots.advance(np.array([[a, -1, -1, -1]]), np.array([1]))
     # drafts b, 1, 2 are valid; the target accepts 'b', rejects '1' and emits '2'
     slots.prepare(np.array([[a, b, one, two]]), np.array([4]), enc, set())
-    assert slots.take_stats().cut == 0
+    assert slots.stats.cut == 0
     slots.advance(np.array([[b, two, -1, -1]]), np.array([2]))
     slots.prepare(np.array([[two, x, -1, -1]]), np.array([2]), enc, set())
     for row, consumed in enumerate([[a, b, two], [a, b, two, x]]):
