@@ -197,6 +197,18 @@ def test_verified_drafts_are_grammar_valid_in_every_run(runs):
             assert verified_drafts_are_valid(eng, reqs) == eng.metrics.proposed.sum() > 0
 
 
+def test_a_prompt_prefilled_in_chunks_gives_the_same_constrained_output(shipped, runs):
+    """Non-final chunks' throw-away rows are neither masked nor advance the matcher."""
+    target, mtp, arch = shipped
+    cfg = build_config(arch, speculative_config(3, 3, False), 8, 256)
+    eng = Engine(cfg, target, mtp, prefill_chunk_size=7)
+    reqs = requests({})
+    eng.generate(reqs)
+    eng.close()
+    want = {r.request_id: r.output_token_ids for r in runs["mtp_k3_s3", "greedy"][0]}
+    assert {r.request_id: r.output_token_ids for r in reqs} == want
+
+
 # ---- GuidedSlots units -----------------------------------------------------------------------
 def reference_mask(guided: dict, consumed: list[int]) -> np.ndarray:
     """``[V]`` bool: what a fresh matcher allows after ``consumed``."""

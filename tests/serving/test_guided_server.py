@@ -153,3 +153,12 @@ def test_a_constraint_through_the_router_and_a_decode_instance(offline_regex):
         assert status == 400 and answer["error"]["param"] == "guided_regex", answer
         decode = scrape_metrics(d.base_url)
         assert decode["fastdeploy:guided_rounds_total"] > 0
+
+
+def test_tensor_parallel_ranks_cut_and_mask_alike(offline_regex):
+    """With two ranks every rank runs the same matchers: the output is the offline engine's."""
+    for srv in serving(["--speculative-config", MTP3, "--max-num-seqs", "4", "--tensor-parallel-size", "2"]):
+        assert complete(srv.base_url, guided_regex=REGEX) == (offline_regex, "stop")
+        text, reason = complete(srv.base_url, guided_json=SCHEMA)
+        assert reason == "stop" and set(json.loads(text)) == {"name", "ok"}
+        assert scrape_metrics(srv.base_url)["fastdeploy:guided_drafts_checked_total"] > 0
