@@ -50,9 +50,12 @@ if TYPE_CHECKING:
 @functools.lru_cache(maxsize=4)
 def _ll_tokenizer(folder: str, vocab_size: int, eos_ids: tuple[int, ...]) -> Any:
     """The ``LLTokenizer`` of the model folder's tokenizer over the model's ``vocab_size``
-    ids (built once per process and folder: it indexes every token's bytes)."""
+    ids (built once per process and folder: it indexes every token's bytes). Its EOS ids,
+    which a grammar allows where it may end, are ``eos_ids`` and the folder's own (the
+    tokenizer's ``eos_token``, ``generation_config.json``'s), as a served request's stop ids."""
     from llguidance import LLTokenizer, TokenizerWrapper
 
+    from ..tokenization import load_generation_config
     from ..tokenization.tokenizer import load_tokenizer
 
     tok = load_tokenizer(folder)
@@ -60,6 +63,7 @@ def _ll_tokenizer(folder: str, vocab_size: int, eos_ids: tuple[int, ...]) -> Any
         raise ValueError(
             f"{folder}: the tokenizer has {tok.vocab_size} tokens, more than the model's vocabulary ({vocab_size})"
         )
+    eos_ids = tuple(dict.fromkeys([*eos_ids, *tok.eos_token_ids, *load_generation_config(folder).eos_token_ids]))
     special = {int(i) for i, t in tok.backend.get_added_tokens_decoder().items() if t.special} | set(eos_ids)
     # Ids without text (the padded vocabulary) are special tokens no grammar names: never allowed.
     special |= set(range(tok.vocab_size, vocab_size))
@@ -79,16 +83,6 @@ def _ll_tokenizer(folder: str, vocab_size: int, eos_ids: tuple[int, ...]) -> Any
             return tok.encode(text, add_special_tokens=False)
 
     return LLTokenizer(TokenizerWrapper(_Source()), eos_token=list(eos_ids))
-
-
-def tokenizer_folder(model_dir: str) -> str:
-    """Where the tokenizer of a model folder is: the folder itself, or (no folder given, as
-    the offline engine's configs of the shipped checkpoint) the shipped model's."""
-    if model_dir:
-        return model_dir
-    from ..models.tiny import ASSETS_DIR
-
-    return ASSETS_DIR
 
 
 @dataclass
@@ -111,13 +105,14 @@ class GuidedSlots:
 
     Args:
         model_dir: the model folder whose ``tokenizer.json`` the matchers tokenize with
-            (:func:`tokenizer_folder`).
+            (``fd_config.model_config.model``; empty: constrained requests are refused).
         vocab_size: ``V``, the logits' width (the model's padded vocabulary).
-        eos_ids: the model's EOS ids (allowed where the grammar may end).
+        eos_ids: the model's EOS ids (allowed where the grammar may end, with the tokenizer
+            folder's); the first is what a row left with no allowed finite logit emits.
     """
 
     def __init__(self, model_dir: str, vocab_size: int, eos_ids: Sequence[int]):
-        self.folder = tokenizer_folder(model_dir)
+        self.folder = model_dir
         self.vocab_size = int(vocab_size)
         self.eos_ids = tuple(int(t) for t in eos_ids)
         self.matchers: dict[int, Any] = {}
@@ -130,11 +125,14 @@ class GuidedSlots:
         """The matchers of a runner of ``model`` (its logits are ``model.config.vocab_size``
         wide) under ``fd_config`` (the model folder and EOS ids of its ``model_config``)."""
         mc = fd_config.model_config
-        return cls(mc.model, int(getattr(model.config, "vocab_size", mc.vocab_size)), mc.eos_token_id)
+        eos = [*mc.eos_token_id, *getattr(model.config, "eos_token_ids", ())]
+        return cls(mc.model, int(getattr(model.config, "vocab_size", mc.vocab_size)), eos)
 
     def tokenizer(self) -> Any:
-        """The cached ``LLTokenizer`` (raises ``ValueError``/``TokenizerFileError`` when the
-        folder's tokenizer cannot serve the model)."""
+        """The cached ``LLTokenizer`` (raises ``ValueError``/``TokenizerFileError`` when there
+        is no model folder, or its tokenizer cannot serve the model)."""
+        if not self.folder:
+            raise ValueError("needs the model folder's tokenizer: fd_config.model_config.model is not set")
         return _ll_tokenizer(self.folder, self.vocab_size, self.eos_ids)
 
     def matcher(self, guided: dict[str, Any]) -> Any:

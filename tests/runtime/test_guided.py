@@ -25,12 +25,12 @@ from llguidance import LLMatcher
 
 from fastdeploy_mtp.constants import PLACEHOLDER_TOKEN_ID
 from fastdeploy_mtp.engine_args import build_config, speculative_config
-from fastdeploy_mtp.models import ByteTokenizer, load_tiny
+from fastdeploy_mtp.models import ASSETS_DIR, ByteTokenizer, load_tiny
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
 from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.grammar import grammar_of
 from fastdeploy_mtp.runtime.guided import GuidedSlots
-from fastdeploy_mtp.runtime.request import InvalidRequestError, Request
+from fastdeploy_mtp.runtime.request import GenerationError, InvalidRequestError, Request
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 
 TOK = ByteTokenizer()
@@ -67,6 +67,7 @@ def engine(shipped, k: int, steps: int, hybrid: bool) -> Engine:
     target, mtp, arch = shipped
     cfg = build_config(arch, speculative_config(k, steps if k else None, hybrid), 8, 256)
     cfg.scheduler_config.max_num_batched_tokens = 4096  # every prompt in one chunk
+    cfg.model_config.model = ASSETS_DIR  # whose tokenizer.json the grammars run on
     return Engine(cfg, target, mtp if k else None, record_trace=True)
 
 
@@ -91,7 +92,7 @@ def check_conforms(req: Request) -> None:
     """``req``'s whole output is valid under its constraint; a JSON schema, regex or choice
     ends at EOS (finish reason ``"stop"``) and parses/matches (any JSON object may run to
     ``max_tokens`` on this model)."""
-    matcher = GuidedSlots("", V, [EOS]).matcher(req.sampling.guided)
+    matcher = GuidedSlots(ASSETS_DIR, V, [EOS]).matcher(req.sampling.guided)
     out = req.output_token_ids
     assert matcher.validate_tokens(out) == len(out), (req.request_id, out)
     kind = req.request_id.split("-")[0]
@@ -151,7 +152,7 @@ def verified_drafts_are_valid(eng: Engine, reqs: list[Request]) -> int:
     """Replays the trace: every draft verified for a constrained request is grammar-valid after
     the output before it. Returns how many drafts were checked."""
     by_id = {r.request_id: r for r in reqs}
-    slots = GuidedSlots("", V, [EOS])
+    slots = GuidedSlots(ASSETS_DIR, V, [EOS])
     emitted: dict[str, list[int]] = {}
     checked = 0
     assert eng.trace is not None
@@ -201,6 +202,7 @@ def test_a_prompt_prefilled_in_chunks_gives_the_same_constrained_output(shipped,
     """Non-final chunks' throw-away rows are neither masked nor advance the matcher."""
     target, mtp, arch = shipped
     cfg = build_config(arch, speculative_config(3, 3, False), 8, 256)
+    cfg.model_config.model = ASSETS_DIR
     eng = Engine(cfg, target, mtp, prefill_chunk_size=7)
     reqs = requests({})
     eng.generate(reqs)
@@ -212,7 +214,7 @@ def test_a_prompt_prefilled_in_chunks_gives_the_same_constrained_output(shipped,
 # ---- GuidedSlots units -----------------------------------------------------------------------
 def reference_mask(guided: dict, consumed: list[int]) -> np.ndarray:
     """``[V]`` bool: what a fresh matcher allows after ``consumed``."""
-    matcher = GuidedSlots("", V, [EOS]).matcher(guided)
+    matcher = GuidedSlots(ASSETS_DIR, V, [EOS]).matcher(guided)
     assert matcher.consume_tokens(consumed)
     bits = np.frombuffer(matcher.compute_bitmask(), np.uint8)
     return np.unpackbits(bits, bitorder="little")[:V].astype(bool)
@@ -225,7 +227,7 @@ def mask_of(masks: np.ndarray, row: int) -> np.ndarray:
 def test_after_a_rejection_the_matcher_is_at_the_output_so_far():
     guided = {"kind": "regex", "spec": "(ab|ac)[0-9]+x"}
     a, b, c, one, z = (ord(ch) for ch in "abc1z")
-    slots = GuidedSlots("", V, [EOS])
+    slots = GuidedSlots(ASSETS_DIR, V, [EOS])
     slots.start(1, guided, [a])  # the output so far: "a"
     enc = np.zeros(3, np.int64)
     # slot 1 decodes [a] with drafts b, 1, z: "ab1" is valid, 'z' is not
@@ -251,7 +253,7 @@ def test_after_a_rejection_the_matcher_is_at_the_output_so_far():
 def test_rows_after_a_partial_acceptance_match_a_fresh_matcher():
     guided = {"kind": "regex", "spec": "(ab|ac)[0-9]+x"}
     a, b, one, two, x = (ord(ch) for ch in "ab12x")
-    slots = GuidedSlots("", V, [EOS])
+    slots = GuidedSlots(ASSETS_DIR, V, [EOS])
     slots.start(0, guided)
     enc = np.zeros(1, np.int64)
     # the final prefill chunk: one row, the state before any output
@@ -273,7 +275,7 @@ def test_each_logit_row_gets_its_own_slots_mask():
     """Rows of a constrained slot between unconstrained ones: the masks land on the right rows."""
     guided = {"kind": "choice", "spec": ["ab", "cd"]}
     a, b, c = ord("a"), ord("b"), ord("c")
-    slots = GuidedSlots("", V, [EOS])
+    slots = GuidedSlots(ASSETS_DIR, V, [EOS])
     slots.start(1, guided)
     slots.prepare(np.array([[0, -1], [9, a], [0, -1]]), np.array([2, 2, 2]), np.array([2, 0, 2]), set())
     # rows: slot 0 (prefill, 1 row), slot 1 (2 rows: before and after draft 'a'), slot 2 (prefill)
@@ -285,7 +287,7 @@ def test_each_logit_row_gets_its_own_slots_mask():
 
 
 def test_a_complete_grammar_emits_eos_even_where_the_model_never_scores_it():
-    slots = GuidedSlots("", V, [EOS])
+    slots = GuidedSlots(ASSETS_DIR, V, [EOS])
     slots.start(0, {"kind": "choice", "spec": ["ok"]}, [ord("o"), ord("k")])
     slots.prepare(np.array([[ord("k")]]), np.array([1]), np.array([0]), set())
     logits = paddle.to_tensor(np.concatenate([np.zeros([1, 256]), np.full([1, 16], -np.inf)], axis=1).astype("float32"))
@@ -294,7 +296,7 @@ def test_a_complete_grammar_emits_eos_even_where_the_model_never_scores_it():
 
 
 def test_padded_ids_are_never_allowed():
-    slots = GuidedSlots("", V, [EOS])
+    slots = GuidedSlots(ASSETS_DIR, V, [EOS])
     slots.start(0, {"kind": "regex", "spec": "(.|\n)*"})
     slots.prepare(np.array([[0]]), np.array([3]), np.array([3]), set())
     allowed = mask_of(slots.masks[0], 0)
@@ -303,7 +305,7 @@ def test_padded_ids_are_never_allowed():
 
 def test_choice_strings_with_quotes_and_backslashes_compile_verbatim():
     choices = ['say "hi"', "back\\slash", "tab\there"]
-    slots = GuidedSlots("", V, [EOS])
+    slots = GuidedSlots(ASSETS_DIR, V, [EOS])
     for text in choices:
         m = slots.matcher({"kind": "choice", "spec": choices})
         ids = list(text.encode())
@@ -331,7 +333,45 @@ def test_a_bad_constraint_is_refused_at_submission_naming_the_field(shipped, gui
     assert info.value.field == "guided" and why in str(info.value)
 
 
+def test_without_a_model_folder_a_constrained_request_fails_alone(shipped):
+    target, mtp, arch = shipped
+    eng = Engine(build_config(arch, speculative_config(3, 3, False), 8, 256), target, mtp)  # model_config.model unset
+    guided = Request("g", TOK.encode("x = "), 8, sampling=SamplingParams(guided={"kind": "regex", "spec": "[0-9]+"}))
+    plain = Request("p", TOK.encode("x = "), 8)
+    with pytest.raises(GenerationError) as info:
+        eng.generate([guided, plain])
+    eng.close()
+    error = info.value.failures["g"]
+    assert isinstance(error, InvalidRequestError) and error.field == "guided" and "model_config.model" in str(error)
+    assert list(info.value.results) == ["p"] and len(info.value.results["p"]) == 8
+
+
 def test_sampling_params_carry_the_constraint_through_their_dict():
     sp = SamplingParams(temperature=0.5, guided={"kind": "json", "spec": SCHEMA})
     again = SamplingParams.from_dict(json.loads(json.dumps(sp.to_dict())))
     assert again == sp and again.check() is None
+
+
+def test_a_bpe_model_folder_with_multi_byte_tokens(tmp_path):
+    """A byte-level BPE tokenizer (merged and partial-character tokens, special tokens, a
+    padded vocabulary): the constrained output matches, ends at EOS, and is the same with
+    and without speculation."""
+    from fastdeploy_mtp.config import SpeculativeConfig
+    from fastdeploy_mtp.entrypoints.offline import run_requests
+    from fastdeploy_mtp.tokenization import load_tokenizer
+    from tests.support.hf_folders import make_folder
+    from tests.support.tokenizer_files import write_bpe_tokenizer
+
+    make_folder(tmp_path, "qwen3", num_mtp_layers=1, vocab_size=320, tokenizer_writer=write_bpe_tokenizer)
+    pattern = "(café|naïve|日本語) [0-9]{2}"
+    sampling = SamplingParams(guided={"kind": "regex", "spec": pattern})
+    outs = []
+    for spec in ('{"method": null}', '{"method": "mtp", "num_speculative_tokens": 3}'):
+        reqs, texts, _ = run_requests(
+            ["The quick brown fox"], 40, SpeculativeConfig.from_json(spec), 2, "offline", str(tmp_path), sampling
+        )
+        assert re.fullmatch(pattern, texts[0]) and reqs[0].finish_reason == "stop", texts
+        outs.append(reqs[0].output_token_ids)
+    assert outs[0] == outs[1]
+    tok = load_tokenizer(str(tmp_path))
+    assert any(len(tok.token_bytes(t)) > 1 for t in outs[0]), "merged tokens should be used"
