@@ -144,6 +144,14 @@ class GuidedSlots:
             raise ValueError(" ".join(matcher.get_error().split())[:500])
         return matcher
 
+    def _matcher_after(self, guided: dict[str, Any], output_token_ids: Sequence[int]) -> Any:
+        """A matcher for ``guided`` that consumed ``output_token_ids`` (``ValueError`` when
+        they do not match the grammar)."""
+        matcher = self.matcher(guided)
+        if output_token_ids and not matcher.consume_tokens([int(t) for t in output_token_ids]):
+            raise ValueError(f"the tokens generated so far do not match the grammar ({matcher.get_error()})")
+        return matcher
+
     # ---- slots ---------------------------------------------------------------------------
     @staticmethod
     def _starts(req: Request) -> bool:
@@ -155,11 +163,12 @@ class GuidedSlots:
     def check_task(self, req: Request) -> None:
         """Raise :class:`~fastdeploy_mtp.runtime.request.InvalidRequestError` (field
         ``guided``) if a task starting a constrained request cannot get a matcher here (the
-        model folder's tokenizer cannot serve the model, or the grammar does not compile)."""
+        model folder's tokenizer cannot serve the model, the grammar does not compile, or a
+        handed-over request's tokens do not match it)."""
         if req.sampling.guided is None or not self._starts(req):
             return
         try:
-            self.matcher(req.sampling.guided)
+            self._matcher_after(req.sampling.guided, req.output_token_ids)
         except ValueError as exc:
             raise InvalidRequestError(req.request_id, "guided", str(exc)) from None
 
@@ -177,10 +186,7 @@ class GuidedSlots:
         if guided is None:
             return
         t0 = time.perf_counter()
-        matcher = self.matcher(guided)
-        if output_token_ids and not matcher.consume_tokens([int(t) for t in output_token_ids]):
-            raise ValueError(f"the tokens generated so far do not match the grammar ({matcher.get_error()})")
-        self.matchers[idx] = matcher
+        self.matchers[idx] = self._matcher_after(guided, output_token_ids)
         self.stats.seconds += time.perf_counter() - t0
 
     def drop(self, idx: int) -> None:

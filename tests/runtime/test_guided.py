@@ -30,7 +30,7 @@ from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
 from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.grammar import grammar_of
 from fastdeploy_mtp.runtime.guided import GuidedSlots
-from fastdeploy_mtp.runtime.request import GenerationError, InvalidRequestError, Request
+from fastdeploy_mtp.runtime.request import GenerationError, InvalidRequestError, Request, RequestType
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 
 TOK = ByteTokenizer()
@@ -344,6 +344,21 @@ def test_without_a_model_folder_a_constrained_request_fails_alone(shipped):
     error = info.value.failures["g"]
     assert isinstance(error, InvalidRequestError) and error.field == "guided" and "model_config.model" in str(error)
     assert list(info.value.results) == ["p"] and len(info.value.results["p"]) == 8
+
+
+def test_an_import_rebuilds_the_matcher_from_the_handed_over_tokens():
+    guided = {"kind": "regex", "spec": "[a-c]{2}[0-9]+"}
+    slots = GuidedSlots(ASSETS_DIR, V, [EOS])
+    req = Request("h", [1, 2], 8, sampling=SamplingParams(guided=guided))
+    req.task_type, req.idx, req.output_token_ids = RequestType.IMPORT, 2, [ord("a"), ord("b")]
+    slots.check_task(req)
+    slots.load(req)
+    slots.prepare(np.full([3, 1], PLACEHOLDER_TOKEN_ID, np.int64), np.array([0, 0, 1]), np.zeros(3, np.int64), set())
+    assert (mask_of(slots.masks[2], 0) == reference_mask(guided, [ord("a"), ord("b")])).all()
+    req.output_token_ids = [ord("a"), ord("z")]  # not what the grammar allows
+    with pytest.raises(InvalidRequestError) as info:
+        slots.check_task(req)
+    assert info.value.field == "guided" and "do not match" in str(info.value)
 
 
 def test_sampling_params_carry_the_constraint_through_their_dict():
