@@ -33,8 +33,9 @@ ALLOWED: dict[str, set[str]] = {
     "ipc": {"ops"},
     "distributed": set(),
     "models": {"constants", "config", "ops", "distributed"},
-    # the engine hands a slot over (splitwise.handoff) and runs the proposer
-    "runtime": {"constants", "config", "ops", "ipc", "models", "proposer", "splitwise", "distributed"},
+    # the engine hands a slot over (splitwise.handoff) and runs the proposer; structured
+    # output (runtime.guided) reads the model folder's tokenizer
+    "runtime": {"constants", "config", "ops", "ipc", "models", "proposer", "splitwise", "distributed", "tokenization"},
     "proposer": {"constants", "config", "ops", "ipc", "models", "runtime", "distributed"},
     "splitwise": {"constants", "config", "ops", "ipc", "credentials"},
     "tokenization": {"config"},

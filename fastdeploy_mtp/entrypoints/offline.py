@@ -119,6 +119,7 @@ def run_requests(
     k = spec.num_speculative_tokens if spec.enabled else 0
     longest = max(len(r.prompt_token_ids) for r in reqs) + max_tokens + 2 * k + 8
     cfg = build_config(arch, spec, max_num_seqs, longest)
+    cfg.model_config.model = folder  # the grammar of a constrained request runs on its tokenizer
 
     # tok.decode leaves out padding ids (the stand-in EOS) and special tokens
     with Engine(cfg, target, mtp if spec.uses_mtp else None, detokenize=tok.decode) as engine:

@@ -30,6 +30,13 @@ class Metrics:
         method: the drafting method (``speculative_config.method``: ``"mtp"``, ``"ngram"``,
             ``"suffix"``, ``"naive"``, or ``"none"`` without speculation), the ``method``
             label of the ``/metrics`` speculation series.
+        guided_drafts_checked: drafts of grammar-constrained requests checked against their
+            grammar before verification.
+        guided_drafts_cut: of those, drafts cut before verification (past the longest
+            grammar-valid prefix; never offered to the target, not in ``proposed``).
+        guided_seconds: host time in grammar work (draft checks, token masks, advancing the
+            matchers; see :mod:`~fastdeploy_mtp.runtime.guided`).
+        guided_rounds: target steps that did grammar work (a constrained request ran).
     """
 
     target_forwards: int = 0
@@ -44,6 +51,10 @@ class Metrics:
     handoff_drafts_proposed: int = 0
     handoff_drafts_accepted: int = 0
     method: str = "none"
+    guided_drafts_checked: int = 0
+    guided_drafts_cut: int = 0
+    guided_seconds: float = 0.0
+    guided_rounds: int = 0
 
     @classmethod
     def for_drafts(cls, k: int, method: str | None = None) -> Metrics:
@@ -59,6 +70,11 @@ class Metrics:
         if not self.target_forwards:
             return 0.0
         return 1000.0 * self.glue_seconds / self.target_forwards
+
+    @property
+    def guided_ms_per_round(self) -> float:
+        """Milliseconds of grammar work per target step that had a constrained request."""
+        return 1000.0 * self.guided_seconds / self.guided_rounds if self.guided_rounds else 0.0
 
     @property
     def mean_accepted_length(self) -> float:
@@ -93,6 +109,11 @@ class Metrics:
         """Count one target step that ran (its forward and its timing)."""
         self.target_forwards += 1
         self.glue_seconds += out.step_seconds - out.model_seconds
+        self.guided_drafts_checked += out.guided.checked
+        self.guided_drafts_cut += out.guided.cut
+        if out.guided.seconds > 0.0:
+            self.guided_seconds += out.guided.seconds
+            self.guided_rounds += 1
 
     def count_decode(self, out: StepOutput, idx: int, imported: bool) -> None:
         """Count slot ``idx``'s decode step of ``out``: its emitted tokens and, per draft

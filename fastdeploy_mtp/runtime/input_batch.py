@@ -128,3 +128,20 @@ def make_target_inputs(fd_config: FDConfig) -> InputBatch:
     target.bad_tokens_len = _full([n], 0, "int64")
     target.reasoning_status = _full([n, 1], 0, "int32")
     return target
+
+
+def limit_drafts(target: InputBatch, limits: np.ndarray) -> None:
+    """Keep at most ``limits[b]`` drafts of every decoding slot ``b``: later draft slots
+    become -1 and ``seq_lens_this_time`` at most ``1 + limits[b]`` (prefill slots keep their
+    chunk length). Device-side: no value is read back."""
+    lim = paddle.to_tensor(np.asarray(limits, np.int64))
+    cols = paddle.arange(int(target.draft_tokens.shape[1]), dtype="int64")
+    drop = (cols.unsqueeze(0) > lim.unsqueeze(1)) & (cols.unsqueeze(0) > 0)
+    paddle.assign(
+        paddle.where(drop, paddle.full_like(target.draft_tokens, PLACEHOLDER_TOKEN_ID), target.draft_tokens),
+        output=target.draft_tokens,
+    )
+    slt = target.seq_lens_this_time
+    decoding = (slt > 0) & (target.seq_lens_encoder == 0)
+    capped = paddle.minimum(slt, (lim + 1).astype(slt.dtype))
+    paddle.assign(paddle.where(decoding, capped, slt), output=slt)

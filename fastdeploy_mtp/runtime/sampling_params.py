@@ -36,6 +36,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from .grammar import guided_problem
+
 #: Largest top-logprobs count a request may ask for (OpenAI's limit for completions).
 MAX_LOGPROBS = 20
 #: A temperature below this samples greedily (as vLLM's sampling epsilon).
@@ -66,6 +68,13 @@ class SamplingParams:
         include_draft_logprobs: also report, per step, the MTP drafts the target verified
             and the MTP layer's log-probability of each (:class:`StepDrafts`; FastDeploy's
             request flag). Needs ``logprobs``. Without speculation the list stays empty.
+        guided: ``None``, or a constraint on the output: ``{"kind": k, "spec": s}`` with ``k``
+            one of :data:`~fastdeploy_mtp.runtime.grammar.GUIDED_KINDS` (``"json"``: ``s`` a
+            JSON schema dict; ``"json_object"``: ``s`` None; ``"regex"``: a regular expression
+            the whole output matches; ``"choice"``: a list of strings; ``"grammar"``: a Lark
+            grammar). Applied to the logits first (a token the constraint does not allow at a
+            position gets ``-inf``), so tokens and logprobs come from the masked distribution; see
+            :mod:`~fastdeploy_mtp.runtime.guided`.
     """
 
     temperature: float = 0.0
@@ -81,6 +90,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: int | None = None
     include_draft_logprobs: bool = False
+    guided: dict[str, Any] | None = None
 
     @property
     def greedy(self) -> bool:
@@ -133,6 +143,9 @@ class SamplingParams:
             return f"include_draft_logprobs: must be true or false, got {self.include_draft_logprobs!r}"
         if self.include_draft_logprobs and self.logprobs is None:
             return "include_draft_logprobs: needs logprobs (the draft logprobs come with the tokens' logprobs)"
+        problem = guided_problem(self.guided)
+        if problem is not None:
+            return f"guided: {problem}"
         return None
 
     def seed_for(self, request_id: str) -> int:
@@ -157,6 +170,7 @@ class SamplingParams:
             "stop_token_ids": list(self.stop_token_ids),
             "logprobs": self.logprobs,
             "include_draft_logprobs": self.include_draft_logprobs,
+            "guided": None if self.guided is None else dict(self.guided),
         }
 
     @classmethod

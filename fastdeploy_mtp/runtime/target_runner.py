@@ -20,7 +20,8 @@ from ..models.cache_spec import CacheSpec, backend_specs, model_dtype
 from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
 from .adaptive_draft import AdaptiveDraftLength
-from .input_batch import InputBatch, make_target_inputs
+from .guided import GuidedSlots, GuidedStats
+from .input_batch import InputBatch, limit_drafts, make_target_inputs
 from .request import InvalidRequestError, Request, RequestType, check_token_ids
 from .sampling_params import TokenLogprob
 from .spec_step import LogitRows, Packed, PaddleBackend, TargetStep, postprocess, target_step
@@ -53,6 +54,7 @@ class StepOutput:
             drafts of :attr:`drafts` with their log-probabilities under the MTP layer
             (:meth:`~fastdeploy_mtp.proposer.sampler.MTPSampler.verified`; empty without
             speculation).
+        guided: the step's structured-output work (:class:`~fastdeploy_mtp.runtime.guided.GuidedStats`).
     """
 
     accept_tokens: np.ndarray
@@ -66,23 +68,7 @@ class StepOutput:
     step_seconds: float = 0.0
     model_seconds: float = 0.0
     draft_logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
-
-
-def limit_drafts(target: InputBatch, limits: np.ndarray) -> None:
-    """Keep at most ``limits[b]`` drafts of every decoding slot ``b``: later draft slots
-    become -1 and ``seq_lens_this_time`` at most ``1 + limits[b]`` (prefill slots keep their
-    chunk length). Device-side: no value is read back."""
-    lim = paddle.to_tensor(np.asarray(limits, np.int64))
-    cols = paddle.arange(int(target.draft_tokens.shape[1]), dtype="int64")
-    drop = (cols.unsqueeze(0) > lim.unsqueeze(1)) & (cols.unsqueeze(0) > 0)
-    paddle.assign(
-        paddle.where(drop, paddle.full_like(target.draft_tokens, PLACEHOLDER_TOKEN_ID), target.draft_tokens),
-        output=target.draft_tokens,
-    )
-    slt = target.seq_lens_this_time
-    decoding = (slt > 0) & (target.seq_lens_encoder == 0)
-    capped = paddle.minimum(slt, (lim + 1).astype(slt.dtype))
-    paddle.assign(paddle.where(decoding, capped, slt), output=slt)
+    guided: GuidedStats = field(default_factory=GuidedStats)
 
 
 def check_prefill_task(req: Request, max_model_len: int, vocab_size: int) -> None:
@@ -204,6 +190,7 @@ class TargetRunner:
         self.vocab_size = min(
             fd_config.model_config.vocab_size, getattr(model.config, "vocab_size", fd_config.model_config.vocab_size)
         )
+        self.guided = GuidedSlots.for_runner(fd_config, model)  # structured output's grammar matchers
 
     def decode_lens(self) -> np.ndarray:
         """``[N]`` int32: tokens each slot feeds if it decodes next step."""
@@ -242,6 +229,7 @@ class TargetRunner:
     def check_task(self, req: Request) -> None:
         """See :func:`check_prefill_task`."""
         check_prefill_task(req, self.fd_config.model_config.max_model_len, self.vocab_size)
+        self.guided.check_task(req)
 
     def abort_slot(self, req: Request) -> None:
         """Reset the target and draft state of ``req``'s slot (the request is being aborted,
@@ -267,6 +255,7 @@ class TargetRunner:
                 import_slot(req.handoff_state, target, self.proposer.model_inputs if self.proposer else None, idx)
                 self._cached[idx] = int(target.seq_lens_decoder[idx])
                 self.sampler.set_slot(idx, req.sampling, req.sampling.seed_for(req.request_id))
+                self.guided.load(req)
                 if self.proposer is not None:
                     self.proposer.forget_slot(idx)
                 if self.adaptive is not None:
@@ -318,10 +307,12 @@ class TargetRunner:
         target.presence_score[idx, 0] = float(sp.presence_penalty)
         target.min_dec_len[idx, 0] = int(sp.min_tokens)
         self.sampler.set_slot(idx, sp, seed)
+        self.guided.load(req)
 
     def free_slot(self, idx: int) -> None:
         """Stop a slot whose request finished or was aborted."""
         self.sampler.clear_slot(idx)
+        self.guided.drop(idx)
         if self.proposer is not None:
             self.proposer.forget_slot(idx)
         target = self.share_inputs
@@ -345,6 +336,7 @@ class TargetRunner:
         if self.proposer is not None:
             self.proposer.model_seconds = 0.0
         target = self.share_inputs
+        self.guided.cut_drafts(target, {req.idx for req in self._pending_fixups}, limit_drafts)
         step = target_step(self._ops, target, self, self.fd_config.model_config.max_model_len, self.verify_strategy)
         self._fix_up_non_final_chunks()
         out = self._step_output(step)
@@ -416,6 +408,7 @@ class TargetRunner:
         t0 = time.perf_counter()
         logits = self.model.compute_logits(paddle.gather(hidden, paddle.to_tensor(rows.rows, dtype="int64")))
         self._model_s += time.perf_counter() - t0
+        logits = self.guided.apply(logits, rows.slots, rows.positions)
         sampled = None
         if self.sampler.needs_sampler(rows.slots):
             target = self.share_inputs
@@ -448,6 +441,7 @@ class TargetRunner:
             drafts=step.drafts,
             decode_mask=step.decode_mask,
             num_tokens=step.token_num,
+            guided=self.guided.advance(accept_tokens, accept_num),
         )
         if step.sampled is not None and step.sampled.logprobs is not None:
             out.logprobs = self.sampler.emitted_logprobs(

@@ -212,6 +212,8 @@ class StepResult(_Message):
             requests asked.
         draft_logprobs: slot -> the MTP drafts verified this step with their log-probabilities,
             for the slots whose requests asked (``include_draft_logprobs``).
+        guided_checked / guided_cut / guided_seconds: the step's grammar work (drafts of
+            constrained requests checked / cut before verification, host seconds).
     """
 
     stop_flags: list[bool]
@@ -222,6 +224,9 @@ class StepResult(_Message):
     exports: dict[int, dict[str, Any]] = {}
     logprobs: dict[int, list[TokenLogprob]] = {}
     draft_logprobs: dict[int, list[TokenLogprob]] = {}
+    guided_checked: int = 0
+    guided_cut: int = 0
+    guided_seconds: float = 0.0
 
     @classmethod
     def of(cls, out: StepOutput, decode_lens: np.ndarray) -> StepResult:
@@ -235,6 +240,9 @@ class StepResult(_Message):
             exports=dict(out.exports),
             logprobs=dict(out.logprobs),
             draft_logprobs=dict(out.draft_logprobs),
+            guided_checked=int(out.guided.checked),
+            guided_cut=int(out.guided.cut),
+            guided_seconds=float(out.guided.seconds),
         )
 
 

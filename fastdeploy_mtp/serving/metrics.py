@@ -21,6 +21,16 @@ metric names after it:
 Every speculation series carries a ``method`` label, the engine's
 ``speculative_config.method`` (``"mtp"``, ``"ngram"``, ``"suffix"``, ``"naive"``, or
 ``"none"`` without speculation), e.g. ``fastdeploy:spec_decode_num_draft_tokens_total{method="ngram"}``.
+Structured output (``response_format``, ``guided_*``; see :mod:`~fastdeploy_mtp.runtime.guided`):
+
+* ``fastdeploy:guided_drafts_checked_total`` — drafts of constrained requests checked against
+  their grammar before verification;
+* ``fastdeploy:guided_drafts_cut_total`` — of those, drafts cut before verification (past the
+  longest grammar-valid prefix); they are not in the ``spec_decode`` counters;
+* ``fastdeploy:guided_seconds_total`` — host seconds in grammar work (draft checks, token
+  masks, advancing the matchers);
+* ``fastdeploy:guided_rounds_total`` — target steps that did grammar work: seconds / rounds
+  is the grammar overhead per round.
 
 Plus request counters (``fastdeploy:request_success_total``, ``..._failure_total``,
 ``..._cancelled_total`` for clients that disconnected),
@@ -135,6 +145,7 @@ class EngineCollector(Collector):
             c = copy.copy(self.counters)
             c.kv = copy.deepcopy(self.counters.kv)
         yield from _spec_decode_metrics(m)
+        yield from _guided_metrics(m)
         yield from _request_metrics(m, occupancy, c)
         yield from _splitwise_metrics(m, occupancy, c)
 
@@ -207,6 +218,24 @@ def _spec_decode_metrics(m: Metrics) -> Iterator[Metric]:
     )
     gauge.add_metric(method, m.mean_accepted_length)
     yield gauge
+
+
+def _guided_metrics(m: Metrics) -> Iterator[Metric]:
+    for name, doc, value in (
+        (
+            "guided_drafts_checked",
+            "Drafts of grammar-constrained requests checked against their grammar before verification.",
+            m.guided_drafts_checked,
+        ),
+        (
+            "guided_drafts_cut",
+            "Drafts of grammar-constrained requests cut before verification (past the grammar-valid prefix).",
+            m.guided_drafts_cut,
+        ),
+        ("guided_seconds", "Host seconds in grammar work (draft checks, token masks, matchers).", m.guided_seconds),
+        ("guided_rounds", "Target steps that did grammar work (a constrained request ran).", m.guided_rounds),
+    ):
+        yield _counter(name, doc, value)
 
 
 def _request_metrics(m: Metrics, occupancy: Occupancy, c: ServerCounters) -> Iterator[Metric]:

@@ -12,6 +12,12 @@ under the MTP layer). Fields a request leaves out take the model folder's
 ``generation_config.json`` values when it sets them (:class:`GenerationDefaults`, as vLLM's
 ``--generation-config auto``), else the neutral value. The model's EOS ids end the output
 unless ``ignore_eos`` (:func:`sampling_params` adds them to ``stop_token_ids``).
+Structured output: OpenAI's ``response_format`` (``{"type": "json_object"}`` or
+``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``) or one of vLLM's
+``guided_json`` (a schema, or its JSON text), ``guided_regex``, ``guided_choice`` (a list of
+strings), ``guided_grammar`` (a Lark grammar; a llama.cpp GBNF grammar is converted), at most
+one per request (:func:`guided_constraint`); each is compiled here, so a bad one is a 400
+naming its field. ``tools`` and ``tool_choice`` are refused.
 ``n`` (and, for completions, ``best_of``) ask for several choices (:func:`choice_counts`);
 ``echo`` and ``logit_bias`` are refused with a 400 naming the field rather than ignored
 (:func:`refuse_unsupported`); so is any invalid value. Errors use
@@ -20,6 +26,7 @@ OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}`` (:class:`API
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -120,15 +127,10 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "logit_bias": ({},),
     "echo": (False,),
     "suffix": ("",),
-    "response_format": ({"type": "text"},),
     "tools": ([],),
     "tool_choice": ("none",),
     "functions": ([],),
     "function_call": ("none",),
-    "guided_json": (),
-    "guided_regex": (),
-    "guided_choice": (),
-    "guided_grammar": (),
 }
 
 
@@ -145,6 +147,81 @@ def refuse_unsupported(body: RequestBody) -> None:
     if body.max_tokens is not None and body.min_tokens is not None and body.min_tokens > body.max_tokens:
         message = f"min_tokens ({body.min_tokens}) must not exceed max_tokens ({body.max_tokens})"
         raise APIError(400, message, "min_tokens")
+
+
+#: Body fields that constrain the output (:func:`guided_constraint`), at most one per request.
+GUIDED_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def guided_constraint(body: RequestBody) -> tuple[dict[str, Any] | None, str | None]:
+    """The output constraint a body asks for, as ``SamplingParams.guided``
+    (``{"kind", "spec"}``, see :mod:`~fastdeploy_mtp.runtime.guided`), and the body field it
+    came from; ``(None, None)`` when there is none (``response_format`` ``{"type": "text"}``
+    asks for none). The grammar itself is checked by :meth:`SamplingParams.check`.
+
+    Raises:
+        APIError: 400 naming the field: more than one constraint, or one of the wrong shape.
+    """
+    extra = body.model_extra or {}
+    given = [name for name in GUIDED_FIELDS if extra.get(name) is not None]
+    if extra.get("response_format") == {"type": "text"}:
+        given.remove("response_format")
+    if len(given) > 1:
+        raise APIError(400, f"at most one output constraint per request, got {', '.join(given)}", given[1])
+    if not given:
+        return None, None
+    name = given[0]
+    value = extra[name]
+    if name == "response_format":
+        return _response_format(value), name
+    if name == "guided_json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise APIError(400, f"guided_json: not valid JSON ({exc})", name) from None
+        if not isinstance(value, dict):
+            raise APIError(400, f"guided_json must be a JSON schema object, got {type(value).__name__}", name)
+        return {"kind": "json", "spec": value}, name
+    if name == "guided_regex":
+        if not isinstance(value, str):
+            raise APIError(400, f"guided_regex must be a string, got {type(value).__name__}", name)
+        return {"kind": "regex", "spec": value}, name
+    if name == "guided_choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise APIError(400, "guided_choice must be a non-empty list of non-empty strings", name)
+        return {"kind": "choice", "spec": list(value)}, name
+    if not isinstance(value, str) or not value.strip():
+        raise APIError(400, "guided_grammar must be a non-empty string (a Lark or GBNF grammar)", name)
+    return {"kind": "grammar", "spec": _lark_of(value)}, name
+
+
+def _response_format(value: Any) -> dict[str, Any]:
+    """``SamplingParams.guided`` of an OpenAI ``response_format`` other than text."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "json_object":
+        return {"kind": "json_object", "spec": None}
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            message = 'response_format json_schema needs "json_schema": {"name": ..., "schema": {...}}'
+            raise APIError(400, message, "response_format")
+        return {"kind": "json", "spec": spec["schema"]}
+    message = f'response_format type must be "text", "json_object" or "json_schema", got {kind!r}'
+    raise APIError(400, message, "response_format")
+
+
+def _lark_of(grammar: str) -> str:
+    """A ``guided_grammar`` as Lark: itself, or llguidance's conversion of a GBNF grammar
+    (one without a ``start:`` rule or a ``%llguidance`` line)."""
+    from llguidance.gbnf_to_lark import gbnf_to_lark, is_lark_syntax
+
+    if is_lark_syntax(grammar):
+        return grammar
+    try:
+        return gbnf_to_lark(grammar)
+    except Exception as exc:  # the converter raises plain exceptions for what it cannot parse
+        raise APIError(400, f"guided_grammar: neither Lark nor valid GBNF ({exc})", "guided_grammar") from None
 
 
 def refuse_invalid_text(value: Any, path: str = "") -> None:
@@ -199,6 +276,7 @@ def sampling_params(
         return value if value is not None else fallback.get(name, neutral)
 
     stop = body.stop
+    guided, guided_field = guided_constraint(body)
     stop_ids = list(body.stop_token_ids or [])
     if not body.ignore_eos:
         stop_ids += [int(t) for t in eos_token_ids if int(t) not in stop_ids]
@@ -217,10 +295,13 @@ def sampling_params(
         stop_token_ids=stop_ids,
         logprobs=k,
         include_draft_logprobs=body.include_draft_logprobs,
+        guided=guided,
     )
     problem = params.check()
     if problem is not None:
-        name = problem.split(":", 1)[0]
+        name, _, why = problem.partition(": ")
+        if name == "guided":
+            raise APIError(400, f"{guided_field}: {why}", guided_field)
         raise APIError(400, problem, body_field(name, isinstance(body, ChatBody)))
     return params
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..distributed import find_free_port_range
 from ..ops.messaging import FIRST_TOKEN_MAX_BSZ, MAX_BSZ, MAX_DRAFT_TOKENS, SPEC_LOGPROB_K
+from ..runtime.guided import GuidedStats
 from ..runtime.request import Request, RequestType
 from ..runtime.target_runner import StepOutput, check_prefill_task
 from .layout import ServeLayout
@@ -362,6 +363,7 @@ class RemoteRunner:
             exports=dict(head.exports),
             logprobs=dict(head.logprobs),
             draft_logprobs=dict(head.draft_logprobs),
+            guided=GuidedStats(head.guided_checked, head.guided_cut, head.guided_seconds),
         )
 
     def _replies(self) -> StepResult:

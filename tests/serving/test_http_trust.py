@@ -144,7 +144,7 @@ def test_a_lone_surrogate_is_a_400_naming_the_field(server, path, raw, param):
     [
         ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
         ({"suffix": "x"}, "suffix"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "auto"}, "tool_choice"),
         ({"functions": [{"name": "f"}]}, "functions"),
