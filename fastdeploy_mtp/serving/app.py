@@ -9,8 +9,9 @@ fields are :mod:`.openai_protocol`'s. ``finish_reason`` is the engine's (``"stop
 stop token id or a stop string, which the text does not include; ``"length"``).
 
 The engine requests behind one response (``n`` choices, ``best_of`` candidates) are
-started, collected and cancelled together by :mod:`.choices`. The backend is the engine loop for ``serve`` (:class:`~.engine_client.AsyncEngine`) or the
-splitwise router (:class:`~.router_backend.RouterBackend`).
+started, collected and cancelled together by :mod:`.choices`. The backend is the engine loop
+for ``serve`` (:class:`~.engine_client.AsyncEngine`) or the splitwise router
+(:class:`~.router_backend.RouterBackend`).
 """
 
 from __future__ import annotations
