@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -192,6 +193,11 @@ class SpeculativeConfig:
                 f">= min_ngram_size ({self.min_ngram_size})"
             )
         _positive(self, "suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor")
+        if not math.isfinite(self.suffix_decoding_max_spec_factor):
+            raise ValueError(
+                "SpeculativeConfig.suffix_decoding_max_spec_factor must be a finite number, "
+                f"got {self.suffix_decoding_max_spec_factor}"
+            )
         _positive(self, "suffix_decoding_max_cached_requests", allow_zero=True)
         if not 0.0 <= self.suffix_decoding_min_token_prob <= 1.0:
             raise ValueError(

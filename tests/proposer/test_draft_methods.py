@@ -59,6 +59,9 @@ def test_vllm_prompt_lookup_keys_are_aliases_of_the_ngram_sizes():
         ({"method": "suffix", "suffix_decoding_min_token_prob": 1.5}, "suffix_decoding_min_token_prob"),
         ({"method": "suffix", "suffix_decoding_max_tree_depth": 0}, "suffix_decoding_max_tree_depth"),
         ({"method": "suffix", "suffix_decoding_max_spec_factor": 0.0}, "suffix_decoding_max_spec_factor"),
+        # int(factor * m) of a non-finite factor raises inside the drafting step
+        ({"method": "suffix", "suffix_decoding_max_spec_factor": float("nan")}, "suffix_decoding_max_spec_factor"),
+        ({"method": "suffix", "suffix_decoding_max_spec_factor": float("inf")}, "suffix_decoding_max_spec_factor"),
         ({"method": "suffix", "suffix_decoding_max_cached_requests": -1}, "suffix_decoding_max_cached_requests"),
         ({"method": "suffix", "suffix_decoding_max_cached_requests": 1.5}, "suffix_decoding_max_cached_requests"),
     ],
