@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -162,3 +164,22 @@ def test_tensor_parallel_ranks_cut_and_mask_alike(offline_regex):
         text, reason = complete(srv.base_url, guided_json=SCHEMA)
         assert reason == "stop" and set(json.loads(text)) == {"name", "ok"}
         assert scrape_metrics(srv.base_url)["fastdeploy:guided_drafts_checked_total"] > 0
+
+
+def test_a_grammar_only_the_tokenizer_refuses_fails_alone_and_the_server_keeps_serving(server):
+    # it compiles without a tokenizer (the API check passes) but names a token id past the
+    # vocabulary: refused once the request starts, which must not fail the step of the others
+    url = server.base_url + "/v1/completions"
+    running: dict[str, Any] = {}
+    other = threading.Thread(
+        target=lambda: running.update(r=post(url, {"prompt": PROMPT, "max_tokens": 150, "ignore_eos": True}))
+    )
+    other.start()
+    time.sleep(0.5)  # the other request is decoding
+    status, answer = post(url, {"prompt": "x", "max_tokens": 4, "guided_grammar": "start: <[99999]>"})
+    other.join()
+    assert status == 400 and answer["error"]["param"] == "guided", answer
+    assert "99999" in answer["error"]["message"]
+    status, answer = running["r"]
+    assert status == 200 and answer["choices"][0]["finish_reason"] == "length", answer
+    assert complete(server.base_url, guided_choice=["yes", "no"])[0] in ("yes", "no")
