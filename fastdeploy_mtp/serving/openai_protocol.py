@@ -181,6 +181,8 @@ def guided_constraint(body: RequestBody) -> tuple[dict[str, Any] | None, str | N
                 value = json.loads(value)
             except json.JSONDecodeError as exc:
                 raise APIError(400, f"guided_json: not valid JSON ({exc})", name) from None
+            except RecursionError:  # the body parser's own limit is not applied to this text
+                raise APIError(400, "guided_json: nested too deeply to parse", name) from None
         if not isinstance(value, dict):
             raise APIError(400, f"guided_json must be a JSON schema object, got {type(value).__name__}", name)
         return {"kind": "json", "spec": value}, name

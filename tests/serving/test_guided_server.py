@@ -183,3 +183,26 @@ def test_a_grammar_only_the_tokenizer_refuses_fails_alone_and_the_server_keeps_s
     status, answer = running["r"]
     assert status == 200 and answer["choices"][0]["finish_reason"] == "length", answer
     assert complete(server.base_url, guided_choice=["yes", "no"])[0] in ("yes", "no")
+
+
+def test_a_guided_json_text_nested_too_deep_to_parse_is_a_400():
+    from fastapi.testclient import TestClient
+    from prometheus_client import CollectorRegistry
+
+    from fastdeploy_mtp.models.tiny import ASSETS_DIR
+    from fastdeploy_mtp.serving.app import create_app
+    from fastdeploy_mtp.tokenization import load_tokenizer
+
+    class NeverSubmits:
+        fatal = None
+        registry = CollectorRegistry()
+
+        def validate(self, req: Any) -> None:
+            raise AssertionError("the body must be refused before a request is made")
+
+    deep = '{"type": "array", "items": ' * 5000 + "{}" + "}" * 5000  # past Python's recursion limit
+    app = create_app(NeverSubmits(), "m", load_tokenizer(ASSETS_DIR))  # type: ignore[arg-type]
+    with TestClient(app, raise_server_exceptions=False) as http:
+        r = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "guided_json": deep})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "guided_json", r.json()
+    assert "nested" in r.json()["error"]["message"]
