@@ -278,13 +278,19 @@ def _resolve_aliases(values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` with each :data:`KEY_ALIASES` key renamed to its field.
 
     Raises:
-        SpeculativeConfigError: an alias and its field both given, with different values.
+        SpeculativeConfigError: an alias whose value is not an integer (both aliased fields
+            are integers; named as given, not as the field), or an alias and its field both
+            given, with different values.
     """
     out = dict(values)
     for alias, name in KEY_ALIASES.items():
         if alias not in out:
             continue
         value = out.pop(alias)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SpeculativeConfigError(
+                f"speculative config: {alias!r} must be an integer, got {json.dumps(value, default=repr)}"
+            )
         if name in out and out[name] != value:
             raise SpeculativeConfigError(
                 f"speculative config: {alias!r} ({json.dumps(value, default=repr)}) and {name!r} "

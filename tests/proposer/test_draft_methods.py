@@ -64,6 +64,9 @@ def test_vllm_prompt_lookup_keys_are_aliases_of_the_ngram_sizes():
         ({"method": "suffix", "suffix_decoding_max_spec_factor": float("inf")}, "suffix_decoding_max_spec_factor"),
         ({"method": "suffix", "suffix_decoding_max_cached_requests": -1}, "suffix_decoding_max_cached_requests"),
         ({"method": "suffix", "suffix_decoding_max_cached_requests": 1.5}, "suffix_decoding_max_cached_requests"),
+        # an alias of the wrong type is named as the client wrote it
+        ({"method": "ngram", "prompt_lookup_max": True}, "'prompt_lookup_max' must be an integer, got true"),
+        ({"method": "ngram", "prompt_lookup_min": [2]}, r"'prompt_lookup_min' must be an integer, got \[2\]"),
     ],
 )
 def test_bad_method_configs_are_refused_naming_the_key(values, words):
