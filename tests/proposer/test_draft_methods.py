@@ -260,3 +260,20 @@ def test_suffix_drafts_pay_on_a_repetitive_prompt(shipped):
     engine = shipped_engine(shipped, spec, 1)
     engine.generate([Request("rep", TOK.encode("The cat sat on the mat. " * 6), max_tokens=64)])
     assert engine.metrics.mean_accepted_length > 1.6, engine.metrics.as_dict()
+
+
+def test_an_aborted_request_leaves_its_output_so_far_in_the_shared_cache(random_model):
+    # the slot is freed before the proposer hears of the abort: its trie goes to the cache as
+    # a finished request's does, and the proposer keeps no state of the slot
+    cfg = with_method(make_config(0, max_num_seqs=1), "suffix", 3)
+    engine = Engine(cfg, *random_model)
+    req = Request("gone", [5, 17, 33, 2, 40, 8], max_tokens=40)
+    engine.add_requests([req])
+    for step in range(4):
+        engine.step(step)
+    assert req.output_token_ids and engine.abort(req, RuntimeError("client left"))
+    proposer = engine.runner.proposer
+    assert len(proposer.cache) == 1 and proposer._slots == {}
+    assert proposer.cache.trie.counts() == dict(
+        windows([req.output_token_ids], cfg.speculative_config.suffix_decoding_max_tree_depth)
+    )
