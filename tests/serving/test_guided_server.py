@@ -19,6 +19,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
+from fastdeploy_mtp.runtime.grammar import MAX_GUIDED_CHARS  # noqa: E402
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams  # noqa: E402
 from tests.support.servers import (  # noqa: E402
     http_get,
@@ -185,7 +186,9 @@ def test_a_grammar_only_the_tokenizer_refuses_fails_alone_and_the_server_keeps_s
     assert complete(server.base_url, guided_choice=["yes", "no"])[0] in ("yes", "no")
 
 
-def test_a_guided_json_text_nested_too_deep_to_parse_is_a_400():
+def refused_in_process(field: str, value: Any) -> str:
+    """The message of the 400 naming ``field`` that an in-process app answers a completion
+    constrained by ``field: value`` with (no request may reach the backend)."""
     from fastapi.testclient import TestClient
     from prometheus_client import CollectorRegistry
 
@@ -200,9 +203,19 @@ def test_a_guided_json_text_nested_too_deep_to_parse_is_a_400():
         def validate(self, req: Any) -> None:
             raise AssertionError("the body must be refused before a request is made")
 
-    deep = '{"type": "array", "items": ' * 5000 + "{}" + "}" * 5000  # past Python's recursion limit
     app = create_app(NeverSubmits(), "m", load_tokenizer(ASSETS_DIR))  # type: ignore[arg-type]
     with TestClient(app, raise_server_exceptions=False) as http:
-        r = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "guided_json": deep})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "guided_json", r.json()
-    assert "nested" in r.json()["error"]["message"]
+        r = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.json()
+    return str(r.json()["error"]["message"])
+
+
+def test_a_guided_json_text_nested_too_deep_to_parse_is_a_400():
+    deep = '{"type": "array", "items": ' * 5000 + "{}" + "}" * 5000  # past Python's recursion limit
+    assert "nested" in refused_in_process("guided_json", deep)
+
+
+def test_a_constraint_too_large_to_compile_quickly_is_a_400():
+    # 100,000 choices took llguidance ~19 s to validate, on the API server's event loop
+    many = [f"option {i}" for i in range(20_000)]
+    assert f"at most {MAX_GUIDED_CHARS}" in refused_in_process("guided_choice", many)
