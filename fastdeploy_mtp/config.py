@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -192,6 +193,11 @@ class SpeculativeConfig:
                 f">= min_ngram_size ({self.min_ngram_size})"
             )
         _positive(self, "suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor")
+        if not math.isfinite(self.suffix_decoding_max_spec_factor):
+            raise ValueError(
+                "SpeculativeConfig.suffix_decoding_max_spec_factor must be a finite number, "
+                f"got {self.suffix_decoding_max_spec_factor}"
+            )
         _positive(self, "suffix_decoding_max_cached_requests", allow_zero=True)
         if not 0.0 <= self.suffix_decoding_min_token_prob <= 1.0:
             raise ValueError(
@@ -272,13 +278,19 @@ def _resolve_aliases(values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` with each :data:`KEY_ALIASES` key renamed to its field.
 
     Raises:
-        SpeculativeConfigError: an alias and its field both given, with different values.
+        SpeculativeConfigError: an alias whose value is not an integer (both aliased fields
+            are integers; named as given, not as the field), or an alias and its field both
+            given, with different values.
     """
     out = dict(values)
     for alias, name in KEY_ALIASES.items():
         if alias not in out:
             continue
         value = out.pop(alias)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SpeculativeConfigError(
+                f"speculative config: {alias!r} must be an integer, got {json.dumps(value, default=repr)}"
+            )
         if name in out and out[name] != value:
             raise SpeculativeConfigError(
                 f"speculative config: {alias!r} ({json.dumps(value, default=repr)}) and {name!r} "

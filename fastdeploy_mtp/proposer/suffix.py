@@ -229,13 +229,12 @@ class SuffixProposer(ModelFreeProposer):
 
     def insert_tasks_v1(self, req_dicts: Sequence[Request], num_running_requests: int = 0) -> None:
         """Start a slot's trie at its final prompt chunk (from the prompt and the tokens the
-        request already generated); a new request's first chunk or an abort drops the old
-        state without caching it."""
+        request already generated); a new request's first chunk drops the old state without
+        caching it. An abort finds no state: the runner frees the slot first
+        (:meth:`forget_slot`, so the output so far joins the shared cache)."""
         for req in req_dicts:
             idx = int(req.idx)
-            if req.task_type == RequestType.ABORT or (
-                req.task_type == RequestType.PREFILL and req.prefill_start_index == 0
-            ):
+            if req.task_type == RequestType.PREFILL and req.prefill_start_index == 0:
                 self._slots.pop(idx, None)
             if req.task_type == RequestType.PREFILL and req.is_final_chunk:
                 tokens = [int(t) for t in req.prompt_token_ids] + [int(t) for t in req.output_token_ids]

@@ -22,6 +22,11 @@ GUIDED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
 #: without leaving the grammar; a schema may still ask for it through its ``"x-guidance"``
 #: options (``{"whitespace_flexible": true}``).
 JSON_DEFAULTS: JsonCompileOptions = {"whitespace_flexible": False}
+#: Largest constraint accepted: characters of its ``spec`` as compact JSON (OpenAI caps a
+#: schema near 120,000 characters of strings). llguidance's compile time grows faster than
+#: the grammar (100,000 choices: about 19 s), and the API server checks a constraint on its
+#: event loop.
+MAX_GUIDED_CHARS = 128 * 1024
 
 
 def grammar_of(guided: dict[str, Any]) -> str:
@@ -63,6 +68,14 @@ def guided_problem(guided: Any) -> str | None:
         return None
     if not isinstance(guided, dict) or set(guided) - {"kind", "spec"}:
         return f'must be {{"kind": ..., "spec": ...}}, got {guided!r}'[:300]
+    try:
+        size = len(json.dumps(guided.get("spec"), separators=(",", ":"), ensure_ascii=False))
+    except RecursionError:
+        return "nested too deeply"
+    except (TypeError, ValueError):  # not JSON data: grammar_of names what is wrong with it
+        size = 0
+    if size > MAX_GUIDED_CHARS:
+        return f"the constraint is {size} characters long (as JSON), at most {MAX_GUIDED_CHARS}"
     try:
         grammar = grammar_of(guided)
     except ValueError as exc:

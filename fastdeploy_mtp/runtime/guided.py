@@ -121,12 +121,14 @@ class GuidedSlots:
         self.stats = GuidedStats()
 
     @classmethod
-    def for_runner(cls, fd_config: FDConfig, model: Any) -> GuidedSlots:
-        """The matchers of a runner of ``model`` (its logits are ``model.config.vocab_size``
-        wide) under ``fd_config`` (the model folder and EOS ids of its ``model_config``)."""
+    def for_model(cls, fd_config: FDConfig, config: Any) -> GuidedSlots:
+        """The matchers of a runner of the model whose config is ``config`` (its logits are
+        ``config.vocab_size`` wide) under ``fd_config`` (the model folder and EOS ids of its
+        ``model_config``); the serving engine builds the same from the folder's architecture
+        to check a task before the workers get it."""
         mc = fd_config.model_config
-        eos = [*mc.eos_token_id, *getattr(model.config, "eos_token_ids", ())]
-        return cls(mc.model, int(getattr(model.config, "vocab_size", mc.vocab_size)), eos)
+        eos = [*mc.eos_token_id, *getattr(config, "eos_token_ids", ())]
+        return cls(mc.model, int(getattr(config, "vocab_size", mc.vocab_size)), eos)
 
     def tokenizer(self) -> Any:
         """The cached ``LLTokenizer`` (raises ``ValueError``/``TokenizerFileError`` when there

@@ -190,7 +190,7 @@ class TargetRunner:
         self.vocab_size = min(
             fd_config.model_config.vocab_size, getattr(model.config, "vocab_size", fd_config.model_config.vocab_size)
         )
-        self.guided = GuidedSlots.for_runner(fd_config, model)  # structured output's grammar matchers
+        self.guided = GuidedSlots.for_model(fd_config, model.config)  # structured output's grammar matchers
 
     def decode_lens(self) -> np.ndarray:
         """``[N]`` int32: tokens each slot feeds if it decodes next step."""

@@ -250,8 +250,13 @@ class AsyncEngine:
     def _fail(self, failed: list[tuple[Request, BaseException]]) -> None:
         for req, err in failed:
             stream = self._streams.pop(req.request_id, None)
-            if stream is not None:
-                stream.put("error", APIError(500, f"request failed: {err}", kind="server_error"))
+            if stream is not None:  # a task the runner refused for its data is the client's 400
+                error = (
+                    APIError(400, str(err), err.field)
+                    if isinstance(err, InvalidRequestError)
+                    else APIError(500, f"request failed: {err}", kind="server_error")
+                )
+                stream.put("error", error)
             with self.counters.lock:
                 self.counters.failure += 1
 

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt
 
 from ..runtime.sampling_params import MAX_LOGPROBS, SamplingParams
 from ..tokenization import ChatTemplateError, GenerationDefaults, Tokenizer
@@ -85,7 +85,8 @@ class RequestBody(BaseModel):
     stream_options: dict[str, Any] | None = None
     temperature: float | None = None
     top_p: float | None = None
-    n: int | None = None
+    # strict: a JSON true or "2" is not a count (pydantic would coerce them to 1 and 2)
+    n: StrictInt | None = None
     stop: str | list[str] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -99,13 +100,13 @@ class RequestBody(BaseModel):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     # FastDeploy's: also return the MTP drafts' logprobs (``draft_logprobs``; needs logprobs)
-    include_draft_logprobs: bool = False
+    include_draft_logprobs: StrictBool = False
 
 
 class CompletionBody(RequestBody):
     prompt: str | list[str] | list[int]
     echo: bool | None = None
-    best_of: int | None = None
+    best_of: StrictInt | None = None
     logprobs: int | None = None
 
 
@@ -180,6 +181,8 @@ def guided_constraint(body: RequestBody) -> tuple[dict[str, Any] | None, str | N
                 value = json.loads(value)
             except json.JSONDecodeError as exc:
                 raise APIError(400, f"guided_json: not valid JSON ({exc})", name) from None
+            except RecursionError:  # the body parser's own limit is not applied to this text
+                raise APIError(400, "guided_json: nested too deeply to parse", name) from None
         if not isinstance(value, dict):
             raise APIError(400, f"guided_json must be a JSON schema object, got {type(value).__name__}", name)
         return {"kind": "json", "spec": value}, name
@@ -329,7 +332,7 @@ def choice_counts(body: RequestBody) -> tuple[int, int]:
         APIError: 400 naming ``n`` or ``best_of``.
     """
     n = 1 if body.n is None else body.n
-    if isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
+    if not 1 <= n <= MAX_CHOICES:
         raise APIError(400, f"n must be an integer in [1, {MAX_CHOICES}], got {n!r}", "n")
     best_of = getattr(body, "best_of", None) if isinstance(body, CompletionBody) else None
     extra = (body.model_extra or {}).get("best_of")
@@ -337,7 +340,7 @@ def choice_counts(body: RequestBody) -> tuple[int, int]:
         raise APIError(400, "best_of is a /v1/completions field (a chat request asks for choices with n)", "best_of")
     if best_of is None:
         return n, n
-    if isinstance(best_of, bool) or not n <= best_of <= MAX_CHOICES:
+    if not n <= best_of <= MAX_CHOICES:
         raise APIError(400, f"best_of must be an integer in [n, {MAX_CHOICES}] (n = {n}), got {best_of!r}", "best_of")
     if body.stream and best_of > 1:
         raise APIError(400, "best_of > 1 cannot be streamed: set stream to false", "best_of")

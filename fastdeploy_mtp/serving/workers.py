@@ -24,7 +24,7 @@ import numpy as np
 
 from ..distributed import find_free_port_range
 from ..ops.messaging import FIRST_TOKEN_MAX_BSZ, MAX_BSZ, MAX_DRAFT_TOKENS, SPEC_LOGPROB_K
-from ..runtime.guided import GuidedStats
+from ..runtime.guided import GuidedSlots, GuidedStats
 from ..runtime.request import Request, RequestType
 from ..runtime.target_runner import StepOutput, check_prefill_task
 from .layout import ServeLayout
@@ -86,7 +86,11 @@ class RemoteRunner:
         from . import runtime_dir
 
         self.layout = layout
-        self.fd_config = layout.fd_config(0)
+        arch = layout.arch()
+        self.fd_config = layout.fd_config(0, arch)
+        #: the workers' grammar set-up: a task their check would refuse (and fail the whole step
+        #: with) is refused here first, alone
+        self.guided = GuidedSlots.for_model(self.fd_config, arch)
         #: the caches of each rank (the cache manager creates exactly these)
         self.cache_specs = layout.cache_specs()
         self.vocab_size = self.fd_config.model_config.vocab_size
@@ -275,6 +279,7 @@ class RemoteRunner:
 
     def check_task(self, req: Request) -> None:
         check_prefill_task(req, self.fd_config.model_config.max_model_len, self.vocab_size)
+        self.guided.check_task(req)
 
     def insert_tasks(self, tasks: Sequence[Request]) -> None:
         for req in tasks:

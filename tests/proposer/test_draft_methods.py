@@ -59,8 +59,14 @@ def test_vllm_prompt_lookup_keys_are_aliases_of_the_ngram_sizes():
         ({"method": "suffix", "suffix_decoding_min_token_prob": 1.5}, "suffix_decoding_min_token_prob"),
         ({"method": "suffix", "suffix_decoding_max_tree_depth": 0}, "suffix_decoding_max_tree_depth"),
         ({"method": "suffix", "suffix_decoding_max_spec_factor": 0.0}, "suffix_decoding_max_spec_factor"),
+        # int(factor * m) of a non-finite factor raises inside the drafting step
+        ({"method": "suffix", "suffix_decoding_max_spec_factor": float("nan")}, "suffix_decoding_max_spec_factor"),
+        ({"method": "suffix", "suffix_decoding_max_spec_factor": float("inf")}, "suffix_decoding_max_spec_factor"),
         ({"method": "suffix", "suffix_decoding_max_cached_requests": -1}, "suffix_decoding_max_cached_requests"),
         ({"method": "suffix", "suffix_decoding_max_cached_requests": 1.5}, "suffix_decoding_max_cached_requests"),
+        # an alias of the wrong type is named as the client wrote it
+        ({"method": "ngram", "prompt_lookup_max": True}, "'prompt_lookup_max' must be an integer, got true"),
+        ({"method": "ngram", "prompt_lookup_min": [2]}, r"'prompt_lookup_min' must be an integer, got \[2\]"),
     ],
 )
 def test_bad_method_configs_are_refused_naming_the_key(values, words):
@@ -254,3 +260,20 @@ def test_suffix_drafts_pay_on_a_repetitive_prompt(shipped):
     engine = shipped_engine(shipped, spec, 1)
     engine.generate([Request("rep", TOK.encode("The cat sat on the mat. " * 6), max_tokens=64)])
     assert engine.metrics.mean_accepted_length > 1.6, engine.metrics.as_dict()
+
+
+def test_an_aborted_request_leaves_its_output_so_far_in_the_shared_cache(random_model):
+    # the slot is freed before the proposer hears of the abort: its trie goes to the cache as
+    # a finished request's does, and the proposer keeps no state of the slot
+    cfg = with_method(make_config(0, max_num_seqs=1), "suffix", 3)
+    engine = Engine(cfg, *random_model)
+    req = Request("gone", [5, 17, 33, 2, 40, 8], max_tokens=40)
+    engine.add_requests([req])
+    for step in range(4):
+        engine.step(step)
+    assert req.output_token_ids and engine.abort(req, RuntimeError("client left"))
+    proposer = engine.runner.proposer
+    assert len(proposer.cache) == 1 and proposer._slots == {}
+    assert proposer.cache.trie.counts() == dict(
+        windows([req.output_token_ids], cfg.speculative_config.suffix_decoding_max_tree_depth)
+    )

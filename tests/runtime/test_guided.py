@@ -413,3 +413,21 @@ def test_a_bpe_model_folder_with_multi_byte_tokens(tmp_path):
     assert outs[0] == outs[1]
     tok = load_tokenizer(str(tmp_path))
     assert any(len(tok.token_bytes(t)) > 1 for t in outs[0]), "merged tokens should be used"
+
+
+def test_the_grammar_ends_an_output_before_min_tokens_and_max_tokens_cuts_it(shipped):
+    # a complete grammar allows only EOS; min_tokens bans EOS with a finite value (-1e10), so
+    # EOS is still the only candidate: the output ends at the grammar's end, not with garbage
+    eng = engine(shipped, 3, 3, False)
+    choice = {"kind": "choice", "spec": ["yes", "no"]}
+    early = Request("min", TOK.encode("x"), max_tokens=20, sampling=SamplingParams(guided=choice, min_tokens=12))
+    cut = Request(
+        "cut", TOK.encode(DEMO_PROMPTS[0][:30]), max_tokens=4, sampling=SamplingParams(guided=CONSTRAINTS["json"])
+    )
+    eng.generate([early, cut])
+    eng.close()
+    out = early.output_token_ids
+    assert early.finish_reason == "stop" and out[-1] == EOS and text_of(out[:-1]) in ("yes", "no"), out
+    # max_tokens mid-grammar: finish reason "length", the output a valid prefix of the grammar
+    assert cut.finish_reason == "length" and len(cut.output_token_ids) == 4
+    assert GuidedSlots(ASSETS_DIR, V, [EOS]).matcher(CONSTRAINTS["json"]).validate_tokens(cut.output_token_ids) == 4

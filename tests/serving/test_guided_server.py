@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
+from fastdeploy_mtp.runtime.grammar import MAX_GUIDED_CHARS  # noqa: E402
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams  # noqa: E402
 from tests.support.servers import (  # noqa: E402
     http_get,
@@ -162,3 +165,57 @@ def test_tensor_parallel_ranks_cut_and_mask_alike(offline_regex):
         text, reason = complete(srv.base_url, guided_json=SCHEMA)
         assert reason == "stop" and set(json.loads(text)) == {"name", "ok"}
         assert scrape_metrics(srv.base_url)["fastdeploy:guided_drafts_checked_total"] > 0
+
+
+def test_a_grammar_only_the_tokenizer_refuses_fails_alone_and_the_server_keeps_serving(server):
+    # it compiles without a tokenizer (the API check passes) but names a token id past the
+    # vocabulary: refused once the request starts, which must not fail the step of the others
+    url = server.base_url + "/v1/completions"
+    running: dict[str, Any] = {}
+    other = threading.Thread(
+        target=lambda: running.update(r=post(url, {"prompt": PROMPT, "max_tokens": 150, "ignore_eos": True}))
+    )
+    other.start()
+    time.sleep(0.5)  # the other request is decoding
+    status, answer = post(url, {"prompt": "x", "max_tokens": 4, "guided_grammar": "start: <[99999]>"})
+    other.join()
+    assert status == 400 and answer["error"]["param"] == "guided", answer
+    assert "99999" in answer["error"]["message"]
+    status, answer = running["r"]
+    assert status == 200 and answer["choices"][0]["finish_reason"] == "length", answer
+    assert complete(server.base_url, guided_choice=["yes", "no"])[0] in ("yes", "no")
+
+
+def refused_in_process(field: str, value: Any) -> str:
+    """The message of the 400 naming ``field`` that an in-process app answers a completion
+    constrained by ``field: value`` with (no request may reach the backend)."""
+    from fastapi.testclient import TestClient
+    from prometheus_client import CollectorRegistry
+
+    from fastdeploy_mtp.models.tiny import ASSETS_DIR
+    from fastdeploy_mtp.serving.app import create_app
+    from fastdeploy_mtp.tokenization import load_tokenizer
+
+    class NeverSubmits:
+        fatal = None
+        registry = CollectorRegistry()
+
+        def validate(self, req: Any) -> None:
+            raise AssertionError("the body must be refused before a request is made")
+
+    app = create_app(NeverSubmits(), "m", load_tokenizer(ASSETS_DIR))  # type: ignore[arg-type]
+    with TestClient(app, raise_server_exceptions=False) as http:
+        r = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.json()
+    return str(r.json()["error"]["message"])
+
+
+def test_a_guided_json_text_nested_too_deep_to_parse_is_a_400():
+    deep = '{"type": "array", "items": ' * 5000 + "{}" + "}" * 5000  # past Python's recursion limit
+    assert "nested" in refused_in_process("guided_json", deep)
+
+
+def test_a_constraint_too_large_to_compile_quickly_is_a_400():
+    # 100,000 choices took llguidance ~19 s to validate, on the API server's event loop
+    many = [f"option {i}" for i in range(20_000)]
+    assert f"at most {MAX_GUIDED_CHARS}" in refused_in_process("guided_choice", many)

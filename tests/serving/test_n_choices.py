@@ -280,3 +280,17 @@ def test_requests_cancelled_right_after_submission_never_run(random_model):
     assert all(req.finish_reason is None and len(req.output_token_ids) < 100 for req in reqs)
     assert all(req.finished and req.error is not None for req in reqs)  # aborted, admitted or not
     assert backend.counters.cancelled == len(reqs)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("n", True), ("n", "2"), ("best_of", True), ("best_of", "3"), ("include_draft_logprobs", "yes")],
+)
+def test_counts_and_flags_of_another_json_type_are_a_400_naming_the_field(field, value):
+    # not coerced (true is not 1, "yes" not true): refused before any request is submitted
+    backend = FailingChoiceBackend(bad=0)
+    app = create_app(backend, MODEL, load_tokenizer(ASSETS_DIR))  # type: ignore[arg-type]
+    with TestClient(app) as http:
+        r = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "logprobs": 0, field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.json()
+    assert backend.submitted == []
