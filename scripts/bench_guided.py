@@ -15,8 +15,10 @@ exits with an error naming the row otherwise.
 
     python scripts/bench_guided.py [--max-tokens 64] [--repeat 3] [--batch 8 1] [--json out.json]
 
-Each row is the median (by tokens/s) of ``--repeat`` runs, a fresh engine each: single runs on
-a shared 2-core VM vary by 10-20%, so compare rows of one run.
+Each row is the median (by tokens/s) of ``--repeat`` runs, a fresh engine each, and its
+speed-up the median of its per-repeat ratios; the repeats run the rows round-robin, so a
+change in the machine's load hits every row alike. Single runs on a shared 2-core VM still
+vary by 10-20% or more: compare rows of one run.
 
 ``--json F`` writes one object per row: ``method``, ``k``, ``steps``, ``hybrid``, ``batch``,
 ``constrained``, ``guided_drafts_checked``, ``guided_drafts_cut``, ``guided_ms_per_round``,
@@ -122,25 +124,35 @@ def run_once(spec: SpeculativeConfig, batch: int, constrained: bool, max_tokens:
     return [list(r.output_token_ids) for r in reqs], engine.metrics
 
 
-def median_run(repeat: int, spec: SpeculativeConfig, batch: int, constrained: bool, max_tokens: int, label: str):
-    """``repeat`` runs (tokens must agree across them: greedy); the one with the median tokens/s."""
-    runs = []
-    for _ in range(repeat):
-        ids, m = run_once(spec, batch, constrained, max_tokens)
-        if runs and ids != runs[0][0]:
-            raise SystemExit(f"{label}: tokens differ between repeated runs")
-        runs.append((ids, m))
-    runs.sort(key=lambda r: r[1].tokens_per_second)
-    return runs[len(runs) // 2]
+def group_runs(args: argparse.Namespace, batch: int, constrained: bool) -> list[tuple[Any, float]]:
+    """Every :data:`CONFIGS` row at ``batch`` with or without the constraints, ``--repeat``
+    times round-robin (each repeat runs every row once, so a change in the machine's load
+    hits the rows alike). Per row: the metrics of the run with the median tokens/s, and the
+    median over repeats of its tokens/s over the same repeat's run without drafting. Exits
+    when a row's tokens differ between repeats or from the run without drafting."""
+    names = [f"batch {batch} {'constrained' if constrained else 'free'} {label_of(*c)}" for c in CONFIGS]
+    ids: list[list[list[int]]] = [[] for _ in CONFIGS]
+    metrics: list[list[Any]] = [[] for _ in CONFIGS]
+    for _ in range(args.repeat):
+        for i, config in enumerate(CONFIGS):
+            out, m = run_once(spec_of(*config), batch, constrained, args.max_tokens)
+            if ids[i] and out != ids[i]:
+                raise SystemExit(f"{names[i]}: tokens differ between repeated runs")
+            if i and out != ids[0]:
+                raise SystemExit(f"{names[i]}: tokens differ from the run without drafting")
+            ids[i] = out
+            metrics[i].append(m)
+    rows = []
+    for runs in metrics:
+        ratios = sorted(m.tokens_per_second / b.tokens_per_second for m, b in zip(runs, metrics[0]))
+        rows.append((sorted(runs, key=lambda m: m.tokens_per_second)[len(runs) // 2], ratios[len(ratios) // 2]))
+    return rows
 
 
-def row_of(
-    config: tuple[str, int, int, bool], batch: int, constrained: bool, m: Any, base_tps: float
-) -> dict[str, Any]:
+def row_of(config: tuple[str, int, int, bool], batch: int, constrained: bool, m: Any, speedup: float) -> dict[str, Any]:
     """Print one table row and return its ``--json`` object."""
     checked, cut = m.guided_drafts_checked, m.guided_drafts_cut
     share = m.guided_seconds / m.wall_seconds if m.wall_seconds else 0.0
-    speedup = m.tokens_per_second / base_tps if base_tps else 0.0
     cut_pct = f"{100.0 * cut / checked:5.1f}%" if checked else f"{'-':>6}"
     print(
         f"{label_of(*config):>13} {batch:>5} {'mixed' if constrained else 'none':>10} {m.tokens_per_second:8.1f} "
@@ -170,16 +182,8 @@ def table(args: argparse.Namespace) -> list[dict[str, Any]]:
     print(HEADER)
     for batch in args.batch:
         for constrained in (False, True):
-            base_ids: list[list[int]] = []
-            base_tps = 0.0
-            for config in CONFIGS:
-                name = f"batch {batch} {'constrained' if constrained else 'free'} {label_of(*config)}"
-                ids, m = median_run(args.repeat, spec_of(*config), batch, constrained, args.max_tokens, name)
-                if config[0] == "none":
-                    base_ids, base_tps = ids, m.tokens_per_second
-                elif ids != base_ids:
-                    raise SystemExit(f"{name}: tokens differ from the run without drafting")
-                rows.append(row_of(config, batch, constrained, m, base_tps))
+            for config, (m, speedup) in zip(CONFIGS, group_runs(args, batch, constrained)):
+                rows.append(row_of(config, batch, constrained, m, speedup))
     return rows
 
 

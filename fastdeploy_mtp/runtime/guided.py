@@ -21,6 +21,13 @@ constraint, in the state "the request's generated tokens so far", and per step:
 3. :meth:`GuidedSlots.advance` (after verification): the matcher consumes the tokens the
    step emitted for the slot. The rejected drafts were never consumed (step 1 rolled every
    draft back), so after a rejection the matcher is exactly at "output so far".
+4. In the MTP proposer's round that follows, each substep's draft logits are masked per
+   constrained slot (:meth:`GuidedSlots.mask_drafts`: the mask after the drafts this round
+   already proposed for it), the matcher consumes the draft (:meth:`GuidedSlots.take_drafts`),
+   and :meth:`GuidedSlots.end_drafts` rolls every matcher back to "output so far" and drops
+   the drafts past a chain's end (an EOS draft, a complete grammar). So MTP drafts are always
+   grammar-valid; step 1 cuts only drafts that do not see the grammar (the n-gram hybrid's,
+   the model-free drafters').
 
 Ids the tokenizer does not have (the model's padded vocabulary) are never allowed; the
 model's EOS ids are allowed where the grammar may end, and are the only ones once it is
@@ -123,7 +130,8 @@ class GuidedStats:
     Attributes:
         checked: drafts checked against a grammar (drafts of constrained slots).
         cut: of those, drafts cut before verification (past the grammar-valid prefix).
-        seconds: host time in grammar work (draft checks, masks, their application, advancing).
+        seconds: host time in grammar work (draft checks, masks, their application, advancing,
+            the MTP substeps' draft masks).
     """
 
     checked: int = 0

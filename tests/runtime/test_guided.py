@@ -6,8 +6,11 @@ On the shipped tiny byte model, offline:
   with EOS (finish reason ``"stop"``) when the grammar is complete;
 * the output under a constraint is the same with MTP speculation (K=3, S=3), with the hybrid
   MTP + n-gram drafts and without speculation, greedy and seeded (temperature 0.8);
-* drafts the grammar refuses are cut before verification: the metrics count them, and every
-  draft that reached verification (the engine's trace) is valid after the output before it;
+* the MTP layer drafts under the grammar (no MTP draft is ever cut; each substep's mask
+  follows the round's earlier drafts, and the matchers roll back after the round); drafts
+  that do not see the grammar (the hybrid's n-gram part, ``ngram``, ``suffix``) are cut
+  before verification: the metrics count them, and every draft that reached verification
+  (the engine's trace) is valid after the output before it;
 * after a rejection the matcher is at "output so far" and each logit row gets the mask of
   its own position (unit tests on :class:`~fastdeploy_mtp.runtime.guided.GuidedSlots`);
 * bad constraints are refused at submission, naming the field.
