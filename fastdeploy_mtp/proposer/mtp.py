@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import paddle
@@ -40,13 +41,16 @@ from ..constants import PLACEHOLDER_TOKEN_ID
 from ..models.cache_spec import CacheSpec
 from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
-from ..runtime.input_batch import InputBatch
+from ..runtime.input_batch import InputBatch, limit_drafts
 from ..runtime.request import Request, RequestType
 from ..runtime.spec_step import Packed, PaddleBackend, postprocess, prepare_round, propose_substeps
 from .mtp_caches import MTPCaches
 from .proposer_inputs import ProposerInputBatch
 from .sampler import MTPSampler
 from .skipped_rounds import SkippedRounds
+
+if TYPE_CHECKING:
+    from ..runtime.guided import GuidedSlots
 
 
 def layer_for_substep(substep: int, num_layers: int, schedule: str = "cycle") -> int:
@@ -151,6 +155,8 @@ class MTPProposer(MTPCaches):
         #: (:meth:`forward_substep`)
         self._first: tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor, paddle.Tensor] | None = None
         self._chain: list[tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]] = []
+        #: the runner's grammar matchers (structured output), set by the runner
+        self.guided: GuidedSlots | None = None
 
     # ---- request insertion ---------------------------------------------------------------
     def insert_tasks_v1(self, req_dicts: Sequence[Request], num_running_requests: int = 0) -> None:
@@ -290,6 +296,8 @@ class MTPProposer(MTPCaches):
         self._update_status()
         if self.hybrid_mode:
             self._extend_draft_token_with_ngram_match()
+        if self.guided is not None and self.guided.matchers:
+            self.guided.end_drafts(self.target_model_inputs, limit_drafts)
 
     @paddle.no_grad()
     def skip_round(
@@ -414,9 +422,15 @@ class MTPProposer(MTPCaches):
 
     def sample_substep(self, gathered: paddle.Tensor, substep: int) -> paddle.Tensor:
         """``[N]`` int64 greedy drafts from substep ``substep``'s gathered rows (and, for the
-        slots that asked, their log-probabilities: :meth:`MTPSampler.record`)."""
+        slots that asked, their log-probabilities: :meth:`MTPSampler.record`). A constrained
+        slot drafts under its grammar (:meth:`~fastdeploy_mtp.runtime.guided.GuidedSlots.mask_drafts`)."""
         logits = self._logits(gathered, self.layer_schedule[substep])
+        guided = self.guided if self.guided is not None and self.guided.matchers else None
+        if guided is not None:
+            logits = guided.mask_drafts(logits, self.model_inputs.seq_lens_this_time)
         tokens = self.sampler(logits)
+        if guided is not None:
+            guided.take_drafts(tokens)
         if self.sampler.wanted:
             self.sampler.record(logits, tokens, self.model_inputs.seq_lens_this_time, substep)
         return tokens

@@ -35,7 +35,7 @@ class Metrics:
         guided_drafts_cut: of those, drafts cut before verification (past the longest
             grammar-valid prefix; never offered to the target, not in ``proposed``).
         guided_seconds: host time in grammar work (draft checks, token masks, advancing the
-            matchers; see :mod:`~fastdeploy_mtp.runtime.guided`).
+            matchers, the MTP substeps' draft masks; see :mod:`~fastdeploy_mtp.runtime.guided`).
         guided_rounds: target steps that did grammar work (a constrained request ran).
     """
 

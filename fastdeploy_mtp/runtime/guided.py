@@ -21,6 +21,13 @@ constraint, in the state "the request's generated tokens so far", and per step:
 3. :meth:`GuidedSlots.advance` (after verification): the matcher consumes the tokens the
    step emitted for the slot. The rejected drafts were never consumed (step 1 rolled every
    draft back), so after a rejection the matcher is exactly at "output so far".
+4. In the MTP proposer's round that follows, each substep's draft logits are masked per
+   constrained slot (:meth:`GuidedSlots.mask_drafts`: the mask after the drafts this round
+   already proposed for it), the matcher consumes the draft (:meth:`GuidedSlots.take_drafts`),
+   and :meth:`GuidedSlots.end_drafts` rolls every matcher back to "output so far" and drops
+   the drafts past a chain's end (an EOS draft, a complete grammar). So MTP drafts are always
+   grammar-valid; step 1 cuts only drafts that do not see the grammar (the n-gram hybrid's,
+   the model-free drafters').
 
 Ids the tokenizer does not have (the model's padded vocabulary) are never allowed; the
 model's EOS ids are allowed where the grammar may end, and are the only ones once it is
@@ -85,6 +92,37 @@ def _ll_tokenizer(folder: str, vocab_size: int, eos_ids: tuple[int, ...]) -> Any
     return LLTokenizer(TokenizerWrapper(_Source()), eos_token=list(eos_ids))
 
 
+def _masked(logits: Any, packed: np.ndarray) -> Any:
+    """``logits`` ``[R, V]`` (Paddle) with the tokens whose bit is clear in ``packed``
+    (``[R, ceil(V / 32)]`` int32 bitmasks, bit set = allowed) at ``-inf``."""
+    import paddle
+
+    v = int(logits.shape[1])
+    allowed = np.unpackbits(packed.view(np.uint8), axis=1, bitorder="little")[:, :v].astype(bool)
+    return paddle.where(paddle.to_tensor(allowed), logits, paddle.full_like(logits, float("-inf")))
+
+
+def _allows(mask: np.ndarray, token: int) -> bool:
+    """Whether bitmask row ``mask`` (``[ceil(V / 32)]`` int32) allows ``token``."""
+    return 0 <= token < 32 * mask.shape[0] and bool((int(mask[token >> 5]) >> (token & 31)) & 1)
+
+
+@dataclass
+class DraftChain:
+    """One constrained slot's drafts in the current MTP round.
+
+    Attributes:
+        consumed: drafts its matcher consumed this round (rolled back at the round's end).
+        valid: leading drafts that are grammar-valid (EOS included where the grammar may end).
+        open: whether the next substep's draft may still be valid (no EOS drafted yet, the
+            grammar not complete).
+    """
+
+    consumed: int = 0
+    valid: int = 0
+    open: bool = True
+
+
 @dataclass
 class GuidedStats:
     """Grammar work of one step.
@@ -92,7 +130,8 @@ class GuidedStats:
     Attributes:
         checked: drafts checked against a grammar (drafts of constrained slots).
         cut: of those, drafts cut before verification (past the grammar-valid prefix).
-        seconds: host time in grammar work (draft checks, masks, their application, advancing).
+        seconds: host time in grammar work (draft checks, masks, their application, advancing,
+            the MTP substeps' draft masks).
     """
 
     checked: int = 0
@@ -119,6 +158,11 @@ class GuidedSlots:
         #: per slot, this step's masks: ``[rows, ceil(V / 32)]`` int32 bitmasks (bit set = allowed)
         self.masks: dict[int, np.ndarray] = {}
         self.stats = GuidedStats()
+        #: grammar-aware MTP drafting: per constrained slot, its drafts of the current round,
+        #: and the mask row its draft of the current substep was sampled under
+        self._chains: dict[int, DraftChain] = {}
+        self._draft_masks: dict[int, np.ndarray] = {}
+        self._running = np.zeros(0, np.int64)  # the draft slots of the current substep's rows
 
     @classmethod
     def for_model(cls, fd_config: FDConfig, config: Any) -> GuidedSlots:
@@ -273,14 +317,12 @@ class GuidedSlots:
 
         t0 = time.perf_counter()
         r, v = int(logits.shape[0]), int(logits.shape[1])
-        words = (v + 31) // 32
-        packed = np.full([r, words], -1, np.int32)
+        packed = np.full([r, (v + 31) // 32], -1, np.int32)
         for row, (b, j) in enumerate(zip(slots, positions)):
             masks = self.masks.get(int(b))
             if masks is not None:
                 packed[row] = masks[int(j)]
-        allowed = np.unpackbits(packed.view(np.uint8), axis=1, bitorder="little")[:, :v].astype(bool)
-        masked = paddle.where(paddle.to_tensor(allowed), logits, paddle.full_like(logits, float("-inf")))
+        masked = _masked(logits, packed)
         # A row left with no finite logit (a complete grammar allows only EOS, and the model's
         # EOS id may be a padded column at -inf; or a matcher in error) emits the first EOS id:
         # decided on the device, nothing is read back.
@@ -305,3 +347,84 @@ class GuidedSlots:
             self.stats.seconds += time.perf_counter() - t0
         stats, self.stats = self.stats, GuidedStats()
         return stats
+
+    # ---- grammar-aware MTP drafting -------------------------------------------------------
+    def mask_drafts(self, logits: Any, seq_lens_this_time: Any) -> Any:
+        """One MTP substep: ``logits`` ``[R, V]`` (Paddle) with each constrained slot's
+        disallowed tokens at ``-inf``: the mask of its matcher after the drafts this round
+        already proposed for it. Row ``k`` belongs to the ``k``-th draft slot with
+        ``seq_lens_this_time > 0`` (``[N]`` int32 Paddle, the draft's at this substep: the
+        running slots in slot order, as ``draft_model_update`` reads the tokens; rows past
+        them are padding). Rows of other slots, and of slots whose chain closed (see
+        :class:`DraftChain`), are unchanged. Every rank of a tensor-parallel group computes
+        the same masks (the matchers are deterministic and consume rank 0's drafts)."""
+        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+
+        t0 = time.perf_counter()
+        running = np.flatnonzero(seq_lens_this_time.numpy().reshape(-1) > 0)
+        self._draft_masks = {}
+        self._running = running
+        rows: dict[int, int] = {}  # logit row -> slot
+        for k, b in enumerate(int(b) for b in running):
+            matcher = self.matchers.get(b)
+            if matcher is None:
+                continue
+            chain = self._chains.setdefault(b, DraftChain())
+            chain.open = chain.open and not (matcher.is_stopped() or matcher.is_error())
+            if chain.open:
+                rows[k] = b
+        if not rows:
+            self.stats.seconds += time.perf_counter() - t0
+            return logits
+        masks = allocate_token_bitmask(len(rows), self.vocab_size)
+        packed = np.full([int(logits.shape[0]), masks.shape[1]], -1, np.int32)
+        for i, (k, b) in enumerate(rows.items()):
+            fill_next_token_bitmask(self.matchers[b], masks, i)
+            packed[k] = self._draft_masks[b] = masks[i]
+        out = _masked(logits, packed)
+        self.stats.seconds += time.perf_counter() - t0
+        return out
+
+    def take_drafts(self, tokens: Any) -> None:
+        """After :meth:`mask_drafts`: the drafts sampled (``[R]`` int64 Paddle, row by row as
+        there). A constrained slot's matcher consumes its draft when the mask allowed it and it
+        is not an EOS id; an EOS draft ends the slot's chain (valid), a disallowed one (a row
+        with no allowed finite logit) ends it before that draft."""
+        t0 = time.perf_counter()
+        tokens = tokens.numpy().reshape(-1)
+        for k, b in enumerate(int(b) for b in self._running):
+            mask = self._draft_masks.get(b)
+            if mask is None:
+                continue
+            chain, token = self._chains[b], int(tokens[k])
+            if not _allows(mask, token):
+                chain.open = False
+                continue
+            chain.valid += 1
+            if token in self.eos_ids:
+                chain.open = False
+            else:
+                self.matchers[b].consume_token(token)
+                chain.consumed += 1
+        self._draft_masks = {}
+        self.stats.seconds += time.perf_counter() - t0
+
+    def end_drafts(self, target: Any, limit: Callable[[Any, np.ndarray], None]) -> None:
+        """The end of an MTP round: every matcher rolls back the drafts it consumed (back to
+        "output so far"); where a slot's chain closed, ``limit(target, limits)`` (the
+        ``limit_drafts`` of ``target``, the runner's ``share_inputs``) drops its drafts past
+        the valid ones, which no grammar state allows (other slots keep ``K``)."""
+        t0 = time.perf_counter()
+        n, k = int(target.draft_tokens.shape[0]), int(target.draft_tokens.shape[1]) - 1
+        limits: np.ndarray | None = None
+        for b, chain in self._chains.items():
+            if chain.consumed:
+                self.matchers[b].rollback(chain.consumed)
+            if not chain.open:
+                if limits is None:
+                    limits = np.full(n, k, np.int64)
+                limits[b] = chain.valid
+        self._chains = {}
+        self.stats.seconds += time.perf_counter() - t0
+        if limits is not None:
+            limit(target, limits)

@@ -162,6 +162,7 @@ class TargetRunner:
         self.caches, self._attached = acquire_caches(self.cache_specs, fd_config)
         self.block_size = fd_config.cache_config.block_size
         from ..proposer.base import make_proposer
+        from ..proposer.mtp import MTPProposer
 
         #: the drafting method's proposer (:func:`~fastdeploy_mtp.proposer.base.make_proposer`)
         self.proposer: Proposer | None = make_proposer(fd_config, model, self.share_inputs, self.num_blocks, mtp_model)
@@ -191,6 +192,8 @@ class TargetRunner:
             fd_config.model_config.vocab_size, getattr(model.config, "vocab_size", fd_config.model_config.vocab_size)
         )
         self.guided = GuidedSlots.for_model(fd_config, model.config)  # structured output's grammar matchers
+        if isinstance(self.proposer, MTPProposer):  # the MTP layer drafts under each slot's grammar
+            self.proposer.guided = self.guided
 
     def decode_lens(self) -> np.ndarray:
         """``[N]`` int32: tokens each slot feeds if it decodes next step."""

@@ -6,8 +6,11 @@ On the shipped tiny byte model, offline:
   with EOS (finish reason ``"stop"``) when the grammar is complete;
 * the output under a constraint is the same with MTP speculation (K=3, S=3), with the hybrid
   MTP + n-gram drafts and without speculation, greedy and seeded (temperature 0.8);
-* drafts the grammar refuses are cut before verification: the metrics count them, and every
-  draft that reached verification (the engine's trace) is valid after the output before it;
+* the MTP layer drafts under the grammar (no MTP draft is ever cut; each substep's mask
+  follows the round's earlier drafts, and the matchers roll back after the round); drafts
+  that do not see the grammar (the hybrid's n-gram part, ``ngram``, ``suffix``) are cut
+  before verification: the metrics count them, and every draft that reached verification
+  (the engine's trace) is valid after the output before it;
 * after a rejection the matcher is at "output so far" and each logit row gets the mask of
   its own position (unit tests on :class:`~fastdeploy_mtp.runtime.guided.GuidedSlots`);
 * bad constraints are refused at submission, naming the field.
@@ -169,23 +172,34 @@ def verified_drafts_are_valid(eng: Engine, reqs: list[Request]) -> int:
     return checked
 
 
-def test_drafts_the_grammar_refuses_are_cut_before_verification(shipped):
+@pytest.mark.parametrize("spec", [(3, 3, False), (3, 1, True)], ids=["mtp_k3_s3", "hybrid_k3_s1"])
+def test_mtp_drafts_follow_the_grammar_and_grammar_blind_drafts_are_cut(shipped, spec):
+    """The MTP layer drafts under each slot's grammar: with K = S = 3 no draft is ever cut and
+    every checked draft reaches verification. The hybrid's n-gram drafts (positions 2..3) do
+    not see the grammar: some are cut. Either way the output is that of plain decoding."""
     # the model drafts English text after these prompts; the grammar wants digits
-    eng = engine(shipped, 3, 3, False)
-    reqs = [
-        Request(
-            f"d{i}",
-            TOK.encode(DEMO_PROMPTS[i][:40]),
-            40,
-            sampling=SamplingParams(guided={"kind": "regex", "spec": "[0-9 ]{30}"}),
-        )
-        for i in range(3)
-    ]
-    eng.generate(reqs)
-    eng.close()
-    m = eng.metrics
-    assert m.guided_drafts_cut > 0 and m.guided_drafts_checked >= m.guided_drafts_cut
-    assert m.guided_rounds > 0 and m.guided_seconds > 0.0
+    outputs, metrics = {}, {}
+    for name, k_s_h in (("plain", (0, 1, False)), ("spec", spec)):
+        eng = engine(shipped, *k_s_h)
+        reqs = [
+            Request(
+                f"d{i}",
+                TOK.encode(DEMO_PROMPTS[i][:40]),
+                40,
+                sampling=SamplingParams(guided={"kind": "regex", "spec": "[0-9 ]{30}"}),
+            )
+            for i in range(3)
+        ]
+        eng.generate(reqs)
+        eng.close()
+        outputs[name], metrics[name] = [r.output_token_ids for r in reqs], eng.metrics
+    assert outputs["spec"] == outputs["plain"]
+    m = metrics["spec"]
+    assert m.guided_drafts_checked > 0 and m.guided_rounds > 0 and m.guided_seconds > 0.0
+    if spec[2]:
+        assert m.guided_drafts_cut > 0
+    else:
+        assert m.guided_drafts_cut == 0 and m.accepted.sum() > 0
     # what was cut never reached the target: verified = checked - cut
     assert verified_drafts_are_valid(eng, reqs) == m.guided_drafts_checked - m.guided_drafts_cut == m.proposed.sum()
     for req in reqs:
@@ -197,6 +211,8 @@ def test_verified_drafts_are_grammar_valid_in_every_run(runs):
         for mode in ("greedy", "seeded"):
             reqs, eng = runs[spec_name, mode]
             assert verified_drafts_are_valid(eng, reqs) == eng.metrics.proposed.sum() > 0
+    for mode in ("greedy", "seeded"):  # the MTP layer drafts under the grammar: K = S = 3 has nothing to cut
+        assert runs["mtp_k3_s3", mode][1].metrics.guided_drafts_cut == 0
 
 
 def test_a_prompt_prefilled_in_chunks_gives_the_same_constrained_output(shipped, runs):
@@ -307,6 +323,37 @@ def test_each_logit_row_gets_its_own_slots_mask():
     assert np.isfinite(out[0]).all() and np.isfinite(out[3]).all()
     assert np.nonzero(np.isfinite(out[1]))[0].tolist() == [a, c]
     assert np.nonzero(np.isfinite(out[2]))[0].tolist() == [b]
+
+
+def test_draft_masks_follow_the_round_and_the_matchers_roll_back():
+    """Substep masks of constrained draft rows (between an unconstrained slot and a padding
+    row): each after the round's earlier drafts; an EOS draft or a complete grammar closes a
+    chain (its later drafts dropped); at the end every matcher is back at the output so far."""
+    regex = {"kind": "regex", "spec": "(ab|ac)[0-9]x"}
+    choice = {"kind": "choice", "spec": ["ok", "okay"]}
+    a, b, k, o, one, x, z = (ord(ch) for ch in "abko1xz")
+    slots = GuidedSlots(ASSETS_DIR, V, [EOS])
+    slots.start(0, choice, [o])
+    slots.start(2, regex, [a])
+    slt = paddle.to_tensor([1, 1, 1], dtype="int32")  # rows 0..2 = slots 0..2; row 3 is padding
+    logits = paddle.zeros([4, V], dtype="float32")
+    # per substep: (choice's consumed drafts or None once closed, regex's likewise, drafts of rows 0..3)
+    rounds = [([o], [a], [k, z, b, 0]), ([o, k], [a, b], [EOS, z, one, 0]), (None, [a, b, one], [z, z, x, 0])]
+    rounds.append((None, None, [z, z, z, 0]))  # "ab1x" is complete: the regex chain closed
+    for choice_seen, regex_seen, drafts in rounds:
+        out = np.isfinite(slots.mask_drafts(logits, slt).numpy())
+        assert out[1].all() and out[3].all()
+        for row, guided, seen in ((0, choice, choice_seen), (2, regex, regex_seen)):
+            assert (out[row] == (reference_mask(guided, seen) if seen else True)).all(), (row, seen)
+        slots.take_drafts(paddle.to_tensor(drafts, dtype="int64"))
+    got: list[np.ndarray] = []
+    target = type("Target", (), {"draft_tokens": paddle.zeros([3, 5], dtype="int64")})
+    slots.end_drafts(target, lambda t, limits: got.append(limits))
+    assert [g.tolist() for g in got] == [[2, 4, 3]]  # "k" + EOS; slot 1 keeps K; "b1x"
+    slots.prepare(np.full([3, 1], PLACEHOLDER_TOKEN_ID, np.int64), np.array([1, 0, 1]), np.zeros(3, np.int64), set())
+    assert (mask_of(slots.masks[0], 0) == reference_mask(choice, [o])).all()
+    assert (mask_of(slots.masks[2], 0) == reference_mask(regex, [a])).all()
+    assert slots.stats.seconds > 0.0
 
 
 def test_a_complete_grammar_emits_eos_even_where_the_model_never_scores_it():
