@@ -62,25 +62,28 @@ def read_msgmax() -> int:
         return int(f.read().strip())
 
 
-def msg_queue_key(msg_queue_id: int) -> int:
+def msg_queue_key(msg_queue_id: int, shm: os.stat_result | None = None) -> int:
     """The SysV key of queue ``msg_queue_id`` (FastDeploy's ``custom_ftok`` on /dev/shm), as
     the ops compute it; ``msg_queue_id`` in ``[0, 2**20)``. A signed 32-bit value, like
-    ``key_t``."""
+    ``key_t``. ``shm``: the ``os.stat`` of the /dev/shm the ops ran against, when it is not
+    this process's (a process in another mount namespace with a /dev/shm of its own; the
+    queues themselves are shared by every mount namespace)."""
     if isinstance(msg_queue_id, bool) or not isinstance(msg_queue_id, int) or not 0 <= msg_queue_id < 1 << 20:
         raise ValueError(f"msg_queue_id must be an integer in [0, 1048575], got {msg_queue_id!r}")
-    st = os.stat(_KEY_PATH)
+    st = os.stat(_KEY_PATH) if shm is None else shm
     key = ((st.st_dev & 0xF) << 28) | ((st.st_ino & 0xFF) << 20) | msg_queue_id
     return key - (1 << 32) if key >= 1 << 31 else key
 
 
-def remove_msg_queue(msg_queue_id: int) -> bool:
-    """Removes queue ``msg_queue_id`` and any messages in it (``msgctl(IPC_RMID)``).
+def remove_msg_queue(msg_queue_id: int, shm: os.stat_result | None = None) -> bool:
+    """Removes queue ``msg_queue_id`` (``shm``: see :func:`msg_queue_key`) and any messages
+    in it (``msgctl(IPC_RMID)``).
 
     Returns True if a queue was removed, False if there was none. Raises ``OSError`` for
     other failures (e.g. a queue of another user).
     """
     lib = _lib()
-    qid = lib.msgget(msg_queue_key(msg_queue_id), 0)
+    qid = lib.msgget(msg_queue_key(msg_queue_id, shm), 0)
     if qid < 0:
         err = ctypes.get_errno()
         if err == errno.ENOENT:
@@ -94,12 +97,13 @@ def remove_msg_queue(msg_queue_id: int) -> bool:
     return True
 
 
-def queue_owner(msg_queue_id: int) -> tuple[int, int] | None:
-    """``(owner uid, mode bits)`` of queue ``msg_queue_id``, ``None`` if there is none.
+def queue_owner(msg_queue_id: int, shm: os.stat_result | None = None) -> tuple[int, int] | None:
+    """``(owner uid, mode bits)`` of queue ``msg_queue_id`` (``shm``: see
+    :func:`msg_queue_key`), ``None`` if there is none.
     Raises ``PermissionError`` when the queue exists but this user may not read its
     attributes (another user's queue without read permission for us)."""
     lib = _lib()
-    qid = lib.msgget(msg_queue_key(msg_queue_id), 0)
+    qid = lib.msgget(msg_queue_key(msg_queue_id, shm), 0)
     if qid < 0:
         err = ctypes.get_errno()
         if err == errno.ENOENT:

@@ -33,7 +33,15 @@ from fastdeploy_mtp.distributed import find_free_port_range
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 from tests.support.netns import Hosts
-from tests.support.servers import ServerProcess, device_ids, http_get, scrape_metrics, stop_all, stopped_cleanly
+from tests.support.servers import (
+    ServerProcess,
+    device_ids,
+    http_get,
+    queues_with_id,
+    scrape_metrics,
+    stop_all,
+    stopped_cleanly,
+)
 
 MODEL = "fastdeploy-mtp-tiny"
 MTP3 = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 3}'
@@ -214,6 +222,8 @@ def test_netns_a_prefill_instance_killed_mid_transfer(hosts: Hosts) -> None:
             assert metric(d, "splitwise_kv_transfers_total") == 0, "the transfer finished before the kill"
             p.kill()
             thread.join(60)
+            # its SysV queue, keyed on its own /dev/shm, went with it (the kill removes it)
+            assert p.shm_stat is not None and not queues_with_id(p.queue_port)
         finally:
             hosts.shape("prefill", None)
         servers.remove(p)

@@ -169,6 +169,9 @@ class ServerProcess:
             cmd = on[0].command(on[1], cmd, private_shm=True)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         self.children: list[int] = []
+        #: ``os.stat`` of the /dev/shm the server keys its SysV queue on, when it is not ours (a
+        #: server on a host of its own has a private /dev/shm, so another key for the same id)
+        self.shm_stat: os.stat_result | None = None
         try:
             self._wait_healthy(start_timeout)
         except BaseException:
@@ -196,9 +199,14 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"serve exited with {self.proc.returncode} during start-up:\n{self.output()}")
+            if self.on is not None and self.shm_stat is None:
+                self.shm_stat = private_shm_stat(self.proc.pid)
             try:
                 if self.reach(http_get, self.base_url + "/health", 2)[0] == 200:
                     self.children = descendants(self.proc.pid)
+                    if self.on is not None and self.shm_stat is None:
+                        self.shm_stat = private_shm_stat(self.proc.pid)
+                        assert self.shm_stat is not None, "a server on a host of its own has no /dev/shm of its own"
                     return
             except OSError:
                 pass
@@ -253,17 +261,12 @@ class ServerProcess:
     def leftovers_now(self) -> dict[str, object]:
         """What of the server is still there: live children, its /dev/shm names, its SysV
         queue, its runtime directory (only what this server owns; others may run beside it)."""
-        from fastdeploy_mtp.ops import messaging
         from fastdeploy_mtp.serving import runtime_dir
 
-        try:
-            queue = messaging.queue_owner(self.queue_port) is not None
-        except OSError:
-            queue = True
         return {
             "children": [p for p in self.children if alive(p)],
             "shm": own_names(shm_names() - self.shm_before, self.queue_port, self.device_ids),
-            "queue": queue,
+            "queue": bool(queues_with_id(self.queue_port)),
             "runtime_dir": runtime_dir.deployment_dir(self.queue_port).exists(),
         }
 
@@ -275,13 +278,31 @@ class ServerProcess:
 
         left = self.leftovers_now()
         with contextlib.suppress(OSError):
-            messaging.remove_msg_queue(self.queue_port)
+            messaging.remove_msg_queue(self.queue_port, self.shm_stat)
         runtime_dir.remove(self.queue_port)
         return left
 
     def close_log(self) -> None:
         self.log.close()
         os.unlink(self.log.name)
+
+
+def queues_with_id(msg_queue_id: int) -> list[int]:
+    """Keys of the SysV queues (any mount namespace's: ``/proc/sysvipc/msg``) whose key is
+    for queue id ``msg_queue_id`` (its low 20 bits, whatever /dev/shm it was keyed on)."""
+    with open("/proc/sysvipc/msg") as f:
+        keys = [int(line.split()[0]) for line in f.readlines()[1:] if line.strip()]
+    return [k for k in keys if k & 0xFFFFF == msg_queue_id]
+
+
+def private_shm_stat(pid: int) -> os.stat_result | None:
+    """``os.stat`` of process ``pid``'s /dev/shm once it is a mount of its own (seen through
+    ``/proc/<pid>/root``), ``None`` before that (or if the process is gone)."""
+    try:
+        st = os.stat(f"/proc/{pid}/root/dev/shm")
+    except OSError:
+        return None
+    return st if st.st_dev != os.stat("/dev/shm").st_dev else None
 
 
 def stopped_cleanly(server: ServerProcess) -> None:
