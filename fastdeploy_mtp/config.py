@@ -427,9 +427,10 @@ class CacheConfig:
             single-process splitwise engine in tests). ``None`` (default): FastDeploy's rule.
         share_mtp_cache: when the proposer creates the MTP layer's caches itself, also
             publish them by name (``set_data_ipc``) for another process to attach. FastDeploy
-            always publishes; the single-process reference engine has no such process, so the
-            default keeps ``/dev/shm`` free.
+            always publishes; the single-process engine has no such process (default off).
         cache_ready_timeout: seconds an attaching worker waits for ``cache_ready_signal``.
+        enable_prefix_caching: share the KV blocks (every layer's, MTP included) of identical
+            prompt prefixes between requests (:mod:`fastdeploy_mtp.runtime.block_pool`).
     """
 
     block_size: int = 16
@@ -441,6 +442,7 @@ class CacheConfig:
     cache_manager: bool | None = None
     share_mtp_cache: bool = False
     cache_ready_timeout: float = 60.0
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         _positive(self, "block_size", "total_block_num")

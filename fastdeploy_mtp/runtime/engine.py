@@ -209,6 +209,7 @@ class Engine:
                 self._abort_all(exc, failures, running_only=True)
             else:
                 events.ran = True
+                self.scheduler.cache_computed(tasks)
                 self._collect(step, tasks, out, events)
         events.failed.extend((r, failures[r.request_id]) for r in holders if r.request_id in failures)
         return events

@@ -122,6 +122,9 @@ class Request:
         output_draft_logprobs: with ``sampling.include_draft_logprobs``, one
             :class:`~fastdeploy_mtp.runtime.sampling_params.StepDrafts` per step that verified
             MTP drafts, in step order.
+        num_cached_tokens: prompt tokens whose KV (target and MTP layers) came from the
+            prefix cache when the request was admitted (a multiple of the block size; 0
+            without a hit). Its first prefill chunk starts there.
     """
 
     request_id: str
@@ -143,6 +146,7 @@ class Request:
     output_logprobs: list[TokenLogprob] = field(default_factory=list, init=False, repr=False)
     emitted_count: int = field(default=0, init=False, repr=False)
     output_draft_logprobs: list[StepDrafts] = field(default_factory=list, init=False, repr=False)
+    num_cached_tokens: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if len(self.prompt_token_ids) == 0:

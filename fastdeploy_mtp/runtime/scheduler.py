@@ -12,6 +12,7 @@ import numpy as np
 
 from ..config import FDConfig
 from ..constants import NO_SLOT
+from .block_pool import BlockPool, block_keys
 from .request import InvalidRequestError, Request, RequestType, check_token_ids
 from .sampling_params import SamplingParams
 
@@ -27,6 +28,10 @@ class SlotState:
     request: Request
     prefill_pos: int = 0  # prompt tokens already prefilled
     blocks: list[int] = field(default_factory=list)
+    #: prefix-cache keys of the prompt's cacheable blocks (empty without prefix caching)
+    keys: list[bytes] = field(default_factory=list)
+    #: leading blocks already registered in the prefix cache (hits included)
+    registered: int = 0
     #: splitwise decode: the slot waits for its KV blocks from the prefill instance
     awaiting_kv: bool = False
     #: splitwise decode: the KV arrived; the next schedule loads the slot (an IMPORT task)
@@ -83,7 +88,11 @@ class Scheduler:
         self.prefill_chunk_size = prefill_chunk_size
         self.block_size = fd_config.cache_config.block_size
         self.max_blocks_per_seq = fd_config.max_blocks_per_seq
-        self.free_blocks: list[int] = list(range(fd_config.cache_config.total_block_num - 1, -1, -1))
+        cache = fd_config.cache_config
+        #: the KV blocks: free list, reference counts, prefix cache
+        self.pool = BlockPool(cache.total_block_num, cache.enable_prefix_caching)
+        #: prefix-cache keys cover the token after a block when MTP layers have KV caches
+        self._key_next = spec.enabled and spec.method == "mtp"
         self.waiting: deque[Request] = deque()
         self.slots: dict[int, SlotState] = {}
         self.max_model_len = fd_config.model_config.max_model_len
@@ -282,11 +291,51 @@ class Scheduler:
                 f"more than a slot holds ({self.max_blocks_per_seq})"
             )
         while len(state.blocks) < need:
-            if not self.free_blocks:
+            if not self.pool.num_free:
                 raise OutOfBlocksError(
                     "the KV cache is out of blocks: raise cache_config.total_block_num or lower max_num_seqs"
                 )
-            state.blocks.append(self.free_blocks.pop())
+            state.blocks.append(self.pool.allocate())
+
+    @property
+    def free_blocks(self) -> list[int]:
+        """Ids of the blocks a request can be given (free, or cached with no reference)."""
+        return self.pool.free_ids()
+
+    @property
+    def num_free_blocks(self) -> int:
+        """How many blocks a request can be given (free, or cached with no reference)."""
+        return self.pool.num_free
+
+    def _admit(self, idx: int) -> bool:
+        """Place the head of the queue in free slot ``idx`` if the free blocks cover its worst
+        case (less the blocks a prefix-cache hit gives it); returns whether it was placed."""
+        req = self.waiting[0]
+        keys = hits = []
+        if self.pool.enable_caching:
+            keys = block_keys(req.prompt_token_ids, self.block_size, self._key_next)
+            hits = self.pool.lookup(keys)
+        taken_from_free = sum(1 for b in hits if self.pool.refs(b) == 0)
+        available = self.pool.num_free - taken_from_free - self._reserved_blocks()
+        if available < self.worst_case_blocks(req) - len(hits):
+            return False
+        self.waiting.popleft()
+        req.idx = idx
+        if req.handoff_state is not None:
+            # handed over by a prefill instance: its KV blocks are allocated now, so the
+            # transfer has somewhere to go; the slot runs once they arrived (kv_arrived)
+            state = SlotState(req, prefill_pos=len(req.prompt_token_ids), awaiting_kv=True, keys=keys)
+            self.slots[idx] = state
+            self._ensure_blocks(state, len(req.prompt_token_ids) + len(req.output_token_ids) + self.lookahead)
+            self._admitted_transfers.append(req)
+            return True
+        if self.pool.enable_caching:
+            self.pool.count_query(len(req.prompt_token_ids), len(hits) * self.block_size)
+        self.pool.take(hits)
+        cached = len(hits) * self.block_size
+        req.num_cached_tokens = cached
+        self.slots[idx] = SlotState(req, prefill_pos=cached, blocks=list(hits), keys=keys, registered=len(hits))
+        return True
 
     def schedule(self, step: int, decode_lens: np.ndarray) -> list[Request]:
         """Plan this step: first place waiting requests (FIFO, once their ``arrival_step`` has
@@ -298,19 +347,8 @@ class Scheduler:
         for idx in range(self.max_num_seqs):
             if idx in self.slots or not self.waiting or self.waiting[0].arrival_step > step:
                 continue
-            if len(self.free_blocks) - self._reserved_blocks() < self.worst_case_blocks(self.waiting[0]):
+            if not self._admit(idx):
                 break
-            req = self.waiting.popleft()
-            req.idx = idx
-            if req.handoff_state is None:
-                self.slots[idx] = SlotState(req)
-                continue
-            # handed over by a prefill instance: its KV blocks are allocated now, so the
-            # transfer has somewhere to go; the slot runs once they arrived (kv_arrived)
-            state = SlotState(req, prefill_pos=len(req.prompt_token_ids), awaiting_kv=True)
-            self.slots[idx] = state
-            self._ensure_blocks(state, len(req.prompt_token_ids) + len(req.output_token_ids) + self.lookahead)
-            self._admitted_transfers.append(req)
         tasks: list[Request] = []
         budget = self.budget
         for idx, state in sorted(self.slots.items()):
@@ -354,7 +392,7 @@ class Scheduler:
         if hold:
             self.held[state.request.request_id] = state.blocks
         else:
-            self.free_blocks.extend(reversed(state.blocks))
+            self.pool.free(state.blocks)
         state.request.finished = True
         return state.request
 
@@ -362,8 +400,30 @@ class Scheduler:
         """Return the blocks :attr:`held` for ``request_id`` to the free list; returns how many
         (0 if none were held)."""
         blocks = self.held.pop(request_id, [])
-        self.free_blocks.extend(reversed(blocks))
+        self.pool.free(blocks)
         return len(blocks)
+
+    def cache_computed(self, tasks: Sequence[Request]) -> None:
+        """The step that ran ``tasks`` succeeded: register in the prefix cache the prompt
+        blocks whose KV it completed (every layer's; see
+        :mod:`~fastdeploy_mtp.runtime.block_pool`). A prefill chunk ``[start, end)``
+        completes the cacheable blocks that end at or before ``end``; an imported slot (a
+        splitwise decode instance) arrived with its whole prompt's KV."""
+        if not self.pool.enable_caching:
+            return
+        for req in tasks:
+            state = self.slots.get(req.idx)
+            if state is None or state.request is not req:
+                continue
+            if req.task_type == RequestType.PREFILL:
+                done = min(len(state.keys), req.prefill_end_index // self.block_size)
+            elif req.task_type == RequestType.IMPORT:
+                done = len(state.keys)
+            else:
+                continue
+            for i in range(state.registered, done):
+                self.pool.register(state.blocks[i], state.keys[i])
+            state.registered = max(state.registered, done)
 
     def take_admitted_transfers(self) -> list[Request]:
         """The handed-over requests admitted to slots since the last call (their KV blocks

@@ -270,7 +270,7 @@ class TargetRunner:
             start, end = req.prefill_start_index, req.prefill_end_index
             length = end - start
             target.input_ids[idx, :length] = paddle.to_tensor(prompt[start:end], dtype="int64")
-            if start == 0:
+            if first := start == req.num_cached_tokens:  # the first chunk (after a prefix-cache hit)
                 target.token_ids_all[idx, :] = PLACEHOLDER_TOKEN_ID
                 target.token_ids_all[idx, : len(prompt)] = paddle.to_tensor(prompt, dtype="int64")
                 target.prompt_lens[idx, 0] = len(prompt)
@@ -286,7 +286,7 @@ class TargetRunner:
             target.accept_num[idx] = 0
             target.max_dec_len[idx, 0] = req.max_tokens
             self._load_sampling(req)
-            if self.adaptive is not None and start == 0:
+            if self.adaptive is not None and first:
                 self.adaptive.reset_slot(idx)
             if not req.is_final_chunk:
                 self._pending_fixups.append(req)

@@ -68,6 +68,8 @@ class SlotTable:
                 sampling=task.sampling or SamplingParams(),
             )
             new.idx = task.idx
+            if isinstance(task, PrefillTask):
+                new.num_cached_tokens = task.start  # the first chunk starts after a prefix-cache hit
             if isinstance(task, ImportTask):
                 new.output_token_ids = list(task.output_token_ids)
                 new.handoff_state = task.state

@@ -283,7 +283,7 @@ class RemoteRunner:
 
     def insert_tasks(self, tasks: Sequence[Request]) -> None:
         for req in tasks:
-            first = req.task_type == RequestType.PREFILL and req.prefill_start_index == 0
+            first = req.task_type == RequestType.PREFILL and req.prefill_start_index == req.num_cached_tokens
             self._pending.tasks.append(task_message(req, first))
 
     def free_slot(self, idx: int) -> None:
