@@ -311,7 +311,8 @@ class Scheduler:
         """Place the head of the queue in free slot ``idx`` if the free blocks cover its worst
         case (less the blocks a prefix-cache hit gives it); returns whether it was placed."""
         req = self.waiting[0]
-        keys = hits = []
+        keys: list[bytes] = []
+        hits: list[int] = []
         if self.pool.enable_caching:
             keys = block_keys(req.prompt_token_ids, self.block_size, self._key_next)
             hits = self.pool.lookup(keys)
@@ -321,20 +322,19 @@ class Scheduler:
             return False
         self.waiting.popleft()
         req.idx = idx
-        if req.handoff_state is not None:
-            # handed over by a prefill instance: its KV blocks are allocated now, so the
-            # transfer has somewhere to go; the slot runs once they arrived (kv_arrived)
-            state = SlotState(req, prefill_pos=len(req.prompt_token_ids), awaiting_kv=True, keys=keys)
-            self.slots[idx] = state
-            self._ensure_blocks(state, len(req.prompt_token_ids) + len(req.output_token_ids) + self.lookahead)
-            self._admitted_transfers.append(req)
-            return True
         if self.pool.enable_caching:
             self.pool.count_query(len(req.prompt_token_ids), len(hits) * self.block_size)
         self.pool.take(hits)
-        cached = len(hits) * self.block_size
-        req.num_cached_tokens = cached
-        self.slots[idx] = SlotState(req, prefill_pos=cached, blocks=list(hits), keys=keys, registered=len(hits))
+        req.num_cached_tokens = len(hits) * self.block_size
+        state = SlotState(req, prefill_pos=req.num_cached_tokens, blocks=list(hits), keys=keys, registered=len(hits))
+        self.slots[idx] = state
+        if req.handoff_state is not None:
+            # handed over by a prefill instance: its KV blocks are allocated now, so the
+            # transfer has somewhere to go (past the ones this instance's prefix cache already
+            # holds); the slot runs once they arrived (kv_arrived)
+            state.prefill_pos, state.awaiting_kv = len(req.prompt_token_ids), True
+            self._ensure_blocks(state, len(req.prompt_token_ids) + len(req.output_token_ids) + self.lookahead)
+            self._admitted_transfers.append(req)
         return True
 
     def schedule(self, step: int, decode_lens: np.ndarray) -> list[Request]:

@@ -263,7 +263,8 @@ class SplitwiseEngine(AsyncEngine):
         return self.submit(req)
 
     def _fetch(self, req: Request, blocks: list[int]) -> None:
-        """The engine's ``kv_fetcher``: pull ``req``'s blocks in a thread."""
+        """The engine's ``kv_fetcher``: pull ``req``'s blocks in a thread (all but the leading
+        ones this instance's prefix cache already gave it: ``req.num_cached_tokens``)."""
         from ..splitwise.kv_client import pull_blocks
         from ..splitwise.transport import choose_transport
 
@@ -272,6 +273,7 @@ class SplitwiseEngine(AsyncEngine):
         caches = self.caches
         if caches is None:
             raise RuntimeError("a decode instance needs its caches to receive KV blocks")
+        skip = req.num_cached_tokens // self.engine.fd_config.cache_config.block_size
 
         def pull() -> None:
             error: BaseException | None = None
@@ -279,7 +281,7 @@ class SplitwiseEngine(AsyncEngine):
             t0 = time.perf_counter()
             try:
                 nbytes = pull_blocks(
-                    descriptor, caches, self.layout, blocks, transport, self.transfer_timeout, self.secret
+                    descriptor, caches, self.layout, blocks, transport, self.transfer_timeout, self.secret, skip
                 )
             except Exception as exc:
                 error = exc

@@ -4,6 +4,7 @@ to P's :class:`~.kv_source.KVSource` through a :class:`_Peer` (protocol in :mod:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -36,8 +37,10 @@ class _Peer:
     the decode instance aborts the request (``docs/architecture.md``, "Faults and
     back-pressure"); resending would only double the wait on a dead prefill instance."""
 
-    def __init__(self, address: str, request_id: str, token: str, key: bytes | None):
+    def __init__(self, address: str, request_id: str, token: str, key: bytes | None, first: int = 0):
         self.address = address
+        #: offered blocks D already holds: a fetch asks for ``block_ids[first:]``
+        self.first = first
         self.request_id = request_id
         self.token = token
         self.key = key
@@ -49,8 +52,12 @@ class _Peer:
     def ask(self, op: str, timeout: float) -> tuple[dict[str, Any], list[zmq.Frame]]:
         """Send ``op``; the reply header (``ok`` checked) and its data frames."""
         deadline = time.monotonic() + timeout
-        mac = control_mac(self.key, op, self.request_id, self.token)
-        msg = json.dumps({"op": op, "request_id": self.request_id, "token": self.token, "mac": mac}).encode()
+        first = self.first if op == "fetch" else 0
+        mac = control_mac(self.key, op, self.request_id, self.token, first)
+        body: dict[str, Any] = {"op": op, "request_id": self.request_id, "token": self.token, "mac": mac}
+        if first:
+            body["first"] = first
+        msg = json.dumps(body).encode()
         if not self.sock.poll(max(1, int(timeout * 1000)), zmq.POLLOUT):
             raise self._timeout(op, timeout)
         self.sock.send(msg, zmq.NOBLOCK)
@@ -101,6 +108,7 @@ def pull_blocks(
     transport: str = "tcp",
     timeout: float = 30.0,
     secret: bytes | None = None,
+    skip: int = 0,
 ) -> int:
     """Copy the blocks a prefill instance offered into this (decode) instance's caches, then
     tell the source to release them.
@@ -131,9 +139,12 @@ def pull_blocks(
         timeout: seconds the source may take to answer each request.
         secret: the splitwise secret the source was given (its control requests are signed
             with it); ``None`` for a source without one.
+        skip: the first ``skip`` offered blocks are already in ``dst_block_ids[:skip]`` (this
+            instance's prefix cache holds them): only the blocks after them are read or sent.
 
     Returns:
-        Bytes copied (``tp * len(block_ids) * layout.block_nbytes``: every cache of every rank).
+        Bytes copied (``tp * (len(block_ids) - skip) * layout.block_nbytes``: every cache of
+        every rank).
 
     Raises:
         TransferError: a bad argument or descriptor field (named), a layout mismatch, a source
@@ -148,13 +159,19 @@ def pull_blocks(
     mover = get_transport(transport, where)
     mover.check_pullable(checked, where)
     seconds = positive_number(timeout, "timeout", where, "a positive number of seconds")
-    peer = _Peer(checked.address, checked.request_id, checked.token, None if secret is None else derive(secret, "kv"))
+    n = len(checked.block_ids)
+    if isinstance(skip, bool) or not isinstance(skip, int) or not 0 <= skip < n:
+        raise TransferError(f"{where}: `skip` must be an int in [0, {n}) (blocks offered: {n}), got {skip!r}")
+    key = None if secret is None else derive(secret, "kv")
+    peer = _Peer(checked.address, checked.request_id, checked.token, key, skip)
     try:
         offered = _offer_of(peer, checked, seconds)
-        mover.pull(peer, offered, caches, dst_idx, seconds)
+        if skip:  # the tail only: every transport reads or is sent `offered.block_ids` alone
+            offered = dataclasses.replace(offered, block_ids=offered.block_ids[skip:])
+        mover.pull(peer, offered, caches, dst_idx[skip:], seconds)
     finally:
         peer.close()
-    return layout.tensor_parallel_size * len(checked.block_ids) * layout.block_nbytes
+    return layout.tensor_parallel_size * (n - skip) * layout.block_nbytes
 
 
 def _offer_of(peer: _Peer, handed_over: Descriptor, timeout: float) -> Descriptor:

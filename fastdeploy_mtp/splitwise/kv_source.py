@@ -353,7 +353,10 @@ class KVSource:
             return self._refused(f"unknown op {op!r} (expected 'fetch', 'check' or 'release')")
         if not isinstance(rid, str) or not isinstance(token, str):
             return self._refused("`request_id` and `token` must be str")
-        if self._key is not None and not _same(req.get("mac"), control_mac(self._key, op, rid, token)):
+        first = req.get("first", 0)
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0 or (first and op != "fetch"):
+            return self._refused(f"`first` must be an int >= 0, on a fetch only, got {first!r:.40}")
+        if self._key is not None and not _same(req.get("mac"), control_mac(self._key, op, rid, token, first)):
             return self._refused(_NOT_AUTHORIZED)
         with self._lock:
             offer = self._offers.get(rid)
@@ -369,9 +372,11 @@ class KVSource:
                 return {"ok": True, "_released": True, "_request_id": rid}, []
             if offer.fetched:
                 return _error(f"request {rid!r} was already fetched (an offer is fetched once)")
+            if first >= len(offer.block_ids):
+                return _error(f"`first` {first} leaves none of the {len(offer.block_ids)} offered blocks to send")
             offer.fetched = True
             # fetch: copied under the lock, so a withdraw() that returned sees no later reads
-            return fetch_reply(self._caches, self.layout, offer.block_ids)
+            return fetch_reply(self._caches, self.layout, offer.block_ids[first:])
 
     def _refused(self, text: str) -> _Reply:
         """A request from a peer that proved nothing (counted as dropped; nothing changes)."""

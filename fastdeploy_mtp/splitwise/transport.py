@@ -40,7 +40,9 @@ does not say which (and counted as dropped); it changes nothing at P.
   cache c> per cache], "num_blocks": <blocks in each data frame, len(block_ids)>}`` followed,
   in the same multipart message, by one data frame per (rank, cache) in rank-major order,
   each the C-order bytes of ``cache[block_ids]`` (the ``"tcp"`` transport,
-  :mod:`.transports.tcp`).
+  :mod:`.transports.tcp`). A fetch may carry ``"first": j`` (an int in ``[1, len(block_ids))``,
+  then part of the mac: ``[op, request_id, token, j]``): P sends ``block_ids[j:]`` only, the
+  blocks D's prefix cache does not already hold (``num_blocks`` counts those).
 * ``{"op": "release"}``: P drops the offer and calls its ``on_release`` with ``"released"``;
   answers ``{"ok": true}``. The token is spent.
 
@@ -378,10 +380,11 @@ def differing_field(handed_over: Descriptor, offered: Descriptor) -> str | None:
     return None
 
 
-def control_mac(key: bytes | None, op: str, request_id: str, token: str) -> str | None:
-    """The ``mac`` of a control request (module docstring); ``None`` without a key."""
+def control_mac(key: bytes | None, op: str, request_id: str, token: str, first: int = 0) -> str | None:
+    """The ``mac`` of a control request (module docstring); ``None`` without a key.
+    ``first``: a fetch's first block (covered by the mac when not 0)."""
     if key is None:
         return None
     from ..credentials import sign
 
-    return sign(key, [op, request_id, token])
+    return sign(key, [op, request_id, token, *([first] if first else [])])

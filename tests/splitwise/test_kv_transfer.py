@@ -291,6 +291,52 @@ def test_several_offers_and_pulls_are_independent(sources: Any) -> None:
     assert sorted(releases.wait(2)) == [("a", "released"), ("b", "released")]
 
 
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+@pytest.mark.parametrize("secret", [None, b"s" * 32])
+def test_skip_pulls_only_the_blocks_the_decode_cache_lacks(sources: Any, publish: Any, transport: str, secret) -> None:
+    """``skip``: D's prefix cache already holds the first offered blocks; only the rest are
+    read (shm) or sent (tcp: P's reply carries them alone), and the held ones are untouched."""
+    data = make_caches(1, SRC_BLOCKS, seed=21)
+    src, names = publish(data)
+    source, releases = sources(src, shm_names=names, secret=secret)
+    descriptor = source.offer("skip-req", [4, 0, 8, 2])
+    dst = make_caches(1, DST_BLOCKS, seed=None)
+    copied = pull_blocks(descriptor, dst, layout_of(dst), [1, 10, 6, 3], transport=transport, secret=secret, skip=2)
+    assert copied == 2 * layout_of(dst).block_nbytes
+    assert_copied(src, dst, [8, 2], [6, 3])  # blocks 1 and 10 (the cached prefix) stay as they were
+    assert releases.wait() == [("skip-req", "released")]
+    offer = source.offer("skip-all", [4, 0])
+    with pytest.raises(TransferError, match="`skip` must be an int in"):
+        pull_blocks(offer, dst, layout_of(dst), [1, 10], transport=transport, secret=secret, skip=2)
+
+
+def test_a_fetch_with_a_forged_first_is_refused(sources: Any) -> None:
+    """``first`` is covered by the control mac: a signed fetch of the tail is answered with
+    those blocks alone; one whose ``first`` was changed after signing is refused."""
+    from fastdeploy_mtp.credentials import derive
+    from fastdeploy_mtp.splitwise.kv_client import _Peer
+    from fastdeploy_mtp.splitwise.transport import control_mac
+
+    key = derive(b"k" * 32, "kv")
+    source, _ = sources(make_caches(1, SRC_BLOCKS, seed=3), secret=b"k" * 32)
+    for rid, forged in (("signed", False), ("forged", True)):
+        descriptor = source.offer(rid, [1, 2, 3])
+        peer = _Peer(descriptor["address"], rid, descriptor["token"], key, first=1)
+        try:
+            if not forged:
+                header, _frames = peer.ask("fetch", 5.0)
+                assert header["num_blocks"] == 2
+                continue
+            mac = control_mac(key, "fetch", rid, descriptor["token"])  # signs first = 0
+            body = {"op": "fetch", "request_id": rid, "token": descriptor["token"], "mac": mac, "first": 1}
+            peer.sock.send(json.dumps(body).encode())
+            assert peer.sock.poll(5000)
+            reply = json.loads(peer.sock.recv_multipart()[0])
+        finally:
+            peer.close()
+        assert reply["ok"] is False and rid in source.pending()
+
+
 # ---- shm transport ------------------------------------------------------------------------------
 
 _device_ids = itertools.count()

@@ -34,6 +34,10 @@ class LocalPD:
         self._fetches: list[tuple[int, Request, list[int]]] = []
         self._offers: dict[str, list[int]] = {}
         self.handoffs: list[str] = []
+        #: blocks offered by the prefill engine / copied to the decode engine (fewer when the
+        #: decode engine's prefix cache already held some)
+        self.offered_blocks = 0
+        self.copied_blocks = 0
         self.first_tokens: dict[str, list[int]] = {}
         self.step = 0
 
@@ -41,10 +45,16 @@ class LocalPD:
         self._fetches.append((self.step + self.fetch_delay, req, blocks))
 
     def _copy_blocks(self, req: Request, dst: list[int]) -> None:
+        """Copy the offered blocks past those the decode engine's prefix cache gave it
+        (``req.num_cached_tokens``), as ``pull_blocks(skip=...)`` does."""
         src = self._offers.pop(req.request_id)
         assert len(dst) >= len(src), (src, dst)
+        skip = req.num_cached_tokens // self.d.fd_config.cache_config.block_size
+        assert 0 <= skip < len(src), (skip, src)
         for a, b in zip(self.p.runner.host_caches()[0], self.d.runner.host_caches()[0]):  # type: ignore[attr-defined]
-            b[np.asarray(dst[: len(src)])] = a[np.asarray(src)]
+            b[np.asarray(dst[skip : len(src)])] = a[np.asarray(src[skip:])]
+        self.copied_blocks += len(src) - skip
+        self.offered_blocks += len(src)
         self.p.release_handoff(req.request_id)
 
     def run(self, requests: list[Request], max_steps: int = 10_000) -> dict[str, list[int]]:
