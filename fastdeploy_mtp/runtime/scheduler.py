@@ -47,7 +47,9 @@ class Scheduler:
 
     Per step: every decoding slot runs (it costs ``1 + drafts`` tokens, at most ``K + 1``);
     then prefilling slots get prompt chunks, in slot order, while the token budget
-    ``max_num_batched_tokens`` lasts (``prefill_chunk_size`` caps one chunk). Before a slot
+    ``max_num_batched_tokens`` lasts (``prefill_chunk_size`` caps one chunk); a slot part-way
+    through its prompt always gets at least one token (its runner state would otherwise run
+    on as a decode row), which the budget's lower bound ``N * (K + 1) + 1`` guarantees. Before a slot
     runs, it owns KV blocks for every position it (target or MTP layer) can write before the
     next schedule: ``2K + 2`` past its committed tokens. Finished slots free their blocks and take the
     next waiting request. The reference engine does not preempt: a waiting request takes a
@@ -368,11 +370,16 @@ class Scheduler:
             else:
                 budget -= int(decode_lens[idx])
             tasks.append(req)
-        for _, state in sorted(self.slots.items()):
-            if not state.prefilling or budget <= 0:
+        prefilling = [(idx, s) for idx, s in sorted(self.slots.items()) if s.prefilling and not s.awaiting_kv]
+        # a slot whose prompt is part-way prefilled must get a chunk every step (its runner
+        # state would otherwise run on as a decode row): keep one token for each after this one
+        started = [idx for idx, s in prefilling if s.prefill_pos > s.request.num_cached_tokens]
+        for idx, state in prefilling:
+            room = budget - sum(1 for j in started if j > idx)
+            if room <= 0:
                 continue
             req = state.request
-            chunk = min(len(req.prompt_token_ids) - state.prefill_pos, budget)
+            chunk = min(len(req.prompt_token_ids) - state.prefill_pos, room)
             if self.prefill_chunk_size:
                 chunk = min(chunk, self.prefill_chunk_size)
             req.prefill_start_index = state.prefill_pos
