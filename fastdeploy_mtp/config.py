@@ -442,7 +442,7 @@ class CacheConfig:
     cache_manager: bool | None = None
     share_mtp_cache: bool = False
     cache_ready_timeout: float = 60.0
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         _positive(self, "block_size", "total_block_num")
