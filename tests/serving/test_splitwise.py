@@ -122,6 +122,29 @@ def test_demo_prompts_through_prefill_and_decode_equal_mixed(mtp3, expected_mtp3
     wait_for(lambda: blocks_all_back(p, d))
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_decode_instance_that_holds_the_prefix_pulls_only_the_rest(mtp3, transport):
+    """Prefix caching on both instances: once the decode instance imported one request with
+    a system prompt, later requests with the same system prompt find its blocks in the decode
+    instance's own cache, and the transfer moves only the blocks after it."""
+    p, d = mtp3["prefill"], mtp3[transport]
+    system = f"[{transport}] The harbor office answers questions about ships and tides, briefly. "
+    prompts = [system + q for q in ("Which ship left first?", "When is the next tide?", "Who keeps the lamp?")]
+    name = f'fastdeploy:splitwise_kv_transfer_bytes_total{{transport="{transport}"}}'
+    got = []
+    with router(p, d) as url:
+        before = metrics(d.base_url)[name]
+        got += asyncio.run(complete_all(url, prompts[:1]))
+        first = metrics(d.base_url)[name] - before
+        got += asyncio.run(complete_all(url, prompts[1:]))
+        later = metrics(d.base_url)[name] - before - first
+    assert got == offline(prompts, spec=MTP3)
+    # 96-byte prompts (16-token blocks): about 7 blocks offered each; the later two already
+    # hold the system prompt's 4 whole blocks and pull about 3
+    assert 0 < later / 2 < 0.6 * first, (first, later)
+    wait_for(lambda: blocks_all_back(p, d))
+
+
 def test_staggered_requests_with_different_lengths_equal_mixed(mtp3):
     prompts = [DEMO_PROMPTS[i % len(DEMO_PROMPTS)][: 6 + 5 * i] for i in range(10)]
     with router(mtp3["prefill"], mtp3["tcp"]) as url:
