@@ -74,12 +74,13 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..credentials import DroppedMessages
 from ..runtime.engine_metrics import Metrics
 from ..runtime.scheduler import Scheduler
+from .latency import HISTOGRAMS, Histogram, LatencyTracker
 
 PREFIX = "fastdeploy:"
 
@@ -128,19 +129,29 @@ class TransferCounts:
 class EngineCollector(Collector):
     """Reads the engine's :class:`~fastdeploy_mtp.runtime.engine.Metrics` at scrape time."""
 
-    def __init__(self, metrics: Metrics, scheduler: Scheduler, counters: ServerCounters, lock: threading.Lock):
+    def __init__(
+        self,
+        metrics: Metrics,
+        scheduler: Scheduler,
+        counters: ServerCounters,
+        lock: threading.Lock,
+        latency: LatencyTracker | None = None,
+    ):
         self.metrics = metrics
         self.scheduler = scheduler
         self.counters = counters
         self.lock = lock  # the engine loop's lock: a scrape sees one step's counts, not half
+        self.latency = latency
 
     def collect(self) -> Iterator[Metric]:
         with self.lock:
             m = copy.deepcopy(self.metrics)
             sched = self.scheduler
             occupancy = Occupancy(
-                len(sched.slots), len(sched.waiting), sum(len(b) for b in sched.held.values()), len(sched.free_blocks)
+                len(sched.slots), len(sched.waiting), sum(len(b) for b in sched.held.values()), sched.num_free_blocks
             )
+            kv = KVCache.of(sched)
+            histograms = self.latency.snapshot() if self.latency is not None else {}
         with self.counters.lock:
             c = copy.copy(self.counters)
             c.kv = copy.deepcopy(self.counters.kv)
@@ -148,6 +159,8 @@ class EngineCollector(Collector):
         yield from _guided_metrics(m)
         yield from _request_metrics(m, occupancy, c)
         yield from _splitwise_metrics(m, occupancy, c)
+        yield from _kv_cache_metrics(kv)
+        yield from _latency_metrics(histograms)
 
 
 class Occupancy(NamedTuple):
@@ -157,6 +170,21 @@ class Occupancy(NamedTuple):
     waiting: int
     held_blocks: int
     free_blocks: int
+
+
+class KVCache(NamedTuple):
+    """The KV blocks and the prefix cache's counts at scrape time."""
+
+    total_blocks: int
+    free_blocks: int
+    cached_blocks: int
+    queried_tokens: int
+    hit_tokens: int
+
+    @classmethod
+    def of(cls, sched: Scheduler) -> KVCache:
+        pool = sched.pool
+        return cls(sched.total_blocks, pool.num_free, pool.num_cached, pool.queried_tokens, pool.hit_tokens)
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
@@ -259,7 +287,39 @@ def _splitwise_metrics(m: Metrics, occupancy: Occupancy, c: ServerCounters) -> I
     yield from _transfer_metrics(c.kv)
     held_doc = "KV blocks held outside any slot (prefill: handed off, not yet copied; decode: an aborted transfer's)."
     yield _gauge("splitwise_kv_blocks_held", held_doc, occupancy.held_blocks)
-    yield _gauge("num_kv_blocks_free", "Free KV blocks.", occupancy.free_blocks)
+    yield _gauge(
+        "num_kv_blocks_free",
+        "Free KV blocks (cached prefix blocks no request references included).",
+        occupancy.free_blocks,
+    )
+
+
+def _kv_cache_metrics(kv: KVCache) -> Iterator[Metric]:
+    used = kv.total_blocks - kv.free_blocks
+    yield _gauge(
+        "kv_cache_usage_perc",
+        "Fraction (0..1) of the KV blocks in use: referenced by a running request or held for a splitwise "
+        "hand-over. Cached prefix blocks no request references count as free.",
+        used / kv.total_blocks if kv.total_blocks else 0.0,
+    )
+    yield _gauge(
+        "num_kv_blocks_cached",
+        "KV blocks holding a cached prompt prefix (referenced by a request or not).",
+        kv.cached_blocks,
+    )
+    yield _counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", kv.queried_tokens)
+    yield _counter("prefix_cache_hits", "Prompt tokens found in the prefix cache (their KV was reused).", kv.hit_tokens)
+    yield _gauge(
+        "prefix_cache_hit_rate",
+        "Prefix cache hits / queries (prompt tokens) since start; 0 before any query.",
+        kv.hit_tokens / kv.queried_tokens if kv.queried_tokens else 0.0,
+    )
+
+
+def _latency_metrics(histograms: dict[str, Histogram]) -> Iterator[Metric]:
+    for name, h in histograms.items():
+        doc = HISTOGRAMS[name][0]
+        yield HistogramMetricFamily(PREFIX + name, doc, buckets=h.cumulative(), sum_value=h.sum)
 
 
 def _transfer_metrics(kv: dict[str, TransferCounts]) -> Iterator[Metric]:
@@ -342,9 +402,10 @@ def make_registry(
     counters: ServerCounters,
     lock: threading.Lock,
     dropped: DroppedMessages | None = None,
+    latency: LatencyTracker | None = None,
 ) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(metrics, scheduler, counters, lock))
+    registry.register(EngineCollector(metrics, scheduler, counters, lock, latency))
     if dropped is not None:
         registry.register(DroppedCollector(dropped))
     return registry
