@@ -169,3 +169,50 @@ def test_in_process_stages_ordered_prefix_cache_hits_and_idle_usage(random_model
     assert m[p + "num_kv_blocks_cached"] == 5
     assert m[p + "kv_cache_usage_perc"] == 0.0  # idle: cached blocks no request references count as free
     assert m[p + "num_kv_blocks_free"] == config.cache_config.total_block_num
+
+
+# ---- a real server ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server():
+    from tests.support.servers import serving
+
+    spec = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1}'
+    yield from serving(["--speculative-config", spec, "--max-num-seqs", "4"])
+
+
+def test_served_requests_are_observed_once_each(server):
+    from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
+    from tests.support.servers import http_get, http_post
+
+    url = server.base_url
+    bodies = [
+        {"prompt": DEMO_PROMPTS[0], "max_tokens": 12},
+        {"prompt": DEMO_PROMPTS[1], "max_tokens": 12, "stream": True},
+        {"prompt": DEMO_PROMPTS[2], "max_tokens": 1},  # one token: no time per output token
+    ]
+    for body in bodies:
+        status, _ = http_post(url + "/v1/completions", {"model": "fastdeploy-mtp-tiny", **body})
+        assert status == 200
+    chat = {"model": "fastdeploy-mtp-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    assert http_post(url + "/v1/chat/completions", {**chat, "stream": True})[0] == 200
+    status, text = http_get(url + "/metrics")
+    assert status == 200
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    m = unlabelled(text)
+    p = "fastdeploy:"
+    assert m[p + "request_success_total"] == 4
+    for name, (doc, buckets) in HISTOGRAMS.items():
+        fam = fams[p + name]
+        assert fam.type == "histogram" and fam.documentation == doc
+        assert f"# HELP {p}{name} " in text
+        want = 3 if name == TPOT else 4
+        assert m[p + name + "_count"] == want and m[p + name + "_sum"] > 0, name
+        counts = [s.value for s in fam.samples if s.name.endswith("_bucket")]
+        assert len(counts) == len(buckets) + 1 and counts[-1] == want
+        assert counts == sorted(counts), f"{name}: buckets not cumulative"
+    assert m[p + QUEUE + "_sum"] <= m[p + TTFT + "_sum"] <= m[p + E2E + "_sum"]
+    assert m[p + PREFILL + "_sum"] <= m[p + TTFT + "_sum"]
+    assert m[p + "kv_cache_usage_perc"] == 0.0  # idle
+    assert m[p + "prefix_cache_queries_total"] == m[p + "prefix_cache_hit_rate"] == 0.0  # caching is off
