@@ -36,6 +36,43 @@ Plus request counters (``fastdeploy:request_success_total``, ``..._failure_total
 ``..._cancelled_total`` for clients that disconnected),
 prompt/generation token counters, and running/waiting gauges.
 
+Latency histograms (vLLM's names; seconds of ``time.monotonic()``, buckets from 1 ms to 10
+minutes, 0.5 ms to 10 s for the time per output token). The stages and which requests are
+observed are defined in :mod:`~fastdeploy_mtp.serving.latency`; in short, each is observed
+once per request when it ends, for requests that completed (failed and cancelled requests
+are not observed), and "arrival" is the engine client's ``submit``:
+
+* ``fastdeploy:time_to_first_token_seconds`` — arrival to the end of the engine step that
+  generated the first output token (not the first streamed chunk: a token held back because
+  it could begin a stop string counts when it is generated);
+* ``fastdeploy:time_per_output_token_seconds`` — (e2e - TTFT) / (output tokens - 1), for
+  requests with at least 2 output tokens. With speculation a step brings several tokens, so
+  this is a mean over the request, not the gap between streamed chunks;
+* ``fastdeploy:e2e_request_latency_seconds`` — arrival to the end of the step the request
+  completed in (stop or length);
+* ``fastdeploy:request_queue_time_seconds`` — arrival to the start of the engine step that
+  placed the request in a slot;
+* ``fastdeploy:request_prefill_time_seconds`` — slot to first token (all prefill chunks);
+* ``fastdeploy:request_decode_time_seconds`` — first token to completion.
+
+Splitwise: a prefill instance observes queue time, TTFT and prefill time of the requests it
+hands off; a decode instance does not observe TTFT or prefill time of handed-over requests
+(their first token came from the prefill instance), and times their queue and e2e latency
+from their arrival there and their time per output token from the first step that gave them
+tokens there (after the KV transfer).
+
+KV cache and prefix cache (FastDeploy calls the usage ``gpu_cache_usage_perc``, vLLM
+``kv_cache_usage_perc``):
+
+* ``fastdeploy:kv_cache_usage_perc`` — fraction 0..1 of the KV blocks referenced by a
+  running request or held for a splitwise hand-over; cached prefix blocks that no request
+  references count as free (0 when idle);
+* ``fastdeploy:num_kv_blocks_cached`` — blocks that hold a cached prompt prefix;
+* ``fastdeploy:prefix_cache_queries_total`` / ``fastdeploy:prefix_cache_hits_total`` —
+  prompt tokens looked up in the prefix cache / found there, at admission (vLLM v1's names;
+  both 0 without ``cache_config.enable_prefix_caching``);
+* ``fastdeploy:prefix_cache_hit_rate`` — hits / queries since start (0 before any query).
+
 Splitwise (zero on a mixed instance):
 
 * ``fastdeploy:splitwise_handed_off_total`` — prefill instance: requests handed to a decode
@@ -51,7 +88,8 @@ Splitwise (zero on a mixed instance):
 * ``fastdeploy:splitwise_kv_blocks_held`` — KV blocks out of circulation outside any slot:
   on a prefill instance those of handed-off requests no decode instance has copied yet, on
   a decode instance those an aborted request's transfer may still write;
-* ``fastdeploy:num_kv_blocks_free`` — free KV blocks (every instance).
+* ``fastdeploy:num_kv_blocks_free`` — free KV blocks (every instance; cached prefix blocks
+  no request references are free).
 
 Trust (both ``serve`` and the router):
 
