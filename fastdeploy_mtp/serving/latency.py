@@ -52,7 +52,7 @@ TOKEN_BUCKETS: tuple[float, ...] = (
     0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 
-_ARRIVAL = "from its arrival at the engine client (submit)"
+_ARRIVAL = "from a request's arrival at the engine client (submit)"
 #: histogram name (after ``fastdeploy:``) -> (HELP text, bucket bounds)
 HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
     "time_to_first_token_seconds": (
