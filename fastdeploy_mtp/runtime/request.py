@@ -84,6 +84,32 @@ def check_token_ids(request_id: object, ids: Sequence[int], vocab_size: int, off
 
 
 @dataclass
+class RequestTiming:
+    """When a served request passed each stage, in seconds of ``time.monotonic()`` (``None``:
+    not yet). Written by :class:`~fastdeploy_mtp.serving.latency.LatencyTracker` on the API
+    server's engine thread; the engine never reads it.
+
+    Attributes:
+        arrival: the engine client received the request (``AsyncEngine.submit``).
+        tokens_at_arrival: output tokens it arrived with (a splitwise decode instance's
+            handed-over request brings the prefill instance's first token(s); 0 otherwise).
+        scheduled: the start of the engine step whose scheduling placed it in a slot.
+        first_token: the end of the first step that gave it an output token on this
+            instance (when the token is generated, whether or not stop-string hold-back
+            delays its streaming).
+        tokens_at_first: its output tokens right after that step.
+        finished: the end of the step it finished in (stop or length), or was handed off in.
+    """
+
+    arrival: float
+    tokens_at_arrival: int = 0
+    scheduled: float | None = None
+    first_token: float | None = None
+    tokens_at_first: int = 0
+    finished: float | None = None
+
+
+@dataclass
 class Request:
     """One generation request.
 
@@ -125,6 +151,8 @@ class Request:
         num_cached_tokens: prompt tokens whose KV (target and MTP layers) came from the
             prefix cache when the request was admitted (a multiple of the block size; 0
             without a hit). Its first prefill chunk starts there.
+        timing: when a served request passed each stage (:class:`RequestTiming`; set by the
+            API server's engine client, ``None`` for a request the engine runs directly).
     """
 
     request_id: str
@@ -147,6 +175,7 @@ class Request:
     emitted_count: int = field(default=0, init=False, repr=False)
     output_draft_logprobs: list[StepDrafts] = field(default_factory=list, init=False, repr=False)
     num_cached_tokens: int = field(default=0, init=False)
+    timing: RequestTiming | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.prompt_token_ids) == 0:

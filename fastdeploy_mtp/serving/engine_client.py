@@ -21,6 +21,7 @@ from ..credentials import DroppedMessages
 from ..runtime.engine import Engine
 from ..runtime.events import StepEvents
 from ..runtime.request import InvalidRequestError, Request
+from .latency import LatencyTracker
 from .metrics import ServerCounters, make_registry
 from .openai_protocol import APIError
 from .text import emitted_of
@@ -95,6 +96,10 @@ class AsyncEngine:
         on_fatal: called once, from the engine thread, when the deployment is lost.
         dropped: the deployment's count of refused messages (shown in ``/metrics``; a new
             one if not given).
+
+    Attributes:
+        latency: the requests' timing and the latency histograms of ``/metrics``
+            (:class:`~.latency.LatencyTracker`; stamped under :attr:`lock`).
     """
 
     def __init__(self, engine: Engine, on_fatal: Callable[[str], None], dropped: DroppedMessages | None = None):
@@ -102,7 +107,10 @@ class AsyncEngine:
         self.counters = ServerCounters()
         self.dropped = dropped if dropped is not None else DroppedMessages()
         self.lock = threading.Lock()
-        self.registry = make_registry(engine.metrics, engine.scheduler, self.counters, self.lock, self.dropped)
+        self.latency = LatencyTracker()
+        self.registry = make_registry(
+            engine.metrics, engine.scheduler, self.counters, self.lock, self.dropped, self.latency
+        )
         self._inbox: queue.Queue[Stream] = queue.Queue()
         self._cancels: queue.Queue[Request] = queue.Queue()
         self._streams: dict[str, Stream] = {}
@@ -123,6 +131,7 @@ class AsyncEngine:
         if self.fatal:
             raise APIError(503, f"the server is shutting down: {self.fatal}", kind="server_error")
         stream = Stream(req, asyncio.get_running_loop())
+        self.latency.arrived(req)
         with self._queued_lock:
             self._queued[req.request_id] = stream
         self._inbox.put(stream)
@@ -212,7 +221,9 @@ class AsyncEngine:
                         pass
                     continue
                 with self.lock:
+                    started = self.latency.clock()
                     events = self.engine.step(step)
+                    self.latency.after_step(started, self._in_slots(), events)
                     self._after_step(events)
                 step += 1
                 if not events.ran:  # e.g. every slot waits for its KV transfer: do not spin
@@ -240,6 +251,10 @@ class AsyncEngine:
                 except queue.Empty:
                     break
             self._on_fatal(self.fatal)
+
+    def _in_slots(self) -> list[Request]:
+        """The requests holding a slot (call under :attr:`lock`)."""
+        return [state.request for state in self.engine.scheduler.slots.values()]
 
     def _before_step(self) -> None:
         """Called under :attr:`lock` before every step (splitwise instances hook in here)."""

@@ -87,7 +87,7 @@ def scrape_metrics(base_url: str, timeout: float = 30) -> dict[str, float]:
     without an unlabelled sample)."""
     status, text = http_get(base_url + "/metrics", timeout)
     assert status == 200, (status, text)
-    samples = {m[1]: float(m[2]) for m in re.finditer(r"^(fastdeploy:[a-z_]+(?:\{[^}]*\})?) (\S+)$", text, re.M)}
+    samples = {m[1]: float(m[2]) for m in re.finditer(r"^(fastdeploy:[a-z0-9_]+(?:\{[^}]*\})?) (\S+)$", text, re.M)}
     sums: dict[str, float] = {}
     for key, value in samples.items():
         if "{" in key:
