@@ -59,7 +59,7 @@ def handed_over_every_cache(
     a value, or one ``("latent",)`` cache -- of each of ``target_layers`` target layers, then of
     each of ``mtp_layers`` MTP layers, each under its own name), the decode instance refuses it
     with a differing cache spec (naming the last MTP layer's last cache) and then takes exactly
-    all of those caches' blocks. Returns the
+    all of those caches' blocks (but those its prefix cache already holds). Returns the
     request's output token ids (the prefill's first ones and the decode's)."""
     body = {"request_id": request_id, "prompt_token_ids": prompt_ids, "max_tokens": max_tokens}
     status, first = splitwise_post(prefill + "/v1/splitwise/prefill", body)
@@ -98,7 +98,12 @@ def handed_over_every_cache(
     moved = (
         after["fastdeploy:splitwise_kv_transfer_bytes_total"] - before["fastdeploy:splitwise_kv_transfer_bytes_total"]
     )
-    assert moved == tensor_parallel_size * len(kv["block_ids"]) * one_block
+    # the decode instance's prefix cache may already hold the prompt's first blocks (an
+    # earlier request with this prompt): those are not transferred
+    hits = after["fastdeploy:prefix_cache_hits_total"] - before["fastdeploy:prefix_cache_hits_total"]
+    block_size = caches[0]["shape"][2]  # [num_blocks, heads, block_size, head_dim]
+    assert hits % block_size == 0
+    assert moved == tensor_parallel_size * (len(kv["block_ids"]) - int(hits) // block_size) * one_block
     return [*first["output_token_ids"], *(t for e in events[:-1] for t in e.get("token_ids", []))]
 
 
