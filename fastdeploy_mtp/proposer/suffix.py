@@ -234,7 +234,7 @@ class SuffixProposer(ModelFreeProposer):
         (:meth:`forget_slot`, so the output so far joins the shared cache)."""
         for req in req_dicts:
             idx = int(req.idx)
-            if req.task_type == RequestType.PREFILL and req.prefill_start_index == 0:
+            if req.is_first_chunk:
                 self._slots.pop(idx, None)
             if req.task_type == RequestType.PREFILL and req.is_final_chunk:
                 tokens = [int(t) for t in req.prompt_token_ids] + [int(t) for t in req.output_token_ids]

@@ -203,8 +203,7 @@ class GuidedSlots:
     def _starts(req: Request) -> bool:
         """Whether ``req``'s task starts its request in the slot (a prompt's first chunk, or a
         splitwise import)."""
-        first_chunk = req.task_type == RequestType.PREFILL and req.prefill_start_index == 0
-        return first_chunk or req.task_type == RequestType.IMPORT
+        return req.is_first_chunk or req.task_type == RequestType.IMPORT
 
     def check_task(self, req: Request) -> None:
         """Raise :class:`~fastdeploy_mtp.runtime.request.InvalidRequestError` (field

@@ -199,5 +199,11 @@ class Request:
         return getattr(self, key, default)
 
     @property
+    def is_first_chunk(self) -> bool:
+        """The task is the first prefill chunk of the request: it starts at position 0, or
+        right after the blocks a prefix-cache hit gave it (``num_cached_tokens``)."""
+        return self.task_type == RequestType.PREFILL and self.prefill_start_index == self.num_cached_tokens
+
+    @property
     def is_final_chunk(self) -> bool:
         return self.prefill_end_index >= len(self.prompt_token_ids)

@@ -270,7 +270,7 @@ class TargetRunner:
             start, end = req.prefill_start_index, req.prefill_end_index
             length = end - start
             target.input_ids[idx, :length] = paddle.to_tensor(prompt[start:end], dtype="int64")
-            if first := start == req.num_cached_tokens:  # the first chunk (after a prefix-cache hit)
+            if first := req.is_first_chunk:  # at 0, or right after a prefix-cache hit
                 target.token_ids_all[idx, :] = PLACEHOLDER_TOKEN_ID
                 target.token_ids_all[idx, : len(prompt)] = paddle.to_tensor(prompt, dtype="int64")
                 target.prompt_lens[idx, 0] = len(prompt)

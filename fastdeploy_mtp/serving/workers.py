@@ -25,7 +25,7 @@ import numpy as np
 from ..distributed import find_free_port_range
 from ..ops.messaging import FIRST_TOKEN_MAX_BSZ, MAX_BSZ, MAX_DRAFT_TOKENS, SPEC_LOGPROB_K
 from ..runtime.guided import GuidedSlots, GuidedStats
-from ..runtime.request import Request, RequestType
+from ..runtime.request import Request
 from ..runtime.target_runner import StepOutput, check_prefill_task
 from .layout import ServeLayout
 from .messages import Done, Failed, MessageError, Ready, Shutdown, Step, StepResult, decode_worker_message, task_message
@@ -283,8 +283,7 @@ class RemoteRunner:
 
     def insert_tasks(self, tasks: Sequence[Request]) -> None:
         for req in tasks:
-            first = req.task_type == RequestType.PREFILL and req.prefill_start_index == req.num_cached_tokens
-            self._pending.tasks.append(task_message(req, first))
+            self._pending.tasks.append(task_message(req, req.is_first_chunk))
 
     def free_slot(self, idx: int) -> None:
         self._pending.free.append(int(idx))

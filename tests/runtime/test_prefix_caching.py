@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 import numpy as np
@@ -260,3 +261,32 @@ def test_splitwise_decode_that_holds_the_prefix_copies_only_the_rest(shipped, st
     for eng in (pd.p, pd.d):
         assert eng.scheduler.pool.total_refs() == 0 and not eng.scheduler.held
     pd.close()
+
+
+@pytest.mark.parametrize("method", ["mtp", "suffix"])
+def test_a_constrained_request_that_starts_after_a_hit_keeps_its_grammar(shipped, method):
+    """Whatever starts a request in its slot (the grammar's matcher, the suffix trie) starts
+    at its first chunk, which after a hit is not at position 0. Keyed on position 0 (as it
+    once was), the second request here ran unconstrained."""
+    from fastdeploy_mtp.models import ASSETS_DIR
+
+    target, mtp, arch = shipped
+    outs = []
+    for caching in (False, True):
+        cfg = build_config(arch, SpeculativeConfig.from_dict({"method": method, "num_speculative_tokens": 3}), 2, 256)
+        cfg.cache_config.enable_prefix_caching = caching
+        cfg.model_config.model = ASSETS_DIR  # whose tokenizer.json the grammar runs on
+        eng = Engine(cfg, target, mtp if method == "mtp" else None)
+        guided = {"kind": "regex", "spec": "[0-9]{3}-(bytes|blocks)"}
+        reqs = [
+            Request(f"g{i}", TOK.encode(SYSTEM + "Size? "), 16, sampling=SamplingParams(guided=guided))
+            for i in range(2)
+        ]
+        eng.generate(reqs[:1])
+        eng.generate(reqs[1:])
+        assert reqs[1].num_cached_tokens == ((len(reqs[1].prompt_token_ids) - 1) // 16 * 16 if caching else 0)
+        outs.append([bytes(t for t in r.output_token_ids if t < 256).decode() for r in reqs])
+        eng.close()
+    assert outs[0] == outs[1]
+    for text in outs[1]:
+        assert re.fullmatch("[0-9]{3}-(bytes|blocks)", text), text
