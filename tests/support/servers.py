@@ -242,6 +242,7 @@ class ServerProcess:
         """Last resort (a test failed): kill the whole session, then remove what it owned
         (its queue, runtime directory and /dev/shm names), so a failure leaves nothing."""
         from fastdeploy_mtp.ipc.kv_caches import CACHE_READY_SIGNAL
+        from fastdeploy_mtp.serving.token_channel import SHM_PREFIX
 
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -253,7 +254,7 @@ class ServerProcess:
                 os.kill(pid, signal.SIGKILL)
         mine = own_names(shm_names() - self.shm_before, self.queue_port, self.device_ids)
         for name in mine:
-            if name.startswith((CACHE_READY_SIGNAL, "key_caches", "value_caches", "latent_caches")):
+            if name.startswith((CACHE_READY_SIGNAL, SHM_PREFIX, "key_caches", "value_caches", "latent_caches")):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join("/dev/shm", name))
         self.leftovers()  # removes the queue and the runtime directory
