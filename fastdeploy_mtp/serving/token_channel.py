@@ -61,8 +61,9 @@ class WorkerStepError(RuntimeError):
     """A worker reported an exception in a step (the step's requests are aborted)."""
 
 
-class TokenChannelError(RuntimeError):
-    """The shm token segment cannot be created or attached (the message names it and why)."""
+class TokenChannelError(OSError):
+    """The shm token segment cannot be created or attached (the message names it and why; the
+    command reports it in one line, exit status 1)."""
 
 
 class TokenReader(Protocol):
@@ -166,7 +167,10 @@ class ShmTokenReader:
         raise TokenChannelError(f"token segment {self.path} keeps being re-created while we create it")
 
     def _refuse_or_remove(self) -> None:
-        st = os.lstat(self.path)
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return  # removed meanwhile: create it again
         if st.st_uid != os.geteuid() or not stat.S_ISREG(st.st_mode):
             raise TokenChannelError(
                 f"token segment {self.path} exists and is not this user's (uid {st.st_uid}); choose another "
