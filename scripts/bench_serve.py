@@ -91,7 +91,7 @@ def deployment(kind: str, spec: list[str], hosts: Hosts | None = None) -> Iterat
         return
     codes: list[int] = []
     if kind == "mixed":
-        srv = ServerProcess(spec)
+        srv = ServerProcess(spec, slots=None)
         try:
             yield srv.base_url, codes
         finally:
@@ -100,12 +100,14 @@ def deployment(kind: str, spec: list[str], hosts: Hosts | None = None) -> Iterat
         return
     base = 900 + os.getpid() % 50 * 4
     offered = ["--kv-transport", "mooncake"] if kind == "mooncake" else []  # P registers its caches with the engine
-    p = ServerProcess([*spec, "--splitwise-role", "prefill", "--device-ids", str(base), *offered])
+    p = ServerProcess([*spec, "--splitwise-role", "prefill", "--device-ids", str(base), *offered], slots=None)
     d = None
     router = None
     log = tempfile.TemporaryFile()
     try:
-        d = ServerProcess([*spec, "--splitwise-role", "decode", "--device-ids", str(base + 1), "--kv-transport", kind])
+        d = ServerProcess(
+            [*spec, "--splitwise-role", "decode", "--device-ids", str(base + 1), "--kv-transport", kind], slots=None
+        )
         port = find_free_port_range(1)
         cmd = [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "router", "--port", str(port)]
         router = subprocess.Popen(
@@ -148,13 +150,15 @@ def _netns_deployment(kind: str, spec: list[str], hosts: Hosts) -> Iterator[tupl
     log = tempfile.TemporaryFile()
     try:
         if kind == "mixed":
-            servers.append(ServerProcess(spec, on=(hosts, "prefill")))
+            servers.append(ServerProcess(spec, on=(hosts, "prefill"), slots=None))
             yield servers[0].base_url, codes
             return
         offered = ["--kv-transport", "mooncake"] if kind == "mooncake" else []
-        servers.append(ServerProcess([*spec, "--splitwise-role", "prefill", *offered], on=(hosts, "prefill")))
+        servers.append(
+            ServerProcess([*spec, "--splitwise-role", "prefill", *offered], on=(hosts, "prefill"), slots=None)
+        )
         d_args = [*spec, "--splitwise-role", "decode", "--kv-transport", kind]
-        servers.append(ServerProcess(d_args, on=(hosts, "decode")))
+        servers.append(ServerProcess(d_args, on=(hosts, "decode"), slots=None))
         port = find_free_port_range(1)
         url = f"http://{hosts.addresses['router']}:{port}"
         cmd = [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "router", "--port", str(port)]

@@ -209,7 +209,7 @@ def test_shm_serves_64_slots_beyond_the_sysv_limit(expected):
 
 def test_sysv_channel_serves_through_fastdeploys_message(expected):
     args = ["--speculative-config", SPEC, "--token-channel", "sysv", "--no-enable-prefix-caching"]
-    with contextlib.contextmanager(serving)(args) as srv:
+    with contextlib.contextmanager(serving)(args, slots=None) as srv:  # serve's own default for sysv
         log = srv.output()
         fits = messaging.topk_slots_within(messaging.read_msgmax())
         assert f"{min(8, fits)} slots" in log and "token channel sysv" in log and "prefix caching off" in log
