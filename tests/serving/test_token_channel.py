@@ -217,3 +217,32 @@ def test_sysv_channel_serves_through_fastdeploys_message(expected):
             texts = list(pool.map(lambda p: _complete(srv.base_url, p), DEMO_PROMPTS[:4]))
         assert texts == expected[:4]
         assert not [n for n in os.listdir("/dev/shm") if n == f"fdmtp_step_tokens.{srv.queue_port}"]
+
+
+def test_sysv_writer_is_read_by_fastdeploys_reader():
+    """The sysv channel: rank 0's ``speculate_save_output_topk`` message, read back with
+    ``speculate_get_output_topk`` (the slots the default kernel.msgmax carries)."""
+    import paddle
+
+    from fastdeploy_mtp.serving.token_channel import SysvTokenReader, SysvTokenWriter
+
+    n, width = min(5, messaging.topk_slots_within(messaging.read_msgmax())), 4
+    queue = 700_000 + os.getpid() % 100_000
+    messaging.create_msg_queue(queue)
+    try:
+        out, inputs = _step(n, width, 7, prefilling=(1,))
+        host = SimpleNamespace(
+            seq_lens_decoder=paddle.to_tensor(inputs.seq_lens_decoder.numpy()),
+            prompt_lens=paddle.to_tensor(inputs.prompt_lens.numpy()),
+            not_need_stop=paddle.to_tensor([True]),
+        )
+        out.accept_tokens %= 1 << 31  # the message narrows token ids to C int, as FastDeploy's does
+        SysvTokenWriter(0, queue).send(out, host, 1)
+        tokens, counts = SysvTokenReader(queue, n, width - 1).read(1)
+        expect = out.accept_num.copy()
+        expect[1] = 0
+        np.testing.assert_array_equal(counts, expect)
+        mask = np.arange(width)[None, :] < expect[:, None]
+        np.testing.assert_array_equal(tokens[mask], out.accept_tokens[mask])
+    finally:
+        messaging.remove_msg_queue(queue)
