@@ -22,20 +22,11 @@ import dataclasses
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
-from .config import (
-    CacheConfig,
-    FDConfig,
-    ModelConfig,
-    SchedulerConfig,
-    SpeculativeConfig,
-    load_speculative_json,
-)
+from .capacity import build_config as build_config  # the commands' and workers' FDConfig
+from .config import SpeculativeConfig, load_speculative_json
 from .runtime.sampling_params import MAX_LOGPROBS, SamplingParams
-
-if TYPE_CHECKING:
-    from .models.model_config import ModelConfig as ArchConfig
 
 _Options = TypeVar("_Options")
 
@@ -472,29 +463,3 @@ def check_sampling_fits(params: SamplingParams, spec: SpeculativeConfig) -> None
             f"--temperature {params.temperature}: the speculative config's verify_strategy is 'greedy', which only "
             'decodes greedily; use "target_match" (the default) or "rejection" to sample'
         )
-
-
-# ---- the engine config ----------------------------------------------------------------------
-def build_config(arch: ArchConfig, spec: SpeculativeConfig, max_num_seqs: int, max_model_len: int) -> FDConfig:
-    """FDConfig for the tiny checkpoint's architecture ``arch`` with speculation ``spec``
-    (``SpeculativeConfig(method=None)`` for plain decoding). The byte model has no end-of-text
-    token: a padded vocabulary id (never generated) stands in, so requests end at
-    ``max_tokens``."""
-    w = (spec.num_speculative_tokens if spec.enabled else 0) + 1
-    return FDConfig(
-        model_config=ModelConfig(
-            max_model_len=max_model_len,
-            vocab_size=arch.vocab_size,
-            ori_vocab_size=arch.ori_vocab_size,
-            hidden_size=arch.hidden_size,
-            num_hidden_layers=arch.num_hidden_layers,
-            eos_token_id=[arch.vocab_size - 1],
-        ),
-        speculative_config=spec,
-        scheduler_config=SchedulerConfig(
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max(256, max_num_seqs * w + 64)
-        ),
-        cache_config=CacheConfig(
-            block_size=arch.block_size, total_block_num=max_num_seqs * (-(-max_model_len // arch.block_size) + 3)
-        ),
-    )

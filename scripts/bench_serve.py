@@ -8,7 +8,15 @@ and inter-token latency (ITL: the gaps between streamed chunks, divided by the t
 chunk carried — speculation delivers several tokens per chunk). Ratios between rows of one
 run are what to compare; absolute numbers depend on the machine.
 
-    python scripts/bench_serve.py [--clients 16] [--max-tokens 64] [--json out.json] [--pd] [--netns]
+    python scripts/bench_serve.py [--clients 16,64,128] [--max-tokens 64] [--json out.json] [--pd] [--netns]
+
+``--clients`` takes a comma-separated list: each configuration's server is started once and
+runs one round per client count. The mixed servers run ``--token-channel shm`` with the
+default ``--max-num-seqs`` (from the KV memory: 256 slots for the shipped model on most
+hosts; ``--max-num-seqs N`` overrides it). During each round ``/metrics`` is scraped every
+50 ms and the table reports the peak of ``fastdeploy:num_requests_running`` (sequences
+holding a slot at once) and, per client count and TP size, the throughput of each MTP row
+over the no-speculation row (``MTP/no-MTP``).
 
 With ``--pd`` it compares splitwise deployments instead: a mixed server against a prefill
 instance + a decode instance + ``fastdeploy-mtp router`` (KV over shared memory and over
@@ -31,6 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -43,7 +52,7 @@ import numpy as np  # noqa: E402
 from fastdeploy_mtp.distributed import find_free_port_range  # noqa: E402
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
 from tests.support.netns import Hosts  # noqa: E402
-from tests.support.servers import ServerProcess  # noqa: E402
+from tests.support.servers import ServerProcess, scrape_metrics  # noqa: E402
 
 NO_SPEC = ["--speculative-config", '{"method": null}']
 HYBRID = ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3, "mtp_strategy": "with_ngram"}']
@@ -82,7 +91,7 @@ def deployment(kind: str, spec: list[str], hosts: Hosts | None = None) -> Iterat
         return
     codes: list[int] = []
     if kind == "mixed":
-        srv = ServerProcess(spec)
+        srv = ServerProcess(spec, slots=None)
         try:
             yield srv.base_url, codes
         finally:
@@ -91,12 +100,14 @@ def deployment(kind: str, spec: list[str], hosts: Hosts | None = None) -> Iterat
         return
     base = 900 + os.getpid() % 50 * 4
     offered = ["--kv-transport", "mooncake"] if kind == "mooncake" else []  # P registers its caches with the engine
-    p = ServerProcess([*spec, "--splitwise-role", "prefill", "--device-ids", str(base), *offered])
+    p = ServerProcess([*spec, "--splitwise-role", "prefill", "--device-ids", str(base), *offered], slots=None)
     d = None
     router = None
     log = tempfile.TemporaryFile()
     try:
-        d = ServerProcess([*spec, "--splitwise-role", "decode", "--device-ids", str(base + 1), "--kv-transport", kind])
+        d = ServerProcess(
+            [*spec, "--splitwise-role", "decode", "--device-ids", str(base + 1), "--kv-transport", kind], slots=None
+        )
         port = find_free_port_range(1)
         cmd = [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "router", "--port", str(port)]
         router = subprocess.Popen(
@@ -139,13 +150,15 @@ def _netns_deployment(kind: str, spec: list[str], hosts: Hosts) -> Iterator[tupl
     log = tempfile.TemporaryFile()
     try:
         if kind == "mixed":
-            servers.append(ServerProcess(spec, on=(hosts, "prefill")))
+            servers.append(ServerProcess(spec, on=(hosts, "prefill"), slots=None))
             yield servers[0].base_url, codes
             return
         offered = ["--kv-transport", "mooncake"] if kind == "mooncake" else []
-        servers.append(ServerProcess([*spec, "--splitwise-role", "prefill", *offered], on=(hosts, "prefill")))
+        servers.append(
+            ServerProcess([*spec, "--splitwise-role", "prefill", *offered], on=(hosts, "prefill"), slots=None)
+        )
         d_args = [*spec, "--splitwise-role", "decode", "--kv-transport", kind]
-        servers.append(ServerProcess(d_args, on=(hosts, "decode")))
+        servers.append(ServerProcess(d_args, on=(hosts, "decode"), slots=None))
         port = find_free_port_range(1)
         url = f"http://{hosts.addresses['router']}:{port}"
         cmd = [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "router", "--port", str(port)]
@@ -211,7 +224,13 @@ async def run_clients(base_url: str, clients: int, max_tokens: int) -> dict[str,
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument(
+        "--clients",
+        type=lambda text: [int(c) for c in text.split(",")],
+        default=[16],
+        help="concurrent streaming clients, comma-separated for one round each (default 16)",
+    )
+    ap.add_argument("--max-num-seqs", type=int, default=None, help="the mixed servers' slots (default: serve's)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--only", default=None, help="run only the configurations whose label contains this")
     ap.add_argument("--json", default=None, help="also write the rows as JSON to this file")
@@ -226,7 +245,7 @@ def main() -> int:
     configs = (
         [(label, kind, spec) for label, kind, spec in PD_CONFIGS]
         if args.pd
-        else [(label, "mixed", extra) for label, extra in CONFIGS]
+        else [(label, "mixed", [*extra, *MIXED, *_slots(args)]) for label, extra in CONFIGS]
     )
     hosts = Hosts(["prefill", "decode", "router"]) if args.netns else None
     try:
@@ -235,6 +254,43 @@ def main() -> int:
         if hosts is not None:
             hosts.close()
     return _report(rows, args)
+
+
+#: the mixed servers' token channel (any number of slots)
+MIXED = ["--token-channel", "shm"]
+
+
+def _slots(args: argparse.Namespace) -> list[str]:
+    return [] if args.max_num_seqs is None else ["--max-num-seqs", str(args.max_num_seqs)]
+
+
+class PeakRunning:
+    """Scrapes ``url/metrics`` every 50 ms in a thread (started by ``with``) and keeps the
+    peak of ``fastdeploy:num_requests_running`` (``None`` if the server has no such gauge,
+    e.g. a router)."""
+
+    def __init__(self, url: str, reach: Callable[..., Any]):
+        self.url, self.reach, self.peak = url, reach, None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            try:
+                value = self.reach(scrape_metrics, self.url, 5).get("fastdeploy:num_requests_running")
+            except (OSError, AssertionError):
+                value = None
+            if value is not None:
+                self.peak = max(self.peak or 0, int(value))
+            self._done.wait(0.05)
+
+    def __enter__(self) -> PeakRunning:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 def _run(configs: list[tuple[str, str, list[str]]], args: argparse.Namespace, hosts: Hosts | None) -> list[dict]:
@@ -248,25 +304,46 @@ def _run(configs: list[tuple[str, str, list[str]]], args: argparse.Namespace, ho
         t0 = time.perf_counter()
         with deployment(kind, extra, hosts) as (url, codes):
             startup = time.perf_counter() - t0
-            print(f"[bench_serve] {label}: up in {startup:.1f} s; {args.clients} clients", file=sys.stderr, flush=True)
-            clients = run_clients(url, args.clients, args.max_tokens)
-            row = asyncio.run(clients) if hosts is None else hosts.call("router", asyncio.run, clients)
-        row.update(config=label, startup_s=startup, exit_code=max(codes, default=0))
-        rows.append(row)
+            found = []
+            for n in args.clients:
+                print(f"[bench_serve] {label}: up in {startup:.1f} s; {n} clients", file=sys.stderr, flush=True)
+                clients = run_clients(url, n, args.max_tokens)
+                reach = (lambda fn, *a: fn(*a)) if hosts is None else (lambda fn, *a: hosts.call("router", fn, *a))
+                with PeakRunning(url, reach) as peak:
+                    row = asyncio.run(clients) if hosts is None else hosts.call("router", asyncio.run, clients)
+                row.update(config=label, clients=n, startup_s=startup, peak_running=peak.peak)
+                found.append(row)
+        for row in found:
+            row["exit_code"] = max(codes, default=0)
+        rows += found
     return rows
+
+
+def _mtp_ratio(row: dict, rows: list[dict]) -> str:
+    """This row's tokens/s over the no-speculation row of the same TP size and client count."""
+    tp = row["config"].rsplit(", ", 1)[-1]
+    base = [r for r in rows if r["config"].startswith("no speculation") and r["config"].endswith(tp)]
+    base = [r for r in base if r["clients"] == row["clients"]]
+    if not base or row["config"].startswith("no speculation"):
+        return "-"
+    return f"{row['tokens_per_s'] / base[0]['tokens_per_s']:.2f}x"
 
 
 def _report(rows: list[dict], args: argparse.Namespace) -> int:
     base = rows[0]["tokens_per_s"] if rows else 1.0
-    header = ["config", "startup s", "tokens/s", "vs first", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms"]
+    header = ["config", "clients", "peak running", "startup s", "tokens/s", "vs first"]
+    header += ["MTP/no-MTP", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for r in rows:
         cells = [
             r["config"],
+            str(r["clients"]),
+            "-" if r["peak_running"] is None else str(r["peak_running"]),
             f"{r['startup_s']:.1f}",
             f"{r['tokens_per_s']:.0f}",
             f"{r['tokens_per_s'] / base:.2f}x",
+            _mtp_ratio(r, rows),
             f"{r['ttft_p50_ms']:.0f}",
             f"{r['ttft_p99_ms']:.0f}",
             f"{r['itl_p50_ms']:.1f}",

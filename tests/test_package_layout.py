@@ -39,11 +39,13 @@ ALLOWED: dict[str, set[str]] = {
     "proposer": {"constants", "config", "ops", "ipc", "models", "runtime", "distributed"},
     "splitwise": {"constants", "config", "ops", "ipc", "credentials"},
     "tokenization": {"config"},
+    # slots, KV blocks and batched tokens from memory, and the FDConfig they build
+    "capacity": {"config", "models"},
     # engine_args refuses a K the token message (ops.messaging) cannot carry, on every command
-    "engine_args": {"config", "constants", "ops", "models", "runtime", "tokenization"},
+    "engine_args": {"config", "constants", "ops", "models", "runtime", "tokenization", "capacity"},
     # the server runs the engine, the proposer and the splitwise hand-over
     "serving": {"constants", "config", "ops", "ipc", "models", "runtime", "proposer", "splitwise"}
-    | {"distributed", "engine_args", "tokenization", "credentials"},
+    | {"distributed", "engine_args", "tokenization", "credentials", "capacity"},
 }
 #: The commands sit on top: they may import every layer, and nothing imports them.
 ALLOWED["entrypoints"] = set(ALLOWED) - {"entrypoints"}

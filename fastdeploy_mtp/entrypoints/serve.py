@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..capacity import parse_memory
 from ..credentials import add_credential_args
 from ..engine_args import (
     UsageError,
@@ -19,6 +20,7 @@ from ..engine_args import (
     resolve_model,
     resolve_speculative_config,
 )
+from ..serving.token_channel import TOKEN_CHANNELS
 from ..splitwise.transport import AUTO, transport_names
 from .offline import CommandError
 
@@ -43,9 +45,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1, help="worker processes, one per rank")
     add_max_num_seqs_arg(
-        p, None, "batch slots (default: 8, or fewer if kernel.msgmax cannot carry the token message of 8)"
+        p,
+        None,
+        "batch slots (default: min(256, the KV blocks --kv-cache-memory holds / the blocks of a request a quarter "
+        "of --max-model-len long); with --token-channel sysv: 8, or fewer if kernel.msgmax cannot carry the token "
+        "message of 8)",
     )
     p.add_argument("--max-model-len", type=positive_int, default=1024, help="longest prompt + output (default 1024)")
+    _add_capacity_args(p)
     p.add_argument(
         "--engine-worker-queue-port",
         type=positive_int,
@@ -69,6 +76,47 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     add_credential_args(p)
     _add_splitwise_args(p)
+
+
+def _kv_memory(text: str) -> int | None:
+    try:
+        return parse_memory(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_capacity_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--kv-cache-memory",
+        type=_kv_memory,
+        default=None,
+        metavar="SIZE",
+        help="KV cache bytes per rank, every layer's (e.g. 512MiB, 2G); the KV blocks follow from it, never more "
+        "than --max-num-seqs requests of --max-model-len can use (default auto: 10%% of the host's available "
+        "memory, at most half the free space of /dev/shm, split between the ranks)",
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="tokens one step may run: every slot's decode row with its K drafts first, then prefill chunks up to "
+        "the budget; at least max_num_seqs * (K + 1) + 1 (default: max(256, max_num_seqs * (K + 1) + 64))",
+    )
+    p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="share the KV blocks of identical prompt prefixes between requests (default: on)",
+    )
+    p.add_argument(
+        "--token-channel",
+        choices=TOKEN_CHANNELS,
+        default="shm",
+        help="how worker rank 0 hands each step's tokens to the engine: shm (default; a private shared-memory "
+        "segment, any --max-num-seqs) or sysv (FastDeploy's SysV message: 2,060 + 1,032 bytes per slot, so "
+        "kernel.msgmax bounds the slots, 5 on a default kernel)",
+    )
 
 
 def _add_splitwise_args(p: argparse.ArgumentParser) -> None:

@@ -103,10 +103,12 @@ def _engine_died(layout: ServeLayout, parent: int, wait: float = 5.0) -> bool:
 def clean_up_after_engine(layout: ServeLayout, timeout: float = 10.0) -> None:
     """What the engine removes when it stops, done by the cache manager when the engine was
     killed: the workers gone (the kernel sent them SIGTERM; SIGKILL after ``timeout`` s), then
-    the token queue (a worker still running could re-create it) and the runtime directory."""
+    the token queue (a worker still running could re-create it), the shm token segment and the
+    runtime directory."""
     from ..ipc.signals import process_alive
     from ..ops.messaging import remove_msg_queue
     from . import runtime_dir
+    from .token_channel import shm_name
 
     owner = runtime_dir.read_owner(runtime_dir.deployment_dir(layout.engine_worker_queue_port)) or {}
     children = owner.get("children")
@@ -132,6 +134,8 @@ def clean_up_after_engine(layout: ServeLayout, timeout: float = 10.0) -> None:
             time.sleep(0.05)
     with contextlib.suppress(OSError):
         remove_msg_queue(layout.msg_queue_id)
+    with contextlib.suppress(OSError):  # the shm token channel's segment (--token-channel shm)
+        os.unlink(os.path.join("/dev/shm", shm_name(layout.engine_worker_queue_port)))
     runtime_dir.remove(layout.engine_worker_queue_port)
     print(
         "[cache manager] the engine died: workers stopped, token queue and runtime directory removed",

@@ -18,6 +18,13 @@ def _int_list(text: str) -> list[int]:
     return [int(d) for d in text.split(",")] if text else []
 
 
+def _bool(text: str) -> bool:
+    """``True``/``False`` as :meth:`ServeLayout.to_args` writes them."""
+    if text not in ("True", "False"):
+        raise argparse.ArgumentTypeError(f"must be True or False, got {text!r}")
+    return text == "True"
+
+
 @dataclass
 class ServeLayout:
     """What every process of one server must agree on. Each field is one worker argument of
@@ -37,6 +44,15 @@ class ServeLayout:
         cache_ready_timeout: seconds a worker waits for its caches.
         splitwise_role: ``"mixed"``, ``"prefill"`` or ``"decode"`` (FastDeploy's
             ``scheduler_config.splitwise_role``).
+        token_channel: how rank 0 hands the step's tokens to the engine: ``"shm"`` (a
+            shared-memory segment, any number of slots) or ``"sysv"`` (FastDeploy's SysV
+            message, bounded by ``kernel.msgmax``); :mod:`.token_channel`.
+        max_num_batched_tokens: the token budget of one step
+            (``scheduler_config.max_num_batched_tokens``; 0: :func:`~..engine_args.build_config`'s
+            default).
+        total_block_num: KV blocks of each cache (``cache_config.total_block_num``; 0:
+            :func:`~..engine_args.build_config`'s default for ``max_num_seqs`` full-length requests).
+        enable_prefix_caching: ``cache_config.enable_prefix_caching``.
     """
 
     model: str = field(metadata={"help": "model folder"})
@@ -51,6 +67,10 @@ class ServeLayout:
     cache_ready_timeout: float = 120.0
     splitwise_role: str = field(default="mixed", metadata={"choices": ("mixed", "prefill", "decode")})
     dtype: str = field(default="auto", metadata={"choices": ("auto", "float32", "bfloat16", "float16")})
+    token_channel: str = field(default="shm", metadata={"choices": ("shm", "sysv")})
+    max_num_batched_tokens: int = 0
+    total_block_num: int = 0
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         tp = self.tensor_parallel_size
@@ -76,7 +96,15 @@ class ServeLayout:
         from ..engine_args import build_config
 
         spec = SpeculativeConfig.from_json(self.speculative_config)
-        cfg = build_config(arch or self.arch(), spec, self.max_num_seqs, self.max_model_len)
+        cfg = build_config(
+            arch or self.arch(),
+            spec,
+            self.max_num_seqs,
+            self.max_model_len,
+            max_num_batched_tokens=self.max_num_batched_tokens or None,
+            total_block_num=self.total_block_num or None,
+        )
+        cfg.cache_config.enable_prefix_caching = self.enable_prefix_caching
         cfg.model_config.model = self.model
         cfg.cache_config.cache_manager = True
         cfg.cache_config.cache_ready_timeout = self.cache_ready_timeout
@@ -122,7 +150,7 @@ class ServeLayout:
         for f in fields(cls):
             kind = hints[f.name]
             options: dict[str, Any] = dict(f.metadata)
-            options["type"] = _int_list if kind == list[int] else kind
+            options["type"] = _int_list if kind == list[int] else _bool if kind is bool else kind
             if f.default is not MISSING:
                 options["default"] = f.default
             elif f.default_factory is not MISSING:

@@ -13,10 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..capacity import MAX_DEFAULT_SLOTS, plan_capacity
 from ..config import SpeculativeConfig
 from ..engine_args import UsageError, check_speculative_config, speculation_label
 from .layout import ServeLayout
 from .start_up import interruptible, progress_printer
+from .token_channel import TOKEN_CHANNELS
 
 if TYPE_CHECKING:
     from ..models.model_config import ModelConfig as ArchConfig
@@ -53,6 +55,14 @@ class ServeOptions:
     api_key: str | None = None
     #: ``--splitwise-secret-file``: the splitwise secret's file (see :mod:`fastdeploy_mtp.credentials`)
     splitwise_secret_file: str | None = None
+    #: ``--token-channel``: ``"shm"`` (any number of slots) or ``"sysv"`` (FastDeploy's message)
+    token_channel: str = "shm"
+    #: ``--kv-cache-memory``: KV bytes per rank (``None``: auto, see :mod:`fastdeploy_mtp.capacity`)
+    kv_cache_memory: int | None = None
+    #: ``--max-num-batched-tokens``: the token budget of one step (``None``: the default rule)
+    max_num_batched_tokens: int | None = None
+    #: ``--enable-prefix-caching`` / ``--no-enable-prefix-caching``
+    enable_prefix_caching: bool = True
 
 
 def _fit_max_num_seqs(requested: int | None) -> int:
@@ -91,8 +101,11 @@ def serve(opts: ServeOptions, log: object = None) -> int:
         raise UsageError(str(exc)) from None
     mode = speculation_label(opts.speculative_config)  # the same name of the mode as demo and generate
     role = "" if opts.splitwise_role == "mixed" else f"splitwise {opts.splitwise_role}, "
+    mib = layout.total_block_num * _block_bytes(layout, arch) / 2**20
     progress(
-        f"config: {opts.model}, {role}{mode}, tp {tp}, {layout.max_num_seqs} slots, "
+        f"config: {opts.model}, {role}{mode}, tp {tp}, {layout.max_num_seqs} slots, {layout.total_block_num} KV "
+        f"blocks ({mib:.0f} MiB per rank), {layout.max_num_batched_tokens} batched tokens per step, prefix caching "
+        f"{'on' if layout.enable_prefix_caching else 'off'}, token channel {layout.token_channel}, "
         f"max_model_len {opts.max_model_len}, engine-worker port {layout.engine_worker_queue_port}, "
         f"device ids {layout.device_ids}"
     )
@@ -123,16 +136,19 @@ def _layout(opts: ServeOptions) -> ServeLayout:
         raise UsageError(f"--device-ids names {len(device_ids)} devices for --tensor-parallel-size {tp}")
     if opts.engine_worker_queue_port is not None and opts.engine_worker_queue_port == opts.port:
         raise UsageError(f"--engine-worker-queue-port {opts.port} is the HTTP --port; they must differ")
+    if opts.token_channel not in TOKEN_CHANNELS:
+        raise UsageError(f"--token-channel must be one of {', '.join(TOKEN_CHANNELS)}, got {opts.token_channel!r}")
+    max_num_seqs, slot_cap = opts.max_num_seqs, MAX_DEFAULT_SLOTS
     if opts.splitwise_role == "prefill" and spec.enabled:
         # its workers send first tokens with mtp_save_first_token, whose message (7176 bytes)
         # fits the default kernel.msgmax for its 256 slots
         from ..ops.messaging import FIRST_TOKEN_MAX_BSZ
 
-        max_num_seqs = opts.max_num_seqs or 8
-        if not 0 < max_num_seqs <= FIRST_TOKEN_MAX_BSZ:
+        slot_cap = FIRST_TOKEN_MAX_BSZ
+        if max_num_seqs is not None and not 0 < max_num_seqs <= FIRST_TOKEN_MAX_BSZ:
             raise UsageError(f"--max-num-seqs {max_num_seqs}: must be in [1, {FIRST_TOKEN_MAX_BSZ}]")
-    else:
-        max_num_seqs = _fit_max_num_seqs(opts.max_num_seqs)
+    elif opts.token_channel == "sysv":
+        max_num_seqs = _fit_max_num_seqs(max_num_seqs)
     if opts.splitwise_role != "mixed" and opts.kv_transport == "mooncake":
         from ..splitwise.kv_layout import TransferError
         from ..splitwise.transports import mooncake
@@ -142,17 +158,46 @@ def _layout(opts: ServeOptions) -> ServeLayout:
         except TransferError as exc:
             raise UsageError(f"--kv-transport mooncake: {exc}") from None
     _refuse_taken_cache_names(device_ids)
-    return ServeLayout(
+    layout = ServeLayout(
         model=opts.model,
         speculative_config=spec.to_json(),
-        max_num_seqs=max_num_seqs,
+        max_num_seqs=max_num_seqs or 1,  # (planned below)
         max_model_len=opts.max_model_len,
         tensor_parallel_size=tp,
         engine_worker_queue_port=opts.engine_worker_queue_port or free_port(avoid=opts.port),
         device_ids=device_ids,
         splitwise_role=opts.splitwise_role,
         dtype=opts.dtype,
+        token_channel=opts.token_channel,
+        enable_prefix_caching=opts.enable_prefix_caching,
     )
+    arch = layout.arch()
+    try:
+        plan = plan_capacity(
+            block_size=arch.block_size,
+            block_bytes=_block_bytes(layout, arch),
+            max_model_len=opts.max_model_len,
+            k=spec.num_speculative_tokens if spec.enabled else 0,
+            max_num_seqs=max_num_seqs,
+            slot_cap=slot_cap,
+            kv_memory=opts.kv_cache_memory,
+            tp=tp,
+            max_num_batched_tokens=opts.max_num_batched_tokens,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    layout.max_num_seqs = plan.max_num_seqs
+    layout.total_block_num = plan.total_block_num
+    layout.max_num_batched_tokens = plan.max_num_batched_tokens
+    return layout
+
+
+def _block_bytes(layout: ServeLayout, arch: ArchConfig) -> int:
+    """Bytes of one KV block of every cache of one rank (the MTP layers' included)."""
+    from ..models.cache_spec import model_cache_specs
+
+    uses_mtp = SpeculativeConfig.from_json(layout.speculative_config).uses_mtp
+    return sum(s.nbytes for s in model_cache_specs(arch, 1, layout.tensor_parallel_size, uses_mtp))
 
 
 def served_model_name(opts: ServeOptions, arch: ArchConfig) -> str:

@@ -7,8 +7,10 @@ It joins the tensor-parallel group (``paddle.distributed``, gloo), loads its sha
 checkpoint, builds the target runner and the ``MTPProposer``, which wait for
 ``cache_ready_signal`` and attach every KV cache by name (they never create one), says
 ``ready`` to the engine and then runs the steps the engine sends (see
-:mod:`fastdeploy_mtp.serving.messages`). After each step rank 0 sends the emitted tokens with
-``speculate_save_output_topk`` (FastDeploy's SysV message layout), then its ``done`` message.
+:mod:`fastdeploy_mtp.serving.messages`). After each step rank 0 writes the emitted tokens to
+the deployment's token channel (:mod:`~fastdeploy_mtp.serving.token_channel`: the engine's
+shared-memory segment, or FastDeploy's SysV message with ``--token-channel sysv``), then
+sends its ``done`` message.
 On a splitwise prefill instance with MTP, rank 0 sends the first tokens with
 ``mtp_save_first_token`` instead, as FastDeploy's prefill nodes do: every token such an
 instance emits is a first token, and the message also carries the first draft.
@@ -22,8 +24,6 @@ import sys
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from ..runtime.request import Request, RequestType
 from ..runtime.sampling_params import SamplingParams
@@ -42,13 +42,11 @@ from .messages import (
     decode_engine_message,
 )
 from .runtime_dir import endpoint
+from .token_channel import TokenWriter, open_writer
 
 if TYPE_CHECKING:  # imported at run time after the process set-up (they import Paddle)
     from ..runtime.target_runner import StepOutput, TargetRunner
     from .messages import Task
-
-#: ``message_flag`` of the target's token messages (FastDeploy: 3 target, 4 draft).
-TARGET_MESSAGE_FLAG = 3
 
 
 class SlotTable:
@@ -87,37 +85,6 @@ class SlotTable:
 
     def pop(self, idx: int) -> Request | None:
         return self.slots.pop(idx, None)
-
-
-def send_step_tokens(out: StepOutput, inputs: Any, rank: int, msg_queue_id: int) -> None:
-    """Send the tokens step ``out`` emitted (``accept_tokens[b, :accept_num[b]]`` per slot) with
-    ``speculate_save_output_topk``: one packed row per token, no logprobs (score 0, rank 0).
-    Slots still prefilling a prompt (``seq_lens_decoder < prompt_lens`` in the target's
-    buffers ``inputs``) count 0."""
-    import paddle
-
-    from .. import ops
-
-    counts = np.clip(out.accept_num.astype(np.int32).reshape(-1), 0, out.accept_tokens.shape[1])
-    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
-    rows = np.concatenate([out.accept_tokens[b, : counts[b]] for b in range(len(counts))]).astype(np.int64)
-    n = int(rows.shape[0])
-    ops.speculate_save_output_topk(
-        sampled_token_ids=paddle.to_tensor(rows.reshape([n, 1])),
-        logprob_token_ids=paddle.to_tensor(rows.reshape([n, 1])),
-        logprob_scores=paddle.zeros([n, 1], dtype="float32"),
-        logprob_ranks=paddle.zeros([n], dtype="int64"),
-        token_num_per_batch=paddle.to_tensor(counts),
-        cu_batch_token_offset=paddle.to_tensor(offsets),
-        not_need_stop=inputs.not_need_stop,
-        seq_lens_decoder=inputs.seq_lens_decoder,
-        prompt_lens=inputs.prompt_lens,
-        preempted_idx=paddle.zeros([len(counts)], dtype="int32"),
-        message_flag=TARGET_MESSAGE_FLAG,
-        rank_id=rank,
-        save_each_rank=False,
-        msg_queue_id=msg_queue_id,
-    )
 
 
 def send_first_tokens(out: StepOutput, inputs: Any, rank: int, msg_queue_id: int) -> None:
@@ -202,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     sock.setsockopt(zmq.LINGER, 1000)
     sock.connect(endpoint(layout.engine_worker_queue_port))  # in the deployment's private directory
     runner = None
+    writer: TokenWriter | None = None
     try:
         from ..distributed import init_tensor_parallel
         from ..models import load_model
@@ -219,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         runner = TargetRunner(cfg, target, mtp)
         slots = SlotTable()
         first_tokens_only = layout.splitwise_role == "prefill" and cfg.speculative_config.enabled
+        if rank == 0 and not first_tokens_only:
+            k = cfg.speculative_config.num_speculative_tokens if cfg.speculative_config.enabled else 0
+            writer = open_writer(layout, rank, cfg.scheduler_config.max_num_seqs, k)
 
         def step(msg: Step) -> StepResult | None:
             assert runner is not None
@@ -228,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             if first_tokens_only:
                 send_first_tokens(out, runner.share_inputs, rank, layout.msg_queue_id)
             else:
-                send_step_tokens(out, runner.share_inputs, rank, layout.msg_queue_id)
+                assert writer is not None
+                writer.send(out, runner.share_inputs, msg.step)
             return StepResult.of(out, runner.decode_lens())
 
         install_stop_handlers()  # again, in case Paddle's set-up reinstalled its own
@@ -248,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             pass
         return 1
     finally:
+        if writer is not None:
+            writer.close()
         if runner is not None:
             runner.close()
         sock.close()

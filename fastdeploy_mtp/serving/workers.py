@@ -3,9 +3,10 @@ manager and one worker per tensor-parallel rank, and drives them with the
 :class:`~fastdeploy_mtp.runtime.target_runner.Runner` surface the engine loop uses, so the
 serving engine and the offline :class:`~fastdeploy_mtp.runtime.engine.Engine` are one loop.
 
-Per step: the step message (ZMQ, :class:`~.messages.Step`) goes to every rank; rank 0 sends the emitted tokens
-through ``speculate_save_output_topk`` (FastDeploy's SysV layout) and then its ``done``
-reply; the engine reads the tokens with ``speculate_get_output_topk``. While it waits, the
+Per step: the step message (ZMQ, :class:`~.messages.Step`) goes to every rank; rank 0 writes the emitted
+tokens to the deployment's token channel (:mod:`.token_channel`: a shared-memory segment,
+or FastDeploy's SysV message) and then sends its ``done`` reply, after which the engine
+reads them. While it waits, the
 engine watches every child: one that exits fails the step with :class:`WorkerDiedError`
 (the engine then fails the requests in flight) instead of hanging.
 """
@@ -23,26 +24,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..distributed import find_free_port_range
-from ..ops.messaging import FIRST_TOKEN_MAX_BSZ, MAX_BSZ, MAX_DRAFT_TOKENS, SPEC_LOGPROB_K
 from ..runtime.guided import GuidedSlots, GuidedStats
 from ..runtime.request import Request
 from ..runtime.target_runner import StepOutput, check_prefill_task
 from .layout import ServeLayout
 from .messages import Done, Failed, MessageError, Ready, Shutdown, Step, StepResult, decode_worker_message, task_message
+from .token_channel import TokenReader, WorkerDiedError, WorkerStepError, open_reader
 
 if TYPE_CHECKING:  # imports Paddle, which the engine imports after its set-up
     from ..models.cache_spec import CacheSpec
 
-#: FastDeploy's SysV layout: slots, tokens per slot, entries per token (the token + top-k).
-_MAX_BSZ, _MAX_DRAFT, _TOPK = MAX_BSZ, MAX_DRAFT_TOKENS, SPEC_LOGPROB_K + 1
-
-
-class WorkerDiedError(RuntimeError):
-    """A worker or the cache manager exited (or stopped answering); the deployment is gone."""
-
-
-class WorkerStepError(RuntimeError):
-    """A worker reported an exception in a step (the step's requests are aborted)."""
+__all__ = ["RemoteRunner", "WorkerDiedError", "WorkerStepError", "free_port"]
 
 
 def free_port(avoid: int = 0) -> int:
@@ -108,6 +100,7 @@ class RemoteRunner:
         self._step = 0
         self._dead: str | None = None
         self.procs: dict[str, subprocess.Popen] = {}
+        self._reader: TokenReader | None = None
         self._ops = ops
         self.dropped = dropped
         # the private runtime directory (refused while another live deployment owns the
@@ -141,9 +134,8 @@ class RemoteRunner:
         write_owner(self.runtime_dir, [p.pid for p in self.procs.values()])  # for a survivor's clean-up
 
     def _start(self, timeout: float, log: Any) -> None:
-        import paddle
-
         tp = self.layout.tensor_parallel_size
+        self._reader = open_reader(self.layout, self.n, self.k)  # before the workers: they attach it
         self._progress(
             f"starting the cache manager ({tp} rank(s), {self.fd_config.cache_config.total_block_num} blocks)"
         )
@@ -169,12 +161,6 @@ class RemoteRunner:
                 self._progress(f"worker rank {msg.rank} ready (pid {msg.pid}): model loaded, caches attached")
             elif isinstance(msg, Failed):
                 raise WorkerDiedError(f"worker rank {msg.rank} failed to start: {msg.message}")
-        #: splitwise prefill with MTP: rank 0 sends first tokens with mtp_save_first_token
-        self.first_tokens_only = self.layout.splitwise_role == "prefill" and bool(self.k)
-        self._first = paddle.zeros([2 + FIRST_TOKEN_MAX_BSZ * (1 + _MAX_DRAFT)], dtype="int64")
-        self._tokens = paddle.zeros([3 + _MAX_BSZ + _MAX_BSZ * _MAX_DRAFT * _TOPK], dtype="int64")
-        self._scores = paddle.zeros([_MAX_BSZ * _MAX_DRAFT * _TOPK], dtype="float32")
-        self._ranks = paddle.zeros([_MAX_BSZ * _MAX_DRAFT], dtype="int64")
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop every child (``shutdown``, then SIGTERM, then SIGKILL), remove the token queue."""
@@ -218,6 +204,9 @@ class RemoteRunner:
         self._sock.close(0)
         self._ctx.term()
         self._ops.remove_msg_queue(self.layout.msg_queue_id)
+        if self._reader is not None:
+            self._reader.close()  # removes the shm token segment
+            self._reader = None
         self._remove_orphaned_names()
         from .runtime_dir import remove
 
@@ -397,65 +386,20 @@ class RemoteRunner:
             raise WorkerStepError(f"worker rank 0 answered step {self._step} without its result")
         return head.result
 
-    def _received(self, buf: Any, bsz_at: int, kind: str) -> np.ndarray:
-        """``buf`` (int64) once rank 0's SysV message (``kind``: ``"token"`` or
-        ``"first-token"``) is in it, checked: not the no-message marker (``-2`` first) and
-        carrying ``N`` slots (the count at ``bsz_at``)."""
-        self._receive_tokens(wait=True)
-        out = buf.numpy()
-        if out[0] == -2:
-            self._dead = f"rank 0 acknowledged a step without sending its {kind.replace('-token', ' token')}s"
-            raise WorkerDiedError(self._dead)
-        if int(out[bsz_at]) != self.n:
-            raise WorkerStepError(f"{kind} message for {int(out[bsz_at])} slots, expected {self.n}")
-        return out
-
     def _read_tokens(self) -> tuple[np.ndarray, np.ndarray]:
-        """The step's tokens from rank 0's SysV message: ``accept_tokens [N, K+1]``,
-        ``accept_num [N]``."""
-        if self.first_tokens_only:
-            return self._read_first_tokens()
-        out = self._received(self._tokens[: 3 + _MAX_BSZ + self.n * _MAX_DRAFT * _TOPK], 2, "token")  # N slots' part
-        bsz = self.n
-        counts = np.maximum(out[3 : 3 + bsz], 0).astype(np.int64)
-        body = out[3 + _MAX_BSZ : 3 + _MAX_BSZ + bsz * _MAX_DRAFT * _TOPK].reshape([bsz, _MAX_DRAFT, _TOPK])
-        accept_tokens = np.zeros([bsz, self.k + 1], np.int64)
-        width = min(self.k + 1, _MAX_DRAFT)
-        accept_tokens[:, :width] = body[:, :width, 0]
-        return accept_tokens, counts
-
-    def _read_first_tokens(self) -> tuple[np.ndarray, np.ndarray]:
-        """A prefill instance's step: ``mtp_save_first_token``'s message (per slot 0 tokens,
-        or 2: the first token and the first draft; the draft stays in the slot state)."""
-        out = self._received(self._first, 1, "first-token")
-        bsz = self.n
-        counts = out[2 : 2 + bsz]
-        body = 2 + FIRST_TOKEN_MAX_BSZ  # then _MAX_DRAFT token slots per slot
-        accept_tokens = np.zeros([bsz, self.k + 1], np.int64)
-        accept_tokens[:, 0] = out[body : body + bsz * _MAX_DRAFT : _MAX_DRAFT]
-        return accept_tokens, (counts > 0).astype(np.int64)
-
-    def _receive_tokens(self, wait: bool) -> None:
-        """One message into the output buffers (``[0] == -2``: none within 5 s, or at once)."""
-        if self.first_tokens_only:
-            self._ops.mtp_get_first_token(
-                output_tokens=self._first, wait_flag=wait, msg_queue_id=self.layout.msg_queue_id, timeout_ms=5000
-            )
-            return
-        self._ops.speculate_get_output_topk(
-            output_tokens=self._tokens,
-            output_scores=self._scores,
-            output_ranks=self._ranks,
-            real_k=0,
-            rank_id=0,
-            wait_flag=wait,
-            msg_queue_id=self.layout.msg_queue_id,
-            timeout_ms=5000,
-        )
+        """The step's tokens from the token channel: ``accept_tokens [N, K+1]`` int64,
+        ``accept_num [N]`` int64 (a lost message marks the deployment dead)."""
+        assert self._reader is not None
+        try:
+            return self._reader.read(self._step)
+        except WorkerDiedError as exc:
+            self._dead = str(exc)
+            raise
 
     def _drain_tokens(self) -> None:
-        """Drop a token message a failed step may have left in the queue."""
-        self._receive_tokens(wait=False)
+        """Drop tokens a failed step may have left in the channel."""
+        if self._reader is not None:
+            self._reader.drain()
 
 
 def _awaited(frames: list[bytes], ranks: dict[bytes, int], step: int | None) -> Ready | Done | Failed | None:

@@ -19,9 +19,10 @@ def test_more_slots_than_kernel_msgmax_carries_is_refused_with_the_fix(capsys):
     fits = (msgmax - 2060) // 1032  # FastDeploy's layout: the meta block, then one entry per slot
     if fits >= messaging.MAX_BSZ:
         pytest.skip(f"kernel.msgmax ({msgmax}) carries every slot the layout has")
-    code, err = run(capsys, "--max-num-seqs", str(fits + 1))
+    code, err = run(capsys, "--token-channel", "sysv", "--max-num-seqs", str(fits + 1))
     assert code == 2
     assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"sysctl -w kernel.msgmax={messaging.topk_message_bytes(fits + 1)}" in err
     assert f"--max-num-seqs {fits + 1}" in err and "kernel.msgmax" in err and f"--max-num-seqs {fits} or fewer" in err
 
 

@@ -36,6 +36,10 @@ from fastdeploy_mtp.distributed import find_free_port_range
 from fastdeploy_mtp.serving.messages import version_headers
 
 _T = TypeVar("_T")
+#: the test servers' ``--max-num-seqs`` unless a test gives one: serve's default (up to 256
+#: slots, from the KV memory) costs every step and start-up a little on this CPU, which the
+#: suite would pay in every server; tests of many slots say so
+TEST_SLOTS = 8
 
 
 def shm_names() -> set[str]:
@@ -132,6 +136,8 @@ class ServerProcess:
         args: extra CLI arguments (speculation, --tensor-parallel-size, ...).
         start_timeout: seconds to wait for ``/health``.
         env: the server's environment (default: this process's).
+        slots: ``--max-num-seqs`` when ``args`` has none (:data:`TEST_SLOTS`; ``None``: serve's
+            own default, from the KV memory).
     """
 
     def __init__(
@@ -140,7 +146,10 @@ class ServerProcess:
         start_timeout: float = 180.0,
         env: dict[str, str] | None = None,
         on: tuple[Any, str] | None = None,
+        slots: int | None = TEST_SLOTS,
     ):
+        if slots is not None and "--max-num-seqs" not in args:
+            args = [*args, "--max-num-seqs", str(slots)]
         #: ``(hosts, name)``: run on host ``name`` of a :class:`~tests.support.netns.Hosts`
         #: (its own network and ``/dev/shm``), reached at its address from that host's side
         self.on = on
@@ -242,6 +251,7 @@ class ServerProcess:
         """Last resort (a test failed): kill the whole session, then remove what it owned
         (its queue, runtime directory and /dev/shm names), so a failure leaves nothing."""
         from fastdeploy_mtp.ipc.kv_caches import CACHE_READY_SIGNAL
+        from fastdeploy_mtp.serving.token_channel import SHM_PREFIX
 
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -253,7 +263,7 @@ class ServerProcess:
                 os.kill(pid, signal.SIGKILL)
         mine = own_names(shm_names() - self.shm_before, self.queue_port, self.device_ids)
         for name in mine:
-            if name.startswith((CACHE_READY_SIGNAL, "key_caches", "value_caches", "latent_caches")):
+            if name.startswith((CACHE_READY_SIGNAL, SHM_PREFIX, "key_caches", "value_caches", "latent_caches")):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join("/dev/shm", name))
         self.leftovers()  # removes the queue and the runtime directory
@@ -315,10 +325,10 @@ def stopped_cleanly(server: ServerProcess) -> None:
     server.close_log()
 
 
-def serving(args: list[str]) -> Iterator[ServerProcess]:
-    """A module fixture's body: ``ServerProcess(args)``, killed if the tests raised through it,
-    else stopped with SIGTERM and checked (:func:`stopped_cleanly`)."""
-    srv = ServerProcess(args)
+def serving(args: list[str], **kwargs: Any) -> Iterator[ServerProcess]:
+    """A module fixture's body: ``ServerProcess(args, **kwargs)``, killed if the tests raised
+    through it, else stopped with SIGTERM and checked (:func:`stopped_cleanly`)."""
+    srv = ServerProcess(args, **kwargs)
     try:
         yield srv
     except BaseException:
