@@ -179,7 +179,7 @@ def server():
     from tests.support.servers import serving
 
     spec = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1}'
-    yield from serving(["--speculative-config", spec, "--max-num-seqs", "4"])
+    yield from serving(["--speculative-config", spec, "--max-num-seqs", "4", "--no-enable-prefix-caching"])
 
 
 def test_served_requests_are_observed_once_each(server):
@@ -215,4 +215,4 @@ def test_served_requests_are_observed_once_each(server):
     assert m[p + QUEUE + "_sum"] <= m[p + TTFT + "_sum"] <= m[p + E2E + "_sum"]
     assert m[p + PREFILL + "_sum"] <= m[p + TTFT + "_sum"]
     assert m[p + "kv_cache_usage_perc"] == 0.0  # idle
-    assert m[p + "prefix_cache_queries_total"] == m[p + "prefix_cache_hit_rate"] == 0.0  # caching is off
+    assert m[p + "prefix_cache_queries_total"] == m[p + "prefix_cache_hit_rate"] == 0.0  # --no-enable-prefix-caching
