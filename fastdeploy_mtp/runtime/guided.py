@@ -201,9 +201,9 @@ class GuidedSlots:
     # ---- slots ---------------------------------------------------------------------------
     @staticmethod
     def _starts(req: Request) -> bool:
-        """Whether ``req``'s task starts its request in the slot (a prompt's first chunk, or a
-        splitwise import)."""
-        first_chunk = req.task_type == RequestType.PREFILL and req.prefill_start_index == 0
+        """Whether ``req``'s task starts its request in the slot (a prompt's first chunk, which
+        starts after the blocks a prefix-cache hit gave it, or a splitwise import)."""
+        first_chunk = req.task_type == RequestType.PREFILL and req.prefill_start_index == req.num_cached_tokens
         return first_chunk or req.task_type == RequestType.IMPORT
 
     def check_task(self, req: Request) -> None:
