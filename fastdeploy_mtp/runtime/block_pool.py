@@ -41,6 +41,8 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
 #: Key of the empty prefix (the parent of a prompt's first block).
 ROOT_KEY = b"fastdeploy_mtp prefix cache v1"
 
@@ -56,7 +58,7 @@ def block_keys(tokens: Sequence[int], block_size: int, include_next: bool) -> li
         end = (i + 1) * block_size
         body = tokens[i * block_size : end + (1 if include_next else 0)]
         h = hashlib.sha256(parent)
-        h.update(b"".join(int(t).to_bytes(8, "little", signed=True) for t in body))
+        h.update(np.asarray(body, dtype="<i8").tobytes())  # each token as 8 bytes, little-endian
         parent = h.digest()
         keys.append(parent)
     return keys

@@ -95,6 +95,9 @@ class Scheduler:
         self.pool = BlockPool(cache.total_block_num, cache.enable_prefix_caching)
         #: prefix-cache keys cover the token after a block when MTP layers have KV caches
         self._key_next = spec.enabled and spec.method == "mtp"
+        #: the head of the queue and its prefix-cache keys: a head that waits for blocks is
+        #: looked up again each step, its prompt hashed once
+        self._head_keys: tuple[Request, list[bytes]] | None = None
         self.waiting: deque[Request] = deque()
         self.slots: dict[int, SlotState] = {}
         self.max_model_len = fd_config.model_config.max_model_len
@@ -316,7 +319,9 @@ class Scheduler:
         keys: list[bytes] = []
         hits: list[int] = []
         if self.pool.enable_caching:
-            keys = block_keys(req.prompt_token_ids, self.block_size, self._key_next)
+            if self._head_keys is None or self._head_keys[0] is not req:
+                self._head_keys = (req, block_keys(req.prompt_token_ids, self.block_size, self._key_next))
+            keys = self._head_keys[1]
             hits = self.pool.lookup(keys)
         taken_from_free = sum(1 for b in hits if self.pool.refs(b) == 0)
         available = self.pool.num_free - taken_from_free - self._reserved_blocks()
