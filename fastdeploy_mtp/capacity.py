@@ -142,6 +142,18 @@ def plan_capacity(
     return Capacity(max_num_seqs, blocks, tokens, budget, block_bytes)
 
 
+#: The ops' ``end_tokens`` of a model without any EOS id (the byte model, a folder whose
+#: config names none): no token equals it, so every request runs to ``max_tokens``.
+NO_EOS = -1
+
+
+def end_tokens(eos_token_ids: list[int]) -> list[int]:
+    """The ops' ``end_tokens`` for a model whose EOS ids are ``eos_token_ids`` (every id of
+    ``generation_config.json`` and ``config.json``): those ids, or ``[NO_EOS]`` when there are
+    none. No stand-in is invented: a vocabulary id would be a real token of an unpadded model."""
+    return list(eos_token_ids) or [NO_EOS]
+
+
 def build_config(
     arch: ArchConfig,
     spec: SpeculativeConfig,
@@ -151,9 +163,8 @@ def build_config(
     total_block_num: int | None = None,
 ) -> FDConfig:
     """FDConfig for the tiny checkpoint's architecture ``arch`` with speculation ``spec``
-    (``SpeculativeConfig(method=None)`` for plain decoding). The byte model has no end-of-text
-    token: a padded vocabulary id (never generated) stands in, so requests end at
-    ``max_tokens``. ``max_num_batched_tokens`` (``None``: ``max(256, max_num_seqs * (K+1) + 64)``)
+    (``SpeculativeConfig(method=None)`` for plain decoding). The ops' ``end_tokens`` are the
+    model's EOS ids (:func:`end_tokens`). ``max_num_batched_tokens`` (``None``: ``max(256, max_num_seqs * (K+1) + 64)``)
     and ``total_block_num`` (``None``: ``max_num_seqs`` requests of ``max_model_len``)."""
     w = (spec.num_speculative_tokens if spec.enabled else 0) + 1
     if max_num_batched_tokens is None:
@@ -167,7 +178,7 @@ def build_config(
             ori_vocab_size=arch.ori_vocab_size,
             hidden_size=arch.hidden_size,
             num_hidden_layers=arch.num_hidden_layers,
-            eos_token_id=[arch.vocab_size - 1],
+            eos_token_id=end_tokens(arch.eos_token_ids),
         ),
         speculative_config=spec,
         scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),

@@ -76,7 +76,7 @@ def _progress(label: str) -> Callable[[int, int], None]:
 
 
 def run_requests(
-    prompts: Sequence[str],
+    prompts: Sequence[str | list[int]],
     max_tokens: int,
     spec: SpeculativeConfig,
     max_num_seqs: int,
@@ -86,6 +86,8 @@ def run_requests(
     *,
     dtype: str = "auto",
     tokenizer: str | None = None,
+    trace: list[tuple] | None = None,
+    prefill_chunk_size: int = 0,
 ) -> tuple[list[Request], list[str], Metrics]:
     """Generate for ``prompts`` (request ids ``p0, p1, ...``) with the shipped checkpoint (or
     the model folder ``model``, loaded in ``dtype``, its tokenizer from ``tokenizer`` when
@@ -94,7 +96,10 @@ def run_requests(
     returns (the finished requests, with their ``output_token_ids``, ``finish_reason`` and
     ``output_logprobs``; their texts; metrics). Prompts are tokenized by the folder's
     ``tokenizer.json`` (special tokens added as its post-processor says); the model's EOS ids
-    (tokenizer, ``generation_config.json``, ``config.json``) end a request, as stop token ids."""
+    (tokenizer, ``generation_config.json``, ``config.json``) end a request, as stop token ids.
+    A prompt given as a list of token ids is used as it is. ``trace``: the engine's per-step
+    record (:attr:`~fastdeploy_mtp.runtime.engine.Engine.trace`) is appended to it.
+    ``prefill_chunk_size``: prefill prompts in chunks of this many tokens (0: whole)."""
     from ..models import ASSETS_DIR, load_model
     from ..runtime.engine import Engine
     from ..runtime.request import Request
@@ -114,16 +119,27 @@ def run_requests(
         return SamplingParams.from_dict(params)
 
     reqs = [
-        Request(f"p{i}", tok.encode(p), max_tokens=max_tokens, sampling=own_params()) for i, p in enumerate(prompts)
+        Request(
+            f"p{i}",
+            tok.encode(p) if isinstance(p, str) else [int(t) for t in p],
+            max_tokens=max_tokens,
+            sampling=own_params(),
+        )
+        for i, p in enumerate(prompts)
     ]
     k = spec.num_speculative_tokens if spec.enabled else 0
     longest = max(len(r.prompt_token_ids) for r in reqs) + max_tokens + 2 * k + 8
     cfg = build_config(arch, spec, max_num_seqs, longest)
     cfg.model_config.model = folder  # the grammar of a constrained request runs on its tokenizer
 
-    # tok.decode leaves out padding ids (the stand-in EOS) and special tokens
-    with Engine(cfg, target, mtp if spec.uses_mtp else None, detokenize=tok.decode) as engine:
+    # tok.decode leaves out padding ids and special tokens
+    with Engine(
+        cfg, target, mtp if spec.uses_mtp else None, detokenize=tok.decode, record_trace=trace is not None,
+        prefill_chunk_size=prefill_chunk_size,
+    ) as engine:  # fmt: skip
         engine.generate(reqs, progress=_progress(label))
+        if trace is not None:
+            trace.extend(engine.trace or [])
     return reqs, [tok.decode(r.output_token_ids) for r in reqs], engine.metrics
 
 

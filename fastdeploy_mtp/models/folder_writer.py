@@ -73,6 +73,9 @@ def _deepseek_v3_json(config: ModelConfig) -> dict[str, Any]:
         "qk_rope_head_dim": config.qk_rope_head_dim,
         "v_head_dim": config.v_head_dim,
         "rope_interleave": config.rope_interleave,
+        # how this checkpoint's MTP layer was trained (see hf_config.MTP_CHAIN_DEFAULT)
+        "mtp_chain_hidden": "pre_norm" if config.mtp_final_norm == "in_logits" else "post_norm",
+        "mtp_mask_first_position": config.mtp_mask_first_position,
         "rope_parameters": rope,
         "max_position_embeddings": config.max_position_embeddings,
         "rms_norm_eps": config.rms_norm_eps,

@@ -169,19 +169,42 @@ def _flag(raw: dict[str, Any], key: str, where: str) -> bool:
     return value
 
 
+#: What MTP substep ``k + 1`` is fed as its previous hidden state when ``config.json`` does not
+#: say (``mtp_chain_hidden``): the MTP block's output before the layer's final norm
+#: (``"pre_norm"``: DeepSeek-V3 and GLM-4.5, whose MTP layer hands the next one its block output
+#: and norms only for the logits, as vLLM and SGLang run them) or after it (``"post_norm"``:
+#: every other family; ERNIE-4.5's serving runner copies the normed output forward).
+MTP_CHAIN_DEFAULT = {"deepseek_v3": "pre_norm", "glm4_moe": "pre_norm"}
+#: ``mtp_chain_hidden`` -> :attr:`ModelConfig.mtp_final_norm` (where the norm sits decides
+#: which state ``forward`` returns and so what the next substep is fed).
+_CHAIN_TO_FINAL_NORM = {"pre_norm": "in_logits", "post_norm": "in_forward"}
+
+
+def mtp_final_norm_of(raw: dict[str, Any], family: str, where: str) -> str:
+    """``ModelConfig.mtp_final_norm`` of a folder: ``config.json`` ``mtp_chain_hidden``
+    (``"pre_norm"`` / ``"post_norm"``, for a checkpoint whose MTP layer was trained chained the
+    other way) or the family's default (:data:`MTP_CHAIN_DEFAULT`)."""
+    chain = raw.get("mtp_chain_hidden", MTP_CHAIN_DEFAULT.get(family, "post_norm"))
+    if chain not in _CHAIN_TO_FINAL_NORM:
+        raise _fail(where, f"config.json `mtp_chain_hidden` must be one of {list(_CHAIN_TO_FINAL_NORM)}, got {chain!r}")
+    return _CHAIN_TO_FINAL_NORM[chain]
+
+
 def eos_ids(raw: dict[str, Any], generation: dict[str, Any] | None, where: str = "") -> list[int]:
-    """``eos_token_id`` (int or list) from ``generation_config.json``, else ``config.json``;
-    anything but token ids is refused naming the file."""
-    value = (generation or {}).get("eos_token_id")
-    source = "generation_config.json"
-    if value is None:
-        value, source = raw.get("eos_token_id"), "config.json"
-    if value is None:
-        return []
-    items = value if isinstance(value, list) else [value]
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in items):
-        raise _fail(where, f"{source} `eos_token_id` must be a token id or a list of them, got {value!r}")
-    return [int(v) for v in items]
+    """Every ``eos_token_id`` (an int or a list) of ``generation_config.json`` and of
+    ``config.json``, in that order, without repeats; ``[]`` when neither names one (the model
+    then runs every request to ``max_tokens``). Anything but token ids is refused naming the
+    file."""
+    out: list[int] = []
+    for source, obj in (("generation_config.json", generation or {}), ("config.json", raw)):
+        value = obj.get("eos_token_id")
+        if value is None:
+            continue
+        items = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in items):
+            raise _fail(where, f"{source} `eos_token_id` must be a token id or a list of them, got {value!r}")
+        out.extend(int(v) for v in items if int(v) not in out)
+    return out
 
 
 def translate_config(
@@ -232,7 +255,8 @@ def translate_config(
         "tie_word_embeddings": _flag(raw, "tie_word_embeddings", where),
         "num_nextn_predict_layers": _number(raw, "num_nextn_predict_layers", int, where, 0),
         "mtp_concat_order": "hidden_first" if family == "mimo" else "emb_first",
-        "mtp_final_norm": "in_forward",
+        "mtp_final_norm": mtp_final_norm_of(raw, family, where),
+        "mtp_mask_first_position": _flag(raw, "mtp_mask_first_position", where),
         "mtp_hidden_state": "post_norm",
         "dtype": resolved,
         "eos_token_ids": eos_ids(raw, generation, where),

@@ -7,8 +7,7 @@ Read: ``q_lora_rank`` (null or 0 = a plain ``q_proj``), ``kv_lora_rank``,
 true, as transformers' class has it). The config's ``num_key_value_heads`` and ``head_dim``
 do not shape MLA: every head reads the shared latent, and ``head_dim`` is the RoPE width
 ``qk_rope_head_dim``. ``attention_bias`` true is refused (the biases on ``q_a_proj``,
-``kv_a_proj_with_mqa`` and ``o_proj`` are not implemented). The MTP layers zero the token
-embedding at position 0 (``mtp_mask_first_position``).
+``kv_a_proj_with_mqa`` and ``o_proj`` are not implemented).
 """
 
 from __future__ import annotations
@@ -54,5 +53,4 @@ def mla_fields(raw: dict[str, Any]) -> dict[str, Any]:
         "head_dim": sizes["qk_rope_head_dim"],
         "num_key_value_heads": heads,
         "attention_bias": False,
-        "mtp_mask_first_position": True,
     }

@@ -91,8 +91,11 @@ class ModelConfig:
             routed_scaling_factor, norm_topk_prob, first_k_dense_replace, scoring_func,
             topk_method: the MoE router and experts (DeepSeek-V3 / GLM-4.5 names; layers below
             ``first_k_dense_replace`` keep a dense MLP of ``intermediate_size``).
-        mtp_mask_first_position: the MTP layers zero the token embedding at position 0
-            (DeepSeek-V3 and GLM-4.5 as vLLM serves them).
+        mtp_mask_first_position: the MTP layers zero the token embedding at position 0. Off
+            for every family: after the one-token shift row 0 holds a real token (``t_1``),
+            and transformers' MTP generation feeds it. Only a checkpoint trained with the
+            mask sets it (``config.json`` ``mtp_mask_first_position: true``; the shipped tiny
+            DeepSeek-V3 checkpoint was).
         rope_interleave: MLA's rope parts rotate interleaved pairs ``(x0, x1), (x2, x3), ...``
             (DeepSeek-V3 checkpoints; see :mod:`~fastdeploy_mtp.models.mla`) instead of halves.
     """

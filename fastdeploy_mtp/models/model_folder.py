@@ -26,7 +26,7 @@ import numpy as np
 import paddle
 
 from .hf_config import UnsupportedModelError, translate_config
-from .model_config import ModelConfig
+from .model_config import TINY_MODEL_TYPE, ModelConfig
 from .mtp_layer import MTPLayer, MTPStack, build_mtp
 from .parallel_layers import shard_axes
 from .target import TinyTargetModel
@@ -165,6 +165,38 @@ def _check_tensors(path: str, config: ModelConfig, refs: list[WeightRef], tensor
         )
 
 
+TOKENIZER_JSON = "tokenizer.json"
+
+
+def tokenizer_vocab_size(where: str) -> int | None:
+    """One past the largest id of the folder's ``tokenizer.json`` (added tokens included), or
+    ``None`` when the folder has none. Raises ``UnsupportedModelError`` for an unreadable file."""
+    path = os.path.join(where, TOKENIZER_JSON)
+    if not os.path.isfile(path):
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        vocab = Tokenizer.from_file(path).get_vocab(with_added_tokens=True)
+    except Exception as exc:  # the tokenizers library raises a bare Exception for a bad file
+        raise UnsupportedModelError(f"model folder {where}: {TOKENIZER_JSON} cannot be read: {exc}") from None
+    return max(vocab.values(), default=-1) + 1
+
+
+def _unpad_vocab(config: ModelConfig, where: str) -> ModelConfig:
+    """``config`` with ``ori_vocab_size`` = the folder tokenizer's vocabulary when the model's
+    is padded beyond it (released checkpoints round the embedding up, e.g. to a multiple of
+    128): the ids past the tokenizer have no text, so their logits are masked (``-inf``) and
+    neither the target nor the MTP layer can produce them. The byte model keeps its own
+    ``ori_vocab_size``; a folder without ``tokenizer.json`` is taken as unpadded."""
+    if config.model_type == TINY_MODEL_TYPE:
+        return config
+    size = tokenizer_vocab_size(where)
+    if size is None or size >= config.vocab_size:
+        return config
+    return dataclasses.replace(config, ori_vocab_size=size)
+
+
 def inspect_folder(path: str | os.PathLike[str], dtype: str = "auto") -> FolderPlan:
     """Read the folder's JSON files and safetensors headers; see :func:`inspect_model_folder`."""
     where = os.fspath(path)
@@ -177,6 +209,7 @@ def inspect_folder(path: str | os.PathLike[str], dtype: str = "auto") -> FolderP
     gen_path = os.path.join(where, GENERATION_JSON)
     generation = _read_json(gen_path, where, GENERATION_JSON) if os.path.isfile(gen_path) else None
     config = translate_config(raw, where, generation, dtype)
+    config = _unpad_vocab(config, where)
     note = None
     if dtype == "auto" and config.dtype != "float32" and not half_precision_runs():
         note = (

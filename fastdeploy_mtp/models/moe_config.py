@@ -107,7 +107,7 @@ def glm_fields(raw: dict[str, Any]) -> dict[str, Any]:
     """The GLM-4.5 attention fields of a ``glm4_moe`` ``config.json`` object: ``attention_bias``
     and ``use_qk_norm`` (false when absent), ``partial_rotary_factor`` (in ``rope_parameters``
     / ``rope_scaling`` or at the top level; 0.5 when absent, transformers' default for the
-    family), and the MTP layers' position-0 embedding mask (always on for this family).
+    family).
 
     Raises:
         ValueError: a flag that is not true/false, or a factor outside ``(0, 1]``.
@@ -126,5 +126,4 @@ def glm_fields(raw: dict[str, Any]) -> dict[str, Any]:
     if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1:
         raise ValueError(f"config.json `partial_rotary_factor` must be a number in (0, 1], got {factor!r}")
     fields["partial_rotary_factor"] = float(factor)
-    fields["mtp_mask_first_position"] = True
     return fields

@@ -32,8 +32,9 @@ class MTPLayer(nn.Layer):
     ``config.mtp_final_norm == "in_logits"``), which is also what later MTP substeps feed
     back as ``previous_hidden_states``.
 
-    With ``config.mtp_mask_first_position`` (DeepSeek-V3, GLM-4.5) the token embedding of every
-    row at position 0 is zeroed before ``enorm``, in every forward (packed and dense).
+    With ``config.mtp_mask_first_position`` (off unless a checkpoint was trained so) the token
+    embedding of every row at position 0 is zeroed before ``enorm``, in every forward (packed
+    and dense).
 
     Tensor parallelism follows the target (``target.tensor_parallel_size``): ``mtp_block`` is
     split like the target's decoder layers, its ``attn_backend`` covers this rank's key/value

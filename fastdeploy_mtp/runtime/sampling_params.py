@@ -61,6 +61,11 @@ class SamplingParams:
             generated before (0 = off; OpenAI's range [-2, 2]).
         min_tokens: neither the EOS ids nor ``stop_token_ids`` (a served model's EOS ids among
             them) can be generated before this many tokens (vLLM's meaning).
+        ignore_eos: the model's EOS ids do not end this request: they are masked (``-inf``)
+            at every position, as ``min_tokens`` masks them, so it runs to ``max_tokens`` or a
+            stop string/id. (The engine stops a slot at an EOS id in the ops themselves, for
+            every slot alike, so an EOS token cannot be emitted and stepped over; vLLM's
+            ``ignore_eos`` lets EOS tokens through into the output instead.)
         stop: strings that end the output (the string itself is not returned).
         stop_token_ids: token ids that end the output (the id is returned, as EOS is).
         logprobs: ``None`` = none; ``k >= 0``: the log-probability of each emitted token plus
@@ -86,6 +91,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     min_tokens: int = 0
+    ignore_eos: bool = False
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: int | None = None
@@ -139,6 +145,8 @@ class SamplingParams:
             isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
         ):
             return f"stop_token_ids: must be a list of token ids, got {self.stop_token_ids!r}"
+        if not isinstance(self.ignore_eos, bool):
+            return f"ignore_eos: must be true or false, got {self.ignore_eos!r}"
         if not isinstance(self.include_draft_logprobs, bool):
             return f"include_draft_logprobs: must be true or false, got {self.include_draft_logprobs!r}"
         if self.include_draft_logprobs and self.logprobs is None:
@@ -147,6 +155,23 @@ class SamplingParams:
         if problem is not None:
             return f"guided: {problem}"
         return None
+
+    @property
+    def eos_ban_len(self) -> int:
+        """The slot's ``min_dec_len``: the EOS ids are masked while fewer tokens than this were
+        generated -- ``min_tokens``, or every position (:data:`EOS_BANNED_ALWAYS`) with
+        ``ignore_eos``."""
+        return EOS_BANNED_ALWAYS if self.ignore_eos else int(self.min_tokens)
+
+    @property
+    def penalised(self) -> bool:
+        """Whether the penalty op runs on this request's rows (a penalty, or EOS ids masked)."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+            or self.eos_ban_len > 0
+        )
 
     def seed_for(self, request_id: str) -> int:
         """The seed the sampler uses: :attr:`seed`, or a stable hash of ``request_id``."""
@@ -166,6 +191,7 @@ class SamplingParams:
             "frequency_penalty": self.frequency_penalty,
             "presence_penalty": self.presence_penalty,
             "min_tokens": self.min_tokens,
+            "ignore_eos": self.ignore_eos,
             "stop": list(self.stop),
             "stop_token_ids": list(self.stop_token_ids),
             "logprobs": self.logprobs,
@@ -176,6 +202,10 @@ class SamplingParams:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SamplingParams:
         return cls(**values)
+
+
+#: ``min_dec_len`` of an ``ignore_eos`` request: more tokens than any request generates.
+EOS_BANNED_ALWAYS = 2**30  # exact in float32 (the hand-over check compares through it)
 
 
 def choice_seed(seed: int, index: int) -> int:

@@ -256,4 +256,4 @@ def _hold_stop_ids(
 
 
 def _penalised(p: SamplingParams) -> bool:
-    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 or p.min_tokens > 0
+    return p.penalised

@@ -294,6 +294,7 @@ def sampling_params(
         frequency_penalty=body.frequency_penalty or 0.0,
         presence_penalty=body.presence_penalty or 0.0,
         min_tokens=body.min_tokens or 0,
+        ignore_eos=bool(body.ignore_eos),
         stop=[stop] if isinstance(stop, str) else list(stop or []),
         stop_token_ids=stop_ids,
         logprobs=k,

@@ -240,7 +240,7 @@ _SAMPLING_ROWS = {
     "penalty_score": "repetition_penalty",
     "frequency_score": "frequency_penalty",
     "presence_score": "presence_penalty",
-    "min_dec_len": "min_tokens",
+    "min_dec_len": "eos_ban_len",  # min_tokens, or every position with ignore_eos
 }
 
 

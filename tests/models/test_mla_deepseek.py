@@ -1,4 +1,4 @@
-"""DeepSeek-V3 folders (multi-head latent attention, MoE, an MTP layer with the position-0
+"""DeepSeek-V3 folders (multi-head latent attention, MoE, an MTP layer without a position-0
 embedding mask) against transformers: target logits, greedy tokens through our paged path,
 MTP logits, K=1 acceptance round for round, the latent caches, TP slices and refusals.
 
@@ -59,12 +59,13 @@ def prefill(model, ids, hidden=None):
 
 
 @paddle.no_grad()
-def test_config_is_mla_with_moe_and_masked_mtp(folder, loaded):
+def test_config_is_mla_with_moe_and_unmasked_mtp(folder, loaded):
     _, mtp, config = loaded
     assert (config.model_type, config.attention_type) == ("deepseek_v3", "mla")
     assert config.q_lora_rank == (folder.config.get("q_lora_rank") or 0)
     assert (config.kv_lora_rank, config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim) == (32, 16, 8, 16)
-    assert config.rope_interleave and config.mtp_mask_first_position
+    assert config.rope_interleave and not config.mtp_mask_first_position
+    assert config.mtp_final_norm == "in_logits"  # substep 2 is fed the block's pre-norm output
     assert config.n_routed_experts == 4 and config.first_k_dense_replace == 1
     assert mtp is not None and config.num_nextn_predict_layers == 1
     # the MTP layer's copies of the embedding and the head are in the folder, and not loaded
@@ -93,7 +94,7 @@ def test_target_logits_and_greedy_tokens_match_transformers(folder, loaded):
 
 
 @paddle.no_grad()
-def test_mtp_logits_match_transformers_with_position_zero_mask(folder, loaded):
+def test_mtp_logits_match_transformers_without_position_zero_mask(folder, loaded):
     _, mtp, _ = loaded
     hidden = ds.mla_reference_hidden(folder.path, [PROMPT])[0][:-1]
     next_ids = PROMPT[1:]
@@ -102,19 +103,18 @@ def test_mtp_logits_match_transformers_with_position_zero_mask(folder, loaded):
     got = mtp.compute_logits(out).numpy()
     assert relative_error(got, want) <= RTOL
     assert (got.argmax(-1) == want.argmax(-1)).all()
-    # the mask matters: without it position 0's logits differ (and, through attention, later ones)
-    mtp.config.mtp_mask_first_position = False
+    # the check can see the mask: with it, position 0's logits differ (and, through attention, later ones)
+    mtp.config.mtp_mask_first_position = True
     try:
-        unmasked = mtp.compute_logits(prefill(mtp, next_ids, hidden)[0]).numpy()
+        masked = mtp.compute_logits(prefill(mtp, next_ids, hidden)[0]).numpy()
     finally:
-        mtp.config.mtp_mask_first_position = True
-    assert np.abs(unmasked[0] - want[0]).max() > 1e-2
+        mtp.config.mtp_mask_first_position = False
+    assert np.abs(masked[0] - want[0]).max() > 1e-2
 
 
 @paddle.no_grad()
 def test_dense_paths_equal_the_paged_paths(folder, loaded):
-    """The training path (full sequences, causal mask; the MTP layer's position-0 mask on its
-    first column) and the unrolled one at depth 1 give the paged path's hidden states."""
+    """The training path (full sequences, causal mask) and the unrolled one at depth 1 give the paged path's hidden states."""
     target, mtp, _ = loaded
     ids = paddle.to_tensor(np.asarray([PROMPT]))
     _, post = target.forward_dense(ids, causal_bias(len(PROMPT)))

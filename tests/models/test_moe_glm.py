@@ -1,5 +1,5 @@
 """MoE (:class:`MoEMLP`) against a numpy reference of the routing, and GLM-4.5 folders
-(``Glm4MoeForCausalLM``: partial rotary, MoE layers, an MoE MTP layer with the position-0
+(``Glm4MoeForCausalLM``: partial rotary, MoE layers, an MoE MTP layer without a position-0
 embedding mask) against transformers: target logits, greedy tokens through our paged path,
 MTP logits, K=1 acceptance round for round, TP slices and refusals.
 
@@ -241,8 +241,8 @@ def test_config_translates_glm_keys(folder, loaded):
     assert (config.qk_norm, config.attention_bias) == (folder.config["use_qk_norm"], folder.config["attention_bias"])
     assert (config.n_routed_experts, config.num_experts_per_tok, config.n_group, config.topk_group) == (8, 2, 2, 1)
     assert (config.routed_scaling_factor, config.norm_topk_prob, config.first_k_dense_replace) == (2.5, True, 1)
-    assert (config.scoring_func, config.topk_method, config.mtp_final_norm) == ("sigmoid", "noaux_tc", "in_forward")
-    assert config.mtp_mask_first_position and mtp is not None
+    assert (config.scoring_func, config.topk_method, config.mtp_final_norm) == ("sigmoid", "noaux_tc", "in_logits")
+    assert not config.mtp_mask_first_position and mtp is not None
     assert not isinstance(target.layers[0].mlp, MoEMLP)
     assert all(isinstance(layer.mlp, MoEMLP) for layer in target.layers[1:])
     assert isinstance(mtp.mtp_block.mlp, MoEMLP)  # MTP layer k is decoder layer N + k
@@ -258,7 +258,7 @@ def test_target_logits_and_greedy_tokens_match_transformers(folder, loaded):
 
 
 @paddle.no_grad()
-def test_mtp_logits_match_transformers_with_position_zero_mask(folder, loaded):
+def test_mtp_logits_match_transformers_without_position_zero_mask(folder, loaded):
     _, mtp, _ = loaded
     hidden = glm.reference_hidden(folder.path, [PROMPT])[0][:-1]
     next_ids = PROMPT[1:]
@@ -269,12 +269,12 @@ def test_mtp_logits_match_transformers_with_position_zero_mask(folder, loaded):
     top2 = np.sort(want, -1)[:, -2:]
     clear = top2[:, 1] - top2[:, 0] > 10 * RTOL * np.abs(want).max()
     assert clear[1:].all() and (got.argmax(-1) == want.argmax(-1))[clear].all()
-    mtp.config.mtp_mask_first_position = False
+    mtp.config.mtp_mask_first_position = True
     try:
-        unmasked = mtp.compute_logits(prefill(mtp, next_ids, hidden)).numpy()
+        masked = mtp.compute_logits(prefill(mtp, next_ids, hidden)).numpy()
     finally:
-        mtp.config.mtp_mask_first_position = True
-    assert np.abs(unmasked[0] - want[0]).max() > 1e-2  # the mask matters
+        mtp.config.mtp_mask_first_position = False
+    assert np.abs(masked[0] - want[0]).max() > 1e-2  # the check can see the mask
 
 
 def reference_rounds(folder, prompt: list[int], max_tokens: int) -> list[list[int]]:

@@ -57,16 +57,17 @@ def _config(
     return cfg
 
 
-def _fill(named, rng: np.random.Generator) -> None:
+def _fill(named, rng: np.random.Generator, negative_bias: bool = False) -> None:
     """Seeded values for every parameter and buffer: norm weights 1 + 0.1 N(0,1), router
-    correction biases 0.05 N(0,1), matrices (2-D and per-expert 3-D) N(0,1) / sqrt(fan_in)
+    correction biases 0.05 N(0,1) (with ``negative_bias`` -0.8 + 0.4 N(0,1): many biased scores
+    below 0, where masking dropped groups with 0 instead of -inf would pick their experts), matrices (2-D and per-expert 3-D) N(0,1) / sqrt(fan_in)
     (the LM head twice that), embeddings 0.5 N(0,1)."""
     import torch
 
     for name, p in sorted(named, key=lambda item: item[0]):
         shape = tuple(p.shape)
         if name.endswith("e_score_correction_bias"):
-            value = 0.05 * rng.standard_normal(shape)
+            value = (-0.8 + 0.4 * rng.standard_normal(shape)) if negative_bias else 0.05 * rng.standard_normal(shape)
         elif len(shape) == 1:
             value = 1.0 + 0.1 * rng.standard_normal(shape)
         elif "embed_tokens" in name:
@@ -109,13 +110,14 @@ def make_mla_folder(
     vocab_size: int = 300,
     seed: int = 0,
     tokenizer_writer: Callable[[Path], object] | None = None,
+    negative_bias: bool = False,
 ) -> FolderInfo:
     """Write a tiny random DeepSeek-V3 folder into ``out_dir`` (new or empty): hidden 64, 2
     layers (the first ``first_k_dense_replace`` dense, the rest MoE with ``experts`` routed
     experts, 2 per token in 2 groups, one shared expert), 4 heads, ``q_lora_rank`` (0 = plain
     ``q_proj``), kv_lora_rank 32, nope 16, rope 8, v 16, interleaved RoPE, yarn RoPE when
-    ``yarn``, ``vocab_size`` tokens, ``num_mtp_layers`` MTP layers; ``tokenizer_writer(out_dir)``
-    is called last."""
+    ``yarn``, ``vocab_size`` tokens, ``num_mtp_layers`` MTP layers, router biases mostly below
+    zero with ``negative_bias``; ``tokenizer_writer(out_dir)`` is called last."""
     import torch
     import transformers
     from safetensors.torch import load_file, save_file
@@ -132,7 +134,7 @@ def make_mla_folder(
     torch.manual_seed(seed)
     rng = np.random.default_rng([seed, 3])
     target = transformers.DeepseekV3ForCausalLM(cfg).eval()
-    _fill(_tensors_of(target), rng)
+    _fill(_tensors_of(target), rng, negative_bias)
     target.save_pretrained(str(out), safe_serialization=True)
     target_names = sorted(load_file(str(out / "model.safetensors")))
     mtp_names: list[str] = []
@@ -140,7 +142,7 @@ def make_mla_folder(
         cfg.mtp_layer_types = ["full_attention"] * num_mtp_layers
         mtp = MtpModel(target, num_mtp_layers)
         own = [(n, p) for n, p in _tensors_of(mtp) if n.startswith("layers.")]
-        _fill(own, rng)
+        _fill(own, rng, negative_bias)
         tensors: dict[str, Any] = {}
         for n, p in own:
             for name, t in _checkpoint_tensors(released_mtp_name(FAMILY, 2, n), p.detach()).items():
@@ -237,7 +239,8 @@ def mla_reference_greedy(folder: str | Path, prompt_ids: list[int], n: int) -> l
 def mla_reference_mtp_logits(folder: str | Path, layer: int, next_ids, hidden) -> np.ndarray:
     """MTP layer ``layer``'s logits float32 [B, S, V] over whole sequences at positions
     0..S-1: ``next_ids`` [B, S] the token after each position, ``hidden`` [B, S, H] the
-    target's hidden states; the embedding at position 0 is zeroed (DeepSeek's mask)."""
+    target's hidden states (no position-0 mask: transformers' MTP generation feeds row 0 its
+    real token)."""
     import torch
 
     _, mtp = load_mla_reference(folder)
@@ -247,7 +250,5 @@ def mla_reference_mtp_logits(folder: str | Path, layer: int, next_ids, hidden) -
     h = torch.as_tensor(np.asarray(hidden, dtype=np.float32))
     positions = torch.arange(ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
     with torch.no_grad():
-        emb = mtp.embed_tokens(ids).clone()
-        emb[:, 0] = 0.0
-        out = mtp.forward_layer(layer, h, positions, None, inputs_embeds=emb)
+        out = mtp.forward_layer(layer, h, positions, None, input_ids=ids)
         return mtp._project_to_logits(out).float().numpy()

@@ -8,9 +8,8 @@ and writes them per expert, ``mlp.experts.{e}.{gate,up,down}_proj.weight``, as r
 layer under ``model.layers.{N + k}.{enorm, hnorm, eh_proj, shared_head.norm}`` plus its block's
 own names (per-expert too), and ``generation_config.json``.
 
-The MTP reference is transformers' ``MtpModel`` loaded from the folder, with the position-0
-mask vLLM applies to DeepSeek-V3 / GLM-4.5 MTP layers: the token embedding is zeroed where the
-position is 0, before ``enorm``.
+The MTP reference is transformers' ``MtpModel`` loaded from the folder, as its MTP generation
+runs it (no position-0 embedding mask).
 """
 
 from __future__ import annotations
@@ -59,15 +58,18 @@ def _glm_config(dims: dict[str, Any]):
     return cfg
 
 
-def _fill(named, rng: np.random.Generator) -> None:
+def _fill(named, rng: np.random.Generator, negative_bias: bool = False) -> None:
     """Seeded values for every tensor (fresh fused-expert buffers may hold NaN): norm weights
-    1 + 0.1 N(0,1), biases and the router's e_score_correction_bias 0.1 N(0,1), matrices
+    1 + 0.1 N(0,1), biases and the router's e_score_correction_bias 0.1 N(0,1) (the latter
+    -0.8 + 0.4 N(0,1) with ``negative_bias``: many biased scores below 0), matrices
     N(0,1) / sqrt(fan_in) (the last axis; the LM head twice that), embeddings 0.5 N(0,1)."""
     import torch
 
     for name, p in sorted(named):
         shape = tuple(p.shape)
-        if name.endswith("bias"):
+        if name.endswith("e_score_correction_bias") and negative_bias:
+            value = -0.8 + 0.4 * rng.standard_normal(shape)
+        elif name.endswith("bias"):
             value = 0.1 * rng.standard_normal(shape)
         elif len(shape) == 1:
             value = 1.0 + 0.1 * rng.standard_normal(shape)
@@ -143,6 +145,7 @@ def make_glm_folder(
     seed: int = 0,
     echo: bool = False,
     tokenizer_writer: Callable[[Path], object] | None = None,
+    negative_bias: bool = False,
 ) -> GlmFolder:
     """Write a tiny random GLM-4.5 folder: hidden 64, 4 heads of 32 (2 key/value heads),
     partial rotary 0.5, ``num_hidden_layers`` layers of which the first is dense
@@ -150,7 +153,7 @@ def make_glm_folder(
     expert, routed_scaling_factor 2.5, norm_topk_prob; ``qk_norm`` / ``bias`` switch
     ``use_qk_norm`` / ``attention_bias``. With ``echo`` the values are reshaped so that K=1
     drafts are accepted in some rounds and rejected in others (see :func:`_echo`); plain
-    random weights almost never draft right. ``tokenizer_writer(out_dir)`` is called last.
+    random weights almost never draft right. ``negative_bias``: router biases mostly below 0. ``tokenizer_writer(out_dir)`` is called last.
     Returns what it wrote."""
     import torch
     import transformers
@@ -162,7 +165,7 @@ def make_glm_folder(
     torch.manual_seed(seed)
     target = transformers.Glm4MoeForCausalLM(cfg).eval()
     rng = np.random.default_rng([seed, 45])
-    _fill(_tensors(target), rng)
+    _fill(_tensors(target), rng, negative_bias)
     if echo:
         _echo(_tensors(target), mtp=False)
     target.save_pretrained(str(out), safe_serialization=True)
@@ -170,7 +173,7 @@ def make_glm_folder(
     if num_mtp_layers:
         mtp = _mtp_model(target, num_mtp_layers)
         own = [(n, t) for n, t in _tensors(mtp) if n.startswith("layers.")]
-        _fill(own, rng)
+        _fill(own, rng, negative_bias)
         if echo:
             _echo(own, mtp=True)
         tensors: dict[str, Any] = {}
@@ -261,8 +264,8 @@ def reference_greedy(folder: str | Path, prompt_ids: list[int], n: int) -> list[
 
 
 def reference_mtp_logits(folder: str | Path, next_ids, hidden, *, layer: int = 0) -> np.ndarray:
-    """MTP layer ``layer`` over a whole sequence (causal, positions ``0..S-1``) with the
-    position-0 embedding mask: ``next_ids`` int ``[B, S]`` (the token after each position),
+    """MTP layer ``layer`` over a whole sequence (causal, positions ``0..S-1``):
+    ``next_ids`` int ``[B, S]`` (the token after each position),
     ``hidden`` float32 ``[B, S, H]`` (the target's post-norm state). Returns logits float32
     ``[B, S, V]`` through the shared head (after the layer's ``shared_head.norm``)."""
     import torch
@@ -272,7 +275,5 @@ def reference_mtp_logits(folder: str | Path, next_ids, hidden, *, layer: int = 0
     h = torch.as_tensor(np.asarray(hidden, dtype=np.float32))
     positions = torch.arange(ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
     with torch.no_grad():
-        embeds = mtp.embed_tokens(ids)
-        embeds = torch.where((positions == 0).unsqueeze(-1), torch.zeros_like(embeds), embeds)
-        out = mtp.forward_layer(layer, h, positions, None, inputs_embeds=embeds)
+        out = mtp.forward_layer(layer, h, positions, None, input_ids=ids)
         return mtp._project_to_logits(out).float().numpy()

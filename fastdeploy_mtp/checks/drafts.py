@@ -1,0 +1,118 @@
+"""Draft fidelity: the engine's greedy rounds of a model folder beside the reference's.
+
+:func:`engine_rounds` runs prompts through the reference engine exactly as ``fastdeploy-mtp
+generate`` does (:func:`~fastdeploy_mtp.entrypoints.offline.run_requests`, greedy, MTP with
+``K`` drafts a round) and reads back, per request, each step's emitted tokens and the drafts it
+verified. :func:`compare` puts them beside a reference's rounds
+(:mod:`fastdeploy_mtp.checks.reference`): the first round whose drafts differ, and the
+acceptance per draft position of both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from .reference import Round
+
+
+@dataclasses.dataclass
+class EngineRun:
+    """What :func:`engine_rounds` returns: per request (in prompt order) its rounds and the
+    prompt's token ids as the engine tokenized it; ``stop_ids``: the ids that ended requests."""
+
+    rounds: list[list[Round]]
+    prompt_ids: list[list[int]]
+    stop_ids: tuple[int, ...]
+
+
+def engine_rounds(
+    folder: str,
+    prompts: Sequence[str | list[int]],
+    max_tokens: int,
+    k: int,
+    *,
+    prefill_chunk_size: int = 0,
+    max_num_seqs: int = 4,
+    dtype: str = "auto",
+) -> EngineRun:
+    """Greedy MTP rounds (``K = k`` drafts from ``k`` MTP substeps) of ``prompts`` (text, or
+    token ids used as they are) through the engine ``generate`` runs."""
+    from ..config import SpeculativeConfig
+    from ..entrypoints.offline import run_requests
+
+    spec = SpeculativeConfig(method="mtp", num_speculative_tokens=k, num_model_steps=k)
+    trace: list[tuple] = []
+    reqs, _, _ = run_requests(
+        list(prompts), max_tokens, spec, max_num_seqs, f"engine K={k}", folder, dtype=dtype, trace=trace,
+        prefill_chunk_size=prefill_chunk_size,
+    )  # fmt: skip
+    rounds: list[list[Round]] = []
+    for req in reqs:
+        mine = [t for t in trace if t[1] == req.request_id and t[3]]
+        rounds.append([Round(tuple(int(x) for x in t[3]), tuple(int(x) for x in t[4] if int(x) >= 0)) for t in mine])
+    stops = tuple(sorted({int(t) for r in reqs for t in r.sampling.stop_token_ids}))
+    return EngineRun(rounds, [list(r.prompt_token_ids) for r in reqs], stops)
+
+
+def acceptance(rounds: Sequence[Round], k: int) -> list[float | None]:
+    """Per draft position ``j`` (0-based): the share of the decode rounds that offered a draft at
+    ``j`` in which drafts ``0..j`` were all accepted; ``None`` where no round offered one."""
+    offered = [0] * k
+    accepted = [0] * k
+    for r in rounds[1:]:
+        took = len(r.tokens) - 1
+        for j in range(min(len(r.drafts), k)):
+            offered[j] += 1
+            accepted[j] += int(j < took)
+    return [a / o if o else None for a, o in zip(accepted, offered)]
+
+
+def mean_accepted_length(rounds: Sequence[Round]) -> float:
+    """Tokens emitted per decode round (the prefill round left out); 0 with no decode round."""
+    decode = rounds[1:]
+    return sum(len(r.tokens) for r in decode) / len(decode) if decode else 0.0
+
+
+@dataclasses.dataclass
+class Comparison:
+    """One request's rounds beside the reference's.
+
+    Attributes:
+        tokens_equal: the emitted tokens (all rounds joined) are the same.
+        first_diff: index of the first round whose emitted tokens or drafts differ (``None``:
+            every round equal).
+        ours, theirs: the rounds at ``first_diff`` (``None`` when either side has no such round).
+    """
+
+    tokens_equal: bool
+    first_diff: int | None
+    ours: Round | None
+    theirs: Round | None
+
+
+def compare(ours: Sequence[Round], theirs: Sequence[Round]) -> Comparison:
+    """Round by round: emitted tokens and the drafts verified."""
+    joined = [t for r in ours for t in r.tokens] == [t for r in theirs for t in r.tokens]
+    for i in range(max(len(ours), len(theirs))):
+        a = ours[i] if i < len(ours) else None
+        b = theirs[i] if i < len(theirs) else None
+        if a != b:
+            return Comparison(joined, i, a, b)
+    return Comparison(joined, None, None, None)
+
+
+def summary(run: Any, want: list[list[Round]], k: int) -> dict[str, Any]:
+    """The whole check's numbers: per request its comparison, and over all requests the mean
+    accepted length and per-position acceptance of ours and the reference's."""
+    per = [compare(o, w) for o, w in zip(run.rounds, want)]
+    flat_ours = [Round((), ())] + [r for rounds in run.rounds for r in rounds[1:]]
+    flat_ref = [Round((), ())] + [r for rounds in want for r in rounds[1:]]
+    return {
+        "requests": per,
+        "ours": {"mean_accepted_length": mean_accepted_length(flat_ours), "acceptance": acceptance(flat_ours, k)},
+        "reference": {"mean_accepted_length": mean_accepted_length(flat_ref), "acceptance": acceptance(flat_ref, k)},
+        "drafts_equal": all(c.first_diff is None for c in per),
+        "tokens_equal": all(c.tokens_equal for c in per),
+    }
