@@ -114,7 +114,8 @@ def test_mtp_logits_match_transformers_without_position_zero_mask(folder, loaded
 
 @paddle.no_grad()
 def test_dense_paths_equal_the_paged_paths(folder, loaded):
-    """The training path (full sequences, causal mask) and the unrolled one at depth 1 give the paged path's hidden states."""
+    """The training path (full sequences, causal mask) and the unrolled one at depth 1 give the
+    paged path's hidden states."""
     target, mtp, _ = loaded
     ids = paddle.to_tensor(np.asarray([PROMPT]))
     _, post = target.forward_dense(ids, causal_bias(len(PROMPT)))

@@ -60,7 +60,8 @@ def _config(
 def _fill(named, rng: np.random.Generator, negative_bias: bool = False) -> None:
     """Seeded values for every parameter and buffer: norm weights 1 + 0.1 N(0,1), router
     correction biases 0.05 N(0,1) (with ``negative_bias`` -0.8 + 0.4 N(0,1): many biased scores
-    below 0, where masking dropped groups with 0 instead of -inf would pick their experts), matrices (2-D and per-expert 3-D) N(0,1) / sqrt(fan_in)
+    below 0, where masking dropped groups with 0 instead of -inf would pick their experts),
+    matrices (2-D and per-expert 3-D) N(0,1) / sqrt(fan_in)
     (the LM head twice that), embeddings 0.5 N(0,1)."""
     import torch
 

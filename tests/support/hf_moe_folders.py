@@ -153,7 +153,8 @@ def make_glm_folder(
     expert, routed_scaling_factor 2.5, norm_topk_prob; ``qk_norm`` / ``bias`` switch
     ``use_qk_norm`` / ``attention_bias``. With ``echo`` the values are reshaped so that K=1
     drafts are accepted in some rounds and rejected in others (see :func:`_echo`); plain
-    random weights almost never draft right. ``negative_bias``: router biases mostly below 0. ``tokenizer_writer(out_dir)`` is called last.
+    random weights almost never draft right. ``negative_bias``: router biases mostly below 0.
+    ``tokenizer_writer(out_dir)`` is called last.
     Returns what it wrote."""
     import torch
     import transformers
