@@ -169,19 +169,45 @@ def _deepseek_style(name: str) -> FamilySpec:
     )
 
 
+def ernie_mtp_names(prefix: str, k: int) -> dict[str, str]:
+    """ERNIE-4.5's names of MTP layer ``k`` under the model prefix ``prefix`` (``"ernie."`` in
+    the Paddle checkpoints, ``"model."`` in the HuggingFace "-PT" folders): the fusion tensors
+    ``enorm``/``hnorm``/``eh_proj`` (``mtp_emb_norm.{k}``, ``mtp_hidden_norm.{k}``,
+    ``mtp_linear_proj.{k}``), ``block`` (the decoder block's prefix ``mtp_block.{k}.``) and
+    ``norm``: the main model's final norm, which is also the MTP layer's (the layer has none
+    of its own)."""
+    return {
+        "enorm": f"{prefix}mtp_emb_norm.{k}.weight",
+        "hnorm": f"{prefix}mtp_hidden_norm.{k}.weight",
+        "eh_proj": f"{prefix}mtp_linear_proj.{k}.weight",
+        "norm": f"{prefix}norm.weight",
+        "block": f"{prefix}mtp_block.{k}.",
+    }
+
+
+def _ernie_style(name: str, prefix: str, torch_layout: bool) -> FamilySpec:
+    """ERNIE-4.5's MTP layer 0 (:func:`ernie_mtp_names`), Paddle layout (``ernie4_5``) or the
+    HuggingFace "-PT" folders' torch layout (``ernie4_5_pt``, LM head tied by default)."""
+    names = ernie_mtp_names(prefix, 0)
+    return FamilySpec(
+        name=name,
+        prefix=prefix,
+        block=names["block"][len(prefix) :],
+        torch_layout=torch_layout,
+        embed=(f"{prefix}embed_tokens.weight",),
+        head=("lm_head.weight", f"{prefix}embed_tokens.weight") if torch_layout else ("lm_head.weight",),
+        owned_prefixes=(f"{prefix}mtp_",),
+        fusion=_fusion(
+            names["enorm"][len(prefix) :], names["hnorm"][len(prefix) :], names["eh_proj"][len(prefix) :],
+            "/" + names["norm"],
+        ),  # fmt: skip
+    )
+
+
 #: The supported checkpoint families (fields left out take :class:`FamilySpec`'s defaults).
 FAMILIES: dict[str, FamilySpec] = {
-    "ernie4_5": FamilySpec(
-        name="ernie4_5",
-        prefix="ernie.",
-        block="mtp_block.0.",
-        torch_layout=False,
-        embed=("ernie.embed_tokens.weight",),
-        owned_prefixes=("ernie.mtp_",),
-        fusion=_fusion(
-            "mtp_emb_norm.0.weight", "mtp_hidden_norm.0.weight", "mtp_linear_proj.0.weight", "/ernie.norm.weight"
-        ),
-    ),
+    "ernie4_5": _ernie_style("ernie4_5", "ernie.", torch_layout=False),
+    "ernie4_5_pt": _ernie_style("ernie4_5_pt", "model.", torch_layout=True),
     "deepseek_v3": _deepseek_style("deepseek_v3"),
     "glm4_5": _deepseek_style("glm4_5"),
     "qwen3_next": FamilySpec(
