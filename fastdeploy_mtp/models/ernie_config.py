@@ -54,16 +54,20 @@ def _mtp_layers(raw: dict[str, Any], family: str) -> int:
         return 0
     count = _int(raw, keys[0], 0, 0)
     if len(keys) == 2 and raw[keys[1]] != count:
-        raise ValueError(f"config.json `num_mtp_layers` ({raw[keys[1]]!r}) contradicts `num_nextn_predict_layers` ({count})")
+        raise ValueError(
+            f"config.json `num_mtp_layers` ({raw[keys[1]]!r}) contradicts `num_nextn_predict_layers` ({count})"
+        )
     if family == "ernie4_5_moe" and count > 1:
         raise ValueError(f"config.json `{keys[0]}` {count} is not supported: ERNIE-4.5 MoE has at most one MTP layer")
     return count
 
 
 def _has_theta(raw: dict[str, Any]) -> bool:
-    params = raw.get("rope_parameters")
+    """Whether ``rope_parameters`` / ``rope_scaling`` or the top level gives ``rope_theta``."""
+    params: Any = raw.get("rope_parameters")
     if not isinstance(params, dict):
-        params = raw.get("rope_scaling") if isinstance(raw.get("rope_scaling"), dict) else {}
+        params = raw.get("rope_scaling")
+    params = params if isinstance(params, dict) else {}
     return params.get("rope_theta") is not None or raw.get("rope_theta") is not None
 
 

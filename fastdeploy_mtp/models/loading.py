@@ -189,6 +189,7 @@ def _ernie_style(name: str, prefix: str, torch_layout: bool) -> FamilySpec:
     """ERNIE-4.5's MTP layer 0 (:func:`ernie_mtp_names`), Paddle layout (``ernie4_5``) or the
     HuggingFace "-PT" folders' torch layout (``ernie4_5_pt``, LM head tied by default)."""
     names = ernie_mtp_names(prefix, 0)
+    local = {part: names[part][len(prefix) :] for part in ("enorm", "hnorm", "eh_proj")}
     return FamilySpec(
         name=name,
         prefix=prefix,
@@ -197,10 +198,7 @@ def _ernie_style(name: str, prefix: str, torch_layout: bool) -> FamilySpec:
         embed=(f"{prefix}embed_tokens.weight",),
         head=("lm_head.weight", f"{prefix}embed_tokens.weight") if torch_layout else ("lm_head.weight",),
         owned_prefixes=(f"{prefix}mtp_",),
-        fusion=_fusion(
-            names["enorm"][len(prefix) :], names["hnorm"][len(prefix) :], names["eh_proj"][len(prefix) :],
-            "/" + names["norm"],
-        ),  # fmt: skip
+        fusion=_fusion(local["enorm"], local["hnorm"], local["eh_proj"], "/" + names["norm"]),
     )
 
 

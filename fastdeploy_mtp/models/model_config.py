@@ -271,7 +271,8 @@ class ModelConfig:
             return False
         if self.moe_layer_interval > 0:
             i = layer - self.num_hidden_layers if layer >= self.num_hidden_layers else layer
-            return (i + 1) % self.moe_layer_interval == 0 and self.moe_layer_start_index <= i <= self.moe_layer_end_index
+            in_range = self.moe_layer_start_index <= i <= self.moe_layer_end_index
+            return (i + 1) % self.moe_layer_interval == 0 and in_range
         return layer >= self.first_k_dense_replace
 
     def to_dict(self) -> dict[str, Any]:

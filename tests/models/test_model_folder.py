@@ -88,7 +88,7 @@ CONFIG_REFUSALS = {
     "architecture": (
         {"architectures": ["GPT2LMHeadModel"]},
         r"`architectures` 'GPT2LMHeadModel' is not supported; supported: \['DeepseekV3ForCausalLM', "
-        r"'FastDeployMTPTinyForCausalLM', 'Glm4MoeForCausalLM', 'LlamaForCausalLM', 'MiMoForCausalLM', "
+        r"'Ernie4_5ForCausalLM', 'Ernie4_5_MoeForCausalLM', 'FastDeployMTPTinyForCausalLM', 'Glm4MoeForCausalLM', 'LlamaForCausalLM', 'MiMoForCausalLM', "
         r"'Qwen2ForCausalLM', 'Qwen3ForCausalLM'\]",
     ),
     "no_architectures": ({"architectures": None}, r"config.json has no `architectures` list"),
