@@ -16,6 +16,9 @@ last layer), ``moe_layer_interval`` (1), ``moe_norm_min`` (1e-12). The router is
 ``noaux_tc`` rule with softmax scores and one group, weights renormalised with
 ``moe_norm_min``, no scaling (see :mod:`~fastdeploy_mtp.models.moe`).
 
+:func:`ernie_mtp_names` names the MTP tensors for the folder weight map and the standalone
+MTP loader alike.
+
 Every refusal is a ``ValueError`` whose one-line message names the key; the caller adds the
 folder.
 """
@@ -139,4 +142,20 @@ def _moe_fields(raw: dict[str, Any]) -> dict[str, Any]:
         "norm_topk_prob": True,
         "routed_scaling_factor": 1.0,
         "first_k_dense_replace": 0,
+    }
+
+
+def ernie_mtp_names(prefix: str, k: int) -> dict[str, str]:
+    """ERNIE-4.5's names of MTP layer ``k`` under the model prefix ``prefix`` (``"ernie."`` in
+    the Paddle checkpoints, ``"model."`` in the HuggingFace "-PT" folders): the fusion tensors
+    ``enorm``/``hnorm``/``eh_proj`` (``mtp_emb_norm.{k}``, ``mtp_hidden_norm.{k}``,
+    ``mtp_linear_proj.{k}``), ``block`` (the decoder block's prefix ``mtp_block.{k}.``) and
+    ``norm``: the main model's final norm, which is also the MTP layer's (the layer has none
+    of its own)."""
+    return {
+        "enorm": f"{prefix}mtp_emb_norm.{k}.weight",
+        "hnorm": f"{prefix}mtp_hidden_norm.{k}.weight",
+        "eh_proj": f"{prefix}mtp_linear_proj.{k}.weight",
+        "norm": f"{prefix}norm.weight",
+        "block": f"{prefix}mtp_block.{k}.",
     }

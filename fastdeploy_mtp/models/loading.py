@@ -27,6 +27,7 @@ import numpy as np
 import paddle
 import paddle.nn as nn
 
+from .ernie_config import ernie_mtp_names
 from .model_config import ModelConfig
 from .weight_refs import block_refs
 
@@ -167,22 +168,6 @@ def _deepseek_style(name: str) -> FamilySpec:
         head=("model.layers.{index}.shared_head.head.weight", "lm_head.weight"),
         owned_prefixes=("model.layers.{index}.",),
     )
-
-
-def ernie_mtp_names(prefix: str, k: int) -> dict[str, str]:
-    """ERNIE-4.5's names of MTP layer ``k`` under the model prefix ``prefix`` (``"ernie."`` in
-    the Paddle checkpoints, ``"model."`` in the HuggingFace "-PT" folders): the fusion tensors
-    ``enorm``/``hnorm``/``eh_proj`` (``mtp_emb_norm.{k}``, ``mtp_hidden_norm.{k}``,
-    ``mtp_linear_proj.{k}``), ``block`` (the decoder block's prefix ``mtp_block.{k}.``) and
-    ``norm``: the main model's final norm, which is also the MTP layer's (the layer has none
-    of its own)."""
-    return {
-        "enorm": f"{prefix}mtp_emb_norm.{k}.weight",
-        "hnorm": f"{prefix}mtp_hidden_norm.{k}.weight",
-        "eh_proj": f"{prefix}mtp_linear_proj.{k}.weight",
-        "norm": f"{prefix}norm.weight",
-        "block": f"{prefix}mtp_block.{k}.",
-    }
 
 
 def _ernie_style(name: str, prefix: str, torch_layout: bool) -> FamilySpec:

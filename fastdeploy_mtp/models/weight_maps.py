@@ -20,8 +20,8 @@ The MTP fusion names come from :data:`~fastdeploy_mtp.models.loading.FAMILIES`.
 
 from __future__ import annotations
 
-from .ernie_config import ERNIE_FAMILIES
-from .loading import FAMILIES, ernie_mtp_names
+from .ernie_config import ERNIE_FAMILIES, ernie_mtp_names
+from .loading import FAMILIES
 from .model_config import TINY_MODEL_TYPE, ModelConfig
 from .weight_refs import WeightRef, block_refs
 
@@ -76,7 +76,7 @@ def _hf_map(config: ModelConfig) -> list[WeightRef]:
 
 
 def _ernie_mtp_refs(config: ModelConfig, k: int) -> list[WeightRef]:
-    """MTP layer ``k`` of an ERNIE-4.5 "-PT" folder (:func:`~fastdeploy_mtp.models.loading.ernie_mtp_names`)."""
+    """MTP layer ``k`` of an ERNIE-4.5 "-PT" folder (:func:`~fastdeploy_mtp.models.ernie_config.ernie_mtp_names`)."""
     h, names = config.hidden_size, ernie_mtp_names("model.", k)
     ours = f"layers.{k}." if config.num_nextn_predict_layers > 1 else ""
     refs = [WeightRef("mtp", f"{ours}{norm}.weight", names[norm], (h,)) for norm in ("enorm", "hnorm", "norm")]
