@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .ernie_config import ERNIE_FAMILIES, ernie_fields
 from .mla_config import mla_fields
 from .model_config import MODEL_DTYPES, ROPE_TYPES, TINY_ARCHITECTURE, TINY_MODEL_TYPE, ModelConfig
 from .moe_config import MOE_DEFAULTS, glm_fields, moe_fields
@@ -23,6 +24,8 @@ ARCHITECTURES = {
     "MiMoForCausalLM": "mimo",
     "Glm4MoeForCausalLM": "glm4_moe",
     "DeepseekV3ForCausalLM": "deepseek_v3",
+    "Ernie4_5ForCausalLM": "ernie4_5",
+    "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",
 }
 _REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
 _TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "fp32": "float32"}
@@ -265,6 +268,7 @@ def translate_config(
         fields.update(moe_fields(raw, family) if family in MOE_DEFAULTS else {})
         fields.update(glm_fields(raw) if family == "glm4_moe" else {})
         fields.update(mla_fields(raw) if family == "deepseek_v3" else {})
+        fields.update(ernie_fields(raw, family) if family in ERNIE_FAMILIES else {})
     except ValueError as exc:
         raise _fail(where, str(exc)) from None
     try:

@@ -118,12 +118,21 @@ class RotaryEmbedding(nn.Layer):
         return self.cos_table[:seq_len], self.sin_table[:seq_len]
 
 
-def apply_rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
+def apply_rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, interleave: bool = False) -> paddle.Tensor:
     """Rotate ``x [..., S, heads, head_dim]`` by ``cos/sin [S, d]`` (rotate-half within the
     first ``d <= head_dim`` dimensions of each head; the other ``head_dim - d`` pass through
-    unchanged, GLM-4.5's partial rotary)."""
+    unchanged, GLM-4.5's partial rotary).
+
+    ``interleave`` (ERNIE-4.5, ``config.rope_interleave``; whole heads only): the rotated pairs
+    are ``(x[2i], x[2i+1])`` at frequency ``i`` (GPT-J style). The result is returned
+    de-interleaved, ``[x_even * c - x_odd * s, x_odd * c + x_even * s]``: the interleaved
+    rotation followed by one fixed permutation of the head's dimensions. Queries and keys get
+    the same permutation, so every ``q . k`` (and the attention output, values being
+    unrotated) is the interleaved model's exactly; the key cache holds keys in this order."""
     if cos.dtype != x.dtype:
         cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
+    if interleave:
+        x = paddle.concat([x[..., 0::2], x[..., 1::2]], axis=-1)
     rotary_dim = cos.shape[-1]
     if rotary_dim < x.shape[-1]:
         rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
@@ -171,7 +180,8 @@ class Attention(nn.Layer):
 
     With ``tensor_parallel_size = tp`` this rank holds ``nh/tp`` query heads and ``kvh/tp``
     key/value heads (a contiguous run of heads, so each local query head still reads its own
-    group's key/value head), and ``o_proj`` sums the ranks' partial outputs."""
+    group's key/value head), and ``o_proj`` sums the ranks' partial outputs. With
+    ``config.rope_interleave`` (ERNIE-4.5) RoPE rotates interleaved pairs (:func:`apply_rope`)."""
 
     def __init__(self, config: ModelConfig, tensor_parallel_size: int = 1):
         super().__init__()
@@ -191,6 +201,7 @@ class Attention(nn.Layer):
         self.v_proj = ColumnParallelLinear(h, config.num_key_value_heads * self.head_dim, tp, bias_attr=qkv_bias)
         self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, h, tp)
         self.scale = 1.0 / float(np.sqrt(self.head_dim))
+        self.interleave = config.rope_interleave  # ERNIE-4.5's GPT-J pairs (see apply_rope)
 
     def _norm_q(self, q: paddle.Tensor) -> paddle.Tensor:
         """Per-head RMSNorm of queries ``[..., heads, head_dim]`` (``qk_norm``), else ``q``."""
@@ -207,14 +218,15 @@ class Attention(nn.Layer):
         q = self._norm_q(self.q_proj(x).reshape([t, self.num_heads, self.head_dim]))
         k = self._norm_k(self.k_proj(x).reshape([t, self.num_kv_heads, self.head_dim]))
         v = self.v_proj(x).reshape([t, self.num_kv_heads, self.head_dim])
-        q = apply_rope(q, step.cos, step.sin)
-        k = apply_rope(k, step.cos, step.sin)
+        q = apply_rope(q, step.cos, step.sin, self.interleave)
+        k = apply_rope(k, step.cos, step.sin, self.interleave)
         return self.o_proj(step.backend.forward(q, k, v, layer_id, step.forward_meta))
 
     def dense_kv(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> DenseKV:
         """Keys (RoPE applied) and values ``[B, num_kv_heads, S, head_dim]`` of ``x [B, S, H]``."""
         b, s = x.shape[0], x.shape[1]
-        k = apply_rope(self._norm_k(self.k_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])), cos, sin)
+        k = self._norm_k(self.k_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim]))
+        k = apply_rope(k, cos, sin, self.interleave)
         v = self.v_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])
         return k.transpose([0, 2, 1, 3]), v.transpose([0, 2, 1, 3])
 
@@ -225,7 +237,7 @@ class Attention(nn.Layer):
         earlier substeps, under a mask that says which each query sees)."""
         b, s = x.shape[0], x.shape[1]
         q = self._norm_q(self.q_proj(x).reshape([b, s, self.num_heads, self.head_dim]))
-        q = apply_rope(q, step.cos, step.sin)
+        q = apply_rope(q, step.cos, step.sin, self.interleave)
         k, v = self.dense_kv(x, step.cos, step.sin) if kv is None else kv
         out = dense_causal_attention(q.transpose([0, 2, 1, 3]), k, v, step.bias, self.scale)
         return self.o_proj(out)

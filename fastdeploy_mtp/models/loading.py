@@ -27,6 +27,7 @@ import numpy as np
 import paddle
 import paddle.nn as nn
 
+from .ernie_config import ernie_mtp_names
 from .model_config import ModelConfig
 from .weight_refs import block_refs
 
@@ -169,19 +170,27 @@ def _deepseek_style(name: str) -> FamilySpec:
     )
 
 
+def _ernie_style(name: str, prefix: str, torch_layout: bool) -> FamilySpec:
+    """ERNIE-4.5's MTP layer 0 (:func:`ernie_mtp_names`), Paddle layout (``ernie4_5``) or the
+    HuggingFace "-PT" folders' torch layout (``ernie4_5_pt``, LM head tied by default)."""
+    names = ernie_mtp_names(prefix, 0)
+    local = {part: names[part][len(prefix) :] for part in ("enorm", "hnorm", "eh_proj")}
+    return FamilySpec(
+        name=name,
+        prefix=prefix,
+        block=names["block"][len(prefix) :],
+        torch_layout=torch_layout,
+        embed=(f"{prefix}embed_tokens.weight",),
+        head=("lm_head.weight", f"{prefix}embed_tokens.weight") if torch_layout else ("lm_head.weight",),
+        owned_prefixes=(f"{prefix}mtp_",),
+        fusion=_fusion(local["enorm"], local["hnorm"], local["eh_proj"], "/" + names["norm"]),
+    )
+
+
 #: The supported checkpoint families (fields left out take :class:`FamilySpec`'s defaults).
 FAMILIES: dict[str, FamilySpec] = {
-    "ernie4_5": FamilySpec(
-        name="ernie4_5",
-        prefix="ernie.",
-        block="mtp_block.0.",
-        torch_layout=False,
-        embed=("ernie.embed_tokens.weight",),
-        owned_prefixes=("ernie.mtp_",),
-        fusion=_fusion(
-            "mtp_emb_norm.0.weight", "mtp_hidden_norm.0.weight", "mtp_linear_proj.0.weight", "/ernie.norm.weight"
-        ),
-    ),
+    "ernie4_5": _ernie_style("ernie4_5", "ernie.", torch_layout=False),
+    "ernie4_5_pt": _ernie_style("ernie4_5_pt", "model.", torch_layout=True),
     "deepseek_v3": _deepseek_style("deepseek_v3"),
     "glm4_5": _deepseek_style("glm4_5"),
     "qwen3_next": FamilySpec(

@@ -96,8 +96,21 @@ class ModelConfig:
             and transformers' MTP generation feeds it. Only a checkpoint trained with the
             mask sets it (``config.json`` ``mtp_mask_first_position: true``; the shipped tiny
             DeepSeek-V3 checkpoint was).
-        rope_interleave: MLA's rope parts rotate interleaved pairs ``(x0, x1), (x2, x3), ...``
-            (DeepSeek-V3 checkpoints; see :mod:`~fastdeploy_mtp.models.mla`) instead of halves.
+        rope_interleave: RoPE rotates interleaved pairs ``(x0, x1), (x2, x3), ...`` (GPT-J
+            style) instead of halves: MLA's rope parts (DeepSeek-V3 checkpoints; see
+            :mod:`~fastdeploy_mtp.models.mla`) and grouped-query heads (ERNIE-4.5; see
+            :func:`~fastdeploy_mtp.models.layers.apply_rope`).
+        moe_layer_interval, moe_layer_start_index, moe_layer_end_index: ERNIE-4.5's choice of
+            MoE layers (``moe_layer_interval`` 0 = not used: ``first_k_dense_replace`` decides).
+            With an interval, decoder layer ``i`` has the MoE MLP iff ``(i + 1) % interval == 0``
+            and ``start <= i <= end``; MTP layer ``k`` counts as ``i = k`` (transformers builds it
+            as layer ``k`` of the MTP config, see :meth:`is_moe_layer`).
+        moe_norm_min: how the chosen experts' weights are normalised (``norm_topk_prob``):
+            0 = divided by ``sum + 1e-20`` (DeepSeek-V3, GLM-4.5); > 0 = divided by
+            ``max(sum, moe_norm_min)`` (ERNIE-4.5's ``moe_norm_min``).
+        moe_statics: the router's correction bias is ERNIE-4.5's ``mlp.moe_statics.
+            e_score_correction_bias`` of shape ``[1, E]`` (else ``mlp.gate.
+            e_score_correction_bias`` of shape ``[E]``).
     """
 
     vocab_size: int = 272
@@ -143,6 +156,11 @@ class ModelConfig:
     topk_method: str = "noaux_tc"
     mtp_mask_first_position: bool = False
     rope_interleave: bool = False
+    moe_layer_interval: int = 0
+    moe_layer_start_index: int = 0
+    moe_layer_end_index: int = 0
+    moe_norm_min: float = 0.0
+    moe_statics: bool = False
 
     def __post_init__(self) -> None:
         if self.head_dim == 0 and self.attention_type == "mla":
@@ -204,6 +222,8 @@ class ModelConfig:
         rotary = self.head_dim * self.partial_rotary_factor
         if int(rotary) % 2 != 0:
             raise ValueError(f"`head_dim * partial_rotary_factor` must be even for RoPE, got {rotary}")
+        if self.rope_interleave and self.attention_type == "gqa" and self.partial_rotary_factor != 1.0:
+            raise ValueError("`rope_interleave` with grouped-query attention needs `partial_rotary_factor` 1")
         if self.attention_type == "mla":
             for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
                 if int(getattr(self, name)) <= 0:
@@ -237,11 +257,26 @@ class ModelConfig:
             raise ValueError(f"`scoring_func` must be one of {SCORING_FUNCS}, got {self.scoring_func!r}")
         if self.topk_method not in TOPK_METHODS:
             raise ValueError(f"`topk_method` must be one of {TOPK_METHODS}, got {self.topk_method!r}")
+        if self.moe_layer_interval < 0 or self.moe_norm_min < 0:
+            raise ValueError("`moe_layer_interval` and `moe_norm_min` must be >= 0")
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` (MTP layers count from ``num_hidden_layers``) has
-        an MoE MLP rather than a dense one."""
-        return self.n_routed_experts > 0 and layer >= self.first_k_dense_replace
+        an MoE MLP rather than a dense one.
+
+        DeepSeek-V3 / GLM-4.5: every layer from ``first_k_dense_replace`` on, MTP layers
+        included. ERNIE-4.5 (``moe_layer_interval > 0``): layer ``i`` when
+        ``(i + 1) % moe_layer_interval == 0`` and ``moe_layer_start_index <= i <=
+        moe_layer_end_index``; MTP layer ``k`` (``layer = num_hidden_layers + k``) is judged as
+        ``i = k``, since transformers builds it as decoder layer ``k`` of its MTP config (so
+        with ``moe_layer_start_index >= 1`` the first MTP block is dense)."""
+        if self.n_routed_experts <= 0:
+            return False
+        if self.moe_layer_interval > 0:
+            i = layer - self.num_hidden_layers if layer >= self.num_hidden_layers else layer
+            in_range = self.moe_layer_start_index <= i <= self.moe_layer_end_index
+            return (i + 1) % self.moe_layer_interval == 0 and in_range
+        return layer >= self.first_k_dense_replace
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

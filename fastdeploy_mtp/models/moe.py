@@ -17,7 +17,13 @@ Routing, in float32 whatever the model dtype (the checkpoints keep the router in
    - ``"greedy"``: the top ``k`` scores.
 
 3. The weights are the UNbiased ``scores`` of the chosen experts; with ``norm_topk_prob`` they
-   are divided by their sum (``+ 1e-20``); then multiplied by ``routed_scaling_factor``.
+   are divided by their sum (``+ 1e-20``; ERNIE-4.5, ``config.moe_norm_min > 0``: by
+   ``max(sum, moe_norm_min)``); then multiplied by ``routed_scaling_factor``.
+
+ERNIE-4.5 (:mod:`~fastdeploy_mtp.models.ernie_config`) is the ``noaux_tc`` rule with softmax
+scores, one group (top ``k`` of ``softmax(logits) + e_score_correction_bias`` over all experts),
+``norm_topk_prob``, ``moe_norm_min`` and no scaling (1.0); its correction bias is ``[1, E]``
+(``config.moe_statics``).
 
 ``out = sum_j weight_j * expert_{idx_j}(x) + shared_experts(x)``.
 
@@ -65,7 +71,8 @@ class ExpertMLP(nn.Layer):
 
 class MoEGate(nn.Layer):
     """The router: ``weight [H, E]`` float32 (checkpoint ``mlp.gate.weight`` ``[E, H]``) and,
-    for ``topk_method == "noaux_tc"``, ``e_score_correction_bias [E]`` float32. Replicated."""
+    for ``topk_method == "noaux_tc"``, ``e_score_correction_bias [E]`` float32 (``[1, E]`` with
+    ``config.moe_statics``, ERNIE-4.5). Replicated."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -73,8 +80,9 @@ class MoEGate(nn.Layer):
         self.weight = self.create_parameter([h, e], dtype="float32")
         self.e_score_correction_bias = None
         if config.topk_method == "noaux_tc":
+            shape = [1, e] if config.moe_statics else [e]  # ERNIE-4.5 keeps it [1, E]
             self.e_score_correction_bias = self.create_parameter(
-                [e], dtype="float32", default_initializer=nn.initializer.Constant(0.0)
+                shape, dtype="float32", default_initializer=nn.initializer.Constant(0.0)
             )
         self.top_k = config.num_experts_per_tok
         self.n_group = config.n_group
@@ -83,6 +91,7 @@ class MoEGate(nn.Layer):
         self.topk_method = config.topk_method
         self.norm_topk_prob = config.norm_topk_prob
         self.routed_scaling_factor = float(config.routed_scaling_factor)
+        self.norm_min = float(config.moe_norm_min)
 
     def forward(self, x: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
         """``x [T, H]`` (any float dtype) -> ``(weights [T, k] float32, indices [T, k] int64)``;
@@ -97,7 +106,8 @@ class MoEGate(nn.Layer):
         indices = paddle.topk(choice, k=self.top_k, axis=-1)[1]
         weights = paddle.take_along_axis(scores, indices, axis=-1)
         if self.norm_topk_prob:
-            weights = weights / (weights.sum(axis=-1, keepdim=True) + 1e-20)
+            total = weights.sum(axis=-1, keepdim=True)
+            weights = weights / (paddle.clip(total, min=self.norm_min) if self.norm_min > 0 else total + 1e-20)
         return weights * self.routed_scaling_factor, indices
 
     def _keep_best_groups(self, choice: paddle.Tensor) -> paddle.Tensor:

@@ -11,12 +11,16 @@ and whether the checkpoint stores it transposed, torch's ``[out, in]``).
   ``model.layers.{num_hidden_layers + k}.{enorm, hnorm, eh_proj, shared_head.norm, <block>}``.
 - ``mimo``: the Qwen2 target plus ``model.mtp_layers.{k}.{token_layernorm, hidden_layernorm,
   input_proj, final_layernorm, <block>}``.
+- ``ernie4_5``, ``ernie4_5_moe``: the Llama-style target plus ``model.mtp_emb_norm.{k}``,
+  ``model.mtp_hidden_norm.{k}``, ``model.mtp_linear_proj.{k}`` and ``model.mtp_block.{k}.<block>``;
+  the MTP layer's final norm is the target's ``model.norm`` (read twice).
 
 The MTP fusion names come from :data:`~fastdeploy_mtp.models.loading.FAMILIES`.
 """
 
 from __future__ import annotations
 
+from .ernie_config import ERNIE_FAMILIES, ernie_mtp_names
 from .loading import FAMILIES
 from .model_config import TINY_MODEL_TYPE, ModelConfig
 from .weight_refs import WeightRef, block_refs
@@ -59,6 +63,8 @@ def _hf_map(config: ModelConfig) -> list[WeightRef]:
         refs.append(WeightRef("target", "lm_head.weight", "lm_head.weight", (h, v), True))
     fusion = FAMILIES["mimo" if config.model_type == "mimo" else "deepseek_v3"].fusion
     n = config.num_nextn_predict_layers
+    if config.model_type in ERNIE_FAMILIES:
+        return refs + [r for k in range(n) for r in _ernie_mtp_refs(config, k)]
     for k in range(n):
         ours, ckpt = (f"layers.{k}." if n > 1 else ""), _mtp_prefix(config, k)
         layer = config.num_hidden_layers + k
@@ -67,6 +73,16 @@ def _hf_map(config: ModelConfig) -> list[WeightRef]:
         refs.append(WeightRef("mtp", f"{ours}eh_proj.weight", ckpt + fusion["eh_proj"], (2 * h, h), True))
         refs += block_refs(config, "mtp", f"{ours}mtp_block.", ckpt, True, layer)
     return refs
+
+
+def _ernie_mtp_refs(config: ModelConfig, k: int) -> list[WeightRef]:
+    """MTP layer ``k`` of an ERNIE-4.5 "-PT" folder (:func:`~fastdeploy_mtp.models.ernie_config.ernie_mtp_names`)."""
+    h, names = config.hidden_size, ernie_mtp_names("model.", k)
+    ours = f"layers.{k}." if config.num_nextn_predict_layers > 1 else ""
+    refs = [WeightRef("mtp", f"{ours}{norm}.weight", names[norm], (h,)) for norm in ("enorm", "hnorm", "norm")]
+    refs.append(WeightRef("mtp", f"{ours}eh_proj.weight", names["eh_proj"], (2 * h, h), True))
+    layer = config.num_hidden_layers + k
+    return refs + block_refs(config, "mtp", f"{ours}mtp_block.", names["block"], True, layer)
 
 
 def weight_map(config: ModelConfig) -> list[WeightRef]:

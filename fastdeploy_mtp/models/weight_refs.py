@@ -66,11 +66,15 @@ def swiglu_refs(h: int, inter: int, owner: str, ours: str, ckpt: str, transpose:
 def moe_refs(config: ModelConfig, owner: str, ours: str, ckpt: str, transpose: bool) -> list[WeightRef]:
     """The parameters of a :class:`~fastdeploy_mtp.models.moe.MoEMLP` (names under ``ours`` /
     ``ckpt``, e.g. ``mlp.``): the router ``gate.weight`` (``[H, E]``, ``[E, H]`` in a torch
-    checkpoint) and, for ``noaux_tc``, ``gate.e_score_correction_bias [E]``; per expert
+    checkpoint) and, for ``noaux_tc``, ``gate.e_score_correction_bias [E]`` (ERNIE-4.5,
+    ``config.moe_statics``: ``moe_statics.e_score_correction_bias [1, E]``); per expert
     ``experts.{e}.{gate,up,down}_proj.weight``; the shared experts' ``shared_experts.*``."""
     h, e, inter = config.hidden_size, config.n_routed_experts, config.moe_intermediate_size
     refs = [WeightRef(owner, ours + "gate.weight", ckpt + "gate.weight", (h, e), transpose)]
-    if config.topk_method == "noaux_tc":
+    if config.topk_method == "noaux_tc" and config.moe_statics:  # ERNIE-4.5's name and [1, E]
+        bias = "e_score_correction_bias"
+        refs.append(WeightRef(owner, f"{ours}gate.{bias}", f"{ckpt}moe_statics.{bias}", (1, e)))
+    elif config.topk_method == "noaux_tc":
         bias = "gate.e_score_correction_bias"
         refs.append(WeightRef(owner, ours + bias, ckpt + bias, (e,)))
     for x in range(e):

@@ -102,6 +102,22 @@ def write_ernie(w, emb, head):
     return ckpt
 
 
+def write_ernie_pt(w, emb, head):
+    """ERNIE-4.5 as the HuggingFace "-PT" folders name it: torch layout, separate q/k/v and
+    gate/up, the final norm shared with the main model."""
+    ckpt = {
+        "model.mtp_emb_norm.0.weight": w["enorm.weight"],
+        "model.mtp_hidden_norm.0.weight": w["hnorm.weight"],
+        "model.mtp_linear_proj.0.weight": np.ascontiguousarray(w["eh_proj.weight"].T),  # [H, 2H]
+        "model.norm.weight": w["norm.weight"],  # main model's norm
+        "model.embed_tokens.weight": emb,
+        "lm_head.weight": np.ascontiguousarray(head.T),
+        "model.layers.0.input_layernorm.weight": np.ones(7, np.float32),
+    }
+    ckpt.update(block_tensors(w, "model.mtp_block.0.", torch_layout=True))
+    return ckpt
+
+
 def write_deepseek_style(w, emb, head, index):
     p = f"model.layers.{index}."
     ckpt = {
@@ -148,6 +164,7 @@ def write_mimo(w, emb, head):
 
 WRITERS = {
     "ernie4_5": (write_ernie, {}),
+    "ernie4_5_pt": (write_ernie_pt, {}),
     "deepseek_v3": (lambda w, e, h: write_deepseek_style(w, e, h, DEEPSEEK_INDEX), {}),
     "glm4_5": (lambda w, e, h: write_deepseek_style(w, e, h, GLM_INDEX), {"attention_bias": True}),
     "qwen3_next": (write_qwen3_next, {}),

@@ -88,8 +88,8 @@ CONFIG_REFUSALS = {
     "architecture": (
         {"architectures": ["GPT2LMHeadModel"]},
         r"`architectures` 'GPT2LMHeadModel' is not supported; supported: \['DeepseekV3ForCausalLM', "
-        r"'FastDeployMTPTinyForCausalLM', 'Glm4MoeForCausalLM', 'LlamaForCausalLM', 'MiMoForCausalLM', "
-        r"'Qwen2ForCausalLM', 'Qwen3ForCausalLM'\]",
+        r"'Ernie4_5ForCausalLM', 'Ernie4_5_MoeForCausalLM', 'FastDeployMTPTinyForCausalLM', 'Glm4MoeForCausalLM', "
+        r"'LlamaForCausalLM', 'MiMoForCausalLM', 'Qwen2ForCausalLM', 'Qwen3ForCausalLM'\]",
     ),
     "no_architectures": ({"architectures": None}, r"config.json has no `architectures` list"),
     "hidden_act": ({"hidden_act": "gelu"}, r"`hidden_act` 'gelu' is not supported; only 'silu'"),

@@ -1,0 +1,330 @@
+"""Tiny random ERNIE-4.5 folders (``Ernie4_5ForCausalLM`` dense, ``Ernie4_5_MoeForCausalLM``)
+built with transformers' own classes, and the reference outputs transformers computes from
+them (torch, float32, CPU, eager attention).
+
+A folder holds what a released HuggingFace "-PT" checkpoint holds: ``config.json`` (with
+``num_nextn_predict_layers``), the target saved by ``save_pretrained`` (transformers 5 writes
+the fused in-memory experts per expert, ``mlp.experts.{e}.{gate,up,down}_proj.weight``, and the
+router's correction bias as ``mlp.moe_statics.e_score_correction_bias [1, E]``), the MTP layer
+under its released names -- ``model.mtp_emb_norm.{k}``, ``model.mtp_hidden_norm.{k}``,
+``model.mtp_linear_proj.{k}`` and ``model.mtp_block.{k}.<block>``, with no final norm of its
+own (``model.norm`` is shared) -- and ``generation_config.json``.
+
+The MTP reference is transformers' ``MtpModel``: for ``ernie4_5_moe`` loaded with
+``MtpModel.from_pretrained(target)``, which applies transformers' own renames of the released
+names; for the dense class (no MTP support in transformers 5.25) built over the target by hand
+and filled by the name map below, as tests/support/hf_folders does for MiMo.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.support.hf_folders import _quiet
+from tests.support.hf_moe_folders import _fill, _tensors
+
+ARCHITECTURES = {False: "Ernie4_5ForCausalLM", True: "Ernie4_5_MoeForCausalLM"}
+#: MtpModel's own names of MTP layer k's fusion tensors -> the released "-PT" names.
+_RELEASED = {"enorm": "mtp_emb_norm", "hnorm": "mtp_hidden_norm", "eh_proj": "mtp_linear_proj"}
+EOS_TOKEN_IDS = (2,)
+
+
+@dataclass(frozen=True)
+class ErnieFolder:
+    """What :func:`make_ernie_folder` wrote: ``config`` is config.json as written."""
+
+    path: Path
+    moe: bool
+    num_hidden_layers: int
+    num_mtp_layers: int
+    tie: bool
+    echo: bool
+    mtp_tensor_names: tuple[str, ...]
+    config: dict[str, Any]
+
+
+def _hf_config(moe: bool, dims: dict[str, Any]):
+    import transformers
+
+    _quiet()
+    common: dict[str, Any] = dict(
+        vocab_size=dims["vocab_size"], hidden_size=64, intermediate_size=96, num_hidden_layers=dims["layers"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, tie_word_embeddings=dims["tie"],
+        use_bias=False, eos_token_id=EOS_TOKEN_IDS[0],
+    )  # fmt: skip
+    if moe:
+        cfg = transformers.Ernie4_5_MoeConfig(
+            moe_num_experts=8, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1,
+            moe_layer_start_index=dims["moe_start"], moe_layer_end_index=-1, moe_layer_interval=1,
+            moe_norm_min=1e-12, **common,
+        )  # fmt: skip
+    else:
+        cfg = transformers.Ernie4_5Config(**common)
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def _steer_router(named, rng: np.random.Generator) -> None:
+    """Correction biases of 0.2 N(0,1): large next to softmax probabilities of 8 experts
+    (about 0.125 each), so the bias changes which experts are chosen for many tokens."""
+    import torch
+
+    for name, p in named:
+        if name.endswith("e_score_correction_bias"):
+            with torch.no_grad():
+                p.copy_(torch.from_numpy((0.2 * rng.standard_normal(tuple(p.shape))).astype(np.float32)))
+
+
+def _echo(named, mtp: bool) -> None:
+    """Reshape random values so that drafts are sometimes right: the embedding is halved and an
+    untied LM head becomes 0.3 x the embedding (a tied one is it already), so the target often
+    repeats its input token; the MTP layer's ``eh_proj`` passes the normed token embedding
+    through and its block's output projections are scaled by 0.1, so it mostly drafts the
+    token it is fed."""
+    import torch
+
+    d = dict(named)
+    with torch.no_grad():
+        if not mtp:
+            d["model.embed_tokens.weight"].mul_(0.5)
+            if "lm_head.weight" in d:
+                d["lm_head.weight"].copy_(0.3 * d["model.embed_tokens.weight"])
+            return
+        for name, p in d.items():
+            if name.endswith("eh_proj.weight"):
+                h = p.shape[0]
+                p.zero_()
+                p[:, :h] = torch.eye(h)
+            elif name.endswith(("o_proj.weight", "down_proj.weight", "experts.down_proj")):
+                p.mul_(0.1)
+
+
+def _mtp_model(target, num_mtp_layers: int):
+    """transformers' MtpModel over ``target``; its ``post_norm`` is the target's ``model.norm``."""
+    import torch
+    from transformers.modeling_layers import MtpModel
+
+    target.config.num_mtp_layers = num_mtp_layers
+    mtp = MtpModel(target, num_mtp_layers)
+    mtp.config._attn_implementation = "eager"
+    with torch.no_grad():
+        for layer in mtp.layers:
+            layer.post_norm.weight.copy_(target.model.norm.weight)
+    return mtp.eval()
+
+
+def released_names(name: str, tensor) -> dict[str, Any]:
+    """MtpModel tensor ``name`` (``layers.{k}.<rest>``) under its released "-PT" name(s); the
+    ``post_norm`` (the target's ``model.norm``) has none. A fused expert tensor is split into
+    the per-expert ``experts.{e}.{gate,up,down}_proj.weight``; the router's correction bias is
+    ``mlp.moe_statics.e_score_correction_bias``."""
+    m = re.fullmatch(r"layers\.(\d+)\.([a-z_]+)\.(.+)", name)
+    if m is None:
+        raise ValueError(f"name: expected 'layers.<k>.<part>.<rest>', got {name!r}")
+    k, part, rest = m.groups()
+    if part == "post_norm":
+        return {}
+    if part in _RELEASED:
+        return {f"model.{_RELEASED[part]}.{k}.{rest}": tensor}
+    if part != "mtp_block":
+        raise ValueError(f"name: unknown MTP parameter {name!r}")
+    base = f"model.mtp_block.{k}."
+    rest = rest.replace("mlp.gate.moe_statics.", "mlp.moe_statics.")
+    if rest == "mlp.experts.down_proj":
+        return {f"{base}mlp.experts.{e}.down_proj.weight": tensor[e] for e in range(tensor.shape[0])}
+    if rest == "mlp.experts.gate_up_proj":
+        half = tensor.shape[1] // 2
+        out = {}
+        for e in range(tensor.shape[0]):
+            out[f"{base}mlp.experts.{e}.gate_proj.weight"] = tensor[e, :half]
+            out[f"{base}mlp.experts.{e}.up_proj.weight"] = tensor[e, half:]
+        return out
+    return {base + rest: tensor}
+
+
+def make_ernie_folder(
+    out_dir: str | Path,
+    *,
+    moe: bool,
+    num_mtp_layers: int = 1,
+    tie: bool = True,
+    seed: int = 0,
+    echo: bool = False,
+    vocab_size: int = 300,
+    num_hidden_layers: int = 3,
+    moe_layer_start_index: int = 1,
+) -> ErnieFolder:
+    """Write a tiny random ERNIE-4.5 folder: hidden 64, 4 heads of 32 (2 key/value heads, so
+    ``o_proj`` is [64, 128]), SwiGLU 96, interleaved RoPE (theta 500000), ``num_hidden_layers``
+    layers; with ``moe`` 8 experts (top-2, 32 wide) and 1 shared expert in every layer from
+    ``moe_layer_start_index`` on, correction biases large enough to steer the choice (the MTP
+    block, built by transformers as layer ``k`` of its MTP config, is dense unless
+    ``moe_layer_start_index`` is 0). ``echo``: values reshaped so that K=1 drafts are accepted
+    in some rounds and rejected in others (see :func:`_echo`). Returns what it wrote."""
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dims = dict(vocab_size=vocab_size, layers=num_hidden_layers, tie=tie, moe_start=moe_layer_start_index)
+    cfg = _hf_config(moe, dims)
+    torch.manual_seed(seed)
+    target = getattr(transformers, ARCHITECTURES[moe])(cfg).eval()
+    rng = np.random.default_rng([seed, 45, int(moe)])
+    _fill(_tensors(target), rng)
+    _steer_router(_tensors(target), rng)
+    if echo:
+        _echo(_tensors(target), mtp=False)
+    target.save_pretrained(str(out), safe_serialization=True)
+    names: list[str] = []
+    if num_mtp_layers:
+        mtp = _mtp_model(target, num_mtp_layers)
+        own = [(n, t) for n, t in _tensors(mtp) if n.startswith("layers.") and ".post_norm." not in n]
+        _fill(own, rng)
+        _steer_router(own, rng)
+        if echo:
+            _echo(own, mtp=True)
+        tensors: dict[str, Any] = {}
+        for n, t in own:
+            tensors.update(released_names(n, t.detach()))
+        tensors = {k: v.contiguous() for k, v in tensors.items()}
+        single = str(out / "model.safetensors")
+        save_file({**load_file(single), **tensors}, single, metadata={"format": "pt"})
+        names = sorted(tensors)
+    path = out / "config.json"
+    config = json.loads(path.read_text())
+    config.pop("num_mtp_layers", None)
+    config["architectures"] = [ARCHITECTURES[moe]]
+    config["num_nextn_predict_layers"] = num_mtp_layers
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    gen = {"eos_token_id": list(EOS_TOKEN_IDS), "bos_token_id": 1, "pad_token_id": 0}
+    (out / "generation_config.json").write_text(json.dumps(gen) + "\n")
+    _MODELS.pop(str(out.resolve()), None)
+    return ErnieFolder(out, moe, num_hidden_layers, num_mtp_layers, tie, echo, tuple(names), config)
+
+
+# ---- reference outputs ---------------------------------------------------------------------
+
+_MODELS: dict[str, tuple[Any, Any]] = {}
+
+
+def _load_dense_mtp(folder: Path, target, num_mtp_layers: int):
+    """The dense class's MTP layer: transformers 5.25 has no renames for it, so the released
+    names are mapped by hand (:func:`released_names`), ``post_norm`` from ``model.norm``."""
+    from safetensors.torch import load_file
+
+    mtp = _mtp_model(target, num_mtp_layers)
+    wanted = {}
+    for n, t in _tensors(mtp):
+        if n.startswith("layers."):
+            wanted.update({released: n for released in released_names(n, t)})
+    state = {wanted[k]: v.float() for k, v in load_file(str(folder / "model.safetensors")).items() if k in wanted}
+    missing = sorted(set(wanted.values()) - set(state))
+    if missing:
+        raise ValueError(f"{folder}: MTP tensors missing: {missing}")
+    mtp.load_state_dict(state, strict=False)
+    return mtp.eval()
+
+
+def load_reference(folder: str | Path):
+    """(target, mtp or None) of ``folder`` in float32, eager attention, cached per path. The MoE
+    family's MTP layer loads through transformers' ``MtpModel.from_pretrained`` (its renames:
+    ``mtp_emb_norm.{k}`` -> ``enorm``, ..., ``model.norm`` -> ``post_norm``); the dense one's by
+    hand (:func:`_load_dense_mtp`)."""
+    import torch
+    import transformers
+    from transformers.modeling_layers import MtpModel
+
+    key = str(Path(folder).resolve())
+    if key in _MODELS:
+        return _MODELS[key]
+    _quiet()
+    raw = json.loads((Path(key) / "config.json").read_text())
+    moe = raw["architectures"][0] == ARCHITECTURES[True]
+    cls = getattr(transformers, ARCHITECTURES[moe])
+    target = cls.from_pretrained(key, dtype=torch.float32, attn_implementation="eager").eval()
+    n_mtp = int(raw.get("num_nextn_predict_layers") or 0)
+    mtp = None
+    if n_mtp and moe:
+        mtp = MtpModel.from_pretrained(target).float().eval()
+        mtp.config._attn_implementation = "eager"
+    elif n_mtp:
+        mtp = _load_dense_mtp(Path(key), target, n_mtp)
+    _MODELS[key] = (target, mtp)
+    return target, mtp
+
+
+def _ids(ids) -> Any:
+    import torch
+
+    return torch.as_tensor(np.asarray(ids), dtype=torch.long)
+
+
+def reference_logits(folder: str | Path, ids) -> np.ndarray:
+    """Target logits float32 ``[B, S, V]`` for ids ``[B, S]`` at positions ``0..S-1``."""
+    import torch
+
+    target, _ = load_reference(folder)
+    with torch.no_grad():
+        return target(input_ids=_ids(ids)).logits.float().numpy()
+
+
+def reference_hidden(folder: str | Path, ids) -> np.ndarray:
+    """The target's last hidden state after the final norm, float32 ``[B, S, H]`` (what the
+    MTP layer is fed)."""
+    import torch
+
+    target, _ = load_reference(folder)
+    with torch.no_grad():
+        return target.model(input_ids=_ids(ids)).last_hidden_state.float().numpy()
+
+
+def reference_greedy(folder: str | Path, prompt_ids: list[int], n: int) -> list[int]:
+    """``n`` greedy tokens after ``prompt_ids`` from transformers' ``generate`` (no eos stop)."""
+    import torch
+    from transformers import GenerationConfig
+
+    target, _ = load_reference(folder)
+    gen = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    saved, target.generation_config = target.generation_config, GenerationConfig()
+    try:
+        with torch.no_grad():
+            out = target.generate(_ids([list(prompt_ids)]), generation_config=gen)
+    finally:
+        target.generation_config = saved
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def reference_mtp_step(folder: str | Path, next_ids, hidden, *, layer: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """MTP layer ``layer`` over a whole sequence (causal, positions ``0..S-1``), no position-0
+    mask: ``next_ids`` int ``[B, S]`` (the token after each position), ``hidden`` float32
+    ``[B, S, H]`` (the target's post-norm state). Returns (logits float32 ``[B, S, V]``
+    through the shared head, the layer's output ``[B, S, H]`` after the shared final norm)."""
+    import torch
+
+    _, mtp = load_reference(folder)
+    ids = _ids(next_ids)
+    h = torch.as_tensor(np.asarray(hidden, dtype=np.float32))
+    positions = torch.arange(ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
+    with torch.no_grad():
+        out = mtp.forward_layer(layer, h, positions, None, input_ids=ids)
+        return mtp._project_to_logits(out).float().numpy(), out.float().numpy()
+
+
+def reference_router(folder: str | Path, layer: int, x) -> tuple[np.ndarray, np.ndarray]:
+    """transformers' router of target decoder layer ``layer`` on ``x`` float32 ``[T, H]``:
+    (weights ``[T, k]``, chosen experts ``[T, k]``)."""
+    import torch
+
+    target, _ = load_reference(folder)
+    with torch.no_grad():
+        _, weights, chosen = target.model.layers[layer].mlp.gate(torch.as_tensor(np.asarray(x, dtype=np.float32)))
+    return weights.float().numpy(), chosen.numpy()
