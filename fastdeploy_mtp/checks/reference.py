@@ -341,6 +341,9 @@ def _load_mtp(path: str, raw: dict[str, Any], family: str, target: Any) -> Any:
         mtp = MtpModel.from_pretrained(target)
     elif family == "ernie4_5_moe":
         mtp = MtpModel.from_pretrained(target)
+    elif family == "ernie4_5":  # transformers has no MTP renames for the dense class
+        mtp = MtpModel(target, n_mtp)
+        _load_by_names(path, mtp, _ernie_name)
     else:
         raise ReferenceUnavailable(f"the transformers reference does not run {family} MTP layers")
     mtp = mtp.float().eval()
@@ -348,23 +351,44 @@ def _load_mtp(path: str, raw: dict[str, Any], family: str, target: Any) -> Any:
     return mtp
 
 
+def _mimo_name(k: str, rest: str) -> str:
+    """The MiMo checkpoint name of ``MtpModel`` parameter ``layers.{k}.{rest}``."""
+    head, _, tail = rest.partition(".")
+    if rest.startswith("mtp_block."):
+        ckpt = rest[len("mtp_block.") :]
+    elif head == "post_norm":
+        ckpt = f"final_layernorm.{tail}"
+    else:
+        ckpt = f"{next(o for o, t in _MIMO_NAMES.items() if t == head)}.{tail}"
+    return f"model.mtp_layers.{k}.{ckpt}"
+
+
+def _ernie_name(k: str, rest: str) -> str:
+    """The ERNIE-4.5 ("-PT") checkpoint name of ``MtpModel`` parameter ``layers.{k}.{rest}``;
+    the final norm is the target's ``model.norm``."""
+    head, _, tail = rest.partition(".")
+    if head == "mtp_block":
+        return f"model.mtp_block.{k}.{tail}"
+    if head == "post_norm":
+        return f"model.norm.{tail}"
+    own = {"enorm": "mtp_emb_norm", "hnorm": "mtp_hidden_norm", "eh_proj": "mtp_linear_proj"}[head]
+    return f"model.{own}.{k}.{tail}"
+
+
 def _load_mimo_weights(path: str, mtp: Any, n_mtp: int) -> None:
+    _load_by_names(path, mtp, _mimo_name)
+
+
+def _load_by_names(path: str, mtp: Any, name_of: Any) -> None:
+    """Fill ``mtp``'s layers from the folder's safetensors, ``name_of(k, rest)`` naming the
+    checkpoint tensor of parameter ``layers.{k}.{rest}``."""
     from safetensors.torch import load_file
 
     wanted: dict[str, str] = {}
     for name, _ in mtp.named_parameters():
         m = re.fullmatch(r"layers\.(\d+)\.(.+)", name)
-        if m is None:
-            continue
-        k, rest = m.group(1), m.group(2)
-        head, _, tail = rest.partition(".")
-        if rest.startswith("mtp_block."):
-            ckpt = rest[len("mtp_block.") :]
-        elif head == "post_norm":
-            ckpt = f"final_layernorm.{tail}"
-        else:
-            ckpt = f"{next(o for o, t in _MIMO_NAMES.items() if t == head)}.{tail}"
-        wanted[f"model.mtp_layers.{k}.{ckpt}"] = name
+        if m is not None:
+            wanted[name_of(m.group(1), m.group(2))] = name
     state: dict[str, Any] = {}
     for file in sorted(os.listdir(path)):
         if file.endswith(".safetensors"):
@@ -373,5 +397,5 @@ def _load_mimo_weights(path: str, mtp: Any, n_mtp: int) -> None:
                     state[wanted[name]] = tensor.float()
     missing = sorted(set(wanted.values()) - set(state))
     if missing:
-        raise ReferenceUnavailable(f"{path}: MiMo MTP tensors missing: {missing[:3]}")
+        raise ReferenceUnavailable(f"{path}: MTP tensors missing: {missing[:3]}")
     mtp.load_state_dict(state, strict=False)

@@ -27,7 +27,7 @@ import transformers  # noqa: F401
 
 from fastdeploy_mtp.checks.drafts import compare, engine_rounds
 from fastdeploy_mtp.checks.reference import Reference
-from tests.support import hf_folders, hf_mla_folders, hf_moe_folders
+from tests.support import hf_ernie_folders, hf_folders, hf_mla_folders, hf_moe_folders
 from tests.support.tokenizer_files import write_bpe_tokenizer
 
 MAX_TOKENS = 32
@@ -36,6 +36,12 @@ PROMPT_LENS = (3, 9, 15, 16, 17, 44)
 
 def _tokenizer(size: int):
     return lambda out: write_bpe_tokenizer(str(out), size)
+
+
+def _ernie(out, **kwargs):
+    path = hf_ernie_folders.make_ernie_folder(out, **kwargs).path
+    write_bpe_tokenizer(str(path), 300)
+    return path
 
 
 #: case -> (builder(out_dir) -> folder path). Vocab 300 everywhere; tokenizer 300 (unpadded) or
@@ -57,6 +63,8 @@ CASES = {
             out, qk_norm=True, bias=True, negative_bias=True, tokenizer_writer=_tokenizer(300)
         ).path
     ),
+    "ernie45-moe-echo": lambda out: _ernie(out, moe=True, echo=True),
+    "ernie45-dense": lambda out: _ernie(out, moe=False, tie=False),
     "deepseekv3-negbias": lambda out: (
         hf_mla_folders.make_mla_folder(out, negative_bias=True, tokenizer_writer=_tokenizer(300)).path
     ),
