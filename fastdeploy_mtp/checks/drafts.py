@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 from .reference import Round
 
@@ -56,12 +55,17 @@ def engine_rounds(
     return EngineRun(rounds, [list(r.prompt_token_ids) for r in reqs], stops)
 
 
+def decode_rounds(runs: Sequence[Sequence[Round]]) -> list[Round]:
+    """Every request's rounds after its first (the prefill's), joined."""
+    return [r for rounds in runs for r in rounds[1:]]
+
+
 def acceptance(rounds: Sequence[Round], k: int) -> list[float | None]:
-    """Per draft position ``j`` (0-based): the share of the decode rounds that offered a draft at
-    ``j`` in which drafts ``0..j`` were all accepted; ``None`` where no round offered one."""
+    """Per draft position ``j`` (0-based): the share of the decode ``rounds`` that offered a
+    draft at ``j`` in which drafts ``0..j`` were all accepted; ``None`` where none offered one."""
     offered = [0] * k
     accepted = [0] * k
-    for r in rounds[1:]:
+    for r in rounds:
         took = len(r.tokens) - 1
         for j in range(min(len(r.drafts), k)):
             offered[j] += 1
@@ -70,9 +74,8 @@ def acceptance(rounds: Sequence[Round], k: int) -> list[float | None]:
 
 
 def mean_accepted_length(rounds: Sequence[Round]) -> float:
-    """Tokens emitted per decode round (the prefill round left out); 0 with no decode round."""
-    decode = rounds[1:]
-    return sum(len(r.tokens) for r in decode) / len(decode) if decode else 0.0
+    """Tokens emitted per decode round (``rounds``: decode rounds only); 0 with none."""
+    return sum(len(r.tokens) for r in rounds) / len(rounds) if rounds else 0.0
 
 
 @dataclasses.dataclass
@@ -101,18 +104,3 @@ def compare(ours: Sequence[Round], theirs: Sequence[Round]) -> Comparison:
         if a != b:
             return Comparison(joined, i, a, b)
     return Comparison(joined, None, None, None)
-
-
-def summary(run: Any, want: list[list[Round]], k: int) -> dict[str, Any]:
-    """The whole check's numbers: per request its comparison, and over all requests the mean
-    accepted length and per-position acceptance of ours and the reference's."""
-    per = [compare(o, w) for o, w in zip(run.rounds, want)]
-    flat_ours = [Round((), ())] + [r for rounds in run.rounds for r in rounds[1:]]
-    flat_ref = [Round((), ())] + [r for rounds in want for r in rounds[1:]]
-    return {
-        "requests": per,
-        "ours": {"mean_accepted_length": mean_accepted_length(flat_ours), "acceptance": acceptance(flat_ours, k)},
-        "reference": {"mean_accepted_length": mean_accepted_length(flat_ref), "acceptance": acceptance(flat_ref, k)},
-        "drafts_equal": all(c.first_diff is None for c in per),
-        "tokens_equal": all(c.tokens_equal for c in per),
-    }

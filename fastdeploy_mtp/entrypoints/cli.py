@@ -40,7 +40,7 @@ from ..config import SpeculativeConfigError
 from ..credentials import CredentialError
 from ..engine_args import UsageError
 from ..runtime.request import GenerationError
-from . import demo, generate, router, serve
+from . import check_drafts, demo, generate, router, serve
 from .offline import CommandError
 
 
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="fastdeploy-mtp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"fastdeploy-mtp {package_version()}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (demo, generate, serve, router):
+    for command in (demo, generate, serve, router, check_drafts):
         command.register(sub)
     return ap
 
