@@ -142,16 +142,21 @@ def plan_capacity(
     return Capacity(max_num_seqs, blocks, tokens, budget, block_bytes)
 
 
-#: The ops' ``end_tokens`` of a model without any EOS id (the byte model, a folder whose
-#: config names none): no token equals it, so every request runs to ``max_tokens``.
+#: The ops' ``end_tokens`` of a model without any EOS id and without a padded vocabulary: no
+#: token equals it, so every request runs to ``max_tokens``.
 NO_EOS = -1
 
 
-def end_tokens(eos_token_ids: list[int]) -> list[int]:
-    """The ops' ``end_tokens`` for a model whose EOS ids are ``eos_token_ids`` (every id of
-    ``generation_config.json`` and ``config.json``): those ids, or ``[NO_EOS]`` when there are
-    none. No stand-in is invented: a vocabulary id would be a real token of an unpadded model."""
-    return list(eos_token_ids) or [NO_EOS]
+def end_tokens(eos_token_ids: list[int], vocab_size: int, ori_vocab_size: int) -> list[int]:
+    """The ops' ``end_tokens`` of a model: its EOS ids (every id of ``generation_config.json``
+    and ``config.json``). A model that names none ends requests at ``max_tokens``: its last
+    padded id when the vocabulary is padded (``ori_vocab_size < vocab_size``; the model can never
+    produce it, and a grammar that has completed forces it, which is how a constrained output of
+    the byte model ends), else ``[NO_EOS]``. No vocabulary id of an unpadded model stands in: it
+    would be a real token."""
+    if eos_token_ids:
+        return list(eos_token_ids)
+    return [vocab_size - 1] if ori_vocab_size < vocab_size else [NO_EOS]
 
 
 def build_config(
@@ -178,7 +183,7 @@ def build_config(
             ori_vocab_size=arch.ori_vocab_size,
             hidden_size=arch.hidden_size,
             num_hidden_layers=arch.num_hidden_layers,
-            eos_token_id=end_tokens(arch.eos_token_ids),
+            eos_token_id=end_tokens(arch.eos_token_ids, arch.vocab_size, arch.ori_vocab_size),
         ),
         speculative_config=spec,
         scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),

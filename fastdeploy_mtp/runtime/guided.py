@@ -71,6 +71,8 @@ def _ll_tokenizer(folder: str, vocab_size: int, eos_ids: tuple[int, ...]) -> Any
             f"{folder}: the tokenizer has {tok.vocab_size} tokens, more than the model's vocabulary ({vocab_size})"
         )
     eos_ids = tuple(dict.fromkeys([*eos_ids, *tok.eos_token_ids, *load_generation_config(folder).eos_token_ids]))
+    if not eos_ids:
+        raise ValueError(f"{folder}: the model has no EOS id, so a constrained output could not end")
     special = {int(i) for i, t in tok.backend.get_added_tokens_decoder().items() if t.special} | set(eos_ids)
     # Ids without text (the padded vocabulary) are special tokens no grammar names: never allowed.
     special |= set(range(tok.vocab_size, vocab_size))
@@ -171,7 +173,7 @@ class GuidedSlots:
         ``model_config``); the serving engine builds the same from the folder's architecture
         to check a task before the workers get it."""
         mc = fd_config.model_config
-        eos = [*mc.eos_token_id, *getattr(config, "eos_token_ids", ())]
+        eos = [t for t in [*mc.eos_token_id, *getattr(config, "eos_token_ids", ())] if int(t) >= 0]
         return cls(mc.model, int(getattr(config, "vocab_size", mc.vocab_size)), eos)
 
     def tokenizer(self) -> Any:

@@ -62,7 +62,7 @@ def test_the_last_vocabulary_id_is_an_ordinary_token(folder):
     assert inspect_model_folder(path).eos_token_ids == []
     req = _run(path, prompt)
     assert req.output_token_ids == greedy and finish_reason_of(req) == "length"  # past 299, to max_tokens
-    assert end_tokens([]) == [NO_EOS]
+    assert end_tokens([], 300, 300) == [NO_EOS] and end_tokens([], 300, 280) == [299]
 
 
 def test_every_listed_eos_id_ends_a_request(folder, tmp_path):
