@@ -39,6 +39,8 @@ ALLOWED: dict[str, set[str]] = {
     "proposer": {"constants", "config", "ops", "ipc", "models", "runtime", "distributed"},
     "splitwise": {"constants", "config", "ops", "ipc", "credentials"},
     "tokenization": {"config"},
+    # the draft-fidelity reference (transformers, where installed) reads model folders' configs
+    "checks": {"config", "models"},
     # slots, KV blocks and batched tokens from memory, and the FDConfig they build
     "capacity": {"config", "models"},
     # engine_args refuses a K the token message (ops.messaging) cannot carry, on every command

@@ -1,9 +1,7 @@
 """Draft fidelity: the engine's greedy rounds of a model folder beside the reference's.
 
-:func:`engine_rounds` runs prompts through the reference engine exactly as ``fastdeploy-mtp
-generate`` does (:func:`~fastdeploy_mtp.entrypoints.offline.run_requests`, greedy, MTP with
-``K`` drafts a round) and reads back, per request, each step's emitted tokens and the drafts it
-verified. :func:`compare` puts them beside a reference's rounds
+The engine's rounds come from ``fastdeploy_mtp.entrypoints.check_drafts.engine_rounds`` (the
+engine ``generate`` runs); :func:`compare` puts them beside a reference's rounds
 (:mod:`fastdeploy_mtp.checks.reference`): the first round whose drafts differ, and the
 acceptance per draft position of both.
 """
@@ -14,45 +12,6 @@ import dataclasses
 from collections.abc import Sequence
 
 from .reference import Round
-
-
-@dataclasses.dataclass
-class EngineRun:
-    """What :func:`engine_rounds` returns: per request (in prompt order) its rounds and the
-    prompt's token ids as the engine tokenized it; ``stop_ids``: the ids that ended requests."""
-
-    rounds: list[list[Round]]
-    prompt_ids: list[list[int]]
-    stop_ids: tuple[int, ...]
-
-
-def engine_rounds(
-    folder: str,
-    prompts: Sequence[str | list[int]],
-    max_tokens: int,
-    k: int,
-    *,
-    prefill_chunk_size: int = 0,
-    max_num_seqs: int = 4,
-    dtype: str = "auto",
-) -> EngineRun:
-    """Greedy MTP rounds (``K = k`` drafts from ``k`` MTP substeps) of ``prompts`` (text, or
-    token ids used as they are) through the engine ``generate`` runs."""
-    from ..config import SpeculativeConfig
-    from ..entrypoints.offline import run_requests
-
-    spec = SpeculativeConfig(method="mtp", num_speculative_tokens=k, num_model_steps=k)
-    trace: list[tuple] = []
-    reqs, _, _ = run_requests(
-        list(prompts), max_tokens, spec, max_num_seqs, f"engine K={k}", folder, dtype=dtype, trace=trace,
-        prefill_chunk_size=prefill_chunk_size,
-    )  # fmt: skip
-    rounds: list[list[Round]] = []
-    for req in reqs:
-        mine = [t for t in trace if t[1] == req.request_id and t[3]]
-        rounds.append([Round(tuple(int(x) for x in t[3]), tuple(int(x) for x in t[4] if int(x) >= 0)) for t in mine])
-    stops = tuple(sorted({int(t) for r in reqs for t in r.sampling.stop_token_ids}))
-    return EngineRun(rounds, [list(r.prompt_token_ids) for r in reqs], stops)
 
 
 def decode_rounds(runs: Sequence[Sequence[Round]]) -> list[Round]:

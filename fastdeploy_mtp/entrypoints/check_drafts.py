@@ -11,11 +11,15 @@ only the engine's figures are shown); 1: they differ; 2: a usage error.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..engine_args import UsageError, positive_int
+
+if TYPE_CHECKING:  # the command imports Paddle and the models only when it runs
+    from ..checks.reference import Round
 
 #: The prompts (user turns) checked unless ``--prompt`` is given: code, prose, a list, a quote.
 DEFAULT_PROMPTS = (
@@ -26,6 +30,46 @@ DEFAULT_PROMPTS = (
     "Repeat after me: to be or not to be, that is the question.",
     'Complete the JSON: {"name": "Ada", "born": 1815, "field": "',
 )
+
+
+@dataclasses.dataclass
+class EngineRun:
+    """What :func:`engine_rounds` returns: per request (in prompt order) its rounds and the
+    prompt's token ids as the engine tokenized it; ``stop_ids``: the ids that ended requests."""
+
+    rounds: list[list[Round]]
+    prompt_ids: list[list[int]]
+    stop_ids: tuple[int, ...]
+
+
+def engine_rounds(
+    folder: str,
+    prompts: Sequence[str | list[int]],
+    max_tokens: int,
+    k: int,
+    *,
+    prefill_chunk_size: int = 0,
+    max_num_seqs: int = 4,
+    dtype: str = "auto",
+) -> EngineRun:
+    """Greedy MTP rounds (``K = k`` drafts from ``k`` MTP substeps) of ``prompts`` (text, or
+    token ids used as they are) through the engine ``generate`` runs."""
+    from ..checks.reference import Round
+    from ..config import SpeculativeConfig
+    from .offline import run_requests
+
+    spec = SpeculativeConfig(method="mtp", num_speculative_tokens=k, num_model_steps=k)
+    trace: list[tuple] = []
+    reqs, _, _ = run_requests(
+        list(prompts), max_tokens, spec, max_num_seqs, f"engine K={k}", folder, dtype=dtype, trace=trace,
+        prefill_chunk_size=prefill_chunk_size,
+    )  # fmt: skip
+    rounds: list[list[Round]] = []
+    for req in reqs:
+        mine = [t for t in trace if t[1] == req.request_id and t[3]]
+        rounds.append([Round(tuple(int(x) for x in t[3]), tuple(int(x) for x in t[4] if int(x) >= 0)) for t in mine])
+    stops = tuple(sorted({int(t) for r in reqs for t in r.sampling.stop_token_ids}))
+    return EngineRun(rounds, [list(r.prompt_token_ids) for r in reqs], stops)
 
 
 def register(sub: Any) -> None:
@@ -65,8 +109,6 @@ def _fmt(values: list[float | None]) -> str:
 
 
 def cmd_check_drafts(args: argparse.Namespace) -> int:
-    from ..checks.drafts import acceptance, compare, decode_rounds, engine_rounds, mean_accepted_length
-    from ..checks.reference import Reference, ReferenceUnavailable
     from ..models.model_folder import inspect_model_folder
 
     config = inspect_model_folder(args.model)
@@ -75,75 +117,84 @@ def cmd_check_drafts(args: argparse.Namespace) -> int:
     k = args.num_speculative_tokens
     prompts = _prompts(args)
     run = engine_rounds(args.model, prompts, args.max_tokens, k)
-    reference, why = None, ""
-    if not args.no_reference:
-        try:
-            ref = Reference(args.model)
-            use_generate = k == 1
-            reference = [
-                ref.generate_rounds(p, args.max_tokens, 1, run.stop_ids)
-                if use_generate
-                else ref.chained_rounds(p, args.max_tokens, k, run.stop_ids)
-                for p in run.prompt_ids
-            ]
-            why = (
-                "transformers generate(use_mtp=True)"
-                if use_generate
-                else f"transformers MTP layers chained ({ref.chain})"
-            )
-        except ReferenceUnavailable as exc:
-            why = str(exc)
+    reference, why = (None, "") if args.no_reference else _reference_rounds(args, run, k)
+    pre = config.mtp_final_norm == "in_logits"
+    report = _report(args, run, reference, why, k, "before" if pre else "after")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print(report, len(prompts), args.max_tokens)
+    return 0 if report["verdict"] in ("engine only", EQUAL) or report["reference"] is None else 1
+
+
+EQUAL = "drafts equal the reference in every round"
+
+
+def _reference_rounds(args: argparse.Namespace, run: EngineRun, k: int) -> tuple[list[list[Round]] | None, str]:
+    """The reference's rounds of the engine's prompts and where they came from, or ``None`` and
+    why no reference could run."""
+    from ..checks.reference import Reference, ReferenceUnavailable
+
+    try:
+        ref = Reference(args.model)
+        if k == 1:
+            rounds = [ref.generate_rounds(p, args.max_tokens, 1, run.stop_ids) for p in run.prompt_ids]
+            return rounds, "transformers generate(use_mtp=True)"
+        rounds = [ref.chained_rounds(p, args.max_tokens, k, run.stop_ids) for p in run.prompt_ids]
+        return rounds, f"transformers MTP layers chained ({ref.chain})"
+    except ReferenceUnavailable as exc:
+        return None, str(exc)
+
+
+def _report(
+    args: argparse.Namespace, run: EngineRun, reference: list[list[Round]] | None, why: str, k: int, where: str
+) -> dict[str, Any]:
+    """The JSON report: both sides' acceptance, per request the first differing round, a verdict."""
+    from ..checks.drafts import acceptance, compare, decode_rounds, mean_accepted_length
+
     ours = decode_rounds(run.rounds)
     report: dict[str, Any] = {
         "model": args.model,
         "num_speculative_tokens": k,
-        "rule": "substep 2 fed the MTP block's output "
-        + ("before its final norm" if config.mtp_final_norm == "in_logits" else "after its final norm"),
+        "rule": f"substep 2 fed the MTP block's output {where} its final norm",
         "ours": {"mean_accepted_length": mean_accepted_length(ours), "acceptance": acceptance(ours, k)},
         "reference": None,
         "requests": [],
-    }  # fmt: skip
-    verdict = 0
-    if reference is not None:
-        theirs = decode_rounds(reference)
-        report["reference"] = {
-            "source": why,
-            "mean_accepted_length": mean_accepted_length(theirs),
-            "acceptance": acceptance(theirs, k),
-        }
-        for i, (o, t) in enumerate(zip(run.rounds, reference)):
-            c = compare(o, t)
-            entry: dict[str, Any] = {"prompt": i, "tokens_equal": c.tokens_equal, "first_diff_round": c.first_diff}
-            if c.first_diff is not None:
-                entry["ours"] = None if c.ours is None else {"tokens": c.ours.tokens, "drafts": c.ours.drafts}
-                entry["reference"] = (
-                    None if c.theirs is None else {"tokens": c.theirs.tokens, "drafts": c.theirs.drafts}
-                )
-                verdict = 1
-            report["requests"].append(entry)
-    report["verdict"] = (
-        "no reference: " + why
-        if reference is None and not args.no_reference
-        else "engine only"
-        if reference is None
-        else "drafts equal the reference in every round"
-        if verdict == 0
-        else "drafts DIFFER from the reference"
-    )
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return verdict
-    print(f"{args.model}: K = {k}, {len(prompts)} prompts x {args.max_tokens} tokens, {report['rule']}")
+    }
+    if reference is None:
+        report["verdict"] = "engine only" if args.no_reference else f"no reference: {why}"
+        return report
+    theirs = decode_rounds(reference)
+    report["reference"] = {
+        "source": why,
+        "mean_accepted_length": mean_accepted_length(theirs),
+        "acceptance": acceptance(theirs, k),
+    }
+    differ = False
+    for i, (o, t) in enumerate(zip(run.rounds, reference)):
+        c = compare(o, t)
+        entry: dict[str, Any] = {"prompt": i, "tokens_equal": c.tokens_equal, "first_diff_round": c.first_diff}
+        if c.first_diff is not None:
+            entry["ours"] = None if c.ours is None else {"tokens": c.ours.tokens, "drafts": c.ours.drafts}
+            entry["reference"] = None if c.theirs is None else {"tokens": c.theirs.tokens, "drafts": c.theirs.drafts}
+            differ = True
+        report["requests"].append(entry)
+    report["verdict"] = "drafts DIFFER from the reference" if differ else EQUAL
+    return report
+
+
+def _print(report: dict[str, Any], n_prompts: int, max_tokens: int) -> None:
+    k = report["num_speculative_tokens"]
+    print(f"{report['model']}: K = {k}, {n_prompts} prompts x {max_tokens} tokens, {report['rule']}")
     print(f"  {'':<10} {'mean acc. len':>14}  acceptance per position")
     print(f"  {'engine':<10} {report['ours']['mean_accepted_length']:>14.2f}  {_fmt(report['ours']['acceptance'])}")
-    if report["reference"] is not None:
-        r = report["reference"]
-        print(f"  {'reference':<10} {r['mean_accepted_length']:>14.2f}  {_fmt(r['acceptance'])}   ({why})")
+    r = report["reference"]
+    if r is not None:
+        print(f"  {'reference':<10} {r['mean_accepted_length']:>14.2f}  {_fmt(r['acceptance'])}   ({r['source']})")
         for e in report["requests"]:
             if e["first_diff_round"] is not None:
                 print(
                     f"  prompt {e['prompt']}: first differing round {e['first_diff_round']}: "
                     f"ours {e['ours']}, reference {e['reference']}"
                 )
-    print(f"verdict: {report['verdict']}", file=sys.stderr if verdict else sys.stdout)
-    return verdict
+    print(f"verdict: {report['verdict']}")

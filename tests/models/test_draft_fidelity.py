@@ -25,8 +25,9 @@ import pytest
 # transformers (and torch) are test dependencies (`.[test]`): the comparison must run, never skip
 import transformers  # noqa: F401
 
-from fastdeploy_mtp.checks.drafts import compare, engine_rounds
+from fastdeploy_mtp.checks.drafts import compare
 from fastdeploy_mtp.checks.reference import Reference
+from fastdeploy_mtp.entrypoints.check_drafts import engine_rounds
 from tests.support import hf_ernie_folders, hf_folders, hf_mla_folders, hf_moe_folders
 from tests.support.tokenizer_files import write_bpe_tokenizer
 
