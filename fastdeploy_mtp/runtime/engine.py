@@ -150,7 +150,7 @@ class Engine:
             self.runner.check_handoff(req.handoff_state)
         except HandoffError as exc:
             raise InvalidRequestError(req.request_id, "handoff", f"does not fit this instance: {exc}") from None
-        mismatch = sampling_mismatch(req.handoff_state, req.sampling, req.request_id)
+        mismatch = sampling_mismatch(req.handoff_state, req.sampling, req.request_id, req.max_tokens)
         if mismatch is not None:
             raise InvalidRequestError(req.request_id, "sampling", f"does not match the handed-over slot: {mismatch}")
         self._check_stop_strings([req])

@@ -156,12 +156,11 @@ class SamplingParams:
             return f"guided: {problem}"
         return None
 
-    @property
-    def eos_ban_len(self) -> int:
-        """The slot's ``min_dec_len``: the EOS ids are masked while fewer tokens than this were
-        generated -- ``min_tokens``, or every position (:data:`EOS_BANNED_ALWAYS`) with
-        ``ignore_eos``."""
-        return EOS_BANNED_ALWAYS if self.ignore_eos else int(self.min_tokens)
+    def eos_ban_len(self, max_tokens: int) -> int:
+        """The slot's ``min_dec_len`` for a request of ``max_tokens``: the EOS ids are masked
+        while fewer tokens than this were generated -- ``min_tokens``, or with ``ignore_eos``
+        ``max_tokens`` (every position the request can reach)."""
+        return int(max_tokens) if self.ignore_eos else int(self.min_tokens)
 
     @property
     def penalised(self) -> bool:
@@ -170,7 +169,8 @@ class SamplingParams:
             self.repetition_penalty != 1.0
             or self.frequency_penalty != 0.0
             or self.presence_penalty != 0.0
-            or self.eos_ban_len > 0
+            or self.min_tokens > 0
+            or self.ignore_eos
         )
 
     def seed_for(self, request_id: str) -> int:
@@ -202,10 +202,6 @@ class SamplingParams:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SamplingParams:
         return cls(**values)
-
-
-#: ``min_dec_len`` of an ``ignore_eos`` request: more tokens than any request generates.
-EOS_BANNED_ALWAYS = 2**30  # exact in float32 (the hand-over check compares through it)
 
 
 def choice_seed(seed: int, index: int) -> int:

@@ -308,7 +308,7 @@ class TargetRunner:
         target.penalty_score[idx, 0] = float(sp.repetition_penalty)
         target.frequency_score[idx, 0] = float(sp.frequency_penalty)
         target.presence_score[idx, 0] = float(sp.presence_penalty)
-        target.min_dec_len[idx, 0] = sp.eos_ban_len
+        target.min_dec_len[idx, 0] = sp.eos_ban_len(req.max_tokens)
         self.sampler.set_slot(idx, sp, seed)
         self.guided.load(req)
 

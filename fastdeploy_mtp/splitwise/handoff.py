@@ -240,14 +240,14 @@ _SAMPLING_ROWS = {
     "penalty_score": "repetition_penalty",
     "frequency_score": "frequency_penalty",
     "presence_score": "presence_penalty",
-    "min_dec_len": "eos_ban_len",  # min_tokens, or every position with ignore_eos
 }
 
 
-def sampling_mismatch(state: object, sampling: Any, request_id: str) -> str | None:
+def sampling_mismatch(state: object, sampling: Any, request_id: str, max_tokens: int) -> str | None:
     """``None`` if the handed-over slot ``state`` was loaded with ``sampling`` (a
     :class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams`; its seed as the runner
-    derives it for ``request_id``), else which field differs. Checked on the decode side so
+    derives it for ``request_id``; its EOS mask length ``min_dec_len`` as it derives it for
+    ``max_tokens``), else which field differs. Checked on the decode side so
     that its host-side view of the request (stops, logprobs, the sampler) and the slot agree."""
     try:
         target = state["target"]  # type: ignore[index]
@@ -263,6 +263,12 @@ def sampling_mismatch(state: object, sampling: Any, request_id: str) -> str | No
             theirs, ours = value(buffer), float(np.float32(getattr(sampling, name)))
             if theirs != ours:
                 return f"{name}: the prefill instance has {theirs:g}, this request says {ours:g}"
+        theirs_len, ours_len = int(first("min_dec_len")), sampling.eos_ban_len(max_tokens)
+        if theirs_len != ours_len:
+            return (
+                f"min_tokens / ignore_eos: the prefill instance masks EOS for {theirs_len} tokens, "
+                f"this request for {ours_len}"
+            )
         if int(first("infer_seed")) != sampling.seed_for(request_id):
             return "seed: differs from the prefill instance's"
     except (KeyError, TypeError, IndexError, ValueError) as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 
 from fastdeploy_mtp.engine_args import build_config, speculative_config
@@ -228,6 +229,31 @@ def test_seeded_sampling_with_penalties_through_prefill_and_decode_equals_mixed(
     pd.close()
 
 
+def test_ignore_eos_through_prefill_and_decode_equals_mixed(random_model):
+    """``ignore_eos`` masks the EOS ids for the request's whole length on both instances (the
+    slot's ``min_dec_len`` is its ``max_tokens``, within the hand-over's bounds). The EOS id is
+    the token these requests generate most, so the others end early at it."""
+    target, mtp = random_model
+    reqs = make_requests(11, 4, stagger=1)
+    plain = Engine(make_config(2, 2, max_num_seqs=3), target, mtp).generate([r.fresh_copy() for r in reqs])
+    counts = np.bincount([t for out in plain.values() for t in out])
+    eos = int(counts.argmax())
+    cfg = make_config(2, 2, max_num_seqs=3, eos=(eos,))
+    for i, r in enumerate(reqs):
+        r.sampling = SamplingParams(ignore_eos=i % 2 == 0)
+    mixed = Engine(cfg, target, mtp).generate([r.fresh_copy() for r in reqs])
+    pd = LocalPD(cfg, target, mtp, fetch_delay=1)
+    assert pd.run([r.fresh_copy() for r in reqs]) == mixed
+    pd.close()
+    for i, r in enumerate(reqs):
+        out = mixed[r.request_id]
+        if i % 2 == 0:
+            assert len(out) == r.max_tokens and eos not in out
+        else:
+            assert eos not in out[:-1]
+    assert any(mixed[r.request_id][-1] == eos for i, r in enumerate(reqs) if i % 2)
+
+
 def test_a_decode_request_whose_sampling_differs_from_the_handed_over_slot_is_refused(random_model):
     target, mtp = random_model
     cfg = make_config(2, 2)
@@ -238,6 +264,7 @@ def test_a_decode_request_whose_sampling_differs_from_the_handed_over_slot_is_re
     for other, word in (
         (SamplingParams(temperature=0.8, seed=4), "temperature"),
         (SamplingParams(temperature=0.7, seed=5), "seed"),
+        (SamplingParams(temperature=0.7, seed=4, ignore_eos=True), "ignore_eos"),
     ):
         with pytest.raises(InvalidRequestError, match=f"`sampling`.*{word}"):
             d.add_transferred(
