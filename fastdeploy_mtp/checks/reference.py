@@ -38,8 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ..models.hf_config import family_of, translate_config
-from ..models.model_folder import tokenizer_vocab_size
+from ..models.model_folder import inspect_model_folder
 
 #: Families whose MTP layers transformers' ``MtpModel.from_pretrained`` loads from the released
 #: names (with the tiny folder's layer index pointed at, see :func:`_load_mtp`).
@@ -116,7 +115,8 @@ class Reference:
         num_mtp_layers: the folder's ``num_nextn_predict_layers``.
         chain: ``"pre_norm"`` or ``"post_norm"``: what substep ``j + 1`` is fed (the engine's rule
             for this folder).
-        vocab: ids below it can be produced (the tokenizer's vocabulary, or the model's).
+        vocab: ids below it can be produced (``ori_vocab_size``: the tokenizer's vocabulary
+            when the model's is padded beyond it).
     """
 
     def __init__(self, path: str | os.PathLike[str]):
@@ -125,15 +125,15 @@ class Reference:
         self.path = os.fspath(path)
         with open(os.path.join(self.path, "config.json")) as f:
             raw = json.load(f)
-        config = translate_config(raw, self.path)
-        self.family = family_of(raw, self.path)
+        config = inspect_model_folder(self.path)  # what the engine makes of the folder
+        self.family = config.model_type
         self.num_mtp_layers = config.num_nextn_predict_layers
         self.chain = "pre_norm" if config.mtp_final_norm == "in_logits" else "post_norm"
         self.mask_first_position = config.mtp_mask_first_position
         self.vocab_size = config.vocab_size
-        self.vocab = min(tokenizer_vocab_size(self.path) or config.vocab_size, config.vocab_size)
+        self.vocab = config.ori_vocab_size
         self.target = _load_target(self.path, raw, self.family, torch, transformers)
-        self.mtp = _load_mtp(self.path, raw, self.family, self.target) if self.num_mtp_layers else None
+        self.mtp = _load_mtp(self.path, self.family, self.target, self.num_mtp_layers) if self.num_mtp_layers else None
         self._torch = torch
 
     # ---- the target ------------------------------------------------------------------------
@@ -319,13 +319,12 @@ def _load_target(path: str, raw: dict[str, Any], family: str, torch: Any, transf
     return cls.from_pretrained(path, **kwargs).eval()
 
 
-def _load_mtp(path: str, raw: dict[str, Any], family: str, target: Any) -> Any:
+def _load_mtp(path: str, family: str, target: Any, n_mtp: int) -> Any:
     """transformers' ``MtpModel`` over ``target`` with the folder's MTP weights: through
     ``MtpModel.from_pretrained`` (transformers' own renames of the released names) wherever
     transformers maps the family's names, by hand for MiMo."""
     from transformers.modeling_layers import MtpModel
 
-    n_mtp = int(raw.get("num_nextn_predict_layers", 0))
     cfg = target.config
     cfg.num_mtp_layers = n_mtp
     cfg.mtp_layer_types = ["full_attention"] * n_mtp

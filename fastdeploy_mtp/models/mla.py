@@ -34,7 +34,7 @@ import paddle.nn as nn
 
 from .attention import ReferenceAttentionBackend
 from .latent_attention import LatentAttentionBackend, LatentShape
-from .layers import Attention, DenseKV, DenseStep, PagedStep, RMSNorm
+from .layers import Attention, DenseKV, DenseStep, PagedStep, RMSNorm, apply_rope
 from .model_config import ModelConfig
 from .parallel_layers import ColumnParallelLinear, RowParallelLinear, check_tensor_parallel
 
@@ -53,21 +53,6 @@ def mla_scale(config: ModelConfig) -> float:
         mscale = 0.1 * all_dim * math.log(factor) + 1.0
         scale *= mscale * mscale
     return scale
-
-
-def rope_part(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, interleave: bool) -> paddle.Tensor:
-    """Rotate ``x [..., S, heads, R]`` by ``cos/sin [S, R]`` (rotate-half tables, the attention
-    factor applied). ``interleave``: the pairs are ``(x[2i], x[2i+1])`` and the result is
-    ``[x_even * c - x_odd * s, x_odd * c + x_even * s]`` (rotated halves, de-interleaved)."""
-    if cos.dtype != x.dtype:
-        cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
-    half = int(x.shape[-1]) // 2
-    if interleave:
-        c, s = cos[..., :half].unsqueeze(-2), sin[..., :half].unsqueeze(-2)
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-        return paddle.concat([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
-    x1, x2 = x[..., :half], x[..., half:]
-    return x * cos.unsqueeze(-2) + paddle.concat([-x2, x1], axis=-1) * sin.unsqueeze(-2)
 
 
 class MLAttention(nn.Layer):
@@ -107,13 +92,13 @@ class MLAttention(nn.Layer):
         else:
             q = self.q_proj(x)
         q = q.reshape([*x.shape[:-1], self.num_heads, self.nope + self.rope])
-        return paddle.concat([q[..., : self.nope], rope_part(q[..., self.nope :], cos, sin, self.interleave)], -1)
+        return paddle.concat([q[..., : self.nope], apply_rope(q[..., self.nope :], cos, sin, self.interleave)], -1)
 
     def _latent(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
         """``x [..., H]`` -> ``[..., kv_lora_rank + R]``: normed ``c_kv`` then roped ``k_pe``."""
         ckv = self.kv_a_proj_with_mqa(x)
         c = self.kv_a_layernorm(ckv[..., : self.kv_lora_rank])
-        k_pe = rope_part(ckv[..., self.kv_lora_rank :].unsqueeze(-2), cos, sin, self.interleave).squeeze(-2)
+        k_pe = apply_rope(ckv[..., self.kv_lora_rank :].unsqueeze(-2), cos, sin, self.interleave).squeeze(-2)
         return paddle.concat([c, k_pe], axis=-1)
 
     def forward(self, x: paddle.Tensor, step: PagedStep, layer_id: int) -> paddle.Tensor:

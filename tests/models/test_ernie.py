@@ -17,6 +17,7 @@ import paddle
 import pytest
 import transformers  # noqa: F401  (a test dependency: the comparison must run, never skip)
 
+from fastdeploy_mtp.checks.reference import Reference
 from fastdeploy_mtp.models import contiguous_block_tables, greedy_generate, load_model, make_forward_meta
 from fastdeploy_mtp.models.hf_config import UnsupportedModelError, translate_config
 from fastdeploy_mtp.models.layers import apply_rope
@@ -40,14 +41,33 @@ CASES = {
 }
 
 
+#: The cases with a router, and the one whose MTP block has experts too.
+MOE_CASES = sorted(c for c in CASES if CASES[c]["moe"])
+MOE_MTP_CASE = "moe-start0-untied"
+_BUILT: dict[str, tuple] = {}
+
+
+def _built(case: str, tmp_path_factory) -> tuple:
+    """(folder, load_model of it) of ``case``, built once per module run."""
+    if case not in _BUILT:
+        info = ernie.make_ernie_folder(tmp_path_factory.mktemp(case), **CASES[case])
+        _BUILT[case] = (info, load_model(info.path))
+    return _BUILT[case]
+
+
 @pytest.fixture(scope="module", params=sorted(CASES))
 def folder(request, tmp_path_factory):
-    return ernie.make_ernie_folder(tmp_path_factory.mktemp(request.param), **CASES[request.param])
+    return _built(request.param, tmp_path_factory)[0]
 
 
 @pytest.fixture(scope="module")
 def loaded(folder):
-    return load_model(folder.path)
+    return next(built for info, built in _BUILT.values() if info is folder)
+
+
+@pytest.fixture(scope="module", params=MOE_CASES)
+def moe_case(request, tmp_path_factory):
+    return _built(request.param, tmp_path_factory)
 
 
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:
@@ -118,10 +138,8 @@ def test_mtp_logits_match_transformers(folder, loaded):
 
 
 @paddle.no_grad()
-def test_router_with_correction_bias_picks_what_transformers_picks(folder, loaded):
-    if not folder.moe:
-        pytest.skip("the dense family has no router")
-    target, _, _ = loaded
+def test_router_with_correction_bias_picks_what_transformers_picks(moe_case):
+    folder, (target, _, _) = moe_case
     layer = folder.config["moe_layer_start_index"]
     x = np.random.default_rng(7).standard_normal((96, 64)).astype(np.float32)
     want_w, want_idx = ernie.reference_router(folder.path, layer, x)
@@ -143,28 +161,11 @@ def test_router_with_correction_bias_picks_what_transformers_picks(folder, loade
     assert (np.sort(unbiased, -1) != np.sort(want_idx, -1)).any(axis=-1).mean() > 0.1  # the bias steers
 
 
-def reference_rounds(folder, prompt: list[int], max_tokens: int) -> list[list[int]]:
-    """What each step of a K=1 greedy MTP engine emits, from transformers alone: the prefill
-    emits ``seq[L]``; the round after ``seq[c]`` drafts ``argmax MTP(c - 1)`` (fed ``seq[c]``
-    and ``h_{c-1}``), emits ``seq[c+1]`` and, when the draft was ``seq[c+1]``, ``seq[c+2]``."""
-    seq = prompt + ernie.reference_greedy(folder.path, prompt, max_tokens + 1)
-    hidden = ernie.reference_hidden(folder.path, [seq])[0]
-    drafts = ernie.reference_mtp_step(folder.path, [seq[1:]], hidden[None, :-1])[0][0].argmax(-1)
-    end = len(prompt) + max_tokens
-    rounds, c = [[seq[len(prompt)]]], len(prompt)
-    while c + 1 < end:
-        accepted = int(drafts[c - 1]) == seq[c + 1] and c + 2 < end
-        step = seq[c + 1 : c + 3] if accepted else [seq[c + 1]]
-        rounds.append(step)
-        c += len(step)
-    return rounds
-
-
 @paddle.no_grad()
 def test_k1_acceptance_round_for_round_equals_reference(folder, loaded):
     target, mtp, config = loaded
     prompt, max_tokens = PROMPT[:7], 16
-    want = reference_rounds(folder, prompt, max_tokens)
+    want = [list(r.tokens) for r in Reference(folder.path).generate_rounds(prompt, max_tokens)]
     eos = min(set(range(config.vocab_size)) - {tok for step in want for tok in step})  # never emitted
     cfg = make_config(
         1, eos=(eos,), block_size=config.block_size, vocab=config.vocab_size,
@@ -178,10 +179,10 @@ def test_k1_acceptance_round_for_round_equals_reference(folder, loaded):
         assert any(len(step) == 2 for step in want[1:]) and any(len(step) == 1 for step in want[1:])
 
 
-def test_tensor_parallel_ranks_hold_their_expert_slices(folder, loaded):
-    if folder.config.get("moe_layer_start_index") != 0:
-        pytest.skip("the MoE case whose MTP block has experts covers it")
-    full, full_mtp, _ = loaded
+def test_tensor_parallel_ranks_hold_their_expert_slices(tmp_path_factory):
+    """The case whose MTP block has experts: every expert slice of target and MTP layer."""
+    folder, (full, full_mtp, _) = _built(MOE_MTP_CASE, tmp_path_factory)
+    assert folder.config["moe_layer_start_index"] == 0
     whole = {**dict(full.named_parameters()), **{f"mtp.{n}": p for n, p in full_mtp.named_parameters()}}
     for rank in range(2):
         target, mtp, _ = load_model(folder.path, tensor_parallel_size=2, tensor_parallel_rank=rank)

@@ -16,6 +16,7 @@ import paddle
 import pytest
 import transformers  # noqa: F401  (a test dependency: the comparison must run, never skip)
 
+from fastdeploy_mtp.checks.reference import Reference
 from fastdeploy_mtp.models import causal_bias, contiguous_block_tables, greedy_generate, load_model, make_forward_meta
 from fastdeploy_mtp.models.cache_spec import model_cache_specs
 from fastdeploy_mtp.models.hf_config import UnsupportedModelError
@@ -150,26 +151,6 @@ def test_latent_caches_hold_normed_latent_and_roped_key_part(folder, loaded):
     assert len(mtp.attn_backend.allocate_caches(mtp.num_cache_layers, 3)) == 1
 
 
-def reference_rounds(folder, prompt: list[int], max_tokens: int) -> list[tuple[list[int], int | None]]:
-    """``(tokens emitted, draft verified)`` per step of a K=1 greedy MTP engine, from
-    transformers alone. The prefill emits ``seq[L]`` (no draft). A round whose last emitted
-    token is ``seq[c]`` verifies the draft ``argmax MTP(position c-1)`` (fed ``seq[c]`` and
-    ``h_{c-1}``, it predicts ``seq[c+1]``) and emits ``seq[c+1]``, plus ``seq[c+2]`` when the
-    draft was right. No draft (``None``) when only one token is left to emit."""
-    seq = prompt + ds.mla_reference_greedy(folder.path, prompt, max_tokens + 1)
-    hidden = ds.mla_reference_hidden(folder.path, [seq])[0]
-    drafts = ds.mla_reference_mtp_logits(folder.path, 0, [seq[1:]], hidden[None, :-1])[0].argmax(-1)
-    end = len(prompt) + max_tokens
-    rounds: list[tuple[list[int], int | None]] = [([seq[len(prompt)]], None)]
-    c = len(prompt)
-    while c + 1 < end:
-        draft = int(drafts[c - 1]) if c + 2 < end else None  # no draft when one token is left
-        step = [seq[c + 1]] + ([seq[c + 2]] if draft == seq[c + 1] else [])
-        rounds.append((step, draft))
-        c += len(step)
-    return rounds
-
-
 @pytest.fixture(scope="module")
 def small_vocab_folder(tmp_path_factory):
     """16 tokens: the random MTP layer's drafts are accepted often enough to test both kinds
@@ -189,8 +170,12 @@ def test_k1_acceptance_round_for_round_equals_reference(small_vocab_folder):
     out = engine.generate([Request(rid, list(p), max_tokens=max_tokens) for rid, p in prompts.items()])
     accepted = rejected = 0
     decode_rounds = decode_tokens = 0
+    reference = Reference(small_vocab_folder.path)
     for rid, prompt in prompts.items():
-        want = reference_rounds(small_vocab_folder, prompt, max_tokens)
+        # transformers' own generate(use_mtp=True), each round's draft recorded
+        want = [
+            (list(r.tokens), r.drafts[0] if r.drafts else None) for r in reference.generate_rounds(prompt, max_tokens)
+        ]
         decode_rounds += len(want) - 1  # the first round is the prefill's token
         decode_tokens += sum(len(tokens) for tokens, _ in want[1:])
         steps = [t for t in engine.trace if t[1] == rid]

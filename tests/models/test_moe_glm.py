@@ -17,6 +17,7 @@ import paddle
 import pytest
 import transformers  # noqa: F401  (a test dependency: the comparison must run, never skip)
 
+from fastdeploy_mtp.checks.reference import Reference
 from fastdeploy_mtp.models import (
     contiguous_block_tables,
     greedy_generate,
@@ -277,28 +278,11 @@ def test_mtp_logits_match_transformers_without_position_zero_mask(folder, loaded
     assert np.abs(masked[0] - want[0]).max() > 1e-2  # the check can see the mask
 
 
-def reference_rounds(folder, prompt: list[int], max_tokens: int) -> list[list[int]]:
-    """What each step of a K=1 greedy MTP engine emits, from transformers alone: the prefill
-    emits ``seq[L]``; the round after ``seq[c]`` drafts ``argmax MTP(c - 1)`` (fed ``seq[c]``
-    and ``h_{c-1}``), emits ``seq[c+1]`` and, when the draft was ``seq[c+1]``, ``seq[c+2]``."""
-    seq = prompt + glm.reference_greedy(folder.path, prompt, max_tokens + 1)
-    hidden = glm.reference_hidden(folder.path, [seq])[0]
-    drafts = glm.reference_mtp_logits(folder.path, [seq[1:]], hidden[None, :-1])[0].argmax(-1)
-    end = len(prompt) + max_tokens
-    rounds, c = [[seq[len(prompt)]]], len(prompt)
-    while c + 1 < end:
-        accepted = int(drafts[c - 1]) == seq[c + 1] and c + 2 < end
-        step = seq[c + 1 : c + 3] if accepted else [seq[c + 1]]
-        rounds.append(step)
-        c += len(step)
-    return rounds
-
-
 @paddle.no_grad()
 def test_k1_acceptance_round_for_round_equals_reference(folder, loaded):
     target, mtp, config = loaded
     prompt, max_tokens = PROMPT[:7], 16
-    want = reference_rounds(folder, prompt, max_tokens)
+    want = [list(r.tokens) for r in Reference(folder.path).generate_rounds(prompt, max_tokens)]
     eos = min(set(range(config.vocab_size)) - {tok for step in want for tok in step})  # never emitted
     cfg = make_config(
         1, eos=(eos,), block_size=config.block_size, vocab=config.vocab_size,
