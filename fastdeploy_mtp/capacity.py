@@ -169,8 +169,9 @@ def build_config(
 ) -> FDConfig:
     """FDConfig for the tiny checkpoint's architecture ``arch`` with speculation ``spec``
     (``SpeculativeConfig(method=None)`` for plain decoding). The ops' ``end_tokens`` are the
-    model's EOS ids (:func:`end_tokens`). ``max_num_batched_tokens`` (``None``: ``max(256, max_num_seqs * (K+1) + 64)``)
-    and ``total_block_num`` (``None``: ``max_num_seqs`` requests of ``max_model_len``)."""
+    model's EOS ids (:func:`end_tokens`). ``max_num_batched_tokens`` (``None``:
+    ``max(256, max_num_seqs * (K+1) + 64)``) and ``total_block_num`` (``None``: ``max_num_seqs``
+    requests of ``max_model_len``)."""
     w = (spec.num_speculative_tokens if spec.enabled else 0) + 1
     if max_num_batched_tokens is None:
         max_num_batched_tokens = max(256, max_num_seqs * w + 64)

@@ -133,10 +133,9 @@ def run_requests(
     cfg.model_config.model = folder  # the grammar of a constrained request runs on its tokenizer
 
     # tok.decode leaves out padding ids and special tokens
-    with Engine(
-        cfg, target, mtp if spec.uses_mtp else None, detokenize=tok.decode, record_trace=trace is not None,
-        prefill_chunk_size=prefill_chunk_size,
-    ) as engine:  # fmt: skip
+    draft_model = mtp if spec.uses_mtp else None
+    record, chunk = trace is not None, prefill_chunk_size
+    with Engine(cfg, target, draft_model, chunk, record_trace=record, detokenize=tok.decode) as engine:
         engine.generate(reqs, progress=_progress(label))
         if trace is not None:
             trace.extend(engine.trace or [])

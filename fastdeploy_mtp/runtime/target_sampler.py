@@ -79,7 +79,7 @@ class TargetSampler:
         """Whether rows of ``slots`` need more than the plain argmax (GREEDY's fast path)."""
         for b in set(int(s) for s in slots):
             p = self._param(b)
-            if not p.greedy or p.logprobs is not None or _penalised(p):
+            if not p.greedy or p.logprobs is not None or p.penalised:
                 return True
         return self.strategy in (ops.VerifyStrategy.REJECTION, ops.VerifyStrategy.TOPP)
 
@@ -99,7 +99,7 @@ class TargetSampler:
         logits = logits.astype("float32")
         r, v = int(logits.shape[0]), int(logits.shape[1])
         params = [self._param(int(b)) for b in row_slot]
-        if any(_penalised(p) for p in params):
+        if any(p.penalised for p in params):
             logits = self._penalise(logits, row_slot, row_j, inputs, step_idx)
         if any(p.min_tokens > 0 and p.stop_token_ids for p in params):
             logits = _hold_stop_ids(logits, params, row_slot, row_j, step_idx)
@@ -253,7 +253,3 @@ def _hold_stop_ids(
     if not banned.any():
         return logits
     return paddle.where(paddle.to_tensor(banned), paddle.full_like(logits, _BANNED), logits)
-
-
-def _penalised(p: SamplingParams) -> bool:
-    return p.penalised
