@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ..models.model_folder import inspect_model_folder
+from ..models.model_folder import folder_config
 
 #: Families whose MTP layers transformers' ``MtpModel.from_pretrained`` loads from the released
 #: names (with the tiny folder's layer index pointed at, see :func:`_load_mtp`).
@@ -125,7 +125,7 @@ class Reference:
         self.path = os.fspath(path)
         with open(os.path.join(self.path, "config.json")) as f:
             raw = json.load(f)
-        config = inspect_model_folder(self.path)  # what the engine makes of the folder
+        config = folder_config(self.path)  # the conventions the engine reads from the folder
         self.family = config.model_type
         self.num_mtp_layers = config.num_nextn_predict_layers
         self.chain = "pre_norm" if config.mtp_final_norm == "in_logits" else "post_norm"

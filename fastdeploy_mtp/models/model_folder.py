@@ -197,8 +197,14 @@ def _unpad_vocab(config: ModelConfig, where: str) -> ModelConfig:
     return dataclasses.replace(config, ori_vocab_size=size)
 
 
-def inspect_folder(path: str | os.PathLike[str], dtype: str = "auto") -> FolderPlan:
-    """Read the folder's JSON files and safetensors headers; see :func:`inspect_model_folder`."""
+def folder_config(path: str | os.PathLike[str], dtype: str = "auto") -> ModelConfig:
+    """The :class:`ModelConfig` the folder's JSON files and ``tokenizer.json`` describe
+    (``config.json`` translated, ``generation_config.json``'s EOS ids, ``ori_vocab_size`` from the
+    tokenizer); no tensor is looked at (:func:`inspect_model_folder` checks those too).
+
+    Raises:
+        UnsupportedModelError: one line naming the folder and what is missing or unsupported.
+    """
     where = os.fspath(path)
     if not os.path.isdir(where):
         raise UnsupportedModelError(f"model folder {where}: not a directory")
@@ -208,8 +214,13 @@ def inspect_folder(path: str | os.PathLike[str], dtype: str = "auto") -> FolderP
     raw = _read_json(cfg_path, where, CONFIG_JSON)
     gen_path = os.path.join(where, GENERATION_JSON)
     generation = _read_json(gen_path, where, GENERATION_JSON) if os.path.isfile(gen_path) else None
-    config = translate_config(raw, where, generation, dtype)
-    config = _unpad_vocab(config, where)
+    return _unpad_vocab(translate_config(raw, where, generation, dtype), where)
+
+
+def inspect_folder(path: str | os.PathLike[str], dtype: str = "auto") -> FolderPlan:
+    """Read the folder's JSON files and safetensors headers; see :func:`inspect_model_folder`."""
+    where = os.fspath(path)
+    config = folder_config(where, dtype)
     note = None
     if dtype == "auto" and config.dtype != "float32" and not half_precision_runs():
         note = (

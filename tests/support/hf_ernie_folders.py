@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from tests.support import reference_models
 from tests.support.hf_folders import _quiet
 from tests.support.hf_moe_folders import _fill, _tensors
 
@@ -207,59 +208,16 @@ def make_ernie_folder(
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     gen = {"eos_token_id": list(EOS_TOKEN_IDS), "bos_token_id": 1, "pad_token_id": 0}
     (out / "generation_config.json").write_text(json.dumps(gen) + "\n")
-    _MODELS.pop(str(out.resolve()), None)
+    reference_models.forget(out)
     return ErnieFolder(out, moe, num_hidden_layers, num_mtp_layers, tie, echo, tuple(names), config)
 
 
 # ---- reference outputs ---------------------------------------------------------------------
 
-_MODELS: dict[str, tuple[Any, Any]] = {}
-
-
-def _load_dense_mtp(folder: Path, target, num_mtp_layers: int):
-    """The dense class's MTP layer: transformers 5.25 has no renames for it, so the released
-    names are mapped by hand (:func:`released_names`), ``post_norm`` from ``model.norm``."""
-    from safetensors.torch import load_file
-
-    mtp = _mtp_model(target, num_mtp_layers)
-    wanted = {}
-    for n, t in _tensors(mtp):
-        if n.startswith("layers."):
-            wanted.update({released: n for released in released_names(n, t)})
-    state = {wanted[k]: v.float() for k, v in load_file(str(folder / "model.safetensors")).items() if k in wanted}
-    missing = sorted(set(wanted.values()) - set(state))
-    if missing:
-        raise ValueError(f"{folder}: MTP tensors missing: {missing}")
-    mtp.load_state_dict(state, strict=False)
-    return mtp.eval()
-
-
-def load_reference(folder: str | Path):
-    """(target, mtp or None) of ``folder`` in float32, eager attention, cached per path. The MoE
-    family's MTP layer loads through transformers' ``MtpModel.from_pretrained`` (its renames:
-    ``mtp_emb_norm.{k}`` -> ``enorm``, ..., ``model.norm`` -> ``post_norm``); the dense one's by
-    hand (:func:`_load_dense_mtp`)."""
-    import torch
-    import transformers
-    from transformers.modeling_layers import MtpModel
-
-    key = str(Path(folder).resolve())
-    if key in _MODELS:
-        return _MODELS[key]
-    _quiet()
-    raw = json.loads((Path(key) / "config.json").read_text())
-    moe = raw["architectures"][0] == ARCHITECTURES[True]
-    cls = getattr(transformers, ARCHITECTURES[moe])
-    target = cls.from_pretrained(key, dtype=torch.float32, attn_implementation="eager").eval()
-    n_mtp = int(raw.get("num_nextn_predict_layers") or 0)
-    mtp = None
-    if n_mtp and moe:
-        mtp = MtpModel.from_pretrained(target).float().eval()
-        mtp.config._attn_implementation = "eager"
-    elif n_mtp:
-        mtp = _load_dense_mtp(Path(key), target, n_mtp)
-    _MODELS[key] = (target, mtp)
-    return target, mtp
+#: (target, mtp or None) of a folder, cached: the MoE family's MTP layer through transformers'
+#: ``MtpModel.from_pretrained`` (its renames: ``mtp_emb_norm.{k}`` -> ``enorm``, ...,
+#: ``model.norm`` -> ``post_norm``), the dense one's by its released names.
+load_reference = reference_models.models
 
 
 def _ids(ids) -> Any:

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from tests.support import reference_models
+
 FAMILIES = ("llama", "qwen2", "qwen3", "mimo")
 ARCHITECTURES = dict(
     llama="LlamaForCausalLM", qwen2="Qwen2ForCausalLM", qwen3="Qwen3ForCausalLM", mimo="MiMoForCausalLM"
@@ -272,7 +274,7 @@ def make_folder(
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     if tokenizer_writer is not None:
         tokenizer_writer(out)
-    _MODELS.pop(str(out.resolve()), None)
+    reference_models.forget(out)
     is_sharded = not (out / "model.safetensors").exists()
     return FolderInfo(
         out, family, num_hidden_layers, num_mtp_layers, is_sharded, eos, tuple(target_names), tuple(mtp_names), config
@@ -310,64 +312,9 @@ def _saved_names(out: Path) -> list[str]:
 
 # ---- reference outputs ---------------------------------------------------------------------
 
-#: Loaded (target, mtp or None) per resolved folder path; make_folder drops a rewritten folder.
-_MODELS: dict[str, tuple[Any, Any]] = {}
-
-
-def _load_mimo_mtp(folder: Path, target, num_mtp_layers: int):
-    """MiMo's MTP layers: transformers has no renaming for them, so map the names by hand."""
-    from safetensors.torch import load_file
-
-    mtp = _mtp_model(target, "mimo", num_mtp_layers)
-    n_layers = target.config.num_hidden_layers
-    wanted = {released_mtp_name("mimo", n_layers, n): n for n, _ in mtp.named_parameters() if n.startswith("layers.")}
-    state: dict[str, Any] = {}
-    for shard in sorted(folder.glob("*.safetensors")):
-        for name, tensor in load_file(str(shard)).items():
-            if name in wanted:
-                state[wanted[name]] = tensor.float()
-    missing = sorted(set(wanted.values()) - set(state))
-    if missing:
-        raise ValueError(f"{folder}: MTP tensors missing: {missing}")
-    mtp.load_state_dict(state, strict=False)
-    return mtp.eval()
-
-
-def load_reference(folder: str | Path):
-    """(target, mtp or None): transformers models of ``folder`` in float32, eager attention,
-    cached per path. DeepSeek-style MTP layers load through transformers' own
-    ``MtpModel.from_pretrained`` (its checkpoint renames), MiMo's by hand."""
-    import torch
-    import transformers
-    from transformers.modeling_layers import MtpModel
-
-    folder = Path(folder).resolve()
-    key = str(folder)
-    if key in _MODELS:
-        return _MODELS[key]
-    _quiet()
-    raw = json.loads((folder / "config.json").read_text())
-    family = raw.get("model_type")
-    if family not in FAMILIES:
-        raise ValueError(f"{folder}/config.json model_type: expected one of {FAMILIES}, got {family!r}")
-    kwargs: dict[str, Any] = dict(dtype=torch.float32, attn_implementation="eager")
-    if family == "mimo":
-        fields = {k: v for k, v in raw.items() if k not in ("model_type", "architectures")}
-        kwargs["config"] = transformers.Qwen2Config(**fields)
-    target = _model_class(family).from_pretrained(str(folder), **kwargs).eval()
-    n_mtp = int(raw.get("num_nextn_predict_layers", 0))
-    mtp = None
-    if n_mtp and family == "mimo":
-        mtp = _load_mimo_mtp(folder, target, n_mtp)
-    elif n_mtp:
-        n = target.config.num_hidden_layers
-        target.config.num_mtp_layers = n_mtp
-        target.config.mtp_layer_types = ["full_attention"] * n_mtp
-        target._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{n + k}\." for k in range(n_mtp)]
-        mtp = MtpModel.from_pretrained(target).float().eval()
-        mtp.config._attn_implementation = "eager"
-    _MODELS[key] = (target, mtp)
-    return target, mtp
+#: (target, mtp or None): transformers models of a folder in float32, eager attention, cached
+#: per path (DeepSeek-style MTP layers through ``MtpModel.from_pretrained``, MiMo's by name).
+load_reference = reference_models.models
 
 
 def _ids(ids) -> Any:

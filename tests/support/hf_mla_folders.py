@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from tests.support import reference_models
 from tests.support.hf_folders import FolderInfo, released_mtp_name
 
 FAMILY = "deepseek_v3"
@@ -163,43 +164,14 @@ def make_mla_folder(
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}) + "\n")
     if tokenizer_writer is not None:
         tokenizer_writer(out)
-    _MODELS.pop(str(out.resolve()), None)
+    reference_models.forget(out)
     return FolderInfo(out, FAMILY, 2, num_mtp_layers, False, (2,), tuple(target_names), tuple(mtp_names), config)
 
 
 # ---- reference outputs ---------------------------------------------------------------------
 
-_MODELS: dict[str, tuple[Any, Any]] = {}
-
-
-def load_mla_reference(folder: str | Path):
-    """(target, mtp or None): transformers' DeepseekV3ForCausalLM and MtpModel of ``folder``
-    in float32 with eager attention, cached per path."""
-    import torch
-    import transformers
-    from transformers.modeling_layers import MtpModel
-
-    folder = Path(folder).resolve()
-    if str(folder) in _MODELS:
-        return _MODELS[str(folder)]
-    transformers.logging.set_verbosity_error()
-    raw = json.loads((folder / "config.json").read_text())
-    n, n_mtp = int(raw["num_hidden_layers"]), int(raw.get("num_nextn_predict_layers", 0))
-    cls = transformers.DeepseekV3ForCausalLM
-    saved = cls._keys_to_ignore_on_load_unexpected
-    cls._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{n + k}\." for k in range(n_mtp)]
-    try:
-        target = cls.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager").eval()
-    finally:
-        cls._keys_to_ignore_on_load_unexpected = saved
-    mtp = None
-    if n_mtp:
-        target.config.num_mtp_layers = n_mtp
-        target.config.mtp_layer_types = ["full_attention"] * n_mtp
-        mtp = MtpModel.from_pretrained(target).float().eval()
-        mtp.config._attn_implementation = "eager"
-    _MODELS[str(folder)] = (target, mtp)
-    return target, mtp
+#: (target, mtp or None): transformers' DeepseekV3ForCausalLM and MtpModel of a folder, cached.
+load_mla_reference = reference_models.models
 
 
 def _ids(ids):

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from tests.support import reference_models
 from tests.support.hf_folders import _quiet, released_mtp_name
 
 ARCHITECTURE = "Glm4MoeForCausalLM"
@@ -194,40 +195,15 @@ def make_glm_folder(
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}) + "\n")
     if tokenizer_writer is not None:
         tokenizer_writer(out)
-    _MODELS.pop(str(out.resolve()), None)
+    reference_models.forget(out)
     return GlmFolder(out, num_hidden_layers, num_mtp_layers, tuple(names), config, echo)
 
 
 # ---- reference outputs ---------------------------------------------------------------------
 
-_MODELS: dict[str, tuple[Any, Any]] = {}
-
-
-def load_reference(folder: str | Path):
-    """(target, mtp or None) of ``folder`` in float32, eager attention, cached per path; the
-    MTP layers load through transformers' ``MtpModel.from_pretrained`` (its renames, the
-    per-expert tensors fused back)."""
-    import torch
-    import transformers
-    from transformers.modeling_layers import MtpModel
-
-    key = str(Path(folder).resolve())
-    if key in _MODELS:
-        return _MODELS[key]
-    _quiet()
-    raw = json.loads((Path(key) / "config.json").read_text())
-    target = transformers.Glm4MoeForCausalLM.from_pretrained(key, dtype=torch.float32, attn_implementation="eager")
-    target.eval()
-    n_mtp, n = int(raw.get("num_nextn_predict_layers", 0)), int(raw["num_hidden_layers"])
-    mtp = None
-    if n_mtp:
-        target.config.num_mtp_layers = n_mtp
-        target.config.mtp_layer_types = ["full_attention"] * n_mtp
-        target._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{n + k}\." for k in range(n_mtp)]
-        mtp = MtpModel.from_pretrained(target).float().eval()
-        mtp.config._attn_implementation = "eager"
-    _MODELS[key] = (target, mtp)
-    return target, mtp
+#: (target, mtp or None) of a folder, cached per path (MTP layers through transformers' own
+#: ``MtpModel.from_pretrained``: its renames, the per-expert tensors fused back).
+load_reference = reference_models.models
 
 
 def _ids(ids) -> Any:
