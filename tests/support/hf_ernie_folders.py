@@ -218,63 +218,15 @@ def make_ernie_folder(
 #: ``MtpModel.from_pretrained`` (its renames: ``mtp_emb_norm.{k}`` -> ``enorm``, ...,
 #: ``model.norm`` -> ``post_norm``), the dense one's by its released names.
 load_reference = reference_models.models
-
-
-def _ids(ids) -> Any:
-    import torch
-
-    return torch.as_tensor(np.asarray(ids), dtype=torch.long)
-
-
-def reference_logits(folder: str | Path, ids) -> np.ndarray:
-    """Target logits float32 ``[B, S, V]`` for ids ``[B, S]`` at positions ``0..S-1``."""
-    import torch
-
-    target, _ = load_reference(folder)
-    with torch.no_grad():
-        return target(input_ids=_ids(ids)).logits.float().numpy()
-
-
-def reference_hidden(folder: str | Path, ids) -> np.ndarray:
-    """The target's last hidden state after the final norm, float32 ``[B, S, H]`` (what the
-    MTP layer is fed)."""
-    import torch
-
-    target, _ = load_reference(folder)
-    with torch.no_grad():
-        return target.model(input_ids=_ids(ids)).last_hidden_state.float().numpy()
-
-
-def reference_greedy(folder: str | Path, prompt_ids: list[int], n: int) -> list[int]:
-    """``n`` greedy tokens after ``prompt_ids`` from transformers' ``generate`` (no eos stop)."""
-    import torch
-    from transformers import GenerationConfig
-
-    target, _ = load_reference(folder)
-    gen = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-    saved, target.generation_config = target.generation_config, GenerationConfig()
-    try:
-        with torch.no_grad():
-            out = target.generate(_ids([list(prompt_ids)]), generation_config=gen)
-    finally:
-        target.generation_config = saved
-    return out[0, len(prompt_ids) :].tolist()
+reference_logits = reference_models.logits
+reference_hidden = reference_models.hidden
+reference_greedy = reference_models.greedy
 
 
 def reference_mtp_step(folder: str | Path, next_ids, hidden, *, layer: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """MTP layer ``layer`` over a whole sequence (causal, positions ``0..S-1``), no position-0
-    mask: ``next_ids`` int ``[B, S]`` (the token after each position), ``hidden`` float32
-    ``[B, S, H]`` (the target's post-norm state). Returns (logits float32 ``[B, S, V]``
-    through the shared head, the layer's output ``[B, S, H]`` after the shared final norm)."""
-    import torch
-
-    _, mtp = load_reference(folder)
-    ids = _ids(next_ids)
-    h = torch.as_tensor(np.asarray(hidden, dtype=np.float32))
-    positions = torch.arange(ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
-    with torch.no_grad():
-        out = mtp.forward_layer(layer, h, positions, None, input_ids=ids)
-        return mtp._project_to_logits(out).float().numpy(), out.float().numpy()
+    """(logits, output after the shared final norm) of MTP layer ``layer``; see
+    :func:`tests.support.reference_models.mtp_step`."""
+    return reference_models.mtp_step(folder, layer, next_ids, hidden)
 
 
 def reference_router(folder: str | Path, layer: int, x) -> tuple[np.ndarray, np.ndarray]:

@@ -315,33 +315,10 @@ def _saved_names(out: Path) -> list[str]:
 #: (target, mtp or None): transformers models of a folder in float32, eager attention, cached
 #: per path (DeepSeek-style MTP layers through ``MtpModel.from_pretrained``, MiMo's by name).
 load_reference = reference_models.models
-
-
-def _ids(ids) -> Any:
-    import torch
-
-    if np.ndim(ids) != 2:
-        raise ValueError(f"ids: expected shape [B, S], got {np.shape(ids)}")
-    return torch.as_tensor(np.asarray(ids), dtype=torch.long)
-
-
-def reference_logits(folder: str | Path, ids) -> np.ndarray:
-    """Target logits, float32 [B, S, V], for token ids [B, S] at positions 0..S-1."""
-    import torch
-
-    target, _ = load_reference(folder)
-    with torch.no_grad():
-        return target(input_ids=_ids(ids)).logits.float().numpy()
-
-
-def reference_hidden(folder: str | Path, ids) -> np.ndarray:
-    """The target's last hidden state after the final norm, float32 [B, S, H] -- what
-    transformers hands its MTP layers."""
-    import torch
-
-    target, _ = load_reference(folder)
-    with torch.no_grad():
-        return target.model(input_ids=_ids(ids)).last_hidden_state.float().numpy()
+_ids = reference_models.ids_tensor
+reference_logits = reference_models.logits
+reference_hidden = reference_models.hidden
+reference_mtp_step = reference_models.mtp_step
 
 
 def reference_greedy(folder: str | Path, prompt_ids: list[int], n: int, *, stop_at_eos: bool = False) -> list[int]:
@@ -365,29 +342,6 @@ def reference_greedy(folder: str | Path, prompt_ids: list[int], n: int, *, stop_
     if not stop_at_eos and len(tokens) != n:
         raise RuntimeError(f"reference_greedy: generate gave {len(tokens)} tokens, expected {n}")
     return tokens
-
-
-def reference_mtp_step(folder: str | Path, layer: int, next_ids, hidden) -> tuple[np.ndarray, np.ndarray]:
-    """MTP layer ``layer`` over a whole sequence with causal attention at positions 0..S-1:
-    ``next_ids`` int [B, S] are the tokens after each position, ``hidden`` float32 [B, S, H]
-    the previous hidden states (the target's, or the previous MTP layer's output). Returns
-    (logits float32 [B, S, V] through the shared head, the layer's output hidden [B, S, H])."""
-    import torch
-
-    _, mtp = load_reference(folder)
-    if mtp is None:
-        raise ValueError(f"{folder}: the folder has no MTP layers (num_nextn_predict_layers)")
-    if not 0 <= layer < mtp.num_mtp_layers:
-        raise ValueError(f"layer: expected 0..{mtp.num_mtp_layers - 1}, got {layer}")
-    ids = _ids(next_ids)
-    h = torch.as_tensor(np.asarray(hidden, dtype=np.float32))
-    if tuple(h.shape[:2]) != tuple(ids.shape):
-        raise ValueError(f"hidden: expected shape [B, S, H] with [B, S] = {tuple(ids.shape)}, got {tuple(h.shape)}")
-    positions = torch.arange(ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
-    with torch.no_grad():
-        out = mtp.forward_layer(layer, h, positions, None, input_ids=ids)
-        logits = mtp._project_to_logits(out)
-    return logits.float().numpy(), out.float().numpy()
 
 
 def reference_mtp_logits(folder: str | Path, layer: int, next_ids, hidden) -> np.ndarray:

@@ -172,56 +172,12 @@ def make_mla_folder(
 
 #: (target, mtp or None): transformers' DeepseekV3ForCausalLM and MtpModel of a folder, cached.
 load_mla_reference = reference_models.models
-
-
-def _ids(ids):
-    import torch
-
-    if np.ndim(ids) != 2:
-        raise ValueError(f"ids: expected shape [B, S], got {np.shape(ids)}")
-    return torch.as_tensor(np.asarray(ids), dtype=torch.long)
-
-
-def mla_reference_logits(folder: str | Path, ids) -> np.ndarray:
-    """Target logits float32 [B, S, V] of token ids [B, S] at positions 0..S-1."""
-    import torch
-
-    target, _ = load_mla_reference(folder)
-    with torch.no_grad():
-        return target(input_ids=_ids(ids)).logits.float().numpy()
-
-
-def mla_reference_hidden(folder: str | Path, ids) -> np.ndarray:
-    """The target's last hidden state after the final norm, float32 [B, S, H]."""
-    import torch
-
-    target, _ = load_mla_reference(folder)
-    with torch.no_grad():
-        return target.model(input_ids=_ids(ids)).last_hidden_state.float().numpy()
-
-
-def mla_reference_greedy(folder: str | Path, prompt_ids: list[int], n: int) -> list[int]:
-    """``n`` greedy tokens after ``prompt_ids`` by full recomputation (argmax of the last
-    position's logits, one token at a time)."""
-    tokens = list(prompt_ids)
-    for _ in range(n):
-        tokens.append(int(np.argmax(mla_reference_logits(folder, [tokens])[0, -1])))
-    return tokens[len(prompt_ids) :]
+mla_reference_logits = reference_models.logits
+mla_reference_hidden = reference_models.hidden
+mla_reference_greedy = reference_models.recomputed_greedy
 
 
 def mla_reference_mtp_logits(folder: str | Path, layer: int, next_ids, hidden) -> np.ndarray:
-    """MTP layer ``layer``'s logits float32 [B, S, V] over whole sequences at positions
-    0..S-1: ``next_ids`` [B, S] the token after each position, ``hidden`` [B, S, H] the
-    target's hidden states (no position-0 mask: transformers' MTP generation feeds row 0 its
-    real token)."""
-    import torch
-
-    _, mtp = load_mla_reference(folder)
-    if mtp is None:
-        raise ValueError(f"{folder}: the folder has no MTP layers")
-    ids = _ids(next_ids)
-    h = torch.as_tensor(np.asarray(hidden, dtype=np.float32))
-    positions = torch.arange(ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
-    with torch.no_grad():
-        out = mtp.forward_layer(layer, h, positions, None, input_ids=ids)
-        return mtp._project_to_logits(out).float().numpy()
+    """MTP layer ``layer``'s logits float32 ``[B, S, V]``; see
+    :func:`tests.support.reference_models.mtp_step`."""
+    return reference_models.mtp_step(folder, layer, next_ids, hidden)[0]

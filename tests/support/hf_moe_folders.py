@@ -204,53 +204,12 @@ def make_glm_folder(
 #: (target, mtp or None) of a folder, cached per path (MTP layers through transformers' own
 #: ``MtpModel.from_pretrained``: its renames, the per-expert tensors fused back).
 load_reference = reference_models.models
-
-
-def _ids(ids) -> Any:
-    import torch
-
-    return torch.as_tensor(np.asarray(ids), dtype=torch.long)
-
-
-def reference_logits(folder: str | Path, ids) -> np.ndarray:
-    """Target logits float32 ``[B, S, V]`` for ids ``[B, S]`` at positions ``0..S-1``."""
-    import torch
-
-    target, _ = load_reference(folder)
-    with torch.no_grad():
-        return target(input_ids=_ids(ids)).logits.float().numpy()
-
-
-def reference_hidden(folder: str | Path, ids) -> np.ndarray:
-    """The target's last hidden state after the final norm, float32 ``[B, S, H]`` (what the
-    MTP layer is fed)."""
-    import torch
-
-    target, _ = load_reference(folder)
-    with torch.no_grad():
-        return target.model(input_ids=_ids(ids)).last_hidden_state.float().numpy()
-
-
-def reference_greedy(folder: str | Path, prompt_ids: list[int], n: int) -> list[int]:
-    """``n`` greedy tokens after ``prompt_ids``: argmax of the full-sequence logits, one token
-    at a time (no cache, so nothing but the model's math is compared)."""
-    seq = list(prompt_ids)
-    for _ in range(n):
-        seq.append(int(reference_logits(folder, [seq])[0, -1].argmax()))
-    return seq[len(prompt_ids) :]
+reference_logits = reference_models.logits
+reference_hidden = reference_models.hidden
+reference_greedy = reference_models.recomputed_greedy
 
 
 def reference_mtp_logits(folder: str | Path, next_ids, hidden, *, layer: int = 0) -> np.ndarray:
-    """MTP layer ``layer`` over a whole sequence (causal, positions ``0..S-1``):
-    ``next_ids`` int ``[B, S]`` (the token after each position),
-    ``hidden`` float32 ``[B, S, H]`` (the target's post-norm state). Returns logits float32
-    ``[B, S, V]`` through the shared head (after the layer's ``shared_head.norm``)."""
-    import torch
-
-    _, mtp = load_reference(folder)
-    ids = _ids(next_ids)
-    h = torch.as_tensor(np.asarray(hidden, dtype=np.float32))
-    positions = torch.arange(ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
-    with torch.no_grad():
-        out = mtp.forward_layer(layer, h, positions, None, input_ids=ids)
-        return mtp._project_to_logits(out).float().numpy()
+    """MTP layer ``layer``'s logits float32 ``[B, S, V]``; see
+    :func:`tests.support.reference_models.mtp_step`."""
+    return reference_models.mtp_step(folder, layer, next_ids, hidden)[0]
