@@ -18,7 +18,7 @@ import pytest
 import transformers  # noqa: F401  (a test dependency: the comparison must run, never skip)
 
 from fastdeploy_mtp.checks.reference import Reference
-from fastdeploy_mtp.models import contiguous_block_tables, greedy_generate, load_model, make_forward_meta
+from fastdeploy_mtp.models import greedy_generate, load_model
 from fastdeploy_mtp.models.hf_config import UnsupportedModelError, translate_config
 from fastdeploy_mtp.models.layers import apply_rope
 from fastdeploy_mtp.models.model_folder import inspect_model_folder
@@ -27,6 +27,7 @@ from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import Request
 from tests.support import hf_ernie_folders as ernie
 from tests.support.engines import make_config
+from tests.support.paged_prefill import prefill, relative_error
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 200, 33, 1, 77, 150, 9, 260, 31]
 RTOL = 1e-4
@@ -68,21 +69,6 @@ def loaded(folder):
 @pytest.fixture(scope="module", params=MOE_CASES)
 def moe_case(request, tmp_path_factory):
     return _built(request.param, tmp_path_factory)
-
-
-def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.abs(got - want).max() / np.abs(want).max())
-
-
-def prefill(model, ids, hidden=None) -> paddle.Tensor:
-    """One packed prefill of ``ids`` at positions 0.. with fresh paged caches."""
-    cfg = model.config
-    tables, nblocks = contiguous_block_tables([len(ids)], cfg.block_size, shuffle_seed=1)
-    caches = model.attn_backend.allocate_caches(model.num_cache_layers, nblocks)
-    meta = make_forward_meta([len(ids)], [0], tables, caches, cfg.block_size, ids_remove_padding=np.asarray(ids))
-    if hidden is None:
-        return model(meta.ids_remove_padding, meta)
-    return model(meta.ids_remove_padding, paddle.to_tensor(hidden), meta)
 
 
 def test_config_translates_ernie_keys(folder, loaded):

@@ -14,9 +14,10 @@ import pytest
 # transformers (and torch) are test dependencies (`.[test]`): the comparison must run, never skip
 import transformers  # noqa: E402, F401
 
-from fastdeploy_mtp.models import contiguous_block_tables, greedy_generate, load_model, make_forward_meta  # noqa: E402
+from fastdeploy_mtp.models import greedy_generate, load_model  # noqa: E402
 from fastdeploy_mtp.models.mtp_layer import MTPStack  # noqa: E402
 from tests.support import hf_folders  # noqa: E402
+from tests.support.paged_prefill import prefill, relative_error
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 200, 33, 1, 77, 150, 9, 260, 31]
 RTOL = 1e-4
@@ -49,23 +50,6 @@ def folder(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(request.param)
     info = hf_folders.make_folder(out, **CASES[request.param])
     return info, LOAD_DTYPE.get(request.param, "auto")
-
-
-def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.abs(got - want).max() / np.abs(want).max())
-
-
-def prefill(model, ids: list[int], hidden: np.ndarray | None = None, layer: int = 0) -> paddle.Tensor:
-    """One packed prefill of ``ids`` at positions 0.. through ``model`` (the target, or an MTP
-    model fed ``hidden [S, H]``) with fresh paged caches; returns its hidden states."""
-    cfg = model.config
-    tables, nblocks = contiguous_block_tables([len(ids)], cfg.block_size, shuffle_seed=1)
-    caches = model.attn_backend.allocate_caches(model.num_cache_layers, nblocks)
-    meta = make_forward_meta([len(ids)], [0], tables, caches, cfg.block_size, ids_remove_padding=np.asarray(ids))
-    if hidden is None:
-        return model(meta.ids_remove_padding, meta)
-    extra = {"layer": layer} if isinstance(model, MTPStack) else {}
-    return model(meta.ids_remove_padding, paddle.to_tensor(hidden), meta, **extra)
 
 
 def mtp_logits(mtp, hidden: paddle.Tensor, layer: int) -> np.ndarray:

@@ -17,7 +17,7 @@ import pytest
 import transformers  # noqa: F401  (a test dependency: the comparison must run, never skip)
 
 from fastdeploy_mtp.checks.reference import Reference
-from fastdeploy_mtp.models import causal_bias, contiguous_block_tables, greedy_generate, load_model, make_forward_meta
+from fastdeploy_mtp.models import causal_bias, contiguous_block_tables, greedy_generate, load_model
 from fastdeploy_mtp.models.cache_spec import model_cache_specs
 from fastdeploy_mtp.models.hf_config import UnsupportedModelError
 from fastdeploy_mtp.models.latent_attention import LatentAttentionBackend
@@ -27,6 +27,7 @@ from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import Request
 from tests.support import hf_mla_folders as ds
 from tests.support.engines import make_config
+from tests.support.paged_prefill import prefill_with_caches as prefill, relative_error
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 200, 33, 1, 77, 150, 9, 260, 31]
 RTOL = 1e-4
@@ -42,21 +43,6 @@ def folder(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def loaded(folder):
     return load_model(folder.path)
-
-
-def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.abs(got - want).max() / np.abs(want).max())
-
-
-def prefill(model, ids, hidden=None):
-    """One packed prefill of ``ids`` at positions 0.. with fresh caches; (hidden, caches)."""
-    cfg = model.config
-    tables, nblocks = contiguous_block_tables([len(ids)], cfg.block_size, shuffle_seed=1)
-    caches = model.attn_backend.allocate_caches(model.num_cache_layers, nblocks)
-    meta = make_forward_meta([len(ids)], [0], tables, caches, cfg.block_size, ids_remove_padding=np.asarray(ids))
-    if hidden is None:
-        return model(meta.ids_remove_padding, meta), caches
-    return model(meta.ids_remove_padding, paddle.to_tensor(hidden), meta), caches
 
 
 @paddle.no_grad()
