@@ -17,16 +17,13 @@ import paddle
 import pytest
 import transformers  # noqa: F401  (a test dependency: the comparison must run, never skip)
 
-from fastdeploy_mtp.checks.reference import Reference
 from fastdeploy_mtp.models import greedy_generate, load_model
 from fastdeploy_mtp.models.hf_config import UnsupportedModelError, translate_config
 from fastdeploy_mtp.models.layers import apply_rope
 from fastdeploy_mtp.models.model_folder import inspect_model_folder
 from fastdeploy_mtp.models.moe import MoEMLP
-from fastdeploy_mtp.runtime.engine import Engine
-from fastdeploy_mtp.runtime.request import Request
 from tests.support import hf_ernie_folders as ernie
-from tests.support.engines import make_config
+from tests.support.engines import check_k1_rounds_against_transformers
 from tests.support.paged_prefill import prefill, relative_error
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 200, 33, 1, 77, 150, 9, 260, 31]
@@ -149,20 +146,7 @@ def test_router_with_correction_bias_picks_what_transformers_picks(moe_case):
 
 @paddle.no_grad()
 def test_k1_acceptance_round_for_round_equals_reference(folder, loaded):
-    target, mtp, config = loaded
-    prompt, max_tokens = PROMPT[:7], 16
-    want = [list(r.tokens) for r in Reference(folder.path).generate_rounds(prompt, max_tokens)]
-    eos = min(set(range(config.vocab_size)) - {tok for step in want for tok in step})  # never emitted
-    cfg = make_config(
-        1, eos=(eos,), block_size=config.block_size, vocab=config.vocab_size,
-        ori_vocab=config.ori_vocab_size, hidden=config.hidden_size,
-    )  # fmt: skip
-    engine = Engine(cfg, target, mtp, record_trace=True)
-    out = engine.generate([Request("r", list(prompt), max_tokens=max_tokens)])
-    assert [list(t[3]) for t in engine.trace] == want
-    assert out["r"] == [tok for step in want for tok in step]
-    if folder.echo:  # drafts accepted in some rounds, rejected in others
-        assert any(len(step) == 2 for step in want[1:]) and any(len(step) == 1 for step in want[1:])
+    check_k1_rounds_against_transformers(loaded, folder.path, PROMPT[:7], 16, folder.echo)
 
 
 def test_tensor_parallel_ranks_hold_their_expert_slices(tmp_path_factory):

@@ -93,3 +93,28 @@ def make_requests(
         )
         for i in range(count)
     ]
+
+
+def check_k1_rounds_against_transformers(loaded, folder, prompt: list[int], max_tokens: int, echo: bool):
+    """Run ``prompt`` through an :class:`~fastdeploy_mtp.runtime.engine.Engine` over ``loaded``
+    (``load_model(folder)``: target, MTP layer, config) with K = 1 and assert that every step
+    emits what transformers' own ``generate(use_mtp=True)`` does round for round (an EOS id
+    that never comes up, so the request runs to ``max_tokens``); with ``echo`` also that drafts
+    were accepted in some rounds and rejected in others. Returns (the rounds' tokens, the engine)."""
+    from fastdeploy_mtp.checks.reference import Reference
+    from fastdeploy_mtp.runtime.engine import Engine
+
+    target, mtp, config = loaded
+    want = [list(r.tokens) for r in Reference(folder).generate_rounds(prompt, max_tokens)]
+    eos = min(set(range(config.vocab_size)) - {tok for step in want for tok in step})  # never emitted
+    cfg = make_config(
+        1, eos=(eos,), block_size=config.block_size, vocab=config.vocab_size,
+        ori_vocab=config.ori_vocab_size, hidden=config.hidden_size,
+    )  # fmt: skip
+    engine = Engine(cfg, target, mtp, record_trace=True)
+    out = engine.generate([Request("r", list(prompt), max_tokens=max_tokens)])
+    assert [list(t[3]) for t in engine.trace] == want
+    assert out["r"] == [tok for step in want for tok in step]
+    if echo:  # drafts accepted in some rounds, rejected in others
+        assert any(len(step) == 2 for step in want[1:]) and any(len(step) == 1 for step in want[1:])
+    return want, engine
