@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from tests.support import reference_models
-from tests.support.hf_folders import _quiet
-from tests.support.hf_moe_folders import _fill, _tensors
+from tests.support.hf_folders import _quiet, split_experts
+from tests.support.hf_moe_folders import _echo, _fill, _tensors
 
 ARCHITECTURES = {False: "Ernie4_5ForCausalLM", True: "Ernie4_5_MoeForCausalLM"}
 #: MtpModel's own names of MTP layer k's fusion tensors -> the released "-PT" names.
@@ -83,30 +83,6 @@ def _steer_router(named, rng: np.random.Generator) -> None:
                 p.copy_(torch.from_numpy((0.2 * rng.standard_normal(tuple(p.shape))).astype(np.float32)))
 
 
-def _echo(named, mtp: bool) -> None:
-    """Reshape random values so that drafts are sometimes right: the embedding is halved and an
-    untied LM head becomes 0.3 x the embedding (a tied one is it already), so the target often
-    repeats its input token; the MTP layer's ``eh_proj`` passes the normed token embedding
-    through and its block's output projections are scaled by 0.1, so it mostly drafts the
-    token it is fed."""
-    import torch
-
-    d = dict(named)
-    with torch.no_grad():
-        if not mtp:
-            d["model.embed_tokens.weight"].mul_(0.5)
-            if "lm_head.weight" in d:
-                d["lm_head.weight"].copy_(0.3 * d["model.embed_tokens.weight"])
-            return
-        for name, p in d.items():
-            if name.endswith("eh_proj.weight"):
-                h = p.shape[0]
-                p.zero_()
-                p[:, :h] = torch.eye(h)
-            elif name.endswith(("o_proj.weight", "down_proj.weight", "experts.down_proj")):
-                p.mul_(0.1)
-
-
 def _mtp_model(target, num_mtp_layers: int):
     """transformers' MtpModel over ``target``; its ``post_norm`` is the target's ``model.norm``."""
     import torch
@@ -136,18 +112,8 @@ def released_names(name: str, tensor) -> dict[str, Any]:
         return {f"model.{_RELEASED[part]}.{k}.{rest}": tensor}
     if part != "mtp_block":
         raise ValueError(f"name: unknown MTP parameter {name!r}")
-    base = f"model.mtp_block.{k}."
     rest = rest.replace("mlp.gate.moe_statics.", "mlp.moe_statics.")
-    if rest == "mlp.experts.down_proj":
-        return {f"{base}mlp.experts.{e}.down_proj.weight": tensor[e] for e in range(tensor.shape[0])}
-    if rest == "mlp.experts.gate_up_proj":
-        half = tensor.shape[1] // 2
-        out = {}
-        for e in range(tensor.shape[0]):
-            out[f"{base}mlp.experts.{e}.gate_proj.weight"] = tensor[e, :half]
-            out[f"{base}mlp.experts.{e}.up_proj.weight"] = tensor[e, half:]
-        return out
-    return {base + rest: tensor}
+    return split_experts(f"model.mtp_block.{k}.{rest}", tensor)
 
 
 def make_ernie_folder(

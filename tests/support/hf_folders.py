@@ -166,6 +166,25 @@ def released_mtp_name(family: str, num_hidden_layers: int, mtp_name: str) -> str
     return f"model.layers.{num_hidden_layers + k}.{rest}"
 
 
+def split_experts(name: str, tensor) -> dict[str, Any]:
+    """A tensor under checkpoint name ``name`` as a released folder holds it: transformers 5's
+    fused experts (``...mlp.experts.gate_up_proj [E, 2I, H]`` / ``...mlp.experts.down_proj
+    [E, H, I]``) split into ``...mlp.experts.{e}.{gate,up,down}_proj.weight``; anything else as
+    it is."""
+    if name.endswith("mlp.experts.gate_up_proj"):
+        base = name[: -len("gate_up_proj")]
+        half = tensor.shape[1] // 2
+        out = {}
+        for e in range(tensor.shape[0]):
+            out[f"{base}{e}.gate_proj.weight"] = tensor[e, :half]
+            out[f"{base}{e}.up_proj.weight"] = tensor[e, half:]
+        return out
+    if name.endswith("mlp.experts.down_proj"):
+        base = name[: -len("down_proj")]
+        return {f"{base}{e}.down_proj.weight": tensor[e] for e in range(tensor.shape[0])}
+    return {name: tensor}
+
+
 def _write_mtp(out: Path, family: str, target, num_mtp_layers: int, rng, dtype: str) -> list[str]:
     """Build, fill and save the MTP layers: as one more shard (MTP_SHARD, added to the index)
     when the target is sharded, else into model.safetensors itself (a folder holds either

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from tests.support import reference_models
-from tests.support.hf_folders import FolderInfo, released_mtp_name
+from tests.support.hf_folders import FolderInfo, released_mtp_name, split_experts
 
 FAMILY = "deepseek_v3"
 ARCHITECTURE = "DeepseekV3ForCausalLM"
@@ -85,22 +85,6 @@ def _tensors_of(model) -> list[tuple[str, Any]]:
     return [*model.named_parameters(), *model.named_buffers()]
 
 
-def _checkpoint_tensors(name: str, tensor) -> dict[str, Any]:
-    """One MtpModel tensor under its released name(s): fused 3-D experts split per expert."""
-    if name.endswith("mlp.experts.gate_up_proj"):
-        base = name[: -len("gate_up_proj")]
-        half = tensor.shape[1] // 2
-        out = {}
-        for e in range(tensor.shape[0]):
-            out[f"{base}{e}.gate_proj.weight"] = tensor[e, :half]
-            out[f"{base}{e}.up_proj.weight"] = tensor[e, half:]
-        return out
-    if name.endswith("mlp.experts.down_proj"):
-        base = name[: -len("down_proj")]
-        return {f"{base}{e}.down_proj.weight": tensor[e] for e in range(tensor.shape[0])}
-    return {name: tensor}
-
-
 def make_mla_folder(
     out_dir: str | Path,
     *,
@@ -147,7 +131,7 @@ def make_mla_folder(
         _fill(own, rng, negative_bias)
         tensors: dict[str, Any] = {}
         for n, p in own:
-            for name, t in _checkpoint_tensors(released_mtp_name(FAMILY, 2, n), p.detach()).items():
+            for name, t in split_experts(released_mtp_name(FAMILY, 2, n), p.detach()).items():
                 tensors[name] = t.contiguous().clone()
         single = str(out / "model.safetensors")
         saved = load_file(single)

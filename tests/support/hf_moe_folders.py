@@ -15,7 +15,6 @@ runs it (no position-0 embedding mask).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from tests.support import reference_models
-from tests.support.hf_folders import _quiet, released_mtp_name
+from tests.support.hf_folders import _quiet, released_mtp_name, split_experts
 
 ARCHITECTURE = "Glm4MoeForCausalLM"
 
@@ -98,25 +97,14 @@ def _mtp_model(target, num_mtp_layers: int):
 
 
 def _released(num_hidden_layers: int, name: str, tensor) -> dict[str, Any]:
-    """MtpModel tensor ``name`` under its released name(s): a fused expert tensor is split
-    into the per-expert ``experts.{e}.{gate,up,down}_proj.weight`` a released folder holds."""
-    fused = re.fullmatch(r"(layers\.\d+\.mtp_block\.mlp\.experts)\.(gate_up_proj|down_proj)", name)
-    if fused is None:
-        return {released_mtp_name("deepseek", num_hidden_layers, name): tensor}
-    out: dict[str, Any] = {}
-    for e in range(tensor.shape[0]):
-        base = released_mtp_name("deepseek", num_hidden_layers, f"{fused.group(1)}.{e}.x")[: -len("x")]
-        if fused.group(2) == "down_proj":
-            out[base + "down_proj.weight"] = tensor[e]
-        else:
-            half = tensor.shape[1] // 2
-            out[base + "gate_proj.weight"], out[base + "up_proj.weight"] = tensor[e, :half], tensor[e, half:]
-    return out
+    """MtpModel tensor ``name`` under its released name(s), fused experts split per expert."""
+    return split_experts(released_mtp_name("deepseek", num_hidden_layers, name), tensor)
 
 
 def _echo(named, mtp: bool) -> None:
-    """Reshape random values so that drafts are sometimes right: the LM head becomes 0.3 x the
-    embedding matrix (halved), so the target often repeats its input token; the MTP layer's
+    """Reshape random values so that drafts are sometimes right: the embedding is halved and an
+    untied LM head becomes 0.3 x the embedding (a tied one is it already), so the target often
+    repeats its input token; the MTP layer's
     ``eh_proj`` passes the normed token embedding through and its block's output projections
     are scaled by 0.1, so it mostly drafts the token it is fed."""
     import torch
@@ -125,7 +113,8 @@ def _echo(named, mtp: bool) -> None:
     with torch.no_grad():
         if not mtp:
             d["model.embed_tokens.weight"].mul_(0.5)
-            d["lm_head.weight"].copy_(0.3 * d["model.embed_tokens.weight"])
+            if "lm_head.weight" in d:
+                d["lm_head.weight"].copy_(0.3 * d["model.embed_tokens.weight"])
             return
         for name, p in d.items():
             if name.endswith("eh_proj.weight"):
