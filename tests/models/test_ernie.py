@@ -24,7 +24,7 @@ from fastdeploy_mtp.models.model_folder import inspect_model_folder
 from fastdeploy_mtp.models.moe import MoEMLP
 from tests.support import hf_ernie_folders as ernie
 from tests.support.engines import check_k1_rounds_against_transformers
-from tests.support.paged_prefill import prefill, relative_error
+from tests.support.folder_checks import assert_two_ranks_hold_their_expert_slices, prefill, relative_error
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 200, 33, 1, 77, 150, 9, 260, 31]
 RTOL = 1e-4
@@ -153,19 +153,7 @@ def test_tensor_parallel_ranks_hold_their_expert_slices(tmp_path_factory):
     """The case whose MTP block has experts: every expert slice of target and MTP layer."""
     folder, (full, full_mtp, _) = _built(MOE_MTP_CASE, tmp_path_factory)
     assert folder.config["moe_layer_start_index"] == 0
-    whole = {**dict(full.named_parameters()), **{f"mtp.{n}": p for n, p in full_mtp.named_parameters()}}
-    for rank in range(2):
-        target, mtp, _ = load_model(folder.path, tensor_parallel_size=2, tensor_parallel_rank=rank)
-        params = {**dict(target.named_parameters()), **{f"mtp.{n}": p for n, p in mtp.named_parameters()}}
-        assert set(params) == set(whole)
-        for name, p in params.items():
-            full_value = whole[name].numpy()
-            if "experts." in name and name.endswith(("gate_proj.weight", "up_proj.weight")):
-                np.testing.assert_array_equal(p.numpy(), np.split(full_value, 2, axis=1)[rank])
-            elif "experts." in name and name.endswith("down_proj.weight"):
-                np.testing.assert_array_equal(p.numpy(), np.split(full_value, 2, axis=0)[rank])
-            elif ".mlp.gate." in name:  # the router and its correction bias: replicated
-                np.testing.assert_array_equal(p.numpy(), full_value)
+    assert_two_ranks_hold_their_expert_slices(folder.path, full, full_mtp)
 
 
 # ---- translation without a folder ----------------------------------------------------------

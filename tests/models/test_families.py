@@ -17,7 +17,7 @@ import transformers  # noqa: E402, F401
 from fastdeploy_mtp.models import greedy_generate, load_model  # noqa: E402
 from fastdeploy_mtp.models.mtp_layer import MTPStack  # noqa: E402
 from tests.support import hf_folders  # noqa: E402
-from tests.support.paged_prefill import prefill, relative_error
+from tests.support.folder_checks import prefill, relative_error
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 200, 33, 1, 77, 150, 9, 260, 31]
 RTOL = 1e-4

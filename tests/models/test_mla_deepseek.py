@@ -27,7 +27,7 @@ from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import Request
 from tests.support import hf_mla_folders as ds
 from tests.support.engines import make_config
-from tests.support.paged_prefill import prefill_with_caches as prefill, relative_error
+from tests.support.folder_checks import prefill_with_caches as prefill, relative_error
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 200, 33, 1, 77, 150, 9, 260, 31]
 RTOL = 1e-4
