@@ -124,10 +124,11 @@ def cmd_check_drafts(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         _print(report, len(prompts), args.max_tokens)
-    return 0 if report["verdict"] in ("engine only", EQUAL) or report["reference"] is None else 1
+    return 1 if report["verdict"] == DIFFER else 0
 
 
 EQUAL = "drafts equal the reference in every round"
+DIFFER = "drafts DIFFER from the reference"
 
 
 def _reference_rounds(args: argparse.Namespace, run: EngineRun, k: int) -> tuple[list[list[Round]] | None, str]:
@@ -179,7 +180,7 @@ def _report(
             entry["reference"] = None if c.theirs is None else {"tokens": c.theirs.tokens, "drafts": c.theirs.drafts}
             differ = True
         report["requests"].append(entry)
-    report["verdict"] = "drafts DIFFER from the reference" if differ else EQUAL
+    report["verdict"] = DIFFER if differ else EQUAL
     return report
 
 
