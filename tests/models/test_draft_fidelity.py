@@ -19,7 +19,6 @@ layers reshaped so that drafts are accepted in some rounds (``echo``).
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 # transformers (and torch) are test dependencies (`.[test]`): the comparison must run, never skip
@@ -28,56 +27,15 @@ import transformers  # noqa: F401
 from fastdeploy_mtp.checks.drafts import compare
 from fastdeploy_mtp.checks.reference import Reference
 from fastdeploy_mtp.entrypoints.check_drafts import engine_rounds
-from tests.support import hf_ernie_folders, hf_folders, hf_mla_folders, hf_moe_folders
-from tests.support.tokenizer_files import write_bpe_tokenizer
+from tests.support.fidelity_cases import CASES, fidelity_prompts
 
 MAX_TOKENS = 32
-PROMPT_LENS = (3, 9, 15, 16, 17, 44)
-
-
-def _tokenizer(size: int):
-    return lambda out: write_bpe_tokenizer(str(out), size)
-
-
-def _ernie(out, **kwargs):
-    path = hf_ernie_folders.make_ernie_folder(out, **kwargs).path
-    write_bpe_tokenizer(str(path), 300)
-    return path
-
-
-#: case -> (builder(out_dir) -> folder path). Vocab 300 everywhere; tokenizer 300 (unpadded) or
-#: 280 (ids 280..299 padded: never produced).
-CASES = {
-    "llama-unpadded": lambda out: hf_folders.make_folder(out, "llama", tokenizer_writer=_tokenizer(300)).path,
-    "qwen2-bias-padded": lambda out: hf_folders.make_folder(out, "qwen2", tokenizer_writer=_tokenizer(280)).path,
-    "qwen3-qknorm": lambda out: (
-        hf_folders.make_folder(out, "qwen3", sharded=False, tokenizer_writer=_tokenizer(300)).path
-    ),
-    "mimo": lambda out: hf_folders.make_folder(out, "mimo", tokenizer_writer=_tokenizer(280)).path,
-    "glm45-echo-negbias": lambda out: (
-        hf_moe_folders.make_glm_folder(
-            out, echo=True, seed=2, negative_bias=True, tokenizer_writer=_tokenizer(280)
-        ).path
-    ),
-    "glm45-qknorm-bias": lambda out: (
-        hf_moe_folders.make_glm_folder(
-            out, qk_norm=True, bias=True, negative_bias=True, tokenizer_writer=_tokenizer(300)
-        ).path
-    ),
-    "ernie45-moe-echo": lambda out: _ernie(out, moe=True, echo=True),
-    "ernie45-dense": lambda out: _ernie(out, moe=False, tie=False),
-    "deepseekv3-negbias": lambda out: (
-        hf_mla_folders.make_mla_folder(out, negative_bias=True, tokenizer_writer=_tokenizer(300)).path
-    ),
-}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def case(request, tmp_path_factory):
     path = str(CASES[request.param](tmp_path_factory.mktemp(request.param)))
-    rng = np.random.default_rng(7)
-    prompts = [rng.integers(3, 280, size=n).tolist() for n in PROMPT_LENS]
-    return request.param, path, Reference(path), prompts
+    return request.param, path, Reference(path), fidelity_prompts()
 
 
 def _check(name, run, want, k):

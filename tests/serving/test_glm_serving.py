@@ -15,6 +15,7 @@ import pytest
 
 from fastdeploy_mtp.entrypoints.cli import main
 from tests.support.hf_moe_folders import make_glm_folder, reference_greedy
+from tests.support.served_drafts import check_family_drafts_served
 from tests.support.servers import ServerProcess, serving
 from tests.support.tokenizer_files import write_bpe_tokenizer
 
@@ -79,3 +80,10 @@ def test_serve_at_tp2_equals_generate(server: ServerProcess, folder: str, genera
         got = c.completions.create(model=folder, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
         assert (got.choices[0].text, got.choices[0].finish_reason) == (want["text"], want["finish_reason"]), prompt
         assert got.usage.completion_tokens == len(want["token_ids"]), prompt
+
+
+def test_serve_at_tp2_drafts_equal_the_chained_reference_round_for_round(server: ServerProcess, folder: str) -> None:
+    """K = 2 through the TP 2 server: every round's tokens and drafts equal transformers' MTP
+    layer chained by the rule the engine states for GLM-4.5 (substep 2 fed the block's output
+    before the final norm)."""
+    check_family_drafts_served(server.base_url, folder, k=2, label="glm45 TP2")

@@ -17,6 +17,7 @@ import pytest
 from fastdeploy_mtp.entrypoints.cli import main
 from tests.support.handover import handed_over_every_cache
 from tests.support.hf_mla_folders import make_mla_folder, mla_reference_greedy
+from tests.support.served_drafts import check_family_drafts_served
 from tests.support.servers import ServerProcess, serving, splitwise_instances, splitwise_router
 from tests.support.tokenizer_files import write_bpe_tokenizer
 
@@ -124,3 +125,10 @@ def test_prefill_decode_equals_generate_and_hands_over_every_latent_cache(
         kinds=("latent",),
     )
     assert ids == want
+
+
+def test_serve_at_tp2_drafts_equal_the_chained_reference_round_for_round(server: ServerProcess, folder: str) -> None:
+    """K = 2 through the TP 2 server: every round's tokens and drafts equal transformers' MTP
+    layer chained by the rule the engine states for DeepSeek-V3 (substep 2 fed the block's
+    output before the final norm)."""
+    check_family_drafts_served(server.base_url, folder, k=2, label="deepseekv3 TP2")
