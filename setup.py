@@ -75,12 +75,17 @@ class CMakeBuild(build_ext):
         """Editable installs: setuptools copies the libraries into the source tree; the
         generated wrappers must land beside them."""
         super().copy_extensions_to_source()
-        self._copy_wrappers(os.path.join(_build_dir(), "out"), os.path.join(ROOT, "fastdeploy_mtp", "ops"))
+        self._copy_wrappers(
+            os.path.join(_build_dir(), "out"), os.path.join(ROOT, "fastdeploy_mtp", "ops")
+        )
 
     @staticmethod
     def _copy_wrappers(stage, package_dir):
         os.makedirs(package_dir, exist_ok=True)
-        shutil.copyfile(os.path.join(stage, "ops", GENERATED_WRAPPERS), os.path.join(package_dir, GENERATED_WRAPPERS))
+        shutil.copyfile(
+            os.path.join(stage, "ops", GENERATED_WRAPPERS),
+            os.path.join(package_dir, GENERATED_WRAPPERS),
+        )
 
     def _run_cmake(self, build_dir, stage):
         os.makedirs(build_dir, exist_ok=True)

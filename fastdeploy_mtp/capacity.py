@@ -133,7 +133,11 @@ def plan_capacity(
         max_num_seqs = max(1, min(MAX_DEFAULT_SLOTS, slot_cap, budget_blocks // typical))
     blocks = min(budget_blocks, max_num_seqs * full)
     least = max_num_seqs * (k + 1) + 1
-    tokens = max(256, max_num_seqs * (k + 1) + 64) if max_num_batched_tokens is None else max_num_batched_tokens
+    tokens = (
+        max(256, max_num_seqs * (k + 1) + 64)
+        if max_num_batched_tokens is None
+        else max_num_batched_tokens
+    )
     if tokens < least:
         raise ValueError(
             f"--max-num-batched-tokens {tokens}: must be at least max_num_seqs * (K + 1) + 1 = {least} "
@@ -187,6 +191,8 @@ def build_config(
             eos_token_id=end_tokens(arch.eos_token_ids, arch.vocab_size, arch.ori_vocab_size),
         ),
         speculative_config=spec,
-        scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
+        ),
         cache_config=CacheConfig(block_size=arch.block_size, total_block_num=total_block_num),
     )

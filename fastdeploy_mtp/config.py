@@ -16,7 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # imported when a speculative config is first read: workers that never read one skip it
+if (
+    TYPE_CHECKING
+):  # imported when a speculative config is first read: workers that never read one skip it
     import pydantic
 
 #: ``speculative_config.method`` values this package implements.
@@ -160,7 +162,9 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
-            raise ValueError(f"SpeculativeConfig.method must be one of {SPECULATIVE_METHODS}, got {self.method!r}")
+            raise ValueError(
+                f"SpeculativeConfig.method must be one of {SPECULATIVE_METHODS}, got {self.method!r}"
+            )
         if self.mtp_strategy not in MTP_STRATEGIES:
             raise ValueError(
                 f"SpeculativeConfig.mtp_strategy must be one of {MTP_STRATEGIES}, got {self.mtp_strategy!r}"
@@ -176,7 +180,9 @@ class SpeculativeConfig:
             )
         if self.method is None:
             return
-        _positive(self, "num_speculative_tokens", "num_model_steps", "min_ngram_size", "acceptance_window")
+        _positive(
+            self, "num_speculative_tokens", "num_model_steps", "min_ngram_size", "acceptance_window"
+        )
         _positive(self, "adaptive_probe_interval")
         if not 0.0 <= self.acceptance_rate_threshold <= 1.0:
             raise ValueError(
@@ -342,7 +348,9 @@ def _keys_model(cls: type) -> type[pydantic.BaseModel]:
     )
 
 
-def typed_keys(cls: type, values: Mapping[str, Any], what: str, error: type[ValueError] = ValueError) -> dict[str, Any]:
+def typed_keys(
+    cls: type, values: Mapping[str, Any], what: str, error: type[ValueError] = ValueError
+) -> dict[str, Any]:
     """The keys given in ``values`` for dataclass ``cls``, type-checked against its field
     types; the first problem is a one-line ``error`` naming the key, under ``what`` (e.g.
     ``"speculative config"``). The dataclass's own ``__post_init__`` checks ranges after."""
@@ -358,7 +366,9 @@ def typed_keys(cls: type, values: Mapping[str, Any], what: str, error: type[Valu
             raise error(f"{what}: unknown key {key!r}; known keys: {known}") from None
         nullable = type(None) in typing.get_args(typing.get_type_hints(cls)[key])
         want = _TYPE_WORDS.get(problem["type"], problem["msg"]) + (" or null" if nullable else "")
-        raise error(f"{what}: {key!r} must be {want}, got {json.dumps(value, default=repr)}") from None
+        raise error(
+            f"{what}: {key!r} must be {want}, got {json.dumps(value, default=repr)}"
+        ) from None
     return {name: getattr(checked, name) for name in checked.model_fields_set}
 
 
@@ -448,7 +458,9 @@ class CacheConfig:
         _positive(self, "block_size", "total_block_num")
         _positive(self, "enc_dec_block_num", allow_zero=True)
         if not 0.0 <= self.kv_cache_ratio <= 1.0:
-            raise ValueError(f"CacheConfig.kv_cache_ratio must be in [0, 1], got {self.kv_cache_ratio}")
+            raise ValueError(
+                f"CacheConfig.kv_cache_ratio must be in [0, 1], got {self.kv_cache_ratio}"
+            )
 
 
 @dataclass

@@ -54,9 +54,13 @@ def default_secret_path() -> Path:
 def _check_secret(value: bytes, where: str) -> bytes:
     value = value.strip()
     if len(value) < MIN_SECRET_BYTES:
-        raise CredentialError(f"{where}: a splitwise secret needs at least {MIN_SECRET_BYTES} bytes, got {len(value)}")
+        raise CredentialError(
+            f"{where}: a splitwise secret needs at least {MIN_SECRET_BYTES} bytes, got {len(value)}"
+        )
     if len(value) > _MAX_SECRET_BYTES:
-        raise CredentialError(f"{where}: a splitwise secret is too long (more than {_MAX_SECRET_BYTES} bytes)")
+        raise CredentialError(
+            f"{where}: a splitwise secret is too long (more than {_MAX_SECRET_BYTES} bytes)"
+        )
     return value
 
 
@@ -73,7 +77,9 @@ def read_secret_file(path: str | os.PathLike[str]) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             raise CredentialError(f"{where}: not a regular file")
         if st.st_uid != os.geteuid():
-            raise CredentialError(f"{where}: owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})")
+            raise CredentialError(
+                f"{where}: owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+            )
         if st.st_mode & 0o077:
             raise CredentialError(
                 f"{where}: mode {stat.S_IMODE(st.st_mode):04o} lets other users read it; `chmod 600` it"
@@ -150,7 +156,9 @@ def http_token(secret: bytes) -> bytes:
 
 def canonical(obj: Any) -> bytes:
     """The bytes a signature covers: ``obj`` as JSON with sorted keys and no spaces."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    ).encode()
 
 
 def sign(key: bytes, obj: Any) -> str:

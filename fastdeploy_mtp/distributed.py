@@ -59,7 +59,9 @@ def find_free_port_range(count: int, host: str = "127.0.0.1", attempts: int = 50
         finally:
             for s in held:
                 s.close()
-    raise RuntimeError(f"no {count} consecutive free ports found on {host} after {attempts} attempts")
+    raise RuntimeError(
+        f"no {count} consecutive free ports found on {host} after {attempts} attempts"
+    )
 
 
 class _Expired(Exception):
@@ -165,7 +167,9 @@ def _join_rendezvous(rank: int, world_size: int, host: str, port: int, timeout: 
             conn.settimeout(deadline.left())
             magic, _, peer_world = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
             if magic != _MAGIC or peer_world != world_size:
-                raise RuntimeError(f"tensor-parallel rendezvous on {host}:{port}: unexpected answer from rank 0")
+                raise RuntimeError(
+                    f"tensor-parallel rendezvous on {host}:{port}: unexpected answer from rank 0"
+                )
             return
         except _Expired:
             raise TimeoutError(
@@ -201,7 +205,11 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
 
 
 def init_tensor_parallel(
-    rank: int, world_size: int, master_port: int, master_host: str = "127.0.0.1", timeout: float = 60.0
+    rank: int,
+    world_size: int,
+    master_port: int,
+    master_host: str = "127.0.0.1",
+    timeout: float = 60.0,
 ) -> None:
     """Make this process rank ``rank`` of a ``world_size``-process gloo group (CPU).
 
@@ -234,7 +242,9 @@ def init_tensor_parallel(
     if world_size == 1:
         return
     if not 0 < master_port <= 65535 - world_size:
-        raise ValueError(f"`master_port` must leave room for {world_size + 1} ports below 65536, got {master_port}")
+        raise ValueError(
+            f"`master_port` must leave room for {world_size + 1} ports below 65536, got {master_port}"
+        )
     if _group is not None:
         if (_rank, _world_size) == (rank, world_size):
             return
@@ -264,7 +274,9 @@ def init_tensor_parallel(
         os.environ.pop(var, None)
     group = dist.init_parallel_env()
     if group is None:
-        raise RuntimeError("paddle.distributed.init_parallel_env() returned no group (not a parallel environment?)")
+        raise RuntimeError(
+            "paddle.distributed.init_parallel_env() returned no group (not a parallel environment?)"
+        )
     _group, _world_size, _rank = group, world_size, rank
 
 
@@ -285,7 +297,9 @@ def tensor_parallel_rank() -> int:
 
 def _require_group(what: str) -> object:
     if _group is None:
-        raise RuntimeError(f"{what} needs tensor parallelism: call init_tensor_parallel(rank, world_size, ...) first")
+        raise RuntimeError(
+            f"{what} needs tensor parallelism: call init_tensor_parallel(rank, world_size, ...) first"
+        )
     return _group
 
 

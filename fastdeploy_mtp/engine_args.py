@@ -99,7 +99,11 @@ class _DeprecatedAlias(argparse.Action):
     """Store the value like the option it stands for, saying once on stderr which one that is."""
 
     def __call__(
-        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option: str | None = None,
     ) -> None:
         print(f"fastdeploy-mtp: warning: {option} is deprecated; use --model", file=sys.stderr)
         setattr(namespace, self.dest, values)
@@ -110,14 +114,20 @@ class _DeprecatedAlias(argparse.Action):
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
 
-def add_model_arg(parser: argparse.ArgumentParser, deprecated: Sequence[str] = (), positional: bool = False) -> None:
+def add_model_arg(
+    parser: argparse.ArgumentParser, deprecated: Sequence[str] = (), positional: bool = False
+) -> None:
     """Add ``--model DIR`` (default: the shipped checkpoint), ``--tokenizer DIR`` and
     ``--dtype``; with ``positional``, also vLLM's ``serve DIR`` (an optional positional model
     folder); for each of ``deprecated``, an old spelling of ``--model`` that still works and
     prints a deprecation notice."""
     if positional:
         parser.add_argument(
-            "model_dir", nargs="?", default=None, metavar="MODEL_DIR", help="model folder (the same as --model)"
+            "model_dir",
+            nargs="?",
+            default=None,
+            metavar="MODEL_DIR",
+            help="model folder (the same as --model)",
         )
     parser.add_argument(
         "--model",
@@ -127,7 +137,11 @@ def add_model_arg(parser: argparse.ArgumentParser, deprecated: Sequence[str] = (
     )
     for flag in deprecated:
         parser.add_argument(
-            flag, dest="model", action=_DeprecatedAlias, metavar="DIR", help="deprecated spelling of --model"
+            flag,
+            dest="model",
+            action=_DeprecatedAlias,
+            metavar="DIR",
+            help="deprecated spelling of --model",
         )
     parser.add_argument(
         "--tokenizer",
@@ -148,7 +162,9 @@ def model_arg(args: argparse.Namespace) -> str | None:
     (both may be given only if they agree); ``None`` = the shipped one."""
     positional = getattr(args, "model_dir", None)
     if positional is not None and args.model is not None and positional != args.model:
-        raise UsageError(f"the model folder is given twice: {positional!r} and --model {args.model!r}")
+        raise UsageError(
+            f"the model folder is given twice: {positional!r} and --model {args.model!r}"
+        )
     return positional if positional is not None else args.model
 
 
@@ -159,7 +175,9 @@ def default_model() -> str:
     return os.fspath(ASSETS_DIR)
 
 
-def resolve_model(model: str | None, dtype: str = "auto", spec: SpeculativeConfig | None = None) -> str:
+def resolve_model(
+    model: str | None, dtype: str = "auto", spec: SpeculativeConfig | None = None
+) -> str:
     """The model folder (the shipped one when ``model`` is None), checked before anything
     loads or any process starts: its config and the headers of its weight files are read and
     every tensor the model needs must be there with its shape; with ``spec``, MTP speculation
@@ -190,13 +208,19 @@ def resolve_model(model: str | None, dtype: str = "auto", spec: SpeculativeConfi
     return path
 
 
-def add_max_num_seqs_arg(parser: argparse.ArgumentParser, default: int | None, help_text: str) -> None:
+def add_max_num_seqs_arg(
+    parser: argparse.ArgumentParser, default: int | None, help_text: str
+) -> None:
     """Add ``--max-num-seqs N`` (batch slots, > 0)."""
-    parser.add_argument("--max-num-seqs", type=positive_int, default=default, metavar="N", help=help_text)
+    parser.add_argument(
+        "--max-num-seqs", type=positive_int, default=default, metavar="N", help=help_text
+    )
 
 
 # ---- speculation ----------------------------------------------------------------------------
-def add_speculative_args(parser: argparse.ArgumentParser, k_default: int = DEFAULT_NUM_SPECULATIVE_TOKENS) -> None:
+def add_speculative_args(
+    parser: argparse.ArgumentParser, k_default: int = DEFAULT_NUM_SPECULATIVE_TOKENS
+) -> None:
     """Add ``--speculative-config JSON`` and the shorthand flags ``--num-speculative-tokens``,
     ``--num-model-steps``, ``--hybrid-ngram`` to ``parser`` (as one argument group);
     :func:`resolve_speculative_config` turns the parsed values into a
@@ -294,7 +318,12 @@ def resolve_speculative_config(args: argparse.Namespace) -> SpeculativeConfig:
     if s_flag is not None and s_flag < 1:
         raise UsageError(f"--num-model-steps must be >= 1, got {s_flag}")
     if args.speculative_config is None:
-        if k_flag is None and s_flag is None and not hybrid and k_default == DEFAULT_NUM_SPECULATIVE_TOKENS:
+        if (
+            k_flag is None
+            and s_flag is None
+            and not hybrid
+            and k_default == DEFAULT_NUM_SPECULATIVE_TOKENS
+        ):
             return default_speculative_config()
         spec = speculative_config(k_default if k_flag is None else k_flag, s_flag, hybrid)
     else:
@@ -311,12 +340,16 @@ def resolve_speculative_config(args: argparse.Namespace) -> SpeculativeConfig:
         spec = SpeculativeConfig.from_dict(values)
         _check_flags_agree(spec, k_flag, s_flag, hybrid)
         if not spec.enabled:
-            spec = SpeculativeConfig(method=None)  # one value for "no speculation", whatever else the JSON says
+            spec = SpeculativeConfig(
+                method=None
+            )  # one value for "no speculation", whatever else the JSON says
     check_speculative_config(spec)
     return spec
 
 
-def _check_flags_agree(spec: SpeculativeConfig, k_flag: int | None, s_flag: int | None, hybrid: bool) -> None:
+def _check_flags_agree(
+    spec: SpeculativeConfig, k_flag: int | None, s_flag: int | None, hybrid: bool
+) -> None:
     def conflict(flag: str, json_says: str) -> NoReturn:
         raise UsageError(
             f"{flag} conflicts with --speculative-config, which has {json_says}; give the value in one place"
@@ -327,7 +360,9 @@ def _check_flags_agree(spec: SpeculativeConfig, k_flag: int | None, s_flag: int 
         if k != k_flag:
             conflict(
                 f"--num-speculative-tokens {k_flag}",
-                f'"num_speculative_tokens": {k}' if spec.enabled else '"method": null (no speculation)',
+                f'"num_speculative_tokens": {k}'
+                if spec.enabled
+                else '"method": null (no speculation)',
             )
     if s_flag is not None:
         if not spec.enabled:
@@ -337,7 +372,9 @@ def _check_flags_agree(spec: SpeculativeConfig, k_flag: int | None, s_flag: int 
     if hybrid and (not spec.enabled or spec.mtp_strategy != "with_ngram"):
         conflict(
             "--hybrid-ngram",
-            f'"mtp_strategy": "{spec.mtp_strategy}"' if spec.enabled else '"method": null (no speculation)',
+            f'"mtp_strategy": "{spec.mtp_strategy}"'
+            if spec.enabled
+            else '"method": null (no speculation)',
         )
 
 
@@ -400,14 +437,29 @@ SAMPLING_FLAGS = {
 #: ``SamplingParams`` field -> (its flag's type, help); ``stop`` is added apart (repeatable).
 _SAMPLING_SPECS: dict[str, tuple[Any, str]] = {
     "temperature": (float, "0 = greedy (default); > 0 samples from softmax(logits / T)"),
-    "top_p": (float, "nucleus sampling: keep the most likely tokens up to this probability (default 1 = off)"),
+    "top_p": (
+        float,
+        "nucleus sampling: keep the most likely tokens up to this probability (default 1 = off)",
+    ),
     "top_k": (int, "keep the K most likely tokens (default 0 = off)"),
     "min_p": (float, "drop tokens below this fraction of the top probability (default 0 = off)"),
-    "seed": (int, "the request's random seed (default: derived from the request id, so runs repeat)"),
+    "seed": (
+        int,
+        "the request's random seed (default: derived from the request id, so runs repeat)",
+    ),
     "repetition_penalty": (float, "> 1 discourages tokens generated before (default 1 = off)"),
-    "frequency_penalty": (float, "subtracted per earlier occurrence of a token, in [-2, 2] (default 0)"),
-    "presence_penalty": (float, "subtracted once per token generated before, in [-2, 2] (default 0)"),
-    "logprobs": (int, f"print each token's log-probability and the K most likely, K in 0..{MAX_LOGPROBS}"),
+    "frequency_penalty": (
+        float,
+        "subtracted per earlier occurrence of a token, in [-2, 2] (default 0)",
+    ),
+    "presence_penalty": (
+        float,
+        "subtracted once per token generated before, in [-2, 2] (default 0)",
+    ),
+    "logprobs": (
+        int,
+        f"print each token's log-probability and the K most likely, K in 0..{MAX_LOGPROBS}",
+    ),
 }
 
 
@@ -416,7 +468,8 @@ def add_sampling_args(parser: argparse.ArgumentParser, only: Sequence[str] | Non
     argument group; :func:`resolve_sampling` turns them into a
     :class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams`."""
     group = parser.add_argument_group(
-        "sampling", "default greedy; a seeded request samples the same tokens with and without speculation"
+        "sampling",
+        "default greedy; a seeded request samples the same tokens with and without speculation",
     )
     for name, flag in SAMPLING_FLAGS.items():
         if only is not None and name not in only:
@@ -431,7 +484,9 @@ def add_sampling_args(parser: argparse.ArgumentParser, only: Sequence[str] | Non
             )
             continue
         kind, help_text = _SAMPLING_SPECS[name]
-        group.add_argument(flag, type=kind, default=None, metavar=name.split("_")[-1].upper(), help=help_text)
+        group.add_argument(
+            flag, type=kind, default=None, metavar=name.split("_")[-1].upper(), help=help_text
+        )
 
 
 def resolve_sampling(
@@ -446,7 +501,13 @@ def resolve_sampling(
         UsageError: an invalid value, naming its flag.
     """
     values = dict(defaults or {})
-    values.update({name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name, None) is not None})
+    values.update(
+        {
+            name: getattr(args, name)
+            for name in SAMPLING_FLAGS
+            if getattr(args, name, None) is not None
+        }
+    )
     params = SamplingParams(**values)
     problem = params.check()
     if problem is not None:

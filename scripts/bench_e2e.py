@@ -90,7 +90,9 @@ def greedy_table(args) -> list[dict]:
     shipped_layers = load_tiny(args.checkpoint)[2].num_nextn_predict_layers
     variants = [(shipped_layers, args.checkpoint)]
     if args.checkpoint_3:
-        variants.append((load_tiny(args.checkpoint_3)[2].num_nextn_predict_layers, args.checkpoint_3))
+        variants.append(
+            (load_tiny(args.checkpoint_3)[2].num_nextn_predict_layers, args.checkpoint_3)
+        )
     default = default_key()
     prompt_sets = {"demo": DEMO_PROMPTS, "heldout": heldout_prompts()}
     rows = []
@@ -116,10 +118,16 @@ def greedy_table(args) -> list[dict]:
                     for adaptive in (False, True):
                         key = (k, steps, hybrid, adaptive)
                         is_default = key == default and ckpt == args.checkpoint
-                        if name == "heldout" and not (is_default or (k, steps, hybrid) == (3, 3, False)):
+                        if name == "heldout" and not (
+                            is_default or (k, steps, hybrid) == (3, 3, False)
+                        ):
                             continue
-                        label = f"{name} batch {batch} L={layers} K={k} S={steps} adaptive={adaptive}"
-                        ids, m = median_run(args.repeat, prompts, args.max_tokens, spec_of(*key), batch, label, ckpt)
+                        label = (
+                            f"{name} batch {batch} L={layers} K={k} S={steps} adaptive={adaptive}"
+                        )
+                        ids, m = median_run(
+                            args.repeat, prompts, args.max_tokens, spec_of(*key), batch, label, ckpt
+                        )
                         if ids != base_ids:
                             raise SystemExit(f"{label}: tokens differ from plain decoding")
                         speedup = m.tokens_per_second / base.tokens_per_second
@@ -149,7 +157,9 @@ def greedy_table(args) -> list[dict]:
             for method, k in MODEL_FREE:
                 spec = SpeculativeConfig.from_dict({"method": method, "num_speculative_tokens": k})
                 label = f"{name} batch {batch} {method} K={k}"
-                ids, m = median_run(args.repeat, prompts, args.max_tokens, spec, batch, label, args.checkpoint)
+                ids, m = median_run(
+                    args.repeat, prompts, args.max_tokens, spec, batch, label, args.checkpoint
+                )
                 if ids != base_ids:
                     raise SystemExit(f"{label}: tokens differ from plain decoding")
                 speedup = m.tokens_per_second / base.tokens_per_second
@@ -192,15 +202,21 @@ def sampling_table(max_tokens: int, checkpoint: str | None) -> list[dict]:
             _, base_ids, base = run_prompts(
                 DEMO_PROMPTS, max_tokens, speculative_config(0), batch, label, checkpoint, sp
             )
-            print(f"{temperature:>4} {'-':>12} {batch:>5} {0:>2} {'-':>2} {'-':>6} {base.tokens_per_second:8.1f}")
+            print(
+                f"{temperature:>4} {'-':>12} {batch:>5} {0:>2} {'-':>2} {'-':>6} {base.tokens_per_second:8.1f}"
+            )
             for strategy in ("target_match", "rejection"):
                 for k, steps, hybrid in ((1, 1, False), (3, 3, False), (3, 1, True)):
                     spec = speculative_config(k, steps, hybrid)
                     spec.verify_strategy = strategy
                     label = f"T={temperature} {strategy} batch {batch} K={k}"
-                    _, ids, m = run_prompts(DEMO_PROMPTS, max_tokens, spec, batch, label, checkpoint, sp)
+                    _, ids, m = run_prompts(
+                        DEMO_PROMPTS, max_tokens, spec, batch, label, checkpoint, sp
+                    )
                     if strategy == "target_match" and ids != base_ids:
-                        raise SystemExit(f"{label}: seeded TARGET_MATCH tokens differ from plain sampling")
+                        raise SystemExit(
+                            f"{label}: seeded TARGET_MATCH tokens differ from plain sampling"
+                        )
                     speedup = m.tokens_per_second / base.tokens_per_second
                     per_pos = per_position_text(m)
                     print(
@@ -224,15 +240,26 @@ def sampling_table(max_tokens: int, checkpoint: str | None) -> list[dict]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--checkpoint", default=None, help="tiny checkpoint folder (default: the shipped one)")
-    ap.add_argument("--checkpoint-3", default=None, help="a checkpoint with 3 distinct MTP layers to compare")
+    ap.add_argument(
+        "--checkpoint", default=None, help="tiny checkpoint folder (default: the shipped one)"
+    )
+    ap.add_argument(
+        "--checkpoint-3", default=None, help="a checkpoint with 3 distinct MTP layers to compare"
+    )
     ap.add_argument("--json", type=Path)
     ap.add_argument(
-        "--repeat", type=int, default=3, help="runs per row; the row reports the median tokens/s (default 3)"
+        "--repeat",
+        type=int,
+        default=3,
+        help="runs per row; the row reports the median tokens/s (default 3)",
     )
-    ap.add_argument("--sampling", action="store_true", help="the sampling table (see above) instead")
+    ap.add_argument(
+        "--sampling", action="store_true", help="the sampling table (see above) instead"
+    )
     args = ap.parse_args()
     rows = sampling_table(args.max_tokens, args.checkpoint) if args.sampling else greedy_table(args)
     if args.json:

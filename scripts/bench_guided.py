@@ -49,7 +49,11 @@ CONSTRAINTS: tuple[dict[str, Any], ...] = (
             "properties": {
                 "name": {"type": "string", "maxLength": 12},
                 "size": {"type": "integer", "minimum": 0, "maximum": 999},
-                "items": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+                "items": {
+                    "type": "array",
+                    "items": {"type": "string", "maxLength": 8},
+                    "maxItems": 3,
+                },
             },
             "required": ["name", "size", "items"],
             "additionalProperties": False,
@@ -88,7 +92,9 @@ HEADER = (
 )
 
 
-def run_once(spec: SpeculativeConfig, batch: int, constrained: bool, max_tokens: int) -> tuple[list[list[int]], Any]:
+def run_once(
+    spec: SpeculativeConfig, batch: int, constrained: bool, max_tokens: int
+) -> tuple[list[list[int]], Any]:
     """One generation of the demo prompts (greedy; with the mixed constraints if
     ``constrained``) on a fresh engine of ``batch`` slots; returns (output token ids per
     prompt, the run's :class:`~fastdeploy_mtp.runtime.engine_metrics.Metrics`)."""
@@ -102,7 +108,13 @@ def run_once(spec: SpeculativeConfig, batch: int, constrained: bool, max_tokens:
     target, mtp, arch = load_model(ASSETS_DIR)
     tok = load_tokenizer(ASSETS_DIR)
     eos = list(
-        dict.fromkeys([*tok.eos_token_ids, *load_generation_config(ASSETS_DIR).eos_token_ids, *arch.eos_token_ids])
+        dict.fromkeys(
+            [
+                *tok.eos_token_ids,
+                *load_generation_config(ASSETS_DIR).eos_token_ids,
+                *arch.eos_token_ids,
+            ]
+        )
     )
     reqs = [
         Request(
@@ -110,7 +122,8 @@ def run_once(spec: SpeculativeConfig, batch: int, constrained: bool, max_tokens:
             tok.encode(p),
             max_tokens=max_tokens,
             sampling=SamplingParams(
-                stop_token_ids=eos, guided=CONSTRAINTS[i % len(CONSTRAINTS)] if constrained else None
+                stop_token_ids=eos,
+                guided=CONSTRAINTS[i % len(CONSTRAINTS)] if constrained else None,
             ),
         )
         for i, p in enumerate(DEMO_PROMPTS)
@@ -130,7 +143,9 @@ def group_runs(args: argparse.Namespace, batch: int, constrained: bool) -> list[
     hits the rows alike). Per row: the metrics of the run with the median tokens/s, and the
     median over repeats of its tokens/s over the same repeat's run without drafting. Exits
     when a row's tokens differ between repeats or from the run without drafting."""
-    names = [f"batch {batch} {'constrained' if constrained else 'free'} {label_of(*c)}" for c in CONFIGS]
+    names = [
+        f"batch {batch} {'constrained' if constrained else 'free'} {label_of(*c)}" for c in CONFIGS
+    ]
     ids: list[list[list[int]]] = [[] for _ in CONFIGS]
     metrics: list[list[Any]] = [[] for _ in CONFIGS]
     for _ in range(args.repeat):
@@ -145,11 +160,18 @@ def group_runs(args: argparse.Namespace, batch: int, constrained: bool) -> list[
     rows = []
     for runs in metrics:
         ratios = sorted(m.tokens_per_second / b.tokens_per_second for m, b in zip(runs, metrics[0]))
-        rows.append((sorted(runs, key=lambda m: m.tokens_per_second)[len(runs) // 2], ratios[len(ratios) // 2]))
+        rows.append(
+            (
+                sorted(runs, key=lambda m: m.tokens_per_second)[len(runs) // 2],
+                ratios[len(ratios) // 2],
+            )
+        )
     return rows
 
 
-def row_of(config: tuple[str, int, int, bool], batch: int, constrained: bool, m: Any, speedup: float) -> dict[str, Any]:
+def row_of(
+    config: tuple[str, int, int, bool], batch: int, constrained: bool, m: Any, speedup: float
+) -> dict[str, Any]:
     """Print one table row and return its ``--json`` object."""
     checked, cut = m.guided_drafts_checked, m.guided_drafts_cut
     share = m.guided_seconds / m.wall_seconds if m.wall_seconds else 0.0
@@ -188,10 +210,16 @@ def table(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--repeat", type=int, default=3, help="runs per row; the row reports the median (default 3)")
-    ap.add_argument("--batch", type=int, nargs="+", default=[8, 1], help="batch sizes (default 8 1)")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="runs per row; the row reports the median (default 3)"
+    )
+    ap.add_argument(
+        "--batch", type=int, nargs="+", default=[8, 1], help="batch sizes (default 8 1)"
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     rows = table(args)

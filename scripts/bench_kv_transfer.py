@@ -129,7 +129,9 @@ def measure(hosts: Hosts | None, transport: str, mib: int, repeats: int) -> dict
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--sizes", default="1,64,512", help="MiB of KV per transfer, comma-separated")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--transports", default="shm,tcp,mooncake")

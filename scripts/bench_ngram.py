@@ -176,11 +176,15 @@ def main() -> int:
     rows = []
     for bsz, prompt_len, hist_len in ((64, 32768, 4096), (1, 131072, 4096)):
         inputs = make_inputs(np.random.default_rng(bsz), bsz, prompt_len, hist_len, k=k)
-        naive_s, naive_out = timed(lambda t: run_naive(dll, t, max_n, min_n, k, thr), inputs, args.repeats)
+        naive_s, naive_out = timed(
+            lambda t: run_naive(dll, t, max_n, min_n, k, thr), inputs, args.repeats
+        )
         row = [f"bsz {bsz}, prompt {prompt_len // 1024}K, history {hist_len // 1024}K", naive_s]
         for threads in (1, 2):
             ours_s, ours_out = timed(
-                lambda t, threads=threads: _kernels.hybrid_mtp_ngram(*t, max_n, min_n, k, thr, threads),
+                lambda t, threads=threads: _kernels.hybrid_mtp_ngram(
+                    *t, max_n, min_n, k, thr, threads
+                ),
                 inputs,
                 args.repeats,
             )

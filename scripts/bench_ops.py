@@ -231,10 +231,14 @@ def _state_case(op, make_state, reference, attrs, names, key, ref_kwargs=None, r
                 return [tensors[names.index(k)] for k in key]
 
             def baseline():
-                want = ref_call(pristine) if ref_call else reference(*pristine, **(ref_kwargs or {}))
+                want = (
+                    ref_call(pristine) if ref_call else reference(*pristine, **(ref_kwargs or {}))
+                )
                 return [want[k] for k in key]
 
-            return Case(ours, baseline, f"K = 3, random mix of item states ({', '.join(key)} checked)")
+            return Case(
+                ours, baseline, f"K = 3, random mix of item states ({', '.join(key)} checked)"
+            )
 
         return make
 
@@ -302,7 +306,10 @@ def _register_state_cases():
         def make():
             tensors = spp.make_state(np.random.default_rng(bsz), bsz, 3)
             token_num = int(np.maximum(tensors[1], 0).sum())
-            outs = {name: np.empty(shape, dtype) for name, shape, dtype in spp.out_specs(bsz, 4, token_num)}
+            outs = {
+                name: np.empty(shape, dtype)
+                for name, shape, dtype in spp.out_specs(bsz, 4, token_num)
+            }
 
             def ours():
                 _kernels.speculate_pre_process(*tensors, token_num, **outs)
@@ -334,7 +341,9 @@ def median_seconds(fn, repeats: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--filter", default="", help="run only cases whose name contains this")
     ap.add_argument("--repeats", type=int, default=11)
     ap.add_argument("--json", type=Path, help="also write the results here")
@@ -352,9 +361,18 @@ def main(argv: list[str] | None = None) -> int:
         ours = median_seconds(c.ours, args.repeats)
         base = median_seconds(c.baseline, args.repeats)
         results.append(
-            {"case": name, "ours_us": ours * 1e6, "numpy_us": base * 1e6, "speedup": base / ours, "note": c.note}
+            {
+                "case": name,
+                "ours_us": ours * 1e6,
+                "numpy_us": base * 1e6,
+                "speedup": base / ours,
+                "note": c.note,
+            }
         )
-        print(f"{name:<44} {ours * 1e6:10.1f} {base * 1e6:10.1f} {base / ours:7.1f}x  {c.note}", flush=True)
+        print(
+            f"{name:<44} {ours * 1e6:10.1f} {base * 1e6:10.1f} {base / ours:7.1f}x  {c.note}",
+            flush=True,
+        )
         del c
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

@@ -95,7 +95,9 @@ async def run_workload(url: str, args: argparse.Namespace, peak: list[float]) ->
         t0 = time.perf_counter()
         results = []
         for _wave in range(2):
-            results += await asyncio.gather(*(one_client(client, p, args.max_tokens) for p in prompts))
+            results += await asyncio.gather(
+                *(one_client(client, p, args.max_tokens) for p in prompts)
+            )
         wall = time.perf_counter() - t0
     finally:
         watcher.cancel()
@@ -109,12 +111,20 @@ async def run_workload(url: str, args: argparse.Namespace, peak: list[float]) ->
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clients", type=int, default=16, help="concurrent clients per wave (two waves)")
-    ap.add_argument("--system-bytes", type=int, default=768, help="length of the shared system prompt")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--clients", type=int, default=16, help="concurrent clients per wave (two waves)"
+    )
+    ap.add_argument(
+        "--system-bytes", type=int, default=768, help="length of the shared system prompt"
+    )
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--max-num-seqs", type=int, default=16)
-    ap.add_argument("--only", default=None, help="run only the configurations whose label contains this")
+    ap.add_argument(
+        "--only", default=None, help="run only the configurations whose label contains this"
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = []
@@ -122,7 +132,9 @@ def main() -> int:
         if args.only and args.only not in label:
             continue
         print(f"[bench_prefix_cache] {label}", file=sys.stderr, flush=True)
-        server = ServerProcess([*extra, "--max-num-seqs", str(args.max_num_seqs), "--max-model-len", "2048"])
+        server = ServerProcess(
+            [*extra, "--max-num-seqs", str(args.max_num_seqs), "--max-model-len", "2048"]
+        )
         try:
             peak = [0.0]
             row = asyncio.run(run_workload(server.base_url, args, peak))
@@ -140,8 +152,12 @@ def main() -> int:
             peak_kv_usage=peak[0],
         )
         rows.append(row)
-    print(f"\n{args.clients} clients x 2 waves, system prompt {args.system_bytes} bytes, {args.max_tokens} tokens\n")
-    print("| config | prefix hit rate | TTFT p50 ms | TTFT p99 ms | server TTFT mean ms | tok/s | peak KV use |")
+    print(
+        f"\n{args.clients} clients x 2 waves, system prompt {args.system_bytes} bytes, {args.max_tokens} tokens\n"
+    )
+    print(
+        "| config | prefix hit rate | TTFT p50 ms | TTFT p99 ms | server TTFT mean ms | tok/s | peak KV use |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(

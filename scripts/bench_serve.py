@@ -55,7 +55,10 @@ from tests.support.netns import Hosts  # noqa: E402
 from tests.support.servers import ServerProcess, scrape_metrics  # noqa: E402
 
 NO_SPEC = ["--speculative-config", '{"method": null}']
-HYBRID = ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3, "mtp_strategy": "with_ngram"}']
+HYBRID = [
+    "--speculative-config",
+    '{"method": "mtp", "num_speculative_tokens": 3, "mtp_strategy": "with_ngram"}',
+]
 MTP3 = ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3}']
 TP2 = ["--tensor-parallel-size", "2"]
 CONFIGS = [
@@ -81,7 +84,9 @@ PD_CONFIGS = [
 
 
 @contextlib.contextmanager
-def deployment(kind: str, spec: list[str], hosts: Hosts | None = None) -> Iterator[tuple[str, list[int]]]:
+def deployment(
+    kind: str, spec: list[str], hosts: Hosts | None = None
+) -> Iterator[tuple[str, list[int]]]:
     """A mixed server (``kind == "mixed"``) or P + D + router with KV transport ``kind``;
     yields (base URL, exit codes filled in at the end). With ``hosts`` the server (or P, D and
     the router) run on hosts of their own (``prefill``, ``decode``, ``router``)."""
@@ -99,19 +104,41 @@ def deployment(kind: str, spec: list[str], hosts: Hosts | None = None) -> Iterat
             srv.close_log()
         return
     base = 900 + os.getpid() % 50 * 4
-    offered = ["--kv-transport", "mooncake"] if kind == "mooncake" else []  # P registers its caches with the engine
-    p = ServerProcess([*spec, "--splitwise-role", "prefill", "--device-ids", str(base), *offered], slots=None)
+    offered = (
+        ["--kv-transport", "mooncake"] if kind == "mooncake" else []
+    )  # P registers its caches with the engine
+    p = ServerProcess(
+        [*spec, "--splitwise-role", "prefill", "--device-ids", str(base), *offered], slots=None
+    )
     d = None
     router = None
     log = tempfile.TemporaryFile()
     try:
         d = ServerProcess(
-            [*spec, "--splitwise-role", "decode", "--device-ids", str(base + 1), "--kv-transport", kind], slots=None
+            [
+                *spec,
+                "--splitwise-role",
+                "decode",
+                "--device-ids",
+                str(base + 1),
+                "--kv-transport",
+                kind,
+            ],
+            slots=None,
         )
         port = find_free_port_range(1)
-        cmd = [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "router", "--port", str(port)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "fastdeploy_mtp.entrypoints.cli",
+            "router",
+            "--port",
+            str(port),
+        ]
         router = subprocess.Popen(
-            [*cmd, "--prefill", p.base_url, "--decode", d.base_url], stdout=log, stderr=subprocess.STDOUT
+            [*cmd, "--prefill", p.base_url, "--decode", d.base_url],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         url = f"http://127.0.0.1:{port}"
         _wait_healthy(router, log, url, lambda fn: fn())
@@ -127,7 +154,9 @@ def deployment(kind: str, spec: list[str], hosts: Hosts | None = None) -> Iterat
         log.close()
 
 
-def _wait_healthy(router: subprocess.Popen, log: Any, url: str, reach: Callable[[Callable[[], None]], None]) -> None:
+def _wait_healthy(
+    router: subprocess.Popen, log: Any, url: str, reach: Callable[[Callable[[], None]], None]
+) -> None:
     """Wait (120 s at most) until the router at ``url`` answers ``/health``, probing through
     ``reach`` (which runs the probe where the router can be reached); its log if it fails."""
     deadline = time.monotonic() + 120
@@ -155,15 +184,33 @@ def _netns_deployment(kind: str, spec: list[str], hosts: Hosts) -> Iterator[tupl
             return
         offered = ["--kv-transport", "mooncake"] if kind == "mooncake" else []
         servers.append(
-            ServerProcess([*spec, "--splitwise-role", "prefill", *offered], on=(hosts, "prefill"), slots=None)
+            ServerProcess(
+                [*spec, "--splitwise-role", "prefill", *offered], on=(hosts, "prefill"), slots=None
+            )
         )
         d_args = [*spec, "--splitwise-role", "decode", "--kv-transport", kind]
         servers.append(ServerProcess(d_args, on=(hosts, "decode"), slots=None))
         port = find_free_port_range(1)
         url = f"http://{hosts.addresses['router']}:{port}"
-        cmd = [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "router", "--port", str(port)]
-        cmd += ["--host", hosts.addresses["router"], "--prefill", servers[0].base_url, "--decode", servers[1].base_url]
-        router = subprocess.Popen(hosts.command("router", cmd), stdout=log, stderr=subprocess.STDOUT)
+        cmd = [
+            sys.executable,
+            "-m",
+            "fastdeploy_mtp.entrypoints.cli",
+            "router",
+            "--port",
+            str(port),
+        ]
+        cmd += [
+            "--host",
+            hosts.addresses["router"],
+            "--prefill",
+            servers[0].base_url,
+            "--decode",
+            servers[1].base_url,
+        ]
+        router = subprocess.Popen(
+            hosts.command("router", cmd), stdout=log, stderr=subprocess.STDOUT
+        )
         _wait_healthy(router, log, url, lambda fn: hosts.call("router", fn))
         yield url, codes
     finally:
@@ -179,7 +226,9 @@ def _netns_deployment(kind: str, spec: list[str], hosts: Hosts) -> Iterator[tupl
 async def one_client(c, prompt: str, max_tokens: int) -> tuple[float, list[float], int]:
     """Returns (TTFT, per-token inter-arrival gaps, tokens) of one streamed completion."""
     t0 = time.perf_counter()
-    stream = await c.completions.create(model="fastdeploy-mtp-tiny", prompt=prompt, max_tokens=max_tokens, stream=True)
+    stream = await c.completions.create(
+        model="fastdeploy-mtp-tiny", prompt=prompt, max_tokens=max_tokens, stream=True
+    )
     ttft, last, gaps, text = None, None, [], ""
     async for chunk in stream:
         now = time.perf_counter()
@@ -204,7 +253,10 @@ async def run_clients(base_url: str, clients: int, max_tokens: int) -> dict[str,
         await one_client(c, DEMO_PROMPTS[0], 8)  # warm-up
         t0 = time.perf_counter()
         results = await asyncio.gather(
-            *(one_client(c, DEMO_PROMPTS[i % len(DEMO_PROMPTS)], max_tokens) for i in range(clients))
+            *(
+                one_client(c, DEMO_PROMPTS[i % len(DEMO_PROMPTS)], max_tokens)
+                for i in range(clients)
+            )
         )
         wall = time.perf_counter() - t0
     finally:
@@ -223,18 +275,26 @@ async def run_clients(base_url: str, clients: int, max_tokens: int) -> dict[str,
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument(
         "--clients",
         type=lambda text: [int(c) for c in text.split(",")],
         default=[16],
         help="concurrent streaming clients, comma-separated for one round each (default 16)",
     )
-    ap.add_argument("--max-num-seqs", type=int, default=None, help="the mixed servers' slots (default: serve's)")
+    ap.add_argument(
+        "--max-num-seqs", type=int, default=None, help="the mixed servers' slots (default: serve's)"
+    )
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--only", default=None, help="run only the configurations whose label contains this")
+    ap.add_argument(
+        "--only", default=None, help="run only the configurations whose label contains this"
+    )
     ap.add_argument("--json", default=None, help="also write the rows as JSON to this file")
-    ap.add_argument("--pd", action="store_true", help="splitwise: mixed vs prefill + decode + router")
+    ap.add_argument(
+        "--pd", action="store_true", help="splitwise: mixed vs prefill + decode + router"
+    )
     ap.add_argument(
         "--netns",
         action="store_true",
@@ -277,7 +337,9 @@ class PeakRunning:
     def _watch(self) -> None:
         while not self._done.is_set():
             try:
-                value = self.reach(scrape_metrics, self.url, 5).get("fastdeploy:num_requests_running")
+                value = self.reach(scrape_metrics, self.url, 5).get(
+                    "fastdeploy:num_requests_running"
+                )
             except (OSError, AssertionError):
                 value = None
             if value is not None:
@@ -293,7 +355,9 @@ class PeakRunning:
         self._thread.join()
 
 
-def _run(configs: list[tuple[str, str, list[str]]], args: argparse.Namespace, hosts: Hosts | None) -> list[dict]:
+def _run(
+    configs: list[tuple[str, str, list[str]]], args: argparse.Namespace, hosts: Hosts | None
+) -> list[dict]:
     rows = []
     for label, kind, extra in configs:
         if args.only and args.only not in label:
@@ -306,11 +370,23 @@ def _run(configs: list[tuple[str, str, list[str]]], args: argparse.Namespace, ho
             startup = time.perf_counter() - t0
             found = []
             for n in args.clients:
-                print(f"[bench_serve] {label}: up in {startup:.1f} s; {n} clients", file=sys.stderr, flush=True)
+                print(
+                    f"[bench_serve] {label}: up in {startup:.1f} s; {n} clients",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 clients = run_clients(url, n, args.max_tokens)
-                reach = (lambda fn, *a: fn(*a)) if hosts is None else (lambda fn, *a: hosts.call("router", fn, *a))
+                reach = (
+                    (lambda fn, *a: fn(*a))
+                    if hosts is None
+                    else (lambda fn, *a: hosts.call("router", fn, *a))
+                )
                 with PeakRunning(url, reach) as peak:
-                    row = asyncio.run(clients) if hosts is None else hosts.call("router", asyncio.run, clients)
+                    row = (
+                        asyncio.run(clients)
+                        if hosts is None
+                        else hosts.call("router", asyncio.run, clients)
+                    )
                 row.update(config=label, clients=n, startup_s=startup, peak_running=peak.peak)
                 found.append(row)
         for row in found:
@@ -322,7 +398,9 @@ def _run(configs: list[tuple[str, str, list[str]]], args: argparse.Namespace, ho
 def _mtp_ratio(row: dict, rows: list[dict]) -> str:
     """This row's tokens/s over the no-speculation row of the same TP size and client count."""
     tp = row["config"].rsplit(", ", 1)[-1]
-    base = [r for r in rows if r["config"].startswith("no speculation") and r["config"].endswith(tp)]
+    base = [
+        r for r in rows if r["config"].startswith("no speculation") and r["config"].endswith(tp)
+    ]
     base = [r for r in base if r["clients"] == row["clients"]]
     if not base or row["config"].startswith("no speculation"):
         return "-"

@@ -135,13 +135,41 @@ def verify_update_latencies(torch, stream, rng) -> dict:
         out[f"verify_draft_tokens_greedy_bsz{bsz}_us"] = time_calls(
             torch,
             lambda: _kernels.verify_draft_tokens(
-                out_ids, out_len, inp, target, None, None, None, *tail, None, 0, 2, 1, False, False, stream=stream
+                out_ids,
+                out_len,
+                inp,
+                target,
+                None,
+                None,
+                None,
+                *tail,
+                None,
+                0,
+                2,
+                1,
+                False,
+                False,
+                stream=stream,
             ),
         )
         out[f"verify_draft_tokens_rejection_bsz{bsz}_us"] = time_calls(
             torch,
             lambda: _kernels.verify_draft_tokens(
-                out_ids, out_len, inp, None, ids, scores, lens, *tail, uniforms, 0, 2, 3, False, False, stream=stream
+                out_ids,
+                out_len,
+                inp,
+                None,
+                ids,
+                scores,
+                lens,
+                *tail,
+                uniforms,
+                0,
+                2,
+                3,
+                False,
+                False,
+                stream=stream,
             ),
         )
         # update: keeps re-committing the same outputs (lengths grow; nothing stops)
@@ -187,7 +215,18 @@ def hidden_state_latencies(torch, stream) -> dict:
         out[f"eagle_get_hidden_states_{tag}_us"] = time_calls(
             torch,
             lambda: _kernels.eagle_get_hidden_states(
-                x, slt, zero, zero, stop, acc, four, zero, 3, out=res, output_token_num=n, stream=stream
+                x,
+                slt,
+                zero,
+                zero,
+                stop,
+                acc,
+                four,
+                zero,
+                3,
+                out=res,
+                output_token_num=n,
+                stream=stream,
             ),
         )
         out[f"eagle_get_self_hidden_states_{tag}_us"] = time_calls(
@@ -201,7 +240,17 @@ def hidden_state_latencies(torch, stream) -> dict:
         out[f"eagle_gather_hidden_states_{tag}_us"] = time_calls(
             torch,
             lambda: _kernels.eagle_gather_hidden_states(
-                x, cu, four, zero, zero, zero, cu, n, out=gathered, output_token_num=n, stream=stream
+                x,
+                cu,
+                four,
+                zero,
+                zero,
+                zero,
+                cu,
+                n,
+                out=gathered,
+                output_token_num=n,
+                stream=stream,
             ),
         )
         draft = torch.empty_like(x)
@@ -213,7 +262,10 @@ def hidden_state_latencies(torch, stream) -> dict:
         ]
         first = torch.empty(bsz, hidden, dtype=x.dtype, device="cuda")
         out[f"speculate_get_logits_{tag}_us"] = time_calls(
-            torch, lambda: _kernels.speculate_get_logits(draft, *nums, x, first, four, zero, stream=stream)
+            torch,
+            lambda: _kernels.speculate_get_logits(
+                draft, *nums, x, first, four, zero, stream=stream
+            ),
         )
         if hidden != 4096:
             continue  # update_attn_mask_offsets has no hidden dimension
@@ -225,7 +277,16 @@ def hidden_state_latencies(torch, stream) -> dict:
         out[f"update_attn_mask_offsets_bsz{bsz}_us"] = time_calls(
             torch,
             lambda: _kernels.update_attn_mask_offsets(
-                ids, four, zero, four, cu4, full, stop, states, attn_mask_offsets=offsets, stream=stream
+                ids,
+                four,
+                zero,
+                four,
+                cu4,
+                full,
+                stop,
+                states,
+                attn_mask_offsets=offsets,
+                stream=stream,
             ),
         )
     return out
@@ -236,7 +297,12 @@ def ngram_latencies(torch, stream, rng) -> dict:
     history planted in its prompt (n = 5 and 4 scan everything first)."""
     out = {}
     k = 5
-    for bsz, prompt_len, hist_len in ((1, 4096, 512), (64, 32768, 4096), (256, 4096, 1024), (1, 131072, 4096)):
+    for bsz, prompt_len, hist_len in (
+        (1, 4096, 512),
+        (64, 32768, 4096),
+        (256, 4096, 1024),
+        (1, 131072, 4096),
+    ):
         prompt = rng.integers(0, 32000, size=(bsz, prompt_len), dtype=np.int64)
         hist = rng.integers(0, 32000, size=(bsz, hist_len + 8), dtype=np.int64)
         at = rng.integers(0, prompt_len - 16, size=bsz)
@@ -254,7 +320,9 @@ def ngram_latencies(torch, stream, rng) -> dict:
 
         def hybrid():
             slt.fill_(2)  # same work every call (adds one fill_ launch to the time)
-            _kernels.hybrid_mtp_ngram(ids, lens, pre, steps, dtn, draft, slt, dec, mdl, 5, 2, k, 1024, 0, stream=stream)
+            _kernels.hybrid_mtp_ngram(
+                ids, lens, pre, steps, dtn, draft, slt, dec, mdl, 5, 2, k, 1024, 0, stream=stream
+            )
 
         out[f"hybrid_mtp_ngram_{tag}_us"] = time_calls(torch, hybrid, iters=50, warmup=5)
         enc = full(0, torch.int32)
@@ -262,7 +330,22 @@ def ngram_latencies(torch, stream, rng) -> dict:
 
         def plain():
             _kernels.ngram_match(
-                ids, lens, all_ids, lens, steps, dtn, draft, slt, enc, dec, mdl, 3, k, 128, 0, stream=stream
+                ids,
+                lens,
+                all_ids,
+                lens,
+                steps,
+                dtn,
+                draft,
+                slt,
+                enc,
+                dec,
+                mdl,
+                3,
+                k,
+                128,
+                0,
+                stream=stream,
             )
 
         out[f"ngram_match_{tag}_us"] = time_calls(torch, plain, iters=50, warmup=5)
@@ -298,7 +381,9 @@ def main() -> int:
     ap.add_argument("--junit", type=Path, required=True)
     ap.add_argument("--build-seconds", type=int, default=-1)
     ap.add_argument("--tests-rc", type=int, default=-1)
-    ap.add_argument("--e2e-junit", type=Path, help="junit of tests/e2e/test_framework_free_greedy.py")
+    ap.add_argument(
+        "--e2e-junit", type=Path, help="junit of tests/e2e/test_framework_free_greedy.py"
+    )
     ap.add_argument("--e2e-rc", type=int, default=-1)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()

@@ -21,7 +21,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from fastdeploy_mtp.tokenization import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, byte_level_chars
 
-ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fastdeploy_mtp", "assets")
+ASSETS = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fastdeploy_mtp", "assets"
+)
 
 #: One line per message, then the assistant's turn (what the byte model was served with).
 CHAT_TEMPLATE = (
@@ -51,7 +53,9 @@ def tokenizer_config() -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=ASSETS, help="folder to write into (default: the shipped assets)")
+    parser.add_argument(
+        "--out", default=ASSETS, help="folder to write into (default: the shipped assets)"
+    )
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     byte_tokenizer().save(os.path.join(args.out, TOKENIZER_FILE), pretty=True)

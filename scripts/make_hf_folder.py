@@ -27,7 +27,9 @@ def _tokenizer_writer(vocab_size: int):
     try:
         from tests.support.tokenizer_files import write_bpe_tokenizer  # type: ignore[import-not-found]
     except ImportError as exc:
-        raise SystemExit(f"--tokenizer: tests/support/tokenizer_files.py has no write_bpe_tokenizer ({exc})") from exc
+        raise SystemExit(
+            f"--tokenizer: tests/support/tokenizer_files.py has no write_bpe_tokenizer ({exc})"
+        ) from exc
     return lambda out: write_bpe_tokenizer(str(out), vocab_size=vocab_size)
 
 
@@ -38,11 +40,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mtp-layers", type=int, default=1, help="MTP layers (0 = none)")
     p.add_argument("--tokenizer", action="store_true", help="also write tokenizer files")
     p.add_argument("--tie", action="store_true", help="tie the LM head to the embedding")
-    p.add_argument("--rope-type", choices=("default", "linear", "dynamic", "yarn", "llama3"), default="default")
+    p.add_argument(
+        "--rope-type", choices=("default", "linear", "dynamic", "yarn", "llama3"), default="default"
+    )
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--legacy-config", action="store_true", help="config.json in the transformers-4 form")
-    p.add_argument("--size-mb", type=int, help="a plain qwen3-shaped float32 folder of about this size instead")
+    p.add_argument(
+        "--legacy-config", action="store_true", help="config.json in the transformers-4 form"
+    )
+    p.add_argument(
+        "--size-mb", type=int, help="a plain qwen3-shaped float32 folder of about this size instead"
+    )
     args = p.parse_args(argv)
     if args.size_mb is not None:
         if args.family != "qwen3":

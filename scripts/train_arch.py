@@ -23,7 +23,9 @@ ARCHS = ("tiny", "deepseek_v3")
 
 def add_arch_args(p: argparse.ArgumentParser) -> None:
     """The ``--arch`` flag and the MLA / MoE shape flags (used with ``--arch deepseek_v3``)."""
-    p.add_argument("--arch", default="tiny", choices=ARCHS, help="dense tiny model or DeepSeek-V3 (MLA + MoE)")
+    p.add_argument(
+        "--arch", default="tiny", choices=ARCHS, help="dense tiny model or DeepSeek-V3 (MLA + MoE)"
+    )
     g = p.add_argument_group("deepseek_v3 shape (MLA attention, MoE MLP)")
     g.add_argument("--q-lora-rank", type=int, default=0, help="0 = a plain q_proj")
     g.add_argument("--kv-lora-rank", type=int, default=64)
@@ -111,7 +113,9 @@ def freeze_router_bias(*models: paddle.nn.Layer) -> None:
 
 
 @paddle.no_grad()
-def expert_load(target: paddle.nn.Layer, mtp: paddle.nn.Layer, ids: np.ndarray) -> dict[str, list[float]]:
+def expert_load(
+    target: paddle.nn.Layer, mtp: paddle.nn.Layer, ids: np.ndarray
+) -> dict[str, list[float]]:
     """Share of routed slots each expert gets, per MoE layer, on ``ids [B, S]``: the target's
     MoE layers on the dense path (``target.layers.{i}``) and the MTP layers' blocks fed the
     target's hidden states (``mtp...``). Empty for a dense model."""
@@ -135,7 +139,9 @@ def expert_load(target: paddle.nn.Layer, mtp: paddle.nn.Layer, ids: np.ndarray) 
         tensor = paddle.to_tensor(ids.astype(np.int64))
         pre, post = target.forward_dense(tensor, causal_bias(int(ids.shape[1])))
         for layer in getattr(mtp, "layers", [mtp]):
-            layer.forward_dense(tensor[:, 1:], target.mtp_hidden(pre, post)[:, :-1], causal_bias(ids.shape[1] - 1))
+            layer.forward_dense(
+                tensor[:, 1:], target.mtp_hidden(pre, post)[:, :-1], causal_bias(ids.shape[1] - 1)
+            )
     finally:
         for h in hooks:
             h.remove()
@@ -179,12 +185,17 @@ def stage1_command_keys(ta: dict) -> tuple[str, ...]:
     return keys
 
 
-def deepseek_model_lines(config: ModelConfig, m: dict, weights_bytes: int, cfg_rows: str) -> list[str]:
+def deepseek_model_lines(
+    config: ModelConfig, m: dict, weights_bytes: int, cfg_rows: str
+) -> list[str]:
     """The card's title, files and model sections for a DeepSeek-V3-architecture folder."""
     dense = config.first_k_dense_replace
     moe = config.num_hidden_layers - dense
     load = m.get("expert_load", {})
-    load_rows = [f"| `{name}` | {' / '.join(f'{x:.2f}' for x in shares)} |" for name, shares in sorted(load.items())]
+    load_rows = [
+        f"| `{name}` | {' / '.join(f'{x:.2f}' for x in shares)} |"
+        for name, shares in sorted(load.items())
+    ]
     return [
         "# Tiny byte-level DeepSeek-V3-architecture model (MLA + MoE) + MTP layer",
         "",

@@ -108,18 +108,39 @@ def parse_args(argv=None):
     p.add_argument("--warmup-steps", type=int, default=200)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--mtp-weight", type=float, default=1.0)
-    p.add_argument("--mtp-depth", type=int, default=1, help="MTP substeps to unroll in training (S)")
-    p.add_argument("--mtp-layers", type=int, default=1, help="distinct MTP layers (num_nextn_predict_layers)")
-    p.add_argument("--init-from", default=None, help="start from this checkpoint directory (target + MTP)")
+    p.add_argument(
+        "--mtp-depth", type=int, default=1, help="MTP substeps to unroll in training (S)"
+    )
+    p.add_argument(
+        "--mtp-layers", type=int, default=1, help="distinct MTP layers (num_nextn_predict_layers)"
+    )
+    p.add_argument(
+        "--init-from", default=None, help="start from this checkpoint directory (target + MTP)"
+    )
     p.add_argument("--freeze-target", action="store_true", help="train only the MTP layers")
-    p.add_argument("--distill", action="store_true", help="score the MTP layers against the target's distribution")
-    p.add_argument("--gen-fraction", type=float, default=0.0, help="share of each batch that is target-generated")
-    p.add_argument("--gen-pool", type=int, default=1024, help="target-generated sequences to draw from")
+    p.add_argument(
+        "--distill",
+        action="store_true",
+        help="score the MTP layers against the target's distribution",
+    )
+    p.add_argument(
+        "--gen-fraction",
+        type=float,
+        default=0.0,
+        help="share of each batch that is target-generated",
+    )
+    p.add_argument(
+        "--gen-pool", type=int, default=1024, help="target-generated sequences to draw from"
+    )
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--export", default=None, help="write the trained checkpoint here at the end")
     p.add_argument("--eval-only", action="store_true", help="skip training (resume + export)")
-    p.add_argument("--card-note", default="", help="free-text note about the run (restarts, load) added to the card")
+    p.add_argument(
+        "--card-note",
+        default="",
+        help="free-text note about the run (restarts, load) added to the card",
+    )
     p.add_argument(
         "--export-eval-windows",
         type=int,
@@ -187,7 +208,9 @@ def losses(target, mtp, ids, bias, args):
     token p+2 (the chain started k - 1 rows earlier) and is valid for p >= k - 1."""
     vocab = target.config.ori_vocab_size
     hidden, logits = target_forward(target, ids, bias, args.freeze_target)
-    main_ce = None if args.freeze_target else F.cross_entropy(logits[:, :-1], ids[:, 1:].unsqueeze(-1))
+    main_ce = (
+        None if args.freeze_target else F.cross_entropy(logits[:, :-1], ids[:, 1:].unsqueeze(-1))
+    )
     outs = unrolled_mtp_forward(mtp_layers_of(mtp), ids[:, 1:-1], hidden[:, :-2], args.mtp_depth)
     per_depth, mtp_logits = [], []
     layers = mtp_layers_of(mtp)
@@ -221,8 +244,15 @@ def gen_pool(run_dir, name, target, data, count, seq_len, seed):
     t0 = time.time()
     for i in range(0, count, 64):
         batch = prompts[i : i + 64]
-        parts.append(np.concatenate([batch, tiny_lib.greedy_generate_batch(target, batch, seq_len - half)], axis=1))
-        log(run_dir, f"generated {min(i + 64, count)}/{count} {name} sequences ({time.time() - t0:.0f}s)")
+        parts.append(
+            np.concatenate(
+                [batch, tiny_lib.greedy_generate_batch(target, batch, seq_len - half)], axis=1
+            )
+        )
+        log(
+            run_dir,
+            f"generated {min(i + 64, count)}/{count} {name} sequences ({time.time() - t0:.0f}s)",
+        )
     pool = np.concatenate(parts)
     np.save(path + ".tmp.npy", pool)
     os.replace(path + ".tmp.npy", path)
@@ -240,7 +270,12 @@ def evaluate_depths(target, mtp, windows: np.ndarray, depth: int, batch_size: in
     mtp.eval()
     seq = windows.shape[1]
     bias = causal_bias(seq)
-    ce_sum, agree_sum, accept_sum, count = np.zeros(depth), np.zeros(depth), np.zeros(depth), np.zeros(depth)
+    ce_sum, agree_sum, accept_sum, count = (
+        np.zeros(depth),
+        np.zeros(depth),
+        np.zeros(depth),
+        np.zeros(depth),
+    )
     layers = mtp_layers_of(mtp)
     for s in range(0, len(windows), batch_size):
         ids = paddle.to_tensor(windows[s : s + batch_size].astype(np.int64))
@@ -312,7 +347,9 @@ def main(argv=None):
     named = [("mtp." + n, p.name) for n, p in mtp.named_parameters()]
     if not args.freeze_target:
         named += [("target." + n, p.name) for n, p in target.named_parameters()]
-    n_params = sum(int(np.prod(p.shape)) for p in list(target.parameters()) + list(mtp.parameters()))
+    n_params = sum(
+        int(np.prod(p.shape)) for p in list(target.parameters()) + list(mtp.parameters())
+    )
     no_decay = {p.name for p in params if len(p.shape) == 1}
     opt = paddle.optimizer.AdamW(
         learning_rate=args.lr,
@@ -328,7 +365,11 @@ def main(argv=None):
     train = split.train_array()
     rng = np.random.default_rng(args.seed)
     n_gen = int(round(args.batch_size * args.gen_fraction))
-    pool = gen_pool(args.run_dir, "gen_train", target, train, args.gen_pool, args.seq_len, args.seed) if n_gen else None
+    pool = (
+        gen_pool(args.run_dir, "gen_train", target, train, args.gen_pool, args.seq_len, args.seed)
+        if n_gen
+        else None
+    )
     step, elapsed = 0, 0.0
     ckpt_path = os.path.join(args.run_dir, "ckpt.pdckpt")
     if os.path.exists(ckpt_path):
@@ -354,7 +395,9 @@ def main(argv=None):
         )
         changed = [k for k in shape_keys if k in saved and saved[k] != getattr(args, k)]
         if changed:
-            raise SystemExit(f"{ckpt_path} was trained with different {changed}: { {k: saved[k] for k in changed} }")
+            raise SystemExit(
+                f"{ckpt_path} was trained with different {changed}: { {k: saved[k] for k in changed} }"
+            )
         target.set_state_dict(state["target"])
         mtp.set_state_dict(state["mtp"])
         if "opt_structured" in state:
@@ -365,7 +408,10 @@ def main(argv=None):
         step, elapsed = int(state["step"]), float(state["elapsed"])
         log(args.run_dir, f"resumed at step {step}, {elapsed:.0f}s of training so far")
     else:
-        log(args.run_dir, f"fresh run: {n_params} params, corpus {split.describe()}, args {vars(args)}")
+        log(
+            args.run_dir,
+            f"fresh run: {n_params} params, corpus {split.describe()}, args {vars(args)}",
+        )
 
     def save_ckpt():
         state = {
@@ -384,7 +430,9 @@ def main(argv=None):
     heldout_gen = None
     if (args.mtp_depth > 1 or args.distill) and args.freeze_target:  # a fixed target's own text
         heldout = split.heldout_array()
-        heldout_gen = gen_pool(args.run_dir, "gen_heldout", target, heldout, 64, args.seq_len, args.seed + 1)
+        heldout_gen = gen_pool(
+            args.run_dir, "gen_heldout", target, heldout, 64, args.seq_len, args.seed + 1
+        )
     bias = causal_bias(args.seq_len)
     budget = args.wall_budget_min * 60.0
     last_ckpt = time.time()
@@ -422,7 +470,9 @@ def main(argv=None):
             if heldout_gen is not None:
                 quick = evaluate_depths(target, mtp, heldout_gen, args.mtp_depth)
             else:
-                quick = tiny_lib.evaluate_dense(target, mtp, split.heldout_array(), args.seq_len, max_windows=256)
+                quick = tiny_lib.evaluate_dense(
+                    target, mtp, split.heldout_array(), args.seq_len, max_windows=256
+                )
             log(args.run_dir, f"eval step {step}: {json.dumps(quick)}")
         if time.time() - last_ckpt > args.ckpt_every_sec:
             save_ckpt()
@@ -450,7 +500,11 @@ def export(args, target, mtp, config, split, step, elapsed, n_params):
     mtp.eval()
     metrics = {
         "heldout_teacher_forced": tiny_lib.evaluate_dense(
-            target, mtp_layers_of(mtp)[0], split.heldout_array(), args.seq_len, max_windows=args.export_eval_windows
+            target,
+            mtp_layers_of(mtp)[0],
+            split.heldout_array(),
+            args.seq_len,
+            max_windows=args.export_eval_windows,
         )
     }
     depth = max(args.mtp_depth, 3)
@@ -555,7 +609,9 @@ def serving_acceptance(checkpoint: str) -> dict:
 
 
 def _command(ta: dict, keys) -> str:
-    flags = [(f"--{k.replace('_', '-')}", ta[k]) for k in keys if k in ta and ta[k] not in (None, False)]
+    flags = [
+        (f"--{k.replace('_', '-')}", ta[k]) for k in keys if k in ta and ta[k] not in (None, False)
+    ]
     return " ".join(flag if value is True else f"{flag} {value}" for flag, value in flags)
 
 
@@ -642,10 +698,15 @@ def drafting_lines(m: dict) -> list[str]:
     dt = m.get("depth_teacher_forced")
     if dt:
         rows = []
-        for name, key in (("target's greedy continuations", "generated"), ("held-out corpus", "corpus")):
+        for name, key in (
+            ("target's greedy continuations", "generated"),
+            ("held-out corpus", "corpus"),
+        ):
             r = dt[key]
             for k in range(dt["depth"]):
-                rows.append(f"| {name} | {k + 1} | {r['agree'][k]:.4f} | {r['accept'][k]:.4f} | {r['ce'][k]:.4f} |")
+                rows.append(
+                    f"| {name} | {k + 1} | {r['agree'][k]:.4f} | {r['accept'][k]:.4f} | {r['ce'][k]:.4f} |"
+                )
         lines += [
             "Drafting, teacher forced (training path, unrolled substeps): per depth, the share of "
             "rows whose argmax equals the target's (`agree`), the share of chains whose depths 1..k "
@@ -750,7 +811,11 @@ def write_card(out_dir, config, m, weights_bytes):
         *training_lines(m),
         "## Held-out results (teacher forcing)",
         "",
-        ("All " if tf["windows"] == c["heldout_bytes"] // ta["seq_len"] else "An evenly spaced subset of ")
+        (
+            "All "
+            if tf["windows"] == c["heldout_bytes"] // ta["seq_len"]
+            else "An evenly spaced subset of "
+        )
         + f"{tf['windows']} non-overlapping {ta['seq_len']}-byte windows of the held-out "
         "concatenation, dense (training) path:",
         "",

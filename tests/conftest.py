@@ -16,7 +16,13 @@ import secrets
 import pytest
 
 from fastdeploy_mtp.credentials import SECRET_ENV
-from tests.support.backends import ALL_BACKENDS, DEFAULT_BACKENDS, availability, required_backends, usable_or_skip
+from tests.support.backends import (
+    ALL_BACKENDS,
+    DEFAULT_BACKENDS,
+    availability,
+    required_backends,
+    usable_or_skip,
+)
 
 # One splitwise secret for the whole run, inherited by every instance and router the tests
 # start (so no test writes the per-user default secret file).
@@ -25,7 +31,9 @@ os.environ.setdefault(SECRET_ENV, secrets.token_hex(32))
 _REQUIRED = required_backends()
 for _name in _REQUIRED:
     if _name not in ALL_BACKENDS:
-        raise pytest.UsageError(f"FDMTP_TEST_BACKENDS: unknown backend {_name!r}; known: {ALL_BACKENDS}")
+        raise pytest.UsageError(
+            f"FDMTP_TEST_BACKENDS: unknown backend {_name!r}; known: {ALL_BACKENDS}"
+        )
 
 
 def pytest_collection_modifyitems(config, items):

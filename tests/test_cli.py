@@ -79,7 +79,11 @@ def test_from_json_reads_fastdeploy_keys():
 
 @pytest.mark.parametrize(
     "values,steps",
-    [({"num_speculative_tokens": 3}, 3), ({"num_speculative_tokens": 3, "mtp_strategy": "with_ngram"}, 1), ({}, 1)],
+    [
+        ({"num_speculative_tokens": 3}, 3),
+        ({"num_speculative_tokens": 3, "mtp_strategy": "with_ngram"}, 1),
+        ({}, 1),
+    ],
 )
 def test_missing_num_model_steps_defaults_to_k_or_1_with_ngram(values, steps):
     assert SpeculativeConfig.from_dict(values).num_model_steps == steps
@@ -106,7 +110,10 @@ def test_method_null_or_none_disables_speculation(method):
         ('{"method": "eagle"}', ["method", "'eagle'"]),
         ('{"mtp_strategy": "ngram_first"}', ["mtp_strategy", "'ngram_first'"]),
         ('{"verify_strategy": "beam"}', ["verify_strategy", "'beam'"]),
-        ('{"num_speculative_tokens": 2, "num_model_steps": 3}', ["num_model_steps (3)", "num_speculative_tokens (2)"]),
+        (
+            '{"num_speculative_tokens": 2, "num_model_steps": 3}',
+            ["num_model_steps (3)", "num_speculative_tokens (2)"],
+        ),
         ('{"num_speculative_tokens": 0}', ["num_speculative_tokens", "> 0"]),
         ('{"method": "mtp",}', ["not valid JSON", "line 1 column"]),
         ("[3]", ["JSON object", "list"]),
@@ -130,7 +137,11 @@ def test_from_dict_refuses_a_non_mapping():
 # ---- resolve_speculative_config ----------------------------------------------------------
 def test_shorthand_defaults():
     # nothing given: the package default (one MTP substep + n-gram, adaptive draft length)
-    assert resolve() == default_speculative_config() == SpeculativeConfig.from_dict(DEFAULT_SPECULATIVE_CONFIG)
+    assert (
+        resolve()
+        == default_speculative_config()
+        == SpeculativeConfig.from_dict(DEFAULT_SPECULATIVE_CONFIG)
+    )
     assert resolve().adaptive_draft_length and resolve().mtp_strategy == "with_ngram"
     # any flag: FastDeploy's own defaults for what it leaves out
     assert resolve("--num-speculative-tokens", 3) == SpeculativeConfig("mtp", 3, 3)
@@ -139,7 +150,9 @@ def test_shorthand_defaults():
 
 
 def test_json_keys_left_out_take_the_flags():
-    spec = resolve("--speculative-config", '{"method": "mtp"}', "--num-speculative-tokens", 2, "--hybrid-ngram")
+    spec = resolve(
+        "--speculative-config", '{"method": "mtp"}', "--num-speculative-tokens", 2, "--hybrid-ngram"
+    )
     assert spec == SpeculativeConfig("mtp", 2, 1, "with_ngram")
     assert resolve("--speculative-config", "{}") == SpeculativeConfig("mtp", 3, 3)
     assert resolve("--speculative-config", "{}", "--num-speculative-tokens", 0).method is None
@@ -161,11 +174,31 @@ def test_flags_repeating_the_json_are_accepted():
 @pytest.mark.parametrize(
     "config,flags,names",
     [
-        ('{"num_speculative_tokens": 2}', ["--num-speculative-tokens", 3], ["--num-speculative-tokens 3", ": 2"]),
-        ('{"method": null}', ["--num-speculative-tokens", 3], ["--num-speculative-tokens 3", '"method": null']),
-        ('{"num_speculative_tokens": 3}', ["--num-speculative-tokens", 0], ["--num-speculative-tokens 0"]),
-        ('{"num_model_steps": 2}', ["--num-model-steps", 1], ["--num-model-steps 1", '"num_model_steps": 2']),
-        ('{"mtp_strategy": "default"}', ["--hybrid-ngram"], ["--hybrid-ngram", '"mtp_strategy": "default"']),
+        (
+            '{"num_speculative_tokens": 2}',
+            ["--num-speculative-tokens", 3],
+            ["--num-speculative-tokens 3", ": 2"],
+        ),
+        (
+            '{"method": null}',
+            ["--num-speculative-tokens", 3],
+            ["--num-speculative-tokens 3", '"method": null'],
+        ),
+        (
+            '{"num_speculative_tokens": 3}',
+            ["--num-speculative-tokens", 0],
+            ["--num-speculative-tokens 0"],
+        ),
+        (
+            '{"num_model_steps": 2}',
+            ["--num-model-steps", 1],
+            ["--num-model-steps 1", '"num_model_steps": 2'],
+        ),
+        (
+            '{"mtp_strategy": "default"}',
+            ["--hybrid-ngram"],
+            ["--hybrid-ngram", '"mtp_strategy": "default"'],
+        ),
         ('{"method": "none"}', ["--hybrid-ngram"], ["--hybrid-ngram", "no speculation"]),
     ],
 )
@@ -192,7 +225,9 @@ def test_invalid_speculation_flags(flags, name):
 
 # ---- generate / demo ---------------------------------------------------------------------
 def generate_json(capsys, *flags, max_tokens=10):
-    rc, out, err = run_main(capsys, "generate", "--prompt", PROMPT, "--max-tokens", max_tokens, "--json", *flags)
+    rc, out, err = run_main(
+        capsys, "generate", "--prompt", PROMPT, "--max-tokens", max_tokens, "--json", *flags
+    )
     assert rc == 0, err
     return json.loads(out)  # stdout holds the JSON object and nothing else
 
@@ -241,7 +276,9 @@ def test_speculative_config_equals_the_shorthand_flags(capsys, flags, config):
 
 
 def test_demo_json(capsys):
-    rc, out, err = run_main(capsys, "demo", "--max-tokens", 6, "--json", "--num-speculative-tokens", 2)
+    rc, out, err = run_main(
+        capsys, "demo", "--max-tokens", 6, "--json", "--num-speculative-tokens", 2
+    )
     assert rc == 0, err
     result = json.loads(out)
     assert result["outputs_identical"] is True
@@ -251,7 +288,11 @@ def test_demo_json(capsys):
     assert len(spec["metrics"]["acceptance_per_position"]) == 2
     assert spec["metrics"]["mean_accepted_length"] > 1.0
     assert spec["metrics"]["target_forwards"] < plain["metrics"]["target_forwards"]
-    assert plain["metrics"]["generated_tokens"] == spec["metrics"]["generated_tokens"] == 6 * result["num_prompts"]
+    assert (
+        plain["metrics"]["generated_tokens"]
+        == spec["metrics"]["generated_tokens"]
+        == 6 * result["num_prompts"]
+    )
     # by default one prompt at a time, where speculation pays most on a CPU, and a note saying so
     assert result["max_num_seqs"] == demo.DEMO_MAX_NUM_SEQS == 1
     assert result["note"] == demo.batch_note(1)
@@ -325,11 +366,18 @@ def test_seeded_sampling_gives_the_same_tokens_with_and_without_speculation(caps
     assert default["token_ids"] == mtp["token_ids"] == plain["token_ids"]
     assert default["text"] == mtp["text"] == plain["text"]
     assert mtp["finish_reason"] == "length"
-    assert mtp["sampling"] == {**SamplingParams().to_dict(), "temperature": 0.8, "top_p": 0.9, "seed": 7}
+    assert mtp["sampling"] == {
+        **SamplingParams().to_dict(),
+        "temperature": 0.8,
+        "top_p": 0.9,
+        "seed": 7,
+    }
     assert "logprobs" not in mtp
     greedy = generate_json(capsys, "--speculative-config", MTP3, max_tokens=24)
     other_seed = generate_json(capsys, *SAMPLE[:-1], 8, "--speculative-config", MTP3, max_tokens=24)
-    assert greedy["token_ids"] != mtp["token_ids"], "temperature 0.8 should change the tiny model's output"
+    assert greedy["token_ids"] != mtp["token_ids"], (
+        "temperature 0.8 should change the tiny model's output"
+    )
     assert other_seed["token_ids"] != mtp["token_ids"]
 
 
@@ -344,7 +392,9 @@ def test_generate_logprobs_and_stop(capsys):
     cut = generate_json(capsys, *SAMPLE, "--stop", "\x00never", "--stop", stop, max_tokens=16)
     assert cut["text"] == full["text"][: full["text"].index(stop)]
     assert cut["finish_reason"] == "stop"
-    rc, out, err = run_main(capsys, "generate", "--prompt", PROMPT, "--max-tokens", 4, "--logprobs", 1, *SAMPLE)
+    rc, out, err = run_main(
+        capsys, "generate", "--prompt", PROMPT, "--max-tokens", 4, "--logprobs", 1, *SAMPLE
+    )
     assert rc == 0 and out.startswith(PROMPT) and len(out.splitlines()) >= 4, err
 
 
@@ -362,7 +412,10 @@ def test_generate_logprobs_and_stop(capsys):
         (["--presence-penalty", -9], "--presence-penalty"),
         (["--stop", ""], "--stop"),
         (["--logprobs", 21], "--logprobs"),
-        (["--temperature", 0.5, "--speculative-config", '{"verify_strategy": "greedy"}'], "verify_strategy"),
+        (
+            ["--temperature", 0.5, "--speculative-config", '{"verify_strategy": "greedy"}'],
+            "verify_strategy",
+        ),
     ],
 )
 def test_bad_sampling_flags_exit_2_with_one_line(capsys, monkeypatch, flags, name):
@@ -373,7 +426,9 @@ def test_bad_sampling_flags_exit_2_with_one_line(capsys, monkeypatch, flags, nam
 
 
 def test_demo_takes_temperature_and_seed(capsys):
-    rc, out, err = run_main(capsys, "demo", "--max-tokens", 6, "--json", "--temperature", 0.8, "--seed", 7)
+    rc, out, err = run_main(
+        capsys, "demo", "--max-tokens", 6, "--json", "--temperature", 0.8, "--seed", 7
+    )
     assert rc == 0, err
     result = json.loads(out)
     assert result["outputs_identical"] is True
@@ -390,9 +445,17 @@ def test_demo_takes_temperature_and_seed(capsys):
         (["generate", "--prompt", ""], 2, "--prompt"),
         (["demo", "--num-speculative-tokens", 0], 2, "speculation"),
         (["generate", "--prompt", "x", "--speculative-config", '{"k": 3}'], 2, "'k'"),
-        (["generate", "--prompt", "x", "--speculative-config", "{}", "--num-model-steps", 5], 2, "num_model_steps"),
+        (
+            ["generate", "--prompt", "x", "--speculative-config", "{}", "--num-model-steps", 5],
+            2,
+            "num_model_steps",
+        ),
         (["frobnicate"], 2, "frobnicate"),
-        (["generate", "--prompt", "x", "--checkpoint", "/nonexistent/ckpt"], 2, "/nonexistent/ckpt"),
+        (
+            ["generate", "--prompt", "x", "--checkpoint", "/nonexistent/ckpt"],
+            2,
+            "/nonexistent/ckpt",
+        ),
     ],
 )
 def test_errors_are_one_line_with_the_exit_status(capsys, argv, status, name):
@@ -432,7 +495,9 @@ def test_process_exit_status_and_no_traceback(tmp_path):
         "fastdeploy-mtp: error: speculative config is not valid JSON: "
         "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
     ]
-    debug = subprocess.run(argv, cwd=REPO, env={**env, "FDMTP_DEBUG": "1"}, capture_output=True, text=True, timeout=120)
+    debug = subprocess.run(
+        argv, cwd=REPO, env={**env, "FDMTP_DEBUG": "1"}, capture_output=True, text=True, timeout=120
+    )
     assert debug.returncode != 0
     assert "Traceback" in debug.stderr and "SpeculativeConfigError" in debug.stderr
 
@@ -463,7 +528,9 @@ def test_serve_takes_model(capsys, monkeypatch):
     assert [opts.model for opts in seen] == [SHIPPED]
 
 
-@pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["demo"], ["serve", "--port", "1"]])
+@pytest.mark.parametrize(
+    "command", [["generate", "--prompt", "x"], ["demo"], ["serve", "--port", "1"]]
+)
 def test_a_directory_that_is_no_checkpoint_is_refused_alike(capsys, monkeypatch, tmp_path, command):
     monkeypatch.setattr(generate, "run_requests", never_run)
     monkeypatch.setattr(demo, "run_prompts", never_run)
@@ -490,9 +557,14 @@ def test_checkpoint_is_a_deprecated_spelling_of_model(capsys, monkeypatch, comma
 
 @pytest.mark.parametrize(
     "speculation",
-    [["--num-speculative-tokens", 9], ["--speculative-config", '{"num_speculative_tokens": 9, "num_model_steps": 1}']],
+    [
+        ["--num-speculative-tokens", 9],
+        ["--speculative-config", '{"num_speculative_tokens": 9, "num_model_steps": 1}'],
+    ],
 )
-def test_every_command_refuses_more_drafts_than_the_token_message_carries_alike(capsys, monkeypatch, speculation):
+def test_every_command_refuses_more_drafts_than_the_token_message_carries_alike(
+    capsys, monkeypatch, speculation
+):
     """``serve`` cannot carry K = 9 (K + 1 tokens per request in the workers' token message);
     ``generate`` and ``demo`` refuse it too, with the same line, before running anything
     (``serve`` before starting any process)."""

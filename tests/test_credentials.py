@@ -44,7 +44,9 @@ def test_the_environment_wins_then_the_file(no_env: str, monkeypatch: pytest.Mon
     monkeypatch.setenv(cred.SECRET_ENV, "env-secret-0123456789")
     assert cred.splitwise_secret(path) == b"env-secret-0123456789"
     monkeypatch.setenv(cred.SECRET_ENV, "short")
-    with pytest.raises(cred.CredentialError, match=f"environment variable {cred.SECRET_ENV}: .* at least 16 bytes"):
+    with pytest.raises(
+        cred.CredentialError, match=f"environment variable {cred.SECRET_ENV}: .* at least 16 bytes"
+    ):
         cred.splitwise_secret()
 
 
@@ -81,7 +83,9 @@ def test_a_secret_file_of_another_user_a_link_or_a_folder_is_refused(no_env: str
         cred.splitwise_secret(os.path.join(no_env, "missing"))
 
 
-def test_api_key_from_the_flag_or_the_environment(no_env: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_api_key_from_the_flag_or_the_environment(
+    no_env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert cred.api_key(None) is None
     monkeypatch.setenv(cred.API_KEY_ENV, " from-env ")
     assert cred.api_key(None) == "from-env"
@@ -94,7 +98,15 @@ def test_bearer_matches_only_the_exact_key() -> None:
     keys = [b"k1-abcdef", b"k2-ghijkl"]
     assert cred.bearer_matches("Bearer k1-abcdef", keys)
     assert cred.bearer_matches("bearer k2-ghijkl", keys)
-    for header in (None, "", "k1-abcdef", "Basic k1-abcdef", "Bearer k1-abcde", "Bearer k1-abcdefg", "Bearer \udcff"):
+    for header in (
+        None,
+        "",
+        "k1-abcdef",
+        "Basic k1-abcdef",
+        "Bearer k1-abcde",
+        "Bearer k1-abcdefg",
+        "Bearer \udcff",
+    ):
         assert not cred.bearer_matches(header, keys), header
     assert not cred.bearer_matches("Bearer k1-abcdef", [])
 
@@ -105,13 +117,17 @@ def test_signatures_cover_every_byte_and_derived_keys_differ() -> None:
     assert len(set(keys.values())) == 3 and cred.derive(b"t" * 32, "kv") != keys["kv"]
     obj = {"b": [1, 2, {"c": "d"}], "a": 1.5}
     sig = cred.sign(keys["handoff"], obj)
-    assert cred.signature_matches(keys["handoff"], {"a": 1.5, "b": [1, 2, {"c": "d"}]}, sig)  # key order is free
+    assert cred.signature_matches(
+        keys["handoff"], {"a": 1.5, "b": [1, 2, {"c": "d"}]}, sig
+    )  # key order is free
     for other in ({**obj, "a": 1.25}, {**obj, "b": [1, 2, {"c": "e"}]}, {**obj, "x": None}):
         assert not cred.signature_matches(keys["handoff"], other, sig)
     assert not cred.signature_matches(keys["kv"], obj, sig)
     for bad in (None, 5, sig[:-1], sig.upper()):
         assert not cred.signature_matches(keys["handoff"], obj, bad)
-    assert not cred.signature_matches(keys["handoff"], {"a": float("nan")}, sig)  # not JSON: never matches
+    assert not cred.signature_matches(
+        keys["handoff"], {"a": float("nan")}, sig
+    )  # not JSON: never matches
 
 
 def test_dropped_counts_per_channel() -> None:

@@ -21,7 +21,9 @@ DOC = REPO / "docs" / "integration.md"
 
 def doc_loop() -> str:
     blocks = re.findall(r"^```python\n(.*?)^```$", DOC.read_text(), flags=re.S | re.M)
-    assert len(blocks) == 1, f"docs/integration.md should hold exactly one python block, found {len(blocks)}"
+    assert len(blocks) == 1, (
+        f"docs/integration.md should hold exactly one python block, found {len(blocks)}"
+    )
     return blocks[0]
 
 
@@ -29,7 +31,9 @@ def engine_output(prompt: str, max_tokens: int, k: int) -> tuple[list[int], int]
     target, mtp, arch = load_tiny()
     req = Request("r0", ByteTokenizer().encode(prompt), max_tokens=max_tokens)
     longest = len(req.prompt_token_ids) + max_tokens + 2 * k + 8
-    with Engine(build_config(arch, speculative_config(k), 1, longest), target, mtp if k else None) as engine:
+    with Engine(
+        build_config(arch, speculative_config(k), 1, longest), target, mtp if k else None
+    ) as engine:
         ids = engine.generate([req])["r0"]
     return ids, engine.metrics.target_forwards
 
@@ -39,7 +43,12 @@ def test_integration_doc_loop_matches_the_engine(tmp_path):
     script.write_text(doc_loop())
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.rstrip("\n").split("\n")
@@ -47,7 +56,9 @@ def test_integration_doc_loop_matches_the_engine(tmp_path):
     ids = result["token_ids"]
     assert len(ids) == result["max_tokens"]
     # the printed continuation is the decoded ids (the end-id stand-in left out)
-    assert all(0 <= t < 256 for t in ids), "every emitted id is a real (byte) token, the last one too"
+    assert all(0 <= t < 256 for t in ids), (
+        "every emitted id is a real (byte) token, the last one too"
+    )
     text = ByteTokenizer().decode(ids)
     assert "\n".join(lines[:-1]) == result["prompt"] + text
 

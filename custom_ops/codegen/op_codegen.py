@@ -132,7 +132,9 @@ class Op:
     # Optional inputs that both bindings take after the attrs (an upstream positional call,
     # all tensors then the attrs, must still work when we add an optional input).
     trailing_inputs: list[str] = field(default_factory=list)
-    paddle_outputs: list[str] = field(default_factory=list)  # Paddle's output order, if not the default
+    paddle_outputs: list[str] = field(
+        default_factory=list
+    )  # Paddle's output order, if not the default
     # A host-only op: one hand-written host function (custom_ops/cpu/<op>.cc) runs on every
     # backend; no Args struct, no per-item header, no CUDA or XPU kernel. The Paddle binding
     # copies device tensors to the host around the call; the entry requires host tensors.
@@ -145,7 +147,9 @@ class Op:
 
     def output_order(self) -> list[str]:
         """Paddle's outputs: the allocated ones, then `<input>_out` of every written input."""
-        default = [o.name for o in self.outputs] + [f"{t.name}_out" for t in self.inputs if t.writes]
+        default = [o.name for o in self.outputs] + [
+            f"{t.name}_out" for t in self.inputs if t.writes
+        ]
         return self.paddle_outputs or default
 
     @property
@@ -200,13 +204,17 @@ _ENTRY_KEYS: dict[str, tuple[type, dict[str, Any], dict[str, tuple[Any, Any]]]] 
 def _load_entries(data: dict[str, Any], key: str, where: str) -> list[Any]:
     """The entries of the declaration's list `key` (see _ENTRY_KEYS), checked for unknown keys."""
     cls, required, optional = _ENTRY_KEYS[key]
-    absent: Any = ... if key == "inputs" else []  # an op may have no attrs or outputs, never no inputs
+    absent: Any = (
+        ... if key == "inputs" else []
+    )  # an op may have no attrs or outputs, never no inputs
     entries = []
     for i, raw in enumerate(_take(data, key, where, absent)):
         w = f"{where}: {key}[{i}]"
         values = {"name": _check_name(str(_take(raw, "name", w)), w)}
         values.update({k: convert(_take(raw, k, w)) for k, convert in required.items()})
-        values.update({k: convert(_take(raw, k, w, default)) for k, (convert, default) in optional.items()})
+        values.update(
+            {k: convert(_take(raw, k, w, default)) for k, (convert, default) in optional.items()}
+        )
         values["field"] = str(_take(raw, "field", w, values["name"]))
         _no_extra(raw, w)
         entries.append(cls(**values))
@@ -255,7 +263,9 @@ def validate(op: Op) -> None:
     tensor_names = {t.name for t in op.inputs}
     for t in op.inputs:
         if t.io not in IO_KINDS:
-            raise DeclarationError(f"{w}: input `{t.name}`: io must be one of {IO_KINDS}, got {t.io!r}")
+            raise DeclarationError(
+                f"{w}: input `{t.name}`: io must be one of {IO_KINDS}, got {t.io!r}"
+            )
         _check_dtype(op, t.name, t.dtype, allow_any=True)
         if t.optional and t.writes:
             raise DeclarationError(f"{w}: optional input `{t.name}` cannot be written in place")
@@ -263,22 +273,32 @@ def validate(op: Op) -> None:
         _check_dtype(op, o.name, o.dtype, allow_any=False)
         if isinstance(o.alloc, str):
             if not o.alloc.startswith("like:") or o.alloc[5:] not in tensor_names:
-                raise DeclarationError(f"{w}: output `{o.name}`: alloc must be a list of dims or 'like:<input>'")
+                raise DeclarationError(
+                    f"{w}: output `{o.name}`: alloc must be a list of dims or 'like:<input>'"
+                )
         elif not all(isinstance(d, str) for d in o.alloc):
-            raise DeclarationError(f"{w}: output `{o.name}`: alloc dims must be strings (C++ expressions)")
+            raise DeclarationError(
+                f"{w}: output `{o.name}`: alloc dims must be strings (C++ expressions)"
+            )
     for a in op.attrs:
         if a.type not in ATTR_TYPES:
-            raise DeclarationError(f"{w}: attr `{a.name}`: type must be one of {sorted(ATTR_TYPES)}")
+            raise DeclarationError(
+                f"{w}: attr `{a.name}`: type must be one of {sorted(ATTR_TYPES)}"
+            )
     for name in op.trailing_inputs:
         if name not in tensor_names or not op.input(name).optional:
             raise DeclarationError(f"{w}: trailing input `{name}` must be an optional input")
-    default_outputs = [o.name for o in op.outputs] + [f"{t.name}_out" for t in op.inputs if t.writes]
+    default_outputs = [o.name for o in op.outputs] + [
+        f"{t.name}_out" for t in op.inputs if t.writes
+    ]
     if op.paddle_outputs and sorted(op.paddle_outputs) != sorted(default_outputs):
         raise DeclarationError(f"{w}: paddle_outputs must order exactly {default_outputs}")
     if op.device_of not in tensor_names:
         raise DeclarationError(f"{w}: device_of `{op.device_of}` is not an input")
     if op.template_on and op.input(op.template_on).dtype != "float":
-        raise DeclarationError(f"{w}: template_on `{op.template_on}` must be an input of dtype 'float'")
+        raise DeclarationError(
+            f"{w}: template_on `{op.template_on}` must be an input of dtype 'float'"
+        )
     if op.host_only:
         kernel_keys = {
             "args": op.args_struct, "template_on": op.template_on, "cpu_extra": op.cpu_extra,
@@ -303,7 +323,9 @@ def validate(op: Op) -> None:
     for p in positional(op, python=False):
         has = isinstance(p, Attr) and p.default is not None
         if seen_default and not has and not (isinstance(p, Tensor) and p.optional):
-            raise DeclarationError(f"{w}: `{p.name}` has no default but follows a parameter that has one")
+            raise DeclarationError(
+                f"{w}: `{p.name}` has no default but follows a parameter that has one"
+            )
         seen_default = seen_default or has
 
 
@@ -403,7 +425,13 @@ def load_constants(path: Path) -> tuple[list[Constant], list[Enum]]:
             )
             _no_extra(m, mw)
         enums.append(
-            Enum(python, str(_take(raw, "cpp", w)), str(_take(raw, "count_cpp", w)), str(_take(raw, "doc", w)), members)
+            Enum(
+                python,
+                str(_take(raw, "cpp", w)),
+                str(_take(raw, "count_cpp", w)),
+                str(_take(raw, "doc", w)),
+                members,
+            )
         )
         _no_extra(raw, w)
     return consts, enums
@@ -411,7 +439,9 @@ def load_constants(path: Path) -> tuple[list[Constant], list[Enum]]:
 
 # ---- C++ helpers --------------------------------------------------------------------------
 
-HEADER = "// Generated by custom_ops/codegen/op_codegen.py from custom_ops/ops/*.toml. Do not edit.\n"
+HEADER = (
+    "// Generated by custom_ops/codegen/op_codegen.py from custom_ops/ops/*.toml. Do not edit.\n"
+)
 
 
 def pointer_type(op: Op, t: Tensor | Output, writes: bool) -> str:
@@ -503,24 +533,44 @@ namespace fdmtp {
             out.append(f"  {ATTR_TYPES[a.type][0]} {a.name}{init};")
         out.append("  void* stream = nullptr;  // cudaStream_t of CUDA tensors")
         if op.cuda_workspace:
-            out.append("  ScratchAllocator* scratch = nullptr;  // device scratch for the CUDA launcher")
+            out.append(
+                "  ScratchAllocator* scratch = nullptr;  // device scratch for the CUDA launcher"
+            )
         out.append("};")
         out.append(f"void {op.kernel}(const {op.call}& call);")
         if op.host_only:
-            out.append(f"// The host function of {op.name} (host-only op, its CPU file): its own checks and")
-            out.append("// the work; called by the entry after the generic checks, on host tensors only.")
-            out.append(f"namespace host {{\nvoid {op.kernel}(const ArgChecker& check, const {op.call}& call);\n}}")
+            out.append(
+                f"// The host function of {op.name} (host-only op, its CPU file): its own checks and"
+            )
+            out.append(
+                "// the work; called by the entry after the generic checks, on host tensors only."
+            )
+            out.append(
+                f"namespace host {{\nvoid {op.kernel}(const ArgChecker& check, const {op.call}& call);\n}}"
+            )
         else:
-            out.append(f"// Op-specific checks and derived sizes ({op.name}'s CPU file); called by the entry")
+            out.append(
+                f"// Op-specific checks and derived sizes ({op.name}'s CPU file); called by the entry"
+            )
             out.append("// after the generic checks, before anything is written.")
-            out.append(f"void Prepare(const ArgChecker& check, const {op.call}& call, {op.args_struct}* args);")
+            out.append(
+                f"void Prepare(const ArgChecker& check, const {op.call}& call, {op.args_struct}* args);"
+            )
             if op.prepare_inputs:
-                out.append(f"// {op.name}'s checks on its inputs and attrs alone (its CPU file); called by the")
-                out.append("// entry after the inputs' generic checks, before the outputs are checked.")
+                out.append(
+                    f"// {op.name}'s checks on its inputs and attrs alone (its CPU file); called by the"
+                )
+                out.append(
+                    "// entry after the inputs' generic checks, before the outputs are checked."
+                )
                 out.append(f"void PrepareInputs(const ArgChecker& check, const {op.call}& call);")
             if op.outputs:
-                out.append("// The entry's checks of the inputs and attrs alone, in the entry's order (device,")
-                out.append("// storage, dtype and layout of each input, then PrepareInputs where the op has one):")
+                out.append(
+                    "// The entry's checks of the inputs and attrs alone, in the entry's order (device,"
+                )
+                out.append(
+                    "// storage, dtype and layout of each input, then PrepareInputs where the op has one):"
+                )
                 out.append("// the Paddle binding runs them before it allocates the outputs.")
                 out.append(f"void {op.kernel}CheckInputs(const {op.call}& call);")
         out.append("")
@@ -551,7 +601,10 @@ def gen_kernels_h(ops: list[Op]) -> str:
     out += ["", "namespace fdmtp {", "", "namespace cpu {"]
     for op in ops:
         tmpl = template_prefix(op)
-        extra = "".join(f", {ATTR_TYPES[next(a for a in op.attrs if a.name == e).type][0]} {e}" for e in op.cpu_extra)
+        extra = "".join(
+            f", {ATTR_TYPES[next(a for a in op.attrs if a.name == e).type][0]} {e}"
+            for e in op.cpu_extra
+        )
         out.append(f"{tmpl}void {op.kernel}(const {op.args_struct}& args{extra});")
     out += ["}  // namespace cpu", "", "namespace cuda {"]
     for op in ops:
@@ -602,8 +655,14 @@ def gen_cuda_emu_adapter(op: Op) -> str:
         ws = ", workspace.data()"
     if op.template_on:
         out.append("  switch (static_cast<::fdmtp::DType>(dtype)) {")
-        for dt, t in (("kFloat32", "float"), ("kFloat16", "::fdmtp::Float16"), ("kBFloat16", "::fdmtp::BFloat16")):
-            out.append(f"    case ::fdmtp::DType::{dt}: return ::fdmtp::cuda::{op.kernel}<{t}>(a{ws}, stream);")
+        for dt, t in (
+            ("kFloat32", "float"),
+            ("kFloat16", "::fdmtp::Float16"),
+            ("kBFloat16", "::fdmtp::BFloat16"),
+        ):
+            out.append(
+                f"    case ::fdmtp::DType::{dt}: return ::fdmtp::cuda::{op.kernel}<{t}>(a{ws}, stream);"
+            )
         out += ["    default: break;", "  }", "  return cudaErrorInvalidValue;"]
     else:
         out += ["  (void)dtype;", f"  return ::fdmtp::cuda::{op.kernel}(a{ws}, stream);"]
@@ -642,7 +701,9 @@ def entry_tensor_list(op: Op, with_outputs: bool) -> list[str]:
     opt = [f"&call.{t.name}" for t in op.inputs if t.optional]
     lines = ["  std::vector<const TensorRef*> tensors = {" + ", ".join(req) + "};"]
     if opt:
-        lines.append("  for (const TensorRef* t : Present({" + ", ".join(opt) + "})) tensors.push_back(t);")
+        lines.append(
+            "  for (const TensorRef* t : Present({" + ", ".join(opt) + "})) tensors.push_back(t);"
+        )
     return lines
 
 
@@ -703,7 +764,9 @@ def gen_entries_cc(ops: list[Op]) -> str:
                 out.append(f"  args.{t.field} = call.{t.name}.ptr<{ptype[:-1]}>();")
         for o in op.outputs:
             if o.field:
-                out.append(f"  args.{o.field} = call.{o.name}.ptr<{pointer_type(op, o, True)[:-1]}>();")
+                out.append(
+                    f"  args.{o.field} = call.{o.name}.ptr<{pointer_type(op, o, True)[:-1]}>();"
+                )
         for a in op.attrs:
             if a.field:
                 out.append(f"  args.{a.field} = call.{a.name};")
@@ -783,7 +846,9 @@ def gen_xpu_plugin_cpp(ops: list[Op]) -> str:
         out.append("      });")
         out.append("}")
         if op.template_on:
-            out.append(f"#define FDMTP_INSTANTIATE(T) template int {op.name}<T>(Context*, const {op.args_struct}&);")
+            out.append(
+                f"#define FDMTP_INSTANTIATE(T) template int {op.name}<T>(Context*, const {op.args_struct}&);"
+            )
             out.append("FDMTP_FOR_EACH_FLOAT_TYPE(FDMTP_INSTANTIATE)")
             out.append("#undef FDMTP_INSTANTIATE")
         out.append("")
@@ -818,7 +883,9 @@ def gen_paddle_cc(ops: list[Op]) -> str:
     for op in ops:
         params = []
         for t in op.inputs:
-            kind = "const paddle::optional<paddle::Tensor>&" if t.optional else "const paddle::Tensor&"
+            kind = (
+                "const paddle::optional<paddle::Tensor>&" if t.optional else "const paddle::Tensor&"
+            )
             params.append(f"{kind} {t.name}")
         params += [f"{ATTR_TYPES[a.type][0]} {a.name}" for a in op.attrs]
         ret = "std::vector<paddle::Tensor>" if op.outputs else "void"
@@ -852,7 +919,9 @@ def gen_paddle_cc(ops: list[Op]) -> str:
         for o in op.outputs:
             dims = alloc_dims(o, "{}.shape()")
             dt = paddle_dtype(op, o.dtype, "{}.dtype()")
-            out.append(f"    paddle::Tensor {o.name} = paddle::empty(pb::Allocatable({dims}), {dt}, {place});")
+            out.append(
+                f"    paddle::Tensor {o.name} = paddle::empty(pb::Allocatable({dims}), {dt}, {place});"
+            )
             out.append(f'    call.{o.name} = pb::ToRef({o.name}, "{o.name}");')
         out.append(f"    call.stream = pb::StreamOf({op.device_of});")
         if op.cuda_workspace:
@@ -908,7 +977,11 @@ def gen_paddle_cc(ops: list[Op]) -> str:
         out.append("    .Inputs({" + ", ".join(ins) + "})")
         out.append("    .Outputs({" + ", ".join(outs) + "})")
         if op.attrs:
-            out.append("    .Attrs({" + ", ".join(f'"{a.name}: {ATTR_TYPES[a.type][1]}"' for a in op.attrs) + "})")
+            out.append(
+                "    .Attrs({"
+                + ", ".join(f'"{a.name}: {ATTR_TYPES[a.type][1]}"' for a in op.attrs)
+                + "})"
+            )
         pairs = [f'{{"{t.name}", "{t.name}_out"}}' for t in op.inputs if t.writes]
         if pairs:
             out.append("    .SetInplaceMap({" + ", ".join(pairs) + "})")
@@ -960,7 +1033,14 @@ def gen_pybind_cc(ops: list[Op]) -> str:
         out.append(f"  fdmtp::{op.kernel}(call);")
         out.append("}")
         out.append("")
-    out += ["}  // namespace", "", "namespace fdmtp {", "namespace pybind {", "", "void DefineOps(py::module_& m) {"]
+    out += [
+        "}  // namespace",
+        "",
+        "namespace fdmtp {",
+        "namespace pybind {",
+        "",
+        "void DefineOps(py::module_& m) {",
+    ]
     for op in ops:
         dflt = defaults(op, python=False)
         args: list[str] = []
@@ -1117,12 +1197,18 @@ def without_subsections(prose: str, titles: tuple[str, ...]) -> str:
 def py_docstring_source(text: str) -> str:
     """A docstring literal for a function body: indented by 4, quotes escaped."""
     body = text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
-    lines = ['"""' + body.splitlines()[0]] + [("    " + line).rstrip() for line in body.splitlines()[1:]]
+    lines = ['"""' + body.splitlines()[0]] + [
+        ("    " + line).rstrip() for line in body.splitlines()[1:]
+    ]
     return "    " + "\n".join(lines) + '\n    """'
 
 
 def gen_python(
-    ops: list[Op], manual: list[str], consts: list[Constant], enums: list[Enum], sections: dict[str, str]
+    ops: list[Op],
+    manual: list[str],
+    consts: list[Constant],
+    enums: list[Enum],
+    sections: dict[str, str],
 ) -> str:
     out = [
         '"""Typed Python wrappers of the native ops, generated from custom_ops/ops/*.toml by',
@@ -1166,15 +1252,21 @@ def gen_python(
     out += [
         "",
         "#: Every op the Paddle library registers (the kernel ops and the IPC ops).",
-        "OP_NAMES: Final[tuple[str, ...]] = (" + "".join(f'\n    "{n}",' for n in all_names) + "\n)",
+        "OP_NAMES: Final[tuple[str, ...]] = ("
+        + "".join(f'\n    "{n}",' for n in all_names)
+        + "\n)",
         "",
     ]
-    out.append("#: The docstrings of the hand-written IPC op wrappers (their sections of docs/ops.md).")
+    out.append(
+        "#: The docstrings of the hand-written IPC op wrappers (their sections of docs/ops.md)."
+    )
     out.append("MANUAL_OP_DOCS: Final[dict[str, str]] = {")
     for name in manual:
         out.append(f"    {name!r}: {sections.get(name, '')!r},")
     out += ["}", ""]
-    out.append("#: Each kernel op's tensor inputs (Paddle's input order) and attrs, for calls by keyword.")
+    out.append(
+        "#: Each kernel op's tensor inputs (Paddle's input order) and attrs, for calls by keyword."
+    )
     out.append("OP_SIGNATURES: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {")
     for op in ops:
         ins = "".join(f'"{t.name}", ' for t in op.inputs)
@@ -1227,7 +1319,9 @@ def gen_python(
         out.append(py_docstring_source(py_docstring(op, prose)))
         call_args = []
         for t in op.inputs:
-            flags = (", writes=True" if t.writes else "") + (", optional=True" if t.optional else "")
+            flags = (", writes=True" if t.writes else "") + (
+                ", optional=True" if t.optional else ""
+            )
             call_args.append(f'tensor_arg("{op.name}", "{t.name}", {t.name}{flags})')
         for a in op.attrs:
             if a.env:
@@ -1287,7 +1381,9 @@ def gen_sources_cmake(repo: Path, ops: list[Op]) -> str:
         raise DeclarationError("declared ops lack their kernel files: " + ", ".join(missing))
     out = ["# Generated by custom_ops/codegen/op_codegen.py. Do not edit."]
     # The emulated CUDA units (generated beside this file, in the build folder).
-    lists["CUDA_EMU"] = [f"${{CMAKE_CURRENT_LIST_DIR}}/cuda_emu/{op.name}.cc" for op in kernel_ops(ops)]
+    lists["CUDA_EMU"] = [
+        f"${{CMAKE_CURRENT_LIST_DIR}}/cuda_emu/{op.name}.cc" for op in kernel_ops(ops)
+    ]
     for key, files in lists.items():
         out.append(f"set(FDMTP_OP_{key}_SOURCES")
         out += [f"  {f}" for f in files]
@@ -1359,7 +1455,9 @@ def generate(repo: Path, out: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repo", type=Path, required=True, help="the repository root")
-    parser.add_argument("--out", type=Path, required=True, help="the folder for the generated files")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="the folder for the generated files"
+    )
     args = parser.parse_args(argv)
     try:
         changed = generate(args.repo.resolve(), args.out.resolve())

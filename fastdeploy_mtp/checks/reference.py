@@ -62,7 +62,12 @@ class Round:
 
 
 def rounds_from_drafts(
-    seq: list[int], prompt_len: int, max_tokens: int, drafts: list[list[int]], k: int, stop_ids: tuple[int, ...] = ()
+    seq: list[int],
+    prompt_len: int,
+    max_tokens: int,
+    drafts: list[list[int]],
+    k: int,
+    stop_ids: tuple[int, ...] = (),
 ) -> list[Round]:
     """The rounds of a greedy speculative run whose output is ``seq[prompt_len:]`` (at least
     ``max_tokens`` tokens) and whose decode rounds drafted ``drafts[r]``: round 0 (the prefill)
@@ -133,7 +138,11 @@ class Reference:
         self.vocab_size = config.vocab_size
         self.vocab = config.ori_vocab_size
         self.target = _load_target(self.path, raw, self.family, torch, transformers)
-        self.mtp = _load_mtp(self.path, self.family, self.target, self.num_mtp_layers) if self.num_mtp_layers else None
+        self.mtp = (
+            _load_mtp(self.path, self.family, self.target, self.num_mtp_layers)
+            if self.num_mtp_layers
+            else None
+        )
         self._torch = torch
 
     # ---- the target ------------------------------------------------------------------------
@@ -155,7 +164,9 @@ class Reference:
         """``n`` greedy tokens after ``prompt_ids`` from transformers' ``generate`` (no EOS stop)."""
         torch = self._torch
         with torch.no_grad(), _folder_defaults_hidden(self.target):
-            out = self.target.generate(_ids(torch, prompt_ids), generation_config=self._generation_config(n))
+            out = self.target.generate(
+                _ids(torch, prompt_ids), generation_config=self._generation_config(n)
+            )
         return [int(t) for t in out[0, len(prompt_ids) :]]
 
     def hidden(self, ids: list[int]) -> Any:
@@ -172,7 +183,9 @@ class Reference:
         (one draft per layer), drafts recorded per round as its candidate generator proposes
         them."""
         if self.mtp is None:
-            raise ReferenceUnavailable(f"{self.path}: the folder has no MTP layer (num_nextn_predict_layers 0)")
+            raise ReferenceUnavailable(
+                f"{self.path}: the folder has no MTP layer (num_nextn_predict_layers 0)"
+            )
         if not 1 <= k <= self.num_mtp_layers:
             raise ReferenceUnavailable(
                 f"generate(use_mtp=True) drafts one token per MTP layer: k must be in 1..{self.num_mtp_layers}"
@@ -220,7 +233,9 @@ class Reference:
         """The rounds of a greedy run drafting ``k`` tokens a round, chained by :attr:`chain`
         (see the module doc). ``k`` above the number of layers reuses a single layer only."""
         if self.mtp is None:
-            raise ReferenceUnavailable(f"{self.path}: the folder has no MTP layer (num_nextn_predict_layers 0)")
+            raise ReferenceUnavailable(
+                f"{self.path}: the folder has no MTP layer (num_nextn_predict_layers 0)"
+            )
         if self.num_mtp_layers > 1 and k > self.num_mtp_layers:
             raise ReferenceUnavailable(
                 f"the chained reference runs at most one substep per layer (k <= {self.num_mtp_layers})"
@@ -276,11 +291,15 @@ class Reference:
         with torch.no_grad():
             embeds = self.mtp.embed_tokens(ids)
             if self.mask_first_position:
-                embeds = torch.where((positions == 0).unsqueeze(-1), torch.zeros_like(embeds), embeds)
+                embeds = torch.where(
+                    (positions == 0).unsqueeze(-1), torch.zeros_like(embeds), embeds
+                )
             saved = layer.use_post_norm
             layer.use_post_norm = False
             try:
-                pre = self.mtp.forward_layer(index, states.unsqueeze(0), positions, None, inputs_embeds=embeds)[0]
+                pre = self.mtp.forward_layer(
+                    index, states.unsqueeze(0), positions, None, inputs_embeds=embeds
+                )[0]
             finally:
                 layer.use_post_norm = saved
             post = layer.post_norm(pre) if layer.post_norm is not None else pre
@@ -336,7 +355,9 @@ def _load_mtp(path: str, family: str, target: Any, n_mtp: int) -> Any:
         # transformers ignores the MTP layers of the released index (61 for DeepSeek-V3, 92 for
         # GLM-4.5); a folder of another depth holds them at num_hidden_layers + k
         n = int(cfg.num_hidden_layers)
-        target._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{n + k}\." for k in range(n_mtp)]
+        target._keys_to_ignore_on_load_unexpected = [
+            rf"model\.layers\.{n + k}\." for k in range(n_mtp)
+        ]
         mtp = MtpModel.from_pretrained(target)
     elif family == "ernie4_5_moe":
         mtp = MtpModel.from_pretrained(target)

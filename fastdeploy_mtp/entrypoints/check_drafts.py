@@ -67,7 +67,12 @@ def engine_rounds(
     rounds: list[list[Round]] = []
     for req in reqs:
         mine = [t for t in trace if t[1] == req.request_id and t[3]]
-        rounds.append([Round(tuple(int(x) for x in t[3]), tuple(int(x) for x in t[4] if int(x) >= 0)) for t in mine])
+        rounds.append(
+            [
+                Round(tuple(int(x) for x in t[3]), tuple(int(x) for x in t[4] if int(x) >= 0))
+                for t in mine
+            ]
+        )
     stops = tuple(sorted({int(t) for r in reqs for t in r.sampling.stop_token_ids}))
     return EngineRun(rounds, [list(r.prompt_token_ids) for r in reqs], stops)
 
@@ -80,12 +85,26 @@ def register(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", required=True, metavar="DIR", help="HuggingFace model folder with MTP layers")
-    p.add_argument("-k", "--num-speculative-tokens", type=positive_int, default=1, help="drafts per round (default 1)")
-    p.add_argument("--max-tokens", type=positive_int, default=32, help="new tokens per prompt (default 32)")
-    p.add_argument("--prompt", action="append", default=None, help="a user turn to check (repeatable)")
+    p.add_argument(
+        "--model", required=True, metavar="DIR", help="HuggingFace model folder with MTP layers"
+    )
+    p.add_argument(
+        "-k",
+        "--num-speculative-tokens",
+        type=positive_int,
+        default=1,
+        help="drafts per round (default 1)",
+    )
+    p.add_argument(
+        "--max-tokens", type=positive_int, default=32, help="new tokens per prompt (default 32)"
+    )
+    p.add_argument(
+        "--prompt", action="append", default=None, help="a user turn to check (repeatable)"
+    )
     p.add_argument("--no-chat-template", action="store_true", help="use the prompts as raw text")
-    p.add_argument("--no-reference", action="store_true", help="run the engine only (no torch/transformers)")
+    p.add_argument(
+        "--no-reference", action="store_true", help="run the engine only (no torch/transformers)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(func=cmd_check_drafts)
 
@@ -113,7 +132,9 @@ def cmd_check_drafts(args: argparse.Namespace) -> int:
 
     config = inspect_model_folder(args.model)
     if config.num_nextn_predict_layers == 0:
-        raise UsageError(f"--model {args.model}: the folder has no MTP layer (num_nextn_predict_layers 0)")
+        raise UsageError(
+            f"--model {args.model}: the folder has no MTP layer (num_nextn_predict_layers 0)"
+        )
     k = args.num_speculative_tokens
     prompts = _prompts(args)
     run = engine_rounds(args.model, prompts, args.max_tokens, k)
@@ -131,7 +152,9 @@ EQUAL = "drafts equal the reference in every round"
 DIFFER = "drafts DIFFER from the reference"
 
 
-def _reference_rounds(args: argparse.Namespace, run: EngineRun, k: int) -> tuple[list[list[Round]] | None, str]:
+def _reference_rounds(
+    args: argparse.Namespace, run: EngineRun, k: int
+) -> tuple[list[list[Round]] | None, str]:
     """The reference's rounds of the engine's prompts and where they came from, or ``None`` and
     why no reference could run."""
     from ..checks.reference import Reference, ReferenceUnavailable
@@ -139,7 +162,9 @@ def _reference_rounds(args: argparse.Namespace, run: EngineRun, k: int) -> tuple
     try:
         ref = Reference(args.model)
         if k == 1:
-            rounds = [ref.generate_rounds(p, args.max_tokens, 1, run.stop_ids) for p in run.prompt_ids]
+            rounds = [
+                ref.generate_rounds(p, args.max_tokens, 1, run.stop_ids) for p in run.prompt_ids
+            ]
             return rounds, "transformers generate(use_mtp=True)"
         rounds = [ref.chained_rounds(p, args.max_tokens, k, run.stop_ids) for p in run.prompt_ids]
         return rounds, f"transformers MTP layers chained ({ref.chain})"
@@ -148,7 +173,12 @@ def _reference_rounds(args: argparse.Namespace, run: EngineRun, k: int) -> tuple
 
 
 def _report(
-    args: argparse.Namespace, run: EngineRun, reference: list[list[Round]] | None, why: str, k: int, where: str
+    args: argparse.Namespace,
+    run: EngineRun,
+    reference: list[list[Round]] | None,
+    why: str,
+    k: int,
+    where: str,
 ) -> dict[str, Any]:
     """The JSON report: both sides' acceptance, per request the first differing round, a verdict."""
     from ..checks.drafts import acceptance, compare, decode_rounds, mean_accepted_length
@@ -158,7 +188,10 @@ def _report(
         "model": args.model,
         "num_speculative_tokens": k,
         "rule": f"substep 2 fed the MTP block's output {where} its final norm",
-        "ours": {"mean_accepted_length": mean_accepted_length(ours), "acceptance": acceptance(ours, k)},
+        "ours": {
+            "mean_accepted_length": mean_accepted_length(ours),
+            "acceptance": acceptance(ours, k),
+        },
         "reference": None,
         "requests": [],
     }
@@ -174,10 +207,18 @@ def _report(
     differ = False
     for i, (o, t) in enumerate(zip(run.rounds, reference)):
         c = compare(o, t)
-        entry: dict[str, Any] = {"prompt": i, "tokens_equal": c.tokens_equal, "first_diff_round": c.first_diff}
+        entry: dict[str, Any] = {
+            "prompt": i,
+            "tokens_equal": c.tokens_equal,
+            "first_diff_round": c.first_diff,
+        }
         if c.first_diff is not None:
-            entry["ours"] = None if c.ours is None else {"tokens": c.ours.tokens, "drafts": c.ours.drafts}
-            entry["reference"] = None if c.theirs is None else {"tokens": c.theirs.tokens, "drafts": c.theirs.drafts}
+            entry["ours"] = (
+                None if c.ours is None else {"tokens": c.ours.tokens, "drafts": c.ours.drafts}
+            )
+            entry["reference"] = (
+                None if c.theirs is None else {"tokens": c.theirs.tokens, "drafts": c.theirs.drafts}
+            )
             differ = True
         report["requests"].append(entry)
     report["verdict"] = DIFFER if differ else EQUAL
@@ -186,12 +227,18 @@ def _report(
 
 def _print(report: dict[str, Any], n_prompts: int, max_tokens: int) -> None:
     k = report["num_speculative_tokens"]
-    print(f"{report['model']}: K = {k}, {n_prompts} prompts x {max_tokens} tokens, {report['rule']}")
+    print(
+        f"{report['model']}: K = {k}, {n_prompts} prompts x {max_tokens} tokens, {report['rule']}"
+    )
     print(f"  {'':<10} {'mean acc. len':>14}  acceptance per position")
-    print(f"  {'engine':<10} {report['ours']['mean_accepted_length']:>14.2f}  {_fmt(report['ours']['acceptance'])}")
+    print(
+        f"  {'engine':<10} {report['ours']['mean_accepted_length']:>14.2f}  {_fmt(report['ours']['acceptance'])}"
+    )
     r = report["reference"]
     if r is not None:
-        print(f"  {'reference':<10} {r['mean_accepted_length']:>14.2f}  {_fmt(r['acceptance'])}   ({r['source']})")
+        print(
+            f"  {'reference':<10} {r['mean_accepted_length']:>14.2f}  {_fmt(r['acceptance'])}   ({r['source']})"
+        )
         for e in report["requests"]:
             if e["first_diff_round"] is not None:
                 print(

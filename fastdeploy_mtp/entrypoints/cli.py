@@ -67,7 +67,11 @@ def package_version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``fastdeploy-mtp`` argument parser (its errors raise :class:`UsageError`)."""
-    ap = _Parser(prog="fastdeploy-mtp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = _Parser(
+        prog="fastdeploy-mtp",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--version", action="version", version=f"fastdeploy-mtp {package_version()}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in (demo, generate, serve, router, check_drafts):

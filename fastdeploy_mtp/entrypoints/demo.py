@@ -42,9 +42,16 @@ def register(sub: Any) -> None:
     demo = sub.add_parser("demo", help="bundled prompts with and without MTP; a comparison table")
     add_offline_args(demo)
     add_max_num_seqs_arg(
-        demo, DEMO_MAX_NUM_SEQS, f"batch slots (default {DEMO_MAX_NUM_SEQS}: where speculation pays most on a CPU)"
+        demo,
+        DEMO_MAX_NUM_SEQS,
+        f"batch slots (default {DEMO_MAX_NUM_SEQS}: where speculation pays most on a CPU)",
     )
-    demo.add_argument("--plot", metavar="FILE", default=None, help="bar chart of acceptance per draft position (PNG)")
+    demo.add_argument(
+        "--plot",
+        metavar="FILE",
+        default=None,
+        help="bar chart of acceptance per draft position (PNG)",
+    )
     add_sampling_args(demo, only=("temperature", "top_p", "seed"))
     demo.set_defaults(func=cmd_demo)
 
@@ -52,7 +59,9 @@ def register(sub: Any) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     spec, sampling, model = resolve_offline_args(args)
     if not spec.enabled:
-        raise UsageError("demo compares decoding with and without MTP: it needs speculation (K > 0)")
+        raise UsageError(
+            "demo compares decoding with and without MTP: it needs speculation (K > 0)"
+        )
     if args.plot is not None:
         check_plot_path(args.plot)  # fail before the run, not after it
     source = args.model or "the shipped tiny checkpoint"

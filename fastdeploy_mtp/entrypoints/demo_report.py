@@ -21,11 +21,20 @@ def table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def comparison_table(plain: str, base: Metrics, mode: str, metrics: Metrics, speedup: float | None) -> str:
+def comparison_table(
+    plain: str, base: Metrics, mode: str, metrics: Metrics, speedup: float | None
+) -> str:
     """The demo's table: one row without speculation (``plain``, ``base``), one with it."""
     return table(
         [
-            ["mode", "tokens/s", "target forwards", "mean accepted len", "acceptance per position", "speedup"],
+            [
+                "mode",
+                "tokens/s",
+                "target forwards",
+                "mean accepted len",
+                "acceptance per position",
+                "speedup",
+            ],
             [
                 plain,
                 f"{base.tokens_per_second:.1f}",

@@ -66,7 +66,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     req = reqs[0]
     if args.json:
-        from ..serving.engine_client import finish_reason_of  # the server's rule, so both say the same
+        from ..serving.engine_client import (
+            finish_reason_of,
+        )  # the server's rule, so both say the same
 
         out: dict[str, Any] = {
             "prompt": args.prompt,
@@ -85,7 +87,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if sampling.logprobs is not None:
         for entry in _logprobs_json(req, args.tokenizer or model):
             top = "  ".join(f"{a['token']!r} {a['logprob']:.3f}" for a in entry["top"])
-            print(f"  {entry['token']!r:>8} {entry['logprob']:8.3f}" + (f"   top: {top}" if top else ""))
+            print(
+                f"  {entry['token']!r:>8} {entry['logprob']:8.3f}"
+                + (f"   top: {top}" if top else "")
+            )
     if spec.enabled:
         print(
             f"[{speculation_label(spec)}: mean accepted len {metrics.mean_accepted_length:.2f}, "

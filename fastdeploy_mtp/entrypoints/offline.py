@@ -44,9 +44,13 @@ def add_offline_args(parser: argparse.ArgumentParser) -> None:
     options, ``--model`` (``--checkpoint``: its deprecated spelling), ``--max-tokens``,
     ``--json``."""
     add_speculative_args(parser)
-    parser.add_argument("--max-tokens", type=positive_int, default=64, help="new tokens per prompt (default 64)")
+    parser.add_argument(
+        "--max-tokens", type=positive_int, default=64, help="new tokens per prompt (default 64)"
+    )
     add_model_arg(parser, deprecated=("--checkpoint",))
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout (progress on stderr)")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object on stdout (progress on stderr)"
+    )
 
 
 def resolve_offline_args(args: argparse.Namespace) -> tuple[SpeculativeConfig, SamplingParams, str]:
@@ -108,7 +112,9 @@ def run_requests(
     folder = model or ASSETS_DIR
     target, mtp, arch = load_model(folder, dtype=dtype)
     if spec.uses_mtp and mtp is None:
-        raise ValueError(f"model folder {folder} has no MTP layer (num_nextn_predict_layers 0): run it without MTP")
+        raise ValueError(
+            f"model folder {folder} has no MTP layer (num_nextn_predict_layers 0): run it without MTP"
+        )
     tok = load_tokenizer(folder, tokenizer)
     eos = [*tok.eos_token_ids, *load_generation_config(folder).eos_token_ids, *arch.eos_token_ids]
     base = sampling or SamplingParams()
@@ -135,7 +141,9 @@ def run_requests(
     # tok.decode leaves out padding ids and special tokens
     draft_model = mtp if spec.uses_mtp else None
     record, chunk = trace is not None, prefill_chunk_size
-    with Engine(cfg, target, draft_model, chunk, record_trace=record, detokenize=tok.decode) as engine:
+    with Engine(
+        cfg, target, draft_model, chunk, record_trace=record, detokenize=tok.decode
+    ) as engine:
         engine.generate(reqs, progress=_progress(label))
         if trace is not None:
             trace.extend(engine.trace or [])
@@ -150,7 +158,9 @@ def run_prompts(*args: Any, **kwargs: Any) -> tuple[list[str], list[list[int]], 
 
 def per_position_text(metrics: Metrics) -> str:
     """The acceptance per draft position as ``"0.87 0.38 -"`` (``-``: no draft offered there)."""
-    return " ".join("-" if a is None else f"{a:.2f}" for a in metrics.acceptance_per_position) or "-"
+    return (
+        " ".join("-" if a is None else f"{a:.2f}" for a in metrics.acceptance_per_position) or "-"
+    )
 
 
 def emit_json(obj: dict[str, Any]) -> None:

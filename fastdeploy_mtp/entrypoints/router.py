@@ -12,7 +12,8 @@ from ..engine_args import UsageError, options_from_args, positive_float, positiv
 def register(sub: Any) -> None:
     """Add the ``router`` subcommand to ``sub`` (an ``add_subparsers`` result)."""
     rtr = sub.add_parser(
-        "router", help="splitwise router: each request to a prefill instance, then a decode instance (OpenAI API)"
+        "router",
+        help="splitwise router: each request to a prefill instance, then a decode instance (OpenAI API)",
     )
     add_router_args(rtr)
     rtr.set_defaults(func=cmd_router)
@@ -21,10 +22,18 @@ def register(sub: Any) -> None:
 def add_router_args(p: argparse.ArgumentParser) -> None:
     """The router's arguments (it runs no engine: none of the engine options)."""
     p.add_argument(
-        "--prefill", action="append", required=True, metavar="URL", help="a prefill instance's base URL (repeatable)"
+        "--prefill",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="a prefill instance's base URL (repeatable)",
     )
     p.add_argument(
-        "--decode", action="append", required=True, metavar="URL", help="a decode instance's base URL (repeatable)"
+        "--decode",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="a decode instance's base URL (repeatable)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=positive_int, default=8000, help="HTTP port (default 8000)")
@@ -42,7 +51,9 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
         "the request fails with 504 naming it (default 60)",
     )
     p.add_argument(
-        "--served-model-name", default=None, help="model id in the API (default: the first prefill instance's)"
+        "--served-model-name",
+        default=None,
+        help="model id in the API (default: the first prefill instance's)",
     )
     p.add_argument(
         "--tokenizer",

@@ -27,7 +27,9 @@ from .offline import CommandError
 
 def register(sub: Any) -> None:
     """Add the ``serve`` subcommand to ``sub`` (an ``add_subparsers`` result)."""
-    srv = sub.add_parser("serve", help="OpenAI-compatible server (cache manager + one worker process per TP rank)")
+    srv = sub.add_parser(
+        "serve", help="OpenAI-compatible server (cache manager + one worker process per TP rank)"
+    )
     add_speculative_args(srv)
     add_serve_args(srv)
     srv.set_defaults(func=cmd_serve)
@@ -43,7 +45,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="model id in the API (default: the model folder; fastdeploy-mtp-tiny for the shipped one)",
     )
-    p.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1, help="worker processes, one per rank")
+    p.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=positive_int,
+        default=1,
+        help="worker processes, one per rank",
+    )
     add_max_num_seqs_arg(
         p,
         None,
@@ -51,7 +59,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "of --max-model-len long); with --token-channel sysv: 8, or fewer if kernel.msgmax cannot carry the token "
         "message of 8)",
     )
-    p.add_argument("--max-model-len", type=positive_int, default=1024, help="longest prompt + output (default 1024)")
+    p.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        default=1024,
+        help="longest prompt + output (default 1024)",
+    )
     _add_capacity_args(p)
     p.add_argument(
         "--engine-worker-queue-port",
@@ -67,7 +80,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="seconds one step of the workers may take before the deployment counts as hung: requests in flight "
         "fail, /health turns 503 and the server exits with status 1 (default 300)",
     )
-    p.add_argument("--device-ids", default=None, help="device id per rank in the cache names (default 0..tp-1)")
+    p.add_argument(
+        "--device-ids", default=None, help="device id per rank in the cache names (default 0..tp-1)"
+    )
     p.add_argument(
         "--prefill-chunk-size",
         type=non_negative_int,
@@ -120,7 +135,9 @@ def _add_capacity_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_splitwise_args(p: argparse.ArgumentParser) -> None:
-    sw = p.add_argument_group("splitwise (disaggregated prefill/decode; see `fastdeploy-mtp router`)")
+    sw = p.add_argument_group(
+        "splitwise (disaggregated prefill/decode; see `fastdeploy-mtp router`)"
+    )
     sw.add_argument(
         "--splitwise-role",
         choices=("mixed", "prefill", "decode"),
@@ -180,9 +197,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         try:
             device_ids = [int(d) for d in args.device_ids.split(",")]
         except ValueError:
-            raise UsageError(f"--device-ids must be comma-separated integers, got {args.device_ids!r}") from None
+            raise UsageError(
+                f"--device-ids must be comma-separated integers, got {args.device_ids!r}"
+            ) from None
     if args.splitwise_role == "mixed" and args.splitwise_port is not None:
-        raise UsageError("--splitwise-port is the KV port of a prefill instance: it needs --splitwise-role prefill")
+        raise UsageError(
+            "--splitwise-port is the KV port of a prefill instance: it needs --splitwise-role prefill"
+        )
     opts = options_from_args(
         ServeOptions,
         args,

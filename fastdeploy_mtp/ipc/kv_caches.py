@@ -88,12 +88,16 @@ def attach_spec_caches(specs: Sequence[CacheLike], names: Sequence[str]) -> list
     """``share_external_data`` for each cache: a tensor of its spec's shape and dtype on the
     memory published under its name (the op checks the size)."""
     return [
-        ops.share_external_data(input=paddle.empty([], dtype=s.dtype), shm_name=n, shape=list(s.shape))
+        ops.share_external_data(
+            input=paddle.empty([], dtype=s.dtype), shm_name=n, shape=list(s.shape)
+        )
         for s, n in zip(specs, names, strict=True)
     ]
 
 
-def acquire_caches(specs: Sequence[CacheLike], fd_config: Any) -> tuple[list[paddle.Tensor], list[str]]:
+def acquire_caches(
+    specs: Sequence[CacheLike], fd_config: Any
+) -> tuple[list[paddle.Tensor], list[str]]:
     """This rank's tensors for ``specs`` and the names they were attached under: when a
     cache-manager process owns the caches (:func:`caches_are_managed`), wait for
     ``cache_ready_signal`` and attach each by name (:func:`spec_cache_names`, rank

@@ -33,7 +33,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["IPCSignal", "IPCSignalError", "IPCSignalNameError", "CreatorGoneError", "shared_memory_exists"]
+__all__ = [
+    "IPCSignal",
+    "IPCSignalError",
+    "IPCSignalNameError",
+    "CreatorGoneError",
+    "shared_memory_exists",
+]
 
 _MAGIC = 0x4C4E474953504446  # "FDPSIGNL" little-endian
 _TRAILER = np.dtype([("magic", "<u8"), ("pid", "<i8")])
@@ -71,7 +77,9 @@ def _full_name(name: str, suffix: Any) -> str:
     if "/" in full:
         raise IPCSignalNameError(f"IPCSignal: {arg} {full!r} must contain no '/'")
     if _NAME.fullmatch(full) is None:
-        raise IPCSignalNameError(f"IPCSignal: {arg} {full!r} may hold only letters, digits, '_', '.' and '-'")
+        raise IPCSignalNameError(
+            f"IPCSignal: {arg} {full!r} may hold only letters, digits, '_', '.' and '-'"
+        )
     if ".." in full:
         raise IPCSignalNameError(f"IPCSignal: {arg} {full!r} must not contain '..'")
     return full
@@ -82,7 +90,9 @@ def _check_own(fd: int, name: str, doing: str) -> None:
     docstring): not a regular file, another owner, or any group/other permission bit."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
-        raise IPCSignalError(f"IPCSignal {name!r}: not a regular shared-memory segment; refusing to {doing} it")
+        raise IPCSignalError(
+            f"IPCSignal {name!r}: not a regular shared-memory segment; refusing to {doing} it"
+        )
     if st.st_uid != os.geteuid():
         raise IPCSignalError(
             f"IPCSignal {name!r}: the segment is owned by uid {st.st_uid}, not by this process's uid "
@@ -171,7 +181,11 @@ def process_alive(pid: int) -> bool:
 
 def shared_memory_exists(name: str) -> bool:
     """Whether a shared-memory segment called ``name`` exists (upstream's probe)."""
-    return os.path.exists(os.path.join("/dev/shm", name)) if os.path.isdir("/dev/shm") else _probe(name)
+    return (
+        os.path.exists(os.path.join("/dev/shm", name))
+        if os.path.isdir("/dev/shm")
+        else _probe(name)
+    )
 
 
 def _probe(name: str) -> bool:  # pragma: no cover - systems without /dev/shm
@@ -229,7 +243,9 @@ class IPCSignal:
                 )
             nbytes = array.nbytes
         elif shm_size is None:
-            raise IPCSignalError(f"IPCSignal {self.name!r}: give `array` and `dtype`, or `shm_size`")
+            raise IPCSignalError(
+                f"IPCSignal {self.name!r}: give `array` and `dtype`, or `shm_size`"
+            )
         else:
             nbytes = int(shm_size)
         if create:
@@ -286,7 +302,9 @@ class IPCSignal:
                     "refusing to attach it"
                 ) from None
             except (OSError, ValueError) as e:  # a directory, an empty file, ...
-                raise IPCSignalError(f"IPCSignal {self.name!r}: cannot attach the segment: {e}") from None
+                raise IPCSignalError(
+                    f"IPCSignal {self.name!r}: cannot attach the segment: {e}"
+                ) from None
             try:
                 _check_own(shm._fd, self.name, "attach")  # type: ignore[attr-defined]
             except BaseException:
@@ -298,7 +316,9 @@ class IPCSignal:
         """False once the creating process has exited (unknown creators count as alive)."""
         return _pid_alive(self.creator_pid)
 
-    def wait_for(self, predicate: Callable[[np.ndarray], object], timeout: float, poll: float = 0.005) -> np.ndarray:
+    def wait_for(
+        self, predicate: Callable[[np.ndarray], object], timeout: float, poll: float = 0.005
+    ) -> np.ndarray:
         """Poll until ``predicate(self.value)`` is true while the creator lives; returns
         ``self.value``.
 

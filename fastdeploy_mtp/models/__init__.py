@@ -3,7 +3,13 @@ model-folder loading (llama, qwen2, qwen3, mimo and the shipped tiny checkpoint)
 loaders for real MTP layouts, and the shipped tiny checkpoint's helpers."""
 
 from .attention import ReferenceAttentionBackend, causal_bias, dense_causal_attention
-from .forward_meta import UNUSED_BLOCK, AttentionPlan, ForwardMeta, make_forward_meta, validate_forward_meta
+from .forward_meta import (
+    UNUSED_BLOCK,
+    AttentionPlan,
+    ForwardMeta,
+    make_forward_meta,
+    validate_forward_meta,
+)
 from .hf_config import ARCHITECTURES, UnsupportedModelError, translate_config
 from .loading import (
     FAMILIES,

@@ -64,7 +64,9 @@ class ReferenceAttentionBackend:
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int):
         if num_heads % num_kv_heads != 0:
-            raise ValueError(f"`num_heads` ({num_heads}) must be a multiple of `num_kv_heads` ({num_kv_heads})")
+            raise ValueError(
+                f"`num_heads` ({num_heads}) must be a multiple of `num_kv_heads` ({num_kv_heads})"
+            )
         if block_size <= 0:
             raise ValueError(f"`block_size` must be positive, got {block_size}")
         self.num_heads = num_heads
@@ -101,7 +103,12 @@ class ReferenceAttentionBackend:
         return [paddle.zeros(shape, dtype=dtype) for _ in range(2 * num_layers)]
 
     def forward(
-        self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, layer_id: int, forward_meta: ForwardMeta
+        self,
+        q: paddle.Tensor,
+        k: paddle.Tensor,
+        v: paddle.Tensor,
+        layer_id: int,
+        forward_meta: ForwardMeta,
     ) -> paddle.Tensor:
         """Write ``k``/``v`` into the layer's cache and attend.
 
@@ -131,12 +138,16 @@ class ReferenceAttentionBackend:
         expected = self.get_kv_cache_shape(int(key_cache.shape[0]))
         for name, cache in (("key", key_cache), ("value", value_cache)):
             if list(cache.shape) != expected:
-                raise ValueError(f"layer {layer_id} {name} cache must be {expected}, got {list(cache.shape)}")
+                raise ValueError(
+                    f"layer {layer_id} {name} cache must be {expected}, got {list(cache.shape)}"
+                )
         plan = forward_meta.plan()
         num_tokens = int(q.shape[0])
         out_dim = self.num_heads * self.head_dim
         if plan.num_rows != num_tokens:
-            raise ValueError(f"`q` has {num_tokens} rows but the forward_meta plan describes {plan.num_rows}")
+            raise ValueError(
+                f"`q` has {num_tokens} rows but the forward_meta plan describes {plan.num_rows}"
+            )
         if num_tokens == 0:
             return paddle.zeros([0, out_dim], dtype=q.dtype)
         kind = self.choose_layout(plan)
@@ -153,10 +164,14 @@ class ReferenceAttentionBackend:
         if kind == "grouped":
             out = self._grouped_attend(qs, keys, values, layout)
         else:
-            if kind == "shared":  # [kvh, groups, T, hd] against every item's keys [kvh, 1, B * span, hd]
+            if (
+                kind == "shared"
+            ):  # [kvh, groups, T, hd] against every item's keys [kvh, 1, B * span, hd]
                 qs = qs.transpose([1, 2, 0, 3])
             # scores: shared [kvh, groups, T, S], row [T, kvh, groups, S] against [T, kvh, S, hd]
-            scores = paddle.where(layout.visible, paddle.matmul(qs, keys, transpose_y=True), layout.hidden)
+            scores = paddle.where(
+                layout.visible, paddle.matmul(qs, keys, transpose_y=True), layout.hidden
+            )
             out = paddle.matmul(F.softmax(scores, axis=-1), values)
             if kind == "shared":
                 out = out.transpose([2, 0, 1, 3])
@@ -184,7 +199,9 @@ class ReferenceAttentionBackend:
         slots = paddle.gather(qs.reshape([t * kvh, groups, hd]), layout.query_index)
         slots = slots.reshape([nb, kvh, qm * groups, hd])
         scores = paddle.matmul(slots, keys, transpose_y=True)  # [B, kvh, Qmax * groups, span]
-        scores = paddle.where(layout.visible, scores, layout.hidden)  # mask [B, 1, Qmax * groups, span]
+        scores = paddle.where(
+            layout.visible, scores, layout.hidden
+        )  # mask [B, 1, Qmax * groups, span]
         out = paddle.matmul(F.softmax(scores, axis=-1), values).reshape([nb * kvh * qm, groups, hd])
         return paddle.gather(out, layout.out_index)  # [T * kvh, groups, hd], row-major again
 
@@ -205,7 +222,9 @@ class ReferenceAttentionBackend:
         """
         if self.force_layout is not None:
             if self.force_layout not in LAYOUTS:
-                raise ValueError(f"`force_layout` must be one of {LAYOUTS} or None, got {self.force_layout!r}")
+                raise ValueError(
+                    f"`force_layout` must be one of {LAYOUTS} or None, got {self.force_layout!r}"
+                )
             return self.force_layout
         b, t, qm = plan.num_items, plan.num_rows, plan.max_rows_per_item
         kind = "shared" if b * b <= t else "row"
@@ -238,7 +257,10 @@ class ReferenceAttentionBackend:
         blocks = plan.write_blocks.unsqueeze(1)  # [T, 1]
         offsets = plan.write_offsets.unsqueeze(1)  # [T, 1]
         slot_heads = heads.unsqueeze(0)  # [1, kvh]
-        slots = paddle.stack([blocks.expand([t, kvh]), slot_heads.expand([t, kvh]), offsets.expand([t, kvh])], axis=-1)
+        slots = paddle.stack(
+            [blocks.expand([t, kvh]), slot_heads.expand([t, kvh]), offsets.expand([t, kvh])],
+            axis=-1,
+        )
         rows_per_item, query_index, out_index = 1, None, None
         if kind == "grouped":  # each item's blocks once: cache rows [B, kvh, nblk]
             nb = plan.num_items
@@ -248,17 +270,23 @@ class ReferenceAttentionBackend:
             starts = plan.row_starts[:nb]
             # query slot (b, i) holds row starts[b] + i (clamped; slots past the item's rows
             # hold another row and are never read back)
-            slot_rows = paddle.clip(starts.unsqueeze(1) + int_range(rows_per_item).unsqueeze(0), max=t - 1)
+            slot_rows = paddle.clip(
+                starts.unsqueeze(1) + int_range(rows_per_item).unsqueeze(0), max=t - 1
+            )
             slot_positions = paddle.gather(plan.positions, slot_rows.reshape([-1]))
             groups = self.num_heads // kvh
             if groups > 1:  # every query head of a slot shares its mask
                 slot_positions = slot_positions.repeat_interleave(groups)
-            visible = int_range(span).reshape([1, 1, 1, span]) <= slot_positions.reshape([nb, 1, -1, 1])
+            visible = int_range(span).reshape([1, 1, 1, span]) <= slot_positions.reshape(
+                [nb, 1, -1, 1]
+            )
             # queries viewed as [T * kvh, groups, hd]: slot (b, h, i) takes (row, h)
             query_index = (slot_rows.unsqueeze(1) * kvh + heads.reshape([1, kvh, 1])).reshape([-1])
             # row r reads slot (b, i) = (its item, r - starts[b]) of each head h, from the
             # output viewed as [B * kvh * Qmax, groups, hd]
-            within = paddle.clip(int_range(t) - paddle.gather(starts, plan.items), min=0, max=rows_per_item - 1)
+            within = paddle.clip(
+                int_range(t) - paddle.gather(starts, plan.items), min=0, max=rows_per_item - 1
+            )
             item_heads = plan.items.unsqueeze(1) * kvh + heads.unsqueeze(0)  # [T, kvh]
             out_index = (item_heads * rows_per_item + within.unsqueeze(1)).reshape([-1])
             key_shape = [nb, kvh, span, self.head_dim]
@@ -268,7 +296,9 @@ class ReferenceAttentionBackend:
             visible = plan.batch_key_mask()  # [T, B * span], broadcast over [kvh, groups]
             key_shape = [kvh, 1, span, self.head_dim]
         else:  # each row's item's blocks: cache rows [T, kvh, nblk]
-            read = paddle.gather(plan.item_blocks, plan.items).unsqueeze(1) * kvh + heads.reshape([1, kvh, 1])
+            read = paddle.gather(plan.item_blocks, plan.items).unsqueeze(1) * kvh + heads.reshape(
+                [1, kvh, 1]
+            )
             span = plan.span
             visible = plan.row_key_mask().reshape([t, 1, 1, span])
             key_shape = [t, kvh, span, self.head_dim]
@@ -285,7 +315,9 @@ class ReferenceAttentionBackend:
             out_index=out_index,
         )
 
-    def _write(self, cache: paddle.Tensor, new: paddle.Tensor, plan: AttentionPlan, layout: _Layout) -> None:
+    def _write(
+        self, cache: paddle.Tensor, new: paddle.Tensor, plan: AttentionPlan, layout: _Layout
+    ) -> None:
         """Store ``new [T, kvh, hd]`` at each row's slot in place. Padding rows repeat the last
         real row (same slot, same value); with no real row, every slot gets its own value
         back, so duplicate indices never carry different values."""

@@ -65,12 +65,22 @@ class CacheSpec:
             raise ValueError(f"CacheSpec `layer` must be an int >= 0, got {self.layer!r}")
         if self.kind not in CACHE_KINDS:
             raise ValueError(f"CacheSpec `kind` must be one of {CACHE_KINDS}, got {self.kind!r}")
-        dims = tuple(self.shape) if isinstance(self.shape, Sequence) and not isinstance(self.shape, str) else ()
-        if len(dims) < 2 or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
-            raise ValueError(f"CacheSpec `shape` must be 2 or more positive ints, got {self.shape!r}")
+        dims = (
+            tuple(self.shape)
+            if isinstance(self.shape, Sequence) and not isinstance(self.shape, str)
+            else ()
+        )
+        if len(dims) < 2 or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims
+        ):
+            raise ValueError(
+                f"CacheSpec `shape` must be 2 or more positive ints, got {self.shape!r}"
+            )
         object.__setattr__(self, "shape", dims)
         if self.dtype not in DTYPE_BYTES:
-            raise ValueError(f"CacheSpec `dtype` must be one of {tuple(DTYPE_BYTES)}, got {self.dtype!r}")
+            raise ValueError(
+                f"CacheSpec `dtype` must be one of {tuple(DTYPE_BYTES)}, got {self.dtype!r}"
+            )
 
     @property
     def num_blocks(self) -> int:
@@ -122,17 +132,24 @@ def model_cache_specs(
         raise ValueError(f"`dtype` must be one of {MODEL_DTYPES}, got {config.dtype!r}")
     kinds: tuple[str, ...] = ("key", "value")
     if config.attention_type == "mla":
-        shape, kinds = (shape[0], 1, config.block_size, config.kv_lora_rank + config.qk_rope_head_dim), ("latent",)
+        shape, kinds = (
+            (shape[0], 1, config.block_size, config.kv_lora_rank + config.qk_rope_head_dim),
+            ("latent",),
+        )
     specs = layer_specs("target", config.num_hidden_layers, kinds, shape, config.dtype)
     if with_mtp:
         specs += layer_specs("mtp", config.num_nextn_predict_layers, kinds, shape, config.dtype)
     return specs
 
 
-def layer_specs(owner: str, num_layers: int, kinds: Sequence[str], shape: Sequence[int], dtype: str) -> list[CacheSpec]:
+def layer_specs(
+    owner: str, num_layers: int, kinds: Sequence[str], shape: Sequence[int], dtype: str
+) -> list[CacheSpec]:
     """The caches ``kinds`` (in order) of ``shape`` and ``dtype`` for each of ``owner``'s
     ``num_layers`` layers, layer after layer."""
-    return [CacheSpec(owner, n, kind, tuple(shape), dtype) for n in range(num_layers) for kind in kinds]
+    return [
+        CacheSpec(owner, n, kind, tuple(shape), dtype) for n in range(num_layers) for kind in kinds
+    ]
 
 
 def backend_specs(
@@ -140,10 +157,14 @@ def backend_specs(
 ) -> list[CacheSpec]:
     """The caches ``backend`` keeps for ``owner``'s ``num_layers`` layers of ``num_blocks``
     blocks: its ``cache_kinds`` per layer, each of ``backend.get_kv_cache_shape(num_blocks)``."""
-    return layer_specs(owner, num_layers, backend.cache_kinds, backend.get_kv_cache_shape(num_blocks), dtype)
+    return layer_specs(
+        owner, num_layers, backend.cache_kinds, backend.get_kv_cache_shape(num_blocks), dtype
+    )
 
 
-def key_value_specs(owner: str, num_layers: int, shape: Sequence[int], dtype: str) -> list[CacheSpec]:
+def key_value_specs(
+    owner: str, num_layers: int, shape: Sequence[int], dtype: str
+) -> list[CacheSpec]:
     """A key and a value cache of ``shape`` and ``dtype`` for each of ``owner``'s
     ``num_layers`` layers: ``[layer 0 key, layer 0 value, layer 1 key, ...]``."""
     return layer_specs(owner, num_layers, ("key", "value"), shape, dtype)
@@ -167,12 +188,16 @@ def describe(specs: Sequence[CacheSpec]) -> list[dict[str, Any]]:
 def from_description(description: Any, where: str = "cache description") -> list[CacheSpec]:
     """The specs :func:`describe` wrote; ``ValueError`` naming the first bad entry and key."""
     if not isinstance(description, list) or not description:
-        raise ValueError(f"{where}: must be a non-empty list of caches, got {type(description).__name__}")
+        raise ValueError(
+            f"{where}: must be a non-empty list of caches, got {type(description).__name__}"
+        )
     specs = []
     for i, entry in enumerate(description):
         if not isinstance(entry, dict) or set(entry) != set(DESCRIPTION_KEYS):
             keys = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
-            raise ValueError(f"{where}[{i}]: expected the keys {list(DESCRIPTION_KEYS)}, got {keys}")
+            raise ValueError(
+                f"{where}[{i}]: expected the keys {list(DESCRIPTION_KEYS)}, got {keys}"
+            )
         try:
             specs.append(CacheSpec(**{k: entry[k] for k in DESCRIPTION_KEYS}))
         except ValueError as exc:

@@ -72,7 +72,9 @@ def load_split(root: str | None = None) -> CorpusSplit:
     """List the top-level ``*.py`` files under ``root`` (default: this interpreter's stdlib)
     and split them."""
     root = root or stdlib_dir()
-    names = sorted(n for n in os.listdir(root) if n.endswith(".py") and os.path.isfile(os.path.join(root, n)))
+    names = sorted(
+        n for n in os.listdir(root) if n.endswith(".py") and os.path.isfile(os.path.join(root, n))
+    )
     if not names:
         raise FileNotFoundError(f"no *.py files found under stdlib directory {root!r}")
     heldout = [n for n in names if is_heldout(n)]

@@ -61,7 +61,9 @@ def _mtp_layers(raw: dict[str, Any], family: str) -> int:
             f"config.json `num_mtp_layers` ({raw[keys[1]]!r}) contradicts `num_nextn_predict_layers` ({count})"
         )
     if family == "ernie4_5_moe" and count > 1:
-        raise ValueError(f"config.json `{keys[0]}` {count} is not supported: ERNIE-4.5 MoE has at most one MTP layer")
+        raise ValueError(
+            f"config.json `{keys[0]}` {count} is not supported: ERNIE-4.5 MoE has at most one MTP layer"
+        )
     return count
 
 
@@ -87,7 +89,9 @@ def ernie_fields(raw: dict[str, Any], family: str) -> dict[str, Any]:
     if bias is not None and not isinstance(bias, bool):
         raise ValueError(f"config.json `use_bias` must be true or false, got {bias!r}")
     if bias:
-        raise ValueError("config.json `use_bias` true is not supported (q/k/v/o, MLP and LM head have no biases)")
+        raise ValueError(
+            "config.json `use_bias` true is not supported (q/k/v/o, MLP and LM head have no biases)"
+        )
     tie = raw.get("tie_word_embeddings")
     if tie is not None and not isinstance(tie, bool):
         raise ValueError(f"config.json `tie_word_embeddings` must be true or false, got {tie!r}")
@@ -120,7 +124,9 @@ def _moe_fields(raw: dict[str, Any]) -> dict[str, Any]:
     end = _int(raw, "moe_layer_end_index", d["moe_layer_end_index"], -1)
     end = layers - 1 if end == -1 else end
     if start > end:
-        raise ValueError(f"config.json `moe_layer_start_index` ({start}) must be <= `moe_layer_end_index` ({end})")
+        raise ValueError(
+            f"config.json `moe_layer_start_index` ({start}) must be <= `moe_layer_end_index` ({end})"
+        )
     norm_min = raw.get("moe_norm_min")
     norm_min = d["moe_norm_min"] if norm_min is None else norm_min
     if isinstance(norm_min, bool) or not isinstance(norm_min, int | float) or not norm_min > 0:

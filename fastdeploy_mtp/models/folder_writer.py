@@ -96,7 +96,9 @@ def folder_config_json(config: ModelConfig) -> dict[str, Any]:
             config (the field that would read back differently is named).
     """
     if config.model_type not in WRITABLE:
-        raise ValueError(f"save_model_folder writes {sorted(WRITABLE)} folders, not model_type {config.model_type!r}")
+        raise ValueError(
+            f"save_model_folder writes {sorted(WRITABLE)} folders, not model_type {config.model_type!r}"
+        )
     raw = _deepseek_v3_json(config)
     back = translate_config(raw, "(being written)")
     for field in dataclasses.fields(ModelConfig):
@@ -121,7 +123,9 @@ def _tensor(param: paddle.Tensor, transpose: bool, ckpt: str, vocab: int) -> np.
     return np.ascontiguousarray(value.T if transpose else value)
 
 
-def checkpoint_tensors(target: paddle.nn.Layer, mtp: paddle.nn.Layer | None, config: ModelConfig) -> dict[str, Any]:
+def checkpoint_tensors(
+    target: paddle.nn.Layer, mtp: paddle.nn.Layer | None, config: ModelConfig
+) -> dict[str, Any]:
     """``{checkpoint name: float32 array}`` of the target and MTP layers (see the module doc).
 
     Raises:
@@ -131,12 +135,17 @@ def checkpoint_tensors(target: paddle.nn.Layer, mtp: paddle.nn.Layer | None, con
     if getattr(target, "tensor_parallel_size", 1) != 1:
         raise ValueError("save_model_folder needs the whole model, not a tensor-parallel shard")
     if (mtp is None) != (config.num_nextn_predict_layers == 0):
-        raise ValueError(f"config has {config.num_nextn_predict_layers} MTP layers, mtp is {type(mtp).__name__}")
+        raise ValueError(
+            f"config has {config.num_nextn_predict_layers} MTP layers, mtp is {type(mtp).__name__}"
+        )
     params = {"target": dict(target.named_parameters())}
     if mtp is not None:
         params["mtp"] = dict(mtp.named_parameters())
     vocab = config.ori_vocab_size
-    out = {r.ckpt: _tensor(params[r.owner][r.ours], r.transpose, r.ckpt, vocab) for r in weight_map(config)}
+    out = {
+        r.ckpt: _tensor(params[r.owner][r.ours], r.transpose, r.ckpt, vocab)
+        for r in weight_map(config)
+    }
     spec = FAMILIES[config.model_type]
     for k in range(config.num_nextn_predict_layers):
         index = config.num_hidden_layers + k

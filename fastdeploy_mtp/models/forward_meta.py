@@ -104,7 +104,9 @@ class ForwardMeta:
         if self.max_seq_len is not None and self.max_seq_len <= 0:
             raise ValueError(f"`max_seq_len` must be positive or None, got {self.max_seq_len}")
         if self.max_rows_per_item is not None and self.max_rows_per_item < 0:
-            raise ValueError(f"`max_rows_per_item` must be >= 0 or None, got {self.max_rows_per_item}")
+            raise ValueError(
+                f"`max_rows_per_item` must be >= 0 or None, got {self.max_rows_per_item}"
+            )
 
     @property
     def batch_size(self) -> int:
@@ -162,7 +164,9 @@ def validate_forward_meta(meta: ForwardMeta) -> int:
     num_tokens = int(cu[-1])
     ids_len = int(meta.ids_remove_padding.shape[0])
     if ids_len < num_tokens:
-        raise ValueError(f"`ids_remove_padding` has {ids_len} tokens but sum(seq_lens_this_time) = {num_tokens}")
+        raise ValueError(
+            f"`ids_remove_padding` has {ids_len} tokens but sum(seq_lens_this_time) = {num_tokens}"
+        )
     bs = meta.block_size
     largest = -1
     for b in range(bsz):
@@ -170,11 +174,15 @@ def validate_forward_meta(meta: ForwardMeta) -> int:
         if n == 0:
             continue
         if meta.max_rows_per_item is not None and n > meta.max_rows_per_item:
-            raise ValueError(f"item {b} has {n} rows this step but `max_rows_per_item` is {meta.max_rows_per_item}")
+            raise ValueError(
+                f"item {b} has {n} rows this step but `max_rows_per_item` is {meta.max_rows_per_item}"
+            )
         total = int(decoder[b]) + n
         largest = max(largest, total - 1)
         if meta.max_seq_len is not None and total > meta.max_seq_len:
-            raise ValueError(f"item {b} holds {total} tokens after this step but `max_seq_len` is {meta.max_seq_len}")
+            raise ValueError(
+                f"item {b} holds {total} tokens after this step but `max_seq_len` is {meta.max_seq_len}"
+            )
         needed = (total - 1) // bs + 1
         if needed > tables.shape[1]:
             raise ValueError(
@@ -184,7 +192,9 @@ def validate_forward_meta(meta: ForwardMeta) -> int:
         unused = np.nonzero(tables[b, :needed] < 0)[0]
         if unused.size:
             bad = int(unused[0])
-            raise ValueError(f"`block_tables[{b}, {bad}]` is unused (-1) but item {b} needs it for position {bad * bs}")
+            raise ValueError(
+                f"`block_tables[{b}, {bad}]` is unused (-1) but item {b} needs it for position {bad * bs}"
+            )
     return largest
 
 
@@ -263,7 +273,9 @@ class AttentionPlan:
     def row_key_mask(self) -> paddle.Tensor:
         """``[T, span]`` bool: position ``j`` of row ``r``'s own item is visible to it iff
         ``j <= positions[r]`` (at least position 0). Built once per plan."""
-        return self.memo("row_key_mask", lambda: int_range(self.span) <= self.positions.unsqueeze(1))
+        return self.memo(
+            "row_key_mask", lambda: int_range(self.span) <= self.positions.unsqueeze(1)
+        )
 
     def batch_key_mask(self) -> paddle.Tensor:
         """``[T, num_items * span]`` bool over every item's keys (item-major): key ``(b, j)``
@@ -313,7 +325,11 @@ class AttentionPlan:
                 max_rows_per_item=rows_bound,
             )
         cu, decoder = _int32_vector(meta.cu_seqlens_q), _int32_vector(meta.seq_lens_decoder)
-        tables = meta.block_tables if meta.block_tables.dtype == paddle.int32 else meta.block_tables.astype("int32")
+        tables = (
+            meta.block_tables
+            if meta.block_tables.dtype == paddle.int32
+            else meta.block_tables.astype("int32")
+        )
         tables = paddle.clip(tables[:, :num_read] if num_read < columns else tables, min=0)
         # item of a row: how many of the first B - 1 items end at or before it (so padding
         # rows land on the last item)

@@ -27,8 +27,19 @@ ARCHITECTURES = {
     "Ernie4_5ForCausalLM": "ernie4_5",
     "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",
 }
-_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-_TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "fp32": "float32"}
+_REQUIRED = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "vocab_size",
+)
+_TORCH_DTYPES = {
+    "float32": "float32",
+    "bfloat16": "bfloat16",
+    "float16": "float16",
+    "fp32": "float32",
+}
 
 
 class UnsupportedModelError(ValueError):
@@ -44,10 +55,15 @@ def family_of(raw: dict[str, Any], where: str) -> str:
     """The family of a ``config.json`` object, from ``architectures[0]``."""
     archs = raw.get("architectures")
     if not isinstance(archs, list) or not archs:
-        raise _fail(where, f"config.json has no `architectures` list; supported: {sorted(ARCHITECTURES)}")
+        raise _fail(
+            where, f"config.json has no `architectures` list; supported: {sorted(ARCHITECTURES)}"
+        )
     if archs[0] not in ARCHITECTURES:
         supported = sorted(ARCHITECTURES)
-        raise _fail(where, f"config.json `architectures` {archs[0]!r} is not supported; supported: {supported}")
+        raise _fail(
+            where,
+            f"config.json `architectures` {archs[0]!r} is not supported; supported: {supported}",
+        )
     return ARCHITECTURES[archs[0]]
 
 
@@ -64,7 +80,9 @@ def resolve_dtype(raw: dict[str, Any], requested: str, where: str) -> str:
         where_key = "`dtype`"
     name = str(name).removeprefix("torch.")
     if name not in _TORCH_DTYPES:
-        raise _fail(where, f"{where_key} {name!r} is not supported; expected one of {list(MODEL_DTYPES)}")
+        raise _fail(
+            where, f"{where_key} {name!r} is not supported; expected one of {list(MODEL_DTYPES)}"
+        )
     return _TORCH_DTYPES[name]
 
 
@@ -76,10 +94,18 @@ _ROPE_REQUIRED = {
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
 }
 #: Optional RoPE parameters that, when given, must be numbers > 0 (``mscale`` may be 0).
-_ROPE_POSITIVE = ("original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "mscale_all_dim")
+_ROPE_POSITIVE = (
+    "original_max_position_embeddings",
+    "beta_fast",
+    "beta_slow",
+    "attention_factor",
+    "mscale_all_dim",
+)
 
 
-def _rope(raw: dict[str, Any], where: str, partial_ok: bool = False) -> tuple[float, dict[str, Any] | None]:
+def _rope(
+    raw: dict[str, Any], where: str, partial_ok: bool = False
+) -> tuple[float, dict[str, Any] | None]:
     """``(rope_theta, normalised rope_scaling or None)``; every parameter the type uses is
     checked here (a number, in range), so a bad one is refused before anything loads.
     ``partial_rotary_factor`` is refused unless ``partial_ok`` (the family reads it itself)."""
@@ -96,10 +122,16 @@ def _rope(raw: dict[str, Any], where: str, partial_ok: bool = False) -> tuple[fl
         theta = _positive(raw, "rope_theta", "rope_theta", where, 10000.0)
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ROPE_TYPES:
-        raise _fail(where, f"config.json `{key}.rope_type` {kind!r} is not supported; supported: {list(ROPE_TYPES)}")
+        raise _fail(
+            where,
+            f"config.json `{key}.rope_type` {kind!r} is not supported; supported: {list(ROPE_TYPES)}",
+        )
     partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
     if partial != 1.0 and not partial_ok:
-        raise _fail(where, "config.json `partial_rotary_factor` != 1 is not supported (RoPE covers the whole head)")
+        raise _fail(
+            where,
+            "config.json `partial_rotary_factor` != 1 is not supported (RoPE covers the whole head)",
+        )
     for name in _ROPE_REQUIRED.get(kind, ()):
         if params.get(name) is None:
             raise _fail(where, f"config.json `{key}.{name}` is required for rope_type {kind!r}")
@@ -108,7 +140,9 @@ def _rope(raw: dict[str, Any], where: str, partial_ok: bool = False) -> tuple[fl
     if params.get("mscale") is not None:
         _positive(params, "mscale", f"{key}.mscale", where, None, allow_zero=True)
     if params.get("truncate") is not None and not isinstance(params["truncate"], bool):
-        raise _fail(where, f"config.json `{key}.truncate` must be true or false, got {params['truncate']!r}")
+        raise _fail(
+            where, f"config.json `{key}.truncate` must be true or false, got {params['truncate']!r}"
+        )
     if kind == "llama3" and float(params["high_freq_factor"]) <= float(params["low_freq_factor"]):
         raise _fail(where, f"config.json `{key}.high_freq_factor` must be above `low_freq_factor`")
     dropped = ("rope_theta", "type", "rope_type", "partial_rotary_factor")
@@ -118,13 +152,24 @@ def _rope(raw: dict[str, Any], where: str, partial_ok: bool = False) -> tuple[fl
     return float(theta), {"rope_type": kind, **scaling}
 
 
-def _positive(params: dict[str, Any], name: str, label: str, where: str, default: Any, allow_zero: bool = False) -> Any:
+def _positive(
+    params: dict[str, Any],
+    name: str,
+    label: str,
+    where: str,
+    default: Any,
+    allow_zero: bool = False,
+) -> Any:
     """``params[name]`` as a float > 0 (>= 0 with ``allow_zero``), ``default`` when absent;
     refused naming ``label`` otherwise."""
     value = params.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (value >= 0 if allow_zero else value > 0):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (value >= 0 if allow_zero else value > 0)
+    ):
         bound = ">= 0" if allow_zero else "> 0"
         raise _fail(where, f"config.json `{label}` must be a number {bound}, got {value!r}")
     return float(value)
@@ -133,16 +178,25 @@ def _positive(params: dict[str, Any], name: str, label: str, where: str, default
 def _refuse_unsupported(raw: dict[str, Any], where: str) -> None:
     act = raw.get("hidden_act", "silu")
     if act != "silu":
-        raise _fail(where, f"config.json `hidden_act` {act!r} is not supported; only 'silu' (SwiGLU) is")
+        raise _fail(
+            where, f"config.json `hidden_act` {act!r} is not supported; only 'silu' (SwiGLU) is"
+        )
     if raw.get("mlp_bias"):
-        raise _fail(where, "config.json `mlp_bias` true is not supported (MLP projections have no bias)")
+        raise _fail(
+            where, "config.json `mlp_bias` true is not supported (MLP projections have no bias)"
+        )
     if raw.get("use_sliding_window"):
-        raise _fail(where, "config.json `use_sliding_window` true is not supported (full attention only)")
+        raise _fail(
+            where, "config.json `use_sliding_window` true is not supported (full attention only)"
+        )
     layer_types = raw.get("layer_types") or []
     if not isinstance(layer_types, list):
         raise _fail(where, f"config.json `layer_types` must be a list, got {layer_types!r}")
     if any(t != "full_attention" for t in layer_types):
-        raise _fail(where, "config.json `layer_types` has sliding-window layers; only full attention is supported")
+        raise _fail(
+            where,
+            "config.json `layer_types` has sliding-window layers; only full attention is supported",
+        )
     missing = [k for k in _REQUIRED if raw.get(k) is None]
     if missing:
         raise _fail(where, f"config.json has no `{missing[0]}` (required: {list(_REQUIRED)})")
@@ -189,7 +243,10 @@ def mtp_final_norm_of(raw: dict[str, Any], family: str, where: str) -> str:
     other way) or the family's default (:data:`MTP_CHAIN_DEFAULT`)."""
     chain = raw.get("mtp_chain_hidden", MTP_CHAIN_DEFAULT.get(family, "post_norm"))
     if chain not in _CHAIN_TO_FINAL_NORM:
-        raise _fail(where, f"config.json `mtp_chain_hidden` must be one of {list(_CHAIN_TO_FINAL_NORM)}, got {chain!r}")
+        raise _fail(
+            where,
+            f"config.json `mtp_chain_hidden` must be one of {list(_CHAIN_TO_FINAL_NORM)}, got {chain!r}",
+        )
     return _CHAIN_TO_FINAL_NORM[chain]
 
 
@@ -205,7 +262,10 @@ def eos_ids(raw: dict[str, Any], generation: dict[str, Any] | None, where: str =
             continue
         items = value if isinstance(value, list) else [value]
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in items):
-            raise _fail(where, f"{source} `eos_token_id` must be a token id or a list of them, got {value!r}")
+            raise _fail(
+                where,
+                f"{source} `eos_token_id` must be a token id or a list of them, got {value!r}",
+            )
         out.extend(int(v) for v in items if int(v) not in out)
     return out
 

@@ -62,11 +62,15 @@ class TargetModel(Protocol):
         """Layers that own a key/value cache pair in ``forward_meta.caches``."""
         ...
 
-    def __call__(self, ids_remove_padding: paddle.Tensor | None, forward_meta: ForwardMeta) -> paddle.Tensor:
+    def __call__(
+        self, ids_remove_padding: paddle.Tensor | None, forward_meta: ForwardMeta
+    ) -> paddle.Tensor:
         """Packed batch -> ``[T, H]`` hidden states (the ones the MTP layer consumes)."""
         ...
 
-    def compute_logits(self, hidden: paddle.Tensor, forward_meta: ForwardMeta | None = None) -> paddle.Tensor:
+    def compute_logits(
+        self, hidden: paddle.Tensor, forward_meta: ForwardMeta | None = None
+    ) -> paddle.Tensor:
         """``[n, H]`` hidden states as returned by the forward -> float32 ``[n, V]``."""
         ...
 
@@ -83,12 +87,17 @@ class MTPModel(Protocol):
         ...
 
     def __call__(
-        self, ids_remove_padding: paddle.Tensor | None, previous_hidden_states: paddle.Tensor, forward_meta: ForwardMeta
+        self,
+        ids_remove_padding: paddle.Tensor | None,
+        previous_hidden_states: paddle.Tensor,
+        forward_meta: ForwardMeta,
     ) -> paddle.Tensor:
         """Packed next tokens + the previous hidden state of each row -> ``[T, H]``."""
         ...
 
-    def compute_logits(self, hidden: paddle.Tensor, forward_meta: ForwardMeta | None = None) -> paddle.Tensor:
+    def compute_logits(
+        self, hidden: paddle.Tensor, forward_meta: ForwardMeta | None = None
+    ) -> paddle.Tensor:
         """``[n, H]`` -> float32 ``[n, V]`` (padded-vocabulary columns ``-inf``)."""
         ...
 
@@ -105,7 +114,10 @@ if TYPE_CHECKING:
     from .target import TinyTargetModel
 
     def _conforms(
-        target: TinyTargetModel, mtp: MTPLayer, backend: ReferenceAttentionBackend, latent: LatentAttentionBackend
+        target: TinyTargetModel,
+        mtp: MTPLayer,
+        backend: ReferenceAttentionBackend,
+        latent: LatentAttentionBackend,
     ) -> None:
         _target: TargetModel = target
         _mtp: MTPModel = mtp

@@ -111,7 +111,9 @@ class LatentAttentionBackend:
         cache = forward_meta.caches[layer_id]
         expected = self.get_kv_cache_shape(int(cache.shape[0]))
         if list(cache.shape) != expected:
-            raise ValueError(f"layer {layer_id} latent cache must be {expected}, got {list(cache.shape)}")
+            raise ValueError(
+                f"layer {layer_id} latent cache must be {expected}, got {list(cache.shape)}"
+            )
         return cache
 
     def forward(
@@ -141,7 +143,9 @@ class LatentAttentionBackend:
         t = int(q.shape[0])
         s = self.shape
         if plan.num_rows != t:
-            raise ValueError(f"`q` has {t} rows but the forward_meta plan describes {plan.num_rows}")
+            raise ValueError(
+                f"`q` has {t} rows but the forward_meta plan describes {plan.num_rows}"
+            )
         if t == 0:
             return paddle.zeros([0, s.num_heads * s.v_head_dim], dtype=q.dtype)
         self._write(cache, latent, plan)
@@ -158,7 +162,9 @@ class LatentAttentionBackend:
             scores = paddle.matmul(q32.unsqueeze(2), rows_k, transpose_y=True)  # [T, nh, 1, span]
             scores = paddle.where(visible, scores, minus_inf())
             out = paddle.matmul(F.softmax(scores, axis=-1), rows_v)  # [T, nh, 1, v]
-        out = out.reshape([t, s.num_heads * s.v_head_dim]) * plan.valid.astype("float32").unsqueeze(1)
+        out = out.reshape([t, s.num_heads * s.v_head_dim]) * plan.valid.astype("float32").unsqueeze(
+            1
+        )
         return out if out.dtype == q.dtype else out.astype(q.dtype)
 
     def _absorbed(
@@ -178,8 +184,13 @@ class LatentAttentionBackend:
         """
         s = self.shape
         t = int(q.shape[0])
-        w = w.reshape([s.kv_lora_rank, s.num_heads, s.qk_nope_head_dim + s.v_head_dim]).transpose([1, 0, 2])
-        w_uk, w_uv = w[..., : s.qk_nope_head_dim], w[..., s.qk_nope_head_dim :]  # [nh, L, nope], [nh, L, v]
+        w = w.reshape([s.kv_lora_rank, s.num_heads, s.qk_nope_head_dim + s.v_head_dim]).transpose(
+            [1, 0, 2]
+        )
+        w_uk, w_uv = (
+            w[..., : s.qk_nope_head_dim],
+            w[..., s.qk_nope_head_dim :],
+        )  # [nh, L, nope], [nh, L, v]
         q_nope = q[..., : s.qk_nope_head_dim].transpose([1, 0, 2])  # [nh, T, nope]
         q_lat = paddle.matmul(q_nope, w_uk, transpose_y=True).transpose([1, 0, 2])  # [T, nh, L]
         q_cat = paddle.concat([q_lat, q[..., s.qk_nope_head_dim :]], axis=-1)  # [T, nh, L + R]
@@ -214,7 +225,9 @@ class LatentAttentionBackend:
         latents ``[B, span, latent_dim]``: ``[c W_uk ; k_pe]`` and ``c W_uv`` per head."""
         s = self.shape
         c, k_pe = latents[..., : s.kv_lora_rank], latents[..., s.kv_lora_rank :]
-        kv = paddle.matmul(c, kv_b_weight).reshape([items, span, s.num_heads, s.qk_nope_head_dim + s.v_head_dim])
+        kv = paddle.matmul(c, kv_b_weight).reshape(
+            [items, span, s.num_heads, s.qk_nope_head_dim + s.v_head_dim]
+        )
         k_nope, v = kv[..., : s.qk_nope_head_dim], kv[..., s.qk_nope_head_dim :]
         k_pe = k_pe.unsqueeze(2).expand([items, span, s.num_heads, s.qk_rope_head_dim])
         keys = paddle.concat([k_nope, k_pe], axis=-1).transpose([0, 2, 1, 3])

@@ -39,7 +39,9 @@ class RMSNorm(nn.Layer):
         super().__init__()
         self.eps = eps
         self.weight = self.create_parameter(
-            [hidden_size], dtype=paddle.get_default_dtype(), default_initializer=nn.initializer.Constant(1.0)
+            [hidden_size],
+            dtype=paddle.get_default_dtype(),
+            default_initializer=nn.initializer.Constant(1.0),
         )
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
@@ -62,7 +64,13 @@ class RotaryEmbedding(nn.Layer):
     yarn); likewise ``sin``. The tables are float32 buffers that are not saved.
     """
 
-    def __init__(self, head_dim: int, max_position: int, theta: float, rope_scaling: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        head_dim: int,
+        max_position: int,
+        theta: float,
+        rope_scaling: dict[str, Any] | None = None,
+    ):
         super().__init__()
         self.max_position = max_position
         cos, sin = rope_tables(RopeSpec(head_dim, max_position, theta, rope_scaling))
@@ -76,9 +84,13 @@ class RotaryEmbedding(nn.Layer):
         rotates the first half of each head, as transformers' Glm4Moe does; every other
         family the whole head)."""
         rotary_dim = int(config.head_dim * config.partial_rotary_factor)
-        return cls(rotary_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling)
+        return cls(
+            rotary_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+        )
 
-    def lookup(self, positions: np.ndarray | paddle.Tensor, check: bool = True) -> tuple[paddle.Tensor, paddle.Tensor]:
+    def lookup(
+        self, positions: np.ndarray | paddle.Tensor, check: bool = True
+    ) -> tuple[paddle.Tensor, paddle.Tensor]:
         """``positions`` ``[T]`` ints -> ``(cos, sin)`` each ``[T, d]`` float32 (``d`` the
         rotated width).
 
@@ -98,7 +110,11 @@ class RotaryEmbedding(nn.Layer):
                 )
             idx = paddle.to_tensor(positions)
         else:
-            idx = positions if positions.dtype in (paddle.int32, paddle.int64) else positions.astype("int64")
+            idx = (
+                positions
+                if positions.dtype in (paddle.int32, paddle.int64)
+                else positions.astype("int64")
+            )
             idx = idx if len(idx.shape) == 1 else idx.reshape([-1])
             if check and idx.shape[0] > 0:
                 self.check_position(int(idx.max().item()))
@@ -109,16 +125,22 @@ class RotaryEmbedding(nn.Layer):
         """Raise the ``ValueError`` of :meth:`lookup` when position ``largest`` (a host int)
         is past the table."""
         if largest >= self.max_position:
-            raise ValueError(f"position {largest} is beyond `max_position_embeddings` ({self.max_position})")
+            raise ValueError(
+                f"position {largest} is beyond `max_position_embeddings` ({self.max_position})"
+            )
 
     def prefix(self, seq_len: int) -> tuple[paddle.Tensor, paddle.Tensor]:
         """``(cos, sin)`` for positions ``0 .. seq_len - 1``, each ``[seq_len, d]``."""
         if seq_len > self.max_position:
-            raise ValueError(f"`seq_len` {seq_len} exceeds `max_position_embeddings` ({self.max_position})")
+            raise ValueError(
+                f"`seq_len` {seq_len} exceeds `max_position_embeddings` ({self.max_position})"
+            )
         return self.cos_table[:seq_len], self.sin_table[:seq_len]
 
 
-def apply_rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, interleave: bool = False) -> paddle.Tensor:
+def apply_rope(
+    x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, interleave: bool = False
+) -> paddle.Tensor:
     """Rotate ``x [..., S, heads, head_dim]`` by ``cos/sin [S, d]`` (rotate-half within the
     first ``d <= head_dim`` dimensions of each head; the other ``head_dim - d`` pass through
     unchanged, GLM-4.5's partial rotary).
@@ -196,9 +218,15 @@ class Attention(nn.Layer):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.qk_norm = config.qk_norm
-        self.q_proj = ColumnParallelLinear(h, config.num_attention_heads * self.head_dim, tp, bias_attr=qkv_bias)
-        self.k_proj = ColumnParallelLinear(h, config.num_key_value_heads * self.head_dim, tp, bias_attr=qkv_bias)
-        self.v_proj = ColumnParallelLinear(h, config.num_key_value_heads * self.head_dim, tp, bias_attr=qkv_bias)
+        self.q_proj = ColumnParallelLinear(
+            h, config.num_attention_heads * self.head_dim, tp, bias_attr=qkv_bias
+        )
+        self.k_proj = ColumnParallelLinear(
+            h, config.num_key_value_heads * self.head_dim, tp, bias_attr=qkv_bias
+        )
+        self.v_proj = ColumnParallelLinear(
+            h, config.num_key_value_heads * self.head_dim, tp, bias_attr=qkv_bias
+        )
         self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, h, tp)
         self.scale = 1.0 / float(np.sqrt(self.head_dim))
         self.interleave = config.rope_interleave  # ERNIE-4.5's GPT-J pairs (see apply_rope)
@@ -230,7 +258,9 @@ class Attention(nn.Layer):
         v = self.v_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])
         return k.transpose([0, 2, 1, 3]), v.transpose([0, 2, 1, 3])
 
-    def forward_dense(self, x: paddle.Tensor, step: DenseStep, kv: DenseKV | None = None) -> paddle.Tensor:
+    def forward_dense(
+        self, x: paddle.Tensor, step: DenseStep, kv: DenseKV | None = None
+    ) -> paddle.Tensor:
         """``x [B, S, H]`` -> ``[B, S, H]``.
         The queries attend to ``x``'s own keys and values (``S' = S``, causal ``bias``), or to
         ``kv`` (``S'`` rows from :meth:`dense_kv` of other inputs, e.g. the MTP layer's
@@ -303,7 +333,9 @@ class DecoderLayer(nn.Layer):
         (:meth:`Attention.dense_kv` after ``input_layernorm``)."""
         return self.self_attn.dense_kv(self.input_layernorm(x), cos, sin)
 
-    def forward_dense(self, x: paddle.Tensor, step: DenseStep, kv: DenseKV | None = None) -> paddle.Tensor:
+    def forward_dense(
+        self, x: paddle.Tensor, step: DenseStep, kv: DenseKV | None = None
+    ) -> paddle.Tensor:
         """Full sequences ``[B, S, H]`` -> ``[B, S, H]`` with a causal ``step.bias [S, S]``, or
         attending to ``kv`` from :meth:`dense_kv` under ``step.bias [S, S']`` (see
         :meth:`Attention.forward_dense`)."""

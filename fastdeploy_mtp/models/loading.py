@@ -181,7 +181,9 @@ def _ernie_style(name: str, prefix: str, torch_layout: bool) -> FamilySpec:
         block=names["block"][len(prefix) :],
         torch_layout=torch_layout,
         embed=(f"{prefix}embed_tokens.weight",),
-        head=("lm_head.weight", f"{prefix}embed_tokens.weight") if torch_layout else ("lm_head.weight",),
+        head=("lm_head.weight", f"{prefix}embed_tokens.weight")
+        if torch_layout
+        else ("lm_head.weight",),
         owned_prefixes=(f"{prefix}mtp_",),
         fusion=_fusion(local["enorm"], local["hnorm"], local["eh_proj"], "/" + names["norm"]),
     )
@@ -199,7 +201,9 @@ FAMILIES: dict[str, FamilySpec] = {
         block="layers.0.",
         norm_offset=1.0,
         owned_prefixes=("mtp.",),
-        fusion=_fusion("pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "fc.weight", "norm.weight"),
+        fusion=_fusion(
+            "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "fc.weight", "norm.weight"
+        ),
     ),
     "mimo": FamilySpec(
         name="mimo",
@@ -207,7 +211,10 @@ FAMILIES: dict[str, FamilySpec] = {
         concat_order="hidden_first",
         owned_prefixes=("model.mtp_layers.",),
         fusion=_fusion(
-            "token_layernorm.weight", "hidden_layernorm.weight", "input_proj.weight", "final_layernorm.weight"
+            "token_layernorm.weight",
+            "hidden_layernorm.weight",
+            "input_proj.weight",
+            "final_layernorm.weight",
         ),
     ),
 }
@@ -236,7 +243,10 @@ def config_for_family(family: str, base: ModelConfig) -> ModelConfig:
     ``mtp_final_norm`` and ``mtp_hidden_state``."""
     spec = get_family(family)
     return dataclasses.replace(
-        base, mtp_concat_order=spec.concat_order, mtp_final_norm=spec.final_norm, mtp_hidden_state=spec.hidden_state
+        base,
+        mtp_concat_order=spec.concat_order,
+        mtp_final_norm=spec.final_norm,
+        mtp_hidden_state=spec.hidden_state,
     )
 
 
@@ -250,7 +260,9 @@ def _detect_index(spec: FamilySpec, src: TensorSource, layer_index: int | None) 
                 f"`layer_index` does not apply to family {spec.name!r} (its MTP prefix is fixed: {spec.prefix!r})"
             )
         return None
-    found = sorted({int(m.group(1)) for k in src.keys() for m in [re.match(spec.index_regex, k)] if m})
+    found = sorted(
+        {int(m.group(1)) for k in src.keys() for m in [re.match(spec.index_regex, k)] if m}
+    )
     if layer_index is not None:
         if layer_index not in found:
             raise MissingTensorError(
@@ -285,7 +297,9 @@ class _Plan:
         arr = self.src.get(ckpt)
         self.used.add(ckpt)
         if list(arr.shape) != list(shape):
-            raise TensorShapeError(f"checkpoint tensor {ckpt!r} has shape {list(arr.shape)}, expected {list(shape)}")
+            raise TensorShapeError(
+                f"checkpoint tensor {ckpt!r} has shape {list(arr.shape)}, expected {list(shape)}"
+            )
         return np.asarray(arr, dtype=np.float32)
 
     def linear(self, ours: str, ckpt: str, torch_layout: bool) -> None:
@@ -372,7 +386,10 @@ def _check_layer_fits(model: MTPLayer, spec: FamilySpec) -> None:
             f"load_mtp_weights loads an unsharded MTP layer; `model` is a tensor-parallel shard "
             f"(tensor_parallel_size={model.tensor_parallel_size})"
         )
-    for field, want in (("mtp_concat_order", spec.concat_order), ("mtp_final_norm", spec.final_norm)):
+    for field, want in (
+        ("mtp_concat_order", spec.concat_order),
+        ("mtp_final_norm", spec.final_norm),
+    ):
         if getattr(model.config, field) != want:
             raise ValueError(
                 f"family {spec.name!r} needs config.{field} == {want!r}, model has "
@@ -395,7 +412,10 @@ def _plan_layer(plan: _Plan, spec: FamilySpec, prefix: str, config: ModelConfig)
     plan.linear("eh_proj.weight", absolute(spec.fusion["eh_proj"]), tl)
     fused = {
         block + "self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"),
-        block + "mlp.up_gate_proj.weight": ("gate_proj", "up_proj"),  # ERNIE: silu half (gate) first
+        block + "mlp.up_gate_proj.weight": (
+            "gate_proj",
+            "up_proj",
+        ),  # ERNIE: silu half (gate) first
     }
     fused = {name: parts for name, parts in fused.items() if name in plan.src}
     fused_parts = {p for parts in fused.values() for p in parts}
@@ -420,23 +440,30 @@ def _reject_leftovers(plan: _Plan, spec: FamilySpec, fmt: Callable[[str], str]) 
     leftovers = [
         k
         for k in plan.src.keys()
-        if any(k.startswith(fmt(p)) for p in spec.owned_prefixes) and k not in plan.used and k not in shared_names
+        if any(k.startswith(fmt(p)) for p in spec.owned_prefixes)
+        and k not in plan.used
+        and k not in shared_names
     ]
     if leftovers:
         name = leftovers[0]
         hint = next(
-            (h for key, h in _UNSUPPORTED_HINTS if key in name), "this tensor has no counterpart in the dense MTP layer"
+            (h for key, h in _UNSUPPORTED_HINTS if key in name),
+            "this tensor has no counterpart in the dense MTP layer",
         )
         raise UnsupportedTensorError(
             f"checkpoint tensor {name!r} is not supported: {hint} ({len(leftovers)} unsupported tensor(s) in total)"
         )
 
 
-def _load_shared(plan: _Plan, spec: FamilySpec, fmt: Callable[[str], str], target: Any) -> dict[str, str]:
+def _load_shared(
+    plan: _Plan, spec: FamilySpec, fmt: Callable[[str], str], target: Any
+) -> dict[str, str]:
     """Loads the target's embedding and LM head from the first of the family's candidate
     names present; returns our name -> checkpoint name for both."""
     emb_name = _first_present(plan.src, [fmt(n) for n in spec.embed], "embedding")
-    target.embed_tokens.weight.set_value(plan.read(emb_name, list(target.embed_tokens.weight.shape)))
+    target.embed_tokens.weight.set_value(
+        plan.read(emb_name, list(target.embed_tokens.weight.shape))
+    )
     head_name = _first_present(plan.src, [fmt(n) for n in spec.head], "LM head")
     head_shape = list(target.lm_head.weight.shape)  # [H, V]
     tl = spec.torch_layout
@@ -450,7 +477,9 @@ def _first_present(src: TensorSource, names: Iterable[str], what: str) -> str:
     for n in names:
         if n in src:
             return n
-    raise MissingTensorError(f"checkpoint {src.description} has no shared {what}: looked for {names}")
+    raise MissingTensorError(
+        f"checkpoint {src.description} has no shared {what}: looked for {names}"
+    )
 
 
 # ----------------------------------------------------------------------------- native format
@@ -488,7 +517,9 @@ def load_state_strict(
             )
         arr = src.get(ckpt)
         if list(arr.shape) != full_shape:
-            raise TensorShapeError(f"checkpoint tensor {ckpt!r} has shape {list(arr.shape)}, expected {full_shape}")
+            raise TensorShapeError(
+                f"checkpoint tensor {ckpt!r} has shape {list(arr.shape)}, expected {full_shape}"
+            )
         if axis is not None:
             arr = np.split(arr, tensor_parallel_size, axis=axis)[tensor_parallel_rank]
         param.set_value(np.ascontiguousarray(arr, dtype=np.float32))
@@ -496,4 +527,7 @@ def load_state_strict(
 
 def state_to_numpy(layer: nn.Layer, prefix: str = "") -> dict[str, np.ndarray]:
     """``{prefix + name: float32 array}`` for every parameter of ``layer``."""
-    return {prefix + n: np.ascontiguousarray(p.numpy().astype(np.float32)) for n, p in layer.named_parameters()}
+    return {
+        prefix + n: np.ascontiguousarray(p.numpy().astype(np.float32))
+        for n, p in layer.named_parameters()
+    }

@@ -81,7 +81,9 @@ class MLAttention(nn.Layer):
             self.q_proj = ColumnParallelLinear(h, nh * qk, tp)
         self.kv_a_proj_with_mqa = nn.Linear(h, self.kv_lora_rank + self.rope, bias_attr=False)
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, LATENT_NORM_EPS)
-        self.kv_b_proj = ColumnParallelLinear(self.kv_lora_rank, nh * (self.nope + self.v_head_dim), tp)
+        self.kv_b_proj = ColumnParallelLinear(
+            self.kv_lora_rank, nh * (self.nope + self.v_head_dim), tp
+        )
         self.o_proj = RowParallelLinear(nh * self.v_head_dim, h, tp)
         self.scale = mla_scale(config)
 
@@ -92,13 +94,17 @@ class MLAttention(nn.Layer):
         else:
             q = self.q_proj(x)
         q = q.reshape([*x.shape[:-1], self.num_heads, self.nope + self.rope])
-        return paddle.concat([q[..., : self.nope], apply_rope(q[..., self.nope :], cos, sin, self.interleave)], -1)
+        return paddle.concat(
+            [q[..., : self.nope], apply_rope(q[..., self.nope :], cos, sin, self.interleave)], -1
+        )
 
     def _latent(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
         """``x [..., H]`` -> ``[..., kv_lora_rank + R]``: normed ``c_kv`` then roped ``k_pe``."""
         ckv = self.kv_a_proj_with_mqa(x)
         c = self.kv_a_layernorm(ckv[..., : self.kv_lora_rank])
-        k_pe = apply_rope(ckv[..., self.kv_lora_rank :].unsqueeze(-2), cos, sin, self.interleave).squeeze(-2)
+        k_pe = apply_rope(
+            ckv[..., self.kv_lora_rank :].unsqueeze(-2), cos, sin, self.interleave
+        ).squeeze(-2)
         return paddle.concat([c, k_pe], axis=-1)
 
     def forward(self, x: paddle.Tensor, step: PagedStep, layer_id: int) -> paddle.Tensor:
@@ -106,7 +112,9 @@ class MLAttention(nn.Layer):
         :class:`LatentAttentionBackend`; ``layer_id`` selects the latent cache."""
         backend = step.backend
         if not isinstance(backend, LatentAttentionBackend):
-            raise TypeError(f"MLA attention needs a LatentAttentionBackend, got {type(backend).__name__}")
+            raise TypeError(
+                f"MLA attention needs a LatentAttentionBackend, got {type(backend).__name__}"
+            )
         q, latent = self._queries(x, step.cos, step.sin), self._latent(x, step.cos, step.sin)
         out = backend.forward(q, latent, self.kv_b_proj.weight, layer_id, step.forward_meta)
         return self.o_proj(out)
@@ -116,19 +124,28 @@ class MLAttention(nn.Layer):
         b, s = int(x.shape[0]), int(x.shape[1])
         latent = self._latent(x, cos, sin)
         kv = self.kv_b_proj(latent[..., : self.kv_lora_rank]).reshape([b, s, self.num_heads, -1])
-        k_pe = latent[..., self.kv_lora_rank :].unsqueeze(2).expand([b, s, self.num_heads, self.rope])
+        k_pe = (
+            latent[..., self.kv_lora_rank :].unsqueeze(2).expand([b, s, self.num_heads, self.rope])
+        )
         keys = paddle.concat([kv[..., : self.nope], k_pe], axis=-1)
         return keys.transpose([0, 2, 1, 3]), kv[..., self.nope :].transpose([0, 2, 1, 3])
 
-    def forward_dense(self, x: paddle.Tensor, step: DenseStep, kv: DenseKV | None = None) -> paddle.Tensor:
+    def forward_dense(
+        self, x: paddle.Tensor, step: DenseStep, kv: DenseKV | None = None
+    ) -> paddle.Tensor:
         """``x [B, S, H]`` -> ``[B, S, H]`` attending to its own keys under the causal
         ``step.bias [S, S]``, or to ``kv`` (from :meth:`dense_kv`) under ``step.bias [S, S']``."""
         b, s = int(x.shape[0]), int(x.shape[1])
         q = self._queries(x, step.cos, step.sin).transpose([0, 2, 1, 3])  # [B, nh, S, qk]
         keys, values = self.dense_kv(x, step.cos, step.sin) if kv is None else kv
-        scores = paddle.matmul(q, keys, transpose_y=True) * self.scale + step.bias[:s, : int(keys.shape[2])]
+        scores = (
+            paddle.matmul(q, keys, transpose_y=True) * self.scale
+            + step.bias[:s, : int(keys.shape[2])]
+        )
         out = paddle.matmul(nn.functional.softmax(scores, axis=-1), values)  # [B, nh, S, v]
-        return self.o_proj(out.transpose([0, 2, 1, 3]).reshape([b, s, self.num_heads * self.v_head_dim]))
+        return self.o_proj(
+            out.transpose([0, 2, 1, 3]).reshape([b, s, self.num_heads * self.v_head_dim])
+        )
 
 
 def attention_for(config: ModelConfig, tensor_parallel_size: int = 1) -> Attention | MLAttention:
@@ -155,5 +172,8 @@ def attention_backend(
         )
         return LatentAttentionBackend(shape, config.block_size, mla_scale(config))
     return ReferenceAttentionBackend(
-        config.num_attention_heads // tp, config.num_key_value_heads // tp, config.head_dim, config.block_size
+        config.num_attention_heads // tp,
+        config.num_key_value_heads // tp,
+        config.head_dim,
+        config.block_size,
     )

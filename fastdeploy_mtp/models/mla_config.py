@@ -38,12 +38,16 @@ def mla_fields(raw: dict[str, Any]) -> dict[str, Any]:
     sizes = {key: _int(raw, key, 1) for key in MLA_SIZES}
     q_lora = 0 if raw.get("q_lora_rank") is None else _int(raw, "q_lora_rank", 0)
     if sizes["qk_rope_head_dim"] % 2:
-        raise ValueError(f"config.json `qk_rope_head_dim` must be even for RoPE, got {sizes['qk_rope_head_dim']}")
+        raise ValueError(
+            f"config.json `qk_rope_head_dim` must be even for RoPE, got {sizes['qk_rope_head_dim']}"
+        )
     interleave = raw.get("rope_interleave", True)
     if not isinstance(interleave, bool):
         raise ValueError(f"config.json `rope_interleave` must be true or false, got {interleave!r}")
     if raw.get("attention_bias"):
-        raise ValueError("config.json `attention_bias` true is not supported for multi-head latent attention")
+        raise ValueError(
+            "config.json `attention_bias` true is not supported for multi-head latent attention"
+        )
     heads = raw.get("num_attention_heads")
     return {
         **sizes,

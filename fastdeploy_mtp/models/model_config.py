@@ -185,7 +185,9 @@ class ModelConfig:
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"`{name}` must be positive, got {getattr(self, name)}")
         if int(self.num_nextn_predict_layers) < 0:
-            raise ValueError(f"`num_nextn_predict_layers` must be >= 0, got {self.num_nextn_predict_layers}")
+            raise ValueError(
+                f"`num_nextn_predict_layers` must be >= 0, got {self.num_nextn_predict_layers}"
+            )
         if self.dtype not in MODEL_DTYPES:
             raise ValueError(f"`dtype` must be one of {MODEL_DTYPES}, got {self.dtype!r}")
         if self.rope_scaling is not None and self.rope_scaling.get("rope_type") not in ROPE_TYPES:
@@ -195,7 +197,9 @@ class ModelConfig:
         if self.num_hidden_layers < 0:
             raise ValueError(f"`num_hidden_layers` must be >= 0, got {self.num_hidden_layers}")
         if self.ori_vocab_size > self.vocab_size:
-            raise ValueError(f"`ori_vocab_size` ({self.ori_vocab_size}) must be <= `vocab_size` ({self.vocab_size})")
+            raise ValueError(
+                f"`ori_vocab_size` ({self.ori_vocab_size}) must be <= `vocab_size` ({self.vocab_size})"
+            )
         if self.num_attention_heads % self.num_key_value_heads != 0:
             raise ValueError(
                 f"`num_attention_heads` ({self.num_attention_heads}) must be a "
@@ -204,38 +208,62 @@ class ModelConfig:
         if self.head_dim % 2 != 0:
             raise ValueError(f"`head_dim` must be even for RoPE, got {self.head_dim}")
         if self.mtp_hidden_state not in MTP_HIDDEN_STATES:
-            raise ValueError(f"`mtp_hidden_state` must be one of {MTP_HIDDEN_STATES}, got {self.mtp_hidden_state!r}")
+            raise ValueError(
+                f"`mtp_hidden_state` must be one of {MTP_HIDDEN_STATES}, got {self.mtp_hidden_state!r}"
+            )
         if self.mtp_concat_order not in MTP_CONCAT_ORDERS:
-            raise ValueError(f"`mtp_concat_order` must be one of {MTP_CONCAT_ORDERS}, got {self.mtp_concat_order!r}")
+            raise ValueError(
+                f"`mtp_concat_order` must be one of {MTP_CONCAT_ORDERS}, got {self.mtp_concat_order!r}"
+            )
 
         if self.mtp_final_norm not in MTP_FINAL_NORMS:
-            raise ValueError(f"`mtp_final_norm` must be one of {MTP_FINAL_NORMS}, got {self.mtp_final_norm!r}")
+            raise ValueError(
+                f"`mtp_final_norm` must be one of {MTP_FINAL_NORMS}, got {self.mtp_final_norm!r}"
+            )
 
         self._validate_attention()
         self._validate_moe()
 
     def _validate_attention(self) -> None:
         if self.attention_type not in ATTENTION_TYPES:
-            raise ValueError(f"`attention_type` must be one of {ATTENTION_TYPES}, got {self.attention_type!r}")
+            raise ValueError(
+                f"`attention_type` must be one of {ATTENTION_TYPES}, got {self.attention_type!r}"
+            )
         if not 0.0 < float(self.partial_rotary_factor) <= 1.0:
-            raise ValueError(f"`partial_rotary_factor` must be in (0, 1], got {self.partial_rotary_factor}")
+            raise ValueError(
+                f"`partial_rotary_factor` must be in (0, 1], got {self.partial_rotary_factor}"
+            )
         rotary = self.head_dim * self.partial_rotary_factor
         if int(rotary) % 2 != 0:
-            raise ValueError(f"`head_dim * partial_rotary_factor` must be even for RoPE, got {rotary}")
-        if self.rope_interleave and self.attention_type == "gqa" and self.partial_rotary_factor != 1.0:
-            raise ValueError("`rope_interleave` with grouped-query attention needs `partial_rotary_factor` 1")
+            raise ValueError(
+                f"`head_dim * partial_rotary_factor` must be even for RoPE, got {rotary}"
+            )
+        if (
+            self.rope_interleave
+            and self.attention_type == "gqa"
+            and self.partial_rotary_factor != 1.0
+        ):
+            raise ValueError(
+                "`rope_interleave` with grouped-query attention needs `partial_rotary_factor` 1"
+            )
         if self.attention_type == "mla":
             for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
                 if int(getattr(self, name)) <= 0:
-                    raise ValueError(f"`{name}` must be positive for MLA attention, got {getattr(self, name)}")
+                    raise ValueError(
+                        f"`{name}` must be positive for MLA attention, got {getattr(self, name)}"
+                    )
             if self.qk_rope_head_dim % 2 != 0:
-                raise ValueError(f"`qk_rope_head_dim` must be even for RoPE, got {self.qk_rope_head_dim}")
+                raise ValueError(
+                    f"`qk_rope_head_dim` must be even for RoPE, got {self.qk_rope_head_dim}"
+                )
             if self.head_dim != self.qk_rope_head_dim:
                 raise ValueError(
                     f"`head_dim` ({self.head_dim}) must equal `qk_rope_head_dim` ({self.qk_rope_head_dim}) for MLA"
                 )
             if self.q_lora_rank < 0:
-                raise ValueError(f"`q_lora_rank` must be >= 0 (0: a plain q_proj), got {self.q_lora_rank}")
+                raise ValueError(
+                    f"`q_lora_rank` must be >= 0 (0: a plain q_proj), got {self.q_lora_rank}"
+                )
 
     def _validate_moe(self) -> None:
         e = int(self.n_routed_experts)
@@ -244,19 +272,29 @@ class ModelConfig:
         if e == 0:
             return
         if not 1 <= self.num_experts_per_tok <= e:
-            raise ValueError(f"`num_experts_per_tok` must be in [1, {e}], got {self.num_experts_per_tok}")
+            raise ValueError(
+                f"`num_experts_per_tok` must be in [1, {e}], got {self.num_experts_per_tok}"
+            )
         if self.moe_intermediate_size <= 0:
-            raise ValueError(f"`moe_intermediate_size` must be positive, got {self.moe_intermediate_size}")
+            raise ValueError(
+                f"`moe_intermediate_size` must be positive, got {self.moe_intermediate_size}"
+            )
         if self.n_shared_experts < 0 or self.first_k_dense_replace < 0:
             raise ValueError("`n_shared_experts` and `first_k_dense_replace` must be >= 0")
         if self.n_group < 1 or e % self.n_group != 0:
             raise ValueError(f"`n_group` ({self.n_group}) must divide `n_routed_experts` ({e})")
         if not 1 <= self.topk_group <= self.n_group:
-            raise ValueError(f"`topk_group` must be in [1, n_group={self.n_group}], got {self.topk_group}")
+            raise ValueError(
+                f"`topk_group` must be in [1, n_group={self.n_group}], got {self.topk_group}"
+            )
         if self.scoring_func not in SCORING_FUNCS:
-            raise ValueError(f"`scoring_func` must be one of {SCORING_FUNCS}, got {self.scoring_func!r}")
+            raise ValueError(
+                f"`scoring_func` must be one of {SCORING_FUNCS}, got {self.scoring_func!r}"
+            )
         if self.topk_method not in TOPK_METHODS:
-            raise ValueError(f"`topk_method` must be one of {TOPK_METHODS}, got {self.topk_method!r}")
+            raise ValueError(
+                f"`topk_method` must be one of {TOPK_METHODS}, got {self.topk_method!r}"
+            )
         if self.moe_layer_interval < 0 or self.moe_norm_min < 0:
             raise ValueError("`moe_layer_interval` and `moe_norm_min` must be >= 0")
 

@@ -76,7 +76,9 @@ def _read_json(path: str, where: str, what: str) -> dict[str, Any]:
 
 def _bad_file(path: str, what: str) -> UnsupportedModelError:
     """``model folder <dir>: <file>: <what>``, the one-line refusal of a bad weight file."""
-    return UnsupportedModelError(f"model folder {os.path.dirname(path)}: {os.path.basename(path)}: {what}")
+    return UnsupportedModelError(
+        f"model folder {os.path.dirname(path)}: {os.path.basename(path)}: {what}"
+    )
 
 
 def read_safetensors_header(path: str) -> dict[str, TensorEntry]:
@@ -113,11 +115,16 @@ def _entry(path: str, name: str, meta: Any, start: int, file_size: int) -> Tenso
         dtype, shape = str(meta["dtype"]), tuple(int(d) for d in meta["shape"])
         begin, end = (int(x) for x in meta["data_offsets"])
     except (KeyError, TypeError, ValueError):
-        raise _bad_file(path, f"tensor {name!r} has no valid dtype, shape and data_offsets") from None
+        raise _bad_file(
+            path, f"tensor {name!r} has no valid dtype, shape and data_offsets"
+        ) from None
     if dtype in _STORED and (
-        min(shape, default=1) < 0 or end - begin != int(np.prod(shape)) * np.dtype(_STORED[dtype]).itemsize
+        min(shape, default=1) < 0
+        or end - begin != int(np.prod(shape)) * np.dtype(_STORED[dtype]).itemsize
     ):
-        raise _bad_file(path, f"tensor {name!r} has {end - begin} bytes for shape {list(shape)} of {dtype}")
+        raise _bad_file(
+            path, f"tensor {name!r} has {end - begin} bytes for shape {list(shape)} of {dtype}"
+        )
     if begin < 0 or start + end > file_size:
         raise _bad_file(
             path,
@@ -131,18 +138,24 @@ def _shard_files(path: str) -> list[str]:
     if os.path.isfile(index):
         weight_map = _read_json(index, path, INDEX_FILE).get("weight_map")
         if not isinstance(weight_map, dict):
-            raise UnsupportedModelError(f"model folder {path}: {INDEX_FILE} has no `weight_map` object")
+            raise UnsupportedModelError(
+                f"model folder {path}: {INDEX_FILE} has no `weight_map` object"
+            )
         files = sorted(set(weight_map.values()))
         missing = [f for f in files if not os.path.isfile(os.path.join(path, f))]
         if missing:
-            raise UnsupportedModelError(f"model folder {path}: shard {missing[0]} named in {INDEX_FILE} is missing")
+            raise UnsupportedModelError(
+                f"model folder {path}: shard {missing[0]} named in {INDEX_FILE} is missing"
+            )
         return [os.path.join(path, f) for f in files]
     if os.path.isfile(os.path.join(path, SINGLE_FILE)):
         return [os.path.join(path, SINGLE_FILE)]
     raise UnsupportedModelError(f"model folder {path}: no {SINGLE_FILE} or {INDEX_FILE}")
 
 
-def _check_tensors(path: str, config: ModelConfig, refs: list[WeightRef], tensors: dict[str, TensorEntry]) -> None:
+def _check_tensors(
+    path: str, config: ModelConfig, refs: list[WeightRef], tensors: dict[str, TensorEntry]
+) -> None:
     for ref in refs:
         entry = tensors.get(ref.ckpt)
         if entry is None:
@@ -151,7 +164,9 @@ def _check_tensors(path: str, config: ModelConfig, refs: list[WeightRef], tensor
             )
         if entry.shape != ref.ckpt_shape:
             got, want = list(entry.shape), list(ref.ckpt_shape)
-            raise UnsupportedModelError(f"model folder {path}: tensor {ref.ckpt!r} has shape {got}, expected {want}")
+            raise UnsupportedModelError(
+                f"model folder {path}: tensor {ref.ckpt!r} has shape {got}, expected {want}"
+            )
         if entry.dtype not in _STORED:
             raise UnsupportedModelError(
                 f"model folder {path}: tensor {ref.ckpt!r} has dtype {entry.dtype}, expected one of {sorted(_STORED)}"
@@ -179,7 +194,9 @@ def tokenizer_vocab_size(where: str) -> int | None:
     try:
         vocab = Tokenizer.from_file(path).get_vocab(with_added_tokens=True)
     except Exception as exc:  # the tokenizers library raises a bare Exception for a bad file
-        raise UnsupportedModelError(f"model folder {where}: {TOKENIZER_JSON} cannot be read: {exc}") from None
+        raise UnsupportedModelError(
+            f"model folder {where}: {TOKENIZER_JSON} cannot be read: {exc}"
+        ) from None
     return max(vocab.values(), default=-1) + 1
 
 
@@ -282,12 +299,16 @@ def build_models(
         paddle.set_default_dtype(previous)
 
 
-def tensor_view(entry: TensorEntry, ref: WeightRef, axis: int | None, tp: int, rank: int) -> np.ndarray:
+def tensor_view(
+    entry: TensorEntry, ref: WeightRef, axis: int | None, tp: int, rank: int
+) -> np.ndarray:
     """A read-only memory-mapped view of ``entry`` in our layout (transposed when the
     checkpoint is ``[out, in]``), cut to this rank's slice along ``axis`` (``None`` = whole),
     in the stored dtype (raw ``uint16`` for BF16). Nothing is read until it is indexed."""
     count = int(np.prod(entry.shape))
-    stored = np.memmap(entry.file, dtype=_STORED[entry.dtype], mode="r", offset=entry.offset, shape=(count,))
+    stored = np.memmap(
+        entry.file, dtype=_STORED[entry.dtype], mode="r", offset=entry.offset, shape=(count,)
+    )
     view = stored.reshape(entry.shape)
     if ref.transpose:
         view = view.T
@@ -332,7 +353,9 @@ def fill_parameter(
         return
     value = np.empty(view.shape, np.float32)
     convert_into(value, view, entry.dtype)
-    param.set_value(value if param.dtype == paddle.float32 else paddle.to_tensor(value).astype(param.dtype))
+    param.set_value(
+        value if param.dtype == paddle.float32 else paddle.to_tensor(value).astype(param.dtype)
+    )
 
 
 def _progress(files: list[str], progress: bool | None) -> Iterable[str]:
@@ -374,11 +397,17 @@ def load_model(
     target, mtp = build_models(plan.config, tensor_parallel_size, tensor_parallel_rank)
     owners: dict[str, Any] = {"target": target, "mtp": mtp}
     params = {o: dict(m.named_parameters()) for o, m in owners.items() if m is not None}
-    axes = {o: (shard_axes(m) if tensor_parallel_size > 1 else {}) for o, m in owners.items() if m is not None}
+    axes = {
+        o: (shard_axes(m) if tensor_parallel_size > 1 else {})
+        for o, m in owners.items()
+        if m is not None
+    }
     mapped = {(r.owner, r.ours) for r in plan.refs}
     unmapped = sorted(f"{o}.{n}" for o, ps in params.items() for n in ps if (o, n) not in mapped)
     if unmapped:
-        raise UnsupportedModelError(f"model folder {where}: no checkpoint tensor is mapped to parameter {unmapped[0]}")
+        raise UnsupportedModelError(
+            f"model folder {where}: no checkpoint tensor is mapped to parameter {unmapped[0]}"
+        )
     by_file: dict[str, list[WeightRef]] = {}
     for ref in plan.refs:
         by_file.setdefault(plan.tensors[ref.ckpt].file, []).append(ref)
@@ -386,7 +415,9 @@ def load_model(
         for ref in by_file[file]:
             param = params[ref.owner][ref.ours]
             axis = axes[ref.owner].get(ref.ours)
-            fill_parameter(param, plan.tensors[ref.ckpt], ref, axis, tensor_parallel_size, tensor_parallel_rank)
+            fill_parameter(
+                param, plan.tensors[ref.ckpt], ref, axis, tensor_parallel_size, tensor_parallel_rank
+            )
     target.eval()
     if mtp is not None:
         mtp.eval()

@@ -107,7 +107,9 @@ class MoEGate(nn.Layer):
         weights = paddle.take_along_axis(scores, indices, axis=-1)
         if self.norm_topk_prob:
             total = weights.sum(axis=-1, keepdim=True)
-            weights = weights / (paddle.clip(total, min=self.norm_min) if self.norm_min > 0 else total + 1e-20)
+            weights = weights / (
+                paddle.clip(total, min=self.norm_min) if self.norm_min > 0 else total + 1e-20
+            )
         return weights * self.routed_scaling_factor, indices
 
     def _keep_best_groups(self, choice: paddle.Tensor) -> paddle.Tensor:
@@ -165,8 +167,12 @@ class MoEMLP(nn.Layer):
         self.tensor_parallel_size = tp
         self.num_experts = config.n_routed_experts
         self.gate = MoEGate(config)
-        self.experts = nn.LayerList([ExpertMLP(h, inter, tp) for _ in range(config.n_routed_experts)])
-        self.shared_experts = ExpertMLP(h, inter * config.n_shared_experts, tp) if config.n_shared_experts else None
+        self.experts = nn.LayerList(
+            [ExpertMLP(h, inter, tp) for _ in range(config.n_routed_experts)]
+        )
+        self.shared_experts = (
+            ExpertMLP(h, inter * config.n_shared_experts, tp) if config.n_shared_experts else None
+        )
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         """Packed ``x [T, H]`` -> ``[T, H]`` in ``x``'s dtype (``T = 0`` gives ``[0, H]``)."""
@@ -180,7 +186,9 @@ class MoEMLP(nn.Layer):
             out = distributed.all_reduce_sum(out)
         return out.astype(x.dtype)
 
-    def _routed(self, x: paddle.Tensor, weights: paddle.Tensor, indices: paddle.Tensor) -> paddle.Tensor:
+    def _routed(
+        self, x: paddle.Tensor, weights: paddle.Tensor, indices: paddle.Tensor
+    ) -> paddle.Tensor:
         """``sum_j weights[:, j] * expert_{indices[:, j]}(x)`` as float32 ``[T, H]``: each expert
         runs on the rows routed to it (gathered), its weighted output added back to them."""
         out = paddle.zeros([x.shape[0], x.shape[1]], dtype="float32")

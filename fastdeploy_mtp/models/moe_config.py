@@ -53,7 +53,9 @@ def _int(raw: dict[str, Any], key: str, default: int) -> int:
 def _choice(raw: dict[str, Any], key: str, default: str, allowed: tuple[str, ...]) -> str:
     value = _value(raw, key, default)
     if value not in allowed:
-        raise ValueError(f"config.json `{key}` {value!r} is not supported; supported: {list(allowed)}")
+        raise ValueError(
+            f"config.json `{key}` {value!r} is not supported; supported: {list(allowed)}"
+        )
     return str(value)
 
 
@@ -84,9 +86,13 @@ def moe_fields(raw: dict[str, Any], family: str) -> dict[str, Any]:
 
 def _check_routing(fields: dict[str, Any]) -> None:
     """Refuse MoE keys that are each valid but cannot route together."""
-    e, k, groups, kept = (fields[n] for n in ("n_routed_experts", "num_experts_per_tok", "n_group", "topk_group"))
+    e, k, groups, kept = (
+        fields[n] for n in ("n_routed_experts", "num_experts_per_tok", "n_group", "topk_group")
+    )
     if k > e:
-        raise ValueError(f"config.json `num_experts_per_tok` ({k}) must be <= `n_routed_experts` ({e})")
+        raise ValueError(
+            f"config.json `num_experts_per_tok` ({k}) must be <= `n_routed_experts` ({e})"
+        )
     if e % groups != 0:
         raise ValueError(f"config.json `n_group` ({groups}) must divide `n_routed_experts` ({e})")
     if kept > groups:
@@ -124,6 +130,8 @@ def glm_fields(raw: dict[str, Any]) -> dict[str, Any]:
     rope = rope if isinstance(rope, dict) else {}
     factor = rope.get("partial_rotary_factor", _value(raw, "partial_rotary_factor", 0.5))
     if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1:
-        raise ValueError(f"config.json `partial_rotary_factor` must be a number in (0, 1], got {factor!r}")
+        raise ValueError(
+            f"config.json `partial_rotary_factor` must be a number in (0, 1], got {factor!r}"
+        )
     fields["partial_rotary_factor"] = float(factor)
     return fields

@@ -47,7 +47,10 @@ class MTPLayer(nn.Layer):
 
     def __init__(self, config: ModelConfig, target: TinyTargetModel, index: int = 0):
         super().__init__()
-        if target.config.hidden_size != config.hidden_size or target.config.vocab_size != config.vocab_size:
+        if (
+            target.config.hidden_size != config.hidden_size
+            or target.config.vocab_size != config.vocab_size
+        ):
             raise ValueError("`target` must have the same hidden_size and vocab_size as `config`")
         self.config = config
         tp = target.tensor_parallel_size
@@ -56,7 +59,9 @@ class MTPLayer(nn.Layer):
         self.enorm = RMSNorm(h, config.rms_norm_eps)
         self.hnorm = RMSNorm(h, config.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * h, h, bias_attr=False)
-        self.mtp_block = DecoderLayer(config, tp, attention_for(config, tp), config.num_hidden_layers + index)
+        self.mtp_block = DecoderLayer(
+            config, tp, attention_for(config, tp), config.num_hidden_layers + index
+        )
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.rotary = RotaryEmbedding.of(config)
         self.attn_backend = attention_backend(config, tp)
@@ -81,7 +86,10 @@ class MTPLayer(nn.Layer):
         return self.eh_proj(paddle.concat(parts, axis=-1))
 
     def forward(
-        self, ids_remove_padding: paddle.Tensor | None, previous_hidden_states: paddle.Tensor, forward_meta: ForwardMeta
+        self,
+        ids_remove_padding: paddle.Tensor | None,
+        previous_hidden_states: paddle.Tensor,
+        forward_meta: ForwardMeta,
     ) -> paddle.Tensor:
         """Run the packed batch.
 
@@ -121,7 +129,9 @@ class MTPLayer(nn.Layer):
         ``config.mtp_final_norm == "in_forward"``, else ``x`` (``compute_logits`` norms it)."""
         return self.norm(x) if self.config.mtp_final_norm == "in_forward" else x
 
-    def compute_logits(self, hidden: paddle.Tensor, forward_meta: ForwardMeta | None = None) -> paddle.Tensor:
+    def compute_logits(
+        self, hidden: paddle.Tensor, forward_meta: ForwardMeta | None = None
+    ) -> paddle.Tensor:
         """``hidden [n, H]`` -> float32 ``[n, V]`` through the shared LM head, columns
         ``>= ori_vocab_size`` set to ``-inf``. Applies ``norm`` first when
         ``config.mtp_final_norm == "in_logits"``."""
@@ -139,14 +149,18 @@ class MTPLayer(nn.Layer):
         the collectives; it is not implemented."""
         return None
 
-    def forward_dense(self, next_ids: paddle.Tensor, hidden: paddle.Tensor, bias: paddle.Tensor) -> paddle.Tensor:
+    def forward_dense(
+        self, next_ids: paddle.Tensor, hidden: paddle.Tensor, bias: paddle.Tensor
+    ) -> paddle.Tensor:
         """Training path: ``next_ids [B, S]`` (tokens ``t_{p+1}``), ``hidden [B, S, H]`` (target
         ``h_p``), causal ``bias`` -> ``[B, S, H]`` (normed as ``forward`` is). Unsharded only
         (raises ``NotImplementedError`` on a tensor-parallel shard)."""
         refuse_training_on_shard(self.tensor_parallel_size, "this MTP layer")
         seq = int(next_ids.shape[1])
         x = self._fuse(self.embed_dense(next_ids), hidden)
-        return self.finish(self.mtp_block.forward_dense(x, DenseStep(*self.rotary.prefix(seq), bias)))
+        return self.finish(
+            self.mtp_block.forward_dense(x, DenseStep(*self.rotary.prefix(seq), bias))
+        )
 
     def embed_dense(self, next_ids: paddle.Tensor) -> paddle.Tensor:
         """Token embeddings ``[B, S, H]`` of ``next_ids [B, S]`` at positions ``0 .. S-1``, column 0
@@ -174,9 +188,13 @@ class MTPStack(nn.Layer):
     def __init__(self, config: ModelConfig, target: TinyTargetModel):
         super().__init__()
         if config.num_nextn_predict_layers < 2:
-            raise ValueError("MTPStack is for num_nextn_predict_layers >= 2; use MTPLayer for one layer")
+            raise ValueError(
+                "MTPStack is for num_nextn_predict_layers >= 2; use MTPLayer for one layer"
+            )
         self.config = config
-        self.layers = nn.LayerList([MTPLayer(config, target, k) for k in range(config.num_nextn_predict_layers)])
+        self.layers = nn.LayerList(
+            [MTPLayer(config, target, k) for k in range(config.num_nextn_predict_layers)]
+        )
         for i, layer in enumerate(self.layers):
             layer.cache_layer = i
         self.tensor_parallel_size = target.tensor_parallel_size
@@ -234,4 +252,8 @@ def build_mtp(config: ModelConfig, target: TinyTargetModel) -> MTPLayer | MTPSta
     ``config.num_nextn_predict_layers == 0`` (a target model without MTP layers)."""
     if config.num_nextn_predict_layers == 0:
         return None
-    return MTPStack(config, target) if config.num_nextn_predict_layers > 1 else MTPLayer(config, target)
+    return (
+        MTPStack(config, target)
+        if config.num_nextn_predict_layers > 1
+        else MTPLayer(config, target)
+    )

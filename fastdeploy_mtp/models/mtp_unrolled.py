@@ -74,7 +74,9 @@ def unrolled_mtp_forward(
         Depth 1 equals :meth:`MTPLayer.forward_dense`.
     """
     if depth < 1 or not layers:
-        raise ValueError(f"need depth >= 1 and at least one layer, got depth {depth}, {len(layers)} layers")
+        raise ValueError(
+            f"need depth >= 1 and at least one layer, got depth {depth}, {len(layers)} layers"
+        )
     s = int(next_ids.shape[1])
     first = layers[0]
     cos, sin = first.rotary.prefix(s)
@@ -97,5 +99,9 @@ def unrolled_mtp_forward(
             values.append(rows[(li, j)][2])
         x = rows[(li, k)][0]
         kv = (paddle.concat(keys, axis=2), paddle.concat(values, axis=2))
-        outs.append(layer.finish(layer.mtp_block.forward_dense(x, DenseStep(cos, sin, depth_bias(s, k)), kv)))
+        outs.append(
+            layer.finish(
+                layer.mtp_block.forward_dense(x, DenseStep(cos, sin, depth_bias(s, k)), kv)
+            )
+        )
     return outs

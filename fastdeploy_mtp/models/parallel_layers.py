@@ -34,14 +34,18 @@ if TYPE_CHECKING:
     from .model_config import ModelConfig
 
 
-def check_tensor_parallel(config: ModelConfig, tensor_parallel_size: int, tensor_parallel_rank: int = 0) -> None:
+def check_tensor_parallel(
+    config: ModelConfig, tensor_parallel_size: int, tensor_parallel_rank: int = 0
+) -> None:
     """Raise ``ValueError`` naming the config field that ``tensor_parallel_size`` does not
     divide (``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``,
     ``vocab_size``), or the bad size/rank."""
     if tensor_parallel_size < 1:
         raise ValueError(f"`tensor_parallel_size` must be >= 1, got {tensor_parallel_size}")
     if not 0 <= tensor_parallel_rank < tensor_parallel_size:
-        raise ValueError(f"`tensor_parallel_rank` must be in [0, {tensor_parallel_size}), got {tensor_parallel_rank}")
+        raise ValueError(
+            f"`tensor_parallel_rank` must be in [0, {tensor_parallel_size}), got {tensor_parallel_rank}"
+        )
     for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size"):
         value = int(getattr(config, name))
         if value % tensor_parallel_size != 0:
@@ -80,9 +84,17 @@ class ColumnParallelLinear(nn.Linear):
     shard_axes = {"weight": 1, "bias": 0}
 
     def __init__(
-        self, in_features: int, out_features: int, tensor_parallel_size: int = 1, bias_attr: bool | None = False
+        self,
+        in_features: int,
+        out_features: int,
+        tensor_parallel_size: int = 1,
+        bias_attr: bool | None = False,
     ):
-        super().__init__(in_features, _local(out_features, tensor_parallel_size, "out_features"), bias_attr=bias_attr)
+        super().__init__(
+            in_features,
+            _local(out_features, tensor_parallel_size, "out_features"),
+            bias_attr=bias_attr,
+        )
         self.tensor_parallel_size = tensor_parallel_size
 
 
@@ -114,7 +126,11 @@ class RowParallelLinear(_CollectiveLinear):
     shard_axes = {"weight": 0}
 
     def __init__(self, in_features: int, out_features: int, tensor_parallel_size: int = 1):
-        super().__init__(_local(in_features, tensor_parallel_size, "in_features"), out_features, tensor_parallel_size)
+        super().__init__(
+            _local(in_features, tensor_parallel_size, "in_features"),
+            out_features,
+            tensor_parallel_size,
+        )
 
     def collect(self, y: paddle.Tensor) -> paddle.Tensor:
         return distributed.all_reduce_sum(y)
@@ -134,7 +150,11 @@ class VocabParallelEmbedding(nn.Embedding):
     shard_axes = {"weight": 0}
 
     def __init__(
-        self, num_embeddings: int, embedding_dim: int, tensor_parallel_size: int = 1, tensor_parallel_rank: int = 0
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        tensor_parallel_size: int = 1,
+        tensor_parallel_rank: int = 0,
     ):
         local = _local(num_embeddings, tensor_parallel_size, "num_embeddings")
         super().__init__(local, embedding_dim)
@@ -160,7 +180,11 @@ class ParallelLMHead(_CollectiveLinear):
     shard_axes = {"weight": 1}
 
     def __init__(self, hidden_size: int, vocab_size: int, tensor_parallel_size: int = 1):
-        super().__init__(hidden_size, _local(vocab_size, tensor_parallel_size, "vocab_size"), tensor_parallel_size)
+        super().__init__(
+            hidden_size,
+            _local(vocab_size, tensor_parallel_size, "vocab_size"),
+            tensor_parallel_size,
+        )
 
     def collect(self, y: paddle.Tensor) -> paddle.Tensor:
         return distributed.all_gather_last_axis(y)
@@ -198,7 +222,9 @@ def shard_axes(layer: nn.Layer) -> dict[str, int]:
     return axes
 
 
-def kv_cache_shape(config: ModelConfig, num_blocks: int, tensor_parallel_size: int = 1) -> list[int]:
+def kv_cache_shape(
+    config: ModelConfig, num_blocks: int, tensor_parallel_size: int = 1
+) -> list[int]:
     """Shape of one layer's key (or value) cache on each of ``tensor_parallel_size`` ranks:
     ``[num_blocks, num_key_value_heads / tp, block_size, head_dim]`` (what the rank's
     ``attn_backend.get_kv_cache_shape(num_blocks)`` returns), without building a model.

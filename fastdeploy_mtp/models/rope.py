@@ -35,7 +35,9 @@ from .model_config import ModelConfig
 def _param(scaling: dict[str, Any], key: str, default: Any = None) -> Any:
     value = scaling.get(key, default)
     if value is None:
-        raise ValueError(f"`rope_scaling.{key}` is required for rope_type {scaling.get('rope_type')!r}")
+        raise ValueError(
+            f"`rope_scaling.{key}` is required for rope_type {scaling.get('rope_type')!r}"
+        )
     return value
 
 
@@ -43,7 +45,9 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def _yarn(rope: RopeSpec, base_inv: np.ndarray, scaling: dict[str, Any]) -> tuple[np.ndarray, float]:
+def _yarn(
+    rope: RopeSpec, base_inv: np.ndarray, scaling: dict[str, Any]
+) -> tuple[np.ndarray, float]:
     dim = rope.head_dim
     original = float(scaling.get("original_max_position_embeddings") or rope.max_position)
     factor = scaling.get("factor") or rope.max_position / original
@@ -98,7 +102,9 @@ class RopeSpec:
 
     @classmethod
     def of(cls, config: ModelConfig) -> RopeSpec:
-        return cls(config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling)
+        return cls(
+            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+        )
 
 
 def rope_frequencies(rope: RopeSpec) -> tuple[np.ndarray, float]:
@@ -128,4 +134,6 @@ def rope_tables(rope: RopeSpec) -> tuple[np.ndarray, np.ndarray]:
     inv_freq, attention = rope_frequencies(rope)
     freqs = np.arange(rope.max_position, dtype=np.float64)[:, None] * inv_freq[None, :]
     emb = np.concatenate([freqs, freqs], axis=-1)
-    return (np.cos(emb) * attention).astype(np.float32), (np.sin(emb) * attention).astype(np.float32)
+    return (np.cos(emb) * attention).astype(np.float32), (np.sin(emb) * attention).astype(
+        np.float32
+    )

@@ -60,16 +60,23 @@ class TinyTargetModel(nn.Layer):
     KV caches) covers this rank's ``num_key_value_heads / tp`` heads.
     """
 
-    def __init__(self, config: ModelConfig, tensor_parallel_size: int = 1, tensor_parallel_rank: int = 0):
+    def __init__(
+        self, config: ModelConfig, tensor_parallel_size: int = 1, tensor_parallel_rank: int = 0
+    ):
         super().__init__()
         check_tensor_parallel(config, tensor_parallel_size, tensor_parallel_rank)
         self.config = config
         self.tensor_parallel_size = tensor_parallel_size
         self.tensor_parallel_rank = tensor_parallel_rank
         tp = tensor_parallel_size
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp, tensor_parallel_rank)
+        self.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size, config.hidden_size, tp, tensor_parallel_rank
+        )
         self.layers = nn.LayerList(
-            [DecoderLayer(config, tp, attention_for(config, tp), i) for i in range(config.num_hidden_layers)]
+            [
+                DecoderLayer(config, tp, attention_for(config, tp), i)
+                for i in range(config.num_hidden_layers)
+            ]
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head: ParallelLMHead | TiedLMHead
@@ -86,7 +93,9 @@ class TinyTargetModel(nn.Layer):
         latent cache each for MLA; see ``attn_backend.cache_kinds``)."""
         return self.config.num_hidden_layers
 
-    def forward(self, ids_remove_padding: paddle.Tensor | None, forward_meta: ForwardMeta) -> paddle.Tensor:
+    def forward(
+        self, ids_remove_padding: paddle.Tensor | None, forward_meta: ForwardMeta
+    ) -> paddle.Tensor:
         """Run the packed batch.
 
         Args:
@@ -116,7 +125,9 @@ class TinyTargetModel(nn.Layer):
             h = self.norm(h)
         return h if h.dtype == paddle.float32 else h.astype("float32")
 
-    def compute_logits(self, hidden: paddle.Tensor, forward_meta: ForwardMeta | None = None) -> paddle.Tensor:
+    def compute_logits(
+        self, hidden: paddle.Tensor, forward_meta: ForwardMeta | None = None
+    ) -> paddle.Tensor:
         """``hidden [n, H]`` (as returned by ``forward``) -> float32 ``[n, V]`` logits with the
         padded-vocab tail (columns ``>= ori_vocab_size``) set to ``-inf``."""
         hidden = self.to_model_dtype(hidden)
@@ -136,7 +147,9 @@ class TinyTargetModel(nn.Layer):
         see the same tokens, one all-reduce each), so there is nothing to do."""
         return None
 
-    def forward_dense(self, ids: paddle.Tensor, bias: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+    def forward_dense(
+        self, ids: paddle.Tensor, bias: paddle.Tensor
+    ) -> tuple[paddle.Tensor, paddle.Tensor]:
         """Training path over full sequences.
 
         Args:

@@ -128,7 +128,9 @@ def evaluate_dense(
 
 
 @paddle.no_grad()
-def score_windows(target: TinyTargetModel, data: np.ndarray, window: int, num_windows: int) -> float:
+def score_windows(
+    target: TinyTargetModel, data: np.ndarray, window: int, num_windows: int
+) -> float:
     """Mean next-token CE (nats/byte) of the first ``num_windows * window`` bytes of
     ``data``, scored through the serving path: one packed prefill batch with ``num_windows``
     items of ``window`` tokens each and a paged KV cache. Each window predicts its own
@@ -141,7 +143,12 @@ def score_windows(target: TinyTargetModel, data: np.ndarray, window: int, num_wi
     tables, nblocks = contiguous_block_tables([window] * num_windows, cfg.block_size)
     caches = target.attn_backend.allocate_caches(target.num_cache_layers, nblocks)
     meta = make_forward_meta(
-        [window] * num_windows, [0] * num_windows, tables, caches, cfg.block_size, ids_remove_padding=ids.reshape(-1)
+        [window] * num_windows,
+        [0] * num_windows,
+        tables,
+        caches,
+        cfg.block_size,
+        ids_remove_padding=ids.reshape(-1),
     )
     logits = target.compute_logits(target(meta.ids_remove_padding, meta))
     logits = logits.reshape([num_windows, window, -1])[:, :-1]
@@ -150,7 +157,9 @@ def score_windows(target: TinyTargetModel, data: np.ndarray, window: int, num_wi
 
 
 @paddle.no_grad()
-def greedy_generate(target: TinyTargetModel, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
+def greedy_generate(
+    target: TinyTargetModel, prompt: Sequence[int], max_new_tokens: int
+) -> list[int]:
     """Greedy continuation of one prompt with the paged KV cache: one prefill, then one
     decode step per new token. Returns the new token ids."""
     prompt = [int(t) for t in prompt]
@@ -160,7 +169,9 @@ def greedy_generate(target: TinyTargetModel, prompt: Sequence[int], max_new_toke
 
 
 @paddle.no_grad()
-def greedy_generate_batch(target: TinyTargetModel, prompts: np.ndarray, max_new_tokens: int) -> np.ndarray:
+def greedy_generate_batch(
+    target: TinyTargetModel, prompts: np.ndarray, max_new_tokens: int
+) -> np.ndarray:
     """Greedy continuations of ``prompts [B, P]`` (equal lengths, ints) through the paged KV
     cache, all items in one packed batch: one prefill, then one decode step per new token.
     Returns ``[B, max_new_tokens]`` int64 new token ids."""
@@ -175,7 +186,9 @@ def greedy_generate_batch(target: TinyTargetModel, prompts: np.ndarray, max_new_
     step_ids, past = prompts, 0
     for i in range(max_new_tokens):
         n = step_ids.shape[1]
-        meta = make_forward_meta([n] * b, [past] * b, tables, caches, cfg.block_size, ids_remove_padding=step_ids)
+        meta = make_forward_meta(
+            [n] * b, [past] * b, tables, caches, cfg.block_size, ids_remove_padding=step_ids
+        )
         meta.max_rows_per_item = n  # lets the backend group each item's rows
         hidden = target(meta.ids_remove_padding, meta).reshape([b, n, -1])[:, -1]
         out[:, i] = target.compute_logits(hidden).argmax(-1).numpy()

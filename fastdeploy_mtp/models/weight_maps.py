@@ -42,8 +42,12 @@ def _tiny_map(config: ModelConfig) -> list[WeightRef]:
         ours, layer = (f"layers.{k}." if n > 1 else ""), config.num_hidden_layers + k
         for norm in ("enorm", "hnorm", "norm"):
             refs.append(WeightRef("mtp", f"{ours}{norm}.weight", f"mtp.{ours}{norm}.weight", (h,)))
-        refs.append(WeightRef("mtp", f"{ours}eh_proj.weight", f"mtp.{ours}eh_proj.weight", (2 * h, h)))
-        refs += block_refs(config, "mtp", f"{ours}mtp_block.", f"mtp.{ours}mtp_block.", False, layer)
+        refs.append(
+            WeightRef("mtp", f"{ours}eh_proj.weight", f"mtp.{ours}eh_proj.weight", (2 * h, h))
+        )
+        refs += block_refs(
+            config, "mtp", f"{ours}mtp_block.", f"mtp.{ours}mtp_block.", False, layer
+        )
     return refs
 
 
@@ -70,7 +74,9 @@ def _hf_map(config: ModelConfig) -> list[WeightRef]:
         layer = config.num_hidden_layers + k
         for norm in ("enorm", "hnorm", "norm"):
             refs.append(WeightRef("mtp", f"{ours}{norm}.weight", ckpt + fusion[norm], (h,)))
-        refs.append(WeightRef("mtp", f"{ours}eh_proj.weight", ckpt + fusion["eh_proj"], (2 * h, h), True))
+        refs.append(
+            WeightRef("mtp", f"{ours}eh_proj.weight", ckpt + fusion["eh_proj"], (2 * h, h), True)
+        )
         refs += block_refs(config, "mtp", f"{ours}mtp_block.", ckpt, True, layer)
     return refs
 
@@ -79,7 +85,10 @@ def _ernie_mtp_refs(config: ModelConfig, k: int) -> list[WeightRef]:
     """MTP layer ``k`` of an ERNIE-4.5 "-PT" folder (:func:`~fastdeploy_mtp.models.ernie_config.ernie_mtp_names`)."""
     h, names = config.hidden_size, ernie_mtp_names("model.", k)
     ours = f"layers.{k}." if config.num_nextn_predict_layers > 1 else ""
-    refs = [WeightRef("mtp", f"{ours}{norm}.weight", names[norm], (h,)) for norm in ("enorm", "hnorm", "norm")]
+    refs = [
+        WeightRef("mtp", f"{ours}{norm}.weight", names[norm], (h,))
+        for norm in ("enorm", "hnorm", "norm")
+    ]
     refs.append(WeightRef("mtp", f"{ours}eh_proj.weight", names["eh_proj"], (2 * h, h), True))
     layer = config.num_hidden_layers + k
     return refs + block_refs(config, "mtp", f"{ours}mtp_block.", names["block"], True, layer)

@@ -32,7 +32,13 @@ from . import _op_wrappers
 from ._loader import OpError, backends, build_info, cuda_status, kernels
 from ._op_wrappers import *  # noqa: F403  (the generated op wrappers, constants and OP_NAMES)
 from .emulation import emulate
-from .messaging import msg_queue_key, read_msgmax, remove_msg_queue, topk_message_bytes, topk_slots_within
+from .messaging import (
+    msg_queue_key,
+    read_msgmax,
+    remove_msg_queue,
+    topk_message_bytes,
+    topk_slots_within,
+)
 from .sampling import position_uniforms, rejection_candidates, verify_uniforms
 from .shared_tensors import set_data_ipc, share_external_data, unset_data_ipc
 

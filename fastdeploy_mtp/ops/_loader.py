@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 _LIBRARY = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "_fdmtp_ops" + sysconfig.get_config_var("EXT_SUFFIX")
+    os.path.dirname(os.path.abspath(__file__)),
+    "_fdmtp_ops" + sysconfig.get_config_var("EXT_SUFFIX"),
 )
 _API_MODULE = "fastdeploy_mtp.ops._paddle_api"  # the generated op functions live here
 _LOCK = threading.Lock()
@@ -119,7 +120,9 @@ def paddle_op(name: str) -> Callable[..., Any]:
     return getattr(_load_paddle_api(), name)
 
 
-def tensor_arg(op: str, name: str, value: Any, *, writes: bool = False, optional: bool = False) -> Any:
+def tensor_arg(
+    op: str, name: str, value: Any, *, writes: bool = False, optional: bool = False
+) -> Any:
     """Checks a tensor argument before it reaches Paddle (the generated wrappers call this).
 
     Paddle hands a custom op a contiguous *copy* of a strided view, so the op's in-place
@@ -151,7 +154,9 @@ def tensor_arg(op: str, name: str, value: Any, *, writes: bool = False, optional
 def int_attr(op: str, name: str, value: Any, bits: int) -> int:
     """An integer attr that fits in ``bits`` signed bits (Paddle's ``int`` attrs are int32)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise OpError(f"{op}: attr `{name}` must be an integer, got {type(value).__name__} {value!r}")
+        raise OpError(
+            f"{op}: attr `{name}` must be an integer, got {type(value).__name__} {value!r}"
+        )
     result = int(value)
     if not -(1 << (bits - 1)) <= result < (1 << (bits - 1)):
         raise OpError(f"{op}: attr `{name}` = {result} does not fit in int{bits}")

@@ -64,9 +64,13 @@ def emulate(kind: str, *, shape: int = 0, clusters: int = 2, cores: int = 7) -> 
     if kind not in _KINDS:
         raise ValueError(f"emulate: kind must be one of {_KINDS}, got {kind!r}")
     if kind == "cuda" and shape not in (0, 1):
-        raise ValueError(f"emulate: shape must be 0 (as launched) or 1 (small blocks), got {shape!r}")
+        raise ValueError(
+            f"emulate: shape must be 0 (as launched) or 1 (small blocks), got {shape!r}"
+        )
     if kind == "xpu" and (clusters < 1 or cores < 1):
-        raise ValueError(f"emulate: clusters and cores must be >= 1, got clusters={clusters} cores={cores}")
+        raise ValueError(
+            f"emulate: clusters and cores must be >= 1, got clusters={clusters} cores={cores}"
+        )
     k = kernels()
     scope = k.cuda_emulation(shape) if kind == "cuda" else k.xpu_emulation(clusters, cores)
     lib = _paddle_library()

@@ -68,7 +68,11 @@ def msg_queue_key(msg_queue_id: int, shm: os.stat_result | None = None) -> int:
     ``key_t``. ``shm``: the ``os.stat`` of the /dev/shm the ops ran against, when it is not
     this process's (a process in another mount namespace with a /dev/shm of its own; the
     queues themselves are shared by every mount namespace)."""
-    if isinstance(msg_queue_id, bool) or not isinstance(msg_queue_id, int) or not 0 <= msg_queue_id < 1 << 20:
+    if (
+        isinstance(msg_queue_id, bool)
+        or not isinstance(msg_queue_id, int)
+        or not 0 <= msg_queue_id < 1 << 20
+    ):
         raise ValueError(f"msg_queue_id must be an integer in [0, 1048575], got {msg_queue_id!r}")
     st = os.stat(_KEY_PATH) if shm is None else shm
     key = ((st.st_dev & 0xF) << 28) | ((st.st_ino & 0xFF) << 20) | msg_queue_id
@@ -133,7 +137,9 @@ def create_msg_queue(msg_queue_id: int) -> None:
             return
         err = ctypes.get_errno()
         if err != errno.EEXIST:
-            raise OSError(err, f"msgget(IPC_CREAT | IPC_EXCL) of queue {msg_queue_id}: {os.strerror(err)}")
+            raise OSError(
+                err, f"msgget(IPC_CREAT | IPC_EXCL) of queue {msg_queue_id}: {os.strerror(err)}"
+            )
         try:
             owner = queue_owner(msg_queue_id)
         except PermissionError:

@@ -109,7 +109,8 @@ def verify_uniforms(
     ``[N, 1]``.
     """
     seeds, prompt_lens, step_idx, enc, cu = (
-        np.asarray(x).reshape(-1) for x in (seeds, prompt_lens, step_idx, seq_lens_encoder, cu_seqlens_q_output)
+        np.asarray(x).reshape(-1)
+        for x in (seeds, prompt_lens, step_idx, seq_lens_encoder, cu_seqlens_q_output)
     )
     slt = np.asarray(seq_lens_this_time).reshape(-1)
     out = np.zeros((num_rows, 2), np.float32)

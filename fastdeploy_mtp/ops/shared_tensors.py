@@ -55,7 +55,9 @@ def _shape_attr(shape: Sequence[int]) -> list[int]:
     try:
         dims = [operator.index(d) for d in shape]
     except TypeError:
-        raise OpError(f"share_external_data: `shape` must be a sequence of ints, got {shape!r}") from None
+        raise OpError(
+            f"share_external_data: `shape` must be a sequence of ints, got {shape!r}"
+        ) from None
     for d in dims:
         if d < 0:
             raise OpError(f"share_external_data: `shape` {dims} has a negative dimension {d}")
@@ -67,7 +69,9 @@ def _shape_attr(shape: Sequence[int]) -> list[int]:
 share_external_data.__doc__ = MANUAL_OP_DOCS["share_external_data"]
 
 
-def unset_data_ipc(tmp_input: paddle.Tensor, shm_name: str, close_ipc: bool, unlink_shm: bool) -> None:
+def unset_data_ipc(
+    tmp_input: paddle.Tensor, shm_name: str, close_ipc: bool, unlink_shm: bool
+) -> None:
     run_paddle_op("unset_data_ipc", tmp_input, shm_name, bool(close_ipc), bool(unlink_shm))
 
 

@@ -113,7 +113,9 @@ def make_proposer(
         from .mtp import MTPProposer
 
         pc = fd_config.parallel_config
-        proposer = MTPProposer(fd_config, main_model, pc.local_rank, pc.device_id, target_model_inputs, model=mtp_model)
+        proposer = MTPProposer(
+            fd_config, main_model, pc.local_rank, pc.device_id, target_model_inputs, model=mtp_model
+        )
         proposer.initialize_kv_cache(num_blocks)
         return proposer
     if method == "ngram":

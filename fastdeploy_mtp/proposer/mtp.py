@@ -97,7 +97,9 @@ class MTPProposer(MTPCaches):
     ):
         spec = fd_config.speculative_config
         if spec.method != "mtp":
-            raise ValueError(f"MTPProposer needs speculative_config.method == 'mtp', got {spec.method!r}")
+            raise ValueError(
+                f"MTPProposer needs speculative_config.method == 'mtp', got {spec.method!r}"
+            )
         if model is None:
             raise ValueError(
                 "MTPProposer needs the MTP layer: pass `model=` (e.g. from fastdeploy_mtp.models.load_tiny())"
@@ -110,7 +112,9 @@ class MTPProposer(MTPCaches):
         self.target_model_inputs = target_model_inputs
         self.num_model_steps = spec.num_model_steps
         self.max_draft_token_num = spec.num_speculative_tokens
-        self.hybrid_mode = spec.mtp_strategy == "with_ngram" and spec.num_speculative_tokens > spec.num_model_steps
+        self.hybrid_mode = (
+            spec.mtp_strategy == "with_ngram" and spec.num_speculative_tokens > spec.num_model_steps
+        )
         self.max_model_len = fd_config.model_config.max_model_len
         self.block_size = fd_config.cache_config.block_size
         self.is_splitwise_prefill = fd_config.scheduler_config.splitwise_role == "prefill"
@@ -133,7 +137,8 @@ class MTPProposer(MTPCaches):
         #: substep runs (``speculative_config.mtp_layer_schedule``)
         self.num_mtp_layers = int(getattr(model, "num_layers", 1))
         self.layer_schedule = [
-            layer_for_substep(s, self.num_mtp_layers, spec.mtp_layer_schedule) for s in range(self.num_model_steps)
+            layer_for_substep(s, self.num_mtp_layers, spec.mtp_layer_schedule)
+            for s in range(self.num_model_steps)
         ]
         #: rows accepted while the MTP layer was skipped (adaptive draft length), per slot:
         #: ``(tokens, target hidden rows [n, H])``, replayed into the MTP caches by the next
@@ -187,7 +192,9 @@ class MTPProposer(MTPCaches):
             elif req.task_type == RequestType.ABORT:
                 self._stop_slot(idx)
 
-    def insert_prefill_inputs(self, req_dicts: Sequence[Request], num_running_requests: int = 0) -> None:
+    def insert_prefill_inputs(
+        self, req_dicts: Sequence[Request], num_running_requests: int = 0
+    ) -> None:
         """FastDeploy's older (v0 scheduler) insertion: same draft state as
         :meth:`insert_tasks_v1`, plus the per-slot state of the v0 block allocator
         (``encoder_block_lens`` = the slot's block count, ``used_list_len = 0``), which
@@ -213,7 +220,9 @@ class MTPProposer(MTPCaches):
         self.forget_slot(idx)
         self.model_inputs.stop_slot(idx)
 
-    def dummy_prefill_inputs(self, num_tokens: int, batch_size: int, expected_decode_len: int = 1) -> None:
+    def dummy_prefill_inputs(
+        self, num_tokens: int, batch_size: int, expected_decode_len: int = 1
+    ) -> None:
         """Fill the first ``batch_size`` slots with a dummy prefill of ``num_tokens //
         batch_size`` tokens each, capped at ``max_model_len - expected_decode_len - 1``
         (warm-up and memory profiling)."""
@@ -287,12 +296,27 @@ class MTPProposer(MTPCaches):
         draft, target = self.model_inputs, self.target_model_inputs
         self.sampler.new_round()
         paddle.assign(target.block_tables, output=draft.block_tables)
-        prepare_round(self._ops, draft, target, full_hidden_states, self.num_model_steps, self.is_splitwise_prefill)
+        prepare_round(
+            self._ops,
+            draft,
+            target,
+            full_hidden_states,
+            self.num_model_steps,
+            self.is_splitwise_prefill,
+        )
         if self._skipped:
             self._catch_up()
         n = int(draft.seq_lens_this_time.shape[0])
         real_bsz = real_bsz if 0 < real_bsz <= n else n
-        propose_substeps(self._ops, draft, self, real_bsz, int(full_hidden_states.shape[0]), steps, self.max_model_len)
+        propose_substeps(
+            self._ops,
+            draft,
+            self,
+            real_bsz,
+            int(full_hidden_states.shape[0]),
+            steps,
+            self.max_model_len,
+        )
         self._update_status()
         if self.hybrid_mode:
             self._extend_draft_token_with_ngram_match()
@@ -329,7 +353,9 @@ class MTPProposer(MTPCaches):
         # draft_model_preprocess would), so every running item feeds one token next step
         target.draft_tokens[:, 1:] = PLACEHOLDER_TOKEN_ID
         self._update_status()
-        self._skipped.record(full_hidden_states, target.step_idx, accept_tokens, accept_num, rows_start, decoding)
+        self._skipped.record(
+            full_hidden_states, target.step_idx, accept_tokens, accept_num, rows_start, decoding
+        )
 
     def _catch_up(self) -> None:
         """Write the rows of skipped rounds into the MTP caches (every layer a substep runs)
@@ -374,7 +400,9 @@ class MTPProposer(MTPCaches):
             check=not self.overlap_round,
         )
 
-    def _forward(self, ids: paddle.Tensor, hidden: paddle.Tensor, meta: ForwardMeta, layer: int) -> paddle.Tensor:
+    def _forward(
+        self, ids: paddle.Tensor, hidden: paddle.Tensor, meta: ForwardMeta, layer: int
+    ) -> paddle.Tensor:
         t0 = time.perf_counter()
         if self.num_mtp_layers > 1:
             out = self.model(ids, hidden, meta, layer=layer)  # type: ignore[call-arg]
@@ -403,7 +431,9 @@ class MTPProposer(MTPCaches):
         layer = self.layer_schedule[substep]
         rows_hidden = draft.target_hidden_states[:token_num]
         if multi and substep > 0:
-            self._chain.append((packed.ids_remove_padding, rows_hidden.clone(), packed.batch_id_per_token))
+            self._chain.append(
+                (packed.ids_remove_padding, rows_hidden.clone(), packed.batch_id_per_token)
+            )
             assert self._first is not None
             return self._chain_forward(self._first, self._chain, layer, packed.batch_id_per_token)
         meta = self._meta(
@@ -416,7 +446,12 @@ class MTPProposer(MTPCaches):
         )
         if multi:
             dec0 = draft.seq_lens_decoder.clone()
-            self._first = (packed.ids_remove_padding, rows_hidden.clone(), packed.batch_id_per_token, dec0)
+            self._first = (
+                packed.ids_remove_padding,
+                rows_hidden.clone(),
+                packed.batch_id_per_token,
+                dec0,
+            )
             self._chain = []
         return self._forward(packed.ids_remove_padding, rows_hidden, meta, layer)
 
@@ -458,13 +493,20 @@ class MTPProposer(MTPCaches):
         parts_ids = [ids0] + [c[0] for c in chain]
         parts_hid = [hid0] + [c[1] for c in chain]
         parts_bid = [bid0] + [c[2] for c in chain]
-        bid = paddle.concat([paddle.where(b < 0, paddle.full_like(b, bsz), b) for b in parts_bid]).astype("int64")
-        order = paddle.argsort(bid, stable=True)  # item by item; substep 0 rows, then chain rows in order
+        bid = paddle.concat(
+            [paddle.where(b < 0, paddle.full_like(b, bsz), b) for b in parts_bid]
+        ).astype("int64")
+        order = paddle.argsort(
+            bid, stable=True
+        )  # item by item; substep 0 rows, then chain rows in order
         ids = paddle.gather(paddle.concat(parts_ids), order)
         hid = paddle.gather(paddle.concat(parts_hid), order)
         # rows per item as a comparison sum, not bincount (whose output size depends on the data)
         counts = (
-            (bid.unsqueeze(1) == paddle.arange(bsz, dtype="int64").unsqueeze(0)).astype("int32").sum(0).astype("int32")
+            (bid.unsqueeze(1) == paddle.arange(bsz, dtype="int64").unsqueeze(0))
+            .astype("int32")
+            .sum(0)
+            .astype("int32")
         )
         cu = paddle.concat([paddle.zeros([1], "int32"), paddle.cumsum(counts).astype("int32")])
         rows = None if self.rows_bound is None else self.rows_bound + len(chain)

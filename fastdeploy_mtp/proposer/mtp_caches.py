@@ -57,7 +57,9 @@ class MTPCaches:
     def _specs(self, num_blocks: int) -> list[CacheSpec]:
         """A key and a value cache per MTP layer of ``num_blocks`` blocks, the model's dtype."""
         backend = self.model.attn_backend
-        return backend_specs("mtp", self.model.num_cache_layers, backend, num_blocks, model_dtype(self.model))
+        return backend_specs(
+            "mtp", self.model.num_cache_layers, backend, num_blocks, model_dtype(self.model)
+        )
 
     def initialize_kv_cache(self, main_model_num_blocks: int, profile: bool = False) -> None:
         """Create or attach the MTP layers' KV caches (per layer a key and a value tensor of

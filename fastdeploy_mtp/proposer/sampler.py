@@ -54,7 +54,11 @@ class MTPSampler:
         self._recorded = {}
 
     def record(
-        self, logits: paddle.Tensor, tokens: paddle.Tensor, seq_lens_this_time: paddle.Tensor, substep: int
+        self,
+        logits: paddle.Tensor,
+        tokens: paddle.Tensor,
+        seq_lens_this_time: paddle.Tensor,
+        substep: int,
     ) -> None:
         """Keep substep ``substep``'s draft and its log-probability for every wanted slot that
         runs in it. Row ``k`` of ``logits``/``tokens`` belongs to the ``k``-th slot with

@@ -121,7 +121,9 @@ class SkippedRounds:
             return None
         # the draft's history: token i of a round's a tokens sits at that round's step_idx - a + i
         steps = paddle.concat([sk.step_idx for sk in rounds])
-        pos = paddle.gather(steps, paddle.to_tensor(hist, dtype="int64")) - paddle.to_tensor(back, dtype="int64")
+        pos = paddle.gather(steps, paddle.to_tensor(hist, dtype="int64")) - paddle.to_tensor(
+            back, dtype="int64"
+        )
         slots_t = paddle.to_tensor(slot, dtype="int64")
         ids_t = paddle.to_tensor(ids, dtype="int64")
         width = int(draft.pre_ids.shape[1])

@@ -142,13 +142,18 @@ class SuffixTrie:
                 return cursor.open[i], i + 1
         return None
 
-    def draft(self, context: Sequence[int], max_tokens: int, max_spec_factor: float, min_token_prob: float) -> Draft:
+    def draft(
+        self, context: Sequence[int], max_tokens: int, max_spec_factor: float, min_token_prob: float
+    ) -> Draft:
         """The draft for ``context`` (see the module docstring); empty without a match."""
         return self.follow(self.match(context), max_tokens, max_spec_factor, min_token_prob)
 
     @staticmethod
     def follow(
-        found: tuple[_Node, int] | None, max_tokens: int, max_spec_factor: float, min_token_prob: float
+        found: tuple[_Node, int] | None,
+        max_tokens: int,
+        max_spec_factor: float,
+        min_token_prob: float,
     ) -> Draft:
         """The draft from a match ``(node, length)`` (:meth:`match`); empty for ``None``."""
         if found is None:
@@ -237,7 +242,9 @@ class SuffixProposer(ModelFreeProposer):
             if req.is_first_chunk:
                 self._slots.pop(idx, None)
             if req.task_type == RequestType.PREFILL and req.is_final_chunk:
-                tokens = [int(t) for t in req.prompt_token_ids] + [int(t) for t in req.output_token_ids]
+                tokens = [int(t) for t in req.prompt_token_ids] + [
+                    int(t) for t in req.output_token_ids
+                ]
                 slot = _Slot(SuffixTrie(self.max_depth), Cursor(), [], len(req.prompt_token_ids))
                 self._extend(slot, tokens)
                 self._slots[idx] = slot

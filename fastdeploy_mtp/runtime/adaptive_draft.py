@@ -150,7 +150,10 @@ class AdaptiveDraftLength:
             m = float(running_slots)
             st = self.cost_stats[self.budget]
             estimate = self.step_cost(self.budget, running_slots)
-            if estimate is not None and not estimate / self.OUTLIER <= seconds <= estimate * self.OUTLIER:
+            if (
+                estimate is not None
+                and not estimate / self.OUTLIER <= seconds <= estimate * self.OUTLIER
+            ):
                 if st[0] < self.SETTLED:
                     st[:] = 0.0  # a sample or two that this one contradicts: start over from it
                 else:  # a settled estimate: one outlier (a busy machine) moves it a bounded step
@@ -188,7 +191,9 @@ class AdaptiveDraftLength:
         return lo + (hi - lo) * n / top
 
     # ---- the round's plan ----------------------------------------------------------------
-    def plan_round(self, running: np.ndarray, prefill: bool, max_steps: int) -> tuple[int, np.ndarray]:
+    def plan_round(
+        self, running: np.ndarray, prefill: bool, max_steps: int
+    ) -> tuple[int, np.ndarray]:
         """Decide the next round.
 
         Args:
@@ -245,14 +250,23 @@ class AdaptiveDraftLength:
             return self._measure(top)
         if self.step_cost(0, m) is None and len(useful) > 1:
             return self._measure(0)
-        rates = {n: gains[n] / c for n in useful if (c := self._cost_or_interpolated(n, top, m)) is not None}
+        rates = {
+            n: gains[n] / c
+            for n in useful
+            if (c := self._cost_or_interpolated(n, top, m)) is not None
+        }
         if not rates:
             return 0
         best = max(rates, key=lambda n: rates[n])
         # among drafting budgets, the one in force (before a probe that just ran, if one did)
         # stays unless clearly beaten
         current = self.probe_from if self.probe_from is not None else self.budget
-        if best != 0 and current != 0 and current in rates and rates[best] <= rates[current] * (1 + self.HYSTERESIS):
+        if (
+            best != 0
+            and current != 0
+            and current in rates
+            and rates[best] <= rates[current] * (1 + self.HYSTERESIS)
+        ):
             best = current
         # drafting must clearly beat plain decoding: near-equal estimates go to plain decoding,
         # which cannot be slower than itself

@@ -113,11 +113,15 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def add_requests(self, requests: Sequence[Request], max_arrival_step: int | None = None) -> None:
+    def add_requests(
+        self, requests: Sequence[Request], max_arrival_step: int | None = None
+    ) -> None:
         """Queue ``requests`` for :meth:`step` (all or nothing; see :meth:`generate` for what
         is checked). Raises :class:`~fastdeploy_mtp.runtime.request.InvalidRequestError`."""
         if isinstance(requests, Request):
-            raise TypeError("add_requests: `requests` must be a sequence of Request, got one Request")
+            raise TypeError(
+                "add_requests: `requests` must be a sequence of Request, got one Request"
+            )
         requests = list(requests)
         self._check_stop_strings(requests)
         self.scheduler.add_requests(requests, max_arrival_step=max_arrival_step)
@@ -128,7 +132,9 @@ class Engine:
         for req in requests:
             if isinstance(req, Request) and getattr(req.sampling, "stop", None):
                 raise InvalidRequestError(
-                    req.request_id, "stop", "needs a detokenizer: this engine was built without `detokenize`"
+                    req.request_id,
+                    "stop",
+                    "needs a detokenizer: this engine was built without `detokenize`",
                 )
 
     def add_transferred(self, req: Request) -> None:
@@ -142,21 +148,31 @@ class Engine:
 
         if self.role != "decode":
             raise InvalidRequestError(
-                req.request_id, "handoff", f"this engine's splitwise_role is {self.role!r}, not 'decode'"
+                req.request_id,
+                "handoff",
+                f"this engine's splitwise_role is {self.role!r}, not 'decode'",
             )
         if req.handoff_state is None:
             raise InvalidRequestError(req.request_id, "handoff", "is missing (no slot state)")
         try:
             self.runner.check_handoff(req.handoff_state)
         except HandoffError as exc:
-            raise InvalidRequestError(req.request_id, "handoff", f"does not fit this instance: {exc}") from None
-        mismatch = sampling_mismatch(req.handoff_state, req.sampling, req.request_id, req.max_tokens)
+            raise InvalidRequestError(
+                req.request_id, "handoff", f"does not fit this instance: {exc}"
+            ) from None
+        mismatch = sampling_mismatch(
+            req.handoff_state, req.sampling, req.request_id, req.max_tokens
+        )
         if mismatch is not None:
-            raise InvalidRequestError(req.request_id, "sampling", f"does not match the handed-over slot: {mismatch}")
+            raise InvalidRequestError(
+                req.request_id, "sampling", f"does not match the handed-over slot: {mismatch}"
+            )
         self._check_stop_strings([req])
         self.scheduler.add_requests([req])
         req.emitted_count = len(req.output_token_ids)  # the prefill instance handed those out
-        if req.sampling.logprobs is not None:  # and their logprobs: keep one entry per token here too
+        if (
+            req.sampling.logprobs is not None
+        ):  # and their logprobs: keep one entry per token here too
             req.output_logprobs = [TokenLogprob(int(t), float("nan")) for t in req.output_token_ids]
 
     def transfer_done(self, req: Request, error: BaseException | None = None) -> None:
@@ -202,7 +218,11 @@ class Engine:
                 self.runner.insert_tasks(tasks)
                 if self.role == "prefill":
                     self.runner.set_exports(
-                        [t.idx for t in tasks if t.task_type == RequestType.PREFILL and t.is_final_chunk]
+                        [
+                            t.idx
+                            for t in tasks
+                            if t.task_type == RequestType.PREFILL and t.is_final_chunk
+                        ]
                     )
                 out = self.runner.execute()
             except Exception as exc:
@@ -211,7 +231,9 @@ class Engine:
                 events.ran = True
                 self.scheduler.cache_computed(tasks)
                 self._collect(step, tasks, out, events)
-        events.failed.extend((r, failures[r.request_id]) for r in holders if r.request_id in failures)
+        events.failed.extend(
+            (r, failures[r.request_id]) for r in holders if r.request_id in failures
+        )
         return events
 
     def _fetch_kv(self, req: Request, failures: dict[str, BaseException]) -> None:
@@ -225,7 +247,9 @@ class Engine:
             self._abort(req, exc, failures)
             self.scheduler.release(req.request_id)
 
-    def _collect(self, step: int, tasks: list[Request], out: StepOutput, events: StepEvents) -> None:
+    def _collect(
+        self, step: int, tasks: list[Request], out: StepOutput, events: StepEvents
+    ) -> None:
         """Hand out what step ``step`` emitted for ``tasks``: each request's new tokens (less
         a tail that could begin a stop string), then finish it or, on a prefill instance, hand
         it off."""
@@ -234,11 +258,19 @@ class Engine:
             if req.task_type == RequestType.PREFILL and not req.is_final_chunk:
                 continue
             if req.task_type in (RequestType.DECODE, RequestType.IMPORT):
-                self.metrics.count_decode(out, req.idx, imported=req.task_type == RequestType.IMPORT)
+                self.metrics.count_decode(
+                    out, req.idx, imported=req.task_type == RequestType.IMPORT
+                )
             stopped = self._take_tokens(step, req, out)
             done = stopped or bool(out.stop_flags[req.idx])
-            handing_off = not done and self.role == "prefill" and req.task_type == RequestType.PREFILL
-            ready = len(req.output_token_ids) if done or handing_off else safe_to_emit(req, self.detokenize)
+            handing_off = (
+                not done and self.role == "prefill" and req.task_type == RequestType.PREFILL
+            )
+            ready = (
+                len(req.output_token_ids)
+                if done or handing_off
+                else safe_to_emit(req, self.detokenize)
+            )
             ready = max(ready, req.emitted_count)
             delta = req.output_token_ids[req.emitted_count : ready]
             req.emitted_count = ready
@@ -256,7 +288,9 @@ class Engine:
         idx = req.idx
         new = [int(t) for t in out.accept_tokens[idx, : int(out.accept_num[idx])]]
         if self.trace is not None:
-            self.trace.append((step, req.request_id, req.task_type.name, new, [int(d) for d in out.drafts[idx]]))
+            self.trace.append(
+                (step, req.request_id, req.task_type.name, new, [int(d) for d in out.drafts[idx]])
+            )
         new, stopped = cut_at_stop_ids(req, new)
         drafts = out.draft_logprobs.get(idx) if req.sampling.include_draft_logprobs else None
         if drafts and new:  # the drafts this step verified (a prefill step verifies none)
@@ -286,7 +320,9 @@ class Engine:
         freed, its blocks are held for the decode instance, and it leaves the engine."""
         state = out.exports.get(req.idx)
         if state is None:
-            raise RuntimeError(f"the runner did not export the state of slot {req.idx} ({req.request_id!r})")
+            raise RuntimeError(
+                f"the runner did not export the state of slot {req.idx} ({req.request_id!r})"
+            )
         self.runner.free_slot(req.idx)
         blocks = list(self.scheduler.slots[req.idx].blocks)
         self.scheduler.finish(req.idx, hold=True)
@@ -335,7 +371,9 @@ class Engine:
         try:
             while self.scheduler.has_work:
                 if step >= max_steps:
-                    error = RuntimeError(f"generation did not finish within {max_steps} engine steps")
+                    error = RuntimeError(
+                        f"generation did not finish within {max_steps} engine steps"
+                    )
                     self._abort_all(error, failures, running_only=False)
                     raise GenerationError(results, failures, str(error))
                 arrival = self.scheduler.next_arrival()
@@ -369,19 +407,29 @@ class Engine:
     def abort_all(self, error: BaseException) -> list[tuple[Request, BaseException]]:
         """Abort every queued and running request with ``error``; returns them."""
         failures: dict[str, BaseException] = {}
-        reqs = [s.request for _, s in sorted(self.scheduler.slots.items())] + list(self.scheduler.waiting)
+        reqs = [s.request for _, s in sorted(self.scheduler.slots.items())] + list(
+            self.scheduler.waiting
+        )
         self._abort_all(error, failures, running_only=False)
         return [(r, failures[r.request_id]) for r in reqs if r.request_id in failures]
 
-    def _abort(self, req: Request, error: BaseException, failures: dict[str, BaseException]) -> None:
+    def _abort(
+        self, req: Request, error: BaseException, failures: dict[str, BaseException]
+    ) -> None:
         """Abort one request: reset its slot (if it holds one), free its blocks, record why."""
-        holds_slot = req.idx in self.scheduler.slots and self.scheduler.slots[req.idx].request is req
-        self.scheduler.abort(req, error)  # bookkeeping first: the engine is empty even if a reset fails
+        holds_slot = (
+            req.idx in self.scheduler.slots and self.scheduler.slots[req.idx].request is req
+        )
+        self.scheduler.abort(
+            req, error
+        )  # bookkeeping first: the engine is empty even if a reset fails
         failures[req.request_id] = error
         if holds_slot:
             self.runner.abort_slot(req)
 
-    def _abort_all(self, error: BaseException, failures: dict[str, BaseException], running_only: bool) -> None:
+    def _abort_all(
+        self, error: BaseException, failures: dict[str, BaseException], running_only: bool
+    ) -> None:
         """Abort every request holding a slot (and, unless ``running_only``, every queued one)."""
         for _, state in sorted(self.scheduler.slots.items()):
             self._abort(state.request, error, failures)
@@ -389,7 +437,9 @@ class Engine:
             for req in list(self.scheduler.waiting):
                 self._abort(req, error, failures)
 
-    def _drop_invalid_tasks(self, tasks: list[Request], failures: dict[str, BaseException]) -> list[Request]:
+    def _drop_invalid_tasks(
+        self, tasks: list[Request], failures: dict[str, BaseException]
+    ) -> list[Request]:
         """Abort the tasks whose data cannot reach the model (see
         :meth:`~fastdeploy_mtp.runtime.target_runner.TargetRunner.check_task`); keep the rest."""
         kept = []

@@ -60,7 +60,9 @@ class Metrics:
     def for_drafts(cls, k: int, method: str | None = None) -> Metrics:
         """Empty statistics of an engine that proposes up to ``k`` drafts per round with
         ``method`` (``None``: no speculation)."""
-        return cls(proposed=np.zeros(k, np.int64), accepted=np.zeros(k, np.int64), method=method or "none")
+        return cls(
+            proposed=np.zeros(k, np.int64), accepted=np.zeros(k, np.int64), method=method or "none"
+        )
 
     @property
     def glue_ms_per_round(self) -> float:
@@ -99,7 +101,9 @@ class Metrics:
             "target_forwards": self.target_forwards,
             "generated_tokens": self.generated_tokens,
             "mean_accepted_length": round(self.mean_accepted_length, 4),
-            "acceptance_per_position": [None if a is None else round(a, 4) for a in self.acceptance_per_position],
+            "acceptance_per_position": [
+                None if a is None else round(a, 4) for a in self.acceptance_per_position
+            ],
             "tokens_per_second": round(self.tokens_per_second, 2),
             "wall_seconds": round(self.wall_seconds, 3),
             "glue_ms_per_round": round(self.glue_ms_per_round, 4),

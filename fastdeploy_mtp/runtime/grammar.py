@@ -49,8 +49,14 @@ def grammar_of(guided: dict[str, Any]) -> str:
             raise ValueError(f"a regex must be a string, got {type(spec).__name__}")
         return str(LLMatcher.grammar_from_regex(spec))
     if kind == "choice":
-        if not isinstance(spec, list) or not spec or not all(isinstance(s, str) and s for s in spec):
-            raise ValueError(f"a choice must be a non-empty list of non-empty strings, got {spec!r}")
+        if (
+            not isinstance(spec, list)
+            or not spec
+            or not all(isinstance(s, str) and s for s in spec)
+        ):
+            raise ValueError(
+                f"a choice must be a non-empty list of non-empty strings, got {spec!r}"
+            )
         # JSON string literals are Lark string literals (the same escapes)
         return str(LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(s) for s in spec)))
     if kind == "grammar":

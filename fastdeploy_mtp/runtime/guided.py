@@ -70,13 +70,22 @@ def _ll_tokenizer(folder: str, vocab_size: int, eos_ids: tuple[int, ...]) -> Any
         raise ValueError(
             f"{folder}: the tokenizer has {tok.vocab_size} tokens, more than the model's vocabulary ({vocab_size})"
         )
-    eos_ids = tuple(dict.fromkeys([*eos_ids, *tok.eos_token_ids, *load_generation_config(folder).eos_token_ids]))
+    eos_ids = tuple(
+        dict.fromkeys([*eos_ids, *tok.eos_token_ids, *load_generation_config(folder).eos_token_ids])
+    )
     if not eos_ids:
-        raise ValueError(f"{folder}: the model has no EOS id, so a constrained output could not end")
-    special = {int(i) for i, t in tok.backend.get_added_tokens_decoder().items() if t.special} | set(eos_ids)
+        raise ValueError(
+            f"{folder}: the model has no EOS id, so a constrained output could not end"
+        )
+    special = {
+        int(i) for i, t in tok.backend.get_added_tokens_decoder().items() if t.special
+    } | set(eos_ids)
     # Ids without text (the padded vocabulary) are special tokens no grammar names: never allowed.
     special |= set(range(tok.vocab_size, vocab_size))
-    tokens = [f"<|fdmtp_{i}|>".encode() if i in special else bytes(tok.token_bytes(i)) for i in range(vocab_size)]
+    tokens = [
+        f"<|fdmtp_{i}|>".encode() if i in special else bytes(tok.token_bytes(i))
+        for i in range(vocab_size)
+    ]
 
     class _Source:
         """What ``llguidance.TokenizerWrapper`` reads of a tokenizer."""
@@ -180,7 +189,9 @@ class GuidedSlots:
         """The cached ``LLTokenizer`` (raises ``ValueError``/``TokenizerFileError`` when there
         is no model folder, or its tokenizer cannot serve the model)."""
         if not self.folder:
-            raise ValueError("needs the model folder's tokenizer: fd_config.model_config.model is not set")
+            raise ValueError(
+                "needs the model folder's tokenizer: fd_config.model_config.model is not set"
+            )
         return _ll_tokenizer(self.folder, self.vocab_size, self.eos_ids)
 
     def matcher(self, guided: dict[str, Any]) -> Any:
@@ -197,7 +208,9 @@ class GuidedSlots:
         they do not match the grammar)."""
         matcher = self.matcher(guided)
         if output_token_ids and not matcher.consume_tokens([int(t) for t in output_token_ids]):
-            raise ValueError(f"the tokens generated so far do not match the grammar ({matcher.get_error()})")
+            raise ValueError(
+                f"the tokens generated so far do not match the grammar ({matcher.get_error()})"
+            )
         return matcher
 
     # ---- slots ---------------------------------------------------------------------------
@@ -225,7 +238,9 @@ class GuidedSlots:
         if self._starts(req):
             self.start(req.idx, req.sampling.guided, req.output_token_ids)
 
-    def start(self, idx: int, guided: dict[str, Any] | None, output_token_ids: Sequence[int] = ()) -> None:
+    def start(
+        self, idx: int, guided: dict[str, Any] | None, output_token_ids: Sequence[int] = ()
+    ) -> None:
         """Slot ``idx`` starts a request: a matcher in the state after ``output_token_ids``
         (a splitwise import's first tokens; empty for a new request), or none without a
         constraint."""
@@ -242,7 +257,9 @@ class GuidedSlots:
         self.masks.pop(idx, None)
 
     # ---- one step ------------------------------------------------------------------------
-    def cut_drafts(self, target: Any, skip: set[int], limit: Callable[[Any, np.ndarray], None]) -> None:
+    def cut_drafts(
+        self, target: Any, skip: set[int], limit: Callable[[Any, np.ndarray], None]
+    ) -> None:
         """Before the target step over ``target`` (the runner's ``share_inputs``): :meth:`prepare`
         on its host copies, then ``limit(target, limits)`` (the runner's ``limit_drafts``) when a
         draft was cut. Nothing happens without a constrained slot."""
@@ -257,7 +274,9 @@ class GuidedSlots:
         if limits is not None:
             limit(target, limits)
 
-    def prepare(self, draft_tokens: np.ndarray, slt: np.ndarray, enc: np.ndarray, skip: set[int]) -> np.ndarray | None:
+    def prepare(
+        self, draft_tokens: np.ndarray, slt: np.ndarray, enc: np.ndarray, skip: set[int]
+    ) -> np.ndarray | None:
         """Before the target step: cut each constrained decoding slot's drafts to their
         grammar-valid prefix and compute its rows' masks.
 
@@ -330,7 +349,9 @@ class GuidedSlots:
         ending = np.full([1, v], float("-inf"), np.float32)
         ending[0, self.eos_ids[0]] = 0.0
         stuck = paddle.isinf(masked.max(axis=-1, keepdim=True))
-        out = paddle.where(stuck, paddle.to_tensor(ending).astype(masked.dtype).expand_as(masked), masked)
+        out = paddle.where(
+            stuck, paddle.to_tensor(ending).astype(masked.dtype).expand_as(masked), masked
+        )
         self.stats.seconds += time.perf_counter() - t0
         return out
 

@@ -138,7 +138,9 @@ def limit_drafts(target: InputBatch, limits: np.ndarray) -> None:
     cols = paddle.arange(int(target.draft_tokens.shape[1]), dtype="int64")
     drop = (cols.unsqueeze(0) > lim.unsqueeze(1)) & (cols.unsqueeze(0) > 0)
     paddle.assign(
-        paddle.where(drop, paddle.full_like(target.draft_tokens, PLACEHOLDER_TOKEN_ID), target.draft_tokens),
+        paddle.where(
+            drop, paddle.full_like(target.draft_tokens, PLACEHOLDER_TOKEN_ID), target.draft_tokens
+        ),
         output=target.draft_tokens,
     )
     slt = target.seq_lens_this_time

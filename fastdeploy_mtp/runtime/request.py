@@ -36,7 +36,9 @@ class InvalidRequestError(ValueError):
         self.request_id = request_id
         self.field = field
         where = "submitted item" if request_id is None else f"request {request_id!r}"
-        super().__init__(f"{where}: {message}" if field == "request" else f"{where}: `{field}` {message}")
+        super().__init__(
+            f"{where}: {message}" if field == "request" else f"{where}: `{field}` {message}"
+        )
 
 
 class GenerationError(RuntimeError):
@@ -49,7 +51,9 @@ class GenerationError(RuntimeError):
             as their :attr:`Request.error`).
     """
 
-    def __init__(self, results: dict[str, list[int]], failures: Mapping[str, BaseException], reason: str = ""):
+    def __init__(
+        self, results: dict[str, list[int]], failures: Mapping[str, BaseException], reason: str = ""
+    ):
         self.results = results
         self.failures = dict(failures)
         listed = "; ".join(f"{rid!r}: {err}" for rid, err in self.failures.items())
@@ -60,13 +64,17 @@ class GenerationError(RuntimeError):
         )
 
 
-def check_token_ids(request_id: object, ids: Sequence[int], vocab_size: int, offset: int = 0) -> None:
+def check_token_ids(
+    request_id: object, ids: Sequence[int], vocab_size: int, offset: int = 0
+) -> None:
     """Raise :class:`InvalidRequestError` unless ``ids`` are integers in ``[0, vocab_size)``
     (``offset``: index of ``ids[0]`` in the prompt, for the message)."""
     try:
         arr = np.asarray(ids)
     except (ValueError, TypeError, OverflowError) as exc:
-        raise InvalidRequestError(request_id, "prompt_token_ids", f"is not a sequence of token ids ({exc})") from None
+        raise InvalidRequestError(
+            request_id, "prompt_token_ids", f"is not a sequence of token ids ({exc})"
+        ) from None
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
         raise InvalidRequestError(
             request_id,
@@ -181,7 +189,9 @@ class Request:
         if len(self.prompt_token_ids) == 0:
             raise ValueError(f"request {self.request_id!r}: `prompt_token_ids` is empty")
         if self.max_tokens <= 0:
-            raise ValueError(f"request {self.request_id!r}: `max_tokens` must be > 0, got {self.max_tokens}")
+            raise ValueError(
+                f"request {self.request_id!r}: `max_tokens` must be > 0, got {self.max_tokens}"
+            )
 
     def fresh_copy(self) -> Request:
         """A new, never-submitted request with the same id, prompt, ``max_tokens``,
@@ -202,7 +212,10 @@ class Request:
     def is_first_chunk(self) -> bool:
         """The task is the first prefill chunk of the request: it starts at position 0, or
         right after the blocks a prefix-cache hit gave it (``num_cached_tokens``)."""
-        return self.task_type == RequestType.PREFILL and self.prefill_start_index == self.num_cached_tokens
+        return (
+            self.task_type == RequestType.PREFILL
+            and self.prefill_start_index == self.num_cached_tokens
+        )
 
     @property
     def is_final_chunk(self) -> bool:

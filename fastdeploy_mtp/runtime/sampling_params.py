@@ -117,7 +117,11 @@ class SamplingParams:
         }
         for name, (lo, hi) in floats.items():
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)):
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, numbers.Real)
+                or not math.isfinite(float(v))
+            ):
                 return f"{name}: must be a finite number, got {v!r}"
             if not lo <= float(v) <= hi:
                 return f"{name}: must be in [{lo:g}, {hi:g}], got {v!r}"
@@ -130,7 +134,9 @@ class SamplingParams:
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
                 return f"{name}: must be an integer >= 0, got {v!r}"
         if self.seed is not None and (
-            isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or not 0 <= self.seed < 2**63
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, numbers.Integral)
+            or not 0 <= self.seed < 2**63
         ):
             return f"seed: must be an integer in [0, 2**63), got {self.seed!r}"
         if self.logprobs is not None and (
@@ -142,7 +148,8 @@ class SamplingParams:
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             return f"stop: must be a list of non-empty strings, got {self.stop!r}"
         if not isinstance(self.stop_token_ids, list) or not all(
-            isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
+            isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0
+            for t in self.stop_token_ids
         ):
             return f"stop_token_ids: must be a list of token ids, got {self.stop_token_ids!r}"
         if not isinstance(self.ignore_eos, bool):

@@ -118,7 +118,9 @@ class Scheduler:
     def worst_case_blocks(self, req: Request) -> int:
         """KV blocks ``req`` can hold at most: its last schedule happens with at most
         ``max_tokens - 1`` generated tokens, plus the ``2K + 2`` lookahead."""
-        return -(-(len(req.prompt_token_ids) + req.max_tokens - 1 + self.lookahead) // self.block_size)
+        return -(
+            -(len(req.prompt_token_ids) + req.max_tokens - 1 + self.lookahead) // self.block_size
+        )
 
     def validate(self, req: object, max_arrival_step: int | None = None) -> None:
         """Raise :class:`~fastdeploy_mtp.runtime.request.InvalidRequestError` (a
@@ -136,7 +138,9 @@ class Scheduler:
         Duplicates *within* one submission are checked by :meth:`add_requests`.
         """
         if not isinstance(req, Request):
-            raise InvalidRequestError(None, "request", f"is not a Request but a {type(req).__name__}")
+            raise InvalidRequestError(
+                None, "request", f"is not a Request but a {type(req).__name__}"
+            )
         self._check_fresh(req)
         self._check_prompt(req)
         self._check_counts(req)
@@ -153,7 +157,12 @@ class Scheduler:
         if not isinstance(rid, str):
             raise InvalidRequestError(rid, "request_id", f"must be a str, got {type(rid).__name__}")
         transferred = req.handoff_state is not None
-        if req.submitted or req.finished or (req.output_token_ids and not transferred) or req.idx != NO_SLOT:
+        if (
+            req.submitted
+            or req.finished
+            or (req.output_token_ids and not transferred)
+            or req.idx != NO_SLOT
+        ):
             raise InvalidRequestError(
                 rid,
                 "request",
@@ -161,18 +170,26 @@ class Scheduler:
                 "generated tokens): a Request is used once; submit `req.fresh_copy()` to run it again",
             )
         if any(s.request.request_id == rid for s in self.slots.values()):
-            raise InvalidRequestError(rid, "request_id", "duplicates a request that is still running")
+            raise InvalidRequestError(
+                rid, "request_id", "duplicates a request that is still running"
+            )
         if any(w.request_id == rid for w in self.waiting):
-            raise InvalidRequestError(rid, "request_id", "duplicates a request that is still queued")
+            raise InvalidRequestError(
+                rid, "request_id", "duplicates a request that is still queued"
+            )
         if rid in self.held:
-            raise InvalidRequestError(rid, "request_id", "duplicates a request whose KV blocks are still held")
+            raise InvalidRequestError(
+                rid, "request_id", "duplicates a request whose KV blocks are still held"
+            )
 
     def _check_prompt(self, req: Request) -> None:
         """``prompt_token_ids`` is a non-empty flat sequence of ids in ``[0, vocab_size)``."""
         rid, prompt = req.request_id, req.prompt_token_ids
         if isinstance(prompt, (str, bytes)) or not isinstance(prompt, (Sequence, np.ndarray)):
             raise InvalidRequestError(
-                rid, "prompt_token_ids", f"must be a sequence of token ids, got {type(prompt).__name__}"
+                rid,
+                "prompt_token_ids",
+                f"must be a sequence of token ids, got {type(prompt).__name__}",
             )
         if len(prompt) == 0:
             raise InvalidRequestError(rid, "prompt_token_ids", "is empty")
@@ -184,16 +201,22 @@ class Scheduler:
         for name in ("max_tokens", "arrival_step"):
             value = getattr(req, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise InvalidRequestError(req.request_id, name, f"must be an integer, got {value!r}")
+                raise InvalidRequestError(
+                    req.request_id, name, f"must be an integer, got {value!r}"
+                )
         if req.max_tokens <= 0:
-            raise InvalidRequestError(req.request_id, "max_tokens", f"must be > 0, got {req.max_tokens}")
+            raise InvalidRequestError(
+                req.request_id, "max_tokens", f"must be > 0, got {req.max_tokens}"
+            )
 
     def _check_handed_over_output(self, req: Request) -> None:
         """A handed-over request carries the prefill instance's first token(s), valid ids,
         fewer than ``max_tokens``."""
         rid, out = req.request_id, req.output_token_ids
         if not isinstance(out, list) or not out:
-            raise InvalidRequestError(rid, "output_token_ids", "must hold the prefill instance's first token(s)")
+            raise InvalidRequestError(
+                rid, "output_token_ids", "must hold the prefill instance's first token(s)"
+            )
         check_token_ids(rid, out, self.vocab_size)
         if len(out) >= req.max_tokens:
             raise InvalidRequestError(
@@ -206,7 +229,9 @@ class Scheduler:
         """``sampling`` is a valid :class:`SamplingParams` that the verify strategy serves."""
         rid, sampling = req.request_id, req.sampling
         if not isinstance(sampling, SamplingParams):
-            raise InvalidRequestError(rid, "sampling", f"must be a SamplingParams, got {type(sampling).__name__}")
+            raise InvalidRequestError(
+                rid, "sampling", f"must be a SamplingParams, got {type(sampling).__name__}"
+            )
         problem = sampling.check()
         if problem is not None:
             name, _, why = problem.partition(": ")
@@ -224,10 +249,14 @@ class Scheduler:
     def _check_arrival(req: Request, max_arrival_step: int | None) -> None:
         """``arrival_step`` is in ``[0, max_arrival_step)``."""
         if req.arrival_step < 0:
-            raise InvalidRequestError(req.request_id, "arrival_step", f"must be >= 0, got {req.arrival_step}")
+            raise InvalidRequestError(
+                req.request_id, "arrival_step", f"must be >= 0, got {req.arrival_step}"
+            )
         if max_arrival_step is not None and req.arrival_step >= max_arrival_step:
             raise InvalidRequestError(
-                req.request_id, "arrival_step", f"= {req.arrival_step} is not below `max_steps` ({max_arrival_step})"
+                req.request_id,
+                "arrival_step",
+                f"= {req.arrival_step} is not below `max_steps` ({max_arrival_step})",
             )
 
     def _check_fits(self, req: Request) -> None:
@@ -235,7 +264,10 @@ class Scheduler:
         positions; the worst-case KV blocks fit a slot's block table and the whole cache."""
         rid, prompt = req.request_id, req.prompt_token_ids
         need = len(prompt) + int(req.max_tokens) + self.k + 1
-        for limit, what in ((self.max_model_len, "max_model_len"), (self.max_positions, "the model's max positions")):
+        for limit, what in (
+            (self.max_model_len, "max_model_len"),
+            (self.max_positions, "the model's max positions"),
+        ):
             if limit is not None and need > limit:
                 raise InvalidRequestError(
                     rid,
@@ -263,7 +295,9 @@ class Scheduler:
         for req in reqs:
             self.validate(req, max_arrival_step)
             if req.request_id in seen:
-                raise InvalidRequestError(req.request_id, "request_id", "appears twice in one submission")
+                raise InvalidRequestError(
+                    req.request_id, "request_id", "appears twice in one submission"
+                )
             seen.add(req.request_id)
         for req in reqs:
             req.prompt_token_ids = [int(t) for t in req.prompt_token_ids]
@@ -286,7 +320,9 @@ class Scheduler:
 
     def _reserved_blocks(self) -> int:
         """Blocks the running requests may still claim (worst case less what they hold)."""
-        return sum(max(self.worst_case_blocks(s.request) - len(s.blocks), 0) for s in self.slots.values())
+        return sum(
+            max(self.worst_case_blocks(s.request) - len(s.blocks), 0) for s in self.slots.values()
+        )
 
     def _ensure_blocks(self, state: SlotState, tokens: int) -> None:
         need = -(-tokens // self.block_size)
@@ -320,7 +356,10 @@ class Scheduler:
         hits: list[int] = []
         if self.pool.enable_caching:
             if self._head_keys is None or self._head_keys[0] is not req:
-                self._head_keys = (req, block_keys(req.prompt_token_ids, self.block_size, self._key_next))
+                self._head_keys = (
+                    req,
+                    block_keys(req.prompt_token_ids, self.block_size, self._key_next),
+                )
             keys = self._head_keys[1]
             hits = self.pool.lookup(keys)
         taken_from_free = sum(1 for b in hits if self.pool.refs(b) == 0)
@@ -333,14 +372,22 @@ class Scheduler:
             self.pool.count_query(len(req.prompt_token_ids), len(hits) * self.block_size)
         self.pool.take(hits)
         req.num_cached_tokens = len(hits) * self.block_size
-        state = SlotState(req, prefill_pos=req.num_cached_tokens, blocks=list(hits), keys=keys, registered=len(hits))
+        state = SlotState(
+            req,
+            prefill_pos=req.num_cached_tokens,
+            blocks=list(hits),
+            keys=keys,
+            registered=len(hits),
+        )
         self.slots[idx] = state
         if req.handoff_state is not None:
             # handed over by a prefill instance: its KV blocks are allocated now, so the
             # transfer has somewhere to go (past the ones this instance's prefix cache already
             # holds); the slot runs once they arrived (kv_arrived)
             state.prefill_pos, state.awaiting_kv = len(req.prompt_token_ids), True
-            self._ensure_blocks(state, len(req.prompt_token_ids) + len(req.output_token_ids) + self.lookahead)
+            self._ensure_blocks(
+                state, len(req.prompt_token_ids) + len(req.output_token_ids) + self.lookahead
+            )
             self._admitted_transfers.append(req)
         return True
 
@@ -375,7 +422,9 @@ class Scheduler:
             else:
                 budget -= int(decode_lens[idx])
             tasks.append(req)
-        prefilling = [(idx, s) for idx, s in sorted(self.slots.items()) if s.prefilling and not s.awaiting_kv]
+        prefilling = [
+            (idx, s) for idx, s in sorted(self.slots.items()) if s.prefilling and not s.awaiting_kv
+        ]
         # a slot whose prompt is part-way prefilled must get a chunk every step (its runner
         # state would otherwise run on as a decode row): keep one token for each after this one
         started = [idx for idx, s in prefilling if s.prefill_pos > s.request.num_cached_tokens]

@@ -218,7 +218,14 @@ def target_step(
         topp=target.top_p,
         end_tokens=target.eos_token_id,
         cu_seqlens_q_output=packed.cu_seqlens_q_output,
-        **_named(target, "seq_lens_encoder", "seq_lens_this_time", "stop_flags", "is_block_step", "step_idx"),
+        **_named(
+            target,
+            "seq_lens_encoder",
+            "seq_lens_this_time",
+            "stop_flags",
+            "is_block_step",
+            "step_idx",
+        ),
         **_named(target, "reasoning_status", "max_dec_len"),
         verify_uniforms=sampled.uniforms if sampled is not None else None,
         max_seq_len=max_seq_len,
@@ -238,7 +245,9 @@ def _update_status(be: StepBackend, target: Any) -> None:
         has_running_seqs=target.not_need_stop,
         is_paused=target.is_block_step,
         end_tokens=target.eos_token_id,
-        **_named(target, *_LENS, "stop_flags", "token_ids_all", "prompt_lens", "step_idx", "max_dec_len"),
+        **_named(
+            target, *_LENS, "stop_flags", "token_ids_all", "prompt_lens", "step_idx", "max_dec_len"
+        ),
         keep_max_dec_len_token=True,
     )
 
@@ -261,7 +270,12 @@ class DraftStepModel(Protocol):
 
 
 def prepare_round(
-    be: StepBackend, draft: Any, target: Any, hidden: Any, num_model_steps: int, is_splitwise_prefill: bool
+    be: StepBackend,
+    draft: Any,
+    target: Any,
+    hidden: Any,
+    num_model_steps: int,
+    is_splitwise_prefill: bool,
 ) -> None:
     """Start the proposer's round: ``draft_model_preprocess`` sets the draft's state from the
     target's verified state; ``eagle_get_hidden_states`` picks the target's hidden rows
@@ -272,8 +286,17 @@ def prepare_round(
     """
     be.run_op(
         "draft_model_preprocess",
-        **_named(draft, *_LENS, *_DRAFT_STATE, "input_ids", "accept_tokens", "accept_num", "max_dec_len"),
-        **_named(target, "seq_lens_encoder", "seq_lens_decoder", "step_idx", "stop_flags", prefix="target_model_"),
+        **_named(
+            draft, *_LENS, *_DRAFT_STATE, "input_ids", "accept_tokens", "accept_num", "max_dec_len"
+        ),
+        **_named(
+            target,
+            "seq_lens_encoder",
+            "seq_lens_decoder",
+            "step_idx",
+            "stop_flags",
+            prefix="target_model_",
+        ),
         target_model_draft_tokens=draft.base_model_draft_tokens,
         num_model_step=num_model_steps,
         is_splitwise_prefill=is_splitwise_prefill,
@@ -297,7 +320,13 @@ def prepare_round(
 
 
 def propose_substeps(
-    be: StepBackend, draft: Any, model: DraftStepModel, real_bsz: int, target_rows: int, steps: int, max_seq_len: int
+    be: StepBackend,
+    draft: Any,
+    model: DraftStepModel,
+    real_bsz: int,
+    target_rows: int,
+    steps: int,
+    max_seq_len: int,
 ) -> None:
     """``steps`` MTP substeps over ``draft`` (the proposer's ``model_inputs``). Token counts
     are host-known upper bounds, never read back: at substep 0 a slot feeds at most as many
@@ -340,5 +369,12 @@ def postprocess(be: StepBackend, target: Any) -> None:
     prefill items keep theirs)."""
     be.run_op(
         "draft_model_postprocess",
-        **_named(target, "draft_tokens", "seq_lens_this_time", "seq_lens_encoder", "stop_flags", prefix="base_model_"),
+        **_named(
+            target,
+            "draft_tokens",
+            "seq_lens_this_time",
+            "seq_lens_encoder",
+            "stop_flags",
+            prefix="base_model_",
+        ),
     )

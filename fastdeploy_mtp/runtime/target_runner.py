@@ -157,7 +157,11 @@ class TargetRunner:
         #: the target's caches (a key and a value per layer, the model's dtype and per-rank
         #: shape), attached by name when a cache-manager process created them
         self.cache_specs: list[CacheSpec] = backend_specs(
-            "target", model.num_cache_layers, model.attn_backend, self.num_blocks, model_dtype(model)
+            "target",
+            model.num_cache_layers,
+            model.attn_backend,
+            self.num_blocks,
+            model_dtype(model),
         )
         self.caches, self._attached = acquire_caches(self.cache_specs, fd_config)
         self.block_size = fd_config.cache_config.block_size
@@ -165,7 +169,9 @@ class TargetRunner:
         from ..proposer.mtp import MTPProposer
 
         #: the drafting method's proposer (:func:`~fastdeploy_mtp.proposer.base.make_proposer`)
-        self.proposer: Proposer | None = make_proposer(fd_config, model, self.share_inputs, self.num_blocks, mtp_model)
+        self.proposer: Proposer | None = make_proposer(
+            fd_config, model, self.share_inputs, self.num_blocks, mtp_model
+        )
         self._pending_fixups: list[Request] = []
         self._exports: list[int] = []
         #: host mirror of ``seq_lens_decoder`` (tokens in each slot's cache), kept from what the
@@ -179,7 +185,9 @@ class TargetRunner:
             self.adaptive = AdaptiveDraftLength(spec, fd_config.scheduler_config.max_num_seqs)
         # without drafts every strategy reduces to checking nothing: the target's sample is the token
         self.verify_strategy = (
-            ops.VerifyStrategy.from_string(spec.verify_strategy) if spec.enabled else ops.VerifyStrategy.TARGET_MATCH
+            ops.VerifyStrategy.from_string(spec.verify_strategy)
+            if spec.enabled
+            else ops.VerifyStrategy.TARGET_MATCH
         )
         self.sampler = TargetSampler(self.verify_strategy, fd_config.model_config.max_model_len)
         #: the step's op sequence runs on Paddle tensors (see :mod:`.spec_step`)
@@ -189,9 +197,12 @@ class TargetRunner:
         #: prompt ids must be below this: the smaller of ``model_config.vocab_size`` and the
         #: model's own ``config.vocab_size`` (its embedding rows), where it has one
         self.vocab_size = min(
-            fd_config.model_config.vocab_size, getattr(model.config, "vocab_size", fd_config.model_config.vocab_size)
+            fd_config.model_config.vocab_size,
+            getattr(model.config, "vocab_size", fd_config.model_config.vocab_size),
         )
-        self.guided = GuidedSlots.for_model(fd_config, model.config)  # structured output's grammar matchers
+        self.guided = GuidedSlots.for_model(
+            fd_config, model.config
+        )  # structured output's grammar matchers
         if isinstance(self.proposer, MTPProposer):  # the MTP layer drafts under each slot's grammar
             self.proposer.guided = self.guided
 
@@ -214,7 +225,9 @@ class TargetRunner:
         """The KV caches as writable numpy views without a copy, for KV transfer: one list
         (this process is one rank), in :meth:`all_cache_specs` order (16-bit floats viewed as
         their bits, see :func:`~fastdeploy_mtp.ipc.kv_caches.host_view`)."""
-        caches = list(self.caches) + (list(self.proposer.caches) if self.proposer is not None else [])
+        caches = list(self.caches) + (
+            list(self.proposer.caches) if self.proposer is not None else []
+        )
         return [[host_view(c) for c in caches]]
 
     # ---- splitwise -----------------------------------------------------------------------------
@@ -225,7 +238,10 @@ class TargetRunner:
         from ..splitwise.handoff import check_slot_state
 
         check_slot_state(
-            state, self.share_inputs, self.proposer.model_inputs if self.proposer else None, self.vocab_size
+            state,
+            self.share_inputs,
+            self.proposer.model_inputs if self.proposer else None,
+            self.vocab_size,
         )
 
     # ---- task insertion ----------------------------------------------------------------------
@@ -255,7 +271,12 @@ class TargetRunner:
             if req.task_type == RequestType.IMPORT:
                 from ..splitwise.handoff import import_slot
 
-                import_slot(req.handoff_state, target, self.proposer.model_inputs if self.proposer else None, idx)
+                import_slot(
+                    req.handoff_state,
+                    target,
+                    self.proposer.model_inputs if self.proposer else None,
+                    idx,
+                )
                 self._cached[idx] = int(target.seq_lens_decoder[idx])
                 self.sampler.set_slot(idx, req.sampling, req.sampling.seed_for(req.request_id))
                 self.guided.load(req)
@@ -340,7 +361,9 @@ class TargetRunner:
             self.proposer.model_seconds = 0.0
         target = self.share_inputs
         self.guided.cut_drafts(target, {req.idx for req in self._pending_fixups}, limit_drafts)
-        step = target_step(self._ops, target, self, self.fd_config.model_config.max_model_len, self.verify_strategy)
+        step = target_step(
+            self._ops, target, self, self.fd_config.model_config.max_model_len, self.verify_strategy
+        )
         self._fix_up_non_final_chunks()
         out = self._step_output(step)
         self._draft_logprobs(out)
@@ -357,7 +380,9 @@ class TargetRunner:
             draft = self.proposer.model_inputs if self.proposer is not None else None
             out.exports = {idx: export_slot(target, draft, idx) for idx in self._exports}
             self._exports = []
-        out.model_seconds = self._model_s + (self.proposer.model_seconds if self.proposer is not None else 0.0)
+        out.model_seconds = self._model_s + (
+            self.proposer.model_seconds if self.proposer is not None else 0.0
+        )
         out.step_seconds = time.perf_counter() - t_start
         if self.adaptive is not None:
             self.adaptive.record(int((step.slt > 0).sum()), out.step_seconds, prefill)
@@ -409,7 +434,9 @@ class TargetRunner:
         if not rows.rows:
             return paddle.zeros([0], dtype="int64"), None
         t0 = time.perf_counter()
-        logits = self.model.compute_logits(paddle.gather(hidden, paddle.to_tensor(rows.rows, dtype="int64")))
+        logits = self.model.compute_logits(
+            paddle.gather(hidden, paddle.to_tensor(rows.rows, dtype="int64"))
+        )
         self._model_s += time.perf_counter() - t0
         logits = self.guided.apply(logits, rows.slots, rows.positions)
         sampled = None
@@ -452,7 +479,9 @@ class TargetRunner:
             )
         return out
 
-    def _propose(self, hidden: paddle.Tensor, out: StepOutput, slt: np.ndarray, cu: np.ndarray, prefill: bool) -> None:
+    def _propose(
+        self, hidden: paddle.Tensor, out: StepOutput, slt: np.ndarray, cu: np.ndarray, prefill: bool
+    ) -> None:
         """The proposer's round, sized by the adaptive draft length when it is on. Everything it
         decides from is on the host already: this step's lengths ``slt`` and their prefix sums
         ``cu`` (each slot's first row in ``hidden``), whether a slot was in prefill, and the
@@ -460,7 +489,9 @@ class TargetRunner:
         assert self.proposer is not None
         running = slt > 0
         # draft rows sit at most K + 1 past the committed tokens (chain rows of the substeps)
-        self.proposer.seq_len_bound = int(self._cached.max()) + self.proposer.max_draft_token_num + 2
+        self.proposer.seq_len_bound = (
+            int(self._cached.max()) + self.proposer.max_draft_token_num + 2
+        )
         self.proposer.rows_bound = max(1, int(slt.max()))
         real_bsz = int(np.nonzero(running)[0].max()) + 1 if running.any() else 0
         if self.adaptive is None:
@@ -470,7 +501,9 @@ class TargetRunner:
         still = running & ~out.stop_flags
         steps, limits = self.adaptive.plan_round(still, prefill, self.proposer.num_model_steps)
         if steps == 0:
-            self.proposer.skip_round(hidden, out.accept_tokens, out.accept_num, cu[:-1], out.decode_mask)
+            self.proposer.skip_round(
+                hidden, out.accept_tokens, out.accept_num, cu[:-1], out.decode_mask
+            )
             return
         self.proposer.run(hidden, real_bsz=real_bsz, num_steps=steps)
         if (limits < self.proposer.max_draft_token_num).any():

@@ -116,7 +116,9 @@ class TargetSampler:
             return out
         probs = paddle.nn.functional.softmax(scaled, axis=-1)
         sorted_p, sorted_idx = paddle.topk(probs, k=v, axis=-1)
-        kept = paddle.where(self._keep_mask(sorted_p, params, v), sorted_p, paddle.zeros_like(sorted_p))
+        kept = paddle.where(
+            self._keep_mask(sorted_p, params, v), sorted_p, paddle.zeros_like(sorted_p)
+        )
         kept_mass = paddle.clip(kept.sum(axis=-1, keepdim=True), min=1e-30)
         # TOPP's candidate scores are upstream's raw probabilities; the others' the filtered distribution
         scores = kept if self.strategy == ops.VerifyStrategy.TOPP else kept / kept_mass
@@ -124,17 +126,24 @@ class TargetSampler:
         seeds = np.array([self.seeds.get(int(b), 0) for b in row_slot], np.int64)
         if sampling_rows:
             u = paddle.to_tensor(position_uniforms(seeds, g, SAMPLE_COLUMN)).reshape([r, 1])
-            filtered = paddle.put_along_axis(paddle.zeros_like(probs), sorted_idx, kept, axis=-1) / kept_mass
+            filtered = (
+                paddle.put_along_axis(paddle.zeros_like(probs), sorted_idx, kept, axis=-1)
+                / kept_mass
+            )
             cum = paddle.cumsum(filtered, axis=-1)
             pick = (cum <= u).astype("int64").sum(axis=-1)
             # rounding can leave u above the last cumulative sum: take the last kept token
-            last = (v - 1) - paddle.argmax(paddle.flip((filtered > 0).astype("int64"), axis=[-1]), axis=-1)
+            last = (v - 1) - paddle.argmax(
+                paddle.flip((filtered > 0).astype("int64"), axis=[-1]), axis=-1
+            )
             pick = paddle.minimum(pick, last.astype("int64"))
             out.tokens = paddle.where(paddle.to_tensor(greedy), argmax, pick)
         if rejection_like:
             one_hot_ids = argmax.reshape([r, 1])
             is_greedy = paddle.to_tensor(greedy).reshape([r, 1])
-            ids = paddle.where(is_greedy, paddle.concat([one_hot_ids, sorted_idx[:, 1:]], axis=-1), sorted_idx)
+            ids = paddle.where(
+                is_greedy, paddle.concat([one_hot_ids, sorted_idx[:, 1:]], axis=-1), sorted_idx
+            )
             first = paddle.zeros_like(scores)
             first[:, 0] = 1.0
             out.candidate_ids = ids.astype("int64")
@@ -149,7 +158,9 @@ class TargetSampler:
             out.uniforms = paddle.to_tensor(np.stack([ua, ud], axis=1))
         return out
 
-    def _keep_mask(self, sorted_p: paddle.Tensor, params: list[SamplingParams], v: int) -> paddle.Tensor:
+    def _keep_mask(
+        self, sorted_p: paddle.Tensor, params: list[SamplingParams], v: int
+    ) -> paddle.Tensor:
         """``[R, V]`` bool over the descending-sorted probabilities: top-k, top-p, min-p."""
         r = len(params)
         rank = paddle.arange(v, dtype="int64").reshape([1, v])
@@ -163,7 +174,12 @@ class TargetSampler:
         return keep
 
     def _penalise(
-        self, logits: paddle.Tensor, row_slot: np.ndarray, row_j: np.ndarray, inputs: InputBatch, step_idx: np.ndarray
+        self,
+        logits: paddle.Tensor,
+        row_slot: np.ndarray,
+        row_j: np.ndarray,
+        inputs: InputBatch,
+        step_idx: np.ndarray,
     ) -> paddle.Tensor:
         """Repetition / frequency / presence penalties and ``min_tokens`` with
         ``speculate_get_token_penalty_multi_scores``: row ``j`` counts the committed history
@@ -199,7 +215,11 @@ class TargetSampler:
 
     # ---- logprobs of the emitted tokens ----------------------------------------------------
     def emitted_logprobs(
-        self, logprobs: paddle.Tensor, row_slot: np.ndarray, accept_tokens: np.ndarray, accept_num: np.ndarray
+        self,
+        logprobs: paddle.Tensor,
+        row_slot: np.ndarray,
+        accept_tokens: np.ndarray,
+        accept_num: np.ndarray,
     ) -> dict[int, list[TokenLogprob]]:
         """Per slot whose request asked for logprobs: the logprob of each emitted token (the
         ``i``-th emitted token was decided at the slot's ``i``-th row) and the top ``k``."""
@@ -207,7 +227,9 @@ class TargetSampler:
         starts: dict[int, int] = {}
         for i, b in enumerate(row_slot):
             starts.setdefault(int(b), i)
-        wanted = [b for b in starts if self._param(b).logprobs is not None and int(accept_num[b]) > 0]
+        wanted = [
+            b for b in starts if self._param(b).logprobs is not None and int(accept_num[b]) > 0
+        ]
         if not wanted:
             return out
         rows = [starts[b] + i for b in wanted for i in range(int(accept_num[b]))]
@@ -237,7 +259,11 @@ _BANNED = -1e10
 
 
 def _hold_stop_ids(
-    logits: paddle.Tensor, params: list[SamplingParams], row_slot: np.ndarray, row_j: np.ndarray, step_idx: np.ndarray
+    logits: paddle.Tensor,
+    params: list[SamplingParams],
+    row_slot: np.ndarray,
+    row_j: np.ndarray,
+    step_idx: np.ndarray,
 ) -> paddle.Tensor:
     """Ban each row's ``stop_token_ids`` while its request has generated fewer than
     ``min_tokens`` (a row ``j`` of slot ``b`` generates token number ``step_idx[b] + j``), as

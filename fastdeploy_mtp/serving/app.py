@@ -73,7 +73,9 @@ def run_http(
 
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="info", access_log=False, timeout_graceful_shutdown=5
+    )
     server = uvicorn.Server(config)
     if on_server is not None:
         on_server(server)
@@ -125,8 +127,12 @@ def create_app(
     defaults = defaults or GenerationDefaults()
     if eos_token_ids is None:
         eos_token_ids = list(dict.fromkeys([*tokenizer.eos_token_ids, *defaults.eos_token_ids]))
-    app = FastAPI(title="fastdeploy-mtp", description="OpenAI-compatible server with MTP speculative decoding")
-    app.state.served = Served(backend, model_name, tokenizer, int(time.time()), defaults, list(eos_token_ids))
+    app = FastAPI(
+        title="fastdeploy-mtp", description="OpenAI-compatible server with MTP speculative decoding"
+    )
+    app.state.served = Served(
+        backend, model_name, tokenizer, int(time.time()), defaults, list(eos_token_ids)
+    )
     install(app, access or Access())
     app.exception_handler(APIError)(_api_error)
     app.exception_handler(RequestValidationError)(_validation_error)
@@ -157,7 +163,11 @@ async def _validation_error(_: HTTPRequest, exc: RequestValidationError) -> JSON
     first = exc.errors()[0] if exc.errors() else {}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
-    msg = f"{param}: {first.get('msg', 'invalid value')}" if param else str(first.get("msg", "invalid request body"))
+    msg = (
+        f"{param}: {first.get('msg', 'invalid value')}"
+        if param
+        else str(first.get("msg", "invalid request body"))
+    )
     return APIError(400, msg, param).response()
 
 
@@ -169,11 +179,18 @@ async def health(served: ServedDep) -> Response:
 
 
 async def metrics(served: ServedDep) -> Response:
-    return Response(render(served.backend.registry), media_type="text/plain; version=0.0.4; charset=utf-8")
+    return Response(
+        render(served.backend.registry), media_type="text/plain; version=0.0.4; charset=utf-8"
+    )
 
 
 async def models(served: ServedDep) -> dict[str, Any]:
-    card = {"id": served.model_name, "object": "model", "created": served.created, "owned_by": "fastdeploy-mtp"}
+    card = {
+        "id": served.model_name,
+        "object": "model",
+        "created": served.created,
+        "owned_by": "fastdeploy-mtp",
+    }
     return {"object": "list", "data": [card]}
 
 
@@ -193,7 +210,9 @@ def sse(chunks: AsyncIterator[dict[str, Any]]) -> EventSourceResponse:
             async for chunk in chunks:
                 yield json.dumps(chunk)
         except APIError as exc:  # the response has started: report it in the stream
-            yield json.dumps({"error": {"message": exc.message, "type": exc.kind, "code": exc.status}})
+            yield json.dumps(
+                {"error": {"message": exc.message, "type": exc.kind, "code": exc.status}}
+            )
             return
         yield "[DONE]"
 
@@ -205,7 +224,9 @@ async def completions(body: CompletionBody, served: ServedDep, http: HTTPRequest
     prompt: Any = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:
-            raise APIError(400, "batched prompts are not supported: send one request per prompt", "prompt")
+            raise APIError(
+                400, "batched prompts are not supported: send one request per prompt", "prompt"
+            )
         prompt = prompt[0]
     ids = served.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
     choices = new_requests(served, ids, max_tokens_of(served, body, 16), body, "cmpl")
@@ -220,10 +241,16 @@ async def completions(body: CompletionBody, served: ServedDep, http: HTTPRequest
     trackers = [served.tracker() for _ in streams]
 
     def choice(
-        i: int, text: str, reason: str | None, entries: Entries | None, drafts: list[StepDrafts] | None = None
+        i: int,
+        text: str,
+        reason: str | None,
+        entries: Entries | None,
+        drafts: list[StepDrafts] | None = None,
     ) -> dict[str, Any]:
         shown = entries is not None and choices.logprobs
-        logprobs = trackers[i].completion_logprobs(entries) if shown and entries is not None else None
+        logprobs = (
+            trackers[i].completion_logprobs(entries) if shown and entries is not None else None
+        )
         one = {"index": i, "text": text, "finish_reason": reason, "logprobs": logprobs}
         if drafts is not None:
             one["draft_logprobs"] = trackers[i].draft_logprobs(drafts)
@@ -265,7 +292,11 @@ async def chat(body: ChatBody, served: ServedDep, http: HTTPRequest) -> Any:
     ids = served.tokenizer.encode(prompt, add_special_tokens=False)
     choices = new_requests(served, ids, max_tokens_of(served, body, 64), body, "chatcmpl")
     streams = submit_all(served, choices.requests)
-    base = {"id": choices.requests[0].request_id, "created": int(time.time()), "model": served.model_name}
+    base = {
+        "id": choices.requests[0].request_id,
+        "created": int(time.time()),
+        "model": served.model_name,
+    }
     if not body.stream:
         results = await collect_or_abort(http, served, streams)
         returned = []
@@ -277,7 +308,12 @@ async def chat(body: ChatBody, served: ServedDep, http: HTTPRequest) -> Any:
             if drafts is not None:
                 one["draft_logprobs"] = tracker.draft_logprobs(drafts)
             returned.append(one)
-        return {**base, "object": "chat.completion", "choices": returned, "usage": usage(choices.requests)}
+        return {
+            **base,
+            "object": "chat.completion",
+            "choices": returned,
+            "usage": usage(choices.requests),
+        }
     events = await started_all(served, streams)
     head = {**base, "object": "chat.completion.chunk"}
     return sse(chat_chunks(served, streams, events, head, include_usage(body)))
@@ -296,14 +332,23 @@ async def chat_chunks(
     stream's request is cancelled."""
     trackers = [served.tracker() for _ in events]
     for i in range(len(events)):
-        yield {**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+        yield {
+            **head,
+            "choices": [
+                {"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+            ],
+        }
     complete = False
     try:
         async for i, (kind, value) in merged(events):
             if kind == "tokens":
                 text, entries = trackers[i].feed_event(value)
                 if text or entries:
-                    one: dict[str, Any] = {"index": i, "delta": {"content": text}, "finish_reason": None}
+                    one: dict[str, Any] = {
+                        "index": i,
+                        "delta": {"content": text},
+                        "finish_reason": None,
+                    }
                     if entries is not None:
                         one["logprobs"] = trackers[i].chat_logprobs(entries)
                     if value.drafts is not None:

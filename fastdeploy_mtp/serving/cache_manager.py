@@ -29,7 +29,9 @@ from .layout import ServeLayout
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fastdeploy_mtp.serving.cache_manager", description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="python -m fastdeploy_mtp.serving.cache_manager", description=__doc__
+    )
     ServeLayout.add_args(ap)
     layout = ServeLayout.from_args(ap.parse_args(argv))
     parent = os.getppid()
@@ -46,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     specs = layout.cache_specs(arch)
     tp = layout.tensor_parallel_size
     ready = IPCSignal(
-        CACHE_READY_SIGNAL, np.zeros([tp], np.int32), np.int32, suffix=layout.engine_worker_queue_port, create=True
+        CACHE_READY_SIGNAL,
+        np.zeros([tp], np.int32),
+        np.int32,
+        suffix=layout.engine_worker_queue_port,
+        create=True,
     )
     published: list[tuple[list[paddle.Tensor], list[str]]] = []
     try:
@@ -110,7 +116,9 @@ def clean_up_after_engine(layout: ServeLayout, timeout: float = 10.0) -> None:
     from . import runtime_dir
     from .token_channel import shm_name
 
-    owner = runtime_dir.read_owner(runtime_dir.deployment_dir(layout.engine_worker_queue_port)) or {}
+    owner = (
+        runtime_dir.read_owner(runtime_dir.deployment_dir(layout.engine_worker_queue_port)) or {}
+    )
     children = owner.get("children")
     # (pid, start time) of each recorded child but this process: a pid whose start time
     # differs is another process now, and is never signalled

@@ -75,12 +75,18 @@ class Choices:
         to the lower candidate index)."""
         if len(results) == self.n:
             return list(range(self.n))
-        ranked = sorted(range(len(results)), key=lambda k: (-cumulative_logprob(results[k].entries), k))
+        ranked = sorted(
+            range(len(results)), key=lambda k: (-cumulative_logprob(results[k].entries), k)
+        )
         return ranked[: self.n]
 
 
 def new_requests(
-    served: Served, prompt_ids: list[int], max_tokens: int, body: CompletionBody | ChatBody, prefix: str
+    served: Served,
+    prompt_ids: list[int],
+    max_tokens: int,
+    body: CompletionBody | ChatBody,
+    prefix: str,
 ) -> Choices:
     """The engine requests ``body`` asks for (``n``, or ``best_of`` candidates), each checked
     by the backend (400/404 naming the field). With a ``seed`` s, candidate ``k`` samples with
@@ -89,7 +95,9 @@ def new_requests(
     the response id, candidate ``k``'s that id with ``-k`` appended)."""
     chat = isinstance(body, ChatBody)
     if body.model not in (None, served.model_name):
-        message = f"model {body.model!r} is not served here (this server serves {served.model_name!r})"
+        message = (
+            f"model {body.model!r} is not served here (this server serves {served.model_name!r})"
+        )
         raise APIError(404, message, "model")
     refuse_unsupported(body)
     n, best_of = choice_counts(body)
@@ -200,7 +208,9 @@ async def collect_all(served: Served, streams: list[Stream]) -> list[Collected]:
         raise
 
 
-async def collect_or_abort(http: HTTPRequest, served: Served, streams: list[Stream]) -> list[Collected]:
+async def collect_or_abort(
+    http: HTTPRequest, served: Served, streams: list[Stream]
+) -> list[Collected]:
     """:func:`collect_all`, aborting every request if the client disconnects first (a
     non-streaming response has nothing to write until the end, so the disconnect is
     watched for)."""
@@ -230,7 +240,9 @@ async def started(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[tuple
     return chained()
 
 
-async def started_all(served: Served, streams: list[Stream]) -> list[AsyncIterator[tuple[str, Any]]]:
+async def started_all(
+    served: Served, streams: list[Stream]
+) -> list[AsyncIterator[tuple[str, Any]]]:
     """:func:`started` events of every stream (so an error before any choice's first event
     is still the response's status); on an error every request is cancelled."""
     try:

@@ -102,7 +102,12 @@ class AsyncEngine:
             (:class:`~.latency.LatencyTracker`; stamped under :attr:`lock`).
     """
 
-    def __init__(self, engine: Engine, on_fatal: Callable[[str], None], dropped: DroppedMessages | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        on_fatal: Callable[[str], None],
+        dropped: DroppedMessages | None = None,
+    ):
         self.engine = engine
         self.counters = ServerCounters()
         self.dropped = dropped if dropped is not None else DroppedMessages()
@@ -193,7 +198,9 @@ class AsyncEngine:
             if self._queued.pop(stream.request.request_id, None) is None:
                 return  # cancelled before it was admitted
         try:
-            if stream.request.handoff_state is not None:  # splitwise decode: handed over by a prefill instance
+            if (
+                stream.request.handoff_state is not None
+            ):  # splitwise decode: handed over by a prefill instance
                 self.engine.add_transferred(stream.request)
             else:
                 self.engine.add_requests([stream.request])
@@ -242,12 +249,16 @@ class AsyncEngine:
                 if dead:
                     raise RuntimeError(dead)
         except BaseException as exc:  # the deployment is gone: fail everything, stop the server
-            self.fatal = f"{type(exc).__name__}: {exc}" if not isinstance(exc, RuntimeError) else str(exc)
+            self.fatal = (
+                f"{type(exc).__name__}: {exc}" if not isinstance(exc, RuntimeError) else str(exc)
+            )
             with self.lock:
                 self._fail(self.engine.abort_all(RuntimeError(self.fatal)))
             while True:  # and whatever arrived meanwhile
                 try:
-                    self._inbox.get_nowait().put("error", APIError(503, self.fatal, kind="server_error"))
+                    self._inbox.get_nowait().put(
+                        "error", APIError(503, self.fatal, kind="server_error")
+                    )
                 except queue.Empty:
                     break
             self._on_fatal(self.fatal)

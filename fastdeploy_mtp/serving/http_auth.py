@@ -66,7 +66,9 @@ def _refusal(path: str) -> JSONResponse:
         )
     else:
         message = "a valid API key is required: send `Authorization: Bearer <key>`"
-    response = APIError(401, message, None, kind="invalid_request_error", code="invalid_api_key").response()
+    response = APIError(
+        401, message, None, kind="invalid_request_error", code="invalid_api_key"
+    ).response()
     response.headers["WWW-Authenticate"] = "Bearer"
     return response
 

@@ -65,8 +65,12 @@ class ServeLayout:
         default_factory=list, metadata={"help": "comma-separated, one per rank (default 0..tp-1)"}
     )
     cache_ready_timeout: float = 120.0
-    splitwise_role: str = field(default="mixed", metadata={"choices": ("mixed", "prefill", "decode")})
-    dtype: str = field(default="auto", metadata={"choices": ("auto", "float32", "bfloat16", "float16")})
+    splitwise_role: str = field(
+        default="mixed", metadata={"choices": ("mixed", "prefill", "decode")}
+    )
+    dtype: str = field(
+        default="auto", metadata={"choices": ("auto", "float32", "bfloat16", "float16")}
+    )
     token_channel: str = field(default="shm", metadata={"choices": ("shm", "sysv")})
     max_num_batched_tokens: int = 0
     total_block_num: int = 0
@@ -76,7 +80,9 @@ class ServeLayout:
         tp = self.tensor_parallel_size
         self.device_ids = list(self.device_ids) or list(range(tp))
         if len(self.device_ids) != tp:
-            raise ValueError(f"--device_ids names {len(self.device_ids)} devices; --tensor_parallel_size is {tp}")
+            raise ValueError(
+                f"--device_ids names {len(self.device_ids)} devices; --tensor_parallel_size is {tp}"
+            )
 
     @property
     def msg_queue_id(self) -> int:
@@ -126,21 +132,28 @@ class ServeLayout:
         arch = arch or self.arch()
         cfg = self.fd_config(0, arch)
         blocks = cfg.cache_config.total_block_num
-        return model_cache_specs(arch, blocks, self.tensor_parallel_size, cfg.speculative_config.uses_mtp)
+        return model_cache_specs(
+            arch, blocks, self.tensor_parallel_size, cfg.speculative_config.uses_mtp
+        )
 
     def cache_names(self, specs: list[CacheSpec]) -> list[list[str]]:
         """Per rank, the IPC name of each cache of ``specs`` (FastDeploy's names for key and
         value caches, with this layout's device ids)."""
         from ..ipc.kv_caches import spec_cache_names
 
-        return [spec_cache_names(specs, rank, device) for rank, device in enumerate(self.device_ids)]
+        return [
+            spec_cache_names(specs, rank, device) for rank, device in enumerate(self.device_ids)
+        ]
 
     def to_args(self) -> list[str]:
         """Command-line arguments (FastDeploy's worker names) that rebuild this layout."""
         args: list[str] = []
         for f in fields(self):
             value = getattr(self, f.name)
-            args += [f"--{f.name}", ",".join(str(v) for v in value) if isinstance(value, list) else str(value)]
+            args += [
+                f"--{f.name}",
+                ",".join(str(v) for v in value) if isinstance(value, list) else str(value),
+            ]
         return args
 
     @classmethod

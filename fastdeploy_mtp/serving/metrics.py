@@ -112,7 +112,12 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from ..credentials import DroppedMessages
@@ -186,7 +191,10 @@ class EngineCollector(Collector):
             m = copy.deepcopy(self.metrics)
             sched = self.scheduler
             occupancy = Occupancy(
-                len(sched.slots), len(sched.waiting), sum(len(b) for b in sched.held.values()), sched.num_free_blocks
+                len(sched.slots),
+                len(sched.waiting),
+                sum(len(b) for b in sched.held.values()),
+                sched.num_free_blocks,
             )
             kv = KVCache.of(sched)
             histograms = self.latency.snapshot() if self.latency is not None else {}
@@ -222,7 +230,9 @@ class KVCache(NamedTuple):
     @classmethod
     def of(cls, sched: Scheduler) -> KVCache:
         pool = sched.pool
-        return cls(sched.total_blocks, pool.num_free, pool.num_cached, pool.queried_tokens, pool.hit_tokens)
+        return cls(
+            sched.total_blocks, pool.num_free, pool.num_cached, pool.queried_tokens, pool.hit_tokens
+        )
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
@@ -249,7 +259,9 @@ def _spec_decode_metrics(m: Metrics) -> Iterator[Metric]:
         sum(proposed),
     )
     yield counter(
-        "spec_decode_num_accepted_tokens", "Draft tokens the target accepted, by drafting method.", sum(accepted)
+        "spec_decode_num_accepted_tokens",
+        "Draft tokens the target accepted, by drafting method.",
+        sum(accepted),
     )
     per_pos = CounterMetricFamily(
         PREFIX + "spec_decode_num_draft_tokens_per_pos",
@@ -269,7 +281,8 @@ def _spec_decode_metrics(m: Metrics) -> Iterator[Metric]:
     yield per_pos
     yield acc_pos
     emitted_doc = (
-        "Tokens emitted by decode steps (accepted drafts + the target's own token per step), by drafting method."
+        "Tokens emitted by decode steps (accepted drafts + the target's own token per step), "
+        "by drafting method."
     )
     yield counter("spec_decode_num_emitted_tokens", emitted_doc, m.emitted_tokens)
     yield counter(
@@ -298,18 +311,32 @@ def _guided_metrics(m: Metrics) -> Iterator[Metric]:
             "Drafts of grammar-constrained requests cut before verification (past the grammar-valid prefix).",
             m.guided_drafts_cut,
         ),
-        ("guided_seconds", "Host seconds in grammar work (draft checks, token masks, matchers).", m.guided_seconds),
-        ("guided_rounds", "Target steps that did grammar work (a constrained request ran).", m.guided_rounds),
+        (
+            "guided_seconds",
+            "Host seconds in grammar work (draft checks, token masks, matchers).",
+            m.guided_seconds,
+        ),
+        (
+            "guided_rounds",
+            "Target steps that did grammar work (a constrained request ran).",
+            m.guided_rounds,
+        ),
     ):
         yield _counter(name, doc, value)
 
 
 def _request_metrics(m: Metrics, occupancy: Occupancy, c: ServerCounters) -> Iterator[Metric]:
-    yield _counter("generation_tokens", "Generated tokens (first tokens of prefills included).", m.generated_tokens)
+    yield _counter(
+        "generation_tokens",
+        "Generated tokens (first tokens of prefills included).",
+        m.generated_tokens,
+    )
     yield _counter("prompt_tokens", "Prompt tokens of admitted requests.", c.prompt_tokens)
     yield _counter("request_success", "Requests that completed.", c.success)
     yield _counter("request_failure", "Requests that failed after admission.", c.failure)
-    yield _counter("request_cancelled", "Requests aborted because their client disconnected.", c.cancelled)
+    yield _counter(
+        "request_cancelled", "Requests aborted because their client disconnected.", c.cancelled
+    )
     yield _gauge("num_requests_running", "Requests holding a slot.", occupancy.running)
     yield _gauge("num_requests_waiting", "Requests queued for a slot.", occupancy.waiting)
 
@@ -317,7 +344,11 @@ def _request_metrics(m: Metrics, occupancy: Occupancy, c: ServerCounters) -> Ite
 def _splitwise_metrics(m: Metrics, occupancy: Occupancy, c: ServerCounters) -> Iterator[Metric]:
     drafts = "Decode instance: drafts made on the prefill instance that the first verify round"
     for name, doc, value in (
-        ("splitwise_handed_off", "Prefill instance: requests handed to a decode instance.", m.handed_off),
+        (
+            "splitwise_handed_off",
+            "Prefill instance: requests handed to a decode instance.",
+            m.handed_off,
+        ),
         ("splitwise_first_round_draft_tokens", f"{drafts} offered.", m.handoff_drafts_proposed),
         ("splitwise_first_round_accepted_tokens", f"{drafts} accepted.", m.handoff_drafts_accepted),
     ):
@@ -345,8 +376,14 @@ def _kv_cache_metrics(kv: KVCache) -> Iterator[Metric]:
         "KV blocks holding a cached prompt prefix (referenced by a request or not).",
         kv.cached_blocks,
     )
-    yield _counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", kv.queried_tokens)
-    yield _counter("prefix_cache_hits", "Prompt tokens found in the prefix cache (their KV was reused).", kv.hit_tokens)
+    yield _counter(
+        "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", kv.queried_tokens
+    )
+    yield _counter(
+        "prefix_cache_hits",
+        "Prompt tokens found in the prefix cache (their KV was reused).",
+        kv.hit_tokens,
+    )
     yield _gauge(
         "prefix_cache_hit_rate",
         "Prefix cache hits / queries (prompt tokens) since start; 0 before any query.",
@@ -368,8 +405,16 @@ def _transfer_metrics(kv: dict[str, TransferCounts]) -> Iterator[Metric]:
     per = " Decode instance, per KV transport:"
     for name, doc, attr in (
         ("splitwise_kv_transfers", f"{per} completed KV block transfers.", "transfers"),
-        ("splitwise_kv_transfer_bytes", f"{per} KV bytes received (all layers, all ranks).", "bytes"),
-        ("splitwise_kv_transfer_seconds", f"{per} wall seconds spent in KV transfers (failed ones too).", "seconds"),
+        (
+            "splitwise_kv_transfer_bytes",
+            f"{per} KV bytes received (all layers, all ranks).",
+            "bytes",
+        ),
+        (
+            "splitwise_kv_transfer_seconds",
+            f"{per} wall seconds spent in KV transfers (failed ones too).",
+            "seconds",
+        ),
         ("splitwise_kv_transfer_failures", f"{per} KV transfers that failed.", "failures"),
     ):
         family = CounterMetricFamily(PREFIX + name, doc.strip(), labels=["transport"])
@@ -398,14 +443,22 @@ class RouterCollector(Collector):
         c = self.counters
         for name, doc, value in (
             ("router_requests_routed", "Requests the router sent to a prefill instance.", c.routed),
-            ("router_requests_success", "Routed requests that finished (stop or length).", c.success),
+            (
+                "router_requests_success",
+                "Routed requests that finished (stop or length).",
+                c.success,
+            ),
             (
                 "router_requests_failure",
                 "Routed requests that ended with an error (an instance refused, failed or was unreachable, "
                 "or no decode instance had room within the queue timeout).",
                 c.failure,
             ),
-            ("router_requests_cancelled", "Routed requests abandoned because their client disconnected.", c.cancelled),
+            (
+                "router_requests_cancelled",
+                "Routed requests abandoned because their client disconnected.",
+                c.cancelled,
+            ),
             (
                 "router_decode_retries",
                 "Decode attempts a full decode instance answered with 429 (the request waited and was retried).",

@@ -69,7 +69,14 @@ class APIError(Exception):
         self.code = status if code is None else code
 
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+        body = {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
         return JSONResponse(body, status_code=self.status)
 
 
@@ -145,13 +152,23 @@ def refuse_unsupported(body: RequestBody) -> None:
             raise APIError(400, f"{name}={shown} is not supported by this server", name)
     if body.max_tokens is not None and body.max_tokens <= 0:
         raise APIError(400, f"max_tokens must be > 0, got {body.max_tokens}", "max_tokens")
-    if body.max_tokens is not None and body.min_tokens is not None and body.min_tokens > body.max_tokens:
+    if (
+        body.max_tokens is not None
+        and body.min_tokens is not None
+        and body.min_tokens > body.max_tokens
+    ):
         message = f"min_tokens ({body.min_tokens}) must not exceed max_tokens ({body.max_tokens})"
         raise APIError(400, message, "min_tokens")
 
 
 #: Body fields that constrain the output (:func:`guided_constraint`), at most one per request.
-GUIDED_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+GUIDED_FIELDS = (
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+)
 
 
 def guided_constraint(body: RequestBody) -> tuple[dict[str, Any] | None, str | None]:
@@ -168,7 +185,9 @@ def guided_constraint(body: RequestBody) -> tuple[dict[str, Any] | None, str | N
     if extra.get("response_format") == {"type": "text"}:
         given.remove("response_format")
     if len(given) > 1:
-        raise APIError(400, f"at most one output constraint per request, got {', '.join(given)}", given[1])
+        raise APIError(
+            400, f"at most one output constraint per request, got {', '.join(given)}", given[1]
+        )
     if not given:
         return None, None
     name = given[0]
@@ -184,18 +203,26 @@ def guided_constraint(body: RequestBody) -> tuple[dict[str, Any] | None, str | N
             except RecursionError:  # the body parser's own limit is not applied to this text
                 raise APIError(400, "guided_json: nested too deeply to parse", name) from None
         if not isinstance(value, dict):
-            raise APIError(400, f"guided_json must be a JSON schema object, got {type(value).__name__}", name)
+            raise APIError(
+                400, f"guided_json must be a JSON schema object, got {type(value).__name__}", name
+            )
         return {"kind": "json", "spec": value}, name
     if name == "guided_regex":
         if not isinstance(value, str):
             raise APIError(400, f"guided_regex must be a string, got {type(value).__name__}", name)
         return {"kind": "regex", "spec": value}, name
     if name == "guided_choice":
-        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+        if (
+            not isinstance(value, list)
+            or not value
+            or not all(isinstance(c, str) and c for c in value)
+        ):
             raise APIError(400, "guided_choice must be a non-empty list of non-empty strings", name)
         return {"kind": "choice", "spec": list(value)}, name
     if not isinstance(value, str) or not value.strip():
-        raise APIError(400, "guided_grammar must be a non-empty string (a Lark or GBNF grammar)", name)
+        raise APIError(
+            400, "guided_grammar must be a non-empty string (a Lark or GBNF grammar)", name
+        )
     return {"kind": "grammar", "spec": _lark_of(value)}, name
 
 
@@ -207,7 +234,9 @@ def _response_format(value: Any) -> dict[str, Any]:
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-            message = 'response_format json_schema needs "json_schema": {"name": ..., "schema": {...}}'
+            message = (
+                'response_format json_schema needs "json_schema": {"name": ..., "schema": {...}}'
+            )
             raise APIError(400, message, "response_format")
         return {"kind": "json", "spec": spec["schema"]}
     message = f'response_format type must be "text", "json_object" or "json_schema", got {kind!r}'
@@ -224,7 +253,9 @@ def _lark_of(grammar: str) -> str:
     try:
         return gbnf_to_lark(grammar)
     except Exception as exc:  # the converter raises plain exceptions for what it cannot parse
-        raise APIError(400, f"guided_grammar: neither Lark nor valid GBNF ({exc})", "guided_grammar") from None
+        raise APIError(
+            400, f"guided_grammar: neither Lark nor valid GBNF ({exc})", "guided_grammar"
+        ) from None
 
 
 def refuse_invalid_text(value: Any, path: str = "") -> None:
@@ -248,7 +279,9 @@ def refuse_invalid_text(value: Any, path: str = "") -> None:
 
 
 def sampling_params(
-    body: CompletionBody | ChatBody, defaults: GenerationDefaults | None = None, eos_token_ids: Sequence[int] = ()
+    body: CompletionBody | ChatBody,
+    defaults: GenerationDefaults | None = None,
+    eos_token_ids: Sequence[int] = (),
 ) -> SamplingParams:
     """The :class:`SamplingParams` an OpenAI request body asks for (``serve`` and the
     splitwise router both use it). A field the body leaves out takes ``defaults``' value
@@ -267,7 +300,9 @@ def sampling_params(
         if body.logprobs:
             k = body.top_logprobs or 0
             if k < 0 or k > MAX_LOGPROBS:
-                raise APIError(400, f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {k}", "top_logprobs")
+                raise APIError(
+                    400, f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {k}", "top_logprobs"
+                )
         elif body.top_logprobs is not None:
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
     else:
@@ -337,12 +372,24 @@ def choice_counts(body: RequestBody) -> tuple[int, int]:
         raise APIError(400, f"n must be an integer in [1, {MAX_CHOICES}], got {n!r}", "n")
     best_of = getattr(body, "best_of", None) if isinstance(body, CompletionBody) else None
     extra = (body.model_extra or {}).get("best_of")
-    if not isinstance(body, CompletionBody) and extra is not None and not (type(extra) is int and extra == 1):
-        raise APIError(400, "best_of is a /v1/completions field (a chat request asks for choices with n)", "best_of")
+    if (
+        not isinstance(body, CompletionBody)
+        and extra is not None
+        and not (type(extra) is int and extra == 1)
+    ):
+        raise APIError(
+            400,
+            "best_of is a /v1/completions field (a chat request asks for choices with n)",
+            "best_of",
+        )
     if best_of is None:
         return n, n
     if not n <= best_of <= MAX_CHOICES:
-        raise APIError(400, f"best_of must be an integer in [n, {MAX_CHOICES}] (n = {n}), got {best_of!r}", "best_of")
+        raise APIError(
+            400,
+            f"best_of must be an integer in [n, {MAX_CHOICES}] (n = {n}), got {best_of!r}",
+            "best_of",
+        )
     if body.stream and best_of > 1:
         raise APIError(400, "best_of > 1 cannot be streamed: set stream to false", "best_of")
     return n, best_of

@@ -14,7 +14,13 @@ from typing import Any
 import httpx
 from httpx_sse import ServerSentEvent, aconnect_sse
 from prometheus_client import CollectorRegistry
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_delay, wait_exponential
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential,
+)
 
 from ..credentials import DroppedMessages, http_token
 from ..runtime.request import InvalidRequestError, Request
@@ -56,7 +62,9 @@ def check_instance_url(url: str, option: str) -> str:
     except (httpx.InvalidURL, TypeError) as exc:
         raise ValueError(f"{option} {url!r}: not a URL ({exc})") from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ValueError(f"{option} {url!r}: give an instance's base URL, e.g. http://127.0.0.1:8001")
+        raise ValueError(
+            f"{option} {url!r}: give an instance's base URL, e.g. http://127.0.0.1:8001"
+        )
     return str(url).rstrip("/")
 
 
@@ -182,9 +190,13 @@ class RouterBackend:
         if not req.prompt_token_ids:
             raise InvalidRequestError(req.request_id, "prompt_token_ids", "the prompt is empty")
         if not all(isinstance(t, int) and t >= 0 for t in req.prompt_token_ids):
-            raise InvalidRequestError(req.request_id, "prompt_token_ids", "prompt ids must be non-negative integers")
+            raise InvalidRequestError(
+                req.request_id, "prompt_token_ids", "prompt ids must be non-negative integers"
+            )
         if req.max_tokens <= 0:
-            raise InvalidRequestError(req.request_id, "max_tokens", f"max_tokens must be > 0, got {req.max_tokens}")
+            raise InvalidRequestError(
+                req.request_id, "max_tokens", f"max_tokens must be > 0, got {req.max_tokens}"
+            )
         if req.sampling.include_draft_logprobs:
             message = "is not served through the splitwise router: ask a serve instance"
             raise InvalidRequestError(req.request_id, "include_draft_logprobs", message)
@@ -197,7 +209,9 @@ class RouterBackend:
         loop = asyncio.get_running_loop()
         stream = Stream(req, loop)
         self.counters.routed += 1
-        self._tasks[req.request_id] = loop.create_task(self._route(req, stream), name=f"route {req.request_id}")
+        self._tasks[req.request_id] = loop.create_task(
+            self._route(req, stream), name=f"route {req.request_id}"
+        )
         return stream
 
     def cancel(self, req: Request) -> None:
@@ -220,9 +234,14 @@ class RouterBackend:
 
         answers = await asyncio.gather(*(probe(u) for u in self.prefill + self.decode))
         problems = []
-        for role, found in (("prefill", answers[: len(self.prefill)]), ("decode", answers[len(self.prefill) :])):
+        for role, found in (
+            ("prefill", answers[: len(self.prefill)]),
+            ("decode", answers[len(self.prefill) :]),
+        ):
             if all(a is not None for a in found):
-                problems.append(f"no {role} instance is healthy: " + "; ".join(a for a in found if a))
+                problems.append(
+                    f"no {role} instance is healthy: " + "; ".join(a for a in found if a)
+                )
         return "; ".join(problems) or None
 
     async def aclose(self) -> None:
@@ -262,7 +281,12 @@ class RouterBackend:
             self._tasks.pop(req.request_id, None)
 
     def _emit(
-        self, req: Request, stream: Stream, ids: list[int], logprobs: list[TokenLogprob] | None, source: str
+        self,
+        req: Request,
+        stream: Stream,
+        ids: list[int],
+        logprobs: list[TokenLogprob] | None,
+        source: str,
     ) -> None:
         if req.sampling.logprobs is None:
             logprobs = None
@@ -277,13 +301,16 @@ class RouterBackend:
 
     def _timed_out(self, role: str, url: str) -> APIError:
         return _server_error(
-            504, f"{role} instance {url} sent nothing for {self.instance_timeout:g} s (the router's --instance-timeout)"
+            504,
+            f"{role} instance {url} sent nothing for {self.instance_timeout:g} s (the router's --instance-timeout)",
         )
 
     def _refusal(self, role: str, url: str, response: httpx.Response, req: Request) -> APIError:
         message, param = _error_of(response)
         if response.status_code == 400:  # the request itself is invalid: the client's 400
-            return APIError(400, message, client_param(param, req.request_id.startswith("chatcmpl")))
+            return APIError(
+                400, message, client_param(param, req.request_id.startswith("chatcmpl"))
+            )
         if response.status_code == 401:
             return _server_error(
                 502,
@@ -291,7 +318,9 @@ class RouterBackend:
                 "same splitwise secret (--splitwise-secret-file, or $FASTDEPLOY_MTP_SPLITWISE_SECRET)",
             )
         status = 503 if response.status_code == 503 else 502
-        return _server_error(status, f"{role} instance {url} answered {response.status_code}: {message}")
+        return _server_error(
+            status, f"{role} instance {url} answered {response.status_code}: {message}"
+        )
 
     def _check_answer(self, role: str, url: str, response: httpx.Response) -> None:
         """A 200 answer must speak this protocol version (else a 502 naming both)."""
@@ -300,7 +329,9 @@ class RouterBackend:
         except MessageError as exc:
             raise _server_error(502, str(exc)) from None
 
-    async def _prefill(self, req: Request, stream: Stream) -> tuple[str | None, dict[str, Any] | None]:
+    async def _prefill(
+        self, req: Request, stream: Stream
+    ) -> tuple[str | None, dict[str, Any] | None]:
         """POST the prefill; emits the first tokens. Returns ``(finish reason, None)`` if the
         request finished there, else ``(None, handoff)`` for the decode instance."""
         url = self.prefill[next(self._next_prefill)]
@@ -311,11 +342,15 @@ class RouterBackend:
             sampling=req.sampling,
         )
         try:
-            r = await self._http().post(url + PREFILL_PATH, content=body.encode(), headers=self.headers)
+            r = await self._http().post(
+                url + PREFILL_PATH, content=body.encode(), headers=self.headers
+            )
         except httpx.TimeoutException:
             raise self._timed_out("prefill", url) from None
         except httpx.HTTPError as exc:
-            raise _server_error(502, f"prefill instance {url} is unreachable ({type(exc).__name__}: {exc})") from None
+            raise _server_error(
+                502, f"prefill instance {url} is unreachable ({type(exc).__name__}: {exc})"
+            ) from None
         if r.status_code != 200:
             raise self._refusal("prefill", url, r, req)
         self._check_answer("prefill", url, r)
@@ -325,12 +360,16 @@ class RouterBackend:
             raise _server_error(502, str(exc)) from None
         if not answer.output_token_ids:
             raise _server_error(502, f"prefill instance {url} sent no first token")
-        self._emit(req, stream, answer.output_token_ids, answer.output_logprobs, f"prefill instance {url}")
+        self._emit(
+            req, stream, answer.output_token_ids, answer.output_logprobs, f"prefill instance {url}"
+        )
         if answer.finished:
             full = len(req.output_token_ids) >= req.max_tokens
             return answer.finish_reason or ("length" if full else "stop"), None
         if answer.handoff is None:
-            raise _server_error(502, f"prefill instance {url} sent no handoff for an unfinished request")
+            raise _server_error(
+                502, f"prefill instance {url} sent no handoff for an unfinished request"
+            )
         return None, answer.handoff
 
     async def _decode(self, req: Request, stream: Stream, handoff: dict[str, Any]) -> str:
@@ -385,9 +424,13 @@ class RouterBackend:
         except httpx.TimeoutException:
             raise self._timed_out("decode", url) from None
         except httpx.HTTPError as exc:
-            raise _server_error(502, f"decode instance {url} failed ({type(exc).__name__}: {exc})") from None
+            raise _server_error(
+                502, f"decode instance {url} failed ({type(exc).__name__}: {exc})"
+            ) from None
 
-    async def _relay(self, req: Request, stream: Stream, source: str, events: AsyncIterator[ServerSentEvent]) -> str:
+    async def _relay(
+        self, req: Request, stream: Stream, source: str, events: AsyncIterator[ServerSentEvent]
+    ) -> str:
         """Emit a decode stream's tokens up to ``[DONE]``; returns its finish reason."""
         reason: str | None = None
         async for sse in events:
@@ -403,7 +446,9 @@ class RouterBackend:
             else:
                 reason = event.finish_reason
         if reason is None:
-            raise _server_error(502, f"{source} ended the stream before request {req.request_id} finished")
+            raise _server_error(
+                502, f"{source} ended the stream before request {req.request_id} finished"
+            )
         return reason
 
 

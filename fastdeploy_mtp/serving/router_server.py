@@ -70,7 +70,9 @@ def router_app(
     and closes the backend's HTTP client. ``access``: who may call it (:mod:`.http_auth`)."""
     from ..models.tiny import ASSETS_DIR
 
-    app = create_app(backend, model_name, tokenizer or load_tokenizer(ASSETS_DIR), defaults, access=access)
+    app = create_app(
+        backend, model_name, tokenizer or load_tokenizer(ASSETS_DIR), defaults, access=access
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -103,7 +105,9 @@ class RouterOptions:
     splitwise_secret_file: str | None = None
 
 
-def wait_for_instances(urls: Sequence[tuple[str, str]], timeout: float, progress: Callable[[str], None]) -> None:
+def wait_for_instances(
+    urls: Sequence[tuple[str, str]], timeout: float, progress: Callable[[str], None]
+) -> None:
     """Poll each ``(role, url)``'s ``/health`` until it answers 200, reporting each one ready.
 
     Raises:
@@ -125,7 +129,9 @@ def wait_for_instances(urls: Sequence[tuple[str, str]], timeout: float, progress
             if not waiting:
                 return
             if time.monotonic() >= deadline:
-                left = ", ".join(f"{role} instance {url} ({why})" for (role, url), why in waiting.items())
+                left = ", ".join(
+                    f"{role} instance {url} ({why})" for (role, url), why in waiting.items()
+                )
                 raise TimeoutError(f"not healthy after --start-timeout {timeout:g} s: {left}")
             # a plain poll rather than tenacity: every instance is asked each round and each
             # one that answers is reported at once, which a retry around one call does not give
@@ -139,7 +145,9 @@ def fetch_model_name(url: str, headers: dict[str, str] | None = None) -> str:
         r.raise_for_status()
         return str(r.json()["data"][0]["id"])
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
-        raise ConnectionError(f"could not read the served model name from {url}/v1/models: {exc}") from None
+        raise ConnectionError(
+            f"could not read the served model name from {url}/v1/models: {exc}"
+        ) from None
 
 
 def run_router(opts: RouterOptions) -> int:
@@ -158,7 +166,9 @@ def run_router(opts: RouterOptions) -> int:
         raise UsageError(f"--tokenizer {folder}: {exc}") from None
     key, secret = api_key(opts.api_key), splitwise_secret(opts.splitwise_secret_file)
     # checks the URLs first
-    backend = RouterBackend(opts.prefill, opts.decode, opts.queue_timeout, secret, opts.instance_timeout)
+    backend = RouterBackend(
+        opts.prefill, opts.decode, opts.queue_timeout, secret, opts.instance_timeout
+    )
     listener = bind_listener(opts.host, opts.port)  # a taken port is refused before any wait
     # httpx logs every request at INFO, and Paddle's import sets the root logger to print INFO
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -173,7 +183,9 @@ def run_router(opts: RouterOptions) -> int:
                 opts.start_timeout,
                 progress,
             )
-            model_name = opts.served_model_name or fetch_model_name(backend.prefill[0], backend.headers)
+            model_name = opts.served_model_name or fetch_model_name(
+                backend.prefill[0], backend.headers
+            )
             progress(
                 f"serving model {model_name!r}; decode queue timeout {opts.queue_timeout:g} s, "
                 f"instance timeout {opts.instance_timeout:g} s"

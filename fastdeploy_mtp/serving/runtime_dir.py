@@ -58,9 +58,13 @@ def private_dir(path: Path) -> Path:
         pass
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
-        raise RuntimeDirError(f"runtime directory {path} is not a directory (a link or a file); remove it")
+        raise RuntimeDirError(
+            f"runtime directory {path} is not a directory (a link or a file); remove it"
+        )
     if st.st_uid != os.geteuid():
-        raise RuntimeDirError(f"runtime directory {path} is owned by uid {st.st_uid}, not by this user; remove it")
+        raise RuntimeDirError(
+            f"runtime directory {path} is owned by uid {st.st_uid}, not by this user; remove it"
+        )
     if st.st_mode & 0o077:
         raise RuntimeDirError(
             f"runtime directory {path} has mode {stat.S_IMODE(st.st_mode):o}: other users may use it; "

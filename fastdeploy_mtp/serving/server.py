@@ -74,7 +74,9 @@ def _fit_max_num_seqs(requested: int | None) -> int:
     fits = messaging.topk_slots_within(msgmax)
     if requested is None:
         if fits < 1:
-            raise ValueError(f"kernel.msgmax ({msgmax} bytes) cannot carry a token message for even one slot")
+            raise ValueError(
+                f"kernel.msgmax ({msgmax} bytes) cannot carry a token message for even one slot"
+            )
         return min(8, fits)
     if requested > fits:
         need = messaging.topk_message_bytes(requested)
@@ -99,7 +101,9 @@ def serve(opts: ServeOptions, log: object = None) -> int:
         kv_cache_shape(arch, 1, tp)  # refuses a TP size the heads do not divide, naming the field
     except ValueError as exc:  # each names the option at fault: a usage error (exit status 2)
         raise UsageError(str(exc)) from None
-    mode = speculation_label(opts.speculative_config)  # the same name of the mode as demo and generate
+    mode = speculation_label(
+        opts.speculative_config
+    )  # the same name of the mode as demo and generate
     role = "" if opts.splitwise_role == "mixed" else f"splitwise {opts.splitwise_role}, "
     mib = layout.total_block_num * _block_bytes(layout, arch) / 2**20
     progress(
@@ -133,11 +137,17 @@ def _layout(opts: ServeOptions) -> ServeLayout:
     tp = opts.tensor_parallel_size
     device_ids = opts.device_ids or list(range(tp))
     if len(device_ids) != tp:
-        raise UsageError(f"--device-ids names {len(device_ids)} devices for --tensor-parallel-size {tp}")
+        raise UsageError(
+            f"--device-ids names {len(device_ids)} devices for --tensor-parallel-size {tp}"
+        )
     if opts.engine_worker_queue_port is not None and opts.engine_worker_queue_port == opts.port:
-        raise UsageError(f"--engine-worker-queue-port {opts.port} is the HTTP --port; they must differ")
+        raise UsageError(
+            f"--engine-worker-queue-port {opts.port} is the HTTP --port; they must differ"
+        )
     if opts.token_channel not in TOKEN_CHANNELS:
-        raise UsageError(f"--token-channel must be one of {', '.join(TOKEN_CHANNELS)}, got {opts.token_channel!r}")
+        raise UsageError(
+            f"--token-channel must be one of {', '.join(TOKEN_CHANNELS)}, got {opts.token_channel!r}"
+        )
     max_num_seqs, slot_cap = opts.max_num_seqs, MAX_DEFAULT_SLOTS
     if opts.splitwise_role == "prefill" and spec.enabled:
         # its workers send first tokens with mtp_save_first_token, whose message (7176 bytes)
@@ -146,7 +156,9 @@ def _layout(opts: ServeOptions) -> ServeLayout:
 
         slot_cap = FIRST_TOKEN_MAX_BSZ
         if max_num_seqs is not None and not 0 < max_num_seqs <= FIRST_TOKEN_MAX_BSZ:
-            raise UsageError(f"--max-num-seqs {max_num_seqs}: must be in [1, {FIRST_TOKEN_MAX_BSZ}]")
+            raise UsageError(
+                f"--max-num-seqs {max_num_seqs}: must be in [1, {FIRST_TOKEN_MAX_BSZ}]"
+            )
     elif opts.token_channel == "sysv":
         max_num_seqs = _fit_max_num_seqs(max_num_seqs)
     if opts.splitwise_role != "mixed" and opts.kv_transport == "mooncake":
@@ -256,7 +268,9 @@ def _run(
 
     # before any worker starts: bad credentials, a taken port or a bad tokenizer folder fail fast
     key = api_key(opts.api_key)
-    secret = None if opts.splitwise_role == "mixed" else splitwise_secret(opts.splitwise_secret_file)
+    secret = (
+        None if opts.splitwise_role == "mixed" else splitwise_secret(opts.splitwise_secret_file)
+    )
     running.listener = bind_listener(opts.host, opts.port)
     try:
         tokenizer = load_tokenizer(opts.model, opts.tokenizer)
@@ -264,11 +278,20 @@ def _run(
     except (ValueError, OSError) as exc:
         flag = f"--tokenizer {opts.tokenizer}" if opts.tokenizer else f"--model {opts.model}"
         raise UsageError(f"{flag}: {exc}") from None
-    eos_ids = list(dict.fromkeys([*tokenizer.eos_token_ids, *defaults.eos_token_ids, *arch.eos_token_ids]))
-    progress(f"tokenizer: {tokenizer.source} ({tokenizer.vocab_size} ids), EOS ids {eos_ids or 'none'}")
+    eos_ids = list(
+        dict.fromkeys([*tokenizer.eos_token_ids, *defaults.eos_token_ids, *arch.eos_token_ids])
+    )
+    progress(
+        f"tokenizer: {tokenizer.source} ({tokenizer.vocab_size} ids), EOS ids {eos_ids or 'none'}"
+    )
     dropped = DroppedMessages()  # every refused message of this deployment, shown in /metrics
     running.runner = runner = RemoteRunner(
-        layout, progress, step_timeout=opts.step_timeout, log=log, reserved_port=opts.port, dropped=dropped
+        layout,
+        progress,
+        step_timeout=opts.step_timeout,
+        log=log,
+        reserved_port=opts.port,
+        dropped=dropped,
     )
     engine = Engine(
         layout.fd_config(0, arch),
@@ -292,7 +315,9 @@ def _run(
             opts, engine, runner, on_fatal, progress, dropped, secret
         )
     access = Access(key, None if secret is None else http_token(secret), dropped)
-    app = create_app(running.async_engine, served_model_name(opts, arch), tokenizer, defaults, eos_ids, access)
+    app = create_app(
+        running.async_engine, served_model_name(opts, arch), tokenizer, defaults, eos_ids, access
+    )
     if opts.splitwise_role != "mixed":
         from .splitwise_api import SplitwiseEngine, add_splitwise_routes
 
@@ -373,7 +398,9 @@ def _splitwise_engine(
             dropped=dropped,
             secret=secret,
         )
-        progress(f"decode instance: KV transport {opts.kv_transport}, transfer timeout {opts.kv_transfer_timeout:g} s")
+        progress(
+            f"decode instance: KV transport {opts.kv_transport}, transfer timeout {opts.kv_transfer_timeout:g} s"
+        )
         return se, None
     holder: dict[str, SplitwiseEngine] = {}
     source = KVSource(
@@ -390,9 +417,13 @@ def _splitwise_engine(
         dropped=dropped,
     )
     try:
-        holder["se"] = SplitwiseEngine(engine, on_fatal, kv_source=source, dropped=dropped, secret=secret)
+        holder["se"] = SplitwiseEngine(
+            engine, on_fatal, kv_source=source, dropped=dropped, secret=secret
+        )
     except BaseException:
         source.close()
         raise
-    progress(f"prefill instance: KV blocks served on {source.address} (held up to {opts.kv_hold_timeout:g} s)")
+    progress(
+        f"prefill instance: KV blocks served on {source.address} (held up to {opts.kv_hold_timeout:g} s)"
+    )
     return holder["se"], source

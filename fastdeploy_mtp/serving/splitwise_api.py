@@ -119,7 +119,9 @@ class SplitwiseEngine(AsyncEngine):
         from ..splitwise.transport import AUTO, transport_names
 
         if transport not in (AUTO, *transport_names()):
-            raise ValueError(f"--kv-transport must be one of {(AUTO, *transport_names())}, got {transport!r}")
+            raise ValueError(
+                f"--kv-transport must be one of {(AUTO, *transport_names())}, got {transport!r}"
+            )
         self.role = engine.role
         self.kv_source = kv_source
         self.layout = layout
@@ -174,14 +176,19 @@ class SplitwiseEngine(AsyncEngine):
                 descriptor = self.kv_source.offer(rid, h.blocks)
             except Exception as exc:  # e.g. the KV source is closing: fail this request only
                 self.engine.release_handoff(rid)
-                stream.put("error", APIError(500, f"cannot offer the KV blocks: {exc}", kind="server_error"))
+                stream.put(
+                    "error",
+                    APIError(500, f"cannot offer the KV blocks: {exc}", kind="server_error"),
+                )
                 with self.counters.lock:
                     self.counters.failure += 1
                 continue
             from ..splitwise.handoff import sign_handoff
 
             outputs = list(h.request.output_token_ids)
-            signature = sign_handoff(self._secret(), rid, h.request.prompt_token_ids, outputs, h.state, descriptor)
+            signature = sign_handoff(
+                self._secret(), rid, h.request.prompt_token_ids, outputs, h.state, descriptor
+            )
             stream.put("tokens", emitted_of(h.request, outputs))
             stream.put("handoff", HandoffMessage(state=h.state, kv=descriptor, signature=signature))
             with self.counters.lock:
@@ -203,7 +210,9 @@ class SplitwiseEngine(AsyncEngine):
             if error is not None and not aborted_before:
                 stream = self._streams.pop(req.request_id, None)
                 if stream is not None:
-                    stream.put("error", APIError(502, f"KV transfer failed: {error}", kind="server_error"))
+                    stream.put(
+                        "error", APIError(502, f"KV transfer failed: {error}", kind="server_error")
+                    )
                 with self.counters.lock:
                     self.counters.failure += 1
         if self._descriptors:  # forget those of requests aborted before they got a slot
@@ -281,7 +290,14 @@ class SplitwiseEngine(AsyncEngine):
             t0 = time.perf_counter()
             try:
                 nbytes = pull_blocks(
-                    descriptor, caches, self.layout, blocks, transport, self.transfer_timeout, self.secret, skip
+                    descriptor,
+                    caches,
+                    self.layout,
+                    blocks,
+                    transport,
+                    self.transfer_timeout,
+                    self.secret,
+                    skip,
                 )
             except Exception as exc:
                 error = exc
@@ -323,7 +339,9 @@ def new_request(body: PrefillRequest, **extra: Any) -> Request:
             **extra,
         )
     except ValueError as exc:
-        raise APIError(400, str(exc), "prompt_token_ids" if "prompt" in str(exc) else "max_tokens") from None
+        raise APIError(
+            400, str(exc), "prompt_token_ids" if "prompt" in str(exc) else "max_tokens"
+        ) from None
 
 
 def add_splitwise_routes(app: FastAPI, se: SplitwiseEngine) -> None:
@@ -379,14 +397,18 @@ async def decode(request: HTTPRequest) -> Response:
         handoff = HandoffMessage.model_validate(body.handoff)
     except ValidationError:
         se.dropped.add("handoff")
-        message = "handoff must be the prefill instance's object with keys `state`, `kv` and `signature`"
+        message = (
+            "handoff must be the prefill instance's object with keys `state`, `kv` and `signature`"
+        )
         raise APIError(400, message, "handoff") from None
     se.check_signature(body, handoff)
     try:
         KVLayout.from_dict(handoff.kv.get("layout")).check_matches(se.layout)
     except TransferError as exc:
         raise APIError(400, f"handoff: {exc}", "handoff") from None
-    req = new_request(body, output_token_ids=list(body.output_token_ids), handoff_state=handoff.state)
+    req = new_request(
+        body, output_token_ids=list(body.output_token_ids), handoff_state=handoff.state
+    )
     se.check(req)
     se.check_history(req, handoff)
     if se.full():
@@ -404,9 +426,9 @@ def decode_events(se: SplitwiseEngine, stream: Stream) -> EventSourceResponse:
         try:
             async for kind, value in stream_events(se, stream):
                 if kind == "tokens":  # no ``logprobs`` key unless the request asked
-                    yield TokensEvent(token_ids=value.token_ids, logprobs=value.logprobs).model_dump_json(
-                        exclude_none=True
-                    )
+                    yield TokensEvent(
+                        token_ids=value.token_ids, logprobs=value.logprobs
+                    ).model_dump_json(exclude_none=True)
                 else:
                     yield FinishEvent(finish_reason=value).model_dump_json()
         except APIError as exc:

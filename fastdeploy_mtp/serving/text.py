@@ -95,7 +95,11 @@ class TextTracker:
             {
                 "position": step.position,
                 "drafts": [
-                    {"token": self.token(lp.token_id), "token_id": lp.token_id, "logprob": lp.logprob}
+                    {
+                        "token": self.token(lp.token_id),
+                        "token_id": lp.token_id,
+                        "logprob": lp.logprob,
+                    }
                     for lp in step.drafts
                 ],
             }
@@ -107,10 +111,15 @@ class TextTracker:
         "top_logprobs": [{"token", "logprob", "bytes"}]}]}``."""
 
         def one(token_id: int, logprob: float) -> dict[str, Any]:
-            return {"token": self.token(token_id), "logprob": logprob, "bytes": self.token_bytes(token_id)}
+            return {
+                "token": self.token(token_id),
+                "logprob": logprob,
+                "bytes": self.token_bytes(token_id),
+            }
 
         return {
             "content": [
-                {**one(lp.token_id, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]} for _, lp in entries
+                {**one(lp.token_id, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
+                for _, lp in entries
             ]
         }

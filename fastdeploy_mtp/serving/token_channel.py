@@ -126,7 +126,11 @@ class _Segment:
         self.tokens = np.ndarray([n, width], np.int64, self.map, 8 * HEADER_INTS + 8 * (-(-n // 2)))
 
     def close(self) -> None:
-        del self.header, self.counts, self.tokens  # the views first: mmap refuses to close under them
+        del (
+            self.header,
+            self.counts,
+            self.tokens,
+        )  # the views first: mmap refuses to close under them
         self.map.close()
 
 
@@ -144,7 +148,9 @@ class ShmTokenReader:
 
     def __init__(self, name: str, n: int, width: int):
         if n < 1 or width < 1:
-            raise ValueError(f"a token segment needs n >= 1 and width >= 1, got n={n}, width={width}")
+            raise ValueError(
+                f"a token segment needs n >= 1 and width >= 1, got n={n}, width={width}"
+            )
         self.path = os.path.join("/dev/shm", name)
         fd = self._create()
         try:
@@ -164,7 +170,9 @@ class ShmTokenReader:
                 return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             except FileExistsError:
                 self._refuse_or_remove()
-        raise TokenChannelError(f"token segment {self.path} keeps being re-created while we create it")
+        raise TokenChannelError(
+            f"token segment {self.path} keeps being re-created while we create it"
+        )
 
     def _refuse_or_remove(self) -> None:
         try:
@@ -192,7 +200,9 @@ class ShmTokenReader:
         seg = self._seg
         written = int(seg.header[_STEP_AT])
         if written != step:
-            raise WorkerStepError(f"token segment holds step {written}'s tokens, expected step {step}")
+            raise WorkerStepError(
+                f"token segment holds step {written}'s tokens, expected step {step}"
+            )
         tokens = seg.tokens.copy()
         counts = seg.counts.astype(np.int64)
         return tokens, counts
@@ -226,17 +236,27 @@ class ShmTokenWriter:
             raise TokenChannelError(f"cannot open token segment {path}: {reason}") from None
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o600:
-                raise TokenChannelError(f"token segment {path} is not this user's private segment (mode 0600)")
+            if (
+                not stat.S_ISREG(st.st_mode)
+                or st.st_uid != os.geteuid()
+                or stat.S_IMODE(st.st_mode) != 0o600
+            ):
+                raise TokenChannelError(
+                    f"token segment {path} is not this user's private segment (mode 0600)"
+                )
             if st.st_size != shm_bytes(n, width):
-                raise TokenChannelError(f"token segment {path} has {st.st_size} bytes, expected {shm_bytes(n, width)}")
+                raise TokenChannelError(
+                    f"token segment {path} has {st.st_size} bytes, expected {shm_bytes(n, width)}"
+                )
             self._seg = _Segment(fd, n, width)
         finally:
             os.close(fd)
         head = self._seg.header
         if int(head[0]) != _MAGIC or int(head[4]) != n or int(head[5]) != width:
             self._seg.close()
-            raise TokenChannelError(f"token segment {path} is not laid out for {n} slots of {width} tokens")
+            raise TokenChannelError(
+                f"token segment {path} is not laid out for {n} slots of {width} tokens"
+            )
 
     def send(self, out: StepOutput, inputs: Any, step: int) -> None:
         seg = self._seg
@@ -258,7 +278,9 @@ class SysvTokenReader:
         from .. import ops
 
         self._ops, self.msg_queue_id, self.n, self.k = ops, msg_queue_id, n, k
-        self._tokens = paddle.zeros([3 + MAX_BSZ + MAX_BSZ * MAX_DRAFT_TOKENS * _TOPK], dtype="int64")
+        self._tokens = paddle.zeros(
+            [3 + MAX_BSZ + MAX_BSZ * MAX_DRAFT_TOKENS * _TOPK], dtype="int64"
+        )
         self._scores = paddle.zeros([MAX_BSZ * MAX_DRAFT_TOKENS * _TOPK], dtype="float32")
         self._ranks = paddle.zeros([MAX_BSZ * MAX_DRAFT_TOKENS], dtype="int64")
 
@@ -277,9 +299,13 @@ class SysvTokenReader:
     def read(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         self._receive(wait=True)
         n, body_at = self.n, 3 + MAX_BSZ
-        out = _checked(self._tokens[: body_at + n * MAX_DRAFT_TOKENS * _TOPK].numpy(), 2, n, "token")
+        out = _checked(
+            self._tokens[: body_at + n * MAX_DRAFT_TOKENS * _TOPK].numpy(), 2, n, "token"
+        )
         counts = np.maximum(out[3 : 3 + n], 0).astype(np.int64)
-        body = out[body_at : body_at + n * MAX_DRAFT_TOKENS * _TOPK].reshape([n, MAX_DRAFT_TOKENS, _TOPK])
+        body = out[body_at : body_at + n * MAX_DRAFT_TOKENS * _TOPK].reshape(
+            [n, MAX_DRAFT_TOKENS, _TOPK]
+        )
         accept_tokens = np.zeros([n, self.k + 1], np.int64)
         width = min(self.k + 1, MAX_DRAFT_TOKENS)
         accept_tokens[:, :width] = body[:, :width, 0]
@@ -300,11 +326,16 @@ class FirstTokenReader(SysvTokenReader):
         import paddle
 
         super().__init__(msg_queue_id, n, k)
-        self._first = paddle.zeros([2 + FIRST_TOKEN_MAX_BSZ * (1 + MAX_DRAFT_TOKENS)], dtype="int64")
+        self._first = paddle.zeros(
+            [2 + FIRST_TOKEN_MAX_BSZ * (1 + MAX_DRAFT_TOKENS)], dtype="int64"
+        )
 
     def _receive(self, wait: bool) -> None:
         self._ops.mtp_get_first_token(
-            output_tokens=self._first, wait_flag=wait, msg_queue_id=self.msg_queue_id, timeout_ms=5000
+            output_tokens=self._first,
+            wait_flag=wait,
+            msg_queue_id=self.msg_queue_id,
+            timeout_ms=5000,
         )
 
     def read(self, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -321,7 +352,9 @@ class FirstTokenReader(SysvTokenReader):
 def _checked(out: np.ndarray, bsz_at: int, n: int, kind: str) -> np.ndarray:
     """``out`` once it is a message (not the no-message marker ``-2``) of ``n`` slots."""
     if out[0] == -2:
-        raise WorkerDiedError(f"rank 0 acknowledged a step without sending its {kind.replace('-token', ' token')}s")
+        raise WorkerDiedError(
+            f"rank 0 acknowledged a step without sending its {kind.replace('-token', ' token')}s"
+        )
     if int(out[bsz_at]) != n:
         raise WorkerStepError(f"{kind} message for {int(out[bsz_at])} slots, expected {n}")
     return out

@@ -58,7 +58,9 @@ class SlotTable:
     def apply(self, task: Task) -> Request:
         """The :class:`Request` for ``task``, updated to describe it (a first prefill chunk
         or an import starts a new request in the slot)."""
-        if isinstance(task, ImportTask) or (isinstance(task, PrefillTask) and task.prompt_token_ids is not None):
+        if isinstance(task, ImportTask) or (
+            isinstance(task, PrefillTask) and task.prompt_token_ids is not None
+        ):
             new = Request(
                 task.request_id,
                 list(task.prompt_token_ids or []),
@@ -67,14 +69,18 @@ class SlotTable:
             )
             new.idx = task.idx
             if isinstance(task, PrefillTask):
-                new.num_cached_tokens = task.start  # the first chunk starts after a prefix-cache hit
+                new.num_cached_tokens = (
+                    task.start
+                )  # the first chunk starts after a prefix-cache hit
             if isinstance(task, ImportTask):
                 new.output_token_ids = list(task.output_token_ids)
                 new.handoff_state = task.state
             self.slots[task.idx] = new
         req = self.slots.get(task.idx)
         if req is None or req.request_id != task.request_id:
-            raise ValueError(f"task for request {task.request_id!r} in slot {task.idx}, which holds no such request")
+            raise ValueError(
+                f"task for request {task.request_id!r} in slot {task.idx}, which holds no such request"
+            )
         req.task_type = RequestType[task.type]
         req.block_tables = list(task.block_tables)
         if isinstance(task, PrefillTask):
@@ -132,7 +138,9 @@ def run_step(runner: TargetRunner, slots: SlotTable, msg: Step) -> StepOutput:
     return runner.execute()
 
 
-def answer(payload: bytes, rank: int, step: Callable[[Step], StepResult | None]) -> Done | Failed | None:
+def answer(
+    payload: bytes, rank: int, step: Callable[[Step], StepResult | None]
+) -> Done | Failed | None:
     """This worker's reply to the engine's ``payload``: ``None`` for :class:`Shutdown`, else
     :class:`Done` with what ``step`` returned (rank 0's result), or :class:`Failed` when the
     message could not be read (the worker goes on: the engine fails that step only) or the
@@ -153,7 +161,9 @@ def answer(payload: bytes, rank: int, step: Callable[[Step], StepResult | None])
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fastdeploy_mtp.serving.worker_process", description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="python -m fastdeploy_mtp.serving.worker_process", description=__doc__
+    )
     ServeLayout.add_args(ap)
     ap.add_argument("--local_rank", type=int, default=0, help="this worker's tensor-parallel rank")
     ap.add_argument("--tp_master_port", type=int, default=0, help="gloo rendezvous port (tp > 1)")
@@ -188,7 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         slots = SlotTable()
         first_tokens_only = layout.splitwise_role == "prefill" and cfg.speculative_config.enabled
         if rank == 0 and not first_tokens_only:
-            k = cfg.speculative_config.num_speculative_tokens if cfg.speculative_config.enabled else 0
+            k = (
+                cfg.speculative_config.num_speculative_tokens
+                if cfg.speculative_config.enabled
+                else 0
+            )
             writer = open_writer(layout, rank, cfg.scheduler_config.max_num_seqs, k)
 
         def step(msg: Step) -> StepResult | None:
@@ -213,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         return 0
     except Exception as exc:
-        print(f"[worker rank {rank}] failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        print(
+            f"[worker rank {rank}] failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True
+        )
         try:
             sock.send(Failed(step=None, rank=rank, message=f"{type(exc).__name__}: {exc}").encode())
         except zmq.ZMQError:

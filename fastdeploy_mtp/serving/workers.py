@@ -28,7 +28,17 @@ from ..runtime.guided import GuidedSlots, GuidedStats
 from ..runtime.request import Request
 from ..runtime.target_runner import StepOutput, check_prefill_task
 from .layout import ServeLayout
-from .messages import Done, Failed, MessageError, Ready, Shutdown, Step, StepResult, decode_worker_message, task_message
+from .messages import (
+    Done,
+    Failed,
+    MessageError,
+    Ready,
+    Shutdown,
+    Step,
+    StepResult,
+    decode_worker_message,
+    task_message,
+)
 from .token_channel import TokenReader, WorkerDiedError, WorkerStepError, open_reader
 
 if TYPE_CHECKING:  # imports Paddle, which the engine imports after its set-up
@@ -94,7 +104,9 @@ class RemoteRunner:
         self._progress = progress or (lambda line: None)
         self._decode_lens = np.zeros([self.n], np.int32)
         self._pending = Step(step=0)
-        self._template: tuple[Any, Any] | None = None  # buffers to check handed-over slot states against
+        self._template: tuple[Any, Any] | None = (
+            None  # buffers to check handed-over slot states against
+        )
         self._host_caches: list[list[np.ndarray]] | None = None
         self._host_cache_tensors: list[tuple[list[Any], list[str]]] = []
         self._step = 0
@@ -131,11 +143,15 @@ class RemoteRunner:
         self.procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
         from .runtime_dir import write_owner
 
-        write_owner(self.runtime_dir, [p.pid for p in self.procs.values()])  # for a survivor's clean-up
+        write_owner(
+            self.runtime_dir, [p.pid for p in self.procs.values()]
+        )  # for a survivor's clean-up
 
     def _start(self, timeout: float, log: Any) -> None:
         tp = self.layout.tensor_parallel_size
-        self._reader = open_reader(self.layout, self.n, self.k)  # before the workers: they attach it
+        self._reader = open_reader(
+            self.layout, self.n, self.k
+        )  # before the workers: they attach it
         self._progress(
             f"starting the cache manager ({tp} rank(s), {self.fd_config.cache_config.total_block_num} blocks)"
         )
@@ -145,7 +161,9 @@ class RemoteRunner:
             first = find_free_port_range(tp + 1)
             master = 0 if first <= self.reserved_port < first + tp + 1 else first
         for rank in range(tp):
-            self._progress(f"starting worker rank {rank}/{tp} (loads its model shard, attaches its caches)")
+            self._progress(
+                f"starting worker rank {rank}/{tp} (loads its model shard, attaches its caches)"
+            )
             self._spawn(
                 f"worker rank {rank}",
                 "fastdeploy_mtp.serving.worker_process",
@@ -158,7 +176,9 @@ class RemoteRunner:
             msg = self._recv(deadline, "start-up")
             if isinstance(msg, Ready):
                 ready.add(msg.rank)
-                self._progress(f"worker rank {msg.rank} ready (pid {msg.pid}): model loaded, caches attached")
+                self._progress(
+                    f"worker rank {msg.rank} ready (pid {msg.pid}): model loaded, caches attached"
+                )
             elif isinstance(msg, Failed):
                 raise WorkerDiedError(f"worker rank {msg.rank} failed to start: {msg.message}")
 
@@ -179,7 +199,9 @@ class RemoteRunner:
         for rank, name in enumerate(workers):
             if self.procs[name].poll() is None:
                 try:
-                    self._sock.send_multipart([f"rank{rank}".encode(), Shutdown().encode()], zmq.NOBLOCK)
+                    self._sock.send_multipart(
+                        [f"rank{rank}".encode(), Shutdown().encode()], zmq.NOBLOCK
+                    )
                 except zmq.ZMQError:
                     pass
         # a deployment that lost a process or hung will not shut down in order: do not wait long
@@ -402,7 +424,9 @@ class RemoteRunner:
             self._reader.drain()
 
 
-def _awaited(frames: list[bytes], ranks: dict[bytes, int], step: int | None) -> Ready | Done | Failed | None:
+def _awaited(
+    frames: list[bytes], ranks: dict[bytes, int], step: int | None
+) -> Ready | Done | Failed | None:
     """The message in ``frames`` if it is one the engine awaits (see :meth:`RemoteRunner._recv`)."""
     if len(frames) != 2 or frames[0] not in ranks:
         return None
@@ -413,7 +437,11 @@ def _awaited(frames: list[bytes], ranks: dict[bytes, int], step: int | None) -> 
     if msg.rank != ranks[frames[0]]:
         return None
     if step is None:
-        return msg if isinstance(msg, Ready) or (isinstance(msg, Failed) and msg.step is None) else None
+        return (
+            msg
+            if isinstance(msg, Ready) or (isinstance(msg, Failed) and msg.step is None)
+            else None
+        )
     if isinstance(msg, Ready):
         return None
     return msg if msg.step == step or (isinstance(msg, Failed) and msg.step is None) else None

@@ -96,12 +96,18 @@ def _decode_row(name: str, enc: object, shape: list[int], dtype: np.dtype) -> np
     n, values, fill = enc["n"], enc["v"], enc["fill"]
     size = int(np.prod(shape)) if shape else 1
     if not isinstance(n, int) or isinstance(n, bool) or n != size:
-        raise HandoffError(f"slot state `{name}`: row of {n!r} values, this engine's rows have {size}")
+        raise HandoffError(
+            f"slot state `{name}`: row of {n!r} values, this engine's rows have {size}"
+        )
     if not isinstance(values, list) or len(values) > n:
         raise HandoffError(f"slot state `{name}`: `v` must be a list of at most {n} values")
     kind = "b" if dtype == np.bool_ else ("f" if dtype.kind == "f" else "i")
     for v in [*values, fill]:
-        ok = isinstance(v, bool) if kind == "b" else isinstance(v, (int, float) if kind == "f" else int)
+        ok = (
+            isinstance(v, bool)
+            if kind == "b"
+            else isinstance(v, (int, float) if kind == "f" else int)
+        )
         if not ok or (kind == "i" and isinstance(v, bool)):
             raise HandoffError(f"slot state `{name}`: value {v!r} is not a {dtype} value")
     out = np.full([size], fill, dtype=dtype)
@@ -124,7 +130,8 @@ def export_slot(target: Any, draft: Any | None, idx: int) -> dict[str, Any]:
         out["target"][name] = _encode_row(row.numpy())
     if draft is not None:
         out["draft"] = {
-            name: _encode_row(row.numpy()) for name, row in _row_views(draft, DRAFT_SLOT_BUFFERS, idx).items()
+            name: _encode_row(row.numpy())
+            for name, row in _row_views(draft, DRAFT_SLOT_BUFFERS, idx).items()
         }
     return out
 
@@ -145,17 +152,34 @@ _LENGTHS = {
     "used_list_len",
     "encoder_block_lens",
 }
-_TOKENS = {"input_ids", "token_ids_all", "draft_tokens", "accept_tokens", "pre_ids", "input_ids_cpu", "bad_tokens"}
+_TOKENS = {
+    "input_ids",
+    "token_ids_all",
+    "draft_tokens",
+    "accept_tokens",
+    "pre_ids",
+    "input_ids_cpu",
+    "bad_tokens",
+}
 
 
-def _check_values(where: str, name: str, row: np.ndarray, max_len: int, vocab_size: int | None) -> None:
+def _check_values(
+    where: str, name: str, row: np.ndarray, max_len: int, vocab_size: int | None
+) -> None:
     """A handed-over row the ops could not take: a negative or too large length, a token id
     outside the vocabulary (a hostile or corrupted state must fail alone, before any step)."""
     if name in _LENGTHS and row.size and (row.min() < 0 or row.max() > max_len):
-        raise HandoffError(f"slot state `{where}`: {int(row.min())}..{int(row.max())} outside [0, {max_len}]")
+        raise HandoffError(
+            f"slot state `{where}`: {int(row.min())}..{int(row.max())} outside [0, {max_len}]"
+        )
     if name == "max_dec_len" and row.size and row.min() < 0:
         raise HandoffError(f"slot state `{where}`: must be >= 0, got {int(row.min())}")
-    if name in _TOKENS and vocab_size is not None and row.size and (row.min() < -1 or row.max() >= vocab_size):
+    if (
+        name in _TOKENS
+        and vocab_size is not None
+        and row.size
+        and (row.min() < -1 or row.max() >= vocab_size)
+    ):
         raise HandoffError(
             f"slot state `{where}`: token ids must be -1 or in [0, {vocab_size}), got {row.min()}..{row.max()}"
         )
@@ -178,21 +202,32 @@ def check_slot_state(
             f"slot state: the prefill instance sent {theirs} MTP state, this instance runs {ours} MTP layer"
         )
     decoded: dict[str, dict[str, np.ndarray]] = {}
-    for part, buffers, names in (("target", target, TARGET_SLOT_BUFFERS), ("draft", draft, DRAFT_SLOT_BUFFERS)):
+    for part, buffers, names in (
+        ("target", target, TARGET_SLOT_BUFFERS),
+        ("draft", draft, DRAFT_SLOT_BUFFERS),
+    ):
         if buffers is None:
             continue
         rows = state[part]
         if not isinstance(rows, Mapping) or set(rows) != set(names):
             missing = sorted(set(names) - set(rows)) if isinstance(rows, Mapping) else list(names)
             extra = sorted(set(rows) - set(names)) if isinstance(rows, Mapping) else []
-            raise HandoffError(f"slot state `{part}`: buffers differ (missing {missing}, unexpected {extra})")
+            raise HandoffError(
+                f"slot state `{part}`: buffers differ (missing {missing}, unexpected {extra})"
+            )
         decoded[part] = {}
         for name in names:
             ref = buffers[name]
             shape = [int(s) for s in ref.shape[1:]]
             dtype = np.dtype(paddle.empty([0], dtype=ref.dtype).numpy().dtype)
             decoded[part][name] = _decode_row(f"{part}.{name}", rows[name], shape, dtype)
-            _check_values(f"{part}.{name}", name, decoded[part][name], int(target.input_ids.shape[1]), vocab_size)
+            _check_values(
+                f"{part}.{name}",
+                name,
+                decoded[part][name],
+                int(target.input_ids.shape[1]),
+                vocab_size,
+            )
     return decoded
 
 
@@ -294,13 +329,21 @@ def signed_content(
 
 
 def sign_handoff(
-    secret: bytes, request_id: str, prompt_token_ids: list[int], output_token_ids: list[int], state: Any, kv: Any
+    secret: bytes,
+    request_id: str,
+    prompt_token_ids: list[int],
+    output_token_ids: list[int],
+    state: Any,
+    kv: Any,
 ) -> str:
     """The prefill instance's signature of a hand-over (HMAC-SHA256 under the key the
     splitwise secret derives for ``"handoff"``, hex)."""
     from ..credentials import derive, sign
 
-    return sign(derive(secret, "handoff"), signed_content(request_id, prompt_token_ids, output_token_ids, state, kv))
+    return sign(
+        derive(secret, "handoff"),
+        signed_content(request_id, prompt_token_ids, output_token_ids, state, kv),
+    )
 
 
 def handoff_signature_matches(
@@ -363,25 +406,51 @@ def check_handoff_history(
     if not outputs:
         raise HandoffError("a hand-over comes with the first token(s): `output_token_ids` is empty")
     expect("target", "prompt_lens", one("target", "prompt_lens") == n_prompt, str(n_prompt))
-    expect("target", "seq_lens_encoder", one("target", "seq_lens_encoder") == 0, "0 (the prompt is done)")
-    expect("target", "seq_lens_decoder", one("target", "seq_lens_decoder") == n_prompt, f"{n_prompt} (the prompt)")
+    expect(
+        "target",
+        "seq_lens_encoder",
+        one("target", "seq_lens_encoder") == 0,
+        "0 (the prompt is done)",
+    )
+    expect(
+        "target",
+        "seq_lens_decoder",
+        one("target", "seq_lens_decoder") == n_prompt,
+        f"{n_prompt} (the prompt)",
+    )
     expect("target", "step_idx", one("target", "step_idx") == n_out, f"{n_out} (the first tokens)")
     this_time = one("target", "seq_lens_this_time")
     expect("target", "seq_lens_this_time", 1 <= this_time <= k + 1, f"1..{k + 1}")
     expect("target", "stop_flags", not bool(_row(state, "target", "stop_flags")[0]), "false")
     history = [int(v) for v in _row(state, "target", "token_ids_all")]
     if history[:n_prompt] != prompt:
-        raise HandoffError("slot state `target.token_ids_all` does not start with the request's prompt")
+        raise HandoffError(
+            "slot state `target.token_ids_all` does not start with the request's prompt"
+        )
     if history[n_prompt : n_prompt + n_out] != outputs:
-        raise HandoffError("slot state `target.token_ids_all` does not continue with the request's first tokens")
+        raise HandoffError(
+            "slot state `target.token_ids_all` does not continue with the request's first tokens"
+        )
     if int(_row(state, "target", "draft_tokens")[0]) != outputs[-1]:
-        raise HandoffError("slot state `target.draft_tokens[0]` is not the request's last first token")
+        raise HandoffError(
+            "slot state `target.draft_tokens[0]` is not the request's last first token"
+        )
     cached = n_prompt
     if state.get("draft") is not None:
-        expect("draft", "seq_lens_encoder", one("draft", "seq_lens_encoder") == 0, "0 (the prompt is done)")
+        expect(
+            "draft",
+            "seq_lens_encoder",
+            one("draft", "seq_lens_encoder") == 0,
+            "0 (the prompt is done)",
+        )
         draft_cached = one("draft", "seq_lens_decoder")
         expect("draft", "seq_lens_decoder", draft_cached <= n_prompt + k, f"at most {n_prompt + k}")
-        expect("draft", "input_ids_len", one("draft", "input_ids_len") <= n_prompt, f"at most {n_prompt}")
+        expect(
+            "draft",
+            "input_ids_len",
+            one("draft", "input_ids_len") <= n_prompt,
+            f"at most {n_prompt}",
+        )
         cached = max(cached, draft_cached)
     need = -(-cached // int(block_size))
     if num_offered_blocks < need:

@@ -37,7 +37,9 @@ class _Peer:
     the decode instance aborts the request (``docs/architecture.md``, "Faults and
     back-pressure"); resending would only double the wait on a dead prefill instance."""
 
-    def __init__(self, address: str, request_id: str, token: str, key: bytes | None, first: int = 0):
+    def __init__(
+        self, address: str, request_id: str, token: str, key: bytes | None, first: int = 0
+    ):
         self.address = address
         #: offered blocks D already holds: a fetch asks for ``block_ids[first:]``
         self.first = first
@@ -54,7 +56,12 @@ class _Peer:
         deadline = time.monotonic() + timeout
         first = self.first if op == "fetch" else 0
         mac = control_mac(self.key, op, self.request_id, self.token, first)
-        body: dict[str, Any] = {"op": op, "request_id": self.request_id, "token": self.token, "mac": mac}
+        body: dict[str, Any] = {
+            "op": op,
+            "request_id": self.request_id,
+            "token": self.token,
+            "mac": mac,
+        }
         if first:
             body["first"] = first
         msg = json.dumps(body).encode()
@@ -161,7 +168,9 @@ def pull_blocks(
     seconds = positive_number(timeout, "timeout", where, "a positive number of seconds")
     n = len(checked.block_ids)
     if isinstance(skip, bool) or not isinstance(skip, int) or not 0 <= skip < n:
-        raise TransferError(f"{where}: `skip` must be an int in [0, {n}) (blocks offered: {n}), got {skip!r}")
+        raise TransferError(
+            f"{where}: `skip` must be an int in [0, {n}) (blocks offered: {n}), got {skip!r}"
+        )
     key = None if secret is None else derive(secret, "kv")
     peer = _Peer(checked.address, checked.request_id, checked.token, key, skip)
     try:
@@ -204,7 +213,9 @@ def _offer_of(peer: _Peer, handed_over: Descriptor, timeout: float) -> Descripto
     )
 
 
-def _destination(descriptor: Descriptor, caches: Caches, layout: KVLayout, dst_block_ids: Sequence[int]) -> np.ndarray:
+def _destination(
+    descriptor: Descriptor, caches: Caches, layout: KVLayout, dst_block_ids: Sequence[int]
+) -> np.ndarray:
     """Check this instance's side of a pull; int64 ``[len(descriptor.block_ids)]``, the
     blocks of ``caches`` the offered ones land in."""
     where = descriptor.where
@@ -215,5 +226,7 @@ def _destination(descriptor: Descriptor, caches: Caches, layout: KVLayout, dst_b
     dst = block_id_list(dst_block_ids, num_blocks, "dst_block_ids", where)
     n = len(descriptor.block_ids)
     if len(dst) < n:
-        raise TransferError(f"{where}: `dst_block_ids` has {len(dst)} block(s), the prefill offered {n}")
+        raise TransferError(
+            f"{where}: `dst_block_ids` has {len(dst)} block(s), the prefill offered {n}"
+        )
     return np.asarray(dst[:n], np.int64)

@@ -101,12 +101,20 @@ class CacheEntry:
             raise TransferError(f"{where}: `owner` must be 'target' or 'mtp', got {self.owner!r}")
         int_field(self.layer, "layer", 0, where)
         if self.kind not in ("key", "value", "latent"):
-            raise TransferError(f"{where}: `kind` must be 'key', 'value' or 'latent', got {self.kind!r}")
+            raise TransferError(
+                f"{where}: `kind` must be 'key', 'value' or 'latent', got {self.kind!r}"
+            )
         if not isinstance(self.shape, tuple | list) or len(self.shape) < 2:
-            raise TransferError(f"{where}: `shape` must be a list of 2 or more ints, got {self.shape!r}")
-        object.__setattr__(self, "shape", tuple(int_field(d, "shape", 1, where) for d in self.shape))
+            raise TransferError(
+                f"{where}: `shape` must be a list of 2 or more ints, got {self.shape!r}"
+            )
+        object.__setattr__(
+            self, "shape", tuple(int_field(d, "shape", 1, where) for d in self.shape)
+        )
         if self.dtype not in HOST_DTYPES:
-            raise TransferError(f"{where}: `dtype` must be one of {sorted(HOST_DTYPES)}, got {self.dtype!r}")
+            raise TransferError(
+                f"{where}: `dtype` must be one of {sorted(HOST_DTYPES)}, got {self.dtype!r}"
+            )
 
     @property
     def block_shape(self) -> tuple[int, ...]:
@@ -153,7 +161,9 @@ class KVLayout:
     def __post_init__(self) -> None:
         int_field(self.tensor_parallel_size, "tensor_parallel_size", 1, "KVLayout")
         if not isinstance(self.caches, tuple | list) or not self.caches:
-            raise TransferError(f"KVLayout: `caches` must be a non-empty sequence, got {self.caches!r}")
+            raise TransferError(
+                f"KVLayout: `caches` must be a non-empty sequence, got {self.caches!r}"
+            )
         if not all(isinstance(c, CacheEntry) for c in self.caches):
             raise TransferError("KVLayout: `caches` must hold CacheEntry objects")
         object.__setattr__(self, "caches", tuple(self.caches))
@@ -175,23 +185,32 @@ class KVLayout:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict that :meth:`from_dict` reads back; ``caches`` is the cache spec's
         JSON form (``fastdeploy_mtp.models.cache_spec.describe``)."""
-        return {"tensor_parallel_size": self.tensor_parallel_size, "caches": [c.to_dict() for c in self.caches]}
+        return {
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "caches": [c.to_dict() for c in self.caches],
+        }
 
     @classmethod
     def from_description(cls, tensor_parallel_size: int, description: Any) -> KVLayout:
         """The layout of ``tensor_parallel_size`` ranks holding the caches ``description``
         lists (``cache_spec.describe``'s form). Raises :class:`TransferError` naming the entry."""
         if not isinstance(description, list) or not description:
-            raise TransferError(f"KV layout: `caches` must be a non-empty list, got {description!r:.80}")
+            raise TransferError(
+                f"KV layout: `caches` must be a non-empty list, got {description!r:.80}"
+            )
         entries = []
         for i, d in enumerate(description):
             if not isinstance(d, dict) or set(d) != set(_ENTRY_KEYS):
                 keys = sorted(d) if isinstance(d, dict) else type(d).__name__
-                raise TransferError(f"KV layout: `caches[{i}]` must have the keys {list(_ENTRY_KEYS)}, got {keys}")
+                raise TransferError(
+                    f"KV layout: `caches[{i}]` must have the keys {list(_ENTRY_KEYS)}, got {keys}"
+                )
             try:
                 entry = CacheEntry(**{key: d[key] for key in _ENTRY_KEYS})
             except TransferError as exc:
-                raise TransferError(f"KV layout: `caches[{i}]`: {str(exc).split(': ', 1)[1]}") from None
+                raise TransferError(
+                    f"KV layout: `caches[{i}]`: {str(exc).split(': ', 1)[1]}"
+                ) from None
             entries.append(entry)
         return cls(tensor_parallel_size, tuple(entries))
 
@@ -227,7 +246,9 @@ class KVLayout:
             if (p.owner, p.layer, p.kind) != (d.owner, d.layer, d.kind):
                 what = f"prefill has {p.label}, this decode instance has {d.label}"
             elif p.block_shape != d.block_shape:
-                what = f"block shape {list(p.block_shape)} on the prefill, {list(d.block_shape)} here"
+                what = (
+                    f"block shape {list(p.block_shape)} on the prefill, {list(d.block_shape)} here"
+                )
             elif p.dtype != d.dtype:
                 what = f"dtype {p.dtype} on the prefill, {d.dtype} here"
             if what is not None:
@@ -248,7 +269,9 @@ class KVLayout:
             TransferError: no ranks, a bad description, or arrays that do not fit it.
         """
         if not isinstance(caches, Sequence) or not caches:
-            raise TransferError("KVLayout.of_caches: `caches` must be a non-empty sequence (one entry per rank)")
+            raise TransferError(
+                "KVLayout.of_caches: `caches` must be a non-empty sequence (one entry per rank)"
+            )
         layout = cls.from_description(len(caches), description)
         check_caches(caches, layout, "KVLayout.of_caches", writable=False)
         return layout
@@ -260,7 +283,9 @@ def check_caches(caches: Any, layout: KVLayout, where: str, writable: bool) -> i
     ``num_blocks``) against ``layout``; returns that block count."""
     if not isinstance(caches, Sequence) or len(caches) != layout.tensor_parallel_size:
         got = len(caches) if isinstance(caches, Sequence) else type(caches).__name__
-        raise TransferError(f"{where}: `caches` must hold {layout.tensor_parallel_size} rank(s), got {got}")
+        raise TransferError(
+            f"{where}: `caches` must hold {layout.tensor_parallel_size} rank(s), got {got}"
+        )
     num_blocks = None
     for r, rank in enumerate(caches):
         if not isinstance(rank, Sequence) or len(rank) != layout.num_caches:
@@ -272,18 +297,24 @@ def check_caches(caches: Any, layout: KVLayout, where: str, writable: bool) -> i
         for c, (arr, entry) in enumerate(zip(rank, layout.caches)):
             name = f"`caches[{r}][{c}]` ({entry.label})"
             if not isinstance(arr, np.ndarray):
-                raise TransferError(f"{where}: {name} must be a numpy array, got {type(arr).__name__}")
+                raise TransferError(
+                    f"{where}: {name} must be a numpy array, got {type(arr).__name__}"
+                )
             if arr.ndim != len(entry.shape) or tuple(arr.shape[1:]) != entry.block_shape:
                 raise TransferError(
                     f"{where}: {name} has shape {list(arr.shape)}, expected "
                     f"[num_blocks, {', '.join(map(str, entry.block_shape))}]"
                 )
             if arr.dtype.name != entry.host_dtype:
-                raise TransferError(f"{where}: {name} has dtype {arr.dtype.name}, expected {entry.host_dtype}")
+                raise TransferError(
+                    f"{where}: {name} has dtype {arr.dtype.name}, expected {entry.host_dtype}"
+                )
             if num_blocks is None:
                 num_blocks = arr.shape[0]
             elif arr.shape[0] != num_blocks:
-                raise TransferError(f"{where}: {name} has {arr.shape[0]} blocks, `caches[0][0]` has {num_blocks}")
+                raise TransferError(
+                    f"{where}: {name} has {arr.shape[0]} blocks, `caches[0][0]` has {num_blocks}"
+                )
             if writable and not arr.flags.writeable:
                 raise TransferError(f"{where}: {name} is read-only; the blocks are copied into it")
     assert num_blocks is not None
@@ -293,7 +324,9 @@ def check_caches(caches: Any, layout: KVLayout, where: str, writable: bool) -> i
 def block_id_list(ids: Any, num_blocks: int, name: str, where: str) -> list[int]:
     """``ids`` (a sequence or an integer array) as a list of distinct ints in ``[0, num_blocks)``."""
     if isinstance(ids, str | bytes) or not isinstance(ids, Sequence | np.ndarray):
-        raise TransferError(f"{where}: `{name}` must be a sequence of block ids, got {type(ids).__name__}")
+        raise TransferError(
+            f"{where}: `{name}` must be a sequence of block ids, got {type(ids).__name__}"
+        )
     out = []
     for i in ids:
         if isinstance(i, bool | np.bool_):

@@ -120,7 +120,9 @@ class KVSource:
         if advertise_host is not None:
             nonempty_str(advertise_host, "advertise_host", where)
         if not isinstance(layout, KVLayout):
-            raise TransferError(f"{where}: `layout` must be a KVLayout, got {type(layout).__name__}")
+            raise TransferError(
+                f"{where}: `layout` must be a KVLayout, got {type(layout).__name__}"
+            )
         self.num_blocks = check_caches(caches, layout, where, writable=False)
         if not callable(on_release):
             raise TransferError(f"{where}: `on_release` must be callable, got {on_release!r}")
@@ -128,7 +130,9 @@ class KVSource:
         port = int_field(port, "port", 0, where)
         if port > 65535:
             raise TransferError(f"{where}: `port` must be <= 65535, got {port}")
-        self.hold_timeout = positive_number(hold_timeout, "hold_timeout", where, "a positive number of seconds")
+        self.hold_timeout = positive_number(
+            hold_timeout, "hold_timeout", where, "a positive number of seconds"
+        )
         self.layout = layout
         self._caches = [list(rank) for rank in caches]
         self._on_release = on_release
@@ -146,7 +150,9 @@ class KVSource:
         )
         self._start(host, port, advertise_host)
         try:
-            self._fields = offer_fields(caches, layout, transport_options, _host_of(self.address), where)
+            self._fields = offer_fields(
+                caches, layout, transport_options, _host_of(self.address), where
+            )
         except BaseException:
             self._stop.set()
             self._thread.join()
@@ -181,15 +187,27 @@ class KVSource:
             raise TransferError(f"{where}: `block_ids` is empty")
         token = secrets.token_urlsafe(32)
         descriptor = Descriptor(
-            request_id, self.address, self.layout, ids, self.num_blocks, self.hold_timeout, self._fields, token
+            request_id,
+            self.address,
+            self.layout,
+            ids,
+            self.num_blocks,
+            self.hold_timeout,
+            self._fields,
+            token,
         )
         with self._lock:
             if self._closed:
                 raise TransferError(f"{where}: the source at {self.address} is closed")
             if request_id in self._offers:
-                raise TransferError(f"{where}: request {request_id!r} is already offered and not yet released")
+                raise TransferError(
+                    f"{where}: request {request_id!r} is already offered and not yet released"
+                )
             self._offers[request_id] = _Offer(
-                np.asarray(ids, np.int64), time.monotonic() + self.hold_timeout, token, descriptor.offer_dict()
+                np.asarray(ids, np.int64),
+                time.monotonic() + self.hold_timeout,
+                token,
+                descriptor.offer_dict(),
             )
             self._finished.pop(request_id, None)
         return descriptor.to_dict()
@@ -354,18 +372,31 @@ class KVSource:
         if not isinstance(rid, str) or not isinstance(token, str):
             return self._refused("`request_id` and `token` must be str")
         first = req.get("first", 0)
-        if isinstance(first, bool) or not isinstance(first, int) or first < 0 or (first and op != "fetch"):
+        if (
+            isinstance(first, bool)
+            or not isinstance(first, int)
+            or first < 0
+            or (first and op != "fetch")
+        ):
             return self._refused(f"`first` must be an int >= 0, on a fetch only, got {first!r:.40}")
-        if self._key is not None and not _same(req.get("mac"), control_mac(self._key, op, rid, token, first)):
+        if self._key is not None and not _same(
+            req.get("mac"), control_mac(self._key, op, rid, token, first)
+        ):
             return self._refused(_NOT_AUTHORIZED)
         with self._lock:
             offer = self._offers.get(rid)
             if offer is not None and not _same(token, offer.token):
                 return self._refused(_NOT_AUTHORIZED)
-            if offer is None or offer.deadline <= time.monotonic():  # the loop's _expire() tells on_release
+            if (
+                offer is None or offer.deadline <= time.monotonic()
+            ):  # the loop's _expire() tells on_release
                 return _error(self._gone_reason(rid, expired=offer is not None))
             if op == "check":
-                return {"ok": True, "num_blocks": len(offer.block_ids), "offer": offer.descriptor}, []
+                return {
+                    "ok": True,
+                    "num_blocks": len(offer.block_ids),
+                    "offer": offer.descriptor,
+                }, []
             if op == "release":
                 del self._offers[rid]
                 self._remember(rid, "released")
@@ -373,7 +404,9 @@ class KVSource:
             if offer.fetched:
                 return _error(f"request {rid!r} was already fetched (an offer is fetched once)")
             if first >= len(offer.block_ids):
-                return _error(f"`first` {first} leaves none of the {len(offer.block_ids)} offered blocks to send")
+                return _error(
+                    f"`first` {first} leaves none of the {len(offer.block_ids)} offered blocks to send"
+                )
             offer.fetched = True
             # fetch: copied under the lock, so a withdraw() that returned sees no later reads
             return fetch_reply(self._caches, self.layout, offer.block_ids[first:])

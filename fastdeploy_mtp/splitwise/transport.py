@@ -78,7 +78,15 @@ import numpy as np
 import zmq
 
 from . import transports as _transports_package
-from .kv_layout import Caches, KVLayout, TransferError, block_id_list, int_field, nonempty_str, positive_number
+from .kv_layout import (
+    Caches,
+    KVLayout,
+    TransferError,
+    block_id_list,
+    int_field,
+    nonempty_str,
+    positive_number,
+)
 
 __all__ = [
     "AUTO",
@@ -200,7 +208,9 @@ class Transport(ABC):
         closed; let go of what they hold."""
         return None
 
-    def read_fields(self, descriptor: dict[str, Any], layout: KVLayout, where: str) -> dict[str, Any]:
+    def read_fields(
+        self, descriptor: dict[str, Any], layout: KVLayout, where: str
+    ) -> dict[str, Any]:
         """Decode side: the values of :attr:`fields` in a received ``descriptor`` (the keys
         are present), checked against the prefill's ``layout``."""
         return {}
@@ -216,7 +226,12 @@ class Transport(ABC):
 
     @abstractmethod
     def pull(
-        self, channel: ControlChannel, descriptor: Descriptor, caches: Caches, dst_idx: np.ndarray, timeout: float
+        self,
+        channel: ControlChannel,
+        descriptor: Descriptor,
+        caches: Caches,
+        dst_idx: np.ndarray,
+        timeout: float,
     ) -> None:
         """Copy block ``descriptor.block_ids[j]`` of P's cache ``c`` on rank ``r`` into
         ``caches[r][c][dst_idx[j]]`` and release the offer over ``channel``.
@@ -288,10 +303,14 @@ def choose_transport(requested: str, descriptor: dict[str, Any]) -> str:
     for transport in reversed(_transports()):
         if transport.usable(descriptor):
             return transport.name
-    raise TransferError(f"no KV transport can pull request {descriptor.get('request_id')!r} on this host")
+    raise TransferError(
+        f"no KV transport can pull request {descriptor.get('request_id')!r} on this host"
+    )
 
 
-def offer_fields(caches: Caches, layout: KVLayout, options: dict[str, Any], host: str, where: str) -> dict[str, Any]:
+def offer_fields(
+    caches: Caches, layout: KVLayout, options: dict[str, Any], host: str, where: str
+) -> dict[str, Any]:
     """A source's descriptor fields from every transport (:meth:`Transport.offer_fields`;
     ``host``: where decode instances reach the source); refuses an option that no transport
     takes. On a failure, what the transports already took is let go."""
@@ -301,7 +320,9 @@ def offer_fields(caches: Caches, layout: KVLayout, options: dict[str, Any], host
         for transport in _transports():
             fields.update(transport.offer_fields(caches, layout, left, host, where))
         if left:
-            raise TransferError(f"{where}: no KV transport takes the option(s) {', '.join(map(repr, sorted(left)))}")
+            raise TransferError(
+                f"{where}: no KV transport takes the option(s) {', '.join(map(repr, sorted(left)))}"
+            )
     except BaseException:
         close_fields(fields)
         raise
@@ -337,11 +358,23 @@ def read_descriptor(descriptor: Any) -> Descriptor:
         raise TransferError(f"{where} must be a dict, got {type(descriptor).__name__}")
     transports = _transports()
     own = [key for t in transports for key in t.fields]
-    for key in ("version", "request_id", "address", "token", "layout", "block_ids", "num_blocks", *own, "hold_timeout"):
+    for key in (
+        "version",
+        "request_id",
+        "address",
+        "token",
+        "layout",
+        "block_ids",
+        "num_blocks",
+        *own,
+        "hold_timeout",
+    ):
         if key not in descriptor:
             raise TransferError(f"{where}: missing key `{key}`")
     if descriptor["version"] != DESCRIPTOR_VERSION or isinstance(descriptor["version"], bool):
-        raise TransferError(f"{where}: `version` {descriptor['version']!r} is not {DESCRIPTOR_VERSION}")
+        raise TransferError(
+            f"{where}: `version` {descriptor['version']!r} is not {DESCRIPTOR_VERSION}"
+        )
     rid = nonempty_str(descriptor["request_id"], "request_id", where)
     where = f"pull_blocks({rid!r}): descriptor"
     address = descriptor["address"]
@@ -349,7 +382,9 @@ def read_descriptor(descriptor: Any) -> Descriptor:
         raise TransferError(f"{where}: `address` must be a 'tcp://host:port' str, got {address!r}")
     token = descriptor["token"]
     if not isinstance(token, str) or not 16 <= len(token) <= 128:
-        raise TransferError(f"{where}: `token` must be the offer's transfer token (a str of 16..128 characters)")
+        raise TransferError(
+            f"{where}: `token` must be the offer's transfer token (a str of 16..128 characters)"
+        )
     try:
         layout = KVLayout.from_dict(descriptor["layout"])
     except TransferError as exc:
@@ -380,7 +415,9 @@ def differing_field(handed_over: Descriptor, offered: Descriptor) -> str | None:
     return None
 
 
-def control_mac(key: bytes | None, op: str, request_id: str, token: str, first: int = 0) -> str | None:
+def control_mac(
+    key: bytes | None, op: str, request_id: str, token: str, first: int = 0
+) -> str | None:
     """The ``mac`` of a control request (module docstring); ``None`` without a key.
     ``first``: a fetch's first block (covered by the mac when not 0)."""
     if key is None:

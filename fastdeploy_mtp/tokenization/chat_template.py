@@ -34,7 +34,9 @@ def _tojson(
     separators: tuple[str, str] | None = None,
     sort_keys: bool = False,
 ) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(fmt: str) -> str:
@@ -48,14 +50,18 @@ def compile_template(source: str) -> jinja2.Template:
     Raises:
         ChatTemplateError: ``source`` is not a valid Jinja2 template (line and reason).
     """
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     try:
         return env.from_string(source)
     except jinja2.exceptions.TemplateSyntaxError as exc:
-        raise ChatTemplateError(f"chat template: syntax error on line {exc.lineno}: {exc.message}") from None
+        raise ChatTemplateError(
+            f"chat template: syntax error on line {exc.lineno}: {exc.message}"
+        ) from None
 
 
 def render_chat_template(
@@ -79,7 +85,12 @@ def render_chat_template(
     """
     template = compile_template(source)
     variables: dict[str, Any] = {**(special_tokens or {}), **kwargs}
-    variables.update(messages=messages, tools=tools, documents=documents, add_generation_prompt=add_generation_prompt)
+    variables.update(
+        messages=messages,
+        tools=tools,
+        documents=documents,
+        add_generation_prompt=add_generation_prompt,
+    )
     try:
         return template.render(**variables)
     except (jinja2.exceptions.TemplateError, TypeError, ValueError, KeyError) as exc:

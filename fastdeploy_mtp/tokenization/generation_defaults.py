@@ -46,7 +46,9 @@ class GenerationDefaults:
 def _number(value: Any, key: str, path: str, integral: bool) -> float | int | None:
     if value is None:
         return None
-    ok = isinstance(value, numbers.Integral if integral else numbers.Real) and not isinstance(value, bool)
+    ok = isinstance(value, numbers.Integral if integral else numbers.Real) and not isinstance(
+        value, bool
+    )
     if not ok:
         kind = "an integer" if integral else "a number"
         raise ValueError(f"{path}: `{key}` must be {kind}, got {value!r}")
@@ -57,8 +59,12 @@ def _eos_ids(value: Any, path: str) -> list[int]:
     if value is None:
         return []
     items = value if isinstance(value, list) else [value]
-    if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and int(t) >= 0 for t in items):
-        raise ValueError(f"{path}: `eos_token_id` must be a token id or a list of them, got {value!r}")
+    if not all(
+        isinstance(t, numbers.Integral) and not isinstance(t, bool) and int(t) >= 0 for t in items
+    ):
+        raise ValueError(
+            f"{path}: `eos_token_id` must be a token id or a list of them, got {value!r}"
+        )
     return [int(t) for t in items]
 
 

@@ -27,7 +27,15 @@ TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 #: The special-token entries of ``tokenizer_config.json`` a chat template sees by name.
-SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
+SPECIAL_TOKEN_KEYS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "pad_token",
+    "sep_token",
+    "cls_token",
+    "mask_token",
+)
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
@@ -89,7 +97,11 @@ class Tokenizer:
         vocab = backend.get_vocab(with_added_tokens=True)
         self.vocab_size = max(vocab.values(), default=-1) + 1
         self._added = backend.get_added_tokens_decoder()
-        eos = backend.token_to_id(self.special_tokens["eos_token"]) if "eos_token" in self.special_tokens else None
+        eos = (
+            backend.token_to_id(self.special_tokens["eos_token"])
+            if "eos_token" in self.special_tokens
+            else None
+        )
         self.eos_token_ids: list[int] = [] if eos is None else [int(eos)]
         types = _decoder_types(backend)
         self._byte_level = "ByteLevel" in types
@@ -130,7 +142,9 @@ class Tokenizer:
             return [int(match.group(1), 16)]
         return list(piece.replace("\u2581", " ").encode("utf-8"))
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kw: Any) -> str:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kw: Any
+    ) -> str:
         """The prompt text of a chat (``[{"role", "content"}]``), rendered by the tokenizer's
         chat template with its special tokens (tokenize it with ``add_special_tokens=False``).
 
@@ -157,7 +171,9 @@ def _read_json(path: str) -> dict[str, Any]:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError) as exc:
-        raise TokenizerFileError(f"{path}: cannot read it as JSON ({' '.join(str(exc).split())})") from None
+        raise TokenizerFileError(
+            f"{path}: cannot read it as JSON ({' '.join(str(exc).split())})"
+        ) from None
     if not isinstance(data, dict):
         raise TokenizerFileError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -169,7 +185,9 @@ def _token_text(value: Any, key: str, path: str) -> str | None:
         return value
     if isinstance(value, dict) and isinstance(value.get("content"), str):
         return str(value["content"])
-    raise TokenizerFileError(f"{path}: `{key}` must be a string, an object with `content`, or null; got {value!r}")
+    raise TokenizerFileError(
+        f"{path}: `{key}` must be a string, an object with `content`, or null; got {value!r}"
+    )
 
 
 def _chat_template(folder: str, config: dict[str, Any], path: str) -> str | None:
@@ -184,8 +202,12 @@ def _chat_template(folder: str, config: dict[str, Any], path: str) -> str | None
         named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
         if isinstance(named.get("default"), str):
             return str(named["default"])
-        raise TokenizerFileError(f"{path}: `chat_template` lists templates {sorted(map(str, named))} but no 'default'")
-    raise TokenizerFileError(f"{path}: `chat_template` must be a string or a list of named templates")
+        raise TokenizerFileError(
+            f"{path}: `chat_template` lists templates {sorted(map(str, named))} but no 'default'"
+        )
+    raise TokenizerFileError(
+        f"{path}: `chat_template` must be a string or a list of named templates"
+    )
 
 
 def _add_declared_tokens(backend: tokenizers.Tokenizer, config: dict[str, Any], path: str) -> None:
@@ -199,7 +221,10 @@ def _add_declared_tokens(backend: tokenizers.Tokenizer, config: dict[str, Any], 
             continue
         flags = {k: bool(entry.get(k, False)) for k in ("single_word", "lstrip", "rstrip")}
         token = tokenizers.AddedToken(
-            content, normalized=bool(entry.get("normalized", False)), special=bool(entry.get("special")), **flags
+            content,
+            normalized=bool(entry.get("normalized", False)),
+            special=bool(entry.get("special")),
+            **flags,
         )
         if entry.get("special"):
             backend.add_special_tokens([token])
@@ -207,7 +232,9 @@ def _add_declared_tokens(backend: tokenizers.Tokenizer, config: dict[str, Any], 
             backend.add_tokens([token])
         if backend.token_to_id(content) != int(key):
             got = backend.token_to_id(content)
-            raise TokenizerFileError(f"{path}: added token {content!r} is declared as id {key} but lands at id {got}")
+            raise TokenizerFileError(
+                f"{path}: added token {content!r} is declared as id {key} but lands at id {got}"
+            )
 
 
 def load_tokenizer(model_dir: str, tokenizer_dir: str | None = None) -> Tokenizer:
@@ -221,11 +248,15 @@ def load_tokenizer(model_dir: str, tokenizer_dir: str | None = None) -> Tokenize
     folder = tokenizer_dir or model_dir
     path = os.path.join(folder, TOKENIZER_FILE)
     if not os.path.isfile(path):
-        raise TokenizerFileError(f"{path}: no such file (the tokenizer folder needs a {TOKENIZER_FILE})")
+        raise TokenizerFileError(
+            f"{path}: no such file (the tokenizer folder needs a {TOKENIZER_FILE})"
+        )
     try:
         backend = tokenizers.Tokenizer.from_file(path)
     except Exception as exc:  # the library raises plain Exception for a malformed file
-        raise TokenizerFileError(f"{path}: not a valid {TOKENIZER_FILE} ({' '.join(str(exc).split())})") from None
+        raise TokenizerFileError(
+            f"{path}: not a valid {TOKENIZER_FILE} ({' '.join(str(exc).split())})"
+        ) from None
     config_path = os.path.join(folder, TOKENIZER_CONFIG_FILE)
     config = _read_json(config_path) if os.path.isfile(config_path) else {}
     special: dict[str, str] = {}

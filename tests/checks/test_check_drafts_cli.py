@@ -17,7 +17,11 @@ from tests.support.tokenizer_files import write_bpe_tokenizer
 def glm(tmp_path_factory):
     out = tmp_path_factory.mktemp("glm")
     hf_moe_folders.make_glm_folder(
-        out, echo=True, seed=2, negative_bias=True, tokenizer_writer=lambda o: write_bpe_tokenizer(str(o), 300)
+        out,
+        echo=True,
+        seed=2,
+        negative_bias=True,
+        tokenizer_writer=lambda o: write_bpe_tokenizer(str(o), 300),
     )
     return out
 
@@ -32,17 +36,27 @@ def test_equal_drafts_pass(glm, capsys):
     assert rc == 0 and report["verdict"] == "drafts equal the reference in every round"
     assert report["reference"]["acceptance"] == report["ours"]["acceptance"]
     assert 0 < report["ours"]["acceptance"][0] < 1  # some drafts accepted, some rejected
-    assert len(report["requests"]) == 6 and all(r["first_diff_round"] is None for r in report["requests"])
+    assert len(report["requests"]) == 6 and all(
+        r["first_diff_round"] is None for r in report["requests"]
+    )
     assert "before its final norm" in report["rule"]
     rc, report = _check(capsys, "--model", str(glm), "-k", "2", "--prompt", "def f(x):")
-    assert rc == 0 and len(report["ours"]["acceptance"]) == 2 and "chained (pre_norm)" in report["reference"]["source"]
+    assert (
+        rc == 0
+        and len(report["ours"]["acceptance"]) == 2
+        and "chained (pre_norm)" in report["reference"]["source"]
+    )
 
 
 def test_a_wrong_convention_is_caught(tmp_path, capsys):
     """Random (not echoed) MTP weights: the mask moves the argmax of some rows."""
     masked = tmp_path / "masked"
     hf_moe_folders.make_glm_folder(
-        masked, qk_norm=True, seed=3, negative_bias=True, tokenizer_writer=lambda o: write_bpe_tokenizer(str(o), 300)
+        masked,
+        qk_norm=True,
+        seed=3,
+        negative_bias=True,
+        tokenizer_writer=lambda o: write_bpe_tokenizer(str(o), 300),
     )
     cfg = json.loads((masked / "config.json").read_text())
     cfg["mtp_mask_first_position"] = True
@@ -50,7 +64,9 @@ def test_a_wrong_convention_is_caught(tmp_path, capsys):
     rc, report = _check(capsys, "--model", str(masked))
     assert rc == 1 and report["verdict"] == "drafts DIFFER from the reference"
     diff = [r for r in report["requests"] if r["first_diff_round"] is not None]
-    assert diff and all(r["tokens_equal"] for r in report["requests"])  # the target hides bad drafts
+    assert diff and all(
+        r["tokens_equal"] for r in report["requests"]
+    )  # the target hides bad drafts
     assert diff[0]["ours"]["drafts"] != diff[0]["reference"]["drafts"]
 
 
@@ -58,6 +74,8 @@ def test_engine_only_and_refusals(glm, tmp_path, capsys):
     rc, report = _check(capsys, "--model", str(glm), "--no-reference")
     assert rc == 0 and report["reference"] is None and report["verdict"] == "engine only"
     plain = tmp_path / "plain"
-    hf_folders.make_folder(plain, "llama", num_mtp_layers=0, tokenizer_writer=lambda o: write_bpe_tokenizer(str(o)))
+    hf_folders.make_folder(
+        plain, "llama", num_mtp_layers=0, tokenizer_writer=lambda o: write_bpe_tokenizer(str(o))
+    )
     assert main(["check-drafts", "--model", str(plain)]) == 2
     assert "no MTP layer" in capsys.readouterr().err

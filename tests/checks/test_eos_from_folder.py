@@ -37,7 +37,9 @@ def folder(tmp_path_factory):
     """A Llama folder of 300 ids whose tokenizer has all 300 (id 299 is an ordinary token), a
     tokenizer without an EOS token, and a prompt whose greedy continuation holds 299."""
     out = tmp_path_factory.mktemp("llama300")
-    info = hf_folders.make_folder(out, "llama", tokenizer_writer=lambda o: write_bpe_tokenizer(str(o), 300))
+    info = hf_folders.make_folder(
+        out, "llama", tokenizer_writer=lambda o: write_bpe_tokenizer(str(o), 300)
+    )
     cfg = json.loads((out / "tokenizer_config.json").read_text())
     cfg["eos_token"] = None
     (out / "tokenizer_config.json").write_text(json.dumps(cfg))
@@ -61,7 +63,9 @@ def test_the_last_vocabulary_id_is_an_ordinary_token(folder):
     path, prompt, greedy = folder
     assert inspect_model_folder(path).eos_token_ids == []
     req = _run(path, prompt)
-    assert req.output_token_ids == greedy and finish_reason_of(req) == "length"  # past 299, to max_tokens
+    assert (
+        req.output_token_ids == greedy and finish_reason_of(req) == "length"
+    )  # past 299, to max_tokens
     assert end_tokens([], 300, 300) == [NO_EOS] and end_tokens([], 300, 280) == [299]
 
 

@@ -123,7 +123,11 @@ class ArrayBackend:
     def _outputs(self, name: str, kw: dict[str, Any]) -> dict[str, Any]:
         """The new outputs of the ops the step runs (shapes as ``_kernels``' docstrings)."""
         if name == "speculate_pre_process":
-            t, n, w = kw["cpu_token_num"], int(kw["seq_len"].shape[0]), int(kw["draft_tokens"].shape[1])
+            t, n, w = (
+                kw["cpu_token_num"],
+                int(kw["seq_len"].shape[0]),
+                int(kw["draft_tokens"].shape[1]),
+            )
             return {
                 "ids_remove_padding": self.empty((t,), np.int64),
                 "batch_id_per_token": self.empty((t,), np.int32),
@@ -134,9 +138,16 @@ class ArrayBackend:
                 "real_output_token_num": self.empty((1,), np.int32),
             }
         if name in ("eagle_get_hidden_states", "eagle_gather_hidden_states"):
-            rows = kw["input"].shape[0] if name == "eagle_get_hidden_states" else kw["seq_lens_this_time"].shape[0]
+            rows = (
+                kw["input"].shape[0]
+                if name == "eagle_get_hidden_states"
+                else kw["seq_lens_this_time"].shape[0]
+            )
             shape = (int(rows), int(kw["input"].shape[1]))
-            return {"out": self.empty(shape, np.float32), "output_token_num": self.empty((1,), np.int32)}
+            return {
+                "out": self.empty(shape, np.float32),
+                "output_token_num": self.empty((1,), np.int32),
+            }
         return {}
 
 
@@ -271,14 +282,18 @@ class ToyModels:
         return 2 * int(self.emb.shape[1])
 
     @classmethod
-    def make(cls, vocab: int = 50, emb_dim: int = 3, draft: str = "agree", seed: int = 0) -> ToyModels:
+    def make(
+        cls, vocab: int = 50, emb_dim: int = 3, draft: str = "agree", seed: int = 0
+    ) -> ToyModels:
         """Random tables over ``vocab`` tokens. ``draft``: ``"agree"`` = the target's table with
         about 1 entry in 8 changed, ``"disagree"`` = never the target's token."""
         rng = np.random.default_rng(seed)
         target = rng.integers(0, vocab, size=(vocab + 1, vocab), dtype=np.int64)
         if draft == "agree":
             wrong = rng.random(target.shape) < 0.125
-            drafted = np.where(wrong, (target + 1 + rng.integers(0, vocab - 1, target.shape)) % vocab, target)
+            drafted = np.where(
+                wrong, (target + 1 + rng.integers(0, vocab - 1, target.shape)) % vocab, target
+            )
         elif draft == "disagree":
             drafted = (target + 1) % vocab
         else:
@@ -304,7 +319,9 @@ class ToyModels:
         return self.token_of(hidden_row[self.hidden_size // 2 :], what)
 
 
-def greedy_reference(models: ToyModels, prompt: Sequence[int], max_tokens: int, eos: Sequence[int]) -> list[int]:
+def greedy_reference(
+    models: ToyModels, prompt: Sequence[int], max_tokens: int, eos: Sequence[int]
+) -> list[int]:
     """Plain greedy decoding with the target table: up to ``max_tokens`` tokens, the first
     EOS id included and last."""
     seq, out = list(prompt), list[int]()
@@ -321,7 +338,9 @@ def _packed_rows(cu: np.ndarray, slt: np.ndarray) -> list[tuple[int, int, int]]:
     """``(item, first row, rows)`` of every item with rows, checking the prefix sums."""
     expected = np.concatenate([[0], np.cumsum(np.maximum(slt, 0))])
     if not np.array_equal(cu[: len(expected)], expected):
-        raise AssertionError(f"cu_seqlens_q {cu.tolist()} != prefix sums of seq_lens_this_time {slt.tolist()}")
+        raise AssertionError(
+            f"cu_seqlens_q {cu.tolist()} != prefix sums of seq_lens_this_time {slt.tolist()}"
+        )
     return [(b, int(cu[b]), int(slt[b])) for b in range(len(slt)) if slt[b] > 0]
 
 
@@ -397,13 +416,22 @@ class FrameworkFreeMTP:
         if num_speculative_tokens < 1:
             raise ValueError(f"`num_speculative_tokens` must be >= 1, got {num_speculative_tokens}")
         if not 1 <= num_model_steps <= num_speculative_tokens:
-            raise ValueError(f"`num_model_steps` must be in [1, {num_speculative_tokens}], got {num_model_steps}")
+            raise ValueError(
+                f"`num_model_steps` must be in [1, {num_speculative_tokens}], got {num_model_steps}"
+            )
         if verify_strategy not in (VerifyStrategy.GREEDY, VerifyStrategy.TARGET_MATCH):
-            raise ValueError(f"`verify_strategy` must be GREEDY or TARGET_MATCH, got {verify_strategy}")
+            raise ValueError(
+                f"`verify_strategy` must be GREEDY or TARGET_MATCH, got {verify_strategy}"
+            )
         if not eos:
             raise ValueError("`eos` must name at least one EOS id")
         self.be, self.models = backend, models
-        self.n, self.k, self.steps, self.max_len = num_slots, num_speculative_tokens, num_model_steps, max_model_len
+        self.n, self.k, self.steps, self.max_len = (
+            num_slots,
+            num_speculative_tokens,
+            num_model_steps,
+            max_model_len,
+        )
         self.eos = [int(e) for e in eos]
         self.strategy = int(verify_strategy)
         n, w, seq_len, be = num_slots, num_speculative_tokens + 1, max_model_len, backend
@@ -522,7 +550,10 @@ class FrameworkFreeMTP:
         tokens are kept for :meth:`target_tokens`."""
         be = self.be
         hidden, self._next_tokens = self._target_forward(
-            be.host(packed.ids_remove_padding), be.host(packed.cu_seqlens_q), slt, be.host(self.t.seq_lens_decoder)
+            be.host(packed.ids_remove_padding),
+            be.host(packed.cu_seqlens_q),
+            slt,
+            be.host(self.t.seq_lens_decoder),
         )
         return be.array(hidden)
 
@@ -547,12 +578,16 @@ class FrameworkFreeMTP:
         return be.array(self._mtp_out)
 
     def sample_substep(self, gathered: Any, substep: int) -> Any:
-        return self.be.array(self._draft_logits(self.be.host(gathered), self._mtp_out, self._cu, self._dslt, substep))
+        return self.be.array(
+            self._draft_logits(self.be.host(gathered), self._mtp_out, self._cu, self._dslt, substep)
+        )
 
     def empty_substep(self) -> None:
         raise AssertionError("a substep with no token: the loop always has a running slot")
 
-    def _target_forward(self, ids: np.ndarray, cu: np.ndarray, slt: np.ndarray, dec: np.ndarray) -> tuple:
+    def _target_forward(
+        self, ids: np.ndarray, cu: np.ndarray, slt: np.ndarray, dec: np.ndarray
+    ) -> tuple:
         """The target model: ``([T, 2E] float32 hidden rows, [T] int64 next tokens)``; rows no
         item owns (none here) stay zero / -1."""
         m = self.models
@@ -563,14 +598,22 @@ class FrameworkFreeMTP:
                 pos, tok = int(dec[b]) + i, int(ids[first + i])
                 prev = int(self.target_cache[b, pos - 1]) if pos > 0 else -1
                 if pos > 0 and prev < 0:
-                    raise AssertionError(f"target: slot {b} position {pos} attends to an unwritten position")
+                    raise AssertionError(
+                        f"target: slot {b} position {pos} attends to an unwritten position"
+                    )
                 self.target_cache[b, pos] = tok
                 nxt[first + i] = m.next_token(m.target_table, prev, tok)
                 hidden[first + i] = m.row(tok, int(nxt[first + i]))
         return hidden, nxt
 
     def _mtp_forward(
-        self, ids: np.ndarray, hidden: np.ndarray, cu: np.ndarray, slt: np.ndarray, dec: np.ndarray, substep: int
+        self,
+        ids: np.ndarray,
+        hidden: np.ndarray,
+        cu: np.ndarray,
+        slt: np.ndarray,
+        dec: np.ndarray,
+        substep: int,
     ) -> np.ndarray:
         """The MTP layer: ``[token_num, 2E]`` float32 output rows. Each input row's hidden state
         must embed the token before its own (what the layer cached one position earlier);
@@ -592,7 +635,9 @@ class FrameworkFreeMTP:
                 out[r] = m.row(tok, m.next_token(m.draft_table, prev, tok))
                 owned[r] = True
         if (hidden[~owned] != 0).any():
-            raise AssertionError(f"MTP substep {substep}: staged hidden rows no item owns are not zero")
+            raise AssertionError(
+                f"MTP substep {substep}: staged hidden rows no item owns are not zero"
+            )
         return out
 
     def step(self) -> StepRecord:
@@ -613,7 +658,9 @@ class FrameworkFreeMTP:
         # ---- proposer round (MTPProposer.run)
         running = st.slt > 0
         prepare_round(be, d, t, st.hidden, self.steps, False)
-        propose_substeps(be, d, self, int(np.nonzero(running)[0].max()) + 1, token_num, self.steps, self.max_len)
+        propose_substeps(
+            be, d, self, int(np.nonzero(running)[0].max()) + 1, token_num, self.steps, self.max_len
+        )
         postprocess(be, t)
         # ---- collect (Engine._collect without stop strings)
         decoding = [int(b) for b in np.nonzero(st.decode_mask)[0]]
@@ -629,7 +676,12 @@ class FrameworkFreeMTP:
         return record
 
     def _draft_logits(
-        self, gathered: np.ndarray, mtp_out: np.ndarray, cu: np.ndarray, slt: np.ndarray, substep: int
+        self,
+        gathered: np.ndarray,
+        mtp_out: np.ndarray,
+        cu: np.ndarray,
+        slt: np.ndarray,
+        substep: int,
     ) -> np.ndarray:
         """The greedy draft of every active item: ``[N]`` int64, compacted in batch order (the
         gather op's row ``k`` is the ``k``-th active item's last row). Checks that layout:
@@ -639,8 +691,12 @@ class FrameworkFreeMTP:
         tokens = np.full(self.n, self.models.vocab - 1, np.int64)
         for k, (b, first, count) in enumerate(items):
             if not np.array_equal(gathered[k], mtp_out[first + count - 1]):
-                raise AssertionError(f"MTP substep {substep}: gathered row {k} is not slot {b}'s last row")
-            tokens[k] = self.models.logits_token(gathered[k], f"MTP substep {substep}, gathered row {k}")
+                raise AssertionError(
+                    f"MTP substep {substep}: gathered row {k} is not slot {b}'s last row"
+                )
+            tokens[k] = self.models.logits_token(
+                gathered[k], f"MTP substep {substep}, gathered row {k}"
+            )
         if (gathered[len(items) :] != 0).any():
             raise AssertionError(
                 f"MTP substep {substep}: gathered rows past the {len(items)} active items are not zero"
@@ -656,8 +712,12 @@ class FrameworkFreeMTP:
         steps: list[StepRecord] = []
         while len(self.done) < len(requests):
             if len(steps) >= max_steps:
-                raise AssertionError(f"not finished after {max_steps} steps: {sorted(set(requests) - self.done)}")
-            seqs = {b: self.requests[b].prompt + self.outputs[b] for b in requests if b not in self.done}
+                raise AssertionError(
+                    f"not finished after {max_steps} steps: {sorted(set(requests) - self.done)}"
+                )
+            seqs = {
+                b: self.requests[b].prompt + self.outputs[b] for b in requests if b not in self.done
+            }
             rec = self.step()
             for b, drafts in rec.drafts.items():
                 self._check_chain(b, seqs[b], drafts)
@@ -670,6 +730,10 @@ class FrameworkFreeMTP:
         m = self.models
         chain = [m.next_token(m.draft_table, seq[-2], seq[-1])]
         while len(chain) < self.steps:
-            chain.append(m.next_token(m.draft_table, seq[-1] if len(chain) == 1 else chain[-2], chain[-1]))
+            chain.append(
+                m.next_token(m.draft_table, seq[-1] if len(chain) == 1 else chain[-2], chain[-1])
+            )
         if len(drafts) > self.steps or drafts != chain[: len(drafts)]:
-            raise AssertionError(f"slot {slot}: drafts {drafts} are not a prefix of the MTP chain {chain}")
+            raise AssertionError(
+                f"slot {slot}: drafts {drafts} are not a prefix of the MTP chain {chain}"
+            )

@@ -47,7 +47,9 @@ def shipped():
     return load_tiny()
 
 
-def run(shipped, chunk: int, k: int, strategy: str, params=PARAMS) -> dict[str, tuple[list[int], list]]:
+def run(
+    shipped, chunk: int, k: int, strategy: str, params=PARAMS
+) -> dict[str, tuple[list[int], list]]:
     """Every prompt with every sampling set, batch 4, ``prefill_chunk_size`` ``chunk``."""
     target, mtp, arch = shipped
     spec = speculative_config(k, k if k else None, False)
@@ -55,7 +57,12 @@ def run(shipped, chunk: int, k: int, strategy: str, params=PARAMS) -> dict[str, 
     cfg = build_config(arch, spec, 4, 256)
     eng = Engine(cfg, target, mtp if k else None, prefill_chunk_size=chunk)
     reqs = [
-        Request(f"p{i}s{j}", TOK.encode(prompt), MAX_TOKENS, sampling=SamplingParams.from_dict(sp.to_dict()))
+        Request(
+            f"p{i}s{j}",
+            TOK.encode(prompt),
+            MAX_TOKENS,
+            sampling=SamplingParams.from_dict(sp.to_dict()),
+        )
         for i, prompt in enumerate(PROMPTS)
         for j, sp in enumerate(params)
     ]
@@ -71,7 +78,9 @@ def assert_same(got: dict, want: dict, context: str) -> None:
         assert len(got[rid][1]) == len(logprobs) == MAX_TOKENS
         for i, (a, b) in enumerate(zip(got[rid][1], logprobs)):
             assert a.token_id == b.token_id
-            assert a.logprob == pytest.approx(b.logprob, rel=1e-5, abs=1e-5), f"{context}, {rid}, token {i}"
+            assert a.logprob == pytest.approx(b.logprob, rel=1e-5, abs=1e-5), (
+                f"{context}, {rid}, token {i}"
+            )
             assert [t for t, _ in a.top] == [t for t, _ in b.top]
             assert [v for _, v in a.top] == pytest.approx([v for _, v in b.top], rel=1e-5, abs=1e-5)
 
@@ -83,7 +92,9 @@ def test_every_chunk_size_gives_the_whole_prompt_s_tokens_and_logprobs(shipped, 
     for chunk in CHUNKS[:-1]:
         assert_same(run(shipped, chunk, k, strategy), whole, f"chunk {chunk}, {strategy}, K={k}")
     if strategy == "target_match":  # seeded: speculation changes nothing either
-        assert_same(whole, run(shipped, 0, 0, strategy), f"{strategy}, K={k} against no speculation")
+        assert_same(
+            whole, run(shipped, 0, 0, strategy), f"{strategy}, K={k} against no speculation"
+        )
 
 
 @pytest.mark.parametrize("chunk", CHUNKS)
@@ -95,5 +106,7 @@ def test_penalties_have_nothing_to_count_at_the_first_token(shipped, chunk):
     plain = run(shipped, 0, 0, "target_match", plain_params)
     for rid, (tokens, logprobs) in penalised.items():
         assert tokens[0] == plain[rid][0][0], rid
-        assert logprobs[0].logprob == pytest.approx(plain[rid][1][0].logprob, rel=1e-5, abs=1e-5), rid
+        assert logprobs[0].logprob == pytest.approx(plain[rid][1][0].logprob, rel=1e-5, abs=1e-5), (
+            rid
+        )
         assert [t for t, _ in logprobs[0].top] == [t for t, _ in plain[rid][1][0].top], rid

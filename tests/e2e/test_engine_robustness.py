@@ -60,7 +60,9 @@ def assert_idle(engine):
 def test_generate_with_one_invalid_request_queues_none_of_them(shipped, alone):
     engine = make_engine(shipped)
     ok, bad = good(), Request("bad", [1, 2, 300], max_tokens=4)
-    with pytest.raises(InvalidRequestError, match=r"request 'bad': `prompt_token_ids\[2\]` = 300") as err:
+    with pytest.raises(
+        InvalidRequestError, match=r"request 'bad': `prompt_token_ids\[2\]` = 300"
+    ) as err:
         engine.generate([ok, bad])
     assert (err.value.request_id, err.value.field) == ("bad", "prompt_token_ids[2]")
     assert_idle(engine)
@@ -145,7 +147,9 @@ def test_invalid_token_ids_are_refused_at_submission(shipped, ids, field):
 
 def test_every_token_id_below_vocab_size_is_accepted(shipped):
     engine = make_engine(shipped)
-    out = engine.generate([Request("edge", [0, 255, 256, 271], max_tokens=3)])  # 256..271: padded ids
+    out = engine.generate(
+        [Request("edge", [0, 255, 256, 271], max_tokens=3)]
+    )  # 256..271: padded ids
     assert len(out["edge"]) == 3
 
 
@@ -156,7 +160,9 @@ def test_duplicate_request_ids_are_refused(shipped, alone):
     assert_idle(engine)
     queued, running = good(), good("long", 16, LONG_PROMPT)
     engine.scheduler.add_request(running)
-    engine.scheduler.schedule(0, engine.runner.share_inputs.seq_lens_this_time.numpy())  # takes a slot
+    engine.scheduler.schedule(
+        0, engine.runner.share_inputs.seq_lens_this_time.numpy()
+    )  # takes a slot
     engine.scheduler.add_request(queued)
     with pytest.raises(InvalidRequestError, match="still running"):
         engine.generate([good("long")])
@@ -215,7 +221,11 @@ def _set(attr, value):
         (_set("arrival_step", 0.5), "arrival_step", "integer"),
         (_set("request_id", 7), "request_id", "must be a str"),
         (_set("prompt_token_ids", [65] * 100), "prompt_token_ids", "exceeds max_model_len"),
-        (_set("prompt_token_ids", [65] * 93), "prompt_token_ids", "exceeds max_model_len"),  # + 1 token too long
+        (
+            _set("prompt_token_ids", [65] * 93),
+            "prompt_token_ids",
+            "exceeds max_model_len",
+        ),  # + 1 token too long
         (_set("max_tokens", 80), "max_tokens", "exceeds max_model_len"),
     ],
 )
@@ -291,7 +301,9 @@ def test_max_steps_exhausted_aborts_everything_and_the_engine_stays_usable(shipp
 def test_arrival_step_at_or_past_max_steps_is_refused_and_late_arrivals_do_not_spin(shipped, alone):
     engine = make_engine(shipped)
     with pytest.raises(InvalidRequestError, match="not below `max_steps`"):
-        engine.generate([Request("late", TOK.encode(GOOD_PROMPT), max_tokens=16, arrival_step=50)], max_steps=50)
+        engine.generate(
+            [Request("late", TOK.encode(GOOD_PROMPT), max_tokens=16, arrival_step=50)], max_steps=50
+        )
     late = Request("good", TOK.encode(GOOD_PROMPT), max_tokens=16, arrival_step=900_000)
     assert engine.generate([late]) == {"good": alone["good"]}  # idle steps are skipped, not spun
 

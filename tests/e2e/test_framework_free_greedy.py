@@ -49,7 +49,11 @@ from tests.support.backends import required_backends, usable_or_skip
 REPO = Path(__file__).resolve().parents[2]
 _REQUIRED = required_backends()
 # the Paddle backend (`cpu`) is not framework-free: a run restricted to it has nothing here
-_BACKENDS = [b for b in _REQUIRED if b in FRAMEWORK_FREE_BACKENDS] if _REQUIRED else list(FRAMEWORK_FREE_BACKENDS)
+_BACKENDS = (
+    [b for b in _REQUIRED if b in FRAMEWORK_FREE_BACKENDS]
+    if _REQUIRED
+    else list(FRAMEWORK_FREE_BACKENDS)
+)
 
 
 @pytest.fixture(params=_BACKENDS)
@@ -83,7 +87,9 @@ CASES = {
         FIVE, (10, 7, 16, 12, 3), (0, 1, 2, 3, 4), 5, 3, 1, strategy=VerifyStrategy.TARGET_MATCH
     ),
     "b5-k3-s3-eos": Case(FIVE, (12, 18, 5, 9, 14), (0, 2, 3, 4, 5), 6, 3, 3, eos="hit"),
-    "b5-k3-s3-disagree": Case(FIVE, (8, 11, 6, 9, 13), (1, 2, 3, 4, 5), 6, 3, 3, eos="hit", draft="disagree"),
+    "b5-k3-s3-disagree": Case(
+        FIVE, (8, 11, 6, 9, 13), (1, 2, 3, 4, 5), 6, 3, 3, eos="hit", draft="disagree"
+    ),
 }
 
 
@@ -93,7 +99,9 @@ def _models(case: Case) -> ToyModels:
 
 def _eos(case: Case, models: ToyModels) -> list[int]:
     free = [greedy_reference(models, p, m, ()) for p, m in zip(case.prompts, case.max_tokens)]
-    if case.eos == "hit":  # a token two thirds into the longest output (and the 3rd of the shortest)
+    if (
+        case.eos == "hit"
+    ):  # a token two thirds into the longest output (and the 3rd of the shortest)
         longest, shortest = max(free, key=len), min(free, key=len)
         return [longest[2 * len(longest) // 3]] + ([shortest[2]] if len(free) > 1 else [])
     unused = sorted(set(range(models.vocab)) - {t for out in free for t in out})
@@ -103,8 +111,12 @@ def _eos(case: Case, models: ToyModels) -> list[int]:
 def _run(backend, case: Case) -> tuple[RunResult, list[list[int]], list[int]]:
     models = _models(case)
     eos = _eos(case, models)
-    loop = FrameworkFreeMTP(backend, models, case.num_slots, case.k, case.steps, case.max_model_len, eos, case.strategy)
-    requests = {s: Request(list(p), m) for s, p, m in zip(case.slots, case.prompts, case.max_tokens)}
+    loop = FrameworkFreeMTP(
+        backend, models, case.num_slots, case.k, case.steps, case.max_model_len, eos, case.strategy
+    )
+    requests = {
+        s: Request(list(p), m) for s, p, m in zip(case.slots, case.prompts, case.max_tokens)
+    }
     result = loop.run(requests)
     want = [greedy_reference(models, p, m, eos) for p, m in zip(case.prompts, case.max_tokens)]
     return result, want, eos
@@ -179,7 +191,12 @@ class _Corrupting(NumpyBackend):
     [
         ("eagle_get_hidden_states", "out", 0, "the hidden row embeds token"),
         ("eagle_gather_hidden_states", "out", 0, "gathered row 0 is not slot"),
-        ("draft_model_postprocess", "base_model_draft_tokens", 1, "are not a prefix of the MTP chain"),
+        (
+            "draft_model_postprocess",
+            "base_model_draft_tokens",
+            1,
+            "are not a prefix of the MTP chain",
+        ),
     ],
 )
 def test_the_loop_notices_misplaced_rows(op, arg, axis, message):
@@ -196,7 +213,9 @@ def test_the_loop_runs_where_paddle_cannot_be_imported(tmp_path):
     import comes first on the path."""
     fake = tmp_path / "paddle"
     fake.mkdir()
-    (fake / "__init__.py").write_text('raise ModuleNotFoundError("paddle is disabled for this test")\n')
+    (fake / "__init__.py").write_text(
+        'raise ModuleNotFoundError("paddle is disabled for this test")\n'
+    )
     code = (
         "import sys\n"
         "from tests.e2e.test_framework_free_greedy import CASES, _run\n"
@@ -210,6 +229,8 @@ def test_the_loop_runs_where_paddle_cannot_be_imported(tmp_path):
         "print('ok', len(result.steps))\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("ok "), proc.stdout

@@ -14,7 +14,11 @@ from tests.support.engines import EOS, make_config, make_requests
 def run(model, cfg, requests, chunk=0, trace=False):
     target, mtp = model
     engine = Engine(
-        cfg, target, mtp if cfg.speculative_config.enabled else None, prefill_chunk_size=chunk, record_trace=trace
+        cfg,
+        target,
+        mtp if cfg.speculative_config.enabled else None,
+        prefill_chunk_size=chunk,
+        record_trace=trace,
     )
     return engine.generate(requests), engine
 
@@ -46,11 +50,18 @@ CASES = [
 
 
 @pytest.mark.parametrize("k,steps,hybrid,batch,chunk", CASES)
-def test_speculative_tokens_equal_non_speculative_tokens(random_model, k, steps, hybrid, batch, chunk):
+def test_speculative_tokens_equal_non_speculative_tokens(
+    random_model, k, steps, hybrid, batch, chunk
+):
     count = max(batch, 6) if batch > 1 else 3
-    base, _ = run(random_model, make_config(0, max_num_seqs=batch), make_requests(11, count), chunk=chunk)
+    base, _ = run(
+        random_model, make_config(0, max_num_seqs=batch), make_requests(11, count), chunk=chunk
+    )
     spec, engine = run(
-        random_model, make_config(k, steps, hybrid, max_num_seqs=batch), make_requests(11, count), chunk=chunk
+        random_model,
+        make_config(k, steps, hybrid, max_num_seqs=batch),
+        make_requests(11, count),
+        chunk=chunk,
     )
     assert spec == base
     assert engine.metrics.target_forwards > 0 and engine.metrics.decode_item_steps > 0
@@ -80,7 +91,9 @@ def test_adaptive_draft_length_keeps_greedy_equivalence(
     """Drafts shrink to 0 (the random MTP layer is rarely right), rounds skip the MTP layer,
     probes bring it back: the tokens stay those of plain decoding."""
     count = max(batch, 6) if batch > 1 else 3
-    base, _ = run(random_model, make_config(0, max_num_seqs=batch), make_requests(11, count), chunk=chunk)
+    base, _ = run(
+        random_model, make_config(0, max_num_seqs=batch), make_requests(11, count), chunk=chunk
+    )
     cfg = make_config(k, steps, hybrid, max_num_seqs=batch)
     spec = cfg.speculative_config
     spec.adaptive_draft_length = True
@@ -94,8 +107,12 @@ def test_adaptive_draft_length_keeps_greedy_equivalence(
 
 
 @pytest.mark.parametrize("schedule", ["cycle", "repeat_last", "first"])
-@pytest.mark.parametrize("k,steps,hybrid,batch", [(3, 3, False, 5), (3, 2, True, 5), (2, 2, False, 1)])
-def test_distinct_mtp_layers_keep_greedy_equivalence(random_model, schedule, k, steps, hybrid, batch):
+@pytest.mark.parametrize(
+    "k,steps,hybrid,batch", [(3, 3, False, 5), (3, 2, True, 5), (2, 2, False, 1)]
+)
+def test_distinct_mtp_layers_keep_greedy_equivalence(
+    random_model, schedule, k, steps, hybrid, batch
+):
     """A checkpoint with 3 distinct MTP layers (random weights), each with its own cache."""
     from fastdeploy_mtp.models.mtp_layer import MTPStack
 
@@ -104,7 +121,9 @@ def test_distinct_mtp_layers_keep_greedy_equivalence(random_model, schedule, k, 
     stack = MTPStack(arch, target)
     stack.eval()
     count = max(batch, 6) if batch > 1 else 3
-    base, _ = run(random_model, make_config(0, max_num_seqs=batch), make_requests(13, count), chunk=7)
+    base, _ = run(
+        random_model, make_config(0, max_num_seqs=batch), make_requests(13, count), chunk=7
+    )
     cfg = make_config(k, steps, hybrid, max_num_seqs=batch)
     cfg.speculative_config.mtp_layer_schedule = schedule
     out, engine = run((target, stack), cfg, make_requests(13, count), chunk=7)

@@ -38,19 +38,28 @@ def test_overlap_rounds_keep_greedy_equivalence(random_model, k, steps, hybrid):
 
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize(
-    "k,steps,hybrid,layers,adaptive", [(3, 3, False, 1, False), (3, 1, True, 1, True), (3, 3, False, 3, True)]
+    "k,steps,hybrid,layers,adaptive",
+    [(3, 3, False, 1, False), (3, 1, True, 1, True), (3, 3, False, 3, True)],
 )
-def test_no_host_sync_in_steady_state_rounds(random_model, monkeypatch, overlap, k, steps, hybrid, layers, adaptive):
+def test_no_host_sync_in_steady_state_rounds(
+    random_model, monkeypatch, overlap, k, steps, hybrid, layers, adaptive
+):
     """The proposer's round (ops, MTP forwards, distinct layers, rows replayed after skipped
     rounds) and the target's forward make no host read once no slot is in prefill."""
     target, mtp = random_model
     if layers > 1:
         from fastdeploy_mtp.models.mtp_layer import MTPStack
 
-        arch = type(target.config).from_dict({**target.config.to_dict(), "num_nextn_predict_layers": layers})
+        arch = type(target.config).from_dict(
+            {**target.config.to_dict(), "num_nextn_predict_layers": layers}
+        )
         mtp = MTPStack(arch, target)
         mtp.eval()
-    cfg = overlap_config(k, steps, hybrid) if overlap else make_config(k, steps, hybrid, max_num_seqs=4)
+    cfg = (
+        overlap_config(k, steps, hybrid)
+        if overlap
+        else make_config(k, steps, hybrid, max_num_seqs=4)
+    )
     cfg.speculative_config.adaptive_draft_length = adaptive
     cfg.speculative_config.adaptive_probe_interval = 2
     engine = Engine(cfg, target, mtp)
@@ -65,7 +74,9 @@ def test_no_host_sync_in_steady_state_rounds(random_model, monkeypatch, overlap,
                 module = caller.f_globals.get("__name__", "")
                 if module.startswith(CHECKED_MODULES):
                     violations.append(f"{module}:{caller.f_lineno} called Tensor.{name}()")
-                    raise AssertionError(f"host read Tensor.{name}() from {module} during an overlap round")
+                    raise AssertionError(
+                        f"host read Tensor.{name}() from {module} during an overlap round"
+                    )
             return original(self, *args, **kwargs)
 
         return wrapper
@@ -117,7 +128,11 @@ def test_the_guard_catches_a_host_read(random_model, monkeypatch):
     import fastdeploy_mtp.proposer.mtp as mtp_module
 
     def reading_update_status(self=proposer):
-        exec("int(self.model_inputs.seq_lens_this_time.sum().item())", mtp_module.__dict__, {"self": self})
+        exec(
+            "int(self.model_inputs.seq_lens_this_time.sum().item())",
+            mtp_module.__dict__,
+            {"self": self},
+        )
         return type(proposer)._update_status(self)
 
     monkeypatch.setattr(paddle.Tensor, "item", spy)

@@ -52,8 +52,12 @@ MIX = [
     SamplingParams(temperature=1.0, top_k=20, seed=11),
     SamplingParams(),  # greedy
     SamplingParams(temperature=0.6, min_p=0.05, seed=3, repetition_penalty=1.3, logprobs=0),
-    SamplingParams(temperature=0.9, seed=5, frequency_penalty=0.5, presence_penalty=0.3, min_tokens=6),
-    SamplingParams(repetition_penalty=1.2, presence_penalty=0.5, logprobs=2),  # greedy with penalties
+    SamplingParams(
+        temperature=0.9, seed=5, frequency_penalty=0.5, presence_penalty=0.3, min_tokens=6
+    ),
+    SamplingParams(
+        repetition_penalty=1.2, presence_penalty=0.5, logprobs=2
+    ),  # greedy with penalties
 ]
 
 
@@ -101,7 +105,14 @@ def no_speculation(shipped):
 
 @pytest.mark.parametrize(
     ("k", "steps", "hybrid", "batch"),
-    [(1, 1, False, 16), (2, 2, False, 5), (3, 3, False, 1), (3, 1, True, 16), (2, 1, False, 5), (0, 1, False, 16)],
+    [
+        (1, 1, False, 16),
+        (2, 2, False, 5),
+        (3, 3, False, 1),
+        (3, 1, True, 16),
+        (2, 1, False, 5),
+        (0, 1, False, 16),
+    ],
 )
 def test_seeded_target_match_equals_no_speculation_for_any_batch(
     shipped, reference, no_speculation, k, steps, hybrid, batch
@@ -211,12 +222,17 @@ PROMPT_A = TOK.encode(DEMO_PROMPTS[2][:40])
 PROMPT_B = TOK.encode(DEMO_PROMPTS[5][:30])
 
 
-def _sample(shipped, strategy: str, prompt: list[int], max_tokens: int, n: int) -> tuple[list[list[int]], Engine]:
+def _sample(
+    shipped, strategy: str, prompt: list[int], max_tokens: int, n: int
+) -> tuple[list[list[int]], Engine]:
     """``n`` requests of ``prompt`` with seeds 0..n-1 through K = S = 3 MTP speculation."""
     eng = engine(shipped, 3, 3, batch=16, strategy=strategy)
     reqs = [
         Request(
-            f"s{i}", prompt, max_tokens=max_tokens, sampling=SamplingParams.from_dict({**TOP6.to_dict(), "seed": i})
+            f"s{i}",
+            prompt,
+            max_tokens=max_tokens,
+            sampling=SamplingParams.from_dict({**TOP6.to_dict(), "seed": i}),
         )
         for i in range(n)
     ]
@@ -240,7 +256,9 @@ def _chi2_p_value(observed: dict, expected_p: dict, n: int) -> tuple[float, int]
     return _chi2_sf(stat, df), df
 
 
-def _first_two_tokens_p_value(shipped, strategy: str, prompt: list[int], max_tokens: int, n: int) -> float:
+def _first_two_tokens_p_value(
+    shipped, strategy: str, prompt: list[int], max_tokens: int, n: int
+) -> float:
     """Chi-square p-value of the joint distribution of the first two generated tokens against
     the exact one; every generated token must lie in the top-k support."""
     p1 = _distributions(shipped, [prompt], TOP6)[0]
@@ -267,10 +285,14 @@ def _first_two_tokens_p_value(shipped, strategy: str, prompt: list[int], max_tok
     [(PROMPT_A, 6), (PROMPT_A, 2), (PROMPT_B, 2)],
     ids=["A-max6", "A-max2-last", "B-max2-last"],
 )
-def test_rejection_sampling_keeps_the_target_distribution_of_the_first_two_tokens(shipped, prompt, max_tokens):
+def test_rejection_sampling_keeps_the_target_distribution_of_the_first_two_tokens(
+    shipped, prompt, max_tokens
+):
     """With ``max_tokens`` 2 the second token is the one reaching ``max_tokens``: the op
     would emit the end id there, were it not kept (``keep_max_dec_len_token``)."""
-    p_value = _first_two_tokens_p_value(shipped, "rejection", prompt, max_tokens, 3000 if max_tokens > 2 else 2000)
+    p_value = _first_two_tokens_p_value(
+        shipped, "rejection", prompt, max_tokens, 3000 if max_tokens > 2 else 2000
+    )
     assert p_value >= 1e-4, p_value
 
 
@@ -289,7 +311,9 @@ def test_rejection_sampling_keeps_the_target_distribution_at_the_last_position(s
     n, max_tokens = 2000, 6
     samples, _ = _sample(shipped, "rejection", PROMPT_A, max_tokens, n)
     prefixes = sorted({tuple(ids[:-1]) for ids in samples})
-    dists = dict(zip(prefixes, _distributions(shipped, [PROMPT_A + list(p) for p in prefixes], TOP6)))
+    dists = dict(
+        zip(prefixes, _distributions(shipped, [PROMPT_A + list(p) for p in prefixes], TOP6))
+    )
     rng = np.random.default_rng(0)
     bins = np.zeros(10, np.int64)
     for ids in samples:
@@ -299,15 +323,21 @@ def test_rejection_sampling_keeps_the_target_distribution_at_the_last_position(s
         below = sum(p for t, p in dist.items() if t < last)
         u = below + rng.random() * dist[last]
         bins[min(int(u * 10), 9)] += 1
-    p_value, df = _chi2_p_value({i: int(c) for i, c in enumerate(bins)}, {i: 0.1 for i in range(10)}, n)
+    p_value, df = _chi2_p_value(
+        {i: int(c) for i, c in enumerate(bins)}, {i: 0.1 for i in range(10)}, n
+    )
     assert df == 9
     assert p_value >= 1e-4, (bins.tolist(), p_value)
 
 
 # ---- stops inside accepted drafts ----------------------------------------------------------
-def test_stop_strings_and_ids_inside_accepted_drafts_end_the_output_where_no_speculation_does(shipped):
+def test_stop_strings_and_ids_inside_accepted_drafts_end_the_output_where_no_speculation_does(
+    shipped,
+):
     prompts = [TOK.encode(p) for p in DEMO_PROMPTS]
-    greedy, _ = run(engine(shipped), [Request(f"g{i}", p, max_tokens=48) for i, p in enumerate(prompts)])
+    greedy, _ = run(
+        engine(shipped), [Request(f"g{i}", p, max_tokens=48) for i, p in enumerate(prompts)]
+    )
     texts = {rid: TOK.decode([t for t in ids if t < 256]) for rid, ids in greedy.items()}
 
     def decode(ids: list[int]) -> str:
@@ -317,7 +347,12 @@ def test_stop_strings_and_ids_inside_accepted_drafts_end_the_output_where_no_spe
         eng = engine(shipped, k, k if k else 1, detokenize=decode)
         eng.trace = []
         reqs = [
-            Request(f"g{i}", p, max_tokens=48, sampling=SamplingParams(stop=["self.", "):"], stop_token_ids=[ord("@")]))
+            Request(
+                f"g{i}",
+                p,
+                max_tokens=48,
+                sampling=SamplingParams(stop=["self.", "):"], stop_token_ids=[ord("@")]),
+            )
             for i, p in enumerate(prompts)
         ]
         eng.add_requests(reqs)
@@ -328,7 +363,12 @@ def test_stop_strings_and_ids_inside_accepted_drafts_end_the_output_where_no_spe
                 pieces[req.request_id].extend(tokens)
             step += 1
         eng.close()
-        return {r.request_id: r.output_token_ids for r in reqs}, eng, reqs, [pieces[r.request_id] for r in reqs]
+        return (
+            {r.request_id: r.output_token_ids for r in reqs},
+            eng,
+            reqs,
+            [pieces[r.request_id] for r in reqs],
+        )
 
     plain, _, _, _ = with_stops(0)
     spec, eng, reqs, streamed = with_stops(3)
@@ -344,7 +384,11 @@ def test_stop_strings_and_ids_inside_accepted_drafts_end_the_output_where_no_spe
     # tokens and the output was cut among them
     for req in reqs:
         steps = [new for _, rid, task, new, _ in eng.trace or [] if rid == req.request_id]
-        if req.finish_reason == "stop" and len(steps[-1]) > 1 and len(req.output_token_ids) < sum(map(len, steps)):
+        if (
+            req.finish_reason == "stop"
+            and len(steps[-1]) > 1
+            and len(req.output_token_ids) < sum(map(len, steps))
+        ):
             cut_inside_a_run += 1
     assert cut_inside_a_run > 0
 
@@ -401,12 +445,17 @@ def test_extreme_parameters_stay_valid_and_a_tiny_temperature_is_greedy(shipped)
         SamplingParams(temperature=1e6, seed=1),
         SamplingParams(temperature=1.0, top_k=10**9, top_p=1e-12, seed=3),
         SamplingParams(temperature=1.0, min_p=1.0, seed=4),
-        SamplingParams(repetition_penalty=1e30, frequency_penalty=2.0, presence_penalty=-2.0, logprobs=20),
-        SamplingParams(temperature=0.5, repetition_penalty=1e-30, min_tokens=10**6, seed=2**63 - 1, logprobs=1),
+        SamplingParams(
+            repetition_penalty=1e30, frequency_penalty=2.0, presence_penalty=-2.0, logprobs=20
+        ),
+        SamplingParams(
+            temperature=0.5, repetition_penalty=1e-30, min_tokens=10**6, seed=2**63 - 1, logprobs=1
+        ),
     ]
     for strategy in ("target_match", "rejection"):
         reqs = [
-            Request(f"h{i}", prompt, 20, sampling=SamplingParams.from_dict(c.to_dict())) for i, c in enumerate(cases)
+            Request(f"h{i}", prompt, 20, sampling=SamplingParams.from_dict(c.to_dict()))
+            for i, c in enumerate(cases)
         ]
         out, lps = run(engine(shipped, 3, 3, strategy=strategy), reqs)
         for rid, ids in out.items():

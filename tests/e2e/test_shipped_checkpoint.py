@@ -34,7 +34,10 @@ def requests(max_tokens, prompts=DEMO_PROMPTS):
     tok = ByteTokenizer()
     if isinstance(max_tokens, int):
         max_tokens = [max_tokens] * len(prompts)
-    return [Request(f"p{i}", tok.encode(p), max_tokens=m) for i, (p, m) in enumerate(zip(prompts, max_tokens))]
+    return [
+        Request(f"p{i}", tok.encode(p), max_tokens=m)
+        for i, (p, m) in enumerate(zip(prompts, max_tokens))
+    ]
 
 
 def run(shipped, k, steps=1, hybrid=False, eos=None, max_tokens=48, batch=8, trace=False):

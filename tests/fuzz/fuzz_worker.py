@@ -31,7 +31,10 @@ EVERY_OTHER_ROW = "every-other-row"
 
 
 def _decode_views(arrays: dict) -> dict:
-    return {k: v[1][::2] if isinstance(v, tuple) and v[0] == EVERY_OTHER_ROW else v for k, v in arrays.items()}
+    return {
+        k: v[1][::2] if isinstance(v, tuple) and v[0] == EVERY_OTHER_ROW else v
+        for k, v in arrays.items()
+    }
 
 
 def _bytes(a: np.ndarray | None) -> bytes | None:
@@ -84,7 +87,9 @@ def _run_paddle(op: str, tensors: dict, attrs: dict) -> tuple[dict, list]:
         changed = [k for k in pts if after[k] != before[k]]
         raise _Failed(changed) from None
     outs = [] if result is None else list(result) if isinstance(result, tuple | list) else [result]
-    return {k: (None if v is None else v.numpy()) for k, v in pts.items()}, [o.numpy() for o in outs]
+    return {k: (None if v is None else v.numpy()) for k, v in pts.items()}, [
+        o.numpy() for o in outs
+    ]
 
 
 class _Failed(Exception):
@@ -111,7 +116,9 @@ def run_case(case: tuple) -> tuple:
 
             # the allocated outputs, in declaration order, by name (as _kernels takes them)
             names = [o["name"] for o in DECLARED[op].get("outputs", [])]
-            assert len(outs) == len(names), f"{op} returned {len(outs)} outputs, declares {len(names)}"
+            assert len(outs) == len(names), (
+                f"{op} returned {len(outs)} outputs, declares {len(names)}"
+            )
             return ("ok", {**got, **dict(zip(names, outs))})
         emulate = backend.removesuffix("-emu") if backend.endswith("-emu") else ""
         _run_kernels(op, tensors, attrs, outputs, emulate=emulate)

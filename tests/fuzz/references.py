@@ -51,7 +51,9 @@ def _named(names: tuple[str, ...]) -> Callable[[Callable], Callable]:
 
 
 def _postprocess(tensors: dict, attrs: dict, outputs: dict) -> dict:
-    return postprocess_ref.draft_model_postprocess(*_positional(_inputs("draft_model_postprocess"), tensors))
+    return postprocess_ref.draft_model_postprocess(
+        *_positional(_inputs("draft_model_postprocess"), tensors)
+    )
 
 
 def _logits(tensors: dict, attrs: dict, outputs: dict) -> dict:
@@ -74,14 +76,18 @@ def _rows(op: str, fn: Callable) -> Callable:
 def _ngram(op: str, fn: Callable) -> Callable:
     def adapter(tensors: dict, attrs: dict, outputs: dict) -> dict:
         # the references take the attrs before num_threads, in declaration order
-        return fn(*_positional(_inputs(op), tensors), *[v for k, v in attrs.items() if k != "num_threads"])
+        return fn(
+            *_positional(_inputs(op), tensors), *[v for k, v in attrs.items() if k != "num_threads"]
+        )
 
     return adapter
 
 
 def _verify(tensors: dict, attrs: dict, outputs: dict) -> dict:
     # attrs arrive in declaration order: max_seq_len, verify_window, verify_strategy, ...
-    return verify_ref.verify_draft_tokens(_positional(verify_ref.NAMES, tensors), list(attrs.values()))
+    return verify_ref.verify_draft_tokens(
+        _positional(verify_ref.NAMES, tensors), list(attrs.values())
+    )
 
 
 def _unified(tensors: dict, attrs: dict, outputs: dict) -> dict:
@@ -95,7 +101,9 @@ def _pre_process(tensors: dict, attrs: dict, outputs: dict) -> dict:
 
 
 def _mask(tensors: dict, attrs: dict, outputs: dict) -> dict:
-    out, states = mask_ref.update_attn_mask_offsets(*_positional(_inputs("update_attn_mask_offsets"), tensors))
+    out, states = mask_ref.update_attn_mask_offsets(
+        *_positional(_inputs("update_attn_mask_offsets"), tensors)
+    )
     return {"attn_mask_offsets": out, "decode_states": states}
 
 
@@ -110,9 +118,15 @@ REFERENCES: dict[str, Callable] = {
     "mtp_step_paddle": _named(step_ref.NAMES)(step_ref.mtp_step_paddle),
     "speculate_get_logits": _logits,
     "speculate_get_token_penalty_multi_scores": _penalty,
-    "eagle_get_hidden_states": _rows("eagle_get_hidden_states", hidden_states.eagle_get_hidden_states),
-    "eagle_get_self_hidden_states": _rows("eagle_get_self_hidden_states", hidden_states.eagle_get_self_hidden_states),
-    "eagle_gather_hidden_states": _rows("eagle_gather_hidden_states", hidden_states.eagle_gather_hidden_states),
+    "eagle_get_hidden_states": _rows(
+        "eagle_get_hidden_states", hidden_states.eagle_get_hidden_states
+    ),
+    "eagle_get_self_hidden_states": _rows(
+        "eagle_get_self_hidden_states", hidden_states.eagle_get_self_hidden_states
+    ),
+    "eagle_gather_hidden_states": _rows(
+        "eagle_gather_hidden_states", hidden_states.eagle_gather_hidden_states
+    ),
     "hybrid_mtp_ngram": _ngram("hybrid_mtp_ngram", ngram.hybrid_mtp_ngram),
     "ngram_match": _ngram("ngram_match", ngram.ngram_match),
 }
@@ -122,7 +136,9 @@ def _bits(a) -> bytes:
     return np.ascontiguousarray(np.asarray(a)).tobytes()
 
 
-def compare_with_reference(op: str, tensors: dict, attrs: dict, outputs: dict, results: dict) -> None:
+def compare_with_reference(
+    op: str, tensors: dict, attrs: dict, outputs: dict, results: dict
+) -> None:
     """Asserts that the op's results equal its reference (bit for bit) on copies of the inputs."""
     copies = {k: None if v is None else np.array(v, copy=True) for k, v in tensors.items()}
     want = REFERENCES[op](copies, attrs, outputs)
@@ -132,6 +148,8 @@ def compare_with_reference(op: str, tensors: dict, attrs: dict, outputs: dict, r
         got = np.asarray(results[name])
         value = np.asarray(value)
         # outputs checked by element count accept any shape of that count: compare elements
-        assert got.size == value.size and _bits(got.reshape(-1)) == _bits(value.astype(got.dtype).reshape(-1)), (
+        assert got.size == value.size and _bits(got.reshape(-1)) == _bits(
+            value.astype(got.dtype).reshape(-1)
+        ), (
             f"{op}: `{name}` differs from the reference:\n got  {got.reshape(-1)[:16]}\n want {value.reshape(-1)[:16]}"
         )

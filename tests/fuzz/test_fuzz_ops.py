@@ -77,9 +77,39 @@ DECLS = {name: decl for name, decl in DECLARED.items() if name not in HOST_ONLY}
 EXAMPLES = int(os.environ.get("FDMTP_FUZZ_EXAMPLES", "100"))
 CASE_TIMEOUT_S = float(os.environ.get("FDMTP_FUZZ_CASE_TIMEOUT", "60"))
 BACKENDS = ("kernels-cpu", "xpu-emu", "cuda-emu", "cpu")
-SYMBOLS = ("N", "W", "K", "L", "L2", "C", "T", "E", "F", "B", "R", "V", "H", "rows", "num_tokens", "real_bsz")
-INT_DTYPES = {"int32": np.int32, "int64": np.int64, "bool": np.bool_, "float32": np.float32, "int8": np.int8}
-STATS: dict[str, int] = {"cases": 0, "rejected": 0, "ok": 0, "crashes": 0, "hangs": 0, "lost_writes": 0}
+SYMBOLS = (
+    "N",
+    "W",
+    "K",
+    "L",
+    "L2",
+    "C",
+    "T",
+    "E",
+    "F",
+    "B",
+    "R",
+    "V",
+    "H",
+    "rows",
+    "num_tokens",
+    "real_bsz",
+)
+INT_DTYPES = {
+    "int32": np.int32,
+    "int64": np.int64,
+    "bool": np.bool_,
+    "float32": np.float32,
+    "int8": np.int8,
+}
+STATS: dict[str, int] = {
+    "cases": 0,
+    "rejected": 0,
+    "ok": 0,
+    "crashes": 0,
+    "hangs": 0,
+    "lost_writes": 0,
+}
 #: per op, the calls that completed on kernels-cpu (whose results were compared)
 COMPLETED: dict[str, int] = {}
 
@@ -133,7 +163,9 @@ class Worker:
     def _died(self, case: tuple) -> tuple:
         assert self.proc is not None
         self.proc.wait(timeout=30)
-        stderr = self.proc.stderr.read().decode(errors="replace")[-4000:] if self.proc.stderr else ""
+        stderr = (
+            self.proc.stderr.read().decode(errors="replace")[-4000:] if self.proc.stderr else ""
+        )
         code = self.proc.returncode
         self.proc = None
         STATS["crashes"] += 1
@@ -157,7 +189,13 @@ def _encode_views(case: tuple) -> tuple:
         return (EVERY_OTHER_ROW, a.base)
 
     op, backend, tensors, attrs, outputs = case
-    return (op, backend, {k: encode(v) for k, v in tensors.items()}, attrs, {k: encode(v) for k, v in outputs.items()})
+    return (
+        op,
+        backend,
+        {k: encode(v) for k, v in tensors.items()},
+        attrs,
+        {k: encode(v) for k, v in outputs.items()},
+    )
 
 
 class _Reader:
@@ -257,7 +295,9 @@ def _draw_values(rng: np.random.Generator, shape: list[int], dtype: type, mode: 
     elif mode == "signed":
         a = rng.integers(-3, 9, n)
     else:
-        pool = np.array([info.min, -1, 0, 1, 2, 5, info.max, info.max - 1, 2**31 - 1 if info.bits == 64 else 7])
+        pool = np.array(
+            [info.min, -1, 0, 1, 2, 5, info.max, info.max - 1, 2**31 - 1 if info.bits == 64 else 7]
+        )
         a = rng.choice(pool, n)
     return a.astype(dtype).reshape(shape)
 
@@ -271,7 +311,9 @@ def calls(draw, op: str) -> tuple[dict, dict, dict, bool, bool]:
     sym = {s: draw(st.integers(0, 6)) for s in SYMBOLS}
     if draw(st.integers(0, 3)):  # mostly a batch that fits its slots (else: refused)
         sym["real_bsz"] = min(sym["real_bsz"], sym["N"])
-    alloc_attrs = {a for o in decl.get("outputs", []) for a in re.findall(r"[a-z_]+", str(o["alloc"]))}
+    alloc_attrs = {
+        a for o in decl.get("outputs", []) for a in re.findall(r"[a-z_]+", str(o["alloc"]))
+    }
     attrs = {}
     # half the calls keep every attr in a small valid-looking range (else a call with several
     # attrs almost never gets past their checks, and its results are never compared)
@@ -281,11 +323,15 @@ def calls(draw, op: str) -> tuple[dict, dict, dict, bool, bool]:
             attrs[a["name"]] = draw(st.booleans())
         elif a["name"] in alloc_attrs:
             extremes = st.sampled_from([-1, 1 << 16])
-            attrs[a["name"]] = draw(st.integers(0, 24) if sane else st.one_of(st.integers(0, 24), extremes))
+            attrs[a["name"]] = draw(
+                st.integers(0, 24) if sane else st.one_of(st.integers(0, 24), extremes)
+            )
         elif sane:
             attrs[a["name"]] = draw(st.integers(0, 5))
         else:
-            attrs[a["name"]] = draw(st.one_of(st.integers(0, 6), st.integers(-2, 8), st.sampled_from(ATTR_EXTREMES)))
+            attrs[a["name"]] = draw(
+                st.one_of(st.integers(0, 6), st.integers(-2, 8), st.sampled_from(ATTR_EXTREMES))
+            )
     floats = draw(st.sampled_from(FLOAT_DTYPES))
     sym.update({k: v for k, v in attrs.items() if isinstance(v, int) and 0 <= v < 64})
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
@@ -298,7 +344,9 @@ def calls(draw, op: str) -> tuple[dict, dict, dict, bool, bool]:
     tensors, outputs = {}, {}
     for spec in [*decl["inputs"], *decl.get("outputs", [])]:
         is_output = spec in decl.get("outputs", [])
-        if spec.get("optional") and draw(st.integers(0, 3)) == 0:  # absent in a quarter of the calls
+        if (
+            spec.get("optional") and draw(st.integers(0, 3)) == 0
+        ):  # absent in a quarter of the calls
             tensors[spec["name"]] = None
             continue
         if is_output:
@@ -306,7 +354,11 @@ def calls(draw, op: str) -> tuple[dict, dict, dict, bool, bool]:
             # outputs), unless this output is mutated below
             shape = _allocated(spec["alloc"], tensors, attrs)
             like = spec["dtype"].removeprefix("same:")
-            dtype = tensors[like].dtype.type if like in tensors else _dtype_of(decl, spec["dtype"], draw, floats)
+            dtype = (
+                tensors[like].dtype.type
+                if like in tensors
+                else _dtype_of(decl, spec["dtype"], draw, floats)
+            )
         else:
             shape = _dims(spec["shape"], sym, draw)
             dtype = _dtype_of(decl, spec["dtype"], draw, floats)
@@ -348,11 +400,17 @@ def _check_verdict(op: str, backend: str, verdict: tuple, case_repr: str) -> Non
     if kind == "error":
         STATS["rejected"] += 1
         message, changed = verdict[1], verdict[2]
-        assert message.startswith(f"{op}: "), f"{op} on {backend}: message does not name the op: {message!r}"
-        assert _named_argument(op, message), f"{op} on {backend}: message names no argument: {message!r}"
+        assert message.startswith(f"{op}: "), (
+            f"{op} on {backend}: message does not name the op: {message!r}"
+        )
+        assert _named_argument(op, message), (
+            f"{op} on {backend}: message names no argument: {message!r}"
+        )
         if changed:
             STATS["lost_writes"] += 1
-        assert not changed, f"{op} on {backend}: rejected call changed {changed}: {message}\ncase: {case_repr}"
+        assert not changed, (
+            f"{op} on {backend}: rejected call changed {changed}: {message}\ncase: {case_repr}"
+        )
     else:
         STATS["ok"] += 1
 
@@ -399,30 +457,47 @@ def test_fuzz_op(op, worker):
             verdicts[backend] = verdict
         # The Paddle binding is compared too, except where it sees another call than the others
         # (see the module docstring).
-        empty_optional = any(tensors[name] is not None and tensors[name].size == 0 for name in optional)
-        comparable = [b for b in verdicts if not (b == "cpu" and (strided or own_outputs or empty_optional))]
+        empty_optional = any(
+            tensors[name] is not None and tensors[name].size == 0 for name in optional
+        )
+        comparable = [
+            b for b in verdicts if not (b == "cpu" and (strided or own_outputs or empty_optional))
+        ]
         kinds = {b: verdicts[b][0] for b in comparable}
-        assert len(set(kinds.values())) <= 1, f"{op}: bindings disagree {kinds} on {case_repr}: {verdicts}"
+        assert len(set(kinds.values())) <= 1, (
+            f"{op}: bindings disagree {kinds} on {case_repr}: {verdicts}"
+        )
         if "cpu" in comparable and verdicts["cpu"][0] == "error":
             got, want = verdicts["cpu"][1], verdicts["kernels-cpu"][1]
-            assert got == want, f"{op}: cpu refuses with {got!r}, kernels-cpu with {want!r}\ncase: {case_repr}"
+            assert got == want, (
+                f"{op}: cpu refuses with {got!r}, kernels-cpu with {want!r}\ncase: {case_repr}"
+            )
         first = verdicts["kernels-cpu"]
         if first[0] == "ok":
             COMPLETED[op] = COMPLETED.get(op, 0) + 1
             for backend in ("xpu-emu", "cuda-emu"):
                 other = verdicts[backend][1]
                 for name, value in first[1].items():
-                    assert _same(value, other[name]), f"{op}: `{name}` differs between kernels-cpu and {backend}"
+                    assert _same(value, other[name]), (
+                        f"{op}: `{name}` differs between kernels-cpu and {backend}"
+                    )
             if verdicts.get("cpu", ("",))[0] == "ok":
                 paddle = verdicts["cpu"][1]
                 assert paddle.keys() == first[1].keys(), f"{op}: cpu returned {sorted(paddle)}"
                 for name, value in first[1].items():
                     # an output of the caller's own may have another shape of the same count
                     same = _same_elements if own_outputs and name in outputs else _same
-                    assert same(value, paddle[name]), f"{op}: `{name}` differs between kernels-cpu and cpu: {case_repr}"
+                    assert same(value, paddle[name]), (
+                        f"{op}: `{name}` differs between kernels-cpu and cpu: {case_repr}"
+                    )
             if op in REFERENCES and not strided:
                 compare_with_reference(op, tensors, attrs, outputs, first[1])
-        elif strided and not empty_optional and verdicts.get("cpu", ("",))[0] == "ok" and op in REFERENCES:
+        elif (
+            strided
+            and not empty_optional
+            and verdicts.get("cpu", ("",))[0] == "ok"
+            and op in REFERENCES
+        ):
             # a strided read-only input: the Paddle op ran on a contiguous copy of it
             compare_with_reference(op, tensors, attrs, outputs, verdicts["cpu"][1])
 

@@ -20,7 +20,13 @@ from fastdeploy_mtp.models.model_config import ModelConfig
 
 
 def arch(**overrides) -> ModelConfig:
-    fields = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, block_size=8)
+    fields = dict(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        block_size=8,
+    )
     return ModelConfig(**{**fields, **overrides})
 
 
@@ -33,13 +39,18 @@ def test_one_key_and_one_value_cache_per_target_and_mtp_layer_in_order(mtp_layer
     assert [(s.owner, s.layer, s.kind) for s in specs] == expected
     assert {s.shape for s in specs} == {(9, 2, 8, 8)} and {s.dtype for s in specs} == {"float32"}
     # speculation off: no MTP caches, whatever the checkpoint carries
-    assert model_cache_specs(arch(num_nextn_predict_layers=mtp_layers), 9, 1, with_mtp=False) == specs[:4]
+    assert (
+        model_cache_specs(arch(num_nextn_predict_layers=mtp_layers), 9, 1, with_mtp=False)
+        == specs[:4]
+    )
 
 
 def test_tensor_parallel_ranks_hold_their_share_of_the_kv_heads() -> None:
     specs = model_cache_specs(arch(num_nextn_predict_layers=3), 5, 2, with_mtp=True)
     assert len(specs) == 10 and {s.shape for s in specs} == {(5, 1, 8, 8)}
-    with pytest.raises(ValueError, match="`num_key_value_heads` \\(2\\) is not divisible by `tensor_parallel_size`"):
+    with pytest.raises(
+        ValueError, match="`num_key_value_heads` \\(2\\) is not divisible by `tensor_parallel_size`"
+    ):
         model_cache_specs(arch(hidden_size=48, num_attention_heads=6), 5, 3, with_mtp=True)
     with pytest.raises(ValueError, match="`num_blocks` must be positive"):
         model_cache_specs(arch(), 0, 1, with_mtp=True)
@@ -57,19 +68,31 @@ def test_description_round_trips_through_json_and_refuses_bad_entries() -> None:
     specs = model_cache_specs(arch(num_nextn_predict_layers=3), 4, 2, with_mtp=True)
     text = json.dumps(describe(specs))
     assert from_description(json.loads(text)) == specs
-    assert json.loads(text)[4] == {"owner": "mtp", "layer": 0, "kind": "key", "shape": [4, 1, 8, 8], "dtype": "float32"}
+    assert json.loads(text)[4] == {
+        "owner": "mtp",
+        "layer": 0,
+        "kind": "key",
+        "shape": [4, 1, 8, 8],
+        "dtype": "float32",
+    }
     # a latent cache (one per layer, its own shape) is one more entry of the same form
     latent = CacheSpec("target", 0, "latent", (4, 8, 96), "bfloat16")
     assert from_description(describe([latent])) == [latent]
     bad = json.loads(text)
     bad[2]["kind"] = "query"
-    with pytest.raises(ValueError, match=r"cache description\[2\]: CacheSpec `kind` must be one of"):
+    with pytest.raises(
+        ValueError, match=r"cache description\[2\]: CacheSpec `kind` must be one of"
+    ):
         from_description(bad)
     bad = json.loads(text)
     del bad[5]["dtype"]
     with pytest.raises(ValueError, match=r"cache description\[5\]: expected the keys"):
         from_description(bad)
-    for entry, key in (({"shape": [4, 0, 8, 8]}, "shape"), ({"layer": -1}, "layer"), ({"dtype": "int8"}, "dtype")):
+    for entry, key in (
+        ({"shape": [4, 0, 8, 8]}, "shape"),
+        ({"layer": -1}, "layer"),
+        ({"dtype": "int8"}, "dtype"),
+    ):
         with pytest.raises(ValueError, match=f"`{key}`"):
             from_description([{**specs[0].to_dict(), **entry}])
     with pytest.raises(ValueError, match="non-empty list"):
@@ -85,7 +108,9 @@ def test_names_are_fastdeploys_with_the_mtp_layers_after_the_target_layers() -> 
         "key_caches_1_rank1.device7",
         "value_caches_1_rank1.device7",
     ]
-    assert names[4:] == [f"{kind}_caches_{n}_rank1.device7" for n in (2, 3, 4) for kind in ("key", "value")]
+    assert names[4:] == [
+        f"{kind}_caches_{n}_rank1.device7" for n in (2, 3, 4) for kind in ("key", "value")
+    ]
     # the proposer names its own part with the target's layer count given
     assert spec_cache_names(owned_by(specs, "mtp"), 1, 7, num_target_layers=2) == names[4:]
     mtp_only = key_value_specs("mtp", 1, (4, 1, 8, 8), "float32")
@@ -95,7 +120,9 @@ def test_names_are_fastdeploys_with_the_mtp_layers_after_the_target_layers() -> 
     ]
 
 
-def test_bfloat16_caches_published_and_attached_by_spec_share_memory_with_int16_host_views() -> None:
+def test_bfloat16_caches_published_and_attached_by_spec_share_memory_with_int16_host_views() -> (
+    None
+):
     """A bfloat16 cache attached with its spec's shape and dtype maps the creator's memory; its
     host view (what the KV transfer copies) is int16, the bits."""
     import os
@@ -110,7 +137,9 @@ def test_bfloat16_caches_published_and_attached_by_spec_share_memory_with_int16_
         unpublish_caches,
     )
 
-    specs = model_cache_specs(arch(dtype="bfloat16", num_nextn_predict_layers=2), 3, 1, with_mtp=True)
+    specs = model_cache_specs(
+        arch(dtype="bfloat16", num_nextn_predict_layers=2), 3, 1, with_mtp=True
+    )
     names = spec_cache_names(specs, 0, os.getpid() * 10 + 7)
     created = [paddle.zeros(list(s.shape), dtype=s.dtype) for s in specs]
     publish_caches(created, names)
@@ -121,7 +150,9 @@ def test_bfloat16_caches_published_and_attached_by_spec_share_memory_with_int16_
             assert view.dtype == np.int16 and view.shape == specs[-1].shape and view.flags.writeable
             view[1, 0, 0, 0] = np.array([1.5], np.float32).view(np.int32)[0] >> 16  # bfloat16 1.5
             assert float(created[-1][1, 0, 0, 0].astype("float32")) == 1.5
-            assert attached[0].dtype == paddle.bfloat16 and list(attached[0].shape) == list(specs[0].shape)
+            assert attached[0].dtype == paddle.bfloat16 and list(attached[0].shape) == list(
+                specs[0].shape
+            )
         finally:
             detach_caches(attached, names)
     finally:

@@ -57,9 +57,17 @@ def swiglu(x, w, prefix):
 
 def decoder_layer(x, w, prefix, cfg, positions):
     h = x + attention(
-        rmsnorm(x, w[prefix + "input_layernorm.weight"], cfg.rms_norm_eps), w, prefix + "self_attn.", cfg, positions
+        rmsnorm(x, w[prefix + "input_layernorm.weight"], cfg.rms_norm_eps),
+        w,
+        prefix + "self_attn.",
+        cfg,
+        positions,
     )
-    return h + swiglu(rmsnorm(h, w[prefix + "post_attention_layernorm.weight"], cfg.rms_norm_eps), w, prefix + "mlp.")
+    return h + swiglu(
+        rmsnorm(h, w[prefix + "post_attention_layernorm.weight"], cfg.rms_norm_eps),
+        w,
+        prefix + "mlp.",
+    )
 
 
 def target_hidden(ids, w, cfg):

@@ -46,7 +46,9 @@ def reference_attention(q, k, v, key_cache, value_cache, this_time, decoder, tab
         total = decoder[b] + n
         pos = np.arange(total)
         keys = key_cache[tables[b, pos // block_size], :, pos % block_size, :].astype(np.float64)
-        values = value_cache[tables[b, pos // block_size], :, pos % block_size, :].astype(np.float64)
+        values = value_cache[tables[b, pos // block_size], :, pos % block_size, :].astype(
+            np.float64
+        )
         for i in range(n):
             row, seen = cu[b] + i, decoder[b] + i + 1
             for h in range(num_heads):
@@ -60,7 +62,10 @@ def reference_attention(q, k, v, key_cache, value_cache, this_time, decoder, tab
 def scattered_tables(this_time, decoder, block_size, extra_columns, rng):
     """Block tables whose blocks come from a shuffled pool with spare blocks in between;
     entries past an item's need are -1, and so is the whole row of some idle items."""
-    need = [-(-(d + n) // block_size) if n else int(rng.integers(0, 3)) for n, d in zip(this_time, decoder)]
+    need = [
+        -(-(d + n) // block_size) if n else int(rng.integers(0, 3))
+        for n, d in zip(this_time, decoder)
+    ]
     width = max(need, default=0) + extra_columns
     pool = rng.permutation(2 * sum(need) + 3)
     tables = np.full([len(need), max(width, 1)], -1, np.int32)
@@ -90,7 +95,9 @@ def run_case(
     ``max_seq_len``/``max_rows_per_item``)."""
     rng = np.random.default_rng(seed)
     if tables is None:
-        tables, num_blocks = scattered_tables(this_time, decoder, block_size, int(rng.integers(0, 3)), rng)
+        tables, num_blocks = scattered_tables(
+            this_time, decoder, block_size, int(rng.integers(0, 3)), rng
+        )
     else:
         num_blocks = int(tables.max()) + 1
     num_heads, rows = kv_heads * groups, int(sum(this_time)) + pad
@@ -108,14 +115,28 @@ def run_case(
         this_time, decoder, tables, caches, block_size, ids_remove_padding=np.zeros(rows, np.int64)
     )
     totals = [d + n for n, d in zip(this_time, decoder) if n]
-    meta.max_seq_len = {"none": None, "tight": max(totals, default=1), "loose": max(totals, default=1) + 7}[hint]
+    meta.max_seq_len = {
+        "none": None,
+        "tight": max(totals, default=1),
+        "loose": max(totals, default=1) + 7,
+    }[hint]
     widest = max(this_time, default=0)
     meta.max_rows_per_item = {"none": None, "tight": widest, "loose": widest + 3}[rows_hint]
     meta.check = check
     meta.build_plan()
-    out = backend.forward(paddle.to_tensor(q), paddle.to_tensor(k), paddle.to_tensor(v), 0, meta).numpy()
+    out = backend.forward(
+        paddle.to_tensor(q), paddle.to_tensor(k), paddle.to_tensor(v), 0, meta
+    ).numpy()
     want, want_keys, want_values = reference_attention(
-        q, k, v, key_np, value_np, np.asarray(this_time), np.asarray(decoder), tables.astype(np.int64), block_size
+        q,
+        k,
+        v,
+        key_np,
+        value_np,
+        np.asarray(this_time),
+        np.asarray(decoder),
+        tables.astype(np.int64),
+        block_size,
     )
     return out, want, caches, want_keys, want_values
 
@@ -125,8 +146,12 @@ def assert_matches_reference(this_time, pad, out, want, caches, want_keys, want_
     np.testing.assert_allclose(out[:real], want[:real], rtol=1e-5, atol=1e-5)
     assert np.all(out[real:] == 0), "padding rows must get zeros"
     assert out.shape[0] == real + pad
-    assert np.array_equal(caches[0].numpy(), want_keys), "key cache differs from the per-item writes"
-    assert np.array_equal(caches[1].numpy(), want_values), "value cache differs from the per-item writes"
+    assert np.array_equal(caches[0].numpy(), want_keys), (
+        "key cache differs from the per-item writes"
+    )
+    assert np.array_equal(caches[1].numpy(), want_values), (
+        "value cache differs from the per-item writes"
+    )
 
 
 CASES = {
@@ -152,7 +177,18 @@ def test_named_batches_match_the_host_planned_reference(case, layout):
     for block_size, kv_heads, groups in ((4, 2, 2), (1, 1, 3)):
         for rows_hint in ("none", "tight", "loose"):
             got = run_case(
-                this_time, decoder, pad, block_size, kv_heads, groups, len(case), "tight", layout, True, None, rows_hint
+                this_time,
+                decoder,
+                pad,
+                block_size,
+                kv_heads,
+                groups,
+                len(case),
+                "tight",
+                layout,
+                True,
+                None,
+                rows_hint,
             )
             assert_matches_reference(this_time, pad, *got)
 
@@ -161,7 +197,9 @@ def test_shuffled_contiguous_tables_match_the_reference():
     this_time, decoder = [3, 1, 5], [10, 22, 0]
     tables, _ = contiguous_block_tables([13, 23, 5], 4, shuffle_seed=5)
     for layout in LAYOUTS[1:]:
-        got = run_case(this_time, decoder, 2, 4, 2, 2, seed=3, layout=layout, tables=tables, rows_hint="tight")
+        got = run_case(
+            this_time, decoder, 2, 4, 2, 2, seed=3, layout=layout, tables=tables, rows_hint="tight"
+        )
         assert_matches_reference(this_time, 2, *got)
 
 
@@ -169,7 +207,10 @@ def test_layouts_agree_with_each_other():
     """A verify batch (8 items x 4 rows, padding behind) in every layout: the outputs agree
     to float32 rounding and the caches bit for bit."""
     this_time, decoder = [4] * 8, [30, 3, 17, 0, 9, 44, 21, 12]
-    results = [run_case(this_time, decoder, 3, 4, 2, 2, 7, "loose", layout, False, None, "tight") for layout in LAYOUTS]
+    results = [
+        run_case(this_time, decoder, 3, 4, 2, 2, 7, "loose", layout, False, None, "tight")
+        for layout in LAYOUTS
+    ]
     first_out, _, first_caches, _, _ = results[0]
     for out, _, caches, _, _ in results[1:]:
         np.testing.assert_allclose(out, first_out, rtol=1e-5, atol=1e-5)
@@ -224,7 +265,20 @@ def test_random_batches_match_the_host_planned_reference(
     items, pad, block_size, kv_heads, groups, hint, rows_hint, layout, check, seed
 ):
     this_time, decoder = [n for n, _ in items], [d for _, d in items]
-    got = run_case(this_time, decoder, pad, block_size, kv_heads, groups, seed, hint, layout, check, None, rows_hint)
+    got = run_case(
+        this_time,
+        decoder,
+        pad,
+        block_size,
+        kv_heads,
+        groups,
+        seed,
+        hint,
+        layout,
+        check,
+        None,
+        rows_hint,
+    )
     assert_matches_reference(this_time, pad, *got)
 
 
@@ -238,13 +292,18 @@ def test_padding_rows_leave_the_caches_bit_identical(layout):
     rng = np.random.default_rng(0)
     backend = ReferenceAttentionBackend(4, 2, HEAD_DIM, bs)
     backend.force_layout = layout
-    start = [rng.standard_normal(backend.get_kv_cache_shape(num_blocks)).astype(np.float32) for _ in range(2)]
+    start = [
+        rng.standard_normal(backend.get_kv_cache_shape(num_blocks)).astype(np.float32)
+        for _ in range(2)
+    ]
     real = sum(this_time)
     q, k, v = (rng.standard_normal([real + 6, h, HEAD_DIM]).astype(np.float32) for h in (4, 2, 2))
     results = []
     for rows in (real, real + 6):
         caches = [paddle.to_tensor(c) for c in start]
-        meta = make_forward_meta(this_time, decoder, tables, caches, bs, ids_remove_padding=np.zeros(rows, np.int64))
+        meta = make_forward_meta(
+            this_time, decoder, tables, caches, bs, ids_remove_padding=np.zeros(rows, np.int64)
+        )
         meta.check, meta.max_rows_per_item = False, 3
         out = backend.forward(*(paddle.to_tensor(x[:rows]) for x in (q, k, v)), 0, meta).numpy()
         results.append((out, [c.numpy() for c in caches]))
@@ -255,7 +314,9 @@ def test_padding_rows_leave_the_caches_bit_identical(layout):
         assert np.array_equal(a, b), "padding rows wrote into the cache"
 
     caches = [paddle.to_tensor(c) for c in start]
-    meta = make_forward_meta([0, 0, 0], decoder, tables, caches, bs, ids_remove_padding=np.zeros(5, np.int64))
+    meta = make_forward_meta(
+        [0, 0, 0], decoder, tables, caches, bs, ids_remove_padding=np.zeros(5, np.int64)
+    )
     meta.check, meta.max_rows_per_item = False, 0
     out = backend.forward(*(paddle.to_tensor(x[:5]) for x in (q, k, v)), 0, meta).numpy()
     assert np.all(out == 0)
@@ -301,13 +362,21 @@ def _model_forwards(check, guard, layout=None):
     outs = []
     for model in (target, mtp):
         caches = model.attn_backend.allocate_caches(model.num_cache_layers, num_blocks)
-        meta = make_forward_meta(this_time, decoder, tables, caches, config.block_size, ids_remove_padding=ids)
+        meta = make_forward_meta(
+            this_time, decoder, tables, caches, config.block_size, ids_remove_padding=ids
+        )
         meta.check, meta.max_seq_len, meta.max_rows_per_item = check, 40, 6
-        hidden = paddle.to_tensor(rng.standard_normal([len(ids), config.hidden_size]).astype(np.float32))
+        hidden = paddle.to_tensor(
+            rng.standard_normal([len(ids), config.hidden_size]).astype(np.float32)
+        )
         guard["on"] = True
         try:
             with paddle.no_grad():
-                out = target(meta.ids_remove_padding, meta) if model is target else mtp(None, hidden, meta)
+                out = (
+                    target(meta.ids_remove_padding, meta)
+                    if model is target
+                    else mtp(None, hidden, meta)
+                )
         finally:
             guard["on"] = False
         outs.append(out.numpy())
@@ -338,27 +407,48 @@ def test_checked_metadata_errors_name_the_field():
     bs = config.block_size
     caches = target.attn_backend.allocate_caches(target.num_cache_layers, 8)
     bad = {
-        r"needs 3 cache blocks for 9 tokens but `block_tables` has 2 columns": ([3], [6], [[0, 1]], 3),
-        r"`ids_remove_padding` has 2 tokens but sum\(seq_lens_this_time\) = 3": ([3], [0], [[0, 1]], 2),
-        r"position 25 is beyond `max_position_embeddings` \(24\)": ([2], [24], [[0, 1, 2, 3, 4, 5, 6, 7]], 2),
+        r"needs 3 cache blocks for 9 tokens but `block_tables` has 2 columns": (
+            [3],
+            [6],
+            [[0, 1]],
+            3,
+        ),
+        r"`ids_remove_padding` has 2 tokens but sum\(seq_lens_this_time\) = 3": (
+            [3],
+            [0],
+            [[0, 1]],
+            2,
+        ),
+        r"position 25 is beyond `max_position_embeddings` \(24\)": (
+            [2],
+            [24],
+            [[0, 1, 2, 3, 4, 5, 6, 7]],
+            2,
+        ),
         r"`block_tables\[0, 1\]` is unused": ([2], [3], [[0, -1]], 2),
     }
     for message, (this_time, decoder, tables, rows) in bad.items():
         ids = np.zeros(rows, np.int64)
-        meta = make_forward_meta(this_time, decoder, np.asarray(tables, np.int32), caches, bs, ids_remove_padding=ids)
+        meta = make_forward_meta(
+            this_time, decoder, np.asarray(tables, np.int32), caches, bs, ids_remove_padding=ids
+        )
         with pytest.raises(ValueError, match=message):
             target(meta.ids_remove_padding, meta)
         meta.check = False
         out = target(meta.ids_remove_padding, meta).numpy()
         assert out.shape == (rows, config.hidden_size) and np.isfinite(out).all()
-    meta = make_forward_meta([3], [4], np.array([[0, 1, 2]], np.int32), caches, bs, ids_remove_padding=np.zeros(3))
+    meta = make_forward_meta(
+        [3], [4], np.array([[0, 1, 2]], np.int32), caches, bs, ids_remove_padding=np.zeros(3)
+    )
     meta.max_seq_len = 6
     with pytest.raises(ValueError, match="holds 7 tokens after this step but `max_seq_len` is 6"):
         target(meta.ids_remove_padding, meta)
     with pytest.raises(ValueError, match="`max_seq_len` must be positive or None, got 0"):
         dataclasses.replace(meta, max_seq_len=0)
     meta = dataclasses.replace(meta, max_seq_len=None, max_rows_per_item=2)
-    with pytest.raises(ValueError, match="item 0 has 3 rows this step but `max_rows_per_item` is 2"):
+    with pytest.raises(
+        ValueError, match="item 0 has 3 rows this step but `max_rows_per_item` is 2"
+    ):
         target(meta.ids_remove_padding, meta)
     with pytest.raises(ValueError, match="`max_rows_per_item` must be >= 0 or None, got -1"):
         dataclasses.replace(meta, max_rows_per_item=-1)

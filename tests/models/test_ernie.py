@@ -24,7 +24,11 @@ from fastdeploy_mtp.models.model_folder import inspect_model_folder
 from fastdeploy_mtp.models.moe import MoEMLP
 from tests.support import hf_ernie_folders as ernie
 from tests.support.engines import check_k1_rounds_against_transformers
-from tests.support.folder_checks import assert_two_ranks_hold_their_expert_slices, prefill, relative_error
+from tests.support.folder_checks import (
+    assert_two_ranks_hold_their_expert_slices,
+    prefill,
+    relative_error,
+)
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 200, 33, 1, 77, 150, 9, 260, 31]
 RTOL = 1e-4
@@ -73,20 +77,34 @@ def test_config_translates_ernie_keys(folder, loaded):
     raw = folder.config
     assert config.model_type == ("ernie4_5_moe" if folder.moe else "ernie4_5")
     assert (config.rope_interleave, config.rope_theta, config.head_dim) == (True, 500000.0, 32)
-    assert (config.tie_word_embeddings, config.rms_norm_eps, config.attention_bias) == (folder.tie, 1e-5, False)
+    assert (config.tie_word_embeddings, config.rms_norm_eps, config.attention_bias) == (
+        folder.tie,
+        1e-5,
+        False,
+    )
     assert (config.num_nextn_predict_layers, config.eos_token_ids) == (1, list(ernie.EOS_TOKEN_IDS))
     assert (config.mtp_final_norm, config.mtp_hidden_state, config.mtp_concat_order) == (
         "in_forward", "post_norm", "emb_first"
     )  # fmt: skip
     assert not config.mtp_mask_first_position
     if not folder.moe:
-        assert config.n_routed_experts == 0 and not any(isinstance(b.mlp, MoEMLP) for b in target.layers)
+        assert config.n_routed_experts == 0 and not any(
+            isinstance(b.mlp, MoEMLP) for b in target.layers
+        )
         assert not isinstance(mtp.mtp_block.mlp, MoEMLP)
         return
-    assert (config.n_routed_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (8, 2, 32)
+    assert (config.n_routed_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (
+        8,
+        2,
+        32,
+    )
     assert (config.n_shared_experts, config.moe_norm_min, config.moe_statics) == (1, 1e-12, True)
     start = raw["moe_layer_start_index"]
-    assert (config.moe_layer_start_index, config.moe_layer_end_index, config.moe_layer_interval) == (start, 2, 1)
+    assert (
+        config.moe_layer_start_index,
+        config.moe_layer_end_index,
+        config.moe_layer_interval,
+    ) == (start, 2, 1)
     assert (config.scoring_func, config.topk_method, config.n_group, config.routed_scaling_factor) == (
         "softmax", "noaux_tc", 1, 1.0
     )  # fmt: skip
@@ -102,7 +120,9 @@ def test_target_logits_and_greedy_tokens_match_transformers(folder, loaded):
     want = ernie.reference_logits(folder.path, [PROMPT])[0]
     assert relative_error(target.compute_logits(hidden).numpy(), want) <= RTOL
     assert relative_error(hidden.numpy(), ernie.reference_hidden(folder.path, [PROMPT])[0]) <= RTOL
-    assert greedy_generate(target, PROMPT[:6], 12) == ernie.reference_greedy(folder.path, PROMPT[:6], 12)
+    assert greedy_generate(target, PROMPT[:6], 12) == ernie.reference_greedy(
+        folder.path, PROMPT[:6], 12
+    )
 
 
 @paddle.no_grad()
@@ -141,7 +161,9 @@ def test_router_with_correction_bias_picks_what_transformers_picks(moe_case):
         unbiased = gate(paddle.to_tensor(x))[1].numpy()
     finally:
         bias.set_value(paddle.to_tensor(saved))
-    assert (np.sort(unbiased, -1) != np.sort(want_idx, -1)).any(axis=-1).mean() > 0.1  # the bias steers
+    assert (np.sort(unbiased, -1) != np.sort(want_idx, -1)).any(
+        axis=-1
+    ).mean() > 0.1  # the bias steers
 
 
 @paddle.no_grad()
@@ -172,13 +194,22 @@ def test_absent_keys_take_transformers_defaults():
     dense = translate_config(_raw(False), "d")
     assert (dense.head_dim, dense.rope_theta, dense.tie_word_embeddings) == (128, 500000.0, True)
     assert (dense.num_nextn_predict_layers, dense.rope_interleave) == (0, True)
-    moe = translate_config(_raw(True, num_mtp_layers=1, rope_theta=10000.0, tie_word_embeddings=False), "m")
-    assert (moe.head_dim, moe.rope_theta, moe.tie_word_embeddings, moe.num_nextn_predict_layers) == (16, 1e4, False, 1)
+    moe = translate_config(
+        _raw(True, num_mtp_layers=1, rope_theta=10000.0, tie_word_embeddings=False), "m"
+    )
+    assert (
+        moe.head_dim,
+        moe.rope_theta,
+        moe.tie_word_embeddings,
+        moe.num_nextn_predict_layers,
+    ) == (16, 1e4, False, 1)
     assert (moe.n_routed_experts, moe.num_experts_per_tok, moe.moe_intermediate_size, moe.n_shared_experts) == (
         64, 6, 1536, 2
     )  # fmt: skip
     assert (moe.moe_layer_start_index, moe.moe_layer_end_index, moe.moe_layer_interval) == (1, 3, 1)
-    interval = translate_config(_raw(True, moe_layer_interval=2, moe_layer_end_index=2, moe_layer_start_index=0), "i")
+    interval = translate_config(
+        _raw(True, moe_layer_interval=2, moe_layer_end_index=2, moe_layer_start_index=0), "i"
+    )
     assert [interval.is_moe_layer(i) for i in range(4)] == [False, True, False, False]
     assert [interval.is_moe_layer(4 + k) for k in range(2)] == [False, True]  # MTP layer k: index k
 
@@ -194,14 +225,21 @@ BAD_KEYS = [
     (True, "moe_k", 70, "`moe_k` (70) must be <= `moe_num_experts` (64)"),
     (True, "moe_intermediate_size", 0, "`moe_intermediate_size` must be >= 1"),
     (True, "moe_num_shared_experts", -1, "`moe_num_shared_experts` must be >= 0"),
-    (True, "moe_layer_start_index", 5, "`moe_layer_start_index` (5) must be <= `moe_layer_end_index` (3)"),
+    (
+        True,
+        "moe_layer_start_index",
+        5,
+        "`moe_layer_start_index` (5) must be <= `moe_layer_end_index` (3)",
+    ),
     (True, "moe_layer_end_index", -2, "`moe_layer_end_index` must be >= -1"),
     (True, "moe_layer_interval", 0, "`moe_layer_interval` must be >= 1"),
     (True, "moe_norm_min", 0, "`moe_norm_min` must be a number > 0"),
 ]
 
 
-@pytest.mark.parametrize("moe, key, value, message", BAD_KEYS, ids=[f"{k}={v!r}" for _, k, v, _ in BAD_KEYS])
+@pytest.mark.parametrize(
+    "moe, key, value, message", BAD_KEYS, ids=[f"{k}={v!r}" for _, k, v, _ in BAD_KEYS]
+)
 def test_bad_ernie_keys_are_refused_naming_the_key(moe, key, value, message):
     with pytest.raises(UnsupportedModelError) as info:
         translate_config(_raw(moe, **{key: value}), "/models/ernie")
@@ -215,7 +253,9 @@ def test_a_folder_with_use_bias_is_refused(tmp_path, folder):
     config = json.loads((bad / "config.json").read_text())
     config["use_bias"] = True
     (bad / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedModelError, match=r"model folder .*bad: config.json `use_bias` true"):
+    with pytest.raises(
+        UnsupportedModelError, match=r"model folder .*bad: config.json `use_bias` true"
+    ):
         inspect_model_folder(bad)
 
 

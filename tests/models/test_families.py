@@ -30,9 +30,14 @@ CASES = {
         family="llama", num_mtp_layers=0, tie=True, rope_scaling=hf_folders.rope_example("llama3")
     ),
     "qwen2-bias-yarn-mtp2-legacy": dict(
-        family="qwen2", num_mtp_layers=2, rope_scaling=hf_folders.rope_example("yarn"), legacy_config=True
+        family="qwen2",
+        num_mtp_layers=2,
+        rope_scaling=hf_folders.rope_example("yarn"),
+        legacy_config=True,
     ),
-    "qwen3-qknorm-linear-mtp1": dict(family="qwen3", num_mtp_layers=1, rope_scaling=hf_folders.rope_example("linear")),
+    "qwen3-qknorm-linear-mtp1": dict(
+        family="qwen3", num_mtp_layers=1, rope_scaling=hf_folders.rope_example("linear")
+    ),
     "qwen3-tied-dynamic-mtp2": dict(
         family="qwen3", num_mtp_layers=2, tie=True, rope_scaling=hf_folders.rope_example("dynamic")
     ),
@@ -70,7 +75,9 @@ def test_target_matches_transformers(folder):
     want_hidden = hf_folders.reference_hidden(folder.path, [PROMPT])[0]
     assert relative_error(target.compute_logits(hidden).numpy(), want_logits) <= RTOL
     assert relative_error(hidden.numpy(), want_hidden) <= RTOL
-    assert greedy_generate(target, PROMPT[:6], 12) == hf_folders.reference_greedy(folder.path, PROMPT[:6], 12)
+    assert greedy_generate(target, PROMPT[:6], 12) == hf_folders.reference_greedy(
+        folder.path, PROMPT[:6], 12
+    )
 
 
 @paddle.no_grad()
@@ -85,7 +92,9 @@ def test_mtp_layers_match_transformers(folder):
     hidden = hf_folders.reference_hidden(folder.path, [PROMPT])[0][:-1]
     next_ids = PROMPT[1:]
     for layer in range(folder.num_mtp_layers):
-        want_logits, want_out = hf_folders.reference_mtp_step(folder.path, layer, [next_ids], hidden[None])
+        want_logits, want_out = hf_folders.reference_mtp_step(
+            folder.path, layer, [next_ids], hidden[None]
+        )
         out = prefill(mtp, next_ids, hidden, layer)
         assert relative_error(out.numpy(), want_out[0]) <= RTOL
         got = mtp_logits(mtp, out, layer)

@@ -57,7 +57,12 @@ def _saved(tmp_path, config):
 def test_save_then_load_model_round_trips_exactly(tmp_path, q_lora_rank):
     config = _config(q_lora_rank=q_lora_rank)
     target, mtp, (target2, mtp2, config2) = _saved(tmp_path, config)
-    assert dataclasses.replace(config2, vocab_size=config.vocab_size, ori_vocab_size=config.ori_vocab_size) == config
+    assert (
+        dataclasses.replace(
+            config2, vocab_size=config.vocab_size, ori_vocab_size=config.ori_vocab_size
+        )
+        == config
+    )
     assert config2.vocab_size == config2.ori_vocab_size == config.ori_vocab_size
     for owner, (a, b) in {"target": (target, target2), "mtp": (mtp, mtp2)}.items():
         theirs = dict(b.named_parameters())
@@ -86,7 +91,9 @@ def test_folder_has_released_deepseek_v3_names(tmp_path):
     config = _config()
     _saved(tmp_path, config)
     raw = json.loads((tmp_path / "config.json").read_text())
-    assert raw["architectures"] == ["DeepseekV3ForCausalLM"] and raw["num_nextn_predict_layers"] == 1
+    assert (
+        raw["architectures"] == ["DeepseekV3ForCausalLM"] and raw["num_nextn_predict_layers"] == 1
+    )
     names = set(load_file(str(tmp_path / "model.safetensors")))
     mtp = "model.layers.2."
     for name in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight", "embed_tokens.weight",

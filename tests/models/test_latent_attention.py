@@ -12,7 +12,9 @@ import pytest
 from fastdeploy_mtp.models import make_forward_meta
 from fastdeploy_mtp.models.latent_attention import LatentAttentionBackend, LatentShape
 
-SHAPE = LatentShape(num_heads=3, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=5)
+SHAPE = LatentShape(
+    num_heads=3, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=5
+)
 BLOCK, BLOCKS, SCALE = 4, 12, 0.37
 #: (new rows, cached rows) per item: a prefill, a decode, an idle item, a 3-row verify
 ITEMS = [(6, 0), (1, 9), (0, 5), (3, 4)]
@@ -42,11 +44,18 @@ def numpy_reference(q, latent, w, cache, tables):
         for i in range(n):
             p = past + i
             cache[tables[b, p // BLOCK], 0, p % BLOCK] = latent[row + i]
-        ctx = np.stack([cache[tables[b, p // BLOCK], 0, p % BLOCK] for p in range(past + n)]) if n else None
+        ctx = (
+            np.stack([cache[tables[b, p // BLOCK], 0, p % BLOCK] for p in range(past + n)])
+            if n
+            else None
+        )
         for i in range(n):
             heads = []
             for h in range(SHAPE.num_heads):
-                c, kpe = ctx[: past + i + 1, : SHAPE.kv_lora_rank], ctx[: past + i + 1, SHAPE.kv_lora_rank :]
+                c, kpe = (
+                    ctx[: past + i + 1, : SHAPE.kv_lora_rank],
+                    ctx[: past + i + 1, SHAPE.kv_lora_rank :],
+                )
                 k = np.concatenate([c @ wk[:, h, :4], kpe], axis=1)
                 s = (k @ q[row + i, h]) * SCALE
                 p = np.exp(s - s.max())
@@ -66,9 +75,16 @@ def test_latent_backend_matches_numpy_on_a_mixed_batch(absorbed: bool) -> None:
     caches = [paddle.to_tensor(cache)]
     t = q.shape[0]
     meta = make_forward_meta(
-        [n for n, _ in ITEMS], [p for _, p in ITEMS], tables, caches, BLOCK, ids_remove_padding=np.zeros(t)
+        [n for n, _ in ITEMS],
+        [p for _, p in ITEMS],
+        tables,
+        caches,
+        BLOCK,
+        ids_remove_padding=np.zeros(t),
     )
-    out = backend.forward(paddle.to_tensor(q), paddle.to_tensor(latent), paddle.to_tensor(w), 0, meta).numpy()
+    out = backend.forward(
+        paddle.to_tensor(q), paddle.to_tensor(latent), paddle.to_tensor(w), 0, meta
+    ).numpy()
     want, want_cache = numpy_reference(q, latent, w, cache, tables)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(caches[0].numpy(), want_cache)  # only the new rows' slots changed
@@ -84,13 +100,19 @@ def test_absorbed_and_rebuilt_paths_agree_within_1e_5() -> None:
             [n for n, _ in ITEMS], [p for _, p in ITEMS], tables, [paddle.to_tensor(cache)], BLOCK,
             ids_remove_padding=np.zeros(q.shape[0]),
         )  # fmt: skip
-        outs.append(backend.forward(paddle.to_tensor(q), paddle.to_tensor(latent), paddle.to_tensor(w), 0, meta))
+        outs.append(
+            backend.forward(
+                paddle.to_tensor(q), paddle.to_tensor(latent), paddle.to_tensor(w), 0, meta
+            )
+        )
     np.testing.assert_allclose(outs[0].numpy(), outs[1].numpy(), rtol=0, atol=1e-5)
 
 
 def test_a_cache_of_the_wrong_shape_or_a_missing_layer_is_refused() -> None:
     backend = LatentAttentionBackend(SHAPE, BLOCK, SCALE)
-    meta = make_forward_meta([1], [0], np.zeros((1, 1), np.int32), [paddle.zeros([2, 1, BLOCK, 9])], BLOCK)
+    meta = make_forward_meta(
+        [1], [0], np.zeros((1, 1), np.int32), [paddle.zeros([2, 1, BLOCK, 9])], BLOCK
+    )
     with pytest.raises(ValueError, match=r"layer 0 latent cache must be \[2, 1, 4, 10\]"):
         backend.layer_cache(0, meta)
     with pytest.raises(ValueError, match="latent layer 1 needs at least 2"):

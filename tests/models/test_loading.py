@@ -67,7 +67,8 @@ def block_tensors(w, prefix, torch_layout, norm_shift=0.0):
     t = (lambda a: np.ascontiguousarray(a.T)) if torch_layout else (lambda a: a)
     out = {
         prefix + "input_layernorm.weight": w["mtp_block.input_layernorm.weight"] - norm_shift,
-        prefix + "post_attention_layernorm.weight": w["mtp_block.post_attention_layernorm.weight"] - norm_shift,
+        prefix + "post_attention_layernorm.weight": w["mtp_block.post_attention_layernorm.weight"]
+        - norm_shift,
     }
     for p in ("q_proj", "k_proj", "v_proj", "o_proj"):
         out[f"{prefix}self_attn.{p}.weight"] = t(w[f"mtp_block.self_attn.{p}.weight"])
@@ -181,7 +182,9 @@ def family_models(family, seed=0, **overrides):
 def run_mtp(mtp, cfg, next_ids, hidden):
     tables, n = contiguous_block_tables([len(next_ids)], cfg.block_size)
     caches = mtp.attn_backend.allocate_caches(1, n)
-    meta = make_forward_meta([len(next_ids)], [0], tables, caches, cfg.block_size, ids_remove_padding=next_ids)
+    meta = make_forward_meta(
+        [len(next_ids)], [0], tables, caches, cfg.block_size, ids_remove_padding=next_ids
+    )
     out = mtp(meta.ids_remove_padding, paddle.to_tensor(hidden.astype(np.float32)), meta)
     return out, mtp.compute_logits(out).numpy()
 
@@ -208,7 +211,9 @@ def test_loaded_family_layer_matches_numpy(family, tmp_path):
     np.testing.assert_allclose(out.numpy(), expect, rtol=RTOL, atol=ATOL, err_msg=family)
     expect_logits = ref.mtp_logits(expect, w64, head.astype(np.float64), cfg)
     v = cfg.ori_vocab_size
-    np.testing.assert_allclose(logits[:, :v], expect_logits[:, :v], rtol=RTOL, atol=ATOL, err_msg=family)
+    np.testing.assert_allclose(
+        logits[:, :v], expect_logits[:, :v], rtol=RTOL, atol=ATOL, err_msg=family
+    )
     assert np.all(np.isneginf(logits[:, v:]))
 
 

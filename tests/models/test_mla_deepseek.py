@@ -50,7 +50,12 @@ def test_config_is_mla_with_moe_and_unmasked_mtp(folder, loaded):
     _, mtp, config = loaded
     assert (config.model_type, config.attention_type) == ("deepseek_v3", "mla")
     assert config.q_lora_rank == (folder.config.get("q_lora_rank") or 0)
-    assert (config.kv_lora_rank, config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim) == (32, 16, 8, 16)
+    assert (
+        config.kv_lora_rank,
+        config.qk_nope_head_dim,
+        config.qk_rope_head_dim,
+        config.v_head_dim,
+    ) == (32, 16, 8, 16)
     assert config.rope_interleave and not config.mtp_mask_first_position
     assert config.mtp_final_norm == "in_logits"  # substep 2 is fed the block's pre-norm output
     assert config.n_routed_experts == 4 and config.first_k_dense_replace == 1
@@ -77,7 +82,9 @@ def test_target_logits_and_greedy_tokens_match_transformers(folder, loaded):
     assert relative_error(rebuilt, want) <= RTOL
     assert relative_error(hidden.numpy(), ds.mla_reference_hidden(folder.path, [PROMPT])[0]) <= RTOL
     # greedy_generate: one paged prefill, then one-token decode steps over the latent caches
-    assert greedy_generate(target, PROMPT[:6], 12) == ds.mla_reference_greedy(folder.path, PROMPT[:6], 12)
+    assert greedy_generate(target, PROMPT[:6], 12) == ds.mla_reference_greedy(
+        folder.path, PROMPT[:6], 12
+    )
 
 
 @paddle.no_grad()
@@ -109,10 +116,16 @@ def test_dense_paths_equal_the_paged_paths(folder, loaded):
     paged, _ = prefill(target, PROMPT)
     np.testing.assert_allclose(post.numpy()[0], paged.numpy(), rtol=1e-5, atol=1e-5)
     hidden = paged.numpy()[:-1]
-    dense = mtp.forward_dense(ids[:, 1:], paddle.to_tensor(hidden[None]), causal_bias(len(PROMPT) - 1))
-    np.testing.assert_allclose(dense.numpy()[0], prefill(mtp, PROMPT[1:], hidden)[0].numpy(), rtol=1e-5, atol=1e-5)
+    dense = mtp.forward_dense(
+        ids[:, 1:], paddle.to_tensor(hidden[None]), causal_bias(len(PROMPT) - 1)
+    )
+    np.testing.assert_allclose(
+        dense.numpy()[0], prefill(mtp, PROMPT[1:], hidden)[0].numpy(), rtol=1e-5, atol=1e-5
+    )
     unrolled = unrolled_mtp_forward([mtp], ids[:, 1:], paddle.to_tensor(hidden[None]), 2)
-    np.testing.assert_allclose(unrolled[0].numpy(), dense.numpy(), rtol=1e-5, atol=1e-5)  # depth 1 is the dense path
+    np.testing.assert_allclose(
+        unrolled[0].numpy(), dense.numpy(), rtol=1e-5, atol=1e-5
+    )  # depth 1 is the dense path
 
 
 @paddle.no_grad()
@@ -120,19 +133,28 @@ def test_latent_caches_hold_normed_latent_and_roped_key_part(folder, loaded):
     target, mtp, config = loaded
     assert isinstance(target.attn_backend, LatentAttentionBackend)
     specs = model_cache_specs(config, 6)
-    assert [(s.owner, s.layer, s.kind) for s in specs] == [("target", 0, "latent"), ("target", 1, "latent")] + [
-        ("mtp", 0, "latent")
-    ]
-    assert {s.shape for s in specs} == {(6, 1, config.block_size, 40)} and {s.dtype for s in specs} == {"float32"}
+    assert [(s.owner, s.layer, s.kind) for s in specs] == [
+        ("target", 0, "latent"),
+        ("target", 1, "latent"),
+    ] + [("mtp", 0, "latent")]
+    assert {s.shape for s in specs} == {(6, 1, config.block_size, 40)} and {
+        s.dtype for s in specs
+    } == {"float32"}
     _, caches = prefill(target, PROMPT)
-    assert len(caches) == 2 and [list(c.shape) for c in caches] == [list(target.attn_backend.get_kv_cache_shape(2))] * 2
+    assert (
+        len(caches) == 2
+        and [list(c.shape) for c in caches] == [list(target.attn_backend.get_kv_cache_shape(2))] * 2
+    )
     # layer 0's cached latent is exactly what its attention computes from its input
     attn = target.layers[0].self_attn
     x = target.layers[0].input_layernorm(target.embed_tokens(paddle.to_tensor(np.asarray(PROMPT))))
     cos, sin = target.rotary.lookup(np.arange(len(PROMPT)))
     latent = attn._latent(x, cos, sin).numpy()
     tables, _ = contiguous_block_tables([len(PROMPT)], config.block_size, shuffle_seed=1)
-    rows = [caches[0].numpy()[tables[0, p // config.block_size], 0, p % config.block_size] for p in range(len(PROMPT))]
+    rows = [
+        caches[0].numpy()[tables[0, p // config.block_size], 0, p % config.block_size]
+        for p in range(len(PROMPT))
+    ]
     np.testing.assert_allclose(np.stack(rows), latent, rtol=1e-6, atol=1e-6)
     assert len(mtp.attn_backend.allocate_caches(mtp.num_cache_layers, 3)) == 1
 
@@ -141,7 +163,9 @@ def test_latent_caches_hold_normed_latent_and_roped_key_part(folder, loaded):
 def small_vocab_folder(tmp_path_factory):
     """16 tokens: the random MTP layer's drafts are accepted often enough to test both kinds
     of round (token 15 never comes up in these prompts' greedy continuations: the EOS id)."""
-    return ds.make_mla_folder(tmp_path_factory.mktemp("vocab16"), q_lora_rank=32, yarn=True, vocab_size=16)
+    return ds.make_mla_folder(
+        tmp_path_factory.mktemp("vocab16"), q_lora_rank=32, yarn=True, vocab_size=16
+    )
 
 
 @paddle.no_grad()
@@ -153,14 +177,17 @@ def test_k1_acceptance_round_for_round_equals_reference(small_vocab_folder):
         ori_vocab=config.ori_vocab_size, hidden=config.hidden_size,
     )  # fmt: skip
     engine = Engine(cfg, target, mtp, record_trace=True)
-    out = engine.generate([Request(rid, list(p), max_tokens=max_tokens) for rid, p in prompts.items()])
+    out = engine.generate(
+        [Request(rid, list(p), max_tokens=max_tokens) for rid, p in prompts.items()]
+    )
     accepted = rejected = 0
     decode_rounds = decode_tokens = 0
     reference = Reference(small_vocab_folder.path)
     for rid, prompt in prompts.items():
         # transformers' own generate(use_mtp=True), each round's draft recorded
         want = [
-            (list(r.tokens), r.drafts[0] if r.drafts else None) for r in reference.generate_rounds(prompt, max_tokens)
+            (list(r.tokens), r.drafts[0] if r.drafts else None)
+            for r in reference.generate_rounds(prompt, max_tokens)
         ]
         decode_rounds += len(want) - 1  # the first round is the prefill's token
         decode_tokens += sum(len(tokens) for tokens, _ in want[1:])
@@ -168,13 +195,17 @@ def test_k1_acceptance_round_for_round_equals_reference(small_vocab_folder):
         assert eos not in out[rid]
         assert [list(t[3]) for t in steps] == [tokens for tokens, _ in want], rid
         # the trace's drafts: the one verified, -1 for none
-        assert [list(t[4]) for t in steps] == [[-1 if draft is None else draft] for _, draft in want], rid
+        assert [list(t[4]) for t in steps] == [
+            [-1 if draft is None else draft] for _, draft in want
+        ], rid
         assert out[rid] == [tok for tokens, _ in want for tok in tokens]
         accepted += sum(len(tokens) == 2 for tokens, _ in want)
         rejected += sum(len(tokens) == 1 for tokens, _ in want[1:])
     assert accepted >= 5 and rejected >= 5
     # what `generate --json` reports as metrics.mean_accepted_length: the reference's rounds' mean
-    assert engine.metrics.mean_accepted_length == pytest.approx(decode_tokens / decode_rounds, rel=1e-12)
+    assert engine.metrics.mean_accepted_length == pytest.approx(
+        decode_tokens / decode_rounds, rel=1e-12
+    )
 
 
 def test_tensor_parallel_ranks_hold_their_head_slices(folder, loaded):
@@ -185,12 +216,19 @@ def test_tensor_parallel_ranks_hold_their_head_slices(folder, loaded):
         assert mtp is not None
         assert target.attn_backend.num_heads == 2
         assert target.attn_backend.get_kv_cache_shape(5) == [5, 1, config.block_size, 40]
-        assert model_cache_specs(config, 5, tensor_parallel_size=2)[0].shape == (5, 1, config.block_size, 40)
+        assert model_cache_specs(config, 5, tensor_parallel_size=2)[0].shape == (
+            5,
+            1,
+            config.block_size,
+            40,
+        )
         for name, p in target.named_parameters():
             whole = full_params[name].numpy()
             if name.endswith(("kv_b_proj.weight", "q_b_proj.weight", "q_proj.weight")):
                 width = whole.shape[1] // 2
-                np.testing.assert_array_equal(p.numpy(), whole[:, rank * width : (rank + 1) * width])
+                np.testing.assert_array_equal(
+                    p.numpy(), whole[:, rank * width : (rank + 1) * width]
+                )
             elif name.endswith("self_attn.o_proj.weight"):
                 height = whole.shape[0] // 2
                 np.testing.assert_array_equal(p.numpy(), whole[rank * height : (rank + 1) * height])

@@ -23,7 +23,10 @@ def test_a_default_config_round_trips():
         ({"rope_theta": "1e4"}, "'rope_theta' must be a number"),
         ({"hidden_size": 0}, "`hidden_size` must be positive, got 0"),
         ({"mtp_concat_order": "sideways"}, "`mtp_concat_order` must be one of"),
-        ({"architectures": ["X"], "hidden": 3}, "unknown ModelConfig fields: ['architectures', 'hidden']"),
+        (
+            {"architectures": ["X"], "hidden": 3},
+            "unknown ModelConfig fields: ['architectures', 'hidden']",
+        ),
     ],
 )
 def test_bad_values_are_refused_by_key(values, message):

@@ -32,12 +32,16 @@ from tests.support import hf_folders  # noqa: E402
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
-    return hf_folders.make_folder(tmp_path_factory.mktemp("llama"), "llama", num_mtp_layers=1, sharded=False).path
+    return hf_folders.make_folder(
+        tmp_path_factory.mktemp("llama"), "llama", num_mtp_layers=1, sharded=False
+    ).path
 
 
 @pytest.fixture(scope="module")
 def sharded_dir(tmp_path_factory):
-    return hf_folders.make_folder(tmp_path_factory.mktemp("qwen3"), "qwen3", num_mtp_layers=1, tie=True).path
+    return hf_folders.make_folder(
+        tmp_path_factory.mktemp("qwen3"), "qwen3", num_mtp_layers=1, tie=True
+    ).path
 
 
 @pytest.fixture
@@ -108,8 +112,14 @@ CONFIG_REFUSALS = {
         r"`rope_scaling.rope_type` 'su' is not supported",
     ),
     "missing_key": ({"intermediate_size": None}, r"config.json has no `intermediate_size`"),
-    "not_an_integer": ({"hidden_size": "64"}, r"config.json `hidden_size` must be an integer, got '64'"),
-    "not_a_flag": ({"tie_word_embeddings": "yes"}, r"config.json `tie_word_embeddings` must be true or false"),
+    "not_an_integer": (
+        {"hidden_size": "64"},
+        r"config.json `hidden_size` must be an integer, got '64'",
+    ),
+    "not_a_flag": (
+        {"tie_word_embeddings": "yes"},
+        r"config.json `tie_word_embeddings` must be true or false",
+    ),
     "rope_factor": (
         {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 0}},
         r"config.json `rope_parameters.factor` must be a number > 0, got 0",
@@ -131,7 +141,10 @@ CONFIG_REFUSALS = {
         },
         r"`rope_parameters.high_freq_factor` must be above `low_freq_factor`",
     ),
-    "layer_types_not_a_list": ({"layer_types": 3}, r"config.json `layer_types` must be a list, got 3"),
+    "layer_types_not_a_list": (
+        {"layer_types": 3},
+        r"config.json `layer_types` must be a list, got 3",
+    ),
     "dtype": ({"dtype": "float64"}, r"config.json `dtype` 'float64' is not supported"),
 }
 
@@ -153,7 +166,9 @@ def test_missing_files_are_refused(llama_dir, sharded_dir, tmp_path, no_weight_r
     refusal(folder, r"no model.safetensors or model.safetensors.index.json$")
     folder = copy_of(sharded_dir, tmp_path / "c")
     (folder / hf_folders.MTP_SHARD).unlink()
-    refusal(folder, rf"shard {hf_folders.MTP_SHARD} named in model.safetensors.index.json is missing")
+    refusal(
+        folder, rf"shard {hf_folders.MTP_SHARD} named in model.safetensors.index.json is missing"
+    )
     refusal(tmp_path / "nowhere", r"not a directory$")
 
 
@@ -163,9 +178,14 @@ def test_tensor_refusals(llama_dir, tmp_path, no_weight_reads):
     refusal(folder, r"tensor 'model.norm.weight' has shape \[3\], expected \[64\]")
     folder = copy_of(llama_dir, tmp_path / "b")
     edit_tensors(folder, lambda t: t.pop("model.layers.1.mlp.down_proj.weight"))
-    refusal(folder, r"tensor 'model.layers.1.mlp.down_proj.weight' is missing \(expected shape \[64, 128\]\)")
+    refusal(
+        folder,
+        r"tensor 'model.layers.1.mlp.down_proj.weight' is missing \(expected shape \[64, 128\]\)",
+    )
     folder = copy_of(llama_dir, tmp_path / "c")
-    edit_tensors(folder, lambda t: t.__setitem__("model.layers.0.mlp.experts.0.w1", np.ones([2], np.float32)))
+    edit_tensors(
+        folder, lambda t: t.__setitem__("model.layers.0.mlp.experts.0.w1", np.ones([2], np.float32))
+    )
     refusal(folder, r"tensor 'model.layers.0.mlp.experts.0.w1' is not used by a llama model")
     folder = copy_of(llama_dir, tmp_path / "d")
     edit_config(folder, num_nextn_predict_layers=None)  # the MTP layer's tensors are left over
@@ -190,7 +210,9 @@ def test_damaged_weight_files_are_refused_before_loading(llama_dir, tmp_path, no
     truncated = damaged("truncated")
     weights = truncated / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-100])  # a download cut short
-    message = refusal(truncated, r"model\.safetensors: tensor '.*' ends at byte \d+, past the end of the file")
+    message = refusal(
+        truncated, r"model\.safetensors: tensor '.*' ends at byte \d+, past the end of the file"
+    )
     assert "truncated?" in message
 
     not_json = damaged("not_json")
@@ -231,7 +253,9 @@ def test_half_precision_folder_runs_as_float32_on_cpu_unless_asked_for_explicitl
         assert plan.config.dtype == "float32"
         assert plan.note is not None and "bfloat16 weights run as float32" in plan.note
         # asked for explicitly: refused before any weight is read
-        with pytest.raises(UnsupportedModelError, match=r"dtype 'bfloat16' needs a GPU .* dtype='float32'"):
+        with pytest.raises(
+            UnsupportedModelError, match=r"dtype 'bfloat16' needs a GPU .* dtype='float32'"
+        ):
             inspect_model_folder(info.path, dtype="bfloat16")
         with pytest.raises(UnsupportedModelError, match=r"dtype 'bfloat16' needs a GPU"):
             load_model(info.path, dtype="bfloat16")
@@ -270,24 +294,46 @@ def test_shipped_checkpoint_is_a_model_folder():
 def test_progress_bar_per_shard(sharded_dir, capfd):
     load_model(sharded_dir, progress=True)
     err = capfd.readouterr().err
-    shards = len(set(json.loads((sharded_dir / "model.safetensors.index.json").read_text())["weight_map"].values()))
+    shards = len(
+        set(
+            json.loads((sharded_dir / "model.safetensors.index.json").read_text())[
+                "weight_map"
+            ].values()
+        )
+    )
     assert f"{shards}/{shards}" in err and "loading shards" in err
 
 
-def write_big_folder(out: Path, layers: int = 4, hidden: int = 1024, inter: int = 2816, vocab: int = 4096) -> int:
+def write_big_folder(
+    out: Path, layers: int = 4, hidden: int = 1024, inter: int = 2816, vocab: int = 4096
+) -> int:
     """A random float32 llama folder, one shard per decoder layer plus one for the rest;
     returns its weight bytes."""
     rng = np.random.default_rng(0)
     heads, kv, hd = 16, 8, 64
-    cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=hidden, intermediate_size=inter)
-    cfg.update(num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab)
-    cfg.update(max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=1e4, torch_dtype="float32")
+    cfg = dict(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        hidden_size=hidden,
+        intermediate_size=inter,
+    )
+    cfg.update(
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        vocab_size=vocab,
+    )
+    cfg.update(
+        max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=1e4, torch_dtype="float32"
+    )
     (out / "config.json").write_text(json.dumps(cfg))
 
     def mat(*shape):
         return rng.random(shape, dtype=np.float32) - 0.5
 
-    shards = [{"model.embed_tokens.weight": mat(vocab, hidden), "lm_head.weight": mat(vocab, hidden)}]
+    shards = [
+        {"model.embed_tokens.weight": mat(vocab, hidden), "lm_head.weight": mat(vocab, hidden)}
+    ]
     shards[0]["model.norm.weight"] = np.ones([hidden], np.float32)
     for i in range(layers):
         p = f"model.layers.{i}."
@@ -362,8 +408,12 @@ def test_peak_memory_while_loading_a_sharded_folder(tmp_path):
 def test_model_config_load_json_reads_tiny_folders_only(llama_dir):
     from fastdeploy_mtp.models import ModelConfig
 
-    assert ModelConfig.load_json(str(Path(ASSETS_DIR) / "config.json")) == inspect_model_folder(ASSETS_DIR)
-    with pytest.raises(ValueError, match=r"`model_type` 'llama' is not 'fastdeploy_mtp_tiny'; read it with"):
+    assert ModelConfig.load_json(str(Path(ASSETS_DIR) / "config.json")) == inspect_model_folder(
+        ASSETS_DIR
+    )
+    with pytest.raises(
+        ValueError, match=r"`model_type` 'llama' is not 'fastdeploy_mtp_tiny'; read it with"
+    ):
         ModelConfig.load_json(str(llama_dir / "config.json"))
 
 
@@ -377,12 +427,16 @@ def test_duplicate_embedding_and_head_in_deepseek_style_mtp_layer_are_skipped(ll
     edit_tensors(folder, add_copies)
     target, mtp, _ = load_model(folder)
     original, _, _ = load_model(llama_dir)
-    np.testing.assert_array_equal(target.embed_tokens.weight.numpy(), original.embed_tokens.weight.numpy())
+    np.testing.assert_array_equal(
+        target.embed_tokens.weight.numpy(), original.embed_tokens.weight.numpy()
+    )
     np.testing.assert_array_equal(target.lm_head.weight.numpy(), original.lm_head.weight.numpy())
 
 
 def test_half_precision_parameters_are_filled_from_any_stored_dtype(tmp_path):
-    info = hf_folders.make_folder(tmp_path / "f16", "llama", num_mtp_layers=1, dtype="float16", sharded=True)
+    info = hf_folders.make_folder(
+        tmp_path / "f16", "llama", num_mtp_layers=1, dtype="float16", sharded=True
+    )
     # bfloat16 parameters build on the CPU (only their matmul is missing), so the filling is testable here
     plan = model_folder.inspect_folder(info.path, dtype="float32")
     target, mtp = model_folder.build_models(dataclasses.replace(plan.config, dtype="bfloat16"))
@@ -391,6 +445,8 @@ def test_half_precision_parameters_are_filled_from_any_stored_dtype(tmp_path):
     for ref in plan.refs:
         param = owners[ref.owner][ref.ours]
         model_folder.fill_parameter(param, plan.tensors[ref.ckpt], ref, None, 1, 0)
-        stored = model_folder.tensor_view(plan.tensors[ref.ckpt], ref, None, 1, 0).astype(np.float32)
+        stored = model_folder.tensor_view(plan.tensors[ref.ckpt], ref, None, 1, 0).astype(
+            np.float32
+        )
         want = paddle.to_tensor(stored).astype("bfloat16").astype("float32").numpy()
         np.testing.assert_array_equal(param.astype("float32").numpy(), want, err_msg=ref.ckpt)

@@ -30,7 +30,11 @@ from fastdeploy_mtp.models.moe import MoEMLP
 from fastdeploy_mtp.models.parallel_layers import shard_axes
 from tests.support import hf_moe_folders as glm
 from tests.support.engines import check_k1_rounds_against_transformers
-from tests.support.folder_checks import assert_two_ranks_hold_their_expert_slices, prefill, relative_error
+from tests.support.folder_checks import (
+    assert_two_ranks_hold_their_expert_slices,
+    prefill,
+    relative_error,
+)
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 200, 33, 1, 77, 150, 9, 260, 31]
 RTOL = 1e-4
@@ -58,7 +62,9 @@ def randomized(config: ModelConfig, seed: int = 0, tensor_parallel_size: int = 1
     return layer
 
 
-def numpy_route(config: ModelConfig, w: dict[str, np.ndarray], x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def numpy_route(
+    config: ModelConfig, w: dict[str, np.ndarray], x: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(weights [T, k], experts [T, k]) token by token, straight from the routing's definition."""
     e, k, g = config.n_routed_experts, config.num_experts_per_tok, config.n_group
     logits = x.astype(np.float64) @ w["gate.weight"]
@@ -69,7 +75,9 @@ def numpy_route(config: ModelConfig, w: dict[str, np.ndarray], x: np.ndarray) ->
         scores = z / z.sum(-1, keepdims=True)
     weights, chosen = [], []
     for s in scores:
-        biased = s + w["gate.e_score_correction_bias"] if config.topk_method == "noaux_tc" else s.copy()
+        biased = (
+            s + w["gate.e_score_correction_bias"] if config.topk_method == "noaux_tc" else s.copy()
+        )
         if config.topk_method != "greedy":
             groups = biased.reshape(g, e // g)
             if config.topk_method == "noaux_tc":
@@ -102,7 +110,10 @@ def numpy_moe(config: ModelConfig, layer: MoEMLP, x: np.ndarray) -> np.ndarray:
     out = np.zeros(x.shape, np.float64)
     for t in range(x.shape[0]):
         for j in range(config.num_experts_per_tok):
-            out[t] += weights[t, j] * swiglu(f"experts.{chosen[t, j]}.", x[t : t + 1].astype(np.float64))[0]
+            out[t] += (
+                weights[t, j]
+                * swiglu(f"experts.{chosen[t, j]}.", x[t : t + 1].astype(np.float64))[0]
+            )
     if config.n_shared_experts:
         out += swiglu("shared_experts.", x.astype(np.float64))
     return out
@@ -110,10 +121,18 @@ def numpy_moe(config: ModelConfig, layer: MoEMLP, x: np.ndarray) -> np.ndarray:
 
 ROUTINGS = {
     "noaux_tc-groups": dict(),
-    "noaux_tc-one-group-no-norm": dict(n_group=1, topk_group=1, norm_topk_prob=False, routed_scaling_factor=1.0),
-    "greedy-softmax-norm": dict(scoring_func="softmax", topk_method="greedy", n_group=1, topk_group=1),
-    "greedy-softmax-no-shared": dict(scoring_func="softmax", topk_method="greedy", n_shared_experts=0),
-    "group_limited_greedy": dict(scoring_func="softmax", topk_method="group_limited_greedy", norm_topk_prob=False),
+    "noaux_tc-one-group-no-norm": dict(
+        n_group=1, topk_group=1, norm_topk_prob=False, routed_scaling_factor=1.0
+    ),
+    "greedy-softmax-norm": dict(
+        scoring_func="softmax", topk_method="greedy", n_group=1, topk_group=1
+    ),
+    "greedy-softmax-no-shared": dict(
+        scoring_func="softmax", topk_method="greedy", n_shared_experts=0
+    ),
+    "group_limited_greedy": dict(
+        scoring_func="softmax", topk_method="group_limited_greedy", norm_topk_prob=False
+    ),
     "top3-two-shared": dict(num_experts_per_tok=3, n_shared_experts=2, n_group=2, topk_group=1),
 }
 
@@ -129,7 +148,9 @@ def test_moe_matches_numpy_routing(case):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     dense = layer.forward_dense(paddle.to_tensor(x.reshape(1, 23, 16))).numpy()
     np.testing.assert_allclose(dense[0], got, rtol=1e-6, atol=1e-6)
-    assert ("shared_experts.gate_proj.weight" in dict(layer.named_parameters())) == (config.n_shared_experts > 0)
+    assert ("shared_experts.gate_proj.weight" in dict(layer.named_parameters())) == (
+        config.n_shared_experts > 0
+    )
     biased = "gate.e_score_correction_bias" in dict(layer.named_parameters())
     assert biased == (config.topk_method == "noaux_tc")
 
@@ -194,16 +215,23 @@ def test_partial_rotary_rotates_the_first_dims_only():
     got = apply_rope(x, cos, sin).numpy()
     xs = x.numpy()
     np.testing.assert_array_equal(got[..., 4:], xs[..., 4:])
-    np.testing.assert_allclose(got[..., :4], apply_rope(x[..., :4], cos, sin).numpy(), rtol=0, atol=0)
+    np.testing.assert_allclose(
+        got[..., :4], apply_rope(x[..., :4], cos, sin).numpy(), rtol=0, atol=0
+    )
     c, s = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
-    np.testing.assert_allclose(got[..., :2], xs[..., :2] * c - xs[..., 2:4] * s, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        got[..., :2], xs[..., :2] * c - xs[..., 2:4] * s, rtol=1e-6, atol=1e-6
+    )
 
 
 # ---- GLM-4.5 folders against transformers --------------------------------------------------
 
 #: (case id, make_glm_folder kwargs): q/k norm with attention biases, and neither with values
 #: reshaped so that K=1 drafts are accepted in some rounds (``echo``).
-CASES = {"qknorm-bias": dict(qk_norm=True, bias=True), "plain-echo": dict(qk_norm=False, bias=False, seed=2, echo=True)}
+CASES = {
+    "qknorm-bias": dict(qk_norm=True, bias=True),
+    "plain-echo": dict(qk_norm=False, bias=False, seed=2, echo=True),
+}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
@@ -220,10 +248,26 @@ def test_config_translates_glm_keys(folder, loaded):
     target, mtp, config = loaded
     assert config.model_type == "glm4_moe" and config.attention_type == "gqa"
     assert (config.partial_rotary_factor, config.head_dim) == (0.5, 32)
-    assert (config.qk_norm, config.attention_bias) == (folder.config["use_qk_norm"], folder.config["attention_bias"])
-    assert (config.n_routed_experts, config.num_experts_per_tok, config.n_group, config.topk_group) == (8, 2, 2, 1)
-    assert (config.routed_scaling_factor, config.norm_topk_prob, config.first_k_dense_replace) == (2.5, True, 1)
-    assert (config.scoring_func, config.topk_method, config.mtp_final_norm) == ("sigmoid", "noaux_tc", "in_logits")
+    assert (config.qk_norm, config.attention_bias) == (
+        folder.config["use_qk_norm"],
+        folder.config["attention_bias"],
+    )
+    assert (
+        config.n_routed_experts,
+        config.num_experts_per_tok,
+        config.n_group,
+        config.topk_group,
+    ) == (8, 2, 2, 1)
+    assert (config.routed_scaling_factor, config.norm_topk_prob, config.first_k_dense_replace) == (
+        2.5,
+        True,
+        1,
+    )
+    assert (config.scoring_func, config.topk_method, config.mtp_final_norm) == (
+        "sigmoid",
+        "noaux_tc",
+        "in_logits",
+    )
     assert not config.mtp_mask_first_position and mtp is not None
     assert not isinstance(target.layers[0].mlp, MoEMLP)
     assert all(isinstance(layer.mlp, MoEMLP) for layer in target.layers[1:])
@@ -234,9 +278,16 @@ def test_config_translates_glm_keys(folder, loaded):
 def test_target_logits_and_greedy_tokens_match_transformers(folder, loaded):
     target, _, _ = loaded
     hidden = prefill(target, PROMPT)
-    assert relative_error(target.compute_logits(hidden).numpy(), glm.reference_logits(folder.path, [PROMPT])[0]) <= RTOL
+    assert (
+        relative_error(
+            target.compute_logits(hidden).numpy(), glm.reference_logits(folder.path, [PROMPT])[0]
+        )
+        <= RTOL
+    )
     assert relative_error(hidden.numpy(), glm.reference_hidden(folder.path, [PROMPT])[0]) <= RTOL
-    assert greedy_generate(target, PROMPT[:6], 12) == glm.reference_greedy(folder.path, PROMPT[:6], 12)
+    assert greedy_generate(target, PROMPT[:6], 12) == glm.reference_greedy(
+        folder.path, PROMPT[:6], 12
+    )
 
 
 @paddle.no_grad()
@@ -261,10 +312,14 @@ def test_mtp_logits_match_transformers_without_position_zero_mask(folder, loaded
 
 @paddle.no_grad()
 def test_k1_acceptance_round_for_round_equals_reference(folder, loaded):
-    want, engine = check_k1_rounds_against_transformers(loaded, folder.path, PROMPT[:7], 16, folder.echo)
+    want, engine = check_k1_rounds_against_transformers(
+        loaded, folder.path, PROMPT[:7], 16, folder.echo
+    )
     # what `generate --json` reports as metrics.mean_accepted_length: the reference's rounds' mean
     decode = want[1:]  # the first round is the prefill's token
-    assert engine.metrics.mean_accepted_length == pytest.approx(sum(map(len, decode)) / len(decode), rel=1e-12)
+    assert engine.metrics.mean_accepted_length == pytest.approx(
+        sum(map(len, decode)) / len(decode), rel=1e-12
+    )
 
 
 def test_tensor_parallel_ranks_hold_their_expert_slices(folder, loaded):
@@ -289,7 +344,9 @@ BAD_KEYS = [
 ]
 
 
-@pytest.mark.parametrize("key, value, message", BAD_KEYS, ids=[f"{k}={v!r}" for k, v, _ in BAD_KEYS])
+@pytest.mark.parametrize(
+    "key, value, message", BAD_KEYS, ids=[f"{k}={v!r}" for k, v, _ in BAD_KEYS]
+)
 def test_bad_moe_and_glm_keys_are_refused_naming_the_key(folder, tmp_path, key, value, message):
     bad = tmp_path / "bad"
     shutil.copytree(folder.path, bad)
@@ -308,7 +365,9 @@ def test_partial_rotary_is_refused_outside_glm(tmp_path):
     """Only the GLM-4.5 family rotates part of each head; elsewhere the key is refused."""
     from tests.support import hf_folders
 
-    info = hf_folders.make_folder(tmp_path / "llama", "llama", num_mtp_layers=0, num_hidden_layers=1)
+    info = hf_folders.make_folder(
+        tmp_path / "llama", "llama", num_mtp_layers=0, num_hidden_layers=1
+    )
     config = json.loads((info.path / "config.json").read_text())
     config["rope_parameters"]["partial_rotary_factor"] = 0.5
     (info.path / "config.json").write_text(json.dumps(config))

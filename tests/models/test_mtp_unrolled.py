@@ -23,7 +23,13 @@ def small(layers=1):
 def test_depth_bias_pattern():
     allowed = depth_bias(5, 3).numpy() == 0
     # depth-3 query at p = 3: depth-1 keys <= 1, depth-2 key 2, depth-3 key 3
-    assert allowed[3].tolist() == [True, True, False, False, False] + [False, False, True, False, False] + [
+    assert allowed[3].tolist() == [True, True, False, False, False] + [
+        False,
+        False,
+        True,
+        False,
+        False,
+    ] + [
         False,
         False,
         False,
@@ -58,7 +64,9 @@ def test_deeper_rows_depend_only_on_their_chain():
         t = paddle.to_tensor(ids)
         pre, post = target.forward_dense(t, causal_bias(14))
         h = target.mtp_hidden(pre, post)
-        outs.append([o.numpy() for o in unrolled_mtp_forward(mtp_layers_of(mtp), t[:, 1:], h[:, :-1], 3)])
+        outs.append(
+            [o.numpy() for o in unrolled_mtp_forward(mtp_layers_of(mtp), t[:, 1:], h[:, :-1], 3)]
+        )
     for k in range(3):
         # row p consumes token p + 1: rows < 8 never see position 9
         np.testing.assert_allclose(outs[0][k][:, :8], outs[1][k][:, :8], rtol=1e-5, atol=1e-6)

@@ -22,8 +22,12 @@ def test_padding_rows_do_not_change_real_rows_or_the_cache(random_model):
         paddle.seed(0)
         caches = mtp.attn_backend.allocate_caches(1, nblocks)
         padded = np.concatenate([ids, np.full(pad, 2)])
-        meta = make_forward_meta(lens, past, tables, caches, cfg.block_size, ids_remove_padding=padded)
-        hidden = paddle.to_tensor(rng.standard_normal((len(padded), cfg.hidden_size)).astype("float32"))
+        meta = make_forward_meta(
+            lens, past, tables, caches, cfg.block_size, ids_remove_padding=padded
+        )
+        hidden = paddle.to_tensor(
+            rng.standard_normal((len(padded), cfg.hidden_size)).astype("float32")
+        )
         if pad:
             hidden[: len(ids)] = results[0][2]
         out = mtp(meta.ids_remove_padding, hidden, meta)

@@ -25,7 +25,12 @@ def run_target(target, items, tables, caches):
     cfg = target.config
     ids = np.concatenate([np.asarray(i, np.int64) for i, _ in items]) if items else []
     meta = make_forward_meta(
-        [len(i) for i, _ in items], [p for _, p in items], tables, caches, cfg.block_size, ids_remove_padding=ids
+        [len(i) for i, _ in items],
+        [p for _, p in items],
+        tables,
+        caches,
+        cfg.block_size,
+        ids_remove_padding=ids,
     )
     out = target(meta.ids_remove_padding, meta).numpy()
     splits = np.cumsum([len(i) for i, _ in items])[:-1]
@@ -79,7 +84,10 @@ def test_chunked_prefill_equals_one_prefill(chunk):
     tables, nblocks = contiguous_block_tables([len(ids)], config.block_size)
     one = run_target(target, [(ids, 0)], tables, fresh_caches(target, nblocks))[0]
     caches = fresh_caches(target, nblocks)
-    got = [run_target(target, [(ids[s : s + chunk], s)], tables, caches)[0] for s in range(0, len(ids), chunk)]
+    got = [
+        run_target(target, [(ids[s : s + chunk], s)], tables, caches)[0]
+        for s in range(0, len(ids), chunk)
+    ]
     np.testing.assert_allclose(np.concatenate(got), one, rtol=RTOL_SAME, atol=ATOL_SAME)
 
 
@@ -89,9 +97,17 @@ def _three_step_batch(target, tables, num_blocks):
     v = target.config.ori_vocab_size
     seqs = [rng.integers(0, v, n) for n in (13, 9, 6, 11)]
     caches = fresh_caches(target, num_blocks)
-    first = run_target(target, [(seqs[0][:12], 0), (seqs[1][:5], 0), (seqs[2], 0), (seqs[3][:0], 0)], tables, caches)
+    first = run_target(
+        target,
+        [(seqs[0][:12], 0), (seqs[1][:5], 0), (seqs[2], 0), (seqs[3][:0], 0)],
+        tables,
+        caches,
+    )
     second = run_target(
-        target, [(seqs[0][12:13], 12), (seqs[1][5:9], 5), (seqs[2][:0], 6), (seqs[3], 0)], tables, caches
+        target,
+        [(seqs[0][12:13], 12), (seqs[1][5:9], 5), (seqs[2][:0], 6), (seqs[3], 0)],
+        tables,
+        caches,
     )
     return seqs, first, second
 
@@ -131,7 +147,9 @@ def test_mixed_prefill_decode_batch_matches_per_sequence_recompute(config):
     np.testing.assert_allclose(second[3], full[3], rtol=RTOL_REF, atol=ATOL_REF)
 
 
-@pytest.mark.parametrize("concat_order,final_norm", [("emb_first", "in_forward"), ("hidden_first", "in_logits")])
+@pytest.mark.parametrize(
+    "concat_order,final_norm", [("emb_first", "in_forward"), ("hidden_first", "in_logits")]
+)
 def test_mtp_layer_paged_equals_dense_and_numpy(concat_order, final_norm):
     config = small_config(mtp_concat_order=concat_order, mtp_final_norm=final_norm)
     target, mtp = build_models(config, seed=7)
@@ -147,9 +165,16 @@ def test_mtp_layer_paged_equals_dense_and_numpy(concat_order, final_norm):
     outs = []
     for start, stop in ((0, 10), (10, 11), (11, 17)):  # prefill, decode, verify-like chunk
         meta = make_forward_meta(
-            [stop - start], [start], tables, caches, config.block_size, ids_remove_padding=next_ids[start:stop]
+            [stop - start],
+            [start],
+            tables,
+            caches,
+            config.block_size,
+            ids_remove_padding=next_ids[start:stop],
         )
-        outs.append(mtp(meta.ids_remove_padding, paddle.to_tensor(hidden[start:stop]), meta).numpy())
+        outs.append(
+            mtp(meta.ids_remove_padding, paddle.to_tensor(hidden[start:stop]), meta).numpy()
+        )
     paged = np.concatenate(outs)
     np.testing.assert_allclose(paged, dense, rtol=RTOL_SAME, atol=ATOL_SAME)
     w = params_np(mtp)
@@ -157,14 +182,18 @@ def test_mtp_layer_paged_equals_dense_and_numpy(concat_order, final_norm):
     expect = ref.mtp_hidden(next_ids, hidden.astype(np.float64), w, emb, config)
     np.testing.assert_allclose(paged, expect, rtol=RTOL_REF, atol=ATOL_REF)
     logits = mtp.compute_logits(paddle.to_tensor(paged)).numpy()
-    expect_logits = ref.mtp_logits(expect, w, target.lm_head.weight.numpy().astype(np.float64), config)
+    expect_logits = ref.mtp_logits(
+        expect, w, target.lm_head.weight.numpy().astype(np.float64), config
+    )
     v = config.ori_vocab_size
     np.testing.assert_allclose(logits[:, :v], expect_logits[:, :v], rtol=RTOL_REF, atol=ATOL_REF)
 
 
 def test_compute_logits_masks_padded_vocab(models, config):
     target, mtp = models
-    hidden = paddle.to_tensor(np.random.default_rng(8).standard_normal((5, config.hidden_size)).astype(np.float32))
+    hidden = paddle.to_tensor(
+        np.random.default_rng(8).standard_normal((5, config.hidden_size)).astype(np.float32)
+    )
     for model in (target, mtp):
         logits = model.compute_logits(hidden)
         assert logits.dtype == paddle.float32
@@ -189,14 +218,20 @@ def test_bad_metadata_is_rejected_with_the_argument_named(models, config):
     target, _ = models
     tables = np.array([[0, -1]], np.int32)
     caches = fresh_caches(target, 2)
-    meta = make_forward_meta([6], [0], tables, caches, config.block_size, ids_remove_padding=np.zeros(6, np.int64))
+    meta = make_forward_meta(
+        [6], [0], tables, caches, config.block_size, ids_remove_padding=np.zeros(6, np.int64)
+    )
     with pytest.raises(ValueError, match=r"block_tables\[0, 1\]"):
         target(meta.ids_remove_padding, meta)
-    meta = make_forward_meta([3], [0], tables, caches, config.block_size, ids_remove_padding=np.zeros(3, np.int64))
+    meta = make_forward_meta(
+        [3], [0], tables, caches, config.block_size, ids_remove_padding=np.zeros(3, np.int64)
+    )
     meta.cu_seqlens_q = paddle.to_tensor(np.array([0, 2], np.int32))
     with pytest.raises(ValueError, match="cu_seqlens_q"):
         target(meta.ids_remove_padding, meta)
-    meta = make_forward_meta([3], [0], tables, caches[:2], config.block_size, ids_remove_padding=np.zeros(3, np.int64))
+    meta = make_forward_meta(
+        [3], [0], tables, caches[:2], config.block_size, ids_remove_padding=np.zeros(3, np.int64)
+    )
     with pytest.raises(ValueError, match="caches"):
         target(meta.ids_remove_padding, meta)
 
@@ -209,7 +244,9 @@ def test_reused_forward_meta_updated_in_place_is_replanned(config):
     tables, n = contiguous_block_tables([10], config.block_size)
     full = run_target(target, [(ids, 0)], tables, fresh_caches(target, n))[0]
     caches = fresh_caches(target, n)
-    meta = make_forward_meta([1], [0], tables, caches, config.block_size, ids_remove_padding=ids[:1])
+    meta = make_forward_meta(
+        [1], [0], tables, caches, config.block_size, ids_remove_padding=ids[:1]
+    )
     got = []
     for t in range(10):
         meta.ids_remove_padding[0] = int(ids[t])  # in-place updates, same object

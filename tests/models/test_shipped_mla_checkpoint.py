@@ -29,7 +29,9 @@ def shipped():
 
 
 def test_folder_is_small_and_released_deepseek_v3(shipped):
-    total = sum(os.path.getsize(os.path.join(MLA_ASSETS_DIR, n)) for n in os.listdir(MLA_ASSETS_DIR))
+    total = sum(
+        os.path.getsize(os.path.join(MLA_ASSETS_DIR, n)) for n in os.listdir(MLA_ASSETS_DIR)
+    )
     assert total <= 6 * 1024 * 1024, f"assets_mla is {total} bytes"
     with open(os.path.join(MLA_ASSETS_DIR, "config.json"), encoding="utf-8") as f:
         raw = json.load(f)
@@ -46,8 +48,12 @@ def test_scoring_heldout_prefix_reproduces_card_loss(shipped):
     path = os.path.join(stdlib_dir(), fp["file"])
     data = np.fromfile(path, dtype=np.uint8)[: fp["bytes"]]
     if hashlib.sha256(data.tobytes()).hexdigest() != fp["sha256"]:
-        pytest.skip(f"{path} differs from the file scored for the card (the corpus is Python-version specific)")
-    assert score_windows(target, data, fp["window"], fp["windows"]) == pytest.approx(fp["main_loss"], rel=REL_TOL)
+        pytest.skip(
+            f"{path} differs from the file scored for the card (the corpus is Python-version specific)"
+        )
+    assert score_windows(target, data, fp["window"], fp["windows"]) == pytest.approx(
+        fp["main_loss"], rel=REL_TOL
+    )
 
 
 def test_mean_accepted_length_at_k3_stays_above_floor(shipped):
@@ -58,7 +64,12 @@ def test_mean_accepted_length_at_k3_stays_above_floor(shipped):
     *_, metrics = shipped
     card = metrics["serving"]
     _, _, m = run_prompts(
-        DEMO_PROMPTS, card["max_tokens"], speculative_config(card["k"], card["steps"]), 1, "test", MLA_ASSETS_DIR
+        DEMO_PROMPTS,
+        card["max_tokens"],
+        speculative_config(card["k"], card["steps"]),
+        1,
+        "test",
+        MLA_ASSETS_DIR,
     )
     assert card["k"] == 3
     assert m.mean_accepted_length >= ACCEPTANCE_FLOOR

@@ -71,14 +71,20 @@ def test_tp1_load_is_the_full_checkpoint_bit_for_bit():
         assert target.attn_backend.num_kv_heads == config.num_key_value_heads
         for prefix, layer in (("", target), ("mtp.", mtp)):
             for name, param in layer.named_parameters():
-                np.testing.assert_array_equal(param.numpy(), src.get(prefix + name), err_msg=prefix + name)
+                np.testing.assert_array_equal(
+                    param.numpy(), src.get(prefix + name), err_msg=prefix + name
+                )
 
 
 def test_tp1_parallel_layers_compute_the_plain_ops_bit_for_bit():
     rng = np.random.default_rng(0)
     x = paddle.to_tensor(rng.standard_normal([6, 8]).astype(np.float32))
     ids = paddle.to_tensor(np.array([0, 5, 11, 3], np.int64))
-    col, row, head = ColumnParallelLinear(8, 10, 1, bias_attr=None), RowParallelLinear(8, 7), ParallelLMHead(8, 12)
+    col, row, head = (
+        ColumnParallelLinear(8, 10, 1, bias_attr=None),
+        RowParallelLinear(8, 7),
+        ParallelLMHead(8, 12),
+    )
     emb = VocabParallelEmbedding(12, 8)
     np.testing.assert_array_equal(col(x).numpy(), F.linear(x, col.weight, col.bias).numpy())
     np.testing.assert_array_equal(row(x).numpy(), F.linear(x, row.weight).numpy())
@@ -88,10 +94,15 @@ def test_tp1_parallel_layers_compute_the_plain_ops_bit_for_bit():
 
 def test_tp2_shard_holds_its_slice_of_every_sharded_tensor():
     src = TensorSource(f"{ASSETS_DIR}/{WEIGHTS_FILE}")
-    target, mtp, config = load_tiny(tensor_parallel_size=2, tensor_parallel_rank=1)  # no collective yet
+    target, mtp, config = load_tiny(
+        tensor_parallel_size=2, tensor_parallel_rank=1
+    )  # no collective yet
     axes = shard_axes(target)
     assert axes["embed_tokens.weight"] == 0 and axes["lm_head.weight"] == 1
-    assert axes["layers.0.self_attn.q_proj.weight"] == 1 and axes["layers.0.self_attn.o_proj.weight"] == 0
+    assert (
+        axes["layers.0.self_attn.q_proj.weight"] == 1
+        and axes["layers.0.self_attn.o_proj.weight"] == 0
+    )
     assert axes["layers.1.mlp.up_proj.weight"] == 1 and axes["layers.1.mlp.down_proj.weight"] == 0
     assert "norm.weight" not in axes and "mtp_block.input_layernorm.weight" not in shard_axes(mtp)
     assert "eh_proj.weight" not in shard_axes(mtp)  # replicated
@@ -112,8 +123,18 @@ def test_tp2_shard_holds_its_slice_of_every_sharded_tensor():
 
 def test_kv_cache_shape_matches_each_ranks_backend():
     _, _, config = load_tiny()
-    assert kv_cache_shape(config, 9, 1) == [9, config.num_key_value_heads, config.block_size, config.head_dim]
-    assert kv_cache_shape(config, 9, 2) == [9, config.num_key_value_heads // 2, config.block_size, config.head_dim]
+    assert kv_cache_shape(config, 9, 1) == [
+        9,
+        config.num_key_value_heads,
+        config.block_size,
+        config.head_dim,
+    ]
+    assert kv_cache_shape(config, 9, 2) == [
+        9,
+        config.num_key_value_heads // 2,
+        config.block_size,
+        config.head_dim,
+    ]
     for rank in (0, 1):
         target, mtp, _ = load_tiny(tensor_parallel_size=2, tensor_parallel_rank=rank)
         assert target.attn_backend.get_kv_cache_shape(9) == kv_cache_shape(config, 9, 2)
@@ -126,15 +147,26 @@ def test_kv_cache_shape_matches_each_ranks_backend():
     ("overrides", "tp", "field"),
     [
         ({"num_attention_heads": 8, "num_key_value_heads": 2}, 4, "num_key_value_heads"),
-        ({"num_attention_heads": 6, "num_key_value_heads": 6, "hidden_size": 96}, 4, "num_attention_heads"),
+        (
+            {"num_attention_heads": 6, "num_key_value_heads": 6, "hidden_size": 96},
+            4,
+            "num_attention_heads",
+        ),
         ({"intermediate_size": 90}, 4, "intermediate_size"),
         ({"vocab_size": 270}, 4, "vocab_size"),
     ],
 )
 def test_non_divisible_layouts_are_rejected_naming_the_field(overrides, tp, field):
-    base = {"num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 96, "vocab_size": 272}
+    base = {
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "intermediate_size": 96,
+        "vocab_size": 272,
+    }
     config = ModelConfig(**{**base, **overrides})
-    with pytest.raises(ValueError, match=rf"`{field}` \(\d+\) is not divisible by `tensor_parallel_size` \({tp}\)"):
+    with pytest.raises(
+        ValueError, match=rf"`{field}` \(\d+\) is not divisible by `tensor_parallel_size` \({tp}\)"
+    ):
         kv_cache_shape(config, 4, tp)
     from fastdeploy_mtp.models import TinyTargetModel
 
@@ -174,7 +206,10 @@ def test_tp1_training_path_still_runs():
 
 def test_world_size_one_is_a_no_op_and_arguments_are_checked():
     distributed.init_tensor_parallel(0, 1, master_port=1)
-    assert distributed.tensor_parallel_group() is None and distributed.tensor_parallel_world_size() == 1
+    assert (
+        distributed.tensor_parallel_group() is None
+        and distributed.tensor_parallel_world_size() == 1
+    )
     with pytest.raises(ValueError, match="`rank`"):
         distributed.init_tensor_parallel(2, 2, master_port=30000)
     with pytest.raises(ValueError, match="`world_size`"):

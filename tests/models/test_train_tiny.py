@@ -43,7 +43,9 @@ TINY_ARGS = [
 
 
 def _train_module():
-    spec = importlib.util.spec_from_file_location("train_tiny", os.path.join(REPO, "scripts", "train_tiny.py"))
+    spec = importlib.util.spec_from_file_location(
+        "train_tiny", os.path.join(REPO, "scripts", "train_tiny.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -96,7 +98,9 @@ def test_greedy_generate_with_cache_equals_recompute():
     for _ in range(9):  # no cache: full prefill of the whole sequence
         tables, n = contiguous_block_tables([len(seq)], config.block_size)
         caches = target.attn_backend.allocate_caches(target.num_cache_layers, n)
-        meta = make_forward_meta([len(seq)], [0], tables, caches, config.block_size, ids_remove_padding=seq)
+        meta = make_forward_meta(
+            [len(seq)], [0], tables, caches, config.block_size, ids_remove_padding=seq
+        )
         logits = target.compute_logits(target(meta.ids_remove_padding, meta)).numpy()
         seq.append(int(np.argmax(logits[-1])))
     assert got == seq[len(prompt) :]
@@ -118,7 +122,12 @@ def test_deepseek_v3_arch_trains_router_with_frozen_bias_and_exports(tmp_path):
     train = _train_module()
     train.main(["--run-dir", str(tmp_path / "r"), "--max-steps", "2"] + DEEPSEEK_ARGS)
     state = paddle.load(str(tmp_path / "r" / "ckpt.pdckpt"))
-    biases = [k for part in ("target", "mtp") for k in state[part] if k.endswith("e_score_correction_bias")]
+    biases = [
+        k
+        for part in ("target", "mtp")
+        for k in state[part]
+        if k.endswith("e_score_correction_bias")
+    ]
     assert len(biases) == 2  # target layer 1 and the MTP layer's block
     for part in ("target", "mtp"):
         for name, value in state[part].items():
@@ -126,7 +135,10 @@ def test_deepseek_v3_arch_trains_router_with_frozen_bias_and_exports(tmp_path):
                 np.testing.assert_array_equal(np.asarray(value), 0.0)
     train.main(["--run-dir", str(tmp_path / "init"), "--max-steps", "0"] + DEEPSEEK_ARGS)
     init = paddle.load(str(tmp_path / "init" / "ckpt.pdckpt"))
-    for part, name in (("target", "layers.1.mlp.gate.weight"), ("mtp", "mtp_block.mlp.gate.weight")):
+    for part, name in (
+        ("target", "layers.1.mlp.gate.weight"),
+        ("mtp", "mtp_block.mlp.gate.weight"),
+    ):
         assert not np.allclose(np.asarray(state[part][name]), np.asarray(init[part][name])), name
     args = train.parse_args(["--run-dir", str(tmp_path / "r")] + DEEPSEEK_ARGS)
     config = train.train_arch.build_config(args)

@@ -21,7 +21,9 @@ def _child(conn, fn: Callable[[], Any], address_space_headroom: int | None) -> N
             with open("/proc/self/statm") as f:
                 in_use = int(f.read().split()[0]) * resource.getpagesize()
             limit = in_use + address_space_headroom
-            resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+            resource.setrlimit(
+                resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1])
+            )
         conn.send(("ok", fn()))
     except BaseException:  # noqa: BLE001 - reported to the parent
         conn.send(("error", traceback.format_exc()))
@@ -31,13 +33,17 @@ def _child(conn, fn: Callable[[], Any], address_space_headroom: int | None) -> N
 SANITIZED = bool(os.environ.get("FDMTP_SANITIZED"))
 
 
-def run_in_child(fn: Callable[[], Any], *, timeout: float = 120.0, address_space_headroom: int | None = None) -> Any:
+def run_in_child(
+    fn: Callable[[], Any], *, timeout: float = 120.0, address_space_headroom: int | None = None
+) -> Any:
     """fn() in a forked child; returns its (picklable) result, re-raises its failure as an
     AssertionError, and fails when it does not finish within `timeout` seconds."""
     if address_space_headroom is not None and SANITIZED:
         import pytest
 
-        pytest.skip("an address-space limit cannot be combined with AddressSanitizer's shadow memory")
+        pytest.skip(
+            "an address-space limit cannot be combined with AddressSanitizer's shadow memory"
+        )
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(child, fn, address_space_headroom))
@@ -60,4 +66,6 @@ def run_in_child(fn: Callable[[], Any], *, timeout: float = 120.0, address_space
 
 def run_op_in_child(backend, op: str, tensors, attrs=(), outputs=(), timeout: float = 300.0) -> Any:
     """backend.run(op, ...) in a forked child (as backend.run: every tensor after the call)."""
-    return run_in_child(lambda: backend.run(op, list(tensors), tuple(attrs), list(outputs)), timeout=timeout)
+    return run_in_child(
+        lambda: backend.run(op, list(tensors), tuple(attrs), list(outputs)), timeout=timeout
+    )

@@ -84,14 +84,28 @@ def match_state(rng, bsz, *, vocab, prompt_max, hist_max, k, p_idle=0.15, p_pref
     steps = rng.integers(0, hist_max + 1, size=bsz).astype(np.int64)
     for b in range(bsz):
         token_ids_all[b, : lens[b]] = input_ids[b, : lens[b]]
-        token_ids_all[b, lens[b] : lens[b] + steps[b] + 1] = _history(rng, input_ids[b], lens[b], steps[b] + 1, vocab)
+        token_ids_all[b, lens[b] : lens[b] + steps[b] + 1] = _history(
+            rng, input_ids[b], lens[b], steps[b] + 1, vocab
+        )
     draft = rng.integers(0, vocab, size=(bsz, k + 1)).astype(np.int64)
     slt = rng.integers(1, 50, size=bsz).astype(np.int32)
     enc = np.where(rng.random(bsz) < p_prefill, rng.integers(1, 64, size=bsz), 0).astype(np.int32)
     dec = np.where(rng.random(bsz) < p_idle, 0, rng.integers(1, 4096, size=bsz)).astype(np.int32)
     dtn = rng.integers(0, k + 1, size=bsz).astype(np.int32)
     max_dec = steps + rng.integers(-1, 12, size=bsz)
-    return [input_ids, lens, token_ids_all, lens.copy(), steps, dtn, draft, slt, enc, dec, max_dec.astype(np.int64)]
+    return [
+        input_ids,
+        lens,
+        token_ids_all,
+        lens.copy(),
+        steps,
+        dtn,
+        draft,
+        slt,
+        enc,
+        dec,
+        max_dec.astype(np.int64),
+    ]
 
 
 def assert_same_without_worker_threads(backend, op: str, names, reference, tensors, attrs) -> None:
@@ -103,5 +117,7 @@ def assert_same_without_worker_threads(backend, op: str, names, reference, tenso
 
     want = reference(*tensors, *attrs)
     backend.run(op, tensors, attrs)  # everything the call needs is loaded before the limit
-    got = run_in_child(lambda: backend.run(op, tensors, attrs), timeout=120, address_space_headroom=2 << 20)
+    got = run_in_child(
+        lambda: backend.run(op, tensors, attrs), timeout=120, address_space_headroom=2 << 20
+    )
     assert_all_exact(names, got, want, context=f"{backend.name}, no threads")

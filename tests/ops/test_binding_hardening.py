@@ -25,24 +25,40 @@ def test_raw_pointer_tuple_with_address_zero_is_refused(op):
     for a in decl.get("attrs", []):
         kwargs.setdefault(a["name"], False if a["type"] == "bool" else 1)
     first = decl["inputs"][0]["name"]
-    with pytest.raises(ValueError, match=rf"^{op}: `{first}` has 2 element\(s\) but a null data pointer"):
+    with pytest.raises(
+        ValueError, match=rf"^{op}: `{first}` has 2 element\(s\) but a null data pointer"
+    ):
         getattr(_kernels, op)(**kwargs)
 
 
 def test_raw_pointer_tuple_with_a_negative_or_huge_shape_is_refused():
     buf = np.zeros(4, np.int64)
-    good = [(buf.ctypes.data, "int64", (2, 2), "cpu"), np.zeros(2, np.int32), np.zeros(2, np.int32), np.zeros(2, bool)]
-    for shape, message in (((-1, 2), "negative dimension"), ((1 << 40, 1 << 40), "more elements than")):
+    good = [
+        (buf.ctypes.data, "int64", (2, 2), "cpu"),
+        np.zeros(2, np.int32),
+        np.zeros(2, np.int32),
+        np.zeros(2, bool),
+    ]
+    for shape, message in (
+        ((-1, 2), "negative dimension"),
+        ((1 << 40, 1 << 40), "more elements than"),
+    ):
         args = [(buf.ctypes.data, "int64", shape, "cpu"), *good[1:]]
-        with pytest.raises(ValueError, match=rf"draft_model_postprocess: `base_model_draft_tokens` has .*{message}"):
+        with pytest.raises(
+            ValueError, match=rf"draft_model_postprocess: `base_model_draft_tokens` has .*{message}"
+        ):
             _kernels.draft_model_postprocess(*args)
 
 
 def test_read_only_numpy_array_is_a_clear_error_not_a_buffer_error():
     draft = np.zeros((2, 3), np.int64)
     draft.setflags(write=False)
-    with pytest.raises(ValueError, match=r"^draft_model_postprocess: `base_model_draft_tokens` cannot be passed"):
-        _kernels.draft_model_postprocess(draft, np.zeros(2, np.int32), np.zeros(2, np.int32), np.zeros(2, bool))
+    with pytest.raises(
+        ValueError, match=r"^draft_model_postprocess: `base_model_draft_tokens` cannot be passed"
+    ):
+        _kernels.draft_model_postprocess(
+            draft, np.zeros(2, np.int32), np.zeros(2, np.int32), np.zeros(2, bool)
+        )
 
 
 @pytest.mark.parametrize(
@@ -87,7 +103,10 @@ def test_paddle_strided_in_place_tensor_is_refused_before_paddle_copies_it():
     big = paddle.to_tensor(np.array([3, 0, 3, 0], np.int32))
     view = big[::2]
     assert not view.is_contiguous()
-    with pytest.raises(ops.OpError, match=r"^draft_model_postprocess: `base_model_seq_lens_this_time` is written in"):
+    with pytest.raises(
+        ops.OpError,
+        match=r"^draft_model_postprocess: `base_model_seq_lens_this_time` is written in",
+    ):
         ops.draft_model_postprocess(draft, view, enc, stop)
     np.testing.assert_array_equal(big.numpy(), [3, 0, 3, 0])
 
@@ -104,14 +123,19 @@ def test_paddle_strided_read_only_input_is_accepted():
 def test_paddle_attr_outside_int32_names_the_op_and_the_attr():
     paddle = pytest.importorskip("paddle")
     t = paddle.zeros([2, 4], dtype="int64")
-    with pytest.raises(ops.OpError, match=r"^mtp_step_paddle: attr `block_size` = 2147483648 does not fit in int32"):
+    with pytest.raises(
+        ops.OpError, match=r"^mtp_step_paddle: attr `block_size` = 2147483648 does not fit in int32"
+    ):
         ops.mtp_step_paddle(*([t] * 11), 2**31, 0)
 
 
 def test_paddle_argument_that_is_not_a_tensor_names_the_argument():
     paddle = pytest.importorskip("paddle")
     draft, slt, enc, _ = _postprocess_args(paddle)
-    with pytest.raises(ops.OpError, match=r"^draft_model_postprocess: `base_model_stop_flags` must be a paddle.Tensor"):
+    with pytest.raises(
+        ops.OpError,
+        match=r"^draft_model_postprocess: `base_model_stop_flags` must be a paddle.Tensor",
+    ):
         ops.draft_model_postprocess(draft, slt, enc, np.zeros((2, 1), bool))
 
 

@@ -78,9 +78,13 @@ def test_raw_pointer_tuples_drive_the_cpu_kernel():
 def test_bad_raw_tuple_names_the_argument():
     a = np.zeros(2, np.int32)
     with pytest.raises(ValueError, match="`base_model_draft_tokens`: unknown dtype 'int63'"):
-        _kernels.draft_model_postprocess((a.ctypes.data, "int63", (2, 1), "cpu"), a, a, np.zeros((2, 1), bool))
+        _kernels.draft_model_postprocess(
+            (a.ctypes.data, "int63", (2, 1), "cpu"), a, a, np.zeros((2, 1), bool)
+        )
     with pytest.raises(ValueError, match="`base_model_seq_lens_this_time` must support __dlpack__"):
-        _kernels.draft_model_postprocess(np.zeros((2, 1), np.int64), [1, 2], a, np.zeros((2, 1), bool))
+        _kernels.draft_model_postprocess(
+            np.zeros((2, 1), np.int64), [1, 2], a, np.zeros((2, 1), bool)
+        )
 
 
 def test_library_is_registered_once_even_across_reload():

@@ -36,13 +36,21 @@ INJECTED_BUGS = [
     ("dynamic_shared_without_opt_in", r"65536 bytes of dynamic shared memory exceed the 49152 this kernel may use"),
     ("dynamic_shared_overrun", r"writes 8 byte\(s\) at 0x[0-9a-f]+, outside every tensor of the launch"),
 ]  # fmt: skip
-ACCESS_CHECKED = {"missing_syncthreads", "off_by_one", "uninitialised_shared", "atomic_race", "dynamic_shared_overrun"}
+ACCESS_CHECKED = {
+    "missing_syncthreads",
+    "off_by_one",
+    "uninitialised_shared",
+    "atomic_race",
+    "dynamic_shared_overrun",
+}
 
 
 @pytest.mark.parametrize("which, report", INJECTED_BUGS, ids=[b[0] for b in INJECTED_BUGS])
 def test_injected_bug_fails_the_launch_with_a_report(which, report):
     if which in ACCESS_CHECKED and not _kernels.build_info().get("emulator_access_checks", False):
-        pytest.skip("this build leaves the emulators' access instrumentation out (the AddressSanitizer build)")
+        pytest.skip(
+            "this build leaves the emulators' access instrumentation out (the AddressSanitizer build)"
+        )
     with pytest.raises(ValueError, match=report) as info:
         _kernels._cuda_emulator_selftest(which)
     assert "(emulated)" in str(info.value) and "selftest::" in str(info.value)
@@ -56,10 +64,13 @@ def test_correct_kernels_give_the_right_answer():
     np.testing.assert_array_equal(_kernels._cuda_emulator_selftest("scan"), np.cumsum(one_to_64))
     per_warp = np.concatenate([np.cumsum(one_to_64[:32]), np.cumsum(one_to_64[32:])])
     np.testing.assert_array_equal(_kernels._cuda_emulator_selftest("warp_scan"), per_warp)
-    np.testing.assert_array_equal(_kernels._cuda_emulator_selftest("atomic"), np.full(64, 63, np.int64))
+    np.testing.assert_array_equal(
+        _kernels._cuda_emulator_selftest("atomic"), np.full(64, 63, np.int64)
+    )
     words = 8192  # 64 KB of dynamic shared memory, allowed by cudaFuncSetAttribute
     np.testing.assert_array_equal(
-        _kernels._cuda_emulator_selftest("dynamic_shared"), np.full(64, words * (words - 1) // 2, np.int64)
+        _kernels._cuda_emulator_selftest("dynamic_shared"),
+        np.full(64, words * (words - 1) // 2, np.int64),
     )
 
 
@@ -160,4 +171,6 @@ def test_engine_generates_the_same_tokens_with_its_ops_on_the_cuda_emulator(requ
         got = Engine(cfg, target, mtp).generate(make_requests(5, 4))
     launches = lib.fdmtp_emulation_cuda_launches() - before
     assert got == want
-    assert launches > 50, f"only {launches} emulated launches: the engine's ops did not run the CUDA kernels"
+    assert launches > 50, (
+        f"only {launches} emulated launches: the engine's ops did not run the CUDA kernels"
+    )

@@ -98,7 +98,12 @@ def test_accepts_per_item_tensors_of_shape_n_by_1(backend):
 
 
 def test_zero_items_is_a_no_op(backend):
-    tensors = [np.zeros((0, 4), np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros((0, 1), bool)]
+    tensors = [
+        np.zeros((0, 4), np.int64),
+        np.zeros(0, np.int32),
+        np.zeros(0, np.int32),
+        np.zeros((0, 1), bool),
+    ]
     check(backend, tensors, "bsz=0")
 
 
@@ -110,9 +115,13 @@ PADDED = {
 }
 
 
-@pytest.mark.parametrize("padded", [[0], [2], [3], [0, 2, 3]], ids=["draft", "encoder", "stop", "all"])
+@pytest.mark.parametrize(
+    "padded", [[0], [2], [3], [0, 2, 3]], ids=["draft", "encoder", "stop", "all"]
+)
 @pytest.mark.parametrize("stop_shape", ["n_by_1", "n"])
-def test_every_tensor_may_have_more_rows_than_the_batch_and_its_extra_rows_are_untouched(backend, padded, stop_shape):
+def test_every_tensor_may_have_more_rows_than_the_batch_and_its_extra_rows_are_untouched(
+    backend, padded, stop_shape
+):
     """N is seq_lens_this_time's length; every other tensor may have more rows (upstream
     callers pad to max_bsz): they are accepted, the result is the one without them, and the
     extra rows are neither read nor written. The draft rows keep their own width (5 here)."""
@@ -140,12 +149,24 @@ BAD_INPUTS = {
     # case id: (tensor index, replacement builder, name expected in the message); the batch
     # is 6, so the *_batch_<n> cases have fewer rows than it
     "draft_tokens_int32": (0, lambda t: t[0].astype(np.int32), "base_model_draft_tokens"),
-    "seq_lens_this_time_int64": (1, lambda t: t[1].astype(np.int64), "base_model_seq_lens_this_time"),
-    "seq_lens_encoder_float32": (2, lambda t: t[2].astype(np.float32), "base_model_seq_lens_encoder"),
+    "seq_lens_this_time_int64": (
+        1,
+        lambda t: t[1].astype(np.int64),
+        "base_model_seq_lens_this_time",
+    ),
+    "seq_lens_encoder_float32": (
+        2,
+        lambda t: t[2].astype(np.float32),
+        "base_model_seq_lens_encoder",
+    ),
     "stop_flags_int32": (3, lambda t: t[3].astype(np.int32), "base_model_stop_flags"),
     "draft_tokens_rank1": (0, lambda t: t[0].reshape(-1), "base_model_draft_tokens"),
     "draft_tokens_rank3": (0, lambda t: t[0].reshape(6, 2, 2), "base_model_draft_tokens"),
-    "seq_lens_this_time_rank0": (1, lambda t: np.array(3, np.int32), "base_model_seq_lens_this_time"),
+    "seq_lens_this_time_rank0": (
+        1,
+        lambda t: np.array(3, np.int32),
+        "base_model_seq_lens_this_time",
+    ),
     "stop_flags_n_by_2": (3, lambda t: np.zeros((6, 2), bool), "base_model_stop_flags"),
     "draft_tokens_batch_5": (0, lambda t: np.zeros((5, 4), np.int64), "base_model_draft_tokens"),
     "seq_lens_encoder_batch_5": (2, lambda t: np.zeros(5, np.int32), "base_model_seq_lens_encoder"),
@@ -181,10 +202,14 @@ def test_paddle_op_writes_in_place_through_the_same_buffer():
     draft, slt, enc, stop = _valid()
     t_slt = paddle.to_tensor(slt)
     ptr = t_slt.data_ptr()
-    result = ops.draft_model_postprocess(paddle.to_tensor(draft), t_slt, paddle.to_tensor(enc), paddle.to_tensor(stop))
+    result = ops.draft_model_postprocess(
+        paddle.to_tensor(draft), t_slt, paddle.to_tensor(enc), paddle.to_tensor(stop)
+    )
     assert result is None
     assert t_slt.data_ptr() == ptr
-    np.testing.assert_array_equal(t_slt.numpy(), reference(draft, slt, enc, stop)["base_model_seq_lens_this_time"])
+    np.testing.assert_array_equal(
+        t_slt.numpy(), reference(draft, slt, enc, stop)["base_model_seq_lens_this_time"]
+    )
 
 
 def test_paddle_op_takes_keyword_arguments_in_the_registered_order():
@@ -200,4 +225,6 @@ def test_paddle_op_takes_keyword_arguments_in_the_registered_order():
         base_model_seq_lens_this_time=t_slt,
         base_model_draft_tokens=paddle.to_tensor(draft),
     )
-    np.testing.assert_array_equal(t_slt.numpy(), reference(draft, slt, enc, stop)["base_model_seq_lens_this_time"])
+    np.testing.assert_array_equal(
+        t_slt.numpy(), reference(draft, slt, enc, stop)["base_model_seq_lens_this_time"]
+    )

@@ -13,7 +13,9 @@ OP = "draft_model_preprocess"
 
 
 def check(backend, tensors, num_model_step=1, is_splitwise_prefill=False, context=""):
-    want = reference(*tensors, num_model_step=num_model_step, is_splitwise_prefill=is_splitwise_prefill)
+    want = reference(
+        *tensors, num_model_step=num_model_step, is_splitwise_prefill=is_splitwise_prefill
+    )
     got = backend.run(OP, tensors, (num_model_step, is_splitwise_prefill))
     assert_all_exact(NAMES, got, want, context=f"{backend.name} {context}")
     return dict(zip(NAMES, got))
@@ -100,7 +102,9 @@ def test_skip_when_the_round_would_pass_max_dec_len(backend, target_step, skippe
 
 
 def test_splitwise_prefill_node_does_not_skip_at_max_dec_len(backend):
-    tensors = one_item(target_model_step_idx=np.array([[49]], np.int64), seq_lens_encoder=np.array([5], np.int32))
+    tensors = one_item(
+        target_model_step_idx=np.array([[49]], np.int64), seq_lens_encoder=np.array([5], np.int32)
+    )
     out = check(backend, tensors, num_model_step=2, is_splitwise_prefill=True, context="P node")
     assert not out["stop_flags"][0, 0] and out["seq_lens_this_time"][0] == 5
 
@@ -129,7 +133,11 @@ def test_history_positions_past_the_row_are_dropped(backend):
 def test_accept_num_outside_the_accepted_row_is_clamped_on_every_backend(backend, accept_num, kept):
     """accept_num is a value (a device kernel cannot check it without a sync): every backend
     clamps it to [0, accept_tokens width] instead of rejecting it on the host."""
-    out = check(backend, one_item(accept_num=np.array([accept_num], np.int32)), context=f"accept_num={accept_num}")
+    out = check(
+        backend,
+        one_item(accept_num=np.array([accept_num], np.int32)),
+        context=f"accept_num={accept_num}",
+    )
     assert out["seq_lens_this_time"][0] == kept
     assert out["step_idx"][0, 0] == 9 - kept
     np.testing.assert_array_equal(out["draft_tokens"][0, :kept], [501, 502, 503, 504][:kept])
@@ -188,7 +196,12 @@ def test_extreme_steps_and_lengths_saturate_instead_of_wrapping(backend):
             target_model_seq_lens_decoder=np.array([tgt_dec], np.int32),
             seq_lens_encoder=np.array([enc], np.int32),
         )
-        check(backend, tensors, num_model_step=2, context=f"tgt={tgt} max_dec={max_dec} dec={tgt_dec} enc={enc}")
+        check(
+            backend,
+            tensors,
+            num_model_step=2,
+            context=f"tgt={tgt} max_dec={max_dec} dec={tgt_dec} enc={enc}",
+        )
 
 
 def test_length_values_of_2_31_do_not_cost_time(backend):
@@ -227,7 +240,9 @@ BAD = {
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
-    assert_bad_input_rejected(backend, OP, NAMES, BAD[case], make_state(np.random.default_rng(1), 4, 3), (1, False))
+    assert_bad_input_rejected(
+        backend, OP, NAMES, BAD[case], make_state(np.random.default_rng(1), 4, 3), (1, False)
+    )
 
 
 def test_num_model_step_below_one_is_rejected(backend):

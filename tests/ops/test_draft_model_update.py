@@ -21,9 +21,13 @@ def make_state(rng, bsz, k, *, pre_len=MAX_SEQ_LEN):
         size=bsz,
         p=[0.2, 0.35, 0.1, 0.1, 0.1, 0.15],
     )
-    slt = np.where(np.isin(kind, ["idle", "stopped_idle"]), 0, rng.integers(1, w + 1, size=bsz)).astype(np.int32)
+    slt = np.where(
+        np.isin(kind, ["idle", "stopped_idle"]), 0, rng.integers(1, w + 1, size=bsz)
+    ).astype(np.int32)
     enc = np.where(kind == "prefill", rng.integers(1, 30, size=bsz), 0).astype(np.int32)
-    dec = np.where(kind == "prefill", rng.integers(0, 5, size=bsz), rng.integers(1, 40, size=bsz)).astype(np.int32)
+    dec = np.where(
+        kind == "prefill", rng.integers(0, 5, size=bsz), rng.integers(1, 40, size=bsz)
+    ).astype(np.int32)
     max_dec = rng.integers(30, 50, size=(bsz, 1)).astype(np.int64)
     step = rng.integers(0, 20, size=(bsz, 1)).astype(np.int64)
     near = kind == "near_max"
@@ -99,7 +103,9 @@ def test_compacted_index_counts_items_from_the_input_lengths(backend):
 
 
 def test_stopped_item_writes_placeholders_and_zero_length(backend):
-    out = check(backend, items([dict(slt=2, dec=5, enc=3, stop=True)]), substep=1, context="stopped")
+    out = check(
+        backend, items([dict(slt=2, dec=5, enc=3, stop=True)]), substep=1, context="stopped"
+    )
     assert out["draft_tokens"][0, 0] == -1 and out["base_model_draft_tokens"][0, 2] == -1
     assert out["seq_lens_this_time"][0] == 0 and out["seq_lens_encoder"][0] == 0
     assert not out["not_need_stop"][0]  # every item stopped with slt > 0
@@ -132,7 +138,9 @@ def test_decode_advances_by_seq_lens_this_time(backend):
 
 @pytest.mark.parametrize("step", [49, 50, 60])
 def test_decode_at_max_dec_len_writes_placeholder_and_does_not_advance(backend, step):
-    out = check(backend, items([dict(slt=2, dec=10, step=step, max_dec=50)]), context=f"step={step}")
+    out = check(
+        backend, items([dict(slt=2, dec=10, step=step, max_dec=50)]), context=f"step={step}"
+    )
     assert out["base_model_draft_tokens"][0, 1] == -1
     assert out["seq_lens_decoder"][0] == 10 and out["step_idx"][0, 0] == step
     assert out["draft_tokens"][0, 0] == 7  # not written
@@ -174,7 +182,9 @@ def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
     assert_bad_input_rejected(backend, OP, NAMES, BAD[case], tensors, (MAX_SEQ_LEN, 0))
 
 
-@pytest.mark.parametrize("index,name", [(3, "seq_lens_this_time"), (4, "seq_lens_encoder"), (5, "seq_lens_decoder")])
+@pytest.mark.parametrize(
+    "index,name", [(3, "seq_lens_this_time"), (4, "seq_lens_encoder"), (5, "seq_lens_decoder")]
+)
 def test_negative_lengths_are_clamped_on_every_backend(backend, index, name):
     """Lengths are values (a device kernel cannot check them without a sync): a negative one
     reads as 0 on every backend, instead of a host-only rejection."""
@@ -237,11 +247,16 @@ def test_width_zero_draft_rows_are_never_indexed(backend):
 def test_length_values_of_2_31_do_not_cost_time(backend):
     from tests.ops.child_process import run_in_child
 
-    rows = [dict(slt=2**31 - 1, dec=2**31 - 1, step=2**40, max_dec=2**62), dict(slt=2**31 - 1, enc=2**31 - 1)]
+    rows = [
+        dict(slt=2**31 - 1, dec=2**31 - 1, step=2**40, max_dec=2**62),
+        dict(slt=2**31 - 1, enc=2**31 - 1),
+    ]
     run_in_child(lambda: bool(check(backend, items(rows), context="2**31 - 1")), timeout=60)
 
 
-@pytest.mark.parametrize("substep,message", [(3, "attr `substep` = 3"), (-1, "attr `substep` must be >= 0")])
+@pytest.mark.parametrize(
+    "substep,message", [(3, "attr `substep` = 3"), (-1, "attr `substep` must be >= 0")]
+)
 def test_substep_outside_the_draft_row_is_rejected(backend, substep, message):
     tensors = make_state(np.random.default_rng(2), 5, 3)  # K = 3: substep 0..2
     before = [t.copy() for t in tensors]

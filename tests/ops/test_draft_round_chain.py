@@ -12,7 +12,11 @@ import pytest
 from tests.reference.draft_model_postprocess import draft_model_postprocess as ref_post
 from tests.reference.draft_model_preprocess import NAMES as PRE, draft_model_preprocess as ref_pre
 from tests.reference.draft_model_update import NAMES as UPD, draft_model_update as ref_upd
-from tests.reference.speculate_pre_process import INPUTS as SPP_IN, OUTPUTS as SPP_OUT, speculate_pre_process as ref_spp
+from tests.reference.speculate_pre_process import (
+    INPUTS as SPP_IN,
+    OUTPUTS as SPP_OUT,
+    speculate_pre_process as ref_spp,
+)
 from tests.support.compare import assert_all_exact
 from tests.support.op_states import preprocess_state
 
@@ -52,7 +56,13 @@ def test_rounds_of_draft_ops_match_the_references(backend, bsz, k, steps):
         for s in range(steps):
             slt, enc = state["seq_lens_this_time"], state["seq_lens_encoder"]
             token_num = int(np.maximum(slt, 0).sum())
-            spp_in = [state["input_ids"], slt, state["draft_tokens"], enc, state["seq_lens_decoder"]]
+            spp_in = [
+                state["input_ids"],
+                slt,
+                state["draft_tokens"],
+                enc,
+                state["seq_lens_decoder"],
+            ]
             specs = [
                 (n, shape, dt)
                 for n, shape, dt in zip(
@@ -113,12 +123,22 @@ def test_rounds_of_draft_ops_match_the_references(backend, bsz, k, steps):
             context=ctx,
         )
         # every running decode item feeds exactly its non -1 draft slots next
-        running = (~state["target_model_stop_flags"][:, 0]) & (state["target_model_seq_lens_encoder"] == 0)
+        running = (~state["target_model_stop_flags"][:, 0]) & (
+            state["target_model_seq_lens_encoder"] == 0
+        )
         counts = (post["base_model_draft_tokens"] != -1).sum(axis=1)
-        np.testing.assert_array_equal(post["base_model_seq_lens_this_time"][running], counts[running])
+        np.testing.assert_array_equal(
+            post["base_model_seq_lens_this_time"][running], counts[running]
+        )
         # the target verifies: new accepted counts, steps and stops for the next round
         state["accept_num"] = rng.integers(1, w + 1, size=bsz).astype(np.int32)
         state["accept_tokens"] = rng.integers(0, 1000, size=(bsz, w)).astype(np.int64)
-        state["target_model_step_idx"] = state["target_model_step_idx"] + state["accept_num"][:, None]
-        state["target_model_seq_lens_decoder"] = state["target_model_seq_lens_decoder"] + state["accept_num"]
-        state["target_model_stop_flags"] = state["target_model_stop_flags"] | (rng.random((bsz, 1)) < 0.1)
+        state["target_model_step_idx"] = (
+            state["target_model_step_idx"] + state["accept_num"][:, None]
+        )
+        state["target_model_seq_lens_decoder"] = (
+            state["target_model_seq_lens_decoder"] + state["accept_num"]
+        )
+        state["target_model_stop_flags"] = state["target_model_stop_flags"] | (
+            rng.random((bsz, 1)) < 0.1
+        )

@@ -24,7 +24,10 @@ NAMES = (
 
 def outputs(tensors):
     bsz = tensors[2].shape[0]
-    return [("out", (bsz, tensors[0].shape[1]), tensors[0].dtype), ("output_token_num", (1,), np.int32)]
+    return [
+        ("out", (bsz, tensors[0].shape[1]), tensors[0].dtype),
+        ("output_token_num", (1,), np.int32),
+    ]
 
 
 def make_state(rng, bsz, hidden, dtype, p_idle=0.3):
@@ -33,15 +36,28 @@ def make_state(rng, bsz, hidden, dtype, p_idle=0.3):
     cu = np.concatenate([[0], np.cumsum(slt)]).astype(np.int32)
     z = np.zeros(bsz, np.int32)
     # the legacy inputs are not read: give them junk to prove it
-    return [x, cu, slt, z + 77, z + 5, np.full(x.shape[0], -3, np.int32), cu + 9, np.array([123], np.int32)]
+    return [
+        x,
+        cu,
+        slt,
+        z + 77,
+        z + 5,
+        np.full(x.shape[0], -3, np.int32),
+        cu + 9,
+        np.array([123], np.int32),
+    ]
 
 
 def check(backend, tensors, context):
-    return check_row_gather(backend, OP, NAMES, tensors, (), outputs(tensors), reference(*tensors), context)
+    return check_row_gather(
+        backend, OP, NAMES, tensors, (), outputs(tensors), reference(*tensors), context
+    )
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("bsz,hidden", [(1, 7), (3, 64), (257, 7), (1500, 5), (3000, 3), (64, 4096)])
+@pytest.mark.parametrize(
+    "bsz,hidden", [(1, 7), (3, 64), (257, 7), (1500, 5), (3000, 3), (64, 4096)]
+)
 def test_random_states_match_reference(backend, bsz, hidden, dtype):
     rng = np.random.default_rng(bsz * 13 + hidden)
     check(backend, make_state(rng, bsz, hidden, dtype), f"bsz={bsz} H={hidden} {dtype}")
@@ -63,12 +79,18 @@ def test_returns_zeros_bsz_by_h_with_compacted_last_token_rows(backend):
 def test_hidden_size_not_a_multiple_of_four(backend, hidden):
     """Upstream asserts H % 4 == 0 (VecSize 4 for every dtype); ours takes any H."""
     for dtype in FLOAT_DTYPES:
-        check(backend, make_state(np.random.default_rng(hidden), 9, hidden, dtype), f"H={hidden} {dtype}")
+        check(
+            backend,
+            make_state(np.random.default_rng(hidden), 9, hidden, dtype),
+            f"H={hidden} {dtype}",
+        )
 
 
 def test_batch_beyond_one_block(backend):
     """Deviation 1: no cooperative-launch cap; thousands of items, most active."""
-    out, n = check(backend, make_state(np.random.default_rng(5), 5000, 4, "float32", p_idle=0.05), "bsz=5000")
+    out, n = check(
+        backend, make_state(np.random.default_rng(5), 5000, 4, "float32", p_idle=0.05), "bsz=5000"
+    )
     assert int(n[0]) > 4000
 
 
@@ -123,4 +145,8 @@ def test_cuda_launch_without_a_usable_gpu_is_a_clear_error():
         )
     message = str(info.value)
     assert message.startswith("eagle_gather_hidden_states: ")
-    assert ("CUDA launch failed: cuda" in message) if ops.backends()["cuda"] else ("no CUDA kernels" in message)
+    assert (
+        ("CUDA launch failed: cuda" in message)
+        if ops.backends()["cuda"]
+        else ("no CUDA kernels" in message)
+    )

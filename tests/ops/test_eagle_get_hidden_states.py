@@ -31,7 +31,9 @@ def outputs(tensors):
 def make_state(rng, bsz, hidden, dtype, k=3):
     """Draft state after draft_model_preprocess: prefill items (draft enc > 0), decode items
     with 1..k+1 target rows and 1..rows accepted, and idle items (slt == 0)."""
-    kind = rng.choice(["prefill", "decode", "idle_with_rows", "idle"], size=bsz, p=[0.2, 0.5, 0.15, 0.15])
+    kind = rng.choice(
+        ["prefill", "decode", "idle_with_rows", "idle"], size=bsz, p=[0.2, 0.5, 0.15, 0.15]
+    )
     enc = np.where(kind == "prefill", rng.integers(1, 12, size=bsz), 0).astype(np.int32)
     base = rng.integers(1, k + 2, size=bsz).astype(np.int32)
     base[kind == "prefill"] = enc[kind == "prefill"]
@@ -45,7 +47,9 @@ def make_state(rng, bsz, hidden, dtype, k=3):
 
 
 def check(backend, tensors, context):
-    return check_row_gather(backend, OP, NAMES, tensors, ATTRS, outputs(tensors), reference(*tensors, *ATTRS), context)
+    return check_row_gather(
+        backend, OP, NAMES, tensors, ATTRS, outputs(tensors), reference(*tensors, *ATTRS), context
+    )
 
 
 def test_output_token_num_saturates_instead_of_wrapping(backend):
@@ -203,7 +207,9 @@ def test_paddle_op_takes_keyword_arguments_in_the_registered_order():
 
     t = _explicit()
     p = {n: paddle.to_tensor(a) for n, a in zip(NAMES, t)}
-    out, n = ops.eagle_get_hidden_states(**dict(reversed(list(p.items()))), actual_draft_token_num=1)
+    out, n = ops.eagle_get_hidden_states(
+        **dict(reversed(list(p.items()))), actual_draft_token_num=1
+    )
     want_out, want_n = reference(*t)
     np.testing.assert_array_equal(out.numpy(), want_out)
     np.testing.assert_array_equal(n.numpy(), want_n)

@@ -30,7 +30,9 @@ def make_state(rng, bsz, hidden, dtype, k=3):
 
 
 def check(backend, tensors, context):
-    return check_row_gather(backend, OP, NAMES, tensors, (), outputs(tensors), reference(*tensors), context)
+    return check_row_gather(
+        backend, OP, NAMES, tensors, (), outputs(tensors), reference(*tensors), context
+    )
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -63,7 +65,9 @@ def test_prefill_item_with_nothing_left_occupies_one_row(backend):
 def test_active_item_without_rows_gets_a_zero_row(backend):
     x = random_floats(np.random.default_rng(3), (2, 4), "float16")
     out, n = check(
-        backend, [x, np.array([0, 2], np.int32), np.array([1, 1], np.int32), np.zeros(2, np.int32)], "last=0"
+        backend,
+        [x, np.array([0, 2], np.int32), np.array([1, 1], np.int32), np.zeros(2, np.int32)],
+        "last=0",
     )
     assert int(n[0]) == 2
     assert (out[0].view(np.uint16) == 0).all()
@@ -91,5 +95,8 @@ def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
     index, build, name = BAD_INPUTS[case]
     tensors = make_state(np.random.default_rng(4), 4, 8, "float32")
     tensors[index] = build(tensors)
-    outs = [("out", (max(tensors[0].shape[0], 1), 8), np.float32), ("output_token_num", (1,), np.int32)]
+    outs = [
+        ("out", (max(tensors[0].shape[0], 1), 8), np.float32),
+        ("output_token_num", (1,), np.int32),
+    ]
     assert_rejected(backend, OP, NAMES, tensors, name, (), () if backend.name == "cpu" else outs)

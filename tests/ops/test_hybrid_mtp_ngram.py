@@ -5,7 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.ops.ngram_cases import HYBRID_NAMES as NAMES, assert_same_without_worker_threads, hybrid_state
+from tests.ops.ngram_cases import (
+    HYBRID_NAMES as NAMES,
+    assert_same_without_worker_threads,
+    hybrid_state,
+)
 from tests.reference.ngram import hybrid_mtp_ngram as reference
 from tests.support.compare import assert_all_exact, assert_bad_input_rejected
 
@@ -44,8 +48,22 @@ FIXED = [
     ("prompt_match", [1, 2, 3, 4, 5, 6], [9, 9, 2, 3], 3, (3, 2, 4), [4, 5, 6]),
     ("longest_n_wins_over_earlier_shorter", [2, 3, 7, 1, 2, 3, 8], [0, 1, 2, 3], 3, (3, 2, 4), [8]),
     ("leftmost_of_equal_length", [5, 6, 1, 5, 6, 2], [0, 5, 6], 2, (2, 2, 4), [1, 5, 6, 2]),
-    ("match_at_prompt_end_yields_nothing_then_history", [7, 5, 6], [5, 6, 4, 5, 6], 4, (2, 2, 4), [4, 5]),
-    ("history_longer_n_beats_prompt_shorter", [5, 6, 9], [1, 5, 6, 3, 1, 5, 6], 6, (3, 2, 4), [3, 1, 5]),
+    (
+        "match_at_prompt_end_yields_nothing_then_history",
+        [7, 5, 6],
+        [5, 6, 4, 5, 6],
+        4,
+        (2, 2, 4),
+        [4, 5],
+    ),
+    (
+        "history_longer_n_beats_prompt_shorter",
+        [5, 6, 9],
+        [1, 5, 6, 3, 1, 5, 6],
+        6,
+        (3, 2, 4),
+        [3, 1, 5],
+    ),
     ("clamped_at_prompt_end", [1, 2, 3, 4], [0, 2, 3], 2, (2, 2, 4), [4]),
     ("no_match", [1, 2, 3, 4], [7, 8, 9], 2, (3, 2, 4), []),
     ("min_n_respected", [1, 2, 3, 4], [7, 8, 3], 2, (3, 2, 4), []),
@@ -93,7 +111,8 @@ def test_threshold_same_rule_on_every_backend(backend, offset):
         for thr in [-5, 0, 1, 2] if offset is None else [base + offset]:
             want = reference(*tensors, 4, 1, 6, thr)
             bitten += not np.array_equal(
-                want["seq_lens_this_time"], reference(*tensors, 4, 1, 6, 10**6)["seq_lens_this_time"]
+                want["seq_lens_this_time"],
+                reference(*tensors, 4, 1, 6, 10**6)["seq_lens_this_time"],
             )
             check(backend, tensors, (4, 1, 6, thr, 0), f"thr={thr} trial={trial}")
     assert bitten > 0, "the threshold never changed the result: the sweep tests nothing"
@@ -101,7 +120,9 @@ def test_threshold_same_rule_on_every_backend(backend, offset):
 
 def test_threshold_caps_then_stops_later_items(backend):
     # item 0 fits fully, item 1 is cut to what is left, item 2 gets nothing
-    tensors = [np.concatenate([t] * 3) for t in one_item([1, 2, 3, 4, 5, 6, 7, 8], [0, 1, 2], 2, k=5)]
+    tensors = [
+        np.concatenate([t] * 3) for t in one_item([1, 2, 3, 4, 5, 6, 7, 8], [0, 1, 2], 2, k=5)
+    ]
     got = check(backend, tensors, (2, 2, 5, 10, 0), "thr=10")
     np.testing.assert_array_equal(got[6], np.array([6, 3, 1], np.int32))
 
@@ -204,7 +225,12 @@ def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
 
 
 @pytest.mark.parametrize(
-    "attrs,name", [((3, 0, 3), "min_ngram_size"), ((1, 2, 3), "max_ngram_size"), ((3, 1, -1), "max_draft_tokens")]
+    "attrs,name",
+    [
+        ((3, 0, 3), "min_ngram_size"),
+        ((1, 2, 3), "max_ngram_size"),
+        ((3, 1, -1), "max_draft_tokens"),
+    ],
 )
 def test_bad_attrs_are_named(backend, attrs, name):
     with pytest.raises(ValueError, match=f"attr `{name}`"):
@@ -215,7 +241,9 @@ def test_max_ngram_size_has_an_upper_bound_checked_on_the_host(backend):
     """Match lengths are packed in 16 bits by the CUDA search: max_ngram_size is bounded by
     kMaxNgramSize = 1024 (an error naming the attr); the bound itself works."""
     for bad in (1025, 2**31 - 1):
-        with pytest.raises(ValueError, match=r"hybrid_mtp_ngram: attr `max_ngram_size` must be <= 1024"):
+        with pytest.raises(
+            ValueError, match=r"hybrid_mtp_ngram: attr `max_ngram_size` must be <= 1024"
+        ):
             backend.run(OP, _valid(), (bad, 1, 3, 1024, 0))
     check(backend, _valid(), (1024, 1, 3, 1024, 0), "max_ngram_size 1024")
 
@@ -236,7 +264,9 @@ def test_extreme_steps_and_limits_do_not_wrap(backend):
 
 
 def test_failed_worker_thread_creation_runs_the_work_on_the_calling_thread(backend):
-    t = hybrid_state(np.random.default_rng(6), 64, vocab=3, prompt_max=400, hist_max=300, k=5, p_idle=0.0)
+    t = hybrid_state(
+        np.random.default_rng(6), 64, vocab=3, prompt_max=400, hist_max=300, k=5, p_idle=0.0
+    )
     assert_same_without_worker_threads(backend, OP, NAMES, reference, t, (3, 1, 5, 10**6, 16))
 
 
@@ -268,5 +298,6 @@ def test_wrapper_threshold_defaults_to_upstream_env_var(monkeypatch):
         np.testing.assert_array_equal(pts[6].numpy(), want["seq_lens_this_time"])
         np.testing.assert_array_equal(pts[5].numpy(), want["draft_tokens"])
     assert not np.array_equal(
-        reference(*tensors, 3, 1, 5, 17)["seq_lens_this_time"], reference(*tensors, 3, 1, 5, 1024)["seq_lens_this_time"]
+        reference(*tensors, 3, 1, 5, 17)["seq_lens_this_time"],
+        reference(*tensors, 3, 1, 5, 1024)["seq_lens_this_time"],
     )

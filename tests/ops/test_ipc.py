@@ -37,7 +37,9 @@ def name():
 def mapped(segment: str) -> int:
     """How many mappings of `segment` this process holds."""
     lines = Path("/proc/self/maps").read_text().splitlines()
-    return sum(1 for line in lines if line.removesuffix(" (deleted)").endswith("/dev/shm/" + segment))
+    return sum(
+        1 for line in lines if line.removesuffix(" (deleted)").endswith("/dev/shm/" + segment)
+    )
 
 
 def placeholder(dtype: str):
@@ -112,7 +114,9 @@ def test_attaching_a_name_that_does_not_exist(name):
 def test_shape_larger_than_the_segment(name):
     t = paddle.zeros([4, 6], dtype="float16")
     ops.set_data_ipc(t, name)
-    with pytest.raises(ops.OpError, match=r"`shape` \[5, 6\] needs 60 bytes but segment .* holds 48 bytes"):
+    with pytest.raises(
+        ops.OpError, match=r"`shape` \[5, 6\] needs 60 bytes but segment .* holds 48 bytes"
+    ):
         ops.share_external_data(placeholder("float16"), name, [5, 6])
     with pytest.raises(ops.OpError, match="negative dimension"):
         ops.share_external_data(placeholder("float16"), name, [-1])
@@ -122,7 +126,10 @@ def test_shape_larger_than_the_segment(name):
 def test_dtype_mismatch(name):
     t = paddle.zeros([4], dtype="bfloat16")
     ops.set_data_ipc(t, name)
-    with pytest.raises(ops.OpError, match="dtype mismatch: `input` is float16 but segment .* holds a bfloat16 tensor"):
+    with pytest.raises(
+        ops.OpError,
+        match="dtype mismatch: `input` is float16 but segment .* holds a bfloat16 tensor",
+    ):
         ops.share_external_data(placeholder("float16"), name, [4])
     ops.unset_data_ipc(t, name, False, True)
 
@@ -153,7 +160,9 @@ def test_set_data_ipc_replaces_a_stale_segment(name):
     ops.set_data_ipc(new, name)
     a = ops.share_external_data(placeholder("float32"), name, [4])
     np.testing.assert_array_equal(a.numpy(), np.full(4, 2, np.float32))
-    np.testing.assert_array_equal(old.numpy(), np.full(4, 1, np.float32))  # still mapped, now private
+    np.testing.assert_array_equal(
+        old.numpy(), np.full(4, 1, np.float32)
+    )  # still mapped, now private
     ops.unset_data_ipc(new, name, False, True)
 
 
@@ -231,7 +240,9 @@ def test_kernels_module_shares_numpy_memory(name):
 
 def test_host_segment_with_a_cuda_placeholder_is_rejected(name):
     _kernels.set_data_ipc(np.zeros(4, np.float32), name)
-    with pytest.raises(ValueError, match="holds host memory but `input` is on cuda|no CUDA support"):
+    with pytest.raises(
+        ValueError, match="holds host memory but `input` is on cuda|no CUDA support"
+    ):
         _kernels.share_external_data((0, "float32", (), "cuda:0"), name, [4])
     _kernels.unset_data_ipc(None, name, False, True)
 
@@ -240,10 +251,13 @@ def test_use_ipc_false_applies_to_xpu_tensors_only(name):
     t = paddle.ones([4])
     ops.set_data_ipc(t, name)
     with pytest.raises(
-        ops.OpError, match=r"`use_ipc`=False reuses the creator's XPU device pointer and applies to XPU"
+        ops.OpError,
+        match=r"`use_ipc`=False reuses the creator's XPU device pointer and applies to XPU",
     ):
         ops.share_external_data(placeholder("float32"), name, [4], use_ipc=False)
-    a = ops.share_external_data(placeholder("float32"), name, [4], use_ipc=True)  # upstream's XPU call form
+    a = ops.share_external_data(
+        placeholder("float32"), name, [4], use_ipc=True
+    )  # upstream's XPU call form
     np.testing.assert_array_equal(a.numpy(), np.ones(4, np.float32))
     ops.unset_data_ipc(t, name, False, True)
 
@@ -298,21 +312,35 @@ def test_share_external_data_shape_whose_byte_size_wraps_is_refused(name):
     t = paddle.zeros([16])
     ops.set_data_ipc(t, name)
     for shape in ([65536, 65536, 65536, 16384], [2**31 - 1] * 3):
-        with pytest.raises(ops.OpError, match=r"^share_external_data: `shape` \[.*\] has more than 2\^56 elements"):
+        with pytest.raises(
+            ops.OpError, match=r"^share_external_data: `shape` \[.*\] has more than 2\^56 elements"
+        ):
             ops.share_external_data(placeholder("float32"), name, shape)
-        with pytest.raises(ValueError, match=r"^share_external_data: `shape` \[.*\] has more than 2\^56 elements"):
+        with pytest.raises(
+            ValueError, match=r"^share_external_data: `shape` \[.*\] has more than 2\^56 elements"
+        ):
             _kernels.share_external_data(np.empty((), np.float32), name, shape)
-    with pytest.raises(ops.OpError, match=r"^share_external_data: `shape` .* dimension 4294967296 above 2\^31-1"):
+    with pytest.raises(
+        ops.OpError, match=r"^share_external_data: `shape` .* dimension 4294967296 above 2\^31-1"
+    ):
         ops.share_external_data(placeholder("float32"), name, [2**32])  # the Paddle attr is int32
-    with pytest.raises(ValueError, match=r"^share_external_data: `shape` has a dimension outside int64"):
+    with pytest.raises(
+        ValueError, match=r"^share_external_data: `shape` has a dimension outside int64"
+    ):
         _kernels.share_external_data(np.empty((), np.float32), name, [2**70])
-    with pytest.raises(ValueError, match=r"^share_external_data: `shape` \[4, -1\] has a negative dimension -1"):
+    with pytest.raises(
+        ValueError, match=r"^share_external_data: `shape` \[4, -1\] has a negative dimension -1"
+    ):
         _kernels.share_external_data(np.empty((), np.float32), name, [4, -1])
-    with pytest.raises(ops.OpError, match=r"^share_external_data: `shape` \[-4\] has a negative dimension -4"):
+    with pytest.raises(
+        ops.OpError, match=r"^share_external_data: `shape` \[-4\] has a negative dimension -4"
+    ):
         ops.share_external_data(placeholder("float32"), name, [-4])
     with pytest.raises(ValueError, match=r"^share_external_data: `shape` must hold ints"):
         _kernels.share_external_data(np.empty((), np.float32), name, [4.0])
-    a = ops.share_external_data(placeholder("float32"), name, [4, 4])  # the exact size still attaches
+    a = ops.share_external_data(
+        placeholder("float32"), name, [4, 4]
+    )  # the exact size still attaches
     assert a.shape == [4, 4]
     ops.unset_data_ipc(t, name, False, True)
 
@@ -324,13 +352,15 @@ def test_set_data_ipc_refuses_a_strided_view(name):
     for view in (big[::2], big.reshape([4, 4]).transpose([1, 0])):
         assert not view.is_contiguous()
         with pytest.raises(
-            ops.OpError, match=r"^set_data_ipc: `tmp_input` is not contiguous \(a strided view, shape \[.*\]\)"
+            ops.OpError,
+            match=r"^set_data_ipc: `tmp_input` is not contiguous \(a strided view, shape \[.*\]\)",
         ):
             ops.set_data_ipc(view, name)
         assert not (SHM / name).exists()
     arr = np.arange(16, dtype=np.float32)
     with pytest.raises(
-        ValueError, match=r"^set_data_ipc: `tmp_input` is not contiguous \(a strided view, shape \[8\]\)"
+        ValueError,
+        match=r"^set_data_ipc: `tmp_input` is not contiguous \(a strided view, shape \[8\]\)",
     ):
         _kernels.set_data_ipc(arr[::2], name)
     assert not (SHM / name).exists()
@@ -338,7 +368,9 @@ def test_set_data_ipc_refuses_a_strided_view(name):
 
 
 def test_set_data_ipc_refuses_a_null_data_pointer(name):
-    with pytest.raises(ValueError, match=r"^set_data_ipc: `tmp_input` has 4 element\(s\) but a null data pointer"):
+    with pytest.raises(
+        ValueError, match=r"^set_data_ipc: `tmp_input` has 4 element\(s\) but a null data pointer"
+    ):
         _kernels.set_data_ipc((0, "float32", (4,), "cpu"), name)
     assert not (SHM / name).exists()
 
@@ -424,7 +456,11 @@ def test_set_data_ipc_replaces_a_planted_world_writable_segment_with_a_private_o
         ),
         (dict(data_offset=64), None, r"places its data at offset 64"),
         (dict(data_offset=4100), None, r"places its data at offset 4100"),
-        (dict(data_bytes=8192), None, r"is truncated \(4160 bytes for 8192 data bytes at offset 4096\)"),
+        (
+            dict(data_bytes=8192),
+            None,
+            r"is truncated \(4160 bytes for 8192 data bytes at offset 4096\)",
+        ),
         (dict(data_bytes=2**62), None, r"has an invalid data range"),
         (dict(data_bytes=6), None, r"has an invalid data range \(offset 4096, 6 bytes\)"),
         (dict(version=2), None, r"has layout version 2; this build reads version 1"),
@@ -462,9 +498,13 @@ def test_a_well_formed_forged_segment_attaches(name):
 
 def test_attach_refuses_a_directory_or_fifo_in_place_of_a_segment(name):
     os.mkfifo(SHM / name, 0o600)
-    with pytest.raises(ops.OpError, match=rf"shared-memory segment `{name}` is not a regular shared-memory file"):
+    with pytest.raises(
+        ops.OpError, match=rf"shared-memory segment `{name}` is not a regular shared-memory file"
+    ):
         ops.share_external_data(placeholder("float32"), name, [4])
     t = paddle.ones([4])
-    ops.set_data_ipc(t, name)  # a stale non-segment of our own is replaced (without blocking on the FIFO)
+    ops.set_data_ipc(
+        t, name
+    )  # a stale non-segment of our own is replaced (without blocking on the FIFO)
     assert stat.S_ISREG((SHM / name).stat().st_mode)
     ops.unset_data_ipc(t, name, False, True)

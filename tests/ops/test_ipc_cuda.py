@@ -56,7 +56,9 @@ def test_cuda_ipc_between_two_processes(backend):
         line = proc.stdout.readline()
         assert "READY" in line, line + proc.stdout.read()
         inner = _kernels.share_external_data(torch.empty((), device="cuda"), tag + "inner", [3, 64])
-        half = _kernels.share_external_data(torch.empty((), dtype=torch.bfloat16, device="cuda"), tag + "half", [256])
+        half = _kernels.share_external_data(
+            torch.empty((), dtype=torch.bfloat16, device="cuda"), tag + "half", [256]
+        )
         assert inner.device.startswith("cuda") and inner.nbytes == 3 * 64 * 4
         ti, th = torch.from_dlpack(inner), torch.from_dlpack(half)
         want = torch.arange(4096, 4096 + 192, dtype=torch.float32, device="cuda").reshape(3, 64)

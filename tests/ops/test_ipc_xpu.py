@@ -42,7 +42,9 @@ def regions(pid: int):
 
 def mapped(segment: str) -> int:
     lines = Path("/proc/self/maps").read_text().splitlines()
-    return sum(1 for line in lines if line.removesuffix(" (deleted)").endswith("/dev/shm/" + segment))
+    return sum(
+        1 for line in lines if line.removesuffix(" (deleted)").endswith("/dev/shm/" + segment)
+    )
 
 
 @pytest.fixture
@@ -136,7 +138,14 @@ def test_xpu_ipc_between_two_processes_writes_both_ways_and_tears_down_clean(nam
         ready = creator.stdout.readline().split()
         assert ready[:1] == ["READY"], ready
         size, nproc, handle, kind, data_bytes, pid, ptr = header(name)
-        assert (size, nproc, kind, data_bytes, pid, ptr) == (128, 0, 3, 96, creator.pid, int(ready[1]))
+        assert (size, nproc, kind, data_bytes, pid, ptr) == (
+            128,
+            0,
+            3,
+            96,
+            creator.pid,
+            int(ready[1]),
+        )
         assert any(handle) and len(regions(creator.pid)) == 1  # the creator's device allocation
         placeholder = np.empty((), np.float32)
         with _kernels.xpu_emulation(*LAUNCH):
@@ -204,7 +213,9 @@ def test_use_ipc_false_after_the_creator_freed_its_tensor_is_an_error(name):
 def test_bad_inputs_are_errors_naming_the_problem(name):
     placeholder = np.empty((), np.float32)
     with _kernels.xpu_emulation(*LAUNCH):
-        with pytest.raises(ValueError, match=rf"^share_external_data: no shared-memory segment named `{name}`"):
+        with pytest.raises(
+            ValueError, match=rf"^share_external_data: no shared-memory segment named `{name}`"
+        ):
             _kernels.share_external_data(placeholder, name, [1], True)
         # ordinary host memory is not device memory: nothing to export, nothing created
         with pytest.raises(
@@ -216,9 +227,13 @@ def test_bad_inputs_are_errors_naming_the_problem(name):
         assert not (SHM / name).exists()
     buf, _ = publish((4, 6), "float32", name)
     with _kernels.xpu_emulation(*LAUNCH):
-        with pytest.raises(ValueError, match=r"dtype mismatch: `input` is bfloat16 but segment .* holds a float32"):
+        with pytest.raises(
+            ValueError, match=r"dtype mismatch: `input` is bfloat16 but segment .* holds a float32"
+        ):
             _kernels.share_external_data((0, "bfloat16", (), "cpu"), name, [4, 6], False)
-        with pytest.raises(ValueError, match=r"`shape` \[5, 6\] needs 120 bytes but segment .* holds 96 bytes"):
+        with pytest.raises(
+            ValueError, match=r"`shape` \[5, 6\] needs 120 bytes but segment .* holds 96 bytes"
+        ):
             _kernels.share_external_data(placeholder, name, [5, 6], False)
     # an XPU segment needs an XPU placeholder, and a host segment a host one
     with pytest.raises(
@@ -228,7 +243,9 @@ def test_bad_inputs_are_errors_naming_the_problem(name):
         r"\(emulator: a host array inside xpu_emulation\)",
     ):
         _kernels.share_external_data(placeholder, name, [4, 6])
-    with pytest.raises(ValueError, match=r"`use_ipc`=False .* applies to XPU tensors only; `input` is on cpu"):
+    with pytest.raises(
+        ValueError, match=r"`use_ipc`=False .* applies to XPU tensors only; `input` is on cpu"
+    ):
         _kernels.share_external_data(placeholder, name, [4, 6], False)
     _kernels.unset_data_ipc(None, name, False, True)
     host = _kernels.set_data_ipc(np.ones(3, np.float32), name)

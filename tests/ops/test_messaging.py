@@ -35,7 +35,13 @@ _ids = itertools.count()
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.msgget.argtypes = [ctypes.c_int, ctypes.c_int]
-_libc.msgrcv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long, ctypes.c_int]
+_libc.msgrcv.argtypes = [
+    ctypes.c_int,
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_long,
+    ctypes.c_int,
+]
 _libc.msgrcv.restype = ctypes.c_ssize_t
 IPC_NOWAIT = 0o4000
 
@@ -136,14 +142,18 @@ def test_topk_message_bytes_are_the_reference_layout(qid, name):
     text = raw_receive(qid)
     assert text is not None
     bsz = len(case["token_num_per_batch"])
-    assert len(text) == messaging.topk_message_bytes(bsz) == 2060 + 1032 * bsz  # the used prefix only
+    assert (
+        len(text) == messaging.topk_message_bytes(bsz) == 2060 + 1032 * bsz
+    )  # the used prefix only
     assert text == ref.encode_topk(*case.values(), message_flag=4)
     assert raw_receive(qid) is None  # one message per call
 
 
 @pytest.mark.parametrize("real_k", [20, 5, 0])
 def test_topk_round_trip_through_the_reader(qid, real_k):
-    case = topk_case(np.random.default_rng(real_k), counts=[2, 6, 0, 1], prefilling=[3], preempted=[2])
+    case = topk_case(
+        np.random.default_rng(real_k), counts=[2, 6, 0, 1], prefilling=[3], preempted=[2]
+    )
     kwargs = dict(case, message_flag=3, rank_id=0, save_each_rank=False, msg_queue_id=qid)
     _kernels.speculate_save_output_topk(**kwargs)  # the framework-free binding writes
     got = read_topk(qid, real_k=real_k)
@@ -160,7 +170,9 @@ def test_topk_reader_framework_free_binding_matches(qid):
     scores = np.full(SCORES_LEN, 7, np.float32)
     ranks = np.full(RANKS_LEN, 7, np.int64)
     _kernels.speculate_get_output_topk(tokens, scores, ranks, 20, 0, False, qid)
-    for g, w in zip((tokens, scores, ranks), expected_read(ref.encode_topk(*case.values(), message_flag=3), 20)):
+    for g, w in zip(
+        (tokens, scores, ranks), expected_read(ref.encode_topk(*case.values(), message_flag=3), 20)
+    ):
         np.testing.assert_array_equal(g, w)
 
 
@@ -172,7 +184,9 @@ def test_messages_arrive_in_order_and_msg_id_follows_the_environment(qid, monkey
         save_topk(c, msg_queue_id=qid)
     for c in cases:
         got = read_topk(qid)
-        for g, w in zip(got, expected_read(ref.encode_topk(*c.values(), message_flag=3, msg_id=7), 20)):
+        for g, w in zip(
+            got, expected_read(ref.encode_topk(*c.values(), message_flag=3, msg_id=7), 20)
+        ):
             np.testing.assert_array_equal(g, w)
     assert [c["not_need_stop"][0] for c in cases] == [True, True, False]
     assert read_topk(qid)[0][0] == -2
@@ -196,7 +210,9 @@ def test_rank_above_zero_sends_only_with_save_each_rank(qid):
 def test_empty_queue_non_blocking_and_blocking_with_timeout(qid):
     tokens, scores, ranks = read_topk(qid, fill=5)
     assert tokens[:3].tolist() == [-2, 0, 0]
-    assert (tokens[3:] == 5).all() and (scores == 5).all() and (ranks == 5).all()  # nothing else written
+    assert (
+        (tokens[3:] == 5).all() and (scores == 5).all() and (ranks == 5).all()
+    )  # nothing else written
     start = time.monotonic()
     tokens, _, _ = read_topk(qid, wait_flag=True, timeout_ms=300)
     assert 0.3 <= time.monotonic() - start < 10
@@ -213,7 +229,9 @@ def test_writer_in_a_child_process_reader_waits_in_the_parent(qid):
 
     def writer():
         time.sleep(0.3)
-        _kernels.speculate_save_output_topk(**case, message_flag=4, rank_id=0, save_each_rank=False, msg_queue_id=qid)
+        _kernels.speculate_save_output_topk(
+            **case, message_flag=4, rank_id=0, save_each_rank=False, msg_queue_id=qid
+        )
         x = np.array([[11, 12], [21, 22]], np.int64)
         _kernels.mtp_save_first_token(
             x, np.array([True]), np.array([9, 9], np.int32), np.array([[4], [4]], np.int64),
@@ -229,7 +247,10 @@ def test_writer_in_a_child_process_reader_waits_in_the_parent(qid):
         out = paddle.zeros([FIRST_LEN], "int64")
         ops.mtp_get_first_token(out, True, qid + 1, 20_000)
         assert out.numpy()[:4].tolist() == [1, 2, 2, 2]
-        assert out.numpy()[258:260].tolist() == [11, 12] and out.numpy()[264:266].tolist() == [21, 22]
+        assert out.numpy()[258:260].tolist() == [11, 12] and out.numpy()[264:266].tolist() == [
+            21,
+            22,
+        ]
     finally:
         messaging.remove_msg_queue(qid + 1)
 
@@ -279,7 +300,9 @@ def test_topk_bad_arguments_are_named_and_nothing_is_sent(qid, change, message):
 
 def test_topk_more_items_than_the_layout_is_rejected(qid):
     case = topk_case(np.random.default_rng(0), counts=[0] * 513)
-    with pytest.raises(ops.OpError, match="`token_num_per_batch` has 513 items; a message holds at most 512"):
+    with pytest.raises(
+        ops.OpError, match="`token_num_per_batch` has 513 items; a message holds at most 512"
+    ):
         save_topk(case, msg_queue_id=qid)
 
 
@@ -301,8 +324,14 @@ def test_msg_queue_id_out_of_range_is_rejected():
 )
 def test_topk_reader_rejects_small_buffers(qid, shapes, name):
     save_topk(topk_case(np.random.default_rng(0), counts=[1]), msg_queue_id=qid)
-    t = [paddle.zeros([shapes[0]], "int64"), paddle.zeros([shapes[1]], "float32"), paddle.zeros([shapes[2]], "int64")]
-    with pytest.raises(ops.OpError, match=f"^speculate_get_output_topk: `{name}` must hold at least"):
+    t = [
+        paddle.zeros([shapes[0]], "int64"),
+        paddle.zeros([shapes[1]], "float32"),
+        paddle.zeros([shapes[2]], "int64"),
+    ]
+    with pytest.raises(
+        ops.OpError, match=f"^speculate_get_output_topk: `{name}` must hold at least"
+    ):
         ops.speculate_get_output_topk(*t, 20, 0, False, qid)
     assert raw_receive(qid) is not None  # the message was not consumed
 
@@ -329,7 +358,9 @@ def test_message_above_msgmax_raises_an_error_naming_msgmax(qid):
     need = messaging.topk_message_bytes(64)
     msgmax = messaging.read_msgmax()
     if need > msgmax:
-        with pytest.raises(ops.OpError, match=rf"needs {need} bytes.*kernel\.msgmax.*is {msgmax} bytes.*sysctl -w"):
+        with pytest.raises(
+            ops.OpError, match=rf"needs {need} bytes.*kernel\.msgmax.*is {msgmax} bytes.*sysctl -w"
+        ):
             save_topk(case, msg_queue_id=qid)
         assert raw_receive(qid) is None
     else:
@@ -344,10 +375,24 @@ def test_message_above_msgmax_raises_an_error_naming_msgmax(qid):
 # ---- mtp_save_first_token / mtp_get_first_token ------------------------------------------
 
 
-def save_first(x, step, dec=None, prompt=None, skip=False, not_need_stop=True, queue=None, rank_id=0, each=False):
+def save_first(
+    x,
+    step,
+    dec=None,
+    prompt=None,
+    skip=False,
+    not_need_stop=True,
+    queue=None,
+    rank_id=0,
+    each=False,
+):
     bsz = x.shape[0]
     dec = np.full(bsz, 10, np.int32) if dec is None else np.asarray(dec, np.int32)
-    prompt = np.full((bsz, 1), 5, np.int64) if prompt is None else np.asarray(prompt, np.int64).reshape(bsz, 1)
+    prompt = (
+        np.full((bsz, 1), 5, np.int64)
+        if prompt is None
+        else np.asarray(prompt, np.int64).reshape(bsz, 1)
+    )
     step = np.asarray(step, np.int64).reshape(bsz, 1)
     args = [paddle.to_tensor(v) for v in (x, np.array([not_need_stop]), dec, prompt, step)]
     ops.mtp_save_first_token(*args, rank_id, each, skip, queue)
@@ -382,7 +427,9 @@ def test_first_token_rank_and_bad_arguments(qid):
     assert raw_receive(qid) is None
     save_first(x, [1, 1], queue=qid, rank_id=2, each=True)
     assert raw_receive(qid) is not None
-    with pytest.raises(ops.OpError, match="^mtp_save_first_token: `x` must have at least 2 columns"):
+    with pytest.raises(
+        ops.OpError, match="^mtp_save_first_token: `x` must have at least 2 columns"
+    ):
         save_first(np.zeros((2, 1), np.int64), [1, 1], queue=qid)
     with pytest.raises(ops.OpError, match="^mtp_save_first_token: `x` has 257 rows"):
         save_first(np.zeros((257, 2), np.int64), [1] * 257, queue=qid)
@@ -390,7 +437,9 @@ def test_first_token_rank_and_bad_arguments(qid):
                                           np.ones((2, 1), np.int64))]  # fmt: skip
     with pytest.raises(ops.OpError, match="^mtp_save_first_token: `seq_lens_decoder`"):
         ops.mtp_save_first_token(*args, 0, False, False, qid)
-    with pytest.raises(ops.OpError, match="^mtp_get_first_token: `output_tokens` must hold at least 1794"):
+    with pytest.raises(
+        ops.OpError, match="^mtp_get_first_token: `output_tokens` must hold at least 1794"
+    ):
         ops.mtp_get_first_token(paddle.zeros([FIRST_LEN - 1], "int64"), False, qid)
     assert raw_receive(qid) is None
 
@@ -413,7 +462,9 @@ def test_full_queue_raises_after_the_send_timeout_instead_of_hanging(qid):
         return "sent", time.monotonic() - start
 
     message, seconds = run_in_child(one_more, timeout=60)
-    assert message.startswith(f"mtp_save_first_token: queue `msg_queue_id` = {qid} stayed full for 10000 ms")
+    assert message.startswith(
+        f"mtp_save_first_token: queue `msg_queue_id` = {qid} stayed full for 10000 ms"
+    )
     assert "the reader is not draining it" in message
     assert ops.MSG_SEND_TIMEOUT_MS / 1000 <= seconds < 30
 

@@ -24,7 +24,11 @@ def make_state(rng, bsz, k, *, block_size=4, max_blocks=12, free_blocks=None):
         n = enc_len[b] + used[b]
         tables[b, :n] = ids[nxt : nxt + n]
         nxt += n
-    dec = ((enc_len + used) * block_size - rng.integers(k + 1, k + 1 + block_size, size=bsz)).clip(0).astype(np.int32)
+    dec = (
+        ((enc_len + used) * block_size - rng.integers(k + 1, k + 1 + block_size, size=bsz))
+        .clip(0)
+        .astype(np.int32)
+    )
     free_ids = ids[nxt:]
     if free_blocks is not None:
         free_ids = free_ids[:free_blocks]
@@ -60,7 +64,12 @@ def test_random_states_match_reference(backend, bsz, k):
     rng = np.random.default_rng(bsz + 17 * k)
     check(backend, make_state(rng, bsz, k), k=k, context=f"bsz={bsz} k={k}")
     # scarce free blocks: evictions happen
-    check(backend, make_state(rng, bsz, k, free_blocks=bsz // 8), k=k, context=f"bsz={bsz} k={k} scarce")
+    check(
+        backend,
+        make_state(rng, bsz, k, free_blocks=bsz // 8),
+        k=k,
+        context=f"bsz={bsz} k={k} scarce",
+    )
 
 
 def manual(rows, free, block_size=4, max_blocks=6):
@@ -101,7 +110,9 @@ def test_per_item_arrays_and_block_tables_may_have_more_rows_than_the_batch(back
         np.testing.assert_array_equal(out[NAMES[i]][7:], padded[i][7:], err_msg=NAMES[i])
     want = reference(*small, block_size=4, max_draft_tokens=3)
     for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10):
-        np.testing.assert_array_equal(out[NAMES[i]][: len(want[NAMES[i]])], want[NAMES[i]], err_msg=NAMES[i])
+        np.testing.assert_array_equal(
+            out[NAMES[i]][: len(want[NAMES[i]])], want[NAMES[i]], err_msg=NAMES[i]
+        )
 
 
 def test_stopped_items_release_blocks_from_their_encoder_length(backend):
@@ -169,11 +180,14 @@ BAD = {
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_input_names_the_tensor_and_changes_nothing(backend, case):
-    assert_bad_input_rejected(backend, OP, NAMES, BAD[case], make_state(np.random.default_rng(5), 6, 3), (4, 3))
+    assert_bad_input_rejected(
+        backend, OP, NAMES, BAD[case], make_state(np.random.default_rng(5), 6, 3), (4, 3)
+    )
 
 
 @pytest.mark.parametrize(
-    "index,value,name", [(5, -4, "seq_lens_decoder"), (8, -1, "used_list_len"), (7, -2, "encoder_block_lens")]
+    "index,value,name",
+    [(5, -4, "seq_lens_decoder"), (8, -1, "used_list_len"), (7, -2, "encoder_block_lens")],
 )
 def test_negative_lengths_are_clamped_on_every_backend(backend, index, value, name):
     """Lengths and counts are values (a device kernel cannot check them without a sync): a
@@ -193,7 +207,9 @@ def test_free_list_len_outside_the_free_list_is_clamped_on_every_backend(backend
         dict(table=[1, 2], enc_len=2, used=0, dec=4),
         dict(table=[3, 4, 5], enc_len=1, used=2, dec=4, base_stop=True),
     ]
-    out = check(backend, manual(rows, free=list(range(40, 72))), context=f"free_list_len={free_list_len}")
+    out = check(
+        backend, manual(rows, free=list(range(40, 72))), context=f"free_list_len={free_list_len}"
+    )
     assert 0 <= out["free_list_len"][0] <= 32
 
 
@@ -221,7 +237,9 @@ def test_length_values_of_2_31_do_not_cost_time(backend):
         dict(table=[4, 5], enc_len=1, used=big, dec=8),
         dict(table=[6], enc_len=-big, used=big, dec=0),
     ]
-    run_in_child(lambda: bool(check(backend, manual(rows, free=[70, 71]), context="2**31 - 1")), timeout=60)
+    run_in_child(
+        lambda: bool(check(backend, manual(rows, free=[70, 71]), context="2**31 - 1")), timeout=60
+    )
 
 
 @pytest.mark.parametrize("attrs,name", [((0, 3), "block_size"), ((4, -1), "max_draft_tokens")])

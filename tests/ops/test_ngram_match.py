@@ -5,7 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.ops.ngram_cases import MATCH_NAMES as NAMES, assert_same_without_worker_threads, match_state
+from tests.ops.ngram_cases import (
+    MATCH_NAMES as NAMES,
+    assert_same_without_worker_threads,
+    match_state,
+)
 from tests.reference.ngram import ngram_match as reference
 from tests.support.compare import assert_all_exact, assert_bad_input_rejected
 
@@ -93,7 +97,14 @@ def test_threshold_same_rule_on_every_backend(backend, offset):
 
 
 def test_budget_edges(backend):
-    for budget, max_dec, want in ((1, 1000, 2), (0, 1000, 1), (5, 2, 1), (5, 3, 2), (5, 4, 3), (9, 1000, 5)):
+    for budget, max_dec, want in (
+        (1, 1000, 2),
+        (0, 1000, 1),
+        (5, 2, 1),
+        (5, 3, 2),
+        (5, 4, 3),
+        (9, 1000, 5),
+    ):
         # step 1; budget min(draft_token_num, max_dec - 2, width - 1 = 4)
         got = check(
             backend,
@@ -111,7 +122,16 @@ def test_result_does_not_depend_on_thread_count(backend, threads):
 
 
 def test_out_of_range_values_are_safe(backend):
-    t = match_state(np.random.default_rng(12), 8, vocab=3, prompt_max=30, hist_max=20, k=3, p_idle=0, p_prefill=0)
+    t = match_state(
+        np.random.default_rng(12),
+        8,
+        vocab=3,
+        prompt_max=30,
+        hist_max=20,
+        k=3,
+        p_idle=0,
+        p_prefill=0,
+    )
     t[1][:2] = [10**7, -1]
     t[3][2:4] = [10**7, -4]  # prompt_lens
     t[4][4] = t[2].shape[1]  # step_idx past the row
@@ -181,7 +201,16 @@ def test_extreme_steps_and_limits_do_not_wrap(backend):
 
 
 def test_failed_worker_thread_creation_runs_the_work_on_the_calling_thread(backend):
-    t = match_state(np.random.default_rng(5), 64, vocab=3, prompt_max=400, hist_max=300, k=4, p_idle=0.0, p_prefill=0.0)
+    t = match_state(
+        np.random.default_rng(5),
+        64,
+        vocab=3,
+        prompt_max=400,
+        hist_max=300,
+        k=4,
+        p_idle=0.0,
+        p_prefill=0.0,
+    )
     assert_same_without_worker_threads(backend, OP, NAMES, reference, t, (3, 4, 10**6, 16))
 
 
@@ -201,7 +230,16 @@ def test_wrapper_threshold_defaults_to_upstream_env_var(monkeypatch):
     paddle = pytest.importorskip("paddle")
     import fastdeploy_mtp.ops as ops
 
-    t = match_state(np.random.default_rng(21), 30, vocab=3, prompt_max=40, hist_max=30, k=5, p_idle=0.0, p_prefill=0.0)
+    t = match_state(
+        np.random.default_rng(21),
+        30,
+        vocab=3,
+        prompt_max=40,
+        hist_max=30,
+        k=5,
+        p_idle=0.0,
+        p_prefill=0.0,
+    )
     results = {}
     for env, thr in ((None, 128), ("40", 40)):
         if env is None:

@@ -22,13 +22,20 @@ import pytest
 
 import fastdeploy_mtp.ops as ops
 from fastdeploy_mtp import _kernels
-from tests.support.op_declarations import DECLARATION_DIR, DECLARATION_FILES as DECLARATIONS, DECLARED, HOST_ONLY
+from tests.support.op_declarations import (
+    DECLARATION_DIR,
+    DECLARATION_FILES as DECLARATIONS,
+    DECLARED,
+    HOST_ONLY,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _codegen():
-    spec = importlib.util.spec_from_file_location("op_codegen", ROOT / "custom_ops" / "codegen" / "op_codegen.py")
+    spec = importlib.util.spec_from_file_location(
+        "op_codegen", ROOT / "custom_ops" / "codegen" / "op_codegen.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules["op_codegen"] = module  # dataclasses look the module up by name
     spec.loader.exec_module(module)
@@ -76,9 +83,13 @@ def test_paddle_registration_follows_the_declaration(path):
 
     ops._loader.paddle_op(path.stem)  # loads and registers the library once
     decl = _declared(path)
-    registered_inputs, registered_attrs, registered_outputs = extension_utils.parse_op_info(path.stem)
+    registered_inputs, registered_attrs, registered_outputs = extension_utils.parse_op_info(
+        path.stem
+    )
     # Paddle marks optional inputs (paddle::Optional) with a suffix
-    assert registered_inputs == [t["name"] + ("@OPTIONAL" if t.get("optional") else "") for t in decl["inputs"]]
+    assert registered_inputs == [
+        t["name"] + ("@OPTIONAL" if t.get("optional") else "") for t in decl["inputs"]
+    ]
     assert registered_attrs == [a["name"] for a in decl.get("attrs", [])]
     default = [o["name"] for o in decl.get("outputs", [])] + [
         f"{t['name']}_out" for t in decl["inputs"] if t.get("io", "in") != "in"
@@ -98,7 +109,11 @@ def test_kernels_module_takes_outputs_and_stream_as_keywords(path):
 
 def test_no_two_source_files_share_a_basename():
     files = subprocess.run(
-        ["git", "ls-files", "custom_ops", "fastdeploy_mtp"], cwd=ROOT, capture_output=True, text=True, check=True
+        ["git", "ls-files", "custom_ops", "fastdeploy_mtp"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
     # model folders (fastdeploy_mtp/assets*/) hold data under the names their layout fixes
     # (config.json, tokenizer.json, CARD.md, ...): not source files
@@ -165,7 +180,9 @@ def test_generator_needs_a_docs_section_and_the_kernel_files(tmp_path):
     codegen = _codegen()
     repo = _fake_repo(tmp_path)
     (repo / "custom_ops" / "ops" / "brand_new_op.toml").write_text(GOOD)
-    with pytest.raises(codegen.DeclarationError, match=r"no `## <op>` section for \['brand_new_op'\]"):
+    with pytest.raises(
+        codegen.DeclarationError, match=r"no `## <op>` section for \['brand_new_op'\]"
+    ):
         codegen.generate(repo, tmp_path / "out")
 
 
@@ -215,7 +232,9 @@ inputs = [{ name = "x", dtype = "int32", shape = "[N]", io = "inout", doc = "" }
 def test_generator_rejects_kernel_keys_on_a_host_only_op(tmp_path, extra, key):
     codegen = _codegen()
     assert codegen.load_op(_write_decl(tmp_path, HOST_ONLY_GOOD)).host_only
-    with pytest.raises(codegen.DeclarationError, match=rf"a host_only op has no kernels; remove \['{key}'\]"):
+    with pytest.raises(
+        codegen.DeclarationError, match=rf"a host_only op has no kernels; remove \['{key}'\]"
+    ):
         codegen.load_op(_write_decl(tmp_path, extra + HOST_ONLY_GOOD))
 
 
@@ -233,7 +252,9 @@ def test_host_only_ops_have_only_a_host_function_and_no_kernels(tmp_path):
         assert f"custom_ops/cpu/{name}.cc" in sources
         assert f"gpu/{name}.cu" not in sources and f"{name}.xpu" not in sources
         assert f"xpu::{name}" not in (out / "xpu_plugin.cpp").read_text()
-        body = entries.split(f"void {kernel}(const {kernel}Call& call) {{", 1)[1].split("\n}\n", 1)[0]
+        body = entries.split(f"void {kernel}(const {kernel}Call& call) {{", 1)[1].split("\n}\n", 1)[
+            0
+        ]
         assert "check.OnHost(tensors);" in body and f"host::{kernel}(check, call);" in body
         assert "Dispatch" not in body
         assert f"PD_BUILD_OP({name})" in paddle_cc
@@ -246,7 +267,8 @@ def test_host_only_ops_have_only_a_host_function_and_no_kernels(tmp_path):
 def test_host_only_op_refuses_device_tensors_in_the_framework_free_module():
     buf = np.zeros(1794, np.int64)
     with pytest.raises(
-        ValueError, match=r"^mtp_get_first_token: `output_tokens` is on cuda:0; this op runs on the host"
+        ValueError,
+        match=r"^mtp_get_first_token: `output_tokens` is on cuda:0; this op runs on the host",
     ):
         _kernels.mtp_get_first_token((buf.ctypes.data, "int64", (1794,), "cuda"), False, 1)
 
@@ -265,6 +287,10 @@ def test_the_paddle_binding_checks_inputs_and_attrs_before_it_allocates_outputs(
     for decl in with_outputs:
         kernel = decl["kernel"]
         body = paddle_cc.split(f" {kernel}Kernel(", 1)[1].split("\n}\n", 1)[0]
-        assert body.index(f"fdmtp::{kernel}CheckInputs(call);") < body.index("paddle::empty("), kernel
+        assert body.index(f"fdmtp::{kernel}CheckInputs(call);") < body.index("paddle::empty("), (
+            kernel
+        )
         check_inputs = entries.split(f"void {kernel}CheckInputs(", 1)[1].split("\n}\n", 1)[0]
-        assert ("PrepareInputs(check, call);" in check_inputs) == bool(decl.get("prepare_inputs")), kernel
+        assert ("PrepareInputs(check, call);" in check_inputs) == bool(
+            decl.get("prepare_inputs")
+        ), kernel

@@ -80,7 +80,11 @@ def run(backend, tensors, context=""):
 @pytest.mark.parametrize("bsz,vocab", [(1, 8), (5, 16), (37, 40)])
 def test_random_states_match_reference(backend, bsz, vocab, dtype, with_step):
     rng = np.random.default_rng(bsz * 31 + vocab)
-    run(backend, make_state(rng, bsz, vocab, dtype, with_step=with_step), f"N={bsz} V={vocab} {dtype} {with_step}")
+    run(
+        backend,
+        make_state(rng, bsz, vocab, dtype, with_step=with_step),
+        f"N={bsz} V={vocab} {dtype} {with_step}",
+    )
 
 
 def single_row_call(tensors, b, j):
@@ -126,7 +130,9 @@ def test_speculative_rows_equal_non_speculative_single_rows(backend, dtype):
             for j in range(int(tensors[I["seq_lens_this_time"]][b])):
                 single = backend.run(OP, single_row_call(tensors, b, j), [0])[I["logits"]]
                 r = int(tensors[I["cu_seqlens_q_output"]][b]) + j
-                assert_bit_exact("logits", spec[r : r + 1], single, f"{backend.name}, trial {trial} b={b} j={j}")
+                assert_bit_exact(
+                    "logits", spec[r : r + 1], single, f"{backend.name}, trial {trial} b={b} j={j}"
+                )
 
 
 def test_without_step_input_ids_every_row_counts_the_committed_history_only(backend):
@@ -297,16 +303,28 @@ def test_per_item_arrays_may_have_more_rows_than_the_batch(backend):
 BAD_INPUTS = {
     "logits_int32": (I["logits"], lambda t: t[2].astype(np.int32), "logits"),
     "logits_rank_1": (I["logits"], lambda t: t[2].reshape(-1), "logits"),
-    "penalty_scores_float16": (I["penalty_scores"], lambda t: t[3].astype(np.float16), "penalty_scores"),
+    "penalty_scores_float16": (
+        I["penalty_scores"],
+        lambda t: t[3].astype(np.float16),
+        "penalty_scores",
+    ),
     "temperatures_float16": (I["temperatures"], lambda t: t[6].astype(np.float16), "temperatures"),
     "token_ids_all_int32": (I["token_ids_all"], lambda t: t[0].astype(np.int32), "token_ids_all"),
     "token_ids_all_rows": (I["token_ids_all"], lambda t: t[0][:2], "token_ids_all"),
     "bad_tokens_rows": (I["bad_tokens"], lambda t: t[7][:1], "bad_tokens"),
     "cur_len_batch": (I["cur_len"], lambda t: t[9][:2], "cur_len"),
-    "batch_id_short": (I["batch_id_per_token_output"], lambda t: t[13][:-1], "batch_id_per_token_output"),
+    "batch_id_short": (
+        I["batch_id_per_token_output"],
+        lambda t: t[13][:-1],
+        "batch_id_per_token_output",
+    ),
     "cu_seqlens_short": (I["cu_seqlens_q_output"], lambda t: t[14][:2], "cu_seqlens_q_output"),
     "step_input_ids_rows": (I["step_input_ids"], lambda t: t[15][:1], "step_input_ids"),
-    "step_input_ids_int32": (I["step_input_ids"], lambda t: t[15].astype(np.int32), "step_input_ids"),
+    "step_input_ids_int32": (
+        I["step_input_ids"],
+        lambda t: t[15].astype(np.int32),
+        "step_input_ids",
+    ),
 }
 
 

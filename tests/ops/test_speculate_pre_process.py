@@ -5,8 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.reference.speculate_pre_process import INPUTS, OUTPUTS, speculate_pre_process as reference
-from tests.support.compare import assert_all_exact, assert_bad_input_rejected, assert_exact, assert_rejected
+from tests.reference.speculate_pre_process import (
+    INPUTS,
+    OUTPUTS,
+    speculate_pre_process as reference,
+)
+from tests.support.compare import (
+    assert_all_exact,
+    assert_bad_input_rejected,
+    assert_exact,
+    assert_rejected,
+)
 
 OP = "speculate_pre_process"
 NAMES = INPUTS + OUTPUTS
@@ -23,7 +32,11 @@ def make_state(rng, bsz, k, *, prompt_cap=40):
     kind = rng.choice(["prefill", "decode", "single", "idle"], size=bsz, p=[0.25, 0.45, 0.15, 0.15])
     slt = np.select(
         [kind == "prefill", kind == "decode", kind == "single"],
-        [rng.integers(1, prompt_cap + 1, size=bsz), rng.integers(2, w + 1, size=bsz) if w > 1 else 1, 1],
+        [
+            rng.integers(1, prompt_cap + 1, size=bsz),
+            rng.integers(2, w + 1, size=bsz) if w > 1 else 1,
+            1,
+        ],
         0,
     ).astype(np.int32)
     enc = np.where(kind == "prefill", slt, 0).astype(np.int32)
@@ -135,10 +148,14 @@ def test_length_sums_past_int32_saturate_instead_of_wrapping(backend):
     tensors[3] = np.array([0, 0, 0, 0], np.int32)
     out = check(backend, tensors, token_num=6, context="saturating offsets")
     np.testing.assert_array_equal(out["cu_seqlens_q"], [0, I32_MAX, I32_MAX, I32_MAX, I32_MAX])
-    np.testing.assert_array_equal(out["cu_seq_lens_q_output"], [0, I32_MAX, I32_MAX, I32_MAX, I32_MAX])
+    np.testing.assert_array_equal(
+        out["cu_seq_lens_q_output"], [0, I32_MAX, I32_MAX, I32_MAX, I32_MAX]
+    )
     np.testing.assert_array_equal(out["ids_remove_padding"], [10, 11, 12, 13, 2, 2])
     np.testing.assert_array_equal(out["batch_id_per_token"], [0, 0, 0, 0, 0, 0])
-    assert (out["batch_id_per_token_output"] == 0).all() and out["real_output_token_num"][0] == I32_MAX
+    assert (out["batch_id_per_token_output"] == 0).all() and out["real_output_token_num"][
+        0
+    ] == I32_MAX
 
 
 def test_huge_lengths_cost_no_more_than_the_buffers(backend):
@@ -179,10 +196,16 @@ def test_token_num_above_what_the_rows_hold_is_refused_naming_it_before_any_allo
     the framework-free binding, given outputs for 8 tokens, names `cpu_token_num` too, not
     an output."""
     out = check(backend, fixed(), token_num=24, context="T = N * max(C, W)")
-    assert (out["ids_remove_padding"][8:] == 2).all() and (out["batch_id_per_token"][8:] == -1).all()
+    assert (out["ids_remove_padding"][8:] == 2).all() and (
+        out["batch_id_per_token"][8:] == -1
+    ).all()
     for token_num in (10**12, 25):
-        message = assert_rejected(backend, OP, INPUTS, fixed(), "cpu_token_num", (token_num,), out_specs(4, 4, 8))
-        assert "attr `cpu_token_num` must be <= 24, the most tokens the batch's rows hold" in message, message
+        message = assert_rejected(
+            backend, OP, INPUTS, fixed(), "cpu_token_num", (token_num,), out_specs(4, 4, 8)
+        )
+        assert (
+            "attr `cpu_token_num` must be <= 24, the most tokens the batch's rows hold" in message
+        ), message
         assert message.endswith(f"got {token_num}"), message
 
 

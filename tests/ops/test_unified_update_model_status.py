@@ -5,7 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.reference.unified_update_model_status import NAMES, unified_update_model_status as reference
+from tests.reference.unified_update_model_status import (
+    NAMES,
+    unified_update_model_status as reference,
+)
 from tests.support.compare import assert_bad_input_rejected, assert_exact
 
 OP = "unified_update_model_status"
@@ -22,7 +25,9 @@ def make_state(rng, bsz, k, *, real_bsz=None, seq_len=64, vocab=8):
     kind = rng.choice(["decode"] * 5 + ["prefill", "stopped", "paused", "idle"], size=bsz)
     enc = np.where(kind == "prefill", rng.integers(1, 30, bsz), 0).astype(np.int32)
     dec = np.where(
-        kind == "decode", rng.integers(1, 50, bsz), np.where(kind == "idle", 0, rng.integers(0, 9, bsz))
+        kind == "decode",
+        rng.integers(1, 50, bsz),
+        np.where(kind == "idle", 0, rng.integers(0, 9, bsz)),
     ).astype(np.int32)
     stop = (kind == "stopped").reshape(bsz, 1)
     paused = kind == "paused"
@@ -77,7 +82,9 @@ def test_random_states_keeping_the_max_dec_len_token_match_reference(backend, k)
     same = ("step_output_len", "step_idx", "stop_flags", "seq_lens_decoder", "seq_lens_encoder")
     for name in same:  # the stop decision does not depend on the replacement
         assert_exact(name, got[name], upstream[name], context=f"{backend.name}, keep vs upstream")
-    assert not np.array_equal(got["step_output_ids"], upstream["step_output_ids"]), "no item reached max_dec_len"
+    assert not np.array_equal(got["step_output_ids"], upstream["step_output_ids"]), (
+        "no item reached max_dec_len"
+    )
 
 
 def test_verify_then_update_over_several_steps_matches_reference(backend):
@@ -120,7 +127,20 @@ def test_verify_then_update_over_several_steps_matches_reference(backend):
     assert stop.any() and not stop.all()
 
 
-def one_slot(out, n, *, enc=0, dec=10, step=0, max_dec=100, prompt=3, seq_len=16, stop=False, paused=False, real=1):
+def one_slot(
+    out,
+    n,
+    *,
+    enc=0,
+    dec=10,
+    step=0,
+    max_dec=100,
+    prompt=3,
+    seq_len=16,
+    stop=False,
+    paused=False,
+    real=1,
+):
     w = len(out)
     return [
         np.array([enc], np.int32),
@@ -142,13 +162,21 @@ def one_slot(out, n, *, enc=0, dec=10, step=0, max_dec=100, prompt=3, seq_len=16
 
 def test_decode_commits_tokens_history_and_next_input(backend):
     got = check(backend, one_slot([11, 12, -1], 2, step=4), "decode")
-    assert got["seq_lens_decoder"][0] == 12 and got["step_idx"][0, 0] == 6 and got["has_running_seqs"][0]
+    assert (
+        got["seq_lens_decoder"][0] == 12
+        and got["step_idx"][0, 0] == 6
+        and got["has_running_seqs"][0]
+    )
     assert list(got["token_ids_all"][0, 7:9]) == [11, 12] and got["step_input_ids"][0, 0] == 12
 
 
 def test_eos_in_the_middle_cuts_the_count_and_stops(backend):
     got = check(backend, one_slot([11, 3, 12], 3), "eos")
-    assert got["step_output_len"][0] == 2 and got["stop_flags"][0, 0] and not got["has_running_seqs"][0]
+    assert (
+        got["step_output_len"][0] == 2
+        and got["stop_flags"][0, 0]
+        and not got["has_running_seqs"][0]
+    )
     assert got["step_input_ids"][0, 0] == 3
 
 
@@ -159,16 +187,24 @@ def test_max_dec_len_replaces_the_token_with_end_tokens_0(backend):
 
 
 def test_max_dec_len_token_is_kept_when_asked_and_the_slot_still_stops(backend):
-    got = check(backend, one_slot([11, 12, 13], 3, step=8, max_dec=10), "max_dec_len keep", keep=True)
+    got = check(
+        backend, one_slot([11, 12, 13], 3, step=8, max_dec=10), "max_dec_len keep", keep=True
+    )
     assert list(got["step_output_ids"][0]) == [11, 12, 13] and got["step_output_len"][0] == 2
-    assert got["stop_flags"][0, 0] and got["step_idx"][0, 0] == 10 and not got["has_running_seqs"][0]
+    assert (
+        got["stop_flags"][0, 0] and got["step_idx"][0, 0] == 10 and not got["has_running_seqs"][0]
+    )
     # the kept token is what the history and the next input get
     assert list(got["token_ids_all"][0, 11:13]) == [11, 12] and got["step_input_ids"][0, 0] == 12
 
 
 def test_prefill_folds_encoder_into_decoder_even_with_no_token(backend):
     got = check(backend, one_slot([-1, -1], 0, enc=7, dec=0), "prefill n=0")
-    assert got["seq_lens_encoder"][0] == 0 and got["seq_lens_decoder"][0] == 7 and got["step_idx"][0, 0] == 0
+    assert (
+        got["seq_lens_encoder"][0] == 0
+        and got["seq_lens_decoder"][0] == 7
+        and got["step_idx"][0, 0] == 0
+    )
 
 
 def test_idle_slot_with_no_lengths_still_advances_step_idx(backend):
@@ -186,9 +222,21 @@ def test_history_is_all_or_nothing_at_the_model_length(backend):
 
 @pytest.mark.parametrize("which", ["stopped", "paused"])
 def test_stopped_or_paused_real_slot_is_zeroed(backend, which):
-    got = check(backend, one_slot([11, -1], 1, enc=3, step=5, stop=which == "stopped", paused=which == "paused"), which)
-    assert got["stop_flags"][0, 0] and got["seq_lens_this_time"][0] == 0 and got["step_output_len"][0] == 0
-    assert got["seq_lens_decoder"][0] == 0 and got["step_idx"][0, 0] == 5 and not got["has_running_seqs"][0]
+    got = check(
+        backend,
+        one_slot([11, -1], 1, enc=3, step=5, stop=which == "stopped", paused=which == "paused"),
+        which,
+    )
+    assert (
+        got["stop_flags"][0, 0]
+        and got["seq_lens_this_time"][0] == 0
+        and got["step_output_len"][0] == 0
+    )
+    assert (
+        got["seq_lens_decoder"][0] == 0
+        and got["step_idx"][0, 0] == 5
+        and not got["has_running_seqs"][0]
+    )
 
 
 def test_paused_padding_slot_past_real_bsz_is_untouched(backend):
@@ -263,8 +311,14 @@ def test_prompt_lens_int64_max_never_writes_outside_the_history_row(backend):
 
 
 def test_step_idx_saturates_at_int64_max(backend):
-    got = check(backend, one_slot([11, 12, -1], 2, step=I64_MAX - 1, max_dec=I64_MAX), "step near max")
-    assert got["step_idx"][0, 0] == I64_MAX and got["step_output_len"][0] == 1 and got["stop_flags"][0, 0]
+    got = check(
+        backend, one_slot([11, 12, -1], 2, step=I64_MAX - 1, max_dec=I64_MAX), "step near max"
+    )
+    assert (
+        got["step_idx"][0, 0] == I64_MAX
+        and got["step_output_len"][0] == 1
+        and got["stop_flags"][0, 0]
+    )
     assert (got["token_ids_all"] == SENTINEL).all()
 
 
@@ -278,14 +332,20 @@ def test_upstream_step_output_len_10_for_width_8_stops_at_max_dec_len(backend):
     5 tokens: the scan stops there (never past the row) and the 5th token becomes EOS."""
     out = [21, 22, 23, 24, 25, 26, 27, 28]
     got = check(backend, one_slot(out, 10, step=5, max_dec=10, seq_len=64), "len 10, width 8")
-    assert got["step_output_len"][0] == 5 and got["stop_flags"][0, 0] and got["step_idx"][0, 0] == 10
+    assert (
+        got["step_output_len"][0] == 5 and got["stop_flags"][0, 0] and got["step_idx"][0, 0] == 10
+    )
     assert list(got["step_output_ids"][0]) == [21, 22, 23, 24, EOS[0], 26, 27, 28]
     assert list(got["token_ids_all"][0, 8:13]) == [21, 22, 23, 24, EOS[0]]
 
 
 def test_step_output_len_above_the_width_without_a_stop_is_clamped_to_the_row(backend):
     got = check(backend, one_slot([21, 22, 23], 10, step=0, seq_len=64), "len 10, width 3")
-    assert got["step_output_len"][0] == 3 and got["step_idx"][0, 0] == 3 and got["step_input_ids"][0, 0] == 23
+    assert (
+        got["step_output_len"][0] == 3
+        and got["step_idx"][0, 0] == 3
+        and got["step_input_ids"][0, 0] == 23
+    )
 
 
 def test_per_item_arrays_and_row_matrices_may_have_more_rows_than_slots(backend):

@@ -94,7 +94,9 @@ def test_decode_offsets_and_states_keep_ones_as_minus_one(backend):
 
 
 def test_block_step_items_are_skipped(backend):
-    out, states = check(backend, _one(enc=0, dec=7, slt=2, states=[1, 1, 1], block=True), "block step")
+    out, states = check(
+        backend, _one(enc=0, dec=7, slt=2, states=[1, 1, 1], block=True), "block step"
+    )
     assert (out == 0).all()
     np.testing.assert_array_equal(states, [[1, 1, 1]])
 
@@ -132,7 +134,9 @@ def test_per_item_arrays_and_row_matrices_may_have_more_rows_than_the_batch(back
     want_out, want_states = reference(*tensors)
     padded = list(tensors)
     for i in (2, 3, 4, 5, 6, 7):
-        padded[i] = np.concatenate([tensors[i], np.ones((3,) + tensors[i].shape[1:], tensors[i].dtype)])
+        padded[i] = np.concatenate(
+            [tensors[i], np.ones((3,) + tensors[i].shape[1:], tensors[i].dtype)]
+        )
     got = backend.run(OP, padded, (), outputs(padded))
     assert_exact("attn_mask_offsets", got[8], want_out, backend.name)
     assert_exact("decode_states", got[7][:6], want_states, backend.name)

@@ -10,7 +10,12 @@ import math
 import numpy as np
 import pytest
 
-from fastdeploy_mtp.ops.sampling import _philox4x32_10, position_uniforms, rejection_candidates, topp_uniforms
+from fastdeploy_mtp.ops.sampling import (
+    _philox4x32_10,
+    position_uniforms,
+    rejection_candidates,
+    topp_uniforms,
+)
 from tests.reference.verify_draft_tokens import NAMES, verify_draft_tokens as reference
 from tests.support.compare import assert_exact, assert_rejected
 from tests.support.op_states import (
@@ -51,7 +56,9 @@ def test_random_states_match_reference(backend, bsz, k, strategy):
     s = STRATEGIES[strategy]
     rng = np.random.default_rng(hash((bsz, k, s)) % 2**32)
     real = bsz if bsz < 7 else bsz - 3  # padding slots past real_bsz
-    check(backend, make_state(rng, bsz, k, s, real_bsz=real), attrs(s), f"bsz={bsz} k={k} {strategy}")
+    check(
+        backend, make_state(rng, bsz, k, s, real_bsz=real), attrs(s), f"bsz={bsz} k={k} {strategy}"
+    )
 
 
 @pytest.mark.parametrize(
@@ -164,21 +171,30 @@ def test_eos_draft_accepted_stops_without_a_bonus_token(backend):
 
 def test_max_dec_len_mid_run_replaces_with_end_token(backend):
     # upstream's example: step_idx 48, max_dec_len 50, two accepted drafts -> n = 2
-    toks, _ = run_one(backend, one_item(GREEDY, [7, 8, 9], step=48, max_dec=50, target=[7, 8, 9, 4]), GREEDY)
+    toks, _ = run_one(
+        backend, one_item(GREEDY, [7, 8, 9], step=48, max_dec=50, target=[7, 8, 9, 4]), GREEDY
+    )
     assert toks == [7, EOS[0]]
 
 
 def test_max_dec_len_token_is_kept_when_asked_and_the_item_still_stops(backend):
     # the same state: the token at step 50 is the accepted draft 8, Phase 1 stops there
     toks, row = run_one(
-        backend, one_item(GREEDY, [7, 8, 9], step=48, max_dec=50, target=[7, 8, 9, 4]), GREEDY, keep=True
+        backend,
+        one_item(GREEDY, [7, 8, 9], step=48, max_dec=50, target=[7, 8, 9, 4]),
+        GREEDY,
+        keep=True,
     )
     assert toks == [7, 8] and list(row[2:]) == [-1, -1]
     # the final (Phase 2) token reaching the limit: the target's 6, not the end id
-    toks, _ = run_one(backend, one_item(GREEDY, [7, 8], step=7, max_dec=10, target=[7, 8, 6]), GREEDY, keep=True)
+    toks, _ = run_one(
+        backend, one_item(GREEDY, [7, 8], step=7, max_dec=10, target=[7, 8, 6]), GREEDY, keep=True
+    )
     assert toks == [7, 8, 6]
     # an EOS id stays an EOS id
-    toks, _ = run_one(backend, one_item(GREEDY, [7], step=8, max_dec=10, target=[7, 3]), GREEDY, keep=True)
+    toks, _ = run_one(
+        backend, one_item(GREEDY, [7], step=8, max_dec=10, target=[7, 3]), GREEDY, keep=True
+    )
     assert toks == [7, 3]
 
 
@@ -213,7 +229,13 @@ def test_reasoning_status_1_emits_exactly_one_token(backend):
 
 
 def test_reject_all_emits_one_token_and_beats_accept_all(backend):
-    toks, _ = run_one(backend, one_item(GREEDY, [7, 8], target=[7, 8, 6]), GREEDY, reject_all=True, accept_all=True)
+    toks, _ = run_one(
+        backend,
+        one_item(GREEDY, [7, 8], target=[7, 8, 6]),
+        GREEDY,
+        reject_all=True,
+        accept_all=True,
+    )
     assert toks == [7]
 
 
@@ -223,13 +245,20 @@ def test_accept_all_replaces_an_eos_draft_with_token_5(backend):
 
 
 def test_accept_all_still_applies_max_dec_len(backend):
-    toks, _ = run_one(backend, one_item(GREEDY, [7, 8], step=8, max_dec=10, target=[0, 0, 6]), GREEDY, accept_all=True)
+    toks, _ = run_one(
+        backend,
+        one_item(GREEDY, [7, 8], step=8, max_dec=10, target=[0, 0, 6]),
+        GREEDY,
+        accept_all=True,
+    )
     assert toks == [7, EOS[0]]
 
 
 @pytest.mark.parametrize("which", ["stopped", "paused"])
 def test_stopped_and_paused_items_are_reset_and_emit_nothing(backend, which):
-    tensors = one_item(GREEDY, [7], target=[7, 6], stop=which == "stopped", paused=which == "paused")
+    tensors = one_item(
+        GREEDY, [7], target=[7, 6], stop=which == "stopped", paused=which == "paused"
+    )
     toks, row = run_one(backend, tensors, GREEDY)
     assert toks == [] and list(row) == [-1, -1]
 
@@ -253,7 +282,9 @@ def test_batch_beyond_upstream_1024_cap(backend):
     """Deviation 1: any batch size (upstream: one block of 1024 threads)."""
     rng = np.random.default_rng(9)
     got = check(backend, make_state(rng, 3000, 2, GREEDY), attrs(GREEDY), "bsz=3000")
-    assert (got["step_output_len"][1024:] != SENTINEL).all() and (got["step_output_len"][1024:] > 0).any()
+    assert (got["step_output_len"][1024:] != SENTINEL).all() and (
+        got["step_output_len"][1024:] > 0
+    ).any()
 
 
 def test_rows_outside_the_row_tensors_are_never_read(backend):
@@ -271,13 +302,20 @@ def test_topp_accepts_membership_and_draws_with_the_injected_uniform(backend):
     ids = [[7, 4, 0, 0], [5, 6, 9, 0]]
     scores = [[0.5, 0.3, 0, 0], [0.5, 0.3, 0.2, 0]]
     # row 1: t = 0.9 * 0.9 = 0.81 > 0.8 -> third candidate
-    tensors = one_item(TOPP, [4], ids=ids, scores=scores, lens=[2, 3], uniforms=[[0, 0], [0, 0.9]], topp=0.9)
+    tensors = one_item(
+        TOPP, [4], ids=ids, scores=scores, lens=[2, 3], uniforms=[[0, 0], [0, 0.9]], topp=0.9
+    )
     assert run_one(backend, tensors, TOPP)[0] == [4, 9]
 
 
 def test_topp_falls_back_to_the_first_candidate_when_len_is_0(backend):
     tensors = one_item(
-        TOPP, [4], ids=[[7, 4], [5, 6]], scores=[[0.5, 0.5], [0.5, 0.5]], lens=[2, 0], uniforms=[[0, 0], [0, 0.5]]
+        TOPP,
+        [4],
+        ids=[[7, 4], [5, 6]],
+        scores=[[0.5, 0.5], [0.5, 0.5]],
+        lens=[2, 0],
+        uniforms=[[0, 0], [0, 0.5]],
     )
     assert run_one(backend, tensors, TOPP)[0] == [4, 5]
 
@@ -328,7 +366,9 @@ def test_rejection_draft_outside_the_row_is_always_rejected_and_draws_from_full_
 def test_rejection_p_draft_1_is_always_accepted(backend):
     ids = [[7, 4, 9], [5, 6, 8]]
     scores = [[1.0, 0.0, 0.0], [0.2, 0.5, 0.3]]
-    assert rej(backend, [7], [[np.float32(1 - 2**-24), 0.0], [0, 0.99]], ids=ids, scores=scores) == [7, 8]
+    assert rej(
+        backend, [7], [[np.float32(1 - 2**-24), 0.0], [0, 0.99]], ids=ids, scores=scores
+    ) == [7, 8]
 
 
 def test_rejection_bonus_comes_from_the_last_row_over_full_p(backend):
@@ -339,7 +379,9 @@ def test_rejection_bonus_comes_from_the_last_row_over_full_p(backend):
 @pytest.mark.parametrize("case", ["reject_all", "prefill", "slt_1", "reasoning"])
 def test_rejection_early_breaks_draw_from_full_p_not_the_residual(backend, case):
     # u_draw 0.1 -> t 0.1 over full p -> 7 (a residual without 7 would give 4)
-    kw = {"prefill": dict(enc=5, slt=5), "slt_1": dict(slt=1), "reasoning": dict(reasoning=1)}.get(case, {})
+    kw = {"prefill": dict(enc=5, slt=5), "slt_1": dict(slt=1), "reasoning": dict(reasoning=1)}.get(
+        case, {}
+    )
     rows = 1 if case in ("prefill", "slt_1") else 2
     tensors = one_item(
         REJECTION,
@@ -354,7 +396,9 @@ def test_rejection_early_breaks_draw_from_full_p_not_the_residual(backend, case)
 
 
 def test_rejection_all_zero_row_falls_back_to_the_first_id(backend):
-    tensors = one_item(REJECTION, [], slt=1, ids=[[6, 4, 9]], scores=[[0, 0, 0]], lens=[3], uniforms=[[0.5, 0.5]])
+    tensors = one_item(
+        REJECTION, [], slt=1, ids=[[6, 4, 9]], scores=[[0, 0, 0]], lens=[3], uniforms=[[0.5, 0.5]]
+    )
     assert run_one(backend, tensors, REJECTION)[0] == [6]
 
 
@@ -387,7 +431,9 @@ def test_rejection_results_depend_on_seed_and_position_not_on_the_slot(backend):
         tensors[15][slot] = 1000
         tensors[13][:] = 0
         tensors[4], tensors[5], tensors[6] = ids, scores, lens
-        tensors[17] = np.stack([position_uniforms(42, 100 + np.arange(3), c) for c in (0, 1)], axis=1)
+        tensors[17] = np.stack(
+            [position_uniforms(42, 100 + np.arange(3), c) for c in (0, 1)], axis=1
+        )
         got = check(backend, tensors, attrs(REJECTION), f"slot {slot}")
         return list(got["step_output_ids"][slot]), int(got["step_output_len"][slot])
 
@@ -432,7 +478,9 @@ def test_rejection_emits_tokens_distributed_as_the_target_for_a_one_hot_drafter(
     w = k + 1
     rows = n_items * w
     ids = np.tile(ids_row, (rows, 1)).astype(np.int64)
-    scores = np.tile(np.stack([p[i][ids_row] * 2.0 for i in range(w)]), (n_items, 1)).astype(np.float32)
+    scores = np.tile(np.stack([p[i][ids_row] * 2.0 for i in range(w)]), (n_items, 1)).astype(
+        np.float32
+    )
     items = np.repeat(np.arange(n_items), w)
     pos = np.tile(np.arange(w), n_items)
     uniforms = np.stack([position_uniforms(items + 1, 1000 + pos, c) for c in (0, 1)], axis=1)
@@ -592,15 +640,30 @@ BAD_INPUTS = {
     # case: (strategy, tensor index or None, builder, name in the message, attrs override)
     "step_output_ids_int32": (REJECTION, 0, lambda t: t[0].astype(np.int32), "step_output_ids"),
     "step_output_len_int64": (REJECTION, 1, lambda t: t[1].astype(np.int64), "step_output_len"),
-    "candidate_scores_float64": (REJECTION, 5, lambda t: t[5].astype(np.float64), "candidate_scores"),
-    "verify_uniforms_float64": (REJECTION, 17, lambda t: t[17].astype(np.float64), "verify_uniforms"),
+    "candidate_scores_float64": (
+        REJECTION,
+        5,
+        lambda t: t[5].astype(np.float64),
+        "candidate_scores",
+    ),
+    "verify_uniforms_float64": (
+        REJECTION,
+        17,
+        lambda t: t[17].astype(np.float64),
+        "verify_uniforms",
+    ),
     "target_tokens_int32": (GREEDY, 3, lambda t: t[3].astype(np.int32), "target_tokens"),
     "stop_flags_int32": (GREEDY, 8, lambda t: t[8].astype(np.int32), "stop_flags"),
     "step_input_ids_width_k": (GREEDY, 2, lambda t: t[2][:, :-1].copy(), "step_input_ids"),
     "step_input_ids_batch_5": (GREEDY, 2, lambda t: t[2][:5].copy(), "step_input_ids"),
     "topp_batch_5": (TOPP, 7, lambda t: t[7][:5].copy(), "topp"),
     "step_idx_batch_1": (GREEDY, 16, lambda t: np.zeros((1, 1), np.int64), "step_idx"),
-    "seq_lens_this_time_too_many": (GREEDY, 10, lambda t: np.ones(7, np.int32), "seq_lens_this_time"),
+    "seq_lens_this_time_too_many": (
+        GREEDY,
+        10,
+        lambda t: np.ones(7, np.int32),
+        "seq_lens_this_time",
+    ),
     "cu_seqlens_q_output_short": (GREEDY, 13, lambda t: t[13][:3].copy(), "cu_seqlens_q_output"),
     "candidate_lens_rows": (REJECTION, 6, lambda t: t[6][:-1].copy(), "candidate_lens"),
     "candidate_scores_cols": (REJECTION, 5, lambda t: t[5][:, :2].copy(), "candidate_scores"),
@@ -633,8 +696,14 @@ def test_paddle_topp_call_without_verify_uniforms():
     tensors = make_state(np.random.default_rng(8), 7, 3, TOPP)
     tensors[17] = None
     want = reference(tensors, attrs(TOPP))
-    pt = {n: None if a is None else paddle.to_tensor(a) for n, a in zip(NAMES, tensors) if n != "verify_uniforms"}
-    ops.verify_draft_tokens(**pt, max_seq_len=4096, verify_window=2, verify_strategy=ops.VerifyStrategy.TOPP)
+    pt = {
+        n: None if a is None else paddle.to_tensor(a)
+        for n, a in zip(NAMES, tensors)
+        if n != "verify_uniforms"
+    }
+    ops.verify_draft_tokens(
+        **pt, max_seq_len=4096, verify_window=2, verify_strategy=ops.VerifyStrategy.TOPP
+    )
     np.testing.assert_array_equal(pt["step_output_ids"].numpy(), want["step_output_ids"])
     np.testing.assert_array_equal(pt["step_output_len"].numpy(), want["step_output_len"])
 
@@ -645,7 +714,9 @@ def test_paddle_op_takes_keyword_arguments_and_the_enum():
 
     tensors = one_item(GREEDY, [7, 8], target=[7, 8, 6])
     pt = {n: (None if a is None else paddle.to_tensor(a)) for n, a in zip(NAMES, tensors)}
-    ops.verify_draft_tokens(**dict(reversed(list(pt.items()))), verify_strategy=ops.VerifyStrategy.GREEDY)
+    ops.verify_draft_tokens(
+        **dict(reversed(list(pt.items()))), verify_strategy=ops.VerifyStrategy.GREEDY
+    )
     np.testing.assert_array_equal(pt["step_output_ids"].numpy(), [[7, 8, 6]])
     np.testing.assert_array_equal(pt["step_output_len"].numpy(), [3])
 

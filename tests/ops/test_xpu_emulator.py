@@ -34,7 +34,9 @@ def test_invalid_launch_shape_is_rejected(clusters, cores):
 
 def _postprocess_inputs(bsz, width, seed):
     rng = np.random.default_rng(seed)
-    d = np.where(rng.random((bsz, width)) < 0.3, -1, rng.integers(0, 50, (bsz, width))).astype(np.int64)
+    d = np.where(rng.random((bsz, width)) < 0.3, -1, rng.integers(0, 50, (bsz, width))).astype(
+        np.int64
+    )
     s = rng.integers(0, width + 1, bsz).astype(np.int32)
     e = np.where(rng.random(bsz) < 0.2, 5, 0).astype(np.int32)
     f = rng.random((bsz, 1)) < 0.2
@@ -47,7 +49,9 @@ def test_results_do_not_depend_on_the_launch_shape(clusters, cores):
     want = ref_postprocess(d.copy(), s.copy(), e.copy(), f.copy())
     with _kernels.xpu_emulation(clusters, cores):
         _kernels.draft_model_postprocess(d, s, e, f)
-    np.testing.assert_array_equal(s, want["base_model_seq_lens_this_time"], err_msg=f"<<<{clusters}, {cores}>>>")
+    np.testing.assert_array_equal(
+        s, want["base_model_seq_lens_this_time"], err_msg=f"<<<{clusters}, {cores}>>>"
+    )
 
 
 def test_draft_width_beyond_kmaxdraftwidth_is_rejected_before_any_write():
@@ -70,9 +74,13 @@ def test_batch_beyond_kmaxbatch_is_rejected_by_the_prefix_sum_kernels():
     out = np.zeros((bsz, 2), np.float32)
     n = np.zeros(1, np.int32)
     cu = np.zeros(bsz + 1, np.int32)
-    with pytest.raises(ValueError, match=r"batch size = 8193 exceeds the XPU3 kernel limit kMaxBatch = 8192"):
+    with pytest.raises(
+        ValueError, match=r"batch size = 8193 exceeds the XPU3 kernel limit kMaxBatch = 8192"
+    ):
         with _kernels.xpu_emulation(2, 4):
-            _kernels.eagle_gather_hidden_states(inp, cu, slt, slt, slt, slt, cu, n, out=out, output_token_num=n)
+            _kernels.eagle_gather_hidden_states(
+                inp, cu, slt, slt, slt, slt, cu, n, out=out, output_token_num=n
+            )
 
 
 def test_emulation_scope_ends_with_the_with_block():
@@ -136,9 +144,17 @@ FAILING_SELFTESTS = {
     "local_overflow": (2, 4, r"GM2LM: 128 bytes do not fit the 64-byte local buffer"),
     # a core returning while the others wait at sync_cluster; which side sees it first
     # depends on the (seeded) core order: either message names it
-    "barrier_mismatch": (1, 4, r"(returned while|after 1 core\(s\) returned).*a deadlock on hardware"),
+    "barrier_mismatch": (
+        1,
+        4,
+        r"(returned while|after 1 core\(s\) returned).*a deadlock on hardware",
+    ),
     # a shared-memory write reaching sync_cluster without mfence
-    "missing_mfence": (2, 4, r"core \d+ of cluster \d+ wrote shared memory and reached sync_cluster\(\) "),
+    "missing_mfence": (
+        2,
+        4,
+        r"core \d+ of cluster \d+ wrote shared memory and reached sync_cluster\(\) ",
+    ),
     # reading another core's local memory
     "foreign_local": (2, 3, r"core 1 of cluster \d+ read the local memory of another core"),
     # a stack beyond local memory
@@ -184,7 +200,12 @@ def _snippet(body: str) -> str:
 def generated_include():
     with tempfile.TemporaryDirectory() as out:
         subprocess.run(
-            [sys.executable, os.path.join(ROOT, "custom_ops", "codegen", "op_codegen.py"), "--repo", ROOT]
+            [
+                sys.executable,
+                os.path.join(ROOT, "custom_ops", "codegen", "op_codegen.py"),
+                "--repo",
+                ROOT,
+            ]
             + ["--out", out],
             check=True,
             capture_output=True,
@@ -204,15 +225,23 @@ def _check_kernel_source(source: str, generated: str) -> tuple[bool, str]:
         unit = os.path.join(tmp, "unit.cc")
         with open(unit, "w") as f:
             f.write('#include "snippet.xpu"\nFDMTP_XPU_EMU_ENTRY(snippet)\n')
-        lint = subprocess.run([sys.executable, _LINT, path], capture_output=True, text=True, timeout=60)
+        lint = subprocess.run(
+            [sys.executable, _LINT, path], capture_output=True, text=True, timeout=60
+        )
         if lint.returncode != 0:
             return False, lint.stdout + lint.stderr
         cxx = os.environ.get("CXX") or shutil.which("g++") or "c++"
         flags = ["-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror"]
         defines = ["-DFDMTP_XPU_EMULATOR", "-DFDMTP_XPU_DEVICE_CODE", "-Dfdmtp=fdmtp_xpuemu"]
-        includes = ["-I" + os.path.join(ROOT, "custom_ops"), "-I" + os.path.join(ROOT, "custom_ops", "include")]
+        includes = [
+            "-I" + os.path.join(ROOT, "custom_ops"),
+            "-I" + os.path.join(ROOT, "custom_ops", "include"),
+        ]
         gxx = subprocess.run(
-            [cxx, *flags, *defines, *includes, "-I" + generated, unit], capture_output=True, text=True, timeout=120
+            [cxx, *flags, *defines, *includes, "-I" + generated, unit],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         return gxx.returncode == 0, gxx.stdout + gxx.stderr
 
@@ -228,10 +257,19 @@ def test_conforming_kernel_compiles_in_emulator_mode(generated_include):
         ("  auto g = [&](int64_t b) { return b + v; };\n  v = g(1);", "no-lambda"),
         ("  v = std::max<int64_t>(v, 1);", "no-std"),
         ("  memset(&v, 0, sizeof(v));", "no-std"),
-        ("  int64_t (*add)(int64_t, int64_t) = fdmtp::SatAdd;\n  v = add(v, 1);", "no-function-pointer"),
+        (
+            "  int64_t (*add)(int64_t, int64_t) = fdmtp::SatAdd;\n  v = add(v, 1);",
+            "no-function-pointer",
+        ),
         ("  v = fdmtp::NgramFindNextScalar != nullptr ? 1 : 0;", "no-function-pointer"),
     ],
-    ids=["lambda", "std-call", "c-library-call", "function-pointer-type", "device-function-as-value"],
+    ids=[
+        "lambda",
+        "std-call",
+        "c-library-call",
+        "function-pointer-type",
+        "device-function-as-value",
+    ],
 )
 def test_lint_rejects_what_types_cannot(body, rule, generated_include):
     ok, message = _check_kernel_source(_snippet(body), generated_include)
@@ -253,7 +291,9 @@ def test_dropping_the_global_pointer_qualifier_does_not_compile(body, generated_
     ok, message = _check_kernel_source(_snippet(body), generated_include)
     assert not ok
     # __global_ptr__ is `volatile` in the emulator: g++ names the dropped qualifier
-    assert "volatile" in message and ("discards qualifiers" in message or "invalid conversion" in message), message
+    assert "volatile" in message and (
+        "discards qualifiers" in message or "invalid conversion" in message
+    ), message
 
 
 def test_kernel_taking_a_struct_with_an_unqualified_pointer_does_not_compile(generated_include):

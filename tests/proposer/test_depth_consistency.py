@@ -41,7 +41,9 @@ def three_layer_stack(target, mtp, config):
         rng = np.random.default_rng(i)
         layer.set_state_dict(
             {
-                k: paddle.to_tensor(v.numpy() + (0.02 * i) * rng.standard_normal(v.shape).astype(np.float32))
+                k: paddle.to_tensor(
+                    v.numpy() + (0.02 * i) * rng.standard_normal(v.shape).astype(np.float32)
+                )
                 for k, v in base.items()
             }
         )
@@ -49,8 +51,12 @@ def three_layer_stack(target, mtp, config):
     return stack
 
 
-def run_recording(target, mtp, spec: SpeculativeConfig, prompt: list[int], max_tokens: int, history=None):
-    cfg = make_config(1, max_num_seqs=2, max_model_len=512, vocab=272, ori_vocab=256, hidden=128, block_size=16)
+def run_recording(
+    target, mtp, spec: SpeculativeConfig, prompt: list[int], max_tokens: int, history=None
+):
+    cfg = make_config(
+        1, max_num_seqs=2, max_model_len=512, vocab=272, ori_vocab=256, hidden=128, block_size=16
+    )
     cfg.speculative_config = spec
     cfg.model_config.eos_token_id = [256]
     engine = Engine(cfg, target, mtp)
@@ -93,7 +99,10 @@ def dense_drafts(target, mtp, seq: list[int], depth: int) -> list[np.ndarray]:
         hidden = target.mtp_hidden(pre, post)
         outs = unrolled_mtp_forward(mtp_layers_of(mtp), ids[:, 1:], hidden[:, :-1], depth)
         layers = mtp_layers_of(mtp)
-        return [layers[k % len(layers)].compute_logits(o[0]).argmax(-1).numpy() for k, o in enumerate(outs)]
+        return [
+            layers[k % len(layers)].compute_logits(o[0]).argmax(-1).numpy()
+            for k, o in enumerate(outs)
+        ]
 
 
 def check(seq, rounds, dense, k):

@@ -24,7 +24,9 @@ PROMPTS = [[3, 9, 14, 1, 7, 22, 5], [40, 2, 2, 8, 31], [11, 12, 13, 14, 15, 16]]
 
 def requests(flags: list[bool]) -> list[Request]:
     return [
-        Request(f"r{i}", PROMPTS[i], max_tokens=16, sampling=ASK if flag else SamplingParams(logprobs=0))
+        Request(
+            f"r{i}", PROMPTS[i], max_tokens=16, sampling=ASK if flag else SamplingParams(logprobs=0)
+        )
         for i, flag in enumerate(flags)
     ]
 
@@ -45,7 +47,9 @@ def test_draft_logprobs_equal_the_mtp_layers_log_softmax(random_model):
 
     def capture_logits(hidden, layer):
         out = logits_of(hidden, layer)
-        rounds[-1].append((out.numpy().copy(), proposer.model_inputs.seq_lens_this_time.numpy().copy()))
+        rounds[-1].append(
+            (out.numpy().copy(), proposer.model_inputs.seq_lens_this_time.numpy().copy())
+        )
         return out
 
     def run(*args, **kwargs):
@@ -57,7 +61,11 @@ def test_draft_logprobs_equal_the_mtp_layers_log_softmax(random_model):
     def execute():
         previous = rounds[-1] if rounds else []
         out = execute_of()
-        asked = {idx for idx, st in engine.scheduler.slots.items() if st.request.sampling.include_draft_logprobs}
+        asked = {
+            idx
+            for idx, st in engine.scheduler.slots.items()
+            if st.request.sampling.include_draft_logprobs
+        }
         assert set(out.draft_logprobs) == asked  # the slot that did not ask gets nothing
         for b, got in out.draft_logprobs.items():
             verified = [int(d) for d in out.drafts[b] if int(d) != PLACEHOLDER_TOKEN_ID]
@@ -82,7 +90,9 @@ def test_draft_logprobs_equal_the_mtp_layers_log_softmax(random_model):
         if not req.sampling.include_draft_logprobs:
             assert steps == []
             continue
-        assert steps and steps[0].position == 1  # the prefill step emits token 0 and verifies no drafts
+        assert (
+            steps and steps[0].position == 1
+        )  # the prefill step emits token 0 and verifies no drafts
         for step, following in zip(steps, steps[1:]):
             accepted = 0
             for j, lp in enumerate(step.drafts):
@@ -93,7 +103,9 @@ def test_draft_logprobs_equal_the_mtp_layers_log_softmax(random_model):
             assert following.position == step.position + accepted + 1
 
 
-def test_nothing_is_computed_unless_asked_and_no_speculation_gives_an_empty_list(random_model, monkeypatch):
+def test_nothing_is_computed_unless_asked_and_no_speculation_gives_an_empty_list(
+    random_model, monkeypatch
+):
     target, mtp = random_model
     calls = []
     record = MTPSampler.record

@@ -11,8 +11,18 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from fastdeploy_mtp.config import FDConfig, SchedulerConfig, SpeculativeConfig, SpeculativeConfigError
-from fastdeploy_mtp.engine_args import UsageError, build_config, check_speculative_config, speculation_label
+from fastdeploy_mtp.config import (
+    FDConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    SpeculativeConfigError,
+)
+from fastdeploy_mtp.engine_args import (
+    UsageError,
+    build_config,
+    check_speculative_config,
+    speculation_label,
+)
 from fastdeploy_mtp.models import ByteTokenizer, load_tiny
 from fastdeploy_mtp.proposer.model_free import NaiveProposer, NgramProposer
 from fastdeploy_mtp.proposer.suffix import Cursor, SuffixCache, SuffixProposer, SuffixTrie
@@ -41,11 +51,18 @@ def with_method(cfg: FDConfig, method: str, k: int, **keys) -> FDConfig:
 
 # ---- config ---------------------------------------------------------------------------------
 def test_vllm_prompt_lookup_keys_are_aliases_of_the_ngram_sizes():
-    spec = SpeculativeConfig.from_dict({"method": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 1})
+    spec = SpeculativeConfig.from_dict(
+        {"method": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+    )
     assert (spec.max_ngram_size, spec.min_ngram_size) == (4, 1)
-    same = SpeculativeConfig.from_dict({"method": "ngram", "prompt_lookup_max": 4, "max_ngram_size": 4})
+    same = SpeculativeConfig.from_dict(
+        {"method": "ngram", "prompt_lookup_max": 4, "max_ngram_size": 4}
+    )
     assert same.max_ngram_size == 4
-    for alias, key in (("prompt_lookup_max", "max_ngram_size"), ("prompt_lookup_min", "min_ngram_size")):
+    for alias, key in (
+        ("prompt_lookup_max", "max_ngram_size"),
+        ("prompt_lookup_min", "min_ngram_size"),
+    ):
         with pytest.raises(SpeculativeConfigError, match=f"'{alias}' .*'{key}'"):
             SpeculativeConfig.from_dict({"method": "ngram", alias: 3, key: 2})
 
@@ -54,19 +71,52 @@ def test_vllm_prompt_lookup_keys_are_aliases_of_the_ngram_sizes():
     "values,words",
     [
         ({"method": "eagle"}, "method must be one of"),
-        ({"method": "suffix", "adaptive_draft_length": True}, "adaptive_draft_length needs method 'mtp'"),
-        ({"method": "ngram", "mtp_strategy": "with_ngram"}, "mtp_strategy 'with_ngram' needs method 'mtp'"),
-        ({"method": "suffix", "suffix_decoding_min_token_prob": 1.5}, "suffix_decoding_min_token_prob"),
-        ({"method": "suffix", "suffix_decoding_max_tree_depth": 0}, "suffix_decoding_max_tree_depth"),
-        ({"method": "suffix", "suffix_decoding_max_spec_factor": 0.0}, "suffix_decoding_max_spec_factor"),
+        (
+            {"method": "suffix", "adaptive_draft_length": True},
+            "adaptive_draft_length needs method 'mtp'",
+        ),
+        (
+            {"method": "ngram", "mtp_strategy": "with_ngram"},
+            "mtp_strategy 'with_ngram' needs method 'mtp'",
+        ),
+        (
+            {"method": "suffix", "suffix_decoding_min_token_prob": 1.5},
+            "suffix_decoding_min_token_prob",
+        ),
+        (
+            {"method": "suffix", "suffix_decoding_max_tree_depth": 0},
+            "suffix_decoding_max_tree_depth",
+        ),
+        (
+            {"method": "suffix", "suffix_decoding_max_spec_factor": 0.0},
+            "suffix_decoding_max_spec_factor",
+        ),
         # int(factor * m) of a non-finite factor raises inside the drafting step
-        ({"method": "suffix", "suffix_decoding_max_spec_factor": float("nan")}, "suffix_decoding_max_spec_factor"),
-        ({"method": "suffix", "suffix_decoding_max_spec_factor": float("inf")}, "suffix_decoding_max_spec_factor"),
-        ({"method": "suffix", "suffix_decoding_max_cached_requests": -1}, "suffix_decoding_max_cached_requests"),
-        ({"method": "suffix", "suffix_decoding_max_cached_requests": 1.5}, "suffix_decoding_max_cached_requests"),
+        (
+            {"method": "suffix", "suffix_decoding_max_spec_factor": float("nan")},
+            "suffix_decoding_max_spec_factor",
+        ),
+        (
+            {"method": "suffix", "suffix_decoding_max_spec_factor": float("inf")},
+            "suffix_decoding_max_spec_factor",
+        ),
+        (
+            {"method": "suffix", "suffix_decoding_max_cached_requests": -1},
+            "suffix_decoding_max_cached_requests",
+        ),
+        (
+            {"method": "suffix", "suffix_decoding_max_cached_requests": 1.5},
+            "suffix_decoding_max_cached_requests",
+        ),
         # an alias of the wrong type is named as the client wrote it
-        ({"method": "ngram", "prompt_lookup_max": True}, "'prompt_lookup_max' must be an integer, got true"),
-        ({"method": "ngram", "prompt_lookup_min": [2]}, r"'prompt_lookup_min' must be an integer, got \[2\]"),
+        (
+            {"method": "ngram", "prompt_lookup_max": True},
+            "'prompt_lookup_max' must be an integer, got true",
+        ),
+        (
+            {"method": "ngram", "prompt_lookup_min": [2]},
+            r"'prompt_lookup_min' must be an integer, got \[2\]",
+        ),
     ],
 )
 def test_bad_method_configs_are_refused_naming_the_key(values, words):
@@ -77,9 +127,15 @@ def test_bad_method_configs_are_refused_naming_the_key(values, words):
 @pytest.mark.parametrize("method", ["ngram", "suffix", "naive"])
 def test_model_free_methods_are_refused_on_splitwise_instances(method):
     spec = SpeculativeConfig.from_dict({"method": method})
-    with pytest.raises(ValueError, match=f"method '{method}' is not supported with splitwise_role 'prefill'"):
-        FDConfig(speculative_config=spec, scheduler_config=SchedulerConfig(splitwise_role="prefill"))
-    with pytest.raises(UsageError, match=f"method '{method}' is not supported with splitwise_role 'decode'"):
+    with pytest.raises(
+        ValueError, match=f"method '{method}' is not supported with splitwise_role 'prefill'"
+    ):
+        FDConfig(
+            speculative_config=spec, scheduler_config=SchedulerConfig(splitwise_role="prefill")
+        )
+    with pytest.raises(
+        UsageError, match=f"method '{method}' is not supported with splitwise_role 'decode'"
+    ):
         check_speculative_config(spec, "decode")
     check_speculative_config(spec, "mixed")
     assert speculation_label(spec) == f"{method} K=1"
@@ -166,7 +222,9 @@ def shipped_engine(shipped, spec: SpeculativeConfig, batch: int) -> Engine:
 @pytest.mark.parametrize("k,batch", [(2, 3), (3, 6)])
 def test_seeded_sampling_equals_no_speculation(shipped, method, k, batch):
     """``target_match``: a sampled request emits its seeded samples, whatever the drafts."""
-    base = shipped_engine(shipped, SpeculativeConfig(method=None), batch).generate(sampled_requests(7))
+    base = shipped_engine(shipped, SpeculativeConfig(method=None), batch).generate(
+        sampled_requests(7)
+    )
     name, keys = METHODS[method]
     spec = SpeculativeConfig.from_dict({"method": name, "num_speculative_tokens": k, **keys})
     engine = shipped_engine(shipped, spec, batch)
@@ -203,7 +261,9 @@ def test_suffix_trie_grown_token_by_token_equals_a_build_from_scratch(depth):
         assert trie.counts() == dict(windows([seq[:pos]], depth)), pos
         fresh = built_at_once(seq[:pos], depth)
         assert trie.counts() == fresh.counts()
-        assert SuffixTrie.match_at(cursor) == trie.match(seq[:pos]), "the cursor holds the suffix nodes"
+        assert SuffixTrie.match_at(cursor) == trie.match(seq[:pos]), (
+            "the cursor holds the suffix nodes"
+        )
         for factor, prob in ((1.0, 0.1), (3.0, 0.0), (0.5, 0.4)):
             assert trie.draft(seq[:pos], 8, factor, prob) == fresh.draft(seq[:pos], 8, factor, prob)
 
@@ -243,7 +303,9 @@ def test_suffix_proposer_drafts_from_other_requests_outputs(random_model):
     decode step, and more of them than without the cache."""
     accepted = {}
     for cached in (0, 4):
-        cfg = with_method(make_config(0, max_num_seqs=1), "suffix", 3, suffix_decoding_max_cached_requests=cached)
+        cfg = with_method(
+            make_config(0, max_num_seqs=1), "suffix", 3, suffix_decoding_max_cached_requests=cached
+        )
         reqs = [Request(f"q{i}", [5, 17, 33, 2, 40, 8], max_tokens=24) for i in range(2)]
         _, engine = run(random_model, cfg, reqs[:1], 0)
         first = engine.metrics.accepted.sum()

@@ -70,7 +70,11 @@ def test_worker_attaches_caches_created_by_a_cache_manager(random_model):
     shape = mtp.attn_backend.get_kv_cache_shape(cfg.cache_config.total_block_num)
     assert shape == target.attn_backend.get_kv_cache_shape(cfg.cache_config.total_block_num)
     layers = cfg.model_config.num_hidden_layers
-    names = [f"{kind}_caches_{layer}_rank0.device0" for layer in range(layers + 1) for kind in ("key", "value")]
+    names = [
+        f"{kind}_caches_{layer}_rank0.device0"
+        for layer in range(layers + 1)
+        for kind in ("key", "value")
+    ]
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_cache_manager, args=(child, names, shape, PORT))
@@ -80,9 +84,16 @@ def test_worker_attaches_caches_created_by_a_cache_manager(random_model):
         engine = Engine(cfg, target, mtp)
         proposer = engine.runner.proposer
         assert parent.poll(60) and parent.recv() == "ready"
-        assert proposer._attached == names[2 * layers :] and engine.runner._attached == names[: 2 * layers]
-        np.testing.assert_array_equal(engine.runner.caches[0].numpy(), np.full(shape, 1.0, np.float32))
-        np.testing.assert_array_equal(proposer.caches[0].numpy(), np.full(shape, 2 * layers + 1.0, np.float32))
+        assert (
+            proposer._attached == names[2 * layers :]
+            and engine.runner._attached == names[: 2 * layers]
+        )
+        np.testing.assert_array_equal(
+            engine.runner.caches[0].numpy(), np.full(shape, 1.0, np.float32)
+        )
+        np.testing.assert_array_equal(
+            proposer.caches[0].numpy(), np.full(shape, 2 * layers + 1.0, np.float32)
+        )
         spec = engine.generate(make_requests(31, 4))
         parent.send("generated")
         assert parent.poll(60)
@@ -176,7 +187,9 @@ def test_worker_refuses_a_ready_signal_left_by_a_dead_cache_manager(random_model
     os.close(fd)
     try:
         t0 = time.monotonic()
-        with pytest.raises(CreatorGoneError, match=r"cache_ready_signal.*the value it left is stale"):
+        with pytest.raises(
+            CreatorGoneError, match=r"cache_ready_signal.*the value it left is stale"
+        ):
             proposer.initialize_kv_cache(16)
         assert time.monotonic() - t0 < 10 and proposer._attached == []
     finally:
@@ -201,7 +214,9 @@ def test_worker_refuses_caches_other_users_could_have_planted(random_model):
         for t, n in zip(caches, names):
             ops.set_data_ipc(t, n)
         os.chmod(f"/dev/shm/{names[-1]}", 0o666)
-        with pytest.raises(ops.OpError, match=rf"`{names[-1]}` has mode 0666: other users may read or write it"):
+        with pytest.raises(
+            ops.OpError, match=rf"`{names[-1]}` has mode 0666: other users may read or write it"
+        ):
             proposer.initialize_kv_cache(16)
         assert proposer._attached == []
     finally:

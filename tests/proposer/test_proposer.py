@@ -86,7 +86,10 @@ def test_abort_stops_the_slot(proposer):
 def test_reorder_inputs_swaps_every_per_slot_buffer(proposer):
     p, _, _ = proposer
     p.insert_tasks_v1(
-        [Request("a", [5, 6, 7, 8], idx=0, prefill_end_index=4), Request("b", [9, 10], idx=3, prefill_end_index=2)]
+        [
+            Request("a", [5, 6, 7, 8], idx=0, prefill_end_index=4),
+            Request("b", [9, 10], idx=3, prefill_end_index=2),
+        ]
     )
     before = {n: p.model_inputs[n].numpy().copy() for n in MTPProposer.SWAPPED}
     p.reorder_inputs([(0, 3)])

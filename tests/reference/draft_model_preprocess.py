@@ -28,13 +28,22 @@ NAMES = (
 )
 
 
-def draft_model_preprocess(*tensors, num_model_step: int, is_splitwise_prefill: bool) -> dict[str, np.ndarray]:
+def draft_model_preprocess(
+    *tensors, num_model_step: int, is_splitwise_prefill: bool
+) -> dict[str, np.ndarray]:
     t = {name: np.array(x, copy=True) for name, x in zip(NAMES, tensors)}
     flat = {
         name: t[name].reshape(-1)
         for name in NAMES
         if t[name].ndim <= 2
-        and name not in ("draft_tokens", "input_ids", "pre_ids", "accept_tokens", "target_model_draft_tokens")
+        and name
+        not in (
+            "draft_tokens",
+            "input_ids",
+            "pre_ids",
+            "accept_tokens",
+            "target_model_draft_tokens",
+        )
     }
     bsz = flat["seq_lens_this_time"].shape[0]
     # every row tensor is read with its own width; a column a row lacks is skipped
@@ -70,7 +79,9 @@ def draft_model_preprocess(*tensors, num_model_step: int, is_splitwise_prefill: 
             flat["step_idx"][b] = _sat(tgt - 1, INT64)
         else:
             a = int(np.clip(flat["accept_num"][b], 0, accept_w))  # the accepted tokens that exist
-            flat["seq_lens_decoder"][b] = _sat(int(flat["target_model_seq_lens_decoder"][b]) - a, INT32)
+            flat["seq_lens_decoder"][b] = _sat(
+                int(flat["target_model_seq_lens_decoder"][b]) - a, INT32
+            )
             flat["step_idx"][b] = _sat(tgt - a, INT64)
             n_draft = min(a, draft_w)
             t["draft_tokens"][b, :n_draft] = t["accept_tokens"][b, :n_draft]

@@ -17,7 +17,9 @@ def _nonneg(v) -> int:
     return max(int(v), 0)
 
 
-def _gather(input_, bsz: int, out_rows: int, counts: Callable, source: Callable) -> tuple[np.ndarray, np.ndarray]:
+def _gather(
+    input_, bsz: int, out_rows: int, counts: Callable, source: Callable
+) -> tuple[np.ndarray, np.ndarray]:
     """Items in batch order: item b owns `in` input rows and `out` output rows; its j-th
     output row copies its source(b, j, in)-th input row (zero if that row does not exist)."""
     out = np.zeros((out_rows, input_.shape[1]), dtype=input_.dtype)
@@ -63,7 +65,9 @@ def eagle_get_hidden_states(
     return _gather(input_, slt.shape[0], input_.shape[0], counts, lambda b, j, n_in: j)
 
 
-def eagle_get_self_hidden_states(input_, last_seq_lens_this_time, seq_lens_this_time, seq_lens_encoder):
+def eagle_get_self_hidden_states(
+    input_, last_seq_lens_this_time, seq_lens_this_time, seq_lens_encoder
+):
     last = last_seq_lens_this_time.reshape(-1)
     slt = seq_lens_this_time.reshape(-1)
     enc = seq_lens_encoder.reshape(-1)

@@ -13,7 +13,9 @@ import numpy as np
 MAX_BSZ, K, MAX_DRAFT = 512, 20, 6
 FIRST_MAX_BSZ = 256
 ENTRY_INTS = MAX_DRAFT * (K + 1)  # tokens (and scores) per batch entry
-ENTRY_DTYPE = np.dtype([("tokens", "<i4", ENTRY_INTS), ("scores", "<f4", ENTRY_INTS), ("ranks", "<i4", MAX_DRAFT)])
+ENTRY_DTYPE = np.dtype(
+    [("tokens", "<i4", ENTRY_INTS), ("scores", "<f4", ENTRY_INTS), ("ranks", "<i4", MAX_DRAFT)]
+)
 META_INTS = 3 + MAX_BSZ
 
 
@@ -61,7 +63,11 @@ def decode_topk(text: bytes, real_k: int, output_tokens, output_scores, output_r
     meta = np.frombuffer(text[: 4 * META_INTS], "<i4")
     bsz = int(meta[2])
     entries = np.frombuffer(text[4 * META_INTS :], ENTRY_DTYPE, count=bsz)
-    tokens, scores, ranks = output_tokens.reshape(-1), output_scores.reshape(-1), output_ranks.reshape(-1)
+    tokens, scores, ranks = (
+        output_tokens.reshape(-1),
+        output_scores.reshape(-1),
+        output_ranks.reshape(-1),
+    )
     tokens[:3] = meta[:3]
     for b in range(bsz):
         count = int(meta[3 + b])

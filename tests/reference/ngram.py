@@ -78,7 +78,9 @@ def hybrid_mtp_ngram(
     slt_out = seq_lens_this_time.copy()
     slt = _flat(slt_out)
     # per-item arrays may be padded past the batch: only their first bsz entries count
-    lens, steps, dec, mdl = (_flat(t)[: slt.shape[0]] for t in (input_ids_len, step_idx, seq_lens_decoder, max_dec_len))
+    lens, steps, dec, mdl = (
+        _flat(t)[: slt.shape[0]] for t in (input_ids_len, step_idx, seq_lens_decoder, max_dec_len)
+    )
     unprocessed = int((dec > 0).sum())
     for b in range(slt.shape[0]):
         ori = int(slt[b])
@@ -91,7 +93,9 @@ def hybrid_mtp_ngram(
         if budget is None or step >= pre_ids.shape[1]:
             continue
         prompt_len = min(max(int(lens[b]), 0), input_ids.shape[1])
-        tokens = naive_search(input_ids[b], prompt_len, pre_ids[b], step, max_ngram_size, min_ngram_size, budget)
+        tokens = naive_search(
+            input_ids[b], prompt_len, pre_ids[b], step, max_ngram_size, min_ngram_size, budget
+        )
         if tokens.size:
             draft[b, ori : ori + tokens.size] = tokens
             slt[b] = ori + tokens.size
@@ -160,7 +164,9 @@ def ngram_match(
         if budget is None or budget <= 0 or step >= all_width - pl:
             continue
         prompt_len = min(max(int(lens[b]), 0), input_ids.shape[1])
-        tokens = naive_search(input_ids[b], prompt_len, token_ids_all[b, pl:], step, max_ngram_size, 1, budget)
+        tokens = naive_search(
+            input_ids[b], prompt_len, token_ids_all[b, pl:], step, max_ngram_size, 1, budget
+        )
         if tokens.size:
             draft[b, 1 : 1 + tokens.size] = tokens
             slt[b] = 1 + tokens.size

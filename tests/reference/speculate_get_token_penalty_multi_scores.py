@@ -32,7 +32,11 @@ FLT_MAX = np.float32(np.finfo(np.float32).max)
 
 
 def _kind(a: np.ndarray) -> str:
-    return {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", np.dtype(np.uint16): "bfloat16"}[a.dtype]
+    return {
+        np.dtype(np.float32): "float32",
+        np.dtype(np.float16): "float16",
+        np.dtype(np.uint16): "bfloat16",
+    }[a.dtype]
 
 
 def ban_value(kind: str) -> np.float32:
@@ -138,7 +142,9 @@ def speculate_get_token_penalty_multi_scores(
         if cur >= 0 and cur + j < int(flat["min_len"][b]):
             row[eos] = from_f32(np.full(len(eos), ban, np.float32), kind)
         # 2-3. counts and penalties
-        ids, counts = counted_ids(token_ids_all, flat["prompt_lens"], step_input_ids, flat["cur_len"], b, j, vocab)
+        ids, counts = counted_ids(
+            token_ids_all, flat["prompt_lens"], step_input_ids, flat["cur_len"], b, j, vocab
+        )
         if len(ids):
             alpha = flat["alpha"][b]
             if not alpha > 0:

@@ -43,7 +43,9 @@ def _flat(a: np.ndarray | None) -> np.ndarray | None:
     return None if a is None else np.asarray(a).reshape(-1)
 
 
-def verify_draft_tokens(tensors: Sequence[np.ndarray | None], attrs: Sequence) -> dict[str, np.ndarray | None]:
+def verify_draft_tokens(
+    tensors: Sequence[np.ndarray | None], attrs: Sequence
+) -> dict[str, np.ndarray | None]:
     t = dict(zip(NAMES, (None if a is None else np.array(a, copy=True) for a in tensors)))
     _max_seq_len, _verify_window, strategy, reject_all, accept_all, *rest = attrs
     keep_limit_token = bool(rest[0]) if rest else False
@@ -54,11 +56,20 @@ def verify_draft_tokens(tensors: Sequence[np.ndarray | None], attrs: Sequence) -
     slt_all = _flat(t["seq_lens_this_time"])
     real_bsz = slt_all.shape[0]
     end = _flat(t["end_tokens"])
-    stop, enc, paused = _flat(t["stop_flags"]), _flat(t["seq_lens_encoder"]), _flat(t["is_block_step"])
+    stop, enc, paused = (
+        _flat(t["stop_flags"]),
+        _flat(t["seq_lens_encoder"]),
+        _flat(t["is_block_step"]),
+    )
     cu, reasoning = _flat(t["cu_seqlens_q_output"]), _flat(t["reasoning_status"])
     max_dec, step_idx, topp = _flat(t["max_dec_len"]), _flat(t["step_idx"]), _flat(t["topp"])
     target = _flat(t["target_tokens"])
-    ids, scores, lens, uni = t["candidate_ids"], t["candidate_scores"], _flat(t["candidate_lens"]), t["verify_uniforms"]
+    ids, scores, lens, uni = (
+        t["candidate_ids"],
+        t["candidate_scores"],
+        _flat(t["candidate_lens"]),
+        t["verify_uniforms"],
+    )
     if strategy in (GREEDY, TARGET_MATCH):
         num_rows = target.shape[0]
     elif uni is None:  # TOPP without uniforms: the built-in generator (docs/ops.md)

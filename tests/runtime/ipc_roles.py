@@ -90,7 +90,12 @@ def attacher(tag: str, layers: int, timeout: float) -> int:
 
     try:
         ready = IPCSignal(
-            "cache_ready_signal", np.zeros([1], np.int32), np.int32, suffix=tag, create=False, timeout=timeout
+            "cache_ready_signal",
+            np.zeros([1], np.int32),
+            np.int32,
+            suffix=tag,
+            create=False,
+            timeout=timeout,
         )
         print("WAITING", flush=True)
         ready.wait_for(lambda v: v[0] == 1, timeout=timeout)

@@ -83,7 +83,9 @@ def test_unmeasured_estimates_drift_back_to_drafting():
     while c.limit[0] == 0:
         c.plan_round(np.array([True]), prefill=False, max_steps=3)
         rounds += 1
-    assert rounds == 2 and c.p[0, 0] == pytest.approx(0.1 + 0.9 * (1 - 0.875**2))  # 0.1 -> 0.21 -> 0.31
+    assert rounds == 2 and c.p[0, 0] == pytest.approx(
+        0.1 + 0.9 * (1 - 0.875**2)
+    )  # 0.1 -> 0.21 -> 0.31
 
 
 def test_budget_follows_measured_cost():

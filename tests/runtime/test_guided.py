@@ -34,11 +34,19 @@ from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
 from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.grammar import grammar_of
 from fastdeploy_mtp.runtime.guided import GuidedSlots
-from fastdeploy_mtp.runtime.request import GenerationError, InvalidRequestError, Request, RequestType
+from fastdeploy_mtp.runtime.request import (
+    GenerationError,
+    InvalidRequestError,
+    Request,
+    RequestType,
+)
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 
 TOK = ByteTokenizer()
-V, EOS = 272, 271  # the shipped model's padded vocabulary; build_config's EOS is its last (padded) id
+V, EOS = (
+    272,
+    271,
+)  # the shipped model's padded vocabulary; build_config's EOS is its last (padded) id
 
 SCHEMA = {
     "type": "object",
@@ -201,9 +209,16 @@ def test_mtp_drafts_follow_the_grammar_and_grammar_blind_drafts_are_cut(shipped,
     else:
         assert m.guided_drafts_cut == 0 and m.accepted.sum() > 0
     # what was cut never reached the target: verified = checked - cut
-    assert verified_drafts_are_valid(eng, reqs) == m.guided_drafts_checked - m.guided_drafts_cut == m.proposed.sum()
+    assert (
+        verified_drafts_are_valid(eng, reqs)
+        == m.guided_drafts_checked - m.guided_drafts_cut
+        == m.proposed.sum()
+    )
     for req in reqs:
-        assert re.fullmatch("[0-9 ]{30}", text_of(req.output_token_ids[:-1])) and req.finish_reason == "stop"
+        assert (
+            re.fullmatch("[0-9 ]{30}", text_of(req.output_token_ids[:-1]))
+            and req.finish_reason == "stop"
+        )
 
 
 def test_verified_drafts_are_grammar_valid_in_every_run(runs):
@@ -211,7 +226,10 @@ def test_verified_drafts_are_grammar_valid_in_every_run(runs):
         for mode in ("greedy", "seeded"):
             reqs, eng = runs[spec_name, mode]
             assert verified_drafts_are_valid(eng, reqs) == eng.metrics.proposed.sum() > 0
-    for mode in ("greedy", "seeded"):  # the MTP layer drafts under the grammar: K = S = 3 has nothing to cut
+    for mode in (
+        "greedy",
+        "seeded",
+    ):  # the MTP layer drafts under the grammar: K = S = 3 has nothing to cut
         assert runs["mtp_k3_s3", mode][1].metrics.guided_drafts_cut == 0
 
 
@@ -296,7 +314,9 @@ def test_rows_after_a_partial_acceptance_match_a_fresh_matcher():
     slots.start(0, guided)
     enc = np.zeros(1, np.int64)
     # the final prefill chunk: one row, the state before any output
-    slots.prepare(np.full([1, 4], PLACEHOLDER_TOKEN_ID, np.int64), np.array([5]), np.array([5]), set())
+    slots.prepare(
+        np.full([1, 4], PLACEHOLDER_TOKEN_ID, np.int64), np.array([5]), np.array([5]), set()
+    )
     assert (mask_of(slots.masks[0], 0) == reference_mask(guided, [])).all()
     slots.advance(np.array([[a, -1, -1, -1]]), np.array([1]))
     # drafts b, 1, 2 are valid; the target accepts 'b', rejects '1' and emits '2'
@@ -316,7 +336,9 @@ def test_each_logit_row_gets_its_own_slots_mask():
     a, b, c = ord("a"), ord("b"), ord("c")
     slots = GuidedSlots(ASSETS_DIR, V, [EOS])
     slots.start(1, guided)
-    slots.prepare(np.array([[0, -1], [9, a], [0, -1]]), np.array([2, 2, 2]), np.array([2, 0, 2]), set())
+    slots.prepare(
+        np.array([[0, -1], [9, a], [0, -1]]), np.array([2, 2, 2]), np.array([2, 0, 2]), set()
+    )
     # rows: slot 0 (prefill, 1 row), slot 1 (2 rows: before and after draft 'a'), slot 2 (prefill)
     logits = paddle.zeros([4, V], dtype="float32")
     out = slots.apply(logits, np.array([0, 1, 1, 2]), np.array([0, 0, 1, 0])).numpy()
@@ -338,7 +360,11 @@ def test_draft_masks_follow_the_round_and_the_matchers_roll_back():
     slt = paddle.to_tensor([1, 1, 1], dtype="int32")  # rows 0..2 = slots 0..2; row 3 is padding
     logits = paddle.zeros([4, V], dtype="float32")
     # per substep: (choice's consumed drafts or None once closed, regex's likewise, drafts of rows 0..3)
-    rounds = [([o], [a], [k, z, b, 0]), ([o, k], [a, b], [EOS, z, one, 0]), (None, [a, b, one], [z, z, x, 0])]
+    rounds = [
+        ([o], [a], [k, z, b, 0]),
+        ([o, k], [a, b], [EOS, z, one, 0]),
+        (None, [a, b, one], [z, z, x, 0]),
+    ]
     rounds.append((None, None, [z, z, z, 0]))  # "ab1x" is complete: the regex chain closed
     for choice_seen, regex_seen, drafts in rounds:
         out = np.isfinite(slots.mask_drafts(logits, slt).numpy())
@@ -350,7 +376,12 @@ def test_draft_masks_follow_the_round_and_the_matchers_roll_back():
     target = type("Target", (), {"draft_tokens": paddle.zeros([3, 5], dtype="int64")})
     slots.end_drafts(target, lambda t, limits: got.append(limits))
     assert [g.tolist() for g in got] == [[2, 4, 3]]  # "k" + EOS; slot 1 keeps K; "b1x"
-    slots.prepare(np.full([3, 1], PLACEHOLDER_TOKEN_ID, np.int64), np.array([1, 0, 1]), np.zeros(3, np.int64), set())
+    slots.prepare(
+        np.full([3, 1], PLACEHOLDER_TOKEN_ID, np.int64),
+        np.array([1, 0, 1]),
+        np.zeros(3, np.int64),
+        set(),
+    )
     assert (mask_of(slots.masks[0], 0) == reference_mask(choice, [o])).all()
     assert (mask_of(slots.masks[2], 0) == reference_mask(regex, [a])).all()
     assert slots.stats.seconds > 0.0
@@ -360,7 +391,9 @@ def test_a_complete_grammar_emits_eos_even_where_the_model_never_scores_it():
     slots = GuidedSlots(ASSETS_DIR, V, [EOS])
     slots.start(0, {"kind": "choice", "spec": ["ok"]}, [ord("o"), ord("k")])
     slots.prepare(np.array([[ord("k")]]), np.array([1]), np.array([0]), set())
-    logits = paddle.to_tensor(np.concatenate([np.zeros([1, 256]), np.full([1, 16], -np.inf)], axis=1).astype("float32"))
+    logits = paddle.to_tensor(
+        np.concatenate([np.zeros([1, 256]), np.full([1, 16], -np.inf)], axis=1).astype("float32")
+    )
     out = slots.apply(logits, np.array([0]), np.array([0])).numpy()
     assert int(out.argmax()) == EOS and np.isfinite(out[0]).sum() == 1
 
@@ -405,14 +438,25 @@ def test_a_bad_constraint_is_refused_at_submission_naming_the_field(shipped, gui
 
 def test_without_a_model_folder_a_constrained_request_fails_alone(shipped):
     target, mtp, arch = shipped
-    eng = Engine(build_config(arch, speculative_config(3, 3, False), 8, 256), target, mtp)  # model_config.model unset
-    guided = Request("g", TOK.encode("x = "), 8, sampling=SamplingParams(guided={"kind": "regex", "spec": "[0-9]+"}))
+    eng = Engine(
+        build_config(arch, speculative_config(3, 3, False), 8, 256), target, mtp
+    )  # model_config.model unset
+    guided = Request(
+        "g",
+        TOK.encode("x = "),
+        8,
+        sampling=SamplingParams(guided={"kind": "regex", "spec": "[0-9]+"}),
+    )
     plain = Request("p", TOK.encode("x = "), 8)
     with pytest.raises(GenerationError) as info:
         eng.generate([guided, plain])
     eng.close()
     error = info.value.failures["g"]
-    assert isinstance(error, InvalidRequestError) and error.field == "guided" and "model_config.model" in str(error)
+    assert (
+        isinstance(error, InvalidRequestError)
+        and error.field == "guided"
+        and "model_config.model" in str(error)
+    )
     assert list(info.value.results) == ["p"] and len(info.value.results["p"]) == 8
 
 
@@ -423,7 +467,12 @@ def test_an_import_rebuilds_the_matcher_from_the_handed_over_tokens():
     req.task_type, req.idx, req.output_token_ids = RequestType.IMPORT, 2, [ord("a"), ord("b")]
     slots.check_task(req)
     slots.load(req)
-    slots.prepare(np.full([3, 1], PLACEHOLDER_TOKEN_ID, np.int64), np.array([0, 0, 1]), np.zeros(3, np.int64), set())
+    slots.prepare(
+        np.full([3, 1], PLACEHOLDER_TOKEN_ID, np.int64),
+        np.array([0, 0, 1]),
+        np.zeros(3, np.int64),
+        set(),
+    )
     assert (mask_of(slots.masks[2], 0) == reference_mask(guided, [ord("a"), ord("b")])).all()
     req.output_token_ids = [ord("a"), ord("z")]  # not what the grammar allows
     with pytest.raises(InvalidRequestError) as info:
@@ -447,13 +496,21 @@ def test_a_bpe_model_folder_with_multi_byte_tokens(tmp_path):
     from tests.support.hf_folders import make_folder
     from tests.support.tokenizer_files import write_bpe_tokenizer
 
-    make_folder(tmp_path, "qwen3", num_mtp_layers=1, vocab_size=320, tokenizer_writer=write_bpe_tokenizer)
+    make_folder(
+        tmp_path, "qwen3", num_mtp_layers=1, vocab_size=320, tokenizer_writer=write_bpe_tokenizer
+    )
     pattern = "(café|naïve|日本語) [0-9]{2}"
     sampling = SamplingParams(guided={"kind": "regex", "spec": pattern})
     outs = []
     for spec in ('{"method": null}', '{"method": "mtp", "num_speculative_tokens": 3}'):
         reqs, texts, _ = run_requests(
-            ["The quick brown fox"], 40, SpeculativeConfig.from_json(spec), 2, "offline", str(tmp_path), sampling
+            ["The quick brown fox"],
+            40,
+            SpeculativeConfig.from_json(spec),
+            2,
+            "offline",
+            str(tmp_path),
+            sampling,
         )
         assert re.fullmatch(pattern, texts[0]) and reqs[0].finish_reason == "stop", texts
         outs.append(reqs[0].output_token_ids)
@@ -467,14 +524,26 @@ def test_the_grammar_ends_an_output_before_min_tokens_and_max_tokens_cuts_it(shi
     # EOS is still the only candidate: the output ends at the grammar's end, not with garbage
     eng = engine(shipped, 3, 3, False)
     choice = {"kind": "choice", "spec": ["yes", "no"]}
-    early = Request("min", TOK.encode("x"), max_tokens=20, sampling=SamplingParams(guided=choice, min_tokens=12))
+    early = Request(
+        "min", TOK.encode("x"), max_tokens=20, sampling=SamplingParams(guided=choice, min_tokens=12)
+    )
     cut = Request(
-        "cut", TOK.encode(DEMO_PROMPTS[0][:30]), max_tokens=4, sampling=SamplingParams(guided=CONSTRAINTS["json"])
+        "cut",
+        TOK.encode(DEMO_PROMPTS[0][:30]),
+        max_tokens=4,
+        sampling=SamplingParams(guided=CONSTRAINTS["json"]),
     )
     eng.generate([early, cut])
     eng.close()
     out = early.output_token_ids
-    assert early.finish_reason == "stop" and out[-1] == EOS and text_of(out[:-1]) in ("yes", "no"), out
+    assert (
+        early.finish_reason == "stop" and out[-1] == EOS and text_of(out[:-1]) in ("yes", "no")
+    ), out
     # max_tokens mid-grammar: finish reason "length", the output a valid prefix of the grammar
     assert cut.finish_reason == "length" and len(cut.output_token_ids) == 4
-    assert GuidedSlots(ASSETS_DIR, V, [EOS]).matcher(CONSTRAINTS["json"]).validate_tokens(cut.output_token_ids) == 4
+    assert (
+        GuidedSlots(ASSETS_DIR, V, [EOS])
+        .matcher(CONSTRAINTS["json"])
+        .validate_tokens(cut.output_token_ids)
+        == 4
+    )

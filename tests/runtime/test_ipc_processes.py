@@ -100,7 +100,9 @@ def test_attaching_a_signal_does_not_let_the_attachers_tracker_delete_it(tag):
         s.value[0] = 42
         # exits without clear(): Python's resource tracker must not unlink the segment
     """
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert "leaked shared_memory" not in proc.stderr
     assert (SHM / f"probe.{tag}").exists()

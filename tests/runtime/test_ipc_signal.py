@@ -40,7 +40,9 @@ def suffix():
 def test_create_attach_share_values_and_clear(suffix):
     s = IPCSignal("cache_ready_signal", np.array([0, 5], np.int32), np.int32, suffix=suffix)
     assert s.name == f"cache_ready_signal.{suffix}" and shared_memory_exists(s.name)
-    a = IPCSignal("cache_ready_signal", np.zeros(2, np.int32), np.int32, suffix=suffix, create=False)
+    a = IPCSignal(
+        "cache_ready_signal", np.zeros(2, np.int32), np.int32, suffix=suffix, create=False
+    )
     assert a.value.tolist() == [0, 5] and a.creator_pid == s.creator_pid and a.creator_alive()
     a.value[0] = 1
     assert s.value[0] == 1
@@ -78,7 +80,9 @@ def test_bad_arguments():
 def test_attach_before_create_times_out_with_a_clear_error(suffix):
     t0 = time.monotonic()
     with pytest.raises(IPCSignalError, match=r"no such shared-memory segment after waiting 0.2 s"):
-        IPCSignal("never", np.zeros(1, np.int32), np.int32, suffix=suffix, create=False, timeout=0.2)
+        IPCSignal(
+            "never", np.zeros(1, np.int32), np.int32, suffix=suffix, create=False, timeout=0.2
+        )
     assert time.monotonic() - t0 < 5
 
 
@@ -142,11 +146,23 @@ def dead_pid() -> int:
     ("name", "suffix", "message"),
     [
         ("x" * 300, None, r"`name` 'x{40}'\.\.\. is 300 bytes long; at most 255"),
-        ("cache_ready_signal", "9" * 250, r"`name` \+ '\.' \+ `suffix` '.*'\.\.\. is 269 bytes long; at most 255"),
+        (
+            "cache_ready_signal",
+            "9" * 250,
+            r"`name` \+ '\.' \+ `suffix` '.*'\.\.\. is 269 bytes long; at most 255",
+        ),
         ("..", None, r"`name` '\.\.' must not contain '\.\.'"),
         ("a..b", None, r"`name` 'a\.\.b' must not contain '\.\.'"),
-        ("cache_ready_signal", "..", r"`name` \+ '\.' \+ `suffix` 'cache_ready_signal\.\.\.' must not contain '\.\.'"),
-        ("sig", "../../etc/x", r"`name` \+ '\.' \+ `suffix` 'sig\.\.\./\.\./etc/x' must contain no '/'"),
+        (
+            "cache_ready_signal",
+            "..",
+            r"`name` \+ '\.' \+ `suffix` 'cache_ready_signal\.\.\.' must not contain '\.\.'",
+        ),
+        (
+            "sig",
+            "../../etc/x",
+            r"`name` \+ '\.' \+ `suffix` 'sig\.\.\./\.\./etc/x' must contain no '/'",
+        ),
         ("bad name", None, r"`name` 'bad name' may hold only letters, digits, '_', '\.' and '-'"),
         ("nul\x00", None, r"`name` 'nul\\x00' may hold only letters"),
         ("ünï", None, r"`name` 'ünï' may hold only letters"),
@@ -157,7 +173,9 @@ def test_bad_signal_names_are_refused_naming_the_argument(name, suffix, message)
     for create in (True, False):
         with pytest.raises(IPCSignalNameError, match=rf"^IPCSignal: {message}"):
             IPCSignal(name, np.zeros(1, np.int32), np.int32, suffix=suffix, create=create)
-    assert issubclass(IPCSignalNameError, ValueError) and issubclass(IPCSignalNameError, IPCSignalError)
+    assert issubclass(IPCSignalNameError, ValueError) and issubclass(
+        IPCSignalNameError, IPCSignalError
+    )
 
 
 def test_the_longest_valid_name_works(suffix):
@@ -176,7 +194,9 @@ def test_attach_refuses_a_forged_ready_signal_others_can_access(suffix, mode):
         match=rf"the segment has mode 0{mode:03o}: other users may read or write it \(IPCSignal creates "
         r"segments with mode 0600\); refusing to attach it",
     ):
-        IPCSignal("cache_ready_signal", np.zeros(1, np.int32), np.int32, suffix=suffix, create=False)
+        IPCSignal(
+            "cache_ready_signal", np.zeros(1, np.int32), np.int32, suffix=suffix, create=False
+        )
     (SHM / f"cache_ready_signal.{suffix}").unlink()
 
 
@@ -192,7 +212,9 @@ def test_attach_and_create_refuse_a_signal_owned_by_another_uid(suffix):
         match=rf"the segment is owned by uid {other}, not by this process's uid {os.geteuid()}; refusing to "
         "attach a segment another user created",
     ):
-        IPCSignal("cache_ready_signal", np.zeros(1, np.int32), np.int32, suffix=suffix, create=False)
+        IPCSignal(
+            "cache_ready_signal", np.zeros(1, np.int32), np.int32, suffix=suffix, create=False
+        )
     with pytest.raises(
         IPCSignalError,
         match=rf"a segment of that name exists and is owned by uid {other}, .*refusing to replace another user's",
@@ -220,10 +242,13 @@ def test_wait_for_refuses_a_value_left_by_a_dead_creator(suffix):
     """A previous run's `cache_ready_signal` still holding 1 after its creator died used to
     be accepted at once, so a restarted worker attached stale caches."""
     forge_signal(f"cache_ready_signal.{suffix}", np.ones(2, np.int32), dead_pid())
-    a = IPCSignal("cache_ready_signal", np.zeros(2, np.int32), np.int32, suffix=suffix, create=False)
+    a = IPCSignal(
+        "cache_ready_signal", np.zeros(2, np.int32), np.int32, suffix=suffix, create=False
+    )
     assert a.value.tolist() == [1, 1] and a.creator_pid > 0 and not a.creator_alive()
     with pytest.raises(
-        CreatorGoneError, match=r"its creator \(pid \d+\) has exited; the value it left is stale and not accepted"
+        CreatorGoneError,
+        match=r"its creator \(pid \d+\) has exited; the value it left is stale and not accepted",
     ):
         a.wait_for(lambda v: v[0] == 1, timeout=30)
     a.close()
@@ -232,7 +257,9 @@ def test_wait_for_refuses_a_value_left_by_a_dead_creator(suffix):
 
 def test_wait_for_accepts_a_value_while_the_creator_lives(suffix):
     s = IPCSignal("cache_ready_signal", np.ones(1, np.int32), np.int32, suffix=suffix)
-    a = IPCSignal("cache_ready_signal", np.zeros(1, np.int32), np.int32, suffix=suffix, create=False)
+    a = IPCSignal(
+        "cache_ready_signal", np.zeros(1, np.int32), np.int32, suffix=suffix, create=False
+    )
     assert a.wait_for(lambda v: v[0] == 1, timeout=1)[0] == 1
     a.close()
     s.clear()

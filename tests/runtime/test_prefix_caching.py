@@ -34,7 +34,12 @@ from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 
 TOK = ByteTokenizer()
 SYSTEM = "You are a careful assistant; answer briefly. "  # 45 bytes: ends mid-block (block 16)
-QUESTIONS = ["Where is the harbor?", "def read_lines(path):", "Every morning the engineer", "Name three ships"]
+QUESTIONS = [
+    "Where is the harbor?",
+    "def read_lines(path):",
+    "Every morning the engineer",
+    "Name three ships",
+]
 MAX_TOKENS = 12
 
 
@@ -46,7 +51,9 @@ def test_keys_chain_over_the_parent_and_stop_before_the_last_token():
     assert block_keys(tokens[:33], 8, True) == keys  # 33 tokens: blocks 0..3 each have a next token
     assert len(block_keys(tokens[:32], 8, True)) == 3
     other = [99] + tokens[1:]
-    assert all(a != b for a, b in zip(block_keys(other, 8, True), keys))  # a changed parent changes every key
+    assert all(
+        a != b for a, b in zip(block_keys(other, 8, True), keys)
+    )  # a changed parent changes every key
     assert block_keys(tokens, 8, True)[0] != ROOT_KEY
 
 
@@ -106,7 +113,9 @@ def workload(sampled: bool, first_outputs: dict[str, list[int]] | None = None) -
     prompts = [SYSTEM + q for q in QUESTIONS] + [SYSTEM + QUESTIONS[0], SYSTEM + QUESTIONS[2]]
     reqs = []
     for i, text in enumerate(prompts):
-        sp = SamplingParams(temperature=0.8, top_p=0.9, seed=11 + i) if sampled else SamplingParams()
+        sp = (
+            SamplingParams(temperature=0.8, top_p=0.9, seed=11 + i) if sampled else SamplingParams()
+        )
         reqs.append(Request(f"r{i}", TOK.encode(text), MAX_TOKENS, arrival_step=2 * i, sampling=sp))
     return reqs
 
@@ -114,14 +123,20 @@ def workload(sampled: bool, first_outputs: dict[str, list[int]] | None = None) -
 def second_turn(first: Request, step: int) -> Request:
     """A multi-turn prompt: the first turn's prompt and answer, then more."""
     prompt = list(first.prompt_token_ids) + list(first.output_token_ids) + TOK.encode(" And then?")
-    return Request(f"{first.request_id}-turn2", prompt, MAX_TOKENS, arrival_step=step, sampling=first.sampling)
+    return Request(
+        f"{first.request_id}-turn2", prompt, MAX_TOKENS, arrival_step=step, sampling=first.sampling
+    )
 
 
-def run(shipped, spec: SpeculativeConfig, caching: bool, sampled: bool, chunk: int) -> tuple[dict, dict, Engine]:
+def run(
+    shipped, spec: SpeculativeConfig, caching: bool, sampled: bool, chunk: int
+) -> tuple[dict, dict, Engine]:
     target, mtp, arch = shipped
     cfg = build_config(arch, spec, 3, 256)
     cfg.cache_config.enable_prefix_caching = caching
-    eng = Engine(cfg, target, mtp if spec.enabled else None, prefill_chunk_size=chunk, record_trace=True)
+    eng = Engine(
+        cfg, target, mtp if spec.enabled else None, prefill_chunk_size=chunk, record_trace=True
+    )
     reqs = workload(sampled)
     eng.generate(reqs)
     turns = [second_turn(r, 0) for r in reqs[:2]]
@@ -151,14 +166,20 @@ CASES = [(name, "greedy", 0) for name in CONFIGS] + [
     ("mtp-k3-s3", "target_match", 0),
     ("mtp-k3-s1", "rejection", 7),
     ("mtp-hybrid", "topp", 0),
-    ("mtp-adaptive", "target_match", 0),  # not rejection: its samples depend on the drafts, which adaptive times
+    (
+        "mtp-adaptive",
+        "target_match",
+        0,
+    ),  # not rejection: its samples depend on the drafts, which adaptive times
     ("none", "target_match", 5),
     ("suffix", "target_match", 0),
     ("mtp-k3-s3", "greedy", 16),
 ]
 
 
-@pytest.mark.parametrize(("name", "strategy", "chunk"), CASES, ids=[f"{n}-{s}-chunk{c}" for n, s, c in CASES])
+@pytest.mark.parametrize(
+    ("name", "strategy", "chunk"), CASES, ids=[f"{n}-{s}-chunk{c}" for n, s, c in CASES]
+)
 def test_outputs_and_drafts_equal_with_and_without_prefix_caching(shipped, name, strategy, chunk):
     spec = SpeculativeConfig.from_dict(dict(CONFIGS[name]))
     sampled = strategy != "greedy"
@@ -167,10 +188,14 @@ def test_outputs_and_drafts_equal_with_and_without_prefix_caching(shipped, name,
     want, want_drafts, _ = run(shipped, spec, False, sampled, chunk)
     got, got_drafts, eng = run(shipped, spec, True, sampled, chunk)
     assert got == want
-    if name != "mtp-adaptive":  # adaptive drafting decides lengths from timings; outputs are what it guarantees
+    if (
+        name != "mtp-adaptive"
+    ):  # adaptive drafting decides lengths from timings; outputs are what it guarantees
         assert got_drafts == want_drafts
     pool = eng.scheduler.pool
-    assert pool.hit_tokens >= 3 * 16, "the workload found nothing cached: the test would prove nothing"
+    assert pool.hit_tokens >= 3 * 16, (
+        "the workload found nothing cached: the test would prove nothing"
+    )
     assert pool.total_refs() == 0 and pool.num_free == eng.scheduler.total_blocks
     assert not eng.scheduler.held
 
@@ -187,7 +212,9 @@ def test_hits_start_after_whole_blocks_and_multi_turn_prompts_hit_their_first_tu
     assert again.num_cached_tokens == 32  # the 45-byte system prompt: two whole blocks
     turn = second_turn(first, 0)
     eng.generate([turn])
-    assert turn.num_cached_tokens == (len(first.prompt_token_ids) - 1) // 16 * 16  # prompt blocks only
+    assert (
+        turn.num_cached_tokens == (len(first.prompt_token_ids) - 1) // 16 * 16
+    )  # prompt blocks only
     eng.close()
 
 
@@ -228,7 +255,9 @@ def test_mtp_kv_of_a_hit_equals_a_fresh_prefill_and_a_target_only_key_would_not(
         a, b = Request("a", a_ids, MAX_TOKENS), Request("b", b_ids, MAX_TOKENS)
         eng.generate([a])
         eng.generate([b])
-        assert b.output_token_ids == fresh.output_token_ids  # the target verifies: outputs agree either way
+        assert (
+            b.output_token_ids == fresh.output_token_ids
+        )  # the target verifies: outputs agree either way
         assert b.num_cached_tokens == (cut - 16 if key_next else cut)
         got = mtp_kv(eng, b, cut // 16)
         eng.close()
@@ -256,7 +285,9 @@ def test_splitwise_decode_that_holds_the_prefix_copies_only_the_rest(shipped, st
     cfg.cache_config.enable_prefix_caching = True
     pd = LocalPD(cfg, target, mtp)
     assert pd.run(workload(sampled)) == want
-    assert pd.d.scheduler.pool.hit_tokens >= 3 * 32  # the system prompt's two blocks, at least 3 times
+    assert (
+        pd.d.scheduler.pool.hit_tokens >= 3 * 32
+    )  # the system prompt's two blocks, at least 3 times
     assert pd.copied_blocks < pd.offered_blocks
     for eng in (pd.p, pd.d):
         assert eng.scheduler.pool.total_refs() == 0 and not eng.scheduler.held
@@ -273,18 +304,27 @@ def test_a_constrained_request_that_starts_after_a_hit_keeps_its_grammar(shipped
     target, mtp, arch = shipped
     outs = []
     for caching in (False, True):
-        cfg = build_config(arch, SpeculativeConfig.from_dict({"method": method, "num_speculative_tokens": 3}), 2, 256)
+        cfg = build_config(
+            arch,
+            SpeculativeConfig.from_dict({"method": method, "num_speculative_tokens": 3}),
+            2,
+            256,
+        )
         cfg.cache_config.enable_prefix_caching = caching
         cfg.model_config.model = ASSETS_DIR  # whose tokenizer.json the grammar runs on
         eng = Engine(cfg, target, mtp if method == "mtp" else None)
         guided = {"kind": "regex", "spec": "[0-9]{3}-(bytes|blocks)"}
         reqs = [
-            Request(f"g{i}", TOK.encode(SYSTEM + "Size? "), 16, sampling=SamplingParams(guided=guided))
+            Request(
+                f"g{i}", TOK.encode(SYSTEM + "Size? "), 16, sampling=SamplingParams(guided=guided)
+            )
             for i in range(2)
         ]
         eng.generate(reqs[:1])
         eng.generate(reqs[1:])
-        assert reqs[1].num_cached_tokens == ((len(reqs[1].prompt_token_ids) - 1) // 16 * 16 if caching else 0)
+        assert reqs[1].num_cached_tokens == (
+            (len(reqs[1].prompt_token_ids) - 1) // 16 * 16 if caching else 0
+        )
         outs.append([bytes(t for t in r.output_token_ids if t < 256).decode() for r in reqs])
         eng.close()
     assert outs[0] == outs[1]

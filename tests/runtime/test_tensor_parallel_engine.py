@@ -17,7 +17,10 @@ MAX_TOKENS = 64  # the demo default
 @pytest.fixture(scope="module")
 def tp1_outputs():
     target, mtp, arch = load_tiny()
-    return {label: run_engine(target, mtp, arch, k, s, h, MAX_TOKENS, 1, 0) for label, k, s, h in ENGINE_MODES}
+    return {
+        label: run_engine(target, mtp, arch, k, s, h, MAX_TOKENS, 1, 0)
+        for label, k, s, h in ENGINE_MODES
+    }
 
 
 def test_tp2_engine_matches_tp1_token_for_token(tp1_outputs):
@@ -34,4 +37,9 @@ def test_tp2_engine_matches_tp1_token_for_token(tp1_outputs):
                 f"TP=2 run (2 processes, both modes) {ranks[0]['_seconds']:.1f} s"
             )
     for res in ranks:  # each rank's caches hold its half of the key/value heads
-        assert res["kv_cache_shape"] == [3, arch.num_key_value_heads // 2, arch.block_size, arch.head_dim]
+        assert res["kv_cache_shape"] == [
+            3,
+            arch.num_key_value_heads // 2,
+            arch.block_size,
+            arch.head_dim,
+        ]

@@ -25,7 +25,9 @@ def test_decode_rows_first_then_prefill_chunks_up_to_the_budget():
     cfg = make_config(k, 3, max_num_seqs=4, budget=budget, max_model_len=160)
     cfg.cache_config.enable_prefix_caching = False
     sched = Scheduler(cfg)
-    sched.add_requests([Request(f"r{i}", list(range(1, 2 + 7 * (i % 5))), max_tokens=8) for i in range(10)])
+    sched.add_requests(
+        [Request(f"r{i}", list(range(1, 2 + 7 * (i % 5))), max_tokens=8) for i in range(10)]
+    )
     decoded: dict[str, int] = {}
     lens = np.full([4], k + 1, np.int32)
     seen_decode_before_prefill = 0
@@ -49,7 +51,9 @@ def test_decode_rows_first_then_prefill_chunks_up_to_the_budget():
             seen_decode_before_prefill += 1
         # the budget left after the decode rows is spent on prefill unless no prompt is left
         left = budget - sum(tokens_of(t, lens) for t in decoding)
-        remaining = sum(len(s.request.prompt_token_ids) - s.prefill_pos for s in sched.slots.values())
+        remaining = sum(
+            len(s.request.prompt_token_ids) - s.prefill_pos for s in sched.slots.values()
+        )
         assert sum(tokens_of(t, lens) for t in prefills) == min(
             left, sum(tokens_of(t, lens) for t in prefills) + remaining
         )

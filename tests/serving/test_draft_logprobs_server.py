@@ -51,13 +51,19 @@ def test_each_step_lists_its_verified_drafts_with_their_logprobs(spec_server):
     choice = completion(url, ASK)["choices"][0]
     tokens = choice["logprobs"]["tokens"]
     steps = choice["draft_logprobs"]
-    assert steps and steps[0]["position"] == 1  # the prefill step emits token 0 and verifies no drafts
+    assert (
+        steps and steps[0]["position"] == 1
+    )  # the prefill step emits token 0 and verifies no drafts
     accepted_any = False
     for step, following in zip(steps, steps[1:]):
         drafts = step["drafts"]
         assert 1 <= len(drafts) <= 3
         for d in drafts:
-            assert isinstance(d["token_id"], int) and math.isfinite(d["logprob"]) and d["logprob"] <= 0.0
+            assert (
+                isinstance(d["token_id"], int)
+                and math.isfinite(d["logprob"])
+                and d["logprob"] <= 0.0
+            )
         accepted = 0
         for j, d in enumerate(drafts):
             if tokens[step["position"] + j] != d["token"]:
@@ -74,7 +80,11 @@ def test_each_step_lists_its_verified_drafts_with_their_logprobs(spec_server):
             streamed += ch.get("draft_logprobs", [])
     assert streamed == steps
 
-    chat = {"messages": [{"role": "user", "content": DEMO_PROMPTS[1]}], "max_tokens": 12, "logprobs": True}
+    chat = {
+        "messages": [{"role": "user", "content": DEMO_PROMPTS[1]}],
+        "max_tokens": 12,
+        "logprobs": True,
+    }
     status, answer = post(url + "/v1/chat/completions", {**chat, "include_draft_logprobs": True})
     assert status == 200 and answer["choices"][0]["draft_logprobs"], answer
 
@@ -91,5 +101,7 @@ def test_the_flag_needs_logprobs(spec_server):
 
 def test_the_router_refuses_the_flag():
     backend = RouterBackend(["http://127.0.0.1:9"], ["http://127.0.0.1:9"])
-    r = TestClient(create_app(backend, "m", load_tokenizer(ASSETS_DIR))).post("/v1/completions", json=ASK)
+    r = TestClient(create_app(backend, "m", load_tokenizer(ASSETS_DIR))).post(
+        "/v1/completions", json=ASK
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "include_draft_logprobs", r.text

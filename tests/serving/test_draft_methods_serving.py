@@ -36,5 +36,8 @@ def test_suffix_decoding_serves_the_non_speculative_output(server):
     assert "suffix K=3" in log, log
     assert re.search(r"KV caches published \(\d+ target \+ 0 MTP", log), log
     m = scrape_metrics(server.base_url)
-    assert m['fastdeploy:spec_decode_num_decode_steps_total{method="suffix"}'] >= len(prompts) * (MAX_TOKENS - 1) / 4
+    assert (
+        m['fastdeploy:spec_decode_num_decode_steps_total{method="suffix"}']
+        >= len(prompts) * (MAX_TOKENS - 1) / 4
+    )
     assert m['fastdeploy:spec_decode_num_draft_tokens_total{method="suffix"}'] > 0

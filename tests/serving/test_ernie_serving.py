@@ -21,7 +21,13 @@ from fastdeploy_mtp.checks.reference import Reference
 from tests.support.handover import handed_over_every_cache
 from tests.support.hf_ernie_folders import make_ernie_folder
 from tests.support.served_drafts import check_family_drafts_served, fidelity_prompts
-from tests.support.servers import ServerProcess, http_post, serving, splitwise_instances, splitwise_router
+from tests.support.servers import (
+    ServerProcess,
+    http_post,
+    serving,
+    splitwise_instances,
+    splitwise_router,
+)
 from tests.support.tokenizer_files import write_bpe_tokenizer
 
 MTP = '{"method": "mtp", "num_speculative_tokens": 1}'
@@ -49,11 +55,21 @@ def tokenizer(folder: str) -> Any:
 
 @pytest.fixture(scope="module")
 def server(folder: str) -> Iterator[ServerProcess]:
-    args = [folder, "--speculative-config", MTP, "--tensor-parallel-size", "2", "--prefill-chunk-size", "8"]
+    args = [
+        folder,
+        "--speculative-config",
+        MTP,
+        "--tensor-parallel-size",
+        "2",
+        "--prefill-chunk-size",
+        "8",
+    ]
     yield from serving([*args, "--max-num-seqs", "6"])
 
 
-def test_serve_at_tp2_drafts_equal_transformers_round_for_round(server: ServerProcess, folder: str) -> None:
+def test_serve_at_tp2_drafts_equal_transformers_round_for_round(
+    server: ServerProcess, folder: str
+) -> None:
     check_family_drafts_served(server.base_url, folder, k=1, label="ernie45-moe TP2")
 
 
@@ -67,7 +83,11 @@ def pd(folder: str) -> Iterator[list[ServerProcess]]:
 
 
 def test_prefill_decode_hands_over_every_cache_and_gives_transformers_tokens(
-    pd: list[ServerProcess], server: ServerProcess, folder: str, reference: Reference, tokenizer: Any
+    pd: list[ServerProcess],
+    server: ServerProcess,
+    folder: str,
+    reference: Reference,
+    tokenizer: Any,
 ) -> None:
     prefill, decode = pd
     for i, prompt in enumerate(fidelity_prompts()[3:5]):  # 16 tokens (a whole block) and 17

@@ -24,6 +24,14 @@ DENSE = {"llama-unpadded": 0, "qwen2-bias-padded": 8, "qwen3-qknorm": 0, "mimo":
 @pytest.mark.parametrize("name", sorted(DENSE))
 def test_serve_drafts_equal_transformers_round_for_round(name: str, tmp_path: object) -> None:
     folder = str(CASES[name](tmp_path))
-    args = [folder, "--speculative-config", MTP, "--max-num-seqs", "6", "--prefill-chunk-size", str(DENSE[name])]
+    args = [
+        folder,
+        "--speculative-config",
+        MTP,
+        "--max-num-seqs",
+        "6",
+        "--prefill-chunk-size",
+        str(DENSE[name]),
+    ]
     with contextlib.contextmanager(serving)(args) as server:
         check_family_drafts_served(server.base_url, folder, k=1, label=f"{name} served")

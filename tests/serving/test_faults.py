@@ -91,12 +91,18 @@ def test_a_fault_under_load_ends_every_request_and_leaves_nothing(kind: str, sig
         elif kind == "main" and sig == signal.SIGSTOP:
             # the clients' own timeout; requests sent meanwhile are reset by the SIGKILL
             assert any(o.kind == "hung" for o in failed), [(o.kind, o.detail) for o in failed]
-            assert all(o.kind in ("hung", "refused") for o in failed), [(o.kind, o.detail) for o in failed]
+            assert all(o.kind in ("hung", "refused") for o in failed), [
+                (o.kind, o.detail) for o in failed
+            ]
         elif kind == "main":
-            assert failed and all(o.kind == "refused" for o in failed), [(o.kind, o.detail) for o in failed]
+            assert failed and all(o.kind == "refused" for o in failed), [
+                (o.kind, o.detail) for o in failed
+            ]
         else:
             assert code == 1, f"the server did not exit 1 within {BOUND} s:\n{srv.output()}"
-            assert failed and all(o.kind in ("error", "refused") for o in failed), [(o.kind, o.detail) for o in failed]
+            assert failed and all(o.kind in ("error", "refused") for o in failed), [
+                (o.kind, o.detail) for o in failed
+            ]
             errors = [o.detail for o in failed if o.kind == "error"]
             odd = [e for e in errors if "not OpenAI's error shape" in e]
             assert errors and not odd, odd or errors  # the message names the odd bodies themselves
@@ -117,6 +123,8 @@ def test_a_fault_under_load_ends_every_request_and_leaves_nothing(kind: str, sig
 
 
 def teardown_module() -> None:
-    print("\nfault table (process, signal, requests ending after the fault, failures, slowest end, messages):")
+    print(
+        "\nfault table (process, signal, requests ending after the fault, failures, slowest end, messages):"
+    )
     for line in TABLE:
         print("  " + line)

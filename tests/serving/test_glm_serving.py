@@ -48,7 +48,15 @@ def generate(folder: str) -> Generate:
 
     def run(prompt: str) -> dict[str, Any]:
         if prompt not in done:
-            argv = ["generate", "--prompt", prompt, "--max-tokens", str(MAX_TOKENS), "--speculative-config", MTP]
+            argv = [
+                "generate",
+                "--prompt",
+                prompt,
+                "--max-tokens",
+                str(MAX_TOKENS),
+                "--speculative-config",
+                MTP,
+            ]
             out, err = io.StringIO(), io.StringIO()
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 code = main([*argv, "--temperature", "0", "--json", "--model", folder])
@@ -59,7 +67,9 @@ def generate(folder: str) -> Generate:
     return run
 
 
-def test_generate_gives_transformers_greedy_tokens(folder: str, tokenizer: Any, generate: Generate) -> None:
+def test_generate_gives_transformers_greedy_tokens(
+    folder: str, tokenizer: Any, generate: Generate
+) -> None:
     for prompt in PROMPTS:
         ids = generate(prompt)["token_ids"]
         want = reference_greedy(folder, tokenizer.encode(prompt), MAX_TOKENS)
@@ -73,16 +83,27 @@ def server(folder: str) -> Iterator[ServerProcess]:
     yield from serving([folder, "--speculative-config", MTP, "--tensor-parallel-size", "2"])
 
 
-def test_serve_at_tp2_equals_generate(server: ServerProcess, folder: str, generate: Generate) -> None:
-    c = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+def test_serve_at_tp2_equals_generate(
+    server: ServerProcess, folder: str, generate: Generate
+) -> None:
+    c = openai.OpenAI(
+        base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120
+    )
     for prompt in PROMPTS:
         want = generate(prompt)
-        got = c.completions.create(model=folder, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
-        assert (got.choices[0].text, got.choices[0].finish_reason) == (want["text"], want["finish_reason"]), prompt
+        got = c.completions.create(
+            model=folder, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
+        )
+        assert (got.choices[0].text, got.choices[0].finish_reason) == (
+            want["text"],
+            want["finish_reason"],
+        ), prompt
         assert got.usage.completion_tokens == len(want["token_ids"]), prompt
 
 
-def test_serve_at_tp2_drafts_equal_the_chained_reference_round_for_round(server: ServerProcess, folder: str) -> None:
+def test_serve_at_tp2_drafts_equal_the_chained_reference_round_for_round(
+    server: ServerProcess, folder: str
+) -> None:
     """K = 2 through the TP 2 server: every round's tokens and drafts equal transformers' MTP
     layer chained by the rule the engine states for GLM-4.5 (substep 2 fed the block's output
     before the final norm)."""

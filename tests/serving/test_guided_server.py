@@ -53,7 +53,9 @@ def client(url: str) -> Any:
 
 def complete(url: str, stream: bool = False, **extra: Any) -> tuple[str, str]:
     """(text, finish reason) of a completion of :data:`PROMPT` with ``extra_body=extra``."""
-    r = client(url).completions.create(model=MODEL, prompt=PROMPT, max_tokens=60, stream=stream, extra_body=extra)
+    r = client(url).completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=60, stream=stream, extra_body=extra
+    )
     if not stream:
         return r.choices[0].text, r.choices[0].finish_reason
     text, reason = "", None
@@ -70,7 +72,9 @@ def offline_regex() -> str:
     from fastdeploy_mtp.entrypoints.offline import run_requests
 
     sampling = SamplingParams(guided={"kind": "regex", "spec": REGEX})
-    reqs, texts, _ = run_requests([PROMPT], 60, SpeculativeConfig.from_json(MTP3), 4, "offline", None, sampling)
+    reqs, texts, _ = run_requests(
+        [PROMPT], 60, SpeculativeConfig.from_json(MTP3), 4, "offline", None, sampling
+    )
     assert reqs[0].finish_reason == "stop"
     return texts[0]
 
@@ -85,7 +89,9 @@ def test_response_format_json_schema_and_json_object(server):
     c = client(server.base_url)
     messages = [{"role": "user", "content": "Describe a user as JSON."}]
     fmt = {"type": "json_schema", "json_schema": {"name": "user", "schema": SCHEMA, "strict": True}}
-    r = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=60, response_format=fmt)
+    r = c.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=60, response_format=fmt
+    )
     value = json.loads(r.choices[0].message.content)
     assert set(value) == {"name", "ok"} and len(value["name"]) <= 8 and type(value["ok"]) is bool
     assert r.choices[0].finish_reason == "stop"
@@ -102,7 +108,11 @@ def test_response_format_json_schema_and_json_object(server):
 def test_guided_json_choice_and_grammar(server):
     text, reason = complete(server.base_url, guided_json=json.dumps(SCHEMA))
     assert reason == "stop" and set(json.loads(text)) == {"name", "ok"}
-    assert complete(server.base_url, guided_choice=["yes", "no", "maybe so"])[0] in ("yes", "no", "maybe so")
+    assert complete(server.base_url, guided_choice=["yes", "no", "maybe so"])[0] in (
+        "yes",
+        "no",
+        "maybe so",
+    )
     text, reason = complete(server.base_url, guided_grammar='root ::= "x=" [0-9] [0-9]')  # GBNF
     assert reason == "stop" and re.fullmatch(r"x=[0-9]{2}", text)
     text, reason = complete(server.base_url, guided_grammar='start: "y=" /[a-c]+/ ";"')  # Lark
@@ -113,28 +123,48 @@ def test_guided_json_choice_and_grammar(server):
     "extra, param, why",
     [
         (
-            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frob"}}}},
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "frob"}},
+                }
+            },
             "response_format",
             "frob",
         ),
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format", "schema"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "response_format",
+            "schema",
+        ),
         ({"guided_regex": "[0-9"}, "guided_regex", "regex"),
         ({"guided_json": "{not json"}, "guided_json", "JSON"),
         ({"guided_choice": []}, "guided_choice", "non-empty"),
         ({"guided_grammar": "start: undefined_rule"}, "guided_grammar", "undefined_rule"),
         ({"guided_regex": "[0-9]+", "guided_choice": ["a"]}, "guided_choice", "at most one"),
-        ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex", "at most one"),
+        (
+            {"response_format": {"type": "json_object"}, "guided_regex": "a"},
+            "guided_regex",
+            "at most one",
+        ),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tools"),
     ],
 )
 def test_a_bad_or_second_constraint_is_a_400_naming_the_field(server, extra, param, why):
-    status, answer = post(server.base_url + "/v1/completions", {"prompt": "x", "max_tokens": 4, **extra})
+    status, answer = post(
+        server.base_url + "/v1/completions", {"prompt": "x", "max_tokens": 4, **extra}
+    )
     error = answer["error"]
     assert status == 400 and error["param"] == param and why in error["message"], answer
 
 
 def test_text_response_format_with_a_regex_is_one_constraint(server):
-    body = {"prompt": PROMPT, "max_tokens": 60, "response_format": {"type": "text"}, "guided_regex": "[a-z]{4}"}
+    body = {
+        "prompt": PROMPT,
+        "max_tokens": 60,
+        "response_format": {"type": "text"},
+        "guided_regex": "[a-z]{4}",
+    }
     status, answer = post(server.base_url + "/v1/completions", body)
     assert status == 200 and re.fullmatch("[a-z]{4}", answer["choices"][0]["text"]), answer
 
@@ -143,7 +173,10 @@ def test_metrics_count_the_grammar_work(server):
     complete(server.base_url, guided_regex="[0-9 ]{20}")  # the model would draft text here
     m = scrape_metrics(server.base_url)
     # the MTP layer (K = S = 3) drafts under the grammar: its drafts are checked, none is cut
-    assert m["fastdeploy:guided_drafts_checked_total"] > 0 and m["fastdeploy:guided_drafts_cut_total"] == 0
+    assert (
+        m["fastdeploy:guided_drafts_checked_total"] > 0
+        and m["fastdeploy:guided_drafts_cut_total"] == 0
+    )
     assert m["fastdeploy:guided_rounds_total"] > 0 and m["fastdeploy:guided_seconds_total"] > 0
     text = http_get(server.base_url + "/metrics")[1]
     for name in ("guided_drafts_checked", "guided_drafts_cut", "guided_seconds", "guided_rounds"):
@@ -151,9 +184,14 @@ def test_metrics_count_the_grammar_work(server):
 
 
 def test_a_constraint_through_the_router_and_a_decode_instance(offline_regex):
-    with splitwise_instances(("prefill", MTP3), ("decode", MTP3)) as (p, d), splitwise_router(p, d) as url:
+    with (
+        splitwise_instances(("prefill", MTP3), ("decode", MTP3)) as (p, d),
+        splitwise_router(p, d) as url,
+    ):
         assert complete(url, guided_regex=REGEX) == (offline_regex, "stop")
-        status, answer = post(url + "/v1/completions", {"prompt": "x", "guided_regex": "(", "max_tokens": 4})
+        status, answer = post(
+            url + "/v1/completions", {"prompt": "x", "guided_regex": "(", "max_tokens": 4}
+        )
         assert status == 400 and answer["error"]["param"] == "guided_regex", answer
         decode = scrape_metrics(d.base_url)
         assert decode["fastdeploy:guided_rounds_total"] > 0
@@ -161,7 +199,9 @@ def test_a_constraint_through_the_router_and_a_decode_instance(offline_regex):
 
 def test_tensor_parallel_ranks_cut_and_mask_alike(offline_regex):
     """With two ranks every rank runs the same matchers: the output is the offline engine's."""
-    for srv in serving(["--speculative-config", MTP3, "--max-num-seqs", "4", "--tensor-parallel-size", "2"]):
+    for srv in serving(
+        ["--speculative-config", MTP3, "--max-num-seqs", "4", "--tensor-parallel-size", "2"]
+    ):
         assert complete(srv.base_url, guided_regex=REGEX) == (offline_regex, "stop")
         text, reason = complete(srv.base_url, guided_json=SCHEMA)
         assert reason == "stop" and set(json.loads(text)) == {"name", "ok"}
@@ -174,11 +214,15 @@ def test_a_grammar_only_the_tokenizer_refuses_fails_alone_and_the_server_keeps_s
     url = server.base_url + "/v1/completions"
     running: dict[str, Any] = {}
     other = threading.Thread(
-        target=lambda: running.update(r=post(url, {"prompt": PROMPT, "max_tokens": 150, "ignore_eos": True}))
+        target=lambda: running.update(
+            r=post(url, {"prompt": PROMPT, "max_tokens": 150, "ignore_eos": True})
+        )
     )
     other.start()
     time.sleep(0.5)  # the other request is decoding
-    status, answer = post(url, {"prompt": "x", "max_tokens": 4, "guided_grammar": "start: <[99999]>"})
+    status, answer = post(
+        url, {"prompt": "x", "max_tokens": 4, "guided_grammar": "start: <[99999]>"}
+    )
     other.join()
     assert status == 400 and answer["error"]["param"] == "guided", answer
     assert "99999" in answer["error"]["message"]

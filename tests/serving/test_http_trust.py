@@ -94,7 +94,12 @@ def error_of(answer: Any) -> dict[str, Any]:
 
 
 def post_raw(url: str, content: bytes, headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    r = httpx.post(url, content=content, headers={"Content-Type": "application/json", **(headers or {})}, timeout=60)
+    r = httpx.post(
+        url,
+        content=content,
+        headers={"Content-Type": "application/json", **(headers or {})},
+        timeout=60,
+    )
     return r.status_code, r.json()
 
 
@@ -105,7 +110,10 @@ def test_the_api_key_guards_every_v1_endpoint_and_refusals_are_counted(server):
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
         status, answer = http_post(server.base_url + "/v1/completions", body, headers=headers)
         assert status == 401, answer
-        assert error_of(answer)["code"] == "invalid_api_key" and error_of(answer)["type"] == "invalid_request_error"
+        assert (
+            error_of(answer)["code"] == "invalid_api_key"
+            and error_of(answer)["type"] == "invalid_request_error"
+        )
     assert http_get(server.base_url + "/v1/models")[0] == 401
     assert http_get(server.base_url + "/health")[0] == 200  # open, as vLLM's
     assert dropped(server.base_url) == before + 4  # /metrics is open too
@@ -122,7 +130,9 @@ def test_404_405_and_a_body_that_is_not_json_are_openai_shaped(server):
     assert status == 405 and error_of(json.loads(text))["type"] == "invalid_request_error"
     status, answer = post_raw(server.base_url + "/v1/completions", b"{not json", AUTH)
     assert status == 400 and error_of(answer)["type"] == "invalid_request_error"
-    status, answer = post_raw(server.base_url + "/v1/completions", b'{"max_tokens": "many", "prompt": "x"}', AUTH)
+    status, answer = post_raw(
+        server.base_url + "/v1/completions", b'{"max_tokens": "many", "prompt": "x"}', AUTH
+    )
     assert status == 400 and error_of(answer)["param"] == "max_tokens"
 
 
@@ -130,7 +140,11 @@ def test_404_405_and_a_body_that_is_not_json_are_openai_shaped(server):
     "path, raw, param",
     [
         ("/v1/completions", b'{"prompt": "ab\\ud800", "max_tokens": 2}', "prompt"),
-        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\udc00x"}]}', "messages"),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "\\udc00x"}]}',
+            "messages",
+        ),
         ("/v1/completions", b'{"prompt": "ab\\ud800", "max_tokens": 2, "stream": true}', "prompt"),
     ],
 )
@@ -154,11 +168,20 @@ def test_a_lone_surrogate_is_a_400_naming_the_field(server, path, raw, param):
 def test_fields_this_server_cannot_honour_are_a_400_naming_them(server, extra, param):
     body = {"prompt": "def f():", "max_tokens": 2, **extra}
     status, answer = http_post(server.base_url + "/v1/completions", body, headers=AUTH)
-    assert status == 400 and error_of(answer)["param"] == param and param in error_of(answer)["message"], answer
+    assert (
+        status == 400
+        and error_of(answer)["param"] == param
+        and param in error_of(answer)["message"]
+    ), answer
 
 
 def test_the_neutral_values_of_those_fields_are_accepted(server):
-    body = {"prompt": "def f():", "max_tokens": 2, "response_format": {"type": "text"}, "tool_choice": "none"}
+    body = {
+        "prompt": "def f():",
+        "max_tokens": 2,
+        "response_format": {"type": "text"},
+        "tool_choice": "none",
+    }
     status, answer = http_post(server.base_url + "/v1/completions", body, headers=AUTH)
     assert status == 200, answer
 
@@ -197,12 +220,16 @@ def test_a_non_streaming_request_whose_client_leaves_is_aborted(server):
     deadline = time.monotonic() + 15
     while True:
         m = scrape_metrics(server.base_url)
-        if m["fastdeploy:request_cancelled_total"] > before.get("fastdeploy:request_cancelled_total", 0):
+        if m["fastdeploy:request_cancelled_total"] > before.get(
+            "fastdeploy:request_cancelled_total", 0
+        ):
             break
         assert time.monotonic() < deadline, "the request was not aborted when its client left"
         time.sleep(0.1)
     assert m["fastdeploy:num_requests_running"] == 0
-    assert m["fastdeploy:generation_tokens_total"] - before["fastdeploy:generation_tokens_total"] < 900
+    assert (
+        m["fastdeploy:generation_tokens_total"] - before["fastdeploy:generation_tokens_total"] < 900
+    )
 
 
 # ---- splitwise: the router's credential -----------------------------------------------------
@@ -212,7 +239,9 @@ def test_splitwise_endpoints_take_the_router_token_and_never_the_api_key(pd):
     body = {"request_id": "x", "prompt_token_ids": [1, 2], "max_tokens": 2, "sampling": {}}
     before = dropped(prefill.base_url)
     for headers in ({}, AUTH):
-        status, answer = http_post(url, body, headers={**router_headers(), **headers} if headers else {})
+        status, answer = http_post(
+            url, body, headers={**router_headers(), **headers} if headers else {}
+        )
         assert status == 401 and error_of(answer)["code"] == "invalid_api_key", answer
     assert splitwise_post(url, body, secret=b"another secret of 32 bytes......")[0] == 401
     assert dropped(prefill.base_url) == before + 3
@@ -248,8 +277,16 @@ def test_a_router_without_the_instances_secret_answers_502_saying_so(pd):
             "messages",
         ),
         # the prefill instance refuses it (longer than --max-model-len): a 400 naming the client's field
-        ("/v1/completions", b'{"prompt": "' + b"y" * 1100 + b'", "max_tokens": 2, "stream": true}', "prompt"),
-        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "' + b"y" * 1100 + b'"}]}', "messages"),
+        (
+            "/v1/completions",
+            b'{"prompt": "' + b"y" * 1100 + b'", "max_tokens": 2, "stream": true}',
+            "prompt",
+        ),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "' + b"y" * 1100 + b'"}]}',
+            "messages",
+        ),
     ],
 )
 def test_the_router_answers_400_naming_the_clients_field(router, path, raw, param):
@@ -265,7 +302,9 @@ def test_a_non_streaming_request_through_the_router_whose_client_leaves_is_abort
         httpx.post(router + "/v1/completions", json=body, headers=AUTH, timeout=1.5)
     deadline = time.monotonic() + 15
     while scrape_metrics(decode.base_url).get("fastdeploy:request_cancelled_total", 0) == before:
-        assert time.monotonic() < deadline, "the decode instance went on after the router's client left"
+        assert time.monotonic() < deadline, (
+            "the decode instance went on after the router's client left"
+        )
         time.sleep(0.1)
     assert scrape_metrics(decode.base_url)["fastdeploy:num_requests_running"] == 0
 
@@ -275,9 +314,20 @@ def test_the_router_command_takes_api_key_and_reads_the_model_name_with_its_toke
     ``/v1/models``, which need its token), then SIGTERM ends it with status 0."""
     prefill, decode = pd
     port = find_free_port_range(1)
-    cmd = [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "router", "--port", str(port), "--api-key", KEY]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fastdeploy_mtp.entrypoints.cli",
+        "router",
+        "--port",
+        str(port),
+        "--api-key",
+        KEY,
+    ]
     cmd += ["--prefill", prefill.base_url, "--decode", decode.base_url, "--start-timeout", "30"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -287,7 +337,9 @@ def test_the_router_command_takes_api_key_and_reads_the_model_name_with_its_toke
         assert http_get(url + "/v1/models")[0] == 401
         status, text = http_get(url + "/v1/models", headers=AUTH)
         assert status == 200 and json.loads(text)["data"][0]["id"] == "fastdeploy-mtp-tiny"
-        status, answer = http_post(url + "/v1/completions", {"prompt": "x", "max_tokens": 3}, headers=AUTH)
+        status, answer = http_post(
+            url + "/v1/completions", {"prompt": "x", "max_tokens": 3}, headers=AUTH
+        )
         assert status == 200 and answer["usage"]["completion_tokens"] == 3, answer
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
@@ -311,7 +363,9 @@ def test_a_stopped_prefill_instance_is_a_504_naming_it_within_the_instance_timeo
     os.kill(prefill.proc.pid, signal.SIGSTOP)
     try:
         t0 = time.monotonic()
-        status, answer = http_post(router + "/v1/completions", {"prompt": "x", "max_tokens": 2}, headers=AUTH)
+        status, answer = http_post(
+            router + "/v1/completions", {"prompt": "x", "max_tokens": 2}, headers=AUTH
+        )
         took = time.monotonic() - t0
     finally:
         os.kill(prefill.proc.pid, signal.SIGCONT)
@@ -324,10 +378,21 @@ def test_a_stopped_prefill_instance_is_a_504_naming_it_within_the_instance_timeo
     "args, words",
     [
         (["serve", "--api-key", ""], ["--api-key"]),
-        (["serve", "--splitwise-role", "prefill", "--splitwise-secret-file", "/nonexistent/s"], ["/nonexistent/s"]),
+        (
+            ["serve", "--splitwise-role", "prefill", "--splitwise-secret-file", "/nonexistent/s"],
+            ["/nonexistent/s"],
+        ),
         (["serve", "--tokenizer", "/nonexistent/t"], ["--tokenizer /nonexistent/t"]),
         (
-            ["router", "--prefill", "http://a:1", "--decode", "http://b:1", "--tokenizer", "/nonexistent/t"],
+            [
+                "router",
+                "--prefill",
+                "http://a:1",
+                "--decode",
+                "http://b:1",
+                "--tokenizer",
+                "/nonexistent/t",
+            ],
             ["--tokenizer"],
         ),
     ],
@@ -338,7 +403,9 @@ def test_bad_credentials_and_folders_exit_2_with_one_line(capsys, monkeypatch, a
         args = [*args, "--device-ids", device_ids(1)]
     code = main([*args, "--port", str(find_free_port_range(1))])
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert code == 2 and err.startswith("fastdeploy-mtp: error:") and all(w in err for w in words), err
+    assert (
+        code == 2 and err.startswith("fastdeploy-mtp: error:") and all(w in err for w in words)
+    ), err
 
 
 def test_a_taken_port_is_refused_by_the_router_before_it_waits(capsys):
@@ -348,7 +415,15 @@ def test_a_taken_port_is_refused_by_the_router_before_it_waits(capsys):
         port = taken.getsockname()[1]
         t0 = time.monotonic()
         code = main(
-            ["router", "--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:9", "--port", str(port)]
+            [
+                "router",
+                "--prefill",
+                "http://127.0.0.1:9",
+                "--decode",
+                "http://127.0.0.1:9",
+                "--port",
+                str(port),
+            ]
         )
     err = capsys.readouterr().err
     assert code == 2 and f"--port {port}" in err and "in use" in err, err

@@ -22,8 +22,16 @@ from fastdeploy_mtp.runtime.request import Request
 from fastdeploy_mtp.serving.latency import HISTOGRAMS, Histogram, LatencyTracker
 from fastdeploy_mtp.serving.metrics import render
 
-TTFT, TPOT, E2E = "time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds"
-QUEUE, PREFILL, DECODE = "request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds"
+TTFT, TPOT, E2E = (
+    "time_to_first_token_seconds",
+    "time_per_output_token_seconds",
+    "e2e_request_latency_seconds",
+)
+QUEUE, PREFILL, DECODE = (
+    "request_queue_time_seconds",
+    "request_prefill_time_seconds",
+    "request_decode_time_seconds",
+)
 
 
 class FakeClock:
@@ -34,7 +42,9 @@ class FakeClock:
         return self.now
 
 
-def step(tracker: LatencyTracker, clock: FakeClock, start: float, end: float, in_slots, **events) -> None:
+def step(
+    tracker: LatencyTracker, clock: FakeClock, start: float, end: float, in_slots, **events
+) -> None:
     """One engine step from ``start`` to ``end`` (the tokens are already appended)."""
     clock.now = end
     tracker.after_step(start, in_slots, StepEvents(ran=True, **events))
@@ -63,11 +73,18 @@ def test_a_completed_request_spans_each_stage():
     req.output_token_ids += [5]
     step(tracker, clock, 3.0, 4.0, [req], emitted=[(req, [5])])  # last chunk: the first token
     req.output_token_ids += [6, 7, 8]
-    step(tracker, clock, 4.0, 5.0, [req], emitted=[(req, [])])  # 3 tokens, held back from the stream
+    step(
+        tracker, clock, 4.0, 5.0, [req], emitted=[(req, [])]
+    )  # 3 tokens, held back from the stream
     req.output_token_ids += [9, 10, 11]
     step(tracker, clock, 5.0, 6.0, [], emitted=[(req, [6, 7, 8, 9, 10, 11])], finished=[req])
     t = req.timing
-    assert t is not None and (t.arrival, t.scheduled, t.first_token, t.finished) == (1.0, 2.0, 4.0, 6.0)
+    assert t is not None and (t.arrival, t.scheduled, t.first_token, t.finished) == (
+        1.0,
+        2.0,
+        4.0,
+        6.0,
+    )
     got = observed(tracker)
     assert got[QUEUE] == [1, 1.0]
     assert got[TTFT] == [1, 3.0]  # the step that generated the token, not the stream
@@ -88,7 +105,9 @@ def test_one_token_no_tpot_failed_and_unsubmitted_not_observed():
     direct.output_token_ids += [4]
     clock.now = 0.5
     # admitted and finished in one step: never seen in a slot
-    step(tracker, clock, 0.25, 0.5, [bad], finished=[one, direct], failed=[(bad, RuntimeError("x"))])
+    step(
+        tracker, clock, 0.25, 0.5, [bad], finished=[one, direct], failed=[(bad, RuntimeError("x"))]
+    )
     got = observed(tracker)
     assert got[E2E] == [1, 0.5] and got[TTFT] == [1, 0.5] and got[QUEUE] == [1, 0.25]
     assert got[DECODE] == [1, 0.0] and got[TPOT] == [0, 0.0]
@@ -128,7 +147,12 @@ def test_splitwise_prefill_and_decode_instances():
 def unlabelled(text: str) -> dict[str, float]:
     """The unlabelled samples of a ``/metrics`` text, by sample name (``..._total``,
     ``..._count``, ``..._sum``)."""
-    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
+    return {
+        s.name: s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if not s.labels
+    }
 
 
 def test_in_process_stages_ordered_prefix_cache_hits_and_idle_usage(random_model):
@@ -155,7 +179,9 @@ def test_in_process_stages_ordered_prefix_cache_hits_and_idle_usage(random_model
         backend.stop()
     for req in reqs:
         t = req.timing
-        assert t is not None and None not in (t.scheduled, t.first_token, t.finished), req.request_id
+        assert t is not None and None not in (t.scheduled, t.first_token, t.finished), (
+            req.request_id
+        )
         assert t.arrival <= t.scheduled <= t.first_token <= t.finished  # queue <= TTFT <= e2e
     assert reqs[1].num_cached_tokens == reqs[2].num_cached_tokens == 40
     m = unlabelled(render(backend.registry).decode())
@@ -167,7 +193,9 @@ def test_in_process_stages_ordered_prefix_cache_hits_and_idle_usage(random_model
     assert hits == 80 and queries == 3 * 45 + 3
     assert m[p + "prefix_cache_hit_rate"] == pytest.approx(hits / queries)
     assert m[p + "num_kv_blocks_cached"] == 5
-    assert m[p + "kv_cache_usage_perc"] == 0.0  # idle: cached blocks no request references count as free
+    assert (
+        m[p + "kv_cache_usage_perc"] == 0.0
+    )  # idle: cached blocks no request references count as free
     assert m[p + "num_kv_blocks_free"] == config.cache_config.total_block_num
 
 
@@ -179,7 +207,9 @@ def server():
     from tests.support.servers import serving
 
     spec = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1}'
-    yield from serving(["--speculative-config", spec, "--max-num-seqs", "4", "--no-enable-prefix-caching"])
+    yield from serving(
+        ["--speculative-config", spec, "--max-num-seqs", "4", "--no-enable-prefix-caching"]
+    )
 
 
 def test_served_requests_are_observed_once_each(server):
@@ -195,7 +225,11 @@ def test_served_requests_are_observed_once_each(server):
     for body in bodies:
         status, _ = http_post(url + "/v1/completions", {"model": "fastdeploy-mtp-tiny", **body})
         assert status == 200
-    chat = {"model": "fastdeploy-mtp-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    chat = {
+        "model": "fastdeploy-mtp-tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 8,
+    }
     assert http_post(url + "/v1/chat/completions", {**chat, "stream": True})[0] == 200
     status, text = http_get(url + "/metrics")
     assert status == 200
@@ -215,4 +249,6 @@ def test_served_requests_are_observed_once_each(server):
     assert m[p + QUEUE + "_sum"] <= m[p + TTFT + "_sum"] <= m[p + E2E + "_sum"]
     assert m[p + PREFILL + "_sum"] <= m[p + TTFT + "_sum"]
     assert m[p + "kv_cache_usage_perc"] == 0.0  # idle
-    assert m[p + "prefix_cache_queries_total"] == m[p + "prefix_cache_hit_rate"] == 0.0  # --no-enable-prefix-caching
+    assert (
+        m[p + "prefix_cache_queries_total"] == m[p + "prefix_cache_hit_rate"] == 0.0
+    )  # --no-enable-prefix-caching

@@ -62,7 +62,15 @@ STEP = Step(
             prompt_token_ids=[1, 2, 3, 4, 5],
             sampling=SAMPLING,
         ),
-        PrefillTask(idx=3, request_id="c", block_tables=[5], start=5, end=9, max_tokens=8, output_token_ids=[]),
+        PrefillTask(
+            idx=3,
+            request_id="c",
+            block_tables=[5],
+            start=5,
+            end=9,
+            max_tokens=8,
+            output_token_ids=[],
+        ),
         DecodeTask(idx=1, request_id="b", block_tables=[0]),
         ImportTask(
             idx=2,
@@ -116,7 +124,9 @@ def test_worker_messages_round_trip(message):
 def test_result_keeps_its_types():
     got = decode_worker_message(Done(step=1, rank=0, result=RESULT).encode())
     assert isinstance(got, Done) and got.result is not None
-    assert got.result.logprobs == {0: [LOGPROB]} and isinstance(got.result.logprobs[0][0], TokenLogprob)
+    assert got.result.logprobs == {0: [LOGPROB]} and isinstance(
+        got.result.logprobs[0][0], TokenLogprob
+    )
     assert list(got.result.exports) == [0]
     task = decode_engine_message(STEP.encode()).tasks[0]  # type: ignore[union-attr]
     assert isinstance(task, PrefillTask) and task.sampling == SAMPLING
@@ -127,7 +137,11 @@ def test_result_keeps_its_types():
     [
         PrefillRequest(request_id="a", prompt_token_ids=[1], max_tokens=3, sampling=SAMPLING),
         DecodeRequest(
-            request_id="a", prompt_token_ids=[1], max_tokens=3, output_token_ids=[2], handoff={"state": {}, "kv": {}}
+            request_id="a",
+            prompt_token_ids=[1],
+            max_tokens=3,
+            output_token_ids=[2],
+            handoff={"state": {}, "kv": {}},
         ),
         PrefillAnswer(
             request_id="a",
@@ -152,11 +166,17 @@ def test_decode_events_keep_the_shape_clients_see():
     assert decode_event(tokens.model_dump_json(exclude_none=True), "test") == tokens
     with_logprobs = TokensEvent(token_ids=[7], logprobs=[LOGPROB])
     assert decode_event(with_logprobs.model_dump_json(), "test") == with_logprobs
-    assert decode_event('{"finish_reason": "length"}', "test") == FinishEvent(finish_reason="length")
-    error = decode_event('{"error": {"message": "lost", "type": "server_error", "code": 500}}', "test")
+    assert decode_event('{"finish_reason": "length"}', "test") == FinishEvent(
+        finish_reason="length"
+    )
+    error = decode_event(
+        '{"error": {"message": "lost", "type": "server_error", "code": 500}}', "test"
+    )
     assert isinstance(error, ErrorMessage) and error.error.message == "lost"
     # the router's request bodies are what the instances always read (no version key: it is a header)
-    body = PrefillRequest(request_id="a", prompt_token_ids=[1], max_tokens=3, sampling=SamplingParams())
+    body = PrefillRequest(
+        request_id="a", prompt_token_ids=[1], max_tokens=3, sampling=SamplingParams()
+    )
     assert json.loads(body.encode()) == {
         "request_id": "a",
         "prompt_token_ids": [1],
@@ -178,14 +198,16 @@ def _raw(message: Any, **change: Any) -> bytes:
 def test_another_version_is_refused_naming_both():
     other = PROTOCOL_VERSION + 1
     with pytest.raises(
-        MessageError, match=rf"protocol version {other}; this process speaks version {PROTOCOL_VERSION}"
+        MessageError,
+        match=rf"protocol version {other}; this process speaks version {PROTOCOL_VERSION}",
     ):
         decode_engine_message(_raw(STEP, version=other))
     # even when the rest does not fit this version's fields either
     with pytest.raises(MessageError, match=rf"protocol version {other};"):
         decode_worker_message(_raw(Ready(rank=0, pid=1), version=other, pid="new"))
     with pytest.raises(
-        MessageError, match=rf"sent no protocol version; this process speaks version {PROTOCOL_VERSION}"
+        MessageError,
+        match=rf"sent no protocol version; this process speaks version {PROTOCOL_VERSION}",
     ):
         decode_worker_message(_raw(Ready(rank=0, pid=1), version=...))
     with pytest.raises(MessageError, match=r"the router speaks protocol version 3;"):
@@ -210,7 +232,11 @@ def test_a_missing_field_or_a_wrong_type_is_named():
     with pytest.raises(MessageError, match=r"malformed"):
         decode_engine_message(b"{not json")
     with pytest.raises(MessageError, match=r"Extra inputs are not permitted"):
-        decode_http(PrefillRequest, b'{"request_id": "a", "prompt_token_ids": [], "max_tokens": 1, "x": 1}', "test")
+        decode_http(
+            PrefillRequest,
+            b'{"request_id": "a", "prompt_token_ids": [], "max_tokens": 1, "x": 1}',
+            "test",
+        )
     with pytest.raises(MessageError, match=r"sampling.top_k"):
         decode_http(
             PrefillRequest,
@@ -230,12 +256,18 @@ def test_a_worker_answers_a_malformed_message_and_goes_on():
         return RESULT
 
     refused = answer(_raw(STEP, version=9), rank=0, step=step)
-    assert isinstance(refused, Failed) and refused.step is None and "protocol version 9" in refused.message
+    assert (
+        isinstance(refused, Failed)
+        and refused.step is None
+        and "protocol version 9" in refused.message
+    )
     assert isinstance(answer(b"\xff", rank=0, step=step), Failed)
     done = answer(Step(step=1).encode(), rank=0, step=step)
     assert done == Done(step=1, rank=0, result=RESULT)
     failed = answer(Step(step=2).encode(), rank=0, step=step)
-    assert isinstance(failed, Failed) and failed.step == 2 and "RuntimeError: boom" in failed.message
+    assert (
+        isinstance(failed, Failed) and failed.step == 2 and "RuntimeError: boom" in failed.message
+    )
     assert answer(Shutdown().encode(), rank=0, step=step) is None
     assert ran == [1, 2]
 
@@ -304,7 +336,9 @@ def test_a_reply_that_is_not_the_awaited_one_is_dropped_and_counted(stray):
 
 def test_a_frame_from_a_peer_that_is_not_a_worker_is_dropped():
     runner = _engine_side([Done(step=1, rank=0, result=RESULT).encode()], identity=b"intruder")
-    with pytest.raises(WorkerDiedError, match="no answer from the workers"):  # only the step timeout
+    with pytest.raises(
+        WorkerDiedError, match="no answer from the workers"
+    ):  # only the step timeout
         runner._replies()
     assert runner.dropped.counts()["worker"] == 1
 
@@ -316,11 +350,17 @@ def test_a_real_worker_refuses_malformed_messages_and_keeps_serving():
 
     spec = '{"method": "mtp", "num_speculative_tokens": 1, "num_model_steps": 1}'
     with remote_runner(spec, 2, 128) as runner:
-        for bad in (b"{not json", _raw(Step(step=1), version=PROTOCOL_VERSION + 1), _raw(Step(step=1), free="x")):
+        for bad in (
+            b"{not json",
+            _raw(Step(step=1), version=PROTOCOL_VERSION + 1),
+            _raw(Step(step=1), free="x"),
+        ):
             runner._sock.send_multipart([b"rank0", bad])
             reply = runner._recv(time.monotonic() + 60, "test")
             assert isinstance(reply, Failed) and reply.step is None, reply
         assert all(p.poll() is None for p in runner.procs.values()), "a process exited"
         engine = Engine(runner.fd_config, runner=runner)
-        results = engine.generate([Request("a", ByteTokenizer().encode("hello"), max_tokens=4)], max_steps=50)
+        results = engine.generate(
+            [Request("a", ByteTokenizer().encode("hello"), max_tokens=4)], max_steps=50
+        )
         assert len(results["a"]) == 4

@@ -50,7 +50,15 @@ def generate(folder: str) -> Generate:
 
     def run(prompt: str) -> dict[str, Any]:
         if prompt not in done:
-            argv = ["generate", "--prompt", prompt, "--max-tokens", str(MAX_TOKENS), "--speculative-config", MTP]
+            argv = [
+                "generate",
+                "--prompt",
+                prompt,
+                "--max-tokens",
+                str(MAX_TOKENS),
+                "--speculative-config",
+                MTP,
+            ]
             out, err = io.StringIO(), io.StringIO()
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 code = main([*argv, "--temperature", "0", "--json", "--model", folder])
@@ -61,7 +69,9 @@ def generate(folder: str) -> Generate:
     return run
 
 
-def test_generate_gives_transformers_greedy_tokens(folder: str, tokenizer: Any, generate: Generate) -> None:
+def test_generate_gives_transformers_greedy_tokens(
+    folder: str, tokenizer: Any, generate: Generate
+) -> None:
     for prompt in PROMPTS:
         ids = generate(prompt)["token_ids"]
         want = mla_reference_greedy(folder, tokenizer.encode(prompt), MAX_TOKENS)
@@ -81,11 +91,18 @@ def test_serve_at_tp2_publishes_latent_caches_and_equals_generate(
     log = server.output()
     for rank in range(2):
         assert f"rank {rank}: 3 KV caches published (2 target + 1 MTP, float32," in log, log
-    c = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    c = openai.OpenAI(
+        base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120
+    )
     for prompt in PROMPTS:
         want = generate(prompt)
-        got = c.completions.create(model=folder, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
-        assert (got.choices[0].text, got.choices[0].finish_reason) == (want["text"], want["finish_reason"]), prompt
+        got = c.completions.create(
+            model=folder, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
+        )
+        assert (got.choices[0].text, got.choices[0].finish_reason) == (
+            want["text"],
+            want["finish_reason"],
+        ), prompt
         assert got.usage.completion_tokens == len(want["token_ids"]), prompt
 
 
@@ -109,8 +126,13 @@ def test_prefill_decode_equals_generate_and_hands_over_every_latent_cache(
         c = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
         for prompt in PROMPTS:
             want = generate(prompt)
-            got = c.completions.create(model="fastdeploy-mtp-tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
-            assert (got.choices[0].text, got.choices[0].finish_reason) == (want["text"], want["finish_reason"])
+            got = c.completions.create(
+                model="fastdeploy-mtp-tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
+            )
+            assert (got.choices[0].text, got.choices[0].finish_reason) == (
+                want["text"],
+                want["finish_reason"],
+            )
     prompt = PROMPTS[0]
     want = generate(prompt)["token_ids"]
     ids = handed_over_every_cache(
@@ -127,7 +149,9 @@ def test_prefill_decode_equals_generate_and_hands_over_every_latent_cache(
     assert ids == want
 
 
-def test_serve_at_tp2_drafts_equal_the_chained_reference_round_for_round(server: ServerProcess, folder: str) -> None:
+def test_serve_at_tp2_drafts_equal_the_chained_reference_round_for_round(
+    server: ServerProcess, folder: str
+) -> None:
     """K = 2 through the TP 2 server: every round's tokens and drafts equal transformers' MTP
     layer chained by the rule the engine states for DeepSeek-V3 (substep 2 fed the block's
     output before the final norm)."""

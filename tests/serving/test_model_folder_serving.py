@@ -75,8 +75,18 @@ def generate(folder: str) -> Generate:
     def run(prompt: str, *flags: str, model: str | None = folder) -> dict[str, Any]:
         key = (prompt, flags, model)
         if key not in done:
-            argv = ["generate", "--prompt", prompt, "--max-tokens", str(MAX_TOKENS), "--speculative-config", MTP]
-            code, out, err = run_cli([*argv, *flags, "--json", *(["--model", model] if model else [])])
+            argv = [
+                "generate",
+                "--prompt",
+                prompt,
+                "--max-tokens",
+                str(MAX_TOKENS),
+                "--speculative-config",
+                MTP,
+            ]
+            code, out, err = run_cli(
+                [*argv, *flags, "--json", *(["--model", model] if model else [])]
+            )
             assert code == 0, err
             done[key] = json.loads(out)
         return done[key]
@@ -101,7 +111,9 @@ def test_generate_json_prints_the_output_ids_and_the_speculation_metrics(
     rounds = metrics["target_forwards"] - 1
     assert metrics["mean_accepted_length"] == pytest.approx((len(ids) - 1) / rounds, abs=1e-3)
     acceptance = metrics["acceptance_per_position"]
-    assert len(acceptance) == 3 and all(a is not None for a in acceptance)  # every draft position offered
+    assert len(acceptance) == 3 and all(
+        a is not None for a in acceptance
+    )  # every draft position offered
     if shipped:  # the shipped MTP layer was trained: its drafts are accepted
         assert metrics["mean_accepted_length"] > 1.0
     else:
@@ -111,7 +123,9 @@ def test_generate_json_prints_the_output_ids_and_the_speculation_metrics(
 # ---- serve DIR, TP 1 and 2 -----------------------------------------------------------------
 @pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
 def server(request: pytest.FixtureRequest, folder: str) -> Iterator[ServerProcess]:
-    yield from serving([folder, "--speculative-config", MTP, "--tensor-parallel-size", str(request.param)])
+    yield from serving(
+        [folder, "--speculative-config", MTP, "--tensor-parallel-size", str(request.param)]
+    )
 
 
 def test_serve_publishes_the_caches_of_both_mtp_layers_on_every_rank(
@@ -131,7 +145,9 @@ def check_completions(url: str, folder: str, tokenizer: Any, generate: Generate)
     assert [m.id for m in c.models.list().data] == [folder]
     for prompt in PROMPTS:
         want = generate(prompt, "--temperature", "0")
-        got = c.completions.create(model=folder, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+        got = c.completions.create(
+            model=folder, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
+        )
         assert got.model == folder
         choice = got.choices[0]
         assert (choice.text, choice.finish_reason) == (want["text"], want["finish_reason"]), prompt
@@ -142,9 +158,15 @@ def check_completions(url: str, folder: str, tokenizer: Any, generate: Generate)
     want = generate(PROMPTS[0], *SAMPLED_FLAGS)
     sampled = {k: v for k, v in SAMPLED.items() if k != "top_k"}
     got = c.completions.create(
-        model=folder, prompt=PROMPTS[0], max_tokens=MAX_TOKENS, extra_body={"top_k": SAMPLED["top_k"]}, **sampled
+        model=folder,
+        prompt=PROMPTS[0],
+        max_tokens=MAX_TOKENS,
+        extra_body={"top_k": SAMPLED["top_k"]},
+        **sampled,
     )
-    assert got.choices[0].text == want["text"] and got.usage.completion_tokens == len(want["token_ids"])
+    assert got.choices[0].text == want["text"] and got.usage.completion_tokens == len(
+        want["token_ids"]
+    )
     assert want["text"] != generate(PROMPTS[0], "--temperature", "0")["text"]  # it did sample
 
 
@@ -159,10 +181,18 @@ def check_chat(url: str, folder: str, tokenizer: Any, generate: Generate) -> Non
     prompt_ids = tokenizer.encode(rendered, add_special_tokens=False)
     assert prompt_ids.count(1) == 3 and prompt_ids.count(2) == 2  # <|im_start|>, <|im_end|>
     want = generate(rendered, "--temperature", "0")
-    got = client(url).chat.completions.create(model=folder, messages=CHAT, max_tokens=MAX_TOKENS, temperature=0)
+    got = client(url).chat.completions.create(
+        model=folder, messages=CHAT, max_tokens=MAX_TOKENS, temperature=0
+    )
     assert got.model == folder
-    assert (got.choices[0].message.content, got.choices[0].finish_reason) == (want["text"], want["finish_reason"])
-    assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (len(prompt_ids), len(want["token_ids"]))
+    assert (got.choices[0].message.content, got.choices[0].finish_reason) == (
+        want["text"],
+        want["finish_reason"],
+    )
+    assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (
+        len(prompt_ids),
+        len(want["token_ids"]),
+    )
 
 
 def test_serve_completions_equal_generate_greedy_and_seeded(
@@ -183,10 +213,18 @@ def test_generation_config_eos_ends_a_request_unless_ignore_eos(
     want = generate(PROMPTS[2], "--temperature", "0")
     assert want["token_ids"][-1] == 0 and want["finish_reason"] == "stop"  # <|endoftext|>
     c = client(server.base_url)
-    ended = c.completions.create(model=folder, prompt=PROMPTS[2], max_tokens=MAX_TOKENS, temperature=0)
-    assert ended.choices[0].finish_reason == "stop" and ended.usage.completion_tokens == len(want["token_ids"])
+    ended = c.completions.create(
+        model=folder, prompt=PROMPTS[2], max_tokens=MAX_TOKENS, temperature=0
+    )
+    assert ended.choices[0].finish_reason == "stop" and ended.usage.completion_tokens == len(
+        want["token_ids"]
+    )
     past = c.completions.create(
-        model=folder, prompt=PROMPTS[2], max_tokens=MAX_TOKENS, temperature=0, extra_body={"ignore_eos": True}
+        model=folder,
+        prompt=PROMPTS[2],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        extra_body={"ignore_eos": True},
     )
     assert past.choices[0].finish_reason == "length" and past.usage.completion_tokens == MAX_TOKENS
     assert past.choices[0].text.startswith(ended.choices[0].text)
@@ -195,7 +233,9 @@ def test_generation_config_eos_ends_a_request_unless_ignore_eos(
 # ---- prefill + decode behind the router ----------------------------------------------------
 @pytest.fixture(scope="module")
 def pd(folder: str) -> Iterator[list[ServerProcess]]:
-    with splitwise_instances(("prefill", MTP, "--model", folder), ("decode", MTP, "--model", folder)) as both:
+    with splitwise_instances(
+        ("prefill", MTP, "--model", folder), ("decode", MTP, "--model", folder)
+    ) as both:
         yield both
 
 
@@ -222,7 +262,9 @@ def test_hand_over_carries_every_cache_of_both_mtp_layers(
         tensor_parallel_size=1,
         max_tokens=MAX_TOKENS,
     )
-    assert ids == generate(PROMPTS[0], "--temperature", "0")["token_ids"]  # it runs to MAX_TOKENS, no EOS
+    assert (
+        ids == generate(PROMPTS[0], "--temperature", "0")["token_ids"]
+    )  # it runs to MAX_TOKENS, no EOS
 
 
 # ---- refusals, before anything loads -------------------------------------------------------
@@ -253,7 +295,9 @@ def _half_precision_runs() -> bool:
 
 
 REFUSALS = [
-    pytest.param("arch", [], "config.json `architectures` 'GPT2LMHeadModel' is not supported", id="arch"),
+    pytest.param(
+        "arch", [], "config.json `architectures` 'GPT2LMHeadModel' is not supported", id="arch"
+    ),
     pytest.param(
         "shard",
         [],
@@ -302,7 +346,9 @@ def test_cli_refuses_a_folder_it_cannot_run_in_one_line(
 def test_serve_refuses_a_positional_folder_and_a_different_model(
     folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("fastdeploy_mtp.serving.server.serve", lambda *_: pytest.fail("serve started"))
+    monkeypatch.setattr(
+        "fastdeploy_mtp.serving.server.serve", lambda *_: pytest.fail("serve started")
+    )
     code, out, err = run_cli(["serve", folder, "--model", str(tmp_path)])
     assert code == 2 and err.count("\n") == 1, (code, out, err)
     assert f"the model folder is given twice: {folder!r} and --model {str(tmp_path)!r}" in err

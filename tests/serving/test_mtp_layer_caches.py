@@ -44,7 +44,9 @@ def checkpoint(tmp_path_factory: Any) -> str:
     for i, layer in enumerate(stack.layers):
         for name, p in layer.named_parameters():
             value = shipped[name].numpy()
-            p.set_value((value * (1 + 0.1 * i * rng.standard_normal(value.shape))).astype(np.float32))
+            p.set_value(
+                (value * (1 + 0.1 * i * rng.standard_normal(value.shape))).astype(np.float32)
+            )
     path = str(tmp_path_factory.mktemp("mtp3-checkpoint"))
     save_tiny(path, target, stack, arch3)
     return path
@@ -59,7 +61,9 @@ def expected(checkpoint: str) -> list[str]:
     texts, _, metrics = run_prompts(
         DEMO_PROMPTS, MAX_TOKENS, SpeculativeConfig.from_json(MTP3), 8, "reference", checkpoint
     )
-    assert all(a is not None and a > 0 for a in metrics.acceptance_per_position)  # every layer drafts
+    assert all(
+        a is not None and a > 0 for a in metrics.acceptance_per_position
+    )  # every layer drafts
     return texts
 
 
@@ -67,7 +71,9 @@ def complete_all(url: str, prompts: list[str]) -> list[str]:
     """Every prompt at once (greedy, ``MAX_TOKENS`` each); the texts in prompt order."""
 
     def one(prompt: str) -> str:
-        status, body = http_post(url + "/v1/completions", {"prompt": prompt, "max_tokens": MAX_TOKENS}, timeout=120)
+        status, body = http_post(
+            url + "/v1/completions", {"prompt": prompt, "max_tokens": MAX_TOKENS}, timeout=120
+        )
         assert status == 200, body
         return body["choices"][0]["text"]
 
@@ -75,7 +81,9 @@ def complete_all(url: str, prompts: list[str]) -> list[str]:
         return list(pool.map(one, prompts))
 
 
-def test_serve_at_tp_2_creates_and_attaches_every_mtp_layers_caches(checkpoint: str, expected: list[str]) -> None:
+def test_serve_at_tp_2_creates_and_attaches_every_mtp_layers_caches(
+    checkpoint: str, expected: list[str]
+) -> None:
     srv = ServerProcess(["--model", checkpoint, "--speculative-config", MTP3, *TP2])
     try:
         assert len(srv.worker_pids()) == 2

@@ -59,7 +59,9 @@ def client(url: str) -> openai.OpenAI:
 
 def completion(url: str, **fields: Any) -> Any:
     extra = {k: fields.pop(k) for k in ("best_of",) if k in fields}
-    return client(url).completions.create(model=MODEL, prompt=PROMPT, extra_body=extra or None, **fields)
+    return client(url).completions.create(
+        model=MODEL, prompt=PROMPT, extra_body=extra or None, **fields
+    )
 
 
 def texts(response: Any) -> list[str]:
@@ -74,7 +76,9 @@ def test_choice_i_is_the_one_choice_response_with_choice_i_seed(spec_server, pla
     got = texts(many)
     singles = [completion(url, n=1, seed=choice_seed(SEED, i), **SAMPLED) for i in range(3)]
     assert got == [s.choices[0].text for s in singles]
-    assert got[0] == completion(url, seed=SEED, **SAMPLED).choices[0].text  # n never changes choice 0
+    assert (
+        got[0] == completion(url, seed=SEED, **SAMPLED).choices[0].text
+    )  # n never changes choice 0
     assert len(set(got)) == 3, got  # different seeds sample different texts
     assert [c.finish_reason for c in many.choices] == [s.choices[0].finish_reason for s in singles]
     assert many.usage.prompt_tokens == singles[0].usage.prompt_tokens
@@ -90,10 +94,14 @@ def test_chat_choices_follow_the_same_seeds(spec_server):
     many = c.chat.completions.create(model=MODEL, messages=messages, n=2, seed=SEED, **SAMPLED)
     assert [ch.index for ch in many.choices] == [0, 1]
     singles = [
-        c.chat.completions.create(model=MODEL, messages=messages, seed=choice_seed(SEED, i), **SAMPLED)
+        c.chat.completions.create(
+            model=MODEL, messages=messages, seed=choice_seed(SEED, i), **SAMPLED
+        )
         for i in range(2)
     ]
-    assert [ch.message.content for ch in many.choices] == [s.choices[0].message.content for s in singles]
+    assert [ch.message.content for ch in many.choices] == [
+        s.choices[0].message.content for s in singles
+    ]
     assert many.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
 
 
@@ -109,7 +117,9 @@ def test_greedy_choices_are_identical_and_unseeded_ones_differ(spec_server):
 def test_streamed_choices_reassemble_to_the_whole_ones(spec_server):
     url = spec_server.base_url
     whole = completion(url, n=2, seed=SEED, **SAMPLED)
-    stream = completion(url, n=2, seed=SEED, stream=True, stream_options={"include_usage": True}, **SAMPLED)
+    stream = completion(
+        url, n=2, seed=SEED, stream=True, stream_options={"include_usage": True}, **SAMPLED
+    )
     got, reasons, usage = ["", ""], [[], []], None
     for chunk in stream:
         if chunk.usage is not None:
@@ -126,7 +136,9 @@ def test_streamed_choices_reassemble_to_the_whole_ones(spec_server):
     messages = [{"role": "user", "content": PROMPT}]
     chat = c.chat.completions.create(model=MODEL, messages=messages, n=2, seed=SEED, **SAMPLED)
     parts, roles, finishes = ["", ""], [0, 0], [0, 0]
-    for chunk in c.chat.completions.create(model=MODEL, messages=messages, n=2, seed=SEED, stream=True, **SAMPLED):
+    for chunk in c.chat.completions.create(
+        model=MODEL, messages=messages, n=2, seed=SEED, stream=True, **SAMPLED
+    ):
         for ch in chunk.choices:
             parts[ch.index] += ch.delta.content or ""
             roles[ch.index] += ch.delta.role == "assistant"
@@ -159,7 +171,10 @@ def test_best_of_returns_the_candidates_with_the_highest_cumulative_logprob(spec
 def test_the_router_serves_n_choices_and_best_of(spec_server):
     want = texts(completion(spec_server.base_url, n=2, seed=SEED, **SAMPLED))
     best = texts(completion(spec_server.base_url, best_of=3, seed=SEED, **SAMPLED))
-    with splitwise_instances(("prefill", MTP3), ("decode", MTP3)) as (p, d), splitwise_router(p, d) as url:
+    with (
+        splitwise_instances(("prefill", MTP3), ("decode", MTP3)) as (p, d),
+        splitwise_router(p, d) as url,
+    ):
         assert texts(completion(url, n=2, seed=SEED, **SAMPLED)) == want
         assert texts(completion(url, best_of=3, seed=SEED, **SAMPLED)) == best
 
@@ -242,7 +257,9 @@ def test_a_disconnect_cancels_every_choice():
     backend = FailingChoiceBackend(bad=None)
     app = create_app(backend, "m", load_tokenizer(ASSETS_DIR), eos_token_ids=[])
     with TestClient(app) as tc:
-        with tc.stream("POST", "/v1/completions", json={"prompt": "hi", "n": 2, "stream": True}) as r:
+        with tc.stream(
+            "POST", "/v1/completions", json={"prompt": "hi", "n": 2, "stream": True}
+        ) as r:
             first = next(r.iter_lines())
             assert first.startswith("data: {")
     ids = [req.request_id for req in backend.submitted]
@@ -284,13 +301,21 @@ def test_requests_cancelled_right_after_submission_never_run(random_model):
 
 @pytest.mark.parametrize(
     "field, value",
-    [("n", True), ("n", "2"), ("best_of", True), ("best_of", "3"), ("include_draft_logprobs", "yes")],
+    [
+        ("n", True),
+        ("n", "2"),
+        ("best_of", True),
+        ("best_of", "3"),
+        ("include_draft_logprobs", "yes"),
+    ],
 )
 def test_counts_and_flags_of_another_json_type_are_a_400_naming_the_field(field, value):
     # not coerced (true is not 1, "yes" not true): refused before any request is submitted
     backend = FailingChoiceBackend(bad=0)
     app = create_app(backend, MODEL, load_tokenizer(ASSETS_DIR))  # type: ignore[arg-type]
     with TestClient(app) as http:
-        r = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "logprobs": 0, field: value})
+        r = http.post(
+            "/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "logprobs": 0, field: value}
+        )
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.json()
     assert backend.submitted == []

@@ -78,10 +78,26 @@ class Router:
         self.hosts = hosts
         port = find_free_port_range(1)
         self.url = f"http://{hosts.addresses['router']}:{port}"
-        argv = [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "router", "--port", str(port)]
-        argv += ["--host", hosts.addresses["router"], "--prefill", prefill.base_url, "--decode", decode.base_url]
+        argv = [
+            sys.executable,
+            "-m",
+            "fastdeploy_mtp.entrypoints.cli",
+            "router",
+            "--port",
+            str(port),
+        ]
+        argv += [
+            "--host",
+            hosts.addresses["router"],
+            "--prefill",
+            prefill.base_url,
+            "--decode",
+            decode.base_url,
+        ]
         self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(hosts.command("router", argv), stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            hosts.command("router", argv), stdout=self.log, stderr=subprocess.STDOUT
+        )
         deadline = time.monotonic() + 120
         while not self._healthy():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -100,9 +116,13 @@ class Router:
         """(text, finish reason) of one streamed completion, sent from the router host."""
 
         def run() -> tuple[str, str | None]:
-            c = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+            c = openai.OpenAI(
+                base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120
+            )
             text, reason = "", None
-            for chunk in c.completions.create(model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, stream=True, **fields):
+            for chunk in c.completions.create(
+                model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, stream=True, **fields
+            ):
                 text += chunk.choices[0].text
                 reason = chunk.choices[0].finish_reason or reason
             return text, reason
@@ -165,7 +185,12 @@ def pd(request: Any, hosts: Hosts) -> Iterator[dict[str, Any]]:
             servers.append(instance(hosts, "decode", "decode", tp, "--kv-transport", asked))
             decode[transport] = servers[-1]
             routers.append(Router(hosts, servers[0], servers[-1]))
-        yield {"tp": tp, "prefill": servers[0], "decode": decode, "router": dict(zip(("mooncake", "tcp"), routers))}
+        yield {
+            "tp": tp,
+            "prefill": servers[0],
+            "decode": decode,
+            "router": dict(zip(("mooncake", "tcp"), routers)),
+        }
 
 
 @pytest.mark.parametrize("transport", ["mooncake", "tcp"])
@@ -183,10 +208,14 @@ def test_netns_prefill_and_decode_on_other_hosts_equal_mixed(
     assert [t for t, _ in greedy] == expected["greedy"]
     assert [t for t, _ in seeded] == expected["seeded"]
     assert {r for _, r in greedy + seeded} == {"length"}
-    assert metric(d, series) - before == 2 * len(PROMPTS)  # every request crossed over this transport
+    assert metric(d, series) - before == 2 * len(
+        PROMPTS
+    )  # every request crossed over this transport
     assert metric(d, f'splitwise_kv_transfer_bytes_total{{transport="{transport}"}}') > 0
     assert metric(d, "splitwise_kv_transfer_failures_total") == 0
-    assert metric(d, 'splitwise_kv_transfers_total{transport="shm"}') == 0  # no shared memory across hosts
+    assert (
+        metric(d, 'splitwise_kv_transfers_total{transport="shm"}') == 0
+    )  # no shared memory across hosts
 
 
 def test_netns_a_prefill_instance_killed_mid_transfer(hosts: Hosts) -> None:
@@ -216,10 +245,14 @@ def test_netns_a_prefill_instance_killed_mid_transfer(hosts: Hosts) -> None:
             thread.start()
             deadline = time.monotonic() + 60
             while metric(p, "splitwise_handed_off_total") < 1:
-                assert time.monotonic() < deadline, "the prefill instance never handed the request over"
+                assert time.monotonic() < deadline, (
+                    "the prefill instance never handed the request over"
+                )
                 time.sleep(0.05)
             time.sleep(0.3)  # the decode instance has started reading
-            assert metric(d, "splitwise_kv_transfers_total") == 0, "the transfer finished before the kill"
+            assert metric(d, "splitwise_kv_transfers_total") == 0, (
+                "the transfer finished before the kill"
+            )
             p.kill()
             thread.join(60)
             # its SysV queue, keyed on its own /dev/shm, went with it (the kill removes it)
@@ -246,7 +279,10 @@ def test_netns_each_host_discovers_its_own_address(hosts: Hosts) -> None:
 
     for name in ("prefill", "decode"):
         assert hosts.call(name, discover_host) == hosts.addresses[name]
-    assert hosts.call("decode", address_towards, hosts.addresses["prefill"]) == hosts.addresses["decode"]
+    assert (
+        hosts.call("decode", address_towards, hosts.addresses["prefill"])
+        == hosts.addresses["decode"]
+    )
 
 
 # ---- the bare transfer across the link --------------------------------------------------------
@@ -303,7 +339,11 @@ def test_multihost_kv_source_to_pull_blocks_over_the_link(hosts: Hosts, transpor
     exactly (every offered block's sum, nothing outside the destination blocks)."""
     blocks, block_elems = 512, 8192  # 32 KiB per block per cache; half the blocks offered
     source = subprocess.Popen(
-        hosts.command("prefill", [sys.executable, "-c", _SOURCE, str(blocks), str(block_elems)], private_shm=True),
+        hosts.command(
+            "prefill",
+            [sys.executable, "-c", _SOURCE, str(blocks), str(block_elems)],
+            private_shm=True,
+        ),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -314,7 +354,11 @@ def test_multihost_kv_source_to_pull_blocks_over_the_link(hosts: Hosts, transpor
         sums = json.loads(source.stdout.readline())
         assert json.loads(descriptor)["address"].startswith(f"tcp://{hosts.addresses['prefill']}:")
         pull = subprocess.run(
-            hosts.command("decode", [sys.executable, "-c", _PULL, transport, str(blocks), str(block_elems)], True),
+            hosts.command(
+                "decode",
+                [sys.executable, "-c", _PULL, transport, str(blocks), str(block_elems)],
+                True,
+            ),
             input=descriptor,
             capture_output=True,
             text=True,

@@ -49,10 +49,28 @@ class RouterProcess:
     def __init__(self, prefill: str, decode: str):
         self.port = find_free_port_range(1)
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="fdmtp-router-", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "router", "--port", str(self.port)]
-        cmd += ["--prefill", prefill, "--decode", decode, "--instance-timeout", str(INSTANCE_TIMEOUT)]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.log = tempfile.NamedTemporaryFile(
+            "w+", prefix="fdmtp-router-", suffix=".log", delete=False
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "fastdeploy_mtp.entrypoints.cli",
+            "router",
+            "--port",
+            str(self.port),
+        ]
+        cmd += [
+            "--prefill",
+            prefill,
+            "--decode",
+            decode,
+            "--instance-timeout",
+            str(INSTANCE_TIMEOUT),
+        ]
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         deadline = time.monotonic() + 60
         while True:
             assert self.proc.poll() is None, f"the router exited:\n{self.output()}"
@@ -161,6 +179,8 @@ def test_a_fault_under_load_ends_every_request_and_leaves_nothing(kind: str, sig
 
 
 def teardown_module() -> None:
-    print("\nfault table (kind, signal, requests ending after the fault, failures, slowest end, messages):")
+    print(
+        "\nfault table (kind, signal, requests ending after the fault, failures, slowest end, messages):"
+    )
     for line in TABLE:
         print("  " + line)

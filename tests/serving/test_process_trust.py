@@ -127,7 +127,9 @@ print(json.dumps(qid))
         messaging.remove_msg_queue(port)
 
 
-def test_a_runtime_directory_that_is_not_private_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_a_runtime_directory_that_is_not_private_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     base = runtime_dir.base_dir()
     assert base == tmp_path / "fastdeploy_mtp"
@@ -155,10 +157,14 @@ def test_a_runtime_directory_of_a_live_deployment_is_refused_and_a_dead_ones_rep
     try:
         record = {"pid": other.pid, "start": runtime_dir.process_start(other.pid), "children": []}
         (directory / runtime_dir.OWNER_NAME).write_text(json.dumps(record))
-        with pytest.raises(runtime_dir.RuntimeDirError, match=f"another deployment \\(pid {other.pid}\\)"):
+        with pytest.raises(
+            runtime_dir.RuntimeDirError, match=f"another deployment \\(pid {other.pid}\\)"
+        ):
             runtime_dir.claim(5556)
         # the same pid, but another process (recycled): not the owner
-        (directory / runtime_dir.OWNER_NAME).write_text(json.dumps({**record, "start": record["start"] - 1}))
+        (directory / runtime_dir.OWNER_NAME).write_text(
+            json.dumps({**record, "start": record["start"] - 1})
+        )
         assert runtime_dir.claim(5556) == directory
     finally:
         other.kill()
@@ -186,7 +192,9 @@ def test_a_second_server_on_the_same_device_ids_is_refused_while_the_first_runs(
         timeout=120,
     )
     assert out.returncode == 2  # a bad argument
-    assert "belongs to a running deployment" in out.stderr and f"--device-ids {device}" in out.stderr, out.stderr
+    assert (
+        "belongs to a running deployment" in out.stderr and f"--device-ids {device}" in out.stderr
+    ), out.stderr
     assert complete(server, "hello", 4)  # the first one's names are intact: it still serves
 
 
@@ -226,7 +234,9 @@ def test_sigkill_of_the_main_process_leaves_nothing():
             if not any(left.values()):
                 break
             time.sleep(0.2)
-        assert left == {"children": [], "shm": [], "queue": False, "runtime_dir": False}, f"{left}\n{srv.output()}"
+        assert left == {"children": [], "shm": [], "queue": False, "runtime_dir": False}, (
+            f"{left}\n{srv.output()}"
+        )
         assert "the engine died" in srv.output()
     finally:
         srv.kill()

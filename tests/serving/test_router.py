@@ -51,7 +51,9 @@ class StubState:
     decode_calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     decode_busy: int = 0  # answer this many decode attempts with 429 first
     decode_429s: int = 0  # 429s answered so far
-    decode_closed: list[str] = field(default_factory=list)  # request ids whose stream the router closed early
+    decode_closed: list[str] = field(
+        default_factory=list
+    )  # request ids whose stream the router closed early
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -89,10 +91,20 @@ def prefill_app(name: str, state: StubState) -> FastAPI:
         if prompt.startswith("hang"):
             await asyncio.sleep(3)
         if body["max_tokens"] == 1:
-            out = {"output_token_ids": [65], "finished": True, "finish_reason": "length", "handoff": None}
+            out = {
+                "output_token_ids": [65],
+                "finished": True,
+                "finish_reason": "length",
+                "handoff": None,
+            }
         else:
             handoff = {"prefill": name, "request_id": body["request_id"], "blocks": [3, 1, 4]}
-            out = {"output_token_ids": [65], "finished": False, "finish_reason": None, "handoff": handoff}
+            out = {
+                "output_token_ids": [65],
+                "finished": False,
+                "finish_reason": None,
+                "handoff": handoff,
+            }
         return JSONResponse({"request_id": body["request_id"], **out}, headers=version_headers())
 
     return app
@@ -151,7 +163,9 @@ def decode_app(name: str, state: StubState) -> FastAPI:
                     with state.lock:
                         state.decode_closed.append(rid)
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers=version_headers())
+        return StreamingResponse(
+            events(), media_type="text/event-stream", headers=version_headers()
+        )
 
     return app
 
@@ -174,7 +188,12 @@ def cluster() -> Iterator[Cluster]:
             servers.append(ThreadServer(prefill_app(f"P{i}", state), base + i))
         for i in range(2):
             servers.append(ThreadServer(decode_app(f"D{i}", state), base + 2 + i))
-        yield Cluster(state, [s.url for s in servers[:2]], [s.url for s in servers[2:]], f"http://127.0.0.1:{base + 4}")
+        yield Cluster(
+            state,
+            [s.url for s in servers[:2]],
+            [s.url for s in servers[2:]],
+            f"http://127.0.0.1:{base + 4}",
+        )
     finally:
         for s in servers:
             s.stop()
@@ -193,7 +212,10 @@ def state(cluster: Cluster) -> StubState:
 
 @contextlib.contextmanager
 def router(
-    prefill: list[str], decode: list[str], queue_timeout: float = 10.0, instance_timeout: float = 60.0
+    prefill: list[str],
+    decode: list[str],
+    queue_timeout: float = 10.0,
+    instance_timeout: float = 60.0,
 ) -> Iterator[tuple[str, RouterBackend]]:
     backend = RouterBackend(prefill, decode, queue_timeout, instance_timeout=instance_timeout)
     srv = ThreadServer(router_app(backend, MODEL), find_free_port_range(1))
@@ -230,21 +252,36 @@ def test_completions_stream_and_not_go_prefill_then_decode(cluster, state):
         assert [m.id for m in c.models.list().data] == [MODEL]
         r = c.completions.create(model=MODEL, prompt="hello", max_tokens=6)
         assert r.choices[0].text == expected(6) and r.choices[0].finish_reason == "length"
-        assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (5, 6, 11)
+        assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (
+            5,
+            6,
+            11,
+        )
         (_, pre), (_, dec) = state.prefill_calls[0], state.decode_calls[0]
         greedy = SamplingParams().to_dict()  # no sampling field in the body: greedy, sent to both
-        assert pre == {"request_id": r.id, "prompt_token_ids": list(b"hello"), "max_tokens": 6, "sampling": greedy}
+        assert pre == {
+            "request_id": r.id,
+            "prompt_token_ids": list(b"hello"),
+            "max_tokens": 6,
+            "sampling": greedy,
+        }
         assert dec == {
             "request_id": r.id,
             "prompt_token_ids": list(b"hello"),
             "output_token_ids": [65],
             "max_tokens": 6,
             "sampling": greedy,
-            "handoff": {"prefill": "P0", "request_id": r.id, "blocks": [3, 1, 4]},  # passed on unchanged
+            "handoff": {
+                "prefill": "P0",
+                "request_id": r.id,
+                "blocks": [3, 1, 4],
+            },  # passed on unchanged
         }
         chunks = list(c.completions.create(model=MODEL, prompt="hello", max_tokens=6, stream=True))
         texts = [ch.choices[0].text for ch in chunks]
-        assert texts[0] == "A", "the prefill's first token is streamed on its own, before the decode's"
+        assert texts[0] == "A", (
+            "the prefill's first token is streamed on its own, before the decode's"
+        )
         assert "".join(texts) == expected(6) and chunks[-1].choices[0].finish_reason == "length"
 
 
@@ -253,17 +290,27 @@ def test_chat_stream_with_usage_and_not(cluster, state):
         c = client(url)
         messages = [{"role": "user", "content": "hi"}]
         r = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=5)
-        assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == expected(5)
+        assert r.choices[0].message.role == "assistant" and r.choices[
+            0
+        ].message.content == expected(5)
         prompt_len = len(b"user: hi\nassistant:")
         assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (prompt_len, 5)
         chunks = list(
             c.chat.completions.create(
-                model=MODEL, messages=messages, max_tokens=5, stream=True, stream_options={"include_usage": True}
+                model=MODEL,
+                messages=messages,
+                max_tokens=5,
+                stream=True,
+                stream_options={"include_usage": True},
             )
         )
         assert chunks[0].choices[0].delta.role == "assistant"
-        assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == expected(5)
-        assert chunks[-1].usage.completion_tokens == 5 and chunks[-1].usage.prompt_tokens == prompt_len
+        assert "".join(
+            ch.choices[0].delta.content or "" for ch in chunks if ch.choices
+        ) == expected(5)
+        assert (
+            chunks[-1].usage.completion_tokens == 5 and chunks[-1].usage.prompt_tokens == prompt_len
+        )
 
 
 def test_a_request_that_finishes_at_prefill_never_reaches_decode(cluster, state):
@@ -283,7 +330,9 @@ def test_decode_stop_reason_reaches_the_client(cluster, state):
 
 def test_round_robin_over_instances_and_concurrent_clients(cluster, state):
     async def one(c: Any, i: int) -> str:
-        stream = await c.completions.create(model=MODEL, prompt=f"p{i}", max_tokens=3 + i % 5, stream=True)
+        stream = await c.completions.create(
+            model=MODEL, prompt=f"p{i}", max_tokens=3 + i % 5, stream=True
+        )
         return "".join([ch.choices[0].text async for ch in stream])
 
     async def run(url: str) -> list[str]:
@@ -313,7 +362,9 @@ def test_a_full_decode_instance_is_retried_and_no_request_is_lost(cluster, state
         assert r.choices[0].text == expected(4)
         assert time.monotonic() - t0 >= 0.1, "each 429 asked to wait 0.05 s (Retry-After)"
         assert state.decode_429s == 2
-        assert [n for n, _ in state.decode_calls] == ["D0", "D1", "D0"], "retries rotate the decode instances"
+        assert [n for n, _ in state.decode_calls] == ["D0", "D1", "D0"], (
+            "retries rotate the decode instances"
+        )
         assert len({b["request_id"] for _, b in state.decode_calls}) == 1
         m = metrics(url)
         assert m["fastdeploy:router_decode_retries_total"] == 2
@@ -326,7 +377,10 @@ def test_no_room_within_the_queue_timeout_is_a_503(cluster, state):
         t0 = time.monotonic()
         status, body = post(url + "/v1/completions", {"prompt": "wait", "max_tokens": 4})
         assert status == 503
-        assert "queue timeout" in body["error"]["message"] and cluster.decode[0] in body["error"]["message"]
+        assert (
+            "queue timeout" in body["error"]["message"]
+            and cluster.decode[0] in body["error"]["message"]
+        )
         assert 0.3 <= time.monotonic() - t0 < 5
         assert state.decode_429s >= 3
         assert metrics(url)["fastdeploy:router_requests_failure_total"] == 1
@@ -337,16 +391,25 @@ def test_a_prefill_400_reaches_the_client_as_a_400(cluster, state):
     with router(cluster.prefill[:1], cluster.decode[:1]) as (url, _):
         status, body = post(url + "/v1/completions", {"prompt": "bad prompt", "max_tokens": 4})
         assert status == 400
-        assert body["error"]["param"] == "prompt" and "refused by this instance" in body["error"]["message"]
+        assert (
+            body["error"]["param"] == "prompt"
+            and "refused by this instance" in body["error"]["message"]
+        )
         with pytest.raises(openai.BadRequestError):
-            client(url).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=0)
+            client(url).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=0
+            )
         assert state.decode_calls == []
 
 
 def test_a_refused_stream_keeps_its_status_and_names_the_clients_field(cluster, state):
     with router(cluster.prefill[:1], cluster.decode[:1]) as (url, _):
-        status, body = post(url + "/v1/completions", {"prompt": "bad prompt", "max_tokens": 4, "stream": True})
-        assert status == 400 and body["error"]["param"] == "prompt", body  # not a 200 with an error event
+        status, body = post(
+            url + "/v1/completions", {"prompt": "bad prompt", "max_tokens": 4, "stream": True}
+        )
+        assert status == 400 and body["error"]["param"] == "prompt", (
+            body
+        )  # not a 200 with an error event
         status, body = post(url + "/v1/completions", {"prompt": "ids", "max_tokens": 4})
         assert status == 400 and body["error"]["param"] == "prompt", body
         status, body = post(url + "/v1/completions", {"prompt": "locked", "max_tokens": 4})
@@ -362,7 +425,9 @@ def test_a_silent_instance_is_a_504_naming_it(cluster, state):
 
 def test_a_decode_error_mid_stream_ends_the_stream_with_the_error(cluster, state):
     with router(cluster.prefill[:1], cluster.decode[:1]) as (url, _):
-        stream = client(url).completions.create(model=MODEL, prompt="midfail", max_tokens=8, stream=True)
+        stream = client(url).completions.create(
+            model=MODEL, prompt="midfail", max_tokens=8, stream=True
+        )
         texts = []
         with pytest.raises(openai.APIError, match="decode worker lost"):
             for ch in stream:
@@ -391,7 +456,9 @@ def test_health_is_200_while_one_instance_of_each_role_answers(cluster, state):
 
 def test_a_client_that_disconnects_closes_the_decode_stream(cluster, state):
     with router(cluster.prefill[:1], cluster.decode[:1]) as (url, _):
-        stream = client(url).completions.create(model=MODEL, prompt="slow", max_tokens=400, stream=True)
+        stream = client(url).completions.create(
+            model=MODEL, prompt="slow", max_tokens=400, stream=True
+        )
         chunks = iter(stream)
         first = next(chunks)
         next(chunks)  # a decode token: the decode stream is open
@@ -411,7 +478,9 @@ def test_metrics_say_what_they_count(cluster, state):
         status, text = get(url + "/metrics")
     assert status == 200
     for name in ("routed", "success", "failure", "cancelled"):
-        assert re.search(rf"^# HELP fastdeploy:router_requests_{name}_total \S.+$", text, re.M), name
+        assert re.search(rf"^# HELP fastdeploy:router_requests_{name}_total \S.+$", text, re.M), (
+            name
+        )
     assert re.search(r"^# HELP fastdeploy:router_decode_retries_total .*429", text, re.M)
 
 
@@ -431,7 +500,10 @@ def test_backend_refuses_bad_arguments():
         (["--prefill", "http://127.0.0.1:1"], "--decode"),
         (["--decode", "http://127.0.0.1:1"], "--prefill"),
         (["--prefill", "127.0.0.1:1", "--decode", "http://127.0.0.1:1"], "--prefill '127.0.0.1:1'"),
-        (["--prefill", "http://a:1", "--decode", "http://b:1", "--queue-timeout", "0"], "--queue-timeout"),
+        (
+            ["--prefill", "http://a:1", "--decode", "http://b:1", "--queue-timeout", "0"],
+            "--queue-timeout",
+        ),
     ],
 )
 def test_bad_router_arguments_are_one_line_usage_errors(capsys, args, word):
@@ -449,7 +521,11 @@ def test_router_gives_up_on_instances_that_never_become_healthy(capsys, cluster)
     err = capsys.readouterr().err
     assert code == 1
     assert f"prefill instance {cluster.prefill[0]} healthy" in err
-    assert err.strip().splitlines()[-1].startswith("fastdeploy-mtp: error: not healthy after --start-timeout 0.3 s")
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith("fastdeploy-mtp: error: not healthy after --start-timeout 0.3 s")
+    )
     assert f"decode instance {cluster.dead}" in err
 
 
@@ -465,7 +541,14 @@ def test_router_command_serves_the_prefill_model_name_and_exits_0_on_sigterm(clu
         "--start-timeout",
         "30",
     ]
-    cmd += ["--prefill", cluster.prefill[0], "--decode", cluster.decode[0], "--decode", cluster.decode[1]]
+    cmd += [
+        "--prefill",
+        cluster.prefill[0],
+        "--decode",
+        cluster.decode[0],
+        "--decode",
+        cluster.decode[1],
+    ]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -479,11 +562,18 @@ def test_router_command_serves_the_prefill_model_name_and_exits_0_on_sigterm(clu
             time.sleep(0.1)
         c = client(url)
         assert [m.id for m in c.models.list().data] == [MODEL]  # taken from the prefill instance
-        assert c.completions.create(model=MODEL, prompt="cli", max_tokens=3).choices[0].text == expected(3)
+        assert c.completions.create(model=MODEL, prompt="cli", max_tokens=3).choices[
+            0
+        ].text == expected(3)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
         err = proc.stderr.read() if proc.stderr else ""
-        for line in ("waiting for 1 prefill and 2 decode", "decode instance", "healthy", "listening on"):
+        for line in (
+            "waiting for 1 prefill and 2 decode",
+            "decode instance",
+            "healthy",
+            "listening on",
+        ):
             assert line in err, err
         assert re.search(r"^\[router +\d+\.\d+s\] ", err, re.M), err
     finally:

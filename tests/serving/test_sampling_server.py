@@ -35,12 +35,16 @@ SAMPLED = {"temperature": 0.8, "top_p": 0.9, "seed": 7}
 PROMPTS = DEMO_PROMPTS[:3]
 
 
-def offline_requests(prompts: list[str], sampling: SamplingParams, spec: str = MTP3, max_tokens: int = MAX_TOKENS):
+def offline_requests(
+    prompts: list[str], sampling: SamplingParams, spec: str = MTP3, max_tokens: int = MAX_TOKENS
+):
     """The offline engine's finished requests (the reference)."""
     from fastdeploy_mtp.config import SpeculativeConfig
     from fastdeploy_mtp.entrypoints.offline import run_requests
 
-    reqs, texts, _ = run_requests(prompts, max_tokens, SpeculativeConfig.from_json(spec), 4, "offline", None, sampling)
+    reqs, texts, _ = run_requests(
+        prompts, max_tokens, SpeculativeConfig.from_json(spec), 4, "offline", None, sampling
+    )
     return reqs, texts
 
 
@@ -66,9 +70,15 @@ def complete(url: str, prompt: str, stream: bool = False, **fields: Any) -> tupl
     """(text, finish_reason, logprobs as a dict or None) of one completion, streamed or not
     (streamed: the chunks' texts and logprobs concatenated)."""
     c = client(url)
-    extra = {k: fields.pop(k) for k in ("top_k", "min_p", "repetition_penalty", "stop_token_ids") if k in fields}
+    extra = {
+        k: fields.pop(k)
+        for k in ("top_k", "min_p", "repetition_penalty", "stop_token_ids")
+        if k in fields
+    }
     fields.setdefault("max_tokens", MAX_TOKENS)
-    r = c.completions.create(model=MODEL, prompt=prompt, stream=stream, extra_body=extra or None, **fields)
+    r = c.completions.create(
+        model=MODEL, prompt=prompt, stream=stream, extra_body=extra or None, **fields
+    )
     if not stream:
         ch = r.choices[0]
         return ch.text, ch.finish_reason, None if ch.logprobs is None else ch.logprobs.model_dump()
@@ -92,7 +102,9 @@ def expected_sampled():
     return texts
 
 
-def test_seeded_sample_equals_with_and_without_speculation_and_offline(spec_server, plain_server, expected_sampled):
+def test_seeded_sample_equals_with_and_without_speculation_and_offline(
+    spec_server, plain_server, expected_sampled
+):
     for prompt, want in zip(PROMPTS, expected_sampled):
         for srv in (spec_server, plain_server):
             text, reason, lp = complete(srv.base_url, prompt, **SAMPLED)
@@ -116,7 +128,13 @@ def test_vllm_extra_fields_reach_the_sampler(spec_server, plain_server):
 
 # ---- logprobs ------------------------------------------------------------------------------
 def check_completion_logprobs(lp: dict[str, Any], text: str, n: int, k: int) -> None:
-    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == n
+    assert (
+        len(lp["tokens"])
+        == len(lp["token_logprobs"])
+        == len(lp["top_logprobs"])
+        == len(lp["text_offset"])
+        == n
+    )
     assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
     assert all(o <= len(text) for o in lp["text_offset"])
     for tok, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
@@ -128,7 +146,9 @@ def check_completion_logprobs(lp: dict[str, Any], text: str, n: int, k: int) -> 
             assert top[tok] == pytest.approx(value, abs=1e-5)
 
 
-def test_completion_logprobs_shapes_and_equal_with_and_without_speculation(spec_server, plain_server):
+def test_completion_logprobs_shapes_and_equal_with_and_without_speculation(
+    spec_server, plain_server
+):
     got = {}
     for name, srv in (("spec", spec_server), ("plain", plain_server)):
         text, reason, lp = complete(srv.base_url, PROMPTS[1], logprobs=3, **SAMPLED)
@@ -143,13 +163,17 @@ def test_completion_logprobs_shapes_and_equal_with_and_without_speculation(spec_
     assert t1 == t2 and a["tokens"] == b["tokens"]
     assert a["token_logprobs"] == pytest.approx(b["token_logprobs"], abs=1e-4)
     for x, y in zip(a["top_logprobs"], b["top_logprobs"]):
-        assert x.keys() == y.keys() and [x[t] for t in x] == pytest.approx([y[t] for t in x], abs=1e-4)
+        assert x.keys() == y.keys() and [x[t] for t in x] == pytest.approx(
+            [y[t] for t in x], abs=1e-4
+        )
 
 
 def test_chat_logprobs_in_openai_shape_streamed_and_not(spec_server):
     c = client(spec_server.base_url)
     messages = [{"role": "user", "content": "def add(a, b):"}]
-    kw = dict(model=MODEL, messages=messages, max_tokens=12, logprobs=True, top_logprobs=2, **SAMPLED)
+    kw = dict(
+        model=MODEL, messages=messages, max_tokens=12, logprobs=True, top_logprobs=2, **SAMPLED
+    )
     r = c.chat.completions.create(**kw)
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens == 12
@@ -159,7 +183,10 @@ def test_chat_logprobs_in_openai_shape_streamed_and_not(spec_server):
         assert len(entry.top_logprobs) == 2
         assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
         assert entry.logprob <= entry.top_logprobs[0].logprob + 1e-5
-    assert bytes(b for e in content for b in e.bytes).decode("utf-8", errors="replace") == r.choices[0].message.content
+    assert (
+        bytes(b for e in content for b in e.bytes).decode("utf-8", errors="replace")
+        == r.choices[0].message.content
+    )
     streamed = []
     for chunk in c.chat.completions.create(**kw, stream=True):
         if chunk.choices and chunk.choices[0].logprobs is not None:
@@ -178,9 +205,13 @@ def test_a_stop_string_ends_the_text_before_it(spec_server):
     assert stop and full.index(stop) <= 10
     want = full[: full.index(stop)]
     for stream in (False, True):
-        text, reason, _ = complete(spec_server.base_url, PROMPTS[0], stream=stream, stop=stop, **SAMPLED)
+        text, reason, _ = complete(
+            spec_server.base_url, PROMPTS[0], stream=stream, stop=stop, **SAMPLED
+        )
         assert (text, reason) == (want, "stop")
-    text, reason, _ = complete(spec_server.base_url, PROMPTS[0], stop=["\x00never", stop], **SAMPLED)
+    text, reason, _ = complete(
+        spec_server.base_url, PROMPTS[0], stop=["\x00never", stop], **SAMPLED
+    )
     assert (text, reason) == (want, "stop")
 
 
@@ -220,7 +251,11 @@ def test_a_stop_token_id_ends_the_output_after_it(spec_server):
     ],
 )
 def test_invalid_sampling_values_get_a_400_naming_the_field(spec_server, path, body, param):
-    base = {"prompt": "x"} if path == "completions" else {"messages": [{"role": "user", "content": "x"}]}
+    base = (
+        {"prompt": "x"}
+        if path == "completions"
+        else {"messages": [{"role": "user", "content": "x"}]}
+    )
     status, answer = post(f"{spec_server.base_url}/v1/{path}", {**base, "max_tokens": 4, **body})
     assert status == 400, answer
     assert answer["error"]["param"] == param, answer
@@ -241,7 +276,10 @@ def test_a_greedy_verify_strategy_refuses_temperature():
 
 # ---- through the splitwise router ----------------------------------------------------------
 def test_sampling_stop_and_logprobs_through_the_router_equal_mixed(spec_server, expected_sampled):
-    with splitwise_instances(("prefill", MTP3), ("decode", MTP3)) as (p, d), splitwise_router(p, d) as url:
+    with (
+        splitwise_instances(("prefill", MTP3), ("decode", MTP3)) as (p, d),
+        splitwise_router(p, d) as url,
+    ):
         for prompt, want in zip(PROMPTS[:2], expected_sampled):
             assert complete(url, prompt, **SAMPLED)[:2] == (want, "length")
             assert complete(url, prompt, stream=True, **SAMPLED)[:2] == (want, "length")

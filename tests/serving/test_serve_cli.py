@@ -23,7 +23,11 @@ def test_more_slots_than_kernel_msgmax_carries_is_refused_with_the_fix(capsys):
     assert code == 2
     assert err.count("\n") == 1 and "Traceback" not in err
     assert f"sysctl -w kernel.msgmax={messaging.topk_message_bytes(fits + 1)}" in err
-    assert f"--max-num-seqs {fits + 1}" in err and "kernel.msgmax" in err and f"--max-num-seqs {fits} or fewer" in err
+    assert (
+        f"--max-num-seqs {fits + 1}" in err
+        and "kernel.msgmax" in err
+        and f"--max-num-seqs {fits} or fewer" in err
+    )
 
 
 def test_more_drafts_than_the_message_layout_carries_is_refused(capsys):
@@ -58,5 +62,13 @@ def test_a_tensor_parallel_size_the_heads_do_not_divide_is_refused(capsys):
 def test_a_prefill_instance_is_not_capped_by_kernel_msgmax_but_by_the_first_token_layout(capsys):
     """Its workers send first tokens with mtp_save_first_token (7176 bytes for 256 slots), so
     only more slots than that message has are refused."""
-    code, err = run(capsys, "--splitwise-role", "prefill", "--num-speculative-tokens", "3", "--max-num-seqs", "257")
+    code, err = run(
+        capsys,
+        "--splitwise-role",
+        "prefill",
+        "--num-speculative-tokens",
+        "3",
+        "--max-num-seqs",
+        "257",
+    )
     assert code == 2 and err.count("\n") == 1 and "--max-num-seqs 257" in err and "256" in err

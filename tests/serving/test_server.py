@@ -46,7 +46,9 @@ def expected():
 
 
 def client(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(
+        base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120
+    )
 
 
 def get(server: ServerProcess, path: str) -> tuple[int, str]:
@@ -75,7 +77,9 @@ def test_completions_equal_the_offline_engine(server, expected):
         assert r.usage.completion_tokens == MAX_TOKENS
         assert r.usage.prompt_tokens == len(prompt.encode())
         chunks = list(
-            c.completions.create(model="fastdeploy-mtp-tiny", prompt=prompt, max_tokens=MAX_TOKENS, stream=True)
+            c.completions.create(
+                model="fastdeploy-mtp-tiny", prompt=prompt, max_tokens=MAX_TOKENS, stream=True
+            )
         )
         assert "".join(ch.choices[0].text for ch in chunks) == expected[prompt]
         assert len(chunks) > 2, "streaming should deliver the text in several events"
@@ -91,7 +95,9 @@ def test_chat_completions_stream_and_not(server):
     assert prompt == "user: def add(a, b):\nassistant:"  # the byte model's template
     want = offline([prompt], SPEC)[0]
     c = client(server)
-    r = c.chat.completions.create(model="fastdeploy-mtp-tiny", messages=messages, max_tokens=MAX_TOKENS)
+    r = c.chat.completions.create(
+        model="fastdeploy-mtp-tiny", messages=messages, max_tokens=MAX_TOKENS
+    )
     assert r.choices[0].message.role == "assistant"
     assert r.choices[0].message.content == want
     stream = c.chat.completions.create(
@@ -115,9 +121,13 @@ def test_64_concurrent_streaming_clients(server, expected):
         return "".join([ch.choices[0].text async for ch in stream])
 
     async def run() -> list[str]:
-        c = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        c = openai.AsyncOpenAI(
+            base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300
+        )
         try:
-            return await asyncio.gather(*(one(c, DEMO_PROMPTS[i % len(DEMO_PROMPTS)]) for i in range(64)))
+            return await asyncio.gather(
+                *(one(c, DEMO_PROMPTS[i % len(DEMO_PROMPTS)]) for i in range(64))
+            )
         finally:
             await c.close()
 
@@ -139,37 +149,53 @@ def test_metrics_add_up(server):
     # every generated token is a prefill's first token or emitted by a decode step
     assert d["fastdeploy:spec_decode_num_emitted_tokens_total"] == 3 * (MAX_TOKENS - 1)
     offered = [
-        m[f'fastdeploy:spec_decode_num_draft_tokens_per_pos_total{{method="mtp",position="{i}"}}'] for i in (1, 2, 3)
+        m[f'fastdeploy:spec_decode_num_draft_tokens_per_pos_total{{method="mtp",position="{i}"}}']
+        for i in (1, 2, 3)
     ]
     accepted = [
-        m[f'fastdeploy:spec_decode_num_accepted_tokens_per_pos_total{{method="mtp",position="{i}"}}'] for i in (1, 2, 3)
+        m[
+            f'fastdeploy:spec_decode_num_accepted_tokens_per_pos_total{{method="mtp",position="{i}"}}'
+        ]
+        for i in (1, 2, 3)
     ]
     assert sum(offered) == m["fastdeploy:spec_decode_num_draft_tokens_total"] > 0
     assert sum(accepted) == m["fastdeploy:spec_decode_num_accepted_tokens_total"] > 0
     assert all(a <= o for a, o in zip(accepted, offered))
-    assert accepted[0] >= accepted[1] >= accepted[2], "a draft is accepted only after the ones before it"
+    assert accepted[0] >= accepted[1] >= accepted[2], (
+        "a draft is accepted only after the ones before it"
+    )
     steps = m["fastdeploy:spec_decode_num_decode_steps_total"]
     emitted = m["fastdeploy:spec_decode_num_emitted_tokens_total"]
     # each decode step emits its accepted drafts plus one token of the target's own, except the
     # last step of a request whose max_tokens falls on an accepted draft (no own token then)
     accepted_total = m["fastdeploy:spec_decode_num_accepted_tokens_total"]
-    assert steps + accepted_total - m["fastdeploy:request_success_total"] <= emitted <= steps + accepted_total
+    assert (
+        steps + accepted_total - m["fastdeploy:request_success_total"]
+        <= emitted
+        <= steps + accepted_total
+    )
     assert m["fastdeploy:spec_decode_mean_accepted_length"] == pytest.approx(emitted / steps)
 
 
 def test_a_client_that_disconnects_frees_its_slot(server):
     before = metrics(server)
     c = client(server)
-    stream = c.completions.create(model="fastdeploy-mtp-tiny", prompt=DEMO_PROMPTS[1], max_tokens=900, stream=True)
+    stream = c.completions.create(
+        model="fastdeploy-mtp-tiny", prompt=DEMO_PROMPTS[1], max_tokens=900, stream=True
+    )
     next(iter(stream))
     stream.close()  # hang up mid-generation
     deadline = time.monotonic() + 30
-    while metrics(server)["fastdeploy:request_cancelled_total"] == before.get("fastdeploy:request_cancelled_total", 0):
+    while metrics(server)["fastdeploy:request_cancelled_total"] == before.get(
+        "fastdeploy:request_cancelled_total", 0
+    ):
         assert time.monotonic() < deadline, "the engine did not notice the disconnect"
         time.sleep(0.1)
     m = metrics(server)
     assert m["fastdeploy:num_requests_running"] == 0
-    generated = m["fastdeploy:generation_tokens_total"] - before["fastdeploy:generation_tokens_total"]
+    generated = (
+        m["fastdeploy:generation_tokens_total"] - before["fastdeploy:generation_tokens_total"]
+    )
     assert generated < 900, "the request ran to the end after its client left"
 
 
@@ -187,16 +213,22 @@ def test_a_client_that_disconnects_frees_its_slot(server):
         ({"prompt": "x", "stop": [""]}, 400, "stop"),
     ],
 )
-def test_bad_requests_get_a_4xx_naming_the_field_and_the_server_keeps_serving(server, body, status, param):
+def test_bad_requests_get_a_4xx_naming_the_field_and_the_server_keeps_serving(
+    server, body, status, param
+):
     req = urllib.request.Request(
-        server.base_url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        server.base_url + "/v1/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
     )
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(req, timeout=30)
     assert err.value.code == status
     error = json.loads(err.value.read())["error"]
     assert error["param"] == param and param in error["message"], error
-    r = client(server).completions.create(model="fastdeploy-mtp-tiny", prompt=DEMO_PROMPTS[0], max_tokens=4)
+    r = client(server).completions.create(
+        model="fastdeploy-mtp-tiny", prompt=DEMO_PROMPTS[0], max_tokens=4
+    )
     assert r.usage.completion_tokens == 4
 
 
@@ -206,7 +238,9 @@ def test_tensor_parallel_2_equals_tp_1(expected):
         assert len(srv.worker_pids()) == 2
         c = client(srv)
         for prompt in DEMO_PROMPTS:
-            r = c.completions.create(model="fastdeploy-mtp-tiny", prompt=prompt, max_tokens=MAX_TOKENS)
+            r = c.completions.create(
+                model="fastdeploy-mtp-tiny", prompt=prompt, max_tokens=MAX_TOKENS
+            )
             assert r.choices[0].text == expected[prompt], prompt
     except BaseException:
         srv.kill()
@@ -231,7 +265,9 @@ def server_that_will_lose_a_worker():
 def test_a_killed_worker_fails_requests_in_flight_and_the_server_exits_non_zero():
     with server_that_will_lose_a_worker() as srv:
         c = client(srv)
-        stream = c.completions.create(model="fastdeploy-mtp-tiny", prompt=DEMO_PROMPTS[0], max_tokens=900, stream=True)
+        stream = c.completions.create(
+            model="fastdeploy-mtp-tiny", prompt=DEMO_PROMPTS[0], max_tokens=900, stream=True
+        )
         first = next(iter(stream))
         assert first.choices[0].text is not None
         (worker,) = srv.worker_pids()
@@ -267,7 +303,9 @@ def test_sigterm_with_a_stream_in_flight_stops_cleanly_and_promptly():
             for _ in stream:  # ends: completed within the grace period, or cut off
                 pass
         assert srv.wait(60) == 0, srv.output()
-        assert time.monotonic() - t0 < 30, "shutdown must not wait for the stream to finish on its own"
+        assert time.monotonic() - t0 < 30, (
+            "shutdown must not wait for the stream to finish on its own"
+        )
     except BaseException:
         srv.kill()
         raise
@@ -276,7 +314,11 @@ def test_sigterm_with_a_stream_in_flight_stops_cleanly_and_promptly():
 
 def test_a_killed_cache_manager_stops_the_server_and_its_names_are_removed():
     with server_that_will_lose_a_worker() as srv:
-        (manager,) = [p for p in srv.children if b"cache_manager" in pathlib.Path(f"/proc/{p}/cmdline").read_bytes()]
+        (manager,) = [
+            p
+            for p in srv.children
+            if b"cache_manager" in pathlib.Path(f"/proc/{p}/cmdline").read_bytes()
+        ]
         os.kill(manager, signal.SIGKILL)  # it cannot remove its names itself
         assert srv.wait(30) == 1, srv.output()
         assert "cache manager" in srv.output() and "exited with code -9" in srv.output()

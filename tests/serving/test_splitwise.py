@@ -52,7 +52,9 @@ def wait_for(predicate: Any, timeout: float = 20.0) -> None:
         time.sleep(0.1)
 
 
-async def complete_all(url: str, prompts: list[str], max_tokens: int = MAX_TOKENS, stagger: float = 0.0) -> list[str]:
+async def complete_all(
+    url: str, prompts: list[str], max_tokens: int = MAX_TOKENS, stagger: float = 0.0
+) -> list[str]:
     """Every prompt at once (request i ``stagger * i`` s late), half of them streamed."""
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
@@ -63,7 +65,9 @@ async def complete_all(url: str, prompts: list[str], max_tokens: int = MAX_TOKEN
                 model="fastdeploy-mtp-tiny", prompt=prompt, max_tokens=max_tokens, stream=True
             )
             return "".join([c.choices[0].text async for c in stream if c.choices])
-        out = await client.completions.create(model="fastdeploy-mtp-tiny", prompt=prompt, max_tokens=max_tokens)
+        out = await client.completions.create(
+            model="fastdeploy-mtp-tiny", prompt=prompt, max_tokens=max_tokens
+        )
         return out.choices[0].text
 
     try:
@@ -75,7 +79,10 @@ async def complete_all(url: str, prompts: list[str], max_tokens: int = MAX_TOKEN
 def blocks_all_back(*servers: ServerProcess) -> bool:
     for srv in servers:
         m = metrics(srv.base_url)
-        if m["fastdeploy:splitwise_kv_blocks_held"] != 0 or m["fastdeploy:num_requests_running"] != 0:
+        if (
+            m["fastdeploy:splitwise_kv_blocks_held"] != 0
+            or m["fastdeploy:num_requests_running"] != 0
+        ):
             return False
     return True
 
@@ -112,7 +119,9 @@ def test_demo_prompts_through_prefill_and_decode_equal_mixed(mtp3, expected_mtp3
     def delta(name: str) -> float:
         return after[f"fastdeploy:{name}"] - before[f"fastdeploy:{name}"]
 
-    assert delta(f'splitwise_kv_transfers_total{{transport="{transport}"}}') == n  # counted per transport
+    assert (
+        delta(f'splitwise_kv_transfers_total{{transport="{transport}"}}') == n
+    )  # counted per transport
     assert delta("splitwise_kv_transfers_total") == n
     assert delta(f'splitwise_kv_transfer_bytes_total{{transport="{transport}"}}') > 0
     # the decode instance's first verify round checked the prefill instance's 3 drafts per
@@ -129,7 +138,10 @@ def test_a_decode_instance_that_holds_the_prefix_pulls_only_the_rest(mtp3, trans
     instance's own cache, and the transfer moves only the blocks after it."""
     p, d = mtp3["prefill"], mtp3[transport]
     system = f"[{transport}] The harbor office answers questions about ships and tides, briefly. "
-    prompts = [system + q for q in ("Which ship left first?", "When is the next tide?", "Who keeps the lamp?")]
+    prompts = [
+        system + q
+        for q in ("Which ship left first?", "When is the next tide?", "Who keeps the lamp?")
+    ]
     name = f'fastdeploy:splitwise_kv_transfer_bytes_total{{transport="{transport}"}}'
     got = []
     with router(p, d) as url:
@@ -175,10 +187,13 @@ def test_instances_refuse_openai_requests_and_foreign_handoffs(mtp3):
     status, body = post(p.base_url + "/v1/completions", {"prompt": "x", "max_tokens": 2})
     assert status == 400 and "router" in body["error"]["message"]
     status, first = splitwise_post(
-        p.base_url + "/v1/splitwise/prefill", {"request_id": "f1", "prompt_token_ids": [100, 101, 102], "max_tokens": 8}
+        p.base_url + "/v1/splitwise/prefill",
+        {"request_id": "f1", "prompt_token_ids": [100, 101, 102], "max_tokens": 8},
     )
     assert status == 200 and first["finished"] is False and len(first["output_token_ids"]) == 1
-    assert len(first["draft_token_ids"]) == 3 and all(0 <= t < 512 for t in first["draft_token_ids"])
+    assert len(first["draft_token_ids"]) == 3 and all(
+        0 <= t < 512 for t in first["draft_token_ids"]
+    )
     handoff = first["handoff"]
     request = {
         "request_id": "f1",
@@ -189,14 +204,20 @@ def test_instances_refuse_openai_requests_and_foreign_handoffs(mtp3):
     # a prefill instance of this deployment with one more MTP layer (signed: it holds the secret)
     bad = json.loads(json.dumps(handoff))
     bad["kv"]["layout"]["caches"] += bad["kv"]["layout"]["caches"][-2:]  # one more MTP layer's pair
-    status, body = splitwise_post(d.base_url + "/v1/splitwise/decode", {**request, "handoff": resigned(bad, request)})
+    status, body = splitwise_post(
+        d.base_url + "/v1/splitwise/decode", {**request, "handoff": resigned(bad, request)}
+    )
     assert status == 400 and "first unmatched: mtp layer 0 key" in body["error"]["message"], body
     bad = json.loads(json.dumps(handoff))
     del bad["state"]["draft"]["pre_ids"]
-    status, body = splitwise_post(d.base_url + "/v1/splitwise/decode", {**request, "handoff": resigned(bad, request)})
+    status, body = splitwise_post(
+        d.base_url + "/v1/splitwise/decode", {**request, "handoff": resigned(bad, request)}
+    )
     assert status == 400 and "pre_ids" in body["error"]["message"], body
     # the real handoff still works after the refusals
-    status, events = splitwise_post(d.base_url + "/v1/splitwise/decode", {**request, "handoff": handoff})
+    status, events = splitwise_post(
+        d.base_url + "/v1/splitwise/decode", {**request, "handoff": handoff}
+    )
     assert status == 200 and events[-1] == {"finish_reason": "length"}
     assert sum(len(e.get("token_ids", [])) for e in events) == 8 - 1
     wait_for(lambda: blocks_all_back(p, d))
@@ -220,15 +241,19 @@ def test_a_second_instance_with_the_same_device_ids_is_refused(mtp3):
         text=True,
         timeout=120,
     )
-    assert out.returncode == 2 and "--device-ids" in out.stderr and "belongs to a running deployment" in out.stderr, (
-        out.stderr
-    )
+    assert (
+        out.returncode == 2
+        and "--device-ids" in out.stderr
+        and "belongs to a running deployment" in out.stderr
+    ), out.stderr
 
 
 # ---- faults ----------------------------------------------------------------------------------
 def test_a_full_decode_instance_back_pressures_the_router_and_nothing_is_lost(mtp3, expected_mtp3):
     with (
-        instances(("decode", MTP3, "--max-num-seqs", "1", "--max-waiting-requests", "1")) as (small,),
+        instances(("decode", MTP3, "--max-num-seqs", "1", "--max-waiting-requests", "1")) as (
+            small,
+        ),
         router(mtp3["prefill"], small) as url,
     ):
         got = asyncio.run(complete_all(url, DEMO_PROMPTS[:5]))
@@ -237,7 +262,9 @@ def test_a_full_decode_instance_back_pressures_the_router_and_nothing_is_lost(mt
     assert retries > 0  # the decode instance said 429 and the router waited instead of dropping
 
 
-def test_a_prefill_instance_that_dies_or_lets_the_hold_expire_fails_the_request_on_the_decode_side(mtp3):
+def test_a_prefill_instance_that_dies_or_lets_the_hold_expire_fails_the_request_on_the_decode_side(
+    mtp3,
+):
     d_tcp, d_shm = mtp3["tcp"], mtp3["shm"]
     shm_before = shm_names()
     p = instance("prefill", MTP3, "--kv-hold-timeout", "2")
@@ -264,7 +291,9 @@ def test_a_prefill_instance_that_dies_or_lets_the_hold_expire_fails_the_request_
         #    a decode instance that asks later is told the offer expired
         prefill("late")
         assert metrics(p.base_url)["fastdeploy:splitwise_kv_blocks_held"] > 0
-        wait_for(lambda: metrics(p.base_url)["fastdeploy:splitwise_kv_blocks_held"] == 0, timeout=30)
+        wait_for(
+            lambda: metrics(p.base_url)["fastdeploy:splitwise_kv_blocks_held"] == 0, timeout=30
+        )
         _, events = decode(d_tcp, "late")
         assert "error" in events[-1] and "expired" in events[-1]["error"]["message"], events
         # 2. two more requests are handed off, then the prefill instance dies before any
@@ -277,7 +306,9 @@ def test_a_prefill_instance_that_dies_or_lets_the_hold_expire_fails_the_request_
     wait_for(lambda: not any(alive(c) for c in p.children), timeout=30)
     try:
         # and they removed its names
-        wait_for(lambda: not own_names(shm_names() - shm_before, p.queue_port, p.device_ids), timeout=30)
+        wait_for(
+            lambda: not own_names(shm_names() - shm_before, p.queue_port, p.device_ids), timeout=30
+        )
     except AssertionError:
         raise AssertionError(
             f"the killed prefill instance's children left "
@@ -298,14 +329,17 @@ def test_a_prefill_instance_that_dies_or_lets_the_hold_expire_fails_the_request_
     # ... and free the blocks they had given the requests, and go on serving
     wait_for(lambda: blocks_all_back(d_tcp, d_shm))
     with router(mtp3["prefill"], d_tcp) as url:
-        assert asyncio.run(complete_all(url, DEMO_PROMPTS[:2])) == offline(DEMO_PROMPTS[:2], spec=MTP3)
+        assert asyncio.run(complete_all(url, DEMO_PROMPTS[:2])) == offline(
+            DEMO_PROMPTS[:2], spec=MTP3
+        )
 
 
 def test_tensor_parallel_prefill_and_decode_and_a_tp_mismatch(mtp3):
     tp2 = ("--tensor-parallel-size", "2")
     with (
         instances(
-            ("prefill", MTP3, *tp2, "--kv-hold-timeout", "3"), ("decode", MTP3, *tp2, "--kv-transport", "tcp")
+            ("prefill", MTP3, *tp2, "--kv-hold-timeout", "3"),
+            ("decode", MTP3, *tp2, "--kv-transport", "tcp"),
         ) as (
             p,
             d,

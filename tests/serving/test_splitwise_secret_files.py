@@ -48,7 +48,11 @@ def test_splitwise_with_secret_files_only(tmp_path: Path):
             backend = RouterBackend([p.base_url], [d.base_url], 60.0, secret=secret)
             srv = ThreadServer(router_app(backend, "fastdeploy-mtp-tiny"), find_free_port_range(1))
             try:
-                r = httpx.post(srv.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 16}, timeout=120)
+                r = httpx.post(
+                    srv.url + "/v1/completions",
+                    json={"prompt": prompt, "max_tokens": 16},
+                    timeout=120,
+                )
             finally:
                 srv.stop()
             assert r.status_code == status, r.text
@@ -78,8 +82,18 @@ print(json.dumps(codes))
         after = scrape_metrics(d.base_url)['fastdeploy:dropped_messages_total{channel="http"}']
         assert after - before == 2
         # the API key of a client does not open the splitwise endpoints either; the router token does
-        assert splitwise_post(d.base_url + "/v1/splitwise/decode", {}, secret=read_secret_file(theirs))[0] == 401
-        assert splitwise_post(d.base_url + "/v1/splitwise/decode", {}, secret=read_secret_file(ours))[0] == 400
+        assert (
+            splitwise_post(
+                d.base_url + "/v1/splitwise/decode", {}, secret=read_secret_file(theirs)
+            )[0]
+            == 401
+        )
+        assert (
+            splitwise_post(d.base_url + "/v1/splitwise/decode", {}, secret=read_secret_file(ours))[
+                0
+            ]
+            == 400
+        )
     except BaseException:
         stop_all(started)
         raise

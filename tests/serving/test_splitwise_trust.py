@@ -31,13 +31,20 @@ OTHER_TEXT = "The quick brown fox jumps over the lazy dog."
 @pytest.fixture(scope="module")
 def pd():
     """A prefill instance and a decode instance (KV over TCP, the cross-host path)."""
-    with splitwise_instances(("prefill", MTP3), ("decode", MTP3, "--kv-transport", "tcp")) as (p, d):
+    with splitwise_instances(("prefill", MTP3), ("decode", MTP3, "--kv-transport", "tcp")) as (
+        p,
+        d,
+    ):
         yield p, d
 
 
 def prefill(p: Any, request_id: str, text: str) -> dict[str, Any]:
     """The decode request body of ``text`` after the prefill instance's hand-over."""
-    body = {"request_id": request_id, "prompt_token_ids": list(text.encode()), "max_tokens": MAX_TOKENS}
+    body = {
+        "request_id": request_id,
+        "prompt_token_ids": list(text.encode()),
+        "max_tokens": MAX_TOKENS,
+    }
     status, first = splitwise_post(p.base_url + "/v1/splitwise/prefill", body)
     assert status == 200 and first["handoff"], first
     return {**body, "output_token_ids": first["output_token_ids"], "handoff": first["handoff"]}
@@ -83,7 +90,9 @@ print(json.dumps(answers))
     assert after["fastdeploy:splitwise_kv_blocks_held"] > 0  # nothing was released
     status, events = decode(d, victim)
     assert status == 200
-    assert decoded_text(victim, events) == offline([VICTIM_TEXT], spec=MTP3, max_tokens=MAX_TOKENS)[0]
+    assert (
+        decoded_text(victim, events) == offline([VICTIM_TEXT], spec=MTP3, max_tokens=MAX_TOKENS)[0]
+    )
 
 
 def test_a_hand_over_changed_on_the_way_is_refused_and_the_victim_still_decodes(pd):
@@ -92,7 +101,9 @@ def test_a_hand_over_changed_on_the_way_is_refused_and_the_victim_still_decodes(
     mine = prefill(p, "mine-2", OTHER_TEXT)
     before = scrape_metrics(d.base_url)
     redirected = json.loads(json.dumps(mine))
-    n = len(mine["handoff"]["kv"]["block_ids"])  # as many of the victim's blocks as the decode side expects
+    n = len(
+        mine["handoff"]["kv"]["block_ids"]
+    )  # as many of the victim's blocks as the decode side expects
     redirected["handoff"]["kv"]["block_ids"] = victim["handoff"]["kv"]["block_ids"][:n]
     state = redirected["handoff"]["state"]["target"]
     inconsistent = []
@@ -117,13 +128,20 @@ def test_a_hand_over_changed_on_the_way_is_refused_and_the_victim_still_decodes(
         status, body = decode(d, {**bad, "handoff": resigned(bad["handoff"], bad)})
         assert status == 400 and name in body["error"]["message"], (name, body)
     # ... and block ids that are not the offer's make the pull fail before a byte is read
-    status, events = decode(d, {**redirected, "handoff": resigned(redirected["handoff"], redirected)})
+    status, events = decode(
+        d, {**redirected, "handoff": resigned(redirected["handoff"], redirected)}
+    )
     assert status == 200 and "error" in events[-1], events
-    assert "`block_ids` differs from what the prefill instance offered" in events[-1]["error"]["message"]
+    assert (
+        "`block_ids` differs from what the prefill instance offered"
+        in events[-1]["error"]["message"]
+    )
     after = scrape_metrics(d.base_url)
     key = 'fastdeploy:dropped_messages_total{channel="handoff"}'
     assert after[key] - before[key] == 6 + len(inconsistent)
     # the victim's KV was neither read nor released: it decodes as the mixed engine does
     status, events = decode(d, victim)
     assert status == 200
-    assert decoded_text(victim, events) == offline([VICTIM_TEXT], spec=MTP3, max_tokens=MAX_TOKENS)[0]
+    assert (
+        decoded_text(victim, events) == offline([VICTIM_TEXT], spec=MTP3, max_tokens=MAX_TOKENS)[0]
+    )

@@ -81,9 +81,10 @@ def test_a_served_step_reports_decode_slots_and_forward_tokens_as_the_in_process
     # the comparison below means something: some steps mix prompt chunks with decoding slots (a
     # decoding slot feeds at most K + 1 tokens: more in the forward means a chunk), and a
     # forward's tokens are not the tokens it emitted
-    assert any(any(s["decode_mask"]) and s["num_tokens"] > sum(s["decode_mask"]) * (K + 1) for s in expected), (
-        "no step mixes prompt chunks with decoding slots"
-    )
+    assert any(
+        any(s["decode_mask"]) and s["num_tokens"] > sum(s["decode_mask"]) * (K + 1)
+        for s in expected
+    ), "no step mixes prompt chunks with decoding slots"
     assert any(s["num_tokens"] != sum(s["accept_num"]) for s in expected)
     assert len(served) == len(expected)
     for field in ("decode_mask", "num_tokens", "accept_num", "drafts", "stop_flags"):

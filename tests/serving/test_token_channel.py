@@ -44,7 +44,9 @@ class _Host:
         return self.a
 
 
-def _step(n: int, width: int, seed: int, prefilling: tuple[int, ...] = ()) -> tuple[SimpleNamespace, SimpleNamespace]:
+def _step(
+    n: int, width: int, seed: int, prefilling: tuple[int, ...] = ()
+) -> tuple[SimpleNamespace, SimpleNamespace]:
     rng = np.random.default_rng(seed)
     out = SimpleNamespace(
         accept_tokens=rng.integers(0, 50_000, [n, width], dtype=np.int64),
@@ -52,7 +54,9 @@ def _step(n: int, width: int, seed: int, prefilling: tuple[int, ...] = ()) -> tu
     )
     dec = np.full([n, 1], 100, np.int32)
     dec[list(prefilling), 0] = 3
-    inputs = SimpleNamespace(seq_lens_decoder=_Host(dec), prompt_lens=_Host(np.full([n, 1], 10, np.int64)))
+    inputs = SimpleNamespace(
+        seq_lens_decoder=_Host(dec), prompt_lens=_Host(np.full([n, 1], 10, np.int64))
+    )
     return out, inputs
 
 
@@ -94,7 +98,9 @@ def test_a_segment_is_created_once_and_a_dead_runs_is_replaced(name):
     with pytest.raises(TokenChannelError, match=f"running deployment \\(pid {os.getpid()}\\)"):
         ShmTokenReader(name, 2, 2)
     reader.close()
-    fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_WRONLY, 0o600)  # a dead run's (no live creator)
+    fd = os.open(
+        f"/dev/shm/{name}", os.O_CREAT | os.O_WRONLY, 0o600
+    )  # a dead run's (no live creator)
     os.write(fd, b"\0" * 64)
     os.close(fd)
     ShmTokenReader(name, 2, 2).close()
@@ -129,7 +135,9 @@ def test_the_writer_attaches_only_the_engines_private_segment(name):
 
 def test_capacity_rule():
     common = dict(block_size=16, block_bytes=1 << 10, max_model_len=1024, k=3, slot_cap=256, tp=1)
-    plan = plan_capacity(**common, max_num_seqs=None, kv_memory=8 << 20, max_num_batched_tokens=None)
+    plan = plan_capacity(
+        **common, max_num_seqs=None, kv_memory=8 << 20, max_num_batched_tokens=None
+    )
     assert plan.max_num_seqs == min(256, 8192 // (16 + 3)) and plan.total_block_num == 8192
     assert plan.max_num_batched_tokens == max(256, plan.max_num_seqs * 4 + 64)
     plan = plan_capacity(**common, max_num_seqs=2, kv_memory=8 << 20, max_num_batched_tokens=9)
@@ -138,7 +146,11 @@ def test_capacity_rule():
         plan_capacity(**common, max_num_seqs=2, kv_memory=8 << 20, max_num_batched_tokens=8)
     with pytest.raises(ValueError, match="--kv-cache-memory"):
         plan_capacity(**common, max_num_seqs=None, kv_memory=10 << 10, max_num_batched_tokens=None)
-    assert parse_memory("auto") is None and parse_memory("2GiB") == 2 << 30 and parse_memory("1.5k") == 1500
+    assert (
+        parse_memory("auto") is None
+        and parse_memory("2GiB") == 2 << 30
+        and parse_memory("1.5k") == 1500
+    )
 
 
 def run(capsys, *args: str) -> tuple[int, str]:
@@ -191,7 +203,9 @@ def test_shm_serves_64_slots_beyond_the_sysv_limit(expected):
 
         def watch() -> None:
             while not done.is_set():
-                peak[0] = max(peak[0], scrape_metrics(srv.base_url).get("fastdeploy:num_requests_running", 0))
+                peak[0] = max(
+                    peak[0], scrape_metrics(srv.base_url).get("fastdeploy:num_requests_running", 0)
+                )
                 time.sleep(0.02)
 
         watcher = threading.Thread(target=watch)
@@ -209,10 +223,16 @@ def test_shm_serves_64_slots_beyond_the_sysv_limit(expected):
 
 def test_sysv_channel_serves_through_fastdeploys_message(expected):
     args = ["--speculative-config", SPEC, "--token-channel", "sysv", "--no-enable-prefix-caching"]
-    with contextlib.contextmanager(serving)(args, slots=None) as srv:  # serve's own default for sysv
+    with contextlib.contextmanager(serving)(
+        args, slots=None
+    ) as srv:  # serve's own default for sysv
         log = srv.output()
         fits = messaging.topk_slots_within(messaging.read_msgmax())
-        assert f"{min(8, fits)} slots" in log and "token channel sysv" in log and "prefix caching off" in log
+        assert (
+            f"{min(8, fits)} slots" in log
+            and "token channel sysv" in log
+            and "prefix caching off" in log
+        )
         with ThreadPoolExecutor(4) as pool:
             texts = list(pool.map(lambda p: _complete(srv.base_url, p), DEMO_PROMPTS[:4]))
         assert texts == expected[:4]

@@ -15,7 +15,12 @@ from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
 from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import InvalidRequestError, Request
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
-from fastdeploy_mtp.splitwise.handoff import HandoffError, check_slot_state, export_slot, first_drafts
+from fastdeploy_mtp.splitwise.handoff import (
+    HandoffError,
+    check_slot_state,
+    export_slot,
+    first_drafts,
+)
 from tests.support.engines import build_random_model, make_config, make_requests
 from tests.support.pd import LocalPD, role_config
 
@@ -32,11 +37,18 @@ def random_model():
 
 def demo_requests(max_tokens=40):
     tok = ByteTokenizer()
-    return [Request(f"p{i}", tok.encode(p), max_tokens=max_tokens + 3 * i) for i, p in enumerate(DEMO_PROMPTS)]
+    return [
+        Request(f"p{i}", tok.encode(p), max_tokens=max_tokens + 3 * i)
+        for i, p in enumerate(DEMO_PROMPTS)
+    ]
 
 
-@pytest.mark.parametrize(("k", "steps", "hybrid"), [(1, 1, False), (3, 3, False), (3, 1, True), (0, 1, False)])
-def test_demo_prompts_pd_equals_mixed_and_the_first_round_uses_the_prefill_drafts(shipped, k, steps, hybrid):
+@pytest.mark.parametrize(
+    ("k", "steps", "hybrid"), [(1, 1, False), (3, 3, False), (3, 1, True), (0, 1, False)]
+)
+def test_demo_prompts_pd_equals_mixed_and_the_first_round_uses_the_prefill_drafts(
+    shipped, k, steps, hybrid
+):
     target, mtp, arch = shipped
     reqs = demo_requests()
     longest = max(len(r.prompt_token_ids) + r.max_tokens for r in reqs) + 2 * k + 8
@@ -52,7 +64,10 @@ def test_demo_prompts_pd_equals_mixed_and_the_first_round_uses_the_prefill_draft
         # the decode engine's first verify round checked the prefill engine's drafts ...
         assert m.handoff_drafts_proposed >= len(reqs) * min(steps, k)
         # ... and accepted some (the shipped MTP layer drafts well at position 1)
-        assert m.handoff_drafts_accepted >= len(reqs) // 2, (m.handoff_drafts_accepted, m.handoff_drafts_proposed)
+        assert m.handoff_drafts_accepted >= len(reqs) // 2, (
+            m.handoff_drafts_accepted,
+            m.handoff_drafts_proposed,
+        )
     else:
         assert m.handoff_drafts_proposed == 0
     # the decode engine emitted every token but the first ones (it ran no prefill) ...
@@ -91,7 +106,9 @@ def test_distinct_mtp_layers_and_adaptive_drafts_through_prefill_and_decode(rand
     cfg.speculative_config.adaptive_draft_length = True
     cfg.speculative_config.adaptive_probe_interval = 2
     reqs = make_requests(12, 6, stagger=2, min_prompt=2, max_prompt=30)
-    mixed = Engine(cfg, target, stack, prefill_chunk_size=5).generate([r.fresh_copy() for r in reqs])
+    mixed = Engine(cfg, target, stack, prefill_chunk_size=5).generate(
+        [r.fresh_copy() for r in reqs]
+    )
     pd = LocalPD(cfg, target, stack, fetch_delay=1, prefill_chunk_size=5)
     assert pd.run([r.fresh_copy() for r in reqs]) == mixed
     assert len(pd.d.runner.proposer.caches) == 6
@@ -108,17 +125,23 @@ def test_slot_state_survives_json_and_is_checked_against_the_decode_engine(rando
     assert ev.finished == [] and h.request.output_token_ids and h.blocks == p.scheduler.held["a"]
     state = json.loads(json.dumps(h.state))
     drafts = first_drafts(state)
-    assert len(drafts) == 3 and drafts == [int(t) for t in p.runner.share_inputs.draft_tokens.numpy()[0, 1:]]
+    assert len(drafts) == 3 and drafts == [
+        int(t) for t in p.runner.share_inputs.draft_tokens.numpy()[0, 1:]
+    ]
     d = Engine(role_config(cfg, "decode"), target, mtp)
     d.runner.check_handoff(state)  # type: ignore[attr-defined]
 
     # another speculation set-up on the decode side: refused, naming the buffer
     other = Engine(role_config(make_config(1, 1), "decode"), target, mtp)
     with pytest.raises(InvalidRequestError, match=r"`handoff`.*draft_tokens"):
-        other.add_transferred(Request("a", [1, 2, 3, 4, 5], 9, output_token_ids=[3], handoff_state=state))
+        other.add_transferred(
+            Request("a", [1, 2, 3, 4, 5], 9, output_token_ids=[3], handoff_state=state)
+        )
     no_mtp = Engine(role_config(make_config(0), "decode"), target, None)
     with pytest.raises(InvalidRequestError, match="MTP"):
-        no_mtp.add_transferred(Request("a", [1, 2, 3, 4, 5], 9, output_token_ids=[3], handoff_state=state))
+        no_mtp.add_transferred(
+            Request("a", [1, 2, 3, 4, 5], 9, output_token_ids=[3], handoff_state=state)
+        )
     bad = json.loads(json.dumps(state))
     bad["draft"]["pre_ids"]["v"] = ["x"]
     with pytest.raises(HandoffError, match="pre_ids"):
@@ -128,9 +151,13 @@ def test_slot_state_survives_json_and_is_checked_against_the_decode_engine(rando
         d.add_transferred(Request("a", [1, 2, 3, 4, 5], 9, output_token_ids=[3], handoff_state=bad))
     assert not d.has_work  # nothing queued by the refusals
     with pytest.raises(InvalidRequestError, match="output_token_ids"):
-        d.add_transferred(Request("a", [1, 2, 3, 4, 5], 9, output_token_ids=[], handoff_state=state))
+        d.add_transferred(
+            Request("a", [1, 2, 3, 4, 5], 9, output_token_ids=[], handoff_state=state)
+        )
     with pytest.raises(InvalidRequestError, match="splitwise_role"):
-        p.add_transferred(Request("a", [1, 2, 3, 4, 5], 9, output_token_ids=[3], handoff_state=state))
+        p.add_transferred(
+            Request("a", [1, 2, 3, 4, 5], 9, output_token_ids=[3], handoff_state=state)
+        )
     # the held blocks are out of circulation until released, and their id cannot be reused
     with pytest.raises(InvalidRequestError, match="still held"):
         p.add_requests([Request("a", [1, 2], max_tokens=2)])
@@ -150,7 +177,9 @@ def test_a_failed_transfer_fails_only_its_request_and_frees_its_blocks(random_mo
     d = Engine(role_config(cfg, "decode"), target, mtp)
     asked: list[tuple[Request, list[int]]] = []
     d.kv_fetcher = lambda req, blocks: asked.append((req, blocks))
-    p.add_requests([Request("ok", [5, 6, 7, 8], max_tokens=6), Request("bad", [9, 10, 11], max_tokens=6)])
+    p.add_requests(
+        [Request("ok", [5, 6, 7, 8], max_tokens=6), Request("bad", [9, 10, 11], max_tokens=6)]
+    )
     handoffs = p.step(0).handed_off
     for h in handoffs:
         r = h.request
@@ -190,7 +219,14 @@ def test_a_failed_transfer_fails_only_its_request_and_frees_its_blocks(random_mo
     p2.add_requests([Request("x", [1, 2, 3], max_tokens=5, sampling=seeded)])
     (h,) = p2.step(0).handed_off
     d.add_transferred(
-        Request("x", [1, 2, 3], 5, output_token_ids=h.request.output_token_ids, handoff_state=h.state, sampling=seeded)
+        Request(
+            "x",
+            [1, 2, 3],
+            5,
+            output_token_ids=h.request.output_token_ids,
+            handoff_state=h.state,
+            sampling=seeded,
+        )
     )
     d.step(steps)
     ((req, _),) = asked[2:]
@@ -200,7 +236,14 @@ def test_a_failed_transfer_fails_only_its_request_and_frees_its_blocks(random_mo
     # without a kv_fetcher the request fails at admission, clearly
     d.kv_fetcher = None
     d.add_transferred(
-        Request("y", [1, 2, 3], 5, output_token_ids=h.request.output_token_ids, handoff_state=h.state, sampling=seeded)
+        Request(
+            "y",
+            [1, 2, 3],
+            5,
+            output_token_ids=h.request.output_token_ids,
+            handoff_state=h.state,
+            sampling=seeded,
+        )
     )
     ev = d.step(steps + 1)
     assert [r.request_id for r, _ in ev.failed] == ["y"] and "kv_fetcher" in str(ev.failed[0][1])
@@ -210,7 +253,9 @@ def test_a_failed_transfer_fails_only_its_request_and_frees_its_blocks(random_mo
 
 
 @pytest.mark.parametrize("chunk", [0, 3, 7], ids=["whole", "chunk3", "chunk7"])
-def test_seeded_sampling_with_penalties_through_prefill_and_decode_equals_mixed(random_model, chunk):
+def test_seeded_sampling_with_penalties_through_prefill_and_decode_equals_mixed(
+    random_model, chunk
+):
     """The mixed engine prefills whole prompts; the prefill instance splits them into chunks
     of ``chunk`` tokens: the first token of a penalised request must not depend on it."""
     target, mtp = random_model
@@ -218,7 +263,9 @@ def test_seeded_sampling_with_penalties_through_prefill_and_decode_equals_mixed(
     reqs = make_requests(5, 6, stagger=1)
     kinds = [
         SamplingParams(temperature=0.9, top_p=0.9, seed=1, presence_penalty=1.5),
-        SamplingParams(temperature=1.0, top_k=10, seed=2, repetition_penalty=1.3, frequency_penalty=0.2),
+        SamplingParams(
+            temperature=1.0, top_k=10, seed=2, repetition_penalty=1.3, frequency_penalty=0.2
+        ),
         SamplingParams(),
     ]
     for i, r in enumerate(reqs):
@@ -235,7 +282,9 @@ def test_ignore_eos_through_prefill_and_decode_equals_mixed(random_model):
     the token these requests generate most, so the others end early at it."""
     target, mtp = random_model
     reqs = make_requests(11, 4, stagger=1)
-    plain = Engine(make_config(2, 2, max_num_seqs=3), target, mtp).generate([r.fresh_copy() for r in reqs])
+    plain = Engine(make_config(2, 2, max_num_seqs=3), target, mtp).generate(
+        [r.fresh_copy() for r in reqs]
+    )
     counts = np.bincount([t for out in plain.values() for t in out])
     eos = int(counts.argmax())
     cfg = make_config(2, 2, max_num_seqs=3, eos=(eos,))
@@ -293,7 +342,9 @@ def test_a_decode_request_whose_sampling_differs_from_the_handed_over_slot_is_re
         ("target", "max_dec_len", [-2], ">= 0"),
     ],
 )
-def test_a_hostile_slot_state_is_refused_before_it_reaches_a_step(random_model, part, name, values, word):
+def test_a_hostile_slot_state_is_refused_before_it_reaches_a_step(
+    random_model, part, name, values, word
+):
     target, mtp = random_model
     cfg = make_config(2, 2)
     p = Engine(role_config(cfg, "prefill"), target, mtp)
@@ -303,7 +354,11 @@ def test_a_hostile_slot_state_is_refused_before_it_reaches_a_step(random_model, 
     state[part][name]["v"] = values
     d = Engine(role_config(cfg, "decode"), target, mtp)
     with pytest.raises(InvalidRequestError, match=f"{part}.{name}.*{word}"):
-        d.add_transferred(Request("a", [1, 2, 3], 6, output_token_ids=h.request.output_token_ids, handoff_state=state))
+        d.add_transferred(
+            Request(
+                "a", [1, 2, 3], 6, output_token_ids=h.request.output_token_ids, handoff_state=state
+            )
+        )
     assert not d.has_work
     p.close()
     d.close()
@@ -323,7 +378,14 @@ def _handoffs(cfg, target, mtp, reqs, **kwargs):
         ev = step(s)
         for h in ev.handed_off:
             r = h.request
-            seen.append((list(r.prompt_token_ids), list(r.output_token_ids), json.loads(json.dumps(h.state)), h.blocks))
+            seen.append(
+                (
+                    list(r.prompt_token_ids),
+                    list(r.output_token_ids),
+                    json.loads(json.dumps(h.state)),
+                    h.blocks,
+                )
+            )
         return ev
 
     pd.p.step = recording
@@ -332,7 +394,9 @@ def _handoffs(cfg, target, mtp, reqs, **kwargs):
     return seen
 
 
-@pytest.mark.parametrize(("k", "steps", "hybrid", "chunk"), [(0, 1, False, 0), (3, 3, False, 0), (3, 1, True, 4)])
+@pytest.mark.parametrize(
+    ("k", "steps", "hybrid", "chunk"), [(0, 1, False, 0), (3, 3, False, 0), (3, 1, True, 4)]
+)
 def test_every_real_hand_over_passes_the_history_check_and_each_inconsistency_is_named(
     random_model, k, steps, hybrid, chunk
 ):
@@ -360,12 +424,42 @@ def test_every_real_hand_over_passes_the_history_check_and_each_inconsistency_is
         return bad
 
     cases = [
-        (broken("target", "seq_lens_decoder", 1000), prompt, out, len(blocks), "target.seq_lens_decoder"),
+        (
+            broken("target", "seq_lens_decoder", 1000),
+            prompt,
+            out,
+            len(blocks),
+            "target.seq_lens_decoder",
+        ),
         (broken("target", "step_idx", 1024), prompt, out, len(blocks), "target.step_idx"),
-        (broken("target", "prompt_lens", len(prompt) - 1), prompt, out, len(blocks), "target.prompt_lens"),
-        (broken("target", "seq_lens_encoder", 5), prompt, out, len(blocks), "target.seq_lens_encoder"),
-        (broken("target", "seq_lens_this_time", k + 2), prompt, out, len(blocks), "target.seq_lens_this_time"),
-        (state, [prompt[0] ^ 1, *prompt[1:]], out, len(blocks), "does not start with the request's prompt"),
+        (
+            broken("target", "prompt_lens", len(prompt) - 1),
+            prompt,
+            out,
+            len(blocks),
+            "target.prompt_lens",
+        ),
+        (
+            broken("target", "seq_lens_encoder", 5),
+            prompt,
+            out,
+            len(blocks),
+            "target.seq_lens_encoder",
+        ),
+        (
+            broken("target", "seq_lens_this_time", k + 2),
+            prompt,
+            out,
+            len(blocks),
+            "target.seq_lens_this_time",
+        ),
+        (
+            state,
+            [prompt[0] ^ 1, *prompt[1:]],
+            out,
+            len(blocks),
+            "does not start with the request's prompt",
+        ),
         (state, prompt, [out[0] ^ 1], len(blocks), "continue with the request's first tokens"),
         (state, prompt[:-1], out, len(blocks), "target.prompt_lens"),
         (state, prompt, [], len(blocks), "`output_token_ids` is empty"),

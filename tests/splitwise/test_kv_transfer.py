@@ -35,14 +35,20 @@ SRC_BLOCKS, DST_BLOCKS = 10, 12
 
 
 def make_caches(
-    tp: int, num_blocks: int, seed: int | None, layers: int = TARGET_LAYERS + MTP_LAYERS, dtype: Any = np.float32
+    tp: int,
+    num_blocks: int,
+    seed: int | None,
+    layers: int = TARGET_LAYERS + MTP_LAYERS,
+    dtype: Any = np.float32,
 ) -> list[list[np.ndarray]]:
     """Per rank, ``2 * layers`` arrays ``[num_blocks, *BLOCK_SHAPE]``: random (``seed``) or zeros."""
     rng = np.random.default_rng(seed)
     shape = (num_blocks, *BLOCK_SHAPE)
     if seed is None:
         return [[np.zeros(shape, dtype) for _ in range(2 * layers)] for _ in range(tp)]
-    return [[rng.standard_normal(shape).astype(dtype) for _ in range(2 * layers)] for _ in range(tp)]
+    return [
+        [rng.standard_normal(shape).astype(dtype) for _ in range(2 * layers)] for _ in range(tp)
+    ]
 
 
 def description(
@@ -54,7 +60,9 @@ def description(
 ) -> list[dict[str, Any]]:
     """The cache spec's JSON form of ``target`` + ``mtp`` layers (a key and a value each)."""
     shape = (num_blocks, *block_shape)
-    return describe(key_value_specs("target", target, shape, dtype) + key_value_specs("mtp", mtp, shape, dtype))
+    return describe(
+        key_value_specs("target", target, shape, dtype) + key_value_specs("mtp", mtp, shape, dtype)
+    )
 
 
 def make_layout(tp: int, num_blocks: int, **kwargs: Any) -> KVLayout:
@@ -101,7 +109,9 @@ class Releases:
             self.threads.add(threading.current_thread().name)
 
     def wait(self, count: int = 1, timeout: float = 5.0) -> list[tuple[str, str]]:
-        assert wait_until(lambda: len(self.calls) >= count, timeout), f"on_release calls: {self.calls}"
+        assert wait_until(lambda: len(self.calls) >= count, timeout), (
+            f"on_release calls: {self.calls}"
+        )
         time.sleep(0.15)  # a duplicate call would land within a server-loop period
         return list(self.calls)
 
@@ -130,7 +140,9 @@ def assert_copied(
     for r, (src_rank, dst_rank) in enumerate(zip(src, dst)):
         for c, (s, d) in enumerate(zip(src_rank, dst_rank)):
             for sb, db in zip(src_ids, dst_ids):
-                np.testing.assert_array_equal(d[db], s[sb], err_msg=f"rank {r} cache {c} block {sb}->{db}")
+                np.testing.assert_array_equal(
+                    d[db], s[sb], err_msg=f"rank {r} cache {c} block {sb}->{db}"
+                )
             assert not d[others].any(), f"rank {r} cache {c}: blocks outside {dst_ids} were written"
 
 
@@ -188,13 +200,27 @@ def test_layout_from_dict_names_the_bad_key(change: dict[Any, Any], message: str
     ("decode", "message"),
     [
         (dict(tp=1), "`tensor_parallel_size`: prefill has 2, this decode instance has 1"),
-        (dict(mtp=3), r"prefill has 6 caches per rank, this decode instance 10 \(first unmatched: mtp layer 1 key\)"),
-        (dict(target=1, mtp=2), r"cache 2 \(target layer 1 key\): prefill has target layer 1 key, this decode .* mtp"),
-        (dict(block_shape=(1, 4, 8)), r"cache 0 \(target layer 0 key\): block shape \[2, 4, 8\] on the prefill"),
-        (dict(dtype="bfloat16"), r"cache 0 \(target layer 0 key\): dtype float32 on the prefill, bfloat16 here"),
+        (
+            dict(mtp=3),
+            r"prefill has 6 caches per rank, this decode instance 10 \(first unmatched: mtp layer 1 key\)",
+        ),
+        (
+            dict(target=1, mtp=2),
+            r"cache 2 \(target layer 1 key\): prefill has target layer 1 key, this decode .* mtp",
+        ),
+        (
+            dict(block_shape=(1, 4, 8)),
+            r"cache 0 \(target layer 0 key\): block shape \[2, 4, 8\] on the prefill",
+        ),
+        (
+            dict(dtype="bfloat16"),
+            r"cache 0 \(target layer 0 key\): dtype float32 on the prefill, bfloat16 here",
+        ),
     ],
 )
-def test_layout_check_matches_names_the_first_differing_cache(decode: dict[str, Any], message: str) -> None:
+def test_layout_check_matches_names_the_first_differing_cache(
+    decode: dict[str, Any], message: str
+) -> None:
     prefill = make_layout(2, 10)
     prefill.check_matches(make_layout(2, 12))  # the block counts may differ
     tp = decode.pop("tp", 2)
@@ -205,19 +231,27 @@ def test_layout_check_matches_names_the_first_differing_cache(decode: dict[str, 
 def test_layout_of_inconsistent_caches() -> None:
     caches = make_caches(2, 4, 0)
     caches[1].pop()
-    with pytest.raises(TransferError, match=r"caches\[1\]` must hold 6 arrays \(4 target \+ 2 MTP caches\), got 5"):
+    with pytest.raises(
+        TransferError, match=r"caches\[1\]` must hold 6 arrays \(4 target \+ 2 MTP caches\), got 5"
+    ):
         layout_of(caches)
     caches = make_caches(2, 4, 0)
     caches[1][3] = caches[1][3][:, :, :2]
-    with pytest.raises(TransferError, match=r"caches\[1\]\[3\]` \(target layer 1 value\) has shape"):
+    with pytest.raises(
+        TransferError, match=r"caches\[1\]\[3\]` \(target layer 1 value\) has shape"
+    ):
         layout_of(caches)
     caches = make_caches(2, 4, 0)
     caches[1][2] = caches[1][2].astype(np.float16)
-    with pytest.raises(TransferError, match=r"caches\[1\]\[2\]` \(target layer 1 key\) has dtype float16"):
+    with pytest.raises(
+        TransferError, match=r"caches\[1\]\[2\]` \(target layer 1 key\) has dtype float16"
+    ):
         layout_of(caches)
     caches = make_caches(1, 4, 0)
     caches[0][5] = caches[0][5][:3]
-    with pytest.raises(TransferError, match=r"caches\[0\]\[5\]` \(mtp layer 0 value\) has 3 blocks"):
+    with pytest.raises(
+        TransferError, match=r"caches\[0\]\[5\]` \(mtp layer 0 value\) has 3 blocks"
+    ):
         layout_of(caches)
 
 
@@ -293,7 +327,9 @@ def test_several_offers_and_pulls_are_independent(sources: Any) -> None:
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 @pytest.mark.parametrize("secret", [None, b"s" * 32])
-def test_skip_pulls_only_the_blocks_the_decode_cache_lacks(sources: Any, publish: Any, transport: str, secret) -> None:
+def test_skip_pulls_only_the_blocks_the_decode_cache_lacks(
+    sources: Any, publish: Any, transport: str, secret
+) -> None:
     """``skip``: D's prefix cache already holds the first offered blocks; only the rest are
     read (shm) or sent (tcp: P's reply carries them alone), and the held ones are untouched."""
     data = make_caches(1, SRC_BLOCKS, seed=21)
@@ -301,7 +337,9 @@ def test_skip_pulls_only_the_blocks_the_decode_cache_lacks(sources: Any, publish
     source, releases = sources(src, shm_names=names, secret=secret)
     descriptor = source.offer("skip-req", [4, 0, 8, 2])
     dst = make_caches(1, DST_BLOCKS, seed=None)
-    copied = pull_blocks(descriptor, dst, layout_of(dst), [1, 10, 6, 3], transport=transport, secret=secret, skip=2)
+    copied = pull_blocks(
+        descriptor, dst, layout_of(dst), [1, 10, 6, 3], transport=transport, secret=secret, skip=2
+    )
     assert copied == 2 * layout_of(dst).block_nbytes
     assert_copied(src, dst, [8, 2], [6, 3])  # blocks 1 and 10 (the cached prefix) stay as they were
     assert releases.wait() == [("skip-req", "released")]
@@ -328,7 +366,13 @@ def test_a_fetch_with_a_forged_first_is_refused(sources: Any) -> None:
                 assert header["num_blocks"] == 2
                 continue
             mac = control_mac(key, "fetch", rid, descriptor["token"])  # signs first = 0
-            body = {"op": "fetch", "request_id": rid, "token": descriptor["token"], "mac": mac, "first": 1}
+            body = {
+                "op": "fetch",
+                "request_id": rid,
+                "token": descriptor["token"],
+                "mac": mac,
+                "first": 1,
+            }
             peer.sock.send(json.dumps(body).encode())
             assert peer.sock.poll(5000)
             reply = json.loads(peer.sock.recv_multipart()[0])
@@ -343,7 +387,9 @@ _device_ids = itertools.count()
 
 
 @pytest.fixture
-def publish() -> Iterator[Callable[[list[list[np.ndarray]]], tuple[list[list[np.ndarray]], list[list[str]]]]]:
+def publish() -> Iterator[
+    Callable[[list[list[np.ndarray]]], tuple[list[list[np.ndarray]], list[list[str]]]]
+]:
     """Publish caches as a cache manager does (``set_data_ipc`` under FastDeploy's names, unique
     to the test); returns numpy views of the shared memory and the names. Unpublished after
     the test, which then checks that no name is left in /dev/shm."""
@@ -366,7 +412,9 @@ def publish() -> Iterator[Callable[[list[list[np.ndarray]]], tuple[list[list[np.
     yield make
     for rank_tensors, rank_names in published:
         unpublish_caches(rank_tensors, rank_names)
-    leftovers = [n for _, rank_names in published for n in rank_names if os.path.exists(f"/dev/shm/{n}")]
+    leftovers = [
+        n for _, rank_names in published for n in rank_names if os.path.exists(f"/dev/shm/{n}")
+    ]
     assert leftovers == []
 
 
@@ -410,7 +458,9 @@ def test_every_cache_of_three_mtp_layers_on_every_rank_is_transferred(
     for r in range(tp):
         for c, entry in enumerate(layout.caches):
             if dst[r][c].any():
-                np.testing.assert_array_equal(dst[r][c][[3, 9]], src[r][c][[6, 2]], err_msg=f"rank {r} {entry.label}")
+                np.testing.assert_array_equal(
+                    dst[r][c][[3, 9]], src[r][c][[6, 2]], err_msg=f"rank {r} {entry.label}"
+                )
                 arrived[r, entry.owner] = arrived.get((r, entry.owner), 0) + 1
     assert arrived == {(0, "target"): 4, (0, "mtp"): 6, (1, "target"): 4, (1, "mtp"): 6}
     assert releases.wait() == [("all", "released")]
@@ -434,14 +484,21 @@ def test_bfloat16_caches_travel_as_their_bits(transport: str) -> None:
         src = [[host_view(t) for t in tensors]]
         releases = Releases()
         with KVSource(
-            src, KVLayout.of_caches(src, description(SRC_BLOCKS, dtype="bfloat16")), releases, shm_names=[names]
+            src,
+            KVLayout.of_caches(src, description(SRC_BLOCKS, dtype="bfloat16")),
+            releases,
+            shm_names=[names],
         ) as source:
             dst = [[np.zeros((DST_BLOCKS, *BLOCK_SHAPE), np.int16) for _ in range(6)]]
             layout = KVLayout.of_caches(dst, description(DST_BLOCKS, dtype="bfloat16"))
-            copied = pull_blocks(source.offer("bf16", [7, 3]), dst, layout, [0, 5], transport=transport)
+            copied = pull_blocks(
+                source.offer("bf16", [7, 3]), dst, layout, [0, 5], transport=transport
+            )
             assert copied == 6 * 2 * 2 * 4 * 8 * 2
             assert_copied(src, dst, [7, 3], [0, 5])
-            back = paddle.to_tensor(dst[0][4][[0, 5]]).view(paddle.bfloat16).astype("float32").numpy()
+            back = (
+                paddle.to_tensor(dst[0][4][[0, 5]]).view(paddle.bfloat16).astype("float32").numpy()
+            )
             np.testing.assert_array_equal(back, tensors[4].astype("float32").numpy()[[7, 3]])
             assert releases.wait() == [("bf16", "released")]
     finally:
@@ -464,7 +521,9 @@ def test_shm_pull_fails_when_the_offer_ends_during_the_copy(publish: Any) -> Non
         dst = make_caches(1, DST_BLOCKS, seed=None)
         descriptor = {**descriptor_for(fake.address, [2]), "shm_names": names}
         offer.update(descriptor)
-        with pytest.raises(TransferError, match="refused release: request 'fake' expired; .* may be torn"):
+        with pytest.raises(
+            TransferError, match="refused release: request 'fake' expired; .* may be torn"
+        ):
             pull_blocks(descriptor, dst, layout_of(dst), [7], transport="shm", timeout=5)
         assert [json.loads(f[0])["op"] for f in fake.received] == ["check", "release"]
     finally:
@@ -479,8 +538,12 @@ def test_shm_pull_needs_names_and_published_caches(sources: Any) -> None:
         pull_blocks(source.offer("no-names", [1]), dst, layout_of(dst), [0], transport="shm")
     names = [[f"kvx_test_never_published_{os.getpid()}_{i}" for i in range(6)]]
     named, _ = sources(src, shm_names=names)
-    with pytest.raises(TransferError, match="cannot attach the prefill's cache 'kvx_test_never_published"):
-        pull_blocks(named.offer("missing", [1]), dst, layout_of(dst), [0], transport="shm", timeout=2)
+    with pytest.raises(
+        TransferError, match="cannot attach the prefill's cache 'kvx_test_never_published"
+    ):
+        pull_blocks(
+            named.offer("missing", [1]), dst, layout_of(dst), [0], transport="shm", timeout=2
+        )
     assert all_zero(dst)
     assert named.pending() == ["missing"]  # not released: nothing was copied
 
@@ -510,14 +573,21 @@ class LoopTransport(Transport):
     ) -> dict[str, Any]:
         return {"loop_tag": options.pop("loop_tag", None)}
 
-    def read_fields(self, descriptor: dict[str, Any], layout: KVLayout, where: str) -> dict[str, Any]:
+    def read_fields(
+        self, descriptor: dict[str, Any], layout: KVLayout, where: str
+    ) -> dict[str, Any]:
         return {"loop_tag": descriptor["loop_tag"]}
 
     def usable(self, descriptor: dict[str, Any]) -> bool:
         return descriptor.get("loop_tag") is not None
 
     def pull(
-        self, channel: ControlChannel, descriptor: Descriptor, caches: Any, dst_idx: np.ndarray, timeout: float
+        self,
+        channel: ControlChannel,
+        descriptor: Descriptor,
+        caches: Any,
+        dst_idx: np.ndarray,
+        timeout: float,
     ) -> None:
         _, frames = channel.ask("fetch", timeout)
         entries = descriptor.layout.caches * descriptor.layout.tensor_parallel_size
@@ -527,7 +597,9 @@ class LoopTransport(Transport):
         channel.release(timeout)
 
 
-def test_a_registered_transport_is_offered_pulled_and_chosen(sources: Any, monkeypatch: Any) -> None:
+def test_a_registered_transport_is_offered_pulled_and_chosen(
+    sources: Any, monkeypatch: Any
+) -> None:
     transport_names()  # the shipped transports are loaded before the test adds its own
     monkeypatch.setitem(transport_registry, "loop", LoopTransport())
     src = make_caches(2, SRC_BLOCKS, seed=21)
@@ -543,7 +615,9 @@ def test_a_registered_transport_is_offered_pulled_and_chosen(sources: Any, monke
     plain, _ = sources(src)
     assert plain.offer("p", [1])["loop_tag"] is None
     assert choose_transport("auto", plain.offer("q", [2])) == "tcp"
-    with pytest.raises(TransferError, match="`transport` must be 'tcp', 'mooncake', 'shm' or 'loop', got 'rdma'"):
+    with pytest.raises(
+        TransferError, match="`transport` must be 'tcp', 'mooncake', 'shm' or 'loop', got 'rdma'"
+    ):
         pull_blocks(plain.offer("r", [3]), dst, layout_of(dst), [0], transport="rdma")
     for taken in ("auto", "tcp"):
         with pytest.raises(ValueError, match=f"KV transport name '{taken}' is taken"):
@@ -560,7 +634,9 @@ def test_an_unreleased_offer_expires(sources: Any) -> None:
     assert releases.wait() == [("slow", "expired")]
     assert source.pending() == []
     dst = make_caches(1, DST_BLOCKS, seed=None)
-    with pytest.raises(TransferError, match=r"'slow' expired \(not released within hold_timeout 0.3 s\)"):
+    with pytest.raises(
+        TransferError, match=r"'slow' expired \(not released within hold_timeout 0.3 s\)"
+    ):
         pull_blocks(descriptor, dst, layout_of(dst), [0, 1], timeout=2)
     assert all_zero(dst)
 
@@ -597,7 +673,9 @@ def test_close_releases_pending_offers_and_pulls_then_fail(sources: Any) -> None
         source.offer("c3", [3])
     dst = make_caches(1, DST_BLOCKS, seed=None)
     start = time.monotonic()
-    with pytest.raises(TransferError, match=rf"{descriptor['address']} did not answer check within 0.5 s"):
+    with pytest.raises(
+        TransferError, match=rf"{descriptor['address']} did not answer check within 0.5 s"
+    ):
         pull_blocks(descriptor, dst, layout_of(dst), [0], timeout=0.5)
     assert time.monotonic() - start < 2.5
     assert all_zero(dst)
@@ -629,13 +707,27 @@ def test_a_raising_on_release_does_not_stop_the_source() -> None:
             lambda: (make_caches(1, DST_BLOCKS, None, layers=4), 3),
             r"cache 4 \(mtp layer 0 key\): prefill has mtp layer 0 key, this decode instance has target layer 2 key",
         ),
-        (lambda: (make_caches(1, DST_BLOCKS, None, layers=5), 2), "6 caches per rank, this decode instance 10"),
-        (None, r"cache 0 \(target layer 0 key\): block shape \[2, 4, 8\] on the prefill, \[2, 4, 4\] here"),
-        (lambda: (make_caches(2, DST_BLOCKS, None), 2), "`tensor_parallel_size`: prefill has 1, this decode"),
-        (lambda: (make_caches(1, DST_BLOCKS, None, dtype=np.float16), 2), "dtype float32 on the prefill, float16"),
+        (
+            lambda: (make_caches(1, DST_BLOCKS, None, layers=5), 2),
+            "6 caches per rank, this decode instance 10",
+        ),
+        (
+            None,
+            r"cache 0 \(target layer 0 key\): block shape \[2, 4, 8\] on the prefill, \[2, 4, 4\] here",
+        ),
+        (
+            lambda: (make_caches(2, DST_BLOCKS, None), 2),
+            "`tensor_parallel_size`: prefill has 1, this decode",
+        ),
+        (
+            lambda: (make_caches(1, DST_BLOCKS, None, dtype=np.float16), 2),
+            "dtype float32 on the prefill, float16",
+        ),
     ],
 )
-def test_layout_mismatch_is_refused_before_any_write(sources: Any, make_dst: Any, message: str) -> None:
+def test_layout_mismatch_is_refused_before_any_write(
+    sources: Any, make_dst: Any, message: str
+) -> None:
     src = make_caches(1, SRC_BLOCKS, seed=8)
     source, releases = sources(src)
     if make_dst is None:
@@ -657,7 +749,11 @@ def test_bad_destination_arguments_are_refused_before_any_write(sources: Any) ->
     layout = layout_of(dst)
     refusals = [
         ([0, 1], {}, r"`dst_block_ids` has 2 block\(s\), the prefill offered 3"),
-        ([0, 1, DST_BLOCKS], {}, rf"`dst_block_ids` holds block id {DST_BLOCKS}, outside \[0, {DST_BLOCKS}\)"),
+        (
+            [0, 1, DST_BLOCKS],
+            {},
+            rf"`dst_block_ids` holds block id {DST_BLOCKS}, outside \[0, {DST_BLOCKS}\)",
+        ),
         ([0, -1, 2], {}, "`dst_block_ids` holds block id -1"),
         ([0, 1, 1], {}, "`dst_block_ids` holds block id 1 more than once"),
         ([0, 1.5, 2], {}, "`dst_block_ids` holds 1.5"),
@@ -689,11 +785,17 @@ def test_bad_descriptors_are_refused_before_any_write(sources: Any) -> None:
         ({**good, "token": "short"}, "`token` must be the offer's transfer token"),
         ({**good, "request_id": 7}, "`request_id` must be a non-empty str"),
         ({**good, "address": "ipc:///tmp/x"}, "`address` must be a 'tcp://host:port' str"),
-        ({**good, "block_ids": [1, SRC_BLOCKS]}, rf"`block_ids` holds block id {SRC_BLOCKS}, outside \[0, "),
+        (
+            {**good, "block_ids": [1, SRC_BLOCKS]},
+            rf"`block_ids` holds block id {SRC_BLOCKS}, outside \[0, ",
+        ),
         ({**good, "block_ids": []}, "`block_ids` is empty"),
         ({**good, "num_blocks": "10"}, "`num_blocks` must be an int"),
         ({**good, "layout": {**good["layout"], "dtype": None}}, "`layout`: .*unknown key `dtype`"),
-        ({**good, "layout": make_layout(1, 7).to_dict()}, "`layout` gives target layer 0 key 7 blocks, `num_blocks`"),
+        (
+            {**good, "layout": make_layout(1, 7).to_dict()},
+            "`layout` gives target layer 0 key 7 blocks, `num_blocks`",
+        ),
         ({**good, "shm_names": [["a"]]}, r"`shm_names\[0\]` must hold 6 non-empty names"),
         ({**good, "hold_timeout": -1}, "`hold_timeout` must be a positive number"),
     ]
@@ -732,7 +834,9 @@ def test_source_constructor_refusals() -> None:
         KVSource(src, layout, None)  # type: ignore[arg-type]
     with pytest.raises(TransferError, match=r"`shm_names` must hold one list per rank \(1\)"):
         KVSource(src, layout, lambda r, s: None, shm_names=[["a"] * 6, ["b"] * 6])
-    with pytest.raises(TransferError, match="KVSource: no KV transport takes the option\\(s\\) 'shm_name'"):
+    with pytest.raises(
+        TransferError, match="KVSource: no KV transport takes the option\\(s\\) 'shm_name'"
+    ):
         KVSource(src, layout, lambda r, s: None, shm_name=[["a"] * 6])
     with pytest.raises(TransferError, match=r"`caches` must hold 2 rank\(s\), got 1"):
         KVSource(src, make_layout(2, SRC_BLOCKS), lambda r, s: None)
@@ -809,7 +913,9 @@ def test_a_source_that_never_answers_times_out() -> None:
         timeout = 1.0
         start = time.monotonic()
         with pytest.raises(TransferError, match=rf"{fake.address} did not answer check within 1 s"):
-            pull_blocks(descriptor_for(fake.address, [1, 2]), dst, layout_of(dst), [0, 1], timeout=timeout)
+            pull_blocks(
+                descriptor_for(fake.address, [1, 2]), dst, layout_of(dst), [0, 1], timeout=timeout
+            )
         assert time.monotonic() - start < timeout + 2
         assert wait_until(lambda: len(fake.received) == 1)
         assert json.loads(fake.received[0][0]) == {
@@ -826,7 +932,11 @@ def test_a_source_that_never_answers_times_out() -> None:
 @pytest.mark.parametrize(
     ("header", "frame_bytes", "message"),
     [
-        ({"frames": 6, "num_blocks": 2}, [512] * 5 + [511], r"data frame 5 \(rank 0, mtp layer 0 value\) has 511"),
+        (
+            {"frames": 6, "num_blocks": 2},
+            [512] * 5 + [511],
+            r"data frame 5 \(rank 0, mtp layer 0 value\) has 511",
+        ),
         ({"frames": 6, "num_blocks": 2}, [512] * 5, "5 data frames, expected 6"),
         ({"frames": 5, "num_blocks": 2}, [512] * 6, "header `frames` is 5, expected 6"),
         ({"frames": 6, "num_blocks": 3}, [768] * 6, "header `num_blocks` is 3, expected 2"),
@@ -849,7 +959,9 @@ def test_a_wrong_sized_reply_is_refused_before_any_write(
     try:
         dst = make_caches(1, DST_BLOCKS, seed=None)
         with pytest.raises(TransferError, match=message):
-            pull_blocks(descriptor_for(fake.address, [1, 2]), dst, layout_of(dst), [0, 1], timeout=5)
+            pull_blocks(
+                descriptor_for(fake.address, [1, 2]), dst, layout_of(dst), [0, 1], timeout=5
+            )
         assert all_zero(dst)
     finally:
         fake.close()
@@ -858,20 +970,27 @@ def test_a_wrong_sized_reply_is_refused_before_any_write(
 def test_a_source_gone_after_a_complete_tcp_copy_is_not_an_error() -> None:
     src = make_caches(1, SRC_BLOCKS, seed=16)
 
-    def reply(frames: list[bytes]) -> list[bytes] | None:  # answers the check and fetch, then nothing
+    def reply(
+        frames: list[bytes],
+    ) -> list[bytes] | None:  # answers the check and fetch, then nothing
         op = json.loads(frames[0])["op"]
         if op == "check":
             return [check_answer(descriptor_for(fake.address, [4, 1]))]
         if op != "fetch":
             return None
         header = {"ok": True, "frames": 6, "block_nbytes": [256] * 6, "num_blocks": 2}
-        return [json.dumps(header).encode(), *(np.ascontiguousarray(c[[4, 1]]).tobytes() for c in src[0])]
+        return [
+            json.dumps(header).encode(),
+            *(np.ascontiguousarray(c[[4, 1]]).tobytes() for c in src[0]),
+        ]
 
     fake = FakeSource(reply)
     try:
         dst = make_caches(1, DST_BLOCKS, seed=None)
         start = time.monotonic()
-        copied = pull_blocks(descriptor_for(fake.address, [4, 1]), dst, layout_of(dst), [0, 8], timeout=1.0)
+        copied = pull_blocks(
+            descriptor_for(fake.address, [4, 1]), dst, layout_of(dst), [0, 8], timeout=1.0
+        )
         assert copied == 6 * 2 * 256
         assert 1.0 <= time.monotonic() - start < 3.0  # waited for the release reply, bounded
         assert_copied(src, dst, [4, 1], [0, 8])
@@ -941,7 +1060,12 @@ def test_without_the_transfer_token_no_peer_can_fetch_check_or_release(sources: 
     src = make_caches(1, SRC_BLOCKS, seed=21)
     source, releases = sources(src)
     victim = source.offer("victim", [2, 5])
-    guesses = [None, "", "x" * 43, victim["token"][:-1] + ("A" if victim["token"][-1] != "A" else "B")]
+    guesses = [
+        None,
+        "",
+        "x" * 43,
+        victim["token"][:-1] + ("A" if victim["token"][-1] != "A" else "B"),
+    ]
     for op in ("fetch", "check", "release"):
         for token in guesses:
             answer = _control(source.address, {"op": op, "request_id": "victim", "token": token})
@@ -956,7 +1080,9 @@ def test_without_the_transfer_token_no_peer_can_fetch_check_or_release(sources: 
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
-def test_a_hand_over_pointing_at_another_requests_blocks_is_refused(sources: Any, publish: Any, transport: str) -> None:
+def test_a_hand_over_pointing_at_another_requests_blocks_is_refused(
+    sources: Any, publish: Any, transport: str
+) -> None:
     """One's own descriptor with the block ids (or cache names) of another request's offer:
     the pull asks the source what this token's offer is and refuses the difference before a
     byte is read, so nobody decodes from a victim's KV."""
@@ -971,12 +1097,21 @@ def test_a_hand_over_pointing_at_another_requests_blocks_is_refused(sources: Any
         ({**mine, "shm_names": [[n + "x" for n in names[0]]]}, "shm_names"),
     ]
     for descriptor, field in forged:
-        with pytest.raises(TransferError, match=f"the hand-over's `{field}` differs from what the prefill"):
+        with pytest.raises(
+            TransferError, match=f"the hand-over's `{field}` differs from what the prefill"
+        ):
             pull_blocks(descriptor, dst, layout_of(dst), [0, 1], transport=transport, timeout=5)
         assert all_zero(dst)
     # someone else's id with one's own token is a wrong token for that offer
     with pytest.raises(TransferError, match="not authorized"):
-        pull_blocks({**mine, "request_id": "victim"}, dst, layout_of(dst), [0, 1], transport=transport, timeout=5)
+        pull_blocks(
+            {**mine, "request_id": "victim"},
+            dst,
+            layout_of(dst),
+            [0, 1],
+            transport=transport,
+            timeout=5,
+        )
     assert all_zero(dst)
     assert sorted(source.pending()) == ["mine", "victim"] and releases.calls == []
     pull_blocks(victim, dst, layout_of(dst), [3, 4], transport=transport)
@@ -990,7 +1125,10 @@ def test_an_offer_is_fetched_once() -> None:
         request = {"op": "fetch", "request_id": "once", "token": descriptor["token"]}
         assert _control(source.address, request)["ok"] is True
         again = _control(source.address, request)
-        assert again == {"ok": False, "error": "request 'once' was already fetched (an offer is fetched once)"}
+        assert again == {
+            "ok": False,
+            "error": "request 'once' was already fetched (an offer is fetched once)",
+        }
         assert _control(source.address, {**request, "op": "release"})["ok"] is True
         gone = _control(source.address, {**request, "op": "release"})  # the token is spent
         assert gone["ok"] is False and "was released" in gone["error"]
@@ -1010,7 +1148,8 @@ def test_a_source_with_the_splitwise_secret_serves_only_signed_requests() -> Non
         assert all_zero(dst) and source.dropped.counts()["kv"] == 2
         assert source.pending() == ["signed"]
         assert (
-            pull_blocks(descriptor, dst, layout_of(dst), [0, 1], secret=secret) == 2 * 2 * layout_of(dst).block_nbytes
+            pull_blocks(descriptor, dst, layout_of(dst), [0, 1], secret=secret)
+            == 2 * 2 * layout_of(dst).block_nbytes
         )
         assert_copied(src, dst, [4, 9], [0, 1])
     with pytest.raises(TransferError, match="`secret` must be non-empty bytes or None"):

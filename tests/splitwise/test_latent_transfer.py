@@ -34,7 +34,9 @@ def mla_config(**overrides: Any) -> ModelConfig:
     return ModelConfig(**{**fields, **overrides})
 
 
-def spec_caches(config: ModelConfig, num_blocks: int, seed: int | None) -> tuple[list[list[np.ndarray]], Any]:
+def spec_caches(
+    config: ModelConfig, num_blocks: int, seed: int | None
+) -> tuple[list[list[np.ndarray]], Any]:
     """Per rank, one array per cache of the deployment's spec (random or zeros), and its description."""
     specs = model_cache_specs(config, num_blocks, TP)
     rng = np.random.default_rng(seed)
@@ -94,7 +96,9 @@ def test_every_latent_cache_of_target_and_mtp_moves(transport: str) -> None:
         assert copied == TP * 3 * layout.block_nbytes == TP * 3 * 4 * (4 * 40 * 4)
         for r in range(TP):
             for c, entry in enumerate(layout.caches):
-                np.testing.assert_array_equal(dst[r][c][[2, 10, 4]], src[r][c][[5, 0, 7]], err_msg=entry.label)
+                np.testing.assert_array_equal(
+                    dst[r][c][[2, 10, 4]], src[r][c][[5, 0, 7]], err_msg=entry.label
+                )
                 assert not dst[r][c][[b for b in range(DST_BLOCKS) if b not in (2, 10, 4)]].any()
         assert released.wait() == [("mla", "released")]
     finally:
@@ -108,15 +112,23 @@ def test_every_latent_cache_of_target_and_mtp_moves(transport: str) -> None:
 @pytest.mark.parametrize(
     ("decode", "message"),
     [
-        (dict(kv_lora_rank=16), r"cache 0 \(target layer 0 latent\): block shape \[1, 4, 40\] on the prefill"),
+        (
+            dict(kv_lora_rank=16),
+            r"cache 0 \(target layer 0 latent\): block shape \[1, 4, 40\] on the prefill",
+        ),
         (
             dict(attention_type="gqa", head_dim=16),
             r"cache 0 \(target layer 0 latent\): prefill has target layer 0 latent, this decode .* layer 0 key",
         ),
-        (dict(num_nextn_predict_layers=1), r"prefill has 4 caches per rank, this decode instance 3"),
+        (
+            dict(num_nextn_predict_layers=1),
+            r"prefill has 4 caches per rank, this decode instance 3",
+        ),
     ],
 )
-def test_a_decode_instance_with_another_cache_spec_is_refused(decode: dict[str, Any], message: str) -> None:
+def test_a_decode_instance_with_another_cache_spec_is_refused(
+    decode: dict[str, Any], message: str
+) -> None:
     config = mla_config()
     data, desc = spec_caches(config, SRC_BLOCKS, seed=5)
     released = Released()

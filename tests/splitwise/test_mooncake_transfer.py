@@ -47,7 +47,9 @@ def test_mooncake_pull_copies_the_offered_blocks(sources: Any, tp: int) -> None:
     offered = descriptor["mooncake"]
     assert offered["segment"].startswith("127.0.0.1:")
     assert offered["buffers"] == [[int(a.ctypes.data) for a in rank] for rank in src]
-    assert choose_transport("auto", descriptor) == "mooncake"  # no shm names: the engine beats the socket
+    assert (
+        choose_transport("auto", descriptor) == "mooncake"
+    )  # no shm names: the engine beats the socket
     copied = pull_blocks(descriptor, dst, layout_of(dst), [0, 1, 2, 7, 11], transport="mooncake")
     assert copied == tp * 5 * layout_of(src).block_nbytes
     assert_copied(src, dst, [3, 4, 5, 9, 0], [0, 1, 2, 7, 11])
@@ -88,7 +90,9 @@ def test_runs_merge_consecutive_blocks_on_both_sides() -> None:
     assert mooncake._runs(np.array([1, 2]), np.array([5, 4])) == [(1, 5, 1), (2, 4, 1)]
 
 
-def test_a_source_without_the_engine_offers_none_and_pulling_it_over_mooncake_is_refused(sources: Any) -> None:
+def test_a_source_without_the_engine_offers_none_and_pulling_it_over_mooncake_is_refused(
+    sources: Any,
+) -> None:
     src = make_caches(1, SRC_BLOCKS, seed=3)
     dst = make_caches(1, DST_BLOCKS, seed=None)
     source, releases = sources(src)
@@ -112,7 +116,9 @@ def test_a_hand_over_cannot_redirect_the_read(sources: Any) -> None:
     ):
         descriptor = source.offer(f"r{id(change)}", [2])
         change(descriptor)
-        with pytest.raises(TransferError, match="hand-over's `mooncake` differs from what the prefill instance"):
+        with pytest.raises(
+            TransferError, match="hand-over's `mooncake` differs from what the prefill instance"
+        ):
             pull_blocks(descriptor, dst, layout_of(dst), [0], transport="mooncake")
     assert all_zero(dst)
 
@@ -124,7 +130,10 @@ def test_an_offer_outside_the_registered_memory_fails_without_a_write(sources: A
     segment = real.offer("seg", [0])["mooncake"]["segment"]
     stray = make_caches(1, SRC_BLOCKS, seed=6)  # never registered
     descriptor = descriptor_for("tcp://127.0.0.1:1", [1, 2])
-    descriptor["mooncake"] = {"segment": segment, "buffers": [[int(a.ctypes.data) for a in stray[0]]]}
+    descriptor["mooncake"] = {
+        "segment": segment,
+        "buffers": [[int(a.ctypes.data) for a in stray[0]]],
+    }
     fake = FakeSource(lambda frames: [check_answer(descriptor)])
     try:
         descriptor["address"] = fake.address
@@ -142,13 +151,25 @@ def test_an_offer_outside_the_registered_memory_fails_without_a_write(sources: A
         ("x", "must be null or an object with `segment` and `buffers`"),
         ({"segment": "h:1"}, "must be null or an object"),
         ({"segment": 5, "buffers": [[1] * 6]}, r"`mooncake`.segment must be a 'host:port' str"),
-        ({"segment": "host", "buffers": [[1] * 6]}, r"`mooncake`.segment must be a 'host:port' str"),
+        (
+            {"segment": "host", "buffers": [[1] * 6]},
+            r"`mooncake`.segment must be a 'host:port' str",
+        ),
         ({"segment": "h:99999", "buffers": [[1] * 6]}, "must end in a port"),
         ({"segment": "h:1", "buffers": [[1] * 6, [1] * 6]}, "must hold one list per rank"),
         ({"segment": "h:1", "buffers": [[1] * 5]}, r"buffers\[0\] must hold 6 addresses"),
-        ({"segment": "h:1", "buffers": [[1, 1, 1, 1, 1, True]]}, r"buffers\[0\]\[5\] must be the address"),
-        ({"segment": "h:1", "buffers": [[1, 1, 0, 1, 1, 1]]}, r"buffers\[0\]\[2\] must be the address"),
-        ({"segment": "h:1", "buffers": [[1, 1, 1, 2**64, 1, 1]]}, r"buffers\[0\]\[3\] must be the address"),
+        (
+            {"segment": "h:1", "buffers": [[1, 1, 1, 1, 1, True]]},
+            r"buffers\[0\]\[5\] must be the address",
+        ),
+        (
+            {"segment": "h:1", "buffers": [[1, 1, 0, 1, 1, 1]]},
+            r"buffers\[0\]\[2\] must be the address",
+        ),
+        (
+            {"segment": "h:1", "buffers": [[1, 1, 1, 2**64, 1, 1]]},
+            r"buffers\[0\]\[3\] must be the address",
+        ),
     ],
 )
 def test_bad_mooncake_fields_are_refused(value: Any, message: str) -> None:
@@ -178,7 +199,9 @@ def test_the_source_option_must_be_a_bool() -> None:
         (None, r'needs the package mooncake-transfer-engine-non-cuda \(pip install -e "\.\[pd\]"'),
     ],
 )
-def test_a_missing_piece_is_named_in_one_line(tmp_path: Path, engine_py: str | None, message: str) -> None:
+def test_a_missing_piece_is_named_in_one_line(
+    tmp_path: Path, engine_py: str | None, message: str
+) -> None:
     """With the package or its system library missing, asking for the transport says which
     one to install (checked in a fresh interpreter whose ``mooncake`` is a stand-in)."""
     if engine_py is not None:
@@ -195,18 +218,28 @@ def test_a_missing_piece_is_named_in_one_line(tmp_path: Path, engine_py: str | N
         """
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=_env(tmp_path)
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(tmp_path),
     )
     assert out.returncode == 1
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("fastdeploy_mtp.splitwise.kv_layout.TransferError: KV transport 'mooncake'")
+    assert last.startswith(
+        "fastdeploy_mtp.splitwise.kv_layout.TransferError: KV transport 'mooncake'"
+    )
     assert __import__("re").search(message, last), last
 
 
 def _env(first: Path) -> dict[str, str]:
     import os
 
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(first), os.environ.get("PYTHONPATH")]))}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(first), os.environ.get("PYTHONPATH")])),
+    }
 
 
 def test_the_protocol_follows_the_rdma_devices_unless_set(monkeypatch: Any) -> None:
@@ -218,16 +251,33 @@ def test_the_protocol_follows_the_rdma_devices_unless_set(monkeypatch: Any) -> N
     monkeypatch.setenv("FDMTP_MOONCAKE_PROTOCOL", "rdma")
     assert mooncake.protocol() == "rdma"
     monkeypatch.setenv("FDMTP_MOONCAKE_PROTOCOL", "ib")
-    with pytest.raises(TransferError, match="FDMTP_MOONCAKE_PROTOCOL must be 'rdma' or 'tcp', got 'ib'"):
+    with pytest.raises(
+        TransferError, match="FDMTP_MOONCAKE_PROTOCOL must be 'rdma' or 'tcp', got 'ib'"
+    ):
         mooncake.protocol()
 
 
 @pytest.mark.parametrize("role", ["prefill", "decode"])
-def test_serve_asking_for_mooncake_without_it_exits_2_naming_the_package(tmp_path: Path, role: str) -> None:
+def test_serve_asking_for_mooncake_without_it_exits_2_naming_the_package(
+    tmp_path: Path, role: str
+) -> None:
     (tmp_path / "mooncake.py").write_text(ABSENT)
-    argv = [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "serve", "--splitwise-role", role]
+    argv = [
+        sys.executable,
+        "-m",
+        "fastdeploy_mtp.entrypoints.cli",
+        "serve",
+        "--splitwise-role",
+        role,
+    ]
     out = subprocess.run(
-        [*argv, "--kv-transport", "mooncake", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'],
+        [
+            *argv,
+            "--kv-transport",
+            "mooncake",
+            "--speculative-config",
+            '{"method": "mtp", "num_speculative_tokens": 1}',
+        ],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -235,6 +285,7 @@ def test_serve_asking_for_mooncake_without_it_exits_2_naming_the_package(tmp_pat
         env=_env(tmp_path),
     )
     assert out.returncode == 2, out.stderr[-2000:]
-    assert "--kv-transport mooncake: KV transport 'mooncake' needs the package mooncake-transfer-engine-non-cuda" in (
-        out.stderr
+    assert (
+        "--kv-transport mooncake: KV transport 'mooncake' needs the package mooncake-transfer-engine-non-cuda"
+        in (out.stderr)
     )

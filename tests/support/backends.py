@@ -105,7 +105,11 @@ class Backend:
     name = ""
 
     def run(
-        self, op: str, tensors: Sequence[np.ndarray], attrs: Sequence[Any] = (), outputs: Sequence[OutputSpec] = ()
+        self,
+        op: str,
+        tensors: Sequence[np.ndarray],
+        attrs: Sequence[Any] = (),
+        outputs: Sequence[OutputSpec] = (),
     ) -> list[np.ndarray]:
         raise NotImplementedError
 
@@ -119,13 +123,18 @@ class PaddleCpuBackend(Backend):
         import fastdeploy_mtp.ops as ops
 
         # paddle.to_tensor maps uint16 to bfloat16, and .numpy() maps it back
-        pts = [_map(lambda a: paddle.to_tensor(np.array(a, copy=True), place=paddle.CPUPlace()), t) for t in tensors]
+        pts = [
+            _map(lambda a: paddle.to_tensor(np.array(a, copy=True), place=paddle.CPUPlace()), t)
+            for t in tensors
+        ]
         with _recording(lambda: [_map(lambda x: x.numpy(), t) for t in pts]):
             result = getattr(ops, op)(**call_kwargs(op, pts, attrs))
         if not outputs:
             return [_map(lambda x: x.numpy(), t) for t in pts]
         result = list(result) if isinstance(result, (list, tuple)) else [result]
-        assert len(result) == len(outputs), f"{op} returned {len(result)} outputs, expected {len(outputs)}"
+        assert len(result) == len(outputs), (
+            f"{op} returned {len(result)} outputs, expected {len(outputs)}"
+        )
         got = [r.numpy() for r in result]
         for (name, shape, dtype), g in zip(outputs, got):
             assert g.shape == tuple(shape) and g.dtype == np.dtype(dtype), (
@@ -148,7 +157,8 @@ class KernelsCpuBackend(Backend):
 
         with _recording(lambda: [_map(lambda a: np.array(a, copy=True), t) for t in arrays]):
             getattr(_kernels, op)(
-                **call_kwargs(op, [arg(a) for a in arrays], attrs), **{s[0]: arg(o) for s, o in zip(outputs, outs)}
+                **call_kwargs(op, [arg(a) for a in arrays], attrs),
+                **{s[0]: arg(o) for s, o in zip(outputs, outs)},
             )
         return arrays + outs
 
@@ -173,7 +183,9 @@ class _EmulatedBackend(Backend):
                 if a is None:
                     continue
                 assert (
-                    a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+                    a.dtype == b.dtype
+                    and a.shape == b.shape
+                    and np.array_equal(a.view(np.uint8), b.view(np.uint8))
                 ), f"{op}: tensor #{i} differs between launches {scopes[0][0]} and {label}"
         # in-place effects on the caller's arrays are not observed: tests use the returned copies
         return first
@@ -206,7 +218,9 @@ class CudaBackend(Backend):
     def run(self, op, tensors, attrs=(), outputs=()):
         from fastdeploy_mtp import _kernels
 
-        host = [_map(lambda a: np.array(a, copy=True), t) for t in tensors] + [_garbage(spec) for spec in outputs]
+        host = [_map(lambda a: np.array(a, copy=True), t) for t in tensors] + [
+            _garbage(spec) for spec in outputs
+        ]
         names = [spec[0] for spec in outputs]
         n_in = len(tensors)
         if self.lib == "torch":
@@ -238,12 +252,18 @@ class CudaBackend(Backend):
         dev = [_map(cupy.asarray, a) for a in host]
         device = f"cuda:{cupy.cuda.Device().id}"
         args = [
-            (d.data.ptr, "bfloat16", tuple(d.shape), device) if d is not None and d.dtype == np.uint16 else d
+            (d.data.ptr, "bfloat16", tuple(d.shape), device)
+            if d is not None and d.dtype == np.uint16
+            else d
             for d in dev
         ]
         stream = cupy.cuda.get_current_stream().ptr
         with _recording(lambda: [_map(cupy.asnumpy, d) for d in dev[:n_in]]):
-            getattr(_kernels, op)(**call_kwargs(op, args[:n_in], attrs), **dict(zip(names, args[n_in:])), stream=stream)
+            getattr(_kernels, op)(
+                **call_kwargs(op, args[:n_in], attrs),
+                **dict(zip(names, args[n_in:])),
+                stream=stream,
+            )
         cupy.cuda.get_current_stream().synchronize()
         return [_map(cupy.asnumpy, d) for d in dev]
 

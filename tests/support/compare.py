@@ -13,7 +13,8 @@ import numpy as np
 def _first_mismatches(got: np.ndarray, want: np.ndarray, limit: int = 5) -> str:
     bad = np.argwhere(got != want)
     shown = ", ".join(
-        f"{tuple(int(i) for i in idx)}: got {got[tuple(idx)]!r} want {want[tuple(idx)]!r}" for idx in bad[:limit]
+        f"{tuple(int(i) for i in idx)}: got {got[tuple(idx)]!r} want {want[tuple(idx)]!r}"
+        for idx in bad[:limit]
     )
     return f"{len(bad)} mismatching element(s); first: {shown}"
 
@@ -29,14 +30,18 @@ def assert_exact(name: str, got: np.ndarray, want: np.ndarray, context: str = ""
         raise AssertionError(f"{label}: {_first_mismatches(got, want)}")
 
 
-def assert_close(name: str, got: np.ndarray, want: np.ndarray, *, rtol: float, atol: float, context: str = "") -> None:
+def assert_close(
+    name: str, got: np.ndarray, want: np.ndarray, *, rtol: float, atol: float, context: str = ""
+) -> None:
     """Float tensors: same shape and dtype, |got - want| <= atol + rtol * |want|."""
     label = f"{name}{' (' + context + ')' if context else ''}"
     got = np.asarray(got)
     want = np.asarray(want)
     assert got.shape == want.shape, f"{label}: shape {got.shape} != expected {want.shape}"
     assert got.dtype == want.dtype, f"{label}: dtype {got.dtype} != expected {want.dtype}"
-    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol, err_msg=label)
+    np.testing.assert_allclose(
+        got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol, err_msg=label
+    )
 
 
 def assert_all_exact(
@@ -63,7 +68,13 @@ def assert_bit_exact(name: str, got: np.ndarray, want: np.ndarray, context: str 
 
 
 def assert_rejected(
-    backend, op: str, names: Sequence[str], tensors: Sequence[np.ndarray], bad_name: str, attrs=(), outputs=()
+    backend,
+    op: str,
+    names: Sequence[str],
+    tensors: Sequence[np.ndarray],
+    bad_name: str,
+    attrs=(),
+    outputs=(),
 ) -> str:
     """The op must raise a ValueError that names `op` and the tensor `bad_name`, and leave
     every tensor unchanged: the buffers the op was actually given (the backend's copies, read
@@ -88,7 +99,13 @@ def assert_rejected(
 
 
 def assert_bad_input_rejected(
-    backend, op: str, names: Sequence[str], bad_case, tensors: list[np.ndarray], attrs=(), outputs=()
+    backend,
+    op: str,
+    names: Sequence[str],
+    bad_case,
+    tensors: list[np.ndarray],
+    attrs=(),
+    outputs=(),
 ) -> str:
     """`bad_case` is ``(index, build, bad_name)``: valid `tensors` with ``tensors[index]``
     replaced by ``build(tensors)`` must be rejected as :func:`assert_rejected` says."""

@@ -6,7 +6,13 @@ from __future__ import annotations
 import numpy as np
 import paddle
 
-from fastdeploy_mtp.config import CacheConfig, FDConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
+from fastdeploy_mtp.config import (
+    CacheConfig,
+    FDConfig,
+    ModelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from fastdeploy_mtp.models import ModelConfig as ArchConfig, MTPLayer, TinyTargetModel
 from fastdeploy_mtp.runtime.request import Request
 
@@ -73,14 +79,23 @@ def make_config(
         ),
         speculative_config=spec,
         scheduler_config=SchedulerConfig(
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=budget or max(64, max_num_seqs * 8 + 16)
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=budget or max(64, max_num_seqs * 8 + 16),
         ),
         cache_config=CacheConfig(block_size=block_size, total_block_num=max_num_seqs * 32),
     )
 
 
 def make_requests(
-    seed: int, count: int, *, stagger: int = 1, min_prompt=3, max_prompt=40, min_new=5, max_new=30, vocab=ORI_VOCAB
+    seed: int,
+    count: int,
+    *,
+    stagger: int = 1,
+    min_prompt=3,
+    max_prompt=40,
+    min_new=5,
+    max_new=30,
+    vocab=ORI_VOCAB,
 ):
     """Requests with random prompts; request i arrives at engine step ``i * stagger``."""
     rng = np.random.default_rng(seed)
@@ -95,7 +110,9 @@ def make_requests(
     ]
 
 
-def check_k1_rounds_against_transformers(loaded, folder, prompt: list[int], max_tokens: int, echo: bool):
+def check_k1_rounds_against_transformers(
+    loaded, folder, prompt: list[int], max_tokens: int, echo: bool
+):
     """Run ``prompt`` through an :class:`~fastdeploy_mtp.runtime.engine.Engine` over ``loaded``
     (``load_model(folder)``: target, MTP layer, config) with K = 1 and assert that every step
     emits what transformers' own ``generate(use_mtp=True)`` does round for round (an EOS id
@@ -106,7 +123,9 @@ def check_k1_rounds_against_transformers(loaded, folder, prompt: list[int], max_
 
     target, mtp, config = loaded
     want = [list(r.tokens) for r in Reference(folder).generate_rounds(prompt, max_tokens)]
-    eos = min(set(range(config.vocab_size)) - {tok for step in want for tok in step})  # never emitted
+    eos = min(
+        set(range(config.vocab_size)) - {tok for step in want for tok in step}
+    )  # never emitted
     cfg = make_config(
         1, eos=(eos,), block_size=config.block_size, vocab=config.vocab_size,
         ori_vocab=config.ori_vocab_size, hidden=config.hidden_size,

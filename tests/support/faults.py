@@ -36,7 +36,9 @@ class Load:
 
     def start(self) -> None:
         for i in range(self.clients):
-            t = threading.Thread(target=self._client, args=(PROMPTS[i % len(PROMPTS)],), daemon=True)
+            t = threading.Thread(
+                target=self._client, args=(PROMPTS[i % len(PROMPTS)],), daemon=True
+            )
             t.start()
             self.threads.append(t)
 

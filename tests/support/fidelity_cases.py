@@ -35,8 +35,12 @@ def _ernie(out, **kwargs):
 
 #: case -> (builder(out_dir) -> folder path)
 CASES = {
-    "llama-unpadded": lambda out: hf_folders.make_folder(out, "llama", tokenizer_writer=_tokenizer(300)).path,
-    "qwen2-bias-padded": lambda out: hf_folders.make_folder(out, "qwen2", tokenizer_writer=_tokenizer(280)).path,
+    "llama-unpadded": lambda out: (
+        hf_folders.make_folder(out, "llama", tokenizer_writer=_tokenizer(300)).path
+    ),
+    "qwen2-bias-padded": lambda out: (
+        hf_folders.make_folder(out, "qwen2", tokenizer_writer=_tokenizer(280)).path
+    ),
     "qwen3-qknorm": lambda out: (
         hf_folders.make_folder(out, "qwen3", sharded=False, tokenizer_writer=_tokenizer(300)).path
     ),
@@ -54,6 +58,8 @@ CASES = {
     "ernie45-moe-echo": lambda out: _ernie(out, moe=True, echo=True),
     "ernie45-dense": lambda out: _ernie(out, moe=False, tie=False),
     "deepseekv3-negbias": lambda out: (
-        hf_mla_folders.make_mla_folder(out, negative_bias=True, tokenizer_writer=_tokenizer(300)).path
+        hf_mla_folders.make_mla_folder(
+            out, negative_bias=True, tokenizer_writer=_tokenizer(300)
+        ).path
     ),
 }

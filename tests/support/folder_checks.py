@@ -15,14 +15,18 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(got - want).max() / np.abs(want).max())
 
 
-def prefill_with_caches(model, ids, hidden=None, layer: int = 0) -> tuple[paddle.Tensor, list[paddle.Tensor]]:
+def prefill_with_caches(
+    model, ids, hidden=None, layer: int = 0
+) -> tuple[paddle.Tensor, list[paddle.Tensor]]:
     """One packed prefill of ``ids`` at positions 0.. through ``model`` (the target, or an MTP
     model fed ``hidden [S, H]``; ``layer`` of an :class:`MTPStack`) with fresh paged caches
     (blocks shuffled); returns (its hidden states, the caches)."""
     cfg = model.config
     tables, nblocks = contiguous_block_tables([len(ids)], cfg.block_size, shuffle_seed=1)
     caches = model.attn_backend.allocate_caches(model.num_cache_layers, nblocks)
-    meta = make_forward_meta([len(ids)], [0], tables, caches, cfg.block_size, ids_remove_padding=np.asarray(ids))
+    meta = make_forward_meta(
+        [len(ids)], [0], tables, caches, cfg.block_size, ids_remove_padding=np.asarray(ids)
+    )
     if hidden is None:
         return model(meta.ids_remove_padding, meta), caches
     extra = {"layer": layer} if isinstance(model, MTPStack) else {}
@@ -41,10 +45,16 @@ def assert_two_ranks_hold_their_expert_slices(path, full, full_mtp) -> None:
     replicated."""
     from fastdeploy_mtp.models import load_model
 
-    whole = {**dict(full.named_parameters()), **{f"mtp.{n}": p for n, p in full_mtp.named_parameters()}}
+    whole = {
+        **dict(full.named_parameters()),
+        **{f"mtp.{n}": p for n, p in full_mtp.named_parameters()},
+    }
     for rank in range(2):
         target, mtp, _ = load_model(path, tensor_parallel_size=2, tensor_parallel_rank=rank)
-        params = {**dict(target.named_parameters()), **{f"mtp.{n}": p for n, p in mtp.named_parameters()}}
+        params = {
+            **dict(target.named_parameters()),
+            **{f"mtp.{n}": p for n, p in mtp.named_parameters()},
+        }
         assert set(params) == set(whole)
         for name, p in params.items():
             full_value = whole[name].numpy()

@@ -67,48 +67,72 @@ def handed_over_every_cache(
     kv = first["handoff"]["kv"]
     caches = kv["layout"]["caches"]
     assert kv["layout"]["tensor_parallel_size"] == tensor_parallel_size
-    per_owner = {o: [(c["layer"], c["kind"]) for c in caches if c["owner"] == o] for o in ("target", "mtp")}
+    per_owner = {
+        o: [(c["layer"], c["kind"]) for c in caches if c["owner"] == o] for o in ("target", "mtp")
+    }
     assert per_owner == {
         "target": [(n, k) for n in range(target_layers) for k in kinds],
         "mtp": [(n, k) for n in range(mtp_layers) for k in kinds],
     }
     per_rank = len(kinds) * (target_layers + mtp_layers)
     assert [len(rank) for rank in kv["shm_names"]] == [per_rank] * tensor_parallel_size
-    for r, names in enumerate(kv["shm_names"]):  # FastDeploy's names, the MTP layers after the target's
-        expected_names = [f"{k}_caches_{n}_rank{r}" for n in range(target_layers + mtp_layers) for k in kinds]
+    for r, names in enumerate(
+        kv["shm_names"]
+    ):  # FastDeploy's names, the MTP layers after the target's
+        expected_names = [
+            f"{k}_caches_{n}_rank{r}" for n in range(target_layers + mtp_layers) for k in kinds
+        ]
         assert [name.rsplit(".device", 1)[0] for name in names] == expected_names
     request = {**body, "output_token_ids": first["output_token_ids"]}
     last = f"mtp layer {mtp_layers - 1} {kinds[-1]}"
     other = "float16" if caches[-1]["dtype"] == "bfloat16" else "bfloat16"
     for change, message in (
-        (lambda c: c[-1].update(dtype=other), f"cache {per_rank - 1} ({last}): dtype {other} on the prefill"),
+        (
+            lambda c: c[-1].update(dtype=other),
+            f"cache {per_rank - 1} ({last}): dtype {other} on the prefill",
+        ),
         (lambda c: c.pop(), f"first unmatched: {last}"),
     ):
         bad = json.loads(json.dumps(first["handoff"]))
         change(bad["kv"]["layout"]["caches"])
         status, err = splitwise_post(decode + "/v1/splitwise/decode", {**request, "handoff": bad})
-        assert status == 400 and "signature does not match" in err["error"]["message"], err  # changed on the way
-        status, err = splitwise_post(decode + "/v1/splitwise/decode", {**request, "handoff": resigned(bad, request)})
+        assert status == 400 and "signature does not match" in err["error"]["message"], (
+            err
+        )  # changed on the way
+        status, err = splitwise_post(
+            decode + "/v1/splitwise/decode", {**request, "handoff": resigned(bad, request)}
+        )
         assert status == 400 and message in err["error"]["message"], err
     before = scrape_metrics(decode)
-    status, events = splitwise_post(decode + "/v1/splitwise/decode", {**request, "handoff": first["handoff"]})
+    status, events = splitwise_post(
+        decode + "/v1/splitwise/decode", {**request, "handoff": first["handoff"]}
+    )
     assert status == 200 and events[-1] == {"finish_reason": "length"}, events
     after = scrape_metrics(decode)
-    one_block = sum(int(np.prod(c["shape"][1:])) * _ITEMSIZE[c["dtype"]] for c in caches)  # every cache of one rank
+    one_block = sum(
+        int(np.prod(c["shape"][1:])) * _ITEMSIZE[c["dtype"]] for c in caches
+    )  # every cache of one rank
     moved = (
-        after["fastdeploy:splitwise_kv_transfer_bytes_total"] - before["fastdeploy:splitwise_kv_transfer_bytes_total"]
+        after["fastdeploy:splitwise_kv_transfer_bytes_total"]
+        - before["fastdeploy:splitwise_kv_transfer_bytes_total"]
     )
     # the decode instance's prefix cache may already hold the prompt's first blocks (an
     # earlier request with this prompt): those are not transferred
-    hits = after["fastdeploy:prefix_cache_hits_total"] - before["fastdeploy:prefix_cache_hits_total"]
+    hits = (
+        after["fastdeploy:prefix_cache_hits_total"] - before["fastdeploy:prefix_cache_hits_total"]
+    )
     block_size = caches[0]["shape"][2]  # [num_blocks, heads, block_size, head_dim]
     assert hits % block_size == 0
-    assert moved == tensor_parallel_size * (len(kv["block_ids"]) - int(hits) // block_size) * one_block
+    assert (
+        moved == tensor_parallel_size * (len(kv["block_ids"]) - int(hits) // block_size) * one_block
+    )
     return [*first["output_token_ids"], *(t for e in events[:-1] for t in e.get("token_ids", []))]
 
 
 @contextlib.contextmanager
-def router_command(prefill: str, decode: str, *extra: str, start_timeout: float = 60.0) -> Iterator[str]:
+def router_command(
+    prefill: str, decode: str, *extra: str, start_timeout: float = 60.0
+) -> Iterator[str]:
     """``fastdeploy-mtp router --prefill prefill --decode decode *extra`` on a free loopback
     port, in a child process of its own session; yields its base URL once ``/health`` is 200.
     On exit it gets SIGTERM and must exit 0 (killed, and the test failed, if it does not)."""
@@ -134,7 +158,9 @@ def router_command(prefill: str, decode: str, *extra: str, start_timeout: float 
             time.sleep(0.1)
         yield url
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, f"the router exited with {proc.returncode} on SIGTERM:\n{output()}"
+        assert proc.wait(30) == 0, (
+            f"the router exited with {proc.returncode} on SIGTERM:\n{output()}"
+        )
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

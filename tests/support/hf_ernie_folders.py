@@ -80,7 +80,9 @@ def _steer_router(named, rng: np.random.Generator) -> None:
     for name, p in named:
         if name.endswith("e_score_correction_bias"):
             with torch.no_grad():
-                p.copy_(torch.from_numpy((0.2 * rng.standard_normal(tuple(p.shape))).astype(np.float32)))
+                p.copy_(
+                    torch.from_numpy((0.2 * rng.standard_normal(tuple(p.shape))).astype(np.float32))
+                )
 
 
 def _mtp_model(target, num_mtp_layers: int):
@@ -141,7 +143,9 @@ def make_ernie_folder(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    dims = dict(vocab_size=vocab_size, layers=num_hidden_layers, tie=tie, moe_start=moe_layer_start_index)
+    dims = dict(
+        vocab_size=vocab_size, layers=num_hidden_layers, tie=tie, moe_start=moe_layer_start_index
+    )
     cfg = _hf_config(moe, dims)
     torch.manual_seed(seed)
     target = getattr(transformers, ARCHITECTURES[moe])(cfg).eval()
@@ -154,7 +158,9 @@ def make_ernie_folder(
     names: list[str] = []
     if num_mtp_layers:
         mtp = _mtp_model(target, num_mtp_layers)
-        own = [(n, t) for n, t in _tensors(mtp) if n.startswith("layers.") and ".post_norm." not in n]
+        own = [
+            (n, t) for n, t in _tensors(mtp) if n.startswith("layers.") and ".post_norm." not in n
+        ]
         _fill(own, rng)
         _steer_router(own, rng)
         if echo:
@@ -189,7 +195,9 @@ reference_hidden = reference_models.hidden
 reference_greedy = reference_models.greedy
 
 
-def reference_mtp_step(folder: str | Path, next_ids, hidden, *, layer: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def reference_mtp_step(
+    folder: str | Path, next_ids, hidden, *, layer: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """(logits, output after the shared final norm) of MTP layer ``layer``; see
     :func:`tests.support.reference_models.mtp_step`."""
     return reference_models.mtp_step(folder, layer, next_ids, hidden)
@@ -202,5 +210,7 @@ def reference_router(folder: str | Path, layer: int, x) -> tuple[np.ndarray, np.
 
     target, _ = load_reference(folder)
     with torch.no_grad():
-        _, weights, chosen = target.model.layers[layer].mlp.gate(torch.as_tensor(np.asarray(x, dtype=np.float32)))
+        _, weights, chosen = target.model.layers[layer].mlp.gate(
+            torch.as_tensor(np.asarray(x, dtype=np.float32))
+        )
     return weights.float().numpy(), chosen.numpy()

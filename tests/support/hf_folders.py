@@ -30,16 +30,27 @@ from tests.support import reference_models
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mimo")
 ARCHITECTURES = dict(
-    llama="LlamaForCausalLM", qwen2="Qwen2ForCausalLM", qwen3="Qwen3ForCausalLM", mimo="MiMoForCausalLM"
+    llama="LlamaForCausalLM",
+    qwen2="Qwen2ForCausalLM",
+    qwen3="Qwen3ForCausalLM",
+    mimo="MiMoForCausalLM",
 )
 #: rope_theta and rms_norm_eps per family: realistic, not the defaults (a loader ignoring them fails).
 _ROPE_THETA = {"llama": 500000.0, "qwen2": 1000000.0, "qwen3": 1000000.0, "mimo": 640000.0}
 _RMS_EPS = {"llama": 1e-5, "qwen2": 1e-6, "qwen3": 1e-6, "mimo": 1e-5}
 #: The renames of a MiMo MTP layer's own tensors onto transformers' MtpLayer names.
 _MIMO_TO_MTP = dict(
-    token_layernorm="enorm", hidden_layernorm="hnorm", input_proj="eh_proj", final_layernorm="post_norm"
+    token_layernorm="enorm",
+    hidden_layernorm="hnorm",
+    input_proj="eh_proj",
+    final_layernorm="post_norm",
 )
-_DEEPSEEK_TO_MTP = {"enorm": "enorm", "hnorm": "hnorm", "eh_proj": "eh_proj", "shared_head.norm": "post_norm"}
+_DEEPSEEK_TO_MTP = {
+    "enorm": "enorm",
+    "hnorm": "hnorm",
+    "eh_proj": "eh_proj",
+    "shared_head.norm": "post_norm",
+}
 MTP_SHARD = "model-mtp.safetensors"
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -85,7 +96,14 @@ def _quiet() -> None:
     transformers.logging.disable_progress_bar()
 
 
-def _hf_config(family: str, *, tie: bool, rope_scaling: dict[str, Any] | None, bias: bool | None, dims: dict[str, int]):
+def _hf_config(
+    family: str,
+    *,
+    tie: bool,
+    rope_scaling: dict[str, Any] | None,
+    bias: bool | None,
+    dims: dict[str, int],
+):
     """The transformers config of the target (the MiMo target is a Qwen2 config)."""
     import transformers
 
@@ -196,7 +214,9 @@ def _write_mtp(out: Path, family: str, target, num_mtp_layers: int, rng, dtype: 
     own = [(n, p) for n, p in mtp.named_parameters() if n.startswith("layers.")]
     _fill(own, rng, tie=False)
     n_layers = target.config.num_hidden_layers
-    tensors = {released_mtp_name(family, n_layers, n): p.detach().to(getattr(torch, dtype)) for n, p in own}
+    tensors = {
+        released_mtp_name(family, n_layers, n): p.detach().to(getattr(torch, dtype)) for n, p in own
+    }
     index_path = out / "model.safetensors.index.json"
     if not index_path.exists():
         single = str(out / "model.safetensors")
@@ -217,7 +237,9 @@ def _legacy_config(cfg: dict[str, Any]) -> dict[str, Any]:
     rope_scaling (None when default) instead of rope_parameters, torch_dtype instead of dtype."""
     rope = dict(cfg.pop("rope_parameters"))
     cfg["rope_theta"] = rope.pop("rope_theta")
-    cfg["rope_scaling"] = None if rope.get("rope_type") == "default" else {"type": rope["rope_type"], **rope}
+    cfg["rope_scaling"] = (
+        None if rope.get("rope_type") == "default" else {"type": rope["rope_type"], **rope}
+    )
     cfg["torch_dtype"] = cfg.pop("dtype")
     return cfg
 
@@ -287,16 +309,32 @@ def make_folder(
     sharded = family in ("qwen3", "mimo") if sharded is None else sharded
     target, rng = _write_target(out, family, cfg, seed, dtype, sharded)
     target_names = sorted(_saved_names(out))
-    mtp_names = _write_mtp(out, family, target, num_mtp_layers, rng, dtype) if num_mtp_layers else []
+    mtp_names = (
+        _write_mtp(out, family, target, num_mtp_layers, rng, dtype) if num_mtp_layers else []
+    )
     config = _finish_config(out, family, num_mtp_layers, legacy_config)
-    gen = {"eos_token_id": list(eos), "do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": 20}
+    gen = {
+        "eos_token_id": list(eos),
+        "do_sample": True,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 20,
+    }
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     if tokenizer_writer is not None:
         tokenizer_writer(out)
     reference_models.forget(out)
     is_sharded = not (out / "model.safetensors").exists()
     return FolderInfo(
-        out, family, num_hidden_layers, num_mtp_layers, is_sharded, eos, tuple(target_names), tuple(mtp_names), config
+        out,
+        family,
+        num_hidden_layers,
+        num_mtp_layers,
+        is_sharded,
+        eos,
+        tuple(target_names),
+        tuple(mtp_names),
+        config,
     )
 
 
@@ -311,7 +349,9 @@ def _write_target(out: Path, family: str, cfg, seed: int, dtype: str, sharded: b
     _fill(list(target.named_parameters()), rng, cfg.tie_word_embeddings)
     target.config.dtype = dtype
     shard_size = "100KB" if sharded else "10GB"
-    target.to(getattr(torch, dtype)).save_pretrained(str(out), safe_serialization=True, max_shard_size=shard_size)
+    target.to(getattr(torch, dtype)).save_pretrained(
+        str(out), safe_serialization=True, max_shard_size=shard_size
+    )
     return target.float(), rng
 
 
@@ -340,7 +380,9 @@ reference_hidden = reference_models.hidden
 reference_mtp_step = reference_models.mtp_step
 
 
-def reference_greedy(folder: str | Path, prompt_ids: list[int], n: int, *, stop_at_eos: bool = False) -> list[int]:
+def reference_greedy(
+    folder: str | Path, prompt_ids: list[int], n: int, *, stop_at_eos: bool = False
+) -> list[int]:
     """Greedy tokens after ``prompt_ids`` from transformers' ``generate`` (do_sample=False):
     exactly ``n`` of them, or with ``stop_at_eos`` up to and including the first of
     generation_config.json's eos ids."""
@@ -368,7 +410,9 @@ def reference_mtp_logits(folder: str | Path, layer: int, next_ids, hidden) -> np
     return reference_mtp_step(folder, layer, next_ids, hidden)[0]
 
 
-def make_big_folder(out_dir: str | Path, target_mb: int = 200, *, shard_mb: int = 50, seed: int = 0) -> FolderInfo:
+def make_big_folder(
+    out_dir: str | Path, target_mb: int = 200, *, shard_mb: int = 50, seed: int = 0
+) -> FolderInfo:
     """A plain random qwen3-shaped float32 folder (no MTP layer) of about ``target_mb`` MiB in
     shards of at most ``shard_mb`` MiB (or one tensor), written with safetensors.numpy (no torch): hidden 512,
     8 heads of 64, 4 kv heads, SwiGLU 1536, vocab 8192; the layer count makes up the size."""
@@ -384,11 +428,18 @@ def make_big_folder(out_dir: str | Path, target_mb: int = 200, *, shard_mb: int 
     }  # fmt: skip
     per_layer = 4 * sum(int(np.prod(s)) for s in block.values())
     n_layers = max(1, round((target_mb * 2**20 - 8 * vocab * h) / per_layer))
-    plan = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,), "lm_head.weight": (vocab, h)}
+    plan = {
+        "model.embed_tokens.weight": (vocab, h),
+        "model.norm.weight": (h,),
+        "lm_head.weight": (vocab, h),
+    }
     plan.update({f"model.layers.{i}.{k}": s for i in range(n_layers) for k, s in block.items()})
     shards: list[dict[str, tuple[int, ...]]] = [{}]
     for name, shape in plan.items():
-        if sum(4 * int(np.prod(s)) for s in shards[-1].values()) + 4 * int(np.prod(shape)) > shard_mb * 2**20:
+        if (
+            sum(4 * int(np.prod(s)) for s in shards[-1].values()) + 4 * int(np.prod(shape))
+            > shard_mb * 2**20
+        ):
             shards.append({})
         shards[-1][name] = shape
     out = Path(out_dir)
@@ -397,9 +448,16 @@ def make_big_folder(out_dir: str | Path, target_mb: int = 200, *, shard_mb: int 
     weight_map: dict[str, str] = {}
     for i, shard in enumerate(shards):
         file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file({n: _big_tensor(rng, s) for n, s in shard.items()}, str(out / file), metadata={"format": "pt"})
+        save_file(
+            {n: _big_tensor(rng, s) for n, s in shard.items()},
+            str(out / file),
+            metadata={"format": "pt"},
+        )
         weight_map.update(dict.fromkeys(shard, file))
-    index = {"metadata": {"total_size": sum(4 * int(np.prod(s)) for s in plan.values())}, "weight_map": weight_map}
+    index = {
+        "metadata": {"total_size": sum(4 * int(np.prod(s)) for s in plan.values())},
+        "weight_map": weight_map,
+    }
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     config = {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": vocab, "hidden_size": h,
@@ -409,11 +467,15 @@ def make_big_folder(out_dir: str | Path, target_mb: int = 200, *, shard_mb: int 
         "tie_word_embeddings": False, "attention_bias": False, "dtype": "float32", "eos_token_id": vocab - 1,
     }  # fmt: skip
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return FolderInfo(out, "qwen3", n_layers, 0, True, (vocab - 1,), tuple(sorted(plan)), (), config)
+    return FolderInfo(
+        out, "qwen3", n_layers, 0, True, (vocab - 1,), tuple(sorted(plan)), (), config
+    )
 
 
 def _big_tensor(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     """float32 values: norm weights around 1, matrices small uniform noise (fast to draw)."""
     if len(shape) == 1:
         return (1.0 + 0.1 * rng.random(shape, dtype=np.float32)).astype(np.float32)
-    return ((rng.random(shape, dtype=np.float32) - 0.5) * (0.1 / np.sqrt(shape[1]))).astype(np.float32)
+    return ((rng.random(shape, dtype=np.float32) - 0.5) * (0.1 / np.sqrt(shape[1]))).astype(
+        np.float32
+    )

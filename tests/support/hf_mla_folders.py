@@ -36,7 +36,13 @@ YARN = {
 
 
 def _config(
-    *, q_lora_rank: int, yarn: bool, num_mtp_layers: int, first_k_dense_replace: int, experts: int, vocab_size: int
+    *,
+    q_lora_rank: int,
+    yarn: bool,
+    num_mtp_layers: int,
+    first_k_dense_replace: int,
+    experts: int,
+    vocab_size: int,
 ):
     import transformers
 
@@ -69,7 +75,11 @@ def _fill(named, rng: np.random.Generator, negative_bias: bool = False) -> None:
     for name, p in sorted(named, key=lambda item: item[0]):
         shape = tuple(p.shape)
         if name.endswith("e_score_correction_bias"):
-            value = (-0.8 + 0.4 * rng.standard_normal(shape)) if negative_bias else 0.05 * rng.standard_normal(shape)
+            value = (
+                (-0.8 + 0.4 * rng.standard_normal(shape))
+                if negative_bias
+                else 0.05 * rng.standard_normal(shape)
+            )
         elif len(shape) == 1:
             value = 1.0 + 0.1 * rng.standard_normal(shape)
         elif "embed_tokens" in name:
@@ -136,8 +146,12 @@ def make_mla_folder(
         single = str(out / "model.safetensors")
         saved = load_file(single)
         for k in range(num_mtp_layers):  # DeepSeek's MTP layers repeat the embedding and the head
-            tensors[f"model.layers.{2 + k}.embed_tokens.weight"] = saved["model.embed_tokens.weight"].clone()
-            tensors[f"model.layers.{2 + k}.shared_head.head.weight"] = saved["lm_head.weight"].clone()
+            tensors[f"model.layers.{2 + k}.embed_tokens.weight"] = saved[
+                "model.embed_tokens.weight"
+            ].clone()
+            tensors[f"model.layers.{2 + k}.shared_head.head.weight"] = saved[
+                "lm_head.weight"
+            ].clone()
         save_file({**saved, **tensors}, single, metadata={"format": "pt"})
         mtp_names = sorted(tensors)
     path = out / "config.json"
@@ -149,7 +163,9 @@ def make_mla_folder(
     if tokenizer_writer is not None:
         tokenizer_writer(out)
     reference_models.forget(out)
-    return FolderInfo(out, FAMILY, 2, num_mtp_layers, False, (2,), tuple(target_names), tuple(mtp_names), config)
+    return FolderInfo(
+        out, FAMILY, 2, num_mtp_layers, False, (2,), tuple(target_names), tuple(mtp_names), config
+    )
 
 
 # ---- reference outputs ---------------------------------------------------------------------

@@ -76,14 +76,20 @@ def _fill(named, rng: np.random.Generator, negative_bias: bool = False) -> None:
         elif "embed_tokens" in name:
             value = 0.5 * rng.standard_normal(shape)
         else:
-            value = (2.0 if "lm_head" in name else 1.0) * rng.standard_normal(shape) / np.sqrt(shape[-1])
+            value = (
+                (2.0 if "lm_head" in name else 1.0)
+                * rng.standard_normal(shape)
+                / np.sqrt(shape[-1])
+            )
         with torch.no_grad():
             p.copy_(torch.from_numpy(value.astype(np.float32)))
 
 
 def _tensors(module) -> list[tuple[str, Any]]:
     """Parameters and persistent buffers (the router's e_score_correction_bias is a buffer)."""
-    return list(module.named_parameters()) + [(n, b) for n, b in module.named_buffers() if "rotary" not in n]
+    return list(module.named_parameters()) + [
+        (n, b) for n, b in module.named_buffers() if "rotary" not in n
+    ]
 
 
 def _mtp_model(target, num_mtp_layers: int):

@@ -85,5 +85,7 @@ def run_as_nobody(script: str, timeout: float = 60.0) -> Any:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    assert out.returncode == 0, f"the hostile script failed ({out.returncode}):\n{out.stdout}\n{out.stderr}"
+    assert out.returncode == 0, (
+        f"the hostile script failed ({out.returncode}):\n{out.stdout}\n{out.stderr}"
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])

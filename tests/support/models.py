@@ -12,7 +12,13 @@ def small_config(**overrides):
     """Tiny shapes so the whole directory runs in seconds: the engine tests' H=32, 4 q heads,
     2 kv heads (head_dim 8), with vocab 40 padded from 37, SwiGLU width 48, block size 4 and
     a 512-position RoPE table; `overrides` replace any field."""
-    small = dict(vocab_size=40, ori_vocab_size=37, intermediate_size=48, block_size=4, max_position_embeddings=512)
+    small = dict(
+        vocab_size=40,
+        ori_vocab_size=37,
+        intermediate_size=48,
+        block_size=4,
+        max_position_embeddings=512,
+    )
     return tiny_arch(**{**small, **overrides})
 
 

@@ -69,7 +69,20 @@ class Hosts:
         for i, (name, ns) in enumerate(self.namespaces.items()):
             port = f"p{i}"
             # made inside the switch namespace, one end moved to the host: nothing appears here
-            _ip("-n", self.switch, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip(
+                "-n",
+                self.switch,
+                "link",
+                "add",
+                port,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                ns,
+            )
             _ip("-n", self.switch, "link", "set", port, "master", "br0", "up")
             _ip("-n", ns, "addr", "add", f"{self.addresses[name]}/24", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
@@ -112,7 +125,9 @@ class Hosts:
         ``None`` lifts the limit."""
         ns = self.namespaces[name]
         if rate is None:
-            subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root"], timeout=30)
+            subprocess.run(
+                ["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root"], timeout=30
+            )
             return
         tbf = ["tbf", "rate", rate, "burst", "16kb", "latency", "2s"]
         out = subprocess.run(

@@ -11,7 +11,9 @@ DECLARATION_FILES = sorted(p for p in DECLARATION_DIR.glob("*.toml") if p.stem n
 #: op name -> its parsed declaration
 DECLARED: dict[str, dict] = {p.stem: tomllib.loads(p.read_text()) for p in DECLARATION_FILES}
 #: The host-only ops (``host_only = true``: one host function on every backend, no kernels).
-HOST_ONLY: frozenset[str] = frozenset(name for name, decl in DECLARED.items() if decl.get("host_only"))
+HOST_ONLY: frozenset[str] = frozenset(
+    name for name, decl in DECLARED.items() if decl.get("host_only")
+)
 
 
 def base_dtype(decl: dict, dtype: str) -> str:

@@ -69,8 +69,12 @@ def verify_state(rng, bsz, k, strategy, *, real_bsz=None, vocab=8, p_match=0.7):
     reasoning items; drafts from a small vocabulary so acceptances and EOS hits happen."""
     w = k + 1
     real_bsz = bsz if real_bsz is None else real_bsz
-    kind = rng.choice(["decode"] * 5 + ["prefill", "stopped", "paused", "empty", "reasoning"], size=bsz)
-    slt = np.where(kind == "prefill", rng.integers(1, 40, bsz), rng.integers(1, w + 1, bsz)).astype(np.int32)
+    kind = rng.choice(
+        ["decode"] * 5 + ["prefill", "stopped", "paused", "empty", "reasoning"], size=bsz
+    )
+    slt = np.where(kind == "prefill", rng.integers(1, 40, bsz), rng.integers(1, w + 1, bsz)).astype(
+        np.int32
+    )
     slt[kind == "empty"] = 0
     enc = np.where(kind == "prefill", slt, 0).astype(np.int32)
     stop = (kind == "stopped").reshape(bsz, 1)

@@ -26,8 +26,12 @@ class LocalPD:
     KV blocks are copied between the two runners' caches when the decode engine asks for
     them, ``fetch_delay`` loop iterations later (a slow transfer)."""
 
-    def __init__(self, cfg: FDConfig, target, mtp, fetch_delay: int = 0, prefill_chunk_size: int = 0):
-        self.p = Engine(role_config(cfg, "prefill"), target, mtp, prefill_chunk_size=prefill_chunk_size)
+    def __init__(
+        self, cfg: FDConfig, target, mtp, fetch_delay: int = 0, prefill_chunk_size: int = 0
+    ):
+        self.p = Engine(
+            role_config(cfg, "prefill"), target, mtp, prefill_chunk_size=prefill_chunk_size
+        )
         self.d = Engine(role_config(cfg, "decode"), target, mtp)
         self.d.kv_fetcher = self._queue_fetch
         self.fetch_delay = fetch_delay

@@ -94,7 +94,9 @@ def mtp_step(folder: str | Path, layer: int, next_ids: Any, states: Any) -> tupl
     ids = ids_tensor(next_ids)
     h = torch.as_tensor(np.asarray(states, dtype=np.float32))
     if tuple(h.shape[:2]) != tuple(ids.shape):
-        raise ValueError(f"hidden: expected shape [B, S, H] with [B, S] = {tuple(ids.shape)}, got {tuple(h.shape)}")
+        raise ValueError(
+            f"hidden: expected shape [B, S, H] with [B, S] = {tuple(ids.shape)}, got {tuple(h.shape)}"
+        )
     positions = torch.arange(ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
     with torch.no_grad():
         out = mtp.forward_layer(layer, h, positions, None, input_ids=ids)

@@ -32,7 +32,9 @@ def expected_steps(rounds: Sequence[Round]) -> Steps:
     return steps
 
 
-def served_round(base_url: str, model: str, prompt_ids: list[int], max_tokens: int) -> tuple[list[str], Steps]:
+def served_round(
+    base_url: str, model: str, prompt_ids: list[int], max_tokens: int
+) -> tuple[list[str], Steps]:
     """(logprob token strings, ``(position, draft ids)`` per step) of one greedy completion of
     ``prompt_ids`` (token ids, sent as they are)."""
     body = {
@@ -46,7 +48,9 @@ def served_round(base_url: str, model: str, prompt_ids: list[int], max_tokens: i
     status, answer = http_post(base_url + "/v1/completions", body, timeout=180)
     assert status == 200, answer
     choice = answer["choices"][0]
-    steps = [(s["position"], tuple(d["token_id"] for d in s["drafts"])) for s in choice["draft_logprobs"]]
+    steps = [
+        (s["position"], tuple(d["token_id"] for d in s["drafts"])) for s in choice["draft_logprobs"]
+    ]
     return choice["logprobs"]["tokens"], steps
 
 
@@ -68,16 +72,24 @@ def check_served_drafts(
     for i, (prompt, (tokens, steps)) in enumerate(zip(prompts, served)):
         rounds = reference_rounds(prompt)
         want_tokens = [token_string(t) for r in rounds for t in r.tokens]
-        assert tokens == want_tokens, f"{label} prompt {i}: served tokens differ from the reference's"
+        assert tokens == want_tokens, (
+            f"{label} prompt {i}: served tokens differ from the reference's"
+        )
         want = expected_steps(rounds)
         for j, (got, exp) in enumerate(zip(steps, want)):
-            assert got == exp, f"{label} prompt {i}: drafting step {j} differs: served {got}, reference {exp}"
-        assert len(steps) == len(want), f"{label} prompt {i}: {len(steps)} drafting steps served, {len(want)} expected"
+            assert got == exp, (
+                f"{label} prompt {i}: drafting step {j} differs: served {got}, reference {exp}"
+            )
+        assert len(steps) == len(want), (
+            f"{label} prompt {i}: {len(steps)} drafting steps served, {len(want)} expected"
+        )
         verified += len(steps)
     return verified
 
 
-def check_family_drafts_served(base_url: str, folder: str, *, k: int, label: str, max_tokens: int = 32) -> None:
+def check_family_drafts_served(
+    base_url: str, folder: str, *, k: int, label: str, max_tokens: int = 32
+) -> None:
     """:func:`check_served_drafts` of the :func:`fidelity_prompts` on a server of ``folder``
     drafting ``k`` tokens a round, against transformers: its own ``generate(use_mtp=True)``
     for ``k`` = 1, its MTP layer chained by the engine's stated rule for ``k`` > 1. Asserts
@@ -95,5 +107,7 @@ def check_family_drafts_served(base_url: str, folder: str, *, k: int, label: str
 
     prompts = fidelity_prompts()
     tokenizer = load_tokenizer(folder)
-    verified = check_served_drafts(base_url, folder, prompts, max_tokens, rounds, tokenizer.token_string, label)
+    verified = check_served_drafts(
+        base_url, folder, prompts, max_tokens, rounds, tokenizer.token_string, label
+    )
     assert verified >= len(prompts) * 4, f"{label}: only {verified} rounds verified drafts"

@@ -58,11 +58,15 @@ def own_names(names: set[str], queue_port: int, device_ids: list[int]) -> list[s
     return sorted(n for n in names if owned(n))
 
 
-def http_get(url: str, timeout: float = 30, headers: dict[str, str] | None = None) -> tuple[int, str]:
+def http_get(
+    url: str, timeout: float = 30, headers: dict[str, str] | None = None
+) -> tuple[int, str]:
     """(status, body text) of a GET (with ``headers``, e.g. an ``Authorization``); an HTTP
     error status is returned, not raised."""
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers or {}), timeout=timeout
+        ) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
@@ -79,7 +83,9 @@ def http_post(
         with urllib.request.urlopen(req, timeout=timeout) as r:
             raw = r.read().decode()
             if r.headers.get("content-type", "").startswith("text/event-stream"):
-                return r.status, [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
+                return r.status, [
+                    json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")
+                ]
             return r.status, json.loads(raw)
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
@@ -91,7 +97,10 @@ def scrape_metrics(base_url: str, timeout: float = 30) -> dict[str, float]:
     without an unlabelled sample)."""
     status, text = http_get(base_url + "/metrics", timeout)
     assert status == 200, (status, text)
-    samples = {m[1]: float(m[2]) for m in re.finditer(r"^(fastdeploy:[a-z0-9_]+(?:\{[^}]*\})?) (\S+)$", text, re.M)}
+    samples = {
+        m[1]: float(m[2])
+        for m in re.finditer(r"^(fastdeploy:[a-z0-9_]+(?:\{[^}]*\})?) (\S+)$", text, re.M)
+    }
     sums: dict[str, float] = {}
     for key, value in samples.items():
         if "{" in key:
@@ -154,12 +163,16 @@ class ServerProcess:
         #: (its own network and ``/dev/shm``), reached at its address from that host's side
         self.on = on
         self.host = "127.0.0.1" if on is None else on[0].addresses[on[1]]
-        self.port = find_free_port_range(2)  # two distinct ports: HTTP, then the engine-worker socket
+        self.port = find_free_port_range(
+            2
+        )  # two distinct ports: HTTP, then the engine-worker socket
         self.queue_port = self.port + 1
         if "--device-ids" not in args:  # names of its own: other servers on this host use 0..tp-1
             args = [*args, "--device-ids", device_ids(_tp_of(args))]
         self.device_ids = [int(d) for d in args[args.index("--device-ids") + 1].split(",")]
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="fdmtp-serve-", suffix=".log", delete=False)
+        self.log = tempfile.NamedTemporaryFile(
+            "w+", prefix="fdmtp-serve-", suffix=".log", delete=False
+        )
         self.shm_before = shm_names()
         cmd = [
             sys.executable,
@@ -176,7 +189,9 @@ class ServerProcess:
             if "--host" not in args:
                 cmd += ["--host", self.host]
             cmd = on[0].command(on[1], cmd, private_shm=True)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
         self.children: list[int] = []
         #: ``os.stat`` of the /dev/shm the server keys its SysV queue on, when it is not ours (a
         #: server on a host of its own has a private /dev/shm, so another key for the same id)
@@ -207,7 +222,9 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"serve exited with {self.proc.returncode} during start-up:\n{self.output()}")
+                raise RuntimeError(
+                    f"serve exited with {self.proc.returncode} during start-up:\n{self.output()}"
+                )
             if self.on is not None and self.shm_stat is None:
                 self.shm_stat = private_shm_stat(self.proc.pid)
             try:
@@ -215,7 +232,9 @@ class ServerProcess:
                     self.children = descendants(self.proc.pid)
                     if self.on is not None and self.shm_stat is None:
                         self.shm_stat = private_shm_stat(self.proc.pid)
-                        assert self.shm_stat is not None, "a server on a host of its own has no /dev/shm of its own"
+                        assert self.shm_stat is not None, (
+                            "a server on a host of its own has no /dev/shm of its own"
+                        )
                     return
             except OSError:
                 pass
@@ -263,7 +282,9 @@ class ServerProcess:
                 os.kill(pid, signal.SIGKILL)
         mine = own_names(shm_names() - self.shm_before, self.queue_port, self.device_ids)
         for name in mine:
-            if name.startswith((CACHE_READY_SIGNAL, SHM_PREFIX, "key_caches", "value_caches", "latent_caches")):
+            if name.startswith(
+                (CACHE_READY_SIGNAL, SHM_PREFIX, "key_caches", "value_caches", "latent_caches")
+            ):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join("/dev/shm", name))
         self.leftovers()  # removes the queue and the runtime directory
@@ -385,7 +406,9 @@ def router_headers(secret: bytes | None = None) -> dict[str, str]:
     return {**version_headers(), "Authorization": "Bearer " + token.decode()}
 
 
-def splitwise_post(url: str, body: dict[str, Any], timeout: float = 60, secret: bytes | None = None) -> tuple[int, Any]:
+def splitwise_post(
+    url: str, body: dict[str, Any], timeout: float = 60, secret: bytes | None = None
+) -> tuple[int, Any]:
     """:func:`http_post` to a ``/v1/splitwise/*`` endpoint, as the router sends it."""
     return http_post(url, body, timeout, router_headers(secret))
 
@@ -395,13 +418,17 @@ class ThreadServer:
 
     def __init__(self, app: FastAPI, port: int):
         self.url = f"http://127.0.0.1:{port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name=f"uvicorn:{port}", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 10
         while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, f"{self.url} did not start"
+            assert self.thread.is_alive() and time.monotonic() < deadline, (
+                f"{self.url} did not start"
+            )
             time.sleep(0.01)
 
     def stop(self) -> None:
@@ -438,9 +465,21 @@ def device_ids(n: int) -> str:
 
 def splitwise_instance(role: str, spec: str, *extra: str) -> ServerProcess:
     """``serve --splitwise-role role`` with speculation ``spec`` on device ids of its own."""
-    tp = int(extra[extra.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in extra else 1
+    tp = (
+        int(extra[extra.index("--tensor-parallel-size") + 1])
+        if "--tensor-parallel-size" in extra
+        else 1
+    )
     return ServerProcess(
-        ["--speculative-config", spec, "--splitwise-role", role, "--device-ids", device_ids(tp), *extra]
+        [
+            "--speculative-config",
+            spec,
+            "--splitwise-role",
+            role,
+            "--device-ids",
+            device_ids(tp),
+            *extra,
+        ]
     )
 
 

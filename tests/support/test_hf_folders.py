@@ -46,7 +46,10 @@ def expected_mtp_names(family: str, n_layers: int, n_mtp: int) -> set[str]:
                 ["token_layernorm", "hidden_layernorm", "input_proj", "final_layernorm"],
             )
         else:
-            prefix, own = f"model.layers.{n_layers + k}.", ["enorm", "hnorm", "eh_proj", "shared_head.norm"]
+            prefix, own = (
+                f"model.layers.{n_layers + k}.",
+                ["enorm", "hnorm", "eh_proj", "shared_head.norm"],
+            )
         names |= {prefix + o + ".weight" for o in own}
         names |= {prefix + b for b in BLOCK + EXTRA_BLOCK[family]}
     return names
@@ -119,11 +122,15 @@ def test_reference_mtp_uses_the_saved_weights_in_the_released_order(folder):
     tensors = all_tensors(folder.path)
     prefix = "model.mtp_layers.1." if folder.family == "mimo" else "model.layers.3."
     proj = "input_proj" if folder.family == "mimo" else "eh_proj"
-    np.testing.assert_array_equal(mtp.layers[1].eh_proj.weight.detach().numpy(), tensors[prefix + proj + ".weight"])
+    np.testing.assert_array_equal(
+        mtp.layers[1].eh_proj.weight.detach().numpy(), tensors[prefix + proj + ".weight"]
+    )
     # the projection input, by hand from the saved tensors: MiMo puts the hidden state first
     hidden = hf.reference_hidden(folder.path, IDS)
     captured = {}
-    handle = mtp.layers[1].eh_proj.register_forward_hook(lambda m, args, out: captured.update(x=args[0]))
+    handle = mtp.layers[1].eh_proj.register_forward_hook(
+        lambda m, args, out: captured.update(x=args[0])
+    )
     try:
         logits, out = hf.reference_mtp_step(folder.path, 1, IDS, hidden)
     finally:
@@ -141,7 +148,10 @@ def test_reference_mtp_uses_the_saved_weights_in_the_released_order(folder):
         )
         want = np.concatenate([h, e], -1)
     else:
-        e, h = rms(embed, tensors[prefix + "enorm.weight"]), rms(hidden, tensors[prefix + "hnorm.weight"])
+        e, h = (
+            rms(embed, tensors[prefix + "enorm.weight"]),
+            rms(hidden, tensors[prefix + "hnorm.weight"]),
+        )
         want = np.concatenate([e, h], -1)
     np.testing.assert_allclose(captured["x"].numpy(), want, rtol=1e-4, atol=1e-5)
     assert logits.shape == (2, 8, 300) and out.shape == (2, 8, 64)
@@ -159,15 +169,22 @@ def test_reference_greedy_matches_argmax_and_can_stop_at_eos(folder, tmp_path):
         ids.append(int(hf.reference_logits(folder.path, [ids])[0, -1].argmax()))
     assert tokens == ids[3:]
     # a folder whose eos is the greedy path's third token stops there when asked
-    other = hf.make_folder(tmp_path / "eos", folder.family, num_mtp_layers=0, eos_token_ids=(tokens[2], 299))
+    other = hf.make_folder(
+        tmp_path / "eos", folder.family, num_mtp_layers=0, eos_token_ids=(tokens[2], 299)
+    )
     assert hf.reference_greedy(other.path, [5, 17, 200], 6) == tokens
-    assert hf.reference_greedy(other.path, [5, 17, 200], 6, stop_at_eos=True) == tokens[: tokens.index(tokens[2]) + 1]
+    assert (
+        hf.reference_greedy(other.path, [5, 17, 200], 6, stop_at_eos=True)
+        == tokens[: tokens.index(tokens[2]) + 1]
+    )
 
 
 @pytest.mark.parametrize("rope_type", ["linear", "yarn", "llama3"])
 def test_rope_scaling_reaches_the_reference(rope_type, tmp_path):
     plain = hf.make_folder(tmp_path / "plain", "llama", num_mtp_layers=0)
-    scaled = hf.make_folder(tmp_path / "scaled", "llama", num_mtp_layers=0, rope_scaling=hf.rope_example(rope_type))
+    scaled = hf.make_folder(
+        tmp_path / "scaled", "llama", num_mtp_layers=0, rope_scaling=hf.rope_example(rope_type)
+    )
     assert scaled.config["rope_parameters"]["rope_type"] == rope_type
     base, got = hf.reference_logits(plain.path, IDS), hf.reference_logits(scaled.path, IDS)
     assert np.isfinite(got).all()
@@ -178,9 +195,17 @@ def test_rope_scaling_reaches_the_reference(rope_type, tmp_path):
 
 def test_dynamic_rope_below_the_original_length_is_plain_rope(tmp_path):
     plain = hf.make_folder(tmp_path / "plain", "qwen3", num_mtp_layers=0)
-    dyn = hf.make_folder(tmp_path / "dyn", "qwen3", num_mtp_layers=0, rope_scaling=hf.rope_example("dynamic"))
-    assert dyn.config["rope_parameters"] == {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1000000.0}
-    np.testing.assert_allclose(hf.reference_logits(dyn.path, IDS), hf.reference_logits(plain.path, IDS), atol=1e-5)
+    dyn = hf.make_folder(
+        tmp_path / "dyn", "qwen3", num_mtp_layers=0, rope_scaling=hf.rope_example("dynamic")
+    )
+    assert dyn.config["rope_parameters"] == {
+        "rope_type": "dynamic",
+        "factor": 2.0,
+        "rope_theta": 1000000.0,
+    }
+    np.testing.assert_allclose(
+        hf.reference_logits(dyn.path, IDS), hf.reference_logits(plain.path, IDS), atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("family", ["qwen3", "mimo"])
@@ -192,10 +217,13 @@ def test_legacy_config_is_the_same_model(family, tmp_path):
     assert "rope_parameters" not in cfg and "dtype" not in cfg
     assert cfg["rope_theta"] == hf._ROPE_THETA[family] and cfg["torch_dtype"] == "float32"
     assert cfg["rope_scaling"]["type"] == "yarn" and cfg["rope_scaling"]["factor"] == 2.0
-    np.testing.assert_array_equal(hf.reference_logits(old.path, IDS), hf.reference_logits(new.path, IDS))
+    np.testing.assert_array_equal(
+        hf.reference_logits(old.path, IDS), hf.reference_logits(new.path, IDS)
+    )
     hidden = hf.reference_hidden(new.path, IDS)
     np.testing.assert_array_equal(
-        hf.reference_mtp_logits(old.path, 0, IDS, hidden), hf.reference_mtp_logits(new.path, 0, IDS, hidden)
+        hf.reference_mtp_logits(old.path, 0, IDS, hidden),
+        hf.reference_mtp_logits(new.path, 0, IDS, hidden),
     )
 
 
@@ -204,9 +232,13 @@ def test_tied_head_is_not_saved_and_is_the_embedding(tmp_path):
     tensors = all_tensors(info.path)
     assert "lm_head.weight" not in tensors and info.config["tie_word_embeddings"] is True
     logits, hidden = hf.reference_logits(info.path, IDS), hf.reference_hidden(info.path, IDS)
-    np.testing.assert_allclose(logits, hidden @ tensors["model.embed_tokens.weight"].T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        logits, hidden @ tensors["model.embed_tokens.weight"].T, rtol=1e-4, atol=1e-4
+    )
     mtp_logits, out = hf.reference_mtp_step(info.path, 0, IDS, hidden)
-    np.testing.assert_allclose(mtp_logits, out @ tensors["model.embed_tokens.weight"].T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        mtp_logits, out @ tensors["model.embed_tokens.weight"].T, rtol=1e-4, atol=1e-4
+    )
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -250,7 +282,9 @@ def test_bad_arguments_are_refused(tmp_path):
 def test_tokenizer_writer_runs_last(tmp_path):
     seen = []
     hf.make_folder(
-        tmp_path / "t", "qwen2", tokenizer_writer=lambda out: seen.append(sorted(p.name for p in out.iterdir()))
+        tmp_path / "t",
+        "qwen2",
+        tokenizer_writer=lambda out: seen.append(sorted(p.name for p in out.iterdir())),
     )
     assert seen == [["config.json", "generation_config.json", "model.safetensors"]]
 
@@ -260,7 +294,9 @@ def test_big_folder_is_sharded_and_loads(tmp_path):
 
     info = hf.make_big_folder(tmp_path / "big", 40, shard_mb=20)
     files = sorted(p.name for p in info.path.glob("*.safetensors"))
-    assert len(files) >= 3 and all((info.path / f).stat().st_size <= 20 * 2**20 + 2**16 for f in files)
+    assert len(files) >= 3 and all(
+        (info.path / f).stat().st_size <= 20 * 2**20 + 2**16 for f in files
+    )
     total = sum((info.path / f).stat().st_size for f in files)
     assert 30 * 2**20 < total < 50 * 2**20
     index = json.loads((info.path / "model.safetensors.index.json").read_text())
@@ -283,8 +319,22 @@ def test_cli_writes_the_same_folder(tmp_path):
     cli = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cli)
     assert (
-        cli.main(["--family", "qwen3", "--out", str(tmp_path / "cli"), "--mtp-layers", "2", "--rope-type", "yarn"]) == 0
+        cli.main(
+            [
+                "--family",
+                "qwen3",
+                "--out",
+                str(tmp_path / "cli"),
+                "--mtp-layers",
+                "2",
+                "--rope-type",
+                "yarn",
+            ]
+        )
+        == 0
     )
-    direct = hf.make_folder(tmp_path / "direct", "qwen3", num_mtp_layers=2, rope_scaling=hf.rope_example("yarn"))
+    direct = hf.make_folder(
+        tmp_path / "direct", "qwen3", num_mtp_layers=2, rope_scaling=hf.rope_example("yarn")
+    )
     assert json.loads((tmp_path / "cli" / "config.json").read_text()) == direct.config
     assert hf._saved_names(tmp_path / "cli") == hf._saved_names(direct.path)

@@ -73,7 +73,9 @@ def write_bpe_tokenizer(
             raise ValueError("prepend_bos needs a bos_token")
         bos = (bos_token, tok.token_to_id(bos_token))
         tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos_token}:0 $A:0", pair=f"{bos_token}:0 $A:0 {bos_token}:1 $B:1", special_tokens=[bos]
+            single=f"{bos_token}:0 $A:0",
+            pair=f"{bos_token}:0 $A:0 {bos_token}:1 $B:1",
+            special_tokens=[bos],
         )
     os.makedirs(out_dir, exist_ok=True)
     tok.save(os.path.join(out_dir, "tokenizer.json"))

@@ -15,7 +15,9 @@ from fastdeploy_mtp.distributed import find_free_port_range
 CHILD = str(Path(__file__).with_name("tp_child.py"))
 
 
-def run_ranks(role: str, world: int, *extra: str, timeout: float = 90.0, ranks: list[int] | None = None) -> list[dict]:
+def run_ranks(
+    role: str, world: int, *extra: str, timeout: float = 90.0, ranks: list[int] | None = None
+) -> list[dict]:
     """Run ``role`` as ranks ``ranks`` (default all) of a ``world``-rank group on free ports;
     return each rank's JSON result (``_seconds``: the wall time of the whole run). Fails with
     every rank's output when one exits non-zero or the run outlasts ``timeout`` seconds."""
@@ -28,14 +30,27 @@ def run_ranks(role: str, world: int, *extra: str, timeout: float = 90.0, ranks: 
         t0 = time.monotonic()
         try:
             for r, out, log in zip(ranks, outs, logs):
-                cmd = [sys.executable, "-W", "ignore", CHILD, role, str(r), str(world), str(port), out, *extra]
+                cmd = [
+                    sys.executable,
+                    "-W",
+                    "ignore",
+                    CHILD,
+                    role,
+                    str(r),
+                    str(world),
+                    str(port),
+                    out,
+                    *extra,
+                ]
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
             deadline = t0 + timeout
             for p in procs:
                 p.wait(timeout=max(deadline - time.monotonic(), 0.01))
             seconds = time.monotonic() - t0
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"{role}: ranks did not finish in {timeout} s\n{_logs(logs)}") from None
+            raise AssertionError(
+                f"{role}: ranks did not finish in {timeout} s\n{_logs(logs)}"
+            ) from None
         finally:
             for p in procs:
                 if p.poll() is None:

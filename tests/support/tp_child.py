@@ -23,7 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 ENGINE_MODES = [("K3S1+ngram", 3, 1, True), ("K2S2", 2, 2, False)]
 
 
-def run_engine(target, mtp, arch, k: int, steps: int, hybrid: bool, max_tokens: int, tp: int, rank: int):
+def run_engine(
+    target, mtp, arch, k: int, steps: int, hybrid: bool, max_tokens: int, tp: int, rank: int
+):
     """Token ids per demo prompt and tokens/s of one engine run (``entrypoints.offline.run_prompts``'s set-up,
     with the parallel config of rank ``rank`` of ``tp``)."""
     import dataclasses
@@ -36,11 +38,16 @@ def run_engine(target, mtp, arch, k: int, steps: int, hybrid: bool, max_tokens: 
     from fastdeploy_mtp.runtime.request import Request
 
     tok = ByteTokenizer()
-    reqs = [Request(f"p{i}", tok.encode(p), max_tokens=max_tokens) for i, p in enumerate(DEMO_PROMPTS)]
+    reqs = [
+        Request(f"p{i}", tok.encode(p), max_tokens=max_tokens) for i, p in enumerate(DEMO_PROMPTS)
+    ]
     longest = max(len(r.prompt_token_ids) for r in reqs) + max_tokens + 2 * k + 8
     cfg = build_config(arch, speculative_config(k, steps, hybrid), len(reqs), longest)
     cfg = dataclasses.replace(
-        cfg, parallel_config=ParallelConfig(tensor_parallel_size=tp, tensor_parallel_rank=rank, local_rank=rank)
+        cfg,
+        parallel_config=ParallelConfig(
+            tensor_parallel_size=tp, tensor_parallel_rank=rank, local_rank=rank
+        ),
     )
     with Engine(cfg, target, mtp if k > 0 else None) as engine:
         out = engine.generate(reqs)
@@ -123,7 +130,9 @@ def role_layers(rank: int, world: int, port: int) -> dict:
     }
 
     ids = paddle.to_tensor(np.array([0, 3, 7, 8, 15, 9, 1], np.int64))
-    compare("embedding", paddle.nn.Embedding(16, 6), VocabParallelEmbedding(16, 6, world, rank), ids)
+    compare(
+        "embedding", paddle.nn.Embedding(16, 6), VocabParallelEmbedding(16, 6, world, rank), ids
+    )
     h = paddle.to_tensor(rng.standard_normal([4, 10]).astype(np.float32))
     compare("lm_head", paddle.nn.Linear(10, 16, bias_attr=False), ParallelLMHead(10, 16, world), h)
 
@@ -163,12 +172,20 @@ def role_layers(rank: int, world: int, port: int) -> dict:
         list(broadcast_from_rank0(paddle.zeros([0], dtype="int64")).shape),
     ]
     # ... and the group still works afterwards.
-    results["after_empty"] = broadcast_from_rank0(paddle.to_tensor([rank + 5], dtype="int64")).tolist()
+    results["after_empty"] = broadcast_from_rank0(
+        paddle.to_tensor([rank + 5], dtype="int64")
+    ).tolist()
     return results
 
 
 def main() -> int:
-    role, rank, world, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    role, rank, world, port, out = (
+        sys.argv[1],
+        int(sys.argv[2]),
+        int(sys.argv[3]),
+        int(sys.argv[4]),
+        sys.argv[5],
+    )
     if role == "engine":
         result = role_engine(rank, world, port, int(sys.argv[6]))
     elif role == "layers":

@@ -95,14 +95,18 @@ def test_chat_template_renders_role_lines_then_assistant():
     ]
     want = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
     assert TOK.apply_chat_template(messages) == want
-    assert TOK.apply_chat_template(messages, add_generation_prompt=False) == want[: -len("assistant:")]
+    assert (
+        TOK.apply_chat_template(messages, add_generation_prompt=False) == want[: -len("assistant:")]
+    )
 
 
 def test_the_script_writes_the_shipped_files(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": root}
     script = os.path.join(root, "scripts", "make_byte_tokenizer.py")
-    subprocess.run([sys.executable, script, "--out", str(tmp_path)], check=True, env=env, capture_output=True)
+    subprocess.run(
+        [sys.executable, script, "--out", str(tmp_path)], check=True, env=env, capture_output=True
+    )
     for name in ("tokenizer.json", "tokenizer_config.json"):
         with open(tmp_path / name) as written, open(os.path.join(ASSETS_DIR, name)) as shipped:
             assert json.load(written) == json.load(shipped), name

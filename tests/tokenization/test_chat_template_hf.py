@@ -49,7 +49,10 @@ LLAMA3_TEMPLATE = """\
 
 CHATS = [
     [{"role": "user", "content": "Hello there"}],
-    [{"role": "system", "content": "You answer in French. "}, {"role": "user", "content": "  Où est la gare?  "}],
+    [
+        {"role": "system", "content": "You answer in French. "},
+        {"role": "user", "content": "  Où est la gare?  "},
+    ],
     [
         {"role": "system", "content": "Be terse."},
         {"role": "user", "content": "2+2?"},
@@ -64,7 +67,10 @@ TOOLS = [
         "function": {
             "name": "get_weather",
             "description": "Weather in a city <today> & tomorrow",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "Zürich"}}},
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "description": "Zürich"}},
+            },
         },
     }
 ]
@@ -96,7 +102,9 @@ def llama3(tmp_path_factory):
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 def test_chatml_renders_as_transformers(chatml, chat, add_generation_prompt):
     ours, theirs = chatml
-    want = theirs.apply_chat_template(chat, tokenize=False, add_generation_prompt=add_generation_prompt)
+    want = theirs.apply_chat_template(
+        chat, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
     got = ours.apply_chat_template(chat, add_generation_prompt=add_generation_prompt)
     assert got == want
     assert got.startswith("<|im_start|>system\n")
@@ -130,7 +138,13 @@ def test_raise_exception_refuses_a_role(pair, request):
     assert "\n" not in str(ours_error.value)
 
 
-TEXTS = ["The quick brown fox", " leading space", "café 日本語 🎉", "<|im_start|>user\nhi<|im_end|>", ""]
+TEXTS = [
+    "The quick brown fox",
+    " leading space",
+    "café 日本語 🎉",
+    "<|im_start|>user\nhi<|im_end|>",
+    "",
+]
 
 
 @pytest.mark.parametrize("text", TEXTS)
@@ -152,7 +166,9 @@ def test_post_processor_bos_for_completions_only(llama3):
 
 def test_add_bos_token_does_not_override_tokenizer_json(tmp_path):
     """As in transformers 5: with a tokenizer.json, its post-processor decides."""
-    folder = write_bpe_tokenizer(str(tmp_path), bos_token="<|endoftext|>", extra_config={"add_bos_token": True})
+    folder = write_bpe_tokenizer(
+        str(tmp_path), bos_token="<|endoftext|>", extra_config={"add_bos_token": True}
+    )
     ours, theirs = _pair(folder)
     assert ours.encode("hi") == theirs("hi")["input_ids"]
     assert ours.backend.token_to_id("<|endoftext|>") not in ours.encode("hi")
@@ -162,5 +178,7 @@ def test_add_bos_token_does_not_override_tokenizer_json(tmp_path):
 def test_decode_matches_transformers(chatml, skip):
     ours, theirs = chatml
     ids = ours.encode("<|im_start|>assistant\nThe café 日本語<|im_end|>")
-    assert ours.decode(ids, skip_special_tokens=skip) == theirs.decode(ids, skip_special_tokens=skip)
+    assert ours.decode(ids, skip_special_tokens=skip) == theirs.decode(
+        ids, skip_special_tokens=skip
+    )
     assert ours.decode(ids).startswith("assistant\n")

@@ -61,7 +61,10 @@ def test_padded_ids_and_special_tokens_have_no_text(bpe):
     assert det.add([260, 261]) == "" and det.add([104, 271, 105]) == "hi"
     ids = bpe.encode("<|im_start|>assistant\nhi<|im_end|>")
     assert "".join(stream(bpe, ids, range(len(ids)))) == "assistant\nhi"
-    assert "".join(stream(bpe, ids, range(len(ids)), skip=False)) == "<|im_start|>assistant\nhi<|im_end|>"
+    assert (
+        "".join(stream(bpe, ids, range(len(ids)), skip=False))
+        == "<|im_start|>assistant\nhi<|im_end|>"
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -73,7 +76,9 @@ def test_bpe_stream_equals_full_decode_of_text(bpe, text, cuts):
 
 
 @settings(max_examples=200, deadline=None)
-@given(ids=st.lists(st.integers(0, 540), max_size=40), cuts=st.lists(st.integers(0, 40), max_size=8))
+@given(
+    ids=st.lists(st.integers(0, 540), max_size=40), cuts=st.lists(st.integers(0, 40), max_size=8)
+)
 def test_bpe_stream_equals_full_decode_of_any_ids(bpe, ids, cuts):
     # any ids: split characters, invalid UTF-8, special tokens, ids past the vocabulary
     check(bpe, ids, cuts)

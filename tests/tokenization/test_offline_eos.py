@@ -25,6 +25,8 @@ def test_generation_config_eos_ends_the_request(tmp_path):
     first = ids.index(eos)
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}))
     stopped, stopped_texts, _ = run_requests([PROMPT], 12, SPEC, 1, "plain", str(folder))
-    assert stopped[0].output_token_ids == ids[: first + 1]  # the EOS id is kept, as the engine keeps EOS
+    assert (
+        stopped[0].output_token_ids == ids[: first + 1]
+    )  # the EOS id is kept, as the engine keeps EOS
     assert stopped[0].finish_reason == "stop"
     assert texts[0].startswith(stopped_texts[0])

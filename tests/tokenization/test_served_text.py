@@ -85,7 +85,9 @@ def test_chat_uses_the_template_and_stops_at_eos(folder):
     assert r.status_code == 200, r.text
     body = r.json()
     req = backend.requests[0]
-    assert req.prompt_token_ids == tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
+    assert req.prompt_token_ids == tok.encode(
+        tok.apply_chat_template(messages), add_special_tokens=False
+    )
     assert EOS in req.sampling.stop_token_ids
     assert body["choices"][0]["message"]["content"] == REPLY
     assert body["choices"][0]["finish_reason"] == "stop"
@@ -102,7 +104,9 @@ def test_ignore_eos_generates_past_eos(folder):
     client, backend, _ = make_client(folder, reply_ids(tok))
     r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 60, "ignore_eos": True})
     assert EOS not in backend.requests[0].sampling.stop_token_ids
-    assert r.json()["choices"][0]["text"] == REPLY + " after eos"  # EOS, a special token, has no text
+    assert (
+        r.json()["choices"][0]["text"] == REPLY + " after eos"
+    )  # EOS, a special token, has no text
     assert r.json()["choices"][0]["finish_reason"] == "length"
 
 
@@ -128,7 +132,10 @@ def test_streamed_logprobs_are_token_strings_bytes_and_char_offsets(folder):
 def test_chat_logprob_bytes_rebuild_the_text(folder):
     tok = load_tokenizer(folder)
     client, _, _ = make_client(folder, reply_ids(tok))
-    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "logprobs": True})
+    r = client.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "logprobs": True},
+    )
     content = r.json()["choices"][0]["logprobs"]["content"]
     raw = b"".join(bytes(c["bytes"]) for c in content[:-1])  # all but the EOS token
     assert raw.decode("utf-8") == REPLY
@@ -140,22 +147,43 @@ def test_completions_add_special_tokens(tmp_path):
     tok = load_tokenizer(folder)
     client, backend, _ = make_client(folder, tok.encode("ok", add_special_tokens=False))
     client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 4})
-    assert backend.requests[0].prompt_token_ids == [0, *tok.encode("hello", add_special_tokens=False)]
+    assert backend.requests[0].prompt_token_ids == [
+        0,
+        *tok.encode("hello", add_special_tokens=False),
+    ]
     client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hello"}]})
     assert backend.requests[1].prompt_token_ids.count(0) == 1  # the template's BOS only
 
 
 def test_generation_config_fills_what_the_request_leaves_out(tmp_path):
     folder = write_bpe_tokenizer(str(tmp_path))
-    gen = {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "max_new_tokens": 3, "eos_token_id": [1, EOS]}
+    gen = {
+        "temperature": 0.6,
+        "top_p": 0.9,
+        "top_k": 20,
+        "max_new_tokens": 3,
+        "eos_token_id": [1, EOS],
+    }
     (tmp_path / "generation_config.json").write_text(json.dumps(gen))
     tok = load_tokenizer(folder)
     client, backend, _ = make_client(folder, reply_ids(tok))
     client.post("/v1/completions", json={"prompt": "x"})
-    client.post("/v1/completions", json={"prompt": "x", "temperature": 0.0, "top_k": -1, "max_tokens": 7})
+    client.post(
+        "/v1/completions", json={"prompt": "x", "temperature": 0.0, "top_k": -1, "max_tokens": 7}
+    )
     first, second = (r.sampling for r in backend.requests)
-    assert (first.temperature, first.top_p, first.top_k, backend.requests[0].max_tokens) == (0.6, 0.9, 20, 3)
-    assert (second.temperature, second.top_p, second.top_k, backend.requests[1].max_tokens) == (0.0, 0.9, 0, 7)
+    assert (first.temperature, first.top_p, first.top_k, backend.requests[0].max_tokens) == (
+        0.6,
+        0.9,
+        20,
+        3,
+    )
+    assert (second.temperature, second.top_p, second.top_k, backend.requests[1].max_tokens) == (
+        0.0,
+        0.9,
+        0,
+        7,
+    )
     assert first.stop_token_ids == [EOS, 1]  # the tokenizer's EOS, then generation_config's
 
 

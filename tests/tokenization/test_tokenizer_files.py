@@ -63,9 +63,21 @@ def test_missing_tokenizer_json_names_the_file(tmp_path):
     [
         ("tokenizer.json", "{not json", r"tokenizer\.json: not a valid tokenizer\.json"),
         ("tokenizer_config.json", "{not json", r"tokenizer_config\.json: cannot read it as JSON"),
-        ("tokenizer_config.json", "[1, 2]", r"tokenizer_config\.json: expected a JSON object, got list"),
-        ("tokenizer_config.json", '{"eos_token": 5}', r"tokenizer_config\.json: `eos_token` must be a string"),
-        ("tokenizer_config.json", '{"chat_template": 3}', r"`chat_template` must be a string or a list"),
+        (
+            "tokenizer_config.json",
+            "[1, 2]",
+            r"tokenizer_config\.json: expected a JSON object, got list",
+        ),
+        (
+            "tokenizer_config.json",
+            '{"eos_token": 5}',
+            r"tokenizer_config\.json: `eos_token` must be a string",
+        ),
+        (
+            "tokenizer_config.json",
+            '{"chat_template": 3}',
+            r"`chat_template` must be a string or a list",
+        ),
         (
             "tokenizer_config.json",
             '{"chat_template": [{"name": "tool_use", "template": "x"}]}',
@@ -83,11 +95,20 @@ def test_malformed_files_name_the_file(tmp_path, file, content, match):
 
 def test_named_templates_take_default_and_jinja_file_wins(tmp_path):
     write_bpe_tokenizer(str(tmp_path))
-    named = [{"name": "default", "template": "D{{ messages[0]['content'] }}"}, {"name": "rag", "template": "R"}]
+    named = [
+        {"name": "default", "template": "D{{ messages[0]['content'] }}"},
+        {"name": "rag", "template": "R"},
+    ]
     _rewrite_config(tmp_path, chat_template=named)
-    assert load_tokenizer(str(tmp_path)).apply_chat_template([{"role": "user", "content": "x"}]) == "Dx"
+    assert (
+        load_tokenizer(str(tmp_path)).apply_chat_template([{"role": "user", "content": "x"}])
+        == "Dx"
+    )
     (tmp_path / "chat_template.jinja").write_text("J{{ messages | length }}")
-    assert load_tokenizer(str(tmp_path)).apply_chat_template([{"role": "user", "content": "x"}]) == "J1"
+    assert (
+        load_tokenizer(str(tmp_path)).apply_chat_template([{"role": "user", "content": "x"}])
+        == "J1"
+    )
 
 
 def test_no_chat_template_is_a_clear_error(tmp_path):
@@ -99,26 +120,46 @@ def test_no_chat_template_is_a_clear_error(tmp_path):
 
 def test_added_tokens_decoder_adds_missing_tokens_at_their_ids(tmp_path):
     write_bpe_tokenizer(str(tmp_path))
-    extra = {"300": {"content": "<think>", "special": False}, "301": {"content": "<|tool|>", "special": True}}
+    extra = {
+        "300": {"content": "<think>", "special": False},
+        "301": {"content": "<|tool|>", "special": True},
+    }
     _rewrite_config(tmp_path, added_tokens_decoder=extra)
     tok = load_tokenizer(str(tmp_path))
     assert tok.vocab_size == 302
     assert tok.encode("a<think>b<|tool|>")[1:] == [300, tok.encode("b")[0], 301]
     assert tok.decode(tok.encode("<think><|tool|>")) == "<think>"  # the special one is skipped
     _rewrite_config(tmp_path, added_tokens_decoder={"350": {"content": "<gap>", "special": True}})
-    with pytest.raises(TokenizerFileError, match=r"'<gap>' is declared as id 350 but lands at id 300"):
+    with pytest.raises(
+        TokenizerFileError, match=r"'<gap>' is declared as id 350 but lands at id 300"
+    ):
         load_tokenizer(str(tmp_path))
 
 
 def test_generation_config_defaults(tmp_path):
     assert load_generation_config(str(tmp_path)) == GenerationDefaults()
-    body = {"eos_token_id": [151645, 151643], "temperature": 0.7, "top_p": 0.8, "top_k": 20, "do_sample": True}
-    (tmp_path / "generation_config.json").write_text(json.dumps({**body, "repetition_penalty": 1.05}))
+    body = {
+        "eos_token_id": [151645, 151643],
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "top_k": 20,
+        "do_sample": True,
+    }
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({**body, "repetition_penalty": 1.05})
+    )
     got = load_generation_config(str(tmp_path))
     assert got.eos_token_ids == [151645, 151643]
-    assert got.sampling_overrides() == {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
+    assert got.sampling_overrides() == {
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "top_k": 20,
+        "repetition_penalty": 1.05,
+    }
     assert got.min_p is None and got.max_new_tokens is None
-    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 2, "max_new_tokens": 128}))
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": 2, "max_new_tokens": 128})
+    )
     got = load_generation_config(str(tmp_path))
     assert (got.eos_token_ids, got.max_new_tokens, got.sampling_overrides()) == ([2], 128, {})
 

@@ -22,9 +22,22 @@ import re
 import sys
 from pathlib import Path
 
-C_LIBRARY_CALLS = ("memcpy", "memset", "memmove", "printf", "fprintf", "malloc", "free", "abort", "assert", "exit")
+C_LIBRARY_CALLS = (
+    "memcpy",
+    "memset",
+    "memmove",
+    "printf",
+    "fprintf",
+    "malloc",
+    "free",
+    "abort",
+    "assert",
+    "exit",
+)
 
-_LAMBDA = re.compile(r"\[\s*(?:[&=]|this|[&=]?\s*\w+(?:\s*,\s*[&=]?\s*\w+)*)?\s*\]\s*(?:\(|\{|mutable\b|->)")
+_LAMBDA = re.compile(
+    r"\[\s*(?:[&=]|this|[&=]?\s*\w+(?:\s*,\s*[&=]?\s*\w+)*)?\s*\]\s*(?:\(|\{|mutable\b|->)"
+)
 _FN_PTR_TYPE = re.compile(r"\(\s*(?:\w+\s*::\s*)*\*\s*\w*\s*\)\s*\(")
 _STD = re.compile(r"(?<![\w:])(?:::\s*)?std\s*::")
 _C_CALL = re.compile(r"(?<![\w:.>])(?:::\s*)?(" + "|".join(C_LIBRARY_CALLS) + r")\s*\(")
@@ -55,7 +68,9 @@ def strip_comments_and_literals(text: str) -> str:
             j = min(j + 1, n)
             out.append(c + " " * (j - i - 2) + c if j - i >= 2 else c)
             i = j
-        elif c == "#" and (i == 0 or text[i - 1] == "\n"):  # preprocessor line: keep, but not #include
+        elif c == "#" and (
+            i == 0 or text[i - 1] == "\n"
+        ):  # preprocessor line: keep, but not #include
             j = text.find("\n", i)
             j = n if j < 0 else j
             line = text[i:j]
@@ -86,7 +101,9 @@ def lint_text(path: str, text: str, device_fns: set[str]) -> list[str]:
         before = code[: m.start()].rstrip()
         if before and (before[-1].isalnum() or before[-1] in "_])"):
             continue  # a subscript, not a lambda introducer
-        report(m.start(), "no-lambda", "lambda expression in XPU device code (use a functor struct)")
+        report(
+            m.start(), "no-lambda", "lambda expression in XPU device code (use a functor struct)"
+        )
     for m in _FN_PTR_TYPE.finditer(code):
         report(m.start(), "no-function-pointer", "function-pointer type in XPU device code")
     for m in _STD.finditer(code):
@@ -99,7 +116,9 @@ def lint_text(path: str, text: str, device_fns: set[str]) -> list[str]:
         for m in value.finditer(code):
             before = code[: m.start()].rstrip()
             after = code[m.end() :].lstrip()
-            if before.endswith(("struct", "class", "enum", "namespace")) or after.startswith((";", "{")):
+            if before.endswith(("struct", "class", "enum", "namespace")) or after.startswith(
+                (";", "{")
+            ):
                 continue  # a declaration of the name, not a use as a value
             if re.search(_QUALIFIER + r"[\w\s:<>,*&]*$", before):
                 continue  # the function's own declarator
@@ -127,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     for e in errors:
         print(e, file=sys.stderr)
     if errors:
-        print(f"xtdk_lint: {len(errors)} violation(s) of the XPU3 device-code dialect", file=sys.stderr)
+        print(
+            f"xtdk_lint: {len(errors)} violation(s) of the XPU3 device-code dialect",
+            file=sys.stderr,
+        )
     return 1 if errors else 0
 
 

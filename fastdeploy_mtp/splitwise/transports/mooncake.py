@@ -76,7 +76,10 @@ def _import() -> Any:
                         "KV transport 'mooncake' needs the system library libibverbs.so.1, which the Mooncake "
                         "transfer engine loads even without RDMA devices (Debian/Ubuntu: apt-get install libibverbs1)"
                     )
-                elif isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "mooncake":
+                elif (
+                    isinstance(exc, ModuleNotFoundError)
+                    and (exc.name or "").split(".")[0] == "mooncake"
+                ):
                     _import_error = (
                         f"KV transport 'mooncake' needs the package {_PACKAGE} "
                         '(pip install -e ".[pd]", or pip install ' + _PACKAGE + ")"
@@ -128,7 +131,9 @@ class _Engine:
     def register(self, array: np.ndarray, what: str) -> int:
         """Register ``array``'s memory (C-contiguous) once; its base address."""
         if not array.flags.c_contiguous:
-            raise TransferError(f"KV transport 'mooncake': {what} is not C-contiguous and cannot be registered")
+            raise TransferError(
+                f"KV transport 'mooncake': {what} is not C-contiguous and cannot be registered"
+            )
         base, size = int(array.ctypes.data), int(array.nbytes)
         with self.lock:
             return self._register(array, base, size, what)
@@ -137,13 +142,17 @@ class _Engine:
         for old, (old_size, owner) in list(self.regions.items()):
             # a region whose array is gone (its memory may be another array's now), or one
             # that overlaps this array under another extent: let it go
-            if owner() is None or (old < base + size and base < old + old_size and (old, old_size) != (base, size)):
+            if owner() is None or (
+                old < base + size and base < old + old_size and (old, old_size) != (base, size)
+            ):
                 self._unregister(old)
         if base in self.regions:
             return base
         rc = self.engine.register_memory(base, size)
         if rc != 0:
-            raise TransferError(f"KV transport 'mooncake': registering {what} ({size} bytes) failed (code {rc})")
+            raise TransferError(
+                f"KV transport 'mooncake': registering {what} ({size} bytes) failed (code {rc})"
+            )
         self.regions[base] = (size, weakref.ref(array))
         return base
 
@@ -158,7 +167,9 @@ class _Engine:
         if self.regions.pop(base, None) is not None:
             rc = self.engine.unregister_memory(base)
             if rc != 0:
-                logger.warning("mooncake: unregistering the region at %#x failed (code %d)", base, rc)
+                logger.warning(
+                    "mooncake: unregistering the region at %#x failed (code %d)", base, rc
+                )
 
 
 def protocol() -> str:
@@ -229,8 +240,14 @@ def _read_field(value: Any, layout: KVLayout, where: str) -> dict[str, Any] | No
             raise TransferError(f"{field}.buffers[{r}] must hold {nc} addresses (one per cache)")
         for c, (base, entry) in enumerate(zip(rank, layout.caches)):
             extent = entry.shape[0] * entry.block_nbytes
-            if not isinstance(base, int) or isinstance(base, bool) or not 0 < base < _MAX_ADDRESS - extent:
-                raise TransferError(f"{field}.buffers[{r}][{c}] must be the address of {entry.label}, got {base!r:.40}")
+            if (
+                not isinstance(base, int)
+                or isinstance(base, bool)
+                or not 0 < base < _MAX_ADDRESS - extent
+            ):
+                raise TransferError(
+                    f"{field}.buffers[{r}][{c}] must be the address of {entry.label}, got {base!r:.40}"
+                )
         out.append(list(rank))
     return {"segment": segment, "buffers": out}
 
@@ -283,7 +300,9 @@ class MooncakeTransport(Transport):
             return
         engine.forget([base for rank in offered["buffers"] for base in rank])
 
-    def read_fields(self, descriptor: dict[str, Any], layout: KVLayout, where: str) -> dict[str, Any]:
+    def read_fields(
+        self, descriptor: dict[str, Any], layout: KVLayout, where: str
+    ) -> dict[str, Any]:
         return {"mooncake": _read_field(descriptor["mooncake"], layout, where)}
 
     def usable(self, descriptor: dict[str, Any]) -> bool:
@@ -298,13 +317,20 @@ class MooncakeTransport(Transport):
         require()
 
     def pull(
-        self, channel: ControlChannel, descriptor: Descriptor, caches: Caches, dst_idx: np.ndarray, timeout: float
+        self,
+        channel: ControlChannel,
+        descriptor: Descriptor,
+        caches: Caches,
+        dst_idx: np.ndarray,
+        timeout: float,
     ) -> None:
         # pull_blocks asked "check" just before: P holds the offer, and `descriptor` is its offer
         offered = descriptor.fields["mooncake"]
         segment = offered["segment"]
         layout = descriptor.layout
-        engine = _engine_at(address_towards(segment.rsplit(":", 1)[0].strip("[]")) or "127.0.0.1", timeout)
+        engine = _engine_at(
+            address_towards(segment.rsplit(":", 1)[0].strip("[]")) or "127.0.0.1", timeout
+        )
         mine = [
             [engine.register(cache, f"rank {r} {e.label}") for cache, e in zip(rank, layout.caches)]
             for r, rank in enumerate(caches)

@@ -22,8 +22,14 @@ from ..transport import ControlChannel, Descriptor, Transport, register, release
 
 def _check_names(names: Any, layout: KVLayout, where: str) -> list[list[str]]:
     """``names`` as per rank a list of ``layout.num_caches`` non-empty str."""
-    if not isinstance(names, Sequence) or isinstance(names, str) or len(names) != layout.tensor_parallel_size:
-        raise TransferError(f"{where}: `shm_names` must hold one list per rank ({layout.tensor_parallel_size})")
+    if (
+        not isinstance(names, Sequence)
+        or isinstance(names, str)
+        or len(names) != layout.tensor_parallel_size
+    ):
+        raise TransferError(
+            f"{where}: `shm_names` must hold one list per rank ({layout.tensor_parallel_size})"
+        )
     out = []
     for r, rank in enumerate(names):
         if (
@@ -32,7 +38,9 @@ def _check_names(names: Any, layout: KVLayout, where: str) -> list[list[str]]:
             or len(rank) != layout.num_caches
             or not all(isinstance(n, str) and n for n in rank)
         ):
-            raise TransferError(f"{where}: `shm_names[{r}]` must hold {layout.num_caches} non-empty names")
+            raise TransferError(
+                f"{where}: `shm_names[{r}]` must hold {layout.num_caches} non-empty names"
+            )
         out.append(list(rank))
     return out
 
@@ -51,20 +59,31 @@ class ShmTransport(Transport):
         names = options.pop("shm_names", None)
         return {"shm_names": None if names is None else _check_names(names, layout, where)}
 
-    def read_fields(self, descriptor: dict[str, Any], layout: KVLayout, where: str) -> dict[str, Any]:
+    def read_fields(
+        self, descriptor: dict[str, Any], layout: KVLayout, where: str
+    ) -> dict[str, Any]:
         names = descriptor["shm_names"]
         return {"shm_names": None if names is None else _check_names(names, layout, where)}
 
     def usable(self, descriptor: dict[str, Any]) -> bool:
         names = descriptor.get("shm_names") or []
-        return bool(names and names[0] and os.path.exists(os.path.join("/dev/shm", str(names[0][0]))))
+        return bool(
+            names and names[0] and os.path.exists(os.path.join("/dev/shm", str(names[0][0])))
+        )
 
     def check_pullable(self, descriptor: Descriptor, where: str) -> None:
         if descriptor.fields["shm_names"] is None:
-            raise TransferError(f"{where}: transport 'shm' needs `shm_names` in the descriptor; the source has none")
+            raise TransferError(
+                f"{where}: transport 'shm' needs `shm_names` in the descriptor; the source has none"
+            )
 
     def pull(
-        self, channel: ControlChannel, descriptor: Descriptor, caches: Caches, dst_idx: np.ndarray, timeout: float
+        self,
+        channel: ControlChannel,
+        descriptor: Descriptor,
+        caches: Caches,
+        dst_idx: np.ndarray,
+        timeout: float,
     ) -> None:
         # pull_blocks asked "check" just before: P held the offer, and `descriptor` is its offer
         _copy(descriptor, caches, dst_idx)
@@ -84,11 +103,15 @@ def _copy(descriptor: Descriptor, caches: Caches, dst_idx: np.ndarray) -> None:
     src_idx = np.asarray(descriptor.block_ids, np.int64)
     attached: list[tuple[Any, str]] = []
     try:
-        for rank in descriptor.fields["shm_names"]:  # attach everything first: a missing name fails before any write
+        for rank in descriptor.fields[
+            "shm_names"
+        ]:  # attach everything first: a missing name fails before any write
             for name, entry in zip(rank, layout.caches):
                 shape = [descriptor.num_blocks, *entry.block_shape]
                 try:
-                    t = ops.share_external_data(input=paddle.empty([], dtype=entry.dtype), shm_name=name, shape=shape)
+                    t = ops.share_external_data(
+                        input=paddle.empty([], dtype=entry.dtype), shm_name=name, shape=shape
+                    )
                 except Exception as exc:
                     raise TransferError(
                         f"{descriptor.where}: cannot attach the prefill's cache {name!r}: {exc}"

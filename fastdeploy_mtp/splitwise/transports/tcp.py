@@ -20,7 +20,9 @@ from ..transport import ControlChannel, Descriptor, Transport, register
 logger = logging.getLogger(__name__)
 
 
-def fetch_reply(caches: Caches, layout: KVLayout, block_ids: np.ndarray) -> tuple[dict[str, Any], list[np.ndarray]]:
+def fetch_reply(
+    caches: Caches, layout: KVLayout, block_ids: np.ndarray
+) -> tuple[dict[str, Any], list[np.ndarray]]:
     """P's answer to ``fetch``: the header and one C-contiguous copy of ``cache[block_ids]``
     (``[len(block_ids), *block_shape]``) per rank and cache, rank-major: every cache of
     ``layout.caches`` (every target and every MTP layer) of every rank.
@@ -32,7 +34,12 @@ def fetch_reply(caches: Caches, layout: KVLayout, block_ids: np.ndarray) -> tupl
     """
     data = [np.ascontiguousarray(cache[block_ids]) for rank in caches for cache in rank]
     per_cache = [c.block_nbytes for c in layout.caches]
-    header = {"ok": True, "frames": len(data), "block_nbytes": per_cache, "num_blocks": len(block_ids)}
+    header = {
+        "ok": True,
+        "frames": len(data),
+        "block_nbytes": per_cache,
+        "num_blocks": len(block_ids),
+    }
     return header, data
 
 
@@ -44,7 +51,12 @@ class TcpTransport(Transport):
     preference = 0  # usable everywhere: what "auto" falls back to
 
     def pull(
-        self, channel: ControlChannel, descriptor: Descriptor, caches: Caches, dst_idx: np.ndarray, timeout: float
+        self,
+        channel: ControlChannel,
+        descriptor: Descriptor,
+        caches: Caches,
+        dst_idx: np.ndarray,
+        timeout: float,
     ) -> None:
         layout, n = descriptor.layout, len(descriptor.block_ids)
         header, frames = channel.ask("fetch", timeout)
@@ -53,7 +65,9 @@ class TcpTransport(Transport):
         per_cache = [c.block_nbytes for c in layout.caches]
         for key, expected in (("frames", want), ("block_nbytes", per_cache), ("num_blocks", n)):
             if header.get(key) != expected:
-                raise TransferError(f"{where}: header `{key}` is {header.get(key)!r:.200}, expected {expected}")
+                raise TransferError(
+                    f"{where}: header `{key}` is {header.get(key)!r:.200}, expected {expected}"
+                )
         if len(frames) != want:
             raise TransferError(f"{where}: {len(frames)} data frames, expected {want}")
         for i, frame in enumerate(frames):
@@ -66,7 +80,9 @@ class TcpTransport(Transport):
         for i, frame in enumerate(frames):
             entry = layout.caches[i % layout.num_caches]
             cache = caches[i // layout.num_caches][i % layout.num_caches]
-            cache[dst_idx] = np.frombuffer(frame.buffer, dtype=entry.host_dtype).reshape((n, *entry.block_shape))
+            cache[dst_idx] = np.frombuffer(frame.buffer, dtype=entry.host_dtype).reshape(
+                (n, *entry.block_shape)
+            )
         try:  # the bytes were consistent when fetched; a lost offer now costs nothing
             channel.release(timeout)
         except TransferError as exc:
