@@ -10,14 +10,15 @@ run is checked token-for-token against the plain run (greedy equivalence). Promp
 prompts, plus held-out prompts (files the model never trained on) for the default
 configuration, K = S = 3 and the model-free methods.
 
-    python scripts/bench_e2e.py [--max-tokens 96] [--repeat 3] [--checkpoint-3 DIR] [--json out.json]
+    python scripts/bench_e2e.py [--max-tokens 96] [--repeat 3] [--checkpoint-3 DIR]
+                                [--json out.json]
 
 Each row is the median of ``--repeat`` runs (fresh engine each): single runs on a shared
 2-core VM vary by 10-20%.
 
-``--json F`` writes one object per row: ``method``, ``prompts``, ``batch``, ``layers``, ``k``, ``steps``,
-``hybrid``, ``adaptive``, ``default`` (the configuration ``fastdeploy-mtp serve`` / ``demo`` use
-when not told otherwise), ``mean_accepted_length``, ``acceptance_per_position``,
+``--json F`` writes one object per row: ``method``, ``prompts``, ``batch``, ``layers``, ``k``,
+``steps``, ``hybrid``, ``adaptive``, ``default`` (the configuration ``fastdeploy-mtp serve`` /
+``demo`` use when not told otherwise), ``mean_accepted_length``, ``acceptance_per_position``,
 ``glue_ms_per_round`` (time per engine step outside model forwards and logits), ``speedup``
 (tokens/s over plain decoding of the same prompts at the same batch) and the raw metrics.
 
@@ -48,8 +49,9 @@ CONFIGS = ((1, 1, False), (2, 2, False), (3, 3, False), (2, 1, True), (3, 1, Tru
 #: (method, K) rows of the model-free methods.
 MODEL_FREE = (("ngram", 3), ("suffix", 3))
 HEADER = (
-    f"{'method':>6} {'prompts':>8} {'batch':>5} {'L':>2} {'K':>2} {'S':>2} {'hybrid':>6} {'adapt':>5} {'tok/s':>8} "
-    f"{'accepted len':>12} {'glue ms':>8} {'speedup':>8}  per-position acceptance"
+    f"{'method':>6} {'prompts':>8} {'batch':>5} {'L':>2} {'K':>2} {'S':>2} {'hybrid':>6} "
+    f"{'adapt':>5} {'tok/s':>8} {'accepted len':>12} {'glue ms':>8} {'speedup':>8}  "
+    "per-position acceptance"
 )
 
 
@@ -84,6 +86,74 @@ def median_run(repeat: int, prompts, max_tokens, spec, batch, label, checkpoint)
     return runs[len(runs) // 2]
 
 
+def table_line(cells, tokens_per_second, accepted, glue_ms, speedup, tail) -> str:
+    """One printed row of the greedy table: `cells` are its (method, prompts, batch, L, K, S,
+    hybrid, adaptive) columns as printed, then the measured columns and `tail`."""
+    method, prompts, batch, layers, k, steps, hybrid, adaptive = cells
+    return (
+        f"{method:>6} {prompts:>8} {batch:>5} {layers:>2} {k:>2} {steps:>2} {hybrid:>6} "
+        f"{adaptive:>5} {tokens_per_second:8.1f} {accepted:12.2f} {glue_ms:8.2f} "
+        f"{speedup:7.2f}x  {tail}"
+    )
+
+
+def measured_row(args, plain, run, cells, fields, tail="") -> dict:
+    """The median of ``args.repeat`` runs of ``run`` = (prompts, spec, batch, label,
+    checkpoint), checked token for token against ``plain`` = (token ids, metrics) of plain
+    decoding, printed as `cells` and returned as `fields` with the metrics and the speedup."""
+    base_ids, base = plain
+    prompts, spec, batch, label, checkpoint = run
+    ids, m = median_run(args.repeat, prompts, args.max_tokens, spec, batch, label, checkpoint)
+    if ids != base_ids:
+        raise SystemExit(f"{label}: tokens differ from plain decoding")
+    speedup = m.tokens_per_second / base.tokens_per_second
+    numbers = (m.tokens_per_second, m.mean_accepted_length, m.glue_ms_per_round, speedup)
+    print(table_line(cells, *numbers, per_position_text(m) + tail), flush=True)
+    return dict(
+        **fields,
+        **m.as_dict(),
+        speedup=round(speedup, 4),
+        plain_glue_ms_per_round=round(base.glue_ms_per_round, 4),
+    )
+
+
+def mtp_rows(args, plain, name, prompts, batch, variants) -> list[dict]:
+    """The MTP rows of one prompt set and batch: every (layers, checkpoint) variant, K, S,
+    hybrid and adaptive setting (held-out prompts: the default and K = S = 3 only)."""
+    default = default_key()
+    rows = []
+    for layers, ckpt in variants:
+        for k, steps, hybrid in CONFIGS:
+            for adaptive in (False, True):
+                key = (k, steps, hybrid, adaptive)
+                is_default = key == default and ckpt == args.checkpoint
+                if name == "heldout" and not (is_default or (k, steps, hybrid) == (3, 3, False)):
+                    continue
+                label = f"{name} batch {batch} L={layers} K={k} S={steps} adaptive={adaptive}"
+                on = "on" if adaptive else "off"
+                cells = ("mtp", name, batch, layers, k, steps, str(hybrid), on)
+                fields = dict(method="mtp", prompts=name, batch=batch, layers=layers, k=k)
+                fields.update(steps=steps, hybrid=hybrid, adaptive=adaptive, default=is_default)
+                run = (prompts, spec_of(*key), batch, label, ckpt)
+                tail = "   <- default" if is_default else ""
+                rows.append(measured_row(args, plain, run, cells, fields, tail))
+    return rows
+
+
+def model_free_rows(args, plain, name, prompts, batch) -> list[dict]:
+    """The rows of the model-free methods (no MTP layer runs) for one prompt set and batch."""
+    rows = []
+    for method, k in MODEL_FREE:
+        spec = SpeculativeConfig.from_dict({"method": method, "num_speculative_tokens": k})
+        label = f"{name} batch {batch} {method} K={k}"
+        cells = (method, name, batch, "-", k, "-", "-", "off")
+        fields = dict(method=method, prompts=name, batch=batch, layers=0, k=k, steps=0)
+        fields.update(hybrid=False, adaptive=False, default=False)
+        run = (prompts, spec, batch, label, args.checkpoint)
+        rows.append(measured_row(args, plain, run, cells, fields))
+    return rows
+
+
 def greedy_table(args) -> list[dict]:
     from fastdeploy_mtp.models import load_tiny
 
@@ -93,98 +163,53 @@ def greedy_table(args) -> list[dict]:
         variants.append(
             (load_tiny(args.checkpoint_3)[2].num_nextn_predict_layers, args.checkpoint_3)
         )
-    default = default_key()
     prompt_sets = {"demo": DEMO_PROMPTS, "heldout": heldout_prompts()}
     rows = []
     print(HEADER)
     for batch in (1, 8):
         for name, prompts in prompt_sets.items():
-            base_ids, base = median_run(
+            label = f"{name} batch {batch} plain"
+            plain = median_run(
                 args.repeat,
                 prompts,
                 args.max_tokens,
                 speculative_config(0),
                 batch,
-                f"{name} batch {batch} plain",
+                label,
                 args.checkpoint,
             )
+            base = plain[1]
+            cells = ("none", name, batch, "-", 0, "-", "-", "-")
+            line = table_line(cells, base.tokens_per_second, 1.0, base.glue_ms_per_round, 1.0, "-")
+            print(line, flush=True)
+            rows += mtp_rows(args, plain, name, prompts, batch, variants)
+            rows += model_free_rows(args, plain, name, prompts, batch)
+    return rows
+
+
+def sampling_rows(plain, temperature, batch, max_tokens, checkpoint) -> list[dict]:
+    """The speculative rows of the ``--sampling`` table at one temperature and batch, against
+    ``plain`` = (token ids, metrics) of plain sampling."""
+    base_ids, base = plain
+    sp = SamplingParams(temperature=temperature, seed=7)
+    rows = []
+    for strategy in ("target_match", "rejection"):
+        for k, steps, hybrid in ((1, 1, False), (3, 3, False), (3, 1, True)):
+            spec = speculative_config(k, steps, hybrid)
+            spec.verify_strategy = strategy
+            label = f"T={temperature} {strategy} batch {batch} K={k}"
+            _, ids, m = run_prompts(DEMO_PROMPTS, max_tokens, spec, batch, label, checkpoint, sp)
+            if strategy == "target_match" and ids != base_ids:
+                raise SystemExit(f"{label}: seeded TARGET_MATCH tokens differ from plain sampling")
+            speedup = m.tokens_per_second / base.tokens_per_second
             print(
-                f"{'none':>6} {name:>8} {batch:>5} {'-':>2} {0:>2} {'-':>2} {'-':>6} {'-':>5} "
-                f"{base.tokens_per_second:8.1f} {1.0:12.2f} {base.glue_ms_per_round:8.2f} {1.0:7.2f}x  -",
+                f"{temperature:>4} {strategy:>12} {batch:>5} {k:>2} {steps:>2} {str(hybrid):>6} "
+                f"{m.tokens_per_second:8.1f} {m.mean_accepted_length:12.2f} {speedup:7.2f}x  "
+                f"{per_position_text(m)}",
                 flush=True,
             )
-            for layers, ckpt in variants:
-                for k, steps, hybrid in CONFIGS:
-                    for adaptive in (False, True):
-                        key = (k, steps, hybrid, adaptive)
-                        is_default = key == default and ckpt == args.checkpoint
-                        if name == "heldout" and not (
-                            is_default or (k, steps, hybrid) == (3, 3, False)
-                        ):
-                            continue
-                        label = (
-                            f"{name} batch {batch} L={layers} K={k} S={steps} adaptive={adaptive}"
-                        )
-                        ids, m = median_run(
-                            args.repeat, prompts, args.max_tokens, spec_of(*key), batch, label, ckpt
-                        )
-                        if ids != base_ids:
-                            raise SystemExit(f"{label}: tokens differ from plain decoding")
-                        speedup = m.tokens_per_second / base.tokens_per_second
-                        print(
-                            f"{'mtp':>6} {name:>8} {batch:>5} {layers:>2} {k:>2} {steps:>2} {str(hybrid):>6} "
-                            f"{'on' if adaptive else 'off':>5} {m.tokens_per_second:8.1f} "
-                            f"{m.mean_accepted_length:12.2f} {m.glue_ms_per_round:8.2f} {speedup:7.2f}x  "
-                            f"{per_position_text(m)}{'   <- default' if is_default else ''}",
-                            flush=True,
-                        )
-                        rows.append(
-                            dict(
-                                method="mtp",
-                                prompts=name,
-                                batch=batch,
-                                layers=layers,
-                                k=k,
-                                steps=steps,
-                                hybrid=hybrid,
-                                adaptive=adaptive,
-                                default=is_default,
-                                **m.as_dict(),
-                                speedup=round(speedup, 4),
-                                plain_glue_ms_per_round=round(base.glue_ms_per_round, 4),
-                            )
-                        )
-            for method, k in MODEL_FREE:
-                spec = SpeculativeConfig.from_dict({"method": method, "num_speculative_tokens": k})
-                label = f"{name} batch {batch} {method} K={k}"
-                ids, m = median_run(
-                    args.repeat, prompts, args.max_tokens, spec, batch, label, args.checkpoint
-                )
-                if ids != base_ids:
-                    raise SystemExit(f"{label}: tokens differ from plain decoding")
-                speedup = m.tokens_per_second / base.tokens_per_second
-                print(
-                    f"{method:>6} {name:>8} {batch:>5} {'-':>2} {k:>2} {'-':>2} {'-':>6} {'off':>5} "
-                    f"{m.tokens_per_second:8.1f} {m.mean_accepted_length:12.2f} {m.glue_ms_per_round:8.2f} "
-                    f"{speedup:7.2f}x  {per_position_text(m)}",
-                    flush=True,
-                )
-                rows.append(
-                    dict(
-                        method=method,
-                        prompts=name,
-                        batch=batch,
-                        layers=0,
-                        k=k,
-                        steps=0,
-                        hybrid=False,
-                        adaptive=False,
-                        default=False,
-                        **m.as_dict(),
-                        speedup=round(speedup, 4),
-                        plain_glue_ms_per_round=round(base.glue_ms_per_round, 4),
-                    )
-                )
+            fields = dict(temperature=temperature, verify_strategy=strategy, batch=batch, k=k)
+            rows.append(dict(**fields, steps=steps, hybrid=hybrid, **m.as_dict(), speedup=speedup))
     return rows
 
 
@@ -192,8 +217,8 @@ def sampling_table(max_tokens: int, checkpoint: str | None) -> list[dict]:
     """The ``--sampling`` rows (see the module docstring)."""
     rows = []
     print(
-        f"{'T':>4} {'verify':>12} {'batch':>5} {'K':>2} {'S':>2} {'hybrid':>6} {'tok/s':>8} {'accepted len':>12} "
-        f"{'speedup':>8}  per-position acceptance"
+        f"{'T':>4} {'verify':>12} {'batch':>5} {'K':>2} {'S':>2} {'hybrid':>6} {'tok/s':>8} "
+        f"{'accepted len':>12} {'speedup':>8}  per-position acceptance"
     )
     for temperature in (0.7, 1.0):
         sp = SamplingParams(temperature=temperature, seed=7)
@@ -203,39 +228,11 @@ def sampling_table(max_tokens: int, checkpoint: str | None) -> list[dict]:
                 DEMO_PROMPTS, max_tokens, speculative_config(0), batch, label, checkpoint, sp
             )
             print(
-                f"{temperature:>4} {'-':>12} {batch:>5} {0:>2} {'-':>2} {'-':>6} {base.tokens_per_second:8.1f}"
+                f"{temperature:>4} {'-':>12} {batch:>5} {0:>2} {'-':>2} {'-':>6} "
+                f"{base.tokens_per_second:8.1f}"
             )
-            for strategy in ("target_match", "rejection"):
-                for k, steps, hybrid in ((1, 1, False), (3, 3, False), (3, 1, True)):
-                    spec = speculative_config(k, steps, hybrid)
-                    spec.verify_strategy = strategy
-                    label = f"T={temperature} {strategy} batch {batch} K={k}"
-                    _, ids, m = run_prompts(
-                        DEMO_PROMPTS, max_tokens, spec, batch, label, checkpoint, sp
-                    )
-                    if strategy == "target_match" and ids != base_ids:
-                        raise SystemExit(
-                            f"{label}: seeded TARGET_MATCH tokens differ from plain sampling"
-                        )
-                    speedup = m.tokens_per_second / base.tokens_per_second
-                    per_pos = per_position_text(m)
-                    print(
-                        f"{temperature:>4} {strategy:>12} {batch:>5} {k:>2} {steps:>2} {str(hybrid):>6} "
-                        f"{m.tokens_per_second:8.1f} {m.mean_accepted_length:12.2f} {speedup:7.2f}x  {per_pos}",
-                        flush=True,
-                    )
-                    rows.append(
-                        dict(
-                            temperature=temperature,
-                            verify_strategy=strategy,
-                            batch=batch,
-                            k=k,
-                            steps=steps,
-                            hybrid=hybrid,
-                            **m.as_dict(),
-                            speedup=speedup,
-                        )
-                    )
+            plain = (base_ids, base)
+            rows += sampling_rows(plain, temperature, batch, max_tokens, checkpoint)
     return rows
 
 

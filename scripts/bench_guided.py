@@ -177,9 +177,9 @@ def row_of(
     share = m.guided_seconds / m.wall_seconds if m.wall_seconds else 0.0
     cut_pct = f"{100.0 * cut / checked:5.1f}%" if checked else f"{'-':>6}"
     print(
-        f"{label_of(*config):>13} {batch:>5} {'mixed' if constrained else 'none':>10} {m.tokens_per_second:8.1f} "
-        f"{m.mean_accepted_length:7.2f} {checked:7d} {cut:6d} {cut_pct} {m.guided_ms_per_round:10.3f} "
-        f"{100.0 * share:5.1f}% {speedup:7.2f}x",
+        f"{label_of(*config):>13} {batch:>5} {'mixed' if constrained else 'none':>10} "
+        f"{m.tokens_per_second:8.1f} {m.mean_accepted_length:7.2f} {checked:7d} {cut:6d} {cut_pct} "
+        f"{m.guided_ms_per_round:10.3f} {100.0 * share:5.1f}% {speedup:7.2f}x",
         flush=True,
     )
     method, k, steps, hybrid = config

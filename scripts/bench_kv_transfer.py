@@ -43,7 +43,9 @@ def make(blocks, fill):
     shape = (blocks, 2, 1024, 8)  # 64 KiB of float32 per block
     caches = [[(np.full(shape, fill + c, np.float32) if fill else np.zeros(shape, np.float32))
                for c in range(4)] for _ in range(2)]
-    desc = describe(key_value_specs("target", 1, shape, "float32") + key_value_specs("mtp", 1, shape, "float32"))
+    desc = describe(
+        key_value_specs("target", 1, shape, "float32") + key_value_specs("mtp", 1, shape, "float32")
+    )
     return caches, KVLayout.of_caches(caches, desc)
 """
 
@@ -64,7 +66,8 @@ if transport == "shm":
         publish_caches(t, n)
     caches = [[np.from_dlpack(t) for t in rank] for rank in tensors]
     options["shm_names"] = names
-source = KVSource(caches, layout, lambda r, s: None, host="0.0.0.0" if transport != "shm" else "127.0.0.1",
+source = KVSource(caches, layout, lambda r, s: None,
+                  host="0.0.0.0" if transport != "shm" else "127.0.0.1",
                   mooncake=transport == "mooncake", **options)
 for line in sys.stdin:  # one offer per line asked
     print(json.dumps(source.offer(line.strip(), list(range(blocks)))), flush=True)
@@ -152,7 +155,8 @@ def main() -> int:
     for r in rows:
         path = "same host" if r["transport"] == "shm" else "across namespaces (veth + bridge)"
         print(
-            f"| {r['transport']} | {path} | {r['bytes'] / 2**20:.0f} MiB | {r['seconds']:.4f} | {r['gib_per_s']:.2f} |"
+            f"| {r['transport']} | {path} | {r['bytes'] / 2**20:.0f} MiB | {r['seconds']:.4f} | "
+            f"{r['gib_per_s']:.2f} |"
         )
     if args.json:
         with open(args.json, "w") as f:

@@ -77,7 +77,8 @@ extern "C" void naive_hybrid_mtp_ngram(
     --unprocessed;
     int64_t sum = 0;
     for (int64_t k = 0; k <= b; ++k) sum += std::max<int32_t>(slt[k], 0);
-    if (sum + budget + unprocessed > threshold) budget = std::min(budget, threshold - sum - unprocessed);
+    if (sum + budget + unprocessed > threshold)
+      budget = std::min(budget, threshold - sum - unprocessed);
     if (sum + unprocessed >= threshold - 1) continue;
     const int64_t* prompt = input_ids + b * in_w;
     const int64_t* hist = pre_ids + b * pre_w;

@@ -9,7 +9,8 @@ or a regenerate would). Per configuration it reports the client-side time to fir
 ``fastdeploy:time_to_first_token_seconds`` histogram when the server exports it, and the
 peak KV-cache use. Ratios between rows of one run are what to compare.
 
-    python scripts/bench_prefix_cache.py [--clients 16] [--system-bytes 768] [--max-tokens 32] [--json out.json]
+    python scripts/bench_prefix_cache.py [--clients 16] [--system-bytes 768] [--max-tokens 32]
+                                         [--json out.json]
 """
 
 from __future__ import annotations
@@ -153,16 +154,19 @@ def main() -> int:
         )
         rows.append(row)
     print(
-        f"\n{args.clients} clients x 2 waves, system prompt {args.system_bytes} bytes, {args.max_tokens} tokens\n"
+        f"\n{args.clients} clients x 2 waves, system prompt {args.system_bytes} bytes, "
+        f"{args.max_tokens} tokens\n"
     )
     print(
-        "| config | prefix hit rate | TTFT p50 ms | TTFT p99 ms | server TTFT mean ms | tok/s | peak KV use |"
+        "| config | prefix hit rate | TTFT p50 ms | TTFT p99 ms | server TTFT mean ms | tok/s | "
+        "peak KV use |"
     )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['config']} | {r['hit_rate']:.2f} | {r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | "
-            f"{r['server_ttft_mean_ms']:.0f} | {r['tokens_per_s']:.0f} | {r['peak_kv_usage']:.2f} |"
+            f"| {r['config']} | {r['hit_rate']:.2f} | {r['ttft_p50_ms']:.0f} | "
+            f"{r['ttft_p99_ms']:.0f} | {r['server_ttft_mean_ms']:.0f} | {r['tokens_per_s']:.0f} | "
+            f"{r['peak_kv_usage']:.2f} |"
         )
     if args.json:
         with open(args.json, "w") as f:

@@ -8,7 +8,8 @@ and inter-token latency (ITL: the gaps between streamed chunks, divided by the t
 chunk carried — speculation delivers several tokens per chunk). Ratios between rows of one
 run are what to compare; absolute numbers depend on the machine.
 
-    python scripts/bench_serve.py [--clients 16,64,128] [--max-tokens 64] [--json out.json] [--pd] [--netns]
+    python scripts/bench_serve.py [--clients 16,64,128] [--max-tokens 64] [--json out.json]
+                                  [--pd] [--netns]
 
 ``--clients`` takes a comma-separated list: each configuration's server is started once and
 runs one round per client count. The mixed servers run ``--token-channel shm`` with the
@@ -298,8 +299,9 @@ def main() -> int:
     ap.add_argument(
         "--netns",
         action="store_true",
-        help="run the server (or prefill, decode and router) and the clients on hosts of their own: network "
-        "namespaces joined by a bridge (needs root and iproute2; the shm rows are left out)",
+        help="run the server (or prefill, decode and router) and the clients on hosts of their "
+        "own: network namespaces joined by a bridge (needs root and iproute2; the shm rows are "
+        "left out)",
     )
     args = ap.parse_args()
     configs = (

@@ -328,25 +328,10 @@ def ngram_latencies(torch, stream, rng) -> dict:
         enc = full(0, torch.int32)
         all_ids = torch.cat([ids, pre], dim=1).contiguous()
 
+        plain_args = (ids, lens, all_ids, lens, steps, dtn, draft, slt, enc, dec, mdl, 3, k, 128, 0)
+
         def plain():
-            _kernels.ngram_match(
-                ids,
-                lens,
-                all_ids,
-                lens,
-                steps,
-                dtn,
-                draft,
-                slt,
-                enc,
-                dec,
-                mdl,
-                3,
-                k,
-                128,
-                0,
-                stream=stream,
-            )
+            _kernels.ngram_match(*plain_args, stream=stream)
 
         out[f"ngram_match_{tag}_us"] = time_calls(torch, plain, iters=50, warmup=5)
     return out

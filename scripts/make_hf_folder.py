@@ -69,8 +69,11 @@ def main(argv: list[str] | None = None) -> int:
             legacy_config=args.legacy_config,
         )
     n_tensors = len(info.target_tensor_names) + len(info.mtp_tensor_names)
-    print(f"{info.path}: {info.family}, {info.num_hidden_layers} layers, {info.num_mtp_layers} MTP layers, "
-          f"{n_tensors} tensors, {'sharded' if info.sharded else 'one file'}")  # fmt: skip
+    print(
+        f"{info.path}: {info.family}, {info.num_hidden_layers} layers, "
+        f"{info.num_mtp_layers} MTP layers, {n_tensors} tensors, "
+        f"{'sharded' if info.sharded else 'one file'}"
+    )
     return 0
 
 

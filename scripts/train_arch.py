@@ -60,6 +60,20 @@ ARCH_SHAPE_KEYS = (
     "routed_scaling_factor",
 )
 
+#: DeepSeek-V3 config fields set from the flag of the same name.
+SAME_NAME_FIELDS = (
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "moe_intermediate_size",
+    "n_group",
+    "topk_group",
+    "routed_scaling_factor",
+    "first_k_dense_replace",
+)
+
 
 def build_config(args: argparse.Namespace) -> ModelConfig:
     """The :class:`ModelConfig` of a fresh model from the parsed flags (byte vocabulary:
@@ -82,24 +96,15 @@ def build_config(args: argparse.Namespace) -> ModelConfig:
         num_key_value_heads=args.heads,
         head_dim=args.qk_rope_head_dim,
         attention_type="mla",
-        q_lora_rank=args.q_lora_rank,
-        kv_lora_rank=args.kv_lora_rank,
-        qk_nope_head_dim=args.qk_nope_head_dim,
-        qk_rope_head_dim=args.qk_rope_head_dim,
-        v_head_dim=args.v_head_dim,
         rope_interleave=True,
         n_routed_experts=args.experts,
         num_experts_per_tok=args.experts_per_tok,
-        moe_intermediate_size=args.moe_intermediate_size,
         n_shared_experts=args.shared_experts,
-        n_group=args.n_group,
-        topk_group=args.topk_group,
-        routed_scaling_factor=args.routed_scaling_factor,
         norm_topk_prob=True,
-        first_k_dense_replace=args.first_k_dense_replace,
         scoring_func="sigmoid",
         topk_method="noaux_tc",
         mtp_mask_first_position=True,
+        **{field: getattr(args, field) for field in SAME_NAME_FIELDS},
         **common,
     )
 
@@ -166,14 +171,16 @@ def stage1_loss_text(ta: dict) -> str:
     if depth == 1 and not ta.get("distill"):
         return f"Loss = CE(next byte) + {w} x CE(MTP layer's byte after next), teacher forced."
     against = (
-        "soft cross-entropy against the target's own (detached) next-token distribution at that position"
+        "soft cross-entropy against the target's own (detached) next-token distribution at that "
+        "position"
         if ta.get("distill")
         else "cross-entropy against the text"
     )
     return (
-        f"Loss = CE(next byte) + {w} x the sum over depths 1..{depth} of the MTP loss: the MTP layer "
-        f"is unrolled for {depth} substeps on its own hidden states, as the proposer runs it, and "
-        f"depth k (scoring the token k + 1 ahead) uses {against}; target and MTP layer train together."
+        f"Loss = CE(next byte) + {w} x the sum over depths 1..{depth} of the MTP loss: the MTP "
+        f"layer is unrolled for {depth} substeps on its own hidden states, as the proposer runs "
+        f"it, and depth k (scoring the token k + 1 ahead) uses {against}; target and MTP layer "
+        "train together."
     )
 
 
@@ -199,9 +206,9 @@ def deepseek_model_lines(
     return [
         "# Tiny byte-level DeepSeek-V3-architecture model (MLA + MoE) + MTP layer",
         "",
-        "A released-layout `DeepseekV3ForCausalLM` folder trained on the byte corpus below, so that "
-        "multi-head latent attention, the latent paged cache, the mixture-of-experts MLP and DeepSeek's "
-        "MTP layer can be served and measured end to end on a CPU. Load it with "
+        "A released-layout `DeepseekV3ForCausalLM` folder trained on the byte corpus below, so "
+        "that multi-head latent attention, the latent paged cache, the mixture-of-experts MLP and "
+        "DeepSeek's MTP layer can be served and measured end to end on a CPU. Load it with "
         "`fastdeploy_mtp.models.load_model(DIR)` (or transformers' `DeepseekV3ForCausalLM`, which "
         "ignores the MTP layer's tensors); tokens are bytes, ids 0..255 (`tokenizer.json`).",
         "",
@@ -220,17 +227,18 @@ def deepseek_model_lines(
         f"{config.num_attention_heads} heads of multi-head latent attention ("
         + (f"q LoRA rank {config.q_lora_rank}" if config.q_lora_rank else "plain `q_proj`")
         + f", kv LoRA rank {config.kv_lora_rank}, nope/rope/v head dims {config.qk_nope_head_dim}/"
-        f"{config.qk_rope_head_dim}/{config.v_head_dim}, interleaved RoPE theta {config.rope_theta:g}); "
-        f"{dense} dense SwiGLU layer(s) ({config.intermediate_size}) then {moe} MoE layer(s): "
-        f"{config.n_routed_experts} routed experts ({config.moe_intermediate_size} each), top "
-        f"{config.num_experts_per_tok} by a sigmoid router (`noaux_tc`, correction bias frozen at 0 "
-        f"in training, so exported as 0), weights renormalised and scaled by "
-        f"{config.routed_scaling_factor:g}, plus {config.n_shared_experts} shared expert(s). "
-        f"RMSNorm, untied LM head. Trained with the vocabulary padded to {config.vocab_size} "
-        f"(padded columns -inf); the folder holds the {config.ori_vocab_size} real rows. MTP layer: "
-        "DeepSeek's `enorm`/`hnorm`/`eh_proj` fusion (token embedding zeroed at position 0), one "
-        "decoder block of the MoE shape, `shared_head.norm`; embedding and head shared with the "
-        f"target. Parameters: {m['params']} (target + MTP, shared ones once, padded vocabulary).",
+        f"{config.qk_rope_head_dim}/{config.v_head_dim}, interleaved RoPE theta "
+        f"{config.rope_theta:g}); {dense} dense SwiGLU layer(s) ({config.intermediate_size}) then "
+        f"{moe} MoE layer(s): {config.n_routed_experts} routed experts "
+        f"({config.moe_intermediate_size} each), top {config.num_experts_per_tok} by a sigmoid "
+        "router (`noaux_tc`, correction bias frozen at 0 in training, so exported as 0), weights "
+        f"renormalised and scaled by {config.routed_scaling_factor:g}, plus "
+        f"{config.n_shared_experts} shared expert(s). RMSNorm, untied LM head. Trained with the "
+        f"vocabulary padded to {config.vocab_size} (padded columns -inf); the folder holds the "
+        f"{config.ori_vocab_size} real rows. MTP layer: DeepSeek's `enorm`/`hnorm`/`eh_proj` "
+        "fusion (token embedding zeroed at position 0), one decoder block of the MoE shape, "
+        f"`shared_head.norm`; embedding and head shared with the target. Parameters: {m['params']} "
+        "(target + MTP, shared ones once, padded vocabulary).",
         "",
         "| field | value |",
         "|---|---|",
@@ -262,10 +270,10 @@ def extra_limitations(m: dict) -> list[str]:
         return []
     own, corpus = (1 + sum(dt[k]["accept"]) for k in ("generated", "corpus"))
     return [
-        "- The serving acceptance is flattered by degenerate greedy output: the greedy continuations "
-        "above collapse into one repeated byte within a few tokens, and a repeated byte is easy to "
-        "draft. The teacher-forced chained agreement gives the drafter's quality on text that does "
-        f"not repeat: 1 + the sum of `accept` over the three depths is {own:.2f} on the target's own "
-        f"continuations and {corpus:.2f} on held-out corpus windows (what the mean accepted length "
-        "at K = 3 would be if the target's argmax were that text).",
+        "- The serving acceptance is flattered by degenerate greedy output: the greedy "
+        "continuations above collapse into one repeated byte within a few tokens, and a repeated "
+        "byte is easy to draft. The teacher-forced chained agreement gives the drafter's quality "
+        f"on text that does not repeat: 1 + the sum of `accept` over the three depths is {own:.2f} "
+        f"on the target's own continuations and {corpus:.2f} on held-out corpus windows (what the "
+        "mean accepted length at K = 3 would be if the target's argmax were that text).",
     ]

@@ -145,7 +145,8 @@ def parse_args(argv=None):
         "--export-eval-windows",
         type=int,
         default=None,
-        help="evaluate the export on this many held-out windows (smoke tests); default: all of them",
+        help="evaluate the export on this many held-out windows (smoke tests); "
+        "default: all of them",
     )
     return p.parse_args(argv)
 
@@ -396,7 +397,8 @@ def main(argv=None):
         changed = [k for k in shape_keys if k in saved and saved[k] != getattr(args, k)]
         if changed:
             raise SystemExit(
-                f"{ckpt_path} was trained with different {changed}: { {k: saved[k] for k in changed} }"
+                f"{ckpt_path} was trained with different {changed}: "
+                f"{ {k: saved[k] for k in changed} }"
             )
         target.set_state_dict(state["target"])
         mtp.set_state_dict(state["mtp"])
@@ -622,16 +624,16 @@ def training_lines(m: dict) -> list[str]:
     first = stages[0]
     ta = first["train_args"]
     lines = [
-        f"Stage 1, target and MTP layer: `scripts/train_tiny.py`, seed {first['seed']}: AdamW (betas "
-        f"0.9/0.95, weight decay {ta['weight_decay']} on matrices), peak lr {ta['lr']} with "
+        f"Stage 1, target and MTP layer: `scripts/train_tiny.py`, seed {first['seed']}: AdamW "
+        f"(betas 0.9/0.95, weight decay {ta['weight_decay']} on matrices), peak lr {ta['lr']} with "
         f"{ta['warmup_steps']} warmup steps and cosine decay to {ta['min_lr_ratio']}x at step "
-        f"{ta['max_steps']}, grad-norm clip {ta['grad_clip']}, batch {ta['batch_size']} x {ta['seq_len']} "
-        "bytes sampled uniformly at random offsets of the train concatenation. "
+        f"{ta['max_steps']}, grad-norm clip {ta['grad_clip']}, batch {ta['batch_size']} x "
+        f"{ta['seq_len']} bytes sampled uniformly at random offsets of the train concatenation. "
         + train_arch.stage1_loss_text(ta)
-        + " One CPU thread. "
-        f"**{first['steps']} steps** ({first['steps'] * ta['batch_size'] * ta['seq_len'] / 1e6:.1f}M "
-        f"tokens), **{first['train_wall_time_s'] / 60:.1f} minutes** of training wall time "
-        f"(wall budget flag {ta['wall_budget_min']} min).",
+        + f" One CPU thread. **{first['steps']} steps** "
+        f"({first['steps'] * ta['batch_size'] * ta['seq_len'] / 1e6:.1f}M tokens), "
+        f"**{first['train_wall_time_s'] / 60:.1f} minutes** of training wall time (wall budget "
+        f"flag {ta['wall_budget_min']} min).",
         "",
         *([f"Stage 1 run notes: {first['card_note']}", ""] if first.get("card_note") else []),
         "Command: `OMP_NUM_THREADS=1 python scripts/train_tiny.py --run-dir RUN "
@@ -644,8 +646,8 @@ def training_lines(m: dict) -> list[str]:
     ta = m["train_args"]
     layers = ta.get("mtp_layers", 1)
     lines += [
-        f"Stage 2, MTP {'layer' if layers == 1 else f'layers ({layers} distinct)'} for drafting: the "
-        "target's weights are frozen (its numbers below are stage 1's, unchanged) and the MTP "
+        f"Stage 2, MTP {'layer' if layers == 1 else f'layers ({layers} distinct)'} for drafting: "
+        "the target's weights are frozen (its numbers below are stage 1's, unchanged) and the MTP "
         f"layers are trained unrolled for **{ta['mtp_depth']} substeps** on their own hidden "
         "states, attending as the proposer's substeps do at serving time, with one loss per depth "
         "(depth k scores the token k + 1 ahead). "
@@ -657,19 +659,19 @@ def training_lines(m: dict) -> list[str]:
         )
         + (
             f"{ta['gen_fraction']:.0%} of each batch is the target's own greedy continuations of "
-            f"corpus prompts ({ta['gen_pool']} sequences generated once), the text it produces when "
-            "it serves. "
+            f"corpus prompts ({ta['gen_pool']} sequences generated once), the text it produces "
+            "when it serves. "
             if ta.get("gen_fraction")
             else ""
         )
-        + f"Every layer starts from stage 1's MTP layer. AdamW, peak lr {ta['lr']}, {ta['warmup_steps']} "
-        f"warmup steps, cosine to {ta['min_lr_ratio']}x at step {ta['max_steps']}, batch "
-        f"{ta['batch_size']} x {ta['seq_len']}. **{m['steps']} steps, {m['train_wall_time_s'] / 60:.1f} "
-        "minutes** of training wall time on one CPU thread.",
+        + f"Every layer starts from stage 1's MTP layer. AdamW, peak lr {ta['lr']}, "
+        f"{ta['warmup_steps']} warmup steps, cosine to {ta['min_lr_ratio']}x at step "
+        f"{ta['max_steps']}, batch {ta['batch_size']} x {ta['seq_len']}. **{m['steps']} steps, "
+        f"{m['train_wall_time_s'] / 60:.1f} minutes** of training wall time on one CPU thread.",
         "",
         *([f"Stage 2 run notes: {m['card_note']}", ""] if m.get("card_note") else []),
-        "Command: `OMP_NUM_THREADS=1 python scripts/train_tiny.py --run-dir RUN2 --init-from STAGE1 "
-        "--freeze-target "
+        "Command: `OMP_NUM_THREADS=1 python scripts/train_tiny.py --run-dir RUN2 --init-from "
+        "STAGE1 --freeze-target "
         + _command(
             ta,
             (
@@ -705,15 +707,16 @@ def drafting_lines(m: dict) -> list[str]:
             r = dt[key]
             for k in range(dt["depth"]):
                 rows.append(
-                    f"| {name} | {k + 1} | {r['agree'][k]:.4f} | {r['accept'][k]:.4f} | {r['ce'][k]:.4f} |"
+                    f"| {name} | {k + 1} | {r['agree'][k]:.4f} | {r['accept'][k]:.4f} | "
+                    f"{r['ce'][k]:.4f} |"
                 )
         lines += [
             "Drafting, teacher forced (training path, unrolled substeps): per depth, the share of "
-            "rows whose argmax equals the target's (`agree`), the share of chains whose depths 1..k "
-            "all do (`accept`, what draft position k's acceptance would be if the target's argmax "
-            "were the text; exactly so on its own continuations), and the cross-entropy against the "
-            "text. 64 held-out continuations and "
-            f"{dt['corpus']['windows']} held-out corpus windows.",
+            "rows whose argmax equals the target's (`agree`), the share of chains whose depths "
+            "1..k all do (`accept`, what draft position k's acceptance would be if the target's "
+            "argmax were the text; exactly so on its own continuations), and the cross-entropy "
+            f"against the text. 64 held-out continuations and {dt['corpus']['windows']} held-out "
+            "corpus windows.",
             "",
             "| windows | depth | agree | accept | CE vs text |",
             "|---|---|---|---|---|",
@@ -729,11 +732,11 @@ def drafting_lines(m: dict) -> list[str]:
         lines += [
             f"**Serving** (reference engine, K = S = {sv['k']}, greedy, batch {sv['batch']}, "
             f"{sv['max_tokens']} new tokens per prompt): mean accepted length "
-            f"**{sv['demo']['mean_accepted_length']:.2f}** "
-            f"on the demo prompts (acceptance per draft position {fmt(sv['demo'])}) and "
-            f"**{sv['heldout']['mean_accepted_length']:.2f}** on held-out prompts ({fmt(sv['heldout'])}). "
-            "Acceptance per position is cumulative: a draft counts only if the drafts before it in its "
-            "round were accepted.",
+            f"**{sv['demo']['mean_accepted_length']:.2f}** on the demo prompts (acceptance per "
+            f"draft position {fmt(sv['demo'])}) and "
+            f"**{sv['heldout']['mean_accepted_length']:.2f}** on held-out prompts "
+            f"({fmt(sv['heldout'])}). Acceptance per position is cumulative: a draft counts only "
+            "if the drafts before it in its round were accepted.",
             "",
         ]
     return lines
@@ -744,18 +747,18 @@ def tiny_model_lines(config, m, weights_bytes, cfg_rows):
     return [
         "# Tiny byte-level target model + MTP layer",
         "",
-        "Shipped with `fastdeploy_mtp` so the proposer and the reference engine can be tested "
-        "end to end on a CPU. It is a model folder like any other (`model_type: fastdeploy_mtp_tiny`): "
-        "load it with `fastdeploy_mtp.models.load_model(fastdeploy_mtp.models.ASSETS_DIR)` (or `load_tiny()`), "
-        "which returns `(target, mtp, config)`; tokens are bytes, ids 0..255 (`tokenizer.json`, read by "
-        "`fastdeploy_mtp.tokenization.load_tokenizer`), and its chat template (`tokenizer_config.json`) "
-        "renders `role: content` lines then `assistant:`.",
+        "Shipped with `fastdeploy_mtp` so the proposer and the reference engine can be tested end "
+        "to end on a CPU. It is a model folder like any other (`model_type: fastdeploy_mtp_tiny`): "
+        "load it with `fastdeploy_mtp.models.load_model(fastdeploy_mtp.models.ASSETS_DIR)` (or "
+        "`load_tiny()`), which returns `(target, mtp, config)`; tokens are bytes, ids 0..255 "
+        "(`tokenizer.json`, read by `fastdeploy_mtp.tokenization.load_tokenizer`), and its chat "
+        "template (`tokenizer_config.json`) renders `role: content` lines then `assistant:`.",
         "",
         "Files: `model.safetensors` (float32, Paddle `[in, out]` Linear layout, "
         f"{weights_bytes / 1e6:.2f} MB; target tensors under their own names, MTP layer under "
-        "`mtp.`), `config.json` (`ModelConfig` plus `architectures` and `model_type`), `tokenizer.json` + "
-        "`tokenizer_config.json` (written by `scripts/make_byte_tokenizer.py`), `metrics.json` (every number "
-        "below).",
+        "`mtp.`), `config.json` (`ModelConfig` plus `architectures` and `model_type`), "
+        "`tokenizer.json` + `tokenizer_config.json` (written by `scripts/make_byte_tokenizer.py`), "
+        "`metrics.json` (every number below).",
         "",
         "## Model",
         "",
@@ -771,8 +774,8 @@ def tiny_model_lines(config, m, weights_bytes, cfg_rows):
         "`forward` returns)"
         + (
             f"; the checkpoint carries **{config.num_nextn_predict_layers} distinct MTP layers** "
-            "(`num_nextn_predict_layers`, tensors under `mtp.layers.{i}.`), substep s running layer "
-            "s by default"
+            "(`num_nextn_predict_layers`, tensors under `mtp.layers.{i}.`), substep s running "
+            "layer s by default"
             if config.num_nextn_predict_layers > 1
             else ""
         )

@@ -304,7 +304,8 @@ def validate(op: Op) -> None:
             "args": op.args_struct, "template_on": op.template_on, "cpu_extra": op.cpu_extra,
             "cuda_workspace": op.cuda_workspace, "xpu_limits": op.xpu_limits,
             "xpu_kernels": op.xpu_kernels != [op.name] and op.xpu_kernels,
-            "field": any(t.field != t.name for t in op.inputs) or any(a.field != a.name for a in op.attrs),
+            "field": any(t.field != t.name for t in op.inputs)
+            or any(a.field != a.name for a in op.attrs),
             "outputs": op.outputs,
             "optional inputs": any(t.optional for t in op.inputs),
             "prepare_inputs": op.prepare_inputs,
@@ -487,7 +488,8 @@ def kernel_call(op: Op, backend: str) -> str:
 def gen_constants_h(consts: list[Constant], enums: list[Enum]) -> str:
     out = [
         HEADER,
-        "// Constants shared by the kernels and the Python package (custom_ops/ops/constants.toml).",
+        "// Constants shared by the kernels and the Python package "
+        "(custom_ops/ops/constants.toml).",
         "#pragma once",
         "",
         "#include <cstdint>",
@@ -540,25 +542,30 @@ namespace fdmtp {
         out.append(f"void {op.kernel}(const {op.call}& call);")
         if op.host_only:
             out.append(
-                f"// The host function of {op.name} (host-only op, its CPU file): its own checks and"
+                f"// The host function of {op.name} (host-only op, its CPU file): its own checks "
+                "and"
             )
             out.append(
                 "// the work; called by the entry after the generic checks, on host tensors only."
             )
             out.append(
-                f"namespace host {{\nvoid {op.kernel}(const ArgChecker& check, const {op.call}& call);\n}}"
+                "namespace host "
+                f"{{\nvoid {op.kernel}(const ArgChecker& check, const {op.call}& call);\n}}"
             )
         else:
             out.append(
-                f"// Op-specific checks and derived sizes ({op.name}'s CPU file); called by the entry"
+                f"// Op-specific checks and derived sizes ({op.name}'s CPU file); called by the "
+                "entry"
             )
             out.append("// after the generic checks, before anything is written.")
             out.append(
-                f"void Prepare(const ArgChecker& check, const {op.call}& call, {op.args_struct}* args);"
+                f"void Prepare(const ArgChecker& check, const {op.call}& call, {op.args_struct}* "
+                "args);"
             )
             if op.prepare_inputs:
                 out.append(
-                    f"// {op.name}'s checks on its inputs and attrs alone (its CPU file); called by the"
+                    f"// {op.name}'s checks on its inputs and attrs alone (its CPU file); called "
+                    "by the"
                 )
                 out.append(
                     "// entry after the inputs' generic checks, before the outputs are checked."
@@ -566,10 +573,12 @@ namespace fdmtp {
                 out.append(f"void PrepareInputs(const ArgChecker& check, const {op.call}& call);")
             if op.outputs:
                 out.append(
-                    "// The entry's checks of the inputs and attrs alone, in the entry's order (device,"
+                    "// The entry's checks of the inputs and attrs alone, in the entry's order "
+                    "(device,"
                 )
                 out.append(
-                    "// storage, dtype and layout of each input, then PrepareInputs where the op has one):"
+                    "// storage, dtype and layout of each input, then PrepareInputs where the op "
+                    "has one):"
                 )
                 out.append("// the Paddle binding runs them before it allocates the outputs.")
                 out.append(f"void {op.kernel}CheckInputs(const {op.call}& call);")
@@ -581,7 +590,8 @@ namespace fdmtp {
 def gen_kernels_h(ops: list[Op]) -> str:
     out = [
         HEADER,
-        """// The backend kernels, framework-free: argument structs in, no framework types; includers
+        """\
+// The backend kernels, framework-free: argument structs in, no framework types; includers
 // need no CUDA headers.
 //   fdmtp::cpu::X(args)           runs op X on host memory.
 //   fdmtp::cuda::X(args, stream)  launches op X on `stream` (a cudaStream_t, or nullptr for the
@@ -613,7 +623,8 @@ def gen_kernels_h(ops: list[Op]) -> str:
         out.append(f"{tmpl}int {op.kernel}(const {op.args_struct}& args{ws}, Stream stream);")
     out += ["}  // namespace cuda", "", "}  // namespace fdmtp", ""]
     out += [
-        "// The same CUDA launchers compiled for the CUDA emulator (gpu/emu/cuda_emu.h), run on host",
+        "// The same CUDA launchers compiled for the CUDA emulator (gpu/emu/cuda_emu.h), run on "
+        "host",
         "// memory: `args` points to the op's fdmtp::<Op>Args, `dtype` is the fdmtp::DType of the",
         "// float tensors of templated ops (ignored by the others). Each returns the cudaError_t;",
         "// cuda_emu_rt::LastMessage() then says what failed. (This namespace is outside `fdmtp`:",
@@ -649,7 +660,8 @@ def gen_cuda_emu_adapter(op: Op) -> str:
         out += [
             "  // Device scratch is not zeroed on a GPU: fill it with a pattern, so a kernel that",
             "  // reads scratch it did not write gives wrong results here too.",
-            f"  std::vector<unsigned char> workspace(a.bsz > 0 ? ::fdmtp::cuda::{op.cuda_workspace}(a.bsz) : 0, 0xA5);",
+            "  std::vector<unsigned char> workspace(a.bsz > 0 ? "
+            f"::fdmtp::cuda::{op.cuda_workspace}(a.bsz) : 0, 0xA5);",
             "  const cuda_emu_rt::RangeScope scratch(workspace.data(), workspace.size());",
         ]
         ws = ", workspace.data()"
@@ -661,7 +673,8 @@ def gen_cuda_emu_adapter(op: Op) -> str:
             ("kBFloat16", "::fdmtp::BFloat16"),
         ):
             out.append(
-                f"    case ::fdmtp::DType::{dt}: return ::fdmtp::cuda::{op.kernel}<{t}>(a{ws}, stream);"
+                f"    case ::fdmtp::DType::{dt}: return ::fdmtp::cuda::{op.kernel}<{t}>(a{ws}, "
+                "stream);"
             )
         out += ["    default: break;", "  }", "  return cudaErrorInvalidValue;"]
     else:
@@ -673,7 +686,8 @@ def gen_cuda_emu_adapter(op: Op) -> str:
 def gen_xpu_ops_h(ops: list[Op]) -> str:
     out = [
         HEADER,
-        """// The XPU plugin functions, one per op (FastDeploy's Kunlun plugin layering): each checks
+        """\
+// The XPU plugin functions, one per op (FastDeploy's Kunlun plugin layering): each checks
 // the XPU3 kernel's capacity limits (xpu/xpu_limits.h), then runs on the context's device:
 // kCpu runs the CPU kernel, kXpu3 launches the op's XPU3 kernels (xpu/kernel/<op>.xpu).
 // Returns 0 on success, else an error code; LastError() then names the op and the cause.
@@ -776,15 +790,16 @@ def gen_entries_cc(ops: list[Op]) -> str:
         if op.cuda_workspace:
             cuda_fn = (
                 f"[&]() -> int {{ void* workspace = CudaWorkspace(check, call.scratch, "
-                f"CudaWorkspaceBytes{op.kernel}(args)); return workspace == nullptr ? 0 : {cuda}; }}"
+                f"CudaWorkspaceBytes{op.kernel}(args)); return workspace == nullptr ? 0 : {cuda}; "
+                f"}}"
             )
         else:
             cuda_fn = f"[&] {{ return {cuda}; }}"
         dtype = f"static_cast<int>(call.{op.template_on}.dtype)" if op.template_on else "0"
         emu_fn = f"[&] {{ return fdmtp_cuda_emulated::{op.kernel}(&args, {dtype}, call.stream); }}"
         body = (
-            f"Dispatch(check, {device}, [&] {{ {cpu}; }}, {cuda_fn}, [&](xpu::Context* ctx) {{ return {xpu}; }}, "
-            f"tensors, {emu_fn});"
+            f"Dispatch(check, {device}, [&] {{ {cpu}; }}, {cuda_fn}, [&](xpu::Context* ctx) "
+            f"{{ return {xpu}; }}, tensors, {emu_fn});"
         )
         if op.template_on:
             out.append(f"  DispatchFloat(check, call.{op.template_on}, [&](auto tag) {{")
@@ -803,8 +818,9 @@ def gen_entries_cc(ops: list[Op]) -> str:
         if op.cuda_workspace:
             helpers.append(
                 f"inline size_t CudaWorkspaceBytes{op.kernel}(const {op.args_struct}& args) {{\n"
-                f"#if defined(FDMTP_WITH_CUDA)\n  return args.bsz == 0 ? 0 : cuda::{op.cuda_workspace}(args.bsz);\n"
-                f"#else\n  (void)args;\n  return 0;\n#endif\n}}\n"
+                "#if defined(FDMTP_WITH_CUDA)\n  return args.bsz == 0 ? 0 : "
+                f"cuda::{op.cuda_workspace}(args.bsz);\n#else\n  (void)args;\n  return "
+                f"0;\n#endif\n}}\n"
             )
     return text.replace("namespace fdmtp {\n", "namespace fdmtp {\n\n" + "\n".join(helpers), 1)
 
@@ -847,7 +863,8 @@ def gen_xpu_plugin_cpp(ops: list[Op]) -> str:
         out.append("}")
         if op.template_on:
             out.append(
-                f"#define FDMTP_INSTANTIATE(T) template int {op.name}<T>(Context*, const {op.args_struct}&);"
+                f"#define FDMTP_INSTANTIATE(T) template int {op.name}<T>(Context*, const "
+                f"{op.args_struct}&);"
             )
             out.append("FDMTP_FOR_EACH_FLOAT_TYPE(FDMTP_INSTANTIATE)")
             out.append("#undef FDMTP_INSTANTIATE")
@@ -920,7 +937,8 @@ def gen_paddle_cc(ops: list[Op]) -> str:
             dims = alloc_dims(o, "{}.shape()")
             dt = paddle_dtype(op, o.dtype, "{}.dtype()")
             out.append(
-                f"    paddle::Tensor {o.name} = paddle::empty(pb::Allocatable({dims}), {dt}, {place});"
+                f"    paddle::Tensor {o.name} = paddle::empty(pb::Allocatable({dims}), {dt}, "
+                f"{place});"
             )
             out.append(f'    call.{o.name} = pb::ToRef({o.name}, "{o.name}");')
         out.append(f"    call.stream = pb::StreamOf({op.device_of});")
@@ -1161,7 +1179,8 @@ def py_docstring(op: Op, prose: str) -> str:
             if p.env:
                 lines.append(f"{p.name} : {typ} | None")
                 lines.append(
-                    f"    {p.doc} ``None``: the environment variable ``{p.env}`` if set, else {py_literal(p.default)}."
+                    f"    {p.doc} ``None``: the environment variable ``{p.env}`` if set, else "
+                    f"{py_literal(p.default)}."
                 )
             else:
                 lines.append(f"{p.name} : {typ}")
@@ -1176,7 +1195,8 @@ def py_docstring(op: Op, prose: str) -> str:
         "Raises",
         "------",
         "OpError",
-        "    An argument is rejected (see Errors above); the message names the op and the argument,",
+        "    An argument is rejected (see Errors above); the message names the op and the "
+        "argument,",
         "    and nothing has been written.",
     ]
     return "\n".join(lines)
@@ -1212,7 +1232,8 @@ def gen_python(
 ) -> str:
     out = [
         '"""Typed Python wrappers of the native ops, generated from custom_ops/ops/*.toml by',
-        "custom_ops/codegen/op_codegen.py at build time. Do not edit: change the declaration (or the",
+        "custom_ops/codegen/op_codegen.py at build time. Do not edit: change the declaration (or "
+        "the",
         'op\'s section of docs/ops.md, which is each docstring\'s prose) and rebuild."""',
         "",
         "from __future__ import annotations",
@@ -1242,9 +1263,11 @@ def gen_python(
             f"    def from_string(cls, name: str) -> {e.python}:",
             f'        """The member named ``name``, in any case ({names}, as FastDeploy\'s',
             '        configuration spells them); ``ValueError`` naming the choices otherwise."""',
-            "        member = cls.__members__.get(name.strip().upper()) if isinstance(name, str) else None",
+            "        member = cls.__members__.get(name.strip().upper()) if isinstance(name, str) "
+            "else None",
             "        if member is None:",
-            f'            raise ValueError(f"unknown {e.python} {{name!r}}; expected one of {names}")',
+            f'            raise ValueError(f"unknown {e.python} {{name!r}}; '
+            f'expected one of {names}")',
             "        return member",
             "",
         ]
@@ -1283,7 +1306,8 @@ def gen_python(
         "",
         "",
         "def _from_env(value: int | None, env: str, default: int) -> object:",
-        '    """`value` (range-checked by the caller), else the integer in environment variable `env`',
+        '    """`value` (range-checked by the caller), else the integer in environment '
+        "variable `env`",
         '    if set, else `default`."""',
         "    if value is not None:",
         "        return value",

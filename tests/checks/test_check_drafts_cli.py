@@ -13,17 +13,21 @@ from tests.support import hf_folders, hf_moe_folders
 from tests.support.tokenizer_files import write_bpe_tokenizer
 
 
-@pytest.fixture(scope="module")
-def glm(tmp_path_factory):
-    out = tmp_path_factory.mktemp("glm")
+def glm_folder(out, **options):
+    """A GLM-4.5 folder (negative router bias, a 300-token BPE tokenizer); `options` go to
+    :func:`hf_moe_folders.make_glm_folder`."""
     hf_moe_folders.make_glm_folder(
         out,
-        echo=True,
-        seed=2,
         negative_bias=True,
         tokenizer_writer=lambda o: write_bpe_tokenizer(str(o), 300),
+        **options,
     )
     return out
+
+
+@pytest.fixture(scope="module")
+def glm(tmp_path_factory):
+    return glm_folder(tmp_path_factory.mktemp("glm"), echo=True, seed=2)
 
 
 def _check(capsys, *args):
@@ -50,14 +54,7 @@ def test_equal_drafts_pass(glm, capsys):
 
 def test_a_wrong_convention_is_caught(tmp_path, capsys):
     """Random (not echoed) MTP weights: the mask moves the argmax of some rows."""
-    masked = tmp_path / "masked"
-    hf_moe_folders.make_glm_folder(
-        masked,
-        qk_norm=True,
-        seed=3,
-        negative_bias=True,
-        tokenizer_writer=lambda o: write_bpe_tokenizer(str(o), 300),
-    )
+    masked = glm_folder(tmp_path / "masked", qk_norm=True, seed=3)
     cfg = json.loads((masked / "config.json").read_text())
     cfg["mtp_mask_first_position"] = True
     (masked / "config.json").write_text(json.dumps(cfg))

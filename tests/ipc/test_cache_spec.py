@@ -16,18 +16,7 @@ from fastdeploy_mtp.models.cache_spec import (
     model_cache_specs,
     owned_by,
 )
-from fastdeploy_mtp.models.model_config import ModelConfig
-
-
-def arch(**overrides) -> ModelConfig:
-    fields = dict(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        block_size=8,
-    )
-    return ModelConfig(**{**fields, **overrides})
+from tests.support.engines import tiny_arch as arch
 
 
 @pytest.mark.parametrize("mtp_layers", [0, 1, 3])

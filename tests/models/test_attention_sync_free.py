@@ -154,6 +154,14 @@ def assert_matches_reference(this_time, pad, out, want, caches, want_keys, want_
     )
 
 
+def check_case(batch, geometry, seed, hint, layout, check, rows_hint):
+    """:func:`run_case` on ``batch`` = (this_time, decoder, pad) and ``geometry`` =
+    (block_size, kv_heads, groups), its output and caches checked against the reference."""
+    this_time, decoder, pad = batch
+    got = run_case(*batch, *geometry, seed, hint, layout, check, None, rows_hint)
+    assert_matches_reference(this_time, pad, *got)
+
+
 CASES = {
     "prefill": ([9], [0], 0),
     "chunked_prefill": ([5, 7], [8, 13], 0),
@@ -173,24 +181,9 @@ LAYOUTS = [None, "shared", "row", "grouped"]
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda x: x or "auto")
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_named_batches_match_the_host_planned_reference(case, layout):
-    this_time, decoder, pad = CASES[case]
-    for block_size, kv_heads, groups in ((4, 2, 2), (1, 1, 3)):
+    for geometry in ((4, 2, 2), (1, 1, 3)):
         for rows_hint in ("none", "tight", "loose"):
-            got = run_case(
-                this_time,
-                decoder,
-                pad,
-                block_size,
-                kv_heads,
-                groups,
-                len(case),
-                "tight",
-                layout,
-                True,
-                None,
-                rows_hint,
-            )
-            assert_matches_reference(this_time, pad, *got)
+            check_case(CASES[case], geometry, len(case), "tight", layout, True, rows_hint)
 
 
 def test_shuffled_contiguous_tables_match_the_reference():
@@ -264,22 +257,8 @@ def test_the_automatic_layout_follows_the_batch_shape():
 def test_random_batches_match_the_host_planned_reference(
     items, pad, block_size, kv_heads, groups, hint, rows_hint, layout, check, seed
 ):
-    this_time, decoder = [n for n, _ in items], [d for _, d in items]
-    got = run_case(
-        this_time,
-        decoder,
-        pad,
-        block_size,
-        kv_heads,
-        groups,
-        seed,
-        hint,
-        layout,
-        check,
-        None,
-        rows_hint,
-    )
-    assert_matches_reference(this_time, pad, *got)
+    batch = ([n for n, _ in items], [d for _, d in items], pad)
+    check_case(batch, (block_size, kv_heads, groups), seed, hint, layout, check, rows_hint)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS[1:])

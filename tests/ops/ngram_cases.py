@@ -4,6 +4,7 @@ repeats so that matches (of every length, in prompt and history) are frequent.""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 HYBRID_NAMES = (
     "input_ids",
@@ -106,6 +107,35 @@ def match_state(rng, bsz, *, vocab, prompt_max, hist_max, k, p_idle=0.15, p_pref
         dec,
         max_dec.astype(np.int64),
     ]
+
+
+def decoding_match_state(seed, bsz, **shape):
+    """:func:`match_state` from ``default_rng(seed)`` with every item decoding (no idle and no
+    prefill items); `shape` gives vocab, prompt_max, hist_max and k."""
+    return match_state(np.random.default_rng(seed), bsz, p_idle=0.0, p_prefill=0.0, **shape)
+
+
+def assert_wrapper_reads_threshold(monkeypatch, op, names, reference, tensors, attrs, env):
+    """The Paddle wrapper of `op` takes its threshold from an environment variable: `env` =
+    (variable, its default, another value). Unset and then set to the other value, the wrapper's
+    drafts must be the reference's at that threshold, and the two results must differ."""
+    paddle = pytest.importorskip("paddle")
+    import fastdeploy_mtp.ops as ops
+
+    variable, default, other = env
+    results = {}
+    for value, threshold in ((None, default), (str(other), other)):
+        if value is None:
+            monkeypatch.delenv(variable, raising=False)
+        else:
+            monkeypatch.setenv(variable, value)
+        pts = [paddle.to_tensor(x.copy()) for x in tensors]
+        getattr(ops, op)(*pts, *attrs)
+        want = reference(*tensors, *attrs, threshold)
+        for name in ("seq_lens_this_time", "draft_tokens"):
+            np.testing.assert_array_equal(pts[names.index(name)].numpy(), want[name])
+        results[threshold] = want["seq_lens_this_time"]
+    assert not np.array_equal(results[default], results[other])
 
 
 def assert_same_without_worker_threads(backend, op: str, names, reference, tensors, attrs) -> None:

@@ -63,8 +63,9 @@ def test_read_only_numpy_array_is_a_clear_error_not_a_buffer_error():
 
 @pytest.mark.parametrize(
     "value, message",
-    [(2**31, "does not fit in int32"), (-(2**31) - 1, "does not fit in int32"), (2**70, "does not fit in int32"),
-     (1.5, "must be an integer"), ("3", "must be an integer"), (True, "must be an integer")],
+    [(2**31, "does not fit in int32"), (-(2**31) - 1, "does not fit in int32"),
+     (2**70, "does not fit in int32"), (1.5, "must be an integer"), ("3", "must be an integer"),
+     (True, "must be an integer")],
 )  # fmt: skip
 def test_kernels_attr_outside_int32_names_the_op_and_the_attr(value, message):
     """pybind used to raise a TypeError that named neither."""
@@ -72,9 +73,10 @@ def test_kernels_attr_outside_int32_names_the_op_and_the_attr(value, message):
     n = np.zeros(2, np.int32)
     with pytest.raises(ValueError, match=rf"^draft_model_update: attr `substep`.*{message}"):
         _kernels.draft_model_update(
-            np.zeros(2, np.int64), t[0], t[2], n.copy(), n.copy(), n.copy(), np.zeros((2, 1), np.int64),
-            np.zeros(3, np.int32), np.zeros((2, 1), bool), np.zeros(1, bool), np.full((2, 1), 9, np.int64),
-            np.zeros((1, 1), np.int64), t[1], 0, value,
+            np.zeros(2, np.int64), t[0], t[2], n.copy(), n.copy(), n.copy(),
+            np.zeros((2, 1), np.int64), np.zeros(3, np.int32), np.zeros((2, 1), bool),
+            np.zeros(1, bool), np.full((2, 1), 9, np.int64), np.zeros((1, 1), np.int64), t[1], 0,
+            value,
         )  # fmt: skip
 
 
@@ -153,10 +155,12 @@ def test_paddle_verify_draft_tokens_upstream_positional_call():
     ids = paddle.full([1, 3], -1, "int64")
     n = paddle.zeros([1], "int32")
     args = [
-        ids, n, paddle.to_tensor([[3, 7, 8]], "int64"), paddle.to_tensor([7, 9, 4], "int64"), None, None, None,
-        paddle.ones([1, 1]), paddle.zeros([1, 1], "bool"), paddle.zeros([1], "int32"), paddle.to_tensor([3], "int32"),
+        ids, n, paddle.to_tensor([[3, 7, 8]], "int64"), paddle.to_tensor([7, 9, 4], "int64"),
+        None, None, None, paddle.ones([1, 1]), paddle.zeros([1, 1], "bool"),
+        paddle.zeros([1], "int32"), paddle.to_tensor([3], "int32"),
         paddle.to_tensor([[2]], "int64"), paddle.zeros([1], "bool"), paddle.zeros([1], "int32"),
-        paddle.zeros([1, 1], "int32"), paddle.to_tensor([[100]], "int64"), paddle.zeros([1, 1], "int64"),
+        paddle.zeros([1, 1], "int32"),
+        paddle.to_tensor([[100]], "int64"), paddle.zeros([1, 1], "int64"),
     ]  # fmt: skip
     ops.verify_draft_tokens(*args, 2048, 2, int(ops.VerifyStrategy.GREEDY), False, False)
     np.testing.assert_array_equal(ids.numpy(), [[7, 9, -1]])

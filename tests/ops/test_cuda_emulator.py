@@ -19,22 +19,27 @@ _kernels = pytest.importorskip("fastdeploy_mtp._kernels")
 
 needs_checks = pytest.mark.skipif(
     not _kernels.build_info().get("emulator_access_checks", False),
-    reason="this build leaves the emulators' access instrumentation out (the AddressSanitizer build)",
+    reason="this build leaves the emulators' access instrumentation out "
+    "(the AddressSanitizer build)",
 )
 
 # (kernel, the report it must produce)
 INJECTED_BUGS = [
     ("missing_syncthreads", r"shared-memory race: thread \(1, 0, 0\) .* reads shared memory .* "
      r"which thread \(0, 0, 0\) wrote with no __syncthreads\(\) between"),
-    ("off_by_one", r"writes 8 byte\(s\) at 0x[0-9a-f]+, outside every tensor of the launch \(out of bounds\)"),
-    ("wrong_shuffle_mask", r"thread \(16, 0, 0\) .* \(lane 16\) calls __shfl_up_sync with mask 0x0000ffff, "
-     r"which omits it"),
-    ("divergent_barrier", r"32 thread\(s\) wait at __syncthreads\(\) which 32 thread\(s\) of the block never reach"),
+    ("off_by_one", r"writes 8 byte\(s\) at 0x[0-9a-f]+, outside every tensor of the launch "
+     r"\(out of bounds\)"),
+    ("wrong_shuffle_mask", r"thread \(16, 0, 0\) .* \(lane 16\) calls __shfl_up_sync with mask "
+     r"0x0000ffff, which omits it"),
+    ("divergent_barrier", r"32 thread\(s\) wait at __syncthreads\(\) which 32 thread\(s\) of the "
+     r"block never reach"),
     ("uninitialised_shared", r"reads shared memory .* that no thread of the block has written"),
     ("atomic_race", r"shared-memory race: .* reads shared memory .* which an atomic wrote"),
     ("invalid_shape", r"<<<\(1, 1, 1\), \(2048, 1, 1\)>>>: invalid launch shape"),
-    ("dynamic_shared_without_opt_in", r"65536 bytes of dynamic shared memory exceed the 49152 this kernel may use"),
-    ("dynamic_shared_overrun", r"writes 8 byte\(s\) at 0x[0-9a-f]+, outside every tensor of the launch"),
+    ("dynamic_shared_without_opt_in", r"65536 bytes of dynamic shared memory exceed the 49152 "
+     r"this kernel may use"),
+    ("dynamic_shared_overrun", r"writes 8 byte\(s\) at 0x[0-9a-f]+, outside every tensor of the "
+     r"launch"),
 ]  # fmt: skip
 ACCESS_CHECKED = {
     "missing_syncthreads",
@@ -49,7 +54,8 @@ ACCESS_CHECKED = {
 def test_injected_bug_fails_the_launch_with_a_report(which, report):
     if which in ACCESS_CHECKED and not _kernels.build_info().get("emulator_access_checks", False):
         pytest.skip(
-            "this build leaves the emulators' access instrumentation out (the AddressSanitizer build)"
+            "this build leaves the emulators' access instrumentation out (the AddressSanitizer "
+            "build)"
         )
     with pytest.raises(ValueError, match=report) as info:
         _kernels._cuda_emulator_selftest(which)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.reference.draft_model_preprocess import NAMES, draft_model_preprocess as reference
-from tests.support.compare import assert_all_exact, assert_bad_input_rejected
+from tests.support.compare import assert_bad_input_rejected, run_exact
 from tests.support.op_states import preprocess_state as make_state
 
 OP = "draft_model_preprocess"
@@ -16,9 +16,8 @@ def check(backend, tensors, num_model_step=1, is_splitwise_prefill=False, contex
     want = reference(
         *tensors, num_model_step=num_model_step, is_splitwise_prefill=is_splitwise_prefill
     )
-    got = backend.run(OP, tensors, (num_model_step, is_splitwise_prefill))
-    assert_all_exact(NAMES, got, want, context=f"{backend.name} {context}")
-    return dict(zip(NAMES, got))
+    attrs = (num_model_step, is_splitwise_prefill)
+    return run_exact(backend, OP, NAMES, tensors, attrs, want, context)
 
 
 @pytest.mark.parametrize("bsz", [1, 7, 64, 1500])

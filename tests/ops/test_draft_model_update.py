@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.reference.draft_model_update import NAMES, draft_model_update as reference
-from tests.support.compare import assert_all_exact, assert_bad_input_rejected
+from tests.support.compare import assert_bad_input_rejected, run_exact
 
 OP = "draft_model_update"
 MAX_SEQ_LEN = 64
@@ -53,9 +53,7 @@ def make_state(rng, bsz, k, *, pre_len=MAX_SEQ_LEN):
 
 def check(backend, tensors, substep=0, context=""):
     want = reference(*tensors, max_seq_len=MAX_SEQ_LEN, substep=substep)
-    got = backend.run(OP, tensors, (MAX_SEQ_LEN, substep))
-    assert_all_exact(NAMES, got, want, context=f"{backend.name} {context}")
-    return dict(zip(NAMES, got))
+    return run_exact(backend, OP, NAMES, tensors, (MAX_SEQ_LEN, substep), want, context)
 
 
 @pytest.mark.parametrize("bsz", [1, 7, 64, 1500])

@@ -8,19 +8,17 @@ import pytest
 from tests.ops.ngram_cases import (
     HYBRID_NAMES as NAMES,
     assert_same_without_worker_threads,
+    assert_wrapper_reads_threshold,
     hybrid_state,
 )
 from tests.reference.ngram import hybrid_mtp_ngram as reference
-from tests.support.compare import assert_all_exact, assert_bad_input_rejected
+from tests.support.compare import assert_bad_input_rejected, run_exact
 
 OP = "hybrid_mtp_ngram"
 
 
 def check(backend, tensors, attrs, context):
-    want = reference(*tensors, *attrs)
-    got = backend.run(OP, tensors, attrs)
-    assert_all_exact(NAMES, got, want, context=f"{backend.name}, {context}")
-    return got
+    return run_exact(backend, OP, NAMES, tensors, attrs, reference(*tensors, *attrs), context)
 
 
 def one_item(prompt, history, step, *, slt=1, k=4, max_dec=1000, dec=1, width=None):
@@ -75,7 +73,7 @@ def test_fixed_vectors(backend, case):
     _, prompt, history, step, attrs, appended = case
     tensors = one_item(prompt, history, step, k=attrs[2])
     got = check(backend, tensors, (*attrs, 1024, 0), case[0])
-    row, slt = got[5][0], got[6][0]
+    row, slt = got["draft_tokens"][0], got["seq_lens_this_time"][0]
     assert slt == 1 + len(appended)
     np.testing.assert_array_equal(row[1 : 1 + len(appended)], appended)
     assert (row[1 + len(appended) :] == -1).all()
@@ -124,33 +122,33 @@ def test_threshold_caps_then_stops_later_items(backend):
         np.concatenate([t] * 3) for t in one_item([1, 2, 3, 4, 5, 6, 7, 8], [0, 1, 2], 2, k=5)
     ]
     got = check(backend, tensors, (2, 2, 5, 10, 0), "thr=10")
-    np.testing.assert_array_equal(got[6], np.array([6, 3, 1], np.int32))
+    np.testing.assert_array_equal(got["seq_lens_this_time"], np.array([6, 3, 1], np.int32))
 
 
 def test_budget_one(backend):
     # K - ori + 1 == 1: exactly one token is appended
     tensors = one_item([1, 2, 3, 4, 5], [0, 2, 3], 2, slt=4, k=4)
     got = check(backend, tensors, (2, 2, 4, 1024, 0), "budget 1")
-    assert got[6][0] == 5 and got[5][0, 4] == 4
+    assert got["seq_lens_this_time"][0] == 5 and got["draft_tokens"][0, 4] == 4
 
 
 def test_max_dec_len_reached_appends_nothing(backend):
     for max_dec in (3, 2, 0):  # step 2: budget max_dec - 3 <= 0
         tensors = one_item([1, 2, 3, 4, 5], [0, 2, 3], 2, max_dec=max_dec)
         got = check(backend, tensors, (2, 2, 4, 1024, 0), f"max_dec={max_dec}")
-        assert got[6][0] == 1
+        assert got["seq_lens_this_time"][0] == 1
     tensors = one_item([1, 2, 3, 4, 5], [0, 2, 3], 2, max_dec=5)  # budget 2 by length
     got = check(backend, tensors, (2, 2, 4, 1024, 0), "max_dec=5")
-    assert got[6][0] == 3
+    assert got["seq_lens_this_time"][0] == 3
 
 
 def test_step_smaller_than_n_skips_that_n(backend):
     # step 1: n = 3 and 2 are skipped; only n = 1 can match ("3" -> "4")
     tensors = one_item([9, 3, 4, 5], [3, 3], 1, k=2)
     got = check(backend, tensors, (3, 1, 2, 1024, 0), "step < n")
-    np.testing.assert_array_equal(got[5][0], [100, 4, 5])
+    np.testing.assert_array_equal(got["draft_tokens"][0], [100, 4, 5])
     got = check(backend, one_item([9, 3, 4, 5], [3, 3], 1, k=2), (3, 2, 2, 1024, 0), "min 2")
-    assert got[6][0] == 1
+    assert got["seq_lens_this_time"][0] == 1
 
 
 def test_items_without_tokens_or_budget_are_left_alone(backend):
@@ -159,8 +157,8 @@ def test_items_without_tokens_or_budget_are_left_alone(backend):
     tensors[6][::2] = 0  # ori == 0
     tensors[6][1::4] = 5  # ori > K + 1: budget < 0
     got = check(backend, tensors, (3, 1, 3, 1024, 0), "skips")
-    np.testing.assert_array_equal(got[6][::2], 0)
-    np.testing.assert_array_equal(got[5][::2], tensors[5][::2])
+    np.testing.assert_array_equal(got["seq_lens_this_time"][::2], 0)
+    np.testing.assert_array_equal(got["draft_tokens"][::2], tensors[5][::2])
 
 
 def test_out_of_range_lengths_and_steps_are_safe(backend):
@@ -185,7 +183,7 @@ def test_batch_beyond_upstream_1024_cap(backend):
     rng = np.random.default_rng(5)
     tensors = hybrid_state(rng, 1500, vocab=3, prompt_max=12, hist_max=8, k=3, p_idle=0.0)
     got = check(backend, tensors, (3, 1, 3, 10**6, 0), "bsz=1500")
-    assert (got[6][1024:] != tensors[6][1024:]).any()
+    assert (got["seq_lens_this_time"][1024:] != tensors[6][1024:]).any()
 
 
 def test_per_item_tensors_of_shape_n_by_1(backend):
@@ -282,22 +280,7 @@ def test_length_values_of_2_31_do_not_cost_time(backend):
 
 
 def test_wrapper_threshold_defaults_to_upstream_env_var(monkeypatch):
-    paddle = pytest.importorskip("paddle")
-    import fastdeploy_mtp.ops as ops
-
     rng = np.random.default_rng(21)
     tensors = hybrid_state(rng, 20, vocab=3, prompt_max=40, hist_max=30, k=5, p_idle=0.0)
-    for env, thr in ((None, 1024), ("17", 17)):
-        if env is None:
-            monkeypatch.delenv("SPEC_TOKENUM_THRESHOLD", raising=False)
-        else:
-            monkeypatch.setenv("SPEC_TOKENUM_THRESHOLD", env)
-        pts = [paddle.to_tensor(t.copy()) for t in tensors]
-        ops.hybrid_mtp_ngram(*pts, 3, 1, 5)
-        want = reference(*tensors, 3, 1, 5, thr)
-        np.testing.assert_array_equal(pts[6].numpy(), want["seq_lens_this_time"])
-        np.testing.assert_array_equal(pts[5].numpy(), want["draft_tokens"])
-    assert not np.array_equal(
-        reference(*tensors, 3, 1, 5, 17)["seq_lens_this_time"],
-        reference(*tensors, 3, 1, 5, 1024)["seq_lens_this_time"],
-    )
+    env = ("SPEC_TOKENUM_THRESHOLD", 1024, 17)
+    assert_wrapper_reads_threshold(monkeypatch, OP, NAMES, reference, tensors, (3, 1, 5), env)

@@ -384,8 +384,9 @@ def test_attach_refuses_a_segment_with_group_or_other_permission_bits(name, mode
     forge(cache, mode=mode)
     with pytest.raises(
         ops.OpError,
-        match=rf"^share_external_data: shared-memory segment `{cache}` has mode 0{mode:03o}: other users may "
-        r"read or write it \(set_data_ipc creates segments with mode 0600\); refusing to attach it",
+        match=rf"^share_external_data: shared-memory segment `{cache}` has mode 0{mode:03o}: other "
+        r"users may read or write it \(set_data_ipc creates segments with mode 0600\); refusing to "
+        r"attach it",
     ):
         ops.share_external_data(placeholder("float32"), cache, [16])
     with pytest.raises(ValueError, match=rf"has mode 0{mode:03o}"):
@@ -404,15 +405,16 @@ def test_attach_and_replace_refuse_a_segment_owned_by_another_uid(name):
     os.chown(SHM / name, os.geteuid() + 4242, -1)
     with pytest.raises(
         ops.OpError,
-        match=rf"^share_external_data: shared-memory segment `{name}` is owned by uid {os.geteuid() + 4242}, "
-        rf"not by this process's uid {os.geteuid()}; refusing to attach a segment another user created",
+        match=rf"^share_external_data: shared-memory segment `{name}` is owned by uid "
+        rf"{os.geteuid() + 4242}, not by this process's uid {os.geteuid()}; refusing to attach a "
+        r"segment another user created",
     ):
         ops.share_external_data(placeholder("float32"), name, [16])
     t = paddle.ones([4])
     with pytest.raises(
         ops.OpError,
-        match=rf"^set_data_ipc: a shared-memory segment `{name}` already exists and is owned by uid "
-        r"\d+, not by this process's uid \d+; refusing to replace another user's segment",
+        match=rf"^set_data_ipc: a shared-memory segment `{name}` already exists and is owned by "
+        r"uid \d+, not by this process's uid \d+; refusing to replace another user's segment",
     ):
         ops.set_data_ipc(t, name)
     assert (SHM / name).stat().st_uid == os.geteuid() + 4242  # left alone
@@ -452,7 +454,8 @@ def test_set_data_ipc_replaces_a_planted_world_writable_segment_with_a_private_o
         (
             dict(data_offset=0),
             None,
-            r"places its data at offset 0; set_data_ipc writes it page aligned after the 128-byte header",
+            r"places its data at offset 0; set_data_ipc writes it page aligned after the 128-byte "
+            r"header",
         ),
         (dict(data_offset=64), None, r"places its data at offset 64"),
         (dict(data_offset=4100), None, r"places its data at offset 4100"),

@@ -59,7 +59,8 @@ def name():
 
 
 def header(name: str):
-    """(size, nprocesses, handle bytes, kind, dtype code, data_bytes, creator_pid, data_ptr_addr)."""
+    """The segment header's fields: (size, nprocesses, handle bytes, kind, dtype code,
+    data_bytes, creator_pid, data_ptr_addr)."""
     raw = (SHM / name).read_bytes()
     nproc = struct.unpack_from("<Q", raw, 0)[0]
     magic, version, kind, dtype, device = struct.unpack_from("<QIIii", raw, 72)
@@ -337,8 +338,8 @@ def test_opening_an_emulated_region_others_can_access_is_refused(name):
         with _kernels.xpu_emulation(*LAUNCH):
             with pytest.raises(
                 ValueError,
-                match=rf"xpu_ipc_open_memhandle failed .*emulated device region `{region}` is not a mode-0600 "
-                r"region of uid \d+ \(owner uid \d+\); refusing to open it",
+                match=rf"xpu_ipc_open_memhandle failed .*emulated device region `{region}` is not "
+                r"a mode-0600 region of uid \d+ \(owner uid \d+\); refusing to open it",
             ):
                 _kernels.share_external_data(np.empty((), np.float32), name, [8], True)
             os.chmod(SHM / region, 0o600)

@@ -255,7 +255,8 @@ def test_writer_in_a_child_process_reader_waits_in_the_parent(qid):
         messaging.remove_msg_queue(qid + 1)
 
 
-@pytest.mark.parametrize("value, message", [("2", "INFERENCE_MSG_ID=2 is reserved"), ("-3", "must not be negative"),
+@pytest.mark.parametrize("value, message", [("2", "INFERENCE_MSG_ID=2 is reserved"),
+                                            ("-3", "must not be negative"),
                                             ("abc", "is not an int32 integer")])  # fmt: skip
 def test_reserved_or_bad_msg_id_is_rejected(qid, monkeypatch, value, message):
     monkeypatch.setenv("INFERENCE_MSG_ID", value)
@@ -273,15 +274,21 @@ def _bad(case, **changes):
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(logprob_token_ids=np.zeros((4, 22), np.int64), logprob_scores=np.zeros((4, 22), np.float32)),
+        (dict(logprob_token_ids=np.zeros((4, 22), np.int64),
+              logprob_scores=np.zeros((4, 22), np.float32)),
          "`logprob_token_ids` must have shape"),
-        (dict(logprob_token_ids=np.zeros((3, 21), np.int64)), "`logprob_token_ids` must have shape"),
-        (dict(logprob_scores=np.zeros((4, 20), np.float32)), "`logprob_scores` must have the shape"),
+        (dict(logprob_token_ids=np.zeros((3, 21), np.int64)),
+         "`logprob_token_ids` must have shape"),
+        (dict(logprob_scores=np.zeros((4, 20), np.float32)),
+         "`logprob_scores` must have the shape"),
         (dict(logprob_ranks=np.zeros(3, np.int64)), "`logprob_ranks` must have"),
         (dict(token_num_per_batch=np.array([1, 7], np.int32)), r"`token_num_per_batch`\[1\] = 7"),
-        (dict(token_num_per_batch=np.array([-1, 3], np.int32)), r"`token_num_per_batch`\[0\] = -1"),
-        (dict(cu_batch_token_offset=np.array([0, 2], np.int32)), r"`cu_batch_token_offset`\[1\] = 2"),
-        (dict(cu_batch_token_offset=np.array([-1, 1], np.int32)), r"`cu_batch_token_offset`\[0\] = -1"),
+        (dict(token_num_per_batch=np.array([-1, 3], np.int32)),
+         r"`token_num_per_batch`\[0\] = -1"),
+        (dict(cu_batch_token_offset=np.array([0, 2], np.int32)),
+         r"`cu_batch_token_offset`\[1\] = 2"),
+        (dict(cu_batch_token_offset=np.array([-1, 1], np.int32)),
+         r"`cu_batch_token_offset`\[0\] = -1"),
         (dict(seq_lens_decoder=np.zeros(1, np.int32)), "`seq_lens_decoder`"),
         (dict(preempted_idx=np.zeros(1, np.int32)), "`preempted_idx`"),
         (dict(logprob_scores=np.zeros((4, 21), np.float64)), "`logprob_scores` must be float32"),
@@ -293,8 +300,8 @@ def test_topk_bad_arguments_are_named_and_nothing_is_sent(qid, change, message):
     with pytest.raises(ops.OpError, match=f"^speculate_save_output_topk: .*{message}"):
         save_topk(_bad(case, **change), msg_queue_id=qid)
     with pytest.raises(ValueError, match=f"^speculate_save_output_topk: .*{message}"):
-        _kernels.speculate_save_output_topk(**_bad(case, **change), message_flag=3, rank_id=0, save_each_rank=False,
-                                            msg_queue_id=qid)  # fmt: skip
+        _kernels.speculate_save_output_topk(**_bad(case, **change), message_flag=3, rank_id=0,
+                                            save_each_rank=False, msg_queue_id=qid)  # fmt: skip
     assert raw_receive(qid) is None
 
 
@@ -433,7 +440,8 @@ def test_first_token_rank_and_bad_arguments(qid):
         save_first(np.zeros((2, 1), np.int64), [1, 1], queue=qid)
     with pytest.raises(ops.OpError, match="^mtp_save_first_token: `x` has 257 rows"):
         save_first(np.zeros((257, 2), np.int64), [1] * 257, queue=qid)
-    args = [paddle.to_tensor(v) for v in (x, np.array([True]), np.zeros(1, np.int32), np.zeros((2, 1), np.int64),
+    args = [paddle.to_tensor(v) for v in (x, np.array([True]), np.zeros(1, np.int32),
+                                          np.zeros((2, 1), np.int64),
                                           np.ones((2, 1), np.int64))]  # fmt: skip
     with pytest.raises(ops.OpError, match="^mtp_save_first_token: `seq_lens_decoder`"):
         ops.mtp_save_first_token(*args, 0, False, False, qid)

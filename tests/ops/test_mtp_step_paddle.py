@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.reference.mtp_step_paddle import NAMES, mtp_step_paddle as reference
-from tests.support.compare import assert_all_exact, assert_bad_input_rejected
+from tests.support.compare import assert_all_exact, assert_bad_input_rejected, run_exact
 
 OP = "mtp_step_paddle"
 
@@ -53,9 +53,7 @@ def make_state(rng, bsz, k, *, block_size=4, max_blocks=12, free_blocks=None):
 
 def check(backend, tensors, block_size=4, k=3, context=""):
     want = reference(*tensors, block_size=block_size, max_draft_tokens=k)
-    got = backend.run(OP, tensors, (block_size, k))
-    assert_all_exact(NAMES, got, want, context=f"{backend.name} {context}")
-    return dict(zip(NAMES, got))
+    return run_exact(backend, OP, NAMES, tensors, (block_size, k), want, context)
 
 
 @pytest.mark.parametrize("bsz", [1, 7, 64, 1500])

@@ -8,19 +8,18 @@ import pytest
 from tests.ops.ngram_cases import (
     MATCH_NAMES as NAMES,
     assert_same_without_worker_threads,
+    assert_wrapper_reads_threshold,
+    decoding_match_state,
     match_state,
 )
 from tests.reference.ngram import ngram_match as reference
-from tests.support.compare import assert_all_exact, assert_bad_input_rejected
+from tests.support.compare import assert_bad_input_rejected, run_exact
 
 OP = "ngram_match"
 
 
 def check(backend, tensors, attrs, context):
-    want = reference(*tensors, *attrs)
-    got = backend.run(OP, tensors, attrs)
-    assert_all_exact(NAMES, got, want, context=f"{backend.name}, {context}")
-    return got
+    return run_exact(backend, OP, NAMES, tensors, attrs, reference(*tensors, *attrs), context)
 
 
 def one_item(prompt, generated, step, *, budget=3, max_dec=1000, enc=0, dec=1, slt=7, k=4):
@@ -46,14 +45,14 @@ def one_item(prompt, generated, step, *, budget=3, max_dec=1000, enc=0, dec=1, s
 def test_fixed_vectors(backend):
     # "6" (n = 1, since step 1 < 2) -> "7 8"
     got = check(backend, one_item([5, 6, 7, 8], [1, 6], 1, budget=2), (3, 4, 128, 0), "n=1")
-    np.testing.assert_array_equal(got[6][0], [-1, 7, 8, -1, -1])
-    assert got[7][0] == 3
+    np.testing.assert_array_equal(got["draft_tokens"][0], [-1, 7, 8, -1, -1])
+    assert got["seq_lens_this_time"][0] == 3
     # "1 6 7" in the prompt beats "7" earlier; budget 3 clamps at the prompt end
     got = check(backend, one_item([7, 0, 1, 6, 7, 9], [4, 1, 6, 7], 3), (3, 4, 128, 0), "n=3")
-    np.testing.assert_array_equal(got[6][0], [-1, 9, -1, -1, -1])
+    np.testing.assert_array_equal(got["draft_tokens"][0], [-1, 9, -1, -1, -1])
     # history only: "2 3" -> "5"
     got = check(backend, one_item([9, 9], [2, 3, 5, 2, 3], 4), (2, 4, 128, 0), "history")
-    np.testing.assert_array_equal(got[6][0, :3], [-1, 5, 2])
+    np.testing.assert_array_equal(got["draft_tokens"][0, :3], [-1, 5, 2])
 
 
 def test_prefill_idle_and_decode_items(backend):
@@ -66,7 +65,7 @@ def test_prefill_idle_and_decode_items(backend):
         )
     ]
     got = check(backend, t, (2, 4, 128, 0), "kinds")
-    np.testing.assert_array_equal(got[7], np.array([5, 0, 2], np.int32))
+    np.testing.assert_array_equal(got["seq_lens_this_time"], np.array([5, 0, 2], np.int32))
 
 
 @pytest.mark.parametrize("vocab", [2, 5, 50])
@@ -79,8 +78,7 @@ def test_random_states_match_reference(backend, vocab, bsz):
 
 
 def test_long_contexts_32k(backend):
-    rng = np.random.default_rng(4)
-    t = match_state(rng, 2, vocab=30, prompt_max=32768, hist_max=2048, k=5, p_idle=0, p_prefill=0)
+    t = decoding_match_state(4, 2, vocab=30, prompt_max=32768, hist_max=2048, k=5)
     check(backend, t, (3, 5, 128, 0), "32K")
 
 
@@ -112,7 +110,7 @@ def test_budget_edges(backend):
             (3, 4, 128, 0),
             f"budget={budget} max_dec={max_dec}",
         )
-        assert got[7][0] == want, (budget, max_dec)
+        assert got["seq_lens_this_time"][0] == want, (budget, max_dec)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 5])
@@ -122,16 +120,7 @@ def test_result_does_not_depend_on_thread_count(backend, threads):
 
 
 def test_out_of_range_values_are_safe(backend):
-    t = match_state(
-        np.random.default_rng(12),
-        8,
-        vocab=3,
-        prompt_max=30,
-        hist_max=20,
-        k=3,
-        p_idle=0,
-        p_prefill=0,
-    )
+    t = decoding_match_state(12, 8, vocab=3, prompt_max=30, hist_max=20, k=3)
     t[1][:2] = [10**7, -1]
     t[3][2:4] = [10**7, -4]  # prompt_lens
     t[4][4] = t[2].shape[1]  # step_idx past the row
@@ -185,7 +174,7 @@ def test_upstream_prompt_lens_4_by_1_for_a_batch_of_1(backend):
     t = one_item([5, 6, 7, 8], [1, 6], 1, budget=2)
     t[3] = np.array([[4], [2**62], [-(2**62)], [7]], np.int64)
     got = check(backend, t, (3, 4, 128, 0), "prompt_lens [4, 1]")
-    np.testing.assert_array_equal(got[6][0], [-1, 7, 8, -1, -1])
+    np.testing.assert_array_equal(got["draft_tokens"][0], [-1, 7, 8, -1, -1])
     padded = [np.concatenate([x, np.full((3, *x.shape[1:]), 2**31 - 1, x.dtype)]) for x in t]
     padded[7] = t[7]  # seq_lens_this_time sets the batch size
     check(backend, padded, (3, 4, 128, 0), "every other tensor padded to 4 rows")
@@ -201,16 +190,7 @@ def test_extreme_steps_and_limits_do_not_wrap(backend):
 
 
 def test_failed_worker_thread_creation_runs_the_work_on_the_calling_thread(backend):
-    t = match_state(
-        np.random.default_rng(5),
-        64,
-        vocab=3,
-        prompt_max=400,
-        hist_max=300,
-        k=4,
-        p_idle=0.0,
-        p_prefill=0.0,
-    )
+    t = decoding_match_state(5, 64, vocab=3, prompt_max=400, hist_max=300, k=4)
     assert_same_without_worker_threads(backend, OP, NAMES, reference, t, (3, 4, 10**6, 16))
 
 
@@ -227,29 +207,6 @@ def test_length_values_of_2_31_do_not_cost_time(backend):
 
 
 def test_wrapper_threshold_defaults_to_upstream_env_var(monkeypatch):
-    paddle = pytest.importorskip("paddle")
-    import fastdeploy_mtp.ops as ops
-
-    t = match_state(
-        np.random.default_rng(21),
-        30,
-        vocab=3,
-        prompt_max=40,
-        hist_max=30,
-        k=5,
-        p_idle=0.0,
-        p_prefill=0.0,
-    )
-    results = {}
-    for env, thr in ((None, 128), ("40", 40)):
-        if env is None:
-            monkeypatch.delenv("INFER_WITH_REFERENCE_TOKENUM_THRESHOLD", raising=False)
-        else:
-            monkeypatch.setenv("INFER_WITH_REFERENCE_TOKENUM_THRESHOLD", env)
-        pts = [paddle.to_tensor(x.copy()) for x in t]
-        ops.ngram_match(*pts, 3, 5)
-        want = reference(*t, 3, 5, thr)
-        np.testing.assert_array_equal(pts[7].numpy(), want["seq_lens_this_time"])
-        np.testing.assert_array_equal(pts[6].numpy(), want["draft_tokens"])
-        results[thr] = want["seq_lens_this_time"]
-    assert not np.array_equal(results[128], results[40])
+    t = decoding_match_state(21, 30, vocab=3, prompt_max=40, hist_max=30, k=5)
+    env = ("INFER_WITH_REFERENCE_TOKENUM_THRESHOLD", 128, 40)
+    assert_wrapper_reads_threshold(monkeypatch, OP, NAMES, reference, t, (3, 5), env)

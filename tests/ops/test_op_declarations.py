@@ -50,8 +50,8 @@ def test_every_kernel_op_is_declared_and_exported():
     names = {p.stem for p in DECLARATIONS}
     manual = set(tomllib.loads((DECLARATION_DIR / "manual_ops.toml").read_text())["ops"])
     assert len(names) == 19
-    assert HOST_ONLY == {"speculate_save_output_topk", "speculate_get_output_topk", "mtp_save_first_token",
-                         "mtp_get_first_token"}  # fmt: skip
+    assert HOST_ONLY == {"speculate_save_output_topk", "speculate_get_output_topk",
+                         "mtp_save_first_token", "mtp_get_first_token"}  # fmt: skip
     assert set(ops.OP_NAMES) == names | manual
     for name in names | manual:
         assert callable(getattr(ops, name)), name
@@ -199,8 +199,8 @@ def test_a_declaration_that_disagrees_with_the_args_struct_does_not_compile(tmp_
         codegen.generate(repo, out)
         return subprocess.run(
             ["c++", "-std=c++17", "-fsyntax-only", "-DFDMTP_XPU_EMULATOR", f"-I{out / 'include'}",
-             f"-I{ROOT / 'custom_ops' / 'include'}", f"-I{ROOT / 'custom_ops'}", f"-I{ROOT / 'custom_ops' / 'entry'}",
-             str(out / "entries.cc")],
+             f"-I{ROOT / 'custom_ops' / 'include'}", f"-I{ROOT / 'custom_ops'}",
+             f"-I{ROOT / 'custom_ops' / 'entry'}", str(out / "entries.cc")],
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
 
@@ -226,7 +226,8 @@ inputs = [{ name = "x", dtype = "int32", shape = "[N]", io = "inout", doc = "" }
     "extra, key",
     [('args = "MyOpArgs"\n', "args"), ('cuda_workspace = "Bytes"\n', "cuda_workspace"),
      ('xpu_kernels = ["a", "b"]\n', "xpu_kernels"),
-     ('outputs = [{ name = "y", dtype = "int32", alloc = "like:x", shape = "[N]", doc = "" }]\n', "outputs"),
+     ('outputs = [{ name = "y", dtype = "int32", alloc = "like:x", shape = "[N]", doc = "" }]\n',
+      "outputs"),
      ("prepare_inputs = true\n", "prepare_inputs")],
 )  # fmt: skip
 def test_generator_rejects_kernel_keys_on_a_host_only_op(tmp_path, extra, key):

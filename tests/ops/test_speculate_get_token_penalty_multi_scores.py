@@ -1,4 +1,5 @@
-"""speculate_get_token_penalty_multi_scores on every backend against tests/reference/ (docs/ops.md)."""
+"""speculate_get_token_penalty_multi_scores on every backend against tests/reference/
+(docs/ops.md)."""
 
 from __future__ import annotations
 

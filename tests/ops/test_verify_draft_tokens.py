@@ -204,8 +204,8 @@ def test_max_dec_len_token_of_a_draw_is_kept(backend, strategy):
     upstream replaces it by the end id; kept, it is the drawn candidate."""
     s = STRATEGIES[strategy]
     item = one_item(
-        s, [7], slt=5, enc=5, step=0, max_dec=1, ids=[[6, 4, 9]], scores=[[0.2, 0.5, 0.3]], lens=[3],
-        uniforms=[[0.0, 0.5]],
+        s, [7], slt=5, enc=5, step=0, max_dec=1, ids=[[6, 4, 9]], scores=[[0.2, 0.5, 0.3]],
+        lens=[3], uniforms=[[0.0, 0.5]],
     )  # fmt: skip
     toks, _ = run_one(backend, item, s)
     assert toks == [EOS[0]]
@@ -517,7 +517,8 @@ def test_rejection_emits_tokens_distributed_as_the_target_for_a_one_hot_drafter(
         chi2 = float(((counts - expected) ** 2 / expected).sum())
         pval = _chi2_sf(chi2, 5)
         assert pval > 1e-4, (
-            f"position {i}: chi2 {chi2:.1f} (p = {pval:.2e}) over {reached.sum()} draws, counts {counts}"
+            f"position {i}: chi2 {chi2:.1f} (p = {pval:.2e}) over {reached.sum()} draws, counts "
+            f"{counts}"
         )
         if i < k:
             reached &= out[:, i] == drafts[i]

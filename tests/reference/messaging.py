@@ -21,7 +21,8 @@ META_INTS = 3 + MAX_BSZ
 
 def encode_topk(
     sampled_token_ids, logprob_token_ids, logprob_scores, logprob_ranks, token_num_per_batch,
-    cu_batch_token_offset, not_need_stop, seq_lens_decoder, prompt_lens, preempted_idx, message_flag, msg_id=1,
+    cu_batch_token_offset, not_need_stop, seq_lens_decoder, prompt_lens, preempted_idx,
+    message_flag, msg_id=1,
 ) -> bytes:  # fmt: skip
     counts = np.asarray(token_num_per_batch).reshape(-1)
     bsz = counts.shape[0]

@@ -1,9 +1,9 @@
 """numpy reference of speculate_get_token_penalty_multi_scores (contract: docs/ops.md,
 "speculate_get_token_penalty_multi_scores").
 
-``logits`` is float32, float16 or bfloat16 carried as uint16 bit patterns (tests/support/backends.py);
-the three score tensors have the same dtype. Returns ``{"logits": ...}``, the only tensor the
-op writes, as the op leaves it.
+``logits`` is float32, float16 or bfloat16 carried as uint16 bit patterns
+(tests/support/backends.py); the three score tensors have the same dtype. Returns
+``{"logits": ...}``, the only tensor the op writes, as the op leaves it.
 """
 
 from __future__ import annotations

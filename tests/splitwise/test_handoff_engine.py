@@ -218,16 +218,19 @@ def test_a_failed_transfer_fails_only_its_request_and_frees_its_blocks(random_mo
     seeded = SamplingParams(seed=9)  # not derived from the request id: "y" below reuses the state
     p2.add_requests([Request("x", [1, 2, 3], max_tokens=5, sampling=seeded)])
     (h,) = p2.step(0).handed_off
-    d.add_transferred(
-        Request(
-            "x",
+
+    def transferred(request_id: str) -> Request:
+        """The request `h` handed over, under `request_id`."""
+        return Request(
+            request_id,
             [1, 2, 3],
             5,
             output_token_ids=h.request.output_token_ids,
             handoff_state=h.state,
             sampling=seeded,
         )
-    )
+
+    d.add_transferred(transferred("x"))
     d.step(steps)
     ((req, _),) = asked[2:]
     d.transfer_done(req, TimeoutError("prefill instance gone"))
@@ -235,16 +238,7 @@ def test_a_failed_transfer_fails_only_its_request_and_frees_its_blocks(random_mo
     assert not d.has_work and len(d.scheduler.free_blocks) == d.scheduler.total_blocks
     # without a kv_fetcher the request fails at admission, clearly
     d.kv_fetcher = None
-    d.add_transferred(
-        Request(
-            "y",
-            [1, 2, 3],
-            5,
-            output_token_ids=h.request.output_token_ids,
-            handoff_state=h.state,
-            sampling=seeded,
-        )
-    )
+    d.add_transferred(transferred("y"))
     ev = d.step(steps + 1)
     assert [r.request_id for r, _ in ev.failed] == ["y"] and "kv_fetcher" in str(ev.failed[0][1])
     assert len(d.scheduler.free_blocks) == d.scheduler.total_blocks

@@ -138,7 +138,8 @@ class PaddleCpuBackend(Backend):
         got = [r.numpy() for r in result]
         for (name, shape, dtype), g in zip(outputs, got):
             assert g.shape == tuple(shape) and g.dtype == np.dtype(dtype), (
-                f"{op}: output `{name}` is {g.dtype}{list(g.shape)}, expected {np.dtype(dtype)}{list(shape)}"
+                f"{op}: output `{name}` is {g.dtype}{list(g.shape)}, expected "
+                f"{np.dtype(dtype)}{list(shape)}"
             )
         return [_map(lambda x: x.numpy(), t) for t in pts] + got
 

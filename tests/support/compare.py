@@ -56,6 +56,22 @@ def assert_all_exact(
         assert_exact(name, g, want[name], context)
 
 
+def run_exact(
+    backend,
+    op: str,
+    names: Sequence[str],
+    tensors: Sequence[np.ndarray],
+    attrs: Sequence,
+    want: Mapping[str, np.ndarray],
+    context: str = "",
+) -> dict[str, np.ndarray]:
+    """Runs `op` on `backend` and compares every tensor after the call with `want` exactly
+    (:func:`assert_all_exact`); returns the tensors by name."""
+    got = backend.run(op, tensors, attrs)
+    assert_all_exact(names, got, want, context=f"{backend.name}, {context}")
+    return dict(zip(names, got))
+
+
 def assert_bit_exact(name: str, got: np.ndarray, want: np.ndarray, context: str = "") -> None:
     """Float tensors that an op only copies: same shape and dtype, identical bit patterns
     (so -0.0 vs 0.0 or a changed NaN payload fails)."""

@@ -117,7 +117,8 @@ def check_k1_rounds_against_transformers(
     (``load_model(folder)``: target, MTP layer, config) with K = 1 and assert that every step
     emits what transformers' own ``generate(use_mtp=True)`` does round for round (an EOS id
     that never comes up, so the request runs to ``max_tokens``); with ``echo`` also that drafts
-    were accepted in some rounds and rejected in others. Returns (the rounds' tokens, the engine)."""
+    were accepted in some rounds and rejected in others. Returns (the rounds' tokens, the
+    engine)."""
     from fastdeploy_mtp.checks.reference import Reference
     from fastdeploy_mtp.runtime.engine import Engine
 

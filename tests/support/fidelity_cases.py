@@ -1,5 +1,6 @@
-"""The model folders the draft-fidelity checks run on (engine: ``tests/models/test_draft_fidelity.py``;
-``serve``: ``tests/serving/``), one per feature that has hidden bugs before, and their prompts.
+"""The model folders the draft-fidelity checks run on (engine:
+``tests/models/test_draft_fidelity.py``; ``serve``: ``tests/serving/``), one per feature that
+has hidden bugs before, and their prompts.
 
 Vocab 300 everywhere; tokenizer 300 ids (unpadded: the last id an ordinary token) or 280 (ids
 280..299 padded: never produced).

@@ -46,7 +46,10 @@ def _read_frame(sock):
 def zmtp_request(host, port, frames, timeout=5.0):
     sock = socket.create_connection((host, port), timeout=timeout)
     try:
-        greeting = b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" + b"\x00" * 31
+        greeting = (
+            b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\x00")
+            + b"\x00" + b"\x00" * 31
+        )
         sock.sendall(greeting)
         _recv_exact(sock, 64)
         prop = b"\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"

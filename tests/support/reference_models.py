@@ -95,7 +95,8 @@ def mtp_step(folder: str | Path, layer: int, next_ids: Any, states: Any) -> tupl
     h = torch.as_tensor(np.asarray(states, dtype=np.float32))
     if tuple(h.shape[:2]) != tuple(ids.shape):
         raise ValueError(
-            f"hidden: expected shape [B, S, H] with [B, S] = {tuple(ids.shape)}, got {tuple(h.shape)}"
+            f"hidden: expected shape [B, S, H] with [B, S] = {tuple(ids.shape)}, got "
+            f"{tuple(h.shape)}"
         )
     positions = torch.arange(ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
     with torch.no_grad():

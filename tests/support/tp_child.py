@@ -26,8 +26,9 @@ ENGINE_MODES = [("K3S1+ngram", 3, 1, True), ("K2S2", 2, 2, False)]
 def run_engine(
     target, mtp, arch, k: int, steps: int, hybrid: bool, max_tokens: int, tp: int, rank: int
 ):
-    """Token ids per demo prompt and tokens/s of one engine run (``entrypoints.offline.run_prompts``'s set-up,
-    with the parallel config of rank ``rank`` of ``tp``)."""
+    """Token ids per demo prompt and tokens/s of one engine run
+    (``entrypoints.offline.run_prompts``'s set-up, with the parallel config of rank ``rank`` of
+    ``tp``)."""
     import dataclasses
 
     from fastdeploy_mtp.config import ParallelConfig
@@ -138,8 +139,8 @@ def role_layers(rank: int, world: int, port: int) -> dict:
 
     # A whole decoder layer through the paged backend (GQA, biases on q/k/v).
     cfg = ModelConfig(
-        vocab_size=16, ori_vocab_size=16, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=48, block_size=4, attention_bias=True,
+        vocab_size=16, ori_vocab_size=16, hidden_size=32, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=48, block_size=4, attention_bias=True,
     )  # fmt: skip
     full_dec, shard_dec = DecoderLayer(cfg), DecoderLayer(cfg, world)
     load_state_strict(shard_dec, state_to_numpy(full_dec), "", world, rank)
