@@ -76,6 +76,18 @@ def _compact(input_, idx, out_rows):
     return out
 
 
+def _row_gather(kernel, args, out):
+    """The ``ours`` call of a row-gather op: ``kernel(*args)`` writing ``out`` (rows x H) and
+    the output row count (int32[1]); returns both."""
+    n = np.zeros(1, np.int32)
+
+    def ours():
+        kernel(*args, out=_kernel_arg(out), output_token_num=n)
+        return out, n
+
+    return ours
+
+
 def _decode_state(rng, bsz, k=3):
     """Decode round: each item fed 4 target rows (K + 1), accepted 1..4."""
     base = np.full(bsz, k + 1, np.int32)
@@ -95,12 +107,8 @@ def _register_gather_cases():
             slt = np.ones(bsz, np.int32)
             z = np.zeros(bsz, np.int32)
             out = np.empty_like(x)
-            n = np.zeros(1, np.int32)
-            args = [_kernel_arg(x), slt, z, z, np.zeros((bsz, 1), bool), acc, base, z]
-
-            def ours():
-                _kernels.eagle_get_hidden_states(*args, 3, out=_kernel_arg(out), output_token_num=n)
-                return out, n
+            args = [_kernel_arg(x), slt, z, z, np.zeros((bsz, 1), bool), acc, base, z, 3]
+            ours = _row_gather(_kernels.eagle_get_hidden_states, args, out)
 
             def baseline():
                 local = np.arange(int(acc.sum())) - np.repeat(np.cumsum(acc) - acc, acc)
@@ -118,13 +126,8 @@ def _register_gather_cases():
             enc = np.zeros(bsz, np.int32)
             x = _hidden(rng, T, dtype)
             out = np.empty_like(x)
-            n = np.zeros(1, np.int32)
-
-            def ours():
-                _kernels.eagle_get_self_hidden_states(
-                    _kernel_arg(x), last, slt, enc, out=_kernel_arg(out), output_token_num=n
-                )
-                return out, n
+            args = [_kernel_arg(x), last, slt, enc]
+            ours = _row_gather(_kernels.eagle_get_self_hidden_states, args, out)
 
             def baseline():
                 ends = np.cumsum(last) - 1
@@ -142,7 +145,6 @@ def _register_gather_cases():
             x = _hidden(rng, rows, dtype)
             z = np.zeros(bsz, np.int32)
             out = np.empty((bsz, H), x.dtype)
-            n = np.zeros(1, np.int32)
             args = [
                 _kernel_arg(x),
                 np.zeros(bsz + 1, np.int32),
@@ -153,10 +155,7 @@ def _register_gather_cases():
                 np.zeros(bsz + 1, np.int32),
                 np.zeros(1, np.int32),
             ]
-
-            def ours():
-                _kernels.eagle_gather_hidden_states(*args, out=_kernel_arg(out), output_token_num=n)
-                return out, n
+            ours = _row_gather(_kernels.eagle_gather_hidden_states, args, out)
 
             def baseline():
                 idx = (np.cumsum(slt) - 1)[slt > 0]

@@ -375,6 +375,15 @@ def test_set_data_ipc_refuses_a_null_data_pointer(name):
     assert not (SHM / name).exists()
 
 
+def assert_attach_refused(cache: str, reason: str) -> None:
+    """Attaching segment `cache` through the Paddle op fails: the message names the op and
+    the segment, then `reason` (a regular expression)."""
+    with pytest.raises(
+        ops.OpError, match=rf"^share_external_data: shared-memory segment `{cache}` {reason}"
+    ):
+        ops.share_external_data(placeholder("float32"), cache, [16])
+
+
 @pytest.mark.parametrize("mode", [0o666, 0o660, 0o606, 0o640, 0o604, 0o700 | 0o001])
 def test_attach_refuses_a_segment_with_group_or_other_permission_bits(name, mode):
     """A local user who pre-creates a cache name with mode 0666 would receive every write;
@@ -382,13 +391,11 @@ def test_attach_refuses_a_segment_with_group_or_other_permission_bits(name, mode
     next test)."""
     cache = f"{name}key_caches_0_rank0.device0"
     forge(cache, mode=mode)
-    with pytest.raises(
-        ops.OpError,
-        match=rf"^share_external_data: shared-memory segment `{cache}` has mode 0{mode:03o}: other "
-        r"users may read or write it \(set_data_ipc creates segments with mode 0600\); refusing to "
-        r"attach it",
-    ):
-        ops.share_external_data(placeholder("float32"), cache, [16])
+    assert_attach_refused(
+        cache,
+        rf"has mode 0{mode:03o}: other users may read or write it \(set_data_ipc creates segments "
+        r"with mode 0600\); refusing to attach it",
+    )
     with pytest.raises(ValueError, match=rf"has mode 0{mode:03o}"):
         _kernels.share_external_data(np.empty((), np.float32), cache, [16])
     os.chmod(SHM / cache, 0o600)  # the same bytes, private: attached
@@ -403,13 +410,11 @@ def test_attach_and_replace_refuse_a_segment_owned_by_another_uid(name):
     (root could attach it, and is refused all the same)."""
     forge(name)
     os.chown(SHM / name, os.geteuid() + 4242, -1)
-    with pytest.raises(
-        ops.OpError,
-        match=rf"^share_external_data: shared-memory segment `{name}` is owned by uid "
-        rf"{os.geteuid() + 4242}, not by this process's uid {os.geteuid()}; refusing to attach a "
-        r"segment another user created",
-    ):
-        ops.share_external_data(placeholder("float32"), name, [16])
+    assert_attach_refused(
+        name,
+        rf"is owned by uid {os.geteuid() + 4242}, not by this process's uid {os.geteuid()}; "
+        r"refusing to attach a segment another user created",
+    )
     t = paddle.ones([4])
     with pytest.raises(
         ops.OpError,
