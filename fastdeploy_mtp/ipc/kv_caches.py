@@ -79,7 +79,8 @@ def spec_cache_names(
     if num_target_layers is None:
         num_target_layers = len({s.layer for s in specs if s.owner == "target"})
     return [
-        f"{s.kind}_caches_{s.layer + (num_target_layers if s.owner == 'mtp' else 0)}_rank{rank}.device{device_id}"
+        f"{s.kind}_caches_{s.layer + (num_target_layers if s.owner == 'mtp' else 0)}"
+        f"_rank{rank}.device{device_id}"
         for s in specs
     ]
 
@@ -147,7 +148,8 @@ def host_view(tensor: paddle.Tensor) -> np.ndarray:
 
 
 def detach_caches(tensors: list[paddle.Tensor], names: list[str]) -> None:
-    """Undo :func:`attach_spec_caches` (``unset_data_ipc`` with ``close_ipc=True``, the name stays)."""
+    """Undo :func:`attach_spec_caches` (``unset_data_ipc`` with ``close_ipc=True``, the name
+    stays)."""
     for tensor, name in zip(tensors, names):
         ops.unset_data_ipc(tmp_input=tensor, shm_name=name, close_ipc=True, unlink_shm=False)
 

@@ -72,7 +72,8 @@ def _full_name(name: str, suffix: Any) -> str:
         raise IPCSignalNameError("IPCSignal: `name` must be non-empty and contain no '/'")
     if len(full.encode()) > _NAME_MAX:
         raise IPCSignalNameError(
-            f"IPCSignal: {arg} {full[:40]!r}... is {len(full.encode())} bytes long; at most {_NAME_MAX}"
+            f"IPCSignal: {arg} {full[:40]!r}... is {len(full.encode())} bytes long; "
+            f"at most {_NAME_MAX}"
         )
     if "/" in full:
         raise IPCSignalNameError(f"IPCSignal: {arg} {full!r} must contain no '/'")
@@ -95,13 +96,14 @@ def _check_own(fd: int, name: str, doing: str) -> None:
         )
     if st.st_uid != os.geteuid():
         raise IPCSignalError(
-            f"IPCSignal {name!r}: the segment is owned by uid {st.st_uid}, not by this process's uid "
-            f"{os.geteuid()}; refusing to {doing} a segment another user created"
+            f"IPCSignal {name!r}: the segment is owned by uid {st.st_uid}, not by this process's "
+            f"uid {os.geteuid()}; refusing to {doing} a segment another user created"
         )
     if st.st_mode & 0o077:
         raise IPCSignalError(
-            f"IPCSignal {name!r}: the segment has mode {stat.S_IMODE(st.st_mode):04o}: other users may read "
-            f"or write it (IPCSignal creates segments with mode 0600); refusing to {doing} it"
+            f"IPCSignal {name!r}: the segment has mode {stat.S_IMODE(st.st_mode):04o}: other "
+            f"users may read or write it (IPCSignal creates segments with mode 0600); refusing to "
+            f"{doing} it"
         )
 
 
@@ -125,8 +127,8 @@ def _replace_stale(name: str) -> None:
         os.close(fd)
     if owner != os.geteuid():
         raise IPCSignalError(
-            f"IPCSignal {name!r}: a segment of that name exists and is owned by uid {owner}, not by this "
-            f"process's uid {os.geteuid()}; refusing to replace another user's segment"
+            f"IPCSignal {name!r}: a segment of that name exists and is owned by uid {owner}, not "
+            f"by this process's uid {os.geteuid()}; refusing to replace another user's segment"
         )
     try:
         _posixshmem.shm_unlink("/" + name)
@@ -239,7 +241,8 @@ class IPCSignal:
         if array is not None:
             if dtype is None or np.dtype(dtype) != array.dtype:
                 raise IPCSignalError(
-                    f"IPCSignal {self.name!r}: dtype {dtype!r} does not match the array's {array.dtype}"
+                    f"IPCSignal {self.name!r}: dtype {dtype!r} does not match the array's "
+                    f"{array.dtype}"
                 )
             nbytes = array.nbytes
         elif shm_size is None:
@@ -254,8 +257,8 @@ class IPCSignal:
                 shm = _open(self.name, create=True, size=nbytes + _TRAILER.itemsize)
             except FileExistsError:
                 raise IPCSignalError(
-                    f"IPCSignal {self.name!r}: another process created a segment of that name while this one "
-                    "replaced it"
+                    f"IPCSignal {self.name!r}: another process created a segment of that name "
+                    "while this one replaced it"
                 ) from None
             trailer = np.ndarray((), _TRAILER, buffer=shm.buf, offset=nbytes)
             trailer["pid"] = os.getpid()
@@ -274,7 +277,8 @@ class IPCSignal:
                 size = shm.size
                 shm.close()
                 raise IPCSignalError(
-                    f"IPCSignal {self.name!r}: the segment holds {size} bytes, the array needs {nbytes}"
+                    f"IPCSignal {self.name!r}: the segment holds {size} bytes, the array needs "
+                    f"{nbytes}"
                 )
         self.shm: shared_memory.SharedMemory | None = shm
         if array is not None:
@@ -298,8 +302,8 @@ class IPCSignal:
                 continue
             except PermissionError:
                 raise IPCSignalError(
-                    f"IPCSignal {self.name!r}: this process may not open the segment (another user's); "
-                    "refusing to attach it"
+                    f"IPCSignal {self.name!r}: this process may not open the segment (another "
+                    "user's); refusing to attach it"
                 ) from None
             except (OSError, ValueError) as e:  # a directory, an empty file, ...
                 raise IPCSignalError(
@@ -341,14 +345,15 @@ class IPCSignal:
                     else "exited before the awaited condition held"
                 )
                 raise CreatorGoneError(
-                    f"IPCSignal {self.name!r}: its creator (pid {self.creator_pid}) {why}; value {self.value.tolist()}"
+                    f"IPCSignal {self.name!r}: its creator (pid {self.creator_pid}) {why}; "
+                    f"value {self.value.tolist()}"
                 )
             if held:
                 return self.value
             if time.monotonic() >= deadline:
                 raise IPCSignalError(
-                    f"IPCSignal {self.name!r}: timed out after {timeout:g} s waiting for the awaited "
-                    f"condition; value {self.value.tolist()}"
+                    f"IPCSignal {self.name!r}: timed out after {timeout:g} s waiting for the "
+                    f"awaited condition; value {self.value.tolist()}"
                 )
             time.sleep(poll)
 

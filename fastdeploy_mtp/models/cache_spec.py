@@ -12,8 +12,9 @@ attention model (``attention_type == "mla"``) has one ``"latent"`` cache per lay
 ``[num_blocks, 1, block_size, kv_lora_rank + qk_rope_head_dim]``, the same on every
 tensor-parallel rank (the latent is not split by head).
 
-:func:`describe` / :func:`from_description` are the JSON form (a list of small dicts) that
-travels in a prefill/decode hand-over and in the layout checks.
+:func:`describe` writes the JSON form (a list of small dicts) that travels in a
+prefill/decode hand-over and in the layout checks; the splitwise layout reads it back
+(``fastdeploy_mtp.splitwise.kv_layout.KVLayout.from_description``).
 """
 
 from __future__ import annotations
@@ -34,8 +35,6 @@ CACHE_OWNERS = ("target", "mtp")
 CACHE_KINDS = ("key", "value", "latent")
 #: Bytes per element of each cache dtype.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-#: Keys of one entry of :func:`describe`'s list.
-DESCRIPTION_KEYS = ("owner", "layer", "kind", "shape", "dtype")
 
 
 @dataclass(frozen=True)
@@ -183,23 +182,3 @@ def owned_by(specs: Sequence[CacheSpec], owner: str) -> list[CacheSpec]:
 def describe(specs: Sequence[CacheSpec]) -> list[dict[str, Any]]:
     """The JSON form of ``specs``: one ``{"owner", "layer", "kind", "shape", "dtype"}`` per cache."""
     return [s.to_dict() for s in specs]
-
-
-def from_description(description: Any, where: str = "cache description") -> list[CacheSpec]:
-    """The specs :func:`describe` wrote; ``ValueError`` naming the first bad entry and key."""
-    if not isinstance(description, list) or not description:
-        raise ValueError(
-            f"{where}: must be a non-empty list of caches, got {type(description).__name__}"
-        )
-    specs = []
-    for i, entry in enumerate(description):
-        if not isinstance(entry, dict) or set(entry) != set(DESCRIPTION_KEYS):
-            keys = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
-            raise ValueError(
-                f"{where}[{i}]: expected the keys {list(DESCRIPTION_KEYS)}, got {keys}"
-            )
-        try:
-            specs.append(CacheSpec(**{k: entry[k] for k in DESCRIPTION_KEYS}))
-        except ValueError as exc:
-            raise ValueError(f"{where}[{i}]: {exc}") from None
-    return specs

@@ -91,7 +91,8 @@ def _load_paddle_api() -> types.ModuleType:
             return api
         if not os.path.exists(_LIBRARY):
             raise ImportError(
-                f"the Paddle ops library {_LIBRARY} is missing: build it with `pip install -e .` in the repository"
+                f"the Paddle ops library {_LIBRARY} is missing: build it with `pip install -e .` "
+                "in the repository"
             )
         import paddle  # noqa: F401  (loads libpaddle.so, which the library links by soname)
         from paddle.base import core
@@ -144,8 +145,9 @@ def tensor_arg(
         raise OpError(f"{op}: `{name}` is not initialized (no memory allocated)")
     if writes and not value.is_contiguous():
         raise OpError(
-            f"{op}: `{name}` is written in place and must be contiguous, got a strided view of shape "
-            f"{list(value.shape)} (Paddle would pass the op a copy and its writes would be lost); "
+            f"{op}: `{name}` is written in place and must be contiguous, got a strided view of "
+            f"shape {list(value.shape)} (Paddle would pass the op a copy and its writes would be "
+            "lost); "
             "pass a contiguous tensor, e.g. `x.contiguous()`, and copy it back"
         )
     return value

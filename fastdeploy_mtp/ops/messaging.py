@@ -79,6 +79,29 @@ def msg_queue_key(msg_queue_id: int, shm: os.stat_result | None = None) -> int:
     return key - (1 << 32) if key >= 1 << 31 else key
 
 
+def _queue_id(msg_queue_id: int, shm: os.stat_result | None) -> int | None:
+    """The id of queue ``msg_queue_id`` (``msgget`` without creating it; ``shm``: see
+    :func:`msg_queue_key`), ``None`` if there is none; ``OSError`` for other failures."""
+    qid = _lib().msgget(msg_queue_key(msg_queue_id, shm), 0)
+    if qid >= 0:
+        return qid
+    err = ctypes.get_errno()
+    if err == errno.ENOENT:
+        return None
+    raise OSError(err, f"msgget of queue {msg_queue_id}: {os.strerror(err)}")
+
+
+def _control(qid: int, command: int, buf: ctypes.Array[ctypes.c_char] | None, what: str) -> bool:
+    """``msgctl(qid, command, buf)``; False if the queue was removed meanwhile, ``OSError``
+    naming ``what`` for other failures."""
+    if _lib().msgctl(qid, command, buf) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.EIDRM):  # removed meanwhile
+        return False
+    raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
 def remove_msg_queue(msg_queue_id: int, shm: os.stat_result | None = None) -> bool:
     """Removes queue ``msg_queue_id`` (``shm``: see :func:`msg_queue_key`) and any messages
     in it (``msgctl(IPC_RMID)``).
@@ -86,19 +109,9 @@ def remove_msg_queue(msg_queue_id: int, shm: os.stat_result | None = None) -> bo
     Returns True if a queue was removed, False if there was none. Raises ``OSError`` for
     other failures (e.g. a queue of another user).
     """
-    lib = _lib()
-    qid = lib.msgget(msg_queue_key(msg_queue_id, shm), 0)
-    if qid < 0:
-        err = ctypes.get_errno()
-        if err == errno.ENOENT:
-            return False
-        raise OSError(err, f"msgget of queue {msg_queue_id}: {os.strerror(err)}")
-    if lib.msgctl(qid, _IPC_RMID, None) != 0:
-        err = ctypes.get_errno()
-        if err in (errno.EINVAL, errno.EIDRM):  # removed meanwhile
-            return False
-        raise OSError(err, f"msgctl(IPC_RMID) of queue {msg_queue_id}: {os.strerror(err)}")
-    return True
+    qid = _queue_id(msg_queue_id, shm)
+    what = f"msgctl(IPC_RMID) of queue {msg_queue_id}"
+    return qid is not None and _control(qid, _IPC_RMID, None, what)
 
 
 def queue_owner(msg_queue_id: int, shm: os.stat_result | None = None) -> tuple[int, int] | None:
@@ -106,20 +119,13 @@ def queue_owner(msg_queue_id: int, shm: os.stat_result | None = None) -> tuple[i
     :func:`msg_queue_key`), ``None`` if there is none.
     Raises ``PermissionError`` when the queue exists but this user may not read its
     attributes (another user's queue without read permission for us)."""
-    lib = _lib()
-    qid = lib.msgget(msg_queue_key(msg_queue_id, shm), 0)
-    if qid < 0:
-        err = ctypes.get_errno()
-        if err == errno.ENOENT:
-            return None
-        raise OSError(err, f"msgget of queue {msg_queue_id}: {os.strerror(err)}")
+    qid = _queue_id(msg_queue_id, shm)
     buf = ctypes.create_string_buffer(256)  # struct msqid_ds (120 bytes on x86-64 and arm64)
-    if lib.msgctl(qid, _IPC_STAT, buf) != 0:
-        err = ctypes.get_errno()
-        if err in (errno.EINVAL, errno.EIDRM):
-            return None
-        raise OSError(err, f"msgctl(IPC_STAT) of queue {msg_queue_id}: {os.strerror(err)}")
-    # struct ipc_perm starts msqid_ds: key_t __key; uid_t uid; gid_t gid; uid_t cuid; gid_t cgid; mode
+    what = f"msgctl(IPC_STAT) of queue {msg_queue_id}"
+    if qid is None or not _control(qid, _IPC_STAT, buf, what):
+        return None
+    # struct ipc_perm starts msqid_ds: key_t __key; uid_t uid; gid_t gid; uid_t cuid;
+    # gid_t cgid; unsigned short mode
     uid = int.from_bytes(buf.raw[4:8], "little")
     mode = int.from_bytes(buf.raw[20:22], "little") & 0o777
     return uid, mode
@@ -147,9 +153,9 @@ def create_msg_queue(msg_queue_id: int) -> None:
         if owner is not None and owner[0] != os.geteuid():
             raise PermissionError(
                 errno.EPERM,
-                f"the SysV message queue for msg_queue_id {msg_queue_id} (key {key:#x}) belongs to uid {owner[0]}, "
-                "not to this user; choose another --engine-worker-queue-port (or remove that queue: `ipcrm -Q "
-                f"{key:#x}`)",
+                f"the SysV message queue for msg_queue_id {msg_queue_id} (key {key:#x}) belongs "
+                f"to uid {owner[0]}, not to this user; choose another --engine-worker-queue-port "
+                f"(or remove that queue: `ipcrm -Q {key:#x}`)",
             )
         remove_msg_queue(msg_queue_id)  # ours, from a run that did not clean up
     raise OSError(errno.EEXIST, f"queue {msg_queue_id} keeps being re-created while we create it")

@@ -27,8 +27,9 @@ def set_data_ipc(tmp_input: paddle.Tensor, shm_name: str) -> None:
     is_contiguous = getattr(tmp_input, "is_contiguous", None)
     if is_contiguous is not None and not is_contiguous():
         raise OpError(
-            f"set_data_ipc: `tmp_input` is not contiguous (a strided view, shape {list(tmp_input.shape)}); "
-            "share a contiguous tensor, else creator and attachers would not see each other's writes"
+            f"set_data_ipc: `tmp_input` is not contiguous (a strided view, shape "
+            f"{list(tmp_input.shape)}); share a contiguous tensor, else creator and attachers "
+            "would not see each other's writes"
         )
     run_paddle_op("set_data_ipc", tmp_input, shm_name)
 

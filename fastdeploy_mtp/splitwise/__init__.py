@@ -7,9 +7,10 @@ from exactly that state. What crosses over is described in ``docs/architecture.m
 of every target layer and every MTP layer.
 
 The KV transfer, by responsibility: :mod:`.kv_layout` (what P's and D's caches must agree
-on, the argument checks), :mod:`.transport` (the protocol: descriptor, control messages, the
-abstract :class:`~.transport.Transport` and the registry), :mod:`.transports` (one module per
+on, the argument checks), :mod:`.control` (the control protocol between D and P's source),
+:mod:`.descriptor` (what travels from P to D with a request), :mod:`.transport` (the abstract
+:class:`~.transport.Transport` and the registry), :mod:`.transports` (one module per
 transport: ``shm``, ``mooncake``, ``tcp``), :mod:`.addresses` (which local address another
-host reaches), :mod:`.kv_source` (P's server, :class:`~.kv_source.KVSource`) and
-:mod:`.kv_client` (D's :func:`~.kv_client.pull_blocks`).
+host reaches), :mod:`.offers` (the offers P's source holds), :mod:`.kv_source` (P's server,
+:class:`~.kv_source.KVSource`) and :mod:`.kv_client` (D's :func:`~.kv_client.pull_blocks`).
 """

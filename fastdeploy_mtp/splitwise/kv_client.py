@@ -1,6 +1,6 @@
 """The decode side of the KV transfer: :func:`pull_blocks` copies the blocks a prefill
 instance offered into this instance's caches over a transport (:mod:`.transports`), talking
-to P's :class:`~.kv_source.KVSource` through a :class:`_Peer` (protocol in :mod:`.transport`)."""
+to P's :class:`~.kv_source.KVSource` through a :class:`_Peer` (protocol in :mod:`.control`)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ import numpy as np
 import zmq
 
 from ..credentials import derive
+from .control import control_mac
+from .descriptor import Descriptor, differing_field
 from .kv_layout import Caches, KVLayout, TransferError, block_id_list, check_caches, positive_number
-from .transport import Descriptor, control_mac, differing_field, get_transport, read_descriptor
+from .transport import PullJob, get_transport, read_descriptor
 
 __all__ = ["pull_blocks"]
 
@@ -31,7 +33,7 @@ class _NoAnswer(TransferError):
 
 class _Peer:
     """A DEALER connected to a source, with bounded request/reply (a
-    :class:`~.transport.ControlChannel`).
+    :class:`~.control.ControlChannel`).
 
     There is no retry: a request that gets no answer within its timeout fails the pull, and
     the decode instance aborts the request (``docs/architecture.md``, "Faults and
@@ -76,19 +78,21 @@ class _Peer:
             header = json.loads(frames[0].bytes)
         except (ValueError, UnicodeDecodeError) as exc:
             raise TransferError(
-                f"pull_blocks({self.request_id!r}): {op} reply from {self.address} is not JSON: {exc}"
+                f"pull_blocks({self.request_id!r}): {op} reply from {self.address} is not "
+                f"JSON: {exc}"
             ) from None
         if not isinstance(header, dict) or header.get("ok") is not True:
             error = header.get("error") if isinstance(header, dict) else header
             raise TransferError(
-                f"pull_blocks({self.request_id!r}): prefill source {self.address} refused {op}: {error}"
+                f"pull_blocks({self.request_id!r}): prefill source {self.address} refused "
+                f"{op}: {error}"
             )
         return header, frames[1:]
 
     def _timeout(self, op: str, timeout: float) -> TransferError:
         return _NoAnswer(
-            f"pull_blocks({self.request_id!r}): prefill source {self.address} did not answer {op} within "
-            f"{timeout:g} s (dead or hung prefill instance?)"
+            f"pull_blocks({self.request_id!r}): prefill source {self.address} did not answer "
+            f"{op} within {timeout:g} s (dead or hung prefill instance?)"
         )
 
     def release(self, timeout: float) -> bool:
@@ -133,7 +137,8 @@ def pull_blocks(
         descriptor: what :meth:`~.kv_source.KVSource.offer` returned (after a JSON round trip
             or not).
         caches: per rank, this instance's writable cache arrays, one per entry of
-            ``layout.caches`` (every target and every MTP layer's), each ``[num_blocks, *block_shape]``.
+            ``layout.caches`` (every target and every MTP layer's), each
+            ``[num_blocks, *block_shape]``.
         layout: the layout of ``caches``.
         dst_block_ids: distinct block ids in ``caches``, at least one per offered block.
         transport: a registered transport (:func:`~.transport.transport_names`): ``"tcp"``
@@ -177,7 +182,7 @@ def pull_blocks(
         offered = _offer_of(peer, checked, seconds)
         if skip:  # the tail only: every transport reads or is sent `offered.block_ids` alone
             offered = dataclasses.replace(offered, block_ids=offered.block_ids[skip:])
-        mover.pull(peer, offered, caches, dst_idx[skip:], seconds)
+        mover.pull(PullJob(peer, offered, caches, dst_idx[skip:], seconds))
     finally:
         peer.close()
     return layout.tensor_parallel_size * (n - skip) * layout.block_nbytes
@@ -198,8 +203,8 @@ def _offer_of(peer: _Peer, handed_over: Descriptor, timeout: float) -> Descripto
     field = differing_field(handed_over, offered)
     if field is not None:
         raise TransferError(
-            f"{where}: the hand-over's `{field}` differs from what the prefill instance offered for this request; "
-            "refusing to pull"
+            f"{where}: the hand-over's `{field}` differs from what the prefill instance offered "
+            "for this request; refusing to pull"
         )
     return Descriptor(
         offered.request_id,

@@ -239,7 +239,8 @@ class KVLayout:
         mine, theirs = self.tensor_parallel_size, other.tensor_parallel_size
         if mine != theirs:
             raise TransferError(
-                f"KV layout mismatch in `tensor_parallel_size`: prefill has {mine}, this decode instance has {theirs}"
+                f"KV layout mismatch in `tensor_parallel_size`: prefill has {mine}, this decode "
+                f"instance has {theirs}"
             )
         for i, (p, d) in enumerate(zip(self.caches, other.caches)):
             what = None
@@ -256,8 +257,9 @@ class KVLayout:
         if self.num_caches != other.num_caches:
             longer = self.caches if self.num_caches > other.num_caches else other.caches
             raise TransferError(
-                f"KV layout mismatch: the prefill has {self.num_caches} caches per rank, this decode instance "
-                f"{other.num_caches} (first unmatched: {longer[min(self.num_caches, other.num_caches)].label})"
+                f"KV layout mismatch: the prefill has {self.num_caches} caches per rank, this "
+                f"decode instance {other.num_caches} (first unmatched: "
+                f"{longer[min(self.num_caches, other.num_caches)].label})"
             )
 
     @classmethod
@@ -291,8 +293,8 @@ def check_caches(caches: Any, layout: KVLayout, where: str, writable: bool) -> i
         if not isinstance(rank, Sequence) or len(rank) != layout.num_caches:
             got = len(rank) if isinstance(rank, Sequence) else type(rank).__name__
             raise TransferError(
-                f"{where}: `caches[{r}]` must hold {layout.num_caches} arrays ({layout.count('target')} target + "
-                f"{layout.count('mtp')} MTP caches), got {got}"
+                f"{where}: `caches[{r}]` must hold {layout.num_caches} arrays "
+                f"({layout.count('target')} target + {layout.count('mtp')} MTP caches), got {got}"
             )
         for c, (arr, entry) in enumerate(zip(rank, layout.caches)):
             name = f"`caches[{r}][{c}]` ({entry.label})"
@@ -322,7 +324,8 @@ def check_caches(caches: Any, layout: KVLayout, where: str, writable: bool) -> i
 
 
 def block_id_list(ids: Any, num_blocks: int, name: str, where: str) -> list[int]:
-    """``ids`` (a sequence or an integer array) as a list of distinct ints in ``[0, num_blocks)``."""
+    """``ids`` (a sequence or an integer array) as a list of distinct ints in
+    ``[0, num_blocks)``."""
     if isinstance(ids, str | bytes) or not isinstance(ids, Sequence | np.ndarray):
         raise TransferError(
             f"{where}: `{name}` must be a sequence of block ids, got {type(ids).__name__}"

@@ -1,18 +1,14 @@
 """The prefill side of the KV transfer: :class:`KVSource`, a ZeroMQ server in P's engine
 process that offers a request's blocks, serves them to decode instances and frees them on
-release or after a hold timeout (the protocol is in :mod:`.transport`)."""
+release or after a hold timeout (the protocol is in :mod:`.control`)."""
 
 from __future__ import annotations
 
-import collections
-import hmac
 import json
 import logging
 import secrets
 import threading
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,6 +16,8 @@ import zmq
 
 from ..credentials import DroppedMessages, derive
 from .addresses import discover_host
+from .control import control_mac
+from .descriptor import Descriptor
 from .kv_layout import (
     Caches,
     KVLayout,
@@ -30,7 +28,8 @@ from .kv_layout import (
     nonempty_str,
     positive_number,
 )
-from .transport import Descriptor, close_fields, control_mac, offer_fields
+from .offers import Offers, Reply, error_reply, same_secret
+from .transport import close_fields, offer_fields
 from .transports.tcp import fetch_reply
 
 __all__ = ["KVSource"]
@@ -39,26 +38,16 @@ logger = logging.getLogger(__name__)
 
 _POLL_MS = 100  # server loop period: expiry and queued callbacks are handled at least this often
 _MAX_CONTROL_BYTES = 1 << 16  # a control message is a few hundred bytes; bigger peers are dropped
-_FINISHED_MEMORY = 4096  # how many finished offers the source remembers for its error messages
 
 #: Bind addresses that mean "every interface": a decode instance cannot connect to them.
 _WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "[::]")
 
-_Reply = tuple[dict[str, Any], list[np.ndarray]]
-
-
 #: What a refused control request is told: the same whether the token, the signature or the
 #: request id was wrong, so a probing peer learns nothing.
-_NOT_AUTHORIZED = "not authorized: no offer of this request id holds this transfer token under this splitwise secret"
-
-
-@dataclass
-class _Offer:
-    block_ids: np.ndarray  # int64 [n]
-    deadline: float  # time.monotonic()
-    token: str  # the transfer token (see .transport)
-    descriptor: dict[str, Any]  # what `check` answers: the descriptor without its token
-    fetched: bool = False
+_NOT_AUTHORIZED = (
+    "not authorized: no offer of this request id holds this transfer token under this "
+    "splitwise secret"
+)
 
 
 class KVSource:
@@ -66,7 +55,7 @@ class KVSource:
 
     One per prefill deployment, in its engine process. The constructor binds a ZeroMQ ROUTER
     socket on ``tcp://host:port`` (``port=0``: a free one; see :attr:`address`) and serves it
-    in a daemon thread (the wire protocol is in :mod:`.transport`).
+    in a daemon thread (the wire protocol is in :mod:`.control`).
 
     Args:
         caches: per rank, one cache array per entry of ``layout.caches`` (every target and
@@ -90,7 +79,7 @@ class KVSource:
             registers every cache with this process's Mooncake transfer engine, serving
             from the advertised host, for the ``"mooncake"`` transport (default False).
         secret: the splitwise secret (:func:`fastdeploy_mtp.credentials.splitwise_secret`):
-            every control request must carry its ``mac`` (see :mod:`.transport`); ``None``:
+            every control request must carry its ``mac`` (see :mod:`.control`); ``None``:
             the transfer token alone authorizes a request.
         dropped: counts the refused requests (channel ``"kv"``; a new counter if not given).
 
@@ -136,11 +125,7 @@ class KVSource:
         self.layout = layout
         self._caches = [list(rank) for rank in caches]
         self._on_release = on_release
-        self._lock = threading.Lock()
-        self._offers: dict[str, _Offer] = {}
-        self._finished: collections.OrderedDict[str, str] = collections.OrderedDict()
-        self._withdrawn: list[str] = []  # released by withdraw(), callback still to run
-        self._closed = False
+        self._offers = Offers(self.hold_timeout)
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._bind_error: BaseException | None = None
@@ -163,7 +148,7 @@ class KVSource:
         self._thread.start()
         self._ready.wait()
         if self._bind_error is not None:
-            self._closed = True
+            self._offers.close()
             self._thread.join()
             raise TransferError(f"KVSource: cannot bind tcp://{host}:{port}: {self._bind_error}")
         advertised = advertise_host or (discover_host() if host in _WILDCARD_HOSTS else None)
@@ -174,7 +159,7 @@ class KVSource:
     def offer(self, request_id: str, block_ids: Sequence[int]) -> dict[str, Any]:
         """Reserve ``block_ids`` (in P's caches) for ``request_id`` until a decode instance
         releases them, and return the JSON-able descriptor it pulls them with
-        (:mod:`.transport`).
+        (:mod:`.descriptor`).
 
         Raises:
             TransferError: ``request_id`` not a non-empty str or already pending, ``block_ids``
@@ -196,43 +181,22 @@ class KVSource:
             self._fields,
             token,
         )
-        with self._lock:
-            if self._closed:
-                raise TransferError(f"{where}: the source at {self.address} is closed")
-            if request_id in self._offers:
-                raise TransferError(
-                    f"{where}: request {request_id!r} is already offered and not yet released"
-                )
-            self._offers[request_id] = _Offer(
-                np.asarray(ids, np.int64),
-                time.monotonic() + self.hold_timeout,
-                token,
-                descriptor.offer_dict(),
-            )
-            self._finished.pop(request_id, None)
+        self._offers.add(request_id, ids, token, descriptor.offer_dict())
         return descriptor.to_dict()
 
     def withdraw(self, request_id: str) -> bool:
         """Cancel a pending offer (later pulls of it fail). ``on_release(request_id,
         "withdrawn")`` follows from the server thread. Returns whether it was pending."""
-        with self._lock:
-            if self._closed or self._offers.pop(request_id, None) is None:
-                return False
-            self._remember(request_id, "withdrawn")
-            self._withdrawn.append(request_id)
-        return True
+        return self._offers.withdraw(request_id)
 
     def pending(self) -> list[str]:
         """Request ids offered and not yet released, expired or withdrawn (offer order)."""
-        with self._lock:
-            return list(self._offers)
+        return self._offers.pending()
 
     def close(self) -> None:
         """Stop serving; every pending offer gets ``on_release(id, "closed")``. Idempotent."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+        if not self._offers.close():
+            return
         self._stop.set()
         if threading.current_thread() is not self._thread:
             self._thread.join()
@@ -245,12 +209,6 @@ class KVSource:
         self.close()
 
     # -- server thread --
-    def _remember(self, request_id: str, reason: str) -> None:
-        """Record why an offer ended (for error messages); caller holds the lock."""
-        self._finished[request_id] = reason
-        while len(self._finished) > _FINISHED_MEMORY:
-            self._finished.popitem(last=False)
-
     def _notify(self, request_id: str, reason: str) -> None:
         try:
             self._on_release(request_id, reason)
@@ -292,7 +250,8 @@ class KVSource:
                         except zmq.Again:
                             break
                         self._handle(sock, msg)
-                self._expire()
+                for rid in self._offers.expire():
+                    self._notify(rid, "expired")
                 self._run_withdrawn()
         except Exception:
             logger.exception("KVSource %s: server loop failed", self.address)
@@ -303,41 +262,14 @@ class KVSource:
 
     def _close_offers(self) -> None:
         """The server stopped: every offer left ends ``"closed"``."""
-        with self._lock:
-            self._closed = True
-            left = list(self._offers)
-            self._offers.clear()
-            for rid in left:
-                self._remember(rid, "closed")
+        left = self._offers.end_all()
         self._run_withdrawn()
         for rid in left:
             self._notify(rid, "closed")
 
-    def _expire(self) -> None:
-        now = time.monotonic()
-        with self._lock:
-            gone = [rid for rid, o in self._offers.items() if o.deadline <= now]
-            for rid in gone:
-                del self._offers[rid]
-                self._remember(rid, "expired")
-        for rid in gone:
-            self._notify(rid, "expired")
-
     def _run_withdrawn(self) -> None:
-        with self._lock:
-            todo, self._withdrawn = self._withdrawn, []
-        for rid in todo:
+        for rid in self._offers.take_withdrawn():
             self._notify(rid, "withdrawn")
-
-    def _gone_reason(self, request_id: str, expired: bool) -> str:
-        """Why ``request_id`` is not served; ``expired``: its deadline passed (before the
-        loop's :meth:`_expire` saw it)."""
-        reason = "expired" if expired else self._finished.get(request_id)
-        if reason == "expired":
-            return f"request {request_id!r} expired (not released within hold_timeout {self.hold_timeout:g} s)"
-        if reason is not None:
-            return f"request {request_id!r} was {reason} and its blocks freed"
-        return f"unknown request {request_id!r} (never offered here)"
 
     def _handle(self, sock: zmq.Socket, msg: list[bytes]) -> None:
         identity, frames = msg[0], msg[1:]
@@ -347,7 +279,7 @@ class KVSource:
             if reply.pop("_released", False):
                 released = reply.pop("_request_id")
         except Exception as exc:  # a bad message must not stop the server
-            reply, data = {"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}"}, []
+            reply, data = error_reply(f"internal error: {type(exc).__name__}: {exc}")
         try:
             parts: list[Any] = [identity, json.dumps(reply).encode(), *data]
             sock.send_multipart(parts, zmq.NOBLOCK, copy=False)
@@ -356,7 +288,7 @@ class KVSource:
         if released is not None:
             self._notify(released, "released")
 
-    def _answer(self, frames: list[bytes]) -> _Reply:
+    def _answer(self, frames: list[bytes]) -> Reply:
         """The reply to one control message (header, data frames)."""
         if len(frames) != 1:
             return self._refused(f"expected one JSON frame, got {len(frames)}")
@@ -379,54 +311,24 @@ class KVSource:
             or (first and op != "fetch")
         ):
             return self._refused(f"`first` must be an int >= 0, on a fetch only, got {first!r:.40}")
-        if self._key is not None and not _same(
+        if self._key is not None and not same_secret(
             req.get("mac"), control_mac(self._key, op, rid, token, first)
         ):
             return self._refused(_NOT_AUTHORIZED)
-        with self._lock:
-            offer = self._offers.get(rid)
-            if offer is not None and not _same(token, offer.token):
-                return self._refused(_NOT_AUTHORIZED)
-            if (
-                offer is None or offer.deadline <= time.monotonic()
-            ):  # the loop's _expire() tells on_release
-                return _error(self._gone_reason(rid, expired=offer is not None))
-            if op == "check":
-                return {
-                    "ok": True,
-                    "num_blocks": len(offer.block_ids),
-                    "offer": offer.descriptor,
-                }, []
-            if op == "release":
-                del self._offers[rid]
-                self._remember(rid, "released")
-                return {"ok": True, "_released": True, "_request_id": rid}, []
-            if offer.fetched:
-                return _error(f"request {rid!r} was already fetched (an offer is fetched once)")
-            if first >= len(offer.block_ids):
-                return _error(
-                    f"`first` {first} leaves none of the {len(offer.block_ids)} offered blocks to send"
-                )
-            offer.fetched = True
-            # fetch: copied under the lock, so a withdraw() that returned sees no later reads
-            return fetch_reply(self._caches, self.layout, offer.block_ids[first:])
+        reply = self._offers.answer(op, rid, token, first, self._fetch)
+        return self._refused(_NOT_AUTHORIZED) if reply is None else reply
 
-    def _refused(self, text: str) -> _Reply:
+    def _fetch(self, block_ids: np.ndarray) -> Reply:
+        """The answer to a fetch of ``block_ids`` (int64 ``[n]``): their bytes."""
+        return fetch_reply(self._caches, self.layout, block_ids)
+
+    def _refused(self, text: str) -> Reply:
         """A request from a peer that proved nothing (counted as dropped; nothing changes)."""
         self.dropped.add("kv")
-        return _error(text)
+        return error_reply(text)
 
 
 def _host_of(address: str) -> str:
     """The host of ``tcp://host:port`` (brackets of an IPv6 literal removed)."""
     host = address.split("://", 1)[-1].rsplit(":", 1)[0]
     return host[1:-1] if host.startswith("[") else host
-
-
-def _same(given: Any, expected: str | None) -> bool:
-    """``given == expected`` for two str, in constant time."""
-    return isinstance(given, str) and expected is not None and hmac.compare_digest(given, expected)
-
-
-def _error(text: str) -> _Reply:
-    return {"ok": False, "error": text}, []

@@ -501,8 +501,8 @@ class FrameworkFreeMTP:
         p = len(req.prompt)
         if p == 0 or req.max_tokens <= 0 or p + req.max_tokens + self.k + 1 > self.max_len:
             raise ValueError(
-                f"request in slot {slot}: prompt {p} + max_tokens {req.max_tokens} + K + 1 must fit "
-                f"max_model_len {self.max_len} (and both be > 0)"
+                f"request in slot {slot}: prompt {p} + max_tokens {req.max_tokens} + K + 1 must "
+                f"fit max_model_len {self.max_len} (and both be > 0)"
             )
         be, t, d = self.be, self.t, self.d
         prompt = np.asarray(req.prompt, np.int64)
@@ -628,8 +628,8 @@ class FrameworkFreeMTP:
                 prev = m.token_of(hidden[r, : m.hidden_size // 2], f"{where}: the hidden row")
                 if pos > 0 and prev != self.mtp_cache[b, pos - 1]:
                     raise AssertionError(
-                        f"{where}: the hidden row embeds token {prev}, but the token before {tok} is "
-                        f"{self.mtp_cache[b, pos - 1]}"
+                        f"{where}: the hidden row embeds token {prev}, but the token before "
+                        f"{tok} is {self.mtp_cache[b, pos - 1]}"
                     )
                 self.mtp_cache[b, pos] = tok
                 out[r] = m.row(tok, m.next_token(m.draft_table, prev, tok))
@@ -699,7 +699,8 @@ class FrameworkFreeMTP:
             )
         if (gathered[len(items) :] != 0).any():
             raise AssertionError(
-                f"MTP substep {substep}: gathered rows past the {len(items)} active items are not zero"
+                f"MTP substep {substep}: gathered rows past the {len(items)} active items are "
+                "not zero"
             )
         return tokens
 

@@ -225,7 +225,8 @@ def test_the_loop_runs_where_paddle_cannot_be_imported(tmp_path):
         "result, want, _ = _run(backend, CASES['b5-k3-s3-eos'])\n"
         "assert result.outputs == want\n"
         "assert 'paddle' not in sys.modules\n"
-        "assert 'fastdeploy_mtp.runtime.spec_step' in sys.modules  # the package's op sequences ran\n"
+        "assert 'fastdeploy_mtp.runtime.spec_step' in sys.modules"
+        "  # the package's op sequences ran\n"
         "print('ok', len(result.steps))\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}

@@ -10,9 +10,8 @@ def pytest_terminal_summary(terminalreporter):
     if STATS["cases"]:
         terminalreporter.write_line(
             "fuzz: {cases} op calls ({rejected} rejected with a clear error, {ok} completed); "
-            "crashes {crashes}, hangs {hangs}, rejected calls that changed an argument {lost_writes}".format(
-                **STATS
-            )
+            "crashes {crashes}, hangs {hangs}, rejected calls that changed an argument "
+            "{lost_writes}".format(**STATS)
         )
         completed = ", ".join(f"{op} {n}" for op, n in sorted(COMPLETED.items()))
         terminalreporter.write_line(f"fuzz: calls completed (results compared) per op: {completed}")

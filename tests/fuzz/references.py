@@ -151,5 +151,6 @@ def compare_with_reference(
         assert got.size == value.size and _bits(got.reshape(-1)) == _bits(
             value.astype(got.dtype).reshape(-1)
         ), (
-            f"{op}: `{name}` differs from the reference:\n got  {got.reshape(-1)[:16]}\n want {value.reshape(-1)[:16]}"
+            f"{op}: `{name}` differs from the reference:\n got  {got.reshape(-1)[:16]}\n"
+            f" want {value.reshape(-1)[:16]}"
         )

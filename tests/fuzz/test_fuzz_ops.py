@@ -439,13 +439,18 @@ def test_fuzz_op(op, worker):
 
     @settings(
         max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+        suppress_health_check=[
+            HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much
+        ],
     )  # fmt: skip
     @given(calls(op))
     def check(call):
         tensors, attrs, outputs, strided, own_outputs = call
-        case_repr = repr({"attrs": attrs, "shapes": {k: (None if v is None else (v.dtype.str, v.shape)) for k, v in
-                                                     {**tensors, **outputs}.items()}})  # fmt: skip
+        shapes = {
+            k: (None if v is None else (v.dtype.str, v.shape))
+            for k, v in {**tensors, **outputs}.items()
+        }
+        case_repr = repr({"attrs": attrs, "shapes": shapes})
         verdicts = {}
         for backend in backends:
             if backend == "cpu" and outputs:

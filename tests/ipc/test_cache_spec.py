@@ -11,11 +11,11 @@ from fastdeploy_mtp.ipc.kv_caches import spec_cache_names
 from fastdeploy_mtp.models.cache_spec import (
     CacheSpec,
     describe,
-    from_description,
     key_value_specs,
     model_cache_specs,
     owned_by,
 )
+from fastdeploy_mtp.splitwise.kv_layout import KVLayout, TransferError
 from tests.support.engines import tiny_arch as arch
 
 
@@ -54,9 +54,11 @@ def test_the_caches_have_the_models_dtype(dtype: str, itemsize: int) -> None:
 
 
 def test_description_round_trips_through_json_and_refuses_bad_entries() -> None:
+    """The splitwise layout reads back what :func:`describe` writes."""
     specs = model_cache_specs(arch(num_nextn_predict_layers=3), 4, 2, with_mtp=True)
     text = json.dumps(describe(specs))
-    assert from_description(json.loads(text)) == specs
+    layout = KVLayout.from_description(2, json.loads(text))
+    assert [c.to_dict() for c in layout.caches] == [s.to_dict() for s in specs]
     assert json.loads(text)[4] == {
         "owner": "mtp",
         "layer": 0,
@@ -66,26 +68,25 @@ def test_description_round_trips_through_json_and_refuses_bad_entries() -> None:
     }
     # a latent cache (one per layer, its own shape) is one more entry of the same form
     latent = CacheSpec("target", 0, "latent", (4, 8, 96), "bfloat16")
-    assert from_description(describe([latent])) == [latent]
+    (entry,) = KVLayout.from_description(1, describe([latent])).caches
+    assert entry.to_dict() == latent.to_dict() and entry.block_nbytes == 8 * 96 * 2
     bad = json.loads(text)
     bad[2]["kind"] = "query"
-    with pytest.raises(
-        ValueError, match=r"cache description\[2\]: CacheSpec `kind` must be one of"
-    ):
-        from_description(bad)
+    with pytest.raises(TransferError, match=r"`caches\[2\]`: `kind` must be 'key', 'value'"):
+        KVLayout.from_description(2, bad)
     bad = json.loads(text)
     del bad[5]["dtype"]
-    with pytest.raises(ValueError, match=r"cache description\[5\]: expected the keys"):
-        from_description(bad)
-    for entry, key in (
+    with pytest.raises(TransferError, match=r"`caches\[5\]` must have the keys"):
+        KVLayout.from_description(2, bad)
+    for entry_override, key in (
         ({"shape": [4, 0, 8, 8]}, "shape"),
         ({"layer": -1}, "layer"),
         ({"dtype": "int8"}, "dtype"),
     ):
-        with pytest.raises(ValueError, match=f"`{key}`"):
-            from_description([{**specs[0].to_dict(), **entry}])
-    with pytest.raises(ValueError, match="non-empty list"):
-        from_description([])
+        with pytest.raises(TransferError, match=f"`{key}`"):
+            KVLayout.from_description(1, [{**specs[0].to_dict(), **entry_override}])
+    with pytest.raises(TransferError, match="non-empty list"):
+        KVLayout.from_description(1, [])
 
 
 def test_names_are_fastdeploys_with_the_mtp_layers_after_the_target_layers() -> None:

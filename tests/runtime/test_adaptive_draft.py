@@ -178,8 +178,8 @@ def test_config_names_the_bad_key(key, value, message):
 
 def test_config_json_round_trip():
     spec = SpeculativeConfig.from_json(
-        '{"num_speculative_tokens": 3, "adaptive_draft_length": true, "acceptance_rate_threshold": 1, '
-        '"mtp_layer_schedule": "repeat_last"}'
+        '{"num_speculative_tokens": 3, "adaptive_draft_length": true, '
+        '"acceptance_rate_threshold": 1, "mtp_layer_schedule": "repeat_last"}'
     )
     assert spec.adaptive_draft_length is True and spec.acceptance_rate_threshold == 1.0
     assert SpeculativeConfig.from_json(spec.to_json()) == spec

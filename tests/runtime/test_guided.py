@@ -359,7 +359,8 @@ def test_draft_masks_follow_the_round_and_the_matchers_roll_back():
     slots.start(2, regex, [a])
     slt = paddle.to_tensor([1, 1, 1], dtype="int32")  # rows 0..2 = slots 0..2; row 3 is padding
     logits = paddle.zeros([4, V], dtype="float32")
-    # per substep: (choice's consumed drafts or None once closed, regex's likewise, drafts of rows 0..3)
+    # per substep: (choice's consumed drafts or None once closed, regex's likewise, drafts of
+    # rows 0..3)
     rounds = [
         ([o], [a], [k, z, b, 0]),
         ([o, k], [a, b], [EOS, z, one, 0]),

@@ -191,8 +191,8 @@ def test_attach_refuses_a_forged_ready_signal_others_can_access(suffix, mode):
     forge_signal(f"cache_ready_signal.{suffix}", np.ones(1, np.int32), os.getpid(), mode)
     with pytest.raises(
         IPCSignalError,
-        match=rf"the segment has mode 0{mode:03o}: other users may read or write it \(IPCSignal creates "
-        r"segments with mode 0600\); refusing to attach it",
+        match=rf"the segment has mode 0{mode:03o}: other users may read or write it "
+        r"\(IPCSignal creates segments with mode 0600\); refusing to attach it",
     ):
         IPCSignal(
             "cache_ready_signal", np.zeros(1, np.int32), np.int32, suffix=suffix, create=False
@@ -209,15 +209,16 @@ def test_attach_and_create_refuse_a_signal_owned_by_another_uid(suffix):
     os.chown(path, other, -1)
     with pytest.raises(
         IPCSignalError,
-        match=rf"the segment is owned by uid {other}, not by this process's uid {os.geteuid()}; refusing to "
-        "attach a segment another user created",
+        match=rf"the segment is owned by uid {other}, not by this process's uid {os.geteuid()}; "
+        "refusing to attach a segment another user created",
     ):
         IPCSignal(
             "cache_ready_signal", np.zeros(1, np.int32), np.int32, suffix=suffix, create=False
         )
     with pytest.raises(
         IPCSignalError,
-        match=rf"a segment of that name exists and is owned by uid {other}, .*refusing to replace another user's",
+        match=rf"a segment of that name exists and is owned by uid {other}, "
+        r".*refusing to replace another user's",
     ):
         IPCSignal("cache_ready_signal", np.zeros(1, np.int32), np.int32, suffix=suffix)
     assert path.stat().st_uid == other  # left alone

@@ -263,7 +263,8 @@ def test_mtp_kv_of_a_hit_equals_a_fresh_prefill_and_a_target_only_key_would_not(
         eng.close()
         same = all(np.allclose(g, w, rtol=1e-4, atol=1e-5) for g, w in zip(got, want))
         assert same is key_next, (
-            f"key_next={key_next}: MTP KV {'differs from' if key_next else 'equals'} a fresh prefill's"
+            f"key_next={key_next}: MTP KV {'differs from' if key_next else 'equals'} "
+            "a fresh prefill's"
         )
 
 

@@ -33,7 +33,8 @@ def test_tp2_engine_matches_tp1_token_for_token(tp1_outputs):
             assert res[label]["ids"] == want, f"{label}: rank {rank} differs from TP=1"
         if os.environ.get("FDMTP_TP_REPORT"):
             print(
-                f"\n{label}: TP=1 {tps1:.0f} tok/s, TP=2 {ranks[0][label]['tokens_per_second']:.0f} tok/s; "
+                f"\n{label}: TP=1 {tps1:.0f} tok/s, "
+                f"TP=2 {ranks[0][label]['tokens_per_second']:.0f} tok/s; "
                 f"TP=2 run (2 processes, both modes) {ranks[0]['_seconds']:.1f} s"
             )
     for res in ranks:  # each rank's caches hold its half of the key/value heads

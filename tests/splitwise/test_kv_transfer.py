@@ -16,12 +16,12 @@ import zmq
 
 from fastdeploy_mtp.models.cache_spec import describe, key_value_specs
 from fastdeploy_mtp.splitwise.addresses import discover_host
+from fastdeploy_mtp.splitwise.descriptor import DESCRIPTOR_HEAD
 from fastdeploy_mtp.splitwise.kv_client import pull_blocks
 from fastdeploy_mtp.splitwise.kv_layout import KVLayout, TransferError
 from fastdeploy_mtp.splitwise.kv_source import KVSource
 from fastdeploy_mtp.splitwise.transport import (
-    ControlChannel,
-    Descriptor,
+    PullJob,
     Transport,
     _registry as transport_registry,
     choose_transport,
@@ -41,7 +41,8 @@ def make_caches(
     layers: int = TARGET_LAYERS + MTP_LAYERS,
     dtype: Any = np.float32,
 ) -> list[list[np.ndarray]]:
-    """Per rank, ``2 * layers`` arrays ``[num_blocks, *BLOCK_SHAPE]``: random (``seed``) or zeros."""
+    """Per rank, ``2 * layers`` arrays ``[num_blocks, *BLOCK_SHAPE]``: random (``seed``) or
+    zeros."""
     rng = np.random.default_rng(seed)
     shape = (num_blocks, *BLOCK_SHAPE)
     if seed is None:
@@ -202,7 +203,8 @@ def test_layout_from_dict_names_the_bad_key(change: dict[Any, Any], message: str
         (dict(tp=1), "`tensor_parallel_size`: prefill has 2, this decode instance has 1"),
         (
             dict(mtp=3),
-            r"prefill has 6 caches per rank, this decode instance 10 \(first unmatched: mtp layer 1 key\)",
+            r"prefill has 6 caches per rank, this decode instance 10 "
+            r"\(first unmatched: mtp layer 1 key\)",
         ),
         (
             dict(target=1, mtp=2),
@@ -282,18 +284,8 @@ def test_tcp_pull_copies_the_offered_blocks(sources: Any, tp: int) -> None:
     assert source.address.startswith("tcp://127.0.0.1:")
     descriptor = json.loads(json.dumps(source.offer("req-1", [3, 7, 1])))  # as it travels to D
     assert descriptor["num_blocks"] == SRC_BLOCKS and descriptor["shm_names"] is None
-    assert list(descriptor) == [  # the wire order: the transports' fields by preference
-        "version",
-        "request_id",
-        "address",
-        "token",
-        "layout",
-        "block_ids",
-        "num_blocks",
-        "mooncake",
-        "shm_names",
-        "hold_timeout",
-    ]
+    # the wire order: the head, the transports' fields by preference, the hold timeout
+    assert list(descriptor) == [*DESCRIPTOR_HEAD, "mooncake", "shm_names", "hold_timeout"]
     assert source.pending() == ["req-1"]
 
     copied = pull_blocks(descriptor, dst, layout_of(dst), [11, 0, 5, 9])  # the 4th is spare
@@ -352,8 +344,8 @@ def test_a_fetch_with_a_forged_first_is_refused(sources: Any) -> None:
     """``first`` is covered by the control mac: a signed fetch of the tail is answered with
     those blocks alone; one whose ``first`` was changed after signing is refused."""
     from fastdeploy_mtp.credentials import derive
+    from fastdeploy_mtp.splitwise.control import control_mac
     from fastdeploy_mtp.splitwise.kv_client import _Peer
-    from fastdeploy_mtp.splitwise.transport import control_mac
 
     key = derive(b"k" * 32, "kv")
     source, _ = sources(make_caches(1, SRC_BLOCKS, seed=3), secret=b"k" * 32)
@@ -581,20 +573,14 @@ class LoopTransport(Transport):
     def usable(self, descriptor: dict[str, Any]) -> bool:
         return descriptor.get("loop_tag") is not None
 
-    def pull(
-        self,
-        channel: ControlChannel,
-        descriptor: Descriptor,
-        caches: Any,
-        dst_idx: np.ndarray,
-        timeout: float,
-    ) -> None:
-        _, frames = channel.ask("fetch", timeout)
-        entries = descriptor.layout.caches * descriptor.layout.tensor_parallel_size
-        for cache, frame, entry in zip((c for rank in caches for c in rank), frames, entries):
-            shape = (len(descriptor.block_ids), *entry.block_shape)
-            cache[dst_idx] = np.frombuffer(frame.buffer, dtype=entry.host_dtype).reshape(shape)
-        channel.release(timeout)
+    def pull(self, job: PullJob) -> None:
+        _, frames = job.channel.ask("fetch", job.timeout)
+        layout = job.descriptor.layout
+        entries = layout.caches * layout.tensor_parallel_size
+        for cache, frame, entry in zip((c for rank in job.caches for c in rank), frames, entries):
+            shape = (len(job.descriptor.block_ids), *entry.block_shape)
+            cache[job.dst_idx] = np.frombuffer(frame.buffer, entry.host_dtype).reshape(shape)
+        job.channel.release(job.timeout)
 
 
 def test_a_registered_transport_is_offered_pulled_and_chosen(
@@ -705,7 +691,8 @@ def test_a_raising_on_release_does_not_stop_the_source() -> None:
     [
         (
             lambda: (make_caches(1, DST_BLOCKS, None, layers=4), 3),
-            r"cache 4 \(mtp layer 0 key\): prefill has mtp layer 0 key, this decode instance has target layer 2 key",
+            r"cache 4 \(mtp layer 0 key\): prefill has mtp layer 0 key, "
+            r"this decode instance has target layer 2 key",
         ),
         (
             lambda: (make_caches(1, DST_BLOCKS, None, layers=5), 2),
@@ -713,7 +700,8 @@ def test_a_raising_on_release_does_not_stop_the_source() -> None:
         ),
         (
             None,
-            r"cache 0 \(target layer 0 key\): block shape \[2, 4, 8\] on the prefill, \[2, 4, 4\] here",
+            r"cache 0 \(target layer 0 key\): block shape \[2, 4, 8\] on the prefill, "
+            r"\[2, 4, 4\] here",
         ),
         (
             lambda: (make_caches(2, DST_BLOCKS, None), 2),

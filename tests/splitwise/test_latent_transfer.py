@@ -27,9 +27,10 @@ SRC_BLOCKS, DST_BLOCKS, TP = 9, 11, 2
 def mla_config(**overrides: Any) -> ModelConfig:
     """DeepSeek-V3-shaped: 2 layers, 2 MTP layers, kv_lora_rank 32 + rope 8 = 40 per token."""
     fields: dict[str, Any] = dict(
-        vocab_size=64, ori_vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, intermediate_size=96, attention_type="mla", q_lora_rank=32, kv_lora_rank=32,
-        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, block_size=4, num_nextn_predict_layers=2,
+        vocab_size=64, ori_vocab_size=64, hidden_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, intermediate_size=96, attention_type="mla",
+        q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        block_size=4, num_nextn_predict_layers=2,
     )  # fmt: skip
     return ModelConfig(**{**fields, **overrides})
 
@@ -37,7 +38,8 @@ def mla_config(**overrides: Any) -> ModelConfig:
 def spec_caches(
     config: ModelConfig, num_blocks: int, seed: int | None
 ) -> tuple[list[list[np.ndarray]], Any]:
-    """Per rank, one array per cache of the deployment's spec (random or zeros), and its description."""
+    """Per rank, one array per cache of the deployment's spec (random or zeros), and its
+    description."""
     specs = model_cache_specs(config, num_blocks, TP)
     rng = np.random.default_rng(seed)
     make = (lambda s: np.zeros(s.shape, np.float32)) if seed is None else (
@@ -65,7 +67,8 @@ class Released:
 def test_mla_spec_is_one_latent_cache_per_layer() -> None:
     specs = model_cache_specs(mla_config(), SRC_BLOCKS, TP)
     assert [(s.owner, s.layer, s.kind) for s in specs] == [
-        ("target", 0, "latent"), ("target", 1, "latent"), ("mtp", 0, "latent"), ("mtp", 1, "latent"),
+        ("target", 0, "latent"), ("target", 1, "latent"),
+        ("mtp", 0, "latent"), ("mtp", 1, "latent"),
     ]  # fmt: skip
     assert {s.shape for s in specs} == {(SRC_BLOCKS, 1, 4, 40)}  # not split by head under TP
     names = spec_cache_names(specs, 1, 7)
@@ -118,7 +121,8 @@ def test_every_latent_cache_of_target_and_mtp_moves(transport: str) -> None:
         ),
         (
             dict(attention_type="gqa", head_dim=16),
-            r"cache 0 \(target layer 0 latent\): prefill has target layer 0 latent, this decode .* layer 0 key",
+            r"cache 0 \(target layer 0 latent\): prefill has target layer 0 latent, "
+            r"this decode .* layer 0 key",
         ),
         (
             dict(num_nextn_predict_layers=1),

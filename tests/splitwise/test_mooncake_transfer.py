@@ -193,7 +193,8 @@ def test_the_source_option_must_be_a_bool() -> None:
     ("engine_py", "message"),
     [
         (
-            "raise ImportError('libibverbs.so.1: cannot open shared object file: No such file or directory')",
+            "raise ImportError("
+            "'libibverbs.so.1: cannot open shared object file: No such file or directory')",
             "needs the system library libibverbs.so.1, .*apt-get install libibverbs1",
         ),
         (None, r'needs the package mooncake-transfer-engine-non-cuda \(pip install -e "\.\[pd\]"'),
@@ -286,6 +287,6 @@ def test_serve_asking_for_mooncake_without_it_exits_2_naming_the_package(
     )
     assert out.returncode == 2, out.stderr[-2000:]
     assert (
-        "--kv-transport mooncake: KV transport 'mooncake' needs the package mooncake-transfer-engine-non-cuda"
-        in (out.stderr)
+        "--kv-transport mooncake: KV transport 'mooncake' needs the package "
+        "mooncake-transfer-engine-non-cuda" in (out.stderr)
     )

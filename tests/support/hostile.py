@@ -4,12 +4,14 @@
 The test suite's virtual environment may sit in a directory other users cannot enter, so
 the hostile side imports nothing but the standard library: :data:`ZMTP_CLIENT` is a minimal
 ZeroMQ (ZMTP 3.0, NULL mechanism) DEALER written for these tests, enough to send one-frame
-requests to a ROUTER and read its answers. :func:`run_as_nobody` writes a script into a
+requests to a ROUTER and read its answers (its exact read is the package's own, copied into
+the script as source). :func:`run_as_nobody` writes a script into a
 fresh world-readable directory and runs it with the system's ``python3`` as ``nobody``.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
@@ -17,21 +19,16 @@ import subprocess
 import tempfile
 from typing import Any
 
+from fastdeploy_mtp.distributed import _recv_exact
+
 #: ``zmtp_request(host, port, frames, timeout) -> list[bytes] | None``: connect as a ZeroMQ
 #: DEALER, send ``frames`` as one message, return the first answer's frames (``None``: no
 #: answer within ``timeout`` or the peer closed the connection).
-ZMTP_CLIENT = r"""
-import socket, struct, time
-
-def _recv_exact(sock, n):
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            raise ConnectionError("closed")
-        out += chunk
-    return out
-
+ZMTP_CLIENT = (
+    "import socket, struct, time\n\n"
+    # reading exactly n bytes is the tensor-parallel rendezvous's own function, copied in
+    + inspect.getsource(_recv_exact)
+    + r"""
 def _frame(body, more=False, command=False):
     flags = (1 if more else 0) | (4 if command else 0)
     if len(body) > 255:
@@ -70,6 +67,7 @@ def zmtp_request(host, port, frames, timeout=5.0):
     finally:
         sock.close()
 """
+)
 
 
 def run_as_nobody(script: str, timeout: float = 60.0) -> Any:

@@ -15,7 +15,7 @@ address space. D registers its own caches with its engine on its first pull, the
 per rank, one batch holding every (cache, run of consecutive blocks) of the request:
 block ``block_ids[j]`` of cache ``c`` is ``block_nbytes(c)`` bytes at
 ``buffers[r][c] + block_ids[j] * block_nbytes(c)``. The blocks and addresses read are
-those of P's own ``check`` answer (:mod:`..transport`), never the hand-over's; P's engine
+those of P's own ``check`` answer (:mod:`..control`), never the hand-over's; P's engine
 refuses any read outside the memory it registered.
 
 What the engine itself does not give: it authenticates no one. Whoever reaches its port can
@@ -44,8 +44,10 @@ from typing import Any
 import numpy as np
 
 from ..addresses import address_towards
+from ..control import release_after_direct_read
+from ..descriptor import Descriptor
 from ..kv_layout import Caches, KVLayout, TransferError
-from ..transport import ControlChannel, Descriptor, Transport, register, release_after_direct_read
+from ..transport import PullJob, Transport, register
 
 __all__ = ["MooncakeTransport", "available", "protocol", "require"]
 
@@ -70,23 +72,25 @@ def _import() -> Any:
 
                 return module
             except ImportError as exc:
-                text = str(exc)
-                if "libibverbs" in text:
-                    _import_error = (
-                        "KV transport 'mooncake' needs the system library libibverbs.so.1, which the Mooncake "
-                        "transfer engine loads even without RDMA devices (Debian/Ubuntu: apt-get install libibverbs1)"
-                    )
-                elif (
-                    isinstance(exc, ModuleNotFoundError)
-                    and (exc.name or "").split(".")[0] == "mooncake"
-                ):
-                    _import_error = (
-                        f"KV transport 'mooncake' needs the package {_PACKAGE} "
-                        '(pip install -e ".[pd]", or pip install ' + _PACKAGE + ")"
-                    )
-                else:
-                    _import_error = f"KV transport 'mooncake': the Mooncake transfer engine does not import: {text}"
+                _import_error = _missing(exc)
         raise TransferError(_import_error)
+
+
+def _missing(exc: ImportError) -> str:
+    """What the failed import of the Mooncake transfer engine lacks, in one line."""
+    text = str(exc)
+    if "libibverbs" in text:
+        return (
+            "KV transport 'mooncake' needs the system library libibverbs.so.1, which the "
+            "Mooncake transfer engine loads even without RDMA devices (Debian/Ubuntu: "
+            "apt-get install libibverbs1)"
+        )
+    if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "mooncake":
+        return (
+            f"KV transport 'mooncake' needs the package {_PACKAGE} "
+            '(pip install -e ".[pd]", or pip install ' + _PACKAGE + ")"
+        )
+    return f"KV transport 'mooncake': the Mooncake transfer engine does not import: {text}"
 
 
 def require() -> None:
@@ -120,7 +124,8 @@ class _Engine:
         rc = self.engine.initialize(host, "P2PHANDSHAKE", self.protocol, "")
         if rc != 0:
             raise TransferError(
-                f"KV transport 'mooncake': the transfer engine did not start at {host} over {self.protocol} (code {rc})"
+                f"KV transport 'mooncake': the transfer engine did not start at {host} over "
+                f"{self.protocol} (code {rc})"
             )
         logger.info("mooncake: transfer engine at %s over %s", host, self.protocol)
         self.segment = f"{_bracketed(host)}:{self.engine.get_rpc_port()}"
@@ -246,7 +251,8 @@ def _read_field(value: Any, layout: KVLayout, where: str) -> dict[str, Any] | No
                 or not 0 < base < _MAX_ADDRESS - extent
             ):
                 raise TransferError(
-                    f"{field}.buffers[{r}][{c}] must be the address of {entry.label}, got {base!r:.40}"
+                    f"{field}.buffers[{r}][{c}] must be the address of {entry.label}, "
+                    f"got {base!r:.40}"
                 )
         out.append(list(rank))
     return {"segment": segment, "buffers": out}
@@ -311,31 +317,26 @@ class MooncakeTransport(Transport):
     def check_pullable(self, descriptor: Descriptor, where: str) -> None:
         if descriptor.fields["mooncake"] is None:
             raise TransferError(
-                f"{where}: transport 'mooncake' needs the prefill instance to register its caches with the Mooncake "
-                "transfer engine (serve --splitwise-role prefill --kv-transport mooncake); this one did not"
+                f"{where}: transport 'mooncake' needs the prefill instance to register its caches "
+                "with the Mooncake transfer engine (serve --splitwise-role prefill "
+                "--kv-transport mooncake); this one did not"
             )
         require()
 
-    def pull(
-        self,
-        channel: ControlChannel,
-        descriptor: Descriptor,
-        caches: Caches,
-        dst_idx: np.ndarray,
-        timeout: float,
-    ) -> None:
-        # pull_blocks asked "check" just before: P holds the offer, and `descriptor` is its offer
+    def pull(self, job: PullJob) -> None:
+        # pull_blocks asked "check" just before: P holds the offer, and `job.descriptor` is it
+        descriptor = job.descriptor
         offered = descriptor.fields["mooncake"]
         segment = offered["segment"]
         layout = descriptor.layout
         engine = _engine_at(
-            address_towards(segment.rsplit(":", 1)[0].strip("[]")) or "127.0.0.1", timeout
+            address_towards(segment.rsplit(":", 1)[0].strip("[]")) or "127.0.0.1", job.timeout
         )
         mine = [
             [engine.register(cache, f"rank {r} {e.label}") for cache, e in zip(rank, layout.caches)]
-            for r, rank in enumerate(caches)
+            for r, rank in enumerate(job.caches)
         ]
-        runs = _runs(np.asarray(descriptor.block_ids, np.int64), dst_idx)
+        runs = _runs(np.asarray(descriptor.block_ids, np.int64), job.dst_idx)
         for r in range(layout.tensor_parallel_size):
             local: list[int] = []
             remote: list[int] = []
@@ -349,8 +350,8 @@ class MooncakeTransport(Transport):
             rc = engine.engine.batch_transfer_sync_read(segment, local, remote, lengths)
             if rc != 0:
                 raise TransferError(
-                    f"{descriptor.where}: the Mooncake read of rank {r}'s blocks from {segment} failed (code {rc}): "
-                    "the prefill instance is gone or unreachable, or refused the addresses; the destination "
-                    "blocks may be partly written"
+                    f"{descriptor.where}: the Mooncake read of rank {r}'s blocks from {segment} "
+                    f"failed (code {rc}): the prefill instance is gone or unreachable, or "
+                    "refused the addresses; the destination blocks may be partly written"
                 )
-        release_after_direct_read(channel, timeout, "mooncake")
+        release_after_direct_read(job.channel, job.timeout, "mooncake")

@@ -16,8 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from ..control import release_after_direct_read
+from ..descriptor import Descriptor
 from ..kv_layout import Caches, KVLayout, TransferError
-from ..transport import ControlChannel, Descriptor, Transport, register, release_after_direct_read
+from ..transport import PullJob, Transport, register
 
 
 def _check_names(names: Any, layout: KVLayout, where: str) -> list[list[str]]:
@@ -77,17 +79,10 @@ class ShmTransport(Transport):
                 f"{where}: transport 'shm' needs `shm_names` in the descriptor; the source has none"
             )
 
-    def pull(
-        self,
-        channel: ControlChannel,
-        descriptor: Descriptor,
-        caches: Caches,
-        dst_idx: np.ndarray,
-        timeout: float,
-    ) -> None:
+    def pull(self, job: PullJob) -> None:
         # pull_blocks asked "check" just before: P held the offer, and `descriptor` is its offer
-        _copy(descriptor, caches, dst_idx)
-        release_after_direct_read(channel, timeout, "shm")
+        _copy(job.descriptor, job.caches, job.dst_idx)
+        release_after_direct_read(job.channel, job.timeout, "shm")
 
 
 def _copy(descriptor: Descriptor, caches: Caches, dst_idx: np.ndarray) -> None:

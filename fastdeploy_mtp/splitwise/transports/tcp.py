@@ -4,7 +4,7 @@ on the control socket (ZeroMQ), so it works between any two hosts that reach eac
 Both ends of the byte stream are here: :func:`fetch_reply` is what P's source answers, and
 :class:`TcpTransport` checks the answer's header and the exact size of every frame before
 it writes a byte into D's caches. The message layout is in
-:mod:`fastdeploy_mtp.splitwise.transport`.
+:mod:`fastdeploy_mtp.splitwise.control`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..kv_layout import Caches, KVLayout, TransferError
-from ..transport import ControlChannel, Descriptor, Transport, register
+from ..transport import PullJob, Transport, register
 
 logger = logging.getLogger(__name__)
 
@@ -50,17 +50,10 @@ class TcpTransport(Transport):
     name = "tcp"
     preference = 0  # usable everywhere: what "auto" falls back to
 
-    def pull(
-        self,
-        channel: ControlChannel,
-        descriptor: Descriptor,
-        caches: Caches,
-        dst_idx: np.ndarray,
-        timeout: float,
-    ) -> None:
-        layout, n = descriptor.layout, len(descriptor.block_ids)
-        header, frames = channel.ask("fetch", timeout)
-        where = f"{descriptor.where}: fetch reply from {channel.address}"
+    def pull(self, job: PullJob) -> None:
+        layout, n = job.descriptor.layout, len(job.descriptor.block_ids)
+        header, frames = job.channel.ask("fetch", job.timeout)
+        where = f"{job.descriptor.where}: fetch reply from {job.channel.address}"
         want = layout.tensor_parallel_size * layout.num_caches
         per_cache = [c.block_nbytes for c in layout.caches]
         for key, expected in (("frames", want), ("block_nbytes", per_cache), ("num_blocks", n)):
@@ -79,11 +72,11 @@ class TcpTransport(Transport):
                 )
         for i, frame in enumerate(frames):
             entry = layout.caches[i % layout.num_caches]
-            cache = caches[i // layout.num_caches][i % layout.num_caches]
-            cache[dst_idx] = np.frombuffer(frame.buffer, dtype=entry.host_dtype).reshape(
+            cache = job.caches[i // layout.num_caches][i % layout.num_caches]
+            cache[job.dst_idx] = np.frombuffer(frame.buffer, dtype=entry.host_dtype).reshape(
                 (n, *entry.block_shape)
             )
         try:  # the bytes were consistent when fetched; a lost offer now costs nothing
-            channel.release(timeout)
+            job.channel.release(job.timeout)
         except TransferError as exc:
             logger.warning("%s (after a complete copy)", exc)
