@@ -40,7 +40,7 @@ def pid_of(srv: ServerProcess, kind: str) -> int:
         return srv.worker_pids()[0]
     for pid in srv.children:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"fastdeploy_mtp.serving.cache_manager" in f.read():
+            if b"fastdeploy_mtp.serving.processes.cache_manager" in f.read():
                 return pid
     raise AssertionError("no cache manager")
 

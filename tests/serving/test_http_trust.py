@@ -35,8 +35,8 @@ import pytest
 from fastdeploy_mtp.credentials import API_KEY_ENV, SECRET_ENV, splitwise_secret
 from fastdeploy_mtp.distributed import find_free_port_range
 from fastdeploy_mtp.entrypoints.cli import main
-from fastdeploy_mtp.serving.router_backend import RouterBackend
-from fastdeploy_mtp.serving.router_server import fetch_model_name
+from fastdeploy_mtp.serving.router.backend import RouterBackend
+from fastdeploy_mtp.serving.router.server import fetch_model_name
 from tests.support.servers import (
     ServerProcess,
     device_ids,
@@ -191,7 +191,7 @@ def test_an_unexpected_exception_is_a_500_in_the_error_shape():
     from prometheus_client import CollectorRegistry
 
     from fastdeploy_mtp.models.tiny import ASSETS_DIR
-    from fastdeploy_mtp.serving.app import create_app
+    from fastdeploy_mtp.serving.openai.app import create_app
     from fastdeploy_mtp.tokenization import load_tokenizer
 
     class Broken:

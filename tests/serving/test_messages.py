@@ -1,4 +1,4 @@
-"""The typed messages between the processes (:mod:`fastdeploy_mtp.serving.messages`): each
+"""The typed messages between the processes (:mod:`fastdeploy_mtp.serving.messages.engine_workers`): each
 survives its wire form unchanged; a wrong version, a missing field or a wrong type is refused
 with an error that names it; a worker that receives a malformed message fails that step
 only; the engine drops (and counts) every reply that is not the one it awaits, so a stray
@@ -14,34 +14,42 @@ import pytest
 
 from fastdeploy_mtp.credentials import DroppedMessages
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams, TokenLogprob
-from fastdeploy_mtp.serving.messages import (
-    PROTOCOL_VERSION,
-    DecodeRequest,
+from fastdeploy_mtp.serving.messages.engine_workers import (
     DecodeTask,
     Done,
-    ErrorDetail,
-    ErrorMessage,
     Failed,
-    FinishEvent,
-    HandoffMessage,
     ImportTask,
-    MessageError,
-    PrefillAnswer,
-    PrefillRequest,
     PrefillTask,
     Ready,
     Shutdown,
     Step,
     StepResult,
-    TokensEvent,
-    check_header_version,
     decode_engine_message,
-    decode_event,
-    decode_http,
     decode_worker_message,
 )
-from fastdeploy_mtp.serving.worker_process import answer
-from fastdeploy_mtp.serving.workers import RemoteRunner, WorkerDiedError, WorkerStepError
+from fastdeploy_mtp.serving.messages.router_instances import (
+    DecodeRequest,
+    ErrorDetail,
+    ErrorMessage,
+    FinishEvent,
+    HandoffMessage,
+    PrefillAnswer,
+    PrefillRequest,
+    TokensEvent,
+    decode_event,
+    decode_http,
+)
+from fastdeploy_mtp.serving.messages.wire import (
+    PROTOCOL_VERSION,
+    MessageError,
+    check_header_version,
+)
+from fastdeploy_mtp.serving.processes.remote_runner import (
+    RemoteRunner,
+    WorkerDiedError,
+    WorkerStepError,
+)
+from fastdeploy_mtp.serving.processes.worker_process import answer
 from tests.support.servers import remote_runner
 
 LOGPROB = TokenLogprob(7, -0.25, [(7, -0.25), (9, -1.5)])

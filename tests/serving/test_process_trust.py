@@ -29,7 +29,7 @@ import pytest
 
 from fastdeploy_mtp.distributed import find_free_port_range
 from fastdeploy_mtp.ops import messaging
-from fastdeploy_mtp.serving import runtime_dir
+from fastdeploy_mtp.serving.processes import runtime_dir
 from tests.support.hostile import run_as_nobody
 from tests.support.servers import ServerProcess, alive, offline, scrape_metrics, serving, shm_names
 

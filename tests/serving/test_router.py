@@ -32,9 +32,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fastdeploy_mtp.distributed import find_free_port_range
 from fastdeploy_mtp.entrypoints.cli import main
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
-from fastdeploy_mtp.serving.messages import version_headers
-from fastdeploy_mtp.serving.router_backend import RouterBackend
-from fastdeploy_mtp.serving.router_server import router_app
+from fastdeploy_mtp.serving.messages.wire import version_headers
+from fastdeploy_mtp.serving.router.backend import RouterBackend
+from fastdeploy_mtp.serving.router.server import router_app
 from tests.support.servers import ThreadServer, http_get, http_post, scrape_metrics
 
 openai = pytest.importorskip("openai")

@@ -28,8 +28,8 @@ def secret_file(folder: Path, name: str) -> Path:
 
 def test_splitwise_with_secret_files_only(tmp_path: Path):
     from fastdeploy_mtp.credentials import read_secret_file
-    from fastdeploy_mtp.serving.router_backend import RouterBackend
-    from fastdeploy_mtp.serving.router_server import router_app
+    from fastdeploy_mtp.serving.router.backend import RouterBackend
+    from fastdeploy_mtp.serving.router.server import router_app
     from tests.support.servers import ThreadServer, find_free_port_range, splitwise_post
 
     os.chmod(tmp_path, 0o700)  # the other uid cannot read the file (nor list the folder)
