@@ -62,8 +62,8 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
         "--instance-timeout",
         type=positive_float,
         default=_DEFAULTS["instance_timeout"],
-        help="seconds an instance may stay silent (a prefill answer, or the next event of a decode "
-        "stream) before the request fails with 504 naming it (default %(default)g)",
+        help="seconds an instance may stay silent (a prefill answer, or the next event of a "
+        "decode stream) before the request fails with 504 naming it (default %(default)g)",
     )
     p.add_argument(
         "--served-model-name",
@@ -74,8 +74,8 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
         "--tokenizer",
         default=_DEFAULTS["tokenizer"],
         metavar="DIR",
-        help="the served model's folder (its tokenizer files and generation_config.json; "
-        "default: the shipped one)",
+        help="the served model's folder (its tokenizer files and generation_config.json; default: "
+        "the shipped one)",
     )
     p.add_argument(
         "--start-timeout",

@@ -1,4 +1,5 @@
-"""``fastdeploy-mtp serve``: the options of :func:`fastdeploy_mtp.serving.processes.server.serve`."""
+"""``fastdeploy-mtp serve``: the options of
+:func:`fastdeploy_mtp.serving.processes.server.serve`."""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--served-model-name",
         default=_DEFAULTS["served_model_name"],
-        help="model id in the API (default: the model folder; fastdeploy-mtp-tiny for the shipped one)",
+        help="model id in the API (default: the model folder; fastdeploy-mtp-tiny for the shipped "
+        "one)",
     )
     p.add_argument(
         "--tensor-parallel-size",
@@ -67,9 +69,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_max_num_seqs_arg(
         p,
         _DEFAULTS["max_num_seqs"],
-        "batch slots (default: min(256, the KV blocks --kv-cache-memory holds / the blocks of a request a quarter "
-        "of --max-model-len long); with --token-channel sysv: 8, or fewer if kernel.msgmax cannot carry the token "
-        "message of 8)",
+        "batch slots (default: min(256, the KV blocks --kv-cache-memory holds / the blocks of a "
+        "request a quarter of --max-model-len long); with --token-channel sysv: 8, or fewer if "
+        "kernel.msgmax cannot carry the token message of 8)",
     )
     p.add_argument(
         "--max-model-len",
@@ -82,16 +84,16 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--engine-worker-queue-port",
         type=positive_int,
         default=_DEFAULTS["engine_worker_queue_port"],
-        help="names the deployment: its runtime directory (the engine<->worker socket), its SysV token queue id and "
-        "its cache_ready_signal suffix (default: a free port number)",
+        help="names the deployment: its runtime directory (the engine<->worker socket), its SysV "
+        "token queue id and its cache_ready_signal suffix (default: a free port number)",
     )
     p.add_argument(
         "--step-timeout",
         type=positive_float,
         default=_DEFAULTS["step_timeout"],
         help="seconds one step of the workers may take before the deployment counts as hung: "
-        "requests in flight fail, /health turns 503 and the server exits with status 1 "
-        "(default %(default)g)",
+        "requests in flight fail, /health turns 503 and the server exits with status 1 (default "
+        "%(default)g)",
     )
     p.add_argument(
         "--device-ids",
@@ -102,7 +104,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--prefill-chunk-size",
         type=non_negative_int,
         default=_DEFAULTS["prefill_chunk_size"],
-        help="most prompt tokens of one request per step (chunked prefill; default 0: only the step's token budget)",
+        help="most prompt tokens of one request per step (chunked prefill; default 0: only the "
+        "step's token budget)",
     )
     add_credential_args(p)
     _add_splitwise_args(p)
@@ -121,17 +124,19 @@ def _add_capacity_args(p: argparse.ArgumentParser) -> None:
         type=_kv_memory,
         default=_DEFAULTS["kv_cache_memory"],
         metavar="SIZE",
-        help="KV cache bytes per rank, every layer's (e.g. 512MiB, 2G); the KV blocks follow from it, never more "
-        "than --max-num-seqs requests of --max-model-len can use (default auto: 10%% of the host's available "
-        "memory, at most half the free space of /dev/shm, split between the ranks)",
+        help="KV cache bytes per rank, every layer's (e.g. 512MiB, 2G); the KV blocks follow from "
+        "it, never more than --max-num-seqs requests of --max-model-len can use (default auto: "
+        "10%% of the host's available memory, at most half the free space of /dev/shm, split "
+        "between the ranks)",
     )
     p.add_argument(
         "--max-num-batched-tokens",
         type=positive_int,
         default=_DEFAULTS["max_num_batched_tokens"],
         metavar="N",
-        help="tokens one step may run: every slot's decode row with its K drafts first, then prefill chunks up to "
-        "the budget; at least max_num_seqs * (K + 1) + 1 (default: max(256, max_num_seqs * (K + 1) + 64))",
+        help="tokens one step may run: every slot's decode row with its K drafts first, then "
+        "prefill chunks up to the budget; at least max_num_seqs * (K + 1) + 1 (default: max(256, "
+        "max_num_seqs * (K + 1) + 64))",
     )
     p.add_argument(
         "--enable-prefix-caching",
@@ -143,9 +148,9 @@ def _add_capacity_args(p: argparse.ArgumentParser) -> None:
         "--token-channel",
         choices=TOKEN_CHANNELS,
         default=_DEFAULTS["token_channel"],
-        help="how worker rank 0 hands each step's tokens to the engine: shm (default; a private shared-memory "
-        "segment, any --max-num-seqs) or sysv (FastDeploy's SysV message: 2,060 + 1,032 bytes per slot, so "
-        "kernel.msgmax bounds the slots, 5 on a default kernel)",
+        help="how worker rank 0 hands each step's tokens to the engine: shm (default; a private "
+        "shared-memory segment, any --max-num-seqs) or sysv (FastDeploy's SysV message: 2,060 + "
+        "1,032 bytes per slot, so kernel.msgmax bounds the slots, 5 on a default kernel)",
     )
 
 
@@ -157,7 +162,8 @@ def _add_splitwise_args(p: argparse.ArgumentParser) -> None:
         "--splitwise-role",
         choices=("mixed", "prefill", "decode"),
         default=_DEFAULTS["splitwise_role"],
-        help="mixed (default): a whole server; prefill: runs prompts and hands requests over; decode: continues them",
+        help="mixed (default): a whole server; prefill: runs prompts and hands requests over; "
+        "decode: continues them",
     )
     sw.add_argument(
         "--splitwise-port",
@@ -169,10 +175,11 @@ def _add_splitwise_args(p: argparse.ArgumentParser) -> None:
         "--kv-transport",
         choices=(AUTO, *transport_names()),
         default=_DEFAULTS["kv_transport"],
-        help="decode: how KV blocks are pulled: shm (same host), mooncake (the Mooncake transfer engine: RDMA, "
-        "else its TCP), tcp (over the KV port); auto (default): shm when the prefill's caches are on this host, "
-        "else mooncake when the prefill offers it, else tcp. prefill: mooncake registers the caches with the "
-        "Mooncake transfer engine as well (needs the pd extra); shm and tcp are always offered",
+        help="decode: how KV blocks are pulled: shm (same host), mooncake (the Mooncake transfer "
+        "engine: RDMA, else its TCP), tcp (over the KV port); auto (default): shm when the "
+        "prefill's caches are on this host, else mooncake when the prefill offers it, else tcp. "
+        "prefill: mooncake registers the caches with the Mooncake transfer engine as well (needs "
+        "the pd extra); shm and tcp are always offered",
     )
     sw.add_argument(
         "--kv-transfer-timeout",
@@ -183,23 +190,23 @@ def _add_splitwise_args(p: argparse.ArgumentParser) -> None:
     sw.add_argument(
         "--kv-advertise-host",
         default=_DEFAULTS["kv_advertise_host"],
-        help="prefill: the host name decode instances reach the KV port (and the transfer engine) at (default "
-        "--host; with --host 0.0.0.0, the address of the default route, else the first interface address that "
-        "is not loopback)",
+        help="prefill: the host name decode instances reach the KV port (and the transfer engine) "
+        "at (default --host; with --host 0.0.0.0, the address of the default route, else the "
+        "first interface address that is not loopback)",
     )
     sw.add_argument(
         "--kv-hold-timeout",
         type=positive_float,
         default=_DEFAULTS["kv_hold_timeout"],
-        help="prefill: seconds handed-off KV blocks wait for a decode instance "
-        "(default %(default)g)",
+        help="prefill: seconds handed-off KV blocks wait for a decode instance (default "
+        "%(default)g)",
     )
     sw.add_argument(
         "--max-waiting-requests",
         type=positive_int,
         default=_DEFAULTS["max_waiting_requests"],
-        help="decode: handed-over requests that may queue for a slot before the router is told to wait (429; "
-        "default: --max-num-seqs)",
+        help="decode: handed-over requests that may queue for a slot before the router is told to "
+        "wait (429; default: --max-num-seqs)",
     )
 
 
@@ -218,7 +225,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             ) from None
     if args.splitwise_role == "mixed" and args.splitwise_port is not None:
         raise UsageError(
-            "--splitwise-port is the KV port of a prefill instance: it needs --splitwise-role prefill"
+            "--splitwise-port is the KV port of a prefill instance: it needs --splitwise-role "
+            "prefill"
         )
     opts = options_from_args(
         ServeOptions,

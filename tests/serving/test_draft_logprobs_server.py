@@ -70,7 +70,8 @@ def test_each_step_lists_its_verified_drafts_with_their_logprobs(spec_server):
                 break
             accepted += 1
         accepted_any = accepted_any or accepted > 0
-        # the target emitted the accepted drafts and one token of its own: the next step starts there
+        # the target emitted the accepted drafts and one token of its own: the next step starts
+        # there
         assert following["position"] == step["position"] + accepted + 1
     assert accepted_any  # the trained MTP layer's drafts are accepted at times
 

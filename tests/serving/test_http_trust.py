@@ -276,7 +276,8 @@ def test_a_router_without_the_instances_secret_answers_502_saying_so(pd):
             b'{"messages": [{"role": "user", "content": "a\\ud800"}], "stream": true}',
             "messages",
         ),
-        # the prefill instance refuses it (longer than --max-model-len): a 400 naming the client's field
+        # the prefill instance refuses it (longer than --max-model-len): a 400 naming the client's
+        # field
         (
             "/v1/completions",
             b'{"prompt": "' + b"y" * 1100 + b'", "max_tokens": 2, "stream": true}',

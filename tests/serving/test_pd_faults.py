@@ -148,8 +148,8 @@ def test_a_fault_under_load_ends_every_request_and_leaves_nothing(kind: str, sig
         slowest = max((o.ended - max(o.started, faulted_at) for o in after), default=0.0)
         seen = sorted({o.detail[:90] for o in failed})
         TABLE.append(
-            f"{kind:8s} {signal.Signals(sig).name:8s} {len(after):3d} requests, {len(failed):3d} failed, "
-            f"slowest end {slowest:5.1f} s: {seen[:3]}"
+            f"{kind:8s} {signal.Signals(sig).name:8s} {len(after):3d} requests, {len(failed):3d} "
+            f"failed, slowest end {slowest:5.1f} s: {seen[:3]}"
         )
         assert not hung and not late, [(o.kind, o.detail) for o in hung + late]
         assert failed, "the fault was not noticed by any client"
@@ -180,7 +180,8 @@ def test_a_fault_under_load_ends_every_request_and_leaves_nothing(kind: str, sig
 
 def teardown_module() -> None:
     print(
-        "\nfault table (kind, signal, requests ending after the fault, failures, slowest end, messages):"
+        "\nfault table (kind, signal, requests ending after the fault, failures, slowest end, "
+        "messages):"
     )
     for line in TABLE:
         print("  " + line)

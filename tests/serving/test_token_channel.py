@@ -25,7 +25,10 @@ from fastdeploy_mtp.serving.token_channel.base import TokenChannelError, WorkerS
 from fastdeploy_mtp.serving.token_channel.shm import ShmTokenReader, ShmTokenWriter, shm_bytes
 from tests.support.servers import http_post, offline, scrape_metrics, serving
 
-SPEC = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": "with_ngram"}'
+SPEC = (
+    '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, '
+    '"mtp_strategy": "with_ngram"}'
+)
 MAX_TOKENS = 16
 
 

@@ -34,9 +34,10 @@ class Stream:
 
 
 class Backend(Protocol):
-    """What :func:`~fastdeploy_mtp.serving.openai.app.create_app` needs from the thing that generates: the in-process
-    engine loop (:class:`AsyncEngine`, ``serve``) or the splitwise router
-    (:class:`~fastdeploy_mtp.serving.router.backend.RouterBackend`), which forwards to other instances.
+    """What :func:`~fastdeploy_mtp.serving.openai.app.create_app` needs from the thing that
+    generates: the in-process engine loop (:class:`AsyncEngine`, ``serve``) or the splitwise router
+    (:class:`~fastdeploy_mtp.serving.router.backend.RouterBackend`), which forwards to other
+    instances.
 
     The app formats everything OpenAI-side (completions, chat, SSE, usage, errors,
     detokenization); a backend only turns a :class:`Request` into a :class:`Stream` of events.

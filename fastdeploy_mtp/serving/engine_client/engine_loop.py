@@ -35,7 +35,8 @@ class AsyncEngine:
 
     Attributes:
         latency: the requests' timing and the latency histograms of ``/metrics``
-            (:class:`~fastdeploy_mtp.serving.metrics.latency.LatencyTracker`; stamped under :attr:`lock`).
+            (:class:`~fastdeploy_mtp.serving.metrics.latency.LatencyTracker`; stamped under
+            :attr:`lock`).
     """
 
     def __init__(

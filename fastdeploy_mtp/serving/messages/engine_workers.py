@@ -86,7 +86,8 @@ EngineMessage = Annotated[Step | Shutdown, Field(discriminator="type")]
 
 
 def task_message(req: Request, first_chunk: bool) -> Task:
-    """The wire form of a scheduled task (a prefill's first chunk carries the prompt and sampling)."""
+    """The wire form of a scheduled task (a prefill's first chunk carries the prompt and
+    sampling)."""
     ids: dict[str, Any] = {
         "idx": int(req.idx),
         "request_id": req.request_id,

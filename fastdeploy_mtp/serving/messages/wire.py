@@ -43,14 +43,16 @@ class MessageError(ValueError):
 
 
 def check_version(got: object, sender: str) -> None:
-    """Raises :class:`MessageError` unless ``got`` (a message's version) is :data:`PROTOCOL_VERSION`."""
+    """Raises :class:`MessageError` unless ``got`` (a message's version) is
+    :data:`PROTOCOL_VERSION`."""
     if got is None:
         raise MessageError(
             f"{sender} sent no protocol version; this process speaks version {PROTOCOL_VERSION}"
         )
     if got != PROTOCOL_VERSION:
         raise MessageError(
-            f"{sender} speaks protocol version {got!r}; this process speaks version {PROTOCOL_VERSION}"
+            f"{sender} speaks protocol version {got!r}; this process speaks version "
+            f"{PROTOCOL_VERSION}"
         )
 
 

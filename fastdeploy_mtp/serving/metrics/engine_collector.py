@@ -179,7 +179,10 @@ def _splitwise_metrics(m: Metrics, occupancy: Occupancy, c: ServerCounters) -> I
     ):
         yield counter(name, doc, value)
     yield from _transfer_metrics(c.kv)
-    held_doc = "KV blocks held outside any slot (prefill: handed off, not yet copied; decode: an aborted transfer's)."
+    held_doc = (
+        "KV blocks held outside any slot (prefill: handed off, not yet copied; decode: an "
+        "aborted transfer's)."
+    )
     yield gauge("splitwise_kv_blocks_held", held_doc, occupancy.held_blocks)
     yield gauge(
         "num_kv_blocks_free",
@@ -192,8 +195,8 @@ def _kv_cache_metrics(kv: KVCache) -> Iterator[Metric]:
     used = kv.total_blocks - kv.free_blocks
     yield gauge(
         "kv_cache_usage_perc",
-        "Fraction (0..1) of the KV blocks in use: referenced by a running request or held for a splitwise "
-        "hand-over. Cached prefix blocks no request references count as free.",
+        "Fraction (0..1) of the KV blocks in use: referenced by a running request or held for a "
+        "splitwise hand-over. Cached prefix blocks no request references count as free.",
         used / kv.total_blocks if kv.total_blocks else 0.0,
     )
     yield gauge(

@@ -1,9 +1,10 @@
 """Per-request latency bookkeeping behind the ``fastdeploy:*_seconds`` histograms of ``/metrics``.
 
-:class:`LatencyTracker` stamps each served request's :class:`~fastdeploy_mtp.runtime.request.RequestTiming`
-from the engine thread of :class:`~fastdeploy_mtp.serving.engine_client.engine_loop.AsyncEngine`, and
-observes the histograms when a request ends. All times are seconds of ``time.monotonic()``
-(or of the clock a test injects); the stages are:
+:class:`LatencyTracker` stamps each served request's
+:class:`~fastdeploy_mtp.runtime.request.RequestTiming` from the engine thread of
+:class:`~fastdeploy_mtp.serving.engine_client.engine_loop.AsyncEngine`, and observes the histograms
+when a request ends. All times are seconds of ``time.monotonic()`` (or of the clock a test injects);
+the stages are:
 
 * **arrival**: ``AsyncEngine.submit`` received the request (before it is queued for the engine);
 * **scheduled**: the *start* of the engine step whose scheduling placed it in a slot (the
@@ -56,36 +57,38 @@ _ARRIVAL = "from a request's arrival at the engine client (submit)"
 #: histogram name (after ``fastdeploy:``) -> (HELP text, bucket bounds)
 HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
     "time_to_first_token_seconds": (
-        f"Seconds {_ARRIVAL} to the end of the engine step that generated its first output token (not its "
-        "first streamed chunk: stop-string hold-back is not included). Completed and handed-off requests; "
-        "not observed for requests handed over to a decode instance.",
+        f"Seconds {_ARRIVAL} to the end of the engine step that generated its first output token "
+        "(not its first streamed chunk: stop-string hold-back is not included). Completed and "
+        "handed-off requests; not observed for requests handed over to a decode instance.",
         LATENCY_BUCKETS,
     ),
     "time_per_output_token_seconds": (
-        "Per completed request: seconds from the end of its first-token step to the end of its last step, "
-        "divided by the output tokens generated after the first-token step (on a mixed instance "
-        "(e2e - TTFT) / (output tokens - 1)); only requests with such tokens (at least 2 output tokens). "
-        "With speculation several tokens arrive per step: this is a mean, not a gap between chunks.",
+        "Per completed request: seconds from the end of its first-token step to the end of its "
+        "last step, divided by the output tokens generated after the first-token step (on a "
+        "mixed instance (e2e - TTFT) / (output tokens - 1)); only requests with such tokens (at "
+        "least 2 output tokens). With speculation several tokens arrive per step: this is a "
+        "mean, not a gap between chunks.",
         TOKEN_BUCKETS,
     ),
     "e2e_request_latency_seconds": (
-        f"Seconds {_ARRIVAL} to the end of the engine step it completed in (stop or length). Completed "
-        "requests only: failed and cancelled ones are not observed.",
+        f"Seconds {_ARRIVAL} to the end of the engine step it completed in (stop or length). "
+        "Completed requests only: failed and cancelled ones are not observed.",
         LATENCY_BUCKETS,
     ),
     "request_queue_time_seconds": (
-        f"Seconds {_ARRIVAL} to the start of the engine step that placed it in a slot. Completed and "
-        "handed-off requests.",
+        f"Seconds {_ARRIVAL} to the start of the engine step that placed it in a slot. Completed "
+        "and handed-off requests.",
         LATENCY_BUCKETS,
     ),
     "request_prefill_time_seconds": (
-        "Seconds from the start of the engine step that placed a request in a slot to the end of the step "
-        "that generated its first output token (all its prefill chunks). Completed and handed-off requests; "
-        "not observed for requests handed over to a decode instance.",
+        "Seconds from the start of the engine step that placed a request in a slot to the end of "
+        "the step that generated its first output token (all its prefill chunks). Completed and "
+        "handed-off requests; not observed for requests handed over to a decode instance.",
         LATENCY_BUCKETS,
     ),
     "request_decode_time_seconds": (
-        "Seconds from the end of a completed request's first-token step to the end of the step it completed in.",
+        "Seconds from the end of a completed request's first-token step to the end of the step it "
+        "completed in.",
         LATENCY_BUCKETS,
     ),
 }

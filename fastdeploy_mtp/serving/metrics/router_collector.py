@@ -42,8 +42,8 @@ class RouterCollector(Collector):
             ),
             (
                 "router_requests_failure",
-                "Routed requests that ended with an error (an instance refused, failed or was unreachable, "
-                "or no decode instance had room within the queue timeout).",
+                "Routed requests that ended with an error (an instance refused, failed or was "
+                "unreachable, or no decode instance had room within the queue timeout).",
                 c.failure,
             ),
             (
@@ -53,7 +53,8 @@ class RouterCollector(Collector):
             ),
             (
                 "router_decode_retries",
-                "Decode attempts a full decode instance answered with 429 (the request waited and was retried).",
+                "Decode attempts a full decode instance answered with 429 (the request waited and "
+                "was retried).",
                 c.decode_retries,
             ),
         ):
@@ -69,9 +70,9 @@ class DroppedCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(
             PREFIX + "dropped_messages",
-            "Messages refused because the sender proved no credential or they were not the awaited answer "
-            "(worker: engine<->worker socket; kv: KV port; http: Authorization; handoff: hand-over signature "
-            "or contents). None of them failed a request.",
+            "Messages refused because the sender proved no credential or they were not the "
+            "awaited answer (worker: engine<->worker socket; kv: KV port; http: Authorization; "
+            "handoff: hand-over signature or contents). None of them failed a request.",
             labels=["channel"],
         )
         for channel, n in self.dropped.counts().items():

@@ -21,8 +21,9 @@ metric names after it:
 
 Every speculation series carries a ``method`` label, the engine's
 ``speculative_config.method`` (``"mtp"``, ``"ngram"``, ``"suffix"``, ``"naive"``, or
-``"none"`` without speculation), e.g. ``fastdeploy:spec_decode_num_draft_tokens_total{method="ngram"}``.
-Structured output (``response_format``, ``guided_*``; see :mod:`~fastdeploy_mtp.runtime.guided`):
+``"none"`` without speculation), e.g.
+``fastdeploy:spec_decode_num_draft_tokens_total{method="ngram"}``. Structured output
+(``response_format``, ``guided_*``; see :mod:`~fastdeploy_mtp.runtime.guided`):
 
 * ``fastdeploy:guided_drafts_checked_total`` — drafts of constrained requests checked against
   their grammar before verification;
@@ -71,9 +72,9 @@ def spec_decode_metrics(m: Metrics) -> Iterator[Metric]:
     )
     acc_pos = CounterMetricFamily(
         PREFIX + "spec_decode_num_accepted_tokens_per_pos",
-        "Draft tokens accepted at each draft position, by drafting method. A draft at position i is accepted "
-        "only if drafts 1..i-1 were: accepted/offered at i is cumulative, accepted(i)/accepted(i-1) the rate "
-        "conditional on draft i-1 being accepted.",
+        "Draft tokens accepted at each draft position, by drafting method. A draft at position i "
+        "is accepted only if drafts 1..i-1 were: accepted/offered at i is cumulative, "
+        "accepted(i)/accepted(i-1) the rate conditional on draft i-1 being accepted.",
         labels=["method", "position"],
     )
     for i, (p, a) in enumerate(zip(proposed, accepted), start=1):
@@ -82,8 +83,8 @@ def spec_decode_metrics(m: Metrics) -> Iterator[Metric]:
     yield per_pos
     yield acc_pos
     emitted_doc = (
-        "Tokens emitted by decode steps (accepted drafts + the target's own token per step), "
-        "by drafting method."
+        "Tokens emitted by decode steps (accepted drafts + the target's own token per step), by "
+        "drafting method."
     )
     yield by_method("spec_decode_num_emitted_tokens", emitted_doc, m.emitted_tokens)
     yield by_method(
@@ -93,7 +94,8 @@ def spec_decode_metrics(m: Metrics) -> Iterator[Metric]:
     )
     gauge = GaugeMetricFamily(
         PREFIX + "spec_decode_mean_accepted_length",
-        "Emitted tokens per decoding request per target forward (1.0 = no speculation gain), by drafting method.",
+        "Emitted tokens per decoding request per target forward (1.0 = no speculation gain), by "
+        "drafting method.",
         labels=["method"],
     )
     gauge.add_metric(method, m.mean_accepted_length)
@@ -104,12 +106,14 @@ def guided_metrics(m: Metrics) -> Iterator[Metric]:
     for name, doc, value in (
         (
             "guided_drafts_checked",
-            "Drafts of grammar-constrained requests checked against their grammar before verification.",
+            "Drafts of grammar-constrained requests checked against their grammar before "
+            "verification.",
             m.guided_drafts_checked,
         ),
         (
             "guided_drafts_cut",
-            "Drafts of grammar-constrained requests cut before verification (past the grammar-valid prefix).",
+            "Drafts of grammar-constrained requests cut before verification (past the "
+            "grammar-valid prefix).",
             m.guided_drafts_cut,
         ),
         (

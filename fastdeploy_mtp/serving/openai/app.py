@@ -56,8 +56,9 @@ def create_app(
     eos_token_ids: list[int] | None = None,
     access: Access | None = None,
 ) -> FastAPI:
-    """The FastAPI app over ``backend`` (an :class:`~fastdeploy_mtp.serving.engine_client.engine_loop.AsyncEngine`, or any
-    other :class:`~fastdeploy_mtp.serving.engine_client.backend.Backend`); see
+    """The FastAPI app over ``backend`` (an
+    :class:`~fastdeploy_mtp.serving.engine_client.engine_loop.AsyncEngine`, or any other
+    :class:`~fastdeploy_mtp.serving.engine_client.backend.Backend`); see
     :class:`Served` for the other arguments.
     ``eos_token_ids`` defaults to the tokenizer's EOS id and ``defaults``' ids; ``access``
     says who may call which endpoint (:mod:`.http_auth`; default: everyone)."""

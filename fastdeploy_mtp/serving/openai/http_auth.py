@@ -61,8 +61,8 @@ class Access:
 def _refusal(path: str) -> JSONResponse:
     if path.startswith(SPLITWISE_PREFIX):
         message = (
-            "this endpoint is for the splitwise router: send `Authorization: Bearer <router token>` "
-            "(the router derives it from the deployment's splitwise secret)"
+            "this endpoint is for the splitwise router: send `Authorization: Bearer <router "
+            "token>` (the router derives it from the deployment's splitwise secret)"
         )
     else:
         message = "a valid API key is required: send `Authorization: Bearer <key>`"

@@ -267,7 +267,10 @@ def refuse_invalid_text(value: Any, path: str = "") -> None:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
             field = path.split("[")[0].split(".")[0] or None
-            message = f"{path or 'the body'}: not valid Unicode text (a lone surrogate at character {exc.start})"
+            message = (
+                f"{path or 'the body'}: not valid Unicode text (a lone surrogate at character "
+                f"{exc.start})"
+            )
             raise APIError(400, message, field) from None
     elif isinstance(value, dict):
         for key, item in value.items():

@@ -1,5 +1,6 @@
 """A response's text and logprobs as its tokens arrive: the ``"tokens"`` events of a
-:class:`~fastdeploy_mtp.serving.engine_client.engine_loop.Stream` (:class:`Emitted`) and their decoding (:class:`TextTracker`)."""
+:class:`~fastdeploy_mtp.serving.engine_client.engine_loop.Stream` (:class:`Emitted`) and their
+decoding (:class:`TextTracker`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The splitwise side of a ``fastdeploy-mtp serve`` instance: what a prefill or a decode
 instance adds to the API server (the router in front is :mod:`.router`).
 
-The bodies are :mod:`fastdeploy_mtp.serving.messages.engine_workers`' (validated once, as they arrive; the protocol version in
-the ``X-FastDeploy-MTP-Protocol`` header: another is a 400 naming both). Both endpoints take
-an optional ``"sampling"``: the request's
+The bodies are :mod:`fastdeploy_mtp.serving.messages.router_instances`' (validated once, as they
+arrive; the protocol version in the ``X-FastDeploy-MTP-Protocol`` header: another is a 400 naming
+both). Both endpoints take an optional ``"sampling"``: the request's
 :class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams` as ``to_dict()`` (absent: greedy).
 Logprobs travel as ``{"token_id", "logprob", "top": [[id, logprob], ...]}`` per token.
 
@@ -186,7 +186,8 @@ async def decode(request: HTTPRequest) -> Response:
 
 def decode_events(se: SplitwiseEngine, stream: Stream) -> EventSourceResponse:
     """A decode answer: ``data: <TokensEvent>`` per step, ``data: <FinishEvent>``, ``data:
-    [DONE]`` (framed as :func:`~fastdeploy_mtp.serving.openai.app.sse` frames the OpenAI streams)."""
+    [DONE]`` (framed as :func:`~fastdeploy_mtp.serving.openai.app.sse` frames the OpenAI
+    streams)."""
 
     async def events() -> AsyncIterator[str]:
         try:

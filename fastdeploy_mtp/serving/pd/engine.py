@@ -1,9 +1,10 @@
 """The engine loop of a splitwise instance (``serve --splitwise-role prefill|decode``):
-:class:`SplitwiseEngine` is the :class:`~fastdeploy_mtp.serving.engine_client.engine_loop.AsyncEngine`
-that hands a prefill instance's requests over once their first token is out (their KV blocks
-offered by its :class:`~fastdeploy_mtp.splitwise.kv_source.KVSource`, the hand-over signed),
-and that checks a decode instance's hand-overs and pulls their KV blocks in a thread. The
-HTTP side is :mod:`.endpoints`.
+:class:`SplitwiseEngine` is the
+:class:`~fastdeploy_mtp.serving.engine_client.engine_loop.AsyncEngine` that hands a prefill
+instance's requests over once their first token is out (their KV blocks offered by its
+:class:`~fastdeploy_mtp.splitwise.kv_source.KVSource`, the hand-over signed), and that checks a
+decode instance's hand-overs and pulls their KV blocks in a thread. The HTTP side is
+:mod:`.endpoints`.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ class SplitwiseEngine(AsyncEngine):
     def validate(self, req: Request) -> None:
         raise APIError(
             400,
-            f"this is a splitwise {self.role} instance: send requests to the router (`fastdeploy-mtp router`)",
+            f"this is a splitwise {self.role} instance: send requests to the router "
+            "(`fastdeploy-mtp router`)",
             kind="invalid_request_error",
         )
 
@@ -184,8 +186,9 @@ class SplitwiseEngine(AsyncEngine):
             self.dropped.add("handoff")
             raise APIError(
                 400,
-                "handoff: the signature does not match: not made by a prefill instance with this deployment's "
-                "splitwise secret for this request id, prompt and first tokens, or changed on the way",
+                "handoff: the signature does not match: not made by a prefill instance with this "
+                "deployment's splitwise secret for this request id, prompt and first tokens, or "
+                "changed on the way",
                 "handoff",
             )
 

@@ -22,8 +22,9 @@ def start_splitwise_engine(
     dropped: Any,
     secret: bytes,
 ) -> tuple[Any, Any]:
-    """The :class:`~fastdeploy_mtp.serving.pd.endpoints.SplitwiseEngine` of a prefill or decode instance (and, for
-    a prefill instance, its KV source, listening), with the deployment's splitwise ``secret``."""
+    """The :class:`~fastdeploy_mtp.serving.pd.endpoints.SplitwiseEngine` of a prefill or decode
+    instance (and, for a prefill instance, its KV source, listening), with the deployment's
+    splitwise ``secret``."""
     from ...models.cache_spec import describe
     from ...splitwise.kv_layout import KVLayout
     from ...splitwise.kv_source import KVSource
@@ -43,7 +44,8 @@ def start_splitwise_engine(
             secret=secret,
         )
         progress(
-            f"decode instance: KV transport {opts.kv_transport}, transfer timeout {opts.kv_transfer_timeout:g} s"
+            f"decode instance: KV transport {opts.kv_transport}, transfer timeout "
+            f"{opts.kv_transfer_timeout:g} s"
         )
         return se, None
     holder: dict[str, SplitwiseEngine] = {}
@@ -68,6 +70,7 @@ def start_splitwise_engine(
         source.close()
         raise
     progress(
-        f"prefill instance: KV blocks served on {source.address} (held up to {opts.kv_hold_timeout:g} s)"
+        f"prefill instance: KV blocks served on {source.address} (held up to "
+        f"{opts.kv_hold_timeout:g} s)"
     )
     return holder["se"], source

@@ -1,16 +1,16 @@
 """The cache-manager process: creates exactly the KV caches of the model's cache spec
-(:meth:`~fastdeploy_mtp.serving.processes.layout.ServeLayout.cache_specs`: every target layer and every
-MTP layer, each of its spec's shape and dtype) for every tensor-parallel rank, publishes each
+(:meth:`~fastdeploy_mtp.serving.processes.layout.ServeLayout.cache_specs`: every target layer and
+every MTP layer, each of its spec's shape and dtype) for every tensor-parallel rank, publishes each
 by name (``set_data_ipc``, FastDeploy's names), then raises
 ``cache_ready_signal.<engine_worker_queue_port>[rank]``. It holds them until SIGTERM (or its
-parent's death, which it polls for), then removes every name it created. If the engine died (SIGKILL), the
-cache manager is the survivor that cleans up for it: it waits for the workers to exit (and
-stops them if they do not), then removes the SysV token queue and the deployment's runtime
+parent's death, which it polls for), then removes every name it created. If the engine died
+(SIGKILL), the cache manager is the survivor that cleans up for it: it waits for the workers to exit
+(and stops them if they do not), then removes the SysV token queue and the deployment's runtime
 directory, so nothing of the deployment is left behind.
 
-``python -m fastdeploy_mtp.serving.processes.cache_manager --model DIR --speculative_config JSON ...``
-(the arguments of :class:`~fastdeploy_mtp.serving.processes.layout.ServeLayout`). It prints one progress
-line per rank to stderr.
+``python -m fastdeploy_mtp.serving.processes.cache_manager --model DIR --speculative_config JSON
+...`` (the arguments of :class:`~fastdeploy_mtp.serving.processes.layout.ServeLayout`). It prints
+one progress line per rank to stderr.
 """
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ def main(argv: list[str] | None = None) -> int:
             mib = sum(s.nbytes for s in specs) / 2**20
             dtypes = ",".join(sorted({s.dtype for s in specs}))
             print(
-                f"[cache manager] rank {rank}: {len(specs)} KV caches published ({len(owned_by(specs, 'target'))} "
-                f"target + {len(owned_by(specs, 'mtp'))} MTP, {dtypes}, {mib:.1f} MiB)",
+                f"[cache manager] rank {rank}: {len(specs)} KV caches published "
+                f"({len(owned_by(specs, 'target'))} target + {len(owned_by(specs, 'mtp'))} MTP, "
+                f"{dtypes}, {mib:.1f} MiB)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -146,7 +147,8 @@ def clean_up_after_engine(layout: ServeLayout, timeout: float = 10.0) -> None:
         os.unlink(os.path.join("/dev/shm", shm_name(layout.engine_worker_queue_port)))
     runtime_dir.remove(layout.engine_worker_queue_port)
     print(
-        "[cache manager] the engine died: workers stopped, token queue and runtime directory removed",
+        "[cache manager] the engine died: workers stopped, token queue and runtime directory "
+        "removed",
         file=sys.stderr,
         flush=True,
     )

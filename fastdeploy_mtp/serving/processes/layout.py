@@ -46,12 +46,14 @@ class ServeLayout:
             ``scheduler_config.splitwise_role``).
         token_channel: how rank 0 hands the step's tokens to the engine: ``"shm"`` (a
             shared-memory segment, any number of slots) or ``"sysv"`` (FastDeploy's SysV
-            message, bounded by ``kernel.msgmax``); :mod:`fastdeploy_mtp.serving.token_channel.channel`.
+            message, bounded by ``kernel.msgmax``);
+            :mod:`fastdeploy_mtp.serving.token_channel.channel`.
         max_num_batched_tokens: the token budget of one step
             (``scheduler_config.max_num_batched_tokens``; 0: :func:`~..engine_args.build_config`'s
             default).
         total_block_num: KV blocks of each cache (``cache_config.total_block_num``; 0:
-            :func:`~..engine_args.build_config`'s default for ``max_num_seqs`` full-length requests).
+            :func:`~..engine_args.build_config`'s default for ``max_num_seqs`` full-length
+            requests).
         enable_prefix_caching: ``cache_config.enable_prefix_caching``.
     """
 

@@ -88,7 +88,8 @@ def _checked_device_ids(opts: ServeOptions) -> list[int]:
         )
     if opts.token_channel not in TOKEN_CHANNELS:
         raise UsageError(
-            f"--token-channel must be one of {', '.join(TOKEN_CHANNELS)}, got {opts.token_channel!r}"
+            f"--token-channel must be one of {', '.join(TOKEN_CHANNELS)}, got "
+            f"{opts.token_channel!r}"
         )
     return device_ids
 
@@ -129,9 +130,9 @@ def _fit_max_num_seqs(requested: int | None) -> int:
     if requested > fits:
         need = messaging.topk_message_bytes(requested)
         raise UsageError(
-            f"--max-num-seqs {requested}: the workers' token message (FastDeploy's SysV layout) for {requested} slots "
-            f"is {need} bytes and kernel.msgmax is {msgmax}; raise it (`sysctl -w kernel.msgmax={need}`) "
-            f"or use --max-num-seqs {fits} or fewer"
+            f"--max-num-seqs {requested}: the workers' token message (FastDeploy's SysV layout) "
+            f"for {requested} slots is {need} bytes and kernel.msgmax is {msgmax}; raise it "
+            f"(`sysctl -w kernel.msgmax={need}`) or use --max-num-seqs {fits} or fewer"
         )
     return requested
 
@@ -156,9 +157,9 @@ def _refuse_taken_cache_names(device_ids: list[int]) -> None:
         creator = _segment_creator(os.path.join("/dev/shm", name))
         if creator is not None and process_alive(creator):
             raise UsageError(
-                f"--device-ids {','.join(map(str, device_ids))}: the KV cache name /dev/shm/{name} belongs to a "
-                f"running deployment (created by pid {creator}, device id {device}); give each server on this host "
-                "its own --device-ids"
+                f"--device-ids {','.join(map(str, device_ids))}: the KV cache name /dev/shm/{name} "
+                f"belongs to a running deployment (created by pid {creator}, device id {device}); "
+                "give each server on this host its own --device-ids"
             )
 
 

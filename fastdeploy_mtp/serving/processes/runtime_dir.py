@@ -11,8 +11,8 @@ Files in a deployment's directory:
 
 * ``engine.sock``: the engine's ZMQ ROUTER socket (``ipc://``), which the workers connect to;
 * ``owner.json``: ``{"pid", "start", "children"}``: the engine's pid and start time (a
-  recycled pid is not mistaken for it) and its children's (``[{"pid", "start"}]``), which the cache manager
-  reads to stop the workers and clean up when the engine was killed;
+  recycled pid is not mistaken for it) and its children's (``[{"pid", "start"}]``), which the cache
+  manager reads to stop the workers and clean up when the engine was killed;
 * ``stopping``: created when the engine stops the deployment, so that the cache manager can
   tell that SIGTERM from the one the kernel sends when the engine dies.
 """
@@ -67,8 +67,8 @@ def private_dir(path: Path) -> Path:
         )
     if st.st_mode & 0o077:
         raise RuntimeDirError(
-            f"runtime directory {path} has mode {stat.S_IMODE(st.st_mode):o}: other users may use it; "
-            "`chmod 700` it or remove it"
+            f"runtime directory {path} has mode {stat.S_IMODE(st.st_mode):o}: other users may use "
+            "it; `chmod 700` it or remove it"
         )
     return path
 
@@ -103,7 +103,8 @@ def read_owner(directory: Path) -> dict[str, object] | None:
 
 
 def owner_alive(owner: dict[str, object] | None) -> bool:
-    """Whether the process an owner record names still runs (the same process, not a recycled pid)."""
+    """Whether the process an owner record names still runs (the same process, not a recycled
+    pid)."""
     if owner is None or not isinstance(owner.get("pid"), int):
         return False
     pid = owner["pid"]
@@ -122,8 +123,8 @@ def claim(port: int) -> Path:
         owner = read_owner(directory)
         if owner_alive(owner) and owner is not None and owner.get("pid") != os.getpid():
             raise RuntimeDirError(
-                f"--engine-worker-queue-port {port}: another deployment (pid {owner['pid']}) uses it "
-                f"({directory}); give each server its own port"
+                f"--engine-worker-queue-port {port}: another deployment (pid {owner['pid']}) uses "
+                f"it ({directory}); give each server its own port"
             )
         shutil.rmtree(directory)  # a dead deployment's
     private_dir(directory)

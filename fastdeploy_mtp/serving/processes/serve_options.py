@@ -37,9 +37,11 @@ class ServeOptions:
     tokenizer: str | None = None
     #: ``--dtype``: ``"auto"`` (the folder's own; float32 on the CPU), or a dtype name
     dtype: str = "auto"
-    #: ``--api-key`` (or ``FASTDEPLOY_MTP_API_KEY``): clients' ``Authorization: Bearer`` on ``/v1/*``
+    #: ``--api-key`` (or ``FASTDEPLOY_MTP_API_KEY``): clients' ``Authorization: Bearer`` on
+    #: ``/v1/*``
     api_key: str | None = None
-    #: ``--splitwise-secret-file``: the splitwise secret's file (see :mod:`fastdeploy_mtp.credentials`)
+    #: ``--splitwise-secret-file``: the splitwise secret's file (see
+    #: :mod:`fastdeploy_mtp.credentials`)
     splitwise_secret_file: str | None = None
     #: ``--token-channel``: ``"shm"`` (any number of slots) or ``"sysv"`` (FastDeploy's message)
     token_channel: str = "shm"

@@ -41,11 +41,12 @@ def serve(opts: ServeOptions, log: object = None) -> int:
     role = "" if opts.splitwise_role == "mixed" else f"splitwise {opts.splitwise_role}, "
     mib = layout.total_block_num * block_bytes(layout, arch) / 2**20
     progress(
-        f"config: {opts.model}, {role}{mode}, tp {tp}, {layout.max_num_seqs} slots, {layout.total_block_num} KV "
-        f"blocks ({mib:.0f} MiB per rank), {layout.max_num_batched_tokens} batched tokens per step, prefix caching "
-        f"{'on' if layout.enable_prefix_caching else 'off'}, token channel {layout.token_channel}, "
-        f"max_model_len {opts.max_model_len}, engine-worker port {layout.engine_worker_queue_port}, "
-        f"device ids {layout.device_ids}"
+        f"config: {opts.model}, {role}{mode}, tp {tp}, {layout.max_num_seqs} slots, "
+        f"{layout.total_block_num} KV blocks ({mib:.0f} MiB per rank), "
+        f"{layout.max_num_batched_tokens} batched tokens per step, prefix caching "
+        f"{'on' if layout.enable_prefix_caching else 'off'}, token channel "
+        f"{layout.token_channel}, max_model_len {opts.max_model_len}, engine-worker port "
+        f"{layout.engine_worker_queue_port}, device ids {layout.device_ids}"
     )
 
     running = _Running()

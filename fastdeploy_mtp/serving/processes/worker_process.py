@@ -1,15 +1,16 @@
 """A worker process: one tensor-parallel rank of a ``fastdeploy-mtp serve`` deployment.
 
-``python -m fastdeploy_mtp.serving.processes.worker_process --local_rank R --tp_master_port P <layout args>`` (the
-arguments of :class:`~fastdeploy_mtp.serving.processes.layout.ServeLayout`, FastDeploy's worker names).
+``python -m fastdeploy_mtp.serving.processes.worker_process --local_rank R --tp_master_port P
+<layout args>`` (the arguments of :class:`~fastdeploy_mtp.serving.processes.layout.ServeLayout`,
+FastDeploy's worker names).
 
 It joins the tensor-parallel group (``paddle.distributed``, gloo), loads its shard of the
 checkpoint, builds the target runner and the ``MTPProposer``, which wait for
 ``cache_ready_signal`` and attach every KV cache by name (they never create one), says
 ``ready`` to the engine and then runs the steps the engine sends (see
-:mod:`fastdeploy_mtp.serving.messages.engine_workers`). After each step rank 0 writes the emitted tokens to
-the deployment's token channel (:mod:`~fastdeploy_mtp.serving.token_channel.channel`: the engine's
-shared-memory segment, or FastDeploy's SysV message with ``--token-channel sysv``), then
+:mod:`fastdeploy_mtp.serving.messages.engine_workers`). After each step rank 0 writes the emitted
+tokens to the deployment's token channel (:mod:`~fastdeploy_mtp.serving.token_channel.channel`: the
+engine's shared-memory segment, or FastDeploy's SysV message with ``--token-channel sysv``), then
 sends its ``done`` message.
 On a splitwise prefill instance with MTP, rank 0 sends the first tokens with
 ``mtp_save_first_token`` instead, as FastDeploy's prefill nodes do: every token such an
@@ -80,7 +81,8 @@ class SlotTable:
         req = self.slots.get(task.idx)
         if req is None or req.request_id != task.request_id:
             raise ValueError(
-                f"task for request {task.request_id!r} in slot {task.idx}, which holds no such request"
+                f"task for request {task.request_id!r} in slot {task.idx}, which holds no such "
+                "request"
             )
         req.task_type = RequestType[task.type]
         req.block_tables = list(task.block_tables)

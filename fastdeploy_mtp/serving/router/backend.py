@@ -21,8 +21,9 @@ from .forwarding import HEALTH_TIMEOUT_S, InstanceForwarder, server_error
 
 
 class RouterBackend(InstanceForwarder):
-    """A :class:`~fastdeploy_mtp.serving.engine_client.engine_loop.Backend` that forwards each request to a prefill instance, then
-    to a decode instance (see the module docstring), over one ``httpx.AsyncClient``.
+    """A :class:`~fastdeploy_mtp.serving.engine_client.engine_loop.Backend` that forwards each
+    request to a prefill instance, then to a decode instance (see the module docstring), over one
+    ``httpx.AsyncClient``.
 
     Args:
         prefill: base URLs of the prefill instances (e.g. ``http://10.0.0.1:8001``), at least one.
@@ -90,7 +91,8 @@ class RouterBackend(InstanceForwarder):
         return stream
 
     def cancel(self, req: Request) -> None:
-        """The client went away: stop routing ``req`` (closing its decode stream aborts it there)."""
+        """The client went away: stop routing ``req`` (closing its decode stream aborts it
+        there)."""
         task = self._tasks.get(req.request_id)
         if task is not None and not task.done():
             task.cancel()

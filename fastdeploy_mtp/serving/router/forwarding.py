@@ -142,8 +142,8 @@ class InstanceForwarder:
         except httpx.TimeoutException:
             raise server_error(
                 504,
-                f"{role} instance {url} sent nothing for {self.instance_timeout:g} s "
-                "(the router's --instance-timeout)",
+                f"{role} instance {url} sent nothing for {self.instance_timeout:g} s (the router's "
+                "--instance-timeout)",
             ) from None
         except httpx.HTTPError as exc:
             raise server_error(
@@ -159,8 +159,9 @@ class InstanceForwarder:
         if response.status_code == 401:
             return server_error(
                 502,
-                f"{role} instance {url} refused the router's credential: give the router and every instance the "
-                "same splitwise secret (--splitwise-secret-file, or $FASTDEPLOY_MTP_SPLITWISE_SECRET)",
+                f"{role} instance {url} refused the router's credential: give the router and every "
+                "instance the same splitwise secret (--splitwise-secret-file, or "
+                "$FASTDEPLOY_MTP_SPLITWISE_SECRET)",
             )
         status = 503 if response.status_code == 503 else 502
         return server_error(

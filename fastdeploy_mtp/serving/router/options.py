@@ -24,7 +24,9 @@ class RouterOptions:
     #: the folder holding the served model's tokenizer files and ``generation_config.json``
     #: (the model folder the instances serve); ``None``: the shipped model's
     tokenizer: str | None = None
-    #: ``--api-key`` (or ``FASTDEPLOY_MTP_API_KEY``): clients' ``Authorization: Bearer`` on ``/v1/*``
+    #: ``--api-key`` (or ``FASTDEPLOY_MTP_API_KEY``): clients' ``Authorization: Bearer`` on
+    #: ``/v1/*``
     api_key: str | None = None
-    #: ``--splitwise-secret-file``: the splitwise secret's file (see :mod:`fastdeploy_mtp.credentials`)
+    #: ``--splitwise-secret-file``: the splitwise secret's file (see
+    #: :mod:`fastdeploy_mtp.credentials`)
     splitwise_secret_file: str | None = None

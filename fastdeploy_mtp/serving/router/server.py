@@ -4,12 +4,13 @@ Each request goes to a prefill instance (``serve --splitwise-role prefill``), wh
 the prompt's KV cache and the first token(s), then to a decode instance
 (``serve --splitwise-role decode``), which generates the rest; the client sees one OpenAI
 response, streamed or not, exactly as from ``serve`` (the formatting is
-:func:`~fastdeploy_mtp.serving.openai.app.create_app`'s; :class:`~.backend.RouterBackend` is its backend).
+:func:`~fastdeploy_mtp.serving.openai.app.create_app`'s; :class:`~.backend.RouterBackend` is its
+backend).
 
-What the router says to the instances (JSON over HTTP, the bodies :mod:`fastdeploy_mtp.serving.messages.engine_workers`' classes,
-each request and 200 answer with the protocol version in the ``X-FastDeploy-MTP-Protocol``
-header; an instance refuses another version with a 400, the router an answer of another
-version with a 502, each naming both):
+What the router says to the instances (JSON over HTTP, the bodies
+:mod:`fastdeploy_mtp.serving.messages.router_instances`' classes, each request and 200 answer with
+the protocol version in the ``X-FastDeploy-MTP-Protocol`` header; an instance refuses another
+version with a 400, the router an answer of another version with a 502, each naming both):
 
 * ``POST /v1/splitwise/prefill`` ``{"request_id", "prompt_token_ids", "max_tokens",
   "sampling"}`` -> ``{"request_id", "output_token_ids", "output_logprobs", "finished",
@@ -27,8 +28,9 @@ version with a 502, each naming both):
 
 ``sampling`` is the request's :class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams` as
 ``to_dict()``, built from the OpenAI body exactly as ``serve`` does
-(:func:`~fastdeploy_mtp.serving.openai.protocol.sampling_params`, in :func:`~fastdeploy_mtp.serving.openai.app.create_app`); logprobs travel as
-``{"token_id", "logprob", "top": [[id, logprob], ...]}`` per token.
+(:func:`~fastdeploy_mtp.serving.openai.protocol.sampling_params`, in
+:func:`~fastdeploy_mtp.serving.openai.app.create_app`); logprobs travel as ``{"token_id", "logprob",
+"top": [[id, logprob], ...]}`` per token.
 
 Instances are taken round-robin, prefill and decode separately. A 400 from an instance (the
 request is invalid) reaches the client as that 400; an unreachable instance is a 502, an
@@ -69,7 +71,8 @@ def router_app(
     """The OpenAI app over ``backend`` with the served model's ``tokenizer`` (the instances'
     model folder's, so prompts and texts are what ``serve`` makes of them; ``None``: the
     shipped model's) and generation ``defaults``; its shutdown ends the requests in flight
-    and closes the backend's HTTP client. ``access``: who may call it (:mod:`fastdeploy_mtp.serving.openai.http_auth`)."""
+    and closes the backend's HTTP client. ``access``: who may call it
+    (:mod:`fastdeploy_mtp.serving.openai.http_auth`)."""
     from ...models.tiny import ASSETS_DIR
 
     app = create_app(
@@ -155,8 +158,8 @@ def run_router(opts: RouterOptions) -> int:
     try:
         with interruptible():  # during start-up: stop waiting
             progress(
-                f"waiting for {len(backend.prefill)} prefill and {len(backend.decode)} decode instance(s) "
-                f"(at most {opts.start_timeout:g} s)"
+                f"waiting for {len(backend.prefill)} prefill and {len(backend.decode)} decode "
+                f"instance(s) (at most {opts.start_timeout:g} s)"
             )
             wait_for_instances(
                 [("prefill", u) for u in backend.prefill] + [("decode", u) for u in backend.decode],

@@ -124,8 +124,8 @@ class ShmTokenReader:
             return  # removed meanwhile: create it again
         if st.st_uid != os.geteuid() or not stat.S_ISREG(st.st_mode):
             raise TokenChannelError(
-                f"token segment {self.path} exists and is not this user's (uid {st.st_uid}); choose another "
-                "--engine-worker-queue-port or remove it"
+                f"token segment {self.path} exists and is not this user's (uid {st.st_uid}); "
+                "choose another --engine-worker-queue-port or remove it"
             )
         with open(self.path, "rb") as f:
             head = np.frombuffer(f.read(8 * HEADER_INTS).ljust(8 * HEADER_INTS, b"\0"), np.int64)
@@ -134,8 +134,8 @@ class ShmTokenReader:
         pid, start = int(head[2]), int(head[3])
         if head[0] == _MAGIC and process_alive(pid) and _start_time(pid) == start:
             raise TokenChannelError(
-                f"token segment {self.path} belongs to a running deployment (pid {pid}); give each server its own "
-                "--engine-worker-queue-port"
+                f"token segment {self.path} belongs to a running deployment (pid {pid}); give each "
+                "server its own --engine-worker-queue-port"
             )
         os.unlink(self.path)  # a dead run's
 
