@@ -24,7 +24,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -42,6 +41,7 @@ from tests.support.servers import (
     device_ids,
     http_get,
     http_post,
+    router_command,
     router_headers,
     scrape_metrics,
     splitwise_instances,
@@ -315,16 +315,7 @@ def test_the_router_command_takes_api_key_and_reads_the_model_name_with_its_toke
     ``/v1/models``, which need its token), then SIGTERM ends it with status 0."""
     prefill, decode = pd
     port = find_free_port_range(1)
-    cmd = [
-        sys.executable,
-        "-m",
-        "fastdeploy_mtp.entrypoints.cli",
-        "router",
-        "--port",
-        str(port),
-        "--api-key",
-        KEY,
-    ]
+    cmd = router_command(port, "--api-key", KEY)
     cmd += ["--prefill", prefill.base_url, "--decode", decode.base_url, "--start-timeout", "30"]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True

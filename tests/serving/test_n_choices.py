@@ -30,27 +30,15 @@ from fastdeploy_mtp.serving.openai.text import emitted_of  # noqa: E402
 from fastdeploy_mtp.tokenization import load_tokenizer  # noqa: E402
 from tests.support.servers import (  # noqa: E402
     http_post as post,
-    serving,
     splitwise_instances,
     splitwise_router,
 )
 
 MODEL = "fastdeploy-mtp-tiny"
 MTP3 = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 3}'
-NO_SPEC = '{"method": null}'
 PROMPT = DEMO_PROMPTS[0]
 SAMPLED: dict[str, Any] = {"temperature": 0.9, "max_tokens": 20}
 SEED = 11
-
-
-@pytest.fixture(scope="module")
-def spec_server():
-    yield from serving(["--speculative-config", MTP3, "--max-num-seqs", "4"])
-
-
-@pytest.fixture(scope="module")
-def plain_server():
-    yield from serving(["--speculative-config", NO_SPEC, "--max-num-seqs", "4"])
 
 
 def client(url: str) -> openai.OpenAI:

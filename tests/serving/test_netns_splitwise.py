@@ -38,6 +38,7 @@ from tests.support.servers import (
     device_ids,
     http_get,
     queues_with_id,
+    router_command,
     scrape_metrics,
     stop_all,
     stopped_cleanly,
@@ -78,14 +79,7 @@ class Router:
         self.hosts = hosts
         port = find_free_port_range(1)
         self.url = f"http://{hosts.addresses['router']}:{port}"
-        argv = [
-            sys.executable,
-            "-m",
-            "fastdeploy_mtp.entrypoints.cli",
-            "router",
-            "--port",
-            str(port),
-        ]
+        argv = router_command(port)
         argv += [
             "--host",
             hosts.addresses["router"],

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any
@@ -32,7 +31,7 @@ import pytest
 
 from fastdeploy_mtp.distributed import find_free_port_range
 from tests.support.faults import Load
-from tests.support.servers import splitwise_instance, stop_all, stopped_cleanly
+from tests.support.servers import router_command, splitwise_instance, stop_all, stopped_cleanly
 
 MTP1 = '{"method": "mtp", "num_speculative_tokens": 1}'
 INSTANCE_TIMEOUT = 4.0  # the router's read timeout on an instance
@@ -52,14 +51,7 @@ class RouterProcess:
         self.log = tempfile.NamedTemporaryFile(
             "w+", prefix="fdmtp-router-", suffix=".log", delete=False
         )
-        cmd = [
-            sys.executable,
-            "-m",
-            "fastdeploy_mtp.entrypoints.cli",
-            "router",
-            "--port",
-            str(self.port),
-        ]
+        cmd = router_command(self.port)
         cmd += [
             "--prefill",
             prefill,
