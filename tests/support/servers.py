@@ -510,13 +510,13 @@ def stop_all(servers: list[ServerProcess]) -> None:
             srv.stop(30)
 
 
-@contextlib.contextmanager
 def router_command(port: int, *args: str) -> list[str]:
     """The argv of ``fastdeploy-mtp router --port PORT ARGS`` run by this interpreter."""
     cli = [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli"]
     return [*cli, "router", "--port", str(port), *args]
 
 
+@contextlib.contextmanager
 def splitwise_router(
     prefill: ServerProcess,
     decode: ServerProcess,

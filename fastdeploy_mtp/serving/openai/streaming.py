@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from sse_starlette import EventSourceResponse
 
@@ -18,6 +18,15 @@ from .protocol import APIError
 from .text import TextTracker
 
 
+class Piece(NamedTuple):
+    """A choice's new ``text``, with its logprob ``entries`` and ``drafts`` when the request
+    asked for them."""
+
+    text: str
+    entries: Entries | None
+    drafts: list[StepDrafts] | None
+
+
 class ChunkShape(Protocol):
     """How one endpoint writes a choice in a streamed chunk."""
 
@@ -25,16 +34,8 @@ class ChunkShape(Protocol):
         """Choice ``i``'s first chunk, before any text (``None``: there is none)."""
         ...
 
-    def piece(
-        self,
-        tracker: TextTracker,
-        i: int,
-        text: str,
-        entries: Entries | None,
-        drafts: list[StepDrafts] | None,
-    ) -> dict[str, Any]:
-        """Choice ``i``'s new ``text`` (with its logprob ``entries`` and ``drafts``, when the
-        request asked for them)."""
+    def piece(self, tracker: TextTracker, i: int, new: Piece) -> dict[str, Any]:
+        """Choice ``i``'s ``new`` text (``tracker``: its text so far)."""
         ...
 
     def ending(self, i: int, tail: str, reason: str) -> dict[str, Any]:
@@ -72,15 +73,8 @@ class CompletionChunks:
     def opening(self, i: int) -> dict[str, Any] | None:
         return None
 
-    def piece(
-        self,
-        tracker: TextTracker,
-        i: int,
-        text: str,
-        entries: Entries | None,
-        drafts: list[StepDrafts] | None,
-    ) -> dict[str, Any]:
-        return completion_choice(tracker, i, text, None, entries, drafts, self.logprobs)
+    def piece(self, tracker: TextTracker, i: int, new: Piece) -> dict[str, Any]:
+        return completion_choice(tracker, i, new.text, None, new.entries, new.drafts, self.logprobs)
 
     def ending(self, i: int, tail: str, reason: str) -> dict[str, Any]:
         return {"index": i, "text": tail, "finish_reason": reason, "logprobs": None}
@@ -94,19 +88,12 @@ class ChatChunks:
     def opening(self, i: int) -> dict[str, Any] | None:
         return {"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
 
-    def piece(
-        self,
-        tracker: TextTracker,
-        i: int,
-        text: str,
-        entries: Entries | None,
-        drafts: list[StepDrafts] | None,
-    ) -> dict[str, Any]:
-        one: dict[str, Any] = {"index": i, "delta": {"content": text}, "finish_reason": None}
-        if entries is not None:
-            one["logprobs"] = tracker.chat_logprobs(entries)
-        if drafts is not None:
-            one["draft_logprobs"] = tracker.draft_logprobs(drafts)
+    def piece(self, tracker: TextTracker, i: int, new: Piece) -> dict[str, Any]:
+        one: dict[str, Any] = {"index": i, "delta": {"content": new.text}, "finish_reason": None}
+        if new.entries is not None:
+            one["logprobs"] = tracker.chat_logprobs(new.entries)
+        if new.drafts is not None:
+            one["draft_logprobs"] = tracker.draft_logprobs(new.drafts)
         return one
 
     def ending(self, i: int, tail: str, reason: str) -> dict[str, Any]:
@@ -138,7 +125,7 @@ async def stream_chunks(
             if kind == "tokens":
                 text, entries = trackers[i].feed_event(value)
                 if text or entries:
-                    one = shape.piece(trackers[i], i, text, entries, value.drafts)
+                    one = shape.piece(trackers[i], i, Piece(text, entries, value.drafts))
                     yield {**head, "choices": [one]}
             else:
                 yield {**head, "choices": [shape.ending(i, trackers[i].feed([], True), value)]}

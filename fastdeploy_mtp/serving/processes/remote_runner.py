@@ -37,14 +37,9 @@ class RemoteRunner(WorkerGroup):
     """Launches and drives the worker processes of one deployment.
 
     Args:
-        layout: what every process agrees on (model, speculation, batch, TP, port).
-        progress: called with one line per start-up stage (model load, caches, workers).
         step_timeout: seconds a step may take before the deployment counts as hung.
-        start_timeout: seconds the cache manager and the workers may take to get ready.
-        log: where the children's stdout/stderr go (``None``: inherited).
-        reserved_port: a port the children must not take (the HTTP server's).
-        dropped: where worker-socket messages that are not the awaited answer are counted
-            (:class:`~fastdeploy_mtp.credentials.DroppedMessages`, channel ``worker``).
+        layout, progress, start_timeout, log, reserved_port, dropped: see
+            :class:`~.worker_group.WorkerGroup`.
     """
 
     def __init__(
