@@ -53,7 +53,7 @@ import numpy as np  # noqa: E402
 from fastdeploy_mtp.distributed import find_free_port_range  # noqa: E402
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
 from tests.support.netns import Hosts  # noqa: E402
-from tests.support.servers import ServerProcess, scrape_metrics  # noqa: E402
+from tests.support.servers import ServerProcess, router_command, scrape_metrics  # noqa: E402
 
 NO_SPEC = ["--speculative-config", '{"method": null}']
 HYBRID = [
@@ -128,14 +128,7 @@ def deployment(
             slots=None,
         )
         port = find_free_port_range(1)
-        cmd = [
-            sys.executable,
-            "-m",
-            "fastdeploy_mtp.entrypoints.cli",
-            "router",
-            "--port",
-            str(port),
-        ]
+        cmd = router_command(port)
         router = subprocess.Popen(
             [*cmd, "--prefill", p.base_url, "--decode", d.base_url],
             stdout=log,
@@ -193,14 +186,7 @@ def _netns_deployment(kind: str, spec: list[str], hosts: Hosts) -> Iterator[tupl
         servers.append(ServerProcess(d_args, on=(hosts, "decode"), slots=None))
         port = find_free_port_range(1)
         url = f"http://{hosts.addresses['router']}:{port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "fastdeploy_mtp.entrypoints.cli",
-            "router",
-            "--port",
-            str(port),
-        ]
+        cmd = router_command(port)
         cmd += [
             "--host",
             hosts.addresses["router"],

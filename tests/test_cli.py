@@ -519,7 +519,7 @@ def test_generate_and_demo_take_model(capsys):
 
 def test_serve_takes_model(capsys, monkeypatch):
     """``serve --model DIR`` hands DIR to the server (which is not started here)."""
-    from fastdeploy_mtp.serving import server
+    from fastdeploy_mtp.serving.processes import server
 
     seen = []
     monkeypatch.setattr(server, "serve", lambda opts: seen.append(opts) or 0)

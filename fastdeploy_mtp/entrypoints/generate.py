@@ -66,9 +66,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     req = reqs[0]
     if args.json:
-        from ..serving.engine_client import (
-            finish_reason_of,
-        )  # the server's rule, so both say the same
+        from ..serving.engine_client.engine_loop import (
+            finish_reason_of,  # the server's rule, so both say the same
+        )
 
         out: dict[str, Any] = {
             "prompt": args.prompt,

@@ -43,7 +43,7 @@ class Engine:
         prefill_chunk_size: see :class:`~fastdeploy_mtp.runtime.scheduler.Scheduler`.
         runner: instead of ``model``: anything with the :class:`Runner` surface, e.g. the
             serving engine's runner that drives worker processes
-            (:class:`fastdeploy_mtp.serving.workers.RemoteRunner`).
+            (:class:`fastdeploy_mtp.serving.processes.remote_runner.RemoteRunner`).
         max_positions: with ``runner``: positions the model can encode (prompt + output
             must fit; ``None`` = only ``max_model_len``).
         detokenize: token ids -> text, for requests with stop strings (``sampling.stop``);

@@ -94,7 +94,7 @@ def check_token_ids(
 @dataclass
 class RequestTiming:
     """When a served request passed each stage, in seconds of ``time.monotonic()`` (``None``:
-    not yet). Written by :class:`~fastdeploy_mtp.serving.latency.LatencyTracker` on the API
+    not yet). Written by :class:`~fastdeploy_mtp.serving.metrics.latency.LatencyTracker` on the API
     server's engine thread; the engine never reads it.
 
     Attributes:

@@ -95,7 +95,7 @@ def check_prefill_task(req: Request, max_model_len: int, vocab_size: int) -> Non
 class Runner(Protocol):
     """What :class:`~fastdeploy_mtp.runtime.engine.Engine` drives: one worker's target step
     and proposer round, here in-process (:class:`TargetRunner`) or in worker processes
-    (:class:`fastdeploy_mtp.serving.workers.RemoteRunner`)."""
+    (:class:`fastdeploy_mtp.serving.processes.remote_runner.RemoteRunner`)."""
 
     vocab_size: int
 

@@ -16,7 +16,7 @@ from fastdeploy_mtp.config import SpeculativeConfig
 from fastdeploy_mtp.entrypoints.offline import run_requests
 from fastdeploy_mtp.models.model_folder import inspect_model_folder
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
-from fastdeploy_mtp.serving.engine_client import finish_reason_of
+from fastdeploy_mtp.serving.engine_client.engine_loop import finish_reason_of
 from tests.support import hf_folders
 from tests.support.tokenizer_files import write_bpe_tokenizer
 

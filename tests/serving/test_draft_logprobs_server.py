@@ -10,29 +10,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import pytest
 from fastapi.testclient import TestClient
 
 from fastdeploy_mtp.models import ASSETS_DIR
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
-from fastdeploy_mtp.serving.app import create_app
-from fastdeploy_mtp.serving.router_backend import RouterBackend
+from fastdeploy_mtp.serving.openai.app import create_app
+from fastdeploy_mtp.serving.router.backend import RouterBackend
 from fastdeploy_mtp.tokenization import load_tokenizer
-from tests.support.servers import http_post as post, serving
+from tests.support.servers import http_post as post
 
-MTP3 = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 3}'
-NO_SPEC = '{"method": null}'
 ASK = {"prompt": DEMO_PROMPTS[1], "max_tokens": 24, "logprobs": 0, "include_draft_logprobs": True}
-
-
-@pytest.fixture(scope="module")
-def spec_server():
-    yield from serving(["--speculative-config", MTP3, "--max-num-seqs", "4"])
-
-
-@pytest.fixture(scope="module")
-def plain_server():
-    yield from serving(["--speculative-config", NO_SPEC, "--max-num-seqs", "4"])
 
 
 def completion(url: str, body: dict[str, Any]) -> Any:
@@ -70,7 +57,8 @@ def test_each_step_lists_its_verified_drafts_with_their_logprobs(spec_server):
                 break
             accepted += 1
         accepted_any = accepted_any or accepted > 0
-        # the target emitted the accepted drafts and one token of its own: the next step starts there
+        # the target emitted the accepted drafts and one token of its own: the next step starts
+        # there
         assert following["position"] == step["position"] + accepted + 1
     assert accepted_any  # the trained MTP layer's drafts are accepted at times
 

@@ -40,7 +40,7 @@ def pid_of(srv: ServerProcess, kind: str) -> int:
         return srv.worker_pids()[0]
     for pid in srv.children:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"fastdeploy_mtp.serving.cache_manager" in f.read():
+            if b"fastdeploy_mtp.serving.processes.cache_manager" in f.read():
                 return pid
     raise AssertionError("no cache manager")
 
@@ -80,8 +80,9 @@ def test_a_fault_under_load_ends_every_request_and_leaves_nothing(kind: str, sig
         slowest = max((o.ended - max(o.started, faulted_at) for o in after), default=0.0)
         kinds = sorted({o.kind for o in failed})
         TABLE.append(
-            f"{kind:13s} {signal.Signals(sig).name:8s} {len(after):3d} requests ended after, {len(failed):3d} "
-            f"failed {kinds}, slowest {slowest:4.1f} s: {sorted({o.detail[:80] for o in failed})[:2]}"
+            f"{kind:13s} {signal.Signals(sig).name:8s} {len(after):3d} requests ended after, "
+            f"{len(failed):3d} failed {kinds}, slowest {slowest:4.1f} s: "
+            f"{sorted({o.detail[:80] for o in failed})[:2]}"
         )
         if kind == "cache manager" and sig == signal.SIGSTOP:
             assert not failed, [o.detail for o in failed]  # the caches live on: nothing to fail
@@ -124,7 +125,8 @@ def test_a_fault_under_load_ends_every_request_and_leaves_nothing(kind: str, sig
 
 def teardown_module() -> None:
     print(
-        "\nfault table (process, signal, requests ending after the fault, failures, slowest end, messages):"
+        "\nfault table (process, signal, requests ending after the fault, failures, slowest end, "
+        "messages):"
     )
     for line in TABLE:
         print("  " + line)

@@ -238,7 +238,7 @@ def refused_in_process(field: str, value: Any) -> str:
     from prometheus_client import CollectorRegistry
 
     from fastdeploy_mtp.models.tiny import ASSETS_DIR
-    from fastdeploy_mtp.serving.app import create_app
+    from fastdeploy_mtp.serving.openai.app import create_app
     from fastdeploy_mtp.tokenization import load_tokenizer
 
     class NeverSubmits:

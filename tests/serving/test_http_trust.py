@@ -24,7 +24,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -35,13 +34,14 @@ import pytest
 from fastdeploy_mtp.credentials import API_KEY_ENV, SECRET_ENV, splitwise_secret
 from fastdeploy_mtp.distributed import find_free_port_range
 from fastdeploy_mtp.entrypoints.cli import main
-from fastdeploy_mtp.serving.router_backend import RouterBackend
-from fastdeploy_mtp.serving.router_server import fetch_model_name
+from fastdeploy_mtp.serving.router.backend import RouterBackend
+from fastdeploy_mtp.serving.router.server import fetch_model_name
 from tests.support.servers import (
     ServerProcess,
     device_ids,
     http_get,
     http_post,
+    router_command,
     router_headers,
     scrape_metrics,
     splitwise_instances,
@@ -191,7 +191,7 @@ def test_an_unexpected_exception_is_a_500_in_the_error_shape():
     from prometheus_client import CollectorRegistry
 
     from fastdeploy_mtp.models.tiny import ASSETS_DIR
-    from fastdeploy_mtp.serving.app import create_app
+    from fastdeploy_mtp.serving.openai.app import create_app
     from fastdeploy_mtp.tokenization import load_tokenizer
 
     class Broken:
@@ -276,7 +276,8 @@ def test_a_router_without_the_instances_secret_answers_502_saying_so(pd):
             b'{"messages": [{"role": "user", "content": "a\\ud800"}], "stream": true}',
             "messages",
         ),
-        # the prefill instance refuses it (longer than --max-model-len): a 400 naming the client's field
+        # the prefill instance refuses it (longer than --max-model-len): a 400 naming the client's
+        # field
         (
             "/v1/completions",
             b'{"prompt": "' + b"y" * 1100 + b'", "max_tokens": 2, "stream": true}',
@@ -314,16 +315,7 @@ def test_the_router_command_takes_api_key_and_reads_the_model_name_with_its_toke
     ``/v1/models``, which need its token), then SIGTERM ends it with status 0."""
     prefill, decode = pd
     port = find_free_port_range(1)
-    cmd = [
-        sys.executable,
-        "-m",
-        "fastdeploy_mtp.entrypoints.cli",
-        "router",
-        "--port",
-        str(port),
-        "--api-key",
-        KEY,
-    ]
+    cmd = router_command(port, "--api-key", KEY)
     cmd += ["--prefill", prefill.base_url, "--decode", decode.base_url, "--start-timeout", "30"]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True

@@ -1,9 +1,9 @@
 """The latency histograms and KV-cache gauges of ``/metrics``.
 
-* :class:`~fastdeploy_mtp.serving.latency.LatencyTracker` on hand-made steps and a fake
+* :class:`~fastdeploy_mtp.serving.metrics.latency.LatencyTracker` on hand-made steps and a fake
   clock: which stage each histogram spans, what is observed for completed, one-token,
   failed, handed-off (prefill) and handed-over (decode) requests;
-* an in-process :class:`~fastdeploy_mtp.serving.engine_client.AsyncEngine` with prefix
+* an in-process :class:`~fastdeploy_mtp.serving.engine_client.engine_loop.AsyncEngine` with prefix
   caching on: per-request stages are ordered, a repeated long prompt hits the cache, the
   KV usage is 0 when idle;
 * a real ``fastdeploy-mtp serve``: streamed and non-streamed requests are observed once
@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fastdeploy_mtp.runtime.events import HandedOffRequest, StepEvents
 from fastdeploy_mtp.runtime.request import Request
-from fastdeploy_mtp.serving.latency import HISTOGRAMS, Histogram, LatencyTracker
-from fastdeploy_mtp.serving.metrics import render
+from fastdeploy_mtp.serving.metrics.families import render
+from fastdeploy_mtp.serving.metrics.latency import HISTOGRAMS, Histogram, LatencyTracker
 
 TTFT, TPOT, E2E = (
     "time_to_first_token_seconds",
@@ -157,7 +157,8 @@ def unlabelled(text: str) -> dict[str, float]:
 
 def test_in_process_stages_ordered_prefix_cache_hits_and_idle_usage(random_model):
     from fastdeploy_mtp.runtime.engine import Engine
-    from fastdeploy_mtp.serving.engine_client import AsyncEngine, stream_events
+    from fastdeploy_mtp.serving.engine_client.backend import stream_events
+    from fastdeploy_mtp.serving.engine_client.engine_loop import AsyncEngine
     from tests.support.engines import make_config
 
     config = make_config(3, steps=1)

@@ -1,5 +1,5 @@
-"""The typed messages between the processes (:mod:`fastdeploy_mtp.serving.messages`): each
-survives its wire form unchanged; a wrong version, a missing field or a wrong type is refused
+"""The typed messages between the processes (:mod:`fastdeploy_mtp.serving.messages.engine_workers`):
+each survives its wire form unchanged; a wrong version, a missing field or a wrong type is refused
 with an error that names it; a worker that receives a malformed message fails that step
 only; the engine drops (and counts) every reply that is not the one it awaits, so a stray
 frame fails nothing."""
@@ -14,34 +14,42 @@ import pytest
 
 from fastdeploy_mtp.credentials import DroppedMessages
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams, TokenLogprob
-from fastdeploy_mtp.serving.messages import (
-    PROTOCOL_VERSION,
-    DecodeRequest,
+from fastdeploy_mtp.serving.messages.engine_workers import (
     DecodeTask,
     Done,
-    ErrorDetail,
-    ErrorMessage,
     Failed,
-    FinishEvent,
-    HandoffMessage,
     ImportTask,
-    MessageError,
-    PrefillAnswer,
-    PrefillRequest,
     PrefillTask,
     Ready,
     Shutdown,
     Step,
     StepResult,
-    TokensEvent,
-    check_header_version,
     decode_engine_message,
-    decode_event,
-    decode_http,
     decode_worker_message,
 )
-from fastdeploy_mtp.serving.worker_process import answer
-from fastdeploy_mtp.serving.workers import RemoteRunner, WorkerDiedError, WorkerStepError
+from fastdeploy_mtp.serving.messages.router_instances import (
+    DecodeRequest,
+    ErrorDetail,
+    ErrorMessage,
+    FinishEvent,
+    HandoffMessage,
+    PrefillAnswer,
+    PrefillRequest,
+    TokensEvent,
+    decode_event,
+    decode_http,
+)
+from fastdeploy_mtp.serving.messages.wire import (
+    PROTOCOL_VERSION,
+    MessageError,
+    check_header_version,
+)
+from fastdeploy_mtp.serving.processes.remote_runner import (
+    RemoteRunner,
+    WorkerDiedError,
+    WorkerStepError,
+)
+from fastdeploy_mtp.serving.processes.worker_process import answer
 from tests.support.servers import remote_runner
 
 LOGPROB = TokenLogprob(7, -0.25, [(7, -0.25), (9, -1.5)])
@@ -173,7 +181,8 @@ def test_decode_events_keep_the_shape_clients_see():
         '{"error": {"message": "lost", "type": "server_error", "code": 500}}', "test"
     )
     assert isinstance(error, ErrorMessage) and error.error.message == "lost"
-    # the router's request bodies are what the instances always read (no version key: it is a header)
+    # the router's request bodies are what the instances always read (no version key: it is a
+    # header)
     body = PrefillRequest(
         request_id="a", prompt_token_ids=[1], max_tokens=3, sampling=SamplingParams()
     )
@@ -240,7 +249,8 @@ def test_a_missing_field_or_a_wrong_type_is_named():
     with pytest.raises(MessageError, match=r"sampling.top_k"):
         decode_http(
             PrefillRequest,
-            b'{"request_id": "a", "prompt_token_ids": [], "max_tokens": 1, "sampling": {"top_k": 1.5}}',
+            b'{"request_id": "a", "prompt_token_ids": [], "max_tokens": 1, '
+            b'"sampling": {"top_k": 1.5}}',
             "t",
         )
 

@@ -23,34 +23,22 @@ from fastdeploy_mtp.models import ASSETS_DIR  # noqa: E402
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
 from fastdeploy_mtp.runtime.request import Request  # noqa: E402
 from fastdeploy_mtp.runtime.sampling_params import choice_seed  # noqa: E402
-from fastdeploy_mtp.serving.app import create_app  # noqa: E402
-from fastdeploy_mtp.serving.engine_client import Stream  # noqa: E402
-from fastdeploy_mtp.serving.openai_protocol import MAX_CHOICES, APIError  # noqa: E402
-from fastdeploy_mtp.serving.text import emitted_of  # noqa: E402
+from fastdeploy_mtp.serving.engine_client.backend import Stream  # noqa: E402
+from fastdeploy_mtp.serving.openai.app import create_app  # noqa: E402
+from fastdeploy_mtp.serving.openai.protocol import MAX_CHOICES, APIError  # noqa: E402
+from fastdeploy_mtp.serving.openai.text import emitted_of  # noqa: E402
 from fastdeploy_mtp.tokenization import load_tokenizer  # noqa: E402
 from tests.support.servers import (  # noqa: E402
     http_post as post,
-    serving,
     splitwise_instances,
     splitwise_router,
 )
 
 MODEL = "fastdeploy-mtp-tiny"
 MTP3 = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 3}'
-NO_SPEC = '{"method": null}'
 PROMPT = DEMO_PROMPTS[0]
 SAMPLED: dict[str, Any] = {"temperature": 0.9, "max_tokens": 20}
 SEED = 11
-
-
-@pytest.fixture(scope="module")
-def spec_server():
-    yield from serving(["--speculative-config", MTP3, "--max-num-seqs", "4"])
-
-
-@pytest.fixture(scope="module")
-def plain_server():
-    yield from serving(["--speculative-config", NO_SPEC, "--max-num-seqs", "4"])
 
 
 def client(url: str) -> openai.OpenAI:
@@ -270,7 +258,7 @@ def test_requests_cancelled_right_after_submission_never_run(random_model):
     """The app cancels the other choices as soon as one fails, possibly before the engine
     thread admitted them: such a request must not run anyway."""
     from fastdeploy_mtp.runtime.engine import Engine
-    from fastdeploy_mtp.serving.engine_client import AsyncEngine
+    from fastdeploy_mtp.serving.engine_client.engine_loop import AsyncEngine
     from tests.support.engines import make_config
 
     target, mtp = random_model

@@ -38,6 +38,7 @@ from tests.support.servers import (
     device_ids,
     http_get,
     queues_with_id,
+    router_command,
     scrape_metrics,
     stop_all,
     stopped_cleanly,
@@ -78,14 +79,7 @@ class Router:
         self.hosts = hosts
         port = find_free_port_range(1)
         self.url = f"http://{hosts.addresses['router']}:{port}"
-        argv = [
-            sys.executable,
-            "-m",
-            "fastdeploy_mtp.entrypoints.cli",
-            "router",
-            "--port",
-            str(port),
-        ]
+        argv = router_command(port)
         argv += [
             "--host",
             hosts.addresses["router"],
@@ -299,12 +293,16 @@ _SOURCE = textwrap.dedent(
     rng = np.random.default_rng(0)
     shape = (blocks, 2, block_elems // 16, 8)
     caches = [[rng.standard_normal(shape, dtype=np.float32) for _ in range(4)] for _ in range(2)]
-    desc = describe(key_value_specs("target", 1, shape, "float32") + key_value_specs("mtp", 1, shape, "float32"))
-    source = KVSource(caches, KVLayout.of_caches(caches, desc), lambda r, s: print("released", r, s, flush=True),
-                      host="0.0.0.0", mooncake=True)
+    specs = key_value_specs("target", 1, shape, "float32")
+    specs += key_value_specs("mtp", 1, shape, "float32")
+    desc = describe(specs)
+    released = lambda r, s: print("released", r, s, flush=True)
+    layout = KVLayout.of_caches(caches, desc)
+    source = KVSource(caches, layout, released, host="0.0.0.0", mooncake=True)
     ids = list(range(0, blocks, 2))
     print(json.dumps(source.offer("big", ids)), flush=True)
-    print(json.dumps([float(c[ids].sum(dtype=np.float64)) for rank in caches for c in rank]), flush=True)
+    sums = [float(c[ids].sum(dtype=np.float64)) for rank in caches for c in rank]
+    print(json.dumps(sums), flush=True)
     sys.stdin.read()
     source.close()
     """
@@ -323,12 +321,16 @@ _PULL = textwrap.dedent(
     n = len(descriptor["block_ids"])
     shape = (n + 3, 2, block_elems // 16, 8)
     caches = [[np.zeros(shape, np.float32) for _ in range(4)] for _ in range(2)]
-    desc = describe(key_value_specs("target", 1, shape, "float32") + key_value_specs("mtp", 1, shape, "float32"))
+    specs = key_value_specs("target", 1, shape, "float32")
+    specs += key_value_specs("mtp", 1, shape, "float32")
+    layout = KVLayout.of_caches(caches, describe(specs))
     t0 = time.perf_counter()
-    moved = pull_blocks(descriptor, caches, KVLayout.of_caches(caches, desc), list(range(3, n + 3)), transport)
-    print(json.dumps({"bytes": moved, "seconds": time.perf_counter() - t0,
-                      "sums": [float(c[3:].sum(dtype=np.float64)) for rank in caches for c in rank],
-                      "untouched": all(not c[:3].any() for rank in caches for c in rank)}), flush=True)
+    moved = pull_blocks(descriptor, caches, layout, list(range(3, n + 3)), transport)
+    seconds = time.perf_counter() - t0
+    sums = [float(c[3:].sum(dtype=np.float64)) for rank in caches for c in rank]
+    untouched = all(not c[:3].any() for rank in caches for c in rank)
+    print(json.dumps({"bytes": moved, "seconds": seconds, "sums": sums, "untouched": untouched}),
+          flush=True)
     """
 )
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any
@@ -32,7 +31,7 @@ import pytest
 
 from fastdeploy_mtp.distributed import find_free_port_range
 from tests.support.faults import Load
-from tests.support.servers import splitwise_instance, stop_all, stopped_cleanly
+from tests.support.servers import router_command, splitwise_instance, stop_all, stopped_cleanly
 
 MTP1 = '{"method": "mtp", "num_speculative_tokens": 1}'
 INSTANCE_TIMEOUT = 4.0  # the router's read timeout on an instance
@@ -52,14 +51,7 @@ class RouterProcess:
         self.log = tempfile.NamedTemporaryFile(
             "w+", prefix="fdmtp-router-", suffix=".log", delete=False
         )
-        cmd = [
-            sys.executable,
-            "-m",
-            "fastdeploy_mtp.entrypoints.cli",
-            "router",
-            "--port",
-            str(self.port),
-        ]
+        cmd = router_command(self.port)
         cmd += [
             "--prefill",
             prefill,
@@ -148,8 +140,8 @@ def test_a_fault_under_load_ends_every_request_and_leaves_nothing(kind: str, sig
         slowest = max((o.ended - max(o.started, faulted_at) for o in after), default=0.0)
         seen = sorted({o.detail[:90] for o in failed})
         TABLE.append(
-            f"{kind:8s} {signal.Signals(sig).name:8s} {len(after):3d} requests, {len(failed):3d} failed, "
-            f"slowest end {slowest:5.1f} s: {seen[:3]}"
+            f"{kind:8s} {signal.Signals(sig).name:8s} {len(after):3d} requests, {len(failed):3d} "
+            f"failed, slowest end {slowest:5.1f} s: {seen[:3]}"
         )
         assert not hung and not late, [(o.kind, o.detail) for o in hung + late]
         assert failed, "the fault was not noticed by any client"
@@ -180,7 +172,8 @@ def test_a_fault_under_load_ends_every_request_and_leaves_nothing(kind: str, sig
 
 def teardown_module() -> None:
     print(
-        "\nfault table (kind, signal, requests ending after the fault, failures, slowest end, messages):"
+        "\nfault table (kind, signal, requests ending after the fault, failures, slowest end, "
+        "messages):"
     )
     for line in TABLE:
         print("  " + line)

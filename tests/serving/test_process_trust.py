@@ -29,7 +29,7 @@ import pytest
 
 from fastdeploy_mtp.distributed import find_free_port_range
 from fastdeploy_mtp.ops import messaging
-from fastdeploy_mtp.serving import runtime_dir
+from fastdeploy_mtp.serving.processes import runtime_dir
 from tests.support.hostile import run_as_nobody
 from tests.support.servers import ServerProcess, alive, offline, scrape_metrics, serving, shm_names
 
@@ -114,8 +114,9 @@ print(json.dumps(qid))
         owner = messaging.queue_owner(port)
         assert owner is not None and owner[0] != os.geteuid()
         out = subprocess.run(
-            [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "serve", "--port", str(free_port()),
-             "--engine-worker-queue-port", str(port), "--device-ids", "7777"],
+            [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "serve",
+             "--port", str(free_port()), "--engine-worker-queue-port", str(port),
+             "--device-ids", "7777"],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert out.returncode == 1, out.stderr

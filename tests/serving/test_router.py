@@ -18,7 +18,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -32,10 +31,16 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fastdeploy_mtp.distributed import find_free_port_range
 from fastdeploy_mtp.entrypoints.cli import main
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
-from fastdeploy_mtp.serving.messages import version_headers
-from fastdeploy_mtp.serving.router_backend import RouterBackend
-from fastdeploy_mtp.serving.router_server import router_app
-from tests.support.servers import ThreadServer, http_get, http_post, scrape_metrics
+from fastdeploy_mtp.serving.messages.wire import version_headers
+from fastdeploy_mtp.serving.router.backend import RouterBackend
+from fastdeploy_mtp.serving.router.server import router_app
+from tests.support.servers import (
+    ThreadServer,
+    http_get,
+    http_post,
+    router_command,
+    scrape_metrics,
+)
 
 openai = pytest.importorskip("openai")
 
@@ -531,16 +536,7 @@ def test_router_gives_up_on_instances_that_never_become_healthy(capsys, cluster)
 
 def test_router_command_serves_the_prefill_model_name_and_exits_0_on_sigterm(cluster, state):
     port = find_free_port_range(1)
-    cmd = [
-        sys.executable,
-        "-m",
-        "fastdeploy_mtp.entrypoints.cli",
-        "router",
-        "--port",
-        str(port),
-        "--start-timeout",
-        "30",
-    ]
+    cmd = router_command(port, "--start-timeout", "30")
     cmd += [
         "--prefill",
         cluster.prefill[0],

@@ -21,7 +21,6 @@ from fastdeploy_mtp.runtime.sampling_params import SamplingParams  # noqa: E402
 from tests.support.servers import (  # noqa: E402
     ServerProcess,
     http_post as post,  # noqa: E402
-    serving,
     splitwise_instances,
     splitwise_router,
     stopped_cleanly,
@@ -46,20 +45,6 @@ def offline_requests(
         prompts, max_tokens, SpeculativeConfig.from_json(spec), 4, "offline", None, sampling
     )
     return reqs, texts
-
-
-def started(spec: str) -> Any:
-    yield from serving(["--speculative-config", spec, "--max-num-seqs", "4"])
-
-
-@pytest.fixture(scope="module")
-def spec_server():
-    yield from started(MTP3)
-
-
-@pytest.fixture(scope="module")
-def plain_server():
-    yield from started(NO_SPEC)
 
 
 def client(url: str) -> openai.OpenAI:

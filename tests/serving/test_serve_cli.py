@@ -3,6 +3,9 @@ line naming the option, no traceback."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from fastdeploy_mtp.entrypoints.cli import main
@@ -72,3 +75,17 @@ def test_a_prefill_instance_is_not_capped_by_kernel_msgmax_but_by_the_first_toke
         "257",
     )
     assert code == 2 and err.count("\n") == 1 and "--max-num-seqs 257" in err and "256" in err
+
+
+def test_the_ready_figure_counts_from_the_process_start():
+    """``process_started`` (what the start-up lines and "ready in" count from) is the start of
+    the process, before its imports: a process that slept first is that much older."""
+    script = (
+        "import time; time.sleep(0.6)\n"
+        "from fastdeploy_mtp.serving.processes.start_up import process_started\n"
+        "print(time.perf_counter() - process_started())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert 0.6 <= float(out.stdout) < 60

@@ -32,7 +32,10 @@ from tests.support.servers import (  # noqa: E402
 )
 
 MAX_TOKENS = 24
-SPEC = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": "with_ngram"}'
+SPEC = (
+    '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, '
+    '"mtp_strategy": "with_ngram"}'
+)
 
 
 @pytest.fixture(scope="module")

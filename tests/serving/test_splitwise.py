@@ -40,7 +40,10 @@ from tests.support.servers import (  # noqa: E402
 
 MTP3 = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 3}'
 MTP1 = '{"method": "mtp", "num_speculative_tokens": 1, "num_model_steps": 1}'
-HYBRID = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": "with_ngram"}'
+HYBRID = (
+    '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, '
+    '"mtp_strategy": "with_ngram"}'
+)
 MAX_TOKENS = 24
 TRANSFER_TIMEOUT = 8  # seconds: the decode instances' --kv-transfer-timeout
 
@@ -311,7 +314,7 @@ def test_a_prefill_instance_that_dies_or_lets_the_hold_expire_fails_the_request_
         )
     except AssertionError:
         raise AssertionError(
-            f"the killed prefill instance's children left "
+            "the killed prefill instance's children left "
             f"{own_names(shm_names() - shm_before, p.queue_port, p.device_ids)}:\n{p.output()}"
         ) from None
     p.leftovers()  # removes the token queue a SIGKILLed engine cannot (the next start would)

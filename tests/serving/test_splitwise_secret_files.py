@@ -28,8 +28,8 @@ def secret_file(folder: Path, name: str) -> Path:
 
 def test_splitwise_with_secret_files_only(tmp_path: Path):
     from fastdeploy_mtp.credentials import read_secret_file
-    from fastdeploy_mtp.serving.router_backend import RouterBackend
-    from fastdeploy_mtp.serving.router_server import router_app
+    from fastdeploy_mtp.serving.router.backend import RouterBackend
+    from fastdeploy_mtp.serving.router.server import router_app
     from tests.support.servers import ThreadServer, find_free_port_range, splitwise_post
 
     os.chmod(tmp_path, 0o700)  # the other uid cannot read the file (nor list the folder)
@@ -64,8 +64,8 @@ def test_splitwise_with_secret_files_only(tmp_path: Path):
         before = scrape_metrics(d.base_url)['fastdeploy:dropped_messages_total{channel="http"}']
         script = f"""
 import json, urllib.request, urllib.error
-body = json.dumps({{"request_id": "x", "prompt_token_ids": [1, 2], "output_token_ids": [3], "max_tokens": 4,
-                   "handoff": {{}}}}).encode()
+body = json.dumps({{"request_id": "x", "prompt_token_ids": [1, 2], "output_token_ids": [3],
+                   "max_tokens": 4, "handoff": {{}}}}).encode()
 codes = []
 for auth in (None, "Bearer guess"):
     headers = {{"Content-Type": "application/json"}}
@@ -81,7 +81,8 @@ print(json.dumps(codes))
         assert run_as_nobody(script) == [401, 401]
         after = scrape_metrics(d.base_url)['fastdeploy:dropped_messages_total{channel="http"}']
         assert after - before == 2
-        # the API key of a client does not open the splitwise endpoints either; the router token does
+        # the API key of a client does not open the splitwise endpoints either; the router token
+        # does
         assert (
             splitwise_post(
                 d.base_url + "/v1/splitwise/decode", {}, secret=read_secret_file(theirs)

@@ -14,7 +14,10 @@ from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
 from tests.support.servers import remote_runner
 
 #: not adaptive: adaptive draft lengths follow the measured step times, which differ between runs
-SPEC = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": "with_ngram"}'
+SPEC = (
+    '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, '
+    '"mtp_strategy": "with_ngram"}'
+)
 K = 3
 SLOTS = 4
 MAX_MODEL_LEN = 256

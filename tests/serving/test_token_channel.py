@@ -21,16 +21,14 @@ from fastdeploy_mtp.capacity import parse_memory, plan_capacity
 from fastdeploy_mtp.entrypoints.cli import main
 from fastdeploy_mtp.ops import messaging
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
-from fastdeploy_mtp.serving.token_channel import (
-    ShmTokenReader,
-    ShmTokenWriter,
-    TokenChannelError,
-    WorkerStepError,
-    shm_bytes,
-)
+from fastdeploy_mtp.serving.token_channel.base import TokenChannelError, WorkerStepError
+from fastdeploy_mtp.serving.token_channel.shm import ShmTokenReader, ShmTokenWriter, shm_bytes
 from tests.support.servers import http_post, offline, scrape_metrics, serving
 
-SPEC = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": "with_ngram"}'
+SPEC = (
+    '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, '
+    '"mtp_strategy": "with_ngram"}'
+)
 MAX_TOKENS = 16
 
 
@@ -244,7 +242,7 @@ def test_sysv_writer_is_read_by_fastdeploys_reader():
     ``speculate_get_output_topk`` (the slots the default kernel.msgmax carries)."""
     import paddle
 
-    from fastdeploy_mtp.serving.token_channel import SysvTokenReader, SysvTokenWriter
+    from fastdeploy_mtp.serving.token_channel.sysv import SysvTokenReader, SysvTokenWriter
 
     n, width = min(5, messaging.topk_slots_within(messaging.read_msgmax())), 4
     queue = 700_000 + os.getpid() % 100_000

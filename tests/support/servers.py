@@ -33,7 +33,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from fastdeploy_mtp.distributed import find_free_port_range
-from fastdeploy_mtp.serving.messages import version_headers
+from fastdeploy_mtp.serving.messages.wire import version_headers
 
 _T = TypeVar("_T")
 #: the test servers' ``--max-num-seqs`` unless a test gives one: serve's default (up to 256
@@ -242,12 +242,12 @@ class ServerProcess:
         raise TimeoutError(f"serve did not become healthy within {timeout} s:\n{self.output()}")
 
     def worker_pids(self) -> list[int]:
-        """Pids of the worker processes (``python -m fastdeploy_mtp.serving.worker_process``)."""
+        """Pids of the worker processes (``python -m fastdeploy_mtp.serving.processes.worker_process``)."""
         pids = []
         for pid in descendants(self.proc.pid):
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"fastdeploy_mtp.serving.worker_process" in f.read():
+                    if b"fastdeploy_mtp.serving.processes.worker_process" in f.read():
                         pids.append(pid)
             except OSError:
                 continue
@@ -270,7 +270,7 @@ class ServerProcess:
         """Last resort (a test failed): kill the whole session, then remove what it owned
         (its queue, runtime directory and /dev/shm names), so a failure leaves nothing."""
         from fastdeploy_mtp.ipc.kv_caches import CACHE_READY_SIGNAL
-        from fastdeploy_mtp.serving.token_channel import SHM_PREFIX
+        from fastdeploy_mtp.serving.token_channel.shm import SHM_PREFIX
 
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -292,7 +292,7 @@ class ServerProcess:
     def leftovers_now(self) -> dict[str, object]:
         """What of the server is still there: live children, its /dev/shm names, its SysV
         queue, its runtime directory (only what this server owns; others may run beside it)."""
-        from fastdeploy_mtp.serving import runtime_dir
+        from fastdeploy_mtp.serving.processes import runtime_dir
 
         return {
             "children": [p for p in self.children if alive(p)],
@@ -305,7 +305,7 @@ class ServerProcess:
         """:meth:`leftovers_now`, then the queue and the runtime directory removed (so that a
         failed check does not leave them to the next test)."""
         from fastdeploy_mtp.ops import messaging
-        from fastdeploy_mtp.serving import runtime_dir
+        from fastdeploy_mtp.serving.processes import runtime_dir
 
         left = self.leftovers_now()
         with contextlib.suppress(OSError):
@@ -360,15 +360,15 @@ def serving(args: list[str], **kwargs: Any) -> Iterator[ServerProcess]:
 
 @contextlib.contextmanager
 def remote_runner(spec_json: str, max_num_seqs: int, max_model_len: int = 256) -> Iterator[Any]:
-    """The serving engine's :class:`~fastdeploy_mtp.serving.workers.RemoteRunner` (a cache
+    """The serving engine's :class:`~fastdeploy_mtp.serving.processes.remote_runner.RemoteRunner` (a cache
     manager and one worker process on the shipped checkpoint) in this process, for tests that
     look at what a served step returns. On exit it is closed and must leave no child process,
     no new ``/dev/shm`` name and no SysV queue behind."""
     from fastdeploy_mtp.engine_args import default_model
     from fastdeploy_mtp.ops import messaging
-    from fastdeploy_mtp.serving import runtime_dir
-    from fastdeploy_mtp.serving.layout import ServeLayout
-    from fastdeploy_mtp.serving.workers import RemoteRunner
+    from fastdeploy_mtp.serving.processes import runtime_dir
+    from fastdeploy_mtp.serving.processes.layout import ServeLayout
+    from fastdeploy_mtp.serving.processes.remote_runner import RemoteRunner
 
     before = shm_names()
     layout = ServeLayout(
@@ -510,6 +510,12 @@ def stop_all(servers: list[ServerProcess]) -> None:
             srv.stop(30)
 
 
+def router_command(port: int, *args: str) -> list[str]:
+    """The argv of ``fastdeploy-mtp router --port PORT ARGS`` run by this interpreter."""
+    cli = [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli"]
+    return [*cli, "router", "--port", str(port), *args]
+
+
 @contextlib.contextmanager
 def splitwise_router(
     prefill: ServerProcess,
@@ -525,9 +531,9 @@ def splitwise_router(
     clients must present (``None``: open); ``secret``: the splitwise secret it derives its
     credential from (default: the test run's)."""
     from fastdeploy_mtp.credentials import splitwise_secret
-    from fastdeploy_mtp.serving.http_auth import Access
-    from fastdeploy_mtp.serving.router_backend import RouterBackend
-    from fastdeploy_mtp.serving.router_server import router_app
+    from fastdeploy_mtp.serving.openai.http_auth import Access
+    from fastdeploy_mtp.serving.router.backend import RouterBackend
+    from fastdeploy_mtp.serving.router.server import router_app
 
     backend = RouterBackend(
         [prefill.base_url],

@@ -18,9 +18,9 @@ from fastdeploy_mtp.models import ASSETS_DIR
 from fastdeploy_mtp.runtime.request import Request
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams, TokenLogprob
 from fastdeploy_mtp.runtime.stops import cut_at_stop_ids, cut_at_stop_string, safe_to_emit
-from fastdeploy_mtp.serving.app import create_app
-from fastdeploy_mtp.serving.engine_client import Stream
-from fastdeploy_mtp.serving.text import emitted_of
+from fastdeploy_mtp.serving.engine_client.backend import Stream
+from fastdeploy_mtp.serving.openai.app import create_app
+from fastdeploy_mtp.serving.openai.text import emitted_of
 from fastdeploy_mtp.tokenization import load_generation_config, load_tokenizer
 from tests.support.tokenizer_files import write_bpe_tokenizer
 

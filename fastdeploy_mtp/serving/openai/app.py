@@ -1,0 +1,203 @@
+"""The OpenAI-compatible HTTP app (FastAPI) over a
+:class:`~fastdeploy_mtp.serving.engine_client.backend.Backend`.
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with ``stream``:
+server-sent events ending in ``data: [DONE]``, see :mod:`.streaming`), ``GET /v1/models``,
+``GET /health`` (200, or 503 with the backend's reason: for ``serve``, once the deployment
+lost a process), ``GET /metrics`` (Prometheus text; see :mod:`fastdeploy_mtp.serving.metrics`).
+The request bodies and sampling fields are :mod:`.protocol`'s. ``finish_reason`` is the
+engine's (``"stop"``: EOS, a stop token id or a stop string, which the text does not
+include; ``"length"``).
+
+The engine requests behind one response (``n`` choices, ``best_of`` candidates) are
+started, collected and cancelled together by :mod:`.choices`. The backend is the engine loop
+for ``serve`` (:class:`~fastdeploy_mtp.serving.engine_client.engine_loop.AsyncEngine`) or the
+splitwise router (:class:`~fastdeploy_mtp.serving.router.backend.RouterBackend`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Request as HTTPRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from ...tokenization import GenerationDefaults, Tokenizer
+from ..engine_client.backend import Backend
+from ..metrics.families import render
+from .choices import (
+    Served,
+    collect_or_abort,
+    max_tokens_of,
+    new_requests,
+    started_all,
+    submit_all,
+    usage,
+)
+from .http_auth import Access, install
+from .protocol import (
+    APIError,
+    ChatBody,
+    CompletionBody,
+    RequestBody,
+    chat_prompt,
+    refuse_invalid_text,
+)
+from .streaming import ChatChunks, CompletionChunks, completion_choice, sse, stream_chunks
+
+
+def create_app(
+    backend: Backend,
+    model_name: str,
+    tokenizer: Tokenizer,
+    defaults: GenerationDefaults | None = None,
+    eos_token_ids: list[int] | None = None,
+    access: Access | None = None,
+) -> FastAPI:
+    """The FastAPI app over ``backend`` (an
+    :class:`~fastdeploy_mtp.serving.engine_client.engine_loop.AsyncEngine`, or any other
+    :class:`~fastdeploy_mtp.serving.engine_client.backend.Backend`); see
+    :class:`Served` for the other arguments.
+    ``eos_token_ids`` defaults to the tokenizer's EOS id and ``defaults``' ids; ``access``
+    says who may call which endpoint (:mod:`.http_auth`; default: everyone)."""
+    defaults = defaults or GenerationDefaults()
+    if eos_token_ids is None:
+        eos_token_ids = list(dict.fromkeys([*tokenizer.eos_token_ids, *defaults.eos_token_ids]))
+    app = FastAPI(
+        title="fastdeploy-mtp", description="OpenAI-compatible server with MTP speculative decoding"
+    )
+    app.state.served = Served(
+        backend, model_name, tokenizer, int(time.time()), defaults, list(eos_token_ids)
+    )
+    install(app, access or Access())
+    app.exception_handler(APIError)(_api_error)
+    app.exception_handler(RequestValidationError)(_validation_error)
+    app.get("/health")(health)
+    app.get("/metrics")(metrics)
+    app.get("/v1/models")(models)
+    app.post("/v1/completions")(completions)
+    app.post("/v1/chat/completions")(chat)
+    return app
+
+
+def served_by(request: HTTPRequest) -> Served:
+    """The :class:`Served` of the app answering ``request`` (a FastAPI dependency)."""
+    served = request.app.state.served
+    assert isinstance(served, Served)
+    return served
+
+
+#: A handler's :class:`Served` (FastAPI injects it).
+ServedDep = Annotated[Served, Depends(served_by)]
+
+
+async def _api_error(_: HTTPRequest, exc: APIError) -> JSONResponse:
+    return exc.response()
+
+
+async def _validation_error(_: HTTPRequest, exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    msg = (
+        f"{param}: {first.get('msg', 'invalid value')}"
+        if param
+        else str(first.get("msg", "invalid request body"))
+    )
+    return APIError(400, msg, param).response()
+
+
+async def health(served: ServedDep) -> Response:
+    reason = await served.backend.health()
+    if reason:
+        return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+async def metrics(served: ServedDep) -> Response:
+    return Response(
+        render(served.backend.registry), media_type="text/plain; version=0.0.4; charset=utf-8"
+    )
+
+
+async def models(served: ServedDep) -> dict[str, Any]:
+    card = {
+        "id": served.model_name,
+        "object": "model",
+        "created": served.created,
+        "owned_by": "fastdeploy-mtp",
+    }
+    return {"object": "list", "data": [card]}
+
+
+def include_usage(body: RequestBody) -> bool:
+    return bool(body.stream_options and body.stream_options.get("include_usage"))
+
+
+async def completions(body: CompletionBody, served: ServedDep, http: HTTPRequest) -> Any:
+    refuse_invalid_text(body.model_dump())
+    prompt: Any = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if len(prompt) != 1:
+            raise APIError(
+                400, "batched prompts are not supported: send one request per prompt", "prompt"
+            )
+        prompt = prompt[0]
+    ids = served.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    choices = new_requests(served, ids, max_tokens_of(served, body, 16), body, "cmpl")
+    streams = submit_all(served, choices.requests)
+    base = {
+        "id": choices.requests[0].request_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": served.model_name,
+    }
+    if not body.stream:
+        results = await collect_or_abort(http, served, streams)
+        picked = choices.picked(results)
+        returned = [
+            completion_choice(served.tracker(), i, *results[k], logprobs=choices.logprobs)
+            for i, k in enumerate(picked)
+        ]
+        return {**base, "choices": returned, "usage": usage([choices.requests[k] for k in picked])}
+    events = await started_all(served, streams)
+    shape = CompletionChunks(choices.logprobs)
+    return sse(stream_chunks(served, streams, events, base, shape, include_usage(body)))
+
+
+async def chat(body: ChatBody, served: ServedDep, http: HTTPRequest) -> Any:
+    refuse_invalid_text(body.model_dump())
+    if not body.messages:
+        raise APIError(400, "messages must not be empty", "messages")
+    prompt = chat_prompt(served.tokenizer, [m.model_dump() for m in body.messages])
+    # the template wrote the special tokens the model expects; none are added again
+    ids = served.tokenizer.encode(prompt, add_special_tokens=False)
+    choices = new_requests(served, ids, max_tokens_of(served, body, 64), body, "chatcmpl")
+    streams = submit_all(served, choices.requests)
+    base = {
+        "id": choices.requests[0].request_id,
+        "created": int(time.time()),
+        "model": served.model_name,
+    }
+    if not body.stream:
+        results = await collect_or_abort(http, served, streams)
+        returned = []
+        for i, (text, reason, entries, drafts) in enumerate(results):
+            tracker = served.tracker()
+            logprobs = None if entries is None else tracker.chat_logprobs(entries)
+            message = {"role": "assistant", "content": text}
+            one = {"index": i, "message": message, "finish_reason": reason, "logprobs": logprobs}
+            if drafts is not None:
+                one["draft_logprobs"] = tracker.draft_logprobs(drafts)
+            returned.append(one)
+        return {
+            **base,
+            "object": "chat.completion",
+            "choices": returned,
+            "usage": usage(choices.requests),
+        }
+    events = await started_all(served, streams)
+    head = {**base, "object": "chat.completion.chunk"}
+    return sse(stream_chunks(served, streams, events, head, ChatChunks(), include_usage(body)))

@@ -1,0 +1,280 @@
+"""The engine requests behind one OpenAI response: what the app serves (:class:`Served`), the
+candidates a body asks for (``n``, ``best_of``: :func:`new_requests`, per-choice seeds), and
+how their streams are started, collected, merged and cancelled together (one failing choice
+or a client that goes away cancels every choice's request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import math
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, TypeVar
+
+from fastapi import Request as HTTPRequest
+
+from ...runtime.request import InvalidRequestError, Request
+from ...runtime.sampling_params import StepDrafts, TokenLogprob, choice_seed
+from ...tokenization import GenerationDefaults, Tokenizer
+from ..engine_client.backend import Backend, Stream, stream_events
+from .protocol import (
+    SAMPLING_FIELDS,
+    APIError,
+    ChatBody,
+    CompletionBody,
+    RequestBody,
+    body_field,
+    choice_counts,
+    refuse_unsupported,
+    sampling_params,
+)
+from .text import TextTracker
+
+_T = TypeVar("_T")
+
+#: seconds between checks that the client of a non-streaming request is still there
+DISCONNECT_POLL_S = 0.25
+
+
+@dataclass
+class Served:
+    """What the app serves: ``backend`` under the model id ``model_name``; ``tokenizer``
+    makes prompts (a chat's through its chat template) and decodes responses; ``defaults``
+    fill the sampling fields a request leaves out; ``eos_token_ids`` end a response unless
+    the request sets ``ignore_eos``."""
+
+    backend: Backend
+    model_name: str
+    tokenizer: Tokenizer
+    created: int
+    defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    def tracker(self) -> TextTracker:
+        return TextTracker(self.tokenizer)
+
+
+@dataclass
+class Choices:
+    """The engine requests of one response: ``requests[k]`` generates candidate ``k`` (its
+    own request, batched with the others); ``n`` of them are returned, all of them unless
+    ``best_of`` asked for more candidates; ``logprobs``: the client asked for logprobs (to
+    rank ``best_of`` candidates they are asked for internally, and not returned)."""
+
+    requests: list[Request]
+    n: int
+    logprobs: bool
+
+    def picked(self, results: list[Collected]) -> list[int]:
+        """Which candidates are returned, in order: all of them, or with ``best_of`` the ``n``
+        with the highest cumulative log-probability of their tokens, best first (a tie goes
+        to the lower candidate index)."""
+        if len(results) == self.n:
+            return list(range(self.n))
+        ranked = sorted(
+            range(len(results)), key=lambda k: (-cumulative_logprob(results[k].entries), k)
+        )
+        return ranked[: self.n]
+
+
+def new_requests(
+    served: Served,
+    prompt_ids: list[int],
+    max_tokens: int,
+    body: CompletionBody | ChatBody,
+    prefix: str,
+) -> Choices:
+    """The engine requests ``body`` asks for (``n``, or ``best_of`` candidates), each checked
+    by the backend (400/404 naming the field). With a ``seed`` s, candidate ``k`` samples with
+    :func:`~fastdeploy_mtp.runtime.sampling_params.choice_seed` ``(s, k)`` (``s + k`` mod
+    2**63); without, each candidate's seed derives from its own request id (candidate 0's is
+    the response id, candidate ``k``'s that id with ``-k`` appended)."""
+    chat = isinstance(body, ChatBody)
+    if body.model not in (None, served.model_name):
+        message = (
+            f"model {body.model!r} is not served here (this server serves {served.model_name!r})"
+        )
+        raise APIError(404, message, "model")
+    refuse_unsupported(body)
+    n, best_of = choice_counts(body)
+    sampling = sampling_params(body, served.defaults, served.eos_token_ids)
+    if not prompt_ids:
+        raise APIError(400, "the prompt is empty", "messages" if chat else "prompt")
+    asked = sampling.logprobs is not None
+    if best_of > n and not asked:
+        sampling.logprobs = 0  # the emitted tokens' own logprobs rank the candidates
+    response_id = f"{prefix}-{uuid.uuid4().hex}"
+    requests = []
+    for k in range(best_of):
+        params = copy.deepcopy(sampling)
+        if sampling.seed is not None:
+            params.seed = choice_seed(sampling.seed, k)
+        rid = response_id if k == 0 else f"{response_id}-{k}"
+        requests.append(Request(rid, list(prompt_ids), max_tokens=max_tokens, sampling=params))
+    for req in requests:
+        try:
+            served.backend.validate(req)
+        except InvalidRequestError as exc:
+            if exc.field == "max_tokens":
+                param = "max_tokens"
+            elif exc.field in SAMPLING_FIELDS:
+                param = body_field(exc.field, chat)
+            else:
+                param = "messages" if chat else "prompt"
+            raise APIError(400, str(exc), param) from None
+    return Choices(requests, n, asked)
+
+
+def submit_all(served: Served, requests: list[Request]) -> list[Stream]:
+    """Every request started on the backend; if one cannot be, those already started are
+    cancelled before the error propagates."""
+    streams: list[Stream] = []
+    try:
+        for req in requests:
+            streams.append(served.backend.submit(req))
+    except BaseException:
+        cancel_all(served, streams)
+        raise
+    return streams
+
+
+def cancel_all(served: Served, streams: list[Stream]) -> None:
+    """Cancel every stream's request on the backend (a finished one is left as it is)."""
+    for stream in streams:
+        served.backend.cancel(stream.request)
+
+
+def max_tokens_of(served: Served, body: RequestBody, fallback: int) -> int:
+    """The body's ``max_tokens``, else the model's ``max_new_tokens`` default, else ``fallback``."""
+    return body.max_tokens or served.defaults.max_new_tokens or fallback
+
+
+Entries = list[tuple[int, TokenLogprob]]
+
+
+class Collected(NamedTuple):
+    """A whole response of one candidate: its text, finish reason, logprob entries (``None``
+    when its request did not ask for logprobs) and draft logprobs (``None`` unless it asked
+    for them: ``include_draft_logprobs``)."""
+
+    text: str
+    reason: str
+    entries: Entries | None
+    drafts: list[StepDrafts] | None = None
+
+
+def cumulative_logprob(entries: Entries | None) -> float:
+    """The sum of the log-probabilities of a candidate's tokens (``best_of`` ranks by it)."""
+    return math.fsum(lp.logprob for _, lp in entries or [])
+
+
+async def collect(served: Served, stream: Stream) -> Collected:
+    """The whole response of ``stream``."""
+    tracker = served.tracker()
+    text, reason = "", "length"
+    entries: Entries | None = None
+    drafts: list[StepDrafts] | None = [] if stream.request.sampling.include_draft_logprobs else None
+    async for kind, value in stream_events(served.backend, stream):
+        if kind == "tokens":
+            piece, got = tracker.feed_event(value)
+            text += piece
+            if got is not None:
+                entries = (entries or []) + got
+            if drafts is not None and value.drafts:
+                drafts += value.drafts
+        else:
+            reason = value
+    if stream.request.sampling.logprobs is not None and entries is None:
+        entries = []
+    return Collected(text + tracker.feed([], True), reason, entries, drafts)
+
+
+async def collect_all(served: Served, streams: list[Stream]) -> list[Collected]:
+    """Every stream's whole response, collected concurrently. If one fails (or this is
+    cancelled), every request is cancelled before the error propagates."""
+    tasks = [asyncio.ensure_future(collect(served, stream)) for stream in streams]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        cancel_all(served, streams)  # also those whose task was cancelled before it started
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def collect_or_abort(
+    http: HTTPRequest, served: Served, streams: list[Stream]
+) -> list[Collected]:
+    """:func:`collect_all`, aborting every request if the client disconnects first (a
+    non-streaming response has nothing to write until the end, so the disconnect is
+    watched for)."""
+    task = asyncio.ensure_future(collect_all(served, streams))
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return task.result()
+        if await http.is_disconnected():
+            task.cancel()  # collect_all cancels the requests on the backend
+            with contextlib.suppress(asyncio.CancelledError, APIError):
+                await task
+            raise APIError(499, "the client disconnected; the request was aborted")
+
+
+async def started(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[tuple[str, Any]]:
+    """``events`` with its first item already awaited, so that an error before the first
+    event (e.g. a splitwise instance's 400) is raised here, while the response can still
+    carry its status, and not inside a started stream."""
+    first = await anext(events)
+
+    async def chained() -> AsyncIterator[tuple[str, Any]]:
+        yield first
+        async for item in events:
+            yield item
+
+    return chained()
+
+
+async def started_all(
+    served: Served, streams: list[Stream]
+) -> list[AsyncIterator[tuple[str, Any]]]:
+    """:func:`started` events of every stream (so an error before any choice's first event
+    is still the response's status); on an error every request is cancelled."""
+    try:
+        return [await started(stream_events(served.backend, stream)) for stream in streams]
+    except BaseException:
+        cancel_all(served, streams)
+        raise
+
+
+async def merged(sources: list[AsyncIterator[_T]]) -> AsyncIterator[tuple[int, _T]]:
+    """``(i, item)`` for the items of every ``sources[i]``, as they arrive (each source's in
+    its order). An error of one source is raised at once; when the consumer stops early the
+    pending reads are cancelled."""
+    pending = {asyncio.ensure_future(anext(source)): i for i, source in enumerate(sources)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=lambda t: pending[t]):
+                i = pending.pop(task)
+                try:
+                    item = task.result()
+                except StopAsyncIteration:
+                    continue
+                pending[asyncio.ensure_future(anext(sources[i]))] = i
+                yield i, item
+    finally:
+        for task in pending:
+            task.cancel()
+
+
+def usage(requests: list[Request]) -> dict[str, int]:
+    """OpenAI's usage of the returned choices' ``requests``: the prompt counted once, the
+    completion tokens summed over them."""
+    p, c = len(requests[0].prompt_token_ids), sum(len(r.output_token_ids) for r in requests)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}

@@ -1,0 +1,71 @@
+"""The HTTP server of ``serve`` and ``router``: the listening socket, bound before anything
+slow starts (:func:`bind_listener`), and uvicorn serving an app on it until SIGINT/SIGTERM
+(:func:`run_http`), which prints the "ready" line.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+
+
+def run_http(
+    app: FastAPI,
+    host: str,
+    port: int,
+    progress: Callable[[str], None],
+    t0: float,
+    on_server: Callable[[Any], None] | None = None,
+    sock: socket.socket | None = None,
+) -> bool:
+    """Serve ``app`` with uvicorn on ``host:port`` until SIGINT/SIGTERM; returns whether it
+    started (e.g. not when the port was taken: uvicorn said why). ``on_server`` gets the
+    ``uvicorn.Server`` first (to stop it from another thread). uvicorn handles the signals
+    while it runs and raises them again once it has stopped; the handlers installed here take
+    that second delivery (the caller restores its own afterwards), so the caller's clean-up
+    runs. ``sock``: a socket :func:`bind_listener` bound already (uvicorn then binds none)."""
+    import signal
+
+    import uvicorn
+
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="info", access_log=False, timeout_graceful_shutdown=5
+    )
+    server = uvicorn.Server(config)
+    if on_server is not None:
+        on_server(server)
+    progress(f"ready in {time.perf_counter() - t0:.1f} s: listening on http://{host}:{port}")
+
+    def requested_stop(signum: int, frame: object) -> None:
+        progress(f"{signal.Signals(signum).name} received")
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, requested_stop)
+    server.run(sockets=[sock] if sock is not None else None)
+    return bool(server.started)
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``, bound before anything slow starts, so a taken
+    port is refused at once. Raises ``UsageError`` naming ``--port`` or ``--host``."""
+    from ...engine_args import UsageError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise UsageError(f"--host {host}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"--port {port}: cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(False)
+    return sock

@@ -1,0 +1,398 @@
+"""The OpenAI side of the API server: request bodies, errors, how a body's fields become
+:class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams`, and a chat's prompt (the
+model's own chat template, :func:`chat_prompt`).
+
+Sampling follows the request's OpenAI fields (:func:`sampling_params`): ``temperature``
+(absent = 0, greedy), ``top_p``, ``seed``, ``stop``, ``presence_penalty``,
+``frequency_penalty``, ``logprobs`` (chat: ``logprobs`` + ``top_logprobs``) and vLLM's extra
+body fields ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``stop_token_ids``,
+``ignore_eos``, and FastDeploy's ``include_draft_logprobs`` (with logprobs, each choice also
+carries ``draft_logprobs``: the MTP drafts each step verified and their log-probabilities
+under the MTP layer). Fields a request leaves out take the model folder's
+``generation_config.json`` values when it sets them (:class:`GenerationDefaults`, as vLLM's
+``--generation-config auto``), else the neutral value. The model's EOS ids end the output
+unless ``ignore_eos`` (:func:`sampling_params` adds them to ``stop_token_ids``).
+Structured output: OpenAI's ``response_format`` (``{"type": "json_object"}`` or
+``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``) or one of vLLM's
+``guided_json`` (a schema, or its JSON text), ``guided_regex``, ``guided_choice`` (a list of
+strings), ``guided_grammar`` (a Lark grammar; a llama.cpp GBNF grammar is converted), at most
+one per request (:func:`guided_constraint`); each is compiled here, so a bad one is a 400
+naming its field. ``tools`` and ``tool_choice`` are refused.
+``n`` (and, for completions, ``best_of``) ask for several choices (:func:`choice_counts`);
+``echo`` and ``logit_bias`` are refused with a 400 naming the field rather than ignored
+(:func:`refuse_unsupported`); so is any invalid value. Errors use
+OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}`` (:class:`APIError`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt
+
+from ...runtime.sampling_params import MAX_LOGPROBS, SamplingParams
+from ...tokenization import ChatTemplateError, GenerationDefaults, Tokenizer
+
+
+def chat_prompt(tokenizer: Tokenizer, messages: list[dict[str, Any]]) -> str:
+    """The prompt text of a chat request: the tokenizer's chat template over ``messages``,
+    opening the assistant's turn (tokenize it without adding special tokens again).
+
+    Raises:
+        APIError: 400 (``param`` ``messages``) when the template refuses the messages or the
+            model has no chat template.
+    """
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except (ChatTemplateError, ValueError) as exc:
+        raise APIError(400, str(exc), "messages") from None
+
+
+class APIError(Exception):
+    """An OpenAI-style error response: HTTP ``status``, ``message``, the body field at fault
+    (``param``), OpenAI's error ``type`` (``kind``) and ``code`` (default: the status; OpenAI
+    names some errors, e.g. ``"invalid_api_key"``)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        code: str | int | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.code = status if code is None else code
+
+    def response(self) -> JSONResponse:
+        body = {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+        return JSONResponse(body, status_code=self.status)
+
+
+class RequestBody(BaseModel):
+    """The fields a completion request and a chat request share (other fields are kept, so
+    :func:`refuse_unsupported` can name them)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    max_tokens: int | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    # strict: a JSON true or "2" is not a count (pydantic would coerce them to 1 and 2)
+    n: StrictInt | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    user: str | None = None
+    # vLLM's extra sampling fields (``extra_body`` of the openai client)
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    # FastDeploy's: also return the MTP drafts' logprobs (``draft_logprobs``; needs logprobs)
+    include_draft_logprobs: StrictBool = False
+
+
+class CompletionBody(RequestBody):
+    prompt: str | list[str] | list[int]
+    echo: bool | None = None
+    best_of: StrictInt | None = None
+    logprobs: int | None = None
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str
+
+
+class ChatBody(RequestBody):
+    messages: list[ChatMessage]
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+
+#: Fields this server cannot honour, with their neutral values (any other value is a 400, so
+#: they are never silently ignored).
+#: fields this server cannot honour, with the values that ask for nothing (accepted)
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "logit_bias": ({},),
+    "echo": (False,),
+    "suffix": ("",),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "function_call": ("none",),
+}
+
+
+def refuse_unsupported(body: RequestBody) -> None:
+    """400 for what one request cannot ask of this server (naming the field)."""
+    extra = body.model_extra or {}
+    for name, neutral in _UNSUPPORTED.items():
+        value = getattr(body, name) if name in type(body).model_fields else extra.get(name)
+        if value is not None and not any(type(value) is type(n) and value == n for n in neutral):
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+            raise APIError(400, f"{name}={shown} is not supported by this server", name)
+    if body.max_tokens is not None and body.max_tokens <= 0:
+        raise APIError(400, f"max_tokens must be > 0, got {body.max_tokens}", "max_tokens")
+    if (
+        body.max_tokens is not None
+        and body.min_tokens is not None
+        and body.min_tokens > body.max_tokens
+    ):
+        message = f"min_tokens ({body.min_tokens}) must not exceed max_tokens ({body.max_tokens})"
+        raise APIError(400, message, "min_tokens")
+
+
+#: Body fields that constrain the output (:func:`guided_constraint`), at most one per request.
+GUIDED_FIELDS = (
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+)
+
+
+def guided_constraint(body: RequestBody) -> tuple[dict[str, Any] | None, str | None]:
+    """The output constraint a body asks for, as ``SamplingParams.guided``
+    (``{"kind", "spec"}``, see :mod:`~fastdeploy_mtp.runtime.guided`), and the body field it
+    came from; ``(None, None)`` when there is none (``response_format`` ``{"type": "text"}``
+    asks for none). The grammar itself is checked by :meth:`SamplingParams.check`.
+
+    Raises:
+        APIError: 400 naming the field: more than one constraint, or one of the wrong shape.
+    """
+    extra = body.model_extra or {}
+    given = [name for name in GUIDED_FIELDS if extra.get(name) is not None]
+    if extra.get("response_format") == {"type": "text"}:
+        given.remove("response_format")
+    if len(given) > 1:
+        raise APIError(
+            400, f"at most one output constraint per request, got {', '.join(given)}", given[1]
+        )
+    if not given:
+        return None, None
+    name = given[0]
+    value = extra[name]
+    if name == "response_format":
+        return _response_format(value), name
+    if name == "guided_json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise APIError(400, f"guided_json: not valid JSON ({exc})", name) from None
+            except RecursionError:  # the body parser's own limit is not applied to this text
+                raise APIError(400, "guided_json: nested too deeply to parse", name) from None
+        if not isinstance(value, dict):
+            raise APIError(
+                400, f"guided_json must be a JSON schema object, got {type(value).__name__}", name
+            )
+        return {"kind": "json", "spec": value}, name
+    if name == "guided_regex":
+        if not isinstance(value, str):
+            raise APIError(400, f"guided_regex must be a string, got {type(value).__name__}", name)
+        return {"kind": "regex", "spec": value}, name
+    if name == "guided_choice":
+        if (
+            not isinstance(value, list)
+            or not value
+            or not all(isinstance(c, str) and c for c in value)
+        ):
+            raise APIError(400, "guided_choice must be a non-empty list of non-empty strings", name)
+        return {"kind": "choice", "spec": list(value)}, name
+    if not isinstance(value, str) or not value.strip():
+        raise APIError(
+            400, "guided_grammar must be a non-empty string (a Lark or GBNF grammar)", name
+        )
+    return {"kind": "grammar", "spec": _lark_of(value)}, name
+
+
+def _response_format(value: Any) -> dict[str, Any]:
+    """``SamplingParams.guided`` of an OpenAI ``response_format`` other than text."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "json_object":
+        return {"kind": "json_object", "spec": None}
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            message = (
+                'response_format json_schema needs "json_schema": {"name": ..., "schema": {...}}'
+            )
+            raise APIError(400, message, "response_format")
+        return {"kind": "json", "spec": spec["schema"]}
+    message = f'response_format type must be "text", "json_object" or "json_schema", got {kind!r}'
+    raise APIError(400, message, "response_format")
+
+
+def _lark_of(grammar: str) -> str:
+    """A ``guided_grammar`` as Lark: itself, or llguidance's conversion of a GBNF grammar
+    (one without a ``start:`` rule or a ``%llguidance`` line)."""
+    from llguidance.gbnf_to_lark import gbnf_to_lark, is_lark_syntax
+
+    if is_lark_syntax(grammar):
+        return grammar
+    try:
+        return gbnf_to_lark(grammar)
+    except Exception as exc:  # the converter raises plain exceptions for what it cannot parse
+        raise APIError(
+            400, f"guided_grammar: neither Lark nor valid GBNF ({exc})", "guided_grammar"
+        ) from None
+
+
+def refuse_invalid_text(value: Any, path: str = "") -> None:
+    """400 naming the first string in ``value`` (a request body as plain data) that is not
+    valid Unicode text: a lone surrogate such as ``"\\ud800"``, which JSON can spell but
+    no encoding can carry."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            field = path.split("[")[0].split(".")[0] or None
+            message = (
+                f"{path or 'the body'}: not valid Unicode text (a lone surrogate at character "
+                f"{exc.start})"
+            )
+            raise APIError(400, message, field) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            refuse_invalid_text(key, path or "the body")
+            refuse_invalid_text(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            refuse_invalid_text(item, f"{path}[{i}]")
+
+
+def sampling_params(
+    body: CompletionBody | ChatBody,
+    defaults: GenerationDefaults | None = None,
+    eos_token_ids: Sequence[int] = (),
+) -> SamplingParams:
+    """The :class:`SamplingParams` an OpenAI request body asks for (``serve`` and the
+    splitwise router both use it). A field the body leaves out takes ``defaults``' value
+    (the model's ``generation_config.json``) when it has one, else the neutral value
+    (``temperature`` 0: greedy; OpenAI's default of 1 is not assumed). ``stop`` may be a
+    string or a list; ``top_k`` of -1 (vLLM's "off") is 0. ``logprobs``: completions give the
+    number of alternatives ``k`` directly; chat gives ``logprobs: true`` and ``top_logprobs:
+    k`` (0 when absent). ``eos_token_ids`` (the model's EOS ids) join ``stop_token_ids``
+    unless the body sets ``ignore_eos``.
+
+    Raises:
+        APIError: 400 naming the field (``param``) of the first invalid value.
+    """
+    k: int | None = None
+    if isinstance(body, ChatBody):
+        if body.logprobs:
+            k = body.top_logprobs or 0
+            if k < 0 or k > MAX_LOGPROBS:
+                raise APIError(
+                    400, f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {k}", "top_logprobs"
+                )
+        elif body.top_logprobs is not None:
+            raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    else:
+        k = body.logprobs
+    fallback = defaults.sampling_overrides() if defaults is not None else {}
+
+    def given(name: str, neutral: Any) -> Any:
+        value = getattr(body, name)
+        return value if value is not None else fallback.get(name, neutral)
+
+    stop = body.stop
+    guided, guided_field = guided_constraint(body)
+    stop_ids = list(body.stop_token_ids or [])
+    if not body.ignore_eos:
+        stop_ids += [int(t) for t in eos_token_ids if int(t) not in stop_ids]
+    top_k = given("top_k", 0)
+    params = SamplingParams(
+        temperature=float(given("temperature", 0.0)),
+        top_p=float(given("top_p", 1.0)),
+        top_k=0 if top_k == -1 else int(top_k),
+        min_p=float(given("min_p", 0.0)),
+        seed=body.seed,
+        repetition_penalty=float(given("repetition_penalty", 1.0)),
+        frequency_penalty=body.frequency_penalty or 0.0,
+        presence_penalty=body.presence_penalty or 0.0,
+        min_tokens=body.min_tokens or 0,
+        ignore_eos=bool(body.ignore_eos),
+        stop=[stop] if isinstance(stop, str) else list(stop or []),
+        stop_token_ids=stop_ids,
+        logprobs=k,
+        include_draft_logprobs=body.include_draft_logprobs,
+        guided=guided,
+    )
+    problem = params.check()
+    if problem is not None:
+        name, _, why = problem.partition(": ")
+        if name == "guided":
+            raise APIError(400, f"{guided_field}: {why}", guided_field)
+        raise APIError(400, problem, body_field(name, isinstance(body, ChatBody)))
+    return params
+
+
+def body_field(sampling_field: str, chat: bool) -> str:
+    """The request-body field a :class:`SamplingParams` field comes from."""
+    return "top_logprobs" if chat and sampling_field == "logprobs" else sampling_field
+
+
+#: Names of the :class:`SamplingParams` fields (an engine refusal naming one is the client's 400).
+SAMPLING_FIELDS = frozenset(SamplingParams().to_dict())
+
+
+#: Most choices one request may ask for (``n``, and ``best_of`` candidates).
+MAX_CHOICES = 16
+
+
+def choice_counts(body: RequestBody) -> tuple[int, int]:
+    """``(n, best_of)`` of ``body``: the choices returned and the candidates generated
+    (``best_of`` defaults to ``n``). ``best_of`` is a completions field (a chat body's is
+    refused), must be at least ``n`` and cannot stream (as OpenAI); both are at most
+    :data:`MAX_CHOICES`.
+
+    Raises:
+        APIError: 400 naming ``n`` or ``best_of``.
+    """
+    n = 1 if body.n is None else body.n
+    if not 1 <= n <= MAX_CHOICES:
+        raise APIError(400, f"n must be an integer in [1, {MAX_CHOICES}], got {n!r}", "n")
+    best_of = getattr(body, "best_of", None) if isinstance(body, CompletionBody) else None
+    extra = (body.model_extra or {}).get("best_of")
+    if (
+        not isinstance(body, CompletionBody)
+        and extra is not None
+        and not (type(extra) is int and extra == 1)
+    ):
+        raise APIError(
+            400,
+            "best_of is a /v1/completions field (a chat request asks for choices with n)",
+            "best_of",
+        )
+    if best_of is None:
+        return n, n
+    if not n <= best_of <= MAX_CHOICES:
+        raise APIError(
+            400,
+            f"best_of must be an integer in [n, {MAX_CHOICES}] (n = {n}), got {best_of!r}",
+            "best_of",
+        )
+    if body.stream and best_of > 1:
+        raise APIError(400, "best_of > 1 cannot be streamed: set stream to false", "best_of")
+    return n, best_of
