@@ -220,3 +220,24 @@ class Request:
     @property
     def is_final_chunk(self) -> bool:
         return self.prefill_end_index >= len(self.prompt_token_ids)
+
+
+def check_prefill_task(req: Request, max_model_len: int, vocab_size: int) -> None:
+    """Raise :class:`InvalidRequestError` if what a runner would load for ``req`` cannot reach
+    the model: a prefill chunk outside the prompt, a prompt that no longer fits
+    ``max_model_len``, or token ids outside ``[0, vocab_size)`` in the chunk (and the next
+    prompt token, which the chunk's fix-up and the MTP layer read). Submission checks the
+    same; this catches a request changed after it was queued, before it can poison a step
+    shared with others."""
+    if req.task_type != RequestType.PREFILL:
+        return
+    prompt = req.prompt_token_ids
+    start, end = req.prefill_start_index, req.prefill_end_index
+    if not 0 <= start < end <= len(prompt) or len(prompt) >= max_model_len:
+        raise InvalidRequestError(
+            req.request_id,
+            "prompt_token_ids",
+            f"changed after submission: chunk [{start}, {end}) of a {len(prompt)}-token prompt "
+            f"(max_model_len {max_model_len})",
+        )
+    check_token_ids(req.request_id, list(prompt[start : end + 1]), vocab_size, offset=start)

@@ -258,8 +258,8 @@ def _run(
 ) -> int:
     """Start the workers, the engine and the HTTP server (recording each in ``running``) and
     serve until the server stops; returns the exit status."""
+    from ..assembly import build_engine
     from ..credentials import DroppedMessages, api_key, http_token, splitwise_secret
-    from ..runtime.engine import Engine
     from ..tokenization import load_generation_config, load_tokenizer
     from .app import bind_listener, create_app, run_http
     from .engine_client import AsyncEngine
@@ -293,7 +293,7 @@ def _run(
         reserved_port=opts.port,
         dropped=dropped,
     )
-    engine = Engine(
+    engine = build_engine(
         layout.fd_config(0, arch),
         runner=runner,
         max_positions=arch.max_position_embeddings,

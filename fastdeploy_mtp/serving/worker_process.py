@@ -181,9 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     runner = None
     writer: TokenWriter | None = None
     try:
+        from ..assembly import build_runner
         from ..distributed import init_tensor_parallel
         from ..models import load_model
-        from ..runtime.target_runner import TargetRunner
 
         tp = layout.tensor_parallel_size
         if tp > 1:
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = layout.fd_config(rank, arch)
         if not cfg.speculative_config.uses_mtp:
             mtp = None  # model-free methods (and no speculation): no MTP layer kept, no MTP caches
-        runner = TargetRunner(cfg, target, mtp)
+        runner = build_runner(cfg, target, mtp)
         slots = SlotTable()
         first_tokens_only = layout.splitwise_role == "prefill" and cfg.speculative_config.enabled
         if rank == 0 and not first_tokens_only:

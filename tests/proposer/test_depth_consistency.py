@@ -16,11 +16,11 @@ import numpy as np
 import paddle
 import pytest
 
+from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.config import SpeculativeConfig
 from fastdeploy_mtp.models import causal_bias, load_tiny
 from fastdeploy_mtp.models.mtp_layer import MTPStack, mtp_layers_of
 from fastdeploy_mtp.models.mtp_unrolled import unrolled_mtp_forward
-from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import Request
 from tests.support.engines import make_config
 
@@ -59,7 +59,7 @@ def run_recording(
     )
     cfg.speculative_config = spec
     cfg.model_config.eos_token_id = [256]
-    engine = Engine(cfg, target, mtp)
+    engine = build_engine(cfg, target, mtp)
     runner = engine.runner
     rounds = []  # (tokens known before the step, drafts verified in it)
     original = runner.execute
