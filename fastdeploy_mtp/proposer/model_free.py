@@ -21,6 +21,7 @@ from ..models.cache_spec import CacheSpec
 from ..runtime.input_batch import InputBatch
 from ..runtime.request import Request
 from ..runtime.spec_step import PaddleBackend, postprocess
+from ..runtime.step_output import StepOutput
 from .round_entry import RoundEntry
 
 
@@ -58,12 +59,7 @@ class ModelFreeProposer(RoundEntry):
         """No caches to release."""
 
     def skip_round(
-        self,
-        full_hidden_states: paddle.Tensor,
-        accept_tokens: np.ndarray,
-        accept_num: np.ndarray,
-        rows_start: np.ndarray,
-        decoding: np.ndarray,
+        self, full_hidden_states: paddle.Tensor, step: StepOutput, rows_start: np.ndarray
     ) -> None:
         """Not supported: the config refuses ``adaptive_draft_length`` for model-free methods."""
         method = self.fd_config.speculative_config.method

@@ -42,6 +42,7 @@ from ..models.interfaces import MTPModel, TargetModel
 from ..runtime.input_batch import InputBatch, limit_drafts
 from ..runtime.request import Request, RequestType
 from ..runtime.spec_step import PaddleBackend, postprocess, prepare_round, propose_substeps
+from ..runtime.step_output import StepOutput
 from .mtp_caches import MTPCaches
 from .mtp_forwards import MTPForwards
 from .proposer_inputs import ProposerInputBatch
@@ -158,7 +159,8 @@ class MTPProposer(MTPCaches, MTPForwards, RoundEntry):
         #: prompt chunk, at most what it fed the target this step), set by the runner; None =
         #: unknown (``ForwardMeta.max_rows_per_item``)
         self.rows_bound: int | None = None
-        #: the round's op sequence runs on Paddle tensors (see :mod:`~fastdeploy_mtp.runtime.spec_step`)
+        #: the round's op sequence runs on Paddle tensors (see
+        #: :mod:`~fastdeploy_mtp.runtime.spec_step`)
         self._ops = PaddleBackend()
         #: distinct MTP layers: substep 0's inputs and the chain rows of the substeps since
         #: (:meth:`forward_substep`)
@@ -282,12 +284,7 @@ class MTPProposer(MTPCaches, MTPForwards, RoundEntry):
 
     @paddle.no_grad()
     def skip_round(
-        self,
-        full_hidden_states: paddle.Tensor,
-        accept_tokens: np.ndarray,
-        accept_num: np.ndarray,
-        rows_start: np.ndarray,
-        decoding: np.ndarray,
+        self, full_hidden_states: paddle.Tensor, step: StepOutput, rows_start: np.ndarray
     ) -> None:
         """A round without the MTP layer (plain decoding: every running item feeds only its
         last token next step). What the MTP layer would have consumed is kept as it is (the
@@ -298,11 +295,10 @@ class MTPProposer(MTPCaches, MTPForwards, RoundEntry):
 
         Args:
             full_hidden_states: ``[T_target, H]`` the target's hidden rows of this step.
-            accept_tokens: ``[N, K+1]`` host ints, tokens each slot emitted this step.
-            accept_num: ``[N]`` host ints, how many.
+            step: what the step emitted: its ``accept_tokens`` ``[N, K+1]`` and
+                ``accept_num`` ``[N]``, and ``decode_mask`` ``[N]``, the slots that decoded (a
+                prefill round cannot be skipped: the MTP layer must see the prompt).
             rows_start: ``[N]`` host ints, first row of each slot in ``full_hidden_states``.
-            decoding: ``[N]`` host bools, slots that decoded this step (a prefill round cannot
-                be skipped: the MTP layer must see the prompt).
         """
         target = self.target_model_inputs
         self.sampler.new_round()
@@ -311,7 +307,12 @@ class MTPProposer(MTPCaches, MTPForwards, RoundEntry):
         target.draft_tokens[:, 1:] = PLACEHOLDER_TOKEN_ID
         self._update_status()
         self._skipped.record(
-            full_hidden_states, target.step_idx, accept_tokens, accept_num, rows_start, decoding
+            full_hidden_states,
+            target.step_idx,
+            step.accept_tokens,
+            step.accept_num,
+            rows_start,
+            step.decode_mask,
         )
 
     def _catch_up(self) -> None:
@@ -336,7 +337,8 @@ class MTPProposer(MTPCaches, MTPForwards, RoundEntry):
     def sample_substep(self, gathered: paddle.Tensor, substep: int) -> paddle.Tensor:
         """``[N]`` int64 greedy drafts from substep ``substep``'s gathered rows (and, for the
         slots that asked, their log-probabilities: :meth:`MTPSampler.record`). A constrained
-        slot drafts under its grammar (:meth:`~fastdeploy_mtp.runtime.guided.GuidedSlots.mask_drafts`)."""
+        slot drafts under its grammar
+        (:meth:`~fastdeploy_mtp.runtime.guided.GuidedSlots.mask_drafts`)."""
         logits = self._logits(gathered, self.layer_schedule[substep])
         guided = self.guided if self.guided is not None and self.guided.matchers else None
         if guided is not None:

@@ -131,7 +131,8 @@ class ProposerInputBatch(InputBatch):
     # ---- per-slot state (MTPProposer's insertion) -------------------------------------------
     def load_prefill_chunk(self, req: Request) -> None:
         """Set slot ``req.idx``'s draft state for prefill chunk ``[start, end)`` of its prompt
-        (see :meth:`MTPProposer.insert_tasks_v1 <fastdeploy_mtp.proposer.MTPProposer.insert_tasks_v1>`).
+        (see :meth:`MTPProposer.insert_tasks_v1
+        <fastdeploy_mtp.proposer.MTPProposer.insert_tasks_v1>`).
 
         Raises:
             ValueError: an empty chunk.

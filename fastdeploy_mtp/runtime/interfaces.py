@@ -14,8 +14,8 @@ composition layer (:mod:`fastdeploy_mtp.assembly`):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 
@@ -130,14 +130,10 @@ class Proposer(Protocol):
         ...
 
     def skip_round(
-        self,
-        full_hidden_states: paddle.Tensor,
-        accept_tokens: np.ndarray,
-        accept_num: np.ndarray,
-        rows_start: np.ndarray,
-        decoding: np.ndarray,
+        self, full_hidden_states: paddle.Tensor, step: StepOutput, rows_start: np.ndarray
     ) -> None:
-        """A round without drafts (adaptive draft length; only the MTP proposer supports it)."""
+        """A round without drafts after ``step`` (adaptive draft length; only the MTP proposer
+        supports it); ``rows_start`` ``[N]``: each slot's first row in the hidden states."""
         ...
 
     def clear_mtp_cache(self) -> None:
@@ -158,20 +154,14 @@ class DraftLogprobs(Protocol):
         ...
 
 
-class ProposerFactory(Protocol):
-    """Builds the proposer of ``fd_config.speculative_config.method`` over the target's
-    ``target_model_inputs`` (``None`` without speculation); a draft model gets ``mtp_model``,
-    KV caches of ``num_blocks`` blocks and the runner's grammar matchers ``guided``."""
-
-    def __call__(
-        self,
-        fd_config: FDConfig,
-        main_model: TargetModel,
-        target_model_inputs: InputBatch,
-        num_blocks: int,
-        mtp_model: MTPModel | None = None,
-        guided: GuidedSlots | None = None,
-    ) -> Proposer | None: ...
+#: Builds the proposer of ``fd_config.speculative_config.method`` over the target's buffers
+#: (``None`` without speculation); arguments ``(fd_config, main_model, target_model_inputs,
+#: num_blocks, mtp_model, guided)``: a draft model gets ``mtp_model``, KV caches of
+#: ``num_blocks`` blocks and the runner's grammar matchers ``guided``.
+ProposerFactory: TypeAlias = (
+    "Callable[[FDConfig, TargetModel, InputBatch, int, MTPModel | None, GuidedSlots | None], "
+    "Proposer | None]"
+)
 
 
 class SlotHandover(Protocol):

@@ -79,7 +79,8 @@ def check_token_ids(
         raise InvalidRequestError(
             request_id,
             "prompt_token_ids",
-            f"must be a flat sequence of integer token ids, got dtype {arr.dtype}, shape {list(arr.shape)}",
+            f"must be a flat sequence of integer token ids, got dtype {arr.dtype}, "
+            f"shape {list(arr.shape)}",
         )
     bad = np.nonzero((arr < 0) | (arr >= vocab_size))[0]
     if bad.size:
@@ -87,7 +88,8 @@ def check_token_ids(
         raise InvalidRequestError(
             request_id,
             f"prompt_token_ids[{offset + i}]",
-            f"= {int(arr[i])} is not a token id: must be in [0, {vocab_size}) (the model's vocab_size)",
+            f"= {int(arr[i])} is not a token id: must be in [0, {vocab_size}) (the model's "
+            "vocab_size)",
         )
 
 
@@ -141,10 +143,11 @@ class Request:
         error: why it was aborted (``None`` when it completed).
         submitted: set when the request is queued (a submitted request is not accepted again).
         handoff_state: on a splitwise decode instance, the slot state the prefill instance
-            handed over (:func:`fastdeploy_mtp.splitwise.handoff.export_slot`); ``None``
-            for a request that starts from its prompt.
-        sampling: how it picks tokens (:class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams`;
-            the default is greedy).
+            handed over (:meth:`~fastdeploy_mtp.runtime.interfaces.SlotHandover.export_slot`);
+            ``None`` for a request that starts from its prompt.
+        sampling: how it picks tokens
+            (:class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams`; the default is
+            greedy).
         finish_reason: once it completed: ``"stop"`` (an EOS id, a stop token id or a stop
             string) or ``"length"`` (``max_tokens``, or ``max_model_len``).
         output_logprobs: with ``sampling.logprobs`` set, one

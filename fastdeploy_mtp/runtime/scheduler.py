@@ -59,9 +59,10 @@ class Scheduler:
     on as a decode row), which the budget's lower bound ``N * (K + 1) + 1`` guarantees.
     Before a slot runs, it owns KV blocks for every position it (target or MTP layer) can
     write before the next schedule: ``2K + 2`` past its committed tokens. Finished slots free
-    their blocks and take the next waiting request. The reference engine does not preempt: a waiting request takes a
-    free slot only when the free blocks, less those the running requests may still claim,
-    cover its worst case (:meth:`worst_case_blocks`), so a running request never runs out.
+    their blocks and take the next waiting request. The reference engine does not preempt: a
+    waiting request takes a free slot only when the free blocks, less those the running
+    requests may still claim, cover its worst case (:meth:`worst_case_blocks`), so a running
+    request never runs out.
 
     Args:
         fd_config: serving config.

@@ -357,9 +357,7 @@ class TargetRunner:
         still = running & ~out.stop_flags
         steps, limits = self.adaptive.plan_round(still, prefill, self.proposer.num_model_steps)
         if steps == 0:
-            self.proposer.skip_round(
-                hidden, out.accept_tokens, out.accept_num, cu[:-1], out.decode_mask
-            )
+            self.proposer.skip_round(hidden, out, cu[:-1])
             return
         self.proposer.run(hidden, real_bsz=real_bsz, num_steps=steps)
         if (limits < self.proposer.max_draft_token_num).any():

@@ -1,6 +1,6 @@
 """The engine's side of the worker processes: :class:`RemoteRunner` launches the cache
 manager and one worker per tensor-parallel rank, and drives them with the
-:class:`~fastdeploy_mtp.runtime.target_runner.Runner` surface the engine loop uses, so the
+:class:`~fastdeploy_mtp.runtime.interfaces.Runner` surface the engine loop uses, so the
 serving engine and the offline :class:`~fastdeploy_mtp.runtime.engine.Engine` are one loop.
 
 Per step: the step message (ZMQ, :class:`~.messages.Step`) goes to every rank; rank 0 writes the emitted

@@ -282,6 +282,24 @@ def _row(state: Any, part: str, name: str) -> list[Any]:
     return list(enc["v"]) + [enc["fill"]] * (int(enc["n"]) - len(enc["v"]))
 
 
+def _check_history_tokens(state: Any, prompt: list[int], outputs: list[int]) -> None:
+    """The state's token history is ``prompt`` then ``outputs``, and the token it feeds next
+    (``draft_tokens[0]``) is the last of ``outputs``."""
+    history = [int(v) for v in _row(state, "target", "token_ids_all")]
+    if history[: len(prompt)] != prompt:
+        raise HandoffError(
+            "slot state `target.token_ids_all` does not start with the request's prompt"
+        )
+    if history[len(prompt) : len(prompt) + len(outputs)] != outputs:
+        raise HandoffError(
+            "slot state `target.token_ids_all` does not continue with the request's first tokens"
+        )
+    if int(_row(state, "target", "draft_tokens")[0]) != outputs[-1]:
+        raise HandoffError(
+            "slot state `target.draft_tokens[0]` is not the request's last first token"
+        )
+
+
 def check_handoff_history(
     state: Any,
     prompt_token_ids: list[int],
@@ -336,19 +354,7 @@ def check_handoff_history(
     this_time = one("target", "seq_lens_this_time")
     expect("target", "seq_lens_this_time", 1 <= this_time <= k + 1, f"1..{k + 1}")
     expect("target", "stop_flags", not bool(_row(state, "target", "stop_flags")[0]), "false")
-    history = [int(v) for v in _row(state, "target", "token_ids_all")]
-    if history[:n_prompt] != prompt:
-        raise HandoffError(
-            "slot state `target.token_ids_all` does not start with the request's prompt"
-        )
-    if history[n_prompt : n_prompt + n_out] != outputs:
-        raise HandoffError(
-            "slot state `target.token_ids_all` does not continue with the request's first tokens"
-        )
-    if int(_row(state, "target", "draft_tokens")[0]) != outputs[-1]:
-        raise HandoffError(
-            "slot state `target.draft_tokens[0]` is not the request's last first token"
-        )
+    _check_history_tokens(state, prompt, outputs)
     cached = n_prompt
     if state.get("draft") is not None:
         expect(

@@ -35,6 +35,20 @@ def tiny_arch(**overrides) -> ArchConfig:
     return ArchConfig(**{**fields, **overrides})
 
 
+def adaptive_spec(k: int, window: int, threshold: float, interval: int) -> SpeculativeConfig:
+    """MTP with ``k`` drafts from ``k`` substeps and the adaptive draft length on: acceptance
+    window ``window``, threshold ``threshold``, probes every ``interval`` rounds."""
+    return SpeculativeConfig(
+        method="mtp",
+        num_speculative_tokens=k,
+        num_model_steps=k,
+        adaptive_draft_length=True,
+        acceptance_window=window,
+        acceptance_rate_threshold=threshold,
+        adaptive_probe_interval=interval,
+    )
+
+
 def build_random_model():
     """(target, mtp): :func:`tiny_arch`, random weights (seeded)."""
     paddle.seed(1234)
