@@ -98,9 +98,9 @@ def run_once(
     """One generation of the demo prompts (greedy; with the mixed constraints if
     ``constrained``) on a fresh engine of ``batch`` slots; returns (output token ids per
     prompt, the run's :class:`~fastdeploy_mtp.runtime.engine_metrics.Metrics`)."""
+    from fastdeploy_mtp.assembly import build_engine
     from fastdeploy_mtp.engine_args import build_config
     from fastdeploy_mtp.models import ASSETS_DIR, load_model
-    from fastdeploy_mtp.runtime.engine import Engine
     from fastdeploy_mtp.runtime.request import Request
     from fastdeploy_mtp.runtime.sampling_params import SamplingParams
     from fastdeploy_mtp.tokenization import load_generation_config, load_tokenizer
@@ -132,7 +132,7 @@ def run_once(
     longest = max(len(r.prompt_token_ids) for r in reqs) + max_tokens + 2 * k + 8
     cfg = build_config(arch, spec, batch, longest)
     cfg.model_config.model = ASSETS_DIR  # the grammars run on its tokenizer.json
-    with Engine(cfg, target, mtp if spec.uses_mtp else None) as engine:
+    with build_engine(cfg, target, mtp if spec.uses_mtp else None) as engine:
         engine.generate(reqs)
     return [list(r.output_token_ids) for r in reqs], engine.metrics
 

@@ -10,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.engine_args import build_config, speculative_config
 from fastdeploy_mtp.models import ByteTokenizer, load_tiny
-from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import Request
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,7 +31,7 @@ def engine_output(prompt: str, max_tokens: int, k: int) -> tuple[list[int], int]
     target, mtp, arch = load_tiny()
     req = Request("r0", ByteTokenizer().encode(prompt), max_tokens=max_tokens)
     longest = len(req.prompt_token_ids) + max_tokens + 2 * k + 8
-    with Engine(
+    with build_engine(
         build_config(arch, speculative_config(k), 1, longest), target, mtp if k else None
     ) as engine:
         ids = engine.generate([req])["r0"]

@@ -104,8 +104,8 @@ def run_requests(
     A prompt given as a list of token ids is used as it is. ``trace``: the engine's per-step
     record (:attr:`~fastdeploy_mtp.runtime.engine.Engine.trace`) is appended to it.
     ``prefill_chunk_size``: prefill prompts in chunks of this many tokens (0: whole)."""
+    from ..assembly import build_engine
     from ..models import ASSETS_DIR, load_model
-    from ..runtime.engine import Engine
     from ..runtime.request import Request
     from ..tokenization import load_generation_config, load_tokenizer
 
@@ -141,7 +141,7 @@ def run_requests(
     # tok.decode leaves out padding ids and special tokens
     draft_model = mtp if spec.uses_mtp else None
     record, chunk = trace is not None, prefill_chunk_size
-    with Engine(
+    with build_engine(
         cfg, target, draft_model, chunk, record_trace=record, detokenize=tok.decode
     ) as engine:
         engine.generate(reqs, progress=_progress(label))

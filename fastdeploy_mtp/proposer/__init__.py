@@ -1,12 +1,15 @@
 """Proposers: draft tokens for the target to verify, by ``speculative_config.method``: the
 model's MTP layer (:class:`MTPProposer`), n-gram matching (:class:`NgramProposer`), suffix
-decoding (:class:`SuffixProposer`) or none (:class:`NaiveProposer`), behind one interface
-(:class:`Proposer`, built by :func:`make_proposer`)."""
+decoding (:class:`SuffixProposer`) or none (:class:`NaiveProposer`), behind the interface
+the runtime defines (:class:`~fastdeploy_mtp.runtime.interfaces.Proposer`), built by
+:func:`make_proposer`."""
 
-from .base import Proposer, make_proposer
+from ..runtime.interfaces import Proposer
+from .factory import make_proposer
 from .model_free import ModelFreeProposer, NaiveProposer, NgramProposer
 from .mtp import MTPProposer
 from .proposer_inputs import CLONED_FROM_TARGET, SHARED_WITH_TARGET, ProposerInputBatch
+from .round_entry import RoundEntry
 from .sampler import MTPSampler
 from .suffix import SuffixProposer
 
@@ -19,6 +22,7 @@ __all__ = [
     "NgramProposer",
     "Proposer",
     "ProposerInputBatch",
+    "RoundEntry",
     "SHARED_WITH_TARGET",
     "SuffixProposer",
     "make_proposer",

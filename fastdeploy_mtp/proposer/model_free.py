@@ -8,6 +8,7 @@ They write the target's ``share_inputs`` directly (``draft_tokens`` ``[N, K+1]``
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Sequence
 
 import numpy as np
@@ -20,11 +21,14 @@ from ..models.cache_spec import CacheSpec
 from ..runtime.input_batch import InputBatch
 from ..runtime.request import Request
 from ..runtime.spec_step import PaddleBackend, postprocess
+from ..runtime.step_output import StepOutput
+from .round_entry import RoundEntry
 
 
-class ModelFreeProposer:
-    """The parts of :class:`~fastdeploy_mtp.proposer.base.Proposer` every model-free method
-    shares: no caches, no draft state, no model time; :meth:`run` is the method's.
+class ModelFreeProposer(RoundEntry):
+    """The parts of :class:`~fastdeploy_mtp.runtime.interfaces.Proposer` every model-free
+    method shares: no caches, no draft state, no model time. A round writes the method's
+    drafts (:meth:`write_drafts`) and ends with ``draft_model_postprocess``.
 
     Args:
         fd_config: serving config; ``speculative_config.num_speculative_tokens`` is ``K``.
@@ -55,17 +59,25 @@ class ModelFreeProposer:
         """No caches to release."""
 
     def skip_round(
-        self,
-        full_hidden_states: paddle.Tensor,
-        accept_tokens: np.ndarray,
-        accept_num: np.ndarray,
-        rows_start: np.ndarray,
-        decoding: np.ndarray,
+        self, full_hidden_states: paddle.Tensor, step: StepOutput, rows_start: np.ndarray
     ) -> None:
         """Not supported: the config refuses ``adaptive_draft_length`` for model-free methods."""
+        method = self.fd_config.speculative_config.method
         raise NotImplementedError(
-            f"speculative_config.method {self.fd_config.speculative_config.method!r} has no adaptive draft length"
+            f"speculative_config.method {method!r} has no adaptive draft length"
         )
+
+    def propose(
+        self, full_hidden_states: paddle.Tensor, real_bsz: int, num_steps: int | None
+    ) -> None:
+        """The method's drafts, then each slot's next token count (the arguments are the
+        draft model's; a model-free round reads only the target's buffers)."""
+        self.write_drafts()
+        self._finish_round()
+
+    @abstractmethod
+    def write_drafts(self) -> None:
+        """This round's drafts into the target's ``draft_tokens[:, 1:]``."""
 
     def _clear_drafts(self) -> None:
         """Empty every slot's draft columns ``draft_tokens[:, 1:]`` (column 0, the last
@@ -74,7 +86,8 @@ class ModelFreeProposer:
 
     def _finish_round(self) -> None:
         """``draft_model_postprocess``: a decoding slot feeds its last token and its drafts,
-        a stopped slot nothing."""
+        a stopped slot nothing (a slot that stopped this step still has its cached length,
+        so a method may have drafted for it)."""
         postprocess(self._ops, self.target_model_inputs)
 
 
@@ -83,19 +96,9 @@ class NaiveProposer(ModelFreeProposer):
     still runs the speculative step (verification with nothing to verify, the status update
     over ``K + 1`` wide buffers), so it emits one token per step, as without speculation."""
 
-    @paddle.no_grad()
-    def run(
-        self,
-        full_hidden_states: paddle.Tensor,
-        step_use_cudagraph: bool = False,
-        is_dummy_run: bool = False,
-        real_bsz: int = 0,
-        num_steps: int | None = None,
-    ) -> None:
-        """Clear the drafts and set each slot's next token count (arguments as
-        :meth:`~fastdeploy_mtp.proposer.MTPProposer.run`, unused)."""
+    def write_drafts(self) -> None:
+        """No drafts: clear them."""
         self._clear_drafts()
-        self._finish_round()
 
 
 class NgramProposer(ModelFreeProposer):
@@ -113,17 +116,8 @@ class NgramProposer(ModelFreeProposer):
     offered at most as many drafts as it may still emit tokens after its next one.
     """
 
-    @paddle.no_grad()
-    def run(
-        self,
-        full_hidden_states: paddle.Tensor,
-        step_use_cudagraph: bool = False,
-        is_dummy_run: bool = False,
-        real_bsz: int = 0,
-        num_steps: int | None = None,
-    ) -> None:
-        """Draft from n-gram matches into the target's buffers (arguments as
-        :meth:`~fastdeploy_mtp.proposer.MTPProposer.run`, unused)."""
+    def write_drafts(self) -> None:
+        """Draft from n-gram matches into the target's buffers."""
         target = self.target_model_inputs
         self._clear_drafts()
         ops.ngram_match(
@@ -141,6 +135,3 @@ class NgramProposer(ModelFreeProposer):
             max_ngram_size=self.fd_config.speculative_config.max_ngram_size,
             max_draft_tokens=self.max_draft_token_num,
         )
-        # a slot that stopped this step still has its cached length, so ngram_match counted it
-        # as decoding: the postprocess gives it 0 tokens
-        self._finish_round()

@@ -1,6 +1,6 @@
 """``MTPProposer``: runs a model's MTP layer beside the target to draft tokens.
 
-One round (:meth:`MTPProposer.run`, after the target's verify and status update; the whole
+One round (:meth:`MTPProposer.propose`, after the target's verify and status update; the whole
 engine step is described in ``docs/architecture.md``). Its op sequence is written once in
 :mod:`fastdeploy_mtp.runtime.spec_step`, which the framework-free end-to-end check runs too;
 the proposer supplies the MTP side (:meth:`MTPProposer.forward_substep`,
@@ -28,7 +28,6 @@ there is one code path for every backend.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -39,13 +38,15 @@ from .. import ops
 from ..config import FDConfig
 from ..constants import PLACEHOLDER_TOKEN_ID
 from ..models.cache_spec import CacheSpec
-from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
 from ..runtime.input_batch import InputBatch, limit_drafts
 from ..runtime.request import Request, RequestType
-from ..runtime.spec_step import Packed, PaddleBackend, postprocess, prepare_round, propose_substeps
+from ..runtime.spec_step import PaddleBackend, postprocess, prepare_round, propose_substeps
+from ..runtime.step_output import StepOutput
 from .mtp_caches import MTPCaches
+from .mtp_forwards import MTPForwards
 from .proposer_inputs import ProposerInputBatch
+from .round_entry import RoundEntry
 from .sampler import MTPSampler
 from .skipped_rounds import SkippedRounds
 
@@ -66,7 +67,7 @@ def layer_for_substep(substep: int, num_layers: int, schedule: str = "cycle") ->
     raise ValueError(f"unknown mtp_layer_schedule {schedule!r}")
 
 
-class MTPProposer(MTPCaches):
+class MTPProposer(MTPCaches, MTPForwards, RoundEntry):
     """FastDeploy's MTP proposer surface over the package's ops.
 
     Args:
@@ -83,6 +84,8 @@ class MTPProposer(MTPCaches):
             :class:`~fastdeploy_mtp.models.interfaces.MTPModel`). FastDeploy builds it from
             ``speculative_config.model``; here the caller passes it, e.g. the one
             :func:`fastdeploy_mtp.models.load_tiny` returns.
+        guided: keyword-only, the runner's grammar matchers (structured output): a
+            constrained slot drafts under its grammar.
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class MTPProposer(MTPCaches):
         target_model_inputs: InputBatch,
         *,
         model: MTPModel | None = None,
+        guided: GuidedSlots | None = None,
     ):
         spec = fd_config.speculative_config
         if spec.method != "mtp":
@@ -102,7 +106,8 @@ class MTPProposer(MTPCaches):
             )
         if model is None:
             raise ValueError(
-                "MTPProposer needs the MTP layer: pass `model=` (e.g. from fastdeploy_mtp.models.load_tiny())"
+                "MTPProposer needs the MTP layer: pass `model=` (e.g. from "
+                "fastdeploy_mtp.models.load_tiny())"
             )
         self.fd_config = fd_config
         self.main_model = main_model
@@ -154,14 +159,15 @@ class MTPProposer(MTPCaches):
         #: prompt chunk, at most what it fed the target this step), set by the runner; None =
         #: unknown (``ForwardMeta.max_rows_per_item``)
         self.rows_bound: int | None = None
-        #: the round's op sequence runs on Paddle tensors (see :mod:`~fastdeploy_mtp.runtime.spec_step`)
+        #: the round's op sequence runs on Paddle tensors (see
+        #: :mod:`~fastdeploy_mtp.runtime.spec_step`)
         self._ops = PaddleBackend()
         #: distinct MTP layers: substep 0's inputs and the chain rows of the substeps since
         #: (:meth:`forward_substep`)
         self._first: tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor, paddle.Tensor] | None = None
         self._chain: list[tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]] = []
-        #: the runner's grammar matchers (structured output), set by the runner
-        self.guided: GuidedSlots | None = None
+        #: the runner's grammar matchers (structured output)
+        self.guided = guided
 
     # ---- request insertion ---------------------------------------------------------------
     def insert_tasks_v1(self, req_dicts: Sequence[Request], num_running_requests: int = 0) -> None:
@@ -192,26 +198,6 @@ class MTPProposer(MTPCaches):
             elif req.task_type == RequestType.ABORT:
                 self._stop_slot(idx)
 
-    def insert_prefill_inputs(
-        self, req_dicts: Sequence[Request], num_running_requests: int = 0
-    ) -> None:
-        """FastDeploy's older (v0 scheduler) insertion: same draft state as
-        :meth:`insert_tasks_v1`, plus the per-slot state of the v0 block allocator
-        (``encoder_block_lens`` = the slot's block count, ``used_list_len = 0``), which
-        ``mtp_step_paddle`` reads; this proposer's :meth:`run` does not call that op."""
-        self.insert_tasks_v1(req_dicts, num_running_requests)
-        for req in req_dicts:
-            if req.task_type == RequestType.PREFILL:
-                idx = int(req.idx)
-                self.model_inputs.encoder_block_lens[idx] = len(req.block_tables)
-                self.model_inputs.used_list_len[idx] = 0
-
-    def update_task_chunk_prefill(self, task: Request) -> None:
-        """Load the next prompt chunk of a chunked-prefill request (same state as a fresh
-        prefill task for that chunk)."""
-        task.task_type = RequestType.PREFILL
-        self.insert_tasks_v1([task])
-
     def forget_slot(self, idx: int) -> None:
         """Drop what the proposer keeps for slot ``idx`` (its request finished or was replaced)."""
         self._skipped.forget(idx)
@@ -219,18 +205,6 @@ class MTPProposer(MTPCaches):
     def _stop_slot(self, idx: int) -> None:
         self.forget_slot(idx)
         self.model_inputs.stop_slot(idx)
-
-    def dummy_prefill_inputs(
-        self, num_tokens: int, batch_size: int, expected_decode_len: int = 1
-    ) -> None:
-        """Fill the first ``batch_size`` slots with a dummy prefill of ``num_tokens //
-        batch_size`` tokens each, capped at ``max_model_len - expected_decode_len - 1``
-        (warm-up and memory profiling)."""
-        if batch_size <= 0 or num_tokens < batch_size:
-            raise ValueError(f"need 0 < batch_size <= num_tokens, got {batch_size}, {num_tokens}")
-        per_item = min(num_tokens // batch_size, self.max_model_len - expected_decode_len - 1)
-        for idx in range(batch_size):
-            self.model_inputs.load_dummy_prefill(idx, per_item)
 
     def exist_prefill(self) -> bool:
         """Whether some draft slot is in prefill (reads the lengths on the host)."""
@@ -266,30 +240,15 @@ class MTPProposer(MTPCaches):
                 buf[i2] = a
 
     # ---- one round -------------------------------------------------------------------------
-    @paddle.no_grad()
-    def run(
-        self,
-        full_hidden_states: paddle.Tensor,
-        step_use_cudagraph: bool = False,
-        is_dummy_run: bool = False,
-        real_bsz: int = 0,
-        num_steps: int | None = None,
+    def propose(
+        self, full_hidden_states: paddle.Tensor, real_bsz: int, num_steps: int | None
     ) -> None:
-        """Write drafts for every running target item into the target's ``draft_tokens``:
-        ``num_model_steps`` from the MTP layer, and in hybrid mode the remaining slots up to
-        ``K`` from n-gram matches.
-
-        Args:
-            full_hidden_states: ``[T_target, H]`` the target's hidden rows of this step (as its
-                forward returned them, in batch order).
-            step_use_cudagraph: accepted for FastDeploy compatibility (no graphs here).
-            is_dummy_run: accepted for FastDeploy compatibility (the round runs as usual).
-            real_bsz: number of leading slots in use (0, or more than ``max_num_seqs``, = all);
-                it bounds the token count of substeps after the first.
-            num_steps: MTP substeps this round, ``1 .. num_model_steps`` (default all); the
-                adaptive draft length runs fewer when no request wants more drafts. To skip
-                the MTP layer for a round use :meth:`skip_round`.
-        """
+        """The round of :meth:`run`: write drafts for every running target item into the
+        target's ``draft_tokens``: ``num_model_steps`` from the MTP layer, and in hybrid mode
+        the remaining slots up to ``K`` from n-gram matches. ``real_bsz`` bounds the token
+        count of substeps after the first. ``num_steps``: MTP substeps this round,
+        ``1 .. num_model_steps`` (``None``: all); the adaptive draft length runs fewer when no
+        request wants more drafts. To skip the MTP layer for a round use :meth:`skip_round`."""
         steps = self.num_model_steps if num_steps is None else int(num_steps)
         if not 1 <= steps <= self.num_model_steps:
             raise ValueError(f"`num_steps` must be in [1, {self.num_model_steps}], got {num_steps}")
@@ -325,12 +284,7 @@ class MTPProposer(MTPCaches):
 
     @paddle.no_grad()
     def skip_round(
-        self,
-        full_hidden_states: paddle.Tensor,
-        accept_tokens: np.ndarray,
-        accept_num: np.ndarray,
-        rows_start: np.ndarray,
-        decoding: np.ndarray,
+        self, full_hidden_states: paddle.Tensor, step: StepOutput, rows_start: np.ndarray
     ) -> None:
         """A round without the MTP layer (plain decoding: every running item feeds only its
         last token next step). What the MTP layer would have consumed is kept as it is (the
@@ -341,11 +295,10 @@ class MTPProposer(MTPCaches):
 
         Args:
             full_hidden_states: ``[T_target, H]`` the target's hidden rows of this step.
-            accept_tokens: ``[N, K+1]`` host ints, tokens each slot emitted this step.
-            accept_num: ``[N]`` host ints, how many.
+            step: what the step emitted: its ``accept_tokens`` ``[N, K+1]`` and
+                ``accept_num`` ``[N]``, and ``decode_mask`` ``[N]``, the slots that decoded (a
+                prefill round cannot be skipped: the MTP layer must see the prompt).
             rows_start: ``[N]`` host ints, first row of each slot in ``full_hidden_states``.
-            decoding: ``[N]`` host bools, slots that decoded this step (a prefill round cannot
-                be skipped: the MTP layer must see the prompt).
         """
         target = self.target_model_inputs
         self.sampler.new_round()
@@ -354,7 +307,12 @@ class MTPProposer(MTPCaches):
         target.draft_tokens[:, 1:] = PLACEHOLDER_TOKEN_ID
         self._update_status()
         self._skipped.record(
-            full_hidden_states, target.step_idx, accept_tokens, accept_num, rows_start, decoding
+            full_hidden_states,
+            target.step_idx,
+            step.accept_tokens,
+            step.accept_num,
+            rows_start,
+            step.decode_mask,
         )
 
     def _catch_up(self) -> None:
@@ -375,90 +333,12 @@ class MTPProposer(MTPCaches):
         for layer in sorted(set(self.layer_schedule)):  # the layers this config ever runs
             self._forward(meta.ids_remove_padding, replay.hidden, meta, layer)
 
-    def _meta(
-        self,
-        ids: paddle.Tensor,
-        cu_seqlens_q: paddle.Tensor,
-        seq_lens_encoder: paddle.Tensor,
-        seq_lens_decoder: paddle.Tensor,
-        seq_lens_this_time: paddle.Tensor,
-        max_rows_per_item: int | None,
-    ) -> ForwardMeta:
-        """A forward's metadata over the draft's block table and the MTP caches, with this
-        round's host-known bounds; validated on the host only in rounds with a prefill."""
-        return ForwardMeta(
-            ids_remove_padding=ids,
-            cu_seqlens_q=cu_seqlens_q,
-            seq_lens_encoder=seq_lens_encoder,
-            seq_lens_decoder=seq_lens_decoder,
-            seq_lens_this_time=seq_lens_this_time,
-            block_tables=self.model_inputs.block_tables,
-            caches=self.caches,
-            block_size=self.block_size,
-            max_seq_len=self.seq_len_bound,
-            max_rows_per_item=max_rows_per_item,
-            check=not self.overlap_round,
-        )
-
-    def _forward(
-        self, ids: paddle.Tensor, hidden: paddle.Tensor, meta: ForwardMeta, layer: int
-    ) -> paddle.Tensor:
-        t0 = time.perf_counter()
-        if self.num_mtp_layers > 1:
-            out = self.model(ids, hidden, meta, layer=layer)  # type: ignore[call-arg]
-        else:
-            out = self.model(ids, hidden, meta)
-        self.model_seconds += time.perf_counter() - t0
-        return out
-
-    def _logits(self, hidden: paddle.Tensor, layer: int) -> paddle.Tensor:
-        t0 = time.perf_counter()
-        if self.num_mtp_layers > 1:
-            out = self.model.compute_logits(hidden, None, layer=layer)  # type: ignore[call-arg]
-        else:
-            out = self.model.compute_logits(hidden)
-        self.model_seconds += time.perf_counter() - t0
-        return out
-
     # ---- the MTP side of spec_step.propose_substeps ------------------------------------------
-    def forward_substep(self, substep: int, packed: Packed, token_num: int) -> paddle.Tensor:
-        """The MTP layer of substep ``substep`` over the packed draft tokens and the first
-        ``token_num`` staged hidden rows: ``[token_num, H]``. With distinct MTP layers a
-        substep after the first re-reads the accepted rows and the chain of drafts so far
-        (:meth:`_chain_forward`), since its layer has its own cache."""
-        draft = self.model_inputs
-        multi = self.num_mtp_layers > 1
-        layer = self.layer_schedule[substep]
-        rows_hidden = draft.target_hidden_states[:token_num]
-        if multi and substep > 0:
-            self._chain.append(
-                (packed.ids_remove_padding, rows_hidden.clone(), packed.batch_id_per_token)
-            )
-            assert self._first is not None
-            return self._chain_forward(self._first, self._chain, layer, packed.batch_id_per_token)
-        meta = self._meta(
-            packed.ids_remove_padding,
-            packed.cu_seqlens_q,
-            draft.seq_lens_encoder,
-            draft.seq_lens_decoder,
-            draft.seq_lens_this_time,
-            self.rows_bound if substep == 0 else 1,
-        )
-        if multi:
-            dec0 = draft.seq_lens_decoder.clone()
-            self._first = (
-                packed.ids_remove_padding,
-                rows_hidden.clone(),
-                packed.batch_id_per_token,
-                dec0,
-            )
-            self._chain = []
-        return self._forward(packed.ids_remove_padding, rows_hidden, meta, layer)
-
     def sample_substep(self, gathered: paddle.Tensor, substep: int) -> paddle.Tensor:
         """``[N]`` int64 greedy drafts from substep ``substep``'s gathered rows (and, for the
         slots that asked, their log-probabilities: :meth:`MTPSampler.record`). A constrained
-        slot drafts under its grammar (:meth:`~fastdeploy_mtp.runtime.guided.GuidedSlots.mask_drafts`)."""
+        slot drafts under its grammar
+        (:meth:`~fastdeploy_mtp.runtime.guided.GuidedSlots.mask_drafts`)."""
         logits = self._logits(gathered, self.layer_schedule[substep])
         guided = self.guided if self.guided is not None and self.guided.matchers else None
         if guided is not None:
@@ -469,52 +349,6 @@ class MTPProposer(MTPCaches):
         if self.sampler.wanted:
             self.sampler.record(logits, tokens, self.model_inputs.seq_lens_this_time, substep)
         return tokens
-
-    def empty_substep(self) -> None:
-        self.model.empty_input_forward(None)
-
-    def _chain_forward(
-        self,
-        first: tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor, paddle.Tensor],
-        chain: list[tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]],
-        layer: int,
-        batch_id_now: paddle.Tensor,
-    ) -> paddle.Tensor:
-        """Substep ``s >= 1`` with distinct MTP layers: run ``layer`` over, per item, the rows of
-        substep 0 (accepted tokens with the target's hidden states) followed by the ``s``
-        chain rows (draft ``j`` with the hidden state substep ``j - 1`` produced), from the
-        position substep 0 started at. Returns this substep's rows in its own packed layout
-        (one row per running item: that item's last row), as a single-layer forward would.
-
-        All shapes are host-known (the sum of the packed row counts, padding included); the
-        item of every row comes from the ops' ``batch_id_per_token`` (-1 on padding rows)."""
-        ids0, hid0, bid0, dec0 = first
-        bsz = int(dec0.shape[0])
-        parts_ids = [ids0] + [c[0] for c in chain]
-        parts_hid = [hid0] + [c[1] for c in chain]
-        parts_bid = [bid0] + [c[2] for c in chain]
-        bid = paddle.concat(
-            [paddle.where(b < 0, paddle.full_like(b, bsz), b) for b in parts_bid]
-        ).astype("int64")
-        order = paddle.argsort(
-            bid, stable=True
-        )  # item by item; substep 0 rows, then chain rows in order
-        ids = paddle.gather(paddle.concat(parts_ids), order)
-        hid = paddle.gather(paddle.concat(parts_hid), order)
-        # rows per item as a comparison sum, not bincount (whose output size depends on the data)
-        counts = (
-            (bid.unsqueeze(1) == paddle.arange(bsz, dtype="int64").unsqueeze(0))
-            .astype("int32")
-            .sum(0)
-            .astype("int32")
-        )
-        cu = paddle.concat([paddle.zeros([1], "int32"), paddle.cumsum(counts).astype("int32")])
-        rows = None if self.rows_bound is None else self.rows_bound + len(chain)
-        meta = self._meta(ids, cu, paddle.zeros_like(counts), dec0, counts, rows)
-        out = self._forward(ids, hid, meta, layer)
-        last = paddle.gather(out, (cu[1:] - 1).clip(min=0).astype("int64"))  # [B, H], one per item
-        now = batch_id_now.astype("int64").clip(min=0)
-        return paddle.gather(last, now)
 
     def _update_status(self) -> None:
         postprocess(self._ops, self.target_model_inputs)

@@ -131,7 +131,8 @@ class ProposerInputBatch(InputBatch):
     # ---- per-slot state (MTPProposer's insertion) -------------------------------------------
     def load_prefill_chunk(self, req: Request) -> None:
         """Set slot ``req.idx``'s draft state for prefill chunk ``[start, end)`` of its prompt
-        (see :meth:`MTPProposer.insert_tasks_v1 <fastdeploy_mtp.proposer.MTPProposer.insert_tasks_v1>`).
+        (see :meth:`MTPProposer.insert_tasks_v1
+        <fastdeploy_mtp.proposer.MTPProposer.insert_tasks_v1>`).
 
         Raises:
             ValueError: an empty chunk.
@@ -167,14 +168,4 @@ class ProposerInputBatch(InputBatch):
         self.seq_lens_this_time[idx] = 0
         self.seq_lens_encoder[idx] = 0
         self.seq_lens_decoder[idx] = 0
-        self.step_idx[idx, 0] = 0
-
-    def load_dummy_prefill(self, idx: int, num_tokens: int) -> None:
-        """A dummy prefill of ``num_tokens`` tokens (id 5) in draft slot ``idx`` (warm-up and
-        memory profiling)."""
-        self.input_ids[idx, :num_tokens] = 5
-        self.stop_flags[idx, 0] = False
-        self.seq_lens_encoder[idx] = num_tokens
-        self.seq_lens_decoder[idx] = 0
-        self.seq_lens_this_time[idx] = num_tokens
         self.step_idx[idx, 0] = 0

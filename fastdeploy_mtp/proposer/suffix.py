@@ -270,17 +270,8 @@ class SuffixProposer(ModelFreeProposer):
         shared = self.cache.trie.draft(slot.tokens, k, factor, prob)
         return shared if shared.score > own.score else own
 
-    @paddle.no_grad()
-    def run(
-        self,
-        full_hidden_states: paddle.Tensor,
-        step_use_cudagraph: bool = False,
-        is_dummy_run: bool = False,
-        real_bsz: int = 0,
-        num_steps: int | None = None,
-    ) -> None:
-        """Record this step's emitted tokens and draft for the running slots (arguments as
-        :meth:`~fastdeploy_mtp.proposer.MTPProposer.run`, unused)."""
+    def write_drafts(self) -> None:
+        """Record this step's emitted tokens and draft for the running slots."""
         target = self.target_model_inputs
         k = self.max_draft_token_num
         drafts = np.full((int(target.draft_tokens.shape[0]), k), PLACEHOLDER_TOKEN_ID, np.int64)
@@ -297,4 +288,3 @@ class SuffixProposer(ModelFreeProposer):
                 tokens = self.draft_for(slot).tokens
                 drafts[idx, : len(tokens)] = tokens
         target.draft_tokens[:, 1:] = paddle.to_tensor(drafts)
-        self._finish_round()

@@ -2,8 +2,9 @@
 proposer round, hand-out of the emitted tokens), aborts, and the splitwise hand-over of a
 request between a prefill and a decode instance.
 
-What a step reports is in :mod:`.events`, the speculation statistics in :mod:`.metrics`,
-where an output stops early in :mod:`.stops`.
+What a step reports is in :mod:`.events`, the speculation statistics in
+:mod:`.engine_metrics`, where an output stops early in :mod:`.stops`. The engine is built with
+its collaborators (:mod:`.interfaces`) by :mod:`fastdeploy_mtp.assembly`.
 """
 
 from __future__ import annotations
@@ -14,22 +15,21 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..config import FDConfig
-from ..models.interfaces import MTPModel, TargetModel
 from .engine_metrics import Metrics
 from .events import HandedOffRequest, StepEvents
+from .handover_checks import check_transferred
+from .interfaces import Runner, SlotHandover
 from .request import GenerationError, InvalidRequestError, Request, RequestType
-from .sampling_params import StepDrafts, TokenLogprob
+from .sampling_params import TokenLogprob
 from .scheduler import Scheduler
-from .stops import Detokenize, cut_at_stop_ids, cut_at_stop_string, safe_to_emit
-from .target_runner import Runner, StepOutput, TargetRunner
-
-
-def _max_positions(*models: object) -> int | None:
-    """The fewest positions any of ``models`` can encode (their ``config.max_position_embeddings``),
-    ``None`` when none says."""
-    limits = [getattr(getattr(m, "config", None), "max_position_embeddings", None) for m in models]
-    known = [int(v) for v in limits if isinstance(v, int)]
-    return min(known) if known else None
+from .step_output import StepOutput
+from .stops import (
+    Detokenize,
+    append_output,
+    check_stop_strings,
+    finish_reason,
+    safe_to_emit,
+)
 
 
 class Engine:
@@ -38,16 +38,19 @@ class Engine:
 
     Args:
         fd_config: serving config (``speculative_config.method = None`` for plain decoding).
-        model: the target model; mtp_model: its MTP layer (when speculating). The engine
-            then runs them in this process (a :class:`TargetRunner`).
+        runner: the target step and proposer round (the
+            :class:`~fastdeploy_mtp.runtime.interfaces.Runner` surface): in this process a
+            :class:`~fastdeploy_mtp.runtime.target_runner.TargetRunner`, in serving the runner
+            that drives worker processes (:class:`fastdeploy_mtp.serving.processes.remote_runner.RemoteRunner`).
+        handover: reads a handed-over slot state (splitwise;
+            :class:`~fastdeploy_mtp.runtime.interfaces.SlotHandover`).
         prefill_chunk_size: see :class:`~fastdeploy_mtp.runtime.scheduler.Scheduler`.
-        runner: instead of ``model``: anything with the :class:`Runner` surface, e.g. the
-            serving engine's runner that drives worker processes
-            (:class:`fastdeploy_mtp.serving.processes.remote_runner.RemoteRunner`).
-        max_positions: with ``runner``: positions the model can encode (prompt + output
-            must fit; ``None`` = only ``max_model_len``).
+        max_positions: positions the model can encode (prompt + output must fit; ``None`` =
+            only ``max_model_len``).
         detokenize: token ids -> text, for requests with stop strings (``sampling.stop``);
             without it such requests are refused.
+
+    :func:`fastdeploy_mtp.assembly.build_engine` builds one from a model (and MTP layer).
 
     The loop is :meth:`step` (one schedule + target step + proposer round); :meth:`generate`
     runs it until a batch of requests completes, a server calls it as requests arrive.
@@ -68,11 +71,11 @@ class Engine:
     def __init__(
         self,
         fd_config: FDConfig,
-        model: TargetModel | None = None,
-        mtp_model: MTPModel | None = None,
+        runner: Runner,
+        *,
+        handover: SlotHandover,
         prefill_chunk_size: int = 0,
         record_trace: bool = False,
-        runner: Runner | None = None,
         max_positions: int | None = None,
         detokenize: Detokenize | None = None,
     ):
@@ -82,17 +85,14 @@ class Engine:
         #: with ``record_trace``: one ``(step, request_id, task, emitted tokens, drafts)``
         #: tuple per slot and target forward, for tests and debugging.
         self.trace: list[tuple] | None = [] if record_trace else None
-        if runner is None:
-            if model is None:
-                raise ValueError("Engine needs the target `model` (or a `runner`)")
-            runner = TargetRunner(fd_config, model, mtp_model)
-            max_positions = _max_positions(model, mtp_model)
         self.runner: Runner = runner
+        self.handover = handover
         self.scheduler = Scheduler(
             fd_config,
             prefill_chunk_size,
             vocab_size=self.runner.vocab_size,
             max_positions=max_positions,
+            handover=handover,
         )
         spec = fd_config.speculative_config
         k = spec.num_speculative_tokens if spec.enabled else 0
@@ -123,19 +123,8 @@ class Engine:
                 "add_requests: `requests` must be a sequence of Request, got one Request"
             )
         requests = list(requests)
-        self._check_stop_strings(requests)
+        check_stop_strings(requests, self.detokenize)
         self.scheduler.add_requests(requests, max_arrival_step=max_arrival_step)
-
-    def _check_stop_strings(self, requests: Sequence[Request]) -> None:
-        if self.detokenize is not None:
-            return
-        for req in requests:
-            if isinstance(req, Request) and getattr(req.sampling, "stop", None):
-                raise InvalidRequestError(
-                    req.request_id,
-                    "stop",
-                    "needs a detokenizer: this engine was built without `detokenize`",
-                )
 
     def add_transferred(self, req: Request) -> None:
         """Splitwise decode: queue a request a prefill instance handed over: ``req`` carries
@@ -144,35 +133,11 @@ class Engine:
         against this engine's buffers (the same speculation, ``max_model_len`` and batch
         layout as the prefill instance); raises
         :class:`~fastdeploy_mtp.runtime.request.InvalidRequestError` (field ``handoff``)."""
-        from ..splitwise.handoff import HandoffError, sampling_mismatch
-
-        if self.role != "decode":
-            raise InvalidRequestError(
-                req.request_id,
-                "handoff",
-                f"this engine's splitwise_role is {self.role!r}, not 'decode'",
-            )
-        if req.handoff_state is None:
-            raise InvalidRequestError(req.request_id, "handoff", "is missing (no slot state)")
-        try:
-            self.runner.check_handoff(req.handoff_state)
-        except HandoffError as exc:
-            raise InvalidRequestError(
-                req.request_id, "handoff", f"does not fit this instance: {exc}"
-            ) from None
-        mismatch = sampling_mismatch(
-            req.handoff_state, req.sampling, req.request_id, req.max_tokens
-        )
-        if mismatch is not None:
-            raise InvalidRequestError(
-                req.request_id, "sampling", f"does not match the handed-over slot: {mismatch}"
-            )
-        self._check_stop_strings([req])
+        check_transferred(req, self.role, self.runner, self.handover)
+        check_stop_strings([req], self.detokenize)
         self.scheduler.add_requests([req])
         req.emitted_count = len(req.output_token_ids)  # the prefill instance handed those out
-        if (
-            req.sampling.logprobs is not None
-        ):  # and their logprobs: keep one entry per token here too
+        if req.sampling.logprobs is not None:  # and their logprobs: one entry per token here too
             req.output_logprobs = [TokenLogprob(int(t), float("nan")) for t in req.output_token_ids]
 
     def transfer_done(self, req: Request, error: BaseException | None = None) -> None:
@@ -216,14 +181,9 @@ class Engine:
         if tasks:
             try:
                 self.runner.insert_tasks(tasks)
-                if self.role == "prefill":
-                    self.runner.set_exports(
-                        [
-                            t.idx
-                            for t in tasks
-                            if t.task_type == RequestType.PREFILL and t.is_final_chunk
-                        ]
-                    )
+                if self.role == "prefill":  # the slots whose prompt is done leave after it
+                    final = [t for t in tasks if t.task_type == RequestType.PREFILL]
+                    self.runner.set_exports([t.idx for t in final if t.is_final_chunk])
                 out = self.runner.execute()
             except Exception as exc:
                 self._abort_all(exc, failures, running_only=True)
@@ -291,26 +251,13 @@ class Engine:
             self.trace.append(
                 (step, req.request_id, req.task_type.name, new, [int(d) for d in out.drafts[idx]])
             )
-        new, stopped = cut_at_stop_ids(req, new)
         drafts = out.draft_logprobs.get(idx) if req.sampling.include_draft_logprobs else None
-        if drafts and new:  # the drafts this step verified (a prefill step verifies none)
-            req.output_draft_logprobs.append(StepDrafts(len(req.output_token_ids), list(drafts)))
-        req.output_token_ids.extend(new)
-        if req.sampling.logprobs is not None:
-            req.output_logprobs.extend(out.logprobs.get(idx, [])[: len(new)])
-        return cut_at_stop_string(req, self.detokenize) or stopped
+        return append_output(req, new, drafts, out.logprobs.get(idx, []), self.detokenize)
 
     def _finish(self, req: Request, stopped: bool, events: StepEvents) -> None:
         """``req`` completed this step (``stopped``: at a stop token id or string): say why,
         and free its slot."""
-        if stopped:
-            req.finish_reason = "stop"
-        elif len(req.output_token_ids) >= req.max_tokens:
-            req.finish_reason = "length"
-        elif req.output_token_ids and req.output_token_ids[-1] in self._eos:
-            req.finish_reason = "stop"
-        else:
-            req.finish_reason = "length"  # max_model_len
+        req.finish_reason = finish_reason(req, stopped, self._eos)
         self.runner.free_slot(req.idx)
         self.scheduler.finish(req.idx)
         events.finished.append(req)
@@ -420,9 +367,8 @@ class Engine:
         holds_slot = (
             req.idx in self.scheduler.slots and self.scheduler.slots[req.idx].request is req
         )
-        self.scheduler.abort(
-            req, error
-        )  # bookkeeping first: the engine is empty even if a reset fails
+        # bookkeeping first: the engine is empty even if a reset fails
+        self.scheduler.abort(req, error)
         failures[req.request_id] = error
         if holds_slot:
             self.runner.abort_slot(req)
@@ -430,7 +376,8 @@ class Engine:
     def _abort_all(
         self, error: BaseException, failures: dict[str, BaseException], running_only: bool
     ) -> None:
-        """Abort every request holding a slot (and, unless ``running_only``, every queued one)."""
+        """Abort every request holding a slot (and, unless ``running_only``, every queued
+        one)."""
         for _, state in sorted(self.scheduler.slots.items()):
             self._abort(state.request, error, failures)
         if not running_only:

@@ -1,5 +1,6 @@
-"""What one step of the reference engine reports (:meth:`~fastdeploy_mtp.runtime.engine.Engine.step`):
-tokens emitted, requests finished, failed, or handed off to a splitwise decode instance."""
+"""What one step of the reference engine reports
+(:meth:`~fastdeploy_mtp.runtime.engine.Engine.step`): tokens emitted, requests finished,
+failed, or handed off to a splitwise decode instance."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ class HandedOffRequest:
 
     Attributes:
         request: the request (finished here; its first token(s) in ``output_token_ids``).
-        state: its slot state (:func:`~fastdeploy_mtp.splitwise.handoff.export_slot`, JSON).
+        state: its slot state (:meth:`~fastdeploy_mtp.runtime.interfaces.SlotHandover.export_slot`, JSON).
         blocks: its KV block ids here, in order, held until
             :meth:`~fastdeploy_mtp.runtime.engine.Engine.release_handoff`.
     """

@@ -39,118 +39,23 @@ same cuts and masks.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .grammar import grammar_of
+from .guided_drafts import DraftChain, GuidedDrafting
+from .guided_stats import GuidedStats
+from .guided_tokens import ll_tokenizer, masked_logits
 from .request import InvalidRequestError, Request, RequestType
 
 if TYPE_CHECKING:
     from ..config import FDConfig
 
 
-@functools.lru_cache(maxsize=4)
-def _ll_tokenizer(folder: str, vocab_size: int, eos_ids: tuple[int, ...]) -> Any:
-    """The ``LLTokenizer`` of the model folder's tokenizer over the model's ``vocab_size``
-    ids (built once per process and folder: it indexes every token's bytes). Its EOS ids,
-    which a grammar allows where it may end, are ``eos_ids`` and the folder's own (the
-    tokenizer's ``eos_token``, ``generation_config.json``'s), as a served request's stop ids."""
-    from llguidance import LLTokenizer, TokenizerWrapper
-
-    from ..tokenization import load_generation_config
-    from ..tokenization.tokenizer import load_tokenizer
-
-    tok = load_tokenizer(folder)
-    if tok.vocab_size > vocab_size:
-        raise ValueError(
-            f"{folder}: the tokenizer has {tok.vocab_size} tokens, more than the model's vocabulary ({vocab_size})"
-        )
-    eos_ids = tuple(
-        dict.fromkeys([*eos_ids, *tok.eos_token_ids, *load_generation_config(folder).eos_token_ids])
-    )
-    if not eos_ids:
-        raise ValueError(
-            f"{folder}: the model has no EOS id, so a constrained output could not end"
-        )
-    special = {
-        int(i) for i, t in tok.backend.get_added_tokens_decoder().items() if t.special
-    } | set(eos_ids)
-    # Ids without text (the padded vocabulary) are special tokens no grammar names: never allowed.
-    special |= set(range(tok.vocab_size, vocab_size))
-    tokens = [
-        f"<|fdmtp_{i}|>".encode() if i in special else bytes(tok.token_bytes(i))
-        for i in range(vocab_size)
-    ]
-
-    class _Source:
-        """What ``llguidance.TokenizerWrapper`` reads of a tokenizer."""
-
-        eos_token_id = eos_ids[0]
-        bos_token_id = None
-
-        def __init__(self) -> None:
-            self.tokens = tokens
-            self.special_token_ids = sorted(special)
-
-        def __call__(self, text: str) -> list[int]:
-            return tok.encode(text, add_special_tokens=False)
-
-    return LLTokenizer(TokenizerWrapper(_Source()), eos_token=list(eos_ids))
-
-
-def _masked(logits: Any, packed: np.ndarray) -> Any:
-    """``logits`` ``[R, V]`` (Paddle) with the tokens whose bit is clear in ``packed``
-    (``[R, ceil(V / 32)]`` int32 bitmasks, bit set = allowed) at ``-inf``."""
-    import paddle
-
-    v = int(logits.shape[1])
-    allowed = np.unpackbits(packed.view(np.uint8), axis=1, bitorder="little")[:, :v].astype(bool)
-    return paddle.where(paddle.to_tensor(allowed), logits, paddle.full_like(logits, float("-inf")))
-
-
-def _allows(mask: np.ndarray, token: int) -> bool:
-    """Whether bitmask row ``mask`` (``[ceil(V / 32)]`` int32) allows ``token``."""
-    return 0 <= token < 32 * mask.shape[0] and bool((int(mask[token >> 5]) >> (token & 31)) & 1)
-
-
-@dataclass
-class DraftChain:
-    """One constrained slot's drafts in the current MTP round.
-
-    Attributes:
-        consumed: drafts its matcher consumed this round (rolled back at the round's end).
-        valid: leading drafts that are grammar-valid (EOS included where the grammar may end).
-        open: whether the next substep's draft may still be valid (no EOS drafted yet, the
-            grammar not complete).
-    """
-
-    consumed: int = 0
-    valid: int = 0
-    open: bool = True
-
-
-@dataclass
-class GuidedStats:
-    """Grammar work of one step.
-
-    Attributes:
-        checked: drafts checked against a grammar (drafts of constrained slots).
-        cut: of those, drafts cut before verification (past the grammar-valid prefix).
-        seconds: host time in grammar work (draft checks, masks, their application, advancing,
-            the MTP substeps' draft masks).
-    """
-
-    checked: int = 0
-    cut: int = 0
-    seconds: float = 0.0
-
-
-class GuidedSlots:
+class GuidedSlots(GuidedDrafting):
     """The grammar matchers of one runner's slots (see the module docstring).
 
     Args:
@@ -192,7 +97,7 @@ class GuidedSlots:
             raise ValueError(
                 "needs the model folder's tokenizer: fd_config.model_config.model is not set"
             )
-        return _ll_tokenizer(self.folder, self.vocab_size, self.eos_ids)
+        return ll_tokenizer(self.folder, self.vocab_size, self.eos_ids)
 
     def matcher(self, guided: dict[str, Any]) -> Any:
         """A fresh ``LLMatcher`` for a constraint (``ValueError`` naming the grammar's problem)."""
@@ -342,7 +247,7 @@ class GuidedSlots:
             masks = self.masks.get(int(b))
             if masks is not None:
                 packed[row] = masks[int(j)]
-        masked = _masked(logits, packed)
+        masked = masked_logits(logits, packed)
         # A row left with no finite logit (a complete grammar allows only EOS, and the model's
         # EOS id may be a padded column at -inf; or a matcher in error) emits the first EOS id:
         # decided on the device, nothing is read back.
@@ -369,84 +274,3 @@ class GuidedSlots:
             self.stats.seconds += time.perf_counter() - t0
         stats, self.stats = self.stats, GuidedStats()
         return stats
-
-    # ---- grammar-aware MTP drafting -------------------------------------------------------
-    def mask_drafts(self, logits: Any, seq_lens_this_time: Any) -> Any:
-        """One MTP substep: ``logits`` ``[R, V]`` (Paddle) with each constrained slot's
-        disallowed tokens at ``-inf``: the mask of its matcher after the drafts this round
-        already proposed for it. Row ``k`` belongs to the ``k``-th draft slot with
-        ``seq_lens_this_time > 0`` (``[N]`` int32 Paddle, the draft's at this substep: the
-        running slots in slot order, as ``draft_model_update`` reads the tokens; rows past
-        them are padding). Rows of other slots, and of slots whose chain closed (see
-        :class:`DraftChain`), are unchanged. Every rank of a tensor-parallel group computes
-        the same masks (the matchers are deterministic and consume rank 0's drafts)."""
-        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
-
-        t0 = time.perf_counter()
-        running = np.flatnonzero(seq_lens_this_time.numpy().reshape(-1) > 0)
-        self._draft_masks = {}
-        self._running = running
-        rows: dict[int, int] = {}  # logit row -> slot
-        for k, b in enumerate(int(b) for b in running):
-            matcher = self.matchers.get(b)
-            if matcher is None:
-                continue
-            chain = self._chains.setdefault(b, DraftChain())
-            chain.open = chain.open and not (matcher.is_stopped() or matcher.is_error())
-            if chain.open:
-                rows[k] = b
-        if not rows:
-            self.stats.seconds += time.perf_counter() - t0
-            return logits
-        masks = allocate_token_bitmask(len(rows), self.vocab_size)
-        packed = np.full([int(logits.shape[0]), masks.shape[1]], -1, np.int32)
-        for i, (k, b) in enumerate(rows.items()):
-            fill_next_token_bitmask(self.matchers[b], masks, i)
-            packed[k] = self._draft_masks[b] = masks[i]
-        out = _masked(logits, packed)
-        self.stats.seconds += time.perf_counter() - t0
-        return out
-
-    def take_drafts(self, tokens: Any) -> None:
-        """After :meth:`mask_drafts`: the drafts sampled (``[R]`` int64 Paddle, row by row as
-        there). A constrained slot's matcher consumes its draft when the mask allowed it and it
-        is not an EOS id; an EOS draft ends the slot's chain (valid), a disallowed one (a row
-        with no allowed finite logit) ends it before that draft."""
-        t0 = time.perf_counter()
-        tokens = tokens.numpy().reshape(-1)
-        for k, b in enumerate(int(b) for b in self._running):
-            mask = self._draft_masks.get(b)
-            if mask is None:
-                continue
-            chain, token = self._chains[b], int(tokens[k])
-            if not _allows(mask, token):
-                chain.open = False
-                continue
-            chain.valid += 1
-            if token in self.eos_ids:
-                chain.open = False
-            else:
-                self.matchers[b].consume_token(token)
-                chain.consumed += 1
-        self._draft_masks = {}
-        self.stats.seconds += time.perf_counter() - t0
-
-    def end_drafts(self, target: Any, limit: Callable[[Any, np.ndarray], None]) -> None:
-        """The end of an MTP round: every matcher rolls back the drafts it consumed (back to
-        "output so far"); where a slot's chain closed, ``limit(target, limits)`` (the
-        ``limit_drafts`` of ``target``, the runner's ``share_inputs``) drops its drafts past
-        the valid ones, which no grammar state allows (other slots keep ``K``)."""
-        t0 = time.perf_counter()
-        n, k = int(target.draft_tokens.shape[0]), int(target.draft_tokens.shape[1]) - 1
-        limits: np.ndarray | None = None
-        for b, chain in self._chains.items():
-            if chain.consumed:
-                self.matchers[b].rollback(chain.consumed)
-            if not chain.open:
-                if limits is None:
-                    limits = np.full(n, k, np.int64)
-                limits[b] = chain.valid
-        self._chains = {}
-        self.stats.seconds += time.perf_counter() - t0
-        if limits is not None:
-            limit(target, limits)

@@ -79,7 +79,8 @@ def check_token_ids(
         raise InvalidRequestError(
             request_id,
             "prompt_token_ids",
-            f"must be a flat sequence of integer token ids, got dtype {arr.dtype}, shape {list(arr.shape)}",
+            f"must be a flat sequence of integer token ids, got dtype {arr.dtype}, "
+            f"shape {list(arr.shape)}",
         )
     bad = np.nonzero((arr < 0) | (arr >= vocab_size))[0]
     if bad.size:
@@ -87,7 +88,8 @@ def check_token_ids(
         raise InvalidRequestError(
             request_id,
             f"prompt_token_ids[{offset + i}]",
-            f"= {int(arr[i])} is not a token id: must be in [0, {vocab_size}) (the model's vocab_size)",
+            f"= {int(arr[i])} is not a token id: must be in [0, {vocab_size}) (the model's "
+            "vocab_size)",
         )
 
 
@@ -141,10 +143,11 @@ class Request:
         error: why it was aborted (``None`` when it completed).
         submitted: set when the request is queued (a submitted request is not accepted again).
         handoff_state: on a splitwise decode instance, the slot state the prefill instance
-            handed over (:func:`fastdeploy_mtp.splitwise.handoff.export_slot`); ``None``
-            for a request that starts from its prompt.
-        sampling: how it picks tokens (:class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams`;
-            the default is greedy).
+            handed over (:meth:`~fastdeploy_mtp.runtime.interfaces.SlotHandover.export_slot`);
+            ``None`` for a request that starts from its prompt.
+        sampling: how it picks tokens
+            (:class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams`; the default is
+            greedy).
         finish_reason: once it completed: ``"stop"`` (an EOS id, a stop token id or a stop
             string) or ``"length"`` (``max_tokens``, or ``max_model_len``).
         output_logprobs: with ``sampling.logprobs`` set, one
@@ -220,3 +223,24 @@ class Request:
     @property
     def is_final_chunk(self) -> bool:
         return self.prefill_end_index >= len(self.prompt_token_ids)
+
+
+def check_prefill_task(req: Request, max_model_len: int, vocab_size: int) -> None:
+    """Raise :class:`InvalidRequestError` if what a runner would load for ``req`` cannot reach
+    the model: a prefill chunk outside the prompt, a prompt that no longer fits
+    ``max_model_len``, or token ids outside ``[0, vocab_size)`` in the chunk (and the next
+    prompt token, which the chunk's fix-up and the MTP layer read). Submission checks the
+    same; this catches a request changed after it was queued, before it can poison a step
+    shared with others."""
+    if req.task_type != RequestType.PREFILL:
+        return
+    prompt = req.prompt_token_ids
+    start, end = req.prefill_start_index, req.prefill_end_index
+    if not 0 <= start < end <= len(prompt) or len(prompt) >= max_model_len:
+        raise InvalidRequestError(
+            req.request_id,
+            "prompt_token_ids",
+            f"changed after submission: chunk [{start}, {end}) of a {len(prompt)}-token prompt "
+            f"(max_model_len {max_model_len})",
+        )
+    check_token_ids(req.request_id, list(prompt[start : end + 1]), vocab_size, offset=start)

@@ -155,9 +155,15 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             return f"ignore_eos: must be true or false, got {self.ignore_eos!r}"
         if not isinstance(self.include_draft_logprobs, bool):
-            return f"include_draft_logprobs: must be true or false, got {self.include_draft_logprobs!r}"
+            return (
+                "include_draft_logprobs: must be true or false, got "
+                f"{self.include_draft_logprobs!r}"
+            )
         if self.include_draft_logprobs and self.logprobs is None:
-            return "include_draft_logprobs: needs logprobs (the draft logprobs come with the tokens' logprobs)"
+            return (
+                "include_draft_logprobs: needs logprobs (the draft logprobs come with the "
+                "tokens' logprobs)"
+            )
         problem = guided_problem(self.guided)
         if problem is not None:
             return f"guided: {problem}"

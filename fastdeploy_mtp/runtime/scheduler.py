@@ -3,7 +3,6 @@ budget, KV blocks with a K + 1 lookahead, finishing and slot reuse."""
 
 from __future__ import annotations
 
-import numbers
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -11,10 +10,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..config import FDConfig
-from ..constants import NO_SLOT
 from .block_pool import BlockPool, block_keys
-from .request import InvalidRequestError, Request, RequestType, check_token_ids
-from .sampling_params import SamplingParams
+from .interfaces import SlotHandover
+from .request import InvalidRequestError, Request, RequestType
+from .submission_checks import (
+    check_arrival,
+    check_counts,
+    check_fits,
+    check_fresh,
+    check_handed_over_output,
+    check_prompt,
+    check_sampling,
+)
 
 
 class OutOfBlocksError(RuntimeError):
@@ -49,12 +56,13 @@ class Scheduler:
     then prefilling slots get prompt chunks, in slot order, while the token budget
     ``max_num_batched_tokens`` lasts (``prefill_chunk_size`` caps one chunk); a slot part-way
     through its prompt always gets at least one token (its runner state would otherwise run
-    on as a decode row), which the budget's lower bound ``N * (K + 1) + 1`` guarantees. Before a slot
-    runs, it owns KV blocks for every position it (target or MTP layer) can write before the
-    next schedule: ``2K + 2`` past its committed tokens. Finished slots free their blocks and take the
-    next waiting request. The reference engine does not preempt: a waiting request takes a
-    free slot only when the free blocks, less those the running requests may still claim,
-    cover its worst case (:meth:`worst_case_blocks`), so a running request never runs out.
+    on as a decode row), which the budget's lower bound ``N * (K + 1) + 1`` guarantees.
+    Before a slot runs, it owns KV blocks for every position it (target or MTP layer) can
+    write before the next schedule: ``2K + 2`` past its committed tokens. Finished slots free
+    their blocks and take the next waiting request. The reference engine does not preempt: a
+    waiting request takes a free slot only when the free blocks, less those the running
+    requests may still claim, cover its worst case (:meth:`worst_case_blocks`), so a running
+    request never runs out.
 
     Args:
         fd_config: serving config.
@@ -64,6 +72,8 @@ class Scheduler:
             ``model_config.vocab_size``; the engine passes the model's own if smaller).
         max_positions: positions the model can encode (e.g. its RoPE table); ``None`` = no
             limit besides ``max_model_len``.
+        handover: reads a handed-over request's slot state (splitwise decode; ``None``: no
+            handed-over request is accepted).
     """
 
     def __init__(
@@ -72,6 +82,7 @@ class Scheduler:
         prefill_chunk_size: int = 0,
         vocab_size: int | None = None,
         max_positions: int | None = None,
+        handover: SlotHandover | None = None,
     ):
         self.fd_config = fd_config
         sc = fd_config.scheduler_config
@@ -113,6 +124,7 @@ class Scheduler:
         #: a decode instance those an aborted request's KV transfer may still be writing
         self.held: dict[str, list[int]] = {}
         self._admitted_transfers: list[Request] = []
+        self.handover = handover
 
     # ---- submission --------------------------------------------------------------------------
     def worst_case_blocks(self, req: Request) -> int:
@@ -141,151 +153,21 @@ class Scheduler:
             raise InvalidRequestError(
                 None, "request", f"is not a Request but a {type(req).__name__}"
             )
-        self._check_fresh(req)
-        self._check_prompt(req)
-        self._check_counts(req)
+        running = {s.request.request_id for s in self.slots.values()}
+        check_fresh(req, running, {w.request_id for w in self.waiting}, self.held)
+        check_prompt(req, self.vocab_size)
+        check_counts(req)
         if req.handoff_state is not None:
-            self._check_handed_over_output(req)
-        self._check_sampling(req)
-        self._check_arrival(req, max_arrival_step)
-        self._check_fits(req)
-
-    def _check_fresh(self, req: Request) -> None:
-        """``req`` has a ``str`` id no queued, running or held request has, and was never
-        submitted (a handed-over request alone comes with output tokens)."""
-        rid = req.request_id
-        if not isinstance(rid, str):
-            raise InvalidRequestError(rid, "request_id", f"must be a str, got {type(rid).__name__}")
-        transferred = req.handoff_state is not None
-        if (
-            req.submitted
-            or req.finished
-            or (req.output_token_ids and not transferred)
-            or req.idx != NO_SLOT
-        ):
-            raise InvalidRequestError(
-                rid,
-                "request",
-                f"was already submitted (finished={req.finished}, {len(req.output_token_ids)} "
-                "generated tokens): a Request is used once; submit `req.fresh_copy()` to run it again",
-            )
-        if any(s.request.request_id == rid for s in self.slots.values()):
-            raise InvalidRequestError(
-                rid, "request_id", "duplicates a request that is still running"
-            )
-        if any(w.request_id == rid for w in self.waiting):
-            raise InvalidRequestError(
-                rid, "request_id", "duplicates a request that is still queued"
-            )
-        if rid in self.held:
-            raise InvalidRequestError(
-                rid, "request_id", "duplicates a request whose KV blocks are still held"
-            )
-
-    def _check_prompt(self, req: Request) -> None:
-        """``prompt_token_ids`` is a non-empty flat sequence of ids in ``[0, vocab_size)``."""
-        rid, prompt = req.request_id, req.prompt_token_ids
-        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, (Sequence, np.ndarray)):
-            raise InvalidRequestError(
-                rid,
-                "prompt_token_ids",
-                f"must be a sequence of token ids, got {type(prompt).__name__}",
-            )
-        if len(prompt) == 0:
-            raise InvalidRequestError(rid, "prompt_token_ids", "is empty")
-        check_token_ids(rid, prompt, self.vocab_size)
-
-    @staticmethod
-    def _check_counts(req: Request) -> None:
-        """``max_tokens`` and ``arrival_step`` are integers (not bools), ``max_tokens > 0``."""
-        for name in ("max_tokens", "arrival_step"):
-            value = getattr(req, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            if self.handover is None:
                 raise InvalidRequestError(
-                    req.request_id, name, f"must be an integer, got {value!r}"
+                    req.request_id, "handoff", "this engine takes no handed-over requests"
                 )
-        if req.max_tokens <= 0:
-            raise InvalidRequestError(
-                req.request_id, "max_tokens", f"must be > 0, got {req.max_tokens}"
-            )
-
-    def _check_handed_over_output(self, req: Request) -> None:
-        """A handed-over request carries the prefill instance's first token(s), valid ids,
-        fewer than ``max_tokens``."""
-        rid, out = req.request_id, req.output_token_ids
-        if not isinstance(out, list) or not out:
-            raise InvalidRequestError(
-                rid, "output_token_ids", "must hold the prefill instance's first token(s)"
-            )
-        check_token_ids(rid, out, self.vocab_size)
-        if len(out) >= req.max_tokens:
-            raise InvalidRequestError(
-                rid,
-                "output_token_ids",
-                f"holds {len(out)} tokens: nothing left to decode (max_tokens {req.max_tokens})",
-            )
-
-    def _check_sampling(self, req: Request) -> None:
-        """``sampling`` is a valid :class:`SamplingParams` that the verify strategy serves."""
-        rid, sampling = req.request_id, req.sampling
-        if not isinstance(sampling, SamplingParams):
-            raise InvalidRequestError(
-                rid, "sampling", f"must be a SamplingParams, got {type(sampling).__name__}"
-            )
-        problem = sampling.check()
-        if problem is not None:
-            name, _, why = problem.partition(": ")
-            raise InvalidRequestError(rid, name, why)
-        spec = self.fd_config.speculative_config
-        if spec.enabled and spec.verify_strategy == "greedy" and not sampling.greedy:
-            raise InvalidRequestError(
-                rid,
-                "temperature",
-                f"= {sampling.temperature}: speculative_config.verify_strategy is 'greedy', which serves greedy "
-                "requests only (use 'target_match' or 'rejection' to sample)",
-            )
-
-    @staticmethod
-    def _check_arrival(req: Request, max_arrival_step: int | None) -> None:
-        """``arrival_step`` is in ``[0, max_arrival_step)``."""
-        if req.arrival_step < 0:
-            raise InvalidRequestError(
-                req.request_id, "arrival_step", f"must be >= 0, got {req.arrival_step}"
-            )
-        if max_arrival_step is not None and req.arrival_step >= max_arrival_step:
-            raise InvalidRequestError(
-                req.request_id,
-                "arrival_step",
-                f"= {req.arrival_step} is not below `max_steps` ({max_arrival_step})",
-            )
-
-    def _check_fits(self, req: Request) -> None:
-        """Prompt + ``max_tokens`` + K + 1 positions fit ``max_model_len`` and the model's
-        positions; the worst-case KV blocks fit a slot's block table and the whole cache."""
-        rid, prompt = req.request_id, req.prompt_token_ids
-        need = len(prompt) + int(req.max_tokens) + self.k + 1
-        for limit, what in (
-            (self.max_model_len, "max_model_len"),
-            (self.max_positions, "the model's max positions"),
-        ):
-            if limit is not None and need > limit:
-                raise InvalidRequestError(
-                    rid,
-                    "prompt_token_ids" if len(prompt) + self.k + 2 > limit else "max_tokens",
-                    f"too long: prompt ({len(prompt)}) + max_tokens ({req.max_tokens}) + K + 1 = {need} "
-                    f"exceeds {what} ({limit})",
-                )
-        blocks = self.worst_case_blocks(req)
-        for block_limit, what in (
-            (self.max_blocks_per_seq, "a slot's block table (max_blocks_per_seq)"),
-            (self.total_blocks, "the whole KV cache (cache_config.total_block_num)"),
-        ):
-            if blocks > block_limit:
-                raise InvalidRequestError(
-                    rid,
-                    "max_tokens",
-                    f"too large: the request may need {blocks} KV blocks, more than {what} = {block_limit}",
-                )
+            check_handed_over_output(req, self.vocab_size)
+        check_sampling(req, self.fd_config.speculative_config)
+        check_arrival(req, max_arrival_step)
+        positions = (self.max_model_len, self.max_positions)
+        blocks = (self.max_blocks_per_seq, self.total_blocks)
+        check_fits(req, self.k, positions, self.worst_case_blocks(req), blocks)
 
     def add_requests(self, reqs: Sequence[Request], max_arrival_step: int | None = None) -> None:
         """Validate every request (:meth:`validate`, plus no ``request_id`` twice among
@@ -334,7 +216,8 @@ class Scheduler:
         while len(state.blocks) < need:
             if not self.pool.num_free:
                 raise OutOfBlocksError(
-                    "the KV cache is out of blocks: raise cache_config.total_block_num or lower max_num_seqs"
+                    "the KV cache is out of blocks: raise cache_config.total_block_num or lower "
+                    "max_num_seqs"
                 )
             state.blocks.append(self.pool.allocate())
 
@@ -414,11 +297,10 @@ class Scheduler:
             req.task_type = RequestType.DECODE
             req.block_tables = list(state.blocks)
             if state.needs_import:
-                from ..splitwise.handoff import slot_tokens
-
+                assert self.handover is not None  # validate() admits no hand-over without it
                 req.task_type = RequestType.IMPORT
                 state.needs_import = False
-                budget -= slot_tokens(req.handoff_state)
+                budget -= self.handover.slot_tokens(req.handoff_state)
             else:
                 budget -= int(decode_lens[idx])
             tasks.append(req)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from .request import Request
+from .request import InvalidRequestError, Request
+from .sampling_params import StepDrafts, TokenLogprob
 
 #: token ids -> text (the engine's ``detokenize``).
 Detokenize = Callable[[list[int]], str]
@@ -83,3 +84,48 @@ def safe_to_emit(req: Request, detokenize: Detokenize | None) -> int:
     if not hold:
         return len(ids)
     return _tokens_within(detokenize, ids, len(text) - hold, req.emitted_count)
+
+
+def finish_reason(req: Request, stopped: bool, eos: set[int]) -> str:
+    """Why ``req`` completed: ``"stop"`` at a stop token id or string (``stopped``) or an
+    EOS id among ``eos``, ``"length"`` at ``max_tokens`` or ``max_model_len``."""
+    if stopped:
+        return "stop"
+    if len(req.output_token_ids) >= req.max_tokens:
+        return "length"
+    if req.output_token_ids and req.output_token_ids[-1] in eos:
+        return "stop"
+    return "length"  # max_model_len
+
+
+def check_stop_strings(requests: Sequence[object], detokenize: Detokenize | None) -> None:
+    """Raise :class:`~fastdeploy_mtp.runtime.request.InvalidRequestError` for the first of
+    ``requests`` with stop strings when there is no ``detokenize`` to find them with."""
+    if detokenize is not None:
+        return
+    for req in requests:
+        if isinstance(req, Request) and getattr(req.sampling, "stop", None):
+            raise InvalidRequestError(
+                req.request_id,
+                "stop",
+                "needs a detokenizer: this engine was built without `detokenize`",
+            )
+
+
+def append_output(
+    req: Request,
+    new: list[int],
+    drafts: list[TokenLogprob] | None,
+    logprobs: list[TokenLogprob],
+    detokenize: Detokenize | None,
+) -> bool:
+    """Append one step's tokens ``new`` to ``req``'s output, cut at its first stop token id
+    or stop string, with their ``logprobs`` (when the request asked) and the step's verified
+    ``drafts`` and their logprobs (``include_draft_logprobs``); returns whether a stop hit."""
+    new, stopped = cut_at_stop_ids(req, new)
+    if drafts and new:  # the drafts this step verified (a prefill step verifies none)
+        req.output_draft_logprobs.append(StepDrafts(len(req.output_token_ids), list(drafts)))
+    req.output_token_ids.extend(new)
+    if req.sampling.logprobs is not None:
+        req.output_logprobs.extend(logprobs[: len(new)])
+    return cut_at_stop_string(req, detokenize) or stopped

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import numpy as np
 import paddle
@@ -20,136 +19,41 @@ from ..models.cache_spec import CacheSpec, backend_specs, model_dtype
 from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
 from .adaptive_draft import AdaptiveDraftLength
-from .guided import GuidedSlots, GuidedStats
+from .guided import GuidedSlots
 from .input_batch import InputBatch, limit_drafts, make_target_inputs
-from .request import InvalidRequestError, Request, RequestType, check_token_ids
-from .sampling_params import TokenLogprob
+from .interfaces import DraftLogprobs, Proposer, ProposerFactory, SlotHandover
+from .request import Request, RequestType, check_prefill_task
+from .slot_loading import load_block_table, load_prefill_chunk, load_sampling_rows
 from .spec_step import LogitRows, Packed, PaddleBackend, TargetStep, postprocess, target_step
+from .step_output import StepOutput
 from .target_sampler import TargetSampler
-
-if TYPE_CHECKING:
-    from ..proposer.base import Proposer
-
-
-@dataclass
-class StepOutput:
-    """What one target step produced, on the host.
-
-    Attributes:
-        accept_tokens: ``[N, K+1]`` tokens emitted per slot (first ``accept_num[b]`` valid).
-        accept_num: ``[N]`` tokens emitted per slot this step.
-        stop_flags: ``[N]`` slots stopped after this step.
-        drafts: ``[N, K]`` the drafts the target verified this step
-            (:data:`~fastdeploy_mtp.constants.PLACEHOLDER_TOKEN_ID` = none).
-        decode_mask: ``[N]`` slots that decoded this step (not prefill).
-        num_tokens: tokens in the target forward.
-        logprobs: per slot whose request asked for logprobs, one
-            :class:`~fastdeploy_mtp.runtime.sampling_params.TokenLogprob` per emitted token.
-        exports: splitwise prefill: the slot state (:func:`~fastdeploy_mtp.splitwise.handoff.export_slot`)
-            of each slot named in :meth:`Runner.set_exports`, read after the proposer's round.
-        step_seconds: wall time of the whole step (target, verification, proposer round).
-        model_seconds: the part of it spent in model forwards and logits (target and MTP);
-            the rest is the round's glue (ops, Python, host copies).
-        draft_logprobs: per slot whose request asked (``include_draft_logprobs``), the MTP
-            drafts of :attr:`drafts` with their log-probabilities under the MTP layer
-            (:meth:`~fastdeploy_mtp.proposer.sampler.MTPSampler.verified`; empty without
-            speculation).
-        guided: the step's structured-output work (:class:`~fastdeploy_mtp.runtime.guided.GuidedStats`).
-    """
-
-    accept_tokens: np.ndarray
-    accept_num: np.ndarray
-    stop_flags: np.ndarray
-    drafts: np.ndarray
-    decode_mask: np.ndarray
-    num_tokens: int
-    exports: dict[int, dict[str, Any]] = field(default_factory=dict)
-    logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
-    step_seconds: float = 0.0
-    model_seconds: float = 0.0
-    draft_logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
-    guided: GuidedStats = field(default_factory=GuidedStats)
-
-
-def check_prefill_task(req: Request, max_model_len: int, vocab_size: int) -> None:
-    """Raise :class:`~fastdeploy_mtp.runtime.request.InvalidRequestError` if what a runner
-    would load for ``req`` cannot reach the model: a prefill chunk outside the prompt, a
-    prompt that no longer fits ``max_model_len``, or token ids outside ``[0, vocab_size)`` in
-    the chunk (and the next prompt token, which the chunk's fix-up and the MTP layer read).
-    Submission checks the same; this catches a request changed after it was queued, before
-    it can poison a step shared with others."""
-    if req.task_type != RequestType.PREFILL:
-        return
-    prompt = req.prompt_token_ids
-    start, end = req.prefill_start_index, req.prefill_end_index
-    if not 0 <= start < end <= len(prompt) or len(prompt) >= max_model_len:
-        raise InvalidRequestError(
-            req.request_id,
-            "prompt_token_ids",
-            f"changed after submission: chunk [{start}, {end}) of a {len(prompt)}-token prompt "
-            f"(max_model_len {max_model_len})",
-        )
-    check_token_ids(req.request_id, list(prompt[start : end + 1]), vocab_size, offset=start)
-
-
-class Runner(Protocol):
-    """What :class:`~fastdeploy_mtp.runtime.engine.Engine` drives: one worker's target step
-    and proposer round, here in-process (:class:`TargetRunner`) or in worker processes
-    (:class:`fastdeploy_mtp.serving.processes.remote_runner.RemoteRunner`)."""
-
-    vocab_size: int
-
-    def decode_lens(self) -> np.ndarray:
-        """``[N]`` tokens each slot feeds if it decodes next step (the target's
-        ``seq_lens_this_time`` after the proposer)."""
-        ...
-
-    def check_task(self, req: Request) -> None:
-        """Raise :class:`~fastdeploy_mtp.runtime.request.InvalidRequestError` if ``req``'s
-        task cannot reach the model (see :func:`check_prefill_task`)."""
-        ...
-
-    def insert_tasks(self, tasks: Sequence[Request]) -> None:
-        """Load this step's tasks (prefill chunks, block-table updates)."""
-        ...
-
-    def execute(self) -> StepOutput:
-        """One target step + proposer round; what it emitted, on the host."""
-        ...
-
-    def free_slot(self, idx: int) -> None:
-        """Stop a slot whose request finished."""
-        ...
-
-    def abort_slot(self, req: Request) -> None:
-        """Reset the target and draft state of an aborted request's slot."""
-        ...
-
-    def set_exports(self, idxs: Sequence[int]) -> None:
-        """Splitwise prefill: have the next :meth:`execute` return these slots' state."""
-        ...
-
-    def check_handoff(self, state: object) -> None:
-        """Raise :class:`~fastdeploy_mtp.splitwise.handoff.HandoffError` unless a handed-over
-        slot ``state`` fits this runner's buffers."""
-        ...
-
-    def close(self) -> None: ...
 
 
 class TargetRunner:
-    """Target model + buffers + (optionally) a proposer, for one worker.
+    """Target model + buffers + (optionally) a proposer, for one worker (the
+    :class:`~fastdeploy_mtp.runtime.interfaces.Runner` the engine drives in-process).
 
     Args:
         fd_config: serving config; with speculation the runner builds the proposer of
-            ``speculative_config.method`` (an :class:`~fastdeploy_mtp.proposer.MTPProposer`
-            around ``mtp_model`` for ``"mtp"``, a model-free one otherwise).
+            ``speculative_config.method`` through ``make_proposer``.
         model: the target model (see :class:`~fastdeploy_mtp.models.interfaces.TargetModel`).
         mtp_model: the MTP layer (see :class:`~fastdeploy_mtp.models.interfaces.MTPModel`;
             needed for ``method == "mtp"``, ignored by the other methods).
+        make_proposer: builds the proposer (the one of :mod:`fastdeploy_mtp.proposer`, as
+            :mod:`fastdeploy_mtp.assembly` passes it).
+        handover: loads and reads a slot's state for a splitwise hand-over
+            (:mod:`fastdeploy_mtp.splitwise.handoff`).
     """
 
-    def __init__(self, fd_config: FDConfig, model: TargetModel, mtp_model: MTPModel | None = None):
+    def __init__(
+        self,
+        fd_config: FDConfig,
+        model: TargetModel,
+        mtp_model: MTPModel | None,
+        *,
+        make_proposer: ProposerFactory,
+        handover: SlotHandover,
+    ):
         self.fd_config = fd_config
         self.model = model
         self.share_inputs: InputBatch = make_target_inputs(fd_config)
@@ -165,12 +69,12 @@ class TargetRunner:
         )
         self.caches, self._attached = acquire_caches(self.cache_specs, fd_config)
         self.block_size = fd_config.cache_config.block_size
-        from ..proposer.base import make_proposer
-        from ..proposer.mtp import MTPProposer
-
-        #: the drafting method's proposer (:func:`~fastdeploy_mtp.proposer.base.make_proposer`)
+        self.handover = handover
+        #: structured output's grammar matchers (the MTP layer drafts under each slot's grammar)
+        self.guided = GuidedSlots.for_model(fd_config, model.config)
+        #: the drafting method's proposer
         self.proposer: Proposer | None = make_proposer(
-            fd_config, model, self.share_inputs, self.num_blocks, mtp_model
+            fd_config, model, self.share_inputs, self.num_blocks, mtp_model, self.guided
         )
         self._pending_fixups: list[Request] = []
         self._exports: list[int] = []
@@ -183,7 +87,8 @@ class TargetRunner:
         self.adaptive: AdaptiveDraftLength | None = None
         if self.proposer is not None and spec.adaptive_draft_length:
             self.adaptive = AdaptiveDraftLength(spec, fd_config.scheduler_config.max_num_seqs)
-        # without drafts every strategy reduces to checking nothing: the target's sample is the token
+        # without drafts every strategy reduces to checking nothing: the target's sample is
+        # the token
         self.verify_strategy = (
             ops.VerifyStrategy.from_string(spec.verify_strategy)
             if spec.enabled
@@ -200,11 +105,6 @@ class TargetRunner:
             fd_config.model_config.vocab_size,
             getattr(model.config, "vocab_size", fd_config.model_config.vocab_size),
         )
-        self.guided = GuidedSlots.for_model(
-            fd_config, model.config
-        )  # structured output's grammar matchers
-        if isinstance(self.proposer, MTPProposer):  # the MTP layer drafts under each slot's grammar
-            self.proposer.guided = self.guided
 
     def decode_lens(self) -> np.ndarray:
         """``[N]`` int32: tokens each slot feeds if it decodes next step."""
@@ -235,14 +135,23 @@ class TargetRunner:
         self._exports = [int(i) for i in idxs]
 
     def check_handoff(self, state: object) -> None:
-        from ..splitwise.handoff import check_slot_state
+        self.handover.check_slot_state(state, self.share_inputs, self._draft(), self.vocab_size)
 
-        check_slot_state(
-            state,
-            self.share_inputs,
-            self.proposer.model_inputs if self.proposer else None,
-            self.vocab_size,
-        )
+    def _draft(self) -> Any | None:
+        """The proposer's per-slot draft state a hand-over carries (``None`` without one)."""
+        return self.proposer.model_inputs if self.proposer is not None else None
+
+    def _import(self, req: Request) -> None:
+        """Load handed-over ``req``'s slot whole from the prefill instance's state."""
+        idx = req.idx
+        self.handover.import_slot(req.handoff_state, self.share_inputs, self._draft(), idx)
+        self._cached[idx] = int(self.share_inputs.seq_lens_decoder[idx])
+        self.sampler.set_slot(idx, req.sampling, req.sampling.seed_for(req.request_id))
+        self.guided.load(req)
+        if self.proposer is not None:
+            self.proposer.forget_slot(idx)
+        if self.adaptive is not None:
+            self.adaptive.reset_slot(idx)
 
     # ---- task insertion ----------------------------------------------------------------------
     def check_task(self, req: Request) -> None:
@@ -261,77 +170,26 @@ class TargetRunner:
 
     def insert_tasks(self, tasks: Sequence[Request]) -> None:
         """Load this step's prefill chunks (and block-table updates) into the buffers."""
-        target = self.share_inputs
         for req in tasks:
-            idx = req.idx
-            blocks = list(req.block_tables)
-            target.block_tables[idx, :] = NO_BLOCK_ID
-            if blocks:
-                target.block_tables[idx, : len(blocks)] = paddle.to_tensor(blocks, dtype="int32")
+            load_block_table(self.share_inputs, req)
             if req.task_type == RequestType.IMPORT:
-                from ..splitwise.handoff import import_slot
-
-                import_slot(
-                    req.handoff_state,
-                    target,
-                    self.proposer.model_inputs if self.proposer else None,
-                    idx,
-                )
-                self._cached[idx] = int(target.seq_lens_decoder[idx])
-                self.sampler.set_slot(idx, req.sampling, req.sampling.seed_for(req.request_id))
-                self.guided.load(req)
-                if self.proposer is not None:
-                    self.proposer.forget_slot(idx)
-                if self.adaptive is not None:
-                    self.adaptive.reset_slot(idx)
+                self._import(req)
                 continue
             if req.task_type != RequestType.PREFILL:
                 continue
-            prompt = list(req.prompt_token_ids)
-            start, end = req.prefill_start_index, req.prefill_end_index
-            length = end - start
-            target.input_ids[idx, :length] = paddle.to_tensor(prompt[start:end], dtype="int64")
-            if first := req.is_first_chunk:  # at 0, or right after a prefix-cache hit
-                target.token_ids_all[idx, :] = PLACEHOLDER_TOKEN_ID
-                target.token_ids_all[idx, : len(prompt)] = paddle.to_tensor(prompt, dtype="int64")
-                target.prompt_lens[idx, 0] = len(prompt)
-            target.seq_lens_encoder[idx] = length
-            target.seq_lens_decoder[idx] = start
-            self._cached[idx] = start
-            target.seq_lens_this_time[idx] = length
-            target.step_idx[idx, 0] = len(req.output_token_ids) if req.is_final_chunk else 0
-            target.stop_flags[idx, 0] = False
-            target.is_block_step[idx] = False
-            target.draft_tokens[idx, :] = PLACEHOLDER_TOKEN_ID
-            target.accept_tokens[idx, :] = PLACEHOLDER_TOKEN_ID
-            target.accept_num[idx] = 0
-            target.max_dec_len[idx, 0] = req.max_tokens
-            self._load_sampling(req)
-            if self.adaptive is not None and first:
-                self.adaptive.reset_slot(idx)
+            load_prefill_chunk(self.share_inputs, req)
+            self._cached[req.idx] = req.prefill_start_index
+            seed = load_sampling_rows(self.share_inputs, req)
+            self.sampler.set_slot(req.idx, req.sampling, seed)
+            self.guided.load(req)
+            if self.adaptive is not None and req.is_first_chunk:
+                self.adaptive.reset_slot(req.idx)
             if not req.is_final_chunk:
                 self._pending_fixups.append(req)
         prefills = [t for t in tasks if t.task_type == RequestType.PREFILL]
         if self.proposer is not None:
             self.proposer.insert_tasks_v1(prefills)
             self.proposer.overlap_round = not prefills
-
-    def _load_sampling(self, req: Request) -> None:
-        """The request's sampling parameters into its slot's buffers and the sampler."""
-        target, sp, idx = self.share_inputs, req.sampling, req.idx
-        seed = sp.seed_for(req.request_id)
-        target.temperature[idx, 0] = float(sp.temperature)
-        target.top_p[idx, 0] = float(sp.top_p)
-        target.top_k[idx, 0] = int(sp.top_k)
-        target.min_p[idx, 0] = float(sp.min_p)
-        # through a tensor: a Python int assigned by index goes through float64 (53 bits)
-        target.infer_seed[idx, 0] = paddle.to_tensor(seed, dtype="int64")
-        target.penalty_score[idx, 0] = float(sp.repetition_penalty)
-        target.frequency_score[idx, 0] = float(sp.frequency_penalty)
-        target.presence_score[idx, 0] = float(sp.presence_penalty)
-        target.min_dec_len[idx, 0] = sp.eos_ban_len(req.max_tokens)
-        self.sampler.set_slot(idx, sp, seed)
-        self.guided.load(req)
 
     def free_slot(self, idx: int) -> None:
         """Stop a slot whose request finished or was aborted."""
@@ -375,10 +233,10 @@ class TargetRunner:
             # non-empty draft slots ([last token] only), as the proposer's postprocess does.
             postprocess(self._ops, target)
         if self._exports:
-            from ..splitwise.handoff import export_slot
-
-            draft = self.proposer.model_inputs if self.proposer is not None else None
-            out.exports = {idx: export_slot(target, draft, idx) for idx in self._exports}
+            draft = self._draft()
+            out.exports = {
+                idx: self.handover.export_slot(target, draft, idx) for idx in self._exports
+            }
             self._exports = []
         out.model_seconds = self._model_s + (
             self.proposer.model_seconds if self.proposer is not None else 0.0
@@ -392,11 +250,9 @@ class TargetRunner:
         """Draft logprobs (``include_draft_logprobs``): hand out those of the drafts this step
         verified, and tell the MTP sampler which slots want them from the round about to run
         (no slot asking: nothing is computed). Without an MTP layer the lists stay empty."""
-        from ..proposer.sampler import MTPSampler
-
         wanted = sorted(idx for idx, sp in self.sampler.params.items() if sp.include_draft_logprobs)
         drafter = getattr(self.proposer, "sampler", None)
-        if not isinstance(drafter, MTPSampler):
+        if not isinstance(drafter, DraftLogprobs):
             out.draft_logprobs = {idx: [] for idx in wanted}
             return
         out.draft_logprobs = drafter.verified(out.drafts, wanted) if wanted else {}
@@ -501,9 +357,7 @@ class TargetRunner:
         still = running & ~out.stop_flags
         steps, limits = self.adaptive.plan_round(still, prefill, self.proposer.num_model_steps)
         if steps == 0:
-            self.proposer.skip_round(
-                hidden, out.accept_tokens, out.accept_num, cu[:-1], out.decode_mask
-            )
+            self.proposer.skip_round(hidden, out, cu[:-1])
             return
         self.proposer.run(hidden, real_bsz=real_bsz, num_steps=steps)
         if (limits < self.proposer.max_draft_token_num).any():

@@ -100,7 +100,7 @@ class TargetSampler:
         r, v = int(logits.shape[0]), int(logits.shape[1])
         params = [self._param(int(b)) for b in row_slot]
         if any(p.penalised for p in params):
-            logits = self._penalise(logits, row_slot, row_j, inputs, step_idx)
+            logits = self._penalise(logits, row_slot, inputs, step_idx)
         if any(p.min_tokens > 0 and p.stop_token_ids for p in params):
             logits = _hold_stop_ids(logits, params, row_slot, row_j, step_idx)
         temps = np.array([1.0 if p.greedy else p.temperature for p in params], np.float32)
@@ -120,7 +120,8 @@ class TargetSampler:
             self._keep_mask(sorted_p, params, v), sorted_p, paddle.zeros_like(sorted_p)
         )
         kept_mass = paddle.clip(kept.sum(axis=-1, keepdim=True), min=1e-30)
-        # TOPP's candidate scores are upstream's raw probabilities; the others' the filtered distribution
+        # TOPP's candidate scores are upstream's raw probabilities; the others' the filtered
+        # distribution
         scores = kept if self.strategy == ops.VerifyStrategy.TOPP else kept / kept_mass
         g = step_idx[row_slot].astype(np.int64) + row_j.astype(np.int64)
         seeds = np.array([self.seeds.get(int(b), 0) for b in row_slot], np.int64)
@@ -174,12 +175,7 @@ class TargetSampler:
         return keep
 
     def _penalise(
-        self,
-        logits: paddle.Tensor,
-        row_slot: np.ndarray,
-        row_j: np.ndarray,
-        inputs: InputBatch,
-        step_idx: np.ndarray,
+        self, logits: paddle.Tensor, row_slot: np.ndarray, inputs: InputBatch, step_idx: np.ndarray
     ) -> paddle.Tensor:
         """Repetition / frequency / presence penalties and ``min_tokens`` with
         ``speculate_get_token_penalty_multi_scores``: row ``j`` counts the committed history

@@ -10,9 +10,10 @@ instance allocates its own blocks); the hidden rows the MTP layer consumes next 
 either, because the decode instance's first verify forward recomputes them (a round's
 MTP input is the target's hidden rows of *that* round's accepted tokens).
 
-The state is JSON (it travels in HTTP bodies and ZMQ messages, never pickled): per buffer
-``{"n": row length, "v": leading values, "fill": value of the remaining n - len(v)}``,
-which keeps the mostly-empty ``[max_model_len]`` rows small.
+The state is JSON (it travels in HTTP bodies and ZMQ messages, never pickled), one encoded
+row per buffer (:mod:`.slot_rows`). The functions here are the
+:class:`~fastdeploy_mtp.runtime.interfaces.SlotHandover` the engine is built with (this module
+is passed as it), and what serving signs and checks of a hand-over.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from typing import Any
 
 import numpy as np
 import paddle
+
+from ..runtime.interfaces import HandoffError
+from .slot_rows import check_values, decode_row, encode_row
 
 #: Target (``share_inputs``) buffers with one row per slot that a handed-off slot carries.
 TARGET_SLOT_BUFFERS = (
@@ -76,48 +80,6 @@ DRAFT_SLOT_BUFFERS = (
 )
 
 
-class HandoffError(ValueError):
-    """A handed-off slot state that does not fit this engine (names the buffer)."""
-
-
-def _encode_row(row: np.ndarray) -> dict[str, Any]:
-    flat = row.reshape(-1)
-    n = int(flat.shape[0])
-    end = n
-    while end > 0 and flat[end - 1] == flat[n - 1]:
-        end -= 1
-    fill = flat[n - 1].item() if n else 0
-    return {"n": n, "v": [v.item() for v in flat[:end]], "fill": fill}
-
-
-def _decode_row(name: str, enc: object, shape: list[int], dtype: np.dtype) -> np.ndarray:
-    if not isinstance(enc, Mapping) or set(enc) != {"n", "v", "fill"}:
-        raise HandoffError(f"slot state `{name}`: expected an object with keys n, v, fill")
-    n, values, fill = enc["n"], enc["v"], enc["fill"]
-    size = int(np.prod(shape)) if shape else 1
-    if not isinstance(n, int) or isinstance(n, bool) or n != size:
-        raise HandoffError(
-            f"slot state `{name}`: row of {n!r} values, this engine's rows have {size}"
-        )
-    if not isinstance(values, list) or len(values) > n:
-        raise HandoffError(f"slot state `{name}`: `v` must be a list of at most {n} values")
-    kind = "b" if dtype == np.bool_ else ("f" if dtype.kind == "f" else "i")
-    for v in [*values, fill]:
-        ok = (
-            isinstance(v, bool)
-            if kind == "b"
-            else isinstance(v, (int, float) if kind == "f" else int)
-        )
-        if not ok or (kind == "i" and isinstance(v, bool)):
-            raise HandoffError(f"slot state `{name}`: value {v!r} is not a {dtype} value")
-    out = np.full([size], fill, dtype=dtype)
-    try:
-        out[: len(values)] = np.asarray(values, dtype=dtype) if values else out[:0]
-    except OverflowError:
-        raise HandoffError(f"slot state `{name}`: a value does not fit {dtype}") from None
-    return out.reshape(shape)
-
-
 def _row_views(buffers: Any, names: tuple[str, ...], idx: int) -> dict[str, paddle.Tensor]:
     return {name: buffers[name][idx] for name in names}
 
@@ -127,62 +89,13 @@ def export_slot(target: Any, draft: Any | None, idx: int) -> dict[str, Any]:
     proposer's ``draft`` as JSON: ``{"target": {name: row}, "draft": {name: row} | None}``."""
     out: dict[str, Any] = {"target": {}, "draft": None}
     for name, row in _row_views(target, TARGET_SLOT_BUFFERS, idx).items():
-        out["target"][name] = _encode_row(row.numpy())
+        out["target"][name] = encode_row(row.numpy())
     if draft is not None:
         out["draft"] = {
-            name: _encode_row(row.numpy())
+            name: encode_row(row.numpy())
             for name, row in _row_views(draft, DRAFT_SLOT_BUFFERS, idx).items()
         }
     return out
-
-
-#: Buffers holding lengths or counts (each in ``[0, max_model_len]``), and buffers holding
-#: token ids (each ``-1`` or a token id, with ``vocab_size`` known).
-_LENGTHS = {
-    "prompt_lens",
-    "seq_lens_this_time",
-    "seq_lens_encoder",
-    "seq_lens_decoder",
-    "step_idx",
-    "accept_num",
-    "actual_draft_token_num",
-    "input_ids_len",
-    "min_dec_len",
-    "bad_tokens_len",
-    "used_list_len",
-    "encoder_block_lens",
-}
-_TOKENS = {
-    "input_ids",
-    "token_ids_all",
-    "draft_tokens",
-    "accept_tokens",
-    "pre_ids",
-    "input_ids_cpu",
-    "bad_tokens",
-}
-
-
-def _check_values(
-    where: str, name: str, row: np.ndarray, max_len: int, vocab_size: int | None
-) -> None:
-    """A handed-over row the ops could not take: a negative or too large length, a token id
-    outside the vocabulary (a hostile or corrupted state must fail alone, before any step)."""
-    if name in _LENGTHS and row.size and (row.min() < 0 or row.max() > max_len):
-        raise HandoffError(
-            f"slot state `{where}`: {int(row.min())}..{int(row.max())} outside [0, {max_len}]"
-        )
-    if name == "max_dec_len" and row.size and row.min() < 0:
-        raise HandoffError(f"slot state `{where}`: must be >= 0, got {int(row.min())}")
-    if (
-        name in _TOKENS
-        and vocab_size is not None
-        and row.size
-        and (row.min() < -1 or row.max() >= vocab_size)
-    ):
-        raise HandoffError(
-            f"slot state `{where}`: token ids must be -1 or in [0, {vocab_size}), got {row.min()}..{row.max()}"
-        )
 
 
 def check_slot_state(
@@ -199,7 +112,8 @@ def check_slot_state(
         theirs = "no" if state["draft"] is None else "a"
         ours = "no" if draft is None else "an"
         raise HandoffError(
-            f"slot state: the prefill instance sent {theirs} MTP state, this instance runs {ours} MTP layer"
+            f"slot state: the prefill instance sent {theirs} MTP state, this instance runs "
+            f"{ours} MTP layer"
         )
     decoded: dict[str, dict[str, np.ndarray]] = {}
     for part, buffers, names in (
@@ -220,8 +134,8 @@ def check_slot_state(
             ref = buffers[name]
             shape = [int(s) for s in ref.shape[1:]]
             dtype = np.dtype(paddle.empty([0], dtype=ref.dtype).numpy().dtype)
-            decoded[part][name] = _decode_row(f"{part}.{name}", rows[name], shape, dtype)
-            _check_values(
+            decoded[part][name] = decode_row(f"{part}.{name}", rows[name], shape, dtype)
+            check_values(
                 f"{part}.{name}",
                 name,
                 decoded[part][name],
@@ -368,6 +282,24 @@ def _row(state: Any, part: str, name: str) -> list[Any]:
     return list(enc["v"]) + [enc["fill"]] * (int(enc["n"]) - len(enc["v"]))
 
 
+def _check_history_tokens(state: Any, prompt: list[int], outputs: list[int]) -> None:
+    """The state's token history is ``prompt`` then ``outputs``, and the token it feeds next
+    (``draft_tokens[0]``) is the last of ``outputs``."""
+    history = [int(v) for v in _row(state, "target", "token_ids_all")]
+    if history[: len(prompt)] != prompt:
+        raise HandoffError(
+            "slot state `target.token_ids_all` does not start with the request's prompt"
+        )
+    if history[len(prompt) : len(prompt) + len(outputs)] != outputs:
+        raise HandoffError(
+            "slot state `target.token_ids_all` does not continue with the request's first tokens"
+        )
+    if int(_row(state, "target", "draft_tokens")[0]) != outputs[-1]:
+        raise HandoffError(
+            "slot state `target.draft_tokens[0]` is not the request's last first token"
+        )
+
+
 def check_handoff_history(
     state: Any,
     prompt_token_ids: list[int],
@@ -422,19 +354,7 @@ def check_handoff_history(
     this_time = one("target", "seq_lens_this_time")
     expect("target", "seq_lens_this_time", 1 <= this_time <= k + 1, f"1..{k + 1}")
     expect("target", "stop_flags", not bool(_row(state, "target", "stop_flags")[0]), "false")
-    history = [int(v) for v in _row(state, "target", "token_ids_all")]
-    if history[:n_prompt] != prompt:
-        raise HandoffError(
-            "slot state `target.token_ids_all` does not start with the request's prompt"
-        )
-    if history[n_prompt : n_prompt + n_out] != outputs:
-        raise HandoffError(
-            "slot state `target.token_ids_all` does not continue with the request's first tokens"
-        )
-    if int(_row(state, "target", "draft_tokens")[0]) != outputs[-1]:
-        raise HandoffError(
-            "slot state `target.draft_tokens[0]` is not the request's last first token"
-        )
+    _check_history_tokens(state, prompt, outputs)
     cached = n_prompt
     if state.get("draft") is not None:
         expect(
@@ -455,6 +375,6 @@ def check_handoff_history(
     need = -(-cached // int(block_size))
     if num_offered_blocks < need:
         raise HandoffError(
-            f"the hand-over offers {num_offered_blocks} KV block(s) of {block_size} tokens; its state has "
-            f"{cached} cached positions, which need {need}"
+            f"the hand-over offers {num_offered_blocks} KV block(s) of {block_size} tokens; "
+            f"its state has {cached} cached positions, which need {need}"
         )

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import pytest
 
+from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.engine_args import build_config, speculative_config
 from fastdeploy_mtp.models import ByteTokenizer, load_tiny
-from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import Request
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 
@@ -55,7 +55,7 @@ def run(
     spec = speculative_config(k, k if k else None, False)
     spec.verify_strategy = strategy
     cfg = build_config(arch, spec, 4, 256)
-    eng = Engine(cfg, target, mtp if k else None, prefill_chunk_size=chunk)
+    eng = build_engine(cfg, target, mtp if k else None, prefill_chunk_size=chunk)
     reqs = [
         Request(
             f"p{i}s{j}",

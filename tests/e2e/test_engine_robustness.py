@@ -9,9 +9,9 @@ import numpy as np
 import paddle
 import pytest
 
+from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.engine_args import build_config, speculative_config
 from fastdeploy_mtp.models import ByteTokenizer, MTPLayer, TinyTargetModel, load_tiny
-from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import GenerationError, InvalidRequestError, Request
 from tests.support.engines import make_config, tiny_arch
 
@@ -31,7 +31,7 @@ def make_engine(shipped, k=K, chunk=0, max_len=MAX_LEN, slots=SLOTS, blocks=None
     cfg = build_config(arch, speculative_config(k, min(STEPS, k) if k else None), slots, max_len)
     if blocks is not None:
         cfg.cache_config.total_block_num = blocks
-    return Engine(cfg, target, mtp if k else None, prefill_chunk_size=chunk)
+    return build_engine(cfg, target, mtp if k else None, prefill_chunk_size=chunk)
 
 
 def good(rid="good", max_tokens=16, prompt=GOOD_PROMPT):
@@ -280,7 +280,7 @@ def test_positions_beyond_the_models_rope_table_are_refused():
     arch = tiny_arch(num_hidden_layers=1, max_position_embeddings=40)
     target = TinyTargetModel(arch)
     mtp = MTPLayer(arch, target)
-    engine = Engine(make_config(3, steps=3, eos=(63,), max_model_len=96), target, mtp)
+    engine = build_engine(make_config(3, steps=3, eos=(63,), max_model_len=96), target, mtp)
     with pytest.raises(InvalidRequestError, match=r"exceeds the model's max positions \(40\)"):
         engine.generate([Request("far", [1] * 10, max_tokens=27)])  # 10 + 27 + K + 1 = 41
     out = engine.generate([Request("edge", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], max_tokens=26)])  # = 40

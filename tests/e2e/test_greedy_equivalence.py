@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
+from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.models import greedy_generate
-from fastdeploy_mtp.runtime.engine import Engine
 from tests.support.engines import EOS, make_config, make_requests
 
 
 def run(model, cfg, requests, chunk=0, trace=False):
     target, mtp = model
-    engine = Engine(
+    engine = build_engine(
         cfg,
         target,
         mtp if cfg.speculative_config.enabled else None,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.engine_args import build_config, speculative_config
 from fastdeploy_mtp.models import ByteTokenizer, load_tiny
-from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import Request
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 
@@ -24,7 +24,7 @@ def generate(shipped, k: int, sampling: SamplingParams, max_tokens: int = 12) ->
     target, mtp, arch = shipped
     spec = speculative_config(k)
     cfg = build_config(arch, spec, 2, len(PROMPT) + max_tokens + 16)
-    with Engine(cfg, target, mtp if spec.enabled else None) as engine:
+    with build_engine(cfg, target, mtp if spec.enabled else None) as engine:
         return engine.generate([Request("r", PROMPT, max_tokens, sampling=sampling)])["r"]
 
 

@@ -9,7 +9,7 @@ import inspect
 import paddle
 import pytest
 
-from fastdeploy_mtp.runtime.engine import Engine
+from fastdeploy_mtp.assembly import build_engine
 from tests.support.engines import make_config, make_requests
 
 HOST_READS = ("numpy", "item", "tolist")
@@ -31,8 +31,10 @@ def overlap_config(k, steps, hybrid=False):
 @pytest.mark.parametrize("k,steps,hybrid", [(2, 1, False), (3, 3, False), (3, 1, True)])
 def test_overlap_rounds_keep_greedy_equivalence(random_model, k, steps, hybrid):
     target, mtp = random_model
-    base = Engine(make_config(0, max_num_seqs=4), target).generate(make_requests(21, 6))
-    spec = Engine(overlap_config(k, steps, hybrid), target, mtp).generate(make_requests(21, 6))
+    base = build_engine(make_config(0, max_num_seqs=4), target).generate(make_requests(21, 6))
+    spec = build_engine(overlap_config(k, steps, hybrid), target, mtp).generate(
+        make_requests(21, 6)
+    )
     assert spec == base
 
 
@@ -62,7 +64,7 @@ def test_no_host_sync_in_steady_state_rounds(
     )
     cfg.speculative_config.adaptive_draft_length = adaptive
     cfg.speculative_config.adaptive_probe_interval = 2
-    engine = Engine(cfg, target, mtp)
+    engine = build_engine(cfg, target, mtp)
     proposer = engine.runner.proposer
     state = {"guarded": False, "guarded_rounds": 0}
     violations = []
@@ -114,7 +116,7 @@ def test_the_guard_catches_a_host_read(random_model, monkeypatch):
     """The check above can fail: a proposer that reads a length back (as it once did, with
     ``int(seq_lens_this_time.sum().item())`` per substep) is caught."""
     target, mtp = random_model
-    engine = Engine(make_config(2, 1, max_num_seqs=4), target, mtp)
+    engine = build_engine(make_config(2, 1, max_num_seqs=4), target, mtp)
     proposer = engine.runner.proposer
     calls = []
     original = paddle.Tensor.item

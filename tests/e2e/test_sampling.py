@@ -19,6 +19,7 @@ import math
 import numpy as np
 import pytest
 
+from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.engine_args import build_config, speculative_config
 from fastdeploy_mtp.models import ByteTokenizer, load_tiny
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
@@ -43,7 +44,7 @@ def engine(shipped, k=0, steps=1, hybrid=False, batch=8, strategy="target_match"
     # float32 logits by ~1e-5 (prefill attention sums in another order), which is not what
     # these tests compare
     cfg.scheduler_config.max_num_batched_tokens = 4096
-    return Engine(cfg, target, mtp if k else None, detokenize=detokenize)
+    return build_engine(cfg, target, mtp if k else None, detokenize=detokenize)
 
 
 # A mix a serving batch may hold: sampled rows of several kinds, penalties, greedy rows.

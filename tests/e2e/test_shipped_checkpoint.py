@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.engine_args import build_config, speculative_config
 from fastdeploy_mtp.models import ByteTokenizer, load_tiny
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
-from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import Request
 
 # An EOS id the model emits mid-run on the demo prompts ("self.__name__" appears often, and
@@ -47,7 +47,7 @@ def run(shipped, k, steps=1, hybrid=False, eos=None, max_tokens=48, batch=8, tra
     cfg = build_config(arch, speculative_config(k, steps if k else None, hybrid), batch, longest)
     if eos is not None:
         cfg.model_config.eos_token_id = list(eos)
-    engine = Engine(cfg, target, mtp if k else None, record_trace=trace)
+    engine = build_engine(cfg, target, mtp if k else None, record_trace=trace)
     return engine.generate(reqs), engine
 
 

@@ -16,6 +16,7 @@ import paddle
 import pytest
 import transformers  # noqa: F401  (a test dependency: the comparison must run, never skip)
 
+from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.checks.reference import Reference
 from fastdeploy_mtp.models import causal_bias, contiguous_block_tables, greedy_generate, load_model
 from fastdeploy_mtp.models.cache_spec import model_cache_specs
@@ -23,7 +24,6 @@ from fastdeploy_mtp.models.hf_config import UnsupportedModelError
 from fastdeploy_mtp.models.latent_attention import LatentAttentionBackend
 from fastdeploy_mtp.models.model_folder import inspect_model_folder
 from fastdeploy_mtp.models.mtp_unrolled import unrolled_mtp_forward
-from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import Request
 from tests.support import hf_mla_folders as ds
 from tests.support.engines import make_config
@@ -176,7 +176,7 @@ def test_k1_acceptance_round_for_round_equals_reference(small_vocab_folder):
         1, max_num_seqs=2, eos=(eos,), block_size=config.block_size, vocab=config.vocab_size,
         ori_vocab=config.ori_vocab_size, hidden=config.hidden_size,
     )  # fmt: skip
-    engine = Engine(cfg, target, mtp, record_trace=True)
+    engine = build_engine(cfg, target, mtp, record_trace=True)
     out = engine.generate(
         [Request(rid, list(p), max_tokens=max_tokens) for rid, p in prompts.items()]
     )

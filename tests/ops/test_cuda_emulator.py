@@ -163,18 +163,18 @@ def test_engine_generates_the_same_tokens_with_its_ops_on_the_cuda_emulator(requ
     pytest.importorskip("paddle")
     random_model = request.getfixturevalue("random_model")  # builds Paddle models
     import fastdeploy_mtp.ops as ops
+    from fastdeploy_mtp.assembly import build_engine
     from fastdeploy_mtp.ops._loader import _LIBRARY
-    from fastdeploy_mtp.runtime.engine import Engine
     from tests.support.engines import make_config, make_requests
 
     target, mtp = random_model
     cfg = make_config(2, 2, True, max_num_seqs=4)
-    want = Engine(cfg, target, mtp).generate(make_requests(5, 4))
+    want = build_engine(cfg, target, mtp).generate(make_requests(5, 4))
     lib = ctypes.CDLL(_LIBRARY)
     lib.fdmtp_emulation_cuda_launches.restype = ctypes.c_int64
     before = lib.fdmtp_emulation_cuda_launches()
     with ops.emulate("cuda", shape=1):
-        got = Engine(cfg, target, mtp).generate(make_requests(5, 4))
+        got = build_engine(cfg, target, mtp).generate(make_requests(5, 4))
     launches = lib.fdmtp_emulation_cuda_launches() - before
     assert got == want
     assert launches > 50, (

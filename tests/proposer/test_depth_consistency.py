@@ -16,13 +16,13 @@ import numpy as np
 import paddle
 import pytest
 
+from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.config import SpeculativeConfig
 from fastdeploy_mtp.models import causal_bias, load_tiny
 from fastdeploy_mtp.models.mtp_layer import MTPStack, mtp_layers_of
 from fastdeploy_mtp.models.mtp_unrolled import unrolled_mtp_forward
-from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import Request
-from tests.support.engines import make_config
+from tests.support.engines import adaptive_spec, make_config
 
 PROMPT = b"    def __init__(self, name, value):\n        self.name = name\n        self."
 
@@ -59,7 +59,7 @@ def run_recording(
     )
     cfg.speculative_config = spec
     cfg.model_config.eos_token_id = [256]
-    engine = Engine(cfg, target, mtp)
+    engine = build_engine(cfg, target, mtp)
     runner = engine.runner
     rounds = []  # (tokens known before the step, drafts verified in it)
     original = runner.execute
@@ -139,15 +139,7 @@ def test_rows_of_skipped_rounds_reach_the_mtp_cache(shipped):
     probe's draft must still equal the training path's, i.e. the rows of the skipped rounds
     were written into the MTP cache before it drafted."""
     target, mtp, _ = shipped
-    spec = SpeculativeConfig(
-        method="mtp",
-        num_speculative_tokens=2,
-        num_model_steps=2,
-        adaptive_draft_length=True,
-        acceptance_rate_threshold=1.0,
-        acceptance_window=8,
-        adaptive_probe_interval=2,
-    )
+    spec = adaptive_spec(2, window=8, threshold=1.0, interval=2)
     history: list[bool] = []
     seq, rounds = run_recording(target, mtp, spec, list(PROMPT), 64, history)
     assert history and all(history), history  # replays also restored the draft's token history

@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 
+from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.constants import PLACEHOLDER_TOKEN_ID
 from fastdeploy_mtp.proposer.sampler import MTPSampler
-from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import Request
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 from tests.support.engines import make_config
@@ -39,7 +39,7 @@ def log_softmax(row: np.ndarray) -> np.ndarray:
 
 def test_draft_logprobs_equal_the_mtp_layers_log_softmax(random_model):
     target, mtp = random_model
-    engine = Engine(make_config(3, steps=3), target, mtp)
+    engine = build_engine(make_config(3, steps=3), target, mtp)
     runner = engine.runner
     proposer = runner.proposer
     rounds: list[list[tuple[np.ndarray, np.ndarray]]] = []  # per round: (logits, slt) per substep
@@ -111,11 +111,11 @@ def test_nothing_is_computed_unless_asked_and_no_speculation_gives_an_empty_list
     record = MTPSampler.record
     monkeypatch.setattr(MTPSampler, "record", lambda self, *a: calls.append(a) or record(self, *a))
     reqs = requests([False, False])
-    Engine(make_config(3, steps=3), target, mtp).generate(reqs)
+    build_engine(make_config(3, steps=3), target, mtp).generate(reqs)
     assert calls == [] and all(r.output_draft_logprobs == [] for r in reqs)
 
     plain = requests([True])
-    Engine(make_config(0), target).generate(plain)
+    build_engine(make_config(0), target).generate(plain)
     assert plain[0].output_token_ids and plain[0].output_draft_logprobs == []
 
 

@@ -11,6 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.config import (
     FDConfig,
     SchedulerConfig,
@@ -148,7 +149,7 @@ def test_model_free_methods_are_refused_on_splitwise_instances(method):
 # ---- greedy equality (random model) -----------------------------------------------------------
 def run(model, cfg, requests, chunk):
     target, mtp = model
-    engine = Engine(cfg, target, mtp, prefill_chunk_size=chunk)
+    engine = build_engine(cfg, target, mtp, prefill_chunk_size=chunk)
     return engine.generate(requests), engine
 
 
@@ -215,7 +216,7 @@ def sampled_requests(n: int) -> list[Request]:
 def shipped_engine(shipped, spec: SpeculativeConfig, batch: int) -> Engine:
     target, _, arch = shipped
     cfg = build_config(arch, spec, batch, 256)
-    return Engine(cfg, target, None, prefill_chunk_size=24)
+    return build_engine(cfg, target, None, prefill_chunk_size=24)
 
 
 @pytest.mark.parametrize("method", list(METHODS))
@@ -328,7 +329,7 @@ def test_an_aborted_request_leaves_its_output_so_far_in_the_shared_cache(random_
     # the slot is freed before the proposer hears of the abort: its trie goes to the cache as
     # a finished request's does, and the proposer keeps no state of the slot
     cfg = with_method(make_config(0, max_num_seqs=1), "suffix", 3)
-    engine = Engine(cfg, *random_model)
+    engine = build_engine(cfg, *random_model)
     req = Request("gone", [5, 17, 33, 2, 40, 8], max_tokens=40)
     engine.add_requests([req])
     for step in range(4):

@@ -60,7 +60,7 @@ def leftovers(names):
 
 
 def test_worker_attaches_caches_created_by_a_cache_manager(random_model):
-    from fastdeploy_mtp.runtime.engine import Engine
+    from fastdeploy_mtp.assembly import build_engine
 
     target, mtp = random_model
     cfg = make_config(2, steps=2)
@@ -81,7 +81,7 @@ def test_worker_attaches_caches_created_by_a_cache_manager(random_model):
     proc.start()
     try:
         # the worker may start first: initialize_kv_cache waits for the signal
-        engine = Engine(cfg, target, mtp)
+        engine = build_engine(cfg, target, mtp)
         proposer = engine.runner.proposer
         assert parent.poll(60) and parent.recv() == "ready"
         assert (
@@ -108,19 +108,19 @@ def test_worker_attaches_caches_created_by_a_cache_manager(random_model):
             proc.kill()
     assert proc.exitcode == 0
     assert leftovers(names) == []
-    base = Engine(make_config(0), target).generate(make_requests(31, 4))
+    base = build_engine(make_config(0), target).generate(make_requests(31, 4))
     assert spec == base
 
 
 def test_published_caches_are_attached_by_another_process(random_model):
-    from fastdeploy_mtp.runtime.engine import Engine
+    from fastdeploy_mtp.assembly import build_engine
 
     target, mtp = random_model
     cfg = make_config(2, steps=1)
     cfg.cache_config.share_mtp_cache = True
     cfg.parallel_config.engine_worker_queue_port = PORT + 1
     cfg.parallel_config.device_id = 7  # names are per device
-    with Engine(cfg, target, mtp) as engine:
+    with build_engine(cfg, target, mtp) as engine:
         engine.generate(make_requests(32, 3))
         proposer = engine.runner.proposer
         names = proposer.cache_names()

@@ -123,11 +123,11 @@ def test_proposer_requires_mtp_and_a_model(random_model):
 def test_run_writes_one_draft_per_substep_into_the_targets_rows(random_model):
     """After a prefill round, every running item has `num_model_steps` drafts in the target's
     draft row and the target's token count covers [last token, drafts]."""
-    from fastdeploy_mtp.runtime.engine import Engine
+    from fastdeploy_mtp.assembly import build_engine
     from tests.support.engines import make_requests
 
     target, mtp = random_model
-    engine = Engine(make_config(3, steps=3), target, mtp)
+    engine = build_engine(make_config(3, steps=3), target, mtp)
     reqs = make_requests(3, 2, stagger=0, min_new=20, max_new=21)
     for r in reqs:
         engine.scheduler.add_request(r)

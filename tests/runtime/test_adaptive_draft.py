@@ -7,19 +7,11 @@ import pytest
 
 from fastdeploy_mtp.config import SpeculativeConfig, SpeculativeConfigError
 from fastdeploy_mtp.runtime.adaptive_draft import MAX_PROBE_BACKOFF, AdaptiveDraftLength
+from tests.support.engines import adaptive_spec
 
 
 def controller(k=3, window=3, threshold=0.3, interval=4, slots=2):
-    spec = SpeculativeConfig(
-        method="mtp",
-        num_speculative_tokens=k,
-        num_model_steps=k,
-        adaptive_draft_length=True,
-        acceptance_window=window,
-        acceptance_rate_threshold=threshold,
-        adaptive_probe_interval=interval,
-    )
-    return AdaptiveDraftLength(spec, slots)
+    return AdaptiveDraftLength(adaptive_spec(k, window, threshold, interval), slots)
 
 
 def observe(c, slot, proposed, accepted):

@@ -26,6 +26,7 @@ import paddle
 import pytest
 from llguidance import LLMatcher
 
+from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.config import SpeculativeConfig
 from fastdeploy_mtp.constants import PLACEHOLDER_TOKEN_ID
 from fastdeploy_mtp.engine_args import build_config, speculative_config
@@ -80,7 +81,7 @@ def engine(shipped, k: int, steps: int, hybrid: bool) -> Engine:
     cfg = build_config(arch, speculative_config(k, steps if k else None, hybrid), 8, 256)
     cfg.scheduler_config.max_num_batched_tokens = 4096  # every prompt in one chunk
     cfg.model_config.model = ASSETS_DIR  # whose tokenizer.json the grammars run on
-    return Engine(cfg, target, mtp if k else None, record_trace=True)
+    return build_engine(cfg, target, mtp if k else None, record_trace=True)
 
 
 def text_of(ids: list[int]) -> str:
@@ -238,7 +239,7 @@ def test_a_prompt_prefilled_in_chunks_gives_the_same_constrained_output(shipped,
     target, mtp, arch = shipped
     cfg = build_config(arch, speculative_config(3, 3, False), 8, 256)
     cfg.model_config.model = ASSETS_DIR
-    eng = Engine(cfg, target, mtp, prefill_chunk_size=7)
+    eng = build_engine(cfg, target, mtp, prefill_chunk_size=7)
     reqs = requests({})
     eng.generate(reqs)
     eng.close()
@@ -256,7 +257,7 @@ def test_model_free_drafts_are_cut_by_the_grammar_and_change_no_output(shipped, 
         cfg = build_config(arch, spec, 8, 256)
         cfg.scheduler_config.max_num_batched_tokens = 4096
         cfg.model_config.model = ASSETS_DIR
-        eng = Engine(cfg, target, None, record_trace=True)
+        eng = build_engine(cfg, target, None, record_trace=True)
         reqs = requests(sampling)
         eng.generate(reqs)
         eng.close()
@@ -439,7 +440,7 @@ def test_a_bad_constraint_is_refused_at_submission_naming_the_field(shipped, gui
 
 def test_without_a_model_folder_a_constrained_request_fails_alone(shipped):
     target, mtp, arch = shipped
-    eng = Engine(
+    eng = build_engine(
         build_config(arch, speculative_config(3, 3, False), 8, 256), target, mtp
     )  # model_config.model unset
     guided = Request(

@@ -24,6 +24,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
+from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.config import SpeculativeConfig
 from fastdeploy_mtp.engine_args import build_config
 from fastdeploy_mtp.models import ByteTokenizer, load_tiny
@@ -134,7 +135,7 @@ def run(
     target, mtp, arch = shipped
     cfg = build_config(arch, spec, 3, 256)
     cfg.cache_config.enable_prefix_caching = caching
-    eng = Engine(
+    eng = build_engine(
         cfg, target, mtp if spec.enabled else None, prefill_chunk_size=chunk, record_trace=True
     )
     reqs = workload(sampled)
@@ -204,7 +205,7 @@ def test_hits_start_after_whole_blocks_and_multi_turn_prompts_hit_their_first_tu
     _, mtp, arch = shipped
     cfg = build_config(arch, SpeculativeConfig.from_dict(dict(MTP)), 3, 256)
     cfg.cache_config.enable_prefix_caching = True
-    eng = Engine(cfg, shipped[0], mtp)
+    eng = build_engine(cfg, shipped[0], mtp)
     first = Request("a", TOK.encode(SYSTEM + QUESTIONS[0]), MAX_TOKENS)
     eng.generate([first])
     again = Request("b", TOK.encode(SYSTEM + QUESTIONS[1]), MAX_TOKENS)
@@ -242,7 +243,7 @@ def test_mtp_kv_of_a_hit_equals_a_fresh_prefill_and_a_target_only_key_would_not(
     def engine(caching: bool) -> Engine:
         cfg = build_config(arch, spec, 2, 256)
         cfg.cache_config.enable_prefix_caching = caching
-        return Engine(cfg, target, mtp)
+        return build_engine(cfg, target, mtp)
 
     fresh_eng = engine(False)
     fresh = Request("b", b_ids, MAX_TOKENS)
@@ -280,7 +281,7 @@ def test_splitwise_decode_that_holds_the_prefix_copies_only_the_rest(shipped, st
     spec.verify_strategy = strategy
     cfg = build_config(arch, spec, 3, 256)
     sampled = strategy != "greedy"
-    mixed = Engine(cfg, target, mtp)
+    mixed = build_engine(cfg, target, mtp)
     want = mixed.generate(workload(sampled))
     mixed.close()
     cfg.cache_config.enable_prefix_caching = True
@@ -313,7 +314,7 @@ def test_a_constrained_request_that_starts_after_a_hit_keeps_its_grammar(shipped
         )
         cfg.cache_config.enable_prefix_caching = caching
         cfg.model_config.model = ASSETS_DIR  # whose tokenizer.json the grammar runs on
-        eng = Engine(cfg, target, mtp if method == "mtp" else None)
+        eng = build_engine(cfg, target, mtp if method == "mtp" else None)
         guided = {"kind": "regex", "spec": "[0-9]{3}-(bytes|blocks)"}
         reqs = [
             Request(

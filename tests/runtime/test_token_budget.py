@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastdeploy_mtp.runtime.engine import Engine
+from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.runtime.request import Request, RequestType
 from fastdeploy_mtp.runtime.scheduler import Scheduler
 from tests.support.engines import build_random_model, make_config, make_requests
@@ -78,7 +78,7 @@ def test_output_does_not_depend_on_the_budget(k):
     outs = []
     for budget in (4 * (k + 1) + 1, 4 * (k + 1) + 9, 512):
         cfg = make_config(k, k or 1, max_num_seqs=4, budget=budget)
-        eng = Engine(cfg, target, mtp if k else None)
+        eng = build_engine(cfg, target, mtp if k else None)
         outs.append(eng.generate([r.fresh_copy() for r in reqs]))
         eng.close()
     assert outs[0] == outs[1] == outs[2]

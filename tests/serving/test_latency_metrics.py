@@ -156,14 +156,14 @@ def unlabelled(text: str) -> dict[str, float]:
 
 
 def test_in_process_stages_ordered_prefix_cache_hits_and_idle_usage(random_model):
-    from fastdeploy_mtp.runtime.engine import Engine
+    from fastdeploy_mtp.assembly import build_engine
     from fastdeploy_mtp.serving.engine_client.backend import stream_events
     from fastdeploy_mtp.serving.engine_client.engine_loop import AsyncEngine
     from tests.support.engines import make_config
 
     config = make_config(3, steps=1)
     config.cache_config.enable_prefix_caching = True
-    engine = Engine(config, *random_model)
+    engine = build_engine(config, *random_model)
     backend = AsyncEngine(engine, lambda reason: None)
     prompt = [(7 * i) % 50 + 3 for i in range(45)]  # 5 full cacheable blocks of 8
     reqs = [Request(f"r{i}", list(prompt), max_tokens=6) for i in range(3)]

@@ -354,8 +354,8 @@ def test_a_frame_from_a_peer_that_is_not_a_worker_is_dropped():
 
 
 def test_a_real_worker_refuses_malformed_messages_and_keeps_serving():
+    from fastdeploy_mtp.assembly import build_engine
     from fastdeploy_mtp.models import ByteTokenizer
-    from fastdeploy_mtp.runtime.engine import Engine
     from fastdeploy_mtp.runtime.request import Request
 
     spec = '{"method": "mtp", "num_speculative_tokens": 1, "num_model_steps": 1}'
@@ -369,7 +369,7 @@ def test_a_real_worker_refuses_malformed_messages_and_keeps_serving():
             reply = runner._recv(time.monotonic() + 60, "test")
             assert isinstance(reply, Failed) and reply.step is None, reply
         assert all(p.poll() is None for p in runner.procs.values()), "a process exited"
-        engine = Engine(runner.fd_config, runner=runner)
+        engine = build_engine(runner.fd_config, runner=runner)
         results = engine.generate(
             [Request("a", ByteTokenizer().encode("hello"), max_tokens=4)], max_steps=50
         )

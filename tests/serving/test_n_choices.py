@@ -257,12 +257,12 @@ def test_a_disconnect_cancels_every_choice():
 def test_requests_cancelled_right_after_submission_never_run(random_model):
     """The app cancels the other choices as soon as one fails, possibly before the engine
     thread admitted them: such a request must not run anyway."""
-    from fastdeploy_mtp.runtime.engine import Engine
+    from fastdeploy_mtp.assembly import build_engine
     from fastdeploy_mtp.serving.engine_client.engine_loop import AsyncEngine
     from tests.support.engines import make_config
 
     target, mtp = random_model
-    engine = Engine(make_config(3, steps=3), target, mtp)
+    engine = build_engine(make_config(3, steps=3), target, mtp)
     fatal: list[str] = []
     backend = AsyncEngine(engine, fatal.append)
     reqs = [Request(f"c{i}", [3, 4, 5, 6], max_tokens=100) for i in range(8)]

@@ -62,22 +62,22 @@ def run(engine: Any) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
 
 @pytest.fixture(scope="module")
 def in_process() -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
+    from fastdeploy_mtp.assembly import build_engine
     from fastdeploy_mtp.config import SpeculativeConfig
     from fastdeploy_mtp.engine_args import build_config
     from fastdeploy_mtp.models import load_tiny
-    from fastdeploy_mtp.runtime.engine import Engine
 
     target, mtp, arch = load_tiny()
     cfg = build_config(arch, SpeculativeConfig.from_json(SPEC), SLOTS, MAX_MODEL_LEN)
-    with Engine(cfg, target, mtp, prefill_chunk_size=CHUNK) as engine:
+    with build_engine(cfg, target, mtp, prefill_chunk_size=CHUNK) as engine:
         return run(engine)
 
 
 def test_a_served_step_reports_decode_slots_and_forward_tokens_as_the_in_process_runner(in_process):
-    from fastdeploy_mtp.runtime.engine import Engine
+    from fastdeploy_mtp.assembly import build_engine
 
     with remote_runner(SPEC, SLOTS, MAX_MODEL_LEN) as runner:
-        engine = Engine(runner.fd_config, runner=runner, prefill_chunk_size=CHUNK)
+        engine = build_engine(runner.fd_config, runner=runner, prefill_chunk_size=CHUNK)
         served, served_results = run(engine)
     expected, expected_results = in_process
     assert served_results == expected_results

@@ -9,10 +9,10 @@ import re
 import numpy as np
 import pytest
 
+from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.engine_args import build_config, speculative_config
 from fastdeploy_mtp.models import ByteTokenizer, load_tiny
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
-from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import InvalidRequestError, Request
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 from fastdeploy_mtp.splitwise.handoff import (
@@ -53,7 +53,7 @@ def test_demo_prompts_pd_equals_mixed_and_the_first_round_uses_the_prefill_draft
     reqs = demo_requests()
     longest = max(len(r.prompt_token_ids) + r.max_tokens for r in reqs) + 2 * k + 8
     cfg = build_config(arch, speculative_config(k, steps if k else None, hybrid), 8, longest)
-    mixed = Engine(cfg, target, mtp if k else None).generate([r.fresh_copy() for r in reqs])
+    mixed = build_engine(cfg, target, mtp if k else None).generate([r.fresh_copy() for r in reqs])
     pd = LocalPD(cfg, target, mtp if k else None)
     out = pd.run([r.fresh_copy() for r in reqs])
     assert out == mixed
@@ -87,7 +87,9 @@ def test_staggered_chunked_prefill_and_slow_transfers_equal_mixed(random_model, 
     target, mtp = random_model
     cfg = make_config(k, steps, hybrid, max_num_seqs=3)
     reqs = make_requests(11, 9, stagger=2, min_prompt=2, max_prompt=30)
-    mixed = Engine(cfg, target, mtp, prefill_chunk_size=5).generate([r.fresh_copy() for r in reqs])
+    mixed = build_engine(cfg, target, mtp, prefill_chunk_size=5).generate(
+        [r.fresh_copy() for r in reqs]
+    )
     pd = LocalPD(cfg, target, mtp, fetch_delay=3, prefill_chunk_size=5)
     assert pd.run([r.fresh_copy() for r in reqs]) == mixed
     pd.close()
@@ -106,7 +108,7 @@ def test_distinct_mtp_layers_and_adaptive_drafts_through_prefill_and_decode(rand
     cfg.speculative_config.adaptive_draft_length = True
     cfg.speculative_config.adaptive_probe_interval = 2
     reqs = make_requests(12, 6, stagger=2, min_prompt=2, max_prompt=30)
-    mixed = Engine(cfg, target, stack, prefill_chunk_size=5).generate(
+    mixed = build_engine(cfg, target, stack, prefill_chunk_size=5).generate(
         [r.fresh_copy() for r in reqs]
     )
     pd = LocalPD(cfg, target, stack, fetch_delay=1, prefill_chunk_size=5)
@@ -118,7 +120,7 @@ def test_distinct_mtp_layers_and_adaptive_drafts_through_prefill_and_decode(rand
 def test_slot_state_survives_json_and_is_checked_against_the_decode_engine(random_model):
     target, mtp = random_model
     cfg = make_config(3, 3)
-    p = Engine(role_config(cfg, "prefill"), target, mtp)
+    p = build_engine(role_config(cfg, "prefill"), target, mtp)
     p.add_requests([Request("a", [1, 2, 3, 4, 5], max_tokens=9)])
     ev = p.step(0)
     (h,) = ev.handed_off
@@ -128,16 +130,16 @@ def test_slot_state_survives_json_and_is_checked_against_the_decode_engine(rando
     assert len(drafts) == 3 and drafts == [
         int(t) for t in p.runner.share_inputs.draft_tokens.numpy()[0, 1:]
     ]
-    d = Engine(role_config(cfg, "decode"), target, mtp)
+    d = build_engine(role_config(cfg, "decode"), target, mtp)
     d.runner.check_handoff(state)  # type: ignore[attr-defined]
 
     # another speculation set-up on the decode side: refused, naming the buffer
-    other = Engine(role_config(make_config(1, 1), "decode"), target, mtp)
+    other = build_engine(role_config(make_config(1, 1), "decode"), target, mtp)
     with pytest.raises(InvalidRequestError, match=r"`handoff`.*draft_tokens"):
         other.add_transferred(
             Request("a", [1, 2, 3, 4, 5], 9, output_token_ids=[3], handoff_state=state)
         )
-    no_mtp = Engine(role_config(make_config(0), "decode"), target, None)
+    no_mtp = build_engine(role_config(make_config(0), "decode"), target, None)
     with pytest.raises(InvalidRequestError, match="MTP"):
         no_mtp.add_transferred(
             Request("a", [1, 2, 3, 4, 5], 9, output_token_ids=[3], handoff_state=state)
@@ -173,8 +175,8 @@ def test_slot_state_survives_json_and_is_checked_against_the_decode_engine(rando
 def test_a_failed_transfer_fails_only_its_request_and_frees_its_blocks(random_model):
     target, mtp = random_model
     cfg = make_config(2, 2)
-    p = Engine(role_config(cfg, "prefill"), target, mtp)
-    d = Engine(role_config(cfg, "decode"), target, mtp)
+    p = build_engine(role_config(cfg, "prefill"), target, mtp)
+    d = build_engine(role_config(cfg, "decode"), target, mtp)
     asked: list[tuple[Request, list[int]]] = []
     d.kv_fetcher = lambda req, blocks: asked.append((req, blocks))
     p.add_requests(
@@ -214,7 +216,7 @@ def test_a_failed_transfer_fails_only_its_request_and_frees_its_blocks(random_mo
     assert len(d.scheduler.free_blocks) == d.scheduler.total_blocks
 
     # a transfer that fails (the prefill instance died) aborts the request with that error
-    p2 = Engine(role_config(cfg, "prefill"), target, mtp)
+    p2 = build_engine(role_config(cfg, "prefill"), target, mtp)
     seeded = SamplingParams(seed=9)  # not derived from the request id: "y" below reuses the state
     p2.add_requests([Request("x", [1, 2, 3], max_tokens=5, sampling=seeded)])
     (h,) = p2.step(0).handed_off
@@ -264,7 +266,7 @@ def test_seeded_sampling_with_penalties_through_prefill_and_decode_equals_mixed(
     ]
     for i, r in enumerate(reqs):
         r.sampling = kinds[i % 3]
-    mixed = Engine(cfg, target, mtp).generate([r.fresh_copy() for r in reqs])
+    mixed = build_engine(cfg, target, mtp).generate([r.fresh_copy() for r in reqs])
     pd = LocalPD(cfg, target, mtp, fetch_delay=1, prefill_chunk_size=chunk)
     assert pd.run([r.fresh_copy() for r in reqs]) == mixed
     pd.close()
@@ -276,7 +278,7 @@ def test_ignore_eos_through_prefill_and_decode_equals_mixed(random_model):
     the token these requests generate most, so the others end early at it."""
     target, mtp = random_model
     reqs = make_requests(11, 4, stagger=1)
-    plain = Engine(make_config(2, 2, max_num_seqs=3), target, mtp).generate(
+    plain = build_engine(make_config(2, 2, max_num_seqs=3), target, mtp).generate(
         [r.fresh_copy() for r in reqs]
     )
     counts = np.bincount([t for out in plain.values() for t in out])
@@ -284,7 +286,7 @@ def test_ignore_eos_through_prefill_and_decode_equals_mixed(random_model):
     cfg = make_config(2, 2, max_num_seqs=3, eos=(eos,))
     for i, r in enumerate(reqs):
         r.sampling = SamplingParams(ignore_eos=i % 2 == 0)
-    mixed = Engine(cfg, target, mtp).generate([r.fresh_copy() for r in reqs])
+    mixed = build_engine(cfg, target, mtp).generate([r.fresh_copy() for r in reqs])
     pd = LocalPD(cfg, target, mtp, fetch_delay=1)
     assert pd.run([r.fresh_copy() for r in reqs]) == mixed
     pd.close()
@@ -300,10 +302,10 @@ def test_ignore_eos_through_prefill_and_decode_equals_mixed(random_model):
 def test_a_decode_request_whose_sampling_differs_from_the_handed_over_slot_is_refused(random_model):
     target, mtp = random_model
     cfg = make_config(2, 2)
-    p = Engine(role_config(cfg, "prefill"), target, mtp)
+    p = build_engine(role_config(cfg, "prefill"), target, mtp)
     p.add_requests([Request("a", [1, 2, 3], 6, sampling=SamplingParams(temperature=0.7, seed=4))])
     (h,) = p.step(0).handed_off
-    d = Engine(role_config(cfg, "decode"), target, mtp)
+    d = build_engine(role_config(cfg, "decode"), target, mtp)
     for other, word in (
         (SamplingParams(temperature=0.8, seed=4), "temperature"),
         (SamplingParams(temperature=0.7, seed=5), "seed"),
@@ -341,12 +343,12 @@ def test_a_hostile_slot_state_is_refused_before_it_reaches_a_step(
 ):
     target, mtp = random_model
     cfg = make_config(2, 2)
-    p = Engine(role_config(cfg, "prefill"), target, mtp)
+    p = build_engine(role_config(cfg, "prefill"), target, mtp)
     p.add_requests([Request("a", [1, 2, 3], 6)])
     (h,) = p.step(0).handed_off
     state = json.loads(json.dumps(h.state))
     state[part][name]["v"] = values
-    d = Engine(role_config(cfg, "decode"), target, mtp)
+    d = build_engine(role_config(cfg, "decode"), target, mtp)
     with pytest.raises(InvalidRequestError, match=f"{part}.{name}.*{word}"):
         d.add_transferred(
             Request(

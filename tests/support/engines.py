@@ -35,6 +35,20 @@ def tiny_arch(**overrides) -> ArchConfig:
     return ArchConfig(**{**fields, **overrides})
 
 
+def adaptive_spec(k: int, window: int, threshold: float, interval: int) -> SpeculativeConfig:
+    """MTP with ``k`` drafts from ``k`` substeps and the adaptive draft length on: acceptance
+    window ``window``, threshold ``threshold``, probes every ``interval`` rounds."""
+    return SpeculativeConfig(
+        method="mtp",
+        num_speculative_tokens=k,
+        num_model_steps=k,
+        adaptive_draft_length=True,
+        acceptance_window=window,
+        acceptance_rate_threshold=threshold,
+        adaptive_probe_interval=interval,
+    )
+
+
 def build_random_model():
     """(target, mtp): :func:`tiny_arch`, random weights (seeded)."""
     paddle.seed(1234)
@@ -119,8 +133,8 @@ def check_k1_rounds_against_transformers(
     that never comes up, so the request runs to ``max_tokens``); with ``echo`` also that drafts
     were accepted in some rounds and rejected in others. Returns (the rounds' tokens, the
     engine)."""
+    from fastdeploy_mtp.assembly import build_engine
     from fastdeploy_mtp.checks.reference import Reference
-    from fastdeploy_mtp.runtime.engine import Engine
 
     target, mtp, config = loaded
     want = [list(r.tokens) for r in Reference(folder).generate_rounds(prompt, max_tokens)]
@@ -131,7 +145,7 @@ def check_k1_rounds_against_transformers(
         1, eos=(eos,), block_size=config.block_size, vocab=config.vocab_size,
         ori_vocab=config.ori_vocab_size, hidden=config.hidden_size,
     )  # fmt: skip
-    engine = Engine(cfg, target, mtp, record_trace=True)
+    engine = build_engine(cfg, target, mtp, record_trace=True)
     out = engine.generate([Request("r", list(prompt), max_tokens=max_tokens)])
     assert [list(t[3]) for t in engine.trace] == want
     assert out["r"] == [tok for step in want for tok in step]

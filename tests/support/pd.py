@@ -7,8 +7,8 @@ import copy
 
 import numpy as np
 
+from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.config import FDConfig
-from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import Request
 
 
@@ -29,10 +29,10 @@ class LocalPD:
     def __init__(
         self, cfg: FDConfig, target, mtp, fetch_delay: int = 0, prefill_chunk_size: int = 0
     ):
-        self.p = Engine(
+        self.p = build_engine(
             role_config(cfg, "prefill"), target, mtp, prefill_chunk_size=prefill_chunk_size
         )
-        self.d = Engine(role_config(cfg, "decode"), target, mtp)
+        self.d = build_engine(role_config(cfg, "decode"), target, mtp)
         self.d.kv_fetcher = self._queue_fetch
         self.fetch_delay = fetch_delay
         self._fetches: list[tuple[int, Request, list[int]]] = []

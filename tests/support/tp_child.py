@@ -31,11 +31,11 @@ def run_engine(
     ``tp``)."""
     import dataclasses
 
+    from fastdeploy_mtp.assembly import build_engine
     from fastdeploy_mtp.config import ParallelConfig
     from fastdeploy_mtp.engine_args import build_config, speculative_config
     from fastdeploy_mtp.models import ByteTokenizer
     from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
-    from fastdeploy_mtp.runtime.engine import Engine
     from fastdeploy_mtp.runtime.request import Request
 
     tok = ByteTokenizer()
@@ -50,7 +50,7 @@ def run_engine(
             tensor_parallel_size=tp, tensor_parallel_rank=rank, local_rank=rank
         ),
     )
-    with Engine(cfg, target, mtp if k > 0 else None) as engine:
+    with build_engine(cfg, target, mtp if k > 0 else None) as engine:
         out = engine.generate(reqs)
     return [out[r.request_id] for r in reqs], engine.metrics.tokens_per_second
 

@@ -129,8 +129,8 @@ def _run(
 ) -> int:
     """Start the workers, the engine and the HTTP server (recording each in ``running``) and
     serve until the server stops; returns the exit status."""
+    from ...assembly import build_engine
     from ...credentials import DroppedMessages, api_key, http_token, splitwise_secret
-    from ...runtime.engine import Engine
     from ..engine_client.engine_loop import AsyncEngine
     from ..openai.app import create_app
     from ..openai.http_auth import Access
@@ -153,7 +153,7 @@ def _run(
         reserved_port=opts.port,
         dropped=dropped,
     )
-    engine = Engine(
+    engine = build_engine(
         layout.fd_config(0, arch),
         runner=runner,
         max_positions=arch.max_position_embeddings,

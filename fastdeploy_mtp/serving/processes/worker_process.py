@@ -47,7 +47,8 @@ from .layout import ServeLayout
 from .runtime_dir import endpoint
 
 if TYPE_CHECKING:  # imported at run time after the process set-up (they import Paddle)
-    from ...runtime.target_runner import StepOutput, TargetRunner
+    from ...runtime.step_output import StepOutput
+    from ...runtime.target_runner import TargetRunner
     from ..messages.engine_workers import Task
 
 
@@ -184,9 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     runner = None
     writer: TokenWriter | None = None
     try:
+        from ...assembly import build_runner
         from ...distributed import init_tensor_parallel
         from ...models import load_model
-        from ...runtime.target_runner import TargetRunner
 
         tp = layout.tensor_parallel_size
         if tp > 1:
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = layout.fd_config(rank, arch)
         if not cfg.speculative_config.uses_mtp:
             mtp = None  # model-free methods (and no speculation): no MTP layer kept, no MTP caches
-        runner = TargetRunner(cfg, target, mtp)
+        runner = build_runner(cfg, target, mtp)
         slots = SlotTable()
         first_tokens_only = layout.splitwise_role == "prefill" and cfg.speculative_config.enabled
         if rank == 0 and not first_tokens_only:
