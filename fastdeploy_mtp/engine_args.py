@@ -26,6 +26,7 @@ from typing import Any, NoReturn, TypeVar
 
 from .capacity import build_config as build_config  # the commands' and workers' FDConfig
 from .config import SpeculativeConfig, load_speculative_json
+from .config.validators import parse_number
 from .runtime.sampling_params import MAX_LOGPROBS, SamplingParams
 
 _Options = TypeVar("_Options")
@@ -68,15 +69,7 @@ def options_from_args(cls: type[_Options], args: argparse.Namespace, **resolved:
 # One definition per kind of number, so a bad value reads the same on every command: argparse
 # prefixes the flag ("argument --max-tokens: must be > 0, got 0").
 def _number(text: str, kind: type[int] | type[float], least: float, strict: bool) -> Any:
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be {'an integer' if kind is int else 'a number'}, got {text!r}"
-        ) from None
-    if not (value > least if strict else value >= least):  # `not`: NaN fails both comparisons
-        raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {least:g}, got {text}")
-    return value
+    return parse_number(text, kind, least, strict, argparse.ArgumentTypeError)
 
 
 def positive_int(text: str) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..config.validators import flag, given, integer, positive_number
 from .model_config import SCORING_FUNCS, TOPK_METHODS
 
 #: Per family, the value of each MoE key when ``config.json`` lacks it (transformers'
@@ -36,22 +37,12 @@ _INT_MINIMUM = dict(
 )  # fmt: skip
 
 
-def _value(raw: dict[str, Any], key: str, default: Any) -> Any:
-    value = raw.get(key)
-    return default if value is None else value
-
-
 def _int(raw: dict[str, Any], key: str, default: int) -> int:
-    value = _value(raw, key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"config.json `{key}` must be an integer, got {value!r}")
-    if value < _INT_MINIMUM[key]:
-        raise ValueError(f"config.json `{key}` must be >= {_INT_MINIMUM[key]}, got {value}")
-    return value
+    return integer(given(raw, key, default), f"config.json `{key}`", _INT_MINIMUM[key])
 
 
 def _choice(raw: dict[str, Any], key: str, default: str, allowed: tuple[str, ...]) -> str:
-    value = _value(raw, key, default)
+    value = given(raw, key, default)
     if value not in allowed:
         raise ValueError(
             f"config.json `{key}` {value!r} is not supported; supported: {list(allowed)}"
@@ -70,14 +61,8 @@ def moe_fields(raw: dict[str, Any], family: str) -> dict[str, Any]:
     """
     defaults = MOE_DEFAULTS[family]
     fields: dict[str, Any] = {key: _int(raw, key, defaults[key]) for key in _INT_MINIMUM}
-    scale = _value(raw, "routed_scaling_factor", defaults["routed_scaling_factor"])
-    if isinstance(scale, bool) or not isinstance(scale, int | float) or not scale > 0:
-        raise ValueError(f"config.json `routed_scaling_factor` must be a number > 0, got {scale!r}")
-    fields["routed_scaling_factor"] = float(scale)
-    norm = _value(raw, "norm_topk_prob", defaults["norm_topk_prob"])
-    if not isinstance(norm, bool):
-        raise ValueError(f"config.json `norm_topk_prob` must be true or false, got {norm!r}")
-    fields["norm_topk_prob"] = norm
+    for key, check in (("routed_scaling_factor", positive_number), ("norm_topk_prob", flag)):
+        fields[key] = check(given(raw, key, defaults[key]), f"config.json `{key}`")
     fields["scoring_func"] = _choice(raw, "scoring_func", defaults["scoring_func"], SCORING_FUNCS)
     fields["topk_method"] = _choice(raw, "topk_method", defaults["topk_method"], TOPK_METHODS)
     _check_routing(fields)
@@ -120,15 +105,12 @@ def glm_fields(raw: dict[str, Any]) -> dict[str, Any]:
     """
     fields: dict[str, Any] = {}
     for key, field in (("attention_bias", "attention_bias"), ("use_qk_norm", "qk_norm")):
-        value = _value(raw, key, False)
-        if not isinstance(value, bool):
-            raise ValueError(f"config.json `{key}` must be true or false, got {value!r}")
-        fields[field] = value
+        fields[field] = flag(given(raw, key, False), f"config.json `{key}`")
     rope: Any = raw.get("rope_parameters")
     if not isinstance(rope, dict):
         rope = raw.get("rope_scaling")
     rope = rope if isinstance(rope, dict) else {}
-    factor = rope.get("partial_rotary_factor", _value(raw, "partial_rotary_factor", 0.5))
+    factor = rope.get("partial_rotary_factor", given(raw, "partial_rotary_factor", 0.5))
     if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1:
         raise ValueError(
             f"config.json `partial_rotary_factor` must be a number in (0, 1], got {factor!r}"

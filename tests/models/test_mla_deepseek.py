@@ -239,7 +239,7 @@ def test_tensor_parallel_ranks_hold_their_head_slices(folder, loaded):
 BAD_KEYS = [
     ("kv_lora_rank", None, "no `kv_lora_rank`"),
     ("qk_rope_head_dim", 7, "`qk_rope_head_dim` must be even"),
-    ("v_head_dim", 0, "`v_head_dim` must be an integer >= 1"),
+    ("v_head_dim", 0, "`v_head_dim` must be >= 1, got 0"),
     ("q_lora_rank", "32", "`q_lora_rank` must be an integer"),
     ("rope_interleave", "yes", "`rope_interleave` must be true or false"),
     ("attention_bias", True, "`attention_bias` true is not supported"),
