@@ -163,7 +163,7 @@ def model_arg(args: argparse.Namespace) -> str | None:
 
 def default_model() -> str:
     """The shipped tiny checkpoint's directory."""
-    from .models import ASSETS_DIR
+    from .models.folder_inspection import ASSETS_DIR
 
     return os.fspath(ASSETS_DIR)
 
@@ -180,8 +180,8 @@ def resolve_model(
         UsageError: no such folder, or a folder that cannot be served (one line naming what is
             missing or unsupported).
     """
-    from .models import UnsupportedModelError
-    from .models.model_folder import inspect_folder
+    from .models.folder_inspection import inspect_folder
+    from .models.hf_config import UnsupportedModelError
 
     path = model or default_model()
     if not os.path.isdir(path):

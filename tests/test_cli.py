@@ -502,6 +502,47 @@ def test_process_exit_status_and_no_traceback(tmp_path):
     assert "Traceback" in debug.stderr and "SpeculativeConfigError" in debug.stderr
 
 
+#: Runs ``main(argv)`` in a fresh interpreter and writes its exit status and the heavy
+#: frameworks it imported (as JSON) to the file named by the first argument.
+_IMPORTS_PROBE = """
+import json, sys
+from fastdeploy_mtp.entrypoints.cli import main
+status = main(sys.argv[2:])
+heavy = [m for m in ("paddle", "torch", "transformers") if m in sys.modules]
+with open(sys.argv[1], "w") as f:
+    json.dump({"status": status, "heavy": heavy}, f)
+"""
+
+
+@pytest.mark.parametrize(
+    "argv, status",
+    [
+        (["--help"], 0),
+        (["--version"], 0),
+        *[([command, "--help"], 0) for command in ("demo", "generate", "serve", "router")],
+        (["check-drafts", "--help"], 0),
+        (["generate", "--prompt", "x", "--no-such-flag"], 2),
+        (["serve", "--port", "abc"], 2),
+        (["generate", "--prompt", "x", "--speculative-config", "{bad"], 2),
+        (["generate", "--prompt", "x", "--temperature", "-1"], 2),
+        (["demo", "--model", "/no/such/folder"], 2),
+    ],
+)
+def test_help_and_argument_errors_do_not_import_the_frameworks(tmp_path, argv, status):
+    """``--help`` and a bad argument (the shipped folder's check included) answer without
+    importing Paddle, torch or transformers: the commands import them only to run."""
+    out = tmp_path / "probe.json"
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORTS_PROBE, str(out), *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text()) == {"status": status, "heavy": []}
+
+
 # ---- options every command shares (fastdeploy_mtp.engine_args) ---------------------------
 SHIPPED = default_model()
 

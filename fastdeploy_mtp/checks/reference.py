@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ..models.model_folder import folder_config
+from ..models.folder_inspection import folder_config
 
 #: Families whose MTP layers transformers' ``MtpModel.from_pretrained`` loads from the released
 #: names (with the tiny folder's layer index pointed at, see :func:`_load_mtp`).

@@ -128,7 +128,7 @@ def _fmt(values: list[float | None]) -> str:
 
 
 def cmd_check_drafts(args: argparse.Namespace) -> int:
-    from ..models.model_folder import inspect_model_folder
+    from ..models.folder_inspection import inspect_model_folder
 
     config = inspect_model_folder(args.model)
     if config.num_nextn_predict_layers == 0:

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import paddle
 
+from .checkpoint_families import FAMILIES
 from .hf_config import translate_config
-from .loading import FAMILIES
 from .model_config import ModelConfig
 from .weight_maps import weight_map
 

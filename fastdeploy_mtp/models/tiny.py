@@ -13,6 +13,7 @@ import paddle.nn.functional as F
 
 from ..constants import NO_BLOCK_ID
 from .attention import causal_bias
+from .folder_inspection import ASSETS_DIR
 from .forward_meta import make_forward_meta
 from .hf_config import UnsupportedModelError
 from .loading import state_to_numpy
@@ -22,7 +23,6 @@ from .mtp_layer import MTPLayer, MTPStack
 from .target import TinyTargetModel
 
 #: Directory of the shipped checkpoint.
-ASSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.json"

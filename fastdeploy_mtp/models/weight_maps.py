@@ -15,13 +15,13 @@ and whether the checkpoint stores it transposed, torch's ``[out, in]``).
   ``model.mtp_hidden_norm.{k}``, ``model.mtp_linear_proj.{k}`` and ``model.mtp_block.{k}.<block>``;
   the MTP layer's final norm is the target's ``model.norm`` (read twice).
 
-The MTP fusion names come from :data:`~fastdeploy_mtp.models.loading.FAMILIES`.
+The MTP fusion names come from :data:`~fastdeploy_mtp.models.checkpoint_families.FAMILIES`.
 """
 
 from __future__ import annotations
 
+from .checkpoint_families import FAMILIES
 from .ernie_config import ERNIE_FAMILIES, ernie_mtp_names
-from .loading import FAMILIES
 from .model_config import TINY_MODEL_TYPE, ModelConfig
 from .weight_refs import WeightRef, block_refs
 

@@ -19,9 +19,9 @@ import transformers  # noqa: F401  (a test dependency: the comparison must run, 
 from fastdeploy_mtp.checks.reference import Reference
 from fastdeploy_mtp.models import causal_bias, contiguous_block_tables, greedy_generate, load_model
 from fastdeploy_mtp.models.cache_spec import model_cache_specs
+from fastdeploy_mtp.models.folder_inspection import inspect_model_folder
 from fastdeploy_mtp.models.hf_config import UnsupportedModelError
 from fastdeploy_mtp.models.latent_attention import LatentAttentionBackend
-from fastdeploy_mtp.models.model_folder import inspect_model_folder
 from fastdeploy_mtp.models.mtp_unrolled import unrolled_mtp_forward
 from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import Request

@@ -22,6 +22,7 @@ from safetensors.numpy import load_file, save_file  # noqa: E402
 from fastdeploy_mtp.models import (  # noqa: E402
     ASSETS_DIR,
     UnsupportedModelError,
+    folder_inspection,
     inspect_model_folder,
     load_model,
     load_tiny,
@@ -249,7 +250,7 @@ def test_half_precision_folder_runs_as_float32_on_cpu_unless_asked_for_explicitl
     assert inspect_model_folder(info.path, dtype="float32").dtype == "float32"
     if paddle.get_device().startswith("cpu"):
         # auto: the config's bfloat16 has no CPU matmul, so it is widened, and the plan says so
-        plan = model_folder.inspect_folder(info.path)
+        plan = folder_inspection.inspect_folder(info.path)
         assert plan.config.dtype == "float32"
         assert plan.note is not None and "bfloat16 weights run as float32" in plan.note
         # asked for explicitly: refused before any weight is read
@@ -438,7 +439,7 @@ def test_half_precision_parameters_are_filled_from_any_stored_dtype(tmp_path):
         tmp_path / "f16", "llama", num_mtp_layers=1, dtype="float16", sharded=True
     )
     # bfloat16 parameters build on the CPU (only their matmul is missing), so the filling is testable here
-    plan = model_folder.inspect_folder(info.path, dtype="float32")
+    plan = folder_inspection.inspect_folder(info.path, dtype="float32")
     target, mtp = model_folder.build_models(dataclasses.replace(plan.config, dtype="bfloat16"))
     owners = {"target": dict(target.named_parameters()), "mtp": dict(mtp.named_parameters())}
     assert {p.dtype for ps in owners.values() for p in ps.values()} == {paddle.bfloat16}

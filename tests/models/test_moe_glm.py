@@ -22,10 +22,10 @@ from fastdeploy_mtp.models import (
     load_model,
     moe as moe_module,
 )
+from fastdeploy_mtp.models.folder_inspection import inspect_model_folder
 from fastdeploy_mtp.models.hf_config import UnsupportedModelError
 from fastdeploy_mtp.models.layers import apply_rope
 from fastdeploy_mtp.models.model_config import ModelConfig
-from fastdeploy_mtp.models.model_folder import inspect_model_folder
 from fastdeploy_mtp.models.moe import MoEMLP
 from fastdeploy_mtp.models.parallel_layers import shard_axes
 from tests.support import hf_moe_folders as glm
