@@ -15,15 +15,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names as mypy sees them; at run time __getattr__ imports them
-    from .attention import (
-        ReferenceAttentionBackend as ReferenceAttentionBackend,
-        causal_bias as causal_bias,
-        dense_causal_attention as dense_causal_attention,
-    )
+    from .attention import ReferenceAttentionBackend as ReferenceAttentionBackend
     from .checkpoint_families import (
         FAMILIES as FAMILIES,
         FamilySpec as FamilySpec,
         config_for_family as config_for_family,
+    )
+    from .dense_attention import (
+        causal_bias as causal_bias,
+        dense_causal_attention as dense_causal_attention,
     )
     from .folder_inspection import (
         ASSETS_DIR as ASSETS_DIR,
@@ -33,7 +33,6 @@ if TYPE_CHECKING:  # the names as mypy sees them; at run time __getattr__ import
         UNUSED_BLOCK as UNUSED_BLOCK,
         AttentionPlan as AttentionPlan,
         ForwardMeta as ForwardMeta,
-        make_forward_meta as make_forward_meta,
         validate_forward_meta as validate_forward_meta,
     )
     from .hf_config import (
@@ -41,6 +40,7 @@ if TYPE_CHECKING:  # the names as mypy sees them; at run time __getattr__ import
         UnsupportedModelError as UnsupportedModelError,
         translate_config as translate_config,
     )
+    from .host_forward_meta import make_forward_meta as make_forward_meta
     from .loading import (
         load_mtp_weights as load_mtp_weights,
         load_state_strict as load_state_strict,
@@ -88,12 +88,12 @@ if TYPE_CHECKING:  # the names as mypy sees them; at run time __getattr__ import
 #: Exported name -> the module of the package that defines it.
 _EXPORTS = {
     "ReferenceAttentionBackend": "attention",
-    "causal_bias": "attention",
-    "dense_causal_attention": "attention",
+    "causal_bias": "dense_attention",
+    "dense_causal_attention": "dense_attention",
     "UNUSED_BLOCK": "forward_meta",
     "AttentionPlan": "forward_meta",
     "ForwardMeta": "forward_meta",
-    "make_forward_meta": "forward_meta",
+    "make_forward_meta": "host_forward_meta",
     "validate_forward_meta": "forward_meta",
     "ARCHITECTURES": "hf_config",
     "UnsupportedModelError": "hf_config",

@@ -12,10 +12,10 @@ import paddle
 import paddle.nn.functional as F
 
 from ..constants import NO_BLOCK_ID
-from .attention import causal_bias
+from .dense_attention import causal_bias
 from .folder_inspection import ASSETS_DIR
-from .forward_meta import make_forward_meta
 from .hf_config import UnsupportedModelError
+from .host_forward_meta import make_forward_meta
 from .loading import state_to_numpy
 from .model_config import ModelConfig
 from .model_folder import load_model

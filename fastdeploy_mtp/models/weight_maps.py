@@ -29,14 +29,25 @@ from .weight_refs import WeightRef, block_refs
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def _tiny_map(config: ModelConfig) -> list[WeightRef]:
+def _target_map(config: ModelConfig, prefix: str, torch_layout: bool) -> list[WeightRef]:
+    """The target's tensors: the embedding, the decoder blocks and the final norm under
+    ``prefix`` (``""`` in the tiny layout, ``"model."`` in HuggingFace's), and the LM head
+    unless it is tied (``torch_layout``: stored ``[out, in]``)."""
     h, v = config.hidden_size, config.vocab_size
-    refs = [WeightRef("target", "embed_tokens.weight", "embed_tokens.weight", (v, h))]
+    refs = [WeightRef("target", "embed_tokens.weight", f"{prefix}embed_tokens.weight", (v, h))]
     for i in range(config.num_hidden_layers):
-        refs += block_refs(config, "target", f"layers.{i}.", f"layers.{i}.", False, i)
-    refs.append(WeightRef("target", "norm.weight", "norm.weight", (h,)))
+        refs += block_refs(
+            config, "target", f"layers.{i}.", f"{prefix}layers.{i}.", torch_layout, i
+        )
+    refs.append(WeightRef("target", "norm.weight", f"{prefix}norm.weight", (h,)))
     if not config.tie_word_embeddings:
-        refs.append(WeightRef("target", "lm_head.weight", "lm_head.weight", (h, v)))
+        refs.append(WeightRef("target", "lm_head.weight", "lm_head.weight", (h, v), torch_layout))
+    return refs
+
+
+def _tiny_map(config: ModelConfig) -> list[WeightRef]:
+    h = config.hidden_size
+    refs = _target_map(config, "", torch_layout=False)
     n = config.num_nextn_predict_layers
     for k in range(n):
         ours, layer = (f"layers.{k}." if n > 1 else ""), config.num_hidden_layers + k
@@ -58,13 +69,8 @@ def _mtp_prefix(config: ModelConfig, k: int) -> str:
 
 
 def _hf_map(config: ModelConfig) -> list[WeightRef]:
-    h, v = config.hidden_size, config.vocab_size
-    refs = [WeightRef("target", "embed_tokens.weight", "model.embed_tokens.weight", (v, h))]
-    for i in range(config.num_hidden_layers):
-        refs += block_refs(config, "target", f"layers.{i}.", f"model.layers.{i}.", True, i)
-    refs.append(WeightRef("target", "norm.weight", "model.norm.weight", (h,)))
-    if not config.tie_word_embeddings:
-        refs.append(WeightRef("target", "lm_head.weight", "lm_head.weight", (h, v), True))
+    h = config.hidden_size
+    refs = _target_map(config, "model.", torch_layout=True)
     fusion = FAMILIES["mimo" if config.model_type == "mimo" else "deepseek_v3"].fusion
     n = config.num_nextn_predict_layers
     if config.model_type in ERNIE_FAMILIES:

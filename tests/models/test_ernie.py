@@ -17,7 +17,7 @@ import paddle
 import pytest
 import transformers  # noqa: F401  (a test dependency: the comparison must run, never skip)
 
-from fastdeploy_mtp.models import greedy_generate, load_model
+from fastdeploy_mtp.models import load_model
 from fastdeploy_mtp.models.folder_inspection import inspect_model_folder
 from fastdeploy_mtp.models.hf_config import UnsupportedModelError, translate_config
 from fastdeploy_mtp.models.layers import apply_rope
@@ -25,6 +25,7 @@ from fastdeploy_mtp.models.moe import MoEMLP
 from tests.support import hf_ernie_folders as ernie
 from tests.support.engines import check_k1_rounds_against_transformers
 from tests.support.folder_checks import (
+    assert_target_matches_transformers,
     assert_two_ranks_hold_their_expert_slices,
     prefill,
     relative_error,
@@ -117,11 +118,8 @@ def test_config_translates_ernie_keys(folder, loaded):
 def test_target_logits_and_greedy_tokens_match_transformers(folder, loaded):
     target, _, _ = loaded
     hidden = prefill(target, PROMPT)
-    want = ernie.reference_logits(folder.path, [PROMPT])[0]
-    assert relative_error(target.compute_logits(hidden).numpy(), want) <= RTOL
-    assert relative_error(hidden.numpy(), ernie.reference_hidden(folder.path, [PROMPT])[0]) <= RTOL
-    assert greedy_generate(target, PROMPT[:6], 12) == ernie.reference_greedy(
-        folder.path, PROMPT[:6], 12
+    assert_target_matches_transformers(
+        target, hidden, folder.path, PROMPT, RTOL, greedy=ernie.reference_greedy
     )
 
 

@@ -18,7 +18,6 @@ import pytest
 import transformers  # noqa: F401  (a test dependency: the comparison must run, never skip)
 
 from fastdeploy_mtp.models import (
-    greedy_generate,
     load_model,
     moe as moe_module,
 )
@@ -31,6 +30,7 @@ from fastdeploy_mtp.models.parallel_layers import shard_axes
 from tests.support import hf_moe_folders as glm
 from tests.support.engines import check_k1_rounds_against_transformers
 from tests.support.folder_checks import (
+    assert_target_matches_transformers,
     assert_two_ranks_hold_their_expert_slices,
     prefill,
     relative_error,
@@ -277,17 +277,7 @@ def test_config_translates_glm_keys(folder, loaded):
 @paddle.no_grad()
 def test_target_logits_and_greedy_tokens_match_transformers(folder, loaded):
     target, _, _ = loaded
-    hidden = prefill(target, PROMPT)
-    assert (
-        relative_error(
-            target.compute_logits(hidden).numpy(), glm.reference_logits(folder.path, [PROMPT])[0]
-        )
-        <= RTOL
-    )
-    assert relative_error(hidden.numpy(), glm.reference_hidden(folder.path, [PROMPT])[0]) <= RTOL
-    assert greedy_generate(target, PROMPT[:6], 12) == glm.reference_greedy(
-        folder.path, PROMPT[:6], 12
-    )
+    assert_target_matches_transformers(target, prefill(target, PROMPT), folder.path, PROMPT, RTOL)
 
 
 @paddle.no_grad()
