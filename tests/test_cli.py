@@ -71,8 +71,9 @@ def test_version_falls_back_to_the_module_attribute(monkeypatch):
 # ---- SpeculativeConfig.from_json / from_dict ---------------------------------------------
 def test_from_json_reads_fastdeploy_keys():
     spec = SpeculativeConfig.from_json(
-        '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": "with_ngram",'
-        ' "max_ngram_size": 4, "min_ngram_size": 1, "verify_strategy": "greedy", "model": "/m"}'
+        '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": '
+        '"with_ngram", "max_ngram_size": 4, "min_ngram_size": 1, "verify_strategy": "greedy", '
+        '"model": "/m"}'
     )
     assert spec == SpeculativeConfig("mtp", 3, 1, "with_ngram", 4, 1, "/m", "greedy")
 
@@ -260,7 +261,8 @@ def test_generate_text_output_has_the_metrics_legend(capsys):
     [
         (
             ["--num-speculative-tokens", 3, "--num-model-steps", 1, "--hybrid-ngram"],
-            '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": "with_ngram"}',
+            '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": '
+            '"with_ngram"}',
         ),
         (["--num-speculative-tokens", 2], '{"num_speculative_tokens": 2}'),
         (["--num-speculative-tokens", 0], '{"method": null}'),
@@ -492,8 +494,8 @@ def test_process_exit_status_and_no_traceback(tmp_path):
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.splitlines() == [
-        "fastdeploy-mtp: error: speculative config is not valid JSON: "
-        "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
+        "fastdeploy-mtp: error: speculative config is not valid JSON: Expecting property name "
+        "enclosed in double quotes: line 1 column 2 (char 1)"
     ]
     debug = subprocess.run(
         argv, cwd=REPO, env={**env, "FDMTP_DEBUG": "1"}, capture_output=True, text=True, timeout=120
@@ -617,8 +619,8 @@ def test_every_command_refuses_more_drafts_than_the_token_message_carries_alike(
         assert rc == 2 and out == "", command  # a bad argument
         lines.add(error_line(err))
     assert lines == {
-        "fastdeploy-mtp: error: num_speculative_tokens 9: the token message carries at most 6 tokens per request "
-        "and step, so at most 5 drafts"
+        "fastdeploy-mtp: error: num_speculative_tokens 9: the token message carries at most 6 "
+        "tokens per request and step, so at most 5 drafts"
     }
 
 

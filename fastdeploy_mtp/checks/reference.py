@@ -9,7 +9,8 @@ Two references, both greedy and batch 1:
   reference for ``K = 1`` (and ``K = num_nextn_predict_layers`` where the family feeds the next
   layer the normed output, as transformers does).
 * :meth:`Reference.chained_rounds` -- ``K`` drafts chained out of transformers' MTP modules by
-  the rule the engine states for the family (:data:`fastdeploy_mtp.models.hf_config.MTP_CHAIN_DEFAULT`):
+  the rule the engine states for the family
+  (:data:`fastdeploy_mtp.models.hf_config.MTP_CHAIN_DEFAULT`):
   substep ``j`` at position ``c - 1 + j`` is fed the draft of substep ``j - 1`` (the newest
   committed token for ``j = 1``) and the previous substep's output -- the MTP block's output
   before its final norm (``pre_norm``) or after it (``post_norm``). One MTP layer is reused for
@@ -139,7 +140,8 @@ class Reference:
         )
 
     def greedy(self, prompt_ids: list[int], n: int) -> list[int]:
-        """``n`` greedy tokens after ``prompt_ids`` from transformers' ``generate`` (no EOS stop)."""
+        """``n`` greedy tokens after ``prompt_ids`` from transformers' ``generate`` (no EOS
+        stop)."""
         torch = self._torch
         with torch.no_grad(), _folder_defaults_hidden(self.target):
             out = self.target.generate(
@@ -166,7 +168,8 @@ class Reference:
             )
         if not 1 <= k <= self.num_mtp_layers:
             raise ReferenceUnavailable(
-                f"generate(use_mtp=True) drafts one token per MTP layer: k must be in 1..{self.num_mtp_layers}"
+                "generate(use_mtp=True) drafts one token per MTP layer: k must be in "
+                f"1..{self.num_mtp_layers}"
             )
         torch = self._torch
         from transformers.generation import candidate_generator as cg
@@ -216,7 +219,8 @@ class Reference:
             )
         if self.num_mtp_layers > 1 and k > self.num_mtp_layers:
             raise ReferenceUnavailable(
-                f"the chained reference runs at most one substep per layer (k <= {self.num_mtp_layers})"
+                "the chained reference runs at most one substep per layer (k <= "
+                f"{self.num_mtp_layers})"
             )
         prompt = [int(t) for t in prompt_ids]
         seq = prompt + self.greedy(prompt, max_tokens + k + 1)

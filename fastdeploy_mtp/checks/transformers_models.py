@@ -32,7 +32,8 @@ def import_transformers() -> tuple[Any, Any]:
         import transformers
     except ImportError as exc:
         raise ReferenceUnavailable(
-            f'the transformers reference needs torch and transformers ({exc.name} is missing): pip install -e ".[test]"'
+            f"the transformers reference needs torch and transformers ({exc.name} is missing): pip "
+            'install -e ".[test]"'
         ) from None
     return torch, transformers
 

@@ -129,13 +129,13 @@ class SpeculativeConfig:
         fraction_fields(self, "acceptance_rate_threshold")
         if self.num_model_steps > self.num_speculative_tokens:
             raise ValueError(
-                f"SpeculativeConfig.num_model_steps ({self.num_model_steps}) must be "
-                f"<= num_speculative_tokens ({self.num_speculative_tokens})"
+                f"SpeculativeConfig.num_model_steps ({self.num_model_steps}) must be <= "
+                f"num_speculative_tokens ({self.num_speculative_tokens})"
             )
         if self.max_ngram_size < self.min_ngram_size:
             raise ValueError(
-                f"SpeculativeConfig.max_ngram_size ({self.max_ngram_size}) must be "
-                f">= min_ngram_size ({self.min_ngram_size})"
+                f"SpeculativeConfig.max_ngram_size ({self.max_ngram_size}) must be >= "
+                f"min_ngram_size ({self.min_ngram_size})"
             )
         self._check_suffix_decoding()
         if self.method in MODEL_FREE_METHODS:
@@ -146,16 +146,16 @@ class SpeculativeConfig:
                 )
             if self.mtp_strategy != "default":
                 raise ValueError(
-                    f"SpeculativeConfig.mtp_strategy {self.mtp_strategy!r} needs method 'mtp', "
-                    f"got method {self.method!r}"
+                    f"SpeculativeConfig.mtp_strategy {self.mtp_strategy!r} needs method 'mtp', got "
+                    f"method {self.method!r}"
                 )
 
     def _check_suffix_decoding(self) -> None:
         positive_fields(self, "suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor")
         if not math.isfinite(self.suffix_decoding_max_spec_factor):
             raise ValueError(
-                "SpeculativeConfig.suffix_decoding_max_spec_factor must be a finite number, "
-                f"got {self.suffix_decoding_max_spec_factor}"
+                "SpeculativeConfig.suffix_decoding_max_spec_factor must be a finite number, got "
+                f"{self.suffix_decoding_max_spec_factor}"
             )
         positive_fields(self, "suffix_decoding_max_cached_requests", allow_zero=True)
         fraction_fields(self, "suffix_decoding_min_token_prob")
@@ -233,7 +233,8 @@ def _resolve_aliases(values: Mapping[str, Any]) -> dict[str, Any]:
         value = out.pop(alias)
         if isinstance(value, bool) or not isinstance(value, int):
             raise SpeculativeConfigError(
-                f"speculative config: {alias!r} must be an integer, got {json.dumps(value, default=repr)}"
+                f"speculative config: {alias!r} must be an integer, got "
+                f"{json.dumps(value, default=repr)}"
             )
         if name in out and out[name] != value:
             raise SpeculativeConfigError(
@@ -257,7 +258,8 @@ def load_speculative_json(text: str) -> dict[str, Any]:
         raise SpeculativeConfigError(f"speculative config is not valid JSON: {exc}") from None
     if not isinstance(values, dict):
         raise SpeculativeConfigError(
-            f"speculative config must be a JSON object ({{...}}), got {type(values).__name__}: {text.strip()!r}"
+            f"speculative config must be a JSON object ({{...}}), got {type(values).__name__}: "
+            f"{text.strip()!r}"
         )
     return values
 
@@ -272,6 +274,7 @@ def check_splitwise_method(method: str | None, splitwise_role: str) -> None:
     """
     if method in MODEL_FREE_METHODS and splitwise_role != "mixed":
         raise ValueError(
-            f"speculative_config.method {method!r} is not supported with splitwise_role {splitwise_role!r}: "
-            "use method 'mtp' or null (no speculation) on prefill and decode instances"
+            f"speculative_config.method {method!r} is not supported with splitwise_role "
+            f"{splitwise_role!r}: use method 'mtp' or null (no speculation) on prefill and decode "
+            "instances"
         )

@@ -52,7 +52,8 @@ def add_model_arg(
         "--model",
         default=None,
         metavar="DIR",
-        help="model folder (HuggingFace layout: config.json, safetensors, tokenizer; default: the shipped one)",
+        help="model folder (HuggingFace layout: config.json, safetensors, tokenizer; default: the "
+        "shipped one)",
     )
     for flag in deprecated:
         parser.add_argument(
@@ -120,9 +121,9 @@ def resolve_model(
         print(f"fastdeploy-mtp: note: {plan.note}", file=sys.stderr)
     if spec is not None and spec.uses_mtp and plan.config.num_nextn_predict_layers == 0:
         raise UsageError(
-            f"model folder {path} has no MTP layer (config.json `num_nextn_predict_layers` is 0 or absent): "
-            'run it without MTP (--speculative-config \'{"method": "none"}\', or a model-free method: '
-            '"ngram", "suffix", "naive")'
+            f"model folder {path} has no MTP layer (config.json `num_nextn_predict_layers` is 0 or "
+            f'absent): run it without MTP (--speculative-config \'{{"method": "none"}}\', or a '
+            'model-free method: "ngram", "suffix", "naive")'
         )
     return path
 

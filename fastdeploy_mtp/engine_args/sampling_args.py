@@ -113,6 +113,7 @@ def check_sampling_fits(params: SamplingParams, spec: SpeculativeConfig) -> None
     """Refuse (``UsageError``) sampling that ``spec``'s verify strategy cannot serve."""
     if spec.enabled and spec.verify_strategy == "greedy" and not params.greedy:
         raise UsageError(
-            f"--temperature {params.temperature}: the speculative config's verify_strategy is 'greedy', which only "
-            'decodes greedily; use "target_match" (the default) or "rejection" to sample'
+            f"--temperature {params.temperature}: the speculative config's verify_strategy is "
+            "'greedy', which only decodes greedily; use \"target_match\" (the default) or "
+            '"rejection" to sample'
         )

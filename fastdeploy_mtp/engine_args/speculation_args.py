@@ -50,14 +50,15 @@ def add_speculative_args(
         "--speculative-config",
         metavar="JSON",
         default=None,
-        help='FastDeploy\'s speculative_config as a JSON object (keys: method ("mtp": the MTP layer; '
-        '"ngram": n-gram matches in the prompt and output; "suffix": suffix decoding; "naive": no drafts '
-        'through the speculative step; null / "none": no speculation), num_speculative_tokens, '
-        'num_model_steps, mtp_strategy ("default" | "with_ngram"), max_ngram_size (alias prompt_lookup_max), '
-        "min_ngram_size (alias prompt_lookup_min), suffix_decoding_max_tree_depth, "
-        "suffix_decoding_max_cached_requests, suffix_decoding_max_spec_factor, suffix_decoding_min_token_prob, "
-        'verify_strategy ("target_match" | "rejection" | "topp" | "greedy"), '
-        'mtp_layer_schedule ("cycle" | "repeat_last" | "first"), adaptive_draft_length (true | false, "mtp" only), '
+        help='FastDeploy\'s speculative_config as a JSON object (keys: method ("mtp": the MTP '
+        'layer; "ngram": n-gram matches in the prompt and output; "suffix": suffix decoding; '
+        '"naive": no drafts through the speculative step; null / "none": no speculation), '
+        'num_speculative_tokens, num_model_steps, mtp_strategy ("default" | "with_ngram"), '
+        "max_ngram_size (alias prompt_lookup_max), min_ngram_size (alias prompt_lookup_min), "
+        "suffix_decoding_max_tree_depth, suffix_decoding_max_cached_requests, "
+        "suffix_decoding_max_spec_factor, suffix_decoding_min_token_prob, verify_strategy "
+        '("target_match" | "rejection" | "topp" | "greedy"), mtp_layer_schedule ("cycle" | '
+        '"repeat_last" | "first"), adaptive_draft_length (true | false, "mtp" only), '
         "acceptance_window, acceptance_rate_threshold, adaptive_probe_interval, model)",
     )
     group.add_argument(
@@ -77,7 +78,8 @@ def add_speculative_args(
     group.add_argument(
         "--hybrid-ngram",
         action="store_true",
-        help='fill the draft slots past the MTP steps by n-gram matching (mtp_strategy "with_ngram")',
+        help="fill the draft slots past the MTP steps by n-gram matching (mtp_strategy "
+        '"with_ngram")',
     )
     parser.set_defaults(speculative_k_default=k_default)
 
@@ -167,7 +169,8 @@ def _check_flags_agree(
 ) -> None:
     def conflict(flag: str, json_says: str) -> NoReturn:
         raise UsageError(
-            f"{flag} conflicts with --speculative-config, which has {json_says}; give the value in one place"
+            f"{flag} conflicts with --speculative-config, which has {json_says}; give the value in "
+            "one place"
         )
 
     if k_flag is not None:
@@ -214,8 +217,9 @@ def check_speculative_config(spec: SpeculativeConfig, splitwise_role: str = "mix
 
     if spec.enabled and spec.num_speculative_tokens + 1 > MAX_DRAFT_TOKENS:
         raise UsageError(
-            f"num_speculative_tokens {spec.num_speculative_tokens}: the token message carries at most "
-            f"{MAX_DRAFT_TOKENS} tokens per request and step, so at most {MAX_DRAFT_TOKENS - 1} drafts"
+            f"num_speculative_tokens {spec.num_speculative_tokens}: the token message carries at "
+            f"most {MAX_DRAFT_TOKENS} tokens per request and step, so at most "
+            f"{MAX_DRAFT_TOKENS - 1} drafts"
         )
 
 

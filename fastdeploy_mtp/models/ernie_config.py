@@ -54,11 +54,13 @@ def _mtp_layers(raw: dict[str, Any], family: str) -> int:
     count = _int(raw, keys[0], 0, 0)
     if len(keys) == 2 and raw[keys[1]] != count:
         raise ValueError(
-            f"config.json `num_mtp_layers` ({raw[keys[1]]!r}) contradicts `num_nextn_predict_layers` ({count})"
+            f"config.json `num_mtp_layers` ({raw[keys[1]]!r}) contradicts "
+            f"`num_nextn_predict_layers` ({count})"
         )
     if family == "ernie4_5_moe" and count > 1:
         raise ValueError(
-            f"config.json `{keys[0]}` {count} is not supported: ERNIE-4.5 MoE has at most one MTP layer"
+            f"config.json `{keys[0]}` {count} is not supported: ERNIE-4.5 MoE has at most one MTP "
+            "layer"
         )
     return count
 
@@ -116,7 +118,8 @@ def _moe_fields(raw: dict[str, Any]) -> dict[str, Any]:
     end = layers - 1 if end == -1 else end
     if start > end:
         raise ValueError(
-            f"config.json `moe_layer_start_index` ({start}) must be <= `moe_layer_end_index` ({end})"
+            f"config.json `moe_layer_start_index` ({start}) must be <= `moe_layer_end_index` "
+            f"({end})"
         )
     norm_min = positive_number(
         given(raw, "moe_norm_min", d["moe_norm_min"]), "config.json `moe_norm_min`"

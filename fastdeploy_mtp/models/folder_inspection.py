@@ -121,7 +121,8 @@ def _entry(path: str, name: str, meta: Any, start: int, file_size: int) -> Tenso
     if begin < 0 or start + end > file_size:
         raise _bad_file(
             path,
-            f"tensor {name!r} ends at byte {start + end}, past the end of the file ({file_size} bytes; truncated?)",
+            f"tensor {name!r} ends at byte {start + end}, past the end of the file ({file_size} "
+            "bytes; truncated?)",
         )
     return TensorEntry(path, dtype, shape, start + begin)
 
@@ -153,7 +154,8 @@ def _check_tensors(
         entry = tensors.get(ref.ckpt)
         if entry is None:
             raise UnsupportedModelError(
-                f"model folder {path}: tensor {ref.ckpt!r} is missing (expected shape {list(ref.ckpt_shape)})"
+                f"model folder {path}: tensor {ref.ckpt!r} is missing (expected shape "
+                f"{list(ref.ckpt_shape)})"
             )
         if entry.shape != ref.ckpt_shape:
             got, want = list(entry.shape), list(ref.ckpt_shape)
@@ -162,15 +164,16 @@ def _check_tensors(
             )
         if entry.dtype not in STORED_DTYPES:
             raise UnsupportedModelError(
-                f"model folder {path}: tensor {ref.ckpt!r} has dtype {entry.dtype}, "
-                f"expected one of {sorted(STORED_DTYPES)}"
+                f"model folder {path}: tensor {ref.ckpt!r} has dtype {entry.dtype}, expected one "
+                f"of {sorted(STORED_DTYPES)}"
             )
     used = {r.ckpt for r in refs}
     extra = sorted(n for n in tensors if n not in used and not ignorable(config, n))
     if extra:
         raise UnsupportedModelError(
-            f"model folder {path}: tensor {extra[0]!r} is not used by a {config.model_type} model with "
-            f"num_nextn_predict_layers={config.num_nextn_predict_layers} ({len(extra)} unused tensor(s))"
+            f"model folder {path}: tensor {extra[0]!r} is not used by a {config.model_type} model "
+            f"with num_nextn_predict_layers={config.num_nextn_predict_layers} ({len(extra)} unused "
+            "tensor(s))"
         )
 
 
@@ -235,8 +238,8 @@ def inspect_folder(path: str | os.PathLike[str], dtype: str = "auto") -> FolderP
     note = None
     if dtype == "auto" and config.dtype != "float32" and not half_precision_runs():
         note = (
-            f"model folder {where}: its {config.dtype} weights run as float32 here "
-            f"(Paddle's CPU kernels have no {config.dtype} matmul; --dtype float32 says so explicitly)"
+            f"model folder {where}: its {config.dtype} weights run as float32 here (Paddle's CPU "
+            f"kernels have no {config.dtype} matmul; --dtype float32 says so explicitly)"
         )
         config = dataclasses.replace(config, dtype="float32")
     check_dtype_runs(config, where)
@@ -277,6 +280,6 @@ def check_dtype_runs(config: ModelConfig, where: str) -> None:
     bfloat16 / float16 ``matmul`` kernel."""
     if config.dtype != "float32" and not half_precision_runs():
         raise UnsupportedModelError(
-            f"model folder {where}: dtype {config.dtype!r} needs a GPU (Paddle's CPU kernels have no "
-            f"{config.dtype} matmul); load it with dtype='float32'"
+            f"model folder {where}: dtype {config.dtype!r} needs a GPU (Paddle's CPU kernels have "
+            f"no {config.dtype} matmul); load it with dtype='float32'"
         )

@@ -97,7 +97,8 @@ def folder_config_json(config: ModelConfig) -> dict[str, Any]:
     """
     if config.model_type not in WRITABLE:
         raise ValueError(
-            f"save_model_folder writes {sorted(WRITABLE)} folders, not model_type {config.model_type!r}"
+            f"save_model_folder writes {sorted(WRITABLE)} folders, not model_type "
+            f"{config.model_type!r}"
         )
     raw = _deepseek_v3_json(config)
     back = translate_config(raw, "(being written)")

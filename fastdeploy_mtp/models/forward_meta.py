@@ -148,7 +148,8 @@ def validate_forward_meta(meta: ForwardMeta) -> int:
     bsz = this_time.shape[0]
     if decoder.shape[0] != bsz:
         raise ValueError(
-            f"`seq_lens_decoder` must have {bsz} entries like `seq_lens_this_time`, got {decoder.shape[0]}"
+            f"`seq_lens_decoder` must have {bsz} entries like `seq_lens_this_time`, got "
+            f"{decoder.shape[0]}"
         )
     if cu.shape[0] != bsz + 1:
         raise ValueError(f"`cu_seqlens_q` must have {bsz + 1} entries, got {cu.shape[0]}")
@@ -158,7 +159,8 @@ def validate_forward_meta(meta: ForwardMeta) -> int:
         raise ValueError("`seq_lens_this_time` and `seq_lens_decoder` must be >= 0")
     if cu[0] != 0 or not np.array_equal(np.diff(cu), this_time):
         raise ValueError(
-            f"`cu_seqlens_q` {cu.tolist()} is not the prefix sum of `seq_lens_this_time` {this_time.tolist()}"
+            f"`cu_seqlens_q` {cu.tolist()} is not the prefix sum of `seq_lens_this_time` "
+            f"{this_time.tolist()}"
         )
     num_tokens = int(cu[-1])
     ids_len = int(meta.ids_remove_padding.shape[0])
@@ -174,25 +176,28 @@ def validate_forward_meta(meta: ForwardMeta) -> int:
             continue
         if meta.max_rows_per_item is not None and n > meta.max_rows_per_item:
             raise ValueError(
-                f"item {b} has {n} rows this step but `max_rows_per_item` is {meta.max_rows_per_item}"
+                f"item {b} has {n} rows this step but `max_rows_per_item` is "
+                f"{meta.max_rows_per_item}"
             )
         total = int(decoder[b]) + n
         largest = max(largest, total - 1)
         if meta.max_seq_len is not None and total > meta.max_seq_len:
             raise ValueError(
-                f"item {b} holds {total} tokens after this step but `max_seq_len` is {meta.max_seq_len}"
+                f"item {b} holds {total} tokens after this step but `max_seq_len` is "
+                f"{meta.max_seq_len}"
             )
         needed = (total - 1) // bs + 1
         if needed > tables.shape[1]:
             raise ValueError(
-                f"item {b} needs {needed} cache blocks for {total} "
-                f"tokens but `block_tables` has {tables.shape[1]} columns"
+                f"item {b} needs {needed} cache blocks for {total} tokens but `block_tables` has "
+                f"{tables.shape[1]} columns"
             )
         unused = np.nonzero(tables[b, :needed] < 0)[0]
         if unused.size:
             bad = int(unused[0])
             raise ValueError(
-                f"`block_tables[{b}, {bad}]` is unused (-1) but item {b} needs it for position {bad * bs}"
+                f"`block_tables[{b}, {bad}]` is unused (-1) but item {b} needs it for position "
+                f"{bad * bs}"
             )
     return largest
 

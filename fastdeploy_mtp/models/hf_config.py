@@ -131,13 +131,15 @@ def _rope(
     if kind not in ROPE_TYPES:
         raise _fail(
             where,
-            f"config.json `{key}.rope_type` {kind!r} is not supported; supported: {list(ROPE_TYPES)}",
+            f"config.json `{key}.rope_type` {kind!r} is not supported; supported: "
+            f"{list(ROPE_TYPES)}",
         )
     partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
     if partial != 1.0 and not partial_ok:
         raise _fail(
             where,
-            "config.json `partial_rotary_factor` != 1 is not supported (RoPE covers the whole head)",
+            "config.json `partial_rotary_factor` != 1 is not supported (RoPE covers the whole "
+            "head)",
         )
     for name in _ROPE_REQUIRED.get(kind, ()):
         if params.get(name) is None:
@@ -235,7 +237,8 @@ def mtp_final_norm_of(raw: dict[str, Any], family: str, where: str) -> str:
     if chain not in _CHAIN_TO_FINAL_NORM:
         raise _fail(
             where,
-            f"config.json `mtp_chain_hidden` must be one of {list(_CHAIN_TO_FINAL_NORM)}, got {chain!r}",
+            f"config.json `mtp_chain_hidden` must be one of {list(_CHAIN_TO_FINAL_NORM)}, got "
+            f"{chain!r}",
         )
     return _CHAIN_TO_FINAL_NORM[chain]
 

@@ -107,7 +107,8 @@ class RotaryEmbedding(nn.Layer):
             positions = np.asarray(positions, dtype=np.int64)
             if positions.size and int(positions.max()) >= self.max_position:
                 raise ValueError(
-                    f"position {int(positions.max())} is beyond `max_position_embeddings` ({self.max_position})"
+                    f"position {int(positions.max())} is beyond `max_position_embeddings` "
+                    f"({self.max_position})"
                 )
             idx = paddle.to_tensor(positions)
         else:
@@ -172,7 +173,8 @@ def apply_rope(
 class PagedStep:
     """What every layer's attention reads in one packed forward pass besides its input:
     ``cos/sin [T, d]`` float32 (RoPE at the packed tokens' positions, ``d`` the rotated width),
-    the paged attention backend (a latent one for MLA layers) and the step's :class:`ForwardMeta`."""
+    the paged attention backend (a latent one for MLA layers) and the step's
+    :class:`ForwardMeta`."""
 
     cos: paddle.Tensor
     sin: paddle.Tensor
@@ -183,7 +185,8 @@ class PagedStep:
 @dataclass(frozen=True)
 class DenseStep:
     """What every layer's attention reads on the dense (training) path besides its input:
-    ``cos/sin [S, d]`` float32 (RoPE at positions ``0..S-1``, ``d`` the rotated width) and the additive mask
+    ``cos/sin [S, d]`` float32 (RoPE at positions ``0..S-1``, ``d`` the rotated width) and the
+    additive mask
     ``bias [S, S']`` float32 (``S' = S`` and causal over the inputs' own keys)."""
 
     cos: paddle.Tensor

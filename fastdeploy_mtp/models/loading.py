@@ -42,7 +42,8 @@ def _detect_index(spec: FamilySpec, src: TensorSource, layer_index: int | None) 
     if spec.index_regex is None:
         if layer_index is not None:
             raise ValueError(
-                f"`layer_index` does not apply to family {spec.name!r} (its MTP prefix is fixed: {spec.prefix!r})"
+                f"`layer_index` does not apply to family {spec.name!r} (its MTP prefix is fixed: "
+                f"{spec.prefix!r})"
             )
         return None
     found = sorted(
@@ -52,18 +53,19 @@ def _detect_index(spec: FamilySpec, src: TensorSource, layer_index: int | None) 
         if layer_index not in found:
             raise MissingTensorError(
                 f"checkpoint {src.description} has no tensor "
-                f"{spec.prefix.format(index=layer_index) + spec.fusion['enorm']!r} "
-                f"(MTP layer index {layer_index}); MTP layers found at {found}"
+                f"{spec.prefix.format(index=layer_index) + spec.fusion['enorm']!r} (MTP layer "
+                f"index {layer_index}); MTP layers found at {found}"
             )
         return layer_index
     if not found:
         raise MissingTensorError(
-            f"checkpoint {src.description} has no MTP layer for family "
-            f"{spec.name!r}: no tensor matches {spec.index_regex!r}"
+            f"checkpoint {src.description} has no MTP layer for family {spec.name!r}: no tensor "
+            f"matches {spec.index_regex!r}"
         )
     if len(found) > 1:
         raise UnsupportedTensorError(
-            f"checkpoint {src.description} has MTP layers at indices {found}; exactly one MTP layer is supported"
+            f"checkpoint {src.description} has MTP layers at indices {found}; exactly one MTP "
+            "layer is supported"
         )
     return found[0]
 
@@ -168,7 +170,7 @@ def _check_layer_fits(model: MTPLayer, spec: FamilySpec) -> None:
     """Raises ``ValueError`` for a tensor-parallel shard or a config not in the family layout."""
     if getattr(model, "tensor_parallel_size", 1) > 1:
         raise ValueError(
-            f"load_mtp_weights loads an unsharded MTP layer; `model` is a tensor-parallel shard "
+            "load_mtp_weights loads an unsharded MTP layer; `model` is a tensor-parallel shard "
             f"(tensor_parallel_size={model.tensor_parallel_size})"
         )
     for field, want in (
@@ -236,7 +238,8 @@ def _reject_leftovers(plan: _Plan, spec: FamilySpec, fmt: Callable[[str], str]) 
             "this tensor has no counterpart in the dense MTP layer",
         )
         raise UnsupportedTensorError(
-            f"checkpoint tensor {name!r} is not supported: {hint} ({len(leftovers)} unsupported tensor(s) in total)"
+            f"checkpoint tensor {name!r} is not supported: {hint} ({len(leftovers)} unsupported "
+            "tensor(s) in total)"
         )
 
 

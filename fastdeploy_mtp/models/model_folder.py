@@ -30,7 +30,8 @@ from .weight_maps import WeightRef
 def build_models(
     config: ModelConfig, tensor_parallel_size: int = 1, tensor_parallel_rank: int = 0
 ) -> tuple[TinyTargetModel, MTPLayer | MTPStack | None]:
-    """The target model and its MTP layers (``None`` without any), parameters in ``config.dtype``."""
+    """The target model and its MTP layers (``None`` without any), parameters in
+    ``config.dtype``."""
     previous = paddle.get_default_dtype()
     paddle.set_default_dtype(config.dtype)
     try:

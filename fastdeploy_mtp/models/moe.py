@@ -153,8 +153,9 @@ class MoEMLP(nn.Layer):
             raise ValueError("MoEMLP needs `n_routed_experts` > 0")
         if config.topk_method == "noaux_tc" and config.n_routed_experts // config.n_group < 2:
             raise ValueError(
-                f"`topk_method` 'noaux_tc' scores a group by its best two experts: "
-                f"`n_routed_experts / n_group` must be >= 2, got {config.n_routed_experts // config.n_group}"
+                "`topk_method` 'noaux_tc' scores a group by its best two experts: "
+                "`n_routed_experts / n_group` must be >= 2, got "
+                f"{config.n_routed_experts // config.n_group}"
             )
         check_moe_tensor_parallel(config, tensor_parallel_size)
         h, inter, tp = config.hidden_size, config.moe_intermediate_size, tensor_parallel_size

@@ -20,13 +20,13 @@ from .model_config import SCORING_FUNCS, TOPK_METHODS
 MOE_DEFAULTS: dict[str, dict[str, Any]] = {
     "deepseek_v3": dict(
         n_routed_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048, n_shared_experts=1,
-        n_group=8, topk_group=4, routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=3,
-        scoring_func="sigmoid", topk_method="noaux_tc",
+        n_group=8, topk_group=4, routed_scaling_factor=2.5, norm_topk_prob=True,
+        first_k_dense_replace=3, scoring_func="sigmoid", topk_method="noaux_tc",
     ),
     "glm4_moe": dict(
         n_routed_experts=128, num_experts_per_tok=8, moe_intermediate_size=1408, n_shared_experts=1,
-        n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=True, first_k_dense_replace=1,
-        scoring_func="sigmoid", topk_method="noaux_tc",
+        n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=True,
+        first_k_dense_replace=1, scoring_func="sigmoid", topk_method="noaux_tc",
     ),
 }  # fmt: skip
 
@@ -84,13 +84,13 @@ def _check_routing(fields: dict[str, Any]) -> None:
         raise ValueError(f"config.json `topk_group` ({kept}) must be <= `n_group` ({groups})")
     if fields["topk_method"] == "noaux_tc" and e // groups < 2:
         raise ValueError(
-            f"config.json `n_group` ({groups}) leaves groups of one expert; "
-            "`noaux_tc` scores a group by its best two experts"
+            f"config.json `n_group` ({groups}) leaves groups of one expert; `noaux_tc` scores a "
+            "group by its best two experts"
         )
     if fields["topk_method"] != "greedy" and kept * (e // groups) < k:
         raise ValueError(
-            f"config.json `topk_group` ({kept}) keeps {kept * (e // groups)} experts, "
-            f"fewer than `num_experts_per_tok` ({k})"
+            f"config.json `topk_group` ({kept}) keeps {kept * (e // groups)} experts, fewer than "
+            f"`num_experts_per_tok` ({k})"
         )
 
 

@@ -88,7 +88,8 @@ def _hf_map(config: ModelConfig) -> list[WeightRef]:
 
 
 def _ernie_mtp_refs(config: ModelConfig, k: int) -> list[WeightRef]:
-    """MTP layer ``k`` of an ERNIE-4.5 "-PT" folder (:func:`~fastdeploy_mtp.models.ernie_config.ernie_mtp_names`)."""
+    """MTP layer ``k`` of an ERNIE-4.5 "-PT" folder
+    (:func:`~fastdeploy_mtp.models.ernie_config.ernie_mtp_names`)."""
     h, names = config.hidden_size, ernie_mtp_names("model.", k)
     ours = f"layers.{k}." if config.num_nextn_predict_layers > 1 else ""
     refs = [
@@ -108,7 +109,8 @@ def weight_map(config: ModelConfig) -> list[WeightRef]:
 def ignorable(config: ModelConfig, name: str) -> bool:
     """A checkpoint tensor the model does not read but that is expected in the folder:
     recomputed buffers and the duplicate embedding / LM head DeepSeek-style MTP layers carry
-    (``model.layers.{N + k}.embed_tokens`` / ``shared_head.head``; loaded once, from the target's)."""
+    (``model.layers.{N + k}.embed_tokens`` / ``shared_head.head``; loaded once, from the
+    target's)."""
     if name.endswith(IGNORED_SUFFIXES):
         return True
     spec = FAMILIES["deepseek_v3"]

@@ -106,9 +106,13 @@ def test_config_translates_ernie_keys(folder, loaded):
         config.moe_layer_end_index,
         config.moe_layer_interval,
     ) == (start, 2, 1)
-    assert (config.scoring_func, config.topk_method, config.n_group, config.routed_scaling_factor) == (
-        "softmax", "noaux_tc", 1, 1.0
-    )  # fmt: skip
+    routing = (
+        config.scoring_func,
+        config.topk_method,
+        config.n_group,
+        config.routed_scaling_factor,
+    )
+    assert routing == ("softmax", "noaux_tc", 1, 1.0)
     assert [isinstance(b.mlp, MoEMLP) for b in target.layers] == [i >= start for i in range(3)]
     # MTP layer 0 is built as decoder layer 0 of transformers' MTP config
     assert isinstance(mtp.mtp_block.mlp, MoEMLP) == (start == 0)
@@ -182,7 +186,8 @@ def test_tensor_parallel_ranks_hold_their_expert_slices(tmp_path_factory):
 def _raw(moe: bool, **overrides):
     raw = {
         "architectures": [ernie.ARCHITECTURES[moe]], "hidden_size": 64, "num_hidden_layers": 4,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 300,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+        "vocab_size": 300,
     }  # fmt: skip
     raw.update(overrides)
     return {k: v for k, v in raw.items() if v is not None}
@@ -201,9 +206,8 @@ def test_absent_keys_take_transformers_defaults():
         moe.tie_word_embeddings,
         moe.num_nextn_predict_layers,
     ) == (16, 1e4, False, 1)
-    assert (moe.n_routed_experts, moe.num_experts_per_tok, moe.moe_intermediate_size, moe.n_shared_experts) == (
-        64, 6, 1536, 2
-    )  # fmt: skip
+    experts = (moe.n_routed_experts, moe.num_experts_per_tok, moe.moe_intermediate_size)
+    assert (*experts, moe.n_shared_experts) == (64, 6, 1536, 2)
     assert (moe.moe_layer_start_index, moe.moe_layer_end_index, moe.moe_layer_interval) == (1, 3, 1)
     interval = translate_config(
         _raw(True, moe_layer_interval=2, moe_layer_end_index=2, moe_layer_start_index=0), "i"

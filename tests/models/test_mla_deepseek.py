@@ -97,7 +97,8 @@ def test_mtp_logits_match_transformers_without_position_zero_mask(folder, loaded
     got = mtp.compute_logits(out).numpy()
     assert relative_error(got, want) <= RTOL
     assert (got.argmax(-1) == want.argmax(-1)).all()
-    # the check can see the mask: with it, position 0's logits differ (and, through attention, later ones)
+    # the check can see the mask: with it, position 0's logits differ (and, through attention,
+    # later ones)
     mtp.config.mtp_mask_first_position = True
     try:
         masked = mtp.compute_logits(prefill(mtp, next_ids, hidden)[0]).numpy()

@@ -92,8 +92,10 @@ def refusal(folder: Path, pattern: str) -> str:
 CONFIG_REFUSALS = {
     "architecture": (
         {"architectures": ["GPT2LMHeadModel"]},
-        r"`architectures` 'GPT2LMHeadModel' is not supported; supported: \['DeepseekV3ForCausalLM', "
-        r"'Ernie4_5ForCausalLM', 'Ernie4_5_MoeForCausalLM', 'FastDeployMTPTinyForCausalLM', 'Glm4MoeForCausalLM', "
+        r"`architectures` 'GPT2LMHeadModel' is not supported; supported: "
+        r"\['DeepseekV3ForCausalLM', "
+        r"'Ernie4_5ForCausalLM', 'Ernie4_5_MoeForCausalLM', 'FastDeployMTPTinyForCausalLM', "
+        r"'Glm4MoeForCausalLM', "
         r"'LlamaForCausalLM', 'MiMoForCausalLM', 'Qwen2ForCausalLM', 'Qwen3ForCausalLM'\]",
     ),
     "no_architectures": ({"architectures": None}, r"config.json has no `architectures` list"),
@@ -377,7 +379,8 @@ MEASURE = textwrap.dedent(
     target, mtp, config = load_model(sys.argv[1], progress=False)
     seconds = time.perf_counter() - t0
     peak = status_kb("VmHWM")
-    print(json.dumps({"base_kb": base, "peak_kb": peak, "seconds": seconds, "layers": config.num_hidden_layers}))
+    layers = config.num_hidden_layers
+    print(json.dumps({"base_kb": base, "peak_kb": peak, "seconds": seconds, "layers": layers}))
     """
 )
 
@@ -400,7 +403,8 @@ def test_peak_memory_while_loading_a_sharded_folder(tmp_path):
     above = (got["peak_kb"] - got["base_kb"]) * 1024
     print(
         f"\nload_model: {weight_bytes / 1e6:.0f} MB of float32 weights in {got['seconds']:.2f} s; "
-        f"peak RSS {above / 1e6:.0f} MB above the post-import baseline ({above / weight_bytes:.2f}x the weights)"
+        f"peak RSS {above / 1e6:.0f} MB above the post-import baseline "
+        f"({above / weight_bytes:.2f}x the weights)"
     )
     assert got["layers"] == 4
     assert above < 1.3 * weight_bytes
@@ -438,7 +442,8 @@ def test_half_precision_parameters_are_filled_from_any_stored_dtype(tmp_path):
     info = hf_folders.make_folder(
         tmp_path / "f16", "llama", num_mtp_layers=1, dtype="float16", sharded=True
     )
-    # bfloat16 parameters build on the CPU (only their matmul is missing), so the filling is testable here
+    # bfloat16 parameters build on the CPU (only their matmul is missing), so the filling is
+    # testable here
     plan = folder_inspection.inspect_folder(info.path, dtype="float32")
     target, mtp = model_folder.build_models(dataclasses.replace(plan.config, dtype="bfloat16"))
     owners = {"target": dict(target.named_parameters()), "mtp": dict(mtp.named_parameters())}

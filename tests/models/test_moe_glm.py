@@ -44,9 +44,11 @@ RTOL = 1e-4
 
 def moe_config(**overrides) -> ModelConfig:
     fields = dict(
-        hidden_size=16, num_attention_heads=2, num_key_value_heads=1, intermediate_size=32, n_routed_experts=8,
+        hidden_size=16, num_attention_heads=2, num_key_value_heads=1, intermediate_size=32,
+        n_routed_experts=8,
         num_experts_per_tok=2, moe_intermediate_size=8, n_shared_experts=1, n_group=4, topk_group=2,
-        routed_scaling_factor=2.5, norm_topk_prob=True, scoring_func="sigmoid", topk_method="noaux_tc",
+        routed_scaling_factor=2.5, norm_topk_prob=True, scoring_func="sigmoid",
+        topk_method="noaux_tc",
     )  # fmt: skip
     fields.update(overrides)
     return ModelConfig(**fields)

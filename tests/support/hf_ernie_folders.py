@@ -55,9 +55,12 @@ def _hf_config(moe: bool, dims: dict[str, Any]):
 
     _quiet()
     common: dict[str, Any] = dict(
-        vocab_size=dims["vocab_size"], hidden_size=64, intermediate_size=96, num_hidden_layers=dims["layers"],
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256, rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, tie_word_embeddings=dims["tie"],
+        vocab_size=dims["vocab_size"], hidden_size=64, intermediate_size=96,
+        num_hidden_layers=dims["layers"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        tie_word_embeddings=dims["tie"],
         use_bias=False, eos_token_id=EOS_TOKEN_IDS[0],
     )  # fmt: skip
     if moe:

@@ -36,7 +36,8 @@ ARCHITECTURES = dict(
     qwen3="Qwen3ForCausalLM",
     mimo="MiMoForCausalLM",
 )
-#: rope_theta and rms_norm_eps per family: realistic, not the defaults (a loader ignoring them fails).
+#: rope_theta and rms_norm_eps per family: realistic, not the defaults (a loader ignoring them
+# fails).
 _ROPE_THETA = {"llama": 500000.0, "qwen2": 1000000.0, "qwen3": 1000000.0, "mimo": 640000.0}
 _RMS_EPS = {"llama": 1e-5, "qwen2": 1e-6, "qwen3": 1e-6, "mimo": 1e-5}
 #: The renames of a MiMo MTP layer's own tensors onto transformers' MtpLayer names.
@@ -111,9 +112,11 @@ def _hf_config(
     _quiet()
     rope = {"rope_type": "default", "rope_theta": _ROPE_THETA[family], **(rope_scaling or {})}
     kw: dict[str, Any] = dict(
-        vocab_size=dims["vocab_size"], hidden_size=dims["hidden_size"], intermediate_size=2 * dims["hidden_size"],
+        vocab_size=dims["vocab_size"], hidden_size=dims["hidden_size"],
+        intermediate_size=2 * dims["hidden_size"],
         num_hidden_layers=dims["num_hidden_layers"], num_attention_heads=dims["heads"],
-        num_key_value_heads=dims["kv_heads"], max_position_embeddings=256, rms_norm_eps=_RMS_EPS[family],
+        num_key_value_heads=dims["kv_heads"], max_position_embeddings=256,
+        rms_norm_eps=_RMS_EPS[family],
         tie_word_embeddings=tie, rope_parameters=rope, eos_token_id=dims["eos"],
     )  # fmt: skip
     if family in ("qwen2", "mimo"):
@@ -376,7 +379,8 @@ def make_big_folder(
     out_dir: str | Path, target_mb: int = 200, *, shard_mb: int = 50, seed: int = 0
 ) -> FolderInfo:
     """A plain random qwen3-shaped float32 folder (no MTP layer) of about ``target_mb`` MiB in
-    shards of at most ``shard_mb`` MiB (or one tensor), written with safetensors.numpy (no torch): hidden 512,
+    shards of at most ``shard_mb`` MiB (or one tensor), written with safetensors.numpy (no torch):
+    hidden 512,
     8 heads of 64, 4 kv heads, SwiGLU 1536, vocab 8192; the layer count makes up the size."""
     from safetensors.numpy import save_file
 
@@ -386,7 +390,8 @@ def make_big_folder(
         "self_attn.q_proj.weight": (heads * hd, h), "self_attn.k_proj.weight": (kv * hd, h),
         "self_attn.v_proj.weight": (kv * hd, h), "self_attn.o_proj.weight": (h, heads * hd),
         "self_attn.q_norm.weight": (hd,), "self_attn.k_norm.weight": (hd,),
-        "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h), "mlp.down_proj.weight": (h, inter),
+        "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h),
+        "mlp.down_proj.weight": (h, inter),
     }  # fmt: skip
     per_layer = 4 * sum(int(np.prod(s)) for s in block.values())
     n_layers = max(1, round((target_mb * 2**20 - 8 * vocab * h) / per_layer))
@@ -422,11 +427,14 @@ def make_big_folder(
     }
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     config = {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": vocab, "hidden_size": h,
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": vocab,
+        "hidden_size": h,
         "intermediate_size": inter, "num_hidden_layers": n_layers, "num_attention_heads": heads,
-        "num_key_value_heads": kv, "head_dim": hd, "hidden_act": "silu", "max_position_embeddings": 4096,
+        "num_key_value_heads": kv, "head_dim": hd, "hidden_act": "silu",
+        "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
-        "tie_word_embeddings": False, "attention_bias": False, "dtype": "float32", "eos_token_id": vocab - 1,
+        "tie_word_embeddings": False, "attention_bias": False, "dtype": "float32",
+        "eos_token_id": vocab - 1,
     }  # fmt: skip
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return FolderInfo(

@@ -52,12 +52,16 @@ def _config(
     if yarn:
         rope = {**YARN, "rope_theta": 10000.0}
     cfg = transformers.DeepseekV3Config(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=experts,
-        routed_scaling_factor=2.5, kv_lora_rank=32, q_lora_rank=q_lora_rank or None, qk_rope_head_dim=8,
+        routed_scaling_factor=2.5, kv_lora_rank=32, q_lora_rank=q_lora_rank or None,
+        qk_rope_head_dim=8,
         v_head_dim=16, qk_nope_head_dim=16, n_group=2, topk_group=1, num_experts_per_tok=2,
-        first_k_dense_replace=first_k_dense_replace, norm_topk_prob=True, max_position_embeddings=256,
-        rms_norm_eps=1e-6, rope_parameters=rope, rope_interleave=True, num_mtp_layers=num_mtp_layers,
+        first_k_dense_replace=first_k_dense_replace, norm_topk_prob=True,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6, rope_parameters=rope, rope_interleave=True,
+        num_mtp_layers=num_mtp_layers,
         eos_token_id=2, bos_token_id=0,
     )  # fmt: skip
     cfg._attn_implementation = "eager"

@@ -51,7 +51,8 @@ def _glm_config(dims: dict[str, Any]):
         rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
         "partial_rotary_factor": 0.5}, attention_bias=dims["bias"], use_qk_norm=dims["qk_norm"],
         n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
-        n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1,
+        n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+        first_k_dense_replace=1,
         eos_token_id=2, tie_word_embeddings=False,
     )  # fmt: skip
     cfg._attn_implementation = "eager"
