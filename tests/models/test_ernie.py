@@ -22,14 +22,9 @@ from fastdeploy_mtp.models.folder_inspection import inspect_model_folder
 from fastdeploy_mtp.models.hf_config import UnsupportedModelError, translate_config
 from fastdeploy_mtp.models.layers import apply_rope
 from fastdeploy_mtp.models.moe import MoEMLP
-from tests.support import hf_ernie_folders as ernie
+from tests.support import folder_checks, hf_ernie_folders as ernie
 from tests.support.engines import check_k1_rounds_against_transformers
-from tests.support.folder_checks import (
-    assert_target_matches_transformers,
-    assert_two_ranks_hold_their_expert_slices,
-    prefill,
-    relative_error,
-)
+from tests.support.folder_checks import prefill, relative_error
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 200, 33, 1, 77, 150, 9, 260, 31]
 RTOL = 1e-4
@@ -122,7 +117,7 @@ def test_config_translates_ernie_keys(folder, loaded):
 def test_target_logits_and_greedy_tokens_match_transformers(folder, loaded):
     target, _, _ = loaded
     hidden = prefill(target, PROMPT)
-    assert_target_matches_transformers(
+    folder_checks.assert_target_matches_transformers(
         target, hidden, folder.path, PROMPT, RTOL, greedy=ernie.reference_greedy
     )
 
@@ -177,7 +172,7 @@ def test_tensor_parallel_ranks_hold_their_expert_slices(tmp_path_factory):
     """The case whose MTP block has experts: every expert slice of target and MTP layer."""
     folder, (full, full_mtp, _) = _built(MOE_MTP_CASE, tmp_path_factory)
     assert folder.config["moe_layer_start_index"] == 0
-    assert_two_ranks_hold_their_expert_slices(folder.path, full, full_mtp)
+    folder_checks.assert_two_ranks_hold_their_expert_slices(folder.path, full, full_mtp)
 
 
 # ---- translation without a folder ----------------------------------------------------------

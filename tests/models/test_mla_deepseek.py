@@ -44,11 +44,6 @@ def folder(request, tmp_path_factory):
     return ds.make_mla_folder(tmp_path_factory.mktemp(request.param), **CASES[request.param])
 
 
-@pytest.fixture(scope="module")
-def loaded(folder):
-    return load_model(folder.path)
-
-
 @paddle.no_grad()
 def test_config_is_mla_with_moe_and_unmasked_mtp(folder, loaded):
     _, mtp, config = loaded

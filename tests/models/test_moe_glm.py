@@ -18,7 +18,6 @@ import pytest
 import transformers  # noqa: F401  (a test dependency: the comparison must run, never skip)
 
 from fastdeploy_mtp.models import (
-    load_model,
     moe as moe_module,
 )
 from fastdeploy_mtp.models.folder_inspection import inspect_model_folder
@@ -27,14 +26,9 @@ from fastdeploy_mtp.models.layers import apply_rope
 from fastdeploy_mtp.models.model_config import ModelConfig
 from fastdeploy_mtp.models.moe import MoEMLP
 from fastdeploy_mtp.models.parallel_layers import shard_axes
-from tests.support import hf_moe_folders as glm
+from tests.support import folder_checks, hf_moe_folders as glm
 from tests.support.engines import check_k1_rounds_against_transformers
-from tests.support.folder_checks import (
-    assert_target_matches_transformers,
-    assert_two_ranks_hold_their_expert_slices,
-    prefill,
-    relative_error,
-)
+from tests.support.folder_checks import prefill, relative_error
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 200, 33, 1, 77, 150, 9, 260, 31]
 RTOL = 1e-4
@@ -241,11 +235,6 @@ def folder(request, tmp_path_factory):
     return glm.make_glm_folder(tmp_path_factory.mktemp(request.param), **CASES[request.param])
 
 
-@pytest.fixture(scope="module")
-def loaded(folder):
-    return load_model(folder.path)
-
-
 def test_config_translates_glm_keys(folder, loaded):
     target, mtp, config = loaded
     assert config.model_type == "glm4_moe" and config.attention_type == "gqa"
@@ -279,7 +268,9 @@ def test_config_translates_glm_keys(folder, loaded):
 @paddle.no_grad()
 def test_target_logits_and_greedy_tokens_match_transformers(folder, loaded):
     target, _, _ = loaded
-    assert_target_matches_transformers(target, prefill(target, PROMPT), folder.path, PROMPT, RTOL)
+    folder_checks.assert_target_matches_transformers(
+        target, prefill(target, PROMPT), folder.path, PROMPT, RTOL
+    )
 
 
 @paddle.no_grad()
@@ -316,7 +307,7 @@ def test_k1_acceptance_round_for_round_equals_reference(folder, loaded):
 
 def test_tensor_parallel_ranks_hold_their_expert_slices(folder, loaded):
     full, full_mtp, _ = loaded
-    assert_two_ranks_hold_their_expert_slices(folder.path, full, full_mtp)
+    folder_checks.assert_two_ranks_hold_their_expert_slices(folder.path, full, full_mtp)
 
 
 #: (config.json key, bad value, what the one-line refusal says)
