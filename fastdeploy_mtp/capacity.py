@@ -98,8 +98,8 @@ class Capacity:
         """For the start-up ``config:`` line."""
         mib = self.total_block_num * self.block_bytes / 2**20
         return (
-            f"{self.max_num_seqs} slots, {self.total_block_num} KV blocks ({mib:.0f} MiB per rank), "
-            f"{self.max_num_batched_tokens} batched tokens"
+            f"{self.max_num_seqs} slots, {self.total_block_num} KV blocks ({mib:.0f} MiB per "
+            f"rank), {self.max_num_batched_tokens} batched tokens"
         )
 
 
@@ -125,8 +125,9 @@ def plan_capacity(
     full = blocks_per_request(max_model_len, block_size)
     if budget_blocks < full:
         raise ValueError(
-            f"--kv-cache-memory {budget} bytes holds {budget_blocks} KV blocks of {block_bytes} bytes; one request "
-            f"of --max-model-len {max_model_len} needs {full}: give more memory or a smaller --max-model-len"
+            f"--kv-cache-memory {budget} bytes holds {budget_blocks} KV blocks of {block_bytes} "
+            f"bytes; one request of --max-model-len {max_model_len} needs {full}: give more memory "
+            "or a smaller --max-model-len"
         )
     if max_num_seqs is None:
         typical = blocks_per_request(max(1, max_model_len // TYPICAL_LEN_DIVISOR), block_size)
@@ -140,8 +141,9 @@ def plan_capacity(
     )
     if tokens < least:
         raise ValueError(
-            f"--max-num-batched-tokens {tokens}: must be at least max_num_seqs * (K + 1) + 1 = {least} "
-            f"({max_num_seqs} slots, K = {k}) so that prefill progresses while every slot decodes"
+            f"--max-num-batched-tokens {tokens}: must be at least max_num_seqs * (K + 1) + 1 = "
+            f"{least} ({max_num_seqs} slots, K = {k}) so that prefill progresses while every slot "
+            "decodes"
         )
     return Capacity(max_num_seqs, blocks, tokens, budget, block_bytes)
 

@@ -82,7 +82,8 @@ def read_secret_file(path: str | os.PathLike[str]) -> bytes:
             )
         if st.st_mode & 0o077:
             raise CredentialError(
-                f"{where}: mode {stat.S_IMODE(st.st_mode):04o} lets other users read it; `chmod 600` it"
+                f"{where}: mode {stat.S_IMODE(st.st_mode):04o} lets other users read it; `chmod "
+                "600` it"
             )
         data = os.read(fd, _MAX_SECRET_BYTES + 1)
     finally:
@@ -204,13 +205,15 @@ def add_credential_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--api-key",
         default=None,
-        help="clients must send `Authorization: Bearer KEY` on /v1/* (default: $FASTDEPLOY_MTP_API_KEY, else none; "
-        "the command line is visible to other local users, the variable is not)",
+        help="clients must send `Authorization: Bearer KEY` on /v1/* (default: "
+        "$FASTDEPLOY_MTP_API_KEY, else none; the command line is visible to other local users, the "
+        "variable is not)",
     )
     p.add_argument(
         "--splitwise-secret-file",
         default=None,
         metavar="FILE",
-        help="splitwise: the secret shared by the router and every instance (a chmod-600 file; default: "
-        "$FASTDEPLOY_MTP_SPLITWISE_SECRET, else ~/.config/fastdeploy_mtp/splitwise_secret, created on first use)",
+        help="splitwise: the secret shared by the router and every instance (a chmod-600 file; "
+        "default: $FASTDEPLOY_MTP_SPLITWISE_SECRET, else "
+        "~/.config/fastdeploy_mtp/splitwise_secret, created on first use)",
     )

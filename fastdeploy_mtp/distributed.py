@@ -110,7 +110,8 @@ def _host_rendezvous(world_size: int, host: str, port: int, timeout: float) -> N
             except (_Expired, TimeoutError):
                 missing = sorted(set(range(1, world_size)) - set(peers))
                 raise TimeoutError(
-                    f"{where}: rank(s) {missing} of world_size {world_size} did not show up within {timeout:g} s"
+                    f"{where}: rank(s) {missing} of world_size {world_size} did not show up within "
+                    f"{timeout:g} s"
                 ) from None
             if accepted is None:
                 continue
@@ -173,8 +174,8 @@ def _join_rendezvous(rank: int, world_size: int, host: str, port: int, timeout: 
             return
         except _Expired:
             raise TimeoutError(
-                f"tensor-parallel rendezvous on {host}:{port}: rank {rank} did not hear from rank 0 "
-                f"(and every peer) within {timeout:g} s"
+                f"tensor-parallel rendezvous on {host}:{port}: rank {rank} did not hear from rank "
+                f"0 (and every peer) within {timeout:g} s"
             ) from None
         except OSError:  # rank 0 not listening yet (refused, reset or timed out): retry
             time.sleep(min(0.05, max(deadline.at - time.monotonic(), 0)))
@@ -243,14 +244,15 @@ def init_tensor_parallel(
         return
     if not 0 < master_port <= 65535 - world_size:
         raise ValueError(
-            f"`master_port` must leave room for {world_size + 1} ports below 65536, got {master_port}"
+            f"`master_port` must leave room for {world_size + 1} ports below 65536, got "
+            f"{master_port}"
         )
     if _group is not None:
         if (_rank, _world_size) == (rank, world_size):
             return
         raise RuntimeError(
-            f"tensor parallelism already initialised as rank {_rank} of {_world_size}; "
-            f"cannot re-initialise as rank {rank} of {world_size}"
+            f"tensor parallelism already initialised as rank {_rank} of {_world_size}; cannot "
+            f"re-initialise as rank {rank} of {world_size}"
         )
     import paddle.distributed as dist
 
@@ -298,7 +300,8 @@ def tensor_parallel_rank() -> int:
 def _require_group(what: str) -> object:
     if _group is None:
         raise RuntimeError(
-            f"{what} needs tensor parallelism: call init_tensor_parallel(rank, world_size, ...) first"
+            f"{what} needs tensor parallelism: call init_tensor_parallel(rank, world_size, ...) "
+            "first"
         )
     return _group
 

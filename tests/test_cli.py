@@ -71,8 +71,9 @@ def test_version_falls_back_to_the_module_attribute(monkeypatch):
 # ---- SpeculativeConfig.from_json / from_dict ---------------------------------------------
 def test_from_json_reads_fastdeploy_keys():
     spec = SpeculativeConfig.from_json(
-        '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": "with_ngram",'
-        ' "max_ngram_size": 4, "min_ngram_size": 1, "verify_strategy": "greedy", "model": "/m"}'
+        '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": '
+        '"with_ngram", "max_ngram_size": 4, "min_ngram_size": 1, "verify_strategy": "greedy", '
+        '"model": "/m"}'
     )
     assert spec == SpeculativeConfig("mtp", 3, 1, "with_ngram", 4, 1, "/m", "greedy")
 
@@ -260,7 +261,8 @@ def test_generate_text_output_has_the_metrics_legend(capsys):
     [
         (
             ["--num-speculative-tokens", 3, "--num-model-steps", 1, "--hybrid-ngram"],
-            '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": "with_ngram"}',
+            '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": '
+            '"with_ngram"}',
         ),
         (["--num-speculative-tokens", 2], '{"num_speculative_tokens": 2}'),
         (["--num-speculative-tokens", 0], '{"method": null}'),
@@ -492,14 +494,55 @@ def test_process_exit_status_and_no_traceback(tmp_path):
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.splitlines() == [
-        "fastdeploy-mtp: error: speculative config is not valid JSON: "
-        "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
+        "fastdeploy-mtp: error: speculative config is not valid JSON: Expecting property name "
+        "enclosed in double quotes: line 1 column 2 (char 1)"
     ]
     debug = subprocess.run(
         argv, cwd=REPO, env={**env, "FDMTP_DEBUG": "1"}, capture_output=True, text=True, timeout=120
     )
     assert debug.returncode != 0
     assert "Traceback" in debug.stderr and "SpeculativeConfigError" in debug.stderr
+
+
+#: Runs ``main(argv)`` in a fresh interpreter and writes its exit status and the heavy
+#: frameworks it imported (as JSON) to the file named by the first argument.
+_IMPORTS_PROBE = """
+import json, sys
+from fastdeploy_mtp.entrypoints.cli import main
+status = main(sys.argv[2:])
+heavy = [m for m in ("paddle", "torch", "transformers") if m in sys.modules]
+with open(sys.argv[1], "w") as f:
+    json.dump({"status": status, "heavy": heavy}, f)
+"""
+
+
+@pytest.mark.parametrize(
+    "argv, status",
+    [
+        (["--help"], 0),
+        (["--version"], 0),
+        *[([command, "--help"], 0) for command in ("demo", "generate", "serve", "router")],
+        (["check-drafts", "--help"], 0),
+        (["generate", "--prompt", "x", "--no-such-flag"], 2),
+        (["serve", "--port", "abc"], 2),
+        (["generate", "--prompt", "x", "--speculative-config", "{bad"], 2),
+        (["generate", "--prompt", "x", "--temperature", "-1"], 2),
+        (["demo", "--model", "/no/such/folder"], 2),
+    ],
+)
+def test_help_and_argument_errors_do_not_import_the_frameworks(tmp_path, argv, status):
+    """``--help`` and a bad argument (the shipped folder's check included) answer without
+    importing Paddle, torch or transformers: the commands import them only to run."""
+    out = tmp_path / "probe.json"
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORTS_PROBE, str(out), *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text()) == {"status": status, "heavy": []}
 
 
 # ---- options every command shares (fastdeploy_mtp.engine_args) ---------------------------
@@ -576,8 +619,8 @@ def test_every_command_refuses_more_drafts_than_the_token_message_carries_alike(
         assert rc == 2 and out == "", command  # a bad argument
         lines.add(error_line(err))
     assert lines == {
-        "fastdeploy-mtp: error: num_speculative_tokens 9: the token message carries at most 6 tokens per request "
-        "and step, so at most 5 drafts"
+        "fastdeploy-mtp: error: num_speculative_tokens 9: the token message carries at most 6 "
+        "tokens per request and step, so at most 5 drafts"
     }
 
 

@@ -9,7 +9,8 @@ Two references, both greedy and batch 1:
   reference for ``K = 1`` (and ``K = num_nextn_predict_layers`` where the family feeds the next
   layer the normed output, as transformers does).
 * :meth:`Reference.chained_rounds` -- ``K`` drafts chained out of transformers' MTP modules by
-  the rule the engine states for the family (:data:`fastdeploy_mtp.models.hf_config.MTP_CHAIN_DEFAULT`):
+  the rule the engine states for the family
+  (:data:`fastdeploy_mtp.models.hf_config.MTP_CHAIN_DEFAULT`):
   substep ``j`` at position ``c - 1 + j`` is fed the draft of substep ``j - 1`` (the newest
   committed token for ``j = 1``) and the previous substep's output -- the MTP block's output
   before its final norm (``pre_norm``) or after it (``post_norm``). One MTP layer is reused for
@@ -32,24 +33,19 @@ import contextlib
 import dataclasses
 import json
 import os
-import re
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from ..models.model_folder import folder_config
-
-#: Families whose MTP layers transformers' ``MtpModel.from_pretrained`` loads from the released
-#: names (with the tiny folder's layer index pointed at, see :func:`_load_mtp`).
-_DEEPSEEK_LAYOUT = ("llama", "qwen2", "qwen3", "deepseek_v3", "glm4_moe")
-#: MiMo's own MTP names -> transformers' ``MtpLayer`` names (transformers has no renaming for them).
-_MIMO_NAMES = {"token_layernorm": "enorm", "hidden_layernorm": "hnorm", "input_proj": "eh_proj"}
-
-
-class ReferenceUnavailable(RuntimeError):
-    """torch/transformers are missing, or the folder is of a family the reference cannot run;
-    the message says which."""
+from ..models.folder_inspection import folder_config
+from .transformers_models import (
+    ReferenceUnavailable,
+    import_transformers,
+    load_mtp,
+    load_target,
+    quiet,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,23 +91,6 @@ def rounds_from_drafts(
     return rounds
 
 
-def _imports() -> tuple[Any, Any]:
-    try:
-        import torch
-        import transformers
-    except ImportError as exc:
-        raise ReferenceUnavailable(
-            f'the transformers reference needs torch and transformers ({exc.name} is missing): pip install -e ".[test]"'
-        ) from None
-    return torch, transformers
-
-
-def _quiet(transformers: Any) -> None:
-    transformers.logging.set_verbosity_error()
-    with contextlib.suppress(Exception):
-        transformers.utils.logging.disable_progress_bar()
-
-
 class Reference:
     """transformers' target and MTP layers of the folder ``path`` (float32, eager, eval).
 
@@ -125,8 +104,8 @@ class Reference:
     """
 
     def __init__(self, path: str | os.PathLike[str]):
-        torch, transformers = _imports()
-        _quiet(transformers)
+        torch, transformers = import_transformers()
+        quiet(transformers)
         self.path = os.fspath(path)
         with open(os.path.join(self.path, "config.json")) as f:
             raw = json.load(f)
@@ -137,9 +116,9 @@ class Reference:
         self.mask_first_position = config.mtp_mask_first_position
         self.vocab_size = config.vocab_size
         self.vocab = config.ori_vocab_size
-        self.target = _load_target(self.path, raw, self.family, torch, transformers)
+        self.target = load_target(self.path, raw, self.family, torch, transformers)
         self.mtp = (
-            _load_mtp(self.path, self.family, self.target, self.num_mtp_layers)
+            load_mtp(self.path, self.family, self.target, self.num_mtp_layers)
             if self.num_mtp_layers
             else None
         )
@@ -161,7 +140,8 @@ class Reference:
         )
 
     def greedy(self, prompt_ids: list[int], n: int) -> list[int]:
-        """``n`` greedy tokens after ``prompt_ids`` from transformers' ``generate`` (no EOS stop)."""
+        """``n`` greedy tokens after ``prompt_ids`` from transformers' ``generate`` (no EOS
+        stop)."""
         torch = self._torch
         with torch.no_grad(), _folder_defaults_hidden(self.target):
             out = self.target.generate(
@@ -188,7 +168,8 @@ class Reference:
             )
         if not 1 <= k <= self.num_mtp_layers:
             raise ReferenceUnavailable(
-                f"generate(use_mtp=True) drafts one token per MTP layer: k must be in 1..{self.num_mtp_layers}"
+                "generate(use_mtp=True) drafts one token per MTP layer: k must be in "
+                f"1..{self.num_mtp_layers}"
             )
         torch = self._torch
         from transformers.generation import candidate_generator as cg
@@ -238,7 +219,8 @@ class Reference:
             )
         if self.num_mtp_layers > 1 and k > self.num_mtp_layers:
             raise ReferenceUnavailable(
-                f"the chained reference runs at most one substep per layer (k <= {self.num_mtp_layers})"
+                "the chained reference runs at most one substep per layer (k <= "
+                f"{self.num_mtp_layers})"
             )
         prompt = [int(t) for t in prompt_ids]
         seq = prompt + self.greedy(prompt, max_tokens + k + 1)
@@ -323,99 +305,3 @@ def _folder_defaults_hidden(target: Any) -> Iterator[None]:
 
 def _ids(torch: Any, ids: list[int]) -> Any:
     return torch.as_tensor(np.asarray([list(ids)], dtype=np.int64))
-
-
-def _load_target(path: str, raw: dict[str, Any], family: str, torch: Any, transformers: Any) -> Any:
-    kwargs: dict[str, Any] = dict(dtype=torch.float32, attn_implementation="eager")
-    arch = raw["architectures"][0]
-    if family == "mimo":  # a Qwen2 model with MiMo's MTP names
-        fields = {k: v for k, v in raw.items() if k not in ("model_type", "architectures")}
-        kwargs["config"] = transformers.Qwen2Config(**fields)
-        arch = "Qwen2ForCausalLM"
-    cls = getattr(transformers, arch, None)
-    if cls is None:
-        raise ReferenceUnavailable(f"transformers {transformers.__version__} has no class {arch}")
-    return cls.from_pretrained(path, **kwargs).eval()
-
-
-def _load_mtp(path: str, family: str, target: Any, n_mtp: int) -> Any:
-    """transformers' ``MtpModel`` over ``target`` with the folder's MTP weights: through
-    ``MtpModel.from_pretrained`` (transformers' own renames of the released names) wherever
-    transformers maps the family's names, by hand for MiMo."""
-    from transformers.modeling_layers import MtpModel
-
-    cfg = target.config
-    cfg.num_mtp_layers = n_mtp
-    cfg.mtp_layer_types = ["full_attention"] * n_mtp
-    if family == "mimo":
-        cfg.mtp_hidden_states_first = True
-        mtp = MtpModel(target, n_mtp)
-        _load_mimo_weights(path, mtp, n_mtp)
-    elif family in _DEEPSEEK_LAYOUT:
-        # transformers ignores the MTP layers of the released index (61 for DeepSeek-V3, 92 for
-        # GLM-4.5); a folder of another depth holds them at num_hidden_layers + k
-        n = int(cfg.num_hidden_layers)
-        target._keys_to_ignore_on_load_unexpected = [
-            rf"model\.layers\.{n + k}\." for k in range(n_mtp)
-        ]
-        mtp = MtpModel.from_pretrained(target)
-    elif family == "ernie4_5_moe":
-        mtp = MtpModel.from_pretrained(target)
-    elif family == "ernie4_5":  # transformers has no MTP renames for the dense class
-        mtp = MtpModel(target, n_mtp)
-        _load_by_names(path, mtp, _ernie_name)
-    else:
-        raise ReferenceUnavailable(f"the transformers reference does not run {family} MTP layers")
-    mtp = mtp.float().eval()
-    mtp.config._attn_implementation = "eager"
-    return mtp
-
-
-def _mimo_name(k: str, rest: str) -> str:
-    """The MiMo checkpoint name of ``MtpModel`` parameter ``layers.{k}.{rest}``."""
-    head, _, tail = rest.partition(".")
-    if rest.startswith("mtp_block."):
-        ckpt = rest[len("mtp_block.") :]
-    elif head == "post_norm":
-        ckpt = f"final_layernorm.{tail}"
-    else:
-        ckpt = f"{next(o for o, t in _MIMO_NAMES.items() if t == head)}.{tail}"
-    return f"model.mtp_layers.{k}.{ckpt}"
-
-
-def _ernie_name(k: str, rest: str) -> str:
-    """The ERNIE-4.5 ("-PT") checkpoint name of ``MtpModel`` parameter ``layers.{k}.{rest}``;
-    the final norm is the target's ``model.norm``."""
-    head, _, tail = rest.partition(".")
-    if head == "mtp_block":
-        return f"model.mtp_block.{k}.{tail}"
-    if head == "post_norm":
-        return f"model.norm.{tail}"
-    own = {"enorm": "mtp_emb_norm", "hnorm": "mtp_hidden_norm", "eh_proj": "mtp_linear_proj"}[head]
-    return f"model.{own}.{k}.{tail}"
-
-
-def _load_mimo_weights(path: str, mtp: Any, n_mtp: int) -> None:
-    _load_by_names(path, mtp, _mimo_name)
-
-
-def _load_by_names(path: str, mtp: Any, name_of: Any) -> None:
-    """Fill ``mtp``'s layers from the folder's safetensors, ``name_of(k, rest)`` naming the
-    checkpoint tensor of parameter ``layers.{k}.{rest}``."""
-    from safetensors.torch import load_file
-
-    wanted: dict[str, str] = {}
-    for name, _ in mtp.named_parameters():
-        m = re.fullmatch(r"layers\.(\d+)\.(.+)", name)
-        if m is not None:
-            wanted[name_of(m.group(1), m.group(2))] = name
-    state: dict[str, Any] = {}
-    for file in sorted(os.listdir(path)):
-        if file.endswith(".safetensors"):
-            for name, tensor in load_file(os.path.join(path, file)).items():
-                if name in wanted:
-                    state[wanted[name]] = tensor.float()
-    missing = sorted(set(wanted.values()) - set(state))
-    if missing:
-        raise ReferenceUnavailable(f"{path}: MTP tensors missing: {missing[:3]}")
-    mtp.load_state_dict(state, strict=False)

@@ -61,8 +61,8 @@ def engine_rounds(
     spec = SpeculativeConfig(method="mtp", num_speculative_tokens=k, num_model_steps=k)
     trace: list[tuple] = []
     reqs, _, _ = run_requests(
-        list(prompts), max_tokens, spec, max_num_seqs, f"engine K={k}", folder, dtype=dtype, trace=trace,
-        prefill_chunk_size=prefill_chunk_size,
+        list(prompts), max_tokens, spec, max_num_seqs, f"engine K={k}", folder,
+        dtype=dtype, trace=trace, prefill_chunk_size=prefill_chunk_size,
     )  # fmt: skip
     rounds: list[list[Round]] = []
     for req in reqs:
@@ -128,7 +128,7 @@ def _fmt(values: list[float | None]) -> str:
 
 
 def cmd_check_drafts(args: argparse.Namespace) -> int:
-    from ..models.model_folder import inspect_model_folder
+    from ..models.folder_inspection import inspect_model_folder
 
     config = inspect_model_folder(args.model)
     if config.num_nextn_predict_layers == 0:
@@ -232,17 +232,19 @@ def _print(report: dict[str, Any], n_prompts: int, max_tokens: int) -> None:
     )
     print(f"  {'':<10} {'mean acc. len':>14}  acceptance per position")
     print(
-        f"  {'engine':<10} {report['ours']['mean_accepted_length']:>14.2f}  {_fmt(report['ours']['acceptance'])}"
+        f"  {'engine':<10} {report['ours']['mean_accepted_length']:>14.2f}  "
+        f"{_fmt(report['ours']['acceptance'])}"
     )
     r = report["reference"]
     if r is not None:
         print(
-            f"  {'reference':<10} {r['mean_accepted_length']:>14.2f}  {_fmt(r['acceptance'])}   ({r['source']})"
+            f"  {'reference':<10} {r['mean_accepted_length']:>14.2f}  {_fmt(r['acceptance'])}   "
+            f"({r['source']})"
         )
         for e in report["requests"]:
             if e["first_diff_round"] is not None:
                 print(
-                    f"  prompt {e['prompt']}: first differing round {e['first_diff_round']}: "
-                    f"ours {e['ours']}, reference {e['reference']}"
+                    f"  prompt {e['prompt']}: first differing round {e['first_diff_round']}: ours "
+                    f"{e['ours']}, reference {e['reference']}"
                 )
     print(f"verdict: {report['verdict']}")

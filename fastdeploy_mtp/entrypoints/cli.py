@@ -2,8 +2,10 @@
 
   fastdeploy-mtp demo [--model DIR] [SPECULATION] [--max-tokens N] [--max-num-seqs N]
                       [--temperature T --seed S] [--json] [--plot FILE]
-  fastdeploy-mtp generate --prompt TEXT [--model DIR] [SPECULATION] [--max-tokens N] [SAMPLING] [--json]
-  fastdeploy-mtp serve [DIR | --model DIR] [SPECULATION] [--port P] [--splitwise-role mixed|prefill|decode] ...
+  fastdeploy-mtp generate --prompt TEXT [--model DIR] [SPECULATION] [--max-tokens N]
+                          [SAMPLING] [--json]
+  fastdeploy-mtp serve [DIR | --model DIR] [SPECULATION] [--port P]
+                       [--splitwise-role mixed|prefill|decode] ...
   fastdeploy-mtp router --prefill URL --decode URL [--port P] ...
   fastdeploy-mtp --version
 
@@ -14,7 +16,8 @@ a folder that cannot be served is refused before anything loads. `--checkpoint D
 spelling on demo and generate, still works and says it is deprecated.
 
 SPECULATION is --speculative-config JSON with FastDeploy's keys, e.g.
-  '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, "mtp_strategy": "with_ngram"}'
+  '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1,
+    "mtp_strategy": "with_ngram"}'
 or the shorthand flags --num-speculative-tokens K, --num-model-steps S, --hybrid-ngram. Keys
 the JSON leaves out take the flags' values (or their defaults); a flag that contradicts the
 JSON is an error. Every command refuses the same values the same way.

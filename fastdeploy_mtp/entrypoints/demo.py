@@ -32,8 +32,9 @@ def batch_note(max_num_seqs: int) -> str:
         else f"as here at batch {max_num_seqs}; --max-num-seqs {DEMO_MAX_NUM_SEQS} is the default"
     )
     return (
-        "note: on a CPU speculation pays most at batch 1, where verifying K+1 tokens costs little more than "
-        f"1 token; in a larger batch verification costs more and the gain shrinks ({where})"
+        "note: on a CPU speculation pays most at batch 1, where verifying K+1 tokens costs little "
+        "more than 1 token; in a larger batch verification costs more and the gain shrinks "
+        f"({where})"
     )
 
 
@@ -66,8 +67,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         check_plot_path(args.plot)  # fail before the run, not after it
     source = args.model or "the shipped tiny checkpoint"
     print(
-        f"fastdeploy-mtp demo: {source}, {len(DEMO_PROMPTS)} prompts, "
-        f"{args.max_tokens} new tokens each, batch {args.max_num_seqs}",
+        f"fastdeploy-mtp demo: {source}, {len(DEMO_PROMPTS)} prompts, {args.max_tokens} new tokens "
+        f"each, batch {args.max_num_seqs}",
         file=sys.stderr,
     )
     plain = SpeculativeConfig(method=None)

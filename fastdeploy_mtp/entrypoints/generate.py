@@ -94,7 +94,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if spec.enabled:
         print(
             f"[{speculation_label(spec)}: mean accepted len {metrics.mean_accepted_length:.2f}, "
-            f"acceptance per position {per_position_text(metrics)}, {metrics.tokens_per_second:.1f} tokens/s]",
+            f"acceptance per position {per_position_text(metrics)}, "
+            f"{metrics.tokens_per_second:.1f} tokens/s]",
             file=sys.stderr,
         )
         print(METRICS_LEGEND, file=sys.stderr)

@@ -27,12 +27,17 @@ if TYPE_CHECKING:  # Paddle-backed modules are imported only when a command runs
     from ..runtime.request import Request
 
 #: What the printed metrics mean (shown under the demo table and the ``generate`` summary).
-METRICS_LEGEND = """\
-  mean accepted len: tokens emitted per decoding slot per target forward (1.00 = no gain, at most K+1)
-  acceptance per position i: accepted / offered drafts at draft position i over the decoding steps;
-    greedy verification stops at the first mismatch, so a draft counts as accepted only if the drafts
-    before it in its round were too (cumulative, not conditional on draft i-1); '-' = none offered
-  tokens/s: generated tokens / wall time of the generation loop (model loading excluded)"""
+METRICS_LEGEND = (
+    "  mean accepted len: tokens emitted per decoding slot per target forward "
+    "(1.00 = no gain, at most K+1)\n"
+    "  acceptance per position i: accepted / offered drafts at draft position i over the "
+    "decoding steps;\n"
+    "    greedy verification stops at the first mismatch, so a draft counts as accepted only if "
+    "the drafts\n"
+    "    before it in its round were too (cumulative, not conditional on draft i-1); "
+    "'-' = none offered\n"
+    "  tokens/s: generated tokens / wall time of the generation loop (model loading excluded)"
+)
 
 
 class CommandError(RuntimeError):
@@ -113,7 +118,8 @@ def run_requests(
     target, mtp, arch = load_model(folder, dtype=dtype)
     if spec.uses_mtp and mtp is None:
         raise ValueError(
-            f"model folder {folder} has no MTP layer (num_nextn_predict_layers 0): run it without MTP"
+            f"model folder {folder} has no MTP layer (num_nextn_predict_layers 0): run it without "
+            "MTP"
         )
     tok = load_tokenizer(folder, tokenizer)
     eos = [*tok.eos_token_ids, *load_generation_config(folder).eos_token_ids, *arch.eos_token_ids]

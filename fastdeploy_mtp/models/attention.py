@@ -1,6 +1,9 @@
-"""Attention backends: the paged-KV-cache reference backend used for serving, and the
-dense causal path used for training. Both consume the same projections of the same
-modules, and ``tests/models`` checks that they agree."""
+"""The paged-KV-cache reference attention backend used for serving
+(:class:`ReferenceAttentionBackend`): writes each step's keys and values into the block
+caches and attends over them in the layout (shared, per row, grouped) that costs the least
+for the step's plan. The dense causal path used for training is :mod:`.dense_attention`;
+both consume the same projections of the same modules, and ``tests/models`` checks that they
+agree."""
 
 from __future__ import annotations
 
@@ -8,7 +11,6 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
 import paddle
 import paddle.nn.functional as F
 
@@ -26,13 +28,6 @@ LAYOUTS = ("shared", "row", "grouped")
 #: target on a CPU at a context of ~300, the grouped layout starts beating the per-row one
 #: between 16 and 24 rows (at batch 8 x 4 rows it takes ~2.4 ms a forward against ~6.2 ms).
 GROUPED_OVERHEAD = 500_000
-
-
-def _repeat_kv(x: paddle.Tensor, groups: int, axis: int) -> paddle.Tensor:
-    """Repeat each key/value head ``groups`` times along ``axis`` (GQA -> MHA layout)."""
-    if groups == 1:
-        return x
-    return paddle.repeat_interleave(x, groups, axis=axis)
 
 
 class ReferenceAttentionBackend:
@@ -376,38 +371,3 @@ class _Layout:
     rows_per_item: int = 1
     query_index: paddle.Tensor | None = None
     out_index: paddle.Tensor | None = None
-
-
-def causal_bias(seq_len: int) -> paddle.Tensor:
-    """``[seq_len, seq_len]`` float32 additive mask: 0 on and below the diagonal, -inf above.
-    Build it once per sequence length (``paddle.triu`` per step is slow on CPU)."""
-    upper = np.triu(np.ones((seq_len, seq_len), dtype=bool), k=1)
-    return paddle.to_tensor(np.where(upper, -np.inf, 0.0).astype(np.float32))
-
-
-def dense_causal_attention(
-    q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, bias: paddle.Tensor | None, scale: float
-) -> paddle.Tensor:
-    """Causal (or otherwise masked) attention over full sequences (training path).
-
-    Args:
-        q: ``[B, num_heads, S, head_dim]``.
-        k, v: ``[B, num_kv_heads, S', head_dim]`` (``S' = S`` for self-attention).
-        bias: ``[S, S']`` additive mask, e.g. :func:`causal_bias` (or a larger one; it is
-            sliced to ``[S, S']``).
-        scale: usually ``1/sqrt(head_dim)``.
-
-    Returns:
-        ``[B, S, num_heads * head_dim]``.
-    """
-    bsz, nh, seq, hd = q.shape
-    keys = int(k.shape[2])
-    groups = nh // int(k.shape[1])
-    k = _repeat_kv(k, groups, axis=1)
-    v = _repeat_kv(v, groups, axis=1)
-    scores = paddle.matmul(q, k, transpose_y=True) * scale
-    if bias is not None:
-        scores = scores + bias[:seq, :keys]
-    probs = F.softmax(scores, axis=-1)
-    out = paddle.matmul(probs, v)  # [B, nh, S, hd]
-    return out.transpose([0, 2, 1, 3]).reshape([bsz, seq, nh * hd])

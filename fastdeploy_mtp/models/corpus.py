@@ -60,7 +60,8 @@ class CorpusSplit:
             "source": "top-level *.py files of the Python standard library",
             "python_version": platform.python_version(),
             "stdlib_dir": self.root,
-            "split_rule": f"held out iff int(sha1(relative_name).hexdigest(), 16) % {HELDOUT_MODULO} == 0",
+            "split_rule": "held out iff int(sha1(relative_name).hexdigest(), 16) "
+            f"% {HELDOUT_MODULO} == 0",
             "train_files": len(self.train_files),
             "train_bytes": size(self.train_files),
             "heldout_files": len(self.heldout_files),

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..config.validators import flag, given, integer, positive_number
+
 #: ``model_type`` of the dense and the MoE family.
 ERNIE_FAMILIES = ("ernie4_5", "ernie4_5_moe")
 #: transformers' ``Ernie4_5_MoeConfig`` defaults of the MoE keys.
@@ -42,13 +44,7 @@ DENSE_HEAD_DIM = 128
 
 
 def _int(raw: dict[str, Any], key: str, default: int | None, minimum: int) -> int:
-    value = raw.get(key)
-    value = default if value is None else value
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"config.json `{key}` must be an integer, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"config.json `{key}` must be >= {minimum}, got {value}")
-    return value
+    return integer(given(raw, key, default), f"config.json `{key}`", minimum)
 
 
 def _mtp_layers(raw: dict[str, Any], family: str) -> int:
@@ -58,11 +54,13 @@ def _mtp_layers(raw: dict[str, Any], family: str) -> int:
     count = _int(raw, keys[0], 0, 0)
     if len(keys) == 2 and raw[keys[1]] != count:
         raise ValueError(
-            f"config.json `num_mtp_layers` ({raw[keys[1]]!r}) contradicts `num_nextn_predict_layers` ({count})"
+            f"config.json `num_mtp_layers` ({raw[keys[1]]!r}) contradicts "
+            f"`num_nextn_predict_layers` ({count})"
         )
     if family == "ernie4_5_moe" and count > 1:
         raise ValueError(
-            f"config.json `{keys[0]}` {count} is not supported: ERNIE-4.5 MoE has at most one MTP layer"
+            f"config.json `{keys[0]}` {count} is not supported: ERNIE-4.5 MoE has at most one MTP "
+            "layer"
         )
     return count
 
@@ -85,19 +83,14 @@ def ernie_fields(raw: dict[str, Any], family: str) -> dict[str, Any]:
             contradict each other (``moe_k`` above ``moe_num_experts``, a start index after the
             end index), or more than one MTP layer for the MoE family.
     """
-    bias = raw.get("use_bias")
-    if bias is not None and not isinstance(bias, bool):
-        raise ValueError(f"config.json `use_bias` must be true or false, got {bias!r}")
-    if bias:
+    if flag(given(raw, "use_bias", False), "config.json `use_bias`"):
         raise ValueError(
             "config.json `use_bias` true is not supported (q/k/v/o, MLP and LM head have no biases)"
         )
-    tie = raw.get("tie_word_embeddings")
-    if tie is not None and not isinstance(tie, bool):
-        raise ValueError(f"config.json `tie_word_embeddings` must be true or false, got {tie!r}")
+    tie = flag(given(raw, "tie_word_embeddings", True), "config.json `tie_word_embeddings`")
     fields: dict[str, Any] = {
         "rope_interleave": True,
-        "tie_word_embeddings": True if tie is None else tie,
+        "tie_word_embeddings": tie,
         "num_nextn_predict_layers": _mtp_layers(raw, family),
         "mtp_concat_order": "emb_first",
         "mtp_final_norm": "in_forward",
@@ -125,12 +118,12 @@ def _moe_fields(raw: dict[str, Any]) -> dict[str, Any]:
     end = layers - 1 if end == -1 else end
     if start > end:
         raise ValueError(
-            f"config.json `moe_layer_start_index` ({start}) must be <= `moe_layer_end_index` ({end})"
+            f"config.json `moe_layer_start_index` ({start}) must be <= `moe_layer_end_index` "
+            f"({end})"
         )
-    norm_min = raw.get("moe_norm_min")
-    norm_min = d["moe_norm_min"] if norm_min is None else norm_min
-    if isinstance(norm_min, bool) or not isinstance(norm_min, int | float) or not norm_min > 0:
-        raise ValueError(f"config.json `moe_norm_min` must be a number > 0, got {norm_min!r}")
+    norm_min = positive_number(
+        given(raw, "moe_norm_min", d["moe_norm_min"]), "config.json `moe_norm_min`"
+    )
     return {
         "n_routed_experts": experts,
         "num_experts_per_tok": k,
@@ -139,7 +132,7 @@ def _moe_fields(raw: dict[str, Any]) -> dict[str, Any]:
         "moe_layer_interval": _int(raw, "moe_layer_interval", d["moe_layer_interval"], 1),
         "moe_layer_start_index": start,
         "moe_layer_end_index": end,
-        "moe_norm_min": float(norm_min),
+        "moe_norm_min": norm_min,
         "moe_statics": True,
         "scoring_func": "softmax",
         "topk_method": "noaux_tc",

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import paddle
 
+from .checkpoint_families import FAMILIES
 from .hf_config import translate_config
-from .loading import FAMILIES
 from .model_config import ModelConfig
 from .weight_maps import weight_map
 
@@ -97,7 +97,8 @@ def folder_config_json(config: ModelConfig) -> dict[str, Any]:
     """
     if config.model_type not in WRITABLE:
         raise ValueError(
-            f"save_model_folder writes {sorted(WRITABLE)} folders, not model_type {config.model_type!r}"
+            f"save_model_folder writes {sorted(WRITABLE)} folders, not model_type "
+            f"{config.model_type!r}"
         )
     raw = _deepseek_v3_json(config)
     back = translate_config(raw, "(being written)")
@@ -182,7 +183,7 @@ def save_model_folder(
     """
     from safetensors.numpy import save_file
 
-    from .tiny import ASSETS_DIR
+    from .folder_inspection import ASSETS_DIR
 
     raw = folder_config_json(config)
     tensors = checkpoint_tensors(target, mtp, config)

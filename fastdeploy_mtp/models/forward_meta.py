@@ -10,7 +10,6 @@ from typing import TypeVar
 
 import numpy as np
 import paddle
-from numpy.typing import ArrayLike
 
 from ..constants import NO_BLOCK_ID
 
@@ -149,7 +148,8 @@ def validate_forward_meta(meta: ForwardMeta) -> int:
     bsz = this_time.shape[0]
     if decoder.shape[0] != bsz:
         raise ValueError(
-            f"`seq_lens_decoder` must have {bsz} entries like `seq_lens_this_time`, got {decoder.shape[0]}"
+            f"`seq_lens_decoder` must have {bsz} entries like `seq_lens_this_time`, got "
+            f"{decoder.shape[0]}"
         )
     if cu.shape[0] != bsz + 1:
         raise ValueError(f"`cu_seqlens_q` must have {bsz + 1} entries, got {cu.shape[0]}")
@@ -159,7 +159,8 @@ def validate_forward_meta(meta: ForwardMeta) -> int:
         raise ValueError("`seq_lens_this_time` and `seq_lens_decoder` must be >= 0")
     if cu[0] != 0 or not np.array_equal(np.diff(cu), this_time):
         raise ValueError(
-            f"`cu_seqlens_q` {cu.tolist()} is not the prefix sum of `seq_lens_this_time` {this_time.tolist()}"
+            f"`cu_seqlens_q` {cu.tolist()} is not the prefix sum of `seq_lens_this_time` "
+            f"{this_time.tolist()}"
         )
     num_tokens = int(cu[-1])
     ids_len = int(meta.ids_remove_padding.shape[0])
@@ -175,25 +176,28 @@ def validate_forward_meta(meta: ForwardMeta) -> int:
             continue
         if meta.max_rows_per_item is not None and n > meta.max_rows_per_item:
             raise ValueError(
-                f"item {b} has {n} rows this step but `max_rows_per_item` is {meta.max_rows_per_item}"
+                f"item {b} has {n} rows this step but `max_rows_per_item` is "
+                f"{meta.max_rows_per_item}"
             )
         total = int(decoder[b]) + n
         largest = max(largest, total - 1)
         if meta.max_seq_len is not None and total > meta.max_seq_len:
             raise ValueError(
-                f"item {b} holds {total} tokens after this step but `max_seq_len` is {meta.max_seq_len}"
+                f"item {b} holds {total} tokens after this step but `max_seq_len` is "
+                f"{meta.max_seq_len}"
             )
         needed = (total - 1) // bs + 1
         if needed > tables.shape[1]:
             raise ValueError(
-                f"item {b} needs {needed} cache blocks for {total} "
-                f"tokens but `block_tables` has {tables.shape[1]} columns"
+                f"item {b} needs {needed} cache blocks for {total} tokens but `block_tables` has "
+                f"{tables.shape[1]} columns"
             )
         unused = np.nonzero(tables[b, :needed] < 0)[0]
         if unused.size:
             bad = int(unused[0])
             raise ValueError(
-                f"`block_tables[{b}, {bad}]` is unused (-1) but item {b} needs it for position {bad * bs}"
+                f"`block_tables[{b}, {bad}]` is unused (-1) but item {b} needs it for position "
+                f"{bad * bs}"
             )
     return largest
 
@@ -361,43 +365,3 @@ def _int32_vector(t: paddle.Tensor) -> paddle.Tensor:
     if t.dtype != paddle.int32:
         t = t.astype("int32")
     return t if len(t.shape) == 1 else t.reshape([-1])
-
-
-def make_forward_meta(
-    seq_lens_this_time: ArrayLike,
-    seq_lens_decoder: ArrayLike,
-    block_tables: ArrayLike,
-    caches: list[paddle.Tensor],
-    block_size: int,
-    ids_remove_padding: ArrayLike | None = None,
-    seq_lens_encoder: ArrayLike | None = None,
-) -> ForwardMeta:
-    """Build a :class:`ForwardMeta` from host lists/arrays (a helper for tests and tools).
-
-    Args:
-        seq_lens_this_time: ``[B]`` ints, new tokens per item.
-        seq_lens_decoder: ``[B]`` ints, cached tokens per item.
-        block_tables: ``[B, max_blocks]`` ints (``-1`` = unused).
-        caches: list of cache tensors (see :class:`ForwardMeta`).
-        block_size: tokens per block.
-        ids_remove_padding: ``[T]`` ints; zeros if omitted.
-        seq_lens_encoder: ``[B]`` ints; defaults to ``seq_lens_this_time`` for items with no
-            cached tokens and 0 otherwise.
-    """
-    this_time = np.asarray(seq_lens_this_time, np.int32).reshape(-1)
-    decoder = np.asarray(seq_lens_decoder, np.int32).reshape(-1)
-    if seq_lens_encoder is None:
-        seq_lens_encoder = np.where(decoder == 0, this_time, 0).astype(np.int32)
-    cu = np.concatenate([[0], np.cumsum(this_time)]).astype(np.int32)
-    if ids_remove_padding is None:
-        ids_remove_padding = np.zeros(int(cu[-1]), np.int64)
-    return ForwardMeta(
-        ids_remove_padding=paddle.to_tensor(np.asarray(ids_remove_padding, np.int64).reshape(-1)),
-        cu_seqlens_q=paddle.to_tensor(cu),
-        seq_lens_encoder=paddle.to_tensor(np.asarray(seq_lens_encoder, np.int32).reshape(-1)),
-        seq_lens_decoder=paddle.to_tensor(decoder),
-        seq_lens_this_time=paddle.to_tensor(this_time),
-        block_tables=paddle.to_tensor(np.asarray(block_tables, np.int32)),
-        caches=caches,
-        block_size=block_size,
-    )

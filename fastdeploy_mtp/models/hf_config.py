@@ -8,8 +8,10 @@ and ``rope_type``, ``dtype``). Anything the dense decoder cannot run is refused 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+from ..config.validators import ErrorFactory, flag, given, integer, number, positive_number
 from .ernie_config import ERNIE_FAMILIES, ernie_fields
 from .mla_config import mla_fields
 from .model_config import MODEL_DTYPES, ROPE_TYPES, TINY_ARCHITECTURE, TINY_MODEL_TYPE, ModelConfig
@@ -49,6 +51,11 @@ class UnsupportedModelError(ValueError):
 
 def _fail(where: str, what: str) -> UnsupportedModelError:
     return UnsupportedModelError(f"model folder {where}: {what}")
+
+
+def _failure(where: str) -> ErrorFactory:
+    """The error factory the shared validators raise through: :func:`_fail` for ``where``."""
+    return functools.partial(_fail, where)
 
 
 def family_of(raw: dict[str, Any], where: str) -> str:
@@ -124,13 +131,15 @@ def _rope(
     if kind not in ROPE_TYPES:
         raise _fail(
             where,
-            f"config.json `{key}.rope_type` {kind!r} is not supported; supported: {list(ROPE_TYPES)}",
+            f"config.json `{key}.rope_type` {kind!r} is not supported; supported: "
+            f"{list(ROPE_TYPES)}",
         )
     partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
     if partial != 1.0 and not partial_ok:
         raise _fail(
             where,
-            "config.json `partial_rotary_factor` != 1 is not supported (RoPE covers the whole head)",
+            "config.json `partial_rotary_factor` != 1 is not supported (RoPE covers the whole "
+            "head)",
         )
     for name in _ROPE_REQUIRED.get(kind, ()):
         if params.get(name) is None:
@@ -139,10 +148,8 @@ def _rope(
         _positive(params, name, f"{key}.{name}", where, None)
     if params.get("mscale") is not None:
         _positive(params, "mscale", f"{key}.mscale", where, None, allow_zero=True)
-    if params.get("truncate") is not None and not isinstance(params["truncate"], bool):
-        raise _fail(
-            where, f"config.json `{key}.truncate` must be true or false, got {params['truncate']!r}"
-        )
+    if params.get("truncate") is not None:
+        flag(params["truncate"], f"config.json `{key}.truncate`", _failure(where))
     if kind == "llama3" and float(params["high_freq_factor"]) <= float(params["low_freq_factor"]):
         raise _fail(where, f"config.json `{key}.high_freq_factor` must be above `low_freq_factor`")
     dropped = ("rope_theta", "type", "rope_type", "partial_rotary_factor")
@@ -165,14 +172,7 @@ def _positive(
     value = params.get(name)
     if value is None:
         return default
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not (value >= 0 if allow_zero else value > 0)
-    ):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise _fail(where, f"config.json `{label}` must be a number {bound}, got {value!r}")
-    return float(value)
+    return positive_number(value, f"config.json `{label}`", allow_zero, _failure(where))
 
 
 def _refuse_unsupported(raw: dict[str, Any], where: str) -> None:
@@ -209,21 +209,13 @@ def _number(raw: dict[str, Any], key: str, kind: type, where: str, default: Any 
     value = raw.get(key)
     if value is None:
         return default
-    ok = isinstance(value, int) if kind is int else isinstance(value, int | float)
-    if not ok or isinstance(value, bool):
-        what = "an integer" if kind is int else "a number"
-        raise _fail(where, f"config.json `{key}` must be {what}, got {value!r}")
-    return kind(value)
+    check = integer if kind is int else number
+    return check(value, f"config.json `{key}`", error=_failure(where))
 
 
 def _flag(raw: dict[str, Any], key: str, where: str) -> bool:
     """``raw[key]`` as a bool (false when absent or null); anything but true/false is refused."""
-    value = raw.get(key)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise _fail(where, f"config.json `{key}` must be true or false, got {value!r}")
-    return value
+    return flag(given(raw, key, False), f"config.json `{key}`", _failure(where))
 
 
 #: What MTP substep ``k + 1`` is fed as its previous hidden state when ``config.json`` does not
@@ -245,7 +237,8 @@ def mtp_final_norm_of(raw: dict[str, Any], family: str, where: str) -> str:
     if chain not in _CHAIN_TO_FINAL_NORM:
         raise _fail(
             where,
-            f"config.json `mtp_chain_hidden` must be one of {list(_CHAIN_TO_FINAL_NORM)}, got {chain!r}",
+            f"config.json `mtp_chain_hidden` must be one of {list(_CHAIN_TO_FINAL_NORM)}, got "
+            f"{chain!r}",
         )
     return _CHAIN_TO_FINAL_NORM[chain]
 

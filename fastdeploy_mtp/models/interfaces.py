@@ -48,19 +48,33 @@ class HiddenSizeConfig(Protocol):
     def hidden_size(self) -> int: ...
 
 
-class TargetModel(Protocol):
+class CachedModel(Protocol):
+    """What the target and the MTP layer both offer the engine and the proposer."""
+
+    @property
+    def attn_backend(self) -> AttentionBackend:
+        """The backend that lays out (and allocates) this model's caches."""
+        ...
+
+    @property
+    def num_cache_layers(self) -> int:
+        """Layers that own a key/value cache pair in ``forward_meta.caches`` (the proposer
+        names and shares the MTP layer's)."""
+        ...
+
+    def compute_logits(
+        self, hidden: paddle.Tensor, forward_meta: ForwardMeta | None = None
+    ) -> paddle.Tensor:
+        """``[n, H]`` hidden states as returned by the forward -> float32 ``[n, V]``
+        (padded-vocabulary columns ``-inf``)."""
+        ...
+
+
+class TargetModel(CachedModel, Protocol):
     """The target (main) model the runner drives and the proposer's MTP layer sits beside."""
 
     @property
     def config(self) -> HiddenSizeConfig: ...
-
-    @property
-    def attn_backend(self) -> AttentionBackend: ...
-
-    @property
-    def num_cache_layers(self) -> int:
-        """Layers that own a key/value cache pair in ``forward_meta.caches``."""
-        ...
 
     def __call__(
         self, ids_remove_padding: paddle.Tensor | None, forward_meta: ForwardMeta
@@ -68,23 +82,9 @@ class TargetModel(Protocol):
         """Packed batch -> ``[T, H]`` hidden states (the ones the MTP layer consumes)."""
         ...
 
-    def compute_logits(
-        self, hidden: paddle.Tensor, forward_meta: ForwardMeta | None = None
-    ) -> paddle.Tensor:
-        """``[n, H]`` hidden states as returned by the forward -> float32 ``[n, V]``."""
-        ...
 
-
-class MTPModel(Protocol):
+class MTPModel(CachedModel, Protocol):
     """The MTP layer the proposer runs ``num_model_steps`` times per round."""
-
-    @property
-    def attn_backend(self) -> AttentionBackend: ...
-
-    @property
-    def num_cache_layers(self) -> int:
-        """Layers that own a key/value cache pair (the proposer names and shares them)."""
-        ...
 
     def __call__(
         self,
@@ -93,12 +93,6 @@ class MTPModel(Protocol):
         forward_meta: ForwardMeta,
     ) -> paddle.Tensor:
         """Packed next tokens + the previous hidden state of each row -> ``[T, H]``."""
-        ...
-
-    def compute_logits(
-        self, hidden: paddle.Tensor, forward_meta: ForwardMeta | None = None
-    ) -> paddle.Tensor:
-        """``[n, H]`` -> float32 ``[n, V]`` (padded-vocabulary columns ``-inf``)."""
         ...
 
     def empty_input_forward(self, forward_meta: ForwardMeta | None = None) -> None:

@@ -100,13 +100,13 @@ class LatentAttentionBackend:
         """``forward_meta.caches[layer_id]``, checked against this backend's shape."""
         if forward_meta.block_size != self.block_size:
             raise ValueError(
-                f"`forward_meta.block_size` ({forward_meta.block_size}) differs "
-                f"from the backend's block_size ({self.block_size})"
+                f"`forward_meta.block_size` ({forward_meta.block_size}) differs from the backend's "
+                f"block_size ({self.block_size})"
             )
         if len(forward_meta.caches) <= layer_id:
             raise ValueError(
-                f"`forward_meta.caches` has {len(forward_meta.caches)} tensors; "
-                f"latent layer {layer_id} needs at least {layer_id + 1}"
+                f"`forward_meta.caches` has {len(forward_meta.caches)} tensors; latent layer "
+                f"{layer_id} needs at least {layer_id + 1}"
             )
         cache = forward_meta.caches[layer_id]
         expected = self.get_kv_cache_shape(int(cache.shape[0]))
@@ -221,7 +221,8 @@ class LatentAttentionBackend:
     def _rebuild(
         self, latents: paddle.Tensor, kv_b_weight: paddle.Tensor, items: int, span: int
     ) -> tuple[paddle.Tensor, paddle.Tensor]:
-        """(``kv_b_weight`` float32.) Keys ``[B, nh, span, qk_head_dim]`` and values ``[B, nh, span, v_head_dim]`` from
+        """(``kv_b_weight`` float32.) Keys ``[B, nh, span, qk_head_dim]`` and values ``[B, nh,
+        span, v_head_dim]`` from
         latents ``[B, span, latent_dim]``: ``[c W_uk ; k_pe]`` and ``c W_uv`` per head."""
         s = self.shape
         c, k_pe = latents[..., : s.kv_lora_rank], latents[..., s.kv_lora_rank :]

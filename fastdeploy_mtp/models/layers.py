@@ -19,15 +19,16 @@ from typing import Any
 import numpy as np
 import paddle
 import paddle.nn as nn
-import paddle.nn.functional as F
 
-from .attention import ReferenceAttentionBackend, dense_causal_attention
+from .attention import ReferenceAttentionBackend
+from .dense_attention import dense_causal_attention
 from .forward_meta import ForwardMeta
 from .latent_attention import LatentAttentionBackend
 from .model_config import ModelConfig
 from .moe import MoEMLP
 from .parallel_layers import ColumnParallelLinear, RowParallelLinear, check_tensor_parallel
 from .rope import RopeSpec, rope_tables
+from .swiglu import SwiGLUMLP
 
 
 class RMSNorm(nn.Layer):
@@ -106,7 +107,8 @@ class RotaryEmbedding(nn.Layer):
             positions = np.asarray(positions, dtype=np.int64)
             if positions.size and int(positions.max()) >= self.max_position:
                 raise ValueError(
-                    f"position {int(positions.max())} is beyond `max_position_embeddings` ({self.max_position})"
+                    f"position {int(positions.max())} is beyond `max_position_embeddings` "
+                    f"({self.max_position})"
                 )
             idx = paddle.to_tensor(positions)
         else:
@@ -171,7 +173,8 @@ def apply_rope(
 class PagedStep:
     """What every layer's attention reads in one packed forward pass besides its input:
     ``cos/sin [T, d]`` float32 (RoPE at the packed tokens' positions, ``d`` the rotated width),
-    the paged attention backend (a latent one for MLA layers) and the step's :class:`ForwardMeta`."""
+    the paged attention backend (a latent one for MLA layers) and the step's
+    :class:`ForwardMeta`."""
 
     cos: paddle.Tensor
     sin: paddle.Tensor
@@ -182,7 +185,8 @@ class PagedStep:
 @dataclass(frozen=True)
 class DenseStep:
     """What every layer's attention reads on the dense (training) path besides its input:
-    ``cos/sin [S, d]`` float32 (RoPE at positions ``0..S-1``, ``d`` the rotated width) and the additive mask
+    ``cos/sin [S, d]`` float32 (RoPE at positions ``0..S-1``, ``d`` the rotated width) and the
+    additive mask
     ``bias [S, S']`` float32 (``S' = S`` and causal over the inputs' own keys)."""
 
     cos: paddle.Tensor
@@ -271,27 +275,6 @@ class Attention(nn.Layer):
         k, v = self.dense_kv(x, step.cos, step.sin) if kv is None else kv
         out = dense_causal_attention(q.transpose([0, 2, 1, 3]), k, v, step.bias, self.scale)
         return self.o_proj(out)
-
-
-class SwiGLUMLP(nn.Layer):
-    """``down_proj(silu(gate_proj(x)) * up_proj(x))``; gate/up ``[H, I]``, down ``[I, H]``.
-    With ``tensor_parallel_size = tp`` gate/up hold ``I/tp`` output features and ``down_proj``
-    the matching ``I/tp`` input rows, its partial outputs summed over the ranks."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int, tensor_parallel_size: int = 1):
-        super().__init__()
-        tp = tensor_parallel_size
-        self.gate_proj = ColumnParallelLinear(hidden_size, intermediate_size, tp)
-        self.up_proj = ColumnParallelLinear(hidden_size, intermediate_size, tp)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, tp)
-
-    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        """``x [..., H]`` -> ``[..., H]``."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-    def forward_dense(self, x: paddle.Tensor) -> paddle.Tensor:
-        """Full sequences ``x [B, S, H]`` -> ``[B, S, H]`` (the same math as :meth:`forward`)."""
-        return self.forward(x)
 
 
 class DecoderLayer(nn.Layer):

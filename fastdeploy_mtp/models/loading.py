@@ -1,7 +1,7 @@
 """Load MTP-layer weights from real checkpoint layouts (safetensors).
 
-One entry point, :func:`load_mtp_weights`, with a per-family name map
-(:data:`FAMILIES`). Each map says where the MTP tensors live, which names are the fusion
+One entry point, :func:`load_mtp_weights`, reading a checkpoint through its family's name
+map (:mod:`.checkpoint_families`): where the MTP tensors live, which names are the fusion
 norms and projection, how the decoder block is named, whether Linear weights are stored in
 torch's ``[out, in]`` layout (transposed here into Paddle's ``[in, out]``), the concat order,
 where the final norm is applied, whether RMSNorm weights are stored zero-centred, and which
@@ -10,254 +10,40 @@ checkpoint tensors duplicate the shared embedding / LM head.
 Only dense decoder blocks (GQA attention with separate or fused q/k/v, SwiGLU MLP with
 separate or fused gate/up) map onto :class:`~fastdeploy_mtp.models.layers.DecoderLayer`.
 MoE experts, routers, MLA projections, q/k norms and anything else under the MTP prefix is
-rejected with :class:`UnsupportedTensorError` naming the tensor.
+rejected with :class:`~.tensor_source.UnsupportedTensorError` naming the tensor.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import glob
-import os
 import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import paddle
 import paddle.nn as nn
 
-from .ernie_config import ernie_mtp_names
+from .checkpoint_families import UNSUPPORTED_HINTS, FamilySpec, get_family
 from .model_config import ModelConfig
+from .tensor_source import (
+    CheckpointSource,
+    MissingTensorError,
+    TensorShapeError,
+    TensorSource,
+    UnsupportedTensorError,
+)
 from .weight_refs import block_refs
 
 if TYPE_CHECKING:
     from .mtp_layer import MTPLayer
-
-#: What :class:`TensorSource` opens: a dict of arrays, a ``.safetensors`` file or a directory.
-CheckpointSource = str | os.PathLike[str] | Mapping[str, np.ndarray]
-
-
-class CheckpointError(ValueError):
-    """Base class of checkpoint loading errors; the message names the checkpoint tensor."""
-
-
-class MissingTensorError(CheckpointError):
-    """A tensor the model needs is not in the checkpoint."""
-
-
-class TensorShapeError(CheckpointError):
-    """A checkpoint tensor has the wrong shape (the message gives expected vs got)."""
-
-
-class UnsupportedTensorError(CheckpointError):
-    """The checkpoint has a tensor under the MTP prefix that this model cannot use
-    (MoE experts, MLA, q/k norms, a second MTP layer, ...)."""
-
-
-# ----------------------------------------------------------------------------- sources
-
-
-class TensorSource:
-    """Read-only name -> numpy array view of a checkpoint.
-
-    Args:
-        source: a ``dict`` of numpy arrays, a ``.safetensors`` file, or a directory whose
-            ``*.safetensors`` files (shards) are read together. Files are opened lazily with
-            ``safetensors.safe_open`` so only the tensors that are asked for are read.
-    """
-
-    def __init__(self, source: CheckpointSource):
-        self._arrays: Mapping[str, np.ndarray] | None = None
-        self._where: dict[str, str] = {}
-        if isinstance(source, Mapping):
-            self._arrays = source
-            self.description = "<dict>"
-            return
-        path = os.fspath(source)
-        if os.path.isdir(path):
-            files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-            if not files:
-                raise FileNotFoundError(f"no *.safetensors files in checkpoint directory {path!r}")
-        elif os.path.isfile(path):
-            files = [path]
-        else:
-            raise FileNotFoundError(f"checkpoint path {path!r} does not exist")
-        from safetensors import safe_open
-
-        for f in files:
-            with safe_open(f, framework="numpy") as handle:
-                for key in handle.keys():
-                    self._where[key] = f
-        self.description = path
-
-    def keys(self) -> list[str]:
-        return sorted(self._arrays.keys() if self._arrays is not None else self._where.keys())
-
-    def __contains__(self, name: str) -> bool:
-        return name in (self._arrays if self._arrays is not None else self._where)
-
-    def get(self, name: str) -> np.ndarray:
-        if name not in self:
-            raise MissingTensorError(f"checkpoint {self.description} has no tensor {name!r}")
-        if self._arrays is not None:
-            return np.asarray(self._arrays[name])
-        from safetensors import safe_open
-
-        with safe_open(self._where[name], framework="numpy") as handle:
-            return handle.get_tensor(name)
-
-
-# ----------------------------------------------------------------------------- family maps
-
-
-@dataclass(frozen=True)
-class FamilySpec:
-    """Where one model family keeps its MTP layer and how to read it.
-
-    Attributes:
-        name: family key (``"deepseek_v3"``, ...).
-        prefix: prefix of every MTP-owned tensor; ``{index}`` is the checkpoint layer index.
-        index_regex: regex that finds ``{index}`` among checkpoint names (families whose MTP
-            layer sits at ``model.layers.{num_hidden_layers}``); ``None`` if fixed.
-        fusion: our parameter name -> checkpoint name (relative to ``prefix``) for
-            ``enorm``, ``hnorm``, ``eh_proj`` and the final ``norm``. A name starting with
-            ``/`` is absolute (ERNIE's final norm is the main model's ``ernie.norm``).
-        block: prefix of the decoder block, relative to ``prefix``.
-        torch_layout: Linear weights stored ``[out, in]``; transposed on load.
-        concat_order: ``"emb_first"`` or ``"hidden_first"`` (MiMo).
-        final_norm: ``"in_forward"`` or ``"in_logits"`` (see ``ModelConfig.mtp_final_norm``).
-        hidden_state: the target hidden state the family's MTP layer consumes.
-        norm_offset: added to every RMSNorm weight on load (1.0 for Qwen3-Next, whose norms
-            compute ``x_normed * (1 + w)``).
-        embed: checkpoint names (absolute) that may hold the shared embedding, first found wins.
-        head: checkpoint names (absolute) that may hold the shared LM head.
-        owned_prefixes: absolute prefixes whose every tensor must be consumed (anything left
-            over is unsupported).
-    """
-
-    name: str
-    prefix: str
-    fusion: dict[str, str]
-    owned_prefixes: tuple[str, ...]
-    index_regex: str | None = None
-    block: str = ""
-    torch_layout: bool = True
-    concat_order: str = "emb_first"
-    final_norm: str = "in_forward"
-    hidden_state: str = "post_norm"
-    norm_offset: float = 0.0
-    embed: tuple[str, ...] = ("model.embed_tokens.weight",)
-    head: tuple[str, ...] = ("lm_head.weight",)
-
-
-def _fusion(enorm: str, hnorm: str, eh_proj: str, norm: str) -> dict[str, str]:
-    """:attr:`FamilySpec.fusion` from the checkpoint names of the four fusion tensors."""
-    return {"enorm": enorm, "hnorm": hnorm, "eh_proj": eh_proj, "norm": norm}
-
-
-def _deepseek_style(name: str) -> FamilySpec:
-    """DeepSeek-V3 and GLM-4.5: the MTP layer is ``model.layers.{num_hidden_layers}``."""
-    return FamilySpec(
-        name=name,
-        prefix="model.layers.{index}.",
-        index_regex=r"^model\.layers\.(\d+)\.enorm\.weight$",
-        fusion=_fusion("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight"),
-        final_norm="in_logits",
-        embed=("model.layers.{index}.embed_tokens.weight", "model.embed_tokens.weight"),
-        head=("model.layers.{index}.shared_head.head.weight", "lm_head.weight"),
-        owned_prefixes=("model.layers.{index}.",),
-    )
-
-
-def _ernie_style(name: str, prefix: str, torch_layout: bool) -> FamilySpec:
-    """ERNIE-4.5's MTP layer 0 (:func:`ernie_mtp_names`), Paddle layout (``ernie4_5``) or the
-    HuggingFace "-PT" folders' torch layout (``ernie4_5_pt``, LM head tied by default)."""
-    names = ernie_mtp_names(prefix, 0)
-    local = {part: names[part][len(prefix) :] for part in ("enorm", "hnorm", "eh_proj")}
-    return FamilySpec(
-        name=name,
-        prefix=prefix,
-        block=names["block"][len(prefix) :],
-        torch_layout=torch_layout,
-        embed=(f"{prefix}embed_tokens.weight",),
-        head=("lm_head.weight", f"{prefix}embed_tokens.weight")
-        if torch_layout
-        else ("lm_head.weight",),
-        owned_prefixes=(f"{prefix}mtp_",),
-        fusion=_fusion(local["enorm"], local["hnorm"], local["eh_proj"], "/" + names["norm"]),
-    )
-
-
-#: The supported checkpoint families (fields left out take :class:`FamilySpec`'s defaults).
-FAMILIES: dict[str, FamilySpec] = {
-    "ernie4_5": _ernie_style("ernie4_5", "ernie.", torch_layout=False),
-    "ernie4_5_pt": _ernie_style("ernie4_5_pt", "model.", torch_layout=True),
-    "deepseek_v3": _deepseek_style("deepseek_v3"),
-    "glm4_5": _deepseek_style("glm4_5"),
-    "qwen3_next": FamilySpec(
-        name="qwen3_next",
-        prefix="mtp.",
-        block="layers.0.",
-        norm_offset=1.0,
-        owned_prefixes=("mtp.",),
-        fusion=_fusion(
-            "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "fc.weight", "norm.weight"
-        ),
-    ),
-    "mimo": FamilySpec(
-        name="mimo",
-        prefix="model.mtp_layers.0.",
-        concat_order="hidden_first",
-        owned_prefixes=("model.mtp_layers.",),
-        fusion=_fusion(
-            "token_layernorm.weight",
-            "hidden_layernorm.weight",
-            "input_proj.weight",
-            "final_layernorm.weight",
-        ),
-    ),
-}
-
-_UNSUPPORTED_HINTS = (
-    ("experts", "MoE experts are out of scope: only dense SwiGLU MLP blocks are supported"),
-    ("mlp.gate.", "MoE routers are out of scope: only dense SwiGLU MLP blocks are supported"),
-    ("shared_expert", "MoE shared experts are out of scope"),
-    ("q_a_proj", "MLA attention is out of scope: only GQA q/k/v/o projections are supported"),
-    ("kv_a_proj", "MLA attention is out of scope: only GQA q/k/v/o projections are supported"),
-    ("kv_b_proj", "MLA attention is out of scope: only GQA q/k/v/o projections are supported"),
-    ("q_norm", "per-head q/k norms are out of scope"),
-    ("k_norm", "per-head q/k norms are out of scope"),
-)
-
-
-def get_family(family: str) -> FamilySpec:
-    """Return the :class:`FamilySpec` for ``family`` or raise ``ValueError`` listing them."""
-    if family not in FAMILIES:
-        raise ValueError(f"unknown checkpoint family {family!r}; supported: {sorted(FAMILIES)}")
-    return FAMILIES[family]
-
-
-def config_for_family(family: str, base: ModelConfig) -> ModelConfig:
-    """``base`` with the family's layout fields set: ``mtp_concat_order``,
-    ``mtp_final_norm`` and ``mtp_hidden_state``."""
-    spec = get_family(family)
-    return dataclasses.replace(
-        base,
-        mtp_concat_order=spec.concat_order,
-        mtp_final_norm=spec.final_norm,
-        mtp_hidden_state=spec.hidden_state,
-    )
-
-
-# ----------------------------------------------------------------------------- loading
 
 
 def _detect_index(spec: FamilySpec, src: TensorSource, layer_index: int | None) -> int | None:
     if spec.index_regex is None:
         if layer_index is not None:
             raise ValueError(
-                f"`layer_index` does not apply to family {spec.name!r} (its MTP prefix is fixed: {spec.prefix!r})"
+                f"`layer_index` does not apply to family {spec.name!r} (its MTP prefix is fixed: "
+                f"{spec.prefix!r})"
             )
         return None
     found = sorted(
@@ -267,18 +53,19 @@ def _detect_index(spec: FamilySpec, src: TensorSource, layer_index: int | None) 
         if layer_index not in found:
             raise MissingTensorError(
                 f"checkpoint {src.description} has no tensor "
-                f"{spec.prefix.format(index=layer_index) + spec.fusion['enorm']!r} "
-                f"(MTP layer index {layer_index}); MTP layers found at {found}"
+                f"{spec.prefix.format(index=layer_index) + spec.fusion['enorm']!r} (MTP layer "
+                f"index {layer_index}); MTP layers found at {found}"
             )
         return layer_index
     if not found:
         raise MissingTensorError(
-            f"checkpoint {src.description} has no MTP layer for family "
-            f"{spec.name!r}: no tensor matches {spec.index_regex!r}"
+            f"checkpoint {src.description} has no MTP layer for family {spec.name!r}: no tensor "
+            f"matches {spec.index_regex!r}"
         )
     if len(found) > 1:
         raise UnsupportedTensorError(
-            f"checkpoint {src.description} has MTP layers at indices {found}; exactly one MTP layer is supported"
+            f"checkpoint {src.description} has MTP layers at indices {found}; exactly one MTP "
+            "layer is supported"
         )
     return found[0]
 
@@ -383,7 +170,7 @@ def _check_layer_fits(model: MTPLayer, spec: FamilySpec) -> None:
     """Raises ``ValueError`` for a tensor-parallel shard or a config not in the family layout."""
     if getattr(model, "tensor_parallel_size", 1) > 1:
         raise ValueError(
-            f"load_mtp_weights loads an unsharded MTP layer; `model` is a tensor-parallel shard "
+            "load_mtp_weights loads an unsharded MTP layer; `model` is a tensor-parallel shard "
             f"(tensor_parallel_size={model.tensor_parallel_size})"
         )
     for field, want in (
@@ -447,11 +234,12 @@ def _reject_leftovers(plan: _Plan, spec: FamilySpec, fmt: Callable[[str], str]) 
     if leftovers:
         name = leftovers[0]
         hint = next(
-            (h for key, h in _UNSUPPORTED_HINTS if key in name),
+            (h for key, h in UNSUPPORTED_HINTS if key in name),
             "this tensor has no counterpart in the dense MTP layer",
         )
         raise UnsupportedTensorError(
-            f"checkpoint tensor {name!r} is not supported: {hint} ({len(leftovers)} unsupported tensor(s) in total)"
+            f"checkpoint tensor {name!r} is not supported: {hint} ({len(leftovers)} unsupported "
+            "tensor(s) in total)"
         )
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..config.validators import flag, integer
+
 #: The MLA shape keys that must be integers > 0.
 MLA_SIZES = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
@@ -22,9 +24,7 @@ def _int(raw: dict[str, Any], key: str, minimum: int) -> int:
     value = raw.get(key)
     if value is None:
         raise ValueError(f"config.json has no `{key}` (required for multi-head latent attention)")
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"config.json `{key}` must be an integer >= {minimum}, got {value!r}")
-    return value
+    return integer(value, f"config.json `{key}`", minimum)
 
 
 def mla_fields(raw: dict[str, Any]) -> dict[str, Any]:
@@ -41,9 +41,7 @@ def mla_fields(raw: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(
             f"config.json `qk_rope_head_dim` must be even for RoPE, got {sizes['qk_rope_head_dim']}"
         )
-    interleave = raw.get("rope_interleave", True)
-    if not isinstance(interleave, bool):
-        raise ValueError(f"config.json `rope_interleave` must be true or false, got {interleave!r}")
+    interleave = flag(raw.get("rope_interleave", True), "config.json `rope_interleave`")
     if raw.get("attention_bias"):
         raise ValueError(
             "config.json `attention_bias` true is not supported for multi-head latent attention"

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import typed_keys
+from ..config.validators import one_of
 
 #: Values accepted by :attr:`ModelConfig.mtp_hidden_state`.
 MTP_HIDDEN_STATES = ("post_norm", "pre_norm")
@@ -188,17 +189,15 @@ class ModelConfig:
             raise ValueError(
                 f"`num_nextn_predict_layers` must be >= 0, got {self.num_nextn_predict_layers}"
             )
-        if self.dtype not in MODEL_DTYPES:
-            raise ValueError(f"`dtype` must be one of {MODEL_DTYPES}, got {self.dtype!r}")
-        if self.rope_scaling is not None and self.rope_scaling.get("rope_type") not in ROPE_TYPES:
-            raise ValueError(
-                f"`rope_scaling.rope_type` must be one of {ROPE_TYPES}, got {self.rope_scaling.get('rope_type')!r}"
-            )
+        one_of(self.dtype, MODEL_DTYPES, "`dtype`")
+        if self.rope_scaling is not None:
+            one_of(self.rope_scaling.get("rope_type"), ROPE_TYPES, "`rope_scaling.rope_type`")
         if self.num_hidden_layers < 0:
             raise ValueError(f"`num_hidden_layers` must be >= 0, got {self.num_hidden_layers}")
         if self.ori_vocab_size > self.vocab_size:
             raise ValueError(
-                f"`ori_vocab_size` ({self.ori_vocab_size}) must be <= `vocab_size` ({self.vocab_size})"
+                f"`ori_vocab_size` ({self.ori_vocab_size}) must be <= "
+                f"`vocab_size` ({self.vocab_size})"
             )
         if self.num_attention_heads % self.num_key_value_heads != 0:
             raise ValueError(
@@ -207,28 +206,14 @@ class ModelConfig:
             )
         if self.head_dim % 2 != 0:
             raise ValueError(f"`head_dim` must be even for RoPE, got {self.head_dim}")
-        if self.mtp_hidden_state not in MTP_HIDDEN_STATES:
-            raise ValueError(
-                f"`mtp_hidden_state` must be one of {MTP_HIDDEN_STATES}, got {self.mtp_hidden_state!r}"
-            )
-        if self.mtp_concat_order not in MTP_CONCAT_ORDERS:
-            raise ValueError(
-                f"`mtp_concat_order` must be one of {MTP_CONCAT_ORDERS}, got {self.mtp_concat_order!r}"
-            )
-
-        if self.mtp_final_norm not in MTP_FINAL_NORMS:
-            raise ValueError(
-                f"`mtp_final_norm` must be one of {MTP_FINAL_NORMS}, got {self.mtp_final_norm!r}"
-            )
-
+        one_of(self.mtp_hidden_state, MTP_HIDDEN_STATES, "`mtp_hidden_state`")
+        one_of(self.mtp_concat_order, MTP_CONCAT_ORDERS, "`mtp_concat_order`")
+        one_of(self.mtp_final_norm, MTP_FINAL_NORMS, "`mtp_final_norm`")
         self._validate_attention()
         self._validate_moe()
 
     def _validate_attention(self) -> None:
-        if self.attention_type not in ATTENTION_TYPES:
-            raise ValueError(
-                f"`attention_type` must be one of {ATTENTION_TYPES}, got {self.attention_type!r}"
-            )
+        one_of(self.attention_type, ATTENTION_TYPES, "`attention_type`")
         if not 0.0 < float(self.partial_rotary_factor) <= 1.0:
             raise ValueError(
                 f"`partial_rotary_factor` must be in (0, 1], got {self.partial_rotary_factor}"
@@ -258,7 +243,8 @@ class ModelConfig:
                 )
             if self.head_dim != self.qk_rope_head_dim:
                 raise ValueError(
-                    f"`head_dim` ({self.head_dim}) must equal `qk_rope_head_dim` ({self.qk_rope_head_dim}) for MLA"
+                    f"`head_dim` ({self.head_dim}) must equal "
+                    f"`qk_rope_head_dim` ({self.qk_rope_head_dim}) for MLA"
                 )
             if self.q_lora_rank < 0:
                 raise ValueError(
@@ -287,14 +273,8 @@ class ModelConfig:
             raise ValueError(
                 f"`topk_group` must be in [1, n_group={self.n_group}], got {self.topk_group}"
             )
-        if self.scoring_func not in SCORING_FUNCS:
-            raise ValueError(
-                f"`scoring_func` must be one of {SCORING_FUNCS}, got {self.scoring_func!r}"
-            )
-        if self.topk_method not in TOPK_METHODS:
-            raise ValueError(
-                f"`topk_method` must be one of {TOPK_METHODS}, got {self.topk_method!r}"
-            )
+        one_of(self.scoring_func, SCORING_FUNCS, "`scoring_func`")
+        one_of(self.topk_method, TOPK_METHODS, "`topk_method`")
         if self.moe_layer_interval < 0 or self.moe_norm_min < 0:
             raise ValueError("`moe_layer_interval` and `moe_norm_min` must be >= 0")
 

@@ -42,7 +42,8 @@ import paddle.nn.functional as F
 
 from .. import distributed
 from .model_config import ModelConfig
-from .parallel_layers import ColumnParallelLinear, RowParallelLinear
+from .parallel_layers import RowParallelLinear
+from .swiglu import SwiGLUMLP
 
 
 class _PartialRowLinear(RowParallelLinear):
@@ -53,20 +54,13 @@ class _PartialRowLinear(RowParallelLinear):
         return paddle.matmul(x, self.weight)
 
 
-class ExpertMLP(nn.Layer):
+class ExpertMLP(SwiGLUMLP):
     """One SwiGLU expert ``down_proj(silu(gate_proj(x)) * up_proj(x))``: gate/up ``[H, I/tp]``,
     down ``[I/tp, H]`` (this rank's slice). ``x [n, H]`` -> ``[n, H]``, this rank's partial
     sum (not reduced over the ranks)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, tensor_parallel_size: int = 1):
-        super().__init__()
-        tp = tensor_parallel_size
-        self.gate_proj = ColumnParallelLinear(hidden_size, intermediate_size, tp)
-        self.up_proj = ColumnParallelLinear(hidden_size, intermediate_size, tp)
-        self.down_proj = _PartialRowLinear(intermediate_size, hidden_size, tp)
-
-    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        super().__init__(hidden_size, intermediate_size, tensor_parallel_size, _PartialRowLinear)
 
 
 class MoEGate(nn.Layer):
@@ -159,8 +153,9 @@ class MoEMLP(nn.Layer):
             raise ValueError("MoEMLP needs `n_routed_experts` > 0")
         if config.topk_method == "noaux_tc" and config.n_routed_experts // config.n_group < 2:
             raise ValueError(
-                f"`topk_method` 'noaux_tc' scores a group by its best two experts: "
-                f"`n_routed_experts / n_group` must be >= 2, got {config.n_routed_experts // config.n_group}"
+                "`topk_method` 'noaux_tc' scores a group by its best two experts: "
+                "`n_routed_experts / n_group` must be >= 2, got "
+                f"{config.n_routed_experts // config.n_group}"
             )
         check_moe_tensor_parallel(config, tensor_parallel_size)
         h, inter, tp = config.hidden_size, config.moe_intermediate_size, tensor_parallel_size

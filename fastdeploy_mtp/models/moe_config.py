@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..config.validators import flag, given, integer, positive_number
 from .model_config import SCORING_FUNCS, TOPK_METHODS
 
 #: Per family, the value of each MoE key when ``config.json`` lacks it (transformers'
@@ -19,13 +20,13 @@ from .model_config import SCORING_FUNCS, TOPK_METHODS
 MOE_DEFAULTS: dict[str, dict[str, Any]] = {
     "deepseek_v3": dict(
         n_routed_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048, n_shared_experts=1,
-        n_group=8, topk_group=4, routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=3,
-        scoring_func="sigmoid", topk_method="noaux_tc",
+        n_group=8, topk_group=4, routed_scaling_factor=2.5, norm_topk_prob=True,
+        first_k_dense_replace=3, scoring_func="sigmoid", topk_method="noaux_tc",
     ),
     "glm4_moe": dict(
         n_routed_experts=128, num_experts_per_tok=8, moe_intermediate_size=1408, n_shared_experts=1,
-        n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=True, first_k_dense_replace=1,
-        scoring_func="sigmoid", topk_method="noaux_tc",
+        n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=True,
+        first_k_dense_replace=1, scoring_func="sigmoid", topk_method="noaux_tc",
     ),
 }  # fmt: skip
 
@@ -36,22 +37,12 @@ _INT_MINIMUM = dict(
 )  # fmt: skip
 
 
-def _value(raw: dict[str, Any], key: str, default: Any) -> Any:
-    value = raw.get(key)
-    return default if value is None else value
-
-
 def _int(raw: dict[str, Any], key: str, default: int) -> int:
-    value = _value(raw, key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"config.json `{key}` must be an integer, got {value!r}")
-    if value < _INT_MINIMUM[key]:
-        raise ValueError(f"config.json `{key}` must be >= {_INT_MINIMUM[key]}, got {value}")
-    return value
+    return integer(given(raw, key, default), f"config.json `{key}`", _INT_MINIMUM[key])
 
 
 def _choice(raw: dict[str, Any], key: str, default: str, allowed: tuple[str, ...]) -> str:
-    value = _value(raw, key, default)
+    value = given(raw, key, default)
     if value not in allowed:
         raise ValueError(
             f"config.json `{key}` {value!r} is not supported; supported: {list(allowed)}"
@@ -70,14 +61,8 @@ def moe_fields(raw: dict[str, Any], family: str) -> dict[str, Any]:
     """
     defaults = MOE_DEFAULTS[family]
     fields: dict[str, Any] = {key: _int(raw, key, defaults[key]) for key in _INT_MINIMUM}
-    scale = _value(raw, "routed_scaling_factor", defaults["routed_scaling_factor"])
-    if isinstance(scale, bool) or not isinstance(scale, int | float) or not scale > 0:
-        raise ValueError(f"config.json `routed_scaling_factor` must be a number > 0, got {scale!r}")
-    fields["routed_scaling_factor"] = float(scale)
-    norm = _value(raw, "norm_topk_prob", defaults["norm_topk_prob"])
-    if not isinstance(norm, bool):
-        raise ValueError(f"config.json `norm_topk_prob` must be true or false, got {norm!r}")
-    fields["norm_topk_prob"] = norm
+    for key, check in (("routed_scaling_factor", positive_number), ("norm_topk_prob", flag)):
+        fields[key] = check(given(raw, key, defaults[key]), f"config.json `{key}`")
     fields["scoring_func"] = _choice(raw, "scoring_func", defaults["scoring_func"], SCORING_FUNCS)
     fields["topk_method"] = _choice(raw, "topk_method", defaults["topk_method"], TOPK_METHODS)
     _check_routing(fields)
@@ -99,13 +84,13 @@ def _check_routing(fields: dict[str, Any]) -> None:
         raise ValueError(f"config.json `topk_group` ({kept}) must be <= `n_group` ({groups})")
     if fields["topk_method"] == "noaux_tc" and e // groups < 2:
         raise ValueError(
-            f"config.json `n_group` ({groups}) leaves groups of one expert; "
-            "`noaux_tc` scores a group by its best two experts"
+            f"config.json `n_group` ({groups}) leaves groups of one expert; `noaux_tc` scores a "
+            "group by its best two experts"
         )
     if fields["topk_method"] != "greedy" and kept * (e // groups) < k:
         raise ValueError(
-            f"config.json `topk_group` ({kept}) keeps {kept * (e // groups)} experts, "
-            f"fewer than `num_experts_per_tok` ({k})"
+            f"config.json `topk_group` ({kept}) keeps {kept * (e // groups)} experts, fewer than "
+            f"`num_experts_per_tok` ({k})"
         )
 
 
@@ -120,15 +105,12 @@ def glm_fields(raw: dict[str, Any]) -> dict[str, Any]:
     """
     fields: dict[str, Any] = {}
     for key, field in (("attention_bias", "attention_bias"), ("use_qk_norm", "qk_norm")):
-        value = _value(raw, key, False)
-        if not isinstance(value, bool):
-            raise ValueError(f"config.json `{key}` must be true or false, got {value!r}")
-        fields[field] = value
+        fields[field] = flag(given(raw, key, False), f"config.json `{key}`")
     rope: Any = raw.get("rope_parameters")
     if not isinstance(rope, dict):
         rope = raw.get("rope_scaling")
     rope = rope if isinstance(rope, dict) else {}
-    factor = rope.get("partial_rotary_factor", _value(raw, "partial_rotary_factor", 0.5))
+    factor = rope.get("partial_rotary_factor", given(raw, "partial_rotary_factor", 0.5))
     if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1:
         raise ValueError(
             f"config.json `partial_rotary_factor` must be a number in (0, 1], got {factor!r}"

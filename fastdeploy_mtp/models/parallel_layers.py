@@ -44,14 +44,15 @@ def check_tensor_parallel(
         raise ValueError(f"`tensor_parallel_size` must be >= 1, got {tensor_parallel_size}")
     if not 0 <= tensor_parallel_rank < tensor_parallel_size:
         raise ValueError(
-            f"`tensor_parallel_rank` must be in [0, {tensor_parallel_size}), got {tensor_parallel_rank}"
+            f"`tensor_parallel_rank` must be in [0, {tensor_parallel_size}), got "
+            f"{tensor_parallel_rank}"
         )
     for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size"):
         value = int(getattr(config, name))
         if value % tensor_parallel_size != 0:
             raise ValueError(
-                f"`{name}` ({value}) is not divisible by `tensor_parallel_size` ({tensor_parallel_size}): "
-                f"each rank must hold {name}/tensor_parallel_size"
+                f"`{name}` ({value}) is not divisible by `tensor_parallel_size` "
+                f"({tensor_parallel_size}): each rank must hold {name}/tensor_parallel_size"
             )
 
 

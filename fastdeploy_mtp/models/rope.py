@@ -6,7 +6,8 @@ The formulas follow the published methods as HuggingFace transformers computes t
 
 - ``default``: ``theta ** (-2i / d)``.
 - ``linear``: the default frequencies divided by ``factor`` (positions / factor).
-- ``dynamic`` (NTK-aware): the base becomes ``theta * (factor * L / M - (factor - 1)) ** (d / (d - 2))``
+- ``dynamic`` (NTK-aware): the base becomes ``theta * (factor * L / M - (factor - 1)) ** (d / (d -
+2))``
   for a sequence of ``L > M = max_position_embeddings`` tokens. Our table is precomputed for
   ``M`` positions and a position past it is refused, so the longest sequence the table serves
   has ``L = M``, where the base is unchanged: ``dynamic`` rotates exactly like ``default``
@@ -111,7 +112,8 @@ def rope_frequencies(rope: RopeSpec) -> tuple[np.ndarray, float]:
     """``(inv_freq [head_dim / 2] float64, attention_factor)`` of ``rope``.
 
     Raises:
-        ValueError: a parameter the ``rope_type`` needs is missing (named as ``rope_scaling.<key>``).
+        ValueError: a parameter the ``rope_type`` needs is missing (named as
+        ``rope_scaling.<key>``).
     """
     dim = rope.head_dim
     base_inv = 1.0 / (rope.theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))

@@ -12,9 +12,10 @@ import paddle
 import paddle.nn.functional as F
 
 from ..constants import NO_BLOCK_ID
-from .attention import causal_bias
-from .forward_meta import make_forward_meta
+from .dense_attention import causal_bias
+from .folder_inspection import ASSETS_DIR
 from .hf_config import UnsupportedModelError
+from .host_forward_meta import make_forward_meta
 from .loading import state_to_numpy
 from .model_config import ModelConfig
 from .model_folder import load_model
@@ -22,7 +23,6 @@ from .mtp_layer import MTPLayer, MTPStack
 from .target import TinyTargetModel
 
 #: Directory of the shipped checkpoint.
-ASSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.json"

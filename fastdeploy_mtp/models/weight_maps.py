@@ -15,13 +15,13 @@ and whether the checkpoint stores it transposed, torch's ``[out, in]``).
   ``model.mtp_hidden_norm.{k}``, ``model.mtp_linear_proj.{k}`` and ``model.mtp_block.{k}.<block>``;
   the MTP layer's final norm is the target's ``model.norm`` (read twice).
 
-The MTP fusion names come from :data:`~fastdeploy_mtp.models.loading.FAMILIES`.
+The MTP fusion names come from :data:`~fastdeploy_mtp.models.checkpoint_families.FAMILIES`.
 """
 
 from __future__ import annotations
 
+from .checkpoint_families import FAMILIES
 from .ernie_config import ERNIE_FAMILIES, ernie_mtp_names
-from .loading import FAMILIES
 from .model_config import TINY_MODEL_TYPE, ModelConfig
 from .weight_refs import WeightRef, block_refs
 
@@ -29,14 +29,25 @@ from .weight_refs import WeightRef, block_refs
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def _tiny_map(config: ModelConfig) -> list[WeightRef]:
+def _target_map(config: ModelConfig, prefix: str, torch_layout: bool) -> list[WeightRef]:
+    """The target's tensors: the embedding, the decoder blocks and the final norm under
+    ``prefix`` (``""`` in the tiny layout, ``"model."`` in HuggingFace's), and the LM head
+    unless it is tied (``torch_layout``: stored ``[out, in]``)."""
     h, v = config.hidden_size, config.vocab_size
-    refs = [WeightRef("target", "embed_tokens.weight", "embed_tokens.weight", (v, h))]
+    refs = [WeightRef("target", "embed_tokens.weight", f"{prefix}embed_tokens.weight", (v, h))]
     for i in range(config.num_hidden_layers):
-        refs += block_refs(config, "target", f"layers.{i}.", f"layers.{i}.", False, i)
-    refs.append(WeightRef("target", "norm.weight", "norm.weight", (h,)))
+        refs += block_refs(
+            config, "target", f"layers.{i}.", f"{prefix}layers.{i}.", torch_layout, i
+        )
+    refs.append(WeightRef("target", "norm.weight", f"{prefix}norm.weight", (h,)))
     if not config.tie_word_embeddings:
-        refs.append(WeightRef("target", "lm_head.weight", "lm_head.weight", (h, v)))
+        refs.append(WeightRef("target", "lm_head.weight", "lm_head.weight", (h, v), torch_layout))
+    return refs
+
+
+def _tiny_map(config: ModelConfig) -> list[WeightRef]:
+    h = config.hidden_size
+    refs = _target_map(config, "", torch_layout=False)
     n = config.num_nextn_predict_layers
     for k in range(n):
         ours, layer = (f"layers.{k}." if n > 1 else ""), config.num_hidden_layers + k
@@ -58,13 +69,8 @@ def _mtp_prefix(config: ModelConfig, k: int) -> str:
 
 
 def _hf_map(config: ModelConfig) -> list[WeightRef]:
-    h, v = config.hidden_size, config.vocab_size
-    refs = [WeightRef("target", "embed_tokens.weight", "model.embed_tokens.weight", (v, h))]
-    for i in range(config.num_hidden_layers):
-        refs += block_refs(config, "target", f"layers.{i}.", f"model.layers.{i}.", True, i)
-    refs.append(WeightRef("target", "norm.weight", "model.norm.weight", (h,)))
-    if not config.tie_word_embeddings:
-        refs.append(WeightRef("target", "lm_head.weight", "lm_head.weight", (h, v), True))
+    h = config.hidden_size
+    refs = _target_map(config, "model.", torch_layout=True)
     fusion = FAMILIES["mimo" if config.model_type == "mimo" else "deepseek_v3"].fusion
     n = config.num_nextn_predict_layers
     if config.model_type in ERNIE_FAMILIES:
@@ -82,7 +88,8 @@ def _hf_map(config: ModelConfig) -> list[WeightRef]:
 
 
 def _ernie_mtp_refs(config: ModelConfig, k: int) -> list[WeightRef]:
-    """MTP layer ``k`` of an ERNIE-4.5 "-PT" folder (:func:`~fastdeploy_mtp.models.ernie_config.ernie_mtp_names`)."""
+    """MTP layer ``k`` of an ERNIE-4.5 "-PT" folder
+    (:func:`~fastdeploy_mtp.models.ernie_config.ernie_mtp_names`)."""
     h, names = config.hidden_size, ernie_mtp_names("model.", k)
     ours = f"layers.{k}." if config.num_nextn_predict_layers > 1 else ""
     refs = [
@@ -102,7 +109,8 @@ def weight_map(config: ModelConfig) -> list[WeightRef]:
 def ignorable(config: ModelConfig, name: str) -> bool:
     """A checkpoint tensor the model does not read but that is expected in the folder:
     recomputed buffers and the duplicate embedding / LM head DeepSeek-style MTP layers carry
-    (``model.layers.{N + k}.embed_tokens`` / ``shared_head.head``; loaded once, from the target's)."""
+    (``model.layers.{N + k}.embed_tokens`` / ``shared_head.head``; loaded once, from the
+    target's)."""
     if name.endswith(IGNORED_SUFFIXES):
         return True
     spec = FAMILIES["deepseek_v3"]

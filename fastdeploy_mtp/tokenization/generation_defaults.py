@@ -11,6 +11,8 @@ import numbers
 import os
 from typing import Any
 
+from ..config.validators import integer, number
+
 GENERATION_CONFIG_FILE = "generation_config.json"
 
 #: ``generation_config.json`` keys read as sampling defaults, with their types.
@@ -46,13 +48,7 @@ class GenerationDefaults:
 def _number(value: Any, key: str, path: str, integral: bool) -> float | int | None:
     if value is None:
         return None
-    ok = isinstance(value, numbers.Integral if integral else numbers.Real) and not isinstance(
-        value, bool
-    )
-    if not ok:
-        kind = "an integer" if integral else "a number"
-        raise ValueError(f"{path}: `{key}` must be {kind}, got {value!r}")
-    return int(value) if integral else float(value)
+    return (integer if integral else number)(value, f"{path}: `{key}`")
 
 
 def _eos_ids(value: Any, path: str) -> list[int]:

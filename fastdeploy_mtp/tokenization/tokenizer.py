@@ -154,8 +154,8 @@ class Tokenizer:
         """
         if self.chat_template is None:
             raise ValueError(
-                f"{self.source}: no chat template ({TOKENIZER_CONFIG_FILE} has no `chat_template` and there is no "
-                f"{CHAT_TEMPLATE_FILE})"
+                f"{self.source}: no chat template ({TOKENIZER_CONFIG_FILE} has no `chat_template` "
+                f"and there is no {CHAT_TEMPLATE_FILE})"
             )
         return render_chat_template(
             self.chat_template,

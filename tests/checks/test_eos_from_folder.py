@@ -14,7 +14,7 @@ from fastdeploy_mtp.capacity import NO_EOS, end_tokens
 from fastdeploy_mtp.checks.reference import Reference
 from fastdeploy_mtp.config import SpeculativeConfig
 from fastdeploy_mtp.entrypoints.offline import run_requests
-from fastdeploy_mtp.models.model_folder import inspect_model_folder
+from fastdeploy_mtp.models.folder_inspection import inspect_model_folder
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 from fastdeploy_mtp.serving.engine_client.engine_loop import finish_reason_of
 from tests.support import hf_folders

@@ -8,6 +8,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from fastdeploy_mtp.models import load_model  # noqa: E402
 from tests.support.models import build_models, small_config  # noqa: E402
 
 
@@ -19,3 +20,9 @@ def config():
 @pytest.fixture
 def models(config):
     return build_models(config)
+
+
+@pytest.fixture(scope="module")
+def loaded(folder):
+    """(target, mtp, config) of the module's ``folder`` fixture (a model folder's info)."""
+    return load_model(folder.path)

@@ -43,7 +43,8 @@ def _check(name, run, want, k):
         c = compare(ours, theirs)
         assert c.tokens_equal, f"{name} K={k} prompt {i}: tokens differ from transformers'"
         assert c.first_diff is None, (
-            f"{name} K={k} prompt {i}: round {c.first_diff} differs: ours {c.ours}, reference {c.theirs}"
+            f"{name} K={k} prompt {i}: round {c.first_diff} differs: ours {c.ours}, reference "
+            f"{c.theirs}"
         )
 
 

@@ -17,18 +17,14 @@ import paddle
 import pytest
 import transformers  # noqa: F401  (a test dependency: the comparison must run, never skip)
 
-from fastdeploy_mtp.models import greedy_generate, load_model
+from fastdeploy_mtp.models import load_model
+from fastdeploy_mtp.models.folder_inspection import inspect_model_folder
 from fastdeploy_mtp.models.hf_config import UnsupportedModelError, translate_config
 from fastdeploy_mtp.models.layers import apply_rope
-from fastdeploy_mtp.models.model_folder import inspect_model_folder
 from fastdeploy_mtp.models.moe import MoEMLP
-from tests.support import hf_ernie_folders as ernie
+from tests.support import folder_checks, hf_ernie_folders as ernie
 from tests.support.engines import check_k1_rounds_against_transformers
-from tests.support.folder_checks import (
-    assert_two_ranks_hold_their_expert_slices,
-    prefill,
-    relative_error,
-)
+from tests.support.folder_checks import prefill, relative_error
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 200, 33, 1, 77, 150, 9, 260, 31]
 RTOL = 1e-4
@@ -105,9 +101,13 @@ def test_config_translates_ernie_keys(folder, loaded):
         config.moe_layer_end_index,
         config.moe_layer_interval,
     ) == (start, 2, 1)
-    assert (config.scoring_func, config.topk_method, config.n_group, config.routed_scaling_factor) == (
-        "softmax", "noaux_tc", 1, 1.0
-    )  # fmt: skip
+    routing = (
+        config.scoring_func,
+        config.topk_method,
+        config.n_group,
+        config.routed_scaling_factor,
+    )
+    assert routing == ("softmax", "noaux_tc", 1, 1.0)
     assert [isinstance(b.mlp, MoEMLP) for b in target.layers] == [i >= start for i in range(3)]
     # MTP layer 0 is built as decoder layer 0 of transformers' MTP config
     assert isinstance(mtp.mtp_block.mlp, MoEMLP) == (start == 0)
@@ -117,11 +117,8 @@ def test_config_translates_ernie_keys(folder, loaded):
 def test_target_logits_and_greedy_tokens_match_transformers(folder, loaded):
     target, _, _ = loaded
     hidden = prefill(target, PROMPT)
-    want = ernie.reference_logits(folder.path, [PROMPT])[0]
-    assert relative_error(target.compute_logits(hidden).numpy(), want) <= RTOL
-    assert relative_error(hidden.numpy(), ernie.reference_hidden(folder.path, [PROMPT])[0]) <= RTOL
-    assert greedy_generate(target, PROMPT[:6], 12) == ernie.reference_greedy(
-        folder.path, PROMPT[:6], 12
+    folder_checks.assert_target_matches_transformers(
+        target, hidden, folder.path, PROMPT, RTOL, greedy=ernie.reference_greedy
     )
 
 
@@ -175,7 +172,7 @@ def test_tensor_parallel_ranks_hold_their_expert_slices(tmp_path_factory):
     """The case whose MTP block has experts: every expert slice of target and MTP layer."""
     folder, (full, full_mtp, _) = _built(MOE_MTP_CASE, tmp_path_factory)
     assert folder.config["moe_layer_start_index"] == 0
-    assert_two_ranks_hold_their_expert_slices(folder.path, full, full_mtp)
+    folder_checks.assert_two_ranks_hold_their_expert_slices(folder.path, full, full_mtp)
 
 
 # ---- translation without a folder ----------------------------------------------------------
@@ -184,7 +181,8 @@ def test_tensor_parallel_ranks_hold_their_expert_slices(tmp_path_factory):
 def _raw(moe: bool, **overrides):
     raw = {
         "architectures": [ernie.ARCHITECTURES[moe]], "hidden_size": 64, "num_hidden_layers": 4,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 300,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+        "vocab_size": 300,
     }  # fmt: skip
     raw.update(overrides)
     return {k: v for k, v in raw.items() if v is not None}
@@ -203,9 +201,8 @@ def test_absent_keys_take_transformers_defaults():
         moe.tie_word_embeddings,
         moe.num_nextn_predict_layers,
     ) == (16, 1e4, False, 1)
-    assert (moe.n_routed_experts, moe.num_experts_per_tok, moe.moe_intermediate_size, moe.n_shared_experts) == (
-        64, 6, 1536, 2
-    )  # fmt: skip
+    experts = (moe.n_routed_experts, moe.num_experts_per_tok, moe.moe_intermediate_size)
+    assert (*experts, moe.n_shared_experts) == (64, 6, 1536, 2)
     assert (moe.moe_layer_start_index, moe.moe_layer_end_index, moe.moe_layer_interval) == (1, 3, 1)
     interval = translate_config(
         _raw(True, moe_layer_interval=2, moe_layer_end_index=2, moe_layer_start_index=0), "i"

@@ -19,12 +19,18 @@ VOCAB_PARAMS = {("target", "embed_tokens.weight"): 0, ("target", "lm_head.weight
 
 def _config(**over) -> ModelConfig:
     fields = dict(
-        model_type="deepseek_v3", vocab_size=264, ori_vocab_size=256, hidden_size=32, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, head_dim=8, intermediate_size=48, max_position_embeddings=128,
-        num_nextn_predict_layers=1, attention_type="mla", q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8,
-        qk_rope_head_dim=8, v_head_dim=8, rope_interleave=True, n_routed_experts=4, num_experts_per_tok=2,
-        moe_intermediate_size=16, n_shared_experts=1, n_group=2, topk_group=1, routed_scaling_factor=2.5,
-        norm_topk_prob=True, first_k_dense_replace=1, scoring_func="sigmoid", topk_method="noaux_tc",
+        model_type="deepseek_v3", vocab_size=264, ori_vocab_size=256, hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=8, intermediate_size=48,
+        max_position_embeddings=128,
+        num_nextn_predict_layers=1, attention_type="mla", q_lora_rank=16, kv_lora_rank=16,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=8, v_head_dim=8, rope_interleave=True, n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16, n_shared_experts=1, n_group=2, topk_group=1,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True, first_k_dense_replace=1, scoring_func="sigmoid",
+        topk_method="noaux_tc",
         mtp_mask_first_position=True,
     )  # fmt: skip
     fields.update(over)
@@ -96,9 +102,12 @@ def test_folder_has_released_deepseek_v3_names(tmp_path):
     )
     names = set(load_file(str(tmp_path / "model.safetensors")))
     mtp = "model.layers.2."
-    for name in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight", "embed_tokens.weight",
-                 "shared_head.head.weight", "mlp.experts.3.down_proj.weight", "mlp.gate.e_score_correction_bias",
-                 "self_attn.kv_a_proj_with_mqa.weight"):  # fmt: skip
+    owned = (
+        "enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight",
+        "embed_tokens.weight", "shared_head.head.weight", "mlp.experts.3.down_proj.weight",
+        "mlp.gate.e_score_correction_bias", "self_attn.kv_a_proj_with_mqa.weight",
+    )  # fmt: skip
+    for name in owned:
         assert mtp + name in names, name
     assert "model.layers.1.mlp.experts.0.gate_proj.weight" in names
     assert "model.layers.0.mlp.gate_proj.weight" in names  # first_k_dense_replace = 1
@@ -124,8 +133,8 @@ def test_transformers_reads_the_folder_with_the_same_logits(tmp_path):
 
 def test_configs_the_folder_cannot_express_are_refused(tmp_path):
     with pytest.raises(ValueError, match="mtp_hidden_state"):
-        save_model_folder(str(tmp_path / "a"), *_random_models(_config(mtp_hidden_state="pre_norm")),
-                          _config(mtp_hidden_state="pre_norm"))  # fmt: skip
+        pre_norm = _config(mtp_hidden_state="pre_norm")
+        save_model_folder(str(tmp_path / "a"), *_random_models(pre_norm), pre_norm)
     tiny = ModelConfig()
     with pytest.raises(ValueError, match="fastdeploy_mtp_tiny"):
         save_model_folder(str(tmp_path / "b"), *_random_models(tiny), tiny)

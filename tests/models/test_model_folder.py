@@ -22,6 +22,7 @@ from safetensors.numpy import load_file, save_file  # noqa: E402
 from fastdeploy_mtp.models import (  # noqa: E402
     ASSETS_DIR,
     UnsupportedModelError,
+    folder_inspection,
     inspect_model_folder,
     load_model,
     load_tiny,
@@ -91,8 +92,10 @@ def refusal(folder: Path, pattern: str) -> str:
 CONFIG_REFUSALS = {
     "architecture": (
         {"architectures": ["GPT2LMHeadModel"]},
-        r"`architectures` 'GPT2LMHeadModel' is not supported; supported: \['DeepseekV3ForCausalLM', "
-        r"'Ernie4_5ForCausalLM', 'Ernie4_5_MoeForCausalLM', 'FastDeployMTPTinyForCausalLM', 'Glm4MoeForCausalLM', "
+        r"`architectures` 'GPT2LMHeadModel' is not supported; supported: "
+        r"\['DeepseekV3ForCausalLM', "
+        r"'Ernie4_5ForCausalLM', 'Ernie4_5_MoeForCausalLM', 'FastDeployMTPTinyForCausalLM', "
+        r"'Glm4MoeForCausalLM', "
         r"'LlamaForCausalLM', 'MiMoForCausalLM', 'Qwen2ForCausalLM', 'Qwen3ForCausalLM'\]",
     ),
     "no_architectures": ({"architectures": None}, r"config.json has no `architectures` list"),
@@ -249,7 +252,7 @@ def test_half_precision_folder_runs_as_float32_on_cpu_unless_asked_for_explicitl
     assert inspect_model_folder(info.path, dtype="float32").dtype == "float32"
     if paddle.get_device().startswith("cpu"):
         # auto: the config's bfloat16 has no CPU matmul, so it is widened, and the plan says so
-        plan = model_folder.inspect_folder(info.path)
+        plan = folder_inspection.inspect_folder(info.path)
         assert plan.config.dtype == "float32"
         assert plan.note is not None and "bfloat16 weights run as float32" in plan.note
         # asked for explicitly: refused before any weight is read
@@ -376,7 +379,8 @@ MEASURE = textwrap.dedent(
     target, mtp, config = load_model(sys.argv[1], progress=False)
     seconds = time.perf_counter() - t0
     peak = status_kb("VmHWM")
-    print(json.dumps({"base_kb": base, "peak_kb": peak, "seconds": seconds, "layers": config.num_hidden_layers}))
+    layers = config.num_hidden_layers
+    print(json.dumps({"base_kb": base, "peak_kb": peak, "seconds": seconds, "layers": layers}))
     """
 )
 
@@ -399,7 +403,8 @@ def test_peak_memory_while_loading_a_sharded_folder(tmp_path):
     above = (got["peak_kb"] - got["base_kb"]) * 1024
     print(
         f"\nload_model: {weight_bytes / 1e6:.0f} MB of float32 weights in {got['seconds']:.2f} s; "
-        f"peak RSS {above / 1e6:.0f} MB above the post-import baseline ({above / weight_bytes:.2f}x the weights)"
+        f"peak RSS {above / 1e6:.0f} MB above the post-import baseline "
+        f"({above / weight_bytes:.2f}x the weights)"
     )
     assert got["layers"] == 4
     assert above < 1.3 * weight_bytes
@@ -437,8 +442,9 @@ def test_half_precision_parameters_are_filled_from_any_stored_dtype(tmp_path):
     info = hf_folders.make_folder(
         tmp_path / "f16", "llama", num_mtp_layers=1, dtype="float16", sharded=True
     )
-    # bfloat16 parameters build on the CPU (only their matmul is missing), so the filling is testable here
-    plan = model_folder.inspect_folder(info.path, dtype="float32")
+    # bfloat16 parameters build on the CPU (only their matmul is missing), so the filling is
+    # testable here
+    plan = folder_inspection.inspect_folder(info.path, dtype="float32")
     target, mtp = model_folder.build_models(dataclasses.replace(plan.config, dtype="bfloat16"))
     owners = {"target": dict(target.named_parameters()), "mtp": dict(mtp.named_parameters())}
     assert {p.dtype for ps in owners.values() for p in ps.values()} == {paddle.bfloat16}

@@ -18,23 +18,17 @@ import pytest
 import transformers  # noqa: F401  (a test dependency: the comparison must run, never skip)
 
 from fastdeploy_mtp.models import (
-    greedy_generate,
-    load_model,
     moe as moe_module,
 )
+from fastdeploy_mtp.models.folder_inspection import inspect_model_folder
 from fastdeploy_mtp.models.hf_config import UnsupportedModelError
 from fastdeploy_mtp.models.layers import apply_rope
 from fastdeploy_mtp.models.model_config import ModelConfig
-from fastdeploy_mtp.models.model_folder import inspect_model_folder
 from fastdeploy_mtp.models.moe import MoEMLP
 from fastdeploy_mtp.models.parallel_layers import shard_axes
-from tests.support import hf_moe_folders as glm
+from tests.support import folder_checks, hf_moe_folders as glm
 from tests.support.engines import check_k1_rounds_against_transformers
-from tests.support.folder_checks import (
-    assert_two_ranks_hold_their_expert_slices,
-    prefill,
-    relative_error,
-)
+from tests.support.folder_checks import prefill, relative_error
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11, 200, 33, 1, 77, 150, 9, 260, 31]
 RTOL = 1e-4
@@ -44,9 +38,11 @@ RTOL = 1e-4
 
 def moe_config(**overrides) -> ModelConfig:
     fields = dict(
-        hidden_size=16, num_attention_heads=2, num_key_value_heads=1, intermediate_size=32, n_routed_experts=8,
+        hidden_size=16, num_attention_heads=2, num_key_value_heads=1, intermediate_size=32,
+        n_routed_experts=8,
         num_experts_per_tok=2, moe_intermediate_size=8, n_shared_experts=1, n_group=4, topk_group=2,
-        routed_scaling_factor=2.5, norm_topk_prob=True, scoring_func="sigmoid", topk_method="noaux_tc",
+        routed_scaling_factor=2.5, norm_topk_prob=True, scoring_func="sigmoid",
+        topk_method="noaux_tc",
     )  # fmt: skip
     fields.update(overrides)
     return ModelConfig(**fields)
@@ -239,11 +235,6 @@ def folder(request, tmp_path_factory):
     return glm.make_glm_folder(tmp_path_factory.mktemp(request.param), **CASES[request.param])
 
 
-@pytest.fixture(scope="module")
-def loaded(folder):
-    return load_model(folder.path)
-
-
 def test_config_translates_glm_keys(folder, loaded):
     target, mtp, config = loaded
     assert config.model_type == "glm4_moe" and config.attention_type == "gqa"
@@ -277,16 +268,8 @@ def test_config_translates_glm_keys(folder, loaded):
 @paddle.no_grad()
 def test_target_logits_and_greedy_tokens_match_transformers(folder, loaded):
     target, _, _ = loaded
-    hidden = prefill(target, PROMPT)
-    assert (
-        relative_error(
-            target.compute_logits(hidden).numpy(), glm.reference_logits(folder.path, [PROMPT])[0]
-        )
-        <= RTOL
-    )
-    assert relative_error(hidden.numpy(), glm.reference_hidden(folder.path, [PROMPT])[0]) <= RTOL
-    assert greedy_generate(target, PROMPT[:6], 12) == glm.reference_greedy(
-        folder.path, PROMPT[:6], 12
+    folder_checks.assert_target_matches_transformers(
+        target, prefill(target, PROMPT), folder.path, PROMPT, RTOL
     )
 
 
@@ -324,7 +307,7 @@ def test_k1_acceptance_round_for_round_equals_reference(folder, loaded):
 
 def test_tensor_parallel_ranks_hold_their_expert_slices(folder, loaded):
     full, full_mtp, _ = loaded
-    assert_two_ranks_hold_their_expert_slices(folder.path, full, full_mtp)
+    folder_checks.assert_two_ranks_hold_their_expert_slices(folder.path, full, full_mtp)
 
 
 #: (config.json key, bad value, what the one-line refusal says)

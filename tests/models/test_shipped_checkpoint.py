@@ -1,15 +1,12 @@
 """The checkpoint shipped in fastdeploy_mtp/assets: it loads, it is small, and scoring the
 held-out prefix recorded in its metrics reproduces the card's number."""
 
-import hashlib
-import json
 import os
 
-import numpy as np
 import pytest
 
-from fastdeploy_mtp.models import ASSETS_DIR, ByteTokenizer, load_tiny, score_windows
-from fastdeploy_mtp.models.corpus import is_heldout, stdlib_dir
+from fastdeploy_mtp.models import ASSETS_DIR, ByteTokenizer
+from tests.support.models import load_shipped, rescore_heldout_prefix
 
 # the card's loss and the re-scored loss come from the same float32 computation; 1% is the
 # issue's bound and leaves room for BLAS differences across machines
@@ -18,10 +15,7 @@ REL_TOL = 0.01
 
 @pytest.fixture(scope="module")
 def shipped():
-    with open(os.path.join(ASSETS_DIR, "metrics.json"), encoding="utf-8") as f:
-        metrics = json.load(f)
-    target, mtp, config = load_tiny()
-    return target, mtp, config, metrics
+    return load_shipped(ASSETS_DIR)
 
 
 def test_assets_are_within_size_limit():
@@ -48,17 +42,8 @@ def test_card_floor_mtp_accuracy(shipped):
 
 def test_scoring_heldout_prefix_reproduces_card_loss(shipped):
     target, _, _, metrics = shipped
-    fp = metrics["fixed_prefix_score"]
-    assert is_heldout(fp["file"])
-    path = os.path.join(stdlib_dir(), fp["file"])
-    data = np.fromfile(path, dtype=np.uint8)[: fp["bytes"]]
-    if hashlib.sha256(data.tobytes()).hexdigest() != fp["sha256"]:
-        pytest.skip(
-            f"{path} differs from the file scored for the card (Python "
-            f"{metrics['corpus']['python_version']}); the corpus is version-specific"
-        )
-    loss = score_windows(target, data, fp["window"], fp["windows"])
-    assert loss == pytest.approx(fp["main_loss"], rel=REL_TOL)
+    loss = rescore_heldout_prefix(target, metrics)
+    assert loss == pytest.approx(metrics["fixed_prefix_score"]["main_loss"], rel=REL_TOL)
 
 
 def test_byte_tokenizer_round_trip():

@@ -3,15 +3,13 @@ released-layout folder that load_model reads, it is small, the card's held-out p
 reproduces, and its MTP layer drafts with a mean accepted length above 2.5 at K = 3 in the
 reference engine."""
 
-import hashlib
 import json
 import os
 
-import numpy as np
 import pytest
 
-from fastdeploy_mtp.models import ASSETS_DIR, load_model, score_windows
-from fastdeploy_mtp.models.corpus import is_heldout, stdlib_dir
+from fastdeploy_mtp.models import ASSETS_DIR
+from tests.support.models import load_shipped, rescore_heldout_prefix
 
 MLA_ASSETS_DIR = os.path.join(os.path.dirname(ASSETS_DIR), "assets_mla")
 #: The issue's floor for the mean accepted length at K = 3.
@@ -22,10 +20,7 @@ REL_TOL = 0.01
 
 @pytest.fixture(scope="module")
 def shipped():
-    with open(os.path.join(MLA_ASSETS_DIR, "metrics.json"), encoding="utf-8") as f:
-        metrics = json.load(f)
-    target, mtp, config = load_model(MLA_ASSETS_DIR)
-    return target, mtp, config, metrics
+    return load_shipped(MLA_ASSETS_DIR)
 
 
 def test_folder_is_small_and_released_deepseek_v3(shipped):
@@ -43,17 +38,8 @@ def test_folder_is_small_and_released_deepseek_v3(shipped):
 
 def test_scoring_heldout_prefix_reproduces_card_loss(shipped):
     target, _, _, metrics = shipped
-    fp = metrics["fixed_prefix_score"]
-    assert is_heldout(fp["file"])
-    path = os.path.join(stdlib_dir(), fp["file"])
-    data = np.fromfile(path, dtype=np.uint8)[: fp["bytes"]]
-    if hashlib.sha256(data.tobytes()).hexdigest() != fp["sha256"]:
-        pytest.skip(
-            f"{path} differs from the file scored for the card (the corpus is Python-version specific)"
-        )
-    assert score_windows(target, data, fp["window"], fp["windows"]) == pytest.approx(
-        fp["main_loss"], rel=REL_TOL
-    )
+    loss = rescore_heldout_prefix(target, metrics)
+    assert loss == pytest.approx(metrics["fixed_prefix_score"]["main_loss"], rel=REL_TOL)
 
 
 def test_mean_accepted_length_at_k3_stays_above_floor(shipped):

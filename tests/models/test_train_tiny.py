@@ -108,8 +108,10 @@ def test_greedy_generate_with_cache_equals_recompute():
 
 
 DEEPSEEK_ARGS = [
-    "--arch", "deepseek_v3", "--hidden-size", "32", "--layers", "2", "--heads", "2", "--intermediate-size", "48",
-    "--kv-lora-rank", "16", "--qk-nope-head-dim", "8", "--qk-rope-head-dim", "8", "--v-head-dim", "8",
+    "--arch", "deepseek_v3", "--hidden-size", "32", "--layers", "2", "--heads", "2",
+    "--intermediate-size", "48",
+    "--kv-lora-rank", "16", "--qk-nope-head-dim", "8", "--qk-rope-head-dim", "8", "--v-head-dim",
+    "8",
     "--experts", "4", "--experts-per-tok", "2", "--moe-intermediate-size", "16", "--seq-len", "32",
     "--batch-size", "2", "--warmup-steps", "1", "--eval-every", "1000", "--ckpt-every-sec", "1e9",
     "--mtp-depth", "2", "--distill",

@@ -289,7 +289,7 @@ def broken_copy(folder: str, out: Path, kind: str) -> str:
 
 
 def _half_precision_runs() -> bool:
-    from fastdeploy_mtp.models.model_folder import half_precision_runs
+    from fastdeploy_mtp.models.folder_inspection import half_precision_runs
 
     return half_precision_runs()
 

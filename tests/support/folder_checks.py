@@ -1,13 +1,15 @@
 """What the model-folder tests share: one packed prefill through a model's paged path, the
-relative error they measure against transformers, and the TP 2 expert-slice check."""
+relative error they measure against transformers, the target's comparison with transformers'
+(logits, hidden states, greedy tokens), and the TP 2 expert-slice check."""
 
 from __future__ import annotations
 
 import numpy as np
 import paddle
 
-from fastdeploy_mtp.models import contiguous_block_tables, make_forward_meta
+from fastdeploy_mtp.models import contiguous_block_tables, greedy_generate, make_forward_meta
 from fastdeploy_mtp.models.mtp_layer import MTPStack
+from tests.support import reference_models
 
 
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:
@@ -36,6 +38,18 @@ def prefill_with_caches(
 def prefill(model, ids, hidden=None, layer: int = 0) -> paddle.Tensor:
     """The hidden states of :func:`prefill_with_caches`."""
     return prefill_with_caches(model, ids, hidden, layer)[0]
+
+
+def assert_target_matches_transformers(
+    target, hidden, path, prompt, rtol: float, greedy=reference_models.recomputed_greedy
+) -> None:
+    """``target``'s logits of ``hidden`` (its prefill of ``prompt``) and ``hidden`` itself are
+    within ``rtol`` of transformers' for the folder ``path``, and 12 greedy tokens after the
+    prompt's first 6 equal ``greedy``'s (the reference's greedy tokens)."""
+    want = reference_models.logits(path, [prompt])[0]
+    assert relative_error(target.compute_logits(hidden).numpy(), want) <= rtol
+    assert relative_error(hidden.numpy(), reference_models.hidden(path, [prompt])[0]) <= rtol
+    assert greedy_generate(target, prompt[:6], 12) == greedy(path, prompt[:6], 12)
 
 
 def assert_two_ranks_hold_their_expert_slices(path, full, full_mtp) -> None:

@@ -18,7 +18,6 @@ and filled by the name map below, as tests/support/hf_folders does for MiMo.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,8 @@ import numpy as np
 
 from tests.support import reference_models
 from tests.support.hf_folders import _quiet, split_experts
-from tests.support.hf_moe_folders import _echo, _fill, _tensors
+from tests.support.hf_moe_folders import _echo, _tensors
+from tests.support.hf_writing import fill_tensors, finish_folder, mtp_layers, save_into_single_file
 
 ARCHITECTURES = {False: "Ernie4_5ForCausalLM", True: "Ernie4_5_MoeForCausalLM"}
 #: MtpModel's own names of MTP layer k's fusion tensors -> the released "-PT" names.
@@ -55,9 +55,12 @@ def _hf_config(moe: bool, dims: dict[str, Any]):
 
     _quiet()
     common: dict[str, Any] = dict(
-        vocab_size=dims["vocab_size"], hidden_size=64, intermediate_size=96, num_hidden_layers=dims["layers"],
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256, rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, tie_word_embeddings=dims["tie"],
+        vocab_size=dims["vocab_size"], hidden_size=64, intermediate_size=96,
+        num_hidden_layers=dims["layers"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        tie_word_embeddings=dims["tie"],
         use_bias=False, eos_token_id=EOS_TOKEN_IDS[0],
     )  # fmt: skip
     if moe:
@@ -88,15 +91,12 @@ def _steer_router(named, rng: np.random.Generator) -> None:
 def _mtp_model(target, num_mtp_layers: int):
     """transformers' MtpModel over ``target``; its ``post_norm`` is the target's ``model.norm``."""
     import torch
-    from transformers.modeling_layers import MtpModel
 
-    target.config.num_mtp_layers = num_mtp_layers
-    mtp = MtpModel(target, num_mtp_layers)
-    mtp.config._attn_implementation = "eager"
+    mtp = mtp_layers(target, num_mtp_layers)
     with torch.no_grad():
         for layer in mtp.layers:
             layer.post_norm.weight.copy_(target.model.norm.weight)
-    return mtp.eval()
+    return mtp
 
 
 def released_names(name: str, tensor) -> dict[str, Any]:
@@ -139,7 +139,6 @@ def make_ernie_folder(
     in some rounds and rejected in others (see :func:`_echo`). Returns what it wrote."""
     import torch
     import transformers
-    from safetensors.torch import load_file, save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -150,7 +149,7 @@ def make_ernie_folder(
     torch.manual_seed(seed)
     target = getattr(transformers, ARCHITECTURES[moe])(cfg).eval()
     rng = np.random.default_rng([seed, 45, int(moe)])
-    _fill(_tensors(target), rng)
+    fill_tensors(_tensors(target), rng)
     _steer_router(_tensors(target), rng)
     if echo:
         _echo(_tensors(target), mtp=False)
@@ -161,7 +160,7 @@ def make_ernie_folder(
         own = [
             (n, t) for n, t in _tensors(mtp) if n.startswith("layers.") and ".post_norm." not in n
         ]
-        _fill(own, rng)
+        fill_tensors(own, rng)
         _steer_router(own, rng)
         if echo:
             _echo(own, mtp=True)
@@ -169,18 +168,12 @@ def make_ernie_folder(
         for n, t in own:
             tensors.update(released_names(n, t.detach()))
         tensors = {k: v.contiguous() for k, v in tensors.items()}
-        single = str(out / "model.safetensors")
-        save_file({**load_file(single), **tensors}, single, metadata={"format": "pt"})
+        save_into_single_file(out, tensors)
         names = sorted(tensors)
-    path = out / "config.json"
-    config = json.loads(path.read_text())
-    config.pop("num_mtp_layers", None)
-    config["architectures"] = [ARCHITECTURES[moe]]
-    config["num_nextn_predict_layers"] = num_mtp_layers
-    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     gen = {"eos_token_id": list(EOS_TOKEN_IDS), "bos_token_id": 1, "pad_token_id": 0}
-    (out / "generation_config.json").write_text(json.dumps(gen) + "\n")
-    reference_models.forget(out)
+    config = finish_folder(
+        out, num_mtp_layers, gen, drop=("num_mtp_layers",), architecture=ARCHITECTURES[moe]
+    )
     return ErnieFolder(out, moe, num_hidden_layers, num_mtp_layers, tie, echo, tuple(names), config)
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from tests.support import reference_models
+from tests.support.hf_writing import fill_tensors, fresh_dir, mtp_layers, save_into_single_file
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mimo")
 ARCHITECTURES = dict(
@@ -35,7 +36,8 @@ ARCHITECTURES = dict(
     qwen3="Qwen3ForCausalLM",
     mimo="MiMoForCausalLM",
 )
-#: rope_theta and rms_norm_eps per family: realistic, not the defaults (a loader ignoring them fails).
+#: rope_theta and rms_norm_eps per family: realistic, not the defaults (a loader ignoring them
+# fails).
 _ROPE_THETA = {"llama": 500000.0, "qwen2": 1000000.0, "qwen3": 1000000.0, "mimo": 640000.0}
 _RMS_EPS = {"llama": 1e-5, "qwen2": 1e-6, "qwen3": 1e-6, "mimo": 1e-5}
 #: The renames of a MiMo MTP layer's own tensors onto transformers' MtpLayer names.
@@ -110,9 +112,11 @@ def _hf_config(
     _quiet()
     rope = {"rope_type": "default", "rope_theta": _ROPE_THETA[family], **(rope_scaling or {})}
     kw: dict[str, Any] = dict(
-        vocab_size=dims["vocab_size"], hidden_size=dims["hidden_size"], intermediate_size=2 * dims["hidden_size"],
+        vocab_size=dims["vocab_size"], hidden_size=dims["hidden_size"],
+        intermediate_size=2 * dims["hidden_size"],
         num_hidden_layers=dims["num_hidden_layers"], num_attention_heads=dims["heads"],
-        num_key_value_heads=dims["kv_heads"], max_position_embeddings=256, rms_norm_eps=_RMS_EPS[family],
+        num_key_value_heads=dims["kv_heads"], max_position_embeddings=256,
+        rms_norm_eps=_RMS_EPS[family],
         tie_word_embeddings=tie, rope_parameters=rope, eos_token_id=dims["eos"],
     )  # fmt: skip
     if family in ("qwen2", "mimo"):
@@ -127,41 +131,6 @@ def _hf_config(
         cfg = transformers.LlamaConfig(attention_bias=bool(bias), **kw)
     cfg._attn_implementation = "eager"
     return cfg
-
-
-def _fill(named_params, rng: np.random.Generator, tie: bool) -> None:
-    """Seeded values for every parameter: norm weights 1 + 0.1 N(0,1), biases 0.1 N(0,1),
-    matrices N(0,1) / sqrt(fan_in) (the LM head twice that, so logits have clear winners),
-    embeddings 0.5 N(0,1)."""
-    import torch
-
-    for name, p in sorted(named_params):
-        shape = tuple(p.shape)
-        if name.endswith("bias"):
-            value = 0.1 * rng.standard_normal(shape)
-        elif len(shape) == 1:
-            value = 1.0 + 0.1 * rng.standard_normal(shape)
-        elif "embed_tokens" in name:
-            value = 0.5 * rng.standard_normal(shape)
-        else:
-            scale = 2.0 if ("lm_head" in name and not tie) else 1.0
-            value = scale * rng.standard_normal(shape) / np.sqrt(shape[1])
-        with torch.no_grad():
-            p.copy_(torch.from_numpy(value.astype(np.float32)))
-
-
-def _mtp_model(target, family: str, num_mtp_layers: int):
-    """transformers' MtpModel over ``target`` (the config gains the keys get_mtp_config reads)."""
-    from transformers.modeling_layers import MtpModel
-
-    cfg = target.config
-    cfg.num_mtp_layers = num_mtp_layers
-    cfg.mtp_layer_types = ["full_attention"] * num_mtp_layers
-    if family == "mimo":
-        cfg.mtp_hidden_states_first = True
-    mtp = MtpModel(target, num_mtp_layers)
-    mtp.config._attn_implementation = "eager"
-    return mtp.eval()
 
 
 def released_mtp_name(family: str, num_hidden_layers: int, mtp_name: str) -> str:
@@ -208,19 +177,18 @@ def _write_mtp(out: Path, family: str, target, num_mtp_layers: int, rng, dtype: 
     when the target is sharded, else into model.safetensors itself (a folder holds either
     model.safetensors or an index, as transformers picks the single file when both exist)."""
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
-    mtp = _mtp_model(target, family, num_mtp_layers)
+    mtp = mtp_layers(target, num_mtp_layers, hidden_states_first=family == "mimo")
     own = [(n, p) for n, p in mtp.named_parameters() if n.startswith("layers.")]
-    _fill(own, rng, tie=False)
+    fill_tensors(own, rng)
     n_layers = target.config.num_hidden_layers
     tensors = {
         released_mtp_name(family, n_layers, n): p.detach().to(getattr(torch, dtype)) for n, p in own
     }
     index_path = out / "model.safetensors.index.json"
     if not index_path.exists():
-        single = str(out / "model.safetensors")
-        save_file({**load_file(single), **tensors}, single, metadata={"format": "pt"})
+        save_into_single_file(out, tensors)
         return sorted(tensors)
     save_file(tensors, str(out / MTP_SHARD), metadata={"format": "pt"})
     index = json.loads(index_path.read_text())
@@ -298,10 +266,7 @@ def make_folder(
             f"make_folder: expected dtype in {DTYPES}, family in {FAMILIES}, num_mtp_layers >= 0; "
             f"got {dtype!r}, {family!r}, {num_mtp_layers}"
         )
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"out_dir: expected a new or empty directory, {out} has files")
-    out.mkdir(parents=True, exist_ok=True)
+    out = fresh_dir(out_dir)
     eos = tuple(eos_token_ids) if eos_token_ids is not None else (2, 0)
     dims = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers)
     dims.update(heads=heads, kv_heads=kv_heads, eos=eos[0])
@@ -346,7 +311,7 @@ def _write_target(out: Path, family: str, cfg, seed: int, dtype: str, sharded: b
     torch.manual_seed(seed)
     target = _model_class(family)(cfg).eval()
     rng = np.random.default_rng([seed, FAMILIES.index(family)])
-    _fill(list(target.named_parameters()), rng, cfg.tie_word_embeddings)
+    fill_tensors(target.named_parameters(), rng, tie=cfg.tie_word_embeddings)
     target.config.dtype = dtype
     shard_size = "100KB" if sharded else "10GB"
     target.to(getattr(torch, dtype)).save_pretrained(
@@ -414,7 +379,8 @@ def make_big_folder(
     out_dir: str | Path, target_mb: int = 200, *, shard_mb: int = 50, seed: int = 0
 ) -> FolderInfo:
     """A plain random qwen3-shaped float32 folder (no MTP layer) of about ``target_mb`` MiB in
-    shards of at most ``shard_mb`` MiB (or one tensor), written with safetensors.numpy (no torch): hidden 512,
+    shards of at most ``shard_mb`` MiB (or one tensor), written with safetensors.numpy (no torch):
+    hidden 512,
     8 heads of 64, 4 kv heads, SwiGLU 1536, vocab 8192; the layer count makes up the size."""
     from safetensors.numpy import save_file
 
@@ -424,7 +390,8 @@ def make_big_folder(
         "self_attn.q_proj.weight": (heads * hd, h), "self_attn.k_proj.weight": (kv * hd, h),
         "self_attn.v_proj.weight": (kv * hd, h), "self_attn.o_proj.weight": (h, heads * hd),
         "self_attn.q_norm.weight": (hd,), "self_attn.k_norm.weight": (hd,),
-        "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h), "mlp.down_proj.weight": (h, inter),
+        "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h),
+        "mlp.down_proj.weight": (h, inter),
     }  # fmt: skip
     per_layer = 4 * sum(int(np.prod(s)) for s in block.values())
     n_layers = max(1, round((target_mb * 2**20 - 8 * vocab * h) / per_layer))
@@ -460,11 +427,14 @@ def make_big_folder(
     }
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     config = {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": vocab, "hidden_size": h,
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": vocab,
+        "hidden_size": h,
         "intermediate_size": inter, "num_hidden_layers": n_layers, "num_attention_heads": heads,
-        "num_key_value_heads": kv, "head_dim": hd, "hidden_act": "silu", "max_position_embeddings": 4096,
+        "num_key_value_heads": kv, "head_dim": hd, "hidden_act": "silu",
+        "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
-        "tie_word_embeddings": False, "attention_bias": False, "dtype": "float32", "eos_token_id": vocab - 1,
+        "tie_word_embeddings": False, "attention_bias": False, "dtype": "float32",
+        "eos_token_id": vocab - 1,
     }  # fmt: skip
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return FolderInfo(

@@ -16,7 +16,6 @@ zeroed before the layer (``inputs_embeds``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import numpy as np
 
 from tests.support import reference_models
 from tests.support.hf_folders import FolderInfo, released_mtp_name, split_experts
+from tests.support.hf_writing import fill_tensors, finish_folder, fresh_dir, mtp_layers
 
 FAMILY = "deepseek_v3"
 ARCHITECTURE = "DeepseekV3ForCausalLM"
@@ -52,43 +52,20 @@ def _config(
     if yarn:
         rope = {**YARN, "rope_theta": 10000.0}
     cfg = transformers.DeepseekV3Config(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=experts,
-        routed_scaling_factor=2.5, kv_lora_rank=32, q_lora_rank=q_lora_rank or None, qk_rope_head_dim=8,
+        routed_scaling_factor=2.5, kv_lora_rank=32, q_lora_rank=q_lora_rank or None,
+        qk_rope_head_dim=8,
         v_head_dim=16, qk_nope_head_dim=16, n_group=2, topk_group=1, num_experts_per_tok=2,
-        first_k_dense_replace=first_k_dense_replace, norm_topk_prob=True, max_position_embeddings=256,
-        rms_norm_eps=1e-6, rope_parameters=rope, rope_interleave=True, num_mtp_layers=num_mtp_layers,
+        first_k_dense_replace=first_k_dense_replace, norm_topk_prob=True,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6, rope_parameters=rope, rope_interleave=True,
+        num_mtp_layers=num_mtp_layers,
         eos_token_id=2, bos_token_id=0,
     )  # fmt: skip
     cfg._attn_implementation = "eager"
     return cfg
-
-
-def _fill(named, rng: np.random.Generator, negative_bias: bool = False) -> None:
-    """Seeded values for every parameter and buffer: norm weights 1 + 0.1 N(0,1), router
-    correction biases 0.05 N(0,1) (with ``negative_bias`` -0.8 + 0.4 N(0,1): many biased scores
-    below 0, where masking dropped groups with 0 instead of -inf would pick their experts),
-    matrices (2-D and per-expert 3-D) N(0,1) / sqrt(fan_in)
-    (the LM head twice that), embeddings 0.5 N(0,1)."""
-    import torch
-
-    for name, p in sorted(named, key=lambda item: item[0]):
-        shape = tuple(p.shape)
-        if name.endswith("e_score_correction_bias"):
-            value = (
-                (-0.8 + 0.4 * rng.standard_normal(shape))
-                if negative_bias
-                else 0.05 * rng.standard_normal(shape)
-            )
-        elif len(shape) == 1:
-            value = 1.0 + 0.1 * rng.standard_normal(shape)
-        elif "embed_tokens" in name:
-            value = 0.5 * rng.standard_normal(shape)
-        else:
-            scale = 2.0 if "lm_head" in name else 1.0
-            value = scale * rng.standard_normal(shape) / np.sqrt(shape[-1])
-        with torch.no_grad():
-            p.copy_(torch.from_numpy(value.astype(np.float32)))
 
 
 def _tensors_of(model) -> list[tuple[str, Any]]:
@@ -117,12 +94,8 @@ def make_mla_folder(
     import torch
     import transformers
     from safetensors.torch import load_file, save_file
-    from transformers.modeling_layers import MtpModel
 
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"out_dir: expected a new or empty directory, {out} has files")
-    out.mkdir(parents=True, exist_ok=True)
+    out = fresh_dir(out_dir)
     cfg = _config(
         q_lora_rank=q_lora_rank, yarn=yarn, num_mtp_layers=num_mtp_layers,
         first_k_dense_replace=first_k_dense_replace, experts=experts, vocab_size=vocab_size,
@@ -130,15 +103,14 @@ def make_mla_folder(
     torch.manual_seed(seed)
     rng = np.random.default_rng([seed, 3])
     target = transformers.DeepseekV3ForCausalLM(cfg).eval()
-    _fill(_tensors_of(target), rng, negative_bias)
+    fill_tensors(_tensors_of(target), rng, negative_bias=negative_bias, correction_bias_scale=0.05)
     target.save_pretrained(str(out), safe_serialization=True)
     target_names = sorted(load_file(str(out / "model.safetensors")))
     mtp_names: list[str] = []
     if num_mtp_layers:
-        cfg.mtp_layer_types = ["full_attention"] * num_mtp_layers
-        mtp = MtpModel(target, num_mtp_layers)
+        mtp = mtp_layers(target, num_mtp_layers)
         own = [(n, p) for n, p in _tensors_of(mtp) if n.startswith("layers.")]
-        _fill(own, rng, negative_bias)
+        fill_tensors(own, rng, negative_bias=negative_bias, correction_bias_scale=0.05)
         tensors: dict[str, Any] = {}
         for n, p in own:
             for name, t in split_experts(released_mtp_name(FAMILY, 2, n), p.detach()).items():
@@ -154,15 +126,13 @@ def make_mla_folder(
             ].clone()
         save_file({**saved, **tensors}, single, metadata={"format": "pt"})
         mtp_names = sorted(tensors)
-    path = out / "config.json"
-    config = json.loads(path.read_text())
-    config.pop("mtp_layer_types", None)
-    config["num_nextn_predict_layers"] = num_mtp_layers
-    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}) + "\n")
-    if tokenizer_writer is not None:
-        tokenizer_writer(out)
-    reference_models.forget(out)
+    config = finish_folder(
+        out,
+        num_mtp_layers,
+        {"eos_token_id": [2]},
+        drop=("mtp_layer_types",),
+        tokenizer_writer=tokenizer_writer,
+    )
     return FolderInfo(
         out, FAMILY, 2, num_mtp_layers, False, (2,), tuple(target_names), tuple(mtp_names), config
     )

@@ -14,7 +14,6 @@ runs it (no position-0 embedding mask).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 
 from tests.support import reference_models
 from tests.support.hf_folders import _quiet, released_mtp_name, split_experts
+from tests.support.hf_writing import fill_tensors, finish_folder, mtp_layers, save_into_single_file
 
 ARCHITECTURE = "Glm4MoeForCausalLM"
 
@@ -51,38 +51,12 @@ def _glm_config(dims: dict[str, Any]):
         rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
         "partial_rotary_factor": 0.5}, attention_bias=dims["bias"], use_qk_norm=dims["qk_norm"],
         n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
-        n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1,
+        n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+        first_k_dense_replace=1,
         eos_token_id=2, tie_word_embeddings=False,
     )  # fmt: skip
     cfg._attn_implementation = "eager"
     return cfg
-
-
-def _fill(named, rng: np.random.Generator, negative_bias: bool = False) -> None:
-    """Seeded values for every tensor (fresh fused-expert buffers may hold NaN): norm weights
-    1 + 0.1 N(0,1), biases and the router's e_score_correction_bias 0.1 N(0,1) (the latter
-    -0.8 + 0.4 N(0,1) with ``negative_bias``: many biased scores below 0), matrices
-    N(0,1) / sqrt(fan_in) (the last axis; the LM head twice that), embeddings 0.5 N(0,1)."""
-    import torch
-
-    for name, p in sorted(named):
-        shape = tuple(p.shape)
-        if name.endswith("e_score_correction_bias") and negative_bias:
-            value = -0.8 + 0.4 * rng.standard_normal(shape)
-        elif name.endswith("bias"):
-            value = 0.1 * rng.standard_normal(shape)
-        elif len(shape) == 1:
-            value = 1.0 + 0.1 * rng.standard_normal(shape)
-        elif "embed_tokens" in name:
-            value = 0.5 * rng.standard_normal(shape)
-        else:
-            value = (
-                (2.0 if "lm_head" in name else 1.0)
-                * rng.standard_normal(shape)
-                / np.sqrt(shape[-1])
-            )
-        with torch.no_grad():
-            p.copy_(torch.from_numpy(value.astype(np.float32)))
 
 
 def _tensors(module) -> list[tuple[str, Any]]:
@@ -90,16 +64,6 @@ def _tensors(module) -> list[tuple[str, Any]]:
     return list(module.named_parameters()) + [
         (n, b) for n, b in module.named_buffers() if "rotary" not in n
     ]
-
-
-def _mtp_model(target, num_mtp_layers: int):
-    from transformers.modeling_layers import MtpModel
-
-    target.config.num_mtp_layers = num_mtp_layers
-    target.config.mtp_layer_types = ["full_attention"] * num_mtp_layers
-    mtp = MtpModel(target, num_mtp_layers)
-    mtp.config._attn_implementation = "eager"
-    return mtp.eval()
 
 
 def _released(num_hidden_layers: int, name: str, tensor) -> dict[str, Any]:
@@ -154,7 +118,6 @@ def make_glm_folder(
     Returns what it wrote."""
     import torch
     import transformers
-    from safetensors.torch import load_file, save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -162,35 +125,31 @@ def make_glm_folder(
     torch.manual_seed(seed)
     target = transformers.Glm4MoeForCausalLM(cfg).eval()
     rng = np.random.default_rng([seed, 45])
-    _fill(_tensors(target), rng, negative_bias)
+    fill_tensors(_tensors(target), rng, negative_bias=negative_bias)
     if echo:
         _echo(_tensors(target), mtp=False)
     target.save_pretrained(str(out), safe_serialization=True)
     names: list[str] = []
     if num_mtp_layers:
-        mtp = _mtp_model(target, num_mtp_layers)
+        mtp = mtp_layers(target, num_mtp_layers)
         own = [(n, t) for n, t in _tensors(mtp) if n.startswith("layers.")]
-        _fill(own, rng, negative_bias)
+        fill_tensors(own, rng, negative_bias=negative_bias)
         if echo:
             _echo(own, mtp=True)
         tensors: dict[str, Any] = {}
         for n, t in own:
             tensors.update(_released(num_hidden_layers, n, t.detach().contiguous()))
         tensors = {k: v.contiguous() for k, v in tensors.items()}
-        single = str(out / "model.safetensors")
-        save_file({**load_file(single), **tensors}, single, metadata={"format": "pt"})
+        save_into_single_file(out, tensors)
         names = sorted(tensors)
-    path = out / "config.json"
-    config = json.loads(path.read_text())
-    for key in ("num_mtp_layers", "mtp_layer_types"):
-        config.pop(key, None)
-    config["architectures"] = [ARCHITECTURE]
-    config["num_nextn_predict_layers"] = num_mtp_layers
-    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}) + "\n")
-    if tokenizer_writer is not None:
-        tokenizer_writer(out)
-    reference_models.forget(out)
+    config = finish_folder(
+        out,
+        num_mtp_layers,
+        {"eos_token_id": [2]},
+        drop=("num_mtp_layers", "mtp_layer_types"),
+        architecture=ARCHITECTURE,
+        tokenizer_writer=tokenizer_writer,
+    )
     return GlmFolder(out, num_hidden_layers, num_mtp_layers, tuple(names), config, echo)
 
 

@@ -1,10 +1,16 @@
 """Helpers shared by the model tests: tiny seeded configs and models with non-trivial
-weights."""
+weights, and the shipped checkpoints with the metrics their cards quote."""
+
+import hashlib
+import json
+import os
 
 import numpy as np
 import paddle
+import pytest
 
-from fastdeploy_mtp.models import MTPLayer, TinyTargetModel
+from fastdeploy_mtp.models import MTPLayer, TinyTargetModel, load_model, score_windows
+from fastdeploy_mtp.models.corpus import is_heldout, stdlib_dir
 from tests.support.engines import tiny_arch
 
 
@@ -44,3 +50,26 @@ def build_models(config, seed=0):
     target.eval()
     mtp.eval()
     return target, mtp
+
+
+def load_shipped(folder):
+    """(target, mtp, config, metrics) of a shipped checkpoint folder: its models and the
+    ``metrics.json`` its card quotes."""
+    with open(os.path.join(folder, "metrics.json"), encoding="utf-8") as f:
+        metrics = json.load(f)
+    return (*load_model(folder), metrics)
+
+
+def rescore_heldout_prefix(target, metrics) -> float:
+    """The loss of ``target`` on the held-out prefix the card scored (``fixed_prefix_score``
+    of ``metrics``); skips the test when this Python's copy of the file differs."""
+    fp = metrics["fixed_prefix_score"]
+    assert is_heldout(fp["file"])
+    path = os.path.join(stdlib_dir(), fp["file"])
+    data = np.fromfile(path, dtype=np.uint8)[: fp["bytes"]]
+    if hashlib.sha256(data.tobytes()).hexdigest() != fp["sha256"]:
+        pytest.skip(
+            f"{path} differs from the file scored for the card (Python "
+            f"{metrics['corpus']['python_version']}); the corpus is version-specific"
+        )
+    return score_windows(target, data, fp["window"], fp["windows"])

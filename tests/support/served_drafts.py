@@ -94,7 +94,7 @@ def check_family_drafts_served(
     drafting ``k`` tokens a round, against transformers: its own ``generate(use_mtp=True)``
     for ``k`` = 1, its MTP layer chained by the engine's stated rule for ``k`` > 1. Asserts
     too that drafting ran through the requests."""
-    from fastdeploy_mtp.models.model_folder import folder_config
+    from fastdeploy_mtp.models.folder_inspection import folder_config
     from fastdeploy_mtp.tokenization import load_tokenizer
 
     ref = Reference(folder)

@@ -37,7 +37,8 @@ LLAMA3_TEMPLATE = """\
 {{- "<|eot_id|>" }}
 {%- for message in messages %}
     {%- if message['role'] not in ['user', 'assistant'] %}
-        {{- raise_exception("roles must be user or assistant after the system message, got " + message['role']) }}
+        {{- raise_exception("roles must be user or assistant after the system message, got "
+            + message['role']) }}
     {%- endif %}
     {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}
     {{- message['content'] | trim + '<|eot_id|>' }}

@@ -73,7 +73,7 @@ def router_app(
     shipped model's) and generation ``defaults``; its shutdown ends the requests in flight
     and closes the backend's HTTP client. ``access``: who may call it
     (:mod:`fastdeploy_mtp.serving.openai.http_auth`)."""
-    from ...models.tiny import ASSETS_DIR
+    from ...models.folder_inspection import ASSETS_DIR
 
     app = create_app(
         backend, model_name, tokenizer or load_tokenizer(ASSETS_DIR), defaults, access=access
@@ -137,7 +137,7 @@ def run_router(opts: RouterOptions) -> int:
     """Wait for the instances, then route until SIGINT/SIGTERM (returns 0; 130 if interrupted
     during start-up, 1 if the server could not start)."""
 
-    from ...models.tiny import ASSETS_DIR
+    from ...models.folder_inspection import ASSETS_DIR
 
     t0 = process_started()  # the ready line counts from here
     progress = progress_printer("router", t0)
