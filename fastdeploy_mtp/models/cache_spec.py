@@ -180,5 +180,6 @@ def owned_by(specs: Sequence[CacheSpec], owner: str) -> list[CacheSpec]:
 
 
 def describe(specs: Sequence[CacheSpec]) -> list[dict[str, Any]]:
-    """The JSON form of ``specs``: one ``{"owner", "layer", "kind", "shape", "dtype"}`` per cache."""
+    """The JSON form of ``specs``: one ``{"owner", "layer", "kind", "shape", "dtype"}`` per
+    cache."""
     return [s.to_dict() for s in specs]

@@ -41,7 +41,8 @@ class Engine:
         runner: the target step and proposer round (the
             :class:`~fastdeploy_mtp.runtime.interfaces.Runner` surface): in this process a
             :class:`~fastdeploy_mtp.runtime.target_runner.TargetRunner`, in serving the runner
-            that drives worker processes (:class:`fastdeploy_mtp.serving.processes.remote_runner.RemoteRunner`).
+            that drives worker processes
+            (:class:`fastdeploy_mtp.serving.processes.remote_runner.RemoteRunner`).
         handover: reads a handed-over slot state (splitwise;
             :class:`~fastdeploy_mtp.runtime.interfaces.SlotHandover`).
         prefill_chunk_size: see :class:`~fastdeploy_mtp.runtime.scheduler.Scheduler`.

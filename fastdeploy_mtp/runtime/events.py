@@ -17,7 +17,8 @@ class HandedOffRequest:
 
     Attributes:
         request: the request (finished here; its first token(s) in ``output_token_ids``).
-        state: its slot state (:meth:`~fastdeploy_mtp.runtime.interfaces.SlotHandover.export_slot`, JSON).
+        state: its slot state, JSON
+            (:meth:`~fastdeploy_mtp.runtime.interfaces.SlotHandover.export_slot`).
         blocks: its KV block ids here, in order, held until
             :meth:`~fastdeploy_mtp.runtime.engine.Engine.release_handoff`.
     """

@@ -242,7 +242,8 @@ class ServerProcess:
         raise TimeoutError(f"serve did not become healthy within {timeout} s:\n{self.output()}")
 
     def worker_pids(self) -> list[int]:
-        """Pids of the worker processes (``python -m fastdeploy_mtp.serving.processes.worker_process``)."""
+        """Pids of the worker processes
+        (``python -m fastdeploy_mtp.serving.processes.worker_process``)."""
         pids = []
         for pid in descendants(self.proc.pid):
             try:
@@ -360,8 +361,9 @@ def serving(args: list[str], **kwargs: Any) -> Iterator[ServerProcess]:
 
 @contextlib.contextmanager
 def remote_runner(spec_json: str, max_num_seqs: int, max_model_len: int = 256) -> Iterator[Any]:
-    """The serving engine's :class:`~fastdeploy_mtp.serving.processes.remote_runner.RemoteRunner` (a cache
-    manager and one worker process on the shipped checkpoint) in this process, for tests that
+    """The serving engine's
+    :class:`~fastdeploy_mtp.serving.processes.remote_runner.RemoteRunner` (a cache manager
+    and one worker process on the shipped checkpoint) in this process, for tests that
     look at what a served step returns. On exit it is closed and must leave no child process,
     no new ``/dev/shm`` name and no SysV queue behind."""
     from fastdeploy_mtp.engine_args import default_model
