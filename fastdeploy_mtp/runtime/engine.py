@@ -38,11 +38,9 @@ class Engine:
 
     Args:
         fd_config: serving config (``speculative_config.method = None`` for plain decoding).
-        runner: the target step and proposer round (the
-            :class:`~fastdeploy_mtp.runtime.interfaces.Runner` surface): in this process a
-            :class:`~fastdeploy_mtp.runtime.target_runner.TargetRunner`, in serving the runner
-            that drives worker processes
-            (:class:`fastdeploy_mtp.serving.processes.remote_runner.RemoteRunner`).
+        runner: the target step and proposer round (:class:`.interfaces.Runner`): in this
+            process a :class:`~.target_runner.TargetRunner`, in serving the runner that drives
+            worker processes (:class:`fastdeploy_mtp.serving.processes.remote_runner.RemoteRunner`).
         handover: reads a handed-over slot state (splitwise;
             :class:`~fastdeploy_mtp.runtime.interfaces.SlotHandover`).
         prefill_chunk_size: see :class:`~fastdeploy_mtp.runtime.scheduler.Scheduler`.

@@ -47,6 +47,7 @@ from .layout import ServeLayout
 from .runtime_dir import endpoint
 
 if TYPE_CHECKING:  # imported at run time after the process set-up (they import Paddle)
+    from ...config import FDConfig
     from ...runtime.step_output import StepOutput
     from ...runtime.target_runner import TargetRunner
     from ..messages.engine_workers import Task
@@ -164,6 +165,25 @@ def answer(
     return Done(step=msg.step, rank=rank, result=result)
 
 
+def load_runner(layout: ServeLayout, rank: int, master_port: int) -> tuple[TargetRunner, FDConfig]:
+    """Join the tensor-parallel group (``master_port``: its gloo rendezvous, tp > 1), load
+    this rank's slice of the model and build its runner; returns (runner, its config)."""
+    from ...assembly import build_runner
+    from ...distributed import init_tensor_parallel
+    from ...models import load_model
+
+    tp = layout.tensor_parallel_size
+    if tp > 1:
+        init_tensor_parallel(rank, tp, master_port)
+    target, mtp, arch = load_model(
+        layout.model, dtype=layout.dtype, tensor_parallel_size=tp, tensor_parallel_rank=rank
+    )
+    cfg = layout.fd_config(rank, arch)
+    if not cfg.speculative_config.uses_mtp:
+        mtp = None  # model-free methods (and no speculation): no MTP layer kept, no MTP caches
+    return build_runner(cfg, target, mtp), cfg
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m fastdeploy_mtp.serving.processes.worker_process", description=__doc__
@@ -185,20 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     runner = None
     writer: TokenWriter | None = None
     try:
-        from ...assembly import build_runner
-        from ...distributed import init_tensor_parallel
-        from ...models import load_model
-
-        tp = layout.tensor_parallel_size
-        if tp > 1:
-            init_tensor_parallel(rank, tp, int(args.tp_master_port))
-        target, mtp, arch = load_model(
-            layout.model, dtype=layout.dtype, tensor_parallel_size=tp, tensor_parallel_rank=rank
-        )
-        cfg = layout.fd_config(rank, arch)
-        if not cfg.speculative_config.uses_mtp:
-            mtp = None  # model-free methods (and no speculation): no MTP layer kept, no MTP caches
-        runner = build_runner(cfg, target, mtp)
+        runner, cfg = load_runner(layout, rank, int(args.tp_master_port))
         slots = SlotTable()
         first_tokens_only = layout.splitwise_role == "prefill" and cfg.speculative_config.enabled
         if rank == 0 and not first_tokens_only:
