@@ -1,7 +1,8 @@
 """KV caches shared by name between a cache-manager process and the workers.
 
 FastDeploy's convention, which the cache manager
-(:mod:`fastdeploy_mtp.serving.processes.cache_manager`), the target runner and :class:`~fastdeploy_mtp.proposer.MTPProposer` all follow:
+(:mod:`fastdeploy_mtp.serving.processes.cache_manager`), the target runner and
+:class:`~fastdeploy_mtp.proposer.MTPProposer` all follow:
 
 * the caches are the model's cache spec (:mod:`fastdeploy_mtp.models.cache_spec`), each named
   ``{kind}_caches_{layer}_rank{r}.device{d}`` (:func:`spec_cache_names`): for key and value
