@@ -30,3 +30,10 @@ def check_row_gather(backend, op, names, tensors, attrs, outputs, want, context)
     assert_bit_exact("out", got[-2], want_out, f"{backend.name}, {context}")
     assert_exact("output_token_num", got[-1], want_n, f"{backend.name}, {context}")
     return got[-2], got[-1]
+
+
+def check_random_state(backend, check, make_state, bsz: int, width: int, dtype: str, salt: int):
+    """`check(backend, tensors, context)` on `make_state(rng, bsz, width, dtype)`, the rng
+    seeded from the sizes (`salt` differs per op, so no two ops draw the same states)."""
+    rng = np.random.default_rng(bsz * salt + width)
+    return check(backend, make_state(rng, bsz, width, dtype), f"bsz={bsz} width={width} {dtype}")

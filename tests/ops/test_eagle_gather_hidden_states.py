@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.ops.hidden_utils import FLOAT_DTYPES, check_row_gather, random_floats
+from tests.ops.hidden_utils import FLOAT_DTYPES, check_random_state, check_row_gather, random_floats
 from tests.reference.hidden_states import eagle_gather_hidden_states as reference
 from tests.support.compare import assert_rejected
 
@@ -59,8 +59,7 @@ def check(backend, tensors, context):
     "bsz,hidden", [(1, 7), (3, 64), (257, 7), (1500, 5), (3000, 3), (64, 4096)]
 )
 def test_random_states_match_reference(backend, bsz, hidden, dtype):
-    rng = np.random.default_rng(bsz * 13 + hidden)
-    check(backend, make_state(rng, bsz, hidden, dtype), f"bsz={bsz} H={hidden} {dtype}")
+    check_random_state(backend, check, make_state, bsz, hidden, dtype, salt=13)
 
 
 def test_returns_zeros_bsz_by_h_with_compacted_last_token_rows(backend):

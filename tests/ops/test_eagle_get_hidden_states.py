@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.ops.hidden_utils import FLOAT_DTYPES, check_row_gather, random_floats
+from tests.ops.hidden_utils import FLOAT_DTYPES, check_random_state, check_row_gather, random_floats
 from tests.reference.hidden_states import eagle_get_hidden_states as reference
 from tests.support.compare import assert_rejected
 
@@ -85,8 +85,7 @@ SIZES = [(1, 7), (3, 64), (257, 7), (257, 64), (1500, 7), (3, 4096), (33, 4096)]
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("bsz,hidden", SIZES)
 def test_random_states_match_reference(backend, bsz, hidden, dtype):
-    rng = np.random.default_rng(bsz * 7 + hidden)
-    check(backend, make_state(rng, bsz, hidden, dtype), f"bsz={bsz} H={hidden} {dtype}")
+    check_random_state(backend, check, make_state, bsz, hidden, dtype, salt=7)
 
 
 def _explicit(hidden=5, dtype="float32"):

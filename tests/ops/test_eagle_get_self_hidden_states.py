@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.ops.hidden_utils import FLOAT_DTYPES, check_row_gather, random_floats
+from tests.ops.hidden_utils import FLOAT_DTYPES, check_random_state, check_row_gather, random_floats
 from tests.reference.hidden_states import eagle_get_self_hidden_states as reference
 from tests.support.compare import assert_rejected
 
@@ -38,8 +38,7 @@ def check(backend, tensors, context):
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("bsz,hidden", [(1, 7), (3, 64), (257, 7), (1500, 64), (33, 4096)])
 def test_random_states_match_reference(backend, bsz, hidden, dtype):
-    rng = np.random.default_rng(bsz * 11 + hidden)
-    check(backend, make_state(rng, bsz, hidden, dtype), f"bsz={bsz} H={hidden} {dtype}")
+    check_random_state(backend, check, make_state, bsz, hidden, dtype, salt=11)
 
 
 def test_keeps_the_last_row_of_each_active_item(backend):

@@ -12,13 +12,10 @@ from tests.ops.ngram_cases import (
     hybrid_state,
 )
 from tests.reference.ngram import hybrid_mtp_ngram as reference
-from tests.support.compare import assert_bad_input_rejected, run_exact
+from tests.support.compare import assert_bad_input_rejected, exact_check
 
 OP = "hybrid_mtp_ngram"
-
-
-def check(backend, tensors, attrs, context):
-    return run_exact(backend, OP, NAMES, tensors, attrs, reference(*tensors, *attrs), context)
+check = exact_check(OP, NAMES, reference)
 
 
 def one_item(prompt, history, step, *, slt=1, k=4, max_dec=1000, dec=1, width=None):

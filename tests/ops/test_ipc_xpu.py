@@ -103,6 +103,13 @@ CREATOR = textwrap.dedent(
 )
 
 
+def assert_attach_refused(name, shape, use_ipc, match, dtype=np.float32):
+    """`share_external_data` of segment `name` inside the emulation scope raises a
+    ValueError matching `match`."""
+    with _kernels.xpu_emulation(*LAUNCH), pytest.raises(ValueError, match=match):
+        _kernels.share_external_data(np.empty((), dtype), name, shape, use_ipc)
+
+
 def _spawn(script: str, name: str) -> subprocess.Popen:
     """`script` in a child Python process (argument: the segment name), lines in and out."""
     return subprocess.Popen(
@@ -201,13 +208,14 @@ def test_use_ipc_false_in_the_creating_process_reuses_the_device_pointer(name):
 def test_use_ipc_false_after_the_creator_freed_its_tensor_is_an_error(name):
     buf, mine = publish((8,), "uint8", name)
     del buf, mine  # freed: the stored pointer dangles
-    with _kernels.xpu_emulation(*LAUNCH):
-        with pytest.raises(
-            ValueError,
-            match=rf"`use_ipc`=False: the device memory published as `{name}` is no "
-            r"longer allocated .* the creator's tensor was freed",
-        ):
-            _kernels.share_external_data(np.empty((), np.uint8), name, [8], False)
+    assert_attach_refused(
+        name,
+        [8],
+        False,
+        match=rf"`use_ipc`=False: the device memory published as `{name}` is no "
+        r"longer allocated .* the creator's tensor was freed",
+        dtype=np.uint8,
+    )
     _kernels.unset_data_ipc(None, name, False, True)
 
 
@@ -335,13 +343,14 @@ def test_opening_an_emulated_region_others_can_access_is_refused(name):
         assert holder.stdout.readline().strip() == "READY"
         region = regions(holder.pid)[0]
         os.chmod(SHM / region, 0o666)
+        assert_attach_refused(
+            name,
+            [8],
+            True,
+            match=rf"xpu_ipc_open_memhandle failed .*emulated device region `{region}` is not "
+            r"a mode-0600 region of uid \d+ \(owner uid \d+\); refusing to open it",
+        )
+        os.chmod(SHM / region, 0o600)
         with _kernels.xpu_emulation(*LAUNCH):
-            with pytest.raises(
-                ValueError,
-                match=rf"xpu_ipc_open_memhandle failed .*emulated device region `{region}` is not "
-                r"a mode-0600 region of uid \d+ \(owner uid \d+\); refusing to open it",
-            ):
-                _kernels.share_external_data(np.empty((), np.float32), name, [8], True)
-            os.chmod(SHM / region, 0o600)
             att = _kernels.share_external_data(np.empty((), np.float32), name, [8], True)
         _kernels.unset_data_ipc(att, name, True, False)

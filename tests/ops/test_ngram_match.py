@@ -13,13 +13,10 @@ from tests.ops.ngram_cases import (
     match_state,
 )
 from tests.reference.ngram import ngram_match as reference
-from tests.support.compare import assert_bad_input_rejected, run_exact
+from tests.support.compare import assert_bad_input_rejected, exact_check
 
 OP = "ngram_match"
-
-
-def check(backend, tensors, attrs, context):
-    return run_exact(backend, OP, NAMES, tensors, attrs, reference(*tensors, *attrs), context)
+check = exact_check(OP, NAMES, reference)
 
 
 def one_item(prompt, generated, step, *, budget=3, max_dec=1000, enc=0, dec=1, slt=7, k=4):

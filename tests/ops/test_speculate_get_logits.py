@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.ops.hidden_utils import FLOAT_DTYPES, random_floats
+from tests.ops.hidden_utils import FLOAT_DTYPES, check_random_state, random_floats
 from tests.reference.speculate_get_logits import speculate_get_logits as reference
 from tests.support.compare import assert_bit_exact, assert_exact, assert_rejected
 
@@ -61,8 +61,7 @@ def check(backend, tensors, context):
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("bsz,vocab", [(1, 7), (3, 64), (257, 33), (1500, 5), (4, 4096)])
 def test_random_states_match_reference(backend, bsz, vocab, dtype):
-    rng = np.random.default_rng(bsz * 17 + vocab)
-    check(backend, make_state(rng, bsz, vocab, dtype), f"bsz={bsz} V={vocab} {dtype}")
+    check_random_state(backend, check, make_state, bsz, vocab, dtype, salt=17)
 
 
 def test_offsets_are_inclusive_and_slot_zero_is_never_written(backend):

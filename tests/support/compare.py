@@ -5,7 +5,7 @@ Integers and bools compare exactly; floats with tolerances the caller writes dow
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -70,6 +70,18 @@ def run_exact(
     got = backend.run(op, tensors, attrs)
     assert_all_exact(names, got, want, context=f"{backend.name}, {context}")
     return dict(zip(names, got))
+
+
+def exact_check(op: str, names: Sequence[str], reference: Callable[..., Mapping]) -> Callable:
+    """The `check(backend, tensors, attrs, context)` of an op whose reference takes the same
+    positional arguments as the op (`reference(*tensors, *attrs)`): :func:`run_exact` against
+    that reference; returns the tensors by name."""
+
+    def check(backend, tensors, attrs, context: str = "") -> dict[str, np.ndarray]:
+        want = reference(*tensors, *attrs)
+        return run_exact(backend, op, names, tensors, attrs, want, context)
+
+    return check
 
 
 def assert_bit_exact(name: str, got: np.ndarray, want: np.ndarray, context: str = "") -> None:

@@ -28,7 +28,7 @@ import numpy as np
 from tests.support import reference_models
 from tests.support.hf_folders import _quiet, split_experts
 from tests.support.hf_moe_folders import _echo, _tensors
-from tests.support.hf_writing import fill_tensors, finish_folder, mtp_layers, save_into_single_file
+from tests.support.hf_writing import fill_tensors, finish_folder, mtp_layers, save_released_mtp
 
 ARCHITECTURES = {False: "Ernie4_5ForCausalLM", True: "Ernie4_5_MoeForCausalLM"}
 #: MtpModel's own names of MTP layer k's fusion tensors -> the released "-PT" names.
@@ -164,12 +164,7 @@ def make_ernie_folder(
         _steer_router(own, rng)
         if echo:
             _echo(own, mtp=True)
-        tensors: dict[str, Any] = {}
-        for n, t in own:
-            tensors.update(released_names(n, t.detach()))
-        tensors = {k: v.contiguous() for k, v in tensors.items()}
-        save_into_single_file(out, tensors)
-        names = sorted(tensors)
+        names = save_released_mtp(out, own, released_names)
     gen = {"eos_token_id": list(EOS_TOKEN_IDS), "bos_token_id": 1, "pad_token_id": 0}
     config = finish_folder(
         out, num_mtp_layers, gen, drop=("num_mtp_layers",), architecture=ARCHITECTURES[moe]

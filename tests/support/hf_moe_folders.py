@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from tests.support import reference_models
 from tests.support.hf_folders import _quiet, released_mtp_name, split_experts
-from tests.support.hf_writing import fill_tensors, finish_folder, mtp_layers, save_into_single_file
+from tests.support.hf_writing import fill_tensors, finish_folder, mtp_layers, save_released_mtp
 
 ARCHITECTURE = "Glm4MoeForCausalLM"
 
@@ -136,12 +137,7 @@ def make_glm_folder(
         fill_tensors(own, rng, negative_bias=negative_bias)
         if echo:
             _echo(own, mtp=True)
-        tensors: dict[str, Any] = {}
-        for n, t in own:
-            tensors.update(_released(num_hidden_layers, n, t.detach().contiguous()))
-        tensors = {k: v.contiguous() for k, v in tensors.items()}
-        save_into_single_file(out, tensors)
-        names = sorted(tensors)
+        names = save_released_mtp(out, own, partial(_released, num_hidden_layers))
     config = finish_folder(
         out,
         num_mtp_layers,

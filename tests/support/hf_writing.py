@@ -77,6 +77,20 @@ def save_into_single_file(out: Path, tensors: dict[str, Any]) -> None:
     save_file({**load_file(single), **tensors}, single, metadata={"format": "pt"})
 
 
+def save_released_mtp(
+    out: Path, own: Iterable[tuple[str, Any]], released: Callable[[str, Any], dict[str, Any]]
+) -> list[str]:
+    """Add the MTP layers' tensors `own` ((MtpModel name, tensor) pairs) to the folder's
+    ``model.safetensors`` under their released names (``released(name, tensor)`` -> {released
+    name: tensor}), each made contiguous; returns those names, sorted."""
+    tensors: dict[str, Any] = {}
+    for n, t in own:
+        tensors.update(released(n, t.detach()))
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    save_into_single_file(out, tensors)
+    return sorted(tensors)
+
+
 def finish_folder(
     out: Path,
     num_mtp_layers: int,
