@@ -80,62 +80,59 @@ from fastdeploy_mtp.models.mtp_layer import build_mtp, mtp_layers_of  # noqa: E4
 from fastdeploy_mtp.models.mtp_unrolled import unrolled_mtp_forward  # noqa: E402
 
 
+#: (flag, default, help) of the numeric options, in --help order; each parses as its default's
+#: type. MODEL_OPTIONS come before the architecture options (train_arch), TRAINING_OPTIONS after.
+MODEL_OPTIONS = (
+    ("--seed", 1234, None),
+    ("--max-steps", 5000, None),
+    ("--wall-budget-min", 55.0, "stop after this many minutes of training wall time (all resumes)"),
+    ("--ckpt-every-sec", 180.0, None),
+    ("--eval-every", 500, "steps between quick evals"),
+    ("--hidden-size", 128, None),
+    ("--layers", 2, None),
+    ("--heads", 4, None),
+    ("--kv-heads", 2, None),
+    ("--intermediate-size", 352, None),
+    ("--vocab-size", 272, "padded vocab (>= 256)"),
+)
+TRAINING_OPTIONS = (
+    ("--seq-len", 128, None),
+    ("--batch-size", 64, None),
+    ("--lr", 3e-3, None),
+    ("--min-lr-ratio", 0.1, None),
+    ("--warmup-steps", 200, None),
+    ("--weight-decay", 0.01, None),
+    ("--mtp-weight", 1.0, None),
+    ("--mtp-depth", 1, "MTP substeps to unroll in training (S)"),
+    ("--mtp-layers", 1, "distinct MTP layers (num_nextn_predict_layers)"),
+    ("--gen-fraction", 0.0, "share of each batch that is target-generated"),
+    ("--gen-pool", 1024, "target-generated sequences to draw from"),
+    ("--grad-clip", 1.0, None),
+    ("--threads", 1, None),
+)
+#: (flag, help) of the on/off options.
+SWITCHES = (
+    ("--freeze-target", "train only the MTP layers"),
+    ("--distill", "score the MTP layers against the target's distribution"),
+    ("--eval-only", "skip training (resume + export)"),
+)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run-dir", required=True, help="checkpoints and log go here")
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--max-steps", type=int, default=5000)
-    p.add_argument(
-        "--wall-budget-min",
-        type=float,
-        default=55.0,
-        help="stop after this many minutes of training wall time (all resumes)",
-    )
-    p.add_argument("--ckpt-every-sec", type=float, default=180.0)
-    p.add_argument("--eval-every", type=int, default=500, help="steps between quick evals")
-    p.add_argument("--hidden-size", type=int, default=128)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--intermediate-size", type=int, default=352)
-    p.add_argument("--vocab-size", type=int, default=272, help="padded vocab (>= 256)")
+    for flag, default, help_ in MODEL_OPTIONS:
+        p.add_argument(flag, type=type(default), default=default, help=help_)
     train_arch.add_arch_args(p)
     p.add_argument("--mtp-hidden-state", default="post_norm", choices=["post_norm", "pre_norm"])
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--min-lr-ratio", type=float, default=0.1)
-    p.add_argument("--warmup-steps", type=int, default=200)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--mtp-weight", type=float, default=1.0)
-    p.add_argument(
-        "--mtp-depth", type=int, default=1, help="MTP substeps to unroll in training (S)"
-    )
-    p.add_argument(
-        "--mtp-layers", type=int, default=1, help="distinct MTP layers (num_nextn_predict_layers)"
-    )
+    for flag, default, help_ in TRAINING_OPTIONS:
+        p.add_argument(flag, type=type(default), default=default, help=help_)
+    for flag, help_ in SWITCHES:
+        p.add_argument(flag, action="store_true", help=help_)
     p.add_argument(
         "--init-from", default=None, help="start from this checkpoint directory (target + MTP)"
     )
-    p.add_argument("--freeze-target", action="store_true", help="train only the MTP layers")
-    p.add_argument(
-        "--distill",
-        action="store_true",
-        help="score the MTP layers against the target's distribution",
-    )
-    p.add_argument(
-        "--gen-fraction",
-        type=float,
-        default=0.0,
-        help="share of each batch that is target-generated",
-    )
-    p.add_argument(
-        "--gen-pool", type=int, default=1024, help="target-generated sequences to draw from"
-    )
-    p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--export", default=None, help="write the trained checkpoint here at the end")
-    p.add_argument("--eval-only", action="store_true", help="skip training (resume + export)")
     p.add_argument(
         "--card-note",
         default="",
