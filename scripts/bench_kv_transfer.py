@@ -26,6 +26,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from bench_report import print_table, write_json  # noqa: E402
+
 from tests.support.netns import Hosts  # noqa: E402
 
 BLOCK_BYTES = 64 << 10  # per cache
@@ -150,17 +152,20 @@ def main() -> int:
                 row = measure(None if transport == "shm" else hosts, transport, mib, args.repeats)
                 row.update(transport=transport, mib=mib, wall_s=time.perf_counter() - t0)
                 rows.append(row)
-    print("| transport | path | KV per transfer | median s | GiB/s |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        path = "same host" if r["transport"] == "shm" else "across namespaces (veth + bridge)"
-        print(
-            f"| {r['transport']} | {path} | {r['bytes'] / 2**20:.0f} MiB | {r['seconds']:.4f} | "
-            f"{r['gib_per_s']:.2f} |"
-        )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    print_table(
+        ("transport", "path", "KV per transfer", "median s", "GiB/s"),
+        (
+            (
+                r["transport"],
+                "same host" if r["transport"] == "shm" else "across namespaces (veth + bridge)",
+                f"{r['bytes'] / 2**20:.0f} MiB",
+                f"{r['seconds']:.4f}",
+                f"{r['gib_per_s']:.2f}",
+            )
+            for r in rows
+        ),
+    )
+    write_json(args.json, rows)
     return 0
 
 

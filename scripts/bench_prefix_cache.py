@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
@@ -26,6 +25,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
+from bench_report import print_table, write_json  # noqa: E402
 
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
 from tests.support.servers import ServerProcess  # noqa: E402
@@ -157,20 +157,23 @@ def main() -> int:
         f"\n{args.clients} clients x 2 waves, system prompt {args.system_bytes} bytes, "
         f"{args.max_tokens} tokens\n"
     )
-    print(
-        "| config | prefix hit rate | TTFT p50 ms | TTFT p99 ms | server TTFT mean ms | tok/s | "
-        "peak KV use |"
+    header = ["config", "prefix hit rate", "TTFT p50 ms", "TTFT p99 ms", "server TTFT mean ms"]
+    print_table(
+        [*header, "tok/s", "peak KV use"],
+        (
+            (
+                r["config"],
+                f"{r['hit_rate']:.2f}",
+                f"{r['ttft_p50_ms']:.0f}",
+                f"{r['ttft_p99_ms']:.0f}",
+                f"{r['server_ttft_mean_ms']:.0f}",
+                f"{r['tokens_per_s']:.0f}",
+                f"{r['peak_kv_usage']:.2f}",
+            )
+            for r in rows
+        ),
     )
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(
-            f"| {r['config']} | {r['hit_rate']:.2f} | {r['ttft_p50_ms']:.0f} | "
-            f"{r['ttft_p99_ms']:.0f} | {r['server_ttft_mean_ms']:.0f} | {r['tokens_per_s']:.0f} | "
-            f"{r['peak_kv_usage']:.2f} |"
-        )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+    write_json(args.json, rows, indent=2)
     return 0
 
 

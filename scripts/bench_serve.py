@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -49,6 +48,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
+from bench_report import print_table, write_json  # noqa: E402
 
 from fastdeploy_mtp.distributed import find_free_port_range  # noqa: E402
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
@@ -399,27 +399,25 @@ def _report(rows: list[dict], args: argparse.Namespace) -> int:
     base = rows[0]["tokens_per_s"] if rows else 1.0
     header = ["config", "clients", "peak running", "startup s", "tokens/s", "vs first"]
     header += ["MTP/no-MTP", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms"]
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for r in rows:
-        cells = [
-            r["config"],
-            str(r["clients"]),
-            "-" if r["peak_running"] is None else str(r["peak_running"]),
-            f"{r['startup_s']:.1f}",
-            f"{r['tokens_per_s']:.0f}",
-            f"{r['tokens_per_s'] / base:.2f}x",
-            _mtp_ratio(r, rows),
-            f"{r['ttft_p50_ms']:.0f}",
-            f"{r['ttft_p99_ms']:.0f}",
-            f"{r['itl_p50_ms']:.1f}",
-            f"{r['itl_p99_ms']:.1f}",
-        ]
-        print("| " + " | ".join(cells) + " |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    print_table(header, (_cells(r, rows, base) for r in rows))
+    write_json(args.json, rows)
     return 0 if all(r["exit_code"] == 0 for r in rows) else 1
+
+
+def _cells(r: dict, rows: list[dict], base: float) -> list[str]:
+    return [
+        r["config"],
+        str(r["clients"]),
+        "-" if r["peak_running"] is None else str(r["peak_running"]),
+        f"{r['startup_s']:.1f}",
+        f"{r['tokens_per_s']:.0f}",
+        f"{r['tokens_per_s'] / base:.2f}x",
+        _mtp_ratio(r, rows),
+        f"{r['ttft_p50_ms']:.0f}",
+        f"{r['ttft_p99_ms']:.0f}",
+        f"{r['itl_p50_ms']:.1f}",
+        f"{r['itl_p99_ms']:.1f}",
+    ]
 
 
 if __name__ == "__main__":

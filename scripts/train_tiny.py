@@ -79,7 +79,6 @@ from fastdeploy_mtp.models.model_config import TINY_MODEL_TYPE  # noqa: E402
 from fastdeploy_mtp.models.mtp_layer import build_mtp, mtp_layers_of  # noqa: E402
 from fastdeploy_mtp.models.mtp_unrolled import unrolled_mtp_forward  # noqa: E402
 
-
 #: (flag, default, help) of the numeric options, in --help order; each parses as its default's
 #: type. MODEL_OPTIONS come before the architecture options (train_arch), TRAINING_OPTIONS after.
 MODEL_OPTIONS = (
