@@ -31,12 +31,12 @@ exact under speculation); REJECTION runs are equal in distribution only.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_report import bench_parser, write_json  # noqa: E402
 
 from fastdeploy_mtp.config import SpeculativeConfig  # noqa: E402
 from fastdeploy_mtp.engine_args import default_speculative_config, speculative_config  # noqa: E402
@@ -237,9 +237,7 @@ def sampling_table(max_tokens: int, checkpoint: str | None) -> list[dict]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = bench_parser(__doc__)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument(
         "--checkpoint", default=None, help="tiny checkpoint folder (default: the shipped one)"
@@ -247,7 +245,6 @@ def main() -> int:
     ap.add_argument(
         "--checkpoint-3", default=None, help="a checkpoint with 3 distinct MTP layers to compare"
     )
-    ap.add_argument("--json", type=Path)
     ap.add_argument(
         "--repeat",
         type=int,
@@ -259,8 +256,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     rows = sampling_table(args.max_tokens, args.checkpoint) if args.sampling else greedy_table(args)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+    write_json(args.json, rows)
     return 0
 
 

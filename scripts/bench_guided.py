@@ -29,12 +29,13 @@ vary by 10-20% or more: compare rows of one run.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_report import bench_parser, write_json  # noqa: E402
 
 from fastdeploy_mtp.config import SpeculativeConfig  # noqa: E402
 from fastdeploy_mtp.engine_args import speculative_config  # noqa: E402
@@ -210,9 +211,7 @@ def table(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = bench_parser(__doc__)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument(
         "--repeat", type=int, default=3, help="runs per row; the row reports the median (default 3)"
@@ -220,11 +219,9 @@ def main() -> int:
     ap.add_argument(
         "--batch", type=int, nargs="+", default=[8, 1], help="batch sizes (default 8 1)"
     )
-    ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     rows = table(args)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+    write_json(args.json, rows)
     return 0
 
 

@@ -16,7 +16,6 @@ compare; absolute numbers depend on the machine.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -26,7 +25,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bench_report import print_table, write_json  # noqa: E402
+from bench_report import bench_parser, print_table, write_json  # noqa: E402
 
 from tests.support.netns import Hosts  # noqa: E402
 
@@ -134,13 +133,10 @@ def measure(hosts: Hosts | None, transport: str, mib: int, repeats: int) -> dict
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = bench_parser(__doc__)
     ap.add_argument("--sizes", default="1,64,512", help="MiB of KV per transfer, comma-separated")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--transports", default="shm,tcp,mooncake")
-    ap.add_argument("--json", default=None)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     rows = []

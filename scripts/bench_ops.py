@@ -13,8 +13,6 @@ register it with `@case("name")`. Each case is checked (ours == baseline) before
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import time
@@ -25,6 +23,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_report import bench_parser, write_json  # noqa: E402
 
 from fastdeploy_mtp import _kernels  # noqa: E402
 
@@ -340,12 +340,9 @@ def median_seconds(fn, repeats: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = bench_parser(__doc__)
     ap.add_argument("--filter", default="", help="run only cases whose name contains this")
     ap.add_argument("--repeats", type=int, default=11)
-    ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
 
     results = []
@@ -373,8 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         del c
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+    write_json(args.json, results)
     return 0
 
 

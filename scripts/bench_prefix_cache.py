@@ -25,7 +25,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
-from bench_report import print_table, write_json  # noqa: E402
+from bench_report import bench_parser, print_table, write_json  # noqa: E402
 
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
 from tests.support.servers import ServerProcess  # noqa: E402
@@ -112,9 +112,7 @@ async def run_workload(url: str, args: argparse.Namespace, peak: list[float]) ->
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = bench_parser(__doc__)
     ap.add_argument(
         "--clients", type=int, default=16, help="concurrent clients per wave (two waves)"
     )
@@ -126,7 +124,6 @@ def main() -> int:
     ap.add_argument(
         "--only", default=None, help="run only the configurations whose label contains this"
     )
-    ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = []
     for label, extra in CONFIGS:

@@ -1,10 +1,22 @@
-"""Output of the benchmark scripts: result rows as a Markdown table on stdout and, when asked,
+"""What the benchmark scripts share: their command line (the module docstring as the help text,
+``--json``) and their output, result rows as a Markdown table on stdout and, with ``--json``,
 as JSON in a file."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Iterable, Sequence
+
+
+def bench_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A benchmark script's parser: `doc` (its module docstring) as the description, kept as
+    written, and ``--json``, the file that also gets the rows (:func:`write_json`)."""
+    ap = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--json", default=None, help="also write the rows as JSON to this file")
+    return ap
 
 
 def print_table(header: Sequence[str], lines: Iterable[Sequence[str]]) -> None:

@@ -48,7 +48,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
-from bench_report import print_table, write_json  # noqa: E402
+from bench_report import bench_parser, print_table, write_json  # noqa: E402
 
 from fastdeploy_mtp.distributed import find_free_port_range  # noqa: E402
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
@@ -262,9 +262,7 @@ async def run_clients(base_url: str, clients: int, max_tokens: int) -> dict[str,
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = bench_parser(__doc__)
     ap.add_argument(
         "--clients",
         type=lambda text: [int(c) for c in text.split(",")],
@@ -278,7 +276,6 @@ def main() -> int:
     ap.add_argument(
         "--only", default=None, help="run only the configurations whose label contains this"
     )
-    ap.add_argument("--json", default=None, help="also write the rows as JSON to this file")
     ap.add_argument(
         "--pd", action="store_true", help="splitwise: mixed vs prefill + decode + router"
     )
