@@ -26,6 +26,7 @@ import os
 import secrets
 import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,20 @@ def default_secret_path() -> Path:
     return Path(base) / "fastdeploy_mtp" / "splitwise_secret"
 
 
+def not_private(st: os.stat_result, file_type: Callable[[int], bool]) -> str | None:
+    """Why the file ``st`` describes is not this user's alone, or ``None`` when it is:
+    ``"type"`` (``file_type(st.st_mode)`` is false, e.g. ``stat.S_ISDIR`` of a link), ``"owner"``
+    (another uid owns it) or ``"mode"`` (a group or other permission bit is set). Take ``st``
+    from the open descriptor (``os.fstat``) or without following a link (``os.lstat``)."""
+    if not file_type(st.st_mode):
+        return "type"
+    if st.st_uid != os.geteuid():
+        return "owner"
+    if st.st_mode & 0o077:
+        return "mode"
+    return None
+
+
 def _check_secret(value: bytes, where: str) -> bytes:
     value = value.strip()
     if len(value) < MIN_SECRET_BYTES:
@@ -74,17 +89,15 @@ def read_secret_file(path: str | os.PathLike[str]) -> bytes:
         raise CredentialError(f"{where}: {exc.strerror}") from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CredentialError(f"{where}: not a regular file")
-        if st.st_uid != os.geteuid():
-            raise CredentialError(
-                f"{where}: owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
-            )
-        if st.st_mode & 0o077:
-            raise CredentialError(
-                f"{where}: mode {stat.S_IMODE(st.st_mode):04o} lets other users read it; `chmod "
-                "600` it"
-            )
+        problem = not_private(st, stat.S_ISREG)
+        if problem is not None:
+            refusal = {
+                "type": "not a regular file",
+                "owner": f"owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})",
+                "mode": f"mode {stat.S_IMODE(st.st_mode):04o} lets other users read it; "
+                "`chmod 600` it",
+            }[problem]
+            raise CredentialError(f"{where}: {refusal}")
         data = os.read(fd, _MAX_SECRET_BYTES + 1)
     finally:
         os.close(fd)

@@ -26,6 +26,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from ...credentials import not_private
+
 SOCKET_NAME = "engine.sock"
 OWNER_NAME = "owner.json"
 #: created by the engine before it stops its children: their SIGTERM is a shutdown, not its death
@@ -57,19 +59,15 @@ def private_dir(path: Path) -> Path:
     except FileExistsError:
         pass
     st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise RuntimeDirError(
-            f"runtime directory {path} is not a directory (a link or a file); remove it"
-        )
-    if st.st_uid != os.geteuid():
-        raise RuntimeDirError(
-            f"runtime directory {path} is owned by uid {st.st_uid}, not by this user; remove it"
-        )
-    if st.st_mode & 0o077:
-        raise RuntimeDirError(
-            f"runtime directory {path} has mode {stat.S_IMODE(st.st_mode):o}: other users may use "
-            "it; `chmod 700` it or remove it"
-        )
+    problem = not_private(st, stat.S_ISDIR)
+    if problem is not None:
+        refusal = {
+            "type": "is not a directory (a link or a file); remove it",
+            "owner": f"is owned by uid {st.st_uid}, not by this user; remove it",
+            "mode": f"has mode {stat.S_IMODE(st.st_mode):o}: other users may use it; "
+            "`chmod 700` it or remove it",
+        }[problem]
+        raise RuntimeDirError(f"runtime directory {path} {refusal}")
     return path
 
 
