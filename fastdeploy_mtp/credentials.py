@@ -26,7 +26,7 @@ import os
 import secrets
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,18 +52,33 @@ def default_secret_path() -> Path:
     return Path(base) / "fastdeploy_mtp" / "splitwise_secret"
 
 
-def not_private(st: os.stat_result, file_type: Callable[[int], bool]) -> str | None:
-    """Why the file ``st`` describes is not this user's alone, or ``None`` when it is:
-    ``"type"`` (``file_type(st.st_mode)`` is false, e.g. ``stat.S_ISDIR`` of a link), ``"owner"``
-    (another uid owns it) or ``"mode"`` (a group or other permission bit is set). Take ``st``
-    from the open descriptor (``os.fstat``) or without following a link (``os.lstat``)."""
+def privacy_refusal(
+    st: os.stat_result, file_type: Callable[[int], bool], refusals: Mapping[str, str]
+) -> str | None:
+    """``None`` when the file ``st`` describes is this user's alone, else what is wrong, in the
+    words of ``refusals[problem]``: ``"type"`` (``file_type(st.st_mode)`` is false, e.g.
+    ``stat.S_ISDIR`` of a link), ``"owner"`` (another uid owns it) or ``"mode"`` (a group or
+    other permission bit is set), formatted with ``uid`` (the owner's), ``euid`` (this user's)
+    and ``mode`` (the permission bits). Take ``st`` from the open descriptor (``os.fstat``) or
+    without following a link (``os.lstat``)."""
     if not file_type(st.st_mode):
-        return "type"
-    if st.st_uid != os.geteuid():
-        return "owner"
-    if st.st_mode & 0o077:
-        return "mode"
-    return None
+        problem = "type"
+    elif st.st_uid != os.geteuid():
+        problem = "owner"
+    elif st.st_mode & 0o077:
+        problem = "mode"
+    else:
+        return None
+    return refusals[problem].format(uid=st.st_uid, euid=os.geteuid(), mode=stat.S_IMODE(st.st_mode))
+
+
+#: What :func:`read_secret_file` says of a file that is not this user's alone
+#: (:func:`privacy_refusal`'s words).
+_SECRET_FILE_REFUSALS = {
+    "type": "not a regular file",
+    "owner": "owned by uid {uid}, not by this user (uid {euid})",
+    "mode": "mode {mode:04o} lets other users read it; `chmod 600` it",
+}
 
 
 def _check_secret(value: bytes, where: str) -> bytes:
@@ -88,15 +103,8 @@ def read_secret_file(path: str | os.PathLike[str]) -> bytes:
     except OSError as exc:
         raise CredentialError(f"{where}: {exc.strerror}") from None
     try:
-        st = os.fstat(fd)
-        problem = not_private(st, stat.S_ISREG)
-        if problem is not None:
-            refusal = {
-                "type": "not a regular file",
-                "owner": f"owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})",
-                "mode": f"mode {stat.S_IMODE(st.st_mode):04o} lets other users read it; "
-                "`chmod 600` it",
-            }[problem]
+        refusal = privacy_refusal(os.fstat(fd), stat.S_ISREG, _SECRET_FILE_REFUSALS)
+        if refusal is not None:
             raise CredentialError(f"{where}: {refusal}")
         data = os.read(fd, _MAX_SECRET_BYTES + 1)
     finally:

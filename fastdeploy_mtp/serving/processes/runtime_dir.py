@@ -26,7 +26,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from ...credentials import not_private
+from ...credentials import privacy_refusal
 
 SOCKET_NAME = "engine.sock"
 OWNER_NAME = "owner.json"
@@ -51,6 +51,15 @@ def base_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"fastdeploy_mtp-{os.geteuid()}"
 
 
+#: What :func:`private_dir` says of a directory that is not this user's alone
+#: (:func:`~fastdeploy_mtp.credentials.privacy_refusal`'s words).
+_DIR_REFUSALS = {
+    "type": "is not a directory (a link or a file); remove it",
+    "owner": "is owned by uid {uid}, not by this user; remove it",
+    "mode": "has mode {mode:o}: other users may use it; `chmod 700` it or remove it",
+}
+
+
 def private_dir(path: Path) -> Path:
     """``path`` as a directory only this user can use: created with mode 0700 if missing;
     an existing one must be a real directory of this user without group or other bits."""
@@ -58,15 +67,8 @@ def private_dir(path: Path) -> Path:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
-    st = os.lstat(path)
-    problem = not_private(st, stat.S_ISDIR)
-    if problem is not None:
-        refusal = {
-            "type": "is not a directory (a link or a file); remove it",
-            "owner": f"is owned by uid {st.st_uid}, not by this user; remove it",
-            "mode": f"has mode {stat.S_IMODE(st.st_mode):o}: other users may use it; "
-            "`chmod 700` it or remove it",
-        }[problem]
+    refusal = privacy_refusal(os.lstat(path), stat.S_ISDIR, _DIR_REFUSALS)
+    if refusal is not None:
         raise RuntimeDirError(f"runtime directory {path} {refusal}")
     return path
 
