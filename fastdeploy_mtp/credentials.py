@@ -26,6 +26,7 @@ import os
 import secrets
 import stat
 import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,35 @@ def default_secret_path() -> Path:
     return Path(base) / "fastdeploy_mtp" / "splitwise_secret"
 
 
+def privacy_refusal(
+    st: os.stat_result, file_type: Callable[[int], bool], refusals: Mapping[str, str]
+) -> str | None:
+    """``None`` when the file ``st`` describes is this user's alone, else what is wrong, in the
+    words of ``refusals[problem]``: ``"type"`` (``file_type(st.st_mode)`` is false, e.g.
+    ``stat.S_ISDIR`` of a link), ``"owner"`` (another uid owns it) or ``"mode"`` (a group or
+    other permission bit is set), formatted with ``uid`` (the owner's), ``euid`` (this user's)
+    and ``mode`` (the permission bits). Take ``st`` from the open descriptor (``os.fstat``) or
+    without following a link (``os.lstat``)."""
+    if not file_type(st.st_mode):
+        problem = "type"
+    elif st.st_uid != os.geteuid():
+        problem = "owner"
+    elif st.st_mode & 0o077:
+        problem = "mode"
+    else:
+        return None
+    return refusals[problem].format(uid=st.st_uid, euid=os.geteuid(), mode=stat.S_IMODE(st.st_mode))
+
+
+#: What :func:`read_secret_file` says of a file that is not this user's alone
+#: (:func:`privacy_refusal`'s words).
+_SECRET_FILE_REFUSALS = {
+    "type": "not a regular file",
+    "owner": "owned by uid {uid}, not by this user (uid {euid})",
+    "mode": "mode {mode:04o} lets other users read it; `chmod 600` it",
+}
+
+
 def _check_secret(value: bytes, where: str) -> bytes:
     value = value.strip()
     if len(value) < MIN_SECRET_BYTES:
@@ -73,18 +103,9 @@ def read_secret_file(path: str | os.PathLike[str]) -> bytes:
     except OSError as exc:
         raise CredentialError(f"{where}: {exc.strerror}") from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CredentialError(f"{where}: not a regular file")
-        if st.st_uid != os.geteuid():
-            raise CredentialError(
-                f"{where}: owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
-            )
-        if st.st_mode & 0o077:
-            raise CredentialError(
-                f"{where}: mode {stat.S_IMODE(st.st_mode):04o} lets other users read it; `chmod "
-                "600` it"
-            )
+        refusal = privacy_refusal(os.fstat(fd), stat.S_ISREG, _SECRET_FILE_REFUSALS)
+        if refusal is not None:
+            raise CredentialError(f"{where}: {refusal}")
         data = os.read(fd, _MAX_SECRET_BYTES + 1)
     finally:
         os.close(fd)

@@ -38,8 +38,9 @@ ALLOWED: dict[str, set[str]] = {
     # imports neither; structured output (runtime.guided) reads the model folder's tokenizer
     "runtime": {"constants", "config", "ops", "ipc", "models", "distributed", "tokenization"},
     "proposer": {"constants", "config", "ops", "ipc", "models", "runtime", "distributed"},
-    # the hand-over implements the engine's SlotHandover (and raises its HandoffError)
-    "splitwise": {"constants", "config", "ops", "ipc", "credentials", "runtime"},
+    # the hand-over implements the engine's SlotHandover (and raises its HandoffError); the KV
+    # layout reads a peer's caches as the model's cache spec (models.cache_spec) describes them
+    "splitwise": {"constants", "config", "ops", "ipc", "credentials", "runtime", "models"},
     "tokenization": {"config"},
     # the draft-fidelity reference (transformers, where installed) reads model folders' configs
     "checks": {"config", "models"},

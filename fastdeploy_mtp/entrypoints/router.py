@@ -7,12 +7,12 @@ import argparse
 from typing import Any
 
 from ..credentials import add_credential_args
-from ..engine_args import UsageError, options_from_args, positive_float, positive_int
-from ..serving.processes.start_up import option_defaults
+from ..engine_args import UsageError, options_from_args, positive_float
 from ..serving.router.options import RouterOptions
+from .option_flags import OptionFlags
 
-#: each flag's default, from :class:`RouterOptions` (the one place it is written)
-_DEFAULTS = option_defaults(RouterOptions)
+#: the flags of :class:`RouterOptions`, each with its field's default
+_FLAGS = OptionFlags(RouterOptions)
 
 
 def register(sub: Any) -> None:
@@ -42,45 +42,35 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="a decode instance's base URL (repeatable)",
     )
-    p.add_argument(
-        "--host", default=_DEFAULTS["host"], help="address to listen on (default %(default)s)"
-    )
-    p.add_argument(
-        "--port",
-        type=positive_int,
-        default=_DEFAULTS["port"],
-        help="HTTP port (default %(default)s)",
-    )
-    p.add_argument(
+    _FLAGS.add_listen_args(p)
+    _FLAGS.add(
+        p,
         "--queue-timeout",
         type=positive_float,
-        default=_DEFAULTS["queue_timeout"],
         help="seconds a request may wait for a decode instance with room before it fails with 503 "
         "(default %(default)g)",
     )
-    p.add_argument(
+    _FLAGS.add(
+        p,
         "--instance-timeout",
         type=positive_float,
-        default=_DEFAULTS["instance_timeout"],
         help="seconds an instance may stay silent (a prefill answer, or the next event of a "
         "decode stream) before the request fails with 504 naming it (default %(default)g)",
     )
-    p.add_argument(
-        "--served-model-name",
-        default=_DEFAULTS["served_model_name"],
-        help="model id in the API (default: the first prefill instance's)",
+    _FLAGS.add(
+        p, "--served-model-name", help="model id in the API (default: the first prefill instance's)"
     )
-    p.add_argument(
+    _FLAGS.add(
+        p,
         "--tokenizer",
-        default=_DEFAULTS["tokenizer"],
         metavar="DIR",
         help="the served model's folder (its tokenizer files and generation_config.json; default: "
         "the shipped one)",
     )
-    p.add_argument(
+    _FLAGS.add(
+        p,
         "--start-timeout",
         type=positive_float,
-        default=_DEFAULTS["start_timeout"],
         help="seconds to wait at start-up for every instance's /health (default %(default)g)",
     )
     add_credential_args(p)

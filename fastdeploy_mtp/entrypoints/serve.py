@@ -22,13 +22,13 @@ from ..engine_args import (
     resolve_speculative_config,
 )
 from ..serving.processes.serve_options import ServeOptions
-from ..serving.processes.start_up import option_defaults
 from ..serving.token_channel.base import TOKEN_CHANNELS
 from ..splitwise.transport import AUTO, transport_names
 from .offline import CommandError
+from .option_flags import OptionFlags
 
-#: each flag's default, from :class:`ServeOptions` (the one place it is written)
-_DEFAULTS = option_defaults(ServeOptions)
+#: the flags of :class:`ServeOptions`, each with its field's default
+_FLAGS = OptionFlags(ServeOptions)
 
 
 def register(sub: Any) -> None:
@@ -43,54 +43,42 @@ def register(sub: Any) -> None:
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     """The server's arguments besides the speculative ones."""
-    p.add_argument(
-        "--host", default=_DEFAULTS["host"], help="address to listen on (default %(default)s)"
-    )
-    p.add_argument(
-        "--port",
-        type=positive_int,
-        default=_DEFAULTS["port"],
-        help="HTTP port (default %(default)s)",
-    )
+    _FLAGS.add_listen_args(p)
     add_model_arg(p, positional=True)
-    p.add_argument(
+    _FLAGS.add(
+        p,
         "--served-model-name",
-        default=_DEFAULTS["served_model_name"],
         help="model id in the API (default: the model folder; fastdeploy-mtp-tiny for the shipped "
         "one)",
     )
-    p.add_argument(
-        "--tensor-parallel-size",
-        "-tp",
-        type=positive_int,
-        default=_DEFAULTS["tensor_parallel_size"],
-        help="worker processes, one per rank",
+    _FLAGS.add(
+        p, "--tensor-parallel-size", "-tp", type=positive_int, help="worker processes, one per rank"
     )
     add_max_num_seqs_arg(
         p,
-        _DEFAULTS["max_num_seqs"],
+        _FLAGS.defaults["max_num_seqs"],
         "batch slots (default: min(256, the KV blocks --kv-cache-memory holds / the blocks of a "
         "request a quarter of --max-model-len long); with --token-channel sysv: 8, or fewer if "
         "kernel.msgmax cannot carry the token message of 8)",
     )
-    p.add_argument(
+    _FLAGS.add(
+        p,
         "--max-model-len",
         type=positive_int,
-        default=_DEFAULTS["max_model_len"],
         help="longest prompt + output (default %(default)s)",
     )
     _add_capacity_args(p)
-    p.add_argument(
+    _FLAGS.add(
+        p,
         "--engine-worker-queue-port",
         type=positive_int,
-        default=_DEFAULTS["engine_worker_queue_port"],
         help="names the deployment: its runtime directory (the engine<->worker socket), its SysV "
         "token queue id and its cache_ready_signal suffix (default: a free port number)",
     )
-    p.add_argument(
+    _FLAGS.add(
+        p,
         "--step-timeout",
         type=positive_float,
-        default=_DEFAULTS["step_timeout"],
         help="seconds one step of the workers may take before the deployment counts as hung: "
         "requests in flight fail, /health turns 503 and the server exits with status 1 (default "
         "%(default)g)",
@@ -100,10 +88,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         default=None,  # (a string here, e.g. "0,1": ServeOptions holds the parsed list)
         help="device id per rank in the cache names (default 0..tp-1)",
     )
-    p.add_argument(
+    _FLAGS.add(
+        p,
         "--prefill-chunk-size",
         type=non_negative_int,
-        default=_DEFAULTS["prefill_chunk_size"],
         help="most prompt tokens of one request per step (chunked prefill; default 0: only the "
         "step's token budget)",
     )
@@ -119,35 +107,35 @@ def _kv_memory(text: str) -> int | None:
 
 
 def _add_capacity_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+    _FLAGS.add(
+        p,
         "--kv-cache-memory",
         type=_kv_memory,
-        default=_DEFAULTS["kv_cache_memory"],
         metavar="SIZE",
         help="KV cache bytes per rank, every layer's (e.g. 512MiB, 2G); the KV blocks follow from "
         "it, never more than --max-num-seqs requests of --max-model-len can use (default auto: "
         "10%% of the host's available memory, at most half the free space of /dev/shm, split "
         "between the ranks)",
     )
-    p.add_argument(
+    _FLAGS.add(
+        p,
         "--max-num-batched-tokens",
         type=positive_int,
-        default=_DEFAULTS["max_num_batched_tokens"],
         metavar="N",
         help="tokens one step may run: every slot's decode row with its K drafts first, then "
         "prefill chunks up to the budget; at least max_num_seqs * (K + 1) + 1 (default: max(256, "
         "max_num_seqs * (K + 1) + 64))",
     )
-    p.add_argument(
+    _FLAGS.add(
+        p,
         "--enable-prefix-caching",
         action=argparse.BooleanOptionalAction,
-        default=_DEFAULTS["enable_prefix_caching"],
         help="share the KV blocks of identical prompt prefixes between requests (default: on)",
     )
-    p.add_argument(
+    _FLAGS.add(
+        p,
         "--token-channel",
         choices=TOKEN_CHANNELS,
-        default=_DEFAULTS["token_channel"],
         help="how worker rank 0 hands each step's tokens to the engine: shm (default; a private "
         "shared-memory segment, any --max-num-seqs) or sysv (FastDeploy's SysV message: 2,060 + "
         "1,032 bytes per slot, so kernel.msgmax bounds the slots, 5 on a default kernel)",
@@ -158,53 +146,53 @@ def _add_splitwise_args(p: argparse.ArgumentParser) -> None:
     sw = p.add_argument_group(
         "splitwise (disaggregated prefill/decode; see `fastdeploy-mtp router`)"
     )
-    sw.add_argument(
+    _FLAGS.add(
+        sw,
         "--splitwise-role",
         choices=("mixed", "prefill", "decode"),
-        default=_DEFAULTS["splitwise_role"],
         help="mixed (default): a whole server; prefill: runs prompts and hands requests over; "
         "decode: continues them",
     )
-    sw.add_argument(
+    _FLAGS.add(
+        sw,
         "--splitwise-port",
         type=positive_int,
-        default=_DEFAULTS["splitwise_port"],
         help="prefill: TCP port the KV blocks are served on (default: free)",
     )
-    sw.add_argument(
+    _FLAGS.add(
+        sw,
         "--kv-transport",
         choices=(AUTO, *transport_names()),
-        default=_DEFAULTS["kv_transport"],
         help="decode: how KV blocks are pulled: shm (same host), mooncake (the Mooncake transfer "
         "engine: RDMA, else its TCP), tcp (over the KV port); auto (default): shm when the "
         "prefill's caches are on this host, else mooncake when the prefill offers it, else tcp. "
         "prefill: mooncake registers the caches with the Mooncake transfer engine as well (needs "
         "the pd extra); shm and tcp are always offered",
     )
-    sw.add_argument(
+    _FLAGS.add(
+        sw,
         "--kv-transfer-timeout",
         type=positive_float,
-        default=_DEFAULTS["kv_transfer_timeout"],
         help="decode: seconds one KV transfer may take (default %(default)g)",
     )
-    sw.add_argument(
+    _FLAGS.add(
+        sw,
         "--kv-advertise-host",
-        default=_DEFAULTS["kv_advertise_host"],
         help="prefill: the host name decode instances reach the KV port (and the transfer engine) "
         "at (default --host; with --host 0.0.0.0, the address of the default route, else the "
         "first interface address that is not loopback)",
     )
-    sw.add_argument(
+    _FLAGS.add(
+        sw,
         "--kv-hold-timeout",
         type=positive_float,
-        default=_DEFAULTS["kv_hold_timeout"],
         help="prefill: seconds handed-off KV blocks wait for a decode instance (default "
         "%(default)g)",
     )
-    sw.add_argument(
+    _FLAGS.add(
+        sw,
         "--max-waiting-requests",
         type=positive_int,
-        default=_DEFAULTS["max_waiting_requests"],
         help="decode: handed-over requests that may queue for a slot before the router is told to "
         "wait (429; default: --max-num-seqs)",
     )

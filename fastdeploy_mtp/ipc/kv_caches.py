@@ -18,12 +18,15 @@ FastDeploy's convention, which the cache manager
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import paddle
 
 from .. import ops
+
+if TYPE_CHECKING:
+    from .signals import IPCSignal
 
 #: The signal a cache creator raises per rank once every cache of that rank is published.
 CACHE_READY_SIGNAL = "cache_ready_signal"
@@ -113,6 +116,25 @@ def acquire_caches(
     return attach_spec_caches(specs, names), names
 
 
+def cache_ready_signal(
+    tensor_parallel_size: int, port: int, create: bool, timeout: float = 0.0
+) -> IPCSignal:
+    """``cache_ready_signal.<port>`` (``port``: the deployment's ``engine_worker_queue_port``):
+    int32 ``[tensor_parallel_size]``, 1 at a rank once its caches are published. The cache
+    manager creates it (``create=True``); a worker opens it (``create=False``), waiting up to
+    ``timeout`` seconds for it to exist."""
+    from .signals import IPCSignal
+
+    return IPCSignal(
+        CACHE_READY_SIGNAL,
+        np.zeros([tensor_parallel_size], np.int32),
+        np.int32,
+        suffix=port,
+        create=create,
+        timeout=timeout,
+    )
+
+
 def wait_cache_ready(parallel_config: Any, timeout: float) -> None:
     """Block until ``cache_ready_signal.<engine_worker_queue_port>`` holds 1 at this rank
     (``local_rank % tensor_parallel_size``). Waits up to ``timeout`` seconds for the signal to
@@ -122,17 +144,10 @@ def wait_cache_ready(parallel_config: Any, timeout: float) -> None:
         fastdeploy_mtp.ipc.signals.IPCSignalError: timeout, or the creator died (then
             :class:`~fastdeploy_mtp.ipc.signals.CreatorGoneError`).
     """
-    from .signals import IPCSignal
-
     tp = parallel_config.tensor_parallel_size
     rank = parallel_config.local_rank % tp
-    signal = IPCSignal(
-        CACHE_READY_SIGNAL,
-        np.zeros([tp], np.int32),
-        np.int32,
-        suffix=parallel_config.engine_worker_queue_port,
-        create=False,
-        timeout=timeout,
+    signal = cache_ready_signal(
+        tp, parallel_config.engine_worker_queue_port, create=False, timeout=timeout
     )
     try:
         signal.wait_for(lambda v: v[rank] == 1, timeout=timeout)

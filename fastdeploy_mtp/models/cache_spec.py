@@ -22,11 +22,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .interfaces import AttentionBackend
 from .model_config import MODEL_DTYPES, ModelConfig
-from .parallel_layers import kv_cache_shape
+
+if TYPE_CHECKING:  # (they import Paddle: the splitwise layout imports this module without it)
+    from .interfaces import AttentionBackend
 
 #: Values of :attr:`CacheSpec.owner`, in list order.
 CACHE_OWNERS = ("target", "mtp")
@@ -126,6 +127,8 @@ def model_cache_specs(
     Raises:
         ValueError: ``num_blocks <= 0`` or a config field ``tensor_parallel_size`` does not divide.
     """
+    from .parallel_layers import kv_cache_shape
+
     shape = tuple(kv_cache_shape(config, num_blocks, tensor_parallel_size))
     if config.dtype not in MODEL_DTYPES:
         raise ValueError(f"`dtype` must be one of {MODEL_DTYPES}, got {config.dtype!r}")

@@ -17,10 +17,12 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
+
+from ..models.cache_spec import CACHE_KINDS, CACHE_OWNERS, CacheSpec
 
 __all__ = [
     "HOST_DTYPES",
@@ -73,13 +75,14 @@ def nonempty_str(value: Any, name: str, where: str) -> str:
 #: Cache dtypes a layout may name, with the numpy dtype of their host views (numpy has no
 #: bfloat16: its bits travel as int16).
 HOST_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "int16"}
-_ENTRY_KEYS = ("owner", "layer", "kind", "shape", "dtype")
+#: The keys of a cache's JSON form (``CacheSpec.to_dict``), in order.
+_ENTRY_KEYS = tuple(f.name for f in fields(CacheSpec))
 
 
-@dataclass(frozen=True)
-class CacheEntry:
-    """One cache of one rank, as the model's cache spec describes it
-    (:class:`fastdeploy_mtp.models.cache_spec.CacheSpec`, in its JSON form).
+class CacheEntry(CacheSpec):
+    """One cache of one rank, as the model's cache spec describes it: a
+    :class:`~fastdeploy_mtp.models.cache_spec.CacheSpec` (its fields, its JSON form) read from
+    a peer, so a bad field is a :class:`TransferError` that names it.
 
     Attributes:
         owner: ``"target"`` or ``"mtp"``.
@@ -89,18 +92,12 @@ class CacheEntry:
         dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``.
     """
 
-    owner: str
-    layer: int
-    kind: str
-    shape: tuple[int, ...]
-    dtype: str
-
     def __post_init__(self) -> None:
         where = f"KV layout cache {self.owner!r} {self.layer!r} {self.kind!r}"
-        if self.owner not in ("target", "mtp"):
+        if self.owner not in CACHE_OWNERS:
             raise TransferError(f"{where}: `owner` must be 'target' or 'mtp', got {self.owner!r}")
         int_field(self.layer, "layer", 0, where)
-        if self.kind not in ("key", "value", "latent"):
+        if self.kind not in CACHE_KINDS:
             raise TransferError(
                 f"{where}: `kind` must be 'key', 'value' or 'latent', got {self.kind!r}"
             )
@@ -117,10 +114,6 @@ class CacheEntry:
             )
 
     @property
-    def block_shape(self) -> tuple[int, ...]:
-        return self.shape[1:]
-
-    @property
     def host_dtype(self) -> str:
         """The numpy dtype of this cache's host arrays (:data:`HOST_DTYPES`)."""
         return HOST_DTYPES[self.dtype]
@@ -133,15 +126,6 @@ class CacheEntry:
     @property
     def label(self) -> str:
         return f"{self.owner} layer {self.layer} {self.kind}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "owner": self.owner,
-            "layer": self.layer,
-            "kind": self.kind,
-            "shape": list(self.shape),
-            "dtype": self.dtype,
-        }
 
 
 @dataclass(frozen=True)

@@ -14,31 +14,10 @@ import pytest
 
 from fastdeploy_mtp.credentials import DroppedMessages
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams, TokenLogprob
-from fastdeploy_mtp.serving.messages.engine_workers import (
-    DecodeTask,
-    Done,
-    Failed,
-    ImportTask,
-    PrefillTask,
-    Ready,
-    Shutdown,
-    Step,
-    StepResult,
-    decode_engine_message,
-    decode_worker_message,
-)
-from fastdeploy_mtp.serving.messages.router_instances import (
-    DecodeRequest,
-    ErrorDetail,
-    ErrorMessage,
-    FinishEvent,
-    HandoffMessage,
-    PrefillAnswer,
-    PrefillRequest,
-    TokensEvent,
-    decode_event,
-    decode_http,
-)
+
+# the messages by protocol: ``ew.Step`` (engine <-> workers), ``ri.PrefillRequest`` (router <->
+# splitwise instances)
+from fastdeploy_mtp.serving.messages import engine_workers as ew, router_instances as ri
 from fastdeploy_mtp.serving.messages.wire import (
     PROTOCOL_VERSION,
     MessageError,
@@ -54,12 +33,12 @@ from tests.support.servers import remote_runner
 
 LOGPROB = TokenLogprob(7, -0.25, [(7, -0.25), (9, -1.5)])
 SAMPLING = SamplingParams(temperature=0.7, top_k=5, seed=3, stop=["\n"], logprobs=2)
-STEP = Step(
+STEP = ew.Step(
     step=4,
     free=[1],
     abort=[2],
     tasks=[
-        PrefillTask(
+        ew.PrefillTask(
             idx=0,
             request_id="a",
             block_tables=[3, 4],
@@ -70,7 +49,7 @@ STEP = Step(
             prompt_token_ids=[1, 2, 3, 4, 5],
             sampling=SAMPLING,
         ),
-        PrefillTask(
+        ew.PrefillTask(
             idx=3,
             request_id="c",
             block_tables=[5],
@@ -79,8 +58,8 @@ STEP = Step(
             max_tokens=8,
             output_token_ids=[],
         ),
-        DecodeTask(idx=1, request_id="b", block_tables=[0]),
-        ImportTask(
+        ew.DecodeTask(idx=1, request_id="b", block_tables=[0]),
+        ew.ImportTask(
             idx=2,
             request_id="d",
             block_tables=[6],
@@ -93,7 +72,7 @@ STEP = Step(
     ],
     export=[0],
 )
-RESULT = StepResult(
+RESULT = ew.StepResult(
     stop_flags=[False, True],
     decode_lens=[4, 0],
     drafts=[[1, 2, 3], [0, 0, 0]],
@@ -106,52 +85,52 @@ RESULT = StepResult(
 
 @pytest.mark.parametrize(
     "message",
-    [STEP, Shutdown()],
+    [STEP, ew.Shutdown()],
     ids=["step", "shutdown"],
 )
 def test_engine_messages_round_trip(message):
-    got = decode_engine_message(message.encode())
+    got = ew.decode_engine_message(message.encode())
     assert got == message and type(got) is type(message)
 
 
 @pytest.mark.parametrize(
     "message",
     [
-        Ready(rank=1, pid=42),
-        Done(step=4, rank=0, result=RESULT),
-        Done(step=4, rank=1),
-        Failed(step=None, rank=0, message="x"),
+        ew.Ready(rank=1, pid=42),
+        ew.Done(step=4, rank=0, result=RESULT),
+        ew.Done(step=4, rank=1),
+        ew.Failed(step=None, rank=0, message="x"),
     ],
     ids=["ready", "done", "done-rank1", "error"],
 )
 def test_worker_messages_round_trip(message):
-    got = decode_worker_message(message.encode())
+    got = ew.decode_worker_message(message.encode())
     assert got == message and type(got) is type(message)
 
 
 def test_result_keeps_its_types():
-    got = decode_worker_message(Done(step=1, rank=0, result=RESULT).encode())
-    assert isinstance(got, Done) and got.result is not None
+    got = ew.decode_worker_message(ew.Done(step=1, rank=0, result=RESULT).encode())
+    assert isinstance(got, ew.Done) and got.result is not None
     assert got.result.logprobs == {0: [LOGPROB]} and isinstance(
         got.result.logprobs[0][0], TokenLogprob
     )
     assert list(got.result.exports) == [0]
-    task = decode_engine_message(STEP.encode()).tasks[0]  # type: ignore[union-attr]
-    assert isinstance(task, PrefillTask) and task.sampling == SAMPLING
+    task = ew.decode_engine_message(STEP.encode()).tasks[0]  # type: ignore[union-attr]
+    assert isinstance(task, ew.PrefillTask) and task.sampling == SAMPLING
 
 
 @pytest.mark.parametrize(
     "message",
     [
-        PrefillRequest(request_id="a", prompt_token_ids=[1], max_tokens=3, sampling=SAMPLING),
-        DecodeRequest(
+        ri.PrefillRequest(request_id="a", prompt_token_ids=[1], max_tokens=3, sampling=SAMPLING),
+        ri.DecodeRequest(
             request_id="a",
             prompt_token_ids=[1],
             max_tokens=3,
             output_token_ids=[2],
             handoff={"state": {}, "kv": {}},
         ),
-        PrefillAnswer(
+        ri.PrefillAnswer(
             request_id="a",
             output_token_ids=[7],
             output_logprobs=[LOGPROB],
@@ -159,31 +138,31 @@ def test_result_keeps_its_types():
             finished=False,
             handoff={"state": {}, "kv": {}},
         ),
-        HandoffMessage(state={"target": {}}, kv={"version": 1}, signature="0" * 64),
-        ErrorMessage(error=ErrorDetail(message="no", type="server_error", code=500)),
+        ri.HandoffMessage(state={"target": {}}, kv={"version": 1}, signature="0" * 64),
+        ri.ErrorMessage(error=ri.ErrorDetail(message="no", type="server_error", code=500)),
     ],
     ids=["prefill", "decode", "answer", "handoff", "error"],
 )
 def test_http_messages_round_trip(message):
-    assert decode_http(type(message), message.encode(), "test") == message
+    assert ri.decode_http(type(message), message.encode(), "test") == message
 
 
 def test_decode_events_keep_the_shape_clients_see():
-    tokens = TokensEvent(token_ids=[1, 2])
+    tokens = ri.TokensEvent(token_ids=[1, 2])
     assert json.loads(tokens.model_dump_json(exclude_none=True)) == {"token_ids": [1, 2]}
-    assert decode_event(tokens.model_dump_json(exclude_none=True), "test") == tokens
-    with_logprobs = TokensEvent(token_ids=[7], logprobs=[LOGPROB])
-    assert decode_event(with_logprobs.model_dump_json(), "test") == with_logprobs
-    assert decode_event('{"finish_reason": "length"}', "test") == FinishEvent(
+    assert ri.decode_event(tokens.model_dump_json(exclude_none=True), "test") == tokens
+    with_logprobs = ri.TokensEvent(token_ids=[7], logprobs=[LOGPROB])
+    assert ri.decode_event(with_logprobs.model_dump_json(), "test") == with_logprobs
+    assert ri.decode_event('{"finish_reason": "length"}', "test") == ri.FinishEvent(
         finish_reason="length"
     )
-    error = decode_event(
+    error = ri.decode_event(
         '{"error": {"message": "lost", "type": "server_error", "code": 500}}', "test"
     )
-    assert isinstance(error, ErrorMessage) and error.error.message == "lost"
+    assert isinstance(error, ri.ErrorMessage) and error.error.message == "lost"
     # the router's request bodies are what the instances always read (no version key: it is a
     # header)
-    body = PrefillRequest(
+    body = ri.PrefillRequest(
         request_id="a", prompt_token_ids=[1], max_tokens=3, sampling=SamplingParams()
     )
     assert json.loads(body.encode()) == {
@@ -210,15 +189,15 @@ def test_another_version_is_refused_naming_both():
         MessageError,
         match=rf"protocol version {other}; this process speaks version {PROTOCOL_VERSION}",
     ):
-        decode_engine_message(_raw(STEP, version=other))
+        ew.decode_engine_message(_raw(STEP, version=other))
     # even when the rest does not fit this version's fields either
     with pytest.raises(MessageError, match=rf"protocol version {other};"):
-        decode_worker_message(_raw(Ready(rank=0, pid=1), version=other, pid="new"))
+        ew.decode_worker_message(_raw(ew.Ready(rank=0, pid=1), version=other, pid="new"))
     with pytest.raises(
         MessageError,
         match=rf"sent no protocol version; this process speaks version {PROTOCOL_VERSION}",
     ):
-        decode_worker_message(_raw(Ready(rank=0, pid=1), version=...))
+        ew.decode_worker_message(_raw(ew.Ready(rank=0, pid=1), version=...))
     with pytest.raises(MessageError, match=r"the router speaks protocol version 3;"):
         check_header_version("3", "the router")
     with pytest.raises(MessageError, match=r"sent no protocol version"):
@@ -228,27 +207,27 @@ def test_another_version_is_refused_naming_both():
 
 def test_a_missing_field_or_a_wrong_type_is_named():
     with pytest.raises(MessageError, match=r"from a worker: .*rank: Field required") as missing:
-        decode_worker_message(_raw(Done(step=1, rank=0), rank=...))
+        ew.decode_worker_message(_raw(ew.Done(step=1, rank=0), rank=...))
     assert missing.value.field is not None and "rank" in missing.value.field
     with pytest.raises(MessageError, match=r"step: Input should be a valid integer"):
-        decode_engine_message(_raw(STEP, step="four"))
+        ew.decode_engine_message(_raw(STEP, step="four"))
     with pytest.raises(MessageError, match=r"tasks\.0\.PREFILL\.start"):
         raw = json.loads(STEP.encode())
         del raw["tasks"][0]["start"]
-        decode_engine_message(json.dumps(raw).encode())
+        ew.decode_engine_message(json.dumps(raw).encode())
     with pytest.raises(MessageError, match=r"type"):
-        decode_engine_message(_raw(STEP, type="jump"))
+        ew.decode_engine_message(_raw(STEP, type="jump"))
     with pytest.raises(MessageError, match=r"malformed"):
-        decode_engine_message(b"{not json")
+        ew.decode_engine_message(b"{not json")
     with pytest.raises(MessageError, match=r"Extra inputs are not permitted"):
-        decode_http(
-            PrefillRequest,
+        ri.decode_http(
+            ri.PrefillRequest,
             b'{"request_id": "a", "prompt_token_ids": [], "max_tokens": 1, "x": 1}',
             "test",
         )
     with pytest.raises(MessageError, match=r"sampling.top_k"):
-        decode_http(
-            PrefillRequest,
+        ri.decode_http(
+            ri.PrefillRequest,
             b'{"request_id": "a", "prompt_token_ids": [], "max_tokens": 1, '
             b'"sampling": {"top_k": 1.5}}',
             "t",
@@ -259,7 +238,7 @@ def test_a_missing_field_or_a_wrong_type_is_named():
 def test_a_worker_answers_a_malformed_message_and_goes_on():
     ran: list[int] = []
 
-    def step(msg: Step) -> StepResult | None:
+    def step(msg: ew.Step) -> ew.StepResult | None:
         ran.append(msg.step)
         if msg.step == 2:
             raise RuntimeError("boom")
@@ -267,18 +246,20 @@ def test_a_worker_answers_a_malformed_message_and_goes_on():
 
     refused = answer(_raw(STEP, version=9), rank=0, step=step)
     assert (
-        isinstance(refused, Failed)
+        isinstance(refused, ew.Failed)
         and refused.step is None
         and "protocol version 9" in refused.message
     )
-    assert isinstance(answer(b"\xff", rank=0, step=step), Failed)
-    done = answer(Step(step=1).encode(), rank=0, step=step)
-    assert done == Done(step=1, rank=0, result=RESULT)
-    failed = answer(Step(step=2).encode(), rank=0, step=step)
+    assert isinstance(answer(b"\xff", rank=0, step=step), ew.Failed)
+    done = answer(ew.Step(step=1).encode(), rank=0, step=step)
+    assert done == ew.Done(step=1, rank=0, result=RESULT)
+    failed = answer(ew.Step(step=2).encode(), rank=0, step=step)
     assert (
-        isinstance(failed, Failed) and failed.step == 2 and "RuntimeError: boom" in failed.message
+        isinstance(failed, ew.Failed)
+        and failed.step == 2
+        and "RuntimeError: boom" in failed.message
     )
-    assert answer(Shutdown().encode(), rank=0, step=step) is None
+    assert answer(ew.Shutdown().encode(), rank=0, step=step) is None
     assert ran == [1, 2]
 
 
@@ -313,8 +294,8 @@ def _engine_side(payloads: list[bytes], identity: bytes = b"rank0") -> RemoteRun
 @pytest.mark.parametrize(
     "payload, words",
     [
-        (Done(step=1, rank=0).encode(), "without its result"),
-        (Failed(step=None, rank=0, message="refused: bad step").encode(), "refused: bad step"),
+        (ew.Done(step=1, rank=0).encode(), "without its result"),
+        (ew.Failed(step=None, rank=0, message="refused: bad step").encode(), "refused: bad step"),
     ],
     ids=["no-result", "unread-step"],
 )
@@ -327,17 +308,17 @@ def test_the_engine_fails_the_step_on_a_bad_answer_not_the_deployment(payload, w
 
 STRAYS = {
     "not-an-object": b"[1, 2]",
-    "version": _raw(Done(step=1, rank=0, result=RESULT), version=PROTOCOL_VERSION + 1),
-    "other-step": Done(step=999999, rank=0, result=RESULT).encode(),
-    "ready": Ready(rank=0, pid=1).encode(),
-    "other-rank": Done(step=1, rank=1, result=RESULT).encode(),
+    "version": _raw(ew.Done(step=1, rank=0, result=RESULT), version=PROTOCOL_VERSION + 1),
+    "other-step": ew.Done(step=999999, rank=0, result=RESULT).encode(),
+    "ready": ew.Ready(rank=0, pid=1).encode(),
+    "other-rank": ew.Done(step=1, rank=1, result=RESULT).encode(),
     "bytes": b"\xff" * 44,
 }
 
 
 @pytest.mark.parametrize("stray", list(STRAYS.values()), ids=list(STRAYS))
 def test_a_reply_that_is_not_the_awaited_one_is_dropped_and_counted(stray):
-    good = Done(step=1, rank=0, result=RESULT).encode()
+    good = ew.Done(step=1, rank=0, result=RESULT).encode()
     runner = _engine_side([stray, stray, good])
     assert runner._replies() == RESULT  # the real answer still arrives: nothing failed
     assert runner.dropped.counts()["worker"] == 2
@@ -345,7 +326,7 @@ def test_a_reply_that_is_not_the_awaited_one_is_dropped_and_counted(stray):
 
 
 def test_a_frame_from_a_peer_that_is_not_a_worker_is_dropped():
-    runner = _engine_side([Done(step=1, rank=0, result=RESULT).encode()], identity=b"intruder")
+    runner = _engine_side([ew.Done(step=1, rank=0, result=RESULT).encode()], identity=b"intruder")
     with pytest.raises(
         WorkerDiedError, match="no answer from the workers"
     ):  # only the step timeout
@@ -362,12 +343,12 @@ def test_a_real_worker_refuses_malformed_messages_and_keeps_serving():
     with remote_runner(spec, 2, 128) as runner:
         for bad in (
             b"{not json",
-            _raw(Step(step=1), version=PROTOCOL_VERSION + 1),
-            _raw(Step(step=1), free="x"),
+            _raw(ew.Step(step=1), version=PROTOCOL_VERSION + 1),
+            _raw(ew.Step(step=1), free="x"),
         ):
             runner._sock.send_multipart([b"rank0", bad])
             reply = runner._recv(time.monotonic() + 60, "test")
-            assert isinstance(reply, Failed) and reply.step is None, reply
+            assert isinstance(reply, ew.Failed) and reply.step is None, reply
         assert all(p.poll() is None for p in runner.procs.values()), "a process exited"
         engine = build_engine(runner.fd_config, runner=runner)
         results = engine.generate(

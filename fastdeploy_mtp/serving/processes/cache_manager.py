@@ -22,8 +22,6 @@ import signal
 import sys
 import time
 
-import numpy as np
-
 from .child_process import Terminated, become_child_process, install_stop_handlers
 from .layout import ServeLayout
 
@@ -40,19 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     become_child_process(parent_death_signal=False)
     import paddle
 
-    from ...ipc.kv_caches import CACHE_READY_SIGNAL, publish_caches, unpublish_caches
-    from ...ipc.signals import IPCSignal
+    from ...ipc.kv_caches import cache_ready_signal, publish_caches, unpublish_caches
     from ...models.cache_spec import owned_by
 
     arch = layout.arch()
     specs = layout.cache_specs(arch)
-    tp = layout.tensor_parallel_size
-    ready = IPCSignal(
-        CACHE_READY_SIGNAL,
-        np.zeros([tp], np.int32),
-        np.int32,
-        suffix=layout.engine_worker_queue_port,
-        create=True,
+    ready = cache_ready_signal(
+        layout.tensor_parallel_size, layout.engine_worker_queue_port, create=True
     )
     published: list[tuple[list[paddle.Tensor], list[str]]] = []
     try:

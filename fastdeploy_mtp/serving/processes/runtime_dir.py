@@ -26,6 +26,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from ...credentials import privacy_refusal
+
 SOCKET_NAME = "engine.sock"
 OWNER_NAME = "owner.json"
 #: created by the engine before it stops its children: their SIGTERM is a shutdown, not its death
@@ -49,6 +51,15 @@ def base_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"fastdeploy_mtp-{os.geteuid()}"
 
 
+#: What :func:`private_dir` says of a directory that is not this user's alone
+#: (:func:`~fastdeploy_mtp.credentials.privacy_refusal`'s words).
+_DIR_REFUSALS = {
+    "type": "is not a directory (a link or a file); remove it",
+    "owner": "is owned by uid {uid}, not by this user; remove it",
+    "mode": "has mode {mode:o}: other users may use it; `chmod 700` it or remove it",
+}
+
+
 def private_dir(path: Path) -> Path:
     """``path`` as a directory only this user can use: created with mode 0700 if missing;
     an existing one must be a real directory of this user without group or other bits."""
@@ -56,20 +67,9 @@ def private_dir(path: Path) -> Path:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise RuntimeDirError(
-            f"runtime directory {path} is not a directory (a link or a file); remove it"
-        )
-    if st.st_uid != os.geteuid():
-        raise RuntimeDirError(
-            f"runtime directory {path} is owned by uid {st.st_uid}, not by this user; remove it"
-        )
-    if st.st_mode & 0o077:
-        raise RuntimeDirError(
-            f"runtime directory {path} has mode {stat.S_IMODE(st.st_mode):o}: other users may use "
-            "it; `chmod 700` it or remove it"
-        )
+    refusal = privacy_refusal(os.lstat(path), stat.S_ISDIR, _DIR_REFUSALS)
+    if refusal is not None:
+        raise RuntimeDirError(f"runtime directory {path} {refusal}")
     return path
 
 
