@@ -6,12 +6,18 @@ FDMTP_TEST_BACKENDS (CI has a line for it).
 
 FDMTP_TEST_BACKENDS=cuda (comma-separated names) restricts the run to those backends and
 turns "unavailable" into a failure, so a GPU check cannot pass by skipping.
+
+Every test marked ``slow`` here (by its module, :data:`SLOW`) is left out of the quick tier,
+``pytest -m "not slow"``. Under ``pytest -n N --dist loadgroup`` (pytest-xdist) the tests of
+one module run on one worker (so a module's server starts once), except in the modules of
+:data:`SPREAD`, whose tests are long and share no server.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+from pathlib import Path
 
 import pytest
 
@@ -36,10 +42,80 @@ for _name in _REQUIRED:
         )
 
 
+TESTS = Path(__file__).parent
+
+#: The slow tests, by module (a path under tests/; a folder ends in "/"): they start servers
+#: or many processes, compare against transformers, build, fuzz, or run whole engines
+#: (a few seconds and more each; the rest of the suite runs in a few minutes on 2 cores).
+SLOW = (
+    "serving/",
+    "e2e/",
+    "fuzz/",
+    "checks/test_check_drafts_cli.py",
+    "checks/test_eos_from_folder.py",
+    "models/test_draft_fidelity.py",
+    "models/test_shipped_mla_checkpoint.py",
+    "models/test_shipped_checkpoint.py",
+    "models/test_folder_writer.py",
+    "models/test_families.py",
+    "models/test_model_folder.py",
+    "models/test_ernie.py",
+    "models/test_mla_deepseek.py",
+    "models/test_moe_glm.py",
+    "models/test_tensor_parallel.py",
+    "models/test_train_tiny.py",
+    "ops/test_build.py",
+    "ops/test_messaging.py",
+    "ops/test_ipc_xpu.py",
+    "ops/test_xpu_emulator.py",
+    "proposer/test_kv_cache_ipc.py",
+    "proposer/test_depth_consistency.py",
+    "proposer/test_draft_methods.py",
+    "runtime/test_prefix_caching.py",
+    "runtime/test_tensor_parallel_engine.py",
+    "runtime/test_ipc_processes.py",
+    "runtime/test_token_budget.py",
+    "runtime/test_guided.py",
+    "splitwise/test_handoff_engine.py",
+    "splitwise/test_mooncake_transfer.py",
+    "splitwise/test_kv_transfer.py",
+    "support/test_hf_folders.py",
+    "tokenization/test_detokenizer.py",
+    "tokenization/test_byte_tokenizer.py",
+    "test_cli.py",
+    "test_integration_doc.py",
+)
+
+#: Modules whose tests a parallel run spreads over its workers: each test is long and builds
+#: what it needs itself (a folder, a reference, an engine or a server of its own).
+SPREAD = (
+    "models/test_draft_fidelity.py",
+    "serving/test_family_drafts_serving.py",
+    "checks/test_check_drafts_cli.py",
+)
+
+
+def _module(item: pytest.Item) -> str:
+    """The test's module as a path under tests/ (``serving/test_server.py``)."""
+    return item.path.relative_to(TESTS).as_posix()
+
+
+def _listed(module: str, paths: tuple[str, ...]) -> bool:
+    return any(module == p or (p.endswith("/") and module.startswith(p)) for p in paths)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """With FDMTP_TEST_BACKENDS set, a test that runs on one named backend only
+    """Marks the slow tests and each module's group of a parallel run (see the module
+    docstring). With FDMTP_TEST_BACKENDS set, a test that runs on one named backend only
     (``@pytest.mark.only_backend("cuda")``) is deselected unless that backend is required:
     it is not this run's business, and skipping it would hide the run's real skips."""
+    for item in items:
+        module = _module(item)
+        if _listed(module, SLOW):
+            item.add_marker(pytest.mark.slow)
+        if not _listed(module, SPREAD):
+            item.add_marker(pytest.mark.xdist_group(module))
     if not _REQUIRED:
         return
     keep, drop = [], []
