@@ -11,13 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.folder_serving import (
-    Generate,
-    check_generate_equals_reference,
-    check_greedy_equals_generate,
-    folder_fixtures,
-    json_generator,
-)
+from tests.support import folder_serving as fs
 from tests.support.hf_moe_folders import make_glm_folder, reference_greedy
 from tests.support.served_drafts import check_family_drafts_served
 from tests.support.servers import ServerProcess, serving
@@ -25,11 +19,7 @@ from tests.support.tokenizer_files import write_bpe_tokenizer
 
 pytest.importorskip("openai")
 
-MTP = '{"method": "mtp", "num_speculative_tokens": 2}'
-MAX_TOKENS = 16
-PROMPTS = ["Speculative decoding drafts", "The quick brown fox"]
-
-folder, tokenizer = folder_fixtures(
+folder, tokenizer = fs.folder_fixtures(
     "glm4-moe",
     lambda out: make_glm_folder(
         out, qk_norm=True, seed=2, echo=True, tokenizer_writer=write_bpe_tokenizer
@@ -37,28 +27,28 @@ folder, tokenizer = folder_fixtures(
 )
 
 
-@pytest.fixture(scope="module")
-def generate(folder: str) -> Generate:
-    """``generate(prompt)``: ``fastdeploy-mtp generate --json`` greedy with MTP, parsed."""
-    return json_generator(folder, MTP, MAX_TOKENS, "--temperature", "0")
+#: ``generate(prompt)``: ``fastdeploy-mtp generate --json`` greedy with MTP, parsed
+generate = fs.generate_fixture(fs.K2_MTP, fs.K2_MAX_TOKENS, "--temperature", "0")
 
 
 def test_generate_gives_transformers_greedy_tokens(
-    folder: str, tokenizer: Any, generate: Generate
+    folder: str, tokenizer: Any, generate: fs.Generate
 ) -> None:
-    greedy = functools.partial(reference_greedy, folder, n=MAX_TOKENS)
-    check_generate_equals_reference(generate, tokenizer, PROMPTS, greedy, eos=2)
+    greedy = functools.partial(reference_greedy, folder, n=fs.K2_MAX_TOKENS)
+    fs.check_generate_equals_reference(generate, tokenizer, fs.K2_PROMPTS, greedy, eos=2)
 
 
 @pytest.fixture(scope="module")
 def server(folder: str) -> Iterator[ServerProcess]:
-    yield from serving([folder, "--speculative-config", MTP, "--tensor-parallel-size", "2"])
+    yield from serving([folder, "--speculative-config", fs.K2_MTP, "--tensor-parallel-size", "2"])
 
 
 def test_serve_at_tp2_equals_generate(
-    server: ServerProcess, folder: str, generate: Generate
+    server: ServerProcess, folder: str, generate: fs.Generate
 ) -> None:
-    check_greedy_equals_generate(server.base_url, folder, PROMPTS, MAX_TOKENS, generate)
+    fs.check_greedy_equals_generate(
+        server.base_url, folder, fs.K2_PROMPTS, fs.K2_MAX_TOKENS, generate
+    )
 
 
 def test_serve_at_tp2_drafts_equal_the_chained_reference_round_for_round(

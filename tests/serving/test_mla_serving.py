@@ -12,13 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.folder_serving import (
-    Generate,
-    check_generate_equals_reference,
-    check_greedy_equals_generate,
-    folder_fixtures,
-    json_generator,
-)
+from tests.support import folder_serving as fs
 from tests.support.handover import handed_over_every_cache
 from tests.support.hf_mla_folders import make_mla_folder, mla_reference_greedy
 from tests.support.served_drafts import check_family_drafts_served
@@ -27,63 +21,61 @@ from tests.support.tokenizer_files import write_bpe_tokenizer
 
 pytest.importorskip("openai")
 
-MTP = '{"method": "mtp", "num_speculative_tokens": 2}'
-MAX_TOKENS = 16
-PROMPTS = ["Speculative decoding drafts", "The quick brown fox"]
-
-folder, tokenizer = folder_fixtures(
+folder, tokenizer = fs.folder_fixtures(
     "deepseek-v3",
     lambda out: make_mla_folder(out, yarn=True, tokenizer_writer=write_bpe_tokenizer),
 )
 
 
-@pytest.fixture(scope="module")
-def generate(folder: str) -> Generate:
-    """``generate(prompt)``: ``fastdeploy-mtp generate --json`` greedy with MTP, parsed."""
-    return json_generator(folder, MTP, MAX_TOKENS, "--temperature", "0")
+#: ``generate(prompt)``: ``fastdeploy-mtp generate --json`` greedy with MTP, parsed
+generate = fs.generate_fixture(fs.K2_MTP, fs.K2_MAX_TOKENS, "--temperature", "0")
 
 
 def test_generate_gives_transformers_greedy_tokens(
-    folder: str, tokenizer: Any, generate: Generate
+    folder: str, tokenizer: Any, generate: fs.Generate
 ) -> None:
-    greedy = functools.partial(mla_reference_greedy, folder, n=MAX_TOKENS)
-    check_generate_equals_reference(generate, tokenizer, PROMPTS, greedy, eos=2)
+    greedy = functools.partial(mla_reference_greedy, folder, n=fs.K2_MAX_TOKENS)
+    fs.check_generate_equals_reference(generate, tokenizer, fs.K2_PROMPTS, greedy, eos=2)
 
 
 @pytest.fixture(scope="module")
 def server(folder: str) -> Iterator[ServerProcess]:
-    yield from serving([folder, "--speculative-config", MTP, "--tensor-parallel-size", "2"])
+    yield from serving([folder, "--speculative-config", fs.K2_MTP, "--tensor-parallel-size", "2"])
 
 
 def test_serve_at_tp2_publishes_latent_caches_and_equals_generate(
-    server: ServerProcess, folder: str, tokenizer: Any, generate: Generate
+    server: ServerProcess, folder: str, tokenizer: Any, generate: fs.Generate
 ) -> None:
     log = server.output()
     for rank in range(2):
         assert f"rank {rank}: 3 KV caches published (2 target + 1 MTP, float32," in log, log
-    check_greedy_equals_generate(server.base_url, folder, PROMPTS, MAX_TOKENS, generate)
+    fs.check_greedy_equals_generate(
+        server.base_url, folder, fs.K2_PROMPTS, fs.K2_MAX_TOKENS, generate
+    )
 
 
 @pytest.fixture(scope="module")
 def pd(folder: str) -> Iterator[list[ServerProcess]]:
     with splitwise_instances(
-        ("prefill", MTP, "--model", folder),
-        ("decode", MTP, "--model", folder, "--kv-transport", "shm"),
-        ("decode", MTP, "--model", folder, "--kv-transport", "tcp"),
+        ("prefill", fs.K2_MTP, "--model", folder),
+        ("decode", fs.K2_MTP, "--model", folder, "--kv-transport", "shm"),
+        ("decode", fs.K2_MTP, "--model", folder, "--kv-transport", "tcp"),
     ) as instances:
         yield instances
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_prefill_decode_equals_generate_and_hands_over_every_latent_cache(
-    pd: list[ServerProcess], tokenizer: Any, generate: Generate, transport: str
+    pd: list[ServerProcess], tokenizer: Any, generate: fs.Generate, transport: str
 ) -> None:
     prefill, shm, tcp = pd
     decode = shm if transport == "shm" else tcp
     with splitwise_router(prefill, decode, tokenizer=tokenizer) as url:
         # the router names its model after no folder (splitwise_router's default name)
-        check_greedy_equals_generate(url, "fastdeploy-mtp-tiny", PROMPTS, MAX_TOKENS, generate)
-    prompt = PROMPTS[0]
+        fs.check_greedy_equals_generate(
+            url, "fastdeploy-mtp-tiny", fs.K2_PROMPTS, fs.K2_MAX_TOKENS, generate
+        )
+    prompt = fs.K2_PROMPTS[0]
     want = generate(prompt)["token_ids"]
     ids = handed_over_every_cache(
         prefill.base_url,

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.folder_serving import Generate, folder_fixtures, json_generator, run_cli
+from tests.support.folder_serving import Generate, folder_fixtures, generate_fixture, run_cli
 from tests.support.handover import handed_over_every_cache, router_command
 from tests.support.hf_folders import MTP_SHARD, make_folder
 from tests.support.servers import ServerProcess, serving, splitwise_instances
@@ -49,11 +49,9 @@ folder, tokenizer = folder_fixtures(
 )
 
 
-@pytest.fixture(scope="module")
-def generate(folder: str) -> Generate:
-    """``generate(prompt, *flags, model=folder)``: ``fastdeploy-mtp generate --json`` with MTP
-    (``MAX_TOKENS``), parsed; each distinct call runs once."""
-    return json_generator(folder, MTP, MAX_TOKENS)
+#: ``generate(prompt, *flags, model=folder)``: ``fastdeploy-mtp generate --json`` with MTP
+#: (``MAX_TOKENS``), parsed; each distinct call runs once
+generate = generate_fixture(MTP, MAX_TOKENS)
 
 
 def client(url: str) -> Any:

@@ -1,9 +1,10 @@
 """What the tests of a model folder served end to end share: the CLI run in this process
 (:func:`run_cli`), a ``generate --json`` runner that runs each distinct call once
-(:func:`json_generator`), the module fixtures ``folder`` and ``tokenizer``
-(:func:`folder_fixtures`), the check that ``generate`` gives a reference's greedy tokens
-(:func:`check_generate_equals_reference`) and the check that greedy completions through a
-server or a router answer exactly as ``generate`` (:func:`check_greedy_equals_generate`)."""
+(:func:`json_generator`; as the module fixture ``generate``: :func:`generate_fixture`), the
+module fixtures ``folder`` and ``tokenizer`` (:func:`folder_fixtures`), the check that
+``generate`` gives a reference's greedy tokens (:func:`check_generate_equals_reference`) and
+the check that greedy completions through a server or a router answer exactly as ``generate``
+(:func:`check_greedy_equals_generate`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ import pytest
 
 #: ``generate(prompt, *flags, model=folder)``: the parsed ``generate --json`` output
 Generate = Callable[..., dict[str, Any]]
+
+#: The MoE and latent-attention families' TP 2 checks (GLM-4.5, DeepSeek-V3): MTP with K = 2,
+#: greedy completions of ``K2_PROMPTS``, ``K2_MAX_TOKENS`` tokens at most
+K2_MTP = '{"method": "mtp", "num_speculative_tokens": 2}'
+K2_PROMPTS = ["Speculative decoding drafts", "The quick brown fox"]
+K2_MAX_TOKENS = 16
 
 
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
@@ -47,6 +54,17 @@ def json_generator(folder: str, spec: str, max_tokens: int, *flags: str) -> Gene
         return done[key]
 
     return run
+
+
+def generate_fixture(spec: str, max_tokens: int, *flags: str) -> Any:
+    """The module fixture ``generate`` (for a test module to bind under that name): the
+    :func:`json_generator` of the module's ``folder`` fixture."""
+
+    @pytest.fixture(scope="module")
+    def generate(folder: str) -> Generate:
+        return json_generator(folder, spec, max_tokens, *flags)
+
+    return generate
 
 
 def folder_fixtures(name: str, make: Callable[[Path], object]) -> tuple[Any, Any]:
