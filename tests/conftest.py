@@ -8,9 +8,10 @@ FDMTP_TEST_BACKENDS=cuda (comma-separated names) restricts the run to those back
 turns "unavailable" into a failure, so a GPU check cannot pass by skipping.
 
 Every test marked ``slow`` here (by its module, :data:`SLOW`) is left out of the quick tier,
-``pytest -m "not slow"``. Under ``pytest -n N --dist loadgroup`` (pytest-xdist) the tests of
-one module run on one worker (so a module's server starts once), except in the modules of
-:data:`SPREAD`, whose tests are long and share no server.
+``pytest -m "not slow"``. Under ``pytest -n N --dist loadfile`` (pytest-xdist) the tests of
+one module run on one worker, in order (so a module's server starts once), except in the
+modules of :data:`SPREAD`, whose tests are long and share no server: their tests are spread
+over the workers one by one (:func:`pytest_xdist_make_scheduler`).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ SLOW = (
 )
 
 #: Modules whose tests a parallel run spreads over its workers: each test is long and builds
-#: what it needs itself (a folder, a reference, an engine or a server of its own).
+#: what it needs itself (a folder, a reference, an engine or a server of its own), in any order.
 SPREAD = (
     "models/test_draft_fidelity.py",
     "serving/test_family_drafts_serving.py",
@@ -104,18 +105,31 @@ def _listed(module: str, paths: tuple[str, ...]) -> bool:
     return any(module == p or (p.endswith("/") and module.startswith(p)) for p in paths)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook (unknown without the plugin)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``: a module is one unit of work (one worker runs its tests in order),
+    a test of a :data:`SPREAD` module a unit of its own. (``xdist_group`` marks cannot say it:
+    pytest 9.2 drops the group that ``--dist loadgroup`` writes into the node id.)"""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModuleScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return nodeid if _listed(module.removeprefix("tests/"), SPREAD) else module
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Marks the slow tests and each module's group of a parallel run (see the module
-    docstring). With FDMTP_TEST_BACKENDS set, a test that runs on one named backend only
-    (``@pytest.mark.only_backend("cuda")``) is deselected unless that backend is required:
-    it is not this run's business, and skipping it would hide the run's real skips."""
+    """Marks the slow tests (see the module docstring). With FDMTP_TEST_BACKENDS set, a test
+    that runs on one named backend only (``@pytest.mark.only_backend("cuda")``) is deselected
+    unless that backend is required: it is not this run's business, and skipping it would
+    hide the run's real skips."""
     for item in items:
-        module = _module(item)
-        if _listed(module, SLOW):
+        if _listed(_module(item), SLOW):
             item.add_marker(pytest.mark.slow)
-        if not _listed(module, SPREAD):
-            item.add_marker(pytest.mark.xdist_group(module))
     if not _REQUIRED:
         return
     keep, drop = [], []
