@@ -55,7 +55,10 @@ import sys, fastdeploy_mtp._kernels as k
 assert k.__file__.startswith('$PWD/$PKG'), k.__file__
 assert 'paddle' not in sys.modules
 print('asan_check: testing', k.__file__)"
+# -n: in parallel (pytest-xdist); its workers take this process's sys.path, so they import
+# the sanitized copy too.
 LD_PRELOAD="$LIBASAN $LIBUBSAN" "$PY" -P -m pytest tests/ops tests/fuzz -q -p no:cacheprovider -o pythonpath= \
+  -n "${FDMTP_ASAN_JOBS:-2}" --dist loadfile \
   --ignore=tests/ops/test_ipc.py --ignore=tests/ops/test_ipc_cuda.py --ignore=tests/ops/test_ipc_xpu.py \
   --ignore=tests/ops/test_build.py -x
 echo "asan_check: clean in $(( $(date +%s) - start )) s"

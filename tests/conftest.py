@@ -6,12 +6,19 @@ FDMTP_TEST_BACKENDS (CI has a line for it).
 
 FDMTP_TEST_BACKENDS=cuda (comma-separated names) restricts the run to those backends and
 turns "unavailable" into a failure, so a GPU check cannot pass by skipping.
+
+Every test marked ``slow`` here (by its module, :data:`SLOW`) is left out of the quick tier,
+``pytest -m "not slow"``. Under ``pytest -n N --dist loadfile`` (pytest-xdist) the tests of
+one module run on one worker, in order (so a module's server starts once), except in the
+modules of :data:`SPREAD`, whose tests are long and share no server: their tests are spread
+over the workers one by one (:func:`pytest_xdist_make_scheduler`).
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+from pathlib import Path
 
 import pytest
 
@@ -36,10 +43,93 @@ for _name in _REQUIRED:
         )
 
 
+TESTS = Path(__file__).parent
+
+#: The slow tests, by module (a path under tests/; a folder ends in "/"): they start servers
+#: or many processes, compare against transformers, build, fuzz, or run whole engines
+#: (a few seconds and more each; the rest, ~2,700 tests, runs in about 30 s on 2 cores).
+SLOW = (
+    "serving/",
+    "e2e/",
+    "fuzz/",
+    "checks/test_check_drafts_cli.py",
+    "checks/test_eos_from_folder.py",
+    "models/test_draft_fidelity.py",
+    "models/test_shipped_mla_checkpoint.py",
+    "models/test_shipped_checkpoint.py",
+    "models/test_folder_writer.py",
+    "models/test_families.py",
+    "models/test_model_folder.py",
+    "models/test_ernie.py",
+    "models/test_mla_deepseek.py",
+    "models/test_moe_glm.py",
+    "models/test_tensor_parallel.py",
+    "models/test_train_tiny.py",
+    "ops/test_build.py",
+    "ops/test_messaging.py",
+    "ops/test_ipc_xpu.py",
+    "ops/test_xpu_emulator.py",
+    "proposer/test_kv_cache_ipc.py",
+    "proposer/test_depth_consistency.py",
+    "proposer/test_draft_methods.py",
+    "runtime/test_prefix_caching.py",
+    "runtime/test_tensor_parallel_engine.py",
+    "runtime/test_ipc_processes.py",
+    "runtime/test_token_budget.py",
+    "runtime/test_guided.py",
+    "splitwise/test_handoff_engine.py",
+    "splitwise/test_mooncake_transfer.py",
+    "splitwise/test_kv_transfer.py",
+    "support/test_hf_folders.py",
+    "tokenization/test_detokenizer.py",
+    "tokenization/test_byte_tokenizer.py",
+    "test_cli.py",
+    "test_integration_doc.py",
+)
+
+#: Modules whose tests a parallel run spreads over its workers: each test is long and builds
+#: what it needs itself (a folder, a reference, an engine or a server of its own), in any order.
+SPREAD = (
+    "models/test_draft_fidelity.py",
+    "serving/test_family_drafts_serving.py",
+    "checks/test_check_drafts_cli.py",
+)
+
+
+def _module(item: pytest.Item) -> str:
+    """The test's module as a path under tests/ (``serving/test_server.py``)."""
+    return item.path.relative_to(TESTS).as_posix()
+
+
+def _listed(module: str, paths: tuple[str, ...]) -> bool:
+    return any(module == p or (p.endswith("/") and module.startswith(p)) for p in paths)
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook (unknown without the plugin)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``: a module is one unit of work (one worker runs its tests in order),
+    a test of a :data:`SPREAD` module a unit of its own. (``xdist_group`` marks cannot say it:
+    pytest 9.2 drops the group that ``--dist loadgroup`` writes into the node id.)"""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModuleScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return nodeid if _listed(module.removeprefix("tests/"), SPREAD) else module
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """With FDMTP_TEST_BACKENDS set, a test that runs on one named backend only
-    (``@pytest.mark.only_backend("cuda")``) is deselected unless that backend is required:
-    it is not this run's business, and skipping it would hide the run's real skips."""
+    """Marks the slow tests (see the module docstring). With FDMTP_TEST_BACKENDS set, a test
+    that runs on one named backend only (``@pytest.mark.only_backend("cuda")``) is deselected
+    unless that backend is required: it is not this run's business, and skipping it would
+    hide the run's real skips."""
+    for item in items:
+        if _listed(_module(item), SLOW):
+            item.add_marker(pytest.mark.slow)
     if not _REQUIRED:
         return
     keep, drop = [], []

@@ -17,8 +17,11 @@ import numpy as np
 import pytest
 
 from tests.support.engines import make_config, make_requests
+from tests.support.servers import device_ids
 
 PORT = 47000 + os.getpid() % 1000  # names unique to this test run
+#: device ids DEVICE and DEVICE + 1 (they name the caches): other runs on this host use others
+DEVICE = int(device_ids(2).split(",")[0])
 
 
 def _cache_manager(conn, names, shape, port):
@@ -67,11 +70,12 @@ def test_worker_attaches_caches_created_by_a_cache_manager(random_model):
     cfg.cache_config.num_cpu_blocks = 1  # a cache manager owns the caches (FastDeploy's rule)
     cfg.cache_config.cache_ready_timeout = 60
     cfg.parallel_config.engine_worker_queue_port = PORT
+    cfg.parallel_config.device_id = DEVICE
     shape = mtp.attn_backend.get_kv_cache_shape(cfg.cache_config.total_block_num)
     assert shape == target.attn_backend.get_kv_cache_shape(cfg.cache_config.total_block_num)
     layers = cfg.model_config.num_hidden_layers
     names = [
-        f"{kind}_caches_{layer}_rank0.device0"
+        f"{kind}_caches_{layer}_rank0.device{DEVICE}"
         for layer in range(layers + 1)
         for kind in ("key", "value")
     ]
@@ -119,7 +123,7 @@ def test_published_caches_are_attached_by_another_process(random_model):
     cfg = make_config(2, steps=1)
     cfg.cache_config.share_mtp_cache = True
     cfg.parallel_config.engine_worker_queue_port = PORT + 1
-    cfg.parallel_config.device_id = 7  # names are per device
+    cfg.parallel_config.device_id = DEVICE + 1  # names are per device
     with build_engine(cfg, target, mtp) as engine:
         engine.generate(make_requests(32, 3))
         proposer = engine.runner.proposer
@@ -164,6 +168,7 @@ def _decode_proposer(random_model, port):
     cfg.scheduler_config.splitwise_role = "decode"  # a cache manager owns the caches
     cfg.cache_config.cache_ready_timeout = 30
     cfg.parallel_config.engine_worker_queue_port = port
+    cfg.parallel_config.device_id = DEVICE
     return MTPProposer(cfg, target, 0, 0, make_target_inputs(cfg), model=mtp)
 
 

@@ -13,11 +13,13 @@ under the released ``mtp_*`` names) served end to end.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fastdeploy_mtp.checks.reference import Reference
+from tests.support.folder_serving import folder_fixtures
 from tests.support.handover import handed_over_every_cache
 from tests.support.hf_ernie_folders import make_ernie_folder
 from tests.support.served_drafts import check_family_drafts_served, fidelity_prompts
@@ -34,23 +36,18 @@ MTP = '{"method": "mtp", "num_speculative_tokens": 1}'
 TEXT = "The quick brown fox"
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> str:
-    out = make_ernie_folder(tmp_path_factory.mktemp("ernie45-moe"), moe=True, echo=True).path
+def write_folder(out: Path) -> None:
+    """A tiny random ERNIE-4.5 MoE folder with echoed values and a byte-level BPE tokenizer."""
+    make_ernie_folder(out, moe=True, echo=True)
     write_bpe_tokenizer(str(out), 300)
-    return str(out)
+
+
+folder, tokenizer = folder_fixtures("ernie45-moe", write_folder)
 
 
 @pytest.fixture(scope="module")
 def reference(folder: str) -> Reference:
     return Reference(folder)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(folder: str) -> Any:
-    from fastdeploy_mtp.tokenization import load_tokenizer
-
-    return load_tokenizer(folder)
 
 
 @pytest.fixture(scope="module")

@@ -6,134 +6,76 @@ instance's tokens continue ``generate``'s."""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-from collections.abc import Callable, Iterator
+import functools
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from fastdeploy_mtp.entrypoints.cli import main
+from tests.support import folder_serving as fs
 from tests.support.handover import handed_over_every_cache
 from tests.support.hf_mla_folders import make_mla_folder, mla_reference_greedy
 from tests.support.served_drafts import check_family_drafts_served
 from tests.support.servers import ServerProcess, serving, splitwise_instances, splitwise_router
 from tests.support.tokenizer_files import write_bpe_tokenizer
 
-openai = pytest.importorskip("openai")
+pytest.importorskip("openai")
 
-MTP = '{"method": "mtp", "num_speculative_tokens": 2}'
-MAX_TOKENS = 16
-PROMPTS = ["Speculative decoding drafts", "The quick brown fox"]
-Generate = Callable[[str], dict[str, Any]]
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> str:
-    out = tmp_path_factory.mktemp("deepseek-v3")
-    make_mla_folder(out, yarn=True, tokenizer_writer=write_bpe_tokenizer)
-    return str(out)
+folder, tokenizer = fs.folder_fixtures(
+    "deepseek-v3",
+    lambda out: make_mla_folder(out, yarn=True, tokenizer_writer=write_bpe_tokenizer),
+)
 
 
-@pytest.fixture(scope="module")
-def tokenizer(folder: str) -> Any:
-    from fastdeploy_mtp.tokenization import load_tokenizer
-
-    return load_tokenizer(folder)
-
-
-@pytest.fixture(scope="module")
-def generate(folder: str) -> Generate:
-    """``generate(prompt)``: ``fastdeploy-mtp generate --json`` greedy with MTP, parsed (once each)."""
-    done: dict[str, dict[str, Any]] = {}
-
-    def run(prompt: str) -> dict[str, Any]:
-        if prompt not in done:
-            argv = [
-                "generate",
-                "--prompt",
-                prompt,
-                "--max-tokens",
-                str(MAX_TOKENS),
-                "--speculative-config",
-                MTP,
-            ]
-            out, err = io.StringIO(), io.StringIO()
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                code = main([*argv, "--temperature", "0", "--json", "--model", folder])
-            assert code == 0, err.getvalue()
-            done[prompt] = json.loads(out.getvalue())
-        return done[prompt]
-
-    return run
+#: ``generate(prompt)``: ``fastdeploy-mtp generate --json`` greedy with MTP, parsed
+generate = fs.generate_fixture(fs.K2_MTP, fs.K2_MAX_TOKENS, "--temperature", "0")
 
 
 def test_generate_gives_transformers_greedy_tokens(
-    folder: str, tokenizer: Any, generate: Generate
+    folder: str, tokenizer: Any, generate: fs.Generate
 ) -> None:
-    for prompt in PROMPTS:
-        ids = generate(prompt)["token_ids"]
-        want = mla_reference_greedy(folder, tokenizer.encode(prompt), MAX_TOKENS)
-        if 2 in want:  # the folder's EOS id ends the request (and is its last token)
-            want = want[: want.index(2) + 1]
-        assert ids == want, prompt
+    greedy = functools.partial(mla_reference_greedy, folder, n=fs.K2_MAX_TOKENS)
+    fs.check_generate_equals_reference(generate, tokenizer, fs.K2_PROMPTS, greedy, eos=2)
 
 
 @pytest.fixture(scope="module")
 def server(folder: str) -> Iterator[ServerProcess]:
-    yield from serving([folder, "--speculative-config", MTP, "--tensor-parallel-size", "2"])
+    yield from serving([folder, "--speculative-config", fs.K2_MTP, "--tensor-parallel-size", "2"])
 
 
 def test_serve_at_tp2_publishes_latent_caches_and_equals_generate(
-    server: ServerProcess, folder: str, tokenizer: Any, generate: Generate
+    server: ServerProcess, folder: str, tokenizer: Any, generate: fs.Generate
 ) -> None:
     log = server.output()
     for rank in range(2):
         assert f"rank {rank}: 3 KV caches published (2 target + 1 MTP, float32," in log, log
-    c = openai.OpenAI(
-        base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120
+    fs.check_greedy_equals_generate(
+        server.base_url, folder, fs.K2_PROMPTS, fs.K2_MAX_TOKENS, generate
     )
-    for prompt in PROMPTS:
-        want = generate(prompt)
-        got = c.completions.create(
-            model=folder, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
-        )
-        assert (got.choices[0].text, got.choices[0].finish_reason) == (
-            want["text"],
-            want["finish_reason"],
-        ), prompt
-        assert got.usage.completion_tokens == len(want["token_ids"]), prompt
 
 
 @pytest.fixture(scope="module")
 def pd(folder: str) -> Iterator[list[ServerProcess]]:
     with splitwise_instances(
-        ("prefill", MTP, "--model", folder),
-        ("decode", MTP, "--model", folder, "--kv-transport", "shm"),
-        ("decode", MTP, "--model", folder, "--kv-transport", "tcp"),
+        ("prefill", fs.K2_MTP, "--model", folder),
+        ("decode", fs.K2_MTP, "--model", folder, "--kv-transport", "shm"),
+        ("decode", fs.K2_MTP, "--model", folder, "--kv-transport", "tcp"),
     ) as instances:
         yield instances
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_prefill_decode_equals_generate_and_hands_over_every_latent_cache(
-    pd: list[ServerProcess], tokenizer: Any, generate: Generate, transport: str
+    pd: list[ServerProcess], tokenizer: Any, generate: fs.Generate, transport: str
 ) -> None:
     prefill, shm, tcp = pd
     decode = shm if transport == "shm" else tcp
     with splitwise_router(prefill, decode, tokenizer=tokenizer) as url:
-        c = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
-        for prompt in PROMPTS:
-            want = generate(prompt)
-            got = c.completions.create(
-                model="fastdeploy-mtp-tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
-            )
-            assert (got.choices[0].text, got.choices[0].finish_reason) == (
-                want["text"],
-                want["finish_reason"],
-            )
-    prompt = PROMPTS[0]
+        # the router names its model after no folder (splitwise_router's default name)
+        fs.check_greedy_equals_generate(
+            url, "fastdeploy-mtp-tiny", fs.K2_PROMPTS, fs.K2_MAX_TOKENS, generate
+        )
+    prompt = fs.K2_PROMPTS[0]
     want = generate(prompt)["token_ids"]
     ids = handed_over_every_cache(
         prefill.base_url,

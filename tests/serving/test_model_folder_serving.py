@@ -12,18 +12,16 @@ the CLI, in one line with exit status 2, before anything loads or any process st
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fastdeploy_mtp.entrypoints.cli import main
+from tests.support.folder_serving import Generate, folder_fixtures, generate_fixture, run_cli
 from tests.support.handover import handed_over_every_cache, router_command
 from tests.support.hf_folders import MTP_SHARD, make_folder
 from tests.support.servers import ServerProcess, serving, splitwise_instances
@@ -41,57 +39,19 @@ PROMPTS = ["Speculative decoding drafts", "The quick brown fox", "Hello"]
 SAMPLED = {"temperature": 0.8, "seed": 7, "top_p": 0.95, "top_k": 50}
 SAMPLED_FLAGS = ["--temperature", "0.8", "--seed", "7", "--top-p", "0.95", "--top-k", "50"]
 CHAT = [{"role": "user", "content": "The quick brown fox"}]
-Generate = Callable[..., dict[str, Any]]
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> str:
-    out = tmp_path_factory.mktemp("qwen3-mtp2")
-    make_folder(out, "qwen3", num_mtp_layers=MTP_LAYERS, tokenizer_writer=write_bpe_tokenizer)
-    return str(out)
+folder, tokenizer = folder_fixtures(
+    "qwen3-mtp2",
+    lambda out: make_folder(
+        out, "qwen3", num_mtp_layers=MTP_LAYERS, tokenizer_writer=write_bpe_tokenizer
+    ),
+)
 
 
-@pytest.fixture(scope="module")
-def tokenizer(folder: str) -> Any:
-    from fastdeploy_mtp.tokenization import load_tokenizer
-
-    return load_tokenizer(folder)
-
-
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    """``fastdeploy-mtp *argv`` in this process: (exit status, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
-
-
-@pytest.fixture(scope="module")
-def generate(folder: str) -> Generate:
-    """``generate(prompt, *flags, model=folder)``: ``fastdeploy-mtp generate --json`` with MTP
-    (``MAX_TOKENS``), parsed; each distinct call runs once."""
-    done: dict[tuple[Any, ...], dict[str, Any]] = {}
-
-    def run(prompt: str, *flags: str, model: str | None = folder) -> dict[str, Any]:
-        key = (prompt, flags, model)
-        if key not in done:
-            argv = [
-                "generate",
-                "--prompt",
-                prompt,
-                "--max-tokens",
-                str(MAX_TOKENS),
-                "--speculative-config",
-                MTP,
-            ]
-            code, out, err = run_cli(
-                [*argv, *flags, "--json", *(["--model", model] if model else [])]
-            )
-            assert code == 0, err
-            done[key] = json.loads(out)
-        return done[key]
-
-    return run
+#: ``generate(prompt, *flags, model=folder)``: ``fastdeploy-mtp generate --json`` with MTP
+#: (``MAX_TOKENS``), parsed; each distinct call runs once
+generate = generate_fixture(MTP, MAX_TOKENS)
 
 
 def client(url: str) -> Any:

@@ -31,7 +31,15 @@ from fastdeploy_mtp.distributed import find_free_port_range
 from fastdeploy_mtp.ops import messaging
 from fastdeploy_mtp.serving.processes import runtime_dir
 from tests.support.hostile import run_as_nobody
-from tests.support.servers import ServerProcess, alive, offline, scrape_metrics, serving, shm_names
+from tests.support.servers import (
+    ServerProcess,
+    alive,
+    device_ids,
+    offline,
+    scrape_metrics,
+    serving,
+    shm_names,
+)
 
 MTP1 = '{"method": "mtp", "num_speculative_tokens": 1}'
 
@@ -204,18 +212,24 @@ def test_a_taken_port_is_refused_before_any_worker_starts():
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
+        device = device_ids(1)  # cache names of its own: other servers may run beside this one
         before = shm_names()
         t0 = time.monotonic()
         out = subprocess.run(
-            [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "serve", "--port", str(port)],
+            [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "serve", "--port", str(port),
+             "--device-ids", device],
             capture_output=True,
             text=True,
             timeout=120,
-        )
+        )  # fmt: skip
     assert out.returncode == 2, out.stderr
     assert f"--port {port}" in out.stderr and "in use" in out.stderr, out.stderr
     assert "starting the cache manager" not in out.stderr
-    assert not [n for n in shm_names() - before if n.startswith(("key_caches", "value_caches"))]
+    caches = ("key_caches", "value_caches")
+    made = [
+        n for n in shm_names() - before if n.startswith(caches) and n.endswith(f".device{device}")
+    ]
+    assert not made, made
     print(f"refused in {time.monotonic() - t0:.1f} s")
 
 

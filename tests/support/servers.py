@@ -448,7 +448,10 @@ def offline(prompts: list[str], spec: str, max_tokens: int = 24) -> list[str]:
     return texts
 
 
-_next_device = [1000 + (os.getpid() % 5000) * 8]
+#: this process's device ids: a block of 1000 of its own (a test run starts a few hundred
+#: servers), keyed on the pid so that the workers of a parallel run (``pytest -n``), whose
+#: pids are often consecutive, and other test runs on this host never share one
+_next_device = [1000 + (os.getpid() % 4000) * 1000]
 
 
 def _tp_of(args: list[str]) -> int:
