@@ -16,6 +16,7 @@ from fastdeploy_mtp.models import ASSETS_DIR
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
 from fastdeploy_mtp.serving.openai.app import create_app
 from fastdeploy_mtp.serving.router.backend import RouterBackend
+from fastdeploy_mtp.serving.router.forwarding import Instances
 from fastdeploy_mtp.tokenization import load_tokenizer
 from tests.support.servers import http_post as post
 
@@ -88,7 +89,7 @@ def test_the_flag_needs_logprobs(spec_server):
 
 
 def test_the_router_refuses_the_flag():
-    backend = RouterBackend(["http://127.0.0.1:9"], ["http://127.0.0.1:9"])
+    backend = RouterBackend(Instances(["http://127.0.0.1:9"], ["http://127.0.0.1:9"]))
     r = TestClient(create_app(backend, "m", load_tokenizer(ASSETS_DIR))).post(
         "/v1/completions", json=ASK
     )

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from fastdeploy_mtp.checks.reference import Reference
+from tests.support import folder_serving as fs
 from tests.support.folder_serving import folder_fixtures
 from tests.support.handover import handed_over_every_cache
 from tests.support.hf_ernie_folders import make_ernie_folder
@@ -26,7 +27,6 @@ from tests.support.served_drafts import check_family_drafts_served, fidelity_pro
 from tests.support.servers import (
     ServerProcess,
     http_post,
-    serving,
     splitwise_instances,
     splitwise_router,
 )
@@ -50,18 +50,7 @@ def reference(folder: str) -> Reference:
     return Reference(folder)
 
 
-@pytest.fixture(scope="module")
-def server(folder: str) -> Iterator[ServerProcess]:
-    args = [
-        folder,
-        "--speculative-config",
-        MTP,
-        "--tensor-parallel-size",
-        "2",
-        "--prefill-chunk-size",
-        "8",
-    ]
-    yield from serving([*args, "--max-num-seqs", "6"])
+server = fs.tp2_server_fixture(MTP, "--prefill-chunk-size", "8", "--max-num-seqs", "6")
 
 
 def test_serve_at_tp2_drafts_equal_transformers_round_for_round(

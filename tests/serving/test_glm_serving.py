@@ -6,7 +6,6 @@ answers exactly as ``generate``."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from tests.support import folder_serving as fs
 from tests.support.hf_moe_folders import make_glm_folder, reference_greedy
 from tests.support.served_drafts import check_family_drafts_served
-from tests.support.servers import ServerProcess, serving
+from tests.support.servers import ServerProcess
 from tests.support.tokenizer_files import write_bpe_tokenizer
 
 pytest.importorskip("openai")
@@ -38,9 +37,7 @@ def test_generate_gives_transformers_greedy_tokens(
     fs.check_generate_equals_reference(generate, tokenizer, fs.K2_PROMPTS, greedy, eos=2)
 
 
-@pytest.fixture(scope="module")
-def server(folder: str) -> Iterator[ServerProcess]:
-    yield from serving([folder, "--speculative-config", fs.K2_MTP, "--tensor-parallel-size", "2"])
+server = fs.tp2_server_fixture(fs.K2_MTP)
 
 
 def test_serve_at_tp2_equals_generate(

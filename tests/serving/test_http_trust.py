@@ -35,6 +35,7 @@ from fastdeploy_mtp.credentials import API_KEY_ENV, SECRET_ENV, splitwise_secret
 from fastdeploy_mtp.distributed import find_free_port_range
 from fastdeploy_mtp.entrypoints.cli import main
 from fastdeploy_mtp.serving.router.backend import RouterBackend
+from fastdeploy_mtp.serving.router.forwarding import Instances
 from fastdeploy_mtp.serving.router.server import fetch_model_name
 from tests.support.servers import (
     ServerProcess,
@@ -248,7 +249,9 @@ def test_splitwise_endpoints_take_the_router_token_and_never_the_api_key(pd):
     # the router token opens /v1/* of an instance with an API key (the router reads /v1/models)
     assert http_get(prefill.base_url + "/v1/models", headers=router_headers())[0] == 200
     assert http_get(prefill.base_url + "/v1/models")[0] == 401
-    backend = RouterBackend([prefill.base_url], [prefill.base_url], secret=splitwise_secret())
+    backend = RouterBackend(
+        Instances([prefill.base_url], [prefill.base_url], secret=splitwise_secret())
+    )
     assert fetch_model_name(prefill.base_url, backend.headers) == "fastdeploy-mtp-tiny"
 
 

@@ -16,7 +16,7 @@ from tests.support import folder_serving as fs
 from tests.support.handover import handed_over_every_cache
 from tests.support.hf_mla_folders import make_mla_folder, mla_reference_greedy
 from tests.support.served_drafts import check_family_drafts_served
-from tests.support.servers import ServerProcess, serving, splitwise_instances, splitwise_router
+from tests.support.servers import ServerProcess, splitwise_instances, splitwise_router
 from tests.support.tokenizer_files import write_bpe_tokenizer
 
 pytest.importorskip("openai")
@@ -38,9 +38,7 @@ def test_generate_gives_transformers_greedy_tokens(
     fs.check_generate_equals_reference(generate, tokenizer, fs.K2_PROMPTS, greedy, eos=2)
 
 
-@pytest.fixture(scope="module")
-def server(folder: str) -> Iterator[ServerProcess]:
-    yield from serving([folder, "--speculative-config", fs.K2_MTP, "--tensor-parallel-size", "2"])
+server = fs.tp2_server_fixture(fs.K2_MTP)
 
 
 def test_serve_at_tp2_publishes_latent_caches_and_equals_generate(

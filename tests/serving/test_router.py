@@ -33,6 +33,7 @@ from fastdeploy_mtp.entrypoints.cli import main
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 from fastdeploy_mtp.serving.messages.wire import version_headers
 from fastdeploy_mtp.serving.router.backend import RouterBackend
+from fastdeploy_mtp.serving.router.forwarding import Instances
 from fastdeploy_mtp.serving.router.server import router_app
 from tests.support.servers import (
     ThreadServer,
@@ -222,7 +223,9 @@ def router(
     queue_timeout: float = 10.0,
     instance_timeout: float = 60.0,
 ) -> Iterator[tuple[str, RouterBackend]]:
-    backend = RouterBackend(prefill, decode, queue_timeout, instance_timeout=instance_timeout)
+    backend = RouterBackend(
+        Instances(prefill, decode, queue_timeout, instance_timeout=instance_timeout)
+    )
     srv = ThreadServer(router_app(backend, MODEL), find_free_port_range(1))
     try:
         yield srv.url, backend
@@ -491,11 +494,11 @@ def test_metrics_say_what_they_count(cluster, state):
 
 def test_backend_refuses_bad_arguments():
     with pytest.raises(ValueError, match="decode"):
-        RouterBackend(["http://127.0.0.1:1"], [])
+        RouterBackend(Instances(["http://127.0.0.1:1"], []))
     with pytest.raises(ValueError, match="prefill 'localhost:80'"):
-        RouterBackend(["localhost:80"], ["http://127.0.0.1:1"])
+        RouterBackend(Instances(["localhost:80"], ["http://127.0.0.1:1"]))
     with pytest.raises(ValueError, match="queue_timeout"):
-        RouterBackend(["http://127.0.0.1:1"], ["http://127.0.0.1:2"], queue_timeout=0)
+        RouterBackend(Instances(["http://127.0.0.1:1"], ["http://127.0.0.1:2"], queue_timeout=0))
 
 
 # ---- the command ---------------------------------------------------------------------------

@@ -29,6 +29,7 @@ def secret_file(folder: Path, name: str) -> Path:
 def test_splitwise_with_secret_files_only(tmp_path: Path):
     from fastdeploy_mtp.credentials import read_secret_file
     from fastdeploy_mtp.serving.router.backend import RouterBackend
+    from fastdeploy_mtp.serving.router.forwarding import Instances
     from fastdeploy_mtp.serving.router.server import router_app
     from tests.support.servers import ThreadServer, find_free_port_range, splitwise_post
 
@@ -45,7 +46,7 @@ def test_splitwise_with_secret_files_only(tmp_path: Path):
         prompt = "The quick brown fox"
         expected = offline([prompt], spec=MTP1, max_tokens=16)[0]
         for secret, status in ((read_secret_file(ours), 200), (read_secret_file(theirs), 502)):
-            backend = RouterBackend([p.base_url], [d.base_url], 60.0, secret=secret)
+            backend = RouterBackend(Instances([p.base_url], [d.base_url], 60.0, secret=secret))
             srv = ThreadServer(router_app(backend, "fastdeploy-mtp-tiny"), find_free_port_range(1))
             try:
                 r = httpx.post(

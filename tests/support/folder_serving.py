@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.servers import ServerProcess, serving
 
 #: ``generate(prompt, *flags, model=folder)``: the parsed ``generate --json`` output
 Generate = Callable[..., dict[str, Any]]
@@ -65,6 +67,19 @@ def generate_fixture(spec: str, max_tokens: int, *flags: str) -> Any:
         return json_generator(folder, spec, max_tokens, *flags)
 
     return generate
+
+
+def tp2_server_fixture(spec: str, *flags: str) -> Any:
+    """The module fixture ``server`` (for a test module to bind under that name): ``serve``
+    of the module's ``folder`` fixture with speculation ``spec`` at tensor-parallel size 2,
+    plus ``flags``."""
+
+    @pytest.fixture(scope="module")
+    def server(folder: str) -> Iterator[ServerProcess]:
+        args = [folder, "--speculative-config", spec, "--tensor-parallel-size", "2", *flags]
+        yield from serving(args)
+
+    return server
 
 
 def folder_fixtures(name: str, make: Callable[[Path], object]) -> tuple[Any, Any]:

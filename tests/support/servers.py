@@ -538,14 +538,17 @@ def splitwise_router(
     from fastdeploy_mtp.credentials import splitwise_secret
     from fastdeploy_mtp.serving.openai.http_auth import Access
     from fastdeploy_mtp.serving.router.backend import RouterBackend
+    from fastdeploy_mtp.serving.router.forwarding import Instances
     from fastdeploy_mtp.serving.router.server import router_app
 
     backend = RouterBackend(
-        [prefill.base_url],
-        [decode.base_url],
-        queue_timeout,
-        secret=splitwise_secret() if secret is None else secret,
-        instance_timeout=instance_timeout,
+        Instances(
+            [prefill.base_url],
+            [decode.base_url],
+            queue_timeout,
+            secret=splitwise_secret() if secret is None else secret,
+            instance_timeout=instance_timeout,
+        )
     )
     access = Access(api_key, None, backend.dropped)
     app = router_app(backend, "fastdeploy-mtp-tiny", tokenizer, access=access)

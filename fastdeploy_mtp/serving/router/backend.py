@@ -7,7 +7,6 @@ router's ``/health`` (see :mod:`.server` for the protocol).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 
 import httpx
 from prometheus_client import CollectorRegistry
@@ -17,7 +16,7 @@ from ...runtime.request import InvalidRequestError, Request
 from ..engine_client.backend import Stream
 from ..metrics.router_collector import DroppedCollector, RouterCollector
 from ..openai.protocol import APIError
-from .forwarding import HEALTH_TIMEOUT_S, InstanceForwarder, server_error
+from .forwarding import HEALTH_TIMEOUT_S, InstanceForwarder, Instances, server_error
 
 
 class RouterBackend(InstanceForwarder):
@@ -26,14 +25,7 @@ class RouterBackend(InstanceForwarder):
     ``httpx.AsyncClient``.
 
     Args:
-        prefill: base URLs of the prefill instances (e.g. ``http://10.0.0.1:8001``), at least one.
-        decode: base URLs of the decode instances, at least one.
-        queue_timeout: seconds a request may wait for a decode instance with room (429s)
-            before it fails with a 503.
-        secret: the deployment's splitwise secret; the router presents the token derived from
-            it (:func:`~fastdeploy_mtp.credentials.http_token`) to every instance.
-        instance_timeout: seconds an instance may stay silent (no answer, or no event in a
-            stream) before the request fails with a 504 naming it.
+        instances: the instances it forwards to and its timeouts (:class:`~.forwarding.Instances`).
 
     Use it from one event loop (the server's): the HTTP client is made there on first use;
     :meth:`aclose` ends the requests in flight and closes it.
@@ -41,15 +33,8 @@ class RouterBackend(InstanceForwarder):
 
     fatal: str | None = None
 
-    def __init__(
-        self,
-        prefill: Sequence[str],
-        decode: Sequence[str],
-        queue_timeout: float = 600.0,
-        secret: bytes | None = None,
-        instance_timeout: float = 60.0,
-    ):
-        super().__init__(prefill, decode, queue_timeout, secret, instance_timeout)
+    def __init__(self, instances: Instances):
+        super().__init__(instances)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(RouterCollector(self.counters))
         #: requests refused by the router's app (no API key), shown in its /metrics

@@ -10,6 +10,7 @@ tenacity (:mod:`.retry`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
@@ -73,31 +74,49 @@ def server_error(status: int, message: str) -> APIError:
     return APIError(status, message, kind="server_error")
 
 
-class InstanceForwarder:
-    """Forwards requests to the splitwise instances (see the module docstring), over one
-    ``httpx.AsyncClient`` made on first use; see :class:`~.backend.RouterBackend` for the
-    arguments. ``counters.decode_retries`` counts the waits for a full decode instance."""
+@dataclasses.dataclass(frozen=True)
+class Instances:
+    """The splitwise instances a router forwards to, and how long it waits for them.
 
-    def __init__(
-        self,
-        prefill: Sequence[str],
-        decode: Sequence[str],
-        queue_timeout: float = 600.0,
-        secret: bytes | None = None,
-        instance_timeout: float = 60.0,
-    ):
-        if not prefill:
+    Attributes:
+        prefill: base URLs of the prefill instances (e.g. ``http://10.0.0.1:8001``), at least one.
+        decode: base URLs of the decode instances, at least one.
+        queue_timeout: seconds a request may wait for a decode instance with room (429s)
+            before it fails with a 503.
+        secret: the deployment's splitwise secret; the router presents the token derived from
+            it (:func:`~fastdeploy_mtp.credentials.http_token`) to every instance.
+        instance_timeout: seconds an instance may stay silent (no answer, or no event in a
+            stream) before the request fails with a 504 naming it.
+    """
+
+    prefill: Sequence[str]
+    decode: Sequence[str]
+    queue_timeout: float = 600.0
+    secret: bytes | None = None
+    instance_timeout: float = 60.0
+
+
+class InstanceForwarder:
+    """Forwards requests to the splitwise ``instances`` (see the module docstring), over one
+    ``httpx.AsyncClient`` made on first use. ``counters.decode_retries`` counts the waits for
+    a full decode instance. A ``ValueError`` names a bad URL or timeout."""
+
+    def __init__(self, instances: Instances):
+        if not instances.prefill:
             raise ValueError("prefill: at least one prefill instance URL is needed")
-        if not decode:
+        if not instances.decode:
             raise ValueError("decode: at least one decode instance URL is needed")
-        if not queue_timeout > 0:
-            raise ValueError(f"queue_timeout must be > 0 seconds, got {queue_timeout}")
-        self.prefill = [check_instance_url(u, "prefill") for u in prefill]
-        self.decode = [check_instance_url(u, "decode") for u in decode]
-        if not instance_timeout > 0:
-            raise ValueError(f"instance_timeout must be > 0 seconds, got {instance_timeout}")
-        self.queue_timeout = float(queue_timeout)
-        self.instance_timeout = float(instance_timeout)
+        if not instances.queue_timeout > 0:
+            raise ValueError(f"queue_timeout must be > 0 seconds, got {instances.queue_timeout}")
+        self.prefill = [check_instance_url(u, "prefill") for u in instances.prefill]
+        self.decode = [check_instance_url(u, "decode") for u in instances.decode]
+        if not instances.instance_timeout > 0:
+            raise ValueError(
+                f"instance_timeout must be > 0 seconds, got {instances.instance_timeout}"
+            )
+        self.queue_timeout = float(instances.queue_timeout)
+        self.instance_timeout = float(instances.instance_timeout)
+        secret = instances.secret
         self.headers = json_headers()
         if secret is not None:
             self.headers["Authorization"] = "Bearer " + http_token(secret).decode()

@@ -56,7 +56,7 @@ from ..openai.http_auth import Access
 from ..openai.http_server import bind_listener, run_http
 from ..processes.start_up import interruptible, process_started, progress_printer
 from .backend import RouterBackend
-from .forwarding import HEALTH_TIMEOUT_S
+from .forwarding import HEALTH_TIMEOUT_S, Instances
 from .options import RouterOptions
 
 
@@ -150,7 +150,7 @@ def run_router(opts: RouterOptions) -> int:
     key, secret = api_key(opts.api_key), splitwise_secret(opts.splitwise_secret_file)
     # checks the URLs first
     backend = RouterBackend(
-        opts.prefill, opts.decode, opts.queue_timeout, secret, opts.instance_timeout
+        Instances(opts.prefill, opts.decode, opts.queue_timeout, secret, opts.instance_timeout)
     )
     listener = bind_listener(opts.host, opts.port)  # a taken port is refused before any wait
     # httpx logs every request at INFO, and Paddle's import sets the root logger to print INFO
