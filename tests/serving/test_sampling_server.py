@@ -143,7 +143,9 @@ def test_completion_logprobs_shapes_and_equal_with_and_without_speculation(
         streamed = complete(srv.base_url, PROMPTS[1], stream=True, logprobs=3, **SAMPLED)
         assert streamed[0] == text and streamed[2]["tokens"] == lp["tokens"]
         assert streamed[2]["text_offset"] == lp["text_offset"]
-        assert streamed[2]["token_logprobs"] == pytest.approx(lp["token_logprobs"], abs=1e-6)
+        # to float32 rounding: the streamed request hits the prefix cache, so its prefill sums
+        # over fewer rows than the first one's
+        assert streamed[2]["token_logprobs"] == pytest.approx(lp["token_logprobs"], abs=1e-5)
     (t1, a), (t2, b) = got["spec"], got["plain"]
     assert t1 == t2 and a["tokens"] == b["tokens"]
     assert a["token_logprobs"] == pytest.approx(b["token_logprobs"], abs=1e-4)
