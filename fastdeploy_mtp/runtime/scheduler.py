@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -13,6 +12,7 @@ from ..config import FDConfig
 from .block_pool import BlockPool, block_keys
 from .interfaces import SlotHandover
 from .request import InvalidRequestError, Request, RequestType
+from .slot_state import OutOfBlocksError, SlotState
 from .submission_checks import (
     check_arrival,
     check_counts,
@@ -22,31 +22,6 @@ from .submission_checks import (
     check_prompt,
     check_sampling,
 )
-
-
-class OutOfBlocksError(RuntimeError):
-    """The KV cache has no free block for a running request. Submission and admission
-    control make this unreachable (a request is admitted only when the free blocks cover its
-    worst case); it remains as an internal consistency check."""
-
-
-@dataclass
-class SlotState:
-    request: Request
-    prefill_pos: int = 0  # prompt tokens already prefilled
-    blocks: list[int] = field(default_factory=list)
-    #: prefix-cache keys of the prompt's cacheable blocks (empty without prefix caching)
-    keys: list[bytes] = field(default_factory=list)
-    #: leading blocks already registered in the prefix cache (hits included)
-    registered: int = 0
-    #: splitwise decode: the slot waits for its KV blocks from the prefill instance
-    awaiting_kv: bool = False
-    #: splitwise decode: the KV arrived; the next schedule loads the slot (an IMPORT task)
-    needs_import: bool = False
-
-    @property
-    def prefilling(self) -> bool:
-        return self.prefill_pos < len(self.request.prompt_token_ids)
 
 
 class Scheduler:

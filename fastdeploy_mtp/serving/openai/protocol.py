@@ -16,25 +16,25 @@ Structured output: OpenAI's ``response_format`` (``{"type": "json_object"}`` or
 ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``) or one of vLLM's
 ``guided_json`` (a schema, or its JSON text), ``guided_regex``, ``guided_choice`` (a list of
 strings), ``guided_grammar`` (a Lark grammar; a llama.cpp GBNF grammar is converted), at most
-one per request (:func:`guided_constraint`); each is compiled here, so a bad one is a 400
+one per request (:func:`.guided_fields.guided_constraint`); each is compiled here, so a bad one is a 400
 naming its field. ``tools`` and ``tool_choice`` are refused.
 ``n`` (and, for completions, ``best_of``) ask for several choices (:func:`choice_counts`);
 ``echo`` and ``logit_bias`` are refused with a 400 naming the field rather than ignored
 (:func:`refuse_unsupported`); so is any invalid value. Errors use
-OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}`` (:class:`APIError`).
+OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}`` (:class:`.errors.APIError`).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt
 
 from ...runtime.sampling_params import MAX_LOGPROBS, SamplingParams
 from ...tokenization import ChatTemplateError, GenerationDefaults, Tokenizer
+from .errors import APIError
+from .guided_fields import guided_constraint
 
 
 def chat_prompt(tokenizer: Tokenizer, messages: list[dict[str, Any]]) -> str:
@@ -49,35 +49,6 @@ def chat_prompt(tokenizer: Tokenizer, messages: list[dict[str, Any]]) -> str:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     except (ChatTemplateError, ValueError) as exc:
         raise APIError(400, str(exc), "messages") from None
-
-
-class APIError(Exception):
-    """An OpenAI-style error response: HTTP ``status``, ``message``, the body field at fault
-    (``param``), OpenAI's error ``type`` (``kind``) and ``code`` (default: the status; OpenAI
-    names some errors, e.g. ``"invalid_api_key"``)."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        kind: str = "invalid_request_error",
-        code: str | int | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
-        self.code = status if code is None else code
-
-    def response(self) -> JSONResponse:
-        body = {
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-        return JSONResponse(body, status_code=self.status)
 
 
 class RequestBody(BaseModel):
@@ -161,103 +132,6 @@ def refuse_unsupported(body: RequestBody) -> None:
         raise APIError(400, message, "min_tokens")
 
 
-#: Body fields that constrain the output (:func:`guided_constraint`), at most one per request.
-GUIDED_FIELDS = (
-    "response_format",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-)
-
-
-def guided_constraint(body: RequestBody) -> tuple[dict[str, Any] | None, str | None]:
-    """The output constraint a body asks for, as ``SamplingParams.guided``
-    (``{"kind", "spec"}``, see :mod:`~fastdeploy_mtp.runtime.guided`), and the body field it
-    came from; ``(None, None)`` when there is none (``response_format`` ``{"type": "text"}``
-    asks for none). The grammar itself is checked by :meth:`SamplingParams.check`.
-
-    Raises:
-        APIError: 400 naming the field: more than one constraint, or one of the wrong shape.
-    """
-    extra = body.model_extra or {}
-    given = [name for name in GUIDED_FIELDS if extra.get(name) is not None]
-    if extra.get("response_format") == {"type": "text"}:
-        given.remove("response_format")
-    if len(given) > 1:
-        raise APIError(
-            400, f"at most one output constraint per request, got {', '.join(given)}", given[1]
-        )
-    if not given:
-        return None, None
-    name = given[0]
-    value = extra[name]
-    if name == "response_format":
-        return _response_format(value), name
-    if name == "guided_json":
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise APIError(400, f"guided_json: not valid JSON ({exc})", name) from None
-            except RecursionError:  # the body parser's own limit is not applied to this text
-                raise APIError(400, "guided_json: nested too deeply to parse", name) from None
-        if not isinstance(value, dict):
-            raise APIError(
-                400, f"guided_json must be a JSON schema object, got {type(value).__name__}", name
-            )
-        return {"kind": "json", "spec": value}, name
-    if name == "guided_regex":
-        if not isinstance(value, str):
-            raise APIError(400, f"guided_regex must be a string, got {type(value).__name__}", name)
-        return {"kind": "regex", "spec": value}, name
-    if name == "guided_choice":
-        if (
-            not isinstance(value, list)
-            or not value
-            or not all(isinstance(c, str) and c for c in value)
-        ):
-            raise APIError(400, "guided_choice must be a non-empty list of non-empty strings", name)
-        return {"kind": "choice", "spec": list(value)}, name
-    if not isinstance(value, str) or not value.strip():
-        raise APIError(
-            400, "guided_grammar must be a non-empty string (a Lark or GBNF grammar)", name
-        )
-    return {"kind": "grammar", "spec": _lark_of(value)}, name
-
-
-def _response_format(value: Any) -> dict[str, Any]:
-    """``SamplingParams.guided`` of an OpenAI ``response_format`` other than text."""
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "json_object":
-        return {"kind": "json_object", "spec": None}
-    if kind == "json_schema":
-        spec = value.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-            message = (
-                'response_format json_schema needs "json_schema": {"name": ..., "schema": {...}}'
-            )
-            raise APIError(400, message, "response_format")
-        return {"kind": "json", "spec": spec["schema"]}
-    message = f'response_format type must be "text", "json_object" or "json_schema", got {kind!r}'
-    raise APIError(400, message, "response_format")
-
-
-def _lark_of(grammar: str) -> str:
-    """A ``guided_grammar`` as Lark: itself, or llguidance's conversion of a GBNF grammar
-    (one without a ``start:`` rule or a ``%llguidance`` line)."""
-    from llguidance.gbnf_to_lark import gbnf_to_lark, is_lark_syntax
-
-    if is_lark_syntax(grammar):
-        return grammar
-    try:
-        return gbnf_to_lark(grammar)
-    except Exception as exc:  # the converter raises plain exceptions for what it cannot parse
-        raise APIError(
-            400, f"guided_grammar: neither Lark nor valid GBNF ({exc})", "guided_grammar"
-        ) from None
-
-
 def refuse_invalid_text(value: Any, path: str = "") -> None:
     """400 naming the first string in ``value`` (a request body as plain data) that is not
     valid Unicode text: a lone surrogate such as ``"\\ud800"``, which JSON can spell but
@@ -317,7 +191,7 @@ def sampling_params(
         return value if value is not None else fallback.get(name, neutral)
 
     stop = body.stop
-    guided, guided_field = guided_constraint(body)
+    guided, guided_field = guided_constraint(body.model_extra or {})
     stop_ids = list(body.stop_token_ids or [])
     if not body.ignore_eos:
         stop_ids += [int(t) for t in eos_token_ids if int(t) not in stop_ids]
