@@ -1,5 +1,5 @@
 """Builds the reference engine with its concrete collaborators: the runtime defines what it
-needs (:mod:`fastdeploy_mtp.runtime.interfaces`), and this module, above it, picks the
+needs (:mod:`fastdeploy_mtp.runtime.collaborators`), and this module, above it, picks the
 implementations: the proposers of :func:`fastdeploy_mtp.proposer.make_proposer` and the
 splitwise hand-over of :mod:`fastdeploy_mtp.splitwise.handoff`. The entry points, serving and
 the tests build engines and runners here."""
@@ -9,8 +9,8 @@ from __future__ import annotations
 from .config import FDConfig
 from .models.interfaces import MTPModel, TargetModel
 from .proposer.factory import make_proposer
+from .runtime.collaborators import Runner
 from .runtime.engine import Engine
-from .runtime.interfaces import Runner
 from .runtime.stops import Detokenize
 from .runtime.target_runner import TargetRunner
 from .splitwise import handoff
@@ -51,7 +51,7 @@ def build_engine(
             encode bound a request.
         prefill_chunk_size, record_trace, detokenize: see the engine.
         runner: instead of ``model``: anything with the
-            :class:`~fastdeploy_mtp.runtime.interfaces.Runner` surface, e.g. the serving
+            :class:`~fastdeploy_mtp.runtime.collaborators.Runner` surface, e.g. the serving
             engine's runner that drives worker processes.
         max_positions: with ``runner``: positions the model can encode (``None`` = only
             ``max_model_len``).

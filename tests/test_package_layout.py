@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "ipc": {"ops"},
     "distributed": set(),
     "models": {"constants", "config", "ops", "distributed"},
-    # the engine defines what it needs of a proposer and a hand-over (runtime.interfaces) and
+    # the engine defines what it needs of a proposer and a hand-over (runtime.collaborators) and
     # imports neither; structured output (runtime.guided) reads the model folder's tokenizer
     "runtime": {"constants", "config", "ops", "ipc", "models", "distributed", "tokenization"},
     "proposer": {"constants", "config", "ops", "ipc", "models", "runtime", "distributed"},

@@ -1,5 +1,5 @@
 """``fastdeploy-mtp serve``: the options of
-:func:`fastdeploy_mtp.serving.processes.server.serve`."""
+:func:`fastdeploy_mtp.serving.processes.launcher.serve`."""
 
 from __future__ import annotations
 
@@ -199,8 +199,8 @@ def _add_splitwise_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """``fastdeploy-mtp serve``: see :mod:`fastdeploy_mtp.serving.processes.server`."""
-    from ..serving.processes.server import serve
+    """``fastdeploy-mtp serve``: see :mod:`fastdeploy_mtp.serving.processes.launcher`."""
+    from ..serving.processes.launcher import serve
 
     spec = resolve_speculative_config(args)
     device_ids = None

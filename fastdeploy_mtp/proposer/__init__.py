@@ -1,10 +1,10 @@
 """Proposers: draft tokens for the target to verify, by ``speculative_config.method``: the
 model's MTP layer (:class:`MTPProposer`), n-gram matching (:class:`NgramProposer`), suffix
 decoding (:class:`SuffixProposer`) or none (:class:`NaiveProposer`), behind the interface
-the runtime defines (:class:`~fastdeploy_mtp.runtime.interfaces.Proposer`), built by
+the runtime defines (:class:`~fastdeploy_mtp.runtime.collaborators.Proposer`), built by
 :func:`make_proposer`."""
 
-from ..runtime.interfaces import Proposer
+from ..runtime.collaborators import Proposer
 from .factory import make_proposer
 from .model_free import ModelFreeProposer, NaiveProposer, NgramProposer
 from .mtp import MTPProposer

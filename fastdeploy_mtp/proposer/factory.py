@@ -1,5 +1,5 @@
 """The one factory that picks the proposer of ``speculative_config.method`` (a
-:class:`~fastdeploy_mtp.runtime.interfaces.ProposerFactory`, the interface the target runner
+:class:`~fastdeploy_mtp.runtime.collaborators.ProposerFactory`, the interface the target runner
 builds its proposer through). Methods:
 
 * ``"mtp"``: :class:`~fastdeploy_mtp.proposer.MTPProposer` (the MTP layer, with its own KV
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..config import FDConfig
     from ..models.interfaces import MTPModel, TargetModel
+    from ..runtime.collaborators import Proposer
     from ..runtime.guided import GuidedSlots
     from ..runtime.input_batch import InputBatch
-    from ..runtime.interfaces import Proposer
 
 
 def make_proposer(

@@ -26,7 +26,7 @@ from .round_entry import RoundEntry
 
 
 class ModelFreeProposer(RoundEntry):
-    """The parts of :class:`~fastdeploy_mtp.runtime.interfaces.Proposer` every model-free
+    """The parts of :class:`~fastdeploy_mtp.runtime.collaborators.Proposer` every model-free
     method shares: no caches, no draft state, no model time. A round writes the method's
     drafts (:meth:`write_drafts`) and ends with ``draft_model_postprocess``.
 

@@ -4,7 +4,7 @@ request between a prefill and a decode instance.
 
 What a step reports is in :mod:`.events`, the speculation statistics in
 :mod:`.engine_metrics`, where an output stops early in :mod:`.stops`. The engine is built with
-its collaborators (:mod:`.interfaces`) by :mod:`fastdeploy_mtp.assembly`.
+its collaborators (:mod:`.collaborators`) by :mod:`fastdeploy_mtp.assembly`.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..config import FDConfig
+from .collaborators import Runner, SlotHandover
 from .engine_aborts import Aborts
 from .engine_metrics import Metrics
 from .events import HandedOffRequest, StepEvents
 from .handover_checks import check_transferred
-from .interfaces import Runner, SlotHandover
 from .request import GenerationError, Request, RequestType
 from .sampling_params import TokenLogprob
 from .scheduler import Scheduler
@@ -39,11 +39,11 @@ class Engine(Aborts):
 
     Args:
         fd_config: serving config (``speculative_config.method = None`` for plain decoding).
-        runner: the target step and proposer round (:class:`.interfaces.Runner`): in this
+        runner: the target step and proposer round (:class:`.collaborators.Runner`): in this
             process a :class:`~.target_runner.TargetRunner`, in serving the runner that drives
             worker processes (:class:`fastdeploy_mtp.serving.processes.remote_runner.RemoteRunner`).
         handover: reads a handed-over slot state (splitwise;
-            :class:`~fastdeploy_mtp.runtime.interfaces.SlotHandover`).
+            :class:`~fastdeploy_mtp.runtime.collaborators.SlotHandover`).
         prefill_chunk_size: see :class:`~fastdeploy_mtp.runtime.scheduler.Scheduler`.
         max_positions: positions the model can encode (prompt + output must fit; ``None`` =
             only ``max_model_len``).

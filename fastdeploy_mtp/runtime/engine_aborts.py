@@ -4,7 +4,7 @@ error inside a shared step). Mixed into :class:`~.engine.Engine`."""
 
 from __future__ import annotations
 
-from .interfaces import Runner
+from .collaborators import Runner
 from .request import InvalidRequestError, Request
 from .scheduler import Scheduler
 

@@ -18,7 +18,7 @@ class HandedOffRequest:
     Attributes:
         request: the request (finished here; its first token(s) in ``output_token_ids``).
         state: its slot state, JSON
-            (:meth:`~fastdeploy_mtp.runtime.interfaces.SlotHandover.export_slot`).
+            (:meth:`~fastdeploy_mtp.runtime.collaborators.SlotHandover.export_slot`).
         blocks: its KV block ids here, in order, held until
             :meth:`~fastdeploy_mtp.runtime.engine.Engine.release_handoff`.
     """

@@ -4,7 +4,7 @@ sampling parameters against the ones the slot was loaded with."""
 
 from __future__ import annotations
 
-from .interfaces import HandoffError, Runner, SlotHandover
+from .collaborators import HandoffError, Runner, SlotHandover
 from .request import InvalidRequestError, Request
 
 
@@ -12,7 +12,7 @@ def check_transferred(req: Request, role: str, runner: Runner, handover: SlotHan
     """Raise :class:`~fastdeploy_mtp.runtime.request.InvalidRequestError` (field ``handoff``
     or ``sampling``) unless ``req`` can decode on an engine of splitwise ``role`` whose
     runner is ``runner``: the role is ``"decode"``, ``req.handoff_state`` is present and fits
-    the runner's buffers (:meth:`~fastdeploy_mtp.runtime.interfaces.Runner.check_handoff`),
+    the runner's buffers (:meth:`~fastdeploy_mtp.runtime.collaborators.Runner.check_handoff`),
     and it was loaded with ``req``'s sampling parameters, seed and EOS mask length."""
     rid = req.request_id
     if role != "decode":

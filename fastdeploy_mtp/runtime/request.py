@@ -143,7 +143,7 @@ class Request:
         error: why it was aborted (``None`` when it completed).
         submitted: set when the request is queued (a submitted request is not accepted again).
         handoff_state: on a splitwise decode instance, the slot state the prefill instance
-            handed over (:meth:`~fastdeploy_mtp.runtime.interfaces.SlotHandover.export_slot`);
+            handed over (:meth:`~fastdeploy_mtp.runtime.collaborators.SlotHandover.export_slot`);
             ``None`` for a request that starts from its prompt.
         sampling: how it picks tokens
             (:class:`~fastdeploy_mtp.runtime.sampling_params.SamplingParams`; the default is

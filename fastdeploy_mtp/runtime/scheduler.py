@@ -10,7 +10,7 @@ import numpy as np
 
 from ..config import FDConfig
 from .block_pool import BlockPool, block_keys
-from .interfaces import SlotHandover
+from .collaborators import SlotHandover
 from .request import InvalidRequestError, Request, RequestType
 from .slot_state import OutOfBlocksError, SlotState
 from .submission_checks import (

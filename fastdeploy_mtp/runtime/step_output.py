@@ -26,7 +26,7 @@ class StepOutput:
         logprobs: per slot whose request asked for logprobs, one
             :class:`~fastdeploy_mtp.runtime.sampling_params.TokenLogprob` per emitted token.
         exports: splitwise prefill: the slot state
-            (:meth:`~fastdeploy_mtp.runtime.interfaces.SlotHandover.export_slot`) of each
+            (:meth:`~fastdeploy_mtp.runtime.collaborators.SlotHandover.export_slot`) of each
             slot named in :meth:`Runner.set_exports`, read after the proposer's round.
         step_seconds: wall time of the whole step (target, verification, proposer round).
         model_seconds: the part of it spent in model forwards and logits (target and MTP);

@@ -19,9 +19,9 @@ from ..models.cache_spec import CacheSpec, backend_specs, model_dtype
 from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
 from .adaptive_draft import AdaptiveDraftLength
+from .collaborators import DraftLogprobs, Proposer, ProposerFactory, SlotHandover
 from .guided import GuidedSlots
 from .input_batch import InputBatch, limit_drafts, make_target_inputs
-from .interfaces import DraftLogprobs, Proposer, ProposerFactory, SlotHandover
 from .request import Request, RequestType, check_prefill_task
 from .slot_loading import load_block_table, load_prefill_chunk, load_sampling_rows
 from .spec_step import LogitRows, Packed, PaddleBackend, TargetStep, postprocess, target_step
@@ -31,7 +31,7 @@ from .target_sampler import TargetSampler
 
 class TargetRunner:
     """Target model + buffers + (optionally) a proposer, for one worker (the
-    :class:`~fastdeploy_mtp.runtime.interfaces.Runner` the engine drives in-process).
+    :class:`~fastdeploy_mtp.runtime.collaborators.Runner` the engine drives in-process).
 
     Args:
         fd_config: serving config; with speculation the runner builds the proposer of

@@ -12,7 +12,7 @@ MTP input is the target's hidden rows of *that* round's accepted tokens).
 
 The state is JSON (it travels in HTTP bodies and ZMQ messages, never pickled), one encoded
 row per buffer (:mod:`.slot_rows`). The functions here are the
-:class:`~fastdeploy_mtp.runtime.interfaces.SlotHandover` the engine is built with (this module
+:class:`~fastdeploy_mtp.runtime.collaborators.SlotHandover` the engine is built with (this module
 is passed as it), and what serving signs and checks of a hand-over.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from ..runtime.interfaces import HandoffError
+from ..runtime.collaborators import HandoffError
 from .slot_rows import check_values, decode_row, encode_row
 
 #: Target (``share_inputs``) buffers with one row per slot that a handed-off slot carries.

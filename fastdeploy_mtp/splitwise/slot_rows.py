@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime.interfaces import HandoffError
+from ..runtime.collaborators import HandoffError
 
 
 def encode_row(row: np.ndarray) -> dict[str, Any]:

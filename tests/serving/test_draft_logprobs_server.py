@@ -16,8 +16,8 @@ from fastapi.testclient import TestClient
 from fastdeploy_mtp.models import ASSETS_DIR
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
 from fastdeploy_mtp.serving.openai.app import create_app
-from fastdeploy_mtp.serving.router.backend import RouterBackend
 from fastdeploy_mtp.serving.router.forwarding import Instances
+from fastdeploy_mtp.serving.router.routing import RouterBackend
 from fastdeploy_mtp.tokenization import load_tokenizer
 from tests.support.servers import http_post as post
 

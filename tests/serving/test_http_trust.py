@@ -34,8 +34,8 @@ import pytest
 from fastdeploy_mtp.credentials import API_KEY_ENV, SECRET_ENV, splitwise_secret
 from fastdeploy_mtp.distributed import find_free_port_range
 from fastdeploy_mtp.entrypoints.cli import main
-from fastdeploy_mtp.serving.router.backend import RouterBackend
 from fastdeploy_mtp.serving.router.forwarding import Instances
+from fastdeploy_mtp.serving.router.routing import RouterBackend
 from fastdeploy_mtp.serving.router.server import fetch_model_name
 from tests.support.servers import (
     ServerProcess,

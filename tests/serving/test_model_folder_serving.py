@@ -294,7 +294,7 @@ def test_cli_refuses_a_folder_it_cannot_run_in_one_line(
     def started(*_: Any, **__: Any) -> None:
         raise AssertionError(f"{command} got past the folder check")
 
-    monkeypatch.setattr("fastdeploy_mtp.serving.processes.server.serve", started)
+    monkeypatch.setattr("fastdeploy_mtp.serving.processes.launcher.serve", started)
     monkeypatch.setattr("fastdeploy_mtp.entrypoints.generate.run_requests", started)
     path = folder if kind == "good" else broken_copy(folder, tmp_path / kind, kind)
     where = ["--prompt", "hi", "--model", path] if command == "generate" else [path]
@@ -307,7 +307,7 @@ def test_serve_refuses_a_positional_folder_and_a_different_model(
     folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
-        "fastdeploy_mtp.serving.processes.server.serve", lambda *_: pytest.fail("serve started")
+        "fastdeploy_mtp.serving.processes.launcher.serve", lambda *_: pytest.fail("serve started")
     )
     code, out, err = run_cli(["serve", folder, "--model", str(tmp_path)])
     assert code == 2 and err.count("\n") == 1, (code, out, err)

@@ -32,8 +32,8 @@ from fastdeploy_mtp.distributed import find_free_port_range
 from fastdeploy_mtp.entrypoints.cli import main
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 from fastdeploy_mtp.serving.messages.wire import version_headers
-from fastdeploy_mtp.serving.router.backend import RouterBackend
 from fastdeploy_mtp.serving.router.forwarding import Instances
+from fastdeploy_mtp.serving.router.routing import RouterBackend
 from fastdeploy_mtp.serving.router.server import router_app
 from tests.support.servers import (
     ThreadServer,

@@ -28,8 +28,8 @@ def secret_file(folder: Path, name: str) -> Path:
 
 def test_splitwise_with_secret_files_only(tmp_path: Path):
     from fastdeploy_mtp.credentials import read_secret_file
-    from fastdeploy_mtp.serving.router.backend import RouterBackend
     from fastdeploy_mtp.serving.router.forwarding import Instances
+    from fastdeploy_mtp.serving.router.routing import RouterBackend
     from fastdeploy_mtp.serving.router.server import router_app
     from tests.support.servers import ThreadServer, find_free_port_range, splitwise_post
 

@@ -22,7 +22,11 @@ from fastdeploy_mtp.entrypoints.cli import main
 from fastdeploy_mtp.ops import messaging
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
 from fastdeploy_mtp.serving.token_channel.base import TokenChannelError, WorkerStepError
-from fastdeploy_mtp.serving.token_channel.shm import ShmTokenReader, ShmTokenWriter, shm_bytes
+from fastdeploy_mtp.serving.token_channel.shared_memory import (
+    ShmTokenReader,
+    ShmTokenWriter,
+    shm_bytes,
+)
 from tests.support.servers import http_post, offline, scrape_metrics, serving
 
 SPEC = (

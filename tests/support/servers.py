@@ -271,7 +271,7 @@ class ServerProcess:
         """Last resort (a test failed): kill the whole session, then remove what it owned
         (its queue, runtime directory and /dev/shm names), so a failure leaves nothing."""
         from fastdeploy_mtp.ipc.kv_caches import CACHE_READY_SIGNAL
-        from fastdeploy_mtp.serving.token_channel.shm import SHM_PREFIX
+        from fastdeploy_mtp.serving.token_channel.shared_memory import SHM_PREFIX
 
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -537,8 +537,8 @@ def splitwise_router(
     credential from (default: the test run's)."""
     from fastdeploy_mtp.credentials import splitwise_secret
     from fastdeploy_mtp.serving.openai.http_auth import Access
-    from fastdeploy_mtp.serving.router.backend import RouterBackend
     from fastdeploy_mtp.serving.router.forwarding import Instances
+    from fastdeploy_mtp.serving.router.routing import RouterBackend
     from fastdeploy_mtp.serving.router.server import router_app
 
     backend = RouterBackend(

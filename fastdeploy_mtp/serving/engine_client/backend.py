@@ -1,6 +1,6 @@
 """What the OpenAI app needs from the thing that generates: :class:`Backend` (the
 ``serve`` engine loop, :class:`~.engine_loop.AsyncEngine`, or the splitwise router's
-:class:`~fastdeploy_mtp.serving.router.backend.RouterBackend`), and :class:`Stream`, one
+:class:`~fastdeploy_mtp.serving.router.routing.RouterBackend`), and :class:`Stream`, one
 request's events on their way from the backend to its HTTP handler (an ``asyncio.Queue``),
 read with :func:`stream_events`.
 """
@@ -36,7 +36,7 @@ class Stream:
 class Backend(Protocol):
     """What :func:`~fastdeploy_mtp.serving.openai.app.create_app` needs from the thing that
     generates: the in-process engine loop (:class:`AsyncEngine`, ``serve``) or the splitwise router
-    (:class:`~fastdeploy_mtp.serving.router.backend.RouterBackend`), which forwards to other
+    (:class:`~fastdeploy_mtp.serving.router.routing.RouterBackend`), which forwards to other
     instances.
 
     The app formats everything OpenAI-side (completions, chat, SSE, usage, errors,

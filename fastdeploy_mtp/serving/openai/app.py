@@ -12,7 +12,7 @@ include; ``"length"``).
 The engine requests behind one response (``n`` choices, ``best_of`` candidates) are
 started, collected and cancelled together by :mod:`.choices`. The backend is the engine loop
 for ``serve`` (:class:`~fastdeploy_mtp.serving.engine_client.engine_loop.AsyncEngine`) or the
-splitwise router (:class:`~fastdeploy_mtp.serving.router.backend.RouterBackend`).
+splitwise router (:class:`~fastdeploy_mtp.serving.router.routing.RouterBackend`).
 """
 
 from __future__ import annotations

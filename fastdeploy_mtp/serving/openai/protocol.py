@@ -16,8 +16,8 @@ Structured output: OpenAI's ``response_format`` (``{"type": "json_object"}`` or
 ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``) or one of vLLM's
 ``guided_json`` (a schema, or its JSON text), ``guided_regex``, ``guided_choice`` (a list of
 strings), ``guided_grammar`` (a Lark grammar; a llama.cpp GBNF grammar is converted), at most
-one per request (:func:`.guided_fields.guided_constraint`); each is compiled here, so a bad one is a 400
-naming its field. ``tools`` and ``tool_choice`` are refused.
+one per request (:func:`.guided_fields.guided_constraint`); each is compiled here, so a bad
+one is a 400 naming its field. ``tools`` and ``tool_choice`` are refused.
 ``n`` (and, for completions, ``best_of``) ask for several choices (:func:`choice_counts`);
 ``echo`` and ``logit_bias`` are refused with a 400 naming the field rather than ignored
 (:func:`refuse_unsupported`); so is any invalid value. Errors use

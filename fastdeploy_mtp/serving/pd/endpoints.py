@@ -65,7 +65,7 @@ from ..messages.router_instances import (
 )
 from ..messages.wire import VERSION_HEADER, MessageError, check_header_version, version_headers
 from ..openai.protocol import APIError
-from .engine import SplitwiseEngine
+from .splitwise_engine import SplitwiseEngine
 
 #: seconds between keep-alive comments on a decode stream
 KEEPALIVE_S = 2

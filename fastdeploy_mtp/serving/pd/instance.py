@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .engine import SplitwiseEngine
+from .splitwise_engine import SplitwiseEngine
 
 if TYPE_CHECKING:
     from ..processes.serve_options import ServeOptions

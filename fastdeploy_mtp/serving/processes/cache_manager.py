@@ -106,7 +106,7 @@ def clean_up_after_engine(layout: ServeLayout, timeout: float = 10.0) -> None:
     runtime directory."""
     from ...ipc.signals import process_alive
     from ...ops.messaging import remove_msg_queue
-    from ..token_channel.shm import shm_name
+    from ..token_channel.shared_memory import shm_name
     from . import runtime_dir
 
     owner = (

@@ -1,6 +1,6 @@
 """The engine's side of the worker processes: :class:`RemoteRunner` drives the deployment's
 workers (:class:`~.worker_group.WorkerGroup`) with the
-:class:`~fastdeploy_mtp.runtime.interfaces.Runner` surface the engine loop uses, so the
+:class:`~fastdeploy_mtp.runtime.collaborators.Runner` surface the engine loop uses, so the
 serving engine and the offline :class:`~fastdeploy_mtp.runtime.engine.Engine` are one loop.
 
 Per step: the step message (ZMQ, :class:`~fastdeploy_mtp.serving.messages.engine_workers.Step`)

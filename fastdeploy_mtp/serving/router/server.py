@@ -4,7 +4,7 @@ Each request goes to a prefill instance (``serve --splitwise-role prefill``), wh
 the prompt's KV cache and the first token(s), then to a decode instance
 (``serve --splitwise-role decode``), which generates the rest; the client sees one OpenAI
 response, streamed or not, exactly as from ``serve`` (the formatting is
-:func:`~fastdeploy_mtp.serving.openai.app.create_app`'s; :class:`~.backend.RouterBackend` is its
+:func:`~fastdeploy_mtp.serving.openai.app.create_app`'s; :class:`~.routing.RouterBackend` is its
 backend).
 
 What the router says to the instances (JSON over HTTP, the bodies
@@ -55,9 +55,9 @@ from ..openai.app import create_app
 from ..openai.http_auth import Access
 from ..openai.http_server import bind_listener, run_http
 from ..processes.start_up import interruptible, process_started, progress_printer
-from .backend import RouterBackend
 from .forwarding import HEALTH_TIMEOUT_S, Instances
 from .options import RouterOptions
+from .routing import RouterBackend
 
 
 # ---- the command ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .base import TokenReader, TokenWriter
-from .shm import ShmTokenReader, ShmTokenWriter, shm_name
+from .shared_memory import ShmTokenReader, ShmTokenWriter, shm_name
 from .sysv import FirstTokenReader, SysvTokenReader, SysvTokenWriter
 
 if TYPE_CHECKING:

@@ -182,7 +182,7 @@ def _run(
     )
     if opts.splitwise_role != "mixed":
         from ..pd.endpoints import add_splitwise_routes
-        from ..pd.engine import SplitwiseEngine
+        from ..pd.splitwise_engine import SplitwiseEngine
 
         assert isinstance(running.async_engine, SplitwiseEngine)
         add_splitwise_routes(app, running.async_engine)
