@@ -562,10 +562,10 @@ def test_generate_and_demo_take_model(capsys):
 
 def test_serve_takes_model(capsys, monkeypatch):
     """``serve --model DIR`` hands DIR to the server (which is not started here)."""
-    from fastdeploy_mtp.serving.processes import server
+    from fastdeploy_mtp.serving.processes import launcher
 
     seen = []
-    monkeypatch.setattr(server, "serve", lambda opts: seen.append(opts) or 0)
+    monkeypatch.setattr(launcher, "serve", lambda opts: seen.append(opts) or 0)
     rc, _, err = run_main(capsys, "serve", "--model", SHIPPED)
     assert rc == 0, err
     assert [opts.model for opts in seen] == [SHIPPED]
