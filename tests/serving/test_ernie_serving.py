@@ -54,9 +54,9 @@ server = fs.tp2_server_fixture(MTP, "--prefill-chunk-size", "8", "--max-num-seqs
 
 
 def test_serve_at_tp2_drafts_equal_transformers_round_for_round(
-    server: ServerProcess, folder: str
+    server: ServerProcess, folder: str, reference: Reference
 ) -> None:
-    check_family_drafts_served(server.base_url, folder, k=1, label="ernie45-moe TP2")
+    check_family_drafts_served(server.base_url, folder, k=1, label="ernie45-moe TP2", ref=reference)
 
 
 @pytest.fixture(scope="module")

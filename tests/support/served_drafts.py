@@ -88,16 +88,24 @@ def check_served_drafts(
 
 
 def check_family_drafts_served(
-    base_url: str, folder: str, *, k: int, label: str, max_tokens: int = 32
+    base_url: str,
+    folder: str,
+    *,
+    k: int,
+    label: str,
+    max_tokens: int = 32,
+    ref: Reference | None = None,
 ) -> None:
     """:func:`check_served_drafts` of the :func:`fidelity_prompts` on a server of ``folder``
     drafting ``k`` tokens a round, against transformers: its own ``generate(use_mtp=True)``
     for ``k`` = 1, its MTP layer chained by the engine's stated rule for ``k`` > 1. Asserts
-    too that drafting ran through the requests."""
+    too that drafting ran through the requests. ``ref``: the folder's reference when the
+    caller already loaded it (default: loaded here)."""
     from fastdeploy_mtp.models.folder_inspection import folder_config
     from fastdeploy_mtp.tokenization import load_tokenizer
 
-    ref = Reference(folder)
+    if ref is None:
+        ref = Reference(folder)
     stops = tuple(t for t in folder_config(folder).eos_token_ids if t >= 0)
 
     def rounds(prompt: list[int]) -> list[Round]:
