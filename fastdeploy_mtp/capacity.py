@@ -1,7 +1,7 @@
 """How many KV blocks, batch slots and batched tokens a deployment gets, and the ``FDConfig``
 they build (:func:`build_config`).
 
-The rule ``serve`` follows (documented in ``serve --help`` and the README):
+The rule ``serve`` follows (documented in ``serve --help`` and the user guide, docs/serving.md):
 
 * **KV blocks from memory.** ``--kv-cache-memory SIZE`` is the bytes of KV cache each rank
   may hold (every target layer's and every MTP layer's key and value caches). Default

@@ -24,7 +24,7 @@ tokenizer does not have (a padded vocabulary) are suppressed in the target and i
 as the engine masks them.
 
 torch and transformers are imported on first use: they are test dependencies
-(``pip install -e ".[test]"``), not serving ones.
+(``pip install ".[test]"``), not serving ones.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ its MTP layers (transformers' ``MtpModel``, through ``from_pretrained`` wherever
 renames the family's released names, filled by name for MiMo and dense ERNIE-4.5).
 
 torch and transformers are imported on first use: they are test dependencies
-(``pip install -e ".[test]"``), not serving ones.
+(``pip install ".[test]"``), not serving ones.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def import_transformers() -> tuple[Any, Any]:
         import transformers
     except ImportError as exc:
         raise ReferenceUnavailable(
-            f"the transformers reference needs torch and transformers ({exc.name} is missing): pip "
-            'install -e ".[test]"'
+            f"the transformers reference needs torch and transformers ({exc.name} is missing): "
+            'pip install ".[test]" in a clone of the repository'
         ) from None
     return torch, transformers
 

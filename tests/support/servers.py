@@ -147,6 +147,9 @@ class ServerProcess:
         env: the server's environment (default: this process's).
         slots: ``--max-num-seqs`` when ``args`` has none (:data:`TEST_SLOTS`; ``None``: serve's
             own default, from the KV memory).
+        cli: the command that runs ``fastdeploy-mtp`` (default: this interpreter with ``-m``;
+            the installed console script runs it as a user's shell does).
+        cwd: the server's working directory (default: this process's).
     """
 
     def __init__(
@@ -156,6 +159,8 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         on: tuple[Any, str] | None = None,
         slots: int | None = TEST_SLOTS,
+        cli: list[str] | None = None,
+        cwd: str | None = None,
     ):
         if slots is not None and "--max-num-seqs" not in args:
             args = [*args, "--max-num-seqs", str(slots)]
@@ -175,9 +180,7 @@ class ServerProcess:
         )
         self.shm_before = shm_names()
         cmd = [
-            sys.executable,
-            "-m",
-            "fastdeploy_mtp.entrypoints.cli",
+            *(cli or [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli"]),
             "serve",
             "--port",
             str(self.port),
@@ -190,7 +193,12 @@ class ServerProcess:
                 cmd += ["--host", self.host]
             cmd = on[0].command(on[1], cmd, private_shm=True)
         self.proc = subprocess.Popen(
-            cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+            cmd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            cwd=cwd,
         )
         self.children: list[int] = []
         #: ``os.stat`` of the /dev/shm the server keys its SysV queue on, when it is not ours (a

@@ -102,7 +102,10 @@ class WorkerGroup:
             raise
 
     def _spawn(self, name: str, module: str, extra: list[str], log: Any) -> None:
-        cmd = [sys.executable, "-m", module, *self.layout.to_args(), *extra]
+        # -P: the child imports the package this process runs, not a `fastdeploy_mtp/` folder in
+        # the working directory (a clone's source tree, without its native build, would shadow
+        # the installed package when `serve` is started from the clone's root)
+        cmd = [sys.executable, "-P", "-m", module, *self.layout.to_args(), *extra]
         env = dict(os.environ, INFERENCE_MSG_QUEUE_ID=str(self.layout.msg_queue_id))
         self.procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
         from .runtime_dir import write_owner

@@ -25,7 +25,7 @@ offer), not the engine's port, so keep that port on the cluster's network (the t
 in ``docs/architecture.md``). P's engine listens only on the advertised host
 (``MC_TCP_BIND_ADDRESS``) unless the environment sets another.
 
-Installing: the ``pd`` extra (``pip install -e ".[pd]"``: the PyPI package
+Installing: the ``pd`` extra (``pip install ".[pd]"``: the PyPI package
 ``mooncake-transfer-engine-non-cuda``) and the system library ``libibverbs.so.1`` (Debian:
 ``apt-get install libibverbs1``), which the engine loads even where it finds no RDMA
 device. :func:`require` names whichever is missing.
@@ -88,7 +88,7 @@ def _missing(exc: ImportError) -> str:
     if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "mooncake":
         return (
             f"KV transport 'mooncake' needs the package {_PACKAGE} "
-            '(pip install -e ".[pd]", or pip install ' + _PACKAGE + ")"
+            '(pip install ".[pd]", or pip install ' + _PACKAGE + ")"
         )
     return f"KV transport 'mooncake': the Mooncake transfer engine does not import: {text}"
 
