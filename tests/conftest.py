@@ -85,6 +85,7 @@ SLOW = (
     "tokenization/test_byte_tokenizer.py",
     "test_cli.py",
     "test_integration_doc.py",
+    "test_readme.py",
 )
 
 #: Modules whose tests a parallel run spreads over its workers: each test is long and builds
