@@ -93,7 +93,7 @@ class RequestBody(BaseModel):
 
 class CompletionBody(RequestBody):
     #: a string, a list of strings, a list of token ids or a list of token-id lists
-    #: (checked by :func:`.prompts.prompt_token_lists`, which names ``prompt[i]``)
+    #: (checked by :func:`.prompts.completion_prompts`, which names ``prompt[i]``)
     prompt: Any
     best_of: StrictInt | None = None
     logprobs: int | None = None
