@@ -5,7 +5,8 @@ speculation; streamed choices reassemble to the non-streamed ones; ``best_of`` r
 candidates with the highest cumulative logprob; invalid counts are a 400 naming the field.
 A scripted backend (no engine) shows that one failing choice fails the whole response and
 cancels the other choices' requests, as a client disconnect does; the engine thread never
-runs a request cancelled before it was admitted. The splitwise router serves them too.
+runs a request cancelled before it was admitted. The splitwise router serves them too (and
+lists of prompts, n choices each).
 """
 
 from __future__ import annotations
@@ -47,9 +48,8 @@ def client(url: str) -> openai.OpenAI:
 
 def completion(url: str, **fields: Any) -> Any:
     extra = {k: fields.pop(k) for k in ("best_of",) if k in fields}
-    return client(url).completions.create(
-        model=MODEL, prompt=PROMPT, extra_body=extra or None, **fields
-    )
+    fields.setdefault("prompt", PROMPT)
+    return client(url).completions.create(model=MODEL, extra_body=extra or None, **fields)
 
 
 def texts(response: Any) -> list[str]:
@@ -159,12 +159,15 @@ def test_best_of_returns_the_candidates_with_the_highest_cumulative_logprob(spec
 def test_the_router_serves_n_choices_and_best_of(spec_server):
     want = texts(completion(spec_server.base_url, n=2, seed=SEED, **SAMPLED))
     best = texts(completion(spec_server.base_url, best_of=3, seed=SEED, **SAMPLED))
+    prompts = [PROMPT, DEMO_PROMPTS[1]]  # a list of prompts: n choices each
+    listed = texts(completion(spec_server.base_url, prompt=prompts, n=2, seed=SEED, **SAMPLED))
     with (
         splitwise_instances(("prefill", MTP3), ("decode", MTP3)) as (p, d),
         splitwise_router(p, d) as url,
     ):
         assert texts(completion(url, n=2, seed=SEED, **SAMPLED)) == want
         assert texts(completion(url, best_of=3, seed=SEED, **SAMPLED)) == best
+        assert texts(completion(url, prompt=prompts, n=2, seed=SEED, **SAMPLED)) == listed
 
 
 # ---- refusals --------------------------------------------------------------------------------

@@ -60,6 +60,8 @@ class AsyncEngine:
         self._queued: dict[str, Stream] = {}
         self._queued_lock = threading.Lock()
         self._stop = threading.Event()
+        #: stop() began: new requests are refused (set under ``_queued_lock``)
+        self._stopped = False
         self._on_fatal = on_fatal
         self.fatal: str | None = None
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
@@ -70,13 +72,17 @@ class AsyncEngine:
         self.engine.scheduler.validate(req)
 
     def submit(self, req: Request) -> Stream:
-        if self.fatal:
-            raise APIError(503, f"the server is shutting down: {self.fatal}", kind="server_error")
+        """Queue ``req`` for the engine thread. The refusal check and the queueing hold
+        :attr:`_queued_lock`, as the loop's end does while it sets its reason and takes what
+        was queued: a request is either refused here or failed there, never left waiting."""
         stream = Stream(req, asyncio.get_running_loop())
         self.latency.arrived(req)
         with self._queued_lock:
+            if self.fatal or self._stopped:
+                reason = f": {self.fatal}" if self.fatal else ""
+                raise APIError(503, f"the server is shutting down{reason}", kind="server_error")
             self._queued[req.request_id] = stream
-        self._inbox.put(stream)
+            self._inbox.put(stream)
         return stream
 
     def cancel(self, req: Request) -> None:
@@ -99,6 +105,8 @@ class AsyncEngine:
 
     def stop(self) -> None:
         """Stop the loop; requests still in flight (or queued) end with a 503."""
+        with self._queued_lock:
+            self._stopped = True
         self._stop.set()
         self._thread.join(30)
         if self._thread.is_alive():
@@ -107,11 +115,15 @@ class AsyncEngine:
         for stream in list(self._streams.values()):
             stream.put("error", error)
         self._streams.clear()
+        self._fail_queued(error)
+
+    def _fail_queued(self, error: APIError) -> None:
+        """End every request still queued (not admitted) with ``error``."""
         while True:
             try:
                 self._inbox.get_nowait().put("error", error)
             except queue.Empty:
-                break
+                return
 
     def _admit(self) -> None:
         while True:  # first the requests whose clients went away
@@ -186,19 +198,15 @@ class AsyncEngine:
                 if dead:
                     raise RuntimeError(dead)
         except BaseException as exc:  # the deployment is gone: fail everything, stop the server
-            self.fatal = (
+            reason = (
                 f"{type(exc).__name__}: {exc}" if not isinstance(exc, RuntimeError) else str(exc)
             )
+            with self._queued_lock:  # from here submit() refuses: nothing joins the inbox
+                self.fatal = reason
             with self.lock:
-                self._fail(self.engine.abort_all(RuntimeError(self.fatal)))
-            while True:  # and whatever arrived meanwhile
-                try:
-                    self._inbox.get_nowait().put(
-                        "error", APIError(503, self.fatal, kind="server_error")
-                    )
-                except queue.Empty:
-                    break
-            self._on_fatal(self.fatal)
+                self._fail(self.engine.abort_all(RuntimeError(reason)))
+            self._fail_queued(APIError(503, reason, kind="server_error"))  # and what was queued
+            self._on_fatal(reason)
 
     def _in_slots(self) -> list[Request]:
         """The requests holding a slot (call under :attr:`lock`)."""

@@ -4,10 +4,14 @@
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with ``stream``:
 server-sent events ending in ``data: [DONE]``, see :mod:`.streaming`), ``GET /v1/models``,
 ``GET /health`` (200, or 503 with the backend's reason: for ``serve``, once the deployment
-lost a process), ``GET /metrics`` (Prometheus text; see :mod:`fastdeploy_mtp.serving.metrics`).
-The request bodies and sampling fields are :mod:`.protocol`'s. ``finish_reason`` is the
-engine's (``"stop"``: EOS, a stop token id or a stop string, which the text does not
-include; ``"length"``).
+lost a process), ``GET /metrics`` (Prometheus text; see :mod:`fastdeploy_mtp.serving.metrics`),
+``GET /version`` (``{"version": ...}``, the package's, as vLLM's).
+The request bodies and sampling fields are :mod:`.protocol`'s; a completion's prompts
+:mod:`.prompts`' (a list of prompts gives ``n`` choices each, choice ``index`` ``i * n + j``
+being prompt ``i``'s ``j``-th, as OpenAI numbers them). Every error is OpenAI-shaped
+(:mod:`.errors`), a body that is not JSON included (its message names line and column).
+``finish_reason`` is the engine's (``"stop"``: EOS, a stop token id or a stop string, which
+the text does not include; ``"length"``).
 
 The engine requests behind one response (``n`` choices, ``best_of`` candidates) are
 started, collected and cancelled together by :mod:`.choices`. The backend is the engine loop
@@ -24,19 +28,21 @@ from fastapi import Depends, FastAPI, Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from ... import __version__
 from ...tokenization import GenerationDefaults, Tokenizer
 from ..engine_client.backend import Backend
 from ..metrics.families import render
 from .choices import (
     Served,
     collect_or_abort,
-    max_tokens_of,
     new_requests,
     started_all,
     submit_all,
     usage,
 )
+from .errors import CancelledAsJSON
 from .http_auth import Access, install
+from .prompts import Prompt, completion_prompts
 from .protocol import (
     APIError,
     ChatBody,
@@ -74,7 +80,9 @@ def create_app(
     install(app, access or Access())
     app.exception_handler(APIError)(_api_error)
     app.exception_handler(RequestValidationError)(_validation_error)
+    app.add_middleware(CancelledAsJSON)  # outside the access check: sees every request
     app.get("/health")(health)
+    app.get("/version")(version)
     app.get("/metrics")(metrics)
     app.get("/v1/models")(models)
     app.post("/v1/completions")(completions)
@@ -97,16 +105,30 @@ async def _api_error(_: HTTPRequest, exc: APIError) -> JSONResponse:
     return exc.response()
 
 
-async def _validation_error(_: HTTPRequest, exc: RequestValidationError) -> JSONResponse:
+async def _validation_error(http: HTTPRequest, exc: RequestValidationError) -> JSONResponse:
     first = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") == "json_invalid":
+        return APIError(400, await _json_error(http, first)).response()
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
-    msg = (
-        f"{param}: {first.get('msg', 'invalid value')}"
-        if param
-        else str(first.get("msg", "invalid request body"))
-    )
-    return APIError(400, msg, param).response()
+    if param is None:  # the body as a whole: absent, or not a JSON object
+        message = "the request body must be a JSON object (Content-Type: application/json)"
+        return APIError(400, message).response()
+    return APIError(400, f"{param}: {first.get('msg', 'invalid value')}", param).response()
+
+
+async def _json_error(http: HTTPRequest, error: dict[str, Any]) -> str:
+    """The message of a body that is not valid JSON: the parser's reason and where (line and
+    column of the body, both from 1)."""
+    reason = (error.get("ctx") or {}).get("error", "JSON decode error")
+    position = [p for p in error.get("loc", ()) if isinstance(p, int)]
+    if not position:
+        return f"request body is not valid JSON: {reason}"
+    text = (await http.body()).decode("utf-8", errors="replace")
+    at = min(position[0], len(text))
+    line = text.count("\n", 0, at) + 1
+    column = at - (text.rfind("\n", 0, at) + 1) + 1
+    return f"request body is not valid JSON: {reason} at line {line}, column {column}"
 
 
 async def health(served: ServedDep) -> Response:
@@ -120,6 +142,10 @@ async def metrics(served: ServedDep) -> Response:
     return Response(
         render(served.backend.registry), media_type="text/plain; version=0.0.4; charset=utf-8"
     )
+
+
+async def version() -> dict[str, str]:
+    return {"version": __version__}
 
 
 async def models(served: ServedDep) -> dict[str, Any]:
@@ -138,15 +164,8 @@ def include_usage(body: RequestBody) -> bool:
 
 async def completions(body: CompletionBody, served: ServedDep, http: HTTPRequest) -> Any:
     refuse_invalid_text(body.model_dump())
-    prompt: Any = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        if len(prompt) != 1:
-            raise APIError(
-                400, "batched prompts are not supported: send one request per prompt", "prompt"
-            )
-        prompt = prompt[0]
-    ids = served.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-    choices = new_requests(served, ids, max_tokens_of(served, body, 16), body, "cmpl")
+    prompts = completion_prompts(body.prompt, served.tokenizer)
+    choices = new_requests(served, prompts, body, "cmpl", 16)
     streams = submit_all(served, choices.requests)
     base = {
         "id": choices.requests[0].request_id,
@@ -161,10 +180,14 @@ async def completions(body: CompletionBody, served: ServedDep, http: HTTPRequest
             completion_choice(served.tracker(), i, *results[k], logprobs=choices.logprobs)
             for i, k in enumerate(picked)
         ]
-        return {**base, "choices": returned, "usage": usage([choices.requests[k] for k in picked])}
+        counted = usage([choices.requests[k] for k in picked], choices.prompts)
+        return {**base, "choices": returned, "usage": counted}
     events = await started_all(served, streams)
     shape = CompletionChunks(choices.logprobs)
-    return sse(stream_chunks(served, streams, events, base, shape, include_usage(body)))
+    chunks = stream_chunks(
+        served, streams, events, base, shape, include_usage(body), choices.prompts
+    )
+    return sse(chunks)
 
 
 async def chat(body: ChatBody, served: ServedDep, http: HTTPRequest) -> Any:
@@ -174,7 +197,7 @@ async def chat(body: ChatBody, served: ServedDep, http: HTTPRequest) -> Any:
     prompt = chat_prompt(served.tokenizer, [m.model_dump() for m in body.messages])
     # the template wrote the special tokens the model expects; none are added again
     ids = served.tokenizer.encode(prompt, add_special_tokens=False)
-    choices = new_requests(served, ids, max_tokens_of(served, body, 64), body, "chatcmpl")
+    choices = new_requests(served, [Prompt(ids, "messages")], body, "chatcmpl", 64)
     streams = submit_all(served, choices.requests)
     base = {
         "id": choices.requests[0].request_id,

@@ -21,12 +21,13 @@ from ...runtime.request import InvalidRequestError, Request
 from ...runtime.sampling_params import StepDrafts, TokenLogprob, choice_seed
 from ...tokenization import GenerationDefaults, Tokenizer
 from ..engine_client.backend import Backend, Stream, stream_events
+from .prompts import Prompt
 from .protocol import (
+    MAX_RESPONSE_REQUESTS,
     SAMPLING_FIELDS,
     APIError,
     ChatBody,
     CompletionBody,
-    RequestBody,
     body_field,
     choice_counts,
     refuse_unsupported,
@@ -61,38 +62,50 @@ class Served:
 @dataclass
 class Choices:
     """The engine requests of one response: ``requests[k]`` generates candidate ``k`` (its
-    own request, batched with the others); ``n`` of them are returned, all of them unless
-    ``best_of`` asked for more candidates; ``logprobs``: the client asked for logprobs (to
-    rank ``best_of`` candidates they are asked for internally, and not returned)."""
+    own request, batched with the others), ``per_prompt`` candidates for each prompt in
+    order; ``n`` of each prompt's are returned, all of them unless ``best_of`` asked for
+    more candidates; ``logprobs``: the client asked for logprobs (to rank ``best_of``
+    candidates they are asked for internally, and not returned)."""
 
     requests: list[Request]
     n: int
+    per_prompt: int
     logprobs: bool
 
+    @property
+    def prompts(self) -> int:
+        return len(self.requests) // self.per_prompt
+
     def picked(self, results: list[Collected]) -> list[int]:
-        """Which candidates are returned, in order: all of them, or with ``best_of`` the ``n``
-        with the highest cumulative log-probability of their tokens, best first (a tie goes
-        to the lower candidate index)."""
-        if len(results) == self.n:
-            return list(range(self.n))
-        ranked = sorted(
-            range(len(results)), key=lambda k: (-cumulative_logprob(results[k].entries), k)
-        )
-        return ranked[: self.n]
+        """Which candidates are returned, in order (choice ``index`` ``i * n + j`` is prompt
+        ``i``'s ``j``-th): all of them, or with ``best_of`` each prompt's ``n`` with the
+        highest cumulative log-probability of their tokens, best first (a tie goes to the
+        lower candidate index)."""
+        if self.per_prompt == self.n:
+            return list(range(len(results)))
+        picked = []
+        for start in range(0, len(results), self.per_prompt):
+            group = range(start, start + self.per_prompt)
+            ranked = sorted(group, key=lambda k: (-cumulative_logprob(results[k].entries), k))
+            picked += ranked[: self.n]
+        return picked
 
 
 def new_requests(
     served: Served,
-    prompt_ids: list[int],
-    max_tokens: int,
+    prompts: list[Prompt],
     body: CompletionBody | ChatBody,
     prefix: str,
+    fallback_max_tokens: int,
 ) -> Choices:
-    """The engine requests ``body`` asks for (``n``, or ``best_of`` candidates), each checked
-    by the backend (400/404 naming the field). With a ``seed`` s, candidate ``k`` samples with
+    """The engine requests ``body`` asks for: for each of ``prompts``, ``n`` (or ``best_of``)
+    candidates, each checked by the backend (400/404 naming the field; a prompt's error names
+    its :attr:`Prompt.field`). With a ``seed`` s, a prompt's candidate ``k`` samples with
     :func:`~fastdeploy_mtp.runtime.sampling_params.choice_seed` ``(s, k)`` (``s + k`` mod
-    2**63); without, each candidate's seed derives from its own request id (candidate 0's is
-    the response id, candidate ``k``'s that id with ``-k`` appended)."""
+    2**63), so each prompt's choices are those of a request of that prompt alone; without,
+    each candidate's seed derives from its own request id (the first one's is the response
+    id, candidate ``g`` of the response's that id with ``-g`` appended). The output limit is
+    the body's, else the model's ``max_new_tokens``, else ``fallback_max_tokens``."""
     chat = isinstance(body, ChatBody)
     if body.model not in (None, served.model_name):
         message = (
@@ -101,32 +114,43 @@ def new_requests(
         raise APIError(404, message, "model")
     refuse_unsupported(body)
     n, best_of = choice_counts(body)
+    if len(prompts) * best_of > MAX_RESPONSE_REQUESTS:
+        message = (
+            f"prompt: {len(prompts)} prompts x {best_of} choices each is "
+            f"{len(prompts) * best_of} generations; one request may ask for at most "
+            f"{MAX_RESPONSE_REQUESTS} (send several requests)"
+        )
+        raise APIError(400, message, "prompt")
     sampling = sampling_params(body, served.defaults, served.eos_token_ids)
-    if not prompt_ids:
-        raise APIError(400, "the prompt is empty", "messages" if chat else "prompt")
+    limit, limit_field = body.output_limit()
+    max_tokens = limit or served.defaults.max_new_tokens or fallback_max_tokens
+    for prompt in prompts:
+        if not prompt.ids:
+            raise APIError(400, f"{prompt.field}: the prompt is empty", prompt.field)
     asked = sampling.logprobs is not None
     if best_of > n and not asked:
         sampling.logprobs = 0  # the emitted tokens' own logprobs rank the candidates
     response_id = f"{prefix}-{uuid.uuid4().hex}"
-    requests = []
-    for k in range(best_of):
-        params = copy.deepcopy(sampling)
-        if sampling.seed is not None:
-            params.seed = choice_seed(sampling.seed, k)
-        rid = response_id if k == 0 else f"{response_id}-{k}"
-        requests.append(Request(rid, list(prompt_ids), max_tokens=max_tokens, sampling=params))
-    for req in requests:
-        try:
-            served.backend.validate(req)
-        except InvalidRequestError as exc:
-            if exc.field == "max_tokens":
-                param = "max_tokens"
-            elif exc.field in SAMPLING_FIELDS:
-                param = body_field(exc.field, chat)
-            else:
-                param = "messages" if chat else "prompt"
-            raise APIError(400, str(exc), param) from None
-    return Choices(requests, n, asked)
+    requests: list[Request] = []
+    for prompt in prompts:
+        for k in range(best_of):
+            params = copy.deepcopy(sampling)
+            if sampling.seed is not None:
+                params.seed = choice_seed(sampling.seed, k)
+            rid = f"{response_id}-{len(requests)}" if requests else response_id
+            req = Request(rid, list(prompt.ids), max_tokens=max_tokens, sampling=params)
+            requests.append(req)
+            try:
+                served.backend.validate(req)
+            except InvalidRequestError as exc:
+                if exc.field == "max_tokens":
+                    param = limit_field
+                elif exc.field in SAMPLING_FIELDS:
+                    param = body_field(exc.field, chat)
+                else:
+                    param = prompt.field
+                raise APIError(400, str(exc), param) from None
+    return Choices(requests, n, best_of, asked)
 
 
 def submit_all(served: Served, requests: list[Request]) -> list[Stream]:
@@ -146,11 +170,6 @@ def cancel_all(served: Served, streams: list[Stream]) -> None:
     """Cancel every stream's request on the backend (a finished one is left as it is)."""
     for stream in streams:
         served.backend.cancel(stream.request)
-
-
-def max_tokens_of(served: Served, body: RequestBody, fallback: int) -> int:
-    """The body's ``max_tokens``, else the model's ``max_new_tokens`` default, else ``fallback``."""
-    return body.max_tokens or served.defaults.max_new_tokens or fallback
 
 
 Entries = list[tuple[int, TokenLogprob]]
@@ -273,8 +292,11 @@ async def merged(sources: list[AsyncIterator[_T]]) -> AsyncIterator[tuple[int, _
             task.cancel()
 
 
-def usage(requests: list[Request]) -> dict[str, int]:
-    """OpenAI's usage of the returned choices' ``requests``: the prompt counted once, the
-    completion tokens summed over them."""
-    p, c = len(requests[0].prompt_token_ids), sum(len(r.output_token_ids) for r in requests)
+def usage(requests: list[Request], prompts: int = 1) -> dict[str, int]:
+    """OpenAI's usage of the returned choices' ``requests`` (those of each of ``prompts``
+    prompts in turn, as many for each): each prompt counted once, the completion tokens
+    summed over all of them."""
+    per_prompt = len(requests) // prompts
+    p = sum(len(r.prompt_token_ids) for r in requests[::per_prompt])
+    c = sum(len(r.output_token_ids) for r in requests)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}

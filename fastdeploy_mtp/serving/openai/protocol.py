@@ -17,10 +17,14 @@ Structured output: OpenAI's ``response_format`` (``{"type": "json_object"}`` or
 ``guided_json`` (a schema, or its JSON text), ``guided_regex``, ``guided_choice`` (a list of
 strings), ``guided_grammar`` (a Lark grammar; a llama.cpp GBNF grammar is converted), at most
 one per request (:func:`.guided_fields.guided_constraint`); each is compiled here, so a bad
-one is a 400 naming its field. ``tools`` and ``tool_choice`` are refused.
-``n`` (and, for completions, ``best_of``) ask for several choices (:func:`choice_counts`);
-``echo`` and ``logit_bias`` are refused with a 400 naming the field rather than ignored
-(:func:`refuse_unsupported`); so is any invalid value. Errors use
+one is a 400 naming its field.
+``n`` (and, for completions, ``best_of``) ask for several choices (:func:`choice_counts`).
+Chat's output limit is ``max_completion_tokens`` or its deprecated name ``max_tokens`` (both
+given and different: a 400). A few fields are accepted and ignored (declared below, their
+types checked: none changes the output); fields this server cannot honour (``echo``,
+``logit_bias``, ``tools``, ...) are refused with a 400 naming the field unless their value
+asks for nothing, and so is a field no schema knows (:func:`refuse_unsupported`,
+:mod:`.request_fields`); so is any invalid value. Errors use
 OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}`` (:class:`.errors.APIError`).
 """
 
@@ -35,6 +39,7 @@ from ...runtime.sampling_params import MAX_LOGPROBS, SamplingParams
 from ...tokenization import ChatTemplateError, GenerationDefaults, Tokenizer
 from .errors import APIError
 from .guided_fields import guided_constraint
+from .request_fields import NEUTRAL_ONLY, refuse_neutral_only, refuse_unknown_fields
 
 
 def chat_prompt(tokenizer: Tokenizer, messages: list[dict[str, Any]]) -> str:
@@ -69,6 +74,7 @@ class RequestBody(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
+    # accepted and ignored: OpenAI's end-user id (for its abuse monitoring)
     user: str | None = None
     # vLLM's extra sampling fields (``extra_body`` of the openai client)
     top_k: int | None = None
@@ -80,10 +86,15 @@ class RequestBody(BaseModel):
     # FastDeploy's: also return the MTP drafts' logprobs (``draft_logprobs``; needs logprobs)
     include_draft_logprobs: StrictBool = False
 
+    def output_limit(self) -> tuple[int | None, str]:
+        """The most tokens the body asks for (``None``: not given) and the field that asked."""
+        return self.max_tokens, "max_tokens"
+
 
 class CompletionBody(RequestBody):
-    prompt: str | list[str] | list[int]
-    echo: bool | None = None
+    #: a string, a list of strings, a list of token ids or a list of token-id lists
+    #: (checked by :func:`.prompts.completion_prompts`, which names ``prompt[i]``)
+    prompt: Any
     best_of: StrictInt | None = None
     logprobs: int | None = None
 
@@ -97,38 +108,44 @@ class ChatBody(RequestBody):
     messages: list[ChatMessage]
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    # OpenAI's current name of max_tokens (which it keeps as a deprecated alias)
+    max_completion_tokens: int | None = None
+    # accepted and ignored (OpenAI's; none changes the output): only their types are checked
+    metadata: dict[str, str] | None = None
+    store: StrictBool | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    parallel_tool_calls: StrictBool | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
 
-
-#: Fields this server cannot honour, with their neutral values (any other value is a 400, so
-#: they are never silently ignored).
-#: fields this server cannot honour, with the values that ask for nothing (accepted)
-_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "logit_bias": ({},),
-    "echo": (False,),
-    "suffix": ("",),
-    "tools": ([],),
-    "tool_choice": ("none",),
-    "functions": ([],),
-    "function_call": ("none",),
-}
+    def output_limit(self) -> tuple[int | None, str]:
+        """``max_completion_tokens``, or ``max_tokens``; a 400 when both are given and differ."""
+        new, old = self.max_completion_tokens, self.max_tokens
+        if new is not None and old is not None and new != old:
+            message = (
+                f"max_tokens ({old}) and max_completion_tokens ({new}) disagree: send one "
+                "(max_tokens is OpenAI's deprecated name of max_completion_tokens)"
+            )
+            raise APIError(400, message, "max_completion_tokens")
+        if new is not None:
+            return new, "max_completion_tokens"
+        return old, "max_tokens"
 
 
 def refuse_unsupported(body: RequestBody) -> None:
-    """400 for what one request cannot ask of this server (naming the field)."""
+    """400 for what one request cannot ask of this server (naming the field): a field no
+    schema knows, one this server cannot honour (:mod:`.request_fields`), an output limit
+    that is not positive, or ``min_tokens`` above it."""
+    chat = isinstance(body, ChatBody)
     extra = body.model_extra or {}
-    for name, neutral in _UNSUPPORTED.items():
-        value = getattr(body, name) if name in type(body).model_fields else extra.get(name)
-        if value is not None and not any(type(value) is type(n) and value == n for n in neutral):
-            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
-            raise APIError(400, f"{name}={shown} is not supported by this server", name)
-    if body.max_tokens is not None and body.max_tokens <= 0:
-        raise APIError(400, f"max_tokens must be > 0, got {body.max_tokens}", "max_tokens")
-    if (
-        body.max_tokens is not None
-        and body.min_tokens is not None
-        and body.min_tokens > body.max_tokens
-    ):
-        message = f"min_tokens ({body.min_tokens}) must not exceed max_tokens ({body.max_tokens})"
+    refuse_unknown_fields(extra, chat, ("best_of",) if chat else ())
+    for name, neutral in NEUTRAL_ONLY.items():
+        refuse_neutral_only(name, extra.get(name), neutral)
+    limit, name = body.output_limit()
+    if limit is not None and limit <= 0:
+        raise APIError(400, f"{name} must be > 0, got {limit}", name)
+    if limit is not None and body.min_tokens is not None and body.min_tokens > limit:
+        message = f"min_tokens ({body.min_tokens}) must not exceed {name} ({limit})"
         raise APIError(400, message, "min_tokens")
 
 
@@ -233,6 +250,11 @@ SAMPLING_FIELDS = frozenset(SamplingParams().to_dict())
 
 #: Most choices one request may ask for (``n``, and ``best_of`` candidates).
 MAX_CHOICES = 16
+
+#: Most generations one request may start: its prompts times ``best_of`` (or ``n``). The
+#: engine queues every request it is sent; this keeps one HTTP request from queueing more
+#: than a full batch of the largest deployment.
+MAX_RESPONSE_REQUESTS = 256
 
 
 def choice_counts(body: RequestBody) -> tuple[int, int]:

@@ -108,12 +108,14 @@ async def stream_chunks(
     head: dict[str, Any],
     shape: ChunkShape,
     with_usage: bool,
+    prompts: int = 1,
 ) -> AsyncIterator[dict[str, Any]]:
     """A streamed response's chunks (``head`` and one choice each, as ``shape`` writes it):
     every choice's opening, then the choices' text as it arrives (each chunk names its
-    choice's ``index``), then each choice's ending; ``with_usage``, a last chunk with the
-    usage of all of them. If it stops early (the client went away, or one choice failed),
-    every stream's request is cancelled."""
+    choice's ``index``: ``streams[i]``'s is ``i``), then each choice's ending; ``with_usage``,
+    a last chunk with the usage of all of them (``streams`` are those of ``prompts`` prompts,
+    as many for each: :func:`~.choices.usage`). If it stops early (the client went away, or
+    one choice failed), every stream's request is cancelled."""
     trackers = [served.tracker() for _ in events]
     for i in range(len(events)):
         opening = shape.opening(i)
@@ -134,7 +136,8 @@ async def stream_chunks(
         if not complete:
             cancel_all(served, streams)
     if with_usage:
-        yield {**head, "choices": [], "usage": usage([stream.request for stream in streams])}
+        requests = [stream.request for stream in streams]
+        yield {**head, "choices": [], "usage": usage(requests, prompts)}
 
 
 def sse(chunks: AsyncIterator[dict[str, Any]]) -> EventSourceResponse:

@@ -96,6 +96,8 @@ async def receive(request: HTTPRequest, model: type[B]) -> B:
 
 def new_request(body: PrefillRequest, **extra: Any) -> Request:
     """The engine request of a ``/v1/splitwise/*`` body (a 400 naming what is invalid)."""
+    if not body.request_id:  # it names the request's KV offer and its slot state
+        raise APIError(400, "request_id must be a non-empty string", "request_id")
     try:
         return Request(
             body.request_id,
