@@ -230,7 +230,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         model=resolve_model(model_arg(args), args.dtype, spec),
         speculative_config=spec,
     )
-    from ..serving.processes.remote_runner import WorkerDiedError
+    from ..serving.token_channel.base import WorkerDiedError  # (serve imports Paddle itself)
 
     try:
         return serve(opts)
