@@ -39,6 +39,6 @@ class OptionFlags:
             choices=LOG_LEVELS,
             help="info (default): one line per start-up stage, the ready line and one line when "
             "stopping; debug adds how the processes stop and the libraries' own logs (Paddle's "
-            "glog lines and FLAGS banners, Mooncake's, uvicorn's); warning and error print only "
-            "interrupts and errors",
+            "glog lines and FLAGS banners, Mooncake's, uvicorn's); warning: only the Ctrl-C line "
+            "and errors; error: only errors",
         )

@@ -170,7 +170,7 @@ def _run(
     )
 
     def on_fatal(reason: str) -> None:
-        progress.warning(f"fatal: {reason}; stopping")
+        progress.error(f"fatal: {reason}; stopping")
         running.code = 1
         if running.server is not None:
             running.server.should_exit = True

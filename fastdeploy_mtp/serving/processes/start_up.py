@@ -60,8 +60,8 @@ def shows(log_level: str, level: str) -> bool:
 class Progress:
     """Prints ``[label  1.23s] line`` (seconds since ``t0``, a ``time.perf_counter()``
     value) to stderr: calling it prints an info line (a start-up stage), :meth:`debug` a
-    detail (how the processes stop), :meth:`warning` what the user must see (an interrupt, a
-    fatal error); each only at ``log_level`` or a more verbose one."""
+    detail (how the processes stop), :meth:`warning` an interrupt, :meth:`error` a fatal
+    error; each only at ``log_level`` or a more verbose one."""
 
     def __init__(self, label: str, t0: float, log_level: str = "info") -> None:
         self.label, self.t0, self.log_level = label, t0, log_level
@@ -79,6 +79,9 @@ class Progress:
 
     def warning(self, line: str) -> None:
         self._print("warning", line)
+
+    def error(self, line: str) -> None:
+        self._print("error", line)
 
 
 def apply_log_level(log_level: str) -> None:
