@@ -453,6 +453,19 @@ def test_demo_takes_temperature_and_seed(capsys):
             "num_model_steps",
         ),
         (["frobnicate"], 2, "frobnicate"),
+        # the request would not fit the model: said in the command's terms, no request id
+        (["generate", "--prompt", "x", "--max-tokens", 100000], 2, "--max-tokens: 100000"),
+        (["demo", "--max-tokens", 5000], 2, "--max-tokens: 5000"),
+        (["generate", "--prompt", "x" * 5000, "--max-tokens", 1], 2, "--prompt: 5000 tokens"),
+        (["check-drafts", "--model", "/nonexistent/folder"], 2, "--model"),
+        *[
+            ([*command, "--port", port], 2, "argument --port: must be a TCP port, 1..65535")
+            for command in (["serve"], ["router", "--prefill", "http://a", "--decode", "http://b"])
+            for port in ("70000", "112696")
+        ],
+        (["router", "--prefill", "http://a:70000", "--decode", "http://b"], 2, "--prefill"),
+        (["router", "--prefill", "http://a", "--decode", "http://b:0"], 2, "--decode"),
+        (["serve", "--log-level", "loud"], 2, "--log-level"),
         (
             ["generate", "--prompt", "x", "--checkpoint", "/nonexistent/ckpt"],
             2,
@@ -465,6 +478,7 @@ def test_errors_are_one_line_with_the_exit_status(capsys, argv, status, name):
     assert rc == status
     assert out == ""
     assert name in error_line(err)
+    assert "'p0'" not in err  # no internal request id
 
 
 def test_ctrl_c_exits_130_quietly(capsys, monkeypatch):
@@ -473,7 +487,7 @@ def test_ctrl_c_exits_130_quietly(capsys, monkeypatch):
 
     monkeypatch.setattr(generate, "run_requests", interrupted)
     rc, out, err = run_main(capsys, "generate", "--prompt", "x")
-    assert (rc, out, err) == (130, "", "")
+    assert (rc, out, err.split()) == (130, "", ["fastdeploy-mtp:", "interrupted"])
 
 
 def test_process_exit_status_and_no_traceback(tmp_path):

@@ -35,6 +35,7 @@ from .values import (
     UsageError,
     non_negative_int,
     options_from_args,
+    port_number,
     positive_float,
     positive_int,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "model_arg",
     "non_negative_int",
     "options_from_args",
+    "port_number",
     "positive_float",
     "positive_int",
     "resolve_model",

@@ -45,6 +45,19 @@ def non_negative_int(text: str) -> int:
     return int(_number(text, int, 0, strict=False))
 
 
+#: the highest TCP port number
+MAX_PORT = 65535
+
+
+def port_number(text: str) -> int:
+    """argparse ``type``: a TCP port, 1..65535 (a larger number would wrap around, modulo
+    65536, to another port)."""
+    port = positive_int(text)
+    if port > MAX_PORT:
+        raise argparse.ArgumentTypeError(f"must be a TCP port, 1..{MAX_PORT}, got {text}")
+    return port
+
+
 def positive_float(text: str) -> float:
     """argparse ``type``: a number > 0."""
     return float(_number(text, float, 0, strict=True))

@@ -130,7 +130,10 @@ def _fmt(values: list[float | None]) -> str:
 def cmd_check_drafts(args: argparse.Namespace) -> int:
     from ..models.folder_inspection import inspect_model_folder
 
-    config = inspect_model_folder(args.model)
+    try:
+        config = inspect_model_folder(args.model)
+    except (ValueError, OSError) as exc:  # e.g. no such folder, no config.json
+        raise UsageError(f"--model: {exc}") from None
     if config.num_nextn_predict_layers == 0:
         raise UsageError(
             f"--model {args.model}: the folder has no MTP layer (num_nextn_predict_layers 0)"

@@ -28,7 +28,8 @@ SAMPLING (default greedy): --temperature, --top-p, --top-k, --min-p, --seed,
 (verify_strategy "target_match", the default).
 
 Errors are one line on stderr, exit status 2 for a bad argument, 1 for a failure while
-running, 130 on Ctrl-C; FDMTP_DEBUG=1 shows the traceback instead.
+running; Ctrl-C (at any moment) prints one line and exits with status 130. FDMTP_DEBUG=1
+shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         if _debug():
             raise
+        print("\nfastdeploy-mtp: interrupted", file=sys.stderr)  # (after a progress line's \r)
         return 130
     except (UsageError, SpeculativeConfigError, CredentialError) as exc:
         if _debug():

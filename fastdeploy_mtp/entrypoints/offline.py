@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..engine_args import (
+    UsageError,
     add_model_arg,
     add_speculative_args,
     build_config,
@@ -109,6 +110,9 @@ def run_requests(
     A prompt given as a list of token ids is used as it is. ``trace``: the engine's per-step
     record (:attr:`~fastdeploy_mtp.runtime.engine.Engine.trace`) is appended to it.
     ``prefill_chunk_size``: prefill prompts in chunks of this many tokens (0: whole)."""
+    from ..serving.processes.start_up import import_paddle
+
+    import_paddle()  # first, so a Ctrl-C during the import comes after it (one quiet line)
     from ..assembly import build_engine
     from ..models import ASSETS_DIR, load_model
     from ..runtime.request import Request
@@ -140,8 +144,10 @@ def run_requests(
         for i, p in enumerate(prompts)
     ]
     k = spec.num_speculative_tokens if spec.enabled else 0
+    _check_room(reqs, max_tokens, k, arch.max_position_embeddings)
     longest = max(len(r.prompt_token_ids) for r in reqs) + max_tokens + 2 * k + 8
-    cfg = build_config(arch, spec, max_num_seqs, longest)
+    # more slots than requests would only take memory (--max-num-seqs 100000 is not refused)
+    cfg = build_config(arch, spec, min(max_num_seqs, len(reqs)), longest)
     cfg.model_config.model = folder  # the grammar of a constrained request runs on its tokenizer
 
     # tok.decode leaves out padding ids and special tokens
@@ -154,6 +160,25 @@ def run_requests(
         if trace is not None:
             trace.extend(engine.trace or [])
     return reqs, [tok.decode(r.output_token_ids) for r in reqs], engine.metrics
+
+
+def _check_room(reqs: Sequence[Request], max_tokens: int, k: int, positions: int) -> None:
+    """A usage error naming ``--max-tokens`` (or ``--prompt``) unless the longest prompt, the
+    new tokens and a round's ``k`` drafts + 1 fit the model's ``positions`` (the engine's own
+    check, stated in the command's terms)."""
+    prompt = max(len(r.prompt_token_ids) for r in reqs)
+    room = positions - prompt - k - 1
+    if room < 1:
+        raise UsageError(
+            f"--prompt: {prompt} tokens leave no room for new tokens in the model's "
+            f"{positions} positions (max_position_embeddings)"
+        )
+    if max_tokens > room:
+        raise UsageError(
+            f"--max-tokens: {max_tokens} exceeds the model's positions after the prompt: "
+            f"max_position_embeddings ({positions}) - prompt tokens ({prompt}) - (K + 1) "
+            f"({k + 1}) = {room}"
+        )
 
 
 def run_prompts(*args: Any, **kwargs: Any) -> tuple[list[str], list[list[int]], Metrics]:

@@ -1,13 +1,14 @@
 """Command-line flags of an options dataclass (``ServeOptions``, ``RouterOptions``): each flag
 defaults to the field it names, so a default is written once (in the dataclass), and the flags
-both servers take (where they listen) are written once for ``serve`` and ``router``."""
+both servers take (where they listen, what they print) are written once for ``serve`` and
+``router``."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..engine_args import positive_int
-from ..serving.processes.start_up import option_defaults
+from ..engine_args import port_number
+from ..serving.processes.start_up import LOG_LEVELS, option_defaults
 
 
 class OptionFlags:
@@ -26,4 +27,18 @@ class OptionFlags:
     def add_listen_args(self, parser: Any) -> None:
         """``--host`` and ``--port``: where the server listens."""
         self.add(parser, "--host", help="address to listen on (default %(default)s)")
-        self.add(parser, "--port", type=positive_int, help="HTTP port (default %(default)s)")
+        self.add(
+            parser, "--port", type=port_number, help="HTTP port, 1..65535 (default %(default)s)"
+        )
+
+    def add_log_level_arg(self, parser: Any) -> None:
+        """``--log-level``: what the server prints."""
+        self.add(
+            parser,
+            "--log-level",
+            choices=LOG_LEVELS,
+            help="info (default): one line per start-up stage, the ready line and one line when "
+            "stopping; debug adds how the processes stop and the libraries' own logs (Paddle's "
+            "glog lines and FLAGS banners, Mooncake's, uvicorn's); warning: only the Ctrl-C line "
+            "and errors; error: only errors",
+        )

@@ -43,6 +43,7 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
         help="a decode instance's base URL (repeatable)",
     )
     _FLAGS.add_listen_args(p)
+    _FLAGS.add_log_level_arg(p)
     _FLAGS.add(
         p,
         "--queue-timeout",

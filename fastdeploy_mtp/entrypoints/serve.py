@@ -16,6 +16,7 @@ from ..engine_args import (
     model_arg,
     non_negative_int,
     options_from_args,
+    port_number,
     positive_float,
     positive_int,
     resolve_model,
@@ -44,6 +45,7 @@ def register(sub: Any) -> None:
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     """The server's arguments besides the speculative ones."""
     _FLAGS.add_listen_args(p)
+    _FLAGS.add_log_level_arg(p)
     add_model_arg(p, positional=True)
     _FLAGS.add(
         p,
@@ -71,7 +73,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     _FLAGS.add(
         p,
         "--engine-worker-queue-port",
-        type=positive_int,
+        type=port_number,
         help="names the deployment: its runtime directory (the engine<->worker socket), its SysV "
         "token queue id and its cache_ready_signal suffix (default: a free port number)",
     )
@@ -85,8 +87,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--device-ids",
-        default=None,  # (a string here, e.g. "0,1": ServeOptions holds the parsed list)
-        help="device id per rank in the cache names (default 0..tp-1)",
+        type=_device_ids,
+        metavar="ID,ID,...",
+        default=None,
+        help="the device id of each rank, comma-separated (e.g. 63,64 with "
+        "--tensor-parallel-size 2): FastDeploy's KV cache names carry it, so two servers on one "
+        "host need different ids (default 0..tp-1)",
     )
     _FLAGS.add(
         p,
@@ -97,6 +103,16 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     add_credential_args(p)
     _add_splitwise_args(p)
+
+
+def _device_ids(text: str) -> list[int]:
+    """argparse ``type`` of ``--device-ids``: comma-separated integers >= 0."""
+    try:
+        return [non_negative_int(d.strip()) for d in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated integers >= 0 (one per rank), got {text!r}"
+        ) from None
 
 
 def _kv_memory(text: str) -> int | None:
@@ -156,7 +172,7 @@ def _add_splitwise_args(p: argparse.ArgumentParser) -> None:
     _FLAGS.add(
         sw,
         "--splitwise-port",
-        type=positive_int,
+        type=port_number,
         help="prefill: TCP port the KV blocks are served on (default: free)",
     )
     _FLAGS.add(
@@ -203,14 +219,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..serving.processes.launcher import serve
 
     spec = resolve_speculative_config(args)
-    device_ids = None
-    if args.device_ids:
-        try:
-            device_ids = [int(d) for d in args.device_ids.split(",")]
-        except ValueError:
-            raise UsageError(
-                f"--device-ids must be comma-separated integers, got {args.device_ids!r}"
-            ) from None
     if args.splitwise_role == "mixed" and args.splitwise_port is not None:
         raise UsageError(
             "--splitwise-port is the KV port of a prefill instance: it needs --splitwise-role "
@@ -221,9 +229,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args,
         model=resolve_model(model_arg(args), args.dtype, spec),
         speculative_config=spec,
-        device_ids=device_ids,
     )
-    from ..serving.processes.remote_runner import WorkerDiedError
+    from ..serving.token_channel.base import WorkerDiedError  # (serve imports Paddle itself)
 
     try:
         return serve(opts)

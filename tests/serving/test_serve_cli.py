@@ -49,6 +49,12 @@ def test_more_drafts_than_the_message_layout_carries_is_refused(capsys):
         (["--splitwise-role", "prefill", "--kv-hold-timeout", "-1"], "--kv-hold-timeout"),
         (["--splitwise-role", "decode", "--max-waiting-requests", "0"], "--max-waiting-requests"),
         (["--prefill-chunk-size", "-1"], "--prefill-chunk-size"),
+        (["--port", "65536"], "--port"),
+        (["--port", "0"], "--port"),
+        (["--engine-worker-queue-port", "99999"], "--engine-worker-queue-port"),
+        (["--splitwise-role", "prefill", "--splitwise-port", "70000"], "--splitwise-port"),
+        (["--device-ids", "-1"], "--device-ids"),
+        (["--device-ids", "0,,1"], "--device-ids"),
     ],
 )
 def test_bad_options_are_one_line_usage_errors(capsys, args, word):

@@ -12,41 +12,55 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from ..processes.start_up import Progress
+
 
 def run_http(
     app: FastAPI,
     host: str,
     port: int,
-    progress: Callable[[str], None],
+    progress: Progress,
     t0: float,
     on_server: Callable[[Any], None] | None = None,
     sock: socket.socket | None = None,
-) -> bool:
-    """Serve ``app`` with uvicorn on ``host:port`` until SIGINT/SIGTERM; returns whether it
-    started (e.g. not when the port was taken: uvicorn said why). ``on_server`` gets the
+) -> int:
+    """Serve ``app`` with uvicorn on ``host:port`` until SIGINT/SIGTERM; returns the exit
+    status: 130 after SIGINT (Ctrl-C), 0 after SIGTERM or a stop from ``on_server``'s server,
+    1 if it did not start (e.g. the port was taken: uvicorn said why). ``on_server`` gets the
     ``uvicorn.Server`` first (to stop it from another thread). uvicorn handles the signals
     while it runs and raises them again once it has stopped; the handlers installed here take
     that second delivery (the caller restores its own afterwards), so the caller's clean-up
-    runs. ``sock``: a socket :func:`bind_listener` bound already (uvicorn then binds none)."""
+    runs. ``sock``: a socket :func:`bind_listener` bound already (uvicorn then binds none).
+    uvicorn logs at ``progress.log_level``, its info lines only at ``debug``."""
     import signal
 
     import uvicorn
 
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="info", access_log=False, timeout_graceful_shutdown=5
+        app,
+        host=host,
+        port=port,
+        log_level={"debug": "debug", "error": "error"}.get(progress.log_level, "warning"),
+        access_log=False,
+        timeout_graceful_shutdown=5,
     )
     server = uvicorn.Server(config)
     if on_server is not None:
         on_server(server)
     progress(f"ready in {time.perf_counter() - t0:.1f} s: listening on http://{host}:{port}")
+    received: list[int] = []
 
     def requested_stop(signum: int, frame: object) -> None:
-        progress(f"{signal.Signals(signum).name} received")
+        received.append(signum)
+        what = "interrupted" if signum == signal.SIGINT else "SIGTERM received"
+        progress.warning(f"{what}: shutting down")
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, requested_stop)
     server.run(sockets=[sock] if sock is not None else None)
-    return bool(server.started)
+    if not server.started:
+        return 1
+    return 130 if signal.SIGINT in received else 0
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

@@ -10,7 +10,7 @@ directory, so nothing of the deployment is left behind.
 
 ``python -m fastdeploy_mtp.serving.processes.cache_manager --model DIR --speculative_config JSON
 ...`` (the arguments of :class:`~fastdeploy_mtp.serving.processes.layout.ServeLayout`). It prints
-one progress line per rank to stderr.
+one progress line per rank to stderr (at ``--log_level`` info or debug).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import time
 
 from .child_process import Terminated, become_child_process, install_stop_handlers
 from .layout import ServeLayout
+from .start_up import shows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,13 +56,14 @@ def main(argv: list[str] | None = None) -> int:
             ready.value[rank] = 1  # type: ignore[index]
             mib = sum(s.nbytes for s in specs) / 2**20
             dtypes = ",".join(sorted({s.dtype for s in specs}))
-            print(
-                f"[cache manager] rank {rank}: {len(specs)} KV caches published "
-                f"({len(owned_by(specs, 'target'))} target + {len(owned_by(specs, 'mtp'))} MTP, "
-                f"{dtypes}, {mib:.1f} MiB)",
-                file=sys.stderr,
-                flush=True,
-            )
+            if shows(layout.log_level, "info"):
+                print(
+                    f"[cache manager] rank {rank}: {len(specs)} KV caches published "
+                    f"({len(owned_by(specs, 'target'))} target + "
+                    f"{len(owned_by(specs, 'mtp'))} MTP, {dtypes}, {mib:.1f} MiB)",
+                    file=sys.stderr,
+                    flush=True,
+                )
         install_stop_handlers()  # again, in case Paddle's set-up reinstalled its own
         while os.getppid() == parent:  # until SIGTERM (Terminated) or the engine's death
             time.sleep(PARENT_POLL_S)

@@ -1,9 +1,11 @@
 """``fastdeploy-mtp serve``: start the cache manager and the workers, then the HTTP server.
 
 Start-up prints one line per stage to stderr (config, cache manager, each worker, listening),
-each stamped with the seconds since the process started. SIGINT/SIGTERM stop every process
-and remove every shared-memory name and the token queue; a lost worker fails the requests in
-flight and the server exits with status 1.
+each stamped with the seconds since the process started (``--log-level info``, the default;
+``debug`` adds Paddle's, glog's and uvicorn's own lines and how the processes stop). SIGINT
+(Ctrl-C, at any moment: one line, exit status 130) and SIGTERM (exit status 0) stop every
+process and remove every shared-memory name and the token queue; a lost worker fails the
+requests in flight and the server exits with status 1.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from ...engine_args import UsageError, speculation_label
 from .layout import ServeLayout
 from .planning import block_bytes, plan_layout
 from .serve_options import ServeOptions
-from .start_up import interruptible, process_started, progress_printer
+from .start_up import Progress, apply_log_level, import_paddle, interruptible, process_started
 
 if TYPE_CHECKING:
     from ...models.model_config import ModelConfig as ArchConfig
@@ -24,11 +26,17 @@ if TYPE_CHECKING:
 
 
 def serve(opts: ServeOptions, log: object = None) -> int:
-    """Run the server until SIGINT/SIGTERM (returns 0) or a lost process (returns 1)."""
+    """Run the server until SIGTERM (returns 0), SIGINT (130) or a lost process (1)."""
+    t0 = process_started()  # the ready line counts from here
+    progress = Progress("serve", t0, opts.log_level)
+    apply_log_level(opts.log_level)
+    try:
+        import_paddle()  # (a Ctrl-C during the import comes after it: no half-imported Paddle)
+    except KeyboardInterrupt:
+        progress.warning("interrupted")
+        return 130
     from ...models import kv_cache_shape
 
-    t0 = process_started()  # the ready line counts from here
-    progress = progress_printer("serve", t0)
     try:
         layout = plan_layout(opts)
         arch = layout.arch()
@@ -50,14 +58,14 @@ def serve(opts: ServeOptions, log: object = None) -> int:
     )
 
     running = _Running()
-    try:
-        with interruptible():  # during start-up: unwind and clean up
+    # during start-up: one line at once, then unwind and clean up (a second Ctrl-C cannot stop it)
+    with interruptible(lambda: progress.warning("interrupted during start-up: stopping")):
+        try:
             return _run(opts, layout, arch, running, progress, t0, log)
-    except KeyboardInterrupt:
-        progress("interrupted during start-up; stopping")
-        return 130
-    finally:
-        running.close(progress)
+        except KeyboardInterrupt:
+            return 130
+        finally:
+            running.close(progress)
 
 
 def served_model_name(opts: ServeOptions, arch: ArchConfig) -> str:
@@ -81,16 +89,16 @@ class _Running:
     listener: Any = None  # the HTTP socket, bound before any process starts
     code: int = 0  # the exit status once the server stops: 1 after a fatal error
 
-    def close(self, progress: Callable[[str], None]) -> None:
+    def close(self, progress: Progress) -> None:
         """Stop what was started, the engine first (it drives the workers)."""
         if self.async_engine is not None:
             self.async_engine.stop()
         if self.kv_source is not None:
             self.kv_source.close()
         if self.runner is not None:
-            progress("stopping the workers and the cache manager")
+            progress.debug("stopping the workers and the cache manager")
             self.runner.close()
-            progress("stopped")
+            progress.debug("stopped")
         if self.listener is not None:
             self.listener.close()
 
@@ -123,7 +131,7 @@ def _run(
     layout: ServeLayout,
     arch: ArchConfig,
     running: _Running,
-    progress: Callable[[str], None],
+    progress: Progress,
     t0: float,
     log: object,
 ) -> int:
@@ -162,7 +170,7 @@ def _run(
     )
 
     def on_fatal(reason: str) -> None:
-        progress(f"fatal: {reason}; stopping")
+        progress.error(f"fatal: {reason}; stopping")
         running.code = 1
         if running.server is not None:
             running.server.should_exit = True
@@ -186,7 +194,7 @@ def _run(
 
         assert isinstance(running.async_engine, SplitwiseEngine)
         add_splitwise_routes(app, running.async_engine)
-    started = run_http(
+    code = run_http(
         app,
         opts.host,
         opts.port,
@@ -195,6 +203,4 @@ def _run(
         on_server=lambda s: setattr(running, "server", s),
         sock=running.listener,
     )
-    if not started and running.code == 0:
-        return 1  # uvicorn could not start (it said why)
-    return running.code
+    return running.code or code  # a fatal error's 1 first

@@ -8,6 +8,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, get_type_hints
 
 from ...config import FDConfig, SpeculativeConfig
+from .start_up import LOG_LEVELS
 
 if TYPE_CHECKING:  # importing the models imports Paddle: children import it after their set-up
     from ...models.cache_spec import CacheSpec
@@ -55,6 +56,8 @@ class ServeLayout:
             :func:`~..engine_args.build_config`'s default for ``max_num_seqs`` full-length
             requests).
         enable_prefix_caching: ``cache_config.enable_prefix_caching``.
+        log_level: ``serve --log-level``: what the children print (their info lines, and
+            Paddle's own below ``debug``: :mod:`.start_up`).
     """
 
     model: str = field(metadata={"help": "model folder"})
@@ -77,6 +80,7 @@ class ServeLayout:
     max_num_batched_tokens: int = 0
     total_block_num: int = 0
     enable_prefix_caching: bool = False
+    log_level: str = field(default="info", metadata={"choices": LOG_LEVELS})
 
     def __post_init__(self) -> None:
         tp = self.tensor_parallel_size

@@ -48,6 +48,7 @@ def plan_layout(opts: ServeOptions) -> ServeLayout:
         dtype=opts.dtype,
         token_channel=opts.token_channel,
         enable_prefix_caching=opts.enable_prefix_caching,
+        log_level=opts.log_level,
     )
     arch = layout.arch()
     try:

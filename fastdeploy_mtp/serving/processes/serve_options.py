@@ -51,3 +51,6 @@ class ServeOptions:
     max_num_batched_tokens: int | None = None
     #: ``--enable-prefix-caching`` / ``--no-enable-prefix-caching``
     enable_prefix_caching: bool = True
+    #: ``--log-level``: ``"debug"``, ``"info"``, ``"warning"`` or ``"error"`` (see
+    #: :class:`~.start_up.Progress`; below debug, Paddle's, glog's and uvicorn's info is quiet)
+    log_level: str = "info"

@@ -22,6 +22,7 @@ from ..messages.engine_workers import Done, Failed, Ready, Shutdown, decode_work
 from ..messages.wire import MessageError
 from ..token_channel.base import TokenReader, WorkerDiedError
 from ..token_channel.channel import open_reader
+from .child_process import sigint_held
 from .layout import ServeLayout
 
 
@@ -77,6 +78,7 @@ class WorkerGroup:
         self._progress = progress or (lambda line: None)
         self._cache_names = cache_names
         self._dead: str | None = None
+        self._started = False  # every worker said it is ready
         self.procs: dict[str, subprocess.Popen] = {}
         self._reader: TokenReader | None = None
         self.dropped = dropped
@@ -107,7 +109,8 @@ class WorkerGroup:
         # the installed package when `serve` is started from the clone's root)
         cmd = [sys.executable, "-P", "-m", module, *self.layout.to_args(), *extra]
         env = dict(os.environ, INFERENCE_MSG_QUEUE_ID=str(self.layout.msg_queue_id))
-        self.procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
+        with sigint_held():  # the child ignores SIGINT from its first instruction
+            self.procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
         from .runtime_dir import write_owner
 
         # for a survivor's clean-up
@@ -143,6 +146,7 @@ class WorkerGroup:
                 )
             elif isinstance(msg, Failed):
                 raise WorkerDiedError(f"worker rank {msg.rank} failed to start: {msg.message}")
+        self._started = True
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop every child (``shutdown``, then SIGTERM, then SIGKILL), remove the token queue."""
@@ -160,8 +164,9 @@ class WorkerGroup:
                     )
                 except zmq.ZMQError:
                     pass
-        # a deployment that lost a process or hung will not shut down in order: do not wait long
-        grace = min(timeout, 1.0) if self._dead else timeout
+        # a deployment that lost a process or hung will not shut down in order: do not wait long;
+        # workers still starting read no shutdown message: SIGTERM at once
+        grace = 0.0 if not self._started else min(timeout, 1.0) if self._dead else timeout
         deadline = time.monotonic() + grace
         for name in [*workers, "cache manager"]:  # the cache manager last: workers detach first
             proc = self.procs.get(name)

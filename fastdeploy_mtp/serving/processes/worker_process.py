@@ -20,6 +20,8 @@ instance emits is a first token, and the message also carries the first draft.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import sys
 import traceback
@@ -174,7 +176,11 @@ def load_runner(layout: ServeLayout, rank: int, master_port: int) -> tuple[Targe
 
     tp = layout.tensor_parallel_size
     if tp > 1:
-        init_tensor_parallel(rank, tp, master_port)
+        # Paddle's group set-up writes a "Modified FLAGS detected" banner to stderr: only at
+        # --log-level debug (an error is raised, not written, so none is lost)
+        quiet = layout.log_level != "debug"
+        with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
+            init_tensor_parallel(rank, tp, master_port)
     target, mtp, arch = load_model(
         layout.model, dtype=layout.dtype, tensor_parallel_size=tp, tensor_parallel_rank=rank
     )

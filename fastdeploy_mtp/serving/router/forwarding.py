@@ -20,6 +20,7 @@ from httpx_sse import ServerSentEvent, aconnect_sse
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_delay
 
 from ...credentials import http_token
+from ...engine_args.values import MAX_PORT
 from ...runtime.request import Request
 from ...runtime.sampling_params import TokenLogprob
 from ..engine_client.backend import Stream
@@ -57,6 +58,8 @@ def check_instance_url(url: str, option: str) -> str:
         raise ValueError(
             f"{option} {url!r}: give an instance's base URL, e.g. http://127.0.0.1:8001"
         )
+    if parsed.port is not None and not 1 <= parsed.port <= MAX_PORT:
+        raise ValueError(f"{option} {url!r}: the port must be 1..{MAX_PORT}")
     return str(url).rstrip("/")
 
 

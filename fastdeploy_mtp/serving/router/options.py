@@ -30,3 +30,5 @@ class RouterOptions:
     #: ``--splitwise-secret-file``: the splitwise secret's file (see
     #: :mod:`fastdeploy_mtp.credentials`)
     splitwise_secret_file: str | None = None
+    #: ``--log-level``: ``"debug"``, ``"info"``, ``"warning"`` or ``"error"``
+    log_level: str = "info"

@@ -40,7 +40,6 @@ instance answering 503 a 503, any other failure a 502, each naming the instance'
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -54,7 +53,7 @@ from ...tokenization import GenerationDefaults, Tokenizer, load_generation_confi
 from ..openai.app import create_app
 from ..openai.http_auth import Access
 from ..openai.http_server import bind_listener, run_http
-from ..processes.start_up import interruptible, process_started, progress_printer
+from ..processes.start_up import Progress, apply_log_level, interruptible, process_started
 from .forwarding import HEALTH_TIMEOUT_S, Instances
 from .options import RouterOptions
 from .routing import RouterBackend
@@ -134,13 +133,14 @@ def fetch_model_name(url: str, headers: dict[str, str] | None = None) -> str:
 
 
 def run_router(opts: RouterOptions) -> int:
-    """Wait for the instances, then route until SIGINT/SIGTERM (returns 0; 130 if interrupted
-    during start-up, 1 if the server could not start)."""
+    """Wait for the instances, then route until SIGTERM (returns 0) or SIGINT (130; 1 if the
+    server could not start)."""
 
     from ...models.folder_inspection import ASSETS_DIR
 
     t0 = process_started()  # the ready line counts from here
-    progress = progress_printer("router", t0)
+    progress = Progress("router", t0, opts.log_level)
+    apply_log_level(opts.log_level)
     folder = opts.tokenizer or ASSETS_DIR
     # before any wait: a bad tokenizer folder fails fast
     try:
@@ -153,10 +153,9 @@ def run_router(opts: RouterOptions) -> int:
         Instances(opts.prefill, opts.decode, opts.queue_timeout, secret, opts.instance_timeout)
     )
     listener = bind_listener(opts.host, opts.port)  # a taken port is refused before any wait
-    # httpx logs every request at INFO, and Paddle's import sets the root logger to print INFO
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
-        with interruptible():  # during start-up: stop waiting
+        # during start-up: stop waiting
+        with interruptible(lambda: progress.warning("interrupted during start-up")):
             progress(
                 f"waiting for {len(backend.prefill)} prefill and {len(backend.decode)} decode "
                 f"instance(s) (at most {opts.start_timeout:g} s)"
@@ -175,10 +174,8 @@ def run_router(opts: RouterOptions) -> int:
             )
             access = Access(key, None, backend.dropped)
             app = router_app(backend, model_name, tokenizer, defaults, access)
-            started = run_http(app, opts.host, opts.port, progress, t0, sock=listener)
-            return 0 if started else 1  # not started: uvicorn said why
+            return run_http(app, opts.host, opts.port, progress, t0, sock=listener)
     except KeyboardInterrupt:
-        progress("interrupted during start-up")
         return 130
     finally:
         listener.close()
