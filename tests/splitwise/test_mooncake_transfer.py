@@ -197,7 +197,7 @@ def test_the_source_option_must_be_a_bool() -> None:
             "'libibverbs.so.1: cannot open shared object file: No such file or directory')",
             "needs the system library libibverbs.so.1, .*apt-get install libibverbs1",
         ),
-        (None, r'needs the package mooncake-transfer-engine-non-cuda \(pip install -e "\.\[pd\]"'),
+        (None, r'needs the package mooncake-transfer-engine-non-cuda \(pip install "\.\[pd\]"'),
     ],
 )
 def test_a_missing_piece_is_named_in_one_line(
