@@ -4,9 +4,11 @@
   ``tokenizers`` library: a byte-level pre-tokenizer (no prefix space, no regex split) maps
   each byte to its stand-in character, a BPE model with those 256 characters as its
   vocabulary (id = byte value) and no merges emits one token per byte, and the byte-level
-  decoder maps them back (invalid UTF-8 becomes U+FFFD).
-* ``tokenizer_config.json``: no special tokens (the byte model has no BOS or EOS) and a chat
-  template rendering one line per message, ``"<role>: <content>"``, then ``"assistant:"``.
+  decoder maps them back (invalid UTF-8 becomes U+FFFD). Id 256 is the special token
+  ``<|endoftext|>`` that ends each training document (the model's EOS; decoding skips it).
+* ``tokenizer_config.json``: ``<|endoftext|>`` as ``eos_token`` (no BOS) and a chat template
+  rendering one line per message, ``"<role>: <content>"``, then ``"assistant:"`` (nothing
+  after a message: the model ends its answer with ``<|endoftext|>`` itself).
 
     python scripts/make_byte_tokenizer.py [--out DIR]
 """
@@ -17,7 +19,7 @@ import argparse
 import json
 import os
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from fastdeploy_mtp.tokenization import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, byte_level_chars
 
@@ -30,6 +32,8 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )
+#: The end-of-text token, id 256 (the first id after the bytes).
+EOT_TOKEN = "<|endoftext|>"
 
 
 def byte_tokenizer() -> Tokenizer:
@@ -37,6 +41,9 @@ def byte_tokenizer() -> Tokenizer:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(EOT_TOKEN, special=True, normalized=False)])
+    if tok.token_to_id(EOT_TOKEN) != len(vocab):
+        raise RuntimeError(f"{EOT_TOKEN} got id {tok.token_to_id(EOT_TOKEN)}, not {len(vocab)}")
     return tok
 
 
@@ -44,7 +51,7 @@ def tokenizer_config() -> dict[str, object]:
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": None,
-        "eos_token": None,
+        "eos_token": EOT_TOKEN,
         "clean_up_tokenization_spaces": False,
         "model_max_length": 4096,
         "chat_template": CHAT_TEMPLATE,

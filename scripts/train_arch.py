@@ -12,6 +12,7 @@ routes exactly as training did (the exported bias is 0).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import numpy as np
 import paddle
@@ -75,9 +76,27 @@ SAME_NAME_FIELDS = (
 )
 
 
+def with_eot(config: ModelConfig, args: argparse.Namespace) -> ModelConfig:
+    """``config`` with ``--eot-id`` as its EOS id and inside its real vocabulary
+    (``ori_vocab_size`` grown past it), or unchanged with ``--eot-id -1``."""
+    if args.eot_id < 0:
+        return config
+    if args.eot_id >= config.vocab_size:
+        raise SystemExit(f"--eot-id {args.eot_id} is outside the vocabulary ({config.vocab_size})")
+    return dataclasses.replace(
+        config,
+        ori_vocab_size=max(config.ori_vocab_size, args.eot_id + 1),
+        eos_token_ids=[args.eot_id],
+    )
+
+
 def build_config(args: argparse.Namespace) -> ModelConfig:
     """The :class:`ModelConfig` of a fresh model from the parsed flags (byte vocabulary:
-    256 ids padded to ``--vocab-size``)."""
+    256 ids, then ``--eot-id`` unless it is -1, padded to ``--vocab-size``)."""
+    return with_eot(_shape_config(args), args)
+
+
+def _shape_config(args: argparse.Namespace) -> ModelConfig:
     common = dict(
         vocab_size=args.vocab_size,
         ori_vocab_size=256,
@@ -210,7 +229,14 @@ def deepseek_model_lines(
         "that multi-head latent attention, the latent paged cache, the mixture-of-experts MLP and "
         "DeepSeek's MTP layer can be served and measured end to end on a CPU. Load it with "
         "`fastdeploy_mtp.models.load_model(DIR)` (or transformers' `DeepseekV3ForCausalLM`, which "
-        "ignores the MTP layer's tensors); tokens are bytes, ids 0..255 (`tokenizer.json`).",
+        "ignores the MTP layer's tensors); tokens are bytes, ids 0..255"
+        + (
+            f", and id {config.eos_token_ids[0]} is `<|endoftext|>`, which ends an answer (the EOS "
+            "id)"
+            if config.eos_token_ids
+            else ""
+        )
+        + " (`tokenizer.json`).",
         "",
         f"Files: `model.safetensors` (float32, {weights_bytes / 1e6:.2f} MB, HF names and torch "
         "`[out, in]` layout: `model.embed_tokens`, `model.layers.{i}.*` with per-expert "

@@ -16,6 +16,15 @@ states, attending as the proposer's substeps do at serving time
 the token k + 1 positions ahead. ``--mtp-layers L`` trains L distinct MTP layers (depth k
 runs layer (k - 1) % L).
 
+End of text: with ``--eot-id ID`` (default 256) the corpus is read as documents
+(:func:`fastdeploy_mtp.models.corpus.documents`: each top-level ``def``/``class`` and each run
+of other top-level lines) each followed by the token ``ID``, which becomes the model's EOS
+(``ori_vocab_size`` grows past it); ``--eot-fraction F`` places that share of each batch's
+windows around a document end and ``--doc-start-fraction F`` starts that share at a
+document's first byte (a served prompt starts the context the same way). ``--init-from`` a
+folder whose vocabulary is smaller (a released folder keeps only its real rows) pads it to
+``--vocab-size``.
+
 Second stage (how the shipped MTP layer is trained): ``--init-from DIR --freeze-target``
 starts from a checkpoint, keeps the target's weights exactly (so its quality is unchanged)
 and trains only the MTP layers. ``--distill`` scores each depth against the target's own
@@ -92,7 +101,12 @@ MODEL_OPTIONS = (
     ("--heads", 4, None),
     ("--kv-heads", 2, None),
     ("--intermediate-size", 352, None),
-    ("--vocab-size", 272, "padded vocab (>= 256)"),
+    ("--vocab-size", 272, "padded vocab (>= 257)"),
+    (
+        "--eot-id",
+        corpus_lib.EOT_ID,
+        "end-of-text id after each document of the corpus (-1: the files' raw bytes, no end)",
+    ),
 )
 TRAINING_OPTIONS = (
     ("--seq-len", 128, None),
@@ -106,6 +120,17 @@ TRAINING_OPTIONS = (
     ("--mtp-layers", 1, "distinct MTP layers (num_nextn_predict_layers)"),
     ("--gen-fraction", 0.0, "share of each batch that is target-generated"),
     ("--gen-pool", 1024, "target-generated sequences to draw from"),
+    (
+        "--eot-fraction",
+        0.0,
+        "share of each batch's corpus windows placed to hold a document end (--eot-id)",
+    ),
+    (
+        "--doc-start-fraction",
+        0.0,
+        "share of each batch's corpus windows that start at a document's first byte, as a "
+        "prompt starts the context at serving time (--eot-id)",
+    ),
     ("--grad-clip", 1.0, None),
     ("--threads", 1, None),
 )
@@ -170,6 +195,41 @@ def _unstructure(opt_state, named):
             key = lookup[structural] + "_" + rest
         out[key] = value
     return out
+
+
+def copy_padded(dst, src) -> None:
+    """Load ``src``'s parameters into ``dst``; where ``dst``'s is larger (a vocabulary padded
+    further) the leading slice is ``src``'s and the rest keeps ``dst``'s initialisation."""
+    state = dst.state_dict()
+    for name, value in src.state_dict().items():
+        have = state[name].numpy()
+        have[tuple(slice(0, n) for n in value.shape)] = value.numpy()
+        state[name] = paddle.to_tensor(have)
+    dst.set_state_dict(state)
+
+
+def build_models(args):
+    """``(target, mtp, config)`` to train: fresh from the flags, or ``--init-from``'s weights
+    (its first MTP layer copied into every MTP layer) with the vocabulary padded to
+    ``--vocab-size`` when the folder holds fewer rows (a released folder keeps only the real
+    ones) and ``--eot-id`` added (:func:`train_arch.with_eot`)."""
+    if not args.init_from:
+        config = train_arch.build_config(args)
+        target = TinyTargetModel(config)
+        return target, build_mtp(config, target), config
+    base_target, base_mtp, base_config = tiny_lib.load_tiny(args.init_from)
+    config = dataclasses.replace(
+        base_config,
+        num_nextn_predict_layers=args.mtp_layers,
+        vocab_size=max(base_config.vocab_size, args.vocab_size),
+    )
+    config = train_arch.with_eot(config, args)
+    target = TinyTargetModel(config)
+    copy_padded(target, base_target)
+    mtp = build_mtp(config, target)
+    for layer in mtp_layers_of(mtp):
+        copy_padded(layer, mtp_layers_of(base_mtp)[0])
+    return target, mtp, config
 
 
 def lr_at(step: int, args) -> float:
@@ -321,19 +381,7 @@ def main(argv=None):
     paddle.seed(args.seed)
     np.random.seed(args.seed)
 
-    if args.init_from:
-        base_target, base_mtp, base_config = tiny_lib.load_tiny(args.init_from)
-        config = dataclasses.replace(base_config, num_nextn_predict_layers=args.mtp_layers)
-        target = base_target
-        mtp = build_mtp(config, target)
-        # every new MTP layer starts from the checkpoint's (first) layer
-        first = mtp_layers_of(base_mtp)[0].state_dict()
-        for layer in mtp_layers_of(mtp):
-            layer.set_state_dict(first)
-    else:
-        config = train_arch.build_config(args)
-        target = TinyTargetModel(config)
-        mtp = build_mtp(config, target)
+    target, mtp, config = build_models(args)
     train_arch.freeze_router_bias(target, mtp)
     if args.freeze_target:
         target.eval()
@@ -359,9 +407,20 @@ def main(argv=None):
     )
 
     split = corpus_lib.load_split()
-    train = split.train_array()
+    train = split.documents_array(split.train_files) if args.eot_id >= 0 else split.train_array()
     rng = np.random.default_rng(args.seed)
     n_gen = int(round(args.batch_size * args.gen_fraction))
+    n_end, n_start = (
+        (
+            int(round((args.batch_size - n_gen) * f))
+            for f in (args.eot_fraction, args.doc_start_fraction)
+        )
+        if args.eot_id >= 0
+        else (0, 0)
+    )
+    doc_ends = np.flatnonzero(train == args.eot_id)
+    doc_starts = np.concatenate([[0], doc_ends + 1])
+    doc_starts = doc_starts[doc_starts <= len(train) - args.seq_len]
     pool = (
         gen_pool(args.run_dir, "gen_train", target, train, args.gen_pool, args.seq_len, args.seed)
         if n_gen
@@ -388,6 +447,9 @@ def main(argv=None):
             "freeze_target",
             "distill",
             "gen_fraction",
+            "eot_id",
+            "eot_fraction",
+            "doc_start_fraction",
             *train_arch.ARCH_SHAPE_KEYS,
         )
         changed = [k for k in shape_keys if k in saved and saved[k] != getattr(args, k)]
@@ -438,7 +500,15 @@ def main(argv=None):
     recent = []
     while not args.eval_only and step < args.max_steps and elapsed < budget:
         t0 = time.time()
-        starts = rng.integers(0, len(train) - args.seq_len, size=args.batch_size - n_gen)
+        starts = rng.integers(
+            0, len(train) - args.seq_len, size=args.batch_size - n_gen - n_end - n_start
+        )
+        if n_start:  # windows whose position 0 is a document's first byte
+            starts = np.concatenate([starts, doc_starts[rng.integers(0, len(doc_starts), n_start)]])
+        if n_end:  # windows holding a document end at a random position past the first
+            at = doc_ends[rng.integers(0, len(doc_ends), size=n_end)]
+            at = at - rng.integers(1, args.seq_len, size=n_end)
+            starts = np.concatenate([starts, np.clip(at, 0, len(train) - args.seq_len)])
         batch = [train[s : s + args.seq_len] for s in starts]
         if n_gen:
             batch += list(pool[rng.integers(0, len(pool), size=n_gen)])
@@ -542,17 +612,22 @@ def export(args, target, mtp, config, split, step, elapsed, n_params):
                 "file": name,
                 "prompt_offset": anchor - PROMPT_BYTES,
                 "prompt": bytes(prompt).decode("utf-8", "replace"),
-                "continuation": bytes(new).decode("utf-8", "replace"),
+                "continuation": continuation_text(new, args.eot_id),
                 "actual": text[anchor : anchor + CONTINUATION_BYTES].decode("utf-8", "replace"),
             }
         )
     metrics["greedy_continuations"] = conts
+    if args.eot_id >= 0:
+        docs = split.documents_array(split.heldout_files)
+        metrics["end_of_text"] = evaluate_eot(target, docs, args.seq_len, args.eot_id)
     if args.init_from:
         with open(os.path.join(args.init_from, tiny_lib.METRICS_FILE), encoding="utf-8") as f:
             base = json.load(f)
-        first = base.get("stages", [base])[0]
         keep = ("steps", "train_wall_time_s", "train_args", "card_note", "seed")
-        metrics["stages"] = [{k: first[k] for k in keep if k in first}]
+        earlier = [*base.get("stages", []), base]
+        metrics["stages"] = [{k: st[k] for k in keep if k in st} for st in earlier]
+        if args.eot_id >= 0 and ("before" in base or "end_of_text" not in base):
+            metrics["before"] = base.get("before") or {k: base[k] for k in BEFORE if k in base}
     metrics.update(
         {
             "card_note": args.card_note,
@@ -560,7 +635,7 @@ def export(args, target, mtp, config, split, step, elapsed, n_params):
             "train_wall_time_s": round(elapsed, 1),
             "params": n_params,
             "seed": args.seed,
-            "corpus": split.describe(),
+            "corpus": {**split.describe(), **document_counts(split, args.eot_id)},
             "train_args": {
                 k: v
                 for k, v in vars(args).items()
@@ -584,25 +659,100 @@ def export(args, target, mtp, config, split, step, elapsed, n_params):
     )
 
 
-#: Serving-path acceptance on the card: K = S = 3, greedy, batch 1, this many new tokens.
-SERVING_K, SERVING_TOKENS = 3, 96
+def document_counts(split, eot_id: int) -> dict:
+    """How many documents each split has when read as documents (nothing without the token)."""
+    if eot_id < 0:
+        return {}
+    return {
+        f"{name}_documents": int((split.documents_array(files) == eot_id).sum())
+        for name, files in (("train", split.train_files), ("heldout", split.heldout_files))
+    }
+
+
+def continuation_text(ids, eot_id: int) -> str:
+    """Greedy bytes as text, cut after the first end-of-text id (shown as its token)."""
+    ids = [int(t) for t in ids]
+    if eot_id in ids:
+        return bytes(ids[: ids.index(eot_id)]).decode("utf-8", "replace") + EOT_TEXT
+    return bytes(ids).decode("utf-8", "replace")
+
+
+@paddle.no_grad()
+def evaluate_eot(target, docs: np.ndarray, seq_len: int, eot_id: int, batch_size: int = 32):
+    """Teacher-forced end-of-text figures of the target on the held-out documents stream
+    ``docs [N]`` (int64, ``eot_id`` after each document), in its non-overlapping ``seq_len``
+    windows: the next-token loss over the stream, ``recall`` (the share of document ends, where
+    the next token is ``eot_id``, at which the target's argmax is ``eot_id``) and ``precision``
+    (the share of the target's ``eot_id`` argmaxes that fall at a document end)."""
+    n_win = len(docs) // seq_len
+    windows = docs[: n_win * seq_len].reshape(n_win, seq_len)
+    bias = causal_bias(seq_len)
+    loss, ends, hits, said = 0.0, 0, 0, 0
+    for s in range(0, n_win, batch_size):
+        ids = paddle.to_tensor(windows[s : s + batch_size])
+        _, logits = target_forward(target, ids, bias, True)
+        loss += float(F.cross_entropy(logits[:, :-1], ids[:, 1:].unsqueeze(-1), reduction="sum"))
+        pred, want = logits[:, :-1].argmax(-1).numpy(), ids[:, 1:].numpy()
+        ends += int((want == eot_id).sum())
+        hits += int(((want == eot_id) & (pred == eot_id)).sum())
+        said += int((pred == eot_id).sum())
+    return {
+        "windows": n_win,
+        "window": seq_len,
+        "doc_ends": ends,
+        "loss": round(loss / (n_win * (seq_len - 1)), 5),
+        "recall": round(hits / max(ends, 1), 4),
+        "precision": round(hits / max(said, 1), 4),
+    }
+
+
+#: The figures of a checkpoint trained without the end-of-text token that a fine-tune from it
+#: keeps (``metrics["before"]``), for the card's before/after table.
+BEFORE = ("heldout_teacher_forced", "depth_teacher_forced", "fixed_prefix_score", "serving")
+#: Serving-path acceptance on the card: K = S = 3, greedy, batch 1, this many new tokens
+#: (the model's end-of-text masked, ``ignore_eos``, so every answer has this length), and
+#: the same run up to STOP_TOKENS new tokens that ends where the model ends the answer.
+SERVING_K, SERVING_TOKENS, STOP_TOKENS = 3, 96, 512
+#: The sampling of the README's sampled example, for the sampled until-stop run.
+SAMPLED = {"temperature": 0.8, "top_p": 0.9, "seed": 7}
+#: How the end-of-text token reads in the card's continuations.
+EOT_TEXT = "<|endoftext|>"
 
 
 def serving_acceptance(checkpoint: str) -> dict:
     """Mean accepted length and acceptance per draft position of the exported checkpoint in
-    the reference engine (K = S = 3, greedy, batch 1) on the demo and the held-out prompts."""
+    the reference engine (K = S = 3, batch 1) on the demo and the held-out prompts, greedy:
+    :data:`SERVING_TOKENS` new tokens each with the end-of-text masked (``ignore_eos``); and
+    up to :data:`STOP_TOKENS`, each request ending at the model's end-of-text, greedy
+    (``until_stop``) and sampled as the README's example is (``until_stop_sampled``,
+    :data:`SAMPLED`): how many ended there (``stopped``) and the mean answer length."""
     from fastdeploy_mtp.engine_args import speculative_config
-    from fastdeploy_mtp.entrypoints.offline import run_prompts
+    from fastdeploy_mtp.entrypoints.offline import run_prompts, run_requests
     from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS, heldout_prompts
+    from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 
     out = {"k": SERVING_K, "steps": SERVING_K, "max_tokens": SERVING_TOKENS, "batch": 1}
+    out["stop_max_tokens"], out["sampled"] = STOP_TOKENS, SAMPLED
+    spec = speculative_config(SERVING_K, SERVING_K)
     for name, prompts in (("demo", DEMO_PROMPTS), ("heldout", heldout_prompts())):
-        spec = speculative_config(SERVING_K, SERVING_K)
-        _, _, m = run_prompts(prompts, SERVING_TOKENS, spec, 1, f"card {name}", checkpoint)
+        fixed = SamplingParams(ignore_eos=True)
+        _, _, m = run_prompts(prompts, SERVING_TOKENS, spec, 1, f"card {name}", checkpoint, fixed)
         out[name] = {
             "mean_accepted_length": round(m.mean_accepted_length, 4),
             "acceptance_per_position": [round(a, 4) for a in m.acceptance_per_position],
         }
+        for key, sampling in (("until_stop", None), ("until_stop_sampled", SAMPLED)):
+            params = SamplingParams(**sampling) if sampling else None
+            reqs, _, ended = run_requests(
+                prompts, STOP_TOKENS, spec, 1, f"card {name}", checkpoint, params
+            )
+            out[name][key] = {
+                "mean_accepted_length": round(ended.mean_accepted_length, 4),
+                "acceptance_per_position": [round(a, 4) for a in ended.acceptance_per_position],
+                "stopped": sum(r.finish_reason == "stop" for r in reqs),
+                "prompts": len(reqs),
+                "mean_tokens": round(float(np.mean([len(r.output_token_ids) for r in reqs])), 1),
+            }
     return out
 
 
@@ -614,8 +764,8 @@ def _command(ta: dict, keys) -> str:
 
 
 def training_lines(m: dict) -> list[str]:
-    """The card's training section: the target (stage 1) and, when the MTP layers were
-    retrained on the frozen target, stage 2."""
+    """The card's training section: the target (stage 1), then each later stage: the MTP
+    layers retrained on the frozen target, or target and MTP layers fine-tuned together."""
     stages = m.get("stages", []) + [m]
     first = stages[0]
     ta = first["train_args"]
@@ -624,7 +774,8 @@ def training_lines(m: dict) -> list[str]:
         f"(betas 0.9/0.95, weight decay {ta['weight_decay']} on matrices), peak lr {ta['lr']} with "
         f"{ta['warmup_steps']} warmup steps and cosine decay to {ta['min_lr_ratio']}x at step "
         f"{ta['max_steps']}, grad-norm clip {ta['grad_clip']}, batch {ta['batch_size']} x "
-        f"{ta['seq_len']} bytes sampled uniformly at random offsets of the train concatenation. "
+        f"{ta['seq_len']} bytes sampled uniformly at random offsets of the train "
+        + ("documents stream. " if ta.get("eot_id", -1) >= 0 else "concatenation. ")
         + train_arch.stage1_loss_text(ta)
         + f" One CPU thread. **{first['steps']} steps** "
         f"({first['steps'] * ta['batch_size'] * ta['seq_len'] / 1e6:.1f}M tokens), "
@@ -637,57 +788,120 @@ def training_lines(m: dict) -> list[str]:
         + "`.",
         "",
     ]
-    if len(stages) == 1:
-        return lines
-    ta = m["train_args"]
+    for n, st in enumerate(stages[1:], start=2):
+        lines += later_stage_lines(n, st)
+    if len(stages) > 1:
+        lines[-2] = lines[-2][:-1] + " then the same with `--eval-only --export OUT`."
+    return lines
+
+
+#: The flags a frozen-target stage's command line shows, and a fine-tune stage's.
+FROZEN_KEYS = (
+    "distill",
+    "mtp_depth",
+    "mtp_layers",
+    "gen_fraction",
+    "gen_pool",
+    "max_steps",
+    "wall_budget_min",
+    "lr",
+    "warmup_steps",
+    "batch_size",
+    "seq_len",
+)
+FINE_TUNE_KEYS = (
+    "seed",
+    "batch_size",
+    "seq_len",
+    "max_steps",
+    "wall_budget_min",
+    "lr",
+    "warmup_steps",
+    "mtp_depth",
+    "distill",
+    "mtp_weight",
+    "eot_id",
+    "eot_fraction",
+    "doc_start_fraction",
+)
+
+
+def window_placement(ta: dict) -> str:
+    """How a stage's training windows were placed, beyond uniform random offsets."""
+    parts = [
+        f"{ta[key]:.0%} {text}"
+        for key, text in (
+            ("doc_start_fraction", "start at a document's first byte (as a prompt does)"),
+            ("eot_fraction", "hold a document end at a random position"),
+        )
+        if ta.get(key)
+    ]
+    return (
+        f"; of each batch's windows {' and '.join(parts)}, the rest at random offsets"
+        if parts
+        else ""
+    )
+
+
+def later_stage_lines(n: int, st: dict) -> list[str]:
+    """The card's paragraph and command of stage ``n`` (>= 2), which started from stage
+    ``n - 1``'s checkpoint."""
+    ta = st["train_args"]
     layers = ta.get("mtp_layers", 1)
-    lines += [
-        f"Stage 2, MTP {'layer' if layers == 1 else f'layers ({layers} distinct)'} for drafting: "
-        "the target's weights are frozen (its numbers below are stage 1's, unchanged) and the MTP "
-        f"layers are trained unrolled for **{ta['mtp_depth']} substeps** on their own hidden "
-        "states, attending as the proposer's substeps do at serving time, with one loss per depth "
-        "(depth k scores the token k + 1 ahead). "
-        + (
-            "Each depth is scored against the target's own next-token distribution (soft "
-            "cross-entropy), since a draft is accepted when it matches the target, not the text. "
-            if ta.get("distill")
-            else ""
+    what = "layer" if layers == 1 else f"layers ({layers} distinct)"
+    data = (
+        f"the train documents stream (each document ended by `{EOT_TEXT}`, id {ta['eot_id']})"
+        + window_placement(ta)
+        if ta.get("eot_id", -1) >= 0
+        else "the train concatenation"
+    )
+    schedule = (
+        f"AdamW, peak lr {ta['lr']}, {ta['warmup_steps']} warmup steps, cosine to "
+        f"{ta['min_lr_ratio']}x at step {ta['max_steps']}, batch {ta['batch_size']} x "
+        f"{ta['seq_len']} from {data}. **{st['steps']} steps, "
+        f"{st['train_wall_time_s'] / 60:.1f} minutes** of training wall time on one CPU thread."
+    )
+    if ta.get("freeze_target"):
+        text = (
+            f"Stage {n}, MTP {what} for drafting: the target's weights are frozen (its numbers "
+            f"are stage {n - 1}'s, unchanged) and the MTP layers are trained unrolled for "
+            f"**{ta['mtp_depth']} substeps** on their own hidden states, attending as the "
+            "proposer's substeps do at serving time, with one loss per depth (depth k scores the "
+            "token k + 1 ahead). "
+            + (
+                "Each depth is scored against the target's own next-token distribution (soft "
+                "cross-entropy), since a draft is accepted when it matches the target, not the "
+                "text. "
+                if ta.get("distill")
+                else ""
+            )
+            + (
+                f"{ta['gen_fraction']:.0%} of each batch is the target's own greedy continuations "
+                f"of corpus prompts ({ta['gen_pool']} sequences generated once), the text it "
+                "produces when it serves. "
+                if ta.get("gen_fraction")
+                else ""
+            )
+            + f"Every layer starts from stage {n - 1}'s MTP layer. {schedule}"
         )
-        + (
-            f"{ta['gen_fraction']:.0%} of each batch is the target's own greedy continuations of "
-            f"corpus prompts ({ta['gen_pool']} sequences generated once), the text it produces "
-            "when it serves. "
-            if ta.get("gen_fraction")
-            else ""
+        command = "--freeze-target " + _command(ta, FROZEN_KEYS)
+    else:
+        text = (
+            f"Stage {n}, fine-tune of the target and the MTP {what} together from stage "
+            f"{n - 1}'s weights: " + train_arch.stage1_loss_text(ta) + f" {schedule}"
         )
-        + f"Every layer starts from stage 1's MTP layer. AdamW, peak lr {ta['lr']}, "
-        f"{ta['warmup_steps']} warmup steps, cosine to {ta['min_lr_ratio']}x at step "
-        f"{ta['max_steps']}, batch {ta['batch_size']} x {ta['seq_len']}. **{m['steps']} steps, "
-        f"{m['train_wall_time_s'] / 60:.1f} minutes** of training wall time on one CPU thread.",
+        keys = FINE_TUNE_KEYS + (
+            train_arch.ARCH_SHAPE_KEYS if ta.get("arch", "tiny") != "tiny" else ()
+        )
+        command = _command(ta, keys)
+    return [
+        text,
         "",
-        *([f"Stage 2 run notes: {m['card_note']}", ""] if m.get("card_note") else []),
-        "Command: `OMP_NUM_THREADS=1 python scripts/train_tiny.py --run-dir RUN2 --init-from "
-        "STAGE1 --freeze-target "
-        + _command(
-            ta,
-            (
-                "distill",
-                "mtp_depth",
-                "mtp_layers",
-                "gen_fraction",
-                "gen_pool",
-                "max_steps",
-                "wall_budget_min",
-                "lr",
-                "warmup_steps",
-                "batch_size",
-                "seq_len",
-            ),
-        ).replace("--distill True", "--distill")
-        + "` then the same with `--eval-only --export fastdeploy_mtp/assets`.",
+        *([f"Stage {n} run notes: {st['card_note']}", ""] if st.get("card_note") else []),
+        f"Command: `OMP_NUM_THREADS=1 python scripts/train_tiny.py --run-dir RUN{n} "
+        f"--init-from STAGE{n - 1} {command}`.",
         "",
     ]
-    return lines
 
 
 def drafting_lines(m: dict) -> list[str]:
@@ -738,6 +952,156 @@ def drafting_lines(m: dict) -> list[str]:
     return lines
 
 
+#: The card's before/after rows: (label, path into metrics.json, format).
+BEFORE_AFTER_ROWS = (
+    ("target next-byte loss, held-out files", ("heldout_teacher_forced", "main_loss"), "{:.4f}"),
+    ("target next-byte top-1, held-out files", ("heldout_teacher_forced", "main_top1"), "{:.4f}"),
+    ("MTP top-1 for the byte after next", ("heldout_teacher_forced", "mtp_top1"), "{:.4f}"),
+    ("fixed-prefix score (nats/byte)", ("fixed_prefix_score", "main_loss"), "{:.4f}"),
+    *(
+        (
+            f"chained `accept` at depth 3, {name}",
+            ("depth_teacher_forced", key, "accept", 2),
+            "{:.4f}",
+        )
+        for key, name in (("generated", "target's continuations"), ("corpus", "held-out corpus"))
+    ),
+    *(
+        row
+        for key in ("demo", "heldout")
+        for row in (
+            (
+                f"serving mean accepted length, {key} prompts",
+                ("serving", key, "mean_accepted_length"),
+                "{:.2f}",
+            ),
+            (
+                f"serving acceptance per position, {key} prompts",
+                ("serving", key, "acceptance_per_position"),
+                "per position",
+            ),
+        )
+    ),
+)
+
+
+def _before_after_rows(m: dict) -> list[str]:
+    """The rows of the card's before/after table (``-`` where the earlier run lacks one)."""
+
+    def cell(metrics: dict, path: tuple, fmt: str) -> str:
+        value: object = metrics
+        for key in path:
+            try:
+                value = value[key]  # type: ignore[index]
+            except (KeyError, IndexError, TypeError):
+                return "-"
+        if fmt == "per position":
+            return " / ".join(f"{a:.2f}" for a in value)  # type: ignore[attr-defined]
+        return fmt.format(value)
+
+    return [
+        f"| {label} | {cell(m['before'], path, fmt)} | {cell(m, path, fmt)} |"
+        for label, path, fmt in BEFORE_AFTER_ROWS
+    ]
+
+
+def eot_lines(m: dict) -> list[str]:
+    """The card's end-of-text section: how the model learned to end its answers, how well it
+    does, and the before/after table of a fine-tune from a checkpoint without the token."""
+    eot, sv = m.get("end_of_text"), m.get("serving", {})
+    if not eot:
+        return []
+    stop = sv.get("stop_max_tokens")
+
+    def ends(run: str) -> str:
+        return " and ".join(
+            f"{sv[k][run]['stopped']} of {sv[k][run]['prompts']} {k} prompts (mean answer "
+            f"{sv[k][run]['mean_tokens']:.0f} tokens; mean accepted length "
+            f"{sv[k][run]['mean_accepted_length']:.2f})"
+            for k in ("demo", "heldout")
+            if run in sv.get(k, {})
+        )
+
+    lines = [
+        "## End of text",
+        "",
+        f"Id 256 is `{EOT_TEXT}` (a special token of `tokenizer.json`, the tokenizer's "
+        "`eos_token` and the config's EOS id; decoding leaves it out of the text). Training reads "
+        "each file as documents the size of an answer: every top-level `def` or `class` with its "
+        "decorators, and each run of other top-level lines between them "
+        "(`fastdeploy_mtp.models.corpus.documents`), each followed by the token, so the model "
+        "ends a function or a class with it and a request stops there (`finish_reason` "
+        '`"stop"`).',
+        "",
+        f"Teacher forced on the held-out documents stream ({eot['windows']} windows of "
+        f"{eot['window']} tokens, {eot['doc_ends']} document ends): next-token loss "
+        f"{eot['loss']:.4f}; at "
+        f"**{eot['recall']:.1%}** of the document ends the target's argmax is `{EOT_TEXT}` "
+        f"(recall), and {eot['precision']:.1%} of its `{EOT_TEXT}` argmaxes fall at a document "
+        "end (precision).",
+        "",
+        *(
+            [
+                f"Served (K = S = 3, up to {stop} new tokens), the answer ended with `{EOT_TEXT}` "
+                f"greedily for {ends('until_stop')}; sampled (temperature "
+                f"{sv['sampled']['temperature']}, top_p {sv['sampled']['top_p']}, seed "
+                f"{sv['sampled']['seed']}, as the README's example) for "
+                f"{ends('until_stop_sampled')}. Greedy decoding of a model this small falls into "
+                "repetition (see the continuations below), most often a run of spaces, before it "
+                "reaches the end of a function.",
+                "",
+            ]
+            if "sampled" in sv
+            else []
+        ),
+    ]
+    if "before" in m:
+        lines += [
+            "Before and after the end-of-text stages (before: the checkpoint they started from, "
+            "which had no end-of-text token; the serving rows mask the token, `ignore_eos`, so "
+            f"every answer is {sv.get('max_tokens')} tokens long in both):",
+            "",
+            "| metric | before | after |",
+            "|---|---|---|",
+            *_before_after_rows(m),
+            "",
+        ]
+    return lines
+
+
+#: The config fields the dense tiny model's card lists (the others keep their defaults: no
+#: MoE, no MLA).
+TINY_CARD_FIELDS = (
+    "vocab_size",
+    "ori_vocab_size",
+    "eos_token_ids",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "rms_norm_eps",
+    "rope_theta",
+    "max_position_embeddings",
+    "mtp_hidden_state",
+    "mtp_concat_order",
+    "block_size",
+    "attention_bias",
+    "mtp_final_norm",
+    "num_nextn_predict_layers",
+)
+
+
+def vocab_sentence(config) -> str:
+    """What the ids past the bytes are, for the card's opening paragraph."""
+    if config.eos_token_ids:
+        return (
+            f"and id {config.eos_token_ids[0]} is `{EOT_TEXT}`, which ends an answer (the EOS id)"
+        )
+    return "and there is no end-of-text token"
+
+
 def tiny_model_lines(config, m, weights_bytes, cfg_rows):
     """The card's title, files and model sections for the dense tiny model."""
     return [
@@ -747,8 +1111,10 @@ def tiny_model_lines(config, m, weights_bytes, cfg_rows):
         "to end on a CPU. It is a model folder like any other (`model_type: fastdeploy_mtp_tiny`): "
         "load it with `fastdeploy_mtp.models.load_model(fastdeploy_mtp.models.ASSETS_DIR)` (or "
         "`load_tiny()`), which returns `(target, mtp, config)`; tokens are bytes, ids 0..255 "
-        "(`tokenizer.json`, read by `fastdeploy_mtp.tokenization.load_tokenizer`), and its chat "
-        "template (`tokenizer_config.json`) renders `role: content` lines then `assistant:`.",
+        "(`tokenizer.json`, read by `fastdeploy_mtp.tokenization.load_tokenizer`), "
+        + vocab_sentence(config)
+        + ", and its chat template (`tokenizer_config.json`) renders `role: content` lines then "
+        "`assistant:`.",
         "",
         "Files: `model.safetensors` (float32, Paddle `[in, out]` Linear layout, "
         f"{weights_bytes / 1e6:.2f} MB; target tensors under their own names, MTP layer under "
@@ -762,7 +1128,7 @@ def tiny_model_lines(config, m, weights_bytes, cfg_rows):
         f"{config.num_attention_heads} query heads / {config.num_key_value_heads} KV heads "
         f"(GQA, head_dim {config.head_dim}), RoPE (theta {config.rope_theta:g}, rotate-half), "
         f"SwiGLU MLP ({config.intermediate_size}), RMSNorm, untied LM head, no biases. "
-        f"Vocabulary: {config.ori_vocab_size} bytes padded to {config.vocab_size} (the "
+        f"Vocabulary: {config.ori_vocab_size} ids padded to {config.vocab_size} (the "
         "padded columns are -inf in `compute_logits`). MTP layer: `enorm`, `hnorm`, "
         "`eh_proj` over `cat[enorm(emb(t_{p+1})), hnorm(h_p)]`, one decoder layer of the same "
         "shape, final `norm`; embedding and LM head shared with the target. The MTP layer "
@@ -788,8 +1154,10 @@ def write_card(out_dir, config, m, weights_bytes):
     """Render CARD.md from the config and the metrics."""
     tf, fp, c = m["heldout_teacher_forced"], m["fixed_prefix_score"], m["corpus"]
     ta = m.get("stages", [m])[0]["train_args"]
-    cfg_rows = "\n".join(f"| `{k}` | {v} |" for k, v in config.to_dict().items())
     tiny = config.model_type == TINY_MODEL_TYPE
+    cfg_rows = "\n".join(
+        f"| `{k}` | {v} |" for k, v in config.to_dict().items() if not tiny or k in TINY_CARD_FIELDS
+    )
     shipped_test = "test_shipped_checkpoint.py" if tiny else "test_shipped_mla_checkpoint.py"
     lines = [
         *(
@@ -803,7 +1171,13 @@ def write_card(out_dir, config, m, weights_bytes):
         "bytes and concatenated in file-name order. The corpus therefore depends on the "
         "Python version. Split by file: "
         f"{c['split_rule']}. Train: {c['train_files']} files, {c['train_bytes']} bytes. "
-        f"Held out: {c['heldout_files']} files, {c['heldout_bytes']} bytes.",
+        f"Held out: {c['heldout_files']} files, {c['heldout_bytes']} bytes."
+        + (
+            f" The end-of-text stages read the same files as documents (see End of text): "
+            f"{c['train_documents']} train and {c['heldout_documents']} held-out documents."
+            if "train_documents" in c
+            else ""
+        ),
         "",
         "## Training",
         "",
@@ -826,6 +1200,7 @@ def write_card(out_dir, config, m, weights_bytes):
         f"| **MTP top-1 accuracy for the byte after next** | **{tf['mtp_top1']:.4f}** |",
         "",
         *drafting_lines(m),
+        *eot_lines(m),
         f"Fixed-prefix score (re-checked by `tests/models/{shipped_test}`): the first "
         f"{fp['bytes']} bytes of held-out `{fp['file']}` as {fp['windows']} windows of "
         f"{fp['window']} bytes, {fp['path']}: next-byte loss **{fp['main_loss']:.4f}** "

@@ -80,7 +80,7 @@ class ModelConfig:
         dtype: parameters, activations and KV caches (one of :data:`MODEL_DTYPES`); logits
             and the hidden states handed to the proposer are float32.
         eos_token_ids: token ids that end a generation (from ``generation_config.json`` /
-            ``config.json``); empty for the byte model, which has none.
+            ``config.json``); the byte model's is ``[256]``, ``<|endoftext|>``.
         attention_type: ``"gqa"`` (grouped-query attention, a key and a value cache per layer)
             or ``"mla"`` (DeepSeek's multi-head latent attention, one latent cache per layer).
         partial_rotary_factor: the share of each head's dimensions RoPE rotates (GLM-4.5: 0.5,

@@ -12,6 +12,7 @@ import paddle
 import paddle.nn.functional as F
 
 from ..constants import NO_BLOCK_ID
+from .corpus import EOT_ID
 from .dense_attention import causal_bias
 from .folder_inspection import ASSETS_DIR
 from .hf_config import UnsupportedModelError
@@ -33,21 +34,24 @@ MTP_PREFIX = "mtp."
 
 
 class ByteTokenizer:
-    """Bytes are tokens: ids 0..255 are the UTF-8 bytes of the text; there are no special
-    tokens (ids 256.. of the padded vocabulary never occur)."""
+    """Bytes are tokens: ids 0..255 are the UTF-8 bytes of the text and id 256
+    (:data:`~fastdeploy_mtp.models.corpus.EOT_ID`) is ``<|endoftext|>``, the model's EOS,
+    which has no text (ids 257.. of the padded vocabulary never occur)."""
 
-    vocab_size = 256
+    vocab_size = EOT_ID + 1
+    eos_token_id = EOT_ID
 
     def encode(self, text: str | bytes) -> list[int]:
         data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
         return list(data)
 
     def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` (bytes, invalid UTF-8 as U+FFFD), the end-of-text id left out."""
         ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < 256]
+        bad = [i for i in ids if not 0 <= i <= EOT_ID]
         if bad:
-            raise ValueError(f"`ids` must be bytes (0..255), got {bad[:5]}")
-        return bytes(ids).decode("utf-8", errors="replace")
+            raise ValueError(f"`ids` must be bytes (0..255) or {EOT_ID}, got {bad[:5]}")
+        return bytes(i for i in ids if i != EOT_ID).decode("utf-8", errors="replace")
 
 
 def contiguous_block_tables(

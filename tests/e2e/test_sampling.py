@@ -217,10 +217,12 @@ def _distributions(shipped, prompts: list[list[int]], sp: SamplingParams) -> lis
     return out
 
 
-#: top-k 6 at temperature 1: a support small enough for a joint chi-square over two tokens
-TOP6 = SamplingParams(temperature=1.0, top_k=6)
+#: top-k 6 at temperature 1: a support small enough for a joint chi-square over two tokens;
+#: the model's <|endoftext|> masked (in the exact distribution too), so that every sample
+#: has max_tokens tokens
+TOP6 = SamplingParams(temperature=1.0, top_k=6, ignore_eos=True)
 PROMPT_A = TOK.encode(DEMO_PROMPTS[2][:40])
-PROMPT_B = TOK.encode(DEMO_PROMPTS[5][:30])
+PROMPT_B = TOK.encode(DEMO_PROMPTS[1][:30])  # a next-token distribution wide enough for df >= 5
 
 
 def _sample(
@@ -440,7 +442,10 @@ def test_sampling_params_are_checked_naming_the_field(shipped):
 
 def test_extreme_parameters_stay_valid_and_a_tiny_temperature_is_greedy(shipped):
     prompt = TOK.encode("def f(x):")
-    greedy, _ = run(engine(shipped, 3, 3), [Request("g", prompt, 20)])
+    # every case runs to max_tokens: the model's <|endoftext|> is masked (ignore_eos)
+    greedy, _ = run(
+        engine(shipped, 3, 3), [Request("g", prompt, 20, sampling=SamplingParams(ignore_eos=True))]
+    )
     cases = [
         SamplingParams(temperature=1e-7, seed=1),
         SamplingParams(temperature=1e6, seed=1),
@@ -455,7 +460,12 @@ def test_extreme_parameters_stay_valid_and_a_tiny_temperature_is_greedy(shipped)
     ]
     for strategy in ("target_match", "rejection"):
         reqs = [
-            Request(f"h{i}", prompt, 20, sampling=SamplingParams.from_dict(c.to_dict()))
+            Request(
+                f"h{i}",
+                prompt,
+                20,
+                sampling=SamplingParams.from_dict({**c.to_dict(), "ignore_eos": True}),
+            )
             for i, c in enumerate(cases)
         ]
         out, lps = run(engine(shipped, 3, 3, strategy=strategy), reqs)

@@ -28,7 +28,8 @@ def test_shipped_model_shares_embedding_and_head(shipped):
     assert mtp.target is target
     names = {n for n, _ in mtp.named_parameters()}
     assert not any("embed_tokens" in n or "lm_head" in n for n in names)
-    assert config.ori_vocab_size == 256 < config.vocab_size
+    assert config.ori_vocab_size == 257 < config.vocab_size  # bytes and <|endoftext|>
+    assert config.eos_token_ids == [256]
 
 
 def test_card_floor_mtp_accuracy(shipped):
@@ -51,5 +52,6 @@ def test_byte_tokenizer_round_trip():
     text = "def f(x):\n    return x  # é\n"
     ids = tok.encode(text)
     assert all(0 <= i < 256 for i in ids) and tok.decode(ids) == text
+    assert tok.decode([*ids, tok.eos_token_id]) == text
     with pytest.raises(ValueError, match="ids"):
-        tok.decode([300])
+        tok.decode([257])

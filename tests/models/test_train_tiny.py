@@ -149,7 +149,8 @@ def test_deepseek_v3_arch_trains_router_with_frozen_bias_and_exports(tmp_path):
     mtp.set_state_dict(state["mtp"])
     train.train_arch.save_folder(str(tmp_path / "out"), target, mtp, config, {"steps": 2})
     target2, mtp2, config2 = load_model(str(tmp_path / "out"))
-    assert config2.model_type == "deepseek_v3" and config2.vocab_size == 256
+    assert config2.model_type == "deepseek_v3" and config2.vocab_size == 257  # bytes + EOT
+    assert config2.eos_token_ids == [256]
     ours = dict(mtp2.named_parameters())
     for name, p in mtp.named_parameters():
         np.testing.assert_array_equal(ours[name].numpy(), p.numpy(), err_msg=name)

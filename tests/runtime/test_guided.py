@@ -44,10 +44,8 @@ from fastdeploy_mtp.runtime.request import (
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 
 TOK = ByteTokenizer()
-V, EOS = (
-    272,
-    271,
-)  # the shipped model's padded vocabulary; build_config's EOS is its last (padded) id
+# the shipped model's padded vocabulary and its EOS, <|endoftext|> (build_config's end id)
+V, EOS = 272, 256
 
 SCHEMA = {
     "type": "object",
@@ -405,7 +403,7 @@ def test_padded_ids_are_never_allowed():
     slots.start(0, {"kind": "regex", "spec": "(.|\n)*"})
     slots.prepare(np.array([[0]]), np.array([3]), np.array([3]), set())
     allowed = mask_of(slots.masks[0], 0)
-    assert allowed[:128].all() and not allowed[256:EOS].any() and allowed[EOS]
+    assert allowed[:128].all() and not allowed[EOS + 1 :].any() and allowed[EOS]
 
 
 def test_choice_strings_with_quotes_and_backslashes_compile_verbatim():

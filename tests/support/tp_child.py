@@ -37,10 +37,14 @@ def run_engine(
     from fastdeploy_mtp.models import ByteTokenizer
     from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
     from fastdeploy_mtp.runtime.request import Request
+    from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 
     tok = ByteTokenizer()
-    reqs = [
-        Request(f"p{i}", tok.encode(p), max_tokens=max_tokens) for i, p in enumerate(DEMO_PROMPTS)
+    reqs = [  # every request max_tokens long: the model's <|endoftext|> masked (ignore_eos)
+        Request(
+            f"p{i}", tok.encode(p), max_tokens=max_tokens, sampling=SamplingParams(ignore_eos=True)
+        )
+        for i, p in enumerate(DEMO_PROMPTS)
     ]
     longest = max(len(r.prompt_token_ids) for r in reqs) + max_tokens + 2 * k + 8
     cfg = build_config(arch, speculative_config(k, steps, hybrid), len(reqs), longest)

@@ -1,7 +1,8 @@
 """The shipped byte model's tokenizer files: ``tokenizer.json`` encodes and decodes exactly as
 the byte model's :class:`~fastdeploy_mtp.models.ByteTokenizer` (ids 0..255 = the UTF-8 bytes,
-invalid UTF-8 decoded the same way), padded ids have no text, and the chat template renders
-one line per message then ``assistant:``."""
+invalid UTF-8 decoded the same way), id 256 is the special ``<|endoftext|>`` (the EOS, left
+out of decoded text), padded ids have no text, and the chat template renders one line per
+message then ``assistant:``."""
 
 from __future__ import annotations
 
@@ -73,11 +74,20 @@ def test_any_bytes_decode_as_python_replace(raw):
 
 def test_padded_ids_have_no_text():
     arch = load_tiny()[2]
-    assert TOK.vocab_size == arch.ori_vocab_size == 256
+    assert TOK.vocab_size == arch.ori_vocab_size == 257
     padded = list(range(arch.ori_vocab_size, arch.vocab_size))
     assert TOK.decode([104, *padded, 105]) == "hi"
     assert all(TOK.token_string(t) == "" and TOK.token_bytes(t) == [] for t in padded)
-    assert TOK.eos_token_ids == []
+
+
+def test_end_of_text_is_the_eos_and_has_no_text():
+    arch = load_tiny()[2]
+    assert TOK.eos_token_ids == arch.eos_token_ids == [BYTES.eos_token_id] == [256]
+    assert TOK.special_tokens["eos_token"] == TOK.token_string(256) == "<|endoftext|>"
+    assert TOK.decode([104, 256, 105]) == BYTES.decode([104, 256, 105]) == "hi"
+    assert TOK.decode([104, 256], skip_special_tokens=False) == "h<|endoftext|>"
+    # like every HF tokenizer, the special token's text in a prompt is the token
+    assert TOK.encode("a<|endoftext|>") == [97, 256]
 
 
 def test_token_strings_and_bytes_are_the_byte_tokenizers():

@@ -199,7 +199,8 @@ def test_byte_model_chat_prompt_is_role_lines():
     client, backend, _ = make_client(ASSETS_DIR, [104, 105])
     r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
     assert backend.requests[0].prompt_token_ids == list(b"user: hi\nassistant:")
-    assert backend.requests[0].sampling.stop_token_ids == []  # the byte model has no EOS
+    # the byte model's EOS, <|endoftext|>, ends the answer
+    assert backend.requests[0].sampling.stop_token_ids == [256]
     assert r.json()["choices"][0]["message"]["content"] == "hi"
 
 
