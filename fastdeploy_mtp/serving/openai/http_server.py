@@ -31,10 +31,17 @@ def run_http(
     while it runs and raises them again once it has stopped; the handlers installed here take
     that second delivery (the caller restores its own afterwards), so the caller's clean-up
     runs. ``sock``: a socket :func:`bind_listener` bound already (uvicorn then binds none).
-    uvicorn logs at ``progress.log_level``, its info lines only at ``debug``."""
+    uvicorn logs at ``progress.log_level``, its info lines only at ``debug``. A second signal
+    while it stops does not force it (the graceful shutdown is bounded by 5 s anyway): forcing
+    cancels the app's lifespan mid-shutdown, which uvicorn reports with a traceback."""
     import signal
 
     import uvicorn
+
+    class _OneStop(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if not self.should_exit:
+                super().handle_exit(sig, frame)
 
     config = uvicorn.Config(
         app,
@@ -44,7 +51,7 @@ def run_http(
         access_log=False,
         timeout_graceful_shutdown=5,
     )
-    server = uvicorn.Server(config)
+    server = _OneStop(config)
     if on_server is not None:
         on_server(server)
     progress(f"ready in {time.perf_counter() - t0:.1f} s: listening on http://{host}:{port}")
@@ -52,6 +59,8 @@ def run_http(
 
     def requested_stop(signum: int, frame: object) -> None:
         received.append(signum)
+        if len(received) > 1:  # a second Ctrl-C during the clean-up: it is under way already
+            return
         what = "interrupted" if signum == signal.SIGINT else "SIGTERM received"
         progress.warning(f"{what}: shutting down")
 
