@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import warnings
 from typing import NoReturn
@@ -113,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         if _debug():
             raise
+        # decided: exit 130; a Ctrl-C that comes (or came, still pending) now changes nothing
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("\nfastdeploy-mtp: interrupted", file=sys.stderr)  # (after a progress line's \r)
         return 130
     except (UsageError, SpeculativeConfigError, CredentialError) as exc:

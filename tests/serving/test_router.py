@@ -30,11 +30,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from fastdeploy_mtp.distributed import find_free_port_range
 from fastdeploy_mtp.entrypoints.cli import main
+from fastdeploy_mtp.models import ASSETS_DIR
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 from fastdeploy_mtp.serving.messages.wire import version_headers
 from fastdeploy_mtp.serving.router.forwarding import Instances
 from fastdeploy_mtp.serving.router.routing import RouterBackend
 from fastdeploy_mtp.serving.router.server import router_app
+from fastdeploy_mtp.tokenization import load_tokenizer
 from tests.support.servers import (
     ThreadServer,
     http_get,
@@ -266,7 +268,11 @@ def test_completions_stream_and_not_go_prefill_then_decode(cluster, state):
             11,
         )
         (_, pre), (_, dec) = state.prefill_calls[0], state.decode_calls[0]
-        greedy = SamplingParams().to_dict()  # no sampling field in the body: greedy, sent to both
+        # no sampling field in the body: greedy, with the model's end-of-text id among the
+        # stop ids (the router's tokenizer is the shipped model's), sent to both
+        eos = load_tokenizer(ASSETS_DIR).eos_token_ids
+        assert eos == [256]
+        greedy = SamplingParams(stop_token_ids=eos).to_dict()
         assert pre == {
             "request_id": r.id,
             "prompt_token_ids": list(b"hello"),
