@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from prometheus_client import CollectorRegistry
 
 openai = pytest.importorskip("openai")
 
@@ -29,6 +28,7 @@ from fastdeploy_mtp.serving.openai.app import create_app  # noqa: E402
 from fastdeploy_mtp.serving.openai.protocol import MAX_CHOICES, APIError  # noqa: E402
 from fastdeploy_mtp.serving.openai.text import emitted_of  # noqa: E402
 from fastdeploy_mtp.tokenization import load_tokenizer  # noqa: E402
+from tests.support.scripted_backend import ScriptedBackend  # noqa: E402
 from tests.support.servers import (  # noqa: E402
     http_post as post,
     splitwise_instances,
@@ -195,37 +195,20 @@ def test_invalid_counts_are_a_400_naming_the_field(spec_server, path, fields, pa
 
 
 # ---- one failing choice, a disconnect (scripted backend) -------------------------------------
-class FailingChoiceBackend:
+class FailingChoiceBackend(ScriptedBackend):
     """Emits one token per request at once; the request of choice ``bad`` then fails, the
     others never finish (until cancelled). Records which requests were cancelled."""
 
-    fatal = None
-
     def __init__(self, bad: int | None):
+        super().__init__()
         self.bad = bad
-        self.registry = CollectorRegistry()
-        self.submitted: list[Request] = []
-        self.cancelled: list[str] = []
 
-    def validate(self, req: Request) -> None:
-        pass
-
-    def submit(self, req: Request) -> Stream:
-        index = len(self.submitted)
-        self.submitted.append(req)
-        stream = Stream(req, asyncio.get_running_loop())
+    def answer(self, req: Request, stream: Stream, index: int) -> None:
         req.output_token_ids.append(5)
         req.emitted_count += 1
         stream.put("tokens", emitted_of(req, [5]))
         if index == self.bad:
             stream.put("error", APIError(500, "choice failed", kind="server_error"))
-        return stream
-
-    def cancel(self, req: Request) -> None:
-        self.cancelled.append(req.request_id)
-
-    async def health(self) -> str | None:
-        return None
 
 
 @pytest.mark.parametrize("stream", [False, True])

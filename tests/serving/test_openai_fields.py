@@ -20,7 +20,6 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from prometheus_client import CollectorRegistry
 
 openai = pytest.importorskip("openai")
 
@@ -36,6 +35,7 @@ from fastdeploy_mtp.serving.openai.protocol import MAX_RESPONSE_REQUESTS, APIErr
 from fastdeploy_mtp.serving.openai.text import emitted_of  # noqa: E402
 from fastdeploy_mtp.serving.pd.endpoints import new_request  # noqa: E402
 from fastdeploy_mtp.tokenization import load_tokenizer  # noqa: E402
+from tests.support.scripted_backend import ScriptedBackend  # noqa: E402
 from tests.support.servers import ThreadServer  # noqa: E402
 
 MODEL = "fastdeploy-mtp-tiny"
@@ -191,37 +191,21 @@ def test_version_and_a_body_that_is_not_json(spec_server):
 
 
 # ---- scripted: prompt forms and errors without an engine --------------------------------------
-class EchoBackend:
+class EchoBackend(ScriptedBackend):
     """Answers each request with its prompt's last token, ``max_tokens`` times (``"length"``);
     with ``hang``, submits and never answers."""
 
-    fatal = None
-
     def __init__(self, hang: bool = False):
+        super().__init__()
         self.hang = hang
-        self.registry = CollectorRegistry()
-        self.submitted: list[Request] = []
-        self.cancelled: list[str] = []
 
-    def validate(self, req: Request) -> None:
-        pass
-
-    def submit(self, req: Request) -> Stream:
-        self.submitted.append(req)
-        stream = Stream(req, asyncio.get_running_loop())
+    def answer(self, req: Request, stream: Stream, index: int) -> None:
         if not self.hang:
             ids = [req.prompt_token_ids[-1]] * req.max_tokens
             req.output_token_ids += ids
             req.emitted_count += len(ids)
             stream.put("tokens", emitted_of(req, ids))
             stream.put("finished", "length")
-        return stream
-
-    def cancel(self, req: Request) -> None:
-        self.cancelled.append(req.request_id)
-
-    async def health(self) -> str | None:
-        return None
 
 
 def scripted(backend: Any) -> TestClient:
