@@ -32,6 +32,9 @@ running; Ctrl-C (at any moment) prints one line and exits with status 130. FDMTP
 shows the traceback instead.
 """
 
+# Only the standard library at module level: ``main`` holds SIGINT and SIGTERM back before
+# the package's imports (numpy's among them) start a thread; see ``main``.
+
 from __future__ import annotations
 
 import argparse
@@ -41,12 +44,8 @@ import sys
 import warnings
 from typing import NoReturn
 
-from ..config import SpeculativeConfigError
-from ..credentials import CredentialError
-from ..engine_args import UsageError
-from ..runtime.request import GenerationError
-from . import check_drafts, demo, generate, router, serve
-from .offline import CommandError
+#: the signals ``main`` holds back until the command starts
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,6 +53,8 @@ class _Parser(argparse.ArgumentParser):
     one line) instead of a usage dump and ``SystemExit``."""
 
     def error(self, message: str) -> NoReturn:
+        from ..engine_args import UsageError
+
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
@@ -72,6 +73,8 @@ def package_version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``fastdeploy-mtp`` argument parser (its errors raise :class:`UsageError`)."""
+    from . import check_drafts, demo, generate, router, serve
+
     ap = _Parser(
         prog="fastdeploy-mtp",
         description=__doc__,
@@ -93,7 +96,7 @@ def _report(exc: BaseException) -> None:
     print(f"fastdeploy-mtp: error: {message}", file=sys.stderr)
 
 
-def _run(argv: list[str] | None) -> int:
+def _run(argv: list[str] | None, mask: set[int | signal.Signals]) -> int:
     # Paddle warns at import that ccache (a build cache for its JIT extensions) is missing;
     # nothing here builds extensions, so the line is noise in every command's output.
     warnings.filterwarnings("ignore", message="No ccache found")
@@ -102,32 +105,55 @@ def _run(argv: list[str] | None) -> int:
         args = ap.parse_args(argv)
     except SystemExit as exc:  # --help, --version
         return exc.code if isinstance(exc.code, int) else 0
+    # the command starts: a SIGINT or SIGTERM held back since ``main`` began comes now, in
+    # the main thread (the only one that has them unblocked: the threads started since
+    # inherited the block); Paddle's import (``import_paddle``) holds them back again
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return int(args.func(args))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 1 failure while running, 2 bad argument,
     130 interrupted). Expected errors are printed as one line, ``fastdeploy-mtp: error: ...``;
-    set ``FDMTP_DEBUG=1`` to have them raised with their traceback."""
+    set ``FDMTP_DEBUG=1`` to have them raised with their traceback.
+
+    Its first instruction blocks SIGINT and SIGTERM, until the arguments are parsed and the
+    command starts. Every thread the imports start (numpy's BLAS pool, a tokenizer's) inherits
+    the block, so a Ctrl-C during the imports waits and then reaches the main thread, where
+    it is one ``KeyboardInterrupt`` at a known place. Without the block such a thread would
+    take the signal, and the ``KeyboardInterrupt`` would strike whatever the main thread ran:
+    an import half-way (a traceback), or Paddle's import, which can swallow it (the command
+    then ran to its end) or fail with ``ImportError``. The caller's signal mask is back when
+    ``main`` returns."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
-        return _run(argv)
-    except KeyboardInterrupt:
-        if _debug():
-            raise
-        # decided: exit 130; a Ctrl-C that comes (or came, still pending) now changes nothing
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        print("\nfastdeploy-mtp: interrupted", file=sys.stderr)  # (after a progress line's \r)
-        return 130
-    except (UsageError, SpeculativeConfigError, CredentialError) as exc:
-        if _debug():
-            raise
-        _report(exc)
-        return 2
-    except (ValueError, OSError, CommandError, GenerationError) as exc:
-        if _debug():
-            raise
-        _report(exc)
-        return 1
+        from ..config import SpeculativeConfigError
+        from ..credentials import CredentialError
+        from ..engine_args import UsageError
+        from ..runtime.request import GenerationError
+        from .offline import CommandError
+
+        try:
+            return _run(argv, mask)
+        except KeyboardInterrupt:
+            if _debug():
+                raise
+            # decided: exit 130; a Ctrl-C that comes (or came, still pending) now changes nothing
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            print("\nfastdeploy-mtp: interrupted", file=sys.stderr)  # (after a progress line's \r)
+            return 130
+        except (UsageError, SpeculativeConfigError, CredentialError) as exc:
+            if _debug():
+                raise
+            _report(exc)
+            return 2
+        except (ValueError, OSError, CommandError, GenerationError) as exc:
+            if _debug():
+                raise
+            _report(exc)
+            return 1
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 if __name__ == "__main__":

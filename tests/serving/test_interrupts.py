@@ -65,6 +65,8 @@ class Interrupted:
         try:
             if marker is not None:
                 assert seen.wait(180), f"no {marker!r} line:\n{''.join(lines)}"
+            else:
+                assert _wait_sigint_blocked(self.proc.pid, 60), "SIGINT never held back"
             time.sleep(delay)
             self.before = "".join(lines)
             self.children = descendants(self.proc.pid)
@@ -89,6 +91,23 @@ class Interrupted:
                 return []
             time.sleep(0.1)
         return [p for p in self.children if alive(p)]
+
+
+def _wait_sigint_blocked(pid: int, timeout: float) -> bool:
+    """Wait until process ``pid``'s main thread blocks SIGINT (``SigBlk`` in its
+    ``/proc/PID/status``, a hexadecimal mask whose bit ``signum - 1`` is that signal's)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                status = f.read()
+        except FileNotFoundError:
+            return False
+        blocked = int(status.split("SigBlk:")[1].split()[0], 16)
+        if blocked >> (signal.SIGINT - 1) & 1:
+            return True
+        time.sleep(0.002)
+    return False
 
 
 def check_quiet_130(run: Interrupted, line: str) -> None:
