@@ -1,8 +1,7 @@
 """The credentials of a deployment, and the count of what was refused for want of one.
 
-* **API key** (``--api-key``, or the environment variable :data:`API_KEY_ENV`): clients send
-  it as ``Authorization: Bearer <key>`` (OpenAI's header) to every ``/v1/*`` endpoint of
-  ``serve`` and ``router``.
+* **API keys** (:mod:`fastdeploy_mtp.tenancy`): clients send one as ``Authorization: Bearer
+  <key>`` (OpenAI's header) to every ``/v1/*`` endpoint of ``serve`` and ``router``.
 * **Splitwise secret** (:func:`splitwise_secret`): shared by every prefill instance, decode
   instance and router of one splitwise deployment. The router presents it to the instances'
   ``/v1/splitwise/*`` endpoints; the prefill instance signs each hand-over with it and the
@@ -94,10 +93,10 @@ def _check_secret(value: bytes, where: str) -> bytes:
     return value
 
 
-def read_secret_file(path: str | os.PathLike[str]) -> bytes:
-    """The secret in ``path``: a regular file owned by this user with no group or other
-    permission bit (``chmod 600``), 16..4096 bytes (surrounding white space ignored)."""
-    where = f"splitwise secret file {os.fspath(path)}"
+def read_private_file(path: str | os.PathLike[str], where: str, limit: int) -> bytes:
+    """The first ``limit + 1`` bytes of ``path``, which must be a regular file owned by this
+    user with no group or other permission bit (``chmod 600``; a link is not followed).
+    ``where`` names the file in the :class:`CredentialError` that refuses it."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
@@ -106,10 +105,16 @@ def read_secret_file(path: str | os.PathLike[str]) -> bytes:
         refusal = privacy_refusal(os.fstat(fd), stat.S_ISREG, _SECRET_FILE_REFUSALS)
         if refusal is not None:
             raise CredentialError(f"{where}: {refusal}")
-        data = os.read(fd, _MAX_SECRET_BYTES + 1)
+        return os.read(fd, limit + 1)
     finally:
         os.close(fd)
-    return _check_secret(data, where)
+
+
+def read_secret_file(path: str | os.PathLike[str]) -> bytes:
+    """The secret in ``path``: a private file (:func:`read_private_file`), 16..4096 bytes
+    (surrounding white space ignored)."""
+    where = f"splitwise secret file {os.fspath(path)}"
+    return _check_secret(read_private_file(path, where, _MAX_SECRET_BYTES), where)
 
 
 def _create_default(path: Path) -> None:
@@ -141,28 +146,20 @@ def splitwise_secret(path: str | None = None) -> bytes:
     return read_secret_file(default)
 
 
-def api_key(value: str | None) -> str | None:
-    """The API key: ``value`` (``--api-key``), else :data:`API_KEY_ENV`, else ``None`` (no
-    key: the endpoints are open)."""
-    key = value if value is not None else os.environ.get(API_KEY_ENV)
-    if key is not None and not key.strip():
-        raise CredentialError("--api-key: the key is empty")
-    return key.strip() if key is not None else None
-
-
-def bearer_matches(header: str | None, keys: list[bytes]) -> bool:
-    """Whether ``header`` (an ``Authorization`` value) is ``Bearer <k>`` for one of ``keys``
-    (compared in constant time)."""
+def matching_key(header: bytes | None, keys: list[bytes]) -> int | None:
+    """The index in ``keys`` of the key ``header`` (an ``Authorization`` value, as sent)
+    presents as ``Bearer <key>``, or ``None``. Every key is compared, in constant time."""
     if not header or not keys:
-        return False
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    given = token.strip().encode("utf-8", "surrogateescape")
-    matched = False
-    for key in keys:
-        matched |= hmac.compare_digest(given, key)
-    return matched
+        return None
+    scheme, _, token = header.partition(b" ")
+    if scheme.lower() != b"bearer":
+        return None
+    given = token.strip()
+    found = None
+    for i, key in enumerate(keys):
+        if hmac.compare_digest(given, key) and found is None:
+            found = i
+    return found
 
 
 def derive(secret: bytes, purpose: str) -> bytes:
@@ -222,14 +219,8 @@ class DroppedMessages:
 
 
 def add_credential_args(p: argparse.ArgumentParser) -> None:
-    """``--api-key`` and ``--splitwise-secret-file`` (``serve`` and ``router``)."""
-    p.add_argument(
-        "--api-key",
-        default=None,
-        help="clients must send `Authorization: Bearer KEY` on /v1/* (default: "
-        "$FASTDEPLOY_MTP_API_KEY, else none; the command line is visible to other local users, the "
-        "variable is not)",
-    )
+    """``--splitwise-secret-file`` (``serve`` and ``router``; the client keys are
+    :func:`fastdeploy_mtp.tenancy.add_tenancy_args`')."""
     p.add_argument(
         "--splitwise-secret-file",
         default=None,

@@ -31,6 +31,8 @@ ALLOWED: dict[str, set[str]] = {
     "config": set(),
     # the deployment's credentials (API key, splitwise secret, signatures) and refusal counts
     "credentials": set(),
+    # the clients' keys (one per tenant), the metrics key, prefix-cache namespaces
+    "tenancy": {"credentials"},
     "ipc": {"ops"},
     "distributed": set(),
     "models": {"constants", "config", "ops", "distributed"},
@@ -53,7 +55,8 @@ ALLOWED: dict[str, set[str]] = {
     | {"splitwise", "distributed"},
     # the server runs the engine (built by assembly), the proposer and the splitwise hand-over
     "serving": {"constants", "config", "ops", "ipc", "models", "runtime", "proposer", "splitwise"}
-    | {"distributed", "engine_args", "tokenization", "credentials", "capacity", "assembly"},
+    | {"distributed", "engine_args", "tokenization", "credentials", "capacity", "assembly"}
+    | {"tenancy"},
 }
 #: The commands sit on top: they may import every layer, and nothing imports them.
 ALLOWED["entrypoints"] = set(ALLOWED) - {"entrypoints"}

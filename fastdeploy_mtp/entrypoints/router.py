@@ -9,6 +9,7 @@ from typing import Any
 from ..credentials import add_credential_args
 from ..engine_args import UsageError, options_from_args, positive_float
 from ..serving.router.options import RouterOptions
+from ..tenancy import add_tenancy_args
 from .option_flags import OptionFlags
 
 #: the flags of :class:`RouterOptions`, each with its field's default
@@ -74,6 +75,7 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
         type=positive_float,
         help="seconds to wait at start-up for every instance's /health (default %(default)g)",
     )
+    add_tenancy_args(p)
     add_credential_args(p)
 
 

@@ -25,6 +25,7 @@ from ..engine_args import (
 from ..serving.processes.serve_options import ServeOptions
 from ..serving.token_channel.base import TOKEN_CHANNELS
 from ..splitwise.transport import AUTO, transport_names
+from ..tenancy import add_tenancy_args
 from .offline import CommandError
 from .option_flags import OptionFlags
 
@@ -101,6 +102,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="most prompt tokens of one request per step (chunked prefill; default 0: only the "
         "step's token budget)",
     )
+    add_tenancy_args(p)
     add_credential_args(p)
     _add_splitwise_args(p)
 

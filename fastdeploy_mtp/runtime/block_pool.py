@@ -19,6 +19,11 @@ Prefix caching (``cache_config.enable_prefix_caching``):
   MTP KV computed for a different continuation. Without an MTP layer (no speculation, or a
   model-free method) the next token is left out of the key. SHA-256 rather than Python's
   ``hash``: a client that could forge a 64-bit collision would read another prompt's KV.
+* **Namespaces.** A request's chain starts from its namespace's root key
+  (:func:`namespace_root`; the request's ``cache_namespace``), so requests of different
+  namespaces never find each other's blocks: the server gives each tenant (API key) and
+  ``cache_salt`` its own, and a hit, which shows in the time to the first token, tells a
+  client only about its own earlier requests.
 * **When.** A block is registered after the step that wrote it succeeded (target and MTP KV
   both written), by :meth:`BlockPool.register`. Two requests that computed the same block
   in one step both keep their own copy; the first registered is the one found.
@@ -47,13 +52,23 @@ import numpy as np
 ROOT_KEY = b"fastdeploy_mtp prefix cache v1"
 
 
-def block_keys(tokens: Sequence[int], block_size: int, include_next: bool) -> list[bytes]:
+def namespace_root(namespace: bytes) -> bytes:
+    """The key a prompt's chain starts from in ``namespace`` (:data:`ROOT_KEY` for the global
+    namespace ``b""``; a digest of both otherwise)."""
+    if not namespace:
+        return ROOT_KEY
+    return hashlib.sha256(ROOT_KEY + b"\0namespace\0" + namespace).digest()
+
+
+def block_keys(
+    tokens: Sequence[int], block_size: int, include_next: bool, namespace: bytes = b""
+) -> list[bytes]:
     """Keys of the cacheable full blocks of prompt ``tokens`` (see the module docstring): one
     per block ``i`` with ``(i+1) * block_size <= len(tokens) - 1``, chained from
-    :data:`ROOT_KEY`. ``include_next``: the key also covers the token after the block (a
-    deployment with MTP layers)."""
+    :func:`namespace_root` ``(namespace)``. ``include_next``: the key also covers the token
+    after the block (a deployment with MTP layers)."""
     keys: list[bytes] = []
-    parent = ROOT_KEY
+    parent = namespace_root(namespace)
     for i in range((len(tokens) - 1) // block_size):
         end = (i + 1) * block_size
         body = tokens[i * block_size : end + (1 if include_next else 0)]

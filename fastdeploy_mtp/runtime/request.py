@@ -162,6 +162,9 @@ class Request:
         num_cached_tokens: prompt tokens whose KV (target and MTP layers) came from the
             prefix cache when the request was admitted (a multiple of the block size; 0
             without a hit). Its first prefill chunk starts there.
+        cache_namespace: the prefix-cache namespace: the request shares KV blocks only with
+            requests of the same namespace (``b""``: the global one; the server derives it
+            from the client's API key and ``cache_salt``, see :mod:`fastdeploy_mtp.tenancy`).
         timing: when a served request passed each stage (:class:`RequestTiming`; set by the
             API server's engine client, ``None`` for a request the engine runs directly).
     """
@@ -181,6 +184,7 @@ class Request:
     submitted: bool = field(default=False, init=False, repr=False)
     handoff_state: dict[str, Any] | None = field(default=None, repr=False)
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    cache_namespace: bytes = b""
     finish_reason: str | None = field(default=None, init=False)
     output_logprobs: list[TokenLogprob] = field(default_factory=list, init=False, repr=False)
     emitted_count: int = field(default=0, init=False, repr=False)
@@ -198,13 +202,15 @@ class Request:
 
     def fresh_copy(self) -> Request:
         """A new, never-submitted request with the same id, prompt, ``max_tokens``,
-        ``arrival_step`` and sampling parameters (no slot, no outputs)."""
+        ``arrival_step``, sampling parameters and prefix-cache namespace (no slot, no
+        outputs)."""
         return Request(
             self.request_id,
             list(self.prompt_token_ids),
             max_tokens=self.max_tokens,
             arrival_step=self.arrival_step,
             sampling=SamplingParams.from_dict(self.sampling.to_dict()),
+            cache_namespace=self.cache_namespace,
         )
 
     def get(self, key: str, default: Any | None = None) -> Any:

@@ -118,7 +118,7 @@ class Scheduler:
         * ``prompt_token_ids`` is a non-empty flat sequence of integer ids in
           ``[0, vocab_size)``;
         * ``max_tokens`` is an integer ``> 0`` and ``arrival_step`` an integer in
-          ``[0, max_arrival_step)``;
+          ``[0, max_arrival_step)``; ``cache_namespace`` is ``bytes``;
         * ``len(prompt) + max_tokens + K + 1 <= max_model_len`` (and ``<= max_positions``);
         * its worst-case KV blocks fit a slot's block table and the whole cache.
 
@@ -216,7 +216,9 @@ class Scheduler:
             if self._head_keys is None or self._head_keys[0] is not req:
                 self._head_keys = (
                     req,
-                    block_keys(req.prompt_token_ids, self.block_size, self._key_next),
+                    block_keys(
+                        req.prompt_token_ids, self.block_size, self._key_next, req.cache_namespace
+                    ),
                 )
             keys = self._head_keys[1]
             hits = self.pool.lookup(keys)

@@ -68,7 +68,14 @@ def check_prompt(req: Request, vocab_size: int) -> None:
 
 
 def check_counts(req: Request) -> None:
-    """``max_tokens`` and ``arrival_step`` are integers (not bools), ``max_tokens > 0``."""
+    """``max_tokens`` and ``arrival_step`` are integers (not bools), ``max_tokens > 0``;
+    ``cache_namespace`` is ``bytes``."""
+    if not isinstance(req.cache_namespace, bytes):
+        raise InvalidRequestError(
+            req.request_id,
+            "cache_namespace",
+            f"must be bytes, got a {type(req.cache_namespace).__name__}",
+        )
     for name in ("max_tokens", "arrival_step"):
         value = getattr(req, name)
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):

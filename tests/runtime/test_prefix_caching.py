@@ -32,6 +32,7 @@ from fastdeploy_mtp.runtime.block_pool import ROOT_KEY, BlockPool, block_keys
 from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import Request
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
+from fastdeploy_mtp.tenancy import cache_namespace
 
 TOK = ByteTokenizer()
 SYSTEM = "You are a careful assistant; answer briefly. "  # 45 bytes: ends mid-block (block 16)
@@ -217,6 +218,35 @@ def test_hits_start_after_whole_blocks_and_multi_turn_prompts_hit_their_first_tu
         turn.num_cached_tokens == (len(first.prompt_token_ids) - 1) // 16 * 16
     )  # prompt blocks only
     eng.close()
+
+
+def test_requests_share_blocks_only_within_their_namespace(shipped):
+    """Two tenants (namespaces) send the same prompt: neither finds the other's blocks, each
+    finds its own, and every output equals the one without caching."""
+    _, mtp, arch = shipped
+    cfg = build_config(arch, SpeculativeConfig.from_dict(dict(MTP)), 3, 256)
+    cfg.cache_config.enable_prefix_caching = True
+    eng = build_engine(cfg, shipped[0], mtp)
+    prompt = TOK.encode(SYSTEM + QUESTIONS[0])
+    a, b = cache_namespace(b"a" * 32, None), cache_namespace(b"b" * 32, None)
+    order = [
+        ("a1", a),
+        ("b1", b),
+        ("g1", b""),
+        ("a2", a),
+        ("b2", b),
+        ("s1", cache_namespace(None, "s")),
+    ]
+    reqs = {}
+    for rid, ns in order:
+        reqs[rid] = Request(rid, prompt, MAX_TOKENS, cache_namespace=ns)
+        eng.generate([reqs[rid]])
+    eng.close()
+    hits = {rid: r.num_cached_tokens for rid, r in reqs.items()}
+    full = (len(prompt) - 1) // 16 * 16  # every whole block before the last prompt token
+    assert full >= 48
+    assert hits == {"a1": 0, "b1": 0, "g1": 0, "a2": full, "b2": full, "s1": 0}
+    assert len({tuple(r.output_token_ids) for r in reqs.values()}) == 1
 
 
 def mtp_kv(eng: Engine, req: Request, blocks: int) -> list[np.ndarray]:

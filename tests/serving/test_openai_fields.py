@@ -140,7 +140,7 @@ def test_a_streamed_list_of_prompts_carries_each_choice_index_and_one_usage_chun
 def test_unknown_fields_are_refused_and_the_accepted_ignored_ones_pass(spec_server):
     url = spec_server.base_url
     chat = client(url).chat.completions
-    for extra in [{"frobnicate": 1}, {"cache_salt": "tenant-a"}, {"priority": 1}]:
+    for extra in [{"frobnicate": 1}, {"cache_salt": ""}, {"cache_salt": 7}, {"priority": 1}]:
         error = refusal(
             lambda: chat.create(model=MODEL, messages=CHAT, max_tokens=4, extra_body=extra)  # noqa: B023
         )

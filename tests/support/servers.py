@@ -91,11 +91,13 @@ def http_post(
         return e.code, json.loads(e.read())
 
 
-def scrape_metrics(base_url: str, timeout: float = 30) -> dict[str, float]:
-    """The ``fastdeploy:*`` samples of ``base_url/metrics``, labelled ones under
-    ``name{label="value"}`` and, summed over their labels, under ``name`` (for a family
-    without an unlabelled sample)."""
-    status, text = http_get(base_url + "/metrics", timeout)
+def scrape_metrics(
+    base_url: str, timeout: float = 30, headers: dict[str, str] | None = None
+) -> dict[str, float]:
+    """The ``fastdeploy:*`` samples of ``base_url/metrics`` (fetched with ``headers``, e.g. the
+    metrics key's ``Authorization``), labelled ones under ``name{label="value"}`` and, summed
+    over their labels, under ``name`` (for a family without an unlabelled sample)."""
+    status, text = http_get(base_url + "/metrics", timeout, headers)
     assert status == 200, (status, text)
     samples = {
         m[1]: float(m[2])
@@ -548,6 +550,7 @@ def splitwise_router(
     from fastdeploy_mtp.serving.router.forwarding import Instances
     from fastdeploy_mtp.serving.router.routing import RouterBackend
     from fastdeploy_mtp.serving.router.server import router_app
+    from fastdeploy_mtp.tenancy import ClientKeys
 
     backend = RouterBackend(
         Instances(
@@ -558,7 +561,7 @@ def splitwise_router(
             instance_timeout=instance_timeout,
         )
     )
-    access = Access(api_key, None, backend.dropped)
+    access = Access(ClientKeys(() if api_key is None else (api_key,)), None, backend.dropped)
     app = router_app(backend, "fastdeploy-mtp-tiny", tokenizer, access=access)
     srv = ThreadServer(app, find_free_port_range(1))
     try:

@@ -29,10 +29,15 @@ B = TypeVar("B", bound=BaseModel)
 
 
 class PrefillRequest(Message):
+    """``cache_namespace``: the request's prefix-cache namespace (the router derived it from
+    the client's API key and ``cache_salt``; :mod:`fastdeploy_mtp.tenancy`), hex; ``""``:
+    the global one."""
+
     request_id: str
     prompt_token_ids: list[int]
     max_tokens: int
     sampling: SamplingParams | None = None  # None: greedy
+    cache_namespace: str = ""
 
 
 class DecodeRequest(PrefillRequest):

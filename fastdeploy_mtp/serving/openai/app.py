@@ -71,8 +71,12 @@ def create_app(
     defaults = defaults or GenerationDefaults()
     if eos_token_ids is None:
         eos_token_ids = list(dict.fromkeys([*tokenizer.eos_token_ids, *defaults.eos_token_ids]))
-    app = FastAPI(
-        title="fastdeploy-mtp", description="OpenAI-compatible server with MTP speculative decoding"
+    app = FastAPI(  # no /docs, /redoc, /openapi.json: the API is OpenAI's, see docs/openai_api.md
+        title="fastdeploy-mtp",
+        description="OpenAI-compatible server with MTP speculative decoding",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
     )
     app.state.served = Served(
         backend, model_name, tokenizer, int(time.time()), defaults, list(eos_token_ids)
@@ -158,6 +162,12 @@ async def models(served: ServedDep) -> dict[str, Any]:
     return {"object": "list", "data": [card]}
 
 
+def tenant_of(http: HTTPRequest) -> bytes | None:
+    """The tenant the access check found for ``http`` (:mod:`.http_auth`; ``None``: none)."""
+    tenant = getattr(http.state, "tenant", None)
+    return tenant if isinstance(tenant, bytes) else None
+
+
 def include_usage(body: RequestBody) -> bool:
     return bool(body.stream_options and body.stream_options.get("include_usage"))
 
@@ -165,7 +175,7 @@ def include_usage(body: RequestBody) -> bool:
 async def completions(body: CompletionBody, served: ServedDep, http: HTTPRequest) -> Any:
     refuse_invalid_text(body.model_dump())
     prompts = completion_prompts(body.prompt, served.tokenizer)
-    choices = new_requests(served, prompts, body, "cmpl", 16)
+    choices = new_requests(served, prompts, body, "cmpl", 16, tenant_of(http))
     streams = submit_all(served, choices.requests)
     base = {
         "id": choices.requests[0].request_id,
@@ -197,7 +207,7 @@ async def chat(body: ChatBody, served: ServedDep, http: HTTPRequest) -> Any:
     prompt = chat_prompt(served.tokenizer, [m.model_dump() for m in body.messages])
     # the template wrote the special tokens the model expects; none are added again
     ids = served.tokenizer.encode(prompt, add_special_tokens=False)
-    choices = new_requests(served, [Prompt(ids, "messages")], body, "chatcmpl", 64)
+    choices = new_requests(served, [Prompt(ids, "messages")], body, "chatcmpl", 64, tenant_of(http))
     streams = submit_all(served, choices.requests)
     base = {
         "id": choices.requests[0].request_id,

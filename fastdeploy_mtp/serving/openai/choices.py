@@ -19,6 +19,7 @@ from fastapi import Request as HTTPRequest
 
 from ...runtime.request import InvalidRequestError, Request
 from ...runtime.sampling_params import StepDrafts, TokenLogprob, choice_seed
+from ...tenancy import cache_namespace, check_salt
 from ...tokenization import GenerationDefaults, Tokenizer
 from ..engine_client.backend import Backend, Stream, stream_events
 from .prompts import Prompt
@@ -97,6 +98,7 @@ def new_requests(
     body: CompletionBody | ChatBody,
     prefix: str,
     fallback_max_tokens: int,
+    tenant: bytes | None = None,
 ) -> Choices:
     """The engine requests ``body`` asks for: for each of ``prompts``, ``n`` (or ``best_of``)
     candidates, each checked by the backend (400/404 naming the field; a prompt's error names
@@ -105,7 +107,9 @@ def new_requests(
     2**63), so each prompt's choices are those of a request of that prompt alone; without,
     each candidate's seed derives from its own request id (the first one's is the response
     id, candidate ``g`` of the response's that id with ``-g`` appended). The output limit is
-    the body's, else the model's ``max_new_tokens``, else ``fallback_max_tokens``."""
+    the body's, else the model's ``max_new_tokens``, else ``fallback_max_tokens``. Every
+    request's prefix-cache namespace is :func:`~fastdeploy_mtp.tenancy.cache_namespace` of
+    ``tenant`` (the API key's, :mod:`.http_auth`) and the body's ``cache_salt``."""
     chat = isinstance(body, ChatBody)
     if body.model not in (None, served.model_name):
         message = (
@@ -113,6 +117,10 @@ def new_requests(
         )
         raise APIError(404, message, "model")
     refuse_unsupported(body)
+    problem = check_salt(body.cache_salt)
+    if problem is not None:
+        raise APIError(400, problem, "cache_salt")
+    namespace = cache_namespace(tenant, body.cache_salt)
     n, best_of = choice_counts(body)
     if len(prompts) * best_of > MAX_RESPONSE_REQUESTS:
         message = (
@@ -138,7 +146,13 @@ def new_requests(
             if sampling.seed is not None:
                 params.seed = choice_seed(sampling.seed, k)
             rid = f"{response_id}-{len(requests)}" if requests else response_id
-            req = Request(rid, list(prompt.ids), max_tokens=max_tokens, sampling=params)
+            req = Request(
+                rid,
+                list(prompt.ids),
+                max_tokens=max_tokens,
+                sampling=params,
+                cache_namespace=namespace,
+            )
             requests.append(req)
             try:
                 served.backend.validate(req)

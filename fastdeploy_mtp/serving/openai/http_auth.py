@@ -5,10 +5,14 @@ and Starlette would otherwise answer in their own shape.
   router, which presents ``Authorization: Bearer <router token>``
   (:func:`fastdeploy_mtp.credentials.http_token` of the splitwise secret). The API key does
   not open them.
-* Every other ``/v1/*`` endpoint: the API key (``--api-key``), when one is configured; the
-  router token is accepted too, so that a router can read an instance's ``/v1/models``.
-  Without an API key these endpoints are open.
-* ``/health`` and ``/metrics``: open (they hold no request content).
+* Every other ``/v1/*`` endpoint: one of the API keys (:mod:`fastdeploy_mtp.tenancy`), when
+  any is configured; the router token is accepted too, so that a router can read an
+  instance's ``/v1/models``. Without API keys these endpoints are open. The tenant of the
+  key presented goes to the endpoint in ``request.state.tenant`` (``None``: none, or the
+  global prefix-cache scope), for the request's prefix-cache namespace.
+* ``/metrics``: the metrics key, when one is configured (no API key opens it); else open.
+* ``/health`` and ``/version``: open (they hold nothing a client sent). Any other path is
+  answered 404 (FastAPI's ``/docs``, ``/redoc`` and ``/openapi.json`` are not served).
 
 A refused request is answered 401 in OpenAI's error shape and counted as
 ``fastdeploy:dropped_messages_total{channel="http"}``.
@@ -24,7 +28,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ...credentials import DroppedMessages, bearer_matches
+from ...credentials import DroppedMessages, matching_key
+from ...tenancy import ClientKeys
 from .protocol import APIError
 
 SPLITWISE_PREFIX = "/v1/splitwise/"
@@ -36,26 +41,39 @@ class Access:
     """The credentials an app checks.
 
     Attributes:
-        api_key: what clients present on ``/v1/*`` (``None``: those endpoints are open).
+        keys: the API keys of ``/v1/*`` (none: those endpoints are open), the metrics key and
+            the prefix-cache scope.
         router_token: what the router presents on ``/v1/splitwise/*`` (``None``: an app
             without splitwise endpoints; a request there is answered as any unknown path).
         dropped: where refusals are counted (``None``: not counted).
     """
 
-    api_key: str | None = None
+    keys: ClientKeys = field(default_factory=ClientKeys)
     router_token: bytes | None = None
     dropped: DroppedMessages | None = field(default=None, repr=False)
 
     def keys_for(self, path: str) -> list[bytes] | None:
-        """The credentials that open ``path`` (``None``: it is open)."""
+        """The credentials that open ``path`` (``None``: it is open). On ``/v1/*`` the API
+        keys come first, in :attr:`ClientKeys.api_keys`' order."""
         if path.startswith(SPLITWISE_PREFIX):
             return None if self.router_token is None else [self.router_token]
+        if path == "/metrics":
+            return None if self.keys.metrics_key is None else [self.keys.metrics_key.encode()]
         if path == "/v1" or path.startswith("/v1/"):
-            if self.api_key is None:
+            if not self.keys.api_keys:
                 return None
-            keys = [self.api_key.encode("utf-8", "surrogateescape")]
+            keys = [key.encode() for key in self.keys.api_keys]
             return keys + ([self.router_token] if self.router_token is not None else [])
         return None
+
+    def tenant(self, path: str, index: int | None) -> bytes | None:
+        """The tenant of a request to ``path`` that presented key ``index`` of
+        :meth:`keys_for` (``None``: no key, the router's token, or the global scope)."""
+        if path.startswith(SPLITWISE_PREFIX) or path == "/metrics":
+            return None
+        if index is None or index >= len(self.keys.api_keys):
+            return None
+        return self.keys.tenant(index)
 
 
 def _refusal(path: str) -> JSONResponse:
@@ -64,6 +82,8 @@ def _refusal(path: str) -> JSONResponse:
             "this endpoint is for the splitwise router: send `Authorization: Bearer <router "
             "token>` (the router derives it from the deployment's splitwise secret)"
         )
+    elif path == "/metrics":
+        message = "/metrics asks for the metrics key: send `Authorization: Bearer <key>`"
     else:
         message = "a valid API key is required: send `Authorization: Bearer <key>`"
     response = APIError(
@@ -85,19 +105,23 @@ class Authorize:
         if scope["type"] == "http":
             path = scope["path"]
             keys = self.access.keys_for(path)
-            if keys is not None and not bearer_matches(_header(scope, b"authorization"), keys):
-                if self.access.dropped is not None:
-                    self.access.dropped.add("http")
-                await _refusal(path)(scope, receive, send)
-                return
+            index = None
+            if keys is not None:
+                index = matching_key(_header(scope, b"authorization"), keys)
+                if index is None:
+                    if self.access.dropped is not None:
+                        self.access.dropped.add("http")
+                    await _refusal(path)(scope, receive, send)
+                    return
+            scope.setdefault("state", {})["tenant"] = self.access.tenant(path, index)
         await self.app(scope, receive, send)
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    """The first ``name`` header of an ASGI request (``None``: absent)."""
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    """The first ``name`` header of an ASGI request, as sent (``None``: absent)."""
     for key, value in scope.get("headers", ()):
         if key.lower() == name:
-            return bytes(value).decode("latin-1")
+            return bytes(value)
     return None
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
 from ...runtime.sampling_params import MAX_LOGPROBS, SamplingParams
 from ...tokenization import ChatTemplateError, GenerationDefaults, Tokenizer
@@ -85,6 +85,9 @@ class RequestBody(BaseModel):
     ignore_eos: bool = False
     # FastDeploy's: also return the MTP drafts' logprobs (``draft_logprobs``; needs logprobs)
     include_draft_logprobs: StrictBool = False
+    # vLLM's: the request shares prefix-cache blocks only with requests of the same salt (and
+    # tenant; see :mod:`fastdeploy_mtp.tenancy`)
+    cache_salt: StrictStr | None = None
 
     def output_limit(self) -> tuple[int | None, str]:
         """The most tokens the body asks for (``None``: not given) and the field that asked."""

@@ -22,7 +22,6 @@ NEUTRAL_ONLY: dict[str, tuple[Any, ...]] = {
     "priority": (0,),
     "use_beam_search": (False,),
     "include_stop_str_in_output": (False,),
-    "cache_salt": (),
     "tools": ([],),
     "tool_choice": ("none",),
     "functions": ([],),
@@ -39,10 +38,6 @@ NEUTRAL_ONLY: dict[str, tuple[Any, ...]] = {
 
 #: Why a refused field cannot be honoured, where its name does not say it.
 _WHY: dict[str, str] = {
-    "cache_salt": (
-        "this server's prefix cache is shared by every request, so a salt would not isolate "
-        "anything (serve --no-enable-prefix-caching shares no KV between requests)"
-    ),
     "priority": "requests are scheduled first come, first served (priority 0 is accepted)",
 }
 

@@ -99,11 +99,19 @@ def new_request(body: PrefillRequest, **extra: Any) -> Request:
     if not body.request_id:  # it names the request's KV offer and its slot state
         raise APIError(400, "request_id must be a non-empty string", "request_id")
     try:
+        namespace = bytes.fromhex(body.cache_namespace)
+    except ValueError:
+        namespace = b"?"
+    if len(namespace) not in (0, 32):
+        message = "cache_namespace must be empty or 64 hexadecimal digits"
+        raise APIError(400, message, "cache_namespace")
+    try:
         return Request(
             body.request_id,
             body.prompt_token_ids,
             max_tokens=body.max_tokens,
             sampling=sampling_of(body.sampling),
+            cache_namespace=namespace,
             **extra,
         )
     except ValueError as exc:

@@ -138,7 +138,8 @@ def _run(
     """Start the workers, the engine and the HTTP server (recording each in ``running``) and
     serve until the server stops; returns the exit status."""
     from ...assembly import build_engine
-    from ...credentials import DroppedMessages, api_key, http_token, splitwise_secret
+    from ...credentials import DroppedMessages, http_token, splitwise_secret
+    from ...tenancy import options_keys
     from ..engine_client.engine_loop import AsyncEngine
     from ..openai.app import create_app
     from ..openai.http_auth import Access
@@ -146,7 +147,7 @@ def _run(
     from .remote_runner import RemoteRunner
 
     # before any worker starts: bad credentials, a taken port or a bad tokenizer folder fail fast
-    key = api_key(opts.api_key)
+    keys = options_keys(opts)
     secret = (
         None if opts.splitwise_role == "mixed" else splitwise_secret(opts.splitwise_secret_file)
     )
@@ -184,7 +185,7 @@ def _run(
         running.async_engine, running.kv_source = start_splitwise_engine(
             opts, engine, runner, on_fatal, progress, dropped, secret
         )
-    access = Access(key, None if secret is None else http_token(secret), dropped)
+    access = Access(keys, None if secret is None else http_token(secret), dropped)
     app = create_app(
         running.async_engine, served_model_name(opts, arch), tokenizer, defaults, eos_ids, access
     )

@@ -37,9 +37,15 @@ class ServeOptions:
     tokenizer: str | None = None
     #: ``--dtype``: ``"auto"`` (the folder's own; float32 on the CPU), or a dtype name
     dtype: str = "auto"
-    #: ``--api-key`` (or ``FASTDEPLOY_MTP_API_KEY``): clients' ``Authorization: Bearer`` on
-    #: ``/v1/*``
+    #: ``--api-key`` (or ``FASTDEPLOY_MTP_API_KEY``) and ``--api-key-file``: the keys clients
+    #: present as ``Authorization: Bearer`` on ``/v1/*``, one per tenant
+    #: (:mod:`fastdeploy_mtp.tenancy`)
     api_key: str | None = None
+    api_key_file: str | None = None
+    #: ``--metrics-api-key`` (or ``FASTDEPLOY_MTP_METRICS_API_KEY``): the key of ``/metrics``
+    metrics_api_key: str | None = None
+    #: ``--prefix-cache-scope``: ``"per-key"`` or ``"global"``
+    prefix_cache_scope: str = "per-key"
     #: ``--splitwise-secret-file``: the splitwise secret's file (see
     #: :mod:`fastdeploy_mtp.credentials`)
     splitwise_secret_file: str | None = None

@@ -208,6 +208,7 @@ class InstanceForwarder:
             prompt_token_ids=req.prompt_token_ids,
             max_tokens=req.max_tokens,
             sampling=req.sampling,
+            cache_namespace=req.cache_namespace.hex(),
         )
         with self._talking_to("prefill", url, "is unreachable"):
             r = await self._http().post(
@@ -244,6 +245,7 @@ class InstanceForwarder:
             output_token_ids=list(req.output_token_ids),
             max_tokens=req.max_tokens,
             sampling=req.sampling,
+            cache_namespace=req.cache_namespace.hex(),
             handoff=handoff,
         ).encode()
         retrying = AsyncRetrying(

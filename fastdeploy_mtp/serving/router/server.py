@@ -47,8 +47,9 @@ from contextlib import asynccontextmanager
 import httpx
 from fastapi import FastAPI
 
-from ...credentials import api_key, splitwise_secret
+from ...credentials import splitwise_secret
 from ...engine_args import UsageError
+from ...tenancy import options_keys
 from ...tokenization import GenerationDefaults, Tokenizer, load_generation_config, load_tokenizer
 from ..openai.app import create_app
 from ..openai.http_auth import Access
@@ -147,7 +148,8 @@ def run_router(opts: RouterOptions) -> int:
         tokenizer, defaults = load_tokenizer(folder), load_generation_config(folder)
     except (ValueError, OSError) as exc:
         raise UsageError(f"--tokenizer {folder}: {exc}") from None
-    key, secret = api_key(opts.api_key), splitwise_secret(opts.splitwise_secret_file)
+    keys = options_keys(opts)
+    secret = splitwise_secret(opts.splitwise_secret_file)
     # checks the URLs first
     backend = RouterBackend(
         Instances(opts.prefill, opts.decode, opts.queue_timeout, secret, opts.instance_timeout)
@@ -172,7 +174,7 @@ def run_router(opts: RouterOptions) -> int:
                 f"serving model {model_name!r}; decode queue timeout {opts.queue_timeout:g} s, "
                 f"instance timeout {opts.instance_timeout:g} s"
             )
-            access = Access(key, None, backend.dropped)
+            access = Access(keys, None, backend.dropped)
             app = router_app(backend, model_name, tokenizer, defaults, access)
             return run_http(app, opts.host, opts.port, progress, t0, sock=listener)
     except KeyboardInterrupt:
