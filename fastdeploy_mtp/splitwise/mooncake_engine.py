@@ -34,6 +34,7 @@ __all__ = [
     "base_address",
     "current",
     "engine_at",
+    "local_protocol",
     "protocol",
     "require",
 ]
@@ -208,7 +209,7 @@ def _bracketed(host: str) -> str:
 def engine_at(host: str, timeout: float = 60.0) -> Engine:
     """This process's engine, started at ``host`` on first use, its transfers given up after
     ``timeout`` seconds without progress (a later call reuses it whatever its arguments: the
-    engine serves from one address)."""
+    engine advertises one address)."""
     global _engine
     with _lock:
         engine = _engine

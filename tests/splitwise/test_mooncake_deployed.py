@@ -225,7 +225,9 @@ def test_whoever_reaches_the_engine_reads_and_writes_the_prefill_caches_only(
     assert_copied(src, dst, [4], [5])
     segment = descriptor["mooncake"]["segment"]
     nbytes = src[0][0][0].nbytes
-    outsider = mooncake_engine._import().TransferEngine()
+    from mooncake.engine import TransferEngine
+
+    outsider = TransferEngine()
     assert outsider.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
     buf = np.full(nbytes, 7, np.uint8)
     at = int(buf.ctypes.data)
