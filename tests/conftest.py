@@ -79,6 +79,7 @@ SLOW = (
     "runtime/test_guided.py",
     "splitwise/test_handoff_engine.py",
     "splitwise/test_mooncake_transfer.py",
+    "splitwise/test_mooncake_deployed.py",
     "splitwise/test_kv_transfer.py",
     "support/test_hf_folders.py",
     "tokenization/test_detokenizer.py",

@@ -45,7 +45,7 @@ def test_mooncake_pull_copies_the_offered_blocks(sources: Any, tp: int) -> None:
     source, releases = sources(src, mooncake=True)
     descriptor = json.loads(json.dumps(source.offer("m", [3, 4, 5, 9, 0])))  # as it travels to D
     offered = descriptor["mooncake"]
-    assert offered["segment"].startswith("127.0.0.1:")
+    assert offered["segment"].startswith("127.0.0.1:") and offered["protocol"] == "tcp"
     assert offered["buffers"] == [[int(a.ctypes.data) for a in rank] for rank in src]
     assert (
         choose_transport("auto", descriptor) == "mooncake"
@@ -133,6 +133,7 @@ def test_an_offer_outside_the_registered_memory_fails_without_a_write(sources: A
     descriptor["mooncake"] = {
         "segment": segment,
         "buffers": [[int(a.ctypes.data) for a in stray[0]]],
+        "protocol": "tcp",
     }
     fake = FakeSource(lambda frames: [check_answer(descriptor)])
     try:
@@ -148,37 +149,33 @@ def test_an_offer_outside_the_registered_memory_fails_without_a_write(sources: A
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("x", "must be null or an object with `segment` and `buffers`"),
-        ({"segment": "h:1"}, "must be null or an object"),
-        ({"segment": 5, "buffers": [[1] * 6]}, r"`mooncake`.segment must be a 'host:port' str"),
-        (
-            {"segment": "host", "buffers": [[1] * 6]},
-            r"`mooncake`.segment must be a 'host:port' str",
-        ),
-        ({"segment": "h:99999", "buffers": [[1] * 6]}, "must end in a port"),
-        ({"segment": "h:1", "buffers": [[1] * 6, [1] * 6]}, "must hold one list per rank"),
-        ({"segment": "h:1", "buffers": [[1] * 5]}, r"buffers\[0\] must hold 6 addresses"),
-        (
-            {"segment": "h:1", "buffers": [[1, 1, 1, 1, 1, True]]},
-            r"buffers\[0\]\[5\] must be the address",
-        ),
-        (
-            {"segment": "h:1", "buffers": [[1, 1, 0, 1, 1, 1]]},
-            r"buffers\[0\]\[2\] must be the address",
-        ),
-        (
-            {"segment": "h:1", "buffers": [[1, 1, 1, 2**64, 1, 1]]},
-            r"buffers\[0\]\[3\] must be the address",
-        ),
+        ("x", "must be null or an object with `segment`, `buffers` and `protocol`"),
+        ({"protocol": ...}, "must be null or an object"),
+        ({"extra": 1}, "must be null or an object"),
+        ({"segment": 5}, r"`mooncake`.segment must be a 'host:port' str"),
+        ({"segment": "host"}, r"`mooncake`.segment must be a 'host:port' str"),
+        ({"segment": "h:99999"}, "must end in a port"),
+        ({"protocol": "ib"}, r"`mooncake`.protocol must be 'rdma' or 'tcp', got 'ib'"),
+        ({"protocol": None}, r"`mooncake`.protocol must be 'rdma' or 'tcp', got None"),
+        ({"buffers": [[1] * 6, [1] * 6]}, "must hold one list per rank"),
+        ({"buffers": [[1] * 5]}, r"buffers\[0\] must hold 6 addresses"),
+        ({"buffers": [[1, 1, 1, 1, 1, True]]}, r"buffers\[0\]\[5\] must be the address"),
+        ({"buffers": [[1, 1, 0, 1, 1, 1]]}, r"buffers\[0\]\[2\] must be the address"),
+        ({"buffers": [[1, 1, 1, 2**64, 1, 1]]}, r"buffers\[0\]\[3\] must be the address"),
     ],
 )
 def test_bad_mooncake_fields_are_refused(value: Any, message: str) -> None:
+    """Each case changes one key of a good field (``...`` drops it; a value that is not a
+    dict replaces the field)."""
+    good = {"segment": "h:1", "buffers": [[4096] * 6], "protocol": "tcp"}
     descriptor = descriptor_for("tcp://127.0.0.1:1", [1])
+    if isinstance(value, dict):
+        value = {k: v for k, v in {**good, **value}.items() if v is not ...}
     descriptor["mooncake"] = value
     with pytest.raises(TransferError, match=message):
         read_descriptor(descriptor)
-    descriptor["mooncake"] = {"segment": "h:1", "buffers": [[4096] * 6]}
-    assert read_descriptor(descriptor).fields["mooncake"]["segment"] == "h:1"
+    descriptor["mooncake"] = good
+    assert read_descriptor(descriptor).fields["mooncake"] == good
 
 
 def test_the_source_option_must_be_a_bool() -> None:
@@ -244,18 +241,28 @@ def _env(first: Path) -> dict[str, str]:
 
 
 def test_the_protocol_follows_the_rdma_devices_unless_set(monkeypatch: Any) -> None:
+    """Ours first, then the engine's own switches (set by the engine this process started
+    in an earlier test: cleared here), then the kernel's RDMA devices."""
     import os
 
-    monkeypatch.delenv("FDMTP_MOONCAKE_PROTOCOL", raising=False)
+    for name in ("FDMTP_MOONCAKE_PROTOCOL", "MC_FORCE_TCP", "MC_FORCE_HCA"):
+        monkeypatch.delenv(name, raising=False)
     has_rdma = os.path.isdir("/sys/class/infiniband") and bool(os.listdir("/sys/class/infiniband"))
     assert mooncake.protocol() == ("rdma" if has_rdma else "tcp")
+    monkeypatch.setenv("MC_FORCE_TCP", "1")
+    assert mooncake.protocol() == "tcp"
+    monkeypatch.setenv("MC_FORCE_HCA", "1")  # the engine installs RDMA whatever MC_FORCE_TCP
+    assert mooncake.protocol() == "rdma"
+    monkeypatch.setenv("FDMTP_MOONCAKE_PROTOCOL", "tcp")
+    assert mooncake.protocol() == "tcp"
     monkeypatch.setenv("FDMTP_MOONCAKE_PROTOCOL", "rdma")
     assert mooncake.protocol() == "rdma"
     monkeypatch.setenv("FDMTP_MOONCAKE_PROTOCOL", "ib")
-    with pytest.raises(
-        TransferError, match="FDMTP_MOONCAKE_PROTOCOL must be 'rdma' or 'tcp', got 'ib'"
-    ):
-        mooncake.protocol()
+    for check in (mooncake.protocol, mooncake.require):  # require: what serve asks at start-up
+        with pytest.raises(
+            TransferError, match="FDMTP_MOONCAKE_PROTOCOL must be 'rdma' or 'tcp', got 'ib'"
+        ):
+            check()
 
 
 @pytest.mark.parametrize("role", ["prefill", "decode"])

@@ -1,44 +1,37 @@
 """The ``"mooncake"`` KV transport: D reads the offered blocks straight out of P's caches
-into its own with the Mooncake transfer engine (RDMA where the engine finds NICs, its TCP
-transport otherwise), no copy in between.
-
-Each engine runs over RDMA where the kernel lists an RDMA device and over the engine's TCP
-transport otherwise (:func:`protocol`; ``FDMTP_MOONCAKE_PROTOCOL=rdma|tcp`` overrides: both
-ends must agree). Only the TCP transport has run here; the RDMA path is unverified.
+into its own with the Mooncake transfer engine (:mod:`..mooncake_engine`: RDMA where the
+engine finds NICs, its TCP transport otherwise), no copy in between.
 
 P registers every cache of every rank with its process's engine once, when its
 :class:`~fastdeploy_mtp.splitwise.kv_source.KVSource` starts (source option
 ``mooncake=True``), and its descriptors carry ``"mooncake": {"segment": "host:port",
-"buffers": [[base address per cache] per rank]}``: the engine's segment name (its
-handshake port at the source's advertised host) and where each cache starts in P's
-address space. D registers its own caches with its engine on its first pull, then reads,
-per rank, one batch holding every (cache, run of consecutive blocks) of the request:
-block ``block_ids[j]`` of cache ``c`` is ``block_nbytes(c)`` bytes at
-``buffers[r][c] + block_ids[j] * block_nbytes(c)``. The blocks and addresses read are
-those of P's own ``check`` answer (:mod:`..control`), never the hand-over's; P's engine
-refuses any read outside the memory it registered.
+"buffers": [[base address per cache] per rank], "protocol": "rdma" | "tcp"}``: the engine's
+segment name (its handshake port at the source's advertised host), where each cache starts
+in P's address space, and the protocol the engine runs over. D refuses to pull from an
+engine that runs over another protocol than its own, before anything is sent, in one line
+naming both (``"auto"`` takes tcp instead, with a warning). Only the TCP transport has run
+here; the RDMA path is unverified.
 
-What the engine itself does not give: it authenticates no one. Whoever reaches its port can
-read (and write) every registered cache, the same as in every serving stack that uses it.
-The transfer token and signature guard the control socket (who may hold and release an
-offer), not the engine's port, so keep that port on the cluster's network (the trust model
-in ``docs/architecture.md``). P's engine listens only on the advertised host
-(``MC_TCP_BIND_ADDRESS``) unless the environment sets another.
+D reads, per rank, one batch holding every (cache, run of consecutive blocks) of the
+request: block ``block_ids[j]`` of cache ``c`` is ``block_nbytes(c)`` bytes at
+``buffers[r][c] + block_ids[j] * block_nbytes(c)``. The blocks and addresses read are those
+of P's own ``check`` answer (:mod:`..control`), never the hand-over's; P's engine refuses
+any read outside the memory it registered. Over TCP D registers nothing (the engine's TCP
+transport writes what it reads to the local address as given); over RDMA it registers its
+caches on its first pull (the NIC writes only into registered memory).
 
-Installing: the ``pd`` extra (``pip install ".[pd]"``: the PyPI package
-``mooncake-transfer-engine-non-cuda``) and the system library ``libibverbs.so.1`` (Debian:
-``apt-get install libibverbs1``), which the engine loads even where it finds no RDMA
-device. :func:`require` names whichever is missing.
+What the engine does not give: it authenticates no one and listens on every interface,
+whatever the advertised host. Whoever reaches its ports can read and write every cache
+registered with it: all of P's; none of D's over TCP, all of them over RDMA. The transfer
+token and signature guard the control socket (who may hold and release an offer), not the
+engine's ports, so keep those on the cluster's network (the trust model in
+``docs/architecture.md``).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
-import math
-import os
 import threading
-import weakref
 from typing import Any
 
 import numpy as np
@@ -47,6 +40,17 @@ from ..addresses import address_towards
 from ..control import release_after_direct_read
 from ..descriptor import Descriptor
 from ..kv_layout import Caches, KVLayout, TransferError
+from ..mooncake_engine import (
+    PROTOCOLS,
+    Engine,
+    available,
+    base_address,
+    current,
+    engine_at,
+    local_protocol,
+    protocol,
+    require,
+)
 from ..transport import PullJob, Transport, register
 
 __all__ = ["MooncakeTransport", "available", "protocol", "require"]
@@ -54,181 +58,38 @@ __all__ = ["MooncakeTransport", "available", "protocol", "require"]
 logger = logging.getLogger(__name__)
 
 NAME = "mooncake"
-_PACKAGE = "mooncake-transfer-engine-non-cuda"
 _MAX_ADDRESS = 1 << 64
-
 _lock = threading.Lock()
-_import_error: str | None = None
-_engine: _Engine | None = None
+_warned: set[str] = set()  # the mismatches "auto" passed over (each logged once)
 
 
-def _import() -> Any:
-    """The ``mooncake.engine`` module; a :class:`TransferError` naming the missing piece."""
-    global _import_error
-    with _lock:
-        if _import_error is None:
-            try:
-                import mooncake.engine as module
-
-                return module
-            except ImportError as exc:
-                _import_error = _missing(exc)
-        raise TransferError(_import_error)
-
-
-def _missing(exc: ImportError) -> str:
-    """What the failed import of the Mooncake transfer engine lacks, in one line."""
-    text = str(exc)
-    if "libibverbs" in text:
-        return (
-            "KV transport 'mooncake' needs the system library libibverbs.so.1, which the "
-            "Mooncake transfer engine loads even without RDMA devices (Debian/Ubuntu: "
-            "apt-get install libibverbs1)"
-        )
-    if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "mooncake":
-        return (
-            f"KV transport 'mooncake' needs the package {_PACKAGE} "
-            '(pip install ".[pd]", or pip install ' + _PACKAGE + ")"
-        )
-    return f"KV transport 'mooncake': the Mooncake transfer engine does not import: {text}"
-
-
-def require() -> None:
-    """Raise a one-line :class:`TransferError` naming what is missing when the Mooncake
-    transfer engine cannot be imported here."""
-    _import()
-
-
-def available() -> bool:
-    """Whether the Mooncake transfer engine imports here."""
-    try:
-        _import()
-    except TransferError:
-        return False
-    return True
-
-
-class _Engine:
-    """This process's Mooncake transfer engine (one per process: the engine's handshake
-    port and segment are per process) and the memory registered with it."""
-
-    def __init__(self, host: str, timeout: float):
-        module = _import()
-        # the engine reads these when it starts; an operator's own settings win
-        if _is_address(host) and not ipaddress.ip_address(host).is_unspecified:
-            os.environ.setdefault("MC_TCP_BIND_ADDRESS", host)
-        os.environ.setdefault("MC_TRANSFER_TIMEOUT", str(max(1, math.ceil(timeout))))
-        self.host = host
-        self.engine = module.TransferEngine()
-        self.protocol = protocol()
-        rc = self.engine.initialize(host, "P2PHANDSHAKE", self.protocol, "")
-        if rc != 0:
-            raise TransferError(
-                f"KV transport 'mooncake': the transfer engine did not start at {host} over "
-                f"{self.protocol} (code {rc})"
-            )
-        logger.info("mooncake: transfer engine at %s over %s", host, self.protocol)
-        self.segment = f"{_bracketed(host)}:{self.engine.get_rpc_port()}"
-        # base address -> (bytes registered, the array that owns them while it lives)
-        self.regions: dict[int, tuple[int, weakref.ref[np.ndarray]]] = {}
-        self.lock = threading.Lock()  # pulls run in a thread each
-
-    def register(self, array: np.ndarray, what: str) -> int:
-        """Register ``array``'s memory (C-contiguous) once; its base address."""
-        if not array.flags.c_contiguous:
-            raise TransferError(
-                f"KV transport 'mooncake': {what} is not C-contiguous and cannot be registered"
-            )
-        base, size = int(array.ctypes.data), int(array.nbytes)
-        with self.lock:
-            return self._register(array, base, size, what)
-
-    def _register(self, array: np.ndarray, base: int, size: int, what: str) -> int:
-        for old, (old_size, owner) in list(self.regions.items()):
-            # a region whose array is gone (its memory may be another array's now), or one
-            # that overlaps this array under another extent: let it go
-            if owner() is None or (
-                old < base + size and base < old + old_size and (old, old_size) != (base, size)
-            ):
-                self._unregister(old)
-        if base in self.regions:
-            return base
-        rc = self.engine.register_memory(base, size)
-        if rc != 0:
-            raise TransferError(
-                f"KV transport 'mooncake': registering {what} ({size} bytes) failed (code {rc})"
-            )
-        self.regions[base] = (size, weakref.ref(array))
-        return base
-
-    def forget(self, bases: list[int]) -> None:
-        """Let go of the regions at ``bases`` (those registered)."""
-        with self.lock:
-            for base in bases:
-                self._unregister(base)
-
-    def _unregister(self, base: int) -> None:
-        """Let go of the region at ``base`` (if registered); the caller holds :attr:`lock`."""
-        if self.regions.pop(base, None) is not None:
-            rc = self.engine.unregister_memory(base)
-            if rc != 0:
-                logger.warning(
-                    "mooncake: unregistering the region at %#x failed (code %d)", base, rc
-                )
-
-
-def protocol() -> str:
-    """The engine's protocol: ``$FDMTP_MOONCAKE_PROTOCOL`` if set (``"rdma"`` or ``"tcp"``),
-    else ``"rdma"`` where the kernel lists an RDMA device (``/sys/class/infiniband``), else
-    ``"tcp"``. Both ends of a transfer must agree."""
-    chosen = os.environ.get("FDMTP_MOONCAKE_PROTOCOL")
-    if chosen is not None:
-        if chosen not in ("rdma", "tcp"):
-            raise TransferError(f"FDMTP_MOONCAKE_PROTOCOL must be 'rdma' or 'tcp', got {chosen!r}")
-        return chosen
-    try:
-        devices = os.listdir("/sys/class/infiniband")
-    except OSError:
-        devices = []
-    return "rdma" if devices else "tcp"
-
-
-def _is_address(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
-def _bracketed(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
-def _engine_at(host: str, timeout: float = 60.0) -> _Engine:
-    """This process's engine, started at ``host`` on first use, its transfers given up after
-    ``timeout`` seconds without progress (a later call reuses it whatever its arguments: the
-    engine serves from one address)."""
-    global _engine
-    with _lock:
-        engine = _engine
-    if engine is None:
-        engine = _Engine(host, timeout)
-        with _lock:
-            if _engine is None:
-                _engine = engine
-            engine = _engine
-    return engine
+def _mismatch(theirs: Any, segment: Any) -> str | None:
+    """``None`` when P's engine (at ``segment``) runs over this host's protocol, else why
+    this host cannot read from it (one line naming both)."""
+    ours = local_protocol()
+    if theirs == ours:
+        return None
+    return (
+        f"the prefill instance's Mooncake engine ({segment}) runs over {theirs}, this decode "
+        f"instance's over {ours}: both ends must run over one protocol (set "
+        "FDMTP_MOONCAKE_PROTOCOL=tcp on both hosts, or use --kv-transport tcp)"
+    )
 
 
 def _read_field(value: Any, layout: KVLayout, where: str) -> dict[str, Any] | None:
     """The ``mooncake`` field checked: ``None`` or ``{"segment": "host:port", "buffers":
-    [[int per cache] per rank]}``."""
+    [[int per cache] per rank], "protocol": "rdma" | "tcp"}``."""
     if value is None:
         return None
     field = f"{where}: `mooncake`"
-    if not isinstance(value, dict) or set(value) != {"segment", "buffers"}:
-        raise TransferError(f"{field} must be null or an object with `segment` and `buffers`")
+    if not isinstance(value, dict) or set(value) != {"segment", "buffers", "protocol"}:
+        raise TransferError(
+            f"{field} must be null or an object with `segment`, `buffers` and `protocol`"
+        )
+    if value["protocol"] not in PROTOCOLS:
+        raise TransferError(
+            f"{field}.protocol must be 'rdma' or 'tcp', got {value['protocol']!r:.40}"
+        )
     segment = value["segment"]
     if not isinstance(segment, str) or not 3 <= len(segment) <= 300 or ":" not in segment:
         raise TransferError(f"{field}.segment must be a 'host:port' str, got {segment!r:.100}")
@@ -255,7 +116,7 @@ def _read_field(value: Any, layout: KVLayout, where: str) -> dict[str, Any] | No
                     f"got {base!r:.40}"
                 )
         out.append(list(rank))
-    return {"segment": segment, "buffers": out}
+    return {"segment": segment, "buffers": out, "protocol": value["protocol"]}
 
 
 def _runs(src: np.ndarray, dst: np.ndarray) -> list[tuple[int, int, int]]:
@@ -287,7 +148,7 @@ class MooncakeTransport(Transport):
             raise TransferError(f"{where}: `mooncake` must be a bool, got {wanted!r}")
         if not wanted:
             return {"mooncake": None}
-        engine = _engine_at(host)
+        engine = engine_at(host)
         buffers: list[list[int]] = []
         try:
             for r, rank in enumerate(caches):
@@ -297,11 +158,13 @@ class MooncakeTransport(Transport):
         except BaseException:  # none of this source's registrations stays behind
             engine.forget([base for rank_bases in buffers for base in rank_bases])
             raise
-        return {"mooncake": {"segment": engine.segment, "buffers": buffers}}
+        return {
+            "mooncake": {"segment": engine.segment, "buffers": buffers, "protocol": engine.protocol}
+        }
 
     def close_fields(self, fields: dict[str, Any]) -> None:
         offered = fields.get("mooncake")
-        engine = _engine
+        engine = current()
         if offered is None or engine is None:
             return
         engine.forget([base for rank in offered["buffers"] for base in rank])
@@ -312,7 +175,17 @@ class MooncakeTransport(Transport):
         return {"mooncake": _read_field(descriptor["mooncake"], layout, where)}
 
     def usable(self, descriptor: dict[str, Any]) -> bool:
-        return descriptor.get("mooncake") is not None and available()
+        offered = descriptor.get("mooncake")
+        if not isinstance(offered, dict) or not available():
+            return False
+        why = _mismatch(offered.get("protocol"), offered.get("segment"))
+        if why is not None:
+            with _lock:
+                first = why not in _warned
+                _warned.add(why)
+            if first:
+                logger.warning("mooncake: 'auto' takes tcp instead: %s", why)
+        return why is None
 
     def check_pullable(self, descriptor: Descriptor, where: str) -> None:
         if descriptor.fields["mooncake"] is None:
@@ -322,6 +195,10 @@ class MooncakeTransport(Transport):
                 "--kv-transport mooncake); this one did not"
             )
         require()
+        offered = descriptor.fields["mooncake"]
+        why = _mismatch(offered["protocol"], offered["segment"])
+        if why is not None:
+            raise TransferError(f"{where}: {why}")
 
     def pull(self, job: PullJob) -> None:
         # pull_blocks asked "check" just before: P holds the offer, and `job.descriptor` is it
@@ -329,13 +206,10 @@ class MooncakeTransport(Transport):
         offered = descriptor.fields["mooncake"]
         segment = offered["segment"]
         layout = descriptor.layout
-        engine = _engine_at(
+        engine = engine_at(
             address_towards(segment.rsplit(":", 1)[0].strip("[]")) or "127.0.0.1", job.timeout
         )
-        mine = [
-            [engine.register(cache, f"rank {r} {e.label}") for cache, e in zip(rank, layout.caches)]
-            for r, rank in enumerate(job.caches)
-        ]
+        mine = _destinations(engine, job.caches, layout)
         runs = _runs(np.asarray(descriptor.block_ids, np.int64), job.dst_idx)
         for r in range(layout.tensor_parallel_size):
             local: list[int] = []
@@ -355,3 +229,20 @@ class MooncakeTransport(Transport):
                     "refused the addresses; the destination blocks may be partly written"
                 )
         release_after_direct_read(job.channel, job.timeout, "mooncake")
+
+
+def _destinations(engine: Engine, caches: Caches, layout: KVLayout) -> list[list[int]]:
+    """Where each of D's caches starts (per rank, per cache). Over RDMA the NIC writes only
+    into registered memory: the caches are registered (once, until their arrays go). Over
+    TCP nothing is: the engine's TCP transport writes what it reads to the address it is
+    given, and the engine's port serves none of D's memory."""
+    labels = [entry.label for entry in layout.caches]
+    if engine.protocol == "rdma":
+        return [
+            [engine.register(cache, f"rank {r} {label}") for cache, label in zip(rank, labels)]
+            for r, rank in enumerate(caches)
+        ]
+    return [
+        [base_address(cache, f"rank {r} {label}") for cache, label in zip(rank, labels)]
+        for r, rank in enumerate(caches)
+    ]
