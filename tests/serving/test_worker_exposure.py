@@ -11,12 +11,15 @@ its own (:class:`~tests.support.netns.Hosts`) with a second host beside it:
 * none of the children (cache manager, workers, their helpers) holds the API key or the
   splitwise secret in its environment, though ``serve`` was started with both.
 
-The confinement itself (``fastdeploy_mtp.loopback_only``) is also checked on a socket of
-this process: found by its port, bound to ``lo``, and a clear outcome when nothing listens.
+The confinement itself (``fastdeploy_mtp.loopback_only``) is also checked on sockets of
+this process: a listener found by its port and bound to ``lo``, a connection it accepted
+from the other host before that shut down (one from loopback kept), and a clear outcome
+when nothing listens.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -161,18 +164,43 @@ def test_no_child_inherits_the_api_key_or_the_splitwise_secret(server: ServerPro
     assert not any(leaked.values()), (leaked, kinds)
 
 
-def test_a_listener_of_this_process_is_found_and_bound_to_loopback() -> None:
-    with socket.socket() as listener:
-        listener.bind(("0.0.0.0", 0))
-        listener.listen()
+def listener_on_every_address() -> socket.socket:
+    listener = socket.socket()
+    listener.bind(("0.0.0.0", 0))
+    listener.listen()
+    return listener
+
+
+def test_a_listener_is_bound_to_loopback_and_drops_what_it_accepted_from_elsewhere(
+    hosts: Hosts,
+) -> None:
+    address = hosts.addresses["server"]
+    with contextlib.ExitStack() as stack:
+        listener = stack.enter_context(hosts.call("server", listener_on_every_address))
         port = listener.getsockname()[1]
-        assert loopback_only.own_listener(port) is not None
+        foreign = stack.enter_context(
+            hosts.call("peer", socket.create_connection, (address, port), 5)
+        )
+        local = stack.enter_context(
+            hosts.call("server", socket.create_connection, ("127.0.0.1", port), 5)
+        )
+        accepted = [stack.enter_context(listener.accept()[0]) for _ in range(2)]
+        assert loopback_only.own_listener(port) == listener.fileno()
+
         formed, outcome = threading.Event(), list[str]()
         loopback_only.confine_listener(port, formed, outcome)
         assert outcome == [""]
         bound = listener.getsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, 16)
         assert bound.rstrip(b"\0") == b"lo"
-        assert connects("127.0.0.1", port)
+        foreign.settimeout(5)
+        assert foreign.recv(1) == b""  # shut down: the other host's peer sees it leave
+        for conn in accepted:
+            with contextlib.suppress(OSError):
+                conn.sendall(b"x")
+        local.settimeout(5)
+        assert local.recv(1) == b"x"  # the loopback peer's connection goes on
+        assert hosts.call("peer", connects, address, port) is False
+        assert hosts.call("server", connects, "127.0.0.1", port) is True
 
 
 def test_confining_says_why_when_nothing_listens() -> None:
