@@ -13,10 +13,12 @@ reserves the ``world_size + 1`` ports ``master_port .. master_port + world_size`
 
 Exposure: the rendezvous listens on ``master_host`` only while the group forms. Paddle's
 store listens on every IPv4 address (Paddle gives no choice) for the life of rank 0's
-process (it is a process-wide static with no close); rank 0 binds it to the loopback
-device (``SO_BINDTODEVICE`` ``lo``) within milliseconds of its creation, so from then on
-only this host's processes reach it, at 127.0.0.1. Gloo's own connections use the loopback interface
-(``GLOO_SOCKET_IFNAME=lo``); their listeners close once the pairs are connected.
+process (a process-wide static with no close). Rank 0 binds it to the loopback device
+(``SO_BINDTODEVICE`` ``lo``) from a thread, which runs once Paddle's store set-up lets go of
+the GIL (after rank 1 joined: about 0.1 s), and shuts down what it accepted from other
+hosts meanwhile; from then on only this host's processes reach it, at 127.0.0.1. Gloo's
+pairs use the loopback interface (``GLOO_SOCKET_IFNAME=lo``); their listeners close once
+the pairs are connected.
 
 Failure bounds: Paddle's own store waits up to 15 minutes for a missing peer and its gloo
 collectives have no practical timeout. :func:`init_tensor_parallel` first runs its own
@@ -237,15 +239,15 @@ def _form_group(rank: int, world_size: int, master_host: str, master_port: int) 
         os.environ.pop(var, None)
     formed, outcome = threading.Event(), list[str]()
     watch = threading.Thread(target=confine_listener, args=(master_port, formed, outcome))
-    if rank == 0:
+    if rank == 0:  # the store's host
         watch.start()
     try:
         group = dist.init_parallel_env()
     finally:
         formed.set()
-        if rank == 0:
+        if watch.is_alive():
             watch.join()
-    if outcome not in ([""], []):
+    if rank == 0 and outcome != [""]:
         raise RuntimeError(
             f"cannot restrict Paddle's TCP store on port {master_port} to the loopback device "
             f"({outcome[0]}); it would accept connections from other hosts"
