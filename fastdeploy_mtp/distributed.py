@@ -11,6 +11,15 @@ that bounds the wait for the peers listens on ``master_port + world_size``. A ca
 reserves the ``world_size + 1`` ports ``master_port .. master_port + world_size``
 (:func:`find_free_port_range` finds such a range).
 
+Exposure: the rendezvous listens on ``master_host`` only while the group forms. Paddle's
+store listens on every IPv4 address (Paddle gives no choice) for the life of rank 0's
+process (a process-wide static with no close). Rank 0 binds it to the loopback device
+(``SO_BINDTODEVICE`` ``lo``) from a thread, which runs once Paddle's store set-up lets go of
+the GIL (after rank 1 joined: about 0.1 s), and shuts down what it accepted from other
+hosts meanwhile; from then on only this host's processes reach it, at 127.0.0.1. Gloo's
+pairs use the loopback interface (``GLOO_SOCKET_IFNAME=lo``); their listeners close once
+the pairs are connected.
+
 Failure bounds: Paddle's own store waits up to 15 minutes for a missing peer and its gloo
 collectives have no practical timeout. :func:`init_tensor_parallel` first runs its own
 rendezvous, bounded by ``timeout``, so a peer that never starts turns into a
@@ -24,9 +33,12 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import threading
 import time
 
 import paddle
+
+from .loopback_only import confine_listener
 
 _MAGIC = b"FDTP"
 _HELLO = struct.Struct("!4sii")  # magic, rank, world_size
@@ -205,6 +217,44 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
     return data
 
 
+def _form_group(rank: int, world_size: int, master_host: str, master_port: int) -> object:
+    """Set the environment Paddle reads and call ``init_parallel_env`` (every peer is at the
+    rendezvous); rank 0 binds Paddle's store to the loopback device meanwhile (see the
+    module doc). Returns what ``init_parallel_env`` returned."""
+    import paddle.distributed as dist
+
+    endpoints = [f"{master_host}:{master_port + r}" for r in range(world_size)]
+    os.environ.update(
+        {
+            "PADDLE_TRAINER_ID": str(rank),
+            "PADDLE_TRAINERS_NUM": str(world_size),
+            "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints),
+            "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
+            "PADDLE_MASTER": endpoints[0],
+            "PADDLE_DISTRI_BACKEND": "gloo",
+            "GLOO_SOCKET_IFNAME": "lo",  # gloo's pairs on loopback, whatever the hostname is
+        }
+    )
+    for var in ("MASTER_ADDR", "MASTER_PORT"):  # they would take precedence over PADDLE_MASTER
+        os.environ.pop(var, None)
+    formed, outcome = threading.Event(), list[str]()
+    watch = threading.Thread(target=confine_listener, args=(master_port, formed, outcome))
+    if rank == 0:  # the store's host
+        watch.start()
+    try:
+        group = dist.init_parallel_env()
+    finally:
+        formed.set()
+        if watch.is_alive():
+            watch.join()
+    if rank == 0 and outcome != [""]:
+        raise RuntimeError(
+            f"cannot restrict Paddle's TCP store on port {master_port} to the loopback device "
+            f"({outcome[0]}); it would accept connections from other hosts"
+        )
+    return group
+
+
 def init_tensor_parallel(
     rank: int,
     world_size: int,
@@ -216,10 +266,11 @@ def init_tensor_parallel(
 
     Sets the environment ``paddle.distributed.init_parallel_env`` reads (``PADDLE_TRAINER_ID``,
     ``PADDLE_TRAINERS_NUM``, ``PADDLE_TRAINER_ENDPOINTS``, ``PADDLE_CURRENT_ENDPOINT``,
-    ``PADDLE_MASTER``, ``PADDLE_DISTRI_BACKEND=gloo``) once every peer reached a rendezvous
-    bounded by ``timeout`` (nothing is changed when it times out), then calls
-    ``init_parallel_env``. ``world_size == 1`` does
-    nothing. Calling it again with the same arguments does nothing; with others it raises.
+    ``PADDLE_MASTER``, ``PADDLE_DISTRI_BACKEND=gloo``, ``GLOO_SOCKET_IFNAME=lo``) once every
+    peer reached a rendezvous bounded by ``timeout`` (nothing is changed when it times out),
+    then calls ``init_parallel_env``; rank 0 binds Paddle's store to the loopback device
+    meanwhile. ``world_size == 1`` does nothing. Calling it again with the same arguments does
+    nothing; with others it raises.
 
     Args:
         rank: this process's rank, ``0 <= rank < world_size``.
@@ -231,7 +282,8 @@ def init_tensor_parallel(
     Raises:
         ValueError: bad ``rank``/``world_size``/``master_port``/``timeout``.
         TimeoutError: a peer did not reach the rendezvous within ``timeout`` seconds.
-        RuntimeError: already initialised differently, or a peer announced another world.
+        RuntimeError: already initialised differently, a peer announced another world, or
+            rank 0 could not bind the store to the loopback device (Linux before 5.7).
     """
     global _group, _world_size, _rank
     if world_size < 1:
@@ -254,27 +306,12 @@ def init_tensor_parallel(
             f"tensor parallelism already initialised as rank {_rank} of {_world_size}; cannot "
             f"re-initialise as rank {rank} of {world_size}"
         )
-    import paddle.distributed as dist
-
     _rendezvous(rank, world_size, master_host, master_port + world_size, timeout)
     if rank != 0:
         # Paddle's store client retries a refused connection only every 3 s: wait until rank 0
         # (which goes straight to creating the store) listens, probing every 10 ms.
         _wait_listening(master_host, master_port, timeout)
-    endpoints = [f"{master_host}:{master_port + r}" for r in range(world_size)]
-    os.environ.update(
-        {
-            "PADDLE_TRAINER_ID": str(rank),
-            "PADDLE_TRAINERS_NUM": str(world_size),
-            "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints),
-            "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
-            "PADDLE_MASTER": endpoints[0],
-            "PADDLE_DISTRI_BACKEND": "gloo",
-        }
-    )
-    for var in ("MASTER_ADDR", "MASTER_PORT"):  # they would take precedence over PADDLE_MASTER
-        os.environ.pop(var, None)
-    group = dist.init_parallel_env()
+    group = _form_group(rank, world_size, master_host, master_port)
     if group is None:
         raise RuntimeError(
             "paddle.distributed.init_parallel_env() returned no group (not a parallel environment?)"

@@ -34,7 +34,9 @@ ALLOWED: dict[str, set[str]] = {
     # the clients' keys (one per tenant), the metrics key, prefix-cache namespaces
     "tenancy": {"credentials"},
     "ipc": {"ops"},
-    "distributed": set(),
+    # confines a listener a library opened on every address to the loopback device
+    "loopback_only": set(),
+    "distributed": {"loopback_only"},
     "models": {"constants", "config", "ops", "distributed"},
     # the engine defines what it needs of a proposer and a hand-over (runtime.collaborators) and
     # imports neither; structured output (runtime.guided) reads the model folder's tokenizer

@@ -4,7 +4,8 @@ them (one that exits is a :class:`~fastdeploy_mtp.serving.token_channel.base.Wor
 instead of a hang), receives only the answers it awaits, and stops them.
 
 The children run ``python -m fastdeploy_mtp.serving.processes.cache_manager`` and
-``python -m fastdeploy_mtp.serving.processes.worker_process`` with the layout's arguments.
+``python -m fastdeploy_mtp.serving.processes.worker_process`` with the layout's arguments, in
+this process's environment less the credentials (:data:`UNUSED_BY_CHILDREN`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ...credentials import API_KEY_ENV, SECRET_ENV
 from ...distributed import find_free_port_range
 from ..messages.engine_workers import Done, Failed, Ready, Shutdown, decode_worker_message
 from ..messages.wire import MessageError
@@ -24,6 +26,12 @@ from ..token_channel.base import TokenReader, WorkerDiedError
 from ..token_channel.channel import open_reader
 from .child_process import sigint_held
 from .layout import ServeLayout
+
+#: The credentials a child process is never given: the cache manager and the workers
+#: authenticate nothing (the engine's socket to them is guarded by the file system, the
+#: HTTP server and the splitwise hand-over run in the main process), so they do not inherit
+#: the API key or the splitwise secret from the environment.
+UNUSED_BY_CHILDREN = (API_KEY_ENV, SECRET_ENV)
 
 
 def free_port(avoid: int = 0) -> int:
@@ -108,7 +116,8 @@ class WorkerGroup:
         # the working directory (a clone's source tree, without its native build, would shadow
         # the installed package when `serve` is started from the clone's root)
         cmd = [sys.executable, "-P", "-m", module, *self.layout.to_args(), *extra]
-        env = dict(os.environ, INFERENCE_MSG_QUEUE_ID=str(self.layout.msg_queue_id))
+        env = {k: v for k, v in os.environ.items() if k not in UNUSED_BY_CHILDREN}
+        env["INFERENCE_MSG_QUEUE_ID"] = str(self.layout.msg_queue_id)
         with sigint_held():  # the child ignores SIGINT from its first instruction
             self.procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
         from .runtime_dir import write_owner
