@@ -24,7 +24,6 @@ import argparse
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Any
 
 from .credentials import API_KEY_ENV, CredentialError, read_private_file
 
@@ -132,9 +131,26 @@ def client_keys(
     return ClientKeys(tuple(keys), metrics, scope)
 
 
-def options_keys(opts: Any) -> ClientKeys:
-    """:func:`client_keys` of a server's options (``ServeOptions``, ``RouterOptions``): their
-    ``api_key``, ``api_key_file``, ``metrics_api_key`` and ``prefix_cache_scope``."""
+@dataclass(kw_only=True)
+class AccessOptions:
+    """The credentials options ``serve`` and ``router`` share (their options dataclasses
+    derive from this one): who may call them and which requests share prefix-cache blocks."""
+
+    #: ``--api-key`` (or ``FASTDEPLOY_MTP_API_KEY``) and ``--api-key-file``: the keys clients
+    #: present as ``Authorization: Bearer`` on ``/v1/*``, one per tenant
+    api_key: str | None = None
+    api_key_file: str | None = None
+    #: ``--metrics-api-key`` (or ``FASTDEPLOY_MTP_METRICS_API_KEY``): the key of ``/metrics``
+    metrics_api_key: str | None = None
+    #: ``--prefix-cache-scope``: ``"per-key"`` or ``"global"``
+    prefix_cache_scope: str = "per-key"
+    #: ``--splitwise-secret-file``: the splitwise secret's file (see
+    #: :mod:`fastdeploy_mtp.credentials`)
+    splitwise_secret_file: str | None = None
+
+
+def options_keys(opts: AccessOptions) -> ClientKeys:
+    """:func:`client_keys` of a server's options."""
     return client_keys(
         opts.api_key, opts.api_key_file, opts.metrics_api_key, opts.prefix_cache_scope
     )

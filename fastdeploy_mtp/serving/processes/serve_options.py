@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...config import SpeculativeConfig
+from ...tenancy import AccessOptions
 
 
 @dataclass
-class ServeOptions:
+class ServeOptions(AccessOptions):
     """The ``serve`` command's options, with their defaults (the one place they are written:
     :mod:`fastdeploy_mtp.entrypoints.serve` defines the flags and takes its defaults from
     here, :func:`~.start_up.option_defaults`)."""
@@ -37,18 +38,6 @@ class ServeOptions:
     tokenizer: str | None = None
     #: ``--dtype``: ``"auto"`` (the folder's own; float32 on the CPU), or a dtype name
     dtype: str = "auto"
-    #: ``--api-key`` (or ``FASTDEPLOY_MTP_API_KEY``) and ``--api-key-file``: the keys clients
-    #: present as ``Authorization: Bearer`` on ``/v1/*``, one per tenant
-    #: (:mod:`fastdeploy_mtp.tenancy`)
-    api_key: str | None = None
-    api_key_file: str | None = None
-    #: ``--metrics-api-key`` (or ``FASTDEPLOY_MTP_METRICS_API_KEY``): the key of ``/metrics``
-    metrics_api_key: str | None = None
-    #: ``--prefix-cache-scope``: ``"per-key"`` or ``"global"``
-    prefix_cache_scope: str = "per-key"
-    #: ``--splitwise-secret-file``: the splitwise secret's file (see
-    #: :mod:`fastdeploy_mtp.credentials`)
-    splitwise_secret_file: str | None = None
     #: ``--token-channel``: ``"shm"`` (any number of slots) or ``"sysv"`` (FastDeploy's message)
     token_channel: str = "shm"
     #: ``--kv-cache-memory``: KV bytes per rank (``None``: auto, see :mod:`fastdeploy_mtp.capacity`)

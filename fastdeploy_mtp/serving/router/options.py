@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...tenancy import AccessOptions
+
 
 @dataclass
-class RouterOptions:
+class RouterOptions(AccessOptions):
     """The ``router`` command's options, with their defaults (the one place they are
     written: :mod:`fastdeploy_mtp.entrypoints.router` defines the flags and takes its defaults
     from here)."""
@@ -24,17 +26,5 @@ class RouterOptions:
     #: the folder holding the served model's tokenizer files and ``generation_config.json``
     #: (the model folder the instances serve); ``None``: the shipped model's
     tokenizer: str | None = None
-    #: ``--api-key`` (or ``FASTDEPLOY_MTP_API_KEY``) and ``--api-key-file``: the keys clients
-    #: present as ``Authorization: Bearer`` on ``/v1/*``, one per tenant
-    #: (:mod:`fastdeploy_mtp.tenancy`)
-    api_key: str | None = None
-    api_key_file: str | None = None
-    #: ``--metrics-api-key`` (or ``FASTDEPLOY_MTP_METRICS_API_KEY``): the key of ``/metrics``
-    metrics_api_key: str | None = None
-    #: ``--prefix-cache-scope``: ``"per-key"`` or ``"global"``
-    prefix_cache_scope: str = "per-key"
-    #: ``--splitwise-secret-file``: the splitwise secret's file (see
-    #: :mod:`fastdeploy_mtp.credentials`)
-    splitwise_secret_file: str | None = None
     #: ``--log-level``: ``"debug"``, ``"info"``, ``"warning"`` or ``"error"``
     log_level: str = "info"
