@@ -44,10 +44,9 @@ from typing import Any
 import numpy as np
 
 from ..addresses import address_towards
-from ..control import release_after_direct_read
 from ..descriptor import Descriptor
 from ..kv_layout import Caches, KVLayout, TransferError
-from ..transport import PullJob, Transport, register
+from ..transport import PullJob, Transport, finish_direct_read, register
 
 __all__ = ["MooncakeTransport", "available", "protocol", "require"]
 
@@ -354,4 +353,4 @@ class MooncakeTransport(Transport):
                     f"failed (code {rc}): the prefill instance is gone or unreachable, or "
                     "refused the addresses; the destination blocks may be partly written"
                 )
-        release_after_direct_read(job.channel, job.timeout, "mooncake")
+        finish_direct_read(job, "mooncake")

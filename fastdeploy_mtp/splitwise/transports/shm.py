@@ -16,10 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from ..control import release_after_direct_read
 from ..descriptor import Descriptor
 from ..kv_layout import Caches, KVLayout, TransferError
-from ..transport import PullJob, Transport, register
+from ..transport import PullJob, Transport, finish_direct_read, register
 
 
 def _check_names(names: Any, layout: KVLayout, where: str) -> list[list[str]]:
@@ -82,7 +81,7 @@ class ShmTransport(Transport):
     def pull(self, job: PullJob) -> None:
         # pull_blocks asked "check" just before: P held the offer, and `descriptor` is its offer
         _copy(job.descriptor, job.caches, job.dst_idx)
-        release_after_direct_read(job.channel, job.timeout, "shm")
+        finish_direct_read(job, "shm")
 
 
 def _copy(descriptor: Descriptor, caches: Caches, dst_idx: np.ndarray) -> None:
