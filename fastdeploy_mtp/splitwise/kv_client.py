@@ -19,7 +19,7 @@ from ..credentials import DroppedMessages, derive
 from .control import BLOCK_OPS, control_mac
 from .descriptor import Descriptor, differing_field
 from .kv_layout import Caches, KVLayout, TransferError, block_id_list, check_caches, positive_number
-from .kv_mac import Refused, check_answer, check_tags, frame_tag
+from .kv_mac import Refused, check_answer, check_tags, frame_tags
 from .transport import PullJob, get_transport, read_descriptor
 
 __all__ = ["pull_blocks"]
@@ -141,9 +141,8 @@ class _Peer:
         self._compare(theirs, mine, labels, f"read over {how}")
 
     def _tags(self, frames: Iterable[Any], key: bytes, count: int) -> list[str]:
-        """The tags of ``frames`` (:func:`~.kv_mac.frame_tag`), frame ``i`` of ``count``."""
-        rid, token = self.request_id, self.token
-        return [frame_tag(key, rid, token, self.first, i, count, f) for i, f in enumerate(frames)]
+        """The tags of ``frames`` (:func:`~.kv_mac.frame_tags`), frame ``i`` of ``count``."""
+        return frame_tags(key, self.request_id, self.token, self.first, frames, count)
 
     def _compare(self, theirs: list[str], mine: list[str], labels: list[str], how: str) -> None:
         """Refuse the first frame whose tag here (``mine``) is not P's (``theirs``)."""

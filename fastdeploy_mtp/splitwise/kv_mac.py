@@ -30,7 +30,7 @@ separate digest of the frame would cost the same hash.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from ..credentials import canonical, sign
@@ -69,11 +69,12 @@ def frame_tag(
 
 
 def frame_tags(
-    key: bytes, request_id: str, token: str, first: int, frames: Sequence[Any]
+    key: bytes, request_id: str, token: str, first: int, frames: Iterable[Any], count: int
 ) -> list[str]:
-    """The tag of every frame of ``frames``, in order (:func:`frame_tag`)."""
-    n = len(frames)
-    return [frame_tag(key, request_id, token, first, i, n, f) for i, f in enumerate(frames)]
+    """The tag of each of the ``count`` frames of ``frames``, in order (:func:`frame_tag`).
+    ``frames`` may make each frame as it is taken (D's copy of one cache's blocks at a
+    time)."""
+    return [frame_tag(key, request_id, token, first, i, count, f) for i, f in enumerate(frames)]
 
 
 def check_answer(

@@ -346,7 +346,7 @@ def _signed(key: bytes, reply: Reply, op: str, rid: str, token: str, first: int)
     if header.get("ok") is not True:
         return reply
     if data:
-        header["tags"] = frame_tags(key, rid, token, first, data)
+        header["tags"] = frame_tags(key, rid, token, first, data, len(data))
     public = {k: v for k, v in header.items() if not k.startswith("_")}
     header["mac"] = answer_mac(key, op, rid, token, first, public)
     return header, [] if op == "digest" else data
