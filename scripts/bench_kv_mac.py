@@ -9,7 +9,7 @@ Two tables:
 2. A hand-over: the median wall time of ``pull_blocks`` per transport and KV size, a source
    in this process (its server thread) and the pull in the main thread, without the
    splitwise secret (nothing signed: no control MAC, no answer MAC, no frame tag) and with
-   it (every control request, answer and frame; for shm and mooncake the ``digest``
+   it (every control request, answer and tcp frame; for mooncake the ``digest``
    round trip, P and D hashing at the same time). Caches: 2 ranks x 4 caches of 64 KiB
    blocks.
 

@@ -37,8 +37,9 @@ does not say which (and counted as dropped); it changes nothing at P.
   blocks D's prefix cache does not already hold (``num_blocks`` counts those).
 * ``{"op": "digest"}`` (may carry ``"first"`` as a fetch does): the header of a fetch's
   answer without the data frames, with their ``"tags"``; only a source with a secret answers
-  it. A transport that read the blocks straight from P's memory (``"shm"``, ``"mooncake"``)
-  asks it after the read to check its copy. P computes it while D hashes its copy.
+  it. A transport that read the blocks straight from P's memory over a network
+  (``"mooncake"``) asks it after the read to check its copy; P computes it while D hashes
+  its copy. ``"shm"`` does not: P's caches are files only the deployment's user can open.
 * ``{"op": "release"}``: P drops the offer and calls its ``on_release`` with ``"released"``;
   answers ``{"ok": true}``. The token is spent.
 

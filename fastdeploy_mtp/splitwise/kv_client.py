@@ -199,7 +199,7 @@ def pull_blocks(
     hand-over whose block ids, layout or transport fields differ from what P offered is
     refused, and the blocks read are the offer's), and (``"tcp"``) the count and exact size of
     every received frame. With ``secret`` every answer and block must carry its MAC
-    (:mod:`.kv_mac`): ``"tcp"`` frames before they are written, direct reads before release.
+    (:mod:`.kv_mac`; a ``"mooncake"`` copy is checked after the read, before the release).
 
     Args:
         descriptor: what :meth:`~.kv_source.KVSource.offer` returned (after a JSON round trip

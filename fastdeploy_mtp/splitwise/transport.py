@@ -240,10 +240,12 @@ def frame_labels(layout: KVLayout) -> list[str]:
 
 def finish_direct_read(job: PullJob, how: str) -> None:
     """After a transport (``how``) read the offer's blocks straight from P's memory into
-    ``job.caches``: check the copy against P's tags of its own blocks
-    (:meth:`~.control.ControlChannel.check_copy`; with the splitwise secret only), then
-    release the offer (:func:`~.control.release_after_direct_read`). A refused copy fails
-    the pull; its blocks are freed unused."""
+    ``job.caches`` over a path our MACs do not cover (the Mooncake engine's): check the copy
+    against P's tags of its own blocks (:meth:`~.control.ControlChannel.check_copy`; with
+    the splitwise secret only), then release the offer
+    (:func:`~.control.release_after_direct_read`). A refused copy fails the pull; its blocks
+    are freed unused. One HMAC pass over the copy here and over the blocks at P, at the same
+    time (``scripts/bench_kv_mac.py``)."""
     layout = job.descriptor.layout
     copies = (cache[job.dst_idx] for rank in job.caches for cache in rank)  # one at a time
     job.channel.check_copy(copies, frame_labels(layout), job.timeout, how)

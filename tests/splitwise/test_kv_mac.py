@@ -2,8 +2,8 @@
 decode instance with the splitwise secret refuses, counts and writes nothing of a tampered
 tcp data frame (a byte flipped, frames reordered, truncated or replayed from another
 request), an answer from whoever holds the prefill instance's address without the key, and
-a direct read (shm, mooncake) whose copy differs from the prefill instance's blocks; the
-hand-over with the secret copies exactly what it copies without."""
+a Mooncake copy that differs from the prefill instance's blocks; the hand-over with the
+secret copies exactly what it copies without."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from fastdeploy_mtp.splitwise.control import control_mac
 from fastdeploy_mtp.splitwise.kv_client import pull_blocks
 from fastdeploy_mtp.splitwise.kv_layout import TransferError
 from fastdeploy_mtp.splitwise.kv_mac import answer_mac
-from fastdeploy_mtp.splitwise.transports import mooncake, shm
+from fastdeploy_mtp.splitwise.transports import mooncake
 
 from . import test_kv_transfer
 from .test_kv_transfer import (
@@ -253,28 +253,41 @@ def corrupting(real: Callable[[Any, str], None]) -> Callable[[Any, str], None]:
     return finish
 
 
-@pytest.mark.parametrize("transport", ["shm", "mooncake"])
-def test_a_direct_read_that_differs_from_the_prefill_blocks_is_refused(
-    sources: Any, publish: Any, monkeypatch: Any, transport: str
+def test_a_mooncake_copy_that_differs_from_the_prefill_blocks_is_refused(
+    sources: Any, monkeypatch: Any
 ) -> None:
-    """shm and mooncake read P's memory straight into D's blocks: the copy is checked against
-    the tags P computes of its own blocks (``digest``) before the release; a difference fails
-    the pull (the blocks are freed unused) and is counted."""
-    module = shm if transport == "shm" else mooncake
-    monkeypatch.setattr(module, "finish_direct_read", corrupting(module.finish_direct_read))
-    src, names = publish(make_caches(2, SRC_BLOCKS, seed=63))
-    source, releases = sources(
-        src, shm_names=names, mooncake=transport == "mooncake", secret=SECRET
-    )
+    """The transfer engine reads P's memory straight into D's blocks, unauthenticated: the
+    copy is checked against the tags P computes of its own blocks (``digest``) before the
+    release; a difference fails the pull (the blocks are freed unused) and is counted."""
+    monkeypatch.setattr(mooncake, "finish_direct_read", corrupting(mooncake.finish_direct_read))
+    source, releases = sources(make_caches(2, SRC_BLOCKS, seed=63), mooncake=True, secret=SECRET)
     dst, dropped = make_caches(2, DST_BLOCKS, seed=None), DroppedMessages()
     descriptor = source.offer("d", [8, 1, 3])
     with pytest.raises(
-        TransferError, match=f"the blocks of rank 0 mtp layer 0 value read over {transport}"
+        TransferError, match="the blocks of rank 0 mtp layer 0 value read over mooncake"
     ):
         pull_blocks(
-            descriptor, dst, layout_of(dst), [5, 6, 7], transport, secret=SECRET, dropped=dropped
+            descriptor, dst, layout_of(dst), [5, 6, 7], "mooncake", secret=SECRET, dropped=dropped
         )
     assert dropped.counts()["kv"] == 1 and releases.calls == []
+
+
+def test_an_shm_copy_asks_no_digest(sources: Any, publish: Any) -> None:
+    """shm reads files only the deployment's user can open: no digest round trip, no tags."""
+    src, names = publish(make_caches(1, SRC_BLOCKS, seed=66))
+    source, releases = sources(src, shm_names=names, secret=SECRET)
+    asked: list[str] = []
+    answer = source._answer
+
+    def recording(frames: list[bytes]) -> Any:
+        asked.append(json.loads(frames[0])["op"])
+        return answer(frames)
+
+    source._answer = recording
+    dst = make_caches(1, DST_BLOCKS, seed=None)
+    pull_blocks(source.offer("s", [2, 4]), dst, layout_of(dst), [0, 1], "shm", secret=SECRET)
+    assert_copied(src, dst, [2, 4], [0, 1])
+    assert asked == ["check", "release"] and releases.wait() == [("s", "released")]
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm", "mooncake"])

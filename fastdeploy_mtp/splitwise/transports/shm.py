@@ -6,6 +6,13 @@ detaches, and releases the offer over the control socket.
 The source's option ``shm_names`` (:class:`~fastdeploy_mtp.splitwise.kv_source.KVSource`)
 turns it on; without it descriptors carry ``"shm_names": null`` and only other transports
 can pull them.
+
+The copy is not compared with P's tags of its blocks (the ``digest`` the ``"mooncake"``
+transport asks for): the names come from P's authenticated ``check`` answer and name files
+only the deployment's user can open (mode 0600, owner and mode checked on attach), so the
+check would guard only against that user's own processes, which the trust model does not,
+at the price of one HMAC pass over the KV on each side (several times the copy itself,
+``scripts/bench_kv_mac.py``).
 """
 
 from __future__ import annotations
@@ -16,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from ..control import release_after_direct_read
 from ..descriptor import Descriptor
 from ..kv_layout import Caches, KVLayout, TransferError
-from ..transport import PullJob, Transport, finish_direct_read, register
+from ..transport import PullJob, Transport, register
 
 
 def _check_names(names: Any, layout: KVLayout, where: str) -> list[list[str]]:
@@ -81,7 +89,7 @@ class ShmTransport(Transport):
     def pull(self, job: PullJob) -> None:
         # pull_blocks asked "check" just before: P held the offer, and `descriptor` is its offer
         _copy(job.descriptor, job.caches, job.dst_idx)
-        finish_direct_read(job, "shm")
+        release_after_direct_read(job.channel, job.timeout, "shm")
 
 
 def _copy(descriptor: Descriptor, caches: Caches, dst_idx: np.ndarray) -> None:
