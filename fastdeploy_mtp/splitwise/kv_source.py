@@ -83,8 +83,9 @@ class KVSource:
             registers every cache with this process's Mooncake transfer engine, serving
             from the advertised host, for the ``"mooncake"`` transport (default False).
         secret: the splitwise secret (:func:`fastdeploy_mtp.credentials.splitwise_secret`):
-            every control request must carry its ``mac`` (see :mod:`.control`); ``None``:
-            the transfer token alone authorizes a request.
+            every control request must carry its ``mac`` (see :mod:`.control`), and every
+            answer carries one and every block frame a tag (:mod:`.kv_mac`); ``None``: the
+            transfer token alone authorizes a request, and nothing is signed.
         dropped: counts the refused requests (channel ``"kv"``; a new counter if not given).
 
     Raises:
