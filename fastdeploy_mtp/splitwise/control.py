@@ -35,8 +35,21 @@ does not say which (and counted as dropped); it changes nothing at P.
   :mod:`.transports.tcp`). A fetch may carry ``"first": j`` (an int in ``[1, len(block_ids))``,
   then part of the mac: ``[op, request_id, token, j]``): P sends ``block_ids[j:]`` only, the
   blocks D's prefix cache does not already hold (``num_blocks`` counts those).
+* ``{"op": "digest"}`` (may carry ``"first"`` as a fetch does): the header of a fetch's
+  answer without the data frames, with their ``"tags"``; only a source with a secret answers
+  it. A transport that read the blocks straight from P's memory over a network
+  (``"mooncake"``) asks it after the read to check its copy; P computes it while D hashes
+  its copy. ``"shm"`` does not: P's caches are files only the deployment's user can open.
 * ``{"op": "release"}``: P drops the offer and calls its ``on_release`` with ``"released"``;
   answers ``{"ok": true}``. The token is spent.
+
+With a secret every ``ok`` answer carries ``"mac"`` and every block frame a tag, made with the
+same KV key (:mod:`.kv_mac`): the answer's mac covers its direction, op, request id, token,
+``first`` and whole header; a fetch (and digest) answer's header carries ``"tags"``, one per
+data frame, each binding the frame's bytes to the offer and its position. D refuses an
+answer or frame whose MAC does not hold before it uses anything in it (counted as dropped,
+channel ``"kv"``), so whoever answers on P's address without the key (a process bound to the
+port after P exited, a man in the middle) cannot feed D a byte of KV.
 
 Any failure (an unknown, expired, withdrawn or already released request, an unknown op,
 malformed JSON, a message of more than one frame) is answered ``{"ok": false, "error":
@@ -50,13 +63,17 @@ then reports (:func:`release_after_direct_read`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import zmq
 
 from .kv_layout import TransferError
 
-__all__ = ["ControlChannel", "control_mac", "release_after_direct_read"]
+__all__ = ["BLOCK_OPS", "ControlChannel", "control_mac", "release_after_direct_read"]
+
+#: The ops whose request may carry ``first`` and whose answer covers ``block_ids[first:]``.
+BLOCK_OPS = ("fetch", "digest")
 
 
 class ControlChannel(Protocol):
@@ -66,8 +83,21 @@ class ControlChannel(Protocol):
     request_id: str
 
     def ask(self, op: str, timeout: float) -> tuple[dict[str, Any], list[zmq.Frame]]:
-        """Send ``op``; the reply header (``ok`` checked, else :class:`TransferError`) and
-        its data frames."""
+        """Send ``op``; the reply header (``ok`` checked, else :class:`TransferError`; with a
+        key its ``mac``, else :class:`~.kv_mac.Refused`) and its data frames."""
+        ...
+
+    def check_frames(self, header: dict[str, Any], frames: list[Any], labels: list[str]) -> None:
+        """Refuse (:class:`~.kv_mac.Refused`) the data ``frames`` of a fetch answer (one per
+        label) unless each matches its tag in ``header``; nothing without a key."""
+        ...
+
+    def check_copy(
+        self, frames: Iterable[Any], labels: list[str], timeout: float, how: str
+    ) -> None:
+        """Refuse (:class:`~.kv_mac.Refused`) D's copy of the offer's blocks read over ``how``
+        (``frames``: one per label, the C-order bytes of one cache's blocks of one rank) unless
+        each matches the tag P's ``digest`` answer gives; nothing without a key."""
         ...
 
     def release(self, timeout: float) -> bool:

@@ -5,19 +5,21 @@ to P's :class:`~.kv_source.KVSource` through a :class:`_Peer` (protocol in :mod:
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import zmq
 
-from ..credentials import derive
-from .control import control_mac
+from ..credentials import DroppedMessages, derive
+from .control import BLOCK_OPS, control_mac
 from .descriptor import Descriptor, differing_field
 from .kv_layout import Caches, KVLayout, TransferError, block_id_list, check_caches, positive_number
+from .kv_mac import Refused, check_answer, check_tags, frame_tags
 from .transport import PullJob, get_transport, read_descriptor
 
 __all__ = ["pull_blocks"]
@@ -54,9 +56,17 @@ class _Peer:
         self.sock.connect(address)
 
     def ask(self, op: str, timeout: float) -> tuple[dict[str, Any], list[zmq.Frame]]:
-        """Send ``op``; the reply header (``ok`` checked) and its data frames."""
+        """Send ``op``; the reply header (``ok`` checked, and with a key its ``mac``) and its
+        data frames (not yet checked against their tags: :meth:`check_frames`)."""
         deadline = time.monotonic() + timeout
-        first = self.first if op == "fetch" else 0
+        self._send(op, timeout)
+        return self._receive(op, deadline, timeout)
+
+    def _first(self, op: str) -> int:
+        return self.first if op in BLOCK_OPS else 0
+
+    def _send(self, op: str, timeout: float) -> None:
+        first = self._first(op)
         mac = control_mac(self.key, op, self.request_id, self.token, first)
         body: dict[str, Any] = {
             "op": op,
@@ -66,10 +76,13 @@ class _Peer:
         }
         if first:
             body["first"] = first
-        msg = json.dumps(body).encode()
         if not self.sock.poll(max(1, int(timeout * 1000)), zmq.POLLOUT):
             raise self._timeout(op, timeout)
-        self.sock.send(msg, zmq.NOBLOCK)
+        self.sock.send(json.dumps(body).encode(), zmq.NOBLOCK)
+
+    def _receive(
+        self, op: str, deadline: float, timeout: float
+    ) -> tuple[dict[str, Any], list[zmq.Frame]]:
         left = deadline - time.monotonic()
         if left <= 0 or not self.sock.poll(max(1, int(left * 1000)), zmq.POLLIN):
             raise self._timeout(op, timeout)
@@ -87,7 +100,60 @@ class _Peer:
                 f"pull_blocks({self.request_id!r}): prefill source {self.address} refused "
                 f"{op}: {error}"
             )
+        if self.key is not None:
+            problem = check_answer(
+                self.key, op, self.request_id, self.token, self._first(op), header
+            )
+            if problem is not None:
+                raise Refused(
+                    f"pull_blocks({self.request_id!r}): refused the {op} answer from "
+                    f"{self.address}: {problem} (not the prefill instance that made this "
+                    "offer, or changed on the way)"
+                )
         return header, frames[1:]
+
+    def check_frames(self, header: dict[str, Any], frames: list[Any], labels: list[str]) -> None:
+        """Refuse (:class:`~.kv_mac.Refused`) ``frames``, the data of the fetch answer
+        ``header`` (one per label), unless each matches its tag; nothing without a key."""
+        if self.key is None:
+            return
+        where = f"pull_blocks({self.request_id!r}): fetch answer from {self.address}"
+        if len(frames) != len(labels):
+            raise Refused(f"{where}: {len(frames)} data frames, expected {len(labels)}")
+        theirs = check_tags(header, len(labels), where)
+        self._compare(theirs, self._tags(frames, self.key, len(labels)), labels, "sent")
+
+    def check_copy(
+        self, frames: Iterable[Any], labels: list[str], timeout: float, how: str
+    ) -> None:
+        """Refuse (:class:`~.kv_mac.Refused`) this instance's copy of the offer's blocks,
+        ``frames`` (one per label, each the C-order bytes of the blocks of one cache of one
+        rank), read over ``how`` straight from P's memory, unless each matches the tag P gives
+        of its own blocks (``digest``); nothing without a key. P hashes while this side
+        does."""
+        if self.key is None:
+            return
+        self._send("digest", timeout)
+        mine = self._tags(frames, self.key, len(labels))
+        header, _ = self._receive("digest", time.monotonic() + timeout, timeout)
+        where = f"pull_blocks({self.request_id!r}): digest answer from {self.address}"
+        theirs = check_tags(header, len(labels), where)
+        self._compare(theirs, mine, labels, f"read over {how}")
+
+    def _tags(self, frames: Iterable[Any], key: bytes, count: int) -> list[str]:
+        """The tags of ``frames`` (:func:`~.kv_mac.frame_tags`), frame ``i`` of ``count``."""
+        return frame_tags(key, self.request_id, self.token, self.first, frames, count)
+
+    def _compare(self, theirs: list[str], mine: list[str], labels: list[str], how: str) -> None:
+        """Refuse the first frame whose tag here (``mine``) is not P's (``theirs``)."""
+        for i, (tag, ours, label) in enumerate(zip(theirs, mine, labels)):
+            if not hmac.compare_digest(ours, tag):
+                raise Refused(
+                    f"pull_blocks({self.request_id!r}): the blocks of {label} {how} from "
+                    f"{self.address} do not match the prefill instance's tag (frame {i} of "
+                    f"{len(theirs)}: changed, replayed from another request or position, or "
+                    "truncated)"
+                )
 
     def _timeout(self, op: str, timeout: float) -> TransferError:
         return _NoAnswer(
@@ -120,6 +186,7 @@ def pull_blocks(
     timeout: float = 30.0,
     secret: bytes | None = None,
     skip: int = 0,
+    dropped: DroppedMessages | None = None,
 ) -> int:
     """Copy the blocks a prefill instance offered into this (decode) instance's caches, then
     tell the source to release them.
@@ -131,7 +198,8 @@ def pull_blocks(
     both sides, the descriptor against the offer the source holds (its ``check`` answer: a
     hand-over whose block ids, layout or transport fields differ from what P offered is
     refused, and the blocks read are the offer's), and (``"tcp"``) the count and exact size of
-    every received frame.
+    every received frame. With ``secret`` every answer and block must carry its MAC
+    (:mod:`.kv_mac`; a ``"mooncake"`` copy is checked after the read, before the release).
 
     Args:
         descriptor: what :meth:`~.kv_source.KVSource.offer` returned (after a JSON round trip
@@ -149,10 +217,11 @@ def pull_blocks(
             the descriptor's ``mooncake``). :func:`~.transport.choose_transport` resolves
             ``"auto"``.
         timeout: seconds the source may take to answer each request.
-        secret: the splitwise secret the source was given (its control requests are signed
-            with it); ``None`` for a source without one.
+        secret: the splitwise secret the source was given (it signs the control requests and
+            checks the answers); ``None`` for a source without one.
         skip: the first ``skip`` offered blocks are already in ``dst_block_ids[:skip]`` (this
             instance's prefix cache holds them): only the blocks after them are read or sent.
+        dropped: counts each refused answer or block (channel ``"kv"``).
 
     Returns:
         Bytes copied (``tp * (len(block_ids) - skip) * layout.block_nbytes``: every cache of
@@ -164,6 +233,7 @@ def pull_blocks(
             request the source no longer holds (unknown, expired, withdrawn, released). Nothing
             was written then, except when the source drops the offer during an ``"shm"`` copy
             (the copied blocks may be torn; the error says so).
+        Refused: (a :class:`TransferError`, counted in ``dropped``) a MAC that does not hold.
     """
     checked = read_descriptor(descriptor)
     where = checked.where
@@ -172,20 +242,29 @@ def pull_blocks(
     mover.check_pullable(checked, where)
     seconds = positive_number(timeout, "timeout", where, "a positive number of seconds")
     n = len(checked.block_ids)
-    if isinstance(skip, bool) or not isinstance(skip, int) or not 0 <= skip < n:
-        raise TransferError(
-            f"{where}: `skip` must be an int in [0, {n}) (blocks offered: {n}), got {skip!r}"
-        )
+    _check_skip(skip, n, where)
     key = None if secret is None else derive(secret, "kv")
     peer = _Peer(checked.address, checked.request_id, checked.token, key, skip)
     try:
         offered = _offer_of(peer, checked, seconds)
-        if skip:  # the tail only: every transport reads or is sent `offered.block_ids` alone
-            offered = dataclasses.replace(offered, block_ids=offered.block_ids[skip:])
+        # the tail only: every transport reads or is sent `offered.block_ids` alone
+        offered = dataclasses.replace(offered, block_ids=offered.block_ids[skip:])
         mover.pull(PullJob(peer, offered, caches, dst_idx[skip:], seconds))
+    except Refused:
+        if dropped is not None:
+            dropped.add("kv")
+        raise
     finally:
         peer.close()
     return layout.tensor_parallel_size * (n - skip) * layout.block_nbytes
+
+
+def _check_skip(skip: Any, n: int, where: str) -> None:
+    """Refuse a ``skip`` that is not an int in ``[0, n)`` (``n``: the blocks offered)."""
+    if isinstance(skip, bool) or not isinstance(skip, int) or not 0 <= skip < n:
+        raise TransferError(
+            f"{where}: `skip` must be an int in [0, {n}) (blocks offered: {n}), got {skip!r}"
+        )
 
 
 def _offer_of(peer: _Peer, handed_over: Descriptor, timeout: float) -> Descriptor:

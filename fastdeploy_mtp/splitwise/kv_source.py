@@ -16,7 +16,7 @@ import zmq
 
 from ..credentials import DroppedMessages, derive
 from .addresses import discover_host
-from .control import control_mac
+from .control import BLOCK_OPS, control_mac
 from .descriptor import Descriptor
 from .kv_layout import (
     Caches,
@@ -28,6 +28,7 @@ from .kv_layout import (
     nonempty_str,
     positive_number,
 )
+from .kv_mac import answer_mac, frame_tags
 from .offers import Offers, Reply, error_reply, same_secret
 from .transport import close_fields, offer_fields
 from .transports.tcp import fetch_reply
@@ -35,6 +36,9 @@ from .transports.tcp import fetch_reply
 __all__ = ["KVSource"]
 
 logger = logging.getLogger(__name__)
+
+#: The control ops (:mod:`.control`).
+_OPS = ("check", "fetch", "digest", "release")
 
 _POLL_MS = 100  # server loop period: expiry and queued callbacks are handled at least this often
 _MAX_CONTROL_BYTES = 1 << 16  # a control message is a few hundred bytes; bigger peers are dropped
@@ -79,8 +83,9 @@ class KVSource:
             registers every cache with this process's Mooncake transfer engine, serving
             from the advertised host, for the ``"mooncake"`` transport (default False).
         secret: the splitwise secret (:func:`fastdeploy_mtp.credentials.splitwise_secret`):
-            every control request must carry its ``mac`` (see :mod:`.control`); ``None``:
-            the transfer token alone authorizes a request.
+            every control request must carry its ``mac`` (see :mod:`.control`), and every
+            answer carries one and every block frame a tag (:mod:`.kv_mac`); ``None``: the
+            transfer token alone authorizes a request, and nothing is signed.
         dropped: counts the refused requests (channel ``"kv"``; a new counter if not given).
 
     Raises:
@@ -299,8 +304,8 @@ class KVSource:
         if not isinstance(req, dict):
             return self._refused(f"expected a JSON object, got {type(req).__name__}")
         op, rid, token = req.get("op"), req.get("request_id"), req.get("token")
-        if op not in ("fetch", "check", "release"):
-            return self._refused(f"unknown op {op!r} (expected 'fetch', 'check' or 'release')")
+        if op not in _OPS:
+            return self._refused(f"unknown op {op!r} (expected one of {', '.join(_OPS)})")
         if not isinstance(rid, str) or not isinstance(token, str):
             return self._refused("`request_id` and `token` must be str")
         first = req.get("first", 0)
@@ -308,15 +313,21 @@ class KVSource:
             isinstance(first, bool)
             or not isinstance(first, int)
             or first < 0
-            or (first and op != "fetch")
+            or (first and op not in BLOCK_OPS)
         ):
-            return self._refused(f"`first` must be an int >= 0, on a fetch only, got {first!r:.40}")
+            return self._refused(
+                f"`first` must be an int >= 0, on a fetch or digest only, got {first!r:.40}"
+            )
         if self._key is not None and not same_secret(
             req.get("mac"), control_mac(self._key, op, rid, token, first)
         ):
             return self._refused(_NOT_AUTHORIZED)
+        if op == "digest" and self._key is None:
+            return error_reply("this source has no splitwise secret: it tags no blocks")
         reply = self._offers.answer(op, rid, token, first, self._fetch)
-        return self._refused(_NOT_AUTHORIZED) if reply is None else reply
+        if reply is None:
+            return self._refused(_NOT_AUTHORIZED)
+        return reply if self._key is None else _signed(self._key, reply, op, rid, token, first)
 
     def _fetch(self, block_ids: np.ndarray) -> Reply:
         """The answer to a fetch of ``block_ids`` (int64 ``[n]``): their bytes."""
@@ -326,6 +337,20 @@ class KVSource:
         """A request from a peer that proved nothing (counted as dropped; nothing changes)."""
         self.dropped.add("kv")
         return error_reply(text)
+
+
+def _signed(key: bytes, reply: Reply, op: str, rid: str, token: str, first: int) -> Reply:
+    """``reply`` to an authenticated request with its MACs (:mod:`.kv_mac`): the tags of its
+    data frames in the header (a digest answer keeps only those), the header's ``mac``.
+    Keys starting with ``_`` stay on this side (:meth:`KVSource._handle` takes them out)."""
+    header, data = reply
+    if header.get("ok") is not True:
+        return reply
+    if data:
+        header["tags"] = frame_tags(key, rid, token, first, data, len(data))
+    public = {k: v for k, v in header.items() if not k.startswith("_")}
+    header["mac"] = answer_mac(key, op, rid, token, first, public)
+    return header, [] if op == "digest" else data
 
 
 def _host_of(address: str) -> str:

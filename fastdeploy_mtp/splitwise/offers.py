@@ -124,10 +124,11 @@ class Offers:
     def answer(
         self, op: str, rid: str, token: str, first: int, fetch: Callable[[np.ndarray], Reply]
     ) -> Reply | None:
-        """The answer to an authenticated ``check``, ``fetch`` or ``release`` of ``rid``
-        (:mod:`.control`); ``None`` when ``token`` is not the offer's. ``fetch(block_ids)``
-        reads the blocks, under the lock: a :meth:`withdraw` that returned sees no later
-        reads. A release answers ``"_released": True`` and ``"_request_id"`` besides."""
+        """The answer to an authenticated ``check``, ``fetch``, ``digest`` or ``release`` of
+        ``rid`` (:mod:`.control`); ``None`` when ``token`` is not the offer's.
+        ``fetch(block_ids)`` reads the blocks (for a fetch, once per offer, or a digest),
+        under the lock: a :meth:`withdraw` that returned sees no later reads. A release
+        answers ``"_released": True`` and ``"_request_id"`` besides."""
         with self._lock:
             offer = self._offers.get(rid)
             if offer is not None and not same_secret(token, offer.token):
@@ -142,7 +143,7 @@ class Offers:
                 del self._offers[rid]
                 self._remember(rid, "released")
                 return {"ok": True, "_released": True, "_request_id": rid}, []
-            if offer.fetched:
+            if op == "fetch" and offer.fetched:
                 return error_reply(
                     f"request {rid!r} was already fetched (an offer is fetched once)"
                 )
@@ -151,7 +152,7 @@ class Offers:
                     f"`first` {first} leaves none of the {len(offer.block_ids)} offered blocks "
                     "to send"
                 )
-            offer.fetched = True
+            offer.fetched = offer.fetched or op == "fetch"
             return fetch(offer.block_ids[first:])
 
     def _remember(self, request_id: str, reason: str) -> None:

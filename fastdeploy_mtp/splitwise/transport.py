@@ -25,7 +25,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from . import transports as _transports_package
-from .control import ControlChannel
+from .control import ControlChannel, release_after_direct_read
 from .descriptor import Descriptor, check_descriptor
 from .kv_layout import Caches, KVLayout, TransferError
 
@@ -35,6 +35,8 @@ __all__ = [
     "Transport",
     "choose_transport",
     "close_fields",
+    "finish_direct_read",
+    "frame_labels",
     "get_transport",
     "offer_fields",
     "read_descriptor",
@@ -228,3 +230,23 @@ def read_descriptor(descriptor: Any) -> Descriptor:
         return fields
 
     return check_descriptor(descriptor, [key for t in transports for key in t.fields], read_fields)
+
+
+def frame_labels(layout: KVLayout) -> list[str]:
+    """What each block frame of an offer is, rank-major: ``"rank r <cache label>"``."""
+    ranks = range(layout.tensor_parallel_size)
+    return [f"rank {r} {entry.label}" for r in ranks for entry in layout.caches]
+
+
+def finish_direct_read(job: PullJob, how: str) -> None:
+    """After a transport (``how``) read the offer's blocks straight from P's memory into
+    ``job.caches`` over a path our MACs do not cover (the Mooncake engine's): check the copy
+    against P's tags of its own blocks (:meth:`~.control.ControlChannel.check_copy`; with
+    the splitwise secret only), then release the offer
+    (:func:`~.control.release_after_direct_read`). A refused copy fails the pull; its blocks
+    are freed unused. One HMAC pass over the copy here and over the blocks at P, at the same
+    time (``scripts/bench_kv_mac.py``)."""
+    layout = job.descriptor.layout
+    copies = (cache[job.dst_idx] for rank in job.caches for cache in rank)  # one at a time
+    job.channel.check_copy(copies, frame_labels(layout), job.timeout, how)
+    release_after_direct_read(job.channel, job.timeout, how)

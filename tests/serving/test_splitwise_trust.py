@@ -1,7 +1,8 @@
 """Splitwise against a hostile local user and a hostile router-side caller: another uid
 (``nobody``) cannot read, release or redirect a request's KV through the prefill
-instance's KV port, and a hand-over changed on the way (block ids of another request, an
-inconsistent slot state) is refused by the decode instance. Every refusal is counted in
+instance's KV port, a hand-over changed on the way (block ids of another request, an
+inconsistent slot state) is refused by the decode instance, and so are KV bytes changed
+between the two instances. Every refusal is counted in
 ``/metrics``; the victim's own request still decodes exactly as the mixed engine does.
 """
 
@@ -13,6 +14,8 @@ from typing import Any
 import pytest
 
 from fastdeploy_mtp.models import ByteTokenizer
+from tests.splitwise import test_kv_mac
+from tests.splitwise.test_kv_mac import flip_a_byte
 from tests.support.handover import resigned
 from tests.support.hostile import run_as_nobody
 from tests.support.servers import (
@@ -21,6 +24,8 @@ from tests.support.servers import (
     splitwise_instances,
     splitwise_post,
 )
+
+relays = test_kv_mac.relays  # the fixture
 
 MTP3 = '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 3}'
 MAX_TOKENS = 12
@@ -146,4 +151,30 @@ def test_a_hand_over_changed_on_the_way_is_refused_and_the_victim_still_decodes(
     assert status == 200
     assert (
         decoded_text(victim, events) == offline([VICTIM_TEXT], spec=MTP3, max_tokens=MAX_TOKENS)[0]
+    )
+
+
+def test_kv_bytes_changed_on_the_way_fail_the_request_and_are_counted(pd, relays):
+    """A man in the middle of the KV port (the hand-over points the decode instance at it,
+    re-signed as a caller holding the secret could): a byte flipped in a data frame fails the
+    request with one line naming the refused blocks, counted as ``channel="kv"`` on the
+    decode instance; the next hand-over decodes as the mixed engine does."""
+    p, d = pd
+    victim = prefill(p, "victim-3", VICTIM_TEXT)
+    upstream = victim["handoff"]["kv"]["address"]
+    relay = relays(upstream, lambda op, frames: flip_a_byte(frames) if op == "fetch" else frames)
+    moved = json.loads(json.dumps(victim))
+    moved["handoff"]["kv"]["address"] = relay.address
+    key = 'fastdeploy:dropped_messages_total{channel="kv"}'
+    before = scrape_metrics(d.base_url)
+    status, events = decode(d, {**moved, "handoff": resigned(moved["handoff"], moved)})
+    assert status == 200 and "error" in events[-1], events
+    message = events[-1]["error"]["message"]
+    assert "do not match the prefill instance's tag" in message and "\n" not in message
+    assert scrape_metrics(d.base_url)[key] - before[key] == 1
+    again = prefill(p, "victim-4", VICTIM_TEXT)
+    status, events = decode(d, again)
+    assert status == 200
+    assert (
+        decoded_text(again, events) == offline([VICTIM_TEXT], spec=MTP3, max_tokens=MAX_TOKENS)[0]
     )

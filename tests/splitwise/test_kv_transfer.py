@@ -839,13 +839,16 @@ def test_source_constructor_refusals() -> None:
 
 class FakeSource:
     """A bare ROUTER in a thread: reads every message and answers with ``reply(frames)``, or
-    not at all when that is ``None``."""
+    not at all when that is ``None``. Bound to ``port`` on 127.0.0.1 (0: a free one)."""
 
-    def __init__(self, reply: Callable[[list[bytes]], list[bytes] | None]):
+    def __init__(self, reply: Callable[[list[bytes]], list[bytes] | None], port: int = 0):
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        port = self._sock.bind_to_random_port("tcp://127.0.0.1")
+        if port:
+            self._sock.bind(f"tcp://127.0.0.1:{port}")
+        else:
+            port = self._sock.bind_to_random_port("tcp://127.0.0.1")
         self.address = f"tcp://127.0.0.1:{port}"
         self.received: list[list[bytes]] = []
         self._reply = reply

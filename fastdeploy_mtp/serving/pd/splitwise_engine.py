@@ -244,6 +244,7 @@ class SplitwiseEngine(AsyncEngine):
                     self.transfer_timeout,
                     self.secret,
                     skip,
+                    self.dropped,
                 )
             except Exception as exc:
                 error = exc

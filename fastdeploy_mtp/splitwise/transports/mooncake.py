@@ -37,7 +37,6 @@ from typing import Any
 import numpy as np
 
 from ..addresses import address_towards
-from ..control import release_after_direct_read
 from ..descriptor import Descriptor
 from ..kv_layout import Caches, KVLayout, TransferError
 from ..mooncake_engine import (
@@ -51,7 +50,7 @@ from ..mooncake_engine import (
     protocol,
     require,
 )
-from ..transport import PullJob, Transport, register
+from ..transport import PullJob, Transport, finish_direct_read, register
 
 __all__ = ["MooncakeTransport", "available", "protocol", "require"]
 
@@ -228,7 +227,7 @@ class MooncakeTransport(Transport):
                     f"failed (code {rc}): the prefill instance is gone or unreachable, or "
                     "refused the addresses; the destination blocks may be partly written"
                 )
-        release_after_direct_read(job.channel, job.timeout, "mooncake")
+        finish_direct_read(job, "mooncake")
 
 
 def _destinations(engine: Engine, caches: Caches, layout: KVLayout) -> list[list[int]]:

@@ -6,6 +6,13 @@ detaches, and releases the offer over the control socket.
 The source's option ``shm_names`` (:class:`~fastdeploy_mtp.splitwise.kv_source.KVSource`)
 turns it on; without it descriptors carry ``"shm_names": null`` and only other transports
 can pull them.
+
+The copy is not compared with P's tags of its blocks (the ``digest`` the ``"mooncake"``
+transport asks for): the names come from P's authenticated ``check`` answer and name files
+only the deployment's user can open (mode 0600, owner and mode checked on attach), so the
+check would guard only against that user's own processes, which the trust model does not,
+at the price of one HMAC pass over the KV on each side (several times the copy itself,
+``scripts/bench_kv_mac.py``).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 on the control socket (ZeroMQ), so it works between any two hosts that reach each other.
 
 Both ends of the byte stream are here: :func:`fetch_reply` is what P's source answers, and
-:class:`TcpTransport` checks the answer's header and the exact size of every frame before
-it writes a byte into D's caches. The message layout is in
+:class:`TcpTransport` checks the answer's header, every frame's tag (with the splitwise
+secret, :mod:`..kv_mac`) and the exact size of every frame before it writes a byte into D's
+caches. The message layout is in
 :mod:`fastdeploy_mtp.splitwise.control`.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..kv_layout import Caches, KVLayout, TransferError
-from ..transport import PullJob, Transport, register
+from ..transport import PullJob, Transport, frame_labels, register
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ class TcpTransport(Transport):
     def pull(self, job: PullJob) -> None:
         layout, n = job.descriptor.layout, len(job.descriptor.block_ids)
         header, frames = job.channel.ask("fetch", job.timeout)
+        # with a key: every frame's tag, before its size or anything else is looked at
+        job.channel.check_frames(header, [f.buffer for f in frames], frame_labels(layout))
         where = f"{job.descriptor.where}: fetch reply from {job.channel.address}"
         want = layout.tensor_parallel_size * layout.num_caches
         per_cache = [c.block_nbytes for c in layout.caches]
