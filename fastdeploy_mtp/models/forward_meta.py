@@ -12,6 +12,7 @@ import numpy as np
 import paddle
 
 from ..constants import NO_BLOCK_ID
+from .linear_state import LinearStates
 
 #: Block-table entry meaning "no block" (:data:`fastdeploy_mtp.constants.NO_BLOCK_ID`).
 UNUSED_BLOCK = NO_BLOCK_ID
@@ -78,6 +79,9 @@ class ForwardMeta:
             keys gathered once, its rows' queries padded to this many slots), which suits
             decode and verify batches; a bound that is too small silently gives its item's
             extra rows meaningless outputs unless ``check`` is set.
+        linear_states: the per-slot states of the model's linear-attention layers
+            (:class:`~.linear_state.LinearStates`; item ``b`` is slot ``b``), written in place;
+            ``None`` for a model without such layers.
         check: validate the metadata on the host before the forward (reads the length tensors
             and the block table back, a device sync on an accelerator) and raise a
             ``ValueError`` naming the inconsistent field. Serving code clears it in
@@ -94,6 +98,7 @@ class ForwardMeta:
     block_size: int = 16
     max_seq_len: int | None = None
     max_rows_per_item: int | None = None
+    linear_states: LinearStates | None = None
     check: bool = True
     _plan: AttentionPlan | None = field(default=None, repr=False, compare=False)
 

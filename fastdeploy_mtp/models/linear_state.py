@@ -1,0 +1,109 @@
+"""The per-sequence state of linear-attention layers (Gated DeltaNet: Qwen3-Next, Qwen3.5),
+and how speculation rolls it back.
+
+A KV cache is paged by position: a rejected draft's KV sits past the accepted length and is
+overwritten later. A recurrent state is not: once it absorbed a rejected draft it is wrong.
+So each linear-attention layer keeps, per batch slot, the state after the last token the
+slot committed, and, for the rows of a verify pass, the state after *each* of the row's
+positions (``*_snapshots``). After verification the engine calls :meth:`LinearStates.commit`
+with each slot's accepted count ``a`` (the ``a`` accepted positions are the fed token and
+``a - 1`` drafts; the bonus token is fed next round): the slot's state becomes the snapshot
+after position ``a - 1``, exactly what plain decoding of the accepted tokens would leave.
+
+Shapes, one rank, float32 (the recurrence is kept in float32 whatever the model dtype):
+
+* ``conv[i]``: ``[max_num_seqs, conv_dim, kernel - 1]``, the last ``kernel - 1`` inputs of
+  layer ``i``'s causal depthwise convolution (``conv_dim = 2 * key_dim + value_dim`` of this
+  rank's heads); ``conv_snapshots[i]``: ``[max_num_seqs, max_rows, conv_dim, kernel - 1]``.
+* ``recurrent[i]``: ``[max_num_seqs, value_heads, head_k_dim, head_v_dim]``, the delta rule's
+  state; ``recurrent_snapshots[i]``: ``[max_num_seqs, max_rows, value_heads, head_k_dim,
+  head_v_dim]``.
+
+``max_rows = K + 1``, the most tokens one slot feeds in a verify pass. What a linear layer
+does with them in a forward (item ``b`` of the batch is slot ``b``):
+
+* ``seq_lens_decoder[b] == 0`` (the first chunk of a prompt): start from zero state;
+* a prefill item (``seq_lens_encoder[b] > 0``): run its tokens, store the final state;
+* a decode or verify item: run its ``n`` tokens one by one, store the state after token ``j``
+  in the snapshots ``[b, j]`` for ``j < n``, and the final state too (so that plain decoding,
+  which verifies nothing, needs no commit);
+* an item with no tokens: leave its state alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import paddle
+
+
+@dataclass
+class LinearStates:
+    """The states of a model's linear-attention layers on one rank (see the module doc), in
+    the order of those layers."""
+
+    conv: list[paddle.Tensor]
+    recurrent: list[paddle.Tensor]
+    conv_snapshots: list[paddle.Tensor]
+    recurrent_snapshots: list[paddle.Tensor]
+
+    @classmethod
+    def zeros(
+        cls,
+        num_layers: int,
+        max_num_seqs: int,
+        max_rows: int,
+        conv_shape: tuple[int, int],
+        recurrent_shape: tuple[int, int, int],
+    ) -> LinearStates:
+        """Zeroed states for ``num_layers`` layers: ``conv_shape = (conv_dim, kernel - 1)``,
+        ``recurrent_shape = (value_heads, head_k_dim, head_v_dim)`` of this rank."""
+
+        def zeros(*shape: int) -> paddle.Tensor:
+            return paddle.zeros(list(shape), dtype="float32")
+
+        return cls(
+            [zeros(max_num_seqs, *conv_shape) for _ in range(num_layers)],
+            [zeros(max_num_seqs, *recurrent_shape) for _ in range(num_layers)],
+            [zeros(max_num_seqs, max_rows, *conv_shape) for _ in range(num_layers)],
+            [zeros(max_num_seqs, max_rows, *recurrent_shape) for _ in range(num_layers)],
+        )
+
+    @property
+    def max_rows(self) -> int:
+        """The most tokens a verify item may feed (``K + 1``)."""
+        return int(self.conv_snapshots[0].shape[1]) if self.conv_snapshots else 0
+
+    def commit(self, accept_num: paddle.Tensor, verified: paddle.Tensor) -> None:
+        """Roll every verified slot back to the state after its accepted tokens.
+
+        Args:
+            accept_num: ``[max_num_seqs]`` int32, tokens accepted per slot this step (the fed
+                token and the accepted drafts; ``>= 1`` for a verified slot).
+            verified: ``[max_num_seqs]`` bool, the slots whose item was a decode or verify
+                item this step; other slots (prefill, idle) keep their state.
+        """
+        if not self.conv:
+            return
+        rows = paddle.clip(accept_num.astype("int64") - 1, 0, self.max_rows - 1)
+        keep = verified.astype("bool")
+        for states, snapshots in (
+            (self.conv, self.conv_snapshots),
+            (self.recurrent, self.recurrent_snapshots),
+        ):
+            for state, snaps in zip(states, snapshots):
+                index = rows.reshape([-1] + [1] * (len(snaps.shape) - 1))
+                picked = paddle.take_along_axis(snaps, index, axis=1).squeeze(1)
+                mask = keep.reshape([-1] + [1] * (len(state.shape) - 1))
+                paddle.assign(paddle.where(mask, picked, state), output=state)
+
+    def nbytes_per_slot(self) -> int:
+        """Bytes of one slot's states and snapshots, every layer."""
+        total = 0
+        for group in (self.conv, self.recurrent, self.conv_snapshots, self.recurrent_snapshots):
+            for t in group:
+                per = 4
+                for d in t.shape[1:]:
+                    per *= int(d)
+                total += per
+        return total
