@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .config import CacheConfig, FDConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
+from .models.model_config import has_linear_attention
 
 if TYPE_CHECKING:
     from .models.model_config import ModelConfig as ArchConfig
@@ -177,7 +178,8 @@ def build_config(
     (``SpeculativeConfig(method=None)`` for plain decoding). The ops' ``end_tokens`` are the
     model's EOS ids (:func:`end_tokens`). ``max_num_batched_tokens`` (``None``:
     ``max(256, max_num_seqs * (K+1) + 64)``) and ``total_block_num`` (``None``: ``max_num_seqs``
-    requests of ``max_model_len``)."""
+    requests of ``max_model_len``). Prefix caching is on, except for a model with
+    linear-attention layers (:func:`~.models.model_config.has_linear_attention`)."""
     w = (spec.num_speculative_tokens if spec.enabled else 0) + 1
     if max_num_batched_tokens is None:
         max_num_batched_tokens = max(256, max_num_seqs * w + 64)
@@ -196,5 +198,10 @@ def build_config(
         scheduler_config=SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
         ),
-        cache_config=CacheConfig(block_size=arch.block_size, total_block_num=total_block_num),
+        cache_config=CacheConfig(
+            block_size=arch.block_size,
+            total_block_num=total_block_num,
+            # a cached block cannot restore a linear-attention layer's recurrent state
+            enable_prefix_caching=not has_linear_attention(arch),
+        ),
     )

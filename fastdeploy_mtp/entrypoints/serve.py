@@ -148,7 +148,8 @@ def _add_capacity_args(p: argparse.ArgumentParser) -> None:
         p,
         "--enable-prefix-caching",
         action=argparse.BooleanOptionalAction,
-        help="share the KV blocks of identical prompt prefixes between requests (default: on)",
+        help="share the KV blocks of identical prompt prefixes between requests (default: on, "
+        "except for models with linear-attention layers: Qwen3-Next, Qwen3.5)",
     )
     _FLAGS.add(
         p,

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import paddle
 
+from ..config import FDConfig
+
 
 @dataclass
 class LinearStates:
@@ -107,3 +109,31 @@ class LinearStates:
                     per *= int(d)
                 total += per
         return total
+
+
+def linear_states_for(model: object, fd_config: FDConfig) -> LinearStates | None:
+    """Zeroed :class:`LinearStates` for ``model``'s linear-attention layers (``None`` for a
+    model without any), for ``fd_config``'s slots and ``K + 1`` rows per verify pass (1
+    without speculation): the model's ``linear_state_shapes()`` gives ``(num_layers,
+    conv_shape, recurrent_shape)`` of this rank. Raises ``ValueError`` with prefix caching on:
+    a cached block holds KV, not the recurrent state a hit would need."""
+    shapes = getattr(model, "linear_state_shapes", None)
+    if shapes is None:
+        return None
+    num_layers, conv_shape, recurrent_shape = shapes()
+    if num_layers == 0:
+        return None
+    if fd_config.cache_config.enable_prefix_caching:
+        raise ValueError(
+            "cache_config.enable_prefix_caching: the model has linear-attention layers, whose "
+            "recurrent state a cached KV block cannot restore; turn prefix caching off"
+        )
+    spec = fd_config.speculative_config
+    max_rows = 1 + (spec.num_speculative_tokens if spec.enabled else 0)
+    return LinearStates.zeros(
+        num_layers,
+        fd_config.scheduler_config.max_num_seqs,
+        max_rows,
+        tuple(conv_shape),
+        tuple(recurrent_shape),
+    )

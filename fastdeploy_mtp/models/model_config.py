@@ -341,3 +341,11 @@ class ModelConfig:
                 )
             data = {k: v for k, v in data.items() if k != "architectures"}
         return cls.from_dict(data)
+
+
+def has_linear_attention(config: object) -> bool:
+    """Whether ``config`` (a :class:`ModelConfig`) has linear-attention layers (Gated DeltaNet,
+    ``layer_types`` ``"linear_attention"``: Qwen3-Next, Qwen3.5), whose per-sequence recurrent
+    state a paged KV block does not hold: prefix caching and a splitwise hand-over, which move
+    only KV blocks, cannot serve such a model."""
+    return "linear_attention" in (getattr(config, "layer_types", None) or ())

@@ -7,7 +7,8 @@ the CUDA and XPU emulators, torch or CuPy tensors) run the functions here, so th
 drift apart:
 
 * :func:`target_step`: ``speculate_pre_process`` -> target forward -> logit rows -> target
-  tokens -> ``verify_draft_tokens`` -> ``unified_update_model_status``;
+  tokens -> ``verify_draft_tokens`` -> the model's rollback of recurrent state
+  (``commit_verified``) -> ``unified_update_model_status``;
 * the proposer's round: :func:`prepare_round` (``draft_model_preprocess`` ->
   ``eagle_get_hidden_states`` -> staging), :func:`propose_substeps` (per substep
   ``speculate_pre_process`` -> MTP forward -> ``eagle_gather_hidden_states`` -> sampling ->
@@ -169,6 +170,14 @@ class TargetStepModel(Protocol):
         ``candidate_ids``, ``candidate_scores``, ``candidate_lens`` and ``uniforms``."""
         ...
 
+    def commit_verified(self, accept_num: Any, verified: np.ndarray) -> None:
+        """Verification has run: ``accept_num [N]`` (the backend's array) tokens were accepted
+        in each slot of ``verified [N]`` (bool, host; the slots that decoded). A model whose
+        layers keep a recurrent state rolls each verified slot back to the state after its
+        accepted tokens (:class:`~fastdeploy_mtp.models.linear_state.LinearStates`); others
+        do nothing."""
+        ...
+
 
 @dataclass
 class TargetStep:
@@ -234,8 +243,10 @@ def target_step(
         # eos_token_id[0] there, dropping the request's last real token)
         keep_max_dec_len_token=True,
     )
+    decoded = (slt > 0) & (enc == 0)
+    model.commit_verified(target.accept_num, decoded)
     _update_status(be, target)
-    return TargetStep(slt, enc, token_num, hidden, rows, drafts, (slt > 0) & (enc == 0), sampled)
+    return TargetStep(slt, enc, token_num, hidden, rows, drafts, decoded, sampled)
 
 
 def _update_status(be: StepBackend, target: Any) -> None:

@@ -18,6 +18,8 @@ from ..ipc.kv_caches import acquire_caches, detach_caches, host_view
 from ..models.cache_spec import CacheSpec, backend_specs, model_dtype
 from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
+from ..models.linear_state import linear_states_for
+from . import collaborators
 from .adaptive_draft import AdaptiveDraftLength
 from .collaborators import DraftLogprobs, Proposer, ProposerFactory, SlotHandover
 from .guided import GuidedSlots
@@ -83,17 +85,16 @@ class TargetRunner:
         #: (``ForwardMeta.max_seq_len``) without reading the device
         self._cached = np.zeros(fd_config.scheduler_config.max_num_seqs, np.int64)
         spec = fd_config.speculative_config
+        #: the per-slot states of a hybrid model's linear-attention layers (``None`` without)
+        self.linear_states = linear_states_for(model, fd_config)
         #: per-request draft limits (``speculative_config.adaptive_draft_length``)
         self.adaptive: AdaptiveDraftLength | None = None
         if self.proposer is not None and spec.adaptive_draft_length:
             self.adaptive = AdaptiveDraftLength(spec, fd_config.scheduler_config.max_num_seqs)
         # without drafts every strategy reduces to checking nothing: the target's sample is
         # the token
-        self.verify_strategy = (
-            ops.VerifyStrategy.from_string(spec.verify_strategy)
-            if spec.enabled
-            else ops.VerifyStrategy.TARGET_MATCH
-        )
+        strategy = spec.verify_strategy if spec.enabled else "target_match"
+        self.verify_strategy = ops.VerifyStrategy.from_string(strategy)
         self.sampler = TargetSampler(self.verify_strategy, fd_config.model_config.max_model_len)
         #: the step's op sequence runs on Paddle tensors (see :mod:`.spec_step`)
         self._ops = PaddleBackend()
@@ -135,6 +136,10 @@ class TargetRunner:
         self._exports = [int(i) for i in idxs]
 
     def check_handoff(self, state: object) -> None:
+        if self.linear_states is not None:  # (planning refuses a splitwise role first)
+            raise collaborators.HandoffError(
+                "a hand-over moves KV, not this model's linear-attention states"
+            )
         self.handover.check_slot_state(state, self.share_inputs, self._draft(), self.vocab_size)
 
     def _draft(self) -> Any | None:
@@ -273,6 +278,7 @@ class TargetRunner:
             block_size=self.block_size,
             max_seq_len=int((self._cached + slt)[slt > 0].max()) if token_num else 1,
             max_rows_per_item=int(slt.max()),
+            linear_states=self.linear_states,
             # validate on the host in rounds with a prefill; steady-state rounds read nothing back
             check=bool((enc[slt > 0] > 0).any()),
         )
@@ -283,6 +289,12 @@ class TargetRunner:
             hidden = paddle.zeros([0, self.model.config.hidden_size])
         self._model_s += time.perf_counter() - t0
         return hidden
+
+    def commit_verified(self, accept_num: paddle.Tensor, verified: np.ndarray) -> None:
+        """Roll the verified slots' linear-attention states back to their accepted tokens
+        (nothing for a model without such layers)."""
+        if self.linear_states is not None and verified.any():
+            self.linear_states.commit(accept_num, paddle.to_tensor(verified))
 
     def target_tokens(self, hidden: paddle.Tensor, rows: LogitRows) -> tuple[paddle.Tensor, Any]:
         """The target's tokens at the logit rows: argmax, or the seeded sampler where a slot

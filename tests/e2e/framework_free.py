@@ -561,6 +561,9 @@ class FrameworkFreeMTP:
         """The target's (greedy) tokens at the logit rows; no sampler extras."""
         return self.be.array(self._next_tokens[rows.rows]), None
 
+    def commit_verified(self, accept_num: Any, verified: np.ndarray) -> None:
+        """The model keeps no recurrent state: nothing to roll back."""
+
     def forward_substep(self, substep: int, packed: Packed, token_num: int) -> Any:
         """The MTP layer (``DraftStepModel``) over the staged hidden rows; what
         :meth:`sample_substep` checks its gathered rows against is kept."""

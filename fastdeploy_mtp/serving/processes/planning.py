@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from ...capacity import MAX_DEFAULT_SLOTS, plan_capacity
 from ...config import SpeculativeConfig
 from ...engine_args import UsageError, check_speculative_config
+from ...models.model_config import has_linear_attention
 from ..token_channel.base import TOKEN_CHANNELS
 from .layout import ServeLayout
 from .serve_options import ServeOptions
@@ -47,10 +48,10 @@ def plan_layout(opts: ServeOptions) -> ServeLayout:
         splitwise_role=opts.splitwise_role,
         dtype=opts.dtype,
         token_channel=opts.token_channel,
-        enable_prefix_caching=opts.enable_prefix_caching,
         log_level=opts.log_level,
     )
     arch = layout.arch()
+    layout.enable_prefix_caching = _prefix_caching(opts, arch)
     try:
         plan = plan_capacity(
             block_size=arch.block_size,
@@ -69,6 +70,25 @@ def plan_layout(opts: ServeOptions) -> ServeLayout:
     layout.total_block_num = plan.total_block_num
     layout.max_num_batched_tokens = plan.max_num_batched_tokens
     return layout
+
+
+def _prefix_caching(opts: ServeOptions, arch: ArchConfig) -> bool:
+    """Whether prefix caching is on: as asked, else on; refused (with a splitwise role too)
+    for a model with linear-attention layers, whose recurrent state neither a cached block
+    nor a KV hand-over carries."""
+    if not has_linear_attention(arch):
+        return True if opts.enable_prefix_caching is None else opts.enable_prefix_caching
+    why = (
+        f"{opts.model} has linear-attention layers (Gated DeltaNet), whose per-request "
+        "recurrent state is not in the KV blocks"
+    )
+    if opts.enable_prefix_caching:
+        raise UsageError(f"--enable-prefix-caching: {why}, so a cached block cannot restore it")
+    if opts.splitwise_role != "mixed":
+        raise UsageError(
+            f"--splitwise-role {opts.splitwise_role}: {why}, which a KV hand-over does not move"
+        )
+    return False
 
 
 def _checked_device_ids(opts: ServeOptions) -> list[int]:

@@ -44,8 +44,9 @@ class ServeOptions(AccessOptions):
     kv_cache_memory: int | None = None
     #: ``--max-num-batched-tokens``: the token budget of one step (``None``: the default rule)
     max_num_batched_tokens: int | None = None
-    #: ``--enable-prefix-caching`` / ``--no-enable-prefix-caching``
-    enable_prefix_caching: bool = True
+    #: ``--enable-prefix-caching`` / ``--no-enable-prefix-caching`` (``None``: on, except for a
+    #: model with linear-attention layers, which prefix caching cannot serve)
+    enable_prefix_caching: bool | None = None
     #: ``--log-level``: ``"debug"``, ``"info"``, ``"warning"`` or ``"error"`` (see
     #: :class:`~.start_up.Progress`; below debug, Paddle's, glog's and uvicorn's info is quiet)
     log_level: str = "info"
