@@ -115,24 +115,28 @@ def plan_capacity(
     kv_memory: int | None,
     tp: int,
     max_num_batched_tokens: int | None,
+    slot_bytes: int = 0,
 ) -> Capacity:
     """Slots, blocks and batched tokens by the module's rule. ``block_bytes``: one block of
-    every cache of a rank; ``slot_cap``: the most slots the token channel carries (a default
-    takes at most that many; ``max_num_seqs`` is checked against it by the caller);
-    ``kv_memory``: bytes per rank (``None``: :func:`auto_kv_memory`). Raises ``ValueError``
-    naming the flag whose value cannot work."""
+    every cache of a rank; ``slot_bytes``: what every slot holds besides its blocks (a hybrid
+    model's linear-attention states, per rank), taken from the budget first; ``slot_cap``: the
+    most slots the token channel carries (a default takes at most that many; ``max_num_seqs``
+    is checked against it by the caller); ``kv_memory``: bytes per rank (``None``:
+    :func:`auto_kv_memory`). Raises ``ValueError`` naming the flag whose value cannot work."""
     budget = auto_kv_memory(tp) if kv_memory is None else kv_memory
-    budget_blocks = budget // block_bytes
     full = blocks_per_request(max_model_len, block_size)
-    if budget_blocks < full:
-        raise ValueError(
-            f"--kv-cache-memory {budget} bytes holds {budget_blocks} KV blocks of {block_bytes} "
-            f"bytes; one request of --max-model-len {max_model_len} needs {full}: give more memory "
-            "or a smaller --max-model-len"
-        )
     if max_num_seqs is None:
         typical = blocks_per_request(max(1, max_model_len // TYPICAL_LEN_DIVISOR), block_size)
-        max_num_seqs = max(1, min(MAX_DEFAULT_SLOTS, slot_cap, budget_blocks // typical))
+        fit = budget // (typical * block_bytes + slot_bytes)
+        max_num_seqs = max(1, min(MAX_DEFAULT_SLOTS, slot_cap, fit))
+    budget_blocks = max(0, budget - max_num_seqs * slot_bytes) // block_bytes
+    if budget_blocks < full:
+        states = f" after {max_num_seqs} slots' states of {slot_bytes} bytes" if slot_bytes else ""
+        raise ValueError(
+            f"--kv-cache-memory {budget} bytes holds {budget_blocks} KV blocks of {block_bytes} "
+            f"bytes{states}; one request of --max-model-len {max_model_len} needs {full}: give "
+            "more memory or a smaller --max-model-len"
+        )
     blocks = min(budget_blocks, max_num_seqs * full)
     least = max_num_seqs * (k + 1) + 1
     tokens = (

@@ -33,10 +33,12 @@ does with them in a forward (item ``b`` of the batch is slot ``b``):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import paddle
 
 from ..config import FDConfig
+from .model_config import ModelConfig
 
 
 @dataclass
@@ -70,6 +72,19 @@ class LinearStates:
             [zeros(max_num_seqs, max_rows, *conv_shape) for _ in range(num_layers)],
             [zeros(max_num_seqs, max_rows, *recurrent_shape) for _ in range(num_layers)],
         )
+
+    @classmethod
+    def from_tensors(cls, specs: list[StateSpec], tensors: list[paddle.Tensor]) -> LinearStates:
+        """The states of :func:`state_specs` ``specs`` held in ``tensors`` (same order)."""
+        by_kind: dict[str, list[paddle.Tensor]] = {kind: [] for kind in STATE_KINDS}
+        for spec, tensor in zip(specs, tensors, strict=True):
+            by_kind[spec.kind].append(tensor)
+        return cls(*(by_kind[kind] for kind in STATE_KINDS))
+
+    def tensors(self) -> list[paddle.Tensor]:
+        """Every state tensor, in :func:`state_specs` order (layer by layer)."""
+        groups = (self.conv, self.recurrent, self.conv_snapshots, self.recurrent_snapshots)
+        return [t for layer in zip(*groups) for t in layer]
 
     @property
     def max_rows(self) -> int:
@@ -111,18 +126,69 @@ class LinearStates:
         return total
 
 
-def linear_states_for(model: object, fd_config: FDConfig) -> LinearStates | None:
-    """Zeroed :class:`LinearStates` for ``model``'s linear-attention layers (``None`` for a
-    model without any), for ``fd_config``'s slots and ``K + 1`` rows per verify pass (1
-    without speculation): the model's ``linear_state_shapes()`` gives ``(num_layers,
-    conv_shape, recurrent_shape)`` of this rank. Raises ``ValueError`` with prefix caching on:
-    a cached block holds KV, not the recurrent state a hit would need."""
-    shapes = getattr(model, "linear_state_shapes", None)
-    if shapes is None:
-        return None
-    num_layers, conv_shape, recurrent_shape = shapes()
-    if num_layers == 0:
-        return None
+#: What each state tensor of a linear layer holds, in :func:`state_specs` order.
+STATE_KINDS = ("conv_state", "recurrent_state", "conv_snapshots", "recurrent_snapshots")
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One state tensor of one rank (named and shared like a KV cache: ``owner``, ``layer``,
+    ``kind``, ``shape``, ``dtype``; ``layer`` counts the linear-attention layers only).
+    Dimension 0 is the slot, not a block: these are never paged, cached or handed over."""
+
+    owner: str
+    layer: int
+    kind: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    @property
+    def nbytes(self) -> int:
+        n = 4
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def state_specs(
+    config: ModelConfig, max_num_seqs: int, max_rows: int, tensor_parallel_size: int = 1
+) -> list[StateSpec]:
+    """The state tensors of one rank of ``config`` (none without linear-attention layers): per
+    linear layer, :data:`STATE_KINDS` in order, for ``max_num_seqs`` slots and ``max_rows``
+    (``K + 1``) snapshot rows; each rank holds ``1 / tensor_parallel_size`` of the heads and
+    of the convolution's channels."""
+    hybrid: Any = getattr(config, "hybrid", None)  # (HybridSpec)
+    if hybrid is None:
+        return []
+    tp = tensor_parallel_size
+    conv = (hybrid.conv_dim // tp, hybrid.linear_conv_kernel_dim - 1)
+    heads = hybrid.linear_num_value_heads // tp
+    recurrent = (heads, hybrid.linear_key_head_dim, hybrid.linear_value_head_dim)
+    shapes = dict(
+        zip(
+            STATE_KINDS,
+            [
+                (max_num_seqs, *conv),
+                (max_num_seqs, *recurrent),
+                (max_num_seqs, max_rows, *conv),
+                (max_num_seqs, max_rows, *recurrent),
+            ],
+        )
+    )
+    count = sum(1 for kind in hybrid.layer_types if kind == "linear_attention")
+    return [
+        StateSpec("target", i, kind, shapes[kind]) for i in range(count) for kind in STATE_KINDS
+    ]
+
+
+def model_state_specs(model: object, fd_config: FDConfig) -> list[StateSpec]:
+    """:func:`state_specs` of ``model`` (its ``config`` and ``tensor_parallel_size``) for
+    ``fd_config``'s slots and ``K + 1`` rows (1 without speculation). Raises ``ValueError``
+    for a model with linear layers under prefix caching: a cached block holds KV, not the
+    recurrent state a hit would need."""
+    config = getattr(model, "config", None)
+    if not isinstance(config, ModelConfig) or getattr(config, "hybrid", None) is None:
+        return []
     if fd_config.cache_config.enable_prefix_caching:
         raise ValueError(
             "cache_config.enable_prefix_caching: the model has linear-attention layers, whose "
@@ -130,10 +196,5 @@ def linear_states_for(model: object, fd_config: FDConfig) -> LinearStates | None
         )
     spec = fd_config.speculative_config
     max_rows = 1 + (spec.num_speculative_tokens if spec.enabled else 0)
-    return LinearStates.zeros(
-        num_layers,
-        fd_config.scheduler_config.max_num_seqs,
-        max_rows,
-        tuple(conv_shape),
-        tuple(recurrent_shape),
-    )
+    tp = int(getattr(model, "tensor_parallel_size", 1))
+    return state_specs(config, fd_config.scheduler_config.max_num_seqs, max_rows, tp)

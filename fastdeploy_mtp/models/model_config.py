@@ -348,4 +348,5 @@ def has_linear_attention(config: object) -> bool:
     ``layer_types`` ``"linear_attention"``: Qwen3-Next, Qwen3.5), whose per-sequence recurrent
     state a paged KV block does not hold: prefix caching and a splitwise hand-over, which move
     only KV blocks, cannot serve such a model."""
-    return "linear_attention" in (getattr(config, "layer_types", None) or ())
+    hybrid = getattr(config, "hybrid", None)
+    return hybrid is not None and "linear_attention" in hybrid.layer_types

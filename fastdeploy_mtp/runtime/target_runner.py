@@ -18,12 +18,12 @@ from ..ipc.kv_caches import acquire_caches, detach_caches, host_view
 from ..models.cache_spec import CacheSpec, backend_specs, model_dtype
 from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
-from ..models.linear_state import linear_states_for
 from . import collaborators
 from .adaptive_draft import AdaptiveDraftLength
 from .collaborators import DraftLogprobs, Proposer, ProposerFactory, SlotHandover
 from .guided import GuidedSlots
 from .input_batch import InputBatch, limit_drafts, make_target_inputs
+from .recurrent_slots import acquire_linear_states, release_linear_states
 from .request import Request, RequestType, check_prefill_task
 from .slot_loading import load_block_table, load_prefill_chunk, load_sampling_rows
 from .spec_step import LogitRows, Packed, PaddleBackend, TargetStep, postprocess, target_step
@@ -86,7 +86,7 @@ class TargetRunner:
         self._cached = np.zeros(fd_config.scheduler_config.max_num_seqs, np.int64)
         spec = fd_config.speculative_config
         #: the per-slot states of a hybrid model's linear-attention layers (``None`` without)
-        self.linear_states = linear_states_for(model, fd_config)
+        self.linear_states, self._state_names = acquire_linear_states(model, fd_config)
         #: per-request draft limits (``speculative_config.adaptive_draft_length``)
         self.adaptive: AdaptiveDraftLength | None = None
         if self.proposer is not None and spec.adaptive_draft_length:
@@ -116,7 +116,8 @@ class TargetRunner:
         if self.proposer is not None:
             self.proposer.clear_mtp_cache()
         detach_caches(self.caches, self._attached)
-        self._attached = []
+        release_linear_states(self.linear_states, self._state_names)
+        self._attached = self._state_names = []
 
     def all_cache_specs(self) -> list[CacheSpec]:
         """This rank's caches: the target's, then (with speculation) every MTP layer's."""

@@ -39,11 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     become_child_process(parent_death_signal=False)
     import paddle
 
-    from ...ipc.kv_caches import cache_ready_signal, publish_caches, unpublish_caches
+    from ...ipc.kv_caches import CacheLike, cache_ready_signal, publish_caches, unpublish_caches
     from ...models.cache_spec import owned_by
 
     arch = layout.arch()
-    specs = layout.cache_specs(arch)
+    kv_specs = layout.cache_specs(arch)
+    states = layout.state_specs(arch)  # a hybrid model's linear-attention states, per slot
+    specs: list[CacheLike] = [*kv_specs, *states]
     ready = cache_ready_signal(
         layout.tensor_parallel_size, layout.engine_worker_queue_port, create=True
     )
@@ -54,13 +56,19 @@ def main(argv: list[str] | None = None) -> int:
             publish_caches(tensors, names)
             published.append((tensors, names))
             ready.value[rank] = 1  # type: ignore[index]
-            mib = sum(s.nbytes for s in specs) / 2**20
-            dtypes = ",".join(sorted({s.dtype for s in specs}))
+            mib = sum(s.nbytes for s in kv_specs) / 2**20
+            dtypes = ",".join(sorted({s.dtype for s in kv_specs}))
+            extra = (
+                f"; {len(states)} linear-attention state tensors, "
+                f"{sum(s.nbytes for s in states) / 2**20:.1f} MiB"
+                if states
+                else ""
+            )
             if shows(layout.log_level, "info"):
                 print(
-                    f"[cache manager] rank {rank}: {len(specs)} KV caches published "
-                    f"({len(owned_by(specs, 'target'))} target + "
-                    f"{len(owned_by(specs, 'mtp'))} MTP, {dtypes}, {mib:.1f} MiB)",
+                    f"[cache manager] rank {rank}: {len(kv_specs)} KV caches published "
+                    f"({len(owned_by(kv_specs, 'target'))} target + "
+                    f"{len(owned_by(kv_specs, 'mtp'))} MTP, {dtypes}, {mib:.1f} MiB){extra}",
                     file=sys.stderr,
                     flush=True,
                 )

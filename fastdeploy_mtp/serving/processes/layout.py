@@ -11,7 +11,11 @@ from ...config import FDConfig, SpeculativeConfig
 from .start_up import LOG_LEVELS
 
 if TYPE_CHECKING:  # importing the models imports Paddle: children import it after their set-up
+    from collections.abc import Sequence
+
+    from ...ipc.kv_caches import CacheLike
     from ...models.cache_spec import CacheSpec
+    from ...models.linear_state import StateSpec
     from ...models.model_config import ModelConfig as ArchConfig
 
 
@@ -142,7 +146,17 @@ class ServeLayout:
             arch, blocks, self.tensor_parallel_size, cfg.speculative_config.uses_mtp
         )
 
-    def cache_names(self, specs: list[CacheSpec]) -> list[list[str]]:
+    def state_specs(self, arch: ArchConfig | None = None) -> list[StateSpec]:
+        """The linear-attention states of each rank (none for a model without such layers;
+        :func:`~fastdeploy_mtp.models.linear_state.state_specs`): per slot, not per block."""
+        from ...models.linear_state import state_specs
+
+        arch = arch or self.arch()
+        spec = SpeculativeConfig.from_json(self.speculative_config)
+        rows = 1 + (spec.num_speculative_tokens if spec.enabled else 0)
+        return state_specs(arch, self.max_num_seqs, rows, self.tensor_parallel_size)
+
+    def cache_names(self, specs: Sequence[CacheLike]) -> list[list[str]]:
         """Per rank, the IPC name of each cache of ``specs`` (FastDeploy's names for key and
         value caches, with this layout's device ids)."""
         from ...ipc.kv_caches import spec_cache_names

@@ -63,6 +63,7 @@ def plan_layout(opts: ServeOptions) -> ServeLayout:
             kv_memory=opts.kv_cache_memory,
             tp=len(device_ids),
             max_num_batched_tokens=opts.max_num_batched_tokens,
+            slot_bytes=_state_bytes_per_slot(arch, spec, len(device_ids)),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -70,6 +71,14 @@ def plan_layout(opts: ServeOptions) -> ServeLayout:
     layout.total_block_num = plan.total_block_num
     layout.max_num_batched_tokens = plan.max_num_batched_tokens
     return layout
+
+
+def _state_bytes_per_slot(arch: ArchConfig, spec: SpeculativeConfig, tp: int) -> int:
+    """Bytes of one slot's linear-attention states on one rank (0 without such layers)."""
+    from ...models.linear_state import state_specs
+
+    rows = 1 + (spec.num_speculative_tokens if spec.enabled else 0)
+    return sum(s.nbytes for s in state_specs(arch, 1, rows, tp))
 
 
 def _prefix_caching(opts: ServeOptions, arch: ArchConfig) -> bool:
