@@ -278,6 +278,7 @@ def test_completions_stream_and_not_go_prefill_then_decode(cluster, state):
             "prompt_token_ids": list(b"hello"),
             "max_tokens": 6,
             "sampling": greedy,
+            "cache_namespace": "",  # no API key, no cache_salt: the global namespace
         }
         assert dec == {
             "request_id": r.id,
@@ -285,6 +286,7 @@ def test_completions_stream_and_not_go_prefill_then_decode(cluster, state):
             "output_token_ids": [65],
             "max_tokens": 6,
             "sampling": greedy,
+            "cache_namespace": "",  # no API key, no cache_salt: the global namespace
             "handoff": {
                 "prefill": "P0",
                 "request_id": r.id,
