@@ -9,7 +9,8 @@ builders the tests use (tests/support). Needs torch and transformers (the test e
 --size-mb needs neither.
 
 Families (--family): llama, qwen2, qwen3, mimo, deepseek-v3 (MLA + MoE), glm-4.5 (MoE),
-ernie-4.5 (dense), ernie-4.5-moe. --tie, --rope-type, --dtype and --legacy-config apply to
+ernie-4.5 (dense), ernie-4.5-moe, qwen3-next (Gated DeltaNet + gated attention, MoE),
+qwen3.5 (Qwen3.5 text, dense). --tie, --rope-type, --dtype and --legacy-config apply to
 llama, qwen2, qwen3 and mimo (--tie to ERNIE too); a family they do not apply to refuses them.
 
 Examples::
@@ -31,7 +32,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support import hf_ernie_folders, hf_mla_folders, hf_moe_folders  # noqa: E402
+from tests.support import (  # noqa: E402
+    hf_ernie_folders,
+    hf_hybrid_folders,
+    hf_mla_folders,
+    hf_moe_folders,
+)
 from tests.support.hf_folders import FAMILIES, make_big_folder, make_folder, rope_example  # noqa: E402
 from tests.support.tokenizer_files import write_bpe_tokenizer  # noqa: E402
 
@@ -51,6 +57,12 @@ _BUILDERS: dict[str, Callable[[Path, argparse.Namespace], object]] = {
     ),
     "ernie-4.5-moe": lambda out, a: hf_ernie_folders.make_ernie_folder(
         out, moe=True, num_mtp_layers=a.mtp_layers, tie=a.tie, seed=a.seed
+    ),
+    "qwen3-next": lambda out, a: hf_hybrid_folders.make_hybrid_folder(
+        out, "qwen3_next", mtp_layers=a.mtp_layers, seed=a.seed
+    ),
+    "qwen3.5": lambda out, a: hf_hybrid_folders.make_hybrid_folder(
+        out, "qwen3_5", mtp_layers=a.mtp_layers, seed=a.seed
     ),
 }
 #: every --family, in the order of the README's table
@@ -121,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.tokenizer:
         write_bpe_tokenizer(str(args.out), vocab_size=TOKENIZER_IDS)
     config = json.loads((args.out / "config.json").read_text())
-    mtp = config.get("num_nextn_predict_layers", args.mtp_layers)
+    mtp = config.get(
+        "num_nextn_predict_layers", config.get("mtp_num_hidden_layers", args.mtp_layers)
+    )
     print(
         f"{args.out}: {args.family} with random weights ({config['architectures'][0]}, "
         f"{config['num_hidden_layers']} layers, {mtp} MTP layers)"

@@ -63,6 +63,7 @@ SLOW = (
     "models/test_ernie.py",
     "models/test_mla_deepseek.py",
     "models/test_moe_glm.py",
+    "models/test_hybrid_families.py",
     "models/test_tensor_parallel.py",
     "models/test_train_tiny.py",
     "ops/test_build.py",

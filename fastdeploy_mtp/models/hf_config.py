@@ -13,6 +13,7 @@ from typing import Any
 
 from ..config.validators import ErrorFactory, flag, given, integer, number, positive_number
 from .ernie_config import ERNIE_FAMILIES, ernie_fields
+from .hybrid_config import HYBRID_FAMILIES, hybrid_fields
 from .mla_config import mla_fields
 from .model_config import MODEL_DTYPES, ROPE_TYPES, TINY_ARCHITECTURE, TINY_MODEL_TYPE, ModelConfig
 from .moe_config import MOE_DEFAULTS, glm_fields, moe_fields
@@ -28,6 +29,8 @@ ARCHITECTURES = {
     "DeepseekV3ForCausalLM": "deepseek_v3",
     "Ernie4_5ForCausalLM": "ernie4_5",
     "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",
+    "Qwen3NextForCausalLM": "qwen3_next",
+    "Qwen3_5ForCausalLM": "qwen3_5_text",
 }
 _REQUIRED = (
     "hidden_size",
@@ -175,7 +178,7 @@ def _positive(
     return positive_number(value, f"config.json `{label}`", allow_zero, _failure(where))
 
 
-def _refuse_unsupported(raw: dict[str, Any], where: str) -> None:
+def _refuse_unsupported(raw: dict[str, Any], where: str, family: str) -> None:
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise _fail(
@@ -192,7 +195,7 @@ def _refuse_unsupported(raw: dict[str, Any], where: str) -> None:
     layer_types = raw.get("layer_types") or []
     if not isinstance(layer_types, list):
         raise _fail(where, f"config.json `layer_types` must be a list, got {layer_types!r}")
-    if any(t != "full_attention" for t in layer_types):
+    if family not in HYBRID_FAMILIES and any(t != "full_attention" for t in layer_types):
         raise _fail(
             where,
             "config.json `layer_types` has sliding-window layers; only full attention is supported",
@@ -289,8 +292,8 @@ def translate_config(
             return ModelConfig.from_dict(data)
         except ValueError as exc:
             raise _fail(where, f"config.json: {exc}") from None
-    _refuse_unsupported(raw, where)
-    theta, scaling = _rope(raw, where, partial_ok=family == "glm4_moe")
+    _refuse_unsupported(raw, where, family)
+    theta, scaling = _rope(raw, where, partial_ok=family in ("glm4_moe", *HYBRID_FAMILIES))
     heads = _number(raw, "num_attention_heads", int, where)
     fields: dict[str, Any] = {
         "model_type": family,
@@ -322,6 +325,7 @@ def translate_config(
         fields.update(glm_fields(raw) if family == "glm4_moe" else {})
         fields.update(mla_fields(raw) if family == "deepseek_v3" else {})
         fields.update(ernie_fields(raw, family) if family in ERNIE_FAMILIES else {})
+        fields.update(hybrid_fields(raw, family) if family in HYBRID_FAMILIES else {})
     except ValueError as exc:
         raise _fail(where, str(exc)) from None
     try:

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..config import typed_keys
 from ..config.validators import one_of
+from .hybrid_config import HybridSpec
 
 #: Values accepted by :attr:`ModelConfig.mtp_hidden_state`.
 MTP_HIDDEN_STATES = ("post_norm", "pre_norm")
@@ -112,6 +113,9 @@ class ModelConfig:
         moe_statics: the router's correction bias is ERNIE-4.5's ``mlp.moe_statics.
             e_score_correction_bias`` of shape ``[1, E]`` (else ``mlp.gate.
             e_score_correction_bias`` of shape ``[E]``).
+        hybrid: the linear/full-attention layout of Qwen3-Next and Qwen3.5
+            (:class:`~fastdeploy_mtp.models.hybrid_config.HybridSpec`); ``None`` for every
+            other family.
     """
 
     vocab_size: int = 272
@@ -162,6 +166,7 @@ class ModelConfig:
     moe_layer_end_index: int = 0
     moe_norm_min: float = 0.0
     moe_statics: bool = False
+    hybrid: HybridSpec | None = None
 
     def __post_init__(self) -> None:
         if self.head_dim == 0 and self.attention_type == "mla":
@@ -290,6 +295,9 @@ class ModelConfig:
         with ``moe_layer_start_index >= 1`` the first MTP block is dense)."""
         if self.n_routed_experts <= 0:
             return False
+        if self.hybrid is not None:  # Qwen3-Next: MTP layer k counts as k (vLLM's layer names)
+            n = self.num_hidden_layers
+            return self.hybrid.is_sparse(layer - n if layer >= n else layer)
         if self.moe_layer_interval > 0:
             i = layer - self.num_hidden_layers if layer >= self.num_hidden_layers else layer
             in_range = self.moe_layer_start_index <= i <= self.moe_layer_end_index

@@ -46,7 +46,8 @@ def tensor_view(
 ) -> np.ndarray:
     """A read-only memory-mapped view of ``entry`` in our layout (transposed when the
     checkpoint is ``[out, in]``), cut to this rank's slice along ``axis`` (``None`` = whole),
-    in the stored dtype (raw ``uint16`` for BF16). Nothing is read until it is indexed."""
+    in the stored dtype (raw ``uint16`` for BF16). Nothing is read until it is indexed, except
+    for a tensor made of ``ref.parts``, whose rank slices are joined into one array."""
     count = int(np.prod(entry.shape))
     stored = np.memmap(
         entry.file, dtype=STORED_DTYPES[entry.dtype], mode="r", offset=entry.offset, shape=(count,)
@@ -54,12 +55,16 @@ def tensor_view(
     view = stored.reshape(entry.shape)
     if ref.transpose:
         view = view.T
-    if axis is not None:
-        size = view.shape[axis] // tp
+    if axis is None:
+        return view
+    bounds = np.cumsum((0, *(ref.parts or (view.shape[axis],))))
+    pieces = []
+    for begin, end in zip(bounds[:-1], bounds[1:]):
+        size = (end - begin) // tp
         cut: list[slice] = [slice(None)] * view.ndim
-        cut[axis] = slice(rank * size, (rank + 1) * size)
-        view = view[tuple(cut)]
-    return view
+        cut[axis] = slice(begin + rank * size, begin + (rank + 1) * size)
+        pieces.append(view[tuple(cut)])
+    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=axis)
 
 
 def convert_into(out: np.ndarray, view: np.ndarray, stored_dtype: str) -> None:

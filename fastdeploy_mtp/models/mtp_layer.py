@@ -8,9 +8,10 @@ import paddle.nn as nn
 
 from .attention import ReferenceAttentionBackend
 from .forward_meta import ForwardMeta
+from .hybrid_layers import decoder_block, norm_for
 from .latent_attention import LatentAttentionBackend
-from .layers import DecoderLayer, DenseStep, PagedStep, RMSNorm, RotaryEmbedding
-from .mla import attention_backend, attention_for
+from .layers import DenseStep, PagedStep, RotaryEmbedding
+from .mla import attention_backend
 from .model_config import ModelConfig
 from .parallel_layers import refuse_training_on_shard
 from .target import TinyTargetModel, mask_padded_vocab
@@ -56,13 +57,11 @@ class MTPLayer(nn.Layer):
         tp = target.tensor_parallel_size
         self.tensor_parallel_size = tp
         h = config.hidden_size
-        self.enorm = RMSNorm(h, config.rms_norm_eps)
-        self.hnorm = RMSNorm(h, config.rms_norm_eps)
+        self.enorm = norm_for(config, h)
+        self.hnorm = norm_for(config, h)
         self.eh_proj = nn.Linear(2 * h, h, bias_attr=False)
-        self.mtp_block = DecoderLayer(
-            config, tp, attention_for(config, tp), config.num_hidden_layers + index
-        )
-        self.norm = RMSNorm(h, config.rms_norm_eps)
+        self.mtp_block = decoder_block(config, tp, config.num_hidden_layers + index)
+        self.norm = norm_for(config, h)
         self.rotary = RotaryEmbedding.of(config)
         self.attn_backend = attention_backend(config, tp)
         # A plain tuple is not registered as a sublayer: shared weights stay owned by the target.

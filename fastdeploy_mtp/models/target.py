@@ -7,8 +7,9 @@ import paddle
 import paddle.nn as nn
 
 from .forward_meta import ForwardMeta
-from .layers import DecoderLayer, DenseStep, PagedStep, RMSNorm, RotaryEmbedding
-from .mla import attention_backend, attention_for
+from .hybrid_layers import decoder_block, norm_for
+from .layers import DenseStep, PagedStep, RotaryEmbedding
+from .mla import attention_backend
 from .model_config import ModelConfig
 from .parallel_layers import (
     ParallelLMHead,
@@ -73,12 +74,14 @@ class TinyTargetModel(nn.Layer):
             config.vocab_size, config.hidden_size, tp, tensor_parallel_rank
         )
         self.layers = nn.LayerList(
-            [
-                DecoderLayer(config, tp, attention_for(config, tp), i)
-                for i in range(config.num_hidden_layers)
-            ]
+            [decoder_block(config, tp, i) for i in range(config.num_hidden_layers)]
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        hybrid = config.hybrid
+        if hybrid is not None:
+            hybrid.check_tensor_parallel(tp)
+        #: per layer, its key/value cache pair (or, for a linear layer, its linear state)
+        self.state_ids = hybrid.state_indices() if hybrid else list(range(config.num_hidden_layers))
+        self.norm = norm_for(config, config.hidden_size)
         self.lm_head: ParallelLMHead | TiedLMHead
         if config.tie_word_embeddings:
             self.lm_head = TiedLMHead(self.embed_tokens)
@@ -90,8 +93,29 @@ class TinyTargetModel(nn.Layer):
     @property
     def num_cache_layers(self) -> int:
         """Layers that own caches in ``forward_meta.caches`` (a key/value pair each, or one
-        latent cache each for MLA; see ``attn_backend.cache_kinds``)."""
-        return self.config.num_hidden_layers
+        latent cache each for MLA; see ``attn_backend.cache_kinds``): every layer, or a
+        hybrid model's full-attention layers, in layer order."""
+        hybrid = self.config.hybrid
+        return self.config.num_hidden_layers - (hybrid.num_linear_layers if hybrid else 0)
+
+    @property
+    def has_linear_layers(self) -> bool:
+        """Whether ``forward`` needs ``forward_meta.linear_states`` (Qwen3-Next, Qwen3.5)."""
+        hybrid = self.config.hybrid
+        return hybrid is not None and hybrid.num_linear_layers > 0
+
+    def linear_state_shapes(self) -> tuple[int, tuple[int, int], tuple[int, int, int]]:
+        """``(num_layers, conv_shape, recurrent_shape)`` of this rank's linear-attention
+        states, the arguments of :meth:`LinearStates.zeros
+        <fastdeploy_mtp.models.linear_state.LinearStates.zeros>` besides ``max_num_seqs`` and
+        ``max_rows``: ``conv_shape = (conv_dim / tp, kernel - 1)``, ``recurrent_shape =
+        (value_heads / tp, head_k_dim, head_v_dim)``; ``(0, (0, 0), (0, 0, 0))`` without
+        linear layers."""
+        hybrid = self.config.hybrid
+        if hybrid is None or hybrid.num_linear_layers == 0:
+            return 0, (0, 0), (0, 0, 0)
+        conv, recurrent = hybrid.state_shapes(self.tensor_parallel_size)
+        return hybrid.num_linear_layers, conv, recurrent
 
     def forward(
         self, ids_remove_padding: paddle.Tensor | None, forward_meta: ForwardMeta
@@ -120,7 +144,7 @@ class TinyTargetModel(nn.Layer):
         step = PagedStep(cos, sin, self.attn_backend, forward_meta)
         h = self.embed_tokens(ids_remove_padding)
         for i, layer in enumerate(self.layers):
-            h = layer(h, step, i)
+            h = layer(h, step, self.state_ids[i])
         if self.config.mtp_hidden_state == "post_norm":
             h = self.norm(h)
         return h if h.dtype == paddle.float32 else h.astype("float32")
@@ -164,6 +188,8 @@ class TinyTargetModel(nn.Layer):
             NotImplementedError: on a tensor-parallel shard (training runs unsharded).
         """
         refuse_training_on_shard(self.tensor_parallel_size, "this model")
+        if self.config.hybrid is not None:
+            raise NotImplementedError("forward_dense (training) does not cover hybrid models")
         seq = int(ids.shape[1])
         step = DenseStep(*self.rotary.prefix(seq), bias)
         h = self.embed_tokens(ids)

@@ -14,6 +14,7 @@ and whether the checkpoint stores it transposed, torch's ``[out, in]``).
 - ``ernie4_5``, ``ernie4_5_moe``: the Llama-style target plus ``model.mtp_emb_norm.{k}``,
   ``model.mtp_hidden_norm.{k}``, ``model.mtp_linear_proj.{k}`` and ``model.mtp_block.{k}.<block>``;
   the MTP layer's final norm is the target's ``model.norm`` (read twice).
+- ``qwen3_next``, ``qwen3_5_text``: :mod:`~fastdeploy_mtp.models.hybrid_weights`.
 
 The MTP fusion names come from :data:`~fastdeploy_mtp.models.checkpoint_families.FAMILIES`.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from .checkpoint_families import FAMILIES
 from .ernie_config import ERNIE_FAMILIES, ernie_mtp_names
+from .hybrid_weights import hybrid_map
 from .model_config import TINY_MODEL_TYPE, ModelConfig
 from .weight_refs import WeightRef, block_refs
 
@@ -103,6 +105,8 @@ def _ernie_mtp_refs(config: ModelConfig, k: int) -> list[WeightRef]:
 
 def weight_map(config: ModelConfig) -> list[WeightRef]:
     """Every parameter of ``config``'s target model and MTP layers, in model order."""
+    if config.hybrid is not None:
+        return hybrid_map(config)
     return _tiny_map(config) if config.model_type == TINY_MODEL_TYPE else _hf_map(config)
 
 

@@ -14,13 +14,17 @@ from .model_config import ModelConfig
 class WeightRef:
     """One parameter: ``owner`` (``"target"`` or ``"mtp"``), ``ours`` (its name in the owner's
     ``named_parameters()``), ``ckpt`` (the checkpoint tensor), ``shape`` (full shape in our
-    layout) and ``transpose`` (the checkpoint holds it ``[out, in]``)."""
+    layout), ``transpose`` (the checkpoint holds it ``[out, in]``) and ``parts``: when not
+    empty, the sizes of the consecutive pieces the tensor is made of along its sharded axis
+    (a Gated DeltaNet's queries, keys and values), each split over the tensor-parallel ranks
+    on its own (a rank holds its slice of every piece, in order)."""
 
     owner: str
     ours: str
     ckpt: str
     shape: tuple[int, ...]
     transpose: bool = False
+    parts: tuple[int, ...] = ()
 
     @property
     def ckpt_shape(self) -> tuple[int, ...]:

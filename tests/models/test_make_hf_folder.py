@@ -36,6 +36,8 @@ ARCHITECTURES = {
     "glm-4.5": "Glm4MoeForCausalLM",
     "ernie-4.5": "Ernie4_5ForCausalLM",
     "ernie-4.5-moe": "Ernie4_5_MoeForCausalLM",
+    "qwen3-next": "Qwen3NextForCausalLM",
+    "qwen3.5": "Qwen3_5ForCausalLM",
 }
 
 

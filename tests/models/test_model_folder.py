@@ -96,7 +96,8 @@ CONFIG_REFUSALS = {
         r"\['DeepseekV3ForCausalLM', "
         r"'Ernie4_5ForCausalLM', 'Ernie4_5_MoeForCausalLM', 'FastDeployMTPTinyForCausalLM', "
         r"'Glm4MoeForCausalLM', "
-        r"'LlamaForCausalLM', 'MiMoForCausalLM', 'Qwen2ForCausalLM', 'Qwen3ForCausalLM'\]",
+        r"'LlamaForCausalLM', 'MiMoForCausalLM', 'Qwen2ForCausalLM', 'Qwen3ForCausalLM', "
+        r"'Qwen3NextForCausalLM', 'Qwen3_5ForCausalLM'\]",
     ),
     "no_architectures": ({"architectures": None}, r"config.json has no `architectures` list"),
     "hidden_act": ({"hidden_act": "gelu"}, r"`hidden_act` 'gelu' is not supported; only 'silu'"),
