@@ -33,7 +33,6 @@ does with them in a forward (item ``b`` of the batch is slot ``b``):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import paddle
 
@@ -157,27 +156,20 @@ def state_specs(
     linear layer, :data:`STATE_KINDS` in order, for ``max_num_seqs`` slots and ``max_rows``
     (``K + 1``) snapshot rows; each rank holds ``1 / tensor_parallel_size`` of the heads and
     of the convolution's channels."""
-    hybrid: Any = getattr(config, "hybrid", None)  # (HybridSpec)
+    hybrid = config.hybrid
     if hybrid is None:
         return []
-    tp = tensor_parallel_size
-    conv = (hybrid.conv_dim // tp, hybrid.linear_conv_kernel_dim - 1)
-    heads = hybrid.linear_num_value_heads // tp
-    recurrent = (heads, hybrid.linear_key_head_dim, hybrid.linear_value_head_dim)
-    shapes = dict(
-        zip(
-            STATE_KINDS,
-            [
-                (max_num_seqs, *conv),
-                (max_num_seqs, *recurrent),
-                (max_num_seqs, max_rows, *conv),
-                (max_num_seqs, max_rows, *recurrent),
-            ],
-        )
-    )
-    count = sum(1 for kind in hybrid.layer_types if kind == "linear_attention")
+    conv, recurrent = hybrid.state_shapes(tensor_parallel_size)
+    shapes = {
+        "conv_state": (max_num_seqs, *conv),
+        "recurrent_state": (max_num_seqs, *recurrent),
+        "conv_snapshots": (max_num_seqs, max_rows, *conv),
+        "recurrent_snapshots": (max_num_seqs, max_rows, *recurrent),
+    }
     return [
-        StateSpec("target", i, kind, shapes[kind]) for i in range(count) for kind in STATE_KINDS
+        StateSpec("target", i, kind, shapes[kind])
+        for i in range(hybrid.num_linear_layers)
+        for kind in STATE_KINDS
     ]
 
 
@@ -187,7 +179,7 @@ def model_state_specs(model: object, fd_config: FDConfig) -> list[StateSpec]:
     for a model with linear layers under prefix caching: a cached block holds KV, not the
     recurrent state a hit would need."""
     config = getattr(model, "config", None)
-    if not isinstance(config, ModelConfig) or getattr(config, "hybrid", None) is None:
+    if not isinstance(config, ModelConfig) or config.hybrid is None:
         return []
     if fd_config.cache_config.enable_prefix_caching:
         raise ValueError(

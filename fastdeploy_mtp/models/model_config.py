@@ -357,4 +357,4 @@ def has_linear_attention(config: object) -> bool:
     state a paged KV block does not hold: prefix caching and a splitwise hand-over, which move
     only KV blocks, cannot serve such a model."""
     hybrid = getattr(config, "hybrid", None)
-    return hybrid is not None and "linear_attention" in hybrid.layer_types
+    return hybrid is not None and hybrid.num_linear_layers > 0

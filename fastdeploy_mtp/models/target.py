@@ -98,25 +98,6 @@ class TinyTargetModel(nn.Layer):
         hybrid = self.config.hybrid
         return self.config.num_hidden_layers - (hybrid.num_linear_layers if hybrid else 0)
 
-    @property
-    def has_linear_layers(self) -> bool:
-        """Whether ``forward`` needs ``forward_meta.linear_states`` (Qwen3-Next, Qwen3.5)."""
-        hybrid = self.config.hybrid
-        return hybrid is not None and hybrid.num_linear_layers > 0
-
-    def linear_state_shapes(self) -> tuple[int, tuple[int, int], tuple[int, int, int]]:
-        """``(num_layers, conv_shape, recurrent_shape)`` of this rank's linear-attention
-        states, the arguments of :meth:`LinearStates.zeros
-        <fastdeploy_mtp.models.linear_state.LinearStates.zeros>` besides ``max_num_seqs`` and
-        ``max_rows``: ``conv_shape = (conv_dim / tp, kernel - 1)``, ``recurrent_shape =
-        (value_heads / tp, head_k_dim, head_v_dim)``; ``(0, (0, 0), (0, 0, 0))`` without
-        linear layers."""
-        hybrid = self.config.hybrid
-        if hybrid is None or hybrid.num_linear_layers == 0:
-            return 0, (0, 0), (0, 0, 0)
-        conv, recurrent = hybrid.state_shapes(self.tensor_parallel_size)
-        return hybrid.num_linear_layers, conv, recurrent
-
     def forward(
         self, ids_remove_padding: paddle.Tensor | None, forward_meta: ForwardMeta
     ) -> paddle.Tensor:

@@ -15,7 +15,8 @@ import pytest
 from fastdeploy_mtp.models import inspect_model_folder, load_model
 from fastdeploy_mtp.models.hf_config import UnsupportedModelError
 from fastdeploy_mtp.models.host_forward_meta import make_forward_meta
-from fastdeploy_mtp.models.linear_state import LinearStates
+from fastdeploy_mtp.models.linear_state import LinearStates, state_specs
+from fastdeploy_mtp.models.model_config import has_linear_attention
 from tests.support.hf_hybrid_folders import FAMILIES, HybridReference, make_hybrid_folder
 
 BLOCKS_PER_SLOT = 8
@@ -36,8 +37,8 @@ class Runner:
 
     def __init__(self, target, config):
         self.target, self.config = target, config
-        n, conv, rec = target.linear_state_shapes()
-        self.states = LinearStates.zeros(n, SLOTS, MAX_ROWS, conv, rec)
+        specs = state_specs(config, SLOTS, MAX_ROWS, target.tensor_parallel_size)
+        self.states = LinearStates.from_tensors(specs, [paddle.zeros(list(s.shape)) for s in specs])
         shape = target.attn_backend.get_kv_cache_shape(SLOTS * BLOCKS_PER_SLOT)
         self.caches = [paddle.zeros(shape) for _ in range(2 * target.num_cache_layers)]
         self.tables = [
@@ -144,9 +145,10 @@ def test_mtp_logits_match_reference(loaded):
 
 def test_state_shapes_and_caches(loaded):
     _, _, target, _, config = loaded
-    assert target.has_linear_layers and target.num_cache_layers == 2
+    assert has_linear_attention(config) and target.num_cache_layers == 2
     # conv: 2 * 2 key heads * 16 + 4 value heads * 24 channels, kernel 4
-    assert target.linear_state_shapes() == (2, (160, 3), (4, 16, 24))
+    assert config.hybrid.num_linear_layers == 2
+    assert config.hybrid.state_shapes() == ((160, 3), (4, 16, 24))
     assert config.hybrid.state_shapes(2) == ((80, 3), (2, 16, 24))
 
 

@@ -15,6 +15,7 @@ from fastdeploy_mtp.capacity import Capacity, blocks_per_request, plan_capacity
 from fastdeploy_mtp.config import SpeculativeConfig
 from fastdeploy_mtp.engine_args import build_config
 from fastdeploy_mtp.models import load_tiny
+from fastdeploy_mtp.models.hybrid_config import HybridSpec
 from fastdeploy_mtp.models.linear_state import (
     STATE_KINDS,
     LinearStates,
@@ -53,16 +54,16 @@ def test_state_bytes_per_slot_count_every_layer_and_snapshot() -> None:
 def _hybrid(layer_types: tuple[str, ...]) -> SimpleNamespace:
     """A config whose ``hybrid`` layout has the given layers (4 value heads over 2 key heads of
     width 8 and 4, a kernel of 4)."""
-    return SimpleNamespace(
-        hybrid=SimpleNamespace(
-            layer_types=layer_types,
-            conv_dim=2 * 2 * 8 + 4 * 4,
-            linear_conv_kernel_dim=4,
-            linear_num_value_heads=4,
-            linear_key_head_dim=8,
-            linear_value_head_dim=4,
-        )
+    spec = HybridSpec(
+        layer_types=layer_types,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=4,
+        linear_conv_kernel_dim=4,
+        fused_projections=True,
     )
+    return SimpleNamespace(hybrid=spec)
 
 
 def test_state_specs_cover_each_linear_layer_split_over_the_ranks() -> None:
