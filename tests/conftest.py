@@ -61,6 +61,7 @@ SLOW = (
     "models/test_families.py",
     "models/test_model_folder.py",
     "models/test_ernie.py",
+    "models/test_hybrid_engine.py",
     "models/test_mla_deepseek.py",
     "models/test_moe_glm.py",
     "models/test_hybrid_families.py",
