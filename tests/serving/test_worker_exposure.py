@@ -30,7 +30,7 @@ import pytest
 from fastdeploy_mtp import loopback_only
 from fastdeploy_mtp.credentials import API_KEY_ENV, SECRET_ENV
 from tests.support.netns import Hosts
-from tests.support.servers import ServerProcess, descendants, http_post, stopped_cleanly
+from tests.support.servers import ServerProcess, descendants, http_post, serving
 
 MTP1 = '{"method": "mtp", "num_speculative_tokens": 1}'
 API_KEY = "exposure-test-api-key"
@@ -95,13 +95,7 @@ def hosts() -> Iterator[Hosts]:
 @pytest.fixture(scope="module")
 def server(hosts: Hosts) -> Iterator[ServerProcess]:
     env = dict(os.environ, **{API_KEY_ENV: API_KEY, SECRET_ENV: SECRET})
-    srv = ServerProcess(["--speculative-config", MTP1, "-tp", "2"], env=env, on=(hosts, "server"))
-    try:
-        yield srv
-    except BaseException:
-        srv.kill()
-        raise
-    stopped_cleanly(srv)
+    yield from serving(["--speculative-config", MTP1, "-tp", "2"], env=env, on=(hosts, "server"))
 
 
 def serve_pid(srv: ServerProcess) -> int:
