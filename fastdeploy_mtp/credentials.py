@@ -185,16 +185,24 @@ def sign(key: bytes, obj: Any) -> str:
     return hmac.new(key, canonical(obj), hashlib.sha256).hexdigest()
 
 
+def strings_equal(given: Any, expected: str) -> bool:
+    """``given == expected`` in constant time, for a ``given`` that is any str (a peer may
+    send characters ``hmac.compare_digest`` refuses to compare as str) or not a str at all
+    (then ``False``)."""
+    if not isinstance(given, str):
+        return False
+    encode = lambda text: text.encode("utf-8", "surrogatepass")  # noqa: E731
+    return hmac.compare_digest(encode(given), encode(expected))
+
+
 def signature_matches(key: bytes, obj: Any, signature: Any) -> bool:
     """Whether ``signature`` is :func:`sign` ``(key, obj)`` (constant time; False for a
     non-str signature or an object JSON cannot encode)."""
-    if not isinstance(signature, str):
-        return False
     try:
         expected = sign(key, obj)
     except (TypeError, ValueError):
         return False
-    return hmac.compare_digest(expected, signature)
+    return strings_equal(signature, expected)
 
 
 class DroppedMessages:

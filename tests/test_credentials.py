@@ -127,3 +127,17 @@ def test_dropped_counts_per_channel() -> None:
     assert dropped.counts() == {"worker": 0, "kv": 3, "http": 1, "handoff": 0}
     with pytest.raises(ValueError, match="unknown channel 'tcp'"):
         dropped.add("tcp")
+
+
+def test_a_signature_of_any_characters_is_refused_not_raised() -> None:
+    """A peer chooses the characters of what it sends; ``hmac.compare_digest`` raises on a
+    non-ASCII str, so every comparison of a peer's string goes through ``strings_equal``."""
+    key = b"k" * 32
+    good = cred.sign(key, {"a": 1})
+    assert cred.signature_matches(key, {"a": 1}, good)
+    for forged in ("é" * len(good), "\udcff", good + "é", 7, None):
+        assert not cred.signature_matches(key, {"a": 1}, forged), forged
+        assert not cred.strings_equal(forged, good)
+    from fastdeploy_mtp.splitwise.kv_mac import check_answer
+
+    assert "does not hold" in (check_answer(key, "check", "r", "t", 0, {"mac": "é"}) or "")

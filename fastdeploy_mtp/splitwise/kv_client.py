@@ -5,7 +5,6 @@ to P's :class:`~.kv_source.KVSource` through a :class:`_Peer` (protocol in :mod:
 from __future__ import annotations
 
 import dataclasses
-import hmac
 import json
 import logging
 import time
@@ -15,7 +14,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from ..credentials import DroppedMessages, derive
+from ..credentials import DroppedMessages, derive, strings_equal
 from .control import BLOCK_OPS, control_mac
 from .descriptor import Descriptor, differing_field
 from .kv_layout import Caches, KVLayout, TransferError, block_id_list, check_caches, positive_number
@@ -147,7 +146,7 @@ class _Peer:
     def _compare(self, theirs: list[str], mine: list[str], labels: list[str], how: str) -> None:
         """Refuse the first frame whose tag here (``mine``) is not P's (``theirs``)."""
         for i, (tag, ours, label) in enumerate(zip(theirs, mine, labels)):
-            if not hmac.compare_digest(ours, tag):
+            if not strings_equal(tag, ours):
                 raise Refused(
                     f"pull_blocks({self.request_id!r}): the blocks of {label} {how} from "
                     f"{self.address} do not match the prefill instance's tag (frame {i} of "

@@ -33,7 +33,7 @@ import hmac
 from collections.abc import Iterable
 from typing import Any
 
-from ..credentials import canonical, sign
+from ..credentials import canonical, sign, strings_equal
 from .kv_layout import TransferError
 
 __all__ = ["Refused", "answer_mac", "check_answer", "check_tags", "frame_tag", "frame_tags"]
@@ -89,7 +89,7 @@ def check_answer(
         expected = answer_mac(key, op, request_id, token, first, header)
     except (TypeError, ValueError):
         return "it cannot be signed (not plain JSON)"
-    if not hmac.compare_digest(expected, mac):
+    if not strings_equal(mac, expected):
         return "its mac does not hold under this deployment's KV key"
     return None
 

@@ -10,7 +10,6 @@ source runs ``on_release`` for the request ids these methods hand it.
 from __future__ import annotations
 
 import collections
-import hmac
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..credentials import strings_equal
 from .kv_layout import TransferError
 
 __all__ = ["Offers", "Reply", "error_reply", "same_secret"]
@@ -177,7 +177,7 @@ class Offers:
 
 def same_secret(given: Any, expected: str | None) -> bool:
     """``given == expected`` for two str, in constant time."""
-    return isinstance(given, str) and expected is not None and hmac.compare_digest(given, expected)
+    return expected is not None and strings_equal(given, expected)
 
 
 def error_reply(text: str) -> Reply:
