@@ -101,17 +101,21 @@ class LinearStates:
         """
         if not self.conv:
             return
-        rows = paddle.clip(accept_num.astype("int64") - 1, 0, self.max_rows - 1)
-        keep = verified.astype("bool")
+        slots = paddle.nonzero(verified.astype("bool")).squeeze(1)
+        if int(slots.shape[0]) == 0:
+            return
+        rows = paddle.clip(
+            paddle.gather(accept_num.astype("int64"), slots) - 1, 0, self.max_rows - 1
+        )
+        picks = paddle.stack([slots, rows], axis=1)  # [n, 2]: (slot, snapshot row)
+        # only the verified slots' rows are read and written (a gather and a scatter): a
+        # select over every slot (take, where, assign) moved 4x the states and was 50x slower
         for states, snapshots in (
             (self.conv, self.conv_snapshots),
             (self.recurrent, self.recurrent_snapshots),
         ):
             for state, snaps in zip(states, snapshots):
-                index = rows.reshape([-1] + [1] * (len(snaps.shape) - 1))
-                picked = paddle.take_along_axis(snaps, index, axis=1).squeeze(1)
-                mask = keep.reshape([-1] + [1] * (len(state.shape) - 1))
-                paddle.assign(paddle.where(mask, picked, state), output=state)
+                state.scatter_(slots, paddle.gather_nd(snaps, picks), overwrite=True)
 
     def nbytes_per_slot(self) -> int:
         """Bytes of one slot's states and snapshots, every layer."""
