@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -489,8 +490,12 @@ def test_ctrl_c_exits_130_quietly(capsys, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(generate, "run_requests", interrupted)
+    before = signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, [])
     rc, out, err = run_main(capsys, "generate", "--prompt", "x")
     assert (rc, out, err.split()) == (130, "", ["fastdeploy-mtp:", "interrupted"])
+    # called in-process, main leaves the caller's Ctrl-C as it was: an ignored SIGINT here
+    # would be inherited by every process the caller starts later
+    assert (signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, [])) == before
 
 
 def test_process_exit_status_and_no_traceback(tmp_path):

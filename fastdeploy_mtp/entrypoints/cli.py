@@ -123,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     it is one ``KeyboardInterrupt`` at a known place. Without the block such a thread would
     take the signal, and the ``KeyboardInterrupt`` would strike whatever the main thread ran:
     an import half-way (a traceback), or Paddle's import, which can swallow it (the command
-    then ran to its end) or fail with ``ImportError``. The caller's signal mask is back when
-    ``main`` returns."""
+    then ran to its end) or fail with ``ImportError``. The caller's signal mask, and for a
+    call with ``argv`` its SIGINT handler, are back when ``main`` returns."""
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
         from ..config import SpeculativeConfigError
@@ -138,8 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             if _debug():
                 raise
-            # decided: exit 130; a Ctrl-C that comes (or came, still pending) now changes nothing
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            if argv is None:  # the program (console script, ``python -m``), about to exit 130:
+                # a Ctrl-C that comes (or came, still pending) now changes nothing. A caller
+                # in-process keeps its own handler (its later children would inherit SIG_IGN)
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
             print("\nfastdeploy-mtp: interrupted", file=sys.stderr)  # (after a progress line's \r)
             return 130
         except (UsageError, SpeculativeConfigError, CredentialError) as exc:

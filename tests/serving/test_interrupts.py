@@ -43,6 +43,8 @@ class Interrupted:
     signal is sent, 0.1 s apart (an impatient user presses Ctrl-C again)."""
 
     def __init__(self, argv: list[str], marker: str | None, delay: float = 0.0, presses: int = 1):
+        # a child inherits an ignored SIGINT: the CLI would then be right to ignore Ctrl-C
+        assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN, "this process ignores SIGINT"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", *argv],
             stdout=subprocess.PIPE,
