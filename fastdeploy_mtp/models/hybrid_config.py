@@ -89,7 +89,7 @@ class HybridSpec:
     ) -> tuple[tuple[int, int], tuple[int, int, int]]:
         """``(conv_shape, recurrent_shape)`` of one linear layer's state on one of
         ``tensor_parallel_size`` ranks: ``(conv_dim / tp, K - 1)`` and ``(value_heads / tp,
-        key_head_dim, value_head_dim)`` (the arguments of ``LinearStates.zeros``)."""
+        key_head_dim, value_head_dim)``, laid out per slot by :func:`~.linear_state.state_specs`."""
         tp = tensor_parallel_size
         return (
             (self.conv_dim // tp, self.linear_conv_kernel_dim - 1),

@@ -32,11 +32,12 @@ does with them in a forward (item ``b`` of the batch is slot ``b``):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import paddle
 
-from ..config import FDConfig
+from ..config import FDConfig, SpeculativeConfig
 from .model_config import ModelConfig
 
 
@@ -49,28 +50,6 @@ class LinearStates:
     recurrent: list[paddle.Tensor]
     conv_snapshots: list[paddle.Tensor]
     recurrent_snapshots: list[paddle.Tensor]
-
-    @classmethod
-    def zeros(
-        cls,
-        num_layers: int,
-        max_num_seqs: int,
-        max_rows: int,
-        conv_shape: tuple[int, int],
-        recurrent_shape: tuple[int, int, int],
-    ) -> LinearStates:
-        """Zeroed states for ``num_layers`` layers: ``conv_shape = (conv_dim, kernel - 1)``,
-        ``recurrent_shape = (value_heads, head_k_dim, head_v_dim)`` of this rank."""
-
-        def zeros(*shape: int) -> paddle.Tensor:
-            return paddle.zeros(list(shape), dtype="float32")
-
-        return cls(
-            [zeros(max_num_seqs, *conv_shape) for _ in range(num_layers)],
-            [zeros(max_num_seqs, *recurrent_shape) for _ in range(num_layers)],
-            [zeros(max_num_seqs, max_rows, *conv_shape) for _ in range(num_layers)],
-            [zeros(max_num_seqs, max_rows, *recurrent_shape) for _ in range(num_layers)],
-        )
 
     @classmethod
     def from_tensors(cls, specs: list[StateSpec], tensors: list[paddle.Tensor]) -> LinearStates:
@@ -117,17 +96,6 @@ class LinearStates:
             for state, snaps in zip(states, snapshots):
                 state.scatter_(slots, paddle.gather_nd(snaps, picks), overwrite=True)
 
-    def nbytes_per_slot(self) -> int:
-        """Bytes of one slot's states and snapshots, every layer."""
-        total = 0
-        for group in (self.conv, self.recurrent, self.conv_snapshots, self.recurrent_snapshots):
-            for t in group:
-                per = 4
-                for d in t.shape[1:]:
-                    per *= int(d)
-                total += per
-        return total
-
 
 #: What each state tensor of a linear layer holds, in :func:`state_specs` order.
 STATE_KINDS = ("conv_state", "recurrent_state", "conv_snapshots", "recurrent_snapshots")
@@ -147,10 +115,14 @@ class StateSpec:
 
     @property
     def nbytes(self) -> int:
-        n = 4
-        for d in self.shape:
-            n *= d
-        return n
+        """Bytes of the whole tensor (float32, as every state is kept)."""
+        return math.prod(self.shape) * 4
+
+
+def verify_rows(spec: SpeculativeConfig) -> int:
+    """Snapshot rows per slot: the most tokens one slot feeds in a verify pass, ``K + 1``
+    (1 without speculation)."""
+    return 1 + (spec.num_speculative_tokens if spec.enabled else 0)
 
 
 def state_specs(
@@ -190,7 +162,6 @@ def model_state_specs(model: object, fd_config: FDConfig) -> list[StateSpec]:
             "cache_config.enable_prefix_caching: the model has linear-attention layers, whose "
             "recurrent state a cached KV block cannot restore; turn prefix caching off"
         )
-    spec = fd_config.speculative_config
-    max_rows = 1 + (spec.num_speculative_tokens if spec.enabled else 0)
     tp = int(getattr(model, "tensor_parallel_size", 1))
-    return state_specs(config, fd_config.scheduler_config.max_num_seqs, max_rows, tp)
+    rows = verify_rows(fd_config.speculative_config)
+    return state_specs(config, fd_config.scheduler_config.max_num_seqs, rows, tp)

@@ -25,8 +25,13 @@ from fastdeploy_mtp.models.linear_state import (
 from fastdeploy_mtp.models.model_config import has_linear_attention
 
 
+def _states(config: SimpleNamespace, slots: int, rows: int) -> LinearStates:
+    specs = state_specs(config, slots, rows)
+    return LinearStates.from_tensors(specs, [paddle.zeros(list(s.shape)) for s in specs])
+
+
 def test_commit_takes_the_snapshot_after_the_accepted_tokens() -> None:
-    states = LinearStates.zeros(2, 4, 4, (3, 2), (2, 2, 2))
+    states = _states(_hybrid(("linear_attention",) * 2), 4, 4)
     rng = np.random.default_rng(0)
     for group in (states.conv, states.recurrent, states.conv_snapshots, states.recurrent_snapshots):
         for t in group:
@@ -44,13 +49,6 @@ def test_commit_takes_the_snapshot_after_the_accepted_tokens() -> None:
         np.testing.assert_array_equal(got[3], old[3])  # not verified: untouched
 
 
-def test_state_bytes_per_slot_count_every_layer_and_snapshot() -> None:
-    states = LinearStates.zeros(3, 2, 4, (5, 3), (2, 4, 4))
-    per_layer = (5 * 3 + 2 * 4 * 4) * (1 + 4) * 4
-    assert states.nbytes_per_slot() == 3 * per_layer
-    assert states.max_rows == 4
-
-
 def _hybrid(layer_types: tuple[str, ...]) -> SimpleNamespace:
     """A config whose ``hybrid`` layout has the given layers (4 value heads over 2 key heads of
     width 8 and 4, a kernel of 4)."""
@@ -64,6 +62,14 @@ def _hybrid(layer_types: tuple[str, ...]) -> SimpleNamespace:
         fused_projections=True,
     )
     return SimpleNamespace(hybrid=spec)
+
+
+def test_state_bytes_per_slot_count_every_layer_and_snapshot() -> None:
+    specs = state_specs(_hybrid(("linear_attention", "full_attention") * 3), 2, 4)
+    conv, recurrent = 48 * 3, 4 * 8 * 4  # (2 * 2 * 8 + 4 * 4) channels x 3; 4 x 8 x 4
+    per_layer = (conv + recurrent) * (1 + 4) * 4  # state and 4 snapshot rows, float32
+    assert sum(s.nbytes for s in specs) == 2 * 3 * per_layer
+    assert _states(_hybrid(("linear_attention",)), 2, 4).max_rows == 4
 
 
 def test_state_specs_cover_each_linear_layer_split_over_the_ranks() -> None:
@@ -81,7 +87,6 @@ def test_state_specs_cover_each_linear_layer_split_over_the_ranks() -> None:
     }
     states = LinearStates.from_tensors(specs, [paddle.zeros(list(s.shape)) for s in specs])
     assert [list(t.shape) for t in states.tensors()] == [list(s.shape) for s in specs]
-    assert states.nbytes_per_slot() * 3 == sum(s.nbytes for s in specs)
 
 
 def test_models_without_linear_layers_get_no_states() -> None:

@@ -149,12 +149,10 @@ class ServeLayout:
     def state_specs(self, arch: ArchConfig | None = None) -> list[StateSpec]:
         """The linear-attention states of each rank (none for a model without such layers;
         :func:`~fastdeploy_mtp.models.linear_state.state_specs`): per slot, not per block."""
-        from ...models.linear_state import state_specs
+        from ...models.linear_state import state_specs, verify_rows
 
-        arch = arch or self.arch()
-        spec = SpeculativeConfig.from_json(self.speculative_config)
-        rows = 1 + (spec.num_speculative_tokens if spec.enabled else 0)
-        return state_specs(arch, self.max_num_seqs, rows, self.tensor_parallel_size)
+        rows = verify_rows(SpeculativeConfig.from_json(self.speculative_config))
+        return state_specs(arch or self.arch(), self.max_num_seqs, rows, self.tensor_parallel_size)
 
     def cache_names(self, specs: Sequence[CacheLike]) -> list[list[str]]:
         """Per rank, the IPC name of each cache of ``specs`` (FastDeploy's names for key and

@@ -75,10 +75,9 @@ def plan_layout(opts: ServeOptions) -> ServeLayout:
 
 def _state_bytes_per_slot(arch: ArchConfig, spec: SpeculativeConfig, tp: int) -> int:
     """Bytes of one slot's linear-attention states on one rank (0 without such layers)."""
-    from ...models.linear_state import state_specs
+    from ...models.linear_state import state_specs, verify_rows
 
-    rows = 1 + (spec.num_speculative_tokens if spec.enabled else 0)
-    return sum(s.nbytes for s in state_specs(arch, 1, rows, tp))
+    return sum(s.nbytes for s in state_specs(arch, 1, verify_rows(spec), tp))
 
 
 def _prefix_caching(opts: ServeOptions, arch: ArchConfig) -> bool:
