@@ -52,6 +52,11 @@ class Access:
     router_token: bytes | None = None
     dropped: DroppedMessages | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        # what every request is checked against, encoded and digested once
+        self._api_keys = [key.encode() for key in self.keys.api_keys]
+        self._tenants = [self.keys.tenant(i) for i in range(len(self._api_keys))]
+
     def keys_for(self, path: str) -> list[bytes] | None:
         """The credentials that open ``path`` (``None``: it is open). On ``/v1/*`` the API
         keys come first, in :attr:`ClientKeys.api_keys`' order."""
@@ -62,8 +67,7 @@ class Access:
         if path == "/v1" or path.startswith("/v1/"):
             if not self.keys.api_keys:
                 return None
-            keys = [key.encode() for key in self.keys.api_keys]
-            return keys + ([self.router_token] if self.router_token is not None else [])
+            return self._api_keys + ([self.router_token] if self.router_token is not None else [])
         return None
 
     def tenant(self, path: str, index: int | None) -> bytes | None:
@@ -71,9 +75,9 @@ class Access:
         :meth:`keys_for` (``None``: no key, the router's token, or the global scope)."""
         if path.startswith(SPLITWISE_PREFIX) or path == "/metrics":
             return None
-        if index is None or index >= len(self.keys.api_keys):
+        if index is None or index >= len(self._tenants):
             return None
-        return self.keys.tenant(index)
+        return self._tenants[index]
 
 
 def _refusal(path: str) -> JSONResponse:
