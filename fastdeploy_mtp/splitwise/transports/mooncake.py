@@ -50,7 +50,7 @@ from ..mooncake_engine import (
     protocol,
     require,
 )
-from ..transport import PullJob, Transport, finish_direct_read, register
+from ..transport import PullJob, Transport, finish_direct_read, frame_labels, register
 
 __all__ = ["MooncakeTransport", "available", "protocol", "require"]
 
@@ -149,11 +149,12 @@ class MooncakeTransport(Transport):
             return {"mooncake": None}
         engine = engine_at(host)
         buffers: list[list[int]] = []
+        labels = iter(frame_labels(layout))  # rank-major, as the caches are walked
         try:
-            for r, rank in enumerate(caches):
+            for rank in caches:
                 buffers.append([])
-                for cache, entry in zip(rank, layout.caches):
-                    buffers[-1].append(engine.register(cache, f"rank {r} {entry.label}"))
+                for cache in rank:
+                    buffers[-1].append(engine.register(cache, next(labels)))
         except BaseException:  # none of this source's registrations stays behind
             engine.forget([base for rank_bases in buffers for base in rank_bases])
             raise
@@ -235,13 +236,6 @@ def _destinations(engine: Engine, caches: Caches, layout: KVLayout) -> list[list
     into registered memory: the caches are registered (once, until their arrays go). Over
     TCP nothing is: the engine's TCP transport writes what it reads to the address it is
     given, and the engine's port serves none of D's memory."""
-    labels = [entry.label for entry in layout.caches]
-    if engine.protocol == "rdma":
-        return [
-            [engine.register(cache, f"rank {r} {label}") for cache, label in zip(rank, labels)]
-            for r, rank in enumerate(caches)
-        ]
-    return [
-        [base_address(cache, f"rank {r} {label}") for cache, label in zip(rank, labels)]
-        for r, rank in enumerate(caches)
-    ]
+    place = engine.register if engine.protocol == "rdma" else base_address
+    labels = iter(frame_labels(layout))  # rank-major, as the caches are walked
+    return [[place(cache, next(labels)) for cache in rank] for rank in caches]
