@@ -32,6 +32,10 @@ from tests.support.servers import (  # noqa: E402
 )
 
 MAX_TOKENS = 24
+# a request that runs to its max_tokens: the shipped model ends some demo prompts early
+# (DEMO_PROMPTS[1] after 33 tokens), and a test that needs a stream still in flight must not
+# race that end
+LONG = {"ignore_eos": True}
 SPEC = (
     '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, '
     '"mtp_strategy": "with_ngram"}'
@@ -184,7 +188,11 @@ def test_a_client_that_disconnects_frees_its_slot(server):
     before = metrics(server)
     c = client(server)
     stream = c.completions.create(
-        model="fastdeploy-mtp-tiny", prompt=DEMO_PROMPTS[1], max_tokens=900, stream=True
+        model="fastdeploy-mtp-tiny",
+        prompt=DEMO_PROMPTS[1],
+        max_tokens=900,
+        stream=True,
+        extra_body=LONG,
     )
     next(iter(stream))
     stream.close()  # hang up mid-generation
@@ -269,7 +277,11 @@ def test_a_killed_worker_fails_requests_in_flight_and_the_server_exits_non_zero(
     with server_that_will_lose_a_worker() as srv:
         c = client(srv)
         stream = c.completions.create(
-            model="fastdeploy-mtp-tiny", prompt=DEMO_PROMPTS[0], max_tokens=900, stream=True
+            model="fastdeploy-mtp-tiny",
+            prompt=DEMO_PROMPTS[0],
+            max_tokens=900,
+            stream=True,
+            extra_body=LONG,
         )
         first = next(iter(stream))
         assert first.choices[0].text is not None
@@ -297,7 +309,11 @@ def test_sigterm_with_a_stream_in_flight_stops_cleanly_and_promptly():
     srv = ServerProcess(["--speculative-config", SPEC])
     try:
         stream = client(srv).completions.create(
-            model="fastdeploy-mtp-tiny", prompt=DEMO_PROMPTS[2], max_tokens=900, stream=True
+            model="fastdeploy-mtp-tiny",
+            prompt=DEMO_PROMPTS[2],
+            max_tokens=900,
+            stream=True,
+            extra_body=LONG,
         )
         next(iter(stream))
         t0 = time.monotonic()
