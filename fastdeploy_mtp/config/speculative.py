@@ -67,20 +67,20 @@ class SpeculativeConfig:
             layers substep ``s`` runs: ``"cycle"`` (default: layer ``s % L``), ``"repeat_last"``
             (layer ``min(s, L - 1)``) or ``"first"`` (always layer 0, as FastDeploy and vLLM
             do). One layer: always layer 0.
-        adaptive_draft_length: per request, draft only as many tokens as its observed
-            acceptance pays for (see :mod:`fastdeploy_mtp.runtime.adaptive_draft`): from
-            ``num_speculative_tokens`` down to 0 (plain decoding; when every running request
-            is at 0 the MTP layer is skipped for the round) and back.
+        adaptive_draft_length: the draft planner (see
+            :mod:`fastdeploy_mtp.runtime.draft_planner`): each round, from measured step costs
+            and each request's measured acceptance, how many drafts every request gets (0
+            included; when no request drafts with the MTP layer it is skipped for the round) and,
+            with ``verify_strategy`` ``"target_match"`` or ``"greedy"``, which method makes them:
+            the MTP layer as configured, n-gram matching or suffix decoding
+            (:attr:`per_request_methods`).
         acceptance_window: rounds the per-position acceptance estimate averages over (an
             exponential moving average with weight ``2 / (window + 1)``), as TensorRT-LLM's
             ``acceptance_window``.
-        acceptance_rate_threshold: a request drafts position ``i`` while its estimated
-            probability that drafts ``1..i`` are all accepted is at least this (TensorRT-LLM's
-            ``acceptance_rate_threshold`` names the same knob for its whole-batch switch).
-        adaptive_probe_interval: every this many rounds the adaptive controller re-measures
-            the best budget other than the one in force (two rounds at it), or, with no slot
-            wanting drafts, drafts one token per slot to re-measure acceptance; the interval
-            doubles after each probe that does not change the choice (up to 16 times this value).
+        adaptive_probe_interval: every this many rounds the draft planner re-measures the
+            step cost of the best MTP substep count other than the one in force (two rounds at
+            it, 0 substeps included); the interval doubles after each probe that does not change
+            the choice (up to 16 times this value).
         suffix_decoding_max_tree_depth: ``method == "suffix"``: the longest token sequence
             the suffix tries count (vLLM's key); a match is at most this minus one tokens long
             and the match plus its drafts at most this long.
@@ -105,12 +105,23 @@ class SpeculativeConfig:
     mtp_layer_schedule: str = "cycle"
     adaptive_draft_length: bool = False
     acceptance_window: int = 8
-    acceptance_rate_threshold: float = 0.3
     adaptive_probe_interval: int = 16
     suffix_decoding_max_tree_depth: int = 24
     suffix_decoding_max_cached_requests: int = 128
     suffix_decoding_max_spec_factor: float = 1.0
     suffix_decoding_min_token_prob: float = 0.1
+
+    @property
+    def per_request_methods(self) -> bool:
+        """Whether the draft planner may give each request n-gram or suffix drafts instead of
+        the MTP layer's: ``adaptive_draft_length`` with a strategy that verifies any drafts
+        exactly (``"target_match"`` or ``"greedy"``; rejection sampling needs the MTP layer's
+        draft probabilities)."""
+        return (
+            self.method == "mtp"
+            and self.adaptive_draft_length
+            and self.verify_strategy in ("target_match", "greedy")
+        )
 
     def __post_init__(self) -> None:
         for name, allowed in (
@@ -126,7 +137,6 @@ class SpeculativeConfig:
             self, "num_speculative_tokens", "num_model_steps", "min_ngram_size", "acceptance_window"
         )
         positive_fields(self, "adaptive_probe_interval")
-        fraction_fields(self, "acceptance_rate_threshold")
         if self.num_model_steps > self.num_speculative_tokens:
             raise ValueError(
                 f"SpeculativeConfig.num_model_steps ({self.num_model_steps}) must be <= "

@@ -59,7 +59,7 @@ def add_speculative_args(
         "suffix_decoding_max_spec_factor, suffix_decoding_min_token_prob, verify_strategy "
         '("target_match" | "rejection" | "topp" | "greedy"), mtp_layer_schedule ("cycle" | '
         '"repeat_last" | "first"), adaptive_draft_length (true | false, "mtp" only), '
-        "acceptance_window, acceptance_rate_threshold, adaptive_probe_interval, model)",
+        "acceptance_window, adaptive_probe_interval, model)",
     )
     group.add_argument(
         "--num-speculative-tokens",

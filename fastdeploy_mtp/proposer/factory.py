@@ -55,6 +55,10 @@ def make_proposer(
             guided=guided,
         )
         proposer.initialize_kv_cache(num_blocks)
+        if fd_config.speculative_config.per_request_methods:
+            from .alternatives import ModelFreeAlternatives
+
+            proposer.alternatives = ModelFreeAlternatives(fd_config, target_model_inputs)
         return proposer
     if method == "ngram":
         from .model_free import NgramProposer

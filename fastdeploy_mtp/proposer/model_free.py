@@ -118,8 +118,21 @@ class NgramProposer(ModelFreeProposer):
 
     def write_drafts(self) -> None:
         """Draft from n-gram matches into the target's buffers."""
-        target = self.target_model_inputs
         self._clear_drafts()
+        target = self.target_model_inputs
+        self._match(target.draft_tokens, target.seq_lens_this_time)
+
+    def candidate_rows(self) -> np.ndarray:
+        """This round's n-gram drafts ``[N, K]`` int64 on the host (-1 = none), matched into
+        copies: the target's buffers are left as they are."""
+        target = self.target_model_inputs
+        drafts = target.draft_tokens.clone()
+        drafts[:, 1:] = PLACEHOLDER_TOKEN_ID
+        self._match(drafts, target.seq_lens_this_time.clone())
+        return drafts[:, 1:].numpy()
+
+    def _match(self, draft_tokens: paddle.Tensor, seq_lens_this_time: paddle.Tensor) -> None:
+        target = self.target_model_inputs
         ops.ngram_match(
             input_ids=target.token_ids_all,
             input_ids_len=target.prompt_lens,
@@ -127,8 +140,8 @@ class NgramProposer(ModelFreeProposer):
             prompt_lens=target.prompt_lens,
             step_idx=target.step_idx - 1,
             draft_token_num=target.actual_draft_token_num,
-            draft_tokens=target.draft_tokens,
-            seq_lens_this_time=target.seq_lens_this_time,
+            draft_tokens=draft_tokens,
+            seq_lens_this_time=seq_lens_this_time,
             seq_lens_encoder=target.seq_lens_encoder,
             seq_lens_decoder=target.seq_lens_decoder,
             max_dec_len=target.max_dec_len - 1,

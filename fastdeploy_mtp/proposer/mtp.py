@@ -52,6 +52,7 @@ from .skipped_rounds import SkippedRounds
 
 if TYPE_CHECKING:
     from ..runtime.guided import GuidedSlots
+    from .alternatives import ModelFreeAlternatives
 
 
 def layer_for_substep(substep: int, num_layers: int, schedule: str = "cycle") -> int:
@@ -128,6 +129,8 @@ class MTPProposer(MTPCaches, MTPForwards, RoundEntry):
         self.caches: list[paddle.Tensor] = []
         self.cache_specs: list[CacheSpec] = []  # what self.caches hold (set by initialize_kv_cache)
         self._attached: list[str] = []  # IPC names of caches attached from another process
+        #: n-gram and suffix candidates for the draft planner (set by the factory)
+        self.alternatives: ModelFreeAlternatives | None = None
         self._published: list[str] = []  # IPC names of caches this proposer published
         self.num_gpu_blocks = 0
         #: FastDeploy's switch, kept for its interface: substeps here are always sized by
@@ -138,16 +141,14 @@ class MTPProposer(MTPCaches, MTPForwards, RoundEntry):
         #: metadata unchecked (``ForwardMeta.check``), so they read nothing back; rounds with
         #: a prefill validate it on the host.
         self.overlap_round = False
-        #: distinct MTP layers of the model (``num_nextn_predict_layers``) and the layer each
-        #: substep runs (``speculative_config.mtp_layer_schedule``)
+        #: distinct MTP layers and the layer each substep runs (``mtp_layer_schedule``)
         self.num_mtp_layers = int(getattr(model, "num_layers", 1))
         self.layer_schedule = [
             layer_for_substep(s, self.num_mtp_layers, spec.mtp_layer_schedule)
             for s in range(self.num_model_steps)
         ]
-        #: rows accepted while the MTP layer was skipped (adaptive draft length), per slot:
-        #: ``(tokens, target hidden rows [n, H])``, replayed into the MTP caches by the next
-        #: round that runs it (:meth:`_catch_up`)
+        #: rows accepted while the MTP layer was skipped (the draft planner), replayed into the
+        #: MTP caches by the next round that runs it (:meth:`_catch_up`)
         self._skipped = SkippedRounds()
         #: seconds spent in MTP forwards and logits since the runner last reset it
         self.model_seconds = 0.0
@@ -197,10 +198,14 @@ class MTPProposer(MTPCaches, MTPForwards, RoundEntry):
                 self.model_inputs.load_prefill_chunk(req)
             elif req.task_type == RequestType.ABORT:
                 self._stop_slot(idx)
+        if self.alternatives is not None:
+            self.alternatives.insert_tasks_v1(req_dicts)
 
     def forget_slot(self, idx: int) -> None:
         """Drop what the proposer keeps for slot ``idx`` (its request finished or was replaced)."""
         self._skipped.forget(idx)
+        if self.alternatives is not None:
+            self.alternatives.forget_slot(idx)
 
     def _stop_slot(self, idx: int) -> None:
         self.forget_slot(idx)

@@ -270,8 +270,9 @@ class SuffixProposer(ModelFreeProposer):
         shared = self.cache.trie.draft(slot.tokens, k, factor, prob)
         return shared if shared.score > own.score else own
 
-    def write_drafts(self) -> None:
-        """Record this step's emitted tokens and draft for the running slots."""
+    def candidate_rows(self) -> np.ndarray:
+        """Record this step's emitted tokens and draft for the running slots: ``[N, K]`` int64
+        on the host (-1 = no draft)."""
         target = self.target_model_inputs
         k = self.max_draft_token_num
         drafts = np.full((int(target.draft_tokens.shape[0]), k), PLACEHOLDER_TOKEN_ID, np.int64)
@@ -287,4 +288,8 @@ class SuffixProposer(ModelFreeProposer):
                     continue
                 tokens = self.draft_for(slot).tokens
                 drafts[idx, : len(tokens)] = tokens
-        target.draft_tokens[:, 1:] = paddle.to_tensor(drafts)
+        return drafts
+
+    def write_drafts(self) -> None:
+        """Record this step's emitted tokens and draft for the running slots."""
+        self.target_model_inputs.draft_tokens[:, 1:] = paddle.to_tensor(self.candidate_rows())

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..constants import PLACEHOLDER_TOKEN_ID
+from .draft_planner import METHODS
 from .target_runner import StepOutput
 
 
@@ -37,6 +38,9 @@ class Metrics:
         guided_seconds: host time in grammar work (draft checks, token masks, advancing the
             matchers, the MTP substeps' draft masks; see :mod:`~fastdeploy_mtp.runtime.guided`).
         guided_rounds: target steps that did grammar work (a constrained request ran).
+        method_drafts: per drafting method that made verified drafts (``"mtp"``, ``"ngram"``,
+            ``"suffix"``; with the draft planner each request's method of each round):
+            ``[offered, accepted]``.
     """
 
     target_forwards: int = 0
@@ -55,6 +59,7 @@ class Metrics:
     guided_drafts_cut: int = 0
     guided_seconds: float = 0.0
     guided_rounds: int = 0
+    method_drafts: dict[str, list[int]] = field(default_factory=dict)
 
     @classmethod
     def for_drafts(cls, k: int, method: str | None = None) -> Metrics:
@@ -107,6 +112,7 @@ class Metrics:
             "tokens_per_second": round(self.tokens_per_second, 2),
             "wall_seconds": round(self.wall_seconds, 3),
             "glue_ms_per_round": round(self.glue_ms_per_round, 4),
+            "method_drafts": {k: list(v) for k, v in sorted(self.method_drafts.items())},
         }
 
     def count_forward(self, out: StepOutput) -> None:
@@ -140,6 +146,10 @@ class Metrics:
             if i < emitted and int(out.accept_tokens[idx, i]) == int(drafts[i]):
                 self.accepted[i] += 1
                 accepted += 1
+        if proposed and idx < out.draft_methods.shape[0] and out.draft_methods[idx] >= 0:
+            counts = self.method_drafts.setdefault(METHODS[int(out.draft_methods[idx])], [0, 0])
+            counts[0] += proposed
+            counts[1] += accepted
         if imported:
             self.handoff_drafts_proposed += proposed
             self.handoff_drafts_accepted += accepted

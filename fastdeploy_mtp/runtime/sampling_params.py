@@ -40,6 +40,8 @@ from .grammar import guided_problem
 
 #: Largest top-logprobs count a request may ask for (OpenAI's limit for completions).
 MAX_LOGPROBS = 20
+#: Values of :attr:`SamplingParams.speculative_method` (a request's own drafting method).
+SPECULATIVE_METHOD_PINS = ("mtp", "ngram", "suffix", "none")
 #: A temperature below this samples greedily (as vLLM's sampling epsilon).
 GREEDY_BELOW = 1e-5
 
@@ -80,6 +82,11 @@ class SamplingParams:
             grammar). Applied to the logits first (a token the constraint does not allow at a
             position gets ``-inf``), so tokens and logprobs come from the masked distribution; see
             :mod:`~fastdeploy_mtp.runtime.guided`.
+        speculative_method: ``None`` (the engine's draft planner chooses per round), or the
+            one drafting method this request uses: ``"mtp"`` (the MTP layer as configured),
+            ``"ngram"``, ``"suffix"``, or ``"none"`` (no drafts). Only with the planner and a
+            method the deployment offers (:data:`SPECULATIVE_METHOD_PINS`); otherwise the
+            request is refused. It changes how many tokens a step settles, not which.
     """
 
     temperature: float = 0.0
@@ -97,6 +104,7 @@ class SamplingParams:
     logprobs: int | None = None
     include_draft_logprobs: bool = False
     guided: dict[str, Any] | None = None
+    speculative_method: str | None = None
 
     @property
     def greedy(self) -> bool:
@@ -167,6 +175,13 @@ class SamplingParams:
         problem = guided_problem(self.guided)
         if problem is not None:
             return f"guided: {problem}"
+        if self.speculative_method is not None and (
+            self.speculative_method not in SPECULATIVE_METHOD_PINS
+        ):
+            return (
+                f"speculative_method: must be one of {', '.join(SPECULATIVE_METHOD_PINS)}, got "
+                f"{self.speculative_method!r}"
+            )
         return None
 
     def eos_ban_len(self, max_tokens: int) -> int:
@@ -210,6 +225,7 @@ class SamplingParams:
             "logprobs": self.logprobs,
             "include_draft_logprobs": self.include_draft_logprobs,
             "guided": None if self.guided is None else dict(self.guided),
+            "speculative_method": self.speculative_method,
         }
 
     @classmethod

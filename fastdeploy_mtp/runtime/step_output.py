@@ -37,6 +37,8 @@ class StepOutput:
             speculation).
         guided: the step's structured-output work
             (:class:`~fastdeploy_mtp.runtime.guided_stats.GuidedStats`).
+        draft_methods: ``[N]`` int64, which method made each slot's verified drafts (an index
+            of :data:`~fastdeploy_mtp.runtime.draft_planner.METHODS`, -1 = none or unknown).
     """
 
     accept_tokens: np.ndarray
@@ -51,3 +53,4 @@ class StepOutput:
     model_seconds: float = 0.0
     draft_logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
     guided: GuidedStats = field(default_factory=GuidedStats)
+    draft_methods: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))

@@ -122,6 +122,17 @@ def check_sampling(req: Request, spec: SpeculativeConfig) -> None:
             f"= {sampling.temperature}: speculative_config.verify_strategy is 'greedy', which "
             "serves greedy requests only (use 'target_match' or 'rejection' to sample)",
         )
+    pin = sampling.speculative_method
+    if pin is not None and not _serves_pin(pin, spec):
+        offered = (
+            "no speculation"
+            if not spec.enabled
+            else f"only {spec.method!r} (per-request methods need adaptive_draft_length with "
+            "verify_strategy 'target_match' or 'greedy')"
+        )
+        raise InvalidRequestError(
+            rid, "speculative_method", f"{pin!r}: this engine offers {offered}"
+        )
 
 
 def check_arrival(req: Request, max_arrival_step: int | None) -> None:
@@ -172,3 +183,14 @@ def check_fits(
                 f"too large: the request may need {blocks} KV blocks, more than {what} = "
                 f"{block_limit}",
             )
+
+
+def _serves_pin(pin: str, spec: SpeculativeConfig) -> bool:
+    """Whether an engine of ``spec`` can hold a request to drafting method ``pin``: its own
+    method, any with the planner's per-request methods, "none" with the planner or without
+    speculation."""
+    if not spec.enabled:
+        return pin == "none"
+    if pin == "none":
+        return spec.adaptive_draft_length
+    return pin == spec.method or spec.per_request_methods

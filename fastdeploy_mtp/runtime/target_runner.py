@@ -19,10 +19,11 @@ from ..models.cache_spec import CacheSpec, backend_specs, model_dtype
 from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
 from . import collaborators
-from .adaptive_draft import AdaptiveDraftLength
 from .collaborators import DraftLogprobs, Proposer, ProposerFactory, SlotHandover
+from .draft_planner import METHODS, DraftPlanner, verified_methods
 from .guided import GuidedSlots
 from .input_batch import InputBatch, limit_drafts, make_target_inputs
+from .planned_round import planned_round
 from .recurrent_slots import acquire_linear_states, release_linear_states
 from .request import Request, RequestType, check_prefill_task
 from .slot_loading import load_block_table, load_prefill_chunk, load_sampling_rows
@@ -87,10 +88,13 @@ class TargetRunner:
         spec = fd_config.speculative_config
         #: the per-slot states of a hybrid model's linear-attention layers (``None`` without)
         self.linear_states, self._state_names = acquire_linear_states(model, fd_config)
-        #: per-request draft limits (``speculative_config.adaptive_draft_length``)
-        self.adaptive: AdaptiveDraftLength | None = None
+        #: each round's drafts per request (``speculative_config.adaptive_draft_length``)
+        self.planner: DraftPlanner | None = None
         if self.proposer is not None and spec.adaptive_draft_length:
-            self.adaptive = AdaptiveDraftLength(spec, fd_config.scheduler_config.max_num_seqs)
+            alternatives = getattr(self.proposer, "alternatives", None)
+            codes = (METHODS.index("mtp"), *(alternatives.codes if alternatives else ()))
+            self.planner = DraftPlanner(spec, fd_config.scheduler_config.max_num_seqs, codes)
+        self._method = spec.method
         # without drafts every strategy reduces to checking nothing: the target's sample is
         # the token
         strategy = spec.verify_strategy if spec.enabled else "target_match"
@@ -156,8 +160,8 @@ class TargetRunner:
         self.guided.load(req)
         if self.proposer is not None:
             self.proposer.forget_slot(idx)
-        if self.adaptive is not None:
-            self.adaptive.reset_slot(idx)
+        if self.planner is not None:
+            self.planner.reset_slot(idx, req.sampling.speculative_method)
 
     # ---- task insertion ----------------------------------------------------------------------
     def check_task(self, req: Request) -> None:
@@ -188,8 +192,8 @@ class TargetRunner:
             seed = load_sampling_rows(self.share_inputs, req)
             self.sampler.set_slot(req.idx, req.sampling, seed)
             self.guided.load(req)
-            if self.adaptive is not None and req.is_first_chunk:
-                self.adaptive.reset_slot(req.idx)
+            if self.planner is not None and req.is_first_chunk:
+                self.planner.reset_slot(req.idx, req.sampling.speculative_method)
             if not req.is_final_chunk:
                 self._pending_fixups.append(req)
         prefills = [t for t in tasks if t.task_type == RequestType.PREFILL]
@@ -248,8 +252,9 @@ class TargetRunner:
             self.proposer.model_seconds if self.proposer is not None else 0.0
         )
         out.step_seconds = time.perf_counter() - t_start
-        if self.adaptive is not None:
-            self.adaptive.record(int((step.slt > 0).sum()), out.step_seconds, prefill)
+        if self.planner is not None:
+            drafts = int((out.drafts[out.decode_mask] >= 0).sum())
+            self.planner.record(int((step.slt > 0).sum()), drafts, out.step_seconds, prefill)
         return out
 
     def _draft_logprobs(self, out: StepOutput) -> None:
@@ -341,6 +346,7 @@ class TargetRunner:
             decode_mask=step.decode_mask,
             num_tokens=step.token_num,
             guided=self.guided.advance(accept_tokens, accept_num),
+            draft_methods=verified_methods(self.planner, self._method, step.drafts),
         )
         if step.sampled is not None and step.sampled.logprobs is not None:
             out.logprobs = self.sampler.emitted_logprobs(
@@ -351,30 +357,24 @@ class TargetRunner:
     def _propose(
         self, hidden: paddle.Tensor, out: StepOutput, slt: np.ndarray, cu: np.ndarray, prefill: bool
     ) -> None:
-        """The proposer's round, sized by the adaptive draft length when it is on. Everything it
-        decides from is on the host already: this step's lengths ``slt`` and their prefix sums
-        ``cu`` (each slot's first row in ``hidden``), whether a slot was in prefill, and the
-        emitted tokens."""
+        """The proposer's round (planned by the draft planner when it is on), from host values:
+        this step's lengths ``slt``, their prefix sums ``cu`` (each slot's first row in
+        ``hidden``), whether a slot was in prefill, the emitted tokens."""
         assert self.proposer is not None
         running = slt > 0
         # draft rows sit at most K + 1 past the committed tokens (chain rows of the substeps)
-        self.proposer.seq_len_bound = (
-            int(self._cached.max()) + self.proposer.max_draft_token_num + 2
-        )
+        bound = int(self._cached.max()) + self.proposer.max_draft_token_num + 2
+        self.proposer.seq_len_bound = bound
         self.proposer.rows_bound = max(1, int(slt.max()))
         real_bsz = int(np.nonzero(running)[0].max()) + 1 if running.any() else 0
-        if self.adaptive is None:
+        if self.planner is None:
             self.proposer.run(hidden, real_bsz=real_bsz)
             return
-        self.adaptive.observe(out.drafts, out.accept_num, out.decode_mask)
         still = running & ~out.stop_flags
-        steps, limits = self.adaptive.plan_round(still, prefill, self.proposer.num_model_steps)
-        if steps == 0:
-            self.proposer.skip_round(hidden, out, cu[:-1])
-            return
-        self.proposer.run(hidden, real_bsz=real_bsz, num_steps=steps)
-        if (limits < self.proposer.max_draft_token_num).any():
-            limit_drafts(self.share_inputs, limits)
+        planned_round(
+            self.planner, self.proposer, self.share_inputs, hidden, out, still, prefill,
+            cu[:-1], real_bsz, self._ops,
+        )  # fmt: skip
 
     def _fix_up_non_final_chunks(self) -> None:
         """A non-final prompt chunk emits a throw-away token through verify/update (as

@@ -8,6 +8,7 @@ import pytest
 
 from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.models import greedy_generate
+from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 from tests.support.engines import EOS, make_config, make_requests
 
 
@@ -76,34 +77,42 @@ def test_slots_are_reused_by_later_requests(random_model):
 
 
 ADAPTIVE_CASES = [
-    # (K, steps, hybrid, batch, chunk, threshold, probe interval)
-    (3, 3, False, 5, 0, 0.3, 2),
-    (3, 1, True, 5, 7, 0.3, 2),
-    (2, 2, False, 16, 0, 0.9, 1),
-    (3, 3, False, 1, 0, 1.0, 3),
+    # (K, steps, hybrid, batch, chunk, seeded, probe interval)
+    (3, 3, False, 5, 0, False, 2),
+    (3, 1, True, 5, 7, True, 2),
+    (2, 2, False, 16, 0, False, 1),
+    (3, 3, False, 1, 0, True, 3),
+    (8, 1, True, 4, 0, False, 2),
 ]
 
 
-@pytest.mark.parametrize("k,steps,hybrid,batch,chunk,threshold,interval", ADAPTIVE_CASES)
-def test_adaptive_draft_length_keeps_greedy_equivalence(
-    random_model, k, steps, hybrid, batch, chunk, threshold, interval
+@pytest.mark.parametrize("k,steps,hybrid,batch,chunk,seeded,interval", ADAPTIVE_CASES)
+def test_draft_planner_keeps_outputs_equal(
+    random_model, k, steps, hybrid, batch, chunk, seeded, interval
 ):
-    """Drafts shrink to 0 (the random MTP layer is rarely right), rounds skip the MTP layer,
-    probes bring it back: the tokens stay those of plain decoding."""
+    """The draft planner on (per-request methods: MTP, n-gram, suffix; 0 drafts; the MTP
+    layer skipped and probed again): the tokens stay those of plain decoding, greedy and
+    seeded (target_match)."""
     count = max(batch, 6) if batch > 1 else 3
-    base, _ = run(
-        random_model, make_config(0, max_num_seqs=batch), make_requests(11, count), chunk=chunk
-    )
+
+    def requests():
+        reqs = make_requests(11, count)
+        for i, r in enumerate(reqs):
+            if seeded:
+                r.sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=100 + i)
+        return reqs
+
+    base, _ = run(random_model, make_config(0, max_num_seqs=batch), requests(), chunk=chunk)
     cfg = make_config(k, steps, hybrid, max_num_seqs=batch)
     spec = cfg.speculative_config
     spec.adaptive_draft_length = True
-    spec.acceptance_rate_threshold = threshold
     spec.adaptive_probe_interval = interval
-    out, engine = run(random_model, cfg, make_requests(11, count), chunk=chunk)
+    out, engine = run(random_model, cfg, requests(), chunk=chunk)
     assert out == base
     m = engine.metrics
-    assert engine.runner.adaptive is not None
-    assert m.proposed.sum() < k * m.decode_item_steps, "the draft length never shrank"
+    assert engine.runner.planner is not None
+    assert m.proposed.sum() < k * m.decode_item_steps, "every request always drafted all K"
+    assert sum(v[0] for v in m.method_drafts.values()) == m.proposed.sum()
 
 
 @pytest.mark.parametrize("schedule", ["cycle", "repeat_last", "first"])

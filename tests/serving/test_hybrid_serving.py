@@ -20,7 +20,7 @@ from tests.support.folder_serving import (
     run_cli,
 )
 from tests.support.hf_hybrid_folders import HybridReference, make_hybrid_folder
-from tests.support.servers import ServerProcess, serving
+from tests.support.servers import ServerProcess, device_ids, serving
 from tests.support.tokenizer_files import write_bpe_tokenizer
 
 MTP3 = '{"method": "mtp", "num_speculative_tokens": 3, "mtp_strategy": "with_ngram"}'
@@ -94,5 +94,7 @@ def test_tp2_server_answers_as_generate_with_states_from_the_cache_manager(folde
     ],
 )
 def test_prefix_caching_and_splitwise_are_refused_naming_the_model(folder, flags, message):
-    code, _, err = run_cli(["serve", folder, "--speculative-config", MTP3, *flags])
+    # device ids of its own: device 0's KV cache names may belong to another server here
+    args = ["serve", folder, "--speculative-config", MTP3, "--device-ids", device_ids(1)]
+    code, _, err = run_cli([*args, *flags])
     assert code == 2 and re.search(message, err), err

@@ -3,6 +3,8 @@ equivalence does not depend on the weights), config and request builders."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import paddle
 
@@ -35,17 +37,19 @@ def tiny_arch(**overrides) -> ArchConfig:
     return ArchConfig(**{**fields, **overrides})
 
 
-def adaptive_spec(k: int, window: int, threshold: float, interval: int) -> SpeculativeConfig:
-    """MTP with ``k`` drafts from ``k`` substeps and the adaptive draft length on: acceptance
-    window ``window``, threshold ``threshold``, probes every ``interval`` rounds."""
+def adaptive_spec(
+    k: int, window: int, interval: int, steps: int | None = None, **more: Any
+) -> SpeculativeConfig:
+    """MTP with ``k`` drafts from ``steps`` (default ``k``) substeps and the draft planner on:
+    acceptance window ``window``, probes every ``interval`` rounds; ``more``: other keys."""
     return SpeculativeConfig(
         method="mtp",
         num_speculative_tokens=k,
-        num_model_steps=k,
+        num_model_steps=k if steps is None else steps,
         adaptive_draft_length=True,
         acceptance_window=window,
-        acceptance_rate_threshold=threshold,
         adaptive_probe_interval=interval,
+        **more,
     )
 
 

@@ -133,6 +133,7 @@ class StepResult(Message):
             for the slots whose requests asked (``include_draft_logprobs``).
         guided_checked / guided_cut / guided_seconds: the step's grammar work (drafts of
             constrained requests checked / cut before verification, host seconds).
+        draft_methods: ``[N]``, the method code of each slot's verified drafts (-1: none).
     """
 
     stop_flags: list[bool]
@@ -146,6 +147,7 @@ class StepResult(Message):
     guided_checked: int = 0
     guided_cut: int = 0
     guided_seconds: float = 0.0
+    draft_methods: list[int] = []
 
     @classmethod
     def of(cls, out: StepOutput, decode_lens: np.ndarray) -> StepResult:
@@ -162,6 +164,7 @@ class StepResult(Message):
             guided_checked=int(out.guided.checked),
             guided_cut=int(out.guided.cut),
             guided_seconds=float(out.guided.seconds),
+            draft_methods=out.draft_methods.astype(int).tolist(),
         )
 
 

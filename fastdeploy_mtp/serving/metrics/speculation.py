@@ -17,7 +17,12 @@ metric names after it:
 * ``fastdeploy:spec_decode_num_decode_steps_total`` — (request, target forward) pairs that
   decoded;
 * ``fastdeploy:spec_decode_mean_accepted_length`` — emitted / decode steps: tokens per
-  request per target forward (1.0 = no gain from speculation).
+  request per target forward (1.0 = no gain from speculation);
+* ``fastdeploy:spec_decode_num_draft_tokens_by_method_total{method="m"}`` and
+  ``..._num_accepted_tokens_by_method_total`` — the drafts offered / accepted, by the method
+  that made them (``"mtp"``, ``"ngram"``, ``"suffix"``): with the draft planner
+  (``adaptive_draft_length``) each request's method of each round, otherwise the engine's.
+  They sum to the two totals above.
 
 Every speculation series carries a ``method`` label, the engine's
 ``speculative_config.method`` (``"mtp"``, ``"ngram"``, ``"suffix"``, ``"naive"``, or
@@ -100,6 +105,26 @@ def spec_decode_metrics(m: Metrics) -> Iterator[Metric]:
     )
     gauge.add_metric(method, m.mean_accepted_length)
     yield gauge
+    yield from _method_mix(m)
+
+
+def _method_mix(m: Metrics) -> Iterator[Metric]:
+    """Drafts offered and accepted by the method that made them (the planner's method mix)."""
+    for i, (name, doc) in enumerate(
+        (
+            ("spec_decode_num_draft_tokens_by_method", "Draft tokens offered"),
+            ("spec_decode_num_accepted_tokens_by_method", "Draft tokens accepted"),
+        )
+    ):
+        family = CounterMetricFamily(
+            PREFIX + name,
+            f"{doc}, by the method that made them (with the draft planner: each request's "
+            "method of each round).",
+            labels=["method"],
+        )
+        for method, counts in sorted(m.method_drafts.items()):
+            family.add_metric([method], counts[i])
+        yield family
 
 
 def guided_metrics(m: Metrics) -> Iterator[Metric]:

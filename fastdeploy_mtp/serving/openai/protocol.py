@@ -8,10 +8,12 @@ Sampling follows the request's OpenAI fields (:func:`sampling_params`): ``temper
 body fields ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``stop_token_ids``,
 ``ignore_eos``, and FastDeploy's ``include_draft_logprobs`` (with logprobs, each choice also
 carries ``draft_logprobs``: the MTP drafts each step verified and their log-probabilities
-under the MTP layer). Fields a request leaves out take the model folder's
-``generation_config.json`` values when it sets them (:class:`GenerationDefaults`, as vLLM's
-``--generation-config auto``), else the neutral value. The model's EOS ids end the output
-unless ``ignore_eos`` (:func:`sampling_params` adds them to ``stop_token_ids``).
+under the MTP layer), and ``speculative_method`` (ours: the drafting method this request
+uses, where the engine's draft planner offers several). Fields a request leaves out take the
+model folder's ``generation_config.json`` values when it sets them
+(:class:`GenerationDefaults`, as vLLM's ``--generation-config auto``), else the neutral value.
+The model's EOS ids end the output unless ``ignore_eos`` (:func:`sampling_params` adds them
+to ``stop_token_ids``).
 Structured output: OpenAI's ``response_format`` (``{"type": "json_object"}`` or
 ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``) or one of vLLM's
 ``guided_json`` (a schema, or its JSON text), ``guided_regex``, ``guided_choice`` (a list of
@@ -85,6 +87,9 @@ class RequestBody(BaseModel):
     ignore_eos: bool = False
     # FastDeploy's: also return the MTP drafts' logprobs (``draft_logprobs``; needs logprobs)
     include_draft_logprobs: StrictBool = False
+    # ours: the request's own drafting method ("mtp", "ngram", "suffix", "none"; absent: the
+    # engine's draft planner chooses per round)
+    speculative_method: str | None = None
     # vLLM's: the request shares prefix-cache blocks only with requests of the same salt (and
     # tenant; see :mod:`fastdeploy_mtp.tenancy`)
     cache_salt: StrictStr | None = None
@@ -232,6 +237,7 @@ def sampling_params(
         logprobs=k,
         include_draft_logprobs=body.include_draft_logprobs,
         guided=guided,
+        speculative_method=body.speculative_method,
     )
     problem = params.check()
     if problem is not None:

@@ -192,6 +192,7 @@ class RemoteRunner(WorkerGroup):
             logprobs=dict(head.logprobs),
             draft_logprobs=dict(head.draft_logprobs),
             guided=GuidedStats(head.guided_checked, head.guided_cut, head.guided_seconds),
+            draft_methods=np.asarray(head.draft_methods, np.int64),
         )
 
     def _replies(self) -> StepResult:

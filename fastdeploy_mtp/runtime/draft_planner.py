@@ -1,0 +1,385 @@
+"""The draft planner (``speculative_config.adaptive_draft_length``): before each round it
+decides, for every running request, which method drafts for it and how many drafts it gets
+(0 included), and whether the MTP layer runs at all, so as to maximise the batch's expected
+tokens per second from what it measured on this machine.
+
+**Acceptance, per request and method.** For every slot, every drafting method ``d`` (the MTP
+layer as configured, n-gram matching, suffix decoding) and draft position ``j = 1..K`` the
+planner keeps ``p_d[j]``, the estimated probability that draft ``j`` is accepted when drafts
+``1..j-1`` were: an exponential moving average (weight ``beta = 2 / (acceptance_window + 1)``)
+that starts optimistic at 1. Each round every method's candidate drafts are known (the model-free
+ones are computed for every slot; the MTP layer's when it ran), and after verification they are
+all scored against the tokens the target emitted: position ``j`` of a candidate was *tested* if
+``j`` is below the number of emitted tokens and the candidate's earlier drafts equal the emitted
+ones, and it *hit* if draft ``j`` equals emitted token ``j``. For greedy and seeded
+(``target_match``) requests the emitted tokens are the target's own choice at every one of those
+positions, so an unused method is scored exactly as if it had been used, up to where the used
+one failed. The MTP layer's estimates change only in rounds that run it: while it is skipped,
+the probes of the substep counts (below) run it now and then, and its drafts are scored then
+even if no request uses them.
+
+**Cost, per number of MTP substeps.** A step's wall time ``t`` is fitted, separately for each
+number of MTP substeps ``S`` (0 = the MTP layer skipped), as ``t = a_S + b_S m + c_S D`` in the
+number of running slots ``m`` and the drafts the step verified ``D``: exponentially weighted
+least squares (memory of a few dozen steps) whose slopes a weak ridge pulls toward a prior:
+``b = mean(t) / mean(m)`` (a batch size seen rarely is extrapolated in proportion) and ``c = 0``
+(a draft costs nothing until measured, so drafts get tried: their cost is learnt from the
+steps whose draft counts differ, which the acceptance and the candidates' lengths make vary,
+and against plain decoding from the substep counts' own fits). Only steps without a
+prefill whose substep count matches the round that drafted their verified tokens are samples; a
+step more than twice as slow or fast as a settled estimate is clipped to that factor (a busy
+machine), against an unsettled one it restarts the fit.
+
+**The plan.** For a substep count ``S``, a slot's expected tokens with ``n`` drafts of method
+``d`` are ``1 + sum_{j<=n} q_d[j]`` with ``q_d[j] = p_d[1] ... p_d[j]`` (0 where the method has no
+draft ``j``: a model-free candidate shorter than ``j``, an MTP draft past ``S`` without the
+n-gram fill). The batch's rate is ``(m + sum of gains) / t_S(m, D)``; a draft is worth its verify
+row iff its ``q`` exceeds ``c_S`` times the rate, so the planner iterates: from the rate without
+drafts, each slot takes the method with the largest gain above that bar and the drafts whose
+``q`` clear it, the rate is recomputed, and so on (three times: it settles at once in practice).
+Drafts the grammar forces (structured output) have ``q = 1`` and come first. The ``S`` with the
+highest rate wins, kept unless another is ``10%`` better; ``S = 0`` with no drafts is plain
+decoding, always among the choices, so drafting is chosen only when the measured costs say it
+pays. An ``S`` never measured is run for two rounds first, and every ``adaptive_probe_interval``
+rounds the runner-up is re-measured for two rounds (the interval doubles, up to 16 times, while
+probes do not change the choice).
+
+A request may pin its method (``speculative_method``): it then drafts only with that one
+(``"none"``: never). Greedy and seeded outputs do not depend on any of this: only how many
+tokens one target forward settles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import SpeculativeConfig
+
+#: Drafting methods a request can be given, by code (the index); ``NO_METHOD`` = no drafts.
+METHODS = ("mtp", "ngram", "suffix")
+NO_METHOD = -1
+#: The probe interval grows up to this multiple of ``adaptive_probe_interval``.
+MAX_PROBE_BACKOFF = 16
+
+
+def method_code(name: str | None) -> int | None:
+    """The code of a pinned method name (``"none"`` -> :data:`NO_METHOD`; ``None`` -> None)."""
+    if name is None:
+        return None
+    return NO_METHOD if name == "none" else METHODS.index(name)
+
+
+@dataclass
+class RoundPlan:
+    """One round's decision.
+
+    Attributes:
+        steps: MTP substeps to run (0 = the MTP layer is skipped).
+        method: ``[N]`` int64 method code of each slot's drafts (:data:`NO_METHOD`: none).
+        limits: ``[N]`` int64 drafts each slot gets at most.
+    """
+
+    steps: int
+    method: np.ndarray
+    limits: np.ndarray
+
+
+class StepCosts:
+    """``t_S(m, D)`` per substep count ``S`` (see the module docstring)."""
+
+    DECAY = 0.95
+    OUTLIER = 2.0
+    SETTLED = 3.0
+    RIDGE = 0.5
+
+    def __init__(self, max_steps: int):
+        #: per S: decayed sums of (1, m, D, t, m^2, D^2, m D, m t, D t)
+        self.stats = np.zeros((max_steps + 1, 9), np.float64)
+
+    def weight(self, steps: int) -> float:
+        return float(self.stats[steps, 0])
+
+    def predict(self, steps: int, m: float, d: float) -> float | None:
+        """Estimated seconds of a step (None when ``steps`` was never measured)."""
+        w, sm, sd, st, smm, sdd, smd, smt, sdt = self.stats[steps]
+        if w < 0.5:
+            return None
+        mm, md, mt = sm / w, sd / w, st / w
+        prior = np.array([mt / max(mm, 1e-9), 0.0])
+        var = np.array([[smm / w - mm * mm, smd / w - mm * md], [0.0, sdd / w - md * md]])
+        var[1, 0] = var[0, 1]
+        cov = np.array([smt / w - mm * mt, sdt / w - md * mt])
+        slopes = np.linalg.solve(var + self.RIDGE * np.eye(2), cov + self.RIDGE * prior)
+        return max(mt + slopes[0] * (m - mm) + slopes[1] * (d - md), 1e-6)
+
+    def row_cost(self, steps: int, m: float, d: float) -> float:
+        """Seconds one more draft adds (the fitted ``c_S``, at least 0)."""
+        hi, lo = self.predict(steps, m, d + 1.0), self.predict(steps, m, d)
+        return max((hi or 0.0) - (lo or 0.0), 0.0)
+
+    def record(self, steps: int, m: int, d: int, seconds: float) -> None:
+        st = self.stats[steps]
+        estimate = self.predict(steps, m, d)
+        if (
+            estimate is not None
+            and not estimate / self.OUTLIER <= seconds <= estimate * self.OUTLIER
+        ):
+            if st[0] < self.SETTLED:
+                st[:] = 0.0
+            else:
+                seconds = min(max(seconds, estimate / self.OUTLIER), estimate * self.OUTLIER)
+        st *= self.DECAY
+        st += (1.0, m, d, seconds, m * m, d * d, m * d, m * seconds, d * seconds)
+
+
+class DraftPlanner:
+    """Host-side planner of each round's drafts (one per target runner).
+
+    Args:
+        spec: the speculative config (``num_speculative_tokens``, ``num_model_steps``,
+            ``mtp_strategy``, ``acceptance_window``, ``adaptive_probe_interval``).
+        num_slots: ``max_num_seqs``.
+        methods: the codes of :data:`METHODS` a request may be given here (the MTP layer
+            always; the model-free ones where the proposer computes their candidates).
+    """
+
+    #: another substep count replaces the one in force only when its rate is this much better
+    HYSTERESIS = 0.1
+    #: Dinkelbach iterations of the allocation (rate -> bar -> drafts -> rate)
+    ITERATIONS = 3
+
+    def __init__(self, spec: SpeculativeConfig, num_slots: int, methods: tuple[int, ...]):
+        self.k = int(spec.num_speculative_tokens)
+        self.max_steps = int(spec.num_model_steps)
+        #: drafts the MTP method offers with S substeps: S, or K with the n-gram fill
+        self.mtp_fill = spec.mtp_strategy == "with_ngram"
+        self.methods = tuple(sorted(methods))
+        self.beta = 2.0 / (int(spec.acceptance_window) + 1)
+        self.base_interval = int(spec.adaptive_probe_interval)
+        self.interval = self.base_interval
+        self.p = np.ones((len(METHODS), num_slots, self.k), np.float64)
+        #: per slot: a pinned method code, NO_METHOD, or FREE (the planner chooses)
+        self.pin = np.full(num_slots, self.FREE, np.int64)
+        self.costs = StepCosts(self.max_steps)
+        self.steps = self.max_steps  # substeps of the round being planned / run
+        self.prev_steps = -1  # substeps of the round whose drafts this step verified
+        self.hold = 0  # rounds left at the substep count being measured
+        self.rounds_since_probe = 0
+        self.probe_from: int | None = None
+        #: the last round's candidate drafts ``[N, K]`` per method code (what observe scores)
+        self.candidates: dict[int, np.ndarray] = {}
+        #: ``[N]`` method code of the drafts each slot got in the last round
+        self.last_method = np.full(num_slots, NO_METHOD, np.int64)
+
+    FREE = -2
+
+    # ---- acceptance ------------------------------------------------------------------------
+    def reset_slot(self, idx: int, pinned: str | None = None) -> None:
+        """A new request in slot ``idx``: optimistic estimates; ``pinned`` its own method
+        (``speculative_method``), None to let the planner choose."""
+        self.p[:, idx] = 1.0
+        code = method_code(pinned)
+        self.pin[idx] = self.FREE if code is None else code
+
+    def observe(self, emitted: np.ndarray, accept_num: np.ndarray, decode_mask: np.ndarray) -> None:
+        """Score every method's candidates of the last round against what the target emitted.
+
+        Args:
+            emitted: ``[N, >= K]`` tokens each slot emitted this step (accept_tokens).
+            accept_num: ``[N]`` how many.
+            decode_mask: ``[N]`` slots that decoded (verified drafts) this step.
+        """
+        rows = np.asarray(decode_mask, bool)
+        n = np.asarray(accept_num, np.int64).reshape(-1)
+        pos = np.arange(self.k)[None, :]
+        within = rows[:, None] & (pos < n[:, None])
+        tokens = np.asarray(emitted)[:, : self.k]
+        for code in self.methods:
+            cand = self.candidates.get(code)
+            if cand is None:  # not run (the MTP layer skipped): nothing to score
+                continue
+            eq = (cand == tokens) & (cand >= 0)
+            # tested: the candidate's earlier drafts all equal the emitted tokens
+            before = np.cumprod(np.concatenate([np.ones_like(eq[:, :1]), eq[:, :-1]], 1), 1)
+            tested = within & (before > 0) & (cand >= 0)
+            hit = eq.astype(np.float64)
+            self.p[code] += np.where(tested, self.beta * (hit - self.p[code]), 0.0)
+
+    def record(self, running_slots: int, drafts: int, seconds: float, prefill: bool) -> None:
+        """The wall time of the step that just ran (its verify checked ``drafts`` drafts of
+        the previous round, its proposer round ran this round's substeps): a cost sample
+        when both rounds ran the same substep count and no slot was in prefill."""
+        if not prefill and running_slots > 0 and self.prev_steps == self.steps:
+            self.costs.record(self.steps, running_slots, drafts, seconds)
+        self.prev_steps = self.steps
+
+    # ---- the plan ---------------------------------------------------------------------------
+    def _cost(self, steps: int, m: int, d: float) -> float | None:
+        """:meth:`StepCosts.predict`, or for a substep count between 0 and the most, never
+        measured, the straight line between those two."""
+        cost = self.costs.predict(steps, m, d)
+        if cost is not None or steps in (0, self.max_steps):
+            return cost
+        lo, hi = self.costs.predict(0, m, d), self.costs.predict(self.max_steps, m, d)
+        if lo is None or hi is None:
+            return None
+        return lo + (hi - lo) * steps / self.max_steps
+
+    def _reach(
+        self, running: np.ndarray, steps: int, available: dict[int, np.ndarray], forced: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``q`` ``[M, R, K]`` (M = len(METHODS), R running slots): each method's chance that
+        draft ``j`` is reached and accepted, 0 where it has none and at the positions the
+        grammar forces (those are taken anyway); and ``allowed`` ``[M, R]``."""
+        idx = np.nonzero(running)[0]
+        q = np.cumprod(self.p[:, idx], axis=2)
+        pos = np.arange(self.k)[None, :]
+        allowed = np.zeros((len(METHODS), idx.size), bool)
+        for code in self.methods:
+            if code == METHODS.index("mtp"):
+                has = np.broadcast_to(pos < (self.k if self.mtp_fill else steps), q[code].shape)
+                ok = steps > 0
+            else:
+                has = available[code][idx] >= 0
+                ok = True
+            q[code] = np.where(has, q[code], 0.0)
+            allowed[code] = ok & ((self.pin[idx] == self.FREE) | (self.pin[idx] == code))
+        q = np.where((pos < forced[idx][:, None])[None], 0.0, q)
+        return q, allowed
+
+    def _allocate(
+        self, q: np.ndarray, allowed: np.ndarray, forced: np.ndarray, steps: int, m: int
+    ) -> tuple[float, np.ndarray, np.ndarray] | None:
+        """The best allocation under ``steps`` substeps: ``(rate, method [R], drafts [R])``,
+        or None when the substep count has no cost estimate yet. ``forced`` ``[R]``: drafts
+        the grammar forces (certain gains, always taken)."""
+        d = float(forced.sum())
+        t0 = self._cost(steps, m, d)
+        if t0 is None:
+            return None
+        rate = (m + d) / t0
+        method = np.full(q.shape[1], NO_METHOD, np.int64)
+        count = forced.copy()
+        cols = np.arange(q.shape[1])
+        for _ in range(self.ITERATIONS):
+            t1, t = self._cost(steps, m, d + 1.0), self._cost(steps, m, d)
+            bar = max((t1 or 0.0) - (t or 0.0), 0.0) * rate
+            take = q > bar
+            net = np.where(allowed, np.where(take, q - bar, 0.0).sum(axis=2), 0.0)
+            best = net.argmax(axis=0)
+            has = net[best, cols] > 0.0
+            method = np.where(has, best, NO_METHOD)
+            count = forced + np.where(has, take[best, cols].sum(axis=1), 0)
+            gain = np.where(has, np.where(take, q, 0.0)[best, cols].sum(axis=1), 0.0)
+            d = float(count.sum())
+            cost = self._cost(steps, m, d)
+            assert cost is not None
+            rate = (m + float(forced.sum()) + float(gain.sum())) / cost
+        return rate, method, count
+
+    def plan_round(
+        self,
+        running: np.ndarray,
+        prefill: bool,
+        available: dict[int, np.ndarray],
+        forced: np.ndarray | None = None,
+    ) -> RoundPlan:
+        """Decide the next round.
+
+        Args:
+            running: ``[N]`` slots that will decode next step.
+            prefill: some slot was in prefill this step (the MTP layer must run: it has to
+                see the prompt).
+            available: the model-free methods' candidate drafts ``[N, K]`` (-1 = none) by
+                method code, computed for this round.
+            forced: ``[N]`` leading drafts the grammar forces per slot (None: none).
+        """
+        n_slots = running.shape[0]
+        forced = np.zeros(n_slots, np.int64) if forced is None else forced
+        method = np.full(n_slots, NO_METHOD, np.int64)
+        limits = np.zeros(n_slots, np.int64)
+        m = int(running.sum())
+        if m == 0:
+            self.steps = self.max_steps if prefill else 0
+            return RoundPlan(self.steps, method, limits)
+        options = range(1 if prefill else 0, self.max_steps + 1)
+        plans = {}
+        for steps in options:
+            q, allowed = self._reach(running, steps, available, forced)
+            plans[steps] = self._allocate(q, allowed, forced[running], steps, m)
+        self.steps = self._choose(plans, prefill)
+        chosen = plans[self.steps]
+        if chosen is not None:
+            _, method[running], limits[running] = chosen
+        else:  # a substep count being measured for the first time: every draft it has
+            q, allowed = self._reach(running, self.steps, available, forced)
+            net = np.where(allowed, q.sum(axis=2), 0.0)
+            best = net.argmax(axis=0)
+            has = net.max(axis=0) > 0.0
+            method[running] = np.where(has, best, NO_METHOD)
+            limits[running] = np.where(has, self.k, forced[running])
+        self.last_method = method
+        return RoundPlan(self.steps, method, limits)
+
+    def _choose(
+        self, plans: dict[int, tuple[float, np.ndarray, np.ndarray] | None], prefill: bool
+    ) -> int:
+        """The substep count of the round (see the module docstring: measure, compare, keep,
+        probe)."""
+        if self.hold > 0 and self.steps in plans:
+            self.hold -= 1
+            return self.steps
+        for steps in (self.max_steps, 0):
+            if steps in plans and plans[steps] is None:
+                return self._measure(steps)
+        rates = {s: plan[0] for s, plan in plans.items() if plan is not None}
+        best = max(rates, key=lambda s: rates[s])
+        current = self.probe_from if self.probe_from is not None else self.steps
+        if current in rates and rates[best] <= rates[current] * (1.0 + self.HYSTERESIS):
+            best = current
+        if self.probe_from is not None:  # a probe just finished: did it change the choice?
+            grown = min(2 * self.interval, MAX_PROBE_BACKOFF * self.base_interval)
+            self.interval = self.base_interval if best != self.probe_from else grown
+            self.probe_from = None
+        self.rounds_since_probe += 1
+        if self.rounds_since_probe >= self.interval and len(rates) > 1 and not prefill:
+            self.rounds_since_probe = 0
+            self.probe_from = best
+            return self._measure(max((s for s in rates if s != best), key=lambda s: rates[s]))
+        return best
+
+    def _measure(self, steps: int) -> int:
+        """Run ``steps`` substeps for two rounds: the second one's step is a clean sample."""
+        if self.probe_from is None:
+            self.probe_from = self.steps
+        self.hold = 1
+        return steps
+
+    def compose(self, plan: RoundPlan, candidates: dict[int, np.ndarray]) -> np.ndarray:
+        """``[N, K]`` int64 drafts of the round: each slot's row of its method's candidates
+        (``candidates`` by code, the MTP layer's included when it ran), cut at its limit; -1
+        where none. The candidates become what the next :meth:`observe` scores."""
+        self.candidates = candidates
+        out = np.full((plan.method.shape[0], self.k), -1, np.int64)
+        pos = np.arange(self.k)[None, :]
+        for code, rows in candidates.items():
+            sel = plan.method == code
+            if sel.any():
+                keep = pos < plan.limits[sel][:, None]
+                out[sel] = np.where(keep, rows[sel, : self.k], -1)
+        return out
+
+
+def verified_methods(
+    planner: DraftPlanner | None, method: str | None, drafts: np.ndarray
+) -> np.ndarray:
+    """``[N]`` the method code of the drafts ``drafts [N, K]`` a step verified: the planner's
+    choice of the round that made them, or without a planner the configured ``method``'s
+    (-1 for a slot without drafts)."""
+    has = (np.asarray(drafts) >= 0).any(axis=1)
+    if planner is not None:
+        return np.where(has, planner.last_method[: has.shape[0]], NO_METHOD)
+    code = METHODS.index(method) if method in METHODS else NO_METHOD
+    return np.where(has, code, NO_METHOD).astype(np.int64)

@@ -1,0 +1,241 @@
+"""The draft planner (fastdeploy_mtp.runtime.draft_planner), step by step: acceptance scored
+for every method against the emitted tokens, the step-cost fit, the plan it derives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastdeploy_mtp.config import SpeculativeConfig, SpeculativeConfigError
+from fastdeploy_mtp.runtime.draft_planner import (
+    METHODS,
+    NO_METHOD,
+    DraftPlanner,
+    RoundPlan,
+    StepCosts,
+    verified_methods,
+)
+from tests.support.engines import adaptive_spec
+
+MTP, NGRAM, SUFFIX = (METHODS.index(m) for m in ("mtp", "ngram", "suffix"))
+ALL = (MTP, NGRAM, SUFFIX)
+
+
+def planner(k=3, steps=1, slots=2, window=3, interval=1000, methods=ALL, fill=True):
+    spec = adaptive_spec(
+        k, window, interval, steps=steps, mtp_strategy="with_ngram" if fill else "default"
+    )
+    return DraftPlanner(spec, slots, methods)
+
+
+def emitted(rows):
+    """accept_tokens [N, K+1], accept_num [N] of lists of emitted tokens."""
+    width = max(len(r) for r in rows) + 4
+    tokens = np.full((len(rows), width), -1, np.int64)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = r
+    return tokens, np.array([len(r) for r in rows], np.int64)
+
+
+def test_every_method_is_scored_against_the_emitted_tokens():
+    p = planner(slots=1)  # beta = 0.5
+    p.candidates = {
+        MTP: np.array([[5, 6, 7]]),  # used: 5, 6 accepted, 7 rejected (target said 9)
+        NGRAM: np.array([[5, 8, -1]]),  # its 8 would have been rejected at position 2
+        SUFFIX: np.array([[4, 6, 7]]),  # wrong at once: positions 2, 3 untested
+    }
+    tokens, n = emitted([[5, 6, 9]])
+    p.observe(tokens, n, np.array([True]))
+    assert p.p[MTP, 0].tolist() == [1.0, 1.0, 0.5]
+    assert p.p[NGRAM, 0].tolist() == [1.0, 0.5, 1.0]  # position 3: no draft, untested
+    assert p.p[SUFFIX, 0].tolist() == [0.5, 1.0, 1.0]
+
+
+def test_positions_past_the_emitted_tokens_are_censored_not_misses():
+    p = planner(slots=1)
+    p.candidates = {SUFFIX: np.array([[5, 6, 7]])}
+    tokens, n = emitted([[5]])  # another method's first draft failed: one token emitted
+    p.observe(tokens, n, np.array([True]))
+    assert p.p[SUFFIX, 0].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_method_without_candidates_is_not_scored():
+    p = planner(slots=1)
+    p.p[MTP, 0] = 0.2
+    p.candidates = {}  # the MTP layer was skipped
+    tokens, n = emitted([[5]])
+    p.observe(tokens, n, np.array([True]))
+    assert p.p[MTP, 0].tolist() == [0.2, 0.2, 0.2]
+
+
+def test_cost_fit_is_a_plane_in_slots_and_drafts():
+    c = StepCosts(1)
+    assert c.predict(1, 4, 8) is None
+    for m in (2, 4, 6):
+        for d in (0, 3, 9):
+            c.record(1, m, d, 1.0 + 0.5 * m + 0.1 * d)
+    assert c.predict(1, 8, 20) == pytest.approx(1.0 + 4.0 + 2.0, rel=0.05)
+    assert c.row_cost(1, 4, 3) == pytest.approx(0.1, rel=0.15)  # (the ridge pulls a little)
+    assert c.predict(0, 4, 0) is None
+
+
+def test_one_batch_size_extrapolates_proportionally():
+    c = StepCosts(1)
+    for _ in range(10):
+        c.record(0, 4, 0, 2.0)  # only m = 4, no drafts: 0.5 s per row
+    assert c.predict(0, 8, 0) == pytest.approx(4.0, rel=0.1)
+
+
+def test_a_settled_cost_moves_a_bounded_step_on_an_outlier():
+    c = StepCosts(1)
+    for _ in range(10):
+        c.record(1, 2, 2, 1.0)
+    c.record(1, 2, 2, 50.0)  # one busy step counts as twice the estimate
+    assert c.predict(1, 2, 2) < 1.15
+    c2 = StepCosts(1)
+    c2.record(1, 2, 2, 50.0)  # a first sample that the next one contradicts
+    c2.record(1, 2, 2, 1.0)
+    assert c2.predict(1, 2, 2) == pytest.approx(1.0)
+
+
+def drive(p, cost, rounds, accept=lambda code, slot: 1.0, rng=None):
+    """Run ``rounds`` rounds of a batch whose target says ``0, 1, 2, ...`` each round: a
+    method's candidate for a slot is right at each position with probability
+    ``accept(code, slot)`` (else a token of its own); the target emits the chosen drafts up to
+    the first wrong one, then its own token. A step costs ``cost(steps, m, drafts)``. Returns
+    the plans."""
+    rng = rng or np.random.default_rng(0)
+    n = p.pin.shape[0]
+    running = np.ones(n, bool)
+    truth = np.tile(np.arange(p.k + 1), (n, 1))
+
+    def candidates(code):
+        right = rng.random((n, p.k)) < np.array([accept(code, b) for b in range(n)])[:, None]
+        return np.where(right, truth[:, : p.k], 50 + code)
+
+    plans = []
+    verified = 0
+    for _ in range(rounds):
+        avail = {c: candidates(c) for c in (NGRAM, SUFFIX) if c in p.methods}
+        plan = p.plan_round(running, False, avail)
+        cands = dict(avail)
+        if plan.steps > 0:
+            cands[MTP] = candidates(MTP)
+        rows = p.compose(plan, cands)
+        p.record(n, verified, cost(plan.steps, n, verified), False)
+        verified = int((rows >= 0).sum())
+        lead = np.cumprod(rows == truth[:, : p.k], axis=1).sum(axis=1)
+        p.observe(truth, lead + 1, running)
+        plans.append(plan)
+    return plans
+
+
+def test_expensive_drafting_settles_on_plain_decoding():
+    p = planner(slots=2, methods=(MTP,))
+    plans = drive(p, lambda s, m, d: 1.0 + 3.0 * s + 1.0 * d, 40)
+    assert all(pl.steps == 0 and (pl.limits == 0).all() for pl in plans[-10:])
+
+
+def test_cheap_drafting_uses_every_draft():
+    p = planner(slots=2, methods=(MTP,))
+    plans = drive(p, lambda s, m, d: 1.0 + 0.05 * s + 0.01 * d, 40)
+    assert all(pl.steps == 1 and (pl.limits == 3).all() for pl in plans[-10:])
+
+
+def test_each_request_gets_the_method_that_pays_for_it():
+    """Slot 0's text repeats (suffix drafts always right, MTP's always wrong), slot 1's does
+    not (MTP right, the model-free ones wrong): each gets its own."""
+    p = planner(slots=2)
+    good = {(SUFFIX, 0): 1.0, (MTP, 1): 1.0}
+    rng = np.random.default_rng(1)
+    plans = drive(
+        p, lambda s, m, d: 1.0 + 0.2 * s + 0.05 * d, 60, lambda c, b: good.get((c, b), 0.0), rng=rng
+    )
+    last = plans[-10:]
+    assert all(pl.method[0] == SUFFIX and pl.limits[0] == 3 for pl in last), last
+    assert sum(pl.method[1] == MTP and pl.steps == 1 for pl in last) >= 8, last
+
+
+def test_model_free_drafts_alone_skip_the_mtp_layer():
+    p = planner(slots=2)
+    plans = drive(p, lambda s, m, d: 1.0 + 1.0 * s + 0.05 * d, 60, lambda c, b: float(c == SUFFIX))
+    assert all(pl.steps == 0 and (pl.method == SUFFIX).all() for pl in plans[-10:]), plans[-10:]
+
+
+def test_a_collapsed_request_drops_to_zero_drafts_and_recovers():
+    """Probes (two rounds every few) may run the other substep count; the choice is what
+    most rounds run."""
+    p = planner(slots=1, methods=(MTP,), interval=4)
+    state = {"good": 1.0}
+
+    def phase(rounds):
+        plans = drive(
+            p, lambda s, m, d: 1.0 + 0.3 * s + 0.1 * d, rounds, lambda c, b: state["good"]
+        )
+        return sum(int(pl.limits[0] > 0 and pl.steps == 1) for pl in plans[-10:])
+
+    assert phase(30) >= 7
+    state["good"] = 0.0
+    assert phase(30) <= 3
+    state["good"] = 1.0
+    assert phase(80) >= 7
+
+
+def test_pins_hold_a_request_to_its_method():
+    p = planner(slots=3)
+    p.reset_slot(0, "none")
+    p.reset_slot(1, "ngram")
+    plans = drive(p, lambda s, m, d: 1.0 + 0.05 * s + 0.01 * d, 20)
+    assert all(pl.limits[0] == 0 and pl.method[0] == NO_METHOD for pl in plans)
+    assert all(pl.method[1] in (NGRAM, NO_METHOD) for pl in plans)
+    assert any(pl.method[1] == NGRAM for pl in plans)
+
+
+def test_forced_drafts_are_taken_even_when_drafting_does_not_pay():
+    p = planner(slots=2, methods=(MTP,))
+    drive(p, lambda s, m, d: 1.0 + 3.0 * s + 0.2 * d, 40, lambda c, b: 0.0)
+    forced = np.array([2, 0])
+    plan = p.plan_round(np.ones(2, bool), False, {}, forced)
+    assert plan.limits.tolist() == [2, 0] and plan.steps == 0
+
+
+def test_a_prefill_round_runs_the_mtp_layer():
+    p = planner(slots=1, methods=(MTP,))
+    drive(p, lambda s, m, d: 1.0 + 3.0 * s + 1.0 * d, 40)
+    assert p.plan_round(np.array([True]), True, {}).steps == 1
+
+
+def test_compose_takes_each_slots_method_and_cuts_at_its_limit():
+    p = planner(slots=3)
+    plan = RoundPlan(1, np.array([MTP, SUFFIX, NO_METHOD]), np.array([2, 3, 0]))
+    rows = p.compose(plan, {MTP: np.full((3, 3), 7), SUFFIX: np.array([[1, 2, 3]] * 3)})
+    assert rows.tolist() == [[7, 7, -1], [1, 2, 3], [-1, -1, -1]]
+    assert verified_methods(p, "mtp", rows).tolist() == [NO_METHOD] * 3  # no plan made yet
+    p.last_method = plan.method
+    assert verified_methods(p, "mtp", rows).tolist() == [MTP, SUFFIX, NO_METHOD]
+    assert verified_methods(None, "ngram", rows).tolist() == [NGRAM, NGRAM, NO_METHOD]
+
+
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("acceptance_window", 0, "acceptance_window"),
+        ("adaptive_probe_interval", -1, "adaptive_probe_interval"),
+        ("adaptive_draft_length", "yes", "adaptive_draft_length"),
+        ("acceptance_rate_threshold", 0.3, "acceptance_rate_threshold"),
+    ],
+)
+def test_config_names_the_bad_key(key, value, message):
+    with pytest.raises(SpeculativeConfigError, match=message):
+        SpeculativeConfig.from_dict({"method": "mtp", "num_speculative_tokens": 3, key: value})
+
+
+def test_per_request_methods_need_an_exact_verify_strategy():
+    base = {"method": "mtp", "num_speculative_tokens": 3, "adaptive_draft_length": True}
+    assert SpeculativeConfig.from_dict(base).per_request_methods
+    assert not SpeculativeConfig.from_dict(
+        {**base, "verify_strategy": "rejection"}
+    ).per_request_methods
+    assert not SpeculativeConfig.from_dict(
+        {**base, "adaptive_draft_length": False}
+    ).per_request_methods
