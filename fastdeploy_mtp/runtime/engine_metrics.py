@@ -37,6 +37,10 @@ class Metrics:
         guided_seconds: host time in grammar work (draft checks, token masks, advancing the
             matchers, the MTP substeps' draft masks; see :mod:`~fastdeploy_mtp.runtime.guided`).
         guided_rounds: target steps that did grammar work (a constrained request ran).
+        forced_drafts_proposed / forced_drafts_accepted: drafts a constrained request's
+            grammar forced (:mod:`~fastdeploy_mtp.runtime.guided_forced`) that the target
+            verified / accepted; they are also counted in ``proposed`` / ``accepted``, as every
+            verified draft is.
     """
 
     target_forwards: int = 0
@@ -55,6 +59,8 @@ class Metrics:
     guided_drafts_cut: int = 0
     guided_seconds: float = 0.0
     guided_rounds: int = 0
+    forced_drafts_proposed: int = 0
+    forced_drafts_accepted: int = 0
 
     @classmethod
     def for_drafts(cls, k: int, method: str | None = None) -> Metrics:
@@ -115,6 +121,8 @@ class Metrics:
         self.glue_seconds += out.step_seconds - out.model_seconds
         self.guided_drafts_checked += out.guided.checked
         self.guided_drafts_cut += out.guided.cut
+        self.forced_drafts_proposed += out.guided.forced
+        self.forced_drafts_accepted += out.guided.forced_accepted
         if out.guided.seconds > 0.0:
             self.guided_seconds += out.guided.seconds
             self.guided_rounds += 1

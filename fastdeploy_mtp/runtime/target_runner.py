@@ -91,8 +91,7 @@ class TargetRunner:
         self.adaptive: AdaptiveDraftLength | None = None
         if self.proposer is not None and spec.adaptive_draft_length:
             self.adaptive = AdaptiveDraftLength(spec, fd_config.scheduler_config.max_num_seqs)
-        # without drafts every strategy reduces to checking nothing: the target's sample is
-        # the token
+        # without drafts every strategy checks nothing: the target's sample is the token
         strategy = spec.verify_strategy if spec.enabled else "target_match"
         self.verify_strategy = ops.VerifyStrategy.from_string(strategy)
         self.sampler = TargetSampler(self.verify_strategy, fd_config.model_config.max_model_len)
@@ -234,6 +233,7 @@ class TargetRunner:
         prefill = bool((step.enc[step.slt > 0] > 0).any())
         if self.proposer is not None:
             self._propose(step.hidden, out, step.slt, step.rows.cu, prefill)
+            self.guided.offer_forced(self.share_inputs)  # the grammar's forced drafts first
         else:
             # Without drafts each decoding slot feeds its last token next: count the
             # non-empty draft slots ([last token] only), as the proposer's postprocess does.

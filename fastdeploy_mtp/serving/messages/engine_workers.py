@@ -133,6 +133,8 @@ class StepResult(Message):
             for the slots whose requests asked (``include_draft_logprobs``).
         guided_checked / guided_cut / guided_seconds: the step's grammar work (drafts of
             constrained requests checked / cut before verification, host seconds).
+        guided_forced / guided_forced_accepted: of the drafts verified, those the grammar
+            forced / of those, the accepted ones.
     """
 
     stop_flags: list[bool]
@@ -146,6 +148,8 @@ class StepResult(Message):
     guided_checked: int = 0
     guided_cut: int = 0
     guided_seconds: float = 0.0
+    guided_forced: int = 0
+    guided_forced_accepted: int = 0
 
     @classmethod
     def of(cls, out: StepOutput, decode_lens: np.ndarray) -> StepResult:
@@ -162,6 +166,8 @@ class StepResult(Message):
             guided_checked=int(out.guided.checked),
             guided_cut=int(out.guided.cut),
             guided_seconds=float(out.guided.seconds),
+            guided_forced=int(out.guided.forced),
+            guided_forced_accepted=int(out.guided.forced_accepted),
         )
 
 
