@@ -60,6 +60,10 @@ from ..config import SpeculativeConfig
 #: Drafting methods a request can be given, by code (the index); ``NO_METHOD`` = no drafts.
 METHODS = ("mtp", "ngram", "suffix")
 NO_METHOD = -1
+#: The code of drafts a round made from the grammar alone (structured output's forced tokens,
+#: no method's), and the names of every code.
+GRAMMAR = len(METHODS)
+METHOD_LABELS = (*METHODS, "grammar")
 #: The probe interval grows up to this multiple of ``adaptive_probe_interval``.
 MAX_PROBE_BACKOFF = 16
 
@@ -376,10 +380,12 @@ def verified_methods(
     planner: DraftPlanner | None, method: str | None, drafts: np.ndarray
 ) -> np.ndarray:
     """``[N]`` the method code of the drafts ``drafts [N, K]`` a step verified: the planner's
-    choice of the round that made them, or without a planner the configured ``method``'s
-    (-1 for a slot without drafts)."""
+    choice of the round that made them, or without a planner the configured ``method``'s;
+    :data:`GRAMMAR` where the drafts have no method (only the grammar's forced tokens), -1 for
+    a slot without drafts."""
     has = (np.asarray(drafts) >= 0).any(axis=1)
     if planner is not None:
-        return np.where(has, planner.last_method[: has.shape[0]], NO_METHOD)
-    code = METHODS.index(method) if method in METHODS else NO_METHOD
-    return np.where(has, code, NO_METHOD).astype(np.int64)
+        code = planner.last_method[: has.shape[0]]
+    else:
+        code = np.full(has.shape[0], METHODS.index(method) if method in METHODS else NO_METHOD)
+    return np.where(has, np.where(code == NO_METHOD, GRAMMAR, code), NO_METHOD).astype(np.int64)

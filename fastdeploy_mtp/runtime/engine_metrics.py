@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..constants import PLACEHOLDER_TOKEN_ID
-from .draft_planner import METHODS
+from .draft_planner import METHOD_LABELS
 from .target_runner import StepOutput
 
 
@@ -39,8 +39,13 @@ class Metrics:
             matchers, the MTP substeps' draft masks; see :mod:`~fastdeploy_mtp.runtime.guided`).
         guided_rounds: target steps that did grammar work (a constrained request ran).
         method_drafts: per drafting method that made verified drafts (``"mtp"``, ``"ngram"``,
-            ``"suffix"``; with the draft planner each request's method of each round):
-            ``[offered, accepted]``.
+            ``"suffix"``; with the draft planner each request's method of each round; a
+            round's drafts that only the grammar forced: ``"grammar"``): ``[offered,
+            accepted]``.
+        forced_drafts_proposed / forced_drafts_accepted: drafts a constrained request's
+            grammar forced (:mod:`~fastdeploy_mtp.runtime.guided_forced`) that the target
+            verified / accepted; they are also counted in ``proposed`` / ``accepted``, as every
+            verified draft is.
     """
 
     target_forwards: int = 0
@@ -60,6 +65,8 @@ class Metrics:
     guided_seconds: float = 0.0
     guided_rounds: int = 0
     method_drafts: dict[str, list[int]] = field(default_factory=dict)
+    forced_drafts_proposed: int = 0
+    forced_drafts_accepted: int = 0
 
     @classmethod
     def for_drafts(cls, k: int, method: str | None = None) -> Metrics:
@@ -121,6 +128,8 @@ class Metrics:
         self.glue_seconds += out.step_seconds - out.model_seconds
         self.guided_drafts_checked += out.guided.checked
         self.guided_drafts_cut += out.guided.cut
+        self.forced_drafts_proposed += out.guided.forced
+        self.forced_drafts_accepted += out.guided.forced_accepted
         if out.guided.seconds > 0.0:
             self.guided_seconds += out.guided.seconds
             self.guided_rounds += 1
@@ -147,7 +156,8 @@ class Metrics:
                 self.accepted[i] += 1
                 accepted += 1
         if proposed and idx < out.draft_methods.shape[0] and out.draft_methods[idx] >= 0:
-            counts = self.method_drafts.setdefault(METHODS[int(out.draft_methods[idx])], [0, 0])
+            label = METHOD_LABELS[int(out.draft_methods[idx])]
+            counts = self.method_drafts.setdefault(label, [0, 0])
             counts[0] += proposed
             counts[1] += accepted
         if imported:

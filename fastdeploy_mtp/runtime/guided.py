@@ -28,6 +28,10 @@ constraint, in the state "the request's generated tokens so far", and per step:
    the drafts past a chain's end (an EOS draft, a complete grammar). So MTP drafts are always
    grammar-valid; step 1 cuts only drafts that do not see the grammar (the n-gram hybrid's,
    the model-free drafters').
+5. After the proposer's round (every method's, and a round that skips the MTP layer),
+   :meth:`GuidedSlots.offer_forced` puts the tokens each decoding slot's grammar forces next
+   ahead of its drafts (:mod:`.guided_forced`); step 1 never cuts them, and the step after
+   counts them offered and accepted in :class:`~fastdeploy_mtp.runtime.guided_stats.GuidedStats`.
 
 Ids the tokenizer does not have (the model's padded vocabulary) are never allowed; the
 model's EOS ids are allowed where the grammar may end, and are the only ones once it is
@@ -47,6 +51,7 @@ import numpy as np
 
 from .grammar import grammar_of
 from .guided_drafts import DraftChain, GuidedDrafting
+from .guided_forced import GuidedForcing
 from .guided_stats import GuidedStats
 from .guided_tokens import ll_tokenizer, masked_logits
 from .request import InvalidRequestError, Request, RequestType
@@ -55,7 +60,7 @@ if TYPE_CHECKING:
     from ..config import FDConfig
 
 
-class GuidedSlots(GuidedDrafting):
+class GuidedSlots(GuidedDrafting, GuidedForcing):
     """The grammar matchers of one runner's slots (see the module docstring).
 
     Args:
@@ -79,6 +84,10 @@ class GuidedSlots(GuidedDrafting):
         self._chains: dict[int, DraftChain] = {}
         self._draft_masks: dict[int, np.ndarray] = {}
         self._running = np.zeros(0, np.int64)  # the draft slots of the current substep's rows
+        #: forced drafts (:class:`~fastdeploy_mtp.runtime.guided_forced.GuidedForcing`)
+        self._advanced: set[int] = set()
+        self._forced: dict[int, list[int]] = {}
+        self._offered: dict[int, list[int]] = {}
 
     @classmethod
     def for_model(cls, fd_config: FDConfig, config: Any) -> GuidedSlots:
@@ -160,6 +169,9 @@ class GuidedSlots(GuidedDrafting):
         """Slot ``idx`` no longer holds a constrained request."""
         self.matchers.pop(idx, None)
         self.masks.pop(idx, None)
+        self._advanced.discard(idx)
+        self._forced.pop(idx, None)
+        self._offered.pop(idx, None)
 
     # ---- one step ------------------------------------------------------------------------
     def cut_drafts(
@@ -196,7 +208,7 @@ class GuidedSlots(GuidedDrafting):
             slots keep ``K``), else ``None``.
         """
         t0 = time.perf_counter()
-        self.masks = {}
+        self.masks, self._offered = {}, {}
         k = int(draft_tokens.shape[1]) - 1
         limits: np.ndarray | None = None
         for idx, matcher in self.matchers.items():
@@ -214,7 +226,9 @@ class GuidedSlots(GuidedDrafting):
                         limits = np.full(draft_tokens.shape[0], k, np.int64)
                     limits[idx] = valid
                     drafts = drafts[:valid]
+                self._count_offered(idx, drafts)
             self.masks[idx] = self._row_masks(matcher, drafts)
+        self._forced = {}
         self.stats.seconds += time.perf_counter() - t0
         return limits
 
@@ -265,10 +279,13 @@ class GuidedSlots(GuidedDrafting):
         (``accept_tokens[b, :accept_num[b]]``, host ``[N, K + 1]`` / ``[N]``). Returns the
         step's grammar work (and starts counting the next step's)."""
         t0 = time.perf_counter()
+        self._advanced = set()
         for idx, matcher in self.matchers.items():
             emitted = int(accept_num[idx])
             if emitted > 0 and idx in self.masks:
                 matcher.consume_tokens([int(t) for t in accept_tokens[idx, :emitted]])
+                self._count_accepted(idx, accept_tokens[idx, :emitted])
+                self._advanced.add(idx)
         self.masks = {}
         if self.matchers:
             self.stats.seconds += time.perf_counter() - t0

@@ -14,9 +14,14 @@ class GuidedStats:
         checked: drafts checked against a grammar (drafts of constrained slots).
         cut: of those, drafts cut before verification (past the grammar-valid prefix).
         seconds: host time in grammar work (draft checks, masks, their application, advancing,
-            the MTP substeps' draft masks).
+            the MTP substeps' draft masks, the forced drafts).
+        forced: of the drafts verified, those the grammar forced
+            (:mod:`~fastdeploy_mtp.runtime.guided_forced`; they are also in ``checked``).
+        forced_accepted: of those, the drafts the target accepted.
     """
 
     checked: int = 0
     cut: int = 0
     seconds: float = 0.0
+    forced: int = 0
+    forced_accepted: int = 0

@@ -28,6 +28,7 @@ def planned_round(
     rows_start: np.ndarray,
     real_bsz: int,
     be: StepBackend,
+    forced: dict[int, list[int]],
 ) -> None:
     """Plan and run the round after step ``out``.
 
@@ -44,11 +45,17 @@ def planned_round(
         rows_start: ``[N]`` each slot's first row in ``hidden``.
         real_bsz: leading slots in use (the MTP round's batch).
         be: how the ops run (``draft_model_postprocess`` recounts the slots' tokens).
+        forced: per constrained slot, the tokens its grammar forces next (the runner puts them
+            ahead of the drafts after this round; the plan counts them as certain and free of
+            any MTP substep).
     """
     planner.observe(out.accept_tokens, out.accept_num, out.decode_mask)
     alternatives = getattr(proposer, "alternatives", None)
     candidates = alternatives.candidates() if alternatives is not None else {}
-    plan = planner.plan_round(still, prefill, candidates)
+    counts = np.zeros(still.shape[0], np.int64)
+    for idx, tokens in forced.items():
+        counts[idx] = len(tokens)
+    plan = planner.plan_round(still, prefill, candidates, counts)
     if plan.steps == 0:
         proposer.skip_round(hidden, out, rows_start)
     else:

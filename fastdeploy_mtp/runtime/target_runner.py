@@ -81,22 +81,20 @@ class TargetRunner:
         )
         self._pending_fixups: list[Request] = []
         self._exports: list[int] = []
-        #: host mirror of ``seq_lens_decoder`` (tokens in each slot's cache), kept from what the
-        #: host already knows (chunk sizes, emitted counts) so forwards get a length bound
-        #: (``ForwardMeta.max_seq_len``) without reading the device
+        #: host mirror of ``seq_lens_decoder`` (tokens in each slot's cache), from what the host
+        #: knows (chunks, emitted counts): forwards get a length bound without a device read
         self._cached = np.zeros(fd_config.scheduler_config.max_num_seqs, np.int64)
         spec = fd_config.speculative_config
         #: the per-slot states of a hybrid model's linear-attention layers (``None`` without)
         self.linear_states, self._state_names = acquire_linear_states(model, fd_config)
+        self.method = spec.method  # the drafting method (the planner's, when it is on)
         #: each round's drafts per request (``speculative_config.adaptive_draft_length``)
         self.planner: DraftPlanner | None = None
         if self.proposer is not None and spec.adaptive_draft_length:
             alternatives = getattr(self.proposer, "alternatives", None)
             codes = (METHODS.index("mtp"), *(alternatives.codes if alternatives else ()))
             self.planner = DraftPlanner(spec, fd_config.scheduler_config.max_num_seqs, codes)
-        self._method = spec.method
-        # without drafts every strategy reduces to checking nothing: the target's sample is
-        # the token
+        # without drafts every strategy checks nothing: the target's sample is the token
         strategy = spec.verify_strategy if spec.enabled else "target_match"
         self.verify_strategy = ops.VerifyStrategy.from_string(strategy)
         self.sampler = TargetSampler(self.verify_strategy, fd_config.model_config.max_model_len)
@@ -346,7 +344,7 @@ class TargetRunner:
             decode_mask=step.decode_mask,
             num_tokens=step.token_num,
             guided=self.guided.advance(accept_tokens, accept_num),
-            draft_methods=verified_methods(self.planner, self._method, step.drafts),
+            draft_methods=verified_methods(self.planner, self.method, step.drafts),
         )
         if step.sampled is not None and step.sampled.logprobs is not None:
             out.logprobs = self.sampler.emitted_logprobs(
@@ -367,14 +365,16 @@ class TargetRunner:
         self.proposer.seq_len_bound = bound
         self.proposer.rows_bound = max(1, int(slt.max()))
         real_bsz = int(np.nonzero(running)[0].max()) + 1 if running.any() else 0
+        forced = self.guided.forced_drafts(self.proposer.max_draft_token_num)
         if self.planner is None:
             self.proposer.run(hidden, real_bsz=real_bsz)
-            return
-        still = running & ~out.stop_flags
-        planned_round(
-            self.planner, self.proposer, self.share_inputs, hidden, out, still, prefill,
-            cu[:-1], real_bsz, self._ops,
-        )  # fmt: skip
+        else:
+            still = running & ~out.stop_flags
+            planned_round(
+                self.planner, self.proposer, self.share_inputs, hidden, out, still, prefill,
+                cu[:-1], real_bsz, self._ops, forced,
+            )  # fmt: skip
+        self.guided.offer_forced(self.share_inputs, forced)  # the grammar's forced drafts first
 
     def _fix_up_non_final_chunks(self) -> None:
         """A non-final prompt chunk emits a throw-away token through verify/update (as

@@ -8,6 +8,7 @@ import pytest
 
 from fastdeploy_mtp.config import SpeculativeConfig, SpeculativeConfigError
 from fastdeploy_mtp.runtime.draft_planner import (
+    GRAMMAR,
     METHODS,
     NO_METHOD,
     DraftPlanner,
@@ -210,7 +211,8 @@ def test_compose_takes_each_slots_method_and_cuts_at_its_limit():
     plan = RoundPlan(1, np.array([MTP, SUFFIX, NO_METHOD]), np.array([2, 3, 0]))
     rows = p.compose(plan, {MTP: np.full((3, 3), 7), SUFFIX: np.array([[1, 2, 3]] * 3)})
     assert rows.tolist() == [[7, 7, -1], [1, 2, 3], [-1, -1, -1]]
-    assert verified_methods(p, "mtp", rows).tolist() == [NO_METHOD] * 3  # no plan made yet
+    # drafts of a slot the plan gave no method are the grammar's forced tokens
+    assert verified_methods(p, "mtp", rows).tolist() == [GRAMMAR, GRAMMAR, NO_METHOD]
     p.last_method = plan.method
     assert verified_methods(p, "mtp", rows).tolist() == [MTP, SUFFIX, NO_METHOD]
     assert verified_methods(None, "ngram", rows).tolist() == [NGRAM, NGRAM, NO_METHOD]

@@ -1,7 +1,7 @@
 """Structured output through ``fastdeploy-mtp serve`` (MTP, K=3) and the splitwise router: OpenAI's
 ``response_format`` and vLLM's ``guided_*`` fields constrain the output (the same text as the
 offline engine under the same constraint), bad or competing constraints are a 400 naming the
-field, and ``/metrics`` counts the grammar's work.
+field, and ``/metrics`` counts the grammar's work and its forced drafts.
 
 Every server is stopped with SIGTERM and must exit 0 leaving nothing behind.
 """
@@ -181,6 +181,28 @@ def test_metrics_count_the_grammar_work(server):
     text = http_get(server.base_url + "/metrics")[1]
     for name in ("guided_drafts_checked", "guided_drafts_cut", "guided_seconds", "guided_rounds"):
         assert f"# HELP fastdeploy:{name}_total " in text
+
+
+def test_metrics_count_the_grammars_forced_drafts_inside_the_draft_counters(server):
+    """The schema forces its keys and punctuation: those drafts are offered and, the request
+    ending at EOS on this byte model, all accepted; they are also in the draft counters."""
+    forced = "fastdeploy:spec_decode_num_forced_draft_tokens_total"
+    names = (
+        forced,
+        "fastdeploy:spec_decode_num_accepted_forced_draft_tokens_total",
+        "fastdeploy:spec_decode_num_draft_tokens_total",
+        "fastdeploy:spec_decode_num_accepted_tokens_total",
+    )
+    before = scrape_metrics(server.base_url)
+    text, reason = complete(server.base_url, guided_json=json.dumps(SCHEMA))
+    after = scrape_metrics(server.base_url)
+    assert reason == "stop" and set(json.loads(text)) == {"name", "ok"}
+    offered, accepted, drafts, drafts_accepted = (after[n] - before[n] for n in names)
+    assert accepted == offered > 0 and drafts >= offered and drafts_accepted >= accepted
+    assert after[forced + '{method="mtp"}'] == after[forced]
+    page = http_get(server.base_url + "/metrics")[1]
+    assert "# HELP " + forced + " Draft tokens a constrained request's grammar forced" in page
+    assert "also counted in spec_decode_num_draft_tokens" in page
 
 
 def test_a_constraint_through_the_router_and_a_decode_instance(offline_regex):

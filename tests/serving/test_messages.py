@@ -80,6 +80,8 @@ RESULT = ew.StepResult(
     num_tokens=9,
     exports={0: {"target": {"step_idx": [2]}}},
     logprobs={0: [LOGPROB]},
+    guided_forced=2,
+    guided_forced_accepted=1,
 )
 
 

@@ -134,6 +134,8 @@ class StepResult(Message):
         guided_checked / guided_cut / guided_seconds: the step's grammar work (drafts of
             constrained requests checked / cut before verification, host seconds).
         draft_methods: ``[N]``, the method code of each slot's verified drafts (-1: none).
+        guided_forced / guided_forced_accepted: of the drafts verified, those the grammar
+            forced / of those, the accepted ones.
     """
 
     stop_flags: list[bool]
@@ -148,6 +150,8 @@ class StepResult(Message):
     guided_cut: int = 0
     guided_seconds: float = 0.0
     draft_methods: list[int] = []
+    guided_forced: int = 0
+    guided_forced_accepted: int = 0
 
     @classmethod
     def of(cls, out: StepOutput, decode_lens: np.ndarray) -> StepResult:
@@ -165,6 +169,8 @@ class StepResult(Message):
             guided_cut=int(out.guided.cut),
             guided_seconds=float(out.guided.seconds),
             draft_methods=out.draft_methods.astype(int).tolist(),
+            guided_forced=int(out.guided.forced),
+            guided_forced_accepted=int(out.guided.forced_accepted),
         )
 
 

@@ -20,9 +20,14 @@ metric names after it:
   request per target forward (1.0 = no gain from speculation);
 * ``fastdeploy:spec_decode_num_draft_tokens_by_method_total{method="m"}`` and
   ``..._num_accepted_tokens_by_method_total`` — the drafts offered / accepted, by the method
-  that made them (``"mtp"``, ``"ngram"``, ``"suffix"``): with the draft planner
-  (``adaptive_draft_length``) each request's method of each round, otherwise the engine's.
-  They sum to the two totals above.
+  that made them (``"mtp"``, ``"ngram"``, ``"suffix"``; ``"grammar"`` for a round whose drafts
+  are only a grammar's forced tokens): with the draft planner (``adaptive_draft_length``) each
+  request's method of each round, otherwise the engine's. They sum to the two totals above;
+* ``fastdeploy:spec_decode_num_forced_draft_tokens_total`` — drafts a constrained request's
+  grammar forced (its only continuation, placed ahead of the method's drafts) that were offered
+  to the target; ``fastdeploy:spec_decode_num_accepted_forced_draft_tokens_total`` — those
+  the target accepted. Both are also inside ``num_draft_tokens`` / ``num_accepted_tokens``
+  (which count every verified draft), so the method's own drafts are the difference.
 
 Every speculation series carries a ``method`` label, the engine's
 ``speculative_config.method`` (``"mtp"``, ``"ngram"``, ``"suffix"``, ``"naive"``, or
@@ -96,6 +101,18 @@ def spec_decode_metrics(m: Metrics) -> Iterator[Metric]:
         "spec_decode_num_decode_steps",
         "(request, target forward) pairs that decoded, by drafting method.",
         m.decode_item_steps,
+    )
+    yield by_method(
+        "spec_decode_num_forced_draft_tokens",
+        "Draft tokens a constrained request's grammar forced, offered to the target (also "
+        "counted in spec_decode_num_draft_tokens), by drafting method.",
+        m.forced_drafts_proposed,
+    )
+    yield by_method(
+        "spec_decode_num_accepted_forced_draft_tokens",
+        "Grammar-forced draft tokens the target accepted (also counted in "
+        "spec_decode_num_accepted_tokens), by drafting method.",
+        m.forced_drafts_accepted,
     )
     gauge = GaugeMetricFamily(
         PREFIX + "spec_decode_mean_accepted_length",

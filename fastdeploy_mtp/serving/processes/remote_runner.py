@@ -191,7 +191,13 @@ class RemoteRunner(WorkerGroup):
             exports=dict(head.exports),
             logprobs=dict(head.logprobs),
             draft_logprobs=dict(head.draft_logprobs),
-            guided=GuidedStats(head.guided_checked, head.guided_cut, head.guided_seconds),
+            guided=GuidedStats(
+                head.guided_checked,
+                head.guided_cut,
+                head.guided_seconds,
+                head.guided_forced,
+                head.guided_forced_accepted,
+            ),
             draft_methods=np.asarray(head.draft_methods, np.int64),
         )
 
