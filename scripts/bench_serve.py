@@ -9,7 +9,21 @@ chunk carried — speculation delivers several tokens per chunk). Ratios between
 run are what to compare; absolute numbers depend on the machine.
 
     python scripts/bench_serve.py [--clients 16,64,128] [--max-tokens 64] [--json out.json]
-                                  [--pd] [--netns]
+                                  [--pd] [--netns] [--model DIR]
+    python scripts/bench_serve.py --batch-sizes 1,2,4,8,16,32,64,128 [--repeat 3] [--model DIR]
+
+Every client's completion runs to ``--max-tokens`` (``ignore_eos``: the end-of-text token is
+masked), so every configuration does the same work and tokens/s counts real tokens.
+
+``--batch-sizes`` compares two mixed servers, no speculation and the default speculation
+(no speculation flags), each started once: a batch size B is one round of B concurrent
+clients. Per batch size the table gives tokens/s of each, their ratio, and from the growth
+of the speculative server's ``/metrics`` counters over its rounds the drafts offered per
+decoding slot per round, the mean accepted length and the method mix (each method's share
+of the drafts offered: the per-method counter where the server has one, else the configured
+method's). ``--repeat N`` runs every round N times (all batch sizes, then again) and prints
+median [min, max] of tokens/s and of the ratio, each ratio taken between the rounds of the
+same repeat. ``--model DIR`` serves another model folder in every configuration.
 
 ``--clients`` takes a comma-separated list: each configuration's server is started once and
 runs one round per client count. The mixed servers run ``--token-channel shm`` with the
