@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections.abc import Iterable, Sequence
 
 
@@ -32,3 +33,17 @@ def write_json(path: str | None, rows: list[dict], indent: int = 1) -> None:
     if path:
         with open(path, "w") as f:
             json.dump(rows, f, indent=indent)
+
+
+def median_range(values: Sequence[float], digits: int = 0, unit: str = "") -> str:
+    """`values` (one per repeat of a point) as ``"median [min, max]"``, each with `digits`
+    decimals and `unit` after it; just the value when there is one, ``"-"`` when none."""
+    if not values:
+        return "-"
+
+    def fmt(v: float) -> str:
+        return f"{v:.{digits}f}{unit}"
+
+    if len(values) == 1:
+        return fmt(values[0])
+    return f"{fmt(statistics.median(values))} [{fmt(min(values))}, {fmt(max(values))}]"

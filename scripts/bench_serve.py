@@ -9,7 +9,21 @@ chunk carried — speculation delivers several tokens per chunk). Ratios between
 run are what to compare; absolute numbers depend on the machine.
 
     python scripts/bench_serve.py [--clients 16,64,128] [--max-tokens 64] [--json out.json]
-                                  [--pd] [--netns]
+                                  [--pd] [--netns] [--model DIR]
+    python scripts/bench_serve.py --batch-sizes 1,2,4,8,16,32,64,128 [--repeat 3] [--model DIR]
+
+Every client's completion runs to ``--max-tokens`` (``ignore_eos``: the end-of-text token is
+masked), so every configuration does the same work and tokens/s counts real tokens.
+
+``--batch-sizes`` compares two mixed servers, no speculation and the default speculation
+(no speculation flags), each started once: a batch size B is one round of B concurrent
+clients. Per batch size the table gives tokens/s of each, their ratio, and from the growth
+of the speculative server's ``/metrics`` counters over its rounds the drafts offered per
+decoding slot per round, the mean accepted length and the method mix (each method's share
+of the drafts offered: the per-method counter where the server has one, else the configured
+method's). ``--repeat N`` runs every round N times (all batch sizes, then again) and prints
+median [min, max] of tokens/s and of the ratio, each ratio taken between the rounds of the
+same repeat. ``--model DIR`` serves another model folder in every configuration.
 
 ``--clients`` takes a comma-separated list: each configuration's server is started once and
 runs one round per client count. The mixed servers run ``--token-channel shm`` with the
@@ -35,6 +49,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,9 +63,16 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
-from bench_report import bench_parser, print_table, write_json  # noqa: E402
+from bench_report import bench_parser, median_range, print_table, write_json  # noqa: E402
 
 from fastdeploy_mtp.distributed import find_free_port_range  # noqa: E402
+from fastdeploy_mtp.entrypoints.demo_sweep import (  # noqa: E402
+    SWEEP_COLUMNS,
+    SWEEP_LEGEND,
+    batch_sizes,
+    mix_text,
+    per_step,
+)
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS  # noqa: E402
 from tests.support.netns import Hosts  # noqa: E402
 from tests.support.servers import ServerProcess, router_command, scrape_metrics  # noqa: E402
@@ -62,6 +84,8 @@ HYBRID = [
 ]
 MTP3 = ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3}']
 TP2 = ["--tensor-parallel-size", "2"]
+#: ``--batch-sizes``: plain decoding against the default speculation (no flags)
+SWEEP_CONFIGS = [("no speculation", NO_SPEC), ("default speculation", [])]
 CONFIGS = [
     ("no speculation, tp 1", NO_SPEC),
     ("MTP K=3 S=1 +ngram, tp 1", HYBRID),
@@ -210,11 +234,16 @@ def _netns_deployment(kind: str, spec: list[str], hosts: Hosts) -> Iterator[tupl
         log.close()
 
 
-async def one_client(c, prompt: str, max_tokens: int) -> tuple[float, list[float], int]:
-    """Returns (TTFT, per-token inter-arrival gaps, tokens) of one streamed completion."""
+async def one_client(c, model: str, prompt: str, max_tokens: int) -> tuple[float, list[float], int]:
+    """Returns (TTFT, per-token inter-arrival gaps, tokens) of one streamed completion, which
+    runs to ``max_tokens`` (``ignore_eos``: the end-of-text token is masked)."""
     t0 = time.perf_counter()
     stream = await c.completions.create(
-        model="fastdeploy-mtp-tiny", prompt=prompt, max_tokens=max_tokens, stream=True
+        model=model,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        stream=True,
+        extra_body={"ignore_eos": True},
     )
     ttft, last, gaps, text = None, None, [], ""
     async for chunk in stream:
@@ -232,20 +261,26 @@ async def one_client(c, prompt: str, max_tokens: int) -> tuple[float, list[float
     return (ttft or 0.0), gaps, max_tokens
 
 
-async def run_clients(base_url: str, clients: int, max_tokens: int) -> dict[str, float]:
+async def run_clients(base_url: str, clients: int, max_tokens: int) -> dict[str, Any]:
+    """One round: a warm-up request, then ``clients`` concurrent streams (the demo prompts,
+    cycled); their throughput and latencies, and in ``"spec"`` how the server's speculation
+    counters (:data:`SPEC_COUNTERS`, per method too) grew over the round."""
     import openai
 
     c = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=600)
     try:
-        await one_client(c, DEMO_PROMPTS[0], 8)  # warm-up
+        model = (await c.models.list()).data[0].id
+        await one_client(c, model, DEMO_PROMPTS[0], 8)  # warm-up
+        before = scrape_metrics(base_url)
         t0 = time.perf_counter()
         results = await asyncio.gather(
             *(
-                one_client(c, DEMO_PROMPTS[i % len(DEMO_PROMPTS)], max_tokens)
+                one_client(c, model, DEMO_PROMPTS[i % len(DEMO_PROMPTS)], max_tokens)
                 for i in range(clients)
             )
         )
         wall = time.perf_counter() - t0
+        spec = spec_deltas(before, scrape_metrics(base_url))
     finally:
         await c.close()
     ttfts = np.array([r[0] for r in results]) * 1e3
@@ -258,7 +293,33 @@ async def run_clients(base_url: str, clients: int, max_tokens: int) -> dict[str,
         "itl_p50_ms": float(np.percentile(gaps, 50)) if gaps.size else 0.0,
         "itl_p99_ms": float(np.percentile(gaps, 99)) if gaps.size else 0.0,
         "wall_s": wall,
+        "spec": spec,
     }
+
+
+#: the speculation counters of ``/metrics`` a round reports the growth of
+SPEC_COUNTERS = {
+    "drafts": "fastdeploy:spec_decode_num_draft_tokens_total",
+    "decode_steps": "fastdeploy:spec_decode_num_decode_steps_total",
+    "emitted": "fastdeploy:spec_decode_num_emitted_tokens_total",
+}
+#: drafts offered per drafting method (the engine counts each request's own method); without
+#: it, the ``method`` label of the drafts counter (the configured method) stands for all
+BY_METHOD = "fastdeploy:spec_decode_num_draft_tokens_by_method_total"
+
+
+def spec_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """How the :data:`SPEC_COUNTERS` grew from the ``before`` to the ``after`` scrape
+    (:func:`scrape_metrics` samples), and in ``"methods"`` the drafts offered per method."""
+    grown = {k: after.get(name, 0.0) - before.get(name, 0.0) for k, name in SPEC_COUNTERS.items()}
+    counted = any(k.startswith(BY_METHOD + "{") for k in after)
+    family = BY_METHOD if counted else SPEC_COUNTERS["drafts"]
+    methods = {}
+    for key, value in after.items():
+        label = re.search(r'method="([^"]*)"', key) if key.startswith(family + "{") else None
+        if label is not None:
+            methods[label[1]] = methods.get(label[1], 0.0) + value - before.get(key, 0.0)
+    return {**grown, "methods": methods}
 
 
 def main() -> int:
@@ -286,12 +347,34 @@ def main() -> int:
         "own: network namespaces joined by a bridge (needs root and iproute2; the shm rows are "
         "left out)",
     )
-    args = ap.parse_args()
-    configs = (
-        [(label, kind, spec) for label, kind, spec in PD_CONFIGS]
-        if args.pd
-        else [(label, "mixed", [*extra, *MIXED, *_slots(args)]) for label, extra in CONFIGS]
+    ap.add_argument(
+        "--batch-sizes",
+        type=batch_sizes,
+        default=None,
+        help="instead of the configurations: no speculation against the default, one round per "
+        "batch size B (B concurrent clients), comma-separated, e.g. 1,2,4,8,16,32,64,128",
     )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="with --batch-sizes: rounds per batch size, reported as median [min, max] (default 1)",
+    )
+    ap.add_argument(
+        "--model", default=None, help="the servers' model folder (default: the shipped one)"
+    )
+    args = ap.parse_args()
+    if args.repeat < 1 or (args.repeat > 1 and args.batch_sizes is None):
+        ap.error(f"--repeat {args.repeat}: must be >= 1, and more than 1 needs --batch-sizes")
+    if args.batch_sizes is not None and args.pd:
+        ap.error("--batch-sizes: compares mixed servers; not with --pd")
+    model = [] if args.model is None else ["--model", args.model]
+    mixed = [*MIXED, *_slots(args), *model]
+    if args.pd:
+        configs = [(label, kind, [*spec, *model]) for label, kind, spec in PD_CONFIGS]
+    else:
+        chosen = CONFIGS if args.batch_sizes is None else SWEEP_CONFIGS
+        configs = [(label, "mixed", [*extra, *mixed]) for label, extra in chosen]
     hosts = Hosts(["prefill", "decode", "router"]) if args.netns else None
     try:
         rows = _run(configs, args, hosts)
@@ -354,9 +437,11 @@ def _run(
         with deployment(kind, extra, hosts) as (url, codes):
             startup = time.perf_counter() - t0
             found = []
-            for n in args.clients:
+            rounds = [(r, n) for r in range(args.repeat) for n in args.batch_sizes or args.clients]
+            for r, n in rounds:
+                again = f" (repeat {r + 1}/{args.repeat})" if args.repeat > 1 else ""
                 print(
-                    f"[bench_serve] {label}: up in {startup:.1f} s; {n} clients",
+                    f"[bench_serve] {label}: up in {startup:.1f} s; {n} clients{again}",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -372,7 +457,9 @@ def _run(
                         if hosts is None
                         else hosts.call("router", asyncio.run, clients)
                     )
-                row.update(config=label, clients=n, startup_s=startup, peak_running=peak.peak)
+                row.update(
+                    config=label, clients=n, repeat=r, startup_s=startup, peak_running=peak.peak
+                )
                 found.append(row)
         for row in found:
             row["exit_code"] = max(codes, default=0)
@@ -393,12 +480,57 @@ def _mtp_ratio(row: dict, rows: list[dict]) -> str:
 
 
 def _report(rows: list[dict], args: argparse.Namespace) -> int:
+    write_json(args.json, rows)
+    ok = 0 if all(r["exit_code"] == 0 for r in rows) else 1
+    if args.batch_sizes is not None:
+        if args.repeat > 1:
+            print(f"tokens/s and ratio: median [min, max] over {args.repeat} rounds")
+        print_table(["batch", *SWEEP_COLUMNS, "peak running"], sweep_lines(rows))
+        print(SWEEP_LEGEND)
+        return ok
     base = rows[0]["tokens_per_s"] if rows else 1.0
     header = ["config", "clients", "peak running", "startup s", "tokens/s", "vs first"]
     header += ["MTP/no-MTP", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms"]
     print_table(header, (_cells(r, rows, base) for r in rows))
-    write_json(args.json, rows)
-    return 0 if all(r["exit_code"] == 0 for r in rows) else 1
+    return ok
+
+
+def sweep_lines(rows: list[dict]) -> list[list[str]]:
+    """The ``--batch-sizes`` table, one line per batch size (``clients``) of ``rows`` (one
+    per round: ``config`` one of :data:`SWEEP_CONFIGS`' labels, ``repeat``, ``tokens_per_s``,
+    ``peak_running``, ``spec``: :func:`spec_deltas`). Each ratio divides the speculative
+    round by the plain round of the same repeat; the draft columns sum the speculative rounds."""
+    plain, spec = (label for label, _ in SWEEP_CONFIGS)
+    lines = []
+    for n in dict.fromkeys(r["clients"] for r in rows):
+        base, mine = (
+            sorted((r for r in rows if r["config"] == c and r["clients"] == n), key=_repeat)
+            for c in (plain, spec)
+        )
+        ratios = [m["tokens_per_s"] / b["tokens_per_s"] for b, m in zip(base, mine)]
+        total = {k: sum(m["spec"][k] for m in mine) for k in SPEC_COUNTERS}
+        methods: dict[str, float] = {}
+        for m in mine:
+            for name, count in m["spec"]["methods"].items():
+                methods[name] = methods.get(name, 0.0) + count
+        peaks = [r["peak_running"] for r in base + mine if r["peak_running"] is not None]
+        lines.append(
+            [
+                str(n),
+                median_range([r["tokens_per_s"] for r in base]),
+                median_range([r["tokens_per_s"] for r in mine]),
+                median_range(ratios, 2, "x"),
+                f"{per_step(total['drafts'], total['decode_steps']):.2f}",
+                f"{per_step(total['emitted'], total['decode_steps']):.2f}",
+                mix_text(methods),
+                str(max(peaks)) if peaks else "-",
+            ]
+        )
+    return lines
+
+
+def _repeat(row: dict) -> int:
+    return row["repeat"]
 
 
 def _cells(r: dict, rows: list[dict], base: float) -> list[str]:

@@ -22,7 +22,7 @@ from fastdeploy_mtp.engine_args import (
     default_speculative_config,
     resolve_speculative_config,
 )
-from fastdeploy_mtp.entrypoints import cli, demo, generate
+from fastdeploy_mtp.entrypoints import cli, demo, demo_sweep, generate
 from fastdeploy_mtp.entrypoints.cli import build_parser, main
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 
@@ -322,6 +322,69 @@ def test_demo_plot_writes_a_png(capsys, tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(data) > 5000  # a rendered chart, not an empty canvas
     assert "identical: yes" in out
+
+
+#: the drafting methods a method mix can name
+DRAFT_METHODS = {"mtp", "ngram", "suffix", "forced"}
+
+
+def test_demo_batch_sizes_table(capsys):
+    rc, out, err = run_main(capsys, "demo", "--batch-sizes", "1,2", "--max-tokens", 8)
+    assert rc == 0, err
+    assert "batch 1: 1 requests" in err and "batch 2: 2 requests" in err  # progress per size
+    assert "exactly 8 tokens (ignore_eos" in out
+    lines = out.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("batch "))
+    header = lines[head].split("  ")
+    assert [c.strip() for c in header if c.strip()] == [
+        "batch",
+        *demo_sweep.SWEEP_COLUMNS,
+        "outputs identical",
+    ]
+    rows = [ln.split() for ln in lines[head + 2 : head + 4]]
+    assert [r[0] for r in rows] == ["1", "2"]
+    for r in rows:
+        assert r[3].endswith("x") and r[-1] == "yes"  # the ratio; outputs identical
+        mix = dict(zip(r[6:-1:2], (int(p.rstrip("%")) for p in r[7:-1:2])))
+        assert set(mix) <= DRAFT_METHODS and abs(sum(mix.values()) - 100) <= len(mix)
+    assert "outputs with and without speculation identical: yes" in out
+
+
+def test_demo_batch_sizes_json(capsys):
+    rc, out, err = run_main(
+        capsys, "demo", "--batch-sizes", "2,1", "--max-tokens", 8, "--json", "--hybrid-ngram"
+    )
+    assert rc == 0, err
+    result = json.loads(out)
+    assert result["ignore_eos"] is True and result["outputs_identical"] is True
+    assert [r["batch_size"] for r in result["rows"]] == [2, 1]
+    for row in result["rows"]:
+        # every request ran to --max-tokens on both sides: equal work
+        tokens = 8 * row["batch_size"]
+        assert row["generated_tokens_plain"] == row["generated_tokens_spec"] == tokens
+        assert row["ratio"] == pytest.approx(
+            row["tokens_per_second_spec"] / row["tokens_per_second_plain"], rel=1e-2
+        )
+        assert 0.0 < row["drafts_per_slot_round"] <= 3.0
+        assert 1.0 <= row["mean_accepted_length"] <= 4.0
+        drafts = row["method_drafts"]
+        assert set(drafts) <= DRAFT_METHODS and sum(n for n, _ in drafts.values()) > 0
+        assert all(0 <= accepted <= offered for offered, accepted in drafts.values())
+
+
+@pytest.mark.parametrize(
+    "flags,name",
+    [
+        (["--batch-sizes", "1,0"], "argument --batch-sizes: must be > 0"),
+        (["--batch-sizes", "1,x"], "argument --batch-sizes"),
+        (["--batch-sizes", "1", "--max-num-seqs", 4], "--max-num-seqs"),
+        (["--batch-sizes", "1", "--plot", "a.png"], "--plot"),
+    ],
+)
+def test_demo_batch_sizes_errors(capsys, monkeypatch, flags, name):
+    monkeypatch.setattr(demo_sweep, "run_prompts", never_run)
+    rc, _, err = run_main(capsys, "demo", *flags)
+    assert rc == 2 and name in error_line(err)
 
 
 def never_run(*args, **kwargs):

@@ -11,10 +11,12 @@ from ..config import SpeculativeConfig
 from ..engine_args import UsageError, add_max_num_seqs_arg, add_sampling_args, speculation_label
 from ..runtime.demo_prompts import DEMO_PROMPTS
 from .demo_report import check_plot_path, comparison_table, plot_acceptance
+from .demo_sweep import SWEEP_LEGEND, batch_sizes, run_sweep, sweep_table
 from .offline import METRICS_LEGEND, add_offline_args, emit_json, resolve_offline_args, run_prompts
 
 if TYPE_CHECKING:
     from ..runtime.engine_metrics import Metrics
+    from ..runtime.sampling_params import SamplingParams
 
 #: ``demo``'s batch slots by default: one prompt at a time, where speculation pays most on a
 #: CPU (see :func:`batch_note`).
@@ -53,6 +55,14 @@ def register(sub: Any) -> None:
         default=None,
         help="bar chart of acceptance per draft position (PNG)",
     )
+    demo.add_argument(
+        "--batch-sizes",
+        metavar="B,B,...",
+        type=batch_sizes,
+        default=None,
+        help="instead of the comparison: a row per batch size B (B requests, B slots, each "
+        "generating exactly --max-tokens tokens), e.g. 1,2,4,8,16,32,64,128",
+    )
     add_sampling_args(demo, only=("temperature", "top_p", "seed"))
     demo.set_defaults(func=cmd_demo)
 
@@ -63,6 +73,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise UsageError(
             "demo compares decoding with and without MTP: it needs speculation (K > 0)"
         )
+    if args.batch_sizes is not None:
+        return _cmd_sweep(args, spec, sampling, model)
     if args.plot is not None:
         check_plot_path(args.plot)  # fail before the run, not after it
     source = args.model or "the shipped tiny checkpoint"
@@ -135,3 +147,44 @@ def _rows_json(
         "outputs_identical": identical,
         "sample": {"prompt": DEMO_PROMPTS[0], "text": sample},
     }
+
+
+def _cmd_sweep(
+    args: argparse.Namespace, spec: SpeculativeConfig, sampling: SamplingParams, model: str
+) -> int:
+    """``demo --batch-sizes``: the batch-size table (or its JSON); exit status 1 if any
+    batch size's outputs differ with and without speculation."""
+    if args.plot is not None:
+        raise UsageError("--plot: not with --batch-sizes (it plots the comparison's run)")
+    if args.max_num_seqs != DEMO_MAX_NUM_SEQS:
+        raise UsageError(
+            "--max-num-seqs: --batch-sizes gives each row as many slots as requests; leave "
+            "--max-num-seqs out"
+        )
+    source = args.model or "the shipped tiny checkpoint"
+    work = (
+        f"every request generates exactly {args.max_tokens} tokens (ignore_eos: the end-of-text "
+        "token is masked, so both sides do the same work)"
+    )
+    print(f"fastdeploy-mtp demo: {source}, batch sizes {args.batch_sizes}; {work}", file=sys.stderr)
+    rows = run_sweep(args, spec, sampling, model)
+    identical = all(r.identical for r in rows)
+    if args.json:
+        emit_json(
+            {
+                "checkpoint": args.model,
+                "max_tokens": args.max_tokens,
+                "ignore_eos": True,
+                "speculative_config": dataclasses.asdict(spec),
+                "mode": speculation_label(spec),
+                "sampling": sampling.to_dict(),
+                "rows": [r.as_dict() for r in rows],
+                "outputs_identical": identical,
+            }
+        )
+        return 0 if identical else 1
+    print(f"{speculation_label(spec)} against no speculation; {work}\n")
+    print(sweep_table(rows))
+    print(SWEEP_LEGEND)
+    print(f"\noutputs with and without speculation identical: {'yes' if identical else 'NO'}")
+    return 0 if identical else 1
