@@ -303,8 +303,7 @@ SPEC_COUNTERS = {
     "decode_steps": "fastdeploy:spec_decode_num_decode_steps_total",
     "emitted": "fastdeploy:spec_decode_num_emitted_tokens_total",
 }
-#: drafts offered per drafting method (the engine counts each request's own method); without
-#: it, the ``method`` label of the drafts counter (the configured method) stands for all
+#: drafts offered per drafting method (the engine counts each request's own method)
 BY_METHOD = "fastdeploy:spec_decode_num_draft_tokens_by_method_total"
 
 
@@ -312,11 +311,9 @@ def spec_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     """How the :data:`SPEC_COUNTERS` grew from the ``before`` to the ``after`` scrape
     (:func:`scrape_metrics` samples), and in ``"methods"`` the drafts offered per method."""
     grown = {k: after.get(name, 0.0) - before.get(name, 0.0) for k, name in SPEC_COUNTERS.items()}
-    counted = any(k.startswith(BY_METHOD + "{") for k in after)
-    family = BY_METHOD if counted else SPEC_COUNTERS["drafts"]
     methods = {}
     for key, value in after.items():
-        label = re.search(r'method="([^"]*)"', key) if key.startswith(family + "{") else None
+        label = re.search(r'method="([^"]*)"', key) if key.startswith(BY_METHOD + "{") else None
         if label is not None:
             methods[label[1]] = methods.get(label[1], 0.0) + value - before.get(key, 0.0)
     return {**grown, "methods": methods}

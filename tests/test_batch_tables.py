@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from fastdeploy_mtp.entrypoints.demo_sweep import SweepRow, method_drafts, mix_text, per_step
@@ -35,15 +34,11 @@ def metrics(method: str, proposed: list[int], accepted: list[int], **counts) -> 
     return m
 
 
-def test_method_drafts_falls_back_to_the_configured_method():
-    assert method_drafts(metrics("ngram", [10, 6, 2], [7, 3, 1])) == {"ngram": [18, 11]}
-    assert method_drafts(Metrics()) == {"none": [0, 0]}
-
-
 def test_method_drafts_reads_the_engines_per_method_counts():
     m = metrics("mtp", [10, 6, 2], [7, 3, 1])
-    m.method_drafts = {"mtp": np.array([12, 8]), "forced": [6, 6]}  # type: ignore[attr-defined]
-    assert method_drafts(m) == {"mtp": [12, 8], "forced": [6, 6]}
+    m.method_drafts = {"mtp": [12, 8], "grammar": [6, 6]}
+    assert method_drafts(m) == {"mtp": [12, 8], "grammar": [6, 6]}
+    assert method_drafts(Metrics()) == {}
 
 
 def test_mix_text():
@@ -61,6 +56,7 @@ def test_sweep_row():
         wall_seconds=0.5,
         decode_item_steps=50,
         emitted_tokens=95,
+        method_drafts={"mtp": [70, 45]},
     )
     row = SweepRow(4, plain, spec, identical=True)
     assert row.ratio == 4.0 and row.drafts_per_slot_round == 70 / 50
@@ -130,10 +126,9 @@ def test_spec_deltas_by_method(bench_serve):
     before = {drafts: 10.0, drafts + '{method="mtp"}': 10.0}
     after = {drafts: 40.0, drafts + '{method="mtp"}': 40.0}
     counted = bench_serve.spec_deltas(before, after)
-    assert counted["drafts"] == 30.0 and counted["methods"] == {"mtp": 30.0}
+    assert counted["drafts"] == 30.0 and counted["methods"] == {}  # no per-method counter
     assert counted["decode_steps"] == 0.0
-    # the engine's per-method counter, where there is one, wins over the configured method
     before[by_method + '{method="mtp"}'] = 4.0
     after[by_method + '{method="mtp"}'] = 20.0
-    after[by_method + '{method="forced"}'] = 14.0
-    assert bench_serve.spec_deltas(before, after)["methods"] == {"mtp": 16.0, "forced": 14.0}
+    after[by_method + '{method="suffix"}'] = 14.0
+    assert bench_serve.spec_deltas(before, after)["methods"] == {"mtp": 16.0, "suffix": 14.0}

@@ -46,13 +46,9 @@ def batch_sizes(text: str) -> list[int]:
 
 
 def method_drafts(m: Metrics) -> dict[str, list[int]]:
-    """Drafts offered and accepted per drafting method, ``{method: [offered, accepted]}``:
-    the engine's ``method_drafts`` where it counts them, else everything under the
-    configured ``method``."""
-    counted = getattr(m, "method_drafts", None)
-    if counted is not None:
-        return {name: [int(offered), int(acc)] for name, (offered, acc) in counted.items()}
-    return {m.method: [int(m.proposed.sum()), int(m.accepted.sum())]}
+    """Drafts offered and accepted per drafting method, ``{method: [offered, accepted]}``
+    (the engine's :attr:`~fastdeploy_mtp.runtime.engine_metrics.Metrics.method_drafts`)."""
+    return {name: [int(offered), int(acc)] for name, (offered, acc) in m.method_drafts.items()}
 
 
 def mix_text(offered: Mapping[str, float]) -> str:
