@@ -203,12 +203,15 @@ class SuffixCache:
 
 @dataclass
 class _Slot:
-    """One request's suffix state: its trie, where its sequence ends, the sequence."""
+    """One request's suffix state: its trie, where its sequence ends, the sequence, and how
+    much of the sequence the trie holds (the trie catches up when the slot is drafted for: a
+    request the draft planner keeps on other methods never pays for its trie)."""
 
     trie: SuffixTrie
     cursor: Cursor
     tokens: list[int]
     prompt_len: int
+    built: int = 0
 
 
 class SuffixProposer(ModelFreeProposer):
@@ -245,8 +248,9 @@ class SuffixProposer(ModelFreeProposer):
                 tokens = [int(t) for t in req.prompt_token_ids] + [
                     int(t) for t in req.output_token_ids
                 ]
-                slot = _Slot(SuffixTrie(self.max_depth), Cursor(), [], len(req.prompt_token_ids))
-                self._extend(slot, tokens)
+                slot = _Slot(
+                    SuffixTrie(self.max_depth), Cursor(), tokens, len(req.prompt_token_ids)
+                )
                 self._slots[idx] = slot
 
     def forget_slot(self, idx: int) -> None:
@@ -255,14 +259,12 @@ class SuffixProposer(ModelFreeProposer):
         if slot is not None:
             self.cache.add(slot.tokens[slot.prompt_len :])
 
-    @staticmethod
-    def _extend(slot: _Slot, tokens: Sequence[int]) -> None:
-        slot.trie.extend(slot.cursor, tokens)
-        slot.tokens.extend(tokens)
-
     def draft_for(self, slot: _Slot) -> Draft:
-        """The draft for the slot's sequence from its own trie or the shared cache, whichever
-        scores higher."""
+        """The draft for the slot's sequence from its own trie (first brought up to date) or
+        the shared cache, whichever scores higher."""
+        if slot.built < len(slot.tokens):
+            slot.trie.extend(slot.cursor, slot.tokens[slot.built :])
+            slot.built = len(slot.tokens)
         k, factor, prob = self.max_draft_token_num, self.max_spec_factor, self.min_token_prob
         own = SuffixTrie.follow(SuffixTrie.match_at(slot.cursor), k, factor, prob)
         if len(self.cache) == 0:
@@ -270,9 +272,9 @@ class SuffixProposer(ModelFreeProposer):
         shared = self.cache.trie.draft(slot.tokens, k, factor, prob)
         return shared if shared.score > own.score else own
 
-    def candidate_rows(self) -> np.ndarray:
-        """Record this step's emitted tokens and draft for the running slots: ``[N, K]`` int64
-        on the host (-1 = no draft)."""
+    def candidate_rows(self, wanted: bool = True) -> np.ndarray:
+        """Record this step's emitted tokens and (``wanted``) draft for the running slots:
+        ``[N, K]`` int64 on the host (-1 = no draft)."""
         target = self.target_model_inputs
         k = self.max_draft_token_num
         drafts = np.full((int(target.draft_tokens.shape[0]), k), PLACEHOLDER_TOKEN_ID, np.int64)
@@ -283,8 +285,8 @@ class SuffixProposer(ModelFreeProposer):
             for idx, slot in self._slots.items():
                 n = int(accept_num[idx])
                 if n > 0:
-                    self._extend(slot, accept_tokens[idx, :n].tolist())
-                if stopped[idx]:
+                    slot.tokens.extend(accept_tokens[idx, :n].tolist())
+                if stopped[idx] or not wanted:
                     continue
                 tokens = self.draft_for(slot).tokens
                 drafts[idx, : len(tokens)] = tokens

@@ -64,6 +64,9 @@ NO_METHOD = -1
 #: no method's), and the names of every code.
 GRAMMAR = len(METHODS)
 METHOD_LABELS = (*METHODS, "grammar")
+#: The mode of a round without drafts (plain decoding: the MTP layer skipped, no drafts); a
+#: drafting round's mode is its number of MTP substeps (0: model-free drafts only).
+PLAIN = -1
 #: The probe interval grows up to this multiple of ``adaptive_probe_interval``.
 MAX_PROBE_BACKOFF = 16
 
@@ -91,7 +94,8 @@ class RoundPlan:
 
 
 class StepCosts:
-    """``t_S(m, D)`` per substep count ``S`` (see the module docstring)."""
+    """``t_S(m, D)`` per substep count ``S`` (see the module docstring). The fit of a substep
+    count is solved when it gets a sample; a prediction is then three multiplications."""
 
     DECAY = 0.95
     OUTLIER = 2.0
@@ -101,27 +105,41 @@ class StepCosts:
     def __init__(self, max_steps: int):
         #: per S: decayed sums of (1, m, D, t, m^2, D^2, m D, m t, D t)
         self.stats = np.zeros((max_steps + 1, 9), np.float64)
+        #: per S: the fitted plane ``(mean m, mean D, mean t, slope m, slope D)``, or None
+        self.fits: list[tuple[float, float, float, float, float] | None] = [None] * (max_steps + 1)
 
     def weight(self, steps: int) -> float:
         return float(self.stats[steps, 0])
 
+    def _fit(self, steps: int) -> None:
+        w, sm, sd, st, smm, sdd, smd, smt, sdt = (float(v) for v in self.stats[steps])
+        if w < 0.5:
+            self.fits[steps] = None
+            return
+        mm, md, mt = sm / w, sd / w, st / w
+        # the ridge's prior: slots in proportion, drafts free (see the module docstring)
+        a11 = smm / w - mm * mm + self.RIDGE
+        a22 = sdd / w - md * md + self.RIDGE
+        a12 = smd / w - mm * md
+        b1 = smt / w - mm * mt + self.RIDGE * mt / max(mm, 1e-9)
+        b2 = sdt / w - md * mt
+        det = a11 * a22 - a12 * a12
+        self.fits[steps] = (mm, md, mt, (b1 * a22 - b2 * a12) / det, (a11 * b2 - a12 * b1) / det)
+
     def predict(self, steps: int, m: float, d: float) -> float | None:
         """Estimated seconds of a step (None when ``steps`` was never measured)."""
-        w, sm, sd, st, smm, sdd, smd, smt, sdt = self.stats[steps]
-        if w < 0.5:
+        fit = self.fits[steps]
+        if fit is None:
             return None
-        mm, md, mt = sm / w, sd / w, st / w
-        prior = np.array([mt / max(mm, 1e-9), 0.0])
-        var = np.array([[smm / w - mm * mm, smd / w - mm * md], [0.0, sdd / w - md * md]])
-        var[1, 0] = var[0, 1]
-        cov = np.array([smt / w - mm * mt, sdt / w - md * mt])
-        slopes = np.linalg.solve(var + self.RIDGE * np.eye(2), cov + self.RIDGE * prior)
-        return max(mt + slopes[0] * (m - mm) + slopes[1] * (d - md), 1e-6)
+        mm, md, mt, bm, bd = fit
+        # a plane fitted over a narrow range can cross zero far from it: never below a quarter
+        # of the estimate in proportion to the slots
+        return max(mt + bm * (m - mm) + bd * (d - md), 0.25 * mt * m / max(mm, 1e-9), 1e-9)
 
-    def row_cost(self, steps: int, m: float, d: float) -> float:
-        """Seconds one more draft adds (the fitted ``c_S``, at least 0)."""
-        hi, lo = self.predict(steps, m, d + 1.0), self.predict(steps, m, d)
-        return max((hi or 0.0) - (lo or 0.0), 0.0)
+    def row_cost(self, steps: int) -> float:
+        """Seconds one more draft adds (the fitted ``c_S``, at least 0; 0 when unmeasured)."""
+        fit = self.fits[steps]
+        return max(fit[4], 0.0) if fit is not None else 0.0
 
     def record(self, steps: int, m: int, d: int, seconds: float) -> None:
         st = self.stats[steps]
@@ -136,6 +154,7 @@ class StepCosts:
                 seconds = min(max(seconds, estimate / self.OUTLIER), estimate * self.OUTLIER)
         st *= self.DECAY
         st += (1.0, m, d, seconds, m * m, d * d, m * d, m * seconds, d * seconds)
+        self._fit(steps)
 
 
 class DraftPlanner:
@@ -166,10 +185,12 @@ class DraftPlanner:
         self.p = np.ones((len(METHODS), num_slots, self.k), np.float64)
         #: per slot: a pinned method code, NO_METHOD, or FREE (the planner chooses)
         self.pin = np.full(num_slots, self.FREE, np.int64)
-        self.costs = StepCosts(self.max_steps)
-        self.steps = self.max_steps  # substeps of the round being planned / run
-        self.prev_steps = -1  # substeps of the round whose drafts this step verified
-        self.hold = 0  # rounds left at the substep count being measured
+        #: step costs per mode (PLAIN, then 0..max_steps substeps), at index mode + 1
+        self.costs = StepCosts(self.max_steps + 2)
+        self.mode = self.max_steps  # the mode of the round being planned / run
+        self.prev_mode: int | None = None  # the mode of the round this step verified
+        self.steps = self.max_steps  # MTP substeps of the round being planned / run
+        self.hold = 0  # rounds left at the mode being measured
         self.rounds_since_probe = 0
         self.probe_from: int | None = None
         #: the last round's candidate drafts ``[N, K]`` per method code (what observe scores)
@@ -213,23 +234,45 @@ class DraftPlanner:
 
     def record(self, running_slots: int, drafts: int, seconds: float, prefill: bool) -> None:
         """The wall time of the step that just ran (its verify checked ``drafts`` drafts of
-        the previous round, its proposer round ran this round's substeps): a cost sample
-        when both rounds ran the same substep count and no slot was in prefill."""
-        if not prefill and running_slots > 0 and self.prev_steps == self.steps:
-            self.costs.record(self.steps, running_slots, drafts, seconds)
-        self.prev_steps = self.steps
+        the previous round, its proposer round ran this round's): a cost sample of the mode
+        when both rounds ran the same one and no slot was in prefill."""
+        if not prefill and running_slots > 0 and self.prev_mode == self.mode:
+            self.costs.record(self.mode + 1, running_slots, drafts, seconds)
+        self.prev_mode = self.mode
 
     # ---- the plan ---------------------------------------------------------------------------
-    def _cost(self, steps: int, m: int, d: float) -> float | None:
-        """:meth:`StepCosts.predict`, or for a substep count between 0 and the most, never
-        measured, the straight line between those two."""
-        cost = self.costs.predict(steps, m, d)
-        if cost is not None or steps in (0, self.max_steps):
+    def wants_candidates(self) -> bool:
+        """Whether the next round needs the model-free methods' candidates: not while it
+        keeps plain decoding with no probe due and no request pinned to one of them
+        (computing them costs host time per slot: suffix tries above all)."""
+        pinned_free = np.isin(self.pin, [c for c in self.methods if c != METHODS.index("mtp")])
+        return (
+            self.mode != PLAIN
+            or self.hold > 0
+            or self.rounds_since_probe + 1 >= self.interval
+            or self.costs.fits[1] is None
+            or bool(pinned_free.any())
+        )
+
+    def _cost(self, mode: int, m: int, d: float) -> float | None:
+        """:meth:`StepCosts.predict` of ``mode``, or for a substep count between 1 and the
+        most, never measured, the straight line between 0 substeps (or plain decoding) and
+        the most."""
+        cost = self.costs.predict(mode + 1, m, d)
+        if cost is not None or mode in (PLAIN, 0, self.max_steps):
             return cost
-        lo, hi = self.costs.predict(0, m, d), self.costs.predict(self.max_steps, m, d)
+        lo = self.costs.predict(1, m, d) or self.costs.predict(0, m, d)
+        hi = self.costs.predict(self.max_steps + 1, m, d)
         if lo is None or hi is None:
             return None
-        return lo + (hi - lo) * steps / self.max_steps
+        return lo + (hi - lo) * mode / self.max_steps
+
+    def _row_cost(self, mode: int) -> float:
+        """The fitted cost of one more draft in ``mode`` (for an unmeasured substep count
+        between 1 and the most, the most's)."""
+        if self.costs.fits[mode + 1] is None and mode not in (0, self.max_steps):
+            mode = self.max_steps
+        return self.costs.row_cost(mode + 1)
 
     def _reach(
         self, running: np.ndarray, steps: int, available: dict[int, np.ndarray], forced: np.ndarray
@@ -245,9 +288,11 @@ class DraftPlanner:
             if code == METHODS.index("mtp"):
                 has = np.broadcast_to(pos < (self.k if self.mtp_fill else steps), q[code].shape)
                 ok = steps > 0
-            else:
+            elif code in available:
                 has = available[code][idx] >= 0
                 ok = True
+            else:  # no candidates this round
+                has, ok = np.zeros(q[code].shape, bool), False
             q[code] = np.where(has, q[code], 0.0)
             allowed[code] = ok & ((self.pin[idx] == self.FREE) | (self.pin[idx] == code))
         q = np.where((pos < forced[idx][:, None])[None], 0.0, q)
@@ -267,9 +312,9 @@ class DraftPlanner:
         method = np.full(q.shape[1], NO_METHOD, np.int64)
         count = forced.copy()
         cols = np.arange(q.shape[1])
+        row = self._row_cost(steps)
         for _ in range(self.ITERATIONS):
-            t1, t = self._cost(steps, m, d + 1.0), self._cost(steps, m, d)
-            bar = max((t1 or 0.0) - (t or 0.0), 0.0) * rate
+            bar = row * rate
             take = q > bar
             net = np.where(allowed, np.where(take, q - bar, 0.0).sum(axis=2), 0.0)
             best = net.argmax(axis=0)
@@ -303,46 +348,84 @@ class DraftPlanner:
         n_slots = running.shape[0]
         forced = np.zeros(n_slots, np.int64) if forced is None else forced
         method = np.full(n_slots, NO_METHOD, np.int64)
-        limits = np.zeros(n_slots, np.int64)
+        limits = forced * running
         m = int(running.sum())
         if m == 0:
-            self.steps = self.max_steps if prefill else 0
-            return RoundPlan(self.steps, method, limits)
-        options = range(1 if prefill else 0, self.max_steps + 1)
-        plans = {}
-        for steps in options:
-            q, allowed = self._reach(running, steps, available, forced)
-            plans[steps] = self._allocate(q, allowed, forced[running], steps, m)
-        self.steps = self._choose(plans, prefill)
-        chosen = plans[self.steps]
-        if chosen is not None:
-            _, method[running], limits[running] = chosen
-        else:  # a substep count being measured for the first time: every draft it has
-            q, allowed = self._reach(running, self.steps, available, forced)
-            net = np.where(allowed, q.sum(axis=2), 0.0)
-            best = net.argmax(axis=0)
-            has = net.max(axis=0) > 0.0
-            method[running] = np.where(has, best, NO_METHOD)
-            limits[running] = np.where(has, self.k, forced[running])
+            self.mode = self.max_steps if prefill else PLAIN
+        else:
+            self.mode = self._plan_modes(running, prefill, available, forced, method, limits)
+        self.steps = max(self.mode, 0)
         self.last_method = method
         return RoundPlan(self.steps, method, limits)
+
+    def _plan_modes(
+        self,
+        running: np.ndarray,
+        prefill: bool,
+        available: dict[int, np.ndarray],
+        forced: np.ndarray,
+        method: np.ndarray,
+        limits: np.ndarray,
+    ) -> int:
+        """Every mode's best allocation, the chosen mode (:meth:`_choose`); its allocation
+        into ``method`` and ``limits`` (``[N]``, in place)."""
+        m = int(running.sum())
+        modes = list(range(1, self.max_steps + 1))
+        if not prefill:  # (a prefill round runs the MTP layer: it has to see the prompt)
+            free = [c for c in self.methods if c != METHODS.index("mtp")]
+            modes = [PLAIN, *([0] if free else []), *modes]
+        plans: dict[int, tuple[float, np.ndarray, np.ndarray] | None] = {}
+        for mode in modes:
+            if mode == PLAIN:
+                d = float(forced[running].sum())
+                cost = self._cost(PLAIN, m, d)
+                none = np.full(m, NO_METHOD, np.int64)
+                plans[PLAIN] = None if cost is None else ((m + d) / cost, none, forced[running])
+                continue
+            q, allowed = self._reach(running, mode, available, forced)
+            plans[mode] = self._allocate(q, allowed, forced[running], mode, m)
+        mode = self._choose(plans, prefill)
+        chosen = plans[mode]
+        if mode == PLAIN:
+            return PLAIN
+        if chosen is not None:
+            method[running], limits[running] = chosen[1], chosen[2]
+        elif not prefill:  # a mode being measured for the first time: every draft it has (a
+            # prefill round cannot measure it, its step is no sample: no drafts then)
+            q, allowed = self._reach(running, mode, available, forced)
+            net = np.where(allowed, q.sum(axis=2), 0.0)
+            has = net.max(axis=0) > 0.0
+            method[running] = np.where(has, net.argmax(axis=0), NO_METHOD)
+            limits[running] = np.where(has, self.k, forced[running])
+        return mode
 
     def _choose(
         self, plans: dict[int, tuple[float, np.ndarray, np.ndarray] | None], prefill: bool
     ) -> int:
-        """The substep count of the round (see the module docstring: measure, compare, keep,
-        probe)."""
-        if self.hold > 0 and self.steps in plans:
+        """The mode of the round (see the module docstring: measure, compare, keep, probe)."""
+        if self.hold > 0 and self.mode in plans:
             self.hold -= 1
-            return self.steps
-        for steps in (self.max_steps, 0):
-            if steps in plans and plans[steps] is None:
-                return self._measure(steps)
+            return self.mode
+        for mode in (self.max_steps, PLAIN, 0):
+            if mode in plans and plans[mode] is None:
+                return self._measure(mode)
         rates = {s: plan[0] for s, plan in plans.items() if plan is not None}
         best = max(rates, key=lambda s: rates[s])
-        current = self.probe_from if self.probe_from is not None else self.steps
-        if current in rates and rates[best] <= rates[current] * (1.0 + self.HYSTERESIS):
+        current = self.probe_from if self.probe_from is not None else self.mode
+        # among drafting modes the one in force stays unless clearly beaten
+        if (
+            PLAIN not in (best, current)
+            and current in rates
+            and rates[best] <= rates[current] * (1.0 + self.HYSTERESIS)
+        ):
             best = current
+        # drafting must clearly beat plain decoding, which cannot be slower than itself
+        if (
+            best != PLAIN
+            and PLAIN in rates
+            and rates[best] < rates[PLAIN] * (1.0 + self.HYSTERESIS)
+        ):
+            best = PLAIN
         if self.probe_from is not None:  # a probe just finished: did it change the choice?
             grown = min(2 * self.interval, MAX_PROBE_BACKOFF * self.base_interval)
             self.interval = self.base_interval if best != self.probe_from else grown
@@ -354,12 +437,12 @@ class DraftPlanner:
             return self._measure(max((s for s in rates if s != best), key=lambda s: rates[s]))
         return best
 
-    def _measure(self, steps: int) -> int:
-        """Run ``steps`` substeps for two rounds: the second one's step is a clean sample."""
+    def _measure(self, mode: int) -> int:
+        """Run ``mode`` for two rounds: the second one's step is a clean sample."""
         if self.probe_from is None:
-            self.probe_from = self.steps
+            self.probe_from = self.mode
         self.hold = 1
-        return steps
+        return mode
 
     def compose(self, plan: RoundPlan, candidates: dict[int, np.ndarray]) -> np.ndarray:
         """``[N, K]`` int64 drafts of the round: each slot's row of its method's candidates
