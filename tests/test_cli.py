@@ -462,6 +462,11 @@ def test_demo_takes_temperature_and_seed(capsys):
         (["demo", "--max-tokens", 5000], 2, "--max-tokens: 5000"),
         (["generate", "--prompt", "x" * 5000, "--max-tokens", 1], 2, "--prompt: 5000 tokens"),
         (["check-drafts", "--model", "/nonexistent/folder"], 2, "--model"),
+        (
+            ["check-drafts", "--model", "/nonexistent/folder", "--num-speculative-tokens", 9],
+            2,
+            "--num-speculative-tokens must be <= 8, got 9",
+        ),
         *[
             ([*command, "--port", port], 2, "argument --port: must be a TCP port, 1..65535")
             for command in (["serve"], ["router", "--prefill", "http://a", "--decode", "http://b"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, NoReturn
 
-from ..config import SpeculativeConfig, load_speculative_json
+from ..config import MAX_NUM_SPECULATIVE_TOKENS, SpeculativeConfig, load_speculative_json
 from .values import UsageError
 
 #: K when neither ``--num-speculative-tokens`` nor the JSON gives it.
@@ -66,7 +66,8 @@ def add_speculative_args(
         type=int,
         default=None,
         metavar="K",
-        help=f"draft tokens per round (0 = no speculation; default {k_default})",
+        help=f"draft tokens per round, 0..{MAX_NUM_SPECULATIVE_TOKENS} (0 = no speculation; "
+        f"default {k_default}; serve --token-channel sysv: at most 5)",
     )
     group.add_argument(
         "--num-model-steps",
