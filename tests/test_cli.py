@@ -525,6 +525,11 @@ def test_demo_takes_temperature_and_seed(capsys):
         (["demo", "--max-tokens", 5000], 2, "--max-tokens: 5000"),
         (["generate", "--prompt", "x" * 5000, "--max-tokens", 1], 2, "--prompt: 5000 tokens"),
         (["check-drafts", "--model", "/nonexistent/folder"], 2, "--model"),
+        (
+            ["check-drafts", "--model", "/nonexistent/folder", "--num-speculative-tokens", 9],
+            2,
+            "--num-speculative-tokens must be <= 8, got 9",
+        ),
         *[
             ([*command, "--port", port], 2, "argument --port: must be a TCP port, 1..65535")
             for command in (["serve"], ["router", "--prefill", "http://a", "--decode", "http://b"])
@@ -690,22 +695,25 @@ def test_checkpoint_is_a_deprecated_spelling_of_model(capsys, monkeypatch, comma
         ["--speculative-config", '{"num_speculative_tokens": 9, "num_model_steps": 1}'],
     ],
 )
-def test_every_command_refuses_more_drafts_than_the_token_message_carries_alike(
-    capsys, monkeypatch, speculation
-):
-    """``serve`` cannot carry K = 9 (K + 1 tokens per request in the workers' token message);
-    ``generate`` and ``demo`` refuse it too, with the same line, before running anything
+def test_every_command_refuses_more_than_eight_drafts_alike(capsys, monkeypatch, speculation):
+    """K = 9 is above ``MAX_NUM_SPECULATIVE_TOKENS`` (8): ``generate``, ``demo`` and ``serve``
+    (on either token channel) refuse it with the same line, before running anything
     (``serve`` before starting any process)."""
     monkeypatch.setattr(generate, "run_requests", never_run)
     monkeypatch.setattr(demo, "run_prompts", never_run)
     lines = set()
-    for command in (["generate", "--prompt", "x"], ["demo"], ["serve", "--port", "1"]):
+    for command in (
+        ["generate", "--prompt", "x"],
+        ["demo"],
+        ["serve", "--port", "1"],
+        ["serve", "--port", "1", "--token-channel", "sysv"],
+    ):
         rc, out, err = run_main(capsys, *command, *speculation)
         assert rc == 2 and out == "", command  # a bad argument
         lines.add(error_line(err))
     assert lines == {
-        "fastdeploy-mtp: error: num_speculative_tokens 9: the token message carries at most 6 "
-        "tokens per request and step, so at most 5 drafts"
+        "fastdeploy-mtp: error: speculative config: SpeculativeConfig.num_speculative_tokens "
+        "must be <= 8, got 9"
     }
 
 

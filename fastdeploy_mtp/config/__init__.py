@@ -21,6 +21,7 @@ from .sections import (
 )
 from .speculative import (
     KEY_ALIASES,
+    MAX_NUM_SPECULATIVE_TOKENS,
     MODEL_FREE_METHODS,
     MTP_LAYER_SCHEDULES,
     MTP_STRATEGIES,
@@ -36,6 +37,7 @@ __all__ = [
     "CacheConfig",
     "FDConfig",
     "KEY_ALIASES",
+    "MAX_NUM_SPECULATIVE_TOKENS",
     "MODEL_FREE_METHODS",
     "MTP_LAYER_SCHEDULES",
     "MTP_STRATEGIES",

@@ -25,6 +25,13 @@ MTP_STRATEGIES = ("default", "with_ngram")
 VERIFY_STRATEGIES = ("greedy", "topp", "target_match", "rejection")
 #: Values of ``SpeculativeConfig.mtp_layer_schedule``.
 MTP_LAYER_SCHEDULES = ("cycle", "repeat_last", "first")
+#: The most drafts per request and round (``num_speculative_tokens``) any command accepts: 8,
+#: the longest draft vLLM runs MTP with. Acceptance of a draft at position ``i`` needs every
+#: draft before it accepted, so positions past 8 almost never pay for their verify rows, while
+#: each one widens every slot's draft row, verify rows and KV reservation. ``serve
+#: --token-channel sysv`` allows fewer: FastDeploy's SysV token message carries
+#: ``ops.MAX_DRAFT_TOKENS`` (6) tokens per request and step.
+MAX_NUM_SPECULATIVE_TOKENS = 8
 
 
 class SpeculativeConfigError(ValueError):
@@ -45,7 +52,7 @@ class SpeculativeConfig:
             one token per step through the speculative step), or ``None`` for no
             speculation.
         num_speculative_tokens: ``K``, draft tokens per round (``draft_tokens`` is ``K + 1``
-            wide).
+            wide), ``1 <= K <=`` :data:`MAX_NUM_SPECULATIVE_TOKENS` (8).
         num_model_steps: ``S``, MTP substeps per round, ``1 <= S <= K``. With
             ``mtp_strategy == "with_ngram"`` and ``K > S`` the remaining slots are filled by
             n-gram matching (``hybrid_mtp_ngram``).
@@ -137,6 +144,11 @@ class SpeculativeConfig:
             self, "num_speculative_tokens", "num_model_steps", "min_ngram_size", "acceptance_window"
         )
         positive_fields(self, "adaptive_probe_interval")
+        if self.num_speculative_tokens > MAX_NUM_SPECULATIVE_TOKENS:
+            raise ValueError(
+                f"SpeculativeConfig.num_speculative_tokens must be <= "
+                f"{MAX_NUM_SPECULATIVE_TOKENS}, got {self.num_speculative_tokens}"
+            )
         if self.num_model_steps > self.num_speculative_tokens:
             raise ValueError(
                 f"SpeculativeConfig.num_model_steps ({self.num_model_steps}) must be <= "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, NoReturn
 
-from ..config import SpeculativeConfig, load_speculative_json
+from ..config import MAX_NUM_SPECULATIVE_TOKENS, SpeculativeConfig, load_speculative_json
 from .values import UsageError
 
 #: K when neither ``--num-speculative-tokens`` nor the JSON gives it.
@@ -66,7 +66,8 @@ def add_speculative_args(
         type=int,
         default=None,
         metavar="K",
-        help=f"draft tokens per round (0 = no speculation; default {k_default})",
+        help=f"draft tokens per round, 0..{MAX_NUM_SPECULATIVE_TOKENS} (0 = no speculation; "
+        f"default {k_default}; serve --token-channel sysv: at most 5)",
     )
     group.add_argument(
         "--num-model-steps",
@@ -111,7 +112,8 @@ def speculative_config(k: int, steps: int | None = None, hybrid: bool = False) -
 
 def resolve_speculative_config(args: argparse.Namespace) -> SpeculativeConfig:
     """The :class:`~fastdeploy_mtp.config.SpeculativeConfig` of arguments added by
-    :func:`add_speculative_args`, checked by :func:`check_speculative_config`.
+    :func:`add_speculative_args` (every command refuses the same values alike; ``serve``
+    also applies :func:`check_speculative_config` and its token channel's bound).
 
     Without ``--speculative-config`` the shorthand flags decide (:func:`speculative_config`).
     With it, a key the JSON leaves out takes the value of its flag, or the flag's default
@@ -123,8 +125,9 @@ def resolve_speculative_config(args: argparse.Namespace) -> SpeculativeConfig:
 
     Raises:
         UsageError: a flag that contradicts the JSON, or an invalid flag value.
-        SpeculativeConfigError: invalid JSON, an unknown key, a wrong type or value.
-        ValueError: more drafts than a step's token message carries.
+        SpeculativeConfigError: invalid JSON, an unknown key, a wrong type or value (such
+            as ``num_speculative_tokens`` above
+            :data:`~fastdeploy_mtp.config.MAX_NUM_SPECULATIVE_TOKENS`).
     """
     k_flag: int | None = args.num_speculative_tokens
     s_flag: int | None = args.num_model_steps
@@ -160,7 +163,6 @@ def resolve_speculative_config(args: argparse.Namespace) -> SpeculativeConfig:
             spec = SpeculativeConfig(
                 method=None
             )  # one value for "no speculation", whatever else the JSON says
-    check_speculative_config(spec)
     return spec
 
 
@@ -196,31 +198,21 @@ def _check_flags_agree(
         )
 
 
-def check_speculative_config(spec: SpeculativeConfig, splitwise_role: str = "mixed") -> None:
-    """Refuse a config no engine command can serve: each step's token message (FastDeploy's
-    SysV layout, :mod:`fastdeploy_mtp.ops.messaging`) carries at most ``MAX_DRAFT_TOKENS``
-    tokens per request, the K drafts' K + 1 accepted tokens at most. ``generate`` and ``demo``
-    run without that message, but refuse what ``serve`` would, so a config that works on one
-    command works on every one.
+def check_speculative_config(spec: SpeculativeConfig, splitwise_role: str) -> None:
+    """Refuse a config no instance of ``splitwise_role`` can serve: a model-free method on a
+    splitwise instance. (The bound on ``num_speculative_tokens`` is the config's own; ``serve
+    --token-channel sysv`` checks its smaller one itself.)
 
     Raises:
-        UsageError: ``num_speculative_tokens + 1 > MAX_DRAFT_TOKENS``, or a model-free method
-            on a splitwise instance (:func:`~fastdeploy_mtp.config.check_splitwise_method`).
+        UsageError: a model-free method on a splitwise instance
+            (:func:`~fastdeploy_mtp.config.check_splitwise_method`).
     """
     from ..config import check_splitwise_method
-    from ..ops.messaging import MAX_DRAFT_TOKENS
 
     try:
         check_splitwise_method(spec.method, splitwise_role)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-
-    if spec.enabled and spec.num_speculative_tokens + 1 > MAX_DRAFT_TOKENS:
-        raise UsageError(
-            f"num_speculative_tokens {spec.num_speculative_tokens}: the token message carries at "
-            f"most {MAX_DRAFT_TOKENS} tokens per request and step, so at most "
-            f"{MAX_DRAFT_TOKENS - 1} drafts"
-        )
 
 
 def speculation_label(spec: SpeculativeConfig) -> str:

@@ -16,6 +16,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..config import MAX_NUM_SPECULATIVE_TOKENS
 from ..engine_args import UsageError, positive_int
 
 if TYPE_CHECKING:  # the command imports Paddle and the models only when it runs
@@ -93,7 +94,7 @@ def register(sub: Any) -> None:
         "--num-speculative-tokens",
         type=positive_int,
         default=1,
-        help="drafts per round (default 1)",
+        help=f"drafts per round, 1..{MAX_NUM_SPECULATIVE_TOKENS} (default 1)",
     )
     p.add_argument(
         "--max-tokens", type=positive_int, default=32, help="new tokens per prompt (default 32)"
@@ -130,6 +131,11 @@ def _fmt(values: list[float | None]) -> str:
 def cmd_check_drafts(args: argparse.Namespace) -> int:
     from ..models.folder_inspection import inspect_model_folder
 
+    if args.num_speculative_tokens > MAX_NUM_SPECULATIVE_TOKENS:
+        raise UsageError(
+            f"--num-speculative-tokens must be <= {MAX_NUM_SPECULATIVE_TOKENS}, got "
+            f"{args.num_speculative_tokens}"
+        )
     try:
         config = inspect_model_folder(args.model)
     except (ValueError, OSError) as exc:  # e.g. no such folder, no config.json

@@ -157,7 +157,8 @@ def _add_capacity_args(p: argparse.ArgumentParser) -> None:
         choices=TOKEN_CHANNELS,
         help="how worker rank 0 hands each step's tokens to the engine: shm (default; a private "
         "shared-memory segment, any --max-num-seqs) or sysv (FastDeploy's SysV message: 2,060 + "
-        "1,032 bytes per slot, so kernel.msgmax bounds the slots, 5 on a default kernel)",
+        "1,032 bytes per slot, so kernel.msgmax bounds the slots, 5 on a default kernel; 6 "
+        "tokens per request and step, so num_speculative_tokens <= 5)",
     )
 
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..config import FDConfig
-from ..runtime.draft_planner import METHODS
+from ..runtime.draft_methods import METHODS
 from ..runtime.input_batch import InputBatch
 from ..runtime.request import Request
 from .model_free import NgramProposer
@@ -29,7 +29,7 @@ class ModelFreeAlternatives:
     def __init__(self, fd_config: FDConfig, target_model_inputs: InputBatch):
         self.ngram = NgramProposer(fd_config, target_model_inputs)
         self.suffix = SuffixProposer(fd_config, target_model_inputs)
-        #: the method codes it drafts for (``draft_planner.METHODS``)
+        #: the method codes it drafts for (``draft_methods.METHODS``)
         self.codes = (METHODS.index("ngram"), METHODS.index("suffix"))
 
     def insert_tasks_v1(self, req_dicts: Sequence[Request], num_running_requests: int = 0) -> None:

@@ -1,48 +1,40 @@
 """The draft planner (``speculative_config.adaptive_draft_length``): before each round it
-decides, for every running request, which method drafts for it and how many drafts it gets
-(0 included), and whether the MTP layer runs at all, so as to maximise the batch's expected
-tokens per second from what it measured on this machine.
+decides, for every running request, which method drafts for it and how many drafts it gets (0
+included), and the round's *mode*: plain decoding (:data:`PLAIN`: no drafts, the MTP layer
+skipped), model-free drafts only (0 MTP substeps) or ``S`` MTP substeps, so as to maximise the
+batch's expected tokens per second from what it measured on this machine.
 
-**Acceptance, per request and method.** For every slot, every drafting method ``d`` (the MTP
-layer as configured, n-gram matching, suffix decoding) and draft position ``j = 1..K`` the
-planner keeps ``p_d[j]``, the estimated probability that draft ``j`` is accepted when drafts
-``1..j-1`` were: an exponential moving average (weight ``beta = 2 / (acceptance_window + 1)``)
-that starts optimistic at 1. Each round every method's candidate drafts are known (the model-free
-ones are computed for every slot; the MTP layer's when it ran), and after verification they are
-all scored against the tokens the target emitted: position ``j`` of a candidate was *tested* if
-``j`` is below the number of emitted tokens and the candidate's earlier drafts equal the emitted
-ones, and it *hit* if draft ``j`` equals emitted token ``j``. For greedy and seeded
-(``target_match``) requests the emitted tokens are the target's own choice at every one of those
-positions, so an unused method is scored exactly as if it had been used, up to where the used
-one failed. The MTP layer's estimates change only in rounds that run it: while it is skipped,
-the probes of the substep counts (below) run it now and then, and its drafts are scored then
-even if no request uses them.
+**Acceptance, per request and method.** For every slot, method ``d`` (the MTP layer as
+configured, n-gram matching, suffix decoding) and draft position ``j = 1..K``: ``p_d[j]``, the
+estimated probability that draft ``j`` is accepted when drafts ``1..j-1`` were, an exponential
+moving average (weight ``beta = 2 / (acceptance_window + 1)``) starting optimistic at 1. After
+each verification every method's candidates of the round are scored against the tokens the
+target emitted: position ``j`` was *tested* if ``j`` is below the number emitted and the
+candidate's earlier drafts equal the emitted ones, and *hit* if draft ``j`` equals emitted token
+``j``. For greedy and seeded (``target_match``) requests the emitted tokens are the target's own
+choice at every one of those positions, so a method a request did not use is scored as if it
+had been, up to where the used one failed. The MTP layer is scored only in rounds that run it
+(the probes below run it now and then).
 
-**Cost, per number of MTP substeps.** A step's wall time ``t`` is fitted, separately for each
-number of MTP substeps ``S`` (0 = the MTP layer skipped), as ``t = a_S + b_S m + c_S D`` in the
-number of running slots ``m`` and the drafts the step verified ``D``: exponentially weighted
-least squares (memory of a few dozen steps) whose slopes a weak ridge pulls toward a prior:
-``b = mean(t) / mean(m)`` (a batch size seen rarely is extrapolated in proportion) and ``c = 0``
-(a draft costs nothing until measured, so drafts get tried: their cost is learnt from the
-steps whose draft counts differ, which the acceptance and the candidates' lengths make vary,
-and against plain decoding from the substep counts' own fits). Only steps without a
-prefill whose substep count matches the round that drafted their verified tokens are samples; a
-step more than twice as slow or fast as a settled estimate is clipped to that factor (a busy
-machine), against an unsettled one it restarts the fit.
+**Cost, per mode.** A step's wall time is fitted per mode as ``t = a + b m + c D`` in the
+running slots ``m`` and the drafts the step verified ``D`` (:class:`~.step_costs.StepCosts`).
+A step is a sample of a mode when it verified that mode's drafts and ran that mode's round, and
+had no prefill.
 
-**The plan.** For a substep count ``S``, a slot's expected tokens with ``n`` drafts of method
-``d`` are ``1 + sum_{j<=n} q_d[j]`` with ``q_d[j] = p_d[1] ... p_d[j]`` (0 where the method has no
-draft ``j``: a model-free candidate shorter than ``j``, an MTP draft past ``S`` without the
-n-gram fill). The batch's rate is ``(m + sum of gains) / t_S(m, D)``; a draft is worth its verify
-row iff its ``q`` exceeds ``c_S`` times the rate, so the planner iterates: from the rate without
-drafts, each slot takes the method with the largest gain above that bar and the drafts whose
-``q`` clear it, the rate is recomputed, and so on (three times: it settles at once in practice).
-Drafts the grammar forces (structured output) have ``q = 1`` and come first. The ``S`` with the
-highest rate wins, kept unless another is ``10%`` better; ``S = 0`` with no drafts is plain
-decoding, always among the choices, so drafting is chosen only when the measured costs say it
-pays. An ``S`` never measured is run for two rounds first, and every ``adaptive_probe_interval``
-rounds the runner-up is re-measured for two rounds (the interval doubles, up to 16 times, while
-probes do not change the choice).
+**The plan.** In a mode, a slot's expected tokens with ``n`` drafts of method ``d`` are ``1 +
+q_d[1] + ... + q_d[n]``, ``q_d[j] = p_d[1] ... p_d[j]`` (0 where the method has no draft ``j``:
+a candidate shorter than ``j``, an MTP draft past ``S`` without the n-gram fill). The batch's
+rate is ``(m + sum of gains) / t(m, D)``, and a draft is worth its verify row iff its ``q``
+exceeds ``c`` times the rate; so from the rate without drafts each slot takes the method with
+the largest gain above that bar and the drafts whose ``q`` clear it, the rate is recomputed,
+three times (Dinkelbach's iteration; it settles at once in practice). Drafts the grammar forces
+(structured output) are certain and taken in every mode. The mode with the highest rate wins,
+kept unless another is 10% better, and drafting must beat plain decoding by 10%, so a machine
+where drafting does not pay decodes plainly. A mode never measured runs for two rounds first
+(not in a prefill round: such a step is no sample), and every ``adaptive_probe_interval`` rounds
+the runner-up is re-measured for two rounds (the interval doubles, up to 16 times, while probes
+do not change the choice). Model-free candidates are computed only while the planner may use
+them (its mode drafts, a probe is due, or a request pins such a method).
 
 A request may pin its method (``speculative_method``): it then drafts only with that one
 (``"none"``: never). Greedy and seeded outputs do not depend on any of this: only how many
@@ -56,26 +48,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import SpeculativeConfig
+from .draft_methods import METHODS, NO_METHOD, method_code
+from .step_costs import StepCosts
 
-#: Drafting methods a request can be given, by code (the index); ``NO_METHOD`` = no drafts.
-METHODS = ("mtp", "ngram", "suffix")
-NO_METHOD = -1
-#: The code of drafts a round made from the grammar alone (structured output's forced tokens,
-#: no method's), and the names of every code.
-GRAMMAR = len(METHODS)
-METHOD_LABELS = (*METHODS, "grammar")
 #: The mode of a round without drafts (plain decoding: the MTP layer skipped, no drafts); a
 #: drafting round's mode is its number of MTP substeps (0: model-free drafts only).
 PLAIN = -1
 #: The probe interval grows up to this multiple of ``adaptive_probe_interval``.
 MAX_PROBE_BACKOFF = 16
-
-
-def method_code(name: str | None) -> int | None:
-    """The code of a pinned method name (``"none"`` -> :data:`NO_METHOD`; ``None`` -> None)."""
-    if name is None:
-        return None
-    return NO_METHOD if name == "none" else METHODS.index(name)
 
 
 @dataclass
@@ -91,70 +71,6 @@ class RoundPlan:
     steps: int
     method: np.ndarray
     limits: np.ndarray
-
-
-class StepCosts:
-    """``t_S(m, D)`` per substep count ``S`` (see the module docstring). The fit of a substep
-    count is solved when it gets a sample; a prediction is then three multiplications."""
-
-    DECAY = 0.95
-    OUTLIER = 2.0
-    SETTLED = 3.0
-    RIDGE = 0.5
-
-    def __init__(self, max_steps: int):
-        #: per S: decayed sums of (1, m, D, t, m^2, D^2, m D, m t, D t)
-        self.stats = np.zeros((max_steps + 1, 9), np.float64)
-        #: per S: the fitted plane ``(mean m, mean D, mean t, slope m, slope D)``, or None
-        self.fits: list[tuple[float, float, float, float, float] | None] = [None] * (max_steps + 1)
-
-    def weight(self, steps: int) -> float:
-        return float(self.stats[steps, 0])
-
-    def _fit(self, steps: int) -> None:
-        w, sm, sd, st, smm, sdd, smd, smt, sdt = (float(v) for v in self.stats[steps])
-        if w < 0.5:
-            self.fits[steps] = None
-            return
-        mm, md, mt = sm / w, sd / w, st / w
-        # the ridge's prior: slots in proportion, drafts free (see the module docstring)
-        a11 = smm / w - mm * mm + self.RIDGE
-        a22 = sdd / w - md * md + self.RIDGE
-        a12 = smd / w - mm * md
-        b1 = smt / w - mm * mt + self.RIDGE * mt / max(mm, 1e-9)
-        b2 = sdt / w - md * mt
-        det = a11 * a22 - a12 * a12
-        self.fits[steps] = (mm, md, mt, (b1 * a22 - b2 * a12) / det, (a11 * b2 - a12 * b1) / det)
-
-    def predict(self, steps: int, m: float, d: float) -> float | None:
-        """Estimated seconds of a step (None when ``steps`` was never measured)."""
-        fit = self.fits[steps]
-        if fit is None:
-            return None
-        mm, md, mt, bm, bd = fit
-        # a plane fitted over a narrow range can cross zero far from it: never below a quarter
-        # of the estimate in proportion to the slots
-        return max(mt + bm * (m - mm) + bd * (d - md), 0.25 * mt * m / max(mm, 1e-9), 1e-9)
-
-    def row_cost(self, steps: int) -> float:
-        """Seconds one more draft adds (the fitted ``c_S``, at least 0; 0 when unmeasured)."""
-        fit = self.fits[steps]
-        return max(fit[4], 0.0) if fit is not None else 0.0
-
-    def record(self, steps: int, m: int, d: int, seconds: float) -> None:
-        st = self.stats[steps]
-        estimate = self.predict(steps, m, d)
-        if (
-            estimate is not None
-            and not estimate / self.OUTLIER <= seconds <= estimate * self.OUTLIER
-        ):
-            if st[0] < self.SETTLED:
-                st[:] = 0.0
-            else:
-                seconds = min(max(seconds, estimate / self.OUTLIER), estimate * self.OUTLIER)
-        st *= self.DECAY
-        st += (1.0, m, d, seconds, m * m, d * d, m * d, m * seconds, d * seconds)
-        self._fit(steps)
 
 
 class DraftPlanner:
@@ -457,18 +373,3 @@ class DraftPlanner:
                 keep = pos < plan.limits[sel][:, None]
                 out[sel] = np.where(keep, rows[sel, : self.k], -1)
         return out
-
-
-def verified_methods(
-    planner: DraftPlanner | None, method: str | None, drafts: np.ndarray
-) -> np.ndarray:
-    """``[N]`` the method code of the drafts ``drafts [N, K]`` a step verified: the planner's
-    choice of the round that made them, or without a planner the configured ``method``'s;
-    :data:`GRAMMAR` where the drafts have no method (only the grammar's forced tokens), -1 for
-    a slot without drafts."""
-    has = (np.asarray(drafts) >= 0).any(axis=1)
-    if planner is not None:
-        code = planner.last_method[: has.shape[0]]
-    else:
-        code = np.full(has.shape[0], METHODS.index(method) if method in METHODS else NO_METHOD)
-    return np.where(has, np.where(code == NO_METHOD, GRAMMAR, code), NO_METHOD).astype(np.int64)

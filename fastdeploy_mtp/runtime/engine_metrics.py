@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..constants import PLACEHOLDER_TOKEN_ID
-from .draft_planner import METHOD_LABELS
+from .draft_methods import METHOD_LABELS
 from .target_runner import StepOutput
 
 

@@ -10,7 +10,8 @@ import numpy as np
 import paddle
 
 from .collaborators import Proposer
-from .draft_planner import METHODS, DraftPlanner
+from .draft_methods import METHODS
+from .draft_planner import DraftPlanner
 from .spec_step import StepBackend, postprocess
 from .step_output import StepOutput
 

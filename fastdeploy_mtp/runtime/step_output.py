@@ -38,7 +38,7 @@ class StepOutput:
         guided: the step's structured-output work
             (:class:`~fastdeploy_mtp.runtime.guided_stats.GuidedStats`).
         draft_methods: ``[N]`` int64, which method made each slot's verified drafts (an index
-            of :data:`~fastdeploy_mtp.runtime.draft_planner.METHODS`, -1 = none or unknown).
+            of :data:`~fastdeploy_mtp.runtime.draft_methods.METHODS`, -1 = none or unknown).
     """
 
     accept_tokens: np.ndarray

@@ -20,7 +20,8 @@ from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
 from . import collaborators
 from .collaborators import DraftLogprobs, Proposer, ProposerFactory, SlotHandover
-from .draft_planner import METHODS, DraftPlanner, verified_methods
+from .draft_methods import METHODS, verified_methods
+from .draft_planner import DraftPlanner
 from .guided import GuidedSlots
 from .input_batch import InputBatch, limit_drafts, make_target_inputs
 from .planned_round import planned_round
@@ -81,8 +82,7 @@ class TargetRunner:
         )
         self._pending_fixups: list[Request] = []
         self._exports: list[int] = []
-        #: host mirror of ``seq_lens_decoder`` (tokens in each slot's cache), from what the host
-        #: knows (chunks, emitted counts): forwards get a length bound without a device read
+        #: host mirror of ``seq_lens_decoder``: forwards get a length bound without a device read
         self._cached = np.zeros(fd_config.scheduler_config.max_num_seqs, np.int64)
         spec = fd_config.speculative_config
         #: the per-slot states of a hybrid model's linear-attention layers (``None`` without)

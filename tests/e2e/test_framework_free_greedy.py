@@ -4,7 +4,7 @@ package's own target step and proposer round (``fastdeploy_mtp.runtime.spec_step
 on each framework-free backend -- ``kernels-cpu``, ``cuda-emu``, ``xpu-emu`` and ``cuda``
 (torch or CuPy tensors on a GPU) where usable.
 
-For batches of 1 and 5 (one empty slot among them), K in {1, 3}, num_model_steps in {1, K},
+For batches of 1 and 5 (one empty slot among them), K in {1, 3, 8}, num_model_steps in {1, K},
 GREEDY and TARGET_MATCH verification, with and without EOS hits:
 
 * the speculative output is plain greedy decoding of the target rule, token for token, and
@@ -90,6 +90,7 @@ CASES = {
     "b5-k3-s3-disagree": Case(
         FIVE, (8, 11, 6, 9, 13), (1, 2, 3, 4, 5), 6, 3, 3, eos="hit", draft="disagree"
     ),
+    "b5-k8-s8-eos": Case(FIVE, (20, 24, 12, 18, 22), (0, 2, 3, 4, 5), 6, 8, 8, eos="hit"),
 }
 
 

@@ -47,6 +47,8 @@ CASES = [
     (3, 1, True, 5, 0),
     (3, 3, True, 5, 7),
     (2, 1, True, 16, 7),
+    (8, 8, False, 5, 7),
+    (8, 2, True, 5, 0),
 ]
 
 
@@ -83,6 +85,7 @@ ADAPTIVE_CASES = [
     (2, 2, False, 16, 0, False, 1),
     (3, 3, False, 1, 0, True, 3),
     (8, 1, True, 4, 0, False, 2),
+    (8, 8, False, 5, 0, True, 2),
 ]
 
 

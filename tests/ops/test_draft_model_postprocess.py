@@ -24,7 +24,7 @@ def check(backend, tensors, context):
 
 
 @pytest.mark.parametrize("bsz", [1, 3, 257, 1500])
-@pytest.mark.parametrize("width", [2, 3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("width", [2, 3, 4, 5, 6, 7, 8, 9])
 def test_random_states_match_reference(backend, bsz, width):
     rng = np.random.default_rng(1000 * bsz + width)
     check(backend, make_state(rng, bsz, width), f"bsz={bsz} width={width}")

@@ -21,7 +21,7 @@ def check(backend, tensors, num_model_step=1, is_splitwise_prefill=False, contex
 
 
 @pytest.mark.parametrize("bsz", [1, 7, 64, 1500])
-@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("k", [1, 3, 5, 8])
 def test_random_batches_match_reference(backend, bsz, k):
     rng = np.random.default_rng(bsz * 10 + k)
     for num_model_step, splitwise in ((1, False), (k, False), (k, True)):

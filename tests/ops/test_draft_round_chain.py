@@ -36,7 +36,9 @@ def run(backend, op, names, tensors, reference, attrs=(), outputs=(), context=""
     return dict(zip(all_names, got))
 
 
-@pytest.mark.parametrize("bsz,k,steps", [(7, 1, 1), (64, 3, 3), (64, 5, 2), (1500, 3, 2)])
+@pytest.mark.parametrize(
+    "bsz,k,steps", [(7, 1, 1), (64, 3, 3), (64, 5, 2), (64, 8, 8), (1500, 3, 2)]
+)
 def test_rounds_of_draft_ops_match_the_references(backend, bsz, k, steps):
     rng = np.random.default_rng(bsz * 31 + k)
     w = k + 1

@@ -57,7 +57,7 @@ def check(backend, tensors, block_size=4, k=3, context=""):
 
 
 @pytest.mark.parametrize("bsz", [1, 7, 64, 1500])
-@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("k", [1, 3, 5, 8])
 def test_random_states_match_reference(backend, bsz, k):
     rng = np.random.default_rng(bsz + 17 * k)
     check(backend, make_state(rng, bsz, k), k=k, context=f"bsz={bsz} k={k}")

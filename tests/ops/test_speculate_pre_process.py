@@ -59,7 +59,7 @@ def check(backend, tensors, token_num=None, context=""):
 
 
 @pytest.mark.parametrize("bsz", [1, 7, 64, 1500])
-@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("k", [1, 3, 5, 8])
 def test_random_batches_match_reference(backend, bsz, k):
     check(backend, make_state(np.random.default_rng(bsz + k), bsz, k), context=f"bsz={bsz} k={k}")
 

@@ -65,7 +65,7 @@ def check(backend, tensors, context, keep=False):
     return dict(zip(NAMES, got))
 
 
-@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("k", [1, 3, 5, 8])
 @pytest.mark.parametrize("bsz", [1, 7, 64, 1500])
 def test_random_states_match_reference(backend, bsz, k):
     rng = np.random.default_rng(10 * bsz + k)
@@ -73,7 +73,7 @@ def test_random_states_match_reference(backend, bsz, k):
     check(backend, make_state(rng, bsz, k, real_bsz=real), f"bsz={bsz} k={k}")
 
 
-@pytest.mark.parametrize("k", [1, 5])
+@pytest.mark.parametrize("k", [1, 5, 8])
 def test_random_states_keeping_the_max_dec_len_token_match_reference(backend, k):
     rng = np.random.default_rng(300 + k)
     tensors = make_state(rng, 64, k)

@@ -50,7 +50,7 @@ STRATEGIES = {"topp": TOPP, "greedy": GREEDY, "target_match": TARGET_MATCH, "rej
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
-@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("k", [1, 3, 5, 8])
 @pytest.mark.parametrize("bsz", [1, 7, 64, 1500])
 def test_random_states_match_reference(backend, bsz, k, strategy):
     s = STRATEGIES[strategy]
@@ -74,7 +74,7 @@ def test_random_states_with_flags_match_reference(backend, strategy, flags):
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
-@pytest.mark.parametrize("k", [1, 5])
+@pytest.mark.parametrize("k", [1, 5, 8])
 def test_random_states_keeping_the_max_dec_len_token_match_reference(backend, strategy, k):
     """``keep_max_dec_len_token``: every item's ``max_dec_len`` is 1 or 2 tokens away,
     so many reach it; the same counts as upstream's, and the last token is the strategy's."""

@@ -7,15 +7,9 @@ import numpy as np
 import pytest
 
 from fastdeploy_mtp.config import SpeculativeConfig, SpeculativeConfigError
-from fastdeploy_mtp.runtime.draft_planner import (
-    GRAMMAR,
-    METHODS,
-    NO_METHOD,
-    DraftPlanner,
-    RoundPlan,
-    StepCosts,
-    verified_methods,
-)
+from fastdeploy_mtp.runtime.draft_methods import GRAMMAR, METHODS, NO_METHOD, verified_methods
+from fastdeploy_mtp.runtime.draft_planner import DraftPlanner, RoundPlan
+from fastdeploy_mtp.runtime.step_costs import StepCosts
 from tests.support.engines import adaptive_spec
 
 MTP, NGRAM, SUFFIX = (METHODS.index(m) for m in ("mtp", "ngram", "suffix"))
@@ -70,7 +64,7 @@ def test_a_method_without_candidates_is_not_scored():
 
 
 def test_cost_fit_is_a_plane_in_slots_and_drafts():
-    c = StepCosts(1)
+    c = StepCosts(2)
     assert c.predict(1, 4, 8) is None
     for m in (2, 4, 6):
         for d in (0, 3, 9):
@@ -81,19 +75,19 @@ def test_cost_fit_is_a_plane_in_slots_and_drafts():
 
 
 def test_one_batch_size_extrapolates_proportionally():
-    c = StepCosts(1)
+    c = StepCosts(2)
     for _ in range(10):
         c.record(0, 4, 0, 2.0)  # only m = 4, no drafts: 0.5 s per row
     assert c.predict(0, 8, 0) == pytest.approx(4.0, rel=0.1)
 
 
 def test_a_settled_cost_moves_a_bounded_step_on_an_outlier():
-    c = StepCosts(1)
+    c = StepCosts(2)
     for _ in range(10):
         c.record(1, 2, 2, 1.0)
     c.record(1, 2, 2, 50.0)  # one busy step counts as twice the estimate
     assert c.predict(1, 2, 2) < 1.15
-    c2 = StepCosts(1)
+    c2 = StepCosts(2)
     c2.record(1, 2, 2, 50.0)  # a first sample that the next one contradicts
     c2.record(1, 2, 2, 1.0)
     assert c2.predict(1, 2, 2) == pytest.approx(1.0)

@@ -33,10 +33,46 @@ def test_more_slots_than_kernel_msgmax_carries_is_refused_with_the_fix(capsys):
     )
 
 
-def test_more_drafts_than_the_message_layout_carries_is_refused(capsys):
-    code, err = run(capsys, "--num-speculative-tokens", "6")
+@pytest.mark.parametrize("role", ["mixed", "decode"])
+@pytest.mark.parametrize("k", [6, 8])
+def test_more_drafts_than_the_sysv_message_carries_are_refused_with_the_fix(capsys, role, k):
+    code, err = run(
+        capsys,
+        "--token-channel",
+        "sysv",
+        "--splitwise-role",
+        role,
+        "--speculative-config",
+        f'{{"num_speculative_tokens": {k}, "num_model_steps": 1}}',
+    )
     assert code == 2 and err.count("\n") == 1
-    assert "num_speculative_tokens 6" in err and "at most 5 drafts" in err
+    assert (
+        f"--token-channel sysv: num_speculative_tokens {k} needs {k + 1} tokens per request and "
+        "step, but FastDeploy's SysV token message carries 6; use --token-channel shm (the "
+        "default) or num_speculative_tokens <= 5"
+    ) in err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--token-channel", "sysv", "--num-speculative-tokens", "5"],
+        # a prefill instance with MTP sends first tokens (2 per request), on either channel
+        ["--token-channel", "sysv", "--splitwise-role", "prefill", "--num-speculative-tokens", "8"],
+        ["--num-speculative-tokens", "8"],
+    ],
+)
+def test_drafts_the_token_message_carries_pass_the_draft_check(capsys, args):
+    """The refusal is the later KV memory check's (so no process starts)."""
+    code, err = run(capsys, *args, "--kv-cache-memory", "4KiB")
+    assert code == 2 and err.count("\n") == 1 and "--kv-cache-memory" in err, err
+
+
+def test_more_slots_than_the_sysv_message_has_are_refused_with_the_fix(capsys):
+    code, err = run(capsys, "--token-channel", "sysv", "--max-num-seqs", "513")
+    assert code == 2 and err.count("\n") == 1
+    assert "--max-num-seqs 513: FastDeploy's SysV token message has room for 512 slots" in err
+    assert "use --token-channel shm or --max-num-seqs" in err
 
 
 @pytest.mark.parametrize(

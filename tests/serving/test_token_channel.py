@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +29,14 @@ from fastdeploy_mtp.serving.token_channel.shared_memory import (
     ShmTokenWriter,
     shm_bytes,
 )
-from tests.support.servers import http_post, offline, scrape_metrics, serving
+from tests.support.servers import (
+    device_ids,
+    http_post,
+    offline,
+    scrape_metrics,
+    serving,
+    shm_names,
+)
 
 SPEC = (
     '{"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 1, '
@@ -239,6 +248,70 @@ def test_sysv_channel_serves_through_fastdeploys_message(expected):
             texts = list(pool.map(lambda p: _complete(srv.base_url, p), DEMO_PROMPTS[:4]))
         assert texts == expected[:4]
         assert not [n for n in os.listdir("/dev/shm") if n == f"fdmtp_step_tokens.{srv.queue_port}"]
+
+
+#: the most drafts any command accepts, all from the MTP layer (so every round offers 8)
+EIGHT_DRAFTS = '{"method": "mtp", "num_speculative_tokens": 8, "num_model_steps": 8}'
+
+
+def test_shm_serves_eight_drafts_with_the_tokens_of_plain_decoding():
+    openai = pytest.importorskip("openai")
+    prompts = DEMO_PROMPTS[:2]
+    want = offline(prompts, '{"method": null}', MAX_TOKENS)
+    with contextlib.contextmanager(serving)(
+        ["--speculative-config", EIGHT_DRAFTS, "--token-channel", "shm"]
+    ) as srv:
+        assert "MTP K=8 S=8" in srv.output() and "token channel shm" in srv.output()
+        c = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="-", max_retries=0, timeout=120)
+        texts = [
+            c.completions.create(model="fastdeploy-mtp-tiny", prompt=p, max_tokens=MAX_TOKENS)
+            .choices[0]
+            .text
+            for p in prompts
+        ]
+        m = scrape_metrics(srv.base_url)
+    assert texts == want
+    per_pos = 'fastdeploy:spec_decode_num_{}_tokens_per_pos_total{{method="mtp",position="{}"}}'
+    assert m[per_pos.format("draft", 8)] > 0 and m[per_pos.format("accepted", 8)] >= 0
+    assert per_pos.format("draft", 9) not in m
+
+
+def test_sysv_with_six_drafts_exits_with_the_reason_and_leaves_nothing_behind():
+    """Refused before any process starts: exit status 2, one line saying why and what to do;
+    no child process, ``/dev/shm`` name or listener left."""
+    before = shm_names()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fastdeploy_mtp.entrypoints.cli", "serve", "--port", "1"]
+        + ["--token-channel", "sysv", "--num-speculative-tokens", "6"]
+        + ["--device-ids", device_ids(1)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2 and out == "" and err.count("\n") == 1, err
+    assert (
+        "--token-channel sysv: num_speculative_tokens 6 needs 7 tokens per request and step, "
+        "but FastDeploy's SysV token message carries 6; use --token-channel shm (the default) or "
+        "num_speculative_tokens <= 5"
+    ) in err
+    assert _in_session(proc.pid) == [] and shm_names() - before == set()
+
+
+def _in_session(sid: int) -> list[int]:
+    """The live processes of session ``sid`` (a child the command started would stay in it)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state, _, _, session = f.read().rsplit(b")", 1)[1].split()[:4]
+            if int(session) == sid and state != b"Z":
+                found.append(int(entry))
+    return found
 
 
 def test_sysv_writer_is_read_by_fastdeploys_reader():

@@ -44,7 +44,8 @@ def demo_requests(max_tokens=40):
 
 
 @pytest.mark.parametrize(
-    ("k", "steps", "hybrid"), [(1, 1, False), (3, 3, False), (3, 1, True), (0, 1, False)]
+    ("k", "steps", "hybrid"),
+    [(1, 1, False), (3, 3, False), (3, 1, True), (8, 8, False), (0, 1, False)],
 )
 def test_demo_prompts_pd_equals_mixed_and_the_first_round_uses_the_prefill_drafts(
     shipped, k, steps, hybrid
@@ -80,7 +81,9 @@ def test_demo_prompts_pd_equals_mixed_and_the_first_round_uses_the_prefill_draft
     pd.close()
 
 
-@pytest.mark.parametrize(("k", "steps", "hybrid"), [(1, 1, False), (3, 3, False), (3, 1, True)])
+@pytest.mark.parametrize(
+    ("k", "steps", "hybrid"), [(1, 1, False), (3, 3, False), (3, 1, True), (8, 1, True)]
+)
 def test_staggered_chunked_prefill_and_slow_transfers_equal_mixed(random_model, k, steps, hybrid):
     """Requests arrive every other step, the prefill engine prefills in 5-token chunks and
     each transfer lands 3 steps after the decode engine asked for it."""

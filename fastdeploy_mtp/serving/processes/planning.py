@@ -120,7 +120,27 @@ def _checked_device_ids(opts: ServeOptions) -> list[int]:
             f"--token-channel must be one of {', '.join(TOKEN_CHANNELS)}, got "
             f"{opts.token_channel!r}"
         )
+    _refuse_drafts_the_sysv_message_cannot_carry(opts)
     return device_ids
+
+
+def _refuse_drafts_the_sysv_message_cannot_carry(opts: ServeOptions) -> None:
+    """``--token-channel sysv`` sends each step's K + 1 tokens per request in FastDeploy's
+    SysV message, which has room for ``MAX_DRAFT_TOKENS`` (6): refuse a larger K there. (A
+    prefill instance with MTP sends ``mtp_save_first_token``'s 2 tokens per request instead,
+    on either channel.)"""
+    from ...ops.messaging import MAX_DRAFT_TOKENS
+
+    spec = opts.speculative_config
+    if opts.token_channel != "sysv" or not spec.enabled or opts.splitwise_role == "prefill":
+        return
+    k = spec.num_speculative_tokens
+    if k + 1 > MAX_DRAFT_TOKENS:
+        raise UsageError(
+            f"--token-channel sysv: num_speculative_tokens {k} needs {k + 1} tokens per request "
+            f"and step, but FastDeploy's SysV token message carries {MAX_DRAFT_TOKENS}; use "
+            f"--token-channel shm (the default) or num_speculative_tokens <= {MAX_DRAFT_TOKENS - 1}"
+        )
 
 
 def _slots(opts: ServeOptions) -> tuple[int | None, int]:
@@ -156,6 +176,11 @@ def _fit_max_num_seqs(requested: int | None) -> int:
                 f"kernel.msgmax ({msgmax} bytes) cannot carry a token message for even one slot"
             )
         return min(8, fits)
+    if requested > messaging.MAX_BSZ:
+        raise UsageError(
+            f"--max-num-seqs {requested}: FastDeploy's SysV token message has room for "
+            f"{messaging.MAX_BSZ} slots; use --token-channel shm or --max-num-seqs {fits} or fewer"
+        )
     if requested > fits:
         need = messaging.topk_message_bytes(requested)
         raise UsageError(

@@ -3,7 +3,8 @@ splitwise prefill instance with MTP.
 
 FastDeploy's SysV message (``speculate_save_output_topk`` /
 ``speculate_get_output_topk``): 2,060 + 1,032 bytes per slot, so ``kernel.msgmax`` bounds
-the slots (5 on a default kernel).
+the slots (5 on a default kernel), and ``MAX_DRAFT_TOKENS`` (6) tokens per slot and step, so
+``serve`` refuses this channel for K > 5 (``planning``).
 
 A splitwise prefill instance with MTP always sends ``mtp_save_first_token``'s SysV message
 (its own layout, which fits 256 slots): :class:`FirstTokenReader`.

@@ -1,0 +1,74 @@
+"""The draft planner's step-cost model: a step's wall time as a plane in the running slots and
+the verified drafts, fitted per mode (see :mod:`.draft_planner`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class StepCosts:
+    """``t(m, D) = a + b m + c D`` per mode (index ``0 .. modes - 1``): exponentially weighted
+    least squares, its slopes pulled by a weak ridge toward ``b = mean(t) / mean(m)`` (a
+    batch size seen rarely is extrapolated in proportion) and ``c = 0`` (a draft costs nothing
+    until measured). A sample more than twice as slow or fast as a settled estimate is clipped
+    to that factor (a busy machine); against an unsettled one it restarts the fit. The fit of
+    a mode is solved when it gets a sample; a prediction is then three multiplications."""
+
+    DECAY = 0.95
+    OUTLIER = 2.0
+    SETTLED = 3.0
+    RIDGE = 0.5
+
+    def __init__(self, max_mode: int):
+        #: per S: decayed sums of (1, m, D, t, m^2, D^2, m D, m t, D t)
+        self.stats = np.zeros((max_mode + 1, 9), np.float64)
+        #: per S: the fitted plane ``(mean m, mean D, mean t, slope m, slope D)``, or None
+        self.fits: list[tuple[float, float, float, float, float] | None] = [None] * (max_mode + 1)
+
+    def weight(self, mode: int) -> float:
+        return float(self.stats[mode, 0])
+
+    def _fit(self, mode: int) -> None:
+        w, sm, sd, st, smm, sdd, smd, smt, sdt = (float(v) for v in self.stats[mode])
+        if w < 0.5:
+            self.fits[mode] = None
+            return
+        mm, md, mt = sm / w, sd / w, st / w
+        # the ridge's prior: slots in proportion, drafts free (see the module docstring)
+        a11 = smm / w - mm * mm + self.RIDGE
+        a22 = sdd / w - md * md + self.RIDGE
+        a12 = smd / w - mm * md
+        b1 = smt / w - mm * mt + self.RIDGE * mt / max(mm, 1e-9)
+        b2 = sdt / w - md * mt
+        det = a11 * a22 - a12 * a12
+        self.fits[mode] = (mm, md, mt, (b1 * a22 - b2 * a12) / det, (a11 * b2 - a12 * b1) / det)
+
+    def predict(self, mode: int, m: float, d: float) -> float | None:
+        """Estimated seconds of a step (None when ``mode`` was never measured)."""
+        fit = self.fits[mode]
+        if fit is None:
+            return None
+        mm, md, mt, bm, bd = fit
+        # a plane fitted over a narrow range can cross zero far from it: never below a quarter
+        # of the estimate in proportion to the slots
+        return max(mt + bm * (m - mm) + bd * (d - md), 0.25 * mt * m / max(mm, 1e-9), 1e-9)
+
+    def row_cost(self, mode: int) -> float:
+        """Seconds one more draft adds (the fitted ``c_S``, at least 0; 0 when unmeasured)."""
+        fit = self.fits[mode]
+        return max(fit[4], 0.0) if fit is not None else 0.0
+
+    def record(self, mode: int, m: int, d: int, seconds: float) -> None:
+        st = self.stats[mode]
+        estimate = self.predict(mode, m, d)
+        if (
+            estimate is not None
+            and not estimate / self.OUTLIER <= seconds <= estimate * self.OUTLIER
+        ):
+            if st[0] < self.SETTLED:
+                st[:] = 0.0
+            else:
+                seconds = min(max(seconds, estimate / self.OUTLIER), estimate * self.OUTLIER)
+        st *= self.DECAY
+        st += (1.0, m, d, seconds, m * m, d * d, m * d, m * seconds, d * seconds)
+        self._fit(mode)
