@@ -7,7 +7,8 @@ batch's expected tokens per second from what it measured on this machine.
 **Acceptance, per request and method.** For every slot, method ``d`` (the MTP layer as
 configured, n-gram matching, suffix decoding) and draft position ``j = 1..K``: ``p_d[j]``, the
 estimated probability that draft ``j`` is accepted when drafts ``1..j-1`` were, an exponential
-moving average (weight ``beta = 2 / (acceptance_window + 1)``) starting optimistic at 1. After
+moving average (weight ``beta = 2 / (acceptance_window + 1)``) that a new request starts from
+the same average over all requests (each round, of the slots scored), 1 at first. After
 each verification every method's candidates of the round are scored against the tokens the
 target emitted: position ``j`` was *tested* if ``j`` is below the number emitted and the
 candidate's earlier drafts equal the emitted ones, and *hit* if draft ``j`` equals emitted token
@@ -23,7 +24,9 @@ had no prefill.
 
 **The plan.** In a mode, a slot's expected tokens with ``n`` drafts of method ``d`` are ``1 +
 q_d[1] + ... + q_d[n]``, ``q_d[j] = p_d[1] ... p_d[j]`` (0 where the method has no draft ``j``:
-a candidate shorter than ``j``, an MTP draft past ``S`` without the n-gram fill). The batch's
+a model-free candidate shorter than ``j``, an MTP draft past ``S`` without the n-gram fill; the
+fill's own drafts are not known when planning, so a fill draft that was not made is scored as
+a miss). The batch's
 rate is ``(m + sum of gains) / t(m, D)``, and a draft is worth its verify row iff its ``q``
 exceeds ``c`` times the rate; so from the rate without drafts each slot takes the method with
 the largest gain above that bar and the drafts whose ``q`` clear it, the rate is recomputed,
@@ -50,6 +53,8 @@ import numpy as np
 from ..config import SpeculativeConfig
 from .draft_methods import METHODS, NO_METHOD, method_code
 from .step_costs import StepCosts
+
+MTP = METHODS.index("mtp")
 
 #: The mode of a round without drafts (plain decoding: the MTP layer skipped, no drafts); a
 #: drafting round's mode is its number of MTP substeps (0: model-free drafts only).
@@ -99,6 +104,8 @@ class DraftPlanner:
         self.base_interval = int(spec.adaptive_probe_interval)
         self.interval = self.base_interval
         self.p = np.ones((len(METHODS), num_slots, self.k), np.float64)
+        #: the same estimates over every request (a new request starts from them)
+        self.prior = np.ones((len(METHODS), self.k), np.float64)
         #: per slot: a pinned method code, NO_METHOD, or FREE (the planner chooses)
         self.pin = np.full(num_slots, self.FREE, np.int64)
         #: step costs per mode (PLAIN, then 0..max_steps substeps), at index mode + 1
@@ -111,6 +118,7 @@ class DraftPlanner:
         self.probe_from: int | None = None
         #: the last round's candidate drafts ``[N, K]`` per method code (what observe scores)
         self.candidates: dict[int, np.ndarray] = {}
+        self.candidate_steps = 0  # the MTP substeps of that round
         #: ``[N]`` method code of the drafts each slot got in the last round
         self.last_method = np.full(num_slots, NO_METHOD, np.int64)
 
@@ -118,9 +126,10 @@ class DraftPlanner:
 
     # ---- acceptance ------------------------------------------------------------------------
     def reset_slot(self, idx: int, pinned: str | None = None) -> None:
-        """A new request in slot ``idx``: optimistic estimates; ``pinned`` its own method
-        (``speculative_method``), None to let the planner choose."""
-        self.p[:, idx] = 1.0
+        """A new request in slot ``idx``: the estimates over every request so far (1 before
+        any draft was scored); ``pinned`` its own method (``speculative_method``), None to let
+        the planner choose."""
+        self.p[:, idx] = self.prior
         code = method_code(pinned)
         self.pin[idx] = self.FREE if code is None else code
 
@@ -144,9 +153,18 @@ class DraftPlanner:
             eq = (cand == tokens) & (cand >= 0)
             # tested: the candidate's earlier drafts all equal the emitted tokens
             before = np.cumprod(np.concatenate([np.ones_like(eq[:, :1]), eq[:, :-1]], 1), 1)
-            tested = within & (before > 0) & (cand >= 0)
+            if code == MTP:  # the MTP layer's candidates are not known when planning: a draft
+                # its round should have made (the n-gram fill past the substeps) and did not
+                # counts as a miss, so its estimate covers whether the draft exists
+                made = pos < (self.k if self.mtp_fill else self.candidate_steps)
+            else:  # known when planning: only the drafts made are estimated
+                made = cand >= 0
+            tested = within & (before > 0) & made
             hit = eq.astype(np.float64)
             self.p[code] += np.where(tested, self.beta * (hit - self.p[code]), 0.0)
+            n_tested = tested.sum(axis=0)
+            rate = np.where(tested, hit, 0.0).sum(axis=0) / np.maximum(n_tested, 1)
+            self.prior[code] += np.where(n_tested > 0, self.beta * (rate - self.prior[code]), 0.0)
 
     def record(self, running_slots: int, drafts: int, seconds: float, prefill: bool) -> None:
         """The wall time of the step that just ran (its verify checked ``drafts`` drafts of
@@ -201,7 +219,7 @@ class DraftPlanner:
         pos = np.arange(self.k)[None, :]
         allowed = np.zeros((len(METHODS), idx.size), bool)
         for code in self.methods:
-            if code == METHODS.index("mtp"):
+            if code == MTP:  # (a missing n-gram fill is scored as a miss: see observe)
                 has = np.broadcast_to(pos < (self.k if self.mtp_fill else steps), q[code].shape)
                 ok = steps > 0
             elif code in available:
@@ -364,7 +382,7 @@ class DraftPlanner:
         """``[N, K]`` int64 drafts of the round: each slot's row of its method's candidates
         (``candidates`` by code, the MTP layer's included when it ran), cut at its limit; -1
         where none. The candidates become what the next :meth:`observe` scores."""
-        self.candidates = candidates
+        self.candidates, self.candidate_steps = candidates, plan.steps
         out = np.full((plan.method.shape[0], self.k), -1, np.int64)
         pos = np.arange(self.k)[None, :]
         for code, rows in candidates.items():

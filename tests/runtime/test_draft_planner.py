@@ -132,9 +132,24 @@ def test_expensive_drafting_settles_on_plain_decoding():
 
 
 def test_cheap_drafting_uses_every_draft():
-    p = planner(slots=2, methods=(MTP,))
+    p = planner(slots=2, steps=3, methods=(MTP,), fill=False)
     plans = drive(p, lambda s, m, d: 1.0 + 0.05 * s + 0.01 * d, 40)
-    assert all(pl.steps == 1 and (pl.limits == 3).all() for pl in plans[-10:])
+    assert sum(pl.steps == 3 and (pl.limits == 3).all() for pl in plans[-10:]) >= 8
+
+
+def test_a_missing_ngram_fill_counts_as_a_miss():
+    """S = 1 with the n-gram fill: whether the fill makes a draft is not known when planning,
+    so an MTP round that made none past its substep scores those positions as misses; a
+    model-free candidate's missing drafts are not scored (they are known when planning)."""
+    p = planner(slots=1)  # beta = 0.5
+    p.candidates, p.candidate_steps = (
+        {MTP: np.array([[5, -1, -1]]), NGRAM: np.array([[5, -1, -1]])},
+        1,
+    )
+    tokens, n = emitted([[5, 6, 9]])
+    p.observe(tokens, n, np.array([True]))
+    assert p.p[MTP, 0].tolist() == [1.0, 0.5, 1.0]  # position 3: not reached
+    assert p.p[NGRAM, 0].tolist() == [1.0, 1.0, 1.0]
 
 
 def test_each_request_gets_the_method_that_pays_for_it():
