@@ -20,7 +20,8 @@ had been, up to where the used one failed. The MTP layer is scored only in round
 **Cost, per mode.** A step's wall time is fitted per mode as ``t = a + b m + c D`` in the
 running slots ``m`` and the drafts the step verified ``D`` (:class:`~.step_costs.StepCosts`).
 A step is a sample of a mode when it verified that mode's drafts and ran that mode's round, and
-had no prefill.
+had no prefill. A mode whose samples are from batch sizes about twice or half the current one
+and further is measured again from scratch (a step's cost per slot falls with the batch size).
 
 **The plan.** In a mode, a slot's expected tokens with ``n`` drafts of method ``d`` are ``1 +
 q_d[1] + ... + q_d[n]``, ``q_d[j] = p_d[1] ... p_d[j]`` (0 where the method has no draft ``j``:
@@ -304,6 +305,7 @@ class DraftPlanner:
         """Every mode's best allocation, the chosen mode (:meth:`_choose`); its allocation
         into ``method`` and ``limits`` (``[N]``, in place)."""
         m = int(running.sum())
+        self.costs.forget_far_from(m)
         modes = list(range(1, self.max_steps + 1))
         if not prefill:  # (a prefill round runs the MTP layer: it has to see the prompt)
             free = [c for c in self.methods if c != METHODS.index("mtp")]

@@ -53,6 +53,15 @@ class StepCosts:
         # of the estimate in proportion to the slots
         return max(mt + bm * (m - mm) + bd * (d - md), 0.25 * mt * m / max(mm, 1e-9), 1e-9)
 
+    def forget_far_from(self, m: int) -> None:
+        """Start over the fits of the modes measured at batch sizes far from ``m`` (their mean
+        slots ``mm`` outside ``[mm / 2 - 2, 2 mm + 2]``): a step's cost per slot falls with the
+        batch size, so a plane fitted elsewhere extrapolates badly; the planner re-measures."""
+        for mode, fit in enumerate(self.fits):
+            if fit is not None and not fit[0] / 2.0 - 2.0 <= m <= 2.0 * fit[0] + 2.0:
+                self.stats[mode] = 0.0
+                self.fits[mode] = None
+
     def row_cost(self, mode: int) -> float:
         """Seconds one more draft adds (the fitted ``c_S``, at least 0; 0 when unmeasured)."""
         fit = self.fits[mode]

@@ -81,6 +81,15 @@ def test_one_batch_size_extrapolates_proportionally():
     assert c.predict(0, 8, 0) == pytest.approx(4.0, rel=0.1)
 
 
+def test_a_fit_from_far_smaller_batches_starts_over():
+    c = StepCosts(2)
+    for _ in range(10):
+        c.record(0, 4, 0, 1.0)
+        c.record(1, 40, 0, 9.0)
+    c.forget_far_from(9)  # 4 slots: within [0, 10]; 40: outside [18, 82]
+    assert c.predict(0, 9, 0) is not None and c.predict(1, 9, 0) is None
+
+
 def test_a_settled_cost_moves_a_bounded_step_on_an_outlier():
     c = StepCosts(2)
     for _ in range(10):

@@ -41,3 +41,21 @@ def test_suffix_decoding_serves_the_non_speculative_output(server):
         >= len(prompts) * (MAX_TOKENS - 1) / 4
     )
     assert m['fastdeploy:spec_decode_num_draft_tokens_total{method="suffix"}'] > 0
+
+
+@pytest.mark.parametrize(
+    "pin, status",
+    [("suffix", 200), ("none", 400), ("mtp", 400), ("ngram", 400), ("fast", 400), (3, 400)],
+)
+def test_a_request_pins_only_a_method_the_engine_offers(server, pin, status):
+    """Without the draft planner this engine drafts with suffix decoding only: pinning it is
+    accepted, anything else is a 400 naming the field (``"none"`` too: nothing would honour
+    it)."""
+    code, body = http_post(
+        server.base_url + "/v1/completions",
+        {"model": "fastdeploy-mtp-tiny", "prompt": "x", "max_tokens": 2, "speculative_method": pin},
+        timeout=60,
+    )
+    assert code == status, body
+    if status == 400:
+        assert body["error"]["param"] == "speculative_method", body
