@@ -40,12 +40,13 @@ class ModelFreeAlternatives:
         """The slot's request finished (its output joins the shared suffix cache)."""
         self.suffix.forget_slot(idx)
 
-    def candidates(self, wanted: bool = True) -> dict[int, np.ndarray]:
-        """This round's candidates ``[N, K]`` int64 (-1 = none) by method code, or (not
-        ``wanted``: the planner keeps every request on plain decoding or the MTP layer) none;
-        call once per round, after the target's step (the suffix slots take the emitted
-        tokens either way)."""
-        suffix = self.suffix.candidate_rows(wanted)
-        if not wanted:
+    def candidates(self, wanted: np.ndarray | None) -> dict[int, np.ndarray]:
+        """This round's candidates ``[N, K]`` int64 (-1 = none) by method code: n-gram for
+        every slot, suffix for the slots ``wanted`` ``[N]`` bool selects; ``None`` (the planner
+        keeps every request on plain decoding or the MTP layer): none. Call once per round,
+        after the target's step (the suffix slots take the emitted tokens either way)."""
+        if wanted is None:
+            self.suffix.take_emitted()
             return {}
+        suffix = self.suffix.candidate_rows(wanted)
         return {self.codes[0]: self.ngram.candidate_rows(), self.codes[1]: suffix}

@@ -129,12 +129,13 @@ class MTPProposer(MTPCaches, MTPForwards, RoundEntry):
         self.caches: list[paddle.Tensor] = []
         self.cache_specs: list[CacheSpec] = []  # what self.caches hold (set by initialize_kv_cache)
         self._attached: list[str] = []  # IPC names of caches attached from another process
-        #: n-gram and suffix candidates for the draft planner (set by the factory)
+        #: n-gram and suffix candidates for the draft planner (set by the factory), and the
+        #: slots it admitted without the MTP layer (``[N]`` bool, the planner's array)
         self.alternatives: ModelFreeAlternatives | None = None
+        self.excluded: np.ndarray | None = None
         self._published: list[str] = []  # IPC names of caches this proposer published
         self.num_gpu_blocks = 0
-        #: FastDeploy's switch, kept for its interface: substeps here are always sized by
-        #: host-known bounds (see :meth:`_propose`), overlap schedule or not
+        #: FastDeploy's switch, kept for its interface (substeps use host-known bounds anyway)
         self.enable_overlap = fd_config.scheduler_config.enable_overlap_schedule
         #: Set by the runner before each :meth:`run`: True when no slot is in prefill this
         #: round (FastDeploy's name). Such steady-state rounds build the MTP forwards'
@@ -167,8 +168,7 @@ class MTPProposer(MTPCaches, MTPForwards, RoundEntry):
         #: (:meth:`forward_substep`)
         self._first: tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor, paddle.Tensor] | None = None
         self._chain: list[tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]] = []
-        #: the runner's grammar matchers (structured output)
-        self.guided = guided
+        self.guided = guided  # the runner's grammar matchers (structured output)
 
     # ---- request insertion ---------------------------------------------------------------
     def insert_tasks_v1(self, req_dicts: Sequence[Request], num_running_requests: int = 0) -> None:
@@ -194,7 +194,9 @@ class MTPProposer(MTPCaches, MTPForwards, RoundEntry):
         for req in req_dicts:
             idx = int(req.idx)
             self.forget_slot(idx)
-            if req.task_type == RequestType.PREFILL:
+            if req.task_type == RequestType.PREFILL and self._excluded(idx):
+                self._stop_slot(idx)  # the MTP layer never sees this request
+            elif req.task_type == RequestType.PREFILL:
                 self.model_inputs.load_prefill_chunk(req)
             elif req.task_type == RequestType.ABORT:
                 self._stop_slot(idx)
@@ -263,7 +265,7 @@ class MTPProposer(MTPCaches, MTPForwards, RoundEntry):
         prepare_round(
             self._ops,
             draft,
-            target,
+            self._seen(target),
             full_hidden_states,
             self.num_model_steps,
             self.is_splitwise_prefill,
@@ -317,8 +319,23 @@ class MTPProposer(MTPCaches, MTPForwards, RoundEntry):
             step.accept_tokens,
             step.accept_num,
             rows_start,
-            step.decode_mask,
+            step.decode_mask & ~self.excluded if self.excluded is not None else step.decode_mask,
         )
+
+    def _excluded(self, idx: int) -> bool:
+        return self.excluded is not None and bool(self.excluded[idx])
+
+    def _seen(self, target: InputBatch) -> InputBatch:
+        """The target's buffers as this round's ``draft_model_preprocess`` reads them: the
+        slots the MTP layer leaves alone look stopped, so their draft slots stay stopped."""
+        if self.excluded is None or not self.excluded.any():
+            return target
+        view = InputBatch()
+        for name, value in target.items():
+            view[name] = value
+        flags = paddle.to_tensor(self.excluded.reshape(-1, 1)[: int(target.stop_flags.shape[0])])
+        view.stop_flags = paddle.logical_or(target.stop_flags, flags)
+        return view
 
     def _catch_up(self) -> None:
         """Write the rows of skipped rounds into the MTP caches (every layer a substep runs)

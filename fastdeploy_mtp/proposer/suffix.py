@@ -272,24 +272,32 @@ class SuffixProposer(ModelFreeProposer):
         shared = self.cache.trie.draft(slot.tokens, k, factor, prob)
         return shared if shared.score > own.score else own
 
-    def candidate_rows(self, wanted: bool = True) -> np.ndarray:
-        """Record this step's emitted tokens and (``wanted``) draft for the running slots:
-        ``[N, K]`` int64 on the host (-1 = no draft)."""
+    def take_emitted(self) -> np.ndarray:
+        """Append this step's emitted tokens (the target's ``accept_tokens`` / ``accept_num``)
+        to every slot's sequence; returns the target's ``stop_flags`` ``[N]`` on the host."""
         target = self.target_model_inputs
-        k = self.max_draft_token_num
-        drafts = np.full((int(target.draft_tokens.shape[0]), k), PLACEHOLDER_TOKEN_ID, np.int64)
+        stopped = target.stop_flags.numpy().reshape(-1)
         if self._slots:
             accept_tokens = target.accept_tokens.numpy()
             accept_num = target.accept_num.numpy().reshape(-1)
-            stopped = target.stop_flags.numpy().reshape(-1)
             for idx, slot in self._slots.items():
                 n = int(accept_num[idx])
                 if n > 0:
                     slot.tokens.extend(accept_tokens[idx, :n].tolist())
-                if stopped[idx] or not wanted:
-                    continue
-                tokens = self.draft_for(slot).tokens
-                drafts[idx, : len(tokens)] = tokens
+        return stopped
+
+    def candidate_rows(self, wanted: np.ndarray | None = None) -> np.ndarray:
+        """Record this step's emitted tokens (:meth:`take_emitted`) and draft for the running
+        slots (``wanted`` ``[N]`` bool: only those; None: all): ``[N, K]`` int64 on the host
+        (-1 = no draft)."""
+        n_slots = int(self.target_model_inputs.draft_tokens.shape[0])
+        drafts = np.full((n_slots, self.max_draft_token_num), PLACEHOLDER_TOKEN_ID, np.int64)
+        stopped = self.take_emitted()
+        for idx, slot in self._slots.items():
+            if stopped[idx] or (wanted is not None and not wanted[idx]):
+                continue
+            tokens = self.draft_for(slot).tokens
+            drafts[idx, : len(tokens)] = tokens
         return drafts
 
     def write_drafts(self) -> None:

@@ -102,6 +102,8 @@ class Proposer(Protocol):
         seq_len_bound / rows_bound / overlap_round: per-round bounds the runner sets before
             :meth:`run` (see :class:`~fastdeploy_mtp.proposer.MTPProposer`); model-free
             proposers ignore them.
+        excluded: ``[N]`` bool, the slots a draft model leaves alone (the draft planner admitted
+            their requests without it; the runner sets the planner's array), or None.
     """
 
     max_draft_token_num: int
@@ -113,6 +115,7 @@ class Proposer(Protocol):
     seq_len_bound: int | None
     rows_bound: int | None
     overlap_round: bool
+    excluded: np.ndarray | None
 
     def insert_tasks_v1(self, req_dicts: Sequence[Request], num_running_requests: int = 0) -> None:
         """Set up the slots of this step's prefill chunks (and stop aborted ones)."""

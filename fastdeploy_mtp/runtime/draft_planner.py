@@ -1,48 +1,30 @@
 """The draft planner (``speculative_config.adaptive_draft_length``): before each round it
-decides, for every running request, which method drafts for it and how many drafts it gets (0
-included), and the round's *mode*: plain decoding (:data:`PLAIN`: no drafts, the MTP layer
-skipped), model-free drafts only (0 MTP substeps) or ``S`` MTP substeps, so as to maximise the
-batch's expected tokens per second from what it measured on this machine.
+decides, for every running request, which method drafts for it (the MTP layer as configured,
+n-gram matching, suffix decoding) and how many drafts it gets (0 included), and the round's
+*mode*: plain decoding (:data:`PLAIN`: no drafts, the MTP layer skipped), model-free drafts only
+(0 MTP substeps) or ``S`` MTP substeps, maximising the batch's expected tokens per second.
 
-**Acceptance, per request and method.** For every slot, method ``d`` (the MTP layer as
-configured, n-gram matching, suffix decoding) and draft position ``j = 1..K``: ``p_d[j]``, the
-estimated probability that draft ``j`` is accepted when drafts ``1..j-1`` were, an exponential
-moving average (weight ``beta = 2 / (acceptance_window + 1)``) that a new request starts from
-the same average over all requests (each round, of the slots scored), 1 at first. After
-each verification every method's candidates of the round are scored against the tokens the
-target emitted: position ``j`` was *tested* if ``j`` is below the number emitted and the
-candidate's earlier drafts equal the emitted ones, and *hit* if draft ``j`` equals emitted token
-``j``. For greedy and seeded (``target_match``) requests the emitted tokens are the target's own
-choice at every one of those positions, so a method a request did not use is scored as if it
-had been, up to where the used one failed. The MTP layer is scored only in rounds that run it
-(the probes below run it now and then).
+* Acceptance: per slot, method and position, ``p_d[j]`` = P(draft ``j`` accepted | drafts
+  ``1..j-1`` were), an exponential moving average (weight ``2 / (acceptance_window + 1)``) a new
+  request starts from the average over all requests. Every method's candidates are scored
+  against the emitted tokens after each verification, the unused methods' too (for greedy and
+  seeded requests those are the target's own choices up to where the used drafts failed); the
+  MTP layer only in rounds that run it, a missing n-gram fill of its counting as a miss.
+* Cost: the step time per mode, a plane in running slots and verified drafts
+  (:class:`~.step_costs.StepCosts`), from steps that verified and ran the same mode without a
+  prefill; a mode measured at batch sizes about twice or half the current one and further is
+  measured again.
+* Plan: a draft is taken when ``q = p[1] ... p[j]`` exceeds the fitted cost of a draft times
+  the batch's rate (Dinkelbach's iteration, three times); each slot takes the method with the
+  best net gain; grammar-forced drafts are certain. The best mode wins, kept unless another is
+  10% better; drafting must beat plain decoding by 10%. Unmeasured modes run two rounds first,
+  the runner-up is re-measured every ``adaptive_probe_interval`` rounds (doubling, up to 16x,
+  while probes change nothing). A request admitted while every MTP mode was measured not to
+  pay is one the MTP layer never sees (no prompt forward, model-free drafts only).
 
-**Cost, per mode.** A step's wall time is fitted per mode as ``t = a + b m + c D`` in the
-running slots ``m`` and the drafts the step verified ``D`` (:class:`~.step_costs.StepCosts`).
-A step is a sample of a mode when it verified that mode's drafts and ran that mode's round, and
-had no prefill. A mode whose samples are from batch sizes about twice or half the current one
-and further is measured again from scratch (a step's cost per slot falls with the batch size).
-
-**The plan.** In a mode, a slot's expected tokens with ``n`` drafts of method ``d`` are ``1 +
-q_d[1] + ... + q_d[n]``, ``q_d[j] = p_d[1] ... p_d[j]`` (0 where the method has no draft ``j``:
-a model-free candidate shorter than ``j``, an MTP draft past ``S`` without the n-gram fill; the
-fill's own drafts are not known when planning, so a fill draft that was not made is scored as
-a miss). The batch's
-rate is ``(m + sum of gains) / t(m, D)``, and a draft is worth its verify row iff its ``q``
-exceeds ``c`` times the rate; so from the rate without drafts each slot takes the method with
-the largest gain above that bar and the drafts whose ``q`` clear it, the rate is recomputed,
-three times (Dinkelbach's iteration; it settles at once in practice). Drafts the grammar forces
-(structured output) are certain and taken in every mode. The mode with the highest rate wins,
-kept unless another is 10% better, and drafting must beat plain decoding by 10%, so a machine
-where drafting does not pay decodes plainly. A mode never measured runs for two rounds first
-(not in a prefill round: such a step is no sample), and every ``adaptive_probe_interval`` rounds
-the runner-up is re-measured for two rounds (the interval doubles, up to 16 times, while probes
-do not change the choice). Model-free candidates are computed only while the planner may use
-them (its mode drafts, a probe is due, or a request pins such a method).
-
-A request may pin its method (``speculative_method``): it then drafts only with that one
-(``"none"``: never). Greedy and seeded outputs do not depend on any of this: only how many
-tokens one target forward settles.
+A request may pin its method (``speculative_method``; ``"none"``: no drafts). Outputs do not
+depend on any of this (greedy and seeded ``target_match``). The full rule and its reasons:
+``docs/architecture.md``, "the draft planner".
 """
 
 from __future__ import annotations
@@ -52,10 +34,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import SpeculativeConfig
+from .draft_acceptance import AcceptanceEstimates
 from .draft_methods import METHODS, NO_METHOD, method_code
 from .step_costs import StepCosts
 
-MTP = METHODS.index("mtp")
+MTP, SUFFIX = METHODS.index("mtp"), METHODS.index("suffix")
 
 #: The mode of a round without drafts (plain decoding: the MTP layer skipped, no drafts); a
 #: drafting round's mode is its number of MTP substeps (0: model-free drafts only).
@@ -79,7 +62,7 @@ class RoundPlan:
     limits: np.ndarray
 
 
-class DraftPlanner:
+class DraftPlanner(AcceptanceEstimates):
     """Host-side planner of each round's drafts (one per target runner).
 
     Args:
@@ -94,21 +77,26 @@ class DraftPlanner:
     HYSTERESIS = 0.1
     #: Dinkelbach iterations of the allocation (rate -> bar -> drafts -> rate)
     ITERATIONS = 3
+    #: slots whose suffix candidates are scored each round at least (see wants_candidates)
+    SUFFIX_SAMPLE = 4
 
     def __init__(self, spec: SpeculativeConfig, num_slots: int, methods: tuple[int, ...]):
-        self.k = int(spec.num_speculative_tokens)
+        super().__init__(
+            int(spec.num_speculative_tokens),
+            num_slots,
+            int(spec.acceptance_window),
+            methods,
+            spec.mtp_strategy == "with_ngram",  # past its substeps the MTP method fills to K
+        )
         self.max_steps = int(spec.num_model_steps)
-        #: drafts the MTP method offers with S substeps: S, or K with the n-gram fill
-        self.mtp_fill = spec.mtp_strategy == "with_ngram"
-        self.methods = tuple(sorted(methods))
-        self.beta = 2.0 / (int(spec.acceptance_window) + 1)
         self.base_interval = int(spec.adaptive_probe_interval)
         self.interval = self.base_interval
-        self.p = np.ones((len(METHODS), num_slots, self.k), np.float64)
-        #: the same estimates over every request (a new request starts from them)
-        self.prior = np.ones((len(METHODS), self.k), np.float64)
         #: per slot: a pinned method code, NO_METHOD, or FREE (the planner chooses)
         self.pin = np.full(num_slots, self.FREE, np.int64)
+        #: per slot: admitted without the MTP layer (the MTP proposer shares this array)
+        self.no_mtp = np.zeros(num_slots, bool)
+        #: the expected rates of the last decision, by mode (measured modes only)
+        self._last_rates: dict[int, float | None] = {}
         #: step costs per mode (PLAIN, then 0..max_steps substeps), at index mode + 1
         self.costs = StepCosts(self.max_steps + 2)
         self.mode = self.max_steps  # the mode of the round being planned / run
@@ -117,55 +105,36 @@ class DraftPlanner:
         self.hold = 0  # rounds left at the mode being measured
         self.rounds_since_probe = 0
         self.probe_from: int | None = None
-        #: the last round's candidate drafts ``[N, K]`` per method code (what observe scores)
-        self.candidates: dict[int, np.ndarray] = {}
-        self.candidate_steps = 0  # the MTP substeps of that round
+        self._sample_from = 0  # where the next round's sample of suffix slots starts
         #: ``[N]`` method code of the drafts each slot got in the last round
         self.last_method = np.full(num_slots, NO_METHOD, np.int64)
 
     FREE = -2
 
     # ---- acceptance ------------------------------------------------------------------------
-    def reset_slot(self, idx: int, pinned: str | None = None) -> None:
+    def reset_slot(self, idx: int, pinned: str | None = None, with_mtp: bool | None = None) -> None:
         """A new request in slot ``idx``: the estimates over every request so far (1 before
         any draft was scored); ``pinned`` its own method (``speculative_method``), None to let
-        the planner choose."""
+        the planner choose. ``with_mtp``: whether the MTP layer sees the request (its prompt
+        and every token after); None: decided here, at admission: yes, unless it pins another
+        method, or the planner's last decision measured every MTP mode below the best other
+        one by the 10% margin (then its prompt costs the MTP layer nothing, and it drafts with
+        the model-free methods for the rest of its life)."""
         self.p[:, idx] = self.prior
         code = method_code(pinned)
         self.pin[idx] = self.FREE if code is None else code
+        if with_mtp is None:
+            with_mtp = code == MTP or (code is None and self._mtp_pays())
+        self.no_mtp[idx] = not with_mtp
 
-    def observe(self, emitted: np.ndarray, accept_num: np.ndarray, decode_mask: np.ndarray) -> None:
-        """Score every method's candidates of the last round against what the target emitted.
-
-        Args:
-            emitted: ``[N, >= K]`` tokens each slot emitted this step (accept_tokens).
-            accept_num: ``[N]`` how many.
-            decode_mask: ``[N]`` slots that decoded (verified drafts) this step.
-        """
-        rows = np.asarray(decode_mask, bool)
-        n = np.asarray(accept_num, np.int64).reshape(-1)
-        pos = np.arange(self.k)[None, :]
-        within = rows[:, None] & (pos < n[:, None])
-        tokens = np.asarray(emitted)[:, : self.k]
-        for code in self.methods:
-            cand = self.candidates.get(code)
-            if cand is None:  # not run (the MTP layer skipped): nothing to score
-                continue
-            eq = (cand == tokens) & (cand >= 0)
-            # tested: the candidate's earlier drafts all equal the emitted tokens
-            before = np.cumprod(np.concatenate([np.ones_like(eq[:, :1]), eq[:, :-1]], 1), 1)
-            if code == MTP:  # the MTP layer's candidates are not known when planning: a draft
-                # its round should have made (the n-gram fill past the substeps) and did not
-                # counts as a miss, so its estimate covers whether the draft exists
-                made = pos < (self.k if self.mtp_fill else self.candidate_steps)
-            else:  # known when planning: only the drafts made are estimated
-                made = cand >= 0
-            tested = within & (before > 0) & made
-            hit = eq.astype(np.float64)
-            self.p[code] += np.where(tested, self.beta * (hit - self.p[code]), 0.0)
-            n_tested = tested.sum(axis=0)
-            rate = np.where(tested, hit, 0.0).sum(axis=0) / np.maximum(n_tested, 1)
-            self.prior[code] += np.where(n_tested > 0, self.beta * (rate - self.prior[code]), 0.0)
+    def _mtp_pays(self) -> bool:
+        rates = self._last_rates
+        mtp = [rates.get(mode) for mode in range(1, self.max_steps + 1)]
+        other = [r for mode, r in rates.items() if mode < 1 and r is not None]
+        measured = [r for r in mtp if r is not None]
+        if len(measured) < len(mtp) or not other:
+            return True  # unmeasured: the MTP layer must see requests to be measured
+        return max(measured) * (1.0 + self.HYSTERESIS) >= max(other)
 
     def record(self, running_slots: int, drafts: int, seconds: float, prefill: bool) -> None:
         """The wall time of the step that just ran (its verify checked ``drafts`` drafts of
@@ -176,18 +145,29 @@ class DraftPlanner:
         self.prev_mode = self.mode
 
     # ---- the plan ---------------------------------------------------------------------------
-    def wants_candidates(self) -> bool:
-        """Whether the next round needs the model-free methods' candidates: not while it
-        keeps plain decoding with no probe due and no request pinned to one of them
-        (computing them costs host time per slot: suffix tries above all)."""
-        pinned_free = np.isin(self.pin, [c for c in self.methods if c != METHODS.index("mtp")])
-        return (
+    def wants_candidates(self) -> np.ndarray | None:
+        """Which slots the next round needs suffix candidates of (``[N]`` bool; n-gram
+        candidates, one op for the batch, come for every slot with them), or None for no
+        model-free candidates at all: while it keeps plain decoding with no probe due and no
+        request pinned to such a method. Suffix tries cost host time per slot, so besides the
+        slots that use or pin suffix decoding a rotating eighth of the others is scored each
+        round (at least :attr:`SUFFIX_SAMPLE` slots)."""
+        free = [c for c in self.methods if c != MTP]
+        if not free:
+            return None
+        if not (
             self.mode != PLAIN
             or self.hold > 0
             or self.rounds_since_probe + 1 >= self.interval
             or self.costs.fits[1] is None
-            or bool(pinned_free.any())
-        )
+            or bool(np.isin(self.pin, free).any())
+        ):
+            return None
+        n = self.pin.shape[0]
+        width = max(self.SUFFIX_SAMPLE, -(-n // 8))
+        window = (np.arange(n) - self._sample_from) % n < width
+        self._sample_from = (self._sample_from + width) % n
+        return window | (self.last_method == SUFFIX) | (self.pin == SUFFIX)
 
     def _cost(self, mode: int, m: int, d: float) -> float | None:
         """:meth:`StepCosts.predict` of ``mode``, or for a substep count between 1 and the
@@ -230,6 +210,7 @@ class DraftPlanner:
                 has, ok = np.zeros(q[code].shape, bool), False
             q[code] = np.where(has, q[code], 0.0)
             allowed[code] = ok & ((self.pin[idx] == self.FREE) | (self.pin[idx] == code))
+        allowed[MTP] &= ~self.no_mtp[idx]
         q = np.where((pos < forced[idx][:, None])[None], 0.0, q)
         return q, allowed
 
@@ -306,9 +287,11 @@ class DraftPlanner:
         into ``method`` and ``limits`` (``[N]``, in place)."""
         m = int(running.sum())
         self.costs.forget_far_from(m)
-        modes = list(range(1, self.max_steps + 1))
-        if not prefill:  # (a prefill round runs the MTP layer: it has to see the prompt)
-            free = [c for c in self.methods if c != METHODS.index("mtp")]
+        # the MTP modes need a request the MTP layer sees, and a prefill round of such a
+        # request runs the MTP layer (it has to see the prompt)
+        modes = list(range(1, self.max_steps + 1)) if (running & ~self.no_mtp).any() else []
+        if not (prefill and modes):
+            free = [c for c in self.methods if c != MTP]
             modes = [PLAIN, *([0] if free else []), *modes]
         plans: dict[int, tuple[float, np.ndarray, np.ndarray] | None] = {}
         for mode in modes:
@@ -346,6 +329,7 @@ class DraftPlanner:
             if mode in plans and plans[mode] is None:
                 return self._measure(mode)
         rates = {s: plan[0] for s, plan in plans.items() if plan is not None}
+        self._last_rates.update({s: rates.get(s) for s in plans})
         best = max(rates, key=lambda s: rates[s])
         current = self.probe_from if self.probe_from is not None else self.mode
         # among drafting modes the one in force stays unless clearly beaten

@@ -56,6 +56,8 @@ def planned_round(
     counts = np.zeros(still.shape[0], np.int64)
     for idx, tokens in forced.items():
         counts[idx] = len(tokens)
+    # a prefill round runs the MTP layer only for a request it sees
+    prefill = prefill and bool((still & ~out.decode_mask & ~planner.no_mtp).any())
     plan = planner.plan_round(still, prefill, candidates, counts)
     if plan.steps == 0:
         proposer.skip_round(hidden, out, rows_start)

@@ -85,15 +85,15 @@ class TargetRunner:
         #: host mirror of ``seq_lens_decoder``: forwards get a length bound without a device read
         self._cached = np.zeros(fd_config.scheduler_config.max_num_seqs, np.int64)
         spec = fd_config.speculative_config
-        #: the per-slot states of a hybrid model's linear-attention layers (``None`` without)
+        #: a hybrid model's per-slot linear-attention states (``None`` without)
         self.linear_states, self._state_names = acquire_linear_states(model, fd_config)
-        self.method = spec.method  # the drafting method (the planner's, when it is on)
-        #: each round's drafts per request (``speculative_config.adaptive_draft_length``)
-        self.planner: DraftPlanner | None = None
+        self.method = spec.method
+        self.planner: DraftPlanner | None = None  # (``adaptive_draft_length``)
         if self.proposer is not None and spec.adaptive_draft_length:
             alternatives = getattr(self.proposer, "alternatives", None)
             codes = (METHODS.index("mtp"), *(alternatives.codes if alternatives else ()))
             self.planner = DraftPlanner(spec, fd_config.scheduler_config.max_num_seqs, codes)
+            self.proposer.excluded = self.planner.no_mtp
         # without drafts every strategy checks nothing: the target's sample is the token
         strategy = spec.verify_strategy if spec.enabled else "target_match"
         self.verify_strategy = ops.VerifyStrategy.from_string(strategy)
@@ -158,8 +158,8 @@ class TargetRunner:
         self.guided.load(req)
         if self.proposer is not None:
             self.proposer.forget_slot(idx)
-        if self.planner is not None:
-            self.planner.reset_slot(idx, req.sampling.speculative_method)
+        if self.planner is not None:  # (the MTP draft state came with it)
+            self.planner.reset_slot(idx, req.sampling.speculative_method, with_mtp=True)
 
     # ---- task insertion ----------------------------------------------------------------------
     def check_task(self, req: Request) -> None:

@@ -210,6 +210,20 @@ def test_pins_hold_a_request_to_its_method():
     assert any(pl.method[1] == NGRAM for pl in plans)
 
 
+def test_requests_admitted_while_the_mtp_layer_does_not_pay_never_see_it():
+    p = planner(slots=3)
+    p.reset_slot(0)
+    assert not p.no_mtp[0]  # nothing measured yet: the MTP layer must see requests
+    drive(p, lambda s, m, d: 1.0 + 3.0 * s + 0.05 * d, 40, lambda c, b: 1.0 if c else 0.5)
+    p.reset_slot(1)
+    p.reset_slot(2, "mtp")
+    assert p.no_mtp[1] and not p.no_mtp[2]
+    q, allowed = p._reach(np.ones(3, bool), 1, {}, np.zeros(3, np.int64))
+    assert allowed[MTP].tolist() == [True, False, True]
+    p.reset_slot(0, "suffix")  # a request that pins a model-free method: never the MTP layer
+    assert p.no_mtp[0]
+
+
 def test_forced_drafts_are_taken_even_when_drafting_does_not_pay():
     p = planner(slots=2, methods=(MTP,))
     drive(p, lambda s, m, d: 1.0 + 3.0 * s + 0.2 * d, 40, lambda c, b: 0.0)
