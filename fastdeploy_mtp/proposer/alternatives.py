@@ -40,13 +40,9 @@ class ModelFreeAlternatives:
         """The slot's request finished (its output joins the shared suffix cache)."""
         self.suffix.forget_slot(idx)
 
-    def candidates(self, wanted: np.ndarray | None) -> dict[int, np.ndarray]:
+    def candidates(self, wanted: np.ndarray) -> dict[int, np.ndarray]:
         """This round's candidates ``[N, K]`` int64 (-1 = none) by method code: n-gram for
-        every slot, suffix for the slots ``wanted`` ``[N]`` bool selects; ``None`` (the planner
-        keeps every request on plain decoding or the MTP layer): none. Call once per round,
-        after the target's step (the suffix slots take the emitted tokens either way)."""
-        if wanted is None:
-            self.suffix.take_emitted()
-            return {}
+        every slot, suffix for the slots ``wanted`` ``[N]`` bool selects. Call once per round,
+        after the target's step (the suffix slots take the emitted tokens)."""
         suffix = self.suffix.candidate_rows(wanted)
         return {self.codes[0]: self.ngram.candidate_rows(), self.codes[1]: suffix}

@@ -20,7 +20,8 @@ n-gram matching, suffix decoding) and how many drafts it gets (0 included), and 
   10% better; drafting must beat plain decoding by 10%. Unmeasured modes run two rounds first,
   the runner-up is re-measured every ``adaptive_probe_interval`` rounds (doubling, up to 16x,
   while probes change nothing). A request admitted while every MTP mode was measured not to
-  pay is one the MTP layer never sees (no prompt forward, model-free drafts only).
+  pay at about this batch size is one the MTP layer never sees (no prompt forward, model-free
+  drafts only).
 
 A request may pin its method (``speculative_method``; ``"none"``: no drafts). Outputs do not
 depend on any of this (greedy and seeded ``target_match``). The full rule and its reasons:
@@ -96,7 +97,10 @@ class DraftPlanner(AcceptanceEstimates):
         #: per slot: admitted without the MTP layer (the MTP proposer shares this array)
         self.no_mtp = np.zeros(num_slots, bool)
         #: the expected rates of the last decision, by mode (measured modes only)
-        self._last_rates: dict[int, float | None] = {}
+        self._last_rates: dict[int, float] = {}
+        self._rates_m = 0  # the running slots of the decision that last rated an MTP mode
+        #: the slots running at the last plan, and those admitted since
+        self.active = np.zeros(num_slots, bool)
         #: step costs per mode (PLAIN, then 0..max_steps substeps), at index mode + 1
         self.costs = StepCosts(self.max_steps + 2)
         self.mode = self.max_steps  # the mode of the round being planned / run
@@ -121,6 +125,7 @@ class DraftPlanner(AcceptanceEstimates):
         one by the 10% margin (then its prompt costs the MTP layer nothing, and it drafts with
         the model-free methods for the rest of its life)."""
         self.p[:, idx] = self.prior
+        self.active[idx] = True
         code = method_code(pinned)
         self.pin[idx] = self.FREE if code is None else code
         if with_mtp is None:
@@ -128,13 +133,17 @@ class DraftPlanner(AcceptanceEstimates):
         self.no_mtp[idx] = not with_mtp
 
     def _mtp_pays(self) -> bool:
+        """At admission: whether the MTP layer should see the request: as the last rating of
+        its modes against the others says, when that was at about this batch size (within
+        ``[m / 2 - 2, 2 m + 2]`` of the slots then running); otherwise (never rated, or
+        rated at a far other batch size) yes, so that its modes get measured."""
         rates = self._last_rates
-        mtp = [rates.get(mode) for mode in range(1, self.max_steps + 1)]
-        other = [r for mode, r in rates.items() if mode < 1 and r is not None]
-        measured = [r for r in mtp if r is not None]
-        if len(measured) < len(mtp) or not other:
-            return True  # unmeasured: the MTP layer must see requests to be measured
-        return max(measured) * (1.0 + self.HYSTERESIS) >= max(other)
+        mtp = [rates[mode] for mode in range(1, self.max_steps + 1) if mode in rates]
+        other = [r for mode, r in rates.items() if mode < 1]
+        m = int(self.active.sum())
+        if mtp and other and self._rates_m / 2.0 - 2.0 <= m <= 2.0 * self._rates_m + 2.0:
+            return max(mtp) * (1.0 + self.HYSTERESIS) >= max(other)
+        return True
 
     def record(self, running_slots: int, drafts: int, seconds: float, prefill: bool) -> None:
         """The wall time of the step that just ran (its verify checked ``drafts`` drafts of
@@ -145,24 +154,11 @@ class DraftPlanner(AcceptanceEstimates):
         self.prev_mode = self.mode
 
     # ---- the plan ---------------------------------------------------------------------------
-    def wants_candidates(self) -> np.ndarray | None:
-        """Which slots the next round needs suffix candidates of (``[N]`` bool; n-gram
-        candidates, one op for the batch, come for every slot with them), or None for no
-        model-free candidates at all: while it keeps plain decoding with no probe due and no
-        request pinned to such a method. Suffix tries cost host time per slot, so besides the
-        slots that use or pin suffix decoding a rotating eighth of the others is scored each
-        round (at least :attr:`SUFFIX_SAMPLE` slots)."""
-        free = [c for c in self.methods if c != MTP]
-        if not free:
-            return None
-        if not (
-            self.mode != PLAIN
-            or self.hold > 0
-            or self.rounds_since_probe + 1 >= self.interval
-            or self.costs.fits[1] is None
-            or bool(np.isin(self.pin, free).any())
-        ):
-            return None
+    def wants_candidates(self) -> np.ndarray:
+        """``[N]`` bool: the slots the next round needs suffix candidates of (n-gram
+        candidates, one op for the batch, come for every slot). Suffix tries cost host time
+        per slot, so besides the slots that use or pin suffix decoding a rotating eighth of the
+        others is scored each round (at least :attr:`SUFFIX_SAMPLE` slots)."""
         n = self.pin.shape[0]
         width = max(self.SUFFIX_SAMPLE, -(-n // 8))
         window = (np.arange(n) - self._sample_from) % n < width
@@ -262,6 +258,7 @@ class DraftPlanner(AcceptanceEstimates):
             forced: ``[N]`` leading drafts the grammar forces per slot (None: none).
         """
         n_slots = running.shape[0]
+        self.active[:] = running
         forced = np.zeros(n_slots, np.int64) if forced is None else forced
         method = np.full(n_slots, NO_METHOD, np.int64)
         limits = forced * running
@@ -329,7 +326,9 @@ class DraftPlanner(AcceptanceEstimates):
             if mode in plans and plans[mode] is None:
                 return self._measure(mode)
         rates = {s: plan[0] for s, plan in plans.items() if plan is not None}
-        self._last_rates.update({s: rates.get(s) for s in plans})
+        self._last_rates.update(rates)
+        if any(mode >= 1 for mode in rates):
+            self._rates_m = int(self.active.sum())
         best = max(rates, key=lambda s: rates[s])
         current = self.probe_from if self.probe_from is not None else self.mode
         # among drafting modes the one in force stays unless clearly beaten
