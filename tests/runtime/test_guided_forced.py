@@ -21,7 +21,7 @@ import pytest
 
 from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.config import SpeculativeConfig
-from fastdeploy_mtp.engine_args import build_config, speculative_config
+from fastdeploy_mtp.engine_args import build_config, default_speculative_config, speculative_config
 from fastdeploy_mtp.models import ASSETS_DIR, ByteTokenizer, load_tiny
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
 from fastdeploy_mtp.runtime.engine import Engine
@@ -54,6 +54,8 @@ METHODS = {
     "hybrid_k3_s1": speculative_config(3, 1, True),
     "ngram": SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3}),
     "naive": SpeculativeConfig.from_dict({"method": "naive", "num_speculative_tokens": 3}),
+    # the default: the draft planner (per-request methods, 0 drafts, the MTP layer skipped)
+    "planner": default_speculative_config(),
 }
 
 
@@ -138,6 +140,8 @@ def test_forced_drafts_are_offered_accepted_and_change_no_output(shipped, plain,
     assert m.accepted.sum() >= m.forced_drafts_accepted
     if method == "naive":  # the method drafts nothing: every draft is the grammar's
         assert m.proposed.sum() == m.forced_drafts_proposed
+    if method == "planner":  # the planner's method mix counts every verified draft
+        assert sum(v[0] for v in m.method_drafts.values()) == m.proposed.sum()
     if skipped:  # more forced drafts than the prefill rounds' MTP drafts could hold
         assert len(skipped) >= 10 and m.forced_drafts_proposed > 3 * len(reqs)
 
