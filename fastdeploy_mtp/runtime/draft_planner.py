@@ -251,8 +251,8 @@ class DraftPlanner(AcceptanceEstimates):
 
         Args:
             running: ``[N]`` slots that will decode next step.
-            prefill: some slot was in prefill this step (the MTP layer must run: it has to
-                see the prompt).
+            prefill: a slot the MTP layer sees was in prefill this step (the MTP layer must
+                run: it has to see the prompt).
             available: the model-free methods' candidate drafts ``[N, K]`` (-1 = none) by
                 method code, computed for this round.
             forced: ``[N]`` leading drafts the grammar forces per slot (None: none).
@@ -326,6 +326,8 @@ class DraftPlanner(AcceptanceEstimates):
             if mode in plans and plans[mode] is None:
                 return self._measure(mode)
         rates = {s: plan[0] for s, plan in plans.items() if plan is not None}
+        if not rates:  # (only modes costed from others not measured yet)
+            return self._measure(max(plans))
         self._last_rates.update(rates)
         if any(mode >= 1 for mode in rates):
             self._rates_m = int(self.active.sum())
