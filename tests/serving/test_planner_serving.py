@@ -38,24 +38,33 @@ def complete(server, prompt: str, **extra):
 
 
 def test_planned_drafting_serves_plain_decodings_text_and_counts_drafts_by_method(server):
+    """Requests one after another, /metrics read around each: a pinned request's drafts are
+    its method's only (``"none"``: no drafts), and the per-method counts sum to the drafts
+    offered. (Whether the planner drafts at all follows this host's step times, so the counts
+    themselves are not asserted, only where they go.)"""
     prompts = DEMO_PROMPTS[:4]
     want = offline(prompts, '{"method": null}', MAX_TOKENS)
-    before = scrape_metrics(server.base_url)
+    drafts = 'fastdeploy:spec_decode_num_draft_tokens_total{method="mtp"}'
+    first = scrape_metrics(server.base_url)
     for prompt, text, pin in zip(prompts, want, [None, "suffix", "ngram", "none"]):
-        extra = {"ignore_eos": False} if pin is None else {"speculative_method": pin}
-        status, body = complete(server, prompt, **extra)
+        before = scrape_metrics(server.base_url)
+        status, body = complete(
+            server, prompt, **({} if pin is None else {"speculative_method": pin})
+        )
         assert status == 200, body
         assert body["choices"][0]["text"] == text, pin
-    after = scrape_metrics(server.base_url)
+        after = scrape_metrics(server.base_url)
+        grown = {
+            k: v - by_method(before, BY_METHOD).get(k, 0.0)
+            for k, v in by_method(after, BY_METHOD).items()
+            if v > by_method(before, BY_METHOD).get(k, 0.0)
+        }
+        if pin is not None:
+            assert set(grown) <= ({pin} if pin != "none" else set()), (pin, grown)
+        assert sum(grown.values()) == after[drafts] - before.get(drafts, 0.0)
     log = server.output()
     assert "MTP K=3 S=1 +ngram adaptive" in log, log
-    offered = {
-        k: v - by_method(before, BY_METHOD).get(k, 0.0)
-        for k, v in by_method(after, BY_METHOD).items()
-    }
-    drafts = 'fastdeploy:spec_decode_num_draft_tokens_total{method="mtp"}'
-    assert sum(offered.values()) == after[drafts] - before.get(drafts, 0.0) > 0
-    assert offered.get("suffix", 0) > 0 and offered.get("ngram", 0) > 0, offered
+    assert after[drafts] > first.get(drafts, 0.0)  # the planner's first measurements draft
     accepted = by_method(after, ACCEPTED_BY_METHOD)
     assert all(accepted[k] <= by_method(after, BY_METHOD)[k] for k in accepted)
 
