@@ -78,8 +78,6 @@ class DraftPlanner(AcceptanceEstimates):
     HYSTERESIS = 0.1
     #: Dinkelbach iterations of the allocation (rate -> bar -> drafts -> rate)
     ITERATIONS = 3
-    #: slots whose suffix candidates are scored each round at least (see wants_candidates)
-    SUFFIX_SAMPLE = 4
 
     def __init__(self, spec: SpeculativeConfig, num_slots: int, methods: tuple[int, ...]):
         super().__init__(
@@ -158,12 +156,15 @@ class DraftPlanner(AcceptanceEstimates):
         """``[N]`` bool: the slots the next round needs suffix candidates of (n-gram
         candidates, one op for the batch, come for every slot). Suffix tries cost host time
         per slot, so besides the slots that use or pin suffix decoding a rotating eighth of the
-        others is scored each round (at least :attr:`SUFFIX_SAMPLE` slots)."""
-        n = self.pin.shape[0]
-        width = max(self.SUFFIX_SAMPLE, -(-n // 8))
-        window = (np.arange(n) - self._sample_from) % n < width
-        self._sample_from = (self._sample_from + width) % n
-        return window | (self.last_method == SUFFIX) | (self.pin == SUFFIX)
+        running ones (at least one) is scored each round."""
+        running = np.nonzero(self.active)[0]
+        want = (self.last_method == SUFFIX) | (self.pin == SUFFIX)
+        if running.size:
+            width = -(-running.size // 8)
+            start = self._sample_from % running.size
+            want[running[(start + np.arange(width)) % running.size]] = True
+            self._sample_from = start + width
+        return want
 
     def _cost(self, mode: int, m: int, d: float) -> float | None:
         """:meth:`StepCosts.predict` of ``mode``, or for a substep count between 1 and the

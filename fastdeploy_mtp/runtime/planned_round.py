@@ -61,6 +61,9 @@ def planned_round(
     plan = planner.plan_round(still, prefill, candidates, counts)
     if plan.steps == 0:
         proposer.skip_round(hidden, out, rows_start)
+        if not plan.limits.any():  # plain decoding: skip_round left every row empty
+            planner.compose(plan, candidates)  # (the candidates are still scored next step)
+            return
     else:
         proposer.run(hidden, real_bsz=real_bsz, num_steps=plan.steps)
         candidates[MTP] = be.host(target.draft_tokens)[:, 1:].copy()

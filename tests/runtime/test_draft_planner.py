@@ -224,6 +224,18 @@ def test_requests_admitted_while_the_mtp_layer_does_not_pay_never_see_it():
     assert p.no_mtp[0]
 
 
+def test_suffix_candidates_rotate_over_an_eighth_of_the_running_slots():
+    p = planner(slots=20)
+    p.active[:16] = True
+    p.last_method[18] = SUFFIX  # a slot drafting with suffix decoding: scored every round
+    seen = np.zeros(20, int)
+    for _ in range(8):
+        want = p.wants_candidates()
+        assert want[18] and want[:16].sum() == 2
+        seen += want
+    assert (seen[:16] == 1).all() and seen[16:18].sum() == 0
+
+
 def test_forced_drafts_are_taken_even_when_drafting_does_not_pay():
     p = planner(slots=2, methods=(MTP,))
     drive(p, lambda s, m, d: 1.0 + 3.0 * s + 0.2 * d, 40, lambda c, b: 0.0)
