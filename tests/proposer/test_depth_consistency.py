@@ -22,6 +22,7 @@ from fastdeploy_mtp.models import causal_bias, load_tiny
 from fastdeploy_mtp.models.mtp_layer import MTPStack, mtp_layers_of
 from fastdeploy_mtp.models.mtp_unrolled import unrolled_mtp_forward
 from fastdeploy_mtp.runtime.request import Request
+from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 from tests.support.engines import adaptive_spec, make_config
 
 PROMPT = b"    def __init__(self, name, value):\n        self.name = name\n        self."
@@ -52,7 +53,14 @@ def three_layer_stack(target, mtp, config):
 
 
 def run_recording(
-    target, mtp, spec: SpeculativeConfig, prompt: list[int], max_tokens: int, history=None
+    target,
+    mtp,
+    spec: SpeculativeConfig,
+    prompt: list[int],
+    max_tokens: int,
+    history=None,
+    beside: list[Request] = (),
+    cost=None,
 ):
     cfg = make_config(
         1, max_num_seqs=2, max_model_len=512, vocab=272, ori_vocab=256, hidden=128, block_size=16
@@ -81,7 +89,8 @@ def run_recording(
             """A step costs 10 ms plus 50 ms per MTP substep, whatever the wall clock measured
             (a busy CI host's noisy step times changed how often the MTP layer was skipped):
             the planner skips it except in its probes."""
-            record(running_slots, drafts, 0.010 + 0.050 * planner.steps, prefill)
+            seconds = 0.010 + 0.050 * planner.steps if cost is None else cost(planner.steps)
+            record(running_slots, drafts, seconds, prefill)
 
         planner.record = steady_record
     if history is not None:  # after each replay of skipped rows: the draft's token history
@@ -97,7 +106,10 @@ def run_recording(
             history.append(proposer.model_inputs.pre_ids[0, :step].numpy().tolist() == want)
 
         proposer._catch_up = checked_catch_up
-    out = engine.generate([Request("r0", prompt, max_tokens=max_tokens)])
+    first = Request("r0", prompt, max_tokens=max_tokens, sampling=SamplingParams())
+    if beside:
+        first.sampling.speculative_method = "mtp"
+    out = engine.generate([first, *beside])
     return list(prompt) + list(out["r0"]), rounds
 
 
@@ -158,3 +170,28 @@ def test_rows_of_skipped_rounds_reach_the_mtp_cache(shipped):
     assert plain >= 10, f"only {plain} rounds without drafts"
     checked = check(seq, rounds, dense_drafts(target, mtp, seq, 2), 2)
     assert checked[0] >= 3, checked
+
+
+def test_a_request_the_mtp_layer_never_sees_leaves_the_others_drafts_exact(shipped):
+    """Beside ``r0`` (pinned to the MTP layer), a request pinned to suffix decoding is admitted
+    without the MTP layer (its draft slot stays stopped, its rows are never replayed): ``r0``'s
+    every MTP draft must still be the training path's."""
+    target, mtp, _ = shipped
+    spec = adaptive_spec(3, window=8, interval=4, steps=3)
+    other = Request(
+        "other",
+        list(b"for i in range(10):\n    x = x + i\n"),
+        max_tokens=40,
+        sampling=SamplingParams(speculative_method="suffix"),
+    )
+    seq, rounds = run_recording(
+        target,
+        mtp,
+        spec,
+        list(PROMPT),
+        48,
+        beside=[other],
+        cost=lambda steps: 0.010 + 0.001 * steps,
+    )
+    checked = check(seq, rounds, dense_drafts(target, mtp, seq, 3), 3)
+    assert checked[0] >= 8 and checked[1] >= 3, checked
