@@ -188,11 +188,13 @@ class AsyncEngine:
                     if tokens and req.request_id in self._streams:
                         self._streams[req.request_id].put("tokens", emitted_of(req, tokens))
                 for req in events.finished:
+                    # counted before its client hears of it: a client that reads /metrics
+                    # right after its response must find its request there
+                    with self.counters.lock:
+                        self.counters.success += 1
                     done = self._streams.pop(req.request_id, None)
                     if done is not None:
                         done.put("finished", finish_reason_of(req))
-                    with self.counters.lock:
-                        self.counters.success += 1
                 self._fail(events.failed)
                 dead = getattr(self.engine.runner, "dead", None)
                 if dead:
@@ -220,6 +222,8 @@ class AsyncEngine:
 
     def _fail(self, failed: list[tuple[Request, BaseException]]) -> None:
         for req, err in failed:
+            with self.counters.lock:  # (counted before the client hears of it, as successes)
+                self.counters.failure += 1
             stream = self._streams.pop(req.request_id, None)
             if stream is not None:  # a task the runner refused for its data is the client's 400
                 error = (
@@ -228,8 +232,6 @@ class AsyncEngine:
                     else APIError(500, f"request failed: {err}", kind="server_error")
                 )
                 stream.put("error", error)
-            with self.counters.lock:
-                self.counters.failure += 1
 
 
 def finish_reason_of(req: Request) -> str:

@@ -121,12 +121,12 @@ class SplitwiseEngine(AsyncEngine):
                 descriptor = self.kv_source.offer(rid, h.blocks)
             except Exception as exc:  # e.g. the KV source is closing: fail this request only
                 self.engine.release_handoff(rid)
+                with self.counters.lock:
+                    self.counters.failure += 1
                 stream.put(
                     "error",
                     APIError(500, f"cannot offer the KV blocks: {exc}", kind="server_error"),
                 )
-                with self.counters.lock:
-                    self.counters.failure += 1
                 continue
             from ...splitwise.handoff import sign_handoff
 
@@ -134,10 +134,10 @@ class SplitwiseEngine(AsyncEngine):
             signature = sign_handoff(
                 self._secret(), rid, h.request.prompt_token_ids, outputs, h.state, descriptor
             )
+            with self.counters.lock:  # (counted before its client hears of it)
+                self.counters.success += 1
             stream.put("tokens", emitted_of(h.request, outputs))
             stream.put("handoff", HandoffMessage(state=h.state, kv=descriptor, signature=signature))
-            with self.counters.lock:
-                self.counters.success += 1
 
     def _before_step(self) -> None:
         while True:
@@ -153,13 +153,13 @@ class SplitwiseEngine(AsyncEngine):
             aborted_before = req.finished
             self.engine.transfer_done(req, error)
             if error is not None and not aborted_before:
+                with self.counters.lock:
+                    self.counters.failure += 1
                 stream = self._streams.pop(req.request_id, None)
                 if stream is not None:
                     stream.put(
                         "error", APIError(502, f"KV transfer failed: {error}", kind="server_error")
                     )
-                with self.counters.lock:
-                    self.counters.failure += 1
         if self._descriptors:  # forget those of requests aborted before they got a slot
             self._descriptors = {k: v for k, v in self._descriptors.items() if not v[0].finished}
 
