@@ -30,7 +30,7 @@ from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.config import SpeculativeConfig
 from fastdeploy_mtp.constants import PLACEHOLDER_TOKEN_ID
 from fastdeploy_mtp.engine_args import build_config, speculative_config
-from fastdeploy_mtp.models import ASSETS_DIR, ByteTokenizer, load_tiny
+from fastdeploy_mtp.models import ASSETS_DIR, load_tiny
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
 from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.grammar import grammar_of
@@ -42,21 +42,8 @@ from fastdeploy_mtp.runtime.request import (
     RequestType,
 )
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
+from tests.support.guided_cases import EOS, SCHEMA, TOK, V
 
-TOK = ByteTokenizer()
-# the shipped model's padded vocabulary and its EOS, <|endoftext|> (build_config's end id)
-V, EOS = 272, 256
-
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 8},
-        "n": {"type": "integer", "minimum": 0, "maximum": 99},
-        "ok": {"type": "boolean"},
-    },
-    "required": ["name", "n", "ok"],
-    "additionalProperties": False,
-}
 REGEX = r"[0-9]{3}-[a-z]{2,5}"
 CHOICES = ["def", "class", "import os"]
 CONSTRAINTS = {

@@ -22,26 +22,15 @@ import pytest
 from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.config import SpeculativeConfig
 from fastdeploy_mtp.engine_args import build_config, default_speculative_config, speculative_config
-from fastdeploy_mtp.models import ASSETS_DIR, ByteTokenizer, load_tiny
+from fastdeploy_mtp.models import ASSETS_DIR, load_tiny
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
 from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.guided import GuidedSlots
 from fastdeploy_mtp.runtime.guided_forced import merge_forced
 from fastdeploy_mtp.runtime.request import Request
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
+from tests.support.guided_cases import EOS, SCHEMA, TOK, V
 
-TOK = ByteTokenizer()
-V, EOS = 272, 256  # the shipped model's padded vocabulary and its EOS
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 8},
-        "n": {"type": "integer", "minimum": 0, "maximum": 99},
-        "ok": {"type": "boolean"},
-    },
-    "required": ["name", "n", "ok"],
-    "additionalProperties": False,
-}
 # each ends at EOS on this model (a complete grammar allows only EOS)
 CONSTRAINTS = [
     {"kind": "json", "spec": SCHEMA},
