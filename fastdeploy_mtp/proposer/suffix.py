@@ -272,7 +272,7 @@ class SuffixProposer(ModelFreeProposer):
         shared = self.cache.trie.draft(slot.tokens, k, factor, prob)
         return shared if shared.score > own.score else own
 
-    def take_emitted(self) -> np.ndarray:
+    def _take_emitted(self) -> np.ndarray:
         """Append this step's emitted tokens (the target's ``accept_tokens`` / ``accept_num``)
         to every slot's sequence; returns the target's ``stop_flags`` ``[N]`` on the host."""
         target = self.target_model_inputs
@@ -287,12 +287,12 @@ class SuffixProposer(ModelFreeProposer):
         return stopped
 
     def candidate_rows(self, wanted: np.ndarray | None = None) -> np.ndarray:
-        """Record this step's emitted tokens (:meth:`take_emitted`) and draft for the running
+        """Record this step's emitted tokens (:meth:`_take_emitted`) and draft for the running
         slots (``wanted`` ``[N]`` bool: only those; None: all): ``[N, K]`` int64 on the host
         (-1 = no draft)."""
         n_slots = int(self.target_model_inputs.draft_tokens.shape[0])
         drafts = np.full((n_slots, self.max_draft_token_num), PLACEHOLDER_TOKEN_ID, np.int64)
-        stopped = self.take_emitted()
+        stopped = self._take_emitted()
         for idx, slot in self._slots.items():
             if stopped[idx] or (wanted is not None and not wanted[idx]):
                 continue

@@ -103,7 +103,6 @@ class DraftPlanner(AcceptanceEstimates):
         self.costs = StepCosts(self.max_steps + 2)
         self.mode = self.max_steps  # the mode of the round being planned / run
         self.prev_mode: int | None = None  # the mode of the round this step verified
-        self.steps = self.max_steps  # MTP substeps of the round being planned / run
         self.hold = 0  # rounds left at the mode being measured
         self.rounds_since_probe = 0
         self.probe_from: int | None = None
@@ -112,6 +111,11 @@ class DraftPlanner(AcceptanceEstimates):
         self.last_method = np.full(num_slots, NO_METHOD, np.int64)
 
     FREE = -2
+
+    @property
+    def steps(self) -> int:
+        """MTP substeps of the round being planned / run (0 in the modes without them)."""
+        return max(self.mode, 0)
 
     # ---- acceptance ------------------------------------------------------------------------
     def reset_slot(self, idx: int, pinned: str | None = None, with_mtp: bool | None = None) -> None:
@@ -268,7 +272,6 @@ class DraftPlanner(AcceptanceEstimates):
             self.mode = self.max_steps if prefill else PLAIN
         else:
             self.mode = self._plan_modes(running, prefill, available, forced, method, limits)
-        self.steps = max(self.mode, 0)
         self.last_method = method
         return RoundPlan(self.steps, method, limits)
 

@@ -25,9 +25,6 @@ class StepCosts:
         #: per S: the fitted plane ``(mean m, mean D, mean t, slope m, slope D)``, or None
         self.fits: list[tuple[float, float, float, float, float] | None] = [None] * (max_mode + 1)
 
-    def weight(self, mode: int) -> float:
-        return float(self.stats[mode, 0])
-
     def _fit(self, mode: int) -> None:
         w, sm, sd, st, smm, sdd, smd, smt, sdt = (float(v) for v in self.stats[mode])
         if w < 0.5:
