@@ -30,7 +30,7 @@ class ModelFreeAlternatives:
         self.ngram = NgramProposer(fd_config, target_model_inputs)
         self.suffix = SuffixProposer(fd_config, target_model_inputs)
         #: the method codes it drafts for (``draft_methods.METHODS``)
-        self.codes = (METHODS.index("ngram"), METHODS.index("suffix"))
+        self.codes: tuple[int, ...] = (METHODS.index("ngram"), METHODS.index("suffix"))
 
     def insert_tasks_v1(self, req_dicts: Sequence[Request], num_running_requests: int = 0) -> None:
         """Start the suffix tries of the slots whose final prompt chunk was loaded."""

@@ -48,6 +48,7 @@ class ModelFreeProposer(RoundEntry):
         self.rows_bound: int | None = None
         self.overlap_round = False
         self.excluded: np.ndarray | None = None
+        self.alternatives: None = None
         self._ops = PaddleBackend()
 
     def insert_tasks_v1(self, req_dicts: Sequence[Request], num_running_requests: int = 0) -> None:

@@ -83,6 +83,19 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
+class DraftAlternatives(Protocol):
+    """Model-free drafting kept beside a draft model for the draft planner
+    (:class:`~fastdeploy_mtp.proposer.alternatives.ModelFreeAlternatives`)."""
+
+    #: the method codes it drafts for (:data:`~fastdeploy_mtp.runtime.draft_methods.METHODS`)
+    codes: tuple[int, ...]
+
+    def candidates(self, wanted: np.ndarray) -> dict[int, np.ndarray]:
+        """This round's candidates ``[N, K]`` int64 (-1 = none) by method code (``wanted``
+        ``[N]`` bool: the slots whose costly candidates are needed)."""
+        ...
+
+
 class Proposer(Protocol):
     """What :class:`~fastdeploy_mtp.runtime.target_runner.TargetRunner` needs of a proposer.
 
@@ -104,6 +117,8 @@ class Proposer(Protocol):
             proposers ignore them.
         excluded: ``[N]`` bool, the slots a draft model leaves alone (the draft planner admitted
             their requests without it; the runner sets the planner's array), or None.
+        alternatives: the model-free methods the draft planner may give a request instead of
+            the draft model (:class:`DraftAlternatives`), or None.
     """
 
     max_draft_token_num: int
@@ -116,6 +131,9 @@ class Proposer(Protocol):
     rows_bound: int | None
     overlap_round: bool
     excluded: np.ndarray | None
+
+    @property
+    def alternatives(self) -> DraftAlternatives | None: ...
 
     def insert_tasks_v1(self, req_dicts: Sequence[Request], num_running_requests: int = 0) -> None:
         """Set up the slots of this step's prefill chunks (and stop aborted ones)."""

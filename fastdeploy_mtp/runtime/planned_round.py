@@ -51,7 +51,7 @@ def planned_round(
             any MTP substep).
     """
     planner.observe(out.accept_tokens, out.accept_num, out.decode_mask)
-    alternatives = getattr(proposer, "alternatives", None)
+    alternatives = proposer.alternatives
     candidates = alternatives.candidates(planner.wants_candidates()) if alternatives else {}
     counts = np.zeros(still.shape[0], np.int64)
     for idx, tokens in forced.items():

@@ -90,7 +90,7 @@ class TargetRunner:
         self.method = spec.method
         self.planner: DraftPlanner | None = None  # (``adaptive_draft_length``)
         if self.proposer is not None and spec.adaptive_draft_length:
-            alternatives = getattr(self.proposer, "alternatives", None)
+            alternatives = self.proposer.alternatives
             codes = (METHODS.index("mtp"), *(alternatives.codes if alternatives else ()))
             self.planner = DraftPlanner(spec, fd_config.scheduler_config.max_num_seqs, codes)
             self.proposer.excluded = self.planner.no_mtp
