@@ -20,7 +20,7 @@ requests; the draft whose probabilities sum higher wins (the request's own on a 
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -177,28 +177,42 @@ class SuffixTrie:
 
 class SuffixCache:
     """The outputs of the ``max_requests`` most recently finished requests in one
-    :class:`SuffixTrie` (each output its own sequence: no window spans two requests)."""
+    :class:`SuffixTrie` (each output its own sequence: no window spans two requests).
+
+    Outputs are added to the trie when it is next read (:attr:`trie`), not when they arrive:
+    a deployment whose requests rarely draft from the cache pays nothing per finished
+    request, and an output that is pushed out again before the next read is never counted.
+    The counts read are the same either way."""
 
     def __init__(self, max_depth: int, max_requests: int):
-        self.trie = SuffixTrie(max_depth)
+        self._trie = SuffixTrie(max_depth)
         self.max_requests = max_requests
-        self._outputs: OrderedDict[int, list[int]] = OrderedDict()
-        self._next_id = 0
+        self._outputs: deque[list[int]] = deque()  # in the trie, oldest first
+        self._pending: deque[list[int]] = deque()  # newer, not counted yet
 
     def __len__(self) -> int:
-        return len(self._outputs)
+        return min(len(self._outputs) + len(self._pending), max(self.max_requests, 0))
 
     def add(self, output: Sequence[int]) -> None:
         """Add a finished request's output, dropping the oldest beyond ``max_requests``."""
-        if self.max_requests <= 0 or not output:
+        if self.max_requests <= 0 or len(output) == 0:
             return
-        tokens = [int(t) for t in output]
-        self.trie.extend(Cursor(), tokens)
-        self._outputs[self._next_id] = tokens
-        self._next_id += 1
-        while len(self._outputs) > self.max_requests:
-            _, oldest = self._outputs.popitem(last=False)
-            self.trie.remove(oldest)
+        self._pending.append([int(t) for t in output])
+        if len(self._pending) > self.max_requests:  # pushed out before it was ever read
+            self._pending.popleft()
+
+    @property
+    def trie(self) -> SuffixTrie:
+        """The trie of the newest ``max_requests`` outputs."""
+        if self._pending:
+            drop = len(self._outputs) + len(self._pending) - self.max_requests
+            for _ in range(max(drop, 0)):
+                self._trie.remove(self._outputs.popleft())
+            while self._pending:
+                tokens = self._pending.popleft()
+                self._trie.extend(Cursor(), tokens)
+                self._outputs.append(tokens)
+        return self._trie
 
 
 @dataclass

@@ -30,6 +30,7 @@ depend on any of this (greedy and seeded ``target_match``). The full rule and it
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +38,7 @@ import numpy as np
 from ..config import SpeculativeConfig
 from .draft_acceptance import AcceptanceEstimates
 from .draft_methods import METHODS, NO_METHOD, method_code
+from .request import Request
 from .step_costs import StepCosts
 
 MTP, SUFFIX = METHODS.index("mtp"), METHODS.index("suffix")
@@ -46,6 +48,9 @@ MTP, SUFFIX = METHODS.index("mtp"), METHODS.index("suffix")
 PLAIN = -1
 #: The probe interval grows up to this multiple of ``adaptive_probe_interval``.
 MAX_PROBE_BACKOFF = 16
+#: The most running slots (besides those drafting with suffix decoding) a round computes
+#: suffix candidates of, to keep the method's acceptance estimates current.
+SUFFIX_SAMPLE = 4
 
 
 @dataclass
@@ -134,17 +139,25 @@ class DraftPlanner(AcceptanceEstimates):
             with_mtp = code == MTP or (code is None and self._mtp_pays())
         self.no_mtp[idx] = not with_mtp
 
+    def admit(self, prefills: Sequence[Request]) -> None:
+        """This step's prefill chunks: :meth:`reset_slot` for each request's first chunk
+        (with its ``speculative_method``), after counting them all as running, so that a
+        burst is admitted at the batch size it makes, not at the size before it."""
+        first = [req for req in prefills if req.is_first_chunk]
+        self.active[[int(req.idx) for req in first]] = True
+        for req in first:
+            self.reset_slot(int(req.idx), req.sampling.speculative_method)
+
     def _mtp_pays(self) -> bool:
-        """At admission: whether the MTP layer should see the request: as the last rating of
-        its modes against the others says, when that was at about this batch size (within
-        ``[m / 2 - 2, 2 m + 2]`` of the slots then running); otherwise (never rated, or
-        rated at a far other batch size) yes, so that its modes get measured."""
+        """At admission: whether the MTP layer should see the request: if an MTP mode was the
+        best by the 10% margin in the last rating at about this batch size (``[m / 2 - 2,
+        2 m + 2]`` of the slots then running); unrated there, yes (its modes get measured)."""
         rates = self._last_rates
         mtp = [rates[mode] for mode in range(1, self.max_steps + 1) if mode in rates]
         other = [r for mode, r in rates.items() if mode < 1]
         m = int(self.active.sum())
         if mtp and other and self._rates_m / 2.0 - 2.0 <= m <= 2.0 * self._rates_m + 2.0:
-            return max(mtp) * (1.0 + self.HYSTERESIS) >= max(other)
+            return max(mtp) >= max(other) * (1.0 + self.HYSTERESIS)
         return True
 
     def record(self, running_slots: int, drafts: int, seconds: float, prefill: bool) -> None:
@@ -159,12 +172,14 @@ class DraftPlanner(AcceptanceEstimates):
     def wants_candidates(self) -> np.ndarray:
         """``[N]`` bool: the slots the next round needs suffix candidates of (n-gram
         candidates, one op for the batch, come for every slot). Suffix tries cost host time
-        per slot, so besides the slots that use or pin suffix decoding a rotating eighth of the
-        running ones (at least one) is scored each round."""
+        per slot (a trie is built on a slot's first sample), so besides the slots that use or
+        pin suffix decoding a rotating sample of the running ones is scored each round: an
+        eighth of them, at most :data:`SUFFIX_SAMPLE`, and one while the rounds decode plainly
+        (their verify tests only a candidate's first token)."""
         running = np.nonzero(self.active)[0]
         want = (self.last_method == SUFFIX) | (self.pin == SUFFIX)
         if running.size:
-            width = -(-running.size // 8)
+            width = 1 if self.mode == PLAIN else min(-(-running.size // 8), SUFFIX_SAMPLE)
             start = self._sample_from % running.size
             want[running[(start + np.arange(width)) % running.size]] = True
             self._sample_from = start + width

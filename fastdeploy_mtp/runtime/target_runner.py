@@ -190,11 +190,11 @@ class TargetRunner:
             seed = load_sampling_rows(self.share_inputs, req)
             self.sampler.set_slot(req.idx, req.sampling, seed)
             self.guided.load(req)
-            if self.planner is not None and req.is_first_chunk:
-                self.planner.reset_slot(req.idx, req.sampling.speculative_method)
             if not req.is_final_chunk:
                 self._pending_fixups.append(req)
         prefills = [t for t in tasks if t.task_type == RequestType.PREFILL]
+        if self.planner is not None:
+            self.planner.admit(prefills)
         if self.proposer is not None:
             self.proposer.insert_tasks_v1(prefills)
             self.proposer.overlap_round = not prefills

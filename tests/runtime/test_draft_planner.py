@@ -8,7 +8,8 @@ import pytest
 
 from fastdeploy_mtp.config import SpeculativeConfig, SpeculativeConfigError
 from fastdeploy_mtp.runtime.draft_methods import GRAMMAR, METHODS, NO_METHOD, verified_methods
-from fastdeploy_mtp.runtime.draft_planner import DraftPlanner, RoundPlan
+from fastdeploy_mtp.runtime.draft_planner import PLAIN, SUFFIX_SAMPLE, DraftPlanner, RoundPlan
+from fastdeploy_mtp.runtime.request import Request
 from fastdeploy_mtp.runtime.step_costs import StepCosts
 from tests.support.engines import adaptive_spec
 
@@ -224,16 +225,37 @@ def test_requests_admitted_while_the_mtp_layer_does_not_pay_never_see_it():
     assert p.no_mtp[0]
 
 
-def test_suffix_candidates_rotate_over_an_eighth_of_the_running_slots():
-    p = planner(slots=20)
+def test_a_burst_is_admitted_at_the_batch_size_it_makes():
+    """Rated at 12 running slots (the MTP layer does not pay there), then idle: a burst of 12
+    new requests is judged at 12, not at the 0, 1, 2, ... slots running as they arrive (far
+    from 12, hence unrated: each of those would see the MTP layer and pay its prompt)."""
+    p = planner(slots=12)
+    drive(p, lambda s, m, d: 1.0 + 3.0 * s + 0.05 * d, 40, lambda c, b: 1.0 if c else 0.5)
+    p.active[:] = False  # every request finished
+    p.admit([Request(f"r{i}", [1, 2, 3], idx=i) for i in range(12)])
+    assert p.no_mtp.all()
+    p.active[:] = False
+    for i in range(12):  # one at a time: the first ones are far from the rating
+        p.reset_slot(i)
+    assert not p.no_mtp[0]
+
+
+def test_suffix_candidates_rotate_over_a_bounded_sample_of_the_running_slots():
+    p = planner(slots=40)
+    p.mode = 1  # a drafting round: an eighth of the running slots, at most SUFFIX_SAMPLE
     p.active[:16] = True
     p.last_method[18] = SUFFIX  # a slot drafting with suffix decoding: scored every round
-    seen = np.zeros(20, int)
+    seen = np.zeros(40, int)
     for _ in range(8):
         want = p.wants_candidates()
         assert want[18] and want[:16].sum() == 2
         seen += want
     assert (seen[:16] == 1).all() and seen[16:18].sum() == 0
+    p.active[:40] = True  # 40 running: 5 would be an eighth
+    p.last_method[18] = NO_METHOD
+    assert p.wants_candidates().sum() == SUFFIX_SAMPLE
+    p.mode = PLAIN  # plain rounds: one slot
+    assert p.wants_candidates().sum() == 1
 
 
 def test_forced_drafts_are_taken_even_when_drafting_does_not_pay():
