@@ -40,9 +40,13 @@ class ModelFreeAlternatives:
         """The slot's request finished (its output joins the shared suffix cache)."""
         self.suffix.forget_slot(idx)
 
-    def candidates(self, wanted: np.ndarray) -> dict[int, np.ndarray]:
+    def candidates(self, wanted: np.ndarray | None) -> dict[int, np.ndarray]:
         """This round's candidates ``[N, K]`` int64 (-1 = none) by method code: n-gram for
-        every slot, suffix for the slots ``wanted`` ``[N]`` bool selects. Call once per round,
-        after the target's step (the suffix slots take the emitted tokens)."""
+        every slot, suffix for the slots ``wanted`` ``[N]`` bool selects; ``wanted`` None:
+        none this round (the suffix sequences still take the emitted tokens). Call once per
+        round, after the target's step."""
+        if wanted is None:
+            self.suffix.take_emitted()
+            return {}
         suffix = self.suffix.candidate_rows(wanted)
         return {self.codes[0]: self.ngram.candidate_rows(), self.codes[1]: suffix}

@@ -90,9 +90,10 @@ class DraftAlternatives(Protocol):
     #: the method codes it drafts for (:data:`~fastdeploy_mtp.runtime.draft_methods.METHODS`)
     codes: tuple[int, ...]
 
-    def candidates(self, wanted: np.ndarray) -> dict[int, np.ndarray]:
+    def candidates(self, wanted: np.ndarray | None) -> dict[int, np.ndarray]:
         """This round's candidates ``[N, K]`` int64 (-1 = none) by method code (``wanted``
-        ``[N]`` bool: the slots whose costly candidates are needed)."""
+        ``[N]`` bool: the slots whose costly candidates are needed; None: no candidates this
+        round, only the emitted tokens taken in)."""
         ...
 
 

@@ -19,9 +19,8 @@ n-gram matching, suffix decoding) and how many drafts it gets (0 included), and 
   best net gain; grammar-forced drafts are certain. The best mode wins, kept unless another is
   10% better; drafting must beat plain decoding by 10%. Unmeasured modes run two rounds first,
   the runner-up is re-measured every ``adaptive_probe_interval`` rounds (doubling, up to 16x,
-  while probes change nothing). A request admitted while every MTP mode was measured not to
-  pay at about this batch size is one the MTP layer never sees (no prompt forward, model-free
-  drafts only).
+  while probes change nothing). A request admitted where the MTP layer was measured not to
+  pay is one it never sees (no prompt forward; model-free drafts only): :meth:`_mtp_pays`.
 
 A request may pin its method (``speculative_method``; ``"none"``: no drafts). Outputs do not
 depend on any of this (greedy and seeded ``target_match``). The full rule and its reasons:
@@ -30,15 +29,13 @@ depend on any of this (greedy and seeded ``target_match``). The full rule and it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..config import SpeculativeConfig
-from .draft_acceptance import AcceptanceEstimates
-from .draft_methods import METHODS, NO_METHOD, method_code
-from .request import Request
+from .draft_admission import Admission
+from .draft_methods import METHODS, NO_METHOD
 from .step_costs import StepCosts
 
 MTP, SUFFIX = METHODS.index("mtp"), METHODS.index("suffix")
@@ -51,6 +48,8 @@ MAX_PROBE_BACKOFF = 16
 #: The most running slots (besides those drafting with suffix decoding) a round computes
 #: suffix candidates of, to keep the method's acceptance estimates current.
 SUFFIX_SAMPLE = 4
+#: While plain decoding holds, the model-free candidates are computed every this many rounds.
+PLAIN_SCORING = 4
 
 
 @dataclass
@@ -68,7 +67,7 @@ class RoundPlan:
     limits: np.ndarray
 
 
-class DraftPlanner(AcceptanceEstimates):
+class DraftPlanner(Admission):
     """Host-side planner of each round's drafts (one per target runner).
 
     Args:
@@ -79,8 +78,6 @@ class DraftPlanner(AcceptanceEstimates):
             always; the model-free ones where the proposer computes their candidates).
     """
 
-    #: another substep count replaces the one in force only when its rate is this much better
-    HYSTERESIS = 0.1
     #: Dinkelbach iterations of the allocation (rate -> bar -> drafts -> rate)
     ITERATIONS = 3
 
@@ -95,15 +92,6 @@ class DraftPlanner(AcceptanceEstimates):
         self.max_steps = int(spec.num_model_steps)
         self.base_interval = int(spec.adaptive_probe_interval)
         self.interval = self.base_interval
-        #: per slot: a pinned method code, NO_METHOD, or FREE (the planner chooses)
-        self.pin = np.full(num_slots, self.FREE, np.int64)
-        #: per slot: admitted without the MTP layer (the MTP proposer shares this array)
-        self.no_mtp = np.zeros(num_slots, bool)
-        #: the expected rates of the last decision, by mode (measured modes only)
-        self._last_rates: dict[int, float] = {}
-        self._rates_m = 0  # the running slots of the decision that last rated an MTP mode
-        #: the slots running at the last plan, and those admitted since
-        self.active = np.zeros(num_slots, bool)
         #: step costs per mode (PLAIN, then 0..max_steps substeps), at index mode + 1
         self.costs = StepCosts(self.max_steps + 2)
         self.mode = self.max_steps  # the mode of the round being planned / run
@@ -112,53 +100,14 @@ class DraftPlanner(AcceptanceEstimates):
         self.rounds_since_probe = 0
         self.probe_from: int | None = None
         self._sample_from = 0  # where the next round's sample of suffix slots starts
+        self._plain_rounds = 0  # plain rounds in a row (see wants_candidates)
         #: ``[N]`` method code of the drafts each slot got in the last round
         self.last_method = np.full(num_slots, NO_METHOD, np.int64)
-
-    FREE = -2
 
     @property
     def steps(self) -> int:
         """MTP substeps of the round being planned / run (0 in the modes without them)."""
         return max(self.mode, 0)
-
-    # ---- acceptance ------------------------------------------------------------------------
-    def reset_slot(self, idx: int, pinned: str | None = None, with_mtp: bool | None = None) -> None:
-        """A new request in slot ``idx``: the estimates over every request so far (1 before
-        any draft was scored); ``pinned`` its own method (``speculative_method``), None to let
-        the planner choose. ``with_mtp``: whether the MTP layer sees the request (its prompt
-        and every token after); None: decided here, at admission: yes, unless it pins another
-        method, or the planner's last decision measured every MTP mode below the best other
-        one by the 10% margin (then its prompt costs the MTP layer nothing, and it drafts with
-        the model-free methods for the rest of its life)."""
-        self.p[:, idx] = self.prior
-        self.active[idx] = True
-        code = method_code(pinned)
-        self.pin[idx] = self.FREE if code is None else code
-        if with_mtp is None:
-            with_mtp = code == MTP or (code is None and self._mtp_pays())
-        self.no_mtp[idx] = not with_mtp
-
-    def admit(self, prefills: Sequence[Request]) -> None:
-        """This step's prefill chunks: :meth:`reset_slot` for each request's first chunk
-        (with its ``speculative_method``), after counting them all as running, so that a
-        burst is admitted at the batch size it makes, not at the size before it."""
-        first = [req for req in prefills if req.is_first_chunk]
-        self.active[[int(req.idx) for req in first]] = True
-        for req in first:
-            self.reset_slot(int(req.idx), req.sampling.speculative_method)
-
-    def _mtp_pays(self) -> bool:
-        """At admission: whether the MTP layer should see the request: if an MTP mode was the
-        best by the 10% margin in the last rating at about this batch size (``[m / 2 - 2,
-        2 m + 2]`` of the slots then running); unrated there, yes (its modes get measured)."""
-        rates = self._last_rates
-        mtp = [rates[mode] for mode in range(1, self.max_steps + 1) if mode in rates]
-        other = [r for mode, r in rates.items() if mode < 1]
-        m = int(self.active.sum())
-        if mtp and other and self._rates_m / 2.0 - 2.0 <= m <= 2.0 * self._rates_m + 2.0:
-            return max(mtp) >= max(other) * (1.0 + self.HYSTERESIS)
-        return True
 
     def record(self, running_slots: int, drafts: int, seconds: float, prefill: bool) -> None:
         """The wall time of the step that just ran (its verify checked ``drafts`` drafts of
@@ -169,17 +118,22 @@ class DraftPlanner(AcceptanceEstimates):
         self.prev_mode = self.mode
 
     # ---- the plan ---------------------------------------------------------------------------
-    def wants_candidates(self) -> np.ndarray:
+    def wants_candidates(self) -> np.ndarray | None:
         """``[N]`` bool: the slots the next round needs suffix candidates of (n-gram
-        candidates, one op for the batch, come for every slot). Suffix tries cost host time
-        per slot (a trie is built on a slot's first sample), so besides the slots that use or
-        pin suffix decoding a rotating sample of the running ones is scored each round: an
-        eighth of them, at most :data:`SUFFIX_SAMPLE`, and one while the rounds decode plainly
-        (their verify tests only a candidate's first token)."""
+        candidates, one op for the batch, come for every slot); None: no candidates at all.
+        Suffix candidates cost host time per slot, so besides the slots that use or pin
+        suffix decoding a rotating sample of the running ones is scored: an eighth of them,
+        at most :data:`SUFFIX_SAMPLE`. While the rounds decode plainly only every
+        :data:`PLAIN_SCORING`-th round is scored, with one suffix slot (a plain verify tests
+        only a candidate's first token)."""
+        plain = self.mode == PLAIN and self.hold == 0
+        self._plain_rounds = self._plain_rounds + 1 if plain else 0
+        if plain and self._plain_rounds % PLAIN_SCORING:
+            return None
         running = np.nonzero(self.active)[0]
         want = (self.last_method == SUFFIX) | (self.pin == SUFFIX)
         if running.size:
-            width = 1 if self.mode == PLAIN else min(-(-running.size // 8), SUFFIX_SAMPLE)
+            width = 1 if plain else min(-(-running.size // 8), SUFFIX_SAMPLE)
             start = self._sample_from % running.size
             want[running[(start + np.arange(width)) % running.size]] = True
             self._sample_from = start + width
@@ -347,9 +301,7 @@ class DraftPlanner(AcceptanceEstimates):
         rates = {s: plan[0] for s, plan in plans.items() if plan is not None}
         if not rates:  # (only modes costed from others not measured yet)
             return self._measure(max(plans))
-        self._last_rates.update(rates)
-        if any(mode >= 1 for mode in rates):
-            self._rates_m = int(self.active.sum())
+        self.note_rates(rates)
         best = max(rates, key=lambda s: rates[s])
         current = self.probe_from if self.probe_from is not None else self.mode
         # among drafting modes the one in force stays unless clearly beaten

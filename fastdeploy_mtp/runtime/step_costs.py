@@ -6,6 +6,12 @@ from __future__ import annotations
 import numpy as np
 
 
+def batch_class(m: int) -> int:
+    """The class of batch size ``m`` the draft planner's admission rule keeps its verdicts
+    by: ``round(log2(m))``."""
+    return int(round(np.log2(max(m, 1))))
+
+
 class StepCosts:
     """``t(m, D) = a + b m + c D`` per mode (index ``0 .. modes - 1``): exponentially weighted
     least squares, its slopes pulled by a weak ridge toward ``b = mean(t) / mean(m)`` (a

@@ -6,7 +6,6 @@ incremental updates equal a build from scratch; suffix drafts pay on a repetitiv
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 
 import numpy as np
 import pytest
@@ -26,11 +25,18 @@ from fastdeploy_mtp.engine_args import (
 )
 from fastdeploy_mtp.models import ByteTokenizer, load_tiny
 from fastdeploy_mtp.proposer.model_free import NaiveProposer, NgramProposer
-from fastdeploy_mtp.proposer.suffix import Cursor, SuffixCache, SuffixProposer, SuffixTrie
+from fastdeploy_mtp.proposer.suffix import (
+    SEPARATOR,
+    SuffixCache,
+    SuffixLimits,
+    SuffixProposer,
+    suffix_draft,
+)
 from fastdeploy_mtp.runtime.demo_prompts import DEMO_PROMPTS
 from fastdeploy_mtp.runtime.engine import Engine
 from fastdeploy_mtp.runtime.request import Request
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
+from tests.reference.suffix_draft import suffix_draft_reference
 from tests.support.engines import make_config, make_requests
 
 TOK = ByteTokenizer()
@@ -233,69 +239,65 @@ def test_seeded_sampling_equals_no_speculation(shipped, method, k, batch):
     assert engine.metrics.method == name
 
 
-# ---- the suffix trie ---------------------------------------------------------------------------
-def windows(seqs: list[list[int]], depth: int) -> Counter:
-    """Every window of at most ``depth`` tokens of each sequence, counted (no window spans two)."""
-    out: Counter = Counter()
+# ---- suffix decoding's draft ---------------------------------------------------------------------
+def draft_of(seqs: list[list[int]], context: list[int], depth: int, k: int, factor, prob):
+    """:func:`suffix_draft` over ``seqs`` kept end to end as the shared cache keeps them."""
+    cache = SuffixCache(len(seqs))
     for seq in seqs:
-        for end in range(1, len(seq) + 1):
-            for n in range(1, min(depth, end) + 1):
-                out[tuple(seq[end - n : end])] += 1
-    return out
-
-
-def built_at_once(seq: list[int], depth: int) -> SuffixTrie:
-    trie = SuffixTrie(depth)
-    trie.extend(Cursor(), seq)
-    return trie
+        cache.add(seq)
+    limits = SuffixLimits(depth, k, factor, prob)
+    d = suffix_draft(cache.sequence, np.asarray(context, np.int64), limits)
+    return d.tokens, d.probs, d.match_len
 
 
 @pytest.mark.parametrize("depth", [1, 2, 5, 24])
-def test_suffix_trie_grown_token_by_token_equals_a_build_from_scratch(depth):
+def test_suffix_draft_equals_the_window_counting_reference(depth):
+    """One sequence (a request's own) and several (the shared cache: no window spans two),
+    contexts that are the sequence itself (the own draft) and others, several limits."""
     rng = np.random.default_rng(depth)
-    seq = rng.integers(0, 4, size=120).tolist()  # a small alphabet: many repeated windows
-    trie, cursor, pos = SuffixTrie(depth), Cursor(), 0
-    while pos < len(seq):
-        step = int(rng.integers(1, 5))  # accepted tokens arrive 1..4 at a time
-        trie.extend(cursor, seq[pos : pos + step])
-        pos += step
-        assert trie.counts() == dict(windows([seq[:pos]], depth)), pos
-        fresh = built_at_once(seq[:pos], depth)
-        assert trie.counts() == fresh.counts()
-        assert SuffixTrie.match_at(cursor) == trie.match(seq[:pos]), (
-            "the cursor holds the suffix nodes"
-        )
-        for factor, prob in ((1.0, 0.1), (3.0, 0.0), (0.5, 0.4)):
-            assert trie.draft(seq[:pos], 8, factor, prob) == fresh.draft(seq[:pos], 8, factor, prob)
+    for trial in range(30):
+        alphabet = int(rng.integers(2, 6))  # a small alphabet: many repeated windows
+        seqs = [
+            rng.integers(0, alphabet, size=int(rng.integers(1, 60))).tolist()
+            for _ in range(int(rng.integers(1, 4)))
+        ]
+        contexts = [seqs[0], rng.integers(0, alphabet, size=int(rng.integers(0, 30))).tolist()]
+        for context in contexts:
+            for k, factor, prob in ((8, 1.0, 0.1), (5, 3.0, 0.0), (8, 0.5, 0.4), (1, 4.0, 0.0)):
+                args = (seqs, context, depth, k, factor, prob)
+                got = draft_of(*args)
+                want = suffix_draft_reference(*args)
+                assert got[0] == want[0] and got[2] == want[2], (trial, args)
+                assert got[1] == pytest.approx(want[1]), (trial, args)
 
 
 def test_suffix_draft_follows_the_most_frequent_continuation_within_its_limits():
     # "1 2 3" twice, "1 2 4" once: after "... 1 2" the draft is 3 (2 of 3 continuations),
     # then 8 (tied with 9 at 1 of 2: the smaller id)
     seq = [1, 2, 3, 9, 1, 2, 3, 8, 1, 2, 4, 7, 1, 2]
-    trie = built_at_once(seq, 8)
-    d = trie.draft(seq, 5, 4.0, 0.0)
-    assert d.match_len == 2 and d.tokens[:2] == [3, 8]
-    assert d.probs[:2] == pytest.approx([2 / 3, 1 / 3])
-    assert d.probs == sorted(d.probs, reverse=True), "probabilities are cumulative products"
-    assert trie.draft(seq, 5, 0.5, 0.0).tokens == [3], "int(0.5 * 2) = 1 token"
-    assert trie.draft(seq, 5, 4.0, 0.7).tokens == [], "2/3 < 0.7"
-    assert trie.draft(seq, 1, 4.0, 0.0).tokens == [3], "at most K tokens"
-    assert trie.draft([5, 6], 5, 4.0, 0.0).tokens == [], "no match"
+    tokens, probs, m = draft_of([seq], seq, 8, 5, 4.0, 0.0)
+    assert m == 2 and tokens[:2] == [3, 8]
+    assert probs[:2] == pytest.approx([2 / 3, 1 / 3])
+    assert probs == sorted(probs, reverse=True), "probabilities are cumulative products"
+    assert draft_of([seq], seq, 8, 5, 0.5, 0.0)[0] == [3], "int(0.5 * 2) = 1 token"
+    assert draft_of([seq], seq, 8, 5, 4.0, 0.7)[0] == [], "2/3 < 0.7"
+    assert draft_of([seq], seq, 8, 1, 4.0, 0.0)[0] == [3], "at most K tokens"
+    assert draft_of([seq], [5, 6], 8, 5, 4.0, 0.0)[0] == [], "no match"
+    assert draft_of([[1, 2], [3, 4]], [2], 8, 5, 4.0, 0.0)[0] == [], "no window spans two"
 
 
-def test_suffix_cache_keeps_the_newest_outputs_and_forgets_the_oldest_exactly():
+def test_suffix_cache_keeps_the_newest_outputs_and_forgets_the_oldest():
     rng = np.random.default_rng(3)
     outs = [rng.integers(0, 5, size=int(rng.integers(1, 40))).tolist() for _ in range(6)]
-    cache = SuffixCache(max_depth=6, max_requests=2)
+    cache = SuffixCache(max_requests=2)
     for i, out in enumerate(outs):
         cache.add(out)
         kept = outs[max(0, i - 1) : i + 1]
-        assert len(cache) == len(kept)
-        assert cache.trie.counts() == dict(windows(kept, 6))
-    off = SuffixCache(max_depth=6, max_requests=0)
+        assert len(cache) == len(kept) and cache.outputs == kept
+        assert cache.sequence.tolist() == [t for o in kept for t in (*o, SEPARATOR)]
+    off = SuffixCache(max_requests=0)
     off.add(outs[0])
-    assert len(off) == 0 and off.trie.counts() == {}
+    assert len(off) == 0 and off.sequence.size == 0
 
 
 def test_suffix_proposer_drafts_from_other_requests_outputs(random_model):
@@ -338,6 +340,4 @@ def test_an_aborted_request_leaves_its_output_so_far_in_the_shared_cache(random_
     assert req.output_token_ids and engine.abort(req, RuntimeError("client left"))
     proposer = engine.runner.proposer
     assert len(proposer.cache) == 1 and proposer._slots == {}
-    assert proposer.cache.trie.counts() == dict(
-        windows([req.output_token_ids], cfg.speculative_config.suffix_decoding_max_tree_depth)
-    )
+    assert proposer.cache.outputs == [req.output_token_ids]

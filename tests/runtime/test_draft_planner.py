@@ -8,7 +8,13 @@ import pytest
 
 from fastdeploy_mtp.config import SpeculativeConfig, SpeculativeConfigError
 from fastdeploy_mtp.runtime.draft_methods import GRAMMAR, METHODS, NO_METHOD, verified_methods
-from fastdeploy_mtp.runtime.draft_planner import PLAIN, SUFFIX_SAMPLE, DraftPlanner, RoundPlan
+from fastdeploy_mtp.runtime.draft_planner import (
+    PLAIN,
+    PLAIN_SCORING,
+    SUFFIX_SAMPLE,
+    DraftPlanner,
+    RoundPlan,
+)
 from fastdeploy_mtp.runtime.request import Request
 from fastdeploy_mtp.runtime.step_costs import StepCosts
 from tests.support.engines import adaptive_spec
@@ -238,6 +244,11 @@ def test_a_burst_is_admitted_at_the_batch_size_it_makes():
     for i in range(12):  # one at a time: the first ones are far from the rating
         p.reset_slot(i)
     assert not p.no_mtp[0]
+    # a larger batch never rated: the MTP layer lost at the nearest smaller one, so no
+    big = planner(slots=40)
+    big.mtp_won = dict(p.mtp_won)
+    big.admit([Request(f"b{i}", [1, 2, 3], idx=i) for i in range(40)])
+    assert big.no_mtp.all()
 
 
 def test_suffix_candidates_rotate_over_a_bounded_sample_of_the_running_slots():
@@ -254,8 +265,10 @@ def test_suffix_candidates_rotate_over_a_bounded_sample_of_the_running_slots():
     p.active[:40] = True  # 40 running: 5 would be an eighth
     p.last_method[18] = NO_METHOD
     assert p.wants_candidates().sum() == SUFFIX_SAMPLE
-    p.mode = PLAIN  # plain rounds: one slot
-    assert p.wants_candidates().sum() == 1
+    p.mode = PLAIN  # plain rounds: every PLAIN_SCORING-th is scored, with one suffix slot
+    wants = [p.wants_candidates() for _ in range(2 * PLAIN_SCORING)]
+    scored = [w for w in wants if w is not None]
+    assert len(scored) == 2 and all(w.sum() == 1 for w in scored)
 
 
 def test_forced_drafts_are_taken_even_when_drafting_does_not_pay():
