@@ -21,7 +21,7 @@ from .proposer_inputs import ProposerInputBatch
 class SkippedRound:
     """What a round without the MTP layer leaves for the next one that runs it."""
 
-    hidden: paddle.Tensor  # [T_target, H] the target's hidden rows of that step
+    hidden: paddle.Tensor  # [T, H] the target's hidden rows of that step (or the kept ones)
     step_idx: paddle.Tensor  # [N] the target's step_idx after it (device)
     tokens: np.ndarray  # [N, K+1] tokens emitted (host)
     counts: np.ndarray  # [N] rows to replay per slot (0: none, or forgotten)
@@ -77,24 +77,35 @@ class SkippedRounds:
     ) -> None:
         """Keep a skipped round's rows of the slots that decoded and emitted tokens
         (``hidden`` ``[T, H]``, the target's ``step_idx`` ``[N, 1]``; the rest ``[N]`` or
-        ``[N, K+1]`` host arrays as :meth:`MTPProposer.skip_round` takes them)."""
+        ``[N, K+1]`` host arrays as :meth:`MTPProposer.skip_round` takes them). When those
+        are at most half the step's rows (most slots left to the model-free methods) only they
+        are kept, gathered, so that a long stretch of skipped rounds holds no more."""
         keep = np.asarray(decoding, bool) & (np.asarray(accept_num) > 0)
-        if keep.any():
-            self.rounds.append(
-                SkippedRound(
-                    hidden=hidden,
-                    step_idx=step_idx.reshape([-1]).clone(),
-                    tokens=np.asarray(accept_tokens).copy(),
-                    counts=np.where(keep, np.asarray(accept_num), 0).astype(np.int64),
-                    rows_start=np.asarray(rows_start, np.int64).copy(),
-                )
+        if not keep.any():
+            return
+        counts = np.where(keep, np.asarray(accept_num), 0).astype(np.int64)
+        starts = np.asarray(rows_start, np.int64).copy()
+        if 2 * int(counts.sum()) <= int(hidden.shape[0]):  # few rows kept: only those, packed
+            rows = np.concatenate([np.arange(a, a + c) for a, c in zip(starts, counts) if c])
+            hidden = paddle.gather(hidden, paddle.to_tensor(rows, dtype="int64"))
+            starts = np.cumsum(counts) - counts
+        self.rounds.append(
+            SkippedRound(
+                hidden=hidden,
+                step_idx=step_idx.reshape([-1]).clone(),
+                tokens=np.asarray(accept_tokens).copy(),
+                counts=counts,
+                rows_start=starts,
             )
+        )
 
     def take(self, draft: ProposerInputBatch) -> Replay | None:
         """Empty the list: write the kept tokens into the draft's token history
         (``pre_ids``, which n-gram matching reads) and return their rows packed for the MTP
         forward, or None when no row is left."""
         rounds, self.rounds = self.rounds, []
+        if not rounds:
+            return None
         bsz = int(draft.seq_lens_this_time.shape[0])
         counts = np.zeros(bsz, np.int64)
         # per replayed row: its row in the concatenated hidden states, token, slot, which
@@ -105,11 +116,10 @@ class SkippedRounds:
         hist: list[int] = []
         back: list[int] = []
         starts = np.cumsum([0] + [int(sk.hidden.shape[0]) for sk in rounds])
-        for b in range(bsz):
-            for r, sk in enumerate(rounds):
-                a = int(sk.counts[b])
-                if a == 0:
-                    continue
+        per_round = np.stack([sk.counts for sk in rounds])  # [rounds, N]
+        for b in map(int, np.flatnonzero(per_round.sum(axis=0))):
+            for r in map(int, np.flatnonzero(per_round[:, b])):
+                sk, a = rounds[r], int(per_round[r, b])
                 base = int(starts[r] + sk.rows_start[b])
                 rows.extend(range(base, base + a))
                 ids.extend(int(t) for t in sk.tokens[b, :a])

@@ -75,15 +75,14 @@ def _match(seq: np.ndarray, context: np.ndarray, max_depth: int) -> tuple[np.nda
         return np.zeros(0, np.int64), 0
     ends = np.flatnonzero(seq[: n - 1] == context[-1]) + 1
     ends = ends[seq[ends] >= 0]
-    m = 1 if ends.size else 0
-    while 0 < m < longest:
-        before = ends - (m + 1)
-        longer = ends[before >= 0]
-        longer = longer[seq[longer - (m + 1)] == context[-(m + 1)]]
-        if longer.size == 0:
-            break
-        ends, m = longer, m + 1
-    return ends, m
+    if ends.size == 0 or longest == 1:
+        return ends, int(ends.size > 0)
+    # per occurrence, how many tokens before it agree with the context's (one gather)
+    back = ends[:, None] - np.arange(2, longest + 1)[None, :]  # [E, longest - 1]
+    same = (back >= 0) & (seq[np.maximum(back, 0)] == context[-2 : -longest - 1 : -1][None, :])
+    agree = 1 + np.cumprod(same, axis=1).sum(axis=1)
+    m = int(agree.max())
+    return ends[agree == m], m
 
 
 def _most_frequent(nxt: np.ndarray) -> tuple[int, int]:

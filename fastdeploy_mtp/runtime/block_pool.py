@@ -25,7 +25,10 @@ Prefix caching (``cache_config.enable_prefix_caching``):
   ``cache_salt`` its own, and a hit, which shows in the time to the first token, tells a
   client only about its own earlier requests.
 * **When.** A block is registered after the step that wrote it succeeded (target and MTP KV
-  both written), by :meth:`BlockPool.register`. Two requests that computed the same block
+  both written), by :meth:`BlockPool.register`. A request the draft planner admitted
+  without the MTP layer writes no MTP KV: its blocks go to a chain of their own
+  (:data:`TARGET_ONLY`), which a request that hits it longer than the full chain drafts
+  without the MTP layer too. Two requests that computed the same block
   in one step both keep their own copy; the first registered is the one found.
 * **Generated tokens are not cached.** The MTP layer's KV at a generated position can be
   left unwritten by a round adaptive drafting skipped and never caught up on when the
@@ -60,15 +63,25 @@ def namespace_root(namespace: bytes) -> bytes:
     return hashlib.sha256(ROOT_KEY + b"\0namespace\0" + namespace).digest()
 
 
+#: Appended to a namespace for the blocks whose MTP layers' KV was never written (prompts
+#: of requests the draft planner admitted without the MTP layer): their own key chain.
+TARGET_ONLY = b"\0target KV only"
+
+
 def block_keys(
-    tokens: Sequence[int], block_size: int, include_next: bool, namespace: bytes = b""
+    tokens: Sequence[int],
+    block_size: int,
+    include_next: bool,
+    namespace: bytes = b"",
+    target_only: bool = False,
 ) -> list[bytes]:
     """Keys of the cacheable full blocks of prompt ``tokens`` (see the module docstring): one
     per block ``i`` with ``(i+1) * block_size <= len(tokens) - 1``, chained from
     :func:`namespace_root` ``(namespace)``. ``include_next``: the key also covers the token
-    after the block (a deployment with MTP layers)."""
+    after the block (a deployment with MTP layers). ``target_only``: the chain of blocks
+    without MTP KV (:data:`TARGET_ONLY`)."""
     keys: list[bytes] = []
-    parent = namespace_root(namespace)
+    parent = namespace_root(namespace + TARGET_ONLY if target_only else namespace)
     for i in range((len(tokens) - 1) // block_size):
         end = (i + 1) * block_size
         body = tokens[i * block_size : end + (1 if include_next else 0)]
@@ -170,6 +183,16 @@ class BlockPool:
                 break
             hits.append(block)
         return hits
+
+    def lookup_longest(self, chains: Sequence[Sequence[bytes]]) -> tuple[int, list[int]]:
+        """:meth:`lookup` of each key chain: the index of the chain with the longest hit (the
+        first on a tie) and its blocks."""
+        best, hits = 0, self.lookup(chains[0])
+        for i, keys in enumerate(chains[1:], 1):
+            found = self.lookup(keys)
+            if len(found) > len(hits):
+                best, hits = i, found
+        return best, hits
 
     def count_query(self, queried: int, hit: int) -> None:
         """Count a lookup of ``queried`` prompt tokens of which ``hit`` were found."""

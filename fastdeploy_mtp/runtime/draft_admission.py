@@ -15,6 +15,9 @@ from .request import Request
 from .step_costs import batch_class
 
 MTP = METHODS.index("mtp")
+#: A batch-size class's verdict on the MTP layer judges this many admissions, then it is
+#: measured again.
+VERDICT_ADMISSIONS = 64
 
 
 class Admission(AcceptanceEstimates):
@@ -43,6 +46,10 @@ class Admission(AcceptanceEstimates):
         self.no_mtp = np.zeros(num_slots, bool)
         self.mtp_won: dict[int, bool] = {}
         self.active = np.zeros(num_slots, bool)
+        #: per MTP mode, its allocation in the plan being made as if the MTP layer saw every
+        #: running request (what :meth:`note_rates` judges it by)
+        self.as_if_seen: dict[int, tuple[float, np.ndarray, np.ndarray] | None] = {}
+        self._judged: dict[int, int] = {}  # per class, admissions its verdict judged
 
     def reset_slot(self, idx: int, pinned: str | None = None, with_mtp: bool | None = None) -> None:
         """A new request in slot ``idx``: the estimates over every request so far (1 before
@@ -62,28 +69,38 @@ class Admission(AcceptanceEstimates):
     def admit(self, prefills: Sequence[Request]) -> None:
         """This step's prefill chunks: :meth:`reset_slot` for each request's first chunk
         (with its ``speculative_method``), after counting them all as running, so that a
-        burst is admitted at the batch size it makes, not at the size before it."""
+        burst is admitted at the batch size it makes, not at the size before it. A request
+        whose prefix-cache hit holds no MTP KV is admitted without the MTP layer."""
         first = [req for req in prefills if req.is_first_chunk]
         self.active[[int(req.idx) for req in first]] = True
-        for req in first:
-            self.reset_slot(int(req.idx), req.sampling.speculative_method)
+        for req in first:  # (a prefix without MTP KV keeps the MTP layer out)
+            seen = False if req.prefix_without_mtp else None
+            self.reset_slot(int(req.idx), req.sampling.speculative_method, with_mtp=seen)
 
     def _mtp_pays(self) -> bool:
         """At admission: whether the MTP layer should see the request: as :attr:`mtp_won`
         says for this batch size's class; unrated there, no if it lost at the nearest smaller
         class rated (drafting with a model pays less as the batch grows), else yes (so that
-        its modes get measured)."""
+        its modes get measured). A class's verdict is forgotten once it has judged
+        :data:`VERDICT_ADMISSIONS` requests, so that it is measured again."""
         here = batch_class(int(self.active.sum()))
         if here in self.mtp_won:
-            return self.mtp_won[here]
+            self._judged[here] = self._judged.get(here, 0) + 1
+            if self._judged[here] <= VERDICT_ADMISSIONS:
+                return self.mtp_won[here]
+            del self.mtp_won[here], self._judged[here]
         smaller = [c for c in self.mtp_won if c < here]
         return not smaller or self.mtp_won[max(smaller)]
 
     def note_rates(self, rates: dict[int, float]) -> None:
         """A decision's expected rates by mode: the verdict on the MTP modes (:attr:`mtp_won`)
-        at the current batch size, when it rated one of them and another mode."""
-        mtp = [r for mode, r in rates.items() if mode >= 1]
+        at the current batch size, when it rated one of them and another mode. An MTP mode
+        is judged as if the MTP layer saw every running request (:attr:`as_if_seen`): the
+        requests it does not see would otherwise make it look worse than it is."""
+        judged = {mode: plan[0] for mode, plan in self.as_if_seen.items() if plan is not None}
+        mtp = [judged.get(mode, r) for mode, r in rates.items() if mode >= 1]
         other = [r for mode, r in rates.items() if mode < 1]
         if mtp and other:
-            won = max(mtp) >= max(other) * (1.0 + self.HYSTERESIS)
-            self.mtp_won[batch_class(int(self.active.sum()))] = won
+            here = batch_class(int(self.active.sum()))
+            self.mtp_won[here] = max(mtp) >= max(other) * (1.0 + self.HYSTERESIS)
+            self._judged[here] = 0

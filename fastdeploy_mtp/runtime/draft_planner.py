@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import SpeculativeConfig
+from .collaborators import Proposer
 from .draft_admission import Admission
 from .draft_methods import METHODS, NO_METHOD
 from .step_costs import StepCosts
@@ -48,8 +49,9 @@ MAX_PROBE_BACKOFF = 16
 #: The most running slots (besides those drafting with suffix decoding) a round computes
 #: suffix candidates of, to keep the method's acceptance estimates current.
 SUFFIX_SAMPLE = 4
-#: While plain decoding holds, the model-free candidates are computed every this many rounds.
-PLAIN_SCORING = 4
+#: While plain decoding holds, the model-free candidates (computed to keep the acceptance
+#: estimates current) may take at most this share of the step time.
+SCORING_SHARE = 0.03
 
 
 @dataclass
@@ -101,8 +103,22 @@ class DraftPlanner(Admission):
         self.probe_from: int | None = None
         self._sample_from = 0  # where the next round's sample of suffix slots starts
         self._plain_rounds = 0  # plain rounds in a row (see wants_candidates)
+        self.scoring_seconds = 0.0  # host time of a round's candidates (note_scoring)
         #: ``[N]`` method code of the drafts each slot got in the last round
         self.last_method = np.full(num_slots, NO_METHOD, np.int64)
+
+    @classmethod
+    def of_proposer(
+        cls, spec: SpeculativeConfig, num_slots: int, proposer: Proposer | None
+    ) -> DraftPlanner | None:
+        """The planner of a runner whose proposer is ``proposer`` (None without
+        ``adaptive_draft_length``), sharing :attr:`no_mtp` with it as its excluded slots."""
+        if proposer is None or not spec.adaptive_draft_length:
+            return None
+        alternatives = proposer.alternatives
+        planner = cls(spec, num_slots, (MTP, *(alternatives.codes if alternatives else ())))
+        proposer.excluded = planner.no_mtp
+        return planner
 
     @property
     def steps(self) -> int:
@@ -123,14 +139,17 @@ class DraftPlanner(Admission):
         candidates, one op for the batch, come for every slot); None: no candidates at all.
         Suffix candidates cost host time per slot, so besides the slots that use or pin
         suffix decoding a rotating sample of the running ones is scored: an eighth of them,
-        at most :data:`SUFFIX_SAMPLE`. While the rounds decode plainly only every
-        :data:`PLAIN_SCORING`-th round is scored, with one suffix slot (a plain verify tests
-        only a candidate's first token)."""
+        at most :data:`SUFFIX_SAMPLE`. While the rounds decode plainly (a plain verify tests
+        only a candidate's first token) one suffix slot is scored, and only as often as keeps
+        the scoring within :data:`SCORING_SHARE` of the step time."""
         plain = self.mode == PLAIN and self.hold == 0
         self._plain_rounds = self._plain_rounds + 1 if plain else 0
-        if plain and self._plain_rounds % PLAIN_SCORING:
-            return None
         running = np.nonzero(self.active)[0]
+        step = self._cost(PLAIN, max(running.size, 1), 0.0)
+        if plain and step:
+            every = int(np.clip(np.ceil(self.scoring_seconds / (SCORING_SHARE * step)), 1, 16))
+            if self._plain_rounds % every:
+                return None
         want = (self.last_method == SUFFIX) | (self.pin == SUFFIX)
         if running.size:
             width = 1 if plain else min(-(-running.size // 8), SUFFIX_SAMPLE)
@@ -138,6 +157,10 @@ class DraftPlanner(Admission):
             want[running[(start + np.arange(width)) % running.size]] = True
             self._sample_from = start + width
         return want
+
+    def note_scoring(self, seconds: float) -> None:
+        """The host time the last round's candidates took (an average over recent rounds)."""
+        self.scoring_seconds += 0.25 * (seconds - self.scoring_seconds)
 
     def _cost(self, mode: int, m: int, d: float) -> float | None:
         """:meth:`StepCosts.predict` of ``mode``, or for a substep count between 1 and the
@@ -160,11 +183,17 @@ class DraftPlanner(Admission):
         return self.costs.row_cost(mode + 1)
 
     def _reach(
-        self, running: np.ndarray, steps: int, available: dict[int, np.ndarray], forced: np.ndarray
+        self,
+        running: np.ndarray,
+        steps: int,
+        available: dict[int, np.ndarray],
+        forced: np.ndarray,
+        all_seen: bool = False,
     ) -> tuple[np.ndarray, np.ndarray]:
         """``q`` ``[M, R, K]`` (M = len(METHODS), R running slots): each method's chance that
         draft ``j`` is reached and accepted, 0 where it has none and at the positions the
-        grammar forces (those are taken anyway); and ``allowed`` ``[M, R]``."""
+        grammar forces (those are taken anyway); and ``allowed`` ``[M, R]`` (``all_seen``: as
+        if the MTP layer saw every request)."""
         idx = np.nonzero(running)[0]
         q = np.cumprod(self.p[:, idx], axis=2)
         pos = np.arange(self.k)[None, :]
@@ -180,7 +209,8 @@ class DraftPlanner(Admission):
                 has, ok = np.zeros(q[code].shape, bool), False
             q[code] = np.where(has, q[code], 0.0)
             allowed[code] = ok & ((self.pin[idx] == self.FREE) | (self.pin[idx] == code))
-        allowed[MTP] &= ~self.no_mtp[idx]
+        if not all_seen:
+            allowed[MTP] &= ~self.no_mtp[idx]
         q = np.where((pos < forced[idx][:, None])[None], 0.0, q)
         return q, allowed
 
@@ -239,10 +269,22 @@ class DraftPlanner(Admission):
         m = int(running.sum())
         if m == 0:
             self.mode = self.max_steps if prefill else PLAIN
+        elif self._stays_plain(prefill, available, forced):
+            self.rounds_since_probe += 1
         else:
             self.mode = self._plan_modes(running, prefill, available, forced, method, limits)
         self.last_method = method
         return RoundPlan(self.steps, method, limits)
+
+    def _stays_plain(
+        self, prefill: bool, available: dict[int, np.ndarray], forced: np.ndarray
+    ) -> bool:
+        """Plain decoding holds without a new decision: it did last round, no candidates
+        were computed this round (nothing could beat it), nothing is forced, no probe is due,
+        and the MTP layer need not see a prompt."""
+        idle = not (prefill or available or forced.any() or self.hold)
+        due = self.probe_from is not None or self.rounds_since_probe + 1 >= self.interval
+        return idle and not due and self.mode == PLAIN
 
     def _plan_modes(
         self,
@@ -273,7 +315,11 @@ class DraftPlanner(Admission):
                 continue
             q, allowed = self._reach(running, mode, available, forced)
             plans[mode] = self._allocate(q, allowed, forced[running], mode, m)
+            if mode >= 1 and (running & self.no_mtp).any():  # the verdict's rate (note_rates)
+                q, allowed = self._reach(running, mode, available, forced, all_seen=True)
+                self.as_if_seen[mode] = self._allocate(q, allowed, forced[running], mode, m)
         mode = self._choose(plans, prefill)
+        self.as_if_seen.clear()
         chosen = plans[mode]
         if mode == PLAIN:
             return PLAIN

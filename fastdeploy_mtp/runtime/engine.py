@@ -189,7 +189,7 @@ class Engine(Aborts):
                 self._abort_all(exc, failures, running_only=True)
             else:
                 events.ran = True
-                self.scheduler.cache_computed(tasks)
+                self.scheduler.cache_computed(tasks, out.mtp_unseen)
                 self._collect(step, tasks, out, events)
         events.failed.extend(
             (r, failures[r.request_id]) for r in holders if r.request_id in failures

@@ -4,6 +4,7 @@ from its method's candidates and cut to its count, written into the target's buf
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -52,7 +53,10 @@ def planned_round(
     """
     planner.observe(out.accept_tokens, out.accept_num, out.decode_mask)
     alternatives = proposer.alternatives
-    candidates = alternatives.candidates(planner.wants_candidates()) if alternatives else {}
+    wanted, t0 = planner.wants_candidates(), time.perf_counter()
+    candidates = alternatives.candidates(wanted) if alternatives else {}
+    if wanted is not None:
+        planner.note_scoring(time.perf_counter() - t0)
     counts = np.zeros(still.shape[0], np.int64)
     for idx, tokens in forced.items():
         counts[idx] = len(tokens)

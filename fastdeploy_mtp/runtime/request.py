@@ -162,6 +162,8 @@ class Request:
         num_cached_tokens: prompt tokens whose KV (target and MTP layers) came from the
             prefix cache when the request was admitted (a multiple of the block size; 0
             without a hit). Its first prefill chunk starts there.
+        prefix_without_mtp: its prefix-cache hit came from the chain of blocks without MTP
+            KV (prompts the MTP layer never saw): the MTP layer does not see it either.
         cache_namespace: the prefix-cache namespace: the request shares KV blocks only with
             requests of the same namespace (``b""``: the global one; the server derives it
             from the client's API key and ``cache_salt``, see :mod:`fastdeploy_mtp.tenancy`).
@@ -190,6 +192,7 @@ class Request:
     emitted_count: int = field(default=0, init=False, repr=False)
     output_draft_logprobs: list[StepDrafts] = field(default_factory=list, init=False, repr=False)
     num_cached_tokens: int = field(default=0, init=False)
+    prefix_without_mtp: bool = field(default=False, init=False)
     timing: RequestTiming | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -81,9 +81,11 @@ class Scheduler:
         self.pool = BlockPool(cache.total_block_num, cache.enable_prefix_caching)
         #: prefix-cache keys cover the token after a block when MTP layers have KV caches
         self._key_next = spec.enabled and spec.method == "mtp"
-        #: the head of the queue and its prefix-cache keys: a head that waits for blocks is
-        #: looked up again each step, its prompt hashed once
-        self._head_keys: tuple[Request, list[bytes]] | None = None
+        #: the draft planner may admit requests without the MTP layer: a second key chain
+        self._two_chains = self._key_next and spec.adaptive_draft_length
+        #: the head of the queue and its prefix-cache key chains: a head that waits for
+        #: blocks is looked up again each step, its prompt hashed once
+        self._head_keys: tuple[Request, list[list[bytes]]] | None = None
         self.waiting: deque[Request] = deque()
         self.slots: dict[int, SlotState] = {}
         self.max_model_len = fd_config.model_config.max_model_len
@@ -210,18 +212,17 @@ class Scheduler:
         """Place the head of the queue in free slot ``idx`` if the free blocks cover its worst
         case (less the blocks a prefix-cache hit gives it); returns whether it was placed."""
         req = self.waiting[0]
-        keys: list[bytes] = []
+        chains: list[list[bytes]] = [[], []]
         hits: list[int] = []
         if self.pool.enable_caching:
             if self._head_keys is None or self._head_keys[0] is not req:
-                self._head_keys = (
-                    req,
-                    block_keys(
-                        req.prompt_token_ids, self.block_size, self._key_next, req.cache_namespace
-                    ),
-                )
-            keys = self._head_keys[1]
-            hits = self.pool.lookup(keys)
+                args = (req.prompt_token_ids, self.block_size, self._key_next, req.cache_namespace)
+                both = self._two_chains and req.sampling.speculative_method != "mtp"
+                second = [block_keys(*args, target_only=True)] if both else []
+                self._head_keys = (req, [block_keys(*args), *second])
+            chains = self._head_keys[1] + [[]]
+            chain, hits = self.pool.lookup_longest(chains[:-1])
+            req.prefix_without_mtp = chain == 1  # its hit holds no MTP KV
         taken_from_free = sum(1 for b in hits if self.pool.refs(b) == 0)
         available = self.pool.num_free - taken_from_free - self._reserved_blocks()
         if available < self.worst_case_blocks(req) - len(hits):
@@ -236,7 +237,8 @@ class Scheduler:
             req,
             prefill_pos=req.num_cached_tokens,
             blocks=list(hits),
-            keys=keys,
+            keys=chains[0],
+            target_only_keys=chains[1],
             registered=len(hits),
         )
         self.slots[idx] = state
@@ -323,26 +325,32 @@ class Scheduler:
         self.pool.free(blocks)
         return len(blocks)
 
-    def cache_computed(self, tasks: Sequence[Request]) -> None:
+    def cache_computed(
+        self, tasks: Sequence[Request], mtp_unseen: np.ndarray | None = None
+    ) -> None:
         """The step that ran ``tasks`` succeeded: register in the prefix cache the prompt
         blocks whose KV it completed (every layer's; see
         :mod:`~fastdeploy_mtp.runtime.block_pool`). A prefill chunk ``[start, end)``
         completes the cacheable blocks that end at or before ``end``; an imported slot (a
-        splitwise decode instance) arrived with its whole prompt's KV."""
+        splitwise decode instance) arrived with its whole prompt's KV. ``mtp_unseen`` ``[N]``
+        bool (the step's :attr:`~.step_output.StepOutput.mtp_unseen`): slots whose chunks
+        the MTP layer skipped; their blocks miss its KV and go to the target-only chain."""
         if not self.pool.enable_caching:
             return
         for req in tasks:
             state = self.slots.get(req.idx)
             if state is None or state.request is not req:
                 continue
+            unseen = mtp_unseen is not None and req.idx < len(mtp_unseen) and mtp_unseen[req.idx]
+            keys = state.target_only_keys if unseen else state.keys
             if req.task_type == RequestType.PREFILL:
-                done = min(len(state.keys), req.prefill_end_index // self.block_size)
+                done = min(len(keys), req.prefill_end_index // self.block_size)
             elif req.task_type == RequestType.IMPORT:
-                done = len(state.keys)
+                done = len(keys)
             else:
                 continue
             for i in range(state.registered, done):
-                self.pool.register(state.blocks[i], state.keys[i])
+                self.pool.register(state.blocks[i], keys[i])
             state.registered = max(state.registered, done)
 
     def take_admitted_transfers(self) -> list[Request]:

@@ -24,6 +24,9 @@ class SlotState:
     blocks: list[int] = field(default_factory=list)
     #: prefix-cache keys of the prompt's cacheable blocks (empty without prefix caching)
     keys: list[bytes] = field(default_factory=list)
+    #: the same blocks' keys in the chain of blocks without MTP KV (``block_pool.TARGET_ONLY``;
+    #: empty where no request can be admitted without the MTP layer)
+    target_only_keys: list[bytes] = field(default_factory=list)
     #: leading blocks already registered in the prefix cache (hits included)
     registered: int = 0
     #: splitwise decode: the slot waits for its KV blocks from the prefill instance

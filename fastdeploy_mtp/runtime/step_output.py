@@ -39,6 +39,9 @@ class StepOutput:
             (:class:`~fastdeploy_mtp.runtime.guided_stats.GuidedStats`).
         draft_methods: ``[N]`` int64, which method made each slot's verified drafts (an index
             of :data:`~fastdeploy_mtp.runtime.draft_methods.METHODS`, -1 = none or unknown).
+        mtp_unseen: ``[N]`` bool, the slots whose rows the MTP layer never takes (requests the
+            draft planner admitted without it; empty: none). Their prompt blocks hold no MTP
+            KV, so they must not enter the prefix cache.
     """
 
     accept_tokens: np.ndarray
@@ -54,3 +57,4 @@ class StepOutput:
     draft_logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
     guided: GuidedStats = field(default_factory=GuidedStats)
     draft_methods: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    mtp_unseen: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))

@@ -20,7 +20,7 @@ from ..models.forward_meta import ForwardMeta
 from ..models.interfaces import MTPModel, TargetModel
 from . import collaborators
 from .collaborators import DraftLogprobs, Proposer, ProposerFactory, SlotHandover
-from .draft_methods import METHODS, verified_methods
+from .draft_methods import verified_methods
 from .draft_planner import DraftPlanner
 from .guided import GuidedSlots
 from .input_batch import InputBatch, limit_drafts, make_target_inputs
@@ -88,12 +88,9 @@ class TargetRunner:
         #: a hybrid model's per-slot linear-attention states (``None`` without)
         self.linear_states, self._state_names = acquire_linear_states(model, fd_config)
         self.method = spec.method
-        self.planner: DraftPlanner | None = None  # (``adaptive_draft_length``)
-        if self.proposer is not None and spec.adaptive_draft_length:
-            alternatives = self.proposer.alternatives
-            codes = (METHODS.index("mtp"), *(alternatives.codes if alternatives else ()))
-            self.planner = DraftPlanner(spec, fd_config.scheduler_config.max_num_seqs, codes)
-            self.proposer.excluded = self.planner.no_mtp
+        self.planner = DraftPlanner.of_proposer(
+            spec, fd_config.scheduler_config.max_num_seqs, self.proposer
+        )
         # without drafts every strategy checks nothing: the target's sample is the token
         strategy = spec.verify_strategy if spec.enabled else "target_match"
         self.verify_strategy = ops.VerifyStrategy.from_string(strategy)
@@ -345,6 +342,9 @@ class TargetRunner:
             num_tokens=step.token_num,
             guided=self.guided.advance(accept_tokens, accept_num),
             draft_methods=verified_methods(self.planner, self.method, step.drafts),
+            mtp_unseen=self.planner.no_mtp.copy()
+            if self.planner is not None
+            else np.zeros(0, bool),
         )
         if step.sampled is not None and step.sampled.logprobs is not None:
             out.logprobs = self.sampler.emitted_logprobs(

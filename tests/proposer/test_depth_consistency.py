@@ -21,6 +21,7 @@ from fastdeploy_mtp.config import SpeculativeConfig
 from fastdeploy_mtp.models import causal_bias, load_tiny
 from fastdeploy_mtp.models.mtp_layer import MTPStack, mtp_layers_of
 from fastdeploy_mtp.models.mtp_unrolled import unrolled_mtp_forward
+from fastdeploy_mtp.proposer.skipped_rounds import SkippedRounds
 from fastdeploy_mtp.runtime.request import Request
 from fastdeploy_mtp.runtime.sampling_params import SamplingParams
 from tests.support.engines import adaptive_spec, make_config
@@ -195,3 +196,59 @@ def test_a_request_the_mtp_layer_never_sees_leaves_the_others_drafts_exact(shipp
     )
     checked = check(seq, rounds, dense_drafts(target, mtp, seq, 3), 3)
     assert checked[0] >= 8 and checked[1] >= 3, checked
+
+
+def test_skipped_rows_beside_a_request_the_mtp_layer_never_sees_are_kept_alone(
+    shipped, monkeypatch
+):
+    """As above (the MTP layer skipped but in the planner's probes), with a request beside
+    ``r0`` that the MTP layer never sees (it asks for no drafts): the skipped rounds keep only
+    ``r0``'s rows, gathered out of the step's, and each probe's drafts (and the draft's token
+    history after each replay) must still be the training path's."""
+    target, mtp, _ = shipped
+    kept: list[tuple[int, int]] = []  # (the step's rows, the rows a skipped round keeps)
+    record = SkippedRounds.record
+
+    def spy(self, hidden, *args):
+        before = len(self.rounds)
+        record(self, hidden, *args)
+        if len(self.rounds) > before:
+            kept.append((int(hidden.shape[0]), int(self.rounds[-1].hidden.shape[0])))
+
+    monkeypatch.setattr(SkippedRounds, "record", spy)
+    other = Request(
+        "other",
+        list(b"for i in range(10):\n    x = x + i\n"),
+        max_tokens=60,
+        sampling=SamplingParams(speculative_method="none"),
+    )
+    spec = adaptive_spec(2, window=8, interval=2, verify_strategy="rejection")
+    history: list[bool] = []
+    seq, rounds = run_recording(target, mtp, spec, list(PROMPT), 64, history, [other])
+    assert any(rows < step for step, rows in kept), kept
+    assert history and all(history), history
+    checked = check(seq, rounds, dense_drafts(target, mtp, seq, 2), 2)
+    assert checked[0] >= 3, checked
+
+
+def test_a_skipped_round_that_keeps_few_rows_packs_them_where_its_starts_say():
+    """Slots 0 and 2 decode beside slot 1, which the MTP layer does not see: only their rows
+    are kept, packed, and each slot's start points at its own rows."""
+    hidden = paddle.arange(8 * 2, dtype="float32").reshape([8, 2])  # [T, H]: row r = 2r, 2r+1
+    rounds = SkippedRounds()
+    accept = np.array([1, 4, 2])
+    rounds.record(
+        hidden,
+        paddle.to_tensor([[5], [9], [7]], dtype="int64"),
+        np.arange(15).reshape(3, 5),
+        accept,
+        np.array([0, 2, 6]),  # slot 0: row 0; slot 1: rows 2..5; slot 2: rows 6, 7
+        np.array([True, False, True]),
+    )
+    (kept,) = rounds.rounds
+    assert kept.hidden.shape[0] == 3 and kept.counts.tolist() == [1, 0, 2]
+    for slot, first in ((0, 0), (2, 6)):
+        a, start = int(kept.counts[slot]), int(kept.rows_start[slot])
+        np.testing.assert_array_equal(
+            kept.hidden[start : start + a].numpy(), hidden[first : first + a].numpy()
+        )

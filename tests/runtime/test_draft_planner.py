@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 from fastdeploy_mtp.config import SpeculativeConfig, SpeculativeConfigError
+from fastdeploy_mtp.runtime.draft_admission import VERDICT_ADMISSIONS
 from fastdeploy_mtp.runtime.draft_methods import GRAMMAR, METHODS, NO_METHOD, verified_methods
 from fastdeploy_mtp.runtime.draft_planner import (
     PLAIN,
-    PLAIN_SCORING,
+    SCORING_SHARE,
     SUFFIX_SAMPLE,
     DraftPlanner,
     RoundPlan,
@@ -251,6 +252,25 @@ def test_a_burst_is_admitted_at_the_batch_size_it_makes():
     assert big.no_mtp.all()
 
 
+def test_a_request_whose_cached_prefix_lacks_mtp_kv_is_admitted_without_the_mtp_layer():
+    p = planner(slots=2)  # nothing rated: the MTP layer would see every request
+    reqs = [Request(f"r{i}", [1, 2, 3], idx=i) for i in range(2)]
+    reqs[1].prefix_without_mtp = True
+    p.admit(reqs)
+    assert p.no_mtp.tolist() == [False, True]
+
+
+def test_a_verdict_is_measured_again_after_judging_its_share_of_admissions():
+    p = planner(slots=1)
+    p.mtp_won = {0: False}  # batch 1: the MTP layer lost
+    seen = []
+    for _ in range(VERDICT_ADMISSIONS + 1):
+        p.active[:] = False
+        p.reset_slot(0)
+        seen.append(not p.no_mtp[0])
+    assert seen == [False] * VERDICT_ADMISSIONS + [True] and 0 not in p.mtp_won
+
+
 def test_suffix_candidates_rotate_over_a_bounded_sample_of_the_running_slots():
     p = planner(slots=40)
     p.mode = 1  # a drafting round: an eighth of the running slots, at most SUFFIX_SAMPLE
@@ -265,10 +285,15 @@ def test_suffix_candidates_rotate_over_a_bounded_sample_of_the_running_slots():
     p.active[:40] = True  # 40 running: 5 would be an eighth
     p.last_method[18] = NO_METHOD
     assert p.wants_candidates().sum() == SUFFIX_SAMPLE
-    p.mode = PLAIN  # plain rounds: every PLAIN_SCORING-th is scored, with one suffix slot
-    wants = [p.wants_candidates() for _ in range(2 * PLAIN_SCORING)]
-    scored = [w for w in wants if w is not None]
-    assert len(scored) == 2 and all(w.sum() == 1 for w in scored)
+    p.mode = PLAIN  # plain rounds: one suffix slot, and cheap scoring every round
+    for _ in range(3):
+        p.costs.record(PLAIN + 1, 40, 0, 0.010)  # a plain step of 10 ms
+    assert all(p.wants_candidates().sum() == 1 for _ in range(4))
+    p.note_scoring(0.0048)  # costly scoring (the average: 1.2 ms) is spread over rounds
+    assert p.scoring_seconds == pytest.approx(0.0012)
+    every = 0.0012 / (SCORING_SHARE * 0.010)  # 4 rounds: 3% of the step time
+    wants = [p.wants_candidates() for _ in range(8)]
+    assert sum(w is not None for w in wants) == 8 // round(every) == 2
 
 
 def test_forced_drafts_are_taken_even_when_drafting_does_not_pay():

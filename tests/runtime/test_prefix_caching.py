@@ -26,7 +26,7 @@ import pytest
 
 from fastdeploy_mtp.assembly import build_engine
 from fastdeploy_mtp.config import SpeculativeConfig
-from fastdeploy_mtp.engine_args import build_config
+from fastdeploy_mtp.engine_args import build_config, default_speculative_config
 from fastdeploy_mtp.models import ByteTokenizer, load_tiny
 from fastdeploy_mtp.runtime.block_pool import ROOT_KEY, BlockPool, block_keys
 from fastdeploy_mtp.runtime.engine import Engine
@@ -247,6 +247,34 @@ def test_requests_share_blocks_only_within_their_namespace(shipped):
     assert full >= 48
     assert hits == {"a1": 0, "b1": 0, "g1": 0, "a2": full, "b2": full, "s1": 0}
     assert len({tuple(r.output_token_ids) for r in reqs.values()}) == 1
+
+
+def test_blocks_without_mtp_kv_are_cached_apart_and_keep_the_mtp_layer_out(shipped):
+    """The draft planner admits a request without the MTP layer (here: it pins n-gram
+    drafts): its prompt's MTP KV is never written, so its blocks go to a chain of their own.
+    A request that hits that chain (longer than the full one) is admitted without the MTP
+    layer too (its drafts would be made from missing KV); one pinned to the MTP layer never
+    looks there; once a request the MTP layer saw cached the prompt, the full chain wins."""
+    _, mtp, arch = shipped
+    cfg = build_config(arch, default_speculative_config(), 3, 256)
+    cfg.cache_config.enable_prefix_caching = True
+    eng = build_engine(cfg, shipped[0], mtp)
+    prompt = TOK.encode(SYSTEM + QUESTIONS[0])
+    pins = ["ngram", None, "mtp", None]
+    reqs = [
+        Request(f"{i}", prompt, MAX_TOKENS, sampling=SamplingParams(speculative_method=pin))
+        for i, pin in enumerate(pins)
+    ]
+    unseen = []
+    for req in reqs:
+        eng.generate([req])
+        unseen.append(bool(eng.runner.planner.no_mtp[req.idx]))
+    eng.close()
+    full = (len(prompt) - 1) // 16 * 16
+    assert [r.num_cached_tokens for r in reqs] == [0, full, 0, full]
+    assert [r.prefix_without_mtp for r in reqs] == [False, True, False, False]
+    assert unseen[:3] == [True, True, False]
+    assert len({tuple(r.output_token_ids) for r in reqs}) == 1
 
 
 def mtp_kv(eng: Engine, req: Request, blocks: int) -> list[np.ndarray]:

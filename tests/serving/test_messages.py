@@ -82,6 +82,7 @@ RESULT = ew.StepResult(
     logprobs={0: [LOGPROB]},
     guided_forced=2,
     guided_forced_accepted=1,
+    mtp_unseen=[False, True],
 )
 
 
@@ -117,6 +118,7 @@ def test_result_keeps_its_types():
         got.result.logprobs[0][0], TokenLogprob
     )
     assert list(got.result.exports) == [0]
+    assert got.result.mtp_unseen == [False, True]  # (the engine keeps their blocks uncached)
     task = ew.decode_engine_message(STEP.encode()).tasks[0]  # type: ignore[union-attr]
     assert isinstance(task, ew.PrefillTask) and task.sampling == SAMPLING
 

@@ -40,7 +40,8 @@ class _TaskBase(Message):
 
 class PrefillTask(_TaskBase):
     """One chunk ``[start, end)`` of a prompt; the request's first chunk also carries
-    ``prompt_token_ids`` and ``sampling`` (the worker starts a new request in the slot)."""
+    ``prompt_token_ids`` and ``sampling`` (the worker starts a new request in the slot), and
+    ``prefix_without_mtp`` (:attr:`~fastdeploy_mtp.runtime.request.Request.prefix_without_mtp`)."""
 
     type: Literal["PREFILL"] = "PREFILL"
     start: int
@@ -49,6 +50,7 @@ class PrefillTask(_TaskBase):
     output_token_ids: list[int]
     prompt_token_ids: list[int] | None = None
     sampling: SamplingParams | None = None
+    prefix_without_mtp: bool = False
 
 
 class DecodeTask(_TaskBase):
@@ -102,6 +104,7 @@ def task_message(req: Request, first_chunk: bool) -> Task:
             output_token_ids=[int(t) for t in req.output_token_ids],
             prompt_token_ids=[int(t) for t in req.prompt_token_ids] if first_chunk else None,
             sampling=req.sampling if first_chunk else None,
+            prefix_without_mtp=bool(req.prefix_without_mtp),
         )
     if req.task_type == RequestType.IMPORT:
         assert isinstance(req.handoff_state, dict)
@@ -136,6 +139,7 @@ class StepResult(Message):
         draft_methods: ``[N]``, the method code of each slot's verified drafts (-1: none).
         guided_forced / guided_forced_accepted: of the drafts verified, those the grammar
             forced / of those, the accepted ones.
+        mtp_unseen: ``[N]``, the slots whose rows the MTP layer never takes (empty: none).
     """
 
     stop_flags: list[bool]
@@ -152,6 +156,7 @@ class StepResult(Message):
     draft_methods: list[int] = []
     guided_forced: int = 0
     guided_forced_accepted: int = 0
+    mtp_unseen: list[bool] = []
 
     @classmethod
     def of(cls, out: StepOutput, decode_lens: np.ndarray) -> StepResult:
@@ -171,6 +176,7 @@ class StepResult(Message):
             draft_methods=out.draft_methods.astype(int).tolist(),
             guided_forced=int(out.guided.forced),
             guided_forced_accepted=int(out.guided.forced_accepted),
+            mtp_unseen=out.mtp_unseen.astype(bool).tolist(),
         )
 
 

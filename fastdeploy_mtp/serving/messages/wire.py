@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 #: HTTP header that carries the protocol version of a splitwise request or answer.
 VERSION_HEADER = "X-FastDeploy-MTP-Protocol"
 

@@ -199,6 +199,7 @@ class RemoteRunner(WorkerGroup):
                 head.guided_forced_accepted,
             ),
             draft_methods=np.asarray(head.draft_methods, np.int64),
+            mtp_unseen=np.asarray(head.mtp_unseen, bool),
         )
 
     def _replies(self) -> StepResult:

@@ -75,9 +75,8 @@ class SlotTable:
             )
             new.idx = task.idx
             if isinstance(task, PrefillTask):
-                new.num_cached_tokens = (
-                    task.start
-                )  # the first chunk starts after a prefix-cache hit
+                new.num_cached_tokens = task.start  # (the first chunk starts after a hit)
+                new.prefix_without_mtp = task.prefix_without_mtp
             if isinstance(task, ImportTask):
                 new.output_token_ids = list(task.output_token_ids)
                 new.handoff_state = task.state
