@@ -48,6 +48,8 @@ class AcceptanceEstimates:
             accept_num: ``[N]`` how many.
             decode_mask: ``[N]`` slots that decoded (verified drafts) this step.
         """
+        if not self.candidates:  # (a round that scored none)
+            return
         rows = np.asarray(decode_mask, bool)
         n = np.asarray(accept_num, np.int64).reshape(-1)
         pos = np.arange(self.k)[None, :]

@@ -51,7 +51,7 @@ MAX_PROBE_BACKOFF = 16
 SUFFIX_SAMPLE = 4
 #: While plain decoding holds, the model-free candidates (computed to keep the acceptance
 #: estimates current) may take at most this share of the step time.
-SCORING_SHARE = 0.03
+SCORING_SHARE = 0.01
 
 
 @dataclass
