@@ -37,6 +37,7 @@ from ..config import SpeculativeConfig
 from .collaborators import Proposer
 from .draft_admission import Admission
 from .draft_methods import METHODS, NO_METHOD
+from .draft_scoring import ScoringCadence
 from .step_costs import StepCosts
 
 MTP, SUFFIX = METHODS.index("mtp"), METHODS.index("suffix")
@@ -46,12 +47,6 @@ MTP, SUFFIX = METHODS.index("mtp"), METHODS.index("suffix")
 PLAIN = -1
 #: The probe interval grows up to this multiple of ``adaptive_probe_interval``.
 MAX_PROBE_BACKOFF = 16
-#: The most running slots (besides those drafting with suffix decoding) a round computes
-#: suffix candidates of, to keep the method's acceptance estimates current.
-SUFFIX_SAMPLE = 4
-#: While plain decoding holds, the model-free candidates (computed to keep the acceptance
-#: estimates current) may take at most this share of the step time.
-SCORING_SHARE = 0.01
 
 
 @dataclass
@@ -101,9 +96,8 @@ class DraftPlanner(Admission):
         self.hold = 0  # rounds left at the mode being measured
         self.rounds_since_probe = 0
         self.probe_from: int | None = None
-        self._sample_from = 0  # where the next round's sample of suffix slots starts
-        self._plain_rounds = 0  # plain rounds in a row (see wants_candidates)
-        self.scoring_seconds = 0.0  # host time of a round's candidates (note_scoring)
+        #: when the model-free candidates are computed, and for which slots
+        self.scoring = ScoringCadence()
         #: ``[N]`` method code of the drafts each slot got in the last round
         self.last_method = np.full(num_slots, NO_METHOD, np.int64)
 
@@ -136,31 +130,12 @@ class DraftPlanner(Admission):
     # ---- the plan ---------------------------------------------------------------------------
     def wants_candidates(self) -> np.ndarray | None:
         """``[N]`` bool: the slots the next round needs suffix candidates of (n-gram
-        candidates, one op for the batch, come for every slot); None: no candidates at all.
-        Suffix candidates cost host time per slot, so besides the slots that use or pin
-        suffix decoding a rotating sample of the running ones is scored: an eighth of them,
-        at most :data:`SUFFIX_SAMPLE`. While the rounds decode plainly (a plain verify tests
-        only a candidate's first token) one suffix slot is scored, and only as often as keeps
-        the scoring within :data:`SCORING_SHARE` of the step time."""
+        candidates, one op for the batch, come for every slot); None: no candidates this
+        round (:class:`~.draft_scoring.ScoringCadence`)."""
         plain = self.mode == PLAIN and self.hold == 0
-        self._plain_rounds = self._plain_rounds + 1 if plain else 0
-        running = np.nonzero(self.active)[0]
-        step = self._cost(PLAIN, max(running.size, 1), 0.0)
-        if plain and step:
-            every = int(np.clip(np.ceil(self.scoring_seconds / (SCORING_SHARE * step)), 1, 16))
-            if self._plain_rounds % every:
-                return None
-        want = (self.last_method == SUFFIX) | (self.pin == SUFFIX)
-        if running.size:
-            width = 1 if plain else min(-(-running.size // 8), SUFFIX_SAMPLE)
-            start = self._sample_from % running.size
-            want[running[(start + np.arange(width)) % running.size]] = True
-            self._sample_from = start + width
-        return want
-
-    def note_scoring(self, seconds: float) -> None:
-        """The host time the last round's candidates took (an average over recent rounds)."""
-        self.scoring_seconds += 0.25 * (seconds - self.scoring_seconds)
+        m = max(int(self.active.sum()), 1)
+        used = (self.last_method == SUFFIX) | (self.pin == SUFFIX)
+        return self.scoring.wants(self.active, used, plain, self._cost(PLAIN, m, 0.0))
 
     def _cost(self, mode: int, m: int, d: float) -> float | None:
         """:meth:`StepCosts.predict` of ``mode``, or for a substep count between 1 and the
@@ -276,6 +251,22 @@ class DraftPlanner(Admission):
         self.last_method = method
         return RoundPlan(self.steps, method, limits)
 
+    def _drafting_hopeless(
+        self,
+        running: np.ndarray,
+        forced: np.ndarray,
+        plain: tuple[float, np.ndarray, np.ndarray] | None,
+    ) -> bool:
+        """Plain decoding was chosen: whether model-free drafting would lose even if every
+        slot had candidates (then candidates are scored sparingly)."""
+        free = [c for c in self.methods if c != MTP]
+        if plain is None or not free:
+            return True
+        everywhere = {c: np.zeros((running.shape[0], self.k), np.int64) for c in free}
+        q, allowed = self._reach(running, 0, everywhere, forced)
+        best = self._allocate(q, allowed, forced[running], 0, int(running.sum()))
+        return best is None or best[0] < plain[0]
+
     def _stays_plain(
         self, prefill: bool, available: dict[int, np.ndarray], forced: np.ndarray
     ) -> bool:
@@ -322,6 +313,7 @@ class DraftPlanner(Admission):
         self.as_if_seen.clear()
         chosen = plans[mode]
         if mode == PLAIN:
+            self.scoring.hopeless = self._drafting_hopeless(running, forced, plans[PLAIN])
             return PLAIN
         if chosen is not None:
             method[running], limits[running] = chosen[1], chosen[2]

@@ -56,7 +56,7 @@ def planned_round(
     wanted, t0 = planner.wants_candidates(), time.perf_counter()
     candidates = alternatives.candidates(wanted) if alternatives else {}
     if wanted is not None:
-        planner.note_scoring(time.perf_counter() - t0)
+        planner.scoring.note(time.perf_counter() - t0)
     counts = np.zeros(still.shape[0], np.int64)
     for idx, tokens in forced.items():
         counts[idx] = len(tokens)

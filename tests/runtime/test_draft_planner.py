@@ -9,13 +9,8 @@ import pytest
 from fastdeploy_mtp.config import SpeculativeConfig, SpeculativeConfigError
 from fastdeploy_mtp.runtime.draft_admission import VERDICT_ADMISSIONS
 from fastdeploy_mtp.runtime.draft_methods import GRAMMAR, METHODS, NO_METHOD, verified_methods
-from fastdeploy_mtp.runtime.draft_planner import (
-    PLAIN,
-    SCORING_SHARE,
-    SUFFIX_SAMPLE,
-    DraftPlanner,
-    RoundPlan,
-)
+from fastdeploy_mtp.runtime.draft_planner import PLAIN, DraftPlanner, RoundPlan
+from fastdeploy_mtp.runtime.draft_scoring import SCORING_SHARE, SUFFIX_SAMPLE
 from fastdeploy_mtp.runtime.request import Request
 from fastdeploy_mtp.runtime.step_costs import StepCosts
 from tests.support.engines import adaptive_spec
@@ -289,11 +284,25 @@ def test_suffix_candidates_rotate_over_a_bounded_sample_of_the_running_slots():
     for _ in range(3):
         p.costs.record(PLAIN + 1, 40, 0, 0.010)  # a plain step of 10 ms
     assert all(p.wants_candidates().sum() == 1 for _ in range(4))
-    p.note_scoring(0.0016)  # costly scoring (the average: 0.4 ms) is spread over rounds
-    assert p.scoring_seconds == pytest.approx(0.0004)
+    p.scoring.note(0.0016)  # costly scoring (the average: 0.4 ms)...
+    assert p.scoring.seconds == pytest.approx(0.0004)
+    assert all(p.wants_candidates() is not None for _ in range(8)), "...while drafting may pay"
+    p.scoring.hopeless = True  # ...is spread over rounds where drafting would not pay anyway
     every = 0.0004 / (SCORING_SHARE * 0.010)  # 4 rounds: 1% of the step time
     wants = [p.wants_candidates() for _ in range(8)]
     assert sum(w is not None for w in wants) == 8 // round(every) == 2
+
+
+@pytest.mark.parametrize(("accept", "hopeless"), [(0.02, True), (0.9, False)])
+def test_plain_decoding_is_hopeless_only_when_drafts_for_every_slot_would_lose(accept, hopeless):
+    """n-gram drafts accepted with ``accept``, the MTP layer's never, a draft costs 0.3 of a
+    plain step: a round without candidates decodes plainly either way, but only poor n-gram
+    drafts make plain decoding hopeless for drafting (and its scoring sparse)."""
+    p = planner(slots=2, methods=(MTP, NGRAM))
+    drive(p, lambda s, m, d: 1.0 + 3.0 * s + 0.3 * d, 40, lambda c, b: accept if c else 0.0)
+    plan = p.plan_round(np.ones(2, bool), False, {})  # no candidates this round: plain
+    assert plan.steps == 0 and not plan.limits.any() and p.mode == PLAIN
+    assert p.scoring.hopeless is hopeless
 
 
 def test_forced_drafts_are_taken_even_when_drafting_does_not_pay():
