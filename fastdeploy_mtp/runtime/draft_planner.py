@@ -10,10 +10,10 @@ n-gram matching, suffix decoding) and how many drafts it gets (0 included), and 
   against the emitted tokens after each verification, the unused methods' too (for greedy and
   seeded requests those are the target's own choices up to where the used drafts failed); the
   MTP layer only in rounds that run it, a missing n-gram fill of its counting as a miss.
-* Cost: the step time per mode, a plane in running slots and verified drafts
-  (:class:`~.step_costs.StepCosts`), from steps that verified and ran the same mode without a
-  prefill; a mode measured at batch sizes about twice or half the current one and further is
-  measured again.
+* Cost: the step time per mode, a plane in running slots and verified drafts per class of
+  batch sizes (:class:`~.step_costs.StepCosts`), from steps that verified and ran the same
+  mode without a prefill; a mode never measured at about the current batch size is measured.
+  A drafting mode never costs less than plain decoding plus its drafts.
 * Plan: a draft is taken when ``q = p[1] ... p[j]`` exceeds the fitted cost of a draft times
   the batch's rate (Dinkelbach's iteration, three times); each slot takes the method with the
   best net gain; grammar-forced drafts are certain. The best mode wins, kept unless another is
@@ -140,22 +140,26 @@ class DraftPlanner(Admission):
     def _cost(self, mode: int, m: int, d: float) -> float | None:
         """:meth:`StepCosts.predict` of ``mode``, or for a substep count between 1 and the
         most, never measured, the straight line between 0 substeps (or plain decoding) and
-        the most."""
+        the most. A drafting mode never costs less than plain decoding at the same batch size
+        plus its drafts at the fitted cost of one: its plane, fitted where the drafts grow
+        with the batch, cannot tell the two apart and may extrapolate below plain decoding."""
         cost = self.costs.predict(mode + 1, m, d)
-        if cost is not None or mode in (PLAIN, 0, self.max_steps):
+        if cost is None and mode not in (PLAIN, 0, self.max_steps):
+            lo = self.costs.predict(1, m, d) or self.costs.predict(0, m, d)
+            hi = self.costs.predict(self.max_steps + 1, m, d)
+            if lo is not None and hi is not None:
+                cost = lo + (hi - lo) * mode / self.max_steps
+        plain = self.costs.predict(PLAIN + 1, m, 0.0)
+        if cost is None or mode == PLAIN or plain is None:
             return cost
-        lo = self.costs.predict(1, m, d) or self.costs.predict(0, m, d)
-        hi = self.costs.predict(self.max_steps + 1, m, d)
-        if lo is None or hi is None:
-            return None
-        return lo + (hi - lo) * mode / self.max_steps
+        return max(cost, plain + self._row_cost(mode, m) * d)
 
-    def _row_cost(self, mode: int) -> float:
-        """The fitted cost of one more draft in ``mode`` (for an unmeasured substep count
-        between 1 and the most, the most's)."""
-        if self.costs.fits[mode + 1] is None and mode not in (0, self.max_steps):
+    def _row_cost(self, mode: int, m: int) -> float:
+        """The fitted cost of one more draft in ``mode`` at ``m`` slots (for an unmeasured
+        substep count between 1 and the most, the most's)."""
+        if self.costs.fit_of(mode + 1, m) is None and mode not in (0, self.max_steps):
             mode = self.max_steps
-        return self.costs.row_cost(mode + 1)
+        return self.costs.row_cost(mode + 1, m)
 
     def _reach(
         self,
@@ -203,7 +207,7 @@ class DraftPlanner(Admission):
         method = np.full(q.shape[1], NO_METHOD, np.int64)
         count = forced.copy()
         cols = np.arange(q.shape[1])
-        row = self._row_cost(steps)
+        row = self._row_cost(steps, m)
         for _ in range(self.ITERATIONS):
             bar = row * rate
             take = q > bar
@@ -257,15 +261,16 @@ class DraftPlanner(Admission):
         forced: np.ndarray,
         plain: tuple[float, np.ndarray, np.ndarray] | None,
     ) -> bool:
-        """Plain decoding was chosen: whether model-free drafting would lose even if every
-        slot had candidates (then candidates are scored sparingly)."""
+        """Plain decoding was chosen: whether model-free drafting would still not win (by the
+        margin a switch needs) if every slot had candidates; then candidates are scored
+        sparingly."""
         free = [c for c in self.methods if c != MTP]
         if plain is None or not free:
             return True
         everywhere = {c: np.zeros((running.shape[0], self.k), np.int64) for c in free}
         q, allowed = self._reach(running, 0, everywhere, forced)
         best = self._allocate(q, allowed, forced[running], 0, int(running.sum()))
-        return best is None or best[0] < plain[0]
+        return best is None or best[0] < plain[0] * (1.0 + self.HYSTERESIS)
 
     def _stays_plain(
         self, prefill: bool, available: dict[int, np.ndarray], forced: np.ndarray
@@ -289,7 +294,6 @@ class DraftPlanner(Admission):
         """Every mode's best allocation, the chosen mode (:meth:`_choose`); its allocation
         into ``method`` and ``limits`` (``[N]``, in place)."""
         m = int(running.sum())
-        self.costs.forget_far_from(m)
         # the MTP modes need a request the MTP layer sees, and a prefill round of such a
         # request runs the MTP layer (it has to see the prompt)
         modes = list(range(1, self.max_steps + 1)) if (running & ~self.no_mtp).any() else []
