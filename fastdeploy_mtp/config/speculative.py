@@ -89,7 +89,7 @@ class SpeculativeConfig:
             it, 0 substeps included); the interval doubles after each probe that does not change
             the choice (up to 16 times this value).
         suffix_decoding_max_tree_depth: ``method == "suffix"``: the longest token sequence
-            the suffix tries count (vLLM's key); a match is at most this minus one tokens long
+            suffix decoding counts (vLLM's key); a match is at most this minus one tokens long
             and the match plus its drafts at most this long.
         suffix_decoding_max_cached_requests: ``method == "suffix"``: finished requests whose
             outputs stay in the shared trie that every request also drafts from (oldest
@@ -288,7 +288,7 @@ def load_speculative_json(text: str) -> dict[str, Any]:
 
 def check_splitwise_method(method: str | None, splitwise_role: str) -> None:
     """Refuse a model-free drafting method on a splitwise (prefill or decode) instance: the
-    slot hand-over carries the MTP proposer's draft state, not the suffix tries, and the
+    slot hand-over carries the MTP proposer's draft state, not the suffix sequences, and the
     model-free methods are not tested across it.
 
     Raises:

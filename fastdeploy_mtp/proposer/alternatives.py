@@ -33,7 +33,7 @@ class ModelFreeAlternatives:
         self.codes: tuple[int, ...] = (METHODS.index("ngram"), METHODS.index("suffix"))
 
     def insert_tasks_v1(self, req_dicts: Sequence[Request], num_running_requests: int = 0) -> None:
-        """Start the suffix tries of the slots whose final prompt chunk was loaded."""
+        """Start the suffix sequences of the slots whose final prompt chunk was loaded."""
         self.suffix.insert_tasks_v1(req_dicts, num_running_requests)
 
     def forget_slot(self, idx: int) -> None:
