@@ -16,11 +16,12 @@ Every client's completion runs to ``--max-tokens`` (``ignore_eos``: the end-of-t
 masked), so every configuration does the same work and tokens/s counts real tokens.
 
 ``--batch-sizes`` compares two mixed servers, no speculation and the default speculation
-(no speculation flags), each started once: a batch size B is one round of B concurrent
-clients. Per batch size the table gives tokens/s of each, their ratio, and from the growth
-of the speculative server's ``/metrics`` counters over its rounds the drafts offered per
-decoding slot per round, the mean accepted length and the method mix (each method's share
-of the drafts offered: the per-method counter where the server has one, else the configured
+(no speculation flags), both started once and up together: a batch size B is one round of B
+concurrent clients on each, back to back (so that a ratio compares rounds seconds apart).
+Per batch size the table gives tokens/s of each, their ratio, and from the growth of the
+speculative server's ``/metrics`` counters over its rounds the drafts offered per decoding
+slot per round, the mean accepted length and the method mix (each method's share of the
+drafts offered: the per-method counter where the server has one, else the configured
 method's). ``--repeat N`` runs every round N times (all batch sizes, then again) and prints
 median [min, max] of tokens/s and of the ratio, each ratio taken between the rounds of the
 same repeat. ``--model DIR`` serves another model folder in every configuration.
@@ -374,7 +375,8 @@ def main() -> int:
         configs = [(label, "mixed", [*extra, *mixed]) for label, extra in chosen]
     hosts = Hosts(["prefill", "decode", "router"]) if args.netns else None
     try:
-        rows = _run(configs, args, hosts)
+        sweep = args.batch_sizes is not None and hosts is None
+        rows = _run_interleaved(configs, args) if sweep else _run(configs, args, hosts)
     finally:
         if hosts is not None:
             hosts.close()
@@ -461,6 +463,41 @@ def _run(
         for row in found:
             row["exit_code"] = max(codes, default=0)
         rows += found
+    return rows
+
+
+def _run_interleaved(
+    configs: list[tuple[str, str, list[str]]], args: argparse.Namespace
+) -> list[dict]:
+    """``--batch-sizes``: every configuration's server up at once, and each round run on one
+    server right after the other (same batch size, same repeat), so that a ratio compares two
+    rounds a few seconds apart, not two servers started minutes apart on a machine whose speed
+    drifts. An idle server costs the other only memory."""
+    chosen = [
+        (label, extra) for label, kind, extra in configs if not args.only or args.only in label
+    ]
+    rows: list[dict] = []
+    with contextlib.ExitStack() as stack:
+        servers = []
+        for label, extra in chosen:
+            print(f"[bench_serve] {label}: starting", file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
+            url, codes = stack.enter_context(deployment("mixed", extra))
+            servers.append((label, url, codes, time.perf_counter() - t0))
+        for r in range(args.repeat):
+            for n in args.batch_sizes:
+                for label, url, _, startup in servers:
+                    again = f" (repeat {r + 1}/{args.repeat})" if args.repeat > 1 else ""
+                    print(f"[bench_serve] {label}: {n} clients{again}", file=sys.stderr, flush=True)
+                    with PeakRunning(url, lambda fn, *a: fn(*a)) as peak:
+                        row = asyncio.run(run_clients(url, n, args.max_tokens))
+                    row.update(
+                        config=label, clients=n, repeat=r, startup_s=startup, peak_running=peak.peak
+                    )
+                    rows.append(row)
+    codes_of = {label: max(codes, default=0) for label, _, codes, _ in servers}
+    for row in rows:
+        row["exit_code"] = codes_of[row["config"]]
     return rows
 
 
