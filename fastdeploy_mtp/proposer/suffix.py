@@ -159,27 +159,55 @@ class SuffixCache:
         return self._joined
 
 
-class _Slot:
-    """One request's sequence (prompt + output so far) in a growing buffer."""
+class SlotSequences:
+    """Every slot's sequence (prompt + output so far), one row each of a buffer that grows
+    with the longest, so that a step's emitted tokens are appended for the whole batch at once
+    (a few array operations, whatever the batch size).
 
-    def __init__(self, tokens: Sequence[int], prompt_len: int):
-        self.buf = np.asarray(tokens, np.int64).copy()
-        self.len = int(self.buf.shape[0])
-        self.prompt_len = prompt_len
+    Args:
+        num_slots: ``N``.
+    """
 
-    @property
-    def tokens(self) -> np.ndarray:
-        """``[n]`` int64, the sequence so far (a view)."""
-        return self.buf[: self.len]
+    def __init__(self, num_slots: int):
+        self.buf = np.zeros((num_slots, 64), np.int64)
+        self.length = np.zeros(num_slots, np.int64)
+        self.prompt_len = np.zeros(num_slots, np.int64)
+        self.live = np.zeros(num_slots, bool)
 
-    def append(self, tokens: np.ndarray) -> None:
-        n = int(tokens.shape[0])
-        if self.len + n > self.buf.shape[0]:
-            grown = np.empty(max(2 * self.buf.shape[0], self.len + n, 64), np.int64)
-            grown[: self.len] = self.buf[: self.len]
+    def _fit(self, longest: int) -> None:
+        if longest > self.buf.shape[1]:
+            grown = np.zeros((self.buf.shape[0], max(2 * self.buf.shape[1], longest)), np.int64)
+            grown[:, : self.buf.shape[1]] = self.buf
             self.buf = grown
-        self.buf[self.len : self.len + n] = tokens
-        self.len += n
+
+    def start(self, idx: int, tokens: Sequence[int], prompt_len: int) -> None:
+        """Slot ``idx`` holds a new request's sequence ``tokens``."""
+        self._fit(len(tokens))
+        self.buf[idx, : len(tokens)] = tokens
+        self.length[idx], self.prompt_len[idx], self.live[idx] = len(tokens), prompt_len, True
+
+    def drop(self, idx: int) -> np.ndarray | None:
+        """Forget slot ``idx``; its output (the sequence past the prompt), None if it held
+        none."""
+        if not self.live[idx]:
+            return None
+        self.live[idx] = False
+        return self.buf[idx, self.prompt_len[idx] : self.length[idx]].copy()
+
+    def append(self, tokens: np.ndarray, counts: np.ndarray) -> None:
+        """Append ``tokens[b, :counts[b]]`` (``[N, W]``, ``[N]``) to every live slot."""
+        counts = np.where(self.live, counts, 0)
+        if not counts.any():
+            return
+        self._fit(int((self.length + counts).max()))
+        within = np.arange(tokens.shape[1])[None, :] < counts[:, None]
+        rows, cols = np.nonzero(within)
+        self.buf[rows, self.length[rows] + cols] = tokens[rows, cols]
+        self.length += counts
+
+    def tokens(self, idx: int) -> np.ndarray:
+        """``[n]`` int64, slot ``idx``'s sequence so far (a view)."""
+        return self.buf[idx, : self.length[idx]]
 
 
 class SuffixProposer(ModelFreeProposer):
@@ -205,7 +233,7 @@ class SuffixProposer(ModelFreeProposer):
             spec.suffix_decoding_min_token_prob,
         )
         self.cache = SuffixCache(spec.suffix_decoding_max_cached_requests)
-        self._slots: dict[int, _Slot] = {}
+        self.sequences = SlotSequences(int(target_model_inputs.draft_tokens.shape[0]))
 
     def insert_tasks_v1(self, req_dicts: Sequence[Request], num_running_requests: int = 0) -> None:
         """Start a slot's sequence at its final prompt chunk (the prompt and the tokens the
@@ -215,21 +243,21 @@ class SuffixProposer(ModelFreeProposer):
         for req in req_dicts:
             idx = int(req.idx)
             if req.is_first_chunk:
-                self._slots.pop(idx, None)
+                self.sequences.drop(idx)
             if req.task_type == RequestType.PREFILL and req.is_final_chunk:
                 prompt = list(req.prompt_token_ids)
-                self._slots[idx] = _Slot(prompt + list(req.output_token_ids), len(prompt))
+                self.sequences.start(idx, prompt + list(req.output_token_ids), len(prompt))
 
     def forget_slot(self, idx: int) -> None:
         """The slot's request finished (or was replaced): its output goes to the shared cache."""
-        slot = self._slots.pop(idx, None)
-        if slot is not None:
-            self.cache.add(slot.tokens[slot.prompt_len :])
+        output = self.sequences.drop(idx)
+        if output is not None:
+            self.cache.add(output)
 
-    def draft_for(self, slot: _Slot) -> Draft:
-        """The draft for the slot's sequence from the sequence itself or the shared cache,
+    def draft_for(self, idx: int) -> Draft:
+        """The draft for slot ``idx``'s sequence from the sequence itself or the shared cache,
         whichever scores higher."""
-        seq = slot.tokens
+        seq = self.sequences.tokens(idx)
         context = seq[max(0, seq.shape[0] - (self.limits.max_depth - 1)) :]
         own = suffix_draft(seq, context, self.limits)
         if len(self.cache) == 0:
@@ -242,13 +270,9 @@ class SuffixProposer(ModelFreeProposer):
         to every slot's sequence; returns the target's ``stop_flags`` ``[N]`` on the host."""
         target = self.target_model_inputs
         stopped = target.stop_flags.numpy().reshape(-1)
-        if self._slots:
-            accept_tokens = target.accept_tokens.numpy()
-            accept_num = target.accept_num.numpy().reshape(-1)
-            for idx, slot in self._slots.items():
-                n = int(accept_num[idx])
-                if n > 0:
-                    slot.append(accept_tokens[idx, :n])
+        if self.sequences.live.any():
+            accept_num = target.accept_num.numpy().reshape(-1).astype(np.int64)
+            self.sequences.append(target.accept_tokens.numpy(), accept_num)
         return stopped
 
     def candidate_rows(self, wanted: np.ndarray | None = None) -> np.ndarray:
@@ -258,10 +282,11 @@ class SuffixProposer(ModelFreeProposer):
         n_slots = int(self.target_model_inputs.draft_tokens.shape[0])
         drafts = np.full((n_slots, self.max_draft_token_num), PLACEHOLDER_TOKEN_ID, np.int64)
         stopped = self.take_emitted()
-        for idx, slot in self._slots.items():
-            if stopped[idx] or (wanted is not None and not wanted[idx]):
-                continue
-            tokens = self.draft_for(slot).tokens
+        chosen = self.sequences.live & ~stopped.astype(bool)
+        if wanted is not None:
+            chosen &= wanted
+        for idx in map(int, np.flatnonzero(chosen)):
+            tokens = self.draft_for(idx).tokens
             drafts[idx, : len(tokens)] = tokens
         return drafts
 

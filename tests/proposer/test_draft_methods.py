@@ -27,6 +27,7 @@ from fastdeploy_mtp.models import ByteTokenizer, load_tiny
 from fastdeploy_mtp.proposer.model_free import NaiveProposer, NgramProposer
 from fastdeploy_mtp.proposer.suffix import (
     SEPARATOR,
+    SlotSequences,
     SuffixCache,
     SuffixLimits,
     SuffixProposer,
@@ -339,5 +340,18 @@ def test_an_aborted_request_leaves_its_output_so_far_in_the_shared_cache(random_
         engine.step(step)
     assert req.output_token_ids and engine.abort(req, RuntimeError("client left"))
     proposer = engine.runner.proposer
-    assert len(proposer.cache) == 1 and proposer._slots == {}
+    assert len(proposer.cache) == 1 and not proposer.sequences.live.any()
     assert proposer.cache.outputs == [req.output_token_ids]
+
+
+def test_slot_sequences_append_a_step_for_the_whole_batch_and_grow():
+    seqs = SlotSequences(3)
+    seqs.start(0, [1, 2, 3], prompt_len=2)
+    seqs.start(2, list(range(63)), prompt_len=63)
+    tokens = np.array([[7, 8, -1], [9, 9, 9], [5, -1, -1]])
+    for _ in range(3):  # slot 1 holds no request: its tokens are not taken; slot 2 grows past 64
+        seqs.append(tokens, np.array([2, 3, 1]))
+    assert seqs.tokens(0).tolist() == [1, 2, 3, 7, 8, 7, 8, 7, 8]
+    assert seqs.buf.shape[1] > 64  # (it started at 64 columns)
+    assert seqs.tokens(2).tolist() == [*range(63), 5, 5, 5] and seqs.tokens(1).size == 0
+    assert seqs.drop(0).tolist() == [3, 7, 8, 7, 8, 7, 8] and seqs.drop(0) is None
