@@ -251,6 +251,7 @@ class DraftPlanner(Admission):
         elif self._stays_plain(prefill, available, forced):
             self.rounds_since_probe += 1
         else:
+            self.scoring.note_available(available, running)
             self.mode = self._plan_modes(running, prefill, available, forced, method, limits)
         self.last_method = method
         return RoundPlan(self.steps, method, limits)
@@ -262,13 +263,15 @@ class DraftPlanner(Admission):
         plain: tuple[float, np.ndarray, np.ndarray] | None,
     ) -> bool:
         """Plain decoding was chosen: whether model-free drafting would still not win (by the
-        margin a switch needs) if every slot had candidates; then candidates are scored
-        sparingly."""
+        margin a switch needs) if the slots had candidates as often as they recently did;
+        then candidates are scored sparingly."""
         free = [c for c in self.methods if c != MTP]
         if plain is None or not free:
             return True
         everywhere = {c: np.zeros((running.shape[0], self.k), np.int64) for c in free}
         q, allowed = self._reach(running, 0, everywhere, forced)
+        for code in free:
+            q[code] *= self.scoring.available.get(code, 1.0)
         best = self._allocate(q, allowed, forced[running], 0, int(running.sum()))
         return best is None or best[0] < plain[0] * (1.0 + self.HYSTERESIS)
 

@@ -21,13 +21,17 @@ class ScoringCadence:
 
     Attributes:
         hopeless: the last decision chose plain decoding, and model-free drafts would have
-            lost even with candidates for every slot (the planner sets it).
+            lost even with candidates as often as the slots recently had them (the planner
+            sets it).
         seconds: host time of a round's candidates, an average over recent rounds.
+        available: per method code, the share of the running slots that had a candidate in
+            recent rounds that computed them (1 before any).
     """
 
     def __init__(self) -> None:
         self.hopeless = False
         self.seconds = 0.0
+        self.available: dict[int, float] = {}
         self._plain_rounds = 0  # plain rounds in a row
         self._sample_from = 0  # where the next round's sample of slots starts
 
@@ -57,3 +61,13 @@ class ScoringCadence:
     def note(self, seconds: float) -> None:
         """The host time the last round's candidates took."""
         self.seconds += 0.25 * (seconds - self.seconds)
+
+    def note_available(self, candidates: dict[int, np.ndarray], running: np.ndarray) -> None:
+        """A round's candidates (``[N, K]`` by method code, -1 = none) of the ``running``
+        (``[N]`` bool) slots: how many had one."""
+        if not running.any():
+            return
+        for code, rows in candidates.items():
+            share = float((rows[running, 0] >= 0).mean())
+            old = self.available.get(code, 1.0)
+            self.available[code] = old + 0.25 * (share - old)
