@@ -15,8 +15,8 @@ from .request import Request
 from .step_costs import batch_class
 
 MTP = METHODS.index("mtp")
-#: A batch-size class's verdict on the MTP layer judges this many admissions, then it is
-#: measured again.
+#: One in this many requests that a batch-size class's verdict keeps from the MTP layer sees
+#: it anyway, so that the verdict is measured again.
 VERDICT_ADMISSIONS = 64
 
 
@@ -81,16 +81,17 @@ class Admission(AcceptanceEstimates):
         """At admission: whether the MTP layer should see the request: as :attr:`mtp_won`
         says for this batch size's class; unrated there, no if it lost at the nearest smaller
         class rated (drafting with a model pays less as the batch grows), else yes (so that
-        its modes get measured). A class's verdict is forgotten once it has judged
-        :data:`VERDICT_ADMISSIONS` requests, so that it is measured again."""
+        its modes get measured). Of the requests a class's "no" keeps out, every
+        :data:`VERDICT_ADMISSIONS`-th is let in, so that the verdict is measured again (by
+        one request, not by a whole burst)."""
         here = batch_class(int(self.active.sum()))
-        if here in self.mtp_won:
-            self._judged[here] = self._judged.get(here, 0) + 1
-            if self._judged[here] <= VERDICT_ADMISSIONS:
-                return self.mtp_won[here]
-            del self.mtp_won[here], self._judged[here]
-        smaller = [c for c in self.mtp_won if c < here]
-        return not smaller or self.mtp_won[max(smaller)]
+        if here not in self.mtp_won:
+            smaller = [c for c in self.mtp_won if c < here]
+            return not smaller or self.mtp_won[max(smaller)]
+        if self.mtp_won[here]:
+            return True
+        self._judged[here] = self._judged.get(here, 0) + 1
+        return self._judged[here] % VERDICT_ADMISSIONS == 0
 
     def note_rates(self, rates: dict[int, float]) -> None:
         """A decision's expected rates by mode: the verdict on the MTP modes (:attr:`mtp_won`)
@@ -103,4 +104,3 @@ class Admission(AcceptanceEstimates):
         if mtp and other:
             here = batch_class(int(self.active.sum()))
             self.mtp_won[here] = max(mtp) >= max(other) * (1.0 + self.HYSTERESIS)
-            self._judged[here] = 0
