@@ -47,8 +47,8 @@ class SpeculativeConfig:
         method: how drafts are made: ``"mtp"`` (the model's MTP layer), ``"ngram"`` (the
             ``ngram_match`` op: the continuation of the newest n-gram's leftmost earlier
             occurrence in the prompt or the output), ``"suffix"`` (suffix decoding: the most
-            frequent continuation of the longest matching suffix, from a per-request suffix
-            trie and optionally one over finished requests' outputs), ``"naive"`` (no drafts:
+            frequent continuation of the longest matching suffix, from the request's own
+            tokens and optionally from finished requests' outputs), ``"naive"`` (no drafts:
             one token per step through the speculative step), or ``None`` for no
             speculation.
         num_speculative_tokens: ``K``, draft tokens per round (``draft_tokens`` is ``K + 1``
@@ -92,7 +92,7 @@ class SpeculativeConfig:
             suffix decoding counts (vLLM's key); a match is at most this minus one tokens long
             and the match plus its drafts at most this long.
         suffix_decoding_max_cached_requests: ``method == "suffix"``: finished requests whose
-            outputs stay in the shared trie that every request also drafts from (oldest
+            outputs stay in the shared cache that every request also drafts from (oldest
             dropped first); 0 = each request drafts only from its own prompt and output.
         suffix_decoding_max_spec_factor: ``method == "suffix"``: a match of ``m`` tokens drafts
             at most ``int(factor * m)`` tokens (and at most ``num_speculative_tokens``).
