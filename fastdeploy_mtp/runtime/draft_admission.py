@@ -49,7 +49,7 @@ class Admission(AcceptanceEstimates):
         #: per MTP mode, its allocation in the plan being made as if the MTP layer saw every
         #: running request (what :meth:`note_rates` judges it by)
         self.as_if_seen: dict[int, tuple[float, np.ndarray, np.ndarray] | None] = {}
-        self._judged: dict[int, int] = {}  # per class, admissions its verdict judged
+        self._judged: dict[int, int] = {}  # per class, the requests its "no" kept out
 
     def reset_slot(self, idx: int, pinned: str | None = None, with_mtp: bool | None = None) -> None:
         """A new request in slot ``idx``: the estimates over every request so far (1 before
