@@ -46,9 +46,6 @@ class Admission(AcceptanceEstimates):
         self.no_mtp = np.zeros(num_slots, bool)
         self.mtp_won: dict[int, bool] = {}
         self.active = np.zeros(num_slots, bool)
-        #: per MTP mode, its allocation in the plan being made as if the MTP layer saw every
-        #: running request (what :meth:`note_rates` judges it by)
-        self.as_if_seen: dict[int, tuple[float, np.ndarray, np.ndarray] | None] = {}
         self._judged: dict[int, int] = {}  # per class, the requests its "no" kept out
 
     def reset_slot(self, idx: int, pinned: str | None = None, with_mtp: bool | None = None) -> None:
@@ -93,13 +90,13 @@ class Admission(AcceptanceEstimates):
         self._judged[here] = self._judged.get(here, 0) + 1
         return self._judged[here] % VERDICT_ADMISSIONS == 0
 
-    def note_rates(self, rates: dict[int, float]) -> None:
+    def note_rates(self, rates: dict[int, float], as_if_seen: dict[int, float]) -> None:
         """A decision's expected rates by mode: the verdict on the MTP modes (:attr:`mtp_won`)
         at the current batch size, when it rated one of them and another mode. An MTP mode
-        is judged as if the MTP layer saw every running request (:attr:`as_if_seen`): the
-        requests it does not see would otherwise make it look worse than it is."""
-        judged = {mode: plan[0] for mode, plan in self.as_if_seen.items() if plan is not None}
-        mtp = [judged.get(mode, r) for mode, r in rates.items() if mode >= 1]
+        is judged by its rate as if the MTP layer saw every running request (``as_if_seen``,
+        by mode, where some request is not seen): the requests it does not see would
+        otherwise make it look worse than it is."""
+        mtp = [as_if_seen.get(mode, r) for mode, r in rates.items() if mode >= 1]
         other = [r for mode, r in rates.items() if mode < 1]
         if mtp and other:
             here = batch_class(int(self.active.sum()))

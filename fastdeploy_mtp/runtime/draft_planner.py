@@ -10,10 +10,9 @@ n-gram matching, suffix decoding) and how many drafts it gets (0 included), and 
   against the emitted tokens after each verification, the unused methods' too (for greedy and
   seeded requests those are the target's own choices up to where the used drafts failed); the
   MTP layer only in rounds that run it, a missing n-gram fill of its counting as a miss.
-* Cost: the step time per mode, a plane in running slots and verified drafts per class of
-  batch sizes (:class:`~.step_costs.StepCosts`), from steps that verified and ran the same
-  mode without a prefill; a mode never measured at about the current batch size is measured.
-  A drafting mode never costs less than plain decoding plus its drafts.
+* Cost: the step time per mode and class of batch sizes, a plane in running slots and
+  verified drafts (:class:`~.step_costs.StepCosts`) from steps without a prefill that ran the
+  mode twice; a drafting mode never costs less than plain decoding plus its drafts.
 * Plan: a draft is taken when ``q = p[1] ... p[j]`` exceeds the fitted cost of a draft times
   the batch's rate (Dinkelbach's iteration, three times); each slot takes the method with the
   best net gain; grammar-forced drafts are certain. The best mode wins, kept unless another is
@@ -96,6 +95,7 @@ class DraftPlanner(Admission):
         self.hold = 0  # rounds left at the mode being measured
         self.rounds_since_probe = 0
         self.probe_from: int | None = None
+        self.free_methods = tuple(c for c in self.methods if c != MTP)  #: model-free codes
         #: when the model-free candidates are computed, and for which slots
         self.scoring = ScoringCadence()
         #: ``[N]`` method code of the drafts each slot got in the last round
@@ -133,9 +133,9 @@ class DraftPlanner(Admission):
         candidates, one op for the batch, come for every slot); None: no candidates this
         round (:class:`~.draft_scoring.ScoringCadence`)."""
         plain = self.mode == PLAIN and self.hold == 0
-        m = max(int(self.active.sum()), 1)
+        step = self._cost(PLAIN, max(int(self.active.sum()), 1), 0.0) if plain else None
         used = (self.last_method == SUFFIX) | (self.pin == SUFFIX)
-        return self.scoring.wants(self.active, used, plain, self._cost(PLAIN, m, 0.0))
+        return self.scoring.wants(self.active, used, plain, step)
 
     def _cost(self, mode: int, m: int, d: float) -> float | None:
         """:meth:`StepCosts.predict` of ``mode``, or for a substep count between 1 and the
@@ -265,12 +265,11 @@ class DraftPlanner(Admission):
         """Plain decoding was chosen: whether model-free drafting would still not win (by the
         margin a switch needs) if the slots had candidates as often as they recently did;
         then candidates are scored sparingly."""
-        free = [c for c in self.methods if c != MTP]
-        if plain is None or not free:
+        if plain is None or not self.free_methods:
             return True
-        everywhere = {c: np.zeros((running.shape[0], self.k), np.int64) for c in free}
+        everywhere = {c: np.zeros((running.shape[0], self.k), np.int64) for c in self.free_methods}
         q, allowed = self._reach(running, 0, everywhere, forced)
-        for code in free:
+        for code in self.free_methods:
             q[code] *= self.scoring.available.get(code, 1.0)
         best = self._allocate(q, allowed, forced[running], 0, int(running.sum()))
         return best is None or best[0] < plain[0] * (1.0 + self.HYSTERESIS)
@@ -301,9 +300,9 @@ class DraftPlanner(Admission):
         # request runs the MTP layer (it has to see the prompt)
         modes = list(range(1, self.max_steps + 1)) if (running & ~self.no_mtp).any() else []
         if not (prefill and modes):
-            free = [c for c in self.methods if c != MTP]
-            modes = [PLAIN, *([0] if free else []), *modes]
+            modes = [PLAIN, *([0] if self.free_methods else []), *modes]
         plans: dict[int, tuple[float, np.ndarray, np.ndarray] | None] = {}
+        as_if_seen: dict[int, float] = {}  # the verdict's rates (Admission.note_rates)
         for mode in modes:
             if mode == PLAIN:
                 d = float(forced[running].sum())
@@ -313,11 +312,12 @@ class DraftPlanner(Admission):
                 continue
             q, allowed = self._reach(running, mode, available, forced)
             plans[mode] = self._allocate(q, allowed, forced[running], mode, m)
-            if mode >= 1 and (running & self.no_mtp).any():  # the verdict's rate (note_rates)
+            if mode >= 1 and (running & self.no_mtp).any():
                 q, allowed = self._reach(running, mode, available, forced, all_seen=True)
-                self.as_if_seen[mode] = self._allocate(q, allowed, forced[running], mode, m)
-        mode = self._choose(plans, prefill)
-        self.as_if_seen.clear()
+                seen = self._allocate(q, allowed, forced[running], mode, m)
+                if seen is not None:
+                    as_if_seen[mode] = seen[0]
+        mode = self._choose(plans, prefill, as_if_seen)
         chosen = plans[mode]
         if mode == PLAIN:
             self.scoring.hopeless = self._drafting_hopeless(running, forced, plans[PLAIN])
@@ -334,9 +334,13 @@ class DraftPlanner(Admission):
         return mode
 
     def _choose(
-        self, plans: dict[int, tuple[float, np.ndarray, np.ndarray] | None], prefill: bool
+        self,
+        plans: dict[int, tuple[float, np.ndarray, np.ndarray] | None],
+        prefill: bool,
+        as_if_seen: dict[int, float],
     ) -> int:
-        """The mode of the round (see the module docstring: measure, compare, keep, probe)."""
+        """The round's mode (module docstring: measure, compare, keep, probe); ``as_if_seen``:
+        MTP modes' rates for the verdict (``Admission.note_rates``)."""
         if self.hold > 0 and self.mode in plans:
             self.hold -= 1
             return self.mode
@@ -346,7 +350,7 @@ class DraftPlanner(Admission):
         rates = {s: plan[0] for s, plan in plans.items() if plan is not None}
         if not rates:  # (only modes costed from others not measured yet)
             return self._measure(max(plans))
-        self.note_rates(rates)
+        self.note_rates(rates, as_if_seen)
         best = max(rates, key=lambda s: rates[s])
         current = self.probe_from if self.probe_from is not None else self.mode
         # among drafting modes the one in force stays unless clearly beaten
