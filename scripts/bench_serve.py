@@ -438,32 +438,38 @@ def _run(
             found = []
             rounds = [(r, n) for r in range(args.repeat) for n in args.batch_sizes or args.clients]
             for r, n in rounds:
-                again = f" (repeat {r + 1}/{args.repeat})" if args.repeat > 1 else ""
-                print(
-                    f"[bench_serve] {label}: up in {startup:.1f} s; {n} clients{again}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                clients = run_clients(url, n, args.max_tokens)
-                reach = (
-                    (lambda fn, *a: fn(*a))
-                    if hosts is None
-                    else (lambda fn, *a: hosts.call("router", fn, *a))
-                )
-                with PeakRunning(url, reach) as peak:
-                    row = (
-                        asyncio.run(clients)
-                        if hosts is None
-                        else hosts.call("router", asyncio.run, clients)
-                    )
-                row.update(
-                    config=label, clients=n, repeat=r, startup_s=startup, peak_running=peak.peak
-                )
-                found.append(row)
+                found.append(_one_round(label, url, n, r, startup, args, hosts))
         for row in found:
             row["exit_code"] = max(codes, default=0)
         rows += found
     return rows
+
+
+def _one_round(
+    label: str,
+    url: str,
+    n: int,
+    r: int,
+    startup: float,
+    args: argparse.Namespace,
+    hosts: Hosts | None,
+) -> dict:
+    """Round ``r`` of ``n`` concurrent clients against the server of configuration ``label``
+    at ``url`` (run from the router's host with ``hosts``): its row."""
+    again = f" (repeat {r + 1}/{args.repeat})" if args.repeat > 1 else ""
+    print(
+        f"[bench_serve] {label}: up in {startup:.1f} s; {n} clients{again}",
+        file=sys.stderr,
+        flush=True,
+    )
+    clients = run_clients(url, n, args.max_tokens)
+    reach = (
+        (lambda fn, *a: fn(*a)) if hosts is None else (lambda fn, *a: hosts.call("router", fn, *a))
+    )
+    with PeakRunning(url, reach) as peak:
+        row = asyncio.run(clients) if hosts is None else hosts.call("router", asyncio.run, clients)
+    row.update(config=label, clients=n, repeat=r, startup_s=startup, peak_running=peak.peak)
+    return row
 
 
 def _run_interleaved(
@@ -487,14 +493,7 @@ def _run_interleaved(
         for r in range(args.repeat):
             for n in args.batch_sizes:
                 for label, url, _, startup in servers:
-                    again = f" (repeat {r + 1}/{args.repeat})" if args.repeat > 1 else ""
-                    print(f"[bench_serve] {label}: {n} clients{again}", file=sys.stderr, flush=True)
-                    with PeakRunning(url, lambda fn, *a: fn(*a)) as peak:
-                        row = asyncio.run(run_clients(url, n, args.max_tokens))
-                    row.update(
-                        config=label, clients=n, repeat=r, startup_s=startup, peak_running=peak.peak
-                    )
-                    rows.append(row)
+                    rows.append(_one_round(label, url, n, r, startup, args, None))
     codes_of = {label: max(codes, default=0) for label, _, codes, _ in servers}
     for row in rows:
         row["exit_code"] = codes_of[row["config"]]
